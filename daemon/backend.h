@@ -1,0 +1,50 @@
+/* The backend: where KV arenas live and how bytes move between the tiers.
+ * Two implementations share this table: cpu (backend_cpu.c, the reference)
+ * and cuda (cuda_backend.c). The model's compute operations live in their own
+ * table (compute.h), reached through `compute`; the memory manager only needs
+ * this part. */
+#ifndef KVD_BACKEND_H
+#define KVD_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum kvd_tier { KVD_TIER_DEVICE = 0, KVD_TIER_HOST = 1 };
+
+struct backend;
+struct compute_ops; /* compute.h */
+
+struct backend_ops {
+    const char *name; /* "cpu" or "cuda" */
+    /* Arena memory. Device: cudaMalloc on cuda, plain/huge-page memory on
+     * cpu. Host: cudaHostAlloc (pinned) on cuda, plain memory on cpu.
+     * Returns 0 or KVD_ENOMEM; *out is zero-filled memory of `bytes`. */
+    int (*arena_alloc)(struct backend *be, enum kvd_tier tier, size_t bytes, void **out);
+    void (*arena_free)(struct backend *be, enum kvd_tier tier, void *p, size_t bytes);
+    /* Synchronous copy of `bytes` between any two tiers (or host-side plain
+     * memory, tier KVD_TIER_HOST). Returns 0 or KVD_EINTERNAL. */
+    int (*copy)(struct backend *be, void *dst, enum kvd_tier dst_tier, const void *src,
+                enum kvd_tier src_tier, size_t bytes);
+    /* Asynchronous copy on the backend's copy stream; completion is awaited
+     * with wait(). The cpu backend may copy synchronously. Optional (NULL:
+     * callers use copy). */
+    int (*copy_async)(struct backend *be, void *dst, enum kvd_tier dst_tier, const void *src,
+                      enum kvd_tier src_tier, size_t bytes);
+    int (*copy_wait)(struct backend *be); /* waits for every copy_async issued so far */
+    void (*destroy)(struct backend *be);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    const struct compute_ops *compute; /* NULL until the executor's ops exist */
+    void *impl;                        /* the implementation's private state */
+};
+
+/* Constructors. backend_cpu_new never fails except on ENOMEM.
+ * backend_cuda_new returns KVD_EUNSUPPORTED when built without CUDA or when
+ * no device is present (the message says which). */
+int backend_cpu_new(struct backend **out);
+int backend_cuda_new(int device, struct backend **out, char *err, size_t errlen);
+void backend_free(struct backend *be);
+
+#endif

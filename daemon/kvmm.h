@@ -1,0 +1,180 @@
+/* kvmm: the KV memory manager facade. It ties together the block pool
+ * (pool.h), the radix prefix trees (radix.h), the host tier, sequences and
+ * tenants, and is the only API the server's ops and the scheduler use.
+ *
+ * Lock rule: one mutex per kvmm (kvmm_lock/kvmm_unlock). Every kvmm_*
+ * function below except kvmm_new/kvmm_free/kvmm_lock/kvmm_unlock expects the
+ * caller to hold it, so a caller can make several calls atomic. Nothing here
+ * blocks on a socket; swaps and copies run through the backend (synchronous
+ * from the caller's point of view).
+ *
+ * Errors: functions return 0 or an enum kvd_err; on error the state is
+ * unchanged (no partial allocation) and kvmm_errmsg() says what happened in
+ * words a person can act on. */
+#ifndef KVD_KVMM_H
+#define KVD_KVMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "kvd/status.h"
+
+enum kv_dtype { KV_F16 = 0, KV_BF16 = 1, KV_F32 = 2 };
+
+/* KV geometry. A block holds block_tokens tokens of K and V for all layers,
+ * contiguous, laid out as [layer][K|V][kv_head][token][head_dim] elements of
+ * dtype; block_bytes = layers*2*kv_heads*block_tokens*head_dim*dtype_size. */
+struct kv_geom {
+    uint32_t layers, kv_heads, head_dim;
+    enum kv_dtype dtype;
+    uint32_t block_tokens; /* default 16 */
+};
+size_t kv_dtype_size(enum kv_dtype t);
+const char *kv_dtype_name(enum kv_dtype t); /* "f16", "bf16", "f32" */
+size_t kv_block_bytes(const struct kv_geom *g);
+/* Bytes per token in kv_write/kv_read data: block_bytes / block_tokens. */
+size_t kv_token_bytes(const struct kv_geom *g);
+
+#define KVMM_UNLIMITED UINT32_MAX
+#define KVMM_NO_TENANT UINT32_MAX
+
+struct kvmm_tenant_conf {
+    char name[64];
+    uint32_t max_device_blocks; /* KVMM_UNLIMITED for none */
+    uint32_t max_host_blocks;
+    uint32_t max_seqs;
+    uint32_t reserved_device_blocks; /* floor others borrow only while unused */
+    uint32_t weight;                 /* scheduling weight, >= 1 */
+};
+
+struct kvmm_config {
+    struct kv_geom geom;
+    uint32_t n_device_blocks;
+    uint32_t n_host_blocks; /* 0: no host tier (evicted blocks are dropped) */
+    struct backend *be;     /* not owned */
+};
+
+struct kvmm;
+
+int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out);
+void kvmm_free(struct kvmm *mm);
+void kvmm_lock(struct kvmm *mm);
+void kvmm_unlock(struct kvmm *mm);
+const char *kvmm_errmsg(const struct kvmm *mm); /* message of the last failure */
+const struct kv_geom *kvmm_geom(const struct kvmm *mm);
+size_t kvmm_block_bytes(const struct kvmm *mm);
+
+/* ---- tenants and namespaces -------------------------------------------- */
+/* Adds a tenant, or updates the limits of the one with the same name (SIGHUP
+ * reload: lowering a quota below current use refuses new allocations only). */
+int kvmm_tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32_t *tenant_id);
+int kvmm_tenant_find(struct kvmm *mm, const char *name, uint32_t *tenant_id);
+/* The namespace (radix tree) with this name, created on first use. Each
+ * tenant has its own by default ("tenant:<name>"); shared namespaces are
+ * named by the config. */
+int kvmm_namespace(struct kvmm *mm, const char *name, uint32_t *ns_id);
+
+/* ---- sequences ---------------------------------------------------------- */
+/* A sequence handle is opaque and never reused soon (index + generation). It
+ * is owned by `owner` (the connection id, or an executor request id); every
+ * call names the owner and gets KVD_ENOTFOUND for a handle it does not own. */
+typedef uint64_t kvmm_seq_t;
+
+int kvmm_seq_open(struct kvmm *mm, uint64_t owner, uint32_t tenant, uint32_t ns, kvmm_seq_t *out);
+int kvmm_seq_close(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq);
+/* Closes every sequence of this owner (connection teardown). */
+void kvmm_close_owner(struct kvmm *mm, uint64_t owner);
+
+/* Longest cached prefix of `tokens` (whole blocks only) in the sequence's
+ * namespace, appended to an empty sequence: takes references, swaps host-tier
+ * blocks in first (a block whose checksum fails is dropped and the match ends
+ * there). *matched = tokens reused. The sequence must be empty. */
+int kvmm_seq_match(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, const uint32_t *tokens,
+                   size_t n, size_t *matched);
+/* Grows the sequence by n token slots, allocating device blocks (evicting
+ * cached blocks if needed). All or nothing. */
+int kvmm_seq_extend(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t n);
+/* Drops the last n token slots (and any block left empty). */
+int kvmm_seq_truncate(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t n_tokens);
+/* K/V bytes of tokens [start, start+n), layout
+ * [layer][K|V][kv_head][token n][head_dim] (kv_token_bytes per token).
+ * A write into a block shared with another sequence or the tree copies the
+ * block first (copy-on-write). Host-tier blocks are swapped in first. */
+int kvmm_seq_write(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t start, size_t n,
+                   const void *data, size_t len);
+int kvmm_seq_read(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t start, size_t n,
+                  void *out, size_t len);
+/* Records the token ids of the next positions (committed <= n_tokens); every
+ * block that becomes full of committed tokens enters the namespace's radix
+ * tree (or is replaced by an identical cached block already there).
+ * *shared = number of the sequence's blocks now in the tree. */
+int kvmm_seq_commit(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, const uint32_t *tokens,
+                    size_t n, size_t *shared);
+/* New sequence sharing every block (refcount++); the partial last block is
+ * copied on the first write by either side. Counts toward max_seqs. */
+int kvmm_seq_fork(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_owner,
+                  kvmm_seq_t *child);
+/* Moves the sequence's device blocks that no other sequence is using to the
+ * host tier / brings every host-tier block back. */
+int kvmm_seq_offload(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq);
+int kvmm_seq_restore(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq);
+
+struct kvmm_seq_info {
+    uint32_t tenant, ns;
+    size_t n_tokens;    /* token slots */
+    size_t n_committed; /* positions with known token ids */
+    size_t n_blocks;
+    size_t n_shared;    /* blocks in the radix tree */
+    size_t n_host;      /* blocks on the host tier */
+};
+int kvmm_seq_info(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, struct kvmm_seq_info *info);
+/* Block ids (stable logical ids) and their tiers, up to cap entries. */
+int kvmm_seq_blocks(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint32_t *ids,
+                    enum kvd_tier *tiers, size_t cap, size_t *n);
+/* Committed token ids (for the executor), up to cap. */
+const uint32_t *kvmm_seq_tokens(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t *n);
+
+/* ---- for the executor --------------------------------------------------- */
+/* Makes tokens [start, start+n) writable on the device: restores host blocks,
+ * copies shared blocks (COW). After it, kvmm_seq_device_slots gives the
+ * device slot of every block; slot s lives at kvmm_device_arena(mm) +
+ * s*block_bytes. Slots stay valid until the next kvmm call that may move
+ * blocks (extend, match, evict, offload) on any sequence. */
+int kvmm_seq_prepare_write(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t start, size_t n);
+int kvmm_seq_device_slots(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint32_t *slots,
+                          size_t cap, size_t *n);
+void *kvmm_device_arena(struct kvmm *mm);
+/* Device blocks that an allocation of n could get now (free + evictable). */
+size_t kvmm_device_available(struct kvmm *mm, uint32_t tenant);
+
+/* ---- eviction, checks, stats ------------------------------------------- */
+/* Evicts up to n unreferenced cached blocks from `tier` (device → host when
+ * the host tier has room, else dropped; host → dropped), leaf-first LRU. */
+int kvmm_evict(struct kvmm *mm, enum kvd_tier tier, size_t n, size_t *evicted);
+/* Checks every invariant; 0 or KVD_EINTERNAL with the first violation in
+ * kvmm_errmsg(). */
+int kvmm_check(struct kvmm *mm);
+
+struct kvmm_tenant_stats {
+    char name[64];
+    uint32_t device_blocks, host_blocks; /* blocks owned, by tier */
+    uint32_t cached_blocks;              /* owned blocks held by a radix tree */
+    uint32_t seqs;
+    struct kvmm_tenant_conf conf;
+    uint64_t match_tokens_asked, match_tokens_hit;
+    uint64_t swaps_out, swaps_in, evictions;
+};
+struct kvmm_stats {
+    uint32_t device_total, device_free, device_cached, device_used;
+    uint32_t host_total, host_free, host_cached, host_used;
+    uint64_t swaps_out, swaps_in, swap_bytes_out, swap_bytes_in;
+    uint64_t evictions_device, drops, checksum_failures, cow_copies;
+    uint64_t match_tokens_asked, match_tokens_hit;
+    uint32_t n_seqs, n_tenants;
+};
+void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st);
+int kvmm_tenant_stats(struct kvmm *mm, uint32_t tenant, struct kvmm_tenant_stats *st);
+
+#endif

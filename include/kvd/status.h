@@ -1,0 +1,54 @@
+/* kvd status codes: the error codes of the wire protocol (PROTOCOL.md v1),
+ * shared by the daemon, libkvd and kvctl. Functions return 0 (KVD_OK) or one
+ * of these; programs branch on the code, people read the message. */
+#ifndef KVD_STATUS_H
+#define KVD_STATUS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum kvd_err {
+    KVD_OK = 0,
+    KVD_EBADREQ,       /* "bad_request": malformed or invalid arguments */
+    KVD_EUNKNOWN_OP,   /* "unknown_op" */
+    KVD_ETOOLARGE,     /* "too_large": frame or array over a limit */
+    KVD_ENOTFOUND,     /* "not_found": unknown handle / id */
+    KVD_ENOMEM,        /* "no_memory": pool exhausted after eviction */
+    KVD_EQUOTA,        /* "quota_exceeded": the tenant's quota */
+    KVD_EPERM,         /* "permission_denied" */
+    KVD_EBUSY,         /* "busy" */
+    KVD_ECANCELLED,    /* "cancelled" */
+    KVD_EUNSUPPORTED,  /* "unsupported" */
+    KVD_EINTERNAL,     /* "internal" */
+    KVD_EIO,           /* client side only: connection or I/O failure ("io") */
+    KVD_ERR_COUNT
+};
+
+/* The protocol's string for a code ("bad_request", ...); "internal" for
+ * anything out of range. */
+static inline const char *kvd_err_code(int err)
+{
+    static const char *const codes[KVD_ERR_COUNT] = {
+        "ok",        "bad_request",       "unknown_op", "too_large", "not_found",
+        "no_memory", "quota_exceeded",    "permission_denied",       "busy",
+        "cancelled", "unsupported",       "internal",   "io",
+    };
+    if (err < 0 || err >= KVD_ERR_COUNT)
+        return "internal";
+    return codes[err];
+}
+
+/* The code for a protocol string; KVD_EINTERNAL for an unknown one. */
+static inline int kvd_err_from_code(const char *code)
+{
+    for (int i = 0; i < KVD_ERR_COUNT; i++)
+        if (code && __builtin_strcmp(code, kvd_err_code(i)) == 0)
+            return i;
+    return KVD_EINTERNAL;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif
