@@ -45,7 +45,11 @@ struct kvmm_tenant_conf {
     uint32_t max_device_blocks; /* KVMM_UNLIMITED for none */
     uint32_t max_host_blocks;
     uint32_t max_seqs;
-    uint32_t reserved_device_blocks; /* floor others borrow only while unused */
+    uint32_t reserved_device_blocks; /* floor others borrow only while unused: a
+                                        tenant's cached blocks inside its floor are
+                                        never evicted for another tenant; cached
+                                        blocks of tenants above their floor are
+                                        evicted first */
     uint32_t weight;                 /* scheduling weight, >= 1 */
 };
 
@@ -71,6 +75,8 @@ size_t kvmm_block_bytes(const struct kvmm *mm);
  * reload: lowering a quota below current use refuses new allocations only). */
 int kvmm_tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32_t *tenant_id);
 int kvmm_tenant_find(struct kvmm *mm, const char *name, uint32_t *tenant_id);
+/* The tenant's own namespace ("tenant:<name>"). */
+int kvmm_tenant_namespace(struct kvmm *mm, uint32_t tenant, uint32_t *ns_id);
 /* The namespace (radix tree) with this name, created on first use. Each
  * tenant has its own by default ("tenant:<name>"); shared namespaces are
  * named by the config. */
@@ -116,6 +122,10 @@ int kvmm_seq_commit(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, const uint3
  * copied on the first write by either side. Counts toward max_seqs. */
 int kvmm_seq_fork(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_owner,
                   kvmm_seq_t *child);
+/* Hands the sequence to new_owner (same handle, same blocks). The executor
+ * takes a connection's sequence for a `generate` with `seq` and gives it
+ * back when the request ends. (Added by the executor.) */
+int kvmm_seq_set_owner(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_owner);
 /* Moves the sequence's device blocks that no other sequence is using to the
  * host tier / brings every host-tier block back. */
 int kvmm_seq_offload(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq);
@@ -130,7 +140,8 @@ struct kvmm_seq_info {
     size_t n_host;      /* blocks on the host tier */
 };
 int kvmm_seq_info(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, struct kvmm_seq_info *info);
-/* Block ids (stable logical ids) and their tiers, up to cap entries. */
+/* Block ids (stable logical ids) and their tiers: the first min(cap,
+ * n_blocks) entries; *n = entries written (kvmm_seq_info gives n_blocks). */
 int kvmm_seq_blocks(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint32_t *ids,
                     enum kvd_tier *tiers, size_t cap, size_t *n);
 /* Committed token ids (for the executor), up to cap. */
@@ -141,12 +152,20 @@ const uint32_t *kvmm_seq_tokens(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq,
  * copies shared blocks (COW). After it, kvmm_seq_device_slots gives the
  * device slot of every block; slot s lives at kvmm_device_arena(mm) +
  * s*block_bytes. Slots stay valid until the next kvmm call that may move
- * blocks (extend, match, evict, offload) on any sequence. */
+ * blocks (extend, match, evict, offload) on any sequence. A block that is
+ * on the host tier gets slot UINT32_MAX: restore the sequence first. */
 int kvmm_seq_prepare_write(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t start, size_t n);
 int kvmm_seq_device_slots(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint32_t *slots,
                           size_t cap, size_t *n);
 void *kvmm_device_arena(struct kvmm *mm);
-/* Device blocks that an allocation of n could get now (free + evictable). */
+/* The host arena (slot s at + s*block_bytes; NULL without a host tier) and
+ * where a logical block lives now: for tools and tests (e.g. corrupting a
+ * host copy on purpose). */
+void *kvmm_host_arena(struct kvmm *mm);
+int kvmm_block_where(struct kvmm *mm, uint32_t id, enum kvd_tier *tier, uint32_t *slot);
+/* Device blocks that an allocation of n could get now (free + evictable,
+ * not counting other tenants' cache inside their floors), capped by this
+ * tenant's quota. */
 size_t kvmm_device_available(struct kvmm *mm, uint32_t tenant);
 
 /* ---- eviction, checks, stats ------------------------------------------- */

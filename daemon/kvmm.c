@@ -1,0 +1,353 @@
+/* kvmm: the memory manager facade: construction, the lock, tenants and
+ * namespaces, eviction on demand and statistics. Sequence operations are in
+ * kvmm_seq.c, allocation and eviction in kvmm_alloc.c, the invariant checker
+ * in kvmm_check.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmm_internal.h"
+
+size_t kv_dtype_size(enum kv_dtype t)
+{
+    switch (t) {
+    case KV_F16:
+    case KV_BF16:
+        return 2;
+    case KV_F32:
+        return 4;
+    }
+    return 0;
+}
+
+const char *kv_dtype_name(enum kv_dtype t)
+{
+    switch (t) {
+    case KV_F16:
+        return "f16";
+    case KV_BF16:
+        return "bf16";
+    case KV_F32:
+        return "f32";
+    }
+    return "?";
+}
+
+size_t kv_block_bytes(const struct kv_geom *g)
+{
+    return (size_t)g->layers * 2 * g->kv_heads * g->block_tokens * g->head_dim *
+           kv_dtype_size(g->dtype);
+}
+
+size_t kv_token_bytes(const struct kv_geom *g)
+{
+    return g->block_tokens ? kv_block_bytes(g) / g->block_tokens : 0;
+}
+
+/* Geometry limits: generous for any real model, small enough that no
+ * product below overflows. */
+#define KVMM_MAX_DIM 65536u
+#define KVMM_MAX_BLOCK_BYTES (1ull << 32)
+
+int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
+{
+    struct kvmm *mm;
+    struct kv_geom g = cfg->geom;
+    uint64_t bytes;
+    int err;
+
+    *out = NULL;
+    if (g.block_tokens == 0)
+        g.block_tokens = 16;
+    if (!cfg->be || g.layers == 0 || g.kv_heads == 0 || g.head_dim == 0 ||
+        g.layers > KVMM_MAX_DIM || g.kv_heads > KVMM_MAX_DIM || g.head_dim > KVMM_MAX_DIM ||
+        g.block_tokens > 4096 || kv_dtype_size(g.dtype) == 0 || cfg->n_device_blocks == 0)
+        return KVD_EBADREQ;
+    bytes = (uint64_t)g.layers * 2 * g.kv_heads * g.block_tokens * g.head_dim *
+            kv_dtype_size(g.dtype);
+    if (bytes > KVMM_MAX_BLOCK_BYTES)
+        return KVD_EBADREQ;
+    mm = calloc(1, sizeof *mm);
+    if (!mm)
+        return KVD_ENOMEM;
+    mm->geom = g;
+    mm->be = cfg->be;
+    mm->block_bytes = (size_t)bytes;
+    mm->token_bytes = mm->block_bytes / g.block_tokens;
+    mm->staging = malloc(mm->block_bytes);
+    mm->zeros = calloc(1, mm->block_bytes);
+    if (!mm->staging || !mm->zeros) {
+        err = KVD_ENOMEM;
+        goto out_free;
+    }
+    err = pool_init(&mm->pool, cfg->be, mm->block_bytes, cfg->n_device_blocks,
+                    cfg->n_host_blocks);
+    if (err)
+        goto out_free;
+    err = radix_init(&mm->radix, &mm->pool, g.block_tokens);
+    if (err)
+        goto out_pool;
+    if (pthread_mutex_init(&mm->lock, NULL)) {
+        err = KVD_EINTERNAL;
+        goto out_radix;
+    }
+    *out = mm;
+    return 0;
+
+out_radix:
+    radix_destroy(&mm->radix);
+out_pool:
+    pool_destroy(&mm->pool);
+out_free:
+    free(mm->staging);
+    free(mm->zeros);
+    free(mm);
+    return err;
+}
+
+void kvmm_free(struct kvmm *mm)
+{
+    if (!mm)
+        return;
+    seq_table_free(&mm->st);
+    radix_destroy(&mm->radix);
+    pool_destroy(&mm->pool);
+    tenant_table_free(&mm->tt);
+    pthread_mutex_destroy(&mm->lock);
+    free(mm->staging);
+    free(mm->zeros);
+    free(mm);
+}
+
+void kvmm_lock(struct kvmm *mm)
+{
+    pthread_mutex_lock(&mm->lock);
+}
+
+void kvmm_unlock(struct kvmm *mm)
+{
+    pthread_mutex_unlock(&mm->lock);
+}
+
+const char *kvmm_errmsg(const struct kvmm *mm)
+{
+    return mm->err;
+}
+
+const struct kv_geom *kvmm_geom(const struct kvmm *mm)
+{
+    return &mm->geom;
+}
+
+size_t kvmm_block_bytes(const struct kvmm *mm)
+{
+    return mm->block_bytes;
+}
+
+void *kvmm_device_arena(struct kvmm *mm)
+{
+    return mm->pool.arena[KVD_TIER_DEVICE];
+}
+
+void *kvmm_host_arena(struct kvmm *mm)
+{
+    return mm->pool.arena[KVD_TIER_HOST];
+}
+
+int kvmm_block_where(struct kvmm *mm, uint32_t id, enum kvd_tier *tier, uint32_t *slot)
+{
+    const struct pool_block *b;
+
+    if (id >= mm->pool.n_ids || !(b = pool_block(&mm->pool, id))->used)
+        return mm_fail(mm, KVD_ENOTFOUND, "block %u is not allocated", id);
+    *tier = (enum kvd_tier)b->tier;
+    *slot = b->slot;
+    return 0;
+}
+
+/* ---- tenants and namespaces -------------------------------------------- */
+
+int kvmm_namespace(struct kvmm *mm, const char *name, uint32_t *ns_id)
+{
+    uint32_t id;
+    int err;
+
+    if (!name || !name[0] || strlen(name) >= sizeof mm->tt.ns_names[0])
+        return mm_fail(mm, KVD_EBADREQ, "a namespace name must be 1 to %zu bytes",
+                       sizeof mm->tt.ns_names[0] - 1);
+    id = tenant_ns_find(&mm->tt, name);
+    if (id != UINT32_MAX) {
+        *ns_id = id;
+        return 0;
+    }
+    err = radix_ns_add(&mm->radix, &id);
+    if (err)
+        return mm_fail(mm, err, "out of memory creating namespace '%s'", name);
+    err = tenant_ns_add(&mm->tt, name, &id);
+    if (err) { /* keep the ids of both tables equal */
+        free(mm->radix.roots[--mm->radix.n_roots]);
+        return mm_fail(mm, err, "out of memory creating namespace '%s'", name);
+    }
+    *ns_id = id;
+    return 0;
+}
+
+/* The floors of all tenants together must fit in the device pool, or a
+ * floor could be promised twice. */
+static int mm_floor_fits(struct kvmm *mm, const char *name, uint32_t floor)
+{
+    uint64_t sum = floor;
+
+    for (uint32_t i = 0; i < mm->tt.n; i++)
+        if (strcmp(mm->tt.v[i].conf.name, name) != 0)
+            sum += mm->tt.v[i].conf.reserved_device_blocks;
+    if (sum > mm->pool.n_slots[KVD_TIER_DEVICE])
+        return mm_fail(mm, KVD_EBADREQ,
+                       "tenant '%s': reserved floors would total %llu device blocks, the pool "
+                       "has %u",
+                       name, (unsigned long long)sum, mm->pool.n_slots[KVD_TIER_DEVICE]);
+    return 0;
+}
+
+int kvmm_tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32_t *tenant_id)
+{
+    struct kvmm_tenant_conf c = *conf;
+    char nsname[80];
+    uint32_t id, ns;
+    int err;
+
+    c.name[sizeof c.name - 1] = '\0';
+    if (!c.name[0])
+        return mm_fail(mm, KVD_EBADREQ, "a tenant needs a name");
+    if (c.weight == 0)
+        c.weight = 1;
+    if (c.reserved_device_blocks == KVMM_UNLIMITED)
+        c.reserved_device_blocks = 0;
+    if (mm_floor_fits(mm, c.name, c.reserved_device_blocks))
+        return KVD_EBADREQ;
+    id = tenant_find(&mm->tt, c.name);
+    if (id != UINT32_MAX) {
+        mm->tt.v[id].conf = c;
+        *tenant_id = id;
+        return 0;
+    }
+    if (mm->tt.n + 1 >= KVMM_NO_TENANT)
+        return mm_fail(mm, KVD_ETOOLARGE, "too many tenants");
+    snprintf(nsname, sizeof nsname, "tenant:%s", c.name);
+    err = radix_tenants_reserve(&mm->radix, mm->tt.n + 1);
+    if (!err)
+        err = kvmm_namespace(mm, nsname, &ns);
+    if (!err)
+        err = tenant_add(&mm->tt, &c, &id);
+    if (err)
+        return mm_fail(mm, err, "out of memory adding tenant '%s'", c.name);
+    mm->tt.v[id].ns = ns;
+    *tenant_id = id;
+    return 0;
+}
+
+int kvmm_tenant_find(struct kvmm *mm, const char *name, uint32_t *tenant_id)
+{
+    uint32_t id = name ? tenant_find(&mm->tt, name) : UINT32_MAX;
+
+    if (id == UINT32_MAX)
+        return mm_fail(mm, KVD_ENOTFOUND, "no tenant named '%s'", name ? name : "(null)");
+    *tenant_id = id;
+    return 0;
+}
+
+int kvmm_tenant_namespace(struct kvmm *mm, uint32_t tenant, uint32_t *ns_id)
+{
+    if (tenant >= mm->tt.n)
+        return mm_fail(mm, KVD_ENOTFOUND, "no tenant %u", tenant);
+    *ns_id = mm->tt.v[tenant].ns;
+    return 0;
+}
+
+/* ---- eviction and stats ------------------------------------------------- */
+
+int kvmm_evict(struct kvmm *mm, enum kvd_tier tier, size_t n, size_t *evicted)
+{
+    size_t k = 0;
+
+    if (tier != KVD_TIER_DEVICE && tier != KVD_TIER_HOST)
+        return mm_fail(mm, KVD_EBADREQ, "unknown tier %d", (int)tier);
+    for (; k < n; k++)
+        if (tier == KVD_TIER_DEVICE ? !mm_evict_device_one(mm, KVMM_NO_TENANT)
+                                    : !mm_drop_host_one(mm, KVMM_NO_TENANT))
+            break;
+    if (evicted)
+        *evicted = k;
+    return 0;
+}
+
+size_t kvmm_device_available(struct kvmm *mm, uint32_t tenant)
+{
+    const struct tenant *t;
+    size_t room;
+
+    if (tenant >= mm->tt.n)
+        return 0;
+    t = &mm->tt.v[tenant];
+    room = mm_device_headroom(mm, tenant);
+    if (t->conf.max_device_blocks != KVMM_UNLIMITED) {
+        uint64_t q = (uint64_t)t->conf.max_device_blocks +
+                     radix_cached(&mm->radix, tenant, KVD_TIER_DEVICE);
+        q = q > t->dev_blocks ? q - t->dev_blocks : 0;
+        if (q < room)
+            room = (size_t)q;
+    }
+    return room;
+}
+
+void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st)
+{
+    const struct pool *p = &mm->pool;
+
+    *st = mm->ctr;
+    st->device_total = p->n_slots[KVD_TIER_DEVICE];
+    st->host_total = p->n_slots[KVD_TIER_HOST];
+    st->device_free = p->n_free_slots[KVD_TIER_DEVICE];
+    st->host_free = p->n_free_slots[KVD_TIER_HOST];
+    st->device_cached = st->host_cached = 0;
+    /* cached = held by the tree only; a scan, fine for a stats request. */
+    for (uint32_t i = 0; i < p->n_ids; i++) {
+        const struct pool_block *b = &p->blocks[i];
+        if (b->used && b->node && b->refcount == 1) {
+            if (b->tier == KVD_TIER_DEVICE)
+                st->device_cached++;
+            else
+                st->host_cached++;
+        }
+    }
+    st->device_used = st->device_total - st->device_free - st->device_cached;
+    st->host_used = st->host_total - st->host_free - st->host_cached;
+    st->n_seqs = mm->st.n_open;
+    st->n_tenants = mm->tt.n;
+}
+
+int kvmm_tenant_stats(struct kvmm *mm, uint32_t tenant, struct kvmm_tenant_stats *st)
+{
+    const struct tenant *t;
+
+    if (tenant >= mm->tt.n)
+        return mm_fail(mm, KVD_ENOTFOUND, "no tenant %u", tenant);
+    t = &mm->tt.v[tenant];
+    memset(st, 0, sizeof *st);
+    memcpy(st->name, t->conf.name, sizeof st->name);
+    st->device_blocks = t->dev_blocks;
+    st->host_blocks = t->host_blocks;
+    st->seqs = t->seqs;
+    st->conf = t->conf;
+    st->match_tokens_asked = t->match_asked;
+    st->match_tokens_hit = t->match_hit;
+    st->swaps_out = t->swaps_out;
+    st->swaps_in = t->swaps_in;
+    st->evictions = t->evictions;
+    for (uint32_t i = 0; i < mm->pool.n_ids; i++) {
+        const struct pool_block *b = &mm->pool.blocks[i];
+        if (b->used && b->node && b->tenant == tenant)
+            st->cached_blocks++;
+    }
+    return 0;
+}

@@ -1,0 +1,338 @@
+/* kvmm_alloc: block references, device allocation under quotas and reserved
+ * floors, eviction (device → host → dropped, leaf-first LRU) and tier moves
+ * with their accounting. Every function expects the caller to hold mm->lock. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fault.h"
+#include "hosttier.h"
+#include "kvmm_internal.h"
+
+int mm_fail(struct kvmm *mm, int code, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(mm->err, sizeof mm->err, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+void mm_ref(struct kvmm *mm, uint32_t id)
+{
+    struct pool_block *b = pool_block(&mm->pool, id);
+
+    pool_ref(&mm->pool, id);
+    if (b->node)
+        radix_update(&mm->radix, b->node);
+}
+
+void mm_unref(struct kvmm *mm, uint32_t id)
+{
+    struct pool_block *b = pool_block(&mm->pool, id);
+    uint32_t tenant = b->tenant;
+    enum kvd_tier tier = (enum kvd_tier)b->tier;
+
+    if (pool_unref(&mm->pool, id)) {
+        struct tenant *t = &mm->tt.v[tenant];
+        if (tier == KVD_TIER_DEVICE)
+            t->dev_blocks--;
+        else
+            t->host_blocks--;
+        return;
+    }
+    b->lru = ++mm->clock; /* released now: the most recently used */
+    if (b->node)
+        radix_update(&mm->radix, b->node);
+}
+
+static bool mm_quota_limited(uint32_t q)
+{
+    return q != KVMM_UNLIMITED;
+}
+
+size_t mm_device_headroom(struct kvmm *mm, uint32_t tenant)
+{
+    uint64_t room = pool_free_slots(&mm->pool, KVD_TIER_DEVICE);
+
+    for (uint32_t i = 0; i < mm->tt.n; i++) {
+        const struct tenant *t = &mm->tt.v[i];
+        uint32_t cached = radix_cached(&mm->radix, i, KVD_TIER_DEVICE);
+        if (i == tenant) {
+            room += cached;
+            continue;
+        }
+        /* Free blocks may be borrowed by anyone, another tenant's floor
+         * included; its cache above its floor may be evicted for us, its
+         * cache inside its floor may not. */
+        if (t->dev_blocks > t->conf.reserved_device_blocks) {
+            uint32_t above = t->dev_blocks - t->conf.reserved_device_blocks;
+            room += cached < above ? cached : above;
+        }
+    }
+    return (size_t)room;
+}
+
+static void mm_drop_node(struct kvmm *mm, struct radix_node *n)
+{
+    uint32_t owner = pool_block(&mm->pool, n->block)->tenant;
+    uint32_t id = radix_remove_leaf(&mm->radix, n);
+
+    mm->ctr.drops++;
+    mm->tt.v[owner].evictions++;
+    mm_unref(mm, id);
+}
+
+void mm_drop_subtree(struct kvmm *mm, struct radix_node *top)
+{
+    struct radix_node *cur = top;
+
+    for (;;) {
+        struct radix_node *parent;
+        bool last;
+        while (cur->first_child)
+            cur = cur->first_child;
+        parent = cur->parent;
+        last = cur == top;
+        mm_drop_node(mm, cur);
+        if (last)
+            return;
+        cur = parent;
+    }
+}
+
+bool mm_drop_host_one(struct kvmm *mm, uint32_t tenant)
+{
+    struct radix_node *best = NULL;
+
+    if (tenant != KVMM_NO_TENANT) {
+        best = radix_lru(&mm->radix, tenant, KVD_TIER_HOST);
+    } else {
+        for (uint32_t i = 0; i < mm->tt.n; i++) {
+            struct radix_node *c = radix_lru(&mm->radix, i, KVD_TIER_HOST);
+            if (c && (!best || pool_block(&mm->pool, c->block)->lru <
+                                   pool_block(&mm->pool, best->block)->lru))
+                best = c;
+        }
+    }
+    if (!best)
+        return false;
+    mm_drop_node(mm, best);
+    return true;
+}
+
+int mm_move(struct kvmm *mm, const uint32_t *ids, size_t n, enum kvd_tier to, size_t *bad)
+{
+    enum kvd_tier from = to == KVD_TIER_DEVICE ? KVD_TIER_HOST : KVD_TIER_DEVICE;
+    int err = hosttier_move(&mm->pool, ids, n, to, bad);
+
+    if (err == KVD_EINTERNAL && to == KVD_TIER_DEVICE && bad && *bad < n)
+        return mm_fail(mm, err, "host copy of block %u failed its checksum", ids[*bad]);
+    if (err)
+        return mm_fail(mm, err, "moving %zu blocks to the %s tier failed (%s)", n,
+                       to == KVD_TIER_DEVICE ? "device" : "host", kvd_err_code(err));
+    for (size_t i = 0; i < n; i++) {
+        struct pool_block *b = pool_block(&mm->pool, ids[i]);
+        struct tenant *t = &mm->tt.v[b->tenant];
+        if (to == KVD_TIER_DEVICE) {
+            t->host_blocks--;
+            t->dev_blocks++;
+            t->swaps_in++;
+        } else {
+            t->dev_blocks--;
+            t->host_blocks++;
+            t->swaps_out++;
+        }
+        if (b->node)
+            radix_tier_changed(&mm->radix, b->node, from);
+    }
+    if (to == KVD_TIER_DEVICE) {
+        mm->ctr.swaps_in += n;
+        mm->ctr.swap_bytes_in += n * mm->block_bytes;
+    } else {
+        mm->ctr.swaps_out += n;
+        mm->ctr.swap_bytes_out += n * mm->block_bytes;
+    }
+    return 0;
+}
+
+int mm_room_host(struct kvmm *mm, const uint32_t *ids, size_t n)
+{
+    uint32_t *need;
+    size_t droppable = 0;
+    int err = 0;
+
+    if (n == 0)
+        return 0;
+    if (mm->pool.n_slots[KVD_TIER_HOST] == 0)
+        return mm_fail(mm, KVD_ENOMEM, "there is no host tier (n_host_blocks = 0)");
+    need = fault_calloc(mm->tt.n, sizeof *need);
+    if (!need)
+        return mm_fail(mm, KVD_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        need[pool_block(&mm->pool, ids[i])->tenant]++;
+    /* Feasibility first, so a refusal drops nothing. */
+    for (uint32_t i = 0; i < mm->tt.n; i++) {
+        const struct tenant *t = &mm->tt.v[i];
+        uint32_t ev = radix_cached(&mm->radix, i, KVD_TIER_HOST);
+        droppable += ev;
+        if (need[i] && mm_quota_limited(t->conf.max_host_blocks) &&
+            (uint64_t)t->host_blocks + need[i] > (uint64_t)t->conf.max_host_blocks + ev) {
+            err = mm_fail(mm, KVD_EQUOTA,
+                          "tenant '%s': host block quota %u reached (%u in use, %u more needed)",
+                          t->conf.name, t->conf.max_host_blocks, t->host_blocks, need[i]);
+            goto out;
+        }
+    }
+    if (pool_free_slots(&mm->pool, KVD_TIER_HOST) + droppable < n) {
+        err = mm_fail(mm, KVD_ENOMEM, "host tier full: %u free blocks, %zu needed",
+                      pool_free_slots(&mm->pool, KVD_TIER_HOST), n);
+        goto out;
+    }
+    for (uint32_t i = 0; i < mm->tt.n; i++) {
+        const struct tenant *t = &mm->tt.v[i];
+        while (need[i] && mm_quota_limited(t->conf.max_host_blocks) &&
+               (uint64_t)t->host_blocks + need[i] > t->conf.max_host_blocks)
+            if (!mm_drop_host_one(mm, i)) {
+                err = mm_fail(mm, KVD_EQUOTA, "tenant '%s': host block quota %u reached",
+                              t->conf.name, t->conf.max_host_blocks);
+                goto out;
+            }
+    }
+    while (pool_free_slots(&mm->pool, KVD_TIER_HOST) < n)
+        if (!mm_drop_host_one(mm, KVMM_NO_TENANT)) {
+            err = mm_fail(mm, KVD_ENOMEM, "host tier full");
+            goto out;
+        }
+out:
+    free(need);
+    return err;
+}
+
+/* A device victim with no children at all, so it can be dropped outright
+ * when the host tier cannot take it (rare: host full of pinned blocks). */
+static struct radix_node *mm_droppable_device(struct kvmm *mm, uint32_t tenant)
+{
+    const struct radix_heap *h = &mm->radix.heaps[tenant * POOL_TIERS + KVD_TIER_DEVICE];
+    struct radix_node *best = NULL;
+
+    for (uint32_t i = 0; i < h->n; i++)
+        if (h->v[i]->n_children == 0 &&
+            (!best || pool_block(&mm->pool, h->v[i]->block)->lru <
+                          pool_block(&mm->pool, best->block)->lru))
+            best = h->v[i];
+    return best;
+}
+
+/* Device → host when the host tier (and the owner's host quota) can take
+ * it, else dropped when it is a leaf. */
+static bool mm_evict_node(struct kvmm *mm, struct radix_node *v)
+{
+    uint32_t id = v->block, owner = pool_block(&mm->pool, id)->tenant;
+    char saved[sizeof mm->err];
+
+    memcpy(saved, mm->err, sizeof saved); /* eviction failures are not the caller's error */
+    if (mm->pool.n_slots[KVD_TIER_HOST] && mm_room_host(mm, &id, 1) == 0 &&
+        mm_move(mm, &id, 1, KVD_TIER_HOST, NULL) == 0) {
+        mm->ctr.evictions_device++;
+        mm->tt.v[owner].evictions++;
+        memcpy(mm->err, saved, sizeof saved);
+        return true;
+    }
+    memcpy(mm->err, saved, sizeof saved);
+    if (v->n_children == 0 || (v = mm_droppable_device(mm, owner)) != NULL) {
+        mm->ctr.evictions_device++;
+        mm_drop_node(mm, v);
+        return true;
+    }
+    return false;
+}
+
+bool mm_evict_device_one(struct kvmm *mm, uint32_t tenant)
+{
+    struct radix_node *best = NULL;
+
+    /* Floor rule: evict from the asking tenant or from tenants above their
+     * floor (borrowers first), never another tenant's cache inside its
+     * floor. */
+    for (int pass = 0; pass < 2 && !best; pass++) {
+        for (uint32_t i = 0; i < mm->tt.n; i++) {
+            const struct tenant *t = &mm->tt.v[i];
+            struct radix_node *c;
+            if (pass == 0 && i != tenant && t->dev_blocks <= t->conf.reserved_device_blocks)
+                continue;
+            c = radix_lru(&mm->radix, i, KVD_TIER_DEVICE);
+            if (c && (!best || pool_block(&mm->pool, c->block)->lru <
+                                   pool_block(&mm->pool, best->block)->lru))
+                best = c;
+        }
+        if (tenant != KVMM_NO_TENANT)
+            break; /* a real tenant never takes another's floor */
+    }
+    return best && mm_evict_node(mm, best);
+}
+
+int mm_room_device(struct kvmm *mm, uint32_t tenant, size_t n, bool new_blocks)
+{
+    struct tenant *t = &mm->tt.v[tenant];
+    uint64_t over = 0;
+    size_t headroom;
+
+    if (n == 0)
+        return 0;
+    if (new_blocks && mm_quota_limited(t->conf.max_device_blocks) &&
+        (uint64_t)t->dev_blocks + n > t->conf.max_device_blocks) {
+        over = (uint64_t)t->dev_blocks + n - t->conf.max_device_blocks;
+        if (over > radix_cached(&mm->radix, tenant, KVD_TIER_DEVICE))
+            return mm_fail(mm, KVD_EQUOTA,
+                           "tenant '%s': device block quota %u reached (%u in use, %zu more "
+                           "requested)",
+                           t->conf.name, t->conf.max_device_blocks, t->dev_blocks, n);
+    }
+    headroom = mm_device_headroom(mm, tenant);
+    if (n > headroom)
+        return mm_fail(mm, KVD_ENOMEM,
+                       "device pool exhausted: %zu blocks requested, %zu obtainable (%u free, "
+                       "the rest in use or reserved for other tenants)",
+                       n, headroom, pool_free_slots(&mm->pool, KVD_TIER_DEVICE));
+    for (; over > 0; over--) {
+        struct radix_node *v = radix_lru(&mm->radix, tenant, KVD_TIER_DEVICE);
+        if (!v || !mm_evict_node(mm, v))
+            return mm_fail(mm, KVD_EQUOTA, "tenant '%s': device block quota %u reached",
+                           t->conf.name, t->conf.max_device_blocks);
+    }
+    while (pool_free_slots(&mm->pool, KVD_TIER_DEVICE) < n)
+        if (!mm_evict_device_one(mm, tenant))
+            return mm_fail(mm, KVD_ENOMEM, "device pool exhausted: %zu blocks requested", n);
+    return 0;
+}
+
+int mm_alloc_device(struct kvmm *mm, uint32_t tenant, size_t n, uint32_t *ids)
+{
+    int err = mm_room_device(mm, tenant, n, true);
+
+    if (err)
+        return err;
+    for (size_t i = 0; i < n; i++) {
+        struct pool_block *b;
+        err = pool_alloc(&mm->pool, KVD_TIER_DEVICE, tenant, &ids[i]);
+        if (err) { /* cannot happen after mm_room_device; undo anyway */
+            while (i)
+                mm_unref(mm, ids[--i]);
+            return mm_fail(mm, KVD_EINTERNAL, "device allocation failed after room was made");
+        }
+        mm->tt.v[tenant].dev_blocks++;
+        b = pool_block(&mm->pool, ids[i]);
+        b->lru = ++mm->clock;
+        /* Zero-fill so no tenant reads a previous owner's K/V. */
+        if (mm->be->ops->copy(mm->be, pool_block_ptr(&mm->pool, ids[i]), KVD_TIER_DEVICE,
+                              mm->zeros, KVD_TIER_HOST, mm->block_bytes)) {
+            for (size_t k = i + 1; k > 0; k--)
+                mm_unref(mm, ids[k - 1]);
+            return mm_fail(mm, KVD_EINTERNAL, "zero-filling a new block failed");
+        }
+    }
+    return 0;
+}

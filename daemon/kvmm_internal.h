@@ -1,0 +1,65 @@
+/* kvmm_internal: the kvmm struct and the helpers shared by kvmm.c,
+ * kvmm_alloc.c, kvmm_seq.c and kvmm_check.c. Not for other modules: they use
+ * kvmm.h. Every function here expects the caller to hold mm->lock. */
+#ifndef KVD_KVMM_INTERNAL_H
+#define KVD_KVMM_INTERNAL_H
+
+#include <pthread.h>
+
+#include "kvmm.h"
+#include "pool.h"
+#include "radix.h"
+#include "seq.h"
+#include "tenant.h"
+
+struct kvmm {
+    pthread_mutex_t lock;
+    struct kv_geom geom;
+    size_t block_bytes, token_bytes;
+    struct backend *be; /* not owned */
+    struct pool pool;
+    struct radix radix;
+    struct tenant_table tt;
+    struct seq_table st;
+    uint64_t clock;          /* lru stamps: +1 per use */
+    unsigned char *staging;  /* (block_bytes) owned: bounce buffer for partial block access */
+    unsigned char *zeros;    /* (block_bytes) owned: zeros for new blocks */
+    struct kvmm_stats ctr;   /* the counters (totals are computed on demand) */
+    char err[320];
+};
+
+/* Records a message and returns code (the message of kvmm_errmsg). */
+int mm_fail(struct kvmm *mm, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* References with the tree's heaps kept right: mm_ref pins (leaves the
+ * eviction heaps), mm_unref frees at zero with the owner's accounting, or
+ * stamps the block as just used. */
+void mm_ref(struct kvmm *mm, uint32_t id);
+void mm_unref(struct kvmm *mm, uint32_t id);
+
+/* Device blocks tenant could get now: free slots plus what eviction can
+ * free without cutting into another tenant's floor. */
+size_t mm_device_headroom(struct kvmm *mm, uint32_t tenant);
+/* Makes n device slots free for tenant, evicting by the floor rule. With
+ * new_blocks, also checks the tenant's device quota (evicting its own cache
+ * first). 0, KVD_EQUOTA or KVD_ENOMEM with the message set. */
+int mm_room_device(struct kvmm *mm, uint32_t tenant, size_t n, bool new_blocks);
+/* n new device blocks owned by tenant, refcount 1, zero-filled. All or nothing. */
+int mm_alloc_device(struct kvmm *mm, uint32_t tenant, size_t n, uint32_t *ids);
+/* Makes room for the host copies of ids (per-owner host quota, free host
+ * slots) by dropping host-tier cache leaves. 0, KVD_EQUOTA or KVD_ENOMEM. */
+int mm_room_host(struct kvmm *mm, const uint32_t *ids, size_t n);
+/* Tier move with accounting, stats and tree updates (see hosttier_move). */
+int mm_move(struct kvmm *mm, const uint32_t *ids, size_t n, enum kvd_tier to, size_t *bad);
+/* Evicts one cached device block chosen for `tenant` by the floor rule
+ * (KVMM_NO_TENANT: any tenant). false when nothing could be evicted. */
+bool mm_evict_device_one(struct kvmm *mm, uint32_t tenant);
+/* Drops the least recently used host-tier cache leaf (of tenant, or of any
+ * tenant with KVMM_NO_TENANT). false when there is none. */
+bool mm_drop_host_one(struct kvmm *mm, uint32_t tenant);
+/* Removes node and everything below it from the tree, dropping the tree's
+ * references (sequences keep theirs). */
+void mm_drop_subtree(struct kvmm *mm, struct radix_node *node);
+
+#endif

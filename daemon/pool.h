@@ -1,0 +1,91 @@
+/* pool: the block pool. Two arenas (device, host), each n_slots × block_bytes,
+ * and the table of logical blocks that live in them. A logical block id is
+ * stable for the block's life; its (tier, slot) changes when it is swapped,
+ * so block tables and the radix tree never need rewriting on a swap.
+ * Not thread-safe: the kvmm lock covers it. Every operation is O(1). */
+#ifndef KVD_POOL_H
+#define KVD_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+#define POOL_NONE UINT32_MAX
+#define POOL_TIERS 2
+
+struct radix_node;
+
+/* One logical block. refcount = sequence references + 1 while a radix node
+ * holds it; the block is freed when it reaches 0. */
+struct pool_block {
+    uint32_t refcount;
+    uint32_t tenant;         /* owner: the tenant charged for it */
+    uint32_t slot;           /* slot in `tier`'s arena */
+    uint8_t tier;            /* enum kvd_tier */
+    uint8_t used;            /* 0 while on the free-id stack */
+    uint64_t lru;            /* stamp of the last use (kvmm clock ticks) */
+    uint64_t checksum;       /* of the host copy; valid while tier == HOST */
+    struct radix_node *node; /* radix node holding the block, or NULL */
+};
+
+struct pool {
+    struct backend *be; /* not owned */
+    size_t block_bytes;
+    uint32_t n_slots[POOL_TIERS];
+    void *arena[POOL_TIERS]; /* owned; from be->ops->arena_alloc */
+    uint32_t n_ids;          /* = device slots + host slots: every used id holds one slot */
+    struct pool_block *blocks;        /* (n_ids) */
+    uint32_t *free_ids, n_free_ids;   /* stack (n_ids) */
+    uint32_t *free_slots[POOL_TIERS]; /* stacks (n_slots[t]) */
+    uint32_t n_free_slots[POOL_TIERS];
+    uint32_t *slot_block[POOL_TIERS]; /* (n_slots[t]) slot -> id, POOL_NONE when free */
+};
+
+/* Arenas come from the backend (zero-filled). 0 or KVD_ENOMEM/KVD_EBADREQ. */
+int pool_init(struct pool *p, struct backend *be, size_t block_bytes, uint32_t n_device,
+              uint32_t n_host);
+void pool_destroy(struct pool *p);
+
+/* A new block with refcount 1 on `tier`, or KVD_ENOMEM when the tier has no
+ * free slot. The bytes are whatever the slot held before. */
+int pool_alloc(struct pool *p, enum kvd_tier tier, uint32_t tenant, uint32_t *id);
+/* Drops one reference; frees the block (slot and id) at zero and returns true. */
+bool pool_unref(struct pool *p, uint32_t id);
+
+static inline struct pool_block *pool_block(struct pool *p, uint32_t id)
+{
+    return &p->blocks[id];
+}
+static inline void pool_ref(struct pool *p, uint32_t id)
+{
+    p->blocks[id].refcount++;
+}
+static inline void *pool_slot_ptr(const struct pool *p, enum kvd_tier tier, uint32_t slot)
+{
+    return (char *)p->arena[tier] + (size_t)slot * p->block_bytes;
+}
+static inline void *pool_block_ptr(const struct pool *p, uint32_t id)
+{
+    const struct pool_block *b = &p->blocks[id];
+    return pool_slot_ptr(p, (enum kvd_tier)b->tier, b->slot);
+}
+static inline uint32_t pool_free_slots(const struct pool *p, enum kvd_tier tier)
+{
+    return p->n_free_slots[tier];
+}
+
+/* Moving a block between tiers in two steps, so callers can batch the copies:
+ * pool_slot_take pops a free slot of `tier` (POOL_NONE when none);
+ * pool_retier points the block at (tier, slot) and frees its old slot;
+ * pool_slot_give returns an unused taken slot. */
+uint32_t pool_slot_take(struct pool *p, enum kvd_tier tier);
+void pool_slot_give(struct pool *p, enum kvd_tier tier, uint32_t slot);
+void pool_retier(struct pool *p, uint32_t id, enum kvd_tier tier, uint32_t slot);
+
+/* Structural invariants: stacks + used = totals, slot maps agree with blocks,
+ * nothing both free and used. 0, or KVD_EINTERNAL with a message in msg. */
+int pool_check(const struct pool *p, char *msg, size_t msglen);
+
+#endif
