@@ -1,0 +1,193 @@
+/* The compute-ops table: every operation the model's forward pass needs, at
+ * the granularity of one op over a whole batch. model_forward is written once
+ * against this table; the cpu backend (compute_cpu*.c) and the cuda backend
+ * (kernels/) implement it with the exact semantics documented here.
+ *
+ * Pointer spaces. "device" pointers come from buf_alloc (or are inside the
+ * KV arena); on cpu they are ordinary host memory, on cuda they are GPU
+ * memory. "host" pointers are plain process memory. Every op argument below
+ * says which it is. All float activations are f32, row-major, rows
+ * contiguous (row stride = row width unless stated).
+ *
+ * Ordering. Ops are issued in program order on one stream per compute
+ * context; an implementation may run them asynchronously (cuda) as long as
+ * they execute in issue order. upload returns once `src` may be reused;
+ * download returns once the data is in host memory (it orders after every op
+ * issued before it). Ops return 0 or an enum kvd_err (KVD_EINTERNAL for a
+ * launch failure); asynchronous failures may surface at the next download or
+ * sync. Arguments are validated by the caller (model_forward): ops may assume
+ * ids < rows of the table, positions/slots in range, and shapes consistent.
+ *
+ * Threads. One compute context is used by one thread at a time (the executor
+ * thread); the implementation may use its own worker threads inside an op. */
+#ifndef KVD_COMPUTE_H
+#define KVD_COMPUTE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "kvmm.h"
+
+/* Weight element types; the numbers are ggml's type ids (GGUF files). */
+enum ctype {
+    CT_F32 = 0,
+    CT_F16 = 1,
+    CT_Q8_0 = 8,  /* blocks of 32: f16 scale d, then 32 int8 q; value = d*q (34 bytes) */
+    CT_BF16 = 30,
+};
+#define CT_Q8_0_BLOCK 32
+#define CT_Q8_0_BYTES 34
+
+/* A 2-D weight on the device: ne0 = inner (contiguous) dimension = "in",
+ * ne1 = rows = "out". Row j starts at byte j * ctype_row_bytes(type, ne0).
+ * For CT_Q8_0, ne0 is a multiple of 32. 1-D weights (norms, biases,
+ * rope_freqs) are always CT_F32 with ne1 = 1. */
+struct ctensor {
+    enum ctype type;
+    uint32_t ne0, ne1;
+    size_t nbytes;
+    void *data; /* device, owned by whoever allocated it (the model) */
+};
+
+/* Bytes of one row of n elements of type t; 0 for an unknown type or a Q8_0
+ * row whose n is not a multiple of 32. */
+size_t ctype_row_bytes(enum ctype t, uint64_t n);
+const char *ctype_name(enum ctype t); /* "f32", "f16", "q8_0", "bf16", "?" */
+
+/* RoPE modes, as in ggml: NORM rotates adjacent pairs (x[2i], x[2i+1]) (arch
+ * llama); NEOX rotates (x[i], x[i + n_rot/2]) (arch qwen2). */
+enum rope_mode { ROPE_NORM = 0, ROPE_NEOX = 2 };
+
+/* Paged attention over a batch of sequences (one call per layer).
+ *
+ * The batch has n_tokens query rows, grouped by sequence: the rows of
+ * sequence s are [seq_qstart[s], seq_qstart[s+1]) and row r of it (counting
+ * from 0) is at position seq_pos0[s] + r. Its KV block table is
+ * slots[seq_slot0[s] .. seq_slot0[s+1]): position p lives in block
+ * slots[seq_slot0[s] + p / block_tokens], row p % block_tokens, i.e. K of
+ * (layer, kv_head h, position p) is at
+ *   arena + slot*block_bytes + ((layer*2 + 0)*kv_heads + h)*block_tokens*head_dim*esz
+ *         + (p % block_tokens)*head_dim*esz          (V: the "+ 1" half)
+ * The K/V of the new rows must already be written (kv_write) before this op.
+ *
+ * For query row t at position p, head h (kv head g = h / (n_head/kv_heads)):
+ *   s_j   = scale * dot(q[t][h][:], K[g][j][:])  for j in [0, p]   (causal)
+ *   a_j   = softmax_j(s_j)   (f32, max-subtracted)
+ *   out[t][h][:] = sum_j a_j * V[g][j][:]
+ * K and V are read in the geometry's dtype and widened to f32. */
+struct attn_desc {
+    const float *q; /* device [n_tokens][n_head][head_dim], already roped */
+    float *out;     /* device [n_tokens][n_head][head_dim] */
+    const void *arena;          /* device: the KV arena (slot 0 at arena) */
+    const struct kv_geom *geom; /* host */
+    uint32_t layer;
+    uint32_t n_head; /* query heads; a multiple of geom->kv_heads */
+    float scale;     /* 1/sqrt(head_dim) */
+    uint32_t n_tokens, n_seqs;
+    const uint32_t *seq_qstart; /* device [n_seqs+1] */
+    const uint32_t *seq_pos0;   /* device [n_seqs] */
+    const uint32_t *seq_slot0;  /* device [n_seqs+1] */
+    const uint32_t *slots;      /* device [seq_slot0[n_seqs]] */
+    /* Host-side hints for launch geometry: the largest number of new rows of
+     * one sequence, and the largest pos0 + rows of one sequence. */
+    uint32_t max_q, max_kv;
+    /* Host copies of seq_qstart/seq_pos0 (same contents), so a backend can
+     * plan work without reading device memory. */
+    const uint32_t *h_seq_qstart, *h_seq_pos0;
+};
+
+/* What identifies a step for step_begin: a graph captured for one step is
+ * replayed only for a step with the same values here. */
+struct compute_step {
+    const void *owner;  /* the caller's fixed buffers (the fwd_ctx) */
+    const void *arena;  /* the KV arena */
+    const void *tables; /* the caller's block-table buffer (it may move) */
+    uint32_t n_tokens, n_seqs;
+    uint32_t max_q;     /* 1: decode only (the only steps worth a graph) */
+    uint32_t max_kv;    /* largest context: sizes attention's split count */
+};
+
+struct compute_conf {
+    uint32_t n_threads; /* cpu: worker threads incl. the caller; 0 = nproc */
+};
+
+struct compute_ctx; /* implementation-defined */
+
+struct compute_ops {
+    const char *name; /* "cpu", "cuda" */
+
+    int (*ctx_new)(struct backend *be, const struct compute_conf *conf, struct compute_ctx **out);
+    void (*ctx_free)(struct compute_ctx *cx);
+
+    /* Device buffers: at least 64-byte aligned, contents undefined.
+     * Returns 0 or KVD_ENOMEM. buf_free(NULL) is a no-op. */
+    int (*buf_alloc)(struct compute_ctx *cx, size_t bytes, void **out);
+    void (*buf_free)(struct compute_ctx *cx, void *p);
+    int (*upload)(struct compute_ctx *cx, void *dst_dev, const void *src_host, size_t bytes);
+    int (*download)(struct compute_ctx *cx, void *dst_host, const void *src_dev, size_t bytes);
+    int (*sync)(struct compute_ctx *cx); /* waits for every op issued so far */
+
+    /* out[i][:] = row ids[i] of w, widened to f32 (w: [ne1][ne0], any type).
+     * ids device [n], each < w->ne1; out device [n][w->ne0]. */
+    int (*get_rows)(struct compute_ctx *cx, const struct ctensor *w, const uint32_t *ids,
+                    uint32_t n, float *out);
+    /* out[r][i] = x[r][i] / sqrt(mean_i(x[r][i]^2) + eps) * w[i]
+     * x, out device [rows][n] (out may equal x); w device f32 [n]. */
+    int (*rmsnorm)(struct compute_ctx *cx, float *out, const float *x, const float *w,
+                   uint32_t rows, uint32_t n, float eps);
+    /* y[r][j] = sum_i W[j][i] * x[r][i], accumulated in (at least) f32.
+     * W = w ([ne1][ne0], any type); x device [rows][w->ne0]; y device
+     * [rows][w->ne1]; y does not overlap x. */
+    int (*matmul)(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
+                  float *y);
+    /* y[r][i] += b[i]; y device [rows][n], b device f32 [n]. */
+    int (*add_bias)(struct compute_ctx *cx, float *y, const float *b, uint32_t rows, uint32_t n);
+    /* In-place RoPE of x device [rows][n_heads][head_dim] (row stride
+     * n_heads*head_dim). Row r is at position pos[r] (device [rows]). For each
+     * head and pair index i in [0, n_rot/2):
+     *   theta = pos * base^(-2i/n_rot) / (freq_factors ? freq_factors[i] : 1)
+     *   NORM: (a, b) = (x[2i], x[2i+1]);  NEOX: (a, b) = (x[i], x[i+n_rot/2])
+     *   a' = a*cos(theta) - b*sin(theta);  b' = a*sin(theta) + b*cos(theta)
+     * Elements at index >= n_rot are unchanged. freq_factors: device f32
+     * [n_rot/2] or NULL. n_rot is even and <= head_dim. */
+    int (*rope)(struct compute_ctx *cx, float *x, uint32_t rows, uint32_t n_heads,
+                uint32_t head_dim, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,
+                float base, const float *freq_factors);
+    /* Writes K and V of n_tokens rows into the paged arena for `layer`:
+     * k, v device [n_tokens][kv_heads][head_dim]; row t goes to block
+     * tok_slot[t], row tok_pos[t] % block_tokens (device arrays [n_tokens]),
+     * converted to geom->dtype with round-to-nearest-even (f16: IEEE half,
+     * overflow to inf; bf16: upper 16 bits of the f32, rounded, NaN kept). */
+    int (*kv_write)(struct compute_ctx *cx, void *arena, const struct kv_geom *geom,
+                    uint32_t layer, const float *k, const float *v, uint32_t n_tokens,
+                    const uint32_t *tok_slot, const uint32_t *tok_pos);
+    int (*attention)(struct compute_ctx *cx, const struct attn_desc *d);
+    /* g[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)); device [n]. */
+    int (*silu_mul)(struct compute_ctx *cx, float *g, const float *u, size_t n);
+    /* x[i] += y[i]; device [n]. */
+    int (*add)(struct compute_ctx *cx, float *x, const float *y, size_t n);
+    /* out[i][:] = x[rows[i]][:]; x device [*][width], rows device [n],
+     * out device [n][width] (no overlap with x). Picks each sequence's last
+     * position before the final norm and the output projection. */
+    int (*gather_rows)(struct compute_ctx *cx, float *out, const float *x, const uint32_t *rows,
+                       uint32_t n, uint32_t width);
+
+    /* OPTIONAL (NULL on cpu): whole-step capture and replay (CUDA graphs on
+     * cuda). model_forward calls step_begin after its metadata uploads and
+     * before the first op. *replayed = 1: the backend already ran this
+     * step's ops from a graph captured earlier for an identical step (same
+     * owner buffers, arena and shapes); the caller skips its ops and goes
+     * to the download. *replayed = 0: the caller issues its ops, then calls
+     * step_end(cx, rc) with rc = 0 if every op was issued, which (when the
+     * backend chose to capture) ends the capture and runs the graph. The
+     * ops between the two calls must not allocate or synchronize. */
+    int (*step_begin)(struct compute_ctx *cx, const struct compute_step *st, int *replayed);
+    int (*step_end)(struct compute_ctx *cx, int rc);
+};
+
+/* The cpu implementation (compute_cpu.c); the cpu backend sets
+ * be->compute = compute_cpu_ops(). */
+const struct compute_ops *compute_cpu_ops(void);
+
+#endif

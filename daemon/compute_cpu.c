@@ -1,0 +1,368 @@
+/* The cpu implementation of the compute-ops table (compute.h): a persistent
+ * worker pool, buffers in plain memory, and the element-wise ops, RoPE, KV
+ * writes and row gathers. Matmul and attention are in compute_cpu_matmul.c
+ * and compute_cpu_attn.c. This is the reference every other backend is
+ * compared against. */
+#include "compute_cpu.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#include <math.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "kvd/status.h"
+
+/* ---- worker pool -------------------------------------------------------- */
+
+#define POOL_SPIN 20000 /* polls before sleeping: a few tens of microseconds */
+
+static void pool_wait_job(struct cpu_pool *p, unsigned *seen)
+{
+    for (int i = 0; i < POOL_SPIN; i++) {
+        if (atomic_load(&p->gen) != *seen || atomic_load(&p->stop))
+            goto got;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add(&p->sleepers, 1);
+    while (atomic_load(&p->gen) == *seen && !atomic_load(&p->stop))
+        pthread_cond_wait(&p->cv, &p->mu);
+    atomic_fetch_sub(&p->sleepers, 1);
+    pthread_mutex_unlock(&p->mu);
+got:
+    *seen = atomic_load(&p->gen);
+}
+
+struct pool_worker_arg {
+    struct cpu_pool *p;
+    uint32_t ith;
+};
+
+/* A worker joins the current job only while it is open, so the caller never
+ * waits for a thread that was asleep or descheduled: it runs whatever work
+ * is left itself (the jobs hand out chunks dynamically), closes the job and
+ * waits only for workers already inside it. */
+static void *pool_main(void *arg)
+{
+    struct pool_worker_arg a = *(struct pool_worker_arg *)arg;
+    free(arg);
+    unsigned seen = 0;
+    for (;;) {
+        pool_wait_job(a.p, &seen);
+        if (atomic_load(&a.p->stop))
+            break;
+        atomic_fetch_add(&a.p->active, 1);
+        if (atomic_load(&a.p->open))
+            a.p->fn(a.p->arg, a.ith, a.p->n);
+        atomic_fetch_sub(&a.p->active, 1);
+    }
+    return NULL;
+}
+
+void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg)
+{
+    if (p->n <= 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->arg = arg;
+    atomic_store(&p->open, true);
+    atomic_fetch_add(&p->gen, 1); /* seq_cst: pairs with the sleepers check */
+    if (atomic_load(&p->sleepers)) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    fn(arg, 0, p->n);
+    atomic_store(&p->open, false);
+    for (unsigned i = 0; atomic_load(&p->active); i++) {
+        if (i < POOL_SPIN) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+static void pool_stop(struct cpu_pool *p, uint32_t started)
+{
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->stop, true);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (uint32_t i = 0; i < started; i++)
+        pthread_join(p->threads[i], NULL);
+    free(p->threads);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+}
+
+static int pool_start(struct cpu_pool *p, uint32_t n)
+{
+    memset(p, 0, sizeof *p);
+    p->n = n;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    p->threads = calloc(n, sizeof *p->threads);
+    if (!p->threads)
+        goto fail;
+    for (uint32_t i = 1; i < n; i++) {
+        struct pool_worker_arg *a = malloc(sizeof *a);
+        if (!a || (a->p = p, a->ith = i, pthread_create(&p->threads[i - 1], NULL, pool_main, a))) {
+            free(a);
+            pool_stop(p, i - 1);
+            return KVD_ENOMEM;
+        }
+    }
+    return 0;
+fail:
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    return KVD_ENOMEM;
+}
+
+/* ---- context and buffers ------------------------------------------------ */
+
+static int cpu_ctx_new(struct backend *be, const struct compute_conf *conf, struct compute_ctx **out)
+{
+    struct compute_ctx *cx = calloc(1, sizeof *cx);
+    uint32_t n = conf ? conf->n_threads : 0;
+    if (!cx)
+        return KVD_ENOMEM;
+    if (n == 0) {
+        long np = sysconf(_SC_NPROCESSORS_ONLN);
+        n = np > 0 ? (uint32_t)np : 1;
+    }
+    if (n > 256)
+        n = 256;
+    cx->be = be;
+#if defined(__x86_64__)
+    unsigned int ea, eb, ec, ed; /* clang 14 has no "f16c" for __builtin_cpu_supports */
+    __builtin_cpu_init();
+    cx->simd = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __get_cpuid(1, &ea, &eb, &ec, &ed) && (ec & bit_F16C);
+#endif
+    const char *sc = getenv("KVD_CPU_SCALAR");
+    if (sc && *sc == '1')
+        cx->simd = false;
+    cx->scratch = calloc(n, sizeof *cx->scratch);
+    if (!cx->scratch || pool_start(&cx->pool, n)) {
+        free(cx->scratch);
+        free(cx);
+        return KVD_ENOMEM;
+    }
+    *out = cx;
+    return 0;
+}
+
+static void cpu_ctx_free(struct compute_ctx *cx)
+{
+    if (!cx)
+        return;
+    uint32_t n = cx->pool.n;
+    pool_stop(&cx->pool, n - 1);
+    for (uint32_t i = 0; i < n; i++)
+        free(cx->scratch[i]);
+    free(cx->scratch);
+    free(cx);
+}
+
+static int cpu_buf_alloc(struct compute_ctx *cx, size_t bytes, void **out)
+{
+    size_t n = (bytes + 63) / 64 * 64;
+    *out = aligned_alloc(64, n ? n : 64);
+    return *out ? 0 : KVD_ENOMEM;
+}
+
+static void cpu_buf_free(struct compute_ctx *cx, void *p)
+{
+    free(p);
+}
+
+static int cpu_copy(struct compute_ctx *cx, void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        memmove(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_sync(struct compute_ctx *cx)
+{
+    return 0;
+}
+
+/* ---- simple ops ---------------------------------------------------------- */
+
+void cpu_row_to_f32(enum ctype t, const void *row, float *out, uint32_t n)
+{
+    switch (t) {
+    case CT_F32: memcpy(out, row, (size_t)n * 4); break;
+    case CT_F16:
+        for (uint32_t i = 0; i < n; i++)
+            out[i] = cpu_f16_to_f32(((const uint16_t *)row)[i]);
+        break;
+    case CT_BF16:
+        for (uint32_t i = 0; i < n; i++)
+            out[i] = cpu_bf16_to_f32(((const uint16_t *)row)[i]);
+        break;
+    case CT_Q8_0:
+        for (uint32_t b = 0; b < n / CT_Q8_0_BLOCK; b++) {
+            const uint8_t *blk = (const uint8_t *)row + (size_t)b * CT_Q8_0_BYTES;
+            uint16_t dh;
+            memcpy(&dh, blk, 2);
+            float d = cpu_f16_to_f32(dh);
+            for (int i = 0; i < CT_Q8_0_BLOCK; i++)
+                out[b * CT_Q8_0_BLOCK + i] = d * (float)(int8_t)blk[2 + i];
+        }
+        break;
+    }
+}
+
+static int cpu_get_rows(struct compute_ctx *cx, const struct ctensor *w, const uint32_t *ids,
+                        uint32_t n, float *out)
+{
+    size_t rb = ctype_row_bytes(w->type, w->ne0);
+    for (uint32_t i = 0; i < n; i++)
+        cpu_row_to_f32(w->type, (const uint8_t *)w->data + (size_t)ids[i] * rb,
+                       out + (size_t)i * w->ne0, w->ne0);
+    return 0;
+}
+
+static int cpu_rmsnorm(struct compute_ctx *cx, float *out, const float *x, const float *w,
+                       uint32_t rows, uint32_t n, float eps)
+{
+    for (uint32_t r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        float *o = out + (size_t)r * n;
+        double ss = 0; /* ggml sums squares in double (ggml_float) too */
+        for (uint32_t i = 0; i < n; i++)
+            ss += (double)xr[i] * xr[i];
+        float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+        for (uint32_t i = 0; i < n; i++)
+            o[i] = xr[i] * scale * w[i];
+    }
+    return 0;
+}
+
+static int cpu_add_bias(struct compute_ctx *cx, float *y, const float *b, uint32_t rows, uint32_t n)
+{
+    for (uint32_t r = 0; r < rows; r++)
+        for (uint32_t i = 0; i < n; i++)
+            y[(size_t)r * n + i] += b[i];
+    return 0;
+}
+
+static int cpu_rope(struct compute_ctx *cx, float *x, uint32_t rows, uint32_t n_heads,
+                    uint32_t head_dim, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,
+                    float base, const float *ff)
+{
+    uint32_t half = n_rot / 2;
+    for (uint32_t r = 0; r < rows; r++) {
+        for (uint32_t i = 0; i < half; i++) {
+            /* angle in double so every backend can hit the f32 result */
+            double theta = (double)pos[r] * pow((double)base, -2.0 * i / n_rot);
+            if (ff)
+                theta /= ff[i];
+            float c = (float)cos(theta), s = (float)sin(theta);
+            for (uint32_t h = 0; h < n_heads; h++) {
+                float *v = x + ((size_t)r * n_heads + h) * head_dim;
+                uint32_t i0 = mode == ROPE_NEOX ? i : 2 * i, i1 = mode == ROPE_NEOX ? i + half : 2 * i + 1;
+                float a = v[i0], b = v[i1];
+                v[i0] = a * c - b * s;
+                v[i1] = a * s + b * c;
+            }
+        }
+    }
+    return 0;
+}
+
+static void kv_store(void *dst, enum kv_dtype dt, const float *src, uint32_t n)
+{
+    switch (dt) {
+    case KV_F16:
+        for (uint32_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = cpu_f32_to_f16(src[i]);
+        break;
+    case KV_BF16:
+        for (uint32_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = cpu_f32_to_bf16(src[i]);
+        break;
+    default: memcpy(dst, src, (size_t)n * 4); break;
+    }
+}
+
+static int cpu_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geom *g,
+                        uint32_t layer, const float *k, const float *v, uint32_t n_tokens,
+                        const uint32_t *tok_slot, const uint32_t *tok_pos)
+{
+    size_t esz = cpu_kv_esize(g->dtype), hd = g->head_dim, bt = g->block_tokens;
+    size_t head_bytes = bt * hd * esz; /* one [token][head_dim] plane */
+    size_t block_bytes = (size_t)g->layers * 2 * g->kv_heads * head_bytes;
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        uint8_t *blk = (uint8_t *)arena + (size_t)tok_slot[t] * block_bytes;
+        size_t row = tok_pos[t] % bt;
+        for (uint32_t h = 0; h < g->kv_heads; h++) {
+            uint8_t *kd = blk + (((size_t)layer * 2 + 0) * g->kv_heads + h) * head_bytes + row * hd * esz;
+            uint8_t *vd = blk + (((size_t)layer * 2 + 1) * g->kv_heads + h) * head_bytes + row * hd * esz;
+            kv_store(kd, g->dtype, k + ((size_t)t * g->kv_heads + h) * hd, (uint32_t)hd);
+            kv_store(vd, g->dtype, v + ((size_t)t * g->kv_heads + h) * hd, (uint32_t)hd);
+        }
+    }
+    return 0;
+}
+
+static int cpu_silu_mul(struct compute_ctx *cx, float *g, const float *u, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    return 0;
+}
+
+static int cpu_add(struct compute_ctx *cx, float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] += y[i];
+    return 0;
+}
+
+static int cpu_gather_rows(struct compute_ctx *cx, float *out, const float *x, const uint32_t *rows,
+                           uint32_t n, uint32_t width)
+{
+    for (uint32_t i = 0; i < n; i++)
+        memcpy(out + (size_t)i * width, x + (size_t)rows[i] * width, (size_t)width * 4);
+    return 0;
+}
+
+static const struct compute_ops cpu_ops = {
+    .name = "cpu",
+    .ctx_new = cpu_ctx_new,
+    .ctx_free = cpu_ctx_free,
+    .buf_alloc = cpu_buf_alloc,
+    .buf_free = cpu_buf_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .sync = cpu_sync,
+    .get_rows = cpu_get_rows,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .add_bias = cpu_add_bias,
+    .rope = cpu_rope,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+    .gather_rows = cpu_gather_rows,
+};
+
+const struct compute_ops *compute_cpu_ops(void)
+{
+    return &cpu_ops;
+}

@@ -1,0 +1,168 @@
+/* cpu paged attention: for every (query row, kv head) pair, scores against
+ * the sequence's K rows read block by block from the arena, a max-subtracted
+ * f32 softmax, and the weighted sum of V rows. The query heads sharing a kv
+ * head (GQA) are done together so each K/V row is read once per group. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "compute_cpu.h"
+#include "kvd/status.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define SIMD_TARGET __attribute__((target("avx2,fma,f16c")))
+
+static inline SIMD_TARGET __m256 kv_load8(const void *p, enum kv_dtype dt, size_t i)
+{
+    if (dt == KV_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    if (dt == KV_BF16) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+static SIMD_TARGET float kdot_simd(const void *k, enum kv_dtype dt, const float *q, uint32_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(kv_load8(k, dt, i), _mm256_loadu_ps(q + i), acc);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    float r = _mm_cvtss_f32(s);
+    for (; i < n; i++)
+        r += cpu_kv_load(k, dt, i) * q[i];
+    return r;
+}
+
+static SIMD_TARGET void vaxpy_simd(float *out, float a, const void *v, enum kv_dtype dt, uint32_t n)
+{
+    __m256 av = _mm256_set1_ps(a);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(av, kv_load8(v, dt, i), _mm256_loadu_ps(out + i)));
+    for (; i < n; i++)
+        out[i] += a * cpu_kv_load(v, dt, i);
+}
+#endif
+
+static float kdot(bool simd, const void *k, enum kv_dtype dt, const float *q, uint32_t n)
+{
+#if defined(__x86_64__)
+    if (simd)
+        return kdot_simd(k, dt, q, n);
+#endif
+    float r = 0;
+    for (uint32_t i = 0; i < n; i++)
+        r += cpu_kv_load(k, dt, i) * q[i];
+    return r;
+}
+
+static void vaxpy(bool simd, float *out, float a, const void *v, enum kv_dtype dt, uint32_t n)
+{
+#if defined(__x86_64__)
+    if (simd) {
+        vaxpy_simd(out, a, v, dt, n);
+        return;
+    }
+#endif
+    for (uint32_t i = 0; i < n; i++)
+        out[i] += a * cpu_kv_load(v, dt, i);
+}
+
+struct attn_job {
+    const struct attn_desc *d;
+    struct compute_ctx *cx;
+    atomic_uint next;
+    uint32_t n_units; /* n_tokens * kv_heads */
+};
+
+static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
+{
+    const struct attn_desc *d = j->d;
+    const struct kv_geom *g = d->geom;
+    uint32_t kvh = g->kv_heads, hd = g->head_dim, bt = g->block_tokens;
+    uint32_t t = unit / kvh, gh = unit % kvh, n_rep = d->n_head / kvh;
+    /* the sequence of row t: last s with qstart[s] <= t */
+    uint32_t lo = 0, hi = d->n_seqs;
+    while (hi - lo > 1) {
+        uint32_t mid = (lo + hi) / 2;
+        if (d->h_seq_qstart[mid] <= t)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    uint32_t s = lo, p = d->h_seq_pos0[s] + (t - d->h_seq_qstart[s]), n_kv = p + 1;
+    size_t esz = cpu_kv_esize(g->dtype), head_bytes = (size_t)bt * hd * esz;
+    size_t block_bytes = (size_t)g->layers * 2 * kvh * head_bytes;
+    size_t k_off = ((size_t)d->layer * 2 * kvh + gh) * head_bytes;
+    size_t v_off = k_off + (size_t)kvh * head_bytes;
+    const uint32_t *slots = d->slots + d->seq_slot0[s];
+    const float *q = d->q + ((size_t)t * d->n_head + (size_t)gh * n_rep) * hd;
+    float *out = d->out + ((size_t)t * d->n_head + (size_t)gh * n_rep) * hd;
+    bool simd = j->cx->simd;
+
+    /* scores: sc[r][0..n_kv) for the n_rep query heads of this group */
+    for (uint32_t p0 = 0; p0 < n_kv; p0 += bt) {
+        const uint8_t *kb = (const uint8_t *)d->arena + (size_t)slots[p0 / bt] * block_bytes + k_off;
+        uint32_t n = n_kv - p0 < bt ? n_kv - p0 : bt;
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t r = 0; r < n_rep; r++)
+                sc[(size_t)r * n_kv + p0 + i] =
+                    d->scale * kdot(simd, kb + (size_t)i * hd * esz, g->dtype, q + (size_t)r * hd, hd);
+    }
+    for (uint32_t r = 0; r < n_rep; r++) {
+        float *sr = sc + (size_t)r * n_kv, m = -INFINITY, sum = 0;
+        for (uint32_t i = 0; i < n_kv; i++)
+            m = sr[i] > m ? sr[i] : m;
+        for (uint32_t i = 0; i < n_kv; i++) {
+            sr[i] = expf(sr[i] - m);
+            sum += sr[i];
+        }
+        float inv = 1.0f / sum;
+        for (uint32_t i = 0; i < n_kv; i++)
+            sr[i] *= inv;
+        memset(out + (size_t)r * hd, 0, (size_t)hd * 4);
+    }
+    for (uint32_t p0 = 0; p0 < n_kv; p0 += bt) {
+        const uint8_t *vb = (const uint8_t *)d->arena + (size_t)slots[p0 / bt] * block_bytes + v_off;
+        uint32_t n = n_kv - p0 < bt ? n_kv - p0 : bt;
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t r = 0; r < n_rep; r++)
+                vaxpy(simd, out + (size_t)r * hd, sc[(size_t)r * n_kv + p0 + i],
+                      vb + (size_t)i * hd * esz, g->dtype, hd);
+    }
+}
+
+static void attn_task(void *arg, uint32_t ith, uint32_t nth)
+{
+    struct attn_job *j = arg;
+    float *sc = j->cx->scratch[ith];
+    for (;;) {
+        uint32_t u = atomic_fetch_add(&j->next, 1);
+        if (u >= j->n_units)
+            break;
+        attn_unit(j, u, sc);
+    }
+}
+
+int cpu_attention(struct compute_ctx *cx, const struct attn_desc *d)
+{
+    struct attn_job j = {.d = d, .cx = cx, .n_units = d->n_tokens * d->geom->kv_heads};
+    size_t need = (size_t)(d->n_head / d->geom->kv_heads) * d->max_kv;
+    if (need > cx->scratch_cap) {
+        for (uint32_t i = 0; i < cx->pool.n; i++) {
+            float *p = realloc(cx->scratch[i], need * sizeof(float));
+            if (!p)
+                return KVD_ENOMEM;
+            cx->scratch[i] = p;
+        }
+        cx->scratch_cap = need;
+    }
+    atomic_init(&j.next, 0);
+    cpu_pool_run(&cx->pool, attn_task, &j);
+    return 0;
+}

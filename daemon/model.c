@@ -1,0 +1,319 @@
+/* Model loading: reads the hyperparameters of a llama or qwen2 GGUF, checks
+ * every tensor's presence, type and shape against them, and uploads the
+ * weights in their native type into one device buffer on the backend. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf.h"
+#include "kvd/status.h"
+#include "model_impl.h"
+
+#define MODEL_MAX_DIM (1u << 20)
+#define MODEL_MAX_LAYERS 1024u
+
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code,
+                                                      const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* "<arch>.<suffix>" as u32: required unless def is given (def_ok). */
+static int hp_u32(const struct gguf *g, const char *arch, const char *suffix, uint32_t *out,
+                  int required, uint32_t def, char *err, size_t errlen)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = gguf_get_u32(g, key, out, err, errlen);
+    if (rc == KVD_ENOTFOUND) {
+        if (required)
+            return fail(err, errlen, KVD_EBADREQ, "model: metadata '%s' is missing", key);
+        *out = def;
+        return 0;
+    }
+    return rc;
+}
+
+static int hp_f32(const struct gguf *g, const char *arch, const char *suffix, float *out,
+                  int required, float def, char *err, size_t errlen)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = gguf_get_f32(g, key, out, err, errlen);
+    if (rc == KVD_ENOTFOUND) {
+        if (required)
+            return fail(err, errlen, KVD_EBADREQ, "model: metadata '%s' is missing", key);
+        *out = def;
+        return 0;
+    }
+    return rc;
+}
+
+static int read_hparams(const struct gguf *g, struct model_hparams *hp, char *err, size_t errlen)
+{
+    int rc;
+    const char *a = hp->arch;
+    rc = gguf_get_str(g, "general.architecture", hp->arch, sizeof hp->arch, err, errlen);
+    if (rc == KVD_ENOTFOUND)
+        return fail(err, errlen, KVD_EBADREQ, "model: metadata 'general.architecture' is missing");
+    if (rc)
+        return rc;
+    if (strcmp(a, "llama") && strcmp(a, "qwen2"))
+        return fail(err, errlen, KVD_EUNSUPPORTED,
+                    "model: architecture '%s' is not supported (supported: llama, qwen2)", a);
+    if (gguf_get_str(g, "general.name", hp->name, sizeof hp->name, err, errlen))
+        hp->name[0] = 0;
+    uint32_t key_len, val_len;
+    if ((rc = hp_u32(g, a, "context_length", &hp->n_ctx, 1, 0, err, errlen)) ||
+        (rc = hp_u32(g, a, "embedding_length", &hp->n_embd, 1, 0, err, errlen)) ||
+        (rc = hp_u32(g, a, "block_count", &hp->n_layer, 1, 0, err, errlen)) ||
+        (rc = hp_u32(g, a, "feed_forward_length", &hp->n_ff, 1, 0, err, errlen)) ||
+        (rc = hp_u32(g, a, "attention.head_count", &hp->n_head, 1, 0, err, errlen)) ||
+        (rc = hp_u32(g, a, "attention.head_count_kv", &hp->n_head_kv, 0, hp->n_head, err, errlen)) ||
+        (rc = hp_u32(g, a, "attention.key_length", &key_len, 0, 0, err, errlen)) ||
+        (rc = hp_u32(g, a, "attention.value_length", &val_len, 0, 0, err, errlen)) ||
+        (rc = hp_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->rms_eps, 1, 0, err, errlen)) ||
+        (rc = hp_f32(g, a, "rope.freq_base", &hp->rope_base, 0, 10000.0f, err, errlen)))
+        return rc;
+    if (!hp->n_embd || !hp->n_layer || !hp->n_ff || !hp->n_head || !hp->n_head_kv || !hp->n_ctx ||
+        hp->n_embd > MODEL_MAX_DIM || hp->n_ff > MODEL_MAX_DIM || hp->n_head > 4096 ||
+        hp->n_layer > MODEL_MAX_LAYERS || hp->n_ctx > (1u << 24))
+        return fail(err, errlen, KVD_EBADREQ,
+                    "model: hyperparameters out of range (embd %u, layers %u, ff %u, heads %u/%u, ctx %u)",
+                    hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv, hp->n_ctx);
+    if (hp->n_head % hp->n_head_kv)
+        return fail(err, errlen, KVD_EBADREQ, "model: head_count %u is not a multiple of head_count_kv %u",
+                    hp->n_head, hp->n_head_kv);
+    if (key_len == 0) {
+        if (hp->n_embd % hp->n_head)
+            return fail(err, errlen, KVD_EBADREQ, "model: embedding_length %u is not a multiple of head_count %u",
+                        hp->n_embd, hp->n_head);
+        key_len = hp->n_embd / hp->n_head;
+    }
+    if (val_len && val_len != key_len)
+        return fail(err, errlen, KVD_EUNSUPPORTED, "model: key_length %u != value_length %u is not supported",
+                    key_len, val_len);
+    hp->head_dim = key_len;
+    if (hp->head_dim > 1024 || hp->head_dim * hp->n_head > MODEL_MAX_DIM)
+        return fail(err, errlen, KVD_EBADREQ, "model: head dimension %u out of range", hp->head_dim);
+    if ((rc = hp_u32(g, a, "rope.dimension_count", &hp->n_rot, 0, hp->head_dim, err, errlen)))
+        return rc;
+    if (hp->n_rot % 2 || hp->n_rot > hp->head_dim || hp->n_rot == 0)
+        return fail(err, errlen, KVD_EBADREQ, "model: rope.dimension_count %u must be even, > 0 and <= %u",
+                    hp->n_rot, hp->head_dim);
+    if (!(hp->rms_eps > 0 && hp->rms_eps < 1) || !(hp->rope_base > 0 && hp->rope_base < 1e12f))
+        return fail(err, errlen, KVD_EBADREQ, "model: rms epsilon %g or rope base %g out of range",
+                    (double)hp->rms_eps, (double)hp->rope_base);
+    /* llama.cpp applies rope.scaling.factor whatever the type says; only
+     * identity scaling is supported (Llama 3.1 scaling is rope_freqs.weight). */
+    char key[128], st[32] = "";
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    rc = gguf_get_str(g, key, st, sizeof st, err, errlen);
+    if (rc && rc != KVD_ENOTFOUND)
+        return rc;
+    if (strcmp(st, "") && strcmp(st, "none") && strcmp(st, "linear"))
+        return fail(err, errlen, KVD_EUNSUPPORTED, "model: rope scaling '%s' is not supported", st);
+    float factor;
+    if ((rc = hp_f32(g, a, "rope.scaling.factor", &factor, 0, 1.0f, err, errlen)))
+        return rc;
+    if (factor != 1.0f && factor != 0.0f)
+        return fail(err, errlen, KVD_EUNSUPPORTED, "model: rope scaling factor %g is not supported",
+                    (double)factor);
+    hp->rope_mode = strcmp(a, "qwen2") == 0 ? ROPE_NEOX : ROPE_NORM;
+    hp->has_qkv_bias = strcmp(a, "qwen2") == 0;
+    return 0;
+}
+
+/* Collects the tensors to load; `off` is each one's place in the weight buffer. */
+struct load_ctx {
+    const struct gguf *g;
+    char *err;
+    size_t errlen;
+    const struct gguf_tensor *src[16 * MODEL_MAX_LAYERS + 8];
+    struct ctensor *dst[16 * MODEL_MAX_LAYERS + 8];
+    size_t off[16 * MODEL_MAX_LAYERS + 8];
+    size_t n, total;
+};
+
+/* Finds `name` with shape [ne0, ne1] (ne1 = 0: a 1-D tensor of ne0 that must
+ * be f32). Absent and optional: t stays zero and 0 is returned. */
+static int want(struct load_ctx *lc, struct ctensor *t, const char *name, uint32_t ne0,
+                uint32_t ne1, int optional)
+{
+    const struct gguf_tensor *gt = gguf_find_tensor(lc->g, name);
+    if (!gt) {
+        if (optional)
+            return 0;
+        return fail(lc->err, lc->errlen, KVD_EBADREQ, "model: tensor '%s' is missing", name);
+    }
+    int one_d = ne1 == 0;
+    uint64_t got1 = gt->ne[1] * gt->ne[2] * gt->ne[3];
+    if (gt->ne[0] != ne0 || (one_d ? got1 != 1 : (got1 != ne1 || gt->ne[2] != 1 || gt->ne[3] != 1)))
+        return fail(lc->err, lc->errlen, KVD_EBADREQ,
+                    "model: tensor '%s' has shape [%" PRIu64 ", %" PRIu64 "], expected [%u, %u]", name,
+                    gt->ne[0], got1, ne0, one_d ? 1 : ne1);
+    if (one_d && gt->type != CT_F32)
+        return fail(lc->err, lc->errlen, KVD_EUNSUPPORTED, "model: tensor '%s' must be f32, is %s", name,
+                    ctype_name((enum ctype)gt->type));
+    t->type = (enum ctype)gt->type;
+    t->ne0 = ne0;
+    t->ne1 = one_d ? 1 : ne1;
+    t->nbytes = gt->nbytes;
+    lc->src[lc->n] = gt;
+    lc->dst[lc->n] = t;
+    lc->off[lc->n] = lc->total;
+    lc->total += (gt->nbytes + 255) / 256 * 256;
+    lc->n++;
+    return 0;
+}
+
+static int collect(struct model *m, struct load_ctx *lc)
+{
+    const struct model_hparams *hp = &m->hp;
+    uint32_t E = hp->n_embd, QD = hp->n_head * hp->head_dim, KD = hp->n_head_kv * hp->head_dim;
+    const struct gguf_tensor *emb = gguf_find_tensor(lc->g, "token_embd.weight");
+    int rc;
+    if (!emb)
+        return fail(lc->err, lc->errlen, KVD_EBADREQ, "model: tensor 'token_embd.weight' is missing");
+    if (emb->ne[1] == 0 || emb->ne[1] > (1u << 24))
+        return fail(lc->err, lc->errlen, KVD_EBADREQ, "model: vocabulary size %" PRIu64 " out of range",
+                    emb->ne[1]);
+    m->hp.n_vocab = (uint32_t)emb->ne[1];
+    uint64_t ntok = gguf_arr_count(lc->g, "tokenizer.ggml.tokens");
+    if (ntok && ntok != hp->n_vocab)
+        return fail(lc->err, lc->errlen, KVD_EBADREQ,
+                    "model: tokenizer has %" PRIu64 " tokens but token_embd.weight has %u rows", ntok,
+                    hp->n_vocab);
+    if ((rc = want(lc, &m->tok_embd, "token_embd.weight", E, hp->n_vocab, 0)) ||
+        (rc = want(lc, &m->output_norm, "output_norm.weight", E, 0, 0)) ||
+        (rc = want(lc, &m->output, "output.weight", E, hp->n_vocab, 1)) ||
+        (rc = want(lc, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0, 1)))
+        return rc;
+    m->hp.tied_output = m->output.ne0 == 0;
+    m->hp.has_rope_freqs = m->rope_freqs.ne0 != 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        struct model_layer *L = &m->layers[l];
+        char n[GGUF_MAX_NAME + 16];
+#define W(field, suffix, ne0, ne1, opt)                                                            \
+    snprintf(n, sizeof n, "blk.%u." suffix, l);                                                    \
+    if ((rc = want(lc, &L->field, n, ne0, ne1, opt)))                                              \
+        return rc;
+        W(attn_norm, "attn_norm.weight", E, 0, 0)
+        W(wq, "attn_q.weight", E, QD, 0)
+        W(wk, "attn_k.weight", E, KD, 0)
+        W(wv, "attn_v.weight", E, KD, 0)
+        W(wo, "attn_output.weight", QD, E, 0)
+        W(ffn_norm, "ffn_norm.weight", E, 0, 0)
+        W(gate, "ffn_gate.weight", E, hp->n_ff, 0)
+        W(up, "ffn_up.weight", E, hp->n_ff, 0)
+        W(down, "ffn_down.weight", hp->n_ff, E, 0)
+        int opt_bias = !hp->has_qkv_bias;
+        W(bq, "attn_q.bias", QD, 0, opt_bias)
+        W(bk, "attn_k.bias", KD, 0, opt_bias)
+        W(bv, "attn_v.bias", KD, 0, opt_bias)
+#undef W
+    }
+    return 0;
+}
+
+int model_load_opts(const char *path, struct backend *be, const struct model_opts *opts,
+                    struct model **out, char *err, size_t errlen)
+{
+    struct gguf *g = NULL;
+    struct load_ctx *lc = NULL;
+    struct model *m = NULL;
+    int rc;
+    *out = NULL;
+    if (!be || !be->compute)
+        return fail(err, errlen, KVD_EUNSUPPORTED, "model: the %s backend has no compute ops",
+                    be && be->ops ? be->ops->name : "given");
+    if ((rc = gguf_open(path, &g, err, errlen)))
+        return rc;
+    m = calloc(1, sizeof *m);
+    lc = calloc(1, sizeof *lc);
+    if (!m || !lc) {
+        rc = fail(err, errlen, KVD_ENOMEM, "model: out of memory");
+        goto out_free;
+    }
+    m->be = be;
+    m->ops = be->compute;
+    if ((rc = read_hparams(g, &m->hp, err, errlen)))
+        goto out_free;
+    m->layers = calloc(m->hp.n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        rc = fail(err, errlen, KVD_ENOMEM, "model: out of memory");
+        goto out_free;
+    }
+    *lc = (struct load_ctx){.g = g, .err = err, .errlen = errlen};
+    if ((rc = collect(m, lc)))
+        goto out_free;
+    m->hp.wtype = m->layers[0].wq.type;
+    struct compute_conf conf = {.n_threads = opts ? opts->n_threads : 0};
+    if ((rc = m->ops->ctx_new(be, &conf, &m->cx))) {
+        rc = fail(err, errlen, rc, "model: cannot create the %s compute context", m->ops->name);
+        goto out_free;
+    }
+    if ((rc = m->ops->buf_alloc(m->cx, lc->total, &m->weights))) {
+        rc = fail(err, errlen, rc, "model: cannot allocate %zu bytes of weights on the %s backend",
+                  lc->total, m->ops->name);
+        goto out_free;
+    }
+    for (size_t i = 0; i < lc->n; i++) {
+        struct ctensor *t = lc->dst[i];
+        t->data = (uint8_t *)m->weights + lc->off[i];
+        if ((rc = m->ops->upload(m->cx, t->data, lc->src[i]->data, t->nbytes))) {
+            rc = fail(err, errlen, rc, "model: uploading '%s' failed", lc->src[i]->name);
+            goto out_free;
+        }
+        m->hp.n_params += (uint64_t)t->ne0 * t->ne1;
+        m->hp.weight_bytes += t->nbytes;
+    }
+    if (m->hp.tied_output)
+        m->output = m->tok_embd;
+    free(lc);
+    gguf_close(g);
+    *out = m;
+    return 0;
+out_free:
+    free(lc);
+    gguf_close(g);
+    model_free(m);
+    return rc;
+}
+
+int model_load(const char *path, struct backend *be, struct model **out, char *err, size_t errlen)
+{
+    return model_load_opts(path, be, NULL, out, err, errlen);
+}
+
+void model_free(struct model *m)
+{
+    if (!m)
+        return;
+    if (m->cx) {
+        m->ops->buf_free(m->cx, m->weights);
+        m->ops->ctx_free(m->cx);
+    }
+    free(m->layers);
+    free(m);
+}
+
+const struct model_hparams *model_hparams(const struct model *m)
+{
+    return &m->hp;
+}
+
+void model_kv_geom(const struct model *m, uint32_t block_tokens, enum kv_dtype dt, struct kv_geom *g)
+{
+    g->layers = m->hp.n_layer;
+    g->kv_heads = m->hp.n_head_kv;
+    g->head_dim = m->hp.head_dim;
+    g->dtype = dt;
+    g->block_tokens = block_tokens;
+}

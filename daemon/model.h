@@ -1,0 +1,87 @@
+/* The model: Llama-family GGUF weights loaded onto a backend, and one forward
+ * step over a batch of sequences whose KV cache lives in the memory
+ * manager's paged blocks. Architectures llama and qwen2; weight types f32,
+ * f16, bf16, q8_0. Semantics follow llama.cpp (see docs/model.md). */
+#ifndef KVD_MODEL_H
+#define KVD_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "compute.h"
+#include "kvmm.h"
+
+struct model_hparams {
+    char arch[16]; /* "llama" or "qwen2" */
+    char name[64]; /* general.name, or "" */
+    uint32_t n_vocab, n_ctx, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot;
+    float rms_eps, rope_base;
+    enum rope_mode rope_mode; /* NORM for llama, NEOX for qwen2 */
+    int has_qkv_bias;         /* qwen2 */
+    int tied_output;          /* output.weight absent: token_embd.weight is used */
+    int has_rope_freqs;       /* rope_freqs.weight present (Llama 3.1 scaling) */
+    enum ctype wtype;         /* type of the attn_q weight of layer 0 (for display) */
+    uint64_t n_params;        /* elements of all weights */
+    uint64_t weight_bytes;    /* device bytes of all weights */
+};
+
+struct model_opts {
+    uint32_t n_threads; /* cpu compute threads; 0 = nproc */
+};
+
+struct model;
+
+/* Loads and validates the GGUF at path, uploads every weight to `be` once
+ * (native type, no conversion), and creates the backend's compute context.
+ * be->compute must be set (KVD_EUNSUPPORTED otherwise). Errors: KVD_ENOTFOUND
+ * (no file), KVD_EBADREQ (corrupt file, missing tensor, shape mismatch),
+ * KVD_EUNSUPPORTED (architecture or type), KVD_ENOMEM; err names the problem. */
+int model_load(const char *path, struct backend *be, struct model **out, char *err, size_t errlen);
+int model_load_opts(const char *path, struct backend *be, const struct model_opts *opts,
+                    struct model **out, char *err, size_t errlen);
+void model_free(struct model *m);
+const struct model_hparams *model_hparams(const struct model *m);
+/* The KV geometry this model needs: layers, kv_heads, head_dim from the
+ * model; block_tokens and dtype as given. */
+void model_kv_geom(const struct model *m, uint32_t block_tokens, enum kv_dtype dt,
+                   struct kv_geom *g);
+
+/* One sequence's part of a step. */
+struct fwd_seq {
+    const uint32_t *tokens; /* host [n_tokens]: new tokens this step */
+    uint32_t n_tokens;      /* >= 1: a prefill chunk or 1 decode token */
+    uint32_t pos0;          /* position of tokens[0]; positions < pos0 are in the blocks */
+    const uint32_t *slots;  /* host [n_slots]: device slots of the blocks covering */
+    uint32_t n_slots;       /*   positions [0, pos0 + n_tokens), in order */
+};
+
+struct fwd_batch {
+    const struct fwd_seq *seqs; /* host [n_seqs] */
+    uint32_t n_seqs;
+    void *kv_arena;             /* device: slot s at kv_arena + s * kv_block_bytes(geom) */
+    const struct kv_geom *geom; /* must match model_kv_geom (layers, kv_heads, head_dim) */
+    uint32_t n_arena_slots;     /* slots in the arena, to bound-check the tables; 0 = unchecked */
+    float *logits;              /* out, host [n_seqs][n_vocab]: each sequence's last position */
+};
+
+/* Scratch buffers on the device sized for max_batch_tokens tokens and
+ * max_seqs sequences per step, reused step to step. Owned by the caller;
+ * one fwd_ctx is used by one thread at a time. */
+struct fwd_ctx;
+int fwd_ctx_new(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs,
+                struct fwd_ctx **out);
+void fwd_ctx_free(struct fwd_ctx *c);
+/* Message of the last model_forward failure on this context. */
+const char *fwd_ctx_errmsg(const struct fwd_ctx *c);
+
+/* Runs one step: writes the K/V of every new token into its block and the
+ * logits of each sequence's last new token into b->logits. Validates the
+ * batch first (nothing is written on a validation error): KVD_EBADREQ for an
+ * out-of-vocab token, n_tokens 0, pos0 + n_tokens > n_ctx, too few or
+ * out-of-range slots, a slot repeated within a sequence or a geometry that
+ * does not match; KVD_ETOOLARGE for more tokens or sequences than the
+ * fwd_ctx was sized for. */
+int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b);
+
+#endif

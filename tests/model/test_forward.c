@@ -1,0 +1,366 @@
+/* The paged, batched forward against the dense reference (model_ref.c) on
+ * random models: llama and qwen2, every weight type, GQA and MHA, tied and
+ * untied, rope_freqs; one-chunk prefill, chunked prefill, token-by-token
+ * decode and multi-sequence batches with scattered block tables must all
+ * give the reference's last-position logits to 1e-4 relative. Also batch
+ * validation (nothing written on a bad batch) and greedy-decode sanity. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvd/status.h"
+#include "model.h"
+#include "model/model_ref.h"
+
+#define TOL 1e-4
+#define N_BLOCKS 96
+
+static uint64_t rs = 12345;
+static uint32_t rnd(uint32_t n)
+{
+    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)((rs >> 33) % n);
+}
+
+struct fx {
+    char *path;
+    struct model *m;
+    struct ref_model *ref;
+    struct fwd_ctx *fc;
+    struct kv_geom geom;
+    void *arena;
+    size_t block_bytes;
+    uint32_t V;
+    uint32_t perm[N_BLOCKS]; /* a random permutation: block tables draw from it */
+    uint32_t next;           /* next unused entry of perm */
+};
+
+static size_t geom_block_bytes(const struct kv_geom *g)
+{
+    size_t esz = g->dtype == KV_F32 ? 4 : 2;
+    return (size_t)g->layers * 2 * g->kv_heads * g->block_tokens * g->head_dim * esz;
+}
+
+static void fx_init(struct fx *f, const char *args, enum kv_dtype kvt, uint32_t bt, uint32_t threads)
+{
+    char err[256] = "";
+    memset(f, 0, sizeof *f);
+    f->path = ref_gen_model(args);
+    assert_non_null(f->path);
+    struct model_opts o = {.n_threads = threads};
+    int rc = model_load_opts(f->path, ref_cpu_backend(), &o, &f->m, err, sizeof err);
+    if (rc)
+        fail_msg("model_load: %s", err);
+    f->ref = ref_model_load(f->path);
+    assert_non_null(f->ref);
+    f->V = model_hparams(f->m)->n_vocab;
+    assert_int_equal(f->V, ref_n_vocab(f->ref));
+    model_kv_geom(f->m, bt, kvt, &f->geom);
+    f->block_bytes = geom_block_bytes(&f->geom);
+    f->arena = calloc(N_BLOCKS, f->block_bytes);
+    assert_non_null(f->arena);
+    assert_int_equal(fwd_ctx_new(f->m, 128, 8, &f->fc), 0);
+    for (uint32_t i = 0; i < N_BLOCKS; i++)
+        f->perm[i] = i;
+    for (uint32_t i = N_BLOCKS - 1; i > 0; i--) {
+        uint32_t j = rnd(i + 1), t = f->perm[i];
+        f->perm[i] = f->perm[j];
+        f->perm[j] = t;
+    }
+}
+
+static void fx_free(struct fx *f)
+{
+    fwd_ctx_free(f->fc);
+    model_free(f->m);
+    ref_model_free(f->ref);
+    free(f->arena);
+    unlink(f->path);
+    free(f->path);
+}
+
+/* A block table of n fresh scattered slots. */
+static void take_slots(struct fx *f, uint32_t *slots, uint32_t n)
+{
+    assert_true(f->next + n <= N_BLOCKS);
+    memcpy(slots, f->perm + f->next, n * 4);
+    f->next += n;
+}
+
+static void forward1(struct fx *f, const uint32_t *tok, uint32_t n, uint32_t pos0,
+                     const uint32_t *slots, uint32_t n_slots, float *logits)
+{
+    struct fwd_seq s = {.tokens = tok, .n_tokens = n, .pos0 = pos0, .slots = slots, .n_slots = n_slots};
+    struct fwd_batch b = {.seqs = &s, .n_seqs = 1, .kv_arena = f->arena, .geom = &f->geom,
+                          .n_arena_slots = N_BLOCKS, .logits = logits};
+    int rc = model_forward(f->m, f->fc, &b);
+    if (rc)
+        fail_msg("model_forward: %s", fwd_ctx_errmsg(f->fc));
+}
+
+static void check_close(const float *got, const double *ref, size_t n, const char *what)
+{
+    double e = ref_rel_err(got, ref, n);
+    print_message("  %-28s rel err %.2e\n", what, e);
+    if (!(e <= TOL))
+        fail_msg("%s: relative error %.3e > %.0e", what, e, TOL);
+}
+
+static void check_model(const char *args, enum kv_dtype kvt, uint32_t bt)
+{
+    struct fx f;
+    fx_init(&f, args, kvt, bt, 2);
+    enum { N = 37 };
+    uint32_t tok[N], slots[16];
+    uint32_t nb = (N + bt - 1) / bt;
+    for (int i = 0; i < N; i++)
+        tok[i] = rnd(f.V);
+    double *ref = malloc(f.V * 8), *ref1 = malloc(f.V * 8), *ref17 = malloc(f.V * 8);
+    float *lg = malloc(f.V * 4), *lg_one = malloc(f.V * 4);
+    ref_forward(f.ref, tok, N, kvt, ref);
+    ref_forward(f.ref, tok, 1, kvt, ref1);
+    ref_forward(f.ref, tok, 17, kvt, ref17);
+
+    /* A: one chunk */
+    take_slots(&f, slots, nb);
+    forward1(&f, tok, N, 0, slots, nb, lg_one);
+    check_close(lg_one, ref, f.V, "prefill, one chunk");
+
+    /* B: chunks of 5, 12, 20 in fresh blocks */
+    take_slots(&f, slots, nb);
+    forward1(&f, tok, 5, 0, slots, nb, lg);
+    forward1(&f, tok + 5, 12, 5, slots, nb, lg);
+    check_close(lg, ref17, f.V, "chunked, after 17");
+    forward1(&f, tok + 17, N - 17, 17, slots, nb, lg);
+    check_close(lg, ref, f.V, "chunked, after 37");
+    assert_true(ref_rel_err(lg, ref, f.V) < TOL);
+    for (uint32_t i = 0; i < f.V; i++) /* same kernels, same order: agree closely with A */
+        assert_true(fabsf(lg[i] - lg_one[i]) <= 1e-4f * (1 + fabsf(lg_one[i])));
+
+    /* C: token by token, only the blocks needed so far */
+    take_slots(&f, slots, nb);
+    for (uint32_t p = 0; p < N; p++) {
+        forward1(&f, tok + p, 1, p, slots, p / bt + 1, lg);
+        if (p == 0)
+            check_close(lg, ref1, f.V, "decode, after 1");
+        if (p == 16)
+            check_close(lg, ref17, f.V, "decode, after 17");
+    }
+    check_close(lg, ref, f.V, "decode, after 37");
+
+    /* D: a batch of 3 sequences (prefill of different lengths, then one
+     * decode step together) equals each sequence run alone. */
+    enum { NS = 3 };
+    static const uint32_t len[NS] = {N - 1, 20, 9};
+    uint32_t st[NS][16], *stok[NS];
+    float *blg = malloc((size_t)NS * f.V * 4);
+    struct fwd_seq seqs[NS];
+    for (int s = 0; s < NS; s++) {
+        stok[s] = malloc(N * 4);
+        for (uint32_t i = 0; i < len[s] + 1; i++)
+            stok[s][i] = s == 0 ? tok[i] : rnd(f.V);
+        take_slots(&f, st[s], (len[s] + 1 + bt - 1) / bt);
+        seqs[s] = (struct fwd_seq){.tokens = stok[s], .n_tokens = len[s], .pos0 = 0,
+                                   .slots = st[s], .n_slots = (len[s] + bt - 1) / bt};
+    }
+    struct fwd_batch b = {.seqs = seqs, .n_seqs = NS, .kv_arena = f.arena, .geom = &f.geom,
+                          .n_arena_slots = N_BLOCKS, .logits = blg};
+    assert_int_equal(model_forward(f.m, f.fc, &b), 0);
+    for (int s = 0; s < NS; s++) {
+        ref_forward(f.ref, stok[s], len[s], kvt, ref);
+        check_close(blg + (size_t)s * f.V, ref, f.V, "batch prefill");
+        seqs[s] = (struct fwd_seq){.tokens = stok[s] + len[s], .n_tokens = 1, .pos0 = len[s],
+                                   .slots = st[s], .n_slots = (len[s] + 1 + bt - 1) / bt};
+    }
+    assert_int_equal(model_forward(f.m, f.fc, &b), 0);
+    for (int s = 0; s < NS; s++) {
+        ref_forward(f.ref, stok[s], len[s] + 1, kvt, ref);
+        check_close(blg + (size_t)s * f.V, ref, f.V, "batch decode");
+        /* alone, in other blocks */
+        uint32_t sl[16];
+        uint32_t nbs = (len[s] + 1 + bt - 1) / bt;
+        if (f.next + nbs > N_BLOCKS)
+            f.next = 0; /* reuse: everything is rewritten before it is read */
+        take_slots(&f, sl, nbs);
+        forward1(&f, stok[s], len[s] + 1, 0, sl, nbs, lg);
+        for (uint32_t i = 0; i < f.V; i++)
+            assert_true(fabsf(lg[i] - blg[(size_t)s * f.V + i]) <= 1e-5f * (1 + fabsf(lg[i])));
+        free(stok[s]);
+    }
+    free(blg);
+    free(ref); free(ref1); free(ref17); free(lg); free(lg_one);
+    fx_free(&f);
+}
+
+#define SHAPE "--embd 64 --heads 4 --ff 96 --vocab 300 --layers 2 --ctx 256"
+
+static void t_llama_f32_mha(void **s) { check_model(SHAPE " --type f32 --seed 1", KV_F32, 16); }
+static void t_llama_f16_gqa(void **s) { check_model(SHAPE " --type f16 --kv-heads 2 --seed 2", KV_F16, 8); }
+static void t_llama_bf16_tied_freqs(void **s)
+{
+    check_model(SHAPE " --type bf16 --kv-heads 1 --tied --rope-freqs --seed 3", KV_BF16, 16);
+}
+static void t_llama_q8_0_gqa(void **s)
+{
+    check_model("--embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 --layers 3 --type q8_0 --seed 4",
+                KV_F16, 5);
+}
+static void t_qwen2_f16_tied(void **s)
+{
+    check_model("--arch qwen2 " SHAPE " --kv-heads 2 --tied --type f16 --seed 5", KV_F16, 16);
+}
+static void t_qwen2_q8_0_freqs(void **s)
+{
+    check_model("--arch qwen2 --embd 96 --heads 3 --ff 128 --vocab 260 --layers 2 --type q8_0 "
+                "--rope-freqs --seed 6", KV_F32, 7);
+}
+static void t_llama_bf16_f32kv_mha(void **s) { check_model(SHAPE " --type bf16 --seed 7", KV_F32, 3); }
+
+/* The portable (non-SIMD) kernels give the same answers. */
+static void t_scalar_kernels(void **s)
+{
+    setenv("KVD_CPU_SCALAR", "1", 1);
+    check_model("--arch qwen2 --embd 64 --heads 4 --kv-heads 2 --ff 64 --vocab 200 --layers 1 --type q8_0 --seed 8",
+                KV_F16, 4);
+    check_model(SHAPE " --type f16 --kv-heads 2 --seed 9", KV_BF16, 16);
+    unsetenv("KVD_CPU_SCALAR");
+}
+
+/* Thread count does not change results (each dot product has one order). */
+static void t_threads_agree(void **s)
+{
+    const char *args = SHAPE " --type f16 --kv-heads 2 --seed 10";
+    float *lg[3];
+    uint32_t threads[3] = {1, 2, 5}, tok[20], slots[4] = {0, 1, 2, 3};
+    for (int i = 0; i < 20; i++)
+        tok[i] = (uint32_t)(i * 37 % 300);
+    for (int k = 0; k < 3; k++) {
+        struct fx f;
+        fx_init(&f, args, KV_F16, 16, threads[k]);
+        lg[k] = malloc(f.V * 4);
+        forward1(&f, tok, 20, 0, slots, 2, lg[k]);
+        fx_free(&f);
+    }
+    assert_memory_equal(lg[0], lg[1], 300 * 4);
+    assert_memory_equal(lg[0], lg[2], 300 * 4);
+    for (int k = 0; k < 3; k++)
+        free(lg[k]);
+}
+
+/* Every bad batch is refused with a clear code before anything is written. */
+static void t_validation(void **s)
+{
+    struct fx f;
+    fx_init(&f, SHAPE " --type f16 --kv-heads 2 --seed 11", KV_F16, 4, 2);
+    uint32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8}, slots[4] = {0, 1, 2, 3}, bad_tok[2] = {1, 300};
+    float *lg = malloc(2 * f.V * 4);
+    void *copy = malloc(N_BLOCKS * f.block_bytes);
+    memset(f.arena, 0x5a, N_BLOCKS * f.block_bytes);
+    memcpy(copy, f.arena, N_BLOCKS * f.block_bytes);
+    struct fwd_seq sq = {.tokens = tok, .n_tokens = 8, .pos0 = 0, .slots = slots, .n_slots = 2};
+    struct fwd_batch b = {.seqs = &sq, .n_seqs = 1, .kv_arena = f.arena, .geom = &f.geom,
+                          .n_arena_slots = N_BLOCKS, .logits = lg};
+    assert_int_equal(model_forward(f.m, f.fc, &b), 0); /* baseline works */
+    memcpy(copy, f.arena, N_BLOCKS * f.block_bytes);
+
+    sq.tokens = bad_tok, sq.n_tokens = 2;
+    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
+    assert_non_null(strstr(fwd_ctx_errmsg(f.fc), "vocabulary"));
+    sq.tokens = tok, sq.n_tokens = 8, sq.n_slots = 1; /* 8 tokens need 2 blocks of 4 */
+    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
+    sq.n_slots = 2, sq.pos0 = 250; /* past n_ctx 256 */
+    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
+    assert_non_null(strstr(fwd_ctx_errmsg(f.fc), "context"));
+    sq.pos0 = 0, sq.n_tokens = 0;
+    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
+    sq.n_tokens = 8;
+    uint32_t far[2] = {0, N_BLOCKS};
+    sq.slots = far;
+    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
+    assert_non_null(strstr(fwd_ctx_errmsg(f.fc), "arena"));
+    uint32_t dup[2] = {3, 3};
+    sq.slots = dup;
+    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
+    /* two sequences writing the same block */
+    struct fwd_seq two[2] = {{.tokens = tok, .n_tokens = 2, .pos0 = 0, .slots = slots, .n_slots = 1},
+                             {.tokens = tok, .n_tokens = 2, .pos0 = 0, .slots = slots, .n_slots = 1}};
+    b.seqs = two, b.n_seqs = 2;
+    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
+    assert_non_null(strstr(fwd_ctx_errmsg(f.fc), "written"));
+    /* sharing a read-only prefix block is fine: both decode at pos 4..5 */
+    uint32_t s0[2] = {0, 5}, s1[2] = {0, 6};
+    two[0] = (struct fwd_seq){.tokens = tok, .n_tokens = 1, .pos0 = 4, .slots = s0, .n_slots = 2};
+    two[1] = (struct fwd_seq){.tokens = tok, .n_tokens = 1, .pos0 = 4, .slots = s1, .n_slots = 2};
+    assert_int_equal(model_forward(f.m, f.fc, &b), 0);
+    memcpy(copy, f.arena, N_BLOCKS * f.block_bytes);
+    /* too many tokens / sequences for the context */
+    uint32_t many[200] = {0}, ms[64];
+    for (int i = 0; i < 64; i++)
+        ms[i] = (uint32_t)i;
+    struct fwd_seq big = {.tokens = many, .n_tokens = 200, .pos0 = 0, .slots = ms, .n_slots = 50};
+    b.seqs = &big, b.n_seqs = 1;
+    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_ETOOLARGE);
+    struct fwd_seq nine[9];
+    for (int i = 0; i < 9; i++)
+        nine[i] = (struct fwd_seq){.tokens = tok, .n_tokens = 1, .pos0 = 0, .slots = ms + i, .n_slots = 1};
+    b.seqs = nine, b.n_seqs = 9;
+    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_ETOOLARGE);
+    struct kv_geom bad = f.geom;
+    bad.head_dim++;
+    b.seqs = &sq, b.n_seqs = 1, b.geom = &bad;
+    sq.slots = slots;
+    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
+    assert_memory_equal(copy, f.arena, N_BLOCKS * f.block_bytes);
+    free(copy);
+    free(lg);
+    fx_free(&f);
+}
+
+/* Greedy decoding on random models (untied and tied output) keeps
+ * producing varied tokens: the generator's weight scales are sane. */
+static void greedy_varied(const char *args)
+{
+    struct fx f;
+    fx_init(&f, args, KV_F16, 16, 2);
+    uint32_t slots[8], tok = 1, seen[400] = {0}, distinct = 0;
+    take_slots(&f, slots, 8);
+    float *lg = malloc(f.V * 4);
+    for (uint32_t p = 0; p < 64; p++) {
+        forward1(&f, &tok, 1, p, slots, p / 16 + 1, lg);
+        uint32_t best = 0;
+        for (uint32_t i = 1; i < f.V; i++)
+            best = lg[i] > lg[best] ? i : best;
+        tok = best;
+        distinct += !seen[tok]++;
+    }
+    print_message("  greedy: %u distinct tokens of 64\n", distinct);
+    assert_true(distinct >= 8);
+    free(lg);
+    fx_free(&f);
+}
+
+static void t_greedy_varied(void **s)
+{
+    greedy_varied("--embd 128 --heads 4 --kv-heads 2 --ff 256 --vocab 400 --layers 4 --type f16 --seed 12");
+    greedy_varied("--embd 128 --heads 4 --kv-heads 2 --ff 256 --vocab 400 --layers 4 --type q8_0 --tied --seed 13");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(t_llama_f32_mha),     cmocka_unit_test(t_llama_f16_gqa),
+        cmocka_unit_test(t_llama_bf16_tied_freqs), cmocka_unit_test(t_llama_q8_0_gqa),
+        cmocka_unit_test(t_qwen2_f16_tied),    cmocka_unit_test(t_qwen2_q8_0_freqs),
+        cmocka_unit_test(t_llama_bf16_f32kv_mha), cmocka_unit_test(t_scalar_kernels),
+        cmocka_unit_test(t_threads_agree),     cmocka_unit_test(t_validation),
+        cmocka_unit_test(t_greedy_varied),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
