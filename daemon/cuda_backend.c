@@ -1,0 +1,308 @@
+/* cuda_backend: the cuda implementation of the backend table (backend.h):
+ * device selection, the device arena (cudaMalloc), the pinned host arena
+ * (cudaHostAlloc), copies on a dedicated stream that overlaps the compute
+ * stream, and the cuBLAS handle the compute ops use. */
+#include "cuda_backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fault.h"
+#include "kvd/status.h"
+#include "log.h"
+
+/* The device each thread last entered; -1 before its first call. */
+static _Thread_local int cuda_cur_device = -1;
+
+struct cuda_backend {
+    struct backend be; /* first: be->impl points back here */
+    struct cuda_dev dev;
+};
+
+struct cuda_dev *cuda_backend_dev(struct backend *be)
+{
+    if (!be || !be->ops || strcmp(be->ops->name, "cuda") != 0)
+        return NULL;
+    return &((struct cuda_backend *)be->impl)->dev;
+}
+
+int cuda_fail(int cuda_err, const char *what)
+{
+    log_err("cuda: %s failed: %s (%s)", what, cudaGetErrorName((cudaError_t)cuda_err),
+            cudaGetErrorString((cudaError_t)cuda_err));
+    return cuda_err == cudaErrorMemoryAllocation ? KVD_ENOMEM : KVD_EINTERNAL;
+}
+
+int cublas_fail(int status, const char *what)
+{
+    log_err("cuda: %s failed: cuBLAS status %d", what, status);
+    return status == CUBLAS_STATUS_ALLOC_FAILED ? KVD_ENOMEM : KVD_EINTERNAL;
+}
+
+int cuda_dev_enter(struct cuda_dev *dev)
+{
+    if (cuda_cur_device == dev->device)
+        return 0;
+    cudaError_t e = cudaSetDevice(dev->device);
+    if (e != cudaSuccess)
+        return cuda_fail(e, "cudaSetDevice");
+    cuda_cur_device = dev->device;
+    return 0;
+}
+
+static struct cuda_dev *dev_of(struct backend *be)
+{
+    return &((struct cuda_backend *)be->impl)->dev;
+}
+
+static int cuda_arena_alloc(struct backend *be, enum kvd_tier tier, size_t bytes, void **out)
+{
+    struct cuda_dev *dev = dev_of(be);
+    void *p = NULL;
+    cudaError_t e;
+
+    *out = NULL;
+    if (bytes == 0)
+        return KVD_EBADREQ;
+    if (fault_should_fail(tier == KVD_TIER_DEVICE ? FAULT_DEVICE_ALLOC : FAULT_HOST_ALLOC))
+        return KVD_ENOMEM;
+    if (cuda_dev_enter(dev))
+        return KVD_EINTERNAL;
+    if (tier == KVD_TIER_DEVICE) {
+        e = cudaMalloc(&p, bytes);
+        if (e != cudaSuccess)
+            goto fail;
+        /* The contract says zero-filled; finish before anyone reads it. */
+        e = cudaMemset(p, 0, bytes);
+        if (e == cudaSuccess)
+            e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) {
+            cudaFree(p);
+            goto fail;
+        }
+    } else {
+        /* Pinned, so swaps run as true asynchronous DMA at full PCIe rate. */
+        e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+        if (e != cudaSuccess)
+            goto fail;
+        memset(p, 0, bytes);
+    }
+    *out = p;
+    return 0;
+fail:
+    (void)cudaGetLastError(); /* clear the sticky-free error so later calls work */
+    log_warn("cuda: %s arena of %zu bytes: %s", tier == KVD_TIER_DEVICE ? "device" : "host", bytes,
+             cudaGetErrorString(e));
+    return KVD_ENOMEM;
+}
+
+static void cuda_arena_free(struct backend *be, enum kvd_tier tier, void *p, size_t bytes)
+{
+    if (!p || cuda_dev_enter(dev_of(be)))
+        return;
+    cudaError_t e = tier == KVD_TIER_DEVICE ? cudaFree(p) : cudaFreeHost(p);
+    if (e != cudaSuccess)
+        cuda_fail(e, "arena free");
+}
+
+/* Queues a copy on the copy stream, after every compute op issued so far
+ * (a block is never copied while a kernel may still write it). cudaMemcpyDefault:
+ * unified addressing tells device, pinned and plain host memory apart. */
+static int copy_enqueue(struct cuda_dev *dev, void *dst, const void *src, size_t bytes)
+{
+    cudaError_t e = cudaSuccess;
+
+    if (cuda_dev_enter(dev))
+        return KVD_EINTERNAL;
+    pthread_mutex_lock(&dev->mu);
+    /* While a graph is being captured nothing runs on the compute stream
+     * (a capture executes nothing; the step before it ended with a
+     * synchronizing download), so there is nothing to wait for, and
+     * recording an event there would break the capture. */
+    if (!dev->capturing) {
+        e = cudaEventRecord(dev->compute_mark, dev->compute);
+        if (e == cudaSuccess)
+            e = cudaStreamWaitEvent(dev->copy, dev->compute_mark, 0);
+    }
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, dev->copy);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(dev->copy_done, dev->copy);
+    pthread_mutex_unlock(&dev->mu);
+    return e == cudaSuccess ? 0 : cuda_fail(e, "copy");
+}
+
+int cuda_dev_capture_begin(struct cuda_dev *dev)
+{
+    pthread_mutex_lock(&dev->mu);
+    cudaError_t e = cudaStreamBeginCapture(dev->compute, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess)
+        dev->capturing = true;
+    pthread_mutex_unlock(&dev->mu);
+    return (int)e;
+}
+
+int cuda_dev_capture_end(struct cuda_dev *dev, cudaGraph_t *graph)
+{
+    pthread_mutex_lock(&dev->mu);
+    cudaError_t e = cudaStreamEndCapture(dev->compute, graph);
+    dev->capturing = false;
+    pthread_mutex_unlock(&dev->mu);
+    return (int)e;
+}
+
+static int cuda_copy_async(struct backend *be, void *dst, enum kvd_tier dst_tier, const void *src,
+                           enum kvd_tier src_tier, size_t bytes)
+{
+    if (bytes == 0)
+        return 0;
+    if (fault_should_fail(FAULT_COPY))
+        return KVD_EINTERNAL;
+    return copy_enqueue(dev_of(be), dst, src, bytes);
+}
+
+static int cuda_copy_wait(struct backend *be)
+{
+    struct cuda_dev *dev = dev_of(be);
+    if (cuda_dev_enter(dev))
+        return KVD_EINTERNAL;
+    /* copy_done was recorded after the last copy; the copy stream runs in
+     * order, so it completing means every earlier copy completed. */
+    cudaError_t e = cudaEventSynchronize(dev->copy_done);
+    return e == cudaSuccess ? 0 : cuda_fail(e, "copy wait");
+}
+
+static int cuda_copy(struct backend *be, void *dst, enum kvd_tier dst_tier, const void *src,
+                     enum kvd_tier src_tier, size_t bytes)
+{
+    if (bytes == 0)
+        return 0;
+    if (fault_should_fail(FAULT_COPY))
+        return KVD_EINTERNAL;
+    int rc = copy_enqueue(dev_of(be), dst, src, bytes);
+    return rc ? rc : cuda_copy_wait(be);
+}
+
+static void cuda_dev_release(struct cuda_dev *dev)
+{
+    pthread_mutex_destroy(&dev->mu);
+    if (dev->blas)
+        cublasDestroy(dev->blas);
+    if (dev->copy_done)
+        cudaEventDestroy(dev->copy_done);
+    if (dev->compute_mark)
+        cudaEventDestroy(dev->compute_mark);
+    if (dev->copy)
+        cudaStreamDestroy(dev->copy);
+    if (dev->compute)
+        cudaStreamDestroy(dev->compute);
+}
+
+static void cuda_destroy(struct backend *be)
+{
+    struct cuda_backend *cb = be->impl;
+    if (cuda_dev_enter(&cb->dev) == 0) {
+        cudaDeviceSynchronize();
+        cuda_dev_release(&cb->dev);
+    }
+    free(cb);
+}
+
+static const struct backend_ops cuda_ops = {
+    .name = "cuda",
+    .arena_alloc = cuda_arena_alloc,
+    .arena_free = cuda_arena_free,
+    .copy = cuda_copy,
+    .copy_async = cuda_copy_async,
+    .copy_wait = cuda_copy_wait,
+    .destroy = cuda_destroy,
+};
+
+int backend_cuda_new(int device, struct backend **out, char *err, size_t errlen)
+{
+    struct cuda_backend *cb = NULL;
+    struct cudaDeviceProp prop;
+    int count = 0, rc = KVD_EUNSUPPORTED;
+    cudaError_t e;
+    char dummy[1];
+
+    *out = NULL;
+    if (!err || !errlen) {
+        err = dummy;
+        errlen = sizeof dummy;
+    }
+    err[0] = '\0';
+    e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "cuda backend unavailable: no usable CUDA device (%s: %s)",
+                 cudaGetErrorName(e), cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        return KVD_EUNSUPPORTED;
+    }
+    if (count == 0) {
+        snprintf(err, errlen, "cuda backend unavailable: no CUDA device present");
+        return KVD_EUNSUPPORTED;
+    }
+    if (device < 0 || device >= count) {
+        snprintf(err, errlen, "cuda backend unavailable: device %d does not exist (%d present)",
+                 device, count);
+        return KVD_EUNSUPPORTED;
+    }
+    cb = calloc(1, sizeof *cb);
+    if (!cb) {
+        snprintf(err, errlen, "out of memory");
+        return KVD_ENOMEM;
+    }
+    cb->be.ops = &cuda_ops;
+    cb->be.impl = cb;
+    cb->dev.device = device;
+    pthread_mutex_init(&cb->dev.mu, NULL);
+    cuda_cur_device = -1; /* force cudaSetDevice below */
+    rc = KVD_EINTERNAL;
+    if ((e = cudaSetDevice(device)) != cudaSuccess ||
+        (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess)
+        goto out_cuda;
+    cuda_cur_device = device;
+    snprintf(cb->dev.name, sizeof cb->dev.name, "%s", prop.name);
+    cb->dev.n_sms = prop.multiProcessorCount;
+    cb->dev.total_mem = prop.totalGlobalMem;
+    if (prop.major < 9) {
+        snprintf(err, errlen,
+                 "cuda backend unavailable: device %d (%s) is compute capability %d.%d; "
+                 "kvd's kernels are built for 9.0",
+                 device, prop.name, prop.major, prop.minor);
+        rc = KVD_EUNSUPPORTED;
+        goto out_free;
+    }
+    if ((e = cudaStreamCreateWithFlags(&cb->dev.compute, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&cb->dev.copy, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&cb->dev.compute_mark, cudaEventDisableTiming)) !=
+            cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&cb->dev.copy_done, cudaEventDisableTiming)) != cudaSuccess)
+        goto out_cuda;
+    /* copy_done starts "complete": copy_wait before any copy returns at once. */
+    if ((e = cudaEventRecord(cb->dev.copy_done, cb->dev.copy)) != cudaSuccess)
+        goto out_cuda;
+    cublasStatus_t st = cublasCreate(&cb->dev.blas);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasSetStream(cb->dev.blas, cb->dev.compute);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "cuda backend: cuBLAS initialization failed (status %d)", (int)st);
+        goto out_free;
+    }
+    cb->be.compute = compute_cuda_ops();
+    log_info("cuda: device %d: %s, %d SMs, %.1f GiB", device, prop.name, prop.multiProcessorCount,
+             (double)prop.totalGlobalMem / (1u << 30));
+    *out = &cb->be;
+    return 0;
+
+out_cuda:
+    snprintf(err, errlen, "cuda backend: device %d: %s (%s)", device, cudaGetErrorName(e),
+             cudaGetErrorString(e));
+    (void)cudaGetLastError();
+out_free:
+    cuda_dev_release(&cb->dev);
+    free(cb);
+    return rc;
+}

@@ -1,0 +1,383 @@
+/* cuda_compute: the cuda compute context (compute.h): device buffers,
+ * uploads through pinned staging, downloads, scratch growth, and the CUDA
+ * graphs that capture a decode step once and replay it. The operations
+ * themselves are in cuda_compute_ops.c. */
+#include "cuda_compute_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvd/status.h"
+#include "log.h"
+
+#define STG_BYTES (8u << 20)      /* pinned staging ring for small uploads */
+#define STG_MAX_UPLOAD (1u << 20) /* larger uploads go straight from the source */
+#define BLAS_WS_BYTES (32u << 20) /* cuBLAS workspace: fixed, so captures never allocate */
+
+_Static_assert((int)CT_F32 == (int)KVD_KW_F32 && (int)CT_F16 == (int)KVD_KW_F16 &&
+                   (int)CT_BF16 == (int)KVD_KW_BF16 && (int)CT_Q8_0 == (int)KVD_KW_Q8_0,
+               "weight type numbers of compute.h and kernels.h differ");
+_Static_assert((int)KV_F16 == (int)KVD_K_F16 && (int)KV_BF16 == (int)KVD_K_BF16 &&
+                   (int)KV_F32 == (int)KVD_K_F32,
+               "KV dtype numbers of kvmm.h and kernels.h differ");
+_Static_assert((int)ROPE_NORM == (int)KVD_K_ROPE_NORM && (int)ROPE_NEOX == (int)KVD_K_ROPE_NEOX,
+               "rope mode numbers of compute.h and kernels.h differ");
+
+int cuda_kstatus(int kernel_rc, const char *what)
+{
+    if (kernel_rc == 0)
+        return 0;
+    return cuda_fail(kernel_rc, what);
+}
+
+static void graph_drop(struct cuda_graph_entry *g)
+{
+    if (g->exec)
+        cudaGraphExecDestroy(g->exec);
+    memset(g, 0, sizeof *g);
+}
+
+/* Graphs hold raw device addresses: any buffer freed or moved may be one
+ * of them, so every graph is forgotten (and re-captured when its key comes
+ * back). Frees are rare: teardown, block-table growth, scratch growth. */
+static void graphs_drop_all(struct compute_ctx *cx)
+{
+    for (int i = 0; i < CUDA_GRAPH_SLOTS; i++)
+        graph_drop(&cx->graph[i]);
+}
+
+static void cuda_ctx_free(struct compute_ctx *cx)
+{
+    if (!cx)
+        return;
+    if (cuda_dev_enter(cx->dev) == 0) {
+        cudaStreamSynchronize(cx->stream);
+        graphs_drop_all(cx);
+        cuda_wconv_free_all(cx);
+        cudaFree(cx->xb);
+        cudaFree(cx->part);
+        cudaFree(cx->am);
+        cudaFree(cx->blas_ws);
+        cudaFreeHost(cx->stg);
+    }
+    free(cx);
+}
+
+static int cuda_ctx_new(struct backend *be, const struct compute_conf *conf,
+                        struct compute_ctx **out)
+{
+    struct cuda_dev *dev = cuda_backend_dev(be);
+    struct compute_ctx *cx;
+    cudaError_t e;
+    int rc;
+
+    *out = NULL;
+    if (!dev)
+        return KVD_EUNSUPPORTED;
+    if ((rc = cuda_dev_enter(dev)))
+        return rc;
+    cx = calloc(1, sizeof *cx);
+    if (!cx)
+        return KVD_ENOMEM;
+    cx->be = be;
+    cx->dev = dev;
+    cx->stream = dev->compute;
+    const char *g = getenv("KVD_CUDA_GRAPHS");
+    cx->graphs = !(g && strcmp(g, "0") == 0);
+    if ((e = cudaHostAlloc((void **)&cx->stg, STG_BYTES, cudaHostAllocPortable)) != cudaSuccess)
+        goto fail;
+    cx->stg_cap = STG_BYTES;
+    if ((e = cudaMalloc(&cx->blas_ws, BLAS_WS_BYTES)) != cudaSuccess)
+        goto fail;
+    cublasStatus_t st = cublasSetWorkspace(dev->blas, cx->blas_ws, BLAS_WS_BYTES);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        rc = cublas_fail(st, "cublasSetWorkspace");
+        cuda_ctx_free(cx);
+        return rc;
+    }
+    *out = cx;
+    return 0;
+fail:
+    rc = cuda_fail(e, "compute context");
+    cuda_ctx_free(cx);
+    return rc == KVD_EINTERNAL ? KVD_ENOMEM : rc;
+}
+
+static int cuda_buf_alloc(struct compute_ctx *cx, size_t bytes, void **out)
+{
+    *out = NULL;
+    if (cuda_dev_enter(cx->dev))
+        return KVD_EINTERNAL;
+    /* cudaMalloc returns 256-byte aligned memory; 0 bytes still gets a
+     * distinct pointer so callers can tell "allocated" from "not". */
+    cudaError_t e = cudaMalloc(out, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *out = NULL;
+        log_warn("cuda: buffer of %zu bytes: %s", bytes, cudaGetErrorString(e));
+        return KVD_ENOMEM;
+    }
+    return 0;
+}
+
+static void cuda_buf_free(struct compute_ctx *cx, void *p)
+{
+    if (!p || cuda_dev_enter(cx->dev))
+        return;
+    graphs_drop_all(cx);
+    cudaError_t e = cudaFree(p); /* implicitly waits for work using it */
+    if (e != cudaSuccess)
+        cuda_fail(e, "cudaFree");
+}
+
+/* Waits for the compute stream; every staged upload has then been read. */
+static int cuda_sync(struct compute_ctx *cx)
+{
+    if (cuda_dev_enter(cx->dev))
+        return KVD_EINTERNAL;
+    cudaError_t e = cudaStreamSynchronize(cx->stream);
+    if (e != cudaSuccess)
+        return cuda_fail(e, "compute stream");
+    cx->stg_off = 0;
+    return 0;
+}
+
+static int cuda_upload(struct compute_ctx *cx, void *dst, const void *src, size_t bytes)
+{
+    cudaError_t e;
+    int rc;
+
+    if (bytes == 0)
+        return 0;
+    if ((rc = cuda_dev_enter(cx->dev)))
+        return rc;
+    if (bytes > STG_MAX_UPLOAD) {
+        /* Weights at load: copied from the caller's memory, then waited for,
+         * because `src` may be reused as soon as we return. */
+        e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cx->stream);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(cx->stream);
+        if (e != cudaSuccess)
+            return cuda_fail(e, "upload");
+        cx->stg_off = 0;
+        return 0;
+    }
+    /* Step metadata: copied into pinned staging so the DMA runs
+     * asynchronously and the caller's buffer is free at once. */
+    if (cx->stg_off + bytes > cx->stg_cap && (rc = cuda_sync(cx)))
+        return rc;
+    unsigned char *p = cx->stg + cx->stg_off;
+    memcpy(p, src, bytes);
+    cx->stg_off += (bytes + 255) & ~(size_t)255;
+    e = cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, cx->stream);
+    return e == cudaSuccess ? 0 : cuda_fail(e, "upload");
+}
+
+static int cuda_download(struct compute_ctx *cx, void *dst, const void *src, size_t bytes)
+{
+    if (cuda_dev_enter(cx->dev))
+        return KVD_EINTERNAL;
+    if (bytes) {
+        cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cx->stream);
+        if (e != cudaSuccess)
+            return cuda_fail(e, "download");
+    }
+    return cuda_sync(cx);
+}
+
+/* Replaces *buf with a larger one when it is too small; old contents are not
+ * kept (scratch). */
+static int grow_dev(struct compute_ctx *cx, void **buf, size_t *cap, size_t need, size_t esize)
+{
+    if (need <= *cap)
+        return 0;
+    if (cx->capturing) {
+        log_err("cuda: scratch growth requested inside a graph capture (internal)");
+        return KVD_EINTERNAL;
+    }
+    size_t n = need + need / 2;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, n * esize);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return KVD_ENOMEM;
+    }
+    cudaFree(*buf); /* waits for kernels still reading the old one */
+    *buf = p;
+    *cap = n;
+    graphs_drop_all(cx);
+    return 0;
+}
+
+int cuda_cx_need_xb(struct compute_ctx *cx, size_t elems)
+{
+    return grow_dev(cx, (void **)&cx->xb, &cx->xb_cap, elems, sizeof(uint16_t));
+}
+
+int cuda_cx_need_part(struct compute_ctx *cx, size_t floats)
+{
+    return grow_dev(cx, (void **)&cx->part, &cx->part_cap, floats, sizeof(float));
+}
+
+/* max_kv rounded up to a power of two (at least 256). */
+static uint32_t kv_bucket(uint32_t max_kv)
+{
+    uint32_t b = 256;
+    while (b < max_kv && b < (1u << 30))
+        b <<= 1;
+    return b;
+}
+
+uint32_t cuda_cx_splits(const struct compute_ctx *cx, uint32_t n_seqs, uint32_t kv_heads,
+                        uint32_t max_kv)
+{
+    return (uint32_t)kvd_k_attn_decode_splits((int)n_seqs, (int)kv_heads, (int)kv_bucket(max_kv),
+                                              cx->dev->n_sms);
+}
+
+/* ---- CUDA graphs --------------------------------------------------------- */
+
+/* Same fixed buffers, shapes and context bucket (so the same split count
+ * is baked into the attention launches). */
+static bool key_eq(const struct compute_step *a, const struct compute_step *b)
+{
+    return a->owner == b->owner && a->arena == b->arena && a->tables == b->tables &&
+           a->n_tokens == b->n_tokens && a->n_seqs == b->n_seqs && a->max_q == b->max_q &&
+           kv_bucket(a->max_kv) == kv_bucket(b->max_kv);
+}
+
+/* The entry for this key (and split count), or a recycled LRU one. */
+static struct cuda_graph_entry *graph_slot(struct compute_ctx *cx, const struct compute_step *st)
+{
+    struct cuda_graph_entry *lru = &cx->graph[0];
+    for (int i = 0; i < CUDA_GRAPH_SLOTS; i++) {
+        struct cuda_graph_entry *g = &cx->graph[i];
+        if (g->seen && key_eq(&g->key, st))
+            return g;
+        if (g->last_use < lru->last_use)
+            lru = g;
+    }
+    graph_drop(lru);
+    lru->key = *st;
+    return lru;
+}
+
+static int cuda_step_begin(struct compute_ctx *cx, const struct compute_step *st, int *replayed)
+{
+    *replayed = 0;
+    cx->cur = NULL;
+    if (cuda_dev_enter(cx->dev))
+        return KVD_EINTERNAL;
+    if (!cx->graphs || st->max_q != 1) {
+        cx->n_eager++;
+        return 0;
+    }
+    struct cuda_graph_entry *g = graph_slot(cx, st);
+    g->last_use = ++cx->clock;
+    if (g->exec) {
+        cudaError_t e = cudaGraphLaunch(g->exec, cx->stream);
+        if (e != cudaSuccess)
+            return cuda_fail(e, "graph replay");
+        cx->n_replays++;
+        *replayed = 1;
+        return 0;
+    }
+    /* The first run of a key is eager: it grows scratch and converts
+     * weights outside any capture. The second is captured. */
+    if (g->failed || g->seen++ == 0) {
+        cx->n_eager++;
+        return 0;
+    }
+    cudaError_t e = (cudaError_t)cuda_dev_capture_begin(cx->dev);
+    if (e != cudaSuccess) {
+        g->failed = true;
+        (void)cudaGetLastError();
+        log_warn("cuda: graph capture unavailable (%s); steps run eagerly", cudaGetErrorString(e));
+        cx->n_eager++;
+        return 0;
+    }
+    cx->capturing = true;
+    cx->cur = g;
+    return 0;
+}
+
+static int cuda_step_end(struct compute_ctx *cx, int rc)
+{
+    struct cuda_graph_entry *g = cx->cur;
+    cudaGraph_t graph = NULL;
+    cudaError_t e;
+
+    if (!cx->capturing)
+        return 0;
+    cx->capturing = false;
+    cx->cur = NULL;
+    e = (cudaError_t)cuda_dev_capture_end(cx->dev, &graph);
+    if (rc || e != cudaSuccess || !graph) {
+        /* Nothing of this step ran: the caller reports the failure. */
+        if (graph)
+            cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+        g->failed = true;
+        return rc ? rc : cuda_fail(e, "graph capture");
+    }
+    e = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        g->exec = NULL;
+        g->failed = true;
+        return cuda_fail(e, "graph instantiate");
+    }
+    cx->n_captures++;
+    e = cudaGraphLaunch(g->exec, cx->stream);
+    return e == cudaSuccess ? 0 : cuda_fail(e, "graph launch");
+}
+
+void cuda_compute_set_graphs(struct compute_ctx *cx, bool on)
+{
+    cx->graphs = on;
+}
+
+void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats *st)
+{
+    st->captures = cx->n_captures;
+    st->replays = cx->n_replays;
+    st->eager = cx->n_eager;
+}
+
+int cuda_compute_argmax(struct compute_ctx *cx, const float *logits, uint32_t rows, uint32_t vocab,
+                        int32_t *out)
+{
+    int rc = grow_dev(cx, (void **)&cx->am, &cx->am_cap, rows ? rows : 1, sizeof(int32_t));
+    if (rc)
+        return rc;
+    rc = cuda_kstatus(kvd_k_argmax(cx->am, logits, (int)rows, (int)vocab, cx->stream), "argmax");
+    return rc ? rc : cuda_download(cx, out, cx->am, (size_t)rows * sizeof(int32_t));
+}
+
+static const struct compute_ops cuda_compute_table = {
+    .name = "cuda",
+    .ctx_new = cuda_ctx_new,
+    .ctx_free = cuda_ctx_free,
+    .buf_alloc = cuda_buf_alloc,
+    .buf_free = cuda_buf_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .sync = cuda_sync,
+    .get_rows = cuda_op_get_rows,
+    .rmsnorm = cuda_op_rmsnorm,
+    .matmul = cuda_op_matmul,
+    .add_bias = cuda_op_add_bias,
+    .rope = cuda_op_rope,
+    .kv_write = cuda_op_kv_write,
+    .attention = cuda_op_attention,
+    .silu_mul = cuda_op_silu_mul,
+    .add = cuda_op_add,
+    .gather_rows = cuda_op_gather_rows,
+    .step_begin = cuda_step_begin,
+    .step_end = cuda_step_end,
+};
+
+const struct compute_ops *compute_cuda_ops(void)
+{
+    return &cuda_compute_table;
+}

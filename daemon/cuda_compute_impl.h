@@ -1,0 +1,100 @@
+/* cuda_compute_impl: the cuda compute context, private to cuda_compute.c
+ * (context, buffers, transfers, CUDA-graph capture/replay) and
+ * cuda_compute_ops.c (the model's operations on kernels/ and cuBLAS). */
+#ifndef KVD_CUDA_COMPUTE_IMPL_H
+#define KVD_CUDA_COMPUTE_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compute.h"
+#include "cuda_backend.h"
+#include "cuda_compute.h"
+#include "kernels.h"
+
+/* A weight converted once to bf16 for the cuBLAS path (F16, Q8_0), keyed
+ * by the native tensor's device address. */
+struct cuda_wconv {
+    const void *src;
+    uint16_t *bf16; /* device [ne1][ne0], owned by the context */
+};
+
+/* One captured decode step. */
+struct cuda_graph_entry {
+    struct compute_step key;
+    uint32_t seen;     /* eager runs so far (capture on the second) */
+    uint64_t last_use; /* LRU stamp */
+    bool failed;       /* capture failed once: always eager */
+    cudaGraphExec_t exec;
+};
+
+#define CUDA_GRAPH_SLOTS 64
+
+struct compute_ctx {
+    struct backend *be;
+    struct cuda_dev *dev;
+    cudaStream_t stream; /* dev->compute */
+
+    /* Pinned staging for small uploads, reused once the stream has drained
+     * (after any sync/download): [stg_cap] bytes, stg_off used. */
+    unsigned char *stg;
+    size_t stg_cap, stg_off;
+
+    /* Scratch grown on demand, never during a capture: bf16 activations for
+     * cuBLAS [xb_cap] elements; decode-attention partials [part_cap] floats;
+     * cuBLAS workspace (set once, so cuBLAS never allocates in a capture). */
+    uint16_t *xb;
+    size_t xb_cap;
+    float *part;
+    size_t part_cap;
+    void *blas_ws;
+    int32_t *am; /* argmax results [am_cap] */
+    size_t am_cap;
+
+    struct cuda_wconv *wconv; /* open addressing, wconv_cap a power of two */
+    size_t wconv_cap, wconv_n;
+
+    /* CUDA graphs (decode steps). */
+    bool graphs;                  /* enabled (KVD_CUDA_GRAPHS=0 turns them off) */
+    bool capturing;               /* between step_begin and step_end of a capture */
+    struct cuda_graph_entry *cur; /* the entry being captured */
+    struct cuda_graph_entry graph[CUDA_GRAPH_SLOTS];
+    uint64_t clock;
+    uint64_t n_captures, n_replays, n_eager;
+};
+
+/* Grows the scratch buffers (not allowed while capturing). 0 or KVD_ENOMEM /
+ * KVD_EINTERNAL. */
+int cuda_cx_need_xb(struct compute_ctx *cx, size_t elems);
+int cuda_cx_need_part(struct compute_ctx *cx, size_t floats);
+/* The attention split count for a step whose largest context is max_kv:
+ * computed from a power-of-two bucket of max_kv so eager and graph runs of
+ * one bucket agree. */
+uint32_t cuda_cx_splits(const struct compute_ctx *cx, uint32_t n_seqs, uint32_t kv_heads,
+                        uint32_t max_kv);
+/* Maps a kernels/ status to kvd's: 0, or logs and returns KVD_EINTERNAL. */
+int cuda_kstatus(int kernel_rc, const char *what);
+
+/* The ops of cuda_compute_ops.c, installed in the table by cuda_compute.c. */
+int cuda_op_get_rows(struct compute_ctx *cx, const struct ctensor *w, const uint32_t *ids,
+                     uint32_t n, float *out);
+int cuda_op_rmsnorm(struct compute_ctx *cx, float *out, const float *x, const float *w,
+                    uint32_t rows, uint32_t n, float eps);
+int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
+                   float *y);
+int cuda_op_add_bias(struct compute_ctx *cx, float *y, const float *b, uint32_t rows, uint32_t n);
+int cuda_op_rope(struct compute_ctx *cx, float *x, uint32_t rows, uint32_t n_heads,
+                 uint32_t head_dim, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,
+                 float base, const float *freq_factors);
+int cuda_op_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geom *geom,
+                     uint32_t layer, const float *k, const float *v, uint32_t n_tokens,
+                     const uint32_t *tok_slot, const uint32_t *tok_pos);
+int cuda_op_attention(struct compute_ctx *cx, const struct attn_desc *d);
+int cuda_op_silu_mul(struct compute_ctx *cx, float *g, const float *u, size_t n);
+int cuda_op_add(struct compute_ctx *cx, float *x, const float *y, size_t n);
+int cuda_op_gather_rows(struct compute_ctx *cx, float *out, const float *x, const uint32_t *rows,
+                        uint32_t n, uint32_t width);
+void cuda_wconv_free_all(struct compute_ctx *cx);
+
+#endif

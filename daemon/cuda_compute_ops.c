@@ -1,0 +1,232 @@
+/* cuda_compute_ops: the model's operations (compute.h) on the cuda backend:
+ * thin wrappers over kernels/ plus the projections, which run as a native-
+ * type GEMV for up to 8 rows (decode: weights read once, in place) and as
+ * cuBLAS GEMMs above that (bf16 in, f32 accumulate; F32 weights as SGEMM). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_compute_impl.h"
+#include "kvd/status.h"
+#include "log.h"
+
+int cuda_op_get_rows(struct compute_ctx *cx, const struct ctensor *w, const uint32_t *ids,
+                     uint32_t n, float *out)
+{
+    return cuda_kstatus(kvd_k_get_rows(out, w->data, (int)w->type, (int)w->ne0, (int)w->ne1, ids,
+                                       (int)n, cx->stream),
+                        "get_rows");
+}
+
+int cuda_op_rmsnorm(struct compute_ctx *cx, float *out, const float *x, const float *w,
+                    uint32_t rows, uint32_t n, float eps)
+{
+    return cuda_kstatus(kvd_k_rmsnorm(out, x, w, (int)rows, (int)n, eps, cx->stream), "rmsnorm");
+}
+
+int cuda_op_add_bias(struct compute_ctx *cx, float *y, const float *b, uint32_t rows, uint32_t n)
+{
+    return cuda_kstatus(kvd_k_add_bias(y, b, (int)rows, (int)n, cx->stream), "add_bias");
+}
+
+int cuda_op_rope(struct compute_ctx *cx, float *x, uint32_t rows, uint32_t n_heads,
+                 uint32_t head_dim, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,
+                 float base, const float *freq_factors)
+{
+    return cuda_kstatus(kvd_k_rope(x, pos, (int)rows, (int)n_heads, (int)head_dim, (int)n_rot, base,
+                                   freq_factors, (int)mode, cx->stream),
+                        "rope");
+}
+
+static void kv_of(struct kvd_k_kv *kv, const void *arena, const struct kv_geom *g)
+{
+    kv->arena = (void *)arena;
+    kv->block_bytes = kv_block_bytes(g);
+    kv->layers = (int)g->layers;
+    kv->kv_heads = (int)g->kv_heads;
+    kv->head_dim = (int)g->head_dim;
+    kv->block_tokens = (int)g->block_tokens;
+    kv->dtype = (int)g->dtype;
+}
+
+int cuda_op_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geom *geom,
+                     uint32_t layer, const float *k, const float *v, uint32_t n_tokens,
+                     const uint32_t *tok_slot, const uint32_t *tok_pos)
+{
+    struct kvd_k_kv kv;
+    kv_of(&kv, arena, geom);
+    return cuda_kstatus(
+        kvd_k_kv_write(&kv, (int)layer, tok_slot, tok_pos, k, v, (int)n_tokens, cx->stream),
+        "kv_write");
+}
+
+int cuda_op_attention(struct compute_ctx *cx, const struct attn_desc *d)
+{
+    struct kvd_k_kv kv;
+    int rc;
+
+    kv_of(&kv, d->arena, d->geom);
+    if (!kvd_k_attn_supported(kv.head_dim)) {
+        log_err("cuda: attention with head_dim %d is not supported (16, 32, 64, 128, 256)",
+                kv.head_dim);
+        return KVD_EUNSUPPORTED;
+    }
+    if (d->max_q <= 1) {
+        uint32_t splits = cuda_cx_splits(cx, d->n_seqs, d->geom->kv_heads, d->max_kv);
+        size_t need = kvd_k_attn_decode_partial_floats((int)d->n_seqs, (int)d->n_head, kv.head_dim,
+                                                       (int)splits);
+        if (need && (rc = cuda_cx_need_part(cx, need)))
+            return rc;
+        return cuda_kstatus(kvd_k_attn_decode(d->out, d->q, &kv, (int)d->layer, d->slots,
+                                              d->seq_slot0, d->seq_pos0, d->seq_qstart,
+                                              (int)d->n_seqs, (int)d->n_head, d->scale, (int)splits,
+                                              cx->part, cx->stream),
+                            "attention (decode)");
+    }
+    return cuda_kstatus(kvd_k_attn_prefill(d->out, d->q, &kv, (int)d->layer, d->slots, d->seq_slot0,
+                                           d->seq_pos0, d->seq_qstart, (int)d->n_seqs,
+                                           (int)d->max_q, (int)d->n_head, d->scale, cx->stream),
+                        "attention (prefill)");
+}
+
+int cuda_op_silu_mul(struct compute_ctx *cx, float *g, const float *u, size_t n)
+{
+    return cuda_kstatus(kvd_k_silu_mul(g, g, u, n, cx->stream), "silu_mul");
+}
+
+int cuda_op_add(struct compute_ctx *cx, float *x, const float *y, size_t n)
+{
+    return cuda_kstatus(kvd_k_add(x, y, n, cx->stream), "add");
+}
+
+int cuda_op_gather_rows(struct compute_ctx *cx, float *out, const float *x, const uint32_t *rows,
+                        uint32_t n, uint32_t width)
+{
+    return cuda_kstatus(kvd_k_gather_rows(out, x, rows, (int)n, (int)width, cx->stream),
+                        "gather_rows");
+}
+
+/* ---- projections ---------------------------------------------------------- */
+
+static size_t ptr_hash(const void *p, size_t mask)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x & mask;
+}
+
+void cuda_wconv_free_all(struct compute_ctx *cx)
+{
+    for (size_t i = 0; i < cx->wconv_cap; i++)
+        if (cx->wconv[i].src)
+            cudaFree(cx->wconv[i].bf16);
+    free(cx->wconv);
+    cx->wconv = NULL;
+    cx->wconv_cap = cx->wconv_n = 0;
+}
+
+static int wconv_insert(struct compute_ctx *cx, const void *src, uint16_t *bf16)
+{
+    if ((cx->wconv_n + 1) * 2 > cx->wconv_cap) {
+        size_t cap = cx->wconv_cap ? cx->wconv_cap * 2 : 256;
+        struct cuda_wconv *t = calloc(cap, sizeof *t);
+        if (!t)
+            return KVD_ENOMEM;
+        for (size_t i = 0; i < cx->wconv_cap; i++) {
+            if (!cx->wconv[i].src)
+                continue;
+            size_t j = ptr_hash(cx->wconv[i].src, cap - 1);
+            while (t[j].src)
+                j = (j + 1) & (cap - 1);
+            t[j] = cx->wconv[i];
+        }
+        free(cx->wconv);
+        cx->wconv = t;
+        cx->wconv_cap = cap;
+    }
+    size_t j = ptr_hash(src, cx->wconv_cap - 1);
+    while (cx->wconv[j].src)
+        j = (j + 1) & (cx->wconv_cap - 1);
+    cx->wconv[j].src = src;
+    cx->wconv[j].bf16 = bf16;
+    cx->wconv_n++;
+    return 0;
+}
+
+/* The bf16 form of w for cuBLAS: w itself when BF16, otherwise a copy
+ * converted on first use and kept for the context's life (F16 and Q8_0
+ * weights used by batches over 8 rows; see docs/architecture.md). */
+static int weight_bf16(struct compute_ctx *cx, const struct ctensor *w, const uint16_t **out)
+{
+    if (w->type == CT_BF16) {
+        *out = w->data;
+        return 0;
+    }
+    if (cx->wconv_cap) {
+        size_t j = ptr_hash(w->data, cx->wconv_cap - 1);
+        for (; cx->wconv[j].src; j = (j + 1) & (cx->wconv_cap - 1))
+            if (cx->wconv[j].src == w->data) {
+                *out = cx->wconv[j].bf16;
+                return 0;
+            }
+    }
+    if (cx->capturing) {
+        log_err("cuda: weight conversion requested inside a graph capture (internal)");
+        return KVD_EINTERNAL;
+    }
+    size_t n = (size_t)w->ne0 * w->ne1;
+    uint16_t *p = NULL;
+    cudaError_t e = cudaMalloc((void **)&p, n * sizeof *p);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        log_warn("cuda: no memory for a bf16 copy of a %s weight [%u x %u]", ctype_name(w->type),
+                 w->ne1, w->ne0);
+        return KVD_ENOMEM;
+    }
+    int rc = cuda_kstatus(kvd_k_to_bf16(p, w->data, (int)w->type, n, cx->stream), "to_bf16");
+    if (!rc)
+        rc = wconv_insert(cx, w->data, p);
+    if (rc) {
+        cudaStreamSynchronize(cx->stream);
+        cudaFree(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+/* y [rows][out] = x [rows][in] . W^T. W is [out][in] row-major, i.e. an
+ * in x out column-major matrix: cuBLAS computes y^T (out x rows) =
+ * op(W)=T (out x in) times x^T (in x rows). */
+int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
+                   float *y)
+{
+    const int in = (int)w->ne0, out = (int)w->ne1, n = (int)rows;
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st;
+    int rc;
+
+    if (rows == 0 || out == 0)
+        return 0;
+    if (kvd_k_gemv_ok(w->data, (int)w->type, x, n, in))
+        return cuda_kstatus(kvd_k_gemv(y, w->data, (int)w->type, x, n, out, in, cx->stream),
+                            "gemv");
+    if (w->type == CT_F32) {
+        /* f32 weights keep f32 math (no TF32): the reference's numbers. */
+        st = cublasSgemm(cx->dev->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w->data, in, x,
+                         in, &zero, y, out);
+        return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasSgemm");
+    }
+    const uint16_t *wb;
+    if ((rc = weight_bf16(cx, w, &wb)))
+        return rc;
+    if ((rc = cuda_cx_need_xb(cx, (size_t)n * in)))
+        return rc;
+    if ((rc = cuda_kstatus(kvd_k_f32_to_bf16(cx->xb, x, (size_t)n * in, cx->stream), "to_bf16")))
+        return rc;
+    st = cublasGemmEx(cx->dev->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, wb, CUDA_R_16BF,
+                      in, cx->xb, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
+    return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx");
+}

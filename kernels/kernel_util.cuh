@@ -1,0 +1,149 @@
+// Helpers shared by the kernels/*.cu files (internal, CUDA C++ only): element
+// loads and stores for the KV dtypes, warp reductions, launch error checks.
+#ifndef KVD_KERNEL_UTIL_CUH
+#define KVD_KERNEL_UTIL_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+#define KVD_LOG2E 1.4426950408889634f
+
+// The status of the launch just made (and of nothing earlier that was
+// already reported): 0 or a cudaError_t.
+static inline int kvd_launch_status(void)
+{
+    return (int)cudaGetLastError();
+}
+
+static __device__ __forceinline__ float kvd_warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float kvd_warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static __device__ __forceinline__ float kvd_bf16_to_f32(uint16_t b)
+{
+    return __uint_as_float((uint32_t)b << 16);
+}
+
+// Round-to-nearest-even, NaN kept a (quiet) NaN: the same rule as the cpu
+// backend's conversion.
+static __device__ __forceinline__ uint16_t kvd_f32_to_bf16(float f)
+{
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+static __device__ __forceinline__ float kvd_f16_to_f32(uint16_t h)
+{
+    return __half2float(__ushort_as_half(h));
+}
+
+// Eight consecutive KV elements of dtype DT at p (16-byte aligned for the
+// 16-bit types, 32-byte for f32) to f32.
+template <int DT> static __device__ __forceinline__ void kvd_load8(const void *p, float *o)
+{
+    if (DT == KVD_K_F32) {
+        const float4 *f = (const float4 *)p;
+        float4 a = f[0], b = f[1];
+        o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+        o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+    } else {
+        uint4 u = *(const uint4 *)p;
+        uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint16_t lo = (uint16_t)(w[i] & 0xffffu), hi = (uint16_t)(w[i] >> 16);
+            if (DT == KVD_K_BF16) {
+                o[2 * i] = kvd_bf16_to_f32(lo);
+                o[2 * i + 1] = kvd_bf16_to_f32(hi);
+            } else {
+                o[2 * i] = kvd_f16_to_f32(lo);
+                o[2 * i + 1] = kvd_f16_to_f32(hi);
+            }
+        }
+    }
+}
+
+template <int DT> static __device__ __forceinline__ size_t kvd_dtype_bytes(void)
+{
+    return DT == KVD_K_F32 ? 4 : 2;
+}
+
+template <int DT> static __device__ __forceinline__ float kvd_load1(const void *p, size_t i)
+{
+    if (DT == KVD_K_F32)
+        return ((const float *)p)[i];
+    if (DT == KVD_K_BF16)
+        return kvd_bf16_to_f32(((const uint16_t *)p)[i]);
+    return kvd_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
+template <int DT> static __device__ __forceinline__ void kvd_store1(void *p, size_t i, float v)
+{
+    if (DT == KVD_K_F32)
+        ((float *)p)[i] = v;
+    else if (DT == KVD_K_BF16)
+        ((uint16_t *)p)[i] = kvd_f32_to_bf16(v);
+    else
+        ((uint16_t *)p)[i] = __half_as_ushort(__float2half_rn(v));
+}
+
+// Q8_0 block: f16 scale d, then 32 int8 q; value = d * q. 34 bytes, so
+// blocks are only 2-byte aligned: read them as bytes.
+static __device__ __forceinline__ float kvd_q8_0_value(const uint8_t *src, size_t i)
+{
+    const uint8_t *blk = src + (i / 32) * 34;
+    uint16_t d = (uint16_t)(blk[0] | (blk[1] << 8));
+    return kvd_f16_to_f32(d) * (float)(int8_t)blk[2 + i % 32];
+}
+
+// Element i of a weight array of GGUF type wtype (F32, F16, BF16, Q8_0).
+static __device__ __forceinline__ float kvd_any_to_f32(const void *src, int wtype, size_t i)
+{
+    switch (wtype) {
+    case KVD_KW_F32: return ((const float *)src)[i];
+    case KVD_KW_F16: return kvd_f16_to_f32(((const uint16_t *)src)[i]);
+    case KVD_KW_BF16: return kvd_bf16_to_f32(((const uint16_t *)src)[i]);
+    default: return kvd_q8_0_value((const uint8_t *)src, i);
+    }
+}
+
+// Bytes of one row of n elements of GGUF type wtype.
+static __host__ __device__ __forceinline__ size_t kvd_row_bytes(int wtype, size_t n)
+{
+    switch (wtype) {
+    case KVD_KW_F32: return n * 4;
+    case KVD_KW_Q8_0: return n / 32 * 34;
+    default: return n * 2;
+    }
+}
+
+// Element offset of (layer, K=0/V=1, kv_head, row) inside one block.
+static __device__ __forceinline__ size_t kvd_kv_off(const kvd_k_kv &kv, int layer, int kv_sel,
+                                                    int head, int row)
+{
+    return ((((size_t)layer * 2 + kv_sel) * kv.kv_heads + head) * kv.block_tokens + row) *
+           kv.head_dim;
+}
+
+static inline unsigned kvd_blocks_for(size_t n, unsigned threads)
+{
+    size_t b = (n + threads - 1) / threads;
+    return b > 0x7fffffffu ? 0x7fffffffu : (unsigned)b;
+}
+
+#endif

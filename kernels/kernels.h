@@ -1,0 +1,137 @@
+/* kernels/: the cuda backend's device operations, one .cu per operation.
+ * Every function here is plain C, enqueues its work on `stream` and returns
+ * 0 or a cudaError_t value (as int); none synchronizes or allocates, so a
+ * sequence of them can be captured into a CUDA graph.
+ * Conventions: activations are f32 row-major [tokens][features]; weights are
+ * bf16 row-major [out][in] (GGUF ne = [in, out]); KV blocks follow kvmm.h. */
+#ifndef KVD_KERNELS_H
+#define KVD_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct CUstream_st; /* cudaStream_t without the CUDA headers */
+typedef struct CUstream_st *kvd_stream;
+
+/* Element types of KV blocks; the numbers equal enum kv_dtype (kvmm.h). */
+enum kvd_k_dtype { KVD_K_F16 = 0, KVD_K_BF16 = 1, KVD_K_F32 = 2 };
+/* Source types for weight conversion; the numbers equal GGUF ggml types. */
+enum kvd_k_wtype { KVD_KW_F32 = 0, KVD_KW_F16 = 1, KVD_KW_Q8_0 = 8, KVD_KW_BF16 = 30 };
+/* RoPE pair conventions (llama.cpp): NORM rotates (x[2i], x[2i+1]) (llama),
+ * NEOX rotates (x[i], x[i + n_rot/2]) (qwen2). */
+enum kvd_k_rope_mode { KVD_K_ROPE_NORM = 0, KVD_K_ROPE_NEOX = 2 };
+
+/* KV geometry: a block is [layers][K|V][kv_heads][block_tokens][head_dim]
+ * elements of dtype, block_bytes apart in the arena. */
+struct kvd_k_kv {
+    void *arena; /* device arena base */
+    size_t block_bytes;
+    int layers, kv_heads, head_dim, block_tokens, dtype;
+};
+
+/* ---- elementwise and normalization (elementwise.cu, rmsnorm.cu) -------- */
+/* y[r][i] = x[r][i] * w[i] / sqrt(mean_i(x[r][i]^2) + eps); y may equal x. */
+int kvd_k_rmsnorm(float *y, const float *x, const float *w, int rows, int dim, float eps,
+                  kvd_stream stream);
+/* Fused residual: x[r] += res[r]; y[r] = rmsnorm(x[r]) * w. */
+int kvd_k_add_rmsnorm(float *x, const float *res, float *y, const float *w, int rows, int dim,
+                      float eps, kvd_stream stream);
+/* x[i] += a[i] for n elements. */
+int kvd_k_add(float *x, const float *a, size_t n, kvd_stream stream);
+/* y[r][i] += b[i] (bias broadcast over rows). */
+int kvd_k_add_bias(float *y, const float *b, int rows, int dim, kvd_stream stream);
+/* out[i] = silu(gate[i]) * up[i]; out may alias gate or up. */
+int kvd_k_silu_mul(float *out, const float *gate, const float *up, size_t n, kvd_stream stream);
+
+/* ---- rows (rows.cu) ----------------------------------------------------- */
+/* out[i][:] = row ids[i] of w [rows][ne0] (GGUF type wtype), widened to f32;
+ * an id >= n_rows gives zeros (ids are checked on the host; this only keeps
+ * the read in bounds). */
+int kvd_k_get_rows(float *out, const void *w, int wtype, int ne0, int n_rows, const uint32_t *ids,
+                   int n, kvd_stream stream);
+/* out[i][:] = x[rows[i]][:], width floats per row. */
+int kvd_k_gather_rows(float *out, const float *x, const uint32_t *rows, int n, int width,
+                      kvd_stream stream);
+
+/* ---- RoPE (rope.cu) ----------------------------------------------------- */
+/* In place on x [n_tokens][n_heads][head_dim]; the first n_rot dims of each
+ * head rotate by theta_i = pos[t] * base^(-2i/n_rot) / freq_factors[i]
+ * (freq_factors [n_rot/2] or NULL). */
+int kvd_k_rope(float *x, const uint32_t *pos, int n_tokens, int n_heads, int head_dim, int n_rot,
+               float base, const float *freq_factors, int mode, kvd_stream stream);
+
+/* ---- conversions (convert.cu) ------------------------------------------- */
+/* n elements of GGUF type `wtype` at src (device) → bf16 at dst (device).
+ * Q8_0: n must be a multiple of 32; src holds n/32 blocks of 34 bytes. */
+int kvd_k_to_bf16(uint16_t *dst, const void *src, int wtype, size_t n, kvd_stream stream);
+/* n elements of GGUF type `wtype` → f32 (norm weights, freq factors). */
+int kvd_k_to_f32(float *dst, const void *src, int wtype, size_t n, kvd_stream stream);
+
+/* ---- projections (gemv.cu); larger batches go through cuBLAS ----------- */
+/* y[t][j] = sum_i W[j][i] * x[t][i] for t < n_tokens <= KVD_K_GEMV_MAX_TOKENS,
+ * W [out][in] of GGUF type wtype (F32, F16, BF16, Q8_0) read in place and
+ * widened to f32, f32 accumulation. Needs in % 32 == 0 for Q8_0, in % 8 == 0
+ * otherwise, and 16-byte aligned W (not Q8_0) and x; see kvd_k_gemv_ok. */
+#define KVD_K_GEMV_MAX_TOKENS 8
+int kvd_k_gemv(float *y, const void *w, int wtype, const float *x, int n_tokens, int out, int in,
+               kvd_stream stream);
+int kvd_k_gemv_ok(const void *w, int wtype, const float *x, int n_tokens, int in);
+/* dst[i] = bf16(src[i]) (activations before a bf16 cuBLAS GEMM). */
+int kvd_k_f32_to_bf16(uint16_t *dst, const float *src, size_t n, kvd_stream stream);
+
+/* ---- KV cache (kv_write.cu, block_copy.cu) ------------------------------ */
+/* Writes token t's K and V (f32 [n_tokens][kv_heads][head_dim]) of `layer`
+ * into block slots[t] at row pos[t] % block_tokens, converting to kv->dtype
+ * (round to nearest even). */
+int kvd_k_kv_write(const struct kvd_k_kv *kv, int layer, const uint32_t *slots, const uint32_t *pos,
+                   const float *k, const float *v, int n_tokens, kvd_stream stream);
+/* Copies whole blocks inside the arena: block dst[i] = block src[i]. */
+int kvd_k_block_copy(const struct kvd_k_kv *kv, const int32_t *src, const int32_t *dst, int n,
+                     kvd_stream stream);
+
+/* ---- attention (attn_decode.cu, attn_prefill.cu) ------------------------ */
+/* Batches follow compute.h's attn_desc: sequence s owns query rows
+ * [qstart[s], qstart[s+1]) of q and out (f32 [rows][n_heads][head_dim]), row r
+ * of it is at position pos0[s] + r, its block table is
+ * slots[slot0[s] .. slot0[s+1]) and its context is pos0[s] + rows tokens, the
+ * new ones already written. Causal: a row sees keys at positions <= its own.
+ *
+ * Decode: every sequence has at most one row. The context is cut into
+ * n_splits pieces (flash-decoding) merged by a second kernel; partial holds
+ * kvd_k_attn_decode_partial_floats(...) floats (none for n_splits == 1). */
+int kvd_k_attn_decode(float *out, const float *q, const struct kvd_k_kv *kv, int layer,
+                      const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
+                      const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
+                      float *partial, kvd_stream stream);
+size_t kvd_k_attn_decode_partial_floats(int n_seqs, int n_heads, int head_dim, int n_splits);
+/* A split count that fills the device for this many (sequence, kv head)
+ * pairs at this context length. */
+int kvd_k_attn_decode_splits(int n_seqs, int kv_heads, int max_ctx, int n_sms);
+/* Prefill / mixed batches: any number of rows per sequence, max_q the
+ * largest. Tiles of keys in shared memory with an online softmax. */
+int kvd_k_attn_prefill(float *out, const float *q, const struct kvd_k_kv *kv, int layer,
+                       const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
+                       const uint32_t *qstart, int n_seqs, int max_q, int n_heads, float scale,
+                       kvd_stream stream);
+/* Whether the attention kernels support this head_dim (16..256, power of 2). */
+int kvd_k_attn_supported(int head_dim);
+
+/* ---- sampling (argmax.cu) ----------------------------------------------- */
+/* out[r] = the index of the largest logits[r][:] (lowest index on ties;
+ * NaN never wins). */
+int kvd_k_argmax(int32_t *out, const float *logits, int rows, int vocab, kvd_stream stream);
+
+/* ---- benchmarks and tests (fill_random.cu) ------------------------------ */
+/* dst[i] = uniform in [lo, hi) of element type dtype (enum kvd_k_dtype), a
+ * pure function of (seed, i). */
+int kvd_k_fill_uniform(void *dst, int dtype, size_t n, uint64_t seed, float lo, float hi,
+                       kvd_stream stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,48 @@
+// Row gathers: the embedding lookup (rows of a weight of any GGUF type to
+// f32) and picking each sequence's last position before the output head.
+#include "kernel_util.cuh"
+
+// One block per output row; w [n_rows][ne0] of type wtype.
+__global__ void get_rows_kernel(float *out, const void *__restrict__ w, int wtype, int ne0,
+                                int n_rows, const uint32_t *__restrict__ ids)
+{
+    uint32_t id = ids[blockIdx.x];
+    float *o = out + (size_t)blockIdx.x * ne0;
+    bool ok = id < (uint32_t)n_rows;
+    const char *row = (const char *)w + (ok ? (size_t)id * kvd_row_bytes(wtype, ne0) : 0);
+    for (int i = threadIdx.x; i < ne0; i += blockDim.x)
+        o[i] = ok ? kvd_any_to_f32(row, wtype, i) : 0.0f;
+}
+
+__global__ void gather_rows_kernel(float *out, const float *__restrict__ x,
+                                   const uint32_t *__restrict__ rows, int width)
+{
+    const float *src = x + (size_t)rows[blockIdx.x] * width;
+    float *o = out + (size_t)blockIdx.x * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x)
+        o[i] = src[i];
+}
+
+extern "C" int kvd_k_get_rows(float *out, const void *w, int wtype, int ne0, int n_rows,
+                              const uint32_t *ids, int n, kvd_stream stream)
+{
+    if (n < 0 || ne0 < 0 || (wtype == KVD_KW_Q8_0 && ne0 % 32) ||
+        (wtype != KVD_KW_F32 && wtype != KVD_KW_F16 && wtype != KVD_KW_BF16 &&
+         wtype != KVD_KW_Q8_0))
+        return (int)cudaErrorInvalidValue;
+    if (n == 0 || ne0 == 0)
+        return 0;
+    get_rows_kernel<<<n, 256, 0, stream>>>(out, w, wtype, ne0, n_rows, ids);
+    return kvd_launch_status();
+}
+
+extern "C" int kvd_k_gather_rows(float *out, const float *x, const uint32_t *rows, int n,
+                                 int width, kvd_stream stream)
+{
+    if (n < 0 || width < 0)
+        return (int)cudaErrorInvalidValue;
+    if (n == 0 || width == 0)
+        return 0;
+    gather_rows_kernel<<<n, 256, 0, stream>>>(out, x, rows, width);
+    return kvd_launch_status();
+}

@@ -1,0 +1,23 @@
+// SwiGLU's elementwise part: out = silu(gate) * up, silu(g) = g / (1 + e^-g).
+#include "kernel_util.cuh"
+
+__global__ void silu_mul_kernel(float *out, const float *gate, const float *up, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (; i < n; i += stride) {
+        float g = gate[i];
+        // expf, not __expf: the cpu reference uses the accurate libm value.
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+extern "C" int kvd_k_silu_mul(float *out, const float *gate, const float *up, size_t n,
+                              kvd_stream stream)
+{
+    if (n == 0)
+        return 0;
+    unsigned b = kvd_blocks_for(n, 256);
+    silu_mul_kernel<<<b > 65535 ? 65535 : b, 256, 0, stream>>>(out, gate, up, n);
+    return kvd_launch_status();
+}

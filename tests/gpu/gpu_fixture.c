@@ -1,0 +1,140 @@
+/* Helpers of the gpu tests (see gpu_fixture.h). */
+#include "gpu/gpu_fixture.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvd/status.h"
+
+static void die(const char *what, int rc)
+{
+    fprintf(stderr, "gpu fixture: %s failed (%d: %s)\n", what, rc, kvd_err_code(rc));
+    exit(1);
+}
+
+void gpu_fx_open(struct gpu_fx *f)
+{
+    char err[256] = "";
+    struct compute_conf conf = {.n_threads = 2};
+    int rc;
+
+    memset(f, 0, sizeof *f);
+    rc = backend_cuda_new(0, &f->cuda, err, sizeof err);
+    if (rc) {
+        printf("SKIP: no usable CUDA device: %s\n", err);
+        exit(GPU_SKIP);
+    }
+    if ((rc = backend_cpu_new(&f->cpu)))
+        die("backend_cpu_new", rc);
+    f->gops = f->cuda->compute;
+    f->cops = f->cpu->compute ? f->cpu->compute : compute_cpu_ops();
+    if (!f->gops)
+        die("cuda backend without compute ops", KVD_EINTERNAL);
+    if ((rc = f->gops->ctx_new(f->cuda, &conf, &f->gcx)))
+        die("cuda ctx_new", rc);
+    if ((rc = f->cops->ctx_new(f->cpu, &conf, &f->ccx)))
+        die("cpu ctx_new", rc);
+}
+
+void gpu_fx_close(struct gpu_fx *f)
+{
+    if (f->gcx)
+        f->gops->ctx_free(f->gcx);
+    if (f->ccx)
+        f->cops->ctx_free(f->ccx);
+    backend_free(f->cuda);
+    backend_free(f->cpu);
+    memset(f, 0, sizeof *f);
+}
+
+void *gpu_dup(struct gpu_fx *f, const void *host, size_t bytes)
+{
+    void *d = NULL;
+    int rc = f->gops->buf_alloc(f->gcx, bytes, &d);
+    if (rc)
+        die("buf_alloc", rc);
+    if (bytes && (rc = f->gops->upload(f->gcx, d, host, bytes)))
+        die("upload", rc);
+    return d;
+}
+
+float *gpu_nan(struct gpu_fx *f, size_t n)
+{
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    if (!h)
+        die("malloc", KVD_ENOMEM);
+    for (size_t i = 0; i < n; i++)
+        h[i] = NAN;
+    float *d = gpu_dup(f, h, n * sizeof *h);
+    free(h);
+    return d;
+}
+
+void gpu_get(struct gpu_fx *f, void *host, const void *dev, size_t bytes)
+{
+    int rc = f->gops->download(f->gcx, host, dev, bytes);
+    if (rc)
+        die("download", rc);
+}
+
+void gpu_free(struct gpu_fx *f, void *dev)
+{
+    f->gops->buf_free(f->gcx, dev);
+}
+
+static uint64_t rnd_state = 0x243f6a8885a308d3ull;
+
+void rnd_seed(uint64_t s)
+{
+    rnd_state = s ^ 0x9e3779b97f4a7c15ull;
+}
+
+static uint64_t rnd_next(void)
+{
+    uint64_t z = (rnd_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint32_t rnd_u32(uint32_t n)
+{
+    return n ? (uint32_t)(rnd_next() % n) : 0;
+}
+
+float rnd_f(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((rnd_next() >> 40) * (1.0 / 16777216.0));
+}
+
+void rnd_fill(float *x, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = rnd_f(lo, hi);
+}
+
+float *rnd_new(size_t n, float lo, float hi)
+{
+    float *x = malloc((n ? n : 1) * sizeof *x);
+    if (!x)
+        die("malloc", KVD_ENOMEM);
+    rnd_fill(x, n, lo, hi);
+    return x;
+}
+
+double rel_err(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]))
+            return INFINITY;
+        double d = fabs((double)a[i] - b[i]);
+        if (d > num)
+            num = d;
+        if (fabs((double)b[i]) > den)
+            den = fabs((double)b[i]);
+    }
+    return den > 0 ? num / den : num;
+}

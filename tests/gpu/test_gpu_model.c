@@ -1,0 +1,232 @@
+/* The whole model on the cuda backend against the cpu backend on random
+ * GGUF models (kvd-gguf-gen): greedy tokens must be equal, one sequence
+ * alone and several batched (prefill together, then batched decode), and a
+ * decode replayed from CUDA graphs must give the tokens of eager execution.
+ * Steps stay at <= 8 rows for non-f32 weights so both backends do f32 math
+ * (the GEMV path); f32 models also take the cuBLAS path (SGEMM) in batched
+ * prefill. Skips (77) without a CUDA device. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_compute.h"
+#include "gpu/gpu_fixture.h"
+#include "kvd/status.h"
+#include "model.h"
+#include "model/model_ref.h"
+#include "model_impl.h"
+
+#define BT 16
+#define BPS 8 /* blocks per sequence: 128 positions */
+#define MAXS 4
+#define NGEN 20
+
+static struct backend *cuda_be, *cpu_be;
+
+struct runner {
+    struct backend *be;
+    struct model *m;
+    struct fwd_ctx *fc;
+    struct kv_geom g;
+    void *arena;
+    size_t arena_bytes;
+    uint32_t V;
+};
+
+static void runner_open(struct runner *r, struct backend *be, const char *path, enum kv_dtype kvt)
+{
+    char err[256] = "";
+    memset(r, 0, sizeof *r);
+    r->be = be;
+    if (model_load(path, be, &r->m, err, sizeof err))
+        fail_msg("model_load on %s: %s", be->ops->name, err);
+    r->V = model_hparams(r->m)->n_vocab;
+    model_kv_geom(r->m, BT, kvt, &r->g);
+    r->arena_bytes = kv_block_bytes(&r->g) * MAXS * BPS;
+    assert_int_equal(be->ops->arena_alloc(be, KVD_TIER_DEVICE, r->arena_bytes, &r->arena), 0);
+    assert_int_equal(fwd_ctx_new(r->m, 64, MAXS, &r->fc), 0);
+}
+
+static void runner_close(struct runner *r)
+{
+    fwd_ctx_free(r->fc);
+    r->be->ops->arena_free(r->be, KVD_TIER_DEVICE, r->arena, r->arena_bytes);
+    model_free(r->m);
+}
+
+static uint32_t argmax(const float *x, uint32_t n)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+/* Greedy generation of NGEN tokens for S sequences. batched: one step per
+ * position for all sequences together; else each sequence on its own. */
+static void greedy(struct runner *r, uint32_t S, const uint32_t (*prompt)[8], const uint32_t *plen,
+                   int batched, uint32_t (*out)[NGEN])
+{
+    uint32_t slots[MAXS][BPS], pos[MAXS], last[MAXS];
+    float *logits = malloc((size_t)MAXS * r->V * sizeof(float));
+    assert_non_null(logits);
+    for (uint32_t s = 0; s < S; s++) /* scattered, reversed block tables */
+        for (uint32_t i = 0; i < BPS; i++)
+            slots[s][i] = (uint32_t)(MAXS * BPS - 1 - (i * MAXS + s));
+    for (uint32_t step = 0; step < NGEN; step++) {
+        struct fwd_seq seqs[MAXS];
+        for (uint32_t s = 0; s < S; s++) {
+            seqs[s] = (struct fwd_seq){.tokens = step ? &last[s] : prompt[s],
+                                       .n_tokens = step ? 1 : plen[s],
+                                       .pos0 = step ? pos[s] : 0,
+                                       .slots = slots[s],
+                                       .n_slots = BPS};
+        }
+        for (uint32_t s0 = 0; s0 < S; s0 += batched ? S : 1) {
+            uint32_t n = batched ? S : 1;
+            struct fwd_batch b = {.seqs = seqs + s0,
+                                  .n_seqs = n,
+                                  .kv_arena = r->arena,
+                                  .geom = &r->g,
+                                  .n_arena_slots = MAXS * BPS,
+                                  .logits = logits};
+            int rc = model_forward(r->m, r->fc, &b);
+            if (rc)
+                fail_msg("model_forward on %s: %s", r->be->ops->name, fwd_ctx_errmsg(r->fc));
+            for (uint32_t i = 0; i < n; i++) {
+                uint32_t s = s0 + i;
+                pos[s] = step ? pos[s] + 1 : plen[s];
+                last[s] = argmax(logits + (size_t)i * r->V, r->V);
+                out[s][step] = last[s];
+            }
+        }
+    }
+    free(logits);
+}
+
+struct mcase {
+    const char *args;
+    enum kv_dtype kvt;
+};
+
+static const struct mcase cases[] = {
+    {"--arch llama --layers 2 --embd 256 --heads 8 --kv-heads 2 --ff 512 --vocab 1000 "
+     "--type f32 --seed 11",
+     KV_F32},
+    {"--arch llama --layers 3 --embd 256 --heads 4 --kv-heads 4 --ff 384 --vocab 777 "
+     "--type f16 --rope-freqs --seed 12",
+     KV_F16},
+    {"--arch llama --layers 2 --embd 512 --heads 8 --kv-heads 1 --ff 1024 --vocab 1500 "
+     "--type bf16 --tied --seed 13",
+     KV_BF16},
+    {"--arch qwen2 --layers 2 --embd 256 --heads 4 --kv-heads 2 --ff 512 --vocab 900 "
+     "--type q8_0 --seed 14",
+     KV_F32},
+    {"--arch qwen2 --layers 2 --embd 512 --heads 8 --kv-heads 2 --ff 768 --vocab 1200 "
+     "--type f32 --seed 15",
+     KV_BF16},
+};
+
+static void compare(const char *what, const char *args, uint32_t S, uint32_t (*a)[NGEN],
+                    uint32_t (*b)[NGEN])
+{
+    for (uint32_t s = 0; s < S; s++)
+        for (uint32_t t = 0; t < NGEN; t++)
+            if (a[s][t] != b[s][t])
+                fail_msg("%s (%s): sequence %u token %u: cuda %u, cpu %u", what, args, s, t,
+                         a[s][t], b[s][t]);
+}
+
+static void test_greedy_equal(void **state)
+{
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char *path = ref_gen_model(cases[c].args);
+        assert_non_null(path);
+        struct runner g, p;
+        runner_open(&g, cuda_be, path, cases[c].kvt);
+        runner_open(&p, cpu_be, path, cases[c].kvt);
+        int f32 = strstr(cases[c].args, "f32") != NULL;
+        /* f32 weights: prompts long enough for the cuBLAS path when
+         * batched; others: at most 8 rows per step */
+        uint32_t plen[MAXS] = {f32 ? 8 : 3, f32 ? 5 : 2, f32 ? 7 : 2, 1};
+        uint32_t prompt[MAXS][8];
+        rnd_seed(100 + c);
+        for (uint32_t s = 0; s < MAXS; s++)
+            for (uint32_t i = 0; i < 8; i++)
+                prompt[s][i] = rnd_u32(g.V);
+        uint32_t tg[MAXS][NGEN], tc[MAXS][NGEN];
+        /* alone */
+        greedy(&g, 1, (const uint32_t(*)[8])prompt, plen, 0, tg);
+        greedy(&p, 1, (const uint32_t(*)[8])prompt, plen, 0, tc);
+        compare("alone", cases[c].args, 1, tg, tc);
+        /* batched */
+        greedy(&g, MAXS, (const uint32_t(*)[8])prompt, plen, 1, tg);
+        greedy(&p, MAXS, (const uint32_t(*)[8])prompt, plen, 1, tc);
+        compare("batched", cases[c].args, MAXS, tg, tc);
+        runner_close(&g);
+        runner_close(&p);
+        unlink(path);
+        free(path);
+    }
+}
+
+static void test_graph_replay(void **state)
+{
+    char *path = ref_gen_model(cases[2].args);
+    assert_non_null(path);
+    uint32_t plen[MAXS] = {3, 2, 2, 1}, prompt[MAXS][8];
+    rnd_seed(7);
+    for (uint32_t s = 0; s < MAXS; s++)
+        for (uint32_t i = 0; i < 8; i++)
+            prompt[s][i] = rnd_u32(1000);
+    uint32_t eager[MAXS][NGEN], graph[MAXS][NGEN];
+    struct runner r;
+    struct cuda_compute_stats st;
+
+    runner_open(&r, cuda_be, path, cases[2].kvt);
+    cuda_compute_set_graphs(r.m->cx, false);
+    greedy(&r, MAXS, (const uint32_t(*)[8])prompt, plen, 1, eager);
+    cuda_compute_stats(r.m->cx, &st);
+    assert_int_equal(st.replays, 0);
+    runner_close(&r);
+
+    runner_open(&r, cuda_be, path, cases[2].kvt);
+    cuda_compute_set_graphs(r.m->cx, true);
+    greedy(&r, MAXS, (const uint32_t(*)[8])prompt, plen, 1, graph);
+    cuda_compute_stats(r.m->cx, &st);
+    /* prefill eager, first decode eager, second captured, the rest replayed */
+    assert_int_equal(st.captures, 1);
+    assert_int_equal(st.replays, NGEN - 3);
+    runner_close(&r);
+    compare("graph vs eager", cases[2].args, MAXS, graph, eager);
+    unlink(path);
+    free(path);
+}
+
+int main(void)
+{
+    char err[256] = "";
+    if (backend_cuda_new(0, &cuda_be, err, sizeof err)) {
+        printf("SKIP: no usable CUDA device: %s\n", err);
+        return GPU_SKIP;
+    }
+    cpu_be = ref_cpu_backend();
+    if (!cpu_be) {
+        fprintf(stderr, "cpu backend failed\n");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_equal),
+        cmocka_unit_test(test_graph_replay),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    backend_free(cuda_be);
+    return rc;
+}

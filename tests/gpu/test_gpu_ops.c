@@ -1,0 +1,575 @@
+/* Every cuda compute op against the cpu backend's op (the reference) on
+ * fresh random inputs of several shapes. GPU outputs are poisoned with NaN
+ * before each run, so an element the kernel never wrote fails. Tolerances:
+ * f32 math ~1e-5..1e-4 relative; the bf16 cuBLAS path (over 8 rows, non-f32
+ * weights) 1e-2. Skips (77) without a CUDA device. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compute_cpu.h"
+#include "cuda_backend.h"
+#include "cuda_compute.h"
+#include "gpu/gpu_fixture.h"
+#include "kernels.h"
+#include "kvd/status.h"
+
+static struct gpu_fx F;
+
+static int setup(void **state)
+{
+    gpu_fx_open(&F);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    gpu_fx_close(&F);
+    return 0;
+}
+
+static void check(const char *what, const float *got, const float *ref, size_t n, double tol)
+{
+    double e = rel_err(got, ref, n);
+    if (!(e <= tol))
+        fail_msg("%s: relative error %.3g over %.3g", what, e, tol);
+}
+
+/* ---- weights in each GGUF type ------------------------------------------ */
+
+/* Host bytes of w [rows][n] in type t; *deq gets the values the type holds. */
+static void *make_weight(enum ctype t, const float *w, size_t rows, size_t n, float *deq,
+                         size_t *bytes)
+{
+    size_t rb = ctype_row_bytes(t, n);
+    uint8_t *b = malloc(rb * rows);
+    assert_non_null(b);
+    for (size_t r = 0; r < rows; r++) {
+        const float *x = w + r * n;
+        uint8_t *o = b + r * rb;
+        for (size_t i = 0; i < n; i++) {
+            switch (t) {
+            case CT_F32:
+                memcpy(o + 4 * i, &x[i], 4);
+                break;
+            case CT_F16:
+                ((uint16_t *)o)[i] = cpu_f32_to_f16(x[i]);
+                break;
+            case CT_BF16:
+                ((uint16_t *)o)[i] = cpu_f32_to_bf16(x[i]);
+                break;
+            default:
+                break;
+            }
+        }
+        if (t == CT_Q8_0) {
+            for (size_t blk = 0; blk < n / 32; blk++) {
+                float amax = 0;
+                for (int j = 0; j < 32; j++)
+                    amax = fmaxf(amax, fabsf(x[blk * 32 + j]));
+                float d = amax / 127.0f;
+                uint16_t dh = cpu_f32_to_f16(d);
+                float dd = cpu_f16_to_f32(dh);
+                uint8_t *q = o + blk * 34;
+                memcpy(q, &dh, 2);
+                for (int j = 0; j < 32; j++) {
+                    float v = dd > 0 ? roundf(x[blk * 32 + j] / dd) : 0;
+                    v = fminf(127, fmaxf(-127, v));
+                    q[2 + j] = (uint8_t)(int8_t)v;
+                }
+            }
+        }
+        if (deq)
+            cpu_row_to_f32(t, o, deq + r * n, (uint32_t)n);
+    }
+    *bytes = rb * rows;
+    return b;
+}
+
+static const enum ctype all_types[] = {CT_F32, CT_F16, CT_BF16, CT_Q8_0};
+
+static void test_get_rows(void **state)
+{
+    rnd_seed(1);
+    for (size_t ti = 0; ti < 4; ti++) {
+        enum ctype t = all_types[ti];
+        uint32_t ne0 = ti % 2 ? 96 : 2048, ne1 = 50, n = 7;
+        float *w = rnd_new((size_t)ne0 * ne1, -2, 2);
+        size_t bytes;
+        void *hb = make_weight(t, w, ne1, ne0, NULL, &bytes);
+        uint32_t ids[7];
+        for (uint32_t i = 0; i < n; i++)
+            ids[i] = rnd_u32(ne1);
+        struct ctensor hc = {.type = t, .ne0 = ne0, .ne1 = ne1, .nbytes = bytes, .data = hb};
+        struct ctensor gc = hc;
+        gc.data = gpu_dup(&F, hb, bytes);
+        float *ref = malloc((size_t)n * ne0 * 4), *got = malloc((size_t)n * ne0 * 4);
+        assert_int_equal(F.cops->get_rows(F.ccx, &hc, ids, n, ref), 0);
+        uint32_t *dids = gpu_dup(&F, ids, sizeof ids);
+        float *dout = gpu_nan(&F, (size_t)n * ne0);
+        assert_int_equal(F.gops->get_rows(F.gcx, &gc, dids, n, dout), 0);
+        gpu_get(&F, got, dout, (size_t)n * ne0 * 4);
+        check(ctype_name(t), got, ref, (size_t)n * ne0, 1e-7);
+        gpu_free(&F, gc.data);
+        gpu_free(&F, dids);
+        gpu_free(&F, dout);
+        free(w);
+        free(hb);
+        free(ref);
+        free(got);
+    }
+}
+
+static void test_rmsnorm(void **state)
+{
+    static const uint32_t shapes[][2] = {{1, 64}, {5, 2048}, {3, 4097}, {17, 896}};
+    rnd_seed(2);
+    for (size_t s = 0; s < 4; s++) {
+        uint32_t rows = shapes[s][0], n = shapes[s][1];
+        size_t N = (size_t)rows * n;
+        float *x = rnd_new(N, -3, 3), *w = rnd_new(n, 0.5f, 1.5f), *ref = malloc(N * 4),
+              *got = malloc(N * 4);
+        assert_int_equal(F.cops->rmsnorm(F.ccx, ref, x, w, rows, n, 1e-5f), 0);
+        float *dx = gpu_dup(&F, x, N * 4), *dw = gpu_dup(&F, w, n * 4), *dy = gpu_nan(&F, N);
+        assert_int_equal(F.gops->rmsnorm(F.gcx, dy, dx, dw, rows, n, 1e-5f), 0);
+        gpu_get(&F, got, dy, N * 4);
+        check("rmsnorm", got, ref, N, 1e-6);
+        /* in place (out == x), as model_forward does for the last rows */
+        assert_int_equal(F.gops->rmsnorm(F.gcx, dx, dx, dw, rows, n, 1e-5f), 0);
+        gpu_get(&F, got, dx, N * 4);
+        check("rmsnorm in place", got, ref, N, 1e-6);
+        gpu_free(&F, dx);
+        gpu_free(&F, dw);
+        gpu_free(&F, dy);
+        free(x);
+        free(w);
+        free(ref);
+        free(got);
+    }
+}
+
+static void test_matmul(void **state)
+{
+    /* in, out, rows: the GEMV path (rows <= 8, aligned), the cuBLAS path
+     * (rows > 8, or an `in` the GEMV cannot take) */
+    static const uint32_t shapes[][3] = {{64, 48, 1},     {256, 130, 3},   {512, 96, 8},
+                                         {256, 64, 9},    {1024, 200, 33}, {96, 20, 2},
+                                         {2048, 2048, 1}, {40, 24, 2}};
+    rnd_seed(3);
+    for (size_t ti = 0; ti < 4; ti++) {
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            enum ctype t = all_types[ti];
+            uint32_t in = shapes[s][0], out = shapes[s][1], rows = shapes[s][2];
+            if (t == CT_Q8_0 && in % 32)
+                continue; /* Q8_0 rows are whole 32-element blocks */
+            float *w = rnd_new((size_t)in * out, -1, 1), *x = rnd_new((size_t)rows * in, -1, 1);
+            size_t bytes;
+            void *hb = make_weight(t, w, out, in, NULL, &bytes);
+            struct ctensor hc = {.type = t, .ne0 = in, .ne1 = out, .nbytes = bytes, .data = hb};
+            struct ctensor gc = hc;
+            gc.data = gpu_dup(&F, hb, bytes);
+            size_t N = (size_t)rows * out;
+            float *ref = malloc(N * 4), *got = malloc(N * 4);
+            assert_int_equal(F.cops->matmul(F.ccx, &hc, x, rows, ref), 0);
+            float *dx = gpu_dup(&F, x, (size_t)rows * in * 4), *dy = gpu_nan(&F, N);
+            assert_int_equal(F.gops->matmul(F.gcx, &gc, dx, rows, dy), 0);
+            gpu_get(&F, got, dy, N * 4);
+            int gemv = rows <= 8 && in % (t == CT_Q8_0 ? 32 : 8) == 0;
+            char what[96];
+            snprintf(what, sizeof what, "matmul %s in %u out %u rows %u", ctype_name(t), in, out,
+                     rows);
+            check(what, got, ref, N, t == CT_F32 || gemv ? 1e-4 : 1.5e-2);
+            gpu_free(&F, gc.data);
+            gpu_free(&F, dx);
+            gpu_free(&F, dy);
+            free(w);
+            free(x);
+            free(hb);
+            free(ref);
+            free(got);
+        }
+    }
+}
+
+static void test_elementwise(void **state)
+{
+    rnd_seed(4);
+    uint32_t rows = 7, n = 1000;
+    size_t N = (size_t)rows * n;
+    float *a = rnd_new(N, -8, 8), *b = rnd_new(N, -2, 2), *bias = rnd_new(n, -1, 1);
+    float *ref = malloc(N * 4), *got = malloc(N * 4);
+    float *da, *db, *dbias;
+
+    /* add_bias */
+    memcpy(ref, a, N * 4);
+    assert_int_equal(F.cops->add_bias(F.ccx, ref, bias, rows, n), 0);
+    da = gpu_dup(&F, a, N * 4);
+    dbias = gpu_dup(&F, bias, n * 4);
+    assert_int_equal(F.gops->add_bias(F.gcx, da, dbias, rows, n), 0);
+    gpu_get(&F, got, da, N * 4);
+    check("add_bias", got, ref, N, 1e-7);
+    gpu_free(&F, da);
+
+    /* silu_mul */
+    memcpy(ref, a, N * 4);
+    assert_int_equal(F.cops->silu_mul(F.ccx, ref, b, N), 0);
+    da = gpu_dup(&F, a, N * 4);
+    db = gpu_dup(&F, b, N * 4);
+    assert_int_equal(F.gops->silu_mul(F.gcx, da, db, N), 0);
+    gpu_get(&F, got, da, N * 4);
+    check("silu_mul", got, ref, N, 1e-6);
+    gpu_free(&F, da);
+
+    /* add */
+    memcpy(ref, a, N * 4);
+    assert_int_equal(F.cops->add(F.ccx, ref, b, N), 0);
+    da = gpu_dup(&F, a, N * 4);
+    assert_int_equal(F.gops->add(F.gcx, da, db, N), 0);
+    gpu_get(&F, got, da, N * 4);
+    check("add", got, ref, N, 1e-7);
+
+    /* gather_rows */
+    uint32_t pick[3] = {6, 0, 3};
+    float *gref = malloc(3 * n * 4), *ggot = malloc(3 * n * 4);
+    assert_int_equal(F.cops->gather_rows(F.ccx, gref, a, pick, 3, n), 0);
+    gpu_free(&F, da);
+    da = gpu_dup(&F, a, N * 4);
+    uint32_t *dpick = gpu_dup(&F, pick, sizeof pick);
+    float *dout = gpu_nan(&F, 3 * n);
+    assert_int_equal(F.gops->gather_rows(F.gcx, dout, da, dpick, 3, n), 0);
+    gpu_get(&F, ggot, dout, 3 * n * 4);
+    check("gather_rows", ggot, gref, 3 * n, 0);
+
+    gpu_free(&F, da);
+    gpu_free(&F, db);
+    gpu_free(&F, dbias);
+    gpu_free(&F, dpick);
+    gpu_free(&F, dout);
+    free(a);
+    free(b);
+    free(bias);
+    free(ref);
+    free(got);
+    free(gref);
+    free(ggot);
+}
+
+static void test_rope(void **state)
+{
+    rnd_seed(5);
+    for (int mode = 0; mode < 2; mode++) {
+        for (int ffon = 0; ffon < 2; ffon++) {
+            for (int rot = 0; rot < 2; rot++) {
+                uint32_t rows = 6, heads = 4, hd = 64, n_rot = rot ? 32 : 64;
+                size_t N = (size_t)rows * heads * hd;
+                float *x = rnd_new(N, -2, 2), *ff = rnd_new(n_rot / 2, 1, 8);
+                uint32_t pos[6];
+                for (uint32_t i = 0; i < rows; i++)
+                    pos[i] = rnd_u32(20000);
+                float *ref = malloc(N * 4), *got = malloc(N * 4);
+                memcpy(ref, x, N * 4);
+                enum rope_mode m = mode ? ROPE_NEOX : ROPE_NORM;
+                assert_int_equal(F.cops->rope(F.ccx, ref, rows, heads, hd, n_rot, pos, m, 10000.0f,
+                                              ffon ? ff : NULL),
+                                 0);
+                float *dx = gpu_dup(&F, x, N * 4), *dff = gpu_dup(&F, ff, n_rot / 2 * 4);
+                uint32_t *dpos = gpu_dup(&F, pos, sizeof pos);
+                assert_int_equal(F.gops->rope(F.gcx, dx, rows, heads, hd, n_rot, dpos, m, 10000.0f,
+                                              ffon ? dff : NULL),
+                                 0);
+                gpu_get(&F, got, dx, N * 4);
+                check(mode ? "rope neox" : "rope norm", got, ref, N, 1e-6);
+                gpu_free(&F, dx);
+                gpu_free(&F, dff);
+                gpu_free(&F, dpos);
+                free(x);
+                free(ff);
+                free(ref);
+                free(got);
+            }
+        }
+    }
+}
+
+/* ---- KV cache ------------------------------------------------------------ */
+
+struct kvfx {
+    struct kv_geom g;
+    size_t bb, nb;   /* block bytes, blocks */
+    uint8_t *harena; /* cpu arena */
+    void *darena;    /* cuda arena, same initial bytes */
+};
+
+static void kvfx_init(struct kvfx *k, enum kv_dtype dt, uint32_t layers, uint32_t kv_heads,
+                      uint32_t hd, uint32_t bt, size_t nb)
+{
+    k->g = (struct kv_geom){
+        .layers = layers, .kv_heads = kv_heads, .head_dim = hd, .dtype = dt, .block_tokens = bt};
+    k->bb = kv_block_bytes(&k->g);
+    k->nb = nb;
+    k->harena = malloc(k->bb * nb);
+    assert_non_null(k->harena);
+    size_t es = kv_dtype_size(dt), n = k->bb * nb / es;
+    for (size_t i = 0; i < n; i++) {
+        float v = rnd_f(-2, 2);
+        if (dt == KV_F32)
+            memcpy(k->harena + 4 * i, &v, 4);
+        else
+            ((uint16_t *)k->harena)[i] = dt == KV_F16 ? cpu_f32_to_f16(v) : cpu_f32_to_bf16(v);
+    }
+    k->darena = gpu_dup(&F, k->harena, k->bb * nb);
+}
+
+static void kvfx_free(struct kvfx *k)
+{
+    gpu_free(&F, k->darena);
+    free(k->harena);
+}
+
+static void test_kv_write(void **state)
+{
+    rnd_seed(6);
+    for (int dt = 0; dt < 3; dt++) {
+        struct kvfx k;
+        kvfx_init(&k, (enum kv_dtype)dt, 3, 2, 64, 16, 8);
+        uint32_t n = 10, slot[10], pos[10];
+        for (uint32_t t = 0; t < n; t++) { /* distinct (slot, row) pairs */
+            slot[t] = t % 8;
+            pos[t] = 16 * rnd_u32(100) + (t / 8) * 5 + rnd_u32(5);
+        }
+        size_t KD = (size_t)2 * 64;
+        float *kk = rnd_new(n * KD, -3, 3), *vv = rnd_new(n * KD, -3, 3);
+        assert_int_equal(F.cops->kv_write(F.ccx, k.harena, &k.g, 1, kk, vv, n, slot, pos), 0);
+        float *dk = gpu_dup(&F, kk, n * KD * 4), *dv = gpu_dup(&F, vv, n * KD * 4);
+        uint32_t *ds = gpu_dup(&F, slot, sizeof slot), *dp = gpu_dup(&F, pos, sizeof pos);
+        assert_int_equal(F.gops->kv_write(F.gcx, k.darena, &k.g, 1, dk, dv, n, ds, dp), 0);
+        uint8_t *got = malloc(k.bb * k.nb);
+        gpu_get(&F, got, k.darena, k.bb * k.nb);
+        assert_memory_equal(got, k.harena, k.bb * k.nb);
+        free(got);
+        gpu_free(&F, dk);
+        gpu_free(&F, dv);
+        gpu_free(&F, ds);
+        gpu_free(&F, dp);
+        free(kk);
+        free(vv);
+        kvfx_free(&k);
+    }
+}
+
+/* One attention batch: per sequence (pos0, rows). */
+static void run_attention(enum kv_dtype dt, uint32_t hd, uint32_t n_head, uint32_t kv_heads,
+                          const uint32_t (*seqs)[2], uint32_t S)
+{
+    const uint32_t bt = 16;
+    uint32_t qstart[9], pos0[8], slot0[9], T = 0, NS = 0, max_q = 0, max_kv = 0;
+    assert_true(S <= 8);
+    for (uint32_t s = 0; s < S; s++) {
+        uint32_t end = seqs[s][0] + seqs[s][1];
+        qstart[s] = T;
+        pos0[s] = seqs[s][0];
+        slot0[s] = NS;
+        T += seqs[s][1];
+        NS += (end + bt - 1) / bt;
+        if (seqs[s][1] > max_q)
+            max_q = seqs[s][1];
+        if (end > max_kv)
+            max_kv = end;
+    }
+    qstart[S] = T;
+    slot0[S] = NS;
+    struct kvfx k;
+    kvfx_init(&k, dt, 2, kv_heads, hd, bt, NS + 3);
+    uint32_t *slots = malloc(NS * 4);
+    for (uint32_t i = 0; i < NS; i++) /* a scattered permutation of the blocks */
+        slots[i] = (i * 7 + 3) % (uint32_t)(NS + 3);
+    for (uint32_t i = 0; i < NS; i++) /* (7, NS+3) may share a factor: make it injective */
+        for (uint32_t j = 0; j < i; j++)
+            if (slots[j] == slots[i])
+                slots[i] = (slots[i] + 1) % (uint32_t)(NS + 3), j = (uint32_t)-1;
+    size_t QN = (size_t)T * n_head * hd;
+    float *q = rnd_new(QN, -1.5f, 1.5f), *ref = malloc(QN * 4), *got = malloc(QN * 4);
+    struct attn_desc d = {.q = q,
+                          .out = ref,
+                          .arena = k.harena,
+                          .geom = &k.g,
+                          .layer = 1,
+                          .n_head = n_head,
+                          .scale = 1.0f / sqrtf((float)hd),
+                          .n_tokens = T,
+                          .n_seqs = S,
+                          .seq_qstart = qstart,
+                          .seq_pos0 = pos0,
+                          .seq_slot0 = slot0,
+                          .slots = slots,
+                          .max_q = max_q,
+                          .max_kv = max_kv,
+                          .h_seq_qstart = qstart,
+                          .h_seq_pos0 = pos0};
+    assert_int_equal(F.cops->attention(F.ccx, &d), 0);
+    struct attn_desc g = d;
+    g.q = gpu_dup(&F, q, QN * 4);
+    g.out = gpu_nan(&F, QN);
+    g.arena = k.darena;
+    g.seq_qstart = gpu_dup(&F, qstart, (S + 1) * 4);
+    g.seq_pos0 = gpu_dup(&F, pos0, S * 4);
+    g.seq_slot0 = gpu_dup(&F, slot0, (S + 1) * 4);
+    g.slots = gpu_dup(&F, slots, NS * 4);
+    assert_int_equal(F.gops->attention(F.gcx, &g), 0);
+    gpu_get(&F, got, g.out, QN * 4);
+    char what[128];
+    snprintf(what, sizeof what, "attention %s hd %u heads %u/%u max_q %u max_kv %u",
+             kv_dtype_name(dt), hd, n_head, kv_heads, max_q, max_kv);
+    check(what, got, ref, QN, 2e-5);
+    gpu_free(&F, (void *)g.q);
+    gpu_free(&F, g.out);
+    gpu_free(&F, (void *)g.seq_qstart);
+    gpu_free(&F, (void *)g.seq_pos0);
+    gpu_free(&F, (void *)g.seq_slot0);
+    gpu_free(&F, (void *)g.slots);
+    free(slots);
+    free(q);
+    free(ref);
+    free(got);
+    kvfx_free(&k);
+}
+
+static void test_attention_decode(void **state)
+{
+    static const uint32_t heads[][2] = {{8, 8}, {8, 2}, {16, 1}, {12, 4}, {32, 8}};
+    static const uint32_t hds[] = {64, 128, 32, 256};
+    rnd_seed(7);
+    for (int dt = 0; dt < 3; dt++)
+        for (size_t h = 0; h < 5; h++)
+            for (size_t di = 0; di < 4; di++) {
+                /* short, block-boundary and long contexts (split along the
+                 * context, merged) in one batch */
+                uint32_t seqs[4][2] = {
+                    {0, 1}, {15, 1}, {16 + rnd_u32(300), 1}, {2000 + rnd_u32(3000), 1}};
+                run_attention((enum kv_dtype)dt, hds[di], heads[h][0], heads[h][1],
+                              (const uint32_t(*)[2])seqs, 4);
+            }
+}
+
+static void test_attention_prefill(void **state)
+{
+    static const uint32_t heads[][2] = {{8, 8}, {8, 2}, {16, 1}, {12, 4}};
+    static const uint32_t hds[] = {64, 128, 16};
+    rnd_seed(8);
+    for (int dt = 0; dt < 3; dt++)
+        for (size_t h = 0; h < 4; h++)
+            for (size_t di = 0; di < 3; di++) {
+                /* a fresh prompt, a chunk after a cached prefix, a decode row
+                 * in the same (mixed) batch */
+                uint32_t seqs[3][2] = {
+                    {0, 1 + rnd_u32(40)}, {rnd_u32(200), 33 + rnd_u32(70)}, {rnd_u32(500), 1}};
+                run_attention((enum kv_dtype)dt, hds[di], heads[h][0], heads[h][1],
+                              (const uint32_t(*)[2])seqs, 3);
+            }
+}
+
+static void test_argmax(void **state)
+{
+    rnd_seed(9);
+    uint32_t rows = 4, vocab = 50001;
+    float *x = rnd_new((size_t)rows * vocab, -10, 10);
+    x[(size_t)1 * vocab + 777] = 50; /* a tie: the lower index wins */
+    x[(size_t)1 * vocab + 40000] = 50;
+    x[(size_t)2 * vocab + 3] = NAN; /* NaN never wins */
+    float *dx = gpu_dup(&F, x, (size_t)rows * vocab * 4);
+    int32_t got[4];
+    assert_int_equal(cuda_compute_argmax(F.gcx, dx, rows, vocab, got), 0);
+    for (uint32_t r = 0; r < rows; r++) {
+        uint32_t best = 0;
+        for (uint32_t i = 1; i < vocab; i++)
+            if (x[(size_t)r * vocab + i] > x[(size_t)r * vocab + best] ||
+                isnan(x[(size_t)r * vocab + best]))
+                best = i;
+        assert_int_equal(got[r], best);
+    }
+    assert_int_equal(got[1], 777);
+    gpu_free(&F, dx);
+    free(x);
+}
+
+/* Kernels that model_forward does not reach through compute_ops yet: the
+ * fused residual add + RMSNorm, and batched copy-on-write of blocks. */
+static void test_unwired_kernels(void **state)
+{
+    kvd_stream st = (kvd_stream)cuda_backend_dev(F.cuda)->compute;
+    rnd_seed(10);
+    uint32_t rows = 3, n = 2048;
+    size_t N = (size_t)rows * n;
+    float *x = rnd_new(N, -2, 2), *r = rnd_new(N, -2, 2), *w = rnd_new(n, 0.5f, 1.5f);
+    float *rx = malloc(N * 4), *ry = malloc(N * 4), *gx = malloc(N * 4), *gy = malloc(N * 4);
+    memcpy(rx, x, N * 4);
+    assert_int_equal(F.cops->add(F.ccx, rx, r, N), 0);
+    assert_int_equal(F.cops->rmsnorm(F.ccx, ry, rx, w, rows, n, 1e-6f), 0);
+    float *dx = gpu_dup(&F, x, N * 4), *dr = gpu_dup(&F, r, N * 4), *dw = gpu_dup(&F, w, n * 4),
+          *dy = gpu_nan(&F, N);
+    assert_int_equal(kvd_k_add_rmsnorm(dx, dr, dy, dw, (int)rows, (int)n, 1e-6f, st), 0);
+    gpu_get(&F, gx, dx, N * 4);
+    gpu_get(&F, gy, dy, N * 4);
+    check("add_rmsnorm residual", gx, rx, N, 1e-7);
+    check("add_rmsnorm norm", gy, ry, N, 1e-6);
+
+    struct kvfx k;
+    kvfx_init(&k, KV_BF16, 2, 2, 64, 16, 6);
+    int32_t src[2] = {4, 1}, dst[2] = {0, 5};
+    int32_t *dsrc = gpu_dup(&F, src, sizeof src), *ddst = gpu_dup(&F, dst, sizeof dst);
+    struct kvd_k_kv kv = {.arena = k.darena,
+                          .block_bytes = k.bb,
+                          .layers = 2,
+                          .kv_heads = 2,
+                          .head_dim = 64,
+                          .block_tokens = 16,
+                          .dtype = KVD_K_BF16};
+    assert_int_equal(kvd_k_block_copy(&kv, dsrc, ddst, 2, st), 0);
+    uint8_t *got = malloc(k.bb * k.nb);
+    gpu_get(&F, got, k.darena, k.bb * k.nb);
+    memcpy(k.harena + 0 * k.bb, k.harena + 4 * k.bb, k.bb);
+    memcpy(k.harena + 5 * k.bb, k.harena + 1 * k.bb, k.bb);
+    assert_memory_equal(got, k.harena, k.bb * k.nb);
+
+    free(got);
+    gpu_free(&F, dsrc);
+    gpu_free(&F, ddst);
+    kvfx_free(&k);
+    gpu_free(&F, dx);
+    gpu_free(&F, dr);
+    gpu_free(&F, dw);
+    gpu_free(&F, dy);
+    free(x);
+    free(r);
+    free(w);
+    free(rx);
+    free(ry);
+    free(gx);
+    free(gy);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_get_rows),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_kv_write),
+        cmocka_unit_test(test_attention_decode),
+        cmocka_unit_test(test_attention_prefill),
+        cmocka_unit_test(test_argmax),
+        cmocka_unit_test(test_unwired_kernels),
+    };
+    /* The skip decision happens before cmocka runs, so "no device" exits 77. */
+    gpu_fx_open(&F);
+    gpu_fx_close(&F);
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
