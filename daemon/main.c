@@ -1,7 +1,239 @@
-/* kvd entry point (placeholder until the server lands). */
+/* kvd: the daemon's entry point. Reads the config file and the command
+ * line, picks the backend, loads the model (serve mode) or takes the KV
+ * geometry from the options (store mode), sizes the KV arenas, creates the
+ * memory manager, starts the executor and runs the server until SIGTERM.
+ * Runs in the foreground; logs to stderr. */
 #include <stdio.h>
-int main(void)
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef KVD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "backend.h"
+#include "config.h"
+#include "kvd/protocol.h"
+#include "kvmm.h"
+#include "acct.h"
+#include "log.h"
+#include "metrics.h"
+#include "model.h"
+#include "ops_generate.h"
+#include "options.h"
+#include "roofline.h"
+#include "server.h"
+
+#define DEFAULT_DEVICE_BLOCKS 1024u
+#define DEFAULT_HOST_BLOCKS 1024u
+
+static int pick_backend(const struct options *o, struct backend **be)
 {
-    puts("usage: kvd [--help]");
+    char err[256] = "";
+    int rc;
+    if (o->backend != OPTIONS_BACKEND_CPU) {
+        rc = backend_cuda_new(0, be, err, sizeof(err));
+        if (rc == 0)
+            return 0;
+        if (o->backend == OPTIONS_BACKEND_CUDA) {
+            log_err("--backend cuda: %s", err[0] ? err : "no CUDA device");
+            return rc;
+        }
+        log_info("backend: cuda not available (%s); using cpu", err[0] ? err : "no device");
+    }
+    rc = backend_cpu_new(be);
+    if (rc)
+        log_err("backend cpu: out of memory");
+    return rc;
+}
+
+/* Bytes of device memory --gpu-mem is a fraction of: the GPU's free memory
+ * on cuda, physical memory on cpu. 0 when unknown. */
+static size_t device_memory(const struct backend *be)
+{
+#ifdef KVD_HAVE_CUDA
+    if (!strcmp(be->ops->name, "cuda")) {
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+            return free_b;
+        return 0;
+    }
+#endif
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
+}
+
+static int size_arenas(const struct options *o, const struct backend *be, size_t block_bytes,
+                       uint32_t *dev, uint32_t *host)
+{
+    *dev = DEFAULT_DEVICE_BLOCKS;
+    if (o->device_blocks) {
+        *dev = o->device_blocks;
+    } else if (o->gpu_mem > 0) {
+        size_t mem = device_memory(be);
+        if (mem == 0) {
+            log_err("--gpu-mem: cannot tell how much device memory there is; use --device-blocks");
+            return KVD_EBADREQ;
+        }
+        double n = (double)mem * o->gpu_mem / (double)block_bytes;
+        if (n < 1) {
+            log_err("--gpu-mem %.3f of %zu bytes is less than one %zu-byte block", o->gpu_mem,
+                    mem, block_bytes);
+            return KVD_EBADREQ;
+        }
+        *dev = n >= (double)(UINT32_MAX - 1) ? UINT32_MAX - 1 : (uint32_t)n;
+    }
+    *host = DEFAULT_HOST_BLOCKS;
+    if (o->host_blocks != UINT32_MAX) {
+        *host = o->host_blocks;
+    } else if (o->host_mem) {
+        uint64_t n = o->host_mem / block_bytes;
+        *host = n >= UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n;
+    }
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct options opts;
+    struct config cfg;
+    char err[512];
+    struct backend *be = NULL;
+    struct kvmm *mm = NULL;
+    struct server *srv = NULL;
+    struct model *model = NULL;       /* serve mode (--model) */
+    struct ops_generate *gen = NULL; /* the executor and its ops, serve mode */
+    int status = 1;
+    /* Observability: shared by the executor (writer), stats and metrics. */
+    struct roofline rl;
+    struct acct acct;
+    struct metrics *metrics = NULL;
+    roofline_init(&rl);
+    acct_init(&acct);
+
+    options_defaults(&opts);
+    log_init(opts.log_level);
+    if (config_defaults(&cfg) != 0) {
+        log_err("out of memory");
+        return 1;
+    }
+    const char *cfg_path = options_find_config(argc, argv);
+    if (cfg_path && config_load(cfg_path, &cfg, &opts, err, sizeof(err)) != 0) {
+        log_err("%s", err);
+        status = 2;
+        goto out_cfg;
+    }
+    /* The command line wins over the file's [server] section. */
+    if (options_parse(&opts, argc, argv, err, sizeof(err)) != 0) {
+        log_err("%s", err);
+        status = 2;
+        goto out_cfg;
+    }
+    if (opts.help) {
+        options_usage(stdout);
+        status = 0;
+        goto out_cfg;
+    }
+    if (opts.version) {
+        printf("kvd %s (protocol %d)\n", "0.1.0", KVD_PROTOCOL_VERSION);
+        status = 0;
+        goto out_cfg;
+    }
+    log_set_level(opts.log_level);
+    if (pick_backend(&opts, &be) != 0)
+        goto out_cfg;
+    struct kvmm_config mc = {.geom = opts.geom, .be = be};
+    if (opts.model_path[0]) {
+        /* Serve mode: the KV geometry comes from the model; block_tokens and
+         * dtype from the command line / config. */
+        struct model_opts mo = {0};
+        int lrc = model_load_opts(opts.model_path, be, &mo, &model, err, sizeof(err));
+        if (lrc) {
+            log_err("--model %s: %s", opts.model_path, err);
+            status = 2;
+            goto out_be;
+        }
+        model_kv_geom(model, opts.geom.block_tokens, opts.geom.dtype, &mc.geom);
+        const struct model_hparams *hp = model_hparams(model);
+        log_info("model %s: %s, %u layers, embd %u, %u heads (%u kv), vocab %u, context %u, "
+                 "%.1fM parameters",
+                 opts.model_path, hp->arch, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv,
+                 hp->n_vocab, hp->n_ctx, (double)hp->n_params / 1e6);
+    }
+    if (model && opts.roofline_probe) {
+        /* Before the arenas take the device's free memory: the probe needs
+         * a few hundred MiB for a moment on cuda. */
+        struct roofline_ceilings ce;
+        int prc = roofline_measure(be, 0, &ce);
+        if (prc == 0 && ce.measured) {
+            log_info("roofline ceilings: %.1f GB/s, %.1f GFLOP/s (%s, %.0f ms)",
+                     ce.bytes_per_s / 1e9, ce.flops_per_s / 1e9, ce.how, ce.measure_ms);
+            roofline_set_ceilings(&rl, &ce);
+        } else {
+            log_warn("roofline: cannot measure the backend's ceilings (%s); fractions of peak "
+                     "stay 0", kvd_err_code(prc));
+        }
+    }
+    size_t bb = kv_block_bytes(&mc.geom);
+    if (size_arenas(&opts, be, bb, &mc.n_device_blocks, &mc.n_host_blocks) != 0) {
+        status = 2;
+        goto out_be;
+    }
+    log_info("%s mode: backend %s, %u layers x %u kv heads x %u head_dim %s, %u tokens per "
+             "block (%zu bytes); %u device + %u host blocks",
+             model ? "serve" : "store", be->ops->name, mc.geom.layers, mc.geom.kv_heads, mc.geom.head_dim,
+             kv_dtype_name(mc.geom.dtype), mc.geom.block_tokens, bb, mc.n_device_blocks,
+             mc.n_host_blocks);
+    int rc = kvmm_new(&mc, &mm);
+    if (rc) {
+        log_err("cannot create the KV memory manager: %s (%u device + %u host blocks of %zu "
+                "bytes)",
+                kvd_err_code(rc), mc.n_device_blocks, mc.n_host_blocks, bb);
+        goto out_be;
+    }
+    if (server_new(&opts, &cfg, cfg_path, mm, be, &srv) != 0)
+        goto out_mm;
+    metrics_attach(srv, &rl, &acct);
+    if (opts.metrics_addr[0] &&
+        metrics_start(srv, opts.metrics_addr, opts.metrics_force, &metrics, NULL, err,
+                      sizeof(err)) != 0) {
+        log_err("--metrics: %s", err);
+        status = 2;
+        goto out_srv;
+    }
+    if (model) {
+        const struct model_hparams *hp = model_hparams(model);
+        struct server_model_info mi = {.vocab = hp->n_vocab, .context = hp->n_ctx};
+        const char *base = strrchr(opts.model_path, '/');
+        const char *name = hp->name[0] ? hp->name : base ? base + 1 : opts.model_path;
+        snprintf(mi.name, sizeof(mi.name), "%.*s", (int)sizeof(mi.name) - 1, name);
+        server_set_model(srv, &mi);
+        struct exec_conf ec = {0}; /* defaults: 512 tokens, 64 sequences per step */
+        ec.roofline = &rl;
+        ec.acct = &acct;
+        if (ops_generate_start(srv, mm, model, &ec, &gen, err, sizeof(err)) != 0) {
+            log_err("cannot start the executor: %s", err);
+            goto out_srv;
+        }
+    }
+    status = server_run(srv) == 0 ? 0 : 1;
+out_srv:
+    /* Answer anything still live while the server can post, close the
+     * connections (their close hooks reach the executor), then stop it. */
+    if (gen)
+        exec_drain(ops_generate_exec(gen));
+    metrics_stop(metrics);
+    server_free(srv);
+    ops_generate_stop(gen);
+out_mm:
+    kvmm_free(mm);
+out_be:
+    model_free(model);
+    backend_free(be);
+out_cfg:
+    config_free(&cfg);
+    acct_destroy(&acct);
+    roofline_destroy(&rl);
+    return status;
 }

@@ -1,0 +1,189 @@
+/* proto: the kvd wire codec shared by the daemon and libkvd. It is the one
+ * place that parses untrusted bytes: length framing, strict message parse,
+ * typed key lookups that produce the protocol's error naming the key, and
+ * helpers that pack replies, errors, events and requests into frames.
+ * No libevent types here; msgpack-c (C API) only. */
+#ifndef KVD_PROTO_H
+#define KVD_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <msgpack.h>
+
+#include "kvd/protocol.h"
+#include "kvd/status.h"
+
+/* An error as it goes on the wire: a code (enum kvd_err) and a message for
+ * people. Every function below that fails fills one when given non-NULL. */
+struct proto_err {
+    int code;
+    char message[256];
+};
+
+/* Sets err (if non-NULL) and returns code. printf-style message. */
+int proto_err_set(struct proto_err *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- framing ------------------------------------------------------------ */
+
+enum proto_frame_status {
+    PROTO_FRAME_NEED_MORE = 0, /* fewer than 4 + N bytes buffered */
+    PROTO_FRAME_READY = 1,     /* a whole frame: payload at buf+4, *len bytes */
+    PROTO_FRAME_EMPTY = -1,    /* length 0: bad_request */
+    PROTO_FRAME_TOO_LARGE = -2 /* length > max_frame: too_large (known from the header alone) */
+};
+
+/* Looks at the start of a receive buffer holding `avail` bytes in all;
+ * only the first 4 bytes of buf are read (a caller with a scattered buffer
+ * may pass a copy of just the header with the total count). On READY,
+ * *payload_len = N and the frame occupies 4 + N bytes. On NEED_MORE,
+ * *payload_len is N when the header is complete (so the caller can size its
+ * buffer), else 0. On TOO_LARGE, *payload_len is the announced N. */
+enum proto_frame_status proto_frame_peek(const void *buf, size_t avail, size_t max_frame,
+                                         size_t *payload_len);
+
+/* ---- parsing ------------------------------------------------------------ */
+
+/* A parsed message. root is the top-level map. Strings and bins point into
+ * the payload the message was parsed from, which must outlive it. */
+struct proto_msg {
+    msgpack_unpacked up;
+    const msgpack_object *root; /* type MSGPACK_OBJECT_MAP */
+};
+
+/* Strict parse of one payload: exactly one msgpack map and no trailing
+ * bytes; nesting <= KVD_MAX_DEPTH, every array/map <= KVD_MAX_ARRAY entries,
+ * <= KVD_MAX_OBJECTS objects in all. The structure is validated before
+ * msgpack-c allocates anything, so a small frame cannot claim a huge array.
+ * Errors: bad_request (not msgpack, not a map, trailing bytes, too deep),
+ * too_large (array or object count over a limit). On error m needs no free. */
+int proto_msg_parse(struct proto_msg *m, const void *payload, size_t len, struct proto_err *err);
+void proto_msg_free(struct proto_msg *m);
+
+/* The request id of a parsed message, 0 when absent or not a uint (used for
+ * error replies to a request that failed before its id was validated). */
+uint64_t proto_msg_id(const struct proto_msg *m);
+
+/* ---- typed lookups in a map --------------------------------------------- */
+/* Every getter looks `key` up in `map` (a MSGPACK_OBJECT_MAP; keys are
+ * strings). proto_get_* require the key: missing → bad_request "missing
+ * 'key'". proto_opt_* accept a missing key or nil: they return 0, leave *out
+ * untouched and set *present (if non-NULL) to false. A wrong type or an
+ * out-of-range value is bad_request with a message naming the key. */
+
+/* The value of key, NULL when absent. */
+const msgpack_object *proto_map_find(const msgpack_object *map, const char *key);
+
+int proto_get_uint(const msgpack_object *map, const char *key, uint64_t *out,
+                   struct proto_err *err);
+int proto_opt_uint(const msgpack_object *map, const char *key, uint64_t *out, bool *present,
+                   struct proto_err *err);
+int proto_get_int(const msgpack_object *map, const char *key, int64_t *out, struct proto_err *err);
+int proto_opt_int(const msgpack_object *map, const char *key, int64_t *out, bool *present,
+                  struct proto_err *err);
+/* Accepts float32/float64 and integers. */
+int proto_get_double(const msgpack_object *map, const char *key, double *out,
+                     struct proto_err *err);
+int proto_opt_double(const msgpack_object *map, const char *key, double *out, bool *present,
+                     struct proto_err *err);
+int proto_get_bool(const msgpack_object *map, const char *key, bool *out, struct proto_err *err);
+int proto_opt_bool(const msgpack_object *map, const char *key, bool *out, bool *present,
+                   struct proto_err *err);
+/* A string as pointer + length into the payload (not NUL-terminated). */
+int proto_get_str(const msgpack_object *map, const char *key, const char **s, size_t *len,
+                  struct proto_err *err);
+int proto_opt_str(const msgpack_object *map, const char *key, const char **s, size_t *len,
+                  bool *present, struct proto_err *err);
+/* A string copied into buf with a NUL; longer than cap-1 bytes or holding a
+ * NUL byte → bad_request. */
+int proto_get_strz(const msgpack_object *map, const char *key, char *buf, size_t cap,
+                   struct proto_err *err);
+int proto_opt_strz(const msgpack_object *map, const char *key, char *buf, size_t cap, bool *present,
+                   struct proto_err *err);
+/* Binary data as pointer + length into the payload. */
+int proto_get_bin(const msgpack_object *map, const char *key, const void **data, size_t *len,
+                  struct proto_err *err);
+int proto_opt_bin(const msgpack_object *map, const char *key, const void **data, size_t *len,
+                  bool *present, struct proto_err *err);
+/* An array of uints each <= UINT32_MAX (token ids), at most max entries
+ * (more → too_large naming the key). *out is malloc'd (caller frees; NULL
+ * when *n == 0); no memory → no_memory. */
+int proto_get_u32_array(const msgpack_object *map, const char *key, size_t max, uint32_t **out,
+                        size_t *n, struct proto_err *err);
+int proto_opt_u32_array(const msgpack_object *map, const char *key, size_t max, uint32_t **out,
+                        size_t *n, bool *present, struct proto_err *err);
+/* A nested map or array (the object itself). */
+int proto_get_map(const msgpack_object *map, const char *key, const msgpack_object **out,
+                  struct proto_err *err);
+int proto_opt_map(const msgpack_object *map, const char *key, const msgpack_object **out,
+                  bool *present, struct proto_err *err);
+int proto_get_array(const msgpack_object *map, const char *key, const msgpack_object **out,
+                    struct proto_err *err);
+
+/* Reading a reply (client side): KVD_OK when root has "ok": true; otherwise
+ * the code from "error" with its message copied into err. A reply without a
+ * boolean "ok" or with a malformed error map is bad_request. */
+int proto_reply_status(const msgpack_object *root, struct proto_err *err);
+
+/* ---- encoding ----------------------------------------------------------- */
+/* A frame is built in a caller-owned msgpack_sbuffer (msgpack_sbuffer_init)
+ * with a packer writing to it (msgpack_packer_init(pk, sb,
+ * msgpack_sbuffer_write)). Several frames may follow each other in one
+ * buffer:
+ *     size_t at = proto_frame_begin(sb);     // reserves the 4 length bytes
+ *     proto_reply_begin(pk, id, 1);          // {"id", "ok": true, + 1 pair}
+ *     proto_pack_str(pk, "seq"); msgpack_pack_uint64(pk, h);
+ *     proto_frame_end(sb, at);               // patches the length
+ * Packing functions return 0 or KVD_ENOMEM (the sbuffer could not grow). */
+
+/* Appends the 4 length bytes; returns the frame's offset in sb, or
+ * SIZE_MAX when the buffer cannot grow. */
+size_t proto_frame_begin(msgpack_sbuffer *sb);
+/* Patches the length of the frame begun at `at`. A payload that is empty or
+ * longer than UINT32_MAX is KVD_EINTERNAL / KVD_ETOOLARGE. */
+int proto_frame_end(msgpack_sbuffer *sb, size_t at);
+/* Grows sb by len bytes and returns where they start (for bin bodies that a
+ * caller fills in place: msgpack_pack_bin(pk, len) then proto_sbuf_extend);
+ * NULL on no memory. The pointer is valid until the buffer grows again. */
+void *proto_sbuf_extend(msgpack_sbuffer *sb, size_t len);
+
+/* A NUL-terminated string (keys and short values). */
+int proto_pack_str(msgpack_packer *pk, const char *s);
+/* A key followed by a value of the common kinds. */
+int proto_pack_kv_uint(msgpack_packer *pk, const char *key, uint64_t v);
+int proto_pack_kv_int(msgpack_packer *pk, const char *key, int64_t v);
+int proto_pack_kv_double(msgpack_packer *pk, const char *key, double v);
+int proto_pack_kv_bool(msgpack_packer *pk, const char *key, bool v);
+int proto_pack_kv_str(msgpack_packer *pk, const char *key, const char *v);
+int proto_pack_kv_nil(msgpack_packer *pk, const char *key);
+int proto_pack_kv_bin(msgpack_packer *pk, const char *key, const void *data, size_t len);
+int proto_pack_kv_u32_array(msgpack_packer *pk, const char *key, const uint32_t *v, size_t n);
+
+/* Map header of n_extra + 2 pairs, then "id": id, "ok": true; the caller packs
+ * n_extra key/value pairs after it. */
+int proto_reply_begin(msgpack_packer *pk, uint64_t id, size_t n_extra);
+/* A whole error reply map {"id", "ok": false, "error": {"code", "message"}}. */
+int proto_pack_error(msgpack_packer *pk, uint64_t id, int code, const char *message);
+/* Map header of n_extra + 2 pairs, then "id": id, "event": name. */
+int proto_event_begin(msgpack_packer *pk, uint64_t id, const char *event, size_t n_extra);
+/* Map header of n_extra + 2 pairs, then "op": op, "id": id (client side). */
+int proto_request_begin(msgpack_packer *pk, const char *op, uint64_t id, size_t n_extra);
+
+/* Whole frames in one call: an error reply / a reply with no result. */
+int proto_frame_error(msgpack_sbuffer *sb, uint64_t id, int code, const char *message);
+int proto_frame_ok(msgpack_sbuffer *sb, uint64_t id);
+
+/* ---- misc --------------------------------------------------------------- */
+
+/* The non-root fallback socket path: $XDG_RUNTIME_DIR/kvd.sock when that
+ * variable is set and absolute, else /tmp/kvd-<uid>/kvd.sock. Returns 0 or
+ * KVD_ETOOLARGE when it does not fit in cap. */
+int proto_socket_fallback(char *buf, size_t cap);
+
+/* The protocol's name of a tier ("device"/"host") and back (-1 if unknown). */
+const char *proto_tier_name(int tier);
+int proto_tier_from_name(const char *s, size_t len);
+
+#endif

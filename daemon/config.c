@@ -1,0 +1,364 @@
+/* config: INI parsing of access rules and quotas (see config.h). Section
+ * names: [server] (options), [limits] (per-uid tenant quotas and whether
+ * unlisted uids may connect), [admin] (admin uids), [tenant:NAME] (a tenant
+ * grouping uids/gids, with its quotas and shared namespaces). */
+#include "config.h"
+
+#include <errno.h>
+#include <grp.h>
+#include <ini.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvd/status.h"
+
+static void tenant_conf_unlimited(struct kvmm_tenant_conf *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->max_device_blocks = KVMM_UNLIMITED;
+    c->max_host_blocks = KVMM_UNLIMITED;
+    c->max_seqs = KVMM_UNLIMITED;
+    c->reserved_device_blocks = 0;
+    c->weight = 1;
+}
+
+int config_defaults(struct config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    tenant_conf_unlimited(&cfg->defaults);
+    cfg->admin_uids = calloc(2, sizeof(uid_t));
+    if (!cfg->admin_uids)
+        return KVD_ENOMEM;
+    cfg->admin_uids[0] = 0;
+    cfg->n_admin = 1;
+    if (geteuid() != 0)
+        cfg->admin_uids[cfg->n_admin++] = geteuid();
+    return 0;
+}
+
+void config_free(struct config *cfg)
+{
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        free(cfg->tenants[i].uids);
+        free(cfg->tenants[i].gids);
+    }
+    free(cfg->tenants);
+    free(cfg->admin_uids);
+    memset(cfg, 0, sizeof(*cfg));
+}
+
+struct load_ctx {
+    struct config *cfg;
+    struct options *opts;
+    char err[256];
+    bool admin_seen;
+};
+
+static int parse_u32v(const char *v, uint32_t *out, bool allow_unlimited)
+{
+    char *end;
+    if (allow_unlimited && (!strcmp(v, "unlimited") || !strcmp(v, "none"))) {
+        *out = KVMM_UNLIMITED;
+        return 0;
+    }
+    if (!*v || *v == '-' || *v == '+')
+        return -1;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end || x >= UINT32_MAX)
+        return -1;
+    *out = (uint32_t)x;
+    return 0;
+}
+
+static int parse_bool(const char *v, bool *out)
+{
+    if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1") || !strcmp(v, "on"))
+        *out = true;
+    else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0") || !strcmp(v, "off"))
+        *out = false;
+    else
+        return -1;
+    return 0;
+}
+
+/* Calls fn on each comma/space separated item of v; stops at a failure. */
+static int each_item(const char *v, int (*fn)(void *ctx, const char *item), void *ctx)
+{
+    char item[256];
+    while (*v) {
+        while (*v == ',' || *v == ' ' || *v == '\t')
+            v++;
+        size_t n = strcspn(v, ", \t");
+        if (n == 0)
+            break;
+        if (n >= sizeof(item))
+            return -1;
+        memcpy(item, v, n);
+        item[n] = '\0';
+        if (fn(ctx, item))
+            return -1;
+        v += n;
+    }
+    return 0;
+}
+
+struct id_list {
+    uint32_t **v;
+    size_t *n;
+    bool group;
+};
+
+static int id_list_add(void *ctx, const char *item)
+{
+    struct id_list *l = ctx;
+    uint32_t id;
+    if (parse_u32v(item, &id, false)) {
+        /* A name: resolved now, so a typo fails the load instead of silently
+         * refusing someone later. */
+        if (l->group) {
+            struct group *gr = getgrnam(item);
+            if (!gr)
+                return -1;
+            id = (uint32_t)gr->gr_gid;
+        } else {
+            struct passwd *pw = getpwnam(item);
+            if (!pw)
+                return -1;
+            id = (uint32_t)pw->pw_uid;
+        }
+    }
+    uint32_t *nv = realloc(*l->v, (*l->n + 1) * sizeof(uint32_t));
+    if (!nv)
+        return -1;
+    nv[(*l->n)++] = id;
+    *l->v = nv;
+    return 0;
+}
+
+static bool name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > KVD_MAX_NAME)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.'))
+            return false;
+    }
+    return true;
+}
+
+static int ns_add(void *ctx, const char *item)
+{
+    struct config_tenant *t = ctx;
+    if (t->n_ns >= CONFIG_MAX_NS || !name_ok(item))
+        return -1;
+    strcpy(t->ns[t->n_ns++], item);
+    return 0;
+}
+
+/* Quota keys shared by [limits] and [tenant:NAME]: 1 handled, 0 unknown key,
+ * -1 bad value. */
+static int quota_key(struct kvmm_tenant_conf *c, const char *name, const char *v)
+{
+    uint32_t x;
+    uint32_t *dst = NULL;
+    bool unl = true;
+    if (!strcmp(name, "max-device-blocks"))
+        dst = &c->max_device_blocks;
+    else if (!strcmp(name, "max-host-blocks"))
+        dst = &c->max_host_blocks;
+    else if (!strcmp(name, "max-seqs"))
+        dst = &c->max_seqs;
+    else if (!strcmp(name, "reserved-device-blocks"))
+        dst = &c->reserved_device_blocks, unl = false;
+    else if (!strcmp(name, "weight"))
+        dst = &c->weight, unl = false;
+    else
+        return 0;
+    if (parse_u32v(v, &x, unl))
+        return -1;
+    if (dst == &c->weight && (x < 1 || x > 1000))
+        return -1;
+    *dst = x;
+    return 1;
+}
+
+static struct config_tenant *tenant_get(struct config *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_tenants; i++)
+        if (!strcmp(cfg->tenants[i].conf.name, name))
+            return &cfg->tenants[i];
+    struct config_tenant *nv = realloc(cfg->tenants, (cfg->n_tenants + 1) * sizeof(*nv));
+    if (!nv)
+        return NULL;
+    cfg->tenants = nv;
+    struct config_tenant *t = &nv[cfg->n_tenants++];
+    memset(t, 0, sizeof(*t));
+    tenant_conf_unlimited(&t->conf);
+    strcpy(t->conf.name, name);
+    return t;
+}
+
+static int ini_cb(void *user, const char *section, const char *name_in, const char *v)
+{
+    struct load_ctx *L = user;
+    char name[64];
+    size_t i;
+    for (i = 0; name_in[i] && i + 1 < sizeof(name); i++)
+        name[i] = name_in[i] == '_' ? '-' : name_in[i];
+    name[i] = '\0';
+
+    if (!strcmp(section, "server")) {
+        char e[200];
+        struct options scratch;
+        /* On reload the [server] keys are still validated, then ignored:
+         * the socket and arenas cannot change under running clients. */
+        struct options *o = L->opts;
+        if (!o) {
+            options_defaults(&scratch);
+            o = &scratch;
+        }
+        if (options_set(o, name, v, e, sizeof(e))) {
+            snprintf(L->err, sizeof(L->err), "%s", e);
+            return 0;
+        }
+        return 1;
+    }
+    if (!strcmp(section, "limits")) {
+        int q = quota_key(&L->cfg->defaults, name, v);
+        if (q == 1)
+            return 1;
+        if (q == 0 && !strcmp(name, "refuse-unlisted") && !parse_bool(v, &L->cfg->refuse_unlisted))
+            return 1;
+        snprintf(L->err, sizeof(L->err), "[limits] %s: %s", name,
+                 q == 0 && strcmp(name, "refuse-unlisted") ? "unknown key" : "bad value");
+        return 0;
+    }
+    if (!strcmp(section, "admin")) {
+        if (!strcmp(name, "uids")) {
+            if (!L->admin_seen) {
+                /* The first uids= line replaces the built-in admins. */
+                L->cfg->n_admin = 0;
+                L->admin_seen = true;
+            }
+            struct id_list l = {(uint32_t **)&L->cfg->admin_uids, &L->cfg->n_admin, false};
+            if (each_item(v, id_list_add, &l) == 0)
+                return 1;
+            snprintf(L->err, sizeof(L->err), "[admin] uids: unknown user in '%s'", v);
+            return 0;
+        }
+        snprintf(L->err, sizeof(L->err), "[admin] %s: unknown key", name);
+        return 0;
+    }
+    if (!strncmp(section, "tenant:", 7)) {
+        const char *tname = section + 7;
+        if (!name_ok(tname)) {
+            snprintf(L->err, sizeof(L->err),
+                     "[%s]: a tenant name is 1-%u letters, digits, '-', '_' or '.'", section,
+                     KVD_MAX_NAME);
+            return 0;
+        }
+        struct config_tenant *t = tenant_get(L->cfg, tname);
+        if (!t) {
+            snprintf(L->err, sizeof(L->err), "out of memory");
+            return 0;
+        }
+        int q = quota_key(&t->conf, name, v);
+        if (q == 1)
+            return 1;
+        if (q == 0 && (!strcmp(name, "uids") || !strcmp(name, "gids"))) {
+            bool g = name[0] == 'g';
+            struct id_list l = {g ? (uint32_t **)&t->gids : (uint32_t **)&t->uids,
+                                g ? &t->n_gids : &t->n_uids, g};
+            if (each_item(v, id_list_add, &l) == 0)
+                return 1;
+            snprintf(L->err, sizeof(L->err), "[%s] %s: unknown %s in '%s'", section, name,
+                     g ? "group" : "user", v);
+            return 0;
+        }
+        if (q == 0 && !strcmp(name, "namespaces")) {
+            if (each_item(v, ns_add, t) == 0)
+                return 1;
+            snprintf(L->err, sizeof(L->err),
+                     "[%s] namespaces: at most %d names of letters, digits, '-', '_', '.'", section,
+                     CONFIG_MAX_NS);
+            return 0;
+        }
+        snprintf(L->err, sizeof(L->err), "[%s] %s: %s", section, name,
+                 q == 0 ? "unknown key" : "bad value");
+        return 0;
+    }
+    snprintf(L->err, sizeof(L->err), "unknown section [%s]", section);
+    return 0;
+}
+
+int config_load(const char *path, struct config *cfg, struct options *opts, char *err,
+                size_t errlen)
+{
+    struct config nc;
+    struct load_ctx L;
+    int rc = config_defaults(&nc);
+    if (rc)
+        return rc;
+    memset(&L, 0, sizeof(L));
+    L.cfg = &nc;
+    L.opts = opts;
+    int line = ini_parse(path, ini_cb, &L);
+    if (line != 0) {
+        if (line < 0)
+            snprintf(err, errlen, "%s: cannot read the file%s", path,
+                     line == -2 ? " (out of memory)" : "");
+        else
+            snprintf(err, errlen, "%s:%d: %s", path, line, L.err[0] ? L.err : "syntax error");
+        config_free(&nc);
+        return KVD_EBADREQ;
+    }
+    config_free(cfg);
+    *cfg = nc;
+    return 0;
+}
+
+int config_resolve(const struct config *cfg, uid_t uid, gid_t gid, struct config_identity *id)
+{
+    memset(id, 0, sizeof(*id));
+    for (size_t i = 0; i < cfg->n_admin; i++)
+        if (cfg->admin_uids[i] == uid)
+            id->admin = true;
+    for (size_t i = 0; i < cfg->n_tenants; i++)
+        for (size_t j = 0; j < cfg->tenants[i].n_uids; j++)
+            if (cfg->tenants[i].uids[j] == uid) {
+                id->conf = cfg->tenants[i].conf;
+                return 0;
+            }
+    for (size_t i = 0; i < cfg->n_tenants; i++)
+        for (size_t j = 0; j < cfg->tenants[i].n_gids; j++)
+            if (cfg->tenants[i].gids[j] == gid) {
+                id->conf = cfg->tenants[i].conf;
+                return 0;
+            }
+    /* Admins are always let in (as their own tenant) so a config mistake
+     * cannot lock the operator out. */
+    if (cfg->refuse_unlisted && !id->admin)
+        return KVD_EPERM;
+    id->conf = cfg->defaults;
+    snprintf(id->conf.name, sizeof(id->conf.name), "uid:%u", (unsigned)uid);
+    return 0;
+}
+
+bool config_ns_allowed(const struct config *cfg, const char *tenant, const char *ns)
+{
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        if (strcmp(cfg->tenants[i].conf.name, tenant))
+            continue;
+        for (size_t j = 0; j < cfg->tenants[i].n_ns; j++)
+            if (!strcmp(cfg->tenants[i].ns[j], ns))
+                return true;
+    }
+    return false;
+}

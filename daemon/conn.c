@@ -1,0 +1,447 @@
+/* conn: one client connection: peer identity from SO_PEERCRED, frame
+ * decoding from its bufferevent, dispatch to the op table, replies, back-
+ * pressure, and teardown that releases everything the connection owned. */
+#include "server_impl.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+
+#include "kvd/protocol.h"
+#include "fault.h"
+#include "log.h"
+#include "proto.h"
+
+/* How long a closing connection may take to read what is left for it. */
+#define CONN_FLUSH_TIMEOUT_S 10
+/* Replies at least this large are handed to libevent without a copy. */
+#define CONN_ZEROCOPY_MIN (64u << 10)
+
+static void conn_read_cb(struct bufferevent *bev, void *arg);
+static void conn_write_cb(struct bufferevent *bev, void *arg);
+static void conn_event_cb(struct bufferevent *bev, short what, void *arg);
+
+struct conn *conn_find(struct server *srv, uint64_t id)
+{
+    for (struct conn *c = srv->buckets[id % SERVER_CONN_BUCKETS]; c; c = c->hnext)
+        if (c->id == id)
+            return c;
+    return NULL;
+}
+
+int conn_send(struct conn *c, const void *data, size_t len)
+{
+    if (evbuffer_add(bufferevent_get_output(c->bev), data, len) != 0)
+        return KVD_ENOMEM;
+    return 0;
+}
+
+void conn_send_error(struct conn *c, uint64_t id, int code, const char *msg)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    if (proto_frame_error(&sb, id, code, msg) == 0)
+        conn_send(c, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+void conn_close_after_flush(struct conn *c)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    bufferevent_disable(c->bev, EV_READ);
+    struct timeval tv = {CONN_FLUSH_TIMEOUT_S, 0};
+    bufferevent_set_timeouts(c->bev, NULL, &tv);
+    /* The write callback now fires only when the output is empty. */
+    bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+    /* Never freed synchronously (callers still hold c): the deferred write
+     * callback frees it once the output is empty. */
+    bufferevent_enable(c->bev, EV_WRITE);
+    bufferevent_trigger(c->bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+}
+
+static int pending_add(struct conn *c, uint64_t id)
+{
+    if (c->n_pending == c->cap_pending) {
+        size_t cap = c->cap_pending ? 2 * c->cap_pending : 8;
+        uint64_t *v = fault_realloc(c->pending, cap * sizeof(*v));
+        if (!v)
+            return KVD_ENOMEM;
+        c->pending = v;
+        c->cap_pending = cap;
+    }
+    c->pending[c->n_pending++] = id;
+    c->srv->n_pending++;
+    return 0;
+}
+
+bool conn_pending_remove(struct conn *c, uint64_t req_id)
+{
+    for (size_t i = 0; i < c->n_pending; i++)
+        if (c->pending[i] == req_id) {
+            c->pending[i] = c->pending[--c->n_pending];
+            c->srv->n_pending--;
+            return true;
+        }
+    return false;
+}
+
+static void free_frame_cb(const void *data, size_t len, void *arg)
+{
+    free((void *)data);
+}
+
+/* Sends the frames in srv->out and empties it. Large ones move to libevent
+ * without a copy (a kv_read reply can be max_frame bytes). */
+static void flush_out(struct conn *c)
+{
+    msgpack_sbuffer *sb = &c->srv->out;
+    if (sb->size == 0)
+        return;
+    if (sb->size >= CONN_ZEROCOPY_MIN) {
+        size_t n = sb->size;
+        char *data = msgpack_sbuffer_release(sb);
+        if (evbuffer_add_reference(bufferevent_get_output(c->bev), data, n, free_frame_cb, NULL) !=
+            0) {
+            free(data);
+            log_err("conn %llu: out of memory queueing a reply; closing",
+                    (unsigned long long)c->id);
+            conn_close_after_flush(c);
+        }
+        return;
+    }
+    if (conn_send(c, sb->data, sb->size) != 0) {
+        log_err("conn %llu: out of memory queueing a reply; closing", (unsigned long long)c->id);
+        conn_close_after_flush(c);
+    }
+    sb->size = 0;
+}
+
+/* A printable, bounded copy of client text for an error message. */
+static void safe_copy(char *dst, size_t cap, const char *s, size_t len)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len && n + 4 < cap; i++)
+        dst[n++] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
+    if (len > n && n + 4 >= cap) {
+        memcpy(dst + n, "...", 3);
+        n += 3;
+    }
+    dst[n] = '\0';
+}
+
+/* Decodes and runs one request whose payload is p[0..len). Returns false
+ * when the connection must close (the message could not be parsed). */
+static bool dispatch(struct conn *c, const uint8_t *p, size_t len)
+{
+    struct server *srv = c->srv;
+    struct proto_msg m;
+    struct proto_err e = {0};
+    msgpack_sbuffer *sb = &srv->out;
+    msgpack_packer pk;
+    int rc;
+
+    if (proto_msg_parse(&m, p, len, &e) != 0) {
+        log_info("conn %llu (uid %u): %s; closing", (unsigned long long)c->id, (unsigned)c->uid,
+                 e.message);
+        conn_send_error(c, 0, e.code, e.message);
+        return false;
+    }
+    const msgpack_object *ido = proto_map_find(m.root, "id");
+    if (!ido || ido->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        conn_send_error(c, 0, KVD_EBADREQ, "'id' must be an unsigned integer");
+        goto out;
+    }
+    uint64_t id = ido->via.u64;
+    const char *op;
+    size_t oplen;
+    if (proto_get_str(m.root, "op", &op, &oplen, &e)) {
+        conn_send_error(c, id, e.code, e.message);
+        goto out;
+    }
+    const struct ops_entry *ent = ops_table_find(&srv->ops, op, oplen);
+    if (!ent) {
+        char name[48], msg[96];
+        safe_copy(name, sizeof(name), op, oplen);
+        snprintf(msg, sizeof(msg), "unknown op '%s'", name);
+        conn_send_error(c, id, KVD_EUNKNOWN_OP, msg);
+        goto out;
+    }
+    if ((ent->flags & OPS_ADMIN) && !c->admin) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "%s needs an admin uid (uid %u is not one)", ent->name,
+                 (unsigned)c->uid);
+        conn_send_error(c, id, KVD_EPERM, msg);
+        goto out;
+    }
+    if (srv->shutting_down) {
+        conn_send_error(c, id, KVD_ECANCELLED, "the server is shutting down");
+        goto out;
+    }
+
+    struct ops_ctx ctx = {
+        .srv = srv,
+        .conn = c,
+        .mm = srv->mm,
+        .op_ctx = ent->ctx,
+        .conn_id = c->id,
+        .id = id,
+        .req = m.root,
+        .uid = c->uid,
+        .gid = c->gid,
+        .pid = c->pid,
+        .tenant = c->tenant,
+        .ns = c->ns,
+        .tenant_name = c->tenant_name,
+        .admin = c->admin,
+        .out = sb,
+        .pk = &pk,
+    };
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    size_t at = proto_frame_begin(sb);
+    if (at == SIZE_MAX) {
+        rc = proto_err_set(&ctx.err, KVD_ENOMEM, "out of memory for the reply");
+    } else {
+        rc = ent->fn(&ctx);
+        if (rc == 0)
+            rc = proto_frame_end(sb, at);
+        if (rc == KVD_ETOOLARGE && !ctx.err.message[0])
+            proto_err_set(&ctx.err, KVD_ETOOLARGE, "reply too large");
+    }
+    if (at != SIZE_MAX && rc != 0)
+        sb->size = at; /* drop the partial reply */
+    if (rc == OPS_PENDING) {
+        if (pending_add(c, id) != 0)
+            log_err("conn %llu: out of memory tracking request %llu", (unsigned long long)c->id,
+                    (unsigned long long)id);
+    } else if (rc != 0) {
+        if (!ctx.err.message[0])
+            proto_err_set(&ctx.err, rc, "%s failed", ent->name);
+        if (proto_frame_error(sb, id, rc, ctx.err.message) != 0)
+            sb->size = 0;
+    }
+    flush_out(c);
+    /* A big scratch buffer is not kept around between requests. */
+    if (sb->alloc > (4u << 20)) {
+        msgpack_sbuffer_destroy(sb);
+        msgpack_sbuffer_init(sb);
+    }
+out:
+    proto_msg_free(&m);
+    return true;
+}
+
+void conn_process(struct conn *c)
+{
+    struct server *srv = c->srv;
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+
+    while (!c->closing && !c->paused) {
+        uint8_t hdr[KVD_FRAME_HEADER_BYTES];
+        size_t avail = evbuffer_get_length(in), n = 0;
+        if (avail < sizeof(hdr))
+            return;
+        evbuffer_copyout(in, hdr, sizeof(hdr));
+        switch (proto_frame_peek(hdr, avail, srv->opts.max_frame, &n)) {
+        case PROTO_FRAME_NEED_MORE:
+            return;
+        case PROTO_FRAME_EMPTY:
+            conn_send_error(c, 0, KVD_EBADREQ, "zero-length frame");
+            conn_close_after_flush(c);
+            return;
+        case PROTO_FRAME_TOO_LARGE: {
+            char msg[128];
+            snprintf(msg, sizeof(msg), "frame of %zu bytes is over max_frame (%u bytes)", n,
+                     srv->opts.max_frame);
+            conn_send_error(c, 0, KVD_ETOOLARGE, msg);
+            conn_close_after_flush(c);
+            return;
+        }
+        case PROTO_FRAME_READY:
+            break;
+        }
+        const uint8_t *p = evbuffer_pullup(in, (ev_ssize_t)(sizeof(hdr) + n));
+        if (!p) {
+            conn_send_error(c, 0, KVD_ENOMEM, "out of memory receiving a frame");
+            conn_close_after_flush(c);
+            return;
+        }
+        bool keep = dispatch(c, p + sizeof(hdr), n);
+        evbuffer_drain(in, sizeof(hdr) + n);
+        if (!keep) {
+            conn_close_after_flush(c);
+            return;
+        }
+        if (c->closing)
+            return;
+        if (evbuffer_get_length(out) > srv->out_high) {
+            /* The client is not reading its replies: stop reading its
+             * requests until the output drains (conn_write_cb). */
+            c->paused = true;
+            bufferevent_disable(c->bev, EV_READ);
+            log_debug("conn %llu: %zu bytes of replies queued; reading paused",
+                      (unsigned long long)c->id, evbuffer_get_length(out));
+        }
+    }
+}
+
+static void conn_read_cb(struct bufferevent *bev, void *arg)
+{
+    conn_process(arg);
+}
+
+static void conn_write_cb(struct bufferevent *bev, void *arg)
+{
+    struct conn *c = arg;
+    if (c->closing) {
+        if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+            conn_free(c);
+        return;
+    }
+    if (c->paused) {
+        c->paused = false;
+        if (!c->srv->shutting_down)
+            bufferevent_enable(bev, EV_READ);
+        conn_process(c);
+    }
+}
+
+static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    struct conn *c = arg;
+    if (what & BEV_EVENT_EOF) {
+        if (!c->closing) {
+            conn_process(c); /* whole frames that arrived with the EOF */
+            size_t left = evbuffer_get_length(bufferevent_get_input(bev));
+            if (!c->closing && left > 0) {
+                /* The peer may have shut down only its write side and still
+                 * read: tell it why its last request got no answer. */
+                char msg[128];
+                snprintf(msg, sizeof(msg),
+                         "truncated frame: connection closed after %zu bytes of it", left);
+                conn_send_error(c, 0, KVD_EBADREQ, msg);
+            }
+            conn_close_after_flush(c);
+        }
+        return;
+    }
+    /* An error (reset, broken pipe) or the flush timeout: nothing more can be
+     * delivered. */
+    conn_free(c);
+}
+
+void conn_free(struct conn *c)
+{
+    struct server *srv = c->srv;
+
+    /* Hooks first, so the executor stops touching the sequences before they
+     * are released. */
+    for (size_t i = 0; i < srv->n_close_hooks; i++)
+        srv->close_hooks[i].fn(srv->close_hooks[i].ctx, c->id);
+    kvmm_lock(srv->mm);
+    kvmm_close_owner(srv->mm, c->id);
+    kvmm_unlock(srv->mm);
+
+    srv->n_pending -= c->n_pending;
+    struct conn **pp = &srv->buckets[c->id % SERVER_CONN_BUCKETS];
+    while (*pp != c)
+        pp = &(*pp)->hnext;
+    *pp = c->hnext;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        srv->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    srv->n_conns--;
+    log_debug("conn %llu (uid %u) closed", (unsigned long long)c->id, (unsigned)c->uid);
+    bufferevent_free(c->bev);
+    free(c->pending);
+    free(c);
+    server_maybe_exit(srv);
+}
+
+int conn_accept(struct server *srv, int fd)
+{
+    struct ucred cred;
+    socklen_t clen = sizeof(cred);
+    struct config_identity ident;
+    struct conn *c = calloc(1, sizeof(*c));
+    char msg[160];
+
+    if (!c) {
+        close(fd);
+        return KVD_ENOMEM;
+    }
+    c->bev = bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (!c->bev) {
+        close(fd);
+        free(c);
+        return KVD_ENOMEM;
+    }
+    c->srv = srv;
+    c->id = ++srv->next_conn_id;
+    c->next = srv->conns;
+    if (srv->conns)
+        srv->conns->prev = c;
+    srv->conns = c;
+    c->hnext = srv->buckets[c->id % SERVER_CONN_BUCKETS];
+    srv->buckets[c->id % SERVER_CONN_BUCKETS] = c;
+    srv->n_conns++;
+    bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
+    bufferevent_setwatermark(c->bev, EV_WRITE, srv->out_high / 2, 0);
+
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
+        log_warn("accept: SO_PEERCRED failed: %s", strerror(errno));
+        conn_send_error(c, 0, KVD_EPERM, "cannot identify the peer (SO_PEERCRED)");
+        conn_close_after_flush(c);
+        return 0;
+    }
+    c->uid = cred.uid;
+    c->gid = cred.gid;
+    c->pid = cred.pid;
+    if (srv->n_conns > srv->opts.max_conns) {
+        snprintf(msg, sizeof(msg), "too many connections (limit %u)", srv->opts.max_conns);
+        log_warn("conn from uid %u refused: %s", (unsigned)c->uid, msg);
+        conn_send_error(c, 0, KVD_EBUSY, msg);
+        conn_close_after_flush(c);
+        return 0;
+    }
+    if (config_resolve(&srv->cfg, c->uid, c->gid, &ident) != 0) {
+        snprintf(msg, sizeof(msg), "uid %u is not allowed by the configuration", (unsigned)c->uid);
+        log_notice("conn from pid %d refused: %s", (int)c->pid, msg);
+        conn_send_error(c, 0, KVD_EPERM, msg);
+        conn_close_after_flush(c);
+        return 0;
+    }
+    char nsname[KVD_MAX_NAME + 16];
+    snprintf(nsname, sizeof(nsname), "tenant:%s", ident.conf.name);
+    kvmm_lock(srv->mm);
+    int rc = kvmm_tenant_set(srv->mm, &ident.conf, &c->tenant);
+    if (rc == 0)
+        rc = kvmm_namespace(srv->mm, nsname, &c->ns);
+    if (rc)
+        snprintf(msg, sizeof(msg), "tenant '%s': %s", ident.conf.name, kvmm_errmsg(srv->mm));
+    kvmm_unlock(srv->mm);
+    if (rc == 0)
+        rc = server_tenant_note(srv, ident.conf.name, c->tenant);
+    if (rc) {
+        log_err("conn from uid %u: %s", (unsigned)c->uid, msg);
+        conn_send_error(c, 0, rc, msg);
+        conn_close_after_flush(c);
+        return 0;
+    }
+    snprintf(c->tenant_name, sizeof(c->tenant_name), "%s", ident.conf.name);
+    c->admin = ident.admin;
+    log_debug("conn %llu: pid %d uid %u gid %u tenant %s%s", (unsigned long long)c->id, (int)c->pid,
+              (unsigned)c->uid, (unsigned)c->gid, c->tenant_name, c->admin ? " (admin)" : "");
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    return 0;
+}

@@ -1,0 +1,95 @@
+/* ops: the op table (name → handler) and the store-mode generate/cancel.
+ * Tables are tiny (tens of ops), so lookup is a linear scan. */
+#include "ops.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvd/protocol.h"
+
+int ops_table_set(struct ops_table *t, const char *name, ops_fn fn, void *ctx, unsigned flags)
+{
+    if (strlen(name) >= sizeof(t->v[0].name))
+        return KVD_EBADREQ;
+    for (size_t i = 0; i < t->n; i++)
+        if (!strcmp(t->v[i].name, name)) {
+            t->v[i].fn = fn;
+            t->v[i].ctx = ctx;
+            t->v[i].flags = flags;
+            return 0;
+        }
+    struct ops_entry *nv = realloc(t->v, (t->n + 1) * sizeof(*nv));
+    if (!nv)
+        return KVD_ENOMEM;
+    t->v = nv;
+    strcpy(nv[t->n].name, name);
+    nv[t->n].fn = fn;
+    nv[t->n].ctx = ctx;
+    nv[t->n].flags = flags;
+    t->n++;
+    return 0;
+}
+
+const struct ops_entry *ops_table_find(const struct ops_table *t, const char *name, size_t len)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (strlen(t->v[i].name) == len && !memcmp(t->v[i].name, name, len))
+            return &t->v[i];
+    return NULL;
+}
+
+void ops_table_free(struct ops_table *t)
+{
+    free(t->v);
+    t->v = NULL;
+    t->n = 0;
+}
+
+int ops_register_builtin(struct ops_table *t)
+{
+    static const struct {
+        const char *name;
+        ops_fn fn;
+        unsigned flags;
+    } builtin[] = {
+        {KVD_OP_HELLO, ops_hello, 0},
+        {KVD_OP_STATS, ops_stats, 0},
+        {KVD_OP_SEQ_OPEN, ops_seq_open, 0},
+        {KVD_OP_SEQ_MATCH, ops_seq_match, 0},
+        {KVD_OP_SEQ_EXTEND, ops_seq_extend, 0},
+        {KVD_OP_KV_WRITE, ops_kv_write, 0},
+        {KVD_OP_KV_READ, ops_kv_read, 0},
+        {KVD_OP_SEQ_COMMIT, ops_seq_commit, 0},
+        {KVD_OP_SEQ_FORK, ops_seq_fork, 0},
+        {KVD_OP_SEQ_INFO, ops_seq_info, 0},
+        {KVD_OP_SEQ_OFFLOAD, ops_seq_offload, 0},
+        {KVD_OP_SEQ_RESTORE, ops_seq_restore, 0},
+        {KVD_OP_SEQ_CLOSE, ops_seq_close, 0},
+        {KVD_OP_GENERATE, ops_generate_store, 0},
+        {KVD_OP_CANCEL, ops_cancel_store, 0},
+        {KVD_OP_ADMIN_EVICT, ops_admin_evict, OPS_ADMIN},
+        {KVD_OP_ADMIN_CHECK, ops_admin_check, OPS_ADMIN},
+        {KVD_OP_ADMIN_SHUTDOWN, ops_admin_shutdown, OPS_ADMIN},
+    };
+    for (size_t i = 0; i < sizeof(builtin) / sizeof(builtin[0]); i++) {
+        int rc = ops_table_set(t, builtin[i].name, builtin[i].fn, NULL, builtin[i].flags);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int ops_generate_store(struct ops_ctx *c)
+{
+    return proto_err_set(&c->err, KVD_EUNSUPPORTED, "no model loaded (store mode)");
+}
+
+int ops_cancel_store(struct ops_ctx *c)
+{
+    uint64_t target;
+    int rc = proto_get_uint(c->req, "target", &target, &c->err);
+    if (rc)
+        return rc;
+    return proto_err_set(&c->err, KVD_ENOTFOUND, "no request %llu in flight on this connection",
+                         (unsigned long long)target);
+}

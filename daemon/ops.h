@@ -1,0 +1,98 @@
+/* ops: the request handlers, one per op, in a table the server dispatches
+ * from. The block API, hello/stats and the admin ops are built in
+ * (ops_block.c, ops_info.c, ops_admin.c); generate/cancel start as store-mode
+ * answers and are replaced by the executor with server_op_register(). */
+#ifndef KVD_OPS_H
+#define KVD_OPS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <msgpack.h>
+
+#include "kvmm.h"
+#include "proto.h"
+
+struct server;
+struct conn;
+
+/* Everything a handler needs. Runs on the loop thread; the handler takes
+ * kvmm_lock itself around its kvmm calls. */
+struct ops_ctx {
+    struct server *srv;
+    struct conn *conn;
+    struct kvmm *mm;
+    void *op_ctx; /* the ctx given at registration */
+
+    /* the request */
+    uint64_t conn_id;          /* the kvmm owner of this connection's sequences */
+    uint64_t id;               /* the client's request id */
+    const msgpack_object *req; /* the request map */
+
+    /* the peer, as the config resolved it */
+    uid_t uid;
+    gid_t gid;
+    pid_t pid;
+    uint32_t tenant;         /* kvmm tenant id */
+    uint32_t ns;             /* the tenant's own namespace */
+    const char *tenant_name; /* "uid:1000" or the [tenant:NAME] name */
+    bool admin;
+
+    /* the reply: on success the handler packs one whole reply map with pk
+     * (proto_reply_begin + its pairs); the server frames it. On failure it
+     * returns the code with err filled and whatever it packed is discarded. */
+    msgpack_sbuffer *out;
+    msgpack_packer *pk;
+    struct proto_err err;
+};
+
+/* Returns 0 (reply packed), an enum kvd_err (err filled), or OPS_PENDING:
+ * the request was taken by another thread, which answers later with a
+ * FINAL server_post; until then it counts as in flight on the connection. */
+#define OPS_PENDING 1000
+typedef int (*ops_fn)(struct ops_ctx *c);
+
+/* Registration flags. */
+#define OPS_ADMIN 1u /* permission_denied unless the peer is an admin */
+
+struct ops_entry {
+    char name[32];
+    ops_fn fn;
+    void *ctx;
+    unsigned flags;
+};
+
+struct ops_table {
+    struct ops_entry *v; /* (n) owned */
+    size_t n;
+};
+
+int ops_table_set(struct ops_table *t, const char *name, ops_fn fn, void *ctx, unsigned flags);
+const struct ops_entry *ops_table_find(const struct ops_table *t, const char *name, size_t len);
+void ops_table_free(struct ops_table *t);
+/* Registers every built-in op. */
+int ops_register_builtin(struct ops_table *t);
+
+/* Built-in handlers, by file. */
+int ops_hello(struct ops_ctx *c);
+int ops_stats(struct ops_ctx *c);
+int ops_seq_open(struct ops_ctx *c);
+int ops_seq_match(struct ops_ctx *c);
+int ops_seq_extend(struct ops_ctx *c);
+int ops_kv_write(struct ops_ctx *c);
+int ops_kv_read(struct ops_ctx *c);
+int ops_seq_commit(struct ops_ctx *c);
+int ops_seq_fork(struct ops_ctx *c);
+int ops_seq_info(struct ops_ctx *c);
+int ops_seq_offload(struct ops_ctx *c);
+int ops_seq_restore(struct ops_ctx *c);
+int ops_seq_close(struct ops_ctx *c);
+int ops_admin_evict(struct ops_ctx *c);
+int ops_admin_check(struct ops_ctx *c);
+int ops_admin_shutdown(struct ops_ctx *c);
+/* Store mode: generate is unsupported, cancel finds nothing. */
+int ops_generate_store(struct ops_ctx *c);
+int ops_cancel_store(struct ops_ctx *c);
+
+#endif

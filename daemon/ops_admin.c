@@ -1,0 +1,61 @@
+/* ops_admin: operator ops, registered with OPS_ADMIN so only admin uids
+ * reach them: evict cached blocks, check the memory manager's invariants,
+ * shut the daemon down (same drain as SIGTERM). */
+#include <string.h>
+
+#include "log.h"
+#include "ops.h"
+#include "server_impl.h"
+
+int ops_admin_evict(struct ops_ctx *c)
+{
+    const char *tier_s = "device";
+    size_t tier_len = 6;
+    uint64_t n = UINT32_MAX;
+    size_t evicted = 0;
+    int rc = proto_opt_str(c->req, "tier", &tier_s, &tier_len, NULL, &c->err);
+    if (!rc)
+        rc = proto_opt_uint(c->req, "n", &n, NULL, &c->err);
+    if (rc)
+        return rc;
+    int tier = proto_tier_from_name(tier_s, tier_len);
+    if (tier < 0)
+        return proto_err_set(&c->err, KVD_EBADREQ, "'tier' must be \"device\" or \"host\"");
+    if (n > UINT32_MAX)
+        n = UINT32_MAX;
+    kvmm_lock(c->mm);
+    rc = kvmm_evict(c->mm, (enum kvd_tier)tier, (size_t)n, &evicted);
+    if (rc)
+        rc = proto_err_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
+    kvmm_unlock(c->mm);
+    if (rc)
+        return rc;
+    log_info("admin uid %u: evicted %zu %s blocks", (unsigned)c->uid, evicted,
+             tier ? "host" : "device");
+    rc = proto_reply_begin(c->pk, c->id, 1);
+    if (!rc)
+        rc = proto_pack_kv_uint(c->pk, "evicted", evicted);
+    return rc;
+}
+
+int ops_admin_check(struct ops_ctx *c)
+{
+    kvmm_lock(c->mm);
+    int rc = kvmm_check(c->mm);
+    if (rc)
+        proto_err_set(&c->err, rc, "invariant violated: %s", kvmm_errmsg(c->mm));
+    kvmm_unlock(c->mm);
+    if (rc) {
+        log_err("admin_check: %s", c->err.message);
+        return rc;
+    }
+    return proto_reply_begin(c->pk, c->id, 0);
+}
+
+int ops_admin_shutdown(struct ops_ctx *c)
+{
+    log_notice("admin uid %u (pid %d) asked for shutdown", (unsigned)c->uid, (int)c->pid);
+    /* Deferred through the loop, so this reply is queued first. */
+    server_shutdown(c->srv);
+    return proto_reply_begin(c->pk, c->id, 0);
+}

@@ -1,0 +1,55 @@
+/* options: the daemon's settings from the command line and the config
+ * file's [server] section. Both go through options_set() with the same key
+ * names (--device-blocks on the command line is device-blocks in the file),
+ * so every setting is validated in one place. */
+#ifndef KVD_OPTIONS_H
+#define KVD_OPTIONS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvmm.h"
+
+enum options_backend { OPTIONS_BACKEND_AUTO, OPTIONS_BACKEND_CPU, OPTIONS_BACKEND_CUDA };
+
+struct options {
+    char socket_path[108]; /* empty: the default rule (KVD_DEFAULT_SOCKET or fallback) */
+    char socket_group[64]; /* empty: the daemon's own group */
+    char config_path[4096];
+    char model_path[4096]; /* empty: store mode */
+    enum options_backend backend;
+    uint32_t device_blocks; /* 0: derived from gpu_mem, else the default */
+    double gpu_mem;         /* fraction of device memory in (0, 1]; 0: unset */
+    uint32_t host_blocks;   /* UINT32_MAX: derived from host_mem, else the default */
+    uint64_t host_mem;      /* bytes; 0: unset */
+    struct kv_geom geom;    /* store-mode geometry and block_tokens */
+    uint32_t max_frame;     /* bytes */
+    uint32_t max_conns;
+    int log_level;
+    char metrics_addr[80]; /* "HOST:PORT" for the Prometheus exporter; empty: off */
+    bool metrics_force;    /* allow a non-loopback metrics address */
+    bool roofline_probe;   /* measure the backend's ceilings at start (default on) */
+    bool help, version;
+};
+
+/* The defaults: store mode with a small geometry (4 layers, 4 kv heads,
+ * head_dim 64, f16, 16 tokens per block: 64 KiB blocks), 1024 device and
+ * 1024 host blocks, cpu/cuda chosen automatically. */
+void options_defaults(struct options *o);
+
+/* Applies one setting by its long name ("socket", "device-blocks", ...;
+ * '_' and '-' are the same). value is NULL for flags. Returns 0, or
+ * KVD_EBADREQ with a message in err. */
+int options_set(struct options *o, const char *name, const char *value, char *err, size_t errlen);
+
+/* Parses argv onto o. Returns 0, or KVD_EBADREQ with a message. */
+int options_parse(struct options *o, int argc, char **argv, char *err, size_t errlen);
+/* The value of --config in argv (NULL if none), so the file can be read
+ * before the command line overrides it. */
+const char *options_find_config(int argc, char **argv);
+
+/* The --help text. */
+void options_usage(FILE *f);
+#endif

@@ -1,0 +1,631 @@
+/* server: the event loop, the Unix listener (created here, or handed over by
+ * systemd), signals, sd_notify (READY/RELOADING/STOPPING/WATCHDOG), the
+ * cross-thread post queue, close/drain hooks, SIGHUP reload and the SIGTERM
+ * drain. Connections themselves live in conn.c. */
+#include "server_impl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/thread.h>
+#include <systemd/sd-daemon.h>
+
+#include "kvd/protocol.h"
+#include "log.h"
+#include "proto.h"
+
+/* How long SIGTERM waits for in-flight requests before answering them
+ * `cancelled` itself. */
+#define SERVER_DRAIN_TIMEOUT_S 10
+#define SERVER_OUT_HIGH_MIN ((size_t)64 << 20)
+/* How long accepting pauses after accept() fails (out of descriptors). */
+#define SERVER_ACCEPT_PAUSE_MS 100
+
+const char *server_socket_path(const struct server *srv)
+{
+    return srv->socket_path;
+}
+
+void server_set_model(struct server *srv, const struct server_model_info *m)
+{
+    srv->have_model = m != NULL;
+    if (m)
+        srv->model = *m;
+}
+
+int server_op_register(struct server *srv, const char *op, ops_fn fn, void *ctx, unsigned flags)
+{
+    return ops_table_set(&srv->ops, op, fn, ctx, flags);
+}
+
+static int hook_add(struct server_hook **v, size_t *n, void (*fn)(void *, uint64_t), void *ctx)
+{
+    struct server_hook *nv = realloc(*v, (*n + 1) * sizeof(*nv));
+    if (!nv)
+        return KVD_ENOMEM;
+    nv[*n].fn = fn;
+    nv[*n].ctx = ctx;
+    *v = nv;
+    (*n)++;
+    return 0;
+}
+
+int server_on_close(struct server *srv, server_close_fn fn, void *ctx)
+{
+    return hook_add(&srv->close_hooks, &srv->n_close_hooks, fn, ctx);
+}
+
+/* Drain hooks are stored with the close-hook signature; the id is unused. */
+struct drain_wrap {
+    server_drain_fn fn;
+    void *ctx;
+};
+
+static void drain_call(void *arg, uint64_t unused)
+{
+    struct drain_wrap *w = arg;
+    w->fn(w->ctx);
+}
+
+int server_on_drain(struct server *srv, server_drain_fn fn, void *ctx)
+{
+    struct drain_wrap *w = malloc(sizeof(*w));
+    if (!w)
+        return KVD_ENOMEM;
+    w->fn = fn;
+    w->ctx = ctx;
+    int rc = hook_add(&srv->drain_hooks, &srv->n_drain_hooks, drain_call, w);
+    if (rc)
+        free(w);
+    return rc;
+}
+
+int server_on_stats(struct server *srv, const char *key, server_stats_fn fn, void *ctx)
+{
+    if (strlen(key) >= sizeof(srv->stats_key))
+        return KVD_EBADREQ;
+    strcpy(srv->stats_key, key);
+    srv->stats_fn = fn;
+    srv->stats_ctx = ctx;
+    return 0;
+}
+
+int server_tenant_note(struct server *srv, const char *name, uint32_t id)
+{
+    for (size_t i = 0; i < srv->n_tenants; i++)
+        if (srv->tenants[i].id == id)
+            return 0;
+    struct server_tenant *nv = realloc(srv->tenants, (srv->n_tenants + 1) * sizeof(*nv));
+    if (!nv)
+        return KVD_ENOMEM;
+    snprintf(nv[srv->n_tenants].name, sizeof(nv->name), "%s", name);
+    nv[srv->n_tenants].id = id;
+    srv->tenants = nv;
+    srv->n_tenants++;
+    return 0;
+}
+
+/* ---- post queue ----------------------------------------------------------- */
+
+int server_post(struct server *srv, uint64_t conn_id, uint64_t req_id, unsigned flags, void *frame,
+                size_t len)
+{
+    struct post_item *it = malloc(sizeof(*it));
+    if (!it) {
+        free(frame);
+        return KVD_ENOMEM;
+    }
+    *it = (struct post_item){NULL, conn_id, req_id, flags, frame, len};
+    pthread_mutex_lock(&srv->post_mu);
+    if (srv->post_tail)
+        srv->post_tail->next = it;
+    else
+        srv->post_head = it;
+    srv->post_tail = it;
+    pthread_mutex_unlock(&srv->post_mu);
+    event_active(srv->ev_post, EV_READ, 0);
+    return 0;
+}
+
+static void free_frame_cb(const void *data, size_t len, void *arg)
+{
+    free((void *)data);
+}
+
+static void post_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct server *srv = arg;
+    pthread_mutex_lock(&srv->post_mu);
+    struct post_item *it = srv->post_head;
+    srv->post_head = srv->post_tail = NULL;
+    pthread_mutex_unlock(&srv->post_mu);
+
+    while (it) {
+        struct post_item *next = it->next;
+        struct conn *c = conn_find(srv, it->conn_id);
+        bool sent = false;
+        if (c && !c->closing) {
+            sent = evbuffer_add_reference(bufferevent_get_output(c->bev), it->frame, it->len,
+                                          free_frame_cb, NULL) == 0;
+        } else if (c && (it->flags & SERVER_POST_FINAL)) {
+            /* A connection closing after EOF still gets its last replies. */
+            sent = evbuffer_add_reference(bufferevent_get_output(c->bev), it->frame, it->len,
+                                          free_frame_cb, NULL) == 0;
+        }
+        if (!sent)
+            free(it->frame);
+        if (c && (it->flags & SERVER_POST_FINAL))
+            conn_pending_remove(c, it->req_id);
+        free(it);
+        it = next;
+    }
+    server_maybe_exit(srv);
+}
+
+/* ---- shutdown ------------------------------------------------------------- */
+
+void server_maybe_exit(struct server *srv)
+{
+    if (!srv->shutting_down || srv->n_pending > 0)
+        return;
+    if (!srv->draining_done) {
+        /* Everything is answered: close every connection once its output
+         * has been read. */
+        srv->draining_done = true;
+        for (struct conn *c = srv->conns, *next; c; c = next) {
+            next = c->next;
+            conn_close_after_flush(c);
+        }
+    }
+    if (srv->n_conns == 0)
+        event_base_loopexit(srv->base, NULL);
+}
+
+static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct server *srv = arg;
+    for (struct conn *c = srv->conns; c; c = c->next) {
+        while (c->n_pending > 0) {
+            uint64_t id = c->pending[0];
+            conn_send_error(c, id, KVD_ECANCELLED, "the server is shutting down");
+            conn_pending_remove(c, id);
+        }
+    }
+    log_warn("drain: requests still running after %d s were answered 'cancelled'",
+             SERVER_DRAIN_TIMEOUT_S);
+    server_maybe_exit(srv);
+}
+
+static void begin_shutdown(struct server *srv, const char *why)
+{
+    if (srv->shutting_down)
+        return;
+    srv->shutting_down = true;
+    sd_notify(0, "STOPPING=1\nSTATUS=draining");
+    log_notice("%s: stopping (%zu connections, %zu requests in flight)", why, srv->n_conns,
+               srv->n_pending);
+    if (srv->listener) {
+        evconnlistener_free(srv->listener);
+        srv->listener = NULL;
+    }
+    if (srv->own_socket) {
+        unlink(srv->socket_path);
+        srv->own_socket = false;
+    }
+    for (struct conn *c = srv->conns; c; c = c->next) {
+        if (c->closing)
+            continue;
+        bufferevent_disable(c->bev, EV_READ);
+        /* Requests already received but held back by a full output buffer
+         * are answered `cancelled` (dispatch refuses new work now). */
+        if (c->paused) {
+            c->paused = false;
+            conn_process(c);
+        }
+    }
+    for (size_t i = 0; i < srv->n_drain_hooks; i++)
+        srv->drain_hooks[i].fn(srv->drain_hooks[i].ctx, 0);
+    if (srv->n_pending > 0) {
+        struct timeval tv = {SERVER_DRAIN_TIMEOUT_S, 0};
+        evtimer_add(srv->ev_drain, &tv);
+    }
+    server_maybe_exit(srv);
+}
+
+void server_shutdown(struct server *srv)
+{
+    atomic_store(&srv->shutdown_asked, true);
+    event_active(srv->ev_shutdown, EV_READ, 0);
+}
+
+static void shutdown_cb(evutil_socket_t fd, short what, void *arg)
+{
+    begin_shutdown(arg, "shutdown requested");
+}
+
+/* ---- SIGHUP reload -------------------------------------------------------- */
+
+static void reload(struct server *srv)
+{
+    char err[512];
+    struct config nc;
+
+    sd_notify(0, "RELOADING=1");
+    if (!srv->config_path[0]) {
+        log_notice("SIGHUP: no --config file; nothing to reload");
+        sd_notify(0, "READY=1");
+        return;
+    }
+    if (config_defaults(&nc) != 0) {
+        log_err("SIGHUP: out of memory");
+        sd_notify(0, "READY=1");
+        return;
+    }
+    if (config_load(srv->config_path, &nc, NULL, err, sizeof(err)) != 0) {
+        log_err("SIGHUP: %s; keeping the previous configuration", err);
+        config_free(&nc);
+        sd_notify(0, "READY=1");
+        return;
+    }
+    config_free(&srv->cfg);
+    srv->cfg = nc;
+
+    /* New limits for every tenant seen so far; a tenant the file no longer
+     * names falls back to the [limits] defaults. */
+    kvmm_lock(srv->mm);
+    for (size_t i = 0; i < srv->n_tenants; i++) {
+        struct kvmm_tenant_conf conf = srv->cfg.defaults;
+        for (size_t j = 0; j < srv->cfg.n_tenants; j++)
+            if (!strcmp(srv->cfg.tenants[j].conf.name, srv->tenants[i].name))
+                conf = srv->cfg.tenants[j].conf;
+        snprintf(conf.name, sizeof(conf.name), "%s", srv->tenants[i].name);
+        uint32_t id;
+        if (kvmm_tenant_set(srv->mm, &conf, &id) != 0)
+            log_err("SIGHUP: tenant %s: %s", conf.name, kvmm_errmsg(srv->mm));
+    }
+    kvmm_unlock(srv->mm);
+
+    /* Admin rights follow the new file at once; a peer the file now refuses
+     * is disconnected. A peer keeps the tenant it connected as. */
+    for (struct conn *c = srv->conns, *next; c; c = next) {
+        next = c->next;
+        struct config_identity ident;
+        if (c->closing)
+            continue;
+        if (config_resolve(&srv->cfg, c->uid, c->gid, &ident) != 0) {
+            char msg[96];
+            snprintf(msg, sizeof(msg), "uid %u is no longer allowed by the configuration",
+                     (unsigned)c->uid);
+            conn_send_error(c, 0, KVD_EPERM, msg);
+            conn_close_after_flush(c);
+            continue;
+        }
+        c->admin = ident.admin;
+    }
+    log_notice("SIGHUP: reloaded %s (%zu tenants configured)", srv->config_path,
+               srv->cfg.n_tenants);
+    sd_notify(0, "READY=1");
+}
+
+static void signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    struct server *srv = arg;
+    if (sig == SIGHUP)
+        reload(srv);
+    else
+        begin_shutdown(srv, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void watchdog_cb(evutil_socket_t fd, short what, void *arg)
+{
+    sd_notify(0, "WATCHDOG=1");
+}
+
+/* ---- listener ------------------------------------------------------------- */
+
+static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen,
+                      void *arg)
+{
+    struct server *srv = arg;
+    if (conn_accept(srv, fd) != 0)
+        log_err("accept: out of memory; connection dropped");
+}
+
+static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct server *srv = arg;
+    if (srv->listener)
+        evconnlistener_enable(srv->listener);
+}
+
+static void accept_error_cb(struct evconnlistener *l, void *arg)
+{
+    struct server *srv = arg;
+    /* EMFILE, ENFILE, ENOBUFS: the pending connection stays queued and the
+     * listener stays readable, so retrying at once would spin. Pause
+     * accepting briefly; connections already open keep being served. */
+    log_warn("accept: %s; pausing new connections for %d ms", strerror(errno),
+             SERVER_ACCEPT_PAUSE_MS);
+    evconnlistener_disable(l);
+    struct timeval tv = {0, SERVER_ACCEPT_PAUSE_MS * 1000};
+    evtimer_add(srv->ev_accept, &tv);
+}
+
+/* Binds a new Unix socket at path with mode 0660 (group: opts.socket_group).
+ * A stale socket file is removed only if it is a socket and nobody answers
+ * on it. */
+static int listen_path(struct server *srv, const char *path, int *out_fd, char *err, size_t errlen)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct stat st;
+    int fd = -1;
+
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        snprintf(err, errlen, "socket path '%s' is too long", path);
+        return KVD_EBADREQ;
+    }
+    strcpy(sa.sun_path, path);
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) {
+            snprintf(err, errlen, "'%s' exists and is not a socket; not touching it", path);
+            return KVD_EBADREQ;
+        }
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+            close(probe);
+            snprintf(err, errlen, "another server is listening on '%s'", path);
+            return KVD_EBUSY;
+        }
+        if (probe >= 0)
+            close(probe);
+        if (unlink(path) != 0) {
+            snprintf(err, errlen, "cannot remove stale socket '%s': %s", path, strerror(errno));
+            return KVD_EPERM;
+        }
+        log_info("removed stale socket %s", path);
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return KVD_EINTERNAL;
+    }
+    /* umask makes the file 0660 from the moment it exists. */
+    mode_t old = umask(0117);
+    int brc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    umask(old);
+    if (brc != 0) {
+        snprintf(err, errlen, "bind %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (srv->opts.socket_group[0]) {
+        struct group *gr = getgrnam(srv->opts.socket_group);
+        if (!gr) {
+            snprintf(err, errlen, "socket-group '%s' does not exist", srv->opts.socket_group);
+            goto fail_unlink;
+        }
+        if (chown(path, (uid_t)-1, gr->gr_gid) != 0) {
+            snprintf(err, errlen, "chown %s to group %s: %s", path, srv->opts.socket_group,
+                     strerror(errno));
+            goto fail_unlink;
+        }
+    }
+    if (chmod(path, 0660) != 0 || listen(fd, 128) != 0) {
+        snprintf(err, errlen, "listen %s: %s", path, strerror(errno));
+        goto fail_unlink;
+    }
+    *out_fd = fd;
+    return 0;
+
+fail_unlink:
+    unlink(path);
+fail:
+    close(fd);
+    return KVD_EPERM;
+}
+
+/* The default socket: /run/kvd/kvd.sock when /run/kvd is (or can be made)
+ * writable, else the per-user fallback. */
+static int pick_default_socket(char *path, size_t cap)
+{
+    if (mkdir(KVD_SOCKET_DIR, 0755) == 0 || errno == EEXIST) {
+        if (access(KVD_SOCKET_DIR, W_OK | X_OK) == 0) {
+            snprintf(path, cap, "%s", KVD_DEFAULT_SOCKET);
+            log_info("socket: %s (default)", path);
+            return 0;
+        }
+    }
+    if (proto_socket_fallback(path, cap) != 0)
+        return KVD_ETOOLARGE;
+    char dir[108];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = '\0';
+        if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+            log_warn("cannot create %s: %s", dir, strerror(errno));
+    }
+    log_notice("socket: %s (%s is not writable for uid %u)", path, KVD_SOCKET_DIR,
+               (unsigned)geteuid());
+    return 0;
+}
+
+static int setup_listener(struct server *srv, char *err, size_t errlen)
+{
+    int fd = -1;
+    int n = sd_listen_fds(1);
+
+    if (n > 1) {
+        snprintf(err, errlen, "systemd passed %d sockets; kvd takes exactly one", n);
+        return KVD_EBADREQ;
+    }
+    if (n == 1) {
+        fd = SD_LISTEN_FDS_START;
+        if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0) {
+            snprintf(err, errlen, "the socket systemd passed is not a listening Unix stream");
+            return KVD_EBADREQ;
+        }
+        evutil_make_socket_nonblocking(fd);
+        evutil_make_socket_closeonexec(fd);
+        srv->activated = true;
+        struct sockaddr_un sa;
+        socklen_t sl = sizeof(sa);
+        if (getsockname(fd, (struct sockaddr *)&sa, &sl) == 0 && sl > sizeof(sa_family_t))
+            snprintf(srv->socket_path, sizeof(srv->socket_path), "%s", sa.sun_path);
+        log_info("socket: %s (from systemd)", srv->socket_path);
+    } else {
+        if (srv->opts.socket_path[0]) {
+            snprintf(srv->socket_path, sizeof(srv->socket_path), "%s", srv->opts.socket_path);
+        } else if (pick_default_socket(srv->socket_path, sizeof(srv->socket_path)) != 0) {
+            snprintf(err, errlen, "cannot find a place for the socket");
+            return KVD_EBADREQ;
+        }
+        int rc = listen_path(srv, srv->socket_path, &fd, err, errlen);
+        if (rc)
+            return rc;
+        srv->own_socket = true;
+    }
+    srv->listener = evconnlistener_new(srv->base, accept_cb, srv,
+                                       LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
+    if (!srv->listener) {
+        close(fd);
+        snprintf(err, errlen, "cannot watch the listening socket");
+        return KVD_ENOMEM;
+    }
+    evconnlistener_set_error_cb(srv->listener, accept_error_cb);
+    return 0;
+}
+
+/* ---- lifetime ------------------------------------------------------------- */
+
+int server_new(const struct options *opts, struct config *cfg, const char *config_path,
+               struct kvmm *mm, struct backend *be, struct server **out)
+{
+    char err[512];
+    int rc = KVD_ENOMEM;
+    static bool threads_ready;
+
+    if (!threads_ready) {
+        /* event_active from the executor thread needs a locking base. */
+        if (evthread_use_pthreads() != 0)
+            return KVD_EINTERNAL;
+        threads_ready = true;
+    }
+    struct server *srv = calloc(1, sizeof(*srv));
+    if (!srv)
+        return KVD_ENOMEM;
+    srv->opts = *opts;
+    srv->mm = mm;
+    srv->be = be;
+    snprintf(srv->config_path, sizeof(srv->config_path), "%s", config_path ? config_path : "");
+    pthread_mutex_init(&srv->post_mu, NULL);
+    msgpack_sbuffer_init(&srv->out);
+    /* Queued replies above which a connection's requests stop being read
+     * (flow control, so a client that never reads cannot grow the daemon
+     * without bound). Clients that write a long pipeline before reading
+     * anything must fit their replies in it: at least 64 MiB, and two
+     * maximal frames. */
+    srv->out_high = 2 * (size_t)opts->max_frame + 2 * KVD_FRAME_HEADER_BYTES;
+    if (srv->out_high < SERVER_OUT_HIGH_MIN)
+        srv->out_high = SERVER_OUT_HIGH_MIN;
+
+    srv->base = event_base_new();
+    if (!srv->base)
+        goto fail;
+    srv->ev_term = evsignal_new(srv->base, SIGTERM, signal_cb, srv);
+    srv->ev_int = evsignal_new(srv->base, SIGINT, signal_cb, srv);
+    srv->ev_hup = evsignal_new(srv->base, SIGHUP, signal_cb, srv);
+    srv->ev_post = event_new(srv->base, -1, 0, post_cb, srv);
+    srv->ev_shutdown = event_new(srv->base, -1, 0, shutdown_cb, srv);
+    srv->ev_drain = evtimer_new(srv->base, drain_timeout_cb, srv);
+    srv->ev_accept = evtimer_new(srv->base, accept_resume_cb, srv);
+    if (!srv->ev_term || !srv->ev_int || !srv->ev_hup || !srv->ev_post || !srv->ev_shutdown ||
+        !srv->ev_drain || !srv->ev_accept)
+        goto fail;
+    if (event_add(srv->ev_term, NULL) || event_add(srv->ev_int, NULL) ||
+        event_add(srv->ev_hup, NULL))
+        goto fail;
+    signal(SIGPIPE, SIG_IGN);
+
+    rc = ops_register_builtin(&srv->ops);
+    if (rc)
+        goto fail;
+    rc = setup_listener(srv, err, sizeof(err));
+    if (rc) {
+        log_err("%s", err);
+        goto fail;
+    }
+    /* Taken last: on failure the caller still owns cfg. */
+    srv->cfg = *cfg;
+    memset(cfg, 0, sizeof(*cfg));
+    *out = srv;
+    return 0;
+
+fail:
+    server_free(srv);
+    return rc;
+}
+
+int server_run(struct server *srv)
+{
+    uint64_t usec = 0;
+    if (sd_watchdog_enabled(0, &usec) > 0 && usec > 0) {
+        struct timeval tv = {(time_t)(usec / 2 / 1000000), (suseconds_t)(usec / 2 % 1000000)};
+        srv->ev_watchdog = event_new(srv->base, -1, EV_PERSIST, watchdog_cb, srv);
+        if (srv->ev_watchdog)
+            event_add(srv->ev_watchdog, &tv);
+        srv->watchdog_usec = usec;
+        log_info("systemd watchdog: pinging every %llu ms", (unsigned long long)(usec / 2000));
+    }
+    sd_notifyf(0, "READY=1\nSTATUS=listening on %s", srv->socket_path);
+    log_notice("listening on %s (max frame %u bytes)", srv->socket_path, srv->opts.max_frame);
+    if (event_base_dispatch(srv->base) < 0) {
+        log_err("event loop failed");
+        return KVD_EINTERNAL;
+    }
+    log_notice("stopped");
+    return 0;
+}
+
+void server_free(struct server *srv)
+{
+    if (!srv)
+        return;
+    while (srv->conns)
+        conn_free(srv->conns);
+    if (srv->listener)
+        evconnlistener_free(srv->listener);
+    if (srv->own_socket)
+        unlink(srv->socket_path);
+    struct event *evs[] = {srv->ev_term,     srv->ev_int,      srv->ev_hup,   srv->ev_post,
+                           srv->ev_shutdown, srv->ev_watchdog, srv->ev_drain, srv->ev_accept};
+    for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
+        if (evs[i])
+            event_free(evs[i]);
+    for (struct post_item *it = srv->post_head, *next; it; it = next) {
+        next = it->next;
+        free(it->frame);
+        free(it);
+    }
+    if (srv->base)
+        event_base_free(srv->base);
+    for (size_t i = 0; i < srv->n_drain_hooks; i++)
+        free(srv->drain_hooks[i].ctx);
+    free(srv->drain_hooks);
+    free(srv->close_hooks);
+    free(srv->tenants);
+    ops_table_free(&srv->ops);
+    config_free(&srv->cfg);
+    msgpack_sbuffer_destroy(&srv->out);
+    pthread_mutex_destroy(&srv->post_mu);
+    free(srv);
+}

@@ -1,0 +1,83 @@
+/* server: the libevent loop that owns the Unix listener (its own socket or
+ * the one systemd passes), every client connection, signals (SIGTERM drain,
+ * SIGHUP reload) and sd_notify. Quick ops run on the loop thread under
+ * kvmm_lock; work done on other threads (the executor) comes back through
+ * server_post(), the only server function that is thread-safe besides
+ * server_shutdown(). */
+#ifndef KVD_SERVER_H
+#define KVD_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <msgpack.h>
+
+#include "config.h"
+#include "kvmm.h"
+#include "options.h"
+#include "ops.h"
+
+struct server;
+
+/* What hello reports about a loaded model (serve mode). */
+struct server_model_info {
+    char name[128];
+    uint32_t vocab, context;
+};
+
+/* Creates the loop and the listener. opts and cfg are copied (cfg's arrays
+ * are taken over: the caller must not free them after success). mm and be
+ * are not owned and must outlive the server. */
+int server_new(const struct options *opts, struct config *cfg, const char *config_path,
+               struct kvmm *mm, struct backend *be, struct server **out);
+/* Runs until SIGTERM/SIGINT/admin_shutdown has drained every connection.
+ * Returns 0 after a clean drain. */
+int server_run(struct server *srv);
+void server_free(struct server *srv);
+
+/* The socket path the server listens on ("" under socket activation). */
+const char *server_socket_path(const struct server *srv);
+/* Sets the model hello reports (NULL: store mode, model nil). */
+void server_set_model(struct server *srv, const struct server_model_info *m);
+
+/* Registers (or replaces) the handler of an op; see ops.h. Not thread-safe:
+ * call before server_run. */
+int server_op_register(struct server *srv, const char *op, ops_fn fn, void *ctx, unsigned flags);
+
+/* ---- for other threads -------------------------------------------------- */
+
+/* Queues one complete frame (4-byte length + map, as built with
+ * proto_frame_begin/end) for connection conn_id and wakes the loop. The
+ * server takes ownership of `frame` (malloc'd) and frees it, also on error.
+ * SERVER_POST_FINAL marks the reply that ends request req_id (an op handler
+ * that returned OPS_PENDING); events pass 0. Frames for a connection that
+ * has closed are dropped. Thread-safe. Returns 0 or KVD_ENOMEM. */
+#define SERVER_POST_FINAL 1u
+int server_post(struct server *srv, uint64_t conn_id, uint64_t req_id, unsigned flags, void *frame,
+                size_t len);
+
+/* Called on the loop thread when a connection closes, however it closes,
+ * before its sequences are released (kvmm_close_owner). The hook must stop
+ * using the connection's sequences and cancel its requests; anything it
+ * posts for that connection afterwards is dropped. */
+typedef void (*server_close_fn)(void *ctx, uint64_t conn_id);
+int server_on_close(struct server *srv, server_close_fn fn, void *ctx);
+
+/* Called on the loop thread once at SIGTERM, after the listener closed: the
+ * hook finishes or cancels every request it holds, answering each with a
+ * FINAL server_post (`cancelled` where it cannot finish). Requests still
+ * pending after the drain timeout are answered `cancelled` by the server. */
+typedef void (*server_drain_fn)(void *ctx);
+int server_on_drain(struct server *srv, server_drain_fn fn, void *ctx);
+
+/* Adds one key to every stats reply (serve mode: "queues"): fn packs its
+ * value (one msgpack object) on the loop thread, with the kvmm lock held.
+ * Returns 0 or an enum kvd_err. Not thread-safe: call before server_run. */
+typedef int (*server_stats_fn)(void *ctx, msgpack_packer *pk);
+int server_on_stats(struct server *srv, const char *key, server_stats_fn fn, void *ctx);
+
+/* Starts the same drain as SIGTERM. Thread-safe. */
+void server_shutdown(struct server *srv);
+
+#endif
