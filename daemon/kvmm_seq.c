@@ -319,6 +319,10 @@ int kvmm_seq_extend(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t n)
         return mm_fail(mm, KVD_ETOOLARGE, "extend by %zu: a sequence holds at most %u tokens",
                        n, KVMM_MAX_SEQ_TOKENS);
     need = mm_blocks_for(mm, s->n_tokens + n) - s->n_blocks;
+    if (need == 0) { /* fits in the last block; s->blocks may still be NULL */
+        s->n_tokens += n;
+        return 0;
+    }
     if (need > mm->pool.n_slots[KVD_TIER_DEVICE])
         return mm_fail(mm, KVD_ENOMEM, "extend by %zu tokens needs %zu blocks; the device pool "
                        "has %u", n, need, mm->pool.n_slots[KVD_TIER_DEVICE]);

@@ -1,0 +1,481 @@
+/* The executor thread (see exec.h): takes submitted requests from an inbox,
+ * and loops plan (scheduler, kvmm lock held) → model_forward (no lock) →
+ * commit (lock) → sample (no lock) → finish (lock) → publish (no lock). */
+#include "exec.h"
+
+#include "acct.h"
+#include "roofline.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct exec {
+    struct kvmm *mm;    /* not owned */
+    struct model *m;    /* not owned */
+    struct exec_conf conf;
+    struct exec_sink sink;
+    const struct model_hparams *hp;
+
+    /* Executor-thread state (no lock). */
+    struct sched *sched;
+    struct fwd_ctx *fc;
+    struct sched_plan plan;
+    struct fwd_seq *fseqs; /* [max_seqs] */
+    float *logits;         /* [max_seqs][n_vocab] */
+    struct sampler_scratch scratch;
+    uint32_t n_arena_slots;
+
+    /* Shared with other threads, under mu. */
+    pthread_mutex_t mu;
+    pthread_cond_t wake; /* inbox, cancel, stop */
+    pthread_cond_t idle; /* live list shrank (drain waits on it) */
+    struct sched_req *inbox_head, *inbox_tail; /* linked through next */
+    struct sched_req *live; /* requests that can still be cancelled (live_next) */
+    uint32_t n_live;        /* requests not yet answered */
+    bool draining, stop;
+    uint64_t serial;
+    struct exec_stats st; /* st.sched: copied from the scheduler after each step */
+
+    pthread_t thread;
+    bool started;
+};
+
+/* ---- publishing --------------------------------------------------------- */
+
+static void live_remove(struct exec *ex, struct sched_req *r)
+{
+    for (struct sched_req **p = &ex->live; *p; p = &(*p)->live_next)
+        if (*p == r) {
+            *p = r->live_next;
+            return;
+        }
+}
+
+/* Streams the tokens r produced since the last event. */
+static void publish_tokens(struct exec *ex, struct sched_req *r)
+{
+    size_t n_gen = r->n_toks - r->n_prompt;
+    if (!r->stream || r->n_sent >= n_gen || atomic_load(&r->detached))
+        return;
+    if (ex->sink.tokens)
+        ex->sink.tokens(ex->sink.ud, r, r->toks + r->n_prompt + r->n_sent, n_gen - r->n_sent);
+    r->n_sent = n_gen;
+}
+
+/* Answers and frees every request on the done list. */
+static void publish_done(struct exec *ex, struct sched_req *done)
+{
+    while (done) {
+        struct sched_req *r = done;
+        done = r->next;
+        r->t_done = sched_now_ns();
+        acct_sched_req_done(ex->conf.acct, r);
+        /* Off the cancel list before the reply goes out (a cancel that
+         * arrives after the reply finds nothing); still counted live until
+         * answered, so a drain returns only after every reply is posted. */
+        pthread_mutex_lock(&ex->mu);
+        live_remove(ex, r);
+        pthread_mutex_unlock(&ex->mu);
+        if (r->finish != SCHED_FINISH_ERROR)
+            publish_tokens(ex, r);
+        if (!atomic_load(&r->detached) && ex->sink.done)
+            ex->sink.done(ex->sink.ud, r);
+        pthread_mutex_lock(&ex->mu);
+        ex->n_live--;
+        ex->st.completed += r->finish == SCHED_FINISH_LENGTH || r->finish == SCHED_FINISH_STOP;
+        ex->st.cancelled += r->finish == SCHED_FINISH_CANCELLED;
+        ex->st.failed += r->finish == SCHED_FINISH_ERROR;
+        pthread_cond_broadcast(&ex->idle);
+        pthread_mutex_unlock(&ex->mu);
+        sched_req_free(r);
+    }
+}
+
+/* ---- one step ----------------------------------------------------------- */
+
+static bool is_stop(const struct sched_req *r, uint32_t tok)
+{
+    for (uint32_t i = 0; i < r->n_stop; i++)
+        if (r->stop[i] == tok)
+            return true;
+    return false;
+}
+
+/* Samples the next token of every request whose chunk reached its last
+ * known token, and decides whether it is finished. Runs without the kvmm
+ * lock. Returns how many finished (their r->finish is set). */
+static uint32_t sample_step(struct exec *ex)
+{
+    uint32_t n_fin = 0, vocab = ex->hp->n_vocab;
+    for (uint32_t i = 0; i < ex->plan.n; i++) {
+        struct sched_req *r = ex->plan.reqs[i];
+        if (r->state == SCHED_DONE || r->n_kv != r->n_toks)
+            continue; /* ended at commit, or a prefill chunk short of the end */
+        uint32_t tok = 0;
+        int rc = sampler_sample(&r->smp, &ex->scratch, ex->logits + (size_t)i * vocab, vocab, &tok);
+        if (rc == 0)
+            rc = sched_req_push(r, tok);
+        if (rc) {
+            r->err = rc;
+            snprintf(r->errmsg, sizeof(r->errmsg), "out of memory while sampling");
+            r->finish = SCHED_FINISH_ERROR;
+            n_fin++;
+            continue;
+        }
+        if (r->t_first == 0)
+            r->t_first = sched_now_ns();
+        size_t n_gen = r->n_toks - r->n_prompt;
+        if (is_stop(r, tok))
+            r->finish = SCHED_FINISH_STOP;
+        else if (n_gen >= r->max_tokens || r->n_toks >= r->n_ctx)
+            r->finish = SCHED_FINISH_LENGTH;
+        else if (atomic_load(&r->cancel))
+            r->finish = SCHED_FINISH_CANCELLED;
+        n_fin += r->finish != SCHED_FINISH_NONE;
+    }
+    return n_fin;
+}
+
+static int forward(struct exec *ex)
+{
+    struct sched_plan *p = &ex->plan;
+    for (uint32_t i = 0; i < p->n; i++) {
+        struct sched_req *r = p->reqs[i];
+        ex->fseqs[i] = (struct fwd_seq){
+            .tokens = r->toks + r->n_kv,
+            .n_tokens = r->step_n,
+            .pos0 = (uint32_t)r->n_kv,
+            .slots = p->slots + p->slot0[i],
+            .n_slots = p->slot0[i + 1] - p->slot0[i],
+        };
+    }
+    struct fwd_batch b = {
+        .seqs = ex->fseqs,
+        .n_seqs = p->n,
+        .kv_arena = kvmm_device_arena(ex->mm),
+        .geom = kvmm_geom(ex->mm),
+        .n_arena_slots = ex->n_arena_slots,
+        .logits = ex->logits,
+    };
+    return model_forward(ex->m, ex->fc, &b);
+}
+
+/* One iteration. Returns false when there was nothing to compute. */
+static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
+{
+    struct sched_req *done = NULL;
+    struct kvmm *mm = ex->mm;
+
+    kvmm_lock(mm);
+    while (arrived) {
+        struct sched_req *r = arrived;
+        arrived = r->next;
+        r->next = r->prev = NULL;
+        sched_add(ex->sched, mm, r);
+    }
+    if (drain)
+        sched_drain(ex->sched, mm, &done);
+    int rc = sched_plan(ex->sched, mm, &ex->plan, &done);
+    kvmm_unlock(mm);
+    if (rc) {
+        /* Out of memory for the plan itself: end everything rather than spin. */
+        kvmm_lock(mm);
+        sched_drain(ex->sched, mm, &done);
+        kvmm_unlock(mm);
+        for (struct sched_req *r = done; r; r = r->next)
+            if (r->finish == SCHED_FINISH_CANCELLED && !atomic_load(&r->cancel)) {
+                r->finish = SCHED_FINISH_ERROR;
+                r->err = rc;
+                snprintf(r->errmsg, sizeof(r->errmsg), "executor out of memory");
+            }
+        publish_done(ex, done);
+        return false;
+    }
+    if (ex->plan.n == 0) {
+        publish_done(ex, done);
+        return false;
+    }
+
+    uint64_t t_fwd = sched_now_ns();
+    rc = forward(ex);
+    if (rc == 0)
+        roofline_record_fwd(ex->conf.roofline, ex->fseqs, ex->plan.n, sched_now_ns() - t_fwd);
+
+    kvmm_lock(mm);
+    if (rc) {
+        for (uint32_t i = 0; i < ex->plan.n; i++) {
+            struct sched_req *r = ex->plan.reqs[i];
+            r->err = KVD_EINTERNAL;
+            snprintf(r->errmsg, sizeof(r->errmsg), "model forward failed: %s",
+                     fwd_ctx_errmsg(ex->fc));
+            r->finish = SCHED_FINISH_ERROR;
+            sched_finish(ex->sched, mm, r, SCHED_FINISH_ERROR);
+            r->next = done;
+            done = r;
+        }
+        ex->plan.n = 0;
+    } else {
+        sched_commit(ex->sched, mm, &ex->plan, &done);
+    }
+    kvmm_unlock(mm);
+
+    uint32_t n_fin = sample_step(ex);
+    uint64_t gen = 0;
+    for (uint32_t i = 0; i < ex->plan.n; i++) {
+        struct sched_req *r = ex->plan.reqs[i];
+        gen += r->state != SCHED_DONE && r->n_kv + 1 == r->n_toks;
+    }
+    if (n_fin) {
+        kvmm_lock(mm);
+        for (uint32_t i = 0; i < ex->plan.n; i++) {
+            struct sched_req *r = ex->plan.reqs[i];
+            if (r->state == SCHED_DONE || r->finish == SCHED_FINISH_NONE)
+                continue;
+            sched_finish(ex->sched, mm, r, r->finish);
+            r->next = done;
+            done = r;
+        }
+        kvmm_unlock(mm);
+    }
+    for (uint32_t i = 0; i < ex->plan.n; i++) {
+        struct sched_req *r = ex->plan.reqs[i];
+        if (r->state != SCHED_DONE)
+            publish_tokens(ex, r);
+    }
+    pthread_mutex_lock(&ex->mu);
+    ex->st.generated += gen;
+    sched_counters(ex->sched, &ex->st.sched);
+    pthread_mutex_unlock(&ex->mu);
+    publish_done(ex, done);
+    return true;
+}
+
+static void *exec_main(void *arg)
+{
+    struct exec *ex = arg;
+    pthread_mutex_lock(&ex->mu);
+    for (;;) {
+        bool busy = sched_busy(ex->sched);
+        while (!ex->stop && !ex->inbox_head && !busy)
+            pthread_cond_wait(&ex->wake, &ex->mu);
+        if (ex->stop && !ex->inbox_head && !busy)
+            break;
+        struct sched_req *arrived = ex->inbox_head;
+        ex->inbox_head = ex->inbox_tail = NULL;
+        bool drain = ex->draining;
+        pthread_mutex_unlock(&ex->mu);
+
+        bool progressed = step(ex, arrived, drain);
+
+        pthread_mutex_lock(&ex->mu);
+        if (!progressed && sched_busy(ex->sched) && !ex->inbox_head && !ex->stop) {
+            /* Requests wait for memory that only other connections can
+             * free (no event tells us when): look again shortly. */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 2000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&ex->wake, &ex->mu, &ts);
+        }
+        sched_counters(ex->sched, &ex->st.sched);
+        acct_sched_update(ex->conf.acct, &ex->st.sched, ex->n_live, ex->st.requests,
+                          ex->st.generated);
+    }
+    pthread_mutex_unlock(&ex->mu);
+    return NULL;
+}
+
+/* ---- public ------------------------------------------------------------- */
+
+int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf,
+             const struct exec_sink *sink, struct exec **out, char *err, size_t errlen)
+{
+    struct exec *ex = calloc(1, sizeof(*ex));
+    if (!ex)
+        return KVD_ENOMEM;
+    int rc = KVD_ENOMEM;
+    ex->mm = mm;
+    ex->m = m;
+    ex->conf = *conf;
+    if (!ex->conf.step_tokens)
+        ex->conf.step_tokens = 512;
+    if (!ex->conf.max_seqs)
+        ex->conf.max_seqs = 64;
+    if (ex->conf.step_tokens < ex->conf.max_seqs)
+        ex->conf.max_seqs = ex->conf.step_tokens;
+    ex->sink = *sink;
+    ex->hp = model_hparams(m);
+    if (ex->conf.roofline) {
+        struct roofline_shape rs;
+        roofline_shape_from_model(ex->hp, kvmm_geom(mm), &rs);
+        roofline_set_shape(ex->conf.roofline, &rs);
+    }
+    pthread_mutex_init(&ex->mu, NULL);
+    pthread_cond_init(&ex->wake, NULL);
+    pthread_cond_init(&ex->idle, NULL);
+
+    struct kv_geom want;
+    const struct kv_geom *have = kvmm_geom(mm);
+    model_kv_geom(m, have->block_tokens, have->dtype, &want);
+    if (want.layers != have->layers || want.kv_heads != have->kv_heads ||
+        want.head_dim != have->head_dim) {
+        snprintf(err, errlen, "KV geometry %u layers x %u kv heads x %u dims does not match the model's %u x %u x %u",
+                 have->layers, have->kv_heads, have->head_dim, want.layers, want.kv_heads,
+                 want.head_dim);
+        rc = KVD_EBADREQ;
+        goto fail;
+    }
+    struct kvmm_stats kst;
+    kvmm_lock(mm);
+    kvmm_stats(mm, &kst);
+    kvmm_unlock(mm);
+    ex->n_arena_slots = kst.device_total;
+
+    struct sched_conf sc = {.step_tokens = ex->conf.step_tokens, .max_seqs = ex->conf.max_seqs};
+    if ((rc = sched_new(&sc, &ex->sched)))
+        goto fail;
+    if ((rc = fwd_ctx_new(m, sc.step_tokens, sc.max_seqs, &ex->fc))) {
+        snprintf(err, errlen, "cannot size the forward scratch for %u tokens / %u sequences",
+                 sc.step_tokens, sc.max_seqs);
+        goto fail;
+    }
+    rc = KVD_ENOMEM;
+    ex->fseqs = calloc(sc.max_seqs, sizeof(*ex->fseqs));
+    ex->logits = malloc((size_t)sc.max_seqs * ex->hp->n_vocab * sizeof(float));
+    if (!ex->fseqs || !ex->logits)
+        goto fail;
+    acct_sched_update(ex->conf.acct, &ex->st.sched, 0, 0, 0); /* "executor": true */
+    if (pthread_create(&ex->thread, NULL, exec_main, ex) != 0) {
+        snprintf(err, errlen, "cannot start the executor thread");
+        rc = KVD_EINTERNAL;
+        goto fail;
+    }
+    ex->started = true;
+    *out = ex;
+    return 0;
+fail:
+    if (rc == KVD_ENOMEM && err && errlen && !err[0])
+        snprintf(err, errlen, "out of memory starting the executor");
+    exec_free(ex);
+    return rc;
+}
+
+void exec_free(struct exec *ex)
+{
+    if (!ex)
+        return;
+    if (ex->started) {
+        exec_drain(ex);
+        pthread_mutex_lock(&ex->mu);
+        ex->stop = true;
+        pthread_cond_broadcast(&ex->wake);
+        pthread_mutex_unlock(&ex->mu);
+        pthread_join(ex->thread, NULL);
+    }
+    sched_free(ex->sched);
+    if (ex->fc)
+        fwd_ctx_free(ex->fc);
+    sched_plan_free(&ex->plan);
+    sampler_scratch_free(&ex->scratch);
+    free(ex->fseqs);
+    free(ex->logits);
+    pthread_cond_destroy(&ex->idle);
+    pthread_cond_destroy(&ex->wake);
+    pthread_mutex_destroy(&ex->mu);
+    free(ex);
+}
+
+const struct model_hparams *exec_hparams(const struct exec *ex)
+{
+    return ex->hp;
+}
+
+uint64_t exec_next_serial(struct exec *ex)
+{
+    pthread_mutex_lock(&ex->mu);
+    uint64_t s = ++ex->serial;
+    pthread_mutex_unlock(&ex->mu);
+    return s;
+}
+
+int exec_submit(struct exec *ex, struct sched_req *r)
+{
+    pthread_mutex_lock(&ex->mu);
+    if (ex->draining || ex->stop) {
+        pthread_mutex_unlock(&ex->mu);
+        return KVD_ECANCELLED;
+    }
+    if (r->serial == 0)
+        r->serial = ++ex->serial;
+    if (r->t_arrive == 0)
+        r->t_arrive = sched_now_ns();
+    r->n_ctx = ex->hp->n_ctx;
+    r->next = NULL;
+    if (ex->inbox_tail)
+        ex->inbox_tail->next = r;
+    else
+        ex->inbox_head = r;
+    ex->inbox_tail = r;
+    r->live_next = ex->live;
+    ex->live = r;
+    ex->n_live++;
+    ex->st.requests++;
+    pthread_cond_signal(&ex->wake);
+    pthread_mutex_unlock(&ex->mu);
+    return 0;
+}
+
+void exec_cancel(struct exec *ex, uint64_t conn, uint64_t id, bool *found)
+{
+    bool f = false;
+    pthread_mutex_lock(&ex->mu);
+    for (struct sched_req *r = ex->live; r; r = r->live_next)
+        if (r->conn == conn && r->id == id) {
+            atomic_store(&r->cancel, true);
+            f = true;
+        }
+    if (f)
+        pthread_cond_signal(&ex->wake);
+    pthread_mutex_unlock(&ex->mu);
+    if (found)
+        *found = f;
+}
+
+void exec_cancel_conn(struct exec *ex, uint64_t conn)
+{
+    pthread_mutex_lock(&ex->mu);
+    for (struct sched_req *r = ex->live; r; r = r->live_next)
+        if (r->conn == conn) {
+            atomic_store(&r->detached, true);
+            atomic_store(&r->cancel, true);
+        }
+    pthread_cond_signal(&ex->wake);
+    pthread_mutex_unlock(&ex->mu);
+}
+
+void exec_drain(struct exec *ex)
+{
+    pthread_mutex_lock(&ex->mu);
+    ex->draining = true;
+    for (struct sched_req *r = ex->live; r; r = r->live_next)
+        atomic_store(&r->cancel, true);
+    pthread_cond_broadcast(&ex->wake);
+    while (ex->n_live > 0)
+        pthread_cond_wait(&ex->idle, &ex->mu);
+    pthread_mutex_unlock(&ex->mu);
+}
+
+void exec_stats(struct exec *ex, struct exec_stats *st)
+{
+    pthread_mutex_lock(&ex->mu);
+    *st = ex->st;
+    st->live = ex->n_live;
+    pthread_mutex_unlock(&ex->mu);
+}

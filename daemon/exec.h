@@ -1,0 +1,71 @@
+/* The executor: one thread that loops schedule → forward → sample → publish
+ * over the generate requests handed to it, against the model and the KV
+ * memory manager. Results leave through a sink (ops_generate encodes them
+ * and posts them to the server's loop); nothing here knows about sockets. */
+#ifndef KVD_EXEC_H
+#define KVD_EXEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvmm.h"
+#include "model.h"
+#include "scheduler.h"
+
+/* Where results go. Both are called on the executor thread, without any
+ * lock held, and must not block for long (queue the frame and return). */
+struct exec_sink {
+    void *ud;
+    /* New tokens of a streaming request, in order. */
+    void (*tokens)(void *ud, const struct sched_req *r, const uint32_t *toks, size_t n);
+    /* The final answer (r->finish, r->err); r is freed after the call. */
+    void (*done)(void *ud, const struct sched_req *r);
+};
+
+struct exec_conf {
+    uint32_t step_tokens; /* token budget per step; default 512 */
+    uint32_t max_seqs;    /* sequences per step; default 64 */
+    /* Observability (optional, not owned, must outlive the executor): each
+     * step's FLOP/byte cost and time, each answered request's accounting. */
+    struct roofline *roofline;
+    struct acct *acct;
+};
+
+struct exec_stats {
+    struct sched_counters sched;
+    uint64_t requests, completed, cancelled, failed;
+    uint64_t generated; /* tokens sampled */
+    uint32_t live;      /* submitted and not yet answered */
+};
+
+struct exec;
+
+/* Starts the executor thread. The model and kvmm are not owned and must
+ * outlive the executor; kvmm's geometry must be the model's. */
+int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf,
+             const struct exec_sink *sink, struct exec **out, char *err, size_t errlen);
+/* Answers every live request (cancelled), then stops the thread. */
+void exec_free(struct exec *ex);
+
+const struct model_hparams *exec_hparams(const struct exec *ex);
+/* A fresh serial for a request about to be submitted (any thread); its kvmm
+ * owner is SCHED_OWNER_BIT | serial, so a seq-mode request's sequence can be
+ * handed to it before submission. */
+uint64_t exec_next_serial(struct exec *ex);
+/* Hands a validated request to the executor (any thread). After this the
+ * executor owns r and always answers it through the sink. Returns
+ * KVD_ECANCELLED (r not taken) while draining. */
+int exec_submit(struct exec *ex, struct sched_req *r);
+/* Cancels request `id` of connection `conn`; *found says whether it was
+ * still live (its reply, finish_reason cancelled, follows within a step). */
+void exec_cancel(struct exec *ex, uint64_t conn, uint64_t id, bool *found);
+/* Connection closed: cancels its requests and answers nobody. Their
+ * sequences (the connection's own ones included) are closed. */
+void exec_cancel_conn(struct exec *ex, uint64_t conn);
+/* Shutdown: cancels everything, waits until every live request has been
+ * answered through the sink; later submissions are refused. */
+void exec_drain(struct exec *ex);
+void exec_stats(struct exec *ex, struct exec_stats *st);
+
+#endif

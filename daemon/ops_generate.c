@@ -1,0 +1,438 @@
+/* The generate and cancel ops: parse and validate a generate request into a
+ * scheduler request (every bad argument is bad_request naming the field),
+ * hand it to the executor, and encode its streamed events and final reply
+ * as frames for the server to write. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "exec.h"
+#include "ops.h"
+#include "ops_generate.h"
+#include "proto.h"
+#include "server.h"
+
+#define GEN_DEFAULT_MAX_TOKENS 16u
+#define GEN_MAX_TEMPERATURE 1000.0
+#define GEN_MAX_PRIORITY 1000000
+
+static uint64_t random_seed(void)
+{
+    uint64_t s = 0;
+    if (getrandom(&s, sizeof(s), GRND_NONBLOCK) != (ssize_t)sizeof(s))
+        s = sched_now_ns() ^ (uint64_t)(uintptr_t)&s;
+    return s;
+}
+
+/* Optional numbers with their checks; `what` is the key. */
+static int opt_double(const msgpack_object *root, const char *key, double def, double lo,
+                      bool lo_open, double hi, double *out, struct proto_err *err)
+{
+    bool present = false;
+    double v = def;
+    int rc = proto_opt_double(root, key, &v, &present, err);
+    if (rc)
+        return rc;
+    if (!isfinite(v) || v < lo || (lo_open && v == lo) || v > hi)
+        return proto_err_set(err, KVD_EBADREQ, "'%s' must be in %c%g, %g]", key,
+                             lo_open ? '(' : '[', lo, hi);
+    *out = v;
+    return 0;
+}
+
+/* The arguments that do not depend on the sequence. */
+static int parse_args(const struct model_hparams *hp, const msgpack_object *root,
+                      struct sched_req *r, struct proto_err *err)
+{
+    int rc;
+    bool present = false;
+    uint64_t u = GEN_DEFAULT_MAX_TOKENS;
+    if ((rc = proto_opt_uint(root, "max_tokens", &u, &present, err)))
+        return rc;
+    if (u == 0 || u > hp->n_ctx)
+        return proto_err_set(err, KVD_EBADREQ, "'max_tokens' must be in [1, %u] (the model's context)",
+                             hp->n_ctx);
+    r->max_tokens = (uint32_t)u;
+
+    double temp = 0, top_p = 1;
+    if ((rc = opt_double(root, "temperature", 0.0, 0.0, false, GEN_MAX_TEMPERATURE, &temp, err)))
+        return rc;
+    if ((rc = opt_double(root, "top_p", 1.0, 0.0, true, 1.0, &top_p, err)))
+        return rc;
+    uint64_t top_k = 0;
+    if ((rc = proto_opt_uint(root, "top_k", &top_k, NULL, err)))
+        return rc;
+    if (top_k > hp->n_vocab)
+        return proto_err_set(err, KVD_EBADREQ, "'top_k' must be in [0, %u] (the vocabulary)",
+                             hp->n_vocab);
+    uint64_t seed = 0;
+    bool has_seed = false;
+    if ((rc = proto_opt_uint(root, "seed", &seed, &has_seed, err)))
+        return rc;
+    struct sampler_params sp = {
+        .temperature = (float)temp,
+        .top_k = (uint32_t)top_k,
+        .top_p = (float)top_p,
+        .seed = has_seed ? seed : random_seed(),
+    };
+    sampler_init(&r->smp, &sp);
+
+    uint32_t *stop = NULL;
+    size_t n_stop = 0;
+    if ((rc = proto_opt_u32_array(root, "stop", KVD_MAX_ARRAY, &stop, &n_stop, NULL, err)))
+        return rc;
+    if (n_stop > SCHED_MAX_STOP) {
+        free(stop);
+        return proto_err_set(err, KVD_EBADREQ, "'stop' has %zu entries, at most %u", n_stop,
+                             SCHED_MAX_STOP);
+    }
+    for (size_t i = 0; i < n_stop; i++) {
+        if (stop[i] >= hp->n_vocab) {
+            rc = proto_err_set(err, KVD_EBADREQ, "'stop'[%zu] = %u is outside the vocabulary (%u)",
+                               i, stop[i], hp->n_vocab);
+            free(stop);
+            return rc;
+        }
+        r->stop[i] = stop[i];
+    }
+    r->n_stop = (uint32_t)n_stop;
+    free(stop);
+
+    if ((rc = proto_opt_bool(root, "stream", &r->stream, NULL, err)))
+        return rc;
+    int64_t prio = 0;
+    if ((rc = proto_opt_int(root, "priority", &prio, NULL, err)))
+        return rc;
+    if (prio < -GEN_MAX_PRIORITY || prio > GEN_MAX_PRIORITY)
+        return proto_err_set(err, KVD_EBADREQ, "'priority' must be in [%d, %d]", -GEN_MAX_PRIORITY,
+                             GEN_MAX_PRIORITY);
+    r->priority = (int32_t)prio;
+    return 0;
+}
+
+/* Seq mode: the connection's sequence becomes the executor's for the
+ * request. Its positions must all have token ids (committed), so the
+ * executor can recompute them after a preemption and commit after them.
+ * Caller holds the kvmm lock. */
+static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, size_t n_append,
+                    struct proto_err *err)
+{
+    struct kvmm_seq_info info;
+    if (kvmm_seq_info(mm, r->conn, seq, &info) != 0)
+        return proto_err_set(err, KVD_EBADREQ, "'seq': no sequence %llu on this connection",
+                             (unsigned long long)seq);
+    if (info.n_committed != info.n_tokens)
+        return proto_err_set(err, KVD_EBADREQ,
+                             "'seq': %zu of its %zu positions have no token ids; commit them first",
+                             info.n_tokens - info.n_committed, info.n_tokens);
+    if (info.n_tokens + n_append == 0)
+        return proto_err_set(err, KVD_EBADREQ, "'tokens': empty, and 'seq' holds no tokens");
+    if (info.n_tokens + n_append >= r->n_ctx)
+        return proto_err_set(err, KVD_EBADREQ,
+                             "'tokens': %zu tokens with the sequence's %zu exceed the model's context "
+                             "(%u, at most %u)", n_append, info.n_tokens, r->n_ctx, r->n_ctx - 1);
+    size_t n = 0;
+    const uint32_t *toks = kvmm_seq_tokens(mm, r->conn, seq, &n);
+    if (n != info.n_tokens || (n && !toks))
+        return proto_err_set(err, KVD_EINTERNAL, "'seq': cannot read its tokens");
+    r->toks = malloc((info.n_tokens + n_append + 64) * sizeof(uint32_t));
+    if (!r->toks)
+        return proto_err_set(err, KVD_ENOMEM, "out of memory");
+    r->cap_toks = info.n_tokens + n_append + 64;
+    if (n)
+        memcpy(r->toks, toks, n * sizeof(uint32_t));
+    r->n_toks = n;
+    r->n_kv = n;
+    /* With nothing to append, the last position is recomputed for logits. */
+    if (n_append == 0) {
+        int rc = kvmm_seq_truncate(mm, r->conn, seq, 1);
+        if (rc)
+            return proto_err_set(err, rc, "'seq': %s", kvmm_errmsg(mm));
+        r->n_kv = n - 1;
+    }
+    int rc = kvmm_seq_set_owner(mm, r->conn, seq, sched_req_owner(r));
+    if (rc)
+        return proto_err_set(err, rc, "'seq': %s", kvmm_errmsg(mm));
+    r->seq = seq;
+    r->have_seq = true;
+    r->conn_seq = true;
+    r->ns = info.ns;
+    r->n_cached = r->n_kv;
+    return 0;
+}
+
+int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *root,
+                       const struct ops_generate_ctx *c, struct sched_req **out,
+                       struct proto_err *err)
+{
+    const struct model_hparams *hp = exec_hparams(ex);
+    uint32_t *toks = NULL;
+    size_t n_toks = 0;
+    bool has_toks = false, has_seq = false;
+    uint64_t seq = 0;
+    int rc;
+    struct sched_req *r = calloc(1, sizeof(*r));
+    if (!r)
+        return proto_err_set(err, KVD_ENOMEM, "out of memory");
+    r->conn = c->conn;
+    r->id = c->id;
+    r->tenant = c->tenant;
+    r->ns = c->ns;
+    r->n_ctx = hp->n_ctx;
+    r->t_arrive = sched_now_ns();
+
+    if ((rc = proto_opt_u32_array(root, "tokens", KVD_MAX_ARRAY, &toks, &n_toks, &has_toks, err)))
+        goto fail;
+    if ((rc = proto_opt_uint(root, "seq", &seq, &has_seq, err)))
+        goto fail;
+    if (!has_toks && !has_seq) {
+        rc = proto_err_set(err, KVD_EBADREQ, "'tokens' is required (or 'seq')");
+        goto fail;
+    }
+    if (!has_seq && n_toks == 0) {
+        rc = proto_err_set(err, KVD_EBADREQ, "'tokens' is empty: the prompt needs at least one token");
+        goto fail;
+    }
+    if (n_toks >= hp->n_ctx) {
+        rc = proto_err_set(err, KVD_EBADREQ,
+                           "'tokens': %zu tokens exceed the model's context (%u, at most %u)", n_toks,
+                           hp->n_ctx, hp->n_ctx - 1);
+        goto fail;
+    }
+    for (size_t i = 0; i < n_toks; i++)
+        if (toks[i] >= hp->n_vocab) {
+            rc = proto_err_set(err, KVD_EBADREQ, "'tokens'[%zu] = %u is outside the vocabulary (%u)",
+                               i, toks[i], hp->n_vocab);
+            goto fail;
+        }
+    if ((rc = parse_args(hp, root, r, err)))
+        goto fail;
+
+    r->serial = exec_next_serial(ex);
+    if (has_seq) {
+        kvmm_lock(mm);
+        rc = take_seq(mm, r, seq, n_toks, err);
+        kvmm_unlock(mm);
+        if (rc)
+            goto fail;
+    } else {
+        r->cap_toks = n_toks + 64;
+        r->toks = malloc(r->cap_toks * sizeof(uint32_t));
+        if (!r->toks) {
+            rc = proto_err_set(err, KVD_ENOMEM, "out of memory");
+            goto fail;
+        }
+    }
+    if (n_toks)
+        memcpy(r->toks + r->n_toks, toks, n_toks * sizeof(uint32_t));
+    r->n_toks += n_toks;
+    r->n_prompt = r->n_toks;
+    free(toks);
+    *out = r;
+    return 0;
+fail:
+    free(toks);
+    sched_req_free(r);
+    return rc;
+}
+
+void ops_generate_discard(struct kvmm *mm, struct sched_req *r)
+{
+    if (r->have_seq) {
+        kvmm_lock(mm);
+        if (r->conn_seq)
+            kvmm_seq_set_owner(mm, sched_req_owner(r), r->seq, r->conn);
+        else
+            kvmm_seq_close(mm, sched_req_owner(r), r->seq);
+        kvmm_unlock(mm);
+    }
+    sched_req_free(r);
+}
+
+/* ---- encoding ----------------------------------------------------------- */
+
+int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, const uint32_t *toks, size_t n)
+{
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    size_t at = proto_frame_begin(sb);
+    if (at == SIZE_MAX)
+        return KVD_ENOMEM;
+    int rc = proto_event_begin(&pk, id, KVD_EVENT_TOKENS, 1);
+    if (!rc)
+        rc = proto_pack_kv_u32_array(&pk, "tokens", toks, n);
+    if (!rc)
+        rc = proto_frame_end(sb, at);
+    return rc;
+}
+
+static double ms_between(uint64_t a, uint64_t b)
+{
+    return b > a ? (double)(b - a) / 1e6 : 0.0;
+}
+
+int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r)
+{
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    size_t at = proto_frame_begin(sb);
+    if (at == SIZE_MAX)
+        return KVD_ENOMEM;
+    int rc;
+    if (r->finish == SCHED_FINISH_ERROR) {
+        rc = proto_pack_error(&pk, r->id, r->err ? r->err : KVD_EINTERNAL, r->errmsg);
+        return rc ? rc : proto_frame_end(sb, at);
+    }
+    bool seq = r->seq_returned;
+    size_t n_gen = r->n_toks - r->n_prompt;
+    uint64_t t_sched = r->t_sched ? r->t_sched : r->t_done;
+    uint64_t t_first = r->t_first ? r->t_first : r->t_done;
+    rc = proto_reply_begin(&pk, r->id, seq ? 5 : 4);
+    rc = rc ? rc : proto_pack_kv_u32_array(&pk, "tokens", r->toks + r->n_prompt, n_gen);
+    rc = rc ? rc : proto_pack_kv_str(&pk, "finish_reason", sched_finish_name(r->finish));
+    rc = rc ? rc : proto_pack_str(&pk, "usage");
+    rc = rc ? rc : msgpack_pack_map(&pk, 3);
+    rc = rc ? rc : proto_pack_kv_uint(&pk, "prompt", r->n_prompt);
+    rc = rc ? rc : proto_pack_kv_uint(&pk, "cached", r->n_cached);
+    rc = rc ? rc : proto_pack_kv_uint(&pk, "completion", n_gen);
+    rc = rc ? rc : proto_pack_str(&pk, "timing");
+    rc = rc ? rc : msgpack_pack_map(&pk, 3);
+    rc = rc ? rc : proto_pack_kv_double(&pk, "queue_ms", ms_between(r->t_arrive, t_sched));
+    rc = rc ? rc : proto_pack_kv_double(&pk, "ttft_ms", ms_between(r->t_arrive, t_first));
+    rc = rc ? rc : proto_pack_kv_double(&pk, "total_ms", ms_between(r->t_arrive, r->t_done));
+    if (seq)
+        rc = rc ? rc : proto_pack_kv_uint(&pk, "seq", r->seq);
+    if (rc)
+        return KVD_ENOMEM;
+    return proto_frame_end(sb, at);
+}
+
+/* ---- server glue -------------------------------------------------------- */
+
+struct ops_generate {
+    struct server *srv; /* not owned */
+    struct kvmm *mm;    /* not owned */
+    struct exec *ex;    /* owned */
+};
+
+/* The sink: frames built on the executor thread, written by the loop. A
+ * frame that cannot be built (no memory) is replaced by a short error so
+ * the request still gets its one reply. */
+static void post_frame(struct ops_generate *g, const struct sched_req *r, unsigned flags,
+                       msgpack_sbuffer *sb, int rc)
+{
+    if (rc && (flags & SERVER_POST_FINAL)) {
+        msgpack_sbuffer_clear(sb);
+        rc = proto_frame_error(sb, r->id, KVD_ENOMEM, "out of memory building the reply");
+    }
+    if (rc) {
+        msgpack_sbuffer_destroy(sb);
+        return;
+    }
+    /* server_post takes the malloc'd buffer over, also on failure. */
+    size_t len = sb->size;
+    void *frame = msgpack_sbuffer_release(sb);
+    server_post(g->srv, r->conn, r->id, flags, frame, len);
+}
+
+static void sink_tokens(void *ud, const struct sched_req *r, const uint32_t *toks, size_t n)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    int rc = ops_generate_encode_tokens(&sb, r->id, toks, n);
+    post_frame(ud, r, 0, &sb, rc);
+}
+
+static void sink_done(void *ud, const struct sched_req *r)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    int rc = ops_generate_encode_done(&sb, r);
+    post_frame(ud, r, SERVER_POST_FINAL, &sb, rc);
+}
+
+static int op_generate(struct ops_ctx *c)
+{
+    struct ops_generate *g = c->op_ctx;
+    struct ops_generate_ctx gc = {.conn = c->conn_id, .id = c->id, .tenant = c->tenant, .ns = c->ns};
+    struct sched_req *r = NULL;
+    int rc = ops_generate_build(g->ex, c->mm, c->req, &gc, &r, &c->err);
+    if (rc)
+        return rc;
+    if (exec_submit(g->ex, r) != 0) {
+        ops_generate_discard(c->mm, r);
+        return proto_err_set(&c->err, KVD_ECANCELLED, "the daemon is shutting down");
+    }
+    return OPS_PENDING;
+}
+
+static int op_cancel(struct ops_ctx *c)
+{
+    struct ops_generate *g = c->op_ctx;
+    uint64_t target = 0;
+    bool found = false;
+    int rc = proto_get_uint(c->req, "target", &target, &c->err);
+    if (rc)
+        return rc;
+    exec_cancel(g->ex, c->conn_id, target, &found);
+    rc = proto_reply_begin(c->pk, c->id, 1);
+    rc = rc ? rc : proto_pack_kv_bool(c->pk, "cancelled", found);
+    return rc ? proto_err_set(&c->err, KVD_ENOMEM, "out of memory") : 0;
+}
+
+static void on_close(void *ctx, uint64_t conn_id)
+{
+    struct ops_generate *g = ctx;
+    exec_cancel_conn(g->ex, conn_id);
+}
+
+static void on_drain(void *ctx)
+{
+    struct ops_generate *g = ctx;
+    exec_drain(g->ex);
+}
+
+int ops_generate_start(struct server *srv, struct kvmm *mm, struct model *m,
+                       const struct exec_conf *conf, struct ops_generate **out, char *err,
+                       size_t errlen)
+{
+    struct ops_generate *g = calloc(1, sizeof(*g));
+    if (!g) {
+        snprintf(err, errlen, "out of memory");
+        return KVD_ENOMEM;
+    }
+    g->srv = srv;
+    g->mm = mm;
+    struct exec_sink sink = {.ud = g, .tokens = sink_tokens, .done = sink_done};
+    int rc = exec_new(mm, m, conf, &sink, &g->ex, err, errlen);
+    if (rc)
+        goto fail;
+    if ((rc = server_op_register(srv, KVD_OP_GENERATE, op_generate, g, 0)) ||
+        (rc = server_op_register(srv, KVD_OP_CANCEL, op_cancel, g, 0)) ||
+        (rc = server_on_close(srv, on_close, g)) || (rc = server_on_drain(srv, on_drain, g))) {
+        snprintf(err, errlen, "cannot register the generate ops");
+        goto fail;
+    }
+    *out = g;
+    return 0;
+fail:
+    if (g->ex)
+        exec_free(g->ex);
+    free(g);
+    return rc;
+}
+
+struct exec *ops_generate_exec(struct ops_generate *g)
+{
+    return g->ex;
+}
+
+void ops_generate_stop(struct ops_generate *g)
+{
+    if (!g)
+        return;
+    exec_free(g->ex);
+    free(g);
+}

@@ -1,0 +1,152 @@
+/* The scheduler: continuous batching over generate requests. Waiting,
+ * running and swapped queues; each step picks running decodes first, then
+ * chunked prefills of admitted requests, within a token budget; preempts by
+ * swapping to the host tier, or by dropping K/V for recompute when that
+ * fails; fair across tenants by weight. Only the executor thread calls it. */
+#ifndef KVD_SCHED_H
+#define KVD_SCHED_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvmm.h"
+#include "sampler.h"
+
+/* kvmm owners of executor sequences: this bit | request serial. Connection
+ * ids (the server's owners) never have it set. */
+#define SCHED_OWNER_BIT (1ull << 63)
+#define SCHED_MAX_STOP 64u
+
+enum sched_state { SCHED_NEW, SCHED_WAITING, SCHED_RUNNING, SCHED_SWAPPED, SCHED_DONE };
+enum sched_finish {
+    SCHED_FINISH_NONE = 0,
+    SCHED_FINISH_LENGTH,    /* max_tokens, the model context, or memory it can never get */
+    SCHED_FINISH_STOP,      /* a stop token was produced (it is the last token) */
+    SCHED_FINISH_CANCELLED, /* cancel, disconnect or shutdown */
+    SCHED_FINISH_ERROR,     /* err/errmsg say why */
+};
+const char *sched_finish_name(enum sched_finish f); /* "length", "stop", "cancelled" */
+
+/* One generate request. Built and validated by ops_generate on the loop
+ * thread, owned by the executor from exec_submit until it is answered.
+ * toks holds every token the model conditions on: the sequence's own tokens
+ * (seq mode), the request's tokens, then each generated token. Positions
+ * [0, n_kv) have K/V in the sequence's blocks; toks[n_kv..n_toks) are yet
+ * to be computed (the prompt remainder, or the last sampled token). */
+struct sched_req {
+    struct sched_req *prev, *next; /* in exactly one queue of its scheduler */
+    struct sched_req *live_next;   /* exec's list of live requests (exec lock) */
+
+    /* identity */
+    uint64_t conn;   /* the server's connection id (= kvmm owner of its seqs) */
+    uint64_t id;     /* the client's request id */
+    uint64_t serial; /* executor-unique, arrival order */
+    uint32_t tenant, ns;
+
+    /* arguments */
+    int32_t priority; /* higher first */
+    uint32_t max_tokens;
+    uint32_t n_stop;
+    uint32_t stop[SCHED_MAX_STOP];
+    bool stream;
+    struct sampler smp;
+
+    /* tokens (owned, malloc) */
+    uint32_t *toks;
+    size_t n_toks, cap_toks;
+    size_t n_prompt; /* toks before the first generated one */
+    size_t n_kv;     /* positions with K/V written and committed */
+    size_t n_cached; /* usage.cached: positions not computed by this request */
+    size_t n_sent;   /* generated tokens already streamed */
+    uint32_t n_ctx;  /* the model's context: generation stops at n_toks == n_ctx */
+
+    /* the kvmm sequence: owner SCHED_OWNER_BIT | serial while the executor
+     * holds it; a seq-mode request gives it back to `conn` at the end. */
+    kvmm_seq_t seq;
+    bool have_seq;
+    bool conn_seq;   /* seq came from the connection (generate with `seq`) */
+    bool need_match; /* seq is empty: match the cache before prefilling */
+    bool seq_returned; /* the connection has its sequence back (reply names it) */
+
+    enum sched_state state;
+    enum sched_finish finish;
+    int err; /* with SCHED_FINISH_ERROR */
+    char errmsg[160];
+    atomic_bool cancel;   /* set by the loop thread (cancel, disconnect) */
+    atomic_bool detached; /* the connection is gone: answer nobody */
+
+    /* timing, CLOCK_MONOTONIC ns */
+    uint64_t t_arrive, t_sched, t_first, t_done;
+
+    uint32_t n_preempt; /* times preempted (swap or recompute), for accounting */
+
+    /* this step */
+    uint32_t step_n; /* tokens computed for it this step (0: not in the batch) */
+};
+
+static inline uint64_t sched_req_owner(const struct sched_req *r)
+{
+    return SCHED_OWNER_BIT | r->serial;
+}
+
+struct sched_conf {
+    uint32_t step_tokens; /* token budget per step (>= max_seqs) */
+    uint32_t max_seqs;    /* sequences per step */
+};
+
+struct sched_counters {
+    uint64_t steps, prefill_tokens, decode_tokens;
+    uint64_t preempt_swap, preempt_recompute, resumes;
+    uint32_t waiting, running, swapped;
+};
+
+/* One step's batch. The slot tables of all planned requests are
+ * concatenated: request i's are slots[slot0[i] .. slot0[i+1]). */
+struct sched_plan {
+    uint32_t n;              /* requests in the batch */
+    struct sched_req **reqs; /* [max_seqs] */
+    uint32_t *slot0;         /* [max_seqs + 1] */
+    uint32_t *slots;
+    size_t cap_slots;
+    uint32_t n_tokens; /* sum of step_n */
+};
+
+struct sched;
+
+int sched_new(const struct sched_conf *conf, struct sched **out);
+void sched_free(struct sched *s);
+const struct sched_conf *sched_conf(const struct sched *s);
+void sched_counters(const struct sched *s, struct sched_counters *c);
+/* Any request waiting, running or swapped. */
+bool sched_busy(const struct sched *s);
+
+/* Queues a new request as waiting (executor thread, kvmm lock held: the
+ * tenant's weight is read from kvmm). */
+void sched_add(struct sched *s, struct kvmm *mm, struct sched_req *r);
+uint64_t sched_now_ns(void); /* CLOCK_MONOTONIC */
+
+/* Builds the next step (caller holds the kvmm lock): decodes and prefill
+ * continuations of running requests, resumed swapped ones, then newly
+ * admitted ones, allocating blocks and preempting as needed. Requests that
+ * must end now (cancelled, or can never get memory) are moved to `done`
+ * (linked through next) with finish set and their sequence released.
+ * Returns 0 or KVD_ENOMEM (plan buffers). */
+int sched_plan(struct sched *s, struct kvmm *mm, struct sched_plan *plan, struct sched_req **done);
+/* After the forward: commits the computed tokens (caller holds the lock). A
+ * commit failure ends that request with an error (moved to `done`). */
+void sched_commit(struct sched *s, struct kvmm *mm, struct sched_plan *plan,
+                  struct sched_req **done);
+/* Ends a running request (after sampling decided it is finished): releases
+ * its sequence and removes it from the queues. Caller holds the lock. */
+void sched_finish(struct sched *s, struct kvmm *mm, struct sched_req *r, enum sched_finish f);
+/* Ends every request (shutdown) into `done` with SCHED_FINISH_CANCELLED. */
+void sched_drain(struct sched *s, struct kvmm *mm, struct sched_req **done);
+
+void sched_plan_free(struct sched_plan *plan);
+/* Appends a token to r->toks, growing it. 0 or KVD_ENOMEM. */
+int sched_req_push(struct sched_req *r, uint32_t tok);
+void sched_req_free(struct sched_req *r);
+
+#endif

@@ -1,0 +1,95 @@
+/* Shared fixture of the in-process executor tests: a small random GGUF
+ * model made by kvd-gguf-gen, the cpu backend, a kvmm sized by the test, an
+ * executor whose sink records every request's events and reply, and
+ * helpers that build generate requests as msgpack maps (so they go through
+ * the same parsing and validation as the daemon's). */
+#ifndef KVD_TEST_EXEC_FIXTURE_H
+#define KVD_TEST_EXEC_FIXTURE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "exec.h"
+#include "ops_generate.h"
+
+#define FX_MAX_REQ 256
+#define FX_MAX_TOK 1024
+
+/* What the sink saw of one request (index = request id). */
+struct fx_result {
+    bool done;
+    int finish; /* enum sched_finish */
+    int err;
+    char msg[160];
+    uint32_t toks[FX_MAX_TOK];
+    size_t n;
+    uint32_t streamed[FX_MAX_TOK];
+    size_t n_streamed, n_events;
+    size_t prompt, cached, completion;
+    bool seq_returned;
+    uint64_t seq;
+    uint32_t order; /* 1 for the first reply since fx_reset_results, 2, ... */
+};
+
+struct fx_model {
+    char dir[64];
+    char path[128];
+    uint32_t vocab, ctx;
+};
+
+struct fx {
+    struct fx_model *model;
+    struct backend *be;
+    struct model *m;
+    struct kvmm *mm;
+    struct exec *ex;
+    uint32_t tenant, ns;
+};
+
+/* Writes a model (layers, embd, heads, kv_heads, ff, vocab, ctx, seed) into
+ * a fresh temporary directory. 0 on success. */
+int fx_model_make(struct fx_model *fm, uint32_t layers, uint32_t embd, uint32_t heads,
+                  uint32_t kv_heads, uint32_t ff, uint32_t vocab, uint32_t ctx);
+void fx_model_remove(struct fx_model *fm);
+
+/* Loads the model, makes a kvmm of the model's geometry (block_tokens 16)
+ * with the given pools, one tenant (weight 1, unlimited) and the executor. */
+int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t host_blocks,
+            uint32_t step_tokens, uint32_t max_seqs);
+void fx_close(struct fx *f);
+void fx_reset_results(void);
+struct fx_result *fx_result(uint64_t id);
+/* Waits until request id has its reply (no time limit: ctest's timeout is
+ * the safety net; nothing here is a timed assertion). */
+struct fx_result *fx_wait(uint64_t id);
+
+struct fx_gen {
+    const uint32_t *toks;
+    size_t n_toks;
+    bool no_tokens;
+    uint32_t max_tokens; /* 0: absent */
+    double temperature;  /* < 0: absent */
+    uint32_t top_k;
+    double top_p; /* 0: absent */
+    bool has_seed;
+    uint64_t seed;
+    const uint32_t *stop;
+    size_t n_stop;
+    bool stream;
+    int32_t priority;
+    bool has_seq;
+    uint64_t seq;
+    uint64_t conn; /* default 1 */
+    bool has_tenant; /* else the fixture's tenant */
+    uint32_t tenant, ns;
+};
+/* Adds a tenant (unlimited quotas) with this weight; its id and namespace. */
+int fx_tenant(struct fx *f, const char *name, uint32_t weight, uint32_t *tenant, uint32_t *ns);
+
+/* Builds and submits; returns the build's status (err filled). */
+int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct proto_err *err);
+/* Builds from a raw msgpack map payload (for validation tests). */
+int fx_build_raw(struct fx *f, const void *map, size_t len, struct proto_err *err);
+
+#endif
