@@ -10,15 +10,13 @@
 #include "kvd/client.h"
 #include "proto.h"
 
-/* A reply as the library keeps it: one allocation holding this struct and
- * then the frame's payload (STR and BIN values point into it, so kv_read
- * data is not copied twice); the kvd_value nodes live in the parse's zone. */
+/* A reply as the library keeps it: one allocation holding this struct, the
+ * kvd_value nodes (one per msgpack object) and then the frame's payload (STR
+ * and BIN values point into it, so kv_read data is not copied twice). */
 struct kvd_reply_impl {
     struct kvd_reply pub; /* first: a kvd_reply * is a kvd_reply_impl * */
-    char *frame;          /* payload: frame_len bytes + a spare NUL, right after this struct */
+    char *frame;          /* payload: frame_len bytes + a spare NUL, after the nodes */
     size_t frame_len;
-    struct proto_msg msg;               /* the codec's parse of frame */
-    bool parsed;                        /* msg needs proto_msg_free */
     bool is_event;                      /* {"id", "event", ...} rather than a reply */
     struct kvd_reply_impl *prev, *next; /* kept-replies FIFO, oldest first */
 };

@@ -14,54 +14,203 @@
  * the daemon sends at most a few levels. */
 #define VALUE_MAX_DEPTH 32
 
-static int value_from_object(msgpack_zone *z, const msgpack_object *o, struct kvd_value *v,
-                             int depth)
+/* The reply decoder. proto_msg_check has already walked the frame (every
+ * count fits the bytes left, depth and object limits), so the tree needs
+ * exactly n_objects value slots; the bounds are checked again here anyway,
+ * since that is cheap. Values are read from src; strings and bins point into
+ * dst, the reply's own copy of the frame, where a NUL is written after each
+ * string (in the copy, so the byte after a string, the next object's type,
+ * is still read intact from src). */
+struct dec {
+    const uint8_t *src;
+    char *dst;
+    size_t len, pos;
+    struct kvd_value *slot, *slot_end; /* next free value slot, end of slots */
+};
+
+_Static_assert(sizeof(struct kvd_pair) == 2 * sizeof(struct kvd_value),
+               "a map's pairs take two value slots each");
+
+/* The next k bytes as a big-endian number (k <= 8), or false if short. */
+static bool dec_be(struct dec *d, unsigned k, uint64_t *out)
 {
-    if (depth > VALUE_MAX_DEPTH)
+    uint64_t v = 0;
+    if (d->len - d->pos < k)
+        return false;
+    for (unsigned i = 0; i < k; i++)
+        v = v << 8 | d->src[d->pos + i];
+    d->pos += k;
+    *out = v;
+    return true;
+}
+
+static struct kvd_value *dec_slots(struct dec *d, size_t n)
+{
+    struct kvd_value *s = d->slot;
+    if ((size_t)(d->slot_end - d->slot) < n)
+        return NULL;
+    d->slot += n;
+    return s;
+}
+
+static int dec_value(struct dec *d, struct kvd_value *v, int depth)
+{
+    uint64_t n = 0, x;
+    uint8_t b;
+    int kind; /* 1 str, 2 bin, 3 array, 4 map, 5 ext (n payload bytes + a type byte) */
+
+    if (depth > VALUE_MAX_DEPTH || d->pos >= d->len)
         return KVD_EBADREQ;
-    switch (o->type) {
-    case MSGPACK_OBJECT_NIL:
+    b = d->src[d->pos++];
+    if (b <= 0x7f) {
+        v->type = KVD_T_UINT;
+        v->v.u = b;
+        return 0;
+    }
+    if (b >= 0xe0) {
+        v->type = KVD_T_INT;
+        v->v.i = (int8_t)b;
+        return 0;
+    }
+    if (b <= 0x8f) {
+        n = b & 0x0f;
+        kind = 4;
+    } else if (b <= 0x9f) {
+        n = b & 0x0f;
+        kind = 3;
+    } else if (b <= 0xbf) {
+        n = b & 0x1f;
+        kind = 1;
+    } else {
+        switch (b) {
+        case 0xc0:
+            v->type = KVD_T_NIL;
+            return 0;
+        case 0xc2:
+        case 0xc3:
+            v->type = KVD_T_BOOL;
+            v->v.b = b == 0xc3;
+            return 0;
+        case 0xca: {
+            uint32_t bits;
+            float f;
+            if (!dec_be(d, 4, &x))
+                return KVD_EBADREQ;
+            bits = (uint32_t)x;
+            memcpy(&f, &bits, sizeof(f));
+            v->type = KVD_T_FLOAT;
+            v->v.f = f;
+            return 0;
+        }
+        case 0xcb:
+            if (!dec_be(d, 8, &x))
+                return KVD_EBADREQ;
+            v->type = KVD_T_FLOAT;
+            memcpy(&v->v.f, &x, sizeof(v->v.f));
+            return 0;
+        case 0xcc:
+        case 0xcd:
+        case 0xce:
+        case 0xcf:
+            if (!dec_be(d, 1u << (b - 0xcc), &x))
+                return KVD_EBADREQ;
+            v->type = KVD_T_UINT;
+            v->v.u = x;
+            return 0;
+        case 0xd0:
+        case 0xd1:
+        case 0xd2:
+        case 0xd3: {
+            unsigned k = 1u << (b - 0xd0);
+            int64_t i;
+            if (!dec_be(d, k, &x))
+                return KVD_EBADREQ;
+            /* sign-extend from k bytes */
+            i = k == 8 ? (int64_t)x : (int64_t)(x ^ (1ull << (8 * k - 1))) - (1ll << (8 * k - 1));
+            /* Like msgpack-c: a signed encoding of a value >= 0 is a uint. */
+            if (i >= 0) {
+                v->type = KVD_T_UINT;
+                v->v.u = (uint64_t)i;
+            } else {
+                v->type = KVD_T_INT;
+                v->v.i = i;
+            }
+            return 0;
+        }
+        case 0xd4:
+        case 0xd5:
+        case 0xd6:
+        case 0xd7:
+        case 0xd8:
+            n = 1u << (b - 0xd4);
+            kind = 5;
+            break;
+        case 0xc4:
+        case 0xc5:
+        case 0xc6:
+            if (!dec_be(d, 1u << (b - 0xc4), &n))
+                return KVD_EBADREQ;
+            kind = 2;
+            break;
+        case 0xc7:
+        case 0xc8:
+        case 0xc9:
+            if (!dec_be(d, 1u << (b - 0xc7), &n))
+                return KVD_EBADREQ;
+            kind = 5;
+            break;
+        case 0xd9:
+        case 0xda:
+        case 0xdb:
+            if (!dec_be(d, 1u << (b - 0xd9), &n))
+                return KVD_EBADREQ;
+            kind = 1;
+            break;
+        case 0xdc:
+        case 0xdd:
+            if (!dec_be(d, 2u << (b - 0xdc), &n))
+                return KVD_EBADREQ;
+            kind = 3;
+            break;
+        case 0xde:
+        case 0xdf:
+            if (!dec_be(d, 2u << (b - 0xde), &n))
+                return KVD_EBADREQ;
+            kind = 4;
+            break;
+        default: /* 0xc1: never used */
+            return KVD_EBADREQ;
+        }
+    }
+    switch (kind) {
+    case 1:
+    case 2:
+        if (d->len - d->pos < n)
+            return KVD_EBADREQ;
+        if (kind == 1) {
+            v->type = KVD_T_STR;
+            v->v.str.ptr = d->dst + d->pos;
+            v->v.str.len = n;
+            d->dst[d->pos + n] = '\0'; /* dst holds len + 1 bytes */
+        } else {
+            v->type = KVD_T_BIN;
+            v->v.bin.ptr = d->dst + d->pos;
+            v->v.bin.len = n;
+        }
+        d->pos += n;
+        return 0;
+    case 5: /* ext: kvd never sends it; shown as nil */
+        if (d->len - d->pos < n + 1)
+            return KVD_EBADREQ;
+        d->pos += n + 1;
         v->type = KVD_T_NIL;
         return 0;
-    case MSGPACK_OBJECT_BOOLEAN:
-        v->type = KVD_T_BOOL;
-        v->v.b = o->via.boolean;
-        return 0;
-    case MSGPACK_OBJECT_POSITIVE_INTEGER:
-        v->type = KVD_T_UINT;
-        v->v.u = o->via.u64;
-        return 0;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
-        v->type = KVD_T_INT;
-        v->v.i = o->via.i64;
-        return 0;
-    case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64:
-        v->type = KVD_T_FLOAT;
-        v->v.f = o->via.f64;
-        return 0;
-    case MSGPACK_OBJECT_STR:
-        /* Points into the frame, NUL-terminated there by terminate_strings. */
-        v->type = KVD_T_STR;
-        v->v.str.ptr = o->via.str.ptr;
-        v->v.str.len = o->via.str.size;
-        return 0;
-    case MSGPACK_OBJECT_BIN:
-        /* Points into the frame, which the reply owns. */
-        v->type = KVD_T_BIN;
-        v->v.bin.ptr = o->via.bin.ptr;
-        v->v.bin.len = o->via.bin.size;
-        return 0;
-    case MSGPACK_OBJECT_ARRAY: {
-        size_t n = o->via.array.size;
-        struct kvd_value *items = NULL;
-        if (n) {
-            items = msgpack_zone_malloc(z, n * sizeof(*items));
-            if (!items)
-                return KVD_ENOMEM;
-        }
+    case 3: {
+        struct kvd_value *items = n ? dec_slots(d, n) : NULL;
+        if (n && !items)
+            return KVD_EBADREQ;
         for (size_t i = 0; i < n; i++) {
-            int rc = value_from_object(z, &o->via.array.ptr[i], &items[i], depth + 1);
+            int rc = dec_value(d, &items[i], depth + 1);
             if (rc)
                 return rc;
         }
@@ -70,18 +219,16 @@ static int value_from_object(msgpack_zone *z, const msgpack_object *o, struct kv
         v->v.array.n = n;
         return 0;
     }
-    case MSGPACK_OBJECT_MAP: {
-        size_t n = o->via.map.size;
+    default: { /* map */
         struct kvd_pair *items = NULL;
         if (n) {
-            items = msgpack_zone_malloc(z, n * sizeof(*items));
-            if (!items)
-                return KVD_ENOMEM;
+            if (n > SIZE_MAX / 2 || !(items = (struct kvd_pair *)dec_slots(d, 2 * n)))
+                return KVD_EBADREQ;
         }
         for (size_t i = 0; i < n; i++) {
-            int rc = value_from_object(z, &o->via.map.ptr[i].key, &items[i].key, depth + 1);
+            int rc = dec_value(d, &items[i].key, depth + 1);
             if (!rc)
-                rc = value_from_object(z, &o->via.map.ptr[i].val, &items[i].val, depth + 1);
+                rc = dec_value(d, &items[i].val, depth + 1);
             if (rc)
                 return rc;
         }
@@ -90,51 +237,41 @@ static int value_from_object(msgpack_zone *z, const msgpack_object *o, struct kv
         v->v.map.n = n;
         return 0;
     }
-    default: /* ext: kvd never sends it; shown as nil */
-        v->type = KVD_T_NIL;
+    }
+}
+
+/* The status of a reply map, as proto_reply_status reads it: 0 for "ok":
+ * true, else the code of "error" (*why: a static reason when the reply is
+ * malformed, for the message). */
+static int reply_status(const struct kvd_value *root, const char **why)
+{
+    const struct kvd_value *ok = kvd_value_get(root, "ok"), *e, *code, *msg;
+    char cbuf[32];
+    int c;
+
+    *why = NULL;
+    if (!ok || ok->type == KVD_T_NIL) {
+        *why = "missing 'ok'";
+        return KVD_EBADREQ;
+    }
+    if (ok->type != KVD_T_BOOL) {
+        *why = "'ok' must be a boolean";
+        return KVD_EBADREQ;
+    }
+    if (ok->v.b)
         return 0;
+    e = kvd_value_get(root, "error");
+    code = kvd_value_get(e, "code");
+    msg = kvd_value_get(e, "message");
+    if (!e || e->type != KVD_T_MAP || !code || code->type != KVD_T_STR || !msg ||
+        msg->type != KVD_T_STR) {
+        *why = "malformed error reply";
+        return KVD_EBADREQ;
     }
-}
-
-/* A copy of s in the zone (NULL for NULL or no memory). */
-static const char *kvd_zone_strdup(msgpack_zone *z, const char *s)
-{
-    size_t n;
-    char *d;
-    if (!s)
-        return NULL;
-    n = strlen(s) + 1;
-    d = msgpack_zone_malloc_no_align(z, n);
-    if (d)
-        memcpy(d, s, n);
-    return d;
-}
-
-/* Writes a NUL after every string of a parsed frame, in the frame itself,
- * so kvd_value strings need no copy. Safe once parsing is done: the byte
- * after a string's bytes is the next object's type byte (already decoded
- * into msgpack_objects) or the spare byte past the frame's end. */
-static void terminate_strings(const msgpack_object *o, int depth)
-{
-    if (depth > VALUE_MAX_DEPTH)
-        return;
-    switch (o->type) {
-    case MSGPACK_OBJECT_STR:
-        ((char *)o->via.str.ptr)[o->via.str.size] = '\0';
-        break;
-    case MSGPACK_OBJECT_ARRAY:
-        for (uint32_t i = 0; i < o->via.array.size; i++)
-            terminate_strings(&o->via.array.ptr[i], depth + 1);
-        break;
-    case MSGPACK_OBJECT_MAP:
-        for (uint32_t i = 0; i < o->via.map.size; i++) {
-            terminate_strings(&o->via.map.ptr[i].key, depth + 1);
-            terminate_strings(&o->via.map.ptr[i].val, depth + 1);
-        }
-        break;
-    default:
-        break;
-    }
+    snprintf(cbuf, sizeof(cbuf), "%.*s", (int)(code->v.str.len < 31 ? code->v.str.len : 31),
+             code->v.str.ptr);
+    c = kvd_err_from_code(cbuf);
+    return c == KVD_OK ? KVD_EINTERNAL : c;
 }
 
 int kvd_reply_decode(const char *src, size_t len, struct kvd_reply_impl **out, char *errbuf,
@@ -142,44 +279,47 @@ int kvd_reply_decode(const char *src, size_t len, struct kvd_reply_impl **out, c
 {
     int rc;
     struct proto_err perr = {0};
+    size_t n_obj = 0;
+    struct kvd_reply_impl *r;
     struct kvd_value *root;
-    msgpack_zone *z;
-    /* One allocation: the reply, then the frame and a spare byte for the
-     * NUL of a string that ends the frame. */
-    struct kvd_reply_impl *r = malloc(sizeof(*r) + len + 1);
+    const char *why;
 
     *out = NULL;
+    /* The codec checks structure and limits before anything is allocated. */
+    rc = proto_msg_check(src, len, &n_obj, &perr);
+    if (rc) {
+        snprintf(errbuf, errlen, "daemon sent a frame libkvd cannot read: %s", perr.message);
+        return rc;
+    }
+    /* One allocation: the reply, one value slot per msgpack object, then the
+     * frame and a spare byte for the NUL of a string that ends it. */
+    r = malloc(sizeof(*r) + n_obj * sizeof(struct kvd_value) + len + 1);
     if (!r) {
         snprintf(errbuf, errlen, "out of memory decoding a reply of %zu bytes", len);
         return KVD_ENOMEM;
     }
     memset(r, 0, sizeof(*r));
-    r->frame = (char *)(r + 1);
+    root = (struct kvd_value *)(r + 1);
+    r->frame = (char *)(root + n_obj);
     r->frame_len = len;
     memcpy(r->frame, src, len);
     r->frame[len] = '\0';
-    /* The codec checks structure and limits before msgpack-c allocates. */
-    rc = proto_msg_parse(&r->msg, r->frame, len, &perr);
-    if (rc) {
-        snprintf(errbuf, errlen, "daemon sent a frame libkvd cannot read: %s", perr.message);
+    struct dec d = {(const uint8_t *)src, r->frame, len, 0, root + 1, root + n_obj};
+    rc = dec_value(&d, root, 0);
+    if (rc || d.pos != len || root->type != KVD_T_MAP) {
+        snprintf(errbuf, errlen, "daemon sent a frame libkvd cannot read: %s",
+                 rc ? "malformed msgpack message" : "not one msgpack map");
+        rc = KVD_EBADREQ;
         goto out_free;
     }
-    r->parsed = true;
-    /* The value tree shares the parse's zone: freed together. */
-    z = r->msg.up.zone;
-    terminate_strings(r->msg.root, 0);
-    root = msgpack_zone_malloc(z, sizeof(*root));
-    if (!root) {
-        rc = KVD_ENOMEM;
-        snprintf(errbuf, errlen, "out of memory decoding a reply");
-        goto out_free;
-    }
-    rc = value_from_object(z, r->msg.root, root, 0);
-    if (rc) {
-        snprintf(errbuf, errlen,
-                 rc == KVD_ENOMEM ? "out of memory decoding a reply"
-                                  : "daemon sent a reply nested too deeply");
-        goto out_free;
+    for (size_t i = 0; i < root->v.map.n; i++) {
+        if (root->v.map.items[i].key.type != KVD_T_STR) {
+            snprintf(errbuf, errlen,
+                     "daemon sent a frame libkvd cannot read: message key #%zu is not a string",
+                     i);
+            rc = KVD_EBADREQ;
+            goto out_free;
+        }
     }
     r->pub.body = root;
     if (kvd_value_u64(kvd_value_get(root, "id"), &r->pub.id)) {
@@ -195,9 +335,9 @@ int kvd_reply_decode(const char *src, size_t len, struct kvd_reply_impl **out, c
             *out = r; /* the common case: no error to look at */
             return 0;
         }
-        rc = proto_reply_status(r->msg.root, &perr);
+        rc = reply_status(root, &why);
         if (rc == KVD_EBADREQ && !kvd_value_get(root, "error")) {
-            snprintf(errbuf, errlen, "daemon sent a malformed reply: %s", perr.message);
+            snprintf(errbuf, errlen, "daemon sent a malformed reply: %s", why);
             goto out_free;
         }
         if (rc) {
@@ -208,9 +348,7 @@ int kvd_reply_decode(const char *src, size_t len, struct kvd_reply_impl **out, c
             if (!r->pub.code)
                 r->pub.code = kvd_err_code(rc);
             if (!r->pub.message)
-                r->pub.message = kvd_zone_strdup(z, perr.message);
-            if (!r->pub.message)
-                r->pub.message = "(no message)";
+                r->pub.message = why ? why : "(no message)";
             rc = 0;
         }
     }
@@ -224,12 +362,7 @@ out_free:
 
 void kvd_reply_free(struct kvd_reply *pub)
 {
-    struct kvd_reply_impl *r = (struct kvd_reply_impl *)pub;
-    if (!r)
-        return;
-    if (r->parsed)
-        proto_msg_free(&r->msg);
-    free(r);
+    free(pub); /* one allocation (kvd_reply_decode) */
 }
 
 void kvd_free(void *p)

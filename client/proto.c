@@ -57,7 +57,8 @@ static uint64_t be_read(const uint8_t *p, unsigned bytes)
  * sets *end to the offset just past it. Containers count their children
  * against the bytes left (each child takes at least one byte), against
  * KVD_MAX_ARRAY and KVD_MAX_DEPTH; all objects against KVD_MAX_OBJECTS. */
-static int proto_scan(const uint8_t *p, size_t len, size_t *end, struct proto_err *err)
+static int proto_scan(const uint8_t *p, size_t len, size_t *end, size_t *n_objects,
+                      struct proto_err *err)
 {
     uint64_t pending[KVD_MAX_DEPTH + 1]; /* objects still to read at each depth */
     int depth = 0;
@@ -212,28 +213,50 @@ static int proto_scan(const uint8_t *p, size_t len, size_t *end, struct proto_er
         }
     }
     *end = pos;
+    if (n_objects)
+        *n_objects = objects;
     return KVD_OK;
 }
 
 /* ---- parsing ------------------------------------------------------------ */
 
-int proto_msg_parse(struct proto_msg *m, const void *payload, size_t len, struct proto_err *err)
+/* The checks before msgpack-c sees the bytes: a map, well formed, within
+ * the limits, nothing after it. */
+static int msg_precheck(const uint8_t *p, size_t len, size_t *n_objects, struct proto_err *err)
 {
-    const uint8_t *p = payload;
-    size_t end = 0, off = 0;
-    int rc;
-
-    m->root = NULL;
+    size_t end = 0;
     if (len == 0)
         return proto_err_set(err, KVD_EBADREQ, "empty message");
     if (!((p[0] >= 0x80 && p[0] <= 0x8f) || p[0] == 0xde || p[0] == 0xdf))
         return proto_err_set(err, KVD_EBADREQ, "message is not a msgpack map");
-    rc = proto_scan(p, len, &end, err);
+    int rc = proto_scan(p, len, &end, n_objects, err);
     if (rc)
         return rc;
     if (end != len)
         return proto_err_set(err, KVD_EBADREQ, "%zu trailing bytes after the message map",
                              len - end);
+    return KVD_OK;
+}
+
+/* Every key of the root map must be a string. */
+static int msg_check_keys(const msgpack_object *root, struct proto_err *err)
+{
+    for (uint32_t i = 0; i < root->via.map.size; i++)
+        if (root->via.map.ptr[i].key.type != MSGPACK_OBJECT_STR)
+            return proto_err_set(err, KVD_EBADREQ, "message key #%u is not a string", i);
+    return KVD_OK;
+}
+
+int proto_msg_parse(struct proto_msg *m, const void *payload, size_t len, struct proto_err *err)
+{
+    size_t off = 0;
+    int rc;
+
+    m->root = NULL;
+    m->borrowed = NULL;
+    rc = msg_precheck(payload, len, NULL, err);
+    if (rc)
+        return rc;
     msgpack_unpacked_init(&m->up);
     msgpack_unpack_return ur = msgpack_unpack_next(&m->up, payload, len, &off);
     if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
@@ -244,23 +267,56 @@ int proto_msg_parse(struct proto_msg *m, const void *payload, size_t len, struct
         msgpack_unpacked_destroy(&m->up);
         return proto_err_set(err, KVD_EBADREQ, "malformed msgpack message");
     }
-    m->root = &m->up.data;
-    for (uint32_t i = 0; i < m->root->via.map.size; i++) {
-        if (m->root->via.map.ptr[i].key.type != MSGPACK_OBJECT_STR) {
-            msgpack_unpacked_destroy(&m->up);
-            m->root = NULL;
-            return proto_err_set(err, KVD_EBADREQ, "message key #%u is not a string", i);
-        }
+    rc = msg_check_keys(&m->up.data, err);
+    if (rc) {
+        msgpack_unpacked_destroy(&m->up);
+        return rc;
     }
+    m->root = &m->up.data;
+    return KVD_OK;
+}
+
+int proto_msg_check(const void *payload, size_t len, size_t *n_objects, struct proto_err *err)
+{
+    return msg_precheck(payload, len, n_objects, err);
+}
+
+int proto_msg_parse_in(struct proto_msg *m, const void *payload, size_t len, msgpack_zone *zone,
+                       struct proto_err *err)
+{
+    size_t off = 0;
+    int rc;
+
+    m->root = NULL;
+    m->borrowed = NULL;
+    rc = msg_precheck(payload, len, NULL, err);
+    if (rc)
+        return rc;
+    m->up.zone = NULL;
+    msgpack_unpack_return ur = msgpack_unpack(payload, len, &off, zone, &m->up.data);
+    if (ur == MSGPACK_UNPACK_NOMEM_ERROR)
+        rc = proto_err_set(err, KVD_ENOMEM, "out of memory decoding the message");
+    else if (ur != MSGPACK_UNPACK_SUCCESS || off != len || m->up.data.type != MSGPACK_OBJECT_MAP)
+        rc = proto_err_set(err, KVD_EBADREQ, "malformed msgpack message");
+    else
+        rc = msg_check_keys(&m->up.data, err);
+    if (rc) {
+        msgpack_zone_clear(zone);
+        return rc;
+    }
+    m->borrowed = zone;
+    m->root = &m->up.data;
     return KVD_OK;
 }
 
 void proto_msg_free(struct proto_msg *m)
 {
-    if (m->root) {
+    if (m->root && m->borrowed)
+        msgpack_zone_clear(m->borrowed);
+    else if (m->root)
         msgpack_unpacked_destroy(&m->up);
-        m->root = NULL;
-    }
+    m->root = NULL;
+    m->borrowed = NULL;
 }
 
 uint64_t proto_msg_id(const struct proto_msg *m)

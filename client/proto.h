@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <msgpack.h>
 
@@ -51,6 +52,7 @@ enum proto_frame_status proto_frame_peek(const void *buf, size_t avail, size_t m
 struct proto_msg {
     msgpack_unpacked up;
     const msgpack_object *root; /* type MSGPACK_OBJECT_MAP */
+    msgpack_zone *borrowed;     /* the caller's zone (proto_msg_parse_in), else NULL */
 };
 
 /* Strict parse of one payload: exactly one msgpack map and no trailing
@@ -60,7 +62,18 @@ struct proto_msg {
  * Errors: bad_request (not msgpack, not a map, trailing bytes, too deep),
  * too_large (array or object count over a limit). On error m needs no free. */
 int proto_msg_parse(struct proto_msg *m, const void *payload, size_t len, struct proto_err *err);
+/* proto_msg_parse with the objects built in a caller-owned zone, which the
+ * daemon reuses for every request instead of a zone malloc'd and freed per
+ * message; proto_msg_free then clears the zone (msgpack_zone_clear keeps its
+ * first chunk). Same checks, same errors. */
+int proto_msg_parse_in(struct proto_msg *m, const void *payload, size_t len, msgpack_zone *zone,
+                       struct proto_err *err);
 void proto_msg_free(struct proto_msg *m);
+/* The checks of proto_msg_parse that come before decoding (one map, well
+ * formed, every count within the bytes and the limits, no trailing bytes),
+ * for a decoder that builds its own tree (libkvd): *n_objects gets the
+ * number of msgpack objects, the root included. Keys are not checked. */
+int proto_msg_check(const void *payload, size_t len, size_t *n_objects, struct proto_err *err);
 
 /* The request id of a parsed message, 0 when absent or not a uint (used for
  * error replies to a request that failed before its id was validated). */
@@ -149,17 +162,51 @@ int proto_frame_end(msgpack_sbuffer *sb, size_t at);
  * NULL on no memory. The pointer is valid until the buffer grows again. */
 void *proto_sbuf_extend(msgpack_sbuffer *sb, size_t len);
 
-/* A NUL-terminated string (keys and short values). */
-int proto_pack_str(msgpack_packer *pk, const char *s);
-/* A key followed by a value of the common kinds. */
-int proto_pack_kv_uint(msgpack_packer *pk, const char *key, uint64_t v);
-int proto_pack_kv_int(msgpack_packer *pk, const char *key, int64_t v);
-int proto_pack_kv_double(msgpack_packer *pk, const char *key, double v);
-int proto_pack_kv_bool(msgpack_packer *pk, const char *key, bool v);
-int proto_pack_kv_str(msgpack_packer *pk, const char *key, const char *v);
-int proto_pack_kv_nil(msgpack_packer *pk, const char *key);
+/* A string of n bytes, header and body in one write to the packer. */
+int proto_pack_strn(msgpack_packer *pk, const char *s, size_t n);
+/* A key of klen bytes followed by a value of the common kinds; a short key
+ * and a scalar value go to the packer as one write (replies are mostly
+ * such pairs, and each write is a call through the packer's callback). */
+int proto_pack_kvn_uint(msgpack_packer *pk, const char *key, size_t klen, uint64_t v);
+int proto_pack_kvn_int(msgpack_packer *pk, const char *key, size_t klen, int64_t v);
+int proto_pack_kvn_double(msgpack_packer *pk, const char *key, size_t klen, double v);
+int proto_pack_kvn_bool(msgpack_packer *pk, const char *key, size_t klen, bool v);
+int proto_pack_kvn_str(msgpack_packer *pk, const char *key, size_t klen, const char *v,
+                       size_t vlen);
+int proto_pack_kvn_nil(msgpack_packer *pk, const char *key, size_t klen);
 int proto_pack_kv_bin(msgpack_packer *pk, const char *key, const void *data, size_t len);
 int proto_pack_kv_u32_array(msgpack_packer *pk, const char *key, const uint32_t *v, size_t n);
+
+/* NUL-terminated forms. Inline so that strlen of a literal key is folded at
+ * compile time. */
+static inline int proto_pack_str(msgpack_packer *pk, const char *s)
+{
+    return proto_pack_strn(pk, s, strlen(s));
+}
+static inline int proto_pack_kv_uint(msgpack_packer *pk, const char *key, uint64_t v)
+{
+    return proto_pack_kvn_uint(pk, key, strlen(key), v);
+}
+static inline int proto_pack_kv_int(msgpack_packer *pk, const char *key, int64_t v)
+{
+    return proto_pack_kvn_int(pk, key, strlen(key), v);
+}
+static inline int proto_pack_kv_double(msgpack_packer *pk, const char *key, double v)
+{
+    return proto_pack_kvn_double(pk, key, strlen(key), v);
+}
+static inline int proto_pack_kv_bool(msgpack_packer *pk, const char *key, bool v)
+{
+    return proto_pack_kvn_bool(pk, key, strlen(key), v);
+}
+static inline int proto_pack_kv_str(msgpack_packer *pk, const char *key, const char *v)
+{
+    return proto_pack_kvn_str(pk, key, strlen(key), v, strlen(v));
+}
+static inline int proto_pack_kv_nil(msgpack_packer *pk, const char *key)
+{
+    return proto_pack_kvn_nil(pk, key, strlen(key));
+}
 
 /* Map header of n_extra + 2 pairs, then "id": id, "ok": true; the caller packs
  * n_extra key/value pairs after it. */

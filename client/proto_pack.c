@@ -58,54 +58,200 @@ void *proto_sbuf_extend(msgpack_sbuffer *sb, size_t len)
             return KVD_ENOMEM;                                                                     \
     } while (0)
 
-int proto_pack_str(msgpack_packer *pk, const char *s)
+/* The longest key packed together with its value in one write; longer
+ * ones take two. Bytes: a str8 header (2) + key + the largest scalar (9). */
+#define PACK_KEY_MAX 64
+#define PACK_BUF (2 + PACK_KEY_MAX + 9)
+/* Strings up to this long go out with their header in one write. */
+#define PACK_STR_ONE_WRITE 128
+
+static int put(msgpack_packer *pk, const uint8_t *b, size_t n)
 {
-    size_t n = strlen(s);
+    return pk->callback(pk->data, (const char *)b, n) ? KVD_ENOMEM : KVD_OK;
+}
+
+static size_t be16(uint8_t *b, uint8_t tag, uint16_t v)
+{
+    b[0] = tag;
+    b[1] = (uint8_t)(v >> 8);
+    b[2] = (uint8_t)v;
+    return 3;
+}
+
+static size_t be32(uint8_t *b, uint8_t tag, uint32_t v)
+{
+    b[0] = tag;
+    for (int i = 0; i < 4; i++)
+        b[1 + i] = (uint8_t)(v >> (24 - 8 * i));
+    return 5;
+}
+
+static size_t be64(uint8_t *b, uint8_t tag, uint64_t v)
+{
+    b[0] = tag;
+    for (int i = 0; i < 8; i++)
+        b[1 + i] = (uint8_t)(v >> (56 - 8 * i));
+    return 9;
+}
+
+/* msgpack encodings, smallest form first (the same bytes msgpack-c's
+ * packer produces). Each writes at most 9 bytes (str header: 5). */
+static size_t enc_str_hdr(uint8_t *b, size_t n)
+{
+    if (n < 32) {
+        b[0] = (uint8_t)(0xa0 | n);
+        return 1;
+    }
+    if (n < 256) {
+        b[0] = 0xd9;
+        b[1] = (uint8_t)n;
+        return 2;
+    }
+    if (n < 65536)
+        return be16(b, 0xda, (uint16_t)n);
+    return be32(b, 0xdb, (uint32_t)n);
+}
+
+static size_t enc_uint(uint8_t *b, uint64_t v)
+{
+    if (v < 128) {
+        b[0] = (uint8_t)v;
+        return 1;
+    }
+    if (v < 256) {
+        b[0] = 0xcc;
+        b[1] = (uint8_t)v;
+        return 2;
+    }
+    if (v < 65536)
+        return be16(b, 0xcd, (uint16_t)v);
+    if (v <= UINT32_MAX)
+        return be32(b, 0xce, (uint32_t)v);
+    return be64(b, 0xcf, v);
+}
+
+static size_t enc_int(uint8_t *b, int64_t v)
+{
+    if (v >= 0)
+        return enc_uint(b, (uint64_t)v);
+    if (v >= -32) {
+        b[0] = (uint8_t)(int8_t)v;
+        return 1;
+    }
+    if (v >= INT8_MIN) {
+        b[0] = 0xd0;
+        b[1] = (uint8_t)(int8_t)v;
+        return 2;
+    }
+    if (v >= INT16_MIN)
+        return be16(b, 0xd1, (uint16_t)(int16_t)v);
+    if (v >= INT32_MIN)
+        return be32(b, 0xd2, (uint32_t)(int32_t)v);
+    return be64(b, 0xd3, (uint64_t)v);
+}
+
+static size_t enc_map_hdr(uint8_t *b, size_t n)
+{
+    if (n < 16) {
+        b[0] = (uint8_t)(0x80 | n);
+        return 1;
+    }
+    if (n < 65536)
+        return be16(b, 0xde, (uint16_t)n);
+    return be32(b, 0xdf, (uint32_t)n);
+}
+
+/* A key into b (klen <= PACK_KEY_MAX); returns the bytes written. */
+static size_t enc_key(uint8_t *b, const char *key, size_t klen)
+{
+    size_t h = enc_str_hdr(b, klen);
+    memcpy(b + h, key, klen);
+    return h + klen;
+}
+
+int proto_pack_strn(msgpack_packer *pk, const char *s, size_t n)
+{
+    if (n <= PACK_STR_ONE_WRITE) {
+        uint8_t b[2 + PACK_STR_ONE_WRITE];
+        size_t h = enc_str_hdr(b, n);
+        memcpy(b + h, s, n);
+        return put(pk, b, h + n);
+    }
     PK(msgpack_pack_str(pk, n));
     PK(msgpack_pack_str_body(pk, s, n));
     return KVD_OK;
 }
 
-int proto_pack_kv_uint(msgpack_packer *pk, const char *key, uint64_t v)
+int proto_pack_kvn_uint(msgpack_packer *pk, const char *key, size_t klen, uint64_t v)
 {
-    PK(proto_pack_str(pk, key));
-    PK(msgpack_pack_uint64(pk, v));
-    return KVD_OK;
+    uint8_t b[PACK_BUF];
+    if (klen > PACK_KEY_MAX) {
+        PK(proto_pack_strn(pk, key, klen));
+        return put(pk, b, enc_uint(b, v));
+    }
+    size_t n = enc_key(b, key, klen);
+    return put(pk, b, n + enc_uint(b + n, v));
 }
 
-int proto_pack_kv_int(msgpack_packer *pk, const char *key, int64_t v)
+int proto_pack_kvn_int(msgpack_packer *pk, const char *key, size_t klen, int64_t v)
 {
-    PK(proto_pack_str(pk, key));
-    PK(msgpack_pack_int64(pk, v));
-    return KVD_OK;
+    uint8_t b[PACK_BUF];
+    if (klen > PACK_KEY_MAX) {
+        PK(proto_pack_strn(pk, key, klen));
+        return put(pk, b, enc_int(b, v));
+    }
+    size_t n = enc_key(b, key, klen);
+    return put(pk, b, n + enc_int(b + n, v));
 }
 
-int proto_pack_kv_double(msgpack_packer *pk, const char *key, double v)
+int proto_pack_kvn_double(msgpack_packer *pk, const char *key, size_t klen, double v)
 {
-    PK(proto_pack_str(pk, key));
-    PK(msgpack_pack_double(pk, v));
-    return KVD_OK;
+    uint8_t b[PACK_BUF];
+    uint64_t bits;
+    memcpy(&bits, &v, sizeof(bits));
+    if (klen > PACK_KEY_MAX) {
+        PK(proto_pack_strn(pk, key, klen));
+        return put(pk, b, be64(b, 0xcb, bits));
+    }
+    size_t n = enc_key(b, key, klen);
+    return put(pk, b, n + be64(b + n, 0xcb, bits));
 }
 
-int proto_pack_kv_bool(msgpack_packer *pk, const char *key, bool v)
+/* A key and a one-byte value (nil, true, false). */
+static int pack_kv_byte(msgpack_packer *pk, const char *key, size_t klen, uint8_t v)
 {
-    PK(proto_pack_str(pk, key));
-    PK(v ? msgpack_pack_true(pk) : msgpack_pack_false(pk));
-    return KVD_OK;
+    uint8_t b[PACK_BUF];
+    if (klen > PACK_KEY_MAX) {
+        PK(proto_pack_strn(pk, key, klen));
+        return put(pk, &v, 1);
+    }
+    size_t n = enc_key(b, key, klen);
+    b[n] = v;
+    return put(pk, b, n + 1);
 }
 
-int proto_pack_kv_str(msgpack_packer *pk, const char *key, const char *v)
+int proto_pack_kvn_bool(msgpack_packer *pk, const char *key, size_t klen, bool v)
 {
-    PK(proto_pack_str(pk, key));
-    PK(proto_pack_str(pk, v));
-    return KVD_OK;
+    return pack_kv_byte(pk, key, klen, v ? 0xc3 : 0xc2);
 }
 
-int proto_pack_kv_nil(msgpack_packer *pk, const char *key)
+int proto_pack_kvn_nil(msgpack_packer *pk, const char *key, size_t klen)
 {
-    PK(proto_pack_str(pk, key));
-    PK(msgpack_pack_nil(pk));
-    return KVD_OK;
+    return pack_kv_byte(pk, key, klen, 0xc0);
+}
+
+int proto_pack_kvn_str(msgpack_packer *pk, const char *key, size_t klen, const char *v,
+                       size_t vlen)
+{
+    if (klen <= PACK_KEY_MAX && vlen <= PACK_STR_ONE_WRITE) {
+        uint8_t b[PACK_BUF + PACK_STR_ONE_WRITE];
+        size_t n = enc_key(b, key, klen);
+        n += enc_str_hdr(b + n, vlen);
+        memcpy(b + n, v, vlen);
+        return put(pk, b, n + vlen);
+    }
+    PK(proto_pack_strn(pk, key, klen));
+    return proto_pack_strn(pk, v, vlen);
 }
 
 int proto_pack_kv_bin(msgpack_packer *pk, const char *key, const void *data, size_t len)
@@ -127,10 +273,14 @@ int proto_pack_kv_u32_array(msgpack_packer *pk, const char *key, const uint32_t 
 
 int proto_reply_begin(msgpack_packer *pk, uint64_t id, size_t n_extra)
 {
-    PK(msgpack_pack_map(pk, n_extra + 2));
-    PK(proto_pack_kv_uint(pk, "id", id));
-    PK(proto_pack_kv_bool(pk, "ok", true));
-    return KVD_OK;
+    /* map header, "id": id, "ok": true in one write */
+    uint8_t b[5 + 3 + 9 + 3 + 1];
+    size_t n = enc_map_hdr(b, n_extra + 2);
+    n += enc_key(b + n, "id", 2);
+    n += enc_uint(b + n, id);
+    n += enc_key(b + n, "ok", 2);
+    b[n++] = 0xc3;
+    return put(pk, b, n);
 }
 
 int proto_pack_error(msgpack_packer *pk, uint64_t id, int code, const char *message)

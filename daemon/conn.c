@@ -21,6 +21,15 @@
 #define CONN_FLUSH_TIMEOUT_S 10
 /* Replies at least this large are handed to libevent without a copy. */
 #define CONN_ZEROCOPY_MIN (64u << 10)
+/* Batched replies are written once they reach this many bytes, even if more
+ * requests are buffered (bounds the scratch buffer and the first reply's
+ * wait). */
+#define CONN_BATCH_BYTES (64u << 10)
+/* Most bytes libevent reads from a socket per read callback (its default is
+ * 16 KiB: a deep pipeline of small requests would take many loop passes). */
+#define CONN_READ_MAX (256 << 10)
+/* The scratch reply buffer is freed after a flush when it grew past this. */
+#define CONN_SCRATCH_KEEP (4u << 20)
 
 static void conn_read_cb(struct bufferevent *bev, void *arg);
 static void conn_write_cb(struct bufferevent *bev, void *arg);
@@ -43,6 +52,15 @@ int conn_send(struct conn *c, const void *data, size_t len)
 
 void conn_send_error(struct conn *c, uint64_t id, int code, const char *msg)
 {
+    if (c->srv->out_conn == c) {
+        /* Inside conn_process: behind the replies batched so far, so the
+         * client sees them in request order. */
+        msgpack_sbuffer *out = &c->srv->out;
+        size_t mark = out->size;
+        if (proto_frame_error(out, id, code, msg) != 0)
+            out->size = mark;
+        return;
+    }
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     if (proto_frame_error(&sb, id, code, msg) == 0)
@@ -92,35 +110,58 @@ bool conn_pending_remove(struct conn *c, uint64_t req_id)
     return false;
 }
 
+/* arg: the start of the malloc'd buffer (data may point into it). */
 static void free_frame_cb(const void *data, size_t len, void *arg)
 {
-    free((void *)data);
+    free(arg);
 }
 
-/* Sends the frames in srv->out and empties it. Large ones move to libevent
- * without a copy (a kv_read reply can be max_frame bytes). */
+/* Sends the frames batched in srv->out and empties it. When nothing is
+ * queued in libevent they go straight to the socket: no copy into the
+ * bufferevent and no write event to arm and disarm (two epoll_ctl per loop
+ * pass). Only what the socket cannot take now is queued, large remainders
+ * without a copy (a kv_read reply can be max_frame bytes). A failed send is
+ * left to libevent's own write, which reports it through conn_event_cb. */
 static void flush_out(struct conn *c)
 {
     msgpack_sbuffer *sb = &c->srv->out;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    size_t off = 0;
+
     if (sb->size == 0)
         return;
-    if (sb->size >= CONN_ZEROCOPY_MIN) {
+    if (evbuffer_get_length(out) == 0) {
+        ssize_t n;
+        do
+            n = send(bufferevent_getfd(c->bev), sb->data, sb->size, MSG_DONTWAIT | MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        if (n > 0)
+            off = (size_t)n;
+    }
+    if (off == sb->size) {
+        sb->size = 0;
+    } else if (sb->size - off >= CONN_ZEROCOPY_MIN) {
         size_t n = sb->size;
         char *data = msgpack_sbuffer_release(sb);
-        if (evbuffer_add_reference(bufferevent_get_output(c->bev), data, n, free_frame_cb, NULL) !=
-            0) {
+        if (evbuffer_add_reference(out, data + off, n - off, free_frame_cb, data) != 0) {
             free(data);
             log_err("conn %llu: out of memory queueing a reply; closing",
                     (unsigned long long)c->id);
             conn_close_after_flush(c);
         }
-        return;
+    } else {
+        if (conn_send(c, sb->data + off, sb->size - off) != 0) {
+            log_err("conn %llu: out of memory queueing a reply; closing",
+                    (unsigned long long)c->id);
+            conn_close_after_flush(c);
+        }
+        sb->size = 0;
     }
-    if (conn_send(c, sb->data, sb->size) != 0) {
-        log_err("conn %llu: out of memory queueing a reply; closing", (unsigned long long)c->id);
-        conn_close_after_flush(c);
+    /* A big scratch buffer is not kept around between batches. */
+    if (sb->alloc > CONN_SCRATCH_KEEP) {
+        msgpack_sbuffer_destroy(sb);
+        msgpack_sbuffer_init(sb);
     }
-    sb->size = 0;
 }
 
 /* A printable, bounded copy of client text for an error message. */
@@ -145,9 +186,10 @@ static bool dispatch(struct conn *c, const uint8_t *p, size_t len)
     struct proto_err e = {0};
     msgpack_sbuffer *sb = &srv->out;
     msgpack_packer pk;
+    size_t mark = sb->size; /* replies batched before this request */
     int rc;
 
-    if (proto_msg_parse(&m, p, len, &e) != 0) {
+    if (proto_msg_parse_in(&m, p, len, srv->zone, &e) != 0) {
         log_info("conn %llu (uid %u): %s; closing", (unsigned long long)c->id, (unsigned)c->uid,
                  e.message);
         conn_send_error(c, 0, e.code, e.message);
@@ -224,26 +266,78 @@ static bool dispatch(struct conn *c, const uint8_t *p, size_t len)
         if (!ctx.err.message[0])
             proto_err_set(&ctx.err, rc, "%s failed", ent->name);
         if (proto_frame_error(sb, id, rc, ctx.err.message) != 0)
-            sb->size = 0;
-    }
-    flush_out(c);
-    /* A big scratch buffer is not kept around between requests. */
-    if (sb->alloc > (4u << 20)) {
-        msgpack_sbuffer_destroy(sb);
-        msgpack_sbuffer_init(sb);
+            sb->size = mark;
     }
 out:
     proto_msg_free(&m);
     return true;
 }
 
-void conn_process(struct conn *c)
+/* After each request: writes the batch once it is big, and applies flow
+ * control. Returns true when reading must stop for now. */
+static bool after_request(struct conn *c, struct evbuffer *out)
+{
+    struct server *srv = c->srv;
+    if (!c->closing && srv->out.size >= CONN_BATCH_BYTES)
+        flush_out(c);
+    if (c->closing)
+        return true;
+    if (evbuffer_get_length(out) + srv->out.size > srv->out_high) {
+        flush_out(c);
+        /* The client is not reading its replies: stop reading its requests
+         * until the output drains (conn_write_cb). */
+        c->paused = true;
+        bufferevent_disable(c->bev, EV_READ);
+        log_debug("conn %llu: %zu bytes of replies queued; reading paused",
+                  (unsigned long long)c->id, evbuffer_get_length(out));
+        return true;
+    }
+    return false;
+}
+
+/* Dispatches the whole frames lying in the first contiguous piece of the
+ * input, decoded in place, and drains them together. Returns false when the
+ * connection must close (a message could not be parsed). */
+static bool process_contiguous(struct conn *c, struct evbuffer *in, struct evbuffer *out,
+                               size_t *used)
+{
+    struct evbuffer_iovec v;
+    size_t n = 0;
+    bool keep = true;
+
+    *used = 0;
+    if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+        return true;
+    const uint8_t *base = v.iov_base;
+    while (v.iov_len - *used >= KVD_FRAME_HEADER_BYTES &&
+           proto_frame_peek(base + *used, v.iov_len - *used, c->srv->opts.max_frame, &n) ==
+               PROTO_FRAME_READY) {
+        keep = dispatch(c, base + *used + KVD_FRAME_HEADER_BYTES, n);
+        *used += KVD_FRAME_HEADER_BYTES + n;
+        if (!keep || after_request(c, out))
+            break;
+    }
+    if (*used)
+        evbuffer_drain(in, *used);
+    return keep;
+}
+
+static void process_input(struct conn *c)
 {
     struct server *srv = c->srv;
     struct evbuffer *in = bufferevent_get_input(c->bev);
     struct evbuffer *out = bufferevent_get_output(c->bev);
 
     while (!c->closing && !c->paused) {
+        size_t used;
+        if (!process_contiguous(c, in, out, &used)) {
+            conn_close_after_flush(c);
+            return;
+        }
+        if (used)
+            continue;
+        /* The next frame is not whole in the first piece (it straddles
+         * libevent's chunks, is incomplete, or is bad): one at a time. */
         uint8_t hdr[KVD_FRAME_HEADER_BYTES];
         size_t avail = evbuffer_get_length(in), n = 0;
         if (avail < sizeof(hdr))
@@ -279,17 +373,22 @@ void conn_process(struct conn *c)
             conn_close_after_flush(c);
             return;
         }
-        if (c->closing)
-            return;
-        if (evbuffer_get_length(out) > srv->out_high) {
-            /* The client is not reading its replies: stop reading its
-             * requests until the output drains (conn_write_cb). */
-            c->paused = true;
-            bufferevent_disable(c->bev, EV_READ);
-            log_debug("conn %llu: %zu bytes of replies queued; reading paused",
-                      (unsigned long long)c->id, evbuffer_get_length(out));
-        }
+        after_request(c, out);
     }
+}
+
+void conn_process(struct conn *c)
+{
+    struct server *srv = c->srv;
+    /* Replies are batched in srv->out and sent once the input is used up.
+     * Not expected to nest; if it does, the outer batch goes first. */
+    struct conn *outer = srv->out_conn;
+    if (outer)
+        flush_out(outer);
+    srv->out_conn = c;
+    process_input(c);
+    flush_out(c);
+    srv->out_conn = outer;
 }
 
 static void conn_read_cb(struct bufferevent *bev, void *arg)
@@ -397,6 +496,7 @@ int conn_accept(struct server *srv, int fd)
     srv->n_conns++;
     bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
     bufferevent_setwatermark(c->bev, EV_WRITE, srv->out_high / 2, 0);
+    bufferevent_set_max_single_read(c->bev, CONN_READ_MAX);
 
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
         log_warn("accept: SO_PEERCRED failed: %s", strerror(errno));

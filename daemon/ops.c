@@ -23,6 +23,7 @@ int ops_table_set(struct ops_table *t, const char *name, ops_fn fn, void *ctx, u
         return KVD_ENOMEM;
     t->v = nv;
     strcpy(nv[t->n].name, name);
+    nv[t->n].len = strlen(name);
     nv[t->n].fn = fn;
     nv[t->n].ctx = ctx;
     nv[t->n].flags = flags;
@@ -33,7 +34,7 @@ int ops_table_set(struct ops_table *t, const char *name, ops_fn fn, void *ctx, u
 const struct ops_entry *ops_table_find(const struct ops_table *t, const char *name, size_t len)
 {
     for (size_t i = 0; i < t->n; i++)
-        if (strlen(t->v[i].name) == len && !memcmp(t->v[i].name, name, len))
+        if (t->v[i].len == len && !memcmp(t->v[i].name, name, len))
             return &t->v[i];
     return NULL;
 }

@@ -58,6 +58,7 @@ typedef int (*ops_fn)(struct ops_ctx *c);
 
 struct ops_entry {
     char name[32];
+    size_t len; /* strlen(name), so lookups compare lengths first */
     ops_fn fn;
     void *ctx;
     unsigned flags;

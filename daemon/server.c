@@ -529,6 +529,9 @@ int server_new(const struct options *opts, struct config *cfg, const char *confi
     snprintf(srv->config_path, sizeof(srv->config_path), "%s", config_path ? config_path : "");
     pthread_mutex_init(&srv->post_mu, NULL);
     msgpack_sbuffer_init(&srv->out);
+    srv->zone = msgpack_zone_new(MSGPACK_ZONE_CHUNK_SIZE);
+    if (!srv->zone)
+        goto fail;
     /* Queued replies above which a connection's requests stop being read
      * (flow control, so a client that never reads cannot grow the daemon
      * without bound). Clients that write a long pipeline before reading
@@ -626,6 +629,8 @@ void server_free(struct server *srv)
     ops_table_free(&srv->ops);
     config_free(&srv->cfg);
     msgpack_sbuffer_destroy(&srv->out);
+    if (srv->zone)
+        msgpack_zone_free(srv->zone);
     pthread_mutex_destroy(&srv->post_mu);
     free(srv);
 }

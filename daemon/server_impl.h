@@ -89,7 +89,11 @@ struct server {
     size_t n_pending; /* requests in flight on all connections */
     size_t out_high;  /* bytes of queued output above which reading pauses */
 
-    msgpack_sbuffer out; /* reply scratch buffer, reused */
+    /* Replies of the connection being processed (out_conn), sent in one
+     * write when conn_process() is done with its input; empty otherwise. */
+    msgpack_sbuffer out;
+    struct conn *out_conn;
+    msgpack_zone *zone; /* objects of the request being dispatched; cleared after each */
 
     char stats_key[32]; /* extra stats key ("" when none) and its packer */
     server_stats_fn stats_fn;

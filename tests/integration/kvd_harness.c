@@ -27,7 +27,7 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-int kvd_connect(const char *path)
+int kh_connect(const char *path)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof(sa.sun_path))
@@ -43,7 +43,7 @@ int kvd_connect(const char *path)
     return fd;
 }
 
-int kvd_start(struct kvd_proc *p, const char *conf_text, const char *const *args)
+int kh_start(struct kh_proc *p, const char *conf_text, const char *const *args)
 {
     const char *bin = getenv("KVD_BIN");
     const char *argv[64];
@@ -90,7 +90,7 @@ int kvd_start(struct kvd_proc *p, const char *conf_text, const char *const *args
         _exit(127);
     }
     for (int waited = 0; waited < HARNESS_WAIT_MS; waited += 10) {
-        int fd = kvd_connect(p->sock);
+        int fd = kh_connect(p->sock);
         if (fd >= 0) {
             close(fd);
             return 0;
@@ -107,14 +107,14 @@ int kvd_start(struct kvd_proc *p, const char *conf_text, const char *const *args
     return -1;
 }
 
-void kvd_cleanup_dir(struct kvd_proc *p)
+void kh_cleanup_dir(struct kh_proc *p)
 {
     unlink(p->sock);
     unlink(p->conf);
     rmdir(p->dir);
 }
 
-int kvd_wait(struct kvd_proc *p)
+int kh_wait(struct kh_proc *p)
 {
     int st;
     if (p->pid <= 0)
@@ -126,18 +126,18 @@ int kvd_wait(struct kvd_proc *p)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-int kvd_stop(struct kvd_proc *p)
+int kh_stop(struct kh_proc *p)
 {
     int rc = -1;
     if (p->pid > 0) {
         kill(p->pid, SIGTERM);
-        rc = kvd_wait(p);
+        rc = kh_wait(p);
     }
-    kvd_cleanup_dir(p);
+    kh_cleanup_dir(p);
     return rc;
 }
 
-int kvd_send_raw(int fd, const void *buf, size_t len)
+int kh_send_raw(int fd, const void *buf, size_t len)
 {
     const char *b = buf;
     while (len) {
@@ -153,7 +153,7 @@ int kvd_send_raw(int fd, const void *buf, size_t len)
     return 0;
 }
 
-void kvd_req_begin(struct kvd_req *r, const char *op, uint64_t id, size_t n_args)
+void kh_req_begin(struct kh_req *r, const char *op, uint64_t id, size_t n_args)
 {
     msgpack_sbuffer_init(&r->sb);
     msgpack_packer_init(&r->pk, &r->sb, msgpack_sbuffer_write);
@@ -161,9 +161,9 @@ void kvd_req_begin(struct kvd_req *r, const char *op, uint64_t id, size_t n_args
     proto_request_begin(&r->pk, op, id, n_args);
 }
 
-int kvd_req_send(int fd, struct kvd_req *r)
+int kh_req_send(int fd, struct kh_req *r)
 {
-    int rc = proto_frame_end(&r->sb, r->at) == 0 ? kvd_send_raw(fd, r->sb.data, r->sb.size) : -1;
+    int rc = proto_frame_end(&r->sb, r->at) == 0 ? kh_send_raw(fd, r->sb.data, r->sb.size) : -1;
     msgpack_sbuffer_destroy(&r->sb);
     return rc;
 }
@@ -188,7 +188,7 @@ static int read_full(int fd, void *buf, size_t len)
     return 0;
 }
 
-int kvd_recv(int fd, struct kvd_reply *r)
+int kh_recv(int fd, struct kh_reply *r)
 {
     uint8_t hdr[4];
     size_t n;
@@ -217,7 +217,7 @@ int kvd_recv(int fd, struct kvd_reply *r)
     return 0;
 }
 
-void kvd_reply_free(struct kvd_reply *r)
+void kh_reply_free(struct kh_reply *r)
 {
     if (r->buf) {
         proto_msg_free(&r->msg);
@@ -226,7 +226,7 @@ void kvd_reply_free(struct kvd_reply *r)
     memset(r, 0, sizeof(*r));
 }
 
-bool kvd_peer_closed(int fd)
+bool kh_peer_closed(int fd)
 {
     char c;
     struct pollfd pfd = {fd, POLLIN, 0};
@@ -236,31 +236,31 @@ bool kvd_peer_closed(int fd)
     return r == 0 || (r < 0 && errno == ECONNRESET);
 }
 
-int kvd_call0(int fd, const char *op, uint64_t id, struct kvd_reply *r)
+int kh_call0(int fd, const char *op, uint64_t id, struct kh_reply *r)
 {
-    struct kvd_req q;
-    kvd_req_begin(&q, op, id, 0);
-    if (kvd_req_send(fd, &q) || kvd_recv(fd, r))
+    struct kh_req q;
+    kh_req_begin(&q, op, id, 0);
+    if (kh_req_send(fd, &q) || kh_recv(fd, r))
         return -1;
     return r->code;
 }
 
-int kvd_call1(int fd, const char *op, uint64_t id, const char *key, uint64_t v, struct kvd_reply *r)
+int kh_call1(int fd, const char *op, uint64_t id, const char *key, uint64_t v, struct kh_reply *r)
 {
-    struct kvd_req q;
-    kvd_req_begin(&q, op, id, 1);
+    struct kh_req q;
+    kh_req_begin(&q, op, id, 1);
     proto_pack_kv_uint(&q.pk, key, v);
-    if (kvd_req_send(fd, &q) || kvd_recv(fd, r))
+    if (kh_req_send(fd, &q) || kh_recv(fd, r))
         return -1;
     return r->code;
 }
 
-const msgpack_object *kvd_obj(const msgpack_object *map, const char *key)
+const msgpack_object *kh_obj(const msgpack_object *map, const char *key)
 {
     return proto_map_find(map, key);
 }
 
-uint64_t kvd_u64(const msgpack_object *map, const char *key)
+uint64_t kh_u64(const msgpack_object *map, const char *key)
 {
     const msgpack_object *o = proto_map_find(map, key);
     if (!o || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
@@ -268,29 +268,29 @@ uint64_t kvd_u64(const msgpack_object *map, const char *key)
     return o->via.u64;
 }
 
-uint64_t kvd_seq_open(int fd, uint64_t id)
+uint64_t kh_seq_open(int fd, uint64_t id)
 {
-    struct kvd_reply r;
+    struct kh_reply r;
     uint64_t s = 0;
-    if (kvd_call0(fd, "seq_open", id, &r) == 0)
-        s = kvd_u64(r.root, "seq");
-    kvd_reply_free(&r);
+    if (kh_call0(fd, "seq_open", id, &r) == 0)
+        s = kh_u64(r.root, "seq");
+    kh_reply_free(&r);
     return s == UINT64_MAX ? 0 : s;
 }
 
-uint64_t kvd_stat(int fd, const char *section, const char *key)
+uint64_t kh_stat(int fd, const char *section, const char *key)
 {
-    struct kvd_reply r;
+    struct kh_reply r;
     uint64_t v = UINT64_MAX;
-    if (kvd_call0(fd, "stats", 999999, &r) == 0) {
-        const msgpack_object *m = section ? kvd_obj(r.root, section) : r.root;
-        v = kvd_u64(m, key);
+    if (kh_call0(fd, "stats", 999999, &r) == 0) {
+        const msgpack_object *m = section ? kh_obj(r.root, section) : r.root;
+        v = kh_u64(m, key);
     }
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     return v;
 }
 
-pid_t kvd_run_as(uid_t uid, gid_t gid, int (*fn)(void *arg), void *arg)
+pid_t kh_run_as(uid_t uid, gid_t gid, int (*fn)(void *arg), void *arg)
 {
     fflush(NULL);
     pid_t pid = fork();
@@ -301,7 +301,7 @@ pid_t kvd_run_as(uid_t uid, gid_t gid, int (*fn)(void *arg), void *arg)
     _exit(fn(arg));
 }
 
-int kvd_child_status(pid_t pid)
+int kh_child_status(pid_t pid)
 {
     int st;
     while (waitpid(pid, &st, 0) < 0)

@@ -51,7 +51,7 @@ static int run_kvd(const char *const *args)
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }
-    return kvd_child_status(pid);
+    return kh_child_status(pid);
 }
 
 static void test_command_line(void **state)
@@ -71,21 +71,21 @@ static void test_command_line(void **state)
 
 static void test_bad_config_file(void **state)
 {
-    struct kvd_proc p;
-    /* kvd_start fails because kvd exits with an error naming the line */
-    assert_int_equal(kvd_start(&p, "[limits]\nmax-seqs = lots\n", small_args), -1);
-    kvd_cleanup_dir(&p);
-    assert_int_equal(kvd_start(&p, "[nonsense]\nx = 1\n", small_args), -1);
-    kvd_cleanup_dir(&p);
-    assert_int_equal(kvd_start(&p, "[tenant:a b]\nuids = 1\n", small_args), -1);
-    kvd_cleanup_dir(&p);
+    struct kh_proc p;
+    /* kh_start fails because kvd exits with an error naming the line */
+    assert_int_equal(kh_start(&p, "[limits]\nmax-seqs = lots\n", small_args), -1);
+    kh_cleanup_dir(&p);
+    assert_int_equal(kh_start(&p, "[nonsense]\nx = 1\n", small_args), -1);
+    kh_cleanup_dir(&p);
+    assert_int_equal(kh_start(&p, "[tenant:a b]\nuids = 1\n", small_args), -1);
+    kh_cleanup_dir(&p);
 }
 
 /* The shipped example configuration loads (with small arenas from the
  * command line, which wins over its [server] section). */
 static void test_example_config_loads(void **state)
 {
-    struct kvd_proc p;
+    struct kh_proc p;
     const char *args[] = {"--config",
                           KVD_SOURCE_DIR "/systemd/kvd.conf.example",
                           "--backend",
@@ -97,72 +97,72 @@ static void test_example_config_loads(void **state)
                           "--kv-layers",
                           "2",
                           NULL};
-    assert_int_equal(kvd_start(&p, NULL, args), 0);
-    int fd = kvd_connect(p.sock);
-    struct kvd_reply r;
-    assert_int_equal(kvd_call0(fd, "hello", 1, &r), 0);
-    const msgpack_object *kv = kvd_obj(r.root, "kv");
-    assert_int_equal(kvd_u64(kv, "layers"), 2);     /* command line */
-    assert_int_equal(kvd_u64(kv, "head_dim"), 128); /* the file */
-    kvd_reply_free(&r);
+    assert_int_equal(kh_start(&p, NULL, args), 0);
+    int fd = kh_connect(p.sock);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "hello", 1, &r), 0);
+    const msgpack_object *kv = kh_obj(r.root, "kv");
+    assert_int_equal(kh_u64(kv, "layers"), 2);     /* command line */
+    assert_int_equal(kh_u64(kv, "head_dim"), 128); /* the file */
+    kh_reply_free(&r);
     close(fd);
-    assert_int_equal(kvd_stop(&p), 0);
+    assert_int_equal(kh_stop(&p), 0);
 }
 
 static void test_socket_mode_and_sigterm(void **state)
 {
-    struct kvd_proc p;
+    struct kh_proc p;
     struct stat st;
-    assert_int_equal(kvd_start(&p, NULL, small_args), 0);
+    assert_int_equal(kh_start(&p, NULL, small_args), 0);
     assert_int_equal(lstat(p.sock, &st), 0);
     assert_true(S_ISSOCK(st.st_mode));
     assert_int_equal(st.st_mode & 0777, 0660);
     /* a second daemon on the same path refuses to steal it */
-    struct kvd_proc q;
+    struct kh_proc q;
     memset(&q, 0, sizeof(q));
     const char *argv[] = {"--socket", p.sock, NULL};
     assert_int_not_equal(run_kvd(argv), 0);
     /* a connected client with a sequence; SIGTERM still exits 0 */
-    int fd = kvd_connect(p.sock);
-    assert_true(kvd_seq_open(fd, 1) != 0);
+    int fd = kh_connect(p.sock);
+    assert_true(kh_seq_open(fd, 1) != 0);
     kill(p.pid, SIGTERM);
-    assert_int_equal(kvd_wait(&p), 0);
-    assert_true(kvd_peer_closed(fd));
+    assert_int_equal(kh_wait(&p), 0);
+    assert_true(kh_peer_closed(fd));
     close(fd);
     assert_int_not_equal(lstat(p.sock, &st), 0); /* removed at exit */
-    kvd_cleanup_dir(&p);
+    kh_cleanup_dir(&p);
 }
 
 static void test_sigterm_with_requests_in_pipe(void **state)
 {
-    struct kvd_proc p;
-    assert_int_equal(kvd_start(&p, NULL, small_args), 0);
-    int fd = kvd_connect(p.sock);
+    struct kh_proc p;
+    assert_int_equal(kh_start(&p, NULL, small_args), 0);
+    int fd = kh_connect(p.sock);
     msgpack_sbuffer all;
     msgpack_sbuffer_init(&all);
     for (int i = 0; i < 200; i++) {
-        struct kvd_req q;
-        kvd_req_begin(&q, "stats", (uint64_t)i + 1, 0);
+        struct kh_req q;
+        kh_req_begin(&q, "stats", (uint64_t)i + 1, 0);
         proto_frame_end(&q.sb, q.at);
         msgpack_sbuffer_write(&all, q.sb.data, q.sb.size);
         msgpack_sbuffer_destroy(&q.sb);
     }
-    assert_int_equal(kvd_send_raw(fd, all.data, all.size), 0);
+    assert_int_equal(kh_send_raw(fd, all.data, all.size), 0);
     msgpack_sbuffer_destroy(&all);
     kill(p.pid, SIGTERM);
     /* Every reply that arrives is whole, in order, and then the connection
      * closes; the daemon exits 0. */
-    struct kvd_reply r;
+    struct kh_reply r;
     uint64_t next = 1;
-    while (kvd_recv(fd, &r) == 0) {
+    while (kh_recv(fd, &r) == 0) {
         assert_int_equal(r.id, next);
         assert_true(r.code == KVD_OK || r.code == KVD_ECANCELLED);
         next++;
-        kvd_reply_free(&r);
+        kh_reply_free(&r);
     }
-    assert_int_equal(kvd_wait(&p), 0);
+    assert_int_equal(kh_wait(&p), 0);
     close(fd);
-    kvd_cleanup_dir(&p);
+    kh_cleanup_dir(&p);
 }
 
 static void test_stale_socket(void **state)
@@ -186,17 +186,17 @@ static void test_stale_socket(void **state)
     }
     int fd = -1;
     for (int i = 0; i < 3000 && fd < 0; i++) {
-        fd = kvd_connect(path);
+        fd = kh_connect(path);
         if (fd < 0)
             nap_ms(10);
     }
     assert_true(fd >= 0);
-    struct kvd_reply r;
-    assert_int_equal(kvd_call0(fd, "hello", 1, &r), 0);
-    kvd_reply_free(&r);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "hello", 1, &r), 0);
+    kh_reply_free(&r);
     close(fd);
     kill(pid, SIGTERM);
-    assert_int_equal(kvd_child_status(pid), 0);
+    assert_int_equal(kh_child_status(pid), 0);
 
     /* a regular file is never removed */
     FILE *f = fopen(path, "w");
@@ -213,16 +213,16 @@ static void test_stale_socket(void **state)
 
 static void test_admin_shutdown(void **state)
 {
-    struct kvd_proc p;
-    assert_int_equal(kvd_start(&p, NULL, small_args), 0);
-    int fd = kvd_connect(p.sock);
-    struct kvd_reply r;
-    assert_int_equal(kvd_call0(fd, "admin_shutdown", 1, &r), 0);
-    kvd_reply_free(&r);
-    assert_true(kvd_peer_closed(fd));
+    struct kh_proc p;
+    assert_int_equal(kh_start(&p, NULL, small_args), 0);
+    int fd = kh_connect(p.sock);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "admin_shutdown", 1, &r), 0);
+    kh_reply_free(&r);
+    assert_true(kh_peer_closed(fd));
     close(fd);
-    assert_int_equal(kvd_wait(&p), 0);
-    kvd_cleanup_dir(&p);
+    assert_int_equal(kh_wait(&p), 0);
+    kh_cleanup_dir(&p);
 }
 
 struct victim {
@@ -235,46 +235,46 @@ struct victim {
 static int victim_main(void *arg)
 {
     struct victim *v = arg;
-    struct kvd_reply r;
-    struct kvd_req q;
-    int fd = kvd_connect(v->sock);
+    struct kh_reply r;
+    struct kh_req q;
+    int fd = kh_connect(v->sock);
     uint32_t toks[8] = {9, 8, 7, 6, 5, 4, 3, 2};
-    uint64_t s = kvd_seq_open(fd, 1), s2 = kvd_seq_open(fd, 2);
+    uint64_t s = kh_seq_open(fd, 1), s2 = kh_seq_open(fd, 2);
     if (!s || !s2)
         return 1;
-    kvd_req_begin(&q, "seq_extend", 3, 2);
+    kh_req_begin(&q, "seq_extend", 3, 2);
     proto_pack_kv_uint(&q.pk, "seq", s);
     proto_pack_kv_uint(&q.pk, "n", 10);
-    if (kvd_req_send(fd, &q) || kvd_recv(fd, &r) || r.code)
+    if (kh_req_send(fd, &q) || kh_recv(fd, &r) || r.code)
         return 2;
-    kvd_reply_free(&r);
-    kvd_req_begin(&q, "seq_commit", 4, 2);
+    kh_reply_free(&r);
+    kh_req_begin(&q, "seq_commit", 4, 2);
     proto_pack_kv_uint(&q.pk, "seq", s);
     proto_pack_kv_u32_array(&q.pk, "tokens", toks, 8);
-    if (kvd_req_send(fd, &q) || kvd_recv(fd, &r) || r.code)
+    if (kh_req_send(fd, &q) || kh_recv(fd, &r) || r.code)
         return 3;
-    kvd_reply_free(&r);
-    if (kvd_call1(fd, "seq_fork", 5, "seq", s, &r) != 0)
+    kh_reply_free(&r);
+    if (kh_call1(fd, "seq_fork", 5, "seq", s, &r) != 0)
         return 4;
-    kvd_reply_free(&r);
-    kvd_req_begin(&q, "seq_extend", 6, 2);
+    kh_reply_free(&r);
+    kh_req_begin(&q, "seq_extend", 6, 2);
     proto_pack_kv_uint(&q.pk, "seq", s2);
     proto_pack_kv_uint(&q.pk, "n", 8);
-    if (kvd_req_send(fd, &q) || kvd_recv(fd, &r) || r.code)
+    if (kh_req_send(fd, &q) || kh_recv(fd, &r) || r.code)
         return 5;
-    kvd_reply_free(&r);
-    if (kvd_call1(fd, "seq_offload", 7, "seq", s2, &r) != 0)
+    kh_reply_free(&r);
+    if (kh_call1(fd, "seq_offload", 7, "seq", s2, &r) != 0)
         return 6;
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     /* half of a kv_write frame */
     static uint8_t data[8 * 4096];
-    kvd_req_begin(&q, "kv_write", 8, 4);
+    kh_req_begin(&q, "kv_write", 8, 4);
     proto_pack_kv_uint(&q.pk, "seq", s);
     proto_pack_kv_uint(&q.pk, "start", 0);
     proto_pack_kv_uint(&q.pk, "n", 8);
     proto_pack_kv_bin(&q.pk, "data", data, sizeof(data));
     proto_frame_end(&q.sb, q.at);
-    if (kvd_send_raw(fd, q.sb.data, q.sb.size / 2))
+    if (kh_send_raw(fd, q.sb.data, q.sb.size / 2))
         return 7;
     if (write(v->ready, "r", 1) != 1)
         return 8;
@@ -284,14 +284,14 @@ static int victim_main(void *arg)
 
 static void test_kill9_client_releases_everything(void **state)
 {
-    struct kvd_proc p;
-    assert_int_equal(kvd_start(&p, NULL, small_args), 0);
-    int fd = kvd_connect(p.sock);
-    struct kvd_reply r;
-    assert_int_equal(kvd_call0(fd, "admin_evict", 1, &r), 0);
-    kvd_reply_free(&r);
-    uint64_t free0 = kvd_stat(fd, "device", "free"), used0 = kvd_stat(fd, "device", "used");
-    uint64_t hfree0 = kvd_stat(fd, "host", "free"), seqs0 = kvd_stat(fd, "counters", "seqs");
+    struct kh_proc p;
+    assert_int_equal(kh_start(&p, NULL, small_args), 0);
+    int fd = kh_connect(p.sock);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "admin_evict", 1, &r), 0);
+    kh_reply_free(&r);
+    uint64_t free0 = kh_stat(fd, "device", "free"), used0 = kh_stat(fd, "device", "used");
+    uint64_t hfree0 = kh_stat(fd, "host", "free"), seqs0 = kh_stat(fd, "counters", "seqs");
 
     int pp[2];
     assert_int_equal(pipe(pp), 0);
@@ -303,36 +303,36 @@ static void test_kill9_client_releases_everything(void **state)
     char c;
     assert_int_equal(read(pp[0], &c, 1), 1);
     /* the victim holds blocks now */
-    assert_true(kvd_stat(fd, "device", "used") > used0);
+    assert_true(kh_stat(fd, "device", "used") > used0);
     kill(child, SIGKILL);
-    assert_int_equal(kvd_child_status(child), -1);
+    assert_int_equal(kh_child_status(child), -1);
     close(pp[0]);
     close(pp[1]);
 
     /* The daemon sees the close on its loop; wait for it (bounded). */
-    for (int i = 0; i < 3000 && kvd_stat(fd, "counters", "seqs") != seqs0; i++)
+    for (int i = 0; i < 3000 && kh_stat(fd, "counters", "seqs") != seqs0; i++)
         nap_ms(10);
-    assert_int_equal(kvd_stat(fd, "counters", "seqs"), seqs0);
-    assert_int_equal(kvd_call0(fd, "admin_check", 2, &r), 0);
-    kvd_reply_free(&r);
+    assert_int_equal(kh_stat(fd, "counters", "seqs"), seqs0);
+    assert_int_equal(kh_call0(fd, "admin_check", 2, &r), 0);
+    kh_reply_free(&r);
     /* Committed blocks stay cached (that is the point of the cache); once
      * evicted, the pool is exactly as before. */
-    struct kvd_req q;
+    struct kh_req q;
     for (int tier = 0; tier < 2; tier++) {
-        kvd_req_begin(&q, "admin_evict", 3, 1);
+        kh_req_begin(&q, "admin_evict", 3, 1);
         proto_pack_kv_str(&q.pk, "tier", tier ? "host" : "device");
-        assert_int_equal(kvd_req_send(fd, &q), 0);
-        assert_int_equal(kvd_recv(fd, &r), 0);
+        assert_int_equal(kh_req_send(fd, &q), 0);
+        assert_int_equal(kh_recv(fd, &r), 0);
         assert_int_equal(r.code, 0);
-        kvd_reply_free(&r);
+        kh_reply_free(&r);
     }
-    assert_int_equal(kvd_stat(fd, "device", "used"), used0);
-    assert_int_equal(kvd_stat(fd, "device", "free"), free0);
-    assert_int_equal(kvd_stat(fd, "host", "free"), hfree0);
-    assert_int_equal(kvd_call0(fd, "admin_check", 4, &r), 0);
-    kvd_reply_free(&r);
+    assert_int_equal(kh_stat(fd, "device", "used"), used0);
+    assert_int_equal(kh_stat(fd, "device", "free"), free0);
+    assert_int_equal(kh_stat(fd, "host", "free"), hfree0);
+    assert_int_equal(kh_call0(fd, "admin_check", 4, &r), 0);
+    kh_reply_free(&r);
     close(fd);
-    assert_int_equal(kvd_stop(&p), 0);
+    assert_int_equal(kh_stop(&p), 0);
 }
 
 /* 160 pipelined 1 MiB kv_reads (more than the 64 MiB of queued output at
@@ -340,21 +340,21 @@ static void test_kill9_client_releases_everything(void **state)
  * writes gets every reply, whole and in order, as kvd pauses and resumes. */
 static void test_backpressure(void **state)
 {
-    struct kvd_proc p;
+    struct kh_proc p;
     const char *args[] = {"--backend", "cpu", "--device-blocks", "32", "--host-blocks", "0", NULL};
     enum { N = 160, TOKENS = 256, TOKEN_BYTES = 4096 };
-    assert_int_equal(kvd_start(&p, NULL, args), 0);
-    int fd = kvd_connect(p.sock);
-    struct kvd_reply r;
-    uint64_t s = kvd_seq_open(fd, 1);
-    struct kvd_req q;
-    kvd_req_begin(&q, "seq_extend", 2, 2);
+    assert_int_equal(kh_start(&p, NULL, args), 0);
+    int fd = kh_connect(p.sock);
+    struct kh_reply r;
+    uint64_t s = kh_seq_open(fd, 1);
+    struct kh_req q;
+    kh_req_begin(&q, "seq_extend", 2, 2);
     proto_pack_kv_uint(&q.pk, "seq", s);
     proto_pack_kv_uint(&q.pk, "n", TOKENS);
-    assert_int_equal(kvd_req_send(fd, &q), 0);
-    assert_int_equal(kvd_recv(fd, &r), 0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
     assert_int_equal(r.code, 0);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
 
     fcntl(fd, F_SETFL, O_NONBLOCK);
     size_t cap = (size_t)2 * TOKENS * TOKEN_BYTES, have = 0;
@@ -367,8 +367,8 @@ static void test_backpressure(void **state)
     while (got < N) {
         if (out_off == out.size && sent < N) {
             out.size = out_off = 0;
-            struct kvd_req rq;
-            kvd_req_begin(&rq, "kv_read", 100 + sent, 3);
+            struct kh_req rq;
+            kh_req_begin(&rq, "kv_read", 100 + sent, 3);
             proto_pack_kv_uint(&rq.pk, "seq", s);
             proto_pack_kv_uint(&rq.pk, "start", 0);
             proto_pack_kv_uint(&rq.pk, "n", TOKENS);
@@ -408,7 +408,7 @@ static void test_backpressure(void **state)
     free(in);
     msgpack_sbuffer_destroy(&out);
     close(fd);
-    assert_int_equal(kvd_stop(&p), 0);
+    assert_int_equal(kh_stop(&p), 0);
 }
 
 /* Reads notify datagrams until one contains `want` (or none comes). */
@@ -464,7 +464,7 @@ static void test_sd_notify(void **state)
     assert_true(notify_wait(ns, "READY=1", all, sizeof(all)));
     kill(pid, SIGTERM);
     assert_true(notify_wait(ns, "STOPPING=1", all, sizeof(all)));
-    assert_int_equal(kvd_child_status(pid), 0);
+    assert_int_equal(kh_child_status(pid), 0);
     close(ns);
     unlink(nsock);
     rmdir(dir);
@@ -492,17 +492,17 @@ static void test_default_socket_fallback(void **state)
     }
     int fd = -1;
     for (int i = 0; i < 3000 && fd < 0; i++) {
-        fd = kvd_connect(sock);
+        fd = kh_connect(sock);
         if (fd < 0)
             nap_ms(10);
     }
     assert_true(fd >= 0);
-    struct kvd_reply r;
-    assert_int_equal(kvd_call0(fd, "hello", 1, &r), 0);
-    kvd_reply_free(&r);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "hello", 1, &r), 0);
+    kh_reply_free(&r);
     close(fd);
     kill(pid, SIGTERM);
-    assert_int_equal(kvd_child_status(pid), 0);
+    assert_int_equal(kh_child_status(pid), 0);
     rmdir(dir);
 }
 
@@ -527,35 +527,35 @@ static void test_fd_exhaustion(void **state)
     int fds[N];
     fds[0] = -1;
     for (int i = 0; i < 3000 && fds[0] < 0; i++) {
-        fds[0] = kvd_connect(sock);
+        fds[0] = kh_connect(sock);
         if (fds[0] < 0)
             nap_ms(10);
     }
     assert_true(fds[0] >= 0);
     for (int i = 1; i < N; i++) {
-        fds[i] = kvd_connect(sock); /* queued in the backlog when not accepted */
+        fds[i] = kh_connect(sock); /* queued in the backlog when not accepted */
         assert_true(fds[i] >= 0);
     }
     for (int i = 0; i < N; i++) {
-        struct kvd_req q;
-        kvd_req_begin(&q, "hello", (uint64_t)i + 1, 0);
-        assert_int_equal(kvd_req_send(fds[i], &q), 0);
+        struct kh_req q;
+        kh_req_begin(&q, "hello", (uint64_t)i + 1, 0);
+        assert_int_equal(kh_req_send(fds[i], &q), 0);
     }
-    struct kvd_reply r;
-    assert_int_equal(kvd_recv(fds[0], &r), 0);
+    struct kh_reply r;
+    assert_int_equal(kh_recv(fds[0], &r), 0);
     assert_int_equal(r.code, 0);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     /* free descriptors: the rest are served */
     for (int i = 0; i < N / 2; i++)
         close(fds[i]);
     for (int i = N / 2; i < N; i++) {
-        assert_int_equal(kvd_recv(fds[i], &r), 0);
+        assert_int_equal(kh_recv(fds[i], &r), 0);
         assert_int_equal(r.id, (uint64_t)i + 1);
-        kvd_reply_free(&r);
+        kh_reply_free(&r);
         close(fds[i]);
     }
     kill(pid, SIGTERM);
-    assert_int_equal(kvd_child_status(pid), 0);
+    assert_int_equal(kh_child_status(pid), 0);
     rmdir(dir);
 }
 
@@ -579,25 +579,25 @@ static void test_socket_activation(void **state)
     }
     int fd = -1;
     for (int i = 0; i < 3000 && fd < 0; i++) {
-        fd = kvd_connect(path);
+        fd = kh_connect(path);
         if (fd < 0)
             nap_ms(10);
     }
     assert_true(fd >= 0);
-    struct kvd_reply r;
-    assert_int_equal(kvd_call0(fd, "hello", 1, &r), 0);
-    assert_int_equal(kvd_u64(r.root, "version"), 1);
-    kvd_reply_free(&r);
-    uint64_t s = kvd_seq_open(fd, 2);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "hello", 1, &r), 0);
+    assert_int_equal(kh_u64(r.root, "version"), 1);
+    kh_reply_free(&r);
+    uint64_t s = kh_seq_open(fd, 2);
     assert_true(s != 0);
     /* a second client on the same activated socket */
-    int fd2 = kvd_connect(path);
-    assert_int_equal(kvd_call1(fd2, "seq_info", 3, "seq", s, &r), KVD_ENOTFOUND);
-    kvd_reply_free(&r);
+    int fd2 = kh_connect(path);
+    assert_int_equal(kh_call1(fd2, "seq_info", 3, "seq", s, &r), KVD_ENOTFOUND);
+    kh_reply_free(&r);
     close(fd2);
     close(fd);
     kill(pid, SIGTERM);
-    assert_int_equal(kvd_child_status(pid), 0);
+    assert_int_equal(kh_child_status(pid), 0);
     unlink(path);
     rmdir(dir);
 }

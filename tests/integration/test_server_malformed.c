@@ -15,34 +15,34 @@
 
 #include "kvd_harness.h"
 
-static struct kvd_proc kvd;
+static struct kh_proc kvd;
 static int bystander = -1;
 static uint64_t bystander_seq;
 
 static int setup(void **state)
 {
     const char *args[] = {"--backend", "cpu", "--device-blocks", "64", "--host-blocks", "16", NULL};
-    if (kvd_start(&kvd, NULL, args))
+    if (kh_start(&kvd, NULL, args))
         return -1;
-    bystander = kvd_connect(kvd.sock);
-    bystander_seq = kvd_seq_open(bystander, 1);
+    bystander = kh_connect(kvd.sock);
+    bystander_seq = kh_seq_open(bystander, 1);
     return bystander_seq ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     close(bystander);
-    return kvd_stop(&kvd) == 0 ? 0 : -1;
+    return kh_stop(&kvd) == 0 ? 0 : -1;
 }
 
 /* The bystander's connection and sequence are untouched. */
 static void bystander_ok(void)
 {
-    struct kvd_reply r;
-    assert_int_equal(kvd_call1(bystander, "seq_info", 2, "seq", bystander_seq, &r), KVD_OK);
-    kvd_reply_free(&r);
-    assert_int_equal(kvd_call0(bystander, "hello", 3, &r), KVD_OK);
-    kvd_reply_free(&r);
+    struct kh_reply r;
+    assert_int_equal(kh_call1(bystander, "seq_info", 2, "seq", bystander_seq, &r), KVD_OK);
+    kh_reply_free(&r);
+    assert_int_equal(kh_call0(bystander, "hello", 3, &r), KVD_OK);
+    kh_reply_free(&r);
 }
 
 static void frame_of(const void *payload, uint32_t len, uint8_t *out)
@@ -59,21 +59,21 @@ static void frame_of(const void *payload, uint32_t len, uint8_t *out)
 static void expect(const void *bytes, size_t len, int code, uint64_t id, bool closes,
                    const char *needle)
 {
-    int fd = kvd_connect(kvd.sock);
-    struct kvd_reply r;
+    int fd = kh_connect(kvd.sock);
+    struct kh_reply r;
     assert_true(fd >= 0);
-    assert_int_equal(kvd_send_raw(fd, bytes, len), 0);
-    assert_int_equal(kvd_recv(fd, &r), 0);
+    assert_int_equal(kh_send_raw(fd, bytes, len), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
     assert_int_equal(r.code, code);
     assert_int_equal(r.id, id);
     if (needle)
         assert_non_null(strstr(r.message, needle));
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     if (closes) {
-        assert_true(kvd_peer_closed(fd));
+        assert_true(kh_peer_closed(fd));
     } else {
-        assert_int_equal(kvd_call0(fd, "hello", 77, &r), KVD_OK);
-        kvd_reply_free(&r);
+        assert_int_equal(kh_call0(fd, "hello", 77, &r), KVD_OK);
+        kh_reply_free(&r);
     }
     close(fd);
     bystander_ok();
@@ -108,19 +108,19 @@ static void test_truncated_frame(void **state)
 {
     /* 100 bytes announced, 10 sent, then the write side closed */
     uint8_t buf[14] = {0, 0, 0, 100, 0x82, 0xa2, 'o', 'p'};
-    int fd = kvd_connect(kvd.sock);
-    struct kvd_reply r;
-    assert_int_equal(kvd_send_raw(fd, buf, sizeof(buf)), 0);
+    int fd = kh_connect(kvd.sock);
+    struct kh_reply r;
+    assert_int_equal(kh_send_raw(fd, buf, sizeof(buf)), 0);
     shutdown(fd, SHUT_WR);
-    assert_int_equal(kvd_recv(fd, &r), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
     assert_int_equal(r.code, KVD_EBADREQ);
     assert_non_null(strstr(r.message, "truncated"));
-    kvd_reply_free(&r);
-    assert_true(kvd_peer_closed(fd));
+    kh_reply_free(&r);
+    assert_true(kh_peer_closed(fd));
     close(fd);
     /* a half header, then a full close */
-    fd = kvd_connect(kvd.sock);
-    assert_int_equal(kvd_send_raw(fd, buf, 2), 0);
+    fd = kh_connect(kvd.sock);
+    assert_int_equal(kh_send_raw(fd, buf, 2), 0);
     close(fd);
     bystander_ok();
 }
@@ -215,15 +215,15 @@ static void test_unknown_keys_ignored(void **state)
     /* unknown keys are ignored (forward compatibility) */
     const uint8_t p[] = {0x83, 0xa2, 'o',  'p',  0xa5, 'h', 'e', 'l', 'l', 'o', 0xa2,
                          'i',  'd',  0x0a, 0xa6, 'f',  'u', 't', 'u', 'r', 'e', 0xc3};
-    int fd = kvd_connect(kvd.sock);
-    struct kvd_reply r;
+    int fd = kh_connect(kvd.sock);
+    struct kh_reply r;
     uint8_t buf[64];
     frame_of(p, sizeof(p), buf);
-    assert_int_equal(kvd_send_raw(fd, buf, sizeof(p) + 4), 0);
-    assert_int_equal(kvd_recv(fd, &r), 0);
+    assert_int_equal(kh_send_raw(fd, buf, sizeof(p) + 4), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
     assert_int_equal(r.code, KVD_OK);
     assert_int_equal(r.id, 10);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     close(fd);
 }
 
@@ -241,13 +241,13 @@ static void test_garbage(void **state)
             payload[0] = (uint8_t)(0x80 | (payload[0] & 0x0f)); /* start like a map */
         uint8_t buf[sizeof(payload) + 4];
         frame_of(payload, len, buf);
-        int fd = kvd_connect(kvd.sock);
+        int fd = kh_connect(kvd.sock);
         assert_true(fd >= 0);
-        assert_int_equal(kvd_send_raw(fd, buf, len + 4), 0);
-        struct kvd_reply r;
+        assert_int_equal(kh_send_raw(fd, buf, len + 4), 0);
+        struct kh_reply r;
         /* Either a reply (error or, rarely, success) or a close. */
-        if (kvd_recv(fd, &r) == 0)
-            kvd_reply_free(&r);
+        if (kh_recv(fd, &r) == 0)
+            kh_reply_free(&r);
         close(fd);
     }
     bystander_ok();

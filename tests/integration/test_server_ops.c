@@ -16,7 +16,7 @@
 #define TOKEN_BYTES 256u
 #define BLOCK_TOKENS 4u
 
-static struct kvd_proc kvd;
+static struct kh_proc kvd;
 static const char *const kvd_args[] = {
     "--backend",  "cpu", "--kv-layers",    "2", "--kv-heads",      "2",  "--head-dim",    "8",
     "--kv-dtype", "f32", "--block-tokens", "4", "--device-blocks", "16", "--host-blocks", "16",
@@ -24,17 +24,17 @@ static const char *const kvd_args[] = {
 
 static int setup(void **state)
 {
-    return kvd_start(&kvd, NULL, kvd_args);
+    return kh_start(&kvd, NULL, kvd_args);
 }
 
 static int teardown(void **state)
 {
-    return kvd_stop(&kvd) == 0 ? 0 : -1;
+    return kh_stop(&kvd) == 0 ? 0 : -1;
 }
 
 static int conn(void)
 {
-    int fd = kvd_connect(kvd.sock);
+    int fd = kh_connect(kvd.sock);
     assert_true(fd >= 0);
     return fd;
 }
@@ -46,327 +46,327 @@ static void fill(uint8_t *buf, size_t len, uint8_t seed)
 }
 
 static int kv_write(int fd, uint64_t id, uint64_t seq, uint64_t start, uint64_t n, const void *data,
-                    size_t len, struct kvd_reply *r)
+                    size_t len, struct kh_reply *r)
 {
-    struct kvd_req q;
-    kvd_req_begin(&q, "kv_write", id, 4);
+    struct kh_req q;
+    kh_req_begin(&q, "kv_write", id, 4);
     proto_pack_kv_uint(&q.pk, "seq", seq);
     proto_pack_kv_uint(&q.pk, "start", start);
     proto_pack_kv_uint(&q.pk, "n", n);
     proto_pack_kv_bin(&q.pk, "data", data, len);
-    assert_int_equal(kvd_req_send(fd, &q), 0);
-    assert_int_equal(kvd_recv(fd, r), 0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, r), 0);
     assert_int_equal(r->id, id);
     return r->code;
 }
 
 static int kv_read(int fd, uint64_t id, uint64_t seq, uint64_t start, uint64_t n,
-                   struct kvd_reply *r)
+                   struct kh_reply *r)
 {
-    struct kvd_req q;
-    kvd_req_begin(&q, "kv_read", id, 3);
+    struct kh_req q;
+    kh_req_begin(&q, "kv_read", id, 3);
     proto_pack_kv_uint(&q.pk, "seq", seq);
     proto_pack_kv_uint(&q.pk, "start", start);
     proto_pack_kv_uint(&q.pk, "n", n);
-    assert_int_equal(kvd_req_send(fd, &q), 0);
-    assert_int_equal(kvd_recv(fd, r), 0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, r), 0);
     assert_int_equal(r->id, id);
     return r->code;
 }
 
 static int seq_tokens(int fd, const char *op, uint64_t id, uint64_t seq, const uint32_t *t,
-                      size_t n, struct kvd_reply *r)
+                      size_t n, struct kh_reply *r)
 {
-    struct kvd_req q;
-    kvd_req_begin(&q, op, id, 2);
+    struct kh_req q;
+    kh_req_begin(&q, op, id, 2);
     proto_pack_kv_uint(&q.pk, "seq", seq);
     proto_pack_kv_u32_array(&q.pk, "tokens", t, n);
-    assert_int_equal(kvd_req_send(fd, &q), 0);
-    assert_int_equal(kvd_recv(fd, r), 0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, r), 0);
     assert_int_equal(r->id, id);
     return r->code;
 }
 
-static int extend(int fd, uint64_t id, uint64_t seq, uint64_t n, struct kvd_reply *r)
+static int extend(int fd, uint64_t id, uint64_t seq, uint64_t n, struct kh_reply *r)
 {
-    struct kvd_req q;
-    kvd_req_begin(&q, "seq_extend", id, 2);
+    struct kh_req q;
+    kh_req_begin(&q, "seq_extend", id, 2);
     proto_pack_kv_uint(&q.pk, "seq", seq);
     proto_pack_kv_uint(&q.pk, "n", n);
-    assert_int_equal(kvd_req_send(fd, &q), 0);
-    assert_int_equal(kvd_recv(fd, r), 0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, r), 0);
     return r->code;
 }
 
 static void test_hello(void **state)
 {
     int fd = conn();
-    struct kvd_reply r;
-    struct kvd_req q;
+    struct kh_reply r;
+    struct kh_req q;
 
-    kvd_req_begin(&q, "hello", 1, 2);
+    kh_req_begin(&q, "hello", 1, 2);
     proto_pack_kv_uint(&q.pk, "version", 1);
     proto_pack_kv_str(&q.pk, "client", "test_server_ops");
-    assert_int_equal(kvd_req_send(fd, &q), 0);
-    assert_int_equal(kvd_recv(fd, &r), 0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
     assert_int_equal(r.code, KVD_OK);
     assert_int_equal(r.id, 1);
-    assert_int_equal(kvd_u64(r.root, "version"), 1);
-    assert_int_equal(kvd_u64(r.root, "block_tokens"), BLOCK_TOKENS);
-    const msgpack_object *o = kvd_obj(r.root, "backend");
+    assert_int_equal(kh_u64(r.root, "version"), 1);
+    assert_int_equal(kh_u64(r.root, "block_tokens"), BLOCK_TOKENS);
+    const msgpack_object *o = kh_obj(r.root, "backend");
     assert_non_null(o);
     assert_int_equal(o->type, MSGPACK_OBJECT_STR);
     assert_memory_equal(o->via.str.ptr, "cpu", 3);
-    o = kvd_obj(r.root, "model");
+    o = kh_obj(r.root, "model");
     assert_non_null(o);
     assert_int_equal(o->type, MSGPACK_OBJECT_NIL);
-    o = kvd_obj(r.root, "tenant");
+    o = kh_obj(r.root, "tenant");
     assert_non_null(o);
     assert_int_equal(o->type, MSGPACK_OBJECT_STR);
-    assert_non_null(kvd_obj(r.root, "server"));
-    const msgpack_object *kv = kvd_obj(r.root, "kv");
+    assert_non_null(kh_obj(r.root, "server"));
+    const msgpack_object *kv = kh_obj(r.root, "kv");
     assert_non_null(kv);
-    assert_int_equal(kvd_u64(kv, "layers"), 2);
-    assert_int_equal(kvd_u64(kv, "kv_heads"), 2);
-    assert_int_equal(kvd_u64(kv, "head_dim"), 8);
-    assert_int_equal(kvd_u64(kv, "block_bytes"), TOKEN_BYTES * BLOCK_TOKENS);
-    o = kvd_obj(kv, "dtype");
+    assert_int_equal(kh_u64(kv, "layers"), 2);
+    assert_int_equal(kh_u64(kv, "kv_heads"), 2);
+    assert_int_equal(kh_u64(kv, "head_dim"), 8);
+    assert_int_equal(kh_u64(kv, "block_bytes"), TOKEN_BYTES * BLOCK_TOKENS);
+    o = kh_obj(kv, "dtype");
     assert_non_null(o);
     assert_int_equal(o->via.str.size, 3);
     assert_memory_equal(o->via.str.ptr, "f32", 3);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
 
     /* A version the server does not speak. */
-    assert_int_equal(kvd_call1(fd, "hello", 2, "version", 2, &r), KVD_EUNSUPPORTED);
+    assert_int_equal(kh_call1(fd, "hello", 2, "version", 2, &r), KVD_EUNSUPPORTED);
     assert_int_equal(r.id, 2);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     /* client of the wrong type: bad_request naming the key. */
-    kvd_req_begin(&q, "hello", 3, 1);
+    kh_req_begin(&q, "hello", 3, 1);
     proto_pack_kv_uint(&q.pk, "client", 5);
-    assert_int_equal(kvd_req_send(fd, &q), 0);
-    assert_int_equal(kvd_recv(fd, &r), 0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
     assert_int_equal(r.code, KVD_EBADREQ);
     assert_non_null(strstr(r.message, "'client'"));
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     close(fd);
 }
 
 static void test_stats(void **state)
 {
     int fd = conn();
-    struct kvd_reply r;
-    assert_int_equal(kvd_call0(fd, "stats", 7, &r), KVD_OK);
-    const msgpack_object *dev = kvd_obj(r.root, "device"), *host = kvd_obj(r.root, "host");
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "stats", 7, &r), KVD_OK);
+    const msgpack_object *dev = kh_obj(r.root, "device"), *host = kh_obj(r.root, "host");
     assert_non_null(dev);
     assert_non_null(host);
-    assert_int_equal(kvd_u64(dev, "total"), 16);
-    assert_int_equal(kvd_u64(host, "total"), 16);
-    assert_int_equal(kvd_u64(dev, "free") + kvd_u64(dev, "cached") + kvd_u64(dev, "used"), 16);
-    assert_non_null(kvd_obj(r.root, "counters"));
-    assert_non_null(kvd_obj(kvd_obj(r.root, "counters"), "match_tokens_hit"));
-    const msgpack_object *t = kvd_obj(r.root, "tenants");
+    assert_int_equal(kh_u64(dev, "total"), 16);
+    assert_int_equal(kh_u64(host, "total"), 16);
+    assert_int_equal(kh_u64(dev, "free") + kh_u64(dev, "cached") + kh_u64(dev, "used"), 16);
+    assert_non_null(kh_obj(r.root, "counters"));
+    assert_non_null(kh_obj(kh_obj(r.root, "counters"), "match_tokens_hit"));
+    const msgpack_object *t = kh_obj(r.root, "tenants");
     assert_non_null(t);
     assert_int_equal(t->type, MSGPACK_OBJECT_ARRAY);
     assert_true(t->via.array.size >= 1);
-    assert_non_null(kvd_obj(&t->via.array.ptr[0], "quota"));
-    const msgpack_object *b = kvd_obj(r.root, "backend");
+    assert_non_null(kh_obj(&t->via.array.ptr[0], "quota"));
+    const msgpack_object *b = kh_obj(r.root, "backend");
     assert_non_null(b);
     assert_memory_equal(b->via.str.ptr, "cpu", 3);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     close(fd);
 }
 
 static void test_seq_lifecycle(void **state)
 {
     int fd = conn();
-    struct kvd_reply r;
+    struct kh_reply r;
     uint8_t data[6 * TOKEN_BYTES], other[TOKEN_BYTES];
     uint32_t toks[6] = {11, 12, 13, 14, 15, 16};
-    uint64_t base_used = kvd_stat(fd, "device", "used");
+    uint64_t base_used = kh_stat(fd, "device", "used");
 
-    uint64_t s = kvd_seq_open(fd, 10);
+    uint64_t s = kh_seq_open(fd, 10);
     assert_true(s != 0);
     /* extend: 6 tokens = 2 blocks of 4 */
     assert_int_equal(extend(fd, 11, s, 6, &r), KVD_OK);
-    assert_int_equal(kvd_u64(r.root, "n_tokens"), 6);
-    assert_int_equal(kvd_obj(r.root, "blocks")->via.array.size, 2);
-    kvd_reply_free(&r);
+    assert_int_equal(kh_u64(r.root, "n_tokens"), 6);
+    assert_int_equal(kh_obj(r.root, "blocks")->via.array.size, 2);
+    kh_reply_free(&r);
     /* extend by 1 more fits in the partial last block: no new block */
     assert_int_equal(extend(fd, 12, s, 1, &r), KVD_OK);
-    assert_int_equal(kvd_obj(r.root, "blocks")->via.array.size, 0);
-    kvd_reply_free(&r);
+    assert_int_equal(kh_obj(r.root, "blocks")->via.array.size, 0);
+    kh_reply_free(&r);
 
     fill(data, sizeof(data), 3);
     assert_int_equal(kv_write(fd, 13, s, 0, 6, data, sizeof(data), &r), KVD_OK);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     assert_int_equal(kv_read(fd, 14, s, 0, 6, &r), KVD_OK);
-    const msgpack_object *d = kvd_obj(r.root, "data");
+    const msgpack_object *d = kh_obj(r.root, "data");
     assert_non_null(d);
     assert_int_equal(d->type, MSGPACK_OBJECT_BIN);
     assert_int_equal(d->via.bin.size, sizeof(data));
     assert_memory_equal(d->via.bin.ptr, data, sizeof(data));
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
 
     /* A sub-range has the documented layout: [layer][K|V][kv_head][token][head_dim],
      * so token 5 alone is every 4*8*4-byte row's slice of the full read. */
     assert_int_equal(kv_read(fd, 15, s, 5, 1, &r), KVD_OK);
-    d = kvd_obj(r.root, "data");
+    d = kh_obj(r.root, "data");
     assert_int_equal(d->via.bin.size, TOKEN_BYTES);
     /* rows: layers(2)*2*kv_heads(2) = 8 rows of head_dim*4 = 32 bytes each */
     for (int row = 0; row < 8; row++)
         assert_memory_equal((const uint8_t *)d->via.bin.ptr + row * 32,
                             data + (size_t)row * 6 * 32 + 5 * 32, 32);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
 
     /* wrong size, out of range, n == 0: bad_request */
     assert_int_equal(kv_write(fd, 16, s, 0, 6, data, sizeof(data) - 1, &r), KVD_EBADREQ);
     assert_non_null(strstr(r.message, "data"));
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     assert_int_equal(kv_write(fd, 17, s, 5, 4, data, 4 * TOKEN_BYTES, &r), KVD_EBADREQ);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     assert_int_equal(kv_read(fd, 18, s, 6, 2, &r), KVD_EBADREQ);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     assert_int_equal(kv_read(fd, 19, s, 0, 0, &r), KVD_EBADREQ);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
 
     /* commit: the first full block enters the tree */
     assert_int_equal(seq_tokens(fd, "seq_commit", 20, s, toks, 6, &r), KVD_OK);
-    assert_int_equal(kvd_u64(r.root, "shared"), 1);
-    kvd_reply_free(&r);
+    assert_int_equal(kh_u64(r.root, "shared"), 1);
+    kh_reply_free(&r);
 
     /* seq_info */
-    assert_int_equal(kvd_call1(fd, "seq_info", 21, "seq", s, &r), KVD_OK);
-    assert_int_equal(kvd_u64(r.root, "n_tokens"), 7);
-    const msgpack_object *bl = kvd_obj(r.root, "blocks");
+    assert_int_equal(kh_call1(fd, "seq_info", 21, "seq", s, &r), KVD_OK);
+    assert_int_equal(kh_u64(r.root, "n_tokens"), 7);
+    const msgpack_object *bl = kh_obj(r.root, "blocks");
     assert_int_equal(bl->via.array.size, 2);
-    const msgpack_object *tier = kvd_obj(&bl->via.array.ptr[0], "tier");
+    const msgpack_object *tier = kh_obj(&bl->via.array.ptr[0], "tier");
     assert_non_null(tier);
     assert_memory_equal(tier->via.str.ptr, "device", 6);
-    assert_true(kvd_u64(&bl->via.array.ptr[0], "id") != UINT64_MAX);
-    kvd_reply_free(&r);
+    assert_true(kh_u64(&bl->via.array.ptr[0], "id") != UINT64_MAX);
+    kh_reply_free(&r);
 
     /* fork, then copy-on-write: the child's write leaves the parent alone */
-    assert_int_equal(kvd_call1(fd, "seq_fork", 22, "seq", s, &r), KVD_OK);
-    uint64_t child = kvd_u64(r.root, "seq");
+    assert_int_equal(kh_call1(fd, "seq_fork", 22, "seq", s, &r), KVD_OK);
+    uint64_t child = kh_u64(r.root, "seq");
     assert_true(child != UINT64_MAX && child != s);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     fill(other, sizeof(other), 99);
     assert_int_equal(kv_write(fd, 23, child, 5, 1, other, sizeof(other), &r), KVD_OK);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     assert_int_equal(kv_read(fd, 24, s, 0, 6, &r), KVD_OK);
-    assert_memory_equal(kvd_obj(r.root, "data")->via.bin.ptr, data, sizeof(data));
-    kvd_reply_free(&r);
+    assert_memory_equal(kh_obj(r.root, "data")->via.bin.ptr, data, sizeof(data));
+    kh_reply_free(&r);
     assert_int_equal(kv_read(fd, 25, child, 5, 1, &r), KVD_OK);
-    assert_memory_equal(kvd_obj(r.root, "data")->via.bin.ptr, other, sizeof(other));
-    kvd_reply_free(&r);
-    assert_int_equal(kvd_call1(fd, "seq_close", 26, "seq", child, &r), KVD_OK);
-    kvd_reply_free(&r);
+    assert_memory_equal(kh_obj(r.root, "data")->via.bin.ptr, other, sizeof(other));
+    kh_reply_free(&r);
+    assert_int_equal(kh_call1(fd, "seq_close", 26, "seq", child, &r), KVD_OK);
+    kh_reply_free(&r);
 
     /* match on a second sequence reuses the committed block */
-    uint64_t s2 = kvd_seq_open(fd, 27);
+    uint64_t s2 = kh_seq_open(fd, 27);
     assert_true(s2 != 0);
     assert_int_equal(seq_tokens(fd, "seq_match", 28, s2, toks, 6, &r), KVD_OK);
-    assert_int_equal(kvd_u64(r.root, "matched"), 4);
-    assert_int_equal(kvd_obj(r.root, "blocks")->via.array.size, 1);
-    kvd_reply_free(&r);
+    assert_int_equal(kh_u64(r.root, "matched"), 4);
+    assert_int_equal(kh_obj(r.root, "blocks")->via.array.size, 1);
+    kh_reply_free(&r);
     assert_int_equal(kv_read(fd, 29, s2, 0, 4, &r), KVD_OK);
     for (int row = 0; row < 8; row++)
-        assert_memory_equal((const uint8_t *)kvd_obj(r.root, "data")->via.bin.ptr + row * 128,
+        assert_memory_equal((const uint8_t *)kh_obj(r.root, "data")->via.bin.ptr + row * 128,
                             data + (size_t)row * 6 * 32, 128);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     /* matching into a non-empty sequence is refused */
     assert_int_not_equal(seq_tokens(fd, "seq_match", 30, s2, toks, 6, &r), KVD_OK);
-    kvd_reply_free(&r);
-    assert_int_equal(kvd_call1(fd, "seq_close", 31, "seq", s2, &r), KVD_OK);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
+    assert_int_equal(kh_call1(fd, "seq_close", 31, "seq", s2, &r), KVD_OK);
+    kh_reply_free(&r);
 
     /* offload: blocks go to the host tier, still readable; restore brings them back */
-    assert_int_equal(kvd_call1(fd, "seq_offload", 32, "seq", s, &r), KVD_OK);
-    kvd_reply_free(&r);
-    assert_int_equal(kvd_call1(fd, "seq_info", 33, "seq", s, &r), KVD_OK);
-    bl = kvd_obj(r.root, "blocks");
+    assert_int_equal(kh_call1(fd, "seq_offload", 32, "seq", s, &r), KVD_OK);
+    kh_reply_free(&r);
+    assert_int_equal(kh_call1(fd, "seq_info", 33, "seq", s, &r), KVD_OK);
+    bl = kh_obj(r.root, "blocks");
     size_t on_host = 0;
     for (uint32_t i = 0; i < bl->via.array.size; i++) {
-        tier = kvd_obj(&bl->via.array.ptr[i], "tier");
+        tier = kh_obj(&bl->via.array.ptr[i], "tier");
         on_host += tier->via.str.size == 4 && !memcmp(tier->via.str.ptr, "host", 4);
     }
     assert_true(on_host >= 1);
-    kvd_reply_free(&r);
-    assert_int_equal(kvd_call1(fd, "seq_restore", 34, "seq", s, &r), KVD_OK);
-    assert_int_equal(kvd_u64(r.root, "host_blocks"), 0);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
+    assert_int_equal(kh_call1(fd, "seq_restore", 34, "seq", s, &r), KVD_OK);
+    assert_int_equal(kh_u64(r.root, "host_blocks"), 0);
+    kh_reply_free(&r);
     assert_int_equal(kv_read(fd, 35, s, 0, 6, &r), KVD_OK);
-    assert_memory_equal(kvd_obj(r.root, "data")->via.bin.ptr, data, sizeof(data));
-    kvd_reply_free(&r);
+    assert_memory_equal(kh_obj(r.root, "data")->via.bin.ptr, data, sizeof(data));
+    kh_reply_free(&r);
 
     /* no memory: the sequence is unchanged */
     assert_int_equal(extend(fd, 36, s, 16 * 4 + 1, &r), KVD_ENOMEM);
-    kvd_reply_free(&r);
-    assert_int_equal(kvd_call1(fd, "seq_info", 37, "seq", s, &r), KVD_OK);
-    assert_int_equal(kvd_u64(r.root, "n_tokens"), 7);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
+    assert_int_equal(kh_call1(fd, "seq_info", 37, "seq", s, &r), KVD_OK);
+    assert_int_equal(kh_u64(r.root, "n_tokens"), 7);
+    kh_reply_free(&r);
 
     /* close; a second close is not_found */
-    assert_int_equal(kvd_call1(fd, "seq_close", 38, "seq", s, &r), KVD_OK);
-    kvd_reply_free(&r);
-    assert_int_equal(kvd_call1(fd, "seq_close", 39, "seq", s, &r), KVD_ENOTFOUND);
-    kvd_reply_free(&r);
-    assert_int_equal(kvd_stat(fd, "device", "used"), base_used);
+    assert_int_equal(kh_call1(fd, "seq_close", 38, "seq", s, &r), KVD_OK);
+    kh_reply_free(&r);
+    assert_int_equal(kh_call1(fd, "seq_close", 39, "seq", s, &r), KVD_ENOTFOUND);
+    kh_reply_free(&r);
+    assert_int_equal(kh_stat(fd, "device", "used"), base_used);
     close(fd);
 }
 
 static void test_handles_and_args(void **state)
 {
     int a = conn(), b = conn();
-    struct kvd_reply r;
-    uint64_t s = kvd_seq_open(a, 1);
+    struct kh_reply r;
+    uint64_t s = kh_seq_open(a, 1);
     assert_true(s != 0);
     /* unknown handle */
-    assert_int_equal(kvd_call1(a, "seq_info", 2, "seq", 0xdeadbeefull, &r), KVD_ENOTFOUND);
-    kvd_reply_free(&r);
+    assert_int_equal(kh_call1(a, "seq_info", 2, "seq", 0xdeadbeefull, &r), KVD_ENOTFOUND);
+    kh_reply_free(&r);
     /* another connection's handle: not_found on every op */
     const char *ops[] = {"seq_info", "seq_close", "seq_fork", "seq_offload", "seq_restore"};
     for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
-        assert_int_equal(kvd_call1(b, ops[i], 3, "seq", s, &r), KVD_ENOTFOUND);
-        kvd_reply_free(&r);
+        assert_int_equal(kh_call1(b, ops[i], 3, "seq", s, &r), KVD_ENOTFOUND);
+        kh_reply_free(&r);
     }
     assert_int_equal(extend(b, 4, s, 4, &r), KVD_ENOTFOUND);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     assert_int_equal(kv_read(b, 5, s, 0, 1, &r), KVD_ENOTFOUND);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     /* still fine on its own connection */
-    assert_int_equal(kvd_call1(a, "seq_info", 6, "seq", s, &r), KVD_OK);
-    kvd_reply_free(&r);
+    assert_int_equal(kh_call1(a, "seq_info", 6, "seq", s, &r), KVD_OK);
+    kh_reply_free(&r);
     /* missing and mistyped arguments name the key */
-    assert_int_equal(kvd_call1(a, "seq_extend", 7, "seq", s, &r), KVD_EBADREQ);
+    assert_int_equal(kh_call1(a, "seq_extend", 7, "seq", s, &r), KVD_EBADREQ);
     assert_non_null(strstr(r.message, "'n'"));
-    kvd_reply_free(&r);
-    struct kvd_req q;
-    kvd_req_begin(&q, "seq_info", 8, 1);
+    kh_reply_free(&r);
+    struct kh_req q;
+    kh_req_begin(&q, "seq_info", 8, 1);
     proto_pack_kv_str(&q.pk, "seq", "one");
-    assert_int_equal(kvd_req_send(a, &q), 0);
-    assert_int_equal(kvd_recv(a, &r), 0);
+    assert_int_equal(kh_req_send(a, &q), 0);
+    assert_int_equal(kh_recv(a, &r), 0);
     assert_int_equal(r.code, KVD_EBADREQ);
     assert_non_null(strstr(r.message, "'seq'"));
-    kvd_reply_free(&r);
-    kvd_req_begin(&q, "seq_match", 9, 2);
+    kh_reply_free(&r);
+    kh_req_begin(&q, "seq_match", 9, 2);
     proto_pack_kv_uint(&q.pk, "seq", s);
     proto_pack_str(&q.pk, "tokens");
     msgpack_pack_array(&q.pk, 2);
     msgpack_pack_uint32(&q.pk, 1);
     msgpack_pack_int32(&q.pk, -1);
-    assert_int_equal(kvd_req_send(a, &q), 0);
-    assert_int_equal(kvd_recv(a, &r), 0);
+    assert_int_equal(kh_req_send(a, &q), 0);
+    assert_int_equal(kh_recv(a, &r), 0);
     assert_int_equal(r.code, KVD_EBADREQ);
     assert_non_null(strstr(r.message, "'tokens'[1]"));
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     /* a namespace the tenant was not given */
-    kvd_req_begin(&q, "seq_open", 10, 1);
+    kh_req_begin(&q, "seq_open", 10, 1);
     proto_pack_kv_str(&q.pk, "namespace", "someone-else");
-    assert_int_equal(kvd_req_send(a, &q), 0);
-    assert_int_equal(kvd_recv(a, &r), 0);
+    assert_int_equal(kh_req_send(a, &q), 0);
+    assert_int_equal(kh_recv(a, &r), 0);
     assert_int_equal(r.code, KVD_EPERM);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     close(a);
     close(b);
 }
@@ -374,65 +374,65 @@ static void test_handles_and_args(void **state)
 static void test_generate_cancel_store_mode(void **state)
 {
     int fd = conn();
-    struct kvd_reply r;
-    struct kvd_req q;
+    struct kh_reply r;
+    struct kh_req q;
     uint32_t toks[3] = {1, 2, 3};
-    kvd_req_begin(&q, "generate", 1, 2);
+    kh_req_begin(&q, "generate", 1, 2);
     proto_pack_kv_u32_array(&q.pk, "tokens", toks, 3);
     proto_pack_kv_uint(&q.pk, "max_tokens", 4);
-    assert_int_equal(kvd_req_send(fd, &q), 0);
-    assert_int_equal(kvd_recv(fd, &r), 0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
     assert_int_equal(r.code, KVD_EUNSUPPORTED);
     assert_non_null(strstr(r.message, "store mode"));
-    kvd_reply_free(&r);
-    assert_int_equal(kvd_call1(fd, "cancel", 2, "target", 1, &r), KVD_ENOTFOUND);
-    kvd_reply_free(&r);
-    assert_int_equal(kvd_call0(fd, "cancel", 3, &r), KVD_EBADREQ);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
+    assert_int_equal(kh_call1(fd, "cancel", 2, "target", 1, &r), KVD_ENOTFOUND);
+    kh_reply_free(&r);
+    assert_int_equal(kh_call0(fd, "cancel", 3, &r), KVD_EBADREQ);
+    kh_reply_free(&r);
     close(fd);
 }
 
 static void test_admin_ops(void **state)
 {
     int fd = conn();
-    struct kvd_reply r;
-    struct kvd_req q;
+    struct kh_reply r;
+    struct kh_req q;
     /* the tests run as root, an admin by default */
-    assert_int_equal(kvd_call0(fd, "admin_check", 1, &r), KVD_OK);
-    kvd_reply_free(&r);
-    assert_int_equal(kvd_call0(fd, "admin_evict", 2, &r), KVD_OK);
-    assert_true(kvd_u64(r.root, "evicted") != UINT64_MAX);
-    kvd_reply_free(&r);
-    kvd_req_begin(&q, "admin_evict", 3, 1);
+    assert_int_equal(kh_call0(fd, "admin_check", 1, &r), KVD_OK);
+    kh_reply_free(&r);
+    assert_int_equal(kh_call0(fd, "admin_evict", 2, &r), KVD_OK);
+    assert_true(kh_u64(r.root, "evicted") != UINT64_MAX);
+    kh_reply_free(&r);
+    kh_req_begin(&q, "admin_evict", 3, 1);
     proto_pack_kv_str(&q.pk, "tier", "disk");
-    assert_int_equal(kvd_req_send(fd, &q), 0);
-    assert_int_equal(kvd_recv(fd, &r), 0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
     assert_int_equal(r.code, KVD_EBADREQ);
-    kvd_reply_free(&r);
-    assert_int_equal(kvd_stat(fd, "device", "cached"), 0);
+    kh_reply_free(&r);
+    assert_int_equal(kh_stat(fd, "device", "cached"), 0);
     close(fd);
 }
 
 static void test_pipelining(void **state)
 {
     int fd = conn();
-    struct kvd_req q[3];
-    struct kvd_reply r;
+    struct kh_req q[3];
+    struct kh_reply r;
     msgpack_sbuffer all;
     msgpack_sbuffer_init(&all);
     for (int i = 0; i < 3; i++) {
-        kvd_req_begin(&q[i], i == 1 ? "nope" : "hello", 100 + i, 0);
+        kh_req_begin(&q[i], i == 1 ? "nope" : "hello", 100 + i, 0);
         proto_frame_end(&q[i].sb, q[i].at);
         msgpack_sbuffer_write(&all, q[i].sb.data, q[i].sb.size);
         msgpack_sbuffer_destroy(&q[i].sb);
     }
-    assert_int_equal(kvd_send_raw(fd, all.data, all.size), 0);
+    assert_int_equal(kh_send_raw(fd, all.data, all.size), 0);
     msgpack_sbuffer_destroy(&all);
     for (int i = 0; i < 3; i++) {
-        assert_int_equal(kvd_recv(fd, &r), 0);
+        assert_int_equal(kh_recv(fd, &r), 0);
         assert_int_equal(r.id, 100 + i);
         assert_int_equal(r.code, i == 1 ? KVD_EUNKNOWN_OP : KVD_OK);
-        kvd_reply_free(&r);
+        kh_reply_free(&r);
     }
     close(fd);
 }
@@ -440,22 +440,22 @@ static void test_pipelining(void **state)
 static void test_kv_read_too_large(void **state)
 {
     /* A read bigger than max_frame is refused with too_large, not truncated. */
-    struct kvd_proc small;
+    struct kh_proc small;
     const char *args[] = {"--backend",      "cpu", "--max-frame",     "4096", "--kv-layers", "2",
                           "--kv-heads",     "2",   "--head-dim",      "8",    "--kv-dtype",  "f32",
                           "--block-tokens", "4",   "--device-blocks", "64",   NULL};
-    assert_int_equal(kvd_start(&small, NULL, args), 0);
-    int fd = kvd_connect(small.sock);
-    struct kvd_reply r;
-    uint64_t s = kvd_seq_open(fd, 1);
+    assert_int_equal(kh_start(&small, NULL, args), 0);
+    int fd = kh_connect(small.sock);
+    struct kh_reply r;
+    uint64_t s = kh_seq_open(fd, 1);
     assert_int_equal(extend(fd, 2, s, 32, &r), KVD_OK);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     assert_int_equal(kv_read(fd, 3, s, 0, 32, &r), KVD_ETOOLARGE);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     assert_int_equal(kv_read(fd, 4, s, 0, 8, &r), KVD_OK);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     close(fd);
-    assert_int_equal(kvd_stop(&small), 0);
+    assert_int_equal(kh_stop(&small), 0);
 }
 
 int main(void)

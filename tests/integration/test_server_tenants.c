@@ -23,7 +23,7 @@
 #define UID_C 60003
 #define GID_ALL 65534 /* nogroup: the socket's group */
 
-static struct kvd_proc kvd;
+static struct kh_proc kvd;
 
 static const char *conf_text = "[limits]\n"
                                "refuse-unlisted = true\n"
@@ -43,41 +43,41 @@ static const char *const kvd_args[] = {
     "nogroup",   NULL};
 
 static int call_tokens(int fd, const char *op, uint64_t id, uint64_t seq, const uint32_t *t,
-                       size_t n, struct kvd_reply *r)
+                       size_t n, struct kh_reply *r)
 {
-    struct kvd_req q;
-    kvd_req_begin(&q, op, id, 2);
+    struct kh_req q;
+    kh_req_begin(&q, op, id, 2);
     proto_pack_kv_uint(&q.pk, "seq", seq);
     proto_pack_kv_u32_array(&q.pk, "tokens", t, n);
-    if (kvd_req_send(fd, &q) || kvd_recv(fd, r))
+    if (kh_req_send(fd, &q) || kh_recv(fd, r))
         return -1;
     return r->code;
 }
 
 static int call_extend(int fd, uint64_t id, uint64_t seq, uint64_t n)
 {
-    struct kvd_req q;
-    struct kvd_reply r;
-    kvd_req_begin(&q, "seq_extend", id, 2);
+    struct kh_req q;
+    struct kh_reply r;
+    kh_req_begin(&q, "seq_extend", id, 2);
     proto_pack_kv_uint(&q.pk, "seq", seq);
     proto_pack_kv_uint(&q.pk, "n", n);
-    if (kvd_req_send(fd, &q) || kvd_recv(fd, &r))
+    if (kh_req_send(fd, &q) || kh_recv(fd, &r))
         return -1;
     int code = r.code;
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     return code;
 }
 
 static uint64_t open_ns(int fd, uint64_t id, const char *ns)
 {
-    struct kvd_req q;
-    struct kvd_reply r;
+    struct kh_req q;
+    struct kh_reply r;
     uint64_t s = 0;
-    kvd_req_begin(&q, "seq_open", id, 1);
+    kh_req_begin(&q, "seq_open", id, 1);
     proto_pack_kv_str(&q.pk, "namespace", ns);
-    if (kvd_req_send(fd, &q) == 0 && kvd_recv(fd, &r) == 0 && r.code == 0)
-        s = kvd_u64(r.root, "seq");
-    kvd_reply_free(&r);
+    if (kh_req_send(fd, &q) == 0 && kh_recv(fd, &r) == 0 && r.code == 0)
+        s = kh_u64(r.root, "seq");
+    kh_reply_free(&r);
     return s;
 }
 
@@ -99,34 +99,34 @@ struct a_ctx {
 static int child_a(void *arg)
 {
     struct a_ctx *x = arg;
-    struct kvd_reply r;
-    int fd = kvd_connect(kvd.sock);
+    struct kh_reply r;
+    int fd = kh_connect(kvd.sock);
     if (fd < 0)
         return 10;
-    if (kvd_call0(fd, "hello", 1, &r) != 0 || !str_is(kvd_obj(r.root, "tenant"), "alpha"))
+    if (kh_call0(fd, "hello", 1, &r) != 0 || !str_is(kh_obj(r.root, "tenant"), "alpha"))
         return 11;
-    kvd_reply_free(&r);
-    uint64_t s = kvd_seq_open(fd, 2);
+    kh_reply_free(&r);
+    uint64_t s = kh_seq_open(fd, 2);
     if (!s || call_extend(fd, 3, s, 8) != 0)
         return 12;
-    if (call_tokens(fd, "seq_commit", 4, s, prefix, 8, &r) != 0 || kvd_u64(r.root, "shared") != 2)
+    if (call_tokens(fd, "seq_commit", 4, s, prefix, 8, &r) != 0 || kh_u64(r.root, "shared") != 2)
         return 13;
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     uint64_t t = open_ns(fd, 5, "team");
     if (!t || call_extend(fd, 6, t, 4) != 0)
         return 14;
     if (call_tokens(fd, "seq_commit", 7, t, team_prefix, 4, &r) != 0)
         return 15;
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     /* 3 blocks used of 4: one more fits, then the quota */
     if (call_extend(fd, 8, s, 4) != 0)
         return 16;
     if (call_extend(fd, 9, s, 4) != KVD_EQUOTA)
         return 17;
     /* not an admin */
-    if (kvd_call0(fd, "admin_check", 10, &r) != KVD_EPERM)
+    if (kh_call0(fd, "admin_check", 10, &r) != KVD_EPERM)
         return 18;
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     if (write(x->to_parent, &s, sizeof(s)) != sizeof(s))
         return 19;
     char c;
@@ -141,43 +141,43 @@ static int child_a(void *arg)
 static int child_b(void *arg)
 {
     uint64_t a_seq = *(uint64_t *)arg;
-    struct kvd_reply r;
-    int fd = kvd_connect(kvd.sock);
+    struct kh_reply r;
+    int fd = kh_connect(kvd.sock);
     if (fd < 0)
         return 30;
-    if (kvd_call1(fd, "seq_info", 1, "seq", a_seq, &r) != KVD_ENOTFOUND)
+    if (kh_call1(fd, "seq_info", 1, "seq", a_seq, &r) != KVD_ENOTFOUND)
         return 31;
-    kvd_reply_free(&r);
-    if (kvd_call1(fd, "seq_close", 2, "seq", a_seq, &r) != KVD_ENOTFOUND)
+    kh_reply_free(&r);
+    if (kh_call1(fd, "seq_close", 2, "seq", a_seq, &r) != KVD_ENOTFOUND)
         return 32;
-    kvd_reply_free(&r);
-    uint64_t s = kvd_seq_open(fd, 3);
+    kh_reply_free(&r);
+    uint64_t s = kh_seq_open(fd, 3);
     if (!s || call_tokens(fd, "seq_match", 4, s, prefix, 8, &r) != 0 ||
-        kvd_u64(r.root, "matched") != 0)
+        kh_u64(r.root, "matched") != 0)
         return 33;
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     uint64_t t = open_ns(fd, 5, "team");
     if (!t || call_tokens(fd, "seq_match", 6, t, team_prefix, 4, &r) != 0 ||
-        kvd_u64(r.root, "matched") != 4)
+        kh_u64(r.root, "matched") != 4)
         return 34;
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     /* beta's own quota of 5 blocks, whatever alpha holds */
     if (call_extend(fd, 7, s, 20) != 0)
         return 35;
     if (call_extend(fd, 8, s, 4) != KVD_EQUOTA)
         return 36;
     /* stats: only its own tenant */
-    if (kvd_call0(fd, "stats", 9, &r) != 0)
+    if (kh_call0(fd, "stats", 9, &r) != 0)
         return 37;
-    const msgpack_object *ts = kvd_obj(r.root, "tenants");
+    const msgpack_object *ts = kh_obj(r.root, "tenants");
     if (!ts || ts->type != MSGPACK_OBJECT_ARRAY || ts->via.array.size != 1 ||
-        !str_is(kvd_obj(&ts->via.array.ptr[0], "name"), "beta") ||
-        kvd_u64(&ts->via.array.ptr[0], "device_blocks") != 5)
+        !str_is(kh_obj(&ts->via.array.ptr[0], "name"), "beta") ||
+        kh_u64(&ts->via.array.ptr[0], "device_blocks") != 5)
         return 38;
-    kvd_reply_free(&r);
-    if (kvd_call0(fd, "admin_evict", 10, &r) != KVD_EPERM)
+    kh_reply_free(&r);
+    if (kh_call0(fd, "admin_evict", 10, &r) != KVD_EPERM)
         return 39;
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
     close(fd);
     return 0;
 }
@@ -185,14 +185,14 @@ static int child_b(void *arg)
 /* An unlisted uid is refused at connect. */
 static int child_c(void *arg)
 {
-    struct kvd_reply r;
-    int fd = kvd_connect(kvd.sock);
+    struct kh_reply r;
+    int fd = kh_connect(kvd.sock);
     if (fd < 0)
         return 50;
-    if (kvd_recv(fd, &r) != 0 || r.code != KVD_EPERM)
+    if (kh_recv(fd, &r) != 0 || r.code != KVD_EPERM)
         return 51;
-    kvd_reply_free(&r);
-    if (!kvd_peer_closed(fd))
+    kh_reply_free(&r);
+    if (!kh_peer_closed(fd))
         return 52;
     close(fd);
     return 0;
@@ -202,45 +202,45 @@ static void test_two_tenants(void **state)
 {
     if (geteuid() != 0)
         skip();
-    assert_int_equal(kvd_start(&kvd, conf_text, kvd_args), 0);
+    assert_int_equal(kh_start(&kvd, conf_text, kvd_args), 0);
     int up[2], down[2];
     assert_int_equal(pipe(up), 0);
     assert_int_equal(pipe(down), 0);
     struct a_ctx ax = {up[1], down[0]};
-    pid_t a = kvd_run_as(UID_A, GID_ALL, child_a, &ax);
+    pid_t a = kh_run_as(UID_A, GID_ALL, child_a, &ax);
     assert_true(a > 0);
     uint64_t a_seq = 0;
     ssize_t got = read(up[0], &a_seq, sizeof(a_seq));
     if (got != sizeof(a_seq)) {
         /* alpha failed before reporting: show its step */
-        fail_msg("tenant alpha child failed at step %d", kvd_child_status(a));
+        fail_msg("tenant alpha child failed at step %d", kh_child_status(a));
     }
-    pid_t b = kvd_run_as(UID_B, GID_ALL, child_b, &a_seq);
-    int bst = kvd_child_status(b);
+    pid_t b = kh_run_as(UID_B, GID_ALL, child_b, &a_seq);
+    int bst = kh_child_status(b);
     assert_int_equal(bst, 0);
-    pid_t c = kvd_run_as(UID_C, GID_ALL, child_c, NULL);
-    assert_int_equal(kvd_child_status(c), 0);
+    pid_t c = kh_run_as(UID_C, GID_ALL, child_c, NULL);
+    assert_int_equal(kh_child_status(c), 0);
 
     /* the admin sees both tenants */
-    int fd = kvd_connect(kvd.sock);
-    struct kvd_reply r;
-    assert_int_equal(kvd_call0(fd, "stats", 1, &r), 0);
-    const msgpack_object *ts = kvd_obj(r.root, "tenants");
+    int fd = kh_connect(kvd.sock);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "stats", 1, &r), 0);
+    const msgpack_object *ts = kh_obj(r.root, "tenants");
     assert_true(ts->via.array.size >= 2);
-    kvd_reply_free(&r);
-    assert_int_equal(kvd_call0(fd, "admin_check", 2, &r), 0);
-    kvd_reply_free(&r);
+    kh_reply_free(&r);
+    assert_int_equal(kh_call0(fd, "admin_check", 2, &r), 0);
+    kh_reply_free(&r);
 
     assert_int_equal(write(down[1], "x", 1), 1);
-    assert_int_equal(kvd_child_status(a), 0);
+    assert_int_equal(kh_child_status(a), 0);
     close(up[0]);
     close(up[1]);
     close(down[0]);
     close(down[1]);
-    assert_int_equal(kvd_call0(fd, "admin_check", 3, &r), 0);
-    kvd_reply_free(&r);
+    assert_int_equal(kh_call0(fd, "admin_check", 3, &r), 0);
+    kh_reply_free(&r);
     close(fd);
-    assert_int_equal(kvd_stop(&kvd), 0);
+    assert_int_equal(kh_stop(&kvd), 0);
 }
 
 static void write_conf(const char *path, unsigned max_blocks)
@@ -257,9 +257,9 @@ static void test_sighup_reloads_quotas(void **state)
     char initial[128];
     snprintf(initial, sizeof(initial), "[tenant:ops]\nuids = %u\nmax-device-blocks = 2\n",
              (unsigned)getuid());
-    assert_int_equal(kvd_start(&kvd, initial, args), 0);
-    int fd = kvd_connect(kvd.sock);
-    uint64_t s = kvd_seq_open(fd, 1);
+    assert_int_equal(kh_start(&kvd, initial, args), 0);
+    int fd = kh_connect(kvd.sock);
+    uint64_t s = kh_seq_open(fd, 1);
     assert_true(s != 0);
     assert_int_equal(call_extend(fd, 2, s, 8), 0);
     assert_int_equal(call_extend(fd, 3, s, 4), KVD_EQUOTA);
@@ -284,13 +284,13 @@ static void test_sighup_reloads_quotas(void **state)
     fputs("[tenant:ops\nthis is not ini\n", f);
     fclose(f);
     assert_int_equal(kill(kvd.pid, SIGHUP), 0);
-    struct kvd_reply r;
-    assert_int_equal(kvd_call0(fd, "hello", 7, &r), 0);
-    assert_true(str_is(kvd_obj(r.root, "tenant"), "ops"));
-    kvd_reply_free(&r);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "hello", 7, &r), 0);
+    assert_true(str_is(kh_obj(r.root, "tenant"), "ops"));
+    kh_reply_free(&r);
     assert_int_equal(call_extend(fd, 8, s, 4), KVD_EQUOTA);
     close(fd);
-    assert_int_equal(kvd_stop(&kvd), 0);
+    assert_int_equal(kh_stop(&kvd), 0);
 }
 
 int main(void)
