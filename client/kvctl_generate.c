@@ -1,0 +1,225 @@
+/* kvctl generate: sends prompt token ids to the daemon's executor and prints
+ * the generated ids as one comma-separated line (as they arrive with
+ * --stream), or the whole reply as JSON with --json. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvctl.h"
+
+static const char gen_help[] =
+    "usage: kvctl generate --tokens 1,2,3 [--max-tokens N] [--temperature T]\n"
+    "                      [--top-k K] [--top-p P] [--seed S] [--stop 1,2]\n"
+    "                      [--priority P] [--stream] [--json] [-v]\n"
+    "Generates from the prompt token ids and prints the generated ids as one\n"
+    "comma-separated line. --stream prints them as they arrive (same line).\n"
+    "--json prints the reply (tokens, finish_reason, usage, timing) as JSON.\n"
+    "-v adds a summary line on stderr. Needs a daemon serving a model: a daemon\n"
+    "in store mode answers `unsupported` (exit 1).\n";
+
+struct gen_stream {
+    size_t printed; /* ids printed so far: a comma goes before the next */
+};
+
+static int on_tokens(void *user, const uint32_t *t, size_t n)
+{
+    struct gen_stream *s = user;
+    kvctl_print_tokens(stdout, t, n, s->printed > 0);
+    s->printed += n;
+    fflush(stdout);
+    return 0;
+}
+
+static bool parse_float(const char *s, float *out)
+{
+    char *end;
+    float v = strtof(s, &end);
+    if (!*s || *end)
+        return false;
+    *out = v;
+    return true;
+}
+
+int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"tokens", required_argument, NULL, 'T'},
+        {"max-tokens", required_argument, NULL, 'n'},
+        {"temperature", required_argument, NULL, 't'},
+        {"top-k", required_argument, NULL, 'k'},
+        {"top-p", required_argument, NULL, 'p'},
+        {"seed", required_argument, NULL, 'S'},
+        {"stop", required_argument, NULL, 's'},
+        {"priority", required_argument, NULL, 'P'},
+        {"stream", no_argument, NULL, 'r'},
+        {"json", no_argument, NULL, 'j'},
+        {"verbose", no_argument, NULL, 'v'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    struct kvd_gen_opts go;
+    struct kvd_gen_result res = {0};
+    struct gen_stream st = {0};
+    uint32_t *prompt = NULL, *stop = NULL;
+    size_t n_prompt = 0;
+    bool json = false, verbose = false, stream = false, have_tokens = false;
+    char err[256];
+    uint64_t u;
+    int c, rc = KVCTL_OK;
+
+    kvd_gen_opts_init(&go);
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "hv", opts, NULL)) != -1) {
+        switch (c) {
+        case 'T':
+            free(prompt);
+            if (kvctl_parse_tokens(optarg, &prompt, &n_prompt, err, sizeof(err))) {
+                rc = kvctl_usage_err("generate --tokens: %s", err);
+                goto out;
+            }
+            have_tokens = true;
+            break;
+        case 'n':
+            if (!kvctl_parse_u64(optarg, &u) || u == 0 || u > UINT32_MAX) {
+                rc = kvctl_usage_err("generate --max-tokens: \"%s\" is not a positive count",
+                                     optarg);
+                goto out;
+            }
+            go.max_tokens = (uint32_t)u;
+            break;
+        case 't':
+            if (!parse_float(optarg, &go.temperature) || go.temperature < 0) {
+                rc = kvctl_usage_err("generate --temperature: \"%s\" is not a number >= 0", optarg);
+                goto out;
+            }
+            break;
+        case 'k':
+            if (!kvctl_parse_u64(optarg, &u) || u > INT32_MAX) {
+                rc = kvctl_usage_err("generate --top-k: \"%s\" is not a count", optarg);
+                goto out;
+            }
+            go.top_k = (int32_t)u;
+            break;
+        case 'p':
+            if (!parse_float(optarg, &go.top_p) || go.top_p < 0 || go.top_p > 1) {
+                rc = kvctl_usage_err("generate --top-p: \"%s\" is not in [0, 1]", optarg);
+                goto out;
+            }
+            break;
+        case 'S':
+            if (!kvctl_parse_u64(optarg, &go.seed)) {
+                rc = kvctl_usage_err("generate --seed: \"%s\" is not a number", optarg);
+                goto out;
+            }
+            go.has_seed = true;
+            break;
+        case 's':
+            free(stop);
+            if (kvctl_parse_tokens(optarg, &stop, &go.n_stop, err, sizeof(err))) {
+                rc = kvctl_usage_err("generate --stop: %s", err);
+                goto out;
+            }
+            go.stop = stop;
+            break;
+        case 'P': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (!*optarg || *end || v < INT32_MIN || v > INT32_MAX) {
+                rc = kvctl_usage_err("generate --priority: \"%s\" is not an integer", optarg);
+                goto out;
+            }
+            go.priority = (int32_t)v;
+            break;
+        }
+        case 'r':
+            stream = true;
+            break;
+        case 'j':
+            json = true;
+            break;
+        case 'v':
+            verbose = true;
+            break;
+        case 'h':
+            fputs(gen_help, stdout);
+            goto out;
+        default:
+            fputs(gen_help, stderr);
+            rc = KVCTL_EUSAGE;
+            goto out;
+        }
+    }
+    if (optind < argc) {
+        rc = kvctl_usage_err("generate: unexpected argument \"%s\"", argv[optind]);
+        goto out;
+    }
+    if (!have_tokens || !n_prompt) {
+        rc = kvctl_usage_err("generate: --tokens is required (prompt token ids, e.g. 1,2,3)");
+        goto out;
+    }
+    if ((rc = kvctl_connect(k)))
+        goto out;
+
+    if (json) {
+        /* The reply as the daemon sent it: go through the generic call. */
+        struct kvd_reply *r = NULL;
+        uint64_t id;
+        if (stream) {
+            go.on_tokens = on_tokens;
+            go.user = &st;
+        }
+        if (kvd_generate_send(k->ctx, prompt, n_prompt, &go, &id) ||
+            (kvd_wait(k->ctx, id, &r) && !r)) {
+            rc = kvctl_fail(k, "generate");
+            goto out;
+        }
+        if (r->err) {
+            kvd_reply_free(r);
+            if (st.printed)
+                putchar('\n');
+            rc = kvctl_fail(k, "generate");
+            goto out;
+        }
+        if (st.printed)
+            putchar('\n');
+        char *s = kvd_value_json(r->body);
+        puts(s ? s : "null");
+        kvd_free(s);
+        kvd_reply_free(r);
+        goto out;
+    }
+    if (stream) {
+        go.on_tokens = on_tokens;
+        go.user = &st;
+    }
+    if (kvd_generate(k->ctx, prompt, n_prompt, &go, &res)) {
+        if (st.printed)
+            putchar('\n');
+        rc = kvctl_fail(k, "generate");
+        goto out;
+    }
+    if (stream) {
+        /* Events carried every token; the reply repeats them all. Print any
+         * the stream did not (a daemon may send the last ones only there). */
+        if (res.n_tokens > st.printed)
+            kvctl_print_tokens(stdout, res.tokens + st.printed, res.n_tokens - st.printed,
+                               st.printed > 0);
+        putchar('\n');
+    } else {
+        kvctl_print_tokens(stdout, res.tokens, res.n_tokens, false);
+        putchar('\n');
+    }
+    if (verbose)
+        fprintf(stderr,
+                "finish: %s; tokens: prompt %" PRIu32 " (cached %" PRIu32 "), completion %" PRIu32
+                "; queue %.1f ms, first token %.1f ms, total %.1f ms\n",
+                res.finish_reason, res.prompt_tokens, res.cached_tokens, res.completion_tokens,
+                res.queue_ms, res.ttft_ms, res.total_ms);
+out:
+    kvd_gen_result_free(&res);
+    free(prompt);
+    free(stop);
+    return rc;
+}

@@ -1,0 +1,203 @@
+/* acct: per-tenant request counters and the latency histograms (see
+ * acct.h). Inter-token latency is observed per request as its mean gap,
+ * once per gap, so the histogram's count is the number of token gaps. */
+#include "acct.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "scheduler.h"
+
+const double acct_bucket_le[ACCT_N_BUCKETS] = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0, 120.0,
+};
+
+const char *acct_hist_name(enum acct_hist_kind k)
+{
+    switch (k) {
+    case ACCT_TTFT: return "ttft";
+    case ACCT_ITL: return "itl";
+    case ACCT_E2E: return "e2e";
+    case ACCT_QUEUE: return "queue";
+    case ACCT_N_HISTS: break;
+    }
+    return "?";
+}
+
+void acct_hist_observe(struct acct_hist *h, double seconds, uint64_t times)
+{
+    if (times == 0)
+        return;
+    if (!(seconds >= 0)) /* NaN or a clock that went backwards */
+        seconds = 0;
+    size_t i = 0;
+    while (i < ACCT_N_BUCKETS && seconds > acct_bucket_le[i])
+        i++;
+    h->bucket[i] += times;
+    h->count += times;
+    h->sum += seconds * (double)times;
+}
+
+void acct_init(struct acct *a)
+{
+    memset(a, 0, sizeof(*a));
+    pthread_mutex_init(&a->mu, NULL);
+}
+
+void acct_destroy(struct acct *a)
+{
+    free(a->t);
+    a->t = NULL;
+    a->n_t = 0;
+    pthread_mutex_destroy(&a->mu);
+}
+
+/* The tenant's entry, growing the table; NULL when out of memory. Caller
+ * holds mu. */
+static struct acct_tenant *tenant_at(struct acct *a, uint32_t tenant)
+{
+    if (tenant >= a->n_t) {
+        if (tenant >= (1u << 20)) /* kvmm ids are dense and small */
+            return NULL;
+        uint32_t n = a->n_t ? a->n_t : 8;
+        while (n <= tenant)
+            n *= 2;
+        struct acct_tenant *t = realloc(a->t, (size_t)n * sizeof(*t));
+        if (!t)
+            return NULL;
+        memset(t + a->n_t, 0, (size_t)(n - a->n_t) * sizeof(*t));
+        a->t = t;
+        a->n_t = n;
+    }
+    return &a->t[tenant];
+}
+
+static double secs(uint64_t from, uint64_t to)
+{
+    return to > from ? (double)(to - from) * 1e-9 : 0;
+}
+
+void acct_request_done(struct acct *a, const struct acct_req *r)
+{
+    pthread_mutex_lock(&a->mu);
+    struct acct_tenant *t = tenant_at(a, r->tenant);
+    double queue = r->t_sched ? secs(r->t_arrive, r->t_sched) : secs(r->t_arrive, r->t_done);
+    if (t) {
+        t->requests++;
+        t->completed += r->outcome == ACCT_COMPLETED;
+        t->cancelled += r->outcome == ACCT_CANCELLED;
+        t->failed += r->outcome == ACCT_FAILED;
+        t->tokens_in += r->prompt;
+        t->tokens_cached += r->cached;
+        t->tokens_out += r->completion;
+        t->preemptions += r->preemptions;
+        t->queue_seconds += queue;
+        if (r->t_first) {
+            t->ttft_seconds += secs(r->t_arrive, r->t_first);
+            t->ttft_count++;
+        }
+    }
+    acct_hist_observe(&a->hist[ACCT_QUEUE], queue, 1);
+    if (r->t_first) {
+        acct_hist_observe(&a->hist[ACCT_TTFT], secs(r->t_arrive, r->t_first), 1);
+        if (r->completion > 1 && r->t_done > r->t_first)
+            acct_hist_observe(&a->hist[ACCT_ITL],
+                              secs(r->t_first, r->t_done) / (double)(r->completion - 1),
+                              r->completion - 1);
+    }
+    if (r->outcome == ACCT_COMPLETED)
+        acct_hist_observe(&a->hist[ACCT_E2E], secs(r->t_arrive, r->t_done), 1);
+    pthread_mutex_unlock(&a->mu);
+}
+
+void acct_tenant_get(struct acct *a, uint32_t tenant, struct acct_tenant *out)
+{
+    memset(out, 0, sizeof(*out));
+    pthread_mutex_lock(&a->mu);
+    if (tenant < a->n_t)
+        *out = a->t[tenant];
+    pthread_mutex_unlock(&a->mu);
+}
+
+void acct_total(struct acct *a, struct acct_tenant *out)
+{
+    memset(out, 0, sizeof(*out));
+    pthread_mutex_lock(&a->mu);
+    for (uint32_t i = 0; i < a->n_t; i++) {
+        const struct acct_tenant *t = &a->t[i];
+        out->requests += t->requests;
+        out->completed += t->completed;
+        out->cancelled += t->cancelled;
+        out->failed += t->failed;
+        out->tokens_in += t->tokens_in;
+        out->tokens_cached += t->tokens_cached;
+        out->tokens_out += t->tokens_out;
+        out->preemptions += t->preemptions;
+        out->queue_seconds += t->queue_seconds;
+        out->ttft_seconds += t->ttft_seconds;
+        out->ttft_count += t->ttft_count;
+    }
+    pthread_mutex_unlock(&a->mu);
+}
+
+void acct_hist_get(struct acct *a, enum acct_hist_kind k, struct acct_hist *out)
+{
+    memset(out, 0, sizeof(*out));
+    if ((unsigned)k >= ACCT_N_HISTS)
+        return;
+    pthread_mutex_lock(&a->mu);
+    *out = a->hist[k];
+    pthread_mutex_unlock(&a->mu);
+}
+
+void acct_sched_req_done(struct acct *a, const struct sched_req *r)
+{
+    if (!a)
+        return;
+    struct acct_req q = {
+        .tenant = r->tenant,
+        .outcome = r->finish == SCHED_FINISH_CANCELLED ? ACCT_CANCELLED
+                   : r->finish == SCHED_FINISH_ERROR   ? ACCT_FAILED
+                                                       : ACCT_COMPLETED,
+        .prompt = r->n_prompt,
+        .cached = r->n_cached,
+        .completion = r->n_toks > r->n_prompt ? r->n_toks - r->n_prompt : 0,
+        .preemptions = r->n_preempt,
+        .t_arrive = r->t_arrive,
+        .t_sched = r->t_sched,
+        .t_first = r->t_first,
+        .t_done = r->t_done,
+    };
+    acct_request_done(a, &q);
+}
+
+void acct_sched_get(struct acct *a, struct acct_sched *out)
+{
+    pthread_mutex_lock(&a->mu);
+    *out = a->sched;
+    pthread_mutex_unlock(&a->mu);
+}
+
+void acct_sched_update(struct acct *a, const struct sched_counters *c, uint32_t live,
+                       uint64_t submitted, uint64_t generated)
+{
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->sched = (struct acct_sched){
+        .waiting = c->waiting,
+        .running = c->running,
+        .swapped = c->swapped,
+        .live = live,
+        .submitted = submitted,
+        .generated = generated,
+        .steps = c->steps,
+        .prefill_tokens = c->prefill_tokens,
+        .decode_tokens = c->decode_tokens,
+        .preempt_swap = c->preempt_swap,
+        .preempt_recompute = c->preempt_recompute,
+        .have_executor = true,
+    };
+    pthread_mutex_unlock(&a->mu);
+}

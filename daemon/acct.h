@@ -1,0 +1,91 @@
+/* acct: per-tenant request accounting the memory manager does not keep
+ * (requests, tokens in/out, preemptions suffered, queue time) and the
+ * daemon-wide latency histograms (TTFT, inter-token, end-to-end, queue).
+ * Written by the executor when a request ends; read by stats and metrics. */
+#ifndef KVD_ACCT_H
+#define KVD_ACCT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Upper bounds of the histogram buckets, in seconds (Prometheus "le"); a
+ * last +Inf bucket is implied. */
+#define ACCT_N_BUCKETS 16
+extern const double acct_bucket_le[ACCT_N_BUCKETS];
+
+struct acct_hist {
+    uint64_t bucket[ACCT_N_BUCKETS + 1]; /* per bucket (not cumulative); last = +Inf */
+    uint64_t count;
+    double sum; /* seconds */
+};
+void acct_hist_observe(struct acct_hist *h, double seconds, uint64_t times);
+
+enum acct_hist_kind { ACCT_TTFT = 0, ACCT_ITL, ACCT_E2E, ACCT_QUEUE, ACCT_N_HISTS };
+const char *acct_hist_name(enum acct_hist_kind k); /* "ttft", "itl", "e2e", "queue" */
+
+struct acct_tenant {
+    uint64_t requests;  /* answered */
+    uint64_t completed, cancelled, failed;
+    uint64_t tokens_in;     /* prompt tokens, cached ones included */
+    uint64_t tokens_cached; /* prompt tokens served from the prefix cache */
+    uint64_t tokens_out;    /* generated tokens */
+    uint64_t preemptions;   /* times its requests were preempted (swap or recompute) */
+    double queue_seconds;   /* summed arrival → first scheduled */
+    double ttft_seconds;    /* summed arrival → first token (requests with one) */
+    uint64_t ttft_count;
+};
+
+/* One ended request, as the executor saw it. Times: CLOCK_MONOTONIC ns, 0
+ * when it never got there. */
+enum acct_outcome { ACCT_COMPLETED = 0, ACCT_CANCELLED, ACCT_FAILED };
+struct acct_req {
+    uint32_t tenant;
+    enum acct_outcome outcome;
+    uint64_t prompt, cached, completion;
+    uint32_t preemptions;
+    uint64_t t_arrive, t_sched, t_first, t_done;
+};
+
+/* The executor's queues and step counters, as of its last step. */
+struct acct_sched {
+    uint32_t waiting, running, swapped; /* requests in each queue */
+    uint32_t live;                      /* submitted and not yet answered */
+    uint64_t submitted, generated;      /* requests taken, tokens sampled */
+    uint64_t steps, prefill_tokens, decode_tokens;
+    uint64_t preempt_swap, preempt_recompute;
+    bool have_executor; /* false in store mode: everything above is 0 */
+};
+
+/* Thread-safe: one mutex, held for a few counter updates. */
+struct acct {
+    pthread_mutex_t mu;
+    struct acct_tenant *t; /* (n_t) owned, indexed by kvmm tenant id */
+    uint32_t n_t;
+    struct acct_hist hist[ACCT_N_HISTS];
+    struct acct_sched sched;
+};
+
+void acct_init(struct acct *a);
+void acct_destroy(struct acct *a);
+/* Adds one ended request. Never fails: a tenant id the table cannot grow
+ * to (out of memory) still counts in the histograms. */
+void acct_request_done(struct acct *a, const struct acct_req *r);
+/* The tenant's counters (zeros for a tenant with no request yet). */
+void acct_tenant_get(struct acct *a, uint32_t tenant, struct acct_tenant *out);
+/* Sum over every tenant. */
+void acct_total(struct acct *a, struct acct_tenant *out);
+void acct_hist_get(struct acct *a, enum acct_hist_kind k, struct acct_hist *out);
+
+void acct_sched_get(struct acct *a, struct acct_sched *out);
+
+/* The executor's hooks (a NULL acct is a no-op): a request about to be
+ * answered; the scheduler's counters after each step. */
+struct sched_req;
+struct sched_counters;
+void acct_sched_req_done(struct acct *a, const struct sched_req *r);
+void acct_sched_update(struct acct *a, const struct sched_counters *c, uint32_t live,
+                       uint64_t submitted, uint64_t generated);
+
+#endif
