@@ -1,0 +1,137 @@
+/* Fault injection through the daemon (built only with
+ * -DKVD_FAULT_INJECTION=ON, label fault): kvd runs with KVD_FAULTS making
+ * allocations and copies fail at a steady rate while clients drive the
+ * block API. Every request still gets exactly one reply with a protocol
+ * code, the failures are those the faults can cause, invariants hold
+ * (admin_check), closing the connections gives every block back, and
+ * SIGTERM exits 0 (under ASan: without leaks). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvd_harness.h"
+
+#define TB (2 * 2 * 1 * 8 * 2)
+
+static const char *const kvd_args[] = {"--backend", "cpu", "--block-tokens", "4",
+                                       "--kv-layers", "2", "--kv-heads", "1", "--head-dim", "8",
+                                       "--kv-dtype", "f16", "--device-blocks", "24",
+                                       "--host-blocks", "12", NULL};
+
+static int call(int fd, uint64_t id, struct kh_req *q, struct kh_reply *r)
+{
+    (void)id;
+    if (kh_req_send(fd, q) || kh_recv(fd, r))
+        return -1;
+    return r->code;
+}
+
+/* One round of block-API ops on fd; counts replies by code. */
+static void round_ops(int fd, uint64_t *id, unsigned salt, unsigned *codes)
+{
+    struct kh_req q;
+    struct kh_reply r;
+    uint32_t toks[16];
+    uint8_t data[16 * TB];
+    for (int i = 0; i < 16; i++)
+        toks[i] = (uint32_t)((salt % 3) * 100 + (unsigned)i);
+    memset(data, (int)salt, sizeof(data));
+    uint64_t s = 0;
+    kh_req_begin(&q, "seq_open", ++*id, 0);
+    int rc = call(fd, *id, &q, &r);
+    assert_true(rc >= 0);
+    codes[rc]++;
+    if (rc == 0)
+        s = kh_u64(r.root, "seq");
+    kh_reply_free(&r);
+    if (!s)
+        return;
+    const char *ops[] = {"seq_match", "seq_extend", "kv_write", "seq_commit", "seq_fork",
+                         "seq_offload", "seq_restore", "kv_read", "seq_info", "seq_close"};
+    for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++) {
+        kh_req_begin(&q, ops[k], ++*id,
+                      !strcmp(ops[k], "kv_write") ? 4 : !strcmp(ops[k], "kv_read") ? 3
+                      : (!strcmp(ops[k], "seq_match") || !strcmp(ops[k], "seq_commit") ||
+                         !strcmp(ops[k], "seq_extend")) ? 2 : 1);
+        proto_pack_kv_uint(&q.pk, "seq", s);
+        if (!strcmp(ops[k], "seq_match") || !strcmp(ops[k], "seq_commit"))
+            proto_pack_kv_u32_array(&q.pk, "tokens", toks, 16);
+        if (!strcmp(ops[k], "seq_extend"))
+            proto_pack_kv_uint(&q.pk, "n", 16);
+        if (!strcmp(ops[k], "kv_write") || !strcmp(ops[k], "kv_read")) {
+            proto_pack_kv_uint(&q.pk, "start", 0);
+            proto_pack_kv_uint(&q.pk, "n", 16);
+        }
+        if (!strcmp(ops[k], "kv_write"))
+            proto_pack_kv_bin(&q.pk, "data", data, sizeof(data));
+        rc = call(fd, *id, &q, &r);
+        assert_true(rc >= 0); /* a reply came */
+        assert_int_equal(r.id, *id);
+        codes[rc]++;
+        if (rc == 0 && !strcmp(ops[k], "kv_read")) {
+            /* what reads succeed is what was written, or zeros/matched
+             * bytes when the write failed: never garbage of another seq */
+            const msgpack_object *d = kh_obj(r.root, "data");
+            assert_non_null(d);
+            assert_int_equal(d->via.bin.size, sizeof(data));
+        }
+        kh_reply_free(&r);
+    }
+}
+
+static void test_daemon_under_faults(void **state)
+{
+    struct kh_proc kvd;
+    unsigned codes[KVD_ERR_COUNT] = {0};
+    uint64_t id = 0;
+    setenv("KVD_FAULTS", "alloc:every=9,copy:every=5", 1);
+    assert_int_equal(kh_start(&kvd, NULL, kvd_args), 0);
+    unsetenv("KVD_FAULTS");
+    int fds[3];
+    for (int c = 0; c < 3; c++) {
+        fds[c] = kh_connect(kvd.sock);
+        assert_true(fds[c] >= 0);
+    }
+    for (unsigned i = 0; i < 120; i++)
+        round_ops(fds[i % 3], &id, i, codes);
+    unsigned failed = 0;
+    for (int c = 1; c < KVD_ERR_COUNT; c++) {
+        if (codes[c])
+            printf("  %-18s %u\n", kvd_err_code(c), codes[c]);
+        failed += codes[c];
+        /* what injected faults may cause, and ordinary outcomes */
+        if (c != KVD_ENOMEM && c != KVD_EINTERNAL && c != KVD_EBADREQ && c != KVD_ENOTFOUND &&
+            c != KVD_ETOOLARGE)
+            assert_int_equal(codes[c], 0);
+    }
+    printf("%u replies, %u ok, %u errors\n", codes[0] + failed, codes[0], failed);
+    assert_true(codes[0] > 0);
+    assert_true(codes[KVD_ENOMEM] + codes[KVD_EINTERNAL] > 0); /* faults were injected */
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fds[0], "admin_check", ++id, &r), 0);
+    kh_reply_free(&r);
+    for (int c = 0; c < 3; c++)
+        close(fds[c]);
+    int fd = kh_connect(kvd.sock);
+    for (int tries = 0; tries < 100 && kh_stat(fd, "device", "used") != 0; tries++)
+        usleep(20000);
+    assert_int_equal(kh_stat(fd, "device", "used"), 0);
+    assert_int_equal(kh_stat(fd, "host", "used"), 0);
+    assert_int_equal(kh_call0(fd, "admin_check", ++id, &r), 0);
+    kh_reply_free(&r);
+    close(fd);
+    assert_int_equal(kh_stop(&kvd), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_daemon_under_faults)};
+    return cmocka_run_group_tests_name("fault_daemon", tests, NULL, NULL);
+}
