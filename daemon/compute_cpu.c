@@ -7,6 +7,7 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <immintrin.h>
 #endif
 #include <math.h>
 #include <sched.h>
@@ -154,8 +155,10 @@ static int cpu_ctx_new(struct backend *be, const struct compute_conf *conf, stru
     if (sc && *sc == '1')
         cx->simd = false;
     cx->scratch = calloc(n, sizeof *cx->scratch);
-    if (!cx->scratch || pool_start(&cx->pool, n)) {
+    cx->panel = calloc(n, sizeof *cx->panel);
+    if (!cx->scratch || !cx->panel || pool_start(&cx->pool, n)) {
         free(cx->scratch);
+        free(cx->panel);
         free(cx);
         return KVD_ENOMEM;
     }
@@ -169,9 +172,12 @@ static void cpu_ctx_free(struct compute_ctx *cx)
         return;
     uint32_t n = cx->pool.n;
     pool_stop(&cx->pool, n - 1);
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
         free(cx->scratch[i]);
+        free(cx->panel[i]);
+    }
     free(cx->scratch);
+    free(cx->panel);
     free(cx);
 }
 
@@ -284,10 +290,31 @@ static int cpu_rope(struct compute_ctx *cx, float *x, uint32_t rows, uint32_t n_
     return 0;
 }
 
-static void kv_store(void *dst, enum kv_dtype dt, const float *src, uint32_t n)
+#if defined(__x86_64__)
+/* F16C's round-to-nearest-even conversion gives the same bits as
+ * cpu_f32_to_f16 (also for inf, nan and subnormals). */
+__attribute__((target("avx2,f16c"))) static void kv_store_f16_simd(uint16_t *dst, const float *src,
+                                                                   uint32_t n)
+{
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        dst[i] = cpu_f32_to_f16(src[i]);
+}
+#endif
+
+static void kv_store(void *dst, enum kv_dtype dt, const float *src, uint32_t n, bool simd)
 {
     switch (dt) {
     case KV_F16:
+#if defined(__x86_64__)
+        if (simd) {
+            kv_store_f16_simd(dst, src, n);
+            break;
+        }
+#endif
         for (uint32_t i = 0; i < n; i++)
             ((uint16_t *)dst)[i] = cpu_f32_to_f16(src[i]);
         break;
@@ -312,8 +339,8 @@ static int cpu_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geo
         for (uint32_t h = 0; h < g->kv_heads; h++) {
             uint8_t *kd = blk + (((size_t)layer * 2 + 0) * g->kv_heads + h) * head_bytes + row * hd * esz;
             uint8_t *vd = blk + (((size_t)layer * 2 + 1) * g->kv_heads + h) * head_bytes + row * hd * esz;
-            kv_store(kd, g->dtype, k + ((size_t)t * g->kv_heads + h) * hd, (uint32_t)hd);
-            kv_store(vd, g->dtype, v + ((size_t)t * g->kv_heads + h) * hd, (uint32_t)hd);
+            kv_store(kd, g->dtype, k + ((size_t)t * g->kv_heads + h) * hd, (uint32_t)hd, cx->simd);
+            kv_store(vd, g->dtype, v + ((size_t)t * g->kv_heads + h) * hd, (uint32_t)hd, cx->simd);
         }
     }
     return 0;

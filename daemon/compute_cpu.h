@@ -41,6 +41,9 @@ struct compute_ctx {
     /* per-worker scratch (attention scores), grown on demand: [n][scratch_cap] floats */
     float **scratch;
     size_t scratch_cap;
+    /* per-worker f32 weight panels of the batched matmul: [n][panel_cap] floats */
+    float **panel;
+    size_t panel_cap;
 };
 
 void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg);

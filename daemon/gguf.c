@@ -148,8 +148,8 @@ static int rd_scalar(struct rd *r, enum gguf_vtype t, struct gguf_kv *kv)
 
 static int rd_kv(struct rd *r, struct gguf_kv *kv, uint64_t idx)
 {
-    const char *key;
-    uint64_t klen;
+    const char *key = NULL; /* init: gcc -O3 maybe-uninitialized false positive */
+    uint64_t klen = 0;
     uint32_t t = 0;
     char what[96];
     snprintf(what, sizeof what, "key of metadata entry %" PRIu64, idx);
