@@ -157,7 +157,7 @@ struct kvd_ctx *kvd_connect(const char *path)
     c->max_frame = KVD_MAX_FRAME_LIMIT;
     c->timeout_ms = -1;
     msgpack_sbuffer_init(&c->wbuf);
-    msgpack_packer_init(&c->pk, &c->wbuf, msgpack_sbuffer_write);
+    proto_packer_init(&c->pk, &c->wbuf);
 
     if (!path) {
         if (kvd_default_socket(def, sizeof(def))) {

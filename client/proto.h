@@ -142,14 +142,25 @@ int proto_reply_status(const msgpack_object *root, struct proto_err *err);
 
 /* ---- encoding ----------------------------------------------------------- */
 /* A frame is built in a caller-owned msgpack_sbuffer (msgpack_sbuffer_init)
- * with a packer writing to it (msgpack_packer_init(pk, sb,
- * msgpack_sbuffer_write)). Several frames may follow each other in one
+ * with a packer writing to it: proto_packer_init(pk, sb), or msgpack-c's
+ * msgpack_packer_init(pk, sb, msgpack_sbuffer_write), or any other packer.
+ * With a proto_packer_init packer the functions below encode in place at the
+ * end of the sbuffer (no callback and no copy per field); with any other
+ * they write through its callback. The bytes are the same either way (the
+ * smallest msgpack form, as msgpack-c's packer chooses). msgpack_pack_*
+ * calls may be mixed in freely. Several frames may follow each other in one
  * buffer:
  *     size_t at = proto_frame_begin(sb);     // reserves the 4 length bytes
  *     proto_reply_begin(pk, id, 1);          // {"id", "ok": true, + 1 pair}
  *     proto_pack_str(pk, "seq"); msgpack_pack_uint64(pk, h);
  *     proto_frame_end(sb, at);               // patches the length
  * Packing functions return 0 or KVD_ENOMEM (the sbuffer could not grow). */
+
+/* msgpack_sbuffer_write's contract (0, or -1 when sb cannot grow), as a
+ * function of its own so that the packers below can recognise it. */
+int proto_sbuf_write(void *data, const char *buf, size_t len);
+/* A packer appending to sb through proto_sbuf_write. */
+void proto_packer_init(msgpack_packer *pk, msgpack_sbuffer *sb);
 
 /* Appends the 4 length bytes; returns the frame's offset in sb, or
  * SIZE_MAX when the buffer cannot grow. */
@@ -164,6 +175,9 @@ void *proto_sbuf_extend(msgpack_sbuffer *sb, size_t len);
 
 /* A string of n bytes, header and body in one write to the packer. */
 int proto_pack_strn(msgpack_packer *pk, const char *s, size_t n);
+/* Map / array headers of n pairs / entries (msgpack_pack_map/array's bytes). */
+int proto_pack_map(msgpack_packer *pk, size_t n);
+int proto_pack_array(msgpack_packer *pk, size_t n);
 /* A key of klen bytes followed by a value of the common kinds; a short key
  * and a scalar value go to the packer as one write (replies are mostly
  * such pairs, and each write is a call through the packer's callback). */
@@ -178,14 +192,65 @@ int proto_pack_kv_bin(msgpack_packer *pk, const char *key, const void *data, siz
 int proto_pack_kv_u32_array(msgpack_packer *pk, const char *key, const uint32_t *v, size_t n);
 
 /* NUL-terminated forms. Inline so that strlen of a literal key is folded at
- * compile time. */
-static inline int proto_pack_str(msgpack_packer *pk, const char *s)
+ * compile time, and so that, with a direct packer (proto_packer_init) and
+ * room in its buffer, a short key (< 32 bytes) and a small value are
+ * encoded right at the call site: fixed-size moves, no call. Anything else
+ * goes to the proto_pack_kvn_* functions. Same bytes either way. */
+
+/* Forced: a copy left out of line would pay strlen and a call per pair. */
+#define PROTO_INLINE static inline __attribute__((always_inline))
+
+/* Internal: where n bytes can be written at the end of a direct packer's
+ * buffer without growing it, else NULL; proto_pk_commit_ counts them. */
+PROTO_INLINE uint8_t *proto_pk_room_(msgpack_packer *pk, size_t n)
 {
-    return proto_pack_strn(pk, s, strlen(s));
+    if (pk->callback != proto_sbuf_write)
+        return NULL;
+    msgpack_sbuffer *sb = (msgpack_sbuffer *)pk->data;
+    if (sb->alloc - sb->size < n)
+        return NULL;
+    return (uint8_t *)sb->data + sb->size;
 }
-static inline int proto_pack_kv_uint(msgpack_packer *pk, const char *key, uint64_t v)
+PROTO_INLINE int proto_pk_commit_(msgpack_packer *pk, size_t n)
 {
-    return proto_pack_kvn_uint(pk, key, strlen(key), v);
+    ((msgpack_sbuffer *)pk->data)->size += n;
+    return 0;
+}
+/* Internal: a fixstr key (klen < 32) at b; returns its bytes. */
+PROTO_INLINE size_t proto_pk_key_(uint8_t *b, const char *key, size_t klen)
+{
+    b[0] = (uint8_t)(0xa0 | klen);
+    memcpy(b + 1, key, klen);
+    return klen + 1;
+}
+
+PROTO_INLINE int proto_pack_str(msgpack_packer *pk, const char *s)
+{
+    size_t n = strlen(s);
+    uint8_t *b;
+    if (n < 32 && (b = proto_pk_room_(pk, n + 1)) != NULL)
+        return proto_pk_commit_(pk, proto_pk_key_(b, s, n));
+    return proto_pack_strn(pk, s, n);
+}
+PROTO_INLINE int proto_pack_kv_uint(msgpack_packer *pk, const char *key, uint64_t v)
+{
+    size_t klen = strlen(key), n;
+    uint8_t *b;
+    if (klen < 32 && v < 65536 && (b = proto_pk_room_(pk, klen + 4)) != NULL) {
+        n = proto_pk_key_(b, key, klen);
+        if (v < 128) {
+            b[n++] = (uint8_t)v;
+        } else if (v < 256) {
+            b[n++] = 0xcc;
+            b[n++] = (uint8_t)v;
+        } else {
+            b[n++] = 0xcd;
+            b[n++] = (uint8_t)(v >> 8);
+            b[n++] = (uint8_t)v;
+        }
+        return proto_pk_commit_(pk, n);
+    }
+    return proto_pack_kvn_uint(pk, key, klen, v);
 }
 static inline int proto_pack_kv_int(msgpack_packer *pk, const char *key, int64_t v)
 {
@@ -195,17 +260,37 @@ static inline int proto_pack_kv_double(msgpack_packer *pk, const char *key, doub
 {
     return proto_pack_kvn_double(pk, key, strlen(key), v);
 }
-static inline int proto_pack_kv_bool(msgpack_packer *pk, const char *key, bool v)
+/* Internal: a key and a one-byte value (nil 0xc0, false 0xc2, true 0xc3). */
+PROTO_INLINE int proto_pk_kv_byte_(msgpack_packer *pk, const char *key, uint8_t v)
 {
-    return proto_pack_kvn_bool(pk, key, strlen(key), v);
+    size_t klen = strlen(key);
+    uint8_t *b;
+    if (klen < 32 && (b = proto_pk_room_(pk, klen + 2)) != NULL) {
+        size_t n = proto_pk_key_(b, key, klen);
+        b[n] = v;
+        return proto_pk_commit_(pk, n + 1);
+    }
+    if (v == 0xc0)
+        return proto_pack_kvn_nil(pk, key, klen);
+    return proto_pack_kvn_bool(pk, key, klen, v == 0xc3);
 }
-static inline int proto_pack_kv_str(msgpack_packer *pk, const char *key, const char *v)
+PROTO_INLINE int proto_pack_kv_bool(msgpack_packer *pk, const char *key, bool v)
 {
-    return proto_pack_kvn_str(pk, key, strlen(key), v, strlen(v));
+    return proto_pk_kv_byte_(pk, key, v ? 0xc3 : 0xc2);
 }
-static inline int proto_pack_kv_nil(msgpack_packer *pk, const char *key)
+PROTO_INLINE int proto_pack_kv_str(msgpack_packer *pk, const char *key, const char *v)
 {
-    return proto_pack_kvn_nil(pk, key, strlen(key));
+    size_t klen = strlen(key), vlen = strlen(v);
+    uint8_t *b;
+    if (klen < 32 && vlen < 32 && (b = proto_pk_room_(pk, klen + vlen + 2)) != NULL) {
+        size_t n = proto_pk_key_(b, key, klen);
+        return proto_pk_commit_(pk, n + proto_pk_key_(b + n, v, vlen));
+    }
+    return proto_pack_kvn_str(pk, key, klen, v, vlen);
+}
+PROTO_INLINE int proto_pack_kv_nil(msgpack_packer *pk, const char *key)
+{
+    return proto_pk_kv_byte_(pk, key, 0xc0);
 }
 
 /* Map header of n_extra + 2 pairs, then "id": id, "ok": true; the caller packs

@@ -1,17 +1,58 @@
 /* proto_pack: the encoding half of the kvd codec (see proto.h): frames in a
  * msgpack_sbuffer with a patched 4-byte length, and the reply, error, event
- * and request maps both sides build. */
+ * and request maps both sides build. With a proto_packer_init packer the
+ * bytes are encoded straight into the sbuffer (no callback, no copy). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "proto.h"
 
+/* First allocation of an empty sbuffer, as msgpack-c's own write does. */
+#define SBUF_INIT 8192
+
+/* Makes room for len more bytes after sb->size (doubling, like
+ * msgpack_sbuffer_write); 0 or -1 when it cannot grow. */
+static int sbuf_reserve(msgpack_sbuffer *sb, size_t len)
+{
+    if (sb->alloc - sb->size >= len)
+        return 0;
+    size_t want = sb->alloc ? sb->alloc : SBUF_INIT;
+    while (want - sb->size < len) {
+        if (want > SIZE_MAX / 2)
+            return -1;
+        want *= 2;
+    }
+    char *d = realloc(sb->data, want);
+    if (!d)
+        return -1;
+    sb->data = d;
+    sb->alloc = want;
+    return 0;
+}
+
+int proto_sbuf_write(void *data, const char *buf, size_t len)
+{
+    msgpack_sbuffer *sb = data;
+    if (sbuf_reserve(sb, len) != 0)
+        return -1;
+    if (len)
+        memcpy(sb->data + sb->size, buf, len);
+    sb->size += len;
+    return 0;
+}
+
+void proto_packer_init(msgpack_packer *pk, msgpack_sbuffer *sb)
+{
+    msgpack_packer_init(pk, sb, proto_sbuf_write);
+}
+
 size_t proto_frame_begin(msgpack_sbuffer *sb)
 {
-    static const char zero[KVD_FRAME_HEADER_BYTES] = {0};
     size_t at = sb->size;
-    if (msgpack_sbuffer_write(sb, zero, sizeof(zero)) != 0)
+    if (sbuf_reserve(sb, KVD_FRAME_HEADER_BYTES) != 0)
         return SIZE_MAX;
+    memset(sb->data + at, 0, KVD_FRAME_HEADER_BYTES);
+    sb->size += KVD_FRAME_HEADER_BYTES;
     return at;
 }
 
@@ -34,19 +75,8 @@ int proto_frame_end(msgpack_sbuffer *sb, size_t at)
 
 void *proto_sbuf_extend(msgpack_sbuffer *sb, size_t len)
 {
-    if (sb->alloc - sb->size < len) {
-        size_t want = sb->alloc ? sb->alloc : 8192;
-        while (want - sb->size < len) {
-            if (want > SIZE_MAX / 2)
-                return NULL;
-            want *= 2;
-        }
-        char *d = realloc(sb->data, want);
-        if (!d)
-            return NULL;
-        sb->data = d;
-        sb->alloc = want;
-    }
+    if (sbuf_reserve(sb, len) != 0)
+        return NULL;
     void *at = sb->data + sb->size;
     sb->size += len;
     return at;
@@ -62,12 +92,53 @@ void *proto_sbuf_extend(msgpack_sbuffer *sb, size_t len)
  * ones take two. Bytes: a str8 header (2) + key + the largest scalar (9). */
 #define PACK_KEY_MAX 64
 #define PACK_BUF (2 + PACK_KEY_MAX + 9)
-/* Strings up to this long go out with their header in one write. */
-#define PACK_STR_ONE_WRITE 128
 
-static int put(msgpack_packer *pk, const uint8_t *b, size_t n)
+static bool is_direct(const msgpack_packer *pk)
 {
+    return pk->callback == proto_sbuf_write;
+}
+
+/* Where an encoding of at most n bytes is built: in place at the end of the
+ * sbuffer for a direct packer (reserved, not yet counted), else in the
+ * caller's scratch (n bytes or more). NULL: the sbuffer cannot grow. */
+static uint8_t *reserve(msgpack_packer *pk, uint8_t *scratch, size_t n)
+{
+    if (!is_direct(pk))
+        return scratch;
+    msgpack_sbuffer *sb = pk->data;
+    if (sbuf_reserve(sb, n) != 0)
+        return NULL;
+    return (uint8_t *)sb->data + sb->size;
+}
+
+/* Commits the n bytes built at b (from reserve). */
+static int emit(msgpack_packer *pk, const uint8_t *b, size_t n)
+{
+    if (is_direct(pk)) {
+        ((msgpack_sbuffer *)pk->data)->size += n;
+        return KVD_OK;
+    }
     return pk->callback(pk->data, (const char *)b, n) ? KVD_ENOMEM : KVD_OK;
+}
+
+/* A header and a body that is copied as is (strings, bins): one write. */
+static int put2(msgpack_packer *pk, const uint8_t *h, size_t hn, const void *body, size_t bn)
+{
+    if (is_direct(pk)) {
+        msgpack_sbuffer *sb = pk->data;
+        if (bn > SIZE_MAX - hn || sbuf_reserve(sb, hn + bn) != 0)
+            return KVD_ENOMEM;
+        memcpy(sb->data + sb->size, h, hn);
+        if (bn)
+            memcpy(sb->data + sb->size + hn, body, bn);
+        sb->size += hn + bn;
+        return KVD_OK;
+    }
+    if (pk->callback(pk->data, (const char *)h, hn))
+        return KVD_ENOMEM;
+    if (bn && pk->callback(pk->data, (const char *)body, bn))
+        return KVD_ENOMEM;
+    return KVD_OK;
 }
 
 static size_t be16(uint8_t *b, uint8_t tag, uint16_t v)
@@ -161,6 +232,17 @@ static size_t enc_map_hdr(uint8_t *b, size_t n)
     return be32(b, 0xdf, (uint32_t)n);
 }
 
+static size_t enc_array_hdr(uint8_t *b, size_t n)
+{
+    if (n < 16) {
+        b[0] = (uint8_t)(0x90 | n);
+        return 1;
+    }
+    if (n < 65536)
+        return be16(b, 0xdc, (uint16_t)n);
+    return be32(b, 0xdd, (uint32_t)n);
+}
+
 /* A key into b (klen <= PACK_KEY_MAX); returns the bytes written. */
 static size_t enc_key(uint8_t *b, const char *key, size_t klen)
 {
@@ -171,63 +253,78 @@ static size_t enc_key(uint8_t *b, const char *key, size_t klen)
 
 int proto_pack_strn(msgpack_packer *pk, const char *s, size_t n)
 {
-    if (n <= PACK_STR_ONE_WRITE) {
-        uint8_t b[2 + PACK_STR_ONE_WRITE];
-        size_t h = enc_str_hdr(b, n);
-        memcpy(b + h, s, n);
-        return put(pk, b, h + n);
+    uint8_t h[5];
+    return put2(pk, h, enc_str_hdr(h, n), s, n);
+}
+
+int proto_pack_map(msgpack_packer *pk, size_t n)
+{
+    uint8_t s[5], *b = reserve(pk, s, sizeof(s));
+    return b ? emit(pk, b, enc_map_hdr(b, n)) : KVD_ENOMEM;
+}
+
+int proto_pack_array(msgpack_packer *pk, size_t n)
+{
+    uint8_t s[5], *b = reserve(pk, s, sizeof(s));
+    return b ? emit(pk, b, enc_array_hdr(b, n)) : KVD_ENOMEM;
+}
+
+/* Starts a pair whose value takes at most vmax bytes (vmax <= 9): returns
+ * where the value goes, with the key already there (*n bytes of it) when it
+ * is short; a long key is packed on its own first (*n = 0). NULL: no
+ * memory. scratch holds PACK_BUF bytes. */
+static uint8_t *kv_begin(msgpack_packer *pk, uint8_t *scratch, const char *key, size_t klen,
+                         size_t vmax, size_t *n)
+{
+    uint8_t *b;
+    *n = 0;
+    if (klen > PACK_KEY_MAX) {
+        if (proto_pack_strn(pk, key, klen) != 0)
+            return NULL;
+        return reserve(pk, scratch, vmax);
     }
-    PK(msgpack_pack_str(pk, n));
-    PK(msgpack_pack_str_body(pk, s, n));
-    return KVD_OK;
+    b = reserve(pk, scratch, 2 + klen + vmax);
+    if (b)
+        *n = enc_key(b, key, klen);
+    return b;
 }
 
 int proto_pack_kvn_uint(msgpack_packer *pk, const char *key, size_t klen, uint64_t v)
 {
-    uint8_t b[PACK_BUF];
-    if (klen > PACK_KEY_MAX) {
-        PK(proto_pack_strn(pk, key, klen));
-        return put(pk, b, enc_uint(b, v));
-    }
-    size_t n = enc_key(b, key, klen);
-    return put(pk, b, n + enc_uint(b + n, v));
+    uint8_t s[PACK_BUF];
+    size_t n;
+    uint8_t *b = kv_begin(pk, s, key, klen, 9, &n);
+    return b ? emit(pk, b, n + enc_uint(b + n, v)) : KVD_ENOMEM;
 }
 
 int proto_pack_kvn_int(msgpack_packer *pk, const char *key, size_t klen, int64_t v)
 {
-    uint8_t b[PACK_BUF];
-    if (klen > PACK_KEY_MAX) {
-        PK(proto_pack_strn(pk, key, klen));
-        return put(pk, b, enc_int(b, v));
-    }
-    size_t n = enc_key(b, key, klen);
-    return put(pk, b, n + enc_int(b + n, v));
+    uint8_t s[PACK_BUF];
+    size_t n;
+    uint8_t *b = kv_begin(pk, s, key, klen, 9, &n);
+    return b ? emit(pk, b, n + enc_int(b + n, v)) : KVD_ENOMEM;
 }
 
 int proto_pack_kvn_double(msgpack_packer *pk, const char *key, size_t klen, double v)
 {
-    uint8_t b[PACK_BUF];
+    uint8_t s[PACK_BUF];
     uint64_t bits;
+    size_t n;
     memcpy(&bits, &v, sizeof(bits));
-    if (klen > PACK_KEY_MAX) {
-        PK(proto_pack_strn(pk, key, klen));
-        return put(pk, b, be64(b, 0xcb, bits));
-    }
-    size_t n = enc_key(b, key, klen);
-    return put(pk, b, n + be64(b + n, 0xcb, bits));
+    uint8_t *b = kv_begin(pk, s, key, klen, 9, &n);
+    return b ? emit(pk, b, n + be64(b + n, 0xcb, bits)) : KVD_ENOMEM;
 }
 
 /* A key and a one-byte value (nil, true, false). */
 static int pack_kv_byte(msgpack_packer *pk, const char *key, size_t klen, uint8_t v)
 {
-    uint8_t b[PACK_BUF];
-    if (klen > PACK_KEY_MAX) {
-        PK(proto_pack_strn(pk, key, klen));
-        return put(pk, &v, 1);
-    }
-    size_t n = enc_key(b, key, klen);
+    uint8_t s[PACK_BUF];
+    size_t n;
+    uint8_t *b = kv_begin(pk, s, key, klen, 1, &n);
+    if (!b)
+        return KVD_ENOMEM;
     b[n] = v;
-    return put(pk, b, n + 1);
+    return emit(pk, b, n + 1);
 }
 
 int proto_pack_kvn_bool(msgpack_packer *pk, const char *key, size_t klen, bool v)
@@ -243,53 +340,79 @@ int proto_pack_kvn_nil(msgpack_packer *pk, const char *key, size_t klen)
 int proto_pack_kvn_str(msgpack_packer *pk, const char *key, size_t klen, const char *v,
                        size_t vlen)
 {
-    if (klen <= PACK_KEY_MAX && vlen <= PACK_STR_ONE_WRITE) {
-        uint8_t b[PACK_BUF + PACK_STR_ONE_WRITE];
-        size_t n = enc_key(b, key, klen);
-        n += enc_str_hdr(b + n, vlen);
-        memcpy(b + n, v, vlen);
-        return put(pk, b, n + vlen);
+    /* key and the value's header together, then the body */
+    uint8_t s[PACK_BUF];
+    size_t n;
+    if (klen > PACK_KEY_MAX) {
+        PK(proto_pack_strn(pk, key, klen));
+        return proto_pack_strn(pk, v, vlen);
     }
-    PK(proto_pack_strn(pk, key, klen));
-    return proto_pack_strn(pk, v, vlen);
+    n = enc_key(s, key, klen);
+    n += enc_str_hdr(s + n, vlen);
+    return put2(pk, s, n, v, vlen);
 }
 
 int proto_pack_kv_bin(msgpack_packer *pk, const char *key, const void *data, size_t len)
 {
+    uint8_t h[5];
+    size_t n;
     PK(proto_pack_str(pk, key));
-    PK(msgpack_pack_bin(pk, len));
-    PK(msgpack_pack_bin_body(pk, data, len));
-    return KVD_OK;
+    if (len < 256) {
+        h[0] = 0xc4;
+        h[1] = (uint8_t)len;
+        n = 2;
+    } else if (len < 65536) {
+        n = be16(h, 0xc5, (uint16_t)len);
+    } else {
+        if (len > UINT32_MAX)
+            return KVD_ETOOLARGE;
+        n = be32(h, 0xc6, (uint32_t)len);
+    }
+    return put2(pk, h, n, data, len);
 }
+
+/* Token ids are encoded this many at a time (each at most 5 bytes). */
+#define PACK_U32_CHUNK 64
 
 int proto_pack_kv_u32_array(msgpack_packer *pk, const char *key, const uint32_t *v, size_t n)
 {
+    uint8_t s[5 * PACK_U32_CHUNK];
     PK(proto_pack_str(pk, key));
-    PK(msgpack_pack_array(pk, n));
-    for (size_t i = 0; i < n; i++)
-        PK(msgpack_pack_uint32(pk, v[i]));
+    PK(proto_pack_array(pk, n));
+    for (size_t i = 0; i < n;) {
+        size_t k = n - i < PACK_U32_CHUNK ? n - i : PACK_U32_CHUNK, len = 0;
+        uint8_t *b = reserve(pk, s, 5 * k);
+        if (!b)
+            return KVD_ENOMEM;
+        for (size_t j = 0; j < k; j++)
+            len += enc_uint(b + len, v[i + j]);
+        PK(emit(pk, b, len));
+        i += k;
+    }
     return KVD_OK;
 }
 
 int proto_reply_begin(msgpack_packer *pk, uint64_t id, size_t n_extra)
 {
     /* map header, "id": id, "ok": true in one write */
-    uint8_t b[5 + 3 + 9 + 3 + 1];
+    uint8_t s[5 + 3 + 9 + 3 + 1], *b = reserve(pk, s, sizeof(s));
+    if (!b)
+        return KVD_ENOMEM;
     size_t n = enc_map_hdr(b, n_extra + 2);
     n += enc_key(b + n, "id", 2);
     n += enc_uint(b + n, id);
     n += enc_key(b + n, "ok", 2);
     b[n++] = 0xc3;
-    return put(pk, b, n);
+    return emit(pk, b, n);
 }
 
 int proto_pack_error(msgpack_packer *pk, uint64_t id, int code, const char *message)
 {
-    PK(msgpack_pack_map(pk, 3));
+    PK(proto_pack_map(pk, 3));
     PK(proto_pack_kv_uint(pk, "id", id));
     PK(proto_pack_kv_bool(pk, "ok", false));
     PK(proto_pack_str(pk, "error"));
-    PK(msgpack_pack_map(pk, 2));
+    PK(proto_pack_map(pk, 2));
     PK(proto_pack_kv_str(pk, "code", kvd_err_code(code)));
     PK(proto_pack_kv_str(pk, "message", message ? message : ""));
     return KVD_OK;
@@ -297,7 +420,7 @@ int proto_pack_error(msgpack_packer *pk, uint64_t id, int code, const char *mess
 
 int proto_event_begin(msgpack_packer *pk, uint64_t id, const char *event, size_t n_extra)
 {
-    PK(msgpack_pack_map(pk, n_extra + 2));
+    PK(proto_pack_map(pk, n_extra + 2));
     PK(proto_pack_kv_uint(pk, "id", id));
     PK(proto_pack_kv_str(pk, "event", event));
     return KVD_OK;
@@ -305,7 +428,7 @@ int proto_event_begin(msgpack_packer *pk, uint64_t id, const char *event, size_t
 
 int proto_request_begin(msgpack_packer *pk, const char *op, uint64_t id, size_t n_extra)
 {
-    PK(msgpack_pack_map(pk, n_extra + 2));
+    PK(proto_pack_map(pk, n_extra + 2));
     PK(proto_pack_kv_str(pk, "op", op));
     PK(proto_pack_kv_uint(pk, "id", id));
     return KVD_OK;
@@ -314,7 +437,7 @@ int proto_request_begin(msgpack_packer *pk, const char *op, uint64_t id, size_t 
 int proto_frame_error(msgpack_sbuffer *sb, uint64_t id, int code, const char *message)
 {
     msgpack_packer pk;
-    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    proto_packer_init(&pk, sb);
     size_t at = proto_frame_begin(sb);
     if (at == SIZE_MAX)
         return KVD_ENOMEM;
@@ -325,7 +448,7 @@ int proto_frame_error(msgpack_sbuffer *sb, uint64_t id, int code, const char *me
 int proto_frame_ok(msgpack_sbuffer *sb, uint64_t id)
 {
     msgpack_packer pk;
-    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    proto_packer_init(&pk, sb);
     size_t at = proto_frame_begin(sb);
     if (at == SIZE_MAX)
         return KVD_ENOMEM;

@@ -4,6 +4,7 @@
 #include "server_impl.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,12 @@ static void flush_out(struct conn *c)
     }
 }
 
+/* dispatch() zeroes an ops_ctx only up to err: err must stay its last
+ * member. */
+_Static_assert(sizeof(struct ops_ctx) - offsetof(struct ops_ctx, err) <
+                   sizeof(struct proto_err) + _Alignof(struct ops_ctx),
+               "struct ops_ctx: err must be the last member");
+
 /* A printable, bounded copy of client text for an error message. */
 static void safe_copy(char *dst, size_t cap, const char *s, size_t len)
 {
@@ -183,12 +190,15 @@ static bool dispatch(struct conn *c, const uint8_t *p, size_t len)
 {
     struct server *srv = c->srv;
     struct proto_msg m;
-    struct proto_err e = {0};
+    struct proto_err e; /* filled by whatever fails; its 256-byte message
+                         * is not zeroed per request */
     msgpack_sbuffer *sb = &srv->out;
     msgpack_packer pk;
     size_t mark = sb->size; /* replies batched before this request */
     int rc;
 
+    e.code = 0;
+    e.message[0] = '\0';
     if (proto_msg_parse_in(&m, p, len, srv->zone, &e) != 0) {
         log_info("conn %llu (uid %u): %s; closing", (unsigned long long)c->id, (unsigned)c->uid,
                  e.message);
@@ -227,25 +237,30 @@ static bool dispatch(struct conn *c, const uint8_t *p, size_t len)
         goto out;
     }
 
-    struct ops_ctx ctx = {
-        .srv = srv,
-        .conn = c,
-        .mm = srv->mm,
-        .op_ctx = ent->ctx,
-        .conn_id = c->id,
-        .id = id,
-        .req = m.root,
-        .uid = c->uid,
-        .gid = c->gid,
-        .pid = c->pid,
-        .tenant = c->tenant,
-        .ns = c->ns,
-        .tenant_name = c->tenant_name,
-        .admin = c->admin,
-        .out = sb,
-        .pk = &pk,
-    };
-    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    /* Everything before err zeroed, then err emptied without clearing its
+     * message: a designated initializer would zero all of it per request
+     * (a rep stos that was ~5 % of the server's time on small ops). */
+    struct ops_ctx ctx;
+    memset(&ctx, 0, offsetof(struct ops_ctx, err));
+    ctx.srv = srv;
+    ctx.conn = c;
+    ctx.mm = srv->mm;
+    ctx.op_ctx = ent->ctx;
+    ctx.conn_id = c->id;
+    ctx.id = id;
+    ctx.req = m.root;
+    ctx.uid = c->uid;
+    ctx.gid = c->gid;
+    ctx.pid = c->pid;
+    ctx.tenant = c->tenant;
+    ctx.ns = c->ns;
+    ctx.tenant_name = c->tenant_name;
+    ctx.admin = c->admin;
+    ctx.out = sb;
+    ctx.pk = &pk;
+    ctx.err.code = 0;
+    ctx.err.message[0] = '\0';
+    proto_packer_init(&pk, sb);
     size_t at = proto_frame_begin(sb);
     if (at == SIZE_MAX) {
         rc = proto_err_set(&ctx.err, KVD_ENOMEM, "out of memory for the reply");

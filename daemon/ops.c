@@ -33,8 +33,12 @@ int ops_table_set(struct ops_table *t, const char *name, ops_fn fn, void *ctx, u
 
 const struct ops_entry *ops_table_find(const struct ops_table *t, const char *name, size_t len)
 {
+    /* Length, then the last byte inline (most names start with "seq_"),
+     * before a memcmp call: one per request showed as ~4 % of the server's
+     * time on small ops. */
     for (size_t i = 0; i < t->n; i++)
-        if (t->v[i].len == len && !memcmp(t->v[i].name, name, len))
+        if (t->v[i].len == len && (len == 0 || t->v[i].name[len - 1] == name[len - 1]) &&
+            !memcmp(t->v[i].name, name, len))
             return &t->v[i];
     return NULL;
 }

@@ -263,12 +263,18 @@ int ops_seq_fork(struct ops_ctx *c)
     return rc;
 }
 
+/* Blocks of a seq_info reply listed without a heap buffer (256 tokens at
+ * 16 tokens a block). */
+#define SEQ_INFO_STACK_BLOCKS 16
+
 int ops_seq_info(struct ops_ctx *c)
 {
     uint64_t seq;
     struct kvmm_seq_info info;
-    uint32_t *ids = NULL;
-    enum kvd_tier *tiers = NULL;
+    /* Short sequences (the common small request) list their blocks from
+     * the stack: no malloc/free per request. */
+    uint32_t ids_stack[SEQ_INFO_STACK_BLOCKS], *ids = ids_stack;
+    enum kvd_tier tiers_stack[SEQ_INFO_STACK_BLOCKS], *tiers = tiers_stack;
     size_t n = 0;
     int rc = proto_get_uint(c->req, "seq", &seq, &c->err);
     if (rc)
@@ -279,8 +285,10 @@ int ops_seq_info(struct ops_ctx *c)
         rc = mm_fail(c, rc);
         goto out;
     }
-    ids = fault_malloc((info.n_blocks ? info.n_blocks : 1) * sizeof(*ids));
-    tiers = fault_malloc((info.n_blocks ? info.n_blocks : 1) * sizeof(*tiers));
+    if (info.n_blocks > SEQ_INFO_STACK_BLOCKS) {
+        ids = fault_malloc(info.n_blocks * sizeof(*ids));
+        tiers = fault_malloc(info.n_blocks * sizeof(*tiers));
+    }
     if (!ids || !tiers) {
         rc = proto_err_set(&c->err, KVD_ENOMEM, "out of memory");
         goto out;
@@ -301,11 +309,10 @@ int ops_seq_info(struct ops_ctx *c)
         rc = proto_pack_kv_str(c->pk, "namespace", info.ns == c->ns ? c->tenant_name : "shared");
     if (!rc)
         rc = proto_pack_str(c->pk, "blocks");
-    if (!rc && msgpack_pack_array(c->pk, n) != 0)
-        rc = KVD_ENOMEM;
+    if (!rc)
+        rc = proto_pack_array(c->pk, n);
     for (size_t i = 0; !rc && i < n; i++) {
-        if (msgpack_pack_map(c->pk, 2) != 0)
-            rc = KVD_ENOMEM;
+        rc = proto_pack_map(c->pk, 2);
         if (!rc)
             rc = proto_pack_kv_uint(c->pk, "id", ids[i]);
         if (!rc)
@@ -313,8 +320,10 @@ int ops_seq_info(struct ops_ctx *c)
     }
 out:
     kvmm_unlock(c->mm);
-    free(ids);
-    free(tiers);
+    if (ids != ids_stack)
+        free(ids);
+    if (tiers != tiers_stack)
+        free(tiers);
     return rc;
 }
 

@@ -49,7 +49,7 @@ int ops_hello(struct ops_ctx *c)
     PK_OK(proto_pack_kv_uint(pk, "max_frame", srv->opts.max_frame));
     PK_OK(proto_pack_kv_uint(pk, "conn", c->conn_id));
     PK_OK(proto_pack_str(pk, "kv"));
-    MP(msgpack_pack_map(pk, 6));
+    MP(proto_pack_map(pk, 6));
     PK_OK(proto_pack_kv_uint(pk, "layers", g->layers));
     PK_OK(proto_pack_kv_uint(pk, "kv_heads", g->kv_heads));
     PK_OK(proto_pack_kv_uint(pk, "head_dim", g->head_dim));
@@ -59,7 +59,7 @@ int ops_hello(struct ops_ctx *c)
     if (!srv->have_model)
         return proto_pack_kv_nil(pk, "model");
     PK_OK(proto_pack_str(pk, "model"));
-    MP(msgpack_pack_map(pk, 3));
+    MP(proto_pack_map(pk, 3));
     PK_OK(proto_pack_kv_str(pk, "name", srv->model.name));
     PK_OK(proto_pack_kv_uint(pk, "vocab", srv->model.vocab));
     PK_OK(proto_pack_kv_uint(pk, "context", srv->model.context));
@@ -77,7 +77,7 @@ static int pack_quota(msgpack_packer *pk, const char *key, uint32_t v)
 static int pack_tenant(msgpack_packer *pk, const struct kvmm_tenant_stats *t, struct acct *acct,
                        uint32_t id)
 {
-    MP(msgpack_pack_map(pk, 10 + ACCT_STATS_TENANT_PAIRS));
+    MP(proto_pack_map(pk, 10 + ACCT_STATS_TENANT_PAIRS));
     PK_OK(proto_pack_kv_str(pk, "name", t->name));
     PK_OK(proto_pack_kv_uint(pk, "device_blocks", t->device_blocks));
     PK_OK(proto_pack_kv_uint(pk, "host_blocks", t->host_blocks));
@@ -89,7 +89,7 @@ static int pack_tenant(msgpack_packer *pk, const struct kvmm_tenant_stats *t, st
     PK_OK(proto_pack_kv_uint(pk, "swaps_in", t->swaps_in));
     PK_OK(acct_stats_pack_tenant(pk, acct, id, t));
     PK_OK(proto_pack_str(pk, "quota"));
-    MP(msgpack_pack_map(pk, 5));
+    MP(proto_pack_map(pk, 5));
     PK_OK(pack_quota(pk, "max_device_blocks", t->conf.max_device_blocks));
     PK_OK(pack_quota(pk, "max_host_blocks", t->conf.max_host_blocks));
     PK_OK(pack_quota(pk, "max_seqs", t->conf.max_seqs));
@@ -102,7 +102,7 @@ static int pack_tier(msgpack_packer *pk, const char *key, uint32_t total, uint32
                      uint32_t cached, uint32_t used)
 {
     PK_OK(proto_pack_str(pk, key));
-    MP(msgpack_pack_map(pk, 4));
+    MP(proto_pack_map(pk, 4));
     PK_OK(proto_pack_kv_uint(pk, "total", total));
     PK_OK(proto_pack_kv_uint(pk, "free", free_));
     PK_OK(proto_pack_kv_uint(pk, "cached", cached));
@@ -128,7 +128,7 @@ static int stats_locked(struct ops_ctx *c)
                     st.device_used));
     PK_OK(pack_tier(pk, "host", st.host_total, st.host_free, st.host_cached, st.host_used));
     PK_OK(proto_pack_str(pk, "counters"));
-    MP(msgpack_pack_map(pk, 11));
+    MP(proto_pack_map(pk, 11));
     PK_OK(proto_pack_kv_uint(pk, "match_tokens_asked", st.match_tokens_asked));
     PK_OK(proto_pack_kv_uint(pk, "match_tokens_hit", st.match_tokens_hit));
     PK_OK(proto_pack_kv_uint(pk, "swaps_out", st.swaps_out));
@@ -148,7 +148,7 @@ static int stats_locked(struct ops_ctx *c)
         if (c->admin || srv->tenants[i].id == c->tenant)
             n++;
     PK_OK(proto_pack_str(pk, "tenants"));
-    MP(msgpack_pack_array(pk, n));
+    MP(proto_pack_array(pk, n));
     for (size_t i = 0; i < srv->n_tenants; i++) {
         if (!c->admin && srv->tenants[i].id != c->tenant)
             continue;

@@ -1,10 +1,13 @@
 /* bench_rtt: round trips to a running kvd through libkvd. Prints the latency
- * (p50/p99) of one small op from one client, then the throughput (ops/s) of
+ * (p50/p99) of one op from one client, then the throughput (ops/s) of
  * 1, 16 and 64 clients that each keep a pipeline of requests in flight, like
  * `redis-benchmark -c C -P DEPTH`: each client sends DEPTH requests, waits
  * for all their replies, and sends the next DEPTH. One client thread polls
- * all the connections (--threads for more), as redis-benchmark does. A
- * program that prints numbers, not a test. */
+ * all the connections (--threads for more), as redis-benchmark does. The
+ * op is hello (a 20-pair reply, ~300 bytes) or seq_info of a sequence the
+ * client opened (--seq-tokens long, default 0: a 7-pair reply of ~60 bytes,
+ * the smallest success reply of a read-only op). A program that prints
+ * numbers, not a test. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -19,6 +22,7 @@
 struct bench {
     const char *socket;
     const char *op;   /* "hello" or "seq_info" */
+    unsigned seq_tokens; /* length of the seq_info sequence */
     unsigned depth;   /* requests in flight per client */
     unsigned threads; /* client threads (each polls many connections) */
     uint64_t lat_ops, tput_ops;
@@ -57,7 +61,8 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* A connected context, plus (for seq_info) an open sequence of 40 tokens. */
+/* A connected context, plus (for seq_info) an open sequence of
+ * b->seq_tokens tokens. */
 static struct kvd_ctx *open_client(const struct bench *b, uint64_t *seq, char *err, size_t cap)
 {
     struct kvd_ctx *c = kvd_connect(b->socket);
@@ -68,7 +73,8 @@ static struct kvd_ctx *open_client(const struct bench *b, uint64_t *seq, char *e
     }
     *seq = 0;
     if (!strcmp(b->op, "seq_info") &&
-        (kvd_seq_open(c, NULL, seq) || kvd_seq_extend(c, *seq, 40, NULL))) {
+        (kvd_seq_open(c, NULL, seq) ||
+         (b->seq_tokens && kvd_seq_extend(c, *seq, b->seq_tokens, NULL)))) {
         snprintf(err, cap, "seq setup: %s", c->errstr);
         kvd_close(c);
         return NULL;
@@ -275,6 +281,7 @@ int main(int argc, char **argv)
         {"ops", required_argument, NULL, 'n'},
         {"clients", required_argument, NULL, 'c'},
         {"threads", required_argument, NULL, 't'},
+        {"seq-tokens", required_argument, NULL, 'k'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -284,7 +291,7 @@ int main(int argc, char **argv)
     char sock[256];
     int c, rc = 0;
 
-    while ((c = getopt_long(argc, argv, "s:o:d:l:n:c:t:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "s:o:d:l:n:c:t:k:h", opts, NULL)) != -1) {
         switch (c) {
         case 's':
             b.socket = optarg;
@@ -307,11 +314,14 @@ int main(int argc, char **argv)
         case 't':
             b.threads = (unsigned)strtoul(optarg, NULL, 10);
             break;
+        case 'k':
+            b.seq_tokens = (unsigned)strtoul(optarg, NULL, 10);
+            break;
         default:
             fprintf(c == 'h' ? stdout : stderr,
                     "usage: bench_rtt [--socket PATH] [--op hello|seq_info] [--depth 16]\n"
                     "                 [--latency-ops 20000] [--ops 320000] [--clients 1,16,64]\n"
-                    "                 [--threads 1]\n"
+                    "                 [--threads 1] [--seq-tokens 0]\n"
                     "--latency-ops 0 skips the latency run; --clients '' the throughput runs.\n");
             return c == 'h' ? 0 : 2;
         }
