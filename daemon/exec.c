@@ -113,8 +113,19 @@ static uint32_t sample_step(struct exec *ex)
     uint32_t n_fin = 0, vocab = ex->hp->n_vocab;
     for (uint32_t i = 0; i < ex->plan.n; i++) {
         struct sched_req *r = ex->plan.reqs[i];
-        if (r->state == SCHED_DONE || r->n_kv != r->n_toks)
-            continue; /* ended at commit, or a prefill chunk short of the end */
+        if (r->state == SCHED_DONE)
+            continue; /* ended at commit */
+        if (r->restoring) {
+            /* Cancelled: recomputing the lent sequence's own tokens, no
+             * sampling; answered once they are all back. */
+            if (r->n_kv >= r->n_orig) {
+                r->finish = SCHED_FINISH_CANCELLED;
+                n_fin++;
+            }
+            continue;
+        }
+        if (r->n_kv != r->n_toks)
+            continue; /* a prefill chunk short of the end */
         uint32_t tok = 0;
         int rc = sampler_sample(&r->smp, &ex->scratch, ex->logits + (size_t)i * vocab, vocab, &tok);
         if (rc == 0)
@@ -227,7 +238,7 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
     uint64_t gen = 0;
     for (uint32_t i = 0; i < ex->plan.n; i++) {
         struct sched_req *r = ex->plan.reqs[i];
-        gen += r->state != SCHED_DONE && r->n_kv + 1 == r->n_toks;
+        gen += r->state != SCHED_DONE && !r->restoring && r->n_kv + 1 == r->n_toks;
     }
     if (n_fin) {
         kvmm_lock(mm);
@@ -310,6 +321,8 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf,
         ex->conf.max_seqs = 64;
     if (ex->conf.step_tokens < ex->conf.max_seqs)
         ex->conf.max_seqs = ex->conf.step_tokens;
+    if (!ex->conf.queue_timeout_ms)
+        ex->conf.queue_timeout_ms = 60000;
     ex->sink = *sink;
     ex->hp = model_hparams(m);
     if (ex->conf.roofline) {
@@ -338,7 +351,13 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf,
     kvmm_unlock(mm);
     ex->n_arena_slots = kst.device_total;
 
-    struct sched_conf sc = {.step_tokens = ex->conf.step_tokens, .max_seqs = ex->conf.max_seqs};
+    struct sched_conf sc = {
+        .step_tokens = ex->conf.step_tokens,
+        .max_seqs = ex->conf.max_seqs,
+        .queue_timeout_ns = ex->conf.queue_timeout_ms == UINT32_MAX
+                                ? 0
+                                : (uint64_t)ex->conf.queue_timeout_ms * 1000000ull,
+    };
     if ((rc = sched_new(&sc, &ex->sched)))
         goto fail;
     if ((rc = fwd_ctx_new(m, sc.step_tokens, sc.max_seqs, &ex->fc))) {

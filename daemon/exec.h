@@ -26,6 +26,9 @@ struct exec_sink {
 struct exec_conf {
     uint32_t step_tokens; /* token budget per step; default 512 */
     uint32_t max_seqs;    /* sequences per step; default 64 */
+    /* A request still waiting for its first step after this long is
+     * answered busy; default 60000 ms, UINT32_MAX: no limit. */
+    uint32_t queue_timeout_ms;
     /* Observability (optional, not owned, must outlive the executor): each
      * step's FLOP/byte cost and time, each answered request's accounting. */
     struct roofline *roofline;

@@ -126,6 +126,11 @@ int kvmm_seq_fork(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_
  * takes a connection's sequence for a `generate` with `seq` and gives it
  * back when the request ends. (Added by the executor.) */
 int kvmm_seq_set_owner(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_owner);
+/* set_owner for a loan: until it is handed back (set_owner), calls by the
+ * lender `owner` get KVD_EBUSY "sequence N is in use by generate request
+ * TAG" instead of KVD_ENOTFOUND. (Added by the executor.) */
+int kvmm_seq_lend(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_owner,
+                  uint64_t tag);
 /* Moves the sequence's device blocks that no other sequence is using to the
  * host tier / brings every host-tier block back. */
 int kvmm_seq_offload(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq);

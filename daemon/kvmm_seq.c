@@ -13,20 +13,31 @@
  * byte counts (tokens × token_bytes) cannot overflow. */
 #define KVMM_MAX_SEQ_TOKENS (1u << 28)
 
-static struct seq *mm_seq(struct kvmm *mm, uint64_t owner, kvmm_seq_t h)
+static struct seq *mm_seq(struct kvmm *mm, uint64_t owner, kvmm_seq_t h, int *rc)
 {
     struct seq *s = seq_table_get(&mm->st, h, owner);
 
-    if (!s)
-        mm_fail(mm, KVD_ENOTFOUND, "no open sequence %#llx for this owner",
-                (unsigned long long)h);
+    if (!s) {
+        int code;
+        /* The owner lent it to a generate request: busy, not unknown. */
+        const struct seq *l = seq_table_peek(&mm->st, h);
+        if (l && l->lent && l->lender == owner)
+            code = mm_fail(mm, KVD_EBUSY, "sequence %llu is in use by generate request %llu",
+                           (unsigned long long)h, (unsigned long long)l->lend_tag);
+        else
+            code = mm_fail(mm, KVD_ENOTFOUND, "no open sequence %#llx for this owner",
+                           (unsigned long long)h);
+        if (rc)
+            *rc = code;
+    }
     return s;
 }
 
 #define SEQ_GET(s)                                                                                \
-    struct seq *s = mm_seq(mm, owner, seq);                                                        \
+    int s##_rc = KVD_ENOTFOUND;                                                                    \
+    struct seq *s = mm_seq(mm, owner, seq, &s##_rc);                                               \
     if (!s)                                                                                        \
-        return KVD_ENOTFOUND;
+        return s##_rc;
 
 static size_t mm_blocks_for(const struct kvmm *mm, size_t n_tokens)
 {
@@ -580,6 +591,18 @@ int kvmm_seq_set_owner(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t
 {
     SEQ_GET(s);
     s->owner = new_owner;
+    s->lent = false;
+    return 0;
+}
+
+int kvmm_seq_lend(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_owner,
+                  uint64_t tag)
+{
+    SEQ_GET(s);
+    s->owner = new_owner;
+    s->lent = true;
+    s->lender = owner;
+    s->lend_tag = tag;
     return 0;
 }
 
@@ -651,7 +674,7 @@ int kvmm_seq_blocks(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint32_t *i
 
 const uint32_t *kvmm_seq_tokens(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t *n)
 {
-    struct seq *s = mm_seq(mm, owner, seq);
+    struct seq *s = mm_seq(mm, owner, seq, NULL);
 
     *n = s ? s->n_committed : 0;
     return s ? s->tokens : NULL;

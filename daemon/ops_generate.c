@@ -120,7 +120,10 @@ static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, size_t n
                     struct proto_err *err)
 {
     struct kvmm_seq_info info;
-    if (kvmm_seq_info(mm, r->conn, seq, &info) != 0)
+    int irc = kvmm_seq_info(mm, r->conn, seq, &info);
+    if (irc == KVD_EBUSY) /* another generate of this connection has it */
+        return proto_err_set(err, KVD_EBUSY, "'seq': %s", kvmm_errmsg(mm));
+    if (irc != 0)
         return proto_err_set(err, KVD_EBADREQ, "'seq': no sequence %llu on this connection",
                              (unsigned long long)seq);
     if (info.n_committed != info.n_tokens)
@@ -152,7 +155,7 @@ static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, size_t n
             return proto_err_set(err, rc, "'seq': %s", kvmm_errmsg(mm));
         r->n_kv = n - 1;
     }
-    int rc = kvmm_seq_set_owner(mm, r->conn, seq, sched_req_owner(r));
+    int rc = kvmm_seq_lend(mm, r->conn, seq, sched_req_owner(r), r->id);
     if (rc)
         return proto_err_set(err, rc, "'seq': %s", kvmm_errmsg(mm));
     r->seq = seq;
@@ -160,6 +163,7 @@ static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, size_t n
     r->conn_seq = true;
     r->ns = info.ns;
     r->n_cached = r->n_kv;
+    r->n_orig = n; /* the sequence goes back with at least these (scheduler.h) */
     return 0;
 }
 
@@ -256,7 +260,7 @@ void ops_generate_discard(struct kvmm *mm, struct sched_req *r)
 int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, const uint32_t *toks, size_t n)
 {
     msgpack_packer pk;
-    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    proto_packer_init(&pk, sb);
     size_t at = proto_frame_begin(sb);
     if (at == SIZE_MAX)
         return KVD_ENOMEM;
@@ -276,7 +280,7 @@ static double ms_between(uint64_t a, uint64_t b)
 int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r)
 {
     msgpack_packer pk;
-    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    proto_packer_init(&pk, sb);
     size_t at = proto_frame_begin(sb);
     if (at == SIZE_MAX)
         return KVD_ENOMEM;
@@ -293,12 +297,12 @@ int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r)
     rc = rc ? rc : proto_pack_kv_u32_array(&pk, "tokens", r->toks + r->n_prompt, n_gen);
     rc = rc ? rc : proto_pack_kv_str(&pk, "finish_reason", sched_finish_name(r->finish));
     rc = rc ? rc : proto_pack_str(&pk, "usage");
-    rc = rc ? rc : msgpack_pack_map(&pk, 3);
+    rc = rc ? rc : proto_pack_map(&pk, 3);
     rc = rc ? rc : proto_pack_kv_uint(&pk, "prompt", r->n_prompt);
     rc = rc ? rc : proto_pack_kv_uint(&pk, "cached", r->n_cached);
     rc = rc ? rc : proto_pack_kv_uint(&pk, "completion", n_gen);
     rc = rc ? rc : proto_pack_str(&pk, "timing");
-    rc = rc ? rc : msgpack_pack_map(&pk, 3);
+    rc = rc ? rc : proto_pack_map(&pk, 3);
     rc = rc ? rc : proto_pack_kv_double(&pk, "queue_ms", ms_between(r->t_arrive, t_sched));
     rc = rc ? rc : proto_pack_kv_double(&pk, "ttft_ms", ms_between(r->t_arrive, t_first));
     rc = rc ? rc : proto_pack_kv_double(&pk, "total_ms", ms_between(r->t_arrive, r->t_done));

@@ -69,6 +69,13 @@ struct sched_req {
     bool conn_seq;   /* seq came from the connection (generate with `seq`) */
     bool need_match; /* seq is empty: match the cache before prefilling */
     bool seq_returned; /* the connection has its sequence back (reply names it) */
+    /* Seq mode: the sequence's tokens when it was handed over. A request
+     * cancelled with fewer of them in K/V (a recompute preemption dropped
+     * them, or the last one awaits recompute) first recomputes up to n_orig
+     * (`restoring`: no sampling) and only then answers `cancelled`, so the
+     * connection never gets its sequence back shorter than it lent it. */
+    size_t n_orig;
+    bool restoring;
 
     enum sched_state state;
     enum sched_finish finish;
@@ -94,11 +101,15 @@ static inline uint64_t sched_req_owner(const struct sched_req *r)
 struct sched_conf {
     uint32_t step_tokens; /* token budget per step (>= max_seqs) */
     uint32_t max_seqs;    /* sequences per step */
+    /* A request never scheduled after this long in the queue is answered
+     * busy (safety net; 0: no limit), ns. */
+    uint64_t queue_timeout_ns;
 };
 
 struct sched_counters {
     uint64_t steps, prefill_tokens, decode_tokens;
     uint64_t preempt_swap, preempt_recompute, resumes;
+    uint64_t no_memory, queue_timeouts; /* requests answered no_memory / busy while waiting */
     uint32_t waiting, running, swapped;
 };
 

@@ -50,6 +50,8 @@ int seq_table_add(struct seq_table *st, uint64_t owner, uint64_t *handle, struct
     s->idx = idx;
     s->gen++; /* now odd: open */
     s->owner = owner;
+    s->lent = false;
+    s->lender = s->lend_tag = 0;
     s->tenant = s->ns = 0;
     s->n_tokens = s->n_committed = s->n_blocks = 0;
     st->n_open++;
@@ -69,6 +71,15 @@ struct seq *seq_table_get(const struct seq_table *st, uint64_t handle, uint64_t 
     if (s->gen != gen || !(gen & 1) || s->owner != owner)
         return NULL;
     return s;
+}
+
+struct seq *seq_table_peek(const struct seq_table *st, uint64_t handle)
+{
+    uint32_t idx = (uint32_t)handle, gen = (uint32_t)(handle >> 32);
+
+    if (idx >= st->n || st->v[idx]->gen != gen || !(gen & 1))
+        return NULL;
+    return st->v[idx];
 }
 
 void seq_table_del(struct seq_table *st, struct seq *s)

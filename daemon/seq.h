@@ -21,6 +21,10 @@ struct seq {
     size_t n_blocks, cap_blocks;
     uint32_t *tokens;   /* (cap_tokens) owned; committed token ids */
     size_t cap_tokens;
+    /* Lent to a generate request (kvmm_seq_lend): `lender` (the connection)
+     * gets busy instead of not_found; lend_tag is the request's id. */
+    bool lent;
+    uint64_t lender, lend_tag;
 };
 
 struct seq_table {
@@ -35,6 +39,8 @@ void seq_table_free(struct seq_table *st);
 int seq_table_add(struct seq_table *st, uint64_t owner, uint64_t *handle, struct seq **out);
 /* The open sequence `handle` if `owner` owns it, else NULL. */
 struct seq *seq_table_get(const struct seq_table *st, uint64_t handle, uint64_t owner);
+/* The open sequence `handle` whoever owns it, else NULL. */
+struct seq *seq_table_peek(const struct seq_table *st, uint64_t handle);
 /* Closes the entry (its arrays are kept for reuse; blocks must be released). */
 void seq_table_del(struct seq_table *st, struct seq *s);
 static inline uint64_t seq_handle(const struct seq_table *st, uint32_t idx)

@@ -15,6 +15,10 @@ static pthread_mutex_t fx_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t fx_cv = PTHREAD_COND_INITIALIZER;
 static struct fx_result fx_res[FX_MAX_REQ];
 static uint32_t fx_order;
+/* fx_pause_at: the request (0: none) and event count that freeze the sink. */
+static uint64_t fx_pause_id;
+static size_t fx_pause_events;
+static bool fx_paused;
 
 int fx_model_make(struct fx_model *fm, uint32_t layers, uint32_t embd, uint32_t heads,
                   uint32_t kv_heads, uint32_t ff, uint32_t vocab, uint32_t ctx)
@@ -50,6 +54,40 @@ static void sink_tokens(void *ud, const struct sched_req *r, const uint32_t *tok
     for (size_t i = 0; i < n && x->n_streamed < FX_MAX_TOK; i++)
         x->streamed[x->n_streamed++] = toks[i];
     x->n_events++;
+    if (r->id == fx_pause_id && x->n_events >= fx_pause_events) {
+        /* Freeze the executor thread between two steps (fx_pause_at). */
+        fx_paused = true;
+        pthread_cond_broadcast(&fx_cv);
+        while (fx_pause_id == r->id)
+            pthread_cond_wait(&fx_cv, &fx_mu);
+    }
+    pthread_mutex_unlock(&fx_mu);
+}
+
+void fx_pause_at(uint64_t id, size_t n_events)
+{
+    pthread_mutex_lock(&fx_mu);
+    fx_paused = false;
+    fx_pause_events = n_events;
+    fx_pause_id = id;
+    pthread_cond_broadcast(&fx_cv); /* releases a pause on another request */
+    pthread_mutex_unlock(&fx_mu);
+}
+
+void fx_wait_paused(void)
+{
+    pthread_mutex_lock(&fx_mu);
+    while (!fx_paused)
+        pthread_cond_wait(&fx_cv, &fx_mu);
+    pthread_mutex_unlock(&fx_mu);
+}
+
+void fx_resume(void)
+{
+    pthread_mutex_lock(&fx_mu);
+    fx_pause_id = 0;
+    fx_paused = false;
+    pthread_cond_broadcast(&fx_cv);
     pthread_mutex_unlock(&fx_mu);
 }
 
@@ -76,6 +114,8 @@ static void sink_done(void *ud, const struct sched_req *r)
     pthread_cond_broadcast(&fx_cv);
     pthread_mutex_unlock(&fx_mu);
 }
+
+uint32_t fx_queue_timeout_ms;
 
 int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t host_blocks,
             uint32_t step_tokens, uint32_t max_seqs)
@@ -109,7 +149,8 @@ int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t 
     kvmm_unlock(f->mm);
     if (rc)
         return -1;
-    struct exec_conf ec = {.step_tokens = step_tokens, .max_seqs = max_seqs};
+    struct exec_conf ec = {.step_tokens = step_tokens, .max_seqs = max_seqs,
+                           .queue_timeout_ms = fx_queue_timeout_ms};
     struct exec_sink sink = {.tokens = sink_tokens, .done = sink_done};
     if (exec_new(f->mm, f->m, &ec, &sink, &f->ex, err, sizeof(err))) {
         fprintf(stderr, "exec_new: %s\n", err);

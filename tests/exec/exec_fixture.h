@@ -55,6 +55,8 @@ void fx_model_remove(struct fx_model *fm);
 
 /* Loads the model, makes a kvmm of the model's geometry (block_tokens 16)
  * with the given pools, one tenant (weight 1, unlimited) and the executor. */
+/* The executor's queue timeout for the next fx_open (0: its default). */
+extern uint32_t fx_queue_timeout_ms;
 int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t host_blocks,
             uint32_t step_tokens, uint32_t max_seqs);
 void fx_close(struct fx *f);
@@ -86,6 +88,13 @@ struct fx_gen {
 };
 /* Adds a tenant (unlimited quotas) with this weight; its id and namespace. */
 int fx_tenant(struct fx *f, const char *name, uint32_t weight, uint32_t *tenant, uint32_t *ns);
+
+/* Freezes the executor thread inside the sink once streaming request id
+ * has had n_events token events (between two steps, no lock held), until
+ * fx_resume; fx_wait_paused waits for that. Makes interleavings exact. */
+void fx_pause_at(uint64_t id, size_t n_events);
+void fx_wait_paused(void);
+void fx_resume(void);
 
 /* Builds and submits; returns the build's status (err filled). */
 int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct proto_err *err);

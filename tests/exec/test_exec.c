@@ -434,11 +434,18 @@ static void test_quota_never_fits(void **state)
     r = run1(&f, 2, &g);
     assert_int_equal(r.finish, SCHED_FINISH_ERROR);
     assert_int_equal(r.err, KVD_EQUOTA);
-    /* Within the quota it runs, and stops at the quota's limit (length). */
+    /* A prompt that fits, but prompt + max_tokens never can: refused at
+     * once, not after generating up to the limit. */
     g = greedy(p, 20, 40);
     r = run1(&f, 3, &g);
+    assert_int_equal(r.finish, SCHED_FINISH_ERROR);
+    assert_int_equal(r.err, KVD_EQUOTA);
+    assert_non_null(strstr(r.msg, "max_tokens 40"));
+    /* Exactly the quota (K/V for 20 + 13 - 1 = 32 positions) runs. */
+    g = greedy(p, 20, 13);
+    r = run1(&f, 4, &g);
     assert_int_equal(r.finish, SCHED_FINISH_LENGTH);
-    assert_int_equal(r.n, 32 - 20 + 1);
+    assert_int_equal(r.n, 13);
     assert_mm_clean(&f, 0);
     fx_close(&f);
 }
