@@ -209,7 +209,11 @@ int main(int argc, char **argv)
         const char *name = hp->name[0] ? hp->name : base ? base + 1 : opts.model_path;
         snprintf(mi.name, sizeof(mi.name), "%.*s", (int)sizeof(mi.name) - 1, name);
         server_set_model(srv, &mi);
-        struct exec_conf ec = {0}; /* defaults: 512 tokens, 64 sequences per step */
+        struct exec_conf ec = {
+            .step_tokens = opts.step_tokens,
+            .max_seqs = opts.step_seqs,
+            .queue_timeout_ms = opts.queue_timeout_ms ? opts.queue_timeout_ms : UINT32_MAX,
+        };
         ec.roofline = &rl;
         ec.acct = &acct;
         if (ops_generate_start(srv, mm, model, &ec, &gen, err, sizeof(err)) != 0) {

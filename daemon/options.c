@@ -28,6 +28,9 @@ void options_defaults(struct options *o)
     o->geom.block_tokens = 16;
     o->max_frame = KVD_MAX_FRAME_DEFAULT;
     o->max_conns = 1024;
+    o->step_tokens = 512;
+    o->step_seqs = 64;
+    o->queue_timeout_ms = 60000;
     o->log_level = LOG_LVL_INFO;
     o->roofline_probe = true;
 }
@@ -221,6 +224,12 @@ int options_set(struct options *o, const char *name_in, const char *v, char *err
     }
     if (!strcmp(name, "max-connections"))
         return set_u32(&o->max_conns, name, v, 1, 1000000, err, errlen);
+    if (!strcmp(name, "step-tokens"))
+        return set_u32(&o->step_tokens, name, v, 1, 1u << 20, err, errlen);
+    if (!strcmp(name, "step-seqs"))
+        return set_u32(&o->step_seqs, name, v, 1, 4096, err, errlen);
+    if (!strcmp(name, "queue-timeout"))
+        return set_u32(&o->queue_timeout_ms, name, v, 0, 86400000, err, errlen);
     if (!strcmp(name, "log-level")) {
         int l = log_level_parse(v);
         if (l < 0) {
@@ -246,6 +255,8 @@ static const struct option long_opts[] = {
     {"max-frame", required_argument, 0, 0},   {"max-connections", required_argument, 0, 0},
     {"log-level", required_argument, 0, 0},   {"metrics", required_argument, 0, 0},
     {"metrics-force", no_argument, 0, 0},     {"no-roofline-probe", no_argument, 0, 0},
+    {"step-tokens", required_argument, 0, 0}, {"step-seqs", required_argument, 0, 0},
+    {"queue-timeout", required_argument, 0, 0},
     {"help", no_argument, 0, 'h'},
     {"version", no_argument, 0, 'V'},         {0, 0, 0, 0},
 };
@@ -313,6 +324,10 @@ void options_usage(FILE *f)
             "                         store-mode KV geometry (default 4, 4, 64, f16)\n"
             "  --max-frame BYTES      largest frame accepted (default 64M)\n"
             "  --max-connections N    concurrent client connections (default 1024)\n"
+            "  --step-tokens N        executor token budget per step (default 512)\n"
+            "  --step-seqs N          executor sequences per step (default 64)\n"
+            "  --queue-timeout MS     a generate not started by then is answered busy\n"
+            "                         (default 60000; 0 = wait as long as it takes)\n"
             "  --log-level LEVEL      error, warning, notice, info (default) or debug\n"
             "  --metrics HOST:PORT    serve Prometheus metrics at http://HOST:PORT/metrics\n"
             "                         (off by default; loopback only, e.g. 127.0.0.1:9464)\n"

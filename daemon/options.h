@@ -27,6 +27,9 @@ struct options {
     struct kv_geom geom;    /* store-mode geometry and block_tokens */
     uint32_t max_frame;     /* bytes */
     uint32_t max_conns;
+    /* Executor (serve mode): token budget and sequences per step, and how
+     * long a generate may wait for its first step (ms; 0 = no limit). */
+    uint32_t step_tokens, step_seqs, queue_timeout_ms;
     int log_level;
     char metrics_addr[80]; /* "HOST:PORT" for the Prometheus exporter; empty: off */
     bool metrics_force;    /* allow a non-loopback metrics address */

@@ -59,7 +59,11 @@ static void test_command_line(void **state)
     const char *help[] = {"--help", NULL}, *ver[] = {"--version", NULL},
                *bogus[] = {"--bogus", NULL}, *badnum[] = {"--device-blocks", "many", NULL},
                *badfrac[] = {"--gpu-mem", "1.5", NULL}, *extra[] = {"stray", NULL},
-               *noconf[] = {"--config", "/nonexistent/kvd.conf", NULL};
+               *noconf[] = {"--config", "/nonexistent/kvd.conf", NULL},
+               *badstep[] = {"--step-tokens", "0", NULL},
+               *badqueue[] = {"--queue-timeout", "-5", NULL},
+               *okexec[] = {"--step-tokens", "256", "--step-seqs", "8", "--queue-timeout", "0",
+                            "--help", NULL};
     assert_int_equal(run_kvd(help), 0);
     assert_int_equal(run_kvd(ver), 0);
     assert_int_equal(run_kvd(bogus), 2);
@@ -67,6 +71,9 @@ static void test_command_line(void **state)
     assert_int_equal(run_kvd(badfrac), 2);
     assert_int_equal(run_kvd(extra), 2);
     assert_int_equal(run_kvd(noconf), 2);
+    assert_int_equal(run_kvd(badstep), 2);
+    assert_int_equal(run_kvd(badqueue), 2);
+    assert_int_equal(run_kvd(okexec), 0);
 }
 
 static void test_bad_config_file(void **state)
