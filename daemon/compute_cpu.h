@@ -41,7 +41,7 @@ struct compute_ctx {
     /* per-worker scratch (attention scores), grown on demand: [n][scratch_cap] floats */
     float **scratch;
     size_t scratch_cap;
-    /* per-worker f32 weight panels of the batched matmul: [n][panel_cap] floats */
+    /* per-worker batched-matmul scratch (q8_0 f32 panel, partial sums): [n][panel_cap] */
     float **panel;
     size_t panel_cap;
 };

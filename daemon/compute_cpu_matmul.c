@@ -3,11 +3,12 @@
  * - rows < MM_PANEL_ROWS (decode, a memory-bound GEMV): 4 weight rows at a
  *   time against one activation row, widened in registers, 2 accumulators per
  *   weight row, q8_0 scale applied once per 32-value block;
- * - rows >= MM_PANEL_ROWS (batched decode, prefill): a thread widens a chunk
- *   of weight rows to f32 once into its own L2-sized panel, then 4 activation
- *   rows x 3 weight rows register tiles pass over it in L1-sized k blocks, so
- *   each weight is read from memory and converted once per step, whatever
- *   the batch, and the next chunk is prefetched meanwhile.
+ * - rows >= MM_PANEL_ROWS (batched decode, prefill): a thread takes a chunk
+ *   of weight rows (L2-sized) and runs 4 activation rows x 3 weight rows
+ *   register tiles over it in L1-sized k blocks, so each weight is read from
+ *   memory once per step, whatever the batch; the next chunk is prefetched
+ *   meanwhile. f32/f16/bf16 are widened in registers inside the tile, q8_0
+ *   is dequantized once per step into a per-thread f32 panel first.
  * Threads take chunks of weight rows from an atomic counter. */
 #include <stdlib.h>
 
@@ -15,7 +16,7 @@
 #include "kvd/status.h"
 
 #define MM_PANEL_ROWS 4      /* activation rows from which the panel kernel is used */
-#define MM_PANEL_BYTES 98304 /* f32 panel per thread: fits L2 (512 KiB) beside x */
+#define MM_PANEL_BYTES 98304 /* chunk of weight rows, counted as f32: fits L2 beside x */
 #define MM_KB 512            /* k block (floats) of the panel kernel */
 #define MM_RB 8              /* activation rows per block of the panel kernel */
 
@@ -171,28 +172,35 @@ static SIMD_TARGET void gemv_simd(enum ctype t, const uint8_t *w, size_t rb, con
     }
 }
 
-/* ---- panel kernel: f32 weights (widened panel), NR x NW register tile ---- */
+/* ---- batched kernel: NR activation rows x NW weight rows register tiles ---- */
 /* 4 x 3 = 12 accumulators + 3 weight vectors + 1 x vector = all 16 ymm
  * registers; per 8 values 7 loads feed 12 FMAs (4 x 2 needed 6 for 8, and
- * measured ~12 % slower at 16 streams). */
+ * measured ~12 % slower at 16 streams). f16/bf16 weights are widened in
+ * registers right before the FMAs (4 times per weight at 16 activation rows,
+ * beside the FMAs); a separate widening pass into an L2 f32 panel was ~10 %
+ * slower. q8_0 keeps that pass (widen_q8): fused in the tile, the per-block
+ * scale multiply cost ~15 % more, and dequantizing per 3 rows x MM_KB values
+ * into L1 ~5 % more. */
 
-/* acc[r*lda + c] += the 8 lane partial sums of dot(W row c, x row r) over kn
- * (a multiple of 8) values, r < NR, c < NW; W rows f32, ld floats apart, x
- * rows ld floats apart. Partial sums stay as vectors across k blocks, so
- * they are reduced once at the end. */
-MM_INLINE SIMD_TARGET void tile(const float *w, const float *x, size_t ld, size_t kn, float *acc,
-                                size_t lda, const int NR, const int NW)
+/* acc[r*lda + c] += the 8 lane partial sums of dot(W row c, x row r) over
+ * values [k0, k0+kn) (kn a multiple of 8), r < NR, c < NW; W rows of type t
+ * (not q8_0) rb bytes apart, x rows ldx floats apart. Partial sums stay as
+ * vectors across k blocks, so they are reduced once at the end, in the same
+ * order whatever the chunking (results do not depend on the thread count). */
+MM_INLINE SIMD_TARGET void tile(enum ctype t, const uint8_t *w, size_t rb, const float *x,
+                                size_t ldx, size_t k0, size_t kn, float *acc, size_t lda,
+                                const int NR, const int NW)
 {
     __m256 a[4][3];
     _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++)
         _Pragma("GCC unroll 3") for (int c = 0; c < NW; c++)
             a[r][c] = _mm256_loadu_ps(acc + (r * lda + c) * 8);
-    for (size_t k = 0; k < kn; k += 8) {
+    for (size_t k = k0; k < k0 + kn; k += 8) {
         __m256 wv[3];
         _Pragma("GCC unroll 3") for (int c = 0; c < NW; c++)
-            wv[c] = _mm256_loadu_ps(w + c * ld + k);
+            wv[c] = load8(t, w + c * rb, k);
         _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {
-            __m256 xv = _mm256_loadu_ps(x + r * ld + k);
+            __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
             /* keep xv in a register: folded into each FMA it is loaded NW
              * times, and loads, not FMAs, become the limit */
             __asm__("" : "+x"(xv));
@@ -205,32 +213,58 @@ MM_INLINE SIMD_TARGET void tile(const float *w, const float *x, size_t ld, size_
             _mm256_storeu_ps(acc + (r * lda + c) * 8, a[r][c]);
 }
 
-static SIMD_TARGET void tile_simd(const float *w, const float *x, size_t ld, size_t kn, float *acc,
-                                  size_t lda, int nr, int nw)
+#define TILE_CASES(T)                                                                              \
+    switch (nr * 4 + nw) {                                                                        \
+    case 1 * 4 + 1: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 1, 1); break;                        \
+    case 1 * 4 + 2: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 1, 2); break;                        \
+    case 1 * 4 + 3: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 1, 3); break;                        \
+    case 2 * 4 + 1: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 2, 1); break;                        \
+    case 2 * 4 + 2: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 2, 2); break;                        \
+    case 2 * 4 + 3: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 2, 3); break;                        \
+    case 3 * 4 + 1: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 3, 1); break;                        \
+    case 3 * 4 + 2: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 3, 2); break;                        \
+    case 3 * 4 + 3: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 3, 3); break;                        \
+    case 4 * 4 + 1: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 4, 1); break;                        \
+    case 4 * 4 + 2: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 4, 2); break;                        \
+    default: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 4, 3); break;                               \
+    }
+
+static SIMD_TARGET void tile_simd(enum ctype t, const uint8_t *w, size_t rb, const float *x,
+                                  size_t ldx, size_t k0, size_t kn, float *acc, size_t lda, int nr,
+                                  int nw)
 {
-    switch (nr * 4 + nw) {
-    case 1 * 4 + 1: tile(w, x, ld, kn, acc, lda, 1, 1); break;
-    case 1 * 4 + 2: tile(w, x, ld, kn, acc, lda, 1, 2); break;
-    case 1 * 4 + 3: tile(w, x, ld, kn, acc, lda, 1, 3); break;
-    case 2 * 4 + 1: tile(w, x, ld, kn, acc, lda, 2, 1); break;
-    case 2 * 4 + 2: tile(w, x, ld, kn, acc, lda, 2, 2); break;
-    case 2 * 4 + 3: tile(w, x, ld, kn, acc, lda, 2, 3); break;
-    case 3 * 4 + 1: tile(w, x, ld, kn, acc, lda, 3, 1); break;
-    case 3 * 4 + 2: tile(w, x, ld, kn, acc, lda, 3, 2); break;
-    case 3 * 4 + 3: tile(w, x, ld, kn, acc, lda, 3, 3); break;
-    case 4 * 4 + 1: tile(w, x, ld, kn, acc, lda, 4, 1); break;
-    case 4 * 4 + 2: tile(w, x, ld, kn, acc, lda, 4, 2); break;
-    default: tile(w, x, ld, kn, acc, lda, 4, 3); break;
+    switch (t) {
+    case CT_F32: TILE_CASES(CT_F32); break;
+    case CT_F16: TILE_CASES(CT_F16); break;
+    case CT_BF16: TILE_CASES(CT_BF16); break;
+    case CT_Q8_0: break; /* dequantized by widen_q8 first */
     }
 }
 
-/* y[r*ldy + c] = dot(W row c, x row r) for r < rows, c < nc: W f32 rows of
- * in floats (the panel). Blocked so that MM_RB activation rows x MM_KB values
- * (16 KiB) and the 3 weight rows of the current tile stay in L1: L2 alone
- * cannot feed the FMA units. acc: MM_RB * nc * 8 floats of scratch. pf/pf_n:
- * raw bytes to prefetch meanwhile (the next chunk's weights). */
-static SIMD_TARGET void panel_mm(const float *w, size_t nc, const float *x, size_t rows, size_t in,
-                                 float *y, size_t ldy, float *acc, const char *pf, size_t pf_n)
+/* Dequantizes nw q8_0 weight rows of in values (in % 32 == 0; rb bytes
+ * apart) to f32 rows of in floats in out (the chunk's L2 panel). */
+static SIMD_TARGET void widen_q8(const uint8_t *w, size_t rb, size_t in, size_t nw, float *out)
+{
+    for (size_t c = 0; c < nw; c++, w += rb, out += in)
+        for (size_t k = 0; k < in; k += CT_Q8_0_BLOCK) {
+            const uint8_t *blk = w + (k / CT_Q8_0_BLOCK) * CT_Q8_0_BYTES;
+            uint16_t dh;
+            memcpy(&dh, blk, 2);
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(dh));
+            for (int i = 0; i < CT_Q8_0_BLOCK; i += 8)
+                _mm256_storeu_ps(out + k + i, _mm256_mul_ps(q8x8(blk + 2 + i), d));
+        }
+}
+
+/* y[r*ldy + c] = dot(W row c, x row r) for r < rows, c < nc: W rows of type
+ * t, rb bytes apart, in values each. Blocked so that MM_RB activation rows x
+ * MM_KB values (16 KiB) and the 3 weight rows of the current tile stay in
+ * L1: L2 alone cannot feed the FMA units. acc: MM_RB * nc * 8 floats of
+ * scratch. pf/pf_n: raw bytes to prefetch meanwhile (the next chunk's
+ * weights). */
+static SIMD_TARGET void panel_mm(enum ctype t, const uint8_t *w, size_t rb, size_t nc,
+                                 const float *x, size_t rows, size_t in, float *y, size_t ldy,
+                                 float *acc, const char *pf, size_t pf_n)
 {
     size_t kmain = in & ~(size_t)7;
     size_t n_kb = (kmain + MM_KB - 1) / MM_KB, iters = n_kb * ((nc + 2) / 3);
@@ -244,48 +278,19 @@ static SIMD_TARGET void panel_mm(const float *w, size_t nc, const float *x, size
                 if (r0 == 0)
                     for (size_t p = 0; p < pf_step; p += 64, pf += 64)
                         _mm_prefetch(pf, _MM_HINT_T1);
+                int nw = nc - c < 3 ? (int)(nc - c) : 3;
                 for (size_t r = 0; r < nrb; r += 4)
-                    tile_simd(w + c * in + k0, x + (r0 + r) * in + k0, in, kn,
-                              acc + (r * nc + c) * 8, nc, nrb - r < 4 ? (int)(nrb - r) : 4,
-                              nc - c < 3 ? (int)(nc - c) : 3);
+                    tile_simd(t, w + c * rb, rb, x + (r0 + r) * in, in, k0, kn,
+                              acc + (r * nc + c) * 8, nc, nrb - r < 4 ? (int)(nrb - r) : 4, nw);
             }
         }
         for (size_t r = 0; r < nrb; r++)
             for (size_t c = 0; c < nc; c++) {
                 float s = hsum8(_mm256_loadu_ps(acc + (r * nc + c) * 8));
                 for (size_t k = kmain; k < in; k++)
-                    s += w[c * in + k] * x[(r0 + r) * in + k];
+                    s += wget(t, w + c * rb, k) * x[(r0 + r) * in + k];
                 y[(r0 + r) * ldy + c] = s;
             }
-    }
-}
-
-/* Widens n rows of type t (rb bytes apart) to f32 rows of in floats. */
-static SIMD_TARGET void widen_rows(enum ctype t, const uint8_t *w, size_t rb, size_t in, size_t n,
-                                   float *out)
-{
-    for (size_t c = 0; c < n; c++, w += rb, out += in) {
-        size_t k = 0;
-        switch (t) {
-        case CT_F16:
-        case CT_BF16:
-            for (; k + 8 <= in; k += 8)
-                _mm256_storeu_ps(out + k, load8(t, w, k));
-            break;
-        case CT_Q8_0:
-            for (; k + CT_Q8_0_BLOCK <= in; k += CT_Q8_0_BLOCK) {
-                const uint8_t *blk = w + (k / CT_Q8_0_BLOCK) * CT_Q8_0_BYTES;
-                uint16_t dh;
-                memcpy(&dh, blk, 2);
-                __m256 d = _mm256_set1_ps(_cvtsh_ss(dh));
-                for (int i = 0; i < CT_Q8_0_BLOCK; i += 8)
-                    _mm256_storeu_ps(out + k + i, _mm256_mul_ps(d, q8x8(blk + 2 + i)));
-            }
-            break;
-        case CT_F32: break;
-        }
-        for (; k < in; k++)
-            out[k] = wget(t, w, k);
     }
 }
 #endif
@@ -306,7 +311,7 @@ struct mm_job {
     const struct ctensor *w;
     const float *x;
     float *y;
-    float **panel; /* per-thread f32 panels (panel kernel, non-f32 weights) */
+    float **panel; /* per-thread scratch: q8_0 panel + partial sums */
     uint32_t rows, chunk, n_chunks;
     size_t rb;
     bool simd;
@@ -330,14 +335,15 @@ static void mm_chunk(struct mm_job *j, uint32_t ith, size_t c0, size_t c1)
     }
     if (j->simd) {
         size_t nc = c1 - c0, pf_n = c1 + j->chunk <= out ? j->chunk * j->rb : 0;
-        const float *wf = (const float *)w0;
         float *acc = j->panel[ith];
-        if (t != CT_F32) {
-            widen_rows(t, w0, j->rb, in, nc, acc);
-            wf = acc;
-            acc += nc * in;
+        if (t == CT_Q8_0) { /* dequantized once per step into the panel */
+            widen_q8(w0, j->rb, in, nc, acc);
+            panel_mm(CT_F32, (const uint8_t *)acc, in * 4, nc, j->x, j->rows, in, j->y + c0, out,
+                     acc + nc * in, (const char *)w0 + nc * j->rb, pf_n);
+        } else {
+            panel_mm(t, w0, j->rb, nc, j->x, j->rows, in, j->y + c0, out, acc,
+                     (const char *)w0 + nc * j->rb, pf_n);
         }
-        panel_mm(wf, nc, j->x, j->rows, in, j->y + c0, out, acc, (const char *)w0 + nc * j->rb, pf_n);
         return;
     }
 #endif
@@ -396,8 +402,8 @@ int cpu_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, 
         while (chunk > 8 && (w->ne1 + chunk - 1) / chunk < 4 * n)
             chunk /= 2;
         chunk = chunk >= 3 ? chunk / 3 * 3 : chunk; /* whole 4 x 3 tiles */
-        /* widened rows (not for f32) + MM_RB x chunk partial-sum vectors */
-        if (panel_reserve(cx, (w->type != CT_F32 ? (size_t)chunk * w->ne0 : 0) +
+        /* q8_0 dequantized rows + MM_RB x chunk partial-sum vectors */
+        if (panel_reserve(cx, (w->type == CT_Q8_0 ? (size_t)chunk * w->ne0 : 0) +
                                   (size_t)MM_RB * chunk * 8))
             return KVD_ENOMEM;
     } else {
