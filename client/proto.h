@@ -318,4 +318,19 @@ int proto_socket_fallback(char *buf, size_t cap);
 const char *proto_tier_name(int tier);
 int proto_tier_from_name(const char *s, size_t len);
 
+/* Early returns for functions that pack a reply: PROTO_PK passes on a
+ * proto_pack_* status; PROTO_MP turns a msgpack-c failure (out of memory)
+ * into KVD_ENOMEM. */
+#define PROTO_PK(x)                                                                                \
+    do {                                                                                           \
+        int proto_rc_ = (x);                                                                       \
+        if (proto_rc_)                                                                             \
+            return proto_rc_;                                                                      \
+    } while (0)
+#define PROTO_MP(x)                                                                                \
+    do {                                                                                           \
+        if ((x) != 0)                                                                              \
+            return KVD_ENOMEM;                                                                     \
+    } while (0)
+
 #endif

@@ -6,18 +6,6 @@
 
 #include "proto.h"
 
-#define PK(x)              \
-    do {                   \
-        int rc_ = (x);     \
-        if (rc_)           \
-            return rc_;    \
-    } while (0)
-#define MP(x)                  \
-    do {                       \
-        if ((x) != 0)          \
-            return KVD_ENOMEM; \
-    } while (0)
-
 static double ratio(double a, double b)
 {
     return b > 0 ? a / b : 0;
@@ -30,18 +18,18 @@ int acct_stats_pack_tenant(msgpack_packer *pk, struct acct *a, uint32_t tenant,
     if (a)
         acct_tenant_get(a, tenant, &t);
     /* ACCT_STATS_TENANT_PAIRS pairs. */
-    PK(proto_pack_kv_double(pk, "prefix_hit_rate",
+    PROTO_PK(proto_pack_kv_double(pk, "prefix_hit_rate",
                             ratio((double)ts->match_tokens_hit, (double)ts->match_tokens_asked)));
-    PK(proto_pack_kv_uint(pk, "evictions", ts->evictions));
-    PK(proto_pack_kv_uint(pk, "requests", t.requests));
-    PK(proto_pack_kv_uint(pk, "requests_failed", t.failed));
-    PK(proto_pack_kv_uint(pk, "preemptions", t.preemptions));
-    PK(proto_pack_kv_uint(pk, "tokens_in", t.tokens_in));
-    PK(proto_pack_kv_uint(pk, "tokens_cached", t.tokens_cached));
-    PK(proto_pack_kv_uint(pk, "tokens_out", t.tokens_out));
-    PK(proto_pack_kv_double(pk, "queue_ms", t.queue_seconds * 1e3));
-    PK(proto_pack_kv_double(pk, "queue_ms_mean", ratio(t.queue_seconds * 1e3, (double)t.requests)));
-    PK(proto_pack_kv_double(pk, "ttft_ms_mean", ratio(t.ttft_seconds * 1e3, (double)t.ttft_count)));
+    PROTO_PK(proto_pack_kv_uint(pk, "evictions", ts->evictions));
+    PROTO_PK(proto_pack_kv_uint(pk, "requests", t.requests));
+    PROTO_PK(proto_pack_kv_uint(pk, "requests_failed", t.failed));
+    PROTO_PK(proto_pack_kv_uint(pk, "preemptions", t.preemptions));
+    PROTO_PK(proto_pack_kv_uint(pk, "tokens_in", t.tokens_in));
+    PROTO_PK(proto_pack_kv_uint(pk, "tokens_cached", t.tokens_cached));
+    PROTO_PK(proto_pack_kv_uint(pk, "tokens_out", t.tokens_out));
+    PROTO_PK(proto_pack_kv_double(pk, "queue_ms", t.queue_seconds * 1e3));
+    PROTO_PK(proto_pack_kv_double(pk, "queue_ms_mean", ratio(t.queue_seconds * 1e3, (double)t.requests)));
+    PROTO_PK(proto_pack_kv_double(pk, "ttft_ms_mean", ratio(t.ttft_seconds * 1e3, (double)t.ttft_count)));
     return 0;
 }
 
@@ -53,24 +41,24 @@ static int pack_requests(msgpack_packer *pk, struct acct *a)
         acct_sched_get(a, &s);
         acct_total(a, &tot);
     }
-    PK(proto_pack_str(pk, "requests"));
-    MP(msgpack_pack_map(pk, 16));
-    PK(proto_pack_kv_bool(pk, "executor", s.have_executor));
-    PK(proto_pack_kv_uint(pk, "waiting", s.waiting));
-    PK(proto_pack_kv_uint(pk, "running", s.running));
-    PK(proto_pack_kv_uint(pk, "swapped", s.swapped));
-    PK(proto_pack_kv_uint(pk, "live", s.live));
-    PK(proto_pack_kv_uint(pk, "submitted", s.submitted));
-    PK(proto_pack_kv_uint(pk, "answered", tot.requests));
-    PK(proto_pack_kv_uint(pk, "failed", tot.failed));
-    PK(proto_pack_kv_uint(pk, "steps", s.steps));
-    PK(proto_pack_kv_uint(pk, "prefill_tokens", s.prefill_tokens)); /* computed, cache hits excluded */
-    PK(proto_pack_kv_uint(pk, "decode_tokens", s.decode_tokens));
-    PK(proto_pack_kv_uint(pk, "tokens_in", tot.tokens_in));
-    PK(proto_pack_kv_uint(pk, "tokens_cached", tot.tokens_cached));
-    PK(proto_pack_kv_uint(pk, "tokens_out", s.generated));
-    PK(proto_pack_kv_uint(pk, "preempt_swap", s.preempt_swap));
-    PK(proto_pack_kv_uint(pk, "preempt_recompute", s.preempt_recompute));
+    PROTO_PK(proto_pack_str(pk, "requests"));
+    PROTO_MP(msgpack_pack_map(pk, 16));
+    PROTO_PK(proto_pack_kv_bool(pk, "executor", s.have_executor));
+    PROTO_PK(proto_pack_kv_uint(pk, "waiting", s.waiting));
+    PROTO_PK(proto_pack_kv_uint(pk, "running", s.running));
+    PROTO_PK(proto_pack_kv_uint(pk, "swapped", s.swapped));
+    PROTO_PK(proto_pack_kv_uint(pk, "live", s.live));
+    PROTO_PK(proto_pack_kv_uint(pk, "submitted", s.submitted));
+    PROTO_PK(proto_pack_kv_uint(pk, "answered", tot.requests));
+    PROTO_PK(proto_pack_kv_uint(pk, "failed", tot.failed));
+    PROTO_PK(proto_pack_kv_uint(pk, "steps", s.steps));
+    PROTO_PK(proto_pack_kv_uint(pk, "prefill_tokens", s.prefill_tokens)); /* computed, cache hits excluded */
+    PROTO_PK(proto_pack_kv_uint(pk, "decode_tokens", s.decode_tokens));
+    PROTO_PK(proto_pack_kv_uint(pk, "tokens_in", tot.tokens_in));
+    PROTO_PK(proto_pack_kv_uint(pk, "tokens_cached", tot.tokens_cached));
+    PROTO_PK(proto_pack_kv_uint(pk, "tokens_out", s.generated));
+    PROTO_PK(proto_pack_kv_uint(pk, "preempt_swap", s.preempt_swap));
+    PROTO_PK(proto_pack_kv_uint(pk, "preempt_recompute", s.preempt_recompute));
     return 0;
 }
 
@@ -78,47 +66,47 @@ static int pack_phase(msgpack_packer *pk, struct roofline *rl, enum roofline_pha
 {
     struct roofline_summary s;
     roofline_summary(rl, p, &s);
-    PK(proto_pack_str(pk, roofline_phase_name(p)));
-    MP(msgpack_pack_map(pk, 13));
-    PK(proto_pack_kv_uint(pk, "steps", s.steps_total));
-    PK(proto_pack_kv_uint(pk, "window", s.window));
-    PK(proto_pack_kv_double(pk, "flops_per_step", s.flops_per_step));
-    PK(proto_pack_kv_double(pk, "bytes_per_step", s.bytes_per_step));
-    PK(proto_pack_kv_double(pk, "intensity", s.intensity));
-    PK(proto_pack_kv_double(pk, "flops_per_s", s.flops_per_s));
-    PK(proto_pack_kv_double(pk, "bytes_per_s", s.bytes_per_s));
-    PK(proto_pack_kv_double(pk, "flops_frac", s.flops_frac));
-    PK(proto_pack_kv_double(pk, "bytes_frac", s.bytes_frac));
-    PK(proto_pack_kv_double(pk, "ms_per_step", s.ms_per_step));
-    PK(proto_pack_kv_double(pk, "tokens_per_s", s.tokens_per_s));
-    PK(proto_pack_kv_str(pk, "bound", s.bound));
-    PK(proto_pack_kv_double(pk, "attainable_frac", s.bound[0] == 'c' ? s.flops_frac : s.bytes_frac));
+    PROTO_PK(proto_pack_str(pk, roofline_phase_name(p)));
+    PROTO_MP(msgpack_pack_map(pk, 13));
+    PROTO_PK(proto_pack_kv_uint(pk, "steps", s.steps_total));
+    PROTO_PK(proto_pack_kv_uint(pk, "window", s.window));
+    PROTO_PK(proto_pack_kv_double(pk, "flops_per_step", s.flops_per_step));
+    PROTO_PK(proto_pack_kv_double(pk, "bytes_per_step", s.bytes_per_step));
+    PROTO_PK(proto_pack_kv_double(pk, "intensity", s.intensity));
+    PROTO_PK(proto_pack_kv_double(pk, "flops_per_s", s.flops_per_s));
+    PROTO_PK(proto_pack_kv_double(pk, "bytes_per_s", s.bytes_per_s));
+    PROTO_PK(proto_pack_kv_double(pk, "flops_frac", s.flops_frac));
+    PROTO_PK(proto_pack_kv_double(pk, "bytes_frac", s.bytes_frac));
+    PROTO_PK(proto_pack_kv_double(pk, "ms_per_step", s.ms_per_step));
+    PROTO_PK(proto_pack_kv_double(pk, "tokens_per_s", s.tokens_per_s));
+    PROTO_PK(proto_pack_kv_str(pk, "bound", s.bound));
+    PROTO_PK(proto_pack_kv_double(pk, "attainable_frac", s.bound[0] == 'c' ? s.flops_frac : s.bytes_frac));
     return 0;
 }
 
 static int pack_roofline(msgpack_packer *pk, struct roofline *rl)
 {
-    PK(proto_pack_str(pk, "roofline"));
+    PROTO_PK(proto_pack_str(pk, "roofline"));
     if (!rl) {
-        MP(msgpack_pack_nil(pk));
+        PROTO_MP(msgpack_pack_nil(pk));
         return 0;
     }
     struct roofline_ceilings c;
     roofline_get_ceilings(rl, &c);
-    MP(msgpack_pack_map(pk, 4 + ROOFLINE_N_PHASES));
-    PK(proto_pack_kv_bool(pk, "measured", c.measured));
-    PK(proto_pack_kv_double(pk, "peak_flops_per_s", c.flops_per_s));
-    PK(proto_pack_kv_double(pk, "peak_bytes_per_s", c.bytes_per_s));
-    PK(proto_pack_kv_double(pk, "ridge_intensity", ratio(c.flops_per_s, c.bytes_per_s)));
+    PROTO_MP(msgpack_pack_map(pk, 4 + ROOFLINE_N_PHASES));
+    PROTO_PK(proto_pack_kv_bool(pk, "measured", c.measured));
+    PROTO_PK(proto_pack_kv_double(pk, "peak_flops_per_s", c.flops_per_s));
+    PROTO_PK(proto_pack_kv_double(pk, "peak_bytes_per_s", c.bytes_per_s));
+    PROTO_PK(proto_pack_kv_double(pk, "ridge_intensity", ratio(c.flops_per_s, c.bytes_per_s)));
     for (int p = 0; p < ROOFLINE_N_PHASES; p++)
-        PK(pack_phase(pk, rl, (enum roofline_phase)p));
+        PROTO_PK(pack_phase(pk, rl, (enum roofline_phase)p));
     return 0;
 }
 
 int acct_stats_pack_top(msgpack_packer *pk, struct acct *a, struct roofline *rl)
 {
     /* ACCT_STATS_TOP_PAIRS pairs. */
-    PK(pack_requests(pk, a));
-    PK(pack_roofline(pk, rl));
+    PROTO_PK(pack_requests(pk, a));
+    PROTO_PK(pack_roofline(pk, rl));
     return 0;
 }

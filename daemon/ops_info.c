@@ -12,25 +12,13 @@
 #define KVD_VERSION_STRING "0.1.0"
 #endif
 
-#define PK_OK(x)          \
-    do {                  \
-        int rc_ = (x);    \
-        if (rc_)          \
-            return rc_;   \
-    } while (0)
-#define MP(x)                  \
-    do {                       \
-        if ((x) != 0)          \
-            return KVD_ENOMEM; \
-    } while (0)
-
 int ops_hello(struct ops_ctx *c)
 {
     uint64_t version = KVD_PROTOCOL_VERSION;
     char client[KVD_MAX_CLIENT_NAME + 1];
     bool have_client = false;
-    PK_OK(proto_opt_uint(c->req, "version", &version, NULL, &c->err));
-    PK_OK(proto_opt_strz(c->req, "client", client, sizeof(client), &have_client, &c->err));
+    PROTO_PK(proto_opt_uint(c->req, "version", &version, NULL, &c->err));
+    PROTO_PK(proto_opt_strz(c->req, "client", client, sizeof(client), &have_client, &c->err));
     if (version != KVD_PROTOCOL_VERSION)
         return proto_err_set(&c->err, KVD_EUNSUPPORTED,
                              "protocol version %llu is not supported (this server speaks %d)",
@@ -39,30 +27,30 @@ int ops_hello(struct ops_ctx *c)
     const struct kv_geom *g = kvmm_geom(c->mm);
     struct server *srv = c->srv;
     msgpack_packer *pk = c->pk;
-    PK_OK(proto_reply_begin(pk, c->id, 10));
-    PK_OK(proto_pack_kv_str(pk, "server", "kvd " KVD_VERSION_STRING));
-    PK_OK(proto_pack_kv_uint(pk, "version", KVD_PROTOCOL_VERSION));
-    PK_OK(proto_pack_kv_str(pk, "tenant", c->tenant_name));
-    PK_OK(proto_pack_kv_bool(pk, "admin", c->admin));
-    PK_OK(proto_pack_kv_str(pk, "backend", srv->be->ops->name));
-    PK_OK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
-    PK_OK(proto_pack_kv_uint(pk, "max_frame", srv->opts.max_frame));
-    PK_OK(proto_pack_kv_uint(pk, "conn", c->conn_id));
-    PK_OK(proto_pack_str(pk, "kv"));
-    MP(proto_pack_map(pk, 6));
-    PK_OK(proto_pack_kv_uint(pk, "layers", g->layers));
-    PK_OK(proto_pack_kv_uint(pk, "kv_heads", g->kv_heads));
-    PK_OK(proto_pack_kv_uint(pk, "head_dim", g->head_dim));
-    PK_OK(proto_pack_kv_str(pk, "dtype", kv_dtype_name(g->dtype)));
-    PK_OK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
-    PK_OK(proto_pack_kv_uint(pk, "token_bytes", kv_token_bytes(g)));
+    PROTO_PK(proto_reply_begin(pk, c->id, 10));
+    PROTO_PK(proto_pack_kv_str(pk, "server", "kvd " KVD_VERSION_STRING));
+    PROTO_PK(proto_pack_kv_uint(pk, "version", KVD_PROTOCOL_VERSION));
+    PROTO_PK(proto_pack_kv_str(pk, "tenant", c->tenant_name));
+    PROTO_PK(proto_pack_kv_bool(pk, "admin", c->admin));
+    PROTO_PK(proto_pack_kv_str(pk, "backend", srv->be->ops->name));
+    PROTO_PK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
+    PROTO_PK(proto_pack_kv_uint(pk, "max_frame", srv->opts.max_frame));
+    PROTO_PK(proto_pack_kv_uint(pk, "conn", c->conn_id));
+    PROTO_PK(proto_pack_str(pk, "kv"));
+    PROTO_MP(proto_pack_map(pk, 6));
+    PROTO_PK(proto_pack_kv_uint(pk, "layers", g->layers));
+    PROTO_PK(proto_pack_kv_uint(pk, "kv_heads", g->kv_heads));
+    PROTO_PK(proto_pack_kv_uint(pk, "head_dim", g->head_dim));
+    PROTO_PK(proto_pack_kv_str(pk, "dtype", kv_dtype_name(g->dtype)));
+    PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
+    PROTO_PK(proto_pack_kv_uint(pk, "token_bytes", kv_token_bytes(g)));
     if (!srv->have_model)
         return proto_pack_kv_nil(pk, "model");
-    PK_OK(proto_pack_str(pk, "model"));
-    MP(proto_pack_map(pk, 3));
-    PK_OK(proto_pack_kv_str(pk, "name", srv->model.name));
-    PK_OK(proto_pack_kv_uint(pk, "vocab", srv->model.vocab));
-    PK_OK(proto_pack_kv_uint(pk, "context", srv->model.context));
+    PROTO_PK(proto_pack_str(pk, "model"));
+    PROTO_MP(proto_pack_map(pk, 3));
+    PROTO_PK(proto_pack_kv_str(pk, "name", srv->model.name));
+    PROTO_PK(proto_pack_kv_uint(pk, "vocab", srv->model.vocab));
+    PROTO_PK(proto_pack_kv_uint(pk, "context", srv->model.context));
     return 0;
 }
 
@@ -77,36 +65,36 @@ static int pack_quota(msgpack_packer *pk, const char *key, uint32_t v)
 static int pack_tenant(msgpack_packer *pk, const struct kvmm_tenant_stats *t, struct acct *acct,
                        uint32_t id)
 {
-    MP(proto_pack_map(pk, 10 + ACCT_STATS_TENANT_PAIRS));
-    PK_OK(proto_pack_kv_str(pk, "name", t->name));
-    PK_OK(proto_pack_kv_uint(pk, "device_blocks", t->device_blocks));
-    PK_OK(proto_pack_kv_uint(pk, "host_blocks", t->host_blocks));
-    PK_OK(proto_pack_kv_uint(pk, "cached_blocks", t->cached_blocks));
-    PK_OK(proto_pack_kv_uint(pk, "seqs", t->seqs));
-    PK_OK(proto_pack_kv_uint(pk, "match_tokens_asked", t->match_tokens_asked));
-    PK_OK(proto_pack_kv_uint(pk, "match_tokens_hit", t->match_tokens_hit));
-    PK_OK(proto_pack_kv_uint(pk, "swaps_out", t->swaps_out));
-    PK_OK(proto_pack_kv_uint(pk, "swaps_in", t->swaps_in));
-    PK_OK(acct_stats_pack_tenant(pk, acct, id, t));
-    PK_OK(proto_pack_str(pk, "quota"));
-    MP(proto_pack_map(pk, 5));
-    PK_OK(pack_quota(pk, "max_device_blocks", t->conf.max_device_blocks));
-    PK_OK(pack_quota(pk, "max_host_blocks", t->conf.max_host_blocks));
-    PK_OK(pack_quota(pk, "max_seqs", t->conf.max_seqs));
-    PK_OK(proto_pack_kv_uint(pk, "reserved_device_blocks", t->conf.reserved_device_blocks));
-    PK_OK(proto_pack_kv_uint(pk, "weight", t->conf.weight));
+    PROTO_MP(proto_pack_map(pk, 10 + ACCT_STATS_TENANT_PAIRS));
+    PROTO_PK(proto_pack_kv_str(pk, "name", t->name));
+    PROTO_PK(proto_pack_kv_uint(pk, "device_blocks", t->device_blocks));
+    PROTO_PK(proto_pack_kv_uint(pk, "host_blocks", t->host_blocks));
+    PROTO_PK(proto_pack_kv_uint(pk, "cached_blocks", t->cached_blocks));
+    PROTO_PK(proto_pack_kv_uint(pk, "seqs", t->seqs));
+    PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_asked", t->match_tokens_asked));
+    PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_hit", t->match_tokens_hit));
+    PROTO_PK(proto_pack_kv_uint(pk, "swaps_out", t->swaps_out));
+    PROTO_PK(proto_pack_kv_uint(pk, "swaps_in", t->swaps_in));
+    PROTO_PK(acct_stats_pack_tenant(pk, acct, id, t));
+    PROTO_PK(proto_pack_str(pk, "quota"));
+    PROTO_MP(proto_pack_map(pk, 5));
+    PROTO_PK(pack_quota(pk, "max_device_blocks", t->conf.max_device_blocks));
+    PROTO_PK(pack_quota(pk, "max_host_blocks", t->conf.max_host_blocks));
+    PROTO_PK(pack_quota(pk, "max_seqs", t->conf.max_seqs));
+    PROTO_PK(proto_pack_kv_uint(pk, "reserved_device_blocks", t->conf.reserved_device_blocks));
+    PROTO_PK(proto_pack_kv_uint(pk, "weight", t->conf.weight));
     return 0;
 }
 
 static int pack_tier(msgpack_packer *pk, const char *key, uint32_t total, uint32_t free_,
                      uint32_t cached, uint32_t used)
 {
-    PK_OK(proto_pack_str(pk, key));
-    MP(proto_pack_map(pk, 4));
-    PK_OK(proto_pack_kv_uint(pk, "total", total));
-    PK_OK(proto_pack_kv_uint(pk, "free", free_));
-    PK_OK(proto_pack_kv_uint(pk, "cached", cached));
-    PK_OK(proto_pack_kv_uint(pk, "used", used));
+    PROTO_PK(proto_pack_str(pk, key));
+    PROTO_MP(proto_pack_map(pk, 4));
+    PROTO_PK(proto_pack_kv_uint(pk, "total", total));
+    PROTO_PK(proto_pack_kv_uint(pk, "free", free_));
+    PROTO_PK(proto_pack_kv_uint(pk, "cached", cached));
+    PROTO_PK(proto_pack_kv_uint(pk, "used", used));
     return 0;
 }
 
@@ -120,46 +108,46 @@ static int stats_locked(struct ops_ctx *c)
     const struct kv_geom *g = kvmm_geom(c->mm);
 
     kvmm_stats(c->mm, &st);
-    PK_OK(proto_reply_begin(pk, c->id, (srv->stats_fn ? 10 : 9) + ACCT_STATS_TOP_PAIRS));
-    PK_OK(proto_pack_kv_str(pk, "backend", srv->be->ops->name));
-    PK_OK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
-    PK_OK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
-    PK_OK(pack_tier(pk, "device", st.device_total, st.device_free, st.device_cached,
+    PROTO_PK(proto_reply_begin(pk, c->id, (srv->stats_fn ? 10 : 9) + ACCT_STATS_TOP_PAIRS));
+    PROTO_PK(proto_pack_kv_str(pk, "backend", srv->be->ops->name));
+    PROTO_PK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
+    PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
+    PROTO_PK(pack_tier(pk, "device", st.device_total, st.device_free, st.device_cached,
                     st.device_used));
-    PK_OK(pack_tier(pk, "host", st.host_total, st.host_free, st.host_cached, st.host_used));
-    PK_OK(proto_pack_str(pk, "counters"));
-    MP(proto_pack_map(pk, 11));
-    PK_OK(proto_pack_kv_uint(pk, "match_tokens_asked", st.match_tokens_asked));
-    PK_OK(proto_pack_kv_uint(pk, "match_tokens_hit", st.match_tokens_hit));
-    PK_OK(proto_pack_kv_uint(pk, "swaps_out", st.swaps_out));
-    PK_OK(proto_pack_kv_uint(pk, "swaps_in", st.swaps_in));
-    PK_OK(proto_pack_kv_uint(pk, "swap_bytes_out", st.swap_bytes_out));
-    PK_OK(proto_pack_kv_uint(pk, "swap_bytes_in", st.swap_bytes_in));
-    PK_OK(proto_pack_kv_uint(pk, "evictions", st.evictions_device));
-    PK_OK(proto_pack_kv_uint(pk, "drops", st.drops));
-    PK_OK(proto_pack_kv_uint(pk, "checksum_failures", st.checksum_failures));
-    PK_OK(proto_pack_kv_uint(pk, "cow_copies", st.cow_copies));
-    PK_OK(proto_pack_kv_uint(pk, "seqs", st.n_seqs));
-    PK_OK(proto_pack_kv_uint(pk, "connections", srv->n_conns));
-    PK_OK(proto_pack_kv_uint(pk, "in_flight", srv->n_pending));
+    PROTO_PK(pack_tier(pk, "host", st.host_total, st.host_free, st.host_cached, st.host_used));
+    PROTO_PK(proto_pack_str(pk, "counters"));
+    PROTO_MP(proto_pack_map(pk, 11));
+    PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_asked", st.match_tokens_asked));
+    PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_hit", st.match_tokens_hit));
+    PROTO_PK(proto_pack_kv_uint(pk, "swaps_out", st.swaps_out));
+    PROTO_PK(proto_pack_kv_uint(pk, "swaps_in", st.swaps_in));
+    PROTO_PK(proto_pack_kv_uint(pk, "swap_bytes_out", st.swap_bytes_out));
+    PROTO_PK(proto_pack_kv_uint(pk, "swap_bytes_in", st.swap_bytes_in));
+    PROTO_PK(proto_pack_kv_uint(pk, "evictions", st.evictions_device));
+    PROTO_PK(proto_pack_kv_uint(pk, "drops", st.drops));
+    PROTO_PK(proto_pack_kv_uint(pk, "checksum_failures", st.checksum_failures));
+    PROTO_PK(proto_pack_kv_uint(pk, "cow_copies", st.cow_copies));
+    PROTO_PK(proto_pack_kv_uint(pk, "seqs", st.n_seqs));
+    PROTO_PK(proto_pack_kv_uint(pk, "connections", srv->n_conns));
+    PROTO_PK(proto_pack_kv_uint(pk, "in_flight", srv->n_pending));
 
     size_t n = 0;
     for (size_t i = 0; i < srv->n_tenants; i++)
         if (c->admin || srv->tenants[i].id == c->tenant)
             n++;
-    PK_OK(proto_pack_str(pk, "tenants"));
-    MP(proto_pack_array(pk, n));
+    PROTO_PK(proto_pack_str(pk, "tenants"));
+    PROTO_MP(proto_pack_array(pk, n));
     for (size_t i = 0; i < srv->n_tenants; i++) {
         if (!c->admin && srv->tenants[i].id != c->tenant)
             continue;
         int rc = kvmm_tenant_stats(c->mm, srv->tenants[i].id, &ts);
         if (rc)
             return proto_err_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
-        PK_OK(pack_tenant(pk, &ts, srv->acct, srv->tenants[i].id));
+        PROTO_PK(pack_tenant(pk, &ts, srv->acct, srv->tenants[i].id));
     }
-    PK_OK(acct_stats_pack_top(pk, srv->acct, srv->rl)); /* "requests", "roofline" */
+    PROTO_PK(acct_stats_pack_top(pk, srv->acct, srv->rl)); /* "requests", "roofline" */
     if (srv->stats_fn) {
-        PK_OK(proto_pack_str(pk, srv->stats_key));
+        PROTO_PK(proto_pack_str(pk, srv->stats_key));
         int rc = srv->stats_fn(srv->stats_ctx, pk);
         if (rc)
             return proto_err_set(&c->err, rc, "stats: '%s' failed", srv->stats_key);
