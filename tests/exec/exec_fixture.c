@@ -274,3 +274,9 @@ int fx_build_raw(struct fx *f, const void *map, size_t len, struct proto_err *er
         ops_generate_discard(f->mm, r);
     return rc;
 }
+
+void fx_prompt(uint32_t *p, size_t n, uint32_t salt)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint32_t)((i * 37 + salt * 101 + 11) % 256);
+}

@@ -101,4 +101,7 @@ int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct proto_er
 /* Builds from a raw msgpack map payload (for validation tests). */
 int fx_build_raw(struct fx *f, const void *map, size_t len, struct proto_err *err);
 
+/* A deterministic prompt of n tokens (ids < 256), different for each salt. */
+void fx_prompt(uint32_t *p, size_t n, uint32_t salt);
+
 #endif

@@ -30,13 +30,6 @@ static int group_teardown(void **state)
     return 0;
 }
 
-/* A deterministic prompt of n tokens, different for each `salt`. */
-static void prompt(uint32_t *p, size_t n, uint32_t salt)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = (uint32_t)((i * 37 + salt * 101 + 11) % 256);
-}
-
 static struct fx_result run1(struct fx *f, uint64_t id, const struct fx_gen *g)
 {
     struct proto_err err = {0};
@@ -88,7 +81,7 @@ static void test_cache_hit(void **state)
     struct fx f;
     assert_int_equal(fx_open(&f, &g_model, 256, 64, 512, 32), 0);
     uint32_t p[40];
-    prompt(p, 40, 1);
+    fx_prompt(p, 40, 1);
     struct fx_gen g = greedy(p, 40, 12);
     struct fx_result a = run1(&f, 1, &g);
     struct fx_result b = run1(&f, 2, &g);
@@ -112,7 +105,7 @@ static void test_batch_equals_solo(void **state)
     static uint32_t p[32][48];
     assert_int_equal(fx_open(&f, &g_model, 512, 0, 512, 32), 0);
     for (uint32_t i = 0; i < 32; i++) {
-        prompt(p[i], 5 + i, 100 + i);
+        fx_prompt(p[i], 5 + i, 100 + i);
         struct fx_gen g = greedy(p[i], 5 + i, 10);
         solo[i] = run1(&f, 1 + i, &g);
     }
@@ -137,7 +130,7 @@ static void run_pressure(uint32_t dev, uint32_t host, struct fx_result *out,
     static uint32_t p[8][40];
     assert_int_equal(fx_open(&f, &g_model, dev, host, 256, 8), 0);
     for (uint32_t i = 0; i < 8; i++) {
-        prompt(p[i], 40, 300 + i);
+        fx_prompt(p[i], 40, 300 + i);
         struct fx_gen g = greedy(p[i], 40, 48);
         struct proto_err err;
         assert_int_equal(fx_submit(&f, 1 + i, &g, &err), 0);
@@ -193,7 +186,7 @@ static void test_fork_continue(void **state)
     kvmm_unlock(f.mm);
 
     uint32_t p[20];
-    prompt(p, 20, 7);
+    fx_prompt(p, 20, 7);
     struct fx_gen g = greedy(p, 20, 6);
     g.has_seq = true;
     g.seq = s;
@@ -249,7 +242,7 @@ static void test_seeded_sampling(void **state)
     struct fx f;
     assert_int_equal(fx_open(&f, &g_model, 512, 0, 512, 16), 0);
     uint32_t p[12];
-    prompt(p, 12, 9);
+    fx_prompt(p, 12, 9);
     struct fx_gen g = {.toks = p, .n_toks = 12, .max_tokens = 24, .temperature = 1.2,
                        .top_k = 50, .top_p = 0.95, .has_seed = true, .seed = 42};
     struct fx_result solo = run1(&f, 1, &g);
@@ -257,7 +250,7 @@ static void test_seeded_sampling(void **state)
     struct proto_err err;
     static uint32_t others[8][16];
     for (uint32_t i = 0; i < 8; i++) {
-        prompt(others[i], 16, 50 + i);
+        fx_prompt(others[i], 16, 50 + i);
         struct fx_gen o = g;
         o.toks = others[i];
         o.n_toks = 16;
@@ -283,7 +276,7 @@ static void test_stop_length_context(void **state)
     struct fx f;
     assert_int_equal(fx_open(&f, &g_model, 256, 0, 512, 8), 0);
     uint32_t p[10];
-    prompt(p, 10, 3);
+    fx_prompt(p, 10, 3);
     struct fx_gen g = greedy(p, 10, 20);
     struct fx_result ref = run1(&f, 1, &g);
     assert_int_equal(ref.finish, SCHED_FINISH_LENGTH);
@@ -303,7 +296,7 @@ static void test_stop_length_context(void **state)
 
     /* The context (256) ends generation: prompt 250 + 6 tokens. */
     static uint32_t lp[250];
-    prompt(lp, 250, 4);
+    fx_prompt(lp, 250, 4);
     struct fx_gen gl = greedy(lp, 250, 100);
     struct fx_result l = run1(&f, 3, &gl);
     assert_int_equal(l.finish, SCHED_FINISH_LENGTH);
@@ -318,7 +311,7 @@ static void test_stream_and_cancel(void **state)
     struct fx f;
     assert_int_equal(fx_open(&f, &g_model, 256, 0, 512, 8), 0);
     uint32_t p[8];
-    prompt(p, 8, 5);
+    fx_prompt(p, 8, 5);
     struct fx_gen g = greedy(p, 8, 30);
     g.stream = true;
     struct fx_result r = run1(&f, 1, &g);
@@ -364,7 +357,7 @@ static void test_disconnect_frees(void **state)
     static uint32_t p[16][60];
     struct proto_err err;
     for (uint32_t i = 0; i < 16; i++) {
-        prompt(p[i], 60, 700 + i);
+        fx_prompt(p[i], 60, 700 + i);
         struct fx_gen g = greedy(p[i], 60, 200);
         g.conn = conn;
         if (i == 0) {
@@ -394,7 +387,7 @@ static void test_drain(void **state)
     static uint32_t p[10][30];
     struct proto_err err;
     for (uint32_t i = 0; i < 10; i++) {
-        prompt(p[i], 30, 900 + i);
+        fx_prompt(p[i], 30, 900 + i);
         struct fx_gen g = greedy(p[i], 30, 200);
         assert_int_equal(fx_submit(&f, 1 + i, &g, &err), 0);
     }
@@ -417,7 +410,7 @@ static void test_quota_never_fits(void **state)
     struct fx f;
     assert_int_equal(fx_open(&f, &g_model, 8, 0, 512, 8), 0);
     static uint32_t p[200];
-    prompt(p, 200, 1);
+    fx_prompt(p, 200, 1);
     struct fx_gen g = greedy(p, 200, 4);
     struct fx_result r = run1(&f, 1, &g);
     assert_int_equal(r.finish, SCHED_FINISH_ERROR);
@@ -458,7 +451,7 @@ static void test_priority_order(void **state)
     assert_int_equal(fx_open(&f, &g_model, 256, 0, 64, 1), 0);
     uint32_t p[4][8];
     for (int i = 0; i < 4; i++)
-        prompt(p[i], 8, 40 + (uint32_t)i);
+        fx_prompt(p[i], 8, 40 + (uint32_t)i);
     struct fx_gen a = greedy(p[0], 8, 240);
     a.stream = true;
     struct proto_err err;
@@ -495,7 +488,7 @@ static void test_weighted_fairness(void **state)
     assert_int_equal(fx_tenant(&f, "c", 1, &tc, &nc), 0);
     static uint32_t p[17][8];
     for (int i = 0; i < 17; i++)
-        prompt(p[i], 8, 500 + (uint32_t)i);
+        fx_prompt(p[i], 8, 500 + (uint32_t)i);
     struct fx_gen blocker = greedy(p[16], 8, 240);
     blocker.stream = blocker.has_tenant = true;
     blocker.tenant = tc;

@@ -31,12 +31,6 @@ static int group_teardown(void **state)
     return 0;
 }
 
-static void prompt(uint32_t *p, size_t n, uint32_t salt)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = (uint32_t)((i * 37 + salt * 101 + 11) % 256);
-}
-
 static struct fx_gen greedy(const uint32_t *p, size_t n, uint32_t max_tokens)
 {
     return (struct fx_gen){.toks = p, .n_toks = n, .max_tokens = max_tokens, .temperature = -1};
@@ -76,7 +70,7 @@ static void test_no_memory_idle_holders(void **state)
     kvmm_unlock(f.mm);
 
     uint32_t p[20];
-    prompt(p, 20, 3);
+    fx_prompt(p, 20, 3);
     struct fx_gen g = greedy(p, 20, 4);
     struct fx_result r = run1(&f, 1, &g);
     print_message("no_memory: %s\n", r.msg);
@@ -119,9 +113,9 @@ static void test_wait_then_queue_timeout(void **state)
     struct fx f;
     assert_int_equal(fx_open(&f, &g_model, 16, 0, 256, 4), 0);
     static uint32_t pa[200], pb[100], pc[8];
-    prompt(pa, 200, 60);
-    prompt(pb, 100, 61);
-    prompt(pc, 8, 62);
+    fx_prompt(pa, 200, 60);
+    fx_prompt(pb, 100, 61);
+    fx_prompt(pc, 8, 62);
     struct proto_err err;
     /* a: 200 + 8 - 1 positions = 13 of the 16 blocks; b needs 7: it waits
      * for a (both queued before the executor plans: it needs the lock). */
@@ -170,7 +164,7 @@ static void test_lent_seq_busy(void **state)
     assert_int_equal(kvmm_seq_open(f.mm, 5, f.tenant, f.ns, &s), 0);
     kvmm_unlock(f.mm);
     uint32_t p[10];
-    prompt(p, 10, 9);
+    fx_prompt(p, 10, 9);
     struct fx_gen g = greedy(p, 10, 240);
     g.has_seq = g.stream = true;
     g.seq = s;
@@ -229,8 +223,8 @@ static void test_cancel_after_recompute_keeps_seq(void **state)
     assert_int_equal(kvmm_seq_open(f.mm, conn, f.tenant, f.ns, &s), 0);
     kvmm_unlock(f.mm);
     uint32_t p[40], hp[60];
-    prompt(p, 40, 21);
-    prompt(hp, 60, 22);
+    fx_prompt(p, 40, 21);
+    fx_prompt(hp, 60, 22);
     /* 40 prompt tokens, 1 generated: the sequence holds 40 (K/V for all). */
     struct fx_gen g = greedy(p, 40, 1);
     g.has_seq = true;
@@ -323,13 +317,13 @@ static void test_prefill_fair_share(void **state)
     assert_int_equal(fx_tenant(&f, "b", 1, &tb, &nb), 0);
     static uint32_t pa[4][240];
     uint32_t pb[8];
-    prompt(pb, 8, 77);
+    fx_prompt(pb, 8, 77);
     struct proto_err err;
     /* Holding the kvmm lock keeps the executor from planning until every
      * request is queued (submission itself does not take it). */
     kvmm_lock(f.mm);
     for (int i = 0; i < 4; i++) {
-        prompt(pa[i], 240, 80 + (uint32_t)i);
+        fx_prompt(pa[i], 240, 80 + (uint32_t)i);
         struct fx_gen g = greedy(pa[i], 240, 1);
         g.has_tenant = true;
         g.tenant = ta;
