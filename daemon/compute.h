@@ -39,12 +39,19 @@ enum ctype {
 #define CT_Q8_0_BLOCK 32
 #define CT_Q8_0_BYTES 34
 
+/* How a 2-D weight's bytes are arranged on the device. */
+enum clayout {
+    CL_ROWS = 0, /* as in the GGUF file: row j at byte j * ctype_row_bytes(type, ne0) */
+    CL_PACK16,   /* cpu backend: 16 rows interleaved value by value (compute_cpu_matmul.c) */
+};
+
 /* A 2-D weight on the device: ne0 = inner (contiguous) dimension = "in",
- * ne1 = rows = "out". Row j starts at byte j * ctype_row_bytes(type, ne0).
- * For CT_Q8_0, ne0 is a multiple of 32. 1-D weights (norms, biases,
- * rope_freqs) are always CT_F32 with ne1 = 1. */
+ * ne1 = rows = "out". For CT_Q8_0, ne0 is a multiple of 32. 1-D weights
+ * (norms, biases, rope_freqs) are always CT_F32 with ne1 = 1, CL_ROWS.
+ * nbytes: the bytes at data (the file's size for CL_ROWS). */
 struct ctensor {
     enum ctype type;
+    enum clayout layout;
     uint32_t ne0, ne1;
     size_t nbytes;
     void *data; /* device, owned by whoever allocated it (the model) */
@@ -127,6 +134,15 @@ struct compute_ops {
     int (*upload)(struct compute_ctx *cx, void *dst_dev, const void *src_host, size_t bytes);
     int (*download)(struct compute_ctx *cx, void *dst_host, const void *src_dev, size_t bytes);
     int (*sync)(struct compute_ctx *cx); /* waits for every op issued so far */
+
+    /* Weights in the backend's layout of choice (both optional; NULL: the
+     * file's rows, copied with upload). weight_bytes: the device bytes
+     * weight_upload needs for t (type and shape set, layout CL_ROWS).
+     * weight_upload: writes t's file bytes src (t->nbytes of them, CL_ROWS)
+     * to t->data, which has weight_bytes(t) bytes, and sets t->layout and
+     * t->nbytes to what it stored. */
+    size_t (*weight_bytes)(const struct ctensor *t);
+    int (*weight_upload)(struct compute_ctx *cx, struct ctensor *t, const void *src);
 
     /* out[i][:] = row ids[i] of w, widened to f32 (w: [ne1][ne0], any type).
      * ids device [n], each < w->ne1; out device [n][w->ne0]. */

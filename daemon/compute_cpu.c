@@ -235,10 +235,8 @@ void cpu_row_to_f32(enum ctype t, const void *row, float *out, uint32_t n)
 static int cpu_get_rows(struct compute_ctx *cx, const struct ctensor *w, const uint32_t *ids,
                         uint32_t n, float *out)
 {
-    size_t rb = ctype_row_bytes(w->type, w->ne0);
     for (uint32_t i = 0; i < n; i++)
-        cpu_row_to_f32(w->type, (const uint8_t *)w->data + (size_t)ids[i] * rb,
-                       out + (size_t)i * w->ne0, w->ne0);
+        cpu_weight_row(w, ids[i], out + (size_t)i * w->ne0);
     return 0;
 }
 
@@ -377,6 +375,8 @@ static const struct compute_ops cpu_ops = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .sync = cpu_sync,
+    .weight_bytes = cpu_weight_bytes,
+    .weight_upload = cpu_weight_upload,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,

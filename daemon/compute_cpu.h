@@ -136,5 +136,10 @@ int cpu_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, 
 int cpu_attention(struct compute_ctx *cx, const struct attn_desc *d);
 /* Widens n elements of a weight row of type t to f32. */
 void cpu_row_to_f32(enum ctype t, const void *row, float *out, uint32_t n);
+/* Weights (compute_cpu_matmul.c): matrices are packed (CL_PACK16) at upload;
+ * cpu_weight_row widens row `row` of w, in either layout, to f32. */
+size_t cpu_weight_bytes(const struct ctensor *t);
+int cpu_weight_upload(struct compute_ctx *cx, struct ctensor *t, const void *src);
+void cpu_weight_row(const struct ctensor *w, uint32_t row, float *out);
 
 #endif

@@ -1,41 +1,193 @@
 /* cpu matmul: y[rows][out] = x[rows][in] . W[out][in]^T with W kept in its
- * native type (f32, f16, bf16, q8_0), f32 accumulation. Two kernels:
- * - rows < MM_PANEL_ROWS (decode, a memory-bound GEMV): 4 weight rows at a
- *   time against one activation row, widened in registers, 2 accumulators per
- *   weight row, q8_0 scale applied once per 32-value block;
- * - rows >= MM_PANEL_ROWS (batched decode, prefill): a thread takes a chunk
- *   of weight rows (L2-sized) and runs 4 activation rows x 3 weight rows
- *   register tiles over it in L1-sized k blocks, so each weight is read from
- *   memory once per step, whatever the batch; the next chunk is prefetched
- *   meanwhile. f32/f16/bf16 are widened in registers inside the tile, q8_0
- *   is dequantized once per step into a per-thread f32 panel first.
- * Threads take chunks of weight rows from an atomic counter. */
+ * file type (f32, f16, bf16, q8_0) and f32 accumulation.
+ *
+ * Layout. The model's matrices are stored CL_PACK16 (cpu_weight_upload):
+ * groups of 16 consecutive rows (output columns) with the rows' values
+ * interleaved, so value k of rows 16g..16g+15 are 16 consecutive elements.
+ * For q8_0, per group and 32-value block: the 16 rows' f16 scales (32
+ * bytes), then value k's 16 quants for k = 0..31 (512 bytes). The last group
+ * is padded with zero rows. One vector load is then 8 output columns at one
+ * k, so the kernels are outer products (broadcast x[r][k], FMA into the
+ * accumulators of 16 outputs): no horizontal sums, no accumulator spills,
+ * and a group is one sequential stream of memory.
+ *
+ * Kernels:
+ * - rows < MM_PANEL_ROWS (decode: a memory-bound GEMV): the weights are
+ *   widened in registers, 1-2 activation rows per pass, two accumulator sets
+ *   (even and odd k) so enough FMA chains hide the latency, q8_0 scales
+ *   applied once per block; the stream is prefetched MM_PFD bytes ahead.
+ * - rows >= MM_PANEL_ROWS (batched decode, prefill: compute-bound): a
+ *   thread widens its chunk of groups once into a per-thread f32 panel (L2)
+ *   and runs tiles of up to 6 activation rows x 16 columns (12 accumulators,
+ *   2 panel loads and 6 broadcasts per 12 FMAs) over it, MM_RB activation
+ *   rows at a time so they stay in L2; the next chunk is prefetched
+ *   meanwhile, spread over the first row block's compute.
+ * Matrices left in file rows (CL_ROWS: tensors built by hand) take a plain
+ * row-major GEMV per activation row.
+ * Threads take chunks of groups from an atomic counter. Every output is
+ * computed the same way whatever the thread count or chunking. */
 #include <stdlib.h>
 
 #include "compute_cpu.h"
 #include "kvd/status.h"
 
+#define PK 16                /* rows per packed group */
+#define PK_Q8_BLOCK 544      /* bytes of one q8_0 block of a group: 16 f16 scales + 16 x 32 quants */
 #define MM_PANEL_ROWS 4      /* activation rows from which the panel kernel is used */
-#define MM_PANEL_BYTES 98304 /* chunk of weight rows, counted as f32: fits L2 beside x */
-#define MM_KB 512            /* k block (floats) of the panel kernel */
-#define MM_RB 8              /* activation rows per block of the panel kernel */
+#define MM_PANEL_BYTES 131072 /* f32 panel of a chunk: fits L2 beside MM_RB activation rows */
+#define MM_RB 24             /* activation rows per block of the panel kernel */
+#define MM_TILE 6            /* activation rows per register tile */
+#define MM_KB 128            /* k block of the panel kernel */
+#define MM_CHUNK_MAX 8       /* groups per chunk of the panel kernel */
+#define MM_PFD 2048          /* GEMV prefetch distance, bytes */
+
+static size_t elem_bytes(enum ctype t)
+{
+    return t == CT_F32 ? 4 : 2;
+}
+
+/* Bytes of one packed group of 16 rows of `in` values. */
+static size_t pk_group_bytes(enum ctype t, size_t in)
+{
+    return t == CT_Q8_0 ? in / CT_Q8_0_BLOCK * PK_Q8_BLOCK : in * PK * elem_bytes(t);
+}
+
+static bool pk_packable(const struct ctensor *t)
+{
+    return t->layout == CL_ROWS && t->ne1 >= 2 && ctype_row_bytes(t->type, t->ne0) != 0;
+}
+
+/* Value (k, column j) of a packed group g of type t. */
+static inline float pk_get(enum ctype t, const uint8_t *g, size_t k, size_t j)
+{
+    switch (t) {
+    case CT_F32: return ((const float *)g)[k * PK + j];
+    case CT_F16: return cpu_f16_to_f32(((const uint16_t *)g)[k * PK + j]);
+    case CT_BF16: return cpu_bf16_to_f32(((const uint16_t *)g)[k * PK + j]);
+    case CT_Q8_0: {
+        const uint8_t *blk = g + k / CT_Q8_0_BLOCK * PK_Q8_BLOCK;
+        uint16_t dh;
+        memcpy(&dh, blk + 2 * j, 2);
+        return cpu_f16_to_f32(dh) * (float)(int8_t)blk[2 * PK + k % CT_Q8_0_BLOCK * PK + j];
+    }
+    }
+    return 0;
+}
+
+/* Element k of a row-major weight row (tails and the scalar path). */
+static inline float row_get(enum ctype t, const uint8_t *w, size_t k)
+{
+    switch (t) {
+    case CT_F32: return ((const float *)w)[k];
+    case CT_F16: return cpu_f16_to_f32(((const uint16_t *)w)[k]);
+    case CT_BF16: return cpu_bf16_to_f32(((const uint16_t *)w)[k]);
+    case CT_Q8_0: {
+        const uint8_t *blk = w + k / CT_Q8_0_BLOCK * CT_Q8_0_BYTES;
+        uint16_t dh;
+        memcpy(&dh, blk, 2);
+        return cpu_f16_to_f32(dh) * (float)(int8_t)blk[2 + k % CT_Q8_0_BLOCK];
+    }
+    }
+    return 0;
+}
+
+/* ---- packing ------------------------------------------------------------ */
+
+size_t cpu_weight_bytes(const struct ctensor *t)
+{
+    if (!pk_packable(t))
+        return t->nbytes;
+    return (t->ne1 + (size_t)PK - 1) / PK * pk_group_bytes(t->type, t->ne0);
+}
+
+struct pack_job {
+    const struct ctensor *t;
+    const uint8_t *src;
+    size_t n_groups;
+    atomic_size_t next;
+};
+
+/* Packs group g: row 16g + j of the file (zeros past the last row). */
+static void pack_group(const struct ctensor *t, const uint8_t *src, size_t g)
+{
+    size_t in = t->ne0, rb = ctype_row_bytes(t->type, in), gb = pk_group_bytes(t->type, in);
+    uint8_t *dst = (uint8_t *)t->data + g * gb;
+    memset(dst, 0, gb);
+    for (size_t j = 0; j < PK && g * PK + j < t->ne1; j++) {
+        const uint8_t *s = src + (g * PK + j) * rb;
+        switch (t->type) {
+        case CT_F32:
+            for (size_t k = 0; k < in; k++)
+                memcpy(dst + (k * PK + j) * 4, s + k * 4, 4);
+            break;
+        case CT_F16:
+        case CT_BF16:
+            for (size_t k = 0; k < in; k++)
+                memcpy(dst + (k * PK + j) * 2, s + k * 2, 2);
+            break;
+        case CT_Q8_0:
+            for (size_t b = 0; b < in / CT_Q8_0_BLOCK; b++) {
+                uint8_t *db = dst + b * PK_Q8_BLOCK;
+                const uint8_t *sb = s + b * CT_Q8_0_BYTES;
+                memcpy(db + 2 * j, sb, 2);
+                for (size_t kk = 0; kk < CT_Q8_0_BLOCK; kk++)
+                    db[2 * PK + kk * PK + j] = sb[2 + kk];
+            }
+            break;
+        }
+    }
+}
+
+static void pack_task(void *arg, uint32_t ith, uint32_t nth)
+{
+    struct pack_job *j = arg;
+    (void)ith, (void)nth;
+    for (size_t g; (g = atomic_fetch_add(&j->next, 1)) < j->n_groups;)
+        pack_group(j->t, j->src, g);
+}
+
+int cpu_weight_upload(struct compute_ctx *cx, struct ctensor *t, const void *src)
+{
+    if (!pk_packable(t)) {
+        memcpy(t->data, src, t->nbytes);
+        return 0;
+    }
+    struct pack_job j = {.t = t, .src = src, .n_groups = (t->ne1 + (size_t)PK - 1) / PK};
+    atomic_init(&j.next, 0);
+    cpu_pool_run(&cx->pool, pack_task, &j);
+    t->nbytes = cpu_weight_bytes(t);
+    t->layout = CL_PACK16;
+    return 0;
+}
+
+void cpu_weight_row(const struct ctensor *w, uint32_t row, float *out)
+{
+    if (w->layout == CL_ROWS) {
+        cpu_row_to_f32(w->type, (const uint8_t *)w->data + row * ctype_row_bytes(w->type, w->ne0),
+                       out, w->ne0);
+        return;
+    }
+    const uint8_t *g = (const uint8_t *)w->data + row / PK * pk_group_bytes(w->type, w->ne0);
+    for (size_t k = 0; k < w->ne0; k++)
+        out[k] = pk_get(w->type, g, k, row % PK);
+}
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define SIMD_TARGET __attribute__((target("avx2,fma,f16c")))
 #define MM_INLINE static inline __attribute__((always_inline))
 
-/* 8 consecutive weights k..k+7 of a f32/f16/bf16 row, as f32. */
-MM_INLINE SIMD_TARGET __m256 load8(enum ctype t, const uint8_t *w, size_t k)
+/* 8 consecutive values at element i of f32/f16/bf16 data, as f32. */
+MM_INLINE SIMD_TARGET __m256 load8(enum ctype t, const uint8_t *w, size_t i)
 {
     switch (t) {
     case CT_F16:
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + k)));
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
     case CT_BF16: {
-        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + k)));
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
         return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     }
-    default: return _mm256_loadu_ps((const float *)w + k);
+    default: return _mm256_loadu_ps((const float *)w + i);
     }
 }
 
@@ -52,30 +204,175 @@ MM_INLINE SIMD_TARGET float hsum8(__m256 v)
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-#endif
 
-/* Scalar element k of a weight row (tails and the scalar path). */
-static inline float wget(enum ctype t, const uint8_t *w, size_t k)
+/* ---- packed GEMV: o[r][0..16) for r < NR (1 or 2), weights read once ---- */
+
+/* f32/f16/bf16 group g of `in` values; x rows ldx floats apart. */
+MM_INLINE SIMD_TARGET void pk_gemv_f(enum ctype t, const uint8_t *g, size_t in, const float *x,
+                                     size_t ldx, float *o, const int NR)
 {
-    switch (t) {
-    case CT_F32: return ((const float *)w)[k];
-    case CT_F16: return cpu_f16_to_f32(((const uint16_t *)w)[k]);
-    case CT_BF16: return cpu_bf16_to_f32(((const uint16_t *)w)[k]);
-    case CT_Q8_0: {
-        const uint8_t *blk = w + (k / CT_Q8_0_BLOCK) * CT_Q8_0_BYTES;
-        uint16_t dh;
-        memcpy(&dh, blk, 2);
-        return cpu_f16_to_f32(dh) * (float)(int8_t)blk[2 + k % CT_Q8_0_BLOCK];
+    __m256 a[2][2], b[2][2];
+    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+        a[r][0] = a[r][1] = b[r][0] = b[r][1] = _mm256_setzero_ps();
+    const size_t kb = PK * elem_bytes(t); /* bytes per k */
+    size_t k = 0;
+    for (; k + 2 <= in; k += 2) {
+        const char *pf = (const char *)g + k * kb + MM_PFD;
+        _mm_prefetch(pf, _MM_HINT_T0);
+        if (t == CT_F32)
+            _mm_prefetch(pf + 64, _MM_HINT_T0);
+        __m256 w0 = load8(t, g, k * PK), w1 = load8(t, g, k * PK + 8);
+        __m256 v0 = load8(t, g, k * PK + PK), v1 = load8(t, g, k * PK + PK + 8);
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+            __m256 xa = _mm256_broadcast_ss(x + r * ldx + k);
+            __m256 xb = _mm256_broadcast_ss(x + r * ldx + k + 1);
+            a[r][0] = _mm256_fmadd_ps(w0, xa, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(w1, xa, a[r][1]);
+            b[r][0] = _mm256_fmadd_ps(v0, xb, b[r][0]);
+            b[r][1] = _mm256_fmadd_ps(v1, xb, b[r][1]);
+        }
     }
+    if (k < in) {
+        __m256 w0 = load8(t, g, k * PK), w1 = load8(t, g, k * PK + 8);
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+            __m256 xa = _mm256_broadcast_ss(x + r * ldx + k);
+            a[r][0] = _mm256_fmadd_ps(w0, xa, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(w1, xa, a[r][1]);
+        }
     }
-    return 0;
+    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+        _mm256_storeu_ps(o + r * PK, _mm256_add_ps(a[r][0], b[r][0]));
+        _mm256_storeu_ps(o + r * PK + 8, _mm256_add_ps(a[r][1], b[r][1]));
+    }
 }
 
-#if defined(__x86_64__)
-/* ---- GEMV: y[c] = dot(W row c, x), c < NW (a constant after inlining) ---- */
+/* q8_0 group: per 32-value block the sums of q*x (even and odd k apart),
+ * then one multiply-add by the 16 block scales. */
+MM_INLINE SIMD_TARGET void pk_gemv_q8(const uint8_t *g, size_t in, const float *x, size_t ldx,
+                                      float *o, const int NR)
+{
+    __m256 a[2][2];
+    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+        a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (size_t blk = 0; blk < in / CT_Q8_0_BLOCK; blk++) {
+        const uint8_t *bp = g + blk * PK_Q8_BLOCK, *q = bp + 2 * PK;
+        _Pragma("GCC unroll 9") for (int p = 0; p < (PK_Q8_BLOCK + 63) / 64; p++)
+            _mm_prefetch((const char *)bp + MM_PFD + 64 * p, _MM_HINT_T0);
+        const float *xb = x + blk * CT_Q8_0_BLOCK;
+        __m256 s[2][2], u[2][2];
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+            s[r][0] = s[r][1] = u[r][0] = u[r][1] = _mm256_setzero_ps();
+        _Pragma("GCC unroll 4") for (int kk = 0; kk < CT_Q8_0_BLOCK; kk += 2) {
+            __m256 w0 = q8x8(q + kk * PK), w1 = q8x8(q + kk * PK + 8);
+            __m256 v0 = q8x8(q + kk * PK + PK), v1 = q8x8(q + kk * PK + PK + 8);
+            _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+                __m256 xa = _mm256_broadcast_ss(xb + r * ldx + kk);
+                __m256 xc = _mm256_broadcast_ss(xb + r * ldx + kk + 1);
+                s[r][0] = _mm256_fmadd_ps(w0, xa, s[r][0]);
+                s[r][1] = _mm256_fmadd_ps(w1, xa, s[r][1]);
+                u[r][0] = _mm256_fmadd_ps(v0, xc, u[r][0]);
+                u[r][1] = _mm256_fmadd_ps(v1, xc, u[r][1]);
+            }
+        }
+        __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp));
+        __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp + 1));
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+            a[r][0] = _mm256_fmadd_ps(_mm256_add_ps(s[r][0], u[r][0]), d0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(_mm256_add_ps(s[r][1], u[r][1]), d1, a[r][1]);
+        }
+    }
+    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+        _mm256_storeu_ps(o + r * PK, a[r][0]);
+        _mm256_storeu_ps(o + r * PK + 8, a[r][1]);
+    }
+}
 
-/* f32 / f16 / bf16: 16 weights per step and row, two accumulators per row so
- * 2*NW independent FMA chains hide the FMA latency. */
+static SIMD_TARGET void pk_gemv(enum ctype t, const uint8_t *g, size_t in, const float *x,
+                                size_t ldx, float *o, int nr)
+{
+    switch (t) {
+    case CT_F32:
+        nr == 1 ? pk_gemv_f(CT_F32, g, in, x, ldx, o, 1) : pk_gemv_f(CT_F32, g, in, x, ldx, o, 2);
+        break;
+    case CT_F16:
+        nr == 1 ? pk_gemv_f(CT_F16, g, in, x, ldx, o, 1) : pk_gemv_f(CT_F16, g, in, x, ldx, o, 2);
+        break;
+    case CT_BF16:
+        nr == 1 ? pk_gemv_f(CT_BF16, g, in, x, ldx, o, 1) : pk_gemv_f(CT_BF16, g, in, x, ldx, o, 2);
+        break;
+    case CT_Q8_0:
+        nr == 1 ? pk_gemv_q8(g, in, x, ldx, o, 1) : pk_gemv_q8(g, in, x, ldx, o, 2);
+        break;
+    }
+}
+
+/* ---- panel kernel: o[r][0..16) += for r < NR (<= 6), from an f32 panel ---- */
+
+/* pn: a group's values [k0, k0 + kn) as f32, [kn][16]; x at value k0 of
+ * the first row, rows ldx floats apart; o: NR x 16 partial sums, zero
+ * first when `first`. pf (may be NULL): raw bytes to prefetch meanwhile,
+ * pfk per k. Each output is one FMA chain over k in order, so splitting k
+ * into blocks does not change the result. */
+MM_INLINE SIMD_TARGET void pk_tile(const float *pn, size_t kn, const float *x, size_t ldx,
+                                   float *o, bool first, const char *pf, size_t pfk, const int NR)
+{
+    __m256 a[MM_TILE][2];
+    _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
+        a[r][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + r * PK);
+        a[r][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + r * PK + 8);
+    }
+    /* unrolled: one k per iteration ran at ~75 % of FMA peak, four at ~90 % */
+    _Pragma("GCC unroll 4") for (size_t k = 0; k < kn; k++) {
+        if (pf)
+            _mm_prefetch(pf + k * pfk, _MM_HINT_T1);
+        __m256 w0 = _mm256_loadu_ps(pn + k * PK), w1 = _mm256_loadu_ps(pn + k * PK + 8);
+        _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
+            __m256 xb = _mm256_broadcast_ss(x + r * ldx + k);
+            a[r][0] = _mm256_fmadd_ps(w0, xb, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(w1, xb, a[r][1]);
+        }
+    }
+    _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
+        _mm256_storeu_ps(o + r * PK, a[r][0]);
+        _mm256_storeu_ps(o + r * PK + 8, a[r][1]);
+    }
+}
+
+static SIMD_TARGET void pk_tile_n(const float *pn, size_t kn, const float *x, size_t ldx, float *o,
+                                  bool first, const char *pf, size_t pfk, int nr)
+{
+    switch (nr) {
+    case 1: pk_tile(pn, kn, x, ldx, o, first, pf, pfk, 1); break;
+    case 2: pk_tile(pn, kn, x, ldx, o, first, pf, pfk, 2); break;
+    case 3: pk_tile(pn, kn, x, ldx, o, first, pf, pfk, 3); break;
+    case 4: pk_tile(pn, kn, x, ldx, o, first, pf, pfk, 4); break;
+    case 5: pk_tile(pn, kn, x, ldx, o, first, pf, pfk, 5); break;
+    default: pk_tile(pn, kn, x, ldx, o, first, pf, pfk, 6); break;
+    }
+}
+
+/* A packed group of type t (not f32) as f32 [in][16]. */
+static SIMD_TARGET void pk_widen(enum ctype t, const uint8_t *g, size_t in, float *pn)
+{
+    if (t == CT_Q8_0) {
+        for (size_t blk = 0; blk < in / CT_Q8_0_BLOCK; blk++, pn += CT_Q8_0_BLOCK * PK) {
+            const uint8_t *bp = g + blk * PK_Q8_BLOCK, *q = bp + 2 * PK;
+            __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp));
+            __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp + 1));
+            for (size_t kk = 0; kk < CT_Q8_0_BLOCK; kk++) {
+                _mm256_storeu_ps(pn + kk * PK, _mm256_mul_ps(q8x8(q + kk * PK), d0));
+                _mm256_storeu_ps(pn + kk * PK + 8, _mm256_mul_ps(q8x8(q + kk * PK + 8), d1));
+            }
+        }
+        return;
+    }
+    for (size_t i = 0; i < in * PK; i += 8)
+        _mm256_storeu_ps(pn + i, load8(t, g, i));
+}
+
+/* ---- row-major GEMV (CL_ROWS): y[c] = dot(W row c, x), c < NW ---- */
+
+/* f32 / f16 / bf16: 16 weights per step and row, two accumulators per row. */
 MM_INLINE SIMD_TARGET void gemv_f(enum ctype t, const uint8_t *w, size_t rb, const float *x,
                                   size_t in, float *y, const int NW)
 {
@@ -83,14 +380,7 @@ MM_INLINE SIMD_TARGET void gemv_f(enum ctype t, const uint8_t *w, size_t rb, con
     _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++)
         a0[c] = a1[c] = _mm256_setzero_ps();
     size_t k = 0;
-    /* prefetch the next NW rows (contiguous after these) as fast as these
-     * are consumed: NW*16 weights per step */
-    const char *pf = (const char *)w + NW * rb;
-    const int pf_lines = (NW * 16 * (t == CT_F32 ? 4 : 2) + 63) / 64;
     for (; k + 16 <= in; k += 16) {
-        _Pragma("GCC unroll 4") for (int p = 0; p < pf_lines; p++)
-            _mm_prefetch(pf + 64 * p, _MM_HINT_T0);
-        pf += 64 * pf_lines;
         __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
         _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++) {
             a0[c] = _mm256_fmadd_ps(load8(t, w + c * rb, k), x0, a0[c]);
@@ -106,26 +396,19 @@ MM_INLINE SIMD_TARGET void gemv_f(enum ctype t, const uint8_t *w, size_t rb, con
     _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++) {
         float s = hsum8(_mm256_add_ps(a0[c], a1[c]));
         for (size_t i = k; i < in; i++)
-            s += wget(t, w + c * rb, i) * x[i];
+            s += row_get(t, w + c * rb, i) * x[i];
         y[c] = s;
     }
 }
 
-/* q8_0 (in % 32 == 0): per 32-value block, the f32 sum of q*x over the block
- * in two partial chains, then one multiply-add by the block scale d. */
+/* q8_0: per 32-value block the f32 sum of q*x, times the block scale. */
 MM_INLINE SIMD_TARGET void gemv_q8(const uint8_t *w, size_t rb, const float *x, size_t in,
                                    float *y, const int NW)
 {
     __m256 acc[4];
     _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++)
         acc[c] = _mm256_setzero_ps();
-    size_t nb = in / CT_Q8_0_BLOCK;
-    const char *pf = (const char *)w + NW * rb; /* next NW rows, NW*34 bytes per step */
-    const int pf_lines = (NW * CT_Q8_0_BYTES + 63) / 64;
-    for (size_t b = 0; b < nb; b++) {
-        _Pragma("GCC unroll 4") for (int p = 0; p < pf_lines; p++)
-            _mm_prefetch(pf + 64 * p, _MM_HINT_T0);
-        pf += 64 * pf_lines;
+    for (size_t b = 0; b < in / CT_Q8_0_BLOCK; b++) {
         const float *xb = x + b * CT_Q8_0_BLOCK;
         __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8), x2 = _mm256_loadu_ps(xb + 16),
                x3 = _mm256_loadu_ps(xb + 24);
@@ -143,229 +426,181 @@ MM_INLINE SIMD_TARGET void gemv_q8(const uint8_t *w, size_t rb, const float *x, 
         y[c] = hsum8(acc[c]);
 }
 
-#define GEMV_CASES(T)                                                                              \
-    switch (nw) {                                                                                 \
-    case 1: gemv_f(T, w, rb, x, in, y, 1); break;                                                 \
-    case 2: gemv_f(T, w, rb, x, in, y, 2); break;                                                 \
-    case 3: gemv_f(T, w, rb, x, in, y, 3); break;                                                 \
-    default: gemv_f(T, w, rb, x, in, y, 4); break;                                                \
-    }
-
-/* y[0..nw) for weight rows w, w+rb, ... (nw <= 4). */
-static SIMD_TARGET void gemv_simd(enum ctype t, const uint8_t *w, size_t rb, const float *x,
+/* y[0..nw) for row-major weight rows w, w+rb, ... (nw <= 4). */
+static SIMD_TARGET void gemv_rows(enum ctype t, const uint8_t *w, size_t rb, const float *x,
                                   size_t in, float *y, int nw)
 {
+#define GEMV_NW(CALL)                                                                              \
+    switch (nw) {                                                                                 \
+    case 1: CALL(1); break;                                                                       \
+    case 2: CALL(2); break;                                                                       \
+    case 3: CALL(3); break;                                                                       \
+    default: CALL(4); break;                                                                      \
+    }
+#define GEMV_F(T, n) gemv_f(T, w, rb, x, in, y, n)
+#define GEMV_F32(n) GEMV_F(CT_F32, n)
+#define GEMV_F16(n) GEMV_F(CT_F16, n)
+#define GEMV_BF16(n) GEMV_F(CT_BF16, n)
+#define GEMV_Q8(n) gemv_q8(w, rb, x, in, y, n)
     switch (t) {
-    case CT_F32: GEMV_CASES(CT_F32); break;
-    case CT_F16: GEMV_CASES(CT_F16); break;
-    case CT_BF16: GEMV_CASES(CT_BF16); break;
-    case CT_Q8_0:
-        if (in % CT_Q8_0_BLOCK) /* not a valid q8_0 row; the loader rejects it */
-            return;
-        switch (nw) {
-        case 1: gemv_q8(w, rb, x, in, y, 1); break;
-        case 2: gemv_q8(w, rb, x, in, y, 2); break;
-        case 3: gemv_q8(w, rb, x, in, y, 3); break;
-        default: gemv_q8(w, rb, x, in, y, 4); break;
-        }
-        break;
+    case CT_F32: GEMV_NW(GEMV_F32); break;
+    case CT_F16: GEMV_NW(GEMV_F16); break;
+    case CT_BF16: GEMV_NW(GEMV_BF16); break;
+    case CT_Q8_0: GEMV_NW(GEMV_Q8); break;
     }
-}
-
-/* ---- batched kernel: NR activation rows x NW weight rows register tiles ---- */
-/* 4 x 3 = 12 accumulators + 3 weight vectors + 1 x vector = all 16 ymm
- * registers; per 8 values 7 loads feed 12 FMAs (4 x 2 needed 6 for 8, and
- * measured ~12 % slower at 16 streams). f16/bf16 weights are widened in
- * registers right before the FMAs (4 times per weight at 16 activation rows,
- * beside the FMAs); a separate widening pass into an L2 f32 panel was ~10 %
- * slower. q8_0 keeps that pass (widen_q8): fused in the tile, the per-block
- * scale multiply cost ~15 % more, and dequantizing per 3 rows x MM_KB values
- * into L1 ~5 % more. */
-
-/* acc[r*lda + c] += the 8 lane partial sums of dot(W row c, x row r) over
- * values [k0, k0+kn) (kn a multiple of 8), r < NR, c < NW; W rows of type t
- * (not q8_0) rb bytes apart, x rows ldx floats apart. Partial sums stay as
- * vectors across k blocks, so they are reduced once at the end, in the same
- * order whatever the chunking (results do not depend on the thread count). */
-MM_INLINE SIMD_TARGET void tile(enum ctype t, const uint8_t *w, size_t rb, const float *x,
-                                size_t ldx, size_t k0, size_t kn, float *acc, size_t lda,
-                                const int NR, const int NW)
-{
-    __m256 a[4][3];
-    _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++)
-        _Pragma("GCC unroll 3") for (int c = 0; c < NW; c++)
-            a[r][c] = _mm256_loadu_ps(acc + (r * lda + c) * 8);
-    for (size_t k = k0; k < k0 + kn; k += 8) {
-        __m256 wv[3];
-        _Pragma("GCC unroll 3") for (int c = 0; c < NW; c++)
-            wv[c] = load8(t, w + c * rb, k);
-        _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {
-            __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
-            /* keep xv in a register: folded into each FMA it is loaded NW
-             * times, and loads, not FMAs, become the limit */
-            __asm__("" : "+x"(xv));
-            _Pragma("GCC unroll 3") for (int c = 0; c < NW; c++)
-                a[r][c] = _mm256_fmadd_ps(wv[c], xv, a[r][c]);
-        }
-    }
-    _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++)
-        _Pragma("GCC unroll 3") for (int c = 0; c < NW; c++)
-            _mm256_storeu_ps(acc + (r * lda + c) * 8, a[r][c]);
-}
-
-#define TILE_CASES(T)                                                                              \
-    switch (nr * 4 + nw) {                                                                        \
-    case 1 * 4 + 1: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 1, 1); break;                        \
-    case 1 * 4 + 2: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 1, 2); break;                        \
-    case 1 * 4 + 3: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 1, 3); break;                        \
-    case 2 * 4 + 1: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 2, 1); break;                        \
-    case 2 * 4 + 2: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 2, 2); break;                        \
-    case 2 * 4 + 3: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 2, 3); break;                        \
-    case 3 * 4 + 1: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 3, 1); break;                        \
-    case 3 * 4 + 2: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 3, 2); break;                        \
-    case 3 * 4 + 3: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 3, 3); break;                        \
-    case 4 * 4 + 1: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 4, 1); break;                        \
-    case 4 * 4 + 2: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 4, 2); break;                        \
-    default: tile(T, w, rb, x, ldx, k0, kn, acc, lda, 4, 3); break;                               \
-    }
-
-static SIMD_TARGET void tile_simd(enum ctype t, const uint8_t *w, size_t rb, const float *x,
-                                  size_t ldx, size_t k0, size_t kn, float *acc, size_t lda, int nr,
-                                  int nw)
-{
-    switch (t) {
-    case CT_F32: TILE_CASES(CT_F32); break;
-    case CT_F16: TILE_CASES(CT_F16); break;
-    case CT_BF16: TILE_CASES(CT_BF16); break;
-    case CT_Q8_0: break; /* dequantized by widen_q8 first */
-    }
-}
-
-/* Dequantizes nw q8_0 weight rows of in values (in % 32 == 0; rb bytes
- * apart) to f32 rows of in floats in out (the chunk's L2 panel). */
-static SIMD_TARGET void widen_q8(const uint8_t *w, size_t rb, size_t in, size_t nw, float *out)
-{
-    for (size_t c = 0; c < nw; c++, w += rb, out += in)
-        for (size_t k = 0; k < in; k += CT_Q8_0_BLOCK) {
-            const uint8_t *blk = w + (k / CT_Q8_0_BLOCK) * CT_Q8_0_BYTES;
-            uint16_t dh;
-            memcpy(&dh, blk, 2);
-            __m256 d = _mm256_set1_ps(_cvtsh_ss(dh));
-            for (int i = 0; i < CT_Q8_0_BLOCK; i += 8)
-                _mm256_storeu_ps(out + k + i, _mm256_mul_ps(q8x8(blk + 2 + i), d));
-        }
-}
-
-/* y[r*ldy + c] = dot(W row c, x row r) for r < rows, c < nc: W rows of type
- * t, rb bytes apart, in values each. Blocked so that MM_RB activation rows x
- * MM_KB values (16 KiB) and the 3 weight rows of the current tile stay in
- * L1: L2 alone cannot feed the FMA units. acc: MM_RB * nc * 8 floats of
- * scratch. pf/pf_n: raw bytes to prefetch meanwhile (the next chunk's
- * weights). */
-static SIMD_TARGET void panel_mm(enum ctype t, const uint8_t *w, size_t rb, size_t nc,
-                                 const float *x, size_t rows, size_t in, float *y, size_t ldy,
-                                 float *acc, const char *pf, size_t pf_n)
-{
-    size_t kmain = in & ~(size_t)7;
-    size_t n_kb = (kmain + MM_KB - 1) / MM_KB, iters = n_kb * ((nc + 2) / 3);
-    size_t pf_step = iters ? (pf_n / iters + 63) & ~(size_t)63 : 0;
-    for (size_t r0 = 0; r0 < rows; r0 += MM_RB) {
-        size_t nrb = rows - r0 < MM_RB ? rows - r0 : MM_RB;
-        memset(acc, 0, nrb * nc * 8 * sizeof(float));
-        for (size_t k0 = 0; k0 < kmain; k0 += MM_KB) {
-            size_t kn = kmain - k0 < MM_KB ? kmain - k0 : MM_KB;
-            for (size_t c = 0; c < nc; c += 3) {
-                if (r0 == 0)
-                    for (size_t p = 0; p < pf_step; p += 64, pf += 64)
-                        _mm_prefetch(pf, _MM_HINT_T1);
-                int nw = nc - c < 3 ? (int)(nc - c) : 3;
-                for (size_t r = 0; r < nrb; r += 4)
-                    tile_simd(t, w + c * rb, rb, x + (r0 + r) * in, in, k0, kn,
-                              acc + (r * nc + c) * 8, nc, nrb - r < 4 ? (int)(nrb - r) : 4, nw);
-            }
-        }
-        for (size_t r = 0; r < nrb; r++)
-            for (size_t c = 0; c < nc; c++) {
-                float s = hsum8(_mm256_loadu_ps(acc + (r * nc + c) * 8));
-                for (size_t k = kmain; k < in; k++)
-                    s += wget(t, w + c * rb, k) * x[(r0 + r) * in + k];
-                y[(r0 + r) * ldy + c] = s;
-            }
-    }
+#undef GEMV_NW
+#undef GEMV_F
+#undef GEMV_F32
+#undef GEMV_F16
+#undef GEMV_BF16
+#undef GEMV_Q8
 }
 #endif
 
-static void dot_scalar(enum ctype t, const uint8_t *w, size_t rb, const float *x, size_t in,
-                       float *y, size_t ldy, int nr, int nw)
+/* ---- scalar paths (no AVX2, or KVD_CPU_SCALAR=1) ---- */
+
+static void pk_gemv_scalar(enum ctype t, const uint8_t *g, size_t in, const float *x, size_t ldx,
+                           float *o, int nr)
 {
-    for (int r = 0; r < nr; r++)
-        for (int c = 0; c < nw; c++) {
-            float s = 0;
-            for (size_t k = 0; k < in; k++)
-                s += wget(t, w + c * rb, k) * x[r * in + k];
-            y[r * ldy + c] = s;
-        }
+    for (int r = 0; r < nr; r++) {
+        float acc[PK] = {0};
+        for (size_t k = 0; k < in; k++)
+            for (size_t j = 0; j < PK; j++)
+                acc[j] += pk_get(t, g, k, j) * x[r * ldx + k];
+        memcpy(o + r * PK, acc, sizeof acc);
+    }
 }
+
+static void gemv_rows_scalar(enum ctype t, const uint8_t *w, size_t rb, const float *x, size_t in,
+                             float *y, int nw)
+{
+    for (int c = 0; c < nw; c++) {
+        float s = 0;
+        for (size_t k = 0; k < in; k++)
+            s += row_get(t, w + c * rb, k) * x[k];
+        y[c] = s;
+    }
+}
+
+/* ---- threading ---- */
 
 struct mm_job {
     const struct ctensor *w;
     const float *x;
     float *y;
-    float **panel; /* per-thread scratch: q8_0 panel + partial sums */
-    uint32_t rows, chunk, n_chunks;
-    size_t rb;
+    float **panel; /* per-thread f32 panel of a chunk */
+    uint32_t rows;
+    size_t chunk, n_chunks; /* groups (CL_PACK16) or rows (CL_ROWS) per chunk */
     bool simd;
-    atomic_uint next;
+    atomic_size_t next;
 };
 
-/* Weight rows [c0, c1) against every activation row. */
-static void mm_chunk(struct mm_job *j, uint32_t ith, size_t c0, size_t c1)
+/* o[r][0..16) -> y rows, the group's columns below out only. */
+static void put_cols(const float *o, int nr, float *y, size_t ldy, size_t ncol)
 {
-    size_t in = j->w->ne0, out = j->w->ne1;
+    for (int r = 0; r < nr; r++)
+        if (ncol == PK)
+            memcpy(y + r * ldy, o + r * PK, PK * 4);
+        else
+            memcpy(y + r * ldy, o + r * PK, ncol * 4);
+}
+
+/* Packed groups [g0, g1) against every activation row. */
+static void mm_chunk_packed(struct mm_job *j, uint32_t ith, size_t g0, size_t g1)
+{
+    size_t in = j->w->ne0, out = j->w->ne1, gb = pk_group_bytes(j->w->type, in);
     enum ctype t = j->w->type;
-    const uint8_t *w0 = (const uint8_t *)j->w->data + c0 * j->rb;
+    const uint8_t *base = (const uint8_t *)j->w->data;
+    float o[MM_TILE * PK];
 #if defined(__x86_64__)
-    if (j->simd && j->rows < MM_PANEL_ROWS) {
-        /* the chunk stays in L2, so rows after the first read it from cache */
-        for (size_t r = 0; r < j->rows; r++)
-            for (size_t c = c0; c < c1; c += 4)
-                gemv_simd(t, w0 + (c - c0) * j->rb, j->rb, j->x + r * in, in, j->y + r * out + c,
-                          c1 - c < 4 ? (int)(c1 - c) : 4);
-        return;
-    }
-    if (j->simd) {
-        size_t nc = c1 - c0, pf_n = c1 + j->chunk <= out ? j->chunk * j->rb : 0;
-        float *acc = j->panel[ith];
-        if (t == CT_Q8_0) { /* dequantized once per step into the panel */
-            widen_q8(w0, j->rb, in, nc, acc);
-            panel_mm(CT_F32, (const uint8_t *)acc, in * 4, nc, j->x, j->rows, in, j->y + c0, out,
-                     acc + nc * in, (const char *)w0 + nc * j->rb, pf_n);
-        } else {
-            panel_mm(t, w0, j->rb, nc, j->x, j->rows, in, j->y + c0, out, acc,
-                     (const char *)w0 + nc * j->rb, pf_n);
+    if (j->simd && j->rows >= MM_PANEL_ROWS) {
+        /* the chunk as f32 (in place for f32 weights), then row blocks x
+         * groups x tiles; the first row block prefetches the next chunk */
+        const float *pn = (const float *)(base + g0 * gb);
+        if (t != CT_F32) {
+            for (size_t g = g0; g < g1; g++)
+                pk_widen(t, base + g * gb, in, j->panel[ith] + (g - g0) * in * PK);
+            pn = j->panel[ith];
+        }
+        size_t pfk = gb / in, ng = g1 - g0;
+        const char *pf = g1 < (out + PK - 1) / PK ? (const char *)(base + g1 * gb) : NULL;
+        float acc[MM_CHUNK_MAX * MM_RB * PK];
+        for (size_t r0 = 0; r0 < j->rows; r0 += MM_RB) {
+            size_t nrb = j->rows - r0 < MM_RB ? j->rows - r0 : MM_RB;
+            size_t ntile = (nrb + MM_TILE - 1) / MM_TILE;
+            /* k blocks outermost: the block of x (MM_RB x MM_KB) and of each
+             * group's panel stay in L1 while every tile uses them */
+            /* y's lines of the chunk, for writing: a step's y rows are
+             * `out` floats apart, so without this every line written is a
+             * miss (and the logits' y does not fit L2) */
+            for (size_t r = 0; r < nrb; r++)
+                for (size_t g = 0; g < ng; g++)
+                    __builtin_prefetch(j->y + (r0 + r) * out + (g0 + g) * PK, 1, 3);
+            for (size_t k0 = 0; k0 < in; k0 += MM_KB) {
+                size_t kn = in - k0 < MM_KB ? in - k0 : MM_KB;
+                for (size_t g = 0; g < ng; g++)
+                    for (size_t ti = 0, r = 0; ti < ntile; ti++) {
+                        /* tiles of near-equal size: 16 rows = 6 + 5 + 5 */
+                        size_t nr = (nrb - r) / (ntile - ti) + ((nrb - r) % (ntile - ti) != 0);
+                        const char *tpf = r0 == 0 && ti == 0 && pf ? pf + g * gb + k0 * pfk : NULL;
+                        pk_tile_n(pn + (g * in + k0) * PK, kn, j->x + (r0 + r) * in + k0, in,
+                                  acc + (g * MM_RB + r) * PK, k0 == 0, tpf, pfk, (int)nr);
+                        r += nr;
+                    }
+            }
+            for (size_t g = 0; g < ng; g++) {
+                size_t gc = g0 + g, ncol = out - gc * PK < PK ? out - gc * PK : PK;
+                put_cols(acc + g * MM_RB * PK, (int)nrb, j->y + r0 * out + gc * PK, out, ncol);
+            }
         }
         return;
     }
 #endif
-    (void)ith;
-    for (size_t r0 = 0; r0 < j->rows; r0 += 4) {
-        int nr = j->rows - r0 < 4 ? (int)(j->rows - r0) : 4;
-        for (size_t c = c0; c < c1; c += 2)
-            dot_scalar(t, w0 + (c - c0) * j->rb, j->rb, j->x + r0 * in, in, j->y + r0 * out + c,
-                       out, nr, c1 - c < 2 ? 1 : 2);
+    for (size_t g = g0; g < g1; g++) {
+        size_t ncol = out - g * PK < PK ? out - g * PK : PK;
+        for (size_t r = 0; r < j->rows; r += 2) {
+            int nr = j->rows - r < 2 ? 1 : 2;
+#if defined(__x86_64__)
+            if (j->simd)
+                pk_gemv(t, base + g * gb, in, j->x + r * in, in, o, nr);
+            else
+#endif
+                pk_gemv_scalar(t, base + g * gb, in, j->x + r * in, in, o, nr);
+            put_cols(o, nr, j->y + r * out + g * PK, out, ncol);
+        }
     }
+    (void)ith;
+}
+
+/* Row-major weight rows [c0, c1) against every activation row. */
+static void mm_chunk_rows(struct mm_job *j, size_t c0, size_t c1)
+{
+    size_t in = j->w->ne0, out = j->w->ne1, rb = ctype_row_bytes(j->w->type, in);
+    const uint8_t *w0 = (const uint8_t *)j->w->data;
+    for (size_t r = 0; r < j->rows; r++)
+        for (size_t c = c0; c < c1; c += 4) {
+            int nw = c1 - c < 4 ? (int)(c1 - c) : 4;
+#if defined(__x86_64__)
+            if (j->simd)
+                gemv_rows(j->w->type, w0 + c * rb, rb, j->x + r * in, in, j->y + r * out + c, nw);
+            else
+#endif
+                gemv_rows_scalar(j->w->type, w0 + c * rb, rb, j->x + r * in, in, j->y + r * out + c,
+                                 nw);
+        }
 }
 
 static void mm_task(void *arg, uint32_t ith, uint32_t nth)
 {
     struct mm_job *j = arg;
+    size_t n = j->w->layout == CL_PACK16 ? (j->w->ne1 + (size_t)PK - 1) / PK : j->w->ne1;
     (void)nth;
-    for (;;) {
-        uint32_t ci = atomic_fetch_add(&j->next, 1);
-        if (ci >= j->n_chunks)
-            break;
-        size_t c0 = (size_t)ci * j->chunk, c1 = c0 + j->chunk;
-        mm_chunk(j, ith, c0, c1 < j->w->ne1 ? c1 : j->w->ne1);
+    for (size_t ci; (ci = atomic_fetch_add(&j->next, 1)) < j->n_chunks;) {
+        size_t c0 = ci * j->chunk, c1 = c0 + j->chunk < n ? c0 + j->chunk : n;
+        if (j->w->layout == CL_PACK16)
+            mm_chunk_packed(j, ith, c0, c1);
+        else
+            mm_chunk_rows(j, c0, c1);
     }
 }
 
@@ -388,32 +623,34 @@ static int panel_reserve(struct compute_ctx *cx, size_t floats)
 int cpu_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
                float *y)
 {
-    struct mm_job j = {.w = w, .x = x, .y = y, .rows = rows, .simd = cx->simd,
-                       .rb = ctype_row_bytes(w->type, w->ne0), .panel = cx->panel};
+    struct mm_job j = {.w = w, .x = x, .y = y, .rows = rows, .simd = cx->simd, .panel = cx->panel};
     if (rows == 0 || w->ne1 == 0)
         return 0;
-    uint32_t n = cx->pool.n, chunk;
-    bool panel = cx->simd && rows >= MM_PANEL_ROWS;
-    if (panel) {
-        /* a chunk's f32 panel fills about MM_PANEL_BYTES, >= 2 rows */
-        size_t fit = MM_PANEL_BYTES / ((size_t)w->ne0 * 4);
-        chunk = fit < 2 ? 2 : fit > 256 ? 256 : (uint32_t)fit;
-        /* but no fewer than 4 chunks per worker, for balance */
-        while (chunk > 8 && (w->ne1 + chunk - 1) / chunk < 4 * n)
-            chunk /= 2;
-        chunk = chunk >= 3 ? chunk / 3 * 3 : chunk; /* whole 4 x 3 tiles */
-        /* q8_0 dequantized rows + MM_RB x chunk partial-sum vectors */
-        if (panel_reserve(cx, (w->type == CT_Q8_0 ? (size_t)chunk * w->ne0 : 0) +
-                                  (size_t)MM_RB * chunk * 8))
-            return KVD_ENOMEM;
+    size_t n = cx->pool.n, chunk;
+    if (w->layout == CL_PACK16) {
+        size_t groups = (w->ne1 + (size_t)PK - 1) / PK;
+        if (cx->simd && rows >= MM_PANEL_ROWS) {
+            /* a chunk's f32 panel fills about MM_PANEL_BYTES (>= 1 group),
+             * but no fewer than 4 chunks per worker, for balance */
+            size_t fit = MM_PANEL_BYTES / ((size_t)w->ne0 * PK * 4);
+            chunk = fit < 1 ? 1 : fit > MM_CHUNK_MAX ? MM_CHUNK_MAX : fit;
+            while (chunk > 1 && (groups + chunk - 1) / chunk < 4 * n)
+                chunk /= 2;
+            if (w->type != CT_F32 && panel_reserve(cx, chunk * w->ne0 * PK))
+                return KVD_ENOMEM;
+        } else {
+            /* >= 8 chunks per worker for balance */
+            chunk = groups / (8 * n);
+            chunk = chunk < 1 ? 1 : chunk > 32 ? 32 : chunk;
+        }
+        j.n_chunks = (groups + chunk - 1) / chunk;
     } else {
-        /* GEMV: >= 8 chunks per worker for balance, multiples of 16 rows so
-         * threads' y segments do not share cache lines */
+        /* multiples of 16 rows so threads' y segments do not share lines */
         chunk = w->ne1 / (8 * n);
-        chunk = chunk < 16 ? 16 : chunk > 512 ? 512 : (chunk + 15) & ~15u;
+        chunk = chunk < 16 ? 16 : chunk > 512 ? 512 : (chunk + 15) & ~(size_t)15;
+        j.n_chunks = (w->ne1 + chunk - 1) / chunk;
     }
     j.chunk = chunk;
-    j.n_chunks = (w->ne1 + chunk - 1) / chunk;
     atomic_init(&j.next, 0);
     cpu_pool_run(&cx->pool, mm_task, &j);
     return 0;

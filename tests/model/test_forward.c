@@ -190,8 +190,13 @@ static void check_model(const char *args, enum kv_dtype kvt, uint32_t bt)
             f.next = 0; /* reuse: everything is rewritten before it is read */
         take_slots(&f, sl, nbs);
         forward1(&f, stok[s], len[s] + 1, 0, sl, nbs, lg);
+        /* the batch and the lone prefill run different matmul kernels
+         * (decode GEMV vs panel tiles: other summation orders), so only
+         * rounding may differ; a batching bug moves logits by O(1) */
         for (uint32_t i = 0; i < f.V; i++)
-            assert_true(fabsf(lg[i] - blg[(size_t)s * f.V + i]) <= 1e-5f * (1 + fabsf(lg[i])));
+            if (!(fabsf(lg[i] - blg[(size_t)s * f.V + i]) <= 1e-4f * (1 + fabsf(lg[i]))))
+                fail_msg("seq %d logit %u: alone %.9g batched %.9g", s, i, (double)lg[i],
+                         (double)blg[(size_t)s * f.V + i]);
         free(stok[s]);
     }
     free(blg);
@@ -222,6 +227,16 @@ static void t_qwen2_q8_0_freqs(void **s)
                 "--rope-freqs --seed 6", KV_F32, 7);
 }
 static void t_llama_bf16_f32kv_mha(void **s) { check_model(SHAPE " --type bf16 --seed 7", KV_F32, 3); }
+
+/* Head sizes past 64 (the attention kernel's register-held chunk) with a
+ * tail, and matrices whose row count is no multiple of 16 (the matmul's
+ * packed groups). */
+static void t_wide_heads(void **s)
+{
+    check_model("--embd 160 --heads 2 --kv-heads 1 --ff 96 --vocab 300 --layers 2 --type f16 --seed 10",
+                KV_F16, 16);
+    check_model("--embd 256 --heads 2 --ff 64 --vocab 130 --layers 1 --type q8_0 --seed 11", KV_BF16, 6);
+}
 
 /* The portable (non-SIMD) kernels give the same answers. */
 static void t_scalar_kernels(void **s)
@@ -360,7 +375,7 @@ int main(void)
         cmocka_unit_test(t_qwen2_f16_tied),    cmocka_unit_test(t_qwen2_q8_0_freqs),
         cmocka_unit_test(t_llama_bf16_f32kv_mha), cmocka_unit_test(t_scalar_kernels),
         cmocka_unit_test(t_threads_agree),     cmocka_unit_test(t_validation),
-        cmocka_unit_test(t_greedy_varied),
+        cmocka_unit_test(t_greedy_varied),     cmocka_unit_test(t_wide_heads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
