@@ -23,6 +23,29 @@ static inline SIMD_TARGET __m256 kv_load8(const void *p, enum kv_dtype dt, size_
     return _mm256_loadu_ps((const float *)p + i);
 }
 
+/* 4-way horizontal sum: lane i of the result = sum of a[i]'s 8 lanes. */
+static inline SIMD_TARGET __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
+{
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* out[i] = dot(K row i, q) for 4 K rows rk bytes apart: 4 FMA chains, one
+ * q load per 4 K loads, one reduction for the 4. n % 8 == 0. */
+static SIMD_TARGET void kdot4_simd(const uint8_t *k, size_t rk, enum kv_dtype dt, const float *q,
+                                   uint32_t n, float *out)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (uint32_t i = 0; i < n; i += 8) {
+        __m256 qv = _mm256_loadu_ps(q + i);
+        a0 = _mm256_fmadd_ps(kv_load8(k, dt, i), qv, a0);
+        a1 = _mm256_fmadd_ps(kv_load8(k + rk, dt, i), qv, a1);
+        a2 = _mm256_fmadd_ps(kv_load8(k + 2 * rk, dt, i), qv, a2);
+        a3 = _mm256_fmadd_ps(kv_load8(k + 3 * rk, dt, i), qv, a3);
+    }
+    _mm_storeu_ps(out, hsum4(a0, a1, a2, a3));
+}
+
 static SIMD_TARGET float kdot_simd(const void *k, enum kv_dtype dt, const float *q, uint32_t n)
 {
     __m256 acc = _mm256_setzero_ps();
@@ -36,6 +59,23 @@ static SIMD_TARGET float kdot_simd(const void *k, enum kv_dtype dt, const float 
     for (; i < n; i++)
         r += cpu_kv_load(k, dt, i) * q[i];
     return r;
+}
+
+/* out[0..64) += sum over rows i < n of p[i] * V row i (64 values at v, rows
+ * rv bytes apart): the 64 sums stay in 8 registers over all rows. */
+static SIMD_TARGET void vsum64_simd(float *out, const float *p, const uint8_t *v, size_t rv,
+                                    enum kv_dtype dt, uint32_t n)
+{
+    __m256 a[8];
+    for (int c = 0; c < 8; c++)
+        a[c] = _mm256_loadu_ps(out + 8 * c);
+    for (uint32_t i = 0; i < n; i++) {
+        __m256 pv = _mm256_broadcast_ss(p + i);
+        for (int c = 0; c < 8; c++)
+            a[c] = _mm256_fmadd_ps(pv, kv_load8(v + i * rv, dt, 8 * c), a[c]);
+    }
+    for (int c = 0; c < 8; c++)
+        _mm256_storeu_ps(out + 8 * c, a[c]);
 }
 
 static SIMD_TARGET void vaxpy_simd(float *out, float a, const void *v, enum kv_dtype dt, uint32_t n)
@@ -106,13 +146,24 @@ static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
     bool simd = j->cx->simd;
 
     /* scores: sc[r][0..n_kv) for the n_rep query heads of this group */
+    size_t rk = (size_t)hd * esz; /* bytes between a block's K (or V) rows */
     for (uint32_t p0 = 0; p0 < n_kv; p0 += bt) {
         const uint8_t *kb = (const uint8_t *)d->arena + (size_t)slots[p0 / bt] * block_bytes + k_off;
-        uint32_t n = n_kv - p0 < bt ? n_kv - p0 : bt;
-        for (uint32_t i = 0; i < n; i++)
+        uint32_t n = n_kv - p0 < bt ? n_kv - p0 : bt, i = 0;
+#if defined(__x86_64__)
+        if (simd && hd % 8 == 0)
+            for (; i + 4 <= n; i += 4)
+                for (uint32_t r = 0; r < n_rep; r++) {
+                    float *o = sc + (size_t)r * n_kv + p0 + i;
+                    kdot4_simd(kb + i * rk, rk, g->dtype, q + (size_t)r * hd, hd, o);
+                    for (int u = 0; u < 4; u++)
+                        o[u] *= d->scale;
+                }
+#endif
+        for (; i < n; i++)
             for (uint32_t r = 0; r < n_rep; r++)
                 sc[(size_t)r * n_kv + p0 + i] =
-                    d->scale * kdot(simd, kb + (size_t)i * hd * esz, g->dtype, q + (size_t)r * hd, hd);
+                    d->scale * kdot(simd, kb + (size_t)i * rk, g->dtype, q + (size_t)r * hd, hd);
     }
     for (uint32_t r = 0; r < n_rep; r++) {
         float *sr = sc + (size_t)r * n_kv, m = -INFINITY, sum = 0;
@@ -127,13 +178,28 @@ static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
             sr[i] *= inv;
         memset(out + (size_t)r * hd, 0, (size_t)hd * 4);
     }
+    /* weighted sum of V: 64 output values at a time kept in registers over
+     * a whole block of rows; what is left of hd row by row */
+    uint32_t hd64 = 0;
+#if defined(__x86_64__)
+    if (simd)
+        hd64 = hd / 64 * 64;
+#endif
     for (uint32_t p0 = 0; p0 < n_kv; p0 += bt) {
         const uint8_t *vb = (const uint8_t *)d->arena + (size_t)slots[p0 / bt] * block_bytes + v_off;
         uint32_t n = n_kv - p0 < bt ? n_kv - p0 : bt;
-        for (uint32_t i = 0; i < n; i++)
-            for (uint32_t r = 0; r < n_rep; r++)
-                vaxpy(simd, out + (size_t)r * hd, sc[(size_t)r * n_kv + p0 + i],
-                      vb + (size_t)i * hd * esz, g->dtype, hd);
+        for (uint32_t r = 0; r < n_rep; r++) {
+            const float *pr = sc + (size_t)r * n_kv + p0;
+            float *o = out + (size_t)r * hd;
+#if defined(__x86_64__)
+            for (uint32_t c = 0; c < hd64; c += 64)
+                vsum64_simd(o + c, pr, vb + (size_t)c * esz, rk, g->dtype, n);
+#endif
+            if (hd64 < hd)
+                for (uint32_t i = 0; i < n; i++)
+                    vaxpy(simd, o + hd64, pr[i], vb + i * rk + (size_t)hd64 * esz, g->dtype,
+                          hd - hd64);
+        }
     }
 }
 
