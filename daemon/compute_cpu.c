@@ -269,10 +269,13 @@ static int cpu_rope(struct compute_ctx *cx, float *x, uint32_t rows, uint32_t n_
                     float base, const float *ff)
 {
     uint32_t half = n_rot / 2;
+    double freq[512]; /* base^(-2i/n_rot), once per call rather than per row */
+    for (uint32_t i = 0; i < half && i < 512; i++)
+        freq[i] = pow((double)base, -2.0 * i / n_rot);
     for (uint32_t r = 0; r < rows; r++) {
         for (uint32_t i = 0; i < half; i++) {
             /* angle in double so every backend can hit the f32 result */
-            double theta = (double)pos[r] * pow((double)base, -2.0 * i / n_rot);
+            double theta = (double)pos[r] * (i < 512 ? freq[i] : pow((double)base, -2.0 * i / n_rot));
             if (ff)
                 theta /= ff[i];
             float c = (float)cos(theta), s = (float)sin(theta);
@@ -344,8 +347,57 @@ static int cpu_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geo
     return 0;
 }
 
+#if defined(__x86_64__)
+/* e^x for 8 floats: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so
+ * n ln2 is exact), e^r = 1 + r + r^2 P(r) with Cephes' degree-5 minimax P,
+ * times 2^n built in the exponent bits. Within 2 ulp of expf; x is clamped
+ * to +-88.376 (e^x stays finite), NaN stays NaN. */
+__attribute__((target("avx2,fma"))) static __m256 exp8(__m256 x)
+{
+    x = _mm256_max_ps(_mm256_set1_ps(-88.3762626647949f),
+                      _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n: n in [-127, 128]; split in two factors so 2^-127 and 2^128
+     * (outside the normal exponent range) are still reached */
+    __m256i ni = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(ni, 1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+__attribute__((target("avx2,fma"))) static void silu_mul_simd(float *g, const float *u, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        __m256 y = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(y, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+#endif
+
 static int cpu_silu_mul(struct compute_ctx *cx, float *g, const float *u, size_t n)
 {
+#if defined(__x86_64__)
+    if (cx->simd) {
+        silu_mul_simd(g, u, n);
+        return 0;
+    }
+#endif
     for (size_t i = 0; i < n; i++)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     return 0;

@@ -5,8 +5,10 @@
  * Prints prefill tokens/s of a 512-token prompt, batch-1 decode tokens/s and
  * the aggregate decode tokens/s of 16 concurrent sequences.
  * usage: bench_forward [--type f16|q8_0|bf16|f32] [--threads N] [--model FILE]
- *                      [--gen N] [--kv f16|bf16|f32] [--prefill 0|1] [--streams 0|1]
- * (--prefill 0 / --streams 0 skip the prefill or the 16-stream part). The
+ *                      [--gen N] [--kv f16|bf16|f32] [--prefill 0|1] [--b1 0|1]
+ *                      [--streams 0|1]
+ * (--prefill 0 / --b1 0 / --streams 0 skip the prefill, the batch-1 or the
+ * 16-stream part, e.g. to profile one of them). The
  * last line is machine-readable: "RESULT b1_tok_s= b1_cpu_ms= b16_tok_s= b16_cpu_ms_step=". */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +50,7 @@ static uint32_t argmax(const float *v, uint32_t n)
 int main(int argc, char **argv)
 {
     const char *type = "f16", *model_path = NULL;
-    uint32_t threads = 0, gen = 64, do_prefill = 1, do_b16 = 1;
+    uint32_t threads = 0, gen = 64, do_prefill = 1, do_b1 = 1, do_b16 = 1;
     enum kv_dtype kvt = KV_F16;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--type")) type = argv[i + 1];
@@ -57,6 +59,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--gen")) gen = (uint32_t)atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--prefill")) do_prefill = (uint32_t)atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--streams")) do_b16 = (uint32_t)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--b1")) do_b1 = (uint32_t)atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--kv"))
             kvt = !strcmp(argv[i + 1], "f32") ? KV_F32 : !strcmp(argv[i + 1], "bf16") ? KV_BF16 : KV_F16;
         else {
@@ -134,14 +137,15 @@ int main(int argc, char **argv)
     uint32_t tok = argmax(logits, hp->n_vocab);
     tok = argmax(logits, hp->n_vocab);
     t0 = now(), c0 = cpu_now();
-    for (uint32_t i = 0; i < gen; i++) {
+    for (uint32_t i = 0; i < (do_b1 ? gen : 0); i++) {
         s = (struct fwd_seq){.tokens = &tok, .n_tokens = 1, .pos0 = 16 + i, .slots = slots, .n_slots = per_seq};
         model_forward(m, fc, &b);
         tok = argmax(logits, hp->n_vocab);
     }
     double t1 = now() - t0, c1 = (cpu_now() - c0) * 1e3 / gen;
-    printf("decode batch 1: %.1f tokens/s (%.2f ms/token, %.2f cpu ms/token)\n", gen / t1,
-           t1 * 1e3 / gen, c1);
+    if (do_b1)
+        printf("decode batch 1: %.1f tokens/s (%.2f ms/token, %.2f cpu ms/token)\n", gen / t1,
+               t1 * 1e3 / gen, c1);
     double t16 = 0, c16 = 0;
     if (!do_b16)
         goto done;

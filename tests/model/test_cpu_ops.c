@@ -1,0 +1,213 @@
+/* The cpu backend's element-wise ops against double-precision formulas, with
+ * the AVX2 kernels and with the portable ones (KVD_CPU_SCALAR=1): SiLU's
+ * vectorized exp over the whole float range, and the matmul on hand-built
+ * (row-major) and packed weights of every type. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "compute.h"
+#include "model/model_ref.h"
+
+static struct compute_ctx *ctx(const struct compute_ops *o)
+{
+    struct compute_ctx *cx = NULL;
+    struct compute_conf conf = {.n_threads = 2};
+    assert_int_equal(o->ctx_new(ref_cpu_backend(), &conf, &cx), 0);
+    return cx;
+}
+
+static void silu_range(void)
+{
+    const struct compute_ops *o = ref_cpu_backend()->compute;
+    struct compute_ctx *cx = ctx(o);
+    enum { N = 20011 };
+    float *g = malloc(N * 4), *u = malloc(N * 4), *x = malloc(N * 4);
+    for (int i = 0; i < N; i++) {
+        x[i] = -100.0f + 200.0f * i / (N - 1); /* every exponent the kernel clamps or reaches */
+        u[i] = i % 3 ? 1.0f : -0.5f;
+    }
+    x[7] = 0.0f, x[8] = -0.0f, x[9] = 1e-30f, x[10] = -87.5f, x[11] = 88.5f, x[12] = NAN;
+    x[13] = INFINITY;
+    memcpy(g, x, N * 4);
+    assert_int_equal(o->silu_mul(cx, g, u, N), 0);
+    for (int i = 0; i < N; i++) {
+        if (isnan(x[i])) {
+            assert_true(isnan(g[i]));
+            continue;
+        }
+        double want = (double)x[i] / (1.0 + exp(-(double)x[i])) * u[i];
+        double err = fabs(g[i] - want);
+        if (g[i] != want && !(err <= 4e-7 * fabs(want) + 1e-30))
+            fail_msg("silu(%.9g) = %.9g, want %.9g", (double)x[i], (double)g[i], want);
+    }
+    free(g), free(u), free(x);
+    o->ctx_free(cx);
+}
+
+static void t_silu(void **s)
+{
+    (void)s;
+    silu_range();
+    setenv("KVD_CPU_SCALAR", "1", 1);
+    silu_range();
+    unsetenv("KVD_CPU_SCALAR");
+}
+
+static uint16_t to_half(float f) /* round to nearest even, normal range only (|f| <= 1 here) */
+{
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    uint32_t sign = (b >> 16) & 0x8000, e = (b >> 23) & 0xff;
+    if (e < 103)
+        return (uint16_t)sign;
+    uint32_t m = (b & 0x7fffff) | 0x800000;
+    int shift = 126 - (int)e; /* to a 10-bit mantissa at exponent e - 127 + 15 */
+    if (e >= 113) {
+        uint32_t r = b - 0x38000000u, h = r >> 13, rem = r & 0x1fff;
+        if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
+            h++;
+        return (uint16_t)(sign | (h & 0x7fff));
+    }
+    uint32_t h = m >> shift; /* subnormal half */
+    return (uint16_t)(sign | h);
+}
+
+static double half_val(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+    return h & 0x8000 ? -v : v;
+}
+
+/* W [out][in] of type t with values near w (returned in wd as stored). */
+static void *make_weight(enum ctype t, uint32_t in, uint32_t out, double *wd, size_t *bytes)
+{
+    size_t rb = ctype_row_bytes(t, in);
+    uint8_t *p = calloc(out, rb);
+    for (uint32_t r = 0; r < out; r++)
+        for (uint32_t k = 0; k < in; k++) {
+            float v = (float)(((r * 131 + k * 71) % 200) - 100) / 100.0f;
+            double *d = wd + (size_t)r * in + k;
+            uint8_t *row = p + r * rb;
+            switch (t) {
+            case CT_F32: memcpy(row + k * 4, &v, 4), *d = v; break;
+            case CT_F16: {
+                uint16_t h = to_half(v);
+                memcpy(row + k * 2, &h, 2), *d = half_val(h);
+                break;
+            }
+            case CT_BF16: {
+                uint32_t b;
+                memcpy(&b, &v, 4);
+                uint16_t h = (uint16_t)(b >> 16); /* truncation: exact for the check */
+                uint32_t back = (uint32_t)h << 16;
+                float f;
+                memcpy(&f, &back, 4);
+                memcpy(row + k * 2, &h, 2), *d = f;
+                break;
+            }
+            case CT_Q8_0: {
+                uint8_t *blk = row + k / 32 * 34;
+                uint16_t dh = to_half(1.0f / 64); /* scale 2^-6 */
+                memcpy(blk, &dh, 2);
+                int8_t q = (int8_t)(v * 64);
+                blk[2 + k % 32] = (uint8_t)q, *d = q / 64.0;
+                break;
+            }
+            }
+        }
+    *bytes = rb * out;
+    return p;
+}
+
+/* Every weight type, row counts around the packed group size, activation
+ * row counts on both kernels (GEMV below 4, panel tiles from 4). */
+static void matmul_all(void)
+{
+    const struct compute_ops *o = ref_cpu_backend()->compute;
+    struct compute_ctx *cx = ctx(o);
+    static const enum ctype types[] = {CT_F32, CT_F16, CT_BF16, CT_Q8_0};
+    static const uint32_t shapes[][2] = {{64, 16}, {96, 17}, {256, 130}, {40, 3}, {800, 48}};
+    static const uint32_t rows_list[] = {1, 2, 3, 4, 7, 16, 29};
+    for (size_t ti = 0; ti < 4; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            enum ctype t = types[ti];
+            uint32_t in = shapes[si][0], out = shapes[si][1];
+            if (t == CT_Q8_0 && in % 32)
+                continue;
+            double *wd = malloc((size_t)in * out * 8);
+            size_t bytes;
+            void *src = make_weight(t, in, out, wd, &bytes);
+            for (int packed = 0; packed < 2; packed++) {
+                struct ctensor w = {.type = t, .ne0 = in, .ne1 = out, .nbytes = bytes};
+                size_t wb = packed ? o->weight_bytes(&w) : bytes;
+                void *dev;
+                assert_int_equal(o->buf_alloc(cx, wb, &dev), 0);
+                w.data = dev;
+                if (packed)
+                    assert_int_equal(o->weight_upload(cx, &w, src), 0);
+                else
+                    memcpy(dev, src, bytes);
+                assert_int_equal(w.layout, packed && out >= 2 ? CL_PACK16 : CL_ROWS);
+                for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++) {
+                    uint32_t rows = rows_list[ri];
+                    float *x = malloc((size_t)rows * in * 4), *y = malloc((size_t)rows * out * 4);
+                    for (size_t i = 0; i < (size_t)rows * in; i++)
+                        x[i] = (float)((int)(i * 37 % 101) - 50) / 50.0f;
+                    for (size_t i = 0; i < (size_t)rows * out; i++)
+                        y[i] = NAN; /* every output must be written */
+                    assert_int_equal(o->matmul(cx, &w, x, rows, y), 0);
+                    for (uint32_t r = 0; r < rows; r++)
+                        for (uint32_t c = 0; c < out; c++) {
+                            double want = 0, mag = 0;
+                            for (uint32_t k = 0; k < in; k++) {
+                                want += wd[(size_t)c * in + k] * x[(size_t)r * in + k];
+                                mag += fabs(wd[(size_t)c * in + k] * x[(size_t)r * in + k]);
+                            }
+                            double got = y[(size_t)r * out + c];
+                            if (!(fabs(got - want) <= 1e-6 * mag + 1e-6))
+                                fail_msg("%s %s in %u out %u rows %u: y[%u][%u] = %.9g, want %.9g",
+                                         ctype_name(t), packed ? "packed" : "rows", in, out, rows,
+                                         r, c, got, want);
+                        }
+                    /* the packed rows widen back to the values stored */
+                    if (ri == 0) {
+                        float *row = malloc((size_t)in * 4);
+                        for (uint32_t c = 0; c < out; c += out / 3 + 1) {
+                            uint32_t id = c;
+                            assert_int_equal(o->get_rows(cx, &w, &id, 1, row), 0);
+                            for (uint32_t k = 0; k < in; k++)
+                                assert_true(row[k] == (float)wd[(size_t)c * in + k]);
+                        }
+                        free(row);
+                    }
+                    free(x), free(y);
+                }
+                o->buf_free(cx, dev);
+            }
+            free(src), free(wd);
+        }
+    o->ctx_free(cx);
+}
+
+static void t_matmul(void **s)
+{
+    (void)s;
+    matmul_all();
+    setenv("KVD_CPU_SCALAR", "1", 1);
+    matmul_all();
+    unsetenv("KVD_CPU_SCALAR");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(t_silu), cmocka_unit_test(t_matmul)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
