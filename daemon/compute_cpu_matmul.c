@@ -351,23 +351,82 @@ static SIMD_TARGET void pk_tile_n(const float *pn, size_t kn, const float *x, si
     }
 }
 
-/* A packed group of type t (not f32) as f32 [in][16]. */
-static SIMD_TARGET void pk_widen(enum ctype t, const uint8_t *g, size_t in, float *pn)
+/* pk_tile that also widens: the group's values [k0, k0 + kn) are read in
+ * their file type t (not f32) from the packed group g, written to its f32
+ * panel pn ([in][16], for the tiles after this one) and used right away, so
+ * widening costs no pass of its own and the panel block is in L1 for the
+ * next tiles. For q8_0, k0 and kn are multiples of 32. */
+MM_INLINE SIMD_TARGET void pk_tile_w(enum ctype t, const uint8_t *g, size_t k0, size_t kn,
+                                     float *pn, const float *x, size_t ldx, float *o, bool first,
+                                     const char *pf, size_t pfk, const int NR)
 {
+    __m256 a[MM_TILE][2];
+    _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
+        a[r][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + r * PK);
+        a[r][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + r * PK + 8);
+    }
     if (t == CT_Q8_0) {
-        for (size_t blk = 0; blk < in / CT_Q8_0_BLOCK; blk++, pn += CT_Q8_0_BLOCK * PK) {
-            const uint8_t *bp = g + blk * PK_Q8_BLOCK, *q = bp + 2 * PK;
+        for (size_t kb = 0; kb < kn; kb += CT_Q8_0_BLOCK) {
+            const uint8_t *bp = g + (k0 + kb) / CT_Q8_0_BLOCK * PK_Q8_BLOCK, *q = bp + 2 * PK;
+            if (pf)
+                _Pragma("GCC unroll 9") for (int p = 0; p < (PK_Q8_BLOCK + 63) / 64; p++)
+                    _mm_prefetch(pf + kb * pfk + 64 * p, _MM_HINT_T1);
             __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp));
             __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp + 1));
-            for (size_t kk = 0; kk < CT_Q8_0_BLOCK; kk++) {
-                _mm256_storeu_ps(pn + kk * PK, _mm256_mul_ps(q8x8(q + kk * PK), d0));
-                _mm256_storeu_ps(pn + kk * PK + 8, _mm256_mul_ps(q8x8(q + kk * PK + 8), d1));
+            float *pb = pn + (k0 + kb) * PK;
+            const float *xb = x + kb;
+            _Pragma("GCC unroll 4") for (size_t kk = 0; kk < CT_Q8_0_BLOCK; kk++) {
+                __m256 w0 = _mm256_mul_ps(q8x8(q + kk * PK), d0);
+                __m256 w1 = _mm256_mul_ps(q8x8(q + kk * PK + 8), d1);
+                _mm256_storeu_ps(pb + kk * PK, w0);
+                _mm256_storeu_ps(pb + kk * PK + 8, w1);
+                _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
+                    __m256 xv = _mm256_broadcast_ss(xb + r * ldx + kk);
+                    a[r][0] = _mm256_fmadd_ps(w0, xv, a[r][0]);
+                    a[r][1] = _mm256_fmadd_ps(w1, xv, a[r][1]);
+                }
             }
         }
-        return;
+    } else {
+        _Pragma("GCC unroll 4") for (size_t k = 0; k < kn; k++) {
+            if (pf)
+                _mm_prefetch(pf + k * pfk, _MM_HINT_T1);
+            __m256 w0 = load8(t, g, (k0 + k) * PK), w1 = load8(t, g, (k0 + k) * PK + 8);
+            _mm256_storeu_ps(pn + (k0 + k) * PK, w0);
+            _mm256_storeu_ps(pn + (k0 + k) * PK + 8, w1);
+            _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
+                __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
+                a[r][0] = _mm256_fmadd_ps(w0, xv, a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(w1, xv, a[r][1]);
+            }
+        }
     }
-    for (size_t i = 0; i < in * PK; i += 8)
-        _mm256_storeu_ps(pn + i, load8(t, g, i));
+    _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
+        _mm256_storeu_ps(o + r * PK, a[r][0]);
+        _mm256_storeu_ps(o + r * PK + 8, a[r][1]);
+    }
+}
+
+/* The first tile of a row block has 3 to 6 rows (floor(rows / tiles), rows >= 4:
+ * 7 rows = 3 + 4). */
+static SIMD_TARGET void pk_tile_w_n(enum ctype t, const uint8_t *g, size_t k0, size_t kn, float *pn,
+                                    const float *x, size_t ldx, float *o, bool first,
+                                    const char *pf, size_t pfk, int nr)
+{
+#define PK_TILE_W(T)                                                                               \
+    switch (nr) {                                                                                 \
+    case 3: pk_tile_w(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 3); break;                     \
+    case 4: pk_tile_w(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 4); break;                     \
+    case 5: pk_tile_w(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 5); break;                     \
+    default: pk_tile_w(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 6); break;                    \
+    }
+    switch (t) {
+    case CT_F16: PK_TILE_W(CT_F16); break;
+    case CT_BF16: PK_TILE_W(CT_BF16); break;
+    case CT_Q8_0: PK_TILE_W(CT_Q8_0); break;
+    case CT_F32: break; /* used in place: no widening */
+    }
+#undef PK_TILE_W
 }
 
 /* ---- row-major GEMV (CL_ROWS): y[c] = dot(W row c, x), c < NW ---- */
@@ -514,37 +573,43 @@ static void mm_chunk_packed(struct mm_job *j, uint32_t ith, size_t g0, size_t g1
     float o[MM_TILE * PK];
 #if defined(__x86_64__)
     if (j->simd && j->rows >= MM_PANEL_ROWS) {
-        /* the chunk as f32 (in place for f32 weights), then row blocks x
-         * groups x tiles; the first row block prefetches the next chunk */
-        const float *pn = (const float *)(base + g0 * gb);
-        if (t != CT_F32) {
-            for (size_t g = g0; g < g1; g++)
-                pk_widen(t, base + g * gb, in, j->panel[ith] + (g - g0) * in * PK);
-            pn = j->panel[ith];
-        }
+        /* row blocks x k blocks x groups x tiles over the chunk as f32: in
+         * place for f32 weights, else a per-thread panel that the first
+         * tile of the first row block fills as it goes; that tile also
+         * prefetches the next chunk */
+        bool widen = t != CT_F32;
+        float *pn = widen ? j->panel[ith] : (float *)(uintptr_t)(base + g0 * gb);
         size_t pfk = gb / in, ng = g1 - g0;
         const char *pf = g1 < (out + PK - 1) / PK ? (const char *)(base + g1 * gb) : NULL;
         float acc[MM_CHUNK_MAX * MM_RB * PK];
         for (size_t r0 = 0; r0 < j->rows; r0 += MM_RB) {
             size_t nrb = j->rows - r0 < MM_RB ? j->rows - r0 : MM_RB;
             size_t ntile = (nrb + MM_TILE - 1) / MM_TILE;
-            /* k blocks outermost: the block of x (MM_RB x MM_KB) and of each
-             * group's panel stay in L1 while every tile uses them */
             /* y's lines of the chunk, for writing: a step's y rows are
              * `out` floats apart, so without this every line written is a
              * miss (and the logits' y does not fit L2) */
             for (size_t r = 0; r < nrb; r++)
                 for (size_t g = 0; g < ng; g++)
                     __builtin_prefetch(j->y + (r0 + r) * out + (g0 + g) * PK, 1, 3);
+            /* k blocks outside the groups and tiles: the block of x (MM_RB x
+             * MM_KB) and of each group's panel stay in L1 for every tile */
             for (size_t k0 = 0; k0 < in; k0 += MM_KB) {
                 size_t kn = in - k0 < MM_KB ? in - k0 : MM_KB;
                 for (size_t g = 0; g < ng; g++)
                     for (size_t ti = 0, r = 0; ti < ntile; ti++) {
-                        /* tiles of near-equal size: 16 rows = 6 + 5 + 5 */
-                        size_t nr = (nrb - r) / (ntile - ti) + ((nrb - r) % (ntile - ti) != 0);
+                        /* tiles of near-equal size, the smallest first (it
+                         * also widens, and needs registers for that): 16
+                         * rows = 5 + 5 + 6 */
+                        size_t nr = (nrb - r) / (ntile - ti);
                         const char *tpf = r0 == 0 && ti == 0 && pf ? pf + g * gb + k0 * pfk : NULL;
-                        pk_tile_n(pn + (g * in + k0) * PK, kn, j->x + (r0 + r) * in + k0, in,
-                                  acc + (g * MM_RB + r) * PK, k0 == 0, tpf, pfk, (int)nr);
+                        const float *xr = j->x + (r0 + r) * in + k0;
+                        float *ar = acc + (g * MM_RB + r) * PK;
+                        if (widen && r0 == 0 && ti == 0)
+                            pk_tile_w_n(t, base + (g0 + g) * gb, k0, kn, pn + g * in * PK, xr, in,
+                                        ar, k0 == 0, tpf, pfk, (int)nr);
+                        else
+                            pk_tile_n(pn + (g * in + k0) * PK, kn, xr, in, ar, k0 == 0, tpf, pfk,
+                                      (int)nr);
                         r += nr;
                     }
             }
