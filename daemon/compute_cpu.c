@@ -12,6 +12,7 @@
 #include <math.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "kvd/status.h"
@@ -181,9 +182,23 @@ static void cpu_ctx_free(struct compute_ctx *cx)
     free(cx);
 }
 
+#define CPU_HUGE_PAGE ((size_t)2 << 20)
+
 static int cpu_buf_alloc(struct compute_ctx *cx, size_t bytes, void **out)
 {
     size_t n = (bytes + 63) / 64 * 64;
+    if (n >= CPU_HUGE_PAGE) {
+        /* the weights: every step streams them all, so on 4 KiB pages the
+         * TLB misses as often as the caches do; transparent huge pages
+         * (a hint, honoured where THP is "madvise" or "always") */
+        n = (n + CPU_HUGE_PAGE - 1) / CPU_HUGE_PAGE * CPU_HUGE_PAGE;
+        *out = aligned_alloc(CPU_HUGE_PAGE, n);
+#ifdef MADV_HUGEPAGE
+        if (*out)
+            (void)madvise(*out, n, MADV_HUGEPAGE);
+#endif
+        return *out ? 0 : KVD_ENOMEM;
+    }
     *out = aligned_alloc(64, n ? n : 64);
     return *out ? 0 : KVD_ENOMEM;
 }
