@@ -147,7 +147,7 @@ int main(int argc, char **argv)
     if (opts.model_path[0]) {
         /* Serve mode: the KV geometry comes from the model; block_tokens and
          * dtype from the command line / config. */
-        struct model_opts mo = {0};
+        struct model_opts mo = {.n_threads = opts.threads};
         int lrc = model_load_opts(opts.model_path, be, &mo, &model, err, sizeof(err));
         if (lrc) {
             log_err("--model %s: %s", opts.model_path, err);
@@ -160,12 +160,15 @@ int main(int argc, char **argv)
                  "%.1fM parameters",
                  opts.model_path, hp->arch, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv,
                  hp->n_vocab, hp->n_ctx, (double)hp->n_params / 1e6);
+        if (!strcmp(be->ops->name, "cpu"))
+            log_info("cpu compute threads: %ld",
+                     opts.threads ? (long)opts.threads : sysconf(_SC_NPROCESSORS_ONLN));
     }
     if (model && opts.roofline_probe) {
         /* Before the arenas take the device's free memory: the probe needs
          * a few hundred MiB for a moment on cuda. */
         struct roofline_ceilings ce;
-        int prc = roofline_measure(be, 0, &ce);
+        int prc = roofline_measure(be, opts.threads, &ce);
         if (prc == 0 && ce.measured) {
             log_info("roofline ceilings: %.1f GB/s, %.1f GFLOP/s (%s, %.0f ms)",
                      ce.bytes_per_s / 1e9, ce.flops_per_s / 1e9, ce.how, ce.measure_ms);

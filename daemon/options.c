@@ -228,6 +228,8 @@ int options_set(struct options *o, const char *name_in, const char *v, char *err
         return set_u32(&o->step_tokens, name, v, 1, 1u << 20, err, errlen);
     if (!strcmp(name, "step-seqs"))
         return set_u32(&o->step_seqs, name, v, 1, 4096, err, errlen);
+    if (!strcmp(name, "threads"))
+        return set_u32(&o->threads, name, v, 0, 256, err, errlen);
     if (!strcmp(name, "queue-timeout"))
         return set_u32(&o->queue_timeout_ms, name, v, 0, 86400000, err, errlen);
     if (!strcmp(name, "log-level")) {
@@ -256,7 +258,7 @@ static const struct option long_opts[] = {
     {"log-level", required_argument, 0, 0},   {"metrics", required_argument, 0, 0},
     {"metrics-force", no_argument, 0, 0},     {"no-roofline-probe", no_argument, 0, 0},
     {"step-tokens", required_argument, 0, 0}, {"step-seqs", required_argument, 0, 0},
-    {"queue-timeout", required_argument, 0, 0},
+    {"queue-timeout", required_argument, 0, 0}, {"threads", required_argument, 0, 0},
     {"help", no_argument, 0, 'h'},
     {"version", no_argument, 0, 'V'},         {0, 0, 0, 0},
 };
@@ -328,6 +330,7 @@ void options_usage(FILE *f)
             "  --step-seqs N          executor sequences per step (default 64)\n"
             "  --queue-timeout MS     a generate not started by then is answered busy\n"
             "                         (default 60000; 0 = wait as long as it takes)\n"
+            "  --threads N            cpu backend: compute threads (default 0 = one per CPU)\n"
             "  --log-level LEVEL      error, warning, notice, info (default) or debug\n"
             "  --metrics HOST:PORT    serve Prometheus metrics at http://HOST:PORT/metrics\n"
             "                         (off by default; loopback only, e.g. 127.0.0.1:9464)\n"

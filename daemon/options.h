@@ -30,6 +30,8 @@ struct options {
     /* Executor (serve mode): token budget and sequences per step, and how
      * long a generate may wait for its first step (ms; 0 = no limit). */
     uint32_t step_tokens, step_seqs, queue_timeout_ms;
+    /* cpu backend: compute threads for the model (0 = one per online CPU). */
+    uint32_t threads;
     int log_level;
     char metrics_addr[80]; /* "HOST:PORT" for the Prometheus exporter; empty: off */
     bool metrics_force;    /* allow a non-loopback metrics address */

@@ -62,8 +62,9 @@ static void test_command_line(void **state)
                *noconf[] = {"--config", "/nonexistent/kvd.conf", NULL},
                *badstep[] = {"--step-tokens", "0", NULL},
                *badqueue[] = {"--queue-timeout", "-5", NULL},
+               *badthreads[] = {"--threads", "many", NULL},
                *okexec[] = {"--step-tokens", "256", "--step-seqs", "8", "--queue-timeout", "0",
-                            "--help", NULL};
+                            "--threads", "1", "--help", NULL};
     assert_int_equal(run_kvd(help), 0);
     assert_int_equal(run_kvd(ver), 0);
     assert_int_equal(run_kvd(bogus), 2);
@@ -73,6 +74,7 @@ static void test_command_line(void **state)
     assert_int_equal(run_kvd(noconf), 2);
     assert_int_equal(run_kvd(badstep), 2);
     assert_int_equal(run_kvd(badqueue), 2);
+    assert_int_equal(run_kvd(badthreads), 2);
     assert_int_equal(run_kvd(okexec), 0);
 }
 
