@@ -150,6 +150,18 @@ static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
     for (uint32_t p0 = 0; p0 < n_kv; p0 += bt) {
         const uint8_t *kb = (const uint8_t *)d->arena + (size_t)slots[p0 / bt] * block_bytes + k_off;
         uint32_t n = n_kv - p0 < bt ? n_kv - p0 : bt, i = 0;
+        /* blocks are scattered, so the hardware prefetcher restarts at each:
+         * ask for the next block's K rows and this block's V rows (read
+         * after the softmax) now */
+        if (p0 + bt < n_kv) {
+            uint32_t nn = n_kv - p0 - bt < bt ? n_kv - p0 - bt : bt;
+            const char *nk = (const char *)d->arena + (size_t)slots[p0 / bt + 1] * block_bytes + k_off;
+            for (size_t off = 0; off < nn * rk; off += 64)
+                __builtin_prefetch(nk + off, 0, 3);
+        }
+        for (size_t off = 0; off < n * rk; off += 64)
+            __builtin_prefetch((const char *)d->arena + (size_t)slots[p0 / bt] * block_bytes + v_off + off,
+                               0, 2);
 #if defined(__x86_64__)
         if (simd && hd % 8 == 0)
             for (; i + 4 <= n; i += 4)
