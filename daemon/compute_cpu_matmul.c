@@ -308,63 +308,51 @@ static SIMD_TARGET void pk_gemv(enum ctype t, const uint8_t *g, size_t in, const
 
 /* ---- panel kernel: o[r][0..16) += for r < NR (<= 6), from an f32 panel ---- */
 
-/* pn: a group's values [k0, k0 + kn) as f32, [kn][16]; x at value k0 of
- * the first row, rows ldx floats apart; o: NR x 16 partial sums, zero
- * first when `first`. pf (may be NULL): raw bytes to prefetch meanwhile,
- * pfk per k. Each output is one FMA chain over k in order, so splitting k
- * into blocks does not change the result. */
-MM_INLINE SIMD_TARGET void pk_tile(const float *pn, size_t kn, const float *x, size_t ldx,
-                                   float *o, bool first, const char *pf, size_t pfk, const int NR)
+MM_INLINE SIMD_TARGET void acc_load(__m256 a[][2], const float *o, bool first, const int NR)
 {
-    __m256 a[MM_TILE][2];
     _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
         a[r][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + r * PK);
         a[r][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + r * PK + 8);
     }
-    /* unrolled: one k per iteration ran at ~75 % of FMA peak, four at ~90 % */
-    _Pragma("GCC unroll 4") for (size_t k = 0; k < kn; k++) {
-        if (pf)
-            _mm_prefetch(pf + k * pfk, _MM_HINT_T1);
-        __m256 w0 = _mm256_loadu_ps(pn + k * PK), w1 = _mm256_loadu_ps(pn + k * PK + 8);
-        _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
-            __m256 xb = _mm256_broadcast_ss(x + r * ldx + k);
-            a[r][0] = _mm256_fmadd_ps(w0, xb, a[r][0]);
-            a[r][1] = _mm256_fmadd_ps(w1, xb, a[r][1]);
-        }
-    }
+}
+
+MM_INLINE SIMD_TARGET void acc_store(__m256 a[][2], float *o, const int NR)
+{
     _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
         _mm256_storeu_ps(o + r * PK, a[r][0]);
         _mm256_storeu_ps(o + r * PK + 8, a[r][1]);
     }
 }
 
-static SIMD_TARGET void pk_tile_n(const float *pn, size_t kn, const float *x, size_t ldx, float *o,
-                                  bool first, const char *pf, size_t pfk, int nr)
+/* a[r] += (w0, w1) * x[r * ldx] for r < NR: 2 FMAs per broadcast row value. */
+MM_INLINE SIMD_TARGET void fma_rows(__m256 a[][2], __m256 w0, __m256 w1, const float *x,
+                                    size_t ldx, const int NR)
 {
-    switch (nr) {
-    case 1: pk_tile(pn, kn, x, ldx, o, first, pf, pfk, 1); break;
-    case 2: pk_tile(pn, kn, x, ldx, o, first, pf, pfk, 2); break;
-    case 3: pk_tile(pn, kn, x, ldx, o, first, pf, pfk, 3); break;
-    case 4: pk_tile(pn, kn, x, ldx, o, first, pf, pfk, 4); break;
-    case 5: pk_tile(pn, kn, x, ldx, o, first, pf, pfk, 5); break;
-    default: pk_tile(pn, kn, x, ldx, o, first, pf, pfk, 6); break;
+    _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
+        __m256 xv = _mm256_broadcast_ss(x + r * ldx);
+        a[r][0] = _mm256_fmadd_ps(w0, xv, a[r][0]);
+        a[r][1] = _mm256_fmadd_ps(w1, xv, a[r][1]);
     }
 }
 
-/* pk_tile that also widens: the group's values [k0, k0 + kn) are read in
- * their file type t (not f32) from the packed group g, written to its f32
- * panel pn ([in][16], for the tiles after this one) and used right away, so
- * widening costs no pass of its own and the panel block is in L1 for the
- * next tiles. For q8_0, k0 and kn are multiples of 32. */
-MM_INLINE SIMD_TARGET void pk_tile_w(enum ctype t, const uint8_t *g, size_t k0, size_t kn,
-                                     float *pn, const float *x, size_t ldx, float *o, bool first,
-                                     const char *pf, size_t pfk, const int NR)
+/* One register tile over a group's values [k0, k0 + kn): x at value k0 of
+ * the first row, rows ldx floats apart; o: NR x 16 partial sums, zeroed
+ * first when `first`. pn: the group's f32 panel ([in][16]).
+ * - t == CT_F32: the values are read from pn (already f32, or the weights
+ *   themselves for f32 weights); g is unused.
+ * - otherwise the tile also widens: it reads the values in their file type
+ *   from the packed group g, writes them to pn for the tiles after it and
+ *   uses them right away, so widening costs no pass of its own and the
+ *   panel block is in L1 for the next tiles (q8_0: k0, kn multiples of 32).
+ * pf (may be NULL): raw bytes to prefetch meanwhile, pfk per k. Each output
+ * is one FMA chain over k in order, so splitting k into blocks does not
+ * change the result. */
+MM_INLINE SIMD_TARGET void pk_tile(enum ctype t, const uint8_t *g, size_t k0, size_t kn,
+                                   float *pn, const float *x, size_t ldx, float *o, bool first,
+                                   const char *pf, size_t pfk, const int NR)
 {
     __m256 a[MM_TILE][2];
-    _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
-        a[r][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + r * PK);
-        a[r][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + r * PK + 8);
-    }
+    acc_load(a, o, first, NR);
     if (t == CT_Q8_0) {
         for (size_t kb = 0; kb < kn; kb += CT_Q8_0_BLOCK) {
             const uint8_t *bp = g + (k0 + kb) / CT_Q8_0_BLOCK * PK_Q8_BLOCK, *q = bp + 2 * PK;
@@ -374,36 +362,46 @@ MM_INLINE SIMD_TARGET void pk_tile_w(enum ctype t, const uint8_t *g, size_t k0, 
             __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp));
             __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp + 1));
             float *pb = pn + (k0 + kb) * PK;
-            const float *xb = x + kb;
             _Pragma("GCC unroll 4") for (size_t kk = 0; kk < CT_Q8_0_BLOCK; kk++) {
                 __m256 w0 = _mm256_mul_ps(q8x8(q + kk * PK), d0);
                 __m256 w1 = _mm256_mul_ps(q8x8(q + kk * PK + 8), d1);
                 _mm256_storeu_ps(pb + kk * PK, w0);
                 _mm256_storeu_ps(pb + kk * PK + 8, w1);
-                _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
-                    __m256 xv = _mm256_broadcast_ss(xb + r * ldx + kk);
-                    a[r][0] = _mm256_fmadd_ps(w0, xv, a[r][0]);
-                    a[r][1] = _mm256_fmadd_ps(w1, xv, a[r][1]);
-                }
+                fma_rows(a, w0, w1, x + kb + kk, ldx, NR);
             }
         }
     } else {
+        /* unrolled: one k per iteration ran at ~75 % of FMA peak, four at ~90 % */
         _Pragma("GCC unroll 4") for (size_t k = 0; k < kn; k++) {
             if (pf)
                 _mm_prefetch(pf + k * pfk, _MM_HINT_T1);
-            __m256 w0 = load8(t, g, (k0 + k) * PK), w1 = load8(t, g, (k0 + k) * PK + 8);
-            _mm256_storeu_ps(pn + (k0 + k) * PK, w0);
-            _mm256_storeu_ps(pn + (k0 + k) * PK + 8, w1);
-            _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
-                __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
-                a[r][0] = _mm256_fmadd_ps(w0, xv, a[r][0]);
-                a[r][1] = _mm256_fmadd_ps(w1, xv, a[r][1]);
+            float *pk = pn + (k0 + k) * PK;
+            __m256 w0, w1;
+            if (t == CT_F32) {
+                w0 = _mm256_loadu_ps(pk), w1 = _mm256_loadu_ps(pk + 8);
+            } else {
+                w0 = load8(t, g, (k0 + k) * PK), w1 = load8(t, g, (k0 + k) * PK + 8);
+                _mm256_storeu_ps(pk, w0);
+                _mm256_storeu_ps(pk + 8, w1);
             }
+            fma_rows(a, w0, w1, x + k, ldx, NR);
         }
     }
-    _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
-        _mm256_storeu_ps(o + r * PK, a[r][0]);
-        _mm256_storeu_ps(o + r * PK + 8, a[r][1]);
+    acc_store(a, o, NR);
+}
+
+/* A tile from the f32 panel (any row count 1..6). */
+static SIMD_TARGET void pk_tile_n(const float *pn, size_t k0, size_t kn, const float *x, size_t ldx,
+                                  float *o, bool first, const char *pf, size_t pfk, int nr)
+{
+    float *p = (float *)(uintptr_t)pn; /* read only: t == CT_F32 never writes the panel */
+    switch (nr) {
+    case 1: pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 1); break;
+    case 2: pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 2); break;
+    case 3: pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 3); break;
+    case 4: pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 4); break;
+    case 5: pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 5); break;
+    default: pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 6); break;
     }
 }
 
@@ -415,10 +413,10 @@ static SIMD_TARGET void pk_tile_w_n(enum ctype t, const uint8_t *g, size_t k0, s
 {
 #define PK_TILE_W(T)                                                                               \
     switch (nr) {                                                                                 \
-    case 3: pk_tile_w(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 3); break;                     \
-    case 4: pk_tile_w(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 4); break;                     \
-    case 5: pk_tile_w(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 5); break;                     \
-    default: pk_tile_w(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 6); break;                    \
+    case 3: pk_tile(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 3); break;                       \
+    case 4: pk_tile(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 4); break;                       \
+    case 5: pk_tile(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 5); break;                       \
+    default: pk_tile(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 6); break;                      \
     }
     switch (t) {
     case CT_F16: PK_TILE_W(CT_F16); break;
@@ -608,7 +606,7 @@ static void mm_chunk_packed(struct mm_job *j, uint32_t ith, size_t g0, size_t g1
                             pk_tile_w_n(t, base + (g0 + g) * gb, k0, kn, pn + g * in * PK, xr, in,
                                         ar, k0 == 0, tpf, pfk, (int)nr);
                         else
-                            pk_tile_n(pn + (g * in + k0) * PK, kn, xr, in, ar, k0 == 0, tpf, pfk,
+                            pk_tile_n(pn + g * in * PK, k0, kn, xr, in, ar, k0 == 0, tpf, pfk,
                                       (int)nr);
                         r += nr;
                     }
