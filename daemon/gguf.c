@@ -296,6 +296,36 @@ static int check_tensors(struct rd *r, struct gguf *g)
     return rc;
 }
 
+static int cmp_key(const void *a, const void *b)
+{
+    const struct gguf_kv *x = *(const struct gguf_kv *const *)a;
+    const struct gguf_kv *y = *(const struct gguf_kv *const *)b;
+    return strcmp(x->key, y->key);
+}
+
+/* No key twice. Sorted, as check_tensors does for names: comparing each key
+ * with all earlier ones was O(n^2) strcmp, 2^31 of them for the 65536 keys a
+ * file may declare. */
+static int check_keys(struct rd *r, const struct gguf *g)
+{
+    int rc = 0;
+    if (g->n_kv < 2)
+        return 0;
+    const struct gguf_kv **v = malloc(g->n_kv * sizeof *v);
+    if (!v)
+        return KVD_ENOMEM;
+    for (uint64_t i = 0; i < g->n_kv; i++)
+        v[i] = &g->kv[i];
+    qsort(v, g->n_kv, sizeof *v, cmp_key);
+    for (uint64_t i = 1; i < g->n_kv; i++)
+        if (strcmp(v[i - 1]->key, v[i]->key) == 0) {
+            rc = rd_fail(r, "duplicate metadata key '%s'", v[i]->key);
+            break;
+        }
+    free(v);
+    return rc;
+}
+
 int gguf_parse(const void *data, size_t size, struct gguf **out, char *err, size_t errlen)
 {
     struct rd r = {.p = data, .size = size, .err = err, .errlen = errlen};
@@ -343,11 +373,6 @@ int gguf_parse(const void *data, size_t size, struct gguf **out, char *err, size
     for (uint64_t i = 0; i < g->n_kv; i++) {
         if ((rc = rd_kv(&r, &g->kv[i], i)))
             goto fail;
-        for (uint64_t j = 0; j < i; j++)
-            if (strcmp(g->kv[j].key, g->kv[i].key) == 0) {
-                rc = rd_fail(&r, "duplicate metadata key '%s'", g->kv[i].key);
-                goto fail;
-            }
         if (strcmp(g->kv[i].key, "general.alignment") == 0) {
             const struct gguf_kv *kv = &g->kv[i];
             if (kv->type != GGUF_U32 || kv->v.u == 0 || (kv->v.u & (kv->v.u - 1)) ||
@@ -358,6 +383,8 @@ int gguf_parse(const void *data, size_t size, struct gguf **out, char *err, size
             g->alignment = (uint32_t)kv->v.u;
         }
     }
+    if ((rc = check_keys(&r, g)))
+        goto fail;
     for (uint64_t i = 0; i < g->n_tensors; i++)
         if ((rc = rd_tensor(&r, &g->tensors[i], i)))
             goto fail;
