@@ -131,14 +131,17 @@ static int read_hparams(const struct gguf *g, struct model_hparams *hp, char *er
 }
 
 /* Collects the tensors to load; `off` is each one's place in the weight
- * buffer (set by place(), in the backend's layout). */
+ * buffer (set by place(), in the backend's layout). The arrays follow the
+ * struct in its allocation, 16 entries per layer + 8 (collect takes at most
+ * 12 per layer + 4): sized by the model, not by MODEL_MAX_LAYERS, which made
+ * every load allocate and zero ~400 KB. */
 struct load_ctx {
     const struct gguf *g;
     char *err;
     size_t errlen;
-    const struct gguf_tensor *src[16 * MODEL_MAX_LAYERS + 8];
-    struct ctensor *dst[16 * MODEL_MAX_LAYERS + 8];
-    size_t off[16 * MODEL_MAX_LAYERS + 8];
+    const struct gguf_tensor **src;
+    struct ctensor **dst;
+    size_t *off;
     size_t n, total;
 };
 
@@ -247,8 +250,7 @@ int model_load_opts(const char *path, struct backend *be, const struct model_opt
     if ((rc = gguf_open(path, &g, err, errlen)))
         return rc;
     m = calloc(1, sizeof *m);
-    lc = calloc(1, sizeof *lc);
-    if (!m || !lc) {
+    if (!m) {
         rc = fail(err, errlen, KVD_ENOMEM, "model: out of memory");
         goto out_free;
     }
@@ -261,11 +263,18 @@ int model_load_opts(const char *path, struct backend *be, const struct model_opt
         rc = fail(err, errlen, KVD_ENOMEM, "model: out of memory");
         goto out_free;
     }
-    /* Field by field: calloc zeroed lc, and a compound literal would zero
-     * all ~400 KB of its arrays again (a fifth of fuzz_gguf's time). */
+    size_t cap = 16 * (size_t)m->hp.n_layer + 8;
+    lc = calloc(1, sizeof *lc + cap * (sizeof *lc->src + sizeof *lc->dst + sizeof *lc->off));
+    if (!lc) {
+        rc = fail(err, errlen, KVD_ENOMEM, "model: out of memory");
+        goto out_free;
+    }
     lc->g = g;
     lc->err = err;
     lc->errlen = errlen;
+    lc->src = (const struct gguf_tensor **)(lc + 1);
+    lc->dst = (struct ctensor **)(lc->src + cap);
+    lc->off = (size_t *)(lc->dst + cap);
     if ((rc = collect(m, lc)))
         goto out_free;
     m->hp.wtype = m->layers[0].wq.type;
