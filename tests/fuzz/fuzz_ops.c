@@ -7,6 +7,7 @@
  * unchanged (through COW, swaps and eviction); at the end, closing every
  * connection leaves nothing in use. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,9 +17,21 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MAX_HANDLES 16
+#define MAX_STEPS 256
 
 static struct fuzz_env env;
 static int env_ready;
+static msgpack_sbuffer req; /* the request being built; kept between steps and inputs */
+static uint64_t n_programs, n_steps; /* for FUZZ_OPS_STATS */
+
+/* With FUZZ_OPS_STATS set, the totals at exit, so a run's ops/s can be
+ * reported next to libFuzzer's exec/s (a program is up to MAX_STEPS ops). */
+static void print_stats(void)
+{
+    fprintf(stderr, "fuzz_ops: %llu programs, %llu ops (%.1f ops per program)\n",
+            (unsigned long long)n_programs, (unsigned long long)n_steps,
+            n_programs ? (double)n_steps / (double)n_programs : 0.0);
+}
 
 struct prog {
     const uint8_t *p;
@@ -81,7 +94,7 @@ static uint64_t reply_uint(const char *key)
     struct proto_msg m;
     uint64_t v = UINT64_MAX;
     FUZZ_ASSERT(proto_frame_peek(env.out.data, env.out.size, UINT32_MAX, &n) == PROTO_FRAME_READY);
-    FUZZ_ASSERT(proto_msg_parse(&m, env.out.data + 4, n, NULL) == 0);
+    FUZZ_ASSERT(fuzz_parse_reply(&env, env.out.data + 4, n, &m) == 0);
     const msgpack_object *o = proto_map_find(m.root, key);
     if (o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
         v = o->via.u64;
@@ -96,7 +109,7 @@ static uint8_t *reply_bin(size_t *len)
     struct proto_msg m;
     uint8_t *copy = NULL;
     FUZZ_ASSERT(proto_frame_peek(env.out.data, env.out.size, UINT32_MAX, &n) == PROTO_FRAME_READY);
-    FUZZ_ASSERT(proto_msg_parse(&m, env.out.data + 4, n, NULL) == 0);
+    FUZZ_ASSERT(fuzz_parse_reply(&env, env.out.data + 4, n, &m) == 0);
     const msgpack_object *o = proto_map_find(m.root, "data");
     if (o && o->type == MSGPACK_OBJECT_BIN) {
         *len = o->via.bin.size;
@@ -125,23 +138,23 @@ static void step(struct prog *g)
     int op = opb % 16, conn = (opb >> 4) % FUZZ_CONNS;
     uint64_t id = ++g->next_id, seq = 0;
     bool foreign = false;
-    msgpack_sbuffer sb;
+    msgpack_sbuffer *sb = &req;
     msgpack_packer pk;
     uint32_t *toks = NULL;
     uint8_t *wdata = NULL;
     size_t ntok = 0, tb = kv_token_bytes(kvmm_geom(env.mm));
     int code;
 
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    size_t at = proto_frame_begin(&sb);
+    msgpack_sbuffer_clear(sb);
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    size_t at = proto_frame_begin(sb);
     switch (op) {
     case 0: { /* seq_open, own or shared namespace */
         bool shared = take(g) & 1;
         proto_request_begin(&pk, KVD_OP_SEQ_OPEN, id, shared);
         if (shared)
             proto_pack_kv_str(&pk, "namespace", "pub");
-        code = run(conn, &sb, at);
+        code = run(conn, sb, at);
         if (code == 0) {
             uint64_t h = reply_uint("seq");
             FUZZ_ASSERT(h != UINT64_MAX);
@@ -157,7 +170,7 @@ static void step(struct prog *g)
         proto_request_begin(&pk, op == 1 ? KVD_OP_SEQ_MATCH : KVD_OP_SEQ_COMMIT, id, 2);
         proto_pack_kv_uint(&pk, "seq", seq);
         proto_pack_kv_u32_array(&pk, "tokens", toks, ntok);
-        code = run(conn, &sb, at);
+        code = run(conn, sb, at);
         if (code == 0 && op == 1)
             FUZZ_ASSERT(reply_uint("matched") <= ntok);
         break;
@@ -166,7 +179,7 @@ static void step(struct prog *g)
         proto_request_begin(&pk, KVD_OP_SEQ_EXTEND, id, 2);
         proto_pack_kv_uint(&pk, "seq", seq);
         proto_pack_kv_uint(&pk, "n", take(g) % 24);
-        code = run(conn, &sb, at);
+        code = run(conn, sb, at);
         break;
     case 3: { /* kv_write, then read back the same range */
         seq = pick_handle(g, conn, &foreign);
@@ -181,15 +194,15 @@ static void step(struct prog *g)
         proto_pack_kv_uint(&pk, "start", start);
         proto_pack_kv_uint(&pk, "n", n);
         proto_pack_kv_bin(&pk, "data", wdata, n * tb);
-        code = run(conn, &sb, at);
+        code = run(conn, sb, at);
         if (code == 0) {
-            msgpack_sbuffer_clear(&sb);
-            at = proto_frame_begin(&sb);
+            msgpack_sbuffer_clear(sb);
+            at = proto_frame_begin(sb);
             proto_request_begin(&pk, KVD_OP_KV_READ, ++g->next_id, 3);
             proto_pack_kv_uint(&pk, "seq", seq);
             proto_pack_kv_uint(&pk, "start", start);
             proto_pack_kv_uint(&pk, "n", n);
-            FUZZ_ASSERT(run(conn, &sb, at) == 0);
+            FUZZ_ASSERT(run(conn, sb, at) == 0);
             size_t len = 0;
             uint8_t *rd = reply_bin(&len);
             FUZZ_ASSERT(rd && len == n * tb && memcmp(rd, wdata, len) == 0);
@@ -203,13 +216,13 @@ static void step(struct prog *g)
         proto_pack_kv_uint(&pk, "seq", seq);
         proto_pack_kv_uint(&pk, "start", take(g) % 64);
         proto_pack_kv_uint(&pk, "n", take(g) % 16);
-        code = run(conn, &sb, at);
+        code = run(conn, sb, at);
         break;
     case 6: /* seq_fork */
         seq = pick_handle(g, conn, &foreign);
         proto_request_begin(&pk, KVD_OP_SEQ_FORK, id, 1);
         proto_pack_kv_uint(&pk, "seq", seq);
-        code = run(conn, &sb, at);
+        code = run(conn, sb, at);
         if (code == 0 && g->nh[conn] < MAX_HANDLES)
             g->h[conn][g->nh[conn]++] = reply_uint("seq");
         break;
@@ -222,7 +235,7 @@ static void step(struct prog *g)
         seq = pick_handle(g, conn, &foreign);
         proto_request_begin(&pk, names[op - 7], id, 1);
         proto_pack_kv_uint(&pk, "seq", seq);
-        code = run(conn, &sb, at);
+        code = run(conn, sb, at);
         break;
     }
     case 11: { /* admin_evict (only conn 0 is an admin) */
@@ -230,24 +243,24 @@ static void step(struct prog *g)
         proto_request_begin(&pk, KVD_OP_ADMIN_EVICT, id, 2);
         proto_pack_kv_str(&pk, "tier", b & 1 ? "host" : "device");
         proto_pack_kv_uint(&pk, "n", b >> 1);
-        code = run(conn, &sb, at);
+        code = run(conn, sb, at);
         FUZZ_ASSERT(conn == 0 ? code == 0 : code == KVD_EPERM);
         break;
     }
     case 12: /* stats */
         proto_request_begin(&pk, KVD_OP_STATS, id, 0);
-        code = run(conn, &sb, at);
+        code = run(conn, sb, at);
         FUZZ_ASSERT(code == 0);
         break;
     case 13: /* hello */
         proto_request_begin(&pk, KVD_OP_HELLO, id, 1);
         proto_pack_kv_uint(&pk, "version", KVD_PROTOCOL_VERSION);
-        code = run(conn, &sb, at);
+        code = run(conn, sb, at);
         FUZZ_ASSERT(code == 0);
         break;
     case 14: /* admin_check */
         proto_request_begin(&pk, KVD_OP_ADMIN_CHECK, id, 0);
-        code = run(conn, &sb, at);
+        code = run(conn, sb, at);
         FUZZ_ASSERT(conn == 0 ? code == 0 : code == KVD_EPERM);
         break;
     default: { /* seq_extend with a wild n (overflow paths) */
@@ -258,7 +271,7 @@ static void step(struct prog *g)
         proto_request_begin(&pk, KVD_OP_SEQ_EXTEND, id, 2);
         proto_pack_kv_uint(&pk, "seq", seq);
         proto_pack_kv_uint(&pk, "n", n);
-        code = run(conn, &sb, at);
+        code = run(conn, sb, at);
         break;
     }
     }
@@ -269,7 +282,6 @@ static void step(struct prog *g)
     fuzz_check_mm(&env);
     free(toks);
     free(wdata);
-    msgpack_sbuffer_destroy(&sb);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -277,13 +289,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!env_ready) {
         if (fuzz_env_new(&env) != 0)
             abort();
+        msgpack_sbuffer_init(&req);
+        if (getenv("FUZZ_OPS_STATS"))
+            atexit(print_stats);
         env_ready = 1;
-    } else if (fuzz_env_reset(&env) != 0) {
-        abort();
     }
+    fuzz_env_begin(&env);
+    fuzz_env_mm(&env); /* step() reads its geometry */
     struct prog g = {.p = data, .n = size};
-    for (int steps = 0; g.off < g.n && steps < 256; steps++)
+    int steps = 0;
+    for (; g.off < g.n && steps < MAX_STEPS; steps++)
         step(&g);
+    n_programs++;
+    n_steps += (uint64_t)steps;
     fuzz_close_all(&env);
+    fuzz_env_end(&env);
     return 0;
 }
