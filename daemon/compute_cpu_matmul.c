@@ -17,11 +17,12 @@
  *   (even and odd k) so enough FMA chains hide the latency, q8_0 scales
  *   applied once per block; the stream is prefetched MM_PFD bytes ahead.
  * - rows >= MM_PANEL_ROWS (batched decode, prefill: compute-bound): a
- *   thread widens its chunk of groups once into a per-thread f32 panel (L2)
- *   and runs tiles of up to 6 activation rows x 16 columns (12 accumulators,
- *   2 panel loads and 6 broadcasts per 12 FMAs) over it, MM_RB activation
- *   rows at a time so they stay in L2; the next chunk is prefetched
- *   meanwhile, spread over the first row block's compute.
+ *   thread takes a chunk of groups and runs tiles of up to 6 activation rows
+ *   x 16 columns (12 accumulators, 2 panel loads and 6 broadcasts per 12
+ *   FMAs) over it in MM_KB-value k blocks, MM_RB activation rows at a time.
+ *   The first tile of the first row block widens the chunk into a
+ *   per-thread f32 panel as it goes (the tiles after it read the panel
+ *   block from L1) and prefetches the next chunk meanwhile.
  * Matrices left in file rows (CL_ROWS: tensors built by hand) take a plain
  * row-major GEMV per activation row.
  * Threads take chunks of groups from an atomic counter. Every output is
@@ -306,7 +307,7 @@ static SIMD_TARGET void pk_gemv(enum ctype t, const uint8_t *g, size_t in, const
     }
 }
 
-/* ---- panel kernel: o[r][0..16) += for r < NR (<= 6), from an f32 panel ---- */
+/* ---- panel kernel: partial sums o[r][0..16), r < NR (<= 6), over an f32 panel ---- */
 
 MM_INLINE SIMD_TARGET void acc_load(__m256 a[][2], const float *o, bool first, const int NR)
 {
