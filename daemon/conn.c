@@ -171,19 +171,6 @@ _Static_assert(sizeof(struct ops_ctx) - offsetof(struct ops_ctx, err) <
                    sizeof(struct proto_err) + _Alignof(struct ops_ctx),
                "struct ops_ctx: err must be the last member");
 
-/* A printable, bounded copy of client text for an error message. */
-static void safe_copy(char *dst, size_t cap, const char *s, size_t len)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < len && n + 4 < cap; i++)
-        dst[n++] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
-    if (len > n && n + 4 >= cap) {
-        memcpy(dst + n, "...", 3);
-        n += 3;
-    }
-    dst[n] = '\0';
-}
-
 /* Decodes and runs one request whose payload is p[0..len). Returns false
  * when the connection must close (the message could not be parsed). */
 static bool dispatch(struct conn *c, const uint8_t *p, size_t len)
@@ -205,31 +192,10 @@ static bool dispatch(struct conn *c, const uint8_t *p, size_t len)
         conn_send_error(c, 0, e.code, e.message);
         return false;
     }
-    const msgpack_object *ido = proto_map_find(m.root, "id");
-    if (!ido || ido->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
-        conn_send_error(c, 0, KVD_EBADREQ, "'id' must be an unsigned integer");
-        goto out;
-    }
-    uint64_t id = ido->via.u64;
-    const char *op;
-    size_t oplen;
-    if (proto_get_str(m.root, "op", &op, &oplen, &e)) {
-        conn_send_error(c, id, e.code, e.message);
-        goto out;
-    }
-    const struct ops_entry *ent = ops_table_find(&srv->ops, op, oplen);
-    if (!ent) {
-        char name[48], msg[96];
-        safe_copy(name, sizeof(name), op, oplen);
-        snprintf(msg, sizeof(msg), "unknown op '%s'", name);
-        conn_send_error(c, id, KVD_EUNKNOWN_OP, msg);
-        goto out;
-    }
-    if ((ent->flags & OPS_ADMIN) && !c->admin) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "%s needs an admin uid (uid %u is not one)", ent->name,
-                 (unsigned)c->uid);
-        conn_send_error(c, id, KVD_EPERM, msg);
+    uint64_t id;
+    const struct ops_entry *ent;
+    if ((rc = ops_resolve(&srv->ops, m.root, c->admin, (unsigned)c->uid, &id, &ent, &e))) {
+        conn_send_error(c, id, rc, e.message);
         goto out;
     }
     if (srv->shutting_down) {

@@ -7,6 +7,47 @@
 
 #include "kvd/protocol.h"
 
+/* A printable, bounded copy of client text for an error message. */
+static void safe_copy(char *dst, size_t cap, const char *s, size_t len)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len && n + 4 < cap; i++)
+        dst[n++] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
+    if (len > n && n + 4 >= cap) {
+        memcpy(dst + n, "...", 3);
+        n += 3;
+    }
+    dst[n] = '\0';
+}
+
+int ops_resolve(const struct ops_table *t, const msgpack_object *root, bool admin, unsigned uid,
+                uint64_t *id, const struct ops_entry **ent, struct proto_err *e)
+{
+    const char *op;
+    size_t oplen;
+    int rc;
+    *id = 0;
+    *ent = NULL;
+    const msgpack_object *ido = proto_map_find(root, "id");
+    if (!ido || ido->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return proto_err_set(e, KVD_EBADREQ, "'id' must be an unsigned integer");
+    *id = ido->via.u64;
+    if ((rc = proto_get_str(root, "op", &op, &oplen, e)))
+        return rc;
+    if (!(*ent = ops_table_find(t, op, oplen))) {
+        char name[48];
+        safe_copy(name, sizeof(name), op, oplen);
+        return proto_err_set(e, KVD_EUNKNOWN_OP, "unknown op '%s'", name);
+    }
+    if (((*ent)->flags & OPS_ADMIN) && !admin) {
+        rc = proto_err_set(e, KVD_EPERM, "%s needs an admin uid (uid %u is not one)", (*ent)->name,
+                           uid);
+        *ent = NULL;
+        return rc;
+    }
+    return 0;
+}
+
 int ops_table_set(struct ops_table *t, const char *name, ops_fn fn, void *ctx, unsigned flags)
 {
     if (strlen(name) >= sizeof(t->v[0].name))

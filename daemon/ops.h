@@ -71,6 +71,14 @@ struct ops_table {
 
 int ops_table_set(struct ops_table *t, const char *name, ops_fn fn, void *ctx, unsigned flags);
 const struct ops_entry *ops_table_find(const struct ops_table *t, const char *name, size_t len);
+
+/* A parsed request's id and op, resolved to its handler with the checks and
+ * messages every transport gives (a bad id, a bad or unknown op, an admin op
+ * from a non-admin uid). 0 with *id and *ent set; else a protocol code with
+ * e's message saying why, and *id the request's id when it had a valid one
+ * (0 otherwise). */
+int ops_resolve(const struct ops_table *t, const msgpack_object *root, bool admin, unsigned uid,
+                uint64_t *id, const struct ops_entry **ent, struct proto_err *e);
 void ops_table_free(struct ops_table *t);
 /* Registers every built-in op. */
 int ops_register_builtin(struct ops_table *t);

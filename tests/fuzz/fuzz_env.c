@@ -254,19 +254,6 @@ int fuzz_parse_reply(struct fuzz_env *e, const void *payload, size_t len, struct
     return proto_msg_parse_in(m, payload, len, e->reply_zone, NULL);
 }
 
-/* A printable, bounded copy of client text for an error message (conn.c's). */
-static void safe_copy(char *dst, size_t cap, const char *s, size_t len)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < len && n + 4 < cap; i++)
-        dst[n++] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
-    if (len > n && n + 4 >= cap) {
-        memcpy(dst + n, "...", 3);
-        n += 3;
-    }
-    dst[n] = '\0';
-}
-
 /* conn.c's dispatch step by step: the request decoded into the server's
  * zone (cleared after it), the reply packed in place by a proto packer. */
 bool fuzz_dispatch(struct fuzz_env *e, int conn, const uint8_t *payload, size_t len, int *code)
@@ -288,34 +275,10 @@ bool fuzz_dispatch(struct fuzz_env *e, int conn, const uint8_t *payload, size_t 
             *code = rc;
         return false;
     }
-    const msgpack_object *ido = proto_map_find(m.root, "id");
-    const char *op;
-    size_t oplen;
-    const struct ops_entry *ent = NULL;
-    char buf[160];
-    const char *msg = buf;
-    buf[0] = '\0';
-    if (!ido || ido->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
-        rc = KVD_EBADREQ;
-        msg = "'id' must be an unsigned integer";
-    } else {
-        id = ido->via.u64;
-        rc = proto_get_str(m.root, "op", &op, &oplen, &pe);
-        if (rc) {
-            msg = pe.message;
-        } else if (!(ent = ops_table_find(&e->srv->ops, op, oplen))) {
-            char name[48];
-            safe_copy(name, sizeof(name), op, oplen);
-            rc = KVD_EUNKNOWN_OP;
-            snprintf(buf, sizeof(buf), "unknown op '%s'", name);
-        } else if ((ent->flags & OPS_ADMIN) && !fc->admin) {
-            rc = KVD_EPERM;
-            snprintf(buf, sizeof(buf), "%s needs an admin uid (uid %u is not one)", ent->name,
-                     (unsigned)fc->uid);
-        }
-    }
+    const struct ops_entry *ent;
+    rc = ops_resolve(&e->srv->ops, m.root, fc->admin, (unsigned)fc->uid, &id, &ent, &pe);
     if (rc) {
-        FUZZ_ASSERT(proto_frame_error(sb, id, rc, msg) == 0);
+        FUZZ_ASSERT(proto_frame_error(sb, id, rc, pe.message) == 0);
     } else {
         struct ops_ctx ctx;
         memset(&ctx, 0, offsetof(struct ops_ctx, err));
