@@ -1,10 +1,19 @@
 /* Token sampling (see sampler.h): greedy argmax, or temperature softmax with
  * top-k / top-p truncation and one draw from the request's own xoshiro256**
- * stream. Never touches global state, so batching cannot change a draw. */
+ * stream. Never touches global state, so batching cannot change a draw.
+ *
+ * The truncations and the draw all ask one question: walking the
+ * candidates in order, where does the running weight first exceed t? The
+ * answer is found by radix select over a 64-bit key that encodes the order
+ * (bigger key = earlier), eight bits a pass from the top: a histogram of
+ * weight per digit, then the digit where t lands. That is O(V) with no
+ * sort, and it is what kernels/sample.cu does with one thread block per
+ * row; weights are integers so both get the same answer. */
 #include "sampler.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kvd/status.h"
 
@@ -67,26 +76,71 @@ static uint32_t argmax(const float *logits, uint32_t n)
     return best;
 }
 
-/* A candidate: scaled logit, later its unnormalised probability. Sorting
- * (value, id) pairs keeps the comparator free of global context. */
+void sampler_next_row(struct sampler *s, struct sample_row *row)
+{
+    *row = (struct sample_row){.temperature = s->p.temperature, .top_k = s->p.top_k,
+                               .top_p = s->p.top_p};
+    if (s->p.temperature > 0.0f)
+        row->u = sampler_uniform(s);
+}
+
+/* A candidate: its order key and its weight. */
 struct cand {
-    float v;
-    uint32_t id;
+    uint64_t key, w;
 };
 
-static int cand_cmp(const void *a, const void *b)
+/* f32 bits mapped so that unsigned order is float order (-inf lowest). */
+static uint32_t ord_float(float f)
 {
-    const struct cand *x = a, *y = b;
-    if (x->v != y->v)
-        return x->v > y->v ? -1 : 1;
-    return x->id < y->id ? -1 : (x->id > y->id);
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Walking c[0..n) by descending key, the key of the candidate at which the
+ * running mass (1 each when by_count, else w) first exceeds t; t must be
+ * below the total. Works in tmp[n]. */
+static uint64_t select_key(const struct cand *c, size_t n, struct cand *tmp, bool by_count,
+                           uint64_t t)
+{
+    uint64_t prefix = 0;
+    const struct cand *src = c;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        uint64_t hist[256] = {0};
+        for (size_t i = 0; i < n; i++)
+            hist[src[i].key >> shift & 255] += by_count ? 1 : src[i].w;
+        int d = 255;
+        for (; d > 0 && t >= hist[d]; d--)
+            t -= hist[d];
+        prefix |= (uint64_t)d << shift;
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if ((src[i].key >> shift & 255) == (uint64_t)d)
+                tmp[m++] = src[i];
+        src = tmp;
+        n = m;
+    }
+    return prefix;
+}
+
+/* Keeps the candidates with key >= min (order not kept); returns how many. */
+static size_t keep_from(struct cand *c, size_t n, uint64_t min, uint64_t *total)
+{
+    size_t m = 0;
+    *total = 0;
+    for (size_t i = 0; i < n; i++)
+        if (c[i].key >= min) {
+            *total += c[i].w;
+            c[m++] = c[i];
+        }
+    return m;
 }
 
 static int scratch_reserve(struct sampler_scratch *sc, size_t n)
 {
     if (sc->cap >= n)
         return 0;
-    void *buf = realloc(sc->buf, n * sizeof(struct cand));
+    void *buf = realloc(sc->buf, 2 * n * sizeof(struct cand));
     if (!buf)
         return KVD_ENOMEM;
     sc->buf = buf;
@@ -101,76 +155,73 @@ void sampler_scratch_free(struct sampler_scratch *sc)
     sc->cap = 0;
 }
 
-int sampler_sample(struct sampler *s, struct sampler_scratch *sc, const float *logits,
-                   uint32_t n_vocab, uint32_t *out)
+int sampler_pick(const struct sample_row *row, struct sampler_scratch *sc, const float *logits,
+                 uint32_t n_vocab, uint32_t *out)
 {
-    const struct sampler_params *p = &s->p;
+    *out = 0;
     if (n_vocab == 0)
         return KVD_EINTERNAL;
-    if (!(p->temperature > 0.0f)) {
+    if (row->skip)
+        return 0;
+    if (!(row->temperature > 0.0f)) {
         *out = argmax(logits, n_vocab);
         return 0;
     }
-    int rc = scratch_reserve(sc, n_vocab);
-    if (rc)
-        return rc;
-    struct cand *c = sc->buf;
-    float inv_t = 1.0f / p->temperature;
+    float inv_t = 1.0f / row->temperature, mx = -INFINITY;
     for (uint32_t i = 0; i < n_vocab; i++) {
-        c[i].v = clean(logits[i]) * inv_t;
-        c[i].id = i;
+        float v = clean(logits[i]) * inv_t;
+        mx = v > mx ? v : mx;
     }
-    size_t n = n_vocab;
-    bool truncate = (p->top_k > 0 && p->top_k < n_vocab) || p->top_p < 1.0f;
-    if (truncate) {
-        /* Sorted by probability (ties by id), so top-k and top-p are prefixes
-         * and the order (hence the draw) does not depend on anything but the
-         * logits. O(V log V): a few ms at V = 32k on cpu, small next to a
-         * forward step. */
-        qsort(c, n, sizeof(*c), cand_cmp);
-        if (p->top_k > 0 && p->top_k < n)
-            n = p->top_k;
-    }
-    float mx = c[0].v;
-    if (!truncate)
-        for (size_t i = 1; i < n; i++)
-            if (c[i].v > mx)
-                mx = c[i].v;
     if (mx == -INFINITY) {
         *out = argmax(logits, n_vocab);
         return 0;
     }
-    /* Probabilities in double: stable sums over 32k terms. Stored back into
-     * c[i].v as f32 weights relative to the max (exp <= 1). */
-    double total = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double e = exp((double)c[i].v - (double)mx);
-        c[i].v = (float)e;
-        total += e;
+    bool top_k = row->top_k > 0 && row->top_k < n_vocab, top_p = row->top_p < 1.0f;
+    bool sorted = top_k || top_p;
+    int rc = scratch_reserve(sc, n_vocab);
+    if (rc)
+        return rc;
+    struct cand *c = sc->buf, *tmp = c + n_vocab;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        float v = clean(logits[i]) * inv_t;
+        uint64_t low = 0xffffffffu - i;
+        c[i].key = sorted ? (uint64_t)ord_float(v) << 32 | low : low;
+        c[i].w = (uint64_t)(exp((double)v - (double)mx) * SAMPLE_FX_ONE + 0.5);
+        total += c[i].w;
     }
-    if (p->top_p < 1.0f) {
-        double need = (double)p->top_p * total, acc = 0.0;
-        size_t keep = n;
-        for (size_t i = 0; i < n; i++) {
-            acc += c[i].v;
-            if (acc >= need) {
-                keep = i + 1;
-                break;
-            }
-        }
-        n = keep;
-        total = 0.0;
-        for (size_t i = 0; i < n; i++)
-            total += c[i].v;
+    size_t n = n_vocab;
+    if (top_k)
+        n = keep_from(c, n, select_key(c, n, tmp, true, row->top_k - 1), &total);
+    if (top_p) {
+        /* total >= SAMPLE_FX_ONE: the largest v has exactly that weight. */
+        uint64_t need = (uint64_t)ceil((double)row->top_p * (double)total);
+        need = need < 1 ? 1 : need > total ? total : need;
+        n = keep_from(c, n, select_key(c, n, tmp, false, need - 1), &total);
     }
-    double u = sampler_uniform(s) * total, acc = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        acc += c[i].v;
-        if (u < acc) {
-            *out = c[i].id;
+    uint64_t t = (uint64_t)(row->u * (double)total);
+    t = t >= total ? total - 1 : t;
+    if (sorted) {
+        *out = 0xffffffffu - (uint32_t)select_key(c, n, tmp, false, t);
+        return 0;
+    }
+    /* Nothing truncated: id order, so one running sum finds it. */
+    uint64_t acc = 0;
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        acc += c[i].w;
+        if (acc > t) {
+            *out = i;
             return 0;
         }
     }
-    *out = c[n - 1].id; /* u landed on rounding slack at the very end */
+    *out = n_vocab - 1; /* unreachable: t < total */
     return 0;
+}
+
+int sampler_sample(struct sampler *s, struct sampler_scratch *sc, const float *logits,
+                   uint32_t n_vocab, uint32_t *out)
+{
+    struct sample_row row;
+    sampler_next_row(s, &row);
+    return sampler_pick(&row, sc, logits, n_vocab, out);
 }

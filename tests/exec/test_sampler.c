@@ -1,12 +1,15 @@
 /* Sampler unit tests: greedy is argmax (lowest id on ties, NaN ignored),
- * top-k 1 and a tiny top-p collapse to argmax, a seed fixes the draws, and
+ * top-k 1 and a tiny top-p collapse to argmax, a seed fixes the draws,
  * draws follow the softmax (loose statistical bound, fixed seed: the test
- * is deterministic). */
+ * is deterministic), and sampler_pick's radix select equals a plain
+ * sort-and-walk reference on random rows (ties, -inf, NaN, every mode). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -100,12 +103,143 @@ static void test_seed_and_distribution(void **state)
     sampler_scratch_free(&sc);
 }
 
+/* ---- sampler_pick against a sort-based reference ------------------------ */
+
+struct rcand {
+    float v;
+    uint32_t id;
+    uint64_t w;
+};
+
+static int rcand_cmp(const void *a, const void *b)
+{
+    const struct rcand *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return x->id < y->id ? -1 : (x->id > y->id);
+}
+
+/* sampler.h's definition, spelled out: sort, cut, walk. */
+static uint32_t reference_pick(const struct sample_row *row, const float *l, uint32_t n)
+{
+    struct rcand *c = calloc(n, sizeof *c);
+    assert_non_null(c);
+    float inv_t = 1.0f / row->temperature, mx = -INFINITY;
+    for (uint32_t i = 0; i < n; i++) {
+        c[i].v = (isnan(l[i]) ? -INFINITY : l[i]) * inv_t;
+        c[i].id = i;
+        mx = c[i].v > mx ? c[i].v : mx;
+    }
+    uint32_t out = 0;
+    if (mx == -INFINITY) { /* argmax: all -inf or NaN gives id 0 */
+        free(c);
+        return 0;
+    }
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        c[i].w = (uint64_t)(exp((double)c[i].v - (double)mx) * SAMPLE_FX_ONE + 0.5);
+        total += c[i].w;
+    }
+    bool tk = row->top_k > 0 && row->top_k < n, tp = row->top_p < 1.0f;
+    size_t m = n;
+    if (tk || tp)
+        qsort(c, n, sizeof *c, rcand_cmp);
+    if (tk) {
+        m = row->top_k;
+        total = 0;
+        for (size_t i = 0; i < m; i++)
+            total += c[i].w;
+    }
+    if (tp) {
+        uint64_t need = (uint64_t)ceil((double)row->top_p * (double)total), acc = 0;
+        need = need < 1 ? 1 : need > total ? total : need;
+        for (size_t i = 0; i < m; i++) {
+            acc += c[i].w;
+            if (acc >= need) {
+                m = i + 1;
+                break;
+            }
+        }
+        total = acc;
+    }
+    uint64_t t = (uint64_t)(row->u * (double)total), acc = 0;
+    t = t >= total ? total - 1 : t;
+    for (size_t i = 0; i < m; i++) {
+        acc += c[i].w;
+        if (acc > t) {
+            out = c[i].id;
+            break;
+        }
+    }
+    free(c);
+    return out;
+}
+
+static uint64_t rnd(uint64_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+static void test_pick_matches_reference(void **state)
+{
+    (void)state;
+    struct sampler_scratch sc = {0};
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    const uint32_t sizes[] = {1, 2, 7, 100, 1000, 32000};
+    unsigned checked = 0;
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        uint32_t n = sizes[si];
+        float *l = malloc(n * sizeof *l);
+        assert_non_null(l);
+        for (int trial = 0; trial < (n > 1000 ? 40 : 300); trial++) {
+            /* Logits on a coarse grid (many ties), a few -inf and NaN, and
+             * now and then a row that is all -inf. */
+            int grid = 1 + (int)(rnd(&x) % 64);
+            bool dead = rnd(&x) % 50 == 0;
+            for (uint32_t i = 0; i < n; i++) {
+                uint64_t r = rnd(&x);
+                l[i] = dead || r % 97 == 0 ? -INFINITY : r % 89 == 0 ? NAN
+                                                       : (float)((int)(r >> 8) % grid) * 0.25f - 4.0f;
+            }
+            struct sample_row row = {
+                .temperature = (float)(1 + rnd(&x) % 40) / 10.0f,
+                .top_k = rnd(&x) % 3 == 0 ? 0 : (uint32_t)(rnd(&x) % (n + 2)),
+                .top_p = rnd(&x) % 3 == 0 ? 1.0f : (float)(rnd(&x) % 1001) / 1000.0f,
+                .u = (double)(rnd(&x) >> 11) * (1.0 / 9007199254740992.0),
+            };
+            if (row.top_p <= 0.0f)
+                row.top_p = 1e-6f;
+            if (trial % 25 == 0)
+                row.u = trial % 50 == 0 ? 0.0 : 0.9999999999999999;
+            uint32_t got = UINT32_MAX;
+            assert_int_equal(sampler_pick(&row, &sc, l, n, &got), 0);
+            uint32_t want = reference_pick(&row, l, n);
+            if (got != want)
+                fail_msg("n %u T %g k %u p %g u %.17g: pick %u, reference %u", n,
+                         (double)row.temperature, row.top_k, (double)row.top_p, row.u, got, want);
+            checked++;
+        }
+        free(l);
+    }
+    assert_true(checked > 1000);
+    /* A skipped row picks 0 and reads nothing. */
+    struct sample_row skip = {.temperature = 1.0f, .top_p = 1.0f, .skip = 1, .u = 0.5};
+    uint32_t t = 7;
+    assert_int_equal(sampler_pick(&skip, &sc, NULL, 10, &t), 0);
+    assert_int_equal(t, 0);
+    sampler_scratch_free(&sc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),
         cmocka_unit_test(test_truncation_to_argmax),
         cmocka_unit_test(test_seed_and_distribution),
+        cmocka_unit_test(test_pick_matches_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
