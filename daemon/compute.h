@@ -28,6 +28,7 @@
 
 #include "backend.h"
 #include "kvmm.h"
+#include "sampler.h"
 
 /* Weight element types; the numbers are ggml's type ids (GGUF files). */
 enum ctype {
@@ -62,6 +63,9 @@ struct ctensor {
 size_t ctype_row_bytes(enum ctype t, uint64_t n);
 const char *ctype_name(enum ctype t); /* "f32", "f16", "q8_0", "bf16", "?" */
 
+/* The tok_slot of a padding row: kv_write skips it. */
+#define COMPUTE_PAD_SLOT UINT32_MAX
+
 /* RoPE modes, as in ggml: NORM rotates adjacent pairs (x[2i], x[2i+1]) (arch
  * llama); NEOX rotates (x[i], x[i + n_rot/2]) (arch qwen2). */
 enum rope_mode { ROPE_NORM = 0, ROPE_NEOX = 2 };
@@ -82,7 +86,11 @@ enum rope_mode { ROPE_NORM = 0, ROPE_NEOX = 2 };
  *   s_j   = scale * dot(q[t][h][:], K[g][j][:])  for j in [0, p]   (causal)
  *   a_j   = softmax_j(s_j)   (f32, max-subtracted)
  *   out[t][h][:] = sum_j a_j * V[g][j][:]
- * K and V are read in the geometry's dtype and widened to f32. */
+ * K and V are read in the geometry's dtype and widened to f32.
+ *
+ * Padding (see step_bucket): a sequence may have no rows (seq_qstart[s] ==
+ * seq_qstart[s+1]), and rows at or after seq_qstart[n_seqs] belong to no
+ * sequence; neither gets any output (those out rows are left as they are). */
 struct attn_desc {
     const float *q; /* device [n_tokens][n_head][head_dim], already roped */
     float *out;     /* device [n_tokens][n_head][head_dim] */
@@ -113,6 +121,7 @@ struct compute_step {
     uint32_t n_tokens, n_seqs;
     uint32_t max_q;     /* 1: decode only (the only steps worth a graph) */
     uint32_t max_kv;    /* largest context: sizes attention's split count */
+    uint32_t sampled;   /* 1: the step ends with the sample op */
 };
 
 struct compute_conf {
@@ -174,7 +183,8 @@ struct compute_ops {
      * k, v device [n_tokens][kv_heads][head_dim]; row t goes to block
      * tok_slot[t], row tok_pos[t] % block_tokens (device arrays [n_tokens]),
      * converted to geom->dtype with round-to-nearest-even (f16: IEEE half,
-     * overflow to inf; bf16: upper 16 bits of the f32, rounded, NaN kept). */
+     * overflow to inf; bf16: upper 16 bits of the f32, rounded, NaN kept).
+     * A row whose tok_slot is COMPUTE_PAD_SLOT (padding) writes nothing. */
     int (*kv_write)(struct compute_ctx *cx, void *arena, const struct kv_geom *geom,
                     uint32_t layer, const float *k, const float *v, uint32_t n_tokens,
                     const uint32_t *tok_slot, const uint32_t *tok_pos);
@@ -188,7 +198,20 @@ struct compute_ops {
      * position before the final norm and the output projection. */
     int (*gather_rows)(struct compute_ctx *cx, float *out, const float *x, const uint32_t *rows,
                        uint32_t n, uint32_t width);
+    /* out[r] = the token sampler_pick (sampler.h) picks for p[r] from
+     * logits[r][:]: logits device [rows][vocab], p device [rows], out device
+     * [rows]. So a step downloads token ids, not the vocabulary. */
+    int (*sample)(struct compute_ctx *cx, const float *logits, uint32_t rows, uint32_t vocab,
+                  const struct sample_row *p, uint32_t *out);
 
+    /* OPTIONAL (NULL on cpu): the number of sequences a decode-only step of
+     * n_seqs sequences is padded to (>= n_seqs), so that steps of nearby
+     * sizes share one captured graph. model_forward adds the padding as
+     * sequences of no rows plus as many rows of token 0 at position 0 in no
+     * sequence, with tok_slot COMPUTE_PAD_SLOT (their K/V is not written,
+     * attention gives them nothing, sample skips them, and their outputs are
+     * not downloaded), up to what the fwd_ctx holds. */
+    uint32_t (*step_bucket)(struct compute_ctx *cx, uint32_t n_seqs);
     /* OPTIONAL (NULL on cpu): whole-step capture and replay (CUDA graphs on
      * cuda). model_forward calls step_begin after its metadata uploads and
      * before the first op. *replayed = 1: the backend already ran this

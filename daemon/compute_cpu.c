@@ -179,6 +179,7 @@ static void cpu_ctx_free(struct compute_ctx *cx)
     }
     free(cx->scratch);
     free(cx->panel);
+    sampler_scratch_free(&cx->sample_scratch);
     free(cx);
 }
 
@@ -350,6 +351,8 @@ static int cpu_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geo
     size_t head_bytes = bt * hd * esz; /* one [token][head_dim] plane */
     size_t block_bytes = (size_t)g->layers * 2 * g->kv_heads * head_bytes;
     for (uint32_t t = 0; t < n_tokens; t++) {
+        if (tok_slot[t] == COMPUTE_PAD_SLOT)
+            continue;
         uint8_t *blk = (uint8_t *)arena + (size_t)tok_slot[t] * block_bytes;
         size_t row = tok_pos[t] % bt;
         for (uint32_t h = 0; h < g->kv_heads; h++) {
@@ -433,6 +436,17 @@ static int cpu_gather_rows(struct compute_ctx *cx, float *out, const float *x, c
     return 0;
 }
 
+static int cpu_sample(struct compute_ctx *cx, const float *logits, uint32_t rows, uint32_t vocab,
+                      const struct sample_row *p, uint32_t *out)
+{
+    for (uint32_t r = 0; r < rows; r++) {
+        int rc = sampler_pick(&p[r], &cx->sample_scratch, logits + (size_t)r * vocab, vocab, &out[r]);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 static const struct compute_ops cpu_ops = {
     .name = "cpu",
     .ctx_new = cpu_ctx_new,
@@ -454,6 +468,7 @@ static const struct compute_ops cpu_ops = {
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
     .gather_rows = cpu_gather_rows,
+    .sample = cpu_sample,
 };
 
 const struct compute_ops *compute_cpu_ops(void)

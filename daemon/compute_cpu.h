@@ -44,6 +44,7 @@ struct compute_ctx {
     /* per-worker batched-matmul scratch (q8_0 f32 panel, partial sums): [n][panel_cap] */
     float **panel;
     size_t panel_cap;
+    struct sampler_scratch sample_scratch; /* the sample op's (caller thread only) */
 };
 
 void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg);

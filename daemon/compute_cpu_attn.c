@@ -117,7 +117,7 @@ struct attn_job {
     const struct attn_desc *d;
     struct compute_ctx *cx;
     atomic_uint next;
-    uint32_t n_units; /* n_tokens * kv_heads */
+    uint32_t n_units; /* rows in a sequence * kv_heads (padding rows after them get nothing) */
 };
 
 static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
@@ -229,7 +229,8 @@ static void attn_task(void *arg, uint32_t ith, uint32_t nth)
 
 int cpu_attention(struct compute_ctx *cx, const struct attn_desc *d)
 {
-    struct attn_job j = {.d = d, .cx = cx, .n_units = d->n_tokens * d->geom->kv_heads};
+    struct attn_job j = {.d = d, .cx = cx,
+                         .n_units = d->h_seq_qstart[d->n_seqs] * d->geom->kv_heads};
     size_t need = (size_t)(d->n_head / d->geom->kv_heads) * d->max_kv;
     if (need > cx->scratch_cap) {
         for (uint32_t i = 0; i < cx->pool.n; i++) {

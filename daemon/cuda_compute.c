@@ -56,7 +56,6 @@ static void cuda_ctx_free(struct compute_ctx *cx)
         cuda_wconv_free_all(cx);
         cudaFree(cx->xb);
         cudaFree(cx->part);
-        cudaFree(cx->am);
         cudaFree(cx->blas_ws);
         cudaFreeHost(cx->stg);
     }
@@ -243,6 +242,7 @@ static bool key_eq(const struct compute_step *a, const struct compute_step *b)
 {
     return a->owner == b->owner && a->arena == b->arena && a->tables == b->tables &&
            a->n_tokens == b->n_tokens && a->n_seqs == b->n_seqs && a->max_q == b->max_q &&
+           a->sampled == b->sampled &&
            kv_bucket(a->max_kv) == kv_bucket(b->max_kv);
 }
 
@@ -260,6 +260,23 @@ static struct cuda_graph_entry *graph_slot(struct compute_ctx *cx, const struct 
     graph_drop(lru);
     lru->key = *st;
     return lru;
+}
+
+/* Decode batches are padded to 1, 2, 4, 8, then powers of two and 1.5x
+ * powers of two (12, 16, 24, 32, 48, 64, 96, 128, 192, 256, ...): at most
+ * a third of a step's rows are padding, and a batch that grows or shrinks
+ * by a few sequences replays the graph it already has. No padding when
+ * graphs are off: it would only cost. */
+static uint32_t cuda_step_bucket(struct compute_ctx *cx, uint32_t n)
+{
+    if (!cx->graphs || n <= 1)
+        return n;
+    uint32_t p = 1;
+    while (p < n && p < (1u << 30))
+        p <<= 1;
+    if (p >= 16 && p / 4 * 3 >= n)
+        return p / 4 * 3;
+    return p;
 }
 
 static int cuda_step_begin(struct compute_ctx *cx, const struct compute_step *st, int *replayed)
@@ -344,16 +361,6 @@ void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats 
     st->eager = cx->n_eager;
 }
 
-int cuda_compute_argmax(struct compute_ctx *cx, const float *logits, uint32_t rows, uint32_t vocab,
-                        int32_t *out)
-{
-    int rc = grow_dev(cx, (void **)&cx->am, &cx->am_cap, rows ? rows : 1, sizeof(int32_t));
-    if (rc)
-        return rc;
-    rc = cuda_kstatus(kvd_k_argmax(cx->am, logits, (int)rows, (int)vocab, cx->stream), "argmax");
-    return rc ? rc : cuda_download(cx, out, cx->am, (size_t)rows * sizeof(int32_t));
-}
-
 static const struct compute_ops cuda_compute_table = {
     .name = "cuda",
     .ctx_new = cuda_ctx_new,
@@ -373,6 +380,8 @@ static const struct compute_ops cuda_compute_table = {
     .silu_mul = cuda_op_silu_mul,
     .add = cuda_op_add,
     .gather_rows = cuda_op_gather_rows,
+    .sample = cuda_op_sample,
+    .step_bucket = cuda_step_bucket,
     .step_begin = cuda_step_begin,
     .step_end = cuda_step_end,
 };

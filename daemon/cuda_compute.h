@@ -1,5 +1,5 @@
 /* cuda_compute: what tests and benchmarks may ask of a cuda compute context
- * beyond compute.h (graphs on/off, counters, device argmax). The context
+ * beyond compute.h (graphs on/off, counters). The context
  * itself is private to cuda_compute*.c (cuda_compute_impl.h), so this header
  * can be included next to another backend's internals. CUDA builds only. */
 #ifndef KVD_CUDA_COMPUTE_H
@@ -18,9 +18,5 @@ struct cuda_compute_stats {
     uint64_t captures, replays, eager;
 };
 void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats *st);
-/* Greedy sampling on the device: out (host) [rows] = argmax of each row of
- * logits (device [rows][vocab]); synchronous. */
-int cuda_compute_argmax(struct compute_ctx *cx, const float *logits, uint32_t rows, uint32_t vocab,
-                        int32_t *out);
 
 #endif

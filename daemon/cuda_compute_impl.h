@@ -29,7 +29,7 @@ struct cuda_graph_entry {
     cudaGraphExec_t exec;
 };
 
-#define CUDA_GRAPH_SLOTS 64
+#define CUDA_GRAPH_SLOTS 128
 
 struct compute_ctx {
     struct backend *be;
@@ -49,8 +49,6 @@ struct compute_ctx {
     float *part;
     size_t part_cap;
     void *blas_ws;
-    int32_t *am; /* argmax results [am_cap] */
-    size_t am_cap;
 
     struct cuda_wconv *wconv; /* open addressing, wconv_cap a power of two */
     size_t wconv_cap, wconv_n;
@@ -95,6 +93,8 @@ int cuda_op_silu_mul(struct compute_ctx *cx, float *g, const float *u, size_t n)
 int cuda_op_add(struct compute_ctx *cx, float *x, const float *y, size_t n);
 int cuda_op_gather_rows(struct compute_ctx *cx, float *out, const float *x, const uint32_t *rows,
                         uint32_t n, uint32_t width);
+int cuda_op_sample(struct compute_ctx *cx, const float *logits, uint32_t rows, uint32_t vocab,
+                   const struct sample_row *p, uint32_t *out);
 void cuda_wconv_free_all(struct compute_ctx *cx);
 
 #endif

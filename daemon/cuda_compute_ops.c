@@ -2,6 +2,7 @@
  * thin wrappers over kernels/ plus the projections, which run as a native-
  * type GEMV for up to 8 rows (decode: weights read once, in place) and as
  * cuBLAS GEMMs above that (bf16 in, f32 accumulate; F32 weights as SGEMM). */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,6 +104,21 @@ int cuda_op_gather_rows(struct compute_ctx *cx, float *out, const float *x, cons
 {
     return cuda_kstatus(kvd_k_gather_rows(out, x, rows, (int)n, (int)width, cx->stream),
                         "gather_rows");
+}
+
+_Static_assert(sizeof(struct sample_row) == sizeof(struct kvd_k_sample_row) &&
+                   offsetof(struct sample_row, top_k) == offsetof(struct kvd_k_sample_row, top_k) &&
+                   offsetof(struct sample_row, top_p) == offsetof(struct kvd_k_sample_row, top_p) &&
+                   offsetof(struct sample_row, skip) == offsetof(struct kvd_k_sample_row, skip) &&
+                   offsetof(struct sample_row, u) == offsetof(struct kvd_k_sample_row, u),
+               "struct sample_row and struct kvd_k_sample_row must share one layout");
+
+int cuda_op_sample(struct compute_ctx *cx, const float *logits, uint32_t rows, uint32_t vocab,
+                   const struct sample_row *p, uint32_t *out)
+{
+    return cuda_kstatus(kvd_k_sample(out, logits, (const struct kvd_k_sample_row *)p, (int)rows,
+                                     (int)vocab, cx->stream),
+                        "sample");
 }
 
 /* ---- projections ---------------------------------------------------------- */

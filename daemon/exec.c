@@ -1,6 +1,7 @@
 /* The executor thread (see exec.h): takes submitted requests from an inbox,
  * and loops plan (scheduler, kvmm lock held) → model_forward (no lock) →
- * commit (lock) → sample (no lock) → finish (lock) → publish (no lock). */
+ * commit (lock) → take the sampled tokens (no lock) → finish (lock) →
+ * publish (no lock). The backend samples inside model_forward. */
 #include "exec.h"
 
 #include "acct.h"
@@ -25,8 +26,8 @@ struct exec {
     struct fwd_ctx *fc;
     struct sched_plan plan;
     struct fwd_seq *fseqs; /* [max_seqs] */
-    float *logits;         /* [max_seqs][n_vocab] */
-    struct sampler_scratch scratch;
+    struct sample_row *rows; /* [max_seqs] this step's sampling, one per plan entry */
+    uint32_t *picks;         /* [max_seqs] the tokens the backend sampled */
     uint32_t n_arena_slots;
 
     /* Shared with other threads, under mu. */
@@ -105,12 +106,12 @@ static bool is_stop(const struct sched_req *r, uint32_t tok)
     return false;
 }
 
-/* Samples the next token of every request whose chunk reached its last
+/* Takes the sampled token of every request whose chunk reached its last
  * known token, and decides whether it is finished. Runs without the kvmm
  * lock. Returns how many finished (their r->finish is set). */
 static uint32_t sample_step(struct exec *ex)
 {
-    uint32_t n_fin = 0, vocab = ex->hp->n_vocab;
+    uint32_t n_fin = 0;
     for (uint32_t i = 0; i < ex->plan.n; i++) {
         struct sched_req *r = ex->plan.reqs[i];
         if (r->state == SCHED_DONE)
@@ -126,13 +127,11 @@ static uint32_t sample_step(struct exec *ex)
         }
         if (r->n_kv != r->n_toks)
             continue; /* a prefill chunk short of the end */
-        uint32_t tok = 0;
-        int rc = sampler_sample(&r->smp, &ex->scratch, ex->logits + (size_t)i * vocab, vocab, &tok);
-        if (rc == 0)
-            rc = sched_req_push(r, tok);
+        uint32_t tok = ex->picks[i];
+        int rc = sched_req_push(r, tok);
         if (rc) {
             r->err = rc;
-            snprintf(r->errmsg, sizeof(r->errmsg), "out of memory while sampling");
+            snprintf(r->errmsg, sizeof(r->errmsg), "out of memory for the sampled token");
             r->finish = SCHED_FINISH_ERROR;
             n_fin++;
             continue;
@@ -151,11 +150,18 @@ static uint32_t sample_step(struct exec *ex)
     return n_fin;
 }
 
+/* Runs the plan's step; the backend samples every request whose chunk
+ * reaches its last known token (the request's uniform for the step is drawn
+ * here, so the draw sequence is the request's own whatever the batch). */
 static int forward(struct exec *ex)
 {
     struct sched_plan *p = &ex->plan;
     for (uint32_t i = 0; i < p->n; i++) {
         struct sched_req *r = p->reqs[i];
+        if (!r->restoring && r->n_kv + r->step_n == r->n_toks)
+            sampler_next_row(&r->smp, &ex->rows[i]);
+        else
+            ex->rows[i] = (struct sample_row){.skip = 1};
         ex->fseqs[i] = (struct fwd_seq){
             .tokens = r->toks + r->n_kv,
             .n_tokens = r->step_n,
@@ -170,7 +176,8 @@ static int forward(struct exec *ex)
         .kv_arena = kvmm_device_arena(ex->mm),
         .geom = kvmm_geom(ex->mm),
         .n_arena_slots = ex->n_arena_slots,
-        .logits = ex->logits,
+        .sample = ex->rows,
+        .tokens = ex->picks,
     };
     return model_forward(ex->m, ex->fc, &b);
 }
@@ -367,8 +374,9 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf,
     }
     rc = KVD_ENOMEM;
     ex->fseqs = calloc(sc.max_seqs, sizeof(*ex->fseqs));
-    ex->logits = malloc((size_t)sc.max_seqs * ex->hp->n_vocab * sizeof(float));
-    if (!ex->fseqs || !ex->logits)
+    ex->rows = calloc(sc.max_seqs, sizeof(*ex->rows));
+    ex->picks = calloc(sc.max_seqs, sizeof(*ex->picks));
+    if (!ex->fseqs || !ex->rows || !ex->picks)
         goto fail;
     acct_sched_update(ex->conf.acct, &ex->st.sched, 0, 0, 0); /* "executor": true */
     if (pthread_create(&ex->thread, NULL, exec_main, ex) != 0) {
@@ -402,9 +410,9 @@ void exec_free(struct exec *ex)
     if (ex->fc)
         fwd_ctx_free(ex->fc);
     sched_plan_free(&ex->plan);
-    sampler_scratch_free(&ex->scratch);
     free(ex->fseqs);
-    free(ex->logits);
+    free(ex->rows);
+    free(ex->picks);
     pthread_cond_destroy(&ex->idle);
     pthread_cond_destroy(&ex->wake);
     pthread_mutex_destroy(&ex->mu);

@@ -62,7 +62,12 @@ struct fwd_batch {
     void *kv_arena;             /* device: slot s at kv_arena + s * kv_block_bytes(geom) */
     const struct kv_geom *geom; /* must match model_kv_geom (layers, kv_heads, head_dim) */
     uint32_t n_arena_slots;     /* slots in the arena, to bound-check the tables; 0 = unchecked */
-    float *logits;              /* out, host [n_seqs][n_vocab]: each sequence's last position */
+    float *logits;              /* out, host [n_seqs][n_vocab]: each sequence's last position; may be NULL */
+    /* Sampling on the backend (the sample op): host [n_seqs] rows, or NULL;
+     * tokens: out, host [n_seqs], the picks (0 for a skipped row). At least
+     * one of logits and sample is set. */
+    const struct sample_row *sample;
+    uint32_t *tokens;
 };
 
 /* Scratch buffers on the device sized for max_batch_tokens tokens and
@@ -75,8 +80,9 @@ void fwd_ctx_free(struct fwd_ctx *c);
 /* Message of the last model_forward failure on this context. */
 const char *fwd_ctx_errmsg(const struct fwd_ctx *c);
 
-/* Runs one step: writes the K/V of every new token into its block and the
- * logits of each sequence's last new token into b->logits. Validates the
+/* Runs one step: writes the K/V of every new token into its block, and the
+ * logits of each sequence's last new token into b->logits and/or the token
+ * sampled from them into b->tokens. Validates the
  * batch first (nothing is written on a validation error): KVD_EBADREQ for an
  * out-of-vocab token, n_tokens 0, pos0 + n_tokens > n_ctx, too few or
  * out-of-range slots, a slot repeated within a sequence or a geometry that

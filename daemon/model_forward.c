@@ -1,8 +1,9 @@
 /* The forward step over paged KV, written once against the compute-ops
  * table: validate the batch, upload its token/position/block-table metadata,
  * then embedding -> n_layer x (attention block, MLP block) -> final norm ->
- * logits of each sequence's last new token. Shapes are in the comments of
- * struct fwd_ctx; T = tokens in the step, S = sequences. */
+ * logits of each sequence's last new token -> (optionally) the token sampled
+ * from them. Shapes are in the comments of struct fwd_ctx; T = tokens in the
+ * step, S = sequences. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -27,6 +28,8 @@ struct fwd_ctx {
     float *up;     /* [Tm][F] */
     float *last;   /* [Sm][E] last rows */
     float *logits; /* [Sm][V] */
+    struct sample_row *sample, *hsample; /* [Sm] the step's sampling rows, device and host */
+    uint32_t *ids;             /* [Sm] sampled tokens */
     /* metadata, device and host mirror, u32: tokens[Tm] pos[Tm] tok_slot[Tm]
      * qstart[Sm+1] pos0[Sm] slot0[Sm+1] last_rows[Sm] */
     uint32_t *meta, *hmeta;
@@ -63,7 +66,10 @@ void fwd_ctx_free(struct fwd_ctx *c)
         o->buf_free(cx, bufs[i]);
     o->buf_free(cx, c->meta);
     o->buf_free(cx, c->slots);
+    o->buf_free(cx, c->sample);
+    o->buf_free(cx, c->ids);
     free(c->hmeta);
+    free(c->hsample);
     free(c->hslots);
     free(c->conflict);
     free(c);
@@ -98,8 +104,13 @@ int fwd_ctx_new(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs, s
     c->meta_words = 3 * T + 4 * S + 2;
     if (!rc)
         rc = m->ops->buf_alloc(m->cx, c->meta_words * 4, (void **)&c->meta);
+    if (!rc)
+        rc = m->ops->buf_alloc(m->cx, S * sizeof(struct sample_row), (void **)&c->sample);
+    if (!rc)
+        rc = m->ops->buf_alloc(m->cx, S * sizeof(uint32_t), (void **)&c->ids);
     c->hmeta = malloc(c->meta_words * 4);
-    if (rc || !c->hmeta) {
+    c->hsample = malloc(S * sizeof *c->hsample);
+    if (rc || !c->hmeta || !c->hsample) {
         fwd_ctx_free(c);
         return KVD_ENOMEM;
     }
@@ -147,8 +158,9 @@ static int validate(struct fwd_ctx *c, const struct fwd_batch *b, uint32_t *n_to
     const struct kv_geom *g = b->geom;
     uint64_t T = 0, NS = 0;
     *max_kv = *max_q = 0;
-    if (!b->seqs || b->n_seqs == 0 || !b->kv_arena || !g || !b->logits)
-        return ferr(c, KVD_EBADREQ, "forward: empty batch or missing arena, geometry or logits");
+    if (!b->seqs || b->n_seqs == 0 || !b->kv_arena || !g || (!b->logits && !b->sample) ||
+        (b->sample && !b->tokens))
+        return ferr(c, KVD_EBADREQ, "forward: empty batch, or missing arena, geometry or outputs");
     if (b->n_seqs > c->max_seqs)
         return ferr(c, KVD_ETOOLARGE, "forward: %u sequences, the context holds %u", b->n_seqs,
                     c->max_seqs);
@@ -224,6 +236,17 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
     if ((rc = validate(c, b, &T, &NS, &max_kv, &max_q)))
         return rc;
 
+    /* A decode-only step may be padded to the backend's bucket (compute.h
+     * step_bucket): Sp sequences, Tp rows; the pads are sequences of no rows
+     * and rows of no sequence. */
+    uint32_t Sp = S;
+    if (max_q == 1 && o->step_bucket) {
+        uint32_t cap = c->max_seqs < c->max_tokens ? c->max_seqs : c->max_tokens;
+        Sp = o->step_bucket(cx, S);
+        Sp = Sp < S ? S : Sp > cap ? cap : Sp;
+    }
+    uint32_t Tp = T + (Sp - S);
+
     /* host metadata -> one upload */
     uint32_t Tm = c->max_tokens, Sm = c->max_seqs;
     uint32_t *tokens = c->hmeta, *pos = tokens + Tm, *tok_slot = pos + Tm, *qstart = tok_slot + Tm,
@@ -244,10 +267,27 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         last_rows[s] = t - 1;
         ns += need;
     }
-    qstart[S] = t;
-    slot0[S] = ns;
+    for (uint32_t s = S; s <= Sp; s++) {
+        qstart[s] = T;
+        slot0[s] = ns;
+        if (s < Sp) {
+            pos0[s] = 0;
+            last_rows[s] = 0;
+        }
+    }
+    for (; t < Tp; t++) {
+        tokens[t] = 0;
+        pos[t] = 0;
+        tok_slot[t] = COMPUTE_PAD_SLOT;
+    }
+    if (b->sample) {
+        memcpy(c->hsample, b->sample, (size_t)S * sizeof *b->sample);
+        for (uint32_t s = S; s < Sp; s++)
+            c->hsample[s] = (struct sample_row){.skip = 1};
+    }
     if ((rc = o->upload(cx, c->meta, c->hmeta, c->meta_words * 4)) ||
-        (rc = o->upload(cx, c->slots, c->hslots, NS * 4)))
+        (rc = o->upload(cx, c->slots, c->hslots, NS * 4)) ||
+        (b->sample && (rc = o->upload(cx, c->sample, c->hsample, (size_t)Sp * sizeof *c->hsample))))
         return ferr(c, rc, "forward: metadata upload failed");
     const uint32_t *d_tokens = c->meta, *d_pos = d_tokens + Tm, *d_tok_slot = d_pos + Tm,
                    *d_qstart = d_tok_slot + Tm, *d_pos0 = d_qstart + Sm + 1, *d_slot0 = d_pos0 + Sm,
@@ -257,14 +297,15 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
     const float *ff = hp->has_rope_freqs ? m->rope_freqs.data : NULL;
     struct attn_desc ad = {
         .q = c->q, .out = c->att, .arena = b->kv_arena, .geom = g, .n_head = hp->n_head,
-        .scale = 1.0f / sqrtf((float)hp->head_dim), .n_tokens = T, .n_seqs = S,
+        .scale = 1.0f / sqrtf((float)hp->head_dim), .n_tokens = Tp, .n_seqs = Sp,
         .seq_qstart = d_qstart, .seq_pos0 = d_pos0, .seq_slot0 = d_slot0, .slots = c->slots,
         .max_q = max_q, .max_kv = max_kv, .h_seq_qstart = qstart, .h_seq_pos0 = pos0,
     };
     /* Optional whole-step capture/replay (CUDA graphs; NULL on cpu). */
     int replayed = 0;
     struct compute_step cstep = {.owner = c, .arena = b->kv_arena, .tables = c->slots,
-                                 .n_tokens = T, .n_seqs = S, .max_q = max_q, .max_kv = max_kv};
+                                 .n_tokens = Tp, .n_seqs = Sp, .max_q = max_q, .max_kv = max_kv,
+                                 .sampled = b->sample != NULL};
     if (o->step_begin && (rc = o->step_begin(cx, &cstep, &replayed)))
         return ferr(c, rc, "forward: step start failed on the %s backend", o->name);
 #define RUN(call)                                                                                  \
@@ -277,43 +318,48 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
     } while (0)
     if (replayed)
         goto download;
-    RUN(o->get_rows(cx, &m->tok_embd, d_tokens, T, c->x));
+    RUN(o->get_rows(cx, &m->tok_embd, d_tokens, Tp, c->x));
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
         /* attention block: x += Wo . attn(rope(Wq h), rope(Wk h), Wv h), h = norm(x) */
-        RUN(o->rmsnorm(cx, c->h, c->x, L->attn_norm.data, T, E, hp->rms_eps));
-        RUN(o->matmul(cx, &L->wq, c->h, T, c->q));
-        RUN(o->matmul(cx, &L->wk, c->h, T, c->k));
-        RUN(o->matmul(cx, &L->wv, c->h, T, c->v));
+        RUN(o->rmsnorm(cx, c->h, c->x, L->attn_norm.data, Tp, E, hp->rms_eps));
+        RUN(o->matmul(cx, &L->wq, c->h, Tp, c->q));
+        RUN(o->matmul(cx, &L->wk, c->h, Tp, c->k));
+        RUN(o->matmul(cx, &L->wv, c->h, Tp, c->v));
         if (hp->has_qkv_bias) {
-            RUN(o->add_bias(cx, c->q, L->bq.data, T, QD));
-            RUN(o->add_bias(cx, c->k, L->bk.data, T, KD));
-            RUN(o->add_bias(cx, c->v, L->bv.data, T, KD));
+            RUN(o->add_bias(cx, c->q, L->bq.data, Tp, QD));
+            RUN(o->add_bias(cx, c->k, L->bk.data, Tp, KD));
+            RUN(o->add_bias(cx, c->v, L->bv.data, Tp, KD));
         }
-        RUN(o->rope(cx, c->q, T, hp->n_head, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
+        RUN(o->rope(cx, c->q, Tp, hp->n_head, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
                     hp->rope_base, ff));
-        RUN(o->rope(cx, c->k, T, hp->n_head_kv, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
+        RUN(o->rope(cx, c->k, Tp, hp->n_head_kv, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
                     hp->rope_base, ff));
-        RUN(o->kv_write(cx, b->kv_arena, g, l, c->k, c->v, T, d_tok_slot, d_pos));
+        RUN(o->kv_write(cx, b->kv_arena, g, l, c->k, c->v, Tp, d_tok_slot, d_pos));
         ad.layer = l;
         RUN(o->attention(cx, &ad));
-        RUN(o->matmul(cx, &L->wo, c->att, T, c->h));
-        RUN(o->add(cx, c->x, c->h, (size_t)T * E));
+        RUN(o->matmul(cx, &L->wo, c->att, Tp, c->h));
+        RUN(o->add(cx, c->x, c->h, (size_t)Tp * E));
         /* MLP block: x += down(silu(gate h) * up h), h = norm(x) */
-        RUN(o->rmsnorm(cx, c->h, c->x, L->ffn_norm.data, T, E, hp->rms_eps));
-        RUN(o->matmul(cx, &L->gate, c->h, T, c->gate));
-        RUN(o->matmul(cx, &L->up, c->h, T, c->up));
-        RUN(o->silu_mul(cx, c->gate, c->up, (size_t)T * hp->n_ff));
-        RUN(o->matmul(cx, &L->down, c->gate, T, c->h));
-        RUN(o->add(cx, c->x, c->h, (size_t)T * E));
+        RUN(o->rmsnorm(cx, c->h, c->x, L->ffn_norm.data, Tp, E, hp->rms_eps));
+        RUN(o->matmul(cx, &L->gate, c->h, Tp, c->gate));
+        RUN(o->matmul(cx, &L->up, c->h, Tp, c->up));
+        RUN(o->silu_mul(cx, c->gate, c->up, (size_t)Tp * hp->n_ff));
+        RUN(o->matmul(cx, &L->down, c->gate, Tp, c->h));
+        RUN(o->add(cx, c->x, c->h, (size_t)Tp * E));
     }
-    RUN(o->gather_rows(cx, c->last, c->x, d_last, S, E));
-    RUN(o->rmsnorm(cx, c->last, c->last, m->output_norm.data, S, E, hp->rms_eps));
-    RUN(o->matmul(cx, &m->output, c->last, S, c->logits));
+    RUN(o->gather_rows(cx, c->last, c->x, d_last, Sp, E));
+    RUN(o->rmsnorm(cx, c->last, c->last, m->output_norm.data, Sp, E, hp->rms_eps));
+    RUN(o->matmul(cx, &m->output, c->last, Sp, c->logits));
+    if (b->sample)
+        RUN(o->sample(cx, c->logits, Sp, hp->n_vocab, c->sample, c->ids));
     if (o->step_end && (rc = o->step_end(cx, 0)))
         return ferr(c, rc, "forward: step failed on the %s backend", o->name);
 download:
-    RUN(o->download(cx, b->logits, c->logits, (size_t)S * hp->n_vocab * 4));
+    if (b->sample)
+        RUN(o->download(cx, b->tokens, c->ids, (size_t)S * 4));
+    if (b->logits)
+        RUN(o->download(cx, b->logits, c->logits, (size_t)S * hp->n_vocab * 4));
 #undef RUN
     return 0;
 }

@@ -120,10 +120,22 @@ int kvd_k_attn_prefill(float *out, const float *q, const struct kvd_k_kv *kv, in
 /* Whether the attention kernels support this head_dim (16..256, power of 2). */
 int kvd_k_attn_supported(int head_dim);
 
-/* ---- sampling (argmax.cu) ----------------------------------------------- */
+/* ---- sampling (sample.cu) ----------------------------------------------- */
 /* out[r] = the index of the largest logits[r][:] (lowest index on ties;
  * NaN never wins). */
 int kvd_k_argmax(int32_t *out, const float *logits, int rows, int vocab, kvd_stream stream);
+/* One row's pick: the layout of the daemon's struct sample_row (sampler.h). */
+struct kvd_k_sample_row {
+    float temperature; /* <= 0: greedy */
+    uint32_t top_k;    /* 0 = off */
+    float top_p;       /* >= 1 = off */
+    uint32_t skip;     /* 1: out[r] = 0 */
+    double u;          /* the request's uniform in [0, 1) */
+};
+/* out[r] = the token sampler_pick (daemon/sampler.h) picks for rows[r] from
+ * logits[r][:]; logits [n_rows][vocab], rows and out [n_rows], all device. */
+int kvd_k_sample(uint32_t *out, const float *logits, const struct kvd_k_sample_row *rows,
+                 int n_rows, int vocab, kvd_stream stream);
 
 /* ---- benchmarks and tests (fill_random.cu) ------------------------------ */
 /* dst[i] = uniform in [lo, hi) of element type dtype (enum kvd_k_dtype), a

@@ -70,11 +70,15 @@ static uint32_t argmax(const float *x, uint32_t n)
 }
 
 /* Greedy generation of NGEN tokens for S sequences. batched: one step per
- * position for all sequences together; else each sequence on its own. */
+ * position for all sequences together; else each sequence on its own. Each
+ * step also runs the backend's sample op (greedy rows), which must pick the
+ * argmax of the logits it returns. */
 static void greedy(struct runner *r, uint32_t S, const uint32_t (*prompt)[8], const uint32_t *plen,
                    int batched, uint32_t (*out)[NGEN])
 {
-    uint32_t slots[MAXS][BPS], pos[MAXS], last[MAXS];
+    uint32_t slots[MAXS][BPS], pos[MAXS], last[MAXS], picks[MAXS];
+    struct sample_row greedy_rows[MAXS] = {{.top_p = 1.0f}, {.top_p = 1.0f}, {.top_p = 1.0f},
+                                           {.top_p = 1.0f}};
     float *logits = malloc((size_t)MAXS * r->V * sizeof(float));
     assert_non_null(logits);
     for (uint32_t s = 0; s < S; s++) /* scattered, reversed block tables */
@@ -96,7 +100,9 @@ static void greedy(struct runner *r, uint32_t S, const uint32_t (*prompt)[8], co
                                   .kv_arena = r->arena,
                                   .geom = &r->g,
                                   .n_arena_slots = MAXS * BPS,
-                                  .logits = logits};
+                                  .logits = logits,
+                                  .sample = greedy_rows,
+                                  .tokens = picks};
             int rc = model_forward(r->m, r->fc, &b);
             if (rc)
                 fail_msg("model_forward on %s: %s", r->be->ops->name, fwd_ctx_errmsg(r->fc));
@@ -104,6 +110,9 @@ static void greedy(struct runner *r, uint32_t S, const uint32_t (*prompt)[8], co
                 uint32_t s = s0 + i;
                 pos[s] = step ? pos[s] + 1 : plen[s];
                 last[s] = argmax(logits + (size_t)i * r->V, r->V);
+                if (picks[i] != last[s])
+                    fail_msg("%s: the sample op picked %u, the logits' argmax is %u",
+                             r->be->ops->name, picks[i], last[s]);
                 out[s][step] = last[s];
             }
         }

@@ -474,28 +474,61 @@ static void test_attention_prefill(void **state)
             }
 }
 
-static void test_argmax(void **state)
+/* The sample op: the same logits and rows on both backends give the same
+ * tokens (greedy with ties and NaN, temperature alone, top-k, top-p, both,
+ * skipped rows). Exact equality: the pick is integer arithmetic on both,
+ * except exp's last bit, which moves a weight by 2^-38 of the largest and
+ * cannot change a draw on these rows but by a one-in-10^9 chance. */
+static void test_sample(void **state)
 {
     rnd_seed(9);
-    uint32_t rows = 4, vocab = 50001;
-    float *x = rnd_new((size_t)rows * vocab, -10, 10);
-    x[(size_t)1 * vocab + 777] = 50; /* a tie: the lower index wins */
-    x[(size_t)1 * vocab + 40000] = 50;
-    x[(size_t)2 * vocab + 3] = NAN; /* NaN never wins */
-    float *dx = gpu_dup(&F, x, (size_t)rows * vocab * 4);
-    int32_t got[4];
-    assert_int_equal(cuda_compute_argmax(F.gcx, dx, rows, vocab, got), 0);
-    for (uint32_t r = 0; r < rows; r++) {
-        uint32_t best = 0;
-        for (uint32_t i = 1; i < vocab; i++)
-            if (x[(size_t)r * vocab + i] > x[(size_t)r * vocab + best] ||
-                isnan(x[(size_t)r * vocab + best]))
-                best = i;
-        assert_int_equal(got[r], best);
+    const uint32_t vocabs[] = {1, 7, 1000, 50001, 128256};
+    for (size_t vi = 0; vi < sizeof vocabs / sizeof vocabs[0]; vi++) {
+        uint32_t vocab = vocabs[vi], rows = 24;
+        float *x = rnd_new((size_t)rows * vocab, -10, 10);
+        struct sample_row p[24];
+        for (uint32_t r = 0; r < rows; r++) {
+            float *l = x + (size_t)r * vocab;
+            if (r % 4 == 1) /* coarse grid: many ties */
+                for (uint32_t i = 0; i < vocab; i++)
+                    l[i] = floorf(l[i]);
+            if (r % 6 == 2 && vocab > 3) {
+                l[vocab / 2] = NAN;
+                l[vocab - 1] = -INFINITY;
+            }
+            p[r] = (struct sample_row){
+                .temperature = r % 5 == 0 ? 0.0f : 0.2f + (float)rnd_u32(30) / 10.0f,
+                .top_k = r % 3 == 1 ? 1 + rnd_u32(vocab + 1) : 0,
+                .top_p = r % 4 == 2 ? 0.05f + (float)rnd_u32(95) / 100.0f : 1.0f,
+                .skip = r == 23,
+                .u = (double)rnd_u32(1u << 30) / (double)(1u << 30),
+            };
+        }
+        if (vocab > 1000) { /* ties at the top and NaN among them, greedy */
+            x[777] = 50;
+            x[vocab - 5] = 50;
+            x[3] = NAN;
+        }
+        float *dx = gpu_dup(&F, x, (size_t)rows * vocab * 4);
+        struct sample_row *dp = gpu_dup(&F, p, sizeof p);
+        uint32_t *dout = (uint32_t *)gpu_nan(&F, rows);
+        uint32_t got[24], want[24];
+        assert_int_equal(F.gops->sample(F.gcx, dx, rows, vocab, dp, dout), 0);
+        gpu_get(&F, got, dout, sizeof got);
+        assert_int_equal(F.cops->sample(F.ccx, x, rows, vocab, p, want), 0);
+        for (uint32_t r = 0; r < rows; r++)
+            if (got[r] != want[r])
+                fail_msg("vocab %u row %u (T %g k %u p %g u %.6f): gpu %u, cpu %u", vocab, r,
+                         (double)p[r].temperature, p[r].top_k, (double)p[r].top_p, p[r].u, got[r],
+                         want[r]);
+        if (vocab > 1000)
+            assert_int_equal(got[0], 777);
+        assert_int_equal(got[23], 0);
+        gpu_free(&F, dx);
+        gpu_free(&F, dp);
+        gpu_free(&F, dout);
+        free(x);
     }
-    assert_int_equal(got[1], 777);
-    gpu_free(&F, dx);
-    free(x);
 }
 
 /* Kernels that model_forward does not reach through compute_ops yet: the
@@ -565,7 +598,7 @@ int main(void)
         cmocka_unit_test(test_kv_write),
         cmocka_unit_test(test_attention_decode),
         cmocka_unit_test(test_attention_prefill),
-        cmocka_unit_test(test_argmax),
+        cmocka_unit_test(test_sample),
         cmocka_unit_test(test_unwired_kernels),
     };
     /* The skip decision happens before cmocka runs, so "no device" exits 77. */

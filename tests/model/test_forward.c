@@ -3,7 +3,9 @@
  * untied, rope_freqs; one-chunk prefill, chunked prefill, token-by-token
  * decode and multi-sequence batches with scattered block tables must all
  * give the reference's last-position logits to 1e-4 relative. Also batch
- * validation (nothing written on a bad batch) and greedy-decode sanity. */
+ * validation (nothing written on a bad batch), greedy-decode sanity, the
+ * sample op inside the step, and decode steps padded to a bucket (what the
+ * cuda backend does for CUDA graphs) equal to unpadded ones. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +19,7 @@
 
 #include "kvd/status.h"
 #include "model.h"
+#include "model_impl.h"
 #include "model/model_ref.h"
 
 #define TOL 1e-4
@@ -367,6 +370,112 @@ static void t_greedy_varied(void **s)
     greedy_varied("--embd 128 --heads 4 --kv-heads 2 --ff 256 --vocab 400 --layers 4 --type q8_0 --tied --seed 13");
 }
 
+/* ---- padded decode steps and the sample op ------------------------------ */
+
+static const struct compute_ops *pad_base;
+static uint32_t pad_max_rows, pad_calls;
+
+static uint32_t pad_to_8(struct compute_ctx *cx, uint32_t n)
+{
+    (void)cx;
+    pad_calls++;
+    return 8;
+}
+
+static int pad_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
+                      float *y)
+{
+    pad_max_rows = rows > pad_max_rows ? rows : pad_max_rows;
+    return pad_base->matmul(cx, w, x, rows, y);
+}
+
+/* Three sequences decode six steps twice, in separate blocks: once as is,
+ * once with every step padded to 8 sequences through step_bucket. Logits
+ * agree to rounding (3 rows and 8 rows take different matmul kernels), the
+ * sampled tokens (greedy, top-k, top-p rows) are equal, the padded run
+ * really ran 8 rows, and no block outside the sequences' was written. */
+static void t_padded_decode(void **st)
+{
+    (void)st;
+    struct fx f;
+    fx_init(&f, SHAPE " --type f16 --kv-heads 2 --seed 21", KV_F16, 8, 2);
+    enum { NS = 3, STEPS = 6, BPS = 5 };
+    static const uint32_t plen[NS] = {11, 4, 17};
+    uint32_t tabs[2][NS][BPS], toks[NS][32], used[N_BLOCKS] = {0};
+    for (int r = 0; r < 2; r++)
+        for (int s = 0; s < NS; s++) {
+            take_slots(&f, tabs[r][s], BPS);
+            for (uint32_t i = 0; i < (plen[s] + STEPS + 7) / 8; i++) /* blocks reached */
+                used[tabs[r][s][i]] = 1;
+        }
+    for (int s = 0; s < NS; s++)
+        for (uint32_t i = 0; i < plen[s]; i++)
+            toks[s][i] = rnd(f.V);
+    struct compute_ops padded = *f.m->ops;
+    padded.step_bucket = pad_to_8;
+    padded.matmul = pad_matmul;
+    pad_base = f.m->ops;
+    float *lg[2];
+    for (int r = 0; r < 2; r++) {
+        lg[r] = malloc((size_t)NS * f.V * 4);
+        assert_non_null(lg[r]);
+    }
+    struct sample_row rows[NS] = {
+        {.top_p = 1.0f},
+        {.temperature = 0.9f, .top_k = 20, .top_p = 1.0f},
+        {.temperature = 1.3f, .top_p = 0.9f},
+    };
+    for (uint32_t step = 0; step <= STEPS; step++) {
+        uint32_t picks[2][NS];
+        for (int r = 0; r < 2; r++) {
+            struct fwd_seq seqs[NS];
+            for (int s = 0; s < NS; s++) {
+                uint32_t pos = step ? plen[s] + step - 1 : 0;
+                seqs[s] = (struct fwd_seq){.tokens = step ? &toks[s][pos] : toks[s],
+                                           .n_tokens = step ? 1 : plen[s], .pos0 = pos,
+                                           .slots = tabs[r][s], .n_slots = BPS};
+                rows[s].u = (double)((step * 7 + (uint32_t)s * 3) % 10) / 10.0 + 0.05;
+            }
+            struct fwd_batch b = {.seqs = seqs, .n_seqs = NS, .kv_arena = f.arena,
+                                  .geom = &f.geom, .n_arena_slots = N_BLOCKS, .logits = lg[r],
+                                  .sample = rows, .tokens = picks[r]};
+            pad_max_rows = 0;
+            f.m->ops = r ? &padded : pad_base;
+            int rc = model_forward(f.m, f.fc, &b);
+            f.m->ops = pad_base;
+            if (rc)
+                fail_msg("model_forward (%s): %s", r ? "padded" : "as is", fwd_ctx_errmsg(f.fc));
+            if (r && step)
+                assert_int_equal(pad_max_rows, 8);
+        }
+        for (size_t i = 0; i < (size_t)NS * f.V; i++)
+            if (!(fabsf(lg[0][i] - lg[1][i]) <= 1e-4f * (1 + fabsf(lg[0][i]))))
+                fail_msg("step %u logit %zu: as is %.9g, padded %.9g", step, i, (double)lg[0][i],
+                         (double)lg[1][i]);
+        for (int s = 0; s < NS; s++) {
+            assert_int_equal(picks[0][s], picks[1][s]);
+            uint32_t best = 0;
+            for (uint32_t i = 1; i < f.V; i++)
+                best = lg[0][(size_t)s * f.V + i] > lg[0][(size_t)s * f.V + best] ? i : best;
+            if (s == 0)
+                assert_int_equal(picks[0][s], best);
+            toks[s][plen[s] + step] = picks[0][s];
+        }
+    }
+    assert_int_equal(pad_calls, STEPS); /* decode steps only, not the prefill */
+    for (uint32_t blk = 0; blk < N_BLOCKS; blk++) {
+        if (used[blk])
+            continue;
+        const uint8_t *p = (const uint8_t *)f.arena + (size_t)blk * f.block_bytes;
+        for (size_t i = 0; i < f.block_bytes; i++)
+            if (p[i])
+                fail_msg("block %u, outside every sequence, was written", blk);
+    }
+    free(lg[0]);
+    free(lg[1]);
+    fx_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -376,6 +485,7 @@ int main(void)
         cmocka_unit_test(t_llama_bf16_f32kv_mha), cmocka_unit_test(t_scalar_kernels),
         cmocka_unit_test(t_threads_agree),     cmocka_unit_test(t_validation),
         cmocka_unit_test(t_greedy_varied),     cmocka_unit_test(t_wide_heads),
+        cmocka_unit_test(t_padded_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
