@@ -161,6 +161,11 @@ struct compute_ops {
      * x, out device [rows][n] (out may equal x); w device f32 [n]. */
     int (*rmsnorm)(struct compute_ctx *cx, float *out, const float *x, const float *w,
                    uint32_t rows, uint32_t n, float eps);
+    /* The residual add fused with the norm after it: x[r][i] += res[r][i],
+     * then out = rmsnorm(x) * w as above. x, res, out device [rows][n]; out
+     * may equal res (not x). */
+    int (*add_rmsnorm)(struct compute_ctx *cx, float *x, const float *res, float *out,
+                       const float *w, uint32_t rows, uint32_t n, float eps);
     /* y[r][j] = sum_i W[j][i] * x[r][i], accumulated in (at least) f32.
      * W = w ([ne1][ne0], any type); x device [rows][w->ne0]; y device
      * [rows][w->ne1]; y does not overlap x. */

@@ -256,19 +256,35 @@ static int cpu_get_rows(struct compute_ctx *cx, const struct ctensor *w, const u
     return 0;
 }
 
+/* out = rmsnorm(x) * w for one row, after x += res when res is set. */
+static void rmsnorm_row(float *x, const float *res, float *out, const float *w, uint32_t n,
+                        float eps)
+{
+    double ss = 0; /* ggml sums squares in double (ggml_float) too */
+    for (uint32_t i = 0; i < n; i++) {
+        if (res)
+            x[i] += res[i];
+        ss += (double)x[i] * x[i];
+    }
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = x[i] * scale * w[i];
+}
+
 static int cpu_rmsnorm(struct compute_ctx *cx, float *out, const float *x, const float *w,
                        uint32_t rows, uint32_t n, float eps)
 {
-    for (uint32_t r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * n;
-        float *o = out + (size_t)r * n;
-        double ss = 0; /* ggml sums squares in double (ggml_float) too */
-        for (uint32_t i = 0; i < n; i++)
-            ss += (double)xr[i] * xr[i];
-        float scale = 1.0f / sqrtf((float)(ss / n) + eps);
-        for (uint32_t i = 0; i < n; i++)
-            o[i] = xr[i] * scale * w[i];
-    }
+    /* x is only written when res is set */
+    for (uint32_t r = 0; r < rows; r++)
+        rmsnorm_row((float *)x + (size_t)r * n, NULL, out + (size_t)r * n, w, n, eps);
+    return 0;
+}
+
+static int cpu_add_rmsnorm(struct compute_ctx *cx, float *x, const float *res, float *out,
+                           const float *w, uint32_t rows, uint32_t n, float eps)
+{
+    for (uint32_t r = 0; r < rows; r++)
+        rmsnorm_row(x + (size_t)r * n, res + (size_t)r * n, out + (size_t)r * n, w, n, eps);
     return 0;
 }
 
@@ -460,6 +476,7 @@ static const struct compute_ops cpu_ops = {
     .weight_upload = cpu_weight_upload,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
+    .add_rmsnorm = cpu_add_rmsnorm,
     .matmul = cpu_matmul,
     .add_bias = cpu_add_bias,
     .rope = cpu_rope,

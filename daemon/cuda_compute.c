@@ -372,6 +372,7 @@ static const struct compute_ops cuda_compute_table = {
     .sync = cuda_sync,
     .get_rows = cuda_op_get_rows,
     .rmsnorm = cuda_op_rmsnorm,
+    .add_rmsnorm = cuda_op_add_rmsnorm,
     .matmul = cuda_op_matmul,
     .add_bias = cuda_op_add_bias,
     .rope = cuda_op_rope,

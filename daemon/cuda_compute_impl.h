@@ -79,6 +79,8 @@ int cuda_op_get_rows(struct compute_ctx *cx, const struct ctensor *w, const uint
                      uint32_t n, float *out);
 int cuda_op_rmsnorm(struct compute_ctx *cx, float *out, const float *x, const float *w,
                     uint32_t rows, uint32_t n, float eps);
+int cuda_op_add_rmsnorm(struct compute_ctx *cx, float *x, const float *res, float *out,
+                        const float *w, uint32_t rows, uint32_t n, float eps);
 int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
                    float *y);
 int cuda_op_add_bias(struct compute_ctx *cx, float *y, const float *b, uint32_t rows, uint32_t n);

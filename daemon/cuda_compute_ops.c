@@ -24,6 +24,13 @@ int cuda_op_rmsnorm(struct compute_ctx *cx, float *out, const float *x, const fl
     return cuda_kstatus(kvd_k_rmsnorm(out, x, w, (int)rows, (int)n, eps, cx->stream), "rmsnorm");
 }
 
+int cuda_op_add_rmsnorm(struct compute_ctx *cx, float *x, const float *res, float *out,
+                        const float *w, uint32_t rows, uint32_t n, float eps)
+{
+    return cuda_kstatus(kvd_k_add_rmsnorm(x, res, out, w, (int)rows, (int)n, eps, cx->stream),
+                        "add_rmsnorm");
+}
+
 int cuda_op_add_bias(struct compute_ctx *cx, float *y, const float *b, uint32_t rows, uint32_t n)
 {
     return cuda_kstatus(kvd_k_add_bias(y, b, (int)rows, (int)n, cx->stream), "add_bias");

@@ -319,10 +319,11 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
     if (replayed)
         goto download;
     RUN(o->get_rows(cx, &m->tok_embd, d_tokens, Tp, c->x));
+    RUN(o->rmsnorm(cx, c->h, c->x, m->layers[0].attn_norm.data, Tp, E, hp->rms_eps));
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
-        /* attention block: x += Wo . attn(rope(Wq h), rope(Wk h), Wv h), h = norm(x) */
-        RUN(o->rmsnorm(cx, c->h, c->x, L->attn_norm.data, Tp, E, hp->rms_eps));
+        /* attention block: x += Wo . attn(rope(Wq h), rope(Wk h), Wv h), h = norm(x)
+         * (h is already normed: each residual add is fused with the norm after it) */
         RUN(o->matmul(cx, &L->wq, c->h, Tp, c->q));
         RUN(o->matmul(cx, &L->wk, c->h, Tp, c->k));
         RUN(o->matmul(cx, &L->wv, c->h, Tp, c->v));
@@ -339,14 +340,17 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         ad.layer = l;
         RUN(o->attention(cx, &ad));
         RUN(o->matmul(cx, &L->wo, c->att, Tp, c->h));
-        RUN(o->add(cx, c->x, c->h, (size_t)Tp * E));
+        RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, L->ffn_norm.data, Tp, E, hp->rms_eps));
         /* MLP block: x += down(silu(gate h) * up h), h = norm(x) */
-        RUN(o->rmsnorm(cx, c->h, c->x, L->ffn_norm.data, Tp, E, hp->rms_eps));
         RUN(o->matmul(cx, &L->gate, c->h, Tp, c->gate));
         RUN(o->matmul(cx, &L->up, c->h, Tp, c->up));
         RUN(o->silu_mul(cx, c->gate, c->up, (size_t)Tp * hp->n_ff));
         RUN(o->matmul(cx, &L->down, c->gate, Tp, c->h));
-        RUN(o->add(cx, c->x, c->h, (size_t)Tp * E));
+        if (l + 1 < hp->n_layer)
+            RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, m->layers[l + 1].attn_norm.data, Tp, E,
+                               hp->rms_eps));
+        else
+            RUN(o->add(cx, c->x, c->h, (size_t)Tp * E));
     }
     RUN(o->gather_rows(cx, c->last, c->x, d_last, Sp, E));
     RUN(o->rmsnorm(cx, c->last, c->last, m->output_norm.data, Sp, E, hp->rms_eps));

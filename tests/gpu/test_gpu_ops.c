@@ -531,9 +531,10 @@ static void test_sample(void **state)
     }
 }
 
-/* Kernels that model_forward does not reach through compute_ops yet: the
- * fused residual add + RMSNorm, and batched copy-on-write of blocks. */
-static void test_unwired_kernels(void **state)
+/* The fused residual add + RMSNorm op (out apart, and out = res as
+ * model_forward calls it), and a kernel model_forward does not reach
+ * through compute_ops: batched copy-on-write of blocks. */
+static void test_add_rmsnorm_and_block_copy(void **state)
 {
     kvd_stream st = (kvd_stream)cuda_backend_dev(F.cuda)->compute;
     rnd_seed(10);
@@ -542,15 +543,21 @@ static void test_unwired_kernels(void **state)
     float *x = rnd_new(N, -2, 2), *r = rnd_new(N, -2, 2), *w = rnd_new(n, 0.5f, 1.5f);
     float *rx = malloc(N * 4), *ry = malloc(N * 4), *gx = malloc(N * 4), *gy = malloc(N * 4);
     memcpy(rx, x, N * 4);
-    assert_int_equal(F.cops->add(F.ccx, rx, r, N), 0);
-    assert_int_equal(F.cops->rmsnorm(F.ccx, ry, rx, w, rows, n, 1e-6f), 0);
+    assert_int_equal(F.cops->add_rmsnorm(F.ccx, rx, r, ry, w, rows, n, 1e-6f), 0);
     float *dx = gpu_dup(&F, x, N * 4), *dr = gpu_dup(&F, r, N * 4), *dw = gpu_dup(&F, w, n * 4),
           *dy = gpu_nan(&F, N);
-    assert_int_equal(kvd_k_add_rmsnorm(dx, dr, dy, dw, (int)rows, (int)n, 1e-6f, st), 0);
+    assert_int_equal(F.gops->add_rmsnorm(F.gcx, dx, dr, dy, dw, rows, n, 1e-6f), 0);
     gpu_get(&F, gx, dx, N * 4);
     gpu_get(&F, gy, dy, N * 4);
     check("add_rmsnorm residual", gx, rx, N, 1e-7);
     check("add_rmsnorm norm", gy, ry, N, 1e-6);
+    gpu_free(&F, dx);
+    dx = gpu_dup(&F, x, N * 4);
+    assert_int_equal(F.gops->add_rmsnorm(F.gcx, dx, dr, dr, dw, rows, n, 1e-6f), 0);
+    gpu_get(&F, gx, dx, N * 4);
+    gpu_get(&F, gy, dr, N * 4);
+    check("add_rmsnorm (out = res) residual", gx, rx, N, 1e-7);
+    check("add_rmsnorm (out = res) norm", gy, ry, N, 1e-6);
 
     struct kvfx k;
     kvfx_init(&k, KV_BF16, 2, 2, 64, 16, 6);
@@ -599,7 +606,7 @@ int main(void)
         cmocka_unit_test(test_attention_decode),
         cmocka_unit_test(test_attention_prefill),
         cmocka_unit_test(test_sample),
-        cmocka_unit_test(test_unwired_kernels),
+        cmocka_unit_test(test_add_rmsnorm_and_block_copy),
     };
     /* The skip decision happens before cmocka runs, so "no device" exits 77. */
     gpu_fx_open(&F);
