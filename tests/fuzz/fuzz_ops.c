@@ -36,10 +36,21 @@ static void print_stats(void)
 struct prog {
     const uint8_t *p;
     size_t n, off;
-    uint64_t h[FUZZ_CONNS][MAX_HANDLES]; /* handles each connection opened */
+    uint64_t h[FUZZ_CONNS][MAX_HANDLES]; /* handles each connection may pick (the first 16) */
     size_t nh[FUZZ_CONNS];
+    uint64_t issued[FUZZ_CONNS][MAX_STEPS]; /* every handle each connection was given */
+    size_t ni[FUZZ_CONNS];
     uint64_t next_id;
 };
+
+/* conn was given handle v (by seq_open or seq_fork). */
+static void record_handle(struct prog *g, int conn, uint64_t v)
+{
+    if (g->nh[conn] < MAX_HANDLES)
+        g->h[conn][g->nh[conn]++] = v;
+    if (g->ni[conn] < MAX_STEPS) /* at most one handle per step */
+        g->issued[conn][g->ni[conn]++] = v;
+}
 
 static uint8_t take(struct prog *g)
 {
@@ -56,16 +67,12 @@ static uint64_t pick_handle(struct prog *g, int conn, bool *foreign)
         uint64_t v = 0;
         for (int i = 0; i < 8; i++)
             v = v << 8 | take(g);
-        for (int c = 0; c < FUZZ_CONNS; c++)
-            for (size_t i = 0; i < g->nh[c]; i++)
-                if (g->h[c][i] == v)
-                    *foreign = c != conn;
-        if (!*foreign) {
-            bool mine = false;
-            for (size_t i = 0; i < g->nh[conn]; i++)
-                mine |= g->h[conn][i] == v;
-            *foreign = !mine; /* never issued to conn: must be not_found */
-        }
+        /* Handles carry a generation, so one value is only ever given to
+         * one connection: foreign unless conn was given it. */
+        bool mine = false;
+        for (size_t i = 0; i < g->ni[conn]; i++)
+            mine |= g->issued[conn][i] == v;
+        *foreign = !mine; /* another's, or never issued: must be not_found */
         return v;
     }
     int c = (b & 0x80) ? (conn + 1 + (b >> 5 & 1)) % FUZZ_CONNS : conn;
@@ -158,8 +165,7 @@ static void step(struct prog *g)
         if (code == 0) {
             uint64_t h = reply_uint("seq");
             FUZZ_ASSERT(h != UINT64_MAX);
-            if (g->nh[conn] < MAX_HANDLES)
-                g->h[conn][g->nh[conn]++] = h;
+            record_handle(g, conn, h);
         }
         break;
     }
@@ -223,8 +229,11 @@ static void step(struct prog *g)
         proto_request_begin(&pk, KVD_OP_SEQ_FORK, id, 1);
         proto_pack_kv_uint(&pk, "seq", seq);
         code = run(conn, sb, at);
-        if (code == 0 && g->nh[conn] < MAX_HANDLES)
-            g->h[conn][g->nh[conn]++] = reply_uint("seq");
+        if (code == 0) {
+            uint64_t h = reply_uint("seq");
+            FUZZ_ASSERT(h != UINT64_MAX);
+            record_handle(g, conn, h);
+        }
         break;
     case 7:  /* seq_info */
     case 8:  /* seq_offload */
