@@ -165,12 +165,6 @@ static void flush_out(struct conn *c)
     }
 }
 
-/* dispatch() zeroes an ops_ctx only up to err: err must stay its last
- * member. */
-_Static_assert(sizeof(struct ops_ctx) - offsetof(struct ops_ctx, err) <
-                   sizeof(struct proto_err) + _Alignof(struct ops_ctx),
-               "struct ops_ctx: err must be the last member");
-
 /* Decodes and runs one request whose payload is p[0..len). Returns false
  * when the connection must close (the message could not be parsed). */
 static bool dispatch(struct conn *c, const uint8_t *p, size_t len)
@@ -179,9 +173,6 @@ static bool dispatch(struct conn *c, const uint8_t *p, size_t len)
     struct proto_msg m;
     struct proto_err e; /* filled by whatever fails; its 256-byte message
                          * is not zeroed per request */
-    msgpack_sbuffer *sb = &srv->out;
-    msgpack_packer pk;
-    size_t mark = sb->size; /* replies batched before this request */
     int rc;
 
     e.code = 0;
@@ -203,52 +194,13 @@ static bool dispatch(struct conn *c, const uint8_t *p, size_t len)
         goto out;
     }
 
-    /* Everything before err zeroed, then err emptied without clearing its
-     * message: a designated initializer would zero all of it per request
-     * (a rep stos that was ~5 % of the server's time on small ops). */
-    struct ops_ctx ctx;
-    memset(&ctx, 0, offsetof(struct ops_ctx, err));
-    ctx.srv = srv;
-    ctx.conn = c;
-    ctx.mm = srv->mm;
-    ctx.op_ctx = ent->ctx;
-    ctx.conn_id = c->id;
-    ctx.id = id;
-    ctx.req = m.root;
-    ctx.uid = c->uid;
-    ctx.gid = c->gid;
-    ctx.pid = c->pid;
-    ctx.tenant = c->tenant;
-    ctx.ns = c->ns;
-    ctx.tenant_name = c->tenant_name;
-    ctx.admin = c->admin;
-    ctx.out = sb;
-    ctx.pk = &pk;
-    ctx.err.code = 0;
-    ctx.err.message[0] = '\0';
-    proto_packer_init(&pk, sb);
-    size_t at = proto_frame_begin(sb);
-    if (at == SIZE_MAX) {
-        rc = proto_err_set(&ctx.err, KVD_ENOMEM, "out of memory for the reply");
-    } else {
-        rc = ent->fn(&ctx);
-        if (rc == 0)
-            rc = proto_frame_end(sb, at);
-        if (rc == KVD_ETOOLARGE && !ctx.err.message[0])
-            proto_err_set(&ctx.err, KVD_ETOOLARGE, "reply too large");
-    }
-    if (at != SIZE_MAX && rc != 0)
-        sb->size = at; /* drop the partial reply */
-    if (rc == OPS_PENDING) {
-        if (pending_add(c, id) != 0)
-            log_err("conn %llu: out of memory tracking request %llu", (unsigned long long)c->id,
-                    (unsigned long long)id);
-    } else if (rc != 0) {
-        if (!ctx.err.message[0])
-            proto_err_set(&ctx.err, rc, "%s failed", ent->name);
-        if (proto_frame_error(sb, id, rc, ctx.err.message) != 0)
-            sb->size = mark;
-    }
+    struct ops_caller who = {.conn = c, .conn_id = c->id, .uid = c->uid, .gid = c->gid,
+                             .pid = c->pid, .tenant = c->tenant, .ns = c->ns,
+                             .tenant_name = c->tenant_name, .admin = c->admin};
+    if (ops_run(srv, srv->mm, ent, &who, id, m.root, &srv->out) == OPS_PENDING &&
+        pending_add(c, id) != 0)
+        log_err("conn %llu: out of memory tracking request %llu", (unsigned long long)c->id,
+                (unsigned long long)id);
 out:
     proto_msg_free(&m);
     return true;

@@ -79,6 +79,27 @@ const struct ops_entry *ops_table_find(const struct ops_table *t, const char *na
  * (0 otherwise). */
 int ops_resolve(const struct ops_table *t, const msgpack_object *root, bool admin, unsigned uid,
                 uint64_t *id, const struct ops_entry **ent, struct proto_err *e);
+/* Who a request runs as (what ops_run puts in the ops_ctx). */
+struct ops_caller {
+    struct conn *conn; /* NULL outside a socket connection (the fuzz targets) */
+    uint64_t conn_id;  /* the kvmm owner of the caller's sequences */
+    uid_t uid;
+    gid_t gid;
+    pid_t pid;
+    uint32_t tenant, ns;
+    const char *tenant_name;
+    bool admin;
+};
+
+/* Runs ent's handler (ops_resolve's) on request req with id as `who`,
+ * appending one frame to sb: the handler's reply, or an error frame with
+ * its code and message ("<op> failed" when it gave none; "reply too large"
+ * for a reply past the frame limit). Returns 0, OPS_PENDING (nothing
+ * appended: answered later), or the code of the error frame; when not even
+ * that fits, sb is back at its size on entry. */
+int ops_run(struct server *srv, struct kvmm *mm, const struct ops_entry *ent,
+            const struct ops_caller *who, uint64_t id, const msgpack_object *req,
+            msgpack_sbuffer *sb);
 void ops_table_free(struct ops_table *t);
 /* Registers every built-in op. */
 int ops_register_builtin(struct ops_table *t);

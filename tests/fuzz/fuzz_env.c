@@ -262,7 +262,6 @@ bool fuzz_dispatch(struct fuzz_env *e, int conn, const uint8_t *payload, size_t 
     struct proto_msg m;
     struct proto_err pe = {0};
     msgpack_sbuffer *sb = &e->out;
-    msgpack_packer pk;
     size_t start = sb->size;
     uint64_t id = 0;
     int rc;
@@ -280,39 +279,13 @@ bool fuzz_dispatch(struct fuzz_env *e, int conn, const uint8_t *payload, size_t 
     if (rc) {
         FUZZ_ASSERT(proto_frame_error(sb, id, rc, pe.message) == 0);
     } else {
-        struct ops_ctx ctx;
-        memset(&ctx, 0, offsetof(struct ops_ctx, err));
-        ctx.srv = e->srv;
-        ctx.conn = NULL;
-        ctx.mm = fuzz_env_mm(e); /* built here at the first handler, as if at the start */
-        ctx.op_ctx = ent->ctx;
-        ctx.conn_id = fc->id;
-        ctx.id = id;
-        ctx.req = m.root;
-        ctx.uid = fc->uid;
-        ctx.gid = fc->uid;
-        ctx.tenant = fc->tenant;
-        ctx.ns = fc->ns;
-        ctx.tenant_name = fc->tenant_name;
-        ctx.admin = fc->admin;
-        ctx.out = sb;
-        ctx.pk = &pk;
-        ctx.err.code = 0;
-        ctx.err.message[0] = '\0';
-        proto_packer_init(&pk, sb);
-        size_t at = proto_frame_begin(sb);
-        FUZZ_ASSERT(at != SIZE_MAX);
-        rc = ent->fn(&ctx);
+        struct ops_caller who = {.conn_id = fc->id, .uid = fc->uid, .gid = fc->uid,
+                                 .tenant = fc->tenant, .ns = fc->ns,
+                                 .tenant_name = fc->tenant_name, .admin = fc->admin};
+        /* the kvmm is built here at the first handler, as if at the start */
+        rc = ops_run(e->srv, fuzz_env_mm(e), ent, &who, id, m.root, sb);
         FUZZ_ASSERT(rc != OPS_PENDING); /* store mode: nothing leaves the loop */
-        if (rc == 0)
-            rc = proto_frame_end(sb, at);
-        if (rc != 0) {
-            FUZZ_ASSERT(rc > 0 && rc < KVD_EIO);
-            sb->size = at;
-            if (!ctx.err.message[0])
-                proto_err_set(&ctx.err, rc, "%s failed", ent->name);
-            FUZZ_ASSERT(proto_frame_error(sb, id, rc, ctx.err.message) == 0);
-        }
+        FUZZ_ASSERT(rc == 0 || (rc > 0 && rc < KVD_EIO));
     }
     proto_msg_free(&m);
     rc = check_reply(e, start, id);
