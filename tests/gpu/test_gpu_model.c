@@ -71,14 +71,20 @@ static uint32_t argmax(const float *x, uint32_t n)
 
 /* Greedy generation of NGEN tokens for S sequences. batched: one step per
  * position for all sequences together; else each sequence on its own. Each
- * step also runs the backend's sample op (greedy rows), which must pick the
- * argmax of the logits it returns. */
+ * step also runs the backend's sample op (sequence 0 greedy, the others
+ * temperature with top-k, top-p or neither), whose picks must equal
+ * sampler_pick's on the logits the same step returns. */
 static void greedy(struct runner *r, uint32_t S, const uint32_t (*prompt)[8], const uint32_t *plen,
                    int batched, uint32_t (*out)[NGEN])
 {
     uint32_t slots[MAXS][BPS], pos[MAXS], last[MAXS], picks[MAXS];
-    struct sample_row greedy_rows[MAXS] = {{.top_p = 1.0f}, {.top_p = 1.0f}, {.top_p = 1.0f},
-                                           {.top_p = 1.0f}};
+    struct sample_row rows[MAXS] = {
+        {.top_p = 1.0f},
+        {.temperature = 0.9f, .top_k = 40, .top_p = 1.0f},
+        {.temperature = 1.1f, .top_p = 0.9f},
+        {.temperature = 0.7f, .top_p = 1.0f},
+    };
+    struct sampler_scratch sc = {0};
     float *logits = malloc((size_t)MAXS * r->V * sizeof(float));
     assert_non_null(logits);
     for (uint32_t s = 0; s < S; s++) /* scattered, reversed block tables */
@@ -93,6 +99,8 @@ static void greedy(struct runner *r, uint32_t S, const uint32_t (*prompt)[8], co
                                        .slots = slots[s],
                                        .n_slots = BPS};
         }
+        for (uint32_t s = 0; s < MAXS; s++)
+            rows[s].u = (double)((step * 5 + s * 3) % 11) / 11.0;
         for (uint32_t s0 = 0; s0 < S; s0 += batched ? S : 1) {
             uint32_t n = batched ? S : 1;
             struct fwd_batch b = {.seqs = seqs + s0,
@@ -101,7 +109,7 @@ static void greedy(struct runner *r, uint32_t S, const uint32_t (*prompt)[8], co
                                   .geom = &r->g,
                                   .n_arena_slots = MAXS * BPS,
                                   .logits = logits,
-                                  .sample = greedy_rows,
+                                  .sample = rows + s0,
                                   .tokens = picks};
             int rc = model_forward(r->m, r->fc, &b);
             if (rc)
@@ -110,14 +118,19 @@ static void greedy(struct runner *r, uint32_t S, const uint32_t (*prompt)[8], co
                 uint32_t s = s0 + i;
                 pos[s] = step ? pos[s] + 1 : plen[s];
                 last[s] = argmax(logits + (size_t)i * r->V, r->V);
-                if (picks[i] != last[s])
-                    fail_msg("%s: the sample op picked %u, the logits' argmax is %u",
-                             r->be->ops->name, picks[i], last[s]);
+                uint32_t want = 0;
+                assert_int_equal(sampler_pick(&rows[s], &sc, logits + (size_t)i * r->V, r->V,
+                                              &want), 0);
+                if (picks[i] != want)
+                    fail_msg("%s, sequence %u (T %g): the sample op picked %u, sampler_pick on "
+                             "the step's logits %u", r->be->ops->name, s,
+                             (double)rows[s].temperature, picks[i], want);
                 out[s][step] = last[s];
             }
         }
     }
     free(logits);
+    sampler_scratch_free(&sc);
 }
 
 struct mcase {
