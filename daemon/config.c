@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kvd/status.h"
@@ -55,6 +56,11 @@ struct load_ctx {
     struct options *opts;
     char err[256];
     bool admin_seen;
+    /* Real section names: libinih keeps at most 49 bytes of a section
+     * name, so every "[name]" is handed to it as "[@k]" and ini_cb maps k
+     * back (a tenant name is never cut, issue 14). */
+    char **sections; /* (n_sections) owned strings */
+    size_t n_sections;
 };
 
 static int parse_u32v(const char *v, uint32_t *out, bool allow_unlimited)
@@ -210,6 +216,15 @@ static int ini_cb(void *user, const char *section, const char *name_in, const ch
     struct load_ctx *L = user;
     char name[64];
     size_t i;
+    if (section[0] == '@') {
+        size_t k = strtoul(section + 1, NULL, 10);
+        if (k < L->n_sections)
+            section = L->sections[k];
+    }
+    if (strlen(name_in) >= sizeof(name)) {
+        snprintf(L->err, sizeof(L->err), "[%.80s] key '%.40s...' is too long", section, name_in);
+        return 0;
+    }
     for (i = 0; name_in[i] && i + 1 < sizeof(name); i++)
         name[i] = name_in[i] == '_' ? '-' : name_in[i];
     name[i] = '\0';
@@ -298,6 +313,95 @@ static int ini_cb(void *user, const char *section, const char *name_in, const ch
     return 0;
 }
 
+static void sections_free(struct load_ctx *L)
+{
+    for (size_t i = 0; i < L->n_sections; i++)
+        free(L->sections[i]);
+    free(L->sections);
+}
+
+/* Reads the whole file (a regular file of at most CONFIG_MAX_FILE bytes),
+ * checks that every line fits CONFIG_MAX_LINE and rewrites section headers
+ * to "[@k]" (see struct load_ctx). Returns the text to parse (owned) or NULL
+ * with err set. */
+static char *config_read(const char *path, struct load_ctx *L, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    struct stat st;
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot read the file: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s: not a regular file", path);
+        fclose(f);
+        return NULL;
+    }
+    if (st.st_size > CONFIG_MAX_FILE) {
+        snprintf(err, errlen, "%s: %lld bytes; a config file is at most %d bytes", path,
+                 (long long)st.st_size, CONFIG_MAX_FILE);
+        fclose(f);
+        return NULL;
+    }
+    /* Room for the text, and for every header growing to "[@k]". */
+    size_t cap = (size_t)st.st_size * 2 + 64;
+    char *raw = malloc((size_t)st.st_size + 1), *out = malloc(cap);
+    size_t n = raw ? fread(raw, 1, (size_t)st.st_size, f) : 0;
+    fclose(f);
+    if (!raw || !out) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        goto fail;
+    }
+    raw[n] = '\0';
+    if (memchr(raw, '\0', n)) {
+        snprintf(err, errlen, "%s: contains a NUL byte", path);
+        goto fail;
+    }
+    size_t o = 0;
+    unsigned line = 0;
+    for (char *p = raw; *p;) {
+        char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        line++;
+        if (len > 0 && p[len - 1] == '\r')
+            len--;
+        if (len > CONFIG_MAX_LINE) {
+            snprintf(err, errlen, "%s:%u: line of %zu bytes; a line is at most %d bytes", path,
+                     line, len, CONFIG_MAX_LINE);
+            goto fail;
+        }
+        size_t lead = strspn(p, " \t");
+        char *close = lead < len && p[lead] == '[' ? memchr(p + lead, ']', len - lead) : NULL;
+        if (close) {
+            char **ns = realloc(L->sections, (L->n_sections + 1) * sizeof(*ns));
+            if (ns)
+                L->sections = ns;
+            char *name = ns ? strndup(p + lead + 1, (size_t)(close - (p + lead + 1))) : NULL;
+            if (!name) {
+                snprintf(err, errlen, "%s: out of memory", path);
+                goto fail;
+            }
+            ns[L->n_sections] = name;
+            o += (size_t)snprintf(out + o, cap - o, "[@%zu]", L->n_sections++);
+            size_t rest = len - (size_t)(close + 1 - p);
+            memcpy(out + o, close + 1, rest);
+            o += rest;
+        } else {
+            memcpy(out + o, p, len);
+            o += len;
+        }
+        out[o++] = '\n';
+        p = eol ? eol + 1 : p + strlen(p);
+    }
+    out[o] = '\0';
+    free(raw);
+    return out;
+fail:
+    free(raw);
+    free(out);
+    return NULL;
+}
+
 int config_load(const char *path, struct config *cfg, struct options *opts, char *err,
                 size_t errlen)
 {
@@ -309,10 +413,24 @@ int config_load(const char *path, struct config *cfg, struct options *opts, char
     memset(&L, 0, sizeof(L));
     L.cfg = &nc;
     L.opts = opts;
-    int line = ini_parse(path, ini_cb, &L);
+    char *text = config_read(path, &L, err, errlen);
+    if (!text) {
+        sections_free(&L);
+        config_free(&nc);
+        return KVD_EBADREQ;
+    }
+    /* Whole lines (libinih's default buffer is 200 bytes and it hands the
+     * rest of a longer line to the parser as a line of its own). */
+    ini_use_stack = false;
+    ini_allow_realloc = true;
+    ini_max_line = CONFIG_MAX_LINE + 3;
+    ini_stop_on_first_error = true;
+    int line = ini_parse_string(text, ini_cb, &L);
+    free(text);
+    sections_free(&L);
     if (line != 0) {
         if (line < 0)
-            snprintf(err, errlen, "%s: cannot read the file%s", path,
+            snprintf(err, errlen, "%s: cannot parse the file%s", path,
                      line == -2 ? " (out of memory)" : "");
         else
             snprintf(err, errlen, "%s:%d: %s", path, line, L.err[0] ? L.err : "syntax error");

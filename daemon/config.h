@@ -14,6 +14,8 @@
 #include "options.h"
 
 #define CONFIG_MAX_NS 16 /* shared namespaces per tenant */
+#define CONFIG_MAX_LINE 4096      /* bytes in one line of the file (without the newline) */
+#define CONFIG_MAX_FILE (1 << 20) /* bytes in the file */
 
 struct config_tenant {
     struct kvmm_tenant_conf conf; /* conf.name is the tenant's name */

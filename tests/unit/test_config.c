@@ -1,0 +1,153 @@
+/* Unit tests of config_load (issue 14): identities are never cut (two
+ * tenants whose names share their first 50 bytes stay two tenants, a name
+ * over the documented 63 bytes is refused), a line is read whole or refused
+ * naming its line (the tail of a long comment is never parsed as a
+ * directive), and a path that is not a regular file is an error. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+#include "kvd/status.h"
+
+static char path[64];
+
+static void write_file(const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Loads text; returns config_load's code, err gets the message. */
+static int load(const char *text, struct config *cfg, char *err, size_t errlen)
+{
+    write_file(text);
+    assert_int_equal(config_defaults(cfg), 0);
+    err[0] = '\0';
+    return config_load(path, cfg, NULL, err, errlen);
+}
+
+static bool is_admin(const struct config *cfg, uid_t uid)
+{
+    struct config_identity id;
+    return config_resolve(cfg, uid, 65534, &id) == 0 && id.admin;
+}
+
+static void test_long_tenant_names_stay_distinct(void **state)
+{
+    char a[64], b[64], text[512], err[512];
+    struct config cfg;
+    memset(a, 'a', 51);
+    a[51] = '\0';
+    memcpy(b, a, 52);
+    b[50] = 'b'; /* differs only in byte 51 */
+    snprintf(text, sizeof(text), "[tenant:%s]\nuids = 1001\n[tenant:%s]\nuids = 1002\n", a, b);
+    assert_int_equal(load(text, &cfg, err, sizeof(err)), 0);
+    assert_int_equal(cfg.n_tenants, 2);
+    struct config_identity ia, ib;
+    assert_int_equal(config_resolve(&cfg, 1001, 65534, &ia), 0);
+    assert_int_equal(config_resolve(&cfg, 1002, 65534, &ib), 0);
+    assert_string_equal(ia.conf.name, a);
+    assert_string_equal(ib.conf.name, b);
+    config_free(&cfg);
+
+    /* the documented limit, 63 bytes, is accepted whole */
+    memset(a, 'c', 63);
+    a[63] = '\0';
+    snprintf(text, sizeof(text), "[tenant:%s]\nuids = 1003\n", a);
+    assert_int_equal(load(text, &cfg, err, sizeof(err)), 0);
+    struct config_identity ic;
+    assert_int_equal(config_resolve(&cfg, 1003, 65534, &ic), 0);
+    assert_string_equal(ic.conf.name, a);
+    config_free(&cfg);
+
+    /* one byte more is an error naming the section */
+    snprintf(text, sizeof(text), "[tenant:%sd]\nuids = 1003\n", a);
+    assert_int_equal(load(text, &cfg, err, sizeof(err)), KVD_EBADREQ);
+    assert_non_null(strstr(err, "1-63"));
+    config_free(&cfg);
+}
+
+static void test_long_lines_read_whole(void **state)
+{
+    char *text = malloc(16384), err[512];
+    struct config cfg;
+    assert_non_null(text);
+
+    /* a 300-byte comment ending in a directive stays a comment */
+    int n = snprintf(text, 16384, "[admin]\nuids = 0\n# ");
+    memset(text + n, 'x', 300);
+    n += 300;
+    snprintf(text + n, 16384 - (size_t)n, " uids = 1001\n");
+    assert_int_equal(load(text, &cfg, err, sizeof(err)), 0);
+    assert_false(is_admin(&cfg, 1001));
+    assert_true(is_admin(&cfg, 0));
+    config_free(&cfg);
+
+    /* a legitimate 600-byte uids list is read whole */
+    n = snprintf(text, 16384, "[admin]\nuids = 0");
+    for (unsigned u = 2000; u < 2120; u++)
+        n += snprintf(text + n, 16384 - (size_t)n, ", %u", u);
+    snprintf(text + n, 16384 - (size_t)n, "\n");
+    assert_true(n > 600);
+    assert_int_equal(load(text, &cfg, err, sizeof(err)), 0);
+    assert_int_equal(cfg.n_admin, 121);
+    assert_true(is_admin(&cfg, 2119));
+    config_free(&cfg);
+
+    /* over CONFIG_MAX_LINE: an error naming the line, nothing parsed */
+    n = snprintf(text, 16384, "[admin]\nuids = 0\n# ");
+    memset(text + n, 'y', CONFIG_MAX_LINE);
+    n += CONFIG_MAX_LINE;
+    snprintf(text + n, 16384 - (size_t)n, " uids = 1001\n");
+    assert_int_equal(load(text, &cfg, err, sizeof(err)), KVD_EBADREQ);
+    assert_non_null(strstr(err, ":3: line of"));
+    config_free(&cfg);
+    free(text);
+}
+
+static void test_not_a_regular_file(void **state)
+{
+    char err[512];
+    struct config cfg;
+    assert_int_equal(config_defaults(&cfg), 0);
+    assert_int_equal(config_load("/tmp", &cfg, NULL, err, sizeof(err)), KVD_EBADREQ);
+    assert_non_null(strstr(err, "not a regular file"));
+    assert_int_equal(config_load("/nonexistent/kvd.conf", &cfg, NULL, err, sizeof(err)),
+                     KVD_EBADREQ);
+    config_free(&cfg);
+}
+
+/* The first error is the one reported (the line and its reason agree). */
+static void test_first_error_reported(void **state)
+{
+    char err[512];
+    struct config cfg;
+    assert_int_equal(load("[limits]\nmax-seqs = lots\n[bogus]\nx = 1\n", &cfg, err, sizeof(err)),
+                     KVD_EBADREQ);
+    assert_non_null(strstr(err, ":2: [limits] max-seqs"));
+    config_free(&cfg);
+}
+
+int main(void)
+{
+    snprintf(path, sizeof(path), "/tmp/kvd-test-config.%d", (int)getpid());
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_long_tenant_names_stay_distinct),
+        cmocka_unit_test(test_long_lines_read_whole),
+        cmocka_unit_test(test_not_a_regular_file),
+        cmocka_unit_test(test_first_error_reported),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    unlink(path);
+    return rc;
+}
