@@ -85,27 +85,89 @@ void conn_close_after_flush(struct conn *c)
     bufferevent_trigger(c->bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
 }
 
+static size_t pend_slot(uint64_t id, size_t cap)
+{
+    uint64_t h = id * 0x9e3779b97f4a7c15ull;
+    return (size_t)(h ^ (h >> 32)) & (cap - 1);
+}
+
+static size_t pend_find(const struct conn *c, uint64_t id)
+{
+    size_t i = pend_slot(id, c->cap_pending);
+    while (c->pending[i].count && c->pending[i].id != id)
+        i = (i + 1) & (c->cap_pending - 1);
+    return i;
+}
+
+static int pend_grow(struct conn *c)
+{
+    size_t cap = c->cap_pending ? 2 * c->cap_pending : 16;
+    struct conn_pend *nv = fault_realloc(NULL, cap * sizeof(*nv));
+    if (!nv)
+        return KVD_ENOMEM;
+    memset(nv, 0, cap * sizeof(*nv));
+    struct conn_pend *old = c->pending;
+    size_t old_cap = c->cap_pending;
+    c->pending = nv;
+    c->cap_pending = cap;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].count)
+            c->pending[pend_find(c, old[i].id)] = old[i];
+    free(old);
+    return 0;
+}
+
 static int pending_add(struct conn *c, uint64_t id)
 {
-    if (c->n_pending == c->cap_pending) {
-        size_t cap = c->cap_pending ? 2 * c->cap_pending : 8;
-        uint64_t *v = fault_realloc(c->pending, cap * sizeof(*v));
-        if (!v)
-            return KVD_ENOMEM;
-        c->pending = v;
-        c->cap_pending = cap;
+    if (2 * (c->n_pend_ids + 1) > c->cap_pending && pend_grow(c) != 0)
+        return KVD_ENOMEM;
+    size_t i = pend_find(c, id);
+    if (!c->pending[i].count) {
+        c->pending[i].id = id;
+        c->n_pend_ids++;
     }
-    c->pending[c->n_pending++] = id;
+    c->pending[i].count++;
+    c->n_pending++;
     c->srv->n_pending++;
+    server_tenant_pending(c->srv, c->tenant, 1);
     return 0;
 }
 
 bool conn_pending_remove(struct conn *c, uint64_t req_id)
 {
-    for (size_t i = 0; i < c->n_pending; i++)
-        if (c->pending[i] == req_id) {
-            c->pending[i] = c->pending[--c->n_pending];
-            c->srv->n_pending--;
+    if (!c->cap_pending)
+        return false;
+    size_t i = pend_find(c, req_id), mask = c->cap_pending - 1;
+    if (!c->pending[i].count)
+        return false;
+    c->n_pending--;
+    c->srv->n_pending--;
+    server_tenant_pending(c->srv, c->tenant, -1);
+    if (--c->pending[i].count)
+        return true;
+    /* Backward-shift deletion keeps every probe run unbroken. */
+    c->n_pend_ids--;
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (!c->pending[j].count)
+            break;
+        size_t k = pend_slot(c->pending[j].id, c->cap_pending);
+        /* j's entry may move to i when its home k is not in (i, j]. */
+        if ((j > i && (k <= i || k > j)) || (j < i && (k <= i && k > j))) {
+            c->pending[i] = c->pending[j];
+            i = j;
+        }
+    }
+    c->pending[i].count = 0;
+    return true;
+}
+
+bool conn_pending_any(const struct conn *c, uint64_t *req_id)
+{
+    for (size_t i = 0; i < c->cap_pending; i++)
+        if (c->pending[i].count) {
+            *req_id = c->pending[i].id;
             return true;
         }
     return false;
@@ -382,6 +444,7 @@ void conn_free(struct conn *c)
     kvmm_unlock(srv->mm);
 
     srv->n_pending -= c->n_pending;
+    server_tenant_pending(srv, c->tenant, -(long)c->n_pending);
     struct conn **pp = &srv->buckets[c->id % SERVER_CONN_BUCKETS];
     while (*pp != c)
         pp = &(*pp)->hnext;

@@ -35,7 +35,11 @@ struct exec {
     pthread_cond_t wake; /* inbox, cancel, stop */
     pthread_cond_t idle; /* live list shrank (drain waits on it) */
     struct sched_req *inbox_head, *inbox_tail; /* linked through next */
-    struct sched_req *live; /* requests that can still be cancelled (live_next) */
+    struct sched_req *live; /* requests that can still be cancelled (live_next/prev) */
+    /* The same requests by (conn, id), chained through hnext: a cancel
+     * finds its target without walking every live request. */
+    struct sched_req **hash;
+    size_t hash_cap, n_hashed;
     uint32_t n_live;        /* requests not yet answered */
     bool draining, stop;
     uint64_t serial;
@@ -47,12 +51,73 @@ struct exec {
 
 /* ---- publishing --------------------------------------------------------- */
 
+static size_t live_bucket(const struct exec *ex, uint64_t conn, uint64_t id)
+{
+    uint64_t h = (conn * 0x9e3779b97f4a7c15ull) ^ (id * 0xc2b2ae3d27d4eb4full);
+    h ^= h >> 29;
+    return (size_t)(h & (ex->hash_cap - 1));
+}
+
+/* Grows the hash to keep chains short; on failure chains just get longer. */
+static void live_hash_grow(struct exec *ex)
+{
+    size_t cap = ex->hash_cap ? 2 * ex->hash_cap : 256;
+    struct sched_req **h = calloc(cap, sizeof(*h));
+    if (!h)
+        return;
+    struct sched_req **old = ex->hash;
+    size_t old_cap = ex->hash_cap;
+    ex->hash = h;
+    ex->hash_cap = cap;
+    for (size_t i = 0; i < old_cap; i++)
+        for (struct sched_req *r = old[i], *next; r; r = next) {
+            next = r->hnext;
+            size_t b = live_bucket(ex, r->conn, r->id);
+            r->hnext = h[b];
+            h[b] = r;
+        }
+    free(old);
+}
+
+/* Under ex->mu. */
+static void live_add(struct exec *ex, struct sched_req *r)
+{
+    r->live_prev = NULL;
+    r->live_next = ex->live;
+    if (ex->live)
+        ex->live->live_prev = r;
+    ex->live = r;
+    if (ex->n_hashed >= ex->hash_cap)
+        live_hash_grow(ex);
+    r->hnext = NULL;
+    if (ex->hash_cap) {
+        size_t b = live_bucket(ex, r->conn, r->id);
+        r->hnext = ex->hash[b];
+        ex->hash[b] = r;
+        ex->n_hashed++;
+    }
+}
+
+/* Under ex->mu; O(1) for the list, O(chain) for the hash. */
 static void live_remove(struct exec *ex, struct sched_req *r)
 {
-    for (struct sched_req **p = &ex->live; *p; p = &(*p)->live_next)
+    if (r->live_prev)
+        r->live_prev->live_next = r->live_next;
+    else if (ex->live == r)
+        ex->live = r->live_next;
+    else
+        return; /* not on the list */
+    if (r->live_next)
+        r->live_next->live_prev = r->live_prev;
+    r->live_next = r->live_prev = NULL;
+    if (!ex->hash_cap)
+        return;
+    for (struct sched_req **p = &ex->hash[live_bucket(ex, r->conn, r->id)]; *p;
+         p = &(*p)->hnext)
         if (*p == r) {
-            *p = r->live_next;
-            return;
+            *p = r->hnext;
+            ex->n_hashed--;
+            break;
         }
 }
 
@@ -413,6 +478,7 @@ void exec_free(struct exec *ex)
     free(ex->fseqs);
     free(ex->rows);
     free(ex->picks);
+    free(ex->hash);
     pthread_cond_destroy(&ex->idle);
     pthread_cond_destroy(&ex->wake);
     pthread_mutex_destroy(&ex->mu);
@@ -450,8 +516,7 @@ int exec_submit(struct exec *ex, struct sched_req *r)
     else
         ex->inbox_head = r;
     ex->inbox_tail = r;
-    r->live_next = ex->live;
-    ex->live = r;
+    live_add(ex, r);
     ex->n_live++;
     ex->st.requests++;
     pthread_cond_signal(&ex->wake);
@@ -463,13 +528,23 @@ void exec_cancel(struct exec *ex, uint64_t conn, uint64_t id, bool *found)
 {
     bool f = false;
     pthread_mutex_lock(&ex->mu);
-    for (struct sched_req *r = ex->live; r; r = r->live_next)
-        if (r->conn == conn && r->id == id) {
-            atomic_store(&r->cancel, true);
-            f = true;
-        }
-    if (f)
+    if (ex->hash_cap) {
+        for (struct sched_req *r = ex->hash[live_bucket(ex, conn, id)]; r; r = r->hnext)
+            if (r->conn == conn && r->id == id) {
+                atomic_store(&r->cancel, true);
+                f = true;
+            }
+    } else {
+        for (struct sched_req *r = ex->live; r; r = r->live_next)
+            if (r->conn == conn && r->id == id) {
+                atomic_store(&r->cancel, true);
+                f = true;
+            }
+    }
+    if (f) {
+        sched_note_cancel(ex->sched);
         pthread_cond_signal(&ex->wake);
+    }
     pthread_mutex_unlock(&ex->mu);
     if (found)
         *found = f;
@@ -483,6 +558,7 @@ void exec_cancel_conn(struct exec *ex, uint64_t conn)
             atomic_store(&r->detached, true);
             atomic_store(&r->cancel, true);
         }
+    sched_note_cancel(ex->sched);
     pthread_cond_signal(&ex->wake);
     pthread_mutex_unlock(&ex->mu);
 }
@@ -493,6 +569,7 @@ void exec_drain(struct exec *ex)
     ex->draining = true;
     for (struct sched_req *r = ex->live; r; r = r->live_next)
         atomic_store(&r->cancel, true);
+    sched_note_cancel(ex->sched);
     pthread_cond_broadcast(&ex->wake);
     while (ex->n_live > 0)
         pthread_cond_wait(&ex->idle, &ex->mu);

@@ -123,8 +123,9 @@ static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, size_t n
     int irc = kvmm_seq_info(mm, r->conn, seq, &info);
     if (irc == KVD_EBUSY) /* another generate of this connection has it */
         return proto_err_set(err, KVD_EBUSY, "'seq': %s", kvmm_errmsg(mm));
-    if (irc != 0)
-        return proto_err_set(err, KVD_EBADREQ, "'seq': no sequence %llu on this connection",
+    if (irc != 0) /* not_found, like every other op given an unknown handle */
+        return proto_err_set(err, irc == KVD_ENOTFOUND ? KVD_ENOTFOUND : irc,
+                             "'seq': no sequence %llu on this connection",
                              (unsigned long long)seq);
     if (info.n_committed != info.n_tokens)
         return proto_err_set(err, KVD_EBADREQ,
@@ -362,7 +363,10 @@ static int op_generate(struct ops_ctx *c)
     struct ops_generate *g = c->op_ctx;
     struct ops_generate_ctx gc = {.conn = c->conn_id, .id = c->id, .tenant = c->tenant, .ns = c->ns};
     struct sched_req *r = NULL;
-    int rc = ops_generate_build(g->ex, c->mm, c->req, &gc, &r, &c->err);
+    int rc = server_queue_admit(c->srv, c->conn, c->tenant, &c->err);
+    if (rc)
+        return rc;
+    rc = ops_generate_build(g->ex, c->mm, c->req, &gc, &r, &c->err);
     if (rc)
         return rc;
     if (exec_submit(g->ex, r) != 0) {

@@ -28,6 +28,10 @@ void options_defaults(struct options *o)
     o->geom.block_tokens = 16;
     o->max_frame = KVD_MAX_FRAME_DEFAULT;
     o->max_conns = 1024;
+    o->max_conns_per_uid = 64;
+    o->admin_reserved_conns = 8;
+    o->max_queued_per_conn = 1024;
+    o->max_queued_per_tenant = 4096;
     o->step_tokens = 512;
     o->step_seqs = 64;
     o->queue_timeout_ms = 60000;
@@ -224,6 +228,14 @@ int options_set(struct options *o, const char *name_in, const char *v, char *err
     }
     if (!strcmp(name, "max-connections"))
         return set_u32(&o->max_conns, name, v, 1, 1000000, err, errlen);
+    if (!strcmp(name, "max-connections-per-uid"))
+        return set_u32(&o->max_conns_per_uid, name, v, 1, 1000000, err, errlen);
+    if (!strcmp(name, "admin-reserved-connections"))
+        return set_u32(&o->admin_reserved_conns, name, v, 0, 1000000, err, errlen);
+    if (!strcmp(name, "max-queued-per-connection"))
+        return set_u32(&o->max_queued_per_conn, name, v, 1, 10000000, err, errlen);
+    if (!strcmp(name, "max-queued-per-tenant"))
+        return set_u32(&o->max_queued_per_tenant, name, v, 1, 10000000, err, errlen);
     if (!strcmp(name, "step-tokens"))
         return set_u32(&o->step_tokens, name, v, 1, 1u << 20, err, errlen);
     if (!strcmp(name, "step-seqs"))
@@ -259,6 +271,10 @@ static const struct option long_opts[] = {
     {"metrics-force", no_argument, 0, 0},     {"no-roofline-probe", no_argument, 0, 0},
     {"step-tokens", required_argument, 0, 0}, {"step-seqs", required_argument, 0, 0},
     {"queue-timeout", required_argument, 0, 0}, {"threads", required_argument, 0, 0},
+    {"max-connections-per-uid", required_argument, 0, 0},
+    {"admin-reserved-connections", required_argument, 0, 0},
+    {"max-queued-per-connection", required_argument, 0, 0},
+    {"max-queued-per-tenant", required_argument, 0, 0},
     {"help", no_argument, 0, 'h'},
     {"version", no_argument, 0, 'V'},         {0, 0, 0, 0},
 };
@@ -326,6 +342,14 @@ void options_usage(FILE *f)
             "                         store-mode KV geometry (default 4, 4, 64, f16)\n"
             "  --max-frame BYTES      largest frame accepted (default 64M)\n"
             "  --max-connections N    concurrent client connections (default 1024)\n"
+            "  --max-connections-per-uid N  connections one uid may hold (default 64;\n"
+            "                         admins are exempt)\n"
+            "  --admin-reserved-connections N  of --max-connections, slots only admins\n"
+            "                         may take (default 8)\n"
+            "  --max-queued-per-connection N  generates in flight per connection before\n"
+            "                         'busy' (default 1024)\n"
+            "  --max-queued-per-tenant N  generates in flight per tenant before 'busy'\n"
+            "                         (default 4096)\n"
             "  --step-tokens N        executor token budget per step (default 512)\n"
             "  --step-seqs N          executor sequences per step (default 64)\n"
             "  --queue-timeout MS     a generate not started by then is answered busy\n"

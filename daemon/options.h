@@ -27,6 +27,11 @@ struct options {
     struct kv_geom geom;    /* store-mode geometry and block_tokens */
     uint32_t max_frame;     /* bytes */
     uint32_t max_conns;
+    /* Hardening (issue 14): connections per uid, connection slots only
+     * admins may take, and generates queued (taken, not yet answered) per
+     * connection and per tenant before `busy`. */
+    uint32_t max_conns_per_uid, admin_reserved_conns;
+    uint32_t max_queued_per_conn, max_queued_per_tenant;
     /* Executor (serve mode): token budget and sequences per step, and how
      * long a generate may wait for its first step (ms; 0 = no limit). */
     uint32_t step_tokens, step_seqs, queue_timeout_ms;

@@ -40,13 +40,14 @@ static void rq_remove(struct rq *q, struct sched_req *r)
     q->n--;
 }
 
-/* Inserts before the first element that `before` says r precedes. */
+/* Inserts r after the last element it does not precede, walking from the
+ * tail: a new arrival (the newest) is appended in O(1). */
 static void rq_insert(struct rq *q, struct sched_req *r,
                       bool (*before)(const struct sched_req *, const struct sched_req *))
 {
-    struct sched_req *at = q->head;
-    while (at && !before(r, at))
-        at = at->next;
+    struct sched_req *at = NULL; /* r goes before `at` (NULL: at the tail) */
+    for (struct sched_req *p = q->tail; p && before(r, p); p = p->prev)
+        at = p;
     r->next = at;
     r->prev = at ? at->prev : q->tail;
     if (r->prev)
@@ -74,11 +75,90 @@ static bool fifo_before(const struct sched_req *a, const struct sched_req *b)
     return a->serial < b->serial;
 }
 
+/* ---- admission heaps (per tenant) --------------------------------------- */
+
+/* Admission order inside a tenant: higher priority, then arrival. */
+static bool admit_before(const struct sched_req *a, const struct sched_req *b)
+{
+    if (a->priority != b->priority)
+        return a->priority > b->priority;
+    return a->serial < b->serial;
+}
+
+static void heap_set(struct tenant_fair *t, uint32_t i, struct sched_req *r)
+{
+    t->heap[i] = r;
+    r->hidx = i;
+}
+
+static void heap_up(struct tenant_fair *t, uint32_t i)
+{
+    struct sched_req *r = t->heap[i];
+    while (i > 0) {
+        uint32_t p = (i - 1) / 2;
+        if (!admit_before(r, t->heap[p]))
+            break;
+        heap_set(t, i, t->heap[p]);
+        i = p;
+    }
+    heap_set(t, i, r);
+}
+
+static void heap_down(struct tenant_fair *t, uint32_t i)
+{
+    struct sched_req *r = t->heap[i];
+    for (;;) {
+        uint32_t c = 2 * i + 1;
+        if (c >= t->n_heap)
+            break;
+        if (c + 1 < t->n_heap && admit_before(t->heap[c + 1], t->heap[c]))
+            c++;
+        if (!admit_before(t->heap[c], r))
+            break;
+        heap_set(t, i, t->heap[c]);
+        i = c;
+    }
+    heap_set(t, i, r);
+}
+
+static bool heap_push(struct tenant_fair *t, struct sched_req *r)
+{
+    if (t->n_heap == t->cap_heap) {
+        uint32_t cap = t->cap_heap ? 2 * t->cap_heap : 64;
+        struct sched_req **h = realloc(t->heap, cap * sizeof(*h));
+        if (!h)
+            return false;
+        t->heap = h;
+        t->cap_heap = cap;
+    }
+    heap_set(t, t->n_heap++, r);
+    heap_up(t, t->n_heap - 1);
+    return true;
+}
+
+static void heap_remove(struct tenant_fair *t, struct sched_req *r)
+{
+    uint32_t i = r->hidx;
+    struct sched_req *last = t->heap[--t->n_heap];
+    if (i == t->n_heap)
+        return;
+    heap_set(t, i, last);
+    heap_up(t, i);
+    heap_down(t, last->hidx);
+}
+
+struct sched_req *sched_tenant_next(struct tenant_fair *t)
+{
+    return t->n_heap ? t->heap[0] : NULL;
+}
+
+/* ---- queues ------------------------------------------------------------- */
+
 static struct rq *queue_of(struct sched *s, const struct sched_req *r)
 {
     switch (r->state) {
     case SCHED_WAITING:
-        return &s->waiting;
+        return r->pre_wait ? &s->waiting_pre : &s->waiting;
     case SCHED_RUNNING:
         return &s->running;
     case SCHED_SWAPPED:
@@ -88,17 +168,47 @@ static struct rq *queue_of(struct sched *s, const struct sched_req *r)
     }
 }
 
+/* Takes r out of its queue (and its tenant's heap). */
+static void sched_leave(struct sched *s, struct sched_req *r)
+{
+    struct rq *q = queue_of(s, r);
+    if (!q)
+        return;
+    rq_remove(q, r);
+    if (r->state == SCHED_WAITING) {
+        struct tenant_fair *t = sched_tenant_find(s, r->tenant);
+        if (t) {
+            t->n_wait--;
+            if (!r->pre_wait)
+                heap_remove(t, r);
+        }
+    }
+}
+
 void sched_move_to(struct sched *s, struct sched_req *r, enum sched_state st)
 {
     if (st != SCHED_RUNNING)
         r->step_n = 0; /* only running requests are in a batch */
+    sched_leave(s, r);
+    r->state = st;
+    if (st == SCHED_WAITING) {
+        /* Admitted before (preempted for recompute): the queue that goes
+         * first. Otherwise the tenant's heap (or, without memory for it,
+         * the first queue too, so it is still picked). */
+        struct tenant_fair *t = sched_tenant_find(s, r->tenant);
+        bool pre = r->n_toks > r->n_prompt || r->t_sched != 0;
+        r->pre_wait = pre || !t || !heap_push(t, r);
+        if (t)
+            t->n_wait++;
+    }
     struct rq *q = queue_of(s, r);
     if (q)
-        rq_remove(q, r);
-    r->state = st;
-    q = queue_of(s, r);
-    if (q)
         rq_insert(q, r, st == SCHED_RUNNING ? run_before : fifo_before);
+}
+
+void sched_note_cancel(struct sched *s)
+{
+    atomic_store(&s->cancel_note, true);
 }
 
 /* ---- tenants ------------------------------------------------------------ */
@@ -171,6 +281,8 @@ void sched_free(struct sched *s)
 {
     if (!s)
         return;
+    for (size_t i = 0; i < s->n_tf; i++)
+        free(s->tf[i].heap);
     free(s->tf);
     free(s->snap);
     free(s);
@@ -184,14 +296,14 @@ const struct sched_conf *sched_conf(const struct sched *s)
 void sched_counters(const struct sched *s, struct sched_counters *c)
 {
     *c = s->ctr;
-    c->waiting = s->waiting.n;
+    c->waiting = s->waiting.n + s->waiting_pre.n;
     c->running = s->running.n;
     c->swapped = s->swapped.n;
 }
 
 bool sched_busy(const struct sched *s)
 {
-    return s->waiting.n + s->running.n + s->swapped.n > 0;
+    return s->waiting.n + s->waiting_pre.n + s->running.n + s->swapped.n > 0;
 }
 
 uint64_t sched_now_ns(void)
@@ -260,9 +372,7 @@ static void release_seq(struct kvmm *mm, struct sched_req *r)
 void sched_end_req(struct sched *s, struct kvmm *mm, struct sched_req *r, enum sched_finish f,
                     struct sched_req **done)
 {
-    struct rq *q = queue_of(s, r);
-    if (q)
-        rq_remove(q, r);
+    sched_leave(s, r);
     struct tenant_fair *t = sched_tenant_find(s, r->tenant);
     if (t && t->n_reqs > 0)
         t->n_reqs--;
@@ -292,8 +402,8 @@ void sched_finish(struct sched *s, struct kvmm *mm, struct sched_req *r, enum sc
 
 void sched_drain(struct sched *s, struct kvmm *mm, struct sched_req **done)
 {
-    struct rq *qs[3] = {&s->running, &s->swapped, &s->waiting};
-    for (int i = 0; i < 3; i++)
+    struct rq *qs[4] = {&s->running, &s->swapped, &s->waiting_pre, &s->waiting};
+    for (int i = 0; i < 4; i++)
         while (qs[i]->head)
             sched_end_req(s, mm, qs[i]->head, SCHED_FINISH_CANCELLED, done);
 }

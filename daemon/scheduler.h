@@ -91,6 +91,12 @@ struct sched_req {
 
     /* this step */
     uint32_t step_n; /* tokens computed for it this step (0: not in the batch) */
+
+    /* waiting-queue bookkeeping (scheduler.c) */
+    uint32_t hidx;  /* index in its tenant's admission heap */
+    bool pre_wait;  /* waiting in the "admitted before" queue, not the heap */
+    struct sched_req *live_prev; /* exec's live list (exec lock) */
+    struct sched_req *hnext;     /* exec's (conn, id) hash chain (exec lock) */
 };
 
 static inline uint64_t sched_req_owner(const struct sched_req *r)
@@ -132,6 +138,10 @@ const struct sched_conf *sched_conf(const struct sched *s);
 void sched_counters(const struct sched *s, struct sched_counters *c);
 /* Any request waiting, running or swapped. */
 bool sched_busy(const struct sched *s);
+/* Tells the next sched_plan that some request's cancel flag was set, so it
+ * looks through the waiting queue (which it otherwise does not walk). Any
+ * thread. */
+void sched_note_cancel(struct sched *s);
 
 /* Queues a new request as waiting (executor thread, kvmm lock held: the
  * tenant's weight is read from kvmm). */

@@ -25,8 +25,8 @@ static void share_budget(struct sched *s, uint32_t budget)
         s->tf[i].prefills = false;
         s->tf[i].share = 0;
     }
-    struct rq *qs[3] = {&s->running, &s->swapped, &s->waiting};
-    for (int i = 0; i < 3; i++)
+    struct rq *qs[2] = {&s->running, &s->swapped};
+    for (int i = 0; i < 2; i++)
         for (struct sched_req *r = qs[i]->head; r; r = r->next) {
             if (i == 0 && (r->step_n > 0 || sched_target(r) <= r->n_kv))
                 continue; /* decoding this step, or nothing left to compute */
@@ -34,6 +34,9 @@ static void share_budget(struct sched *s, uint32_t budget)
             if (t)
                 t->prefills = true;
         }
+    for (size_t i = 0; i < s->n_tf; i++)
+        if (s->tf[i].n_wait > 0)
+            s->tf[i].prefills = true;
     uint64_t wsum = 0;
     for (size_t i = 0; i < s->n_tf; i++)
         wsum += s->tf[i].prefills ? s->tf[i].weight : 0;
@@ -191,32 +194,27 @@ static void plan_fill(struct sched *s, struct kvmm *mm, struct sched_plan *plan,
  * weighted share, then priority, then arrival. */
 static struct sched_req *pick_waiting(struct sched *s)
 {
+    /* Admitted before: arrival order, skipping blocked tenants (these are
+     * few: each was running, so memory bounds them). */
+    for (struct sched_req *r = s->waiting_pre.head; r; r = r->next) {
+        struct tenant_fair *t = sched_tenant_find(s, r->tenant);
+        if (!t || !t->blocked)
+            return r;
+    }
+    /* Then each tenant's best (its heap's top): smallest virtual time,
+     * then priority, then arrival. */
     struct sched_req *best = NULL;
     double best_v = 0;
-    for (struct sched_req *r = s->waiting.head; r; r = r->next) {
-        struct tenant_fair *t = sched_tenant_find(s, r->tenant);
-        if (t && t->blocked)
+    for (size_t i = 0; i < s->n_tf; i++) {
+        struct tenant_fair *t = &s->tf[i];
+        struct sched_req *r = t->blocked ? NULL : sched_tenant_next(t);
+        if (!r)
             continue;
-        double v = t ? t->vtime : 0;
-        bool pre = r->n_toks > r->n_prompt || r->t_sched != 0;
-        if (!best) {
+        if (!best || t->vtime < best_v ||
+            (t->vtime == best_v && (r->priority > best->priority ||
+                                    (r->priority == best->priority && r->serial < best->serial)))) {
             best = r;
-            best_v = v;
-            continue;
-        }
-        bool best_pre = best->n_toks > best->n_prompt || best->t_sched != 0;
-        if (pre != best_pre) {
-            if (pre) {
-                best = r;
-                best_v = v;
-            }
-            continue;
-        }
-        if (pre)
-            continue; /* both preempted: arrival order (queue order) */
-        if (v < best_v || (v == best_v && r->priority > best->priority)) {
-            best = r;
-            best_v = v;
+            best_v = t->vtime;
         }
     }
     return best;
@@ -400,31 +398,44 @@ static void plan_waiting(struct sched *s, struct kvmm *mm, struct sched_plan *pl
  * sequence lacks some of the tokens it was lent with first recomputes them
  * (restoring, see scheduler.h); a request never scheduled within the queue
  * timeout is answered busy. */
+static void reap_one(struct sched *s, struct kvmm *mm, struct sched_req *r, uint64_t now,
+                     struct sched_req **done)
+{
+    if (atomic_load(&r->cancel) && !r->restoring) {
+        if (r->conn_seq && r->have_seq && !atomic_load(&r->detached) && r->n_kv < r->n_orig)
+            r->restoring = true;
+        else
+            sched_end_req(s, mm, r, SCHED_FINISH_CANCELLED, done);
+    } else if (now && r->state == SCHED_WAITING && r->t_sched == 0 && !r->restoring &&
+               now - r->t_arrive > s->conf.queue_timeout_ns) {
+        s->ctr.queue_timeouts++;
+        r->err = KVD_EBUSY;
+        snprintf(r->errmsg, sizeof(r->errmsg),
+                 "waited %.3f s in the queue without being scheduled (queue timeout); "
+                 "the executor is saturated",
+                 (double)(now - r->t_arrive) / 1e9);
+        r->finish = SCHED_FINISH_ERROR;
+        sched_end_req(s, mm, r, SCHED_FINISH_ERROR, done);
+    }
+}
+
 static void reap_cancelled(struct sched *s, struct kvmm *mm, struct sched_req **done)
 {
     uint64_t now = s->conf.queue_timeout_ns ? sched_now_ns() : 0;
-    struct rq *qs[3] = {&s->running, &s->swapped, &s->waiting};
-    for (int i = 0; i < 3; i++) {
+    /* The waiting queues are walked whole only after a cancel. */
+    bool all = atomic_exchange(&s->cancel_note, false);
+    struct rq *qs[4] = {&s->running, &s->swapped, &s->waiting_pre, &s->waiting};
+    for (int i = 0; i < 4; i++) {
         struct sched_req *r = qs[i]->head;
         while (r) {
             struct sched_req *next = r->next;
-            if (atomic_load(&r->cancel) && !r->restoring) {
-                if (r->conn_seq && r->have_seq && !atomic_load(&r->detached) &&
-                    r->n_kv < r->n_orig)
-                    r->restoring = true;
-                else
-                    sched_end_req(s, mm, r, SCHED_FINISH_CANCELLED, done);
-            } else if (now && r->state == SCHED_WAITING && r->t_sched == 0 && !r->restoring &&
-                       now - r->t_arrive > s->conf.queue_timeout_ns) {
-                s->ctr.queue_timeouts++;
-                r->err = KVD_EBUSY;
-                snprintf(r->errmsg, sizeof(r->errmsg),
-                         "waited %.3f s in the queue without being scheduled (queue timeout); "
-                         "the executor is saturated",
-                         (double)(now - r->t_arrive) / 1e9);
-                r->finish = SCHED_FINISH_ERROR;
-                sched_end_req(s, mm, r, SCHED_FINISH_ERROR, done);
+            if (i == 3 && !all) {
+                /* Arrival order: past the first one that has not timed
+                 * out, none has. */
+                if (!now || now - r->t_arrive <= s->conf.queue_timeout_ns)
+                    break;
             }
+            reap_one(s, mm, r, now, done);
             r = next;
         }
     }

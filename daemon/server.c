@@ -110,8 +110,36 @@ int server_tenant_note(struct server *srv, const char *name, uint32_t id)
         return KVD_ENOMEM;
     snprintf(nv[srv->n_tenants].name, sizeof(nv->name), "%s", name);
     nv[srv->n_tenants].id = id;
+    nv[srv->n_tenants].n_pending = 0;
     srv->tenants = nv;
     srv->n_tenants++;
+    return 0;
+}
+
+void server_tenant_pending(struct server *srv, uint32_t tenant, long delta)
+{
+    for (size_t i = 0; i < srv->n_tenants; i++)
+        if (srv->tenants[i].id == tenant) {
+            srv->tenants[i].n_pending += (size_t)delta;
+            return;
+        }
+}
+
+int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct proto_err *err)
+{
+    if (c && c->n_pending >= srv->opts.max_queued_per_conn)
+        return proto_err_set(err, KVD_EBUSY,
+                             "this connection has %zu generates in flight, the limit "
+                             "(max-queued-per-connection = %u); read replies before sending more",
+                             c->n_pending, srv->opts.max_queued_per_conn);
+    for (size_t i = 0; i < srv->n_tenants; i++)
+        if (srv->tenants[i].id == tenant &&
+            srv->tenants[i].n_pending >= srv->opts.max_queued_per_tenant)
+            return proto_err_set(err, KVD_EBUSY,
+                                 "tenant '%s' has %zu generates in flight, the limit "
+                                 "(max-queued-per-tenant = %u)",
+                                 srv->tenants[i].name, srv->tenants[i].n_pending,
+                                 srv->opts.max_queued_per_tenant);
     return 0;
 }
 
@@ -195,8 +223,8 @@ static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct server *srv = arg;
     for (struct conn *c = srv->conns; c; c = c->next) {
-        while (c->n_pending > 0) {
-            uint64_t id = c->pending[0];
+        uint64_t id;
+        while (conn_pending_any(c, &id)) {
             conn_send_error(c, id, KVD_ECANCELLED, "the server is shutting down");
             conn_pending_remove(c, id);
         }

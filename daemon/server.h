@@ -79,5 +79,10 @@ int server_on_stats(struct server *srv, const char *key, server_stats_fn fn, voi
 
 /* Starts the same drain as SIGTERM. Thread-safe. */
 void server_shutdown(struct server *srv);
+/* Whether one more generate may be queued for connection c (may be NULL)
+ * of tenant `tenant`: 0, or KVD_EBUSY with err naming the limit
+ * (max-queued-per-connection / -per-tenant). Loop thread. */
+struct conn;
+int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct proto_err *err);
 
 #endif

@@ -38,11 +38,20 @@ struct conn {
     char tenant_name[KVD_MAX_NAME + 1];
     bool admin;
 
-    uint64_t *pending; /* (n_pending, cap) ids of requests in flight elsewhere */
-    size_t n_pending, cap_pending;
+    /* Ids of requests in flight elsewhere (a client may reuse an id): an
+     * open-addressing table of (id, count), load at most 1/2, so a final
+     * reply finds its id in O(1) however deep the pipeline. */
+    struct conn_pend *pending; /* (cap_pending) */
+    size_t n_pending;          /* requests (sum of counts) */
+    size_t n_pend_ids, cap_pending;
 
     bool paused;  /* reading stopped: output over the high watermark */
     bool closing; /* no more input; freed once output is flushed */
+};
+
+struct conn_pend {
+    uint64_t id;
+    uint32_t count; /* 0: empty slot */
 };
 
 struct post_item {
@@ -61,6 +70,7 @@ struct server_hook {
 struct server_tenant {
     char name[KVD_MAX_NAME + 1];
     uint32_t id;
+    size_t n_pending; /* requests in flight on its connections */
 };
 
 struct server {
@@ -131,10 +141,14 @@ void conn_close_after_flush(struct conn *c);
 /* Processes complete frames already buffered (after a pause or at shutdown). */
 void conn_process(struct conn *c);
 bool conn_pending_remove(struct conn *c, uint64_t req_id);
+/* Some id in flight on c (false when none). */
+bool conn_pending_any(const struct conn *c, uint64_t *req_id);
 
 /* server.c */
 /* Registers a tenant name seen on a connection (for admin stats). */
 int server_tenant_note(struct server *srv, const char *name, uint32_t id);
+/* Adds delta to the tenant's requests in flight. */
+void server_tenant_pending(struct server *srv, uint32_t tenant, long delta);
 /* Exits the loop once shutdown has drained everything. */
 void server_maybe_exit(struct server *srv);
 

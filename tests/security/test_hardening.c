@@ -1,0 +1,268 @@
+/* Hardening against hostile local clients (issue 14), each against a real
+ * kvd serving a small random model: queued generates are limited per
+ * connection and per tenant (`busy` naming the limit), `generate` with an
+ * unknown `seq` is not_found, a non-admin's stats hold nothing about other
+ * tenants, a FIFO as --model and a directory as --config are refused at
+ * start. Tests that need setuid children skip without root. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvd_harness.h"
+
+static char g_dir[64], g_model[128];
+
+static int group_setup(void **state)
+{
+    (void)state;
+    const char *tools = getenv("KVD_TOOLS_DIR");
+    char cmd[512];
+    snprintf(g_dir, sizeof(g_dir), "/tmp/kvd-hard-XXXXXX");
+    if (!tools || !mkdtemp(g_dir))
+        return -1;
+    snprintf(g_model, sizeof(g_model), "%s/m.gguf", g_dir);
+    snprintf(cmd, sizeof(cmd),
+             "'%s/kvd-gguf-gen' -o '%s' --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 "
+             "--vocab 256 --ctx 256 --type f32 >/dev/null",
+             tools, g_model);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    unlink(g_model);
+    rmdir(g_dir);
+    return 0;
+}
+
+/* Starts kvd on the test model with extra args (NULL-terminated). */
+static void start_model(struct kh_proc *p, const char *conf, const char *const *extra)
+{
+    const char *args[40] = {"--model", g_model, "--backend", "cpu", "--device-blocks", "256",
+                            "--host-blocks", "64", "--no-roofline-probe"};
+    int n = 9;
+    for (int i = 0; extra && extra[i] && n < 39; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    assert_int_equal(kh_start(p, conf, args), 0);
+}
+
+static void pack_gen(struct kh_req *q, uint64_t id, uint32_t max_tokens)
+{
+    static const uint32_t toks[4] = {1, 2, 3, 4};
+    kh_req_begin(q, "generate", id, 2);
+    proto_pack_kv_u32_array(&q->pk, "tokens", toks, 4);
+    proto_pack_kv_uint(&q->pk, "max_tokens", max_tokens);
+}
+
+/* Sends n generates in ONE write (so the daemon takes them all in one read,
+ * before any of them can be answered) and counts the replies: *ok answered
+ * normally, *busy answered busy with `limit` in the message. */
+static void pipeline(int fd, unsigned n, const char *limit, unsigned *ok, unsigned *busy)
+{
+    msgpack_sbuffer all;
+    msgpack_sbuffer_init(&all);
+    for (unsigned i = 0; i < n; i++) {
+        struct kh_req q;
+        pack_gen(&q, 1 + i, 2);
+        assert_int_equal(proto_frame_end(&q.sb, q.at), 0);
+        msgpack_sbuffer_write(&all, q.sb.data, q.sb.size);
+        msgpack_sbuffer_destroy(&q.sb);
+    }
+    assert_int_equal(kh_send_raw(fd, all.data, all.size), 0);
+    msgpack_sbuffer_destroy(&all);
+    *ok = *busy = 0;
+    for (unsigned i = 0; i < n; i++) {
+        struct kh_reply r;
+        assert_int_equal(kh_recv(fd, &r), 0);
+        if (r.code == 0)
+            (*ok)++;
+        else if (r.code == KVD_EBUSY && strstr(r.message, limit))
+            (*busy)++;
+        else
+            fail_msg("reply %llu: code %d '%s'", (unsigned long long)r.id, r.code, r.message);
+        kh_reply_free(&r);
+    }
+}
+
+/* Defect 1: queued generates per connection and per tenant are limited. */
+static void test_queue_limits(void **state)
+{
+    (void)state;
+    struct kh_proc p;
+    unsigned ok, busy;
+    const char *per_conn[] = {"--max-queued-per-connection", "3", NULL};
+    start_model(&p, NULL, per_conn);
+    int fd = kh_connect(p.sock);
+    pipeline(fd, 10, "max-queued-per-connection = 3", &ok, &busy);
+    assert_int_equal(ok, 3);
+    assert_int_equal(busy, 7);
+    /* answered: the connection may queue again */
+    pipeline(fd, 3, "max-queued-per-connection", &ok, &busy);
+    assert_int_equal(ok, 3);
+    close(fd);
+    assert_int_equal(kh_stop(&p), 0);
+
+    const char *per_tenant[] = {"--max-queued-per-tenant", "4", NULL};
+    start_model(&p, NULL, per_tenant);
+    fd = kh_connect(p.sock);
+    pipeline(fd, 10, "max-queued-per-tenant = 4", &ok, &busy);
+    assert_int_equal(ok, 4);
+    assert_int_equal(busy, 6);
+    close(fd);
+    assert_int_equal(kh_stop(&p), 0);
+}
+
+/* Defect 10: generate with an unknown or another connection's seq is
+ * not_found, like every other op. */
+static void test_generate_foreign_seq(void **state)
+{
+    (void)state;
+    struct kh_proc p;
+    start_model(&p, NULL, NULL);
+    int a = kh_connect(p.sock), b = kh_connect(p.sock);
+    uint64_t s = kh_seq_open(a, 1);
+    assert_true(s != 0);
+    uint64_t handles[2] = {s, 987654321};
+    for (int i = 0; i < 2; i++) {
+        struct kh_req q;
+        struct kh_reply r;
+        static const uint32_t toks[2] = {1, 2};
+        kh_req_begin(&q, "generate", 10 + (uint64_t)i, 3);
+        proto_pack_kv_u32_array(&q.pk, "tokens", toks, 2);
+        proto_pack_kv_uint(&q.pk, "max_tokens", 2);
+        proto_pack_kv_uint(&q.pk, "seq", handles[i]);
+        assert_int_equal(kh_req_send(b, &q), 0);
+        assert_int_equal(kh_recv(b, &r), 0);
+        assert_int_equal(r.code, KVD_ENOTFOUND);
+        assert_non_null(strstr(r.message, "'seq'"));
+        kh_reply_free(&r);
+    }
+    close(a);
+    close(b);
+    assert_int_equal(kh_stop(&p), 0);
+}
+
+/* ---- stats seen by a non-admin ------------------------------------------ */
+
+static struct kh_proc g_stats_kvd;
+
+/* As a non-admin: stats carries the pool's size and its own tenant only. */
+static int stats_child(void *arg)
+{
+    (void)arg;
+    struct kh_reply r;
+    int fd = kh_connect(g_stats_kvd.sock);
+    if (fd < 0)
+        return 10;
+    if (kh_call0(fd, "stats", 1, &r) != 0)
+        return 11;
+    static const char *const hidden[] = {"counters", "requests", "roofline", "connections",
+                                         "in_flight"};
+    for (size_t i = 0; i < sizeof(hidden) / sizeof(hidden[0]); i++)
+        if (kh_obj(r.root, hidden[i]))
+            return 20 + (int)i;
+    const msgpack_object *dev = kh_obj(r.root, "device");
+    if (!dev || kh_u64(dev, "total") != 256 || kh_obj(dev, "free") || kh_obj(dev, "used"))
+        return 30;
+    const msgpack_object *ts = kh_obj(r.root, "tenants");
+    if (!ts || ts->type != MSGPACK_OBJECT_ARRAY || ts->via.array.size != 1)
+        return 31;
+    const msgpack_object *name = kh_obj(&ts->via.array.ptr[0], "name");
+    if (!name || name->via.str.size != 9 || memcmp(name->via.str.ptr, "uid:60001", 9))
+        return 32;
+    kh_reply_free(&r);
+    close(fd);
+    return 0;
+}
+
+/* Defect 10: per-tenant and daemon-wide figures are admin-only. */
+static void test_stats_non_admin(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip();
+    const char *group[] = {"--socket-group", "nogroup", NULL};
+    start_model(&g_stats_kvd, NULL, group);
+    /* some traffic by the admin (root) first */
+    int fd = kh_connect(g_stats_kvd.sock);
+    unsigned ok, busy;
+    pipeline(fd, 2, "-", &ok, &busy);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "stats", 50, &r), 0);
+    assert_non_null(kh_obj(r.root, "counters"));
+    assert_non_null(kh_obj(r.root, "requests"));
+    kh_reply_free(&r);
+    pid_t c = kh_run_as(60001, 65534, stats_child, NULL);
+    assert_int_equal(kh_child_status(c), 0);
+    close(fd);
+    assert_int_equal(kh_stop(&g_stats_kvd), 0);
+}
+
+/* ---- start-up refusals ---------------------------------------------------- */
+
+/* Runs kvd with args; returns its exit status (-1 if it did not exit by
+ * itself within 20 s: a hang). */
+static int run_kvd(const char *const *args)
+{
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = getenv("KVD_BIN");
+    for (int i = 0; args[i] && n < 31; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20); /* a hang is killed, and reported as one */
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
+        return -1;
+    return WEXITSTATUS(st);
+}
+
+/* Defect 10: a FIFO as --model and a directory as --config are errors. */
+static void test_startup_refusals(void **state)
+{
+    (void)state;
+    char fifo[128], sock[128];
+    snprintf(fifo, sizeof(fifo), "%s/fifo.gguf", g_dir);
+    snprintf(sock, sizeof(sock), "%s/s.sock", g_dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    const char *m[] = {"--model", fifo, "--socket", sock, "--backend", "cpu",
+                       "--no-roofline-probe", NULL};
+    assert_int_equal(run_kvd(m), 2);
+    unlink(fifo);
+    const char *c[] = {"--config", g_dir, "--socket", sock, "--backend", "cpu", NULL};
+    assert_int_equal(run_kvd(c), 2);
+    unlink(sock);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_queue_limits),
+        cmocka_unit_test(test_generate_foreign_seq),
+        cmocka_unit_test(test_stats_non_admin),
+        cmocka_unit_test(test_startup_refusals),
+    };
+    if (!getenv("KVD_TOOLS_DIR") || !getenv("KVD_BIN")) {
+        fprintf(stderr, "KVD_TOOLS_DIR / KVD_BIN not set (run through ctest)\n");
+        return 77;
+    }
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
