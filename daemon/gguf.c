@@ -409,7 +409,9 @@ fail:
 int gguf_open(const char *path, struct gguf **out, char *err, size_t errlen)
 {
     struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; anything but
+     * a regular file is refused below. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     *out = NULL;
     if (fd < 0) {
         snprintf(err, errlen, "gguf: cannot open %s: %s", path, strerror(errno));

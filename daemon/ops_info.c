@@ -1,6 +1,7 @@
 /* ops_info: hello (who the server is, the KV geometry, the caller's tenant)
- * and stats (pool occupancy, hit/swap counters, per-tenant usage: the
- * caller's own tenant, or every tenant for an admin). */
+ * and stats: for an admin the pool occupancy, hit/swap counters, queues,
+ * roofline and every tenant's usage; for anyone else the pool's size and
+ * its own tenant only. */
 #include <string.h>
 
 #include "acct_stats.h"
@@ -98,6 +99,38 @@ static int pack_tier(msgpack_packer *pk, const char *key, uint32_t total, uint32
     return 0;
 }
 
+/* A non-admin's stats (issue 14): the pool's size, its own tenant and
+ * nothing from which another tenant's requests, tokens or blocks could be
+ * inferred (no daemon-wide counters, occupancy, queues or step rates, which
+ * minus its own figures would give the others'). */
+static int stats_tenant_locked(struct ops_ctx *c)
+{
+    struct server *srv = c->srv;
+    msgpack_packer *pk = c->pk;
+    struct kvmm_stats st;
+    struct kvmm_tenant_stats ts;
+    const struct kv_geom *g = kvmm_geom(c->mm);
+
+    kvmm_stats(c->mm, &st);
+    PROTO_PK(proto_reply_begin(pk, c->id, 7));
+    PROTO_PK(proto_pack_kv_str(pk, "scope", "tenant"));
+    PROTO_PK(proto_pack_kv_str(pk, "backend", srv->be->ops->name));
+    PROTO_PK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
+    PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
+    PROTO_PK(proto_pack_str(pk, "device"));
+    PROTO_MP(proto_pack_map(pk, 1));
+    PROTO_PK(proto_pack_kv_uint(pk, "total", st.device_total));
+    PROTO_PK(proto_pack_str(pk, "host"));
+    PROTO_MP(proto_pack_map(pk, 1));
+    PROTO_PK(proto_pack_kv_uint(pk, "total", st.host_total));
+    PROTO_PK(proto_pack_str(pk, "tenants"));
+    PROTO_MP(proto_pack_array(pk, 1));
+    int rc = kvmm_tenant_stats(c->mm, c->tenant, &ts);
+    if (rc)
+        return proto_err_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
+    return pack_tenant(pk, &ts, srv->acct, c->tenant);
+}
+
 /* Everything is read under one lock so the numbers add up. */
 static int stats_locked(struct ops_ctx *c)
 {
@@ -107,8 +140,11 @@ static int stats_locked(struct ops_ctx *c)
     struct kvmm_tenant_stats ts;
     const struct kv_geom *g = kvmm_geom(c->mm);
 
+    if (!c->admin)
+        return stats_tenant_locked(c);
     kvmm_stats(c->mm, &st);
-    PROTO_PK(proto_reply_begin(pk, c->id, (srv->stats_fn ? 10 : 9) + ACCT_STATS_TOP_PAIRS));
+    PROTO_PK(proto_reply_begin(pk, c->id, (srv->stats_fn ? 11 : 10) + ACCT_STATS_TOP_PAIRS));
+    PROTO_PK(proto_pack_kv_str(pk, "scope", "all"));
     PROTO_PK(proto_pack_kv_str(pk, "backend", srv->be->ops->name));
     PROTO_PK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
     PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
@@ -131,15 +167,9 @@ static int stats_locked(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_uint(pk, "connections", srv->n_conns));
     PROTO_PK(proto_pack_kv_uint(pk, "in_flight", srv->n_pending));
 
-    size_t n = 0;
-    for (size_t i = 0; i < srv->n_tenants; i++)
-        if (c->admin || srv->tenants[i].id == c->tenant)
-            n++;
     PROTO_PK(proto_pack_str(pk, "tenants"));
-    PROTO_MP(proto_pack_array(pk, n));
+    PROTO_MP(proto_pack_array(pk, srv->n_tenants));
     for (size_t i = 0; i < srv->n_tenants; i++) {
-        if (!c->admin && srv->tenants[i].id != c->tenant)
-            continue;
         int rc = kvmm_tenant_stats(c->mm, srv->tenants[i].id, &ts);
         if (rc)
             return proto_err_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
