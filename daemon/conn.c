@@ -33,6 +33,19 @@
 #define CONN_SCRATCH_KEEP (4u << 20)
 
 static void conn_read_cb(struct bufferevent *bev, void *arg);
+
+/* Every change of a connection's input or output buffer: the daemon-wide
+ * buffer budget (max-buffered) and the unread-output state. */
+static void conn_buf_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+    struct conn *c = arg;
+    c->buffered += info->n_added;
+    c->buffered -= info->n_deleted;
+    if (c->overflow && info->n_deleted && buf == bufferevent_get_output(c->bev) &&
+        evbuffer_get_length(buf) <= c->srv->opts.max_unread_output / 2)
+        c->overflow = false; /* it reads again: generates are taken again */
+    server_buffered_changed(c->srv, info->n_added, info->n_deleted);
+}
 static void conn_write_cb(struct bufferevent *bev, void *arg);
 static void conn_event_cb(struct bufferevent *bev, short what, void *arg);
 
@@ -457,6 +470,11 @@ void conn_free(struct conn *c)
         c->next->prev = c->prev;
     srv->n_conns--;
     log_debug("conn %llu (uid %u) closed", (unsigned long long)c->id, (unsigned)c->uid);
+    if (c->in_cb)
+        evbuffer_remove_cb_entry(bufferevent_get_input(c->bev), c->in_cb);
+    if (c->out_cb)
+        evbuffer_remove_cb_entry(bufferevent_get_output(c->bev), c->out_cb);
+    server_buffered_changed(srv, 0, c->buffered);
     bufferevent_free(c->bev);
     free(c->pending);
     free(c);
@@ -491,6 +509,8 @@ int conn_accept(struct server *srv, int fd)
     srv->buckets[c->id % SERVER_CONN_BUCKETS] = c;
     srv->n_conns++;
     bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
+    c->in_cb = evbuffer_add_cb(bufferevent_get_input(c->bev), conn_buf_cb, c);
+    c->out_cb = evbuffer_add_cb(bufferevent_get_output(c->bev), conn_buf_cb, c);
     bufferevent_setwatermark(c->bev, EV_WRITE, srv->out_high / 2, 0);
     bufferevent_set_max_single_read(c->bev, CONN_READ_MAX);
 

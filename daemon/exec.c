@@ -139,6 +139,12 @@ static void publish_done(struct exec *ex, struct sched_req *done)
         struct sched_req *r = done;
         done = r->next;
         r->t_done = sched_now_ns();
+        int abort_code = atomic_load(&r->abort_code);
+        if (abort_code && r->finish == SCHED_FINISH_CANCELLED) {
+            r->finish = SCHED_FINISH_ERROR;
+            r->err = abort_code;
+            memcpy(r->errmsg, r->abort_msg, sizeof(r->errmsg));
+        }
         acct_sched_req_done(ex->conf.acct, r);
         /* Off the cancel list before the reply goes out (a cancel that
          * arrives after the reply finds nothing); still counted live until
@@ -556,6 +562,20 @@ void exec_cancel_conn(struct exec *ex, uint64_t conn)
     for (struct sched_req *r = ex->live; r; r = r->live_next)
         if (r->conn == conn) {
             atomic_store(&r->detached, true);
+            atomic_store(&r->cancel, true);
+        }
+    sched_note_cancel(ex->sched);
+    pthread_cond_signal(&ex->wake);
+    pthread_mutex_unlock(&ex->mu);
+}
+
+void exec_abort_conn(struct exec *ex, uint64_t conn, int code, const char *msg)
+{
+    pthread_mutex_lock(&ex->mu);
+    for (struct sched_req *r = ex->live; r; r = r->live_next)
+        if (r->conn == conn && !atomic_load(&r->abort_code)) {
+            snprintf(r->abort_msg, sizeof(r->abort_msg), "%s", msg);
+            atomic_store(&r->abort_code, code);
             atomic_store(&r->cancel, true);
         }
     sched_note_cancel(ex->sched);

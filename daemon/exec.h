@@ -66,6 +66,9 @@ void exec_cancel(struct exec *ex, uint64_t conn, uint64_t id, bool *found);
 /* Connection closed: cancels its requests and answers nobody. Their
  * sequences (the connection's own ones included) are closed. */
 void exec_cancel_conn(struct exec *ex, uint64_t conn);
+/* Ends every request of connection conn with error `code` and message msg
+ * (at most one step later), e.g. when it does not read its output. */
+void exec_abort_conn(struct exec *ex, uint64_t conn, int code, const char *msg);
 /* Shutdown: cancels everything, waits until every live request has been
  * answered through the sink; later submissions are refused. */
 void exec_drain(struct exec *ex);

@@ -3,8 +3,11 @@
  * threads never interleave. */
 #include "log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,14 +54,95 @@ int log_level_parse(const char *s)
     return -1;
 }
 
+/* Rate limiting (issue 14: a client can make the daemon log on every
+ * frame or accept): each call site, known by its format string, may write
+ * LOG_RL_BURST lines per LOG_RL_WINDOW_S seconds; the rest are counted and
+ * reported in one line when its next window opens. Debug lines are not
+ * limited (they are asked for). */
+#define LOG_RL_BURST 10
+#define LOG_RL_WINDOW_S 10
+#define LOG_RL_SITES 128
+
+struct log_site {
+    const char *fmt;
+    time_t window;
+    unsigned n;
+    unsigned long suppressed;
+};
+
+static pthread_mutex_t log_rl_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct log_site log_sites[LOG_RL_SITES];
+static atomic_ulong log_suppressed_total;
+
+unsigned long log_suppressed(void)
+{
+    return atomic_load(&log_suppressed_total);
+}
+
+/* Whether this line may be written; *before: lines of this site suppressed
+ * in its previous window (to report now). */
+static bool log_rl_allow(const char *fmt, unsigned long *before)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    time_t w = ts.tv_sec / LOG_RL_WINDOW_S;
+    size_t h = ((size_t)(uintptr_t)fmt >> 3) % LOG_RL_SITES;
+    bool ok;
+    *before = 0;
+    pthread_mutex_lock(&log_rl_mu);
+    struct log_site *s = &log_sites[h];
+    if (s->fmt != fmt || s->window != w) {
+        if (s->fmt == fmt)
+            *before = s->suppressed;
+        s->fmt = fmt;
+        s->window = w;
+        s->n = 0;
+        s->suppressed = 0;
+    }
+    ok = s->n < LOG_RL_BURST;
+    if (ok)
+        s->n++;
+    else
+        s->suppressed++;
+    pthread_mutex_unlock(&log_rl_mu);
+    if (!ok)
+        atomic_fetch_add(&log_suppressed_total, 1);
+    return ok;
+}
+
+static void log_write(int level, const char *fmt, va_list ap);
+
+static void log_write_f(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_write_f(int level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    log_write(level, fmt, ap);
+    va_end(ap);
+}
+
 void log_msg(int level, const char *fmt, ...)
 {
-    char line[1024];
-    size_t n;
     va_list ap;
+    unsigned long before = 0;
 
     if (level > atomic_load(&log_level_cur))
         return;
+    if (level < LOG_LVL_DEBUG && !log_rl_allow(fmt, &before))
+        return;
+    if (before)
+        log_write_f(level, "(%lu more lines like the next one were suppressed in the last %d s)",
+                    before, LOG_RL_WINDOW_S);
+    va_start(ap, fmt);
+    log_write(level, fmt, ap);
+    va_end(ap);
+}
+
+static void log_write(int level, const char *fmt, va_list ap)
+{
+    char line[1024];
+    size_t n;
+
     if (level < LOG_LVL_ERR)
         level = LOG_LVL_ERR;
     if (level > LOG_LVL_DEBUG)
@@ -74,9 +158,7 @@ void log_msg(int level, const char *fmt, ...)
         n += (size_t)snprintf(line + n, sizeof(line) - n, ".%03ld kvd %s: ", ts.tv_nsec / 1000000,
                               log_names[level - LOG_LVL_ERR]);
     }
-    va_start(ap, fmt);
     int m = vsnprintf(line + n, sizeof(line) - n - 1, fmt, ap);
-    va_end(ap);
     if (m < 0)
         m = 0;
     n += (size_t)m;

@@ -20,8 +20,13 @@ int log_get_level(void);
 /* "error", "warning", "notice", "info", "debug" (or 3..7) → level; -1 if unknown. */
 int log_level_parse(const char *s);
 
-/* Thread-safe: each call writes one whole line. */
+/* Thread-safe: each call writes one whole line. Lines above debug are
+ * rate-limited per call site (its format string): 10 per 10 s, then one
+ * line saying how many were suppressed. */
 void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Lines suppressed by the rate limit since start. */
+unsigned long log_suppressed(void);
 
 #define log_err(...) log_msg(LOG_LVL_ERR, __VA_ARGS__)
 #define log_warn(...) log_msg(LOG_LVL_WARN, __VA_ARGS__)

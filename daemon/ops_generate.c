@@ -396,6 +396,12 @@ static void on_close(void *ctx, uint64_t conn_id)
     exec_cancel_conn(g->ex, conn_id);
 }
 
+static void on_abort(void *ctx, uint64_t conn_id, int code, const char *msg)
+{
+    struct ops_generate *g = ctx;
+    exec_abort_conn(g->ex, conn_id, code, msg);
+}
+
 static void on_drain(void *ctx)
 {
     struct ops_generate *g = ctx;
@@ -419,7 +425,8 @@ int ops_generate_start(struct server *srv, struct kvmm *mm, struct model *m,
         goto fail;
     if ((rc = server_op_register(srv, KVD_OP_GENERATE, op_generate, g, 0)) ||
         (rc = server_op_register(srv, KVD_OP_CANCEL, op_cancel, g, 0)) ||
-        (rc = server_on_close(srv, on_close, g)) || (rc = server_on_drain(srv, on_drain, g))) {
+        (rc = server_on_close(srv, on_close, g)) || (rc = server_on_drain(srv, on_drain, g)) ||
+        (rc = server_on_abort(srv, on_abort, g))) {
         snprintf(err, errlen, "cannot register the generate ops");
         goto fail;
     }

@@ -32,6 +32,8 @@ void options_defaults(struct options *o)
     o->admin_reserved_conns = 8;
     o->max_queued_per_conn = 1024;
     o->max_queued_per_tenant = 4096;
+    o->max_unread_output = (uint64_t)16 << 20;
+    o->max_buffered = (uint64_t)1 << 30;
     o->step_tokens = 512;
     o->step_seqs = 64;
     o->queue_timeout_ms = 60000;
@@ -236,6 +238,17 @@ int options_set(struct options *o, const char *name_in, const char *v, char *err
         return set_u32(&o->max_queued_per_conn, name, v, 1, 10000000, err, errlen);
     if (!strcmp(name, "max-queued-per-tenant"))
         return set_u32(&o->max_queued_per_tenant, name, v, 1, 10000000, err, errlen);
+    if (!strcmp(name, "max-unread-output") || !strcmp(name, "max-buffered")) {
+        uint64_t x;
+        bool unread = name[4] == 'u';
+        if (parse_u64(v, unread ? 64 << 10 : 1 << 20, (uint64_t)1 << 50, true, &x)) {
+            snprintf(err, errlen, "%s: '%s' is not a byte size of at least %s (e.g. 16M)", name,
+                     v, unread ? "64K" : "1M");
+            return KVD_EBADREQ;
+        }
+        *(unread ? &o->max_unread_output : &o->max_buffered) = x;
+        return 0;
+    }
     if (!strcmp(name, "step-tokens"))
         return set_u32(&o->step_tokens, name, v, 1, 1u << 20, err, errlen);
     if (!strcmp(name, "step-seqs"))
@@ -275,6 +288,8 @@ static const struct option long_opts[] = {
     {"admin-reserved-connections", required_argument, 0, 0},
     {"max-queued-per-connection", required_argument, 0, 0},
     {"max-queued-per-tenant", required_argument, 0, 0},
+    {"max-unread-output", required_argument, 0, 0},
+    {"max-buffered", required_argument, 0, 0},
     {"help", no_argument, 0, 'h'},
     {"version", no_argument, 0, 'V'},         {0, 0, 0, 0},
 };
@@ -350,6 +365,10 @@ void options_usage(FILE *f)
             "                         'busy' (default 1024)\n"
             "  --max-queued-per-tenant N  generates in flight per tenant before 'busy'\n"
             "                         (default 4096)\n"
+            "  --max-unread-output BYTES  a connection's unread output above which its\n"
+            "                         generates end with 'busy' (default 16M)\n"
+            "  --max-buffered BYTES   daemon-wide buffered input + output above which the\n"
+            "                         connection holding most is dropped (default 1G)\n"
             "  --step-tokens N        executor token budget per step (default 512)\n"
             "  --step-seqs N          executor sequences per step (default 64)\n"
             "  --queue-timeout MS     a generate not started by then is answered busy\n"

@@ -32,6 +32,10 @@ struct options {
      * connection and per tenant before `busy`. */
     uint32_t max_conns_per_uid, admin_reserved_conns;
     uint32_t max_queued_per_conn, max_queued_per_tenant;
+    /* Unread output above which a connection's generates are ended with
+     * `busy`, and the daemon-wide budget of buffered input + output above
+     * which the connection buffering most is dropped (bytes). */
+    uint64_t max_unread_output, max_buffered;
     /* Executor (serve mode): token budget and sequences per step, and how
      * long a generate may wait for its first step (ms; 0 = no limit). */
     uint32_t step_tokens, step_seqs, queue_timeout_ms;

@@ -82,6 +82,11 @@ struct sched_req {
     int err; /* with SCHED_FINISH_ERROR */
     char errmsg[160];
     atomic_bool cancel;   /* set by the loop thread (cancel, disconnect) */
+    /* Set (before cancel) when the server ends the request with an error
+     * instead (its connection does not read its output): the request is
+     * answered abort_code with abort_msg, not `cancelled`. */
+    atomic_int abort_code;
+    char abort_msg[160];
     atomic_bool detached; /* the connection is gone: answer nobody */
 
     /* timing, CLOCK_MONOTONIC ns */

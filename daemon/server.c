@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,14 @@
  * `cancelled` itself. */
 #define SERVER_DRAIN_TIMEOUT_S 10
 #define SERVER_OUT_HIGH_MIN ((size_t)64 << 20)
+/* Buffer memory released before malloc_trim gives it back to the system,
+ * and how long after the release it runs (coalescing many releases). */
+#define SERVER_TRIM_MIN ((size_t)4 << 20)
+#define SERVER_TRIM_DELAY_MS 200
+/* Frames posted by the executor up to this size are copied into the
+ * connection's output buffer (packed with the others) and freed at once;
+ * larger ones are handed over without a copy. */
+#define SERVER_POST_COPY_MAX (64u << 10)
 /* How long accepting pauses after accept() fails (out of descriptors). */
 #define SERVER_ACCEPT_PAUSE_MS 100
 
@@ -125,8 +134,67 @@ void server_tenant_pending(struct server *srv, uint32_t tenant, long delta)
         }
 }
 
+int server_on_abort(struct server *srv, server_abort_fn fn, void *ctx)
+{
+    srv->abort_fn = fn;
+    srv->abort_ctx = ctx;
+    return 0;
+}
+
+void server_buffered_changed(struct server *srv, size_t added, size_t deleted)
+{
+    srv->buffered += added;
+    srv->buffered -= deleted;
+    if (srv->buffered > srv->opts.max_buffered && srv->ev_budget)
+        event_active(srv->ev_budget, EV_TIMEOUT, 0);
+    if (deleted) {
+        srv->freed_since_trim += deleted;
+        if (srv->freed_since_trim >= SERVER_TRIM_MIN && srv->ev_trim &&
+            !evtimer_pending(srv->ev_trim, NULL)) {
+            struct timeval tv = {0, SERVER_TRIM_DELAY_MS * 1000};
+            evtimer_add(srv->ev_trim, &tv);
+        }
+    }
+}
+
+/* Over max-buffered: drops the connections buffering most until the total
+ * is back under the budget. */
+static void budget_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct server *srv = arg;
+    while (srv->buffered > srv->opts.max_buffered) {
+        struct conn *big = NULL;
+        for (struct conn *c = srv->conns; c; c = c->next)
+            if (!big || c->buffered > big->buffered)
+                big = c;
+        if (!big || big->buffered == 0)
+            break;
+        srv->n_dropped++;
+        log_msg(LOG_LVL_WARN,
+               "conn %llu (uid %u) dropped: %zu bytes buffered (input + output); all "
+               "connections hold %zu, over max-buffered (%llu)",
+               (unsigned long long)big->id, (unsigned)big->uid, big->buffered, srv->buffered,
+               (unsigned long long)srv->opts.max_buffered);
+        conn_free(big);
+    }
+}
+
+/* Gives freed buffer memory back to the system (glibc keeps the heap's top
+ * and the memory of large frames otherwise). */
+static void trim_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct server *srv = arg;
+    srv->freed_since_trim = 0;
+    malloc_trim(0);
+}
+
 int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct proto_err *err)
 {
+    if (c && c->overflow)
+        return proto_err_set(err, KVD_EBUSY,
+                             "this connection has over %llu bytes of unread output "
+                             "(max-unread-output); read it before sending more",
+                             (unsigned long long)srv->opts.max_unread_output);
     if (c && c->n_pending >= srv->opts.max_queued_per_conn)
         return proto_err_set(err, KVD_EBUSY,
                              "this connection has %zu generates in flight, the limit "
@@ -182,13 +250,36 @@ static void post_cb(evutil_socket_t fd, short what, void *arg)
         struct post_item *next = it->next;
         struct conn *c = conn_find(srv, it->conn_id);
         bool sent = false;
-        if (c && !c->closing) {
-            sent = evbuffer_add_reference(bufferevent_get_output(c->bev), it->frame, it->len,
-                                          free_frame_cb, NULL) == 0;
-        } else if (c && (it->flags & SERVER_POST_FINAL)) {
-            /* A connection closing after EOF still gets its last replies. */
-            sent = evbuffer_add_reference(bufferevent_get_output(c->bev), it->frame, it->len,
-                                          free_frame_cb, NULL) == 0;
+        /* A connection closing after EOF still gets its last replies. */
+        if (c && (!c->closing || (it->flags & SERVER_POST_FINAL))) {
+            struct evbuffer *out = bufferevent_get_output(c->bev);
+            if (it->len <= SERVER_POST_COPY_MAX) {
+                /* Packed into the buffer's chunks: a token event costs its
+                 * ~30 bytes, not a block of its own. */
+                if (evbuffer_add(out, it->frame, it->len) == 0) {
+                    free(it->frame);
+                    it->frame = NULL;
+                    sent = true;
+                }
+            } else {
+                sent = evbuffer_add_reference(out, it->frame, it->len, free_frame_cb, NULL) == 0;
+            }
+            size_t unread = evbuffer_get_length(out);
+            if (!c->overflow && unread > srv->opts.max_unread_output && !c->closing) {
+                /* The client does not read what it asked for: end its
+                 * generates (they would only grow the buffer) and take
+                 * none until it has read. */
+                char msg[160];
+                c->overflow = true;
+                snprintf(msg, sizeof(msg),
+                         "the client did not read its output: %zu bytes unread, over "
+                         "max-unread-output (%llu)",
+                         unread, (unsigned long long)srv->opts.max_unread_output);
+                log_msg(LOG_LVL_NOTICE, "conn %llu (uid %u): %s; ending its generates",
+                       (unsigned long long)c->id, (unsigned)c->uid, msg);
+                if (srv->abort_fn)
+                    srv->abort_fn(srv->abort_ctx, c->id, KVD_EBUSY, msg);
+            }
         }
         if (!sent)
             free(it->frame);
@@ -579,8 +670,10 @@ int server_new(const struct options *opts, struct config *cfg, const char *confi
     srv->ev_shutdown = event_new(srv->base, -1, 0, shutdown_cb, srv);
     srv->ev_drain = evtimer_new(srv->base, drain_timeout_cb, srv);
     srv->ev_accept = evtimer_new(srv->base, accept_resume_cb, srv);
+    srv->ev_budget = event_new(srv->base, -1, 0, budget_cb, srv);
+    srv->ev_trim = evtimer_new(srv->base, trim_cb, srv);
     if (!srv->ev_term || !srv->ev_int || !srv->ev_hup || !srv->ev_post || !srv->ev_shutdown ||
-        !srv->ev_drain || !srv->ev_accept)
+        !srv->ev_drain || !srv->ev_accept || !srv->ev_budget || !srv->ev_trim)
         goto fail;
     if (event_add(srv->ev_term, NULL) || event_add(srv->ev_int, NULL) ||
         event_add(srv->ev_hup, NULL))
@@ -637,8 +730,10 @@ void server_free(struct server *srv)
         evconnlistener_free(srv->listener);
     if (srv->own_socket)
         unlink(srv->socket_path);
-    struct event *evs[] = {srv->ev_term,     srv->ev_int,      srv->ev_hup,   srv->ev_post,
-                           srv->ev_shutdown, srv->ev_watchdog, srv->ev_drain, srv->ev_accept};
+    struct event *evs[] = {srv->ev_term,     srv->ev_int,      srv->ev_hup,
+                           srv->ev_post,     srv->ev_shutdown, srv->ev_watchdog,
+                           srv->ev_drain,    srv->ev_accept,   srv->ev_budget,
+                           srv->ev_trim};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         if (evs[i])
             event_free(evs[i]);

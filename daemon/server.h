@@ -79,6 +79,10 @@ int server_on_stats(struct server *srv, const char *key, server_stats_fn fn, voi
 
 /* Starts the same drain as SIGTERM. Thread-safe. */
 void server_shutdown(struct server *srv);
+/* Called (loop thread) when the server must end connection conn_id's
+ * requests with an error (its unread output passed max-unread-output). */
+typedef void (*server_abort_fn)(void *ctx, uint64_t conn_id, int code, const char *msg);
+int server_on_abort(struct server *srv, server_abort_fn fn, void *ctx);
 /* Whether one more generate may be queued for connection c (may be NULL)
  * of tenant `tenant`: 0, or KVD_EBUSY with err naming the limit
  * (max-queued-per-connection / -per-tenant). Loop thread. */

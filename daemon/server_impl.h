@@ -46,6 +46,9 @@ struct conn {
     size_t n_pend_ids, cap_pending;
 
     bool paused;  /* reading stopped: output over the high watermark */
+    bool overflow; /* unread output passed max-unread-output: generates ended */
+    size_t buffered; /* bytes in its input and output buffers */
+    struct evbuffer_cb_entry *in_cb, *out_cb;
     bool closing; /* no more input; freed once output is flushed */
 };
 
@@ -98,6 +101,12 @@ struct server {
     uint64_t next_conn_id;
     size_t n_pending; /* requests in flight on all connections */
     size_t out_high;  /* bytes of queued output above which reading pauses */
+    size_t buffered;  /* every connection's input + output bytes (max-buffered) */
+    size_t freed_since_trim; /* buffer bytes released since the last malloc_trim */
+    struct event *ev_budget, *ev_trim;
+    uint64_t n_dropped; /* connections dropped over max-buffered */
+    server_abort_fn abort_fn;
+    void *abort_ctx;
 
     /* Replies of the connection being processed (out_conn), sent in one
      * write when conn_process() is done with its input; empty otherwise. */
@@ -147,6 +156,8 @@ bool conn_pending_any(const struct conn *c, uint64_t *req_id);
 /* server.c */
 /* Registers a tenant name seen on a connection (for admin stats). */
 int server_tenant_note(struct server *srv, const char *name, uint32_t id);
+/* A connection's buffers changed size (conn.c's evbuffer callbacks). */
+void server_buffered_changed(struct server *srv, size_t added, size_t deleted);
 /* Adds delta to the tenant's requests in flight. */
 void server_tenant_pending(struct server *srv, uint32_t tenant, long delta);
 /* Exits the loop once shutdown has drained everything. */

@@ -12,8 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -210,6 +212,154 @@ static void test_stats_non_admin(void **state)
     assert_int_equal(kh_stop(&g_stats_kvd), 0);
 }
 
+/* ---- resource limits ------------------------------------------------------ */
+
+static void gen_stream(int fd, uint64_t id, uint32_t max_tokens)
+{
+    static const uint32_t toks[4] = {1, 2, 3, 4};
+    struct kh_req q;
+    kh_req_begin(&q, "generate", id, 3);
+    proto_pack_kv_u32_array(&q.pk, "tokens", toks, 4);
+    proto_pack_kv_uint(&q.pk, "max_tokens", max_tokens);
+    proto_pack_kv_bool(&q.pk, "stream", true);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+}
+
+/* Polls (stats on another connection) until no request is live. */
+static void wait_idle(int ctl, uint64_t submitted)
+{
+    while (kh_stat(ctl, "requests", "submitted") < submitted ||
+           kh_stat(ctl, "requests", "live") != 0) {
+        struct timespec ts = {0, 5 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Defect 2: a streaming client that never reads. Its 100 generates of 250
+ * tokens make ~750 KB of events, far over max-unread-output (64K) plus
+ * what the kernel's socket buffer holds: once its unread output passes the
+ * limit, its generates end with `busy` naming the limit (the events are
+ * packed in the connection's buffer, not a block each). Once it has read,
+ * it is served again. */
+static void test_noread_stream_bounded(void **state)
+{
+    (void)state;
+    struct kh_proc p;
+    const char *lim[] = {"--max-unread-output", "64K", NULL};
+    start_model(&p, NULL, lim);
+    int ctl = kh_connect(p.sock), fd = kh_connect(p.sock);
+    uint64_t sub0 = kh_stat(ctl, "requests", "submitted");
+    for (unsigned i = 0; i < 100; i++)
+        gen_stream(fd, 1 + i, 250);
+    wait_idle(ctl, sub0 + 100);
+    unsigned finals = 0, busy = 0, events = 0;
+    while (finals < 100) {
+        struct kh_reply r;
+        assert_int_equal(kh_recv(fd, &r), 0);
+        if (r.code == 0 && kh_obj(r.root, "event")) {
+            events++;
+        } else {
+            finals++;
+            if (r.code == KVD_EBUSY) {
+                assert_non_null(strstr(r.message, "max-unread-output"));
+                busy++;
+            } else {
+                assert_int_equal(r.code, 0);
+            }
+        }
+        kh_reply_free(&r);
+    }
+    print_message("non-reading client: %u events delivered, %u of 100 generates ended busy\n",
+                  events, busy);
+    assert_true(busy > 0);
+    assert_true(events < 100 * 250);
+    /* it has read everything: generates are taken again */
+    unsigned ok, b2;
+    pipeline(fd, 2, "-", &ok, &b2);
+    assert_int_equal(ok, 2);
+    close(fd);
+    close(ctl);
+    assert_int_equal(kh_stop(&p), 0);
+}
+
+/* Defect 3: the daemon-wide budget of buffered bytes. A client sends 3 MB
+ * of a 60 MB frame (incomplete input is buffered) over a 2M budget: that
+ * connection is dropped; another client is served as before. */
+static void test_buffer_budget(void **state)
+{
+    (void)state;
+    struct kh_proc p;
+    const char *lim[] = {"--max-buffered", "2M", "--max-frame", "64M", NULL};
+    start_model(&p, NULL, lim);
+    int good = kh_connect(p.sock), bad = kh_connect(p.sock);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(good, "hello", 1, &r), 0);
+    kh_reply_free(&r);
+    size_t n = 3u << 20;
+    uint8_t *buf = calloc(1, n);
+    assert_non_null(buf);
+    uint32_t len = 60u << 20;
+    buf[0] = (uint8_t)(len >> 24);
+    buf[1] = (uint8_t)(len >> 16);
+    buf[2] = (uint8_t)(len >> 8);
+    buf[3] = (uint8_t)len;
+    signal(SIGPIPE, SIG_IGN);
+    /* the write may fail part-way once the daemon drops the connection */
+    (void)kh_send_raw(bad, buf, n);
+    free(buf);
+    assert_true(kh_peer_closed(bad));
+    assert_int_equal(kh_call0(good, "hello", 2, &r), 0);
+    kh_reply_free(&r);
+    close(bad);
+    close(good);
+    assert_int_equal(kh_stop(&p), 0);
+}
+
+/* Defect 7 (logs): 300 connections that each send a malformed frame make
+ * the daemon log at most a handful of lines about it (10 per 10 s per
+ * message, then one line counting the rest), not one per frame. */
+static void test_log_rate_limited(void **state)
+{
+    (void)state;
+    char logpath[128];
+    snprintf(logpath, sizeof(logpath), "%s/kvd.log", g_dir);
+    int logfd = open(logpath, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    assert_true(logfd >= 0);
+    int saved = dup(2);
+    fflush(stderr);
+    dup2(logfd, 2); /* kvd inherits it */
+    struct kh_proc p;
+    const char *lvl[] = {"--log-level", "info", NULL};
+    start_model(&p, NULL, lvl);
+    dup2(saved, 2);
+    close(saved);
+    close(logfd);
+    static const uint8_t junk[8] = {0, 0, 0, 4, 0xc1, 0xc1, 0xc1, 0xc1}; /* 0xc1: never valid */
+    for (int i = 0; i < 300; i++) {
+        int fd = kh_connect(p.sock);
+        assert_true(fd >= 0);
+        assert_int_equal(kh_send_raw(fd, junk, sizeof(junk)), 0);
+        struct kh_reply r;
+        assert_int_equal(kh_recv(fd, &r), 0); /* the error reply, then close */
+        assert_int_not_equal(r.code, 0);
+        kh_reply_free(&r);
+        close(fd);
+    }
+    assert_int_equal(kh_stop(&p), 0);
+    FILE *f = fopen(logpath, "r");
+    assert_non_null(f);
+    char line[2048];
+    unsigned closing = 0, lines = 0;
+    while (fgets(line, sizeof(line), f)) {
+        lines++;
+        closing += strstr(line, "; closing") != NULL;
+    }
+    fclose(f);
+    print_message("300 malformed frames: %u log lines about them, %u lines in all\n", closing,
+                  lines);
+    assert_true(closing >= 1 && closing <= 20);
+}
+
 /* ---- start-up refusals ---------------------------------------------------- */
 
 /* Runs kvd with args; returns its exit status (-1 if it did not exit by
@@ -258,6 +408,9 @@ int main(void)
         cmocka_unit_test(test_queue_limits),
         cmocka_unit_test(test_generate_foreign_seq),
         cmocka_unit_test(test_stats_non_admin),
+        cmocka_unit_test(test_noread_stream_bounded),
+        cmocka_unit_test(test_buffer_budget),
+        cmocka_unit_test(test_log_rate_limited),
         cmocka_unit_test(test_startup_refusals),
     };
     if (!getenv("KVD_TOOLS_DIR") || !getenv("KVD_BIN")) {

@@ -1,0 +1,281 @@
+/* bench_hostile: the hostile-client scenarios of issue 14, measured against
+ * a real kvd (a program that prints numbers, not a test; run as root: the
+ * victim runs under another uid so it is another tenant).
+ *
+ *   bench_hostile pipeline N   one connection (tenant "uid:0") pipelines N
+ *                              generates of 1 token; another tenant's
+ *                              4-token generates are timed before (idle) and
+ *                              during the flood. Prints the flood's time and
+ *                              the victim's latencies.
+ *   bench_hostile noread K T   K streamed generates of up to T tokens on one
+ *                              connection that never reads; prints kvd's RSS
+ *                              before, at its peak, and after the client
+ *                              leaves.
+ *
+ * Environment: KVD_BIN, KVD_TOOLS_DIR (as in ctest), KVD_BENCH_ARGS (extra
+ * kvd arguments, space-separated: e.g. the limits). */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvd_harness.h"
+
+static int g_go_fd;
+static unsigned g_go_at;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static struct kh_proc g_kvd;
+static char g_model[160];
+
+static int start(void)
+{
+    const char *tools = getenv("KVD_TOOLS_DIR");
+    char dir[] = "/tmp/kvd-bench-XXXXXX", cmd[600];
+    if (!tools || !mkdtemp(dir))
+        return -1;
+    snprintf(g_model, sizeof(g_model), "%s/m.gguf", dir);
+    snprintf(cmd, sizeof(cmd),
+             "'%s/kvd-gguf-gen' -o '%s' --layers 4 --embd 256 --heads 8 --kv-heads 4 --ff 704 "
+             "--vocab 4096 --ctx 2048 >/dev/null",
+             tools, g_model);
+    if (system(cmd) != 0)
+        return -1;
+    static const char *args[64] = {"--model", NULL, "--backend", "cpu", "--device-blocks",
+                                   "4096", "--host-blocks", "0", "--no-roofline-probe",
+                                   "--socket-group", "nogroup", "--threads", "1"};
+    args[1] = g_model;
+    int n = 13;
+    char *extra = getenv("KVD_BENCH_ARGS") ? strdup(getenv("KVD_BENCH_ARGS")) : NULL;
+    for (char *t = extra ? strtok(extra, " ") : NULL; t && n < 62; t = strtok(NULL, " "))
+        args[n++] = t;
+    args[n] = NULL;
+    return kh_start(&g_kvd, NULL, args);
+}
+
+static int gen(int fd, uint64_t id, uint32_t max_tokens, bool stream)
+{
+    static const uint32_t toks[4] = {1, 2, 3, 4};
+    struct kh_req q;
+    kh_req_begin(&q, "generate", id, 3);
+    proto_pack_kv_u32_array(&q.pk, "tokens", toks, 4);
+    proto_pack_kv_uint(&q.pk, "max_tokens", max_tokens);
+    proto_pack_kv_bool(&q.pk, "stream", stream);
+    return kh_req_send(fd, &q);
+}
+
+/* The victim (another uid): `rounds` 4-token generates one after another;
+ * writes each latency (ms, double) to `out`. */
+struct victim {
+    int out, rounds, go;
+};
+
+static int victim_main(void *arg)
+{
+    struct victim *v = arg;
+    int fd = kh_connect(g_kvd.sock);
+    if (fd < 0)
+        return 10;
+    char c;
+    if (read(v->go, &c, 1) != 1)
+        return 11;
+    for (int i = 0; i < v->rounds; i++) {
+        struct kh_reply r;
+        double t0 = now_s();
+        if (gen(fd, 1 + (uint64_t)i, 4, false) || kh_recv(fd, &r))
+            return 12;
+        double ms = (now_s() - t0) * 1e3;
+        int code = r.code;
+        kh_reply_free(&r);
+        if (code)
+            return 13;
+        if (write(v->out, &ms, sizeof(ms)) != sizeof(ms))
+            return 14;
+    }
+    return 0;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Runs the victim for `rounds` and prints p50/max, optionally while `flood`
+ * returns the flood's elapsed time (run in this thread meanwhile). */
+static void victim_run(const char *label, int rounds, double (*flood)(unsigned), unsigned n)
+{
+    int lat[2], go[2];
+    if (pipe(lat) || pipe(go))
+        exit(1);
+    struct victim v = {lat[1], rounds, go[0]};
+    pid_t pid = kh_run_as(60002, 65534, victim_main, &v);
+    double t_flood = 0;
+    if (flood) {
+        /* the victim starts once a tenth of the flood is answered, so it
+         * runs while the flood's queue is deep */
+        g_go_fd = go[1];
+        g_go_at = n / 10;
+        t_flood = flood(n);
+    } else if (write(go[1], "x", 1) != 1) {
+        exit(1);
+    }
+    double *ms = calloc((size_t)rounds, sizeof(double));
+    int got = 0;
+    while (got < rounds && read(lat[0], &ms[got], sizeof(double)) == sizeof(double))
+        got++;
+    int st = kh_child_status(pid);
+    qsort(ms, (size_t)got, sizeof(double), cmp_d);
+    printf("%s: victim (uid 60002) %d generates of 4 tokens: p50 %.2f ms, max %.2f ms "
+           "(child status %d)",
+           label, got, got ? ms[got / 2] : 0, got ? ms[got - 1] : 0, st);
+    if (flood)
+        printf("; flood of %u pipelined generates took %.2f s (%.1f us each)", n, t_flood,
+               t_flood / n * 1e6);
+    printf("\n");
+    free(ms);
+    close(lat[0]);
+    close(lat[1]);
+    close(go[0]);
+    close(go[1]);
+}
+
+struct writer {
+    int fd;
+    unsigned n;
+};
+
+static void *writer_main(void *arg)
+{
+    struct writer *w = arg;
+    msgpack_sbuffer all;
+    msgpack_sbuffer_init(&all);
+    for (unsigned i = 0; i < w->n; i++) {
+        static const uint32_t toks[2] = {5, 6};
+        struct kh_req q;
+        kh_req_begin(&q, "generate", 1 + (uint64_t)i, 2);
+        proto_pack_kv_u32_array(&q.pk, "tokens", toks, 2);
+        proto_pack_kv_uint(&q.pk, "max_tokens", 1);
+        proto_frame_end(&q.sb, q.at);
+        msgpack_sbuffer_write(&all, q.sb.data, q.sb.size);
+        msgpack_sbuffer_destroy(&q.sb);
+    }
+    kh_send_raw(w->fd, all.data, all.size);
+    msgpack_sbuffer_destroy(&all);
+    return NULL;
+}
+
+static unsigned g_busy, g_ok;
+
+/* One connection pipelines n 1-token generates and reads every reply. */
+static double flood(unsigned n)
+{
+    int fd = kh_connect(g_kvd.sock);
+    pthread_t th;
+    struct writer w = {fd, n};
+    double t0 = now_s();
+    pthread_create(&th, NULL, writer_main, &w);
+    g_busy = g_ok = 0;
+    for (unsigned i = 0; i < n; i++) {
+        struct kh_reply r;
+        if (kh_recv(fd, &r))
+            break;
+        if (g_go_fd >= 0 && i == g_go_at) {
+            if (write(g_go_fd, "x", 1) != 1)
+                exit(1);
+            g_go_fd = -1;
+        }
+        if (r.code == 0)
+            g_ok++;
+        else if (r.code == KVD_EBUSY)
+            g_busy++;
+        kh_reply_free(&r);
+    }
+    double t = now_s() - t0;
+    pthread_join(th, NULL);
+    close(fd);
+    return t;
+}
+
+static long rss_kb(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long kb = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (!strncmp(line, "VmRSS:", 6))
+            kb = atol(line + 6);
+    if (f)
+        fclose(f);
+    return kb;
+}
+
+static void noread(unsigned k, unsigned t)
+{
+    int ctl = kh_connect(g_kvd.sock);
+    long before = rss_kb(g_kvd.pid), peak = before;
+    int fd = kh_connect(g_kvd.sock);
+    for (unsigned i = 0; i < k; i++)
+        gen(fd, 1 + i, t, true);
+    /* never read fd: watch RSS until the daemon is done with them */
+    double t0 = now_s();
+    uint64_t sub0 = kh_stat(ctl, "requests", "submitted");
+    for (;;) {
+        long kb = rss_kb(g_kvd.pid);
+        if (kb > peak)
+            peak = kb;
+        uint64_t live = kh_stat(ctl, "requests", "live");
+        uint64_t sub = kh_stat(ctl, "requests", "submitted");
+        if ((live == 0 && sub >= sub0 + k) || now_s() - t0 > 120)
+            break;
+        struct timespec ts = {0, 20 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    long held = rss_kb(g_kvd.pid);
+    close(fd);
+    struct timespec ts = {0, 500 * 1000000};
+    nanosleep(&ts, NULL);
+    long after = rss_kb(g_kvd.pid);
+    printf("noread: %u streamed generates of %u tokens, never read: kvd RSS %ld MB before, "
+           "%ld MB peak, %ld MB while the client stays, %ld MB after it leaves\n",
+           k, t, before / 1024, peak / 1024, held / 1024, after / 1024);
+    close(ctl);
+}
+
+int main(int argc, char **argv)
+{
+    g_go_fd = -1;
+    if (argc < 3 || !getenv("KVD_BIN")) {
+        fprintf(stderr, "usage: bench_hostile pipeline N | noread K T (KVD_BIN, KVD_TOOLS_DIR)\n");
+        return 2;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (start() != 0) {
+        fprintf(stderr, "cannot start kvd\n");
+        return 1;
+    }
+    if (!strcmp(argv[1], "pipeline")) {
+        unsigned n = (unsigned)atoi(argv[2]);
+        victim_run("idle", 50, NULL, 0);
+        victim_run("flood", 50, flood, n);
+        printf("flood replies: %u ok, %u busy\n", g_ok, g_busy);
+    } else if (!strcmp(argv[1], "noread") && argc > 3) {
+        noread((unsigned)atoi(argv[2]), (unsigned)atoi(argv[3]));
+    }
+    kh_stop(&g_kvd);
+    unlink(g_model);
+    return 0;
+}
