@@ -523,17 +523,39 @@ int conn_accept(struct server *srv, int fd)
     c->uid = cred.uid;
     c->gid = cred.gid;
     c->pid = cred.pid;
-    if (srv->n_conns > srv->opts.max_conns) {
-        snprintf(msg, sizeof(msg), "too many connections (limit %u)", srv->opts.max_conns);
-        log_warn("conn from uid %u refused: %s", (unsigned)c->uid, msg);
-        conn_send_error(c, 0, KVD_EBUSY, msg);
-        conn_close_after_flush(c);
-        return 0;
-    }
     if (config_resolve(&srv->cfg, c->uid, c->gid, &ident) != 0) {
         snprintf(msg, sizeof(msg), "uid %u is not allowed by the configuration", (unsigned)c->uid);
         log_notice("conn from pid %d refused: %s", (int)c->pid, msg);
         conn_send_error(c, 0, KVD_EPERM, msg);
+        conn_close_after_flush(c);
+        return 0;
+    }
+    /* Connection slots: the last admin-reserved-connections of
+     * max-connections are for admins only, and no uid but an admin's may
+     * hold more than max-connections-per-uid (issue 14: one tenant could
+     * take every slot). */
+    uint32_t reserve = srv->opts.admin_reserved_conns < srv->opts.max_conns
+                           ? srv->opts.admin_reserved_conns
+                           : srv->opts.max_conns - 1;
+    size_t same_uid = 0;
+    if (!ident.admin)
+        for (struct conn *o = srv->conns; o; o = o->next)
+            same_uid += o != c && o->uid == c->uid && !o->closing;
+    msg[0] = '\0';
+    if (srv->n_conns > srv->opts.max_conns)
+        snprintf(msg, sizeof(msg), "too many connections (limit %u)", srv->opts.max_conns);
+    else if (!ident.admin && srv->n_conns > srv->opts.max_conns - reserve)
+        snprintf(msg, sizeof(msg),
+                 "too many connections: the last %u of %u are reserved for admins "
+                 "(admin-reserved-connections)",
+                 reserve, srv->opts.max_conns);
+    else if (!ident.admin && same_uid >= srv->opts.max_conns_per_uid)
+        snprintf(msg, sizeof(msg),
+                 "uid %u already has %zu connections, the limit (max-connections-per-uid)",
+                 (unsigned)c->uid, same_uid);
+    if (msg[0]) {
+        log_warn("conn from uid %u refused: %s", (unsigned)c->uid, msg);
+        conn_send_error(c, 0, KVD_EBUSY, msg);
         conn_close_after_flush(c);
         return 0;
     }

@@ -212,6 +212,95 @@ static void test_stats_non_admin(void **state)
     assert_int_equal(kh_stop(&g_stats_kvd), 0);
 }
 
+/* ---- connection slots ----------------------------------------------------- */
+
+static struct kh_proc g_slots_kvd;
+
+struct slots_ctx {
+    int to_parent, from_parent;
+    int n_ok;            /* connections that must be accepted */
+    const char *refusal; /* text in the next one's refusal */
+};
+
+/* Opens n_ok connections (each answers hello), then one more that must be
+ * refused `busy` naming the limit; reports to the parent and holds its
+ * connections until told to go. */
+static int slots_child(void *arg)
+{
+    struct slots_ctx *x = arg;
+    int fds[16];
+    struct kh_reply r;
+    for (int i = 0; i < x->n_ok; i++) {
+        fds[i] = kh_connect(g_slots_kvd.sock);
+        if (fds[i] < 0 || kh_call0(fds[i], "hello", 1, &r) != 0)
+            return 10 + i;
+        kh_reply_free(&r);
+    }
+    int extra = kh_connect(g_slots_kvd.sock);
+    if (extra < 0 || kh_recv(extra, &r) != 0)
+        return 30;
+    if (r.code != KVD_EBUSY || !strstr(r.message, x->refusal))
+        return 31;
+    kh_reply_free(&r);
+    if (!kh_peer_closed(extra))
+        return 32;
+    close(extra);
+    char c = 'r';
+    if (write(x->to_parent, &c, 1) != 1 || read(x->from_parent, &c, 1) != 1)
+        return 33;
+    return 0;
+}
+
+/* Defect 4: a uid holds at most max-connections-per-uid connections, and
+ * the last admin-reserved-connections slots are for admins only. */
+static void test_connection_slots(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip();
+    const char *lim[] = {"--socket-group", "nogroup", "--max-connections", "6",
+                         "--admin-reserved-connections", "2", "--max-connections-per-uid", "3",
+                         NULL};
+    start_model(&g_slots_kvd, NULL, lim);
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    /* uid 60001: 3 connections, the 4th is over its per-uid limit */
+    struct slots_ctx a = {up[1], down[0], 3, "max-connections-per-uid"};
+    pid_t pa = kh_run_as(60001, 65534, slots_child, &a);
+    char c;
+    if (read(up[0], &c, 1) != 1)
+        fail_msg("uid 60001 child failed at step %d", kh_child_status(pa));
+    /* uid 60002: one connection (4 of 6), the next would take an admin slot */
+    struct slots_ctx b = {up[1], down[0], 1, "admin-reserved-connections"};
+    pid_t pb = kh_run_as(60002, 65534, slots_child, &b);
+    if (read(up[0], &c, 1) != 1)
+        fail_msg("uid 60002 child failed at step %d", kh_child_status(pb));
+    /* the admin (root) takes the two reserved slots; a 7th is refused */
+    int r1 = kh_connect(g_slots_kvd.sock), r2 = kh_connect(g_slots_kvd.sock);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(r1, "hello", 1, &r), 0);
+    kh_reply_free(&r);
+    assert_int_equal(kh_call0(r2, "hello", 1, &r), 0);
+    kh_reply_free(&r);
+    int r3 = kh_connect(g_slots_kvd.sock);
+    assert_int_equal(kh_recv(r3, &r), 0);
+    assert_int_equal(r.code, KVD_EBUSY);
+    assert_non_null(strstr(r.message, "limit 6"));
+    kh_reply_free(&r);
+    close(r3);
+    assert_int_equal(write(down[1], "gg", 2), 2);
+    assert_int_equal(kh_child_status(pa), 0);
+    assert_int_equal(kh_child_status(pb), 0);
+    close(r1);
+    close(r2);
+    for (int i = 0; i < 2; i++) {
+        close(up[i]);
+        close(down[i]);
+    }
+    assert_int_equal(kh_stop(&g_slots_kvd), 0);
+}
+
 /* ---- resource limits ------------------------------------------------------ */
 
 static void gen_stream(int fd, uint64_t id, uint32_t max_tokens)
@@ -408,6 +497,7 @@ int main(void)
         cmocka_unit_test(test_queue_limits),
         cmocka_unit_test(test_generate_foreign_seq),
         cmocka_unit_test(test_stats_non_admin),
+        cmocka_unit_test(test_connection_slots),
         cmocka_unit_test(test_noread_stream_bounded),
         cmocka_unit_test(test_buffer_budget),
         cmocka_unit_test(test_log_rate_limited),
