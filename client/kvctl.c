@@ -51,9 +51,10 @@ int kvctl_connect(struct kvctl *k)
     char path[256];
     const char *p = k->socket;
     if (!p) {
-        if (kvd_default_socket(path, sizeof(path)))
+        int rc = kvd_default_socket(path, sizeof(path));
+        if (rc && rc != KVD_EPERM)
             return kvctl_usage_err("$%s is too long for a socket path", KVD_SOCKET_ENV);
-        p = path;
+        p = rc ? NULL : path; /* refused: kvd_connect says why */
     }
     k->ctx = kvd_connect(p);
     if (!k->ctx) {

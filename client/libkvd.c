@@ -120,7 +120,8 @@ static bool path_exists(const char *p)
     return stat(p, &st) == 0;
 }
 
-int kvd_default_socket(char *buf, size_t cap)
+/* kvd_default_socket with the reason a fallback socket is refused. */
+static int default_socket(char *buf, size_t cap, char *why, size_t whylen)
 {
     const char *env = getenv(KVD_SOCKET_ENV);
     const char *p = KVD_DEFAULT_SOCKET;
@@ -129,12 +130,26 @@ int kvd_default_socket(char *buf, size_t cap)
     if (env && *env)
         p = env;
     else if (!path_exists(KVD_DEFAULT_SOCKET) && proto_socket_fallback(fb, sizeof(fb)) == 0 &&
-             path_exists(fb))
+             path_exists(fb)) {
+        /* Only a directory of our own: another user could have created it
+         * and be listening there for our prompts. */
+        char err[400];
+        if (proto_socket_path_check(fb, getuid(), true, err, sizeof(err)) != 0) {
+            if (why)
+                snprintf(why, whylen, "%s", err);
+            return KVD_EPERM;
+        }
         p = fb;
+    }
     if (strlen(p) + 1 > cap)
         return KVD_ETOOLARGE;
     memcpy(buf, p, strlen(p) + 1);
     return 0;
+}
+
+int kvd_default_socket(char *buf, size_t cap)
+{
+    return default_socket(buf, cap, NULL, 0);
 }
 
 struct kvd_ctx *kvd_connect(const char *path)
@@ -160,7 +175,14 @@ struct kvd_ctx *kvd_connect(const char *path)
     proto_packer_init(&c->pk, &c->wbuf);
 
     if (!path) {
-        if (kvd_default_socket(def, sizeof(def))) {
+        char why[400];
+        int drc = default_socket(def, sizeof(def), why, sizeof(why));
+        if (drc == KVD_EPERM) {
+            conn_fail(ctx, "cannot connect: %s", why);
+            ctx->err = KVD_EPERM;
+            return ctx;
+        }
+        if (drc) {
             conn_fail(ctx, "cannot connect: $%s is longer than a socket path can be",
                       KVD_SOCKET_ENV);
             return ctx;

@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <limits.h>
+#include <errno.h>
 #include <unistd.h>
 
 int proto_err_set(struct proto_err *err, int code, const char *fmt, ...)
@@ -675,6 +678,66 @@ int proto_socket_fallback(char *buf, size_t cap)
     if (n < 0 || (size_t)n >= cap)
         return KVD_ETOOLARGE;
     return KVD_OK;
+}
+
+int proto_socket_path_check(const char *path, uid_t uid, bool own_dir, char *err, size_t errlen)
+{
+    char dir[PATH_MAX], real[PATH_MAX];
+    struct stat st;
+    const char *slash = strrchr(path, '/');
+    if (!slash || (size_t)(slash - path) >= sizeof(dir)) {
+        snprintf(err, errlen, "'%s' is not an absolute socket path", path);
+        return KVD_EPERM;
+    }
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    if (!realpath(dir, real)) {
+        snprintf(err, errlen, "%s: %s", dir, strerror(errno));
+        return errno == ENOENT ? KVD_ENOTFOUND : KVD_EPERM;
+    }
+    /* The socket's own directory, then each one above it. */
+    bool parent = true;
+    for (;;) {
+        if (lstat(real, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            snprintf(err, errlen, "%s is not a directory", real);
+            return KVD_EPERM;
+        }
+        bool owner_ok = st.st_uid == uid || (st.st_uid == 0 && !(own_dir && parent));
+        if (!owner_ok) {
+            snprintf(err, errlen,
+                     "%s is owned by uid %u, not %s%u: another user could put a socket of "
+                     "their own there; refusing %s",
+                     real, (unsigned)st.st_uid, own_dir && parent ? "" : "root or uid ",
+                     (unsigned)uid, path);
+            return KVD_EPERM;
+        }
+        if ((st.st_mode & 022) && ((own_dir && parent) || !(st.st_mode & S_ISVTX))) {
+            snprintf(err, errlen,
+                     "%s is writable by %s (mode %04o): another user could replace the "
+                     "socket; refusing %s",
+                     real, st.st_mode & 002 ? "others" : "its group",
+                     (unsigned)(st.st_mode & 07777), path);
+            return KVD_EPERM;
+        }
+        if (!strcmp(real, "/"))
+            break;
+        char *s = strrchr(real, '/');
+        if (s == real)
+            s[1] = '\0';
+        else
+            *s = '\0';
+        parent = false;
+    }
+    if (own_dir && lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode) || (st.st_uid != uid && st.st_uid != 0)) {
+            snprintf(err, errlen, "%s is %s owned by uid %u; refusing it", path,
+                     S_ISSOCK(st.st_mode) ? "a socket" : "not a socket",
+                     (unsigned)st.st_uid);
+            return KVD_EPERM;
+        }
+    }
+    return 0;
 }
 
 const char *proto_tier_name(int tier)

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <string.h>
 
 #include <msgpack.h>
@@ -313,6 +314,15 @@ int proto_frame_ok(msgpack_sbuffer *sb, uint64_t id);
  * variable is set and absolute, else /tmp/kvd-<uid>/kvd.sock. Returns 0 or
  * KVD_ETOOLARGE when it does not fit in cap. */
 int proto_socket_fallback(char *buf, size_t cap);
+/* Whether a socket at `path` can be trusted by `uid` (issue 14: another
+ * user pre-created /tmp/kvd-<uid> and put a socket of their own there).
+ * Every directory from path's parent to "/" must be owned by root or uid
+ * and not writable by group or others unless sticky (like /tmp); with
+ * `own_dir` (a per-user path such as the fallback), the parent must be
+ * owned by uid and writable by nobody else, and the socket, if it exists,
+ * must be owned by uid or root. Returns 0, or KVD_EPERM with the reason
+ * in err (KVD_ENOTFOUND when a directory does not exist). */
+int proto_socket_path_check(const char *path, uid_t uid, bool own_dir, char *err, size_t errlen);
 
 /* The protocol's name of a tier ("device"/"host") and back (-1 if unknown). */
 const char *proto_tier_name(int tier);

@@ -553,8 +553,10 @@ fail:
 }
 
 /* The default socket: /run/kvd/kvd.sock when /run/kvd is (or can be made)
- * writable, else the per-user fallback. */
-static int pick_default_socket(char *path, size_t cap)
+ * writable, else the per-user fallback, whose directory must be the
+ * daemon's own (issue 14: another user could pre-create /tmp/kvd-<uid> and
+ * receive the clients' prompts). */
+static int pick_default_socket(char *path, size_t cap, char *err, size_t errlen)
 {
     if (mkdir(KVD_SOCKET_DIR, 0755) == 0 || errno == EEXIST) {
         if (access(KVD_SOCKET_DIR, W_OK | X_OK) == 0) {
@@ -563,8 +565,10 @@ static int pick_default_socket(char *path, size_t cap)
             return 0;
         }
     }
-    if (proto_socket_fallback(path, cap) != 0)
+    if (proto_socket_fallback(path, cap) != 0) {
+        snprintf(err, errlen, "cannot find a place for the socket");
         return KVD_ETOOLARGE;
+    }
     char dir[108];
     snprintf(dir, sizeof(dir), "%s", path);
     char *slash = strrchr(dir, '/');
@@ -572,6 +576,11 @@ static int pick_default_socket(char *path, size_t cap)
         *slash = '\0';
         if (mkdir(dir, 0700) != 0 && errno != EEXIST)
             log_warn("cannot create %s: %s", dir, strerror(errno));
+    }
+    char why[400];
+    if (proto_socket_path_check(path, geteuid(), true, why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "default socket: %s (remove it, or give --socket)", why);
+        return KVD_EPERM;
     }
     log_notice("socket: %s (%s is not writable for uid %u)", path, KVD_SOCKET_DIR,
                (unsigned)geteuid());
@@ -604,9 +613,10 @@ static int setup_listener(struct server *srv, char *err, size_t errlen)
     } else {
         if (srv->opts.socket_path[0]) {
             snprintf(srv->socket_path, sizeof(srv->socket_path), "%s", srv->opts.socket_path);
-        } else if (pick_default_socket(srv->socket_path, sizeof(srv->socket_path)) != 0) {
-            snprintf(err, errlen, "cannot find a place for the socket");
-            return KVD_EBADREQ;
+        } else {
+            int prc = pick_default_socket(srv->socket_path, sizeof(srv->socket_path), err, errlen);
+            if (prc)
+                return prc;
         }
         int rc = listen_path(srv, srv->socket_path, &fd, err, errlen);
         if (rc)

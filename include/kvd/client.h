@@ -52,8 +52,12 @@ struct kvd_ctx {
 /* Writes the socket path used when none is given into buf: $KVD_SOCKET;
  * else KVD_DEFAULT_SOCKET when it exists; else the non-root daemon's
  * fallback ($XDG_RUNTIME_DIR/kvd.sock, /tmp/kvd-<uid>/kvd.sock) when that
- * exists; else KVD_DEFAULT_SOCKET. Returns 0, or KVD_ETOOLARGE when the path
- * does not fit in cap bytes. */
+ * exists; else KVD_DEFAULT_SOCKET. A fallback socket is used only when its
+ * directory is the caller's own (owned by its uid, writable by nobody
+ * else) and every directory above is root's or its own and not writable
+ * by others unless sticky: otherwise KVD_EPERM (kvd_connect(NULL) says
+ * why). Returns 0, KVD_EPERM, or KVD_ETOOLARGE when the path does not fit
+ * in cap bytes. */
 KVD_API int kvd_default_socket(char *buf, size_t cap);
 
 /* Connects to the daemon at `path` (NULL: kvd_default_socket()). Returns a

@@ -12,14 +12,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "kvd/client.h"
 #include "kvd_harness.h"
 
 static char g_dir[64], g_model[128];
@@ -449,6 +453,74 @@ static void test_log_rate_limited(void **state)
     assert_true(closing >= 1 && closing <= 20);
 }
 
+/* ---- the fallback socket directory ---------------------------------------- */
+
+#define VICTIM_UID 60005
+#define SQUAT_UID 60006
+
+static int victim_connect(void *arg)
+{
+    (void)arg;
+    unsetenv("XDG_RUNTIME_DIR");
+    unsetenv("KVD_SOCKET");
+    struct kvd_ctx *ctx = kvd_connect(NULL);
+    if (!ctx)
+        return 10;
+    int rc = ctx->err == KVD_EPERM && strstr(ctx->errstr, "owned by uid 60006") ? 0 : 11;
+    if (rc)
+        fprintf(stderr, "victim: err %d '%s'\n", ctx->err, ctx->errstr);
+    kvd_close(ctx);
+    return rc;
+}
+
+static int victim_daemon(void *arg)
+{
+    (void)arg;
+    unsetenv("XDG_RUNTIME_DIR");
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 2);
+    execl(getenv("KVD_BIN"), "kvd", "--backend", "cpu", "--device-blocks", "8", "--host-blocks",
+          "0", "--no-roofline-probe", (char *)NULL);
+    return 127;
+}
+
+/* Defect 8: another user pre-creates /tmp/kvd-<victim uid> with a socket
+ * of its own. The victim's client refuses it (saying who owns it) and
+ * connects nowhere; the victim's daemon refuses to start there. */
+static void test_fallback_dir_squatted(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip();
+    char dir[64], sock[96];
+    snprintf(dir, sizeof(dir), "/tmp/kvd-%u", VICTIM_UID);
+    snprintf(sock, sizeof(sock), "%s/kvd.sock", dir);
+    unlink(sock);
+    rmdir(dir);
+    assert_int_equal(mkdir(dir, 0777), 0);
+    assert_int_equal(chmod(dir, 0777), 0);
+    assert_int_equal(chown(dir, SQUAT_UID, 65534), 0);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(lfd, 8), 0);
+    assert_int_equal(chmod(sock, 0777), 0);
+    assert_int_equal(chown(sock, SQUAT_UID, 65534), 0);
+
+    pid_t c = kh_run_as(VICTIM_UID, 65534, victim_connect, NULL);
+    assert_int_equal(kh_child_status(c), 0);
+    /* nothing reached the squatter */
+    assert_int_equal(accept(lfd, NULL, NULL), -1);
+    assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
+
+    pid_t d = kh_run_as(VICTIM_UID, 65534, victim_daemon, NULL);
+    assert_int_equal(kh_child_status(d), 1); /* refused, with the reason on stderr */
+    close(lfd);
+    unlink(sock);
+    rmdir(dir);
+}
+
 /* ---- start-up refusals ---------------------------------------------------- */
 
 /* Runs kvd with args; returns its exit status (-1 if it did not exit by
@@ -502,6 +574,7 @@ int main(void)
         cmocka_unit_test(test_buffer_budget),
         cmocka_unit_test(test_log_rate_limited),
         cmocka_unit_test(test_startup_refusals),
+        cmocka_unit_test(test_fallback_dir_squatted),
     };
     if (!getenv("KVD_TOOLS_DIR") || !getenv("KVD_BIN")) {
         fprintf(stderr, "KVD_TOOLS_DIR / KVD_BIN not set (run through ctest)\n");
