@@ -29,7 +29,7 @@ extern "C" int kvd_k_add(float *x, const float *a, size_t n, kvd_stream stream)
 {
     if (n == 0)
         return 0;
-    add_kernel<<<add_grid(n), 256, 0, stream>>>(x, a, n);
+    KVD_LAUNCH(add_grid(n), 256, 0, stream, add_kernel)(x, a, n);
     return kvd_launch_status();
 }
 
@@ -40,6 +40,6 @@ extern "C" int kvd_k_add_bias(float *y, const float *b, int rows, int dim, kvd_s
     size_t n = (size_t)rows * (size_t)dim;
     if (n == 0)
         return 0;
-    add_bias_kernel<<<add_grid(n), 256, 0, stream>>>(y, b, dim, n);
+    KVD_LAUNCH(add_grid(n), 256, 0, stream, add_bias_kernel)(y, b, dim, n);
     return kvd_launch_status();
 }

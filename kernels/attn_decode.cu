@@ -29,8 +29,9 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     constexpr int LPT = D / 8;
     constexpr int TPW = 32 / LPT;
     constexpr int NSUB = AD_WARPS * TPW;
-    __shared__ float sm_o[NSUB][GQ][D];
-    __shared__ float sm_m[NSUB][GQ], sm_l[NSUB][GQ];
+    KVD_SHARED(float, sm_o, [NSUB][GQ][D]);
+    KVD_SHARED(float, sm_m, [NSUB][GQ]);
+    KVD_SHARED(float, sm_l, [NSUB][GQ]);
 
     const int split = blockIdx.x, n_splits = gridDim.x, seq = blockIdx.z;
     const int kvh = blockIdx.y / q_groups, qg = blockIdx.y % q_groups;
@@ -203,13 +204,13 @@ static int ad_launch(float *out, const float *q, const kvd_k_kv &kv, int layer,
     part.o = partial;
     part.ml = partial + (size_t)n_seqs * n_heads * n_splits * D;
     dim3 grid((unsigned)n_splits, (unsigned)(kv.kv_heads * q_groups), (unsigned)n_seqs);
-    attn_decode_kernel<D, DT, GQ><<<grid, AD_WARPS * 32, 0, stream>>>(
+    KVD_LAUNCH(grid, AD_WARPS * 32, 0, stream, attn_decode_kernel<D, DT, GQ>)(
         out, part, q, kv, layer, slots, slot0, pos0, qstart, n_heads, q_groups,
         scale * KVD_LOG2E);
     int rc = kvd_launch_status();
     if (rc || n_splits == 1)
         return rc;
-    attn_decode_merge_kernel<D><<<(unsigned)(n_seqs * n_heads), D, 0, stream>>>(
+    KVD_LAUNCH((unsigned)(n_seqs * n_heads), D, 0, stream, attn_decode_merge_kernel<D>)(
         out, part, qstart, n_heads, n_splits);
     return kvd_launch_status();
 }

@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(AP_WARPS * 32)
                         const uint32_t *__restrict__ pos0, const uint32_t *__restrict__ qstart,
                         int n_heads, float scale_log2)
 {
-    extern __shared__ float ap_smem[];
+    KVD_DYN_SHARED(float, ap_smem);
     float *sq = ap_smem;
     float *sk = sq + AP_BR * D;
     float *sv = sk + AP_BK * (D + 1);
@@ -156,7 +156,7 @@ static int ap_launch(float *out, const float *q, const kvd_k_kv &kv, int layer,
     int group = n_heads / kv.kv_heads;
     long rows = (long)max_q * group;
     dim3 grid((unsigned)((rows + AP_BR - 1) / AP_BR), (unsigned)kv.kv_heads, (unsigned)n_seqs);
-    attn_prefill_kernel<D, DT><<<grid, AP_WARPS * 32, smem, stream>>>(
+    KVD_LAUNCH(grid, AP_WARPS * 32, smem, stream, attn_prefill_kernel<D, DT>)(
         out, q, kv, layer, slots, slot0, pos0, qstart, n_heads, scale * KVD_LOG2E);
     return kvd_launch_status();
 }

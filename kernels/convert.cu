@@ -40,7 +40,7 @@ extern "C" int kvd_k_to_bf16(uint16_t *dst, const void *src, int wtype, size_t n
     int rc = check_wtype(wtype, n);
     if (rc || n == 0)
         return rc;
-    to_bf16_kernel<<<conv_grid(n), 256, 0, stream>>>(dst, src, wtype, n);
+    KVD_LAUNCH(conv_grid(n), 256, 0, stream, to_bf16_kernel)(dst, src, wtype, n);
     return kvd_launch_status();
 }
 
@@ -49,7 +49,7 @@ extern "C" int kvd_k_to_f32(float *dst, const void *src, int wtype, size_t n, kv
     int rc = check_wtype(wtype, n);
     if (rc || n == 0)
         return rc;
-    to_f32_kernel<<<conv_grid(n), 256, 0, stream>>>(dst, src, wtype, n);
+    KVD_LAUNCH(conv_grid(n), 256, 0, stream, to_f32_kernel)(dst, src, wtype, n);
     return kvd_launch_status();
 }
 

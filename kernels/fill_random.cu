@@ -30,9 +30,9 @@ extern "C" int kvd_k_fill_uniform(void *dst, int dtype, size_t n, uint64_t seed,
     unsigned b = kvd_blocks_for(n, 256);
     b = b > 16384 ? 16384 : b;
     switch (dtype) {
-    case KVD_K_F16: fill_uniform_kernel<KVD_K_F16><<<b, 256, 0, stream>>>(dst, n, seed, lo, hi); break;
-    case KVD_K_BF16: fill_uniform_kernel<KVD_K_BF16><<<b, 256, 0, stream>>>(dst, n, seed, lo, hi); break;
-    case KVD_K_F32: fill_uniform_kernel<KVD_K_F32><<<b, 256, 0, stream>>>(dst, n, seed, lo, hi); break;
+    case KVD_K_F16: KVD_LAUNCH(b, 256, 0, stream, fill_uniform_kernel<KVD_K_F16>)(dst, n, seed, lo, hi); break;
+    case KVD_K_BF16: KVD_LAUNCH(b, 256, 0, stream, fill_uniform_kernel<KVD_K_BF16>)(dst, n, seed, lo, hi); break;
+    case KVD_K_F32: KVD_LAUNCH(b, 256, 0, stream, fill_uniform_kernel<KVD_K_F32>)(dst, n, seed, lo, hi); break;
     default: return (int)cudaErrorInvalidValue;
     }
     return kvd_launch_status();

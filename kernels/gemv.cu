@@ -132,7 +132,7 @@ static int gemv_launch(float *y, const void *w, const float *x, int out, int in,
                        cudaStream_t stream)
 {
     unsigned blocks = (unsigned)((out + GEMV_WARPS - 1) / GEMV_WARPS);
-    gemv_kernel<WT, NT><<<blocks, GEMV_WARPS * 32, 0, stream>>>(y, (const char *)w, x, out, in);
+    KVD_LAUNCH(blocks, GEMV_WARPS * 32, 0, stream, gemv_kernel<WT, NT>)(y, (const char *)w, x, out, in);
     return kvd_launch_status();
 }
 

@@ -12,6 +12,27 @@
 
 #define KVD_LOG2E 1.4426950408889634f
 
+// Launches and shared memory are written through these macros, so the same
+// source also builds for the CPU emulation (-DKVD_CUDA=EMULATE,
+// kernels/emu/): there a launch hands the kernel and its arguments to the
+// SIMT runtime, and shared memory is laid out per block by it.
+//   KVD_LAUNCH(grid, block, smem, stream, kernel<T...>)(args...);
+//   KVD_SHARED(float, name, [N][M]);   KVD_SHARED(int, flag, );
+//   KVD_DYN_SHARED(float, name);       (the launch's dynamic shared memory)
+#ifdef KVD_CUDA_EMULATE
+#define KVD_LAUNCH(grid, block, smem, stream, ...) \
+    kvd_emu_make_launcher(#__VA_ARGS__, __VA_ARGS__, grid, block, smem, stream)
+#define KVD_SHARED(type, name, dims)                                                   \
+    static kvd_emu_shared_key name##_key_;                                             \
+    auto &name = *reinterpret_cast<type(*) dims>(                                      \
+        kvd_emu_shared(&name##_key_, sizeof(type dims), alignof(type)))
+#define KVD_DYN_SHARED(type, name) type *const name = static_cast<type *>(kvd_emu_dyn_shared())
+#else
+#define KVD_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#define KVD_SHARED(type, name, dims) __shared__ type name dims
+#define KVD_DYN_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 // The status of the launch just made (and of nothing earlier that was
 // already reported): 0 or a cudaError_t.
 static inline int kvd_launch_status(void)

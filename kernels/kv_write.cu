@@ -33,13 +33,13 @@ extern "C" int kvd_k_kv_write(const struct kvd_k_kv *kv, int layer, const uint32
         return 0;
     switch (kv->dtype) {
     case KVD_K_F16:
-        kv_write_kernel<KVD_K_F16><<<n_tokens, 128, 0, stream>>>(*kv, layer, slots, pos, k, v);
+        KVD_LAUNCH(n_tokens, 128, 0, stream, kv_write_kernel<KVD_K_F16>)(*kv, layer, slots, pos, k, v);
         break;
     case KVD_K_BF16:
-        kv_write_kernel<KVD_K_BF16><<<n_tokens, 128, 0, stream>>>(*kv, layer, slots, pos, k, v);
+        KVD_LAUNCH(n_tokens, 128, 0, stream, kv_write_kernel<KVD_K_BF16>)(*kv, layer, slots, pos, k, v);
         break;
     case KVD_K_F32:
-        kv_write_kernel<KVD_K_F32><<<n_tokens, 128, 0, stream>>>(*kv, layer, slots, pos, k, v);
+        KVD_LAUNCH(n_tokens, 128, 0, stream, kv_write_kernel<KVD_K_F32>)(*kv, layer, slots, pos, k, v);
         break;
     default: return (int)cudaErrorInvalidValue;
     }

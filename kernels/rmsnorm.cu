@@ -9,7 +9,7 @@ __global__ void rmsnorm_kernel(float *x, const float *__restrict__ res, float *y
                                const float *__restrict__ w, int dim, float eps)
 {
     // Squares summed in double, as ggml and the cpu reference do.
-    __shared__ double part[RMS_THREADS / 32];
+    KVD_SHARED(double, part, [RMS_THREADS / 32]);
     size_t base = (size_t)blockIdx.x * dim;
     double ss = 0.0;
     for (int i = threadIdx.x; i < dim; i += RMS_THREADS) {
@@ -46,7 +46,7 @@ static int rmsnorm_launch(float *x, const float *res, float *y, const float *w, 
 {
     if (rows <= 0 || dim <= 0)
         return rows < 0 || dim < 0 ? (int)cudaErrorInvalidValue : 0;
-    rmsnorm_kernel<<<rows, RMS_THREADS, 0, stream>>>(x, res, y, w, dim, eps);
+    KVD_LAUNCH(rows, RMS_THREADS, 0, stream, rmsnorm_kernel)(x, res, y, w, dim, eps);
     return kvd_launch_status();
 }
 

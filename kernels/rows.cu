@@ -32,7 +32,7 @@ extern "C" int kvd_k_get_rows(float *out, const void *w, int wtype, int ne0, int
         return (int)cudaErrorInvalidValue;
     if (n == 0 || ne0 == 0)
         return 0;
-    get_rows_kernel<<<n, 256, 0, stream>>>(out, w, wtype, ne0, n_rows, ids);
+    KVD_LAUNCH(n, 256, 0, stream, get_rows_kernel)(out, w, wtype, ne0, n_rows, ids);
     return kvd_launch_status();
 }
 
@@ -43,6 +43,6 @@ extern "C" int kvd_k_gather_rows(float *out, const float *x, const uint32_t *row
         return (int)cudaErrorInvalidValue;
     if (n == 0 || width == 0)
         return 0;
-    gather_rows_kernel<<<n, 256, 0, stream>>>(out, x, rows, width);
+    KVD_LAUNCH(n, 256, 0, stream, gather_rows_kernel)(out, x, rows, width);
     return kvd_launch_status();
 }

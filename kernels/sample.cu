@@ -26,8 +26,8 @@ static __device__ __forceinline__ void argmax_merge(float &v, int &i, float ov, 
 // NaN gives 0). Block-wide: every thread must call it.
 static __device__ int block_argmax(const float *__restrict__ row, int vocab)
 {
-    __shared__ float sv[SAMPLE_THREADS / 32];
-    __shared__ int si[SAMPLE_THREADS / 32];
+    KVD_SHARED(float, sv, [SAMPLE_THREADS / 32]);
+    KVD_SHARED(int, si, [SAMPLE_THREADS / 32]);
     float best = -INFINITY;
     int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x)
@@ -69,7 +69,7 @@ extern "C" int kvd_k_argmax(int32_t *out, const float *logits, int rows, int voc
         return (int)cudaErrorInvalidValue;
     if (rows == 0)
         return 0;
-    argmax_kernel<<<rows, SAMPLE_THREADS, 0, stream>>>(out, logits, vocab);
+    KVD_LAUNCH(rows, SAMPLE_THREADS, 0, stream, argmax_kernel)(out, logits, vocab);
     return kvd_launch_status();
 }
 
@@ -111,7 +111,7 @@ static __device__ __forceinline__ unsigned long long weight(const pick_state &s,
 // The largest scaled logit of the row (block-wide; every thread gets it).
 static __device__ float block_max_scaled(const pick_state &s)
 {
-    __shared__ float red[SAMPLE_THREADS / 32];
+    KVD_SHARED(float, red, [SAMPLE_THREADS / 32]);
     float m = -INFINITY;
     for (int i = threadIdx.x; i < s.vocab; i += blockDim.x)
         m = fmaxf(m, scaled(s, i));
@@ -129,7 +129,7 @@ static __device__ float block_max_scaled(const pick_state &s)
 // The total weight of the candidates that survive the cuts (every thread).
 static __device__ unsigned long long block_total(const pick_state &s)
 {
-    __shared__ unsigned long long sum;
+    KVD_SHARED(unsigned long long, sum, );
     if (threadIdx.x == 0)
         sum = 0;
     __syncthreads();
@@ -155,8 +155,9 @@ static __device__ unsigned long long block_total(const pick_state &s)
 static __device__ unsigned long long block_select(const pick_state &s, bool by_count,
                                                   unsigned long long t, int first_shift)
 {
-    __shared__ unsigned long long hist[256], t_left;
-    __shared__ int digit;
+    KVD_SHARED(unsigned long long, hist, [256]);
+    KVD_SHARED(unsigned long long, t_left, );
+    KVD_SHARED(int, digit, );
     unsigned long long prefix = 0, mask = 0;
     for (int shift = first_shift; shift >= 0; shift -= 8) {
         for (int j = threadIdx.x; j < 256; j += blockDim.x)
@@ -250,6 +251,6 @@ extern "C" int kvd_k_sample(uint32_t *out, const float *logits, const struct kvd
         return (int)cudaErrorInvalidValue;
     if (n_rows == 0)
         return 0;
-    sample_kernel<<<n_rows, SAMPLE_THREADS, 0, stream>>>(out, logits, rows, vocab);
+    KVD_LAUNCH(n_rows, SAMPLE_THREADS, 0, stream, sample_kernel)(out, logits, rows, vocab);
     return kvd_launch_status();
 }

@@ -18,6 +18,6 @@ extern "C" int kvd_k_silu_mul(float *out, const float *gate, const float *up, si
     if (n == 0)
         return 0;
     unsigned b = kvd_blocks_for(n, 256);
-    silu_mul_kernel<<<b > 65535 ? 65535 : b, 256, 0, stream>>>(out, gate, up, n);
+    KVD_LAUNCH(b > 65535 ? 65535 : b, 256, 0, stream, silu_mul_kernel)(out, gate, up, n);
     return kvd_launch_status();
 }

@@ -1,0 +1,56 @@
+// Shared inside the emulator (kernels/emu/*.cc): fault reports, the device
+// memory registry, the one-op-at-a-time device lock, stream submission.
+#ifndef KVD_EMU_INTERNAL_H
+#define KVD_EMU_INTERNAL_H
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <mutex>
+
+namespace kvd_emu {
+
+// Prints "kvd-emu: <message>" (the first few hundred), counts it in
+// kvd_emu_errors(), aborts when KVD_EMU_ABORT=1.
+void report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// Sets the calling thread's last error (cudaGetLastError) and returns e.
+cudaError_t set_error(cudaError_t e);
+
+// Device work runs one operation at a time, like one GPU with one engine,
+// whichever host thread issues it.
+std::recursive_mutex &device_lock();
+
+// Live allocations. kind: device (cudaMalloc) or pinned host.
+enum alloc_kind { ALLOC_NONE = 0, ALLOC_DEVICE = 1, ALLOC_HOST = 2 };
+struct alloc_info {
+    uintptr_t base;
+    size_t bytes;
+    alloc_kind kind;
+};
+// The live allocation holding [p, p + n) whole (kind ALLOC_NONE if none);
+// *partial set when p is inside one that [p, p+n) runs past.
+alloc_info find_alloc(const void *p, size_t n, bool *partial = nullptr);
+// Bumped by every free: lets callers cache a lookup.
+uint64_t alloc_generation();
+// A one-line description of where p is ("12 bytes into a 4096-byte device
+// allocation at 0x..", or "outside every allocation").
+void describe(const void *p, char *buf, size_t len);
+
+// Runs fn on stream s now, or records it when s is being captured. what
+// names the operation in reports.
+cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn, const char *what);
+
+// The emulated compute capability (KVD_EMU_CC, default 9.0) and the
+// largest dynamic shared memory a kernel may opt in to on it.
+void device_cc(int *major, int *minor);
+size_t smem_optin_max();
+// The attribute cudaFuncSetAttribute set for a kernel (0 if none).
+int func_max_dyn_smem(const void *fn);
+
+// Kernel launches (simt.cc).
+cudaError_t run_launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem,
+                       const kvd_emu_call *call);
+
+} // namespace kvd_emu
+
+#endif
