@@ -12,6 +12,11 @@
 #include "kvd/status.h"
 #include "log.h"
 
+/* The cuBLAS workspace, owned by the device with the one handle that uses
+ * it (never by a compute context: freeing one would pull it from under the
+ * others, and from under the graphs they captured). */
+#define BLAS_WS_BYTES (32u << 20)
+
 /* The device each thread last entered; -1 before its first call. */
 static _Thread_local int cuda_cur_device = -1;
 
@@ -189,6 +194,8 @@ static void cuda_dev_release(struct cuda_dev *dev)
     pthread_mutex_destroy(&dev->mu);
     if (dev->blas)
         cublasDestroy(dev->blas);
+    if (dev->blas_ws)
+        cudaFree(dev->blas_ws);
     if (dev->copy_done)
         cudaEventDestroy(dev->copy_done);
     if (dev->compute_mark)
@@ -284,9 +291,13 @@ int backend_cuda_new(int device, struct backend **out, char *err, size_t errlen)
     /* copy_done starts "complete": copy_wait before any copy returns at once. */
     if ((e = cudaEventRecord(cb->dev.copy_done, cb->dev.copy)) != cudaSuccess)
         goto out_cuda;
+    if ((e = cudaMalloc(&cb->dev.blas_ws, BLAS_WS_BYTES)) != cudaSuccess)
+        goto out_cuda;
     cublasStatus_t st = cublasCreate(&cb->dev.blas);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasSetStream(cb->dev.blas, cb->dev.compute);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasSetWorkspace(cb->dev.blas, cb->dev.blas_ws, BLAS_WS_BYTES);
     if (st != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "cuda backend: cuBLAS initialization failed (status %d)", (int)st);
         goto out_free;

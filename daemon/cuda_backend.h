@@ -22,6 +22,7 @@ struct cuda_dev {
     cudaEvent_t compute_mark; /* recorded on compute before a copy is queued */
     cudaEvent_t copy_done;    /* recorded on copy after each copy_async */
     cublasHandle_t blas;      /* bound to the compute stream */
+    void *blas_ws;            /* its workspace: fixed, so captures never allocate */
     /* Guards `capturing` and the compute-stream event that copies wait on:
      * a copy queued from another thread (the server's loop) must not touch
      * the compute stream while the executor captures a graph on it. */

@@ -12,7 +12,6 @@
 
 #define STG_BYTES (8u << 20)      /* pinned staging ring for small uploads */
 #define STG_MAX_UPLOAD (1u << 20) /* larger uploads go straight from the source */
-#define BLAS_WS_BYTES (32u << 20) /* cuBLAS workspace: fixed, so captures never allocate */
 
 _Static_assert((int)CT_F32 == (int)KVD_KW_F32 && (int)CT_F16 == (int)KVD_KW_F16 &&
                    (int)CT_BF16 == (int)KVD_KW_BF16 && (int)CT_Q8_0 == (int)KVD_KW_Q8_0,
@@ -56,7 +55,6 @@ static void cuda_ctx_free(struct compute_ctx *cx)
         cuda_wconv_free_all(cx);
         cudaFree(cx->xb);
         cudaFree(cx->part);
-        cudaFree(cx->blas_ws);
         cudaFreeHost(cx->stg);
     }
     free(cx);
@@ -86,14 +84,6 @@ static int cuda_ctx_new(struct backend *be, const struct compute_conf *conf,
     if ((e = cudaHostAlloc((void **)&cx->stg, STG_BYTES, cudaHostAllocPortable)) != cudaSuccess)
         goto fail;
     cx->stg_cap = STG_BYTES;
-    if ((e = cudaMalloc(&cx->blas_ws, BLAS_WS_BYTES)) != cudaSuccess)
-        goto fail;
-    cublasStatus_t st = cublasSetWorkspace(dev->blas, cx->blas_ws, BLAS_WS_BYTES);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        rc = cublas_fail(st, "cublasSetWorkspace");
-        cuda_ctx_free(cx);
-        return rc;
-    }
     *out = cx;
     return 0;
 fail:

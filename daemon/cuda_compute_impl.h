@@ -42,13 +42,12 @@ struct compute_ctx {
     size_t stg_cap, stg_off;
 
     /* Scratch grown on demand, never during a capture: bf16 activations for
-     * cuBLAS [xb_cap] elements; decode-attention partials [part_cap] floats;
-     * cuBLAS workspace (set once, so cuBLAS never allocates in a capture). */
+     * cuBLAS [xb_cap] elements; decode-attention partials [part_cap] floats.
+     * (The cuBLAS workspace is the device's: cuda_backend.h.) */
     uint16_t *xb;
     size_t xb_cap;
     float *part;
     size_t part_cap;
-    void *blas_ws;
 
     struct cuda_wconv *wconv; /* open addressing, wconv_cap a power of two */
     size_t wconv_cap, wconv_n;

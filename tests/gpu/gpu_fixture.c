@@ -8,6 +8,10 @@
 
 #include "kvd/status.h"
 
+#ifdef KVD_CUDA_EMULATE
+#include <cuda_runtime.h>
+#endif
+
 static void die(const char *what, int rc)
 {
     fprintf(stderr, "gpu fixture: %s failed (%d: %s)\n", what, rc, kvd_err_code(rc));
@@ -137,4 +141,30 @@ double rel_err(const float *a, const float *b, size_t n)
             den = fabs((double)b[i]);
     }
     return den > 0 ? num / den : num;
+}
+
+static unsigned long emu_seen;
+
+unsigned long gpu_emu_reports(void)
+{
+#ifdef KVD_CUDA_EMULATE
+    unsigned long n = kvd_emu_errors(), d = n - emu_seen;
+    emu_seen = n;
+    return d;
+#else
+    return 0;
+#endif
+}
+
+int gpu_emu_clean(void **state)
+{
+    (void)state;
+    unsigned long d = gpu_emu_reports();
+    if (!d)
+        return 0;
+#ifdef KVD_CUDA_EMULATE
+    fprintf(stderr, "FAIL: the CUDA emulator reported %lu problem(s); the latest: %s\n", d,
+            kvd_emu_last_report());
+#endif
+    return -1;
 }

@@ -40,4 +40,14 @@ float *rnd_new(size_t n, float lo, float hi); /* malloc'd */
 /* max|a-b| / max|b| over n elements; +inf if any a is NaN or inf. */
 double rel_err(const float *a, const float *b, size_t n);
 
+/* The CPU emulation build (KVD_CUDA=EMULATE, docs/emulation.md) reports
+ * kernel faults, races, order dependence and API misuse that a GPU would
+ * not. gpu_emu_clean is a cmocka teardown that fails the test when the
+ * emulator reported anything since the last call (printing the latest
+ * report); gpu_emu_reports counts the reports since the last call, for
+ * tests that expect some. On a real device both find nothing. */
+int gpu_emu_clean(void **state);
+unsigned long gpu_emu_reports(void);
+#define GPU_TEST(f) cmocka_unit_test_teardown(f, gpu_emu_clean)
+
 #endif

@@ -8,11 +8,13 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "compute.h"
 #include "gpu/gpu_fixture.h"
 #include "kvd/status.h"
 
@@ -93,6 +95,47 @@ static void test_swap_round_trip(void **state)
     free(zero);
 }
 
+/* The cuBLAS workspace used to belong to the compute context created last:
+ * freeing that one (the default start-up does: the model's context, then
+ * the roofline probe's) left every later GEMM of the others on freed
+ * memory, and graphs captured afterwards baked it in. A 9-row F32
+ * projection takes the cuBLAS path (SGEMM); the emulator checks the
+ * handle's workspace is a live allocation on every call. */
+static void test_blas_after_other_ctx_freed(void **state)
+{
+    const struct compute_ops *o = be->compute;
+    struct compute_conf conf = {.n_threads = 1};
+    struct compute_ctx *a = NULL, *b = NULL;
+    enum { IN = 32, OUT = 16, ROWS = 9 };
+    float w[OUT * IN], x[ROWS * IN], y[ROWS * OUT];
+    assert_int_equal(o->ctx_new(be, &conf, &a), 0);
+    assert_int_equal(o->ctx_new(be, &conf, &b), 0);
+    o->ctx_free(b);
+    rnd_seed(9);
+    rnd_fill(w, OUT * IN, -1, 1);
+    rnd_fill(x, ROWS * IN, -1, 1);
+    void *dw, *dx, *dy;
+    assert_int_equal(o->buf_alloc(a, sizeof w, &dw), 0);
+    assert_int_equal(o->buf_alloc(a, sizeof x, &dx), 0);
+    assert_int_equal(o->buf_alloc(a, sizeof y, &dy), 0);
+    assert_int_equal(o->upload(a, dw, w, sizeof w), 0);
+    assert_int_equal(o->upload(a, dx, x, sizeof x), 0);
+    struct ctensor t = {.type = CT_F32, .ne0 = IN, .ne1 = OUT, .nbytes = sizeof w, .data = dw};
+    assert_int_equal(o->matmul(a, &t, dx, ROWS, dy), 0);
+    assert_int_equal(o->download(a, y, dy, sizeof y), 0);
+    for (int r = 0; r < ROWS; r++)
+        for (int j = 0; j < OUT; j++) {
+            double ref = 0;
+            for (int i = 0; i < IN; i++)
+                ref += (double)w[j * IN + i] * x[r * IN + i];
+            assert_true(fabs(ref - y[r * OUT + j]) < 1e-4);
+        }
+    o->buf_free(a, dw);
+    o->buf_free(a, dx);
+    o->buf_free(a, dy);
+    o->ctx_free(a);
+}
+
 static void test_bad_device(void **state)
 {
     struct backend *b2 = (struct backend *)1;
@@ -127,9 +170,10 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_zero_filled),
-        cmocka_unit_test(test_swap_round_trip),
-        cmocka_unit_test(test_bad_device),
+        GPU_TEST(test_zero_filled),
+        GPU_TEST(test_swap_round_trip),
+        GPU_TEST(test_blas_after_other_ctx_freed),
+        GPU_TEST(test_bad_device),
     };
     rc = cmocka_run_group_tests(tests, NULL, NULL);
     backend_free(be);

@@ -245,8 +245,8 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_greedy_equal),
-        cmocka_unit_test(test_graph_replay),
+        GPU_TEST(test_greedy_equal),
+        GPU_TEST(test_graph_replay),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     backend_free(cuda_be);

@@ -597,16 +597,16 @@ static void test_add_rmsnorm_and_block_copy(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_get_rows),
-        cmocka_unit_test(test_rmsnorm),
-        cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_elementwise),
-        cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_kv_write),
-        cmocka_unit_test(test_attention_decode),
-        cmocka_unit_test(test_attention_prefill),
-        cmocka_unit_test(test_sample),
-        cmocka_unit_test(test_add_rmsnorm_and_block_copy),
+        GPU_TEST(test_get_rows),
+        GPU_TEST(test_rmsnorm),
+        GPU_TEST(test_matmul),
+        GPU_TEST(test_elementwise),
+        GPU_TEST(test_rope),
+        GPU_TEST(test_kv_write),
+        GPU_TEST(test_attention_decode),
+        GPU_TEST(test_attention_prefill),
+        GPU_TEST(test_sample),
+        GPU_TEST(test_add_rmsnorm_and_block_copy),
     };
     /* The skip decision happens before cmocka runs, so "no device" exits 77. */
     gpu_fx_open(&F);
