@@ -122,7 +122,8 @@ int kvd_k_attn_supported(int head_dim);
 
 /* ---- sampling (sample.cu) ----------------------------------------------- */
 /* out[r] = the index of the largest logits[r][:] (lowest index on ties;
- * NaN never wins). */
+ * NaN counts as -inf, so a row of only NaN and -inf gives 0: sampler.c's
+ * rule). */
 int kvd_k_argmax(int32_t *out, const float *logits, int rows, int vocab, kvd_stream stream);
 /* One row's pick: the layout of the daemon's struct sample_row (sampler.h). */
 struct kvd_k_sample_row {

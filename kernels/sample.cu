@@ -13,17 +13,25 @@
 #define SAMPLE_THREADS 1024
 #define SAMPLE_FX_ONE 0x1p38
 
-// Better = larger value, or equal value at a lower index; NaN never wins.
+// The cpu sampler's rule (daemon/sampler.c), one for both backends: NaN
+// counts as -inf, and of equal values the lower index wins. So a row of
+// only NaN and -inf gives 0.
+static __device__ __forceinline__ float nan_as_ninf(float v)
+{
+    return v != v ? -INFINITY : v;
+}
+
+// Better = larger value, or equal value at a lower index (NaN already -inf).
 static __device__ __forceinline__ void argmax_merge(float &v, int &i, float ov, int oi)
 {
-    if (ov > v || (ov == v && oi < i) || (v != v && ov == ov)) {
+    if (ov > v || (ov == v && oi < i)) {
         v = ov;
         i = oi;
     }
 }
 
-// The row's argmax, valid in thread 0 (lowest index on ties; a row of only
-// NaN gives 0). Block-wide: every thread must call it.
+// The row's argmax, valid in thread 0 (rule above). Block-wide: every
+// thread must call it.
 static __device__ int block_argmax(const float *__restrict__ row, int vocab)
 {
     KVD_SHARED(float, sv, [SAMPLE_THREADS / 32]);
@@ -31,7 +39,7 @@ static __device__ int block_argmax(const float *__restrict__ row, int vocab)
     float best = -INFINITY;
     int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-        argmax_merge(best, bi, row[i], i);
+        argmax_merge(best, bi, nan_as_ninf(row[i]), i);
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, best, o);
         int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -85,8 +93,7 @@ struct pick_state {
 
 static __device__ __forceinline__ float scaled(const pick_state &s, int i)
 {
-    float l = s.row[i];
-    return (l != l ? -INFINITY : l) * s.inv_t;
+    return nan_as_ninf(s.row[i]) * s.inv_t;
 }
 
 // f32 bits mapped so that unsigned order is float order (-inf lowest).

@@ -531,6 +531,46 @@ static void test_sample(void **state)
     }
 }
 
+/* Rows the sampler must still answer the same way on both backends: only
+ * NaN and -inf, NaN before a tie, a lone finite value. The rule (cpu's
+ * sampler_pick, one for both): NaN counts as -inf, the lowest index wins a
+ * tie. Greedy, temperature, and through the greedy-only argmax kernel. */
+static void test_sample_degenerate_rows(void **state)
+{
+    const float N = NAN, I = -INFINITY;
+    enum { V = 4, R = 8 };
+    const float rows[R][V] = {{N, I, I, I}, {I, I, I, I}, {N, N, N, N}, {N, 1, 1, 0},
+                              {I, N, 5, 5}, {N, N, I, 2}, {I, N, I, N}, {3, N, 3, I}};
+    for (int temp = 0; temp < 2; temp++) {
+        struct sample_row p[R];
+        for (int r = 0; r < R; r++)
+            p[r] = (struct sample_row){.temperature = temp ? 0.7f : 0.0f, .top_p = 1.0f, .u = 0.5};
+        float *dx = gpu_dup(&F, rows, sizeof rows);
+        struct sample_row *dp = gpu_dup(&F, p, sizeof p);
+        uint32_t *dout = (uint32_t *)gpu_nan(&F, R);
+        uint32_t got[R], want[R];
+        assert_int_equal(F.gops->sample(F.gcx, dx, R, V, dp, dout), 0);
+        gpu_get(&F, got, dout, sizeof got);
+        assert_int_equal(F.cops->sample(F.ccx, &rows[0][0], R, V, p, want), 0);
+        for (int r = 0; r < R; r++)
+            if (got[r] != want[r])
+                fail_msg("%s row %d: gpu %u, cpu %u", temp ? "sampled" : "greedy", r, got[r],
+                         want[r]);
+        if (!temp) {
+            int32_t am[R];
+            kvd_stream st = (kvd_stream)cuda_backend_dev(F.cuda)->compute;
+            assert_int_equal(kvd_k_argmax((int32_t *)dout, dx, R, V, st), 0);
+            gpu_get(&F, am, dout, sizeof am);
+            for (int r = 0; r < R; r++)
+                if ((uint32_t)am[r] != want[r])
+                    fail_msg("argmax row %d: gpu %d, cpu %u", r, am[r], want[r]);
+        }
+        gpu_free(&F, dx);
+        gpu_free(&F, dp);
+        gpu_free(&F, dout);
+    }
+}
+
 /* The fused residual add + RMSNorm op (out apart, and out = res as
  * model_forward calls it), and a kernel model_forward does not reach
  * through compute_ops: batched copy-on-write of blocks. */
@@ -606,6 +646,7 @@ int main(void)
         GPU_TEST(test_attention_decode),
         GPU_TEST(test_attention_prefill),
         GPU_TEST(test_sample),
+        GPU_TEST(test_sample_degenerate_rows),
         GPU_TEST(test_add_rmsnorm_and_block_copy),
     };
     /* The skip decision happens before cmocka runs, so "no device" exits 77. */
