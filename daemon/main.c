@@ -4,6 +4,7 @@
  * memory manager, starts the executor and runs the server until SIGTERM.
  * Runs in the foreground; logs to stderr. */
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -94,6 +95,28 @@ static int size_arenas(const struct options *o, const struct backend *be, size_t
     return 0;
 }
 
+/* Descriptors: the soft limit is raised to the hard one (the loop uses
+ * epoll, not select), so a flood of idle connections on the metrics port
+ * cannot take the descriptors tenants need (issue 14); a limit below what
+ * max-connections needs is logged. */
+static void raise_fd_limit(const struct options *o)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+            log_info("descriptors: soft limit raised from %llu to %llu", (unsigned long long)was,
+                     (unsigned long long)rl.rlim_cur);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (rlim_t)o->max_conns + 64)
+        log_warn("descriptors: the limit (%llu) is below max-connections (%u) + 64; "
+                 "connections will wait for free descriptors",
+                 (unsigned long long)rl.rlim_cur, o->max_conns);
+}
+
 int main(int argc, char **argv)
 {
     struct options opts;
@@ -141,6 +164,7 @@ int main(int argc, char **argv)
         goto out_cfg;
     }
     log_set_level(opts.log_level);
+    raise_fd_limit(&opts);
     if (pick_backend(&opts, &be) != 0)
         goto out_cfg;
     struct kvmm_config mc = {.geom = opts.geom, .be = be};

@@ -10,11 +10,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <grp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
 
 #include "log.h"
 #include "server_impl.h"
@@ -24,6 +31,21 @@
 int metrics_parse_addr(const char *s, char *host, size_t host_cap, uint16_t *port,
                        bool *loopback, char *err, size_t errlen)
 {
+    if (s && (!strcmp(s, "unix") || !strncmp(s, "unix:", 5))) {
+        /* A Unix socket: host gets the path ("" for the default). */
+        const char *path = s[4] ? s + 5 : "";
+        if ((path[0] && path[0] != '/') || strlen(path) >= host_cap ||
+            strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+            snprintf(err, errlen, "metrics address '%s': unix:PATH needs an absolute path of "
+                                  "at most 107 bytes",
+                     s);
+            return KVD_EBADREQ;
+        }
+        snprintf(host, host_cap, "%s", path);
+        *port = 0;
+        *loopback = true;
+        return 0;
+    }
     const char *colon = s ? strrchr(s, ':') : NULL;
     if (!colon || colon == s) {
         snprintf(err, errlen, "metrics address '%s' is not HOST:PORT (e.g. 127.0.0.1:9464)",
@@ -339,9 +361,21 @@ int metrics_render(const struct metrics_src *src, struct evbuffer *out)
 
 /* ---- the HTTP listener -------------------------------------------------- */
 
+/* Accepting pauses this long after accept() fails (out of descriptors),
+ * doubling while it keeps failing, up to the max. */
+#define METRICS_PAUSE_MIN_MS 50
+#define METRICS_PAUSE_MAX_MS 2000
+
 struct metrics {
     struct evhttp *http;
     struct server *srv;
+    struct evconnlistener *listener; /* evhttp's (not owned) */
+    struct event *ev_resume;
+    int reserve_fd;  /* /dev/null, closed to take a connection at EMFILE */
+    unsigned pause_ms;
+    uint64_t accept_errors;
+    char unix_path[128]; /* the unix: socket we created ("" for TCP) */
+    char token[256];     /* "" when none is required */
 };
 
 void metrics_attach(struct server *srv, struct roofline *rl, struct acct *acct)
@@ -350,10 +384,32 @@ void metrics_attach(struct server *srv, struct roofline *rl, struct acct *acct)
     srv->acct = acct;
 }
 
+/* Constant-time comparison of the bearer token. */
+static bool token_ok(const struct metrics *m, struct evhttp_request *req)
+{
+    if (!m->token[0])
+        return true;
+    const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7))
+        return false;
+    h += 7;
+    size_t n = strlen(m->token), hn = strlen(h);
+    unsigned char d = (unsigned char)(hn != n);
+    for (size_t i = 0; i < n; i++)
+        d |= (unsigned char)(m->token[i] ^ (i < hn ? h[i] : 0));
+    return d == 0;
+}
+
 static void on_metrics(struct evhttp_request *req, void *arg)
 {
     struct metrics *m = arg;
     struct server *srv = m->srv;
+    if (!token_ok(m, req)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate",
+                          "Bearer realm=\"kvd\"");
+        evhttp_send_error(req, 401, "a bearer token is required (metrics-token-file)");
+        return;
+    }
     struct metrics_src src = {
         .mm = srv->mm,
         .rl = srv->rl,
@@ -372,6 +428,7 @@ static void on_metrics(struct evhttp_request *req, void *arg)
         evhttp_send_error(req, HTTP_INTERNAL, "out of memory");
         return;
     }
+    m->pause_ms = 0; /* serving again: the next failure starts a short pause */
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                       "text/plain; version=0.0.4; charset=utf-8");
     evhttp_send_reply(req, HTTP_OK, "OK", body);
@@ -383,15 +440,142 @@ static void on_other(struct evhttp_request *req, void *arg)
     evhttp_send_error(req, HTTP_NOTFOUND, "kvd serves /metrics only");
 }
 
+/* Out of descriptors (or another accept failure): stop accepting for a
+ * while, doubling the pause while it lasts, so the loop never spins; with
+ * the reserve descriptor, take one waiting connection and close it, so
+ * clients are refused rather than left hanging. */
+/* The exporter whose listener failed: evhttp owns the listener's callback
+ * argument, so the error callback finds its exporter here (one per
+ * daemon). */
+static struct metrics *metrics_active;
+
+static void metrics_accept_error(struct evconnlistener *l, void *arg)
+{
+    (void)arg; /* evhttp's */
+    struct metrics *m = metrics_active;
+    if (!m || m->listener != l) {
+        evconnlistener_disable(l); /* not ours to resume: never spin */
+        return;
+    }
+    int e = EVUTIL_SOCKET_ERROR();
+    m->accept_errors++;
+    if ((e == EMFILE || e == ENFILE) && m->reserve_fd >= 0) {
+        close(m->reserve_fd);
+        int fd = accept(evconnlistener_get_fd(l), NULL, NULL);
+        if (fd >= 0)
+            close(fd);
+        m->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    m->pause_ms = m->pause_ms ? m->pause_ms * 2 : METRICS_PAUSE_MIN_MS;
+    if (m->pause_ms > METRICS_PAUSE_MAX_MS)
+        m->pause_ms = METRICS_PAUSE_MAX_MS;
+    log_warn("metrics: accept: %s; not accepting for %u ms (%llu failures so far)",
+             strerror(e), m->pause_ms, (unsigned long long)m->accept_errors);
+    evconnlistener_disable(l);
+    struct timeval tv = {m->pause_ms / 1000, (m->pause_ms % 1000) * 1000};
+    evtimer_add(m->ev_resume, &tv);
+}
+
+static void metrics_resume(evutil_socket_t fd, short what, void *arg)
+{
+    struct metrics *m = arg;
+    evconnlistener_enable(m->listener);
+}
+
+/* The unix: socket: mode 0600 (0660 with group), a stale file replaced only
+ * when it is a socket nobody answers on. Returns the listening fd or -1. */
+static int unix_listen(const char *path, const char *group, char *err, size_t errlen)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct stat st;
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        snprintf(err, errlen, "metrics socket path '%s' is too long", path);
+        return -1;
+    }
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    if (lstat(path, &st) == 0) {
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        bool live = S_ISSOCK(st.st_mode) && probe >= 0 &&
+                    connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+        if (probe >= 0)
+            close(probe);
+        if (!S_ISSOCK(st.st_mode) || live) {
+            snprintf(err, errlen, "'%s' exists and is %s", path,
+                     live ? "served by another process" : "not a socket");
+            return -1;
+        }
+        unlink(path);
+    }
+    gid_t gid = (gid_t)-1;
+    if (group && group[0]) {
+        struct group *gr = getgrnam(group);
+        if (!gr) {
+            snprintf(err, errlen, "metrics-group '%s' does not exist", group);
+            return -1;
+        }
+        gid = gr->gr_gid;
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return -1;
+    }
+    mode_t old = umask(0177);
+    int brc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    umask(old);
+    if (brc != 0 || (gid != (gid_t)-1 && (chown(path, (uid_t)-1, gid) || chmod(path, 0660))) ||
+        listen(fd, 64) != 0) {
+        snprintf(err, errlen, "cannot listen on %s: %s", path, strerror(errno));
+        if (brc == 0)
+            unlink(path);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Reads the bearer token: the file's first line, 16-255 bytes, from a file
+ * only its owner can read. */
+static int read_token(const char *path, char *tok, size_t cap, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "metrics-token-file %s: %s", path,
+                 fd < 0 ? strerror(errno) : "not a regular file");
+        if (fd >= 0)
+            close(fd);
+        return KVD_EBADREQ;
+    }
+    if (st.st_mode & 077) {
+        close(fd);
+        snprintf(err, errlen, "metrics-token-file %s: readable by others (mode %04o); chmod 600",
+                 path, (unsigned)(st.st_mode & 07777));
+        return KVD_EPERM;
+    }
+    ssize_t n = read(fd, tok, cap - 1);
+    close(fd);
+    if (n < 0)
+        n = 0;
+    tok[n] = '\0';
+    tok[strcspn(tok, "\r\n")] = '\0';
+    if (strlen(tok) < 16) {
+        snprintf(err, errlen, "metrics-token-file %s: the token must be 16-255 bytes", path);
+        return KVD_EBADREQ;
+    }
+    return 0;
+}
+
 int metrics_start(struct server *srv, const char *addr, bool force, struct metrics **out,
                   uint16_t *port_out, char *err, size_t errlen)
 {
-    char host[64];
+    char host[128];
     uint16_t port = 0;
     bool loop = false;
     int rc = metrics_parse_addr(addr, host, sizeof(host), &port, &loop, err, errlen);
     if (rc)
         return rc;
+    bool is_unix = !strncmp(addr, "unix", 4);
     if (!loop && !force) {
         snprintf(err, errlen,
                  "metrics address %s is not a loopback address: metrics show every tenant's "
@@ -403,9 +587,17 @@ int metrics_start(struct server *srv, const char *addr, bool force, struct metri
     if (!m)
         return KVD_ENOMEM;
     m->srv = srv;
-    m->http = evhttp_new(srv->base);
-    if (!m->http) {
+    m->reserve_fd = -1;
+    if (srv->opts.metrics_token_file[0] &&
+        (rc = read_token(srv->opts.metrics_token_file, m->token, sizeof(m->token), err,
+                         errlen))) {
         free(m);
+        return rc;
+    }
+    m->http = evhttp_new(srv->base);
+    m->ev_resume = evtimer_new(srv->base, metrics_resume, m);
+    if (!m->http || !m->ev_resume) {
+        metrics_stop(m);
         return KVD_ENOMEM;
     }
     /* Scrapes are tiny GETs: small limits keep a stray client cheap. */
@@ -415,21 +607,62 @@ int metrics_start(struct server *srv, const char *addr, bool force, struct metri
     evhttp_set_timeout(m->http, 10);
     evhttp_set_cb(m->http, "/metrics", on_metrics, m);
     evhttp_set_gencb(m->http, on_other, m);
-    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(m->http, host, port);
-    if (!bs) {
-        snprintf(err, errlen, "cannot listen for metrics on %s: %s", addr, strerror(errno));
-        evhttp_free(m->http);
-        free(m);
-        return KVD_EBUSY;
+    struct evhttp_bound_socket *bs = NULL;
+    if (is_unix) {
+        if (!host[0]) {
+            /* beside the main socket */
+            const char *main_sock = server_socket_path(srv);
+            const char *slash = strrchr(main_sock, '/');
+            int dl = slash ? (int)(slash - main_sock) : 0;
+            snprintf(host, sizeof(host), "%.*s/metrics.sock", dl, main_sock);
+        }
+        int fd = unix_listen(host, srv->opts.metrics_group, err, errlen);
+        struct evconnlistener *l =
+            fd < 0 ? NULL
+                   : evconnlistener_new(srv->base, NULL, NULL,
+                                        LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
+        if (fd >= 0 && !l) {
+            close(fd);
+            unlink(host);
+        }
+        if (l) {
+            snprintf(m->unix_path, sizeof(m->unix_path), "%s", host);
+            bs = evhttp_bind_listener(m->http, l);
+        }
+        if (!bs) {
+            if (fd >= 0 && l)
+                snprintf(err, errlen, "cannot serve metrics on %s", host);
+            metrics_stop(m);
+            return KVD_EBUSY;
+        }
+    } else {
+        bs = evhttp_bind_socket_with_handle(m->http, host, port);
+        if (!bs) {
+            snprintf(err, errlen, "cannot listen for metrics on %s: %s", addr, strerror(errno));
+            metrics_stop(m);
+            return KVD_EBUSY;
+        }
     }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
+    m->listener = evhttp_bound_socket_get_listener(bs);
+    metrics_active = m;
+    evconnlistener_set_error_cb(m->listener, metrics_accept_error);
+    m->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     uint16_t bound = port;
-    if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl) == 0)
-        bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                               : ((struct sockaddr_in *)&ss)->sin_port);
-    log_info("metrics: serving http://%s%s%s:%u/metrics", strchr(host, ':') ? "[" : "", host,
-             strchr(host, ':') ? "]" : "", bound);
+    if (is_unix) {
+        log_info("metrics: serving http://localhost/metrics on the unix socket %s (mode %s)",
+                 host, srv->opts.metrics_group[0] ? "0660" : "0600");
+    } else {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl) == 0)
+            bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                   : ((struct sockaddr_in *)&ss)->sin_port);
+        log_info("metrics: serving http://%s%s%s:%u/metrics", strchr(host, ':') ? "[" : "", host,
+                 strchr(host, ':') ? "]" : "", bound);
+        if (!m->token[0])
+            log_notice("metrics: TCP without metrics-token-file: every local user can read "
+                       "every tenant's usage; prefer --metrics unix:PATH");
+    }
     if (port_out)
         *port_out = bound;
     *out = m;
@@ -440,6 +673,15 @@ void metrics_stop(struct metrics *m)
 {
     if (!m)
         return;
-    evhttp_free(m->http);
+    if (metrics_active == m)
+        metrics_active = NULL;
+    if (m->http)
+        evhttp_free(m->http);
+    if (m->ev_resume)
+        event_free(m->ev_resume);
+    if (m->reserve_fd >= 0)
+        close(m->reserve_fd);
+    if (m->unix_path[0])
+        unlink(m->unix_path);
     free(m);
 }

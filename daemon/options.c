@@ -156,6 +156,11 @@ int options_set(struct options *o, const char *name_in, const char *v, char *err
         }
         return set_str(o->socket_path, sizeof(o->socket_path), name, v, err, errlen);
     }
+    if (!strcmp(name, "metrics-group"))
+        return set_str(o->metrics_group, sizeof(o->metrics_group), name, v, err, errlen);
+    if (!strcmp(name, "metrics-token-file"))
+        return set_str(o->metrics_token_file, sizeof(o->metrics_token_file), name, v, err,
+                       errlen);
     if (!strcmp(name, "socket-group"))
         return set_str(o->socket_group, sizeof(o->socket_group), name, v, err, errlen);
     if (!strcmp(name, "config"))
@@ -282,6 +287,8 @@ static const struct option long_opts[] = {
     {"max-frame", required_argument, 0, 0},   {"max-connections", required_argument, 0, 0},
     {"log-level", required_argument, 0, 0},   {"metrics", required_argument, 0, 0},
     {"metrics-force", no_argument, 0, 0},     {"no-roofline-probe", no_argument, 0, 0},
+    {"metrics-group", required_argument, 0, 0},
+    {"metrics-token-file", required_argument, 0, 0},
     {"step-tokens", required_argument, 0, 0}, {"step-seqs", required_argument, 0, 0},
     {"queue-timeout", required_argument, 0, 0}, {"threads", required_argument, 0, 0},
     {"max-connections-per-uid", required_argument, 0, 0},
@@ -375,8 +382,12 @@ void options_usage(FILE *f)
             "                         (default 60000; 0 = wait as long as it takes)\n"
             "  --threads N            cpu backend: compute threads (default 0 = one per CPU)\n"
             "  --log-level LEVEL      error, warning, notice, info (default) or debug\n"
-            "  --metrics HOST:PORT    serve Prometheus metrics at http://HOST:PORT/metrics\n"
-            "                         (off by default; loopback only, e.g. 127.0.0.1:9464)\n"
+            "  --metrics unix[:PATH]  serve Prometheus metrics on a Unix socket (default PATH:\n"
+            "                         metrics.sock beside --socket; mode 0600, or 0660 for\n"
+            "                         --metrics-group); off by default\n"
+            "  --metrics HOST:PORT    or over TCP (loopback only, e.g. 127.0.0.1:9464)\n"
+            "  --metrics-group NAME   group that may read a unix: metrics socket (admins)\n"
+            "  --metrics-token-file F require 'Authorization: Bearer <token in F>'\n"
             "  --metrics-force        allow a non-loopback --metrics address\n"
             "  --no-roofline-probe    skip the startup measurement of the backend's\n"
             "                         FLOP/s and bytes/s ceilings (about 0.3 s)\n"

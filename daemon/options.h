@@ -44,6 +44,8 @@ struct options {
     int log_level;
     char metrics_addr[80]; /* "HOST:PORT" for the Prometheus exporter; empty: off */
     bool metrics_force;    /* allow a non-loopback metrics address */
+    char metrics_group[64];        /* group of a unix: metrics socket (mode 0660); "": 0600 */
+    char metrics_token_file[4096]; /* bearer token required by the metrics endpoint; "": none */
     bool roofline_probe;   /* measure the backend's ceilings at start (default on) */
     bool help, version;
 };

@@ -14,6 +14,9 @@
 #include <string.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -36,6 +39,7 @@ static int group_setup(void **state)
     snprintf(g_dir, sizeof(g_dir), "/tmp/kvd-hard-XXXXXX");
     if (!tools || !mkdtemp(g_dir))
         return -1;
+    chmod(g_dir, 0711); /* setuid children reach sockets inside */
     snprintf(g_model, sizeof(g_model), "%s/m.gguf", g_dir);
     snprintf(cmd, sizeof(cmd),
              "'%s/kvd-gguf-gen' -o '%s' --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 "
@@ -521,6 +525,202 @@ static void test_fallback_dir_squatted(void **state)
     rmdir(dir);
 }
 
+/* ---- metrics ---------------------------------------------------------------- */
+
+/* GET /metrics on a unix socket (path) or TCP port; the HTTP status, or -1
+ * when the connection fails. auth: an Authorization header value or NULL. */
+static int scrape(const char *path, uint16_t port, const char *auth)
+{
+    int fd;
+    if (path) {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+            if (fd >= 0)
+                close(fd);
+            return -1;
+        }
+    } else {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+            if (fd >= 0)
+                close(fd);
+            return -1;
+        }
+    }
+    char req[512];
+    int n = snprintf(req, sizeof(req), "GET /metrics HTTP/1.0\r\nHost: localhost\r\n%s%s%s\r\n",
+                     auth ? "Authorization: " : "", auth ? auth : "", auth ? "\r\n" : "");
+    if (write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return -1;
+    }
+    char buf[256];
+    ssize_t r = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (r <= 0)
+        return -1;
+    buf[r] = 0;
+    int status = -1;
+    sscanf(buf, "HTTP/1.%*d %d", &status);
+    return status;
+}
+
+static char g_msock[100];
+
+static int metrics_child(void *arg)
+{
+    int want_ok = *(int *)arg;
+    int st = scrape(g_msock, 0, NULL);
+    return want_ok ? (st == 200 ? 0 : 10) : (st == -1 ? 0 : 11);
+}
+
+static uint16_t free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof(a);
+    bind(fd, (struct sockaddr *)&a, sizeof(a));
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* Defect 9: metrics on a unix socket only the daemon's user (mode 0600) or
+ * the metrics group (0660) can open; over TCP, a bearer token when
+ * configured. */
+static void test_metrics_access(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip();
+    struct kh_proc p;
+    snprintf(g_msock, sizeof(g_msock), "%s/metrics.sock", g_dir);
+    char addr[160];
+    snprintf(addr, sizeof(addr), "unix:%s", g_msock);
+    const char *a1[] = {"--metrics", addr, NULL};
+    start_model(&p, NULL, a1);
+    struct stat st;
+    assert_int_equal(stat(g_msock, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    assert_int_equal(scrape(g_msock, 0, NULL), 200); /* root */
+    int no = 0, yes = 1;
+    assert_int_equal(kh_child_status(kh_run_as(60001, 65534, metrics_child, &no)), 0);
+    assert_int_equal(kh_stop(&p), 0);
+    assert_int_not_equal(stat(g_msock, &st), 0); /* removed at exit */
+
+    const char *a2[] = {"--metrics", addr, "--metrics-group", "nogroup", NULL};
+    start_model(&p, NULL, a2);
+    assert_int_equal(stat(g_msock, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0660);
+    assert_int_equal(kh_child_status(kh_run_as(60001, 65534, metrics_child, &yes)), 0);
+    assert_int_equal(kh_stop(&p), 0);
+
+    char tok[128];
+    snprintf(tok, sizeof(tok), "%s/token", g_dir);
+    FILE *f = fopen(tok, "w");
+    fputs("0123456789abcdef0123\n", f);
+    fclose(f);
+    chmod(tok, 0600);
+    uint16_t port = free_port();
+    char tcp[64];
+    snprintf(tcp, sizeof(tcp), "127.0.0.1:%u", port);
+    const char *a3[] = {"--metrics", tcp, "--metrics-token-file", tok, NULL};
+    start_model(&p, NULL, a3);
+    assert_int_equal(scrape(NULL, port, NULL), 401);
+    assert_int_equal(scrape(NULL, port, "Bearer 0123456789abcdef0124"), 401);
+    assert_int_equal(scrape(NULL, port, "Bearer 0123456789abcdef0123"), 200);
+    assert_int_equal(kh_stop(&p), 0);
+    unlink(tok);
+}
+
+/* Defect 7: 100 connections to the metrics socket at a 48-descriptor limit.
+ * kvd does not spin on accept errors (it pauses, doubling the pause) and
+ * logs a few lines about them, not one per failure; connections it already
+ * has are served; once the flood is gone, metrics are served again. */
+static void test_metrics_fd_flood(void **state)
+{
+    (void)state;
+    char logpath[128], sock[128];
+    snprintf(logpath, sizeof(logpath), "%s/flood.log", g_dir);
+    snprintf(sock, sizeof(sock), "%s/f.sock", g_dir);
+    snprintf(g_msock, sizeof(g_msock), "%s/fm.sock", g_dir);
+    char addr[160];
+    snprintf(addr, sizeof(addr), "unix:%s", g_msock);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit rl = {48, 48};
+        setrlimit(RLIMIT_NOFILE, &rl);
+        int lf = open(logpath, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+        dup2(lf, 2);
+        execl(getenv("KVD_BIN"), "kvd", "--socket", sock, "--backend", "cpu", "--device-blocks",
+              "8", "--host-blocks", "0", "--no-roofline-probe", "--metrics", addr, "--log-level",
+              "info", (char *)NULL);
+        _exit(127);
+    }
+    int a = -1;
+    for (int i = 0; i < 3000 && a < 0; i++) {
+        a = kh_connect(sock);
+        if (a < 0) {
+            struct timespec ts = {0, 10 * 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_true(a >= 0);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(a, "hello", 1, &r), 0);
+    kh_reply_free(&r);
+    int flood[100];
+    for (int i = 0; i < 100; i++) {
+        flood[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g_msock);
+        (void)connect(flood[i], (struct sockaddr *)&sa, sizeof(sa)); /* may not get in */
+    }
+    /* the connection kvd already has keeps being served */
+    for (int i = 0; i < 300; i++) {
+        if (kh_call0(a, "hello", 2 + (uint64_t)i, &r) != 0) {
+            char cmd[200];
+            snprintf(cmd, sizeof(cmd), "tail -5 %s", logpath);
+            system(cmd);
+            fail_msg("hello %d failed", i);
+        }
+        kh_reply_free(&r);
+    }
+    for (int i = 0; i < 100; i++)
+        close(flood[i]);
+    /* served again once descriptors are free (after its pause) */
+    int st = -1;
+    for (int i = 0; i < 3000 && st != 200; i++) {
+        st = scrape(g_msock, 0, NULL);
+        if (st != 200) {
+            struct timespec ts = {0, 10 * 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_int_equal(st, 200);
+    close(a);
+    kill(pid, SIGTERM);
+    assert_int_equal(kh_child_status(pid), 0);
+    unlink(sock);
+    FILE *f = fopen(logpath, "r");
+    assert_non_null(f);
+    char line[2048];
+    unsigned accept_lines = 0;
+    while (fgets(line, sizeof(line), f))
+        accept_lines += strstr(line, "accept") != NULL;
+    fclose(f);
+    if (getenv("KVD_TEST_KEEP_LOG"))
+        system("cat /tmp/kvd-hard-*/flood.log | tail -20");
+    unlink(logpath);
+    print_message("metrics flood at 48 descriptors: %u log lines about accept\n", accept_lines);
+    assert_true(accept_lines <= 30);
+}
+
 /* ---- start-up refusals ---------------------------------------------------- */
 
 /* Runs kvd with args; returns its exit status (-1 if it did not exit by
@@ -575,6 +775,8 @@ int main(void)
         cmocka_unit_test(test_log_rate_limited),
         cmocka_unit_test(test_startup_refusals),
         cmocka_unit_test(test_fallback_dir_squatted),
+        cmocka_unit_test(test_metrics_access),
+        cmocka_unit_test(test_metrics_fd_flood),
     };
     if (!getenv("KVD_TOOLS_DIR") || !getenv("KVD_BIN")) {
         fprintf(stderr, "KVD_TOOLS_DIR / KVD_BIN not set (run through ctest)\n");
