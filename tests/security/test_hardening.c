@@ -483,6 +483,7 @@ static int victim_daemon(void *arg)
     unsetenv("XDG_RUNTIME_DIR");
     int devnull = open("/dev/null", O_WRONLY);
     dup2(devnull, 2);
+    alarm(20); /* a daemon that starts serving there is killed: the test fails */
     execl(getenv("KVD_BIN"), "kvd", "--backend", "cpu", "--device-blocks", "8", "--host-blocks",
           "0", "--no-roofline-probe", (char *)NULL);
     return 127;
@@ -518,9 +519,12 @@ static void test_fallback_dir_squatted(void **state)
     assert_int_equal(accept(lfd, NULL, NULL), -1);
     assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
 
+    /* the daemon: with the squatter's socket gone (the directory still
+     * theirs), it must refuse rather than serve there */
+    close(lfd);
+    unlink(sock);
     pid_t d = kh_run_as(VICTIM_UID, 65534, victim_daemon, NULL);
     assert_int_equal(kh_child_status(d), 1); /* refused, with the reason on stderr */
-    close(lfd);
     unlink(sock);
     rmdir(dir);
 }
