@@ -44,6 +44,7 @@ enum ctype {
 enum clayout {
     CL_ROWS = 0, /* as in the GGUF file: row j at byte j * ctype_row_bytes(type, ne0) */
     CL_PACK16,   /* cpu backend: 16 rows interleaved value by value (compute_cpu_matmul.c) */
+    CL_ROWS_BF16, /* cuda backend: CL_ROWS, then a bf16 copy for GEMMs (cuda_compute_ops.c) */
 };
 
 /* A 2-D weight on the device: ne0 = inner (contiguous) dimension = "in",
@@ -149,7 +150,8 @@ struct compute_ops {
      * weight_upload needs for t (type and shape set, layout CL_ROWS).
      * weight_upload: writes t's file bytes src (t->nbytes of them, CL_ROWS)
      * to t->data, which has weight_bytes(t) bytes, and sets t->layout and
-     * t->nbytes to what it stored. */
+     * t->nbytes to what it stored (the bytes a decode step reads: extra
+     * copies a layout keeps, like CL_ROWS_BF16's, are not counted). */
     size_t (*weight_bytes)(const struct ctensor *t);
     int (*weight_upload)(struct compute_ctx *cx, struct ctensor *t, const void *src);
 

@@ -52,7 +52,6 @@ static void cuda_ctx_free(struct compute_ctx *cx)
     if (cuda_dev_enter(cx->dev) == 0) {
         cudaStreamSynchronize(cx->stream);
         graphs_drop_all(cx);
-        cuda_wconv_free_all(cx);
         cudaFree(cx->xb);
         cudaFree(cx->part);
         cudaFreeHost(cx->stg);
@@ -360,6 +359,8 @@ static const struct compute_ops cuda_compute_table = {
     .upload = cuda_upload,
     .download = cuda_download,
     .sync = cuda_sync,
+    .weight_bytes = cuda_weight_bytes,
+    .weight_upload = cuda_weight_upload,
     .get_rows = cuda_op_get_rows,
     .rmsnorm = cuda_op_rmsnorm,
     .add_rmsnorm = cuda_op_add_rmsnorm,

@@ -13,13 +13,6 @@
 #include "cuda_compute.h"
 #include "kernels.h"
 
-/* A weight converted once to bf16 for the cuBLAS path (F16, Q8_0), keyed
- * by the native tensor's device address. */
-struct cuda_wconv {
-    const void *src;
-    uint16_t *bf16; /* device [ne1][ne0], owned by the context */
-};
-
 /* One captured decode step. */
 struct cuda_graph_entry {
     struct compute_step key;
@@ -48,9 +41,6 @@ struct compute_ctx {
     size_t xb_cap;
     float *part;
     size_t part_cap;
-
-    struct cuda_wconv *wconv; /* open addressing, wconv_cap a power of two */
-    size_t wconv_cap, wconv_n;
 
     /* CUDA graphs (decode steps). */
     bool graphs;                  /* enabled (KVD_CUDA_GRAPHS=0 turns them off) */
@@ -96,6 +86,7 @@ int cuda_op_gather_rows(struct compute_ctx *cx, float *out, const float *x, cons
                         uint32_t n, uint32_t width);
 int cuda_op_sample(struct compute_ctx *cx, const float *logits, uint32_t rows, uint32_t vocab,
                    const struct sample_row *p, uint32_t *out);
-void cuda_wconv_free_all(struct compute_ctx *cx);
+size_t cuda_weight_bytes(const struct ctensor *t);
+int cuda_weight_upload(struct compute_ctx *cx, struct ctensor *t, const void *src);
 
 #endif

@@ -130,93 +130,50 @@ int cuda_op_sample(struct compute_ctx *cx, const float *logits, uint32_t rows, u
 
 /* ---- projections ---------------------------------------------------------- */
 
-static size_t ptr_hash(const void *p, size_t mask)
+/* The cuBLAS path reads matrices as bf16. BF16 and F32 (SGEMM) weights are
+ * read in place; F16 and Q8_0 matrices keep a bf16 copy after their rows
+ * (CL_ROWS_BF16), made at load: the memory it takes is then allocated with
+ * the weights, before the KV arena is sized from what is left, and never
+ * in the middle of a step. The decode GEMV reads the rows. */
+static bool needs_bf16_copy(const struct ctensor *t)
 {
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return (size_t)x & mask;
+    return t->ne1 > 1 && (t->type == CT_F16 || t->type == CT_Q8_0);
 }
 
-void cuda_wconv_free_all(struct compute_ctx *cx)
+static size_t bf16_copy_offset(const struct ctensor *t)
 {
-    for (size_t i = 0; i < cx->wconv_cap; i++)
-        if (cx->wconv[i].src)
-            cudaFree(cx->wconv[i].bf16);
-    free(cx->wconv);
-    cx->wconv = NULL;
-    cx->wconv_cap = cx->wconv_n = 0;
+    return (t->nbytes + 255) & ~(size_t)255;
 }
 
-static int wconv_insert(struct compute_ctx *cx, const void *src, uint16_t *bf16)
+size_t cuda_weight_bytes(const struct ctensor *t)
 {
-    if ((cx->wconv_n + 1) * 2 > cx->wconv_cap) {
-        size_t cap = cx->wconv_cap ? cx->wconv_cap * 2 : 256;
-        struct cuda_wconv *t = calloc(cap, sizeof *t);
-        if (!t)
-            return KVD_ENOMEM;
-        for (size_t i = 0; i < cx->wconv_cap; i++) {
-            if (!cx->wconv[i].src)
-                continue;
-            size_t j = ptr_hash(cx->wconv[i].src, cap - 1);
-            while (t[j].src)
-                j = (j + 1) & (cap - 1);
-            t[j] = cx->wconv[i];
-        }
-        free(cx->wconv);
-        cx->wconv = t;
-        cx->wconv_cap = cap;
-    }
-    size_t j = ptr_hash(src, cx->wconv_cap - 1);
-    while (cx->wconv[j].src)
-        j = (j + 1) & (cx->wconv_cap - 1);
-    cx->wconv[j].src = src;
-    cx->wconv[j].bf16 = bf16;
-    cx->wconv_n++;
-    return 0;
+    if (!needs_bf16_copy(t))
+        return t->nbytes;
+    return bf16_copy_offset(t) + (size_t)t->ne0 * t->ne1 * sizeof(uint16_t);
 }
 
-/* The bf16 form of w for cuBLAS: w itself when BF16, otherwise a copy
- * converted on first use and kept for the context's life (F16 and Q8_0
- * weights used by batches over 8 rows; see docs/architecture.md). */
-static int weight_bf16(struct compute_ctx *cx, const struct ctensor *w, const uint16_t **out)
+int cuda_weight_upload(struct compute_ctx *cx, struct ctensor *t, const void *src)
 {
-    if (w->type == CT_BF16) {
-        *out = w->data;
-        return 0;
-    }
-    if (cx->wconv_cap) {
-        size_t j = ptr_hash(w->data, cx->wconv_cap - 1);
-        for (; cx->wconv[j].src; j = (j + 1) & (cx->wconv_cap - 1))
-            if (cx->wconv[j].src == w->data) {
-                *out = cx->wconv[j].bf16;
-                return 0;
-            }
-    }
-    if (cx->capturing) {
-        log_err("cuda: weight conversion requested inside a graph capture (internal)");
-        return KVD_EINTERNAL;
-    }
-    size_t n = (size_t)w->ne0 * w->ne1;
-    uint16_t *p = NULL;
-    cudaError_t e = cudaMalloc((void **)&p, n * sizeof *p);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        log_warn("cuda: no memory for a bf16 copy of a %s weight [%u x %u]", ctype_name(w->type),
-                 w->ne1, w->ne0);
-        return KVD_ENOMEM;
-    }
-    int rc = cuda_kstatus(kvd_k_to_bf16(p, w->data, (int)w->type, n, cx->stream), "to_bf16");
-    if (!rc)
-        rc = wconv_insert(cx, w->data, p);
-    if (rc) {
-        cudaStreamSynchronize(cx->stream);
-        cudaFree(p);
+    int rc = cx->be->compute->upload(cx, t->data, src, t->nbytes);
+    if (rc || !needs_bf16_copy(t))
         return rc;
-    }
-    *out = p;
-    return 0;
+    uint16_t *copy = (uint16_t *)((uint8_t *)t->data + bf16_copy_offset(t));
+    rc = cuda_kstatus(kvd_k_to_bf16(copy, t->data, (int)t->type, (size_t)t->ne0 * t->ne1,
+                                    cx->stream),
+                      "to_bf16");
+    if (!rc)
+        t->layout = CL_ROWS_BF16;
+    return rc;
+}
+
+/* The bf16 form of w for cuBLAS, or NULL when it has none. */
+static const uint16_t *weight_bf16(const struct ctensor *w)
+{
+    if (w->type == CT_BF16)
+        return w->data;
+    if (w->layout == CL_ROWS_BF16)
+        return (const uint16_t *)((const uint8_t *)w->data + bf16_copy_offset(w));
+    return NULL;
 }
 
 /* y [rows][out] = x [rows][in] . W^T. W is [out][in] row-major, i.e. an
@@ -241,9 +198,13 @@ int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float 
                          in, &zero, y, out);
         return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasSgemm");
     }
-    const uint16_t *wb;
-    if ((rc = weight_bf16(cx, w, &wb)))
-        return rc;
+    const uint16_t *wb = weight_bf16(w);
+    if (!wb) {
+        log_err("cuda: a %s [%u x %u] weight without its bf16 copy reached the GEMM path "
+                "(weights must be loaded with weight_upload)",
+                ctype_name(w->type), w->ne1, w->ne0);
+        return KVD_EINTERNAL;
+    }
     if ((rc = cuda_cx_need_xb(cx, (size_t)n * in)))
         return rc;
     if ((rc = cuda_kstatus(kvd_k_f32_to_bf16(cx->xb, x, (size_t)n * in, cx->stream), "to_bf16")))

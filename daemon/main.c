@@ -181,9 +181,10 @@ int main(int argc, char **argv)
         model_kv_geom(model, opts.geom.block_tokens, opts.geom.dtype, &mc.geom);
         const struct model_hparams *hp = model_hparams(model);
         log_info("model %s: %s, %u layers, embd %u, %u heads (%u kv), vocab %u, context %u, "
-                 "%.1fM parameters",
+                 "%.1fM parameters, %.1f MiB on the %s backend",
                  opts.model_path, hp->arch, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv,
-                 hp->n_vocab, hp->n_ctx, (double)hp->n_params / 1e6);
+                 hp->n_vocab, hp->n_ctx, (double)hp->n_params / 1e6,
+                 (double)hp->weight_device_bytes / (1 << 20), be->ops->name);
         if (!strcmp(be->ops->name, "cpu"))
             log_info("cpu compute threads: %ld",
                      opts.threads ? (long)opts.threads : sysconf(_SC_NPROCESSORS_ONLN));
@@ -231,7 +232,10 @@ int main(int argc, char **argv)
     }
     if (model) {
         const struct model_hparams *hp = model_hparams(model);
-        struct server_model_info mi = {.vocab = hp->n_vocab, .context = hp->n_ctx};
+        struct server_model_info mi = {.vocab = hp->n_vocab,
+                                       .context = hp->n_ctx,
+                                       .weight_bytes = hp->weight_bytes,
+                                       .weight_device_bytes = hp->weight_device_bytes};
         const char *base = strrchr(opts.model_path, '/');
         const char *name = hp->name[0] ? hp->name : base ? base + 1 : opts.model_path;
         snprintf(mi.name, sizeof(mi.name), "%.*s", (int)sizeof(mi.name) - 1, name);

@@ -301,6 +301,7 @@ int model_load_opts(const char *path, struct backend *be, const struct model_opt
         m->hp.n_params += (uint64_t)t->ne0 * t->ne1;
         m->hp.weight_bytes += t->nbytes;
     }
+    m->hp.weight_device_bytes = lc->total;
     if (m->hp.tied_output)
         m->output = m->tok_embd;
     free(lc);

@@ -23,7 +23,9 @@ struct model_hparams {
     int has_rope_freqs;       /* rope_freqs.weight present (Llama 3.1 scaling) */
     enum ctype wtype;         /* type of the attn_q weight of layer 0 (for display) */
     uint64_t n_params;        /* elements of all weights */
-    uint64_t weight_bytes;    /* device bytes of all weights */
+    uint64_t weight_bytes;    /* bytes of all weights as a decode step reads them */
+    uint64_t weight_device_bytes; /* device bytes the weights take, with the copies a
+                                   * backend keeps (cuda: bf16 for GEMMs) */
 };
 
 struct model_opts {

@@ -48,10 +48,12 @@ int ops_hello(struct ops_ctx *c)
     if (!srv->have_model)
         return proto_pack_kv_nil(pk, "model");
     PROTO_PK(proto_pack_str(pk, "model"));
-    PROTO_MP(proto_pack_map(pk, 3));
+    PROTO_MP(proto_pack_map(pk, 5));
     PROTO_PK(proto_pack_kv_str(pk, "name", srv->model.name));
     PROTO_PK(proto_pack_kv_uint(pk, "vocab", srv->model.vocab));
     PROTO_PK(proto_pack_kv_uint(pk, "context", srv->model.context));
+    PROTO_PK(proto_pack_kv_uint(pk, "weight_bytes", srv->model.weight_bytes));
+    PROTO_PK(proto_pack_kv_uint(pk, "weight_device_bytes", srv->model.weight_device_bytes));
     return 0;
 }
 

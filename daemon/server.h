@@ -24,6 +24,7 @@ struct server;
 struct server_model_info {
     char name[128];
     uint32_t vocab, context;
+    uint64_t weight_bytes, weight_device_bytes; /* model_hparams */
 };
 
 /* Creates the loop and the listener. opts and cfg are copied (cfg's arrays

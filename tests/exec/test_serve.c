@@ -89,6 +89,8 @@ static void test_hello_model(void **state)
     assert_int_equal(m->type, MSGPACK_OBJECT_MAP);
     assert_int_equal(kh_u64(m, "vocab"), 256);
     assert_int_equal(kh_u64(m, "context"), 256);
+    assert_true(kh_u64(m, "weight_bytes") > 0);
+    assert_true(kh_u64(m, "weight_device_bytes") >= kh_u64(m, "weight_bytes"));
     kh_reply_free(&r);
     close(fd);
 }

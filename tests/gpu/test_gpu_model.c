@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <cuda_runtime.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,6 +234,62 @@ static void test_graph_replay(void **state)
     free(path);
 }
 
+/* With the KV arena sized to nearly all free device memory (a high
+ * gpu-mem), the first prompt over 8 tokens must still run: the bf16 copies
+ * the cuBLAS path reads for F16/Q8_0 weights are made and counted at model
+ * load, before the arena takes its share, not on first use. */
+static void test_long_prompt_full_memory(void **state)
+{
+    static const char *args[] = {cases[1].args, cases[3].args}; /* f16, q8_0 */
+    for (size_t c = 0; c < 2; c++) {
+        char *path = ref_gen_model(args[c]);
+        assert_non_null(path);
+        char err[256] = "";
+        struct model *m = NULL;
+        struct fwd_ctx *fc = NULL;
+        assert_int_equal(model_load(path, cuda_be, &m, err, sizeof err), 0);
+        assert_int_equal(fwd_ctx_new(m, 64, 1, &fc), 0);
+        size_t free_b = 0, total_b = 0;
+        assert_int_equal(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+#ifdef KVD_CUDA_EMULATE
+        /* an emulated device with 64 MiB left after the weights */
+        kvd_emu_set_device_mem(total_b - free_b + (64u << 20));
+        assert_int_equal(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+#endif
+        struct kv_geom g;
+        model_kv_geom(m, BT, KV_F16, &g);
+        size_t bb = kv_block_bytes(&g), n_blocks = (free_b - (1u << 20)) / bb;
+        assert_true(n_blocks >= 4);
+        void *arena = NULL;
+        assert_int_equal(cuda_be->ops->arena_alloc(cuda_be, KVD_TIER_DEVICE, n_blocks * bb, &arena),
+                         0);
+        uint32_t V = model_hparams(m)->n_vocab, prompt[32], slots[4] = {0, 1, 2, 3}, pick = 0;
+        for (uint32_t i = 0; i < 32; i++)
+            prompt[i] = (i * 37 + 5) % V;
+        float *logits = malloc((size_t)V * sizeof(float));
+        assert_non_null(logits);
+        struct sample_row row = {.top_p = 1.0f};
+        struct fwd_seq seq = {.tokens = prompt, .n_tokens = 32, .slots = slots, .n_slots = 4};
+        struct fwd_batch b = {.seqs = &seq, .n_seqs = 1, .kv_arena = arena, .geom = &g,
+                              .n_arena_slots = (uint32_t)n_blocks, .logits = logits,
+                              .sample = &row, .tokens = &pick};
+        if (model_forward(m, fc, &b))
+            fail_msg("a 32-token prompt with the arena filling the device (%s): %s", args[c],
+                     fwd_ctx_errmsg(fc));
+        for (uint32_t i = 0; i < V; i++)
+            assert_true(isfinite(logits[i]));
+        free(logits);
+        cuda_be->ops->arena_free(cuda_be, KVD_TIER_DEVICE, arena, n_blocks * bb);
+        fwd_ctx_free(fc);
+        model_free(m);
+#ifdef KVD_CUDA_EMULATE
+        kvd_emu_set_device_mem((size_t)16 << 30);
+#endif
+        unlink(path);
+        free(path);
+    }
+}
+
 int main(void)
 {
     char err[256] = "";
@@ -247,6 +305,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         GPU_TEST(test_greedy_equal),
         GPU_TEST(test_graph_replay),
+        GPU_TEST(test_long_prompt_full_memory),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     backend_free(cuda_be);

@@ -172,8 +172,10 @@ static void test_matmul(void **state)
             size_t bytes;
             void *hb = make_weight(t, w, out, in, NULL, &bytes);
             struct ctensor hc = {.type = t, .ne0 = in, .ne1 = out, .nbytes = bytes, .data = hb};
+            /* loaded as the model loads weights (the bf16 copy for GEMMs) */
             struct ctensor gc = hc;
-            gc.data = gpu_dup(&F, hb, bytes);
+            assert_int_equal(F.gops->buf_alloc(F.gcx, F.gops->weight_bytes(&gc), &gc.data), 0);
+            assert_int_equal(F.gops->weight_upload(F.gcx, &gc, hb), 0);
             size_t N = (size_t)rows * out;
             float *ref = malloc(N * 4), *got = malloc(N * 4);
             assert_int_equal(F.cops->matmul(F.ccx, &hc, x, rows, ref), 0);
@@ -185,6 +187,13 @@ static void test_matmul(void **state)
             snprintf(what, sizeof what, "matmul %s in %u out %u rows %u", ctype_name(t), in, out,
                      rows);
             check(what, got, ref, N, t == CT_F32 || gemv ? 1e-4 : 1.5e-2);
+            if (!gemv && (t == CT_F16 || t == CT_Q8_0)) {
+                /* the file's rows alone (no weight_upload): refused, not guessed */
+                struct ctensor raw = hc;
+                raw.data = gpu_dup(&F, hb, bytes);
+                assert_int_equal(F.gops->matmul(F.gcx, &raw, dx, rows, dy), KVD_EINTERNAL);
+                gpu_free(&F, raw.data);
+            }
             gpu_free(&F, gc.data);
             gpu_free(&F, dx);
             gpu_free(&F, dy);
