@@ -7,6 +7,8 @@
  *                              4-token generates are timed before (idle) and
  *                              during the flood. Prints the flood's time and
  *                              the victim's latencies.
+ *   bench_hostile bigframes N M  N clients in turn send one invalid frame of
+ *                              M MiB each; prints kvd's RSS after they left.
  *   bench_hostile noread K T   K streamed generates of up to T tokens on one
  *                              connection that never reads; prints kvd's RSS
  *                              before, at its peak, and after the client
@@ -255,6 +257,45 @@ static void noread(unsigned k, unsigned t)
     close(ctl);
 }
 
+/* n clients in turn each send one whole frame of mb MiB that is not a
+ * valid message (kvd buffers it, rejects it, closes); RSS after they left. */
+static void bigframes(unsigned n, unsigned mb)
+{
+    int ctl = kh_connect(g_kvd.sock);
+    long before = rss_kb(g_kvd.pid), peak = before;
+    size_t len = (size_t)mb << 20;
+    uint8_t *buf = calloc(1, len + 4);
+    buf[0] = (uint8_t)(len >> 24);
+    buf[1] = (uint8_t)(len >> 16);
+    buf[2] = (uint8_t)(len >> 8);
+    buf[3] = (uint8_t)len;
+    memset(buf + 4, 0xc1, len); /* 0xc1 is never valid msgpack */
+    for (unsigned i = 0; i < n; i++) {
+        int fd = kh_connect(g_kvd.sock);
+        kh_send_raw(fd, buf, len + 4);
+        struct kh_reply r;
+        if (kh_recv(fd, &r) == 0)
+            kh_reply_free(&r);
+        kh_peer_closed(fd);
+        close(fd);
+        long kb = rss_kb(g_kvd.pid);
+        if (kb > peak)
+            peak = kb;
+    }
+    while (kh_stat(ctl, NULL, "connections") > 1) {
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    struct timespec ts = {0, 500 * 1000000};
+    nanosleep(&ts, NULL); /* the trim runs 200 ms after the release */
+    long after = rss_kb(g_kvd.pid);
+    printf("bigframes: %u clients sent a %u MiB invalid frame each: kvd RSS %ld MB before, "
+           "%ld MB peak, %ld MB after they left\n",
+           n, mb, before / 1024, peak / 1024, after / 1024);
+    free(buf);
+    close(ctl);
+}
+
 int main(int argc, char **argv)
 {
     g_go_fd = -1;
@@ -272,6 +313,8 @@ int main(int argc, char **argv)
         victim_run("idle", 50, NULL, 0);
         victim_run("flood", 50, flood, n);
         printf("flood replies: %u ok, %u busy\n", g_ok, g_busy);
+    } else if (!strcmp(argv[1], "bigframes") && argc > 3) {
+        bigframes((unsigned)atoi(argv[2]), (unsigned)atoi(argv[3]));
     } else if (!strcmp(argv[1], "noread") && argc > 3) {
         noread((unsigned)atoi(argv[2]), (unsigned)atoi(argv[3]));
     }
