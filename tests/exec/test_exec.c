@@ -320,14 +320,16 @@ static void test_stream_and_cancel(void **state)
     assert_true(r.n_events >= 1);
     assert_memory_equal(r.streamed, r.toks, 30 * sizeof(uint32_t));
 
-    /* Cancel mid-stream: wait for the first event, then cancel. */
+    /* Cancel mid-stream: the executor is frozen at the first event (so the
+     * request is surely live), then cancel. */
     g.max_tokens = 240;
     struct proto_err err;
+    fx_pause_at(2, 1);
     assert_int_equal(fx_submit(&f, 2, &g, &err), 0);
-    while (__atomic_load_n(&fx_result(2)->n_events, __ATOMIC_SEQ_CST) == 0 && !fx_result(2)->done)
-        usleep(500);
+    fx_wait_paused();
     bool found = false;
     exec_cancel(f.ex, 1, 2, &found);
+    fx_resume();
     if (!found)
         fail_msg("request 2 not live: done %d finish %d n %zu events %zu err %s",
                  fx_result(2)->done, fx_result(2)->finish, fx_result(2)->n,
@@ -360,17 +362,21 @@ static void test_disconnect_frees(void **state)
         fx_prompt(p[i], 60, 700 + i);
         struct fx_gen g = greedy(p[i], 60, 200);
         g.conn = conn;
+        g.stream = i == 1;
         if (i == 0) {
             g.has_seq = true;
             g.seq = s;
         }
+        if (i == 1)
+            fx_pause_at(2, 1); /* frozen at request 2's first token: running */
         assert_int_equal(fx_submit(&f, 1 + i, &g, &err), 0);
     }
-    usleep(20000);
+    fx_wait_paused();
     exec_cancel_conn(f.ex, conn);
     kvmm_lock(f.mm);
     kvmm_close_owner(f.mm, conn); /* what the server does after its close hooks */
     kvmm_unlock(f.mm);
+    fx_resume();
     wait_idle(&f);
     for (uint32_t i = 0; i < 16; i++)
         assert_false(fx_result(1 + i)->done);
@@ -455,9 +461,9 @@ static void test_priority_order(void **state)
     struct fx_gen a = greedy(p[0], 8, 240);
     a.stream = true;
     struct proto_err err;
+    fx_pause_at(1, 1); /* A frozen at its first token, holding the slot */
     assert_int_equal(fx_submit(&f, 1, &a, &err), 0);
-    while (__atomic_load_n(&fx_result(1)->n_events, __ATOMIC_SEQ_CST) == 0)
-        usleep(500);
+    fx_wait_paused();
     struct fx_gen lo = greedy(p[1], 8, 4), lo2 = greedy(p[2], 8, 4), hi = greedy(p[3], 8, 4);
     hi.priority = 5;
     lo2.priority = -5;
@@ -466,6 +472,7 @@ static void test_priority_order(void **state)
     assert_int_equal(fx_submit(&f, 4, &hi, &err), 0);
     bool found = false;
     exec_cancel(f.ex, 1, 1, &found); /* A holds the only batch slot until now */
+    fx_resume();
     assert_true(found);
     fx_wait(2);
     assert_int_equal(fx_result(1)->order, 1);
@@ -494,9 +501,9 @@ static void test_weighted_fairness(void **state)
     blocker.tenant = tc;
     blocker.ns = nc;
     struct proto_err err;
+    fx_pause_at(100, 1); /* the blocker frozen at its first token */
     assert_int_equal(fx_submit(&f, 100, &blocker, &err), 0);
-    while (__atomic_load_n(&fx_result(100)->n_events, __ATOMIC_SEQ_CST) == 0)
-        usleep(500);
+    fx_wait_paused();
     for (int i = 0; i < 16; i++) {
         struct fx_gen g = greedy(p[i], 8, 8);
         g.has_tenant = true;
@@ -506,6 +513,7 @@ static void test_weighted_fairness(void **state)
     }
     bool found = false;
     exec_cancel(f.ex, 1, 100, &found);
+    fx_resume();
     assert_true(found);
     unsigned a_first = 0, b_first = 0;
     for (int i = 0; i < 16; i++) {
