@@ -375,6 +375,14 @@ struct metrics {
     unsigned pause_ms;
     uint64_t accept_errors;
     char unix_path[128]; /* the unix: socket we created ("" for TCP) */
+    /* Open connections, counted (evhttp 2.1 has no limit of its own): each
+     * connection's bufferevent is made here (evhttp_set_bevcb) and keeps an
+     * extra reference; once evhttp has freed it (its callbacks are cleared)
+     * metrics_reap drops the reference, which closes the socket. */
+    struct bufferevent **bevs;
+    unsigned n_bevs, cap_bevs;
+    bool full; /* listener disabled: metrics-max-connections open */
+    struct event *ev_reap;
     char token[256];     /* "" when none is required */
 };
 
@@ -479,7 +487,62 @@ static void metrics_accept_error(struct evconnlistener *l, void *arg)
 static void metrics_resume(evutil_socket_t fd, short what, void *arg)
 {
     struct metrics *m = arg;
-    evconnlistener_enable(m->listener);
+    if (!m->full)
+        evconnlistener_enable(m->listener);
+}
+
+/* Drops the connections evhttp is done with (see struct metrics). */
+static void metrics_reap(struct metrics *m)
+{
+    unsigned k = 0;
+    for (unsigned i = 0; i < m->n_bevs; i++) {
+        bufferevent_data_cb rd, wr;
+        bufferevent_event_cb ev;
+        void *cbarg;
+        bufferevent_getcb(m->bevs[i], &rd, &wr, &ev, &cbarg);
+        if (!rd && !wr && !ev)
+            bufferevent_decref(m->bevs[i]);
+        else
+            m->bevs[k++] = m->bevs[i];
+    }
+    m->n_bevs = k;
+    if (m->full && m->n_bevs < m->srv->opts.metrics_max_conns) {
+        m->full = false;
+        if (m->listener && !evtimer_pending(m->ev_resume, NULL))
+            evconnlistener_enable(m->listener);
+    }
+}
+
+static void metrics_reap_cb(evutil_socket_t fd, short what, void *arg)
+{
+    metrics_reap(arg);
+}
+
+static struct bufferevent *metrics_bevcb(struct event_base *base, void *arg)
+{
+    struct metrics *m = arg;
+    metrics_reap(m);
+    if (m->n_bevs == m->cap_bevs) {
+        unsigned cap = m->cap_bevs ? 2 * m->cap_bevs : 16;
+        struct bufferevent **nv = realloc(m->bevs, cap * sizeof(*nv));
+        if (!nv)
+            return NULL; /* evhttp makes its own: served, not counted */
+        m->bevs = nv;
+        m->cap_bevs = cap;
+    }
+    struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+    if (!bev)
+        return NULL;
+    bufferevent_incref(bev);
+    m->bevs[m->n_bevs++] = bev;
+    if (m->n_bevs >= m->srv->opts.metrics_max_conns && m->listener && !m->full) {
+        m->full = true;
+        evconnlistener_disable(m->listener);
+        log_warn("metrics: %u connections open (metrics-max-connections); not accepting more "
+                 "until one closes",
+                 m->n_bevs);
+    }
+    return bev;
 }
 
 /* The unix: socket: mode 0600 (0660 with group), a stale file replaced only
@@ -596,7 +659,8 @@ int metrics_start(struct server *srv, const char *addr, bool force, struct metri
     }
     m->http = evhttp_new(srv->base);
     m->ev_resume = evtimer_new(srv->base, metrics_resume, m);
-    if (!m->http || !m->ev_resume) {
+    m->ev_reap = event_new(srv->base, -1, EV_PERSIST, metrics_reap_cb, m);
+    if (!m->http || !m->ev_resume || !m->ev_reap) {
         metrics_stop(m);
         return KVD_ENOMEM;
     }
@@ -607,6 +671,9 @@ int metrics_start(struct server *srv, const char *addr, bool force, struct metri
     evhttp_set_timeout(m->http, 10);
     evhttp_set_cb(m->http, "/metrics", on_metrics, m);
     evhttp_set_gencb(m->http, on_other, m);
+    evhttp_set_bevcb(m->http, metrics_bevcb, m);
+    struct timeval reap_tv = {0, 200 * 1000};
+    event_add(m->ev_reap, &reap_tv);
     struct evhttp_bound_socket *bs = NULL;
     if (is_unix) {
         if (!host[0]) {
@@ -676,7 +743,15 @@ void metrics_stop(struct metrics *m)
     if (metrics_active == m)
         metrics_active = NULL;
     if (m->http)
-        evhttp_free(m->http);
+        evhttp_free(m->http); /* frees its connections (and the listener) */
+    m->listener = NULL;
+    m->full = false;
+    metrics_reap(m);
+    for (unsigned i = 0; i < m->n_bevs; i++)
+        bufferevent_decref(m->bevs[i]);
+    free(m->bevs);
+    if (m->ev_reap)
+        event_free(m->ev_reap);
     if (m->ev_resume)
         event_free(m->ev_resume);
     if (m->reserve_fd >= 0)

@@ -34,6 +34,7 @@ void options_defaults(struct options *o)
     o->max_queued_per_tenant = 4096;
     o->max_unread_output = (uint64_t)16 << 20;
     o->max_buffered = (uint64_t)1 << 30;
+    o->metrics_max_conns = 16;
     o->step_tokens = 512;
     o->step_seqs = 64;
     o->queue_timeout_ms = 60000;
@@ -158,6 +159,8 @@ int options_set(struct options *o, const char *name_in, const char *v, char *err
     }
     if (!strcmp(name, "metrics-group"))
         return set_str(o->metrics_group, sizeof(o->metrics_group), name, v, err, errlen);
+    if (!strcmp(name, "metrics-max-connections"))
+        return set_u32(&o->metrics_max_conns, name, v, 1, 100000, err, errlen);
     if (!strcmp(name, "metrics-token-file"))
         return set_str(o->metrics_token_file, sizeof(o->metrics_token_file), name, v, err,
                        errlen);
@@ -289,6 +292,7 @@ static const struct option long_opts[] = {
     {"metrics-force", no_argument, 0, 0},     {"no-roofline-probe", no_argument, 0, 0},
     {"metrics-group", required_argument, 0, 0},
     {"metrics-token-file", required_argument, 0, 0},
+    {"metrics-max-connections", required_argument, 0, 0},
     {"step-tokens", required_argument, 0, 0}, {"step-seqs", required_argument, 0, 0},
     {"queue-timeout", required_argument, 0, 0}, {"threads", required_argument, 0, 0},
     {"max-connections-per-uid", required_argument, 0, 0},
@@ -388,6 +392,7 @@ void options_usage(FILE *f)
             "  --metrics HOST:PORT    or over TCP (loopback only, e.g. 127.0.0.1:9464)\n"
             "  --metrics-group NAME   group that may read a unix: metrics socket (admins)\n"
             "  --metrics-token-file F require 'Authorization: Bearer <token in F>'\n"
+            "  --metrics-max-connections N  open metrics connections at most (default 16)\n"
             "  --metrics-force        allow a non-loopback --metrics address\n"
             "  --no-roofline-probe    skip the startup measurement of the backend's\n"
             "                         FLOP/s and bytes/s ceilings (about 0.3 s)\n"

@@ -46,6 +46,7 @@ struct options {
     bool metrics_force;    /* allow a non-loopback metrics address */
     char metrics_group[64];        /* group of a unix: metrics socket (mode 0660); "": 0600 */
     char metrics_token_file[4096]; /* bearer token required by the metrics endpoint; "": none */
+    uint32_t metrics_max_conns;    /* open metrics connections at most */
     bool roofline_probe;   /* measure the backend's ceilings at start (default on) */
     bool help, version;
 };
