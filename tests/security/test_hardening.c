@@ -576,6 +576,17 @@ static int scrape(const char *path, uint16_t port, const char *auth)
 
 static char g_msock[100];
 
+/* kvd creates its metrics socket just after its main socket listens (which
+ * is what kh_start waits for): wait for the file. */
+static void wait_msock(void)
+{
+    struct stat st;
+    for (int i = 0; i < 3000 && stat(g_msock, &st) != 0; i++) {
+        struct timespec ts = {0, 2 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static int metrics_child(void *arg)
 {
     int want_ok = *(int *)arg;
@@ -608,6 +619,7 @@ static void test_metrics_access(void **state)
     snprintf(addr, sizeof(addr), "unix:%s", g_msock);
     const char *a1[] = {"--metrics", addr, NULL};
     start_model(&p, NULL, a1);
+    wait_msock();
     struct stat st;
     assert_int_equal(stat(g_msock, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0600);
@@ -619,6 +631,7 @@ static void test_metrics_access(void **state)
 
     const char *a2[] = {"--metrics", addr, "--metrics-group", "nogroup", NULL};
     start_model(&p, NULL, a2);
+    wait_msock();
     assert_int_equal(stat(g_msock, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0660);
     assert_int_equal(kh_child_status(kh_run_as(60001, 65534, metrics_child, &yes)), 0);
@@ -635,7 +648,15 @@ static void test_metrics_access(void **state)
     snprintf(tcp, sizeof(tcp), "127.0.0.1:%u", port);
     const char *a3[] = {"--metrics", tcp, "--metrics-token-file", tok, NULL};
     start_model(&p, NULL, a3);
-    assert_int_equal(scrape(NULL, port, NULL), 401);
+    int st401 = -1;
+    for (int i = 0; i < 3000 && st401 == -1; i++) { /* the TCP listener comes just after */
+        st401 = scrape(NULL, port, NULL);
+        if (st401 == -1) {
+            struct timespec ts = {0, 2 * 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_int_equal(st401, 401);
     assert_int_equal(scrape(NULL, port, "Bearer 0123456789abcdef0124"), 401);
     assert_int_equal(scrape(NULL, port, "Bearer 0123456789abcdef0123"), 200);
     assert_int_equal(kh_stop(&p), 0);
@@ -740,6 +761,7 @@ static void test_metrics_fd_flood(void **state)
         int a, flood[100];
         pid_t pid = start_flood_kvd(logpath, sock, caps[round], &a);
         assert_true(a >= 0);
+        wait_msock();
         struct kh_reply r;
         assert_int_equal(kh_call0(a, "hello", 1, &r), 0);
         kh_reply_free(&r);
