@@ -168,7 +168,11 @@ static void frame(FILE *f, const struct kvd_value *st, struct top_prev *prev)
     const struct kvd_value *ev = kvd_value_path(st, "requests.executor");
     if (ev && ev->type == KVD_T_BOOL)
         exec = ev->v.b;
-    if (!exec) {
+    const char *scope = kvd_value_str(kvd_value_get(st, "scope"));
+    if (scope && !strcmp(scope, "tenant")) {
+        /* a non-admin: daemon-wide figures are not sent (docs/operations.md) */
+        fprintf(f, "requests  (daemon-wide figures are shown to admins only)\n");
+    } else if (!exec) {
         fprintf(f, "requests  (store mode: no executor)\n");
     } else {
         fprintf(f, "requests  running %.0f  waiting %.0f  swapped %.0f  | ",
