@@ -90,7 +90,17 @@ static bool log_rl_allow(const char *fmt, unsigned long *before)
     bool ok;
     *before = 0;
     pthread_mutex_lock(&log_rl_mu);
+    /* The site's own slot among 4 probed, else the one idle longest. */
     struct log_site *s = &log_sites[h];
+    for (size_t i = 0; i < 4; i++) {
+        struct log_site *c = &log_sites[(h + i) % LOG_RL_SITES];
+        if (c->fmt == fmt) {
+            s = c;
+            break;
+        }
+        if (c->window < s->window)
+            s = c;
+    }
     if (s->fmt != fmt || s->window != w) {
         if (s->fmt == fmt)
             *before = s->suppressed;
