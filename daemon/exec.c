@@ -58,38 +58,38 @@ static size_t live_bucket(const struct exec *ex, uint64_t conn, uint64_t id)
     return (size_t)(h & (ex->hash_cap - 1));
 }
 
-/* Grows the hash to keep chains short; on failure chains just get longer. */
+/* Grows the hash to keep chains short, rebuilding it from the live list (so
+ * a request added while an earlier growth failed is found too); on failure
+ * chains just get longer. */
 static void live_hash_grow(struct exec *ex)
 {
     size_t cap = ex->hash_cap ? 2 * ex->hash_cap : 256;
     struct sched_req **h = calloc(cap, sizeof(*h));
     if (!h)
         return;
-    struct sched_req **old = ex->hash;
-    size_t old_cap = ex->hash_cap;
+    free(ex->hash);
     ex->hash = h;
     ex->hash_cap = cap;
-    for (size_t i = 0; i < old_cap; i++)
-        for (struct sched_req *r = old[i], *next; r; r = next) {
-            next = r->hnext;
-            size_t b = live_bucket(ex, r->conn, r->id);
-            r->hnext = h[b];
-            h[b] = r;
-        }
-    free(old);
+    ex->n_hashed = 0;
+    for (struct sched_req *r = ex->live; r; r = r->live_next) {
+        size_t b = live_bucket(ex, r->conn, r->id);
+        r->hnext = h[b];
+        h[b] = r;
+        ex->n_hashed++;
+    }
 }
 
 /* Under ex->mu. */
 static void live_add(struct exec *ex, struct sched_req *r)
 {
     r->live_prev = NULL;
+    r->hnext = NULL;
+    if (ex->n_hashed >= ex->hash_cap)
+        live_hash_grow(ex); /* before r is on the list: it is added below */
     r->live_next = ex->live;
     if (ex->live)
         ex->live->live_prev = r;
     ex->live = r;
-    if (ex->n_hashed >= ex->hash_cap)
-        live_hash_grow(ex);
-    r->hnext = NULL;
     if (ex->hash_cap) {
         size_t b = live_bucket(ex, r->conn, r->id);
         r->hnext = ex->hash[b];
