@@ -23,7 +23,8 @@
 namespace kvd_emu {
 namespace {
 
-std::mutex g_mu; // the registry, streams' capture state, error counters
+std::mutex g_mu;        // the registry, streams' capture state
+std::mutex g_report_mu; // the reports (taken with or without g_mu held)
 unsigned long g_errors;
 char g_last_report[512];
 
@@ -224,7 +225,7 @@ void report(const char *fmt, ...)
     va_end(ap);
     unsigned long n;
     {
-        std::lock_guard<std::mutex> g(g_mu);
+        std::lock_guard<std::mutex> g(g_report_mu);
         n = ++g_errors;
         memcpy(g_last_report, msg, sizeof msg);
     }
@@ -368,12 +369,13 @@ extern "C" {
 
 unsigned long kvd_emu_errors(void)
 {
-    std::lock_guard<std::mutex> g(g_mu);
+    std::lock_guard<std::mutex> g(g_report_mu);
     return g_errors;
 }
 
 const char *kvd_emu_last_report(void)
 {
+    std::lock_guard<std::mutex> g(g_report_mu);
     return g_last_report;
 }
 
