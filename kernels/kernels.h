@@ -37,7 +37,8 @@ struct kvd_k_kv {
 /* y[r][i] = x[r][i] * w[i] / sqrt(mean_i(x[r][i]^2) + eps); y may equal x. */
 int kvd_k_rmsnorm(float *y, const float *x, const float *w, int rows, int dim, float eps,
                   kvd_stream stream);
-/* Fused residual: x[r] += res[r]; y[r] = rmsnorm(x[r]) * w. */
+/* Fused residual: x[r] += res[r]; y[r] = rmsnorm(x[r]) * w. y may equal
+ * res or x. */
 int kvd_k_add_rmsnorm(float *x, const float *res, float *y, const float *w, int rows, int dim,
                       float eps, kvd_stream stream);
 /* x[i] += a[i] for n elements. */

@@ -5,7 +5,10 @@
 #define RMS_THREADS 256
 
 // One block per row. x, y: [rows][dim]; w: [dim]. res may be NULL (no add).
-__global__ void rmsnorm_kernel(float *x, const float *__restrict__ res, float *y,
+// y may alias x (rmsnorm in place) or res (model_forward's add_rmsnorm
+// writes the norm over the residual it just added), so neither is
+// __restrict__: each element is read before the same thread overwrites it.
+__global__ void rmsnorm_kernel(float *x, const float *res, float *y,
                                const float *__restrict__ w, int dim, float eps)
 {
     // Squares summed in double, as ggml and the cpu reference do.
