@@ -124,7 +124,9 @@ static int copy_enqueue(struct cuda_dev *dev, void *dst, const void *src, size_t
     /* While a graph is being captured nothing runs on the compute stream
      * (a capture executes nothing; the step before it ended with a
      * synchronizing download), so there is nothing to wait for, and
-     * recording an event there would break the capture. */
+     * recording an event there would pull the copy into the capture. The
+     * captured step itself is launched after cuda_dev_wait_copies, so it
+     * waits for this copy (cuda_compute.c). */
     if (!dev->capturing) {
         e = cudaEventRecord(dev->compute_mark, dev->compute);
         if (e == cudaSuccess)
@@ -136,6 +138,14 @@ static int copy_enqueue(struct cuda_dev *dev, void *dst, const void *src, size_t
         e = cudaEventRecord(dev->copy_done, dev->copy);
     pthread_mutex_unlock(&dev->mu);
     return e == cudaSuccess ? 0 : cuda_fail(e, "copy");
+}
+
+int cuda_dev_wait_copies(struct cuda_dev *dev)
+{
+    pthread_mutex_lock(&dev->mu);
+    cudaError_t e = cudaStreamWaitEvent(dev->compute, dev->copy_done, 0);
+    pthread_mutex_unlock(&dev->mu);
+    return (int)e;
 }
 
 int cuda_dev_capture_begin(struct cuda_dev *dev)

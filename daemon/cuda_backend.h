@@ -31,6 +31,10 @@ struct cuda_dev {
 };
 /* Graph capture on dev->compute: begin/end under dev->mu. */
 int cuda_dev_capture_begin(struct cuda_dev *dev);
+/* Makes the compute stream wait for every copy queued so far (before a
+ * step's work is issued, never inside a capture): with copy_async waiting
+ * for the compute issued before it, the two streams are ordered both ways. */
+int cuda_dev_wait_copies(struct cuda_dev *dev);
 int cuda_dev_capture_end(struct cuda_dev *dev, cudaGraph_t *graph);
 
 /* The cuda state of a backend made by backend_cuda_new (NULL for others). */

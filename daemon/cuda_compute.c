@@ -274,6 +274,11 @@ static int cuda_step_begin(struct compute_ctx *cx, const struct compute_step *st
     cx->cur = NULL;
     if (cuda_dev_enter(cx->dev))
         return KVD_EINTERNAL;
+    /* Copies queued by other threads (swaps, copy-on-write) finish before
+     * this step's work starts. A captured step waits in step_end instead. */
+    cudaError_t we = (cudaError_t)cuda_dev_wait_copies(cx->dev);
+    if (we != cudaSuccess)
+        return cuda_fail(we, "wait for copies");
     if (!cx->graphs || st->max_q != 1) {
         cx->n_eager++;
         return 0;
@@ -334,6 +339,10 @@ static int cuda_step_end(struct compute_ctx *cx, int rc)
         return cuda_fail(e, "graph instantiate");
     }
     cx->n_captures++;
+    /* Copies queued while the capture ran (from other threads: the copy
+     * stream skipped its wait on compute then) finish before the graph. */
+    if ((e = (cudaError_t)cuda_dev_wait_copies(cx->dev)) != cudaSuccess)
+        return cuda_fail(e, "wait for copies");
     e = cudaGraphLaunch(g->exec, cx->stream);
     return e == cudaSuccess ? 0 : cuda_fail(e, "graph launch");
 }

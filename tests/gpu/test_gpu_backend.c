@@ -9,12 +9,14 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
 #include "compute.h"
+#include "cuda_backend.h"
 #include "gpu/gpu_fixture.h"
 #include "kvd/status.h"
 
@@ -136,6 +138,81 @@ static void test_blas_after_other_ctx_freed(void **state)
     o->ctx_free(a);
 }
 
+/* A swap queued by another thread (the server's loop) while the executor
+ * captures a decode step: the copy must run at once, not be pulled into
+ * the capture (which would replay it every step) nor break it. The
+ * emulator enforces the capture rules of the real runtime (an event
+ * recorded in a capture joins any stream that waits on it; synchronizing
+ * on one is refused). The stream order itself (the captured step waits for
+ * copies queued during the capture) cannot be observed without a device. */
+struct swap_job {
+    void *dst, *src;
+    size_t bytes;
+    int rc;
+};
+
+static void *swap_thread(void *arg)
+{
+    struct swap_job *j = arg;
+    j->rc = be->ops->copy(be, j->dst, KVD_TIER_DEVICE, j->src, KVD_TIER_HOST, j->bytes);
+    return NULL;
+}
+
+static void test_swap_during_capture(void **state)
+{
+    struct cuda_dev *dev = cuda_backend_dev(be);
+    const struct compute_ops *o = be->compute;
+    struct compute_conf conf = {.n_threads = 1};
+    struct compute_ctx *cx = NULL;
+    enum { N = 4096 };
+    float a[N], x[N], got[N];
+    uint8_t *blk = NULL, *host = NULL, back[BLOCK / 64];
+    assert_int_equal(o->ctx_new(be, &conf, &cx), 0);
+    assert_int_equal(be->ops->arena_alloc(be, KVD_TIER_DEVICE, BLOCK, (void **)&blk), 0);
+    assert_int_equal(be->ops->arena_alloc(be, KVD_TIER_HOST, BLOCK, (void **)&host), 0);
+    rnd_seed(5);
+    for (size_t i = 0; i < BLOCK; i++)
+        host[i] = (uint8_t)rnd_u32(256);
+    rnd_fill(a, N, -1, 1);
+    rnd_fill(x, N, -1, 1);
+    float *da, *dx;
+    assert_int_equal(o->buf_alloc(cx, sizeof a, (void **)&da), 0);
+    assert_int_equal(o->buf_alloc(cx, sizeof x, (void **)&dx), 0);
+    assert_int_equal(o->upload(cx, da, a, sizeof a), 0);
+    assert_int_equal(o->upload(cx, dx, x, sizeof x), 0);
+    assert_int_equal(o->sync(cx), 0);
+
+    assert_int_equal(cuda_dev_wait_copies(dev), 0);
+    assert_int_equal(cuda_dev_capture_begin(dev), 0);
+    assert_int_equal(o->add(cx, dx, da, N), 0); /* recorded, not run */
+    struct swap_job j = {blk, host, BLOCK, -1};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, swap_thread, &j), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(j.rc, 0);
+    cudaGraph_t graph = NULL;
+    assert_int_equal(cuda_dev_capture_end(dev, &graph), 0);
+    assert_non_null(graph);
+    /* the swap ran while the capture was open */
+    assert_int_equal(be->ops->copy(be, back, KVD_TIER_HOST, blk, KVD_TIER_DEVICE, sizeof back), 0);
+    assert_memory_equal(back, host, sizeof back);
+    cudaGraphExec_t exec = NULL;
+    assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), 0);
+    cudaGraphDestroy(graph);
+    assert_int_equal(cuda_dev_wait_copies(dev), 0);
+    for (int r = 0; r < 2; r++) /* replayed twice: x + 2a, and no second swap */
+        assert_int_equal(cudaGraphLaunch(exec, dev->compute), 0);
+    assert_int_equal(o->download(cx, got, dx, sizeof got), 0);
+    for (int i = 0; i < N; i++)
+        assert_true(fabsf(got[i] - (x[i] + a[i] + a[i])) < 1e-6f);
+    cudaGraphExecDestroy(exec);
+    o->buf_free(cx, da);
+    o->buf_free(cx, dx);
+    be->ops->arena_free(be, KVD_TIER_DEVICE, blk, BLOCK);
+    be->ops->arena_free(be, KVD_TIER_HOST, host, BLOCK);
+    o->ctx_free(cx);
+}
+
 static void test_bad_device(void **state)
 {
     struct backend *b2 = (struct backend *)1;
@@ -173,6 +250,7 @@ int main(void)
         GPU_TEST(test_zero_filled),
         GPU_TEST(test_swap_round_trip),
         GPU_TEST(test_blas_after_other_ctx_freed),
+        GPU_TEST(test_swap_during_capture),
         GPU_TEST(test_bad_device),
     };
     rc = cmocka_run_group_tests(tests, NULL, NULL);
