@@ -314,19 +314,21 @@ cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn, const char *
     return fn();
 }
 
+int g_cc_major = -1, g_cc_minor;
+
 void device_cc(int *major, int *minor)
 {
-    static int ma = -1, mi = 0;
-    if (ma < 0) {
+    std::lock_guard<std::mutex> g(g_report_mu);
+    if (g_cc_major < 0) {
         const char *c = getenv("KVD_EMU_CC");
         int a = 9, b = 0;
         if (c && sscanf(c, "%d.%d", &a, &b) < 1)
             a = 9;
-        mi = b;
-        ma = a;
+        g_cc_minor = b;
+        g_cc_major = a;
     }
-    *major = ma;
-    *minor = mi;
+    *major = g_cc_major;
+    *minor = g_cc_minor;
 }
 
 size_t smem_optin_max()
@@ -383,6 +385,13 @@ void kvd_emu_set_device_mem(size_t bytes)
 {
     std::lock_guard<std::mutex> g(g_mu);
     g_device_total = bytes;
+}
+
+void kvd_emu_set_cc(int major, int minor)
+{
+    std::lock_guard<std::mutex> g(g_report_mu);
+    g_cc_major = major;
+    g_cc_minor = minor;
 }
 
 size_t kvd_emu_live_allocs(void)

@@ -62,7 +62,7 @@ namespace {
 enum order_kind { ORDER_FORWARD, ORDER_REVERSE, ORDER_RANDOM };
 
 struct config {
-    bool order_check = false; // KVD_EMU_CHECK contains "order"
+    bool order_check = false; // KVD_EMU_CHECK contains "order" (or set by the API)
     order_kind order = ORDER_FORWARD; // KVD_EMU_ORDER=forward|reverse|random
     uint64_t seed = 1;                // KVD_EMU_SEED
     config()
@@ -79,9 +79,9 @@ struct config {
             seed = strtoull(s, nullptr, 0);
     }
 };
-const config &cfg()
+config &cfg()
 {
-    static const config c;
+    static config c;
     return c;
 }
 
@@ -883,6 +883,12 @@ cudaError_t run_launch(const char *name, const void *fn, dim3 grid, dim3 block, 
 } // namespace kvd_emu
 
 using namespace kvd_emu;
+
+extern "C" void kvd_emu_set_order_check(int on)
+{
+    std::lock_guard<std::recursive_mutex> dev(device_lock());
+    cfg().order_check = on != 0;
+}
 
 // ---- the device-side entry points (kvd_simt.h) ----------------------------------
 

@@ -213,6 +213,32 @@ static void test_swap_during_capture(void **state)
     o->ctx_free(cx);
 }
 
+/* Compute capability 8.0 and newer is accepted, older refused with a
+ * reason (the emulator can claim any; a real device is what it is). */
+static void test_compute_capability(void **state)
+{
+#ifdef KVD_CUDA_EMULATE
+    static const int ok[][2] = {{8, 0}, {8, 6}, {8, 9}, {9, 0}, {10, 0}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        struct backend *b2 = NULL;
+        char err[256] = "";
+        kvd_emu_set_cc(ok[i][0], ok[i][1]);
+        assert_int_equal(backend_cuda_new(0, &b2, err, sizeof err), 0);
+        backend_free(b2);
+    }
+    struct backend *b2 = NULL;
+    char err[256] = "";
+    kvd_emu_set_cc(7, 5);
+    assert_int_equal(backend_cuda_new(0, &b2, err, sizeof err), KVD_EUNSUPPORTED);
+    assert_null(b2);
+    assert_non_null(strstr(err, "compute capability 7.5"));
+    assert_non_null(strstr(err, "8.0 or newer"));
+    kvd_emu_set_cc(9, 0);
+#else
+    skip();
+#endif
+}
+
 static void test_bad_device(void **state)
 {
     struct backend *b2 = (struct backend *)1;
@@ -251,6 +277,7 @@ int main(void)
         GPU_TEST(test_swap_round_trip),
         GPU_TEST(test_blas_after_other_ctx_freed),
         GPU_TEST(test_swap_during_capture),
+        GPU_TEST(test_compute_capability),
         GPU_TEST(test_bad_device),
     };
     rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -134,6 +134,13 @@ const char *kvd_emu_last_report(void);
 void kvd_emu_set_device_mem(size_t bytes);
 /* Device allocations currently live (leak checks). */
 size_t kvd_emu_live_allocs(void);
+/* The compute capability the device reports and its shared-memory limits
+ * follow (also KVD_EMU_CC=M.m at start-up; default 9.0). */
+void kvd_emu_set_cc(int major, int minor);
+/* Runs every later launch in forward, reverse and random thread order and
+ * reports when they leave different bytes (also KVD_EMU_CHECK=order).
+ * Needs the instrumented build (KVD_EMU_MEMCHECK). */
+void kvd_emu_set_order_check(int on);
 
 #ifdef __cplusplus
 }
