@@ -568,8 +568,9 @@ int conn_accept(struct server *srv, int fd)
     if (rc)
         snprintf(msg, sizeof(msg), "tenant '%s': %s", ident.conf.name, kvmm_errmsg(srv->mm));
     kvmm_unlock(srv->mm);
-    if (rc == 0)
-        rc = server_tenant_note(srv, ident.conf.name, c->tenant);
+    if (rc == 0 && (rc = server_tenant_note(srv, ident.conf.name, c->tenant)) != 0)
+        snprintf(msg, sizeof(msg), "tenant '%s': out of memory noting it for stats",
+                 ident.conf.name);
     if (rc) {
         log_err("conn from uid %u: %s", (unsigned)c->uid, msg);
         conn_send_error(c, 0, rc, msg);

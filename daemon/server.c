@@ -21,6 +21,7 @@
 #include <event2/thread.h>
 #include <systemd/sd-daemon.h>
 
+#include "fault.h"
 #include "kvd/protocol.h"
 #include "log.h"
 #include "proto.h"
@@ -114,7 +115,7 @@ int server_tenant_note(struct server *srv, const char *name, uint32_t id)
     for (size_t i = 0; i < srv->n_tenants; i++)
         if (srv->tenants[i].id == id)
             return 0;
-    struct server_tenant *nv = realloc(srv->tenants, (srv->n_tenants + 1) * sizeof(*nv));
+    struct server_tenant *nv = fault_realloc(srv->tenants, (srv->n_tenants + 1) * sizeof(*nv));
     if (!nv)
         return KVD_ENOMEM;
     snprintf(nv[srv->n_tenants].name, sizeof(nv->name), "%s", name);
