@@ -1,6 +1,8 @@
 /* Token sampling for the executor: greedy, temperature, top-k, top-p, with a
  * per-request PRNG (xoshiro256** seeded by splitmix64 from the request's
- * seed) so a seeded request draws the same tokens alone or in any batch.
+ * seed) so a seeded request draws the same random numbers alone or in any
+ * batch (the tokens are the same when the logits are: batching moves them by
+ * rounding only, docs/architecture.md "Sampling").
  *
  * A step's sampling is split in two so a backend can pick on the device:
  * the host draws the request's uniform for the step (sampler_next_row),

@@ -1,5 +1,5 @@
 /* libkvd: the client library of the kvd KV-cache daemon. Connects to kvd's
- * Unix socket, sends msgpack requests (PROTOCOL.md v1), waits for replies by
+ * Unix socket, sends msgpack requests (protocol v1, docs/protocol.md), waits for replies by
  * id, streams events, and offers one typed helper per op.
  *
  * Model: hiredis. A context carries `err` (0 or an enum kvd_err) and `errstr`

@@ -1,4 +1,4 @@
-/* kvd status codes: the error codes of the wire protocol (PROTOCOL.md v1),
+/* kvd status codes: the error codes of the wire protocol (protocol v1, docs/protocol.md),
  * shared by the daemon, libkvd and kvctl. Functions return 0 (KVD_OK) or one
  * of these; programs branch on the code, people read the message. */
 #ifndef KVD_STATUS_H
