@@ -510,7 +510,8 @@ int main(int argc, char **argv)
             fputs(usage_text, stdout);
             return KVCTL_OK;
         case 'V':
-            printf("kvctl (kvd client, protocol %d)\n", KVD_PROTOCOL_VERSION);
+            printf("kvctl %s (protocol %d, libkvd %u.%u.%u)\n", KVD_VERSION_STRING, KVD_PROTOCOL_VERSION,
+                   kvd_version() / 10000, kvd_version() / 100 % 100, kvd_version() % 100);
             return KVCTL_OK;
         default:
             fputs(usage_text, stderr);

@@ -147,6 +147,11 @@ static int default_socket(char *buf, size_t cap, char *why, size_t whylen)
     return 0;
 }
 
+unsigned kvd_version(void)
+{
+    return KVD_VERSION_NUMBER;
+}
+
 int kvd_default_socket(char *buf, size_t cap)
 {
     return default_socket(buf, cap, NULL, 0);

@@ -130,7 +130,7 @@ static int call_void(struct kvd_ctx *ctx, const char *op, const struct kvd_arg *
 int kvd_hello(struct kvd_ctx *ctx, struct kvd_hello_info *out)
 {
     struct kvd_arg args[] = {KVD_ARG_U("version", KVD_PROTOCOL_VERSION),
-                             KVD_ARG_S("client", "libkvd")};
+                             KVD_ARG_S("client", "libkvd " KVD_VERSION_STRING)};
     struct kvd_reply *r = NULL;
     const struct kvd_value *b, *model;
     uint64_t u;

@@ -16,6 +16,7 @@
 #include "backend.h"
 #include "config.h"
 #include "kvd/protocol.h"
+#include "kvd/version.h"
 #include "kvmm.h"
 #include "acct.h"
 #include "log.h"
@@ -159,7 +160,7 @@ int main(int argc, char **argv)
         goto out_cfg;
     }
     if (opts.version) {
-        printf("kvd %s (protocol %d)\n", "0.1.0", KVD_PROTOCOL_VERSION);
+        printf("kvd %s (protocol %d)\n", KVD_VERSION_STRING, KVD_PROTOCOL_VERSION);
         status = 0;
         goto out_cfg;
     }

@@ -6,12 +6,10 @@
 
 #include "acct_stats.h"
 #include "kvd/protocol.h"
+#include "kvd/version.h"
 #include "ops.h"
 #include "server_impl.h"
 
-#ifndef KVD_VERSION_STRING
-#define KVD_VERSION_STRING "0.1.0"
-#endif
 
 int ops_hello(struct ops_ctx *c)
 {

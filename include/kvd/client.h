@@ -24,6 +24,7 @@
 
 #include "kvd/protocol.h"
 #include "kvd/status.h"
+#include "kvd/version.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,6 +47,11 @@ struct kvd_ctx {
     int fd;                      /* the socket; -1 when not connected */
     struct kvd_conn *conn;       /* private */
 };
+
+/* The library's version as KVD_VERSION_NUMBER (kvd/version.h) of the
+ * libkvd that is loaded, to compare with the header a program was built
+ * with. */
+KVD_API unsigned kvd_version(void);
 
 /* ---- connection ---------------------------------------------------------- */
 

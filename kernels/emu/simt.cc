@@ -213,7 +213,9 @@ struct sim_thread {
     void *asan_fake;
 };
 
-// Shadow of one byte of shared memory for the racecheck.
+// Shadow of one 4-byte word of shared memory for the racecheck (kernels
+// share shared memory in words: two threads writing different bytes of one
+// word would be reported).
 struct shadow_cell {
     uint32_t w_ep, r_ep; // barrier interval of the last write / reads
     uint16_t w_tid, r_tid;
@@ -715,8 +717,9 @@ void shared_access(launch_state *L, sim_thread *t, size_t off, size_t n, bool st
     const uint32_t ep = tls.epoch;
     const uint16_t tid = atomic ? TID_ATOMIC : (uint16_t)t->tid;
     const uint16_t wgen = L->warp_gen[t->warp];
-    for (size_t i = 0; i < n; i++) {
-        shadow_cell &c = tls.shadow[off + i];
+    for (size_t wi = off / 4; wi <= (off + n - 1) / 4; wi++) {
+        shadow_cell &c = tls.shadow[wi];
+        const size_t at = wi * 4; // the word's offset, for reports
         // A write by another lane of this warp before a __syncwarp both
         // have passed is ordered.
         bool w_other = c.w_ep == ep && c.w_tid != tid &&
@@ -725,13 +728,13 @@ void shared_access(launch_state *L, sim_thread *t, size_t off, size_t n, bool st
             if (c.w_ep < L->ep0) {
                 KREPORT(L, "%s: %s reads shared memory (offset %zu) that no thread of its block "
                            "wrote",
-                        L->kernel, where(t, buf, sizeof buf), off + i);
+                        L->kernel, where(t, buf, sizeof buf), at);
                 return;
             }
             if (w_other || (c.w_ep == ep && c.w_tid == TID_ATOMIC)) {
                 KREPORT(L, "%s: shared-memory race: %s reads offset %zu, written by thread %d "
                            "since the last barrier",
-                        L->kernel, where(t, buf, sizeof buf), off + i,
+                        L->kernel, where(t, buf, sizeof buf), at,
                         c.w_tid == TID_ATOMIC ? -1 : (int)c.w_tid);
                 return;
             }
@@ -750,7 +753,7 @@ void shared_access(launch_state *L, sim_thread *t, size_t off, size_t n, bool st
             KREPORT(L, "%s: shared-memory race: %s %s offset %zu, %s by another thread since "
                        "the last barrier",
                     L->kernel, where(t, buf, sizeof buf), atomic ? "atomically updates" : "writes",
-                    off + i, w_other ? "written" : "read");
+                    at, w_other ? "written" : "read");
             return;
         }
         c.w_ep = ep;
@@ -846,7 +849,7 @@ cudaError_t run_launch(const char *name, const void *fn, dim3 grid, dim3 block, 
     tls.threads.resize(MAX_THREADS);
     if (tls.smem.size() < STATIC_SMEM_MAX + smem) {
         tls.smem.resize(STATIC_SMEM_MAX + smem);
-        tls.shadow.resize(STATIC_SMEM_MAX + smem);
+        tls.shadow.resize((STATIC_SMEM_MAX + smem) / 4 + 1);
     }
     if (tls.epoch > 0xf0000000u) { // the shadow's intervals would wrap: start over
         std::fill(tls.shadow.begin(), tls.shadow.end(), shadow_cell{});

@@ -1,5 +1,5 @@
 /* `cmake --install` into a DESTDIR: the installed kvd.service must start
- * as written. Its ExecStart binary and --config file exist (a default
+ * as written, and say the project's version (`--version`, hello). Its ExecStart binary and --config file exist (a default
  * kvd.conf is installed, and kept on reinstall), every Documentation= file
  * exists, the paths follow the install prefix, and the installed kvd runs
  * with the installed config. */
@@ -109,6 +109,15 @@ static void test_unit_starts_as_installed(void **state)
     for (int i = 0; i < u.n_docs; i++)
         assert_installed(dest, u.docs[i], R_OK);
 
+    /* Its version is the project's (CMake's project(VERSION)). */
+    char cmd[1200], line[128] = "";
+    snprintf(cmd, sizeof(cmd), "'%s%s' --version", dest, u.exec);
+    FILE *v = popen(cmd, "r");
+    assert_non_null(v);
+    assert_non_null(fgets(line, sizeof(line), v));
+    assert_int_equal(pclose(v), 0);
+    assert_string_equal(line, "kvd " KVD_PROJECT_VERSION " (protocol 1)\n");
+
     /* The installed binary with the installed config, as the unit runs it
      * (the socket is ours: kvd.socket would pass its own). */
     char bin[1024], conf[1024];
@@ -122,6 +131,11 @@ static void test_unit_starts_as_installed(void **state)
     assert_true(fd >= 0);
     struct kh_reply r;
     assert_int_equal(kh_call0(fd, "hello", 1, &r), 0);
+    const msgpack_object *server = kh_obj(r.root, "server");
+    assert_non_null(server);
+    assert_int_equal(server->type, MSGPACK_OBJECT_STR);
+    assert_int_equal(server->via.str.size, strlen("kvd " KVD_PROJECT_VERSION));
+    assert_memory_equal(server->via.str.ptr, "kvd " KVD_PROJECT_VERSION, server->via.str.size);
     kh_reply_free(&r);
     close(fd);
     assert_int_equal(kh_stop(&p), 0);
