@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The cuda backend's device check, for a bare CUDA machine (nvcc, cuBLAS,
-# CMake; no libevent/msgpack-c/CMocka/inih/libsystemd/OpenBLAS/pkg-config,
+# CMake; no libevent/msgpack-c/CMocka/inih/libsystemd/pkg-config,
 # no network): unpacks the .debs that fetch_debs.sh put in .carry/debs into
 # a private prefix (never into /), points CMake and pkg-config at it, builds
 # only the gpu targets with CUDA, runs the gpu tests, then bench_gpu, whose
@@ -54,7 +54,7 @@ PY
 # Libraries a CUDA image normally has: unpacked only when missing, so an
 # older copy never shadows the machine's own.
 declare -A soname=(
-    [libgfortran5]=libgfortran.so.5 [libquadmath0]=libquadmath.so.0 [libcap2]=libcap.so.2
+    [libcap2]=libcap.so.2
     [libgcrypt20]=libgcrypt.so.20 [libgpg-error0]=libgpg-error.so.0 [liblz4-1]=liblz4.so.1
     [libzstd1]=libzstd.so.1 [liblzma5]=liblzma.so.5 [libssl3]=libssl.so.3
 )
@@ -77,10 +77,7 @@ while IFS= read -r l; do
     [ -e "$P$tgt" ] && ln -sfn "$P$tgt" "$l"
 done < <(find "$P" -type l -lname '/*')
 pcdir=$P/usr/lib/$arch/pkgconfig
-blas=$P/usr/lib/$arch/openblas-pthread
 mkdir -p "$pcdir"
-# openblas.pc is a Debian "alternative" (a symlink made at install time).
-[ -e "$pcdir/openblas.pc" ] || cp "$blas/pkgconfig/openblas.pc" "$pcdir/openblas.pc"
 # .pc files say prefix=/usr, some libdir=/usr/..., cmocka.pc even -L/usr/...
 # and -I/usr/...: rewrite every one of those to the prefix.
 for f in "$pcdir"/*.pc "$P"/usr/share/pkgconfig/*.pc; do
@@ -89,10 +86,10 @@ for f in "$pcdir"/*.pc "$P"/usr/share/pkgconfig/*.pc; do
 done
 export PKG_CONFIG_LIBDIR=$pcdir:$P/usr/share/pkgconfig # only the prefix's .pc files
 unset PKG_CONFIG_PATH
-export LD_LIBRARY_PATH=$P/usr/lib/$arch:$blas:$P/lib/$arch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$P/usr/lib/$arch:$P/lib/$arch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 pkgconfig_bin=$(command -v pkg-config || true)
 [ -n "$pkgconfig_bin" ] || pkgconfig_bin=$P/usr/bin/pkgconf
-"$pkgconfig_bin" --modversion libevent_core inih libsystemd openblas cmocka msgpack >/dev/null
+"$pkgconfig_bin" --modversion libevent_core inih libsystemd cmocka msgpack >/dev/null
 
 # ---- 2. configure -----------------------------------------------------------
 nvcc=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -107,7 +104,7 @@ cmake -S "$root" -B "$B" -DKVD_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 # Prove the prefix was used, not some system copy.
 grep -q "^msgpack_DIR:PATH=$P/" "$B/CMakeCache.txt" ||
     { echo "device_check: msgpack not taken from $P" >&2; grep msgpack_DIR "$B/CMakeCache.txt"; exit 1; }
-for mod in LIBEVENT INIH SYSTEMD OPENBLAS CMOCKA; do
+for mod in LIBEVENT INIH SYSTEMD CMOCKA; do
     grep -q "^${mod}_LIBRARY_DIRS:INTERNAL=$P/" "$B/CMakeCache.txt" ||
         { echo "device_check: $mod not taken from $P" >&2; grep "^${mod}_LIBRARY_DIRS" "$B/CMakeCache.txt"; exit 1; }
 done

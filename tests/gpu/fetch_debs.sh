@@ -2,7 +2,7 @@
 # Run on the development machine (Debian 12, network to the Debian mirror):
 # downloads, without installing, the .debs that device_check.sh unpacks into
 # a private prefix on a bare CUDA machine that has no libevent, msgpack-c,
-# CMocka, inih, libsystemd, OpenBLAS or pkg-config. Into .carry/debs
+# CMocka, inih, libsystemd or pkg-config. Into .carry/debs
 # (git-ignored; carried to the device machine with `carry: [".carry"]`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,13 +17,11 @@ pkgs=(
     libcmocka-dev libcmocka0
     libinih-dev libinih1 libinireader0
     libsystemd-dev libsystemd0
-    libopenblas-dev libopenblas0 libopenblas-pthread-dev libopenblas0-pthread
     pkgconf pkgconf-bin libpkgconf3
 )
 # Libraries those link to that a CUDA base image usually has already;
 # device_check.sh unpacks each only when the machine lacks its soname.
-fallback=(libgfortran5 libquadmath0 libcap2 libgcrypt20 libgpg-error0 liblz4-1 libzstd1
-          liblzma5 libssl3)
+fallback=(libcap2 libgcrypt20 libgpg-error0 liblz4-1 libzstd1 liblzma5 libssl3)
 
 rm -f "$dest"/*.deb
 (cd "$dest" && apt-get download "${pkgs[@]}" "${fallback[@]}")
