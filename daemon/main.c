@@ -34,7 +34,16 @@ static int pick_backend(const struct options *o, struct backend **be)
 {
     char err[256] = "";
     int rc;
+#ifdef KVD_CUDA_EMULATE
+    /* This build's cuda backend is the CPU emulator (docs/emulation.md): a
+     * test of the GPU path, never a faster choice, so auto takes the cpu. */
+    if (o->backend == OPTIONS_BACKEND_AUTO)
+        log_info("backend: cpu (the cuda backend of this build is the CPU emulator: "
+                 "--backend cuda to run it)");
+    if (o->backend == OPTIONS_BACKEND_CUDA) {
+#else
     if (o->backend != OPTIONS_BACKEND_CPU) {
+#endif
         rc = backend_cuda_new(0, be, err, sizeof(err));
         if (rc == 0)
             return 0;
