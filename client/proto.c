@@ -221,6 +221,21 @@ static int proto_scan(const uint8_t *p, size_t len, size_t *end, size_t *n_objec
     return KVD_OK;
 }
 
+int proto_count_objects(const void *p, size_t len, size_t *n)
+{
+    struct proto_err err;
+    size_t pos = 0, count = 0;
+    while (pos < len) {
+        size_t end;
+        if (proto_scan((const uint8_t *)p + pos, len - pos, &end, NULL, &err) != KVD_OK)
+            return KVD_EINTERNAL;
+        pos += end;
+        count++;
+    }
+    *n = count;
+    return KVD_OK;
+}
+
 /* ---- parsing ------------------------------------------------------------ */
 
 /* The checks before msgpack-c sees the bytes: a map, well formed, within

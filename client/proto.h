@@ -297,6 +297,24 @@ PROTO_INLINE int proto_pack_kv_nil(msgpack_packer *pk, const char *key)
 /* Map header of n_extra + 2 pairs, then "id": id, "ok": true; the caller packs
  * n_extra key/value pairs after it. */
 int proto_reply_begin(msgpack_packer *pk, uint64_t id, size_t n_extra);
+
+/* Maps whose size nobody counts by hand (Redis' deferred lengths), for
+ * direct packers (proto_packer_init). proto_map_begin reserves a header and
+ * returns its offset in the buffer (SIZE_MAX: no memory, or not a direct
+ * packer). proto_map_end counts the objects packed since, which must be
+ * whole key/value pairs, writes the smallest header for that many pairs
+ * (moving the pairs back over the unused header bytes: the bytes are those
+ * of a map packed with its count up front) and returns 0; KVD_ENOMEM when
+ * the begin failed; KVD_EINTERNAL for an odd number of objects, a packer
+ * that is not direct, or malformed contents. A map begun inside another one
+ * must end before it. proto_reply_begin_map is proto_reply_begin's
+ * deferred form. */
+size_t proto_map_begin(msgpack_packer *pk);
+int proto_map_end(msgpack_packer *pk, size_t at);
+size_t proto_reply_begin_map(msgpack_packer *pk, uint64_t id);
+/* The number of whole msgpack objects in p[0..len): 0, or KVD_EINTERNAL
+ * when the bytes are not a sequence of whole, well-formed objects. */
+int proto_count_objects(const void *p, size_t len, size_t *n);
 /* A whole error reply map {"id", "ok": false, "error": {"code", "message"}}. */
 int proto_pack_error(msgpack_packer *pk, uint64_t id, int code, const char *message);
 /* Map header of n_extra + 2 pairs, then "id": id, "event": name. */

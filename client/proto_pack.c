@@ -406,6 +406,61 @@ int proto_reply_begin(msgpack_packer *pk, uint64_t id, size_t n_extra)
     return emit(pk, b, n);
 }
 
+/* A deferred map header's room: the largest header (map32). */
+#define MAP_RESERVE 5
+
+size_t proto_map_begin(msgpack_packer *pk)
+{
+    if (!is_direct(pk))
+        return SIZE_MAX;
+    msgpack_sbuffer *sb = pk->data;
+    if (sbuf_reserve(sb, MAP_RESERVE) != 0)
+        return SIZE_MAX;
+    size_t at = sb->size;
+    memset(sb->data + at, 0xc0, MAP_RESERVE); /* patched by proto_map_end */
+    sb->size += MAP_RESERVE;
+    return at;
+}
+
+int proto_map_end(msgpack_packer *pk, size_t at)
+{
+    if (!is_direct(pk))
+        return KVD_EINTERNAL;
+    if (at == SIZE_MAX)
+        return KVD_ENOMEM;
+    msgpack_sbuffer *sb = pk->data;
+    if (at > sb->size || sb->size - at < MAP_RESERVE)
+        return KVD_EINTERNAL;
+    uint8_t *hdr = (uint8_t *)sb->data + at, *body = hdr + MAP_RESERVE;
+    size_t blen = sb->size - at - MAP_RESERVE, n;
+    if (proto_count_objects(body, blen, &n) != KVD_OK || n % 2 != 0)
+        return KVD_EINTERNAL;
+    size_t hn = enc_map_hdr(hdr, n / 2);
+    if (hn < MAP_RESERVE) {
+        memmove(hdr + hn, body, blen);
+        sb->size -= MAP_RESERVE - hn;
+    }
+    return KVD_OK;
+}
+
+size_t proto_reply_begin_map(msgpack_packer *pk, uint64_t id)
+{
+    size_t at = proto_map_begin(pk);
+    if (at == SIZE_MAX)
+        return SIZE_MAX;
+    uint8_t s[3 + 9 + 3 + 1], *b = reserve(pk, s, sizeof(s));
+    if (!b) {
+        ((msgpack_sbuffer *)pk->data)->size = at;
+        return SIZE_MAX;
+    }
+    size_t n = enc_key(b, "id", 2);
+    n += enc_uint(b + n, id);
+    n += enc_key(b + n, "ok", 2);
+    b[n++] = 0xc3;
+    emit(pk, b, n);
+    return at;
+}
+
 int proto_pack_error(msgpack_packer *pk, uint64_t id, int code, const char *message)
 {
     PK(proto_pack_map(pk, 3));

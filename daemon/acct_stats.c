@@ -17,7 +17,6 @@ int acct_stats_pack_tenant(msgpack_packer *pk, struct acct *a, uint32_t tenant,
     struct acct_tenant t = {0};
     if (a)
         acct_tenant_get(a, tenant, &t);
-    /* ACCT_STATS_TENANT_PAIRS pairs. */
     PROTO_PK(proto_pack_kv_double(pk, "prefix_hit_rate",
                             ratio((double)ts->match_tokens_hit, (double)ts->match_tokens_asked)));
     PROTO_PK(proto_pack_kv_uint(pk, "evictions", ts->evictions));
@@ -42,7 +41,7 @@ static int pack_requests(msgpack_packer *pk, struct acct *a)
         acct_total(a, &tot);
     }
     PROTO_PK(proto_pack_str(pk, "requests"));
-    PROTO_MP(msgpack_pack_map(pk, 16));
+    size_t map = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_bool(pk, "executor", s.have_executor));
     PROTO_PK(proto_pack_kv_uint(pk, "waiting", s.waiting));
     PROTO_PK(proto_pack_kv_uint(pk, "running", s.running));
@@ -59,7 +58,7 @@ static int pack_requests(msgpack_packer *pk, struct acct *a)
     PROTO_PK(proto_pack_kv_uint(pk, "tokens_out", s.generated));
     PROTO_PK(proto_pack_kv_uint(pk, "preempt_swap", s.preempt_swap));
     PROTO_PK(proto_pack_kv_uint(pk, "preempt_recompute", s.preempt_recompute));
-    return 0;
+    return proto_map_end(pk, map);
 }
 
 static int pack_phase(msgpack_packer *pk, struct roofline *rl, enum roofline_phase p)
@@ -67,7 +66,7 @@ static int pack_phase(msgpack_packer *pk, struct roofline *rl, enum roofline_pha
     struct roofline_summary s;
     roofline_summary(rl, p, &s);
     PROTO_PK(proto_pack_str(pk, roofline_phase_name(p)));
-    PROTO_MP(msgpack_pack_map(pk, 13));
+    size_t map = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "steps", s.steps_total));
     PROTO_PK(proto_pack_kv_uint(pk, "window", s.window));
     PROTO_PK(proto_pack_kv_double(pk, "flops_per_step", s.flops_per_step));
@@ -81,7 +80,7 @@ static int pack_phase(msgpack_packer *pk, struct roofline *rl, enum roofline_pha
     PROTO_PK(proto_pack_kv_double(pk, "tokens_per_s", s.tokens_per_s));
     PROTO_PK(proto_pack_kv_str(pk, "bound", s.bound));
     PROTO_PK(proto_pack_kv_double(pk, "attainable_frac", s.bound[0] == 'c' ? s.flops_frac : s.bytes_frac));
-    return 0;
+    return proto_map_end(pk, map);
 }
 
 static int pack_roofline(msgpack_packer *pk, struct roofline *rl)
@@ -93,19 +92,18 @@ static int pack_roofline(msgpack_packer *pk, struct roofline *rl)
     }
     struct roofline_ceilings c;
     roofline_get_ceilings(rl, &c);
-    PROTO_MP(msgpack_pack_map(pk, 4 + ROOFLINE_N_PHASES));
+    size_t map = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_bool(pk, "measured", c.measured));
     PROTO_PK(proto_pack_kv_double(pk, "peak_flops_per_s", c.flops_per_s));
     PROTO_PK(proto_pack_kv_double(pk, "peak_bytes_per_s", c.bytes_per_s));
     PROTO_PK(proto_pack_kv_double(pk, "ridge_intensity", ratio(c.flops_per_s, c.bytes_per_s)));
     for (int p = 0; p < ROOFLINE_N_PHASES; p++)
         PROTO_PK(pack_phase(pk, rl, (enum roofline_phase)p));
-    return 0;
+    return proto_map_end(pk, map);
 }
 
 int acct_stats_pack_top(msgpack_packer *pk, struct acct *a, struct roofline *rl)
 {
-    /* ACCT_STATS_TOP_PAIRS pairs. */
     PROTO_PK(pack_requests(pk, a));
     PROTO_PK(pack_roofline(pk, rl));
     return 0;

@@ -12,11 +12,11 @@
 #include "kvmm.h"
 #include "roofline.h"
 
-/* Pairs acct_stats_pack_tenant adds to a tenant's map (acct may be NULL:
- * zeros), and pairs acct_stats_pack_top adds to the reply ("requests",
- * "roofline"; roofline nil when rl is NULL). Return 0 or KVD_ENOMEM. */
-#define ACCT_STATS_TENANT_PAIRS 11
-#define ACCT_STATS_TOP_PAIRS 2
+/* Pairs packed into maps whose sizes are counted when they end
+ * (proto_map_begin/end, so the packer must be a direct one): the
+ * accounting pairs of a tenant's map (acct may be NULL: zeros), and the
+ * reply's "requests" and "roofline" (nil when rl is NULL). Return 0,
+ * KVD_ENOMEM, or KVD_EINTERNAL (a malformed map). */
 int acct_stats_pack_tenant(msgpack_packer *pk, struct acct *a, uint32_t tenant,
                            const struct kvmm_tenant_stats *ts);
 int acct_stats_pack_top(msgpack_packer *pk, struct acct *a, struct roofline *rl);

@@ -26,7 +26,7 @@ int ops_hello(struct ops_ctx *c)
     const struct kv_geom *g = kvmm_geom(c->mm);
     struct server *srv = c->srv;
     msgpack_packer *pk = c->pk;
-    PROTO_PK(proto_reply_begin(pk, c->id, 10));
+    size_t reply = proto_reply_begin_map(pk, c->id);
     PROTO_PK(proto_pack_kv_str(pk, "server", "kvd " KVD_VERSION_STRING));
     PROTO_PK(proto_pack_kv_uint(pk, "version", KVD_PROTOCOL_VERSION));
     PROTO_PK(proto_pack_kv_str(pk, "tenant", c->tenant_name));
@@ -36,23 +36,27 @@ int ops_hello(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_uint(pk, "max_frame", srv->opts.max_frame));
     PROTO_PK(proto_pack_kv_uint(pk, "conn", c->conn_id));
     PROTO_PK(proto_pack_str(pk, "kv"));
-    PROTO_MP(proto_pack_map(pk, 6));
+    size_t kv = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "layers", g->layers));
     PROTO_PK(proto_pack_kv_uint(pk, "kv_heads", g->kv_heads));
     PROTO_PK(proto_pack_kv_uint(pk, "head_dim", g->head_dim));
     PROTO_PK(proto_pack_kv_str(pk, "dtype", kv_dtype_name(g->dtype)));
     PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
     PROTO_PK(proto_pack_kv_uint(pk, "token_bytes", kv_token_bytes(g)));
-    if (!srv->have_model)
-        return proto_pack_kv_nil(pk, "model");
-    PROTO_PK(proto_pack_str(pk, "model"));
-    PROTO_MP(proto_pack_map(pk, 5));
-    PROTO_PK(proto_pack_kv_str(pk, "name", srv->model.name));
-    PROTO_PK(proto_pack_kv_uint(pk, "vocab", srv->model.vocab));
-    PROTO_PK(proto_pack_kv_uint(pk, "context", srv->model.context));
-    PROTO_PK(proto_pack_kv_uint(pk, "weight_bytes", srv->model.weight_bytes));
-    PROTO_PK(proto_pack_kv_uint(pk, "weight_device_bytes", srv->model.weight_device_bytes));
-    return 0;
+    PROTO_PK(proto_map_end(pk, kv));
+    if (!srv->have_model) {
+        PROTO_PK(proto_pack_kv_nil(pk, "model"));
+    } else {
+        PROTO_PK(proto_pack_str(pk, "model"));
+        size_t model = proto_map_begin(pk);
+        PROTO_PK(proto_pack_kv_str(pk, "name", srv->model.name));
+        PROTO_PK(proto_pack_kv_uint(pk, "vocab", srv->model.vocab));
+        PROTO_PK(proto_pack_kv_uint(pk, "context", srv->model.context));
+        PROTO_PK(proto_pack_kv_uint(pk, "weight_bytes", srv->model.weight_bytes));
+        PROTO_PK(proto_pack_kv_uint(pk, "weight_device_bytes", srv->model.weight_device_bytes));
+        PROTO_PK(proto_map_end(pk, model));
+    }
+    return proto_map_end(pk, reply);
 }
 
 /* A quota: nil when unlimited. */
@@ -66,7 +70,7 @@ static int pack_quota(msgpack_packer *pk, const char *key, uint32_t v)
 static int pack_tenant(msgpack_packer *pk, const struct kvmm_tenant_stats *t, struct acct *acct,
                        uint32_t id)
 {
-    PROTO_MP(proto_pack_map(pk, 10 + ACCT_STATS_TENANT_PAIRS));
+    size_t map = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_str(pk, "name", t->name));
     PROTO_PK(proto_pack_kv_uint(pk, "device_blocks", t->device_blocks));
     PROTO_PK(proto_pack_kv_uint(pk, "host_blocks", t->host_blocks));
@@ -78,25 +82,26 @@ static int pack_tenant(msgpack_packer *pk, const struct kvmm_tenant_stats *t, st
     PROTO_PK(proto_pack_kv_uint(pk, "swaps_in", t->swaps_in));
     PROTO_PK(acct_stats_pack_tenant(pk, acct, id, t));
     PROTO_PK(proto_pack_str(pk, "quota"));
-    PROTO_MP(proto_pack_map(pk, 5));
+    size_t quota = proto_map_begin(pk);
     PROTO_PK(pack_quota(pk, "max_device_blocks", t->conf.max_device_blocks));
     PROTO_PK(pack_quota(pk, "max_host_blocks", t->conf.max_host_blocks));
     PROTO_PK(pack_quota(pk, "max_seqs", t->conf.max_seqs));
     PROTO_PK(proto_pack_kv_uint(pk, "reserved_device_blocks", t->conf.reserved_device_blocks));
     PROTO_PK(proto_pack_kv_uint(pk, "weight", t->conf.weight));
-    return 0;
+    PROTO_PK(proto_map_end(pk, quota));
+    return proto_map_end(pk, map);
 }
 
 static int pack_tier(msgpack_packer *pk, const char *key, uint32_t total, uint32_t free_,
                      uint32_t cached, uint32_t used)
 {
     PROTO_PK(proto_pack_str(pk, key));
-    PROTO_MP(proto_pack_map(pk, 4));
+    size_t map = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "total", total));
     PROTO_PK(proto_pack_kv_uint(pk, "free", free_));
     PROTO_PK(proto_pack_kv_uint(pk, "cached", cached));
     PROTO_PK(proto_pack_kv_uint(pk, "used", used));
-    return 0;
+    return proto_map_end(pk, map);
 }
 
 /* A non-admin's stats (issue 14): the pool's size, its own tenant and
@@ -112,23 +117,26 @@ static int stats_tenant_locked(struct ops_ctx *c)
     const struct kv_geom *g = kvmm_geom(c->mm);
 
     kvmm_stats(c->mm, &st);
-    PROTO_PK(proto_reply_begin(pk, c->id, 7));
+    size_t reply = proto_reply_begin_map(pk, c->id);
     PROTO_PK(proto_pack_kv_str(pk, "scope", "tenant"));
     PROTO_PK(proto_pack_kv_str(pk, "backend", srv->be->ops->name));
     PROTO_PK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
     PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
     PROTO_PK(proto_pack_str(pk, "device"));
-    PROTO_MP(proto_pack_map(pk, 1));
+    size_t dev = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "total", st.device_total));
+    PROTO_PK(proto_map_end(pk, dev));
     PROTO_PK(proto_pack_str(pk, "host"));
-    PROTO_MP(proto_pack_map(pk, 1));
+    size_t host = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "total", st.host_total));
+    PROTO_PK(proto_map_end(pk, host));
     PROTO_PK(proto_pack_str(pk, "tenants"));
     PROTO_MP(proto_pack_array(pk, 1));
     int rc = kvmm_tenant_stats(c->mm, c->tenant, &ts);
     if (rc)
         return proto_err_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
-    return pack_tenant(pk, &ts, srv->acct, c->tenant);
+    PROTO_PK(pack_tenant(pk, &ts, srv->acct, c->tenant));
+    return proto_map_end(pk, reply);
 }
 
 /* Everything is read under one lock so the numbers add up. */
@@ -143,7 +151,7 @@ static int stats_locked(struct ops_ctx *c)
     if (!c->admin)
         return stats_tenant_locked(c);
     kvmm_stats(c->mm, &st);
-    PROTO_PK(proto_reply_begin(pk, c->id, (srv->stats_fn ? 11 : 10) + ACCT_STATS_TOP_PAIRS));
+    size_t reply = proto_reply_begin_map(pk, c->id);
     PROTO_PK(proto_pack_kv_str(pk, "scope", "all"));
     PROTO_PK(proto_pack_kv_str(pk, "backend", srv->be->ops->name));
     PROTO_PK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
@@ -152,7 +160,7 @@ static int stats_locked(struct ops_ctx *c)
                     st.device_used));
     PROTO_PK(pack_tier(pk, "host", st.host_total, st.host_free, st.host_cached, st.host_used));
     PROTO_PK(proto_pack_str(pk, "counters"));
-    PROTO_MP(proto_pack_map(pk, 11));
+    size_t counters = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_asked", st.match_tokens_asked));
     PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_hit", st.match_tokens_hit));
     PROTO_PK(proto_pack_kv_uint(pk, "swaps_out", st.swaps_out));
@@ -164,6 +172,7 @@ static int stats_locked(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_uint(pk, "checksum_failures", st.checksum_failures));
     PROTO_PK(proto_pack_kv_uint(pk, "cow_copies", st.cow_copies));
     PROTO_PK(proto_pack_kv_uint(pk, "seqs", st.n_seqs));
+    PROTO_PK(proto_map_end(pk, counters));
     PROTO_PK(proto_pack_kv_uint(pk, "connections", srv->n_conns));
     PROTO_PK(proto_pack_kv_uint(pk, "in_flight", srv->n_pending));
 
@@ -176,13 +185,7 @@ static int stats_locked(struct ops_ctx *c)
         PROTO_PK(pack_tenant(pk, &ts, srv->acct, srv->tenants[i].id));
     }
     PROTO_PK(acct_stats_pack_top(pk, srv->acct, srv->rl)); /* "requests", "roofline" */
-    if (srv->stats_fn) {
-        PROTO_PK(proto_pack_str(pk, srv->stats_key));
-        int rc = srv->stats_fn(srv->stats_ctx, pk);
-        if (rc)
-            return proto_err_set(&c->err, rc, "stats: '%s' failed", srv->stats_key);
-    }
-    return 0;
+    return proto_map_end(pk, reply);
 }
 
 int ops_stats(struct ops_ctx *c)

@@ -100,16 +100,6 @@ int server_on_drain(struct server *srv, server_drain_fn fn, void *ctx)
     return rc;
 }
 
-int server_on_stats(struct server *srv, const char *key, server_stats_fn fn, void *ctx)
-{
-    if (strlen(key) >= sizeof(srv->stats_key))
-        return KVD_EBADREQ;
-    strcpy(srv->stats_key, key);
-    srv->stats_fn = fn;
-    srv->stats_ctx = ctx;
-    return 0;
-}
-
 int server_tenant_note(struct server *srv, const char *name, uint32_t id)
 {
     for (size_t i = 0; i < srv->n_tenants; i++)

@@ -72,12 +72,6 @@ int server_on_close(struct server *srv, server_close_fn fn, void *ctx);
 typedef void (*server_drain_fn)(void *ctx);
 int server_on_drain(struct server *srv, server_drain_fn fn, void *ctx);
 
-/* Adds one key to every stats reply (serve mode: "queues"): fn packs its
- * value (one msgpack object) on the loop thread, with the kvmm lock held.
- * Returns 0 or an enum kvd_err. Not thread-safe: call before server_run. */
-typedef int (*server_stats_fn)(void *ctx, msgpack_packer *pk);
-int server_on_stats(struct server *srv, const char *key, server_stats_fn fn, void *ctx);
-
 /* Starts the same drain as SIGTERM. Thread-safe. */
 void server_shutdown(struct server *srv);
 /* Called (loop thread) when the server must end connection conn_id's

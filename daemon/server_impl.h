@@ -114,9 +114,6 @@ struct server {
     struct conn *out_conn;
     msgpack_zone *zone; /* objects of the request being dispatched; cleared after each */
 
-    char stats_key[32]; /* extra stats key ("" when none) and its packer */
-    server_stats_fn stats_fn;
-    void *stats_ctx;
 
     struct server_tenant *tenants; /* (n_tenants) every tenant seen, for stats */
     size_t n_tenants;
