@@ -471,7 +471,7 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
     int n;
     cudaGetDeviceCount(&n);
     std::lock_guard<std::mutex> g(g_mu);
-    *free_bytes = g_device_total - g_device_used;
+    *free_bytes = g_device_used < g_device_total ? g_device_total - g_device_used : 0;
     *total_bytes = g_device_total;
     return cudaSuccess;
 }
