@@ -239,7 +239,7 @@ static int ini_cb(void *user, const char *section, const char *name_in, const ch
             options_defaults(&scratch);
             o = &scratch;
         }
-        if (options_set(o, name, v, e, sizeof(e))) {
+        if (options_set_key(o, name, v, e, sizeof(e))) {
             snprintf(L->err, sizeof(L->err), "%s", e);
             return 0;
         }

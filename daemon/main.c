@@ -27,9 +27,6 @@
 #include "roofline.h"
 #include "server.h"
 
-#define DEFAULT_DEVICE_BLOCKS 1024u
-#define DEFAULT_HOST_BLOCKS 1024u
-
 static int pick_backend(const struct options *o, struct backend **be)
 {
     char err[256] = "";
@@ -78,7 +75,7 @@ static size_t device_memory(const struct backend *be)
 static int size_arenas(const struct options *o, const struct backend *be, size_t block_bytes,
                        uint32_t *dev, uint32_t *host)
 {
-    *dev = DEFAULT_DEVICE_BLOCKS;
+    *dev = OPTIONS_DEFAULT_DEVICE_BLOCKS;
     if (o->device_blocks) {
         *dev = o->device_blocks;
     } else if (o->gpu_mem > 0) {
@@ -95,7 +92,7 @@ static int size_arenas(const struct options *o, const struct backend *be, size_t
         }
         *dev = n >= (double)(UINT32_MAX - 1) ? UINT32_MAX - 1 : (uint32_t)n;
     }
-    *host = DEFAULT_HOST_BLOCKS;
+    *host = OPTIONS_DEFAULT_HOST_BLOCKS;
     if (o->host_blocks != UINT32_MAX) {
         *host = o->host_blocks;
     } else if (o->host_mem) {

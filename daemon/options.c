@@ -1,12 +1,14 @@
-/* options: command line and [server] settings (see options.h). Numbers are
- * parsed strictly (whole string, range checked); sizes take K/M/G suffixes
- * (powers of 1024). */
+/* options: command line and [server] settings (see options.h), all from
+ * one table. Numbers are parsed strictly (whole string, range checked);
+ * sizes take K/M/G/T suffixes (powers of 1024). */
 #include "options.h"
 #include "metrics.h"
 
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -15,46 +17,98 @@
 #include "kvd/status.h"
 #include "log.h"
 
-void options_defaults(struct options *o)
-{
-    memset(o, 0, sizeof(*o));
-    o->backend = OPTIONS_BACKEND_AUTO;
-    o->device_blocks = 0;
-    o->host_blocks = UINT32_MAX;
-    o->geom.layers = 4;
-    o->geom.kv_heads = 4;
-    o->geom.head_dim = 64;
-    o->geom.dtype = KV_F16;
-    o->geom.block_tokens = 16;
-    o->max_frame = KVD_MAX_FRAME_DEFAULT;
-    o->max_conns = 1024;
-    o->max_conns_per_uid = 64;
-    o->admin_reserved_conns = 8;
-    o->max_queued_per_conn = 1024;
-    o->max_queued_per_tenant = 4096;
-    o->max_unread_output = (uint64_t)16 << 20;
-    o->max_buffered = (uint64_t)1 << 30;
-    o->metrics_max_conns = 16;
-    o->step_tokens = 512;
-    o->step_seqs = 64;
-    o->queue_timeout_ms = 60000;
-    o->log_level = LOG_LVL_INFO;
-    o->roofline_probe = true;
-}
+_Static_assert(OPTIONS_BACKEND_AUTO == 0 && OPTIONS_BACKEND_CPU == 1 && OPTIONS_BACKEND_CUDA == 2,
+               "backend choices are in enum order");
+_Static_assert(KV_F16 == 0 && KV_BF16 == 1 && KV_F32 == 2, "kv-dtype choices are in enum order");
+_Static_assert(sizeof(enum options_backend) == sizeof(int) && sizeof(enum kv_dtype) == sizeof(int),
+               "choices are stored as int");
 
-/* A yes/no setting: NULL (a command-line flag) is yes. */
-static int set_bool(bool *out, const char *name, const char *v, char *err, size_t errlen)
-{
-    if (!v || !strcmp(v, "yes") || !strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "on"))
-        *out = true;
-    else if (!strcmp(v, "no") || !strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "off"))
-        *out = false;
-    else {
-        snprintf(err, errlen, "%s: '%s' is not yes or no", name, v);
-        return KVD_EBADREQ;
-    }
-    return 0;
-}
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define F(field) offsetof(struct options, field), sizeof(((struct options *)0)->field)
+
+const struct options_def options_defs[] = {
+    {"socket", "PATH", OPTIONS_PATH, F(socket_path), 0, 0, NULL, NULL, NULL, 0,
+     "listen here (default " KVD_DEFAULT_SOCKET ";\n"
+     "non-root without access: $XDG_RUNTIME_DIR/kvd.sock\n"
+     "or /tmp/kvd-UID/kvd.sock); ignored under socket activation"},
+    {"socket-group", "NAME", OPTIONS_STR, F(socket_group), 0, 0, NULL, NULL, NULL, 0,
+     "group owning the socket (mode 0660)"},
+    {"config", "FILE", OPTIONS_STR, F(config_path), 0, 0, NULL, NULL, NULL, OPTIONS_CLI_ONLY,
+     "INI file: [server] settings, [limits], [admin], [tenant:NAME]"},
+    {"backend", "auto|cpu|cuda", OPTIONS_CHOICE, F(backend), 0, 0, "auto|cpu|cuda", "auto", NULL,
+     0, "where the KV arena and the model live"},
+    {"model", "FILE", OPTIONS_STR, F(model_path), 0, 0, NULL, NULL, NULL, 0,
+     "GGUF model to serve (omit for store mode)"},
+    {"device-blocks", "N", OPTIONS_U32, F(device_blocks), 1, UINT32_MAX - 1, NULL, NULL,
+     STR(OPTIONS_DEFAULT_DEVICE_BLOCKS), 0, "KV blocks in the device arena"},
+    {"gpu-mem", "FRACTION", OPTIONS_FRACTION, F(gpu_mem), 0, 0, NULL, NULL, NULL, 0,
+     "or: this fraction of device memory for KV blocks"},
+    {"host-blocks", "N", OPTIONS_U32, F(host_blocks), 0, UINT32_MAX - 1, NULL, NULL,
+     STR(OPTIONS_DEFAULT_HOST_BLOCKS), 0, "blocks in the host tier (0 = none)"},
+    {"host-mem", "BYTES", OPTIONS_SIZE, F(host_mem), 0, UINT64_MAX, NULL, NULL, NULL, 0,
+     "or: this many bytes of host tier (e.g. 8G)"},
+    {"block-tokens", "N", OPTIONS_U32, F(geom.block_tokens), 1, 4096, NULL, "16", NULL, 0,
+     "tokens per block"},
+    {"kv-layers", "L", OPTIONS_U32, F(geom.layers), 1, 1024, NULL, "4", NULL, 0,
+     "store-mode KV geometry: layers"},
+    {"kv-heads", "H", OPTIONS_U32, F(geom.kv_heads), 1, 1024, NULL, "4", NULL, 0,
+     "store-mode KV heads"},
+    {"head-dim", "D", OPTIONS_U32, F(geom.head_dim), 1, 4096, NULL, "64", NULL, 0,
+     "store-mode head size"},
+    {"kv-dtype", "f16|bf16|f32", OPTIONS_CHOICE, F(geom.dtype), 0, 0, "f16|bf16|f32", "f16", NULL,
+     0, "store-mode KV element type"},
+    {"max-frame", "BYTES", OPTIONS_SIZE32, F(max_frame), KVD_MAX_FRAME_MIN, KVD_MAX_FRAME_LIMIT,
+     NULL, "64M", NULL, 0, "largest frame accepted"},
+    {"max-connections", "N", OPTIONS_U32, F(max_conns), 1, 1000000, NULL, "1024", NULL, 0,
+     "concurrent client connections"},
+    {"max-connections-per-uid", "N", OPTIONS_U32, F(max_conns_per_uid), 1, 1000000, NULL, "64",
+     NULL, 0, "connections one uid may hold (admins are exempt)"},
+    {"admin-reserved-connections", "N", OPTIONS_U32, F(admin_reserved_conns), 0, 1000000, NULL,
+     "8", NULL, 0, "of --max-connections, slots only admins may take"},
+    {"max-queued-per-connection", "N", OPTIONS_U32, F(max_queued_per_conn), 1, 10000000, NULL,
+     "1024", NULL, 0, "generates in flight per connection before 'busy'"},
+    {"max-queued-per-tenant", "N", OPTIONS_U32, F(max_queued_per_tenant), 1, 10000000, NULL,
+     "4096", NULL, 0, "generates in flight per tenant before 'busy'"},
+    {"max-unread-output", "BYTES", OPTIONS_SIZE, F(max_unread_output), 64 << 10,
+     (uint64_t)1 << 50, NULL, "16M", NULL, 0,
+     "a connection's unread output above which its\ngenerates end with 'busy'"},
+    {"max-buffered", "BYTES", OPTIONS_SIZE, F(max_buffered), 1 << 20, (uint64_t)1 << 50, NULL,
+     "1G", NULL, 0,
+     "daemon-wide buffered input + output above which the\nconnection holding most is dropped"},
+    {"step-tokens", "N", OPTIONS_U32, F(step_tokens), 1, 1u << 20, NULL, "512", NULL, 0,
+     "executor token budget per step"},
+    {"step-seqs", "N", OPTIONS_U32, F(step_seqs), 1, 4096, NULL, "64", NULL, 0,
+     "executor sequences per step"},
+    {"queue-timeout", "MS", OPTIONS_U32, F(queue_timeout_ms), 0, 86400000, NULL, "60000", NULL, 0,
+     "a generate not started by then is answered busy\n(0 = wait as long as it takes)"},
+    {"threads", "N", OPTIONS_U32, F(threads), 0, 256, NULL, "0", NULL, 0,
+     "cpu backend: compute threads (0 = one per CPU)"},
+    {"log-level", "LEVEL", OPTIONS_LOG_LEVEL, F(log_level), 0, 0, NULL, "info", NULL, 0,
+     "error, warning, notice, info or debug"},
+    {"metrics", "ADDR", OPTIONS_METRICS, F(metrics_addr), 0, 0, NULL, NULL, NULL, 0,
+     "serve Prometheus metrics: unix[:PATH] (default PATH:\n"
+     "metrics.sock beside --socket; mode 0600, or 0660 for\n"
+     "--metrics-group), or HOST:PORT over TCP (loopback only,\n"
+     "e.g. 127.0.0.1:9464); off by default"},
+    {"metrics-group", "NAME", OPTIONS_STR, F(metrics_group), 0, 0, NULL, NULL, NULL, 0,
+     "group that may read a unix: metrics socket (admins)"},
+    {"metrics-token-file", "FILE", OPTIONS_STR, F(metrics_token_file), 0, 0, NULL, NULL, NULL, 0,
+     "require 'Authorization: Bearer <token in FILE>'"},
+    {"metrics-max-connections", "N", OPTIONS_U32, F(metrics_max_conns), 1, 100000, NULL, "16",
+     NULL, 0, "open metrics connections at most"},
+    {"metrics-force", NULL, OPTIONS_BOOL, F(metrics_force), 0, 0, NULL, NULL, NULL, 0,
+     "allow a non-loopback --metrics address"},
+    {"roofline-probe", "yes|no", OPTIONS_BOOL, F(roofline_probe), 0, 0, NULL, "yes", NULL,
+     OPTIONS_FILE_ONLY,
+     "measure the backend's FLOP/s and bytes/s ceilings at start\n(about 0.3 s)"},
+    {"no-roofline-probe", NULL, OPTIONS_OFF_FLAG, F(roofline_probe), 0, 0, NULL, NULL, NULL,
+     OPTIONS_CLI_ONLY, "skip the startup measurement of the backend's\nFLOP/s and bytes/s ceilings"},
+    {"help", NULL, OPTIONS_BOOL, F(help), 0, 0, NULL, NULL, NULL, OPTIONS_CLI_ONLY, "this text"},
+    {"version", NULL, OPTIONS_BOOL, F(version), 0, 0, NULL, NULL, NULL, OPTIONS_CLI_ONLY,
+     "the version"},
+};
+const size_t options_n_defs = sizeof(options_defs) / sizeof(options_defs[0]);
 
 static int parse_u64(const char *s, uint64_t lo, uint64_t hi, bool sized, uint64_t *out)
 {
@@ -89,247 +143,201 @@ static int parse_u64(const char *s, uint64_t lo, uint64_t hi, bool sized, uint64
     return 0;
 }
 
-static int set_u32(uint32_t *dst, const char *name, const char *v, uint64_t lo, uint64_t hi,
-                   char *err, size_t errlen)
+static const struct options_def *find_def(const char *name)
 {
+    for (size_t i = 0; i < options_n_defs; i++)
+        if (!strcmp(options_defs[i].name, name))
+            return &options_defs[i];
+    return NULL;
+}
+
+/* The index of v among "a|b|c", or -1. */
+static int choice_index(const char *choices, const char *v)
+{
+    size_t vl = strlen(v);
+    int i = 0;
+    for (const char *c = choices; *c; i++) {
+        const char *bar = strchr(c, '|');
+        size_t cl = bar ? (size_t)(bar - c) : strlen(c);
+        if (cl == vl && !strncmp(c, v, cl))
+            return i;
+        if (!bar)
+            break;
+        c = bar + 1;
+    }
+    return -1;
+}
+
+static int bad(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bad(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return KVD_EBADREQ;
+}
+
+/* Parses v by d's kind into the field at f. */
+static int apply(const struct options_def *d, void *f, const char *v, char *err, size_t errlen)
+{
+    const char *n = d->name;
     uint64_t x;
-    if (parse_u64(v, lo, hi, false, &x)) {
-        snprintf(err, errlen, "%s: '%s' is not a whole number in [%" PRIu64 ", %" PRIu64 "]",
-                 name, v ? v : "", lo, hi);
-        return KVD_EBADREQ;
+    switch (d->kind) {
+    case OPTIONS_OFF_FLAG:
+        if (v)
+            return bad(err, errlen, "%s takes no value", n);
+        *(bool *)f = false;
+        return 0;
+    case OPTIONS_BOOL:
+        if (!v || !strcmp(v, "yes") || !strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "on"))
+            *(bool *)f = true;
+        else if (!strcmp(v, "no") || !strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "off"))
+            *(bool *)f = false;
+        else
+            return bad(err, errlen, "%s: '%s' is not yes or no", n, v);
+        return 0;
+    default:
+        break;
     }
-    *dst = (uint32_t)x;
-    return 0;
+    if (!v)
+        return bad(err, errlen, "%s needs a value", n);
+    switch (d->kind) {
+    case OPTIONS_PATH:
+        if (v[0] != '/')
+            return bad(err, errlen, "%s: '%s' is not an absolute path", n, v);
+        /* fall through */
+    case OPTIONS_STR:
+        if (strlen(v) >= d->cap)
+            return bad(err, errlen, "%s: longer than %zu bytes", n, d->cap - 1);
+        strcpy(f, v);
+        return 0;
+    case OPTIONS_U32:
+        if (parse_u64(v, d->lo, d->hi, false, &x))
+            return bad(err, errlen, "%s: '%s' is not a whole number in [%" PRIu64 ", %" PRIu64 "]",
+                       n, v, d->lo, d->hi);
+        *(uint32_t *)f = (uint32_t)x;
+        return 0;
+    case OPTIONS_SIZE:
+    case OPTIONS_SIZE32:
+        if (parse_u64(v, d->lo, d->hi, true, &x))
+            return bad(err, errlen,
+                       "%s: '%s' is not a byte size in [%" PRIu64 ", %" PRIu64 "] (e.g. 16M)", n,
+                       v, d->lo, d->hi);
+        if (d->kind == OPTIONS_SIZE32)
+            *(uint32_t *)f = (uint32_t)x;
+        else
+            *(uint64_t *)f = x;
+        return 0;
+    case OPTIONS_FRACTION: {
+        char *end;
+        errno = 0;
+        double fr = strtod(v, &end);
+        if (errno || end == v || *end || !(fr > 0.0 && fr <= 1.0))
+            return bad(err, errlen, "%s: '%s' is not a fraction in (0, 1]", n, v);
+        *(double *)f = fr;
+        return 0;
+    }
+    case OPTIONS_CHOICE: {
+        int i = choice_index(d->choices, v);
+        if (i < 0)
+            return bad(err, errlen, "%s: '%s' is not one of %s", n, v, d->choices);
+        *(int *)f = i;
+        return 0;
+    }
+    case OPTIONS_LOG_LEVEL: {
+        int l = log_level_parse(v);
+        if (l < 0)
+            return bad(err, errlen, "%s: '%s' is not error, warning, notice, info or debug", n, v);
+        *(int *)f = l;
+        return 0;
+    }
+    case OPTIONS_METRICS: {
+        char host[64];
+        uint16_t port;
+        bool loopback;
+        if (metrics_parse_addr(v, host, sizeof(host), &port, &loopback, err, errlen))
+            return KVD_EBADREQ;
+        if (strlen(v) >= d->cap)
+            return bad(err, errlen, "%s: longer than %zu bytes", n, d->cap - 1);
+        strcpy(f, v);
+        return 0;
+    }
+    default:
+        return bad(err, errlen, "%s: bad table entry", n);
+    }
 }
 
-static int set_str(char *dst, size_t cap, const char *name, const char *v, char *err,
-                   size_t errlen)
+void options_defaults(struct options *o)
 {
-    if (!v || strlen(v) >= cap) {
-        snprintf(err, errlen, "%s: missing or longer than %zu bytes", name, cap - 1);
-        return KVD_EBADREQ;
-    }
-    strcpy(dst, v);
-    return 0;
+    char err[200];
+    memset(o, 0, sizeof(*o));
+    o->host_blocks = UINT32_MAX; /* unset: host-mem, else OPTIONS_DEFAULT_HOST_BLOCKS */
+    for (size_t i = 0; i < options_n_defs; i++)
+        if (options_defs[i].dflt &&
+            apply(&options_defs[i], (char *)o + options_defs[i].off, options_defs[i].dflt, err,
+                  sizeof(err)) != 0)
+            abort(); /* a default the table cannot parse: a bug caught by any test */
 }
 
-int options_set(struct options *o, const char *name_in, const char *v, char *err, size_t errlen)
+static int set_from(struct options *o, const char *name_in, const char *v, unsigned refused,
+                    char *err, size_t errlen)
 {
     char name[64];
     size_t i;
     for (i = 0; name_in[i] && i + 1 < sizeof(name); i++)
         name[i] = name_in[i] == '_' ? '-' : name_in[i];
     name[i] = '\0';
-
-    if (!strcmp(name, "help")) {
-        o->help = true;
-        return 0;
-    }
-    if (!strcmp(name, "version")) {
-        o->version = true;
-        return 0;
-    }
-    /* Observability (metrics.h, roofline.h). */
-    if (!strcmp(name, "metrics-force"))
-        return set_bool(&o->metrics_force, name, v, err, errlen);
-    if (!strcmp(name, "roofline-probe"))
-        return set_bool(&o->roofline_probe, name, v, err, errlen);
-    if (!strcmp(name, "no-roofline-probe") && !v) {
-        o->roofline_probe = false;
-        return 0;
-    }
-    if (!strcmp(name, "metrics") && v) {
-        char host[64];
-        uint16_t port;
-        bool loopback;
-        if (metrics_parse_addr(v, host, sizeof(host), &port, &loopback, err, errlen))
-            return KVD_EBADREQ;
-        return set_str(o->metrics_addr, sizeof(o->metrics_addr), name, v, err, errlen);
-    }
-    if (!v) {
-        snprintf(err, errlen, "%s needs a value", name);
-        return KVD_EBADREQ;
-    }
-    if (!strcmp(name, "socket")) {
-        if (v[0] != '/') {
-            snprintf(err, errlen, "socket: '%s' is not an absolute path", v);
-            return KVD_EBADREQ;
-        }
-        return set_str(o->socket_path, sizeof(o->socket_path), name, v, err, errlen);
-    }
-    if (!strcmp(name, "metrics-group"))
-        return set_str(o->metrics_group, sizeof(o->metrics_group), name, v, err, errlen);
-    if (!strcmp(name, "metrics-max-connections"))
-        return set_u32(&o->metrics_max_conns, name, v, 1, 100000, err, errlen);
-    if (!strcmp(name, "metrics-token-file"))
-        return set_str(o->metrics_token_file, sizeof(o->metrics_token_file), name, v, err,
-                       errlen);
-    if (!strcmp(name, "socket-group"))
-        return set_str(o->socket_group, sizeof(o->socket_group), name, v, err, errlen);
-    if (!strcmp(name, "config"))
-        return set_str(o->config_path, sizeof(o->config_path), name, v, err, errlen);
-    if (!strcmp(name, "model"))
-        return set_str(o->model_path, sizeof(o->model_path), name, v, err, errlen);
-    if (!strcmp(name, "backend")) {
-        if (!strcmp(v, "auto"))
-            o->backend = OPTIONS_BACKEND_AUTO;
-        else if (!strcmp(v, "cpu"))
-            o->backend = OPTIONS_BACKEND_CPU;
-        else if (!strcmp(v, "cuda"))
-            o->backend = OPTIONS_BACKEND_CUDA;
-        else {
-            snprintf(err, errlen, "backend: '%s' is not auto, cpu or cuda", v);
-            return KVD_EBADREQ;
-        }
-        return 0;
-    }
-    if (!strcmp(name, "device-blocks"))
-        return set_u32(&o->device_blocks, name, v, 1, UINT32_MAX - 1, err, errlen);
-    if (!strcmp(name, "host-blocks"))
-        return set_u32(&o->host_blocks, name, v, 0, UINT32_MAX - 1, err, errlen);
-    if (!strcmp(name, "gpu-mem")) {
-        char *end;
-        errno = 0;
-        double f = strtod(v, &end);
-        if (errno || end == v || *end || !(f > 0.0 && f <= 1.0)) {
-            snprintf(err, errlen, "gpu-mem: '%s' is not a fraction in (0, 1]", v);
-            return KVD_EBADREQ;
-        }
-        o->gpu_mem = f;
-        return 0;
-    }
-    if (!strcmp(name, "host-mem")) {
-        if (parse_u64(v, 0, UINT64_MAX, true, &o->host_mem)) {
-            snprintf(err, errlen, "host-mem: '%s' is not a byte size (e.g. 4G)", v);
-            return KVD_EBADREQ;
-        }
-        return 0;
-    }
-    if (!strcmp(name, "block-tokens"))
-        return set_u32(&o->geom.block_tokens, name, v, 1, 4096, err, errlen);
-    if (!strcmp(name, "kv-layers"))
-        return set_u32(&o->geom.layers, name, v, 1, 1024, err, errlen);
-    if (!strcmp(name, "kv-heads"))
-        return set_u32(&o->geom.kv_heads, name, v, 1, 1024, err, errlen);
-    if (!strcmp(name, "head-dim"))
-        return set_u32(&o->geom.head_dim, name, v, 1, 4096, err, errlen);
-    if (!strcmp(name, "kv-dtype")) {
-        if (!strcmp(v, "f16"))
-            o->geom.dtype = KV_F16;
-        else if (!strcmp(v, "bf16"))
-            o->geom.dtype = KV_BF16;
-        else if (!strcmp(v, "f32"))
-            o->geom.dtype = KV_F32;
-        else {
-            snprintf(err, errlen, "kv-dtype: '%s' is not f16, bf16 or f32", v);
-            return KVD_EBADREQ;
-        }
-        return 0;
-    }
-    if (!strcmp(name, "max-frame")) {
-        uint64_t x;
-        if (parse_u64(v, KVD_MAX_FRAME_MIN, KVD_MAX_FRAME_LIMIT, true, &x)) {
-            snprintf(err, errlen, "max-frame: '%s' is not a size in [%u, %u] bytes", v,
-                     KVD_MAX_FRAME_MIN, KVD_MAX_FRAME_LIMIT);
-            return KVD_EBADREQ;
-        }
-        o->max_frame = (uint32_t)x;
-        return 0;
-    }
-    if (!strcmp(name, "max-connections"))
-        return set_u32(&o->max_conns, name, v, 1, 1000000, err, errlen);
-    if (!strcmp(name, "max-connections-per-uid"))
-        return set_u32(&o->max_conns_per_uid, name, v, 1, 1000000, err, errlen);
-    if (!strcmp(name, "admin-reserved-connections"))
-        return set_u32(&o->admin_reserved_conns, name, v, 0, 1000000, err, errlen);
-    if (!strcmp(name, "max-queued-per-connection"))
-        return set_u32(&o->max_queued_per_conn, name, v, 1, 10000000, err, errlen);
-    if (!strcmp(name, "max-queued-per-tenant"))
-        return set_u32(&o->max_queued_per_tenant, name, v, 1, 10000000, err, errlen);
-    if (!strcmp(name, "max-unread-output") || !strcmp(name, "max-buffered")) {
-        uint64_t x;
-        bool unread = name[4] == 'u';
-        if (parse_u64(v, unread ? 64 << 10 : 1 << 20, (uint64_t)1 << 50, true, &x)) {
-            snprintf(err, errlen, "%s: '%s' is not a byte size of at least %s (e.g. 16M)", name,
-                     v, unread ? "64K" : "1M");
-            return KVD_EBADREQ;
-        }
-        *(unread ? &o->max_unread_output : &o->max_buffered) = x;
-        return 0;
-    }
-    if (!strcmp(name, "step-tokens"))
-        return set_u32(&o->step_tokens, name, v, 1, 1u << 20, err, errlen);
-    if (!strcmp(name, "step-seqs"))
-        return set_u32(&o->step_seqs, name, v, 1, 4096, err, errlen);
-    if (!strcmp(name, "threads"))
-        return set_u32(&o->threads, name, v, 0, 256, err, errlen);
-    if (!strcmp(name, "queue-timeout"))
-        return set_u32(&o->queue_timeout_ms, name, v, 0, 86400000, err, errlen);
-    if (!strcmp(name, "log-level")) {
-        int l = log_level_parse(v);
-        if (l < 0) {
-            snprintf(err, errlen, "log-level: '%s' is not error, warning, notice, info or debug",
-                     v);
-            return KVD_EBADREQ;
-        }
-        o->log_level = l;
-        return 0;
-    }
-    snprintf(err, errlen, "unknown setting '%s'", name_in);
-    return KVD_EBADREQ;
+    const struct options_def *d = name_in[i] ? NULL : find_def(name);
+    if (!d)
+        return bad(err, errlen, "unknown setting '%s'", name_in);
+    if (d->flags & refused)
+        return bad(err, errlen, "%s: %s", name_in,
+                   refused == OPTIONS_CLI_ONLY ? "only on the command line"
+                                               : "only in the config file");
+    return apply(d, (char *)o + d->off, v, err, errlen);
 }
 
-static const struct option long_opts[] = {
-    {"socket", required_argument, 0, 0},      {"socket-group", required_argument, 0, 0},
-    {"config", required_argument, 0, 0},      {"model", required_argument, 0, 0},
-    {"backend", required_argument, 0, 0},     {"device-blocks", required_argument, 0, 0},
-    {"gpu-mem", required_argument, 0, 0},     {"host-blocks", required_argument, 0, 0},
-    {"host-mem", required_argument, 0, 0},    {"block-tokens", required_argument, 0, 0},
-    {"kv-layers", required_argument, 0, 0},   {"kv-heads", required_argument, 0, 0},
-    {"head-dim", required_argument, 0, 0},    {"kv-dtype", required_argument, 0, 0},
-    {"max-frame", required_argument, 0, 0},   {"max-connections", required_argument, 0, 0},
-    {"log-level", required_argument, 0, 0},   {"metrics", required_argument, 0, 0},
-    {"metrics-force", no_argument, 0, 0},     {"no-roofline-probe", no_argument, 0, 0},
-    {"metrics-group", required_argument, 0, 0},
-    {"metrics-token-file", required_argument, 0, 0},
-    {"metrics-max-connections", required_argument, 0, 0},
-    {"step-tokens", required_argument, 0, 0}, {"step-seqs", required_argument, 0, 0},
-    {"queue-timeout", required_argument, 0, 0}, {"threads", required_argument, 0, 0},
-    {"max-connections-per-uid", required_argument, 0, 0},
-    {"admin-reserved-connections", required_argument, 0, 0},
-    {"max-queued-per-connection", required_argument, 0, 0},
-    {"max-queued-per-tenant", required_argument, 0, 0},
-    {"max-unread-output", required_argument, 0, 0},
-    {"max-buffered", required_argument, 0, 0},
-    {"help", no_argument, 0, 'h'},
-    {"version", no_argument, 0, 'V'},         {0, 0, 0, 0},
-};
+int options_set(struct options *o, const char *name, const char *v, char *err, size_t errlen)
+{
+    return set_from(o, name, v, 0, err, errlen);
+}
+
+int options_set_key(struct options *o, const char *name, const char *v, char *err, size_t errlen)
+{
+    return set_from(o, name, v, OPTIONS_CLI_ONLY, err, errlen);
+}
 
 int options_parse(struct options *o, int argc, char **argv, char *err, size_t errlen)
 {
+    struct option lo[sizeof(options_defs) / sizeof(options_defs[0]) + 1];
+    size_t n = 0;
+    for (size_t i = 0; i < options_n_defs; i++) {
+        const struct options_def *d = &options_defs[i];
+        if (d->flags & OPTIONS_FILE_ONLY)
+            continue;
+        bool flag = d->kind == OPTIONS_BOOL || d->kind == OPTIONS_OFF_FLAG;
+        lo[n++] = (struct option){d->name, flag ? no_argument : required_argument, NULL,
+                                  !strcmp(d->name, "help")      ? 'h'
+                                  : !strcmp(d->name, "version") ? 'V'
+                                                                : 0};
+    }
+    lo[n] = (struct option){0, 0, 0, 0};
     int idx = 0, c;
     optind = 0; /* GNU: full reinitialisation, so parsing twice is safe */
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "hV", long_opts, &idx)) != -1) {
-        int rc;
-        if (c == 'h')
-            rc = options_set(o, "help", NULL, err, errlen);
-        else if (c == 'V')
-            rc = options_set(o, "version", NULL, err, errlen);
-        else if (c == 0)
-            rc = options_set(o, long_opts[idx].name, optarg, err, errlen);
-        else {
-            snprintf(err, errlen, "unknown or incomplete option '%s' (see --help)",
-                     argv[optind - 1]);
-            return KVD_EBADREQ;
-        }
+    while ((c = getopt_long(argc, argv, "hV", lo, &idx)) != -1) {
+        const char *name = c == 'h' ? "help" : c == 'V' ? "version" : c == 0 ? lo[idx].name : NULL;
+        if (!name)
+            return bad(err, errlen, "unknown or incomplete option '%s' (see --help)",
+                       argv[optind - 1]);
+        int rc = set_from(o, name, optarg, OPTIONS_FILE_ONLY, err, errlen);
         if (rc)
             return rc;
     }
-    if (optind < argc) {
-        snprintf(err, errlen, "unexpected argument '%s' (see --help)", argv[optind]);
-        return KVD_EBADREQ;
-    }
+    if (optind < argc)
+        return bad(err, errlen, "unexpected argument '%s' (see --help)", argv[optind]);
     return 0;
 }
 
@@ -348,56 +356,38 @@ const char *options_find_config(int argc, char **argv)
 
 void options_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvd [options]\n"
-            "kvd owns one GPU's KV cache and serves it to local clients over a Unix socket.\n"
-            "\n"
-            "  --socket PATH          listen here (default " KVD_DEFAULT_SOCKET ";\n"
-            "                         non-root without access: $XDG_RUNTIME_DIR/kvd.sock\n"
-            "                         or /tmp/kvd-UID/kvd.sock); ignored under socket activation\n"
-            "  --socket-group NAME    group owning the socket (mode 0660)\n"
-            "  --config FILE          INI file: [server] settings, [limits], [admin], [tenant:NAME]\n"
-            "  --backend auto|cpu|cuda  where the KV arena lives (default auto)\n"
-            "  --model FILE           GGUF model to serve (omit for store mode)\n"
-            "  --device-blocks N      KV blocks in the device arena (default 1024)\n"
-            "  --gpu-mem FRACTION     or: this fraction of device memory for KV blocks\n"
-            "  --host-blocks N        blocks in the host tier (default 1024; 0 = none)\n"
-            "  --host-mem BYTES       or: this many bytes of host tier (e.g. 8G)\n"
-            "  --block-tokens N       tokens per block (default 16)\n"
-            "  --kv-layers L --kv-heads H --head-dim D --kv-dtype f16|bf16|f32\n"
-            "                         store-mode KV geometry (default 4, 4, 64, f16)\n"
-            "  --max-frame BYTES      largest frame accepted (default 64M)\n"
-            "  --max-connections N    concurrent client connections (default 1024)\n"
-            "  --max-connections-per-uid N  connections one uid may hold (default 64;\n"
-            "                         admins are exempt)\n"
-            "  --admin-reserved-connections N  of --max-connections, slots only admins\n"
-            "                         may take (default 8)\n"
-            "  --max-queued-per-connection N  generates in flight per connection before\n"
-            "                         'busy' (default 1024)\n"
-            "  --max-queued-per-tenant N  generates in flight per tenant before 'busy'\n"
-            "                         (default 4096)\n"
-            "  --max-unread-output BYTES  a connection's unread output above which its\n"
-            "                         generates end with 'busy' (default 16M)\n"
-            "  --max-buffered BYTES   daemon-wide buffered input + output above which the\n"
-            "                         connection holding most is dropped (default 1G)\n"
-            "  --step-tokens N        executor token budget per step (default 512)\n"
-            "  --step-seqs N          executor sequences per step (default 64)\n"
-            "  --queue-timeout MS     a generate not started by then is answered busy\n"
-            "                         (default 60000; 0 = wait as long as it takes)\n"
-            "  --threads N            cpu backend: compute threads (default 0 = one per CPU)\n"
-            "  --log-level LEVEL      error, warning, notice, info (default) or debug\n"
-            "  --metrics unix[:PATH]  serve Prometheus metrics on a Unix socket (default PATH:\n"
-            "                         metrics.sock beside --socket; mode 0600, or 0660 for\n"
-            "                         --metrics-group); off by default\n"
-            "  --metrics HOST:PORT    or over TCP (loopback only, e.g. 127.0.0.1:9464)\n"
-            "  --metrics-group NAME   group that may read a unix: metrics socket (admins)\n"
-            "  --metrics-token-file F require 'Authorization: Bearer <token in F>'\n"
-            "  --metrics-max-connections N  open metrics connections at most (default 16)\n"
-            "  --metrics-force        allow a non-loopback --metrics address\n"
-            "  --no-roofline-probe    skip the startup measurement of the backend's\n"
-            "                         FLOP/s and bytes/s ceilings (about 0.3 s)\n"
-            "  -h, --help             this text\n"
-            "  -V, --version          the version\n"
-            "\n"
-            "Signals: SIGTERM/SIGINT drain and exit 0, SIGHUP reloads tenants and limits.\n");
+    fprintf(f, "usage: kvd [options]\n"
+               "kvd owns one GPU's KV cache and serves it to local clients over a Unix socket.\n"
+               "Every option but --config, --help and --version is also a [server] key of the\n"
+               "config file (--no-roofline-probe there: roofline-probe = no).\n\n");
+    for (size_t i = 0; i < options_n_defs; i++) {
+        const struct options_def *d = &options_defs[i];
+        if (d->flags & OPTIONS_FILE_ONLY)
+            continue;
+        char head[64];
+        int w = snprintf(head, sizeof(head), "  %s--%s%s%s", !strcmp(d->name, "help") ? "-h, "
+                                                         : !strcmp(d->name, "version") ? "-V, "
+                                                                                       : "",
+                         d->name, d->arg ? " " : "", d->arg ? d->arg : "");
+        const char *dflt = d->shown ? d->shown : d->dflt;
+        fputs(head, f);
+        /* the help, column 27, continuation lines indented to it */
+        const char *h = d->help;
+        bool first = true;
+        while (*h) {
+            const char *nl = strchr(h, '\n');
+            int len = nl ? (int)(nl - h) : (int)strlen(h);
+            if (first && w < 26)
+                fprintf(f, "%*s", 27 - w, "");
+            else
+                fprintf(f, "\n%27s", "");
+            fprintf(f, "%.*s", len, h);
+            first = false;
+            h += len + (nl ? 1 : 0);
+        }
+        if (dflt)
+            fprintf(f, " (default %s)", dflt);
+        fputc('\n', f);
+    }
+    fputs("\nSignals: SIGTERM/SIGINT drain and exit 0, SIGHUP reloads tenants and limits.\n", f);
 }

@@ -51,15 +51,56 @@ struct options {
     bool help, version;
 };
 
+/* The arena sizes when neither a count nor a memory size is set (main.c
+ * derives them; --help shows them). */
+#define OPTIONS_DEFAULT_DEVICE_BLOCKS 1024
+#define OPTIONS_DEFAULT_HOST_BLOCKS 1024
+
+/* Every setting is one entry of one table (options.c), which drives the
+ * defaults, the command line, the config file's [server] keys and --help. */
+enum options_kind {
+    OPTIONS_STR,      /* a string into a char array of `cap` bytes */
+    OPTIONS_PATH,     /* the same, an absolute path */
+    OPTIONS_U32,      /* a whole number in [lo, hi] */
+    OPTIONS_SIZE,     /* bytes with an optional K/M/G/T suffix, in [lo, hi] (uint64_t) */
+    OPTIONS_SIZE32,   /* the same into a uint32_t */
+    OPTIONS_FRACTION, /* a double in (0, 1] */
+    OPTIONS_BOOL,     /* yes/no, true/false, on/off, 1/0; a command-line flag is yes */
+    OPTIONS_OFF_FLAG, /* a command-line flag that sets a bool to no */
+    OPTIONS_CHOICE,   /* one of `choices` ("a|b|c"): the index into an int-sized enum */
+    OPTIONS_LOG_LEVEL,
+    OPTIONS_METRICS,  /* unix[:PATH] or HOST:PORT (metrics_parse_addr) */
+};
+/* Where a setting may be given (both when neither flag is set). */
+#define OPTIONS_CLI_ONLY 1u  /* not a config key (--config, --help, ...) */
+#define OPTIONS_FILE_ONLY 2u /* not a command-line option */
+struct options_def {
+    const char *name;    /* long option and config key */
+    const char *arg;     /* its placeholder in --help; NULL for flags */
+    enum options_kind kind;
+    size_t off, cap;     /* the field: offsetof(struct options, ...), its size */
+    uint64_t lo, hi;     /* numbers: the range */
+    const char *choices; /* OPTIONS_CHOICE: "a|b|c" */
+    const char *dflt;    /* the default, parsed like a value; NULL: zero/empty */
+    const char *shown;   /* the default --help shows when dflt does not say it */
+    unsigned flags;
+    const char *help;    /* lines separated by '\n' */
+};
+extern const struct options_def options_defs[];
+extern const size_t options_n_defs;
+
 /* The defaults: store mode with a small geometry (4 layers, 4 kv heads,
  * head_dim 64, f16, 16 tokens per block: 64 KiB blocks), 1024 device and
- * 1024 host blocks, cpu/cuda chosen automatically. */
+ * 1024 host blocks, cpu/cuda chosen automatically; every entry's dflt. */
 void options_defaults(struct options *o);
 
 /* Applies one setting by its long name ("socket", "device-blocks", ...;
  * '_' and '-' are the same). value is NULL for flags. Returns 0, or
- * KVD_EBADREQ with a message in err. */
+ * KVD_EBADREQ with a message in err. options_set_key is the config file's
+ * form: the command-line-only settings are refused there. */
 int options_set(struct options *o, const char *name, const char *value, char *err, size_t errlen);
+int options_set_key(struct options *o, const char *name, const char *value, char *err,
+                    size_t errlen);
 
 /* Parses argv onto o. Returns 0, or KVD_EBADREQ with a message. */
 int options_parse(struct options *o, int argc, char **argv, char *err, size_t errlen);

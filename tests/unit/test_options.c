@@ -1,0 +1,229 @@
+/* options: the one table drives the defaults, the command line, the config
+ * keys and --help. Every entry is reachable where it should be and refused
+ * where it should not, its range is enforced at both ends, --help names every
+ * command-line option with its default, and the shipped kvd.conf.example
+ * names every [server] key the table has (and no other). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvd/protocol.h"
+#include "kvd/status.h"
+#include "log.h"
+#include "options.h"
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    struct options o;
+    options_defaults(&o);
+    assert_int_equal(o.backend, OPTIONS_BACKEND_AUTO);
+    assert_int_equal(o.device_blocks, 0);
+    assert_int_equal(o.host_blocks, UINT32_MAX);
+    assert_int_equal(o.geom.layers, 4);
+    assert_int_equal(o.geom.kv_heads, 4);
+    assert_int_equal(o.geom.head_dim, 64);
+    assert_int_equal(o.geom.dtype, KV_F16);
+    assert_int_equal(o.geom.block_tokens, 16);
+    assert_int_equal(o.max_frame, KVD_MAX_FRAME_DEFAULT);
+    assert_int_equal(o.max_conns, 1024);
+    assert_int_equal(o.max_conns_per_uid, 64);
+    assert_int_equal(o.admin_reserved_conns, 8);
+    assert_int_equal(o.max_queued_per_conn, 1024);
+    assert_int_equal(o.max_queued_per_tenant, 4096);
+    assert_int_equal(o.max_unread_output, 16 << 20);
+    assert_int_equal(o.max_buffered, 1 << 30);
+    assert_int_equal(o.metrics_max_conns, 16);
+    assert_int_equal(o.step_tokens, 512);
+    assert_int_equal(o.step_seqs, 64);
+    assert_int_equal(o.queue_timeout_ms, 60000);
+    assert_int_equal(o.log_level, LOG_LVL_INFO);
+    assert_true(o.roofline_probe);
+    assert_false(o.metrics_force || o.help || o.version);
+    assert_string_equal(o.socket_path, "");
+    assert_string_equal(o.metrics_addr, "");
+}
+
+/* A valid value for d, and (when there is one) an invalid one. */
+static void samples(const struct options_def *d, char *ok, char *bad_v, size_t cap)
+{
+    bad_v[0] = '\0';
+    switch (d->kind) {
+    case OPTIONS_PATH:
+        snprintf(ok, cap, "/tmp/x");
+        snprintf(bad_v, cap, "relative/x");
+        break;
+    case OPTIONS_STR:
+        snprintf(ok, cap, "x");
+        memset(bad_v, 'a', d->cap); /* one byte too long */
+        bad_v[d->cap] = '\0';
+        break;
+    case OPTIONS_U32:
+    case OPTIONS_SIZE:
+    case OPTIONS_SIZE32:
+        snprintf(ok, cap, "%llu", (unsigned long long)d->hi);
+        if (d->hi < UINT64_MAX)
+            snprintf(bad_v, cap, "%llu", (unsigned long long)d->hi + 1);
+        break;
+    case OPTIONS_FRACTION:
+        snprintf(ok, cap, "0.5");
+        snprintf(bad_v, cap, "1.5");
+        break;
+    case OPTIONS_BOOL:
+        snprintf(ok, cap, "no");
+        snprintf(bad_v, cap, "maybe");
+        break;
+    case OPTIONS_OFF_FLAG:
+        ok[0] = '\0';
+        break;
+    case OPTIONS_CHOICE: {
+        snprintf(ok, cap, "%s", strrchr(d->choices, '|') + 1); /* not the default */
+        snprintf(bad_v, cap, "nonsense");
+        break;
+    }
+    case OPTIONS_LOG_LEVEL:
+        snprintf(ok, cap, "debug");
+        snprintf(bad_v, cap, "loud");
+        break;
+    case OPTIONS_METRICS:
+        snprintf(ok, cap, "127.0.0.1:9464");
+        snprintf(bad_v, cap, "nowhere");
+        break;
+    }
+}
+
+static int parse(struct options *o, const char *a0, const char *a1)
+{
+    char err[256];
+    char *argv[] = {"kvd", (char *)a0, (char *)a1, NULL};
+    options_defaults(o);
+    return options_parse(o, a1 ? 3 : 2, argv, err, sizeof(err));
+}
+
+static void test_every_entry_where_it_belongs(void **state)
+{
+    (void)state;
+    char ok[8192], bad_v[8192], opt[128], err[256];
+    struct options o, d0;
+    options_defaults(&d0);
+    for (size_t i = 0; i < options_n_defs; i++) {
+        const struct options_def *d = &options_defs[i];
+        bool flag = d->kind == OPTIONS_BOOL || d->kind == OPTIONS_OFF_FLAG;
+        samples(d, ok, bad_v, sizeof(ok));
+        snprintf(opt, sizeof(opt), "--%s", d->name);
+
+        /* the command line */
+        int rc = parse(&o, opt, flag ? NULL : ok);
+        if (d->flags & OPTIONS_FILE_ONLY) {
+            assert_int_equal(rc, KVD_EBADREQ);
+        } else {
+            if (rc != 0)
+                fail_msg("%s %s refused", opt, flag ? "" : ok);
+            if (!memcmp(&o, &d0, sizeof(o)))
+                fail_msg("%s changed nothing", opt);
+            if (!flag && bad_v[0])
+                assert_int_equal(parse(&o, opt, bad_v), KVD_EBADREQ);
+            if (!flag) /* a value is required */
+                assert_int_equal(parse(&o, opt, NULL), KVD_EBADREQ);
+        }
+
+        /* the config file ('_' spelling too) */
+        char key[128];
+        snprintf(key, sizeof(key), "%s", d->name);
+        for (char *c = key; *c; c++)
+            *c = *c == '-' ? '_' : *c;
+        options_defaults(&o);
+        const char *v = d->kind == OPTIONS_OFF_FLAG ? NULL : flag ? "yes" : ok;
+        rc = options_set_key(&o, key, v, err, sizeof(err));
+        if (d->flags & OPTIONS_CLI_ONLY) {
+            assert_int_equal(rc, KVD_EBADREQ);
+            assert_non_null(strstr(err, "command line"));
+        } else {
+            if (rc != 0)
+                fail_msg("config key %s = %s refused: %s", key, v ? v : "(none)", err);
+            if (bad_v[0])
+                assert_int_equal(options_set_key(&o, key, bad_v, err, sizeof(err)), KVD_EBADREQ);
+        }
+    }
+    assert_int_equal(options_set_key(&o, "no-such-key", "1", err, sizeof(err)), KVD_EBADREQ);
+    assert_int_equal(parse(&o, "--no-such-option", NULL), KVD_EBADREQ);
+    assert_int_equal(parse(&o, "stray", NULL), KVD_EBADREQ);
+}
+
+static void test_help_lists_every_option(void **state)
+{
+    (void)state;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    options_usage(f);
+    fclose(f);
+    for (size_t i = 0; i < options_n_defs; i++) {
+        const struct options_def *d = &options_defs[i];
+        char want[160];
+        snprintf(want, sizeof(want), "--%s%s%s", d->name, d->arg ? " " : "", d->arg ? d->arg : "");
+        if ((d->flags & OPTIONS_FILE_ONLY) == 0 && !strstr(text, want))
+            fail_msg("--help does not show '%s'", want);
+        const char *dflt = d->shown ? d->shown : d->dflt;
+        if ((d->flags & OPTIONS_FILE_ONLY) == 0 && dflt) {
+            snprintf(want, sizeof(want), "(default %s)", dflt);
+            const char *at = strstr(text, d->name);
+            const char *next = at ? strstr(at, "\n  -") : NULL;
+            const char *hit = at ? strstr(at, want) : NULL;
+            if (!hit || (next && hit > next))
+                fail_msg("--help shows no '%s' for --%s", want, d->name);
+        }
+    }
+    free(text);
+}
+
+static void test_example_config_names_every_key(void **state)
+{
+    (void)state;
+    FILE *f = fopen(KVD_SOURCE_DIR "/systemd/kvd.conf.example", "r");
+    assert_non_null(f);
+    static char text[65536];
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *server = strstr(text, "\n[server]\n"), *end = server ? strstr(server + 1, "\n[") : NULL;
+    assert_non_null(server);
+    if (end)
+        *end = '\0';
+    /* every [server] key of the table is there, set or in a comment */
+    for (size_t i = 0; i < options_n_defs; i++) {
+        const struct options_def *d = &options_defs[i];
+        char want[128];
+        snprintf(want, sizeof(want), "%s =", d->name);
+        if (!(d->flags & OPTIONS_CLI_ONLY) && !strstr(server, want))
+            fail_msg("kvd.conf.example's [server] does not mention '%s'", d->name);
+    }
+    /* and every key set there is a [server] key */
+    struct options o;
+    options_defaults(&o);
+    char err[256];
+    for (char *line = strtok(server, "\n"); line; line = strtok(NULL, "\n")) {
+        char key[64], val[512];
+        if (sscanf(line, " %63[a-z_-] = %511[^\n]", key, val) == 2 &&
+            options_set_key(&o, key, val, err, sizeof(err)) != 0)
+            fail_msg("kvd.conf.example: %s", err);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_every_entry_where_it_belongs),
+        cmocka_unit_test(test_help_lists_every_option),
+        cmocka_unit_test(test_example_config_names_every_key),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
