@@ -10,26 +10,16 @@
 
 #include "kvctl.h"
 
-static const char seq_help[] =
+static const char seq_help_head[] =
     "usage: kvctl seq script FILE|- [--json]   run block-API commands on one connection\n"
     "       kvctl seq demo [--json]            run a built-in script that checks itself\n"
     "\n"
     "Script commands, one per line (lines starting with # are comments); each\n"
-    "acts on the current sequence, which open and fork set:\n"
-    "  open [NAMESPACE]            open a sequence (the tenant's own namespace by default)\n"
-    "  match TOKENS                reuse the longest cached prefix (TOKENS: 1,2,3 or 1-40)\n"
-    "  extend N                    grow by N token slots\n"
-    "  write START N DATA          K/V bytes of N tokens; DATA is @FILE or fill:BYTE\n"
-    "  read START N [>FILE]        read them back (size + checksum, or into FILE)\n"
-    "  check START N DATA          read and compare with DATA (fails the script if different)\n"
-    "  commit TOKENS               record token ids so full blocks become shareable\n"
-    "  fork                        new sequence sharing every block; becomes current\n"
-    "  use SEQ|#K                  make handle SEQ, or the K-th sequence opened, current\n"
-    "  info                        tokens and blocks with their tier\n"
-    "  offload | restore           move the blocks to host memory / back\n"
-    "  close                       close the current sequence\n"
-    "  expect KEY VALUE            fail unless the last reply's KEY prints as VALUE\n"
+    "acts on the current sequence, which open and fork set:\n";
+static const char seq_help_tail[] =
     "Bytes per token come from hello (layers*2*kv_heads*head_dim*dtype size).\n"
+    "With --json each command prints one JSON object: {\"line\", \"cmd\", then\n"
+    "\"reply\", or \"ok\" for check, or \"bytes\" and \"fnv1a\" for read}.\n"
     "Exit 1 at the first command the daemon refuses, 2 at a malformed line.\n";
 
 #define SEQ_MAX_HANDLES 256
@@ -116,6 +106,22 @@ static int load_data(struct script *s, const char *spec, size_t bytes, unsigned 
     return 0;
 }
 
+/* Starts a --json line: {"line":N,"cmd":"<the command, escaped>" (the
+ * caller adds the rest and the closing brace). */
+static void json_begin(const struct script *s, const char *cmd)
+{
+    printf("{\"line\":%u,\"cmd\":\"", s->line);
+    for (const unsigned char *c = (const unsigned char *)cmd; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            printf("\\%c", *c);
+        else if (*c < 0x20 || *c == 0x7f)
+            printf("\\u%04x", *c);
+        else
+            putchar(*c);
+    }
+    putchar('"');
+}
+
 /* Prints the last reply: its JSON (minus id and ok) after the command. */
 static void show(struct script *s, const char *cmd, const char *extra)
 {
@@ -123,7 +129,8 @@ static void show(struct script *s, const char *cmd, const char *extra)
     if (s->last)
         j = kvd_value_json(s->last->body);
     if (s->json) {
-        printf("{\"line\":%u,\"cmd\":\"%s\",\"reply\":%s}\n", s->line, cmd, j ? j : "null");
+        json_begin(s, cmd);
+        printf(",\"reply\":%s}\n", j ? j : "null");
     } else {
         /* Drop the leading {"id":N,"ok":true, so people see the result. */
         const char *body = j ? strstr(j, "\"ok\":true") : NULL;
@@ -173,212 +180,281 @@ static int parse_range(struct script *s, char **w, int nw, uint64_t *start, uint
     return 0;
 }
 
+/* ---- the script commands: one table, one function each ---------------- */
+
+struct script_cmd;
+typedef int (*script_fn)(struct script *s, const struct script_cmd *c, char **w, int nw,
+                         const char *text);
+struct script_cmd {
+    const char *name, *args, *help; /* the help text's line */
+    int min_args, max_args;         /* words after the command */
+    bool needs_seq;                 /* acts on the current sequence */
+    const char *op;                 /* the protocol op it sends, if one */
+    script_fn run;                  /* called once the words are counted */
+};
+
+/* open and fork: a new handle that becomes current. */
+static int run_new_seq(struct script *s, const struct script_cmd *c, char **w, int nw,
+                       const char *text)
+{
+    struct kvd_arg a = c->needs_seq ? (struct kvd_arg)KVD_ARG_U("seq", s->cur)
+                                    : (struct kvd_arg)KVD_ARG_S("namespace", nw > 1 ? w[1] : NULL);
+    uint64_t h;
+    int rc;
+    if ((rc = do_call(s, c->op, &a, c->needs_seq || nw > 1 ? 1 : 0)))
+        return rc;
+    if (kvd_value_u64(kvd_value_get(s->last->body, "seq"), &h))
+        return script_usage(s, "%s: the reply has no \"seq\"", c->name);
+    if ((rc = remember(s, h)))
+        return rc;
+    show(s, text, c->needs_seq ? "(now current)" : NULL);
+    return 0;
+}
+
+static int run_use(struct script *s, const struct script_cmd *c, char **w, int nw,
+                   const char *text)
+{
+    uint64_t h;
+    if (w[1][0] == '#') {
+        if (!kvctl_parse_u64(w[1] + 1, &h) || h < 1 || h > s->n_handles)
+            return script_usage(s, "use: %s: only %zu sequences were opened", w[1], s->n_handles);
+        h = s->handles[h - 1];
+    } else if (!kvctl_parse_u64(w[1], &h)) {
+        return script_usage(s, "use: \"%s\" is not a handle", w[1]);
+    }
+    s->cur = h;
+    s->have_cur = true;
+    if (!s->json)
+        printf("%-24s seq %" PRIu64 "\n", text, h);
+    return 0;
+}
+
+/* match and commit: the current sequence and a token list. */
+static int run_tokens(struct script *s, const struct script_cmd *c, char **w, int nw,
+                      const char *text)
+{
+    uint32_t *t = NULL;
+    size_t nt;
+    char err[256];
+    if (kvctl_parse_tokens(w[1], &t, &nt, err, sizeof(err)))
+        return script_usage(s, "%s: %s", c->name, err);
+    struct kvd_arg a[] = {KVD_ARG_U("seq", s->cur), KVD_ARG_U32S("tokens", t, nt)};
+    int rc = do_call(s, c->op, a, 2);
+    free(t);
+    if (!rc)
+        show(s, text, NULL);
+    return rc;
+}
+
+static int run_extend(struct script *s, const struct script_cmd *c, char **w, int nw,
+                      const char *text)
+{
+    uint64_t n;
+    int rc;
+    if (!kvctl_parse_u64(w[1], &n))
+        return script_usage(s, "extend: want N (token slots)");
+    struct kvd_arg a[] = {KVD_ARG_U("seq", s->cur), KVD_ARG_U("n", n)};
+    if ((rc = do_call(s, c->op, a, 2)))
+        return rc;
+    show(s, text, NULL);
+    return 0;
+}
+
+static int run_write(struct script *s, const struct script_cmd *c, char **w, int nw,
+                     const char *text)
+{
+    unsigned char *data;
+    char extra[64];
+    uint64_t start, n;
+    int rc;
+    if ((rc = parse_range(s, w, nw, &start, &n)))
+        return rc;
+    size_t bytes = (size_t)n * s->hello.token_bytes;
+    if ((rc = load_data(s, w[3], bytes, &data)))
+        return rc;
+    struct kvd_arg a[] = {KVD_ARG_U("seq", s->cur), KVD_ARG_U("start", start), KVD_ARG_U("n", n),
+                          KVD_ARG_BIN("data", data, bytes)};
+    rc = do_call(s, c->op, a, 4);
+    free(data);
+    snprintf(extra, sizeof(extra), "(%zu bytes)", bytes);
+    if (!rc)
+        show(s, text, extra);
+    return rc;
+}
+
+/* The data of a kv_read of START N into *d (owned by s->last). */
+static int read_range(struct script *s, const struct script_cmd *c, char **w, int nw,
+                      uint64_t *start, uint64_t *n, const struct kvd_value **d)
+{
+    int rc;
+    if ((rc = parse_range(s, w, nw, start, n)))
+        return rc;
+    struct kvd_arg a[] = {KVD_ARG_U("seq", s->cur), KVD_ARG_U("start", *start),
+                          KVD_ARG_U("n", *n)};
+    if ((rc = do_call(s, c->op, a, 3)))
+        return rc;
+    *d = kvd_value_get(s->last->body, "data");
+    if (!*d || (*d)->type != KVD_T_BIN)
+        return script_usage(s, "%s: the reply has no \"data\"", c->name);
+    return 0;
+}
+
+static int run_read(struct script *s, const struct script_cmd *c, char **w, int nw,
+                    const char *text)
+{
+    const struct kvd_value *d;
+    uint64_t start, n;
+    int rc;
+    if (nw == 4 && w[3][0] != '>')
+        return script_usage(s, "read: want START N [>FILE]");
+    if ((rc = read_range(s, c, w, nw, &start, &n, &d)))
+        return rc;
+    if (nw == 4) {
+        FILE *f = fopen(w[3] + 1, "wb");
+        if (!f)
+            return script_usage(s, "cannot create %s: %s", w[3] + 1, strerror(errno));
+        if (d->v.bin.len && fwrite(d->v.bin.ptr, 1, d->v.bin.len, f) != d->v.bin.len) {
+            fclose(f);
+            return script_usage(s, "cannot write %s", w[3] + 1);
+        }
+        if (fclose(f))
+            return script_usage(s, "cannot write %s: %s", w[3] + 1, strerror(errno));
+    }
+    uint64_t h = fnv1a(d->v.bin.ptr, d->v.bin.len);
+    if (s->json) {
+        json_begin(s, text);
+        printf(",\"bytes\":%zu,\"fnv1a\":\"%016" PRIx64 "\"}\n", d->v.bin.len, h);
+    } else {
+        printf("%-24s %zu bytes, fnv1a %016" PRIx64 "%s%s\n", text, d->v.bin.len, h,
+               nw == 4 ? " -> " : "", nw == 4 ? w[3] + 1 : "");
+    }
+    return 0;
+}
+
+static int run_check(struct script *s, const struct script_cmd *c, char **w, int nw,
+                     const char *text)
+{
+    const struct kvd_value *d;
+    unsigned char *want;
+    uint64_t start, n;
+    int rc;
+    if ((rc = read_range(s, c, w, nw, &start, &n, &d)))
+        return rc;
+    size_t bytes = (size_t)n * s->hello.token_bytes;
+    if ((rc = load_data(s, w[3], bytes, &want)))
+        return rc;
+    if (d->v.bin.len != bytes) {
+        free(want);
+        fprintf(stderr, "kvctl: %s:%u: check: got %zu bytes, want %zu\n", s->name, s->line,
+                d->v.bin.len, bytes);
+        return KVCTL_ESERVER;
+    }
+    for (size_t i = 0; i < bytes; i++) {
+        unsigned char got = ((const unsigned char *)d->v.bin.ptr)[i];
+        if (got != want[i]) {
+            fprintf(stderr,
+                    "kvctl: %s:%u: check: data differs at byte %zu (token %" PRIu64
+                    "): got 0x%02x, want 0x%02x\n",
+                    s->name, s->line, i, start + i / s->hello.token_bytes, got, want[i]);
+            free(want);
+            return KVCTL_ESERVER;
+        }
+    }
+    free(want);
+    if (s->json) {
+        json_begin(s, text);
+        printf(",\"ok\":true}\n");
+    } else {
+        printf("%-24s ok: %zu bytes match\n", text, bytes);
+    }
+    return 0;
+}
+
+/* info, offload, restore, close: the op on the current sequence. */
+static int run_seq_op(struct script *s, const struct script_cmd *c, char **w, int nw,
+                      const char *text)
+{
+    struct kvd_arg a = KVD_ARG_U("seq", s->cur);
+    int rc;
+    if ((rc = do_call(s, c->op, &a, 1)))
+        return rc;
+    if (!strcmp(c->op, KVD_OP_SEQ_CLOSE))
+        s->have_cur = false;
+    show(s, text, NULL);
+    return 0;
+}
+
+static int run_expect(struct script *s, const struct script_cmd *c, char **w, int nw,
+                      const char *text)
+{
+    if (!s->last)
+        return script_usage(s, "expect: no reply yet");
+    const struct kvd_value *v = kvd_value_path(s->last->body, w[1]);
+    char *j = v ? kvd_value_json(v) : NULL;
+    if (!j || strcmp(j, w[2])) {
+        fprintf(stderr, "kvctl: %s:%u: expect: %s is %s, want %s\n", s->name, s->line, w[1],
+                j ? j : "absent", w[2]);
+        kvd_free(j);
+        return KVCTL_ESERVER;
+    }
+    kvd_free(j);
+    if (!s->json)
+        printf("%-24s ok\n", text);
+    return 0;
+}
+
+static const struct script_cmd script_cmds[] = {
+    {"open", "[NAMESPACE]", "open a sequence (the tenant's own namespace by default)", 0, 1, false,
+     KVD_OP_SEQ_OPEN, run_new_seq},
+    {"match", "TOKENS", "reuse the longest cached prefix (TOKENS: 1,2,3 or 1-40)", 1, 1, true,
+     KVD_OP_SEQ_MATCH, run_tokens},
+    {"extend", "N", "grow by N token slots", 1, 1, true, KVD_OP_SEQ_EXTEND, run_extend},
+    {"write", "START N DATA", "K/V bytes of N tokens; DATA is @FILE or fill:BYTE", 3, 3, true,
+     KVD_OP_KV_WRITE, run_write},
+    {"read", "START N [>FILE]", "read them back (size + checksum, or into FILE)", 2, 3, true,
+     KVD_OP_KV_READ, run_read},
+    {"check", "START N DATA", "read and compare with DATA (fails the script if different)", 3, 3,
+     true, KVD_OP_KV_READ, run_check},
+    {"commit", "TOKENS", "record token ids so full blocks become shareable", 1, 1, true,
+     KVD_OP_SEQ_COMMIT, run_tokens},
+    {"fork", "", "new sequence sharing every block; becomes current", 0, 0, true, KVD_OP_SEQ_FORK,
+     run_new_seq},
+    {"use", "SEQ|#K", "make handle SEQ, or the K-th sequence opened, current", 1, 1, false, NULL,
+     run_use},
+    {"info", "", "tokens and blocks with their tier", 0, 0, true, KVD_OP_SEQ_INFO, run_seq_op},
+    {"offload", "", "move the blocks to host memory", 0, 0, true, KVD_OP_SEQ_OFFLOAD, run_seq_op},
+    {"restore", "", "bring them back to the device", 0, 0, true, KVD_OP_SEQ_RESTORE, run_seq_op},
+    {"close", "", "close the current sequence", 0, 0, true, KVD_OP_SEQ_CLOSE, run_seq_op},
+    {"expect", "KEY VALUE", "fail unless the last reply's KEY prints as VALUE", 2, 2, false, NULL,
+     run_expect},
+};
+
+static void seq_help(FILE *f)
+{
+    fputs(seq_help_head, f);
+    for (size_t i = 0; i < sizeof(script_cmds) / sizeof(script_cmds[0]); i++) {
+        const struct script_cmd *c = &script_cmds[i];
+        char head[64];
+        snprintf(head, sizeof(head), "%s%s%s", c->name, c->args[0] ? " " : "", c->args);
+        fprintf(f, "  %-27s %s\n", head, c->help);
+    }
+    fputs(seq_help_tail, f);
+}
+
 /* Runs one script line split into words. */
 static int run_cmd(struct script *s, char **w, int nw, const char *text)
 {
-    const char *c = w[0];
-    uint64_t start, n;
-    int rc;
-
-    if (!strcmp(c, "open")) {
-        struct kvd_arg a = KVD_ARG_S("namespace", nw > 1 ? w[1] : NULL);
-        uint64_t h;
-        if ((rc = do_call(s, KVD_OP_SEQ_OPEN, &a, nw > 1 ? 1 : 0)))
-            return rc;
-        if (kvd_value_u64(kvd_value_get(s->last->body, "seq"), &h))
-            return script_usage(s, "open: the reply has no \"seq\"");
-        if ((rc = remember(s, h)))
-            return rc;
-        show(s, text, NULL);
-        return 0;
+    for (size_t i = 0; i < sizeof(script_cmds) / sizeof(script_cmds[0]); i++) {
+        const struct script_cmd *c = &script_cmds[i];
+        if (strcmp(w[0], c->name) != 0)
+            continue;
+        if (nw - 1 < c->min_args || nw - 1 > c->max_args)
+            return c->max_args ? script_usage(s, "%s: want %s", c->name, c->args)
+                               : script_usage(s, "%s takes no arguments", c->name);
+        int rc = c->needs_seq ? need_seq(s, c->name) : 0;
+        return rc ? rc : c->run(s, c, w, nw, text);
     }
-    if (!strcmp(c, "fork")) {
-        struct kvd_arg a = KVD_ARG_U("seq", s->cur);
-        uint64_t h;
-        if ((rc = need_seq(s, c)) || (rc = do_call(s, KVD_OP_SEQ_FORK, &a, 1)))
-            return rc;
-        if (kvd_value_u64(kvd_value_get(s->last->body, "seq"), &h))
-            return script_usage(s, "fork: the reply has no \"seq\"");
-        if ((rc = remember(s, h)))
-            return rc;
-        show(s, text, "(now current)");
-        return 0;
-    }
-    if (!strcmp(c, "use")) {
-        uint64_t h;
-        if (nw != 2)
-            return script_usage(s, "use: want SEQ or #K");
-        if (w[1][0] == '#') {
-            if (!kvctl_parse_u64(w[1] + 1, &h) || h < 1 || h > s->n_handles)
-                return script_usage(s, "use: %s: only %zu sequences were opened", w[1],
-                                    s->n_handles);
-            h = s->handles[h - 1];
-        } else if (!kvctl_parse_u64(w[1], &h)) {
-            return script_usage(s, "use: \"%s\" is not a handle", w[1]);
-        }
-        s->cur = h;
-        s->have_cur = true;
-        if (!s->json)
-            printf("%-24s seq %" PRIu64 "\n", text, h);
-        return 0;
-    }
-    if (!strcmp(c, "match") || !strcmp(c, "commit")) {
-        uint32_t *t = NULL;
-        size_t nt;
-        char err[256];
-        if ((rc = need_seq(s, c)))
-            return rc;
-        if (nw != 2)
-            return script_usage(s, "%s: want one token list (1,2,3 or 1-40)", c);
-        if (kvctl_parse_tokens(w[1], &t, &nt, err, sizeof(err)))
-            return script_usage(s, "%s: %s", c, err);
-        struct kvd_arg a[] = {KVD_ARG_U("seq", s->cur), KVD_ARG_U32S("tokens", t, nt)};
-        rc = do_call(s, c[0] == 'm' ? KVD_OP_SEQ_MATCH : KVD_OP_SEQ_COMMIT, a, 2);
-        free(t);
-        if (!rc)
-            show(s, text, NULL);
-        return rc;
-    }
-    if (!strcmp(c, "extend")) {
-        if ((rc = need_seq(s, c)))
-            return rc;
-        if (nw != 2 || !kvctl_parse_u64(w[1], &n))
-            return script_usage(s, "extend: want N (token slots)");
-        struct kvd_arg a[] = {KVD_ARG_U("seq", s->cur), KVD_ARG_U("n", n)};
-        if ((rc = do_call(s, KVD_OP_SEQ_EXTEND, a, 2)))
-            return rc;
-        show(s, text, NULL);
-        return 0;
-    }
-    if (!strcmp(c, "write")) {
-        unsigned char *data;
-        char extra[64];
-        if ((rc = need_seq(s, c)) || (rc = parse_range(s, w, nw, &start, &n)))
-            return rc;
-        if (nw != 4)
-            return script_usage(s, "write: want START N @FILE|fill:BYTE");
-        size_t bytes = (size_t)n * s->hello.token_bytes;
-        if ((rc = load_data(s, w[3], bytes, &data)))
-            return rc;
-        struct kvd_arg a[] = {KVD_ARG_U("seq", s->cur), KVD_ARG_U("start", start),
-                              KVD_ARG_U("n", n), KVD_ARG_BIN("data", data, bytes)};
-        rc = do_call(s, KVD_OP_KV_WRITE, a, 4);
-        free(data);
-        snprintf(extra, sizeof(extra), "(%zu bytes)", bytes);
-        if (!rc)
-            show(s, text, extra);
-        return rc;
-    }
-    if (!strcmp(c, "read") || !strcmp(c, "check")) {
-        const struct kvd_value *d;
-        char extra[128];
-        bool is_check = c[0] == 'c';
-        if ((rc = need_seq(s, c)) || (rc = parse_range(s, w, nw, &start, &n)))
-            return rc;
-        if (is_check ? nw != 4 : (nw != 3 && (nw != 4 || w[3][0] != '>')))
-            return script_usage(s, is_check ? "check: want START N @FILE|fill:BYTE"
-                                            : "read: want START N [>FILE]");
-        struct kvd_arg a[] = {KVD_ARG_U("seq", s->cur), KVD_ARG_U("start", start),
-                              KVD_ARG_U("n", n)};
-        if ((rc = do_call(s, KVD_OP_KV_READ, a, 3)))
-            return rc;
-        d = kvd_value_get(s->last->body, "data");
-        if (!d || d->type != KVD_T_BIN)
-            return script_usage(s, "%s: the reply has no \"data\"", c);
-        if (is_check) {
-            unsigned char *want;
-            size_t bytes = (size_t)n * s->hello.token_bytes;
-            if ((rc = load_data(s, w[3], bytes, &want)))
-                return rc;
-            if (d->v.bin.len != bytes) {
-                free(want);
-                fprintf(stderr, "kvctl: %s:%u: check: got %zu bytes, want %zu\n", s->name, s->line,
-                        d->v.bin.len, bytes);
-                return KVCTL_ESERVER;
-            }
-            for (size_t i = 0; i < bytes; i++) {
-                if (((const unsigned char *)d->v.bin.ptr)[i] != want[i]) {
-                    fprintf(stderr,
-                            "kvctl: %s:%u: check: data differs at byte %zu (token %" PRIu64
-                            "): got 0x%02x, want 0x%02x\n",
-                            s->name, s->line, i, start + i / s->hello.token_bytes,
-                            ((const unsigned char *)d->v.bin.ptr)[i], want[i]);
-                    free(want);
-                    return KVCTL_ESERVER;
-                }
-            }
-            free(want);
-            if (s->json)
-                printf("{\"line\":%u,\"cmd\":\"%s\",\"ok\":true}\n", s->line, text);
-            else
-                printf("%-24s ok: %zu bytes match\n", text, bytes);
-            return 0;
-        }
-        if (nw == 4) {
-            FILE *f = fopen(w[3] + 1, "wb");
-            if (!f)
-                return script_usage(s, "cannot create %s: %s", w[3] + 1, strerror(errno));
-            if (d->v.bin.len && fwrite(d->v.bin.ptr, 1, d->v.bin.len, f) != d->v.bin.len) {
-                fclose(f);
-                return script_usage(s, "cannot write %s", w[3] + 1);
-            }
-            if (fclose(f))
-                return script_usage(s, "cannot write %s: %s", w[3] + 1, strerror(errno));
-        }
-        snprintf(extra, sizeof(extra), "%zu bytes, fnv1a %016" PRIx64 "%s%s", d->v.bin.len,
-                 fnv1a(d->v.bin.ptr, d->v.bin.len), nw == 4 ? " -> " : "", nw == 4 ? w[3] + 1 : "");
-        if (s->json)
-            printf("{\"line\":%u,\"cmd\":\"%s\",\"bytes\":%zu,\"fnv1a\":\"%016" PRIx64 "\"}\n",
-                   s->line, text, d->v.bin.len, fnv1a(d->v.bin.ptr, d->v.bin.len));
-        else
-            printf("%-24s %s\n", text, extra);
-        return 0;
-    }
-    if (!strcmp(c, "info") || !strcmp(c, "offload") || !strcmp(c, "restore") ||
-        !strcmp(c, "close")) {
-        static const struct {
-            const char *cmd, *op;
-        } map[] = {{"info", KVD_OP_SEQ_INFO},
-                   {"offload", KVD_OP_SEQ_OFFLOAD},
-                   {"restore", KVD_OP_SEQ_RESTORE},
-                   {"close", KVD_OP_SEQ_CLOSE}};
-        const char *op = NULL;
-        if ((rc = need_seq(s, c)))
-            return rc;
-        if (nw != 1)
-            return script_usage(s, "%s takes no arguments", c);
-        for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
-            if (!strcmp(c, map[i].cmd))
-                op = map[i].op;
-        struct kvd_arg a = KVD_ARG_U("seq", s->cur);
-        if ((rc = do_call(s, op, &a, 1)))
-            return rc;
-        if (!strcmp(c, "close"))
-            s->have_cur = false;
-        show(s, text, NULL);
-        return 0;
-    }
-    if (!strcmp(c, "expect")) {
-        const struct kvd_value *v;
-        char *j;
-        if (nw != 3)
-            return script_usage(s, "expect: want KEY VALUE");
-        if (!s->last)
-            return script_usage(s, "expect: no reply yet");
-        v = kvd_value_path(s->last->body, w[1]);
-        j = v ? kvd_value_json(v) : NULL;
-        if (!j || strcmp(j, w[2])) {
-            fprintf(stderr, "kvctl: %s:%u: expect: %s is %s, want %s\n", s->name, s->line, w[1],
-                    j ? j : "absent", w[2]);
-            kvd_free(j);
-            return KVCTL_ESERVER;
-        }
-        kvd_free(j);
-        if (!s->json)
-            printf("%-24s ok\n", text);
-        return 0;
-    }
-    return script_usage(s, "unknown command \"%s\" (see kvctl seq --help)", c);
+    return script_usage(s, "unknown command \"%s\" (see kvctl seq --help)", w[0]);
 }
 
 /* Runs every line of f. */
@@ -475,7 +551,7 @@ int kvctl_cmd_seq(struct kvctl *k, int argc, char **argv)
     char *text = NULL;
 
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fputs(seq_help, argc < 2 ? stderr : stdout);
+        seq_help(argc < 2 ? stderr : stdout);
         return argc < 2 ? KVCTL_EUSAGE : KVCTL_OK;
     }
     if (!strcmp(argv[1], "demo"))
@@ -486,7 +562,7 @@ int kvctl_cmd_seq(struct kvctl *k, int argc, char **argv)
         if (!strcmp(argv[i], "--json")) {
             s.json = true;
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(seq_help, stdout);
+            seq_help(stdout);
             return KVCTL_OK;
         } else if (!demo && !file) {
             file = argv[i];

@@ -382,6 +382,32 @@ static void test_seq_script(void **state)
     /* --json: one object per command. */
     KVCTL(&r, d, "open\nextend 3\n", "--socket", d->sock, "seq", "script", "-", "--json");
     expect(&r, 0, "\"cmd\":\"extend 3\"", NULL);
+    /* ... whose command text is escaped: a tab, a quote, a backslash. */
+    snprintf(file, sizeof(file), "%s/a\\\"b.bin", d->dir);
+    snprintf(script, sizeof(script), "open\nextend\t4\nwrite 0 4 fill:3\nread 0 4 >%s\n"
+             "check 0 4 fill:3\n", file);
+    KVCTL(&r, d, script, "--socket", d->sock, "seq", "script", "-", "--json");
+    expect(&r, 0, "\"cmd\":\"extend\\u00094\"", NULL);
+    expect(&r, 0, "a\\\\\\\"b.bin\"", NULL);
+    int lines = 0;
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n"), lines++)
+        if (!one_json_object_line(line))
+            fail_msg("not one JSON object: %s", line);
+    assert_int_equal(lines, 5);
+    unlink(file);
+    /* Wrong word counts, from the command table. */
+    KVCTL(&r, d, "open\ninfo now\n", "--socket", d->sock, "seq", "script", "-");
+    expect(&r, 2, NULL, "<stdin>:2: info takes no arguments");
+    KVCTL(&r, d, "open\nwrite 0 4\n", "--socket", d->sock, "seq", "script", "-");
+    expect(&r, 2, NULL, "<stdin>:2: write: want START N DATA");
+    /* The help lists every command. */
+    KVCTL(&r, d, NULL, "seq", "--help");
+    static const char *const cmds[] = {"open [NAMESPACE]", "match TOKENS", "extend N",
+                                       "write START N DATA", "read START N [>FILE]",
+                                       "check START N DATA", "commit TOKENS", "fork", "use SEQ|#K",
+                                       "info", "offload", "restore", "close", "expect KEY VALUE"};
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+        expect(&r, 0, cmds[i], NULL);
 }
 
 static void test_call(void **state)
