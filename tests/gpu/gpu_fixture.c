@@ -143,11 +143,10 @@ double rel_err(const float *a, const float *b, size_t n)
     return den > 0 ? num / den : num;
 }
 
-static unsigned long emu_seen;
-
 unsigned long gpu_emu_reports(void)
 {
 #ifdef KVD_CUDA_EMULATE
+    static unsigned long emu_seen;
     unsigned long n = kvd_emu_errors(), d = n - emu_seen;
     emu_seen = n;
     return d;
