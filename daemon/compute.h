@@ -54,6 +54,8 @@ enum clayout {
 struct ctensor {
     enum ctype type;
     enum clayout layout;
+    bool rows_only; /* read by get_rows alone (an untied token embedding), never by
+                     * matmul: a backend need not prepare it for GEMMs */
     uint32_t ne0, ne1;
     size_t nbytes;
     void *data; /* device, owned by whoever allocated it (the model) */

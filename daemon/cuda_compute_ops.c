@@ -137,7 +137,7 @@ int cuda_op_sample(struct compute_ctx *cx, const float *logits, uint32_t rows, u
  * in the middle of a step. The decode GEMV reads the rows. */
 static bool needs_bf16_copy(const struct ctensor *t)
 {
-    return t->ne1 > 1 && (t->type == CT_F16 || t->type == CT_Q8_0);
+    return t->ne1 > 1 && !t->rows_only && (t->type == CT_F16 || t->type == CT_Q8_0);
 }
 
 static size_t bf16_copy_offset(const struct ctensor *t)

@@ -210,6 +210,7 @@ static int collect(struct model *m, struct load_ctx *lc)
         (rc = want(lc, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0, 1)))
         return rc;
     m->hp.tied_output = m->output.ne0 == 0;
+    m->tok_embd.rows_only = !m->hp.tied_output;
     m->hp.has_rope_freqs = m->rope_freqs.ne0 != 0;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         struct model_layer *L = &m->layers[l];

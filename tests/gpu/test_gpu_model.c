@@ -249,6 +249,10 @@ static void test_long_prompt_full_memory(void **state)
         struct fwd_ctx *fc = NULL;
         assert_int_equal(model_load(path, cuda_be, &m, err, sizeof err), 0);
         assert_int_equal(fwd_ctx_new(m, 64, 1, &fc), 0);
+        /* the projections carry their copy; the untied embedding, only
+         * looked up by rows, does not (it would cost vocab x embd x 2 B) */
+        assert_int_equal(m->layers[0].wq.layout, CL_ROWS_BF16);
+        assert_int_equal(m->tok_embd.layout, CL_ROWS);
         size_t free_b = 0, total_b = 0;
         assert_int_equal(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
 #ifdef KVD_CUDA_EMULATE
