@@ -23,6 +23,7 @@
 #ifndef KVD_COMPUTE_H
 #define KVD_COMPUTE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
