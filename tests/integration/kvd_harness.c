@@ -1,7 +1,9 @@
-/* kvd_harness: see kvd_harness.h. Waits are bounded polls for readiness
- * (never assertions about speed): a daemon that does not come up within
- * 30 s makes the test fail. */
+/* kvd_harness: see kvd_harness.h. A started daemon is waited for through
+ * its own READY=1 (sd_notify), bounded by 30 s (never an assertion about
+ * speed): a daemon that does not come up makes the test fail with its log. */
 #include "kvd_harness.h"
+
+#include "kvd/status.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -21,10 +24,71 @@
 
 #define HARNESS_WAIT_MS 30000
 
-static void sleep_ms(int ms)
+/* Daemons started and not yet stopped, by copy (a failed test's stack is
+ * gone). A test that fails leaves its daemon here (its assertion jumped past
+ * kh_stop); at exit each one's log is printed, the daemon killed and its
+ * directory removed. Only in the process that started them. */
+#define KH_MAX_LIVE 64
+static struct kh_proc kh_live[KH_MAX_LIVE];
+static pid_t kh_owner;
+
+static struct kh_proc *kh_live_find(const struct kh_proc *p)
 {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
+    for (int i = 0; i < KH_MAX_LIVE; i++)
+        if (kh_live[i].dir[0] && !strcmp(kh_live[i].dir, p->dir))
+            return &kh_live[i];
+    return NULL;
+}
+
+static void kh_forget(const struct kh_proc *p)
+{
+    struct kh_proc *e = kh_live_find(p);
+    if (e)
+        memset(e, 0, sizeof(*e));
+}
+
+static void kh_at_exit(void)
+{
+    if (getpid() != kh_owner)
+        return;
+    for (int i = 0; i < KH_MAX_LIVE; i++) {
+        struct kh_proc p = kh_live[i];
+        if (!p.dir[0])
+            continue;
+        fprintf(stderr, "harness: kvd (pid %d) was not stopped: the test failed?\n", (int)p.pid);
+        kh_dump_log(&p);
+        if (p.pid > 0 && waitpid(p.pid, NULL, WNOHANG) == 0) /* still our running child */
+            kh_kill(&p);
+        kh_cleanup_dir(&p);
+    }
+}
+
+static void kh_remember(const struct kh_proc *p)
+{
+    if (kh_owner != getpid()) {
+        if (!kh_owner)
+            atexit(kh_at_exit); /* (a forked child inherits the registration) */
+        memset(kh_live, 0, sizeof(kh_live)); /* a child's parent's daemons are not its own */
+        kh_owner = getpid();
+    }
+    for (int i = 0; i < KH_MAX_LIVE; i++)
+        if (!kh_live[i].dir[0]) {
+            kh_live[i] = *p;
+            return;
+        }
+}
+
+void kh_dump_log(const struct kh_proc *p)
+{
+    char line[1024];
+    FILE *f = p->log[0] ? fopen(p->log, "r") : NULL;
+    if (!f)
+        return;
+    fprintf(stderr, "---- kvd log (%s) ----\n", p->log);
+    while (fgets(line, sizeof(line), f))
+        fputs(line, stderr);
+    fprintf(stderr, "---- end of kvd log ----\n");
+    fclose(f);
 }
 
 int kh_connect(const char *path)
@@ -43,14 +107,48 @@ int kh_connect(const char *path)
     return fd;
 }
 
-int kh_start(struct kh_proc *p, const char *conf_text, const char *const *args)
+/* Waits for READY=1 on the notify socket (kvd sends it once it serves),
+ * while watching the child. 0, or -1 when it exited or did not get ready
+ * within the harness wait. */
+static int wait_ready(struct kh_proc *p, int nfd)
 {
-    const char *bin = getenv("KVD_BIN");
-    const char *argv[64];
-    int n = 0;
+    char msg[512];
+    for (int waited = 0; waited < HARNESS_WAIT_MS; waited += 100) {
+        struct pollfd pfd = {nfd, POLLIN, 0};
+        if (poll(&pfd, 1, 100) > 0) {
+            ssize_t n = recv(nfd, msg, sizeof(msg) - 1, 0);
+            if (n > 0) {
+                msg[n] = '\0';
+                if (strstr(msg, "READY=1"))
+                    return 0;
+            }
+        }
+        int st;
+        if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
+            fprintf(stderr, "harness: kvd exited before it was ready (%s %d)\n",
+                    WIFEXITED(st) ? "status" : "signal",
+                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+            struct kh_proc *e = kh_live_find(p);
+            if (e)
+                e->pid = -1;
+            p->pid = -1;
+            return -1;
+        }
+    }
+    fprintf(stderr, "harness: kvd did not say READY=1 within %d ms\n", HARNESS_WAIT_MS);
+    return -1;
+}
+
+int kh_spawn(struct kh_proc *p, const struct kh_opts *o)
+{
+    const char *bin = o->bin ? o->bin : getenv("KVD_BIN");
+    const char *argv[80];
+    char nsock[160] = "";
+    int n = 0, nfd = -1;
 
     memset(p, 0, sizeof(*p));
     p->pid = -1;
+    p->status = -1;
     if (!bin) {
         fprintf(stderr, "harness: KVD_BIN is not set\n");
         return -1;
@@ -60,57 +158,128 @@ int kh_start(struct kh_proc *p, const char *conf_text, const char *const *args)
         return -1;
     /* Other uids (tenant tests) must reach the socket inside. */
     chmod(p->dir, 0711);
-    snprintf(p->sock, sizeof(p->sock), "%s/kvd.sock", p->dir);
+    snprintf(p->sock, sizeof(p->sock), "%s/%s", p->dir, o->socket ? o->socket : "kvd.sock");
     snprintf(p->conf, sizeof(p->conf), "%s/kvd.conf", p->dir);
+    snprintf(p->log, sizeof(p->log), "%s/kvd.log", p->dir);
     argv[n++] = bin;
-    argv[n++] = "--socket";
-    argv[n++] = p->sock;
+    if (!o->no_socket) {
+        argv[n++] = "--socket";
+        argv[n++] = p->sock;
+    }
     argv[n++] = "--log-level";
     argv[n++] = getenv("KVD_TEST_LOG") ? getenv("KVD_TEST_LOG") : "warning";
-    if (conf_text) {
+    if (o->conf_text) {
         FILE *f = fopen(p->conf, "w");
         if (!f)
             return -1;
-        fputs(conf_text, f);
+        fputs(o->conf_text, f);
         fclose(f);
         argv[n++] = "--config";
         argv[n++] = p->conf;
     }
-    for (int i = 0; args && args[i] && n < 62; i++)
-        argv[n++] = args[i];
+    for (int i = 0; o->args && o->args[i] && n < 78; i++)
+        argv[n++] = o->args[i];
     argv[n] = NULL;
 
+    bool ready_event = !o->no_wait;
+    for (int i = 0; o->env && o->env[i]; i++)
+        if (!strncmp(o->env[i], "NOTIFY_SOCKET=", 14))
+            ready_event = false; /* the test listens itself */
+    if (ready_event) {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(nsock, sizeof(nsock), "%s/notify.sock", p->dir);
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", nsock);
+        nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (nfd < 0 || bind(nfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+            chmod(nsock, 0666) != 0) { /* a daemon run as another uid sends too */
+            if (nfd >= 0)
+                close(nfd);
+            return -1;
+        }
+    }
+
+    fflush(NULL);
     p->pid = fork();
-    if (p->pid < 0)
+    if (p->pid < 0) {
+        if (nfd >= 0)
+            close(nfd);
         return -1;
+    }
     if (p->pid == 0) {
         /* A test that fails half-way must not leave a daemon behind. */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int lfd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (lfd >= 0) {
+            dup2(lfd, 1);
+            dup2(lfd, 2);
+        }
+        if (ready_event)
+            setenv("NOTIFY_SOCKET", nsock, 1);
+        else if (o->no_wait)
+            unsetenv("NOTIFY_SOCKET");
+        for (int i = 0; o->env && o->env[i]; i++)
+            putenv((char *)o->env[i]);
+        if (o->nofile) {
+            struct rlimit rl = {o->nofile, o->nofile};
+            if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+                _exit(125);
+        }
+        if (o->as_user && (setgroups(0, NULL) || setgid(o->gid) || setuid(o->uid)))
+            _exit(120);
+        if (o->pass_fd >= 0) { /* socket activation: the listener as fd 3 */
+            if (o->pass_fd != 3 && dup2(o->pass_fd, 3) != 3)
+                _exit(126);
+            if (o->pass_fd == 3)
+                fcntl(3, F_SETFD, 0); /* kept across exec */
+            char pid[32];
+            snprintf(pid, sizeof(pid), "%d", (int)getpid());
+            setenv("LISTEN_PID", pid, 1);
+            setenv("LISTEN_FDS", "1", 1);
+        }
         execv(bin, (char *const *)argv);
         _exit(127);
     }
-    for (int waited = 0; waited < HARNESS_WAIT_MS; waited += 10) {
-        int fd = kh_connect(p->sock);
-        if (fd >= 0) {
-            close(fd);
-            return 0;
-        }
-        int st;
-        if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
-            fprintf(stderr, "harness: kvd exited before accepting (status %d)\n", st);
-            p->pid = -1;
-            return -1;
-        }
-        sleep_ms(10);
+    kh_remember(p);
+    if (!ready_event)
+        return 0;
+    int rc = wait_ready(p, nfd);
+    close(nfd);
+    unlink(nsock);
+    if (rc != 0) {
+        kh_dump_log(p);
+        kh_kill(p);
+        kh_cleanup_dir(p);
+        kh_forget(p);
     }
-    fprintf(stderr, "harness: kvd did not accept on %s\n", p->sock);
-    return -1;
+    return rc;
+}
+
+int kh_start(struct kh_proc *p, const char *conf_text, const char *const *args)
+{
+    struct kh_opts o = {.conf_text = conf_text, .args = args, .pass_fd = -1};
+    return kh_spawn(p, &o);
+}
+
+int kh_run(const struct kh_opts *o)
+{
+    struct kh_opts ro = *o;
+    struct kh_proc p;
+    ro.no_wait = true;
+    if (kh_spawn(&p, &ro) != 0)
+        return -1;
+    int rc = kh_wait(&p);
+    kh_cleanup_dir(&p);
+    return rc;
 }
 
 void kh_cleanup_dir(struct kh_proc *p)
 {
+    kh_forget(p);
+    if (!p->dir[0])
+        return;
     unlink(p->sock);
     unlink(p->conf);
+    unlink(p->log);
     rmdir(p->dir);
 }
 
@@ -122,19 +291,68 @@ int kh_wait(struct kh_proc *p)
     while (waitpid(p->pid, &st, 0) < 0)
         if (errno != EINTR)
             return -1;
+    struct kh_proc *e = kh_live_find(p);
+    if (e)
+        e->pid = -1; /* reaped: never signalled again */
     p->pid = -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    p->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return p->status;
+}
+
+void kh_kill(struct kh_proc *p)
+{
+    if (p->pid <= 0)
+        return;
+    kill(p->pid, SIGKILL);
+    kh_wait(p);
+    p->killed = true;
 }
 
 int kh_stop(struct kh_proc *p)
 {
-    int rc = -1;
+    int rc = p->status;
     if (p->pid > 0) {
+        kill(p->pid, SIGCONT); /* in case a test stopped it */
         kill(p->pid, SIGTERM);
         rc = kh_wait(p);
     }
+    if (rc != 0 && !p->killed) /* a clean drain exits 0: show why not */
+        kh_dump_log(p);
     kh_cleanup_dir(p);
     return rc;
+}
+
+struct kh_proc *kh_new(const char *conf_text, const char *const *args)
+{
+    struct kh_proc *p = calloc(1, sizeof(*p));
+    if (p && kh_start(p, conf_text, args) != 0) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+int kh_free(struct kh_proc *p)
+{
+    int rc = p ? kh_stop(p) : 0;
+    free(p);
+    return rc;
+}
+
+int kh_expect_code(const struct kh_reply *r, int want, char *msg, size_t cap)
+{
+    if (r->code == want)
+        return 0;
+    if (r->code < 0)
+        snprintf(msg, cap, "request %llu: no reply (I/O error), want %s", (unsigned long long)r->id,
+                 want ? kvd_err_code(want) : "ok");
+    else if (r->code == 0)
+        snprintf(msg, cap, "request %llu: ok, want %s", (unsigned long long)r->id,
+                 kvd_err_code(want));
+    else
+        snprintf(msg, cap, "request %llu: %s \"%s\", want %s", (unsigned long long)r->id,
+                 kvd_err_code(r->code), r->message, want ? kvd_err_code(want) : "ok");
+    return -1;
 }
 
 int kh_send_raw(int fd, const void *buf, size_t len)
@@ -195,6 +413,7 @@ int kh_recv(int fd, struct kh_reply *r)
     struct proto_err e = {0};
 
     memset(r, 0, sizeof(*r));
+    r->code = -1; /* until a reply is read */
     if (read_full(fd, hdr, 4) != 0)
         return -1;
     if (proto_frame_peek(hdr, 4, UINT32_MAX, &n) != PROTO_FRAME_NEED_MORE && n == 0)

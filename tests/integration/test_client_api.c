@@ -17,13 +17,14 @@
 #include <cmocka.h>
 
 #include "kvd/client.h"
-#include "test_client_kvd.h"
+#include "kvd_harness.h"
 
 /* Every test gets its own daemon: tests stay independent of each other's
  * cached prefixes and of daemons that a test shuts down. */
 static int setup(void **state)
 {
-    struct ckvd *d = ckvd_start(NULL);
+    static const char *const args[] = {"--backend", "cpu", NULL};
+    struct kh_proc *d = kh_new(NULL, args);
     if (!d)
         return -1;
     *state = d;
@@ -33,8 +34,8 @@ static int setup(void **state)
 /* A daemon with --max-frame 4096, so too_large is cheap to provoke. */
 static int setup_small_frames(void **state)
 {
-    static const char *const args[] = {"--max-frame", "4096", NULL};
-    struct ckvd *d = ckvd_start(args);
+    static const char *const args[] = {"--backend", "cpu", "--max-frame", "4096", NULL};
+    struct kh_proc *d = kh_new(NULL, args);
     if (!d)
         return -1;
     *state = d;
@@ -43,11 +44,11 @@ static int setup_small_frames(void **state)
 
 static int teardown(void **state)
 {
-    ckvd_stop(*state);
+    kh_free(*state);
     return 0;
 }
 
-static struct kvd_ctx *connect_ok(struct ckvd *d)
+static struct kvd_ctx *connect_ok(struct kh_proc *d)
 {
     struct kvd_ctx *c = kvd_connect(d->sock);
     assert_non_null(c);
@@ -61,7 +62,7 @@ static struct kvd_ctx *connect_ok(struct ckvd *d)
 
 static void test_hello(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct kvd_ctx *c = connect_ok(d);
     struct kvd_hello_info h;
 
@@ -83,7 +84,7 @@ static void test_hello(void **state)
 
 static void test_stats(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct kvd_ctx *c = connect_ok(d);
     struct kvd_reply *r = NULL;
     char *json = NULL;
@@ -127,7 +128,7 @@ static void fill(unsigned char *p, size_t n, unsigned seed)
 
 static void test_block_api(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct kvd_ctx *c = connect_ok(d);
     struct kvd_hello_info h;
     struct kvd_blocks bl;
@@ -230,7 +231,7 @@ static void test_block_api(void **state)
  * they are gone once the connection closes. */
 static void test_handles_per_connection(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct kvd_ctx *c1 = connect_ok(d), *c2 = connect_ok(d);
     struct kvd_seq_info info;
     uint64_t seq;
@@ -257,7 +258,7 @@ static void still_usable(struct kvd_ctx *c)
 
 static void test_errors(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct kvd_ctx *c = connect_ok(d);
     struct kvd_hello_info h;
     struct kvd_seq_info info;
@@ -337,7 +338,7 @@ static void test_errors(void **state)
 
 static void test_admin(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct kvd_ctx *c = connect_ok(d);
     struct kvd_reply *r = NULL;
     uint64_t seq;
@@ -382,7 +383,7 @@ static void test_admin(void **state)
     assert_int_equal(rc, KVD_EIO);
     assert_int_equal(c->err, KVD_EIO);
     assert_non_null(strstr(c->errstr, "closed"));
-    assert_int_equal(ckvd_wait_exit(d, 30), 0);
+    assert_int_equal(kh_wait(d), 0);
     kvd_close(c);
 }
 
@@ -392,7 +393,7 @@ static void test_admin(void **state)
 
 static void test_pipeline_1000(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct kvd_ctx *c = connect_ok(d);
     static uint64_t ids[PIPE_N];
     uint64_t seqs[4];
@@ -433,7 +434,7 @@ static void test_pipeline_1000(void **state)
  * rather than block in write forever. */
 static void test_pipeline_deep(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct kvd_ctx *c = connect_ok(d);
     enum { N = 100000 }; /* ~20 MB of replies */
     uint64_t *ids = malloc(N * sizeof(*ids)), seq;
@@ -462,7 +463,7 @@ static void test_pipeline_deep(void **state)
 
 static void test_async_sync_mixed(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct kvd_ctx *c = connect_ok(d);
     struct kvd_reply *r;
     uint64_t seq, id_hello, id_bad, id_info, n;
@@ -500,7 +501,7 @@ static void test_async_sync_mixed(void **state)
 /* Many clients, each pipelining, on one daemon: nothing crosses over. */
 static void test_many_clients(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     enum { NC = 16, DEPTH = 50 };
     struct kvd_ctx *c[NC];
     uint64_t seq[NC], ids[NC][DEPTH];
@@ -533,7 +534,7 @@ static void test_many_clients(void **state)
 
 static void test_connect_fails(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     char path[512];
     struct kvd_hello_info h;
     struct kvd_ctx *c;
@@ -563,7 +564,7 @@ static void test_connect_fails(void **state)
  * replies sent before it still arrive; later calls get KVD_EIO saying why. */
 static void test_server_closes(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct kvd_ctx *c = connect_ok(d), *other = connect_ok(d);
     struct kvd_reply *r;
     struct kvd_hello_info h;
@@ -605,13 +606,13 @@ static void test_server_closes(void **state)
 /* The daemon dies with requests in flight: each wait fails with KVD_EIO. */
 static void test_daemon_killed(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct kvd_ctx *c = connect_ok(d);
     struct kvd_reply *r;
     uint64_t id;
 
     still_usable(c);
-    ckvd_kill(d);
+    kh_kill(d);
     for (int i = 0; i < 3; i++)
         kvd_send(c, KVD_OP_HELLO, NULL, 0, NULL, NULL, &id);
     assert_int_equal(kvd_wait(c, id, &r), KVD_EIO);
@@ -624,7 +625,7 @@ static void test_daemon_killed(void **state)
 /* A daemon that stops answering: the timeout turns a hang into KVD_EIO. */
 static void test_timeout(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct kvd_ctx *c = connect_ok(d);
     struct kvd_hello_info h;
 

@@ -18,10 +18,10 @@
 #include <cmocka.h>
 
 #include "kvd/client.h"
-#include "test_client_kvd.h"
+#include "kvd_harness.h"
 
 struct fixture {
-    struct ckvd *d;
+    struct kh_proc *d;
     char model[160];
 };
 
@@ -42,8 +42,8 @@ static int setup(void **state)
         fprintf(stderr, "setup: %s failed\n", cmd);
         return -1;
     }
-    const char *const args[] = {"--model", f->model, NULL};
-    f->d = ckvd_start(args);
+    const char *const args[] = {"--backend", "cpu", "--model", f->model, NULL};
+    f->d = kh_new(NULL, args);
     if (!f->d)
         return -1;
     *state = f;
@@ -54,7 +54,7 @@ static int teardown(void **state)
 {
     struct fixture *f = *state;
     char dir[160];
-    ckvd_stop(f->d);
+    kh_free(f->d);
     unlink(f->model);
     snprintf(dir, sizeof(dir), "%s", f->model);
     *strrchr(dir, '/') = '\0';

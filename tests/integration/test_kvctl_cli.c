@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "test_client_kvd.h"
+#include "kvd_harness.h"
 
 struct run {
     int status; /* exit code, or 128+signal */
@@ -38,7 +38,7 @@ static void slurp(const char *path, char *buf, size_t cap)
 
 /* Runs kvctl with args (NULL-terminated), stdin from `input` (may be NULL),
  * capturing stdout and stderr through files in the daemon's directory. */
-static void kvctl(struct run *r, const struct ckvd *d, const char *input, ...)
+static void kvctl(struct run *r, const struct kh_proc *d, const char *input, ...)
 {
     const char *argv[32];
     char outp[192], errp[192], inp[192];
@@ -228,7 +228,8 @@ static void test_json_checker(void **state)
 
 static int setup(void **state)
 {
-    struct ckvd *d = ckvd_start(NULL);
+    static const char *const args[] = {"--backend", "cpu", NULL};
+    struct kh_proc *d = kh_new(NULL, args);
     if (!d)
         return -1;
     *state = d;
@@ -237,7 +238,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    ckvd_stop(*state);
+    kh_free(*state);
     return 0;
 }
 
@@ -245,7 +246,7 @@ static int teardown(void **state)
 
 static void test_status(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct run r;
     KVCTL(&r, d, NULL, "--socket", d->sock, "status");
     expect(&r, 0, "backend:  cpu", NULL);
@@ -264,7 +265,7 @@ static void test_status(void **state)
 
 static void test_stats(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct run r;
     KVCTL(&r, d, NULL, "--socket", d->sock, "stats", "--json");
     expect(&r, 0, "{", NULL);
@@ -278,7 +279,7 @@ static void test_stats(void **state)
 
 static void test_generate_store_mode(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct run r;
     KVCTL(&r, d, NULL, "--socket", d->sock, "generate", "--tokens", "1,2,3", "--max-tokens", "4");
     expect(&r, 1, NULL, "unsupported");
@@ -291,7 +292,7 @@ static void test_generate_store_mode(void **state)
 
 static void test_usage_errors(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct run r;
     KVCTL(&r, d, NULL, "--socket", d->sock, "generate", "--max-tokens", "4");
     expect(&r, 2, NULL, "--tokens is required");
@@ -315,7 +316,7 @@ static void test_usage_errors(void **state)
 
 static void test_connect_error(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct run r;
     char path[192];
     snprintf(path, sizeof(path), "%s/absent.sock", d->dir);
@@ -327,7 +328,7 @@ static void test_connect_error(void **state)
 
 static void test_seq_demo(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct run r;
     KVCTL(&r, d, NULL, "--socket", d->sock, "seq", "demo");
     expect(&r, 0, "demo: all checks passed", NULL);
@@ -336,7 +337,7 @@ static void test_seq_demo(void **state)
 
 static void test_seq_script(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct run r;
     char script[1024], file[192];
 
@@ -412,7 +413,7 @@ static void test_seq_script(void **state)
 
 static void test_call(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct run r;
     KVCTL(&r, d, NULL, "--socket", d->sock, "call", "hello", "version=1");
     expect(&r, 0, "\"ok\":true", NULL);
@@ -425,7 +426,7 @@ static void test_call(void **state)
 
 static void test_admin(void **state)
 {
-    struct ckvd *d = *state;
+    struct kh_proc *d = *state;
     struct run r;
     KVCTL(&r, d, NULL, "--socket", d->sock, "admin", "check");
     expect(&r, 0, NULL, NULL);
@@ -437,7 +438,7 @@ static void test_admin(void **state)
     expect(&r, 2, NULL, "unknown command");
     KVCTL(&r, d, NULL, "--socket", d->sock, "admin", "shutdown");
     expect(&r, 0, "shutting down", NULL);
-    assert_int_equal(ckvd_wait_exit(d, 30), 0);
+    assert_int_equal(kh_wait(d), 0);
     KVCTL(&r, d, NULL, "--socket", d->sock, "status");
     expect(&r, 3, NULL, "cannot connect");
 }

@@ -35,23 +35,10 @@ static void nap_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* Runs kvd with args (no socket) and returns its exit status. */
+/* Runs kvd with args (no socket) to its end and returns its exit status. */
 static int run_kvd(const char *const *args)
 {
-    const char *argv[16];
-    int n = 0;
-    argv[n++] = getenv("KVD_BIN");
-    for (int i = 0; args[i]; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, 1);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    return kh_child_status(pid);
+    return kh_run(&(struct kh_opts){.args = args, .no_socket = true, .pass_fd = -1});
 }
 
 static void test_command_line(void **state)
@@ -185,27 +172,18 @@ static void test_stale_socket(void **state)
     strcpy(sa.sun_path, path);
     assert_int_equal(bind(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
     close(s);
-    const char *argv[] = {getenv("KVD_BIN"), "--socket", path, "--backend", "cpu",
-                          "--log-level",     "warning",  NULL};
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int fd = -1;
-    for (int i = 0; i < 3000 && fd < 0; i++) {
-        fd = kh_connect(path);
-        if (fd < 0)
-            nap_ms(10);
-    }
+    const char *args[] = {"--socket", path, "--backend", "cpu", NULL};
+    struct kh_proc p;
+    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .no_socket = true,
+                                                     .pass_fd = -1}),
+                     0);
+    int fd = kh_connect(path);
     assert_true(fd >= 0);
     struct kh_reply r;
     assert_int_equal(kh_call0(fd, "hello", 1, &r), 0);
     kh_reply_free(&r);
     close(fd);
-    kill(pid, SIGTERM);
-    assert_int_equal(kh_child_status(pid), 0);
+    assert_int_equal(kh_stop(&p), 0);
 
     /* a regular file is never removed */
     FILE *f = fopen(path, "w");
@@ -332,7 +310,7 @@ static void test_kill9_client_releases_everything(void **state)
         proto_pack_kv_str(&q.pk, "tier", tier ? "host" : "device");
         assert_int_equal(kh_req_send(fd, &q), 0);
         assert_int_equal(kh_recv(fd, &r), 0);
-        assert_int_equal(r.code, 0);
+        kh_expect(&r, 0);
         kh_reply_free(&r);
     }
     assert_int_equal(kh_stat(fd, "device", "used"), used0);
@@ -362,7 +340,7 @@ static void test_backpressure(void **state)
     proto_pack_kv_uint(&q.pk, "n", TOKENS);
     assert_int_equal(kh_req_send(fd, &q), 0);
     assert_int_equal(kh_recv(fd, &r), 0);
-    assert_int_equal(r.code, 0);
+    kh_expect(&r, 0);
     kh_reply_free(&r);
 
     fcntl(fd, F_SETFL, O_NONBLOCK);
@@ -452,28 +430,26 @@ static void test_sd_notify(void **state)
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     strcpy(sa.sun_path, nsock);
     assert_int_equal(bind(ns, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        char wpid[32];
-        snprintf(wpid, sizeof(wpid), "%d", (int)getpid());
-        setenv("NOTIFY_SOCKET", nsock, 1);
-        setenv("WATCHDOG_USEC", "100000", 1); /* pings every 50 ms */
-        setenv("WATCHDOG_PID", wpid, 1);
-        execl(getenv("KVD_BIN"), "kvd", "--socket", sock, "--backend", "cpu", "--log-level",
-              "warning", (char *)NULL);
-        _exit(127);
-    }
+    /* WATCHDOG_PID unset: the watchdog is the daemon's whatever its pid. */
+    char notify_env[160];
+    snprintf(notify_env, sizeof(notify_env), "NOTIFY_SOCKET=%s", nsock);
+    const char *env[] = {notify_env, "WATCHDOG_USEC=100000", NULL}; /* pings every 50 ms */
+    const char *args[] = {"--socket", sock, "--backend", "cpu", NULL};
+    struct kh_proc p;
+    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .env = env, .no_socket = true,
+                                                     .pass_fd = -1}),
+                     0);
     char all[4096] = "";
     assert_true(notify_wait(ns, "READY=1", all, sizeof(all)));
     assert_true(notify_wait(ns, "WATCHDOG=1", all, sizeof(all)));
     assert_true(notify_wait(ns, "WATCHDOG=1", all, sizeof(all)));
-    kill(pid, SIGHUP);
+    kill(p.pid, SIGHUP);
     assert_true(notify_wait(ns, "RELOADING=1", all, sizeof(all)));
     assert_true(notify_wait(ns, "READY=1", all, sizeof(all)));
-    kill(pid, SIGTERM);
+    kill(p.pid, SIGTERM);
     assert_true(notify_wait(ns, "STOPPING=1", all, sizeof(all)));
-    assert_int_equal(kh_child_status(pid), 0);
+    assert_int_equal(kh_wait(&p), 0);
+    kh_cleanup_dir(&p);
     close(ns);
     unlink(nsock);
     rmdir(dir);
@@ -489,29 +465,22 @@ static void test_default_socket_fallback(void **state)
     assert_non_null(mkdtemp(dir));
     assert_int_equal(chown(dir, 60001, 65534), 0);
     snprintf(sock, sizeof(sock), "%s/kvd.sock", dir);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (setgroups(0, NULL) || setgid(65534) || setuid(60001))
-            _exit(120);
-        setenv("XDG_RUNTIME_DIR", dir, 1);
-        execl(getenv("KVD_BIN"), "kvd", "--backend", "cpu", "--device-blocks", "8", "--host-blocks",
-              "0", "--log-level", "warning", (char *)NULL);
-        _exit(127);
-    }
-    int fd = -1;
-    for (int i = 0; i < 3000 && fd < 0; i++) {
-        fd = kh_connect(sock);
-        if (fd < 0)
-            nap_ms(10);
-    }
+    char xdg[160];
+    snprintf(xdg, sizeof(xdg), "XDG_RUNTIME_DIR=%s", dir);
+    const char *env[] = {xdg, NULL};
+    const char *args[] = {"--backend", "cpu", "--device-blocks", "8", "--host-blocks", "0", NULL};
+    struct kh_proc p;
+    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .env = env, .no_socket = true,
+                                                     .pass_fd = -1, .as_user = true, .uid = 60001,
+                                                     .gid = 65534}),
+                     0);
+    int fd = kh_connect(sock);
     assert_true(fd >= 0);
     struct kh_reply r;
     assert_int_equal(kh_call0(fd, "hello", 1, &r), 0);
     kh_reply_free(&r);
     close(fd);
-    kill(pid, SIGTERM);
-    assert_int_equal(kh_child_status(pid), 0);
+    assert_int_equal(kh_stop(&p), 0);
     rmdir(dir);
 }
 
@@ -524,22 +493,14 @@ static void test_fd_exhaustion(void **state)
     char dir[] = "/tmp/kvdfd.XXXXXX", sock[128];
     assert_non_null(mkdtemp(dir));
     snprintf(sock, sizeof(sock), "%s/kvd.sock", dir);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        struct rlimit rl = {32, 32};
-        setrlimit(RLIMIT_NOFILE, &rl);
-        execl(getenv("KVD_BIN"), "kvd", "--socket", sock, "--backend", "cpu", "--device-blocks",
-              "8", "--host-blocks", "0", "--log-level", "warning", (char *)NULL);
-        _exit(127);
-    }
+    const char *args[] = {"--socket", sock, "--backend", "cpu", "--device-blocks", "8",
+                          "--host-blocks", "0", NULL};
+    struct kh_proc p;
+    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .no_socket = true,
+                                                     .pass_fd = -1, .nofile = 32}),
+                     0);
     int fds[N];
-    fds[0] = -1;
-    for (int i = 0; i < 3000 && fds[0] < 0; i++) {
-        fds[0] = kh_connect(sock);
-        if (fds[0] < 0)
-            nap_ms(10);
-    }
+    fds[0] = kh_connect(sock);
     assert_true(fds[0] >= 0);
     for (int i = 1; i < N; i++) {
         fds[i] = kh_connect(sock); /* queued in the backlog when not accepted */
@@ -552,7 +513,7 @@ static void test_fd_exhaustion(void **state)
     }
     struct kh_reply r;
     assert_int_equal(kh_recv(fds[0], &r), 0);
-    assert_int_equal(r.code, 0);
+    kh_expect(&r, 0);
     kh_reply_free(&r);
     /* free descriptors: the rest are served */
     for (int i = 0; i < N / 2; i++)
@@ -563,35 +524,28 @@ static void test_fd_exhaustion(void **state)
         kh_reply_free(&r);
         close(fds[i]);
     }
-    kill(pid, SIGTERM);
-    assert_int_equal(kh_child_status(pid), 0);
+    assert_int_equal(kh_stop(&p), 0);
     rmdir(dir);
 }
 
 static void test_socket_activation(void **state)
 {
-    const char *sa = "/usr/bin/systemd-socket-activate";
-    if (access(sa, X_OK) != 0)
-        skip();
-    char dir[] = "/tmp/kvdsa.XXXXXX", path[128];
+    /* As systemd does: the listener as fd 3, LISTEN_PID and LISTEN_FDS=1. */
+    char dir[] = "/tmp/kvdsa.XXXXXX", path[96];
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof(path), "%s/kvd.sock", dir);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, 1);
-        dup2(devnull, 2);
-        execl(sa, sa, "-l", path, getenv("KVD_BIN"), "--backend", "cpu", "--log-level", "warning",
-              (char *)NULL);
-        _exit(127);
-    }
-    int fd = -1;
-    for (int i = 0; i < 3000 && fd < 0; i++) {
-        fd = kh_connect(path);
-        if (fd < 0)
-            nap_ms(10);
-    }
+    int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    snprintf(sun.sun_path, sizeof(sun.sun_path), "%s", path);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sun, sizeof(sun)), 0);
+    assert_int_equal(listen(lfd, 16), 0);
+    const char *args[] = {"--backend", "cpu", NULL};
+    struct kh_proc p;
+    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .no_socket = true,
+                                                     .pass_fd = lfd}),
+                     0);
+    close(lfd);
+    int fd = kh_connect(path);
     assert_true(fd >= 0);
     struct kh_reply r;
     assert_int_equal(kh_call0(fd, "hello", 1, &r), 0);
@@ -605,8 +559,7 @@ static void test_socket_activation(void **state)
     kh_reply_free(&r);
     close(fd2);
     close(fd);
-    kill(pid, SIGTERM);
-    assert_int_equal(kh_child_status(pid), 0);
+    assert_int_equal(kh_stop(&p), 0);
     unlink(path);
     rmdir(dir);
 }

@@ -2,9 +2,11 @@
  * kvd in store mode (cpu backend, a tiny geometry: 2 layers, 2 kv heads,
  * head_dim 8, f32, 4 tokens per block = 256 bytes per token, 1 KiB blocks). */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -109,7 +111,7 @@ static void test_hello(void **state)
     proto_pack_kv_str(&q.pk, "client", "test_server_ops");
     assert_int_equal(kh_req_send(fd, &q), 0);
     assert_int_equal(kh_recv(fd, &r), 0);
-    assert_int_equal(r.code, KVD_OK);
+    kh_expect(&r, KVD_OK);
     assert_int_equal(r.id, 1);
     assert_int_equal(kh_u64(r.root, "version"), 1);
     assert_int_equal(kh_u64(r.root, "block_tokens"), BLOCK_TOKENS);
@@ -145,7 +147,7 @@ static void test_hello(void **state)
     proto_pack_kv_uint(&q.pk, "client", 5);
     assert_int_equal(kh_req_send(fd, &q), 0);
     assert_int_equal(kh_recv(fd, &r), 0);
-    assert_int_equal(r.code, KVD_EBADREQ);
+    kh_expect(&r, KVD_EBADREQ);
     assert_non_null(strstr(r.message, "'client'"));
     kh_reply_free(&r);
     close(fd);
@@ -346,7 +348,7 @@ static void test_handles_and_args(void **state)
     proto_pack_kv_str(&q.pk, "seq", "one");
     assert_int_equal(kh_req_send(a, &q), 0);
     assert_int_equal(kh_recv(a, &r), 0);
-    assert_int_equal(r.code, KVD_EBADREQ);
+    kh_expect(&r, KVD_EBADREQ);
     assert_non_null(strstr(r.message, "'seq'"));
     kh_reply_free(&r);
     kh_req_begin(&q, "seq_match", 9, 2);
@@ -357,7 +359,7 @@ static void test_handles_and_args(void **state)
     msgpack_pack_int32(&q.pk, -1);
     assert_int_equal(kh_req_send(a, &q), 0);
     assert_int_equal(kh_recv(a, &r), 0);
-    assert_int_equal(r.code, KVD_EBADREQ);
+    kh_expect(&r, KVD_EBADREQ);
     assert_non_null(strstr(r.message, "'tokens'[1]"));
     kh_reply_free(&r);
     /* a namespace the tenant was not given */
@@ -365,7 +367,7 @@ static void test_handles_and_args(void **state)
     proto_pack_kv_str(&q.pk, "namespace", "someone-else");
     assert_int_equal(kh_req_send(a, &q), 0);
     assert_int_equal(kh_recv(a, &r), 0);
-    assert_int_equal(r.code, KVD_EPERM);
+    kh_expect(&r, KVD_EPERM);
     kh_reply_free(&r);
     close(a);
     close(b);
@@ -382,7 +384,7 @@ static void test_generate_cancel_store_mode(void **state)
     proto_pack_kv_uint(&q.pk, "max_tokens", 4);
     assert_int_equal(kh_req_send(fd, &q), 0);
     assert_int_equal(kh_recv(fd, &r), 0);
-    assert_int_equal(r.code, KVD_EUNSUPPORTED);
+    kh_expect(&r, KVD_EUNSUPPORTED);
     assert_non_null(strstr(r.message, "store mode"));
     kh_reply_free(&r);
     assert_int_equal(kh_call1(fd, "cancel", 2, "target", 1, &r), KVD_ENOTFOUND);
@@ -407,7 +409,7 @@ static void test_admin_ops(void **state)
     proto_pack_kv_str(&q.pk, "tier", "disk");
     assert_int_equal(kh_req_send(fd, &q), 0);
     assert_int_equal(kh_recv(fd, &r), 0);
-    assert_int_equal(r.code, KVD_EBADREQ);
+    kh_expect(&r, KVD_EBADREQ);
     kh_reply_free(&r);
     assert_int_equal(kh_stat(fd, "device", "cached"), 0);
     close(fd);
@@ -458,6 +460,72 @@ static void test_kv_read_too_large(void **state)
     assert_int_equal(kh_stop(&small), 0);
 }
 
+/* kh_expect's message names both codes and carries the daemon's message
+ * (what a failing test prints instead of "0x5 != 0"). */
+static void test_expect_names_codes(void **state)
+{
+    (void)state;
+    int fd = kh_connect(kvd.sock);
+    struct kh_reply r;
+    char msg[512];
+    assert_true(fd >= 0);
+    assert_int_equal(kh_call1(fd, "seq_info", 1, "seq", 424242, &r), KVD_ENOTFOUND);
+    kh_expect(&r, KVD_ENOTFOUND);
+    assert_int_equal(kh_expect_code(&r, KVD_OK, msg, sizeof(msg)), -1);
+    if (!strstr(msg, "not_found") || !strstr(msg, "want ok") || !strstr(msg, r.message) ||
+        !r.message[0])
+        fail_msg("unhelpful: %s", msg);
+    assert_int_equal(kh_expect_code(&r, KVD_EBADREQ, msg, sizeof(msg)), -1);
+    assert_non_null(strstr(msg, "want bad_request"));
+    kh_reply_free(&r);
+    assert_int_equal(kh_call0(fd, "hello", 2, &r), 0);
+    kh_expect(&r, KVD_OK);
+    assert_int_equal(kh_expect_code(&r, KVD_ENOTFOUND, msg, sizeof(msg)), -1);
+    assert_non_null(strstr(msg, "ok, want not_found"));
+    kh_reply_free(&r);
+    close(fd);
+}
+
+/* A test that fails leaves its daemon running (its assertion jumps past
+ * kh_stop): at exit the fixture prints that daemon's log, kills it and
+ * removes its directory. A child process plays the failed test. */
+static void test_fixture_cleans_up_after_failure(void **state)
+{
+    (void)state;
+    char errpath[] = "/tmp/kvd-fixture-err.XXXXXX";
+    int errfd = mkstemp(errpath), pp[2];
+    assert_true(errfd >= 0);
+    assert_int_equal(pipe(pp), 0);
+    fflush(NULL);
+    pid_t child = fork();
+    if (child == 0) {
+        struct kh_proc p;
+        const char *args[] = {"--log-level", "info", NULL};
+        dup2(errfd, 2);
+        if (kh_start(&p, NULL, args) != 0)
+            _exit(3);
+        if (write(pp[1], &p, sizeof(p)) != (ssize_t)sizeof(p))
+            _exit(4);
+        exit(1); /* "failed": never stopped */
+    }
+    struct kh_proc seen;
+    assert_int_equal(read(pp[0], &seen, sizeof(seen)), (ssize_t)sizeof(seen));
+    assert_int_equal(kh_child_status(child), 1);
+    close(pp[0]);
+    close(pp[1]);
+    assert_int_equal(kill(seen.pid, 0), -1); /* killed and reaped */
+    assert_int_equal(access(seen.dir, F_OK), -1);
+    char text[8192] = "";
+    ssize_t n = pread(errfd, text, sizeof(text) - 1, 0);
+    close(errfd);
+    unlink(errpath);
+    assert_true(n > 0);
+    text[n] = '\0';
+    if (!strstr(text, "was not stopped") || !strstr(text, "---- kvd log") ||
+        !strstr(text, "listening on"))
+        fail_msg("the fixture printed: %s", text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -469,6 +537,8 @@ int main(void)
         cmocka_unit_test(test_admin_ops),
         cmocka_unit_test(test_pipelining),
         cmocka_unit_test(test_kv_read_too_large),
+        cmocka_unit_test(test_expect_names_codes),
+        cmocka_unit_test(test_fixture_cleans_up_after_failure),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -25,9 +25,11 @@
 #include <cmocka.h>
 
 #include "kvd/client.h"
+#include "kvd_harness.h"
 
 static char g_dir[64], g_model[128], g_sock[128];
-static pid_t g_pid;
+static struct kh_proc g_kvd; /* the daemon (the harness's fixture); g_sock is its socket */
+static bool g_running;
 static uint16_t g_port;
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -59,51 +61,26 @@ static int run_wait(char *const argv[])
     return WEXITSTATUS(st);
 }
 
-/* Starts kvd with the model and extra args; waits until it accepts. */
-static pid_t start_kvd(const char *const *extra)
+/* Starts kvd with the model and extra args (the harness waits until it is
+ * ready). 0 or -1. */
+static int start_kvd(const char *const *extra)
 {
-    const char *bin = getenv("KVD_BIN");
-    char *argv[32];
-    int n = 0;
-    argv[n++] = (char *)bin;
-    argv[n++] = "--socket";
-    argv[n++] = g_sock;
-    argv[n++] = "--model";
-    argv[n++] = g_model;
-    argv[n++] = "--log-level";
-    argv[n++] = "warning";
-    for (int i = 0; extra && extra[i] && n < 30; i++)
-        argv[n++] = (char *)extra[i];
-    argv[n] = NULL;
-    unlink(g_sock);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execv(bin, argv);
-        _exit(127);
-    }
-    for (int i = 0; i < 600; i++) { /* up to 60 s (ASan, a loaded machine) */
-        struct kvd_ctx *c = kvd_connect(g_sock);
-        bool ok = c && !c->err;
-        kvd_close(c);
-        if (ok)
-            return pid;
-        if (waitpid(pid, NULL, WNOHANG) == pid)
-            return -1;
-        struct timespec ts = {0, 100000000};
-        nanosleep(&ts, NULL);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
+    const char *args[32] = {"--model", g_model};
+    int n = 2;
+    for (int i = 0; extra && extra[i] && n < 31; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    if (kh_start(&g_kvd, NULL, args) != 0)
+        return -1;
+    snprintf(g_sock, sizeof(g_sock), "%s", g_kvd.sock);
+    g_running = true;
+    return 0;
 }
 
-static int stop_kvd(pid_t pid)
+static int stop_kvd(void)
 {
-    int st;
-    kill(pid, SIGTERM);
-    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
-        return -1;
-    return WEXITSTATUS(st);
+    g_running = false;
+    return kh_stop(&g_kvd);
 }
 
 /* GET /metrics; returns the malloc'd body or NULL. */
@@ -287,7 +264,6 @@ static int setup(void **state)
         return -1;
     chmod(g_dir, 0755);
     snprintf(g_model, sizeof(g_model), "%s/m.gguf", g_dir);
-    snprintf(g_sock, sizeof(g_sock), "%s/kvd.sock", g_dir);
     char gen[512];
     snprintf(gen, sizeof(gen), "%s/kvd-gguf-gen", getenv("KVD_TOOLS_DIR"));
     char *argv[] = {gen, "-o", g_model, "--layers", "2", "--embd", "64", "--heads", "4",
@@ -299,16 +275,14 @@ static int setup(void **state)
     char port[32];
     snprintf(port, sizeof(port), "127.0.0.1:%u", g_port);
     const char *extra[] = {"--metrics", port, "--device-blocks", "256", "--host-blocks", "256", NULL};
-    g_pid = start_kvd(extra);
-    return g_pid > 0 ? 0 : -1;
+    return start_kvd(extra);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int rc = g_pid > 0 ? stop_kvd(g_pid) : 0;
+    int rc = g_running ? stop_kvd() : 0;
     unlink(g_model);
-    unlink(g_sock);
     rmdir(g_dir);
     return rc == 0 ? 0 : -1;
 }
@@ -489,12 +463,10 @@ static void test_bench_json(void **state)
 static void test_bench_pressure(void **state)
 {
     (void)state;
-    pid_t pid = g_pid;
-    assert_int_equal(stop_kvd(pid), 0);
+    assert_int_equal(stop_kvd(), 0);
     const char *extra[] = {"--device-blocks", "20", "--host-blocks", "64", "--no-roofline-probe",
                            NULL};
-    g_pid = start_kvd(extra);
-    assert_true(g_pid > 0);
+    assert_int_equal(start_kvd(extra), 0);
     int st;
     char *out = kvctl(&st, "bench -c 4 -r 8 --prompt-len 60-90 --output-len 24-30 --verify --json");
     if (st != 0 || !json_ok(out))
@@ -513,14 +485,12 @@ static void test_metrics_refused(void **state)
 {
     (void)state;
     /* A non-loopback address without --metrics-force: kvd exits 2. */
-    char *argv[] = {(char *)getenv("KVD_BIN"), "--socket", g_sock, "--model", g_model,
-                    "--metrics", "0.0.0.0:1", "--no-roofline-probe", "--log-level", "error", NULL};
-    pid_t pid = g_pid;
-    assert_int_equal(stop_kvd(pid), 0);
-    g_pid = -1;
-    assert_int_equal(run_wait(argv), 2);
-    char *bad[] = {(char *)getenv("KVD_BIN"), "--metrics", "nohost", "--log-level", "error", NULL};
-    assert_int_equal(run_wait(bad), 2);
+    const char *args[] = {"--model", g_model, "--metrics", "0.0.0.0:1", "--no-roofline-probe",
+                          "--log-level", "error", NULL};
+    assert_int_equal(stop_kvd(), 0);
+    assert_int_equal(kh_run(&(struct kh_opts){.args = args, .pass_fd = -1}), 2);
+    const char *bad[] = {"--metrics", "nohost", "--log-level", "error", NULL};
+    assert_int_equal(kh_run(&(struct kh_opts){.args = bad, .pass_fd = -1}), 2);
 }
 
 int main(void)

@@ -95,7 +95,7 @@ static void test_frame_lengths(void **state)
     struct kh_reply r;
     assert_int_equal(kh_send_raw(fd, sb.data, sb.size), 0);
     assert_int_equal(kh_recv(fd, &r), 0);
-    assert_int_equal(r.code, 0);
+    kh_expect(&r, 0);
     assert_int_equal(r.id, 7);
     kh_reply_free(&r);
     close(fd);
@@ -235,7 +235,7 @@ static void test_integer_overflow(void **state)
         proto_pack_kv_u32_array(&q.pk, "tokens", t, 9);
         assert_int_equal(kh_req_send(fd, &q), 0);
         assert_int_equal(kh_recv(fd, &r), 0);
-        assert_int_equal(r.code, KVD_EBADREQ);
+        kh_expect(&r, KVD_EBADREQ);
         kh_reply_free(&r);
         /* token ids over 32 bits */
         kh_req_begin(&q, "seq_commit", 81, 2);
@@ -245,7 +245,7 @@ static void test_integer_overflow(void **state)
         msgpack_pack_uint64(&q.pk, 1ull << 32);
         assert_int_equal(kh_req_send(fd, &q), 0);
         assert_int_equal(kh_recv(fd, &r), 0);
-        assert_int_equal(r.code, KVD_EBADREQ);
+        kh_expect(&r, KVD_EBADREQ);
         kh_reply_free(&r);
         /* negative where a uint belongs; a negative id */
         kh_req_begin(&q, "seq_extend", 82, 2);
@@ -253,7 +253,7 @@ static void test_integer_overflow(void **state)
         proto_pack_kv_int(&q.pk, "n", -1);
         assert_int_equal(kh_req_send(fd, &q), 0);
         assert_int_equal(kh_recv(fd, &r), 0);
-        assert_int_equal(r.code, KVD_EBADREQ);
+        kh_expect(&r, KVD_EBADREQ);
         assert_non_null(strstr(r.message, "n"));
         kh_reply_free(&r);
     }
