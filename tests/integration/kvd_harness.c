@@ -143,7 +143,7 @@ int kh_spawn(struct kh_proc *p, const struct kh_opts *o)
 {
     const char *bin = o->bin ? o->bin : getenv("KVD_BIN");
     const char *argv[80];
-    char nsock[160] = "";
+    char nsock[96] = "";
     int n = 0, nfd = -1;
 
     memset(p, 0, sizeof(*p));
