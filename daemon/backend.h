@@ -14,8 +14,16 @@ enum kvd_tier { KVD_TIER_DEVICE = 0, KVD_TIER_HOST = 1 };
 struct backend;
 struct compute_ops; /* compute.h */
 
+/* Which implementation a backend is: branch on this, never on the name. */
+enum backend_kind { BACKEND_CPU = 0, BACKEND_CUDA = 1 };
+
 struct backend_ops {
-    const char *name; /* "cpu" or "cuda" */
+    const char *name; /* "cpu" or "cuda": for people (logs, hello, stats) */
+    enum backend_kind kind;
+    /* The memory the device arena is carved from, in bytes: cuda the GPU's
+     * free and total memory, cpu the machine's physical memory (free =
+     * total). Returns 0, or an enum kvd_err when it cannot tell. */
+    int (*mem_info)(struct backend *be, size_t *free_b, size_t *total_b);
     /* Arena memory. Device: cudaMalloc on cuda, plain/huge-page memory on
      * cpu. Host: cudaHostAlloc (pinned) on cuda, plain memory on cpu.
      * Returns 0 or KVD_ENOMEM; *out is zero-filled memory of `bytes`. */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "kvd/status.h"
 
@@ -78,8 +79,20 @@ static void cpu_destroy(struct backend *be)
     free(be);
 }
 
+static int cpu_mem_info(struct backend *be, size_t *free_b, size_t *total_b)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    (void)be;
+    if (pages <= 0 || psz <= 0)
+        return KVD_EUNSUPPORTED;
+    *free_b = *total_b = (size_t)pages * (size_t)psz;
+    return 0;
+}
+
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
+    .kind = BACKEND_CPU,
+    .mem_info = cpu_mem_info,
     .arena_alloc = cpu_arena_alloc,
     .arena_free = cpu_arena_free,
     .copy = cpu_copy,

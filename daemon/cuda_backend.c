@@ -226,8 +226,18 @@ static void cuda_destroy(struct backend *be)
     free(cb);
 }
 
+static int cuda_mem_info(struct backend *be, size_t *free_b, size_t *total_b)
+{
+    if (cuda_dev_enter(dev_of(be)))
+        return KVD_EINTERNAL;
+    cudaError_t e = cudaMemGetInfo(free_b, total_b);
+    return e == cudaSuccess ? 0 : cuda_fail(e, "cudaMemGetInfo");
+}
+
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
+    .kind = BACKEND_CUDA,
+    .mem_info = cuda_mem_info,
     .arena_alloc = cuda_arena_alloc,
     .arena_free = cuda_arena_free,
     .copy = cuda_copy,

@@ -9,9 +9,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#ifdef KVD_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 #include "backend.h"
 #include "config.h"
@@ -58,21 +55,15 @@ static int pick_backend(const struct options *o, struct backend **be)
 
 /* Bytes of device memory --gpu-mem is a fraction of: the GPU's free memory
  * on cuda, physical memory on cpu. 0 when unknown. */
-static size_t device_memory(const struct backend *be)
+static size_t device_memory(struct backend *be)
 {
-#ifdef KVD_HAVE_CUDA
-    if (!strcmp(be->ops->name, "cuda")) {
-        size_t free_b = 0, total_b = 0;
-        if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
-            return free_b;
+    size_t free_b = 0, total_b = 0;
+    if (!be->ops->mem_info || be->ops->mem_info(be, &free_b, &total_b) != 0)
         return 0;
-    }
-#endif
-    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    return pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
+    return free_b;
 }
 
-static int size_arenas(const struct options *o, const struct backend *be, size_t block_bytes,
+static int size_arenas(const struct options *o, struct backend *be, size_t block_bytes,
                        uint32_t *dev, uint32_t *host)
 {
     *dev = OPTIONS_DEFAULT_DEVICE_BLOCKS;
@@ -192,7 +183,7 @@ int main(int argc, char **argv)
                  opts.model_path, hp->arch, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv,
                  hp->n_vocab, hp->n_ctx, (double)hp->n_params / 1e6,
                  (double)hp->weight_device_bytes / (1 << 20), be->ops->name);
-        if (!strcmp(be->ops->name, "cpu"))
+        if (be->ops->kind == BACKEND_CPU)
             log_info("cpu compute threads: %ld",
                      opts.threads ? (long)opts.threads : sysconf(_SC_NPROCESSORS_ONLN));
     }

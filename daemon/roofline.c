@@ -212,7 +212,7 @@ int roofline_measure(struct backend *be, uint32_t n_threads, struct roofline_cei
     memset(c, 0, sizeof(*c));
     if (!be || !be->compute)
         return KVD_EUNSUPPORTED;
-    bool cuda = strcmp(be->ops->name, "cpu") != 0;
+    bool cuda = be->ops->kind != BACKEND_CPU;
     /* Sizes well past the last-level cache; the GEMM big enough to reach
      * the compute ceiling (cpu: 2*128*1024*1024 = 0.27 GFLOP per run). */
     size_t copy_bytes = cuda ? (size_t)512 << 20 : (size_t)32 << 20;

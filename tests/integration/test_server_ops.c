@@ -486,6 +486,27 @@ static void test_expect_names_codes(void **state)
     close(fd);
 }
 
+/* --gpu-mem on the cpu backend: a fraction of physical memory (the
+ * backend's mem_info), here about 16 blocks of 64 KiB. */
+static void test_gpu_mem_fraction_cpu(void **state)
+{
+    (void)state;
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    char frac[64];
+    snprintf(frac, sizeof(frac), "%.12f", 16.5 * 65536 / phys);
+    const char *args[] = {"--backend", "cpu", "--gpu-mem", frac, "--host-blocks", "0", NULL};
+    struct kh_proc p;
+    assert_int_equal(kh_start(&p, NULL, args), 0);
+    int fd = kh_connect(p.sock);
+    assert_true(fd >= 0);
+    uint64_t total = kh_stat(fd, "device", "total");
+    if (total < 15 || total > 16)
+        fail_msg("--gpu-mem %s of %.0f bytes gave %llu blocks, want 16", frac, phys,
+                 (unsigned long long)total);
+    close(fd);
+    assert_int_equal(kh_stop(&p), 0);
+}
+
 /* A test that fails leaves its daemon running (its assertion jumps past
  * kh_stop): at exit the fixture prints that daemon's log, kills it and
  * removes its directory. A child process plays the failed test. */
@@ -539,6 +560,7 @@ int main(void)
         cmocka_unit_test(test_kv_read_too_large),
         cmocka_unit_test(test_expect_names_codes),
         cmocka_unit_test(test_fixture_cleans_up_after_failure),
+        cmocka_unit_test(test_gpu_mem_fraction_cpu),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
