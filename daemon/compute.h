@@ -28,18 +28,8 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "kvmm.h"
-#include "sampler.h"
-
-/* Weight element types; the numbers are ggml's type ids (GGUF files). */
-enum ctype {
-    CT_F32 = 0,
-    CT_F16 = 1,
-    CT_Q8_0 = 8,  /* blocks of 32: f16 scale d, then 32 int8 q; value = d*q (34 bytes) */
-    CT_BF16 = 30,
-};
-#define CT_Q8_0_BLOCK 32
-#define CT_Q8_0_BYTES 34
+#include "kv_types.h"
+#include "sampler.h" /* struct sample_row, which the cuda backend's sample op reads */
 
 /* How a 2-D weight's bytes are arranged on the device. */
 enum clayout {
@@ -62,10 +52,6 @@ struct ctensor {
     void *data; /* device, owned by whoever allocated it (the model) */
 };
 
-/* Bytes of one row of n elements of type t; 0 for an unknown type or a Q8_0
- * row whose n is not a multiple of 32. */
-size_t ctype_row_bytes(enum ctype t, uint64_t n);
-const char *ctype_name(enum ctype t); /* "f32", "f16", "q8_0", "bf16", "?" */
 
 /* The tok_slot of a padding row: kv_write skips it. */
 #define COMPUTE_PAD_SLOT UINT32_MAX

@@ -20,30 +20,6 @@
 
 #define GGUF_MAX_KEY 65535u /* longer keys are treated as corruption */
 
-size_t ctype_row_bytes(enum ctype t, uint64_t n)
-{
-    if (n > (UINT64_C(1) << 40))
-        return 0;
-    switch (t) {
-    case CT_F32: return (size_t)n * 4;
-    case CT_F16:
-    case CT_BF16: return (size_t)n * 2;
-    case CT_Q8_0: return n % CT_Q8_0_BLOCK ? 0 : (size_t)(n / CT_Q8_0_BLOCK) * CT_Q8_0_BYTES;
-    }
-    return 0;
-}
-
-const char *ctype_name(enum ctype t)
-{
-    switch (t) {
-    case CT_F32: return "f32";
-    case CT_F16: return "f16";
-    case CT_BF16: return "bf16";
-    case CT_Q8_0: return "q8_0";
-    }
-    return "?";
-}
-
 const char *gguf_vtype_name(enum gguf_vtype t)
 {
     static const char *const names[GGUF_VTYPE_COUNT] = {

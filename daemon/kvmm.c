@@ -8,42 +8,6 @@
 
 #include "kvmm_internal.h"
 
-size_t kv_dtype_size(enum kv_dtype t)
-{
-    switch (t) {
-    case KV_F16:
-    case KV_BF16:
-        return 2;
-    case KV_F32:
-        return 4;
-    }
-    return 0;
-}
-
-const char *kv_dtype_name(enum kv_dtype t)
-{
-    switch (t) {
-    case KV_F16:
-        return "f16";
-    case KV_BF16:
-        return "bf16";
-    case KV_F32:
-        return "f32";
-    }
-    return "?";
-}
-
-size_t kv_block_bytes(const struct kv_geom *g)
-{
-    return (size_t)g->layers * 2 * g->kv_heads * g->block_tokens * g->head_dim *
-           kv_dtype_size(g->dtype);
-}
-
-size_t kv_token_bytes(const struct kv_geom *g)
-{
-    return g->block_tokens ? kv_block_bytes(g) / g->block_tokens : 0;
-}
-
 /* Geometry limits: generous for any real model, small enough that no
  * product below overflows. */
 #define KVMM_MAX_DIM 65536u

@@ -19,23 +19,8 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "kv_types.h"
 #include "kvd/status.h"
-
-enum kv_dtype { KV_F16 = 0, KV_BF16 = 1, KV_F32 = 2 };
-
-/* KV geometry. A block holds block_tokens tokens of K and V for all layers,
- * contiguous, laid out as [layer][K|V][kv_head][token][head_dim] elements of
- * dtype; block_bytes = layers*2*kv_heads*block_tokens*head_dim*dtype_size. */
-struct kv_geom {
-    uint32_t layers, kv_heads, head_dim;
-    enum kv_dtype dtype;
-    uint32_t block_tokens; /* default 16 */
-};
-size_t kv_dtype_size(enum kv_dtype t);
-const char *kv_dtype_name(enum kv_dtype t); /* "f16", "bf16", "f32" */
-size_t kv_block_bytes(const struct kv_geom *g);
-/* Bytes per token in kv_write/kv_read data: block_bytes / block_tokens. */
-size_t kv_token_bytes(const struct kv_geom *g);
 
 #define KVMM_UNLIMITED UINT32_MAX
 #define KVMM_NO_TENANT UINT32_MAX
