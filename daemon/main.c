@@ -220,7 +220,7 @@ int main(int argc, char **argv)
     }
     if (server_new(&opts, &cfg, cfg_path, mm, be, &srv) != 0)
         goto out_mm;
-    metrics_attach(srv, &rl, &acct);
+    server_attach_obs(srv, &rl, &acct);
     if (opts.metrics_addr[0] &&
         metrics_start(srv, opts.metrics_addr, opts.metrics_force, &metrics, NULL, err,
                       sizeof(err)) != 0) {

@@ -24,7 +24,7 @@
 #include <event2/listener.h>
 
 #include "log.h"
-#include "server_impl.h"
+#include "server.h"
 
 /* ---- address ------------------------------------------------------------ */
 
@@ -386,12 +386,6 @@ struct metrics {
     char token[256];     /* "" when none is required */
 };
 
-void metrics_attach(struct server *srv, struct roofline *rl, struct acct *acct)
-{
-    srv->rl = rl;
-    srv->acct = acct;
-}
-
 /* Constant-time comparison of the bearer token. */
 static bool token_ok(const struct metrics *m, struct evhttp_request *req)
 {
@@ -418,13 +412,15 @@ static void on_metrics(struct evhttp_request *req, void *arg)
         evhttp_send_error(req, 401, "a bearer token is required (metrics-token-file)");
         return;
     }
+    struct server_obs o;
+    server_get_obs(srv, &o);
     struct metrics_src src = {
-        .mm = srv->mm,
-        .rl = srv->rl,
-        .acct = srv->acct,
-        .backend = srv->be->ops->name,
-        .n_conns = &srv->n_conns,
-        .n_pending = &srv->n_pending,
+        .mm = o.mm,
+        .rl = o.rl,
+        .acct = o.acct,
+        .backend = o.backend,
+        .n_conns = o.n_conns,
+        .n_pending = o.n_pending,
     };
     struct evbuffer *body = evbuffer_new();
     if (!body) {
@@ -506,7 +502,7 @@ static void metrics_reap(struct metrics *m)
             m->bevs[k++] = m->bevs[i];
     }
     m->n_bevs = k;
-    if (m->full && m->n_bevs < m->srv->opts.metrics_max_conns) {
+    if (m->full && m->n_bevs < server_options(m->srv)->metrics_max_conns) {
         m->full = false;
         if (m->listener && !evtimer_pending(m->ev_resume, NULL))
             evconnlistener_enable(m->listener);
@@ -535,7 +531,7 @@ static struct bufferevent *metrics_bevcb(struct event_base *base, void *arg)
         return NULL;
     bufferevent_incref(bev);
     m->bevs[m->n_bevs++] = bev;
-    if (m->n_bevs >= m->srv->opts.metrics_max_conns && m->listener && !m->full) {
+    if (m->n_bevs >= server_options(m->srv)->metrics_max_conns && m->listener && !m->full) {
         m->full = true;
         evconnlistener_disable(m->listener);
         log_warn("metrics: %u connections open (metrics-max-connections); not accepting more "
@@ -651,15 +647,15 @@ int metrics_start(struct server *srv, const char *addr, bool force, struct metri
         return KVD_ENOMEM;
     m->srv = srv;
     m->reserve_fd = -1;
-    if (srv->opts.metrics_token_file[0] &&
-        (rc = read_token(srv->opts.metrics_token_file, m->token, sizeof(m->token), err,
+    if (server_options(srv)->metrics_token_file[0] &&
+        (rc = read_token(server_options(srv)->metrics_token_file, m->token, sizeof(m->token), err,
                          errlen))) {
         free(m);
         return rc;
     }
-    m->http = evhttp_new(srv->base);
-    m->ev_resume = evtimer_new(srv->base, metrics_resume, m);
-    m->ev_reap = event_new(srv->base, -1, EV_PERSIST, metrics_reap_cb, m);
+    m->http = evhttp_new(server_event_base(srv));
+    m->ev_resume = evtimer_new(server_event_base(srv), metrics_resume, m);
+    m->ev_reap = event_new(server_event_base(srv), -1, EV_PERSIST, metrics_reap_cb, m);
     if (!m->http || !m->ev_resume || !m->ev_reap) {
         metrics_stop(m);
         return KVD_ENOMEM;
@@ -683,10 +679,10 @@ int metrics_start(struct server *srv, const char *addr, bool force, struct metri
             int dl = slash ? (int)(slash - main_sock) : 0;
             snprintf(host, sizeof(host), "%.*s/metrics.sock", dl, main_sock);
         }
-        int fd = unix_listen(host, srv->opts.metrics_group, err, errlen);
+        int fd = unix_listen(host, server_options(srv)->metrics_group, err, errlen);
         struct evconnlistener *l =
             fd < 0 ? NULL
-                   : evconnlistener_new(srv->base, NULL, NULL,
+                   : evconnlistener_new(server_event_base(srv), NULL, NULL,
                                         LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
         if (fd >= 0 && !l) {
             close(fd);
@@ -717,7 +713,7 @@ int metrics_start(struct server *srv, const char *addr, bool force, struct metri
     uint16_t bound = port;
     if (is_unix) {
         log_info("metrics: serving http://localhost/metrics on the unix socket %s (mode %s)",
-                 host, srv->opts.metrics_group[0] ? "0660" : "0600");
+                 host, server_options(srv)->metrics_group[0] ? "0660" : "0600");
     } else {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof(ss);

@@ -38,10 +38,6 @@ struct metrics_src {
 /* Appends the whole exposition to out. 0 or KVD_ENOMEM. */
 int metrics_render(const struct metrics_src *src, struct evbuffer *out);
 
-/* Gives the server its observability sources (stats reads them; NULL is
- * fine). Call before server_run. */
-void metrics_attach(struct server *srv, struct roofline *rl, struct acct *acct);
-
 struct metrics;
 /* Binds the HTTP listener on the server's event loop at addr ("HOST:PORT").
  * A non-loopback address is refused (KVD_EPERM) unless force. Returns 0 or

@@ -46,6 +46,32 @@ const char *server_socket_path(const struct server *srv)
     return srv->socket_path;
 }
 
+void server_attach_obs(struct server *srv, struct roofline *rl, struct acct *acct)
+{
+    srv->rl = rl;
+    srv->acct = acct;
+}
+
+void server_get_obs(struct server *srv, struct server_obs *out)
+{
+    *out = (struct server_obs){.mm = srv->mm,
+                               .rl = srv->rl,
+                               .acct = srv->acct,
+                               .backend = srv->be->ops->name,
+                               .n_conns = &srv->n_conns,
+                               .n_pending = &srv->n_pending};
+}
+
+struct event_base *server_event_base(struct server *srv)
+{
+    return srv->base;
+}
+
+const struct options *server_options(const struct server *srv)
+{
+    return &srv->opts;
+}
+
 void server_set_model(struct server *srv, const struct server_model_info *m)
 {
     srv->have_model = m != NULL;

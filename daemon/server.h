@@ -42,6 +42,30 @@ const char *server_socket_path(const struct server *srv);
 /* Sets the model hello reports (NULL: store mode, model nil). */
 void server_set_model(struct server *srv, const struct server_model_info *m);
 
+/* ---- for observers (metrics): what they read, never the server itself -- */
+
+struct roofline; /* roofline.h */
+struct acct;     /* acct.h */
+struct event_base;
+
+/* Gives the server its observability sources (stats and metrics read them;
+ * NULL is fine). Not owned. Call before server_run. */
+void server_attach_obs(struct server *srv, struct roofline *rl, struct acct *acct);
+/* What an observer reads, on the loop thread: the memory manager (lock it
+ * while reading), the sources above, the backend's name and the live
+ * connection and in-flight counters. */
+struct server_obs {
+    struct kvmm *mm;
+    struct roofline *rl;
+    struct acct *acct;
+    const char *backend;
+    const size_t *n_conns, *n_pending;
+};
+void server_get_obs(struct server *srv, struct server_obs *out);
+/* The loop's event base (to add listeners to it) and the settings. */
+struct event_base *server_event_base(struct server *srv);
+const struct options *server_options(const struct server *srv);
+
 /* Registers (or replaces) the handler of an op; see ops.h. Not thread-safe:
  * call before server_run. */
 int server_op_register(struct server *srv, const char *op, ops_fn fn, void *ctx, unsigned flags);

@@ -118,7 +118,7 @@ struct server {
     struct server_tenant *tenants; /* (n_tenants) every tenant seen, for stats */
     size_t n_tenants;
 
-    /* observability sources (metrics_attach), not owned; NULL when absent */
+    /* observability sources (server_attach_obs), not owned; NULL when absent */
     struct roofline *rl;
     struct acct *acct;
 
