@@ -69,57 +69,61 @@ int kvmm_namespace(struct kvmm *mm, const char *name, uint32_t *ns_id);
 
 /* ---- sequences ---------------------------------------------------------- */
 /* A sequence handle is opaque and never reused soon (index + generation). It
- * is owned by `owner` (the connection id, or an executor request id); every
- * call names the owner and gets KVD_ENOTFOUND for a handle it does not own. */
+ * is owned by `owner`; every call names the owner and gets KVD_ENOTFOUND for
+ * a handle it does not own. */
 typedef uint64_t kvmm_seq_t;
+/* An owner: a connection id (counting up from 1), or an executor request,
+ * KVMM_OWNER_EXEC | its serial, which no connection id reaches. */
+typedef uint64_t kvmm_owner;
+#define KVMM_OWNER_EXEC (UINT64_C(1) << 63)
 
-int kvmm_seq_open(struct kvmm *mm, uint64_t owner, uint32_t tenant, uint32_t ns, kvmm_seq_t *out);
-int kvmm_seq_close(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq);
+int kvmm_seq_open(struct kvmm *mm, kvmm_owner owner, uint32_t tenant, uint32_t ns, kvmm_seq_t *out);
+int kvmm_seq_close(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq);
 /* Closes every sequence of this owner (connection teardown). */
-void kvmm_close_owner(struct kvmm *mm, uint64_t owner);
+void kvmm_close_owner(struct kvmm *mm, kvmm_owner owner);
 
 /* Longest cached prefix of `tokens` (whole blocks only) in the sequence's
  * namespace, appended to an empty sequence: takes references, swaps host-tier
  * blocks in first (a block whose checksum fails is dropped and the match ends
  * there). *matched = tokens reused. The sequence must be empty. */
-int kvmm_seq_match(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, const uint32_t *tokens,
+int kvmm_seq_match(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, const uint32_t *tokens,
                    size_t n, size_t *matched);
 /* Grows the sequence by n token slots, allocating device blocks (evicting
  * cached blocks if needed). All or nothing. */
-int kvmm_seq_extend(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t n);
+int kvmm_seq_extend(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t n);
 /* Drops the last n token slots (and any block left empty). */
-int kvmm_seq_truncate(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t n_tokens);
+int kvmm_seq_truncate(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t n_tokens);
 /* K/V bytes of tokens [start, start+n), layout
  * [layer][K|V][kv_head][token n][head_dim] (kv_token_bytes per token).
  * A write into a block shared with another sequence or the tree copies the
  * block first (copy-on-write). Host-tier blocks are swapped in first. */
-int kvmm_seq_write(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t start, size_t n,
+int kvmm_seq_write(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start, size_t n,
                    const void *data, size_t len);
-int kvmm_seq_read(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t start, size_t n,
+int kvmm_seq_read(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start, size_t n,
                   void *out, size_t len);
 /* Records the token ids of the next positions (committed <= n_tokens); every
  * block that becomes full of committed tokens enters the namespace's radix
  * tree (or is replaced by an identical cached block already there).
  * *shared = number of the sequence's blocks now in the tree. */
-int kvmm_seq_commit(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, const uint32_t *tokens,
+int kvmm_seq_commit(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, const uint32_t *tokens,
                     size_t n, size_t *shared);
 /* New sequence sharing every block (refcount++); the partial last block is
  * copied on the first write by either side. Counts toward max_seqs. */
-int kvmm_seq_fork(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_owner,
+int kvmm_seq_fork(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, kvmm_owner new_owner,
                   kvmm_seq_t *child);
 /* Hands the sequence to new_owner (same handle, same blocks). The executor
  * takes a connection's sequence for a `generate` with `seq` and gives it
  * back when the request ends. (Added by the executor.) */
-int kvmm_seq_set_owner(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_owner);
+int kvmm_seq_set_owner(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, kvmm_owner new_owner);
 /* set_owner for a loan: until it is handed back (set_owner), calls by the
  * lender `owner` get KVD_EBUSY "sequence N is in use by generate request
  * TAG" instead of KVD_ENOTFOUND. (Added by the executor.) */
-int kvmm_seq_lend(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_owner,
+int kvmm_seq_lend(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, kvmm_owner new_owner,
                   uint64_t tag);
 /* Moves the sequence's device blocks that no other sequence is using to the
  * host tier / brings every host-tier block back. */
-int kvmm_seq_offload(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq);
-int kvmm_seq_restore(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq);
+int kvmm_seq_offload(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq);
+int kvmm_seq_restore(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq);
 
 struct kvmm_seq_info {
     uint32_t tenant, ns;
@@ -129,23 +133,31 @@ struct kvmm_seq_info {
     size_t n_shared;    /* blocks in the radix tree */
     size_t n_host;      /* blocks on the host tier */
 };
-int kvmm_seq_info(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, struct kvmm_seq_info *info);
+int kvmm_seq_info(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, struct kvmm_seq_info *info);
 /* Block ids (stable logical ids) and their tiers: the first min(cap,
  * n_blocks) entries; *n = entries written (kvmm_seq_info gives n_blocks). */
-int kvmm_seq_blocks(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint32_t *ids,
+int kvmm_seq_blocks(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t *ids,
                     enum kvd_tier *tiers, size_t cap, size_t *n);
 /* Committed token ids (for the executor), up to cap. */
-const uint32_t *kvmm_seq_tokens(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t *n);
+const uint32_t *kvmm_seq_tokens(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t *n);
 
 /* ---- for the executor --------------------------------------------------- */
 /* Makes tokens [start, start+n) writable on the device: restores host blocks,
  * copies shared blocks (COW). After it, kvmm_seq_device_slots gives the
  * device slot of every block; slot s lives at kvmm_device_arena(mm) +
- * s*block_bytes. Slots stay valid until the next kvmm call that may move
- * blocks (extend, match, evict, offload) on any sequence. A block that is
- * on the host tier gets slot UINT32_MAX: restore the sequence first. */
-int kvmm_seq_prepare_write(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t start, size_t n);
-int kvmm_seq_device_slots(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint32_t *slots,
+ * s*block_bytes. A block that is on the host tier gets slot UINT32_MAX:
+ * restore the sequence first.
+ *
+ * Slot rule (what lets the executor use slots with the lock released): a
+ * device block referenced by a sequence keeps its slot and is never freed or
+ * written by anyone but that sequence's owner. Eviction takes only blocks no
+ * sequence references; offload, restore, truncate, close and writes act on
+ * one sequence and need its owner; copy-on-write copies for the writer, the
+ * other holders keep the original slot. So a sequence's device slots stay
+ * valid, whatever other owners do, until its own owner moves or rewrites
+ * its blocks (offload, truncate, close, prepare_write/write). */
+int kvmm_seq_prepare_write(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start, size_t n);
+int kvmm_seq_device_slots(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t *slots,
                           size_t cap, size_t *n);
 void *kvmm_device_arena(struct kvmm *mm);
 /* The host arena (slot s at + s*block_bytes; NULL without a host tier) and

@@ -13,7 +13,7 @@
  * byte counts (tokens × token_bytes) cannot overflow. */
 #define KVMM_MAX_SEQ_TOKENS (1u << 28)
 
-static struct seq *mm_seq(struct kvmm *mm, uint64_t owner, kvmm_seq_t h, int *rc)
+static struct seq *mm_seq(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t h, int *rc)
 {
     struct seq *s = seq_table_get(&mm->st, h, owner);
 
@@ -163,7 +163,7 @@ static int mm_seq_range(struct kvmm *mm, const struct seq *s, size_t start, size
 
 /* ---- open / close ------------------------------------------------------- */
 
-int kvmm_seq_open(struct kvmm *mm, uint64_t owner, uint32_t tenant, uint32_t ns, kvmm_seq_t *out)
+int kvmm_seq_open(struct kvmm *mm, kvmm_owner owner, uint32_t tenant, uint32_t ns, kvmm_seq_t *out)
 {
     struct tenant *t;
     struct seq *s;
@@ -193,14 +193,14 @@ static void mm_seq_close(struct kvmm *mm, struct seq *s)
     seq_table_del(&mm->st, s);
 }
 
-int kvmm_seq_close(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq)
+int kvmm_seq_close(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq)
 {
     SEQ_GET(s);
     mm_seq_close(mm, s);
     return 0;
 }
 
-void kvmm_close_owner(struct kvmm *mm, uint64_t owner)
+void kvmm_close_owner(struct kvmm *mm, kvmm_owner owner)
 {
     for (uint32_t i = 0; i < mm->st.n; i++) {
         struct seq *s = mm->st.v[i];
@@ -211,7 +211,7 @@ void kvmm_close_owner(struct kvmm *mm, uint64_t owner)
 
 /* ---- match -------------------------------------------------------------- */
 
-int kvmm_seq_match(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, const uint32_t *tokens,
+int kvmm_seq_match(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, const uint32_t *tokens,
                    size_t n, size_t *matched)
 {
     size_t bt = mm->geom.block_tokens, k, cut, h = 0, bad = SIZE_MAX;
@@ -320,7 +320,7 @@ out:
 
 /* ---- extend / truncate -------------------------------------------------- */
 
-int kvmm_seq_extend(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t n)
+int kvmm_seq_extend(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t n)
 {
     size_t need;
     int err;
@@ -347,7 +347,7 @@ int kvmm_seq_extend(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t n)
     return 0;
 }
 
-int kvmm_seq_truncate(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t n)
+int kvmm_seq_truncate(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t n)
 {
     SEQ_GET(s);
     if (n > s->n_tokens)
@@ -383,7 +383,7 @@ static void mm_xfer(const struct kvmm *mm, unsigned char *blk, unsigned char *da
     }
 }
 
-int kvmm_seq_prepare_write(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t start, size_t n)
+int kvmm_seq_prepare_write(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start, size_t n)
 {
     size_t b0, b1;
     int err;
@@ -399,7 +399,7 @@ int kvmm_seq_prepare_write(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size
     return err;
 }
 
-int kvmm_seq_write(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t start, size_t n,
+int kvmm_seq_write(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start, size_t n,
                    const void *data, size_t len)
 {
     size_t bt = mm->geom.block_tokens;
@@ -431,7 +431,7 @@ int kvmm_seq_write(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t start
     return 0;
 }
 
-int kvmm_seq_read(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t start, size_t n,
+int kvmm_seq_read(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start, size_t n,
                   void *out, size_t len)
 {
     size_t bt = mm->geom.block_tokens;
@@ -519,7 +519,7 @@ static bool mm_seq_share(struct kvmm *mm, struct seq *s, size_t b)
     return true;
 }
 
-int kvmm_seq_commit(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, const uint32_t *tokens,
+int kvmm_seq_commit(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, const uint32_t *tokens,
                     size_t n, size_t *shared)
 {
     size_t bt = mm->geom.block_tokens, first, last, k = 0;
@@ -551,7 +551,7 @@ int kvmm_seq_commit(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, const uint3
 
 /* ---- fork, offload, restore --------------------------------------------- */
 
-int kvmm_seq_fork(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_owner,
+int kvmm_seq_fork(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, kvmm_owner new_owner,
                   kvmm_seq_t *child)
 {
     struct tenant *t;
@@ -587,7 +587,7 @@ int kvmm_seq_fork(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_
 
 /* Added by the executor (see kvmm.h): the handle and blocks stay, only the
  * owner that may use them changes. */
-int kvmm_seq_set_owner(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_owner)
+int kvmm_seq_set_owner(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, kvmm_owner new_owner)
 {
     SEQ_GET(s);
     s->owner = new_owner;
@@ -595,7 +595,7 @@ int kvmm_seq_set_owner(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t
     return 0;
 }
 
-int kvmm_seq_lend(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_owner,
+int kvmm_seq_lend(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, kvmm_owner new_owner,
                   uint64_t tag)
 {
     SEQ_GET(s);
@@ -606,7 +606,7 @@ int kvmm_seq_lend(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint64_t new_
     return 0;
 }
 
-int kvmm_seq_offload(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq)
+int kvmm_seq_offload(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq)
 {
     uint32_t *ids;
     size_t k = 0;
@@ -630,7 +630,7 @@ int kvmm_seq_offload(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq)
     return err;
 }
 
-int kvmm_seq_restore(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq)
+int kvmm_seq_restore(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq)
 {
     SEQ_GET(s);
     return mm_seq_swap_in(mm, s, 0, s->n_blocks);
@@ -638,7 +638,7 @@ int kvmm_seq_restore(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq)
 
 /* ---- queries ------------------------------------------------------------ */
 
-int kvmm_seq_info(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, struct kvmm_seq_info *info)
+int kvmm_seq_info(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, struct kvmm_seq_info *info)
 {
     SEQ_GET(s);
     memset(info, 0, sizeof *info);
@@ -655,7 +655,7 @@ int kvmm_seq_info(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, struct kvmm_s
     return 0;
 }
 
-int kvmm_seq_blocks(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint32_t *ids,
+int kvmm_seq_blocks(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t *ids,
                     enum kvd_tier *tiers, size_t cap, size_t *n)
 {
     size_t k;
@@ -672,7 +672,7 @@ int kvmm_seq_blocks(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint32_t *i
     return 0;
 }
 
-const uint32_t *kvmm_seq_tokens(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, size_t *n)
+const uint32_t *kvmm_seq_tokens(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t *n)
 {
     struct seq *s = mm_seq(mm, owner, seq, NULL);
 
@@ -680,7 +680,7 @@ const uint32_t *kvmm_seq_tokens(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq,
     return s ? s->tokens : NULL;
 }
 
-int kvmm_seq_device_slots(struct kvmm *mm, uint64_t owner, kvmm_seq_t seq, uint32_t *slots,
+int kvmm_seq_device_slots(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t *slots,
                           size_t cap, size_t *n)
 {
     size_t k;

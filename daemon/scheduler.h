@@ -16,7 +16,7 @@
 
 /* kvmm owners of executor sequences: this bit | request serial. Connection
  * ids (the server's owners) never have it set. */
-#define SCHED_OWNER_BIT (1ull << 63)
+#define SCHED_OWNER_BIT KVMM_OWNER_EXEC /* kvmm.h */
 #define SCHED_MAX_STOP 64u
 
 enum sched_state { SCHED_NEW, SCHED_WAITING, SCHED_RUNNING, SCHED_SWAPPED, SCHED_DONE };
