@@ -1,5 +1,5 @@
-/* Internals shared by the cpu compute files: the persistent worker pool,
- * the context, number conversions (f16/bf16, round-to-nearest-even as ggml)
+/* Internals shared by the cpu compute files: the context (its worker pool
+ * is cpu_pool.h), number conversions (f16/bf16, round-to-nearest-even as ggml)
  * and the kernels of compute_cpu_matmul.c and compute_cpu_attn.c. Not used
  * outside compute_cpu*.c. */
 #ifndef KVD_COMPUTE_CPU_H
@@ -12,27 +12,7 @@
 #include <string.h>
 
 #include "compute.h"
-
-/* A persistent pool: the caller is worker 0, n-1 threads wait for work.
- * cpu_pool_run runs fn(arg, ith, nth) on the caller and on every worker that
- * arrives while the caller is still working, and returns when all of those
- * are done; so fn must hand out its work dynamically (an atomic counter) and
- * be harmless to run after all work is taken. Workers spin briefly, then
- * sleep on a condition variable. */
-typedef void (*cpu_task_fn)(void *arg, uint32_t ith, uint32_t nth);
-struct cpu_pool {
-    uint32_t n; /* workers including the caller */
-    pthread_t *threads;
-    atomic_uint gen;     /* bumped once per job */
-    atomic_bool open;    /* workers may join the current job */
-    atomic_uint active;  /* workers (excluding the caller) inside the job */
-    atomic_uint sleepers;
-    atomic_bool stop;
-    cpu_task_fn fn;
-    void *arg;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-};
+#include "cpu_pool.h"
 
 struct compute_ctx {
     struct backend *be;
@@ -46,8 +26,6 @@ struct compute_ctx {
     size_t panel_cap;
     struct sampler_scratch sample_scratch; /* the sample op's (caller thread only) */
 };
-
-void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg);
 
 /* f16 / bf16 <-> f32, bit-exact with ggml's reference conversions. */
 static inline float cpu_f16_to_f32(uint16_t h)
