@@ -226,7 +226,7 @@ int kh_spawn(struct kh_proc *p, const struct kh_opts *o)
         }
         if (o->as_user && (setgroups(0, NULL) || setgid(o->gid) || setuid(o->uid)))
             _exit(120);
-        if (o->pass_fd >= 0) { /* socket activation: the listener as fd 3 */
+        if (o->pass_fd > 0) { /* socket activation: the listener as fd 3 */
             if (o->pass_fd != 3 && dup2(o->pass_fd, 3) != 3)
                 _exit(126);
             if (o->pass_fd == 3)
@@ -256,7 +256,7 @@ int kh_spawn(struct kh_proc *p, const struct kh_opts *o)
 
 int kh_start(struct kh_proc *p, const char *conf_text, const char *const *args)
 {
-    struct kh_opts o = {.conf_text = conf_text, .args = args, .pass_fd = -1};
+    struct kh_opts o = {.conf_text = conf_text, .args = args};
     return kh_spawn(p, &o);
 }
 

@@ -29,7 +29,7 @@ struct kh_proc {
     bool killed;    /* kh_kill: the test killed it on purpose */
 };
 
-/* How to start it. Zero-initialise, then set pass_fd = -1 unless used. */
+/* How to start it (zero-initialised: the defaults). */
 struct kh_opts {
     const char *conf_text;   /* written to dir/kvd.conf, passed as --config */
     const char *const *args; /* more arguments (NULL-terminated, may be NULL) */
@@ -38,7 +38,7 @@ struct kh_opts {
     const char *bin;         /* default $KVD_BIN */
     bool no_socket;          /* pass no --socket (default-socket and activation tests) */
     bool no_wait;            /* return at once (a NOTIFY_SOCKET in env also means that) */
-    int pass_fd;             /* >= 0: socket activation with this listener as fd 3 */
+    int pass_fd;             /* > 0: socket activation with this listener as fd 3 */
     bool as_user;            /* run as uid/gid (setgroups cleared; the test runs as root) */
     uid_t uid;
     gid_t gid;

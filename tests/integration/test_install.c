@@ -1,8 +1,9 @@
 /* `cmake --install` into a DESTDIR: the installed kvd.service must start
- * as written, and say the project's version (`--version`, hello). Its ExecStart binary and --config file exist (a default
- * kvd.conf is installed, and kept on reinstall), every Documentation= file
- * exists, the paths follow the install prefix, and the installed kvd runs
- * with the installed config. */
+ * as written, and say the project's version (`--version`, hello). Its
+ * ExecStart binary and --config file exist (a default kvd.conf is
+ * installed, and kept on reinstall), every Documentation= file exists, the
+ * paths follow the install prefix, and the installed kvd runs with the
+ * installed config. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

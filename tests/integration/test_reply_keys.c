@@ -40,7 +40,8 @@ struct key {
 /* ---- the documented key lists (docs/protocol.md) ------------------------ */
 
 static const struct key K_NONE[] = {{NULL, 0, NULL}};
-static const struct key K_ERRMAP[] = {{"code", T_STR, NULL}, {"message", T_STR, NULL}, {NULL, 0, NULL}};
+static const struct key K_ERRMAP[] = {{"code", T_STR, NULL}, {"message", T_STR, NULL},
+                                       {NULL, 0, NULL}};
 static const struct key K_ERROR[] = {{"error", T_MAP, K_ERRMAP}, {NULL, 0, NULL}};
 
 static const struct key K_KV[] = {{"layers", T_UINT, NULL},      {"kv_heads", T_UINT, NULL},

@@ -38,7 +38,7 @@ static void nap_ms(int ms)
 /* Runs kvd with args (no socket) to its end and returns its exit status. */
 static int run_kvd(const char *const *args)
 {
-    return kh_run(&(struct kh_opts){.args = args, .no_socket = true, .pass_fd = -1});
+    return kh_run(&(struct kh_opts){.args = args, .no_socket = true});
 }
 
 static void test_command_line(void **state)
@@ -174,8 +174,7 @@ static void test_stale_socket(void **state)
     close(s);
     const char *args[] = {"--socket", path, "--backend", "cpu", NULL};
     struct kh_proc p;
-    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .no_socket = true,
-                                                     .pass_fd = -1}),
+    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .no_socket = true}),
                      0);
     int fd = kh_connect(path);
     assert_true(fd >= 0);
@@ -436,8 +435,7 @@ static void test_sd_notify(void **state)
     const char *env[] = {notify_env, "WATCHDOG_USEC=100000", NULL}; /* pings every 50 ms */
     const char *args[] = {"--socket", sock, "--backend", "cpu", NULL};
     struct kh_proc p;
-    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .env = env, .no_socket = true,
-                                                     .pass_fd = -1}),
+    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .env = env, .no_socket = true}),
                      0);
     char all[4096] = "";
     assert_true(notify_wait(ns, "READY=1", all, sizeof(all)));
@@ -471,7 +469,7 @@ static void test_default_socket_fallback(void **state)
     const char *args[] = {"--backend", "cpu", "--device-blocks", "8", "--host-blocks", "0", NULL};
     struct kh_proc p;
     assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .env = env, .no_socket = true,
-                                                     .pass_fd = -1, .as_user = true, .uid = 60001,
+                                                     .as_user = true, .uid = 60001,
                                                      .gid = 65534}),
                      0);
     int fd = kh_connect(sock);
@@ -496,8 +494,7 @@ static void test_fd_exhaustion(void **state)
     const char *args[] = {"--socket", sock, "--backend", "cpu", "--device-blocks", "8",
                           "--host-blocks", "0", NULL};
     struct kh_proc p;
-    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .no_socket = true,
-                                                     .pass_fd = -1, .nofile = 32}),
+    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .no_socket = true, .nofile = 32}),
                      0);
     int fds[N];
     fds[0] = kh_connect(sock);

@@ -488,9 +488,9 @@ static void test_metrics_refused(void **state)
     const char *args[] = {"--model", g_model, "--metrics", "0.0.0.0:1", "--no-roofline-probe",
                           "--log-level", "error", NULL};
     assert_int_equal(stop_kvd(), 0);
-    assert_int_equal(kh_run(&(struct kh_opts){.args = args, .pass_fd = -1}), 2);
+    assert_int_equal(kh_run(&(struct kh_opts){.args = args}), 2);
     const char *bad[] = {"--metrics", "nohost", "--log-level", "error", NULL};
-    assert_int_equal(kh_run(&(struct kh_opts){.args = bad, .pass_fd = -1}), 2);
+    assert_int_equal(kh_run(&(struct kh_opts){.args = bad}), 2);
 }
 
 int main(void)
