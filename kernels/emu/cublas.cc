@@ -5,6 +5,8 @@
 // workspace set on the handle is still one (a freed workspace is the
 // classic use-after-free of a shared handle).
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <string.h>
 
 #include "emu_internal.h"
@@ -23,34 +25,8 @@ float load(const void *p, cudaDataType t, size_t i)
 {
     switch (t) {
     case CUDA_R_32F: return ((const float *)p)[i];
-    case CUDA_R_16BF: {
-        uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    default: {
-        // IEEE half
-        uint16_t h = ((const uint16_t *)p)[i];
-        uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-        if (e == 0x1f) {
-            u = s | 0x7f800000u | (m << 13);
-        } else if (e) {
-            u = s | ((e + 112) << 23) | (m << 13);
-        } else if (!m) {
-            u = s;
-        } else {
-            e = 113;
-            while (!(m & 0x400u)) {
-                m <<= 1;
-                e--;
-            }
-            u = s | (e << 23) | ((m & 0x3ffu) << 13);
-        }
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
+    case CUDA_R_16BF: return __bfloat162float(__ushort_as_bfloat16(((const uint16_t *)p)[i]));
+    default: return __half2float(__ushort_as_half(((const uint16_t *)p)[i]));
     }
 }
 
