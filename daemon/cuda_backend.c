@@ -27,7 +27,7 @@ struct cuda_backend {
 
 struct cuda_dev *cuda_backend_dev(struct backend *be)
 {
-    if (!be || !be->ops || strcmp(be->ops->name, "cuda") != 0)
+    if (!be || !be->ops || be->ops->kind != BACKEND_CUDA)
         return NULL;
     return &((struct cuda_backend *)be->impl)->dev;
 }

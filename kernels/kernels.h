@@ -3,7 +3,11 @@
  * 0 or a cudaError_t value (as int); none synchronizes or allocates, so a
  * sequence of them can be captured into a CUDA graph.
  * Conventions: activations are f32 row-major [tokens][features]; weights are
- * bf16 row-major [out][in] (GGUF ne = [in, out]); KV blocks follow kvmm.h. */
+ * row-major [out][in] (GGUF ne = [in, out]) in their GGUF type (F32, F16,
+ * BF16, Q8_0), the GEMM path reading a bf16 copy (cuda_compute_ops.c); KV
+ * blocks are laid out as kv_types.h says. The same sources also build for
+ * the CPU emulator (docs/emulation.md): launches and shared memory go
+ * through kernel_util.cuh's macros. */
 #ifndef KVD_KERNELS_H
 #define KVD_KERNELS_H
 
@@ -17,7 +21,7 @@ extern "C" {
 struct CUstream_st; /* cudaStream_t without the CUDA headers */
 typedef struct CUstream_st *kvd_stream;
 
-/* Element types of KV blocks; the numbers equal enum kv_dtype (kvmm.h). */
+/* Element types of KV blocks; the numbers equal enum kv_dtype (kv_types.h). */
 enum kvd_k_dtype { KVD_K_F16 = 0, KVD_K_BF16 = 1, KVD_K_F32 = 2 };
 /* Source types for weight conversion; the numbers equal GGUF ggml types. */
 enum kvd_k_wtype { KVD_KW_F32 = 0, KVD_KW_F16 = 1, KVD_KW_Q8_0 = 8, KVD_KW_BF16 = 30 };

@@ -260,7 +260,7 @@ int main(void)
             return 1;
         }
         struct backend *cpu = NULL;
-        if (backend_cpu_new(&cpu) || strcmp(cpu->ops->name, "cpu") != 0) {
+        if (backend_cpu_new(&cpu) || cpu->ops->kind != BACKEND_CPU) {
             fprintf(stderr, "FAIL: cpu fallback backend\n");
             return 1;
         }
@@ -268,7 +268,7 @@ int main(void)
         printf("SKIP: no usable CUDA device (%s); the clean-failure path passed\n", err);
         return GPU_SKIP;
     }
-    if (strcmp(be->ops->name, "cuda") != 0) {
+    if (be->ops->kind != BACKEND_CUDA) {
         fprintf(stderr, "FAIL: backend_cuda_new gave a '%s' backend\n", be->ops->name);
         return 1;
     }
