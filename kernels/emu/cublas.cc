@@ -119,8 +119,7 @@ cublasStatus_t gemm(cublasHandle_t h, const char *api, cublasOperation_t ta, cub
                 }
             }
             return cudaSuccess;
-        },
-        api);
+        });
     return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 

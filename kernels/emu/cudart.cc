@@ -164,18 +164,20 @@ cudaError_t do_alloc(void **p, size_t bytes, alloc_kind kind, const char *api)
         return set_error(e);
     if (!bytes)
         return cudaSuccess; // the real runtime returns NULL for 0 bytes
-    {
+    if (kind == ALLOC_DEVICE) { // reserved first, so racing threads cannot both fit
         std::lock_guard<std::mutex> g(g_mu);
-        if (kind == ALLOC_DEVICE && (bytes > g_device_total || g_device_used > g_device_total - bytes))
+        if (bytes > g_device_total || g_device_used > g_device_total - bytes)
             return set_error(cudaErrorMemoryAllocation);
+        g_device_used += bytes;
     }
     void *m = nullptr;
-    if (posix_memalign(&m, 256, bytes))
-        return set_error(cudaErrorMemoryAllocation);
     std::lock_guard<std::mutex> g(g_mu);
+    if (posix_memalign(&m, 256, bytes)) {
+        if (kind == ALLOC_DEVICE)
+            g_device_used -= bytes;
+        return set_error(cudaErrorMemoryAllocation);
+    }
     g_allocs[(uintptr_t)m] = alloc_rec{bytes, kind};
-    if (kind == ALLOC_DEVICE)
-        g_device_used += bytes;
     *p = m;
     return cudaSuccess;
 }
@@ -297,7 +299,7 @@ void describe(const void *p, char *buf, size_t len)
     snprintf(buf, len, "outside every device allocation");
 }
 
-cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn, const char *what)
+cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn)
 {
     s = resolve(s);
     {
@@ -309,7 +311,6 @@ cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn, const char *
             return cudaSuccess;
         }
     }
-    (void)what;
     std::lock_guard<std::recursive_mutex> dev(device_lock());
     return fn();
 }
@@ -579,8 +580,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
             if (r == cudaSuccess)
                 memcpy(dst, src, bytes);
             return r;
-        },
-        "cudaMemcpyAsync"));
+        }));
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind)
@@ -604,8 +604,7 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t strea
             if (r == cudaSuccess)
                 memset(p, value, bytes);
             return r;
-        },
-        "cudaMemsetAsync"));
+        }));
 }
 
 cudaError_t cudaMemset(void *p, int value, size_t bytes)
@@ -821,7 +820,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
         return set_error(cudaErrorInvalidResourceHandle);
     for (auto &n : exec->nodes) {
         std::function<cudaError_t()> f = n;
-        cudaError_t e = submit(s, std::move(f), "graph node");
+        cudaError_t e = submit(s, std::move(f));
         if (e != cudaSuccess)
             return set_error(e);
     }

@@ -36,9 +36,8 @@ uint64_t alloc_generation();
 // allocation at 0x..", or "outside every allocation").
 void describe(const void *p, char *buf, size_t len);
 
-// Runs fn on stream s now, or records it when s is being captured. what
-// names the operation in reports.
-cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn, const char *what);
+// Runs fn on stream s now, or records it when s is being captured.
+cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn);
 
 // The emulated compute capability (KVD_EMU_CC, default 9.0) and the
 // largest dynamic shared memory a kernel may opt in to on it.

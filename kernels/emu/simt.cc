@@ -993,8 +993,7 @@ cudaError_t kvd_emu_launch(const char *name, const void *fn, dim3 grid, dim3 blo
         stream,
         [name, fn, grid, block, smem, owned]() {
             return run_launch(name, fn, grid, block, smem, owned.get());
-        },
-        name));
+        }));
 }
 
 // ---- the instrumentation hooks ---------------------------------------------------
