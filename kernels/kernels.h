@@ -4,7 +4,7 @@
  * sequence of them can be captured into a CUDA graph.
  * Conventions: activations are f32 row-major [tokens][features]; weights are
  * row-major [out][in] (GGUF ne = [in, out]) in their GGUF type (F32, F16,
- * BF16, Q8_0), the GEMM path reading a bf16 copy (cuda_compute_ops.c); KV
+ * BF16, Q8_0), the GEMM path reading a bf16 copy (compute_cuda_ops.c); KV
  * blocks are laid out as kv_types.h says. The same sources also build for
  * the CPU emulator (docs/emulation.md): launches and shared memory go
  * through kernel_util.cuh's macros. */
@@ -127,10 +127,10 @@ int kvd_k_attn_supported(int head_dim);
 
 /* ---- sampling (sample.cu) ----------------------------------------------- */
 /* out[r] = the index of the largest logits[r][:] (lowest index on ties;
- * NaN counts as -inf, so a row of only NaN and -inf gives 0: sampler.c's
+ * NaN counts as -inf, so a row of only NaN and -inf gives 0: sampler_pick.c's
  * rule). */
 int kvd_k_argmax(int32_t *out, const float *logits, int rows, int vocab, kvd_stream stream);
-/* One row's pick: the layout of the daemon's struct sample_row (sampler.h). */
+/* One row's pick: the layout of the daemon's struct sample_row (sampler_pick.h). */
 struct kvd_k_sample_row {
     float temperature; /* <= 0: greedy */
     uint32_t top_k;    /* 0 = off */
@@ -138,7 +138,7 @@ struct kvd_k_sample_row {
     uint32_t skip;     /* 1: out[r] = 0 */
     double u;          /* the request's uniform in [0, 1) */
 };
-/* out[r] = the token sampler_pick (daemon/sampler.h) picks for rows[r] from
+/* out[r] = the token sampler_pick (daemon/backend/sampler_pick.h) picks for rows[r] from
  * logits[r][:]; logits [n_rows][vocab], rows and out [n_rows], all device. */
 int kvd_k_sample(uint32_t *out, const float *logits, const struct kvd_k_sample_row *rows,
                  int n_rows, int vocab, kvd_stream stream);

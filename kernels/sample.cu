@@ -1,7 +1,7 @@
 // Sampling on the device, so a step downloads 4 bytes per sequence instead
 // of its logits: greedy argmax, and temperature / top-k / top-p picks with
 // the host-drawn uniform of each request. The pick is the cpu sampler's
-// (daemon/sampler.c) with the same integer arithmetic: candidate weights
+// (daemon/backend/sampler_pick.c) with the same integer arithmetic: candidate weights
 // round(exp(v - max) * 2^38), and every "where does the running weight
 // first exceed t" question answered by radix select over a 64-bit order key,
 // eight bits a pass, with a shared histogram of integer weights. Integer
@@ -13,7 +13,7 @@
 #define SAMPLE_THREADS 1024
 #define SAMPLE_FX_ONE 0x1p38
 
-// The cpu sampler's rule (daemon/sampler.c), one for both backends: NaN
+// The cpu sampler's rule (daemon/backend/sampler_pick.c), one for both backends: NaN
 // counts as -inf, and of equal values the lower index wins. So a row of
 // only NaN and -inf gives 0.
 static __device__ __forceinline__ float nan_as_ninf(float v)

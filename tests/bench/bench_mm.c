@@ -9,7 +9,7 @@
 
 #include "checksum.h"
 #include "hosttier.h"
-#include "kvmm_internal.h"
+#include "kvmm_impl.h"
 
 /* CPU time of this thread by default: on a shared, loaded machine wall time
  * mostly measures the neighbours. BENCH_WALL=1 switches to wall time. */

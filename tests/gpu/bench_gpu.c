@@ -10,8 +10,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda_backend.h"
-#include "cuda_compute.h"
+#include "backend_cuda.h"
+#include "compute_cuda.h"
 #include "gpu/gpu_fixture.h"
 #include "kernels.h"
 #include "kvd/status.h"

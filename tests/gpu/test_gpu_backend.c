@@ -16,7 +16,7 @@
 
 #include "backend.h"
 #include "compute.h"
-#include "cuda_backend.h"
+#include "backend_cuda.h"
 #include "gpu/gpu_fixture.h"
 #include "kvd/status.h"
 

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cuda_compute.h"
+#include "compute_cuda.h"
 #include "gpu/gpu_fixture.h"
 #include "kvd/status.h"
 #include "model.h"

@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "compute_cpu.h"
-#include "cuda_backend.h"
-#include "cuda_compute.h"
+#include "backend_cuda.h"
+#include "compute_cuda.h"
 #include "gpu/gpu_fixture.h"
 #include "kernels.h"
 #include "kvd/status.h"

@@ -197,15 +197,15 @@ static void test_acct(void **state)
     acct_hist_observe(&big, 1e9, 1); /* past the last bound: +Inf */
     assert_int_equal(big.bucket[ACCT_N_BUCKETS], 1);
 
-    struct sched_counters sc = {.steps = 7, .waiting = 1, .running = 2, .swapped = 3};
-    acct_sched_update(&a, &sc, 6, 9, 40);
+    struct acct_sched sc = {.steps = 7, .waiting = 1, .running = 2, .swapped = 3, .generated = 40};
+    acct_sched_set(&a, &sc);
     struct acct_sched s;
     acct_sched_get(&a, &s);
     assert_true(s.have_executor);
     assert_int_equal(s.steps, 7);
     assert_int_equal(s.swapped, 3);
     assert_int_equal(s.generated, 40);
-    acct_sched_update(NULL, &sc, 0, 0, 0); /* no-op */
+    acct_sched_set(NULL, &sc); /* no-op */
     acct_destroy(&a);
 }
 

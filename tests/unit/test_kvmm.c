@@ -4,7 +4,7 @@
  * quotas leaving state intact, the reserved floor rule, handles and owners.
  * kvmm_check runs after every step. */
 #include "mm_fixture.h"
-#include "kvmm_internal.h"
+#include "kvmm_impl.h"
 
 #define OWNER 1
 

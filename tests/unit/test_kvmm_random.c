@@ -8,7 +8,7 @@
  * block served from the cache can be checked byte for byte. After every
  * step: kvmm_check, and the touched sequence's bytes, tokens and sizes. */
 #include "mm_fixture.h"
-#include "kvmm_internal.h"
+#include "kvmm_impl.h"
 
 #define PLAN 64   /* token slots per model sequence */
 #define MAXSEQ 12 /* model sequence slots */

@@ -1,5 +1,5 @@
 /* Internals shared by the cpu compute files: the context (its worker pool
- * is cpu_pool.h), number conversions (f16/bf16, round-to-nearest-even as ggml)
+ * is compute_cpu_pool.h), number conversions (f16/bf16, round-to-nearest-even as ggml)
  * and the kernels of compute_cpu_matmul.c and compute_cpu_attn.c. Not used
  * outside compute_cpu*.c. */
 #ifndef KVD_COMPUTE_CPU_H
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "compute.h"
-#include "cpu_pool.h"
+#include "compute_cpu_pool.h"
 
 struct compute_ctx {
     struct backend *be;

@@ -1,4 +1,4 @@
-/* cpu_pool: the cpu backend's persistent worker pool (compute_cpu*.c run
+/* compute_cpu_pool: the cpu backend's persistent worker pool (compute_cpu*.c run
  * their ops on it). */
 #ifndef KVD_CPU_POOL_H
 #define KVD_CPU_POOL_H

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "scheduler.h"
 
 const double acct_bucket_le[ACCT_N_BUCKETS] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -151,27 +150,6 @@ void acct_hist_get(struct acct *a, enum acct_hist_kind k, struct acct_hist *out)
     pthread_mutex_unlock(&a->mu);
 }
 
-void acct_sched_req_done(struct acct *a, const struct sched_req *r)
-{
-    if (!a)
-        return;
-    struct acct_req q = {
-        .tenant = r->tenant,
-        .outcome = r->finish == SCHED_FINISH_CANCELLED ? ACCT_CANCELLED
-                   : r->finish == SCHED_FINISH_ERROR   ? ACCT_FAILED
-                                                       : ACCT_COMPLETED,
-        .prompt = r->n_prompt,
-        .cached = r->n_cached,
-        .completion = r->n_toks > r->n_prompt ? r->n_toks - r->n_prompt : 0,
-        .preemptions = r->n_preempt,
-        .t_arrive = r->t_arrive,
-        .t_sched = r->t_sched,
-        .t_first = r->t_first,
-        .t_done = r->t_done,
-    };
-    acct_request_done(a, &q);
-}
-
 void acct_sched_get(struct acct *a, struct acct_sched *out)
 {
     pthread_mutex_lock(&a->mu);
@@ -179,25 +157,12 @@ void acct_sched_get(struct acct *a, struct acct_sched *out)
     pthread_mutex_unlock(&a->mu);
 }
 
-void acct_sched_update(struct acct *a, const struct sched_counters *c, uint32_t live,
-                       uint64_t submitted, uint64_t generated)
+void acct_sched_set(struct acct *a, const struct acct_sched *s)
 {
     if (!a)
         return;
     pthread_mutex_lock(&a->mu);
-    a->sched = (struct acct_sched){
-        .waiting = c->waiting,
-        .running = c->running,
-        .swapped = c->swapped,
-        .live = live,
-        .submitted = submitted,
-        .generated = generated,
-        .steps = c->steps,
-        .prefill_tokens = c->prefill_tokens,
-        .decode_tokens = c->decode_tokens,
-        .preempt_swap = c->preempt_swap,
-        .preempt_recompute = c->preempt_recompute,
-        .have_executor = true,
-    };
+    a->sched = *s;
+    a->sched.have_executor = true;
     pthread_mutex_unlock(&a->mu);
 }

@@ -8,7 +8,7 @@
 
 #include "fault.h"
 #include "hosttier.h"
-#include "kvmm_internal.h"
+#include "kvmm_impl.h"
 
 int mm_fail(struct kvmm *mm, int code, const char *fmt, ...)
 {

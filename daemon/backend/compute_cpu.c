@@ -1,5 +1,5 @@
 /* The cpu implementation of the compute-ops table (compute.h): the context
- * with its worker pool (cpu_pool.c), buffers in plain memory, and the
+ * with its worker pool (compute_cpu_pool.c), buffers in plain memory, and the
  * element-wise ops, RoPE, KV writes and row gathers. Matmul and attention
  * are in compute_cpu_matmul.c and compute_cpu_attn.c. This is the reference
  * every other backend is compared against. */

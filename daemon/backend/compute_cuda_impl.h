@@ -1,6 +1,6 @@
-/* cuda_compute_impl: the cuda compute context, private to cuda_compute.c
+/* compute_cuda_impl: the cuda compute context, private to compute_cuda.c
  * (context, buffers, transfers, CUDA-graph capture/replay) and
- * cuda_compute_ops.c (the model's operations on kernels/ and cuBLAS). */
+ * compute_cuda_ops.c (the model's operations on kernels/ and cuBLAS). */
 #ifndef KVD_CUDA_COMPUTE_IMPL_H
 #define KVD_CUDA_COMPUTE_IMPL_H
 
@@ -9,8 +9,8 @@
 #include <stdint.h>
 
 #include "compute.h"
-#include "cuda_backend.h"
-#include "cuda_compute.h"
+#include "backend_cuda.h"
+#include "compute_cuda.h"
 #include "kernels.h"
 
 /* One captured decode step. */
@@ -36,7 +36,7 @@ struct compute_ctx {
 
     /* Scratch grown on demand, never during a capture: bf16 activations for
      * cuBLAS [xb_cap] elements; decode-attention partials [part_cap] floats.
-     * (The cuBLAS workspace is the device's: cuda_backend.h.) */
+     * (The cuBLAS workspace is the device's: backend_cuda.h.) */
     uint16_t *xb;
     size_t xb_cap;
     float *part;
@@ -63,7 +63,7 @@ uint32_t cuda_cx_splits(const struct compute_ctx *cx, uint32_t n_seqs, uint32_t 
 /* Maps a kernels/ status to kvd's: 0, or logs and returns KVD_EINTERNAL. */
 int cuda_kstatus(int kernel_rc, const char *what);
 
-/* The ops of cuda_compute_ops.c, installed in the table by cuda_compute.c. */
+/* The ops of compute_cuda_ops.c, installed in the table by compute_cuda.c. */
 int cuda_op_get_rows(struct compute_ctx *cx, const struct ctensor *w, const uint32_t *ids,
                      uint32_t n, float *out);
 int cuda_op_rmsnorm(struct compute_ctx *cx, float *out, const float *x, const float *w,

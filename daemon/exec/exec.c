@@ -122,6 +122,49 @@ static void live_remove(struct exec *ex, struct sched_req *r)
 }
 
 /* Streams the tokens r produced since the last event. */
+/* The accounting's view of a request about to be answered (obs/acct.h). */
+static void acct_report_done(struct acct *a, const struct sched_req *r)
+{
+    if (!a)
+        return;
+    struct acct_req q = {
+        .tenant = r->tenant,
+        .outcome = r->finish == SCHED_FINISH_CANCELLED ? ACCT_CANCELLED
+                   : r->finish == SCHED_FINISH_ERROR   ? ACCT_FAILED
+                                                       : ACCT_COMPLETED,
+        .prompt = r->n_prompt,
+        .cached = r->n_cached,
+        .completion = r->n_toks > r->n_prompt ? r->n_toks - r->n_prompt : 0,
+        .preemptions = r->n_preempt,
+        .t_arrive = r->t_arrive,
+        .t_sched = r->t_sched,
+        .t_first = r->t_first,
+        .t_done = r->t_done,
+    };
+    acct_request_done(a, &q);
+}
+
+/* The scheduler's queues and counters, and the executor's own, for
+ * `stats` and the metrics (called with ex->mu held). */
+static void acct_report_counters(struct exec *ex)
+{
+    const struct sched_counters *c = &ex->st.sched;
+    struct acct_sched s = {
+        .waiting = c->waiting,
+        .running = c->running,
+        .swapped = c->swapped,
+        .live = ex->n_live,
+        .submitted = ex->st.requests,
+        .generated = ex->st.generated,
+        .steps = c->steps,
+        .prefill_tokens = c->prefill_tokens,
+        .decode_tokens = c->decode_tokens,
+        .preempt_swap = c->preempt_swap,
+        .preempt_recompute = c->preempt_recompute,
+    };
+    acct_sched_set(ex->conf.acct, &s);
+}
+
 static void publish_tokens(struct exec *ex, struct sched_req *r)
 {
     size_t n_gen = r->n_toks - r->n_prompt;
@@ -145,7 +188,7 @@ static void publish_done(struct exec *ex, struct sched_req *done)
             r->err = abort_code;
             memcpy(r->errmsg, r->abort_msg, sizeof(r->errmsg));
         }
-        acct_sched_req_done(ex->conf.acct, r);
+        acct_report_done(ex->conf.acct, r);
         /* Off the cancel list before the reply goes out (a cancel that
          * arrives after the reply finds nothing); still counted live until
          * answered, so a drain returns only after every reply is posted. */
@@ -374,8 +417,7 @@ static void *exec_main(void *arg)
             pthread_cond_timedwait(&ex->wake, &ex->mu, &ts);
         }
         sched_counters(ex->sched, &ex->st.sched);
-        acct_sched_update(ex->conf.acct, &ex->st.sched, ex->n_live, ex->st.requests,
-                          ex->st.generated);
+        acct_report_counters(ex);
     }
     pthread_mutex_unlock(&ex->mu);
     return NULL;
@@ -449,7 +491,7 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf,
     ex->picks = calloc(sc.max_seqs, sizeof(*ex->picks));
     if (!ex->fseqs || !ex->rows || !ex->picks)
         goto fail;
-    acct_sched_update(ex->conf.acct, &ex->st.sched, 0, 0, 0); /* "executor": true */
+    acct_report_counters(ex); /* "executor": true from the start */
     if (pthread_create(&ex->thread, NULL, exec_main, ex) != 0) {
         snprintf(err, errlen, "cannot start the executor thread");
         rc = KVD_EINTERNAL;

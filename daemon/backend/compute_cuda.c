@@ -1,8 +1,8 @@
-/* cuda_compute: the cuda compute context (compute.h): device buffers,
+/* compute_cuda: the cuda compute context (compute.h): device buffers,
  * uploads through pinned staging, downloads, scratch growth, and the CUDA
  * graphs that capture a decode step once and replay it. The operations
- * themselves are in cuda_compute_ops.c. */
-#include "cuda_compute_impl.h"
+ * themselves are in compute_cuda_ops.c. */
+#include "compute_cuda_impl.h"
 
 #include <stdlib.h>
 #include <string.h>

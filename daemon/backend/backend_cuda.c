@@ -1,8 +1,8 @@
-/* cuda_backend: the cuda implementation of the backend table (backend.h):
+/* backend_cuda: the cuda implementation of the backend table (backend.h):
  * device selection, the device arena (cudaMalloc), the pinned host arena
  * (cudaHostAlloc), copies on a dedicated stream that overlaps the compute
  * stream, and the cuBLAS handle the compute ops use. */
-#include "cuda_backend.h"
+#include "backend_cuda.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,7 +126,7 @@ static int copy_enqueue(struct cuda_dev *dev, void *dst, const void *src, size_t
      * synchronizing download), so there is nothing to wait for, and
      * recording an event there would pull the copy into the capture. The
      * captured step itself is launched after cuda_dev_wait_copies, so it
-     * waits for this copy (cuda_compute.c). */
+     * waits for this copy (compute_cuda.c). */
     if (!dev->capturing) {
         e = cudaEventRecord(dev->compute_mark, dev->compute);
         if (e == cudaSuccess)

@@ -1,6 +1,6 @@
 /* The backend: where KV arenas live and how bytes move between the tiers.
  * Two implementations share this table: cpu (backend_cpu.c, the reference)
- * and cuda (cuda_backend.c). The model's compute operations live in their own
+ * and cuda (backend_cuda.c). The model's compute operations live in their own
  * table (compute.h), reached through `compute`; the memory manager only needs
  * this part. */
 #ifndef KVD_BACKEND_H

@@ -1,6 +1,6 @@
-/* cuda_compute: what tests and benchmarks may ask of a cuda compute context
+/* compute_cuda: what tests and benchmarks may ask of a cuda compute context
  * beyond compute.h (graphs on/off, counters). The context
- * itself is private to cuda_compute*.c (cuda_compute_impl.h), so this header
+ * itself is private to compute_cuda*.c (compute_cuda_impl.h), so this header
  * can be included next to another backend's internals. CUDA builds only. */
 #ifndef KVD_CUDA_COMPUTE_H
 #define KVD_CUDA_COMPUTE_H

@@ -29,13 +29,13 @@
 
 #include "backend.h"
 #include "kv_types.h"
-#include "sampler.h" /* struct sample_row, which the cuda backend's sample op reads */
+#include "sampler_pick.h" /* struct sample_row, what the sample op reads */
 
 /* How a 2-D weight's bytes are arranged on the device. */
 enum clayout {
     CL_ROWS = 0, /* as in the GGUF file: row j at byte j * ctype_row_bytes(type, ne0) */
     CL_PACK16,   /* cpu backend: 16 rows interleaved value by value (compute_cpu_matmul.c) */
-    CL_ROWS_BF16, /* cuda backend: CL_ROWS, then a bf16 copy for GEMMs (cuda_compute_ops.c) */
+    CL_ROWS_BF16, /* cuda backend: CL_ROWS, then a bf16 copy for GEMMs (compute_cuda_ops.c) */
 };
 
 /* A 2-D weight on the device: ne0 = inner (contiguous) dimension = "in",
@@ -194,7 +194,7 @@ struct compute_ops {
      * position before the final norm and the output projection. */
     int (*gather_rows)(struct compute_ctx *cx, float *out, const float *x, const uint32_t *rows,
                        uint32_t n, uint32_t width);
-    /* out[r] = the token sampler_pick (sampler.h) picks for p[r] from
+    /* out[r] = the token sampler_pick (sampler_pick.h) picks for p[r] from
      * logits[r][:]: logits device [rows][vocab], p device [rows], out device
      * [rows]. So a step downloads token ids, not the vocabulary. */
     int (*sample)(struct compute_ctx *cx, const float *logits, uint32_t rows, uint32_t vocab,

@@ -80,12 +80,8 @@ void acct_hist_get(struct acct *a, enum acct_hist_kind k, struct acct_hist *out)
 
 void acct_sched_get(struct acct *a, struct acct_sched *out);
 
-/* The executor's hooks (a NULL acct is a no-op): a request about to be
- * answered; the scheduler's counters after each step. */
-struct sched_req;
-struct sched_counters;
-void acct_sched_req_done(struct acct *a, const struct sched_req *r);
-void acct_sched_update(struct acct *a, const struct sched_counters *c, uint32_t live,
-                       uint64_t submitted, uint64_t generated);
+/* The executor's counters after each step (a NULL acct is a no-op). The
+ * executor fills `s` from its scheduler (exec.c); have_executor is set. */
+void acct_sched_set(struct acct *a, const struct acct_sched *s);
 
 #endif

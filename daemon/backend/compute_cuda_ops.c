@@ -1,4 +1,4 @@
-/* cuda_compute_ops: the model's operations (compute.h) on the cuda backend:
+/* compute_cuda_ops: the model's operations (compute.h) on the cuda backend:
  * thin wrappers over kernels/ plus the projections, which run as a native-
  * type GEMV for up to 8 rows (decode: weights read once, in place) and as
  * cuBLAS GEMMs above that (bf16 in, f32 accumulate; F32 weights as SGEMM). */
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_compute_impl.h"
+#include "compute_cuda_impl.h"
 #include "kvd/status.h"
 #include "log.h"
 

@@ -7,7 +7,7 @@
 
 #include "fault.h"
 #include "hosttier.h"
-#include "kvmm_internal.h"
+#include "kvmm_impl.h"
 
 /* Token slots per sequence: far above any context length, low enough that
  * byte counts (tokens × token_bytes) cannot overflow. */

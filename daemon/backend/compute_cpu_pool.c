@@ -1,5 +1,5 @@
-/* cpu_pool: see cpu_pool.h. */
-#include "cpu_pool.h"
+/* compute_cpu_pool: see compute_cpu_pool.h. */
+#include "compute_cpu_pool.h"
 
 #include <sched.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmm_internal.h"
+#include "kvmm_impl.h"
 
 /* Geometry limits: generous for any real model, small enough that no
  * product below overflows. */

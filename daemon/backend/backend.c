@@ -1,6 +1,6 @@
 /* backend: the parts of the backend contract that do not depend on an
  * implementation: backend_free, and backend_cuda_new for builds without CUDA
- * (the real one lives in cuda_backend.c, built only with KVD_HAVE_CUDA). */
+ * (the real one lives in backend_cuda.c, built only with KVD_HAVE_CUDA). */
 #include "backend.h"
 
 #include <stdio.h>

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvmm_internal.h"
+#include "kvmm_impl.h"
 
 struct check_ctx {
     struct kvmm *mm;

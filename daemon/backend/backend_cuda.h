@@ -1,5 +1,5 @@
-/* cuda_backend: the state the cuda backend shares between its memory/copy
- * half (cuda_backend.c) and its compute half (cuda_compute*.c): the device,
+/* backend_cuda: the state the cuda backend shares between its memory/copy
+ * half (backend_cuda.c) and its compute half (compute_cuda*.c): the device,
  * the compute and copy streams, the cuBLAS handle. CUDA builds only. */
 #ifndef KVD_CUDA_BACKEND_H
 #define KVD_CUDA_BACKEND_H
@@ -47,7 +47,7 @@ int cuda_dev_enter(struct cuda_dev *dev);
 int cuda_fail(int cuda_err, const char *what);
 int cublas_fail(int status, const char *what);
 
-/* The cuda compute ops (cuda_compute.c). */
+/* The cuda compute ops (compute_cuda.c). */
 const struct compute_ops *compute_cuda_ops(void);
 
 #endif

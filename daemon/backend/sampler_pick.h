@@ -1,32 +1,14 @@
-/* Token sampling for the executor: greedy, temperature, top-k, top-p, with a
- * per-request PRNG (xoshiro256** seeded by splitmix64 from the request's
- * seed) so a seeded request draws the same random numbers alone or in any
- * batch (the tokens are the same when the logits are: batching moves them by
- * rounding only, docs/architecture.md "Sampling").
- *
- * A step's sampling is split in two so a backend can pick on the device:
- * the host draws the request's uniform for the step (sampler_next_row),
- * then the pick is a pure function of (row, logits) (sampler_pick here;
- * kernels/sample.cu does the same integer arithmetic on the GPU). */
-#ifndef KVD_SAMPLER_H
-#define KVD_SAMPLER_H
+/* sampler_pick: the pick of one token from one row of logits, given the
+ * row's sampling parameters and the request's uniform for the step: a pure
+ * function, and the reference for every backend's sample op (the cpu
+ * backend calls it; kernels/sample.cu does the same integer arithmetic on
+ * the GPU). The per-request random stream that fills a row is the
+ * executor's (exec/sampler.h). */
+#ifndef KVD_SAMPLER_PICK_H
+#define KVD_SAMPLER_PICK_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-struct sampler_params {
-    float temperature; /* 0 = greedy (argmax, lowest id on ties) */
-    uint32_t top_k;    /* 0 = off */
-    float top_p;       /* (0, 1]; 1 = off */
-    uint64_t seed;
-};
-
-/* One request's sampling state. Plain value: copy it freely; no heap. */
-struct sampler {
-    struct sampler_params p;
-    uint64_t s[4]; /* xoshiro256** state */
-};
 
 /* One row's pick for one step, as handed to a backend (24 bytes; the same
  * layout as kernels.h's struct kvd_k_sample_row). */
@@ -49,12 +31,6 @@ struct sampler_scratch {
     size_t cap; /* candidates */
 };
 
-void sampler_init(struct sampler *s, const struct sampler_params *p);
-/* Next uniform double in [0, 1) from the request's stream (53 bits). */
-double sampler_uniform(struct sampler *s);
-/* The row for this step: s's parameters, and (temperature > 0 only) the
- * next uniform from s's stream. */
-void sampler_next_row(struct sampler *s, struct sample_row *row);
 /* Picks a token from logits [n_vocab] (not modified). Greedy when
  * temperature <= 0: argmax, NaN as -inf, lowest id on ties. Otherwise the
  * scaled logits v = logit / T (f32; NaN as -inf) get the weights
@@ -67,9 +43,6 @@ void sampler_next_row(struct sampler *s, struct sample_row *row);
  * or KVD_ENOMEM (scratch growth). */
 int sampler_pick(const struct sample_row *row, struct sampler_scratch *sc, const float *logits,
                  uint32_t n_vocab, uint32_t *out);
-/* sampler_next_row, then sampler_pick. */
-int sampler_sample(struct sampler *s, struct sampler_scratch *sc, const float *logits,
-                   uint32_t n_vocab, uint32_t *out);
 void sampler_scratch_free(struct sampler_scratch *sc);
 
 #endif

@@ -1,4 +1,4 @@
-/* kvmm_internal: the kvmm struct and the helpers shared by kvmm.c,
+/* kvmm_impl: the kvmm struct and the helpers shared by kvmm.c,
  * kvmm_alloc.c, kvmm_seq.c and kvmm_check.c. Not for other modules: they use
  * kvmm.h. Every function here expects the caller to hold mm->lock. */
 #ifndef KVD_KVMM_INTERNAL_H
