@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "kvd/status.h"
+#include "quant.h"
 
 /* ---- context and buffers ------------------------------------------------ */
 
@@ -130,6 +131,7 @@ void cpu_row_to_f32(enum ctype t, const void *row, float *out, uint32_t n)
                 out[b * CT_Q8_0_BLOCK + i] = d * (float)(int8_t)blk[2 + i];
         }
         break;
+    default: (void)quant_dequant_row(t, row, out, n); break;
     }
 }
 

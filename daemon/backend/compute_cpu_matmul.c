@@ -55,7 +55,8 @@ static size_t pk_group_bytes(enum ctype t, size_t in)
 
 static bool pk_packable(const struct ctensor *t)
 {
-    return t->layout == CL_ROWS && t->ne1 >= 2 && ctype_row_bytes(t->type, t->ne0) != 0;
+    return t->layout == CL_ROWS && t->ne1 >= 2 && ctype_row_bytes(t->type, t->ne0) != 0 &&
+           (t->type == CT_F32 || t->type == CT_F16 || t->type == CT_BF16 || t->type == CT_Q8_0);
 }
 
 /* Value (k, column j) of a packed group g of type t. */
@@ -71,6 +72,7 @@ static inline float pk_get(enum ctype t, const uint8_t *g, size_t k, size_t j)
         memcpy(&dh, blk + 2 * j, 2);
         return cpu_f16_to_f32(dh) * (float)(int8_t)blk[2 * PK + k % CT_Q8_0_BLOCK * PK + j];
     }
+    default: break; /* not packed (pk_packable) */
     }
     return 0;
 }
@@ -88,6 +90,7 @@ static inline float row_get(enum ctype t, const uint8_t *w, size_t k)
         memcpy(&dh, blk, 2);
         return cpu_f16_to_f32(dh) * (float)(int8_t)blk[2 + k % CT_Q8_0_BLOCK];
     }
+    default: break; /* other types take the row-dequantizing path */
     }
     return 0;
 }
@@ -135,6 +138,7 @@ static void pack_group(const struct ctensor *t, const uint8_t *src, size_t g)
                     db[2 * PK + kk * PK + j] = sb[2 + kk];
             }
             break;
+        default: break;
         }
     }
 }
@@ -304,6 +308,7 @@ static SIMD_TARGET void pk_gemv(enum ctype t, const uint8_t *g, size_t in, const
     case CT_Q8_0:
         nr == 1 ? pk_gemv_q8(g, in, x, ldx, o, 1) : pk_gemv_q8(g, in, x, ldx, o, 2);
         break;
+    default: break; /* not packed (pk_packable) */
     }
 }
 
@@ -423,7 +428,7 @@ static SIMD_TARGET void pk_tile_w_n(enum ctype t, const uint8_t *g, size_t k0, s
     case CT_F16: PK_TILE_W(CT_F16); break;
     case CT_BF16: PK_TILE_W(CT_BF16); break;
     case CT_Q8_0: PK_TILE_W(CT_Q8_0); break;
-    case CT_F32: break; /* used in place: no widening */
+    default: break; /* f32 is used in place: no widening */
     }
 #undef PK_TILE_W
 }
@@ -505,6 +510,7 @@ static SIMD_TARGET void gemv_rows(enum ctype t, const uint8_t *w, size_t rb, con
     case CT_F16: GEMV_NW(GEMV_F16); break;
     case CT_BF16: GEMV_NW(GEMV_BF16); break;
     case CT_Q8_0: GEMV_NW(GEMV_Q8); break;
+    default: break;
     }
 #undef GEMV_NW
 #undef GEMV_F

@@ -37,26 +37,93 @@ size_t kv_token_bytes(const struct kv_geom *g)
     return g->block_tokens ? kv_block_bytes(g) / g->block_tokens : 0;
 }
 
-size_t ctype_row_bytes(enum ctype t, uint64_t n)
+uint32_t ctype_block_elems(enum ctype t)
 {
-    if (n > (UINT64_C(1) << 40))
-        return 0;
     switch (t) {
-    case CT_F32: return (size_t)n * 4;
+    case CT_F32:
     case CT_F16:
-    case CT_BF16: return (size_t)n * 2;
-    case CT_Q8_0: return n % CT_Q8_0_BLOCK ? 0 : (size_t)(n / CT_Q8_0_BLOCK) * CT_Q8_0_BYTES;
+    case CT_BF16:
+        return 1;
+    case CT_Q4_0:
+    case CT_Q4_1:
+    case CT_Q5_0:
+    case CT_Q5_1:
+    case CT_Q8_0:
+        return CT_QK;
+    case CT_Q4_K:
+    case CT_Q5_K:
+    case CT_Q6_K:
+        return CT_QK_K;
     }
     return 0;
+}
+
+size_t ctype_block_bytes(enum ctype t)
+{
+    switch (t) {
+    case CT_F32:
+        return 4;
+    case CT_F16:
+    case CT_BF16:
+        return 2;
+    case CT_Q4_0:
+        return 18;
+    case CT_Q4_1:
+        return 20;
+    case CT_Q5_0:
+        return 22;
+    case CT_Q5_1:
+        return 24;
+    case CT_Q8_0:
+        return CT_Q8_0_BYTES;
+    case CT_Q4_K:
+        return 144;
+    case CT_Q5_K:
+        return 176;
+    case CT_Q6_K:
+        return 210;
+    }
+    return 0;
+}
+
+int ctype_is_quant(enum ctype t)
+{
+    return ctype_block_elems(t) > 1;
+}
+
+size_t ctype_row_bytes(enum ctype t, uint64_t n)
+{
+    uint32_t be = ctype_block_elems(t);
+    if (n > (UINT64_C(1) << 40) || be == 0 || n % be)
+        return 0;
+    return (size_t)(n / be) * ctype_block_bytes(t);
 }
 
 const char *ctype_name(enum ctype t)
 {
     switch (t) {
-    case CT_F32: return "f32";
-    case CT_F16: return "f16";
-    case CT_BF16: return "bf16";
-    case CT_Q8_0: return "q8_0";
+    case CT_F32:
+        return "f32";
+    case CT_F16:
+        return "f16";
+    case CT_BF16:
+        return "bf16";
+    case CT_Q4_0:
+        return "q4_0";
+    case CT_Q4_1:
+        return "q4_1";
+    case CT_Q5_0:
+        return "q5_0";
+    case CT_Q5_1:
+        return "q5_1";
+    case CT_Q8_0:
+        return "q8_0";
+    case CT_Q4_K:
+        return "q4_k";
+    case CT_Q5_K:
+        return "q5_k";
+    case CT_Q6_K:
+        return "q6_k";
     }
     return "?";
 }

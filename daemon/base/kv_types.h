@@ -25,19 +25,39 @@ size_t kv_block_bytes(const struct kv_geom *g);
 /* Bytes per token in kv_write/kv_read data: block_bytes / block_tokens. */
 size_t kv_token_bytes(const struct kv_geom *g);
 
-/* Weight element types; the numbers are ggml's type ids (GGUF files). */
+/* Weight element types; the numbers are ggml's type ids (GGUF files). The
+ * quantized ones are arrays of blocks, laid out as quant_blocks.h and
+ * docs/quant.md describe: a row of n values is n / ctype_block_elems(t)
+ * blocks of ctype_block_bytes(t) bytes. */
 enum ctype {
     CT_F32 = 0,
     CT_F16 = 1,
+    CT_Q4_0 = 2,  /* blocks of 32: f16 d, 16 bytes of nibbles; value = d*(q-8) (18 bytes) */
+    CT_Q4_1 = 3,  /* blocks of 32: f16 d, m, nibbles; value = d*q + m (20 bytes) */
+    CT_Q5_0 = 6,  /* blocks of 32: f16 d, 32 high bits, nibbles; value = d*(q-16) (22 bytes) */
+    CT_Q5_1 = 7,  /* blocks of 32: f16 d, m, high bits, nibbles; value = d*q + m (24 bytes) */
     CT_Q8_0 = 8,  /* blocks of 32: f16 scale d, then 32 int8 q; value = d*q (34 bytes) */
+    CT_Q4_K = 12, /* super-blocks of 256: 8 x 32 with 6-bit scales and mins (144 bytes) */
+    CT_Q5_K = 13, /* super-blocks of 256: as Q4_K plus a fifth bit (176 bytes) */
+    CT_Q6_K = 14, /* super-blocks of 256: 16 x 16 with int8 scales, 6-bit q (210 bytes) */
     CT_BF16 = 30,
 };
 #define CT_Q8_0_BLOCK 32
 #define CT_Q8_0_BYTES 34
+#define CT_QK 32    /* values per block of the legacy types (Q4_0 .. Q8_0) */
+#define CT_QK_K 256 /* values per super-block of the K-quants */
 
-/* Bytes of one row of n elements of type t; 0 for an unknown type or a Q8_0
- * row whose n is not a multiple of 32. */
+/* Values per block of t (1 for f32/f16/bf16, 32 legacy, 256 K-quants) and
+ * bytes per block (the element size for f32/f16/bf16); 0 for an unknown type. */
+uint32_t ctype_block_elems(enum ctype t);
+size_t ctype_block_bytes(enum ctype t);
+/* 1 for a block-quantized type (Q4_0 .. Q6_K). */
+int ctype_is_quant(enum ctype t);
+/* Bytes of one row of n elements of type t; 0 for an unknown type or a
+ * quantized row whose n is not a multiple of its block. */
 size_t ctype_row_bytes(enum ctype t, uint64_t n);
-const char *ctype_name(enum ctype t); /* "f32", "f16", "q8_0", "bf16", "?" */
+/* "f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k",
+ * "q6_k", "bf16", "?" */
+const char *ctype_name(enum ctype t);
 
 #endif

@@ -121,6 +121,7 @@ static void *make_weight(enum ctype t, uint32_t in, uint32_t out, double *wd, si
                 blk[2 + k % 32] = (uint8_t)q, *d = q / 64.0;
                 break;
             }
+            default: break; /* not made here */
             }
         }
     *bytes = rb * out;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "compute_cpu.h" /* f16/bf16 conversions, enum ctype */
+#include "quant.h"
 
 enum init { INIT_MATRIX, INIT_EMBD, INIT_NORM, INIT_BIAS, INIT_ROPE_FREQS };
 
@@ -175,6 +176,7 @@ static void encode_row(enum ctype t, const float *v, uint32_t n, uint8_t *out)
                 blk[2 + i] = (uint8_t)(int8_t)roundf(v[b * 32 + i] * id);
         }
         break;
+    default: (void)quant_quantize_row(t, v, out, n); break;
     }
 }
 
