@@ -27,6 +27,7 @@ struct opts {
     const char *arch, *out, *name;
     uint32_t layers, embd, heads, kv_heads, ff, vocab, ctx;
     enum ctype type;
+    int mix; /* 0, or 4 / 5: the Q4_K_M / Q5_K_M mix (type is then Q4_K / Q5_K) */
     int tied, rope_freqs;
     float rope_base, eps;
     uint64_t seed;
@@ -180,12 +181,44 @@ static void encode_row(enum ctype t, const float *v, uint32_t n, uint8_t *out)
     }
 }
 
+/* The Q4_K_M / Q5_K_M rule for attn_v and ffn_down (llama.cpp's
+ * use_more_bits): Q6_K in the first and last eighth of the layers and every
+ * third layer between. */
+static int more_bits(const struct opts *o, uint32_t layer)
+{
+    uint32_t n = o->layers;
+    return o->mix && (layer < n / 8 || layer >= 7 * n / 8 || (layer - n / 8) % 3 == 2);
+}
+
+/* general.file_type: llama.cpp's llama_ftype of the whole file. */
+static uint32_t file_type(const struct opts *o)
+{
+    if (o->mix)
+        return o->mix == 4 ? 15 : 17; /* MOSTLY_Q4_K_M, MOSTLY_Q5_K_M */
+    switch (o->type) {
+    case CT_F32: return 0;
+    case CT_F16: return 1;
+    case CT_Q4_0: return 2;
+    case CT_Q4_1: return 3;
+    case CT_Q8_0: return 7;
+    case CT_Q5_0: return 8;
+    case CT_Q5_1: return 9;
+    case CT_Q4_K: return 14; /* MOSTLY_Q4_K_S: all Q4_K */
+    case CT_Q5_K: return 16; /* MOSTLY_Q5_K_S */
+    case CT_Q6_K: return 18;
+    case CT_BF16: return 32;
+    }
+    return 0;
+}
+
 static void usage(void)
 {
     fprintf(stderr,
             "usage: kvd-gguf-gen -o FILE [--arch llama|qwen2] [--layers N] [--embd N] [--heads N]\n"
-            "         [--kv-heads N] [--ff N] [--vocab N] [--ctx N] [--type f32|f16|bf16|q8_0]\n"
-            "         [--tied] [--rope-base F] [--rope-freqs] [--eps F] [--seed N] [--name S]\n");
+            "         [--kv-heads N] [--ff N] [--vocab N] [--ctx N] [--type TYPE]\n"
+            "         [--tied] [--rope-base F] [--rope-freqs] [--eps F] [--seed N] [--name S]\n"
+            "         [--eos ID] [--eot ID] [--chat-template FILE]\n"
+            "  TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n");
     exit(2);
 }
 
@@ -209,7 +242,10 @@ int main(int argc, char **argv)
         {"arch", 1, 0, 'a'}, {"layers", 1, 0, 'l'}, {"embd", 1, 0, 'e'}, {"heads", 1, 0, 'h'},
         {"kv-heads", 1, 0, 'k'}, {"ff", 1, 0, 'f'}, {"vocab", 1, 0, 'v'}, {"ctx", 1, 0, 'c'},
         {"type", 1, 0, 't'}, {"tied", 0, 0, 'T'}, {"rope-base", 1, 0, 'r'}, {"rope-freqs", 0, 0, 'R'},
-        {"seed", 1, 0, 's'}, {"eps", 1, 0, 'E'}, {"name", 1, 0, 'n'}, {"help", 0, 0, '?'}, {0, 0, 0, 0}};
+        {"seed", 1, 0, 's'}, {"eps", 1, 0, 'E'}, {"name", 1, 0, 'n'}, {"help", 0, 0, '?'},
+        {"eos", 1, 0, 'S'}, {"eot", 1, 0, 'O'}, {"chat-template", 1, 0, 'C'}, {0, 0, 0, 0}};
+    uint32_t eos = 2, eot = 0;
+    char *chat_template = NULL;
     int ch;
     while ((ch = getopt_long(argc, argv, "o:", lo, NULL)) != -1) {
         switch (ch) {
@@ -228,11 +264,32 @@ int main(int argc, char **argv)
         case 'E': o.eps = strtof(optarg, NULL); break;
         case 's': o.seed = strtoull(optarg, NULL, 10); break;
         case 'n': o.name = optarg; break;
+        case 'S': eos = arg_u32(optarg); break;
+        case 'O': eot = arg_u32(optarg); break;
+        case 'C': {
+            FILE *tf = fopen(optarg, "rb");
+            chat_template = calloc(1, 1 << 20);
+            if (!tf || !chat_template || fread(chat_template, 1, (1 << 20) - 1, tf) == 0) {
+                fprintf(stderr, "kvd-gguf-gen: cannot read %s\n", optarg);
+                exit(2);
+            }
+            fclose(tf);
+            break;
+        }
         case 't':
             if (!strcmp(optarg, "f32")) o.type = CT_F32;
             else if (!strcmp(optarg, "f16")) o.type = CT_F16;
             else if (!strcmp(optarg, "bf16")) o.type = CT_BF16;
             else if (!strcmp(optarg, "q8_0")) o.type = CT_Q8_0;
+            else if (!strcmp(optarg, "q4_0")) o.type = CT_Q4_0;
+            else if (!strcmp(optarg, "q4_1")) o.type = CT_Q4_1;
+            else if (!strcmp(optarg, "q5_0")) o.type = CT_Q5_0;
+            else if (!strcmp(optarg, "q5_1")) o.type = CT_Q5_1;
+            else if (!strcmp(optarg, "q4_k")) o.type = CT_Q4_K;
+            else if (!strcmp(optarg, "q5_k")) o.type = CT_Q5_K;
+            else if (!strcmp(optarg, "q6_k")) o.type = CT_Q6_K;
+            else if (!strcmp(optarg, "q4_k_m")) o.type = CT_Q4_K, o.mix = 4;
+            else if (!strcmp(optarg, "q5_k_m")) o.type = CT_Q5_K, o.mix = 5;
             else usage();
             break;
         default: usage();
@@ -252,8 +309,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvd-gguf-gen: embd must be a multiple of heads, heads of kv-heads, and the head dim even\n");
         return 2;
     }
-    if (o.type == CT_Q8_0 && (o.embd % 32 || o.ff % 32)) {
-        fprintf(stderr, "kvd-gguf-gen: q8_0 needs embd and ff to be multiples of 32\n");
+    uint32_t blk = ctype_block_elems(o.type);
+    if (blk > 1 && (o.embd % blk || o.ff % blk)) {
+        fprintf(stderr, "kvd-gguf-gen: %s needs embd and ff to be multiples of %u\n",
+                ctype_name(o.type), blk);
         return 2;
     }
 
@@ -278,7 +337,7 @@ int main(int argc, char **argv)
         L("attn_norm.weight", o.embd, 0, CT_F32, INIT_NORM);
         L("attn_q.weight", o.embd, o.embd, o.type, INIT_MATRIX);
         L("attn_k.weight", o.embd, kd, o.type, INIT_MATRIX);
-        L("attn_v.weight", o.embd, kd, o.type, INIT_MATRIX);
+        L("attn_v.weight", o.embd, kd, more_bits(&o, l) ? CT_Q6_K : o.type, INIT_MATRIX);
         if (qwen) {
             L("attn_q.bias", o.embd, 0, CT_F32, INIT_BIAS);
             L("attn_k.bias", kd, 0, CT_F32, INIT_BIAS);
@@ -288,12 +347,12 @@ int main(int argc, char **argv)
         L("ffn_norm.weight", o.embd, 0, CT_F32, INIT_NORM);
         L("ffn_gate.weight", o.embd, o.ff, o.type, INIT_MATRIX);
         L("ffn_up.weight", o.embd, o.ff, o.type, INIT_MATRIX);
-        L("ffn_down.weight", o.ff, o.embd, o.type, INIT_MATRIX);
+        L("ffn_down.weight", o.ff, o.embd, more_bits(&o, l) ? CT_Q6_K : o.type, INIT_MATRIX);
 #undef L
     }
     ADD("output_norm.weight", o.embd, 0, CT_F32, INIT_NORM);
     if (!o.tied)
-        ADD("output.weight", o.embd, o.vocab, o.type, INIT_MATRIX);
+        ADD("output.weight", o.embd, o.vocab, o.mix ? CT_Q6_K : o.type, INIT_MATRIX);
 #undef ADD
     uint64_t off = 0;
     for (uint32_t i = 0; i < nt; i++) {
@@ -307,16 +366,15 @@ int main(int argc, char **argv)
         perror(o.out);
         return 1;
     }
-    static const uint32_t file_type[] = {[CT_F32] = 0, [CT_F16] = 1, [CT_Q8_0] = 7, [CT_BF16] = 32};
     char key[128];
     w_bytes(f, "GGUF", 4);
     w_u32(f, 3);
     w_u64(f, nt);
-    w_u64(f, 19); /* metadata entries written below */
+    w_u64(f, 19 + (eot != 0) + (chat_template != NULL)); /* metadata entries written below */
     kv_str(f, "general.architecture", o.arch);
     kv_str(f, "general.name", o.name);
     kv_u32(f, "general.alignment", 32);
-    kv_u32(f, "general.file_type", file_type[o.type]);
+    kv_u32(f, "general.file_type", file_type(&o));
 #define AK(s) (snprintf(key, sizeof key, "%s.%s", o.arch, s), key)
     kv_u32(f, AK("context_length"), o.ctx);
     kv_u32(f, AK("embedding_length"), o.embd);
@@ -357,7 +415,11 @@ int main(int argc, char **argv)
         w_bytes(f, &ttype, 4);
     }
     kv_u32(f, "tokenizer.ggml.bos_token_id", 1);
-    kv_u32(f, "tokenizer.ggml.eos_token_id", 2);
+    kv_u32(f, "tokenizer.ggml.eos_token_id", eos);
+    if (eot)
+        kv_u32(f, "tokenizer.ggml.eot_token_id", eot);
+    if (chat_template)
+        kv_str(f, "tokenizer.chat_template", chat_template);
     for (uint32_t i = 0; i < nt; i++) {
         w_str(f, td[i].name);
         w_u32(f, td[i].ne1 ? 2 : 1);
