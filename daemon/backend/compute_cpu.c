@@ -4,6 +4,7 @@
  * are in compute_cpu_matmul.c and compute_cpu_attn.c. This is the reference
  * every other backend is compared against. */
 #include "compute_cpu.h"
+#include "compute_cpu_kv.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -210,48 +211,12 @@ static int cpu_rope(struct compute_ctx *cx, float *x, uint32_t rows, uint32_t n_
     return 0;
 }
 
-#if defined(__x86_64__)
-/* F16C's round-to-nearest-even conversion gives the same bits as
- * cpu_f32_to_f16 (also for inf, nan and subnormals). */
-__attribute__((target("avx2,f16c"))) static void kv_store_f16_simd(uint16_t *dst, const float *src,
-                                                                   uint32_t n)
-{
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(dst + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++)
-        dst[i] = cpu_f32_to_f16(src[i]);
-}
-#endif
-
-static void kv_store(void *dst, enum kv_dtype dt, const float *src, uint32_t n, bool simd)
-{
-    switch (dt) {
-    case KV_F16:
-#if defined(__x86_64__)
-        if (simd) {
-            kv_store_f16_simd(dst, src, n);
-            break;
-        }
-#endif
-        for (uint32_t i = 0; i < n; i++)
-            ((uint16_t *)dst)[i] = cpu_f32_to_f16(src[i]);
-        break;
-    case KV_BF16:
-        for (uint32_t i = 0; i < n; i++)
-            ((uint16_t *)dst)[i] = cpu_f32_to_bf16(src[i]);
-        break;
-    default: memcpy(dst, src, (size_t)n * 4); break;
-    }
-}
-
 static int cpu_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geom *g,
                         uint32_t layer, const float *k, const float *v, uint32_t n_tokens,
                         const uint32_t *tok_slot, const uint32_t *tok_pos)
 {
-    size_t esz = cpu_kv_esize(g->dtype), hd = g->head_dim, bt = g->block_tokens;
-    size_t head_bytes = bt * hd * esz; /* one [token][head_dim] plane */
+    size_t rb = kv_row_bytes(g->dtype, g->head_dim), hd = g->head_dim, bt = g->block_tokens;
+    size_t head_bytes = bt * rb; /* one [token] plane of rows */
     size_t block_bytes = (size_t)g->layers * 2 * g->kv_heads * head_bytes;
     for (uint32_t t = 0; t < n_tokens; t++) {
         if (tok_slot[t] == COMPUTE_PAD_SLOT)
@@ -259,10 +224,12 @@ static int cpu_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geo
         uint8_t *blk = (uint8_t *)arena + (size_t)tok_slot[t] * block_bytes;
         size_t row = tok_pos[t] % bt;
         for (uint32_t h = 0; h < g->kv_heads; h++) {
-            uint8_t *kd = blk + (((size_t)layer * 2 + 0) * g->kv_heads + h) * head_bytes + row * hd * esz;
-            uint8_t *vd = blk + (((size_t)layer * 2 + 1) * g->kv_heads + h) * head_bytes + row * hd * esz;
-            kv_store(kd, g->dtype, k + ((size_t)t * g->kv_heads + h) * hd, (uint32_t)hd, cx->simd);
-            kv_store(vd, g->dtype, v + ((size_t)t * g->kv_heads + h) * hd, (uint32_t)hd, cx->simd);
+            uint8_t *kd = blk + (((size_t)layer * 2 + 0) * g->kv_heads + h) * head_bytes + row * rb;
+            uint8_t *vd = blk + (((size_t)layer * 2 + 1) * g->kv_heads + h) * head_bytes + row * rb;
+            cpu_kv_store_row(kd, g->dtype, k + ((size_t)t * g->kv_heads + h) * hd, (uint32_t)hd,
+                             cx->simd);
+            cpu_kv_store_row(vd, g->dtype, v + ((size_t)t * g->kv_heads + h) * hd, (uint32_t)hd,
+                             cx->simd);
         }
     }
     return 0;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "compute_cpu.h"
+#include "compute_cpu_kv.h"
 #include "kvd/status.h"
 
 #if defined(__x86_64__)
@@ -136,7 +137,7 @@ static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
             hi = mid;
     }
     uint32_t s = lo, p = d->h_seq_pos0[s] + (t - d->h_seq_qstart[s]), n_kv = p + 1;
-    size_t esz = cpu_kv_esize(g->dtype), head_bytes = (size_t)bt * hd * esz;
+    size_t rb = kv_row_bytes(g->dtype, hd), head_bytes = (size_t)bt * rb;
     size_t block_bytes = (size_t)g->layers * 2 * kvh * head_bytes;
     size_t k_off = ((size_t)d->layer * 2 * kvh + gh) * head_bytes;
     size_t v_off = k_off + (size_t)kvh * head_bytes;
@@ -144,22 +145,33 @@ static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
     const float *q = d->q + ((size_t)t * d->n_head + (size_t)gh * n_rep) * hd;
     float *out = d->out + ((size_t)t * d->n_head + (size_t)gh * n_rep) * hd;
     bool simd = j->cx->simd;
+    /* Quantized rows (q8_0, fp8) are widened a block at a time into rowbuf
+     * (after the scores in the worker's scratch), then read as f32 rows. */
+    bool quant = g->dtype == KV_Q8_0 || g->dtype == KV_FP8;
+    enum kv_dtype dt = quant ? KV_F32 : g->dtype;
+    size_t esz = quant ? 4 : kv_dtype_size(g->dtype);
+    float *rowbuf = sc + (size_t)n_rep * d->max_kv;
 
     /* scores: sc[r][0..n_kv) for the n_rep query heads of this group */
-    size_t rk = (size_t)hd * esz; /* bytes between a block's K (or V) rows */
+    size_t rk = (size_t)hd * esz; /* bytes between the K (or V) rows read */
     for (uint32_t p0 = 0; p0 < n_kv; p0 += bt) {
         const uint8_t *kb = (const uint8_t *)d->arena + (size_t)slots[p0 / bt] * block_bytes + k_off;
         uint32_t n = n_kv - p0 < bt ? n_kv - p0 : bt, i = 0;
+        if (quant) {
+            for (uint32_t r = 0; r < n; r++)
+                cpu_kv_load_row(kb + (size_t)r * rb, g->dtype, hd, rowbuf + (size_t)r * hd, simd);
+            kb = (const uint8_t *)rowbuf;
+        }
         /* blocks are scattered, so the hardware prefetcher restarts at each:
          * ask for the next block's K rows and this block's V rows (read
          * after the softmax) now */
         if (p0 + bt < n_kv) {
             uint32_t nn = n_kv - p0 - bt < bt ? n_kv - p0 - bt : bt;
             const char *nk = (const char *)d->arena + (size_t)slots[p0 / bt + 1] * block_bytes + k_off;
-            for (size_t off = 0; off < nn * rk; off += 64)
+            for (size_t off = 0; off < nn * rb; off += 64)
                 __builtin_prefetch(nk + off, 0, 3);
         }
-        for (size_t off = 0; off < n * rk; off += 64)
+        for (size_t off = 0; off < n * rb; off += 64)
             __builtin_prefetch((const char *)d->arena + (size_t)slots[p0 / bt] * block_bytes + v_off + off,
                                0, 2);
 #if defined(__x86_64__)
@@ -167,7 +179,7 @@ static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
             for (; i + 4 <= n; i += 4)
                 for (uint32_t r = 0; r < n_rep; r++) {
                     float *o = sc + (size_t)r * n_kv + p0 + i;
-                    kdot4_simd(kb + i * rk, rk, g->dtype, q + (size_t)r * hd, hd, o);
+                    kdot4_simd(kb + i * rk, rk, dt, q + (size_t)r * hd, hd, o);
                     for (int u = 0; u < 4; u++)
                         o[u] *= d->scale;
                 }
@@ -175,7 +187,7 @@ static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
         for (; i < n; i++)
             for (uint32_t r = 0; r < n_rep; r++)
                 sc[(size_t)r * n_kv + p0 + i] =
-                    d->scale * kdot(simd, kb + (size_t)i * rk, g->dtype, q + (size_t)r * hd, hd);
+                    d->scale * kdot(simd, kb + (size_t)i * rk, dt, q + (size_t)r * hd, hd);
     }
     for (uint32_t r = 0; r < n_rep; r++) {
         float *sr = sc + (size_t)r * n_kv, m = -INFINITY, sum = 0;
@@ -200,17 +212,21 @@ static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
     for (uint32_t p0 = 0; p0 < n_kv; p0 += bt) {
         const uint8_t *vb = (const uint8_t *)d->arena + (size_t)slots[p0 / bt] * block_bytes + v_off;
         uint32_t n = n_kv - p0 < bt ? n_kv - p0 : bt;
+        if (quant) {
+            for (uint32_t r = 0; r < n; r++)
+                cpu_kv_load_row(vb + (size_t)r * rb, g->dtype, hd, rowbuf + (size_t)r * hd, simd);
+            vb = (const uint8_t *)rowbuf;
+        }
         for (uint32_t r = 0; r < n_rep; r++) {
             const float *pr = sc + (size_t)r * n_kv + p0;
             float *o = out + (size_t)r * hd;
 #if defined(__x86_64__)
             for (uint32_t c = 0; c < hd64; c += 64)
-                vsum64_simd(o + c, pr, vb + (size_t)c * esz, rk, g->dtype, n);
+                vsum64_simd(o + c, pr, vb + (size_t)c * esz, rk, dt, n);
 #endif
             if (hd64 < hd)
                 for (uint32_t i = 0; i < n; i++)
-                    vaxpy(simd, o + hd64, pr[i], vb + i * rk + (size_t)hd64 * esz, g->dtype,
-                          hd - hd64);
+                    vaxpy(simd, o + hd64, pr[i], vb + i * rk + (size_t)hd64 * esz, dt, hd - hd64);
         }
     }
 }
@@ -231,7 +247,10 @@ int cpu_attention(struct compute_ctx *cx, const struct attn_desc *d)
 {
     struct attn_job j = {.d = d, .cx = cx,
                          .n_units = d->h_seq_qstart[d->n_seqs] * d->geom->kv_heads};
-    size_t need = (size_t)(d->n_head / d->geom->kv_heads) * d->max_kv;
+    const struct kv_geom *g = d->geom;
+    size_t need = (size_t)(d->n_head / g->kv_heads) * d->max_kv;
+    if (g->dtype == KV_Q8_0 || g->dtype == KV_FP8) /* a block's rows, widened */
+        need += (size_t)g->block_tokens * g->head_dim;
     if (need > cx->scratch_cap) {
         for (uint32_t i = 0; i < cx->pool.n; i++) {
             float *p = realloc(cx->scratch[i], need * sizeof(float));

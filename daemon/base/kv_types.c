@@ -1,6 +1,8 @@
 /* kv_types: the sizes and names of the shared element types (kv_types.h). */
 #include "kv_types.h"
 
+#include <stdio.h>
+
 size_t kv_dtype_size(enum kv_dtype t)
 {
     switch (t) {
@@ -9,6 +11,9 @@ size_t kv_dtype_size(enum kv_dtype t)
         return 2;
     case KV_F32:
         return 4;
+    case KV_Q8_0:
+    case KV_FP8:
+        return 0;
     }
     return 0;
 }
@@ -22,14 +27,47 @@ const char *kv_dtype_name(enum kv_dtype t)
         return "bf16";
     case KV_F32:
         return "f32";
+    case KV_Q8_0:
+        return "q8_0";
+    case KV_FP8:
+        return "fp8";
     }
     return "?";
 }
 
+size_t kv_row_bytes(enum kv_dtype t, uint32_t head_dim)
+{
+    switch (t) {
+    case KV_F16:
+    case KV_BF16:
+    case KV_F32:
+        return (size_t)head_dim * kv_dtype_size(t);
+    case KV_Q8_0: /* ggml Q8_0 blocks: f16 d + 32 int8 */
+        return head_dim % KV_QBLOCK ? 0 : (size_t)head_dim / KV_QBLOCK * (2 + KV_QBLOCK);
+    case KV_FP8: /* f32 scale + one e4m3 byte per value */
+        return head_dim % KV_QBLOCK ? 0 : 4 + (size_t)head_dim;
+    }
+    return 0;
+}
+
+int kv_geom_check(const struct kv_geom *g, char *err, size_t errlen)
+{
+    if (kv_row_bytes(g->dtype, g->head_dim) != 0)
+        return 0;
+    if (g->dtype == KV_Q8_0 || g->dtype == KV_FP8)
+        snprintf(err, errlen,
+                 "--kv-dtype %s needs head_dim to be a multiple of %d (head_dim is %u); use "
+                 "f16, bf16 or f32",
+                 kv_dtype_name(g->dtype), KV_QBLOCK, g->head_dim);
+    else
+        snprintf(err, errlen, "unknown KV dtype %d or head_dim %u", (int)g->dtype, g->head_dim);
+    return -1;
+}
+
 size_t kv_block_bytes(const struct kv_geom *g)
 {
-    return (size_t)g->layers * 2 * g->kv_heads * g->block_tokens * g->head_dim *
-           kv_dtype_size(g->dtype);
+    return (size_t)g->layers * 2 * g->kv_heads * g->block_tokens *
+           kv_row_bytes(g->dtype, g->head_dim);
 }
 
 size_t kv_token_bytes(const struct kv_geom *g)

@@ -9,18 +9,35 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum kv_dtype { KV_F16 = 0, KV_BF16 = 1, KV_F32 = 2 };
+/* KV element types. f16/bf16/f32 store each value; q8_0 and fp8 store each
+ * row of head_dim values (one token of one head) quantized, with its scales
+ * inside the row, so a row is self-contained and a block stays block-local
+ * (docs/protocol.md section 6 has the bytes):
+ *   q8_0: head_dim/32 ggml Q8_0 blocks: f16 scale d, 32 int8 q; value = d*q
+ *   fp8:  an f32 scale s, then head_dim e4m3fn bytes; value = s*e4m3(q)
+ * Both need head_dim % 32 == 0 (kv_geom_check). */
+enum kv_dtype { KV_F16 = 0, KV_BF16 = 1, KV_F32 = 2, KV_Q8_0 = 3, KV_FP8 = 4 };
 
 /* KV geometry. A block holds block_tokens tokens of K and V for all layers,
- * contiguous, laid out as [layer][K|V][kv_head][token][head_dim] elements of
- * dtype; block_bytes = layers*2*kv_heads*block_tokens*head_dim*dtype_size. */
+ * contiguous, laid out as [layer][K|V][kv_head][token] rows of
+ * kv_row_bytes(dtype, head_dim) bytes (head_dim values);
+ * block_bytes = layers*2*kv_heads*block_tokens*row_bytes. */
 struct kv_geom {
     uint32_t layers, kv_heads, head_dim;
     enum kv_dtype dtype;
     uint32_t block_tokens; /* default 16 */
 };
+/* Bytes per value of f16/bf16/f32; 0 for the row-quantized q8_0 and fp8
+ * (and an unknown type): use kv_row_bytes. */
 size_t kv_dtype_size(enum kv_dtype t);
-const char *kv_dtype_name(enum kv_dtype t); /* "f16", "bf16", "f32" */
+const char *kv_dtype_name(enum kv_dtype t); /* "f16", "bf16", "f32", "q8_0", "fp8" */
+/* Bytes of one row (head_dim values of one token and head) of dtype t; 0 for
+ * an unknown type or a quantized type whose head_dim is not a multiple of 32. */
+size_t kv_row_bytes(enum kv_dtype t, uint32_t head_dim);
+#define KV_QBLOCK 32 /* values per q8_0 block (and head_dim granule of q8_0 and fp8) */
+/* 0 when the geometry's dtype can store rows of its head_dim; otherwise -1
+ * and a message for the operator in err. */
+int kv_geom_check(const struct kv_geom *g, char *err, size_t errlen);
 size_t kv_block_bytes(const struct kv_geom *g);
 /* Bytes per token in kv_write/kv_read data: block_bytes / block_tokens. */
 size_t kv_token_bytes(const struct kv_geom *g);

@@ -25,10 +25,10 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
         g.block_tokens = 16;
     if (!cfg->be || g.layers == 0 || g.kv_heads == 0 || g.head_dim == 0 ||
         g.layers > KVMM_MAX_DIM || g.kv_heads > KVMM_MAX_DIM || g.head_dim > KVMM_MAX_DIM ||
-        g.block_tokens > 4096 || kv_dtype_size(g.dtype) == 0 || cfg->n_device_blocks == 0)
+        g.block_tokens > 4096 || kv_row_bytes(g.dtype, g.head_dim) == 0 ||
+        cfg->n_device_blocks == 0)
         return KVD_EBADREQ;
-    bytes = (uint64_t)g.layers * 2 * g.kv_heads * g.block_tokens * g.head_dim *
-            kv_dtype_size(g.dtype);
+    bytes = (uint64_t)g.layers * 2 * g.kv_heads * g.block_tokens * kv_row_bytes(g.dtype, g.head_dim);
     if (bytes > KVMM_MAX_BLOCK_BYTES)
         return KVD_EBADREQ;
     mm = calloc(1, sizeof *mm);

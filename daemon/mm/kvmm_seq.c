@@ -370,7 +370,7 @@ static void mm_xfer(const struct kvmm *mm, unsigned char *blk, unsigned char *da
 {
     const struct kv_geom *g = &mm->geom;
     size_t rows = (size_t)g->layers * 2 * g->kv_heads;
-    size_t tb = (size_t)g->head_dim * kv_dtype_size(g->dtype); /* bytes per token per row */
+    size_t tb = kv_row_bytes(g->dtype, g->head_dim); /* bytes of one token's head row */
     size_t o0 = t0 - bi * g->block_tokens, d0 = t0 - start;
 
     for (size_t r = 0; r < rows; r++) {

@@ -165,10 +165,11 @@ static int validate(struct fwd_ctx *c, const struct fwd_batch *b, uint32_t *n_to
         return ferr(c, KVD_ETOOLARGE, "forward: %u sequences, the context holds %u", b->n_seqs,
                     c->max_seqs);
     if (g->layers != hp->n_layer || g->kv_heads != hp->n_head_kv || g->head_dim != hp->head_dim ||
-        g->block_tokens == 0 || (g->dtype != KV_F16 && g->dtype != KV_BF16 && g->dtype != KV_F32))
+        g->block_tokens == 0 || kv_row_bytes(g->dtype, g->head_dim) == 0)
         return ferr(c, KVD_EBADREQ, "forward: KV geometry (layers %u, kv_heads %u, head_dim %u, "
-                    "block_tokens %u) does not match the model (%u, %u, %u)", g->layers, g->kv_heads,
-                    g->head_dim, g->block_tokens, hp->n_layer, hp->n_head_kv, hp->head_dim);
+                    "block_tokens %u, dtype %s) does not match the model (%u, %u, %u) or cannot "
+                    "hold it", g->layers, g->kv_heads, g->head_dim, g->block_tokens,
+                    kv_dtype_name(g->dtype), hp->n_layer, hp->n_head_kv, hp->head_dim);
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         const struct fwd_seq *q = &b->seqs[s];
         if (q->n_tokens == 0 || !q->tokens || !q->slots)
