@@ -458,5 +458,6 @@ int main(int argc, char **argv)
     free(v);
     free(enc);
     free(td);
+    free(chat_template);
     return 0;
 }
