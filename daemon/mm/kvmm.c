@@ -73,6 +73,10 @@ void kvmm_free(struct kvmm *mm)
 {
     if (!mm)
         return;
+#ifdef KVD_LOCK_CHECKS
+    if (atomic_load_explicit(&mm->holder, memory_order_relaxed) != 0)
+        mm_lock_violation(__func__, "while kvmm_lock is held");
+#endif
     seq_table_free(&mm->st);
     radix_destroy(&mm->radix);
     pool_destroy(&mm->pool);
@@ -83,18 +87,47 @@ void kvmm_free(struct kvmm *mm)
     free(mm);
 }
 
+#ifdef KVD_LOCK_CHECKS
+_Thread_local char mm_thread_tag;
+
+_Noreturn void mm_lock_violation(const char *fn, const char *what)
+{
+    fprintf(stderr, "kvd: lock rule broken: %s called %s (kvmm.h)\n", fn, what);
+    fflush(stderr);
+    abort();
+}
+#endif
+
+bool kvmm_lock_checked(void)
+{
+#ifdef KVD_LOCK_CHECKS
+    return true;
+#else
+    return false;
+#endif
+}
+
 void kvmm_lock(struct kvmm *mm)
 {
     pthread_mutex_lock(&mm->lock);
+#ifdef KVD_LOCK_CHECKS
+    atomic_store_explicit(&mm->holder, mm_thread_self(), memory_order_relaxed);
+#endif
 }
 
 void kvmm_unlock(struct kvmm *mm)
 {
+#ifdef KVD_LOCK_CHECKS
+    if (atomic_load_explicit(&mm->holder, memory_order_relaxed) != mm_thread_self())
+        mm_lock_violation(__func__, "by a thread that does not hold kvmm_lock");
+    atomic_store_explicit(&mm->holder, 0, memory_order_relaxed);
+#endif
     pthread_mutex_unlock(&mm->lock);
 }
 
 const char *kvmm_errmsg(const struct kvmm *mm)
 {
+    MM_ASSERT_LOCKED(mm);
     return mm->err;
 }
 
@@ -120,6 +153,7 @@ void *kvmm_host_arena(struct kvmm *mm)
 
 int kvmm_block_where(struct kvmm *mm, uint32_t id, enum kvd_tier *tier, uint32_t *slot)
 {
+    MM_ASSERT_LOCKED(mm);
     const struct pool_block *b;
 
     if (id >= mm->pool.n_ids || !(b = pool_block(&mm->pool, id))->used)
@@ -133,6 +167,7 @@ int kvmm_block_where(struct kvmm *mm, uint32_t id, enum kvd_tier *tier, uint32_t
 
 int kvmm_namespace(struct kvmm *mm, const char *name, uint32_t *ns_id)
 {
+    MM_ASSERT_LOCKED(mm);
     uint32_t id;
     int err;
 
@@ -175,6 +210,7 @@ static int mm_floor_fits(struct kvmm *mm, const char *name, uint32_t floor)
 
 int kvmm_tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32_t *tenant_id)
 {
+    MM_ASSERT_LOCKED(mm);
     struct kvmm_tenant_conf c = *conf;
     char nsname[80];
     uint32_t id, ns;
@@ -212,6 +248,7 @@ int kvmm_tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32
 
 int kvmm_tenant_find(struct kvmm *mm, const char *name, uint32_t *tenant_id)
 {
+    MM_ASSERT_LOCKED(mm);
     uint32_t id = name ? tenant_find(&mm->tt, name) : UINT32_MAX;
 
     if (id == UINT32_MAX)
@@ -222,6 +259,7 @@ int kvmm_tenant_find(struct kvmm *mm, const char *name, uint32_t *tenant_id)
 
 int kvmm_tenant_namespace(struct kvmm *mm, uint32_t tenant, uint32_t *ns_id)
 {
+    MM_ASSERT_LOCKED(mm);
     if (tenant >= mm->tt.n)
         return mm_fail(mm, KVD_ENOTFOUND, "no tenant %u", tenant);
     *ns_id = mm->tt.v[tenant].ns;
@@ -232,6 +270,7 @@ int kvmm_tenant_namespace(struct kvmm *mm, uint32_t tenant, uint32_t *ns_id)
 
 int kvmm_evict(struct kvmm *mm, enum kvd_tier tier, size_t n, size_t *evicted)
 {
+    MM_ASSERT_LOCKED(mm);
     size_t k = 0;
 
     if (tier != KVD_TIER_DEVICE && tier != KVD_TIER_HOST)
@@ -247,6 +286,7 @@ int kvmm_evict(struct kvmm *mm, enum kvd_tier tier, size_t n, size_t *evicted)
 
 size_t kvmm_device_available(struct kvmm *mm, uint32_t tenant)
 {
+    MM_ASSERT_LOCKED(mm);
     const struct tenant *t;
     size_t room;
 
@@ -266,6 +306,7 @@ size_t kvmm_device_available(struct kvmm *mm, uint32_t tenant)
 
 void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st)
 {
+    MM_ASSERT_LOCKED(mm);
     const struct pool *p = &mm->pool;
 
     *st = mm->ctr;
@@ -292,6 +333,7 @@ void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st)
 
 int kvmm_tenant_stats(struct kvmm *mm, uint32_t tenant, struct kvmm_tenant_stats *st)
 {
+    MM_ASSERT_LOCKED(mm);
     const struct tenant *t;
 
     if (tenant >= mm->tt.n)

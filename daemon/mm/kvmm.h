@@ -3,10 +3,15 @@
  * tenants, and is the only API the server's ops and the scheduler use.
  *
  * Lock rule: one mutex per kvmm (kvmm_lock/kvmm_unlock). Every kvmm_*
- * function below except kvmm_new/kvmm_free/kvmm_lock/kvmm_unlock expects the
- * caller to hold it, so a caller can make several calls atomic. Nothing here
- * blocks on a socket; swaps and copies run through the backend (synchronous
- * from the caller's point of view).
+ * function below expects the caller to hold it, so a caller can make
+ * several calls atomic, except kvmm_new/kvmm_free/kvmm_lock/kvmm_unlock and
+ * the accessors of what never changes after kvmm_new (kvmm_geom,
+ * kvmm_block_bytes, kvmm_device_arena, kvmm_host_arena). kvmm_free needs
+ * the lock released. Builds with KVD_LOCK_CHECKS (Debug and sanitizer
+ * builds) check it: kvmm_lock records the holding thread and every other
+ * call aborts, naming itself, when the caller is not that thread. Nothing
+ * here blocks on a socket; swaps and copies run through the backend
+ * (synchronous from the caller's point of view).
  *
  * Errors: functions return 0 or an enum kvd_err; on error the state is
  * unchanged (no partial allocation) and kvmm_errmsg() says what happened in
@@ -51,6 +56,8 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out);
 void kvmm_free(struct kvmm *mm);
 void kvmm_lock(struct kvmm *mm);
 void kvmm_unlock(struct kvmm *mm);
+/* Whether this build checks the lock rule (KVD_LOCK_CHECKS). */
+bool kvmm_lock_checked(void);
 const char *kvmm_errmsg(const struct kvmm *mm); /* message of the last failure */
 const struct kv_geom *kvmm_geom(const struct kvmm *mm);
 size_t kvmm_block_bytes(const struct kvmm *mm);

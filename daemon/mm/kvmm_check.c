@@ -27,6 +27,7 @@ static int check_count_node(struct radix_node *n, void *arg)
 
 int kvmm_check(struct kvmm *mm)
 {
+    MM_ASSERT_LOCKED(mm);
     struct pool *p = &mm->pool;
     struct check_ctx c = {.mm = mm};
     uint32_t *dev = NULL, *host = NULL, *seqs = NULL, n_open = 0;

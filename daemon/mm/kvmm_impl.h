@@ -5,6 +5,8 @@
 #define KVD_KVMM_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 
 #include "kvmm.h"
 #include "pool.h"
@@ -14,6 +16,9 @@
 
 struct kvmm {
     pthread_mutex_t lock;
+    /* Lock checks (KVD_LOCK_CHECKS builds): the thread holding lock, as
+     * mm_thread_self() gives it; 0 when nobody does. */
+    _Atomic uintptr_t holder;
     struct kv_geom geom;
     size_t block_bytes, token_bytes;
     struct backend *be; /* not owned */
@@ -27,6 +32,27 @@ struct kvmm {
     struct kvmm_stats ctr;   /* the counters (totals are computed on demand) */
     char err[320];
 };
+
+/* The lock rule, checked (KVD_LOCK_CHECKS: Debug and sanitizer builds):
+ * MM_ASSERT_LOCKED(mm) opens every kvmm_* entry point and aborts, naming
+ * the function, unless the calling thread holds mm->lock. A thread is known
+ * by the address of a thread-local byte: one TLS address computation and a
+ * relaxed load per call. Other builds compile it away. */
+#ifdef KVD_LOCK_CHECKS
+extern _Thread_local char mm_thread_tag;
+static inline uintptr_t mm_thread_self(void)
+{
+    return (uintptr_t)&mm_thread_tag;
+}
+_Noreturn void mm_lock_violation(const char *fn, const char *what);
+#define MM_ASSERT_LOCKED(mm)                                                                       \
+    do {                                                                                           \
+        if (atomic_load_explicit(&(mm)->holder, memory_order_relaxed) != mm_thread_self())         \
+            mm_lock_violation(__func__, "without holding kvmm_lock");                              \
+    } while (0)
+#else
+#define MM_ASSERT_LOCKED(mm) ((void)(mm))
+#endif
 
 /* Records a message and returns code (the message of kvmm_errmsg). */
 int mm_fail(struct kvmm *mm, int code, const char *fmt, ...)

@@ -165,6 +165,7 @@ static int mm_seq_range(struct kvmm *mm, const struct seq *s, size_t start, size
 
 int kvmm_seq_open(struct kvmm *mm, kvmm_owner owner, uint32_t tenant, uint32_t ns, kvmm_seq_t *out)
 {
+    MM_ASSERT_LOCKED(mm);
     struct tenant *t;
     struct seq *s;
     int err;
@@ -195,6 +196,7 @@ static void mm_seq_close(struct kvmm *mm, struct seq *s)
 
 int kvmm_seq_close(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq)
 {
+    MM_ASSERT_LOCKED(mm);
     SEQ_GET(s);
     mm_seq_close(mm, s);
     return 0;
@@ -202,6 +204,7 @@ int kvmm_seq_close(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq)
 
 void kvmm_close_owner(struct kvmm *mm, kvmm_owner owner)
 {
+    MM_ASSERT_LOCKED(mm);
     for (uint32_t i = 0; i < mm->st.n; i++) {
         struct seq *s = mm->st.v[i];
         if ((s->gen & 1) && s->owner == owner)
@@ -214,6 +217,7 @@ void kvmm_close_owner(struct kvmm *mm, kvmm_owner owner)
 int kvmm_seq_match(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, const uint32_t *tokens,
                    size_t n, size_t *matched)
 {
+    MM_ASSERT_LOCKED(mm);
     size_t bt = mm->geom.block_tokens, k, cut, h = 0, bad = SIZE_MAX;
     struct radix_node **nodes = NULL;
     uint32_t *ids = NULL;
@@ -322,6 +326,7 @@ out:
 
 int kvmm_seq_extend(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t n)
 {
+    MM_ASSERT_LOCKED(mm);
     size_t need;
     int err;
 
@@ -349,6 +354,7 @@ int kvmm_seq_extend(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t n)
 
 int kvmm_seq_truncate(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t n)
 {
+    MM_ASSERT_LOCKED(mm);
     SEQ_GET(s);
     if (n > s->n_tokens)
         return mm_fail(mm, KVD_EBADREQ, "truncate by %zu: the sequence has %zu tokens", n,
@@ -385,6 +391,7 @@ static void mm_xfer(const struct kvmm *mm, unsigned char *blk, unsigned char *da
 
 int kvmm_seq_prepare_write(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start, size_t n)
 {
+    MM_ASSERT_LOCKED(mm);
     size_t b0, b1;
     int err;
 
@@ -402,6 +409,7 @@ int kvmm_seq_prepare_write(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, si
 int kvmm_seq_write(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start, size_t n,
                    const void *data, size_t len)
 {
+    MM_ASSERT_LOCKED(mm);
     size_t bt = mm->geom.block_tokens;
     struct backend *be = mm->be;
     int err;
@@ -434,6 +442,7 @@ int kvmm_seq_write(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t sta
 int kvmm_seq_read(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start, size_t n,
                   void *out, size_t len)
 {
+    MM_ASSERT_LOCKED(mm);
     size_t bt = mm->geom.block_tokens;
     struct backend *be = mm->be;
     int err;
@@ -522,6 +531,7 @@ static bool mm_seq_share(struct kvmm *mm, struct seq *s, size_t b)
 int kvmm_seq_commit(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, const uint32_t *tokens,
                     size_t n, size_t *shared)
 {
+    MM_ASSERT_LOCKED(mm);
     size_t bt = mm->geom.block_tokens, first, last, k = 0;
 
     SEQ_GET(s);
@@ -554,6 +564,7 @@ int kvmm_seq_commit(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, const uin
 int kvmm_seq_fork(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, kvmm_owner new_owner,
                   kvmm_seq_t *child)
 {
+    MM_ASSERT_LOCKED(mm);
     struct tenant *t;
     struct seq *c;
     int err;
@@ -589,6 +600,7 @@ int kvmm_seq_fork(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, kvmm_owner 
  * owner that may use them changes. */
 int kvmm_seq_set_owner(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, kvmm_owner new_owner)
 {
+    MM_ASSERT_LOCKED(mm);
     SEQ_GET(s);
     s->owner = new_owner;
     s->lent = false;
@@ -598,6 +610,7 @@ int kvmm_seq_set_owner(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, kvmm_o
 int kvmm_seq_lend(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, kvmm_owner new_owner,
                   uint64_t tag)
 {
+    MM_ASSERT_LOCKED(mm);
     SEQ_GET(s);
     s->owner = new_owner;
     s->lent = true;
@@ -608,6 +621,7 @@ int kvmm_seq_lend(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, kvmm_owner 
 
 int kvmm_seq_offload(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq)
 {
+    MM_ASSERT_LOCKED(mm);
     uint32_t *ids;
     size_t k = 0;
     int err;
@@ -632,6 +646,7 @@ int kvmm_seq_offload(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq)
 
 int kvmm_seq_restore(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq)
 {
+    MM_ASSERT_LOCKED(mm);
     SEQ_GET(s);
     return mm_seq_swap_in(mm, s, 0, s->n_blocks);
 }
@@ -640,6 +655,7 @@ int kvmm_seq_restore(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq)
 
 int kvmm_seq_info(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, struct kvmm_seq_info *info)
 {
+    MM_ASSERT_LOCKED(mm);
     SEQ_GET(s);
     memset(info, 0, sizeof *info);
     info->tenant = s->tenant;
@@ -658,6 +674,7 @@ int kvmm_seq_info(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, struct kvmm
 int kvmm_seq_blocks(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t *ids,
                     enum kvd_tier *tiers, size_t cap, size_t *n)
 {
+    MM_ASSERT_LOCKED(mm);
     size_t k;
 
     SEQ_GET(s);
@@ -674,6 +691,7 @@ int kvmm_seq_blocks(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t 
 
 const uint32_t *kvmm_seq_tokens(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t *n)
 {
+    MM_ASSERT_LOCKED(mm);
     struct seq *s = mm_seq(mm, owner, seq, NULL);
 
     *n = s ? s->n_committed : 0;
@@ -683,6 +701,7 @@ const uint32_t *kvmm_seq_tokens(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t se
 int kvmm_seq_device_slots(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t *slots,
                           size_t cap, size_t *n)
 {
+    MM_ASSERT_LOCKED(mm);
     size_t k;
 
     SEQ_GET(s);

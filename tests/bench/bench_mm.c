@@ -81,8 +81,13 @@ static void bench_kvmm_alloc(struct backend *be)
     kvmm_seq_t s;
     enum { N = 2000000 };
 
-    if (kvmm_new(&cfg, &mm) || kvmm_tenant_set(mm, &tc, &t) ||
-        kvmm_tenant_namespace(mm, t, &ns) || kvmm_seq_open(mm, 1, t, ns, &s)) {
+    if (kvmm_new(&cfg, &mm)) {
+        fprintf(stderr, "kvmm setup failed\n");
+        exit(1);
+    }
+    kvmm_lock(mm); /* held throughout: one thread, the lock rule (kvmm.h) */
+    if (kvmm_tenant_set(mm, &tc, &t) || kvmm_tenant_namespace(mm, t, &ns) ||
+        kvmm_seq_open(mm, 1, t, ns, &s)) {
         fprintf(stderr, "kvmm setup failed\n");
         exit(1);
     }
@@ -93,6 +98,7 @@ static void bench_kvmm_alloc(struct backend *be)
     double dt = now_s() - t0;
     printf("kvmm extend+truncate: %.1f M pairs/s  (one %zu-byte block each, via the facade)\n",
            N / dt / 1e6, kvmm_block_bytes(mm));
+    kvmm_unlock(mm);
     kvmm_free(mm);
 }
 

@@ -36,7 +36,14 @@ static struct kvmm *mm_new(struct backend *be, uint32_t dev, uint32_t host)
         assert_null(mm);
         return NULL;
     }
+    kvmm_lock(mm); /* held until mm_free: one thread, the lock rule (kvmm.h) */
     return mm;
+}
+
+static void mm_free(struct kvmm *mm)
+{
+    kvmm_unlock(mm);
+    kvmm_free(mm);
 }
 
 /* A failed call: a real code, a message, invariants intact. */
@@ -168,7 +175,7 @@ static void run_point(enum fault_point p, int max_k)
         assert_int_equal(st.device_used, 0);
         assert_int_equal(st.host_used, 0);
         assert_int_equal(kvmm_check(mm), 0);
-        kvmm_free(mm);
+        mm_free(mm);
         /* Past the last call at this point: nothing more to fail. */
         if (injected == 0)
             break;
@@ -215,7 +222,7 @@ static void test_fault_mixed(void **state)
         kvmm_stats(mm, &st);
         assert_int_equal(st.device_used, 0);
         assert_int_equal(kvmm_check(mm), 0);
-        kvmm_free(mm);
+        mm_free(mm);
     }
     printf("mixed: alloc %llu/%llu calls failed, copy %llu/%llu\n",
            (unsigned long long)fault_injected(FAULT_ALLOC),
@@ -291,7 +298,7 @@ static void test_host_bitflip(void **state)
     kvmm_close_owner(mm, 1);
     kvmm_stats(mm, &st);
     assert_int_equal(st.device_used + st.host_used, 0);
-    kvmm_free(mm);
+    mm_free(mm);
     backend_free(be);
 }
 

@@ -1,6 +1,7 @@
 /* Shared set-up for the memory-manager unit tests: a cpu backend, a small
  * kvmm (f32, 2 layers, 2 kv heads, head_dim 4, 4 tokens per block: 512-byte
- * blocks) and deterministic K/V byte patterns. */
+ * blocks) and deterministic K/V byte patterns. The test's thread holds the
+ * kvmm lock from fx_open to fx_close (the lock rule, kvmm.h). */
 #ifndef KVD_TEST_MM_FIXTURE_H
 #define KVD_TEST_MM_FIXTURE_H
 
@@ -37,11 +38,13 @@ static inline void fx_open(struct fx *f, uint32_t n_dev, uint32_t n_host)
     assert_int_equal(backend_cpu_new(&f->be), 0);
     cfg.be = f->be;
     assert_int_equal(kvmm_new(&cfg, &f->mm), 0);
+    kvmm_lock(f->mm);
     f->tb = kv_token_bytes(kvmm_geom(f->mm));
 }
 
 static inline void fx_close(struct fx *f)
 {
+    kvmm_unlock(f->mm);
     kvmm_free(f->mm);
     backend_free(f->be);
 }
