@@ -214,18 +214,17 @@ void kvmm_close_owner(struct kvmm *mm, kvmm_owner owner)
 
 /* ---- match -------------------------------------------------------------- */
 
-int kvmm_seq_match(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, const uint32_t *tokens,
-                   size_t n, size_t *matched)
-{
-    MM_ASSERT_LOCKED(mm);
-    size_t bt = mm->geom.block_tokens, k, cut, h = 0, bad = SIZE_MAX;
-    struct radix_node **nodes = NULL;
-    uint32_t *ids = NULL;
-    struct tenant *t;
-    int err = 0;
+/* The cached path a match reuses: nodes[0, len) of one namespace's tree,
+ * root first, each pinned by one reference of the match (so making device
+ * room cannot evict them); swap is scratch for the ids to bring in. */
+struct match_path {
+    struct radix_node **nodes;
+    uint32_t *swap;
+    size_t len;
+};
 
-    SEQ_GET(s);
-    *matched = 0;
+static int match_check(struct kvmm *mm, const struct seq *s, const uint32_t *tokens, size_t n)
+{
     if (s->n_tokens != 0)
         return mm_fail(mm, KVD_EBADREQ, "match needs an empty sequence (it has %zu tokens)",
                        s->n_tokens);
@@ -234,91 +233,143 @@ int kvmm_seq_match(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, const uint
                        KVMM_MAX_SEQ_TOKENS);
     if (n && !tokens)
         return mm_fail(mm, KVD_EBADREQ, "match: no tokens given");
-    t = &mm->tt.v[s->tenant];
-    t->match_asked += n;
-    mm->ctr.match_tokens_asked += n;
-    if (n < bt)
-        return 0;
+    return 0;
+}
+
+/* Finds the longest cached path for tokens in s's namespace and pins it;
+ * s gets room for that many blocks. */
+static int path_find(struct kvmm *mm, struct seq *s, const uint32_t *tokens, size_t n,
+                     struct match_path *p)
+{
+    size_t bt = mm->geom.block_tokens;
     /* No match is longer than the tree: size the scratch arrays by that,
      * not by what the client sent. */
-    k = n / bt < mm->radix.n_nodes ? n / bt : mm->radix.n_nodes;
-    nodes = fault_malloc(sizeof *nodes * (k + 1));
-    ids = fault_malloc(sizeof *ids * (k + 1));
-    if (!nodes || !ids) {
-        err = mm_fail(mm, KVD_ENOMEM, "out of memory matching %zu tokens", n);
-        goto out;
+    size_t cap = n / bt < mm->radix.n_nodes ? n / bt : mm->radix.n_nodes;
+    p->nodes = fault_malloc(sizeof *p->nodes * (cap + 1));
+    p->swap = fault_malloc(sizeof *p->swap * (cap + 1));
+    if (!p->nodes || !p->swap)
+        return mm_fail(mm, KVD_ENOMEM, "out of memory matching %zu tokens", n);
+    size_t found = radix_match(&mm->radix, s->ns, tokens, n, p->nodes, cap);
+    if (seq_reserve_blocks(s, found) || seq_reserve_tokens(s, found * bt))
+        return mm_fail(mm, KVD_ENOMEM, "out of memory matching %zu tokens", n);
+    for (p->len = 0; p->len < found; p->len++)
+        mm_ref(mm, p->nodes[p->len]->block);
+    return 0;
+}
+
+static bool path_on_host(struct kvmm *mm, const struct match_path *p, size_t i)
+{
+    return pool_block(&mm->pool, p->nodes[i]->block)->tier == KVD_TIER_HOST;
+}
+
+/* Index of the path's first host-tier block (len when it has none). */
+static size_t path_first_host(struct kvmm *mm, const struct match_path *p)
+{
+    size_t i = 0;
+    while (i < p->len && !path_on_host(mm, p, i))
+        i++;
+    return i;
+}
+
+/* Unpins the path's blocks from keep on, the deepest first. */
+static void path_cut(struct kvmm *mm, struct match_path *p, size_t keep)
+{
+    while (p->len > keep)
+        mm_unref(mm, p->nodes[--p->len]->block);
+}
+
+/* The host copy of block id failed its checksum: it is never served. The
+ * path is cut before it, and it leaves the tree with its subtree. */
+static void path_drop_corrupt(struct kvmm *mm, struct match_path *p, uint32_t id)
+{
+    size_t at = 0;
+    while (p->nodes[at]->block != id)
+        at++;
+    struct radix_node *corrupt = p->nodes[at];
+    mm->ctr.checksum_failures++;
+    path_cut(mm, p, at);
+    mm_drop_subtree(mm, corrupt);
+}
+
+/* Brings the path's host-tier blocks to the device, in path order, as many
+ * as the device can take now. Returns false when a host copy failed its
+ * checksum (the path was cut before it: try again); else true with
+ * *usable = the length of the prefix that is all on the device: the whole
+ * path, or up to the first host block that did not fit (or could not be
+ * moved). */
+static bool path_swap_in(struct kvmm *mm, uint32_t tenant, struct match_path *p, size_t *usable)
+{
+    size_t n_swap = 0, end, bad = SIZE_MAX;
+
+    if (path_first_host(mm, p) == p->len) {
+        *usable = p->len;
+        return true;
     }
-    k = radix_match(&mm->radix, s->ns, tokens, n, nodes, k);
-    if (seq_reserve_blocks(s, k) || seq_reserve_tokens(s, k * bt)) {
-        err = mm_fail(mm, KVD_ENOMEM, "out of memory matching %zu tokens", n);
-        goto out;
-    }
-    /* Pin the whole path first, so making device room cannot evict it. */
-    for (size_t i = 0; i < k; i++)
-        mm_ref(mm, nodes[i]->block);
-    /* Swap in as much of the host part as the device can take now; the
-     * match ends before the first host block that does not fit. A host
-     * copy that fails its checksum is never served: the match ends before
-     * it, it leaves the tree with its subtree, and the rest is retried. */
-    for (;;) {
-        size_t room, fit = 0;
-        h = 0;
-        for (cut = 0; cut < k; cut++)
-            h += pool_block(&mm->pool, nodes[cut]->block)->tier == KVD_TIER_HOST;
-        cut = k;
-        if (h == 0)
-            break;
-        room = mm_device_headroom(mm, s->tenant);
-        h = 0;
-        for (cut = 0; cut < k; cut++) {
-            uint32_t id = nodes[cut]->block;
-            if (pool_block(&mm->pool, id)->tier != KVD_TIER_HOST)
-                continue;
-            if (fit == room)
-                break;
-            fit++;
-            ids[h++] = id;
-        }
-        bad = SIZE_MAX;
-        err = mm_room_device(mm, s->tenant, h, false);
-        if (!err)
-            err = mm_move(mm, ids, h, KVD_TIER_DEVICE, &bad);
-        if (err == KVD_EINTERNAL && bad < h) {
-            size_t i;
-            for (i = 0; nodes[i]->block != ids[bad]; i++)
-                ;
-            mm->ctr.checksum_failures++;
-            for (size_t j = k; j > i; j--)
-                mm_unref(mm, nodes[j - 1]->block);
-            k = i;
-            mm_drop_subtree(mm, nodes[i]);
-            err = 0;
+    size_t room = mm_device_headroom(mm, tenant);
+    for (end = 0; end < p->len; end++) {
+        if (!path_on_host(mm, p, end))
             continue;
-        }
-        if (err) /* no room after all, or a copy failed: the device part only */
-            for (cut = 0; cut < k && pool_block(&mm->pool, nodes[cut]->block)->tier !=
-                                         KVD_TIER_HOST;
-                 cut++)
-                ;
-        err = 0;
-        break;
+        if (n_swap == room)
+            break;
+        p->swap[n_swap++] = p->nodes[end]->block;
     }
-    for (size_t j = k; j > cut; j--)
-        mm_unref(mm, nodes[j - 1]->block);
-    for (size_t i = 0; i < cut; i++) {
-        s->blocks[i] = nodes[i]->block;
-        pool_block(&mm->pool, nodes[i]->block)->lru = ++mm->clock;
+    int err = mm_room_device(mm, tenant, n_swap, false);
+    if (!err)
+        err = mm_move(mm, p->swap, n_swap, KVD_TIER_DEVICE, &bad);
+    if (err == KVD_EINTERNAL && bad < n_swap) {
+        path_drop_corrupt(mm, p, p->swap[bad]);
+        return false;
     }
-    s->n_blocks = cut;
-    s->n_tokens = s->n_committed = cut * bt;
-    if (cut)
-        memcpy(s->tokens, tokens, sizeof(uint32_t) * cut * bt);
-    *matched = cut * bt;
-    t->match_hit += cut * bt;
-    mm->ctr.match_tokens_hit += cut * bt;
-out:
-    free(nodes);
-    free(ids);
+    /* No room after all, or a copy failed: the device part only. */
+    *usable = err ? path_first_host(mm, p) : end;
+    return true;
+}
+
+/* The sequence takes the path's blocks (the match's references) and their
+ * token ids. */
+static size_t path_attach(struct kvmm *mm, struct seq *s, const struct match_path *p,
+                          const uint32_t *tokens)
+{
+    size_t n_tokens = p->len * mm->geom.block_tokens;
+    for (size_t i = 0; i < p->len; i++) {
+        s->blocks[i] = p->nodes[i]->block;
+        pool_block(&mm->pool, s->blocks[i])->lru = ++mm->clock;
+    }
+    s->n_blocks = p->len;
+    s->n_tokens = s->n_committed = n_tokens;
+    if (n_tokens)
+        memcpy(s->tokens, tokens, sizeof(uint32_t) * n_tokens);
+    return n_tokens;
+}
+
+int kvmm_seq_match(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, const uint32_t *tokens,
+                   size_t n, size_t *matched)
+{
+    MM_ASSERT_LOCKED(mm);
+    struct match_path path = {NULL, NULL, 0};
+    size_t usable;
+    int err;
+
+    SEQ_GET(s);
+    *matched = 0;
+    if ((err = match_check(mm, s, tokens, n)))
+        return err;
+    struct tenant *t = &mm->tt.v[s->tenant];
+    t->match_asked += n;
+    mm->ctr.match_tokens_asked += n;
+    if (n < mm->geom.block_tokens)
+        return 0;
+    err = path_find(mm, s, tokens, n, &path);
+    if (!err) {
+        while (!path_swap_in(mm, s->tenant, &path, &usable))
+            ;
+        path_cut(mm, &path, usable);
+        *matched = path_attach(mm, s, &path, tokens);
+        t->match_hit += *matched;
+        mm->ctr.match_tokens_hit += *matched;
+    }
+    free(path.nodes);
+    free(path.swap);
     return err;
 }
 
