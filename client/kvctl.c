@@ -20,6 +20,10 @@ static const char usage_text[] =
     "  seq script FILE|-         run block-API commands on one connection\n"
     "  seq demo                  open, extend, write, commit, fork, offload, ... and check\n"
     "  generate --tokens 1,2,3 --max-tokens N [...]   generate token ids\n"
+    "  generate --text TEXT [...]                     generate text\n"
+    "  chat [--system TEXT]      interactive chat through the model's chat template\n"
+    "  tokenize --text TEXT      token ids of a text (the model's tokenizer)\n"
+    "  detokenize --tokens 1,2   text of token ids\n"
     "  admin evict [N]|check|shutdown                 admin ops\n"
     "  call OP [KEY=VALUE ...]   send any request, print the reply as JSON\n"
     "  top [-n COUNT] [-d SEC]   live view: pool, queues, tokens/s, roofline, tenants\n"
@@ -226,10 +230,19 @@ int kvctl_cmd_status(struct kvctl *k, int argc, char **argv)
            h.layers, h.kv_heads, h.head_dim, h.dtype);
     printf("blocks:   %" PRIu32 " tokens, %s each (%" PRIu64 " bytes/token)\n", h.block_tokens, bb,
            h.token_bytes);
-    if (h.has_model)
+    if (h.has_model) {
         printf("model:    %s (vocab %" PRIu32 ", context %" PRIu32 ")\n", h.model, h.vocab,
                h.context);
-    else
+        if (h.tokenizer[0]) {
+            printf("text:     tokenizer %s, end of generation", h.tokenizer);
+            for (size_t i = 0; i < h.n_eog; i++)
+                printf("%s%" PRIu32, i ? "," : " ", h.eog[i]);
+            printf("%s; chat template: %s\n", h.n_eog ? "" : " none",
+                   h.has_chat_template ? "yes" : "none");
+        } else {
+            printf("text:     none (token ids only: the model's tokenizer is not supported)\n");
+        }
+    } else
         printf("model:    none (store mode: block API only)\n");
     if (kvd_stats_summary(k->ctx, &st))
         return kvctl_fail(k, "stats");
@@ -489,6 +502,8 @@ int main(int argc, char **argv)
     } cmds[] = {
         {"status", kvctl_cmd_status},     {"stats", kvctl_cmd_stats}, {"seq", kvctl_cmd_seq},
         {"generate", kvctl_cmd_generate}, {"admin", kvctl_cmd_admin}, {"call", kvctl_cmd_call},
+        {"chat", kvctl_cmd_chat},         {"tokenize", kvctl_cmd_tokenize},
+        {"detokenize", kvctl_cmd_detokenize},
         {"top", kvctl_cmd_top},           {"bench", kvctl_cmd_bench},
     };
     struct kvctl k = {0};

@@ -1,6 +1,7 @@
-/* kvctl generate: sends prompt token ids to the daemon's executor and prints
- * the generated ids as one comma-separated line (as they arrive with
- * --stream), or the whole reply as JSON with --json. */
+/* kvctl generate: sends a prompt (token ids, or text the daemon tokenizes)
+ * to the daemon's executor and prints the generated ids as one
+ * comma-separated line, or with --text the completion's text (as they
+ * arrive with --stream), or the whole reply as JSON with --json. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -10,18 +11,35 @@
 #include "kvctl.h"
 
 static const char gen_help[] =
-    "usage: kvctl generate --tokens 1,2,3 [--max-tokens N] [--temperature T]\n"
-    "                      [--top-k K] [--top-p P] [--seed S] [--stop 1,2]\n"
+    "usage: kvctl generate (--tokens 1,2,3 | --text TEXT) [--max-tokens N]\n"
+    "                      [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+    "                      [--stop 1,2] [--stop-text STR]... [--ignore-eos]\n"
     "                      [--priority P] [--stream] [--json] [-v]\n"
     "Generates from the prompt token ids and prints the generated ids as one\n"
-    "comma-separated line. --stream prints them as they arrive (same line).\n"
+    "comma-separated line; with --text (the prompt as text, tokenized by the\n"
+    "daemon with the model's tokenizer) prints the completion's text.\n"
+    "--stream prints them as they arrive. Generation stops at the model's\n"
+    "end-of-generation tokens unless --ignore-eos, at --stop ids, and at a\n"
+    "--stop-text string (cut from the text).\n"
     "--json prints the reply (tokens, finish_reason, usage, timing) as JSON.\n"
     "-v adds a summary line on stderr. Needs a daemon serving a model: a daemon\n"
     "in store mode answers `unsupported` (exit 1).\n";
 
 struct gen_stream {
     size_t printed; /* ids printed so far: a comma goes before the next */
+    size_t text;    /* text bytes printed so far */
 };
+
+static int on_text(void *user, const uint32_t *t, size_t n, const char *text, size_t len)
+{
+    struct gen_stream *s = user;
+    (void)t;
+    s->printed += n;
+    fwrite(text, 1, len, stdout);
+    s->text += len;
+    fflush(stdout);
+    return 0;
+}
 
 static int on_tokens(void *user, const uint32_t *t, size_t n)
 {
@@ -46,6 +64,9 @@ int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv)
 {
     static const struct option opts[] = {
         {"tokens", required_argument, NULL, 'T'},
+        {"text", required_argument, NULL, 'x'},
+        {"stop-text", required_argument, NULL, 'X'},
+        {"ignore-eos", no_argument, NULL, 'E'},
         {"max-tokens", required_argument, NULL, 'n'},
         {"temperature", required_argument, NULL, 't'},
         {"top-k", required_argument, NULL, 'k'},
@@ -65,6 +86,8 @@ int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv)
     uint32_t *prompt = NULL, *stop = NULL;
     size_t n_prompt = 0;
     bool json = false, verbose = false, stream = false, have_tokens = false;
+    const char *text = NULL;
+    const char *stop_strs[64];
     char err[256];
     uint64_t u;
     int c, rc = KVCTL_OK;
@@ -80,6 +103,20 @@ int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv)
                 goto out;
             }
             have_tokens = true;
+            break;
+        case 'x':
+            text = optarg;
+            break;
+        case 'X':
+            if (go.n_stop_strs == sizeof(stop_strs) / sizeof(stop_strs[0]) || !*optarg) {
+                rc = kvctl_usage_err("generate --stop-text: at most 64 non-empty strings");
+                goto out;
+            }
+            stop_strs[go.n_stop_strs++] = optarg;
+            go.stop_strs = stop_strs;
+            break;
+        case 'E':
+            go.ignore_eos = true;
             break;
         case 'n':
             if (!kvctl_parse_u64(optarg, &u) || u == 0 || u > UINT32_MAX) {
@@ -155,8 +192,8 @@ int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv)
         rc = kvctl_usage_err("generate: unexpected argument \"%s\"", argv[optind]);
         goto out;
     }
-    if (!have_tokens || !n_prompt) {
-        rc = kvctl_usage_err("generate: --tokens is required (prompt token ids, e.g. 1,2,3)");
+    if (have_tokens == (text != NULL) || (have_tokens && !n_prompt)) {
+        rc = kvctl_usage_err("generate: --tokens is required (prompt token ids, e.g. 1,2,3), or --text");
         goto out;
     }
     if ((rc = kvctl_connect(k)))
@@ -170,7 +207,9 @@ int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv)
             go.on_tokens = on_tokens;
             go.user = &st;
         }
-        if (kvd_generate_send(k->ctx, prompt, n_prompt, &go, &id) ||
+        int src = text ? kvd_generate_text_send(k->ctx, text, &go, &id)
+                       : kvd_generate_send(k->ctx, prompt, n_prompt, &go, &id);
+        if (src ||
             (kvd_wait(k->ctx, id, &r) && !r)) {
             rc = kvctl_fail(k, "generate");
             goto out;
@@ -191,16 +230,27 @@ int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv)
         goto out;
     }
     if (stream) {
-        go.on_tokens = on_tokens;
+        if (text)
+            go.on_text = on_text;
+        else
+            go.on_tokens = on_tokens;
         go.user = &st;
     }
-    if (kvd_generate(k->ctx, prompt, n_prompt, &go, &res)) {
-        if (st.printed)
+    int grc = text ? kvd_generate_text(k->ctx, text, &go, &res)
+                   : kvd_generate(k->ctx, prompt, n_prompt, &go, &res);
+    if (grc) {
+        if (st.printed || st.text)
             putchar('\n');
         rc = kvctl_fail(k, "generate");
         goto out;
     }
-    if (stream) {
+    if (text) {
+        /* The streamed pieces add up to the reply's text; print what the
+         * stream did not. */
+        if (res.text && res.text_len > st.text)
+            fwrite(res.text + st.text, 1, res.text_len - st.text, stdout);
+        putchar('\n');
+    } else if (stream) {
         /* Events carried every token; the reply repeats them all. Print any
          * the stream did not (a daemon may send the last ones only there). */
         if (res.n_tokens > st.printed)

@@ -390,6 +390,11 @@ static int pack_arg(msgpack_packer *pk, const struct kvd_arg *a)
         for (size_t i = 0; !rc && i < a->v.u32s.n; i++)
             rc = msgpack_pack_uint32(pk, a->v.u32s.ptr[i]);
         break;
+    case KVD_ARG_RAW: /* the caller's packed object, as is (the daemon checks it) */
+        if (a->v.bin.len == 0)
+            return KVD_EBADREQ;
+        rc = pk->callback(pk->data, a->v.bin.ptr, a->v.bin.len);
+        break;
     default:
         return KVD_EBADREQ;
     }

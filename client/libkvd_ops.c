@@ -170,6 +170,19 @@ int kvd_hello(struct kvd_ctx *ctx, struct kvd_hello_info *out)
             out->vocab = (uint32_t)u;
         if (!kvd_value_u64(kvd_value_get(model, "context"), &u))
             out->context = (uint32_t)u;
+        copy_str(out->tokenizer, sizeof(out->tokenizer), kvd_value_get(model, "tokenizer"));
+        if ((out->has_bos = !kvd_value_u64(kvd_value_get(model, "bos"), &u)))
+            out->bos = (uint32_t)u;
+        if ((out->has_eos = !kvd_value_u64(kvd_value_get(model, "eos"), &u)))
+            out->eos = (uint32_t)u;
+        const struct kvd_value *eog = kvd_value_get(model, "eog");
+        for (size_t i = 0; eog && eog->type == KVD_T_ARRAY && i < eog->v.array.n &&
+                           out->n_eog < sizeof(out->eog) / sizeof(out->eog[0]);
+             i++)
+            if (!kvd_value_u64(&eog->v.array.items[i], &u))
+                out->eog[out->n_eog++] = (uint32_t)u;
+        const struct kvd_value *ct = kvd_value_get(model, "chat_template");
+        out->has_chat_template = ct && ct->type == KVD_T_BOOL && ct->v.b;
     }
 out:
     kvd_reply_free(r);
@@ -411,16 +424,18 @@ void kvd_gen_opts_init(struct kvd_gen_opts *o)
     o->top_p = -1.0f;
 }
 
-/* The tokens of a "tokens" event, handed to the caller's callback. */
+/* The tokens (and text) of a "tokens" event, handed to the caller's
+ * callbacks. */
 static int gen_on_event(struct kvd_ctx *ctx, uint64_t id, const struct kvd_value *ev, void *user)
 {
     const struct kvd_gen_opts *o = user;
     const struct kvd_value *t = kvd_value_get(ev, "tokens");
+    const struct kvd_value *tx = kvd_value_get(ev, "text");
     uint32_t stackbuf[256];
     uint32_t *toks = stackbuf;
-    int stop;
+    int stop = 0;
 
-    if (!o->on_tokens || !t || t->type != KVD_T_ARRAY)
+    if (!t || t->type != KVD_T_ARRAY)
         return 0; /* other events: nothing to do */
     if (t->v.array.n > sizeof(stackbuf) / sizeof(stackbuf[0])) {
         toks = malloc(t->v.array.n * sizeof(*toks));
@@ -432,27 +447,51 @@ static int gen_on_event(struct kvd_ctx *ctx, uint64_t id, const struct kvd_value
         kvd_value_u64(&t->v.array.items[i], &u);
         toks[i] = (uint32_t)u;
     }
-    stop = o->on_tokens(o->user, toks, t->v.array.n);
+    if (o->on_tokens)
+        stop = o->on_tokens(o->user, toks, t->v.array.n);
+    if (!stop && o->on_text && tx && tx->type == KVD_T_STR)
+        stop = o->on_text(o->user, toks, t->v.array.n, tx->v.str.ptr, tx->v.str.len);
     if (toks != stackbuf)
         free(toks);
     return stop;
 }
 
-int kvd_generate_send(struct kvd_ctx *ctx, const uint32_t *tokens, size_t n,
-                      const struct kvd_gen_opts *opts, uint64_t *id)
+/* `stop` with strings: one array of ids and strings, packed here. */
+static int pack_stop(const struct kvd_gen_opts *o, msgpack_sbuffer *sb)
+{
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    int rc = msgpack_pack_array(&pk, o->n_stop + o->n_stop_strs);
+    for (size_t i = 0; !rc && i < o->n_stop; i++)
+        rc = msgpack_pack_uint32(&pk, o->stop[i]);
+    for (size_t i = 0; !rc && i < o->n_stop_strs; i++) {
+        size_t len = strlen(o->stop_strs[i]);
+        rc = msgpack_pack_str(&pk, len);
+        rc = rc ? rc : msgpack_pack_str_body(&pk, o->stop_strs[i], len);
+    }
+    return rc ? KVD_ENOMEM : 0;
+}
+
+/* A generate with `prompt` (tokens, text or messages; none: seq alone). */
+static int gen_send(struct kvd_ctx *ctx, const struct kvd_arg *prompt,
+                    const struct kvd_gen_opts *opts, uint64_t *id)
 {
     struct kvd_gen_opts defaults;
-    struct kvd_arg args[12];
+    struct kvd_arg args[16];
     size_t na = 0;
+    msgpack_sbuffer stop;
+    int rc;
 
+    msgpack_sbuffer_init(&stop);
     if (!opts) {
         kvd_gen_opts_init(&defaults);
         opts = &defaults;
     }
+    bool stream = opts->on_tokens || opts->on_text;
     if (opts->use_seq)
         args[na++] = KVD_ARG_U("seq", opts->seq);
-    if (tokens || !opts->use_seq)
-        args[na++] = KVD_ARG_U32S("tokens", tokens, n);
+    if (prompt)
+        args[na++] = *prompt;
     if (opts->max_tokens)
         args[na++] = KVD_ARG_U("max_tokens", opts->max_tokens);
     if (opts->temperature >= 0)
@@ -463,16 +502,70 @@ int kvd_generate_send(struct kvd_ctx *ctx, const uint32_t *tokens, size_t n,
         args[na++] = KVD_ARG_F("top_p", opts->top_p);
     if (opts->has_seed)
         args[na++] = KVD_ARG_U("seed", opts->seed);
-    if (opts->n_stop)
+    if (opts->n_stop_strs) {
+        if ((rc = pack_stop(opts, &stop))) {
+            msgpack_sbuffer_destroy(&stop);
+            return kvd_set_err(ctx, rc, "out of memory packing 'stop'");
+        }
+        args[na++] = KVD_ARG_RAW("stop", stop.data, stop.size);
+    } else if (opts->n_stop) {
         args[na++] = KVD_ARG_U32S("stop", opts->stop, opts->n_stop);
-    if (opts->on_tokens)
+    }
+    if (opts->ignore_eos)
+        args[na++] = KVD_ARG_B("ignore_eos", true);
+    if (stream)
         args[na++] = KVD_ARG_B("stream", true);
     if (opts->priority)
         args[na++] = KVD_ARG_I("priority", opts->priority);
     /* The callback's user pointer is opts itself: a caller's opts outlive the
      * wait (documented); the defaults above never stream. */
-    return kvd_send(ctx, KVD_OP_GENERATE, args, na, opts->on_tokens ? gen_on_event : NULL,
-                    opts->on_tokens ? (void *)opts : NULL, id);
+    rc = kvd_send(ctx, KVD_OP_GENERATE, args, na, stream ? gen_on_event : NULL,
+                  stream ? (void *)opts : NULL, id);
+    msgpack_sbuffer_destroy(&stop);
+    return rc;
+}
+
+int kvd_generate_send(struct kvd_ctx *ctx, const uint32_t *tokens, size_t n,
+                      const struct kvd_gen_opts *opts, uint64_t *id)
+{
+    struct kvd_arg toks = KVD_ARG_U32S("tokens", tokens, n);
+    bool seq_alone = !tokens && opts && opts->use_seq;
+    return gen_send(ctx, seq_alone ? NULL : &toks, opts, id);
+}
+
+int kvd_generate_text_send(struct kvd_ctx *ctx, const char *text,
+                           const struct kvd_gen_opts *opts, uint64_t *id)
+{
+    struct kvd_arg a = KVD_ARG_S("text", text);
+    return gen_send(ctx, &a, opts, id);
+}
+
+int kvd_chat_send(struct kvd_ctx *ctx, const struct kvd_chat_msg *msgs, size_t n,
+                  const struct kvd_gen_opts *opts, uint64_t *id)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    int rc = msgpack_pack_array(&pk, n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        rc = msgpack_pack_map(&pk, 2);
+        const char *kv[4] = {"role", msgs[i].role ? msgs[i].role : "", "content",
+                             msgs[i].content ? msgs[i].content : ""};
+        for (int k = 0; !rc && k < 4; k++) {
+            size_t len = strlen(kv[k]);
+            rc = msgpack_pack_str(&pk, len);
+            rc = rc ? rc : msgpack_pack_str_body(&pk, kv[k], len);
+        }
+    }
+    if (rc) {
+        msgpack_sbuffer_destroy(&sb);
+        return kvd_set_err(ctx, KVD_ENOMEM, "out of memory packing 'messages'");
+    }
+    struct kvd_arg a = KVD_ARG_RAW("messages", sb.data, sb.size);
+    rc = gen_send(ctx, &a, opts, id);
+    msgpack_sbuffer_destroy(&sb);
+    return rc;
 }
 
 int kvd_generate_wait(struct kvd_ctx *ctx, uint64_t id, struct kvd_gen_result *out)
@@ -520,6 +613,17 @@ int kvd_generate_wait(struct kvd_ctx *ctx, uint64_t id, struct kvd_gen_result *o
         out->ttft_ms = d;
     if (!kvd_value_f64(kvd_value_path(r->body, "timing.total_ms"), &d))
         out->total_ms = d;
+    t = kvd_value_get(r->body, "text");
+    if (t && t->type == KVD_T_STR) {
+        out->text = malloc(t->v.str.len + 1);
+        if (!out->text) {
+            rc = kvd_set_err(ctx, KVD_ENOMEM, "out of memory reading the text");
+            goto out;
+        }
+        memcpy(out->text, t->v.str.ptr, t->v.str.len);
+        out->text[t->v.str.len] = 0;
+        out->text_len = t->v.str.len;
+    }
 out:
     if (rc)
         kvd_gen_result_free(out);
@@ -545,6 +649,92 @@ void kvd_gen_result_free(struct kvd_gen_result *r)
     free(r->tokens);
     r->tokens = NULL;
     r->n_tokens = 0;
+    free(r->text);
+    r->text = NULL;
+    r->text_len = 0;
+}
+
+int kvd_generate_text(struct kvd_ctx *ctx, const char *text, const struct kvd_gen_opts *opts,
+                      struct kvd_gen_result *out)
+{
+    uint64_t id;
+    int rc;
+    memset(out, 0, sizeof(*out));
+    if ((rc = kvd_generate_text_send(ctx, text, opts, &id)))
+        return rc;
+    return kvd_generate_wait(ctx, id, out);
+}
+
+int kvd_chat(struct kvd_ctx *ctx, const struct kvd_chat_msg *msgs, size_t n,
+             const struct kvd_gen_opts *opts, struct kvd_gen_result *out)
+{
+    uint64_t id;
+    int rc;
+    memset(out, 0, sizeof(*out));
+    if ((rc = kvd_chat_send(ctx, msgs, n, opts, &id)))
+        return rc;
+    return kvd_generate_wait(ctx, id, out);
+}
+
+/* ---- tokenize, detokenize --------------------------------------------------- */
+
+int kvd_tokenize(struct kvd_ctx *ctx, const char *text, bool special, int add_bos,
+                 uint32_t **tokens, size_t *n)
+{
+    struct kvd_arg args[3] = {KVD_ARG_S("text", text), KVD_ARG_B("special", special),
+                              KVD_ARG_B("add_bos", add_bos > 0)};
+    struct kvd_reply *r = NULL;
+    *tokens = NULL;
+    *n = 0;
+    int rc = call(ctx, KVD_OP_TOKENIZE, args, add_bos < 0 ? 2 : 3, &r);
+    if (rc)
+        return rc;
+    const struct kvd_value *t = kvd_value_get(r->body, "tokens");
+    if (!t || t->type != KVD_T_ARRAY) {
+        rc = bad_reply(ctx, r, "tokens", "array");
+        goto out;
+    }
+    *tokens = malloc((t->v.array.n ? t->v.array.n : 1) * sizeof(**tokens));
+    if (!*tokens) {
+        rc = kvd_set_err(ctx, KVD_ENOMEM, "out of memory reading %zu tokens", t->v.array.n);
+        goto out;
+    }
+    for (size_t i = 0; i < t->v.array.n; i++) {
+        uint64_t u;
+        if (kvd_value_u64(&t->v.array.items[i], &u) || u > UINT32_MAX) {
+            rc = bad_reply(ctx, r, "tokens", "token-id array");
+            free(*tokens);
+            *tokens = NULL;
+            goto out;
+        }
+        (*tokens)[i] = (uint32_t)u;
+    }
+    *n = t->v.array.n;
+out:
+    kvd_reply_free(r);
+    return rc;
+}
+
+int kvd_detokenize(struct kvd_ctx *ctx, const uint32_t *tokens, size_t n, bool special,
+                   char **text)
+{
+    struct kvd_arg args[2] = {KVD_ARG_U32S("tokens", tokens, n), KVD_ARG_B("special", special)};
+    struct kvd_reply *r = NULL;
+    *text = NULL;
+    int rc = call(ctx, KVD_OP_DETOKENIZE, args, 2, &r);
+    if (rc)
+        return rc;
+    const struct kvd_value *t = kvd_value_get(r->body, "text");
+    if (!t || t->type != KVD_T_STR) {
+        rc = bad_reply(ctx, r, "text", "string");
+    } else if (!(*text = malloc(t->v.str.len + 1))) {
+        rc = kvd_set_err(ctx, KVD_ENOMEM, "out of memory reading the text");
+    } else {
+        memcpy(*text, t->v.str.ptr, t->v.str.len);
+        (*text)[t->v.str.len] = 0;
+    }
+    kvd_reply_free(r);
+    return rc;
 }
 
 int kvd_cancel(struct kvd_ctx *ctx, uint64_t target)

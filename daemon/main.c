@@ -20,6 +20,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "ops_generate.h"
+#include "ops_text.h"
 #include "options.h"
 #include "roofline.h"
 #include "server.h"
@@ -125,6 +126,7 @@ int main(int argc, char **argv)
     struct server *srv = NULL;
     struct model *model = NULL;       /* serve mode (--model) */
     struct ops_generate *gen = NULL; /* the executor and its ops, serve mode */
+    struct text *text = NULL;        /* the model's tokenizer and chat template */
     int status = 1;
     /* Observability: shared by the executor (writer), stats and metrics. */
     struct roofline rl;
@@ -183,6 +185,17 @@ int main(int argc, char **argv)
                  opts.model_path, hp->arch, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv,
                  hp->n_vocab, hp->n_ctx, (double)hp->n_params / 1e6,
                  (double)hp->weight_device_bytes / (1 << 20), be->ops->name);
+        if (text_open(opts.model_path, opts.chat_template_path, &text, err, sizeof(err)) != 0) {
+            log_err("--model %s: %s", opts.model_path, err);
+            status = 2;
+            goto out_be;
+        }
+        if (text_tokenizer(text))
+            log_info("tokenizer: %s (pre-tokenizer %s), %u tokens; chat template: %s",
+                     tokenizer_model_name(text_tokenizer(text)),
+                     tokenizer_pre_name(text_tokenizer(text)),
+                     tokenizer_n_vocab(text_tokenizer(text)),
+                     text_chat_template(text) ? "yes" : "none");
         if (be->ops->kind == BACKEND_CPU)
             log_info("cpu compute threads: %ld",
                      opts.threads ? (long)opts.threads : sysconf(_SC_NPROCESSORS_ONLN));
@@ -221,6 +234,10 @@ int main(int argc, char **argv)
     if (server_new(&opts, &cfg, cfg_path, mm, be, &srv) != 0)
         goto out_mm;
     server_attach_obs(srv, &rl, &acct);
+    if (ops_text_register(srv, text) != 0) {
+        log_err("cannot register the text ops");
+        goto out_srv;
+    }
     if (opts.metrics_addr[0] &&
         metrics_start(srv, opts.metrics_addr, opts.metrics_force, &metrics, NULL, err,
                       sizeof(err)) != 0) {
@@ -233,7 +250,8 @@ int main(int argc, char **argv)
         struct server_model_info mi = {.vocab = hp->n_vocab,
                                        .context = hp->n_ctx,
                                        .weight_bytes = hp->weight_bytes,
-                                       .weight_device_bytes = hp->weight_device_bytes};
+                                       .weight_device_bytes = hp->weight_device_bytes,
+                                       .text = text};
         const char *base = strrchr(opts.model_path, '/');
         const char *name = hp->name[0] ? hp->name : base ? base + 1 : opts.model_path;
         snprintf(mi.name, sizeof(mi.name), "%.*s", (int)sizeof(mi.name) - 1, name);
@@ -245,6 +263,7 @@ int main(int argc, char **argv)
         };
         ec.roofline = &rl;
         ec.acct = &acct;
+        ec.text = text;
         if (ops_generate_start(srv, mm, model, &ec, &gen, err, sizeof(err)) != 0) {
             log_err("cannot start the executor: %s", err);
             goto out_srv;
@@ -262,6 +281,7 @@ out_srv:
 out_mm:
     kvmm_free(mm);
 out_be:
+    text_free(text);
     model_free(model);
     backend_free(be);
 out_cfg:

@@ -168,10 +168,14 @@ static void acct_report_counters(struct exec *ex)
 static void publish_tokens(struct exec *ex, struct sched_req *r)
 {
     size_t n_gen = r->n_toks - r->n_prompt;
-    if (!r->stream || r->n_sent >= n_gen || atomic_load(&r->detached))
+    if (!r->stream || atomic_load(&r->detached))
         return;
+    bool new_text = r->text && text_out_pending(r->text);
+    if (r->n_sent >= n_gen && !new_text)
+        return;
+    size_t n = r->n_sent < n_gen ? n_gen - r->n_sent : 0;
     if (ex->sink.tokens)
-        ex->sink.tokens(ex->sink.ud, r, r->toks + r->n_prompt + r->n_sent, n_gen - r->n_sent);
+        ex->sink.tokens(ex->sink.ud, r, r->toks + r->n_prompt + r->n_sent, n);
     r->n_sent = n_gen;
 }
 
@@ -195,6 +199,11 @@ static void publish_done(struct exec *ex, struct sched_req *done)
         pthread_mutex_lock(&ex->mu);
         live_remove(ex, r);
         pthread_mutex_unlock(&ex->mu);
+        if (r->text && text_out_finish(r->text) != 0 && r->finish != SCHED_FINISH_ERROR) {
+            r->finish = SCHED_FINISH_ERROR;
+            r->err = KVD_ENOMEM;
+            snprintf(r->errmsg, sizeof(r->errmsg), "out of memory for the completion's text");
+        }
         if (r->finish != SCHED_FINISH_ERROR)
             publish_tokens(ex, r);
         if (!atomic_load(&r->detached) && ex->sink.done)
@@ -212,12 +221,13 @@ static void publish_done(struct exec *ex, struct sched_req *done)
 
 /* ---- one step ----------------------------------------------------------- */
 
-static bool is_stop(const struct sched_req *r, uint32_t tok)
+/* A stop token of the request, or the model's end of generation. */
+static bool is_stop(const struct exec *ex, const struct sched_req *r, uint32_t tok)
 {
     for (uint32_t i = 0; i < r->n_stop; i++)
         if (r->stop[i] == tok)
             return true;
-    return false;
+    return !r->ignore_eos && text_is_eog(ex->conf.text, tok);
 }
 
 /* Takes the sampled token of every request whose chunk reached its last
@@ -253,7 +263,16 @@ static uint32_t sample_step(struct exec *ex)
         if (r->t_first == 0)
             r->t_first = sched_now_ns();
         size_t n_gen = r->n_toks - r->n_prompt;
-        if (is_stop(r, tok))
+        /* The text of a stop or end-of-generation token is not part of the
+         * completion; any other token's may complete a stop string. */
+        int trc = 0;
+        if (is_stop(ex, r, tok))
+            r->finish = SCHED_FINISH_STOP;
+        else if (r->text && (trc = text_out_push(r->text, tok)) < 0) {
+            r->err = -trc;
+            snprintf(r->errmsg, sizeof(r->errmsg), "out of memory for the completion's text");
+            r->finish = SCHED_FINISH_ERROR;
+        } else if (trc == 1)
             r->finish = SCHED_FINISH_STOP;
         else if (n_gen >= r->max_tokens || r->n_toks >= r->n_ctx)
             r->finish = SCHED_FINISH_LENGTH;
@@ -531,6 +550,11 @@ void exec_free(struct exec *ex)
     pthread_cond_destroy(&ex->wake);
     pthread_mutex_destroy(&ex->mu);
     free(ex);
+}
+
+const struct text *exec_text(const struct exec *ex)
+{
+    return ex->conf.text;
 }
 
 const struct model_hparams *exec_hparams(const struct exec *ex)

@@ -12,12 +12,14 @@
 #include "kvmm.h"
 #include "model.h"
 #include "scheduler.h"
+#include "text.h"
 
 /* Where results go. Both are called on the executor thread, without any
  * lock held, and must not block for long (queue the frame and return). */
 struct exec_sink {
     void *ud;
-    /* New tokens of a streaming request, in order. */
+    /* New tokens of a streaming request, in order (n may be 0 when only
+     * r->text has new text: text_out_take). */
     void (*tokens)(void *ud, const struct sched_req *r, const uint32_t *toks, size_t n);
     /* The final answer (r->finish, r->err); r is freed after the call. */
     void (*done)(void *ud, const struct sched_req *r);
@@ -33,6 +35,9 @@ struct exec_conf {
      * step's FLOP/byte cost and time, each answered request's accounting. */
     struct roofline *roofline;
     struct acct *acct;
+    /* The model's text side (optional, not owned, outlives the executor):
+     * its end-of-generation ids end requests unless they ignore_eos. */
+    const struct text *text;
 };
 
 struct exec_stats {
@@ -52,6 +57,8 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf,
 void exec_free(struct exec *ex);
 
 const struct model_hparams *exec_hparams(const struct exec *ex);
+/* exec_conf's text (NULL when none was given). */
+const struct text *exec_text(const struct exec *ex);
 /* A fresh serial for a request about to be submitted (any thread); its kvmm
  * owner is SCHED_OWNER_BIT | serial, so a seq-mode request's sequence can be
  * handed to it before submission. */

@@ -341,6 +341,7 @@ void sched_req_free(struct sched_req *r)
     if (!r)
         return;
     free(r->toks);
+    text_out_free(r->text);
     free(r);
 }
 

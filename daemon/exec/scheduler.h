@@ -13,6 +13,7 @@
 
 #include "kvmm.h"
 #include "sampler.h"
+#include "text_out.h"
 
 /* kvmm owners of executor sequences: this bit | request serial. Connection
  * ids (the server's owners) never have it set. */
@@ -23,7 +24,8 @@ enum sched_state { SCHED_NEW, SCHED_WAITING, SCHED_RUNNING, SCHED_SWAPPED, SCHED
 enum sched_finish {
     SCHED_FINISH_NONE = 0,
     SCHED_FINISH_LENGTH,    /* max_tokens, the model context, or memory it can never get */
-    SCHED_FINISH_STOP,      /* a stop token was produced (it is the last token) */
+    SCHED_FINISH_STOP,      /* a stop token, an end-of-generation token (the last token)
+                             * or a stop string (the text ends before it) */
     SCHED_FINISH_CANCELLED, /* cancel, disconnect or shutdown */
     SCHED_FINISH_ERROR,     /* err/errmsg say why */
 };
@@ -51,7 +53,11 @@ struct sched_req {
     uint32_t n_stop;
     uint32_t stop[SCHED_MAX_STOP];
     bool stream;
+    bool ignore_eos; /* do not stop at the model's end-of-generation tokens */
     struct sampler smp;
+    /* The completion as text (owned; NULL when the model has no tokenizer):
+     * fed each generated token by the executor, stop strings inside. */
+    struct text_out *text;
 
     /* tokens (owned, malloc) */
     uint32_t *toks;

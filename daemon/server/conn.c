@@ -272,7 +272,7 @@ static bool dispatch(struct conn *c, const uint8_t *p, size_t len)
     struct ops_caller who = {.conn = c, .conn_id = c->id, .uid = c->uid, .gid = c->gid,
                              .pid = c->pid, .tenant = c->tenant, .ns = c->ns,
                              .tenant_name = c->tenant_name, .admin = c->admin};
-    if (ops_run(srv, srv->mm, ent, &who, id, m.root, &srv->out) == OPS_PENDING &&
+    if (ops_run(&srv->host, ent, &who, id, m.root, &srv->out) == OPS_PENDING &&
         pending_add(c, id) != 0)
         log_err("conn %llu: out of memory tracking request %llu", (unsigned long long)c->id,
                 (unsigned long long)id);

@@ -55,9 +55,8 @@ _Static_assert(sizeof(struct ops_ctx) - offsetof(struct ops_ctx, err) <
                    sizeof(struct proto_err) + _Alignof(struct ops_ctx),
                "struct ops_ctx: err must be the last member");
 
-int ops_run(struct server *srv, struct kvmm *mm, const struct ops_entry *ent,
-            const struct ops_caller *who, uint64_t id, const msgpack_object *req,
-            msgpack_sbuffer *sb)
+int ops_run(const struct ops_host *host, const struct ops_entry *ent, const struct ops_caller *who,
+            uint64_t id, const msgpack_object *req, msgpack_sbuffer *sb)
 {
     size_t mark = sb->size;
     msgpack_packer pk;
@@ -67,9 +66,10 @@ int ops_run(struct server *srv, struct kvmm *mm, const struct ops_entry *ent,
      * (a rep stos that was ~5 % of the server's time on small ops). */
     struct ops_ctx ctx;
     memset(&ctx, 0, offsetof(struct ops_ctx, err));
-    ctx.srv = srv;
+    ctx.host = host;
+    ctx.srv = host->srv;
     ctx.conn = who->conn;
-    ctx.mm = mm;
+    ctx.mm = host->mm;
     ctx.op_ctx = ent->ctx;
     ctx.conn_id = who->conn_id;
     ctx.id = id;

@@ -16,14 +16,39 @@
 
 struct server;
 struct conn;
+struct config;
+struct server_model_info;
+struct server_obs;
+
+/* What the handlers read of the server that runs them: plain data and a
+ * callback, so no handler sees the server's insides (server_impl.h is
+ * server.c's and conn.c's alone). The server fills one when it is created;
+ * the fuzz targets fill their own, without a server. Loop thread only. */
+struct ops_host {
+    struct server *srv; /* for ops that hand work to other threads (server_post,
+                           server_queue_admit); NULL without a server */
+    struct kvmm *mm;
+    const char *backend;      /* the backend's name (hello, stats) */
+    uint32_t max_frame;       /* every reply must fit in one frame */
+    const struct config *cfg; /* the access rules (shared namespaces); SIGHUP
+                                 replaces its contents, not the pointer */
+    const struct server_model_info *model; /* hello's model; NULL in store mode */
+    const struct server_obs *obs; /* stats: connections, requests, tenants, roofline,
+                                     accounting (server.h) */
+    /* admin_shutdown: starts the same drain as SIGTERM once the loop runs
+     * again, so the reply goes first. NULL: admin_shutdown is unsupported. */
+    void (*shutdown)(void *ctx);
+    void *ctx; /* shutdown's */
+};
 
 /* Everything a handler needs. Runs on the loop thread; the handler takes
  * kvmm_lock itself around its kvmm calls. */
 struct ops_ctx {
-    struct server *srv;
+    const struct ops_host *host;
+    struct server *srv; /* host->srv */
     struct conn *conn;
-    struct kvmm *mm;
-    void *op_ctx; /* the ctx given at registration */
+    struct kvmm *mm;    /* host->mm */
+    void *op_ctx;       /* the ctx given at registration */
 
     /* the request */
     uint64_t conn_id;          /* the kvmm owner of this connection's sequences */
@@ -91,15 +116,14 @@ struct ops_caller {
     bool admin;
 };
 
-/* Runs ent's handler (ops_resolve's) on request req with id as `who`,
- * appending one frame to sb: the handler's reply, or an error frame with
- * its code and message ("<op> failed" when it gave none; "reply too large"
- * for a reply past the frame limit). Returns 0, OPS_PENDING (nothing
+/* Runs ent's handler (ops_resolve's) for host on request req with id as
+ * `who`, appending one frame to sb: the handler's reply, or an error frame
+ * with its code and message ("<op> failed" when it gave none; "reply too
+ * large" for a reply past the frame limit). Returns 0, OPS_PENDING (nothing
  * appended: answered later), or the code of the error frame; when not even
  * that fits, sb is back at its size on entry. */
-int ops_run(struct server *srv, struct kvmm *mm, const struct ops_entry *ent,
-            const struct ops_caller *who, uint64_t id, const msgpack_object *req,
-            msgpack_sbuffer *sb);
+int ops_run(const struct ops_host *host, const struct ops_entry *ent, const struct ops_caller *who,
+            uint64_t id, const msgpack_object *req, msgpack_sbuffer *sb);
 void ops_table_free(struct ops_table *t);
 /* Registers every built-in op. */
 int ops_register_builtin(struct ops_table *t);

@@ -5,7 +5,6 @@
 
 #include "log.h"
 #include "ops.h"
-#include "server_impl.h"
 
 int ops_admin_evict(struct ops_ctx *c)
 {
@@ -54,8 +53,10 @@ int ops_admin_check(struct ops_ctx *c)
 
 int ops_admin_shutdown(struct ops_ctx *c)
 {
+    if (!c->host->shutdown)
+        return proto_err_set(&c->err, KVD_EUNSUPPORTED, "this server cannot be shut down");
     log_notice("admin uid %u (pid %d) asked for shutdown", (unsigned)c->uid, (int)c->pid);
     /* Deferred through the loop, so this reply is queued first. */
-    server_shutdown(c->srv);
+    c->host->shutdown(c->host->ctx);
     return proto_reply_begin(c->pk, c->id, 0);
 }

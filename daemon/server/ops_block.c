@@ -10,7 +10,6 @@
 #include "fault.h"
 #include "kvd/protocol.h"
 #include "ops.h"
-#include "server_impl.h"
 
 /* kvmm's failure as the reply's error (call with the lock held). */
 static int mm_fail(struct ops_ctx *c, int rc)
@@ -57,7 +56,7 @@ int ops_seq_open(struct ops_ctx *c)
         return rc;
     if (have_ns && strcmp(ns, c->tenant_name) != 0) {
         /* A shared namespace: both tenants must list it in the config. */
-        if (!config_ns_allowed(&c->srv->cfg, c->tenant_name, ns))
+        if (!config_ns_allowed(c->host->cfg, c->tenant_name, ns))
             return proto_err_set(&c->err, KVD_EPERM,
                                  "tenant %s may not use namespace '%s' (not in its config "
                                  "'namespaces')",
@@ -196,11 +195,11 @@ int ops_kv_read(struct ops_ctx *c)
     if (rc)
         return rc;
     /* The reply must fit in one frame: map header, id, ok, key, bin header. */
-    if (bytes > (size_t)c->srv->opts.max_frame - 64)
+    if (bytes > (size_t)c->host->max_frame - 64)
         return proto_err_set(&c->err, KVD_ETOOLARGE,
                              "kv_read of %llu tokens is %zu bytes, over max_frame (%u); read "
                              "fewer tokens at a time",
-                             (unsigned long long)n, bytes, c->srv->opts.max_frame);
+                             (unsigned long long)n, bytes, c->host->max_frame);
     rc = proto_reply_begin(c->pk, c->id, 1);
     if (!rc)
         rc = proto_pack_str(c->pk, "data");

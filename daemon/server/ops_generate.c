@@ -42,9 +42,55 @@ static int opt_double(const msgpack_object *root, const char *key, double def, d
     return 0;
 }
 
+/* `stop`: token ids and strings, mixed. Ids end the completion when
+ * produced; strings when they appear in its text (the text ends before
+ * one). Strings need the tokenizer. Also sets up r->text. */
+static int parse_stop(const struct text *tx, const struct model_hparams *hp,
+                      const msgpack_object *root, struct sched_req *r, struct proto_err *err)
+{
+    const msgpack_object *a = proto_map_find(root, "stop");
+    const char *strs[SCHED_MAX_STOP];
+    size_t lens[SCHED_MAX_STOP], n_strs = 0;
+    if (a && a->type != MSGPACK_OBJECT_NIL) {
+        if (a->type != MSGPACK_OBJECT_ARRAY)
+            return proto_err_set(err, KVD_EBADREQ, "'stop' must be an array of token ids and strings");
+        if (a->via.array.size > SCHED_MAX_STOP)
+            return proto_err_set(err, KVD_EBADREQ, "'stop' has %u entries, at most %u",
+                                 a->via.array.size, SCHED_MAX_STOP);
+        for (uint32_t i = 0; i < a->via.array.size; i++) {
+            const msgpack_object *o = &a->via.array.ptr[i];
+            if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+                if (o->via.u64 >= hp->n_vocab)
+                    return proto_err_set(err, KVD_EBADREQ,
+                                         "'stop'[%u] = %llu is outside the vocabulary (%u)", i,
+                                         (unsigned long long)o->via.u64, hp->n_vocab);
+                r->stop[r->n_stop++] = (uint32_t)o->via.u64;
+            } else if (o->type == MSGPACK_OBJECT_STR) {
+                if (o->via.str.size == 0 || o->via.str.size > TEXT_OUT_MAX_STOP_LEN)
+                    return proto_err_set(err, KVD_EBADREQ,
+                                         "'stop'[%u]: a stop string must have 1 to %u bytes", i,
+                                         TEXT_OUT_MAX_STOP_LEN);
+                strs[n_strs] = o->via.str.ptr;
+                lens[n_strs++] = o->via.str.size;
+            } else {
+                return proto_err_set(err, KVD_EBADREQ,
+                                     "'stop'[%u] must be a token id or a string", i);
+            }
+        }
+    }
+    const struct tokenizer *tok = text_tokenizer(tx);
+    if (n_strs && !tok)
+        return proto_err_set(err, KVD_EUNSUPPORTED, "stop strings need the model's tokenizer: %s",
+                             text_no_tokenizer(tx));
+    if (!tok)
+        return 0;
+    int rc = text_out_new(tok, strs, lens, n_strs, &r->text);
+    return rc ? proto_err_set(err, rc, "out of memory") : 0;
+}
+
 /* The arguments that do not depend on the sequence. */
-static int parse_args(const struct model_hparams *hp, const msgpack_object *root,
-                      struct sched_req *r, struct proto_err *err)
+static int parse_args(const struct text *tx, const struct model_hparams *hp,
+                      const msgpack_object *root, struct sched_req *r, struct proto_err *err)
 {
     int rc;
     bool present = false;
@@ -79,26 +125,10 @@ static int parse_args(const struct model_hparams *hp, const msgpack_object *root
     };
     sampler_init(&r->smp, &sp);
 
-    uint32_t *stop = NULL;
-    size_t n_stop = 0;
-    if ((rc = proto_opt_u32_array(root, "stop", KVD_MAX_ARRAY, &stop, &n_stop, NULL, err)))
+    if ((rc = parse_stop(tx, hp, root, r, err)))
         return rc;
-    if (n_stop > SCHED_MAX_STOP) {
-        free(stop);
-        return proto_err_set(err, KVD_EBADREQ, "'stop' has %zu entries, at most %u", n_stop,
-                             SCHED_MAX_STOP);
-    }
-    for (size_t i = 0; i < n_stop; i++) {
-        if (stop[i] >= hp->n_vocab) {
-            rc = proto_err_set(err, KVD_EBADREQ, "'stop'[%zu] = %u is outside the vocabulary (%u)",
-                               i, stop[i], hp->n_vocab);
-            free(stop);
-            return rc;
-        }
-        r->stop[i] = stop[i];
-    }
-    r->n_stop = (uint32_t)n_stop;
-    free(stop);
+    if ((rc = proto_opt_bool(root, "ignore_eos", &r->ignore_eos, NULL, err)))
+        return rc;
 
     if ((rc = proto_opt_bool(root, "stream", &r->stream, NULL, err)))
         return rc;
@@ -115,11 +145,15 @@ static int parse_args(const struct model_hparams *hp, const msgpack_object *root
 /* Seq mode: the connection's sequence becomes the executor's for the
  * request. Its positions must all have token ids (committed), so the
  * executor can recompute them after a preemption and commit after them.
+ * The prompt's n_toks tokens are appended to it; with `replace` (a whole
+ * conversation) they replace its tokens instead, keeping the longest
+ * common prefix: *skip = the prompt tokens the sequence already holds.
  * Caller holds the kvmm lock. */
-static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, size_t n_append,
-                    struct proto_err *err)
+static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, const uint32_t *prompt,
+                    size_t n_toks, bool replace, size_t *skip, struct proto_err *err)
 {
     struct kvmm_seq_info info;
+    *skip = 0;
     int irc = kvmm_seq_info(mm, r->conn, seq, &info);
     if (irc == KVD_EBUSY) /* another generate of this connection has it */
         return proto_err_set(err, KVD_EBUSY, "'seq': %s", kvmm_errmsg(mm));
@@ -131,22 +165,37 @@ static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, size_t n
         return proto_err_set(err, KVD_EBADREQ,
                              "'seq': %zu of its %zu positions have no token ids; commit them first",
                              info.n_tokens - info.n_committed, info.n_tokens);
-    if (info.n_tokens + n_append == 0)
-        return proto_err_set(err, KVD_EBADREQ, "'tokens': empty, and 'seq' holds no tokens");
-    if (info.n_tokens + n_append >= r->n_ctx)
-        return proto_err_set(err, KVD_EBADREQ,
-                             "'tokens': %zu tokens with the sequence's %zu exceed the model's context "
-                             "(%u, at most %u)", n_append, info.n_tokens, r->n_ctx, r->n_ctx - 1);
     size_t n = 0;
     const uint32_t *toks = kvmm_seq_tokens(mm, r->conn, seq, &n);
     if (n != info.n_tokens || (n && !toks))
         return proto_err_set(err, KVD_EINTERNAL, "'seq': cannot read its tokens");
-    r->toks = malloc((info.n_tokens + n_append + 64) * sizeof(uint32_t));
+    size_t keep = n; /* the sequence's tokens that stay */
+    if (replace) {
+        keep = 0;
+        while (keep < n && keep < n_toks && toks[keep] == prompt[keep])
+            keep++;
+        *skip = keep;
+    }
+    size_t n_append = n_toks - *skip;
+    if (keep + n_append == 0)
+        return proto_err_set(err, KVD_EBADREQ, "the prompt is empty, and 'seq' holds no tokens");
+    if (keep + n_append >= r->n_ctx)
+        return proto_err_set(err, KVD_EBADREQ,
+                             "the prompt's %zu tokens with the sequence's %zu exceed the model's "
+                             "context (%u, at most %u)",
+                             n_append, keep, r->n_ctx, r->n_ctx - 1);
+    r->toks = malloc((keep + n_append + 64) * sizeof(uint32_t));
     if (!r->toks)
         return proto_err_set(err, KVD_ENOMEM, "out of memory");
-    r->cap_toks = info.n_tokens + n_append + 64;
-    if (n)
-        memcpy(r->toks, toks, n * sizeof(uint32_t));
+    r->cap_toks = keep + n_append + 64;
+    if (keep)
+        memcpy(r->toks, toks, keep * sizeof(uint32_t));
+    if (keep < n) { /* toks points into the sequence: copied first */
+        int rc = kvmm_seq_truncate(mm, r->conn, seq, n - keep);
+        if (rc)
+            return proto_err_set(err, rc, "'seq': %s", kvmm_errmsg(mm));
+        n = keep;
+    }
     r->n_toks = n;
     r->n_kv = n;
     /* With nothing to append, the last position is recomputed for logits. */
@@ -168,14 +217,130 @@ static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, size_t n
     return 0;
 }
 
+/* `messages`: [{role, content}] as NUL-terminated copies (one allocation). */
+static int parse_messages(const msgpack_object *a, struct chat_msg **out, size_t *n_out,
+                          struct proto_err *err)
+{
+    *out = NULL;
+    *n_out = 0;
+    if (a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size == 0)
+        return proto_err_set(err, KVD_EBADREQ,
+                             "'messages' must be a non-empty array of {role, content} maps");
+    uint32_t n = a->via.array.size;
+    if (n > KVD_MAX_ARRAY)
+        return proto_err_set(err, KVD_ETOOLARGE, "'messages' has %u entries, at most %u", n,
+                             KVD_MAX_ARRAY);
+    size_t bytes = (size_t)n * sizeof(struct chat_msg);
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *m = &a->via.array.ptr[i];
+        const char *s;
+        size_t len;
+        for (int k = 0; k < 2; k++) {
+            const char *key = k ? "content" : "role";
+            if (m->type != MSGPACK_OBJECT_MAP || proto_get_str(m, key, &s, &len, err))
+                return proto_err_set(err, KVD_EBADREQ, "'messages'[%u]: '%s' must be a string",
+                                     i, key);
+            if (memchr(s, 0, len))
+                return proto_err_set(err, KVD_EBADREQ, "'messages'[%u].%s holds a NUL byte", i,
+                                     key);
+            bytes += len + 1;
+        }
+    }
+    struct chat_msg *msgs = malloc(bytes);
+    if (!msgs)
+        return proto_err_set(err, KVD_ENOMEM, "out of memory");
+    char *p = (char *)(msgs + n);
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *m = &a->via.array.ptr[i];
+        for (int k = 0; k < 2; k++) {
+            const char *s;
+            size_t len;
+            proto_get_str(m, k ? "content" : "role", &s, &len, err);
+            memcpy(p, s, len);
+            p[len] = 0;
+            if (k)
+                msgs[i].content = p;
+            else
+                msgs[i].role = p;
+            p += len + 1;
+        }
+    }
+    *out = msgs;
+    *n_out = n;
+    return 0;
+}
+
+/* The prompt: exactly one of `tokens` (ids), `text` (tokenized with the
+ * model's BOS rule, unless it continues a non-empty sequence) and
+ * `messages` (rendered with the chat template); none with `seq` alone.
+ * *whole: the prompt is a whole conversation (seq: replace, not append). */
+static int parse_prompt(struct exec *ex, struct kvmm *mm, const msgpack_object *root,
+                        uint64_t conn, bool has_seq, uint64_t seq, uint32_t **toks,
+                        size_t *n_toks, bool *whole, struct proto_err *err)
+{
+    const struct model_hparams *hp = exec_hparams(ex);
+    const struct text *tx = exec_text(ex);
+    const msgpack_object *o_text = proto_map_find(root, "text");
+    const msgpack_object *o_msgs = proto_map_find(root, "messages");
+    bool has_toks = false;
+    int rc = proto_opt_u32_array(root, "tokens", KVD_MAX_ARRAY, toks, n_toks, &has_toks, err);
+    if (rc)
+        return rc;
+    *whole = false;
+    if (has_toks + (o_text != NULL) + (o_msgs != NULL) > 1)
+        return proto_err_set(err, KVD_EBADREQ, "give one of 'tokens', 'text' and 'messages'");
+    if (!has_toks && !o_text && !o_msgs && !has_seq)
+        return proto_err_set(err, KVD_EBADREQ, "'tokens', 'text' or 'messages' is required (or 'seq')");
+    char terr[256];
+    if (o_text) {
+        const char *s;
+        size_t len;
+        if ((rc = proto_get_str(root, "text", &s, &len, err)))
+            return rc;
+        int add_bos = -1; /* the model's rule, at the start of a sequence only */
+        if (has_seq) {
+            struct kvmm_seq_info info;
+            kvmm_lock(mm);
+            if (kvmm_seq_info(mm, conn, seq, &info) == 0 && info.n_tokens > 0)
+                add_bos = 0;
+            kvmm_unlock(mm);
+        }
+        if ((rc = text_tokenize(tx, s, len, add_bos, false, toks, n_toks, terr, sizeof terr)))
+            return proto_err_set(err, rc, "'text': %s", terr);
+    } else if (o_msgs) {
+        struct chat_msg *msgs;
+        size_t n_msgs;
+        if ((rc = parse_messages(o_msgs, &msgs, &n_msgs, err)))
+            return rc;
+        rc = text_tokenize_chat(tx, msgs, n_msgs, toks, n_toks, terr, sizeof terr);
+        free(msgs);
+        if (rc)
+            return proto_err_set(err, rc, "'messages': %s", terr);
+        *whole = true;
+    }
+    const char *what = has_toks ? "tokens" : o_text ? "text" : "messages";
+    if (!has_seq && *n_toks == 0)
+        return proto_err_set(err, KVD_EBADREQ, "'%s' is empty: the prompt needs at least one token",
+                             what);
+    if (*n_toks >= hp->n_ctx)
+        return proto_err_set(err, KVD_EBADREQ,
+                             "'%s': %zu tokens exceed the model's context (%u, at most %u)", what,
+                             *n_toks, hp->n_ctx, hp->n_ctx - 1);
+    for (size_t i = 0; has_toks && i < *n_toks; i++)
+        if ((*toks)[i] >= hp->n_vocab)
+            return proto_err_set(err, KVD_EBADREQ, "'tokens'[%zu] = %u is outside the vocabulary (%u)",
+                                 i, (*toks)[i], hp->n_vocab);
+    return 0;
+}
+
 int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *root,
                        const struct ops_generate_ctx *c, struct sched_req **out,
                        struct proto_err *err)
 {
     const struct model_hparams *hp = exec_hparams(ex);
     uint32_t *toks = NULL;
-    size_t n_toks = 0;
-    bool has_toks = false, has_seq = false;
+    size_t n_toks = 0, skip = 0;
+    bool has_seq = false, whole = false;
     uint64_t seq = 0;
     int rc;
     struct sched_req *r = calloc(1, sizeof(*r));
@@ -188,37 +353,17 @@ int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *r
     r->n_ctx = hp->n_ctx;
     r->t_arrive = sched_now_ns();
 
-    if ((rc = proto_opt_u32_array(root, "tokens", KVD_MAX_ARRAY, &toks, &n_toks, &has_toks, err)))
-        goto fail;
     if ((rc = proto_opt_uint(root, "seq", &seq, &has_seq, err)))
         goto fail;
-    if (!has_toks && !has_seq) {
-        rc = proto_err_set(err, KVD_EBADREQ, "'tokens' is required (or 'seq')");
+    if ((rc = parse_prompt(ex, mm, root, c->conn, has_seq, seq, &toks, &n_toks, &whole, err)))
         goto fail;
-    }
-    if (!has_seq && n_toks == 0) {
-        rc = proto_err_set(err, KVD_EBADREQ, "'tokens' is empty: the prompt needs at least one token");
-        goto fail;
-    }
-    if (n_toks >= hp->n_ctx) {
-        rc = proto_err_set(err, KVD_EBADREQ,
-                           "'tokens': %zu tokens exceed the model's context (%u, at most %u)", n_toks,
-                           hp->n_ctx, hp->n_ctx - 1);
-        goto fail;
-    }
-    for (size_t i = 0; i < n_toks; i++)
-        if (toks[i] >= hp->n_vocab) {
-            rc = proto_err_set(err, KVD_EBADREQ, "'tokens'[%zu] = %u is outside the vocabulary (%u)",
-                               i, toks[i], hp->n_vocab);
-            goto fail;
-        }
-    if ((rc = parse_args(hp, root, r, err)))
+    if ((rc = parse_args(exec_text(ex), hp, root, r, err)))
         goto fail;
 
     r->serial = exec_next_serial(ex);
     if (has_seq) {
         kvmm_lock(mm);
-        rc = take_seq(mm, r, seq, n_toks, err);
+        rc = take_seq(mm, r, seq, toks, n_toks, whole, &skip, err);
         kvmm_unlock(mm);
         if (rc)
             goto fail;
@@ -230,9 +375,9 @@ int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *r
             goto fail;
         }
     }
-    if (n_toks)
-        memcpy(r->toks + r->n_toks, toks, n_toks * sizeof(uint32_t));
-    r->n_toks += n_toks;
+    if (n_toks > skip)
+        memcpy(r->toks + r->n_toks, toks + skip, (n_toks - skip) * sizeof(uint32_t));
+    r->n_toks += n_toks - skip;
     r->n_prompt = r->n_toks;
     free(toks);
     *out = r;
@@ -258,16 +403,19 @@ void ops_generate_discard(struct kvmm *mm, struct sched_req *r)
 
 /* ---- encoding ----------------------------------------------------------- */
 
-int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, const uint32_t *toks, size_t n)
+int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, const uint32_t *toks, size_t n,
+                               const char *text, size_t text_len)
 {
     msgpack_packer pk;
     proto_packer_init(&pk, sb);
     size_t at = proto_frame_begin(sb);
     if (at == SIZE_MAX)
         return KVD_ENOMEM;
-    int rc = proto_event_begin(&pk, id, KVD_EVENT_TOKENS, 1);
+    int rc = proto_event_begin(&pk, id, KVD_EVENT_TOKENS, text ? 2 : 1);
     if (!rc)
         rc = proto_pack_kv_u32_array(&pk, "tokens", toks, n);
+    if (!rc && text)
+        rc = proto_pack_kvn_str(&pk, "text", 4, text, text_len);
     if (!rc)
         rc = proto_frame_end(sb, at);
     return rc;
@@ -294,8 +442,13 @@ int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r)
     size_t n_gen = r->n_toks - r->n_prompt;
     uint64_t t_sched = r->t_sched ? r->t_sched : r->t_done;
     uint64_t t_first = r->t_first ? r->t_first : r->t_done;
-    rc = proto_reply_begin(&pk, r->id, seq ? 5 : 4);
+    rc = proto_reply_begin(&pk, r->id, 4 + seq + (r->text != NULL));
     rc = rc ? rc : proto_pack_kv_u32_array(&pk, "tokens", r->toks + r->n_prompt, n_gen);
+    if (r->text) {
+        size_t tl;
+        const char *t = text_out_str(r->text, &tl);
+        rc = rc ? rc : proto_pack_kvn_str(&pk, "text", 4, t, tl);
+    }
     rc = rc ? rc : proto_pack_kv_str(&pk, "finish_reason", sched_finish_name(r->finish));
     rc = rc ? rc : proto_pack_str(&pk, "usage");
     rc = rc ? rc : proto_pack_map(&pk, 3);
@@ -346,7 +499,11 @@ static void sink_tokens(void *ud, const struct sched_req *r, const uint32_t *tok
 {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
-    int rc = ops_generate_encode_tokens(&sb, r->id, toks, n);
+    const char *text = NULL;
+    size_t text_len = 0;
+    if (r->text)
+        text_len = text_out_take(r->text, &text); /* the executor's thread: it owns r */
+    int rc = ops_generate_encode_tokens(&sb, r->id, toks, n, text, text_len);
     post_frame(ud, r, 0, &sb, rc);
 }
 

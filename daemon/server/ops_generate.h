@@ -29,10 +29,13 @@ int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *r
  * frees r (kvmm lock taken inside). */
 void ops_generate_discard(struct kvmm *mm, struct sched_req *r);
 
-/* Appends one frame: {"id", "event": "tokens", "tokens": [...]}. */
-int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, const uint32_t *toks, size_t n);
-/* Appends the final reply frame of r: tokens, finish_reason, usage, timing
- * (and seq for seq mode), or the error. */
+/* Appends one frame: {"id", "event": "tokens", "tokens": [...]}, and
+ * "text" (the completion's new text) when text is non-NULL. */
+int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, const uint32_t *toks, size_t n,
+                               const char *text, size_t text_len);
+/* Appends the final reply frame of r: tokens, text (when the model has a
+ * tokenizer), finish_reason, usage, timing (and seq for seq mode), or the
+ * error. */
 int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r);
 
 /* Serve mode: starts the executor over the model and registers generate,

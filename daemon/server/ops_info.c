@@ -8,7 +8,7 @@
 #include "kvd/protocol.h"
 #include "kvd/version.h"
 #include "ops.h"
-#include "server_impl.h"
+#include "server.h"
 
 
 int ops_hello(struct ops_ctx *c)
@@ -24,16 +24,16 @@ int ops_hello(struct ops_ctx *c)
                              (unsigned long long)version, KVD_PROTOCOL_VERSION);
 
     const struct kv_geom *g = kvmm_geom(c->mm);
-    struct server *srv = c->srv;
+    const struct server_model_info *m = c->host->model;
     msgpack_packer *pk = c->pk;
     size_t reply = proto_reply_begin_map(pk, c->id);
     PROTO_PK(proto_pack_kv_str(pk, "server", "kvd " KVD_VERSION_STRING));
     PROTO_PK(proto_pack_kv_uint(pk, "version", KVD_PROTOCOL_VERSION));
     PROTO_PK(proto_pack_kv_str(pk, "tenant", c->tenant_name));
     PROTO_PK(proto_pack_kv_bool(pk, "admin", c->admin));
-    PROTO_PK(proto_pack_kv_str(pk, "backend", srv->be->ops->name));
+    PROTO_PK(proto_pack_kv_str(pk, "backend", c->host->backend));
     PROTO_PK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
-    PROTO_PK(proto_pack_kv_uint(pk, "max_frame", srv->opts.max_frame));
+    PROTO_PK(proto_pack_kv_uint(pk, "max_frame", c->host->max_frame));
     PROTO_PK(proto_pack_kv_uint(pk, "conn", c->conn_id));
     PROTO_PK(proto_pack_str(pk, "kv"));
     size_t kv = proto_map_begin(pk);
@@ -44,16 +44,16 @@ int ops_hello(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
     PROTO_PK(proto_pack_kv_uint(pk, "token_bytes", kv_token_bytes(g)));
     PROTO_PK(proto_map_end(pk, kv));
-    if (!srv->have_model) {
+    if (!m) {
         PROTO_PK(proto_pack_kv_nil(pk, "model"));
     } else {
         PROTO_PK(proto_pack_str(pk, "model"));
         size_t model = proto_map_begin(pk);
-        PROTO_PK(proto_pack_kv_str(pk, "name", srv->model.name));
-        PROTO_PK(proto_pack_kv_uint(pk, "vocab", srv->model.vocab));
-        PROTO_PK(proto_pack_kv_uint(pk, "context", srv->model.context));
-        PROTO_PK(proto_pack_kv_uint(pk, "weight_bytes", srv->model.weight_bytes));
-        PROTO_PK(proto_pack_kv_uint(pk, "weight_device_bytes", srv->model.weight_device_bytes));
+        PROTO_PK(proto_pack_kv_str(pk, "name", m->name));
+        PROTO_PK(proto_pack_kv_uint(pk, "vocab", m->vocab));
+        PROTO_PK(proto_pack_kv_uint(pk, "context", m->context));
+        PROTO_PK(proto_pack_kv_uint(pk, "weight_bytes", m->weight_bytes));
+        PROTO_PK(proto_pack_kv_uint(pk, "weight_device_bytes", m->weight_device_bytes));
         PROTO_PK(proto_map_end(pk, model));
     }
     return proto_map_end(pk, reply);
@@ -110,7 +110,7 @@ static int pack_tier(msgpack_packer *pk, const char *key, uint32_t total, uint32
  * minus its own figures would give the others'). */
 static int stats_tenant_locked(struct ops_ctx *c)
 {
-    struct server *srv = c->srv;
+    const struct server_obs *obs = c->host->obs;
     msgpack_packer *pk = c->pk;
     struct kvmm_stats st;
     struct kvmm_tenant_stats ts;
@@ -119,7 +119,7 @@ static int stats_tenant_locked(struct ops_ctx *c)
     kvmm_stats(c->mm, &st);
     size_t reply = proto_reply_begin_map(pk, c->id);
     PROTO_PK(proto_pack_kv_str(pk, "scope", "tenant"));
-    PROTO_PK(proto_pack_kv_str(pk, "backend", srv->be->ops->name));
+    PROTO_PK(proto_pack_kv_str(pk, "backend", obs->backend));
     PROTO_PK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
     PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
     PROTO_PK(proto_pack_str(pk, "device"));
@@ -135,14 +135,14 @@ static int stats_tenant_locked(struct ops_ctx *c)
     int rc = kvmm_tenant_stats(c->mm, c->tenant, &ts);
     if (rc)
         return proto_err_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
-    PROTO_PK(pack_tenant(pk, &ts, srv->acct, c->tenant));
+    PROTO_PK(pack_tenant(pk, &ts, obs->acct, c->tenant));
     return proto_map_end(pk, reply);
 }
 
 /* Everything is read under one lock so the numbers add up. */
 static int stats_locked(struct ops_ctx *c)
 {
-    struct server *srv = c->srv;
+    const struct server_obs *obs = c->host->obs;
     msgpack_packer *pk = c->pk;
     struct kvmm_stats st;
     struct kvmm_tenant_stats ts;
@@ -153,7 +153,7 @@ static int stats_locked(struct ops_ctx *c)
     kvmm_stats(c->mm, &st);
     size_t reply = proto_reply_begin_map(pk, c->id);
     PROTO_PK(proto_pack_kv_str(pk, "scope", "all"));
-    PROTO_PK(proto_pack_kv_str(pk, "backend", srv->be->ops->name));
+    PROTO_PK(proto_pack_kv_str(pk, "backend", obs->backend));
     PROTO_PK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
     PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
     PROTO_PK(pack_tier(pk, "device", st.device_total, st.device_free, st.device_cached,
@@ -173,18 +173,19 @@ static int stats_locked(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_uint(pk, "cow_copies", st.cow_copies));
     PROTO_PK(proto_pack_kv_uint(pk, "seqs", st.n_seqs));
     PROTO_PK(proto_map_end(pk, counters));
-    PROTO_PK(proto_pack_kv_uint(pk, "connections", srv->n_conns));
-    PROTO_PK(proto_pack_kv_uint(pk, "in_flight", srv->n_pending));
+    PROTO_PK(proto_pack_kv_uint(pk, "connections", *obs->n_conns));
+    PROTO_PK(proto_pack_kv_uint(pk, "in_flight", *obs->n_pending));
 
+    const struct server_tenant *tenants = *obs->tenants;
     PROTO_PK(proto_pack_str(pk, "tenants"));
-    PROTO_MP(proto_pack_array(pk, srv->n_tenants));
-    for (size_t i = 0; i < srv->n_tenants; i++) {
-        int rc = kvmm_tenant_stats(c->mm, srv->tenants[i].id, &ts);
+    PROTO_MP(proto_pack_array(pk, *obs->n_tenants));
+    for (size_t i = 0; i < *obs->n_tenants; i++) {
+        int rc = kvmm_tenant_stats(c->mm, tenants[i].id, &ts);
         if (rc)
             return proto_err_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
-        PROTO_PK(pack_tenant(pk, &ts, srv->acct, srv->tenants[i].id));
+        PROTO_PK(pack_tenant(pk, &ts, obs->acct, tenants[i].id));
     }
-    PROTO_PK(acct_stats_pack_top(pk, srv->acct, srv->rl)); /* "requests", "roofline" */
+    PROTO_PK(acct_stats_pack_top(pk, obs->acct, obs->rl)); /* "requests", "roofline" */
     return proto_map_end(pk, reply);
 }
 

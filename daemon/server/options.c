@@ -40,6 +40,8 @@ const struct options_def options_defs[] = {
      0, "where the KV arena and the model live"},
     {"model", "FILE", OPTIONS_STR, F(model_path), 0, 0, NULL, NULL, NULL, 0,
      "GGUF model to serve (omit for store mode)"},
+    {"chat-template", "FILE", OPTIONS_STR, F(chat_template_path), 0, 0, NULL, NULL, NULL, 0,
+     "Jinja chat template for 'messages', instead of the\nmodel file's own"},
     {"device-blocks", "N", OPTIONS_U32, F(device_blocks), 1, UINT32_MAX - 1, NULL, NULL,
      STR(OPTIONS_DEFAULT_DEVICE_BLOCKS), 0, "KV blocks in the device arena"},
     {"gpu-mem", "FRACTION", OPTIONS_FRACTION, F(gpu_mem), 0, 0, NULL, NULL, NULL, 0,

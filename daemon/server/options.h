@@ -19,6 +19,7 @@ struct options {
     char socket_group[64]; /* empty: the daemon's own group */
     char config_path[4096];
     char model_path[4096]; /* empty: store mode */
+    char chat_template_path[4096]; /* empty: the model's own (tokenizer.chat_template) */
     enum options_backend backend;
     uint32_t device_blocks; /* 0: derived from gpu_mem, else the default */
     double gpu_mem;         /* fraction of device memory in (0, 1]; 0: unset */

@@ -48,18 +48,13 @@ const char *server_socket_path(const struct server *srv)
 
 void server_attach_obs(struct server *srv, struct roofline *rl, struct acct *acct)
 {
-    srv->rl = rl;
-    srv->acct = acct;
+    srv->obs.rl = rl;
+    srv->obs.acct = acct;
 }
 
 void server_get_obs(struct server *srv, struct server_obs *out)
 {
-    *out = (struct server_obs){.mm = srv->mm,
-                               .rl = srv->rl,
-                               .acct = srv->acct,
-                               .backend = srv->be->ops->name,
-                               .n_conns = &srv->n_conns,
-                               .n_pending = &srv->n_pending};
+    *out = srv->obs;
 }
 
 struct event_base *server_event_base(struct server *srv)
@@ -74,9 +69,14 @@ const struct options *server_options(const struct server *srv)
 
 void server_set_model(struct server *srv, const struct server_model_info *m)
 {
-    srv->have_model = m != NULL;
     if (m)
         srv->model = *m;
+    srv->host.model = m ? &srv->model : NULL;
+}
+
+static void host_shutdown(void *ctx)
+{
+    server_shutdown(ctx);
 }
 
 int server_op_register(struct server *srv, const char *op, ops_fn fn, void *ctx, unsigned flags)
@@ -672,6 +672,20 @@ int server_new(const struct options *opts, struct config *cfg, const char *confi
     srv->opts = *opts;
     srv->mm = mm;
     srv->be = be;
+    srv->obs = (struct server_obs){.mm = mm,
+                                   .backend = be->ops->name,
+                                   .n_conns = &srv->n_conns,
+                                   .n_pending = &srv->n_pending,
+                                   .tenants = (const struct server_tenant *const *)&srv->tenants,
+                                   .n_tenants = &srv->n_tenants};
+    srv->host = (struct ops_host){.srv = srv,
+                                  .mm = mm,
+                                  .backend = be->ops->name,
+                                  .max_frame = opts->max_frame,
+                                  .cfg = &srv->cfg,
+                                  .obs = &srv->obs,
+                                  .shutdown = host_shutdown,
+                                  .ctx = srv};
     snprintf(srv->config_path, sizeof(srv->config_path), "%s", config_path ? config_path : "");
     pthread_mutex_init(&srv->post_mu, NULL);
     msgpack_sbuffer_init(&srv->out);

@@ -42,7 +42,7 @@ const char *server_socket_path(const struct server *srv);
 /* Sets the model hello reports (NULL: store mode, model nil). */
 void server_set_model(struct server *srv, const struct server_model_info *m);
 
-/* ---- for observers (metrics): what they read, never the server itself -- */
+/* ---- for observers (stats, metrics): what they read, never the server -- */
 
 struct roofline; /* roofline.h */
 struct acct;     /* acct.h */
@@ -51,15 +51,25 @@ struct event_base;
 /* Gives the server its observability sources (stats and metrics read them;
  * NULL is fine). Not owned. Call before server_run. */
 void server_attach_obs(struct server *srv, struct roofline *rl, struct acct *acct);
+/* A tenant seen on a connection (stats lists each, the queue limits count
+ * its requests in flight). */
+struct server_tenant {
+    char name[KVD_MAX_NAME + 1];
+    uint32_t id;      /* kvmm tenant id */
+    size_t n_pending; /* requests in flight on its connections */
+};
 /* What an observer reads, on the loop thread: the memory manager (lock it
- * while reading), the sources above, the backend's name and the live
- * connection and in-flight counters. */
+ * while reading), the sources above, the backend's name, and the live
+ * counters and tenant list, through pointers so one copy stays current
+ * (*tenants moves as the list grows: read it each time). */
 struct server_obs {
     struct kvmm *mm;
     struct roofline *rl;
     struct acct *acct;
     const char *backend;
     const size_t *n_conns, *n_pending;
+    const struct server_tenant *const *tenants; /* (*n_tenants), in the order first seen */
+    const size_t *n_tenants;
 };
 void server_get_obs(struct server *srv, struct server_obs *out);
 /* The loop's event base (to add listeners to it) and the settings. */

@@ -70,12 +70,6 @@ struct server_hook {
     void *ctx;
 };
 
-struct server_tenant {
-    char name[KVD_MAX_NAME + 1];
-    uint32_t id;
-    size_t n_pending; /* requests in flight on its connections */
-};
-
 struct server {
     struct event_base *base;
     struct evconnlistener *listener;
@@ -88,8 +82,8 @@ struct server {
     struct kvmm *mm;    /* not owned */
     struct backend *be; /* not owned */
     struct ops_table ops;
-    struct server_model_info model;
-    bool have_model;
+    struct ops_host host; /* what the handlers read of the server (ops.h) */
+    struct server_model_info model; /* host.model points here in serve mode */
 
     char socket_path[108];
     bool own_socket; /* we created socket_path: unlink it at exit */
@@ -118,9 +112,9 @@ struct server {
     struct server_tenant *tenants; /* (n_tenants) every tenant seen, for stats */
     size_t n_tenants;
 
-    /* observability sources (server_attach_obs), not owned; NULL when absent */
-    struct roofline *rl;
-    struct acct *acct;
+    /* what observers read (host.obs, server_get_obs); its sources
+     * (server_attach_obs) are not owned, NULL when absent */
+    struct server_obs obs;
 
     struct server_hook *close_hooks, *drain_hooks;
     size_t n_close_hooks, n_drain_hooks;

@@ -173,6 +173,7 @@ enum kvd_arg_type {
     KVD_ARG_STR,
     KVD_ARG_BIN,
     KVD_ARG_U32S, /* array of uint32 (token ids) */
+    KVD_ARG_RAW,  /* v.bin: one msgpack object, already packed, sent as is */
 };
 struct kvd_arg {
     const char *key;
@@ -203,6 +204,8 @@ struct kvd_arg {
     ((struct kvd_arg){.key = (k), .type = KVD_ARG_BIN, .v.bin = {(p), (n)}})
 #define KVD_ARG_U32S(k, p, n)                                                                      \
     ((struct kvd_arg){.key = (k), .type = KVD_ARG_U32S, .v.u32s = {(p), (n)}})
+#define KVD_ARG_RAW(k, p, n)                                                                       \
+    ((struct kvd_arg){.key = (k), .type = KVD_ARG_RAW, .v.bin = {(p), (n)}})
 
 /* Called for each event ({"id", "event", ...}) of a request, in order, from
  * inside whichever kvd_wait()/kvd_poll() reads it. Return 0 to go on, or
@@ -246,7 +249,7 @@ KVD_API int kvd_call(struct kvd_ctx *ctx, const char *op, const struct kvd_arg *
 /* Each returns 0 or an enum kvd_err (also in ctx->err / ctx->errstr). */
 
 struct kvd_hello_info {
-    char server[64];  /* e.g. "kvd 0.1.0" */
+    char server[64];  /* e.g. "kvd 0.2.0" */
     uint32_t version; /* protocol version */
     char tenant[64];
     char backend[16]; /* "cuda" / "cpu" */
@@ -258,6 +261,14 @@ struct kvd_hello_info {
     bool has_model;       /* false in store mode */
     char model[128];
     uint32_t vocab, context;
+    /* The model's text side: tokenizer[0] == 0 when the daemon serves it in
+     * token-only mode (no text, messages or stop strings). */
+    char tokenizer[16];         /* "llama" (SentencePiece) or "gpt2" (byte-level BPE) */
+    bool has_bos, has_eos;      /* whether bos / eos are set */
+    uint32_t bos, eos;
+    uint32_t eog[16];           /* end-of-generation ids (generation stops there) */
+    size_t n_eog;
+    bool has_chat_template;     /* `messages` (kvd_chat) can be used */
 };
 KVD_API int kvd_hello(struct kvd_ctx *ctx, struct kvd_hello_info *out);
 
@@ -319,6 +330,11 @@ KVD_API int kvd_seq_close(struct kvd_ctx *ctx, uint64_t seq);
 /* Streaming callback of generate: the tokens of one "tokens" event. Return
  * non-zero to cancel the request (its reply then says "cancelled"). */
 typedef int (*kvd_tokens_fn)(void *user, const uint32_t *tokens, size_t n);
+/* Streaming callback with text: the event's tokens (n may be 0) and the
+ * completion's new text (len bytes, NUL-terminated, whole UTF-8
+ * characters; the pieces add up to the reply's text). */
+typedef int (*kvd_text_fn)(void *user, const uint32_t *tokens, size_t n, const char *text,
+                           size_t len);
 
 struct kvd_gen_opts {
     uint32_t max_tokens; /* 0: the daemon's default */
@@ -334,6 +350,11 @@ struct kvd_gen_opts {
     bool use_seq;            /*   tokens are then appended to it */
     kvd_tokens_fn on_tokens; /* non-NULL: stream, calling this per event */
     void *user;
+    /* Text (the model's tokenizer is needed; `unsupported` otherwise): */
+    const char *const *stop_strs; /* stop strings: the text ends before the first */
+    size_t n_stop_strs;
+    bool ignore_eos;      /* do not stop at the model's end-of-generation tokens */
+    kvd_text_fn on_text;  /* non-NULL: stream, calling this per event (with on_tokens: both) */
 };
 /* Sets every option to "the daemon's default", no streaming. */
 KVD_API void kvd_gen_opts_init(struct kvd_gen_opts *o);
@@ -344,6 +365,8 @@ struct kvd_gen_result {
     char finish_reason[16];                                   /* "length", "stop", "cancelled" */
     uint32_t prompt_tokens, cached_tokens, completion_tokens; /* usage */
     double queue_ms, ttft_ms, total_ms;                       /* timing */
+    char *text; /* the completion as text (NUL-terminated); NULL in token-only mode */
+    size_t text_len;
 };
 KVD_API void kvd_gen_result_free(struct kvd_gen_result *r);
 
@@ -355,6 +378,34 @@ KVD_API int kvd_generate(struct kvd_ctx *ctx, const uint32_t *tokens, size_t n,
 KVD_API int kvd_generate_send(struct kvd_ctx *ctx, const uint32_t *tokens, size_t n,
                               const struct kvd_gen_opts *opts, uint64_t *id);
 KVD_API int kvd_generate_wait(struct kvd_ctx *ctx, uint64_t id, struct kvd_gen_result *out);
+/* The same with a text prompt, tokenized by the daemon with the model's
+ * tokenizer and BOS rule (no BOS when it continues a non-empty opts->seq). */
+KVD_API int kvd_generate_text(struct kvd_ctx *ctx, const char *text,
+                              const struct kvd_gen_opts *opts, struct kvd_gen_result *out);
+KVD_API int kvd_generate_text_send(struct kvd_ctx *ctx, const char *text,
+                                   const struct kvd_gen_opts *opts, uint64_t *id);
+/* A conversation, rendered by the daemon with the model's chat template
+ * (the assistant's turn opened). With opts->use_seq the messages are the
+ * whole conversation: the sequence keeps the longest common prefix of its
+ * tokens and the rendered prompt's, and gets the rest, so each turn of a
+ * chat computes only its new tokens. */
+struct kvd_chat_msg {
+    const char *role; /* "system", "user", "assistant" */
+    const char *content;
+};
+KVD_API int kvd_chat(struct kvd_ctx *ctx, const struct kvd_chat_msg *msgs, size_t n,
+                     const struct kvd_gen_opts *opts, struct kvd_gen_result *out);
+KVD_API int kvd_chat_send(struct kvd_ctx *ctx, const struct kvd_chat_msg *msgs, size_t n,
+                          const struct kvd_gen_opts *opts, uint64_t *id);
+/* Token ids of text (special: parse special-token text such as <|eot_id|>;
+ * add_bos < 0: the model's rule). *tokens is malloc'd. */
+KVD_API int kvd_tokenize(struct kvd_ctx *ctx, const char *text, bool special, int add_bos,
+                         uint32_t **tokens, size_t *n);
+/* The text of token ids (special: control tokens as their text). *text is
+ * malloc'd, NUL-terminated. */
+KVD_API int kvd_detokenize(struct kvd_ctx *ctx, const uint32_t *tokens, size_t n, bool special,
+                           char **text);
+
 /* Cancels the earlier request `target` of this connection. */
 KVD_API int kvd_cancel(struct kvd_ctx *ctx, uint64_t target);
 

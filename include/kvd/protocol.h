@@ -51,6 +51,8 @@ extern "C" {
 #define KVD_OP_SEQ_CLOSE "seq_close"
 #define KVD_OP_GENERATE "generate"
 #define KVD_OP_CANCEL "cancel"
+#define KVD_OP_TOKENIZE "tokenize"
+#define KVD_OP_DETOKENIZE "detokenize"
 #define KVD_OP_ADMIN_EVICT "admin_evict"
 #define KVD_OP_ADMIN_CHECK "admin_check"
 #define KVD_OP_ADMIN_SHUTDOWN "admin_shutdown"

@@ -4,8 +4,9 @@
  * block API. Every request still gets exactly one reply with a protocol
  * code, the failures are those the faults can cause, invariants hold
  * (admin_check), closing the connections gives every block back, and
- * SIGTERM exits 0 (under ASan: without leaks). And at accept, in-process:
- * noting a new tenant fails, and the connection is refused with a message
+ * SIGTERM exits 0 (under ASan: without leaks). And at accept, in-process
+ * (a server on the test's own loop, through server.h only): noting a new
+ * tenant fails, and the connection is refused with a message
  * naming the tenant (it used to get an empty one). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +19,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 
 #include <cmocka.h>
 #include <event2/event.h>
@@ -28,7 +30,7 @@
 #include "kvd_harness.h"
 #include "kvmm.h"
 #include "options.h"
-#include "server_impl.h"
+#include "server.h"
 
 #define TB (2 * 2 * 1 * 8 * 2)
 
@@ -199,20 +201,36 @@ static bool loop_until_readable(struct server *srv, int fd)
 {
     for (int i = 0; i < 1000; i++) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        event_base_loop(srv->base, EVLOOP_NONBLOCK);
+        event_base_loop(server_event_base(srv), EVLOOP_NONBLOCK);
         if (poll(&p, 1, 10) > 0)
             return true;
     }
     return false;
 }
 
-/* A connection accepted in-process; returns the client's end. */
-static int accept_pair(struct server *srv)
+/* A client connected to the server's socket (accepted when the loop runs). */
+static int connect_client(struct server *srv)
 {
-    int sv[2];
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    assert_int_equal(conn_accept(srv, sv[0]), 0); /* takes sv[0] */
-    return sv[1];
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", server_socket_path(srv));
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+static size_t n_conns(struct server *srv)
+{
+    struct server_obs o;
+    server_get_obs(srv, &o);
+    return *o.n_conns;
+}
+
+static size_t n_tenants(struct server *srv)
+{
+    struct server_obs o;
+    server_get_obs(srv, &o);
+    return *o.n_tenants;
 }
 
 static void test_tenant_note_failure_is_reported(void **state)
@@ -221,11 +239,11 @@ static void test_tenant_note_failure_is_reported(void **state)
     struct kh_reply r;
 
     fault_set(FAULT_ALLOC, FAULT_AFTER, 0); /* every FAULT_ALLOC call fails */
-    int fd = accept_pair(e->srv);
+    int fd = connect_client(e->srv);
+    assert_true(loop_until_readable(e->srv, fd)); /* accepted, refused, answered */
     uint64_t injected = fault_injected(FAULT_ALLOC);
     fault_reset();
     assert_true(injected >= 1);
-    assert_true(loop_until_readable(e->srv, fd));
     assert_int_equal(kh_recv(fd, &r), 0);
     assert_int_equal(r.id, 0);
     kh_expect(&r, KVD_ENOMEM);
@@ -238,12 +256,12 @@ static void test_tenant_note_failure_is_reported(void **state)
     char b;
     assert_int_equal(read(fd, &b, 1), 0); /* closed after the reply */
     close(fd);
-    event_base_loop(e->srv->base, EVLOOP_NONBLOCK);
-    assert_int_equal(e->srv->n_conns, 0);
-    assert_int_equal(e->srv->n_tenants, 0);
+    event_base_loop(server_event_base(e->srv), EVLOOP_NONBLOCK);
+    assert_int_equal(n_conns(e->srv), 0);
+    assert_int_equal(n_tenants(e->srv), 0);
 
     /* Without faults the same tenant is served. */
-    fd = accept_pair(e->srv);
+    fd = connect_client(e->srv);
     struct kh_req q;
     kh_req_begin(&q, "hello", 1, 1);
     proto_pack_kv_uint(&q.pk, "version", 1);
@@ -254,11 +272,11 @@ static void test_tenant_note_failure_is_reported(void **state)
         fail_msg("hello after the fault: code %d: %s", r.code, r.message);
     assert_int_equal(r.id, 1);
     kh_reply_free(&r);
-    assert_int_equal(e->srv->n_tenants, 1);
+    assert_int_equal(n_tenants(e->srv), 1);
     close(fd);
-    for (int i = 0; i < 100 && e->srv->n_conns; i++)
-        event_base_loop(e->srv->base, EVLOOP_ONCE);
-    assert_int_equal(e->srv->n_conns, 0);
+    for (int i = 0; i < 100 && n_conns(e->srv); i++)
+        event_base_loop(server_event_base(e->srv), EVLOOP_ONCE);
+    assert_int_equal(n_conns(e->srv), 0);
 }
 
 int main(void)

@@ -1,5 +1,5 @@
 /* fuzz_env: the socket-less dispatcher and the memory manager the fuzz
- * targets drive (see fuzz_env.h). The dispatch mirrors conn.c's so the
+ * targets drive (see fuzz_env.h). The dispatch mirrors the server's so the
  * handlers see exactly what they see in the daemon. */
 #include "fuzz_env.h"
 
@@ -14,7 +14,6 @@
 #include "kvd/protocol.h"
 #include "kvd/status.h"
 #include "log.h"
-#include "server_impl.h"
 
 _Noreturn void fuzz_fail(const char *file, int line, const char *what)
 {
@@ -91,7 +90,7 @@ static int conns_setup(struct fuzz_env *e)
     for (int i = 0; i < FUZZ_CONNS; i++) {
         struct config_identity ident;
         struct fuzz_conn *c = &e->conn[i];
-        if (config_resolve(&e->srv->cfg, uids[i], uids[i], &ident))
+        if (config_resolve(&e->cfg, uids[i], uids[i], &ident))
             return -1;
         c->id = (uint64_t)i + 1;
         c->uid = uids[i];
@@ -100,6 +99,22 @@ static int conns_setup(struct fuzz_env *e)
         snprintf(c->tenant_name, sizeof(c->tenant_name), "%s", ident.conf.name);
         snprintf(c->ns_name, sizeof(c->ns_name), "tenant:%s", ident.conf.name);
     }
+    return 0;
+}
+
+/* Adds a tenant to the list stats reports, as the server does at accept. */
+static int note_tenant(struct fuzz_env *e, const char *name, uint32_t id)
+{
+    for (size_t i = 0; i < e->n_tenants; i++)
+        if (e->tenants[i].id == id)
+            return 0;
+    struct server_tenant *nv = realloc(e->tenants, (e->n_tenants + 1) * sizeof(*nv));
+    if (!nv)
+        return -1;
+    e->tenants = nv;
+    memset(&nv[e->n_tenants], 0, sizeof(*nv));
+    snprintf(nv[e->n_tenants].name, sizeof(nv->name), "%s", name);
+    nv[e->n_tenants++].id = id;
     return 0;
 }
 
@@ -118,7 +133,7 @@ static int mm_setup(struct fuzz_env *e)
     };
     if (kvmm_new(&mc, &e->mm))
         return -1;
-    e->srv->mm = e->mm;
+    e->host.mm = e->obs.mm = e->mm;
     for (int i = 0; i < FUZZ_CONNS; i++) {
         struct fuzz_conn *c = &e->conn[i];
         uint32_t tenant = 0, ns = 0;
@@ -132,7 +147,7 @@ static int mm_setup(struct fuzz_env *e)
         if (!e->tenants_noted) {
             c->tenant = tenant;
             c->ns = ns;
-            if (server_tenant_note(e->srv, c->tenant_name, tenant))
+            if (note_tenant(e, c->tenant_name, tenant))
                 return -1;
         }
         FUZZ_ASSERT(tenant == c->tenant && ns == c->ns);
@@ -145,9 +160,7 @@ static void mm_teardown(struct fuzz_env *e)
 {
     if (e->mm)
         kvmm_free(e->mm);
-    e->mm = NULL;
-    if (e->srv)
-        e->srv->mm = NULL;
+    e->mm = e->host.mm = e->obs.mm = NULL;
 }
 
 int fuzz_env_new(struct fuzz_env *e)
@@ -174,14 +187,17 @@ int fuzz_env_new(struct fuzz_env *e)
      * objects are cleared after it, the first chunk is kept. */
     e->zone = msgpack_zone_new(MSGPACK_ZONE_CHUNK_SIZE);
     e->reply_zone = msgpack_zone_new(MSGPACK_ZONE_CHUNK_SIZE);
-    e->srv = calloc(1, sizeof(*e->srv));
-    if (!e->zone || !e->reply_zone || !e->srv || load_config(&e->srv->cfg) || conns_setup(e))
+    if (!e->zone || !e->reply_zone || load_config(&e->cfg) || conns_setup(e))
         goto fail;
-    e->srv->be = e->be;
-    e->srv->ops = op_table;
-    e->srv->zone = e->zone;
-    options_defaults(&e->srv->opts);
-    e->srv->opts.max_frame = 1u << 16; /* so kv_read's too_large path is reachable */
+    e->obs = (struct server_obs){.backend = e->be->ops->name,
+                                 .n_conns = &e->n_conns,
+                                 .n_pending = &e->n_pending,
+                                 .tenants = (const struct server_tenant *const *)&e->tenants,
+                                 .n_tenants = &e->n_tenants};
+    e->host = (struct ops_host){.backend = e->be->ops->name,
+                                .max_frame = 1u << 16, /* so kv_read's too_large path is reachable */
+                                .cfg = &e->cfg,
+                                .obs = &e->obs};
     return 0;
 fail:
     fuzz_env_free(e);
@@ -212,11 +228,8 @@ void fuzz_env_end(struct fuzz_env *e)
 void fuzz_env_free(struct fuzz_env *e)
 {
     mm_teardown(e);
-    if (e->srv) {
-        config_free(&e->srv->cfg);
-        free(e->srv->tenants);
-        free(e->srv);
-    }
+    config_free(&e->cfg);
+    free(e->tenants);
     if (e->zone)
         msgpack_zone_free(e->zone);
     if (e->reply_zone)
@@ -254,7 +267,7 @@ int fuzz_parse_reply(struct fuzz_env *e, const void *payload, size_t len, struct
     return proto_msg_parse_in(m, payload, len, e->reply_zone, NULL);
 }
 
-/* conn.c's dispatch step by step: the request decoded into the server's
+/* The server's dispatch step by step: the request decoded into the server's
  * zone (cleared after it), the reply packed in place by a proto packer. */
 bool fuzz_dispatch(struct fuzz_env *e, int conn, const uint8_t *payload, size_t len, int *code)
 {
@@ -275,7 +288,7 @@ bool fuzz_dispatch(struct fuzz_env *e, int conn, const uint8_t *payload, size_t 
         return false;
     }
     const struct ops_entry *ent;
-    rc = ops_resolve(&e->srv->ops, m.root, fc->admin, (unsigned)fc->uid, &id, &ent, &pe);
+    rc = ops_resolve(&op_table, m.root, fc->admin, (unsigned)fc->uid, &id, &ent, &pe);
     if (rc) {
         FUZZ_ASSERT(proto_frame_error(sb, id, rc, pe.message) == 0);
     } else {
@@ -283,7 +296,8 @@ bool fuzz_dispatch(struct fuzz_env *e, int conn, const uint8_t *payload, size_t 
                                  .tenant = fc->tenant, .ns = fc->ns,
                                  .tenant_name = fc->tenant_name, .admin = fc->admin};
         /* the kvmm is built here at the first handler, as if at the start */
-        rc = ops_run(e->srv, fuzz_env_mm(e), ent, &who, id, m.root, sb);
+        fuzz_env_mm(e); /* sets host.mm */
+        rc = ops_run(&e->host, ent, &who, id, m.root, sb);
         FUZZ_ASSERT(rc != OPS_PENDING); /* store mode: nothing leaves the loop */
         FUZZ_ASSERT(rc == 0 || (rc > 0 && rc < KVD_EIO));
     }
@@ -301,11 +315,11 @@ size_t fuzz_stream(struct fuzz_env *e, int conn, const uint8_t *data, size_t siz
         size_t n = 0;
         e->out.size = 0;
         enum proto_frame_status st =
-            proto_frame_peek(data + off, size - off, e->srv->opts.max_frame, &n);
+            proto_frame_peek(data + off, size - off, e->host.max_frame, &n);
         if (st == PROTO_FRAME_NEED_MORE) /* a truncated last frame: the EOF path */
             break;
         if (st == PROTO_FRAME_EMPTY || st == PROTO_FRAME_TOO_LARGE) {
-            FUZZ_ASSERT(st == PROTO_FRAME_EMPTY ? n == 0 : n > e->srv->opts.max_frame);
+            FUZZ_ASSERT(st == PROTO_FRAME_EMPTY ? n == 0 : n > e->host.max_frame);
             break; /* the server answers and closes */
         }
         FUZZ_ASSERT(n <= size - off - 4);

@@ -1,9 +1,10 @@
 /* fuzz_env: what the fuzz targets share: a store-mode memory manager on the
  * cpu backend with two tenants, the server's real op table, and a
- * dispatcher that runs one request payload the way conn.c does, without a
- * socket (a fake connection id and a server struct holding only what the
- * handlers read). Every reply it produces is checked to be one well-formed
- * frame; a broken oracle aborts (libFuzzer reports it as a crash). */
+ * dispatcher that runs one request payload the way the server does,
+ * without a socket or a server (a fake connection id and the ops_host the
+ * handlers read, filled here). Every reply it produces is checked to be one
+ * well-formed frame; a broken oracle aborts (libFuzzer reports it as a
+ * crash). */
 #ifndef KVD_FUZZ_ENV_H
 #define KVD_FUZZ_ENV_H
 
@@ -15,10 +16,12 @@
 #include <msgpack.h>
 
 #include "backend.h"
+#include "config.h"
 #include "kvd/protocol.h"
 #include "kvmm.h"
 #include "ops.h"
 #include "proto.h"
+#include "server.h"
 
 /* Aborts with the condition and place when an oracle fails. */
 #define FUZZ_ASSERT(cond)                                                                          \
@@ -46,11 +49,15 @@ struct fuzz_env {
     struct backend arena_be;       /* cpu with arena_ops: what the kvmm uses */
     struct backend *be;            /* = &arena_be */
     struct kvmm *mm;               /* this input's, once built (fuzz_env_mm) */
-    struct server *srv; /* zeroed except cfg, opts, be, ops, zone, mm, tenants */
+    struct config cfg;             /* the tenants a and b (fuzz_env.c) */
+    struct ops_host host;          /* what the handlers read, as the server gives it */
+    struct server_obs obs;         /* stats' view: no sockets, so no connections */
+    struct server_tenant *tenants; /* (n_tenants) the three, noted at the first mm_setup */
+    size_t n_tenants, n_conns, n_pending;
     struct fuzz_conn conn[FUZZ_CONNS];
-    bool tenants_noted;       /* srv->tenants holds the three (first mm_setup) */
+    bool tenants_noted;       /* tenants holds the three (first mm_setup) */
     msgpack_sbuffer out;      /* replies of the last dispatch */
-    msgpack_zone *zone;       /* requests' objects, as the server's srv->zone */
+    msgpack_zone *zone;       /* requests' objects, as the server's zone */
     msgpack_zone *reply_zone; /* the oracles' parses of replies */
 };
 

@@ -29,6 +29,7 @@ enum kt {
     T_MAPS,     /* array of maps: sub */
     T_UINT_NIL, /* uint or nil */
     T_MAP_NIL,  /* map (sub) or nil */
+    T_STR_NIL,  /* str or nil */
 };
 
 struct key {
@@ -50,7 +51,13 @@ static const struct key K_KV[] = {{"layers", T_UINT, NULL},      {"kv_heads", T_
                                   {NULL, 0, NULL}};
 static const struct key K_MODEL[] = {{"name", T_STR, NULL},         {"vocab", T_UINT, NULL},
                                      {"context", T_UINT, NULL},     {"weight_bytes", T_UINT, NULL},
-                                     {"weight_device_bytes", T_UINT, NULL}, {NULL, 0, NULL}};
+                                     {"weight_device_bytes", T_UINT, NULL},
+                                     {"tokenizer", T_STR_NIL, NULL},
+                                     {"bos", T_UINT_NIL, NULL},
+                                     {"eos", T_UINT_NIL, NULL},
+                                     {"eog", T_UARR, NULL},
+                                     {"chat_template", T_BOOL, NULL},
+                                     {NULL, 0, NULL}};
 static const struct key K_HELLO[] = {
     {"server", T_STR, NULL},  {"version", T_UINT, NULL},   {"tenant", T_STR, NULL},
     {"admin", T_BOOL, NULL},  {"backend", T_STR, NULL},    {"block_tokens", T_UINT, NULL},
@@ -140,13 +147,19 @@ static const struct key K_USAGE[] = {{"prompt", T_UINT, NULL}, {"cached", T_UINT
                                      {"completion", T_UINT, NULL}, {NULL, 0, NULL}};
 static const struct key K_TIMING[] = {{"queue_ms", T_DBL, NULL}, {"ttft_ms", T_DBL, NULL},
                                       {"total_ms", T_DBL, NULL}, {NULL, 0, NULL}};
-static const struct key K_GEN[] = {{"tokens", T_UARR, NULL},   {"finish_reason", T_STR, NULL},
+/* The test model (kvd-gguf-gen) has a tokenizer, so replies carry text. */
+static const struct key K_GEN[] = {{"tokens", T_UARR, NULL},   {"text", T_STR, NULL},
+                                   {"finish_reason", T_STR, NULL},
                                    {"usage", T_MAP, K_USAGE},  {"timing", T_MAP, K_TIMING},
                                    {NULL, 0, NULL}};
-static const struct key K_GEN_SEQ[] = {{"tokens", T_UARR, NULL},  {"finish_reason", T_STR, NULL},
+static const struct key K_GEN_SEQ[] = {{"tokens", T_UARR, NULL},  {"text", T_STR, NULL},
+                                       {"finish_reason", T_STR, NULL},
                                        {"usage", T_MAP, K_USAGE}, {"timing", T_MAP, K_TIMING},
                                        {"seq", T_UINT, NULL},     {NULL, 0, NULL}};
-static const struct key K_TOKENS_EVENT[] = {{"tokens", T_UARR, NULL}, {NULL, 0, NULL}};
+static const struct key K_TOKENS_EVENT[] = {{"tokens", T_UARR, NULL}, {"text", T_STR, NULL},
+                                            {NULL, 0, NULL}};
+static const struct key K_TOKENIZE[] = {{"tokens", T_UARR, NULL}, {NULL, 0, NULL}};
+static const struct key K_DETOKENIZE[] = {{"text", T_STR, NULL}, {NULL, 0, NULL}};
 
 /* ---- strict decoding ----------------------------------------------------- */
 
@@ -184,6 +197,8 @@ static bool type_ok(const msgpack_object *v, enum kt t)
         return v->type == MSGPACK_OBJECT_POSITIVE_INTEGER || v->type == MSGPACK_OBJECT_NIL;
     case T_MAP_NIL:
         return v->type == MSGPACK_OBJECT_MAP || v->type == MSGPACK_OBJECT_NIL;
+    case T_STR_NIL:
+        return v->type == MSGPACK_OBJECT_STR || v->type == MSGPACK_OBJECT_NIL;
     }
     return false;
 }
@@ -572,6 +587,24 @@ static void test_serve_mode_replies(void **state)
     call(fd, &q, 0, K_GEN_SEQ, &r);
     kh_reply_free(&r);
     documented("generate", K_GEN_SEQ);
+
+    kh_req_begin(&q, "tokenize", ++g_id, 1);
+    proto_pack_kv_str(&q.pk, "text", "hello world");
+    call(fd, &q, 0, K_TOKENIZE, &r);
+    kh_reply_free(&r);
+    documented("tokenize", K_TOKENIZE);
+
+    kh_req_begin(&q, "detokenize", ++g_id, 1);
+    proto_pack_kv_u32_array(&q.pk, "tokens", prompt, 6);
+    call(fd, &q, 0, K_DETOKENIZE, &r);
+    kh_reply_free(&r);
+    documented("detokenize", K_DETOKENIZE);
+
+    kh_req_begin(&q, "generate", ++g_id, 2);
+    proto_pack_kv_str(&q.pk, "text", "hello");
+    proto_pack_kv_uint(&q.pk, "max_tokens", 2);
+    call(fd, &q, 0, K_GEN, &r);
+    kh_reply_free(&r);
 
     kh_req_begin(&q, "cancel", ++g_id, 1);
     proto_pack_kv_uint(&q.pk, "target", 1);
