@@ -9,7 +9,30 @@
 #include "kvd/version.h"
 #include "ops.h"
 #include "server.h"
+#include "text.h"
 
+
+/* hello's model.{tokenizer, bos, eos, eog, chat_template} (docs/protocol.md). */
+static int pack_text(msgpack_packer *pk, const struct text *tx)
+{
+    const struct tokenizer *tok = text_tokenizer(tx);
+    if (tok)
+        PROTO_PK(proto_pack_kv_str(pk, "tokenizer", tokenizer_model_name(tok)));
+    else
+        PROTO_PK(proto_pack_kv_nil(pk, "tokenizer"));
+    uint32_t ids[2] = {text_bos(tx), text_eos(tx)};
+    for (int i = 0; i < 2; i++) {
+        const char *key = i ? "eos" : "bos";
+        if (ids[i] == TEXT_NO_TOKEN)
+            PROTO_PK(proto_pack_kv_nil(pk, key));
+        else
+            PROTO_PK(proto_pack_kv_uint(pk, key, ids[i]));
+    }
+    const uint32_t *eog;
+    size_t n_eog = text_eog(tx, &eog);
+    PROTO_PK(proto_pack_kv_u32_array(pk, "eog", eog, n_eog));
+    return proto_pack_kv_bool(pk, "chat_template", text_chat_template(tx) != NULL);
+}
 
 int ops_hello(struct ops_ctx *c)
 {
@@ -54,6 +77,7 @@ int ops_hello(struct ops_ctx *c)
         PROTO_PK(proto_pack_kv_uint(pk, "context", m->context));
         PROTO_PK(proto_pack_kv_uint(pk, "weight_bytes", m->weight_bytes));
         PROTO_PK(proto_pack_kv_uint(pk, "weight_device_bytes", m->weight_device_bytes));
+        PROTO_PK(pack_text(pk, m->text));
         PROTO_PK(proto_map_end(pk, model));
     }
     return proto_map_end(pk, reply);

@@ -21,10 +21,12 @@
 struct server;
 
 /* What hello reports about a loaded model (serve mode). */
+struct text;
 struct server_model_info {
     char name[128];
     uint32_t vocab, context;
     uint64_t weight_bytes, weight_device_bytes; /* model_hparams */
+    const struct text *text; /* tokenizer, chat template, end-of-generation ids (not owned) */
 };
 
 /* Creates the loop and the listener. opts and cfg are copied (cfg's arrays
