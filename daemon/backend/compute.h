@@ -39,7 +39,8 @@ enum clayout {
 };
 
 /* A 2-D weight on the device: ne0 = inner (contiguous) dimension = "in",
- * ne1 = rows = "out". For CT_Q8_0, ne0 is a multiple of 32. 1-D weights
+ * ne1 = rows = "out". For a quantized type, ne0 is a multiple of its block
+ * (ctype_block_elems: 32, or 256 for the K-quants). 1-D weights
  * (norms, biases, rope_freqs) are always CT_F32 with ne1 = 1, CL_ROWS.
  * nbytes: the bytes at data (the file's size for CL_ROWS). */
 struct ctensor {
@@ -143,6 +144,10 @@ struct compute_ops {
      * copies a layout keeps, like CL_ROWS_BF16's, are not counted). */
     size_t (*weight_bytes)(const struct ctensor *t);
     int (*weight_upload)(struct compute_ctx *cx, struct ctensor *t, const void *src);
+    /* OPTIONAL: whether every op here takes weights of type t; the model
+     * refuses a file with a tensor of any other type. NULL: f32, f16, bf16
+     * and q8_0. */
+    bool (*weight_type_ok)(enum ctype t);
 
     /* out[i][:] = row ids[i] of w, widened to f32 (w: [ne1][ne0], any type).
      * ids device [n], each < w->ne1; out device [n][w->ne0]. */

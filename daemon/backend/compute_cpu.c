@@ -66,6 +66,7 @@ static void cpu_ctx_free(struct compute_ctx *cx)
     }
     free(cx->scratch);
     free(cx->panel);
+    free(cx->qact);
     sampler_scratch_free(&cx->sample_scratch);
     free(cx);
 }
@@ -134,6 +135,13 @@ void cpu_row_to_f32(enum ctype t, const void *row, float *out, uint32_t n)
         break;
     default: (void)quant_dequant_row(t, row, out, n); break;
     }
+}
+
+/* Every weight type of kv_types.h: f32/f16/bf16/q8_0 in compute_cpu_matmul.c,
+ * the other quantized ones in compute_cpu_quant.c. */
+static bool cpu_weight_type_ok(enum ctype t)
+{
+    return ctype_block_elems(t) != 0;
 }
 
 static int cpu_get_rows(struct compute_ctx *cx, const struct ctensor *w, const uint32_t *ids,
@@ -328,6 +336,7 @@ static const struct compute_ops cpu_ops = {
     .sync = cpu_sync,
     .weight_bytes = cpu_weight_bytes,
     .weight_upload = cpu_weight_upload,
+    .weight_type_ok = cpu_weight_type_ok,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,

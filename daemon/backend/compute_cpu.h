@@ -25,6 +25,9 @@ struct compute_ctx {
     float **panel;
     size_t panel_cap;
     struct sampler_scratch sample_scratch; /* the sample op's (caller thread only) */
+    /* quantized activation rows of the quantized-weight matmul (compute_cpu_quant.c) */
+    void *qact;
+    size_t qact_cap;
 };
 
 /* f16 / bf16 <-> f32, bit-exact with ggml's reference conversions. */
@@ -113,6 +116,12 @@ static inline size_t cpu_kv_esize(enum kv_dtype dt)
 int cpu_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
                float *y);
 int cpu_attention(struct compute_ctx *cx, const struct attn_desc *d);
+/* Matmul of the block-quantized weights other than q8_0 (compute_cpu_quant.c:
+ * CL_ROWS, activations quantized as llama.cpp does); cpu_matmul calls it for
+ * the types cpu_qmatmul_type accepts. */
+bool cpu_qmatmul_type(enum ctype t);
+int cpu_qmatmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
+                float *y);
 /* Widens n elements of a weight row of type t to f32. */
 void cpu_row_to_f32(enum ctype t, const void *row, float *out, uint32_t n);
 /* Weights (compute_cpu_matmul.c): matrices are packed (CL_PACK16) at upload;

@@ -696,6 +696,8 @@ int cpu_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, 
     struct mm_job j = {.w = w, .x = x, .y = y, .rows = rows, .simd = cx->simd, .panel = cx->panel};
     if (rows == 0 || w->ne1 == 0)
         return 0;
+    if (cpu_qmatmul_type(w->type))
+        return cpu_qmatmul(cx, w, x, rows, y);
     size_t n = cx->pool.n, chunk;
     if (w->layout == CL_PACK16) {
         size_t groups = (w->ne1 + (size_t)PK - 1) / PK;

@@ -223,12 +223,14 @@ static int rd_tensor(struct rd *r, struct gguf_tensor *t, uint64_t idx)
     if ((rc = rd_u32(r, &t->type, t->name)) || (rc = rd_u64(r, &t->offset, t->name)))
         return rc;
     size_t row = ctype_row_bytes((enum ctype)t->type, t->ne[0]);
-    if (t->type != CT_F32 && t->type != CT_F16 && t->type != CT_BF16 && t->type != CT_Q8_0)
+    if (ctype_block_elems((enum ctype)t->type) == 0)
         return rd_fail(r, "tensor '%s' has unsupported or unknown type %u at byte %zu "
-                       "(supported: f32, f16, bf16, q8_0)", t->name, t->type, at);
+                       "(supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)",
+                       t->name, t->type, at);
     if (row == 0)
-        return rd_fail(r, "tensor '%s': ne[0] = %" PRIu64 " is not a multiple of the %s block size",
-                       t->name, t->ne[0], ctype_name((enum ctype)t->type));
+        return rd_fail(r, "tensor '%s': ne[0] = %" PRIu64 " is not a multiple of the %s block size (%u)",
+                       t->name, t->ne[0], ctype_name((enum ctype)t->type),
+                       ctype_block_elems((enum ctype)t->type));
     t->nbytes = (uint64_t)row * (nel / t->ne[0]);
     return 0;
 }

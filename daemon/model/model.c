@@ -278,6 +278,17 @@ int model_load_opts(const char *path, struct backend *be, const struct model_opt
     lc->off = (size_t *)(lc->dst + cap);
     if ((rc = collect(m, lc)))
         goto out_free;
+    for (size_t i = 0; i < lc->n; i++) {
+        enum ctype t = lc->dst[i]->type;
+        bool ok = m->ops->weight_type_ok ? m->ops->weight_type_ok(t)
+                                         : t == CT_F32 || t == CT_F16 || t == CT_BF16 || t == CT_Q8_0;
+        if (!ok) {
+            rc = fail(err, errlen, KVD_EUNSUPPORTED,
+                      "model: tensor '%s' is %s, a weight type the %s backend cannot run", lc->src[i]->name,
+                      ctype_name(t), m->ops->name);
+            goto out_free;
+        }
+    }
     m->hp.wtype = m->layers[0].wq.type;
     struct compute_conf conf = {.n_threads = opts ? opts->n_threads : 0};
     if ((rc = m->ops->ctx_new(be, &conf, &m->cx))) {

@@ -13,6 +13,7 @@
 #include "backend.h"
 #include "compute.h"
 #include "gguf.h"
+#include "quant.h"
 
 char *ref_gen_model(const char *args)
 {
@@ -105,16 +106,28 @@ static double *load_t(const struct gguf *g, const char *name, uint32_t *in, uint
         return NULL;
     uint64_t n0 = t->ne[0], n1 = t->ne[1];
     double *w = malloc(n0 * n1 * sizeof *w);
+    float *row = malloc(n0 * sizeof *row);
     const uint8_t *p = t->data;
-    for (uint64_t r = 0; r < n1; r++)
+    enum ctype ty = (enum ctype)t->type;
+    size_t rb = ctype_row_bytes(ty, n0);
+    for (uint64_t r = 0; r < n1; r++) {
+        if (ty != CT_F32 && ty != CT_F16 && ty != CT_BF16 && ty != CT_Q8_0) {
+            /* the other quantized types: quant.c's reference conversion
+             * (written from the format definition, apart from the kernels) */
+            if (quant_dequant_row(ty, p + r * rb, row, n0))
+                abort();
+            for (uint64_t i = 0; i < n0; i++)
+                w[r * n0 + i] = row[i];
+            continue;
+        }
         for (uint64_t i = 0; i < n0; i++) {
             uint64_t k = r * n0 + i;
             uint16_t h;
-            switch (t->type) {
+            switch (ty) {
             case CT_F32: { float f; memcpy(&f, p + 4 * k, 4); w[k] = f; break; }
             case CT_F16: memcpy(&h, p + 2 * k, 2); w[k] = half_to_d(h); break;
             case CT_BF16: memcpy(&h, p + 2 * k, 2); w[k] = bf16_to_d(h); break;
-            case CT_Q8_0: {
+            default: { /* q8_0 */
                 const uint8_t *blk = p + (k / 32) * 34;
                 memcpy(&h, blk, 2);
                 w[k] = half_to_d(h) * (int8_t)blk[2 + k % 32];
@@ -122,6 +135,8 @@ static double *load_t(const struct gguf *g, const char *name, uint32_t *in, uint
             }
             }
         }
+    }
+    free(row);
     if (in)
         *in = (uint32_t)n0;
     if (out)

@@ -14,6 +14,7 @@
 
 #include "compute.h"
 #include "model/model_ref.h"
+#include "quant.h"
 
 static struct compute_ctx *ctx(const struct compute_ops *o)
 {
@@ -207,8 +208,195 @@ static void t_matmul(void **s)
     unsetenv("KVD_CPU_SCALAR");
 }
 
+/* ---- the other quantized types (compute_cpu_quant.c) ----
+ * The kernels quantize each activation row as llama.cpp does (blocks of 32
+ * int8 with an f16 scale against the legacy types, super-blocks of 256 with
+ * an f32 scale against the K-quants), then take exact integer dots. The
+ * test quantizes the activations itself, from those definitions, and checks
+ * each output against the dequantized weights times those activations in
+ * double (tight), and against the unquantized activations within the bound
+ * the activation rounding allows (loose). */
+
+static uint64_t qrng = 88172645463325252ull;
+static float qrand(void) /* uniform in [-1, 1) */
+{
+    qrng ^= qrng << 13, qrng ^= qrng >> 7, qrng ^= qrng << 17;
+    return (float)(qrng >> 40) / (float)(1u << 23) - 1.0f;
+}
+
+static float f16r(float f)
+{
+    return quant_f16_to_f32(quant_f32_to_f16(f));
+}
+
+/* The activation row x[n] as the kernels' quantization sees it: xa[i] its
+ * value after quantization, bound[i] the largest |xa[i] - x[i]| allowed,
+ * and for the q4_1/q5_1 blocks the extra term ggml adds per block: the
+ * f16 of (scale x sum of quants) in place of the sum of the rounded values
+ * (corr[b] = s - sum xa over block b). */
+static void act_ref(enum ctype t, const float *x, uint32_t n, double *xa, double *bound, double *corr)
+{
+    int kq = ctype_block_elems(t) == 256;
+    uint32_t bs = kq ? 256 : 32;
+    for (uint32_t b = 0; b < n / bs; b++) {
+        const float *xb = x + b * bs;
+        float amax = 0, mx = 0;
+        for (uint32_t i = 0; i < bs; i++)
+            if (fabsf(xb[i]) > amax)
+                amax = fabsf(xb[i]), mx = xb[i];
+        if (kq) { /* q8_K: -127 / (value of largest magnitude), f32 scale */
+            float iscale = amax ? -127.0f / mx : 0, d = amax ? 1.0f / iscale : 0;
+            for (uint32_t i = 0; i < bs; i++) {
+                long q = lrintf(iscale * xb[i]);
+                xa[b * bs + i] = (double)d * (double)(q > 127 ? 127 : q);
+                bound[b * bs + i] = 0.5 * fabs((double)d) * 1.001;
+            }
+            continue;
+        }
+        float d = amax / 127.0f, id = amax ? 127.0f / amax : 0, dr = f16r(d);
+        long sum = 0;
+        double sxa = 0;
+        for (uint32_t i = 0; i < bs; i++) {
+            long q = lrintf(xb[i] * id);
+            sum += q;
+            xa[b * bs + i] = (double)dr * (double)q;
+            sxa += xa[b * bs + i];
+            bound[b * bs + i] = 0.5 * d * 1.001 + fabs((double)dr - d) * 127;
+        }
+        corr[b] = (double)f16r(d * (float)sum) - sxa;
+    }
+}
+
+static void qmatmul_all(void)
+{
+    const struct compute_ops *o = ref_cpu_backend()->compute;
+    struct compute_ctx *cx = ctx(o);
+    static const enum ctype types[] = {CT_Q4_0, CT_Q4_1, CT_Q5_0, CT_Q5_1, CT_Q4_K, CT_Q5_K, CT_Q6_K};
+    static const uint32_t ins32[] = {32, 96, 544}, ins256[] = {256, 768};
+    static const uint32_t outs[] = {1, 7, 17, 40};
+    static const uint32_t rows_list[] = {1, 2, 3, 5, 16};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        enum ctype t = types[ti];
+        int kq = ctype_block_elems(t) == 256;
+        for (size_t ii = 0; ii < (kq ? 2u : 3u); ii++)
+            for (size_t oi = 0; oi < sizeof outs / sizeof outs[0]; oi++) {
+                uint32_t in = kq ? ins256[ii] : ins32[ii], out = outs[oi];
+                size_t rb = ctype_row_bytes(t, in);
+                float *wf = malloc((size_t)in * out * 4), *wq = malloc((size_t)in * out * 4);
+                uint8_t *src = malloc(rb * out);
+                for (size_t i = 0; i < (size_t)in * out; i++)
+                    wf[i] = qrand() * (i % 53 == 0 ? 4.0f : 1.0f) + (t == CT_Q4_1 ? 0.3f : 0);
+                for (uint32_t c = 0; c < out; c++) {
+                    assert_int_equal(quant_quantize_row(t, wf + (size_t)c * in, src + c * rb, in), 0);
+                    assert_int_equal(quant_dequant_row(t, src + c * rb, wq + (size_t)c * in, in), 0);
+                }
+                struct ctensor w = {.type = t, .ne0 = in, .ne1 = out, .nbytes = rb * out};
+                void *dev;
+                assert_int_equal(o->buf_alloc(cx, o->weight_bytes(&w), &dev), 0);
+                w.data = dev;
+                assert_int_equal(o->weight_upload(cx, &w, src), 0);
+                assert_int_equal(w.layout, CL_ROWS);
+                /* get_rows widens to exactly the reference dequantization */
+                float *row = malloc((size_t)in * 4);
+                for (uint32_t c = 0; c < out; c++) {
+                    assert_int_equal(o->get_rows(cx, &w, &c, 1, row), 0);
+                    assert_memory_equal(row, wq + (size_t)c * in, (size_t)in * 4);
+                }
+                free(row);
+                for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++) {
+                    uint32_t rows = rows_list[ri];
+                    float *x = malloc((size_t)rows * in * 4), *y = malloc((size_t)rows * out * 4);
+                    double *xa = malloc((size_t)in * 8), *bd = malloc((size_t)in * 8);
+                    double *corr = calloc(in / 32, 8);
+                    for (size_t i = 0; i < (size_t)rows * in; i++)
+                        x[i] = qrand() * (i % 37 == 0 ? 8.0f : 1.0f);
+                    if (rows > 2)
+                        memset(x + in, 0, (size_t)in * 4); /* an all-zero row: scale 0 */
+                    for (size_t i = 0; i < (size_t)rows * out; i++)
+                        y[i] = NAN;
+                    assert_int_equal(o->matmul(cx, &w, x, rows, y), 0);
+                    for (uint32_t r = 0; r < rows; r++) {
+                        act_ref(t, x + (size_t)r * in, in, xa, bd, corr);
+                        for (uint32_t c = 0; c < out; c++) {
+                            const float *wr = wq + (size_t)c * in;
+                            const uint8_t *wb = src + c * rb;
+                            double want = 0, mag = 0, exact = 0, slack = 0;
+                            for (uint32_t k = 0; k < in; k++) {
+                                want += wr[k] * xa[k];
+                                mag += fabs(wr[k] * xa[k]);
+                                exact += (double)wr[k] * x[(size_t)r * in + k];
+                                slack += fabs(wr[k]) * bd[k];
+                            }
+                            if (t == CT_Q4_1 || t == CT_Q5_1)
+                                for (uint32_t b = 0; b < in / 32; b++) {
+                                    uint16_t mh;
+                                    memcpy(&mh, wb + b * ctype_block_bytes(t) + 2, 2);
+                                    want += quant_f16_to_f32(mh) * corr[b];
+                                    mag += fabs(quant_f16_to_f32(mh) * corr[b]);
+                                    slack += fabs(quant_f16_to_f32(mh) * corr[b]);
+                                }
+                            double got = y[(size_t)r * out + c];
+                            if (!(fabs(got - want) <= 2e-5 * mag + 1e-6))
+                                fail_msg("%s in %u out %u rows %u: y[%u][%u] = %.9g, want %.9g (mag %g)",
+                                         ctype_name(t), in, out, rows, r, c, got, want, mag);
+                            if (!(fabs(got - exact) <= slack + 2e-5 * mag + 1e-6))
+                                fail_msg("%s in %u out %u rows %u: y[%u][%u] = %.9g, unquantized %.9g "
+                                         "(bound %g)", ctype_name(t), in, out, rows, r, c, got, exact,
+                                         slack);
+                        }
+                    }
+                    free(x), free(y), free(xa), free(bd), free(corr);
+                }
+                o->buf_free(cx, dev);
+                free(wf), free(wq), free(src);
+            }
+    }
+    o->ctx_free(cx);
+}
+
+static void t_qmatmul(void **s)
+{
+    (void)s;
+    qmatmul_all();
+    setenv("KVD_CPU_SCALAR", "1", 1);
+    qmatmul_all();
+    unsetenv("KVD_CPU_SCALAR");
+}
+
+/* The reference quantizers: every type's rows dequantize to within the
+ * type's step of the input (and all-zero rows to zeros). */
+static void t_quant_roundtrip(void **s)
+{
+    (void)s;
+    static const enum ctype types[] = {CT_Q4_0, CT_Q4_1, CT_Q5_0, CT_Q5_1, CT_Q8_0, CT_Q4_K, CT_Q5_K, CT_Q6_K};
+    static const double max_rel[] = {0.09, 0.09, 0.045, 0.045, 0.006, 0.08, 0.04, 0.02};
+    enum { N = 2048 };
+    float *x = malloc(N * 4), *y = malloc(N * 4);
+    uint8_t *b = malloc(N * 2);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        double e = 0, ss = 0;
+        for (int i = 0; i < N; i++)
+            x[i] = qrand() + (i % 300 < 40 ? 0.5f : 0);
+        assert_int_equal(quant_quantize_row(types[ti], x, b, N), 0);
+        assert_int_equal(quant_dequant_row(types[ti], b, y, N), 0);
+        for (int i = 0; i < N; i++)
+            e += (double)(x[i] - y[i]) * (x[i] - y[i]), ss += (double)x[i] * x[i];
+        print_message("  %s: relative rms error %.4f\n", ctype_name(types[ti]), sqrt(e / ss));
+        assert_true(sqrt(e / ss) < max_rel[ti]);
+        memset(x, 0, N * 4);
+        assert_int_equal(quant_quantize_row(types[ti], x, b, N), 0);
+        assert_int_equal(quant_dequant_row(types[ti], b, y, N), 0);
+        for (int i = 0; i < N; i++)
+            assert_true(y[i] == 0.0f);
+        assert_int_equal(quant_quantize_row(types[ti], x, b, N - 16), -1); /* not whole blocks */
+    }
+    free(x), free(y), free(b);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(t_silu), cmocka_unit_test(t_matmul)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(t_silu), cmocka_unit_test(t_matmul),
+                                       cmocka_unit_test(t_qmatmul),
+                                       cmocka_unit_test(t_quant_roundtrip)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -157,7 +157,13 @@ static void t_valid_types(void **s)
     static const char *const args[] = {
         SMALL " --type f32", SMALL " --type f16", SMALL " --type bf16 --tied --rope-freqs",
         SMALL " --type q8_0", "--arch qwen2 " SMALL " --type q8_0 --tied",
-        "--arch qwen2 " SMALL " --type bf16",
+        "--arch qwen2 " SMALL " --type bf16", SMALL " --type q4_0", "--arch qwen2 " SMALL " --type q5_1",
+        SMALL " --type q4_1 --tied", SMALL " --type q5_0",
+        /* K-quants: rows of 256 (head_dim 16 and 2 kv heads, as the checks below want) */
+        "--embd 256 --heads 16 --kv-heads 2 --ff 256 --vocab 40 --layers 1 --ctx 128 --type q4_k_m",
+        "--arch qwen2 --embd 256 --heads 16 --kv-heads 2 --ff 512 --vocab 40 --layers 2 --ctx 128 "
+        "--type q5_k_m",
+        "--embd 256 --heads 16 --kv-heads 2 --ff 256 --vocab 40 --layers 1 --ctx 128 --type q6_k --tied",
     };
     for (size_t i = 0; i < sizeof args / sizeof args[0]; i++) {
         char err[256] = "", *path = ref_gen_model(args[i]);
@@ -315,8 +321,10 @@ static void t_fields(void **s)
             expect(&c, "gguf: tensor '");
             break;
         case F_TTYPE:
-            put32(&c, at, 2); /* q4_0: a real ggml type we do not load */
-            expect(&c, "unsupported or unknown type 2");
+            put32(&c, at, 12); /* q4_k: rows of 64 are not whole super-blocks */
+            expect(&c, "not a multiple of the q4_k block size (256)");
+            put32(&c, at, 4); /* ggml's retired q4_2 */
+            expect(&c, "unsupported or unknown type 4");
             put32(&c, at, 0xdeadbeef);
             expect(&c, "unsupported or unknown type");
             break;
@@ -422,6 +430,33 @@ static void rename_in(struct blob *b, const char *from, const char *to)
     rename_n(b, from, to, strlen(from));
 }
 
+/* A quantized tensor whose type says more bytes than the file holds (its
+ * blocks are Q4_K's 144 bytes, the type claims Q6_K's 210): refused, with
+ * the tensor named, never read past the end. */
+static void t_quant_sizes(void **s)
+{
+    (void)s;
+    struct blob b = gen("--embd 256 --heads 4 --kv-heads 2 --ff 256 --vocab 40 --layers 1 --ctx 128 "
+                        "--type q4_k");
+    struct layout *L = malloc(sizeof *L);
+    walk(&b, L);
+    size_t last = 0;
+    for (size_t t = 1; t < L->n_tensors; t++)
+        if (rd64(b.p + L->toff_at[t]) > rd64(b.p + L->toff_at[last]))
+            last = t;
+    size_t type_at = L->toff_at[last] - 4;
+    assert_int_equal(rd32(b.p + type_at), 12);
+    put32(&b, type_at, 14);
+    expect(&b, "past the end");
+    put32(&b, type_at, 13); /* q5_k: 176 bytes a block, also too many */
+    expect(&b, "past the end");
+    put32(&b, type_at, 2); /* q4_0: fewer bytes, a valid file whose weights are other numbers */
+    char err[256];
+    assert_int_equal(parse_copy(b.p, b.n, err, sizeof err), 0);
+    free(L);
+    free(b.p);
+}
+
 static void t_model_errors(void **s)
 {
     struct blob b = gen(SMALL " --type f16");
@@ -462,7 +497,7 @@ int main(void)
         cmocka_unit_test(t_valid_types), cmocka_unit_test(t_truncation),
         cmocka_unit_test(t_header),      cmocka_unit_test(t_fields),
         cmocka_unit_test(t_random_flips), cmocka_unit_test(t_alignment_key),
-        cmocka_unit_test(t_model_errors),
+        cmocka_unit_test(t_model_errors), cmocka_unit_test(t_quant_sizes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,6 +18,15 @@
 
 #define N_GEN 24
 #define NEAR_TIE 0.01f
+/* For the weight types whose matmuls quantize the activations to 8 bits
+ * first (Q4_0 .. Q6_K, in kvd as in llama.cpp): a float difference of an ulp
+ * upstream (the order of attention's sums, llama.cpp's f16 accumulation)
+ * can flip one activation's rounding, a step of 1/254 of its block's
+ * largest value, so logits move by more than float noise. Measured on the
+ * 8-layer Q4_K_M model: kvd's own AVX2 and portable paths (same integer
+ * kernels, different float order elsewhere) differ by up to 0.09 in a top-2
+ * margin. */
+#define NEAR_TIE_QACT 0.1f
 static const char *module_dir;
 static const uint32_t prompt[] = {5, 77, 123, 9, 300, 41, 7, 260};
 #define N_PROMPT (sizeof prompt / sizeof prompt[0])
@@ -63,7 +72,7 @@ static void kvd_greedy(const char *path, uint32_t *out, float *margin)
     model_free(m);
 }
 
-static void compare(const char *args)
+static void compare_tie(const char *args, float near_tie)
 {
     char *path = ref_gen_model(args);
     assert_non_null(path);
@@ -98,14 +107,19 @@ static void compare(const char *args)
         unsigned long t = strtoul(p2, &end, 10);
         assert_true(end != p2);
         p2 = end;
-        if (t != ours[i] && margin[i] >= NEAR_TIE)
+        if (t != ours[i] && margin[i] >= near_tie)
             fail_msg("token %d: kvd %u (margin %.4f) != llama.cpp %lu", i, ours[i], margin[i], t);
-        if (t != ours[i] || margin[i] < NEAR_TIE)
+        if (t != ours[i] || margin[i] < near_tie)
             break;
         checked++;
     }
-    print_message("  %d tokens identical before the first near-tie\n", checked);
+    print_message("  %d tokens identical before the first near-tie (< %.2f)\n", checked, (double)near_tie);
     assert_true(checked >= 5);
+}
+
+static void compare(const char *args)
+{
+    compare_tie(args, strstr(args, "--type q") && !strstr(args, "q8_0") ? NEAR_TIE_QACT : NEAR_TIE);
 }
 
 #define SHAPE "--layers 4 --embd 256 --heads 8 --ff 512 --vocab 1000 --ctx 256 --seed 3"
@@ -114,6 +128,19 @@ static void t_llama_q8_0_rope_freqs(void **s) { compare(SHAPE " --arch llama --t
 static void t_llama_bf16_tied(void **s) { compare(SHAPE " --arch llama --type bf16 --tied"); }
 static void t_qwen2_f16_tied(void **s) { compare(SHAPE " --arch qwen2 --type f16 --kv-heads 2 --tied"); }
 static void t_qwen2_q8_0(void **s) { compare(SHAPE " --arch qwen2 --type q8_0 --kv-heads 4"); }
+/* the other quantized types (activations quantized as llama.cpp does:
+ * q8_0 / q8_1 blocks for the legacy types, q8_K for the K-quants) */
+static void t_llama_q4_0(void **s) { compare(SHAPE " --arch llama --type q4_0 --kv-heads 2"); }
+static void t_qwen2_q4_1(void **s) { compare(SHAPE " --arch qwen2 --type q4_1 --kv-heads 2"); }
+static void t_llama_q5_0_tied(void **s) { compare(SHAPE " --arch llama --type q5_0 --tied"); }
+static void t_qwen2_q5_1(void **s) { compare(SHAPE " --arch qwen2 --type q5_1 --kv-heads 4"); }
+static void t_llama_q4_k(void **s) { compare(SHAPE " --arch llama --type q4_k --kv-heads 2"); }
+static void t_qwen2_q5_k_tied(void **s) { compare(SHAPE " --arch qwen2 --type q5_k --tied"); }
+static void t_llama_q6_k(void **s) { compare(SHAPE " --arch llama --type q6_k --rope-freqs"); }
+/* the mixes on 8 layers, so attn_v/ffn_down are Q6_K in some layers only */
+#define SHAPE8 "--layers 8 --embd 256 --heads 8 --ff 512 --vocab 1000 --ctx 256 --seed 5"
+static void t_llama_q4_k_m(void **s) { compare(SHAPE8 " --arch llama --type q4_k_m --kv-heads 2"); }
+static void t_qwen2_q5_k_m(void **s) { compare(SHAPE8 " --arch qwen2 --type q5_k_m --kv-heads 4"); }
 
 int main(void)
 {
@@ -133,7 +160,11 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(t_llama_f32_gqa), cmocka_unit_test(t_llama_q8_0_rope_freqs),
         cmocka_unit_test(t_llama_bf16_tied), cmocka_unit_test(t_qwen2_f16_tied),
-        cmocka_unit_test(t_qwen2_q8_0),
+        cmocka_unit_test(t_qwen2_q8_0), cmocka_unit_test(t_llama_q4_0),
+        cmocka_unit_test(t_qwen2_q4_1), cmocka_unit_test(t_llama_q5_0_tied),
+        cmocka_unit_test(t_qwen2_q5_1), cmocka_unit_test(t_llama_q4_k),
+        cmocka_unit_test(t_qwen2_q5_k_tied), cmocka_unit_test(t_llama_q6_k),
+        cmocka_unit_test(t_llama_q4_k_m), cmocka_unit_test(t_qwen2_q5_k_m),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
