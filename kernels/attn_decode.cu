@@ -3,7 +3,7 @@
 // so each K/V row is read once for the group. Long contexts are cut into
 // splits processed by separate blocks (flash-decoding), merged by a second
 // kernel. Scores and accumulators are f32 in the log2 domain (exp2f).
-#include "kernel_util.cuh"
+#include "kv_row.cuh"
 
 #define AD_WARPS 4
 
@@ -16,8 +16,9 @@ struct ad_partial {
 };
 
 // grid (n_splits, kv_heads * q_groups, n_seqs), block AD_WARPS warps. A row
-// of D elements is read by LPT = D/8 lanes, 16 bytes each (8 elements of
-// bf16/f16); a warp reads 32/LPT consecutive tokens per step.
+// of D elements is read by LPT = D/8 lanes, 8 elements each (16 bytes of
+// bf16/f16; q8_0 and fp8 widened in registers); a warp reads 32/LPT
+// consecutive tokens per step.
 template <int D, int DT, int GQ>
 __global__ void __launch_bounds__(AD_WARPS * 32)
     attn_decode_kernel(float *out, ad_partial part, const float *__restrict__ q, kvd_k_kv kv,
@@ -61,9 +62,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     const int chunk = (len + n_splits - 1) / n_splits;
     const int t_begin = split * chunk, t_end = min(len, t_begin + chunk);
     const uint32_t *table = slots + slot0[seq];
-    const size_t k_off = kvd_kv_off(kv, layer, 0, kvh, 0) + sl * 8;
-    const size_t v_off = kvd_kv_off(kv, layer, 1, kvh, 0) + sl * 8;
-    const size_t esz = DT == KVD_K_F32 ? 4 : 2;
+    const size_t k_off = kvd_kv_row_off(kv, layer, 0, kvh, 0); // bytes
+    const size_t v_off = kvd_kv_row_off(kv, layer, 1, kvh, 0);
 
     float m[GQ], l[GQ], acc[GQ][8];
 #pragma unroll
@@ -89,9 +89,9 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
             if (have[u]) {
                 const char *blk = (const char *)kv.arena +
                                   (size_t)table[t / kv.block_tokens] * kv.block_bytes;
-                size_t row = (size_t)(t % kv.block_tokens) * D;
-                kvd_load8<DT>(blk + (k_off + row) * esz, kf[u]);
-                kvd_load8<DT>(blk + (v_off + row) * esz, vf[u]);
+                size_t row = (size_t)(t % kv.block_tokens) * kv.row_bytes;
+                kvd_row_load8<DT>(blk + k_off + row, sl, kf[u]);
+                kvd_row_load8<DT>(blk + v_off + row, sl, vf[u]);
             }
         }
 #pragma unroll
@@ -243,6 +243,14 @@ static int ad_by_dtype(float *out, const float *q, const kvd_k_kv &kv, int layer
     case KVD_K_F16: return ad_by_group<D, KVD_K_F16>(AD_ARGS);
     case KVD_K_BF16: return ad_by_group<D, KVD_K_BF16>(AD_ARGS);
     case KVD_K_F32: return ad_by_group<D, KVD_K_F32>(AD_ARGS);
+    case KVD_K_Q8_0:
+    case KVD_K_FP8:
+        if constexpr (D % 32 == 0) { // quantized rows are whole 32-value blocks
+            if (kv.dtype == KVD_K_Q8_0)
+                return ad_by_group<D, KVD_K_Q8_0>(AD_ARGS);
+            return ad_by_group<D, KVD_K_FP8>(AD_ARGS);
+        }
+        return (int)cudaErrorInvalidValue;
     default: return (int)cudaErrorInvalidValue;
     }
 }

@@ -3,7 +3,7 @@
 // whose K/V are already written to the blocks. FlashAttention-style: key
 // tiles of AP_BK tokens staged in shared memory as f32, online softmax per
 // query row, f32 accumulation.
-#include "kernel_util.cuh"
+#include "kv_row.cuh"
 
 #define AP_WARPS 4
 #define AP_ROWS 8                     // query rows per warp
@@ -72,8 +72,8 @@ __global__ void __launch_bounds__(AP_WARPS * 32)
         for (int c = 0; c < NC; c++)
             acc[r][c] = 0.0f;
     }
-    const size_t k_off = kvd_kv_off(kv, layer, 0, kvh, 0);
-    const size_t v_off = kvd_kv_off(kv, layer, 1, kvh, 0);
+    const size_t k_off = kvd_kv_row_off(kv, layer, 0, kvh, 0); // bytes
+    const size_t v_off = kvd_kv_row_off(kv, layer, 1, kvh, 0);
 
     for (int k0 = 0; k0 < k_end; k0 += AP_BK) {
         __syncthreads(); // previous tile fully used (and q staged, first time)
@@ -83,9 +83,9 @@ __global__ void __launch_bounds__(AP_WARPS * 32)
             if (t < k_end) {
                 const char *blk = (const char *)kv.arena +
                                   (size_t)table[t / kv.block_tokens] * kv.block_bytes;
-                size_t row = (size_t)(t % kv.block_tokens) * D + d;
-                kx = kvd_load1<DT>(blk, k_off + row);
-                vx = kvd_load1<DT>(blk, v_off + row);
+                size_t row = (size_t)(t % kv.block_tokens) * kv.row_bytes;
+                kx = kvd_row_load1<DT>(blk + k_off + row, d);
+                vx = kvd_row_load1<DT>(blk + v_off + row, d);
             }
             sk[j * (D + 1) + d] = kx;
             sv[j * D + d] = vx;
@@ -174,6 +174,14 @@ static int ap_by_dtype(float *out, const float *q, const kvd_k_kv &kv, int layer
     case KVD_K_F16: return ap_launch<D, KVD_K_F16>(AP_ARGS);
     case KVD_K_BF16: return ap_launch<D, KVD_K_BF16>(AP_ARGS);
     case KVD_K_F32: return ap_launch<D, KVD_K_F32>(AP_ARGS);
+    case KVD_K_Q8_0:
+    case KVD_K_FP8:
+        if constexpr (D % 32 == 0) { // quantized rows are whole 32-value blocks
+            if (kv.dtype == KVD_K_Q8_0)
+                return ap_launch<D, KVD_K_Q8_0>(AP_ARGS);
+            return ap_launch<D, KVD_K_FP8>(AP_ARGS);
+        }
+        return (int)cudaErrorInvalidValue;
     default: return (int)cudaErrorInvalidValue;
     }
 }

@@ -21,20 +21,23 @@ extern "C" {
 struct CUstream_st; /* cudaStream_t without the CUDA headers */
 typedef struct CUstream_st *kvd_stream;
 
-/* Element types of KV blocks; the numbers equal enum kv_dtype (kv_types.h). */
-enum kvd_k_dtype { KVD_K_F16 = 0, KVD_K_BF16 = 1, KVD_K_F32 = 2 };
+/* Element types of KV blocks; the numbers equal enum kv_dtype (kv_types.h).
+ * Q8_0 and FP8 rows are quantized with their scales inside (kv_row.cuh). */
+enum kvd_k_dtype { KVD_K_F16 = 0, KVD_K_BF16 = 1, KVD_K_F32 = 2, KVD_K_Q8_0 = 3, KVD_K_FP8 = 4 };
 /* Source types for weight conversion; the numbers equal GGUF ggml types. */
 enum kvd_k_wtype { KVD_KW_F32 = 0, KVD_KW_F16 = 1, KVD_KW_Q8_0 = 8, KVD_KW_BF16 = 30 };
 /* RoPE pair conventions (llama.cpp): NORM rotates (x[2i], x[2i+1]) (llama),
  * NEOX rotates (x[i], x[i + n_rot/2]) (qwen2). */
 enum kvd_k_rope_mode { KVD_K_ROPE_NORM = 0, KVD_K_ROPE_NEOX = 2 };
 
-/* KV geometry: a block is [layers][K|V][kv_heads][block_tokens][head_dim]
- * elements of dtype, block_bytes apart in the arena. */
+/* KV geometry: a block is [layers][K|V][kv_heads][block_tokens] rows of
+ * row_bytes (head_dim values of dtype: kv_row_bytes), block_bytes apart in
+ * the arena. */
 struct kvd_k_kv {
     void *arena; /* device arena base */
     size_t block_bytes;
     int layers, kv_heads, head_dim, block_tokens, dtype;
+    size_t row_bytes;
 };
 
 /* ---- elementwise and normalization (elementwise.cu, rmsnorm.cu) -------- */
@@ -91,7 +94,8 @@ int kvd_k_f32_to_bf16(uint16_t *dst, const float *src, size_t n, kvd_stream stre
 /* ---- KV cache (kv_write.cu, block_copy.cu) ------------------------------ */
 /* Writes token t's K and V (f32 [n_tokens][kv_heads][head_dim]) of `layer`
  * into block slots[t] at row pos[t] % block_tokens, converting to kv->dtype
- * (round to nearest even). */
+ * (round to nearest even; Q8_0 and FP8 quantize each row bit for bit as the
+ * cpu backend does, compute_cpu_kv.h). */
 int kvd_k_kv_write(const struct kvd_k_kv *kv, int layer, const uint32_t *slots, const uint32_t *pos,
                    const float *k, const float *v, int n_tokens, kvd_stream stream);
 /* Copies whole blocks inside the arena: block dst[i] = block src[i]. */

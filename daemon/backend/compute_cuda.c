@@ -17,8 +17,9 @@ _Static_assert((int)CT_F32 == (int)KVD_KW_F32 && (int)CT_F16 == (int)KVD_KW_F16 
                    (int)CT_BF16 == (int)KVD_KW_BF16 && (int)CT_Q8_0 == (int)KVD_KW_Q8_0,
                "weight type numbers of compute.h and kernels.h differ");
 _Static_assert((int)KV_F16 == (int)KVD_K_F16 && (int)KV_BF16 == (int)KVD_K_BF16 &&
-                   (int)KV_F32 == (int)KVD_K_F32,
-               "KV dtype numbers of kvmm.h and kernels.h differ");
+                   (int)KV_F32 == (int)KVD_K_F32 && (int)KV_Q8_0 == (int)KVD_K_Q8_0 &&
+                   (int)KV_FP8 == (int)KVD_K_FP8,
+               "KV dtype numbers of kv_types.h and kernels.h differ");
 _Static_assert((int)ROPE_NORM == (int)KVD_K_ROPE_NORM && (int)ROPE_NEOX == (int)KVD_K_ROPE_NEOX,
                "rope mode numbers of compute.h and kernels.h differ");
 

@@ -54,6 +54,7 @@ static void kv_of(struct kvd_k_kv *kv, const void *arena, const struct kv_geom *
     kv->head_dim = (int)g->head_dim;
     kv->block_tokens = (int)g->block_tokens;
     kv->dtype = (int)g->dtype;
+    kv->row_bytes = kv_row_bytes(g->dtype, g->head_dim);
 }
 
 int cuda_op_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geom *geom,

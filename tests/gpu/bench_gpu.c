@@ -241,7 +241,8 @@ static double attn_bw(int ctx, int batch, int n_sms, double *splits_out)
     struct kvd_k_kv kv = {
         .layers = 1, .kv_heads = 8, .head_dim = 64, .block_tokens = 16, .dtype = KVD_K_BF16};
     const int n_heads = 32, bpseq = ctx / 16, nblk = batch * bpseq;
-    kv.block_bytes = (size_t)kv.layers * 2 * kv.kv_heads * kv.block_tokens * kv.head_dim * 2;
+    kv.row_bytes = (size_t)kv.head_dim * 2;
+    kv.block_bytes = (size_t)kv.layers * 2 * kv.kv_heads * kv.block_tokens * kv.row_bytes;
     uint32_t *h_slots = malloc((size_t)nblk * 4), h_q[64], h_pos0[64], h_slot0[65];
     for (int s = 0; s < batch; s++) {
         h_q[s] = (uint32_t)s;

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "compute_cpu.h"
+#include "compute_cpu_kv.h"
 #include "backend_cuda.h"
 #include "compute_cuda.h"
 #include "gpu/gpu_fixture.h"
@@ -308,6 +309,8 @@ static void test_rope(void **state)
 
 /* ---- KV cache ------------------------------------------------------------ */
 
+#define N_KV_DTYPES 5 /* f16, bf16, f32, q8_0, fp8 */
+
 struct kvfx {
     struct kv_geom g;
     size_t bb, nb;   /* block bytes, blocks */
@@ -324,14 +327,14 @@ static void kvfx_init(struct kvfx *k, enum kv_dtype dt, uint32_t layers, uint32_
     k->nb = nb;
     k->harena = malloc(k->bb * nb);
     assert_non_null(k->harena);
-    size_t es = kv_dtype_size(dt), n = k->bb * nb / es;
-    for (size_t i = 0; i < n; i++) {
-        float v = rnd_f(-2, 2);
-        if (dt == KV_F32)
-            memcpy(k->harena + 4 * i, &v, 4);
-        else
-            ((uint16_t *)k->harena)[i] = dt == KV_F16 ? cpu_f32_to_f16(v) : cpu_f32_to_bf16(v);
+    size_t rb = kv_row_bytes(dt, hd), n = k->bb * nb / rb; /* rows of hd values */
+    float *row = malloc(hd * sizeof(float));
+    for (size_t r = 0; r < n; r++) {
+        for (uint32_t i = 0; i < hd; i++)
+            row[i] = rnd_f(-2, 2);
+        cpu_kv_store_row(k->harena + r * rb, dt, row, hd, false);
     }
+    free(row);
     k->darena = gpu_dup(&F, k->harena, k->bb * nb);
 }
 
@@ -344,7 +347,7 @@ static void kvfx_free(struct kvfx *k)
 static void test_kv_write(void **state)
 {
     rnd_seed(6);
-    for (int dt = 0; dt < 3; dt++) {
+    for (int dt = 0; dt < N_KV_DTYPES; dt++) {
         struct kvfx k;
         kvfx_init(&k, (enum kv_dtype)dt, 3, 2, 64, 16, 8);
         uint32_t n = 10, slot[10], pos[10];
@@ -354,6 +357,12 @@ static void test_kv_write(void **state)
         }
         size_t KD = (size_t)2 * 64;
         float *kk = rnd_new(n * KD, -3, 3), *vv = rnd_new(n * KD, -3, 3);
+        if (dt == KV_Q8_0 || dt == KV_FP8) { /* their rules for the odd values, bit for bit */
+            kk[5] = NAN, kk[70] = INFINITY, vv[200] = -INFINITY, kk[300] = 1e30f;
+            kk[401] = 1e-30f, vv[9] = -0.0f;
+            for (size_t i = 3 * KD; i < 4 * KD; i++)
+                vv[i] = i % 3 ? 0.0f : -1e-12f; /* tiny block: f16 d flushes to 0 */
+        }
         assert_int_equal(F.cops->kv_write(F.ccx, k.harena, &k.g, 1, kk, vv, n, slot, pos), 0);
         float *dk = gpu_dup(&F, kk, n * KD * 4), *dv = gpu_dup(&F, vv, n * KD * 4);
         uint32_t *ds = gpu_dup(&F, slot, sizeof slot), *dp = gpu_dup(&F, pos, sizeof pos);
@@ -372,7 +381,8 @@ static void test_kv_write(void **state)
     }
 }
 
-/* One attention batch: per sequence (pos0, rows). */
+/* One attention batch: per sequence (pos0, rows). The cpu reference reads
+ * the same blocks (q8_0/fp8: the same quantized bytes, widened alike). */
 static void run_attention(enum kv_dtype dt, uint32_t hd, uint32_t n_head, uint32_t kv_heads,
                           const uint32_t (*seqs)[2], uint32_t S)
 {
@@ -454,7 +464,7 @@ static void test_attention_decode(void **state)
     static const uint32_t heads[][2] = {{8, 8}, {8, 2}, {16, 1}, {12, 4}, {32, 8}};
     static const uint32_t hds[] = {64, 128, 32, 256};
     rnd_seed(7);
-    for (int dt = 0; dt < 3; dt++)
+    for (int dt = 0; dt < N_KV_DTYPES; dt++)
         for (size_t h = 0; h < 5; h++)
             for (size_t di = 0; di < 4; di++) {
                 /* short, block-boundary and long contexts (split along the
@@ -471,9 +481,11 @@ static void test_attention_prefill(void **state)
     static const uint32_t heads[][2] = {{8, 8}, {8, 2}, {16, 1}, {12, 4}};
     static const uint32_t hds[] = {64, 128, 16};
     rnd_seed(8);
-    for (int dt = 0; dt < 3; dt++)
+    for (int dt = 0; dt < N_KV_DTYPES; dt++)
         for (size_t h = 0; h < 4; h++)
             for (size_t di = 0; di < 3; di++) {
+                if (kv_row_bytes((enum kv_dtype)dt, hds[di]) == 0)
+                    continue; /* q8_0/fp8 rows are whole 32-value blocks */
                 /* a fresh prompt, a chunk after a cached prefix, a decode row
                  * in the same (mixed) batch */
                 uint32_t seqs[3][2] = {
