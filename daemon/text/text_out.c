@@ -7,7 +7,9 @@
 #include "kvd/status.h"
 
 struct text_out {
+    const struct tokenizer *tok;
     struct tok_stream *ts;
+    bool first; /* no token pushed yet */
     char **stops;
     size_t *stop_lens, n_stops;
     char *buf; /* the text, NUL-terminated */
@@ -37,6 +39,8 @@ int text_out_new(const struct tokenizer *tok, const char *const *stops, const si
     struct text_out *o = calloc(1, sizeof(*o));
     if (!o)
         return KVD_ENOMEM;
+    o->tok = tok;
+    o->first = true;
     o->ts = tok_stream_new(tok, false);
     o->cap = 256;
     o->buf = malloc(o->cap);
@@ -143,9 +147,23 @@ int text_out_push(struct text_out *o, uint32_t tok)
 {
     if (o->stopped || o->finished)
         return o->stopped ? 1 : 0;
-    char piece[TOK_STREAM_MAX_OUT];
-    size_t n = tok_stream_push(o->ts, tok, piece, sizeof piece);
-    return take_text(o, piece, n);
+    char piece[TOK_STREAM_MAX_OUT + 1];
+    size_t n = tok_stream_push(o->ts, tok, piece + 1, sizeof piece - 1);
+    char *p = piece + 1;
+    if (o->first) {
+        /* The stream decodes like llama_detokenize, which drops the
+         * SentencePiece space of a text's first token; a completion
+         * continues its prompt, so it keeps it (as llama.cpp's server's
+         * token-by-token pieces do). */
+        o->first = false;
+        char raw[8];
+        size_t rl = tokenizer_piece(o->tok, tok, false, raw, sizeof raw);
+        if (rl > 0 && raw[0] == ' ' && (n == 0 || p[0] != ' ')) {
+            *--p = ' ';
+            n++;
+        }
+    }
+    return take_text(o, p, n);
 }
 
 int text_out_finish(struct text_out *o)
