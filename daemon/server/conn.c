@@ -1,7 +1,8 @@
-/* conn: one client connection: peer identity from SO_PEERCRED, frame
- * decoding from its bufferevent, dispatch to the op table, replies, back-
- * pressure, and teardown that releases everything the connection owned. */
-#include "server_impl.h"
+/* conn: one client connection: frame decoding from its bufferevent,
+ * batched replies, back-pressure, the ids in flight, and teardown (see
+ * conn.h). What to do with a request, and what the connection owned
+ * elsewhere, are its owner's: through the callbacks of its conn_env. */
+#include "conn.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -13,7 +14,6 @@
 
 #include <event2/buffer.h>
 
-#include "kvd/protocol.h"
 #include "fault.h"
 #include "log.h"
 #include "proto.h"
@@ -42,19 +42,16 @@ static void conn_buf_cb(struct evbuffer *buf, const struct evbuffer_cb_info *inf
     c->buffered += info->n_added;
     c->buffered -= info->n_deleted;
     if (c->overflow && info->n_deleted && buf == bufferevent_get_output(c->bev) &&
-        evbuffer_get_length(buf) <= c->srv->opts.max_unread_output / 2)
+        evbuffer_get_length(buf) <= c->env->max_unread_output / 2)
         c->overflow = false; /* it reads again: generates are taken again */
-    server_buffered_changed(c->srv, info->n_added, info->n_deleted);
+    c->env->cbs->buffered(c->env->ctx, c, info->n_added, info->n_deleted);
 }
 static void conn_write_cb(struct bufferevent *bev, void *arg);
 static void conn_event_cb(struct bufferevent *bev, short what, void *arg);
 
-struct conn *conn_find(struct server *srv, uint64_t id)
+msgpack_sbuffer *conn_reply_buf(struct conn *c)
 {
-    for (struct conn *c = srv->buckets[id % SERVER_CONN_BUCKETS]; c; c = c->hnext)
-        if (c->id == id)
-            return c;
-    return NULL;
+    return &c->env->out;
 }
 
 int conn_send(struct conn *c, const void *data, size_t len)
@@ -66,10 +63,10 @@ int conn_send(struct conn *c, const void *data, size_t len)
 
 void conn_send_error(struct conn *c, uint64_t id, int code, const char *msg)
 {
-    if (c->srv->out_conn == c) {
+    if (c->env->out_conn == c) {
         /* Inside conn_process: behind the replies batched so far, so the
          * client sees them in request order. */
-        msgpack_sbuffer *out = &c->srv->out;
+        msgpack_sbuffer *out = &c->env->out;
         size_t mark = out->size;
         if (proto_frame_error(out, id, code, msg) != 0)
             out->size = mark;
@@ -130,7 +127,7 @@ static int pend_grow(struct conn *c)
     return 0;
 }
 
-static int pending_add(struct conn *c, uint64_t id)
+int conn_pending_add(struct conn *c, uint64_t id)
 {
     if (2 * (c->n_pend_ids + 1) > c->cap_pending && pend_grow(c) != 0)
         return KVD_ENOMEM;
@@ -141,8 +138,7 @@ static int pending_add(struct conn *c, uint64_t id)
     }
     c->pending[i].count++;
     c->n_pending++;
-    c->srv->n_pending++;
-    server_tenant_pending(c->srv, c->tenant, 1);
+    c->env->cbs->pending(c->env->ctx, c, 1);
     return 0;
 }
 
@@ -154,8 +150,7 @@ bool conn_pending_remove(struct conn *c, uint64_t req_id)
     if (!c->pending[i].count)
         return false;
     c->n_pending--;
-    c->srv->n_pending--;
-    server_tenant_pending(c->srv, c->tenant, -1);
+    c->env->cbs->pending(c->env->ctx, c, -1);
     if (--c->pending[i].count)
         return true;
     /* Backward-shift deletion keeps every probe run unbroken. */
@@ -192,7 +187,7 @@ static void free_frame_cb(const void *data, size_t len, void *arg)
     free(arg);
 }
 
-/* Sends the frames batched in srv->out and empties it. When nothing is
+/* Sends the frames batched in env->out and empties it. When nothing is
  * queued in libevent they go straight to the socket: no copy into the
  * bufferevent and no write event to arm and disarm (two epoll_ctl per loop
  * pass). Only what the socket cannot take now is queued, large remainders
@@ -200,7 +195,7 @@ static void free_frame_cb(const void *data, size_t len, void *arg)
  * left to libevent's own write, which reports it through conn_event_cb. */
 static void flush_out(struct conn *c)
 {
-    msgpack_sbuffer *sb = &c->srv->out;
+    msgpack_sbuffer *sb = &c->env->out;
     struct evbuffer *out = bufferevent_get_output(c->bev);
     size_t off = 0;
 
@@ -240,57 +235,16 @@ static void flush_out(struct conn *c)
     }
 }
 
-/* Decodes and runs one request whose payload is p[0..len). Returns false
- * when the connection must close (the message could not be parsed). */
-static bool dispatch(struct conn *c, const uint8_t *p, size_t len)
-{
-    struct server *srv = c->srv;
-    struct proto_msg m;
-    struct proto_err e; /* filled by whatever fails; its 256-byte message
-                         * is not zeroed per request */
-    int rc;
-
-    e.code = 0;
-    e.message[0] = '\0';
-    if (proto_msg_parse_in(&m, p, len, srv->zone, &e) != 0) {
-        log_info("conn %llu (uid %u): %s; closing", (unsigned long long)c->id, (unsigned)c->uid,
-                 e.message);
-        conn_send_error(c, 0, e.code, e.message);
-        return false;
-    }
-    uint64_t id;
-    const struct ops_entry *ent;
-    if ((rc = ops_resolve(&srv->ops, m.root, c->admin, (unsigned)c->uid, &id, &ent, &e))) {
-        conn_send_error(c, id, rc, e.message);
-        goto out;
-    }
-    if (srv->shutting_down) {
-        conn_send_error(c, id, KVD_ECANCELLED, "the server is shutting down");
-        goto out;
-    }
-
-    struct ops_caller who = {.conn = c, .conn_id = c->id, .uid = c->uid, .gid = c->gid,
-                             .pid = c->pid, .tenant = c->tenant, .ns = c->ns,
-                             .tenant_name = c->tenant_name, .admin = c->admin};
-    if (ops_run(&srv->host, ent, &who, id, m.root, &srv->out) == OPS_PENDING &&
-        pending_add(c, id) != 0)
-        log_err("conn %llu: out of memory tracking request %llu", (unsigned long long)c->id,
-                (unsigned long long)id);
-out:
-    proto_msg_free(&m);
-    return true;
-}
-
 /* After each request: writes the batch once it is big, and applies flow
  * control. Returns true when reading must stop for now. */
 static bool after_request(struct conn *c, struct evbuffer *out)
 {
-    struct server *srv = c->srv;
-    if (!c->closing && srv->out.size >= CONN_BATCH_BYTES)
+    struct conn_env *env = c->env;
+    if (!c->closing && env->out.size >= CONN_BATCH_BYTES)
         flush_out(c);
     if (c->closing)
         return true;
-    if (evbuffer_get_length(out) + srv->out.size > srv->out_high) {
+    if (evbuffer_get_length(out) + env->out.size > env->out_high) {
         flush_out(c);
         /* The client is not reading its replies: stop reading its requests
          * until the output drains (conn_write_cb). */
@@ -318,9 +272,9 @@ static bool process_contiguous(struct conn *c, struct evbuffer *in, struct evbuf
         return true;
     const uint8_t *base = v.iov_base;
     while (v.iov_len - *used >= KVD_FRAME_HEADER_BYTES &&
-           proto_frame_peek(base + *used, v.iov_len - *used, c->srv->opts.max_frame, &n) ==
+           proto_frame_peek(base + *used, v.iov_len - *used, c->env->max_frame, &n) ==
                PROTO_FRAME_READY) {
-        keep = dispatch(c, base + *used + KVD_FRAME_HEADER_BYTES, n);
+        keep = c->env->cbs->dispatch(c->env->ctx, c, base + *used + KVD_FRAME_HEADER_BYTES, n);
         *used += KVD_FRAME_HEADER_BYTES + n;
         if (!keep || after_request(c, out))
             break;
@@ -332,7 +286,7 @@ static bool process_contiguous(struct conn *c, struct evbuffer *in, struct evbuf
 
 static void process_input(struct conn *c)
 {
-    struct server *srv = c->srv;
+    struct conn_env *env = c->env;
     struct evbuffer *in = bufferevent_get_input(c->bev);
     struct evbuffer *out = bufferevent_get_output(c->bev);
 
@@ -351,7 +305,7 @@ static void process_input(struct conn *c)
         if (avail < sizeof(hdr))
             return;
         evbuffer_copyout(in, hdr, sizeof(hdr));
-        switch (proto_frame_peek(hdr, avail, srv->opts.max_frame, &n)) {
+        switch (proto_frame_peek(hdr, avail, env->max_frame, &n)) {
         case PROTO_FRAME_NEED_MORE:
             return;
         case PROTO_FRAME_EMPTY:
@@ -361,7 +315,7 @@ static void process_input(struct conn *c)
         case PROTO_FRAME_TOO_LARGE: {
             char msg[128];
             snprintf(msg, sizeof(msg), "frame of %zu bytes is over max_frame (%u bytes)", n,
-                     srv->opts.max_frame);
+                     env->max_frame);
             conn_send_error(c, 0, KVD_ETOOLARGE, msg);
             conn_close_after_flush(c);
             return;
@@ -375,7 +329,7 @@ static void process_input(struct conn *c)
             conn_close_after_flush(c);
             return;
         }
-        bool keep = dispatch(c, p + sizeof(hdr), n);
+        bool keep = c->env->cbs->dispatch(c->env->ctx, c, p + sizeof(hdr), n);
         evbuffer_drain(in, sizeof(hdr) + n);
         if (!keep) {
             conn_close_after_flush(c);
@@ -387,16 +341,16 @@ static void process_input(struct conn *c)
 
 void conn_process(struct conn *c)
 {
-    struct server *srv = c->srv;
-    /* Replies are batched in srv->out and sent once the input is used up.
+    struct conn_env *env = c->env;
+    /* Replies are batched in env->out and sent once the input is used up.
      * Not expected to nest; if it does, the outer batch goes first. */
-    struct conn *outer = srv->out_conn;
+    struct conn *outer = env->out_conn;
     if (outer)
         flush_out(outer);
-    srv->out_conn = c;
+    env->out_conn = c;
     process_input(c);
     flush_out(c);
-    srv->out_conn = outer;
+    env->out_conn = outer;
 }
 
 static void conn_read_cb(struct bufferevent *bev, void *arg)
@@ -414,7 +368,7 @@ static void conn_write_cb(struct bufferevent *bev, void *arg)
     }
     if (c->paused) {
         c->paused = false;
-        if (!c->srv->shutting_down)
+        if (!c->env->no_read)
             bufferevent_enable(bev, EV_READ);
         conn_process(c);
     }
@@ -446,141 +400,46 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
 
 void conn_free(struct conn *c)
 {
-    struct server *srv = c->srv;
+    struct conn_env *env = c->env;
 
-    /* Hooks first, so the executor stops touching the sequences before they
-     * are released. */
-    for (size_t i = 0; i < srv->n_close_hooks; i++)
-        srv->close_hooks[i].fn(srv->close_hooks[i].ctx, c->id);
-    kvmm_lock(srv->mm);
-    kvmm_close_owner(srv->mm, c->id);
-    kvmm_unlock(srv->mm);
-
-    srv->n_pending -= c->n_pending;
-    server_tenant_pending(srv, c->tenant, -(long)c->n_pending);
-    struct conn **pp = &srv->buckets[c->id % SERVER_CONN_BUCKETS];
-    while (*pp != c)
-        pp = &(*pp)->hnext;
-    *pp = c->hnext;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        srv->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    srv->n_conns--;
+    /* The owner first, so whoever uses the connection's sequences stops
+     * before they are released. */
+    env->cbs->closed(env->ctx, c);
     log_debug("conn %llu (uid %u) closed", (unsigned long long)c->id, (unsigned)c->uid);
     if (c->in_cb)
         evbuffer_remove_cb_entry(bufferevent_get_input(c->bev), c->in_cb);
     if (c->out_cb)
         evbuffer_remove_cb_entry(bufferevent_get_output(c->bev), c->out_cb);
-    server_buffered_changed(srv, 0, c->buffered);
+    env->cbs->buffered(env->ctx, c, 0, c->buffered);
     bufferevent_free(c->bev);
     free(c->pending);
     free(c);
-    server_maybe_exit(srv);
 }
 
-int conn_accept(struct server *srv, int fd)
+struct conn *conn_new(struct conn_env *env, int fd, uint64_t id)
 {
-    struct ucred cred;
-    socklen_t clen = sizeof(cred);
-    struct config_identity ident;
     struct conn *c = calloc(1, sizeof(*c));
-    char msg[160];
-
     if (!c) {
         close(fd);
-        return KVD_ENOMEM;
+        return NULL;
     }
-    c->bev = bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    c->bev = bufferevent_socket_new(env->base, fd, BEV_OPT_CLOSE_ON_FREE);
     if (!c->bev) {
         close(fd);
         free(c);
-        return KVD_ENOMEM;
+        return NULL;
     }
-    c->srv = srv;
-    c->id = ++srv->next_conn_id;
-    c->next = srv->conns;
-    if (srv->conns)
-        srv->conns->prev = c;
-    srv->conns = c;
-    c->hnext = srv->buckets[c->id % SERVER_CONN_BUCKETS];
-    srv->buckets[c->id % SERVER_CONN_BUCKETS] = c;
-    srv->n_conns++;
+    c->env = env;
+    c->id = id;
     bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
     c->in_cb = evbuffer_add_cb(bufferevent_get_input(c->bev), conn_buf_cb, c);
     c->out_cb = evbuffer_add_cb(bufferevent_get_output(c->bev), conn_buf_cb, c);
-    bufferevent_setwatermark(c->bev, EV_WRITE, srv->out_high / 2, 0);
+    bufferevent_setwatermark(c->bev, EV_WRITE, env->out_high / 2, 0);
     bufferevent_set_max_single_read(c->bev, CONN_READ_MAX);
+    return c;
+}
 
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
-        log_warn("accept: SO_PEERCRED failed: %s", strerror(errno));
-        conn_send_error(c, 0, KVD_EPERM, "cannot identify the peer (SO_PEERCRED)");
-        conn_close_after_flush(c);
-        return 0;
-    }
-    c->uid = cred.uid;
-    c->gid = cred.gid;
-    c->pid = cred.pid;
-    if (config_resolve(&srv->cfg, c->uid, c->gid, &ident) != 0) {
-        snprintf(msg, sizeof(msg), "uid %u is not allowed by the configuration", (unsigned)c->uid);
-        log_notice("conn from pid %d refused: %s", (int)c->pid, msg);
-        conn_send_error(c, 0, KVD_EPERM, msg);
-        conn_close_after_flush(c);
-        return 0;
-    }
-    /* Connection slots: the last admin-reserved-connections of
-     * max-connections are for admins only, and no uid but an admin's may
-     * hold more than max-connections-per-uid (issue 14: one tenant could
-     * take every slot). */
-    uint32_t reserve = srv->opts.admin_reserved_conns < srv->opts.max_conns
-                           ? srv->opts.admin_reserved_conns
-                           : srv->opts.max_conns - 1;
-    size_t same_uid = 0;
-    if (!ident.admin)
-        for (struct conn *o = srv->conns; o; o = o->next)
-            same_uid += o != c && o->uid == c->uid && !o->closing;
-    msg[0] = '\0';
-    if (srv->n_conns > srv->opts.max_conns)
-        snprintf(msg, sizeof(msg), "too many connections (limit %u)", srv->opts.max_conns);
-    else if (!ident.admin && srv->n_conns > srv->opts.max_conns - reserve)
-        snprintf(msg, sizeof(msg),
-                 "too many connections: the last %u of %u are reserved for admins "
-                 "(admin-reserved-connections)",
-                 reserve, srv->opts.max_conns);
-    else if (!ident.admin && same_uid >= srv->opts.max_conns_per_uid)
-        snprintf(msg, sizeof(msg),
-                 "uid %u already has %zu connections, the limit (max-connections-per-uid)",
-                 (unsigned)c->uid, same_uid);
-    if (msg[0]) {
-        log_warn("conn from uid %u refused: %s", (unsigned)c->uid, msg);
-        conn_send_error(c, 0, KVD_EBUSY, msg);
-        conn_close_after_flush(c);
-        return 0;
-    }
-    char nsname[KVD_MAX_NAME + 16];
-    snprintf(nsname, sizeof(nsname), "tenant:%s", ident.conf.name);
-    kvmm_lock(srv->mm);
-    int rc = kvmm_tenant_set(srv->mm, &ident.conf, &c->tenant);
-    if (rc == 0)
-        rc = kvmm_namespace(srv->mm, nsname, &c->ns);
-    if (rc)
-        snprintf(msg, sizeof(msg), "tenant '%s': %s", ident.conf.name, kvmm_errmsg(srv->mm));
-    kvmm_unlock(srv->mm);
-    if (rc == 0 && (rc = server_tenant_note(srv, ident.conf.name, c->tenant)) != 0)
-        snprintf(msg, sizeof(msg), "tenant '%s': out of memory noting it for stats",
-                 ident.conf.name);
-    if (rc) {
-        log_err("conn from uid %u: %s", (unsigned)c->uid, msg);
-        conn_send_error(c, 0, rc, msg);
-        conn_close_after_flush(c);
-        return 0;
-    }
-    snprintf(c->tenant_name, sizeof(c->tenant_name), "%s", ident.conf.name);
-    c->admin = ident.admin;
-    log_debug("conn %llu: pid %d uid %u gid %u tenant %s%s", (unsigned long long)c->id, (int)c->pid,
-              (unsigned)c->uid, (unsigned)c->gid, c->tenant_name, c->admin ? " (admin)" : "");
+void conn_start(struct conn *c)
+{
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
-    return 0;
 }

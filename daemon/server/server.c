@@ -1,7 +1,10 @@
 /* server: the event loop, the Unix listener (created here, or handed over by
  * systemd), signals, sd_notify (READY/RELOADING/STOPPING/WATCHDOG), the
  * cross-thread post queue, close/drain hooks, SIGHUP reload and the SIGTERM
- * drain. Connections themselves live in conn.c. */
+ * drain; and what a connection asks of its owner: accepting a peer
+ * (identity, limits, tenant), running its requests, and releasing what it
+ * owned. Connections themselves live in conn.c, which calls back here only
+ * through the struct conn_cbs of the server's conn_env. */
 #include "server_impl.h"
 
 #include <errno.h>
@@ -40,6 +43,8 @@
 #define SERVER_POST_COPY_MAX (64u << 10)
 /* How long accepting pauses after accept() fails (out of descriptors). */
 #define SERVER_ACCEPT_PAUSE_MS 100
+
+static void server_maybe_exit(struct server *srv);
 
 const char *server_socket_path(const struct server *srv)
 {
@@ -126,7 +131,8 @@ int server_on_drain(struct server *srv, server_drain_fn fn, void *ctx)
     return rc;
 }
 
-int server_tenant_note(struct server *srv, const char *name, uint32_t id)
+/* Registers a tenant name seen on a connection (for admin stats). */
+static int server_tenant_note(struct server *srv, const char *name, uint32_t id)
 {
     for (size_t i = 0; i < srv->n_tenants; i++)
         if (srv->tenants[i].id == id)
@@ -142,7 +148,8 @@ int server_tenant_note(struct server *srv, const char *name, uint32_t id)
     return 0;
 }
 
-void server_tenant_pending(struct server *srv, uint32_t tenant, long delta)
+/* Adds delta to the tenant's requests in flight. */
+static void server_tenant_pending(struct server *srv, uint32_t tenant, long delta)
 {
     for (size_t i = 0; i < srv->n_tenants; i++)
         if (srv->tenants[i].id == tenant) {
@@ -158,7 +165,8 @@ int server_on_abort(struct server *srv, server_abort_fn fn, void *ctx)
     return 0;
 }
 
-void server_buffered_changed(struct server *srv, size_t added, size_t deleted)
+/* A connection's buffers changed size. */
+static void server_buffered_changed(struct server *srv, size_t added, size_t deleted)
 {
     srv->buffered += added;
     srv->buffered -= deleted;
@@ -188,10 +196,10 @@ static void budget_cb(evutil_socket_t fd, short what, void *arg)
             break;
         srv->n_dropped++;
         log_msg(LOG_LVL_WARN,
-               "conn %llu (uid %u) dropped: %zu bytes buffered (input + output); all "
-               "connections hold %zu, over max-buffered (%llu)",
-               (unsigned long long)big->id, (unsigned)big->uid, big->buffered, srv->buffered,
-               (unsigned long long)srv->opts.max_buffered);
+                "conn %llu (uid %u) dropped: %zu bytes buffered (input + output); all "
+                "connections hold %zu, over max-buffered (%llu)",
+                (unsigned long long)big->id, (unsigned)big->uid, big->buffered, srv->buffered,
+                (unsigned long long)srv->opts.max_buffered);
         conn_free(big);
     }
 }
@@ -225,6 +233,204 @@ int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, stru
                                  "(max-queued-per-tenant = %u)",
                                  srv->tenants[i].name, srv->tenants[i].n_pending,
                                  srv->opts.max_queued_per_tenant);
+    return 0;
+}
+
+/* ---- connections: what conn.c asks of its owner -------------------------- */
+
+static struct conn *conn_find(struct server *srv, uint64_t id)
+{
+    for (struct conn *c = srv->buckets[id % SERVER_CONN_BUCKETS]; c; c = c->hnext)
+        if (c->id == id)
+            return c;
+    return NULL;
+}
+
+/* Decodes and runs one request whose payload is p[0..len). Returns false
+ * when the connection must close (the message could not be parsed). */
+static bool conn_dispatch_cb(void *ctx, struct conn *c, const uint8_t *p, size_t len)
+{
+    struct server *srv = ctx;
+    struct proto_msg m;
+    struct proto_err e; /* filled by whatever fails; its 256-byte message
+                         * is not zeroed per request */
+    int rc;
+
+    e.code = 0;
+    e.message[0] = '\0';
+    if (proto_msg_parse_in(&m, p, len, srv->zone, &e) != 0) {
+        log_info("conn %llu (uid %u): %s; closing", (unsigned long long)c->id, (unsigned)c->uid,
+                 e.message);
+        conn_send_error(c, 0, e.code, e.message);
+        return false;
+    }
+    uint64_t id;
+    const struct ops_entry *ent;
+    if ((rc = ops_resolve(&srv->ops, m.root, c->admin, (unsigned)c->uid, &id, &ent, &e))) {
+        conn_send_error(c, id, rc, e.message);
+        goto out;
+    }
+    if (srv->shutting_down) {
+        conn_send_error(c, id, KVD_ECANCELLED, "the server is shutting down");
+        goto out;
+    }
+
+    struct ops_caller who = {.conn = c,
+                             .conn_id = c->id,
+                             .uid = c->uid,
+                             .gid = c->gid,
+                             .pid = c->pid,
+                             .tenant = c->tenant,
+                             .ns = c->ns,
+                             .tenant_name = c->tenant_name,
+                             .admin = c->admin};
+    if (ops_run(&srv->host, ent, &who, id, m.root, conn_reply_buf(c)) == OPS_PENDING &&
+        conn_pending_add(c, id) != 0)
+        log_err("conn %llu: out of memory tracking request %llu", (unsigned long long)c->id,
+                (unsigned long long)id);
+out:
+    proto_msg_free(&m);
+    return true;
+}
+
+static void conn_pending_cb(void *ctx, struct conn *c, long delta)
+{
+    struct server *srv = ctx;
+    srv->n_pending += (size_t)delta;
+    server_tenant_pending(srv, c->tenant, delta);
+}
+
+static void conn_buffered_cb(void *ctx, struct conn *c, size_t added, size_t deleted)
+{
+    server_buffered_changed(ctx, added, deleted);
+}
+
+/* However a connection ends: the close hooks (the executor cancels its
+ * requests), then its sequences are released, its requests leave the
+ * counts and it leaves the list. */
+static void conn_closed_cb(void *ctx, struct conn *c)
+{
+    struct server *srv = ctx;
+
+    for (size_t i = 0; i < srv->n_close_hooks; i++)
+        srv->close_hooks[i].fn(srv->close_hooks[i].ctx, c->id);
+    kvmm_lock(srv->mm);
+    kvmm_close_owner(srv->mm, c->id);
+    kvmm_unlock(srv->mm);
+
+    srv->n_pending -= c->n_pending;
+    server_tenant_pending(srv, c->tenant, -(long)c->n_pending);
+    struct conn **pp = &srv->buckets[c->id % SERVER_CONN_BUCKETS];
+    while (*pp != c)
+        pp = &(*pp)->hnext;
+    *pp = c->hnext;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        srv->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    srv->n_conns--;
+    server_maybe_exit(srv);
+}
+
+static const struct conn_cbs server_conn_cbs = {
+    .dispatch = conn_dispatch_cb,
+    .pending = conn_pending_cb,
+    .buffered = conn_buffered_cb,
+    .closed = conn_closed_cb,
+};
+
+/* A new connection on fd: the peer's identity from SO_PEERCRED, its tenant
+ * and admin rights from the config, the connection limits. A refused peer
+ * gets one error frame and is closed once it is flushed. */
+static int server_accept(struct server *srv, int fd)
+{
+    struct ucred cred;
+    socklen_t clen = sizeof(cred);
+    struct config_identity ident;
+    char msg[160];
+
+    struct conn *c = conn_new(&srv->cenv, fd, srv->next_conn_id + 1);
+    if (!c)
+        return KVD_ENOMEM;
+    srv->next_conn_id++;
+    c->next = srv->conns;
+    if (srv->conns)
+        srv->conns->prev = c;
+    srv->conns = c;
+    c->hnext = srv->buckets[c->id % SERVER_CONN_BUCKETS];
+    srv->buckets[c->id % SERVER_CONN_BUCKETS] = c;
+    srv->n_conns++;
+
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
+        log_warn("accept: SO_PEERCRED failed: %s", strerror(errno));
+        conn_send_error(c, 0, KVD_EPERM, "cannot identify the peer (SO_PEERCRED)");
+        conn_close_after_flush(c);
+        return 0;
+    }
+    c->uid = cred.uid;
+    c->gid = cred.gid;
+    c->pid = cred.pid;
+    if (config_resolve(&srv->cfg, c->uid, c->gid, &ident) != 0) {
+        snprintf(msg, sizeof(msg), "uid %u is not allowed by the configuration", (unsigned)c->uid);
+        log_notice("conn from pid %d refused: %s", (int)c->pid, msg);
+        conn_send_error(c, 0, KVD_EPERM, msg);
+        conn_close_after_flush(c);
+        return 0;
+    }
+    /* Connection slots: the last admin-reserved-connections of
+     * max-connections are for admins only, and no uid but an admin's may
+     * hold more than max-connections-per-uid (issue 14: one tenant could
+     * take every slot). */
+    uint32_t reserve = srv->opts.admin_reserved_conns < srv->opts.max_conns
+                           ? srv->opts.admin_reserved_conns
+                           : srv->opts.max_conns - 1;
+    size_t same_uid = 0;
+    if (!ident.admin)
+        for (struct conn *o = srv->conns; o; o = o->next)
+            same_uid += o != c && o->uid == c->uid && !o->closing;
+    msg[0] = '\0';
+    if (srv->n_conns > srv->opts.max_conns)
+        snprintf(msg, sizeof(msg), "too many connections (limit %u)", srv->opts.max_conns);
+    else if (!ident.admin && srv->n_conns > srv->opts.max_conns - reserve)
+        snprintf(msg, sizeof(msg),
+                 "too many connections: the last %u of %u are reserved for admins "
+                 "(admin-reserved-connections)",
+                 reserve, srv->opts.max_conns);
+    else if (!ident.admin && same_uid >= srv->opts.max_conns_per_uid)
+        snprintf(msg, sizeof(msg),
+                 "uid %u already has %zu connections, the limit (max-connections-per-uid)",
+                 (unsigned)c->uid, same_uid);
+    if (msg[0]) {
+        log_warn("conn from uid %u refused: %s", (unsigned)c->uid, msg);
+        conn_send_error(c, 0, KVD_EBUSY, msg);
+        conn_close_after_flush(c);
+        return 0;
+    }
+    char nsname[KVD_MAX_NAME + 16];
+    snprintf(nsname, sizeof(nsname), "tenant:%s", ident.conf.name);
+    kvmm_lock(srv->mm);
+    int rc = kvmm_tenant_set(srv->mm, &ident.conf, &c->tenant);
+    if (rc == 0)
+        rc = kvmm_namespace(srv->mm, nsname, &c->ns);
+    if (rc)
+        snprintf(msg, sizeof(msg), "tenant '%s': %s", ident.conf.name, kvmm_errmsg(srv->mm));
+    kvmm_unlock(srv->mm);
+    if (rc == 0 && (rc = server_tenant_note(srv, ident.conf.name, c->tenant)) != 0)
+        snprintf(msg, sizeof(msg), "tenant '%s': out of memory noting it for stats",
+                 ident.conf.name);
+    if (rc) {
+        log_err("conn from uid %u: %s", (unsigned)c->uid, msg);
+        conn_send_error(c, 0, rc, msg);
+        conn_close_after_flush(c);
+        return 0;
+    }
+    snprintf(c->tenant_name, sizeof(c->tenant_name), "%s", ident.conf.name);
+    c->admin = ident.admin;
+    log_debug("conn %llu: pid %d uid %u gid %u tenant %s%s", (unsigned long long)c->id, (int)c->pid,
+              (unsigned)c->uid, (unsigned)c->gid, c->tenant_name, c->admin ? " (admin)" : "");
+    conn_start(c);
     return 0;
 }
 
@@ -293,7 +499,7 @@ static void post_cb(evutil_socket_t fd, short what, void *arg)
                          "max-unread-output (%llu)",
                          unread, (unsigned long long)srv->opts.max_unread_output);
                 log_msg(LOG_LVL_NOTICE, "conn %llu (uid %u): %s; ending its generates",
-                       (unsigned long long)c->id, (unsigned)c->uid, msg);
+                        (unsigned long long)c->id, (unsigned)c->uid, msg);
                 if (srv->abort_fn)
                     srv->abort_fn(srv->abort_ctx, c->id, KVD_EBUSY, msg);
             }
@@ -310,7 +516,8 @@ static void post_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- shutdown ------------------------------------------------------------- */
 
-void server_maybe_exit(struct server *srv)
+/* Exits the loop once shutdown has drained everything. */
+static void server_maybe_exit(struct server *srv)
 {
     if (!srv->shutting_down || srv->n_pending > 0)
         return;
@@ -347,6 +554,7 @@ static void begin_shutdown(struct server *srv, const char *why)
     if (srv->shutting_down)
         return;
     srv->shutting_down = true;
+    srv->cenv.no_read = true;
     sd_notify(0, "STOPPING=1\nSTATUS=draining");
     log_notice("%s: stopping (%zu connections, %zu requests in flight)", why, srv->n_conns,
                srv->n_pending);
@@ -473,7 +681,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
                       void *arg)
 {
     struct server *srv = arg;
-    if (conn_accept(srv, fd) != 0)
+    if (server_accept(srv, fd) != 0)
         log_err("accept: out of memory; connection dropped");
 }
 
@@ -688,7 +896,7 @@ int server_new(const struct options *opts, struct config *cfg, const char *confi
                                   .ctx = srv};
     snprintf(srv->config_path, sizeof(srv->config_path), "%s", config_path ? config_path : "");
     pthread_mutex_init(&srv->post_mu, NULL);
-    msgpack_sbuffer_init(&srv->out);
+    msgpack_sbuffer_init(&srv->cenv.out);
     srv->zone = msgpack_zone_new(MSGPACK_ZONE_CHUNK_SIZE);
     if (!srv->zone)
         goto fail;
@@ -697,13 +905,18 @@ int server_new(const struct options *opts, struct config *cfg, const char *confi
      * without bound). Clients that write a long pipeline before reading
      * anything must fit their replies in it: at least 64 MiB, and two
      * maximal frames. */
-    srv->out_high = 2 * (size_t)opts->max_frame + 2 * KVD_FRAME_HEADER_BYTES;
-    if (srv->out_high < SERVER_OUT_HIGH_MIN)
-        srv->out_high = SERVER_OUT_HIGH_MIN;
+    srv->cenv.out_high = 2 * (size_t)opts->max_frame + 2 * KVD_FRAME_HEADER_BYTES;
+    if (srv->cenv.out_high < SERVER_OUT_HIGH_MIN)
+        srv->cenv.out_high = SERVER_OUT_HIGH_MIN;
+    srv->cenv.cbs = &server_conn_cbs;
+    srv->cenv.ctx = srv;
+    srv->cenv.max_frame = opts->max_frame;
+    srv->cenv.max_unread_output = opts->max_unread_output;
 
     srv->base = event_base_new();
     if (!srv->base)
         goto fail;
+    srv->cenv.base = srv->base;
     srv->ev_term = evsignal_new(srv->base, SIGTERM, signal_cb, srv);
     srv->ev_int = evsignal_new(srv->base, SIGINT, signal_cb, srv);
     srv->ev_hup = evsignal_new(srv->base, SIGHUP, signal_cb, srv);
@@ -771,10 +984,9 @@ void server_free(struct server *srv)
         evconnlistener_free(srv->listener);
     if (srv->own_socket)
         unlink(srv->socket_path);
-    struct event *evs[] = {srv->ev_term,     srv->ev_int,      srv->ev_hup,
-                           srv->ev_post,     srv->ev_shutdown, srv->ev_watchdog,
-                           srv->ev_drain,    srv->ev_accept,   srv->ev_budget,
-                           srv->ev_trim};
+    struct event *evs[] = {srv->ev_term,     srv->ev_int,      srv->ev_hup,   srv->ev_post,
+                           srv->ev_shutdown, srv->ev_watchdog, srv->ev_drain, srv->ev_accept,
+                           srv->ev_budget,   srv->ev_trim};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         if (evs[i])
             event_free(evs[i]);
@@ -792,7 +1004,7 @@ void server_free(struct server *srv)
     free(srv->tenants);
     ops_table_free(&srv->ops);
     config_free(&srv->cfg);
-    msgpack_sbuffer_destroy(&srv->out);
+    msgpack_sbuffer_destroy(&srv->cenv.out);
     if (srv->zone)
         msgpack_zone_free(srv->zone);
     pthread_mutex_destroy(&srv->post_mu);
