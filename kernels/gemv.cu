@@ -1,7 +1,8 @@
 // Small-batch projection y = W x for 1..8 tokens, the decode hot path: it is
 // bound by reading W once, so each warp streams one weight row in its GGUF
 // type (F32, F16, BF16, or Q8_0 dequantized in registers) with wide loads and
-// applies it to every token's f32 activations, accumulating in f32.
+// applies it to every token's f32 activations, accumulating in f32. The other
+// quantized types have their own GEMV (gemv_quant.cu).
 #include "kernel_util.cuh"
 
 #define GEMV_WARPS 8  // warps (= output rows) per block

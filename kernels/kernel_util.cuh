@@ -132,7 +132,8 @@ static __device__ __forceinline__ float kvd_q8_0_value(const uint8_t *src, size_
     return kvd_f16_to_f32(d) * (float)(int8_t)blk[2 + i % 32];
 }
 
-// Element i of a weight array of GGUF type wtype (F32, F16, BF16, Q8_0).
+// Element i of a weight array of GGUF type wtype (F32, F16, BF16, Q8_0; the
+// other quantized types go by 32-value chunks: quant.cuh's kvd_deq32).
 static __device__ __forceinline__ float kvd_any_to_f32(const void *src, int wtype, size_t i)
 {
     switch (wtype) {
@@ -143,12 +144,20 @@ static __device__ __forceinline__ float kvd_any_to_f32(const void *src, int wtyp
     }
 }
 
-// Bytes of one row of n elements of GGUF type wtype.
+// Bytes of one row of n elements of GGUF type wtype (n a multiple of the
+// type's block: quant.cuh).
 static __host__ __device__ __forceinline__ size_t kvd_row_bytes(int wtype, size_t n)
 {
     switch (wtype) {
     case KVD_KW_F32: return n * 4;
     case KVD_KW_Q8_0: return n / 32 * 34;
+    case KVD_KW_Q4_0: return n / 32 * 18;
+    case KVD_KW_Q4_1: return n / 32 * 20;
+    case KVD_KW_Q5_0: return n / 32 * 22;
+    case KVD_KW_Q5_1: return n / 32 * 24;
+    case KVD_KW_Q4_K: return n / 256 * 144;
+    case KVD_KW_Q5_K: return n / 256 * 176;
+    case KVD_KW_Q6_K: return n / 256 * 210;
     default: return n * 2;
     }
 }

@@ -4,7 +4,9 @@
  * sequence of them can be captured into a CUDA graph.
  * Conventions: activations are f32 row-major [tokens][features]; weights are
  * row-major [out][in] (GGUF ne = [in, out]) in their GGUF type (F32, F16,
- * BF16, Q8_0), the GEMM path reading a bf16 copy (compute_cuda_ops.c); KV
+ * BF16, Q8_0, and the quantized Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K:
+ * quant.cuh), the GEMM path reading bf16 (a copy made at load for F16/Q8_0,
+ * tiles dequantized before each GEMM for the others: compute_cuda_ops.c); KV
  * blocks are laid out as kv_types.h says. The same sources also build for
  * the CPU emulator (docs/emulation.md): launches and shared memory go
  * through kernel_util.cuh's macros. */
@@ -25,7 +27,22 @@ typedef struct CUstream_st *kvd_stream;
  * Q8_0 and FP8 rows are quantized with their scales inside (kv_row.cuh). */
 enum kvd_k_dtype { KVD_K_F16 = 0, KVD_K_BF16 = 1, KVD_K_F32 = 2, KVD_K_Q8_0 = 3, KVD_K_FP8 = 4 };
 /* Source types for weight conversion; the numbers equal GGUF ggml types. */
-enum kvd_k_wtype { KVD_KW_F32 = 0, KVD_KW_F16 = 1, KVD_KW_Q8_0 = 8, KVD_KW_BF16 = 30 };
+enum kvd_k_wtype {
+    KVD_KW_F32 = 0,
+    KVD_KW_F16 = 1,
+    KVD_KW_Q4_0 = 2,
+    KVD_KW_Q4_1 = 3,
+    KVD_KW_Q5_0 = 6,
+    KVD_KW_Q5_1 = 7,
+    KVD_KW_Q8_0 = 8,
+    KVD_KW_Q4_K = 12,
+    KVD_KW_Q5_K = 13,
+    KVD_KW_Q6_K = 14,
+    KVD_KW_BF16 = 30
+};
+/* Values per block of a weight type (1 for F32/F16/BF16, 32 for Q4_0..Q8_0,
+ * 256 for the K-quants); rows are whole blocks. 0 for an unknown type. */
+int kvd_k_wtype_block(int wtype);
 /* RoPE pair conventions (llama.cpp): NORM rotates (x[2i], x[2i+1]) (llama),
  * NEOX rotates (x[i], x[i + n_rot/2]) (qwen2). */
 enum kvd_k_rope_mode { KVD_K_ROPE_NORM = 0, KVD_K_ROPE_NEOX = 2 };
@@ -56,7 +73,8 @@ int kvd_k_add_bias(float *y, const float *b, int rows, int dim, kvd_stream strea
 int kvd_k_silu_mul(float *out, const float *gate, const float *up, size_t n, kvd_stream stream);
 
 /* ---- rows (rows.cu) ----------------------------------------------------- */
-/* out[i][:] = row ids[i] of w [rows][ne0] (GGUF type wtype), widened to f32;
+/* out[i][:] = row ids[i] of w [rows][ne0] (any weight type above; ne0 a
+ * multiple of its block), widened to f32;
  * an id >= n_rows gives zeros (ids are checked on the host; this only keeps
  * the read in bounds). */
 int kvd_k_get_rows(float *out, const void *w, int wtype, int ne0, int n_rows, const uint32_t *ids,
@@ -74,7 +92,8 @@ int kvd_k_rope(float *x, const uint32_t *pos, int n_tokens, int n_heads, int hea
 
 /* ---- conversions (convert.cu) ------------------------------------------- */
 /* n elements of GGUF type `wtype` at src (device) → bf16 at dst (device).
- * Q8_0: n must be a multiple of 32; src holds n/32 blocks of 34 bytes. */
+ * Block types: n must be a multiple of the block (kvd_k_wtype_block); src
+ * holds n / block whole blocks. */
 int kvd_k_to_bf16(uint16_t *dst, const void *src, int wtype, size_t n, kvd_stream stream);
 /* n elements of GGUF type `wtype` → f32 (norm weights, freq factors). */
 int kvd_k_to_f32(float *dst, const void *src, int wtype, size_t n, kvd_stream stream);
@@ -88,6 +107,21 @@ int kvd_k_to_f32(float *dst, const void *src, int wtype, size_t n, kvd_stream st
 int kvd_k_gemv(float *y, const void *w, int wtype, const float *x, int n_tokens, int out, int in,
                kvd_stream stream);
 int kvd_k_gemv_ok(const void *w, int wtype, const float *x, int n_tokens, int in);
+/* The same for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (gemv_quant.cu),
+ * with llama.cpp's arithmetic, which the cpu backend shares: x's rows are
+ * first quantized into act (kvd_k_gemvq_act_bytes of device scratch, 256-byte
+ * aligned), per 32 values to int8 with the f16 scale max|x|/127 (and the f16
+ * of scale x sum) against the legacy types, per 256 values to int8 with an
+ * f32 scale and the sums of each 16 against the K-quants; then each output is
+ * a sum over blocks of (weight scale x activation scale) x an exact integer
+ * dot product (dp4a), less the weights' offsets or mins through the
+ * activation sums. Needs in a multiple of the block, x 16-byte aligned and W
+ * aligned to 16 bytes (Q4_K, Q5_K), 8 (Q5_1), 4 (Q4_1) or 2; see
+ * kvd_k_gemvq_ok. */
+size_t kvd_k_gemvq_act_bytes(int wtype, int n_tokens, int in);
+int kvd_k_gemvq_ok(const void *w, int wtype, const float *x, int n_tokens, int in);
+int kvd_k_gemvq(float *y, const void *w, int wtype, const float *x, void *act, int n_tokens,
+                int out, int in, kvd_stream stream);
 /* dst[i] = bf16(src[i]) (activations before a bf16 cuBLAS GEMM). */
 int kvd_k_f32_to_bf16(uint16_t *dst, const float *src, size_t n, kvd_stream stream);
 
