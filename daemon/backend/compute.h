@@ -134,6 +134,11 @@ struct compute_ops {
     int (*upload)(struct compute_ctx *cx, void *dst_dev, const void *src_host, size_t bytes);
     int (*download)(struct compute_ctx *cx, void *dst_host, const void *src_dev, size_t bytes);
     int (*sync)(struct compute_ctx *cx); /* waits for every op issued so far */
+    /* OPTIONAL: device bytes the context holds for the weights' sake beyond
+     * the bytes weight_bytes gave them (cuda: the bf16 tile quantized
+     * weights are dequantized into before a GEMM), known once every weight
+     * is uploaded; counted in the model's weight_device_bytes. */
+    size_t (*weight_scratch_bytes)(struct compute_ctx *cx);
 
     /* Weights in the backend's layout of choice (both optional; NULL: the
      * file's rows, copied with upload). weight_bytes: the device bytes

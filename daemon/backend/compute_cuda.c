@@ -14,8 +14,12 @@
 #define STG_MAX_UPLOAD (1u << 20) /* larger uploads go straight from the source */
 
 _Static_assert((int)CT_F32 == (int)KVD_KW_F32 && (int)CT_F16 == (int)KVD_KW_F16 &&
-                   (int)CT_BF16 == (int)KVD_KW_BF16 && (int)CT_Q8_0 == (int)KVD_KW_Q8_0,
-               "weight type numbers of compute.h and kernels.h differ");
+                   (int)CT_BF16 == (int)KVD_KW_BF16 && (int)CT_Q8_0 == (int)KVD_KW_Q8_0 &&
+                   (int)CT_Q4_0 == (int)KVD_KW_Q4_0 && (int)CT_Q4_1 == (int)KVD_KW_Q4_1 &&
+                   (int)CT_Q5_0 == (int)KVD_KW_Q5_0 && (int)CT_Q5_1 == (int)KVD_KW_Q5_1 &&
+                   (int)CT_Q4_K == (int)KVD_KW_Q4_K && (int)CT_Q5_K == (int)KVD_KW_Q5_K &&
+                   (int)CT_Q6_K == (int)KVD_KW_Q6_K,
+               "weight type numbers of kv_types.h and kernels.h differ");
 _Static_assert((int)KV_F16 == (int)KVD_K_F16 && (int)KV_BF16 == (int)KVD_K_BF16 &&
                    (int)KV_F32 == (int)KVD_K_F32 && (int)KV_Q8_0 == (int)KVD_K_Q8_0 &&
                    (int)KV_FP8 == (int)KVD_K_FP8,
@@ -55,6 +59,8 @@ static void cuda_ctx_free(struct compute_ctx *cx)
         graphs_drop_all(cx);
         cudaFree(cx->xb);
         cudaFree(cx->part);
+        cudaFree(cx->wt);
+        cudaFree(cx->act);
         cudaFreeHost(cx->stg);
     }
     free(cx);
@@ -79,6 +85,7 @@ static int cuda_ctx_new(struct backend *be, const struct compute_conf *conf,
     cx->be = be;
     cx->dev = dev;
     cx->stream = dev->compute;
+    cx->tile_elems = CUDA_TILE_ELEMS_DEFAULT;
     const char *g = getenv("KVD_CUDA_GRAPHS");
     cx->graphs = !(g && strcmp(g, "0") == 0);
     if ((e = cudaHostAlloc((void **)&cx->stg, STG_BYTES, cudaHostAllocPortable)) != cudaSuccess)
@@ -208,6 +215,11 @@ int cuda_cx_need_part(struct compute_ctx *cx, size_t floats)
     return grow_dev(cx, (void **)&cx->part, &cx->part_cap, floats, sizeof(float));
 }
 
+int cuda_cx_need_act(struct compute_ctx *cx, size_t bytes)
+{
+    return grow_dev(cx, &cx->act, &cx->act_cap, bytes, 1);
+}
+
 /* max_kv rounded up to a power of two (at least 256). */
 static uint32_t kv_bucket(uint32_t max_kv)
 {
@@ -232,8 +244,7 @@ static bool key_eq(const struct compute_step *a, const struct compute_step *b)
 {
     return a->owner == b->owner && a->arena == b->arena && a->tables == b->tables &&
            a->n_tokens == b->n_tokens && a->n_seqs == b->n_seqs && a->max_q == b->max_q &&
-           a->sampled == b->sampled &&
-           kv_bucket(a->max_kv) == kv_bucket(b->max_kv);
+           a->sampled == b->sampled && kv_bucket(a->max_kv) == kv_bucket(b->max_kv);
 }
 
 /* The entry for this key (and split count), or a recycled LRU one. */
@@ -353,6 +364,11 @@ void cuda_compute_set_graphs(struct compute_ctx *cx, bool on)
     cx->graphs = on;
 }
 
+void cuda_compute_set_tile_elems(struct compute_ctx *cx, size_t elems)
+{
+    cx->tile_elems = elems ? elems : 1;
+}
+
 void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats *st)
 {
     st->captures = cx->n_captures;
@@ -371,6 +387,8 @@ static const struct compute_ops cuda_compute_table = {
     .sync = cuda_sync,
     .weight_bytes = cuda_weight_bytes,
     .weight_upload = cuda_weight_upload,
+    .weight_type_ok = cuda_weight_type_ok,
+    .weight_scratch_bytes = cuda_weight_scratch_bytes,
     .get_rows = cuda_op_get_rows,
     .rmsnorm = cuda_op_rmsnorm,
     .add_rmsnorm = cuda_op_add_rmsnorm,

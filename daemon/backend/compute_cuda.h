@@ -18,5 +18,10 @@ struct cuda_compute_stats {
     uint64_t captures, replays, eager;
 };
 void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats *st);
+/* For tests: the bf16 elements of one dequant tile of the quantized weights'
+ * GEMM path (default CUDA_TILE_ELEMS_DEFAULT, 32 MiB), so that a small matrix
+ * spans several tiles; set before the weights are uploaded. */
+#define CUDA_TILE_ELEMS_DEFAULT ((size_t)16 << 20)
+void cuda_compute_set_tile_elems(struct compute_ctx *cx, size_t elems);
 
 #endif

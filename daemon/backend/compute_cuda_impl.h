@@ -41,6 +41,16 @@ struct compute_ctx {
     size_t xb_cap;
     float *part;
     size_t part_cap;
+    /* The bf16 tile the quantized weights (not Q8_0) are dequantized into
+     * before each GEMM, [wt_cap] elements: sized by weight_upload at model
+     * load for the largest tile any weight needs (compute_cuda_ops.c). */
+    uint16_t *wt;
+    size_t wt_cap;
+    size_t tile_elems; /* the most elements of one tile */
+    /* The quantized GEMV's int8 activations [act_cap] bytes (grown on
+     * demand like xb). */
+    void *act;
+    size_t act_cap;
 
     /* CUDA graphs (decode steps). */
     bool graphs;                  /* enabled (KVD_CUDA_GRAPHS=0 turns them off) */
@@ -55,6 +65,7 @@ struct compute_ctx {
  * KVD_EINTERNAL. */
 int cuda_cx_need_xb(struct compute_ctx *cx, size_t elems);
 int cuda_cx_need_part(struct compute_ctx *cx, size_t floats);
+int cuda_cx_need_act(struct compute_ctx *cx, size_t bytes);
 /* The attention split count for a step whose largest context is max_kv:
  * computed from a power-of-two bucket of max_kv so eager and graph runs of
  * one bucket agree. */
@@ -88,5 +99,8 @@ int cuda_op_sample(struct compute_ctx *cx, const float *logits, uint32_t rows, u
                    const struct sample_row *p, uint32_t *out);
 size_t cuda_weight_bytes(const struct ctensor *t);
 int cuda_weight_upload(struct compute_ctx *cx, struct ctensor *t, const void *src);
+bool cuda_weight_type_ok(enum ctype t);
+/* Device bytes held for the weights beyond their own (the dequant tile). */
+size_t cuda_weight_scratch_bytes(struct compute_ctx *cx);
 
 #endif

@@ -1,7 +1,9 @@
 /* compute_cuda_ops: the model's operations (compute.h) on the cuda backend:
  * thin wrappers over kernels/ plus the projections, which run as a native-
- * type GEMV for up to 8 rows (decode: weights read once, in place) and as
- * cuBLAS GEMMs above that (bf16 in, f32 accumulate; F32 weights as SGEMM). */
+ * type GEMV for up to 8 rows (decode: weights read once, in place; the
+ * quantized types other than Q8_0 with llama.cpp's int8-activation
+ * arithmetic, like the cpu backend) and as cuBLAS GEMMs above that (bf16 in,
+ * f32 accumulate; F32 weights as SGEMM). */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,13 +134,41 @@ int cuda_op_sample(struct compute_ctx *cx, const float *logits, uint32_t rows, u
 /* ---- projections ---------------------------------------------------------- */
 
 /* The cuBLAS path reads matrices as bf16. BF16 and F32 (SGEMM) weights are
- * read in place; F16 and Q8_0 matrices keep a bf16 copy after their rows
- * (CL_ROWS_BF16), made at load: the memory it takes is then allocated with
- * the weights, before the KV arena is sized from what is left, and never
- * in the middle of a step. The decode GEMV reads the rows. */
+ * read in place. F16 and Q8_0 matrices keep a bf16 copy after their rows
+ * (CL_ROWS_BF16), made at load. The other quantized types (Q4_0 .. Q6_K)
+ * keep only their blocks: before each GEMM they are dequantized, a tile of
+ * rows at a time, into the context's bf16 tile (cx->wt), sized at load for
+ * the largest tile any weight needs (so a bf16 copy of a Q4 model, 3.6x its
+ * size, is never held). Either way the memory is allocated with the weights,
+ * before the KV arena is sized from what is left, and never in the middle
+ * of a step. The decode GEMV reads the rows. */
+static bool is_matrix(const struct ctensor *t)
+{
+    return t->ne1 > 1 && !t->rows_only;
+}
+
 static bool needs_bf16_copy(const struct ctensor *t)
 {
-    return t->ne1 > 1 && !t->rows_only && (t->type == CT_F16 || t->type == CT_Q8_0);
+    return is_matrix(t) && (t->type == CT_F16 || t->type == CT_Q8_0);
+}
+
+static bool needs_tile(const struct ctensor *t)
+{
+    return is_matrix(t) && ctype_is_quant(t->type) && t->type != CT_Q8_0;
+}
+
+/* A tile is at most 32 MiB of bf16 (cx->tile_elems, CUDA_TILE_ELEMS_DEFAULT:
+ * it stays in a GPU's L2 between the dequantization that writes it and the
+ * GEMM that reads it: 40 MiB on A100, 50 MiB on H100/H200), rounded down to
+ * a multiple of 64 rows; a smaller matrix is one tile. */
+static uint32_t tile_rows(const struct compute_ctx *cx, const struct ctensor *t)
+{
+    size_t r = cx->tile_elems / t->ne0;
+    if (r >= 64)
+        r &= ~(size_t)63;
+    if (r < 1)
+        r = 1;
+    return r < t->ne1 ? (uint32_t)r : t->ne1;
 }
 
 static size_t bf16_copy_offset(const struct ctensor *t)
@@ -153,15 +183,52 @@ size_t cuda_weight_bytes(const struct ctensor *t)
     return bf16_copy_offset(t) + (size_t)t->ne0 * t->ne1 * sizeof(uint16_t);
 }
 
+bool cuda_weight_type_ok(enum ctype t)
+{
+    return t == CT_F32 || t == CT_F16 || t == CT_BF16 || ctype_is_quant(t);
+}
+
+size_t cuda_weight_scratch_bytes(struct compute_ctx *cx)
+{
+    return cx->wt_cap * sizeof(uint16_t);
+}
+
+/* Grows the dequant tile to elems (exactly: it is held for the model's
+ * life), at load. */
+static int need_tile(struct compute_ctx *cx, size_t elems)
+{
+    if (elems <= cx->wt_cap)
+        return 0;
+    if (cx->capturing) {
+        log_err("cuda: dequant tile growth requested inside a graph capture (internal)");
+        return KVD_EINTERNAL;
+    }
+    uint16_t *p = NULL;
+    cudaError_t e = cudaMalloc((void **)&p, elems * sizeof(uint16_t));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        log_warn("cuda: dequant tile of %zu bytes: %s", elems * sizeof(uint16_t),
+                 cudaGetErrorString(e));
+        return KVD_ENOMEM;
+    }
+    cudaFree(cx->wt); /* waits for kernels still reading the old one */
+    cx->wt = p;
+    cx->wt_cap = elems;
+    return 0;
+}
+
 int cuda_weight_upload(struct compute_ctx *cx, struct ctensor *t, const void *src)
 {
     int rc = cx->be->compute->upload(cx, t->data, src, t->nbytes);
-    if (rc || !needs_bf16_copy(t))
+    if (rc)
         return rc;
+    if (needs_tile(t))
+        return need_tile(cx, (size_t)tile_rows(cx, t) * t->ne0);
+    if (!needs_bf16_copy(t))
+        return 0;
     uint16_t *copy = (uint16_t *)((uint8_t *)t->data + bf16_copy_offset(t));
-    rc = cuda_kstatus(kvd_k_to_bf16(copy, t->data, (int)t->type, (size_t)t->ne0 * t->ne1,
-                                    cx->stream),
-                      "to_bf16");
+    rc = cuda_kstatus(
+        kvd_k_to_bf16(copy, t->data, (int)t->type, (size_t)t->ne0 * t->ne1, cx->stream), "to_bf16");
     if (!rc)
         t->layout = CL_ROWS_BF16;
     return rc;
@@ -179,7 +246,18 @@ static const uint16_t *weight_bf16(const struct ctensor *w)
 
 /* y [rows][out] = x [rows][in] . W^T. W is [out][in] row-major, i.e. an
  * in x out column-major matrix: cuBLAS computes y^T (out x rows) =
- * op(W)=T (out x in) times x^T (in x rows). */
+ * op(W)=T (out x in) times x^T (in x rows). A tile of W's rows [r0, r0+nr)
+ * gives rows [r0, r0+nr) of y^T: C at y + r0, still with ldc = out. */
+static int gemm_bf16(struct compute_ctx *cx, const uint16_t *wb, int in, int nr, int n, float *y,
+                     int ldy)
+{
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = cublasGemmEx(cx->dev->blas, CUBLAS_OP_T, CUBLAS_OP_N, nr, n, in, &one, wb,
+                                     CUDA_R_16BF, in, cx->xb, CUDA_R_16BF, in, &zero, y, CUDA_R_32F,
+                                     ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx");
+}
+
 int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
                    float *y)
 {
@@ -193,6 +271,12 @@ int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float 
     if (kvd_k_gemv_ok(w->data, (int)w->type, x, n, in))
         return cuda_kstatus(kvd_k_gemv(y, w->data, (int)w->type, x, n, out, in, cx->stream),
                             "gemv");
+    if (kvd_k_gemvq_ok(w->data, (int)w->type, x, n, in)) {
+        if ((rc = cuda_cx_need_act(cx, kvd_k_gemvq_act_bytes((int)w->type, n, in))))
+            return rc;
+        return cuda_kstatus(
+            kvd_k_gemvq(y, w->data, (int)w->type, x, cx->act, n, out, in, cx->stream), "gemv");
+    }
     if (w->type == CT_F32) {
         /* f32 weights keep f32 math (no TF32): the reference's numbers. */
         st = cublasSgemm(cx->dev->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w->data, in, x,
@@ -200,18 +284,27 @@ int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float 
         return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasSgemm");
     }
     const uint16_t *wb = weight_bf16(w);
-    if (!wb) {
-        log_err("cuda: a %s [%u x %u] weight without its bf16 copy reached the GEMM path "
+    const uint32_t tr = needs_tile(w) ? tile_rows(cx, w) : 0;
+    if (!wb && (!tr || cx->wt_cap < (size_t)tr * in)) {
+        log_err("cuda: a %s [%u x %u] weight without its bf16 %s reached the GEMM path "
                 "(weights must be loaded with weight_upload)",
-                ctype_name(w->type), w->ne1, w->ne0);
+                ctype_name(w->type), w->ne1, w->ne0, tr ? "tile" : "copy");
         return KVD_EINTERNAL;
     }
     if ((rc = cuda_cx_need_xb(cx, (size_t)n * in)))
         return rc;
     if ((rc = cuda_kstatus(kvd_k_f32_to_bf16(cx->xb, x, (size_t)n * in, cx->stream), "to_bf16")))
         return rc;
-    st = cublasGemmEx(cx->dev->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, wb, CUDA_R_16BF,
-                      in, cx->xb, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
-                      CUBLAS_GEMM_DEFAULT);
-    return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx");
+    if (wb)
+        return gemm_bf16(cx, wb, in, out, n, y, out);
+    const size_t rb = ctype_row_bytes(w->type, w->ne0);
+    for (uint32_t r0 = 0; r0 < (uint32_t)out; r0 += tr) {
+        const uint32_t nr = (uint32_t)out - r0 < tr ? (uint32_t)out - r0 : tr;
+        if ((rc = cuda_kstatus(kvd_k_to_bf16(cx->wt, (const uint8_t *)w->data + (size_t)r0 * rb,
+                                             (int)w->type, (size_t)nr * in, cx->stream),
+                               "dequant tile")) ||
+            (rc = gemm_bf16(cx, cx->wt, in, (int)nr, n, y + r0, out)))
+            return rc;
+    }
+    return 0;
 }

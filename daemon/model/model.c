@@ -314,6 +314,8 @@ int model_load_opts(const char *path, struct backend *be, const struct model_opt
         m->hp.weight_bytes += t->nbytes;
     }
     m->hp.weight_device_bytes = lc->total;
+    if (m->ops->weight_scratch_bytes)
+        m->hp.weight_device_bytes += m->ops->weight_scratch_bytes(m->cx);
     if (m->hp.tied_output)
         m->output = m->tok_embd;
     free(lc);
