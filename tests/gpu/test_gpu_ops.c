@@ -20,6 +20,7 @@
 #include "gpu/gpu_fixture.h"
 #include "kernels.h"
 #include "kvd/status.h"
+#include "quant.h"
 
 static struct gpu_fx F;
 
@@ -125,6 +126,174 @@ static void test_get_rows(void **state)
         free(ref);
         free(got);
     }
+}
+
+/* ---- the quantized weight types (Q4_0 .. Q6_K) ---------------------------- */
+
+static const enum ctype q_types[] = {CT_Q4_0, CT_Q4_1, CT_Q5_0, CT_Q5_1, CT_Q4_K, CT_Q5_K, CT_Q6_K};
+
+/* Rows of random weights in type t, quantized as kvd-gguf-gen does; a few
+ * rows are all zero, one has a huge outlier (the scale search's edge). */
+static void *make_qweight(enum ctype t, uint32_t rows, uint32_t n, size_t *bytes)
+{
+    size_t rb = ctype_row_bytes(t, n);
+    uint8_t *b = malloc(rb * rows);
+    float *w = rnd_new(n, -1, 1);
+    assert_non_null(b);
+    for (uint32_t r = 0; r < rows; r++) {
+        rnd_fill(w, n, -1, 1);
+        if (r % 17 == 5)
+            memset(w, 0, n * sizeof *w);
+        if (r % 13 == 7)
+            w[rnd_u32(n)] = 40.0f;
+        assert_int_equal(quant_quantize_row(t, w, b + r * rb, n), 0);
+    }
+    free(w);
+    *bytes = rb * rows;
+    return b;
+}
+
+/* get_rows of every type: the values quant_dequant_row defines (to the
+ * last bit but for a fused multiply-add's rounding). */
+static void test_quant_get_rows(void **state)
+{
+    rnd_seed(11);
+    for (size_t ti = 0; ti < sizeof q_types / sizeof q_types[0]; ti++) {
+        enum ctype t = q_types[ti];
+        uint32_t ne0 = ti % 2 ? 512 : 1024, ne1 = 40, n = 9;
+        size_t bytes;
+        void *hb = make_qweight(t, ne1, ne0, &bytes);
+        uint32_t ids[9];
+        for (uint32_t i = 0; i < n; i++)
+            ids[i] = rnd_u32(ne1);
+        struct ctensor hc = {.type = t, .ne0 = ne0, .ne1 = ne1, .nbytes = bytes, .data = hb};
+        struct ctensor gc = hc;
+        gc.data = gpu_dup(&F, hb, bytes);
+        float *ref = malloc((size_t)n * ne0 * 4), *got = malloc((size_t)n * ne0 * 4);
+        for (uint32_t i = 0; i < n; i++)
+            assert_int_equal(
+                quant_dequant_row(t, (const uint8_t *)hb + ids[i] * ctype_row_bytes(t, ne0),
+                                  ref + (size_t)i * ne0, ne0),
+                0);
+        uint32_t *dids = gpu_dup(&F, ids, sizeof ids);
+        float *dout = gpu_nan(&F, (size_t)n * ne0);
+        assert_int_equal(F.gops->get_rows(F.gcx, &gc, dids, n, dout), 0);
+        gpu_get(&F, got, dout, (size_t)n * ne0 * 4);
+        check(ctype_name(t), got, ref, (size_t)n * ne0, 1e-6);
+        /* and the cpu backend's op, the same reference */
+        assert_int_equal(F.cops->get_rows(F.ccx, &hc, ids, n, ref), 0);
+        check(ctype_name(t), got, ref, (size_t)n * ne0, 1e-6);
+        gpu_free(&F, gc.data);
+        gpu_free(&F, dids);
+        gpu_free(&F, dout);
+        free(hb);
+        free(ref);
+        free(got);
+    }
+}
+
+/* y = x W^T in double from quant_dequant_row's values, for the GEMM path
+ * (bf16 weights and activations against the exact product). */
+static void ref_double(enum ctype t, const void *w, const float *x, uint32_t in, uint32_t out,
+                       uint32_t rows, float *y)
+{
+    float *wr = malloc(in * sizeof *wr);
+    size_t rb = ctype_row_bytes(t, in);
+    for (uint32_t j = 0; j < out; j++) {
+        assert_int_equal(quant_dequant_row(t, (const uint8_t *)w + j * rb, wr, in), 0);
+        for (uint32_t r = 0; r < rows; r++) {
+            double s = 0;
+            for (uint32_t i = 0; i < in; i++)
+                s += (double)wr[i] * x[(size_t)r * in + i];
+            y[(size_t)r * out + j] = (float)s;
+        }
+    }
+    free(wr);
+}
+
+/* matmul of every type against the cpu backend's: up to 8 rows the
+ * quantized GEMV (the cpu's arithmetic: only the float additions' order
+ * differs), above that the bf16 GEMM over dequantized tiles (a small tile,
+ * so a matrix spans several), against the exact product within bf16
+ * rounding. */
+static void test_quant_matmul(void **state)
+{
+    /* in, out, rows */
+    static const uint32_t shapes[][3] = {{256, 40, 1}, {512, 67, 3},  {2048, 96, 8},
+                                         {768, 24, 5}, {512, 130, 9}, {256, 70, 33}};
+    rnd_seed(12);
+    cuda_compute_set_tile_elems(F.gcx, 5000); /* 19 rows of 256, 9 of 512 */
+    for (size_t ti = 0; ti < sizeof q_types / sizeof q_types[0]; ti++) {
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            enum ctype t = q_types[ti];
+            uint32_t in = shapes[s][0], out = shapes[s][1], rows = shapes[s][2];
+            size_t bytes;
+            void *hb = make_qweight(t, out, in, &bytes);
+            float *x = rnd_new((size_t)rows * in, -1, 1);
+            if (rows > 2) /* a zero activation row (its int8 scale is 0) */
+                memset(x + in, 0, in * sizeof *x);
+            struct ctensor hc = {.type = t, .ne0 = in, .ne1 = out, .nbytes = bytes, .data = hb};
+            struct ctensor gc = hc;
+            assert_int_equal(F.gops->buf_alloc(F.gcx, F.gops->weight_bytes(&gc), &gc.data), 0);
+            assert_int_equal(F.gops->weight_upload(F.gcx, &gc, hb), 0);
+            assert_int_equal(gc.layout, CL_ROWS); /* no bf16 copy */
+            assert_int_equal(gc.nbytes, bytes);
+            size_t N = (size_t)rows * out;
+            float *ref = malloc(N * 4), *got = malloc(N * 4);
+            float *dx = gpu_dup(&F, x, (size_t)rows * in * 4), *dy = gpu_nan(&F, N);
+            assert_int_equal(F.gops->matmul(F.gcx, &gc, dx, rows, dy), 0);
+            gpu_get(&F, got, dy, N * 4);
+            char what[96];
+            snprintf(what, sizeof what, "matmul %s in %u out %u rows %u", ctype_name(t), in, out,
+                     rows);
+            if (rows <= 8) {
+                assert_int_equal(F.cops->matmul(F.ccx, &hc, x, rows, ref), 0);
+                check(what, got, ref, N, 2e-6);
+            } else {
+                ref_double(t, hb, x, in, out, rows, ref);
+                check(what, got, ref, N, 1e-2);
+            }
+            gpu_free(&F, gc.data);
+            gpu_free(&F, dx);
+            gpu_free(&F, dy);
+            free(x);
+            free(hb);
+            free(ref);
+            free(got);
+        }
+    }
+    cuda_compute_set_tile_elems(F.gcx, CUDA_TILE_ELEMS_DEFAULT);
+}
+
+/* A weight that reached the GEMM path without weight_upload, in a context
+ * whose tile is too small for it, is refused (not read out of bounds), and
+ * bad shapes are refused by the kernels. */
+static void test_quant_refusals(void **state)
+{
+    kvd_stream st = (kvd_stream)cuda_backend_dev(F.cuda)->compute;
+    struct compute_ctx *cx = NULL;
+    assert_int_equal(F.gops->ctx_new(F.cuda, &(struct compute_conf){0}, &cx), 0);
+    rnd_seed(13);
+    size_t bytes;
+    void *hb = make_qweight(CT_Q4_K, 64, 512, &bytes);
+    struct ctensor gc = {.type = CT_Q4_K, .ne0 = 512, .ne1 = 64, .nbytes = bytes};
+    gc.data = gpu_dup(&F, hb, bytes);
+    float *dx = gpu_nan(&F, 16 * 512), *dy = gpu_nan(&F, 16 * 64);
+    assert_int_equal(F.gops->matmul(cx, &gc, dx, 16, dy), KVD_EINTERNAL);
+    /* a row length that is not whole super-blocks */
+    assert_int_equal(kvd_k_to_bf16((uint16_t *)dy, gc.data, KVD_KW_Q4_K, 300, st),
+                     (int)cudaErrorInvalidValue);
+    assert_int_equal(kvd_k_gemvq_ok(gc.data, KVD_KW_Q4_K, dx, 1, 500), 0);
+    assert_int_equal(kvd_k_gemvq_ok((const char *)gc.data + 2, KVD_KW_Q4_K, dx, 1, 512), 0);
+    assert_int_equal(kvd_k_gemvq_ok(gc.data, KVD_KW_Q4_K, dx, 9, 512), 0);
+    assert_int_equal(kvd_k_gemvq_ok(gc.data, KVD_KW_Q8_0, dx, 1, 512), 0);
+    assert_int_equal(kvd_k_get_rows(dy, gc.data, 99, 512, 64, NULL, 1, st),
+                     (int)cudaErrorInvalidValue);
+    F.gops->ctx_free(cx);
+    gpu_free(&F, gc.data);
+    gpu_free(&F, dx);
+    gpu_free(&F, dy);
+    free(hb);
 }
 
 static void test_rmsnorm(void **state)
@@ -659,6 +828,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         GPU_TEST(test_get_rows),
+        GPU_TEST(test_quant_get_rows),
+        GPU_TEST(test_quant_matmul),
+        GPU_TEST(test_quant_refusals),
         GPU_TEST(test_rmsnorm),
         GPU_TEST(test_matmul),
         GPU_TEST(test_elementwise),
