@@ -214,6 +214,11 @@ int main(int argc, char **argv)
                      "stay 0", kvd_err_code(prc));
         }
     }
+    if (kv_geom_check(&mc.geom, err, sizeof(err)) != 0) {
+        log_err("%s%s", model ? "the model's KV: " : "", err);
+        status = 2;
+        goto out_be;
+    }
     size_t bb = kv_block_bytes(&mc.geom);
     if (size_arenas(&opts, be, bb, &mc.n_device_blocks, &mc.n_host_blocks) != 0) {
         status = 2;

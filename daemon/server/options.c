@@ -19,7 +19,8 @@
 
 _Static_assert(OPTIONS_BACKEND_AUTO == 0 && OPTIONS_BACKEND_CPU == 1 && OPTIONS_BACKEND_CUDA == 2,
                "backend choices are in enum order");
-_Static_assert(KV_F16 == 0 && KV_BF16 == 1 && KV_F32 == 2, "kv-dtype choices are in enum order");
+_Static_assert(KV_F16 == 0 && KV_BF16 == 1 && KV_F32 == 2 && KV_Q8_0 == 3 && KV_FP8 == 4,
+               "kv-dtype choices are in enum order");
 _Static_assert(sizeof(enum options_backend) == sizeof(int) && sizeof(enum kv_dtype) == sizeof(int),
                "choices are stored as int");
 
@@ -58,8 +59,9 @@ const struct options_def options_defs[] = {
      "store-mode KV heads"},
     {"head-dim", "D", OPTIONS_U32, F(geom.head_dim), 1, 4096, NULL, "64", NULL, 0,
      "store-mode head size"},
-    {"kv-dtype", "f16|bf16|f32", OPTIONS_CHOICE, F(geom.dtype), 0, 0, "f16|bf16|f32", "f16", NULL,
-     0, "store-mode KV element type"},
+    {"kv-dtype", "f16|bf16|f32|q8_0|fp8", OPTIONS_CHOICE, F(geom.dtype), 0, 0,
+     "f16|bf16|f32|q8_0|fp8", "f16", NULL, 0,
+     "KV element type (q8_0, fp8: quantized, head_dim a multiple of 32)"},
     {"max-frame", "BYTES", OPTIONS_SIZE32, F(max_frame), KVD_MAX_FRAME_MIN, KVD_MAX_FRAME_LIMIT,
      NULL, "64M", NULL, 0, "largest frame accepted"},
     {"max-connections", "N", OPTIONS_U32, F(max_conns), 1, 1000000, NULL, "1024", NULL, 0,

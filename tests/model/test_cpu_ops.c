@@ -1,7 +1,8 @@
 /* The cpu backend's element-wise ops against double-precision formulas, with
  * the AVX2 kernels and with the portable ones (KVD_CPU_SCALAR=1): SiLU's
  * vectorized exp over the whole float range, and the matmul on hand-built
- * (row-major) and packed weights of every type. */
+ * (row-major) and packed weights of every type; and the paged attention
+ * over KV blocks of every dtype (q8_0 and fp8 widened on the fly). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -393,10 +394,185 @@ static void t_quant_roundtrip(void **s)
     free(x), free(y), free(b);
 }
 
+/* ---- paged attention over every KV dtype ----
+ * K and V go into the blocks through kv_write (so q8_0/fp8 are quantized by
+ * the code under test); the reference widens the stored bytes with its own
+ * decoders, written from the formats' definitions (kv_types.h), and does
+ * the attention in double. Mixed batches (a prompt, a chunk after a cached
+ * prefix, decode rows), GQA, blocks scattered over the arena. */
+
+static double f16_def(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+    return h & 0x8000 ? -v : v;
+}
+
+static double e4m3_def(uint8_t c)
+{
+    int e = (c >> 3) & 15, m = c & 7;
+    if (e == 15 && m == 7)
+        return NAN;
+    double v = e == 0 ? ldexp(m / 8.0, -6) : ldexp(1.0 + m / 8.0, e - 7);
+    return c & 0x80 ? -v : v;
+}
+
+/* Value d of a stored row of dtype dt. */
+static double kv_value(const uint8_t *row, enum kv_dtype dt, uint32_t d)
+{
+    switch (dt) {
+    case KV_F16:
+        return f16_def((uint16_t)(row[2 * d] | row[2 * d + 1] << 8));
+    case KV_BF16: {
+        uint32_t b = (uint32_t)(row[2 * d] | row[2 * d + 1] << 8) << 16;
+        float f;
+        memcpy(&f, &b, 4);
+        return f;
+    }
+    case KV_F32: {
+        float f;
+        memcpy(&f, row + 4 * d, 4);
+        return f;
+    }
+    case KV_Q8_0: {
+        const uint8_t *b = row + (d / 32) * 34;
+        return f16_def((uint16_t)(b[0] | b[1] << 8)) * (int8_t)b[2 + d % 32];
+    }
+    case KV_FP8: {
+        float s;
+        memcpy(&s, row, 4);
+        return (double)s * e4m3_def(row[4 + d]);
+    }
+    }
+    return NAN;
+}
+
+static void attn_case(enum kv_dtype dt, uint32_t hd, uint32_t n_head, uint32_t kvh, uint32_t bt,
+                      const uint32_t (*seqs)[2], uint32_t S)
+{
+    const struct compute_ops *o = ref_cpu_backend()->compute;
+    struct compute_ctx *cx = ctx(o);
+    struct kv_geom g = {
+        .layers = 2, .kv_heads = kvh, .head_dim = hd, .dtype = dt, .block_tokens = bt};
+    size_t bb = kv_block_bytes(&g), rb = kv_row_bytes(dt, hd);
+    uint32_t qstart[9], pos0[8], slot0[9], T = 0, NS = 0, max_q = 0, max_kv = 0;
+    for (uint32_t s = 0; s < S; s++) {
+        uint32_t end = seqs[s][0] + seqs[s][1];
+        qstart[s] = T, pos0[s] = seqs[s][0], slot0[s] = NS;
+        T += seqs[s][1];
+        NS += (end + bt - 1) / bt;
+        max_q = seqs[s][1] > max_q ? seqs[s][1] : max_q;
+        max_kv = end > max_kv ? end : max_kv;
+    }
+    qstart[S] = T, slot0[S] = NS;
+    uint32_t nslot = NS + 2, *slots = malloc(NS * 4);
+    for (uint32_t i = 0; i < NS; i++) /* reversed, past two unused slots */
+        slots[i] = nslot - 1 - i;
+    uint8_t *arena = calloc(nslot, bb);
+    /* every position of every sequence (the cached prefix too) through kv_write */
+    for (uint32_t s = 0; s < S; s++) {
+        uint32_t n = seqs[s][0] + seqs[s][1];
+        size_t kvn = (size_t)n * kvh * hd;
+        float *k = malloc(kvn * 4), *v = malloc(kvn * 4);
+        uint32_t *ts = malloc(n * 4), *tp = malloc(n * 4);
+        for (size_t i = 0; i < kvn; i++)
+            k[i] = 2 * qrand() * (i % 7 == 0 ? 3.0f : 1.0f), v[i] = 2 * qrand();
+        for (uint32_t p = 0; p < n; p++)
+            ts[p] = slots[slot0[s] + p / bt], tp[p] = p;
+        assert_int_equal(o->kv_write(cx, arena, &g, 1, k, v, n, ts, tp), 0);
+        free(k), free(v), free(ts), free(tp);
+    }
+    size_t QN = (size_t)T * n_head * hd;
+    float *q = malloc(QN * 4), *out = malloc(QN * 4);
+    for (size_t i = 0; i < QN; i++)
+        q[i] = qrand() * 1.5f;
+    struct attn_desc d = {.q = q,
+                          .out = out,
+                          .arena = arena,
+                          .geom = &g,
+                          .layer = 1,
+                          .n_head = n_head,
+                          .scale = 1.0f / sqrtf((float)hd),
+                          .n_tokens = T,
+                          .n_seqs = S,
+                          .seq_qstart = qstart,
+                          .seq_pos0 = pos0,
+                          .seq_slot0 = slot0,
+                          .slots = slots,
+                          .max_q = max_q,
+                          .max_kv = max_kv,
+                          .h_seq_qstart = qstart,
+                          .h_seq_pos0 = pos0};
+    assert_int_equal(o->attention(cx, &d), 0);
+    double *sc = malloc(max_kv * sizeof(double)), *acc = malloc(hd * sizeof(double));
+    for (uint32_t s = 0; s < S; s++)
+        for (uint32_t r = 0; r < seqs[s][1]; r++) {
+            uint32_t t = qstart[s] + r, n_kv = pos0[s] + r + 1;
+            for (uint32_t h = 0; h < n_head; h++) {
+                uint32_t gh = h / (n_head / kvh);
+                const float *qr = q + ((size_t)t * n_head + h) * hd;
+                double m = -INFINITY, sum = 0;
+                for (uint32_t j = 0; j < n_kv; j++) {
+                    const uint8_t *blk = arena + (size_t)slots[slot0[s] + j / bt] * bb;
+                    const uint8_t *kr = blk + ((2 * 1 + 0) * kvh + gh) * bt * rb + (j % bt) * rb;
+                    double dot = 0;
+                    for (uint32_t e = 0; e < hd; e++)
+                        dot += (double)qr[e] * kv_value(kr, dt, e);
+                    sc[j] = dot / sqrt((double)hd);
+                    m = sc[j] > m ? sc[j] : m;
+                }
+                memset(acc, 0, hd * sizeof(double));
+                for (uint32_t j = 0; j < n_kv; j++) {
+                    const uint8_t *blk = arena + (size_t)slots[slot0[s] + j / bt] * bb;
+                    const uint8_t *vr = blk + ((2 * 1 + 1) * kvh + gh) * bt * rb + (j % bt) * rb;
+                    double w = exp(sc[j] - m);
+                    sum += w;
+                    for (uint32_t e = 0; e < hd; e++)
+                        acc[e] += w * kv_value(vr, dt, e);
+                }
+                const float *got = out + ((size_t)t * n_head + h) * hd;
+                for (uint32_t e = 0; e < hd; e++) {
+                    double want = acc[e] / sum;
+                    if (!(fabs(got[e] - want) <= 2e-5 * (1 + fabs(want))))
+                        fail_msg("attention %s hd %u heads %u/%u bt %u: seq %u row %u head %u "
+                                 "[%u] = %.9g, want %.9g",
+                                 kv_dtype_name(dt), hd, n_head, kvh, bt, s, r, h, e, (double)got[e],
+                                 want);
+                }
+            }
+        }
+    free(sc), free(acc), free(q), free(out), free(arena), free(slots);
+    o->ctx_free(cx);
+}
+
+static void attn_all(void)
+{
+    static const uint32_t shapes[][4] = {/* hd, n_head, kv_heads, block_tokens */
+                                         {32, 4, 4, 16},
+                                         {64, 8, 2, 16},
+                                         {128, 4, 1, 5},
+                                         {96, 6, 3, 7}};
+    static const uint32_t seqs[3][2] = {{0, 21}, {37, 9}, {70, 1}}; /* (pos0, rows) */
+    for (int dt = KV_F16; dt <= KV_FP8; dt++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            attn_case((enum kv_dtype)dt, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3],
+                      seqs, 3);
+}
+
+static void t_attention_kv_dtypes(void **s)
+{
+    (void)s;
+    attn_all();
+    setenv("KVD_CPU_SCALAR", "1", 1);
+    attn_all();
+    unsetenv("KVD_CPU_SCALAR");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(t_silu), cmocka_unit_test(t_matmul),
                                        cmocka_unit_test(t_qmatmul),
-                                       cmocka_unit_test(t_quant_roundtrip)};
+                                       cmocka_unit_test(t_quant_roundtrip),
+                                       cmocka_unit_test(t_attention_kv_dtypes)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

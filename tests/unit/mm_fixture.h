@@ -1,7 +1,8 @@
 /* Shared set-up for the memory-manager unit tests: a cpu backend, a small
  * kvmm (f32, 2 layers, 2 kv heads, head_dim 4, 4 tokens per block: 512-byte
- * blocks) and deterministic K/V byte patterns. The test's thread holds the
- * kvmm lock from fx_open to fx_close (the lock rule, kvmm.h). */
+ * blocks; or another dtype: fx_dtype) and deterministic K/V byte patterns.
+ * The test's thread holds the kvmm lock from fx_open to fx_close (the lock
+ * rule, kvmm.h). */
 #ifndef KVD_TEST_MM_FIXTURE_H
 #define KVD_TEST_MM_FIXTURE_H
 
@@ -24,9 +25,17 @@ struct fx {
     size_t tb; /* bytes per token */
 };
 
+/* The KV dtype of fx_geom; a test may run its cases once per dtype. The
+ * manager moves rows of bytes whatever they hold: f32 rows of 4 values
+ * (16 bytes), q8_0 and fp8 rows of 32 (34 and 36 bytes, their smallest). */
+static enum kv_dtype fx_dtype = KV_F32;
+
 static inline struct kv_geom fx_geom(void)
 {
-    struct kv_geom g = {.layers = 2, .kv_heads = 2, .head_dim = 4, .dtype = KV_F32,
+    struct kv_geom g = {.layers = 2,
+                        .kv_heads = 2,
+                        .head_dim = kv_dtype_size(fx_dtype) ? 4 : 32,
+                        .dtype = fx_dtype,
                         .block_tokens = FX_BT};
     return g;
 }

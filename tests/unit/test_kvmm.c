@@ -343,7 +343,7 @@ static void test_corrupt_host_block(void **state)
     assert_int_equal(kvmm_seq_offload(f.mm, OWNER, p), 0);
     assert_int_equal(kvmm_seq_blocks(f.mm, OWNER, p, ids, NULL, 3, &n), 0);
     corrupt(&f, ids[1]);
-    unsigned char buf[8 * 256];
+    unsigned char buf[8 * 512]; /* 8 tokens of up to 512 bytes (fp8's are 288) */
     assert_int_equal(kvmm_seq_read(f.mm, OWNER, p, 0, 8, buf, 8 * f.tb), KVD_EINTERNAL);
     fx_check(&f);
     assert_int_equal(info_tokens(&f, p), 4);
@@ -382,7 +382,8 @@ static void test_exhaustion_and_quota(void **state)
     /* A COW write needing a fourth block is over quota: refused, nothing changes. */
     for (int i = 0; i < 32; i++)
         keys[i] = 90 + (uint64_t)i;
-    unsigned char buf[256];
+    unsigned char buf[512];
+    assert_true(f.tb <= sizeof buf);
     fx_fill(&f, buf, keys, 1);
     assert_int_equal(kvmm_seq_write(f.mm, OWNER, s, 0, 1, buf, f.tb), KVD_EQUOTA);
     fx_check(&f);
@@ -563,13 +564,18 @@ static void test_config_errors(void **state)
     cfg.geom.dtype = (enum kv_dtype)9;
     assert_int_equal(kvmm_new(&cfg, &mm), KVD_EBADREQ);
     cfg.geom = fx_geom();
+    cfg.geom.dtype = KV_Q8_0; /* a quantized row is whole 32-value blocks */
+    cfg.geom.head_dim = 48;
+    assert_int_equal(kvmm_new(&cfg, &mm), KVD_EBADREQ);
+    cfg.geom = fx_geom();
     cfg.n_device_blocks = 0;
     assert_int_equal(kvmm_new(&cfg, &mm), KVD_EBADREQ);
     cfg.n_device_blocks = 4;
     cfg.geom.block_tokens = 0; /* default 16 */
     assert_int_equal(kvmm_new(&cfg, &mm), 0);
     assert_int_equal(kvmm_geom(mm)->block_tokens, 16);
-    assert_int_equal(kvmm_block_bytes(mm), 2 * 2 * 2 * 16 * 4 * 4);
+    assert_int_equal(kvmm_block_bytes(mm),
+                     2 * 2 * 2 * 16 * kv_row_bytes(fx_dtype, cfg.geom.head_dim));
     kvmm_free(mm);
 #ifndef KVD_HAVE_CUDA
     assert_int_equal(backend_cuda_new(0, &cu, err, sizeof err), KVD_EUNSUPPORTED);
@@ -596,5 +602,15 @@ int main(void)
         cmocka_unit_test(test_checker_catches),
         cmocka_unit_test(test_config_errors),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    /* every case once per kind of row: plain f32, and the quantized q8_0 and
+     * fp8 (34- and 36-byte rows: odd block sizes for swap, checksum, COW) */
+    static const enum kv_dtype dts[] = {KV_F32, KV_Q8_0, KV_FP8};
+    int failed = 0;
+    for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "kvmm %s", kv_dtype_name(dts[i]));
+        fx_dtype = dts[i];
+        failed += cmocka_run_group_tests_name(name, tests, NULL, NULL);
+    }
+    return failed;
 }

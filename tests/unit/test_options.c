@@ -50,6 +50,24 @@ static void test_defaults(void **state)
     assert_string_equal(o.metrics_addr, "");
 }
 
+/* Every KV dtype by name, in the enum's order; an unknown one is refused. */
+static void test_kv_dtypes(void **state)
+{
+    (void)state;
+    static const char *names[] = {"f16", "bf16", "f32", "q8_0", "fp8"};
+    char err[256];
+    for (int i = 0; i < 5; i++) {
+        struct options o;
+        options_defaults(&o);
+        assert_int_equal(options_set(&o, "kv-dtype", names[i], err, sizeof(err)), 0);
+        assert_int_equal(o.geom.dtype, i);
+        assert_string_equal(kv_dtype_name(o.geom.dtype), names[i]);
+    }
+    struct options o;
+    options_defaults(&o);
+    assert_int_equal(options_set(&o, "kv-dtype", "q4_0", err, sizeof(err)), KVD_EBADREQ);
+}
+
 /* A valid value for d, and (when there is one) an invalid one. */
 static void samples(const struct options_def *d, char *ok, char *bad_v, size_t cap)
 {
@@ -221,6 +239,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_kv_dtypes),
         cmocka_unit_test(test_every_entry_where_it_belongs),
         cmocka_unit_test(test_help_lists_every_option),
         cmocka_unit_test(test_example_config_names_every_key),
