@@ -97,9 +97,11 @@ static void compare_tie(const char *args, float near_tie)
         snprintf(ours_s + strlen(ours_s), sizeof ours_s - strlen(ours_s), "%s%u", i ? " " : "", ours[i]);
     line[strcspn(line, "\n")] = 0;
     print_message("  kvd:       %s\n  llama.cpp: %s\n", ours_s, line);
-    /* Token for token up to the first near-tie: llama.cpp rounds activations
-     * (to f16 or q8_0 for those weights), so a top-2 gap under NEAR_TIE may
-     * legitimately flip; after a flip the sequences diverge. */
+    /* Token for token until they differ, which may happen only at a
+     * near-tie: llama.cpp rounds activations (to f16 or q8_0 for those
+     * weights), so a top-2 gap under near_tie may legitimately flip; after a
+     * flip the sequences diverge. A near-tie both sides resolved alike is
+     * checked past. */
     char *p2 = line;
     int checked = 0;
     for (int i = 0; i < N_GEN; i++) {
@@ -109,11 +111,11 @@ static void compare_tie(const char *args, float near_tie)
         p2 = end;
         if (t != ours[i] && margin[i] >= near_tie)
             fail_msg("token %d: kvd %u (margin %.4f) != llama.cpp %lu", i, ours[i], margin[i], t);
-        if (t != ours[i] || margin[i] < near_tie)
+        if (t != ours[i])
             break;
         checked++;
     }
-    print_message("  %d tokens identical before the first near-tie (< %.2f)\n", checked, (double)near_tie);
+    print_message("  %d tokens identical (a difference only at a gap < %.2f)\n", checked, (double)near_tie);
     assert_true(checked >= 5);
 }
 
