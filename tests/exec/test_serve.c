@@ -1,7 +1,10 @@
 /* generate and cancel through a real kvd serving a small random model:
  * hello's model, cache hits, streaming, cancel, disconnect (everything
  * freed), every malformed generate → bad_request naming the field, kvctl
- * generate, SIGTERM answering every in-flight request, store mode. */
+ * generate, SIGTERM answering every in-flight request, store mode. hello,
+ * generate (cold, cached), streaming and kvctl run again over a q8_0 KV
+ * cache (--kv-dtype q8_0: hello's dtype and block_bytes, the same tokens
+ * from a cache hit as from the cold run). */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -18,6 +21,7 @@
 
 static char g_dir[64], g_model[128];
 static struct kh_proc g_kvd;
+static const char *g_kv_dtype = "f16"; /* the daemon's --kv-dtype */
 
 static int group_setup(void **state)
 {
@@ -29,14 +33,21 @@ static int group_setup(void **state)
         return -1;
     snprintf(g_model, sizeof(g_model), "%s/m.gguf", g_dir);
     snprintf(cmd, sizeof(cmd),
-             "'%s/kvd-gguf-gen' -o '%s' --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 "
+             "'%s/kvd-gguf-gen' -o '%s' --layers 2 --embd 128 --heads 4 --kv-heads 2 --ff 128 "
              "--vocab 256 --ctx 256 --type f32 >/dev/null",
              tools, g_model);
     if (system(cmd) != 0)
         return -1;
-    const char *args[] = {"--model", g_model, "--backend", "cpu", "--device-blocks", "256",
-                          "--host-blocks", "64", NULL};
+    const char *args[] = {"--model", g_model,         "--backend", "cpu",        "--device-blocks",
+                          "256",     "--host-blocks", "64",        "--kv-dtype", g_kv_dtype,
+                          NULL};
     return kh_start(&g_kvd, NULL, args);
+}
+
+static int group_setup_q8_0(void **state)
+{
+    g_kv_dtype = "q8_0";
+    return group_setup(state);
 }
 
 static int group_teardown(void **state)
@@ -91,6 +102,15 @@ static void test_hello_model(void **state)
     assert_int_equal(kh_u64(m, "context"), 256);
     assert_true(kh_u64(m, "weight_bytes") > 0);
     assert_true(kh_u64(m, "weight_device_bytes") >= kh_u64(m, "weight_bytes"));
+    /* the KV: 2 layers x K|V x 2 kv heads x 16 tokens of head_dim 32 rows,
+     * 64 bytes in f16, 34 (one Q8_0 block) in q8_0 */
+    const msgpack_object *kv = kh_obj(r.root, "kv");
+    assert_non_null(kv);
+    assert_true(str_is(kh_obj(kv, "dtype"), g_kv_dtype));
+    uint64_t row = strcmp(g_kv_dtype, "q8_0") ? 64 : 34;
+    assert_int_equal(kh_u64(kv, "head_dim"), 32);
+    assert_int_equal(kh_u64(kv, "block_bytes"), 2 * 2 * 2 * 16 * row);
+    assert_int_equal(kh_u64(kv, "token_bytes"), 2 * 2 * 2 * row);
     kh_reply_free(&r);
     close(fd);
 }
@@ -413,5 +433,12 @@ int main(void)
         fprintf(stderr, "KVD_TOOLS_DIR / KVD_BIN not set (run through ctest)\n");
         return 77;
     }
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    const struct CMUnitTest q8_0[] = {
+        cmocka_unit_test(test_hello_model),
+        cmocka_unit_test(test_generate_cached),
+        cmocka_unit_test(test_stream_and_cancel),
+        cmocka_unit_test(test_kvctl_generate),
+    };
+    int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return failed + cmocka_run_group_tests_name("q8_0 KV", q8_0, group_setup_q8_0, group_teardown);
 }

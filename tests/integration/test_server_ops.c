@@ -1,6 +1,9 @@
 /* Integration test of every op's success and error paths against a real
  * kvd in store mode (cpu backend, a tiny geometry: 2 layers, 2 kv heads,
- * head_dim 8, f32, 4 tokens per block = 256 bytes per token, 1 KiB blocks). */
+ * head_dim 8, f32, 4 tokens per block = 256 bytes per token, 1 KiB blocks).
+ * hello and the block API's whole life (write/read layout, COW, match,
+ * offload to the host tier and back) run again on q8_0 and fp8 rows of
+ * head_dim 32 (34 and 36 bytes: protocol.md section 6). */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -15,18 +18,52 @@
 
 #include "kvd_harness.h"
 
-#define TOKEN_BYTES 256u
+/* The KV dtype of the daemon under test, its head_dim and bytes per row. */
+struct kv_case {
+    const char *dtype, *head_dim;
+    size_t row_bytes;
+};
+static struct kv_case g_kv = {"f32", "8", 32};
+
+#define ROWS 8u                             /* layers(2) x K|V x kv_heads(2) */
+#define RB g_kv.row_bytes                   /* bytes of one token's row */
+#define TOKEN_BYTES (ROWS * g_kv.row_bytes) /* 256 for f32 */
 #define BLOCK_TOKENS 4u
 
 static struct kh_proc kvd;
-static const char *const kvd_args[] = {
-    "--backend",  "cpu", "--kv-layers",    "2", "--kv-heads",      "2",  "--head-dim",    "8",
-    "--kv-dtype", "f32", "--block-tokens", "4", "--device-blocks", "16", "--host-blocks", "16",
-    NULL};
 
 static int setup(void **state)
 {
-    return kh_start(&kvd, NULL, kvd_args);
+    const char *args[] = {"--backend",
+                          "cpu",
+                          "--kv-layers",
+                          "2",
+                          "--kv-heads",
+                          "2",
+                          "--head-dim",
+                          g_kv.head_dim,
+                          "--kv-dtype",
+                          g_kv.dtype,
+                          "--block-tokens",
+                          "4",
+                          "--device-blocks",
+                          "16",
+                          "--host-blocks",
+                          "16",
+                          NULL};
+    return kh_start(&kvd, NULL, args);
+}
+
+static int setup_q8_0(void **state)
+{
+    g_kv = (struct kv_case){"q8_0", "32", 34}; /* one block: f16 d + 32 int8 */
+    return setup(state);
+}
+
+static int setup_fp8(void **state)
+{
+    g_kv = (struct kv_case){"fp8", "32", 36}; /* f32 scale + 32 e4m3 */
+    return setup(state);
 }
 
 static int teardown(void **state)
@@ -130,12 +167,13 @@ static void test_hello(void **state)
     assert_non_null(kv);
     assert_int_equal(kh_u64(kv, "layers"), 2);
     assert_int_equal(kh_u64(kv, "kv_heads"), 2);
-    assert_int_equal(kh_u64(kv, "head_dim"), 8);
+    assert_int_equal(kh_u64(kv, "head_dim"), atoi(g_kv.head_dim));
     assert_int_equal(kh_u64(kv, "block_bytes"), TOKEN_BYTES * BLOCK_TOKENS);
+    assert_int_equal(kh_u64(kv, "token_bytes"), TOKEN_BYTES);
     o = kh_obj(kv, "dtype");
     assert_non_null(o);
-    assert_int_equal(o->via.str.size, 3);
-    assert_memory_equal(o->via.str.ptr, "f32", 3);
+    assert_int_equal(o->via.str.size, strlen(g_kv.dtype));
+    assert_memory_equal(o->via.str.ptr, g_kv.dtype, strlen(g_kv.dtype));
     kh_reply_free(&r);
 
     /* A version the server does not speak. */
@@ -209,15 +247,15 @@ static void test_seq_lifecycle(void **state)
     assert_memory_equal(d->via.bin.ptr, data, sizeof(data));
     kh_reply_free(&r);
 
-    /* A sub-range has the documented layout: [layer][K|V][kv_head][token][head_dim],
-     * so token 5 alone is every 4*8*4-byte row's slice of the full read. */
+    /* A sub-range has the documented layout: [layer][K|V][kv_head][token] rows
+     * of RB bytes, so token 5 alone is every row's slice of the full read. */
     assert_int_equal(kv_read(fd, 15, s, 5, 1, &r), KVD_OK);
     d = kh_obj(r.root, "data");
     assert_int_equal(d->via.bin.size, TOKEN_BYTES);
-    /* rows: layers(2)*2*kv_heads(2) = 8 rows of head_dim*4 = 32 bytes each */
-    for (int row = 0; row < 8; row++)
-        assert_memory_equal((const uint8_t *)d->via.bin.ptr + row * 32,
-                            data + (size_t)row * 6 * 32 + 5 * 32, 32);
+    /* rows: layers(2)*2*kv_heads(2) = 8 rows of RB bytes each */
+    for (size_t row = 0; row < ROWS; row++)
+        assert_memory_equal((const uint8_t *)d->via.bin.ptr + row * RB,
+                            data + row * 6 * RB + 5 * RB, RB);
     kh_reply_free(&r);
 
     /* wrong size, out of range, n == 0: bad_request */
@@ -272,9 +310,9 @@ static void test_seq_lifecycle(void **state)
     assert_int_equal(kh_obj(r.root, "blocks")->via.array.size, 1);
     kh_reply_free(&r);
     assert_int_equal(kv_read(fd, 29, s2, 0, 4, &r), KVD_OK);
-    for (int row = 0; row < 8; row++)
-        assert_memory_equal((const uint8_t *)kh_obj(r.root, "data")->via.bin.ptr + row * 128,
-                            data + (size_t)row * 6 * 32, 128);
+    for (size_t row = 0; row < ROWS; row++)
+        assert_memory_equal((const uint8_t *)kh_obj(r.root, "data")->via.bin.ptr + row * 4 * RB,
+                            data + row * 6 * RB, 4 * RB);
     kh_reply_free(&r);
     /* matching into a non-empty sequence is refused */
     assert_int_not_equal(seq_tokens(fd, "seq_match", 30, s2, toks, 6, &r), KVD_OK);
@@ -562,5 +600,12 @@ int main(void)
         cmocka_unit_test(test_fixture_cleans_up_after_failure),
         cmocka_unit_test(test_gpu_mem_fraction_cpu),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    const struct CMUnitTest rows[] = {
+        cmocka_unit_test(test_hello),
+        cmocka_unit_test(test_seq_lifecycle),
+    };
+    int failed = cmocka_run_group_tests(tests, setup, teardown);
+    failed += cmocka_run_group_tests_name("q8_0 rows", rows, setup_q8_0, teardown);
+    failed += cmocka_run_group_tests_name("fp8 rows", rows, setup_fp8, teardown);
+    return failed;
 }
