@@ -305,14 +305,15 @@ static int parse_prompt(struct exec *ex, struct kvmm *mm, const msgpack_object *
                 add_bos = 0;
             kvmm_unlock(mm);
         }
-        if ((rc = text_tokenize(tx, s, len, add_bos, false, toks, n_toks, terr, sizeof terr)))
+        if ((rc = text_tokenize(tx, s, len, add_bos, false, hp->n_ctx, toks, n_toks, terr,
+                                sizeof terr)))
             return proto_err_set(err, rc, "'text': %s", terr);
     } else if (o_msgs) {
         struct chat_msg *msgs;
         size_t n_msgs;
         if ((rc = parse_messages(o_msgs, &msgs, &n_msgs, err)))
             return rc;
-        rc = text_tokenize_chat(tx, msgs, n_msgs, toks, n_toks, terr, sizeof terr);
+        rc = text_tokenize_chat(tx, msgs, n_msgs, hp->n_ctx, toks, n_toks, terr, sizeof terr);
         free(msgs);
         if (rc)
             return proto_err_set(err, rc, "'messages': %s", terr);

@@ -49,15 +49,18 @@ size_t text_eog(const struct text *t, const uint32_t **ids);
 
 /* A prompt as token ids. Plain text: the model's BOS rule (add_bos < 0:
  * tokenizer_add_bos_default; 0/1: no/yes), special-token text not parsed
- * unless `special`. KVD_EUNSUPPORTED in token-only mode, with err. */
+ * unless `special`. KVD_EUNSUPPORTED in token-only mode, with err.
+ * KVD_ETOOLARGE, before any work, when the text is too long to make at most
+ * max_tokens tokens (the caller's bound: a request must not hold the loop
+ * tokenizing what can never fit). */
 int text_tokenize(const struct text *t, const char *s, size_t len, int add_bos, bool special,
-                  uint32_t **ids, size_t *n, char *err, size_t errlen);
+                  size_t max_tokens, uint32_t **ids, size_t *n, char *err, size_t errlen);
 /* A conversation rendered with the chat template (generation prompt
  * added), then tokenized with special tokens parsed and the model's BOS
  * rule, a BOS the template already wrote not doubled. KVD_EUNSUPPORTED
  * without a tokenizer or a template; KVD_EBADREQ when the template raises
  * an exception (err has its message). */
 int text_tokenize_chat(const struct text *t, const struct chat_msg *msgs, size_t n_msgs,
-                       uint32_t **ids, size_t *n, char *err, size_t errlen);
+                       size_t max_tokens, uint32_t **ids, size_t *n, char *err, size_t errlen);
 
 #endif

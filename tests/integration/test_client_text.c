@@ -424,6 +424,17 @@ static void test_prompt_errors(void **state)
     struct kvd_arg stop[2] = {KVD_ARG_S("text", "x"), KVD_ARG_S("stop", "x")};
     assert_int_equal(kvd_call(c, "generate", stop, 2, &r), KVD_EBADREQ);
     kvd_reply_free(r);
+    /* A text that cannot fit the context is refused before it is tokenized. */
+    char *big = malloc(200000);
+    assert_non_null(big);
+    memset(big, 'x', 199999);
+    big[199999] = 0;
+    struct kvd_gen_opts o;
+    struct kvd_gen_result res;
+    greedy_opts(&o, 1);
+    assert_int_equal(kvd_generate_text(c, big, &o, &res), KVD_ETOOLARGE);
+    assert_non_null(strstr(c->errstr, "more than 2048 tokens"));
+    free(big);
     struct kvd_arg tok[1] = {KVD_ARG_U("text", 5)};
     assert_int_equal(kvd_call(c, "tokenize", tok, 1, &r), KVD_EBADREQ);
     kvd_reply_free(r);
