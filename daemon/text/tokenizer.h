@@ -22,11 +22,13 @@ struct gguf;
 struct tokenizer;
 struct tok_stream;
 
-/* The longest token text kvd accepts (bytes, as stored in the GGUF); a
- * vocabulary with a longer one is refused (KVD_EUNSUPPORTED). */
+/* The longest token text kvd accepts (bytes, as stored in the GGUF) and
+ * the longest piece (its detokenized text); a vocabulary with a longer one
+ * is refused (KVD_EUNSUPPORTED). */
 #define TOK_MAX_TOKEN_TEXT 1024
+#define TOK_MAX_PIECE 4096
 /* What one tok_stream_push or tok_stream_flush can write, NUL included. */
-#define TOK_STREAM_MAX_OUT (3 * (TOK_MAX_TOKEN_TEXT + 8) + 1)
+#define TOK_STREAM_MAX_OUT (3 * (TOK_MAX_PIECE + 16) + 1)
 
 /* Token types (tokenizer.ggml.token_type, as llama.cpp's llama_token_type). */
 enum tok_type {
