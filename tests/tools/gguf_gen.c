@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "compute_cpu.h" /* f16/bf16 conversions, enum ctype */
+#include "gguf.h"
 #include "quant.h"
 
 enum init { INIT_MATRIX, INIT_EMBD, INIT_NORM, INIT_BIAS, INIT_ROPE_FREQS };
@@ -24,7 +25,7 @@ struct tdesc {
 };
 
 struct opts {
-    const char *arch, *out, *name;
+    const char *arch, *out, *name, *tokenizer;
     uint32_t layers, embd, heads, kv_heads, ff, vocab, ctx;
     enum ctype type;
     int mix; /* 0, or 4 / 5: the Q4_K_M / Q5_K_M mix (type is then Q4_K / Q5_K) */
@@ -211,6 +212,32 @@ static uint32_t file_type(const struct opts *o)
     return 0;
 }
 
+/* Writes one metadata entry of another GGUF as it is (--tokenizer). */
+static void kv_copy(FILE *f, const struct gguf_kv *kv)
+{
+    static const uint8_t size[GGUF_VTYPE_COUNT] = {
+        [GGUF_U8] = 1, [GGUF_I8] = 1, [GGUF_U16] = 2, [GGUF_I16] = 2, [GGUF_U32] = 4,
+        [GGUF_I32] = 4, [GGUF_F32] = 4, [GGUF_BOOL] = 1, [GGUF_U64] = 8, [GGUF_I64] = 8,
+        [GGUF_F64] = 8};
+    w_str(f, kv->key);
+    w_u32(f, kv->type);
+    if (kv->type == GGUF_STRING) {
+        w_u64(f, kv->str_len);
+        w_bytes(f, kv->str, kv->str_len);
+    } else if (kv->type == GGUF_ARRAY) {
+        w_u32(f, kv->arr_type);
+        w_u64(f, kv->arr_count);
+        w_bytes(f, kv->arr_data, kv->arr_bytes);
+    } else if (kv->type == GGUF_F32) {
+        float v = (float)kv->v.f;
+        w_bytes(f, &v, 4);
+    } else if (kv->type == GGUF_F64) {
+        w_bytes(f, &kv->v.f, 8);
+    } else {
+        w_bytes(f, &kv->v.u, size[kv->type]); /* little-endian: the low bytes */
+    }
+}
+
 static void usage(void)
 {
     fprintf(stderr,
@@ -218,6 +245,8 @@ static void usage(void)
             "         [--kv-heads N] [--ff N] [--vocab N] [--ctx N] [--type TYPE]\n"
             "         [--tied] [--rope-base F] [--rope-freqs] [--eps F] [--seed N] [--name S]\n"
             "         [--eos ID] [--eot ID] [--chat-template FILE]\n"
+            "         [--tokenizer GGUF]  (its tokenizer.* entries instead of the built-in\n"
+            "                              vocabulary and --eos/--eot; --vocab is its size)\n"
             "  TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n");
     exit(2);
 }
@@ -243,7 +272,8 @@ int main(int argc, char **argv)
         {"kv-heads", 1, 0, 'k'}, {"ff", 1, 0, 'f'}, {"vocab", 1, 0, 'v'}, {"ctx", 1, 0, 'c'},
         {"type", 1, 0, 't'}, {"tied", 0, 0, 'T'}, {"rope-base", 1, 0, 'r'}, {"rope-freqs", 0, 0, 'R'},
         {"seed", 1, 0, 's'}, {"eps", 1, 0, 'E'}, {"name", 1, 0, 'n'}, {"help", 0, 0, '?'},
-        {"eos", 1, 0, 'S'}, {"eot", 1, 0, 'O'}, {"chat-template", 1, 0, 'C'}, {0, 0, 0, 0}};
+        {"eos", 1, 0, 'S'}, {"eot", 1, 0, 'O'}, {"chat-template", 1, 0, 'C'},
+        {"tokenizer", 1, 0, 'K'}, {0, 0, 0, 0}};
     uint32_t eos = 2, eot = 0;
     char *chat_template = NULL;
     int ch;
@@ -264,6 +294,7 @@ int main(int argc, char **argv)
         case 'E': o.eps = strtof(optarg, NULL); break;
         case 's': o.seed = strtoull(optarg, NULL, 10); break;
         case 'n': o.name = optarg; break;
+        case 'K': o.tokenizer = optarg; break;
         case 'S': eos = arg_u32(optarg); break;
         case 'O': eot = arg_u32(optarg); break;
         case 'C': {
@@ -297,6 +328,24 @@ int main(int argc, char **argv)
     }
     if (!o.out || optind != argc)
         usage();
+    struct gguf *tg = NULL;
+    uint64_t n_tok_kv = 0;
+    if (o.tokenizer) {
+        char gerr[256];
+        if (gguf_open(o.tokenizer, &tg, gerr, sizeof gerr)) {
+            fprintf(stderr, "kvd-gguf-gen: %s\n", gerr);
+            return 1;
+        }
+        uint64_t nv = gguf_arr_count(tg, "tokenizer.ggml.tokens");
+        if (nv == 0 || nv > (1u << 24)) {
+            fprintf(stderr, "kvd-gguf-gen: %s has no tokenizer.ggml.tokens\n", o.tokenizer);
+            return 1;
+        }
+        o.vocab = (uint32_t)nv;
+        for (uint64_t i = 0; i < tg->n_kv; i++)
+            n_tok_kv += !strncmp(tg->kv[i].key, "tokenizer.", 10) &&
+                        !(chat_template && !strcmp(tg->kv[i].key, "tokenizer.chat_template"));
+    }
     int qwen = !strcmp(o.arch, "qwen2");
     if (!qwen && strcmp(o.arch, "llama"))
         usage();
@@ -370,7 +419,9 @@ int main(int argc, char **argv)
     w_bytes(f, "GGUF", 4);
     w_u32(f, 3);
     w_u64(f, nt);
-    w_u64(f, 19 + (eot != 0) + (chat_template != NULL)); /* metadata entries written below */
+    /* metadata entries written below */
+    w_u64(f, tg ? 13 + n_tok_kv + (chat_template != NULL)
+                : (uint64_t)(19 + (eot != 0) + (chat_template != NULL)));
     kv_str(f, "general.architecture", o.arch);
     kv_str(f, "general.name", o.name);
     kv_u32(f, "general.alignment", 32);
@@ -386,38 +437,45 @@ int main(int argc, char **argv)
     kv_f32(f, AK("rope.freq_base"), o.rope_base);
     kv_u32(f, AK("rope.dimension_count"), hd);
 #undef AK
-    kv_str(f, "tokenizer.ggml.model", "llama");
-    /* tokens, scores, token_type arrays */
-    char tok[32];
-    int32_t ttype;
-    w_str(f, "tokenizer.ggml.tokens");
-    w_u32(f, 9);
-    w_u32(f, 8);
-    w_u64(f, o.vocab);
-    for (uint32_t i = 0; i < o.vocab; i++) {
-        token_str(i, o.vocab, tok, sizeof tok, &ttype);
-        w_str(f, tok);
+    if (tg) {
+        for (uint64_t i = 0; i < tg->n_kv; i++)
+            if (!strncmp(tg->kv[i].key, "tokenizer.", 10) &&
+                !(chat_template && !strcmp(tg->kv[i].key, "tokenizer.chat_template")))
+                kv_copy(f, &tg->kv[i]);
+    } else {
+        kv_str(f, "tokenizer.ggml.model", "llama");
+        /* tokens, scores, token_type arrays */
+        char tok[32];
+        int32_t ttype;
+        w_str(f, "tokenizer.ggml.tokens");
+        w_u32(f, 9);
+        w_u32(f, 8);
+        w_u64(f, o.vocab);
+        for (uint32_t i = 0; i < o.vocab; i++) {
+            token_str(i, o.vocab, tok, sizeof tok, &ttype);
+            w_str(f, tok);
+        }
+        w_str(f, "tokenizer.ggml.scores");
+        w_u32(f, 9);
+        w_u32(f, 6);
+        w_u64(f, o.vocab);
+        for (uint32_t i = 0; i < o.vocab; i++) {
+            float sc = -(float)i;
+            w_bytes(f, &sc, 4);
+        }
+        w_str(f, "tokenizer.ggml.token_type");
+        w_u32(f, 9);
+        w_u32(f, 5);
+        w_u64(f, o.vocab);
+        for (uint32_t i = 0; i < o.vocab; i++) {
+            token_str(i, o.vocab, tok, sizeof tok, &ttype);
+            w_bytes(f, &ttype, 4);
+        }
+        kv_u32(f, "tokenizer.ggml.bos_token_id", 1);
+        kv_u32(f, "tokenizer.ggml.eos_token_id", eos);
+        if (eot)
+            kv_u32(f, "tokenizer.ggml.eot_token_id", eot);
     }
-    w_str(f, "tokenizer.ggml.scores");
-    w_u32(f, 9);
-    w_u32(f, 6);
-    w_u64(f, o.vocab);
-    for (uint32_t i = 0; i < o.vocab; i++) {
-        float sc = -(float)i;
-        w_bytes(f, &sc, 4);
-    }
-    w_str(f, "tokenizer.ggml.token_type");
-    w_u32(f, 9);
-    w_u32(f, 5);
-    w_u64(f, o.vocab);
-    for (uint32_t i = 0; i < o.vocab; i++) {
-        token_str(i, o.vocab, tok, sizeof tok, &ttype);
-        w_bytes(f, &ttype, 4);
-    }
-    kv_u32(f, "tokenizer.ggml.bos_token_id", 1);
-    kv_u32(f, "tokenizer.ggml.eos_token_id", eos);
-    if (eot)
-        kv_u32(f, "tokenizer.ggml.eot_token_id", eot);
     if (chat_template)
         kv_str(f, "tokenizer.chat_template", chat_template);
     for (uint32_t i = 0; i < nt; i++) {
@@ -458,6 +516,7 @@ int main(int argc, char **argv)
     free(v);
     free(enc);
     free(td);
+    gguf_close(tg);
     free(chat_template);
     return 0;
 }
