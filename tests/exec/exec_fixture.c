@@ -132,8 +132,8 @@ int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t 
         fprintf(stderr, "model_load: %s\n", err);
         return -1;
     }
-    struct kvmm_config kc = {.n_device_blocks = device_blocks, .n_host_blocks = host_blocks,
-                             .be = f->be};
+    struct kvmm_config kc = {
+        .n_device_blocks = device_blocks, .n_host_blocks = host_blocks, .be = f->be};
     model_kv_geom(f->m, 16, KV_F16, &kc.geom);
     if (kvmm_new(&kc, &f->mm))
         return -1;
@@ -149,8 +149,8 @@ int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t 
     kvmm_unlock(f->mm);
     if (rc)
         return -1;
-    struct exec_conf ec = {.step_tokens = step_tokens, .max_seqs = max_seqs,
-                           .queue_timeout_ms = fx_queue_timeout_ms};
+    struct exec_conf ec = {
+        .step_tokens = step_tokens, .max_seqs = max_seqs, .queue_timeout_ms = fx_queue_timeout_ms};
     struct exec_sink sink = {.tokens = sink_tokens, .done = sink_done};
     if (exec_new(f->mm, f->m, &ec, &sink, &f->ex, err, sizeof(err))) {
         fprintf(stderr, "exec_new: %s\n", err);
@@ -167,6 +167,22 @@ void fx_close(struct fx *f)
     model_free(f->m);
     backend_free(f->be);
     memset(f, 0, sizeof(*f));
+}
+
+int fx_setup(void **state)
+{
+    *state = calloc(1, sizeof(struct fx));
+    return *state ? 0 : -1;
+}
+
+int fx_teardown(void **state)
+{
+    struct fx *f = *state;
+    if (f) {
+        fx_close(f); /* every part may be NULL: a closed or half-opened fixture */
+        free(f);
+    }
+    return 0;
 }
 
 void fx_reset_results(void)
@@ -206,8 +222,8 @@ int fx_tenant(struct fx *f, const char *name, uint32_t weight, uint32_t *tenant,
     return rc;
 }
 
-static int build(struct fx *f, const struct fx_gen *g, uint64_t conn, uint64_t id,
-                 const void *map, size_t len, struct sched_req **out, struct proto_err *err)
+static int build(struct fx *f, const struct fx_gen *g, uint64_t conn, uint64_t id, const void *map,
+                 size_t len, struct sched_req **out, struct proto_err *err)
 {
     struct proto_msg m;
     int rc = proto_msg_parse(&m, map, len, err);
@@ -230,8 +246,8 @@ int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct proto_er
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     size_t n = 2 + !g->no_tokens + (g->max_tokens > 0) + (g->temperature >= 0) + (g->top_k > 0) +
-               (g->top_p > 0) + g->has_seed + (g->n_stop > 0) + g->stream +
-               (g->priority != 0) + g->has_seq;
+               (g->top_p > 0) + g->has_seed + (g->n_stop > 0) + g->stream + (g->priority != 0) +
+               g->has_seq;
     msgpack_pack_map(&pk, n);
     proto_pack_kv_str(&pk, "op", "generate");
     proto_pack_kv_uint(&pk, "id", id);

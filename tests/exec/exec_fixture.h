@@ -60,6 +60,11 @@ extern uint32_t fx_queue_timeout_ms;
 int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t host_blocks,
             uint32_t step_tokens, uint32_t max_seqs);
 void fx_close(struct fx *f);
+/* CMocka setup/teardown: *state is a zeroed struct fx that the test opens
+ * with fx_open (and may close and reopen); the teardown closes whatever is
+ * open and frees it, also after a failed assert. */
+int fx_setup(void **state);
+int fx_teardown(void **state);
 void fx_reset_results(void);
 struct fx_result *fx_result(uint64_t id);
 /* Waits until request id has its reply (no time limit: ctest's timeout is
@@ -82,7 +87,7 @@ struct fx_gen {
     int32_t priority;
     bool has_seq;
     uint64_t seq;
-    uint64_t conn; /* default 1 */
+    uint64_t conn;   /* default 1 */
     bool has_tenant; /* else the fixture's tenant */
     uint32_t tenant, ns;
 };

@@ -15,24 +15,49 @@
 
 #include "sampler.h"
 
+/* Each test's scratch (and a row of up to 32000 logits), in CMocka
+ * setup/teardown: freed also after a failed assert. */
+#define SFX_MAX_ROW 32000
+struct sfx {
+    struct sampler_scratch sc;
+    float *l; /* (SFX_MAX_ROW) */
+};
+
+static int sfx_setup(void **state)
+{
+    struct sfx *f = calloc(1, sizeof *f);
+    *state = f;
+    if (!f || !(f->l = malloc(SFX_MAX_ROW * sizeof *f->l)))
+        return -1;
+    return 0;
+}
+
+static int sfx_teardown(void **state)
+{
+    struct sfx *f = *state;
+    if (f) {
+        sampler_scratch_free(&f->sc);
+        free(f->l);
+        free(f);
+    }
+    return 0;
+}
+
 static void test_greedy(void **state)
 {
-    (void)state;
     struct sampler s;
-    struct sampler_scratch sc = {0};
+    struct sampler_scratch *sc = &((struct sfx *)*state)->sc;
     struct sampler_params p = {.temperature = 0, .top_p = 1};
     sampler_init(&s, &p);
     float l[6] = {0.5f, 3.0f, NAN, 3.0f, -INFINITY, 1.0f};
     uint32_t t = 99;
-    assert_int_equal(sampler_sample(&s, &sc, l, 6, &t), 0);
+    assert_int_equal(sampler_sample(&s, sc, l, 6, &t), 0);
     assert_int_equal(t, 1);
-    sampler_scratch_free(&sc);
 }
 
 static void test_truncation_to_argmax(void **state)
 {
-    (void)state;
-    struct sampler_scratch sc = {0};
+    struct sampler_scratch *sc = &((struct sfx *)*state)->sc;
     float l[100];
     for (int i = 0; i < 100; i++)
         l[i] = (float)((i * 37) % 100) / 10.0f; /* max at i = 73 (9.9)? */
@@ -41,23 +66,23 @@ static void test_truncation_to_argmax(void **state)
         if (l[i] > l[best])
             best = i;
     for (int k = 0; k < 2; k++) {
-        struct sampler_params p = {.temperature = 2.0f, .top_k = k == 0 ? 1 : 0,
-                                   .top_p = k == 0 ? 1.0f : 1e-6f, .seed = 5};
+        struct sampler_params p = {.temperature = 2.0f,
+                                   .top_k = k == 0 ? 1 : 0,
+                                   .top_p = k == 0 ? 1.0f : 1e-6f,
+                                   .seed = 5};
         struct sampler s;
         sampler_init(&s, &p);
         for (int i = 0; i < 50; i++) {
             uint32_t t;
-            assert_int_equal(sampler_sample(&s, &sc, l, 100, &t), 0);
+            assert_int_equal(sampler_sample(&s, sc, l, 100, &t), 0);
             assert_int_equal(t, best);
         }
     }
-    sampler_scratch_free(&sc);
 }
 
 static void test_seed_and_distribution(void **state)
 {
-    (void)state;
-    struct sampler_scratch sc = {0};
+    struct sampler_scratch *sc = &((struct sfx *)*state)->sc;
     float l[4] = {0.0f, logf(2.0f), logf(3.0f), logf(4.0f)}; /* p = 0.1 .. 0.4 */
     struct sampler_params p = {.temperature = 1.0f, .top_p = 1.0f, .seed = 1234};
     struct sampler a, b, c;
@@ -68,9 +93,9 @@ static void test_seed_and_distribution(void **state)
     unsigned count[4] = {0}, differ = 0;
     for (int i = 0; i < 20000; i++) {
         uint32_t ta, tb, tc;
-        assert_int_equal(sampler_sample(&a, &sc, l, 4, &ta), 0);
-        assert_int_equal(sampler_sample(&b, &sc, l, 4, &tb), 0);
-        assert_int_equal(sampler_sample(&c, &sc, l, 4, &tc), 0);
+        assert_int_equal(sampler_sample(&a, sc, l, 4, &ta), 0);
+        assert_int_equal(sampler_sample(&b, sc, l, 4, &tb), 0);
+        assert_int_equal(sampler_sample(&c, sc, l, 4, &tc), 0);
         assert_int_equal(ta, tb);
         differ += ta != tc;
         count[ta]++;
@@ -86,7 +111,7 @@ static void test_seed_and_distribution(void **state)
     unsigned k3 = 0, k2 = 0;
     for (int i = 0; i < 14000; i++) {
         uint32_t t;
-        assert_int_equal(sampler_sample(&a, &sc, l, 4, &t), 0);
+        assert_int_equal(sampler_sample(&a, sc, l, 4, &t), 0);
         assert_true(t >= 2);
         k3 += t == 3;
         k2 += t == 2;
@@ -97,10 +122,9 @@ static void test_seed_and_distribution(void **state)
     sampler_init(&a, &pp);
     for (int i = 0; i < 2000; i++) {
         uint32_t t;
-        assert_int_equal(sampler_sample(&a, &sc, l, 4, &t), 0);
+        assert_int_equal(sampler_sample(&a, sc, l, 4, &t), 0);
         assert_true(t >= 2);
     }
-    sampler_scratch_free(&sc);
 }
 
 /* ---- sampler_pick against a sort-based reference ------------------------ */
@@ -185,15 +209,14 @@ static uint64_t rnd(uint64_t *x)
 
 static void test_pick_matches_reference(void **state)
 {
-    (void)state;
-    struct sampler_scratch sc = {0};
+    struct sampler_scratch *sc = &((struct sfx *)*state)->sc;
     uint64_t x = 0x9e3779b97f4a7c15ull;
     const uint32_t sizes[] = {1, 2, 7, 100, 1000, 32000};
     unsigned checked = 0;
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         uint32_t n = sizes[si];
-        float *l = malloc(n * sizeof *l);
-        assert_non_null(l);
+        float *l = ((struct sfx *)*state)->l;
+        assert_true(n <= SFX_MAX_ROW);
         for (int trial = 0; trial < (n > 1000 ? 40 : 300); trial++) {
             /* Logits on a coarse grid (many ties), a few -inf and NaN, and
              * now and then a row that is all -inf. */
@@ -201,8 +224,9 @@ static void test_pick_matches_reference(void **state)
             bool dead = rnd(&x) % 50 == 0;
             for (uint32_t i = 0; i < n; i++) {
                 uint64_t r = rnd(&x);
-                l[i] = dead || r % 97 == 0 ? -INFINITY : r % 89 == 0 ? NAN
-                                                       : (float)((int)(r >> 8) % grid) * 0.25f - 4.0f;
+                l[i] = dead || r % 97 == 0 ? -INFINITY
+                       : r % 89 == 0       ? NAN
+                                           : (float)((int)(r >> 8) % grid) * 0.25f - 4.0f;
             }
             struct sample_row row = {
                 .temperature = (float)(1 + rnd(&x) % 40) / 10.0f,
@@ -215,31 +239,29 @@ static void test_pick_matches_reference(void **state)
             if (trial % 25 == 0)
                 row.u = trial % 50 == 0 ? 0.0 : 0.9999999999999999;
             uint32_t got = UINT32_MAX;
-            assert_int_equal(sampler_pick(&row, &sc, l, n, &got), 0);
+            assert_int_equal(sampler_pick(&row, sc, l, n, &got), 0);
             uint32_t want = reference_pick(&row, l, n);
             if (got != want)
                 fail_msg("n %u T %g k %u p %g u %.17g: pick %u, reference %u", n,
                          (double)row.temperature, row.top_k, (double)row.top_p, row.u, got, want);
             checked++;
         }
-        free(l);
     }
     assert_true(checked > 1000);
     /* A skipped row picks 0 and reads nothing. */
     struct sample_row skip = {.temperature = 1.0f, .top_p = 1.0f, .skip = 1, .u = 0.5};
     uint32_t t = 7;
-    assert_int_equal(sampler_pick(&skip, &sc, NULL, 10, &t), 0);
+    assert_int_equal(sampler_pick(&skip, sc, NULL, 10, &t), 0);
     assert_int_equal(t, 0);
-    sampler_scratch_free(&sc);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_greedy),
-        cmocka_unit_test(test_truncation_to_argmax),
-        cmocka_unit_test(test_seed_and_distribution),
-        cmocka_unit_test(test_pick_matches_reference),
+        cmocka_unit_test_setup_teardown(test_greedy, sfx_setup, sfx_teardown),
+        cmocka_unit_test_setup_teardown(test_truncation_to_argmax, sfx_setup, sfx_teardown),
+        cmocka_unit_test_setup_teardown(test_seed_and_distribution, sfx_setup, sfx_teardown),
+        cmocka_unit_test_setup_teardown(test_pick_matches_reference, sfx_setup, sfx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -51,7 +51,8 @@ static size_t geom_block_bytes(const struct kv_geom *g)
     return (size_t)g->layers * 2 * g->kv_heads * g->block_tokens * g->head_dim * esz;
 }
 
-static void fx_init(struct fx *f, const char *args, enum kv_dtype kvt, uint32_t bt, uint32_t threads)
+static void fx_init(struct fx *f, const char *args, enum kv_dtype kvt, uint32_t bt,
+                    uint32_t threads)
 {
     char err[256] = "";
     memset(f, 0, sizeof *f);
@@ -85,8 +86,62 @@ static void fx_free(struct fx *f)
     model_free(f->m);
     ref_model_free(f->ref);
     free(f->arena);
-    unlink(f->path);
+    if (f->path)
+        unlink(f->path);
     free(f->path);
+    memset(f, 0, sizeof *f); /* freeing twice is harmless */
+}
+
+/* Each test's fixture (fx_init/fx_free may run several times in one test)
+ * and buffers (talloc), in CMocka setup/teardown: whatever is left is
+ * freed, also after a failed assert. */
+#define T_MAX_BUF 16
+struct tstate {
+    struct fx f;
+    void *buf[T_MAX_BUF];
+    unsigned n_buf;
+};
+
+static int t_setup(void **state)
+{
+    *state = calloc(1, sizeof(struct tstate));
+    return *state ? 0 : -1;
+}
+
+/* The test's buffers, freed. */
+static void tfree(void **state)
+{
+    struct tstate *t = *state;
+    for (unsigned i = 0; i < t->n_buf; i++)
+        free(t->buf[i]);
+    t->n_buf = 0;
+}
+
+static int t_teardown(void **state)
+{
+    struct tstate *t = *state;
+    if (t) {
+        fx_free(&t->f);
+        tfree(state);
+        free(t);
+    }
+    return 0;
+}
+
+static struct fx *t_fx(void **state)
+{
+    return &((struct tstate *)*state)->f;
+}
+
+/* A buffer of the test's, freed by tfree or the teardown. */
+static void *talloc(void **state, size_t bytes)
+{
+    struct tstate *t = *state;
+    assert_true(t->n_buf < T_MAX_BUF);
+    void *p = malloc(bytes);
+    assert_non_null(p);
+    t->buf[t->n_buf++] = p;
+    return p;
 }
 
 /* A block table of n fresh scattered slots. */
@@ -100,9 +155,14 @@ static void take_slots(struct fx *f, uint32_t *slots, uint32_t n)
 static void forward1(struct fx *f, const uint32_t *tok, uint32_t n, uint32_t pos0,
                      const uint32_t *slots, uint32_t n_slots, float *logits)
 {
-    struct fwd_seq s = {.tokens = tok, .n_tokens = n, .pos0 = pos0, .slots = slots, .n_slots = n_slots};
-    struct fwd_batch b = {.seqs = &s, .n_seqs = 1, .kv_arena = f->arena, .geom = &f->geom,
-                          .n_arena_slots = N_BLOCKS, .logits = logits};
+    struct fwd_seq s = {
+        .tokens = tok, .n_tokens = n, .pos0 = pos0, .slots = slots, .n_slots = n_slots};
+    struct fwd_batch b = {.seqs = &s,
+                          .n_seqs = 1,
+                          .kv_arena = f->arena,
+                          .geom = &f->geom,
+                          .n_arena_slots = N_BLOCKS,
+                          .logits = logits};
     int rc = model_forward(f->m, f->fc, &b);
     if (rc)
         fail_msg("model_forward: %s", fwd_ctx_errmsg(f->fc));
@@ -116,138 +176,163 @@ static void check_close(const float *got, const double *ref, size_t n, const cha
         fail_msg("%s: relative error %.3e > %.0e", what, e, TOL);
 }
 
-static void check_model(const char *args, enum kv_dtype kvt, uint32_t bt)
+static void check_model(void **state, const char *args, enum kv_dtype kvt, uint32_t bt)
 {
-    struct fx f;
-    fx_init(&f, args, kvt, bt, 2);
+    struct fx *f = t_fx(state);
+    fx_init(f, args, kvt, bt, 2);
     enum { N = 37 };
     uint32_t tok[N], slots[16];
     uint32_t nb = (N + bt - 1) / bt;
     for (int i = 0; i < N; i++)
-        tok[i] = rnd(f.V);
-    double *ref = malloc(f.V * 8), *ref1 = malloc(f.V * 8), *ref17 = malloc(f.V * 8);
-    float *lg = malloc(f.V * 4), *lg_one = malloc(f.V * 4);
-    ref_forward(f.ref, tok, N, kvt, ref);
-    ref_forward(f.ref, tok, 1, kvt, ref1);
-    ref_forward(f.ref, tok, 17, kvt, ref17);
+        tok[i] = rnd(f->V);
+    double *ref = talloc(state, f->V * 8), *ref1 = talloc(state, f->V * 8),
+           *ref17 = talloc(state, f->V * 8);
+    float *lg = talloc(state, f->V * 4), *lg_one = talloc(state, f->V * 4);
+    ref_forward(f->ref, tok, N, kvt, ref);
+    ref_forward(f->ref, tok, 1, kvt, ref1);
+    ref_forward(f->ref, tok, 17, kvt, ref17);
 
     /* A: one chunk */
-    take_slots(&f, slots, nb);
-    forward1(&f, tok, N, 0, slots, nb, lg_one);
-    check_close(lg_one, ref, f.V, "prefill, one chunk");
+    take_slots(f, slots, nb);
+    forward1(f, tok, N, 0, slots, nb, lg_one);
+    check_close(lg_one, ref, f->V, "prefill, one chunk");
 
     /* B: chunks of 5, 12, 20 in fresh blocks */
-    take_slots(&f, slots, nb);
-    forward1(&f, tok, 5, 0, slots, nb, lg);
-    forward1(&f, tok + 5, 12, 5, slots, nb, lg);
-    check_close(lg, ref17, f.V, "chunked, after 17");
-    forward1(&f, tok + 17, N - 17, 17, slots, nb, lg);
-    check_close(lg, ref, f.V, "chunked, after 37");
-    assert_true(ref_rel_err(lg, ref, f.V) < TOL);
-    for (uint32_t i = 0; i < f.V; i++) /* same kernels, same order: agree closely with A */
+    take_slots(f, slots, nb);
+    forward1(f, tok, 5, 0, slots, nb, lg);
+    forward1(f, tok + 5, 12, 5, slots, nb, lg);
+    check_close(lg, ref17, f->V, "chunked, after 17");
+    forward1(f, tok + 17, N - 17, 17, slots, nb, lg);
+    check_close(lg, ref, f->V, "chunked, after 37");
+    assert_true(ref_rel_err(lg, ref, f->V) < TOL);
+    for (uint32_t i = 0; i < f->V; i++) /* same kernels, same order: agree closely with A */
         assert_true(fabsf(lg[i] - lg_one[i]) <= 1e-4f * (1 + fabsf(lg_one[i])));
 
     /* C: token by token, only the blocks needed so far */
-    take_slots(&f, slots, nb);
+    take_slots(f, slots, nb);
     for (uint32_t p = 0; p < N; p++) {
-        forward1(&f, tok + p, 1, p, slots, p / bt + 1, lg);
+        forward1(f, tok + p, 1, p, slots, p / bt + 1, lg);
         if (p == 0)
-            check_close(lg, ref1, f.V, "decode, after 1");
+            check_close(lg, ref1, f->V, "decode, after 1");
         if (p == 16)
-            check_close(lg, ref17, f.V, "decode, after 17");
+            check_close(lg, ref17, f->V, "decode, after 17");
     }
-    check_close(lg, ref, f.V, "decode, after 37");
+    check_close(lg, ref, f->V, "decode, after 37");
 
     /* D: a batch of 3 sequences (prefill of different lengths, then one
      * decode step together) equals each sequence run alone. */
     enum { NS = 3 };
     static const uint32_t len[NS] = {N - 1, 20, 9};
     uint32_t st[NS][16], *stok[NS];
-    float *blg = malloc((size_t)NS * f.V * 4);
+    float *blg = talloc(state, (size_t)NS * f->V * 4);
     struct fwd_seq seqs[NS];
     for (int s = 0; s < NS; s++) {
-        stok[s] = malloc(N * 4);
+        stok[s] = talloc(state, N * 4);
         for (uint32_t i = 0; i < len[s] + 1; i++)
-            stok[s][i] = s == 0 ? tok[i] : rnd(f.V);
-        take_slots(&f, st[s], (len[s] + 1 + bt - 1) / bt);
-        seqs[s] = (struct fwd_seq){.tokens = stok[s], .n_tokens = len[s], .pos0 = 0,
-                                   .slots = st[s], .n_slots = (len[s] + bt - 1) / bt};
+            stok[s][i] = s == 0 ? tok[i] : rnd(f->V);
+        take_slots(f, st[s], (len[s] + 1 + bt - 1) / bt);
+        seqs[s] = (struct fwd_seq){.tokens = stok[s],
+                                   .n_tokens = len[s],
+                                   .pos0 = 0,
+                                   .slots = st[s],
+                                   .n_slots = (len[s] + bt - 1) / bt};
     }
-    struct fwd_batch b = {.seqs = seqs, .n_seqs = NS, .kv_arena = f.arena, .geom = &f.geom,
-                          .n_arena_slots = N_BLOCKS, .logits = blg};
-    assert_int_equal(model_forward(f.m, f.fc, &b), 0);
+    struct fwd_batch b = {.seqs = seqs,
+                          .n_seqs = NS,
+                          .kv_arena = f->arena,
+                          .geom = &f->geom,
+                          .n_arena_slots = N_BLOCKS,
+                          .logits = blg};
+    assert_int_equal(model_forward(f->m, f->fc, &b), 0);
     for (int s = 0; s < NS; s++) {
-        ref_forward(f.ref, stok[s], len[s], kvt, ref);
-        check_close(blg + (size_t)s * f.V, ref, f.V, "batch prefill");
-        seqs[s] = (struct fwd_seq){.tokens = stok[s] + len[s], .n_tokens = 1, .pos0 = len[s],
-                                   .slots = st[s], .n_slots = (len[s] + 1 + bt - 1) / bt};
+        ref_forward(f->ref, stok[s], len[s], kvt, ref);
+        check_close(blg + (size_t)s * f->V, ref, f->V, "batch prefill");
+        seqs[s] = (struct fwd_seq){.tokens = stok[s] + len[s],
+                                   .n_tokens = 1,
+                                   .pos0 = len[s],
+                                   .slots = st[s],
+                                   .n_slots = (len[s] + 1 + bt - 1) / bt};
     }
-    assert_int_equal(model_forward(f.m, f.fc, &b), 0);
+    assert_int_equal(model_forward(f->m, f->fc, &b), 0);
     for (int s = 0; s < NS; s++) {
-        ref_forward(f.ref, stok[s], len[s] + 1, kvt, ref);
-        check_close(blg + (size_t)s * f.V, ref, f.V, "batch decode");
+        ref_forward(f->ref, stok[s], len[s] + 1, kvt, ref);
+        check_close(blg + (size_t)s * f->V, ref, f->V, "batch decode");
         /* alone, in other blocks */
         uint32_t sl[16];
         uint32_t nbs = (len[s] + 1 + bt - 1) / bt;
-        if (f.next + nbs > N_BLOCKS)
-            f.next = 0; /* reuse: everything is rewritten before it is read */
-        take_slots(&f, sl, nbs);
-        forward1(&f, stok[s], len[s] + 1, 0, sl, nbs, lg);
+        if (f->next + nbs > N_BLOCKS)
+            f->next = 0; /* reuse: everything is rewritten before it is read */
+        take_slots(f, sl, nbs);
+        forward1(f, stok[s], len[s] + 1, 0, sl, nbs, lg);
         /* the batch and the lone prefill run different matmul kernels
          * (decode GEMV vs panel tiles: other summation orders), so only
          * rounding may differ; a batching bug moves logits by O(1) */
-        for (uint32_t i = 0; i < f.V; i++)
-            if (!(fabsf(lg[i] - blg[(size_t)s * f.V + i]) <= 1e-4f * (1 + fabsf(lg[i]))))
+        for (uint32_t i = 0; i < f->V; i++)
+            if (!(fabsf(lg[i] - blg[(size_t)s * f->V + i]) <= 1e-4f * (1 + fabsf(lg[i]))))
                 fail_msg("seq %d logit %u: alone %.9g batched %.9g", s, i, (double)lg[i],
-                         (double)blg[(size_t)s * f.V + i]);
-        free(stok[s]);
+                         (double)blg[(size_t)s * f->V + i]);
     }
-    free(blg);
-    free(ref); free(ref1); free(ref17); free(lg); free(lg_one);
-    fx_free(&f);
+    tfree(state);
+    fx_free(f);
 }
 
 #define SHAPE "--embd 64 --heads 4 --ff 96 --vocab 300 --layers 2 --ctx 256"
 
-static void t_llama_f32_mha(void **s) { check_model(SHAPE " --type f32 --seed 1", KV_F32, 16); }
-static void t_llama_f16_gqa(void **s) { check_model(SHAPE " --type f16 --kv-heads 2 --seed 2", KV_F16, 8); }
+static void t_llama_f32_mha(void **s)
+{
+    check_model(s, SHAPE " --type f32 --seed 1", KV_F32, 16);
+}
+static void t_llama_f16_gqa(void **s)
+{
+    check_model(s, SHAPE " --type f16 --kv-heads 2 --seed 2", KV_F16, 8);
+}
 static void t_llama_bf16_tied_freqs(void **s)
 {
-    check_model(SHAPE " --type bf16 --kv-heads 1 --tied --rope-freqs --seed 3", KV_BF16, 16);
+    check_model(s, SHAPE " --type bf16 --kv-heads 1 --tied --rope-freqs --seed 3", KV_BF16, 16);
 }
 static void t_llama_q8_0_gqa(void **s)
 {
-    check_model("--embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 --layers 3 --type q8_0 --seed 4",
-                KV_F16, 5);
+    check_model(
+        s, "--embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 300 --layers 3 --type q8_0 --seed 4",
+        KV_F16, 5);
 }
 static void t_qwen2_f16_tied(void **s)
 {
-    check_model("--arch qwen2 " SHAPE " --kv-heads 2 --tied --type f16 --seed 5", KV_F16, 16);
+    check_model(s, "--arch qwen2 " SHAPE " --kv-heads 2 --tied --type f16 --seed 5", KV_F16, 16);
 }
 static void t_qwen2_q8_0_freqs(void **s)
 {
-    check_model("--arch qwen2 --embd 96 --heads 3 --ff 128 --vocab 260 --layers 2 --type q8_0 "
-                "--rope-freqs --seed 6", KV_F32, 7);
+    check_model(s,
+                "--arch qwen2 --embd 96 --heads 3 --ff 128 --vocab 260 --layers 2 --type q8_0 "
+                "--rope-freqs --seed 6",
+                KV_F32, 7);
 }
-static void t_llama_bf16_f32kv_mha(void **s) { check_model(SHAPE " --type bf16 --seed 7", KV_F32, 3); }
+static void t_llama_bf16_f32kv_mha(void **s)
+{
+    check_model(s, SHAPE " --type bf16 --seed 7", KV_F32, 3);
+}
 
 /* Head sizes past 64 (the attention kernel's register-held chunk) with a
  * tail, and matrices whose row count is no multiple of 16 (the matmul's
  * packed groups). */
 static void t_wide_heads(void **s)
 {
-    check_model("--embd 160 --heads 2 --kv-heads 1 --ff 96 --vocab 300 --layers 2 --type f16 --seed 10",
-                KV_F16, 16);
-    check_model("--embd 256 --heads 2 --ff 64 --vocab 130 --layers 1 --type q8_0 --seed 11", KV_BF16, 6);
+    check_model(
+        s, "--embd 160 --heads 2 --kv-heads 1 --ff 96 --vocab 300 --layers 2 --type f16 --seed 10",
+        KV_F16, 16);
+    check_model(s, "--embd 256 --heads 2 --ff 64 --vocab 130 --layers 1 --type q8_0 --seed 11",
+                KV_BF16, 6);
 }
 
 /* The portable (non-SIMD) kernels give the same answers. */
 static void t_scalar_kernels(void **s)
 {
     setenv("KVD_CPU_SCALAR", "1", 1);
-    check_model("--arch qwen2 --embd 64 --heads 4 --kv-heads 2 --ff 64 --vocab 200 --layers 1 --type q8_0 --seed 8",
+    check_model(s,
+                "--arch qwen2 --embd 64 --heads 4 --kv-heads 2 --ff 64 --vocab 200 --layers 1 "
+                "--type q8_0 --seed 8",
                 KV_F16, 4);
-    check_model(SHAPE " --type f16 --kv-heads 2 --seed 9", KV_BF16, 16);
+    check_model(s, SHAPE " --type f16 --kv-heads 2 --seed 9", KV_BF16, 16);
     unsetenv("KVD_CPU_SCALAR");
 }
 
@@ -260,114 +345,120 @@ static void t_threads_agree(void **s)
     for (int i = 0; i < 20; i++)
         tok[i] = (uint32_t)(i * 37 % 300);
     for (int k = 0; k < 3; k++) {
-        struct fx f;
-        fx_init(&f, args, KV_F16, 16, threads[k]);
-        lg[k] = malloc(f.V * 4);
-        forward1(&f, tok, 20, 0, slots, 2, lg[k]);
-        fx_free(&f);
+        struct fx *f = t_fx(s);
+        fx_init(f, args, KV_F16, 16, threads[k]);
+        lg[k] = talloc(s, f->V * 4);
+        forward1(f, tok, 20, 0, slots, 2, lg[k]);
+        fx_free(f);
     }
     assert_memory_equal(lg[0], lg[1], 300 * 4);
     assert_memory_equal(lg[0], lg[2], 300 * 4);
-    for (int k = 0; k < 3; k++)
-        free(lg[k]);
 }
 
 /* Every bad batch is refused with a clear code before anything is written. */
 static void t_validation(void **s)
 {
-    struct fx f;
-    fx_init(&f, SHAPE " --type f16 --kv-heads 2 --seed 11", KV_F16, 4, 2);
+    struct fx *f = t_fx(s);
+    fx_init(f, SHAPE " --type f16 --kv-heads 2 --seed 11", KV_F16, 4, 2);
     uint32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8}, slots[4] = {0, 1, 2, 3}, bad_tok[2] = {1, 300};
-    float *lg = malloc(2 * f.V * 4);
-    void *copy = malloc(N_BLOCKS * f.block_bytes);
-    memset(f.arena, 0x5a, N_BLOCKS * f.block_bytes);
-    memcpy(copy, f.arena, N_BLOCKS * f.block_bytes);
+    float *lg = talloc(s, 2 * f->V * 4);
+    void *copy = talloc(s, N_BLOCKS * f->block_bytes);
+    memset(f->arena, 0x5a, N_BLOCKS * f->block_bytes);
+    memcpy(copy, f->arena, N_BLOCKS * f->block_bytes);
     struct fwd_seq sq = {.tokens = tok, .n_tokens = 8, .pos0 = 0, .slots = slots, .n_slots = 2};
-    struct fwd_batch b = {.seqs = &sq, .n_seqs = 1, .kv_arena = f.arena, .geom = &f.geom,
-                          .n_arena_slots = N_BLOCKS, .logits = lg};
-    assert_int_equal(model_forward(f.m, f.fc, &b), 0); /* baseline works */
-    memcpy(copy, f.arena, N_BLOCKS * f.block_bytes);
+    struct fwd_batch b = {.seqs = &sq,
+                          .n_seqs = 1,
+                          .kv_arena = f->arena,
+                          .geom = &f->geom,
+                          .n_arena_slots = N_BLOCKS,
+                          .logits = lg};
+    assert_int_equal(model_forward(f->m, f->fc, &b), 0); /* baseline works */
+    memcpy(copy, f->arena, N_BLOCKS * f->block_bytes);
 
     sq.tokens = bad_tok, sq.n_tokens = 2;
-    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
-    assert_non_null(strstr(fwd_ctx_errmsg(f.fc), "vocabulary"));
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_EBADREQ);
+    assert_non_null(strstr(fwd_ctx_errmsg(f->fc), "vocabulary"));
     sq.tokens = tok, sq.n_tokens = 8, sq.n_slots = 1; /* 8 tokens need 2 blocks of 4 */
-    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_EBADREQ);
     sq.n_slots = 2, sq.pos0 = 250; /* past n_ctx 256 */
-    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
-    assert_non_null(strstr(fwd_ctx_errmsg(f.fc), "context"));
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_EBADREQ);
+    assert_non_null(strstr(fwd_ctx_errmsg(f->fc), "context"));
     sq.pos0 = 0, sq.n_tokens = 0;
-    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_EBADREQ);
     sq.n_tokens = 8;
     uint32_t far[2] = {0, N_BLOCKS};
     sq.slots = far;
-    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
-    assert_non_null(strstr(fwd_ctx_errmsg(f.fc), "arena"));
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_EBADREQ);
+    assert_non_null(strstr(fwd_ctx_errmsg(f->fc), "arena"));
     uint32_t dup[2] = {3, 3};
     sq.slots = dup;
-    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_EBADREQ);
     /* two sequences writing the same block */
-    struct fwd_seq two[2] = {{.tokens = tok, .n_tokens = 2, .pos0 = 0, .slots = slots, .n_slots = 1},
-                             {.tokens = tok, .n_tokens = 2, .pos0 = 0, .slots = slots, .n_slots = 1}};
+    struct fwd_seq two[2] = {
+        {.tokens = tok, .n_tokens = 2, .pos0 = 0, .slots = slots, .n_slots = 1},
+        {.tokens = tok, .n_tokens = 2, .pos0 = 0, .slots = slots, .n_slots = 1}};
     b.seqs = two, b.n_seqs = 2;
-    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
-    assert_non_null(strstr(fwd_ctx_errmsg(f.fc), "written"));
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_EBADREQ);
+    assert_non_null(strstr(fwd_ctx_errmsg(f->fc), "written"));
     /* sharing a read-only prefix block is fine: both decode at pos 4..5 */
     uint32_t s0[2] = {0, 5}, s1[2] = {0, 6};
     two[0] = (struct fwd_seq){.tokens = tok, .n_tokens = 1, .pos0 = 4, .slots = s0, .n_slots = 2};
     two[1] = (struct fwd_seq){.tokens = tok, .n_tokens = 1, .pos0 = 4, .slots = s1, .n_slots = 2};
-    assert_int_equal(model_forward(f.m, f.fc, &b), 0);
-    memcpy(copy, f.arena, N_BLOCKS * f.block_bytes);
+    assert_int_equal(model_forward(f->m, f->fc, &b), 0);
+    memcpy(copy, f->arena, N_BLOCKS * f->block_bytes);
     /* too many tokens / sequences for the context */
     uint32_t many[200] = {0}, ms[64];
     for (int i = 0; i < 64; i++)
         ms[i] = (uint32_t)i;
     struct fwd_seq big = {.tokens = many, .n_tokens = 200, .pos0 = 0, .slots = ms, .n_slots = 50};
     b.seqs = &big, b.n_seqs = 1;
-    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_ETOOLARGE);
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_ETOOLARGE);
     struct fwd_seq nine[9];
     for (int i = 0; i < 9; i++)
-        nine[i] = (struct fwd_seq){.tokens = tok, .n_tokens = 1, .pos0 = 0, .slots = ms + i, .n_slots = 1};
+        nine[i] = (struct fwd_seq){
+            .tokens = tok, .n_tokens = 1, .pos0 = 0, .slots = ms + i, .n_slots = 1};
     b.seqs = nine, b.n_seqs = 9;
-    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_ETOOLARGE);
-    struct kv_geom bad = f.geom;
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_ETOOLARGE);
+    struct kv_geom bad = f->geom;
     bad.head_dim++;
     b.seqs = &sq, b.n_seqs = 1, b.geom = &bad;
     sq.slots = slots;
-    assert_int_equal(model_forward(f.m, f.fc, &b), KVD_EBADREQ);
-    assert_memory_equal(copy, f.arena, N_BLOCKS * f.block_bytes);
-    free(copy);
-    free(lg);
-    fx_free(&f);
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_EBADREQ);
+    assert_memory_equal(copy, f->arena, N_BLOCKS * f->block_bytes);
+    tfree(s);
+    fx_free(f);
 }
 
 /* Greedy decoding on random models (untied and tied output) keeps
  * producing varied tokens: the generator's weight scales are sane. */
-static void greedy_varied(const char *args)
+static void greedy_varied(void **state, const char *args)
 {
-    struct fx f;
-    fx_init(&f, args, KV_F16, 16, 2);
+    struct fx *f = t_fx(state);
+    fx_init(f, args, KV_F16, 16, 2);
     uint32_t slots[8], tok = 1, seen[400] = {0}, distinct = 0;
-    take_slots(&f, slots, 8);
-    float *lg = malloc(f.V * 4);
+    take_slots(f, slots, 8);
+    float *lg = talloc(state, f->V * 4);
     for (uint32_t p = 0; p < 64; p++) {
-        forward1(&f, &tok, 1, p, slots, p / 16 + 1, lg);
+        forward1(f, &tok, 1, p, slots, p / 16 + 1, lg);
         uint32_t best = 0;
-        for (uint32_t i = 1; i < f.V; i++)
+        for (uint32_t i = 1; i < f->V; i++)
             best = lg[i] > lg[best] ? i : best;
         tok = best;
         distinct += !seen[tok]++;
     }
     print_message("  greedy: %u distinct tokens of 64\n", distinct);
     assert_true(distinct >= 8);
-    free(lg);
-    fx_free(&f);
+    tfree(state);
+    fx_free(f);
 }
 
 static void t_greedy_varied(void **s)
 {
-    greedy_varied("--embd 128 --heads 4 --kv-heads 2 --ff 256 --vocab 400 --layers 4 --type f16 --seed 12");
-    greedy_varied("--embd 128 --heads 4 --kv-heads 2 --ff 256 --vocab 400 --layers 4 --type q8_0 --tied --seed 13");
+    greedy_varied(
+        s,
+        "--embd 128 --heads 4 --kv-heads 2 --ff 256 --vocab 400 --layers 4 --type f16 --seed 12");
+    greedy_varied(s, "--embd 128 --heads 4 --kv-heads 2 --ff 256 --vocab 400 --layers 4 --type "
+                     "q8_0 --tied --seed 13");
 }
 
 /* ---- padded decode steps and the sample op ------------------------------ */
@@ -382,8 +473,8 @@ static uint32_t pad_to_8(struct compute_ctx *cx, uint32_t n)
     return 8;
 }
 
-static int pad_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
-                      float *y)
+static int pad_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x,
+                      uint32_t rows, float *y)
 {
     pad_max_rows = rows > pad_max_rows ? rows : pad_max_rows;
     return pad_base->matmul(cx, w, x, rows, y);
@@ -396,29 +487,27 @@ static int pad_matmul(struct compute_ctx *cx, const struct ctensor *w, const flo
  * really ran 8 rows, and no block outside the sequences' was written. */
 static void t_padded_decode(void **st)
 {
-    (void)st;
-    struct fx f;
-    fx_init(&f, SHAPE " --type f16 --kv-heads 2 --seed 21", KV_F16, 8, 2);
+    struct fx *f = t_fx(st);
+    fx_init(f, SHAPE " --type f16 --kv-heads 2 --seed 21", KV_F16, 8, 2);
     enum { NS = 3, STEPS = 6, BPS = 5 };
     static const uint32_t plen[NS] = {11, 4, 17};
     uint32_t tabs[2][NS][BPS], toks[NS][32], used[N_BLOCKS] = {0};
     for (int r = 0; r < 2; r++)
         for (int s = 0; s < NS; s++) {
-            take_slots(&f, tabs[r][s], BPS);
+            take_slots(f, tabs[r][s], BPS);
             for (uint32_t i = 0; i < (plen[s] + STEPS + 7) / 8; i++) /* blocks reached */
                 used[tabs[r][s][i]] = 1;
         }
     for (int s = 0; s < NS; s++)
         for (uint32_t i = 0; i < plen[s]; i++)
-            toks[s][i] = rnd(f.V);
-    struct compute_ops padded = *f.m->ops;
+            toks[s][i] = rnd(f->V);
+    struct compute_ops padded = *f->m->ops;
     padded.step_bucket = pad_to_8;
     padded.matmul = pad_matmul;
-    pad_base = f.m->ops;
+    pad_base = f->m->ops;
     float *lg[2];
     for (int r = 0; r < 2; r++) {
-        lg[r] = malloc((size_t)NS * f.V * 4);
-        assert_non_null(lg[r]);
+        lg[r] = talloc(st, (size_t)NS * f->V * 4);
     }
     struct sample_row rows[NS] = {
         {.top_p = 1.0f},
@@ -432,31 +521,38 @@ static void t_padded_decode(void **st)
             for (int s = 0; s < NS; s++) {
                 uint32_t pos = step ? plen[s] + step - 1 : 0;
                 seqs[s] = (struct fwd_seq){.tokens = step ? &toks[s][pos] : toks[s],
-                                           .n_tokens = step ? 1 : plen[s], .pos0 = pos,
-                                           .slots = tabs[r][s], .n_slots = BPS};
+                                           .n_tokens = step ? 1 : plen[s],
+                                           .pos0 = pos,
+                                           .slots = tabs[r][s],
+                                           .n_slots = BPS};
                 rows[s].u = (double)((step * 7 + (uint32_t)s * 3) % 10) / 10.0 + 0.05;
             }
-            struct fwd_batch b = {.seqs = seqs, .n_seqs = NS, .kv_arena = f.arena,
-                                  .geom = &f.geom, .n_arena_slots = N_BLOCKS, .logits = lg[r],
-                                  .sample = rows, .tokens = picks[r]};
+            struct fwd_batch b = {.seqs = seqs,
+                                  .n_seqs = NS,
+                                  .kv_arena = f->arena,
+                                  .geom = &f->geom,
+                                  .n_arena_slots = N_BLOCKS,
+                                  .logits = lg[r],
+                                  .sample = rows,
+                                  .tokens = picks[r]};
             pad_max_rows = 0;
-            f.m->ops = r ? &padded : pad_base;
-            int rc = model_forward(f.m, f.fc, &b);
-            f.m->ops = pad_base;
+            f->m->ops = r ? &padded : pad_base;
+            int rc = model_forward(f->m, f->fc, &b);
+            f->m->ops = pad_base;
             if (rc)
-                fail_msg("model_forward (%s): %s", r ? "padded" : "as is", fwd_ctx_errmsg(f.fc));
+                fail_msg("model_forward (%s): %s", r ? "padded" : "as is", fwd_ctx_errmsg(f->fc));
             if (r && step)
                 assert_int_equal(pad_max_rows, 8);
         }
-        for (size_t i = 0; i < (size_t)NS * f.V; i++)
+        for (size_t i = 0; i < (size_t)NS * f->V; i++)
             if (!(fabsf(lg[0][i] - lg[1][i]) <= 1e-4f * (1 + fabsf(lg[0][i]))))
                 fail_msg("step %u logit %zu: as is %.9g, padded %.9g", step, i, (double)lg[0][i],
                          (double)lg[1][i]);
         for (int s = 0; s < NS; s++) {
             assert_int_equal(picks[0][s], picks[1][s]);
             uint32_t best = 0;
-            for (uint32_t i = 1; i < f.V; i++)
-                best = lg[0][(size_t)s * f.V + i] > lg[0][(size_t)s * f.V + best] ? i : best;
+            for (uint32_t i = 1; i < f->V; i++)
+                best = lg[0][(size_t)s * f->V + i] > lg[0][(size_t)s * f->V + best] ? i : best;
             if (s == 0)
                 assert_int_equal(picks[0][s], best);
             toks[s][plen[s] + step] = picks[0][s];
@@ -466,26 +562,31 @@ static void t_padded_decode(void **st)
     for (uint32_t blk = 0; blk < N_BLOCKS; blk++) {
         if (used[blk])
             continue;
-        const uint8_t *p = (const uint8_t *)f.arena + (size_t)blk * f.block_bytes;
-        for (size_t i = 0; i < f.block_bytes; i++)
+        const uint8_t *p = (const uint8_t *)f->arena + (size_t)blk * f->block_bytes;
+        for (size_t i = 0; i < f->block_bytes; i++)
             if (p[i])
                 fail_msg("block %u, outside every sequence, was written", blk);
     }
-    free(lg[0]);
-    free(lg[1]);
-    fx_free(&f);
+    tfree(st);
+    fx_free(f);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_llama_f32_mha),     cmocka_unit_test(t_llama_f16_gqa),
-        cmocka_unit_test(t_llama_bf16_tied_freqs), cmocka_unit_test(t_llama_q8_0_gqa),
-        cmocka_unit_test(t_qwen2_f16_tied),    cmocka_unit_test(t_qwen2_q8_0_freqs),
-        cmocka_unit_test(t_llama_bf16_f32kv_mha), cmocka_unit_test(t_scalar_kernels),
-        cmocka_unit_test(t_threads_agree),     cmocka_unit_test(t_validation),
-        cmocka_unit_test(t_greedy_varied),     cmocka_unit_test(t_wide_heads),
-        cmocka_unit_test(t_padded_decode),
+        cmocka_unit_test_setup_teardown(t_llama_f32_mha, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_f16_gqa, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_bf16_tied_freqs, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_q8_0_gqa, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_qwen2_f16_tied, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_qwen2_q8_0_freqs, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_bf16_f32kv_mha, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_scalar_kernels, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_threads_agree, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_validation, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_greedy_varied, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_wide_heads, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_padded_decode, t_setup, t_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

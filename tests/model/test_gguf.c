@@ -48,6 +48,72 @@ static struct blob gen(const char *args)
     return b;
 }
 
+/* Each test's buffers, generated file, and open gguf/model, in CMocka
+ * setup/teardown: whatever is left is freed, also after a failed assert. */
+#define T_MAX_BUF 8
+struct tstate {
+    void *buf[T_MAX_BUF];
+    unsigned n_buf;
+    char *path; /* a generated model file: unlinked and freed */
+    struct gguf *g;
+    struct model *m;
+};
+
+static int t_setup(void **state)
+{
+    *state = calloc(1, sizeof(struct tstate));
+    return *state ? 0 : -1;
+}
+
+/* Frees the test's buffers and file, closes its gguf and model. */
+static void tfree(void **state)
+{
+    struct tstate *t = *state;
+    for (unsigned i = 0; i < t->n_buf; i++)
+        free(t->buf[i]);
+    t->n_buf = 0;
+    if (t->path) {
+        unlink(t->path);
+        free(t->path);
+        t->path = NULL;
+    }
+    gguf_close(t->g);
+    t->g = NULL;
+    model_free(t->m);
+    t->m = NULL;
+}
+
+static int t_teardown(void **state)
+{
+    if (*state) {
+        tfree(state);
+        free(*state);
+    }
+    return 0;
+}
+
+/* p, freed by tfree or the teardown. */
+static void *tkeep(void **state, void *p)
+{
+    struct tstate *t = *state;
+    assert_non_null(p);
+    assert_true(t->n_buf < T_MAX_BUF);
+    t->buf[t->n_buf++] = p;
+    return p;
+}
+
+static void *talloc(void **state, size_t bytes)
+{
+    return tkeep(state, malloc(bytes ? bytes : 1));
+}
+
+static struct blob tgen(void **state, const char *args)
+{
+    struct blob b = gen(args);
+    tkeep(state, b.p);
+    return b;
+}
+
 /* Parses an exact-size copy of the first n bytes of b; returns rc, err set. */
 static int parse_copy(const uint8_t *p, size_t n, char *err, size_t errlen)
 {
@@ -68,7 +134,18 @@ static int parse_copy(const uint8_t *p, size_t n, char *err, size_t errlen)
 }
 
 /* Offsets of the fields of a valid file (test-side walker). */
-enum fkind { F_KEYLEN, F_VTYPE, F_STRLEN, F_ARRTYPE, F_ARRCOUNT, F_TNAMELEN, F_NDIMS, F_NE, F_TTYPE, F_TOFF };
+enum fkind {
+    F_KEYLEN,
+    F_VTYPE,
+    F_STRLEN,
+    F_ARRTYPE,
+    F_ARRCOUNT,
+    F_TNAMELEN,
+    F_NDIMS,
+    F_NE,
+    F_TTYPE,
+    F_TOFF
+};
 struct field {
     enum fkind kind;
     size_t at;
@@ -80,8 +157,18 @@ struct layout {
     size_t n_tensors;
 };
 
-static uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-static uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t rd64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+static uint32_t rd32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
 
 static void walk(const struct blob *b, struct layout *L)
 {
@@ -155,41 +242,48 @@ static void walk(const struct blob *b, struct layout *L)
 static void t_valid_types(void **s)
 {
     static const char *const args[] = {
-        SMALL " --type f32", SMALL " --type f16", SMALL " --type bf16 --tied --rope-freqs",
-        SMALL " --type q8_0", "--arch qwen2 " SMALL " --type q8_0 --tied",
-        "--arch qwen2 " SMALL " --type bf16", SMALL " --type q4_0", "--arch qwen2 " SMALL " --type q5_1",
-        SMALL " --type q4_1 --tied", SMALL " --type q5_0",
+        SMALL " --type f32",
+        SMALL " --type f16",
+        SMALL " --type bf16 --tied --rope-freqs",
+        SMALL " --type q8_0",
+        "--arch qwen2 " SMALL " --type q8_0 --tied",
+        "--arch qwen2 " SMALL " --type bf16",
+        SMALL " --type q4_0",
+        "--arch qwen2 " SMALL " --type q5_1",
+        SMALL " --type q4_1 --tied",
+        SMALL " --type q5_0",
         /* K-quants: rows of 256 (head_dim 16 and 2 kv heads, as the checks below want) */
         "--embd 256 --heads 16 --kv-heads 2 --ff 256 --vocab 40 --layers 1 --ctx 128 --type q4_k_m",
         "--arch qwen2 --embd 256 --heads 16 --kv-heads 2 --ff 512 --vocab 40 --layers 2 --ctx 128 "
         "--type q5_k_m",
-        "--embd 256 --heads 16 --kv-heads 2 --ff 256 --vocab 40 --layers 1 --ctx 128 --type q6_k --tied",
+        "--embd 256 --heads 16 --kv-heads 2 --ff 256 --vocab 40 --layers 1 --ctx 128 --type q6_k "
+        "--tied",
     };
     for (size_t i = 0; i < sizeof args / sizeof args[0]; i++) {
-        char err[256] = "", *path = ref_gen_model(args[i]);
+        struct tstate *t = *s;
+        char err[256] = "", *path = t->path = ref_gen_model(args[i]);
         assert_non_null(path);
-        struct gguf *g;
-        assert_int_equal(gguf_open(path, &g, err, sizeof err), 0);
-        assert_int_equal(g->version, 3);
-        assert_non_null(gguf_find_tensor(g, "blk.0.ffn_down.weight"));
-        assert_int_equal(gguf_arr_count(g, "tokenizer.ggml.tokens"), 40);
-        gguf_close(g);
-        struct model *m;
-        int rc = model_load(path, ref_cpu_backend(), &m, err, sizeof err);
+        assert_int_equal(gguf_open(path, &t->g, err, sizeof err), 0);
+        assert_int_equal(t->g->version, 3);
+        assert_non_null(gguf_find_tensor(t->g, "blk.0.ffn_down.weight"));
+        assert_int_equal(gguf_arr_count(t->g, "tokenizer.ggml.tokens"), 40);
+        gguf_close(t->g);
+        t->g = NULL;
+        int rc = model_load(path, ref_cpu_backend(), &t->m, err, sizeof err);
         if (rc)
             fail_msg("%s: %s", args[i], err);
-        const struct model_hparams *hp = model_hparams(m);
+        const struct model_hparams *hp = model_hparams(t->m);
         assert_int_equal(hp->n_vocab, 40);
         assert_int_equal(hp->n_head_kv, 2);
         assert_int_equal(hp->head_dim, 16);
-        model_free(m);
+        model_free(t->m);
+        t->m = NULL;
         /* the same file as GGUF version 2 */
         struct blob b = read_file(path);
+        tkeep(s, b.p);
         b.p[4] = 2;
         assert_int_equal(parse_copy(b.p, b.n, err, sizeof err), 0);
-        free(b.p);
-        unlink(path);
-        free(path);
+        tfree(s); /* the blob and the file */
     }
 }
 
@@ -205,8 +299,8 @@ static void expect(const struct blob *b, const char *needle)
 
 static void t_truncation(void **s)
 {
-    struct blob b = gen(SMALL " --type q8_0");
-    struct layout *L = malloc(sizeof *L);
+    struct blob b = tgen(s, SMALL " --type q8_0");
+    struct layout *L = talloc(s, sizeof *L);
     walk(&b, L);
     char err[256];
     /* every length through the tensor infos and into the data */
@@ -228,17 +322,21 @@ static void t_truncation(void **s)
     }
     /* the last tensor's padding is not data: cutting it is fine */
     assert_int_equal(parse_copy(b.p, L->last_tensor_end, err, sizeof err), 0);
-    free(L);
-    free(b.p);
 }
 
-static void put64(struct blob *b, size_t at, uint64_t v) { memcpy(b->p + at, &v, 8); }
-static void put32(struct blob *b, size_t at, uint32_t v) { memcpy(b->p + at, &v, 4); }
+static void put64(struct blob *b, size_t at, uint64_t v)
+{
+    memcpy(b->p + at, &v, 8);
+}
+static void put32(struct blob *b, size_t at, uint32_t v)
+{
+    memcpy(b->p + at, &v, 4);
+}
 
 static void t_header(void **s)
 {
-    struct blob b = gen(SMALL " --type f16");
-    struct blob c = {malloc(b.n), b.n};
+    struct blob b = tgen(s, SMALL " --type f16");
+    struct blob c = {talloc(s, b.n), b.n};
     memcpy(c.p, b.p, b.n);
     c.p[0] = 'X';
     expect(&c, "bad magic");
@@ -256,17 +354,15 @@ static void t_header(void **s)
     put64(&c, 16, rd64(b.p + 16) + 1); /* one kv too many: eats the tensor infos */
     char err[256];
     assert_int_not_equal(parse_copy(c.p, c.n, err, sizeof err), 0);
-    free(c.p);
-    free(b.p);
 }
 
 /* Targeted field corruptions with the message each must give. */
 static void t_fields(void **s)
 {
-    struct blob b = gen(SMALL " --type q8_0");
-    struct layout *L = malloc(sizeof *L);
+    struct blob b = tgen(s, SMALL " --type q8_0");
+    struct layout *L = talloc(s, sizeof *L);
     walk(&b, L);
-    struct blob c = {malloc(b.n), b.n};
+    struct blob c = {talloc(s, b.n), b.n};
 #define RESET() memcpy(c.p, b.p, b.n)
     for (size_t i = 0; i < L->n; i++) {
         size_t at = L->f[i].at;
@@ -351,18 +447,15 @@ static void t_fields(void **s)
     }
     assert_true(done);
     expect(&c, "duplicate tensor name 'blk.0.attn_q.weight'");
-    free(c.p);
-    free(L);
-    free(b.p);
 }
 
 /* Seeded random byte flips in the header/metadata/infos: never a crash. */
 static void t_random_flips(void **s)
 {
-    struct blob b = gen(SMALL " --type bf16");
-    struct layout *L = malloc(sizeof *L);
+    struct blob b = tgen(s, SMALL " --type bf16");
+    struct layout *L = talloc(s, sizeof *L);
     walk(&b, L);
-    struct blob c = {malloc(b.n), b.n};
+    struct blob c = {talloc(s, b.n), b.n};
     uint64_t r = 99;
     int errors = 0;
     char err[256];
@@ -377,14 +470,11 @@ static void t_random_flips(void **s)
     }
     print_message("  %d of 3000 flipped files rejected\n", errors);
     assert_true(errors > 300);
-    free(c.p);
-    free(L);
-    free(b.p);
 }
 
 static void t_alignment_key(void **s)
 {
-    struct blob b = gen(SMALL " --type f32");
+    struct blob b = tgen(s, SMALL " --type f32");
     const char key[] = "general.alignment";
     uint8_t *k = memmem(b.p, 4096, key, sizeof key - 1);
     assert_non_null(k);
@@ -398,7 +488,6 @@ static void t_alignment_key(void **s)
     int rc = parse_copy(b.p, b.n, err, sizeof err);
     if (rc == 0)
         fail_msg("alignment 64 on a 32-aligned file parsed");
-    free(b.p);
 }
 
 /* Errors found at model level, through model_load on real files. */
@@ -435,10 +524,10 @@ static void rename_in(struct blob *b, const char *from, const char *to)
  * the tensor named, never read past the end. */
 static void t_quant_sizes(void **s)
 {
-    (void)s;
-    struct blob b = gen("--embd 256 --heads 4 --kv-heads 2 --ff 256 --vocab 40 --layers 1 --ctx 128 "
-                        "--type q4_k");
-    struct layout *L = malloc(sizeof *L);
+    struct blob b =
+        tgen(s, "--embd 256 --heads 4 --kv-heads 2 --ff 256 --vocab 40 --layers 1 --ctx 128 "
+                "--type q4_k");
+    struct layout *L = talloc(s, sizeof *L);
     walk(&b, L);
     size_t last = 0;
     for (size_t t = 1; t < L->n_tensors; t++)
@@ -453,14 +542,12 @@ static void t_quant_sizes(void **s)
     put32(&b, type_at, 2); /* q4_0: fewer bytes, a valid file whose weights are other numbers */
     char err[256];
     assert_int_equal(parse_copy(b.p, b.n, err, sizeof err), 0);
-    free(L);
-    free(b.p);
 }
 
 static void t_model_errors(void **s)
 {
-    struct blob b = gen(SMALL " --type f16");
-    struct blob c = {malloc(b.n), b.n};
+    struct blob b = tgen(s, SMALL " --type f16");
+    struct blob c = {talloc(s, b.n), b.n};
     memcpy(c.p, b.p, b.n);
     rename_in(&c, "output_norm.weight", "output_norX.weight");
     load_expect(&c, KVD_EBADREQ, "'output_norm.weight' is missing");
@@ -472,13 +559,12 @@ static void t_model_errors(void **s)
     load_expect(&c, KVD_EUNSUPPORTED, "architecture 'gpt2x'");
     /* a weight of the wrong shape: attn_q's out dim (ne[1]) 64 -> 32 */
     memcpy(c.p, b.p, b.n);
-    struct layout *L = malloc(sizeof *L);
+    struct layout *L = talloc(s, sizeof *L);
     walk(&c, L);
     for (size_t t = 0; t < L->n_tensors; t++)
         if (!memcmp(c.p + L->tname_at[t] + 8, "blk.0.attn_q.weight", 19))
             put64(&c, L->tname_at[t] + 8 + 19 + 4 + 8, 32);
     load_expect(&c, KVD_EBADREQ, "'blk.0.attn_q.weight' has shape [64, 32], expected [64, 64]");
-    free(L);
     char err[256];
     struct model *m;
     assert_int_equal(model_load("/nonexistent/x.gguf", ref_cpu_backend(), &m, err, sizeof err),
@@ -487,17 +573,19 @@ static void t_model_errors(void **s)
     assert_int_equal(model_load("/tmp", ref_cpu_backend(), &m, err, sizeof err), KVD_EBADREQ);
     struct backend nobe = {0};
     assert_int_equal(model_load("/tmp/x", &nobe, &m, err, sizeof err), KVD_EUNSUPPORTED);
-    free(c.p);
-    free(b.p);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_valid_types), cmocka_unit_test(t_truncation),
-        cmocka_unit_test(t_header),      cmocka_unit_test(t_fields),
-        cmocka_unit_test(t_random_flips), cmocka_unit_test(t_alignment_key),
-        cmocka_unit_test(t_model_errors), cmocka_unit_test(t_quant_sizes),
+        cmocka_unit_test_setup_teardown(t_valid_types, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_truncation, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_header, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_fields, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_random_flips, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_alignment_key, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_model_errors, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_quant_sizes, t_setup, t_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

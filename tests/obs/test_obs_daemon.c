@@ -39,7 +39,8 @@ static uint16_t free_port(void)
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t l = sizeof(a);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || getsockname(fd, (struct sockaddr *)&a, &l))
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) ||
+        getsockname(fd, (struct sockaddr *)&a, &l))
         return 0;
     close(fd);
     return ntohs(a.sin_port);
@@ -87,8 +88,8 @@ static int stop_kvd(void)
 static char *scrape(uint16_t port, int *status)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0)
         return NULL;
     const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
@@ -266,15 +267,16 @@ static int setup(void **state)
     snprintf(g_model, sizeof(g_model), "%s/m.gguf", g_dir);
     char gen[512];
     snprintf(gen, sizeof(gen), "%s/kvd-gguf-gen", getenv("KVD_TOOLS_DIR"));
-    char *argv[] = {gen, "-o", g_model, "--layers", "2", "--embd", "64", "--heads", "4",
-                    "--kv-heads", "2", "--ff", "128", "--vocab", "256", "--ctx", "512",
-                    "--type", "f16", NULL};
+    char *argv[] = {gen,       "-o",    g_model,      "--layers", "2",    "--embd", "64",
+                    "--heads", "4",     "--kv-heads", "2",        "--ff", "128",    "--vocab",
+                    "256",     "--ctx", "512",        "--type",   "f16",  NULL};
     if (run_wait(argv) != 0)
         return -1;
     g_port = free_port();
     char port[32];
     snprintf(port, sizeof(port), "127.0.0.1:%u", g_port);
-    const char *extra[] = {"--metrics", port, "--device-blocks", "256", "--host-blocks", "256", NULL};
+    const char *extra[] = {"--metrics", port, "--device-blocks", "256", "--host-blocks",
+                           "256",       NULL};
     return start_kvd(extra);
 }
 
@@ -307,19 +309,71 @@ static void generate_some(int n, uint32_t first)
     kvd_close(c);
 }
 
+/* ---- per-test state -------------------------------------------------------- */
+
+/* What a test holds (scraped pages, kvctl outputs, a client and a reply),
+ * in CMocka setup/teardown: freed also after a failed assert. */
+#define T_MAX_BUF 4
+struct tstate {
+    char *buf[T_MAX_BUF];
+    struct kvd_ctx *c;
+    struct kvd_reply *r;
+};
+
+static int t_setup(void **state)
+{
+    *state = calloc(1, sizeof(struct tstate));
+    return *state ? 0 : -1;
+}
+
+static int t_teardown(void **state)
+{
+    struct tstate *t = *state;
+    if (!t)
+        return 0;
+    for (int i = 0; i < T_MAX_BUF; i++)
+        free(t->buf[i]);
+    kvd_reply_free(t->r);
+    kvd_close(t->c);
+    free(t);
+    return 0;
+}
+
+/* p, kept for the teardown until tdrop. */
+static char *tkeep(void **state, char *p)
+{
+    struct tstate *t = *state;
+    for (int i = 0; i < T_MAX_BUF; i++)
+        if (!t->buf[i]) {
+            t->buf[i] = p;
+            return p;
+        }
+    fail_msg("tkeep: more than %d buffers", T_MAX_BUF);
+    return p;
+}
+
+static void tdrop(void **state, char *p)
+{
+    struct tstate *t = *state;
+    for (int i = 0; i < T_MAX_BUF; i++)
+        if (t->buf[i] == p)
+            t->buf[i] = NULL;
+    free(p);
+}
+
 /* ---- tests --------------------------------------------------------------- */
 
 static void test_metrics_scrape(void **state)
 {
-    (void)state;
     int status = 0;
-    char *a = scrape(g_port, &status);
+    char *a = tkeep(state, scrape(g_port, &status));
     assert_non_null(a);
     assert_int_equal(status, 200);
     char tenant[64];
     snprintf(tenant, sizeof(tenant), "uid:%u", (unsigned)getuid());
     char s_req[160], s_gen[160], s_blk[160];
-    snprintf(s_req, sizeof(s_req), "kvd_requests_total{outcome=\"completed\",tenant=\"%s\"}", tenant);
+    snprintf(s_req, sizeof(s_req), "kvd_requests_total{outcome=\"completed\",tenant=\"%s\"}",
+             tenant);
     snprintf(s_gen, sizeof(s_gen), "kvd_tokens_total{kind=\"generated\",tenant=\"%s\"}", tenant);
     snprintf(s_blk, sizeof(s_blk), "kvd_blocks{tier=\"device\",tenant=\"%s\"}", tenant);
     double req0 = metric(a, s_req), ttft0 = metric(a, "kvd_time_to_first_token_seconds_count");
@@ -327,11 +381,11 @@ static void test_metrics_scrape(void **state)
     assert_true(metric(a, "kvd_pool_blocks{tier=\"device\",state=\"total\"}") == 256);
     assert_true(metric(a, "kvd_ceiling_flops_per_second") > 0);
     assert_true(ttft0 >= 0);
-    free(a);
+    tdrop(state, a);
 
     generate_some(3, 10);
 
-    char *b = scrape(g_port, &status);
+    char *b = tkeep(state, scrape(g_port, &status));
     assert_non_null(b);
     assert_int_equal(status, 200);
     assert_true(metric(b, s_req) == (req0 < 0 ? 0 : req0) + 3);
@@ -351,16 +405,16 @@ static void test_metrics_scrape(void **state)
         assert_true(v >= prev);
         prev = v;
     }
-    free(b);
+    tdrop(state, b);
 }
 
 static void test_stats_fields(void **state)
 {
-    (void)state;
     generate_some(2, 50);
-    struct kvd_ctx *c = kvd_connect(g_sock);
-    struct kvd_reply *r = NULL;
-    assert_int_equal(kvd_stats(c, &r), 0);
+    struct tstate *ts_ = *state;
+    struct kvd_ctx *c = ts_->c = kvd_connect(g_sock);
+    assert_int_equal(kvd_stats(c, &ts_->r), 0);
+    struct kvd_reply *r = ts_->r;
     const struct kvd_value *b = r->body;
     const struct kvd_value *m = kvd_value_path(b, "roofline.measured");
     assert_non_null(m);
@@ -384,9 +438,9 @@ static void test_stats_fields(void **state)
     assert_int_equal(ts->type, KVD_T_ARRAY);
     assert_true(ts->v.array.n >= 1);
     const struct kvd_value *t = &ts->v.array.items[0];
-    const char *keys[] = {"device_blocks", "host_blocks",  "cached_blocks", "prefix_hit_rate",
-                          "swaps_in",      "swaps_out",    "preemptions",   "tokens_in",
-                          "tokens_out",    "queue_ms",     "requests",      "ttft_ms_mean"};
+    const char *keys[] = {"device_blocks", "host_blocks", "cached_blocks", "prefix_hit_rate",
+                          "swaps_in",      "swaps_out",   "preemptions",   "tokens_in",
+                          "tokens_out",    "queue_ms",    "requests",      "ttft_ms_mean"};
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
         if (vnum(t, keys[i]) < 0)
             fail_msg("tenant field %s missing", keys[i]);
@@ -395,15 +449,12 @@ static void test_stats_fields(void **state)
     /* The second request of generate_some reused the first's 32-token prefix. */
     assert_true(vnum(t, "prefix_hit_rate") > 0);
     assert_true(vnum(t, "cached_blocks") > 0);
-    kvd_reply_free(r);
-    kvd_close(c);
 }
 
 static void test_top_plain(void **state)
 {
-    (void)state;
     int st;
-    char *out = kvctl(&st, "top -n 2 -d 0.1");
+    char *out = tkeep(state, kvctl(&st, "top -n 2 -d 0.1"));
     assert_int_equal(st, 0);
     /* Two frames, plain (not a terminal): no escape sequences. */
     const char *f1 = strstr(out, "kvd top");
@@ -418,18 +469,17 @@ static void test_top_plain(void **state)
     assert_non_null(strstr(out, "  decode "));
     assert_true(strstr(out, "bandwidth-bound") || strstr(out, "compute-bound"));
     assert_non_null(strstr(out, "TENANT"));
-    free(out);
-    out = kvctl(&st, "top -n 0");
+    tdrop(state, out);
+    out = tkeep(state, kvctl(&st, "top -n 0"));
     assert_int_equal(st, 2);
-    free(out);
+    tdrop(state, out);
 }
 
 static void test_bench_json(void **state)
 {
-    (void)state;
     int st;
-    char *out = kvctl(&st, "bench -c 3 -r 9 --prompt-len 16-40 --output-len 4-8 "
-                           "--shared-prefix 0.5 --turns 1 --json");
+    char *out = tkeep(state, kvctl(&st, "bench -c 3 -r 9 --prompt-len 16-40 --output-len 4-8 "
+                                        "--shared-prefix 0.5 --turns 1 --json"));
     assert_int_equal(st, 0);
     if (!json_ok(out))
         fail_msg("bench --json is not JSON: %s", out);
@@ -443,18 +493,20 @@ static void test_bench_json(void **state)
     assert_non_null(strstr(out, "\"itl_ms\":{"));
     assert_non_null(strstr(out, "\"e2e_ms\":{"));
     assert_non_null(strstr(out, "\"roofline\":{"));
-    free(out);
+    tdrop(state, out);
 
     /* Multi-turn chats at a request rate. */
-    out = kvctl(&st, "bench -c 2 -r 6 --turns 3 --prompt-len 8 --output-len 4 --rate 100 --json");
+    out = tkeep(
+        state,
+        kvctl(&st, "bench -c 2 -r 6 --turns 3 --prompt-len 8 --output-len 4 --rate 100 --json"));
     assert_int_equal(st, 0);
     assert_true(json_ok(out));
     assert_true(json_num(out, "ok") == 6);
     assert_true(json_num(out, "prefix_hit_rate") > 0); /* later turns reuse their history */
-    free(out);
-    out = kvctl(&st, "bench --prompt-len 0");
+    tdrop(state, out);
+    out = tkeep(state, kvctl(&st, "bench --prompt-len 0"));
     assert_int_equal(st, 2);
-    free(out);
+    tdrop(state, out);
 }
 
 /* Memory pressure: 20 device blocks (320 tokens) for 4 requests of up to
@@ -462,13 +514,13 @@ static void test_bench_json(void **state)
  * one-at-a-time first pass. */
 static void test_bench_pressure(void **state)
 {
-    (void)state;
     assert_int_equal(stop_kvd(), 0);
-    const char *extra[] = {"--device-blocks", "20", "--host-blocks", "64", "--no-roofline-probe",
-                           NULL};
+    const char *extra[] = {"--device-blocks",     "20", "--host-blocks", "64",
+                           "--no-roofline-probe", NULL};
     assert_int_equal(start_kvd(extra), 0);
     int st;
-    char *out = kvctl(&st, "bench -c 4 -r 8 --prompt-len 60-90 --output-len 24-30 --verify --json");
+    char *out = tkeep(
+        state, kvctl(&st, "bench -c 4 -r 8 --prompt-len 60-90 --output-len 24-30 --verify --json"));
     if (st != 0 || !json_ok(out))
         fail_msg("bench under pressure: exit %d: %s", st, out);
     assert_true(json_num(out, "failed") == 0);
@@ -478,14 +530,13 @@ static void test_bench_pressure(void **state)
     printf("# pressure: swaps out %.0f in %.0f, preemptions swap %.0f recompute %.0f\n",
            json_num(out, "swaps_out"), json_num(out, "swaps_in"), json_num(out, "preempt_swap"),
            json_num(out, "preempt_recompute"));
-    free(out);
+    tdrop(state, out);
 }
 
 static void test_metrics_refused(void **state)
 {
-    (void)state;
     /* A non-loopback address without --metrics-force: kvd exits 2. */
-    const char *args[] = {"--model", g_model, "--metrics", "0.0.0.0:1", "--no-roofline-probe",
+    const char *args[] = {"--model",     g_model, "--metrics", "0.0.0.0:1", "--no-roofline-probe",
                           "--log-level", "error", NULL};
     assert_int_equal(stop_kvd(), 0);
     assert_int_equal(kh_run(&(struct kh_opts){.args = args}), 2);
@@ -496,9 +547,12 @@ static void test_metrics_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_metrics_scrape), cmocka_unit_test(test_stats_fields),
-        cmocka_unit_test(test_top_plain),      cmocka_unit_test(test_bench_json),
-        cmocka_unit_test(test_bench_pressure), cmocka_unit_test(test_metrics_refused),
+        cmocka_unit_test_setup_teardown(test_metrics_scrape, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_stats_fields, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_top_plain, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_bench_json, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_bench_pressure, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_metrics_refused, t_setup, t_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -7,6 +7,7 @@
 #define KVD_TEST_MM_FIXTURE_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
@@ -22,7 +23,8 @@
 struct fx {
     struct backend *be;
     struct kvmm *mm;
-    size_t tb; /* bytes per token */
+    size_t tb;   /* bytes per token */
+    bool locked; /* this thread holds mm's lock (fx_open takes it) */
 };
 
 /* The KV dtype of fx_geom; a test may run its cases once per dtype. The
@@ -42,20 +44,39 @@ static inline struct kv_geom fx_geom(void)
 
 static inline void fx_open(struct fx *f, uint32_t n_dev, uint32_t n_host)
 {
-    struct kvmm_config cfg = {.geom = fx_geom(), .n_device_blocks = n_dev,
-                              .n_host_blocks = n_host};
+    struct kvmm_config cfg = {.geom = fx_geom(), .n_device_blocks = n_dev, .n_host_blocks = n_host};
     assert_int_equal(backend_cpu_new(&f->be), 0);
     cfg.be = f->be;
     assert_int_equal(kvmm_new(&cfg, &f->mm), 0);
     kvmm_lock(f->mm);
+    f->locked = true;
     f->tb = kv_token_bytes(kvmm_geom(f->mm));
 }
 
+/* Frees whatever fx_open made (all of it, part of it, or nothing). */
 static inline void fx_close(struct fx *f)
 {
-    kvmm_unlock(f->mm);
+    if (f->mm && f->locked)
+        kvmm_unlock(f->mm);
     kvmm_free(f->mm);
     backend_free(f->be);
+    memset(f, 0, sizeof *f);
+}
+
+/* CMocka setup/teardown: *state is a zeroed struct fx the test opens with
+ * fx_open; the teardown closes it, also after a failed assert. */
+static inline int fx_setup(void **state)
+{
+    *state = calloc(1, sizeof(struct fx));
+    return *state ? 0 : -1;
+}
+
+static inline int fx_teardown(void **state)
+{
+    if (*state)
+        fx_close(*state);
+    free(*state);
+    return 0;
 }
 
 static inline struct kvmm_tenant_conf fx_tenant(const char *name)

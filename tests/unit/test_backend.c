@@ -12,23 +12,36 @@
 
 #include "backend.h"
 
+/* The backend in setup/teardown: freed even when an assert fails. */
+static int be_setup(void **state)
+{
+    struct backend *be = NULL;
+    int rc = backend_cpu_new(&be);
+    *state = be;
+    return rc ? -1 : 0;
+}
+
+static int be_teardown(void **state)
+{
+    backend_free(*state);
+    return 0;
+}
+
 static void test_cpu_kind_and_memory(void **state)
 {
-    (void)state;
-    struct backend *be = NULL;
+    struct backend *be = *state;
     size_t free_b = 0, total_b = 0;
-    assert_int_equal(backend_cpu_new(&be), 0);
     assert_int_equal(be->ops->kind, BACKEND_CPU);
     assert_string_equal(be->ops->name, "cpu");
     assert_non_null(be->ops->mem_info);
     assert_int_equal(be->ops->mem_info(be, &free_b, &total_b), 0);
     size_t phys = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
     assert_true(total_b == phys && free_b == total_b && total_b > 0);
-    backend_free(be);
 }
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_cpu_kind_and_memory)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_cpu_kind_and_memory, be_setup, be_teardown)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

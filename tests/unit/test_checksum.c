@@ -30,9 +30,25 @@ static void test_deterministic_and_seeded(void **state)
     assert_true(checksum64(buf, 0, 0) == checksum64(buf + 1, 0, 0));
 }
 
+/* A scratch buffer (4096 + 16 bytes) in setup/teardown: freed even when an
+ * assert fails. */
+enum { SCRATCH = 4096 + 16 };
+
+static int scratch_setup(void **state)
+{
+    *state = malloc(SCRATCH);
+    return *state ? 0 : -1;
+}
+
+static int scratch_teardown(void **state)
+{
+    free(*state);
+    return 0;
+}
+
 static void test_alignment(void **state)
 {
-    unsigned char *raw = malloc(4096 + 16);
+    unsigned char *raw = *state;
     unsigned char ref[4096];
     fill(ref, sizeof ref, 3);
     uint64_t want = checksum64(ref, sizeof ref, 11);
@@ -40,13 +56,12 @@ static void test_alignment(void **state)
         memcpy(raw + off, ref, sizeof ref);
         assert_true(checksum64(raw + off, sizeof ref, 11) == want);
     }
-    free(raw);
 }
 
 static void test_every_bit_flip_detected(void **state)
 {
     enum { N = 2048 };
-    unsigned char *buf = malloc(N);
+    unsigned char *buf = *state;
     fill(buf, N, 5);
     uint64_t want = checksum64(buf, N, 42);
     for (size_t bit = 0; bit < N * 8; bit++) {
@@ -61,15 +76,15 @@ static void test_every_bit_flip_detected(void **state)
     memcpy(buf, buf + 32, 32);
     memcpy(buf + 32, tmp, 32);
     assert_true(checksum64(buf, N, 42) != want);
-    free(buf);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deterministic_and_seeded),
-        cmocka_unit_test(test_alignment),
-        cmocka_unit_test(test_every_bit_flip_detected),
+        cmocka_unit_test_setup_teardown(test_alignment, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_every_bit_flip_detected, scratch_setup,
+                                        scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -42,45 +42,72 @@ static bool is_admin(const struct config *cfg, uid_t uid)
     return config_resolve(cfg, uid, 65534, &id) == 0 && id.admin;
 }
 
+/* The config under test and a text buffer, in CMocka setup/teardown: freed
+ * also after a failed assert (config_free is safe on a freed config). */
+struct cfx {
+    struct config cfg;
+    char *text; /* (16384) */
+};
+
+static int cfx_setup(void **state)
+{
+    struct cfx *f = calloc(1, sizeof *f);
+    *state = f;
+    if (!f || !(f->text = malloc(16384)))
+        return -1;
+    return 0;
+}
+
+static int cfx_teardown(void **state)
+{
+    struct cfx *f = *state;
+    if (f) {
+        config_free(&f->cfg);
+        free(f->text);
+        free(f);
+    }
+    return 0;
+}
+
 static void test_long_tenant_names_stay_distinct(void **state)
 {
+    struct cfx *f = *state;
     char a[64], b[64], text[512], err[512];
-    struct config cfg;
     memset(a, 'a', 51);
     a[51] = '\0';
     memcpy(b, a, 52);
     b[50] = 'b'; /* differs only in byte 51 */
     snprintf(text, sizeof(text), "[tenant:%s]\nuids = 1001\n[tenant:%s]\nuids = 1002\n", a, b);
-    assert_int_equal(load(text, &cfg, err, sizeof(err)), 0);
-    assert_int_equal(cfg.n_tenants, 2);
+    assert_int_equal(load(text, &f->cfg, err, sizeof(err)), 0);
+    assert_int_equal(f->cfg.n_tenants, 2);
     struct config_identity ia, ib;
-    assert_int_equal(config_resolve(&cfg, 1001, 65534, &ia), 0);
-    assert_int_equal(config_resolve(&cfg, 1002, 65534, &ib), 0);
+    assert_int_equal(config_resolve(&f->cfg, 1001, 65534, &ia), 0);
+    assert_int_equal(config_resolve(&f->cfg, 1002, 65534, &ib), 0);
     assert_string_equal(ia.conf.name, a);
     assert_string_equal(ib.conf.name, b);
-    config_free(&cfg);
+    config_free(&f->cfg);
 
     /* the documented limit, 63 bytes, is accepted whole */
     memset(a, 'c', 63);
     a[63] = '\0';
     snprintf(text, sizeof(text), "[tenant:%s]\nuids = 1003\n", a);
-    assert_int_equal(load(text, &cfg, err, sizeof(err)), 0);
+    assert_int_equal(load(text, &f->cfg, err, sizeof(err)), 0);
     struct config_identity ic;
-    assert_int_equal(config_resolve(&cfg, 1003, 65534, &ic), 0);
+    assert_int_equal(config_resolve(&f->cfg, 1003, 65534, &ic), 0);
     assert_string_equal(ic.conf.name, a);
-    config_free(&cfg);
+    config_free(&f->cfg);
 
     /* one byte more is an error naming the section */
     snprintf(text, sizeof(text), "[tenant:%sd]\nuids = 1003\n", a);
-    assert_int_equal(load(text, &cfg, err, sizeof(err)), KVD_EBADREQ);
+    assert_int_equal(load(text, &f->cfg, err, sizeof(err)), KVD_EBADREQ);
     assert_non_null(strstr(err, "1-63"));
-    config_free(&cfg);
+    config_free(&f->cfg);
 }
 
 static void test_long_lines_read_whole(void **state)
 {
-    char *text = malloc(16384), err[512];
-    struct config cfg;
+    struct cfx *f = *state;
+    char *text = f->text, err[512];
     assert_non_null(text);
 
     /* a 300-byte comment ending in a directive stays a comment */
@@ -88,10 +115,10 @@ static void test_long_lines_read_whole(void **state)
     memset(text + n, 'x', 300);
     n += 300;
     snprintf(text + n, 16384 - (size_t)n, " uids = 1001\n");
-    assert_int_equal(load(text, &cfg, err, sizeof(err)), 0);
-    assert_false(is_admin(&cfg, 1001));
-    assert_true(is_admin(&cfg, 0));
-    config_free(&cfg);
+    assert_int_equal(load(text, &f->cfg, err, sizeof(err)), 0);
+    assert_false(is_admin(&f->cfg, 1001));
+    assert_true(is_admin(&f->cfg, 0));
+    config_free(&f->cfg);
 
     /* a legitimate 600-byte uids list is read whole */
     n = snprintf(text, 16384, "[admin]\nuids = 0");
@@ -99,53 +126,53 @@ static void test_long_lines_read_whole(void **state)
         n += snprintf(text + n, 16384 - (size_t)n, ", %u", u);
     snprintf(text + n, 16384 - (size_t)n, "\n");
     assert_true(n > 600);
-    assert_int_equal(load(text, &cfg, err, sizeof(err)), 0);
-    assert_int_equal(cfg.n_admin, 121);
-    assert_true(is_admin(&cfg, 2119));
-    config_free(&cfg);
+    assert_int_equal(load(text, &f->cfg, err, sizeof(err)), 0);
+    assert_int_equal(f->cfg.n_admin, 121);
+    assert_true(is_admin(&f->cfg, 2119));
+    config_free(&f->cfg);
 
     /* over CONFIG_MAX_LINE: an error naming the line, nothing parsed */
     n = snprintf(text, 16384, "[admin]\nuids = 0\n# ");
     memset(text + n, 'y', CONFIG_MAX_LINE);
     n += CONFIG_MAX_LINE;
     snprintf(text + n, 16384 - (size_t)n, " uids = 1001\n");
-    assert_int_equal(load(text, &cfg, err, sizeof(err)), KVD_EBADREQ);
+    assert_int_equal(load(text, &f->cfg, err, sizeof(err)), KVD_EBADREQ);
     assert_non_null(strstr(err, ":3: line of"));
-    config_free(&cfg);
-    free(text);
+    config_free(&f->cfg);
 }
 
 static void test_not_a_regular_file(void **state)
 {
+    struct cfx *f = *state;
     char err[512];
-    struct config cfg;
-    assert_int_equal(config_defaults(&cfg), 0);
-    assert_int_equal(config_load("/tmp", &cfg, NULL, err, sizeof(err)), KVD_EBADREQ);
+    assert_int_equal(config_defaults(&f->cfg), 0);
+    assert_int_equal(config_load("/tmp", &f->cfg, NULL, err, sizeof(err)), KVD_EBADREQ);
     assert_non_null(strstr(err, "not a regular file"));
-    assert_int_equal(config_load("/nonexistent/kvd.conf", &cfg, NULL, err, sizeof(err)),
+    assert_int_equal(config_load("/nonexistent/kvd.conf", &f->cfg, NULL, err, sizeof(err)),
                      KVD_EBADREQ);
-    config_free(&cfg);
+    config_free(&f->cfg);
 }
 
 /* The first error is the one reported (the line and its reason agree). */
 static void test_first_error_reported(void **state)
 {
+    struct cfx *f = *state;
     char err[512];
-    struct config cfg;
-    assert_int_equal(load("[limits]\nmax-seqs = lots\n[bogus]\nx = 1\n", &cfg, err, sizeof(err)),
+    assert_int_equal(load("[limits]\nmax-seqs = lots\n[bogus]\nx = 1\n", &f->cfg, err, sizeof(err)),
                      KVD_EBADREQ);
     assert_non_null(strstr(err, ":2: [limits] max-seqs"));
-    config_free(&cfg);
+    config_free(&f->cfg);
 }
 
 int main(void)
 {
     snprintf(path, sizeof(path), "/tmp/kvd-test-config.%d", (int)getpid());
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_long_tenant_names_stay_distinct),
-        cmocka_unit_test(test_long_lines_read_whole),
-        cmocka_unit_test(test_not_a_regular_file),
-        cmocka_unit_test(test_first_error_reported),
+        cmocka_unit_test_setup_teardown(test_long_tenant_names_stay_distinct, cfx_setup,
+                                        cfx_teardown),
+        cmocka_unit_test_setup_teardown(test_long_lines_read_whole, cfx_setup, cfx_teardown),
+        cmocka_unit_test_setup_teardown(test_not_a_regular_file, cfx_setup, cfx_teardown),
+        cmocka_unit_test_setup_teardown(test_first_error_reported, cfx_setup, cfx_teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     unlink(path);

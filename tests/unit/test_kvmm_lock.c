@@ -132,26 +132,27 @@ static void test_errmsg_unlocked_aborts(void **state)
  * no lock. */
 static void test_locked_calls_pass(void **state)
 {
-    struct fx f;
+    struct fx *f = *state;
     struct kvmm_stats st;
     struct kvmm_tenant_conf c = fx_tenant("t");
     uint32_t tenant, ns;
     kvmm_seq_t s;
 
-    fx_open(&f, 8, 4); /* locked */
-    kvmm_stats(f.mm, &st);
+    fx_open(f, 8, 4); /* locked */
+    kvmm_stats(f->mm, &st);
     assert_int_equal(st.device_total, 8);
-    assert_int_equal(kvmm_tenant_set(f.mm, &c, &tenant), 0);
-    assert_int_equal(kvmm_tenant_namespace(f.mm, tenant, &ns), 0);
-    assert_int_equal(kvmm_seq_open(f.mm, 1, tenant, ns, &s), 0);
-    fx_check(&f);
-    kvmm_unlock(f.mm);
-    assert_int_equal(kvmm_geom(f.mm)->block_tokens, FX_BT);
-    assert_true(kvmm_block_bytes(f.mm) > 0);
-    assert_non_null(kvmm_device_arena(f.mm));
-    kvmm_lock(f.mm);
-    assert_int_equal(kvmm_seq_close(f.mm, 1, s), 0);
-    fx_close(&f);
+    assert_int_equal(kvmm_tenant_set(f->mm, &c, &tenant), 0);
+    assert_int_equal(kvmm_tenant_namespace(f->mm, tenant, &ns), 0);
+    assert_int_equal(kvmm_seq_open(f->mm, 1, tenant, ns, &s), 0);
+    fx_check(f);
+    f->locked = false;
+    kvmm_unlock(f->mm);
+    assert_int_equal(kvmm_geom(f->mm)->block_tokens, FX_BT);
+    assert_true(kvmm_block_bytes(f->mm) > 0);
+    assert_non_null(kvmm_device_arena(f->mm));
+    kvmm_lock(f->mm);
+    f->locked = true;
+    assert_int_equal(kvmm_seq_close(f->mm, 1, s), 0);
 }
 
 int main(void)
@@ -167,7 +168,7 @@ int main(void)
         cmocka_unit_test(test_unlock_not_held_aborts),
         cmocka_unit_test(test_free_while_locked_aborts),
         cmocka_unit_test(test_errmsg_unlocked_aborts),
-        cmocka_unit_test(test_locked_calls_pass),
+        cmocka_unit_test_setup_teardown(test_locked_calls_pass, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -277,7 +277,7 @@ static void op_truncate(struct world *w, struct mseq *m)
     keep = (m->n_tokens + FX_BT - 1) / FX_BT * FX_BT;
     for (size_t p = keep; p < PLAN; p++)
         m->keys[p] = 0; /* dropped blocks: new ones come zeroed */
-    if (rnd(w, 2)) /* later tokens may now differ from before */
+    if (rnd(w, 2))      /* later tokens may now differ from before */
         new_plan(w, m, m->n_tokens);
 }
 
@@ -337,8 +337,8 @@ static void step(struct world *w)
             assert_int_equal(rc, 0);
     } else if (op < 88) {
         size_t ev;
-        assert_int_equal(kvmm_evict(w->f.mm, rnd(w, 2) ? KVD_TIER_DEVICE : KVD_TIER_HOST,
-                                    rnd(w, 6), &ev), 0);
+        assert_int_equal(
+            kvmm_evict(w->f.mm, rnd(w, 2) ? KVD_TIER_DEVICE : KVD_TIER_HOST, rnd(w, 6), &ev), 0);
     } else if (op < 90) {
         op_corrupt(w);
     } else if (op < 96) {
@@ -369,10 +369,35 @@ static void step(struct world *w)
                 verify(w, &w->s[k]);
 }
 
-static void run_one(uint64_t seed, uint32_t n_ops, uint64_t *totals)
+/* The run's world, in CMocka setup/teardown (*state holds the current
+ * one): freed also after a failed assert. */
+static void world_free(struct world *w)
 {
-    struct world *w = calloc(1, sizeof *w);
+    if (w)
+        fx_close(&w->f);
+    free(w);
+}
+
+static int world_setup(void **state)
+{
+    *state = calloc(1, sizeof(struct world *));
+    return *state ? 0 : -1;
+}
+
+static int world_teardown(void **state)
+{
+    struct world **cur = *state;
+    if (cur)
+        world_free(*cur);
+    free(cur);
+    return 0;
+}
+
+static void run_one(struct world **cur, uint64_t seed, uint32_t n_ops, uint64_t *totals)
+{
+    struct world *w = *cur = calloc(1, sizeof *w);
     static const char *names[N_TENANTS] = {"alpha", "beta", "gamma"};
+    assert_non_null(w);
 
     w->rng = seed * 0x9E3779B97F4A7C15ull + 1;
     fx_open(&w->f, 48, 24);
@@ -418,8 +443,8 @@ static void run_one(uint64_t seed, uint32_t n_ops, uint64_t *totals)
     totals[4] += st.cow_copies;
     totals[5] += st.swaps_in + st.swaps_out;
     totals[6] += w->corruptions;
-    fx_close(&w->f);
-    free(w);
+    world_free(w);
+    *cur = NULL;
 }
 
 static void test_random(void **state)
@@ -429,7 +454,7 @@ static void test_random(void **state)
     uint32_t runs = env ? (uint32_t)atoi(env) : 100;
 
     for (uint32_t seed = 1; seed <= runs; seed++)
-        run_one(seed, 800, totals);
+        run_one(*state, seed, 800, totals);
     print_message("random: %u runs, %llu ops, %llu refusals, %llu tokens matched, %llu "
                   "cow copies, %llu swaps, %llu corruptions -> %llu checksum failures\n",
                   runs, (unsigned long long)totals[0], (unsigned long long)totals[1],
@@ -443,7 +468,7 @@ static void test_random(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_random),
+        cmocka_unit_test_setup_teardown(test_random, world_setup, world_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
