@@ -4,25 +4,16 @@
  * for counters, one metric per quantity with labels for tier/tenant/phase. */
 #include "metrics.h"
 
-#include <arpa/inet.h>
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
-#include <grp.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
-#include <event2/listener.h>
 
+#include "httpd.h"
 #include "log.h"
 #include "server.h"
 
@@ -31,70 +22,7 @@
 int metrics_parse_addr(const char *s, char *host, size_t host_cap, uint16_t *port,
                        bool *loopback, char *err, size_t errlen)
 {
-    if (s && (!strcmp(s, "unix") || !strncmp(s, "unix:", 5))) {
-        /* A Unix socket: host gets the path ("" for the default). */
-        const char *path = s[4] ? s + 5 : "";
-        if ((path[0] && path[0] != '/') || strlen(path) >= host_cap ||
-            strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
-            snprintf(err, errlen, "metrics address '%s': unix:PATH needs an absolute path of "
-                                  "at most 107 bytes",
-                     s);
-            return KVD_EBADREQ;
-        }
-        snprintf(host, host_cap, "%s", path);
-        *port = 0;
-        *loopback = true;
-        return 0;
-    }
-    const char *colon = s ? strrchr(s, ':') : NULL;
-    if (!colon || colon == s) {
-        snprintf(err, errlen, "metrics address '%s' is not HOST:PORT (e.g. 127.0.0.1:9464)",
-                 s ? s : "");
-        return KVD_EBADREQ;
-    }
-    const char *h = s, *h_end = colon;
-    if (*h == '[') {
-        if (colon[-1] != ']') {
-            snprintf(err, errlen, "metrics address '%s': an IPv6 host is written [::1]:PORT", s);
-            return KVD_EBADREQ;
-        }
-        h++;
-        h_end = colon - 1;
-    }
-    size_t hl = (size_t)(h_end - h);
-    if (h == s && memchr(h, ':', hl)) {
-        snprintf(err, errlen, "metrics address '%s': write an IPv6 host in brackets, [::1]:PORT", s);
-        return KVD_EBADREQ;
-    }
-    if (hl == 0 || hl >= host_cap) {
-        snprintf(err, errlen, "metrics address '%s': bad host", s);
-        return KVD_EBADREQ;
-    }
-    memcpy(host, h, hl);
-    host[hl] = 0;
-    char *end = NULL;
-    errno = 0;
-    unsigned long p = strtoul(colon + 1, &end, 10);
-    if (!colon[1] || *end || errno || p > 65535 || colon[1] == '-' || colon[1] == '+') {
-        snprintf(err, errlen, "metrics address '%s': port must be a number in 0-65535", s);
-        return KVD_EBADREQ;
-    }
-    if (!strcmp(host, "localhost"))
-        snprintf(host, host_cap, "127.0.0.1");
-    struct in_addr a4;
-    struct in6_addr a6;
-    if (inet_pton(AF_INET, host, &a4) == 1) {
-        *loopback = (ntohl(a4.s_addr) >> 24) == 127;
-    } else if (inet_pton(AF_INET6, host, &a6) == 1) {
-        *loopback = IN6_IS_ADDR_LOOPBACK(&a6) ||
-                    (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
-    } else {
-        snprintf(err, errlen,
-                 "metrics address '%s': host must be an IP address or localhost", s);
-        return KVD_EBADREQ;
-    }
-    *port = (uint16_t)p;
-    return 0;
+    return httpd_parse_addr("metrics", s, host, host_cap, port, loopback, err, errlen);
 }
 
 /* ---- rendering ---------------------------------------------------------- */
@@ -361,52 +289,18 @@ int metrics_render(const struct metrics_src *src, struct evbuffer *out)
 
 /* ---- the HTTP listener -------------------------------------------------- */
 
-/* Accepting pauses this long after accept() fails (out of descriptors),
- * doubling while it keeps failing, up to the max. */
-#define METRICS_PAUSE_MIN_MS 50
-#define METRICS_PAUSE_MAX_MS 2000
-
 struct metrics {
-    struct evhttp *http;
+    struct httpd *httpd;
     struct server *srv;
-    struct evconnlistener *listener; /* evhttp's (not owned) */
-    struct event *ev_resume;
-    int reserve_fd;  /* /dev/null, closed to take a connection at EMFILE */
-    unsigned pause_ms;
-    uint64_t accept_errors;
-    char unix_path[128]; /* the unix: socket we created ("" for TCP) */
-    /* Open connections, counted (evhttp 2.1 has no limit of its own): each
-     * connection's bufferevent is made here (evhttp_set_bevcb) and keeps an
-     * extra reference; once evhttp has freed it (its callbacks are cleared)
-     * metrics_reap drops the reference, which closes the socket. */
-    struct bufferevent **bevs;
-    unsigned n_bevs, cap_bevs;
-    bool full; /* listener disabled: metrics-max-connections open */
-    struct event *ev_reap;
-    char token[256];     /* "" when none is required */
+    char token[256]; /* "" when none is required */
 };
-
-/* Constant-time comparison of the bearer token. */
-static bool token_ok(const struct metrics *m, struct evhttp_request *req)
-{
-    if (!m->token[0])
-        return true;
-    const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7))
-        return false;
-    h += 7;
-    size_t n = strlen(m->token), hn = strlen(h);
-    unsigned char d = (unsigned char)(hn != n);
-    for (size_t i = 0; i < n; i++)
-        d |= (unsigned char)(m->token[i] ^ (i < hn ? h[i] : 0));
-    return d == 0;
-}
 
 static void on_metrics(struct evhttp_request *req, void *arg)
 {
     struct metrics *m = arg;
     struct server *srv = m->srv;
-    if (!token_ok(m, req)) {
+    const char *tok = m->token[0] ? httpd_bearer(req) : NULL;
+    if (m->token[0] && (!tok || !httpd_token_equal(m->token, tok))) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate",
                           "Bearer realm=\"kvd\"");
         evhttp_send_error(req, 401, "a bearer token is required (metrics-token-file)");
@@ -432,7 +326,7 @@ static void on_metrics(struct evhttp_request *req, void *arg)
         evhttp_send_error(req, HTTP_INTERNAL, "out of memory");
         return;
     }
-    m->pause_ms = 0; /* serving again: the next failure starts a short pause */
+    httpd_served(m->httpd); /* serving again: the next failure starts a short pause */
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                       "text/plain; version=0.0.4; charset=utf-8");
     evhttp_send_reply(req, HTTP_OK, "OK", body);
@@ -444,282 +338,63 @@ static void on_other(struct evhttp_request *req, void *arg)
     evhttp_send_error(req, HTTP_NOTFOUND, "kvd serves /metrics only");
 }
 
-/* Out of descriptors (or another accept failure): stop accepting for a
- * while, doubling the pause while it lasts, so the loop never spins; with
- * the reserve descriptor, take one waiting connection and close it, so
- * clients are refused rather than left hanging. */
-/* The exporter whose listener failed: evhttp owns the listener's callback
- * argument, so the error callback finds its exporter here (one per
- * daemon). */
-static struct metrics *metrics_active;
-
-static void metrics_accept_error(struct evconnlistener *l, void *arg)
-{
-    (void)arg; /* evhttp's */
-    struct metrics *m = metrics_active;
-    if (!m || m->listener != l) {
-        evconnlistener_disable(l); /* not ours to resume: never spin */
-        return;
-    }
-    int e = EVUTIL_SOCKET_ERROR();
-    m->accept_errors++;
-    if ((e == EMFILE || e == ENFILE) && m->reserve_fd >= 0) {
-        close(m->reserve_fd);
-        int fd = accept(evconnlistener_get_fd(l), NULL, NULL);
-        if (fd >= 0)
-            close(fd);
-        m->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    }
-    m->pause_ms = m->pause_ms ? m->pause_ms * 2 : METRICS_PAUSE_MIN_MS;
-    if (m->pause_ms > METRICS_PAUSE_MAX_MS)
-        m->pause_ms = METRICS_PAUSE_MAX_MS;
-    log_warn("metrics: accept: %s; not accepting for %u ms (%llu failures so far)",
-             strerror(e), m->pause_ms, (unsigned long long)m->accept_errors);
-    evconnlistener_disable(l);
-    struct timeval tv = {m->pause_ms / 1000, (m->pause_ms % 1000) * 1000};
-    evtimer_add(m->ev_resume, &tv);
-}
-
-static void metrics_resume(evutil_socket_t fd, short what, void *arg)
-{
-    struct metrics *m = arg;
-    if (!m->full)
-        evconnlistener_enable(m->listener);
-}
-
-/* Drops the connections evhttp is done with (see struct metrics). */
-static void metrics_reap(struct metrics *m)
-{
-    unsigned k = 0;
-    for (unsigned i = 0; i < m->n_bevs; i++) {
-        bufferevent_data_cb rd, wr;
-        bufferevent_event_cb ev;
-        void *cbarg;
-        bufferevent_getcb(m->bevs[i], &rd, &wr, &ev, &cbarg);
-        if (!rd && !wr && !ev)
-            bufferevent_decref(m->bevs[i]);
-        else
-            m->bevs[k++] = m->bevs[i];
-    }
-    m->n_bevs = k;
-    if (m->full && m->n_bevs < server_options(m->srv)->metrics_max_conns) {
-        m->full = false;
-        if (m->listener && !evtimer_pending(m->ev_resume, NULL))
-            evconnlistener_enable(m->listener);
-    }
-}
-
-static void metrics_reap_cb(evutil_socket_t fd, short what, void *arg)
-{
-    metrics_reap(arg);
-}
-
-static struct bufferevent *metrics_bevcb(struct event_base *base, void *arg)
-{
-    struct metrics *m = arg;
-    metrics_reap(m);
-    if (m->n_bevs == m->cap_bevs) {
-        unsigned cap = m->cap_bevs ? 2 * m->cap_bevs : 16;
-        struct bufferevent **nv = realloc(m->bevs, cap * sizeof(*nv));
-        if (!nv)
-            return NULL; /* evhttp makes its own: served, not counted */
-        m->bevs = nv;
-        m->cap_bevs = cap;
-    }
-    struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
-    if (!bev)
-        return NULL;
-    bufferevent_incref(bev);
-    m->bevs[m->n_bevs++] = bev;
-    if (m->n_bevs >= server_options(m->srv)->metrics_max_conns && m->listener && !m->full) {
-        m->full = true;
-        evconnlistener_disable(m->listener);
-        log_warn("metrics: %u connections open (metrics-max-connections); not accepting more "
-                 "until one closes",
-                 m->n_bevs);
-    }
-    return bev;
-}
-
-/* The unix: socket: mode 0600 (0660 with group), a stale file replaced only
- * when it is a socket nobody answers on. Returns the listening fd or -1. */
-static int unix_listen(const char *path, const char *group, char *err, size_t errlen)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    struct stat st;
-    if (strlen(path) >= sizeof(sa.sun_path)) {
-        snprintf(err, errlen, "metrics socket path '%s' is too long", path);
-        return -1;
-    }
-    memcpy(sa.sun_path, path, strlen(path) + 1);
-    if (lstat(path, &st) == 0) {
-        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        bool live = S_ISSOCK(st.st_mode) && probe >= 0 &&
-                    connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-        if (probe >= 0)
-            close(probe);
-        if (!S_ISSOCK(st.st_mode) || live) {
-            snprintf(err, errlen, "'%s' exists and is %s", path,
-                     live ? "served by another process" : "not a socket");
-            return -1;
-        }
-        unlink(path);
-    }
-    gid_t gid = (gid_t)-1;
-    if (group && group[0]) {
-        struct group *gr = getgrnam(group);
-        if (!gr) {
-            snprintf(err, errlen, "metrics-group '%s' does not exist", group);
-            return -1;
-        }
-        gid = gr->gr_gid;
-    }
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-        snprintf(err, errlen, "socket: %s", strerror(errno));
-        return -1;
-    }
-    mode_t old = umask(0177);
-    int brc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-    umask(old);
-    if (brc != 0 || (gid != (gid_t)-1 && (chown(path, (uid_t)-1, gid) || chmod(path, 0660))) ||
-        listen(fd, 64) != 0) {
-        snprintf(err, errlen, "cannot listen on %s: %s", path, strerror(errno));
-        if (brc == 0)
-            unlink(path);
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-/* Reads the bearer token: the file's first line, 16-255 bytes, from a file
- * only its owner can read. */
-static int read_token(const char *path, char *tok, size_t cap, char *err, size_t errlen)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "metrics-token-file %s: %s", path,
-                 fd < 0 ? strerror(errno) : "not a regular file");
-        if (fd >= 0)
-            close(fd);
-        return KVD_EBADREQ;
-    }
-    if (st.st_mode & 077) {
-        close(fd);
-        snprintf(err, errlen, "metrics-token-file %s: readable by others (mode %04o); chmod 600",
-                 path, (unsigned)(st.st_mode & 07777));
-        return KVD_EPERM;
-    }
-    ssize_t n = read(fd, tok, cap - 1);
-    close(fd);
-    if (n < 0)
-        n = 0;
-    tok[n] = '\0';
-    tok[strcspn(tok, "\r\n")] = '\0';
-    if (strlen(tok) < 16) {
-        snprintf(err, errlen, "metrics-token-file %s: the token must be 16-255 bytes", path);
-        return KVD_EBADREQ;
-    }
-    return 0;
-}
-
 int metrics_start(struct server *srv, const char *addr, bool force, struct metrics **out,
                   uint16_t *port_out, char *err, size_t errlen)
 {
-    char host[128];
-    uint16_t port = 0;
-    bool loop = false;
-    int rc = metrics_parse_addr(addr, host, sizeof(host), &port, &loop, err, errlen);
-    if (rc)
-        return rc;
-    bool is_unix = !strncmp(addr, "unix", 4);
-    if (!loop && !force) {
-        snprintf(err, errlen,
-                 "metrics address %s is not a loopback address: metrics show every tenant's "
-                 "usage; add --metrics-force to serve them there anyway",
-                 addr);
-        return KVD_EPERM;
-    }
+    const struct options *o = server_options(srv);
+    char def[108];
+    /* unix without a path: metrics.sock beside the main socket */
+    const char *main_sock = server_socket_path(srv);
+    const char *slash = strrchr(main_sock, '/');
+    int dl = slash ? (int)(slash - main_sock) : 0;
+    snprintf(def, sizeof(def), "%.*s/metrics.sock", dl, main_sock);
+    struct httpd_conf hc = {
+        .what = "metrics",
+        .addr = addr,
+        .default_path = def,
+        .force = force,
+        .force_hint = "metrics show every tenant's usage; add --metrics-force to serve them "
+                      "there anyway",
+        .group = o->metrics_group,
+        .mode = 0600,
+        .max_conns = o->metrics_max_conns,
+    };
     struct metrics *m = calloc(1, sizeof(*m));
     if (!m)
         return KVD_ENOMEM;
     m->srv = srv;
-    m->reserve_fd = -1;
-    if (server_options(srv)->metrics_token_file[0] &&
-        (rc = read_token(server_options(srv)->metrics_token_file, m->token, sizeof(m->token), err,
-                         errlen))) {
+    int rc;
+    if (o->metrics_token_file[0] &&
+        (rc = httpd_read_token_file("metrics-token-file", o->metrics_token_file, m->token,
+                                    sizeof(m->token), err, errlen))) {
         free(m);
         return rc;
     }
-    m->http = evhttp_new(server_event_base(srv));
-    m->ev_resume = evtimer_new(server_event_base(srv), metrics_resume, m);
-    m->ev_reap = event_new(server_event_base(srv), -1, EV_PERSIST, metrics_reap_cb, m);
-    if (!m->http || !m->ev_resume || !m->ev_reap) {
-        metrics_stop(m);
-        return KVD_ENOMEM;
+    if ((rc = httpd_new(server_event_base(srv), &hc, &m->httpd))) {
+        free(m);
+        return rc;
     }
+    struct evhttp *http = httpd_evhttp(m->httpd);
     /* Scrapes are tiny GETs: small limits keep a stray client cheap. */
-    evhttp_set_allowed_methods(m->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
-    evhttp_set_max_headers_size(m->http, 16384);
-    evhttp_set_max_body_size(m->http, 4096);
-    evhttp_set_timeout(m->http, 10);
-    evhttp_set_cb(m->http, "/metrics", on_metrics, m);
-    evhttp_set_gencb(m->http, on_other, m);
-    evhttp_set_bevcb(m->http, metrics_bevcb, m);
-    struct timeval reap_tv = {0, 200 * 1000};
-    event_add(m->ev_reap, &reap_tv);
-    struct evhttp_bound_socket *bs = NULL;
-    if (is_unix) {
-        if (!host[0]) {
-            /* beside the main socket */
-            const char *main_sock = server_socket_path(srv);
-            const char *slash = strrchr(main_sock, '/');
-            int dl = slash ? (int)(slash - main_sock) : 0;
-            snprintf(host, sizeof(host), "%.*s/metrics.sock", dl, main_sock);
-        }
-        int fd = unix_listen(host, server_options(srv)->metrics_group, err, errlen);
-        struct evconnlistener *l =
-            fd < 0 ? NULL
-                   : evconnlistener_new(server_event_base(srv), NULL, NULL,
-                                        LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
-        if (fd >= 0 && !l) {
-            close(fd);
-            unlink(host);
-        }
-        if (l) {
-            snprintf(m->unix_path, sizeof(m->unix_path), "%s", host);
-            bs = evhttp_bind_listener(m->http, l);
-        }
-        if (!bs) {
-            if (fd >= 0 && l)
-                snprintf(err, errlen, "cannot serve metrics on %s", host);
-            metrics_stop(m);
-            return KVD_EBUSY;
-        }
-    } else {
-        bs = evhttp_bind_socket_with_handle(m->http, host, port);
-        if (!bs) {
-            snprintf(err, errlen, "cannot listen for metrics on %s: %s", addr, strerror(errno));
-            metrics_stop(m);
-            return KVD_EBUSY;
-        }
+    evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+    evhttp_set_max_headers_size(http, 16384);
+    evhttp_set_max_body_size(http, 4096);
+    evhttp_set_timeout(http, 10);
+    evhttp_set_cb(http, "/metrics", on_metrics, m);
+    evhttp_set_gencb(http, on_other, m);
+    uint16_t bound = 0;
+    if ((rc = httpd_listen(m->httpd, &bound, err, errlen))) {
+        metrics_stop(m);
+        return rc;
     }
-    m->listener = evhttp_bound_socket_get_listener(bs);
-    metrics_active = m;
-    evconnlistener_set_error_cb(m->listener, metrics_accept_error);
-    m->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    uint16_t bound = port;
-    if (is_unix) {
+    if (httpd_is_unix(m->httpd)) {
         log_info("metrics: serving http://localhost/metrics on the unix socket %s (mode %s)",
-                 host, server_options(srv)->metrics_group[0] ? "0660" : "0600");
+                 httpd_path(m->httpd), o->metrics_group[0] ? "0660" : "0600");
     } else {
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof(ss);
-        if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl) == 0)
-            bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                   : ((struct sockaddr_in *)&ss)->sin_port);
+        char host[108];
+        uint16_t p;
+        bool lo;
+        httpd_parse_addr("metrics", addr, host, sizeof(host), &p, &lo, err, errlen);
         log_info("metrics: serving http://%s%s%s:%u/metrics", strchr(host, ':') ? "[" : "", host,
                  strchr(host, ':') ? "]" : "", bound);
         if (!m->token[0])
@@ -736,23 +411,6 @@ void metrics_stop(struct metrics *m)
 {
     if (!m)
         return;
-    if (metrics_active == m)
-        metrics_active = NULL;
-    if (m->http)
-        evhttp_free(m->http); /* frees its connections (and the listener) */
-    m->listener = NULL;
-    m->full = false;
-    metrics_reap(m);
-    for (unsigned i = 0; i < m->n_bevs; i++)
-        bufferevent_decref(m->bevs[i]);
-    free(m->bevs);
-    if (m->ev_reap)
-        event_free(m->ev_reap);
-    if (m->ev_resume)
-        event_free(m->ev_resume);
-    if (m->reserve_fd >= 0)
-        close(m->reserve_fd);
-    if (m->unix_path[0])
-        unlink(m->unix_path);
+    httpd_free(m->httpd);
     free(m);
 }
