@@ -471,9 +471,10 @@ int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r)
 /* ---- server glue -------------------------------------------------------- */
 
 struct ops_generate {
-    struct server *srv; /* not owned */
-    struct kvmm *mm;    /* not owned */
-    struct exec *ex;    /* owned */
+    struct server *srv;          /* not owned */
+    struct kvmm *mm;             /* not owned */
+    struct exec *ex;             /* owned */
+    struct gen_clients *clients; /* owned: requests of other clients (HTTP) */
 };
 
 /* The sink: frames built on the executor thread, written by the loop. A
@@ -498,6 +499,11 @@ static void post_frame(struct ops_generate *g, const struct sched_req *r, unsign
 
 static void sink_tokens(void *ud, const struct sched_req *r, const uint32_t *toks, size_t n)
 {
+    struct ops_generate *g = ud;
+    if (ops_generate_is_client(r->conn)) {
+        gen_clients_tokens(g->clients, r, toks, n);
+        return;
+    }
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     const char *text = NULL;
@@ -510,6 +516,11 @@ static void sink_tokens(void *ud, const struct sched_req *r, const uint32_t *tok
 
 static void sink_done(void *ud, const struct sched_req *r)
 {
+    struct ops_generate *g = ud;
+    if (ops_generate_is_client(r->conn)) {
+        gen_clients_done(g->clients, r);
+        return;
+    }
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     int rc = ops_generate_encode_done(&sb, r);
@@ -581,6 +592,10 @@ int ops_generate_start(struct server *srv, struct kvmm *mm, struct model *m,
     int rc = exec_new(mm, m, conf, &sink, &g->ex, err, errlen);
     if (rc)
         goto fail;
+    if ((rc = gen_clients_new(server_event_base(srv), g->ex, mm, &g->clients))) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
     if ((rc = server_op_register(srv, KVD_OP_GENERATE, op_generate, g, 0)) ||
         (rc = server_op_register(srv, KVD_OP_CANCEL, op_cancel, g, 0)) ||
         (rc = server_on_close(srv, on_close, g)) || (rc = server_on_drain(srv, on_drain, g)) ||
@@ -593,6 +608,7 @@ int ops_generate_start(struct server *srv, struct kvmm *mm, struct model *m,
 fail:
     if (g->ex)
         exec_free(g->ex);
+    gen_clients_free(g->clients);
     free(g);
     return rc;
 }
@@ -602,10 +618,16 @@ struct exec *ops_generate_exec(struct ops_generate *g)
     return g->ex;
 }
 
+struct gen_clients *ops_generate_clients(struct ops_generate *g)
+{
+    return g->clients;
+}
+
 void ops_generate_stop(struct ops_generate *g)
 {
     if (!g)
         return;
     exec_free(g->ex);
+    gen_clients_free(g->clients); /* after the executor: nothing posts any more */
     free(g);
 }

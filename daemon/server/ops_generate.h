@@ -43,12 +43,76 @@ int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r);
  * (answer everything) with the server. Call before server_run. */
 struct server;
 struct ops_generate;
+struct gen_clients;
+struct event_base;
 int ops_generate_start(struct server *srv, struct kvmm *mm, struct model *m,
                        const struct exec_conf *conf, struct ops_generate **out, char *err,
                        size_t errlen);
 struct exec *ops_generate_exec(struct ops_generate *g);
+/* The generate clients other than msgpack connections (below). */
+struct gen_clients *ops_generate_clients(struct ops_generate *g);
 /* Answers whatever is still live (cancelled), stops the executor, frees g.
  * Call after server_run returned, before the model and kvmm are freed. */
 void ops_generate_stop(struct ops_generate *g);
+
+/* ---- generate clients other than msgpack connections --------------------
+ * The HTTP API (http.c) is a generate client too, without faking a msgpack
+ * connection: each of its requests gets a client id (its `conn` for the
+ * executor: bit 62 set, so it never names a connection, whose ids are
+ * small, nor an executor owner, bit 63) and callbacks that run on the loop
+ * thread, in order, the done callback last. Tokens and results come from
+ * the executor's thread through a queue of their own and an event on the
+ * loop (ops_generate_client.c). */
+#define OPS_GENERATE_CLIENT_BIT (1ull << 62)
+static inline bool ops_generate_is_client(uint64_t conn)
+{
+    return (conn & OPS_GENERATE_CLIENT_BIT) != 0;
+}
+
+/* How a client's request ended. */
+struct ops_generate_result {
+    int err; /* 0, or the enum kvd_err that ended it (errmsg says why) */
+    const char *errmsg;
+    const char *finish;   /* "length", "stop", "cancelled" (err 0) */
+    const uint32_t *toks; /* the generated tokens */
+    size_t n_toks;
+    const char *text; /* their text (NULL: a token-only model) */
+    size_t text_len;
+    uint64_t prompt, cached, completion; /* usage */
+};
+
+struct ops_generate_client {
+    void *ud;
+    /* Streaming requests: new tokens and the text they completed (text NULL
+     * on a token-only model; text_len may be 0 while a character or a
+     * possible stop string is held back). */
+    void (*tokens)(void *ud, const uint32_t *toks, size_t n, const char *text, size_t text_len);
+    /* The end; nothing is called for this client after it. */
+    void (*done)(void *ud, const struct ops_generate_result *res);
+};
+
+/* A fresh client id. Loop thread. */
+uint64_t ops_generate_client_id(struct gen_clients *gc);
+/* Builds (ops_generate_build: `args` is a generate request's map, seq mode
+ * excluded) and submits a request of client `client` for tenant/ns. 0: the
+ * callbacks will run; else an enum kvd_err with err filled and nothing
+ * will. Loop thread. */
+int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const msgpack_object *args,
+                               uint32_t tenant, uint32_t ns, const struct ops_generate_client *cb,
+                               struct proto_err *err);
+/* The client is gone (disconnect): its request is cancelled and none of its
+ * callbacks runs any more. Loop thread. */
+void ops_generate_client_drop(struct gen_clients *gc, uint64_t client);
+/* Ends the client's request with error `code` and msg (at most one step
+ * later; the done callback says so). Loop thread. */
+void ops_generate_client_abort(struct gen_clients *gc, uint64_t client, int code, const char *msg);
+
+/* For ops_generate.c: the registry and queue, and the executor-thread side. */
+int gen_clients_new(struct event_base *base, struct exec *ex, struct kvmm *mm,
+                    struct gen_clients **out);
+void gen_clients_free(struct gen_clients *gc);
+void gen_clients_tokens(struct gen_clients *gc, const struct sched_req *r, const uint32_t *toks,
+                        size_t n);
+void gen_clients_done(struct gen_clients *gc, const struct sched_req *r);
 
 #endif

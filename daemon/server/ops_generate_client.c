@@ -1,0 +1,260 @@
+/* Generate clients other than msgpack connections (ops_generate.h): a
+ * registry of live clients (loop thread only) and a queue from the
+ * executor's thread to the loop. The executor's sink copies each streamed
+ * piece and each final result into a queue item (the request is the
+ * executor's and is freed after its done call); an event on the loop hands
+ * the items to the client's callbacks, or drops them when the client has
+ * gone (ops_generate_client_drop). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "ops_generate.h"
+#include "text_out.h"
+
+#define GC_BUCKETS 256u
+
+struct gc_client {
+    struct gc_client *next; /* hash chain */
+    uint64_t id;
+    struct ops_generate_client cb;
+};
+
+struct gc_item {
+    struct gc_item *next;
+    uint64_t client;
+    bool done;
+    uint32_t *toks; /* (n_toks), in the same allocation */
+    size_t n_toks;
+    char *text; /* (text_len + 1), in the same allocation; NULL: token-only */
+    size_t text_len;
+    /* done */
+    int err;
+    char errmsg[160];
+    enum sched_finish finish;
+    uint64_t prompt, cached, completion;
+};
+
+struct gen_clients {
+    struct exec *ex;  /* not owned */
+    struct kvmm *mm;  /* not owned */
+    struct event *ev; /* the loop's side of the queue */
+    uint64_t next_id;
+    struct gc_client *buckets[GC_BUCKETS]; /* loop thread */
+    pthread_mutex_t mu;
+    struct gc_item *head, *tail; /* under mu */
+};
+
+static struct gc_client **find_slot(struct gen_clients *gc, uint64_t id)
+{
+    struct gc_client **p = &gc->buckets[(id * 0x9e3779b97f4a7c15ull) >> 56];
+    while (*p && (*p)->id != id)
+        p = &(*p)->next;
+    return p;
+}
+
+static void gc_deliver(evutil_socket_t fd, short what, void *arg)
+{
+    struct gen_clients *gc = arg;
+    pthread_mutex_lock(&gc->mu);
+    struct gc_item *it = gc->head;
+    gc->head = gc->tail = NULL;
+    pthread_mutex_unlock(&gc->mu);
+    while (it) {
+        struct gc_item *next = it->next;
+        struct gc_client **slot = find_slot(gc, it->client);
+        struct gc_client *c = *slot;
+        if (c && !it->done) {
+            c->cb.tokens(c->cb.ud, it->toks, it->n_toks, it->text, it->text_len);
+        } else if (c) {
+            *slot = c->next; /* nothing runs for it after done */
+            struct ops_generate_result res = {
+                .err = it->err,
+                .errmsg = it->errmsg,
+                .finish = it->err ? NULL : sched_finish_name(it->finish),
+                .toks = it->toks,
+                .n_toks = it->n_toks,
+                .text = it->text,
+                .text_len = it->text_len,
+                .prompt = it->prompt,
+                .cached = it->cached,
+                .completion = it->completion,
+            };
+            struct ops_generate_client cb = c->cb;
+            free(c);
+            cb.done(cb.ud, &res);
+        }
+        free(it);
+        it = next;
+    }
+}
+
+int gen_clients_new(struct event_base *base, struct exec *ex, struct kvmm *mm,
+                    struct gen_clients **out)
+{
+    struct gen_clients *gc = calloc(1, sizeof(*gc));
+    if (!gc)
+        return KVD_ENOMEM;
+    gc->ex = ex;
+    gc->mm = mm;
+    pthread_mutex_init(&gc->mu, NULL);
+    gc->ev = event_new(base, -1, 0, gc_deliver, gc);
+    if (!gc->ev) {
+        gen_clients_free(gc);
+        return KVD_ENOMEM;
+    }
+    *out = gc;
+    return 0;
+}
+
+void gen_clients_free(struct gen_clients *gc)
+{
+    if (!gc)
+        return;
+    if (gc->ev)
+        event_free(gc->ev);
+    for (struct gc_item *it = gc->head, *next; it; it = next) {
+        next = it->next;
+        free(it);
+    }
+    for (unsigned b = 0; b < GC_BUCKETS; b++)
+        for (struct gc_client *c = gc->buckets[b], *next; c; c = next) {
+            next = c->next;
+            free(c);
+        }
+    pthread_mutex_destroy(&gc->mu);
+    free(gc);
+}
+
+/* ---- the executor's side -------------------------------------------------- */
+
+/* One item with room for n tokens and text_len bytes of text (+ NUL). */
+static struct gc_item *item_new(uint64_t client, const uint32_t *toks, size_t n, const char *text,
+                                size_t text_len, bool has_text)
+{
+    size_t bytes = sizeof(struct gc_item) + n * sizeof(uint32_t) + (has_text ? text_len + 1 : 0);
+    struct gc_item *it = calloc(1, bytes);
+    if (!it)
+        return NULL;
+    it->client = client;
+    it->toks = (uint32_t *)(it + 1);
+    if (n)
+        memcpy(it->toks, toks, n * sizeof(uint32_t));
+    it->n_toks = n;
+    if (has_text) {
+        it->text = (char *)(it->toks + n);
+        if (text_len)
+            memcpy(it->text, text, text_len);
+        it->text[text_len] = '\0';
+        it->text_len = text_len;
+    }
+    return it;
+}
+
+static void push(struct gen_clients *gc, struct gc_item *it)
+{
+    pthread_mutex_lock(&gc->mu);
+    if (gc->tail)
+        gc->tail->next = it;
+    else
+        gc->head = it;
+    gc->tail = it;
+    pthread_mutex_unlock(&gc->mu);
+    event_active(gc->ev, EV_READ, 0);
+}
+
+void gen_clients_tokens(struct gen_clients *gc, const struct sched_req *r, const uint32_t *toks,
+                        size_t n)
+{
+    const char *text = NULL;
+    size_t text_len = 0;
+    if (r->text)
+        text_len = text_out_take(r->text, &text); /* the executor's thread: it owns r */
+    struct gc_item *it = item_new(r->conn, toks, n, text, text_len, r->text != NULL);
+    if (it) /* without memory a piece is lost; the final result still carries all */
+        push(gc, it);
+}
+
+void gen_clients_done(struct gen_clients *gc, const struct sched_req *r)
+{
+    size_t n_gen = r->n_toks - r->n_prompt;
+    const char *text = NULL;
+    size_t text_len = 0;
+    if (r->text && r->finish != SCHED_FINISH_ERROR)
+        text = text_out_str(r->text, &text_len);
+    struct gc_item *it =
+        item_new(r->conn, r->toks + r->n_prompt, n_gen, text, text_len, text != NULL);
+    if (!it) /* the client must hear the end: a bare error item */
+        it = item_new(r->conn, NULL, 0, NULL, 0, false);
+    if (!it)
+        return; /* nothing left: the client's request stays open until it goes */
+    it->done = true;
+    it->finish = r->finish;
+    if (r->finish == SCHED_FINISH_ERROR) {
+        it->err = r->err ? r->err : KVD_EINTERNAL;
+        snprintf(it->errmsg, sizeof(it->errmsg), "%s", r->errmsg);
+    } else if (it->n_toks != n_gen) {
+        it->err = KVD_ENOMEM;
+        strcpy(it->errmsg, "out of memory building the reply");
+    }
+    it->prompt = r->n_prompt;
+    it->cached = r->n_cached;
+    it->completion = n_gen;
+    push(gc, it);
+}
+
+/* ---- the loop's side ------------------------------------------------------ */
+
+uint64_t ops_generate_client_id(struct gen_clients *gc)
+{
+    return OPS_GENERATE_CLIENT_BIT | ++gc->next_id;
+}
+
+int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const msgpack_object *args,
+                               uint32_t tenant, uint32_t ns, const struct ops_generate_client *cb,
+                               struct proto_err *err)
+{
+    if (proto_map_find(args, "seq"))
+        return proto_err_set(err, KVD_EBADREQ, "'seq' is for msgpack connections");
+    struct ops_generate_ctx ctx = {.conn = client, .id = 1, .tenant = tenant, .ns = ns};
+    struct sched_req *r = NULL;
+    int rc = ops_generate_build(gc->ex, gc->mm, args, &ctx, &r, err);
+    if (rc)
+        return rc;
+    struct gc_client *c = calloc(1, sizeof(*c));
+    if (!c) {
+        ops_generate_discard(gc->mm, r);
+        return proto_err_set(err, KVD_ENOMEM, "out of memory");
+    }
+    c->id = client;
+    c->cb = *cb;
+    struct gc_client **slot = find_slot(gc, client);
+    c->next = *slot;
+    *slot = c;
+    if (exec_submit(gc->ex, r) != 0) {
+        *find_slot(gc, client) = c->next;
+        free(c);
+        ops_generate_discard(gc->mm, r);
+        return proto_err_set(err, KVD_ECANCELLED, "the daemon is shutting down");
+    }
+    return 0;
+}
+
+void ops_generate_client_drop(struct gen_clients *gc, uint64_t client)
+{
+    struct gc_client **slot = find_slot(gc, client);
+    if (!*slot)
+        return;
+    struct gc_client *c = *slot;
+    *slot = c->next;
+    free(c);
+    exec_cancel_conn(gc->ex, client);
+}
+
+void ops_generate_client_abort(struct gen_clients *gc, uint64_t client, int code, const char *msg)
+{
+    if (*find_slot(gc, client))
+        exec_abort_conn(gc->ex, client, code, msg);
+}
