@@ -17,6 +17,7 @@
 #include "kvmm.h"
 #include "acct.h"
 #include "log.h"
+#include "http.h"
 #include "metrics.h"
 #include "model.h"
 #include "ops_generate.h"
@@ -132,6 +133,8 @@ int main(int argc, char **argv)
     struct roofline rl;
     struct acct acct;
     struct metrics *metrics = NULL;
+    struct http_api *http = NULL; /* the OpenAI-compatible API (--http, --http-socket) */
+    char model_name[128] = "";
     roofline_init(&rl);
     acct_init(&acct);
 
@@ -273,6 +276,12 @@ int main(int argc, char **argv)
             log_err("cannot start the executor: %s", err);
             goto out_srv;
         }
+        snprintf(model_name, sizeof(model_name), "%s", mi.name);
+    }
+    if (http_start(srv, gen, model_name, &http, NULL, err, sizeof(err)) != 0) {
+        log_err("--http/--http-socket: %s", err);
+        status = 2;
+        goto out_srv;
     }
     status = server_run(srv) == 0 ? 0 : 1;
 out_srv:
@@ -280,6 +289,7 @@ out_srv:
      * connections (their close hooks reach the executor), then stop it. */
     if (gen)
         exec_drain(ops_generate_exec(gen));
+    http_stop(http);
     metrics_stop(metrics);
     server_free(srv);
     ops_generate_stop(gen);

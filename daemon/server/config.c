@@ -48,6 +48,10 @@ void config_free(struct config *cfg)
     }
     free(cfg->tenants);
     free(cfg->admin_uids);
+    if (cfg->tokens) /* secrets: not left in freed memory */
+        explicit_bzero(cfg->tokens, cfg->n_tokens * sizeof(*cfg->tokens));
+    free(cfg->tokens);
+    free(cfg->frontend_uids);
     memset(cfg, 0, sizeof(*cfg));
 }
 
@@ -211,6 +215,53 @@ static struct config_tenant *tenant_get(struct config *cfg, const char *name)
     return t;
 }
 
+/* [http] token = TENANT TOKEN. The token never appears in a message. */
+static int http_token_add(struct load_ctx *L, const char *v)
+{
+    const char *sp = v + strcspn(v, " \t");
+    size_t nl = (size_t)(sp - v);
+    const char *tok = sp + strspn(sp, " \t");
+    size_t tl = strcspn(tok, " \t");
+    char name[KVD_MAX_NAME + 1];
+    if (nl == 0 || nl > KVD_MAX_NAME) {
+        snprintf(L->err, sizeof(L->err),
+                 "[http] token: write TENANT TOKEN (a tenant name of 1-%u "
+                 "bytes, then the token)",
+                 KVD_MAX_NAME);
+        return 0;
+    }
+    memcpy(name, v, nl);
+    name[nl] = '\0';
+    if (!name_ok(name)) {
+        snprintf(L->err, sizeof(L->err),
+                 "[http] token: tenant '%s': a name is letters, digits, '-', '_' or '.'", name);
+        return 0;
+    }
+    if (tl < CONFIG_MIN_TOKEN || tl > CONFIG_MAX_TOKEN || tok[tl]) {
+        snprintf(L->err, sizeof(L->err),
+                 "[http] token for tenant '%s': the token must be one word of %d-%d bytes", name,
+                 CONFIG_MIN_TOKEN, CONFIG_MAX_TOKEN);
+        return 0;
+    }
+    for (size_t i = 0; i < L->cfg->n_tokens; i++)
+        if (!strncmp(L->cfg->tokens[i].token, tok, tl) && !L->cfg->tokens[i].token[tl]) {
+            snprintf(L->err, sizeof(L->err),
+                     "[http] token for tenant '%s': the same token is given twice", name);
+            return 0;
+        }
+    struct config_token *nv = realloc(L->cfg->tokens, (L->cfg->n_tokens + 1) * sizeof(*nv));
+    if (!nv) {
+        snprintf(L->err, sizeof(L->err), "out of memory");
+        return 0;
+    }
+    L->cfg->tokens = nv;
+    struct config_token *t = &nv[L->cfg->n_tokens++];
+    memset(t, 0, sizeof(*t));
+    memcpy(t->tenant, name, nl + 1);
+    memcpy(t->token, tok, tl);
+    return 1;
+}
+
 static int ini_cb(void *user, const char *section, const char *name_in, const char *v)
 {
     struct load_ctx *L = user;
@@ -307,6 +358,23 @@ static int ini_cb(void *user, const char *section, const char *name_in, const ch
         }
         snprintf(L->err, sizeof(L->err), "[%s] %s: %s", section, name,
                  q == 0 ? "unknown key" : "bad value");
+        return 0;
+    }
+    if (!strcmp(section, "http")) {
+        if (!strcmp(name, "token"))
+            return http_token_add(L, v);
+        snprintf(L->err, sizeof(L->err), "[http] %s: unknown key", name);
+        return 0;
+    }
+    if (!strcmp(section, "front-end")) {
+        if (!strcmp(name, "uids")) {
+            struct id_list l = {(uint32_t **)&L->cfg->frontend_uids, &L->cfg->n_frontend, false};
+            if (each_item(v, id_list_add, &l) == 0)
+                return 1;
+            snprintf(L->err, sizeof(L->err), "[front-end] uids: unknown user in '%s'", v);
+            return 0;
+        }
+        snprintf(L->err, sizeof(L->err), "[front-end] %s: unknown key", name);
         return 0;
     }
     snprintf(L->err, sizeof(L->err), "unknown section [%s]", section);
@@ -479,4 +547,70 @@ bool config_ns_allowed(const struct config *cfg, const char *tenant, const char 
                 return true;
     }
     return false;
+}
+
+/* The quotas of tenant `name`: its [tenant:NAME] section's, else [limits]. */
+static void tenant_conf_of(const struct config *cfg, const char *name, struct config_identity *id)
+{
+    memset(id, 0, sizeof(*id));
+    id->conf = cfg->defaults;
+    for (size_t i = 0; i < cfg->n_tenants; i++)
+        if (!strcmp(cfg->tenants[i].conf.name, name))
+            id->conf = cfg->tenants[i].conf;
+    snprintf(id->conf.name, sizeof(id->conf.name), "%s", name);
+}
+
+int config_resolve_token(const struct config *cfg, const char *token, struct config_identity *id)
+{
+    size_t hit = SIZE_MAX, tl = strlen(token);
+    /* Every token is compared to the end, so the time says nothing about
+     * which one (or how much of one) matched. */
+    for (size_t i = 0; i < cfg->n_tokens; i++) {
+        const char *want = cfg->tokens[i].token;
+        size_t wl = strlen(want);
+        unsigned char d = (unsigned char)(wl != tl);
+        for (size_t k = 0; k < wl; k++)
+            d |= (unsigned char)(want[k] ^ (k < tl ? token[k] : 0));
+        if (d == 0)
+            hit = i;
+    }
+    if (hit == SIZE_MAX)
+        return KVD_EPERM;
+    tenant_conf_of(cfg, cfg->tokens[hit].tenant, id);
+    return 0;
+}
+
+bool config_is_frontend(const struct config *cfg, uid_t uid)
+{
+    for (size_t i = 0; i < cfg->n_frontend; i++)
+        if (cfg->frontend_uids[i] == uid)
+            return true;
+    return false;
+}
+
+int config_resolve_sub(const struct config *cfg, const char *parent, const char *sub,
+                       size_t sub_len, struct config_identity *id, char *err, size_t errlen)
+{
+    char name[KVD_MAX_NAME + 1];
+    bool ok = sub_len > 0 && sub_len <= KVD_MAX_NAME;
+    for (size_t i = 0; ok && i < sub_len; i++) {
+        char c = sub[i];
+        ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+             c == '-' || c == '_' || c == '.';
+    }
+    if (!ok) {
+        snprintf(err, errlen, "a sub-tenant name is 1-%u letters, digits, '-', '_' or '.'",
+                 KVD_MAX_NAME);
+        return KVD_EBADREQ;
+    }
+    if (strlen(parent) + 1 + sub_len > KVD_MAX_NAME) {
+        snprintf(err, errlen, "sub-tenant '%.*s' of '%s': the name '%s/...' would pass %u bytes",
+                 (int)sub_len, sub, parent, parent, KVD_MAX_NAME);
+        return KVD_EBADREQ;
+    }
+    snprintf(name, sizeof(name), "%s/%.*s", parent, (int)sub_len, sub);
+    memset(id, 0, sizeof(*id));
+    id->conf = cfg->defaults;
+    snprintf(id->conf.name, sizeof(id->conf.name), "%s", name);
+    return 0;
 }

@@ -27,6 +27,14 @@ struct config_tenant {
     size_t n_ns;
 };
 
+/* [http] token = TENANT TOKEN: a bearer token of the HTTP API over TCP. */
+#define CONFIG_MIN_TOKEN 16
+#define CONFIG_MAX_TOKEN 255
+struct config_token {
+    char tenant[KVD_MAX_NAME + 1];
+    char token[CONFIG_MAX_TOKEN + 1];
+};
+
 struct config {
     struct kvmm_tenant_conf defaults; /* [limits]: quotas of per-uid tenants */
     bool refuse_unlisted;             /* [limits] refuse-unlisted */
@@ -34,6 +42,10 @@ struct config {
     size_t n_admin;
     struct config_tenant *tenants; /* (n_tenants) owned */
     size_t n_tenants;
+    struct config_token *tokens; /* (n_tokens) owned: [http] token */
+    size_t n_tokens;
+    uid_t *frontend_uids; /* (n_frontend) owned: [front-end] uids */
+    size_t n_frontend;
 };
 
 /* Who a peer is, after the rules. */
@@ -55,6 +67,19 @@ void config_free(struct config *cfg);
  * listing its gid, else its own tenant "uid:<uid>" with the [limits]
  * quotas; KVD_EPERM when unlisted and refuse-unlisted is set. */
 int config_resolve(const struct config *cfg, uid_t uid, gid_t gid, struct config_identity *id);
+/* The identity of an HTTP client over TCP: the tenant whose [http] token
+ * equals `token` (compared in constant time against every token), with
+ * that [tenant:NAME]'s quotas or else the [limits] ones; never an admin.
+ * KVD_EPERM when no token matches. */
+int config_resolve_token(const struct config *cfg, const char *token, struct config_identity *id);
+/* Whether uid is a trusted front end ([front-end] uids): it may name a
+ * sub-tenant per request. */
+bool config_is_frontend(const struct config *cfg, uid_t uid);
+/* The sub-tenant `sub` (sub_len bytes) of a front end whose own tenant is
+ * `parent`: "parent/sub" with the [limits] quotas, never an admin.
+ * KVD_EBADREQ (err says why) for a bad name. */
+int config_resolve_sub(const struct config *cfg, const char *parent, const char *sub,
+                       size_t sub_len, struct config_identity *id, char *err, size_t errlen);
 /* Whether tenant `name` may open sequences in shared namespace ns. */
 bool config_ns_allowed(const struct config *cfg, const char *tenant, const char *ns);
 

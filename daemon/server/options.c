@@ -2,6 +2,7 @@
  * one table. Numbers are parsed strictly (whole string, range checked);
  * sizes take K/M/G/T suffixes (powers of 1024). */
 #include "options.h"
+#include "httpd.h"
 #include "metrics.h"
 
 #include <errno.h>
@@ -103,6 +104,21 @@ const struct options_def options_defs[] = {
      NULL, 0, "open metrics connections at most"},
     {"metrics-force", NULL, OPTIONS_BOOL, F(metrics_force), 0, 0, NULL, NULL, NULL, 0,
      "allow a non-loopback --metrics address"},
+    {"http-socket", "PATH", OPTIONS_PATH, F(http_socket), 0, 0, NULL, NULL, NULL, 0,
+     "serve the OpenAI-compatible HTTP API on this Unix\n"
+     "socket (the peer's uid picks the tenant; mode 0660,\n"
+     "group --socket-group); off by default"},
+    {"http", "HOST:PORT", OPTIONS_TCP_ADDR, F(http_addr), 0, 0, NULL, NULL, NULL, 0,
+     "serve the HTTP API over TCP (loopback only; [http]\n"
+     "bearer tokens pick the tenant); off by default"},
+    {"http-force", NULL, OPTIONS_BOOL, F(http_force), 0, 0, NULL, NULL, NULL, 0,
+     "allow a non-loopback --http address"},
+    {"http-max-connections", "N", OPTIONS_U32, F(http_max_conns), 1, 1000000, NULL, "256", NULL,
+     0, "open HTTP API connections at most (per listener)"},
+    {"http-max-body", "BYTES", OPTIONS_SIZE, F(http_max_body), 1024, (uint64_t)1 << 30, NULL,
+     "8M", NULL, 0, "largest HTTP request body (413 beyond)"},
+    {"http-timeout", "S", OPTIONS_U32, F(http_timeout_s), 1, 86400, NULL, "60", NULL, 0,
+     "seconds an HTTP connection may idle or take to\nsend a request's headers and body"},
     {"roofline-probe", "yes|no", OPTIONS_BOOL, F(roofline_probe), 0, 0, NULL, "yes", NULL,
      OPTIONS_FILE_ONLY,
      "measure the backend's FLOP/s and bytes/s ceilings at start\n(about 0.3 s)"},
@@ -263,6 +279,20 @@ static int apply(const struct options_def *d, void *f, const char *v, char *err,
         uint16_t port;
         bool loopback;
         if (metrics_parse_addr(v, host, sizeof(host), &port, &loopback, err, errlen))
+            return KVD_EBADREQ;
+        if (strlen(v) >= d->cap)
+            return bad(err, errlen, "%s: longer than %zu bytes", n, d->cap - 1);
+        strcpy(f, v);
+        return 0;
+    }
+    case OPTIONS_TCP_ADDR: {
+        char host[64];
+        uint16_t port;
+        bool loopback;
+        if (!strncmp(v, "unix", 4))
+            return bad(err, errlen, "%s: '%s': give HOST:PORT (a Unix socket is --%s-socket)", n,
+                       v, n);
+        if (httpd_parse_addr(n, v, host, sizeof(host), &port, &loopback, err, errlen))
             return KVD_EBADREQ;
         if (strlen(v) >= d->cap)
             return bad(err, errlen, "%s: longer than %zu bytes", n, d->cap - 1);

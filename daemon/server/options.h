@@ -48,6 +48,15 @@ struct options {
     char metrics_group[64];        /* group of a unix: metrics socket (mode 0660); "": 0600 */
     char metrics_token_file[4096]; /* bearer token required by the metrics endpoint; "": none */
     uint32_t metrics_max_conns;    /* open metrics connections at most */
+    /* The OpenAI-compatible HTTP API (http.c): a Unix socket and/or a TCP
+     * address (loopback unless http_force), its open connections, the
+     * largest request body (bytes) and the idle/header timeout (s). */
+    char http_socket[108];
+    char http_addr[80];
+    bool http_force;
+    uint32_t http_max_conns;
+    uint64_t http_max_body;
+    uint32_t http_timeout_s;
     bool roofline_probe;   /* measure the backend's ceilings at start (default on) */
     bool help, version;
 };
@@ -71,6 +80,7 @@ enum options_kind {
     OPTIONS_CHOICE,   /* one of `choices` ("a|b|c"): the index into an int-sized enum */
     OPTIONS_LOG_LEVEL,
     OPTIONS_METRICS,  /* unix[:PATH] or HOST:PORT (metrics_parse_addr) */
+    OPTIONS_TCP_ADDR, /* HOST:PORT (httpd_parse_addr, no unix:) */
 };
 /* Where a setting may be given (both when neither flag is set). */
 #define OPTIONS_CLI_ONLY 1u  /* not a config key (--config, --help, ...) */

@@ -67,6 +67,11 @@ struct event_base *server_event_base(struct server *srv)
     return srv->base;
 }
 
+const struct config *server_config(const struct server *srv)
+{
+    return &srv->cfg;
+}
+
 const struct options *server_options(const struct server *srv)
 {
     return &srv->opts;
@@ -248,6 +253,43 @@ static struct conn *conn_find(struct server *srv, uint64_t id)
 
 /* Decodes and runs one request whose payload is p[0..len). Returns false
  * when the connection must close (the message could not be parsed). */
+/* A request's `tenant` argument: a trusted front end ([front-end] uids)
+ * runs it as its sub-tenant "<its tenant>/<tenant>" (registered with the
+ * [limits] quotas, its own namespace); anyone else gets permission_denied.
+ * Fills who (name into name_buf). 0 or an error with e filled. */
+static int server_sub_tenant(struct server *srv, struct conn *c, const msgpack_object *tn,
+                             struct ops_caller *who, char *name_buf, struct proto_err *e)
+{
+    struct config_identity id;
+    char msg[200];
+    if (tn->type != MSGPACK_OBJECT_STR)
+        return proto_err_set(e, KVD_EBADREQ, "'tenant' must be a string");
+    if (!config_is_frontend(&srv->cfg, c->uid))
+        return proto_err_set(e, KVD_EPERM,
+                             "'tenant': uid %u is not a trusted front end ([front-end] uids)",
+                             (unsigned)c->uid);
+    if (config_resolve_sub(&srv->cfg, c->tenant_name, tn->via.str.ptr, tn->via.str.size, &id, msg,
+                           sizeof(msg)))
+        return proto_err_set(e, KVD_EBADREQ, "'tenant': %s", msg);
+    char nsname[KVD_MAX_NAME + 16];
+    snprintf(nsname, sizeof(nsname), "tenant:%s", id.conf.name);
+    kvmm_lock(srv->mm);
+    int rc = kvmm_tenant_set(srv->mm, &id.conf, &who->tenant);
+    if (rc == 0)
+        rc = kvmm_namespace(srv->mm, nsname, &who->ns);
+    if (rc)
+        proto_err_set(e, rc, "'tenant' %s: %s", id.conf.name, kvmm_errmsg(srv->mm));
+    kvmm_unlock(srv->mm);
+    if (rc)
+        return rc;
+    if (server_tenant_note(srv, id.conf.name, who->tenant) != 0)
+        return proto_err_set(e, KVD_ENOMEM, "out of memory");
+    snprintf(name_buf, KVD_MAX_NAME + 1, "%s", id.conf.name);
+    who->tenant_name = name_buf;
+    who->admin = false;
+    return 0;
+}
+
 static bool conn_dispatch_cb(void *ctx, struct conn *c, const uint8_t *p, size_t len)
 {
     struct server *srv = ctx;
@@ -284,6 +326,12 @@ static bool conn_dispatch_cb(void *ctx, struct conn *c, const uint8_t *p, size_t
                              .ns = c->ns,
                              .tenant_name = c->tenant_name,
                              .admin = c->admin};
+    char sub_name[KVD_MAX_NAME + 1];
+    const msgpack_object *tn = proto_map_find(m.root, "tenant");
+    if (tn && (rc = server_sub_tenant(srv, c, tn, &who, sub_name, &e))) {
+        conn_send_error(c, id, rc, e.message);
+        goto out;
+    }
     if (ops_run(&srv->host, ent, &who, id, m.root, conn_reply_buf(c)) == OPS_PENDING &&
         conn_pending_add(c, id) != 0)
         log_err("conn %llu: out of memory tracking request %llu", (unsigned long long)c->id,

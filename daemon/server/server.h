@@ -76,6 +76,9 @@ struct server_obs {
 void server_get_obs(struct server *srv, struct server_obs *out);
 /* The loop's event base (to add listeners to it) and the settings. */
 struct event_base *server_event_base(struct server *srv);
+/* The access rules in force (SIGHUP replaces their contents, never the
+ * pointer): the HTTP API resolves its peers with them. Loop thread. */
+const struct config *server_config(const struct server *srv);
 const struct options *server_options(const struct server *srv);
 
 /* Registers (or replaces) the handler of an op; see ops.h. Not thread-safe:

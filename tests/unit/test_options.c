@@ -113,6 +113,10 @@ static void samples(const struct options_def *d, char *ok, char *bad_v, size_t c
         snprintf(ok, cap, "127.0.0.1:9464");
         snprintf(bad_v, cap, "nowhere");
         break;
+    case OPTIONS_TCP_ADDR:
+        snprintf(ok, cap, "127.0.0.1:8080");
+        snprintf(bad_v, cap, "unix:/tmp/x.sock");
+        break;
     }
 }
 

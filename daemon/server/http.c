@@ -1,0 +1,651 @@
+/* http: the OpenAI-compatible API's listeners, routing, identity, limits
+ * and replies (see http.h; the JSON is openai.c's). Everything runs on the
+ * server's loop thread: evhttp calls on_request there, and the executor's
+ * results arrive there through ops_generate_client's queue.
+ *
+ * A request's life: identity (peer uid, or bearer token over TCP; a front
+ * end may name a sub-tenant with X-Kvd-Tenant), the tenant's in-flight
+ * limit, the body parsed into generate arguments, submitted as a generate
+ * client; a streaming reply starts at once (SSE headers) and gets a chunk
+ * per batch of tokens; the done callback finishes the reply. A connection
+ * that closes first (evhttp's close callback) drops the client: its
+ * generate is cancelled and no callback runs for it again. */
+#include "http.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "config.h"
+#include "exec.h"
+#include "httpd.h"
+#include "log.h"
+#include "openai.h"
+#include "ops_generate.h"
+#include "proto.h"
+#include "server.h"
+
+struct http_api;
+
+/* One listener's view: which API, and whether it is TCP (bearer tokens). */
+struct http_listener {
+    struct http_api *api;
+    struct httpd *httpd;
+    bool tcp;
+};
+
+/* Requests in flight per tenant on the HTTP side (max-queued-per-tenant;
+ * the msgpack side's count is the server's, checked too). */
+struct http_tenant {
+    uint32_t id;
+    uint32_t n;
+};
+
+/* A generate request in flight. Owned by the api's list from submission to
+ * its end (done callback, or the connection closing first). */
+struct http_req {
+    struct http_req *prev, *next;
+    struct http_api *api;
+    struct evhttp_request *req; /* evhttp's; NULL once the connection is gone */
+    struct evhttp_connection *evcon;
+    uint64_t client;
+    uint32_t tenant;
+    enum openai_kind kind;
+    bool stream, include_usage;
+    bool overflow;               /* the client stopped reading: its generate was ended */
+    bool role_sent;              /* chat stream: the first chunk (with the role) went out */
+    size_t text_sent, toks_sent; /* streamed so far */
+    uint64_t created;
+    char id[48];
+};
+
+struct http_api {
+    struct server *srv;
+    struct kvmm *mm;
+    struct gen_clients *gc; /* NULL in store mode */
+    uint32_t n_ctx;
+    char model[128];
+    uint64_t created;
+    struct http_listener unix_l, tcp_l;
+    struct http_req *live;       /* requests in flight */
+    struct http_tenant *tenants; /* (n_tenants) */
+    size_t n_tenants;
+    uint64_t n_requests; /* ids of responses */
+};
+
+/* ---- replies -------------------------------------------------------------- */
+
+static void send_json(struct evhttp_request *req, int status, const char *json, size_t len)
+{
+    struct evbuffer *b = evbuffer_new();
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Type", "application/json");
+    if (b && evbuffer_add(b, json, len) == 0) {
+        evhttp_send_reply(req, status, NULL, b);
+    } else {
+        evhttp_send_error(req, 503, "out of memory");
+    }
+    if (b)
+        evbuffer_free(b);
+}
+
+static void send_err(struct evhttp_request *req, const struct openai_err *e)
+{
+    size_t len = 0;
+    char *body = openai_error_body(e, &len);
+    if (e->status == 401)
+        evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate",
+                          "Bearer realm=\"kvd\"");
+    if (body) {
+        send_json(req, e->status, body, len);
+        free(body);
+    } else {
+        evhttp_send_error(req, 503, "out of memory");
+    }
+}
+
+/* ---- identity ------------------------------------------------------------- */
+
+struct http_who {
+    uint32_t tenant, ns;
+    char name[KVD_MAX_NAME + 1];
+};
+
+/* Registers the tenant of identity id with kvmm (quotas, namespace). */
+static int who_register(struct http_api *a, const struct config_identity *id, struct http_who *who,
+                        struct openai_err *e)
+{
+    char nsname[KVD_MAX_NAME + 16];
+    snprintf(nsname, sizeof(nsname), "tenant:%s", id->conf.name);
+    kvmm_lock(a->mm);
+    int rc = kvmm_tenant_set(a->mm, &id->conf, &who->tenant);
+    if (rc == 0)
+        rc = kvmm_namespace(a->mm, nsname, &who->ns);
+    if (rc)
+        openai_err_from_kvd(e, rc, kvmm_errmsg(a->mm));
+    kvmm_unlock(a->mm);
+    snprintf(who->name, sizeof(who->name), "%s", id->conf.name);
+    return rc ? -1 : 0;
+}
+
+/* Who sent req: on the Unix socket the peer's uid (and, for a front end,
+ * the X-Kvd-Tenant it names); over TCP the bearer token's tenant. 0, or -1
+ * with e filled (401, 403, 400). */
+static int identify(struct http_listener *l, struct evhttp_request *req, struct http_who *who,
+                    struct openai_err *e)
+{
+    struct http_api *a = l->api;
+    const struct config *cfg = server_config(a->srv);
+    struct config_identity id;
+    const char *sub = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Kvd-Tenant");
+    if (l->tcp) {
+        const char *tok = httpd_bearer(req);
+        if (!tok || config_resolve_token(cfg, tok, &id) != 0) {
+            openai_err_set(e, 401, "authentication_error", "invalid_api_key",
+                           "%s: over TCP, send 'Authorization: Bearer TOKEN' with a token "
+                           "of the [http] section of kvd's configuration",
+                           tok ? "unknown bearer token" : "no bearer token");
+            return -1;
+        }
+        if (sub) {
+            openai_err_set(e, 403, "permission_error", "permission_denied",
+                           "X-Kvd-Tenant: only trusted front ends on the Unix socket may name "
+                           "a tenant");
+            return -1;
+        }
+        return who_register(a, &id, who, e);
+    }
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    struct ucred cred;
+    socklen_t clen = sizeof(cred);
+    if (!bev || getsockopt(bufferevent_getfd(bev), SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
+        openai_err_set(e, 403, "permission_error", "permission_denied",
+                       "cannot identify the peer (SO_PEERCRED)");
+        return -1;
+    }
+    if (config_resolve(cfg, cred.uid, cred.gid, &id) != 0) {
+        openai_err_set(e, 403, "permission_error", "permission_denied",
+                       "uid %u is not allowed by the configuration", (unsigned)cred.uid);
+        return -1;
+    }
+    if (sub) {
+        char msg[200];
+        if (!config_is_frontend(cfg, cred.uid)) {
+            openai_err_set(e, 403, "permission_error", "permission_denied",
+                           "X-Kvd-Tenant: uid %u is not a trusted front end ([front-end] uids)",
+                           (unsigned)cred.uid);
+            return -1;
+        }
+        struct config_identity parent = id;
+        if (config_resolve_sub(cfg, parent.conf.name, sub, strlen(sub), &id, msg, sizeof(msg))) {
+            openai_err_set(e, 400, "invalid_request_error", "bad_request", "X-Kvd-Tenant: %s", msg);
+            return -1;
+        }
+    }
+    return who_register(a, &id, who, e);
+}
+
+/* ---- per-tenant limit ----------------------------------------------------- */
+
+static struct http_tenant *tenant_slot(struct http_api *a, uint32_t id, bool add)
+{
+    for (size_t i = 0; i < a->n_tenants; i++)
+        if (a->tenants[i].id == id)
+            return &a->tenants[i];
+    if (!add)
+        return NULL;
+    struct http_tenant *nv = realloc(a->tenants, (a->n_tenants + 1) * sizeof(*nv));
+    if (!nv)
+        return NULL;
+    a->tenants = nv;
+    nv[a->n_tenants] = (struct http_tenant){.id = id, .n = 0};
+    return &nv[a->n_tenants++];
+}
+
+/* ---- generate requests ------------------------------------------------------ */
+
+static void hreq_unlink(struct http_req *r)
+{
+    struct http_api *a = r->api;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        a->live = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    struct http_tenant *t = tenant_slot(a, r->tenant, false);
+    if (t && t->n)
+        t->n--;
+}
+
+/* Ends r's bookkeeping once its reply is sent or its connection is gone. */
+static void hreq_free(struct http_req *r)
+{
+    if (r->evcon && r->req)
+        evhttp_connection_set_closecb(r->evcon, NULL, NULL);
+    hreq_unlink(r);
+    free(r);
+}
+
+/* The connection closed before the reply was done: cancel the generate.
+ * evhttp keeps a request whose reply was not finished (it no longer belongs
+ * to the connection) for its user to free; one still attached is freed
+ * with the connection. */
+static void on_conn_close(struct evhttp_connection *evcon, void *arg)
+{
+    struct http_req *r = arg;
+    log_debug("http: request %s: the client closed the connection; its generate is cancelled",
+              r->id);
+    if (r->api->gc)
+        ops_generate_client_drop(r->api->gc, r->client);
+    if (r->req && !evhttp_request_get_connection(r->req))
+        evhttp_request_free(r->req);
+    r->req = NULL;
+    hreq_free(r);
+}
+
+/* One "data: JSON\n\n" event. */
+static void sse_send(struct http_req *r, const char *json, size_t len)
+{
+    struct evbuffer *b = evbuffer_new();
+    if (!b)
+        return;
+    if (evbuffer_add(b, "data: ", 6) == 0 && evbuffer_add(b, json, len) == 0 &&
+        evbuffer_add(b, "\n\n", 2) == 0)
+        evhttp_send_reply_chunk(r->req, b);
+    evbuffer_free(b);
+}
+
+/* After a chunk: a client that does not read is bounded like a msgpack
+ * connection (max-unread-output); its generate ends with busy. */
+static void check_unread(struct http_req *r)
+{
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(r->evcon);
+    size_t unread = bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
+    uint64_t lim = server_options(r->api->srv)->max_unread_output;
+    if (!r->overflow && unread > lim) {
+        char msg[160];
+        snprintf(msg, sizeof(msg),
+                 "the client did not read its output: %zu bytes unread, over "
+                 "max-unread-output (%llu)",
+                 unread, (unsigned long long)lim);
+        log_notice("http: request %s: %s; ending its generate", r->id, msg);
+        r->overflow = true;
+        ops_generate_client_abort(r->api->gc, r->client, KVD_EBUSY, msg);
+    }
+}
+
+static void on_tokens(void *ud, const uint32_t *toks, size_t n, const char *text, size_t text_len)
+{
+    struct http_req *r = ud;
+    if (!r->req || r->overflow || !r->stream)
+        return;
+    struct openai_out o = {
+        .kind = r->kind,
+        .id = r->id,
+        .model = r->api->model,
+        .created = r->created,
+        .text = text,
+        .text_len = text_len,
+        .toks = toks,
+        .n_toks = n,
+        .role = r->kind == OPENAI_CHAT && !r->role_sent,
+    };
+    size_t len = 0;
+    char *json = openai_render(&o, true, &len);
+    if (!json)
+        return; /* no memory: the piece is lost, the stream goes on */
+    sse_send(r, json, len);
+    free(json);
+    r->role_sent = true;
+    r->text_sent += text_len;
+    r->toks_sent += n;
+    check_unread(r);
+}
+
+static void on_done(void *ud, const struct ops_generate_result *res)
+{
+    struct http_req *r = ud;
+    if (!r->req) {
+        hreq_free(r);
+        return;
+    }
+    struct openai_err e;
+    bool failed = res->err != 0 || !strcmp(res->finish, "cancelled");
+    if (res->err)
+        openai_err_from_kvd(&e, res->err, res->errmsg);
+    else if (failed)
+        openai_err_from_kvd(&e, KVD_ECANCELLED, "cancelled: the daemon is shutting down");
+    struct openai_out o = {
+        .kind = r->kind,
+        .id = r->id,
+        .model = r->api->model,
+        .created = r->created,
+        .finish = res->finish,
+        .prompt_tokens = res->prompt,
+        .cached_tokens = res->cached,
+        .completion_tokens = res->completion,
+    };
+    size_t len = 0;
+    char *json = NULL;
+    if (!r->stream) {
+        if (failed) {
+            send_err(r->req, &e);
+        } else {
+            o.text = res->text;
+            o.text_len = res->text_len;
+            o.toks = res->toks;
+            o.n_toks = res->n_toks;
+            o.usage = true;
+            json = openai_render(&o, false, &len);
+            if (json) {
+                send_json(r->req, 200, json, len);
+            } else {
+                openai_err_from_kvd(&e, KVD_ENOMEM, "out of memory building the reply");
+                send_err(r->req, &e);
+            }
+        }
+    } else {
+        if (failed) {
+            json = openai_error_body(&e, &len);
+            if (json)
+                sse_send(r, json, len);
+        } else {
+            /* The rest: text held back for a possible stop string, tokens
+             * not streamed yet, and the finish reason. */
+            if (res->text && res->text_len > r->text_sent) {
+                o.text = res->text + r->text_sent;
+                o.text_len = res->text_len - r->text_sent;
+            }
+            if (res->n_toks > r->toks_sent) {
+                o.toks = res->toks + r->toks_sent;
+                o.n_toks = res->n_toks - r->toks_sent;
+            }
+            o.role = r->kind == OPENAI_CHAT && !r->role_sent;
+            json = openai_render(&o, true, &len);
+            if (json)
+                sse_send(r, json, len);
+            if (json && r->include_usage) {
+                free(json);
+                struct openai_out u = o;
+                u.no_choices = true;
+                u.usage = true;
+                json = openai_render(&u, true, &len);
+                if (json)
+                    sse_send(r, json, len);
+            }
+        }
+        free(json);
+        json = NULL;
+        struct evbuffer *b = evbuffer_new();
+        if (b && evbuffer_add(b, "data: [DONE]\n\n", 14) == 0)
+            evhttp_send_reply_chunk(r->req, b);
+        if (b)
+            evbuffer_free(b);
+        evhttp_send_reply_end(r->req);
+    }
+    free(json);
+    hreq_free(r);
+}
+
+/* The body, as one contiguous block. */
+static const char *body_of(struct evhttp_request *req, size_t *len)
+{
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    *len = evbuffer_get_length(in);
+    const char *p = (const char *)evbuffer_pullup(in, -1);
+    return p ? p : "";
+}
+
+static void handle_generate(struct http_listener *l, struct evhttp_request *req,
+                            enum openai_kind kind, const struct http_who *who)
+{
+    struct http_api *a = l->api;
+    struct openai_err e;
+    if (!a->gc) {
+        openai_err_set(&e, 503, "server_error", "unsupported",
+                       "no model loaded: kvd runs in store mode (start it with --model)");
+        send_err(req, &e);
+        return;
+    }
+    size_t len;
+    const char *body = body_of(req, &len);
+    struct openai_req oq;
+    if (openai_parse(kind, body, len, a->n_ctx, &oq, &e) != 0) {
+        send_err(req, &e);
+        return;
+    }
+    /* In flight per tenant: the msgpack side's count and this side's. */
+    struct proto_err pe = {0};
+    uint32_t lim = server_options(a->srv)->max_queued_per_tenant;
+    struct http_tenant *t = tenant_slot(a, who->tenant, true);
+    if (server_queue_admit(a->srv, NULL, who->tenant, &pe) != 0) {
+        openai_err_from_kvd(&e, pe.code, pe.message);
+        goto fail;
+    }
+    if (!t || t->n >= lim) {
+        openai_err_from_kvd(&e, t ? KVD_EBUSY : KVD_ENOMEM, "");
+        if (t)
+            snprintf(e.message, sizeof(e.message),
+                     "tenant '%s' has %u HTTP requests in flight, the limit "
+                     "(max-queued-per-tenant = %u)",
+                     who->name, t->n, lim);
+        goto fail;
+    }
+    struct proto_msg m;
+    if (proto_msg_parse(&m, oq.args.data, oq.args.size, &pe) != 0) {
+        openai_err_from_kvd(&e, pe.code, pe.message);
+        goto fail;
+    }
+    struct http_req *r = calloc(1, sizeof(*r));
+    if (!r) {
+        proto_msg_free(&m);
+        openai_err_from_kvd(&e, KVD_ENOMEM, "out of memory");
+        goto fail;
+    }
+    r->api = a;
+    r->req = req;
+    r->evcon = evhttp_request_get_connection(req);
+    r->kind = kind;
+    r->stream = oq.stream;
+    r->include_usage = oq.include_usage;
+    r->tenant = who->tenant;
+    r->created = (uint64_t)time(NULL);
+    r->client = ops_generate_client_id(a->gc);
+    snprintf(r->id, sizeof(r->id), "%s-kvd%" PRIu64, kind == OPENAI_CHAT ? "chatcmpl" : "cmpl",
+             ++a->n_requests);
+    struct ops_generate_client cb = {.ud = r, .tokens = on_tokens, .done = on_done};
+    int rc = ops_generate_client_submit(a->gc, r->client, m.root, who->tenant, who->ns, &cb, &pe);
+    proto_msg_free(&m);
+    if (rc) {
+        free(r);
+        openai_err_from_kvd(&e, rc, pe.message);
+        goto fail;
+    }
+    openai_req_free(&oq);
+    r->next = a->live;
+    if (a->live)
+        a->live->prev = r;
+    a->live = r;
+    t->n++;
+    evhttp_connection_set_closecb(r->evcon, on_conn_close, r);
+    if (r->stream) {
+        struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+        evhttp_add_header(h, "Content-Type", "text/event-stream");
+        evhttp_add_header(h, "Cache-Control", "no-cache");
+        evhttp_send_reply_start(req, 200, "OK");
+    }
+    return;
+fail:
+    openai_req_free(&oq);
+    send_err(req, &e);
+}
+
+/* ---- routing -------------------------------------------------------------- */
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+    struct http_listener *l = arg;
+    struct http_api *a = l->api;
+    struct openai_err e;
+    const char *uri = evhttp_request_get_uri(req);
+    size_t plen = strcspn(uri, "?#");
+    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    httpd_served(l->httpd);
+#define PATH_IS(p) (plen == sizeof(p) - 1 && !strncmp(uri, p, plen))
+    bool health = PATH_IS("/health"), models = PATH_IS("/v1/models"),
+         compl = PATH_IS("/v1/completions"), chat = PATH_IS("/v1/chat/completions");
+#undef PATH_IS
+    if (!health && !models && !compl &&!chat) {
+        openai_err_set(&e, 404, "invalid_request_error", "not_found",
+                       "no such endpoint: kvd serves /v1/completions, /v1/chat/completions, "
+                       "/v1/models and /health");
+        send_err(req, &e);
+        return;
+    }
+    bool get = cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD;
+    if ((health || models) != get || (!get && cmd != EVHTTP_REQ_POST)) {
+        openai_err_set(&e, 405, "invalid_request_error", "method_not_allowed", "%s takes %s",
+                       health   ? "/health"
+                       : models ? "/v1/models"
+                                : "this endpoint",
+                       health || models ? "GET" : "POST");
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
+                          health || models ? "GET, HEAD" : "POST");
+        send_err(req, &e);
+        return;
+    }
+    if (health) { /* no identity: a liveness probe */
+        const char *s = a->gc ? "{\"status\":\"ok\"}" : "{\"status\":\"ok\",\"model\":null}";
+        send_json(req, 200, s, strlen(s));
+        return;
+    }
+    struct http_who who;
+    if (identify(l, req, &who, &e) != 0) {
+        send_err(req, &e);
+        return;
+    }
+    if (models) {
+        size_t len = 0;
+        char *json = a->gc ? openai_models(a->model, a->created, &len)
+                           : strdup("{\"object\":\"list\",\"data\":[]}");
+        if (json && !a->gc)
+            len = strlen(json);
+        if (json) {
+            send_json(req, 200, json, len);
+            free(json);
+        } else {
+            openai_err_from_kvd(&e, KVD_ENOMEM, "out of memory");
+            send_err(req, &e);
+        }
+        return;
+    }
+    handle_generate(l, req, compl ? OPENAI_COMPLETION : OPENAI_CHAT, &who);
+}
+
+/* ---- start / stop --------------------------------------------------------- */
+
+static int listener_start(struct http_api *a, struct http_listener *l, const char *addr, bool tcp,
+                          uint16_t *port, char *err, size_t errlen)
+{
+    const struct options *o = server_options(a->srv);
+    struct httpd_conf hc = {
+        .what = "http",
+        .addr = addr,
+        .force = o->http_force,
+        .force_hint = "the API serves anyone holding a token there; add --http-force to "
+                      "serve it anyway",
+        .group = o->socket_group,
+        .mode = 0660,
+        .max_conns = o->http_max_conns,
+    };
+    l->api = a;
+    l->tcp = tcp;
+    int rc = httpd_new(server_event_base(a->srv), &hc, &l->httpd);
+    if (rc)
+        return rc;
+    struct evhttp *http = httpd_evhttp(l->httpd);
+    evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST);
+    evhttp_set_max_headers_size(http, 16384);
+    evhttp_set_max_body_size(http, (ev_ssize_t)o->http_max_body);
+    evhttp_set_timeout(http, (int)o->http_timeout_s);
+    evhttp_set_default_content_type(http, "application/json");
+    evhttp_set_gencb(http, on_request, l);
+    return httpd_listen(l->httpd, port, err, errlen);
+}
+
+int http_start(struct server *srv, struct ops_generate *gen, const char *model,
+               struct http_api **out, uint16_t *tcp_port, char *err, size_t errlen)
+{
+    const struct options *o = server_options(srv);
+    *out = NULL;
+    if (!o->http_socket[0] && !o->http_addr[0])
+        return 0;
+    struct http_api *a = calloc(1, sizeof(*a));
+    if (!a)
+        return KVD_ENOMEM;
+    a->srv = srv;
+    struct server_obs obs;
+    server_get_obs(srv, &obs);
+    a->mm = obs.mm;
+    a->gc = gen ? ops_generate_clients(gen) : NULL;
+    a->n_ctx = gen ? exec_hparams(ops_generate_exec(gen))->n_ctx : 0;
+    a->created = (uint64_t)time(NULL);
+    snprintf(a->model, sizeof(a->model), "%s", model && model[0] ? model : "kvd");
+    int rc = 0;
+    char addr[120];
+    if (o->http_socket[0]) {
+        snprintf(addr, sizeof(addr), "unix:%s", o->http_socket);
+        if ((rc = listener_start(a, &a->unix_l, addr, false, NULL, err, errlen)))
+            goto fail;
+        log_info("http: serving the OpenAI API on the unix socket %s (e.g. curl --unix-socket "
+                 "%s http://localhost/v1/models)",
+                 o->http_socket, o->http_socket);
+    }
+    if (o->http_addr[0]) {
+        uint16_t port = 0;
+        if ((rc = listener_start(a, &a->tcp_l, o->http_addr, true, &port, err, errlen)))
+            goto fail;
+        if (tcp_port)
+            *tcp_port = port;
+        log_info("http: serving the OpenAI API on %s (port %u; bearer tokens from [http])",
+                 o->http_addr, port);
+        if (server_config(srv)->n_tokens == 0)
+            log_notice("http: no [http] token in the configuration: every TCP request will "
+                       "be refused (401)");
+    }
+    *out = a;
+    return 0;
+fail:
+    http_stop(a);
+    return rc;
+}
+
+void http_stop(struct http_api *a)
+{
+    if (!a)
+        return;
+    /* Requests in flight: their generates are cancelled and their callbacks
+     * never run; evhttp frees the requests with their connections. */
+    while (a->live) {
+        struct http_req *r = a->live;
+        if (a->gc)
+            ops_generate_client_drop(a->gc, r->client);
+        hreq_free(r);
+    }
+    httpd_free(a->unix_l.httpd);
+    httpd_free(a->tcp_l.httpd);
+    free(a->tenants);
+    free(a);
+}
