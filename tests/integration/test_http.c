@@ -1,0 +1,601 @@
+/* The OpenAI-compatible HTTP API against a real kvd serving a small random
+ * model with the ChatML template, through curl (a client no one here
+ * wrote) on the Unix socket and over TCP: answers equal the msgpack
+ * generate's at temperature 0 (tokens, text, chat, streaming), usage, the
+ * error mapping (400/401/403/404/405/413/429), bearer tokens, trusted front
+ * ends' sub-tenants (private prefix namespaces; the msgpack `tenant` arg),
+ * keep-alive and pipelining, and a client closing mid-stream cancelling
+ * its generate. Skipped (77) without curl. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "kvd_harness.h"
+
+#define TOKEN "test-token-0123456789abcdef"
+
+static char g_dir[64], g_model[128];
+static struct kh_proc *g_d;
+static unsigned g_port;
+static uint64_t g_id;
+
+/* Runs a shell command and returns its stdout (malloc'd). */
+static char *run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *run(const char *fmt, ...)
+{
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    for (size_t k; (k = fread(buf + n, 1, cap - n - 1, p)) > 0;) {
+        n += k;
+        if (n + 1 == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            assert_non_null(buf);
+        }
+    }
+    buf[n] = '\0';
+    pclose(p);
+    return buf;
+}
+
+/* curl on the Unix socket (or TCP when tcp): POST body to path (GET when
+ * body is NULL) with extra header arguments; returns the body, *status the
+ * HTTP status. */
+static char *curl(bool tcp, const char *path, const char *body, const char *extra, int *status)
+{
+    char target[256];
+    if (tcp)
+        snprintf(target, sizeof(target), "http://127.0.0.1:%u%s", g_port, path);
+    else
+        snprintf(target, sizeof(target), "--unix-socket %s/http.sock http://localhost%s", g_dir,
+                 path);
+    char bodyfile[128] = "";
+    if (body) {
+        snprintf(bodyfile, sizeof(bodyfile), "%s/body.json", g_dir);
+        FILE *f = fopen(bodyfile, "w");
+        assert_non_null(f);
+        fputs(body, f);
+        fclose(f);
+    }
+    char *out =
+        run("curl -sS -N -w '\\n%%{http_code}' %s %s%s %s", extra ? extra : "",
+            body ? "-H 'Content-Type: application/json' --data-binary @" : "", bodyfile, target);
+    char *nl = strrchr(out, '\n');
+    assert_non_null(nl);
+    *status = atoi(nl + 1);
+    *nl = '\0';
+    return out;
+}
+
+static json_t *json_ok(const char *s)
+{
+    json_error_t e;
+    json_t *j = json_loads(s, 0, &e);
+    if (!j)
+        fail_msg("not JSON (%s): %s", e.text, s);
+    return j;
+}
+
+/* The msgpack generate's answer for a prompt map entry packed by fn. */
+struct gen_ref {
+    uint32_t toks[512];
+    size_t n;
+    char text[4096];
+    uint64_t prompt;
+};
+
+static void msgpack_generate(const char *key, const void *prompt, size_t n_prompt, uint32_t max,
+                             struct gen_ref *out)
+{
+    int fd = kh_connect(g_d->sock);
+    assert_true(fd >= 0);
+    struct kh_req q;
+    struct kh_reply r;
+    kh_req_begin(&q, "generate", ++g_id, 3);
+    if (!strcmp(key, "tokens")) {
+        proto_pack_kv_u32_array(&q.pk, "tokens", prompt, n_prompt);
+    } else if (!strcmp(key, "text")) {
+        proto_pack_kv_str(&q.pk, "text", prompt);
+    } else { /* messages: one user message */
+        proto_pack_str(&q.pk, "messages");
+        proto_pack_array(&q.pk, 1);
+        proto_pack_map(&q.pk, 2);
+        proto_pack_kv_str(&q.pk, "role", "user");
+        proto_pack_kv_str(&q.pk, "content", prompt);
+    }
+    proto_pack_kv_uint(&q.pk, "max_tokens", max);
+    proto_pack_kv_double(&q.pk, "temperature", 0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
+    kh_expect(&r, 0);
+    const msgpack_object *t = kh_obj(r.root, "tokens");
+    out->n = t->via.array.size;
+    for (size_t i = 0; i < out->n; i++)
+        out->toks[i] = (uint32_t)t->via.array.ptr[i].via.u64;
+    const msgpack_object *tx = kh_obj(r.root, "text");
+    snprintf(out->text, sizeof(out->text), "%.*s", (int)tx->via.str.size, tx->via.str.ptr);
+    out->prompt = kh_u64(kh_obj(r.root, "usage"), "prompt");
+    kh_reply_free(&r);
+    close(fd);
+}
+
+static void expect_tokens(json_t *arr, const struct gen_ref *ref)
+{
+    assert_int_equal(json_array_size(arr), ref->n);
+    for (size_t i = 0; i < ref->n; i++)
+        assert_int_equal(json_integer_value(json_array_get(arr, i)), ref->toks[i]);
+}
+
+/* ---- fixture ---------------------------------------------------------------- */
+
+static const char g_conf[] = "[http]\n"
+                             "token = alpha " TOKEN "\n"
+                             "[front-end]\n"
+                             "uids = 0\n";
+
+static int setup(void **state)
+{
+    const char *tools = getenv("KVD_TOOLS_DIR");
+    char cmd[1024];
+    if (system("curl --version >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "curl is not installed: skipped\n");
+        exit(77);
+    }
+    snprintf(g_dir, sizeof(g_dir), "/tmp/kvd-http.XXXXXX");
+    if (!tools || !mkdtemp(g_dir))
+        return -1;
+    snprintf(g_model, sizeof(g_model), "%s/m.gguf", g_dir);
+    snprintf(cmd, sizeof(cmd),
+             "%s/kvd-gguf-gen -o %s --layers 4 --embd 256 --heads 8 --kv-heads 4 --ff 512 "
+             "--vocab 512 --ctx 8192 --seed 3 --chat-template %s/tests/text/templates/chatml.jinja"
+             " >/dev/null",
+             tools, g_model, KVD_SOURCE_DIR);
+    if (system(cmd) != 0)
+        return -1;
+    char sock[128];
+    snprintf(sock, sizeof(sock), "%s/http.sock", g_dir);
+    const char *const args[] = {"--backend",
+                                "cpu",
+                                "--model",
+                                g_model,
+                                "--http-socket",
+                                sock,
+                                "--http",
+                                "127.0.0.1:0",
+                                "--http-max-body",
+                                "4096",
+                                "--max-queued-per-tenant",
+                                "1",
+                                "--log-level",
+                                "info",
+                                "--no-roofline-probe",
+                                NULL};
+    g_d = kh_new(g_conf, args);
+    if (!g_d)
+        return -1;
+    /* The bound TCP port, from the log's "(port N;" */
+    char *log = run("cat %s", g_d->log);
+    char *p = strstr(log, "(port ");
+    g_port = p ? (unsigned)atoi(p + 6) : 0;
+    free(log);
+    return g_port ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    int st = kh_free(g_d);
+    unlink(g_model);
+    char body[128];
+    snprintf(body, sizeof(body), "%s/body.json", g_dir);
+    unlink(body);
+    rmdir(g_dir);
+    return st == 0 ? 0 : -1;
+}
+
+/* ---- answers ---------------------------------------------------------------- */
+
+static void test_completion_tokens_equal_msgpack(void **state)
+{
+    static const uint32_t prompt[] = {5, 6, 7, 8};
+    struct gen_ref ref;
+    msgpack_generate("tokens", prompt, 4, 12, &ref);
+    int st;
+    char *out = curl(false, "/v1/completions",
+                     "{\"model\":\"x\",\"prompt\":[5,6,7,8],\"max_tokens\":12,\"temperature\":0,"
+                     "\"unknown_field\":{\"ignored\":true}}",
+                     NULL, &st);
+    assert_int_equal(st, 200);
+    json_t *j = json_ok(out);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    expect_tokens(json_object_get(c, "tokens"), &ref);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), ref.text);
+    const char *fr = json_string_value(json_object_get(c, "finish_reason"));
+    assert_true(!strcmp(fr, "length") || !strcmp(fr, "stop"));
+    json_t *u = json_object_get(j, "usage");
+    assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), 4);
+    assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), ref.n);
+    json_decref(j);
+    free(out);
+}
+
+static void test_completion_text_and_stream(void **state)
+{
+    struct gen_ref ref;
+    msgpack_generate("text", "Once upon a time", 0, 16, &ref);
+    int st;
+    char *out =
+        curl(false, "/v1/completions",
+             "{\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0}", NULL, &st);
+    assert_int_equal(st, 200);
+    json_t *j = json_ok(out);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), ref.text);
+    expect_tokens(json_object_get(c, "tokens"), &ref);
+    json_decref(j);
+    free(out);
+
+    /* Streamed: the pieces add up to the same text and tokens; usage last. */
+    out = curl(false, "/v1/completions",
+               "{\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0,"
+               "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+               NULL, &st);
+    assert_int_equal(st, 200);
+    char text[4096] = "";
+    uint32_t toks[512];
+    size_t n = 0;
+    bool done = false, usage = false, finish = false;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        assert_false(done); /* nothing after [DONE] */
+        assert_memory_equal(line, "data: ", 6);
+        if (!strcmp(line + 6, "[DONE]")) {
+            done = true;
+            continue;
+        }
+        json_t *e = json_ok(line + 6);
+        json_t *ch = json_array_get(json_object_get(e, "choices"), 0);
+        if (ch) {
+            const char *t = json_string_value(json_object_get(ch, "text"));
+            strncat(text, t ? t : "", sizeof(text) - strlen(text) - 1);
+            json_t *ta = json_object_get(ch, "tokens");
+            for (size_t i = 0; i < json_array_size(ta); i++)
+                toks[n++] = (uint32_t)json_integer_value(json_array_get(ta, i));
+            finish |= json_is_string(json_object_get(ch, "finish_reason"));
+        } else {
+            usage = true;
+            json_t *u = json_object_get(e, "usage");
+            assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), ref.n);
+            assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), ref.prompt);
+        }
+        json_decref(e);
+    }
+    assert_true(done && usage && finish);
+    assert_string_equal(text, ref.text);
+    assert_int_equal(n, ref.n);
+    assert_memory_equal(toks, ref.toks, n * sizeof(uint32_t));
+    free(out);
+}
+
+static void test_chat_equal_msgpack(void **state)
+{
+    struct gen_ref ref;
+    msgpack_generate("messages", "Tell me a story.", 0, 10, &ref);
+    int st;
+    char *out = curl(false, "/v1/chat/completions",
+                     "{\"model\":\"kvd\",\"messages\":[{\"role\":\"user\",\"content\":"
+                     "[{\"type\":\"text\",\"text\":\"Tell me \"},{\"type\":\"text\",\"text\":"
+                     "\"a story.\"}]}],\"max_completion_tokens\":10,\"temperature\":0,"
+                     "\"seed\":-1}",
+                     NULL, &st);
+    assert_int_equal(st, 200);
+    json_t *j = json_ok(out);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
+    json_t *m = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    assert_string_equal(json_string_value(json_object_get(m, "role")), "assistant");
+    assert_string_equal(json_string_value(json_object_get(m, "content")), ref.text);
+    expect_tokens(json_object_get(m, "tokens"), &ref);
+    json_decref(j);
+    free(out);
+}
+
+static void test_models_and_health(void **state)
+{
+    int st;
+    char *out = curl(false, "/v1/models", NULL, NULL, &st);
+    assert_int_equal(st, 200);
+    json_t *j = json_ok(out);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "list");
+    assert_int_equal(json_array_size(json_object_get(j, "data")), 1);
+    json_decref(j);
+    free(out);
+    out = curl(false, "/health", NULL, NULL, &st);
+    assert_int_equal(st, 200);
+    free(out);
+}
+
+/* ---- errors ----------------------------------------------------------------- */
+
+static void expect_error(bool tcp, const char *path, const char *body, const char *extra, int want,
+                         const char *code)
+{
+    int st;
+    char *out = curl(tcp, path, body, extra, &st);
+    if (st != want)
+        fail_msg("%s: HTTP %d, expected %d: %s", path, st, want, out);
+    if (code) {
+        json_t *j = json_ok(out);
+        json_t *e = json_object_get(j, "error");
+        assert_non_null(e);
+        assert_non_null(json_string_value(json_object_get(e, "message")));
+        assert_non_null(json_string_value(json_object_get(e, "type")));
+        assert_string_equal(json_string_value(json_object_get(e, "code")), code);
+        json_decref(j);
+    }
+    free(out);
+}
+
+static void test_errors(void **state)
+{
+    expect_error(false, "/v1/completions", "{\"prompt\":[1],\"max_tokens\":\"many\"}", NULL, 400,
+                 "bad_request");
+    expect_error(false, "/v1/completions", "{\"prompt\":[1], \"temperature\": 0,", NULL, 400,
+                 "bad_request");
+    expect_error(false, "/v1/completions", "{\"prompt\":[1],\"n\":2}", NULL, 400, "unsupported");
+    expect_error(false, "/v1/completions", "{\"prompt\":[100000]}", NULL, 400, "bad_request");
+    expect_error(false, "/v1/chat/completions", "{\"messages\":[]}", NULL, 400, "bad_request");
+    expect_error(false, "/v1/nothing", "{}", NULL, 404, "not_found");
+    expect_error(false, "/v1/completions", NULL, NULL, 405, "method_not_allowed");
+    /* over --http-max-body (4096): evhttp's own 413 */
+    char big[6000];
+    memset(big, ' ', sizeof(big));
+    memcpy(big, "{\"prompt\":[1]", 13);
+    memcpy(big + sizeof(big) - 2, "}", 2);
+    expect_error(false, "/v1/completions", big, NULL, 413, NULL);
+    /* TCP: a token is required; a front-end header is refused there */
+    expect_error(true, "/v1/models", NULL, NULL, 401, "invalid_api_key");
+    expect_error(true, "/v1/models", NULL, "-H 'Authorization: Bearer wrong-token-0123456789'", 401,
+                 "invalid_api_key");
+    expect_error(true, "/v1/models", NULL,
+                 "-H 'Authorization: Bearer " TOKEN "' -H 'X-Kvd-Tenant: bob'", 403,
+                 "permission_denied");
+    expect_error(false, "/v1/models", NULL, "-H 'X-Kvd-Tenant: bad/name'", 400, "bad_request");
+    int st;
+    char *out = curl(true, "/v1/completions", "{\"prompt\":[1,2],\"max_tokens\":2}",
+                     "-H 'Authorization: Bearer " TOKEN "'", &st);
+    assert_int_equal(st, 200);
+    free(out);
+}
+
+/* max-queued-per-tenant is 1: while a msgpack generate of the same tenant
+ * runs (its first event has arrived), an HTTP request is refused 429. */
+static void test_busy_429(void **state)
+{
+    int fd = kh_connect(g_d->sock);
+    assert_true(fd >= 0);
+    struct kh_req q;
+    struct kh_reply r;
+    static const uint32_t prompt[] = {1, 2, 3};
+    uint64_t id = ++g_id;
+    kh_req_begin(&q, "generate", id, 5);
+    proto_pack_kv_u32_array(&q.pk, "tokens", prompt, 3);
+    proto_pack_kv_uint(&q.pk, "max_tokens", 8000);
+    proto_pack_kv_bool(&q.pk, "stream", true);
+    proto_pack_kv_bool(&q.pk, "ignore_eos", true);
+    proto_pack_kv_double(&q.pk, "temperature", 0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0); /* the first tokens: it runs */
+    assert_non_null(kh_obj(r.root, "event"));
+    kh_reply_free(&r);
+    expect_error(false, "/v1/completions", "{\"prompt\":[1],\"max_tokens\":1}", NULL, 429, "busy");
+    kh_req_begin(&q, "cancel", ++g_id, 1);
+    proto_pack_kv_uint(&q.pk, "target", id);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    close(fd); /* the rest is dropped with the connection */
+}
+
+/* ---- tenants ---------------------------------------------------------------- */
+
+static uint64_t cached_of(const char *sub)
+{
+    char hdr[96];
+    snprintf(hdr, sizeof(hdr), "-H 'X-Kvd-Tenant: %s'", sub);
+    int st;
+    /* 40 tokens: two full blocks can be shared */
+    char *out = curl(false, "/v1/completions",
+                     "{\"prompt\":[9,8,7,6,5,4,3,2,1,9,8,7,6,5,4,3,2,1,9,8,7,6,5,4,3,2,1,9,8,7,"
+                     "6,5,4,3,2,1,9,8,7,6],\"max_tokens\":1,\"temperature\":0}",
+                     hdr, &st);
+    assert_int_equal(st, 200);
+    json_t *j = json_ok(out);
+    json_t *d = json_object_get(json_object_get(j, "usage"), "prompt_tokens_details");
+    uint64_t c = (uint64_t)json_integer_value(json_object_get(d, "cached_tokens"));
+    json_decref(j);
+    free(out);
+    return c;
+}
+
+static void test_front_end_sub_tenants(void **state)
+{
+    /* Each sub-tenant has its own prefix namespace: alice's second request
+     * reuses her first's blocks; bob's first does not see them. */
+    assert_int_equal(cached_of("alice"), 0);
+    assert_true(cached_of("alice") >= 32);
+    assert_int_equal(cached_of("bob"), 0);
+
+    /* The msgpack `tenant` arg: the same sub-tenant, as hello reports. */
+    int fd = kh_connect(g_d->sock);
+    struct kh_req q;
+    struct kh_reply r;
+    kh_req_begin(&q, "hello", ++g_id, 1);
+    proto_pack_kv_str(&q.pk, "tenant", "alice");
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
+    kh_expect(&r, 0);
+    const msgpack_object *t = kh_obj(r.root, "tenant");
+    assert_int_equal(t->via.str.size, strlen("uid:0/alice"));
+    assert_memory_equal(t->via.str.ptr, "uid:0/alice", t->via.str.size);
+    kh_reply_free(&r);
+    close(fd);
+}
+
+/* A uid that is not a front end may not name a tenant, on either socket. */
+static void test_not_front_end_refused(void **state)
+{
+    char sock[128];
+    snprintf(sock, sizeof(sock), "%s/h2.sock", g_dir);
+    const char *const args[] = {"--backend",           "cpu", "--http-socket", sock,
+                                "--no-roofline-probe", NULL};
+    struct kh_proc *d = kh_new(NULL, args);
+    assert_non_null(d);
+    int st;
+    char *out = run("curl -s -w '\\n%%{http_code}' -H 'X-Kvd-Tenant: bob' --unix-socket %s "
+                    "http://localhost/v1/models",
+                    sock);
+    st = atoi(strrchr(out, '\n') + 1);
+    assert_int_equal(st, 403);
+    free(out);
+    /* store mode: completions answer 503 */
+    out = run("curl -s -w '\\n%%{http_code}' --unix-socket %s http://localhost/v1/completions "
+              "-d '{\"prompt\":[1]}'",
+              sock);
+    assert_int_equal(atoi(strrchr(out, '\n') + 1), 503);
+    free(out);
+    int fd = kh_connect(d->sock);
+    struct kh_reply r;
+    struct kh_req q;
+    kh_req_begin(&q, "seq_open", 1, 1);
+    proto_pack_kv_str(&q.pk, "tenant", "bob");
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
+    kh_expect(&r, KVD_EPERM);
+    kh_reply_free(&r);
+    close(fd);
+    assert_int_equal(kh_free(d), 0);
+}
+
+/* ---- connections ------------------------------------------------------------- */
+
+static int http_connect(void)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/http.sock", g_dir);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    struct timeval tv = {30, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+/* Reads until `count` occurrences of needle have arrived (or EOF). */
+static char *read_until(int fd, const char *needle, int count)
+{
+    size_t cap = 1 << 20, n = 0;
+    char *buf = calloc(1, cap);
+    for (;;) {
+        int seen = 0;
+        for (char *p = buf; (p = strstr(p, needle)); p++)
+            seen++;
+        if (seen >= count)
+            break;
+        ssize_t k = read(fd, buf + n, cap - n - 1);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    return buf;
+}
+
+static void test_keepalive_pipelining(void **state)
+{
+    /* Three requests in one write on one connection: three answers in order. */
+    static const char body[] = "{\"prompt\":[1,2,3],\"max_tokens\":2,\"temperature\":0}";
+    char reqs[2048];
+    int n = snprintf(reqs, sizeof(reqs),
+                     "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     "application/json\r\nContent-Length: %zu\r\n\r\n%s"
+                     "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+                     strlen(body), body);
+    int fd = http_connect();
+    assert_int_equal(write(fd, reqs, (size_t)n), n);
+    char *out = read_until(fd, "HTTP/1.1 200", 3);
+    char *a = strstr(out, "\"status\":\"ok\""), *b = strstr(out, "text_completion"),
+         *c = strstr(out, "\"object\":\"list\"");
+    assert_true(a && b && c && a < b && b < c);
+    free(out);
+    close(fd);
+    /* curl reuses one connection for two URLs (keep-alive) */
+    char *v = run("curl -sv --unix-socket %s/http.sock http://localhost/health "
+                  "http://localhost/health 2>&1",
+                  g_dir);
+    assert_non_null(strstr(v, "Re-using existing connection"));
+    free(v);
+}
+
+/* A client that closes mid-stream: its generate is cancelled (the executor
+ * stops producing: far fewer than max_tokens are generated). */
+static void test_disconnect_cancels(void **state)
+{
+    int mfd = kh_connect(g_d->sock);
+    uint64_t out0 = kh_stat(mfd, "requests", "tokens_out");
+    static const char body[] =
+        "{\"prompt\":[1,2,3],\"max_tokens\":8000,\"temperature\":0,\"stream\":true}";
+    char req[512];
+    int n = snprintf(req, sizeof(req),
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    int fd = http_connect();
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    char *first = read_until(fd, "data: ", 1); /* it streams */
+    assert_non_null(strstr(first, "data: "));
+    free(first);
+    close(fd);
+    /* wait (bounded) until nothing is live: the cancel takes a step */
+    uint64_t live = 1;
+    for (int i = 0; i < 3000 && live; i++) {
+        live = kh_stat(mfd, "requests", "live");
+        if (live)
+            usleep(10000);
+    }
+    assert_int_equal(live, 0);
+    uint64_t produced = kh_stat(mfd, "requests", "tokens_out") - out0;
+    assert_true(produced < 8000);
+    close(mfd);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_completion_tokens_equal_msgpack),
+        cmocka_unit_test(test_completion_text_and_stream),
+        cmocka_unit_test(test_chat_equal_msgpack),
+        cmocka_unit_test(test_models_and_health),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_busy_429),
+        cmocka_unit_test(test_front_end_sub_tenants),
+        cmocka_unit_test(test_not_front_end_refused),
+        cmocka_unit_test(test_keepalive_pipelining),
+        cmocka_unit_test(test_disconnect_cancels),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
