@@ -69,15 +69,17 @@ enum rope_mode { ROPE_NORM = 0, ROPE_NEOX = 2 };
  * slots[seq_slot0[s] .. seq_slot0[s+1]): position p lives in block
  * slots[seq_slot0[s] + p / block_tokens], row p % block_tokens, i.e. K of
  * (layer, kv_head h, position p) is at
- *   arena + slot*block_bytes + ((layer*2 + 0)*kv_heads + h)*block_tokens*head_dim*esz
- *         + (p % block_tokens)*head_dim*esz          (V: the "+ 1" half)
+ *   arena + slot*block_bytes + ((layer*2 + 0)*kv_heads + h)*block_tokens*row_bytes
+ *         + (p % block_tokens)*row_bytes             (V: the "+ 1" half)
+ * (row_bytes = kv_row_bytes(dtype, head_dim): one token's head_dim values)
  * The K/V of the new rows must already be written (kv_write) before this op.
  *
  * For query row t at position p, head h (kv head g = h / (n_head/kv_heads)):
  *   s_j   = scale * dot(q[t][h][:], K[g][j][:])  for j in [0, p]   (causal)
  *   a_j   = softmax_j(s_j)   (f32, max-subtracted)
  *   out[t][h][:] = sum_j a_j * V[g][j][:]
- * K and V are read in the geometry's dtype and widened to f32.
+ * K and V are read in the geometry's dtype and widened to f32 (q8_0/fp8:
+ * dequantized, d*q or s*e4m3(q), as compute_cpu_kv.h defines).
  *
  * Padding (see step_bucket): a sequence may have no rows (seq_qstart[s] ==
  * seq_qstart[s+1]), and rows at or after seq_qstart[n_seqs] belong to no
@@ -189,7 +191,9 @@ struct compute_ops {
      * k, v device [n_tokens][kv_heads][head_dim]; row t goes to block
      * tok_slot[t], row tok_pos[t] % block_tokens (device arrays [n_tokens]),
      * converted to geom->dtype with round-to-nearest-even (f16: IEEE half,
-     * overflow to inf; bf16: upper 16 bits of the f32, rounded, NaN kept).
+     * overflow to inf; bf16: upper 16 bits of the f32, rounded, NaN kept;
+     * q8_0/fp8: each head's row quantized with its scales, bit for bit the
+     * rules of compute_cpu_kv.h on every backend).
      * A row whose tok_slot is COMPUTE_PAD_SLOT (padding) writes nothing. */
     int (*kv_write)(struct compute_ctx *cx, void *arena, const struct kv_geom *geom,
                     uint32_t layer, const float *k, const float *v, uint32_t n_tokens,

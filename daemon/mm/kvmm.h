@@ -101,7 +101,8 @@ int kvmm_seq_extend(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t n)
 /* Drops the last n token slots (and any block left empty). */
 int kvmm_seq_truncate(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t n_tokens);
 /* K/V bytes of tokens [start, start+n), layout
- * [layer][K|V][kv_head][token n][head_dim] (kv_token_bytes per token).
+ * [layer][K|V][kv_head][token n] rows of kv_row_bytes (kv_token_bytes per
+ * token), in the stored dtype (docs/protocol.md section 6).
  * A write into a block shared with another sequence or the tree copies the
  * block first (copy-on-write). Host-tier blocks are swapped in first. */
 int kvmm_seq_write(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start, size_t n,

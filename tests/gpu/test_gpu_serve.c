@@ -4,7 +4,8 @@
  * start-up (roofline probe included), CUDA graphs on: cold prompts, prompts
  * that hit the prefix cache, and prompts long enough for the cuBLAS path on
  * f32 weights; f16 weights with prompts of at most 8 tokens (both backends
- * then do f32 math). Skips (77) without a usable CUDA device. */
+ * then do f32 math); f32 weights over a q8_0 KV cache (both backends store
+ * the same quantized rows). Skips (77) without a usable CUDA device. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -33,10 +34,11 @@ static void gen_model(const char *path, const char *type)
     assert_int_equal(system(cmd), 0);
 }
 
-static void start(struct kh_proc *p, const char *model, const char *backend)
+static void start(struct kh_proc *p, const char *model, const char *backend, const char *kv_dtype)
 {
-    const char *args[] = {"--model", model, "--backend", backend, "--device-blocks", "128",
-                          "--host-blocks", "32", NULL};
+    const char *args[] = {"--model", model,           "--backend", backend,      "--device-blocks",
+                          "128",     "--host-blocks", "32",        "--kv-dtype", kv_dtype,
+                          NULL};
     assert_int_equal(kh_start(p, NULL, args), 0);
 }
 
@@ -75,14 +77,14 @@ static void backend_name_is(const char *sock, const char *want)
     close(fd);
 }
 
-static void same_tokens(const char *type, uint32_t max_prompt)
+static void same_tokens(const char *type, uint32_t max_prompt, const char *kv_dtype)
 {
     char model[128];
     snprintf(model, sizeof model, "%s/%s.gguf", g_dir, type);
     gen_model(model, type);
     struct kh_proc cpu, cuda;
-    start(&cpu, model, "cpu");
-    start(&cuda, model, "cuda");
+    start(&cpu, model, "cpu", kv_dtype);
+    start(&cuda, model, "cuda", kv_dtype);
     backend_name_is(cuda.sock, "cuda");
     rnd_seed(31);
     uint32_t base[24];
@@ -96,8 +98,8 @@ static void same_tokens(const char *type, uint32_t max_prompt)
             complete(cuda.sock, base, len, b);
             for (int i = 0; i < NGEN; i++)
                 if (a[i] != b[i])
-                    fail_msg("%s model, prompt of %u (%s): token %d: cuda %u, cpu %u", type,
-                             len, k ? "cached" : "cold", i, b[i], a[i]);
+                    fail_msg("%s model, %s KV, prompt of %u (%s): token %d: cuda %u, cpu %u",
+                             type, kv_dtype, len, k ? "cached" : "cold", i, b[i], a[i]);
         }
     }
     assert_int_equal(kh_stop(&cuda), 0);
@@ -107,12 +109,17 @@ static void same_tokens(const char *type, uint32_t max_prompt)
 
 static void test_f32_model(void **state)
 {
-    same_tokens("f32", 21);
+    same_tokens("f32", 21, "f16");
 }
 
 static void test_f16_model(void **state)
 {
-    same_tokens("f16", 8);
+    same_tokens("f16", 8, "f16");
+}
+
+static void test_f32_model_q8_0_kv(void **state)
+{
+    same_tokens("f32", 21, "q8_0");
 }
 
 int main(void)
@@ -134,6 +141,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_model),
         cmocka_unit_test(test_f16_model),
+        cmocka_unit_test(test_f32_model_q8_0_kv),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(g_dir);
