@@ -12,10 +12,12 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "chat_template.h"
 #include "fuzz_env.h"
 #include "gguf.h"
 #include "kvd/status.h"
 #include "model.h"
+#include "tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -36,8 +38,7 @@ static void walk(const struct gguf *g)
         (void)gguf_arr_count(g, kv->key);
         (void)gguf_vtype_name(kv->type);
         if (kv->type == GGUF_STRING) /* the bytes must lie inside the file */
-            FUZZ_ASSERT(kv->str_len <= g->size &&
-                        (const uint8_t *)kv->str >= g->map &&
+            FUZZ_ASSERT(kv->str_len <= g->size && (const uint8_t *)kv->str >= g->map &&
                         (const uint8_t *)kv->str + kv->str_len <= g->map + g->size);
     }
     for (uint64_t i = 0; i < g->n_tensors; i++) {
@@ -75,6 +76,47 @@ static void load_model(const uint8_t *data, size_t size)
     }
 }
 
+/* The file's text side, as text_open reads it: the tokenizer (then a short
+ * text through it) and the chat template (then one render). */
+static void load_text(const struct gguf *g)
+{
+    char err[256] = "";
+    struct tokenizer *t = NULL;
+    int rc = tokenizer_load(g, &t, err, sizeof(err));
+    if (rc) {
+        FUZZ_ASSERT(t == NULL && err[0] != '\0');
+    } else {
+        static const char s[] = "Hello, world! <s> 123 \xc3\xa9\xf0\x9f\x99\x82";
+        uint32_t *ids = NULL;
+        size_t n = 0;
+        if (tokenizer_encode(t, s, sizeof(s) - 1, true, true, &ids, &n) == 0) {
+            char *text = NULL;
+            size_t len = 0;
+            for (size_t i = 0; i < n; i++)
+                FUZZ_ASSERT(ids[i] < tokenizer_n_vocab(t));
+            if (tokenizer_decode(t, ids, n, false, &text, &len) == 0)
+                free(text);
+            free(ids);
+        }
+        tokenizer_free(t);
+    }
+    const struct gguf_kv *kv = gguf_find_kv(g, "tokenizer.chat_template");
+    if (!kv || kv->type != GGUF_STRING || kv->str_len > (1u << 20))
+        return;
+    struct chat_template *ct = NULL;
+    err[0] = 0;
+    if (chat_template_parse(kv->str, (size_t)kv->str_len, &ct, err, sizeof(err)) != 0) {
+        FUZZ_ASSERT(ct == NULL && err[0] != '\0');
+        return;
+    }
+    static const struct chat_msg m[] = {{"user", "hi"}, {"assistant", "hello"}};
+    char *out = NULL;
+    size_t len = 0;
+    if (chat_template_render(ct, m, 2, true, "<s>", "</s>", &out, &len, err, sizeof(err)) == 0)
+        free(out);
+    chat_template_free(ct);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char err[256] = "";
@@ -88,6 +130,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     walk(g);
+    load_text(g);
     gguf_close(g);
     load_model(data, size);
     return 0;
