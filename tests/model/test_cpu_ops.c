@@ -16,21 +16,34 @@
 #include "compute.h"
 #include "model/model_ref.h"
 #include "quant.h"
+#include "test_scratch.h"
 
-static struct compute_ctx *ctx(const struct compute_ops *o)
+/* Releases of what the tests make on the cpu backend (test_scratch.h). */
+static void ctx_free_cb(void *o, void *cx)
+{
+    ((const struct compute_ops *)o)->ctx_free(cx);
+}
+
+static void buf_free_cb(void *cx, void *buf)
+{
+    ref_cpu_backend()->compute->buf_free(cx, buf);
+}
+
+/* A compute context, released by ts_free or the teardown. */
+static struct compute_ctx *ctx(void **tst, const struct compute_ops *o)
 {
     struct compute_ctx *cx = NULL;
     struct compute_conf conf = {.n_threads = 2};
     assert_int_equal(o->ctx_new(ref_cpu_backend(), &conf, &cx), 0);
-    return cx;
+    return ts_defer(tst, cx, ctx_free_cb, (void *)o);
 }
 
-static void silu_range(void)
+static void silu_range(void **tst)
 {
     const struct compute_ops *o = ref_cpu_backend()->compute;
-    struct compute_ctx *cx = ctx(o);
+    struct compute_ctx *cx = ctx(tst, o);
     enum { N = 20011 };
-    float *g = malloc(N * 4), *u = malloc(N * 4), *x = malloc(N * 4);
+    float *g = ts_malloc(tst, N * 4), *u = ts_malloc(tst, N * 4), *x = ts_malloc(tst, N * 4);
     for (int i = 0; i < N; i++) {
         x[i] = -100.0f + 200.0f * i / (N - 1); /* every exponent the kernel clamps or reaches */
         u[i] = i % 3 ? 1.0f : -0.5f;
@@ -49,16 +62,15 @@ static void silu_range(void)
         if (g[i] != want && !(err <= 4e-7 * fabs(want) + 1e-30))
             fail_msg("silu(%.9g) = %.9g, want %.9g", (double)x[i], (double)g[i], want);
     }
-    free(g), free(u), free(x);
-    o->ctx_free(cx);
+    ts_free(tst, g), ts_free(tst, u), ts_free(tst, x);
+    ts_free(tst, cx);
 }
 
 static void t_silu(void **s)
 {
-    (void)s;
-    silu_range();
+    silu_range(s);
     setenv("KVD_CPU_SCALAR", "1", 1);
-    silu_range();
+    silu_range(s);
     unsetenv("KVD_CPU_SCALAR");
 }
 
@@ -89,17 +101,20 @@ static double half_val(uint16_t h)
 }
 
 /* W [out][in] of type t with values near w (returned in wd as stored). */
-static void *make_weight(enum ctype t, uint32_t in, uint32_t out, double *wd, size_t *bytes)
+static void *make_weight(void **tst, enum ctype t, uint32_t in, uint32_t out, double *wd,
+                         size_t *bytes)
 {
     size_t rb = ctype_row_bytes(t, in);
-    uint8_t *p = calloc(out, rb);
+    uint8_t *p = ts_calloc(tst, out, rb);
     for (uint32_t r = 0; r < out; r++)
         for (uint32_t k = 0; k < in; k++) {
             float v = (float)(((r * 131 + k * 71) % 200) - 100) / 100.0f;
             double *d = wd + (size_t)r * in + k;
             uint8_t *row = p + r * rb;
             switch (t) {
-            case CT_F32: memcpy(row + k * 4, &v, 4), *d = v; break;
+            case CT_F32:
+                memcpy(row + k * 4, &v, 4), *d = v;
+                break;
             case CT_F16: {
                 uint16_t h = to_half(v);
                 memcpy(row + k * 2, &h, 2), *d = half_val(h);
@@ -123,7 +138,8 @@ static void *make_weight(enum ctype t, uint32_t in, uint32_t out, double *wd, si
                 blk[2 + k % 32] = (uint8_t)q, *d = q / 64.0;
                 break;
             }
-            default: break; /* not made here */
+            default:
+                break; /* not made here */
             }
         }
     *bytes = rb * out;
@@ -132,10 +148,10 @@ static void *make_weight(enum ctype t, uint32_t in, uint32_t out, double *wd, si
 
 /* Every weight type, row counts around the packed group size, activation
  * row counts on both kernels (GEMV below 4, panel tiles from 4). */
-static void matmul_all(void)
+static void matmul_all(void **tst)
 {
     const struct compute_ops *o = ref_cpu_backend()->compute;
-    struct compute_ctx *cx = ctx(o);
+    struct compute_ctx *cx = ctx(tst, o);
     static const enum ctype types[] = {CT_F32, CT_F16, CT_BF16, CT_Q8_0};
     static const uint32_t shapes[][2] = {{64, 16}, {96, 17}, {256, 130}, {40, 3}, {800, 48}};
     static const uint32_t rows_list[] = {1, 2, 3, 4, 7, 16, 29};
@@ -145,14 +161,15 @@ static void matmul_all(void)
             uint32_t in = shapes[si][0], out = shapes[si][1];
             if (t == CT_Q8_0 && in % 32)
                 continue;
-            double *wd = malloc((size_t)in * out * 8);
+            double *wd = ts_malloc(tst, (size_t)in * out * 8);
             size_t bytes;
-            void *src = make_weight(t, in, out, wd, &bytes);
+            void *src = make_weight(tst, t, in, out, wd, &bytes);
             for (int packed = 0; packed < 2; packed++) {
                 struct ctensor w = {.type = t, .ne0 = in, .ne1 = out, .nbytes = bytes};
                 size_t wb = packed ? o->weight_bytes(&w) : bytes;
                 void *dev;
                 assert_int_equal(o->buf_alloc(cx, wb, &dev), 0);
+                ts_defer(tst, dev, buf_free_cb, cx);
                 w.data = dev;
                 if (packed)
                     assert_int_equal(o->weight_upload(cx, &w, src), 0);
@@ -161,7 +178,8 @@ static void matmul_all(void)
                 assert_int_equal(w.layout, packed && out >= 2 ? CL_PACK16 : CL_ROWS);
                 for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++) {
                     uint32_t rows = rows_list[ri];
-                    float *x = malloc((size_t)rows * in * 4), *y = malloc((size_t)rows * out * 4);
+                    float *x = ts_malloc(tst, (size_t)rows * in * 4),
+                          *y = ts_malloc(tst, (size_t)rows * out * 4);
                     for (size_t i = 0; i < (size_t)rows * in; i++)
                         x[i] = (float)((int)(i * 37 % 101) - 50) / 50.0f;
                     for (size_t i = 0; i < (size_t)rows * out; i++)
@@ -182,30 +200,29 @@ static void matmul_all(void)
                         }
                     /* the packed rows widen back to the values stored */
                     if (ri == 0) {
-                        float *row = malloc((size_t)in * 4);
+                        float *row = ts_malloc(tst, (size_t)in * 4);
                         for (uint32_t c = 0; c < out; c += out / 3 + 1) {
                             uint32_t id = c;
                             assert_int_equal(o->get_rows(cx, &w, &id, 1, row), 0);
                             for (uint32_t k = 0; k < in; k++)
                                 assert_true(row[k] == (float)wd[(size_t)c * in + k]);
                         }
-                        free(row);
+                        ts_free(tst, row);
                     }
-                    free(x), free(y);
+                    ts_free(tst, x), ts_free(tst, y);
                 }
-                o->buf_free(cx, dev);
+                ts_free(tst, dev);
             }
-            free(src), free(wd);
+            ts_free(tst, src), ts_free(tst, wd);
         }
-    o->ctx_free(cx);
+    ts_free(tst, cx);
 }
 
 static void t_matmul(void **s)
 {
-    (void)s;
-    matmul_all();
+    matmul_all(s);
     setenv("KVD_CPU_SCALAR", "1", 1);
-    matmul_all();
+    matmul_all(s);
     unsetenv("KVD_CPU_SCALAR");
 }
 
@@ -235,7 +252,8 @@ static float f16r(float f)
  * and for the q4_1/q5_1 blocks the extra term ggml adds per block: the
  * f16 of (scale x sum of quants) in place of the sum of the rounded values
  * (corr[b] = s - sum xa over block b). */
-static void act_ref(enum ctype t, const float *x, uint32_t n, double *xa, double *bound, double *corr)
+static void act_ref(enum ctype t, const float *x, uint32_t n, double *xa, double *bound,
+                    double *corr)
 {
     int kq = ctype_block_elems(t) == 256;
     uint32_t bs = kq ? 256 : 32;
@@ -268,11 +286,12 @@ static void act_ref(enum ctype t, const float *x, uint32_t n, double *xa, double
     }
 }
 
-static void qmatmul_all(void)
+static void qmatmul_all(void **tst)
 {
     const struct compute_ops *o = ref_cpu_backend()->compute;
-    struct compute_ctx *cx = ctx(o);
-    static const enum ctype types[] = {CT_Q4_0, CT_Q4_1, CT_Q5_0, CT_Q5_1, CT_Q4_K, CT_Q5_K, CT_Q6_K};
+    struct compute_ctx *cx = ctx(tst, o);
+    static const enum ctype types[] = {CT_Q4_0, CT_Q4_1, CT_Q5_0, CT_Q5_1,
+                                       CT_Q4_K, CT_Q5_K, CT_Q6_K};
     static const uint32_t ins32[] = {32, 96, 544}, ins256[] = {256, 768};
     static const uint32_t outs[] = {1, 7, 17, 40};
     static const uint32_t rows_list[] = {1, 2, 3, 5, 16};
@@ -283,32 +302,38 @@ static void qmatmul_all(void)
             for (size_t oi = 0; oi < sizeof outs / sizeof outs[0]; oi++) {
                 uint32_t in = kq ? ins256[ii] : ins32[ii], out = outs[oi];
                 size_t rb = ctype_row_bytes(t, in);
-                float *wf = malloc((size_t)in * out * 4), *wq = malloc((size_t)in * out * 4);
-                uint8_t *src = malloc(rb * out);
+                float *wf = ts_malloc(tst, (size_t)in * out * 4),
+                      *wq = ts_malloc(tst, (size_t)in * out * 4);
+                uint8_t *src = ts_malloc(tst, rb * out);
                 for (size_t i = 0; i < (size_t)in * out; i++)
                     wf[i] = qrand() * (i % 53 == 0 ? 4.0f : 1.0f) + (t == CT_Q4_1 ? 0.3f : 0);
                 for (uint32_t c = 0; c < out; c++) {
-                    assert_int_equal(quant_quantize_row(t, wf + (size_t)c * in, src + c * rb, in), 0);
-                    assert_int_equal(quant_dequant_row(t, src + c * rb, wq + (size_t)c * in, in), 0);
+                    assert_int_equal(quant_quantize_row(t, wf + (size_t)c * in, src + c * rb, in),
+                                     0);
+                    assert_int_equal(quant_dequant_row(t, src + c * rb, wq + (size_t)c * in, in),
+                                     0);
                 }
                 struct ctensor w = {.type = t, .ne0 = in, .ne1 = out, .nbytes = rb * out};
                 void *dev;
                 assert_int_equal(o->buf_alloc(cx, o->weight_bytes(&w), &dev), 0);
+                ts_defer(tst, dev, buf_free_cb, cx);
                 w.data = dev;
                 assert_int_equal(o->weight_upload(cx, &w, src), 0);
                 assert_int_equal(w.layout, CL_ROWS);
                 /* get_rows widens to exactly the reference dequantization */
-                float *row = malloc((size_t)in * 4);
+                float *row = ts_malloc(tst, (size_t)in * 4);
                 for (uint32_t c = 0; c < out; c++) {
                     assert_int_equal(o->get_rows(cx, &w, &c, 1, row), 0);
                     assert_memory_equal(row, wq + (size_t)c * in, (size_t)in * 4);
                 }
-                free(row);
+                ts_free(tst, row);
                 for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++) {
                     uint32_t rows = rows_list[ri];
-                    float *x = malloc((size_t)rows * in * 4), *y = malloc((size_t)rows * out * 4);
-                    double *xa = malloc((size_t)in * 8), *bd = malloc((size_t)in * 8);
-                    double *corr = calloc(in / 32, 8);
+                    float *x = ts_malloc(tst, (size_t)rows * in * 4),
+                          *y = ts_malloc(tst, (size_t)rows * out * 4);
+                    double *xa = ts_malloc(tst, (size_t)in * 8),
+                           *bd = ts_malloc(tst, (size_t)in * 8);
+                    double *corr = ts_calloc(tst, in / 32, 8);
                     for (size_t i = 0; i < (size_t)rows * in; i++)
                         x[i] = qrand() * (i % 37 == 0 ? 8.0f : 1.0f);
                     if (rows > 2)
@@ -338,29 +363,31 @@ static void qmatmul_all(void)
                                 }
                             double got = y[(size_t)r * out + c];
                             if (!(fabs(got - want) <= 2e-5 * mag + 1e-6))
-                                fail_msg("%s in %u out %u rows %u: y[%u][%u] = %.9g, want %.9g (mag %g)",
-                                         ctype_name(t), in, out, rows, r, c, got, want, mag);
+                                fail_msg(
+                                    "%s in %u out %u rows %u: y[%u][%u] = %.9g, want %.9g (mag %g)",
+                                    ctype_name(t), in, out, rows, r, c, got, want, mag);
                             if (!(fabs(got - exact) <= slack + 2e-5 * mag + 1e-6))
-                                fail_msg("%s in %u out %u rows %u: y[%u][%u] = %.9g, unquantized %.9g "
-                                         "(bound %g)", ctype_name(t), in, out, rows, r, c, got, exact,
-                                         slack);
+                                fail_msg(
+                                    "%s in %u out %u rows %u: y[%u][%u] = %.9g, unquantized %.9g "
+                                    "(bound %g)",
+                                    ctype_name(t), in, out, rows, r, c, got, exact, slack);
                         }
                     }
-                    free(x), free(y), free(xa), free(bd), free(corr);
+                    ts_free(tst, x), ts_free(tst, y), ts_free(tst, xa), ts_free(tst, bd),
+                        ts_free(tst, corr);
                 }
-                o->buf_free(cx, dev);
-                free(wf), free(wq), free(src);
+                ts_free(tst, dev);
+                ts_free(tst, wf), ts_free(tst, wq), ts_free(tst, src);
             }
     }
-    o->ctx_free(cx);
+    ts_free(tst, cx);
 }
 
 static void t_qmatmul(void **s)
 {
-    (void)s;
-    qmatmul_all();
+    qmatmul_all(s);
     setenv("KVD_CPU_SCALAR", "1", 1);
-    qmatmul_all();
+    qmatmul_all(s);
     unsetenv("KVD_CPU_SCALAR");
 }
 
@@ -368,12 +395,12 @@ static void t_qmatmul(void **s)
  * type's step of the input (and all-zero rows to zeros). */
 static void t_quant_roundtrip(void **s)
 {
-    (void)s;
-    static const enum ctype types[] = {CT_Q4_0, CT_Q4_1, CT_Q5_0, CT_Q5_1, CT_Q8_0, CT_Q4_K, CT_Q5_K, CT_Q6_K};
+    static const enum ctype types[] = {CT_Q4_0, CT_Q4_1, CT_Q5_0, CT_Q5_1,
+                                       CT_Q8_0, CT_Q4_K, CT_Q5_K, CT_Q6_K};
     static const double max_rel[] = {0.09, 0.09, 0.045, 0.045, 0.006, 0.08, 0.04, 0.02};
     enum { N = 2048 };
-    float *x = malloc(N * 4), *y = malloc(N * 4);
-    uint8_t *b = malloc(N * 2);
+    float *x = ts_malloc(s, N * 4), *y = ts_malloc(s, N * 4);
+    uint8_t *b = ts_malloc(s, N * 2);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         double e = 0, ss = 0;
         for (int i = 0; i < N; i++)
@@ -391,7 +418,7 @@ static void t_quant_roundtrip(void **s)
             assert_true(y[i] == 0.0f);
         assert_int_equal(quant_quantize_row(types[ti], x, b, N - 16), -1); /* not whole blocks */
     }
-    free(x), free(y), free(b);
+    ts_free(s, x), ts_free(s, y), ts_free(s, b);
 }
 
 /* ---- paged attention over every KV dtype ----
@@ -447,11 +474,11 @@ static double kv_value(const uint8_t *row, enum kv_dtype dt, uint32_t d)
     return NAN;
 }
 
-static void attn_case(enum kv_dtype dt, uint32_t hd, uint32_t n_head, uint32_t kvh, uint32_t bt,
-                      const uint32_t (*seqs)[2], uint32_t S)
+static void attn_case(void **tst, enum kv_dtype dt, uint32_t hd, uint32_t n_head, uint32_t kvh,
+                      uint32_t bt, const uint32_t (*seqs)[2], uint32_t S)
 {
     const struct compute_ops *o = ref_cpu_backend()->compute;
-    struct compute_ctx *cx = ctx(o);
+    struct compute_ctx *cx = ctx(tst, o);
     struct kv_geom g = {
         .layers = 2, .kv_heads = kvh, .head_dim = hd, .dtype = dt, .block_tokens = bt};
     size_t bb = kv_block_bytes(&g), rb = kv_row_bytes(dt, hd);
@@ -465,25 +492,25 @@ static void attn_case(enum kv_dtype dt, uint32_t hd, uint32_t n_head, uint32_t k
         max_kv = end > max_kv ? end : max_kv;
     }
     qstart[S] = T, slot0[S] = NS;
-    uint32_t nslot = NS + 2, *slots = malloc(NS * 4);
+    uint32_t nslot = NS + 2, *slots = ts_malloc(tst, NS * 4);
     for (uint32_t i = 0; i < NS; i++) /* reversed, past two unused slots */
         slots[i] = nslot - 1 - i;
-    uint8_t *arena = calloc(nslot, bb);
+    uint8_t *arena = ts_calloc(tst, nslot, bb);
     /* every position of every sequence (the cached prefix too) through kv_write */
     for (uint32_t s = 0; s < S; s++) {
         uint32_t n = seqs[s][0] + seqs[s][1];
         size_t kvn = (size_t)n * kvh * hd;
-        float *k = malloc(kvn * 4), *v = malloc(kvn * 4);
-        uint32_t *ts = malloc(n * 4), *tp = malloc(n * 4);
+        float *k = ts_malloc(tst, kvn * 4), *v = ts_malloc(tst, kvn * 4);
+        uint32_t *ts = ts_malloc(tst, n * 4), *tp = ts_malloc(tst, n * 4);
         for (size_t i = 0; i < kvn; i++)
             k[i] = 2 * qrand() * (i % 7 == 0 ? 3.0f : 1.0f), v[i] = 2 * qrand();
         for (uint32_t p = 0; p < n; p++)
             ts[p] = slots[slot0[s] + p / bt], tp[p] = p;
         assert_int_equal(o->kv_write(cx, arena, &g, 1, k, v, n, ts, tp), 0);
-        free(k), free(v), free(ts), free(tp);
+        ts_free(tst, k), ts_free(tst, v), ts_free(tst, ts), ts_free(tst, tp);
     }
     size_t QN = (size_t)T * n_head * hd;
-    float *q = malloc(QN * 4), *out = malloc(QN * 4);
+    float *q = ts_malloc(tst, QN * 4), *out = ts_malloc(tst, QN * 4);
     for (size_t i = 0; i < QN; i++)
         q[i] = qrand() * 1.5f;
     struct attn_desc d = {.q = q,
@@ -504,7 +531,8 @@ static void attn_case(enum kv_dtype dt, uint32_t hd, uint32_t n_head, uint32_t k
                           .h_seq_qstart = qstart,
                           .h_seq_pos0 = pos0};
     assert_int_equal(o->attention(cx, &d), 0);
-    double *sc = malloc(max_kv * sizeof(double)), *acc = malloc(hd * sizeof(double));
+    double *sc = ts_malloc(tst, max_kv * sizeof(double)),
+           *acc = ts_malloc(tst, hd * sizeof(double));
     for (uint32_t s = 0; s < S; s++)
         for (uint32_t r = 0; r < seqs[s][1]; r++) {
             uint32_t t = qstart[s] + r, n_kv = pos0[s] + r + 1;
@@ -541,11 +569,12 @@ static void attn_case(enum kv_dtype dt, uint32_t hd, uint32_t n_head, uint32_t k
                 }
             }
         }
-    free(sc), free(acc), free(q), free(out), free(arena), free(slots);
-    o->ctx_free(cx);
+    ts_free(tst, sc), ts_free(tst, acc), ts_free(tst, q), ts_free(tst, out), ts_free(tst, arena),
+        ts_free(tst, slots);
+    ts_free(tst, cx);
 }
 
-static void attn_all(void)
+static void attn_all(void **tst)
 {
     static const uint32_t shapes[][4] = {/* hd, n_head, kv_heads, block_tokens */
                                          {32, 4, 4, 16},
@@ -555,24 +584,26 @@ static void attn_all(void)
     static const uint32_t seqs[3][2] = {{0, 21}, {37, 9}, {70, 1}}; /* (pos0, rows) */
     for (int dt = KV_F16; dt <= KV_FP8; dt++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-            attn_case((enum kv_dtype)dt, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3],
-                      seqs, 3);
+            attn_case(tst, (enum kv_dtype)dt, shapes[i][0], shapes[i][1], shapes[i][2],
+                      shapes[i][3], seqs, 3);
 }
 
 static void t_attention_kv_dtypes(void **s)
 {
-    (void)s;
-    attn_all();
+    attn_all(s);
     setenv("KVD_CPU_SCALAR", "1", 1);
-    attn_all();
+    attn_all(s);
     unsetenv("KVD_CPU_SCALAR");
 }
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(t_silu), cmocka_unit_test(t_matmul),
-                                       cmocka_unit_test(t_qmatmul),
-                                       cmocka_unit_test(t_quant_roundtrip),
-                                       cmocka_unit_test(t_attention_kv_dtypes)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(t_silu, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_matmul, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_qmatmul, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_quant_roundtrip, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_attention_kv_dtypes, ts_setup, ts_teardown),
+    };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,7 @@
 
 #include "model.h"
 #include "model/model_ref.h"
+#include "test_scratch.h"
 
 #define N_GEN 24
 #define NEAR_TIE 0.01f
@@ -31,26 +32,46 @@ static const char *module_dir;
 static const uint32_t prompt[] = {5, 77, 123, 9, 300, 41, 7, 260};
 #define N_PROMPT (sizeof prompt / sizeof prompt[0])
 
+/* Releases for test_scratch.h: what a test made is freed by its teardown,
+ * also after a failed assert. */
+static void model_free_cb(void *ctx, void *m)
+{
+    model_free(m);
+}
+
+static void fwd_ctx_free_cb(void *ctx, void *fc)
+{
+    fwd_ctx_free(fc);
+}
+
+static void model_file_free_cb(void *ctx, void *path)
+{
+    unlink(path);
+    free(path);
+}
+
 /* Greedy tokens and, per step, the top-1 minus top-2 logit margin. */
-static void kvd_greedy(const char *path, uint32_t *out, float *margin)
+static void kvd_greedy(void **tst, const char *path, uint32_t *out, float *margin)
 {
     char err[256];
     struct model *m;
     if (model_load(path, ref_cpu_backend(), &m, err, sizeof err))
         fail_msg("%s", err);
+    ts_defer(tst, m, model_free_cb, NULL);
     const struct model_hparams *hp = model_hparams(m);
     struct kv_geom g;
     model_kv_geom(m, 16, KV_F16, &g);
     size_t bb = (size_t)g.layers * 2 * g.kv_heads * 16 * g.head_dim * 2;
-    void *arena = calloc(8, bb);
+    void *arena = ts_calloc(tst, 8, bb);
     uint32_t slots[8] = {7, 3, 5, 1, 0, 2, 4, 6}, tok;
     struct fwd_ctx *fc;
     assert_int_equal(fwd_ctx_new(m, 64, 1, &fc), 0);
-    float *lg = malloc(hp->n_vocab * 4);
+    ts_defer(tst, fc, fwd_ctx_free_cb, NULL);
+    float *lg = ts_malloc(tst, hp->n_vocab * 4);
     /* the prompt in two chunks, then decode */
     struct fwd_seq s = {.tokens = prompt, .n_tokens = 3, .pos0 = 0, .slots = slots, .n_slots = 8};
-    struct fwd_batch b = {.seqs = &s, .n_seqs = 1, .kv_arena = arena, .geom = &g, .n_arena_slots = 8,
-                          .logits = lg};
+    struct fwd_batch b = {
+        .seqs = &s, .n_seqs = 1, .kv_arena = arena, .geom = &g, .n_arena_slots = 8, .logits = lg};
     assert_int_equal(model_forward(m, fc, &b), 0);
     s.tokens = prompt + 3, s.n_tokens = N_PROMPT - 3, s.pos0 = 3;
     for (int i = 0; i < N_GEN; i++) {
@@ -66,19 +87,20 @@ static void kvd_greedy(const char *path, uint32_t *out, float *margin)
         margin[i] = lg[tok] - second;
         s.pos0 += s.n_tokens, s.tokens = &tok, s.n_tokens = 1;
     }
-    free(lg);
-    free(arena);
-    fwd_ctx_free(fc);
-    model_free(m);
+    ts_free(tst, lg);
+    ts_free(tst, arena);
+    ts_free(tst, fc);
+    ts_free(tst, m);
 }
 
-static void compare_tie(const char *args, float near_tie)
+static void compare_tie(void **tst, const char *args, float near_tie)
 {
     char *path = ref_gen_model(args);
     assert_non_null(path);
+    ts_defer(tst, path, model_file_free_cb, NULL);
     uint32_t ours[N_GEN];
     float margin[N_GEN];
-    kvd_greedy(path, ours, margin);
+    kvd_greedy(tst, path, ours, margin);
     char cmd[2048], line[4096];
     int n = snprintf(cmd, sizeof cmd, "timeout 300 node %s/model/llamacpp_greedy.mjs %s %s %d",
                      KVD_TESTS_SRC, module_dir, path, N_GEN);
@@ -90,11 +112,11 @@ static void compare_tie(const char *args, float near_tie)
     if (!fgets(line, sizeof line, p))
         line[0] = 0;
     assert_int_equal(pclose(p), 0);
-    unlink(path);
-    free(path);
+    ts_free(tst, path);
     char ours_s[512] = "";
     for (int i = 0; i < N_GEN; i++)
-        snprintf(ours_s + strlen(ours_s), sizeof ours_s - strlen(ours_s), "%s%u", i ? " " : "", ours[i]);
+        snprintf(ours_s + strlen(ours_s), sizeof ours_s - strlen(ours_s), "%s%u", i ? " " : "",
+                 ours[i]);
     line[strcspn(line, "\n")] = 0;
     print_message("  kvd:       %s\n  llama.cpp: %s\n", ours_s, line);
     /* Token for token until they differ, which may happen only at a
@@ -115,34 +137,78 @@ static void compare_tie(const char *args, float near_tie)
             break;
         checked++;
     }
-    print_message("  %d tokens identical (a difference only at a gap < %.2f)\n", checked, (double)near_tie);
+    print_message("  %d tokens identical (a difference only at a gap < %.2f)\n", checked,
+                  (double)near_tie);
     assert_true(checked >= 5);
 }
 
-static void compare(const char *args)
+static void compare(void **tst, const char *args)
 {
-    compare_tie(args, strstr(args, "--type q") && !strstr(args, "q8_0") ? NEAR_TIE_QACT : NEAR_TIE);
+    compare_tie(tst, args,
+                strstr(args, "--type q") && !strstr(args, "q8_0") ? NEAR_TIE_QACT : NEAR_TIE);
 }
 
 #define SHAPE "--layers 4 --embd 256 --heads 8 --ff 512 --vocab 1000 --ctx 256 --seed 3"
-static void t_llama_f32_gqa(void **s) { compare(SHAPE " --arch llama --type f32 --kv-heads 2"); }
-static void t_llama_q8_0_rope_freqs(void **s) { compare(SHAPE " --arch llama --type q8_0 --rope-freqs"); }
-static void t_llama_bf16_tied(void **s) { compare(SHAPE " --arch llama --type bf16 --tied"); }
-static void t_qwen2_f16_tied(void **s) { compare(SHAPE " --arch qwen2 --type f16 --kv-heads 2 --tied"); }
-static void t_qwen2_q8_0(void **s) { compare(SHAPE " --arch qwen2 --type q8_0 --kv-heads 4"); }
+static void t_llama_f32_gqa(void **s)
+{
+    compare(s, SHAPE " --arch llama --type f32 --kv-heads 2");
+}
+static void t_llama_q8_0_rope_freqs(void **s)
+{
+    compare(s, SHAPE " --arch llama --type q8_0 --rope-freqs");
+}
+static void t_llama_bf16_tied(void **s)
+{
+    compare(s, SHAPE " --arch llama --type bf16 --tied");
+}
+static void t_qwen2_f16_tied(void **s)
+{
+    compare(s, SHAPE " --arch qwen2 --type f16 --kv-heads 2 --tied");
+}
+static void t_qwen2_q8_0(void **s)
+{
+    compare(s, SHAPE " --arch qwen2 --type q8_0 --kv-heads 4");
+}
 /* the other quantized types (activations quantized as llama.cpp does:
  * q8_0 / q8_1 blocks for the legacy types, q8_K for the K-quants) */
-static void t_llama_q4_0(void **s) { compare(SHAPE " --arch llama --type q4_0 --kv-heads 2"); }
-static void t_qwen2_q4_1(void **s) { compare(SHAPE " --arch qwen2 --type q4_1 --kv-heads 2"); }
-static void t_llama_q5_0_tied(void **s) { compare(SHAPE " --arch llama --type q5_0 --tied"); }
-static void t_qwen2_q5_1(void **s) { compare(SHAPE " --arch qwen2 --type q5_1 --kv-heads 4"); }
-static void t_llama_q4_k(void **s) { compare(SHAPE " --arch llama --type q4_k --kv-heads 2"); }
-static void t_qwen2_q5_k_tied(void **s) { compare(SHAPE " --arch qwen2 --type q5_k --tied"); }
-static void t_llama_q6_k(void **s) { compare(SHAPE " --arch llama --type q6_k --rope-freqs"); }
+static void t_llama_q4_0(void **s)
+{
+    compare(s, SHAPE " --arch llama --type q4_0 --kv-heads 2");
+}
+static void t_qwen2_q4_1(void **s)
+{
+    compare(s, SHAPE " --arch qwen2 --type q4_1 --kv-heads 2");
+}
+static void t_llama_q5_0_tied(void **s)
+{
+    compare(s, SHAPE " --arch llama --type q5_0 --tied");
+}
+static void t_qwen2_q5_1(void **s)
+{
+    compare(s, SHAPE " --arch qwen2 --type q5_1 --kv-heads 4");
+}
+static void t_llama_q4_k(void **s)
+{
+    compare(s, SHAPE " --arch llama --type q4_k --kv-heads 2");
+}
+static void t_qwen2_q5_k_tied(void **s)
+{
+    compare(s, SHAPE " --arch qwen2 --type q5_k --tied");
+}
+static void t_llama_q6_k(void **s)
+{
+    compare(s, SHAPE " --arch llama --type q6_k --rope-freqs");
+}
 /* the mixes on 8 layers, so attn_v/ffn_down are Q6_K in some layers only */
 #define SHAPE8 "--layers 8 --embd 256 --heads 8 --ff 512 --vocab 1000 --ctx 256 --seed 5"
-static void t_llama_q4_k_m(void **s) { compare(SHAPE8 " --arch llama --type q4_k_m --kv-heads 2"); }
-static void t_qwen2_q5_k_m(void **s) { compare(SHAPE8 " --arch qwen2 --type q5_k_m --kv-heads 4"); }
+static void t_llama_q4_k_m(void **s)
+{
+    compare(s, SHAPE8 " --arch llama --type q4_k_m --kv-heads 2");
+}
+static void t_qwen2_q5_k_m(void **s)
+{
+    compare(s, SHAPE8 " --arch qwen2 --type q5_k_m --kv-heads 4");
+}
 
 int main(void)
 {
@@ -160,13 +226,20 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_llama_f32_gqa), cmocka_unit_test(t_llama_q8_0_rope_freqs),
-        cmocka_unit_test(t_llama_bf16_tied), cmocka_unit_test(t_qwen2_f16_tied),
-        cmocka_unit_test(t_qwen2_q8_0), cmocka_unit_test(t_llama_q4_0),
-        cmocka_unit_test(t_qwen2_q4_1), cmocka_unit_test(t_llama_q5_0_tied),
-        cmocka_unit_test(t_qwen2_q5_1), cmocka_unit_test(t_llama_q4_k),
-        cmocka_unit_test(t_qwen2_q5_k_tied), cmocka_unit_test(t_llama_q6_k),
-        cmocka_unit_test(t_llama_q4_k_m), cmocka_unit_test(t_qwen2_q5_k_m),
+        cmocka_unit_test_setup_teardown(t_llama_f32_gqa, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_q8_0_rope_freqs, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_bf16_tied, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_qwen2_f16_tied, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_qwen2_q8_0, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_q4_0, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_qwen2_q4_1, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_q5_0_tied, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_qwen2_q5_1, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_q4_k, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_qwen2_q5_k_tied, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_q6_k, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_q4_k_m, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_qwen2_q5_k_m, ts_setup, ts_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

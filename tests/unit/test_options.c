@@ -178,15 +178,32 @@ static void test_every_entry_where_it_belongs(void **state)
     assert_int_equal(parse(&o, "stray", NULL), KVD_EBADREQ);
 }
 
+/* The --help text, in CMocka setup/teardown: freed also when an assert
+ * fails. */
+static int help_setup(void **state)
+{
+    *state = calloc(1, sizeof(char *));
+    return *state ? 0 : -1;
+}
+
+static int help_teardown(void **state)
+{
+    char **text = *state;
+    if (text)
+        free(*text);
+    free(text);
+    return 0;
+}
+
 static void test_help_lists_every_option(void **state)
 {
-    (void)state;
-    char *text = NULL;
+    char **help = *state;
     size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
+    FILE *f = open_memstream(help, &len);
     assert_non_null(f);
     options_usage(f);
     fclose(f);
+    const char *text = *help;
     for (size_t i = 0; i < options_n_defs; i++) {
         const struct options_def *d = &options_defs[i];
         char want[160];
@@ -203,7 +220,6 @@ static void test_help_lists_every_option(void **state)
                 fail_msg("--help shows no '%s' for --%s", want, d->name);
         }
     }
-    free(text);
 }
 
 static void test_example_config_names_every_key(void **state)
@@ -245,7 +261,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_kv_dtypes),
         cmocka_unit_test(test_every_entry_where_it_belongs),
-        cmocka_unit_test(test_help_lists_every_option),
+        cmocka_unit_test_setup_teardown(test_help_lists_every_option, help_setup, help_teardown),
         cmocka_unit_test(test_example_config_names_every_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
