@@ -290,6 +290,7 @@ out_srv:
     if (gen)
         exec_drain(ops_generate_exec(gen));
     http_stop(http);
+    ops_generate_release_loop(gen);
     metrics_stop(metrics);
     server_free(srv);
     ops_generate_stop(gen);

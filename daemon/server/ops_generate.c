@@ -623,6 +623,12 @@ struct gen_clients *ops_generate_clients(struct ops_generate *g)
     return g->clients;
 }
 
+void ops_generate_release_loop(struct ops_generate *g)
+{
+    if (g)
+        gen_clients_release_loop(g->clients);
+}
+
 void ops_generate_stop(struct ops_generate *g)
 {
     if (!g)

@@ -51,6 +51,9 @@ int ops_generate_start(struct server *srv, struct kvmm *mm, struct model *m,
 struct exec *ops_generate_exec(struct ops_generate *g);
 /* The generate clients other than msgpack connections (below). */
 struct gen_clients *ops_generate_clients(struct ops_generate *g);
+/* After exec_drain and before server_free: releases what ops_generate keeps
+ * on the server's loop (the generate clients' event). NULL is a no-op. */
+void ops_generate_release_loop(struct ops_generate *g);
 /* Answers whatever is still live (cancelled), stops the executor, frees g.
  * Call after server_run returned, before the model and kvmm are freed. */
 void ops_generate_stop(struct ops_generate *g);
@@ -111,6 +114,9 @@ void ops_generate_client_abort(struct gen_clients *gc, uint64_t client, int code
 int gen_clients_new(struct event_base *base, struct exec *ex, struct kvmm *mm,
                     struct gen_clients **out);
 void gen_clients_free(struct gen_clients *gc);
+/* Frees what lives on the server's loop (the queue's event); later results
+ * are dropped. Before the event base goes (ops_generate_release_loop). */
+void gen_clients_release_loop(struct gen_clients *gc);
 void gen_clients_tokens(struct gen_clients *gc, const struct sched_req *r, const uint32_t *toks,
                         size_t n);
 void gen_clients_done(struct gen_clients *gc, const struct sched_req *r);

@@ -113,8 +113,7 @@ void gen_clients_free(struct gen_clients *gc)
 {
     if (!gc)
         return;
-    if (gc->ev)
-        event_free(gc->ev);
+    gen_clients_release_loop(gc);
     for (struct gc_item *it = gc->head, *next; it; it = next) {
         next = it->next;
         free(it);
@@ -156,13 +155,30 @@ static struct gc_item *item_new(uint64_t client, const uint32_t *toks, size_t n,
 static void push(struct gen_clients *gc, struct gc_item *it)
 {
     pthread_mutex_lock(&gc->mu);
+    if (!gc->ev) { /* the loop is gone (gen_clients_release_loop) */
+        pthread_mutex_unlock(&gc->mu);
+        free(it);
+        return;
+    }
     if (gc->tail)
         gc->tail->next = it;
     else
         gc->head = it;
     gc->tail = it;
-    pthread_mutex_unlock(&gc->mu);
     event_active(gc->ev, EV_READ, 0);
+    pthread_mutex_unlock(&gc->mu);
+}
+
+void gen_clients_release_loop(struct gen_clients *gc)
+{
+    if (!gc)
+        return;
+    pthread_mutex_lock(&gc->mu);
+    struct event *ev = gc->ev;
+    gc->ev = NULL;
+    pthread_mutex_unlock(&gc->mu);
+    if (ev)
+        event_free(ev);
 }
 
 void gen_clients_tokens(struct gen_clients *gc, const struct sched_req *r, const uint32_t *toks,
