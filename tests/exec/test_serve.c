@@ -89,13 +89,51 @@ static bool str_is(const msgpack_object *o, const char *s)
            memcmp(o->via.str.ptr, s, o->via.str.size) == 0;
 }
 
+/* What a test holds (a reply, two connections, its own daemon), in CMocka
+ * setup/teardown: released also after a failed assert. */
+struct tstate {
+    struct kh_reply r;
+    int fd[2];
+    struct kh_proc *p;
+};
+
+static int t_setup(void **state)
+{
+    struct tstate *sv = calloc(1, sizeof *sv);
+    *state = sv;
+    if (!sv)
+        return -1;
+    sv->fd[0] = sv->fd[1] = -1;
+    return 0;
+}
+
+static int t_teardown(void **state)
+{
+    struct tstate *sv = *state;
+    if (!sv)
+        return 0;
+    kh_reply_free(&sv->r);
+    for (int i = 0; i < 2; i++)
+        if (sv->fd[i] >= 0)
+            close(sv->fd[i]);
+    kh_free(sv->p);
+    free(sv);
+    return 0;
+}
+
+static void sv_close(struct tstate *sv, int i)
+{
+    close(sv->fd[i]);
+    sv->fd[i] = -1;
+}
+
 static void test_hello_model(void **state)
 {
-    (void)state;
-    int fd = kh_connect(g_kvd.sock);
-    struct kh_reply r;
-    assert_int_equal(kh_call0(fd, "hello", 1, &r), 0);
-    const msgpack_object *m = kh_obj(r.root, "model");
+    struct tstate *sv = *state;
+    int fd = sv->fd[0] = kh_connect(g_kvd.sock);
+    struct kh_reply *r = &sv->r;
+    assert_int_equal(kh_call0(fd, "hello", 1, r), 0);
+    const msgpack_object *m = kh_obj(r->root, "model");
     assert_non_null(m);
     assert_int_equal(m->type, MSGPACK_OBJECT_MAP);
     assert_int_equal(kh_u64(m, "vocab"), 256);
@@ -104,69 +142,69 @@ static void test_hello_model(void **state)
     assert_true(kh_u64(m, "weight_device_bytes") >= kh_u64(m, "weight_bytes"));
     /* the KV: 2 layers x K|V x 2 kv heads x 16 tokens of head_dim 32 rows,
      * 64 bytes in f16, 34 (one Q8_0 block) in q8_0 */
-    const msgpack_object *kv = kh_obj(r.root, "kv");
+    const msgpack_object *kv = kh_obj(r->root, "kv");
     assert_non_null(kv);
     assert_true(str_is(kh_obj(kv, "dtype"), g_kv_dtype));
     uint64_t row = strcmp(g_kv_dtype, "q8_0") ? 64 : 34;
     assert_int_equal(kh_u64(kv, "head_dim"), 32);
     assert_int_equal(kh_u64(kv, "block_bytes"), 2 * 2 * 2 * 16 * row);
     assert_int_equal(kh_u64(kv, "token_bytes"), 2 * 2 * 2 * row);
-    kh_reply_free(&r);
-    close(fd);
+    kh_reply_free(r);
+    sv_close(sv, 0);
 }
 
 /* Cold, then a prefix-cache hit: same tokens, usage and timing present. */
 static void test_generate_cached(void **state)
 {
-    (void)state;
-    int fd = kh_connect(g_kvd.sock);
+    struct tstate *sv = *state;
+    int fd = sv->fd[0] = kh_connect(g_kvd.sock);
     uint32_t p[37], a[16], b[16];
     for (int i = 0; i < 37; i++)
         p[i] = (uint32_t)(i * 13 + 5) % 256;
-    struct kh_reply r;
+    struct kh_reply *r = &sv->r;
     for (int k = 0; k < 2; k++) {
         assert_int_equal(send_gen(fd, 10 + k, p, 37, 16, false), 0);
-        assert_int_equal(kh_recv(fd, &r), 0);
-        assert_int_equal(r.code, 0);
-        assert_int_equal(get_tokens(r.root, k ? b : a, 16), 16);
-        assert_true(str_is(kh_obj(r.root, "finish_reason"), "length"));
-        const msgpack_object *u = kh_obj(r.root, "usage");
+        assert_int_equal(kh_recv(fd, r), 0);
+        assert_int_equal(r->code, 0);
+        assert_int_equal(get_tokens(r->root, k ? b : a, 16), 16);
+        assert_true(str_is(kh_obj(r->root, "finish_reason"), "length"));
+        const msgpack_object *u = kh_obj(r->root, "usage");
         assert_int_equal(kh_u64(u, "prompt"), 37);
         assert_int_equal(kh_u64(u, "completion"), 16);
         assert_int_equal(kh_u64(u, "cached"), k ? 32 : 0);
-        const msgpack_object *t = kh_obj(r.root, "timing");
+        const msgpack_object *t = kh_obj(r->root, "timing");
         assert_non_null(kh_obj(t, "queue_ms"));
         assert_non_null(kh_obj(t, "ttft_ms"));
         assert_non_null(kh_obj(t, "total_ms"));
-        kh_reply_free(&r);
+        kh_reply_free(r);
     }
     assert_memory_equal(a, b, sizeof(a));
-    close(fd);
+    sv_close(sv, 0);
 }
 
 /* Streamed events concatenate to the reply; a cancel ends the next one. */
 static void test_stream_and_cancel(void **state)
 {
-    (void)state;
-    int fd = kh_connect(g_kvd.sock);
+    struct tstate *sv = *state;
+    int fd = sv->fd[0] = kh_connect(g_kvd.sock);
     uint32_t p[5] = {1, 2, 3, 4, 5}, got[256], fin[256];
     size_t n_got = 0;
-    struct kh_reply r;
+    struct kh_reply *r = &sv->r;
     assert_int_equal(send_gen(fd, 1, p, 5, 40, true), 0);
     for (;;) {
-        assert_int_equal(kh_recv(fd, &r), 0);
-        assert_int_equal(r.id, 1);
-        if (kh_obj(r.root, "event")) {
-            assert_true(str_is(kh_obj(r.root, "event"), "tokens"));
-            n_got += get_tokens(r.root, got + n_got, 256 - n_got);
-            kh_reply_free(&r);
+        assert_int_equal(kh_recv(fd, r), 0);
+        assert_int_equal(r->id, 1);
+        if (kh_obj(r->root, "event")) {
+            assert_true(str_is(kh_obj(r->root, "event"), "tokens"));
+            n_got += get_tokens(r->root, got + n_got, 256 - n_got);
+            kh_reply_free(r);
             continue;
         }
         break;
     }
-    assert_int_equal(r.code, 0);
-    assert_int_equal(get_tokens(r.root, fin, 256), 40);
-    kh_reply_free(&r);
+    assert_int_equal(r->code, 0);
+    assert_int_equal(get_tokens(r->root, fin, 256), 40);
+    kh_reply_free(r);
     assert_int_equal(n_got, 40);
     assert_memory_equal(got, fin, 40 * sizeof(uint32_t));
 
@@ -189,47 +227,47 @@ static void test_stream_and_cancel(void **state)
         msgpack_sbuffer_destroy(&g.sb);
         msgpack_sbuffer_destroy(&c.sb);
     }
-    assert_int_equal(kh_recv(fd, &r), 0);
+    assert_int_equal(kh_recv(fd, r), 0);
     /* The cancel's reply and the generate's events/reply interleave. */
     bool cancel_ok = false, done = false;
     while (!cancel_ok || !done) {
-        if (r.id == 3) {
-            assert_int_equal(r.code, 0);
+        if (r->id == 3) {
+            assert_int_equal(r->code, 0);
             cancel_ok = true;
-        } else if (r.id == 2 && !kh_obj(r.root, "event")) {
-            assert_int_equal(r.code, 0);
-            assert_true(str_is(kh_obj(r.root, "finish_reason"), "cancelled"));
-            assert_true(get_tokens(r.root, fin, 256) < 240);
+        } else if (r->id == 2 && !kh_obj(r->root, "event")) {
+            assert_int_equal(r->code, 0);
+            assert_true(str_is(kh_obj(r->root, "finish_reason"), "cancelled"));
+            assert_true(get_tokens(r->root, fin, 256) < 240);
             done = true;
         }
-        kh_reply_free(&r);
+        kh_reply_free(r);
         if (!cancel_ok || !done)
-            assert_int_equal(kh_recv(fd, &r), 0);
+            assert_int_equal(kh_recv(fd, r), 0);
     }
-    close(fd);
+    sv_close(sv, 0);
 }
 
 /* A client that disconnects mid-generate leaves nothing behind. */
 static void test_disconnect_frees(void **state)
 {
-    (void)state;
-    int ctl = kh_connect(g_kvd.sock);
+    struct tstate *sv = *state;
+    int ctl = sv->fd[1] = kh_connect(g_kvd.sock);
     /* The previous test's connections may still be closing: settle first,
      * and treat the baseline as an upper bound (it can only shrink). */
     while (kh_stat(ctl, NULL, "in_flight") != 0 || kh_stat(ctl, "requests", "live") != 0)
         usleep(2000);
     uint64_t seqs0 = kh_stat(ctl, "counters", "seqs");
-    int fd = kh_connect(g_kvd.sock);
+    int fd = sv->fd[0] = kh_connect(g_kvd.sock);
     uint32_t p[40];
     for (int i = 0; i < 8; i++) {
         for (int j = 0; j < 40; j++)
             p[j] = (uint32_t)(i * 31 + j * 7) % 256;
         assert_int_equal(send_gen(fd, 1 + i, p, 40, 200, i % 2 == 0), 0);
     }
-    struct kh_reply r;
-    assert_int_equal(kh_recv(fd, &r), 0); /* the first event: work is under way */
-    kh_reply_free(&r);
-    close(fd);
+    struct kh_reply *r = &sv->r;
+    assert_int_equal(kh_recv(fd, r), 0); /* the first event: work is under way */
+    kh_reply_free(r);
+    sv_close(sv, 0);
     /* Poll (no time limit; ctest's timeout is the net) until the executor
      * has let go of everything. */
     while (kh_stat(ctl, NULL, "in_flight") != 0 || kh_stat(ctl, "counters", "seqs") > seqs0 ||
@@ -237,9 +275,9 @@ static void test_disconnect_frees(void **state)
         usleep(2000);
     assert_int_equal(kh_stat(ctl, "requests", "running"), 0);
     assert_int_equal(kh_stat(ctl, "requests", "waiting"), 0);
-    assert_int_equal(kh_call0(ctl, "admin_check", 2, &r), 0);
-    kh_reply_free(&r);
-    close(ctl);
+    assert_int_equal(kh_call0(ctl, "admin_check", 2, r), 0);
+    kh_reply_free(r);
+    sv_close(sv, 1);
 }
 
 /* Sends generate with the pairs written by `pack` and expects bad_request
@@ -250,7 +288,10 @@ struct bad_case {
     size_t n;
 };
 
-static void bt_tokens_str(msgpack_packer *pk) { proto_pack_kv_str(pk, "tokens", "hello"); }
+static void bt_tokens_str(msgpack_packer *pk)
+{
+    proto_pack_kv_str(pk, "tokens", "hello");
+}
 static void bt_tokens_neg(msgpack_packer *pk)
 {
     proto_pack_str(pk, "tokens");
@@ -263,25 +304,71 @@ static void bt_tokens_vocab(msgpack_packer *pk)
     uint32_t t[3] = {1, 256, 2};
     proto_pack_kv_u32_array(pk, "tokens", t, 3);
 }
-static void bt_tokens_empty(msgpack_packer *pk) { proto_pack_kv_u32_array(pk, "tokens", NULL, 0); }
+static void bt_tokens_empty(msgpack_packer *pk)
+{
+    proto_pack_kv_u32_array(pk, "tokens", NULL, 0);
+}
 static void bt_tokens_huge(msgpack_packer *pk)
 {
     static uint32_t t[300];
     proto_pack_kv_u32_array(pk, "tokens", t, 300);
 }
-static void bt_tokens_missing(msgpack_packer *pk) { proto_pack_kv_uint(pk, "max_tokens", 4); }
+static void bt_tokens_missing(msgpack_packer *pk)
+{
+    proto_pack_kv_uint(pk, "max_tokens", 4);
+}
 static const uint32_t ok_toks[2] = {1, 2};
 #define OKT proto_pack_kv_u32_array(pk, "tokens", ok_toks, 2)
-static void bt_max0(msgpack_packer *pk) { OKT; proto_pack_kv_uint(pk, "max_tokens", 0); }
-static void bt_max_huge(msgpack_packer *pk) { OKT; proto_pack_kv_uint(pk, "max_tokens", 1u << 30); }
-static void bt_max_neg(msgpack_packer *pk) { OKT; proto_pack_kv_int(pk, "max_tokens", -1); }
-static void bt_temp_neg(msgpack_packer *pk) { OKT; proto_pack_kv_double(pk, "temperature", -0.5); }
-static void bt_temp_str(msgpack_packer *pk) { OKT; proto_pack_kv_str(pk, "temperature", "hot"); }
-static void bt_top_p0(msgpack_packer *pk) { OKT; proto_pack_kv_double(pk, "top_p", 0.0); }
-static void bt_top_p_big(msgpack_packer *pk) { OKT; proto_pack_kv_double(pk, "top_p", 1.5); }
-static void bt_top_k_neg(msgpack_packer *pk) { OKT; proto_pack_kv_int(pk, "top_k", -2); }
-static void bt_top_k_big(msgpack_packer *pk) { OKT; proto_pack_kv_uint(pk, "top_k", 100000); }
-static void bt_seed_neg(msgpack_packer *pk) { OKT; proto_pack_kv_int(pk, "seed", -7); }
+static void bt_max0(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_uint(pk, "max_tokens", 0);
+}
+static void bt_max_huge(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_uint(pk, "max_tokens", 1u << 30);
+}
+static void bt_max_neg(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_int(pk, "max_tokens", -1);
+}
+static void bt_temp_neg(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_double(pk, "temperature", -0.5);
+}
+static void bt_temp_str(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_str(pk, "temperature", "hot");
+}
+static void bt_top_p0(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_double(pk, "top_p", 0.0);
+}
+static void bt_top_p_big(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_double(pk, "top_p", 1.5);
+}
+static void bt_top_k_neg(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_int(pk, "top_k", -2);
+}
+static void bt_top_k_big(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_uint(pk, "top_k", 100000);
+}
+static void bt_seed_neg(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_int(pk, "seed", -7);
+}
 static void bt_stop_big(msgpack_packer *pk)
 {
     static uint32_t s[65];
@@ -294,15 +381,35 @@ static void bt_stop_vocab(msgpack_packer *pk)
     OKT;
     proto_pack_kv_u32_array(pk, "stop", s, 1);
 }
-static void bt_stream_int(msgpack_packer *pk) { OKT; proto_pack_kv_uint(pk, "stream", 1); }
-static void bt_prio_str(msgpack_packer *pk) { OKT; proto_pack_kv_str(pk, "priority", "high"); }
-static void bt_prio_huge(msgpack_packer *pk) { OKT; proto_pack_kv_int(pk, "priority", 1ll << 40); }
-static void bt_seq_unknown(msgpack_packer *pk) { OKT; proto_pack_kv_uint(pk, "seq", 123456789); }
-static void bt_seq_str(msgpack_packer *pk) { OKT; proto_pack_kv_str(pk, "seq", "x"); }
+static void bt_stream_int(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_uint(pk, "stream", 1);
+}
+static void bt_prio_str(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_str(pk, "priority", "high");
+}
+static void bt_prio_huge(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_int(pk, "priority", 1ll << 40);
+}
+static void bt_seq_unknown(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_uint(pk, "seq", 123456789);
+}
+static void bt_seq_str(msgpack_packer *pk)
+{
+    OKT;
+    proto_pack_kv_str(pk, "seq", "x");
+}
 
 static void test_malformed(void **state)
 {
-    (void)state;
+    struct tstate *sv = *state;
     const struct bad_case cases[] = {
         {"tokens", bt_tokens_str, 1},    {"tokens", bt_tokens_neg, 1},
         {"tokens", bt_tokens_vocab, 1},  {"tokens", bt_tokens_empty, 1},
@@ -317,27 +424,27 @@ static void test_malformed(void **state)
         {"priority", bt_prio_huge, 2},   {"seq", bt_seq_unknown, 2},
         {"seq", bt_seq_str, 2},
     };
-    int fd = kh_connect(g_kvd.sock);
+    int fd = sv->fd[0] = kh_connect(g_kvd.sock);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct kh_req q;
-        struct kh_reply r;
+        struct kh_reply *r = &sv->r;
         kh_req_begin(&q, "generate", 100 + i, cases[i].n);
         cases[i].pack(&q.pk);
         assert_int_equal(kh_req_send(fd, &q), 0);
-        assert_int_equal(kh_recv(fd, &r), 0);
+        assert_int_equal(kh_recv(fd, r), 0);
         /* an unknown handle is not_found, as in every other op (issue 14) */
         int want = cases[i].pack == bt_seq_unknown ? KVD_ENOTFOUND : KVD_EBADREQ;
-        if (r.code != want || !strstr(r.message, cases[i].field))
-            fail_msg("case %zu (%s): code %d message '%s'", i, cases[i].field, r.code, r.message);
-        kh_reply_free(&r);
+        if (r->code != want || !strstr(r->message, cases[i].field))
+            fail_msg("case %zu (%s): code %d message '%s'", i, cases[i].field, r->code, r->message);
+        kh_reply_free(r);
     }
     /* The connection is still usable. */
-    struct kh_reply r;
+    struct kh_reply *r = &sv->r;
     assert_int_equal(send_gen(fd, 999, ok_toks, 2, 3, false), 0);
-    assert_int_equal(kh_recv(fd, &r), 0);
-    assert_int_equal(r.code, 0);
-    kh_reply_free(&r);
-    close(fd);
+    assert_int_equal(kh_recv(fd, r), 0);
+    assert_int_equal(r->code, 0);
+    kh_reply_free(r);
+    sv_close(sv, 0);
 }
 
 static void test_kvctl_generate(void **state)
@@ -370,74 +477,77 @@ static void test_kvctl_generate(void **state)
  * kvd exits 0. Uses its own daemon. */
 static void test_sigterm_answers(void **state)
 {
-    (void)state;
-    struct kh_proc p;
+    struct tstate *sv = *state;
     const char *args[] = {"--model", g_model, "--backend", "cpu", NULL};
-    assert_int_equal(kh_start(&p, NULL, args), 0);
-    int fd = kh_connect(p.sock);
+    struct kh_proc *p = sv->p = kh_new(NULL, args);
+    assert_non_null(p);
+    int fd = sv->fd[0] = kh_connect(p->sock);
     uint32_t t[20];
     for (int i = 0; i < 20; i++)
         t[i] = (uint32_t)i + 1;
     for (int i = 0; i < 6; i++)
         assert_int_equal(send_gen(fd, 1 + i, t, 20, 240, i == 0), 0);
-    struct kh_reply r;
-    assert_int_equal(kh_recv(fd, &r), 0); /* an event: generation is running */
-    kh_reply_free(&r);
-    kill(p.pid, SIGTERM);
+    struct kh_reply *r = &sv->r;
+    assert_int_equal(kh_recv(fd, r), 0); /* an event: generation is running */
+    kh_reply_free(r);
+    kill(p->pid, SIGTERM);
     int answered = 0;
     while (answered < 6) {
-        assert_int_equal(kh_recv(fd, &r), 0);
-        if (!kh_obj(r.root, "event")) {
-            if (r.code == 0)
-                assert_true(str_is(kh_obj(r.root, "finish_reason"), "cancelled") ||
-                            str_is(kh_obj(r.root, "finish_reason"), "length"));
+        assert_int_equal(kh_recv(fd, r), 0);
+        if (!kh_obj(r->root, "event")) {
+            if (r->code == 0)
+                assert_true(str_is(kh_obj(r->root, "finish_reason"), "cancelled") ||
+                            str_is(kh_obj(r->root, "finish_reason"), "length"));
             else
-                assert_int_equal(r.code, KVD_ECANCELLED);
+                assert_int_equal(r->code, KVD_ECANCELLED);
             answered++;
         }
-        kh_reply_free(&r);
+        kh_reply_free(r);
     }
-    close(fd);
-    assert_int_equal(kh_wait(&p), 0);
-    kh_cleanup_dir(&p);
+    sv_close(sv, 0);
+    assert_int_equal(kh_wait(p), 0);
+    kh_cleanup_dir(p);
+    sv->p = NULL;
+    free(p);
 }
 
 static void test_store_mode_unsupported(void **state)
 {
-    (void)state;
-    struct kh_proc p;
-    assert_int_equal(kh_start(&p, NULL, NULL), 0);
-    int fd = kh_connect(p.sock);
-    struct kh_reply r;
+    struct tstate *sv = *state;
+    struct kh_proc *p = sv->p = kh_new(NULL, NULL);
+    assert_non_null(p);
+    int fd = sv->fd[0] = kh_connect(p->sock);
+    struct kh_reply *r = &sv->r;
     assert_int_equal(send_gen(fd, 1, ok_toks, 2, 3, false), 0);
-    assert_int_equal(kh_recv(fd, &r), 0);
-    assert_int_equal(r.code, KVD_EUNSUPPORTED);
-    kh_reply_free(&r);
-    close(fd);
-    assert_int_equal(kh_stop(&p), 0);
+    assert_int_equal(kh_recv(fd, r), 0);
+    assert_int_equal(r->code, KVD_EUNSUPPORTED);
+    kh_reply_free(r);
+    sv_close(sv, 0);
+    sv->p = NULL;
+    assert_int_equal(kh_free(p), 0);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hello_model),
-        cmocka_unit_test(test_generate_cached),
-        cmocka_unit_test(test_stream_and_cancel),
-        cmocka_unit_test(test_disconnect_frees),
-        cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_kvctl_generate),
-        cmocka_unit_test(test_sigterm_answers),
-        cmocka_unit_test(test_store_mode_unsupported),
+        cmocka_unit_test_setup_teardown(test_hello_model, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_generate_cached, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_stream_and_cancel, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_disconnect_frees, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_malformed, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_kvctl_generate, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_sigterm_answers, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_store_mode_unsupported, t_setup, t_teardown),
     };
     if (!getenv("KVD_TOOLS_DIR") || !getenv("KVD_BIN")) {
         fprintf(stderr, "KVD_TOOLS_DIR / KVD_BIN not set (run through ctest)\n");
         return 77;
     }
     const struct CMUnitTest q8_0[] = {
-        cmocka_unit_test(test_hello_model),
-        cmocka_unit_test(test_generate_cached),
-        cmocka_unit_test(test_stream_and_cancel),
-        cmocka_unit_test(test_kvctl_generate),
+        cmocka_unit_test_setup_teardown(test_hello_model, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_generate_cached, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_stream_and_cancel, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(test_kvctl_generate, t_setup, t_teardown),
     };
     int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
     return failed + cmocka_run_group_tests_name("q8_0 KV", q8_0, group_setup_q8_0, group_teardown);
