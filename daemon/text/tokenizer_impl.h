@@ -35,6 +35,7 @@ enum pre_split {
     SPLIT_NUM1,          /* \p{N} */
     SPLIT_NUMS,          /* \p{N}+ */
     SPLIT_PUNCT,         /* [\p{P}\$\+<=>\^~\|]+ */
+    SPLIT_PUNCT_FALCON,  /* [\p{P}\$\+<=>\^~\|`]+ */
     SPLIT_DIGITS3,       /* [0-9][0-9][0-9] */
     SPLIT_TEKKEN,        /* tekken's (std::regex over the collapsed text) */
     SPLIT_NEWLINE1,      /* [\r\n] */

@@ -323,6 +323,16 @@ static size_t m_punct(const uint32_t *cps, size_t a, size_t b, size_t p)
     return e > p ? e : 0;
 }
 
+/* falcon's: [\p{P}\$\+<=>\^~\|`]+ */
+static size_t m_punct_falcon(const uint32_t *cps, size_t a, size_t b, size_t p)
+{
+    (void)a;
+    size_t e = p;
+    while (e < b && (punct_plus(cview(cps[e])) || cps[e] == '`'))
+        e++;
+    return e > p ? e : 0;
+}
+
 /* [0-9][0-9][0-9] (std::wregex over the code points) */
 static size_t m_digits3(const uint32_t *cps, size_t a, size_t b, size_t p)
 {
@@ -516,7 +526,7 @@ static const struct family families[] = {
      PRE("deepseek-coder", SPLIT_NEWLINE1, SPLIT_SPACE_LETTERS, SPLIT_SPACE_PUNCTS, SPLIT_CJK_DSC,
          SPLIT_NUM1),
      0, -1, -1, false},
-    {"falcon", PRE("falcon", SPLIT_PUNCT, SPLIT_GPT2, SPLIT_DIGITS3), -1, -1, -1, false},
+    {"falcon", PRE("falcon", SPLIT_PUNCT_FALCON, SPLIT_GPT2, SPLIT_DIGITS3), -1, -1, -1, false},
     {"gpt-2|phi-2|jina-es|jina-de|gigachat|jina-v2-es|jina-v2-de|a.x-4.0|mellum|modern-bert|mpt|"
      "olmo|jais|exaone4|jina-v1-en|jina-v2-code|roberta-bpe",
      PRE("gpt-2", SPLIT_GPT2), -1, -1, -1, false},
@@ -606,6 +616,9 @@ size_t tok_pre_split(const struct tok_pre *pre, const uint32_t *cps, size_t n, s
                 break;
             case SPLIT_PUNCT:
                 split_regex(cps, a, b, &o, m_punct);
+                break;
+            case SPLIT_PUNCT_FALCON:
+                split_regex(cps, a, b, &o, m_punct_falcon);
                 break;
             case SPLIT_DIGITS3:
                 split_regex(cps, a, b, &o, m_digits3);
