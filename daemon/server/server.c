@@ -251,8 +251,6 @@ static struct conn *conn_find(struct server *srv, uint64_t id)
     return NULL;
 }
 
-/* Decodes and runs one request whose payload is p[0..len). Returns false
- * when the connection must close (the message could not be parsed). */
 /* A request's `tenant` argument: a trusted front end ([front-end] uids)
  * runs it as its sub-tenant "<its tenant>/<tenant>" (registered with the
  * [limits] quotas, its own namespace); anyone else gets permission_denied.
@@ -290,6 +288,8 @@ static int server_sub_tenant(struct server *srv, struct conn *c, const msgpack_o
     return 0;
 }
 
+/* Decodes and runs one request whose payload is p[0..len). Returns false
+ * when the connection must close (the message could not be parsed). */
 static bool conn_dispatch_cb(void *ctx, struct conn *c, const uint8_t *p, size_t len)
 {
     struct server *srv = ctx;
