@@ -215,8 +215,9 @@ static struct bufferevent *httpd_bevcb(struct event_base *base, void *arg)
     if (h->n_bevs >= h->max_conns && h->listener && !h->full) {
         h->full = true;
         evconnlistener_disable(h->listener);
-        log_warn("%s: %u connections open (the limit); not accepting more until one closes",
-                 h->what, h->n_bevs);
+        log_warn("%s: %u connections open (%s-max-connections); not accepting more until one "
+                 "closes",
+                 h->what, h->n_bevs, h->what);
     }
     return bev;
 }

@@ -400,7 +400,8 @@ static void test_chat_in_one_sequence(void **state)
 
     /* The template's error for a bad conversation is the daemon's answer. */
     struct kvd_chat_msg none[1] = {{"user", "x"}};
-    assert_int_equal(kvd_chat(c, none, 0, &o, &fresh), KVD_EBADREQ);
+    struct kvd_gen_result bad;
+    assert_int_equal(kvd_chat(c, none, 0, &o, &bad), KVD_EBADREQ);
     kvd_gen_result_free(&r1);
     kvd_gen_result_free(&r2);
     kvd_gen_result_free(&fresh);
