@@ -387,11 +387,11 @@ static int cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static const struct tokenizer *sort_ctx;
-static int cmp_special(const void *a, const void *b)
+static int cmp_special(const void *a, const void *b, void *ctx)
 {
+    const struct tokenizer *t = ctx;
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    uint32_t lx = sort_ctx->tok[x].len, ly = sort_ctx->tok[y].len;
+    uint32_t lx = t->tok[x].len, ly = t->tok[y].len;
     if (lx != ly)
         return lx > ly ? -1 : 1;
     return x < y ? -1 : x > y;
@@ -536,9 +536,7 @@ static int load_special(struct tokenizer *t, const struct gguf *g, char *err, si
     for (uint32_t id = 0; id < t->n_vocab; id++)
         if (t->tok[id].attr & (TOK_ATTR_CONTROL | TOK_ATTR_USER_DEFINED | TOK_ATTR_UNKNOWN))
             t->special[t->n_special++] = id;
-    sort_ctx = t;
-    qsort(t->special, t->n_special, sizeof(uint32_t), cmp_special);
-    sort_ctx = NULL;
+    qsort_r(t->special, t->n_special, sizeof(uint32_t), cmp_special, t);
 
     rc = tok_build_pieces(t);
     if (rc == KVD_EUNSUPPORTED)
@@ -691,6 +689,21 @@ static void byte_tokens(struct tokenizer *t)
     }
 }
 
+/* No token has U+2581 after a byte that does not end a U+2581: then no
+ * SentencePiece merge can span the start of a word. */
+static bool spm_no_token_spans_words(const struct tokenizer *t)
+{
+    for (uint32_t id = 0; id < t->n_vocab; id++) {
+        const char *x = TOK_TEXT(t, id);
+        uint32_t n = t->tok[id].len;
+        for (uint32_t p = 1; p + 3 <= n; p++)
+            if (!memcmp(x + p, "\xe2\x96\x81", 3) &&
+                (p < 3 || memcmp(x + p - 3, "\xe2\x96\x81", 3) != 0))
+                return false;
+    }
+    return true;
+}
+
 int tokenizer_load(const struct gguf *g, struct tokenizer **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -762,6 +775,8 @@ int tokenizer_load(const struct gguf *g, struct tokenizer **out, char *err, size
     if (t->kind == TOK_BPE && (rc = load_merges(t, g, err, errlen)))
         goto bad;
     byte_tokens(t);
+    if (t->kind == TOK_SPM)
+        t->spm_words = spm_no_token_spans_words(t);
     if ((rc = load_special(t, g, err, errlen)))
         goto bad;
     *out = t;
@@ -1126,6 +1141,47 @@ static void spm_emit(const struct tokenizer *t, const char *s, const struct sym 
     }
 }
 
+#define LOWER_ONE_EIGHTH_BLOCK "\xe2\x96\x81" /* U+2581, SentencePiece's space */
+
+/* Symbol y starts a word: it is U+2581 and the three bytes before it are
+ * not. */
+static bool spm_word_start(const char *s, const struct sym *y)
+{
+    if (y->n != 3 || memcmp(s + y->off, LOWER_ONE_EIGHTH_BLOCK, 3) != 0)
+        return false;
+    return y->off < 3 || memcmp(s + y->off - 3, LOWER_ONE_EIGHTH_BLOCK, 3) != 0;
+}
+
+/* SentencePiece's merges over symbols [a, b): the pair of highest score
+ * first, ties to the left; the result out as tokens or bytes. */
+static void spm_segment(const struct tokenizer *t, struct work *w, const char *s, size_t a,
+                        size_t b, struct ids *out)
+{
+    for (size_t i = a; i < b; i++) {
+        w->syms[i].prev = i == a ? -1 : (int)i - 1;
+        w->syms[i].next = i + 1 == b ? -1 : (int)i + 1;
+    }
+    w->heap.n = 0;
+    w->heap.bpe = false;
+    for (size_t i = a + 1; i < b; i++)
+        spm_try_bigram(t, w, s, (int)i - 1, (int)i);
+    while (w->heap.n) {
+        struct bigram bg = heap_pop(&w->heap);
+        struct sym *l = &w->syms[bg.left], *r = &w->syms[bg.right];
+        if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size)
+            continue;
+        l->n += r->n;
+        r->n = 0;
+        l->next = r->next;
+        if (r->next >= 0)
+            w->syms[r->next].prev = bg.left;
+        spm_try_bigram(t, w, s, l->prev, bg.left);
+        spm_try_bigram(t, w, s, bg.left, l->next);
+    }
+    for (int i = (int)a; i != -1; i = w->syms[i].next)
+        spm_emit(t, s, &w->syms[i], out);
+}
+
 static void spm_encode(const struct tokenizer *t, struct work *w, const char *text, size_t len,
                        bool space_prefix, struct ids *out)
 {
@@ -1160,30 +1216,23 @@ static void spm_encode(const struct tokenizer *t, struct work *w, const char *te
         size_t cl = uni_len_utf8((uint8_t)s[off]);
         if (cl > k - off)
             cl = k - off;
-        w->syms[ns] = (struct sym){(int)ns - 1, off + cl == k ? -1 : (int)ns + 1, (uint32_t)off,
-                                   (uint32_t)cl};
+        w->syms[ns] = (struct sym){0, 0, (uint32_t)off, (uint32_t)cl};
         off += cl;
         ns++;
     }
-    w->heap.n = 0;
-    w->heap.bpe = false;
-    for (size_t i = 1; i < ns; i++)
-        spm_try_bigram(t, w, s, (int)i - 1, (int)i);
-    while (w->heap.n) {
-        struct bigram bg = heap_pop(&w->heap);
-        struct sym *l = &w->syms[bg.left], *r = &w->syms[bg.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size)
-            continue;
-        l->n += r->n;
-        r->n = 0;
-        l->next = r->next;
-        if (r->next >= 0)
-            w->syms[r->next].prev = bg.left;
-        spm_try_bigram(t, w, s, l->prev, bg.left);
-        spm_try_bigram(t, w, s, bg.left, l->next);
+    /* Words are merged one at a time when no token can span a word start
+     * (t->spm_words): the same merges as over the whole text, since no pair
+     * across a word start is ever a token, with small queues. */
+    for (size_t a = 0; a < ns;) {
+        size_t b = a + 1;
+        if (t->spm_words)
+            while (b < ns && !spm_word_start(s, &w->syms[b]))
+                b++;
+        else
+            b = ns;
+        spm_segment(t, w, s, a, b, out);
+        a = b;
     }
-    for (int i = 0; i != -1; i = w->syms[i].next)
-        spm_emit(t, s, &w->syms[i], out);
 }
 
 /* ---- byte-level BPE ----------------------------------------------------- */
@@ -1335,6 +1384,8 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bo
     struct work w = {0};
     *ids = NULL;
     *n_ids = 0;
+    if (len > TOK_MAX_TEXT)
+        return KVD_ETOOLARGE;
     if (!partition(t, text, len, parse_special, &f))
         goto oom;
     if (t->kind == TOK_SPM) {

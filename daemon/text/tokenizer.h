@@ -27,6 +27,8 @@ struct tok_stream;
  * is refused (KVD_EUNSUPPORTED). */
 #define TOK_MAX_TOKEN_TEXT 1024
 #define TOK_MAX_PIECE 4096
+/* The longest text tokenizer_encode takes (bytes). */
+#define TOK_MAX_TEXT (256u << 20)
 /* What one tok_stream_push or tok_stream_flush can write, NUL included. */
 #define TOK_STREAM_MAX_OUT (3 * (TOK_MAX_PIECE + 16) + 1)
 
@@ -57,7 +59,8 @@ const char *tokenizer_pre_name(const struct tokenizer *t);
 /* Tokenize like llama.cpp's llama_tokenize(text, add_special=add_bos,
  * parse_special): add_bos adds the model's BOS (and EOS where the model
  * asks for it, tokenizer.ggml.add_eos_token) as llama.cpp does.
- * *ids is malloc'd (non-NULL even when *n_ids is 0). 0 or KVD_ENOMEM. */
+ * *ids is malloc'd (non-NULL even when *n_ids is 0). 0, KVD_ENOMEM, or
+ * KVD_ETOOLARGE for a text over TOK_MAX_TEXT bytes. */
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
                      bool parse_special, uint32_t **ids, size_t *n_ids);
 /* The model's default for add_bos (tokenizer.ggml.add_bos_token, or the

@@ -87,6 +87,7 @@ struct tokenizer {
 
     uint32_t bos, eos, eot, eom, unk;
     bool add_bos, add_eos, add_space_prefix, ignore_merges, clean_spaces;
+    bool spm_words; /* SentencePiece merges may run word by word */
 
     uint32_t *special; /* control/user-defined/unknown ids, longest text first */
     uint32_t n_special;

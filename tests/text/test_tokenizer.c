@@ -111,7 +111,7 @@ static void expect_ids(const struct tokenizer *t, const char *text, bool add_bos
     uint32_t *ids;
     size_t n;
     assert_int_equal(tokenizer_encode(t, text, strlen(text), add_bos, special, &ids, &n), 0);
-    if (n != n_want || memcmp(ids, want, n * sizeof(uint32_t))) {
+    if (n != n_want || (n && memcmp(ids, want, n * sizeof(uint32_t)))) {
         fprintf(stderr, "text \"%s\": got", text);
         for (size_t i = 0; i < n; i++)
             fprintf(stderr, " %u", ids[i]);
@@ -121,7 +121,8 @@ static void expect_ids(const struct tokenizer *t, const char *text, bool add_bos
         fprintf(stderr, "\n");
     }
     assert_int_equal(n, n_want);
-    assert_memory_equal(ids, want, n * sizeof(uint32_t));
+    if (n)
+        assert_memory_equal(ids, want, n * sizeof(uint32_t));
     free(ids);
 }
 
@@ -209,8 +210,33 @@ static void test_spm_merges(void **state)
     assert_int_equal(ids[0], SPM_ID(0));
     assert_int_equal(ids[1], 3 + '<');
     free(ids);
+    /* a text over the limit is refused before it is read */
+    assert_int_equal(tokenizer_encode(t, "x", (size_t)TOK_MAX_TEXT + 1, false, false, &ids, &n),
+                     KVD_ETOOLARGE);
     /* user-defined tokens split the text even without parse_special */
     EXPECT(t, "hello<tool>hello", false, false, SPM_ID(9), SPM_ID(11), SPM_ID(9));
+    unload(&l);
+}
+
+/* A token across a word start ("a▁b"): the merges run over the whole text
+ * (word-by-word merging would give ▁ a ▁ b). */
+static void test_spm_spanning(void **state)
+{
+    (void)state;
+    static const struct tv extra[] = {
+        {"\xe2\x96\x81", -10, N_},
+        {"a", -10, N_},
+        {"b", -10, N_},
+        {"a\xe2\x96\x81", -1, N_},
+        {"a\xe2\x96\x81"
+         "b",
+         -0.5f, N_},
+    };
+    struct gw w = spm_vocab(extra, sizeof extra / sizeof extra[0]);
+    struct loaded l;
+    char err[256];
+    assert_int_equal(load(&w, &l, err, sizeof err), 0);
+    EXPECT(l.t, "a b", false, false, SPM_ID(0), SPM_ID(4));
     unload(&l);
 }
 
@@ -577,9 +603,10 @@ static void test_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_spm_merges),  cmocka_unit_test(test_spm_decode),
-        cmocka_unit_test(test_stream),      cmocka_unit_test(test_bpe),
-        cmocka_unit_test(test_phi3_rstrip), cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_spm_merges), cmocka_unit_test(test_spm_spanning),
+        cmocka_unit_test(test_spm_decode), cmocka_unit_test(test_stream),
+        cmocka_unit_test(test_bpe),        cmocka_unit_test(test_phi3_rstrip),
+        cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

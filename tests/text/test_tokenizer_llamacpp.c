@@ -163,18 +163,36 @@ static uint32_t *jp_ids(struct jp *j, size_t *n)
 
 /* ---- helpers ---------------------------------------------------------------- */
 
+/* Ids from `from` on (at most 40). */
+static void print_ids_at(const char *what, const uint32_t *v, size_t n, size_t from)
+{
+    fprintf(stderr, "    %s:%s", what, from ? " ..." : "");
+    for (size_t i = from; i < n && i < from + 40; i++)
+        fprintf(stderr, " %u", v[i]);
+    fprintf(stderr, n > from + 40 ? " ...\n" : "\n");
+}
+
 static void print_ids(const char *what, const uint32_t *v, size_t n)
 {
-    fprintf(stderr, "    %s:", what);
-    for (size_t i = 0; i < n && i < 48; i++)
-        fprintf(stderr, " %u", v[i]);
-    fprintf(stderr, n > 48 ? " ...\n" : "\n");
+    print_ids_at(what, v, n, 0);
+}
+
+/* Both lists from a little before their first difference. */
+static void print_diff(const uint32_t *a, size_t na, const uint32_t *b, size_t nb)
+{
+    size_t i = 0;
+    while (i < na && i < nb && a[i] == b[i])
+        i++;
+    size_t from = i > 8 ? i - 8 : 0;
+    fprintf(stderr, "    first difference at id %zu of %zu / %zu\n", i, na, nb);
+    print_ids_at("llama.cpp", a, na, from);
+    print_ids_at("kvd      ", b, nb, from);
 }
 
 static void print_text(const char *what, const char *s, size_t n)
 {
     fprintf(stderr, "    %s: ", what);
-    json_str(stderr, s, n < 300 ? n : 300);
+    json_str(stderr, s, n < 2000 ? n : 2000);
     fputc('\n', stderr);
 }
 
@@ -203,26 +221,8 @@ static void test_equal_to_llamacpp(void **state)
     assert_non_null(tools);
 
     size_t clen;
-    char *corpus = tl_corpus(180000, &clen);
+    char *corpus = tl_training_corpus(180000, 5, &clen);
     assert_true(clen > 50000);
-    /* numbers and code too, so that digit runs and symbols have merges */
-    struct tl_buf cb = {0};
-    tl_put(&cb, corpus, clen);
-    uint64_t ns = 5;
-    for (int i = 0; i < 6000; i++) {
-        char num[32];
-        uint64_t r = tt_rand(&ns);
-        int len = snprintf(num, sizeof num, i % 3 ? " %llu" : "%llu,",
-                           (unsigned long long)(r % (i % 2 ? 100000000ULL : 10000ULL)));
-        tl_put(&cb, num, (size_t)len);
-        if (i % 10 == 0) {
-            static const char code[] = "\n    x = f(y) + 2 * z; // it's what we've got\n";
-            tl_put(&cb, code, sizeof code - 1);
-        }
-    }
-    free(corpus);
-    corpus = cb.p;
-    clen = cb.n;
     static const char *const train[] = {"gpt-2", "llama-bpe", "tekken", NULL};
     struct tl_bpe bpe;
     tl_learn_bpe(corpus, clen, train, 2500, &bpe);
@@ -323,8 +323,7 @@ static void test_equal_to_llamacpp(void **state)
                         fprintf(stderr, "  %s/%s text %zu special=%d differs\n", cfgs[c].model,
                                 cfgs[c].pre ? cfgs[c].pre : "-", i, sp);
                         print_text("text", texts.s[i], texts.len[i]);
-                        print_ids("llama.cpp", ref[sp], na[sp]);
-                        print_ids("kvd      ", ids, ni);
+                        print_diff(ref[sp], na[sp], ids, ni);
                     }
                 }
                 free(ids);

@@ -19,6 +19,7 @@
 
 #include "gguf_write.h"
 #include "tokenizer_impl.h" /* tok_pre_split for the training words */
+#include "unicode.h"
 
 #include <dirent.h>
 #include <stdint.h>
@@ -108,28 +109,31 @@ static int tl_cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The first .mo file (by name) of a locale's LC_MESSAGES. */
-static int tl_first_mo(const char *lang, char *path, size_t cap)
+/* The .mo files of a locale's LC_MESSAGES, by name, until max bytes. */
+static void tl_locale(const char *lang, struct tl_buf *out, size_t max)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "/usr/share/locale/%s/LC_MESSAGES", lang);
     DIR *dp = opendir(dir);
     if (!dp)
-        return -1;
-    char *names[512];
+        return;
+    char *names[1024];
     int n = 0;
     struct dirent *de;
-    while ((de = readdir(dp)) && n < 512)
+    while ((de = readdir(dp)) && n < 1024)
         if (strstr(de->d_name, ".mo"))
             names[n++] = strdup(de->d_name);
     closedir(dp);
-    if (n == 0)
-        return -1;
     qsort(names, (size_t)n, sizeof(char *), tl_cmp_str);
-    snprintf(path, cap, "%s/%s", dir, names[0]);
-    for (int i = 0; i < n; i++)
+    size_t start = out->n;
+    for (int i = 0; i < n; i++) {
+        if (out->n - start < max) {
+            char path[800];
+            snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+            tl_mo(path, out, max - (out->n - start));
+        }
         free(names[i]);
-    return 0;
+    }
 }
 
 /* Locales in many scripts: Latin, Cyrillic, Greek, Hebrew, Arabic, Devanagari,
@@ -161,15 +165,39 @@ static char *tl_corpus(size_t max, size_t *len)
     while (tl_langs[nl])
         nl++;
     size_t per_lang = (max - b.n) / nl;
-    for (size_t i = 0; i < nl; i++) {
-        char p[600];
-        if (tl_first_mo(tl_langs[i], p, sizeof p) == 0)
-            tl_mo(p, &b, per_lang);
-    }
+    for (size_t i = 0; i < nl; i++)
+        tl_locale(tl_langs[i], &b, per_lang);
     if (!b.p)
         b.p = calloc(1, 1);
     *len = b.n;
     return b.p;
+}
+
+/* The training text of the test vocabularies: the corpus (max bytes) plus
+ * numbers and a line of code, so that digit runs and symbols get merges.
+ * seed: the numbers. */
+static char *tl_training_corpus(size_t max, uint64_t seed, size_t *len)
+{
+    size_t clen;
+    char *corpus = tl_corpus(max, &clen);
+    struct tl_buf cb = {0};
+    tl_put(&cb, corpus, clen);
+    free(corpus);
+    uint64_t st = seed;
+    for (int i = 0; i < 6000; i++) {
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        uint64_t r = st >> 11;
+        char num[32];
+        int n = snprintf(num, sizeof num, i % 3 ? " %llu" : "%llu,",
+                         (unsigned long long)(r % (i % 2 ? 100000000ULL : 10000ULL)));
+        tl_put(&cb, num, (size_t)n);
+        if (i % 10 == 0) {
+            static const char code[] = "\n    x = f(y) + 2 * z; // it's what we've got\n";
+            tl_put(&cb, code, sizeof code - 1);
+        }
+    }
+    *len = cb.n;
+    return cb.p;
 }
 
 /* ---- a string -> int table -------------------------------------------------- */
