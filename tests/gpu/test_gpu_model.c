@@ -203,7 +203,7 @@ static void compare(const char *what, const char *args, uint32_t S, uint32_t (*a
  * rounding, except that an activation which the other backend's f32 order
  * (attention, norms) moves by ~1e-7 across a rounding boundary of its int8
  * quantization (about one value in 10^4..10^5) shifts what it feeds by one
- * quantum, ~1/254 of its block's largest value; when that happens before a
+ * quantum, 1/127 of its block's largest value; when that happens before a
  * K/V row is written, every later step carries it. So, with the cuda backend
  * fed the cpu's greedy tokens (the same inputs every step): every step's
  * logits within 5 % of their largest magnitude (seen: up to 1.9 % on these
