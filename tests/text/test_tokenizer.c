@@ -532,6 +532,56 @@ static void test_phi3_rstrip(void **state)
     unload(&l);
 }
 
+/* Random bytes (ill-formed UTF-8, NULs, special-token-like text) through
+ * both kinds of vocabulary: no crash, ids in range, well-formed output, and
+ * SentencePiece's byte fallback round-trips well-formed text. */
+static void test_random_bytes(void **state)
+{
+    (void)state;
+    struct gw w1 = spm_vocab(hello, sizeof hello / sizeof hello[0]);
+    struct gw w2 = bpe_vocab("tekken", btoks, btypes, NB, bmerges, 7);
+    struct loaded spm, bpe;
+    char err[256];
+    assert_int_equal(load(&w1, &spm, err, sizeof err), 0);
+    assert_int_equal(load(&w2, &bpe, err, sizeof err), 0);
+    static const char alphabet[] = "abchelo '?!.,1234\n\t<|>_/\xc3\xa9\xe2\x96\x81\xf0\x9f\x98\x80";
+    uint64_t st = 7;
+    for (int round = 0; round < 3000; round++) {
+        char text[64];
+        size_t n = (size_t)(round % 48);
+        for (size_t i = 0; i < n; i++) {
+            st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+            uint32_t r = (uint32_t)(st >> 33);
+            text[i] = r % 4 == 0 ? (char)(r >> 8) : alphabet[(r >> 8) % (sizeof alphabet - 1)];
+        }
+        for (int k = 0; k < 2; k++) {
+            const struct tokenizer *t = k ? bpe.t : spm.t;
+            for (int sp = 0; sp < 2; sp++) {
+                uint32_t *ids;
+                size_t ni;
+                assert_int_equal(tokenizer_encode(t, text, n, sp, sp, &ids, &ni), 0);
+                for (size_t i = 0; i < ni; i++)
+                    assert_true(ids[i] < tokenizer_n_vocab(t));
+                char *d;
+                size_t dl;
+                assert_int_equal(tokenizer_decode(t, ids, ni, sp, &d, &dl), 0);
+                assert_true(valid_utf8(d, dl));
+                if (k == 0 && sp == 0 && valid_utf8(text, n) && !memmem(text, n, "<tool>", 6) &&
+                    !memmem(text, n, "\xe2\x96\x81", 3)) {
+                    /* well-formed text without U+2581 (which SentencePiece
+                     * decodes as a space) or special text comes back */
+                    assert_int_equal(dl, n);
+                    assert_memory_equal(d, text, n);
+                }
+                free(d);
+                free(ids);
+            }
+        }
+    }
+    unload(&spm);
+    unload(&bpe);
+}
+
 static void test_refused(void **state)
 {
     (void)state;
@@ -606,7 +656,7 @@ int main(void)
         cmocka_unit_test(test_spm_merges), cmocka_unit_test(test_spm_spanning),
         cmocka_unit_test(test_spm_decode), cmocka_unit_test(test_stream),
         cmocka_unit_test(test_bpe),        cmocka_unit_test(test_phi3_rstrip),
-        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_refused),    cmocka_unit_test(test_random_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
