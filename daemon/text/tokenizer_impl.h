@@ -41,6 +41,9 @@ enum pre_split {
     SPLIT_NEWLINE1,      /* [\r\n] */
     SPLIT_SPACE_LETTERS, /* \s?\p{L}+ */
     SPLIT_SPACE_PUNCTS,  /* \s?\p{P}+ */
+    SPLIT_DSL_LETTERS,   /* deepseek-llm's \s?[cased letters]+ */
+    SPLIT_DSL_PUNCT,     /* deepseek-llm's \s?[punctuation]+ */
+    SPLIT_TRAILING_WS,   /* \s+$ */
     SPLIT_CJK_DSC,       /* [一-龥ࠀ-一가-퟿]+ */
 };
 #define PRE_MAX_SPLITS 6

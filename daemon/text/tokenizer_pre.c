@@ -391,6 +391,96 @@ static size_t m_cjk_dsc(const uint32_t *cps, size_t a, size_t b, size_t p)
     return e > p ? e : 0;
 }
 
+/* deepseek-llm's classes (its tokenizer.json's pre-tokenizer regexes, as
+ * llama.cpp runs them with std::wregex over the code points): cased letters
+ * of many scripts, and ASCII/fullwidth punctuation with quotes and CJK
+ * marks. \s there is ASCII whitespace, other White_Space having been made
+ * \v. */
+struct cp_range {
+    uint32_t lo, hi;
+};
+
+static const struct cp_range dsl_letters[] = {
+    {0x41, 0x5A},       {0x61, 0x7A},       {0xB5, 0xB5},       {0xC0, 0xD6},
+    {0xD8, 0xF6},       {0xF8, 0x1BA},      {0x1BC, 0x1BF},     {0x1C4, 0x293},
+    {0x295, 0x2AF},     {0x370, 0x373},     {0x376, 0x377},     {0x37B, 0x37D},
+    {0x37F, 0x37F},     {0x386, 0x386},     {0x388, 0x38A},     {0x38C, 0x38C},
+    {0x38E, 0x3A1},     {0x3A3, 0x3F5},     {0x3F7, 0x481},     {0x48A, 0x52F},
+    {0x531, 0x556},     {0x10A0, 0x10C5},   {0x13A0, 0x13F5},   {0x13F8, 0x13FD},
+    {0x1C90, 0x1CBA},   {0x1CBD, 0x1CBF},   {0x1D00, 0x1D2B},   {0x1D6B, 0x1D77},
+    {0x1D79, 0x1D9A},   {0x1E00, 0x1F15},   {0x1F18, 0x1F1D},   {0x1F20, 0x1F45},
+    {0x1F48, 0x1F4D},   {0x1F50, 0x1F57},   {0x1F59, 0x1F59},   {0x1F5B, 0x1F5B},
+    {0x1F5D, 0x1F5D},   {0x1F5F, 0x1F7D},   {0x1F80, 0x1FB4},   {0x1FB6, 0x1FBC},
+    {0x1FBE, 0x1FBE},   {0x1FC2, 0x1FC4},   {0x1FC6, 0x1FCC},   {0x1FD0, 0x1FD3},
+    {0x1FD6, 0x1FDB},   {0x1FE0, 0x1FEC},   {0x1FF2, 0x1FF4},   {0x1FF6, 0x1FFC},
+    {0x2102, 0x2102},   {0x2107, 0x2107},   {0x210A, 0x2113},   {0x2115, 0x2115},
+    {0x2119, 0x211D},   {0x2124, 0x2124},   {0x2126, 0x2126},   {0x2128, 0x2128},
+    {0x212A, 0x212D},   {0x212F, 0x2134},   {0x2139, 0x2139},   {0x213C, 0x213F},
+    {0x2145, 0x2149},   {0x214E, 0x214E},   {0x2183, 0x2184},   {0x2C00, 0x2C7B},
+    {0x2C7E, 0x2CE4},   {0x2CEB, 0x2CEE},   {0x2CF2, 0x2CF3},   {0xA640, 0xA66D},
+    {0xA680, 0xA69B},   {0xA722, 0xA76F},   {0xA771, 0xA787},   {0xA78B, 0xA78E},
+    {0xAB70, 0xABBF},   {0xFB00, 0xFB06},   {0xFB13, 0xFB17},   {0xFF21, 0xFF3A},
+    {0xFF41, 0xFF5A},   {0x10400, 0x1044F}, {0x104B0, 0x104D3}, {0x104D8, 0x104FB},
+    {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF}, {0x1E900, 0x1E943},
+};
+
+static const struct cp_range dsl_punct[] = {
+    {0x21, 0x2F},     {0x3A, 0x7E},     {0xFF01, 0xFF0F},
+    {0xFF1A, 0xFF5E}, {0x2018, 0x201F}, {0x3000, 0x3002},
+};
+
+static bool in_ranges(uint32_t c, const struct cp_range *r, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (c >= r[i].lo && c <= r[i].hi)
+            return true;
+    return false;
+}
+
+static bool dsl_letter(uint32_t c)
+{
+    return in_ranges(c, dsl_letters, sizeof dsl_letters / sizeof dsl_letters[0]);
+}
+
+static bool dsl_punct_cp(uint32_t c)
+{
+    return in_ranges(c, dsl_punct, sizeof dsl_punct / sizeof dsl_punct[0]);
+}
+
+/* \s?[class]+ over code points */
+static size_t space_run_cp(const uint32_t *cps, size_t b, size_t p, bool (*cls)(uint32_t))
+{
+    size_t q = p;
+    if (cv_space(cview(cps[p])) && p + 1 < b && cls(cps[p + 1]))
+        q = p + 1;
+    size_t e = q;
+    while (e < b && cls(cps[e]))
+        e++;
+    return e > q ? e : 0;
+}
+
+static size_t m_dsl_letters(const uint32_t *cps, size_t a, size_t b, size_t p)
+{
+    (void)a;
+    return space_run_cp(cps, b, p, dsl_letter);
+}
+
+static size_t m_dsl_punct(const uint32_t *cps, size_t a, size_t b, size_t p)
+{
+    (void)a;
+    return space_run_cp(cps, b, p, dsl_punct_cp);
+}
+
+/* \s+$: the whitespace that ends the chunk (found from the end: linear) */
+static void split_trailing_ws(const uint32_t *cps, size_t a, size_t b, struct out *o)
+{
+    size_t r = b;
+    while (r > a && cv_space(cview(cps[r - 1])))
+        r--;
+    emit(o, r - a);
+    emit(o, b - r);
+}
+
 /* tekken:
  * [^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+
  * |[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*
@@ -526,6 +616,10 @@ static const struct family families[] = {
      PRE("deepseek-coder", SPLIT_NEWLINE1, SPLIT_SPACE_LETTERS, SPLIT_SPACE_PUNCTS, SPLIT_CJK_DSC,
          SPLIT_NUM1),
      0, -1, -1, false},
+    {"deepseek-llm",
+     PRE("deepseek-llm", SPLIT_NEWLINE1, SPLIT_DSL_LETTERS, SPLIT_DSL_PUNCT, SPLIT_TRAILING_WS,
+         SPLIT_CJK_DSC, SPLIT_NUMS),
+     0, -1, -1, false},
     {"falcon", PRE("falcon", SPLIT_PUNCT_FALCON, SPLIT_GPT2, SPLIT_DIGITS3), -1, -1, -1, false},
     {"gpt-2|phi-2|jina-es|jina-de|gigachat|jina-v2-es|jina-v2-de|a.x-4.0|mellum|modern-bert|mpt|"
      "olmo|jais|exaone4|jina-v1-en|jina-v2-code|roberta-bpe",
@@ -542,7 +636,7 @@ static const struct family families[] = {
 
 /* Names llama.cpp knows that kvd does not implement. */
 static const char *const known_other =
-    "deepseek-llm|deepseek-v3|youtu|jais-2|gemma4|granite-embed-multi-311m|sarvam-moe|whitespace|"
+    "deepseek-v3|youtu|jais-2|gemma4|granite-embed-multi-311m|sarvam-moe|whitespace|"
     "qwen35|poro-chat|viking|bloom|gpt3-finnish|exaone-moe|chameleon|gpt-4o|llama4|kanana2|talkie|"
     "granite-embed-multi-97m|tiny_aya|cohere2moe|superbpe|bailingmoe|bailingmoe2|llada-moe|"
     "seed-coder|hunyuan-dense|joyai-llm|kimi-k2|grok-2|afmoe|laguna|minimax-m2|minicpm5";
@@ -634,6 +728,15 @@ size_t tok_pre_split(const struct tok_pre *pre, const uint32_t *cps, size_t n, s
                 break;
             case SPLIT_SPACE_PUNCTS:
                 split_regex(cps, a, b, &o, m_space_puncts);
+                break;
+            case SPLIT_DSL_LETTERS:
+                split_regex(cps, a, b, &o, m_dsl_letters);
+                break;
+            case SPLIT_DSL_PUNCT:
+                split_regex(cps, a, b, &o, m_dsl_punct);
+                break;
+            case SPLIT_TRAILING_WS:
+                split_trailing_ws(cps, a, b, &o);
                 break;
             case SPLIT_CJK_DSC:
                 split_regex(cps, a, b, &o, m_cjk_dsc);

@@ -597,7 +597,7 @@ static void test_refused(void **state)
     assert_int_equal(load(&w, &l, err, sizeof err), KVD_EUNSUPPORTED);
     assert_non_null(strstr(err, "bert"));
     /* pre-tokenizers: known to llama.cpp but not implemented, and unknown */
-    w = bpe_vocab("deepseek-llm", btoks, btypes, NB, bmerges, 7);
+    w = bpe_vocab("deepseek-v3", btoks, btypes, NB, bmerges, 7);
     assert_int_equal(load(&w, &l, err, sizeof err), KVD_EUNSUPPORTED);
     assert_non_null(strstr(err, "does not implement"));
     w = bpe_vocab("made-up", btoks, btypes, NB, bmerges, 7);

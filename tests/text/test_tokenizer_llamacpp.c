@@ -38,10 +38,11 @@ struct cfg {
 };
 
 static const struct cfg cfgs[] = {
-    {"llama", NULL},       {"gpt2", "default"}, {"gpt2", "gpt-2"},     {"gpt2", "llama-bpe"},
-    {"gpt2", "dbrx"},      {"gpt2", "qwen2"},   {"gpt2", "stablelm2"}, {"gpt2", "smollm"},
-    {"gpt2", "refact"},    {"gpt2", "tekken"},  {"gpt2", "falcon"},    {"gpt2", "deepseek-coder"},
-    {"gpt2", "command-r"},
+    {"llama", NULL},          {"gpt2", "default"},   {"gpt2", "gpt-2"},
+    {"gpt2", "llama-bpe"},    {"gpt2", "dbrx"},      {"gpt2", "qwen2"},
+    {"gpt2", "stablelm2"},    {"gpt2", "smollm"},    {"gpt2", "refact"},
+    {"gpt2", "tekken"},       {"gpt2", "falcon"},    {"gpt2", "deepseek-coder"},
+    {"gpt2", "deepseek-llm"}, {"gpt2", "command-r"},
 };
 #define NCFG (sizeof cfgs / sizeof cfgs[0])
 
