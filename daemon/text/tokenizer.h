@@ -98,14 +98,18 @@ int tokenizer_decode(const struct tokenizer *t, const uint32_t *ids, size_t n, b
 
 /* Streaming detokenizer: feed ids one at a time and get only complete UTF-8
  * (never a split character); the concatenation of everything pushed and
- * flushed equals tokenizer_decode of the whole sequence. NULL on ENOMEM. */
+ * flushed equals tokenizer_decode of the whole sequence. A few bytes may be
+ * held back until the next id decides them (an unfinished character; with
+ * the families that clean up spaces, a space that may go before "?" or
+ * "'s"). Text may hold NUL bytes (a <0x00> token): use the returned
+ * lengths. NULL on ENOMEM. */
 struct tok_stream *tok_stream_new(const struct tokenizer *t, bool special);
 /* Appends the newly completed text to out (NUL-terminated) and returns the
  * bytes written (NUL not counted); out must hold at least
  * TOK_STREAM_MAX_OUT bytes (cap is checked: a smaller cap truncates). */
 size_t tok_stream_push(struct tok_stream *s, uint32_t id, char *out, size_t cap);
-/* The pending bytes of an incomplete character, as U+FFFD; the stream is
- * then as new. */
+/* End of the sequence: what was held back (an incomplete character as
+ * U+FFFD); the stream is then as new. */
 size_t tok_stream_flush(struct tok_stream *s, char *out, size_t cap);
 void tok_stream_free(struct tok_stream *s);
 
