@@ -15,6 +15,7 @@
 #include "kvd/protocol.h"
 #include "kvd/status.h"
 #include "proto.h"
+#include "text_out.h"
 
 #define OPENAI_DEFAULT_MAX_TOKENS 16 /* completions, as OpenAI's reference */
 
@@ -276,12 +277,26 @@ static int put_messages(struct args *a, json_t *m, struct openai_err *e)
     return 0;
 }
 
+/* A stop string's length: 1 to TEXT_OUT_MAX_STOP_LEN bytes (generate's own
+ * bound), in both of stop's forms. */
+static int stop_len_ok(json_t *x, bool in_array, size_t i, struct openai_err *e)
+{
+    size_t n = json_string_length(x);
+    if (n > 0 && n <= TEXT_OUT_MAX_STOP_LEN)
+        return 0;
+    if (in_array)
+        return bad(e, "stop", "'stop'[%zu] must have 1 to %u bytes", i, TEXT_OUT_MAX_STOP_LEN);
+    return bad(e, "stop", "'stop' must have 1 to %u bytes", TEXT_OUT_MAX_STOP_LEN);
+}
+
 /* `stop`: null, a string, or an array of at most 4 strings. */
 static int put_stop(struct args *a, json_t *s, struct openai_err *e)
 {
     if (!s || json_is_null(s))
         return 0;
     if (json_is_string(s)) {
+        if (stop_len_ok(s, false, 0, e))
+            return -1;
         put_key(a, "stop");
         if (!a->rc)
             a->rc = proto_pack_array(&a->pk, 1);
@@ -294,9 +309,12 @@ static int put_stop(struct args *a, json_t *s, struct openai_err *e)
     size_t n = json_array_size(s);
     if (n > OPENAI_MAX_STOP)
         return bad(e, "stop", "'stop' has %zu strings, at most %d", n, OPENAI_MAX_STOP);
-    for (size_t i = 0; i < n; i++)
-        if (!json_is_string(json_array_get(s, i)) || json_string_length(json_array_get(s, i)) == 0)
-            return bad(e, "stop", "'stop'[%zu] must be a non-empty string", i);
+    for (size_t i = 0; i < n; i++) {
+        if (!json_is_string(json_array_get(s, i)))
+            return bad(e, "stop", "'stop'[%zu] must be a string", i);
+        if (stop_len_ok(json_array_get(s, i), true, i, e))
+            return -1;
+    }
     if (n == 0)
         return 0;
     put_key(a, "stop");
@@ -347,6 +365,10 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n
     memset(out, 0, sizeof(*out));
     out->kind = kind;
     msgpack_sbuffer_init(&out->args);
+    if (n_ctx == 0) { /* no model: nothing to bound max_tokens by */
+        openai_err_set(e, 503, "server_error", "unsupported", "no model loaded");
+        return -1;
+    }
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!o)
         return bad(e, "", "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
@@ -358,8 +380,11 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n
     }
     if (check_unsupported(o, kind, e))
         goto out;
-    bool stream = false;
+    bool stream = false, ignore_eos = false;
     if (get_bool(o, "stream", &stream, e) < 0)
+        goto out;
+    /* An extension (llama.cpp's and vLLM's servers have it too). */
+    if (get_bool(o, "ignore_eos", &ignore_eos, e) < 0)
         goto out;
     out->stream = stream;
     json_t *so = json_object_get(o, "stream_options");
@@ -413,6 +438,8 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n
         a.rc = proto_pack_kv_uint(&a.pk, "seed", (uint64_t)seed);
     if (!a.rc)
         a.rc = proto_pack_kv_bool(&a.pk, "stream", stream);
+    if (ignore_eos && !a.rc)
+        a.rc = proto_pack_kv_bool(&a.pk, "ignore_eos", true);
     if (!a.rc)
         a.rc = proto_map_end(&a.pk, at);
     if (a.rc) {

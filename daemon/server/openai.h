@@ -26,7 +26,8 @@ struct openai_req {
     bool stream;
     bool include_usage; /* stream_options.include_usage */
     /* The generate request's arguments: one msgpack map (tokens | text |
-     * messages, max_tokens, temperature, top_p, seed, stop, stream), owned;
+     * messages, max_tokens, temperature, top_p, seed, stop, stream,
+     * ignore_eos), owned;
      * openai_req_free releases it. */
     msgpack_sbuffer args;
 };
@@ -44,8 +45,9 @@ struct openai_err {
 /* Parses a request body. Unknown fields are ignored; a known field of the
  * wrong type or out of range is 400 naming it; features kvd does not do
  * (n > 1, echo, logprobs, several prompts, non-text message parts) are 400
- * with code "unsupported". n_ctx (the model's context) is the default
- * max_tokens of chat requests. 0, or -1 with e filled. */
+ * with code "unsupported". n_ctx (the model's context, 0 without a model:
+ * 503) bounds max_tokens and is its default for chat requests. Stop
+ * strings have 1 to TEXT_OUT_MAX_STOP_LEN bytes. 0, or -1 with e filled. */
 int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n_ctx,
                  struct openai_req *out, struct openai_err *e);
 void openai_req_free(struct openai_req *r);
