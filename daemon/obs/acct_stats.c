@@ -22,6 +22,7 @@ int acct_stats_pack_tenant(msgpack_packer *pk, struct acct *a, uint32_t tenant,
     PROTO_PK(proto_pack_kv_uint(pk, "evictions", ts->evictions));
     PROTO_PK(proto_pack_kv_uint(pk, "requests", t.requests));
     PROTO_PK(proto_pack_kv_uint(pk, "requests_failed", t.failed));
+    PROTO_PK(proto_pack_kv_uint(pk, "requests_cancelled", t.cancelled));
     PROTO_PK(proto_pack_kv_uint(pk, "preemptions", t.preemptions));
     PROTO_PK(proto_pack_kv_uint(pk, "tokens_in", t.tokens_in));
     PROTO_PK(proto_pack_kv_uint(pk, "tokens_cached", t.tokens_cached));
@@ -50,6 +51,7 @@ static int pack_requests(msgpack_packer *pk, struct acct *a)
     PROTO_PK(proto_pack_kv_uint(pk, "submitted", s.submitted));
     PROTO_PK(proto_pack_kv_uint(pk, "answered", tot.requests));
     PROTO_PK(proto_pack_kv_uint(pk, "failed", tot.failed));
+    PROTO_PK(proto_pack_kv_uint(pk, "cancelled", tot.cancelled));
     PROTO_PK(proto_pack_kv_uint(pk, "steps", s.steps));
     PROTO_PK(proto_pack_kv_uint(pk, "prefill_tokens", s.prefill_tokens)); /* computed, cache hits excluded */
     PROTO_PK(proto_pack_kv_uint(pk, "decode_tokens", s.decode_tokens));

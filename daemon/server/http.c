@@ -8,8 +8,11 @@
  * limit, the body parsed into generate arguments, submitted as a generate
  * client; a streaming reply starts at once (SSE headers) and gets a chunk
  * per batch of tokens; the done callback finishes the reply. A connection
- * that closes first (evhttp's close callback) drops the client: its
- * generate is cancelled and no callback runs for it again. */
+ * that closes first drops the client: its generate is cancelled and no
+ * callback runs for it again. evhttp reads nothing from a connection while
+ * it answers a request, so a close is seen by a read event of our own on
+ * the socket (watch_close), or by evhttp when a write fails (its close
+ * callback). */
 #include "http.h"
 
 #include <errno.h>
@@ -23,6 +26,7 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
@@ -44,13 +48,6 @@ struct http_listener {
     bool tcp;
 };
 
-/* Requests in flight per tenant on the HTTP side (max-queued-per-tenant;
- * the msgpack side's count is the server's, checked too). */
-struct http_tenant {
-    uint32_t id;
-    uint32_t n;
-};
-
 /* A generate request in flight. Owned by the api's list from submission to
  * its end (done callback, or the connection closing first). */
 struct http_req {
@@ -58,6 +55,7 @@ struct http_req {
     struct http_api *api;
     struct evhttp_request *req; /* evhttp's; NULL once the connection is gone */
     struct evhttp_connection *evcon;
+    struct event *ev_close; /* watch_close's read event; NULL when not watching */
     uint64_t client;
     uint32_t tenant;
     enum openai_kind kind;
@@ -77,10 +75,8 @@ struct http_api {
     char model[128];
     uint64_t created;
     struct http_listener unix_l, tcp_l;
-    struct http_req *live;       /* requests in flight */
-    struct http_tenant *tenants; /* (n_tenants) */
-    size_t n_tenants;
-    uint64_t n_requests; /* ids of responses */
+    struct http_req *live; /* requests in flight */
+    uint64_t n_requests;   /* ids of responses */
 };
 
 /* ---- replies -------------------------------------------------------------- */
@@ -121,7 +117,9 @@ struct http_who {
     char name[KVD_MAX_NAME + 1];
 };
 
-/* Registers the tenant of identity id with kvmm (quotas, namespace). */
+/* Registers the tenant of identity id with kvmm (quotas, namespace) and in
+ * the server's tenant list (admin stats lists it; its requests in flight
+ * count there with its msgpack generates). */
 static int who_register(struct http_api *a, const struct config_identity *id, struct http_who *who,
                         struct openai_err *e)
 {
@@ -134,6 +132,10 @@ static int who_register(struct http_api *a, const struct config_identity *id, st
     if (rc)
         openai_err_from_kvd(e, rc, kvmm_errmsg(a->mm));
     kvmm_unlock(a->mm);
+    if (rc == 0 && server_tenant_note(a->srv, id->conf.name, who->tenant) != 0) {
+        openai_err_from_kvd(e, KVD_ENOMEM, "out of memory noting the tenant");
+        rc = KVD_ENOMEM;
+    }
     snprintf(who->name, sizeof(who->name), "%s", id->conf.name);
     return rc ? -1 : 0;
 }
@@ -196,23 +198,6 @@ static int identify(struct http_listener *l, struct evhttp_request *req, struct 
     return who_register(a, &id, who, e);
 }
 
-/* ---- per-tenant limit ----------------------------------------------------- */
-
-static struct http_tenant *tenant_slot(struct http_api *a, uint32_t id, bool add)
-{
-    for (size_t i = 0; i < a->n_tenants; i++)
-        if (a->tenants[i].id == id)
-            return &a->tenants[i];
-    if (!add)
-        return NULL;
-    struct http_tenant *nv = realloc(a->tenants, (a->n_tenants + 1) * sizeof(*nv));
-    if (!nv)
-        return NULL;
-    a->tenants = nv;
-    nv[a->n_tenants] = (struct http_tenant){.id = id, .n = 0};
-    return &nv[a->n_tenants++];
-}
-
 /* ---- generate requests ------------------------------------------------------ */
 
 static void hreq_unlink(struct http_req *r)
@@ -224,14 +209,14 @@ static void hreq_unlink(struct http_req *r)
         a->live = r->next;
     if (r->next)
         r->next->prev = r->prev;
-    struct http_tenant *t = tenant_slot(a, r->tenant, false);
-    if (t && t->n)
-        t->n--;
+    server_tenant_pending(a->srv, r->tenant, -1);
 }
 
 /* Ends r's bookkeeping once its reply is sent or its connection is gone. */
 static void hreq_free(struct http_req *r)
 {
+    if (r->ev_close)
+        event_free(r->ev_close);
     if (r->evcon && r->req)
         evhttp_connection_set_closecb(r->evcon, NULL, NULL);
     hreq_unlink(r);
@@ -253,6 +238,55 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
         evhttp_request_free(r->req);
     r->req = NULL;
     hreq_free(r);
+}
+
+/* watch_close's event: the socket became readable while r is answered.
+ * End of file (or an error) is the client gone: its generate is cancelled
+ * and the connection freed at once, not when the reply is written. Bytes
+ * are the client's next request (pipelining): they stay for evhttp, and
+ * the watch ends (a close is then seen when the reply is written). */
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+    struct http_req *r = arg;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) {
+        event_free(r->ev_close);
+        r->ev_close = NULL;
+        return;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        event_add(r->ev_close, NULL); /* not persistent: re-armed */
+        return;
+    }
+    struct evhttp_connection *evcon = r->evcon;
+    log_debug("http: request %s: the client closed the connection (%s); its generate is "
+              "cancelled",
+              r->id, n == 0 ? "end of file" : strerror(errno));
+    evhttp_connection_set_closecb(evcon, NULL, NULL);
+    if (r->api->gc)
+        ops_generate_client_drop(r->api->gc, r->client);
+    r->req = NULL; /* still the connection's: freed with it */
+    hreq_free(r);
+    evhttp_connection_free(evcon);
+}
+
+/* Watches r's socket for the client closing while r is answered (evhttp
+ * has stopped reading it). A plain read event, not EV_CLOSED: epoll reports
+ * a Unix socket whose peer closed as a hang-up, which libevent 2.1 hands
+ * only to read and write events. Without it (no memory) a close is seen
+ * when the reply is written. */
+static void watch_close(struct http_req *r)
+{
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(r->evcon);
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (fd < 0)
+        return;
+    r->ev_close = event_new(server_event_base(r->api->srv), fd, EV_READ, on_readable, r);
+    if (r->ev_close && event_add(r->ev_close, NULL) != 0) {
+        event_free(r->ev_close);
+        r->ev_close = NULL;
+    }
 }
 
 /* One "data: JSON\n\n" event. */
@@ -426,21 +460,11 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
         send_err(req, &e);
         return;
     }
-    /* In flight per tenant: the msgpack side's count and this side's. */
+    /* In flight per tenant: one count with the tenant's msgpack generates
+     * (the server's tenant table). */
     struct proto_err pe = {0};
-    uint32_t lim = server_options(a->srv)->max_queued_per_tenant;
-    struct http_tenant *t = tenant_slot(a, who->tenant, true);
     if (server_queue_admit(a->srv, NULL, who->tenant, &pe) != 0) {
         openai_err_from_kvd(&e, pe.code, pe.message);
-        goto fail;
-    }
-    if (!t || t->n >= lim) {
-        openai_err_from_kvd(&e, t ? KVD_EBUSY : KVD_ENOMEM, "");
-        if (t)
-            snprintf(e.message, sizeof(e.message),
-                     "tenant '%s' has %u HTTP requests in flight, the limit "
-                     "(max-queued-per-tenant = %u)",
-                     who->name, t->n, lim);
         goto fail;
     }
     struct proto_msg m;
@@ -478,8 +502,9 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
     if (a->live)
         a->live->prev = r;
     a->live = r;
-    t->n++;
+    server_tenant_pending(a->srv, r->tenant, 1);
     evhttp_connection_set_closecb(r->evcon, on_conn_close, r);
+    watch_close(r);
     if (r->stream) {
         struct evkeyvalq *h = evhttp_request_get_output_headers(req);
         evhttp_add_header(h, "Content-Type", "text/event-stream");
@@ -646,6 +671,5 @@ void http_stop(struct http_api *a)
     }
     httpd_free(a->unix_l.httpd);
     httpd_free(a->tcp_l.httpd);
-    free(a->tenants);
     free(a);
 }

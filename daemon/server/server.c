@@ -136,8 +136,7 @@ int server_on_drain(struct server *srv, server_drain_fn fn, void *ctx)
     return rc;
 }
 
-/* Registers a tenant name seen on a connection (for admin stats). */
-static int server_tenant_note(struct server *srv, const char *name, uint32_t id)
+int server_tenant_note(struct server *srv, const char *name, uint32_t id)
 {
     for (size_t i = 0; i < srv->n_tenants; i++)
         if (srv->tenants[i].id == id)
@@ -153,8 +152,7 @@ static int server_tenant_note(struct server *srv, const char *name, uint32_t id)
     return 0;
 }
 
-/* Adds delta to the tenant's requests in flight. */
-static void server_tenant_pending(struct server *srv, uint32_t tenant, long delta)
+void server_tenant_pending(struct server *srv, uint32_t tenant, long delta)
 {
     for (size_t i = 0; i < srv->n_tenants; i++)
         if (srv->tenants[i].id == tenant) {

@@ -4,8 +4,11 @@
  * generate's at temperature 0 (tokens, text, chat, streaming), usage, the
  * error mapping (400/401/403/404/405/413/429), bearer tokens, trusted front
  * ends' sub-tenants (private prefix namespaces; the msgpack `tenant` arg),
- * keep-alive and pipelining, and a client closing mid-stream cancelling
- * its generate. Skipped (77) without curl. */
+ * keep-alive and pipelining, a client closing mid-stream or while its
+ * non-streamed answer is computed cancelling its generate, a streaming
+ * client that does not read bounded by max-unread-output, one in-flight
+ * count per tenant across the HTTP and msgpack sockets, and tenants seen
+ * only over HTTP listed by `stats`. Skipped (77) without curl. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +19,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -145,6 +149,39 @@ static void expect_tokens(json_t *arr, const struct gen_ref *ref)
         assert_int_equal(json_integer_value(json_array_get(arr, i)), ref->toks[i]);
 }
 
+/* Polls `stats` until requests.<key> reaches at least `want` (a bounded
+ * wait: a short pause between polls, 60 s at most; fails the test past
+ * it). "answered", "cancelled" and "failed" are counted as each request
+ * ends; "submitted" and "live" are the executor's snapshot, published at
+ * the end of each of its steps (after a step's tokens went out). */
+static void wait_stat(int mfd, const char *key, uint64_t want)
+{
+    for (int i = 0; i < 12000; i++) {
+        if (kh_stat(mfd, "requests", key) >= want)
+            return;
+        struct timespec ts = {0, 5 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    fail_msg("requests.%s is %llu, waited for %llu", key,
+             (unsigned long long)kh_stat(mfd, "requests", key), (unsigned long long)want);
+}
+
+/* Waits until every request submitted has been answered and the
+ * executor's snapshot says so (nothing live): the counters are then a
+ * baseline. Returns requests.submitted. */
+static uint64_t quiesce(int mfd)
+{
+    for (int i = 0; i < 12000; i++) {
+        uint64_t sub = kh_stat(mfd, "requests", "submitted");
+        if (kh_stat(mfd, "requests", "live") == 0 && kh_stat(mfd, "requests", "answered") == sub)
+            return sub;
+        struct timespec ts = {0, 5 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    fail_msg("requests still live: %llu", (unsigned long long)kh_stat(mfd, "requests", "live"));
+    return 0;
+}
+
 /* ---- fixture ---------------------------------------------------------------- */
 
 static const char g_conf[] = "[http]\n"
@@ -185,6 +222,8 @@ static int setup(void **state)
                                 "4096",
                                 "--max-queued-per-tenant",
                                 "1",
+                                "--max-unread-output",
+                                "64K",
                                 "--log-level",
                                 "info",
                                 "--no-roofline-probe",
@@ -414,6 +453,93 @@ static void test_busy_429(void **state)
 
 /* ---- tenants ---------------------------------------------------------------- */
 
+static int http_connect(void);
+static char *read_until(int fd, const char *needle, int count);
+
+/* The reverse of test_busy_429: while an HTTP request of the tenant runs
+ * (it streams), a msgpack generate of the same tenant is refused busy:
+ * one count per tenant across both sockets. */
+static void test_busy_msgpack_behind_http(void **state)
+{
+    int mfd = kh_connect(g_d->sock);
+    assert_true(mfd >= 0);
+    uint64_t sub0 = quiesce(mfd); /* test_busy_429's generate has ended */
+    static const char body[] = "{\"prompt\":[1,2,3],\"max_tokens\":8000,\"temperature\":0,\"ignore_"
+                               "eos\":true,\"stream\":true}";
+    char req[512];
+    int n = snprintf(req, sizeof(req),
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    int fd = http_connect();
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    char *first = read_until(fd, "data: ", 1); /* it runs */
+    assert_non_null(strstr(first, "data: "));
+    free(first);
+
+    struct kh_req q;
+    struct kh_reply r;
+    static const uint32_t prompt[] = {1, 2, 3};
+    kh_req_begin(&q, "generate", ++g_id, 2);
+    proto_pack_kv_u32_array(&q.pk, "tokens", prompt, 3);
+    proto_pack_kv_uint(&q.pk, "max_tokens", 1);
+    assert_int_equal(kh_req_send(mfd, &q), 0);
+    assert_int_equal(kh_recv(mfd, &r), 0);
+    kh_expect(&r, KVD_EBUSY);
+    assert_non_null(strstr(r.message, "max-queued-per-tenant"));
+    kh_reply_free(&r);
+
+    close(fd); /* cancels the HTTP request: the tenant may generate again */
+    wait_stat(mfd, "answered", sub0 + 1);
+    struct gen_ref ref;
+    msgpack_generate("tokens", prompt, 3, 1, &ref);
+    assert_int_equal(ref.n, 1);
+    close(mfd);
+}
+
+/* The names `stats` lists in "tenants" (admin: the test runs as root),
+ * joined with '|' around each. */
+static void stats_tenant_names(char *out, size_t cap)
+{
+    int fd = kh_connect(g_d->sock);
+    assert_true(fd >= 0);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "stats", ++g_id, &r), 0);
+    kh_expect(&r, 0);
+    const msgpack_object *t = kh_obj(r.root, "tenants");
+    assert_non_null(t);
+    snprintf(out, cap, "|");
+    for (uint32_t i = 0; i < t->via.array.size; i++) {
+        const msgpack_object *name = kh_obj(&t->via.array.ptr[i], "name");
+        assert_non_null(name);
+        size_t len = strlen(out);
+        snprintf(out + len, cap - len, "%.*s|", (int)name->via.str.size, name->via.str.ptr);
+    }
+    kh_reply_free(&r);
+    close(fd);
+}
+
+/* Tenants seen only over HTTP (a bearer token's over TCP, a front end's
+ * sub-tenant on the Unix socket) are in admin `stats`, with their request
+ * counted there. */
+static void test_http_tenants_in_stats(void **state)
+{
+    char names[4096];
+    stats_tenant_names(names, sizeof(names));
+    assert_null(strstr(names, "|uid:0/dora|"));
+    int st;
+    char *out = curl(true, "/v1/completions", "{\"prompt\":[1,2],\"max_tokens\":1}",
+                     "-H 'Authorization: Bearer " TOKEN "'", &st);
+    assert_int_equal(st, 200);
+    free(out);
+    out = curl(false, "/v1/completions", "{\"prompt\":[1,2],\"max_tokens\":1}",
+               "-H 'X-Kvd-Tenant: dora'", &st);
+    assert_int_equal(st, 200);
+    free(out);
+    stats_tenant_names(names, sizeof(names));
+    if (!strstr(names, "|alpha|") || !strstr(names, "|uid:0/dora|"))
+        fail_msg("stats lists the tenants %s, without alpha or uid:0/dora", names);
+}
+
 static uint64_t cached_of(const char *sub)
 {
     char hdr[96];
@@ -552,14 +678,17 @@ static void test_keepalive_pipelining(void **state)
     free(v);
 }
 
-/* A client that closes mid-stream: its generate is cancelled (the executor
- * stops producing: far fewer than max_tokens are generated). */
+/* A client that closes mid-stream: its generate is cancelled (counted
+ * cancelled; the executor stops producing: far fewer than max_tokens are
+ * generated). */
 static void test_disconnect_cancels(void **state)
 {
     int mfd = kh_connect(g_d->sock);
+    uint64_t sub0 = quiesce(mfd);
     uint64_t out0 = kh_stat(mfd, "requests", "tokens_out");
-    static const char body[] =
-        "{\"prompt\":[1,2,3],\"max_tokens\":8000,\"temperature\":0,\"stream\":true}";
+    uint64_t cancelled0 = kh_stat(mfd, "requests", "cancelled");
+    static const char body[] = "{\"prompt\":[1,2,3],\"max_tokens\":8000,\"temperature\":0,\"ignore_"
+                               "eos\":true,\"stream\":true}";
     char req[512];
     int n = snprintf(req, sizeof(req),
                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
@@ -570,16 +699,74 @@ static void test_disconnect_cancels(void **state)
     assert_non_null(strstr(first, "data: "));
     free(first);
     close(fd);
-    /* wait (bounded) until nothing is live: the cancel takes a step */
-    uint64_t live = 1;
-    for (int i = 0; i < 3000 && live; i++) {
-        live = kh_stat(mfd, "requests", "live");
-        if (live)
-            usleep(10000);
-    }
-    assert_int_equal(live, 0);
+    /* wait (bounded) until it is answered: the cancel takes a step */
+    wait_stat(mfd, "answered", sub0 + 1);
+    assert_int_equal(kh_stat(mfd, "requests", "cancelled"), cancelled0 + 1);
     uint64_t produced = kh_stat(mfd, "requests", "tokens_out") - out0;
     assert_true(produced < 8000);
+    close(mfd);
+}
+
+/* A non-streamed request whose client closes while the answer is computed:
+ * its generate is cancelled at once (the executor's accounting counts it
+ * cancelled, not completed), not run to max_tokens. */
+static void test_disconnect_nonstreamed_cancels(void **state)
+{
+    int mfd = kh_connect(g_d->sock);
+    assert_true(mfd >= 0);
+    uint64_t sub0 = quiesce(mfd);
+    uint64_t cancelled0 = kh_stat(mfd, "requests", "cancelled");
+    uint64_t out0 = kh_stat(mfd, "requests", "tokens_out");
+    static const char body[] =
+        "{\"prompt\":[1,2,3],\"max_tokens\":8000,\"temperature\":0,\"ignore_eos\":true}";
+    char req[512];
+    int n = snprintf(req, sizeof(req),
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    int fd = http_connect();
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    wait_stat(mfd, "submitted", sub0 + 1); /* the executor has it */
+    close(fd);
+    wait_stat(mfd, "answered", sub0 + 1);
+    assert_int_equal(kh_stat(mfd, "requests", "cancelled"), cancelled0 + 1);
+    assert_true(kh_stat(mfd, "requests", "tokens_out") - out0 < 8000);
+    close(mfd);
+}
+
+/* A streaming client that never reads: once the output it has not read
+ * passes max-unread-output (64K here) beyond what the socket holds,
+ * its generate ends with busy (an error event, then [DONE]) long before
+ * max_tokens; the executor counts it failed. */
+static void test_slow_reader_bounded(void **state)
+{
+    int mfd = kh_connect(g_d->sock);
+    assert_true(mfd >= 0);
+    uint64_t sub0 = quiesce(mfd);
+    uint64_t failed0 = kh_stat(mfd, "requests", "failed");
+    static const char body[] = "{\"prompt\":[1,2,3],\"max_tokens\":8000,\"temperature\":0,\"ignore_"
+                               "eos\":true,\"stream\":true}";
+    char req[512];
+    int n = snprintf(req, sizeof(req),
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    int fd = http_connect();
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    wait_stat(mfd, "answered", sub0 + 1); /* it ended without the client reading */
+    char *all = read_until(fd, "data: [DONE]", 1);
+    assert_int_equal(kh_stat(mfd, "requests", "failed"), failed0 + 1);
+    char *err = strstr(all, "data: {\"error\"");
+    if (!err)
+        fail_msg("no error event in the stream (%zu bytes)", strlen(all));
+    assert_non_null(strstr(err, "\"code\":\"busy\""));
+    assert_non_null(strstr(err, "max-unread-output"));
+    assert_non_null(strstr(err, "data: [DONE]"));
+    int events = 0;
+    for (char *p = all; (p = strstr(p, "data: {\"id\"")); p++)
+        events++;
+    print_message("slow reader: %d chunks written before its generate ended busy\n", events);
+    assert_true(events > 0 && events < 8000);
+    free(all);
+    close(fd);
     close(mfd);
 }
 
@@ -592,10 +779,14 @@ int main(void)
         cmocka_unit_test(test_models_and_health),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_busy_429),
+        cmocka_unit_test(test_busy_msgpack_behind_http),
         cmocka_unit_test(test_front_end_sub_tenants),
+        cmocka_unit_test(test_http_tenants_in_stats),
         cmocka_unit_test(test_not_front_end_refused),
         cmocka_unit_test(test_keepalive_pipelining),
         cmocka_unit_test(test_disconnect_cancels),
+        cmocka_unit_test(test_disconnect_nonstreamed_cancels),
+        cmocka_unit_test(test_slow_reader_bounded),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
