@@ -84,10 +84,17 @@ void openai_err_from_kvd(struct openai_err *e, int code, const char *message)
                    message && message[0] ? message : kvd_err_code(code));
 }
 
+static json_t *text_value(const char *s, size_t n);
+
 char *openai_error_body(const struct openai_err *e, size_t *len)
 {
-    json_t *err = json_pack("{s:s, s:s, s:o, s:s}", "message", e->message, "type", e->type, "param",
-                            e->param[0] ? json_string(e->param) : json_null(), "code", e->code);
+    /* The message may quote a client's bytes (jansson's error text) or be
+     * cut inside a character: invalid UTF-8 there is replaced, so a
+     * refusal always has its body. */
+    json_t *err = json_pack("{s:o, s:s, s:o, s:s}", "message",
+                            text_value(e->message, strlen(e->message)), "type", e->type, "param",
+                            e->param[0] ? text_value(e->param, strlen(e->param)) : json_null(),
+                            "code", e->code);
     json_t *root = err ? json_pack("{s:o}", "error", err) : NULL;
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
@@ -398,7 +405,11 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n
             goto out;
         out->include_usage = iu;
     }
-    long long max_tokens = kind == OPENAI_CHAT ? (long long)n_ctx : OPENAI_DEFAULT_MAX_TOKENS;
+    /* Defaults: the context (chat), 16 (completions) but never past the
+     * context. */
+    long long max_tokens = kind == OPENAI_CHAT || n_ctx < OPENAI_DEFAULT_MAX_TOKENS
+                               ? (long long)n_ctx
+                               : OPENAI_DEFAULT_MAX_TOKENS;
     int r = get_int(o, "max_tokens", 1, n_ctx, &max_tokens, e);
     if (r < 0)
         goto out;

@@ -261,6 +261,17 @@ static void test_max_tokens(void **state)
     assert_int_equal(u64_of(ok_c("{\"prompt\":[1],\"max_tokens\":null}"), "max_tokens"), 16);
     assert_int_equal(u64_of(ok_c("{\"prompt\":[1],\"max_tokens\":1}"), "max_tokens"), 1);
     assert_int_equal(u64_of(ok_c("{\"prompt\":[1],\"max_tokens\":4096}"), "max_tokens"), N_CTX);
+    /* the default never passes a context smaller than 16 (found by fuzz_http) */
+    struct openai_req r;
+    struct openai_err e;
+    assert_int_equal(openai_parse(OPENAI_COMPLETION, "{\"prompt\":[1]}", 14, 8, &r, &e), 0);
+    struct proto_msg m8;
+    struct proto_err pe = {0};
+    assert_int_equal(proto_msg_parse(&m8, r.args.data, r.args.size, &pe), 0);
+    uint64_t mt = u64_of(m8.root, "max_tokens");
+    proto_msg_free(&m8);
+    openai_req_free(&r);
+    assert_int_equal(mt, 8);
     BAD_C("{\"prompt\":[1],\"max_tokens\":0}", "max_tokens");
     BAD_C("{\"prompt\":[1],\"max_tokens\":4097}", "max_tokens");
     BAD_C("{\"prompt\":[1],\"max_tokens\":-1}", "max_tokens");

@@ -1,0 +1,277 @@
+/* fuzz_http: libFuzzer target for the HTTP API's JSON side (openai.c),
+ * whose input is whatever a client POSTs. The first byte picks what the
+ * rest is:
+ *   bit 0: /v1/completions (0) or /v1/chat/completions (1);
+ *   bits 1-2: the model's context (1, 17, 4096 or 1 << 20 tokens);
+ *   bit 3: 0: the rest is a request body for openai_parse; oracles: a
+ *      refusal has a status (400, or 503), an OpenAI error type and code, a
+ *      message, a param naming a known field (or none), and its error body
+ *      is JSON carrying them; an accepted body's generate arguments are one
+ *      msgpack map of known keys, the prompt (tokens, text or messages, as
+ *      the endpoint reads it) and every value within the bounds docs/http.md
+ *      gives (max_tokens in [1, context], temperature in [0, 2], top_p in
+ *      (0, 1], 1-4 stop strings of 1-256 bytes, stream as the body says);
+ *      1: the rest is a completion's text (maybe not UTF-8) rendered by
+ *      openai_render as a response and as a stream chunk, and the error
+ *      body with it as the message; oracles: each is JSON that jansson
+ *      reads back (NUL as \u0000), with the text unchanged when it was
+ *      valid UTF-8.
+ * Nothing runs but openai.c: no executor, no sockets. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "fuzz_env.h"
+#include "kvd/protocol.h"
+#include "openai.h"
+#include "proto.h"
+#include "text_out.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define HTTP_MAX_INPUT (256 << 10)
+
+static const uint32_t contexts[4] = {1, 17, 4096, 1u << 20};
+
+static bool str_is(const msgpack_object *o, const char *s)
+{
+    return o->type == MSGPACK_OBJECT_STR && o->via.str.size == strlen(s) &&
+           !memcmp(o->via.str.ptr, s, o->via.str.size);
+}
+
+static bool known_param(const char *p)
+{
+    static const char *const params[] = {"",
+                                         "prompt",
+                                         "messages",
+                                         "max_tokens",
+                                         "max_completion_tokens",
+                                         "n",
+                                         "echo",
+                                         "logprobs",
+                                         "model",
+                                         "temperature",
+                                         "top_p",
+                                         "seed",
+                                         "stop",
+                                         "stream",
+                                         "stream_options",
+                                         "include_usage",
+                                         "ignore_eos"};
+    for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++)
+        if (!strcmp(p, params[i]))
+            return true;
+    return false;
+}
+
+static bool terminated(const char *s, size_t cap)
+{
+    return memchr(s, '\0', cap) != NULL;
+}
+
+static void check_refusal(const struct openai_err *e)
+{
+    FUZZ_ASSERT(terminated(e->type, sizeof(e->type)) && e->type[0]);
+    FUZZ_ASSERT(terminated(e->code, sizeof(e->code)) && e->code[0]);
+    FUZZ_ASSERT(terminated(e->param, sizeof(e->param)));
+    FUZZ_ASSERT(terminated(e->message, sizeof(e->message)) && e->message[0]);
+    FUZZ_ASSERT(known_param(e->param));
+    if (e->status == 400)
+        FUZZ_ASSERT(!strcmp(e->code, "bad_request") || !strcmp(e->code, "unsupported"));
+    else /* out of memory, or no model */
+        FUZZ_ASSERT(e->status == 503);
+    size_t len = 0;
+    char *body = openai_error_body(e, &len);
+    FUZZ_ASSERT(body); /* invalid UTF-8 in a message is replaced, never a missing body */
+    FUZZ_ASSERT(strlen(body) == len);
+    json_error_t je;
+    json_t *j = json_loadb(body, len, 0, &je);
+    FUZZ_ASSERT(j);
+    json_t *err = json_object_get(j, "error");
+    FUZZ_ASSERT(json_is_object(err));
+    FUZZ_ASSERT(!strcmp(json_string_value(json_object_get(err, "code")), e->code));
+    FUZZ_ASSERT(json_is_string(json_object_get(err, "message")));
+    json_decref(j);
+    free(body);
+}
+
+/* The stream flag the body itself gives (false when absent or not a bool:
+ * such a body is refused anyway). */
+static bool body_stream(const uint8_t *body, size_t len)
+{
+    json_error_t je;
+    json_t *j = json_loadb((const char *)body, len, JSON_REJECT_DUPLICATES, &je);
+    bool s = j && json_is_true(json_object_get(j, "stream"));
+    json_decref(j);
+    return s;
+}
+
+static void check_args(enum openai_kind kind, uint32_t n_ctx, const struct openai_req *r,
+                       const uint8_t *body, size_t len)
+{
+    FUZZ_ASSERT(r->kind == kind);
+    struct proto_msg m;
+    struct proto_err pe = {0};
+    FUZZ_ASSERT(proto_msg_parse(&m, r->args.data, r->args.size, &pe) == 0);
+    const msgpack_object *root = m.root;
+    FUZZ_ASSERT(root->type == MSGPACK_OBJECT_MAP);
+    unsigned prompts = 0;
+    bool max_tokens = false, stream_seen = false;
+    for (uint32_t i = 0; i < root->via.map.size; i++) {
+        const msgpack_object *k = &root->via.map.ptr[i].key, *v = &root->via.map.ptr[i].val;
+        FUZZ_ASSERT(k->type == MSGPACK_OBJECT_STR);
+        if (str_is(k, "tokens")) {
+            FUZZ_ASSERT(kind == OPENAI_COMPLETION);
+            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_ARRAY);
+            FUZZ_ASSERT(v->via.array.size >= 1 && v->via.array.size <= KVD_MAX_ARRAY);
+            for (uint32_t t = 0; t < v->via.array.size; t++)
+                FUZZ_ASSERT(v->via.array.ptr[t].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+                            v->via.array.ptr[t].via.u64 <= UINT32_MAX);
+            prompts++;
+        } else if (str_is(k, "text")) {
+            FUZZ_ASSERT(kind == OPENAI_COMPLETION);
+            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_STR);
+            prompts++;
+        } else if (str_is(k, "messages")) {
+            FUZZ_ASSERT(kind == OPENAI_CHAT);
+            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_ARRAY);
+            FUZZ_ASSERT(v->via.array.size >= 1 && v->via.array.size <= KVD_MAX_ARRAY);
+            for (uint32_t t = 0; t < v->via.array.size; t++) {
+                const msgpack_object *msg = &v->via.array.ptr[t];
+                FUZZ_ASSERT(msg->type == MSGPACK_OBJECT_MAP && msg->via.map.size == 2);
+                const msgpack_object *role = proto_map_find(msg, "role");
+                const msgpack_object *content = proto_map_find(msg, "content");
+                FUZZ_ASSERT(role && role->type == MSGPACK_OBJECT_STR);
+                FUZZ_ASSERT(content && content->type == MSGPACK_OBJECT_STR);
+            }
+            prompts++;
+        } else if (str_is(k, "max_tokens")) {
+            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_POSITIVE_INTEGER);
+            FUZZ_ASSERT(v->via.u64 >= 1 && v->via.u64 <= n_ctx);
+            max_tokens = true;
+        } else if (str_is(k, "temperature")) {
+            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_FLOAT64 || v->type == MSGPACK_OBJECT_FLOAT32);
+            FUZZ_ASSERT(isfinite(v->via.f64) && v->via.f64 >= 0 && v->via.f64 <= 2);
+        } else if (str_is(k, "top_p")) {
+            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_FLOAT64 || v->type == MSGPACK_OBJECT_FLOAT32);
+            FUZZ_ASSERT(isfinite(v->via.f64) && v->via.f64 > 0 && v->via.f64 <= 1);
+        } else if (str_is(k, "seed")) {
+            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_POSITIVE_INTEGER);
+        } else if (str_is(k, "stop")) {
+            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_ARRAY);
+            FUZZ_ASSERT(v->via.array.size >= 1 && v->via.array.size <= OPENAI_MAX_STOP);
+            for (uint32_t t = 0; t < v->via.array.size; t++) {
+                const msgpack_object *s = &v->via.array.ptr[t];
+                FUZZ_ASSERT(s->type == MSGPACK_OBJECT_STR);
+                FUZZ_ASSERT(s->via.str.size >= 1 && s->via.str.size <= TEXT_OUT_MAX_STOP_LEN);
+            }
+        } else if (str_is(k, "stream")) {
+            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean == r->stream);
+            stream_seen = true;
+        } else if (str_is(k, "ignore_eos")) {
+            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean);
+        } else {
+            FUZZ_ASSERT(!"an unknown key in the generate arguments");
+        }
+    }
+    FUZZ_ASSERT(prompts == 1 && max_tokens && stream_seen);
+    FUZZ_ASSERT(r->stream == body_stream(body, len));
+    proto_msg_free(&m);
+}
+
+static void as_body(enum openai_kind kind, uint32_t n_ctx, const uint8_t *body, size_t len)
+{
+    struct openai_req r;
+    struct openai_err e;
+    memset(&e, 0, sizeof(e));
+    if (openai_parse(kind, (const char *)body, len, n_ctx, &r, &e) != 0) {
+        check_refusal(&e);
+        return;
+    }
+    check_args(kind, n_ctx, &r, body, len);
+    openai_req_free(&r);
+}
+
+/* One rendering of text: JSON that reads back (NUL is valid JSON, as
+ * \u0000), with the text unchanged when it was valid UTF-8 (jansson's own
+ * test). */
+static void check_render(const char *json, size_t len, bool chunk, enum openai_kind kind,
+                         const char *text, size_t text_len)
+{
+    FUZZ_ASSERT(json && strlen(json) == len);
+    json_error_t je;
+    json_t *j = json_loadb(json, len, JSON_ALLOW_NUL, &je);
+    FUZZ_ASSERT(j);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    FUZZ_ASSERT(json_is_object(c));
+    json_t *holder = kind == OPENAI_CHAT ? json_object_get(c, chunk ? "delta" : "message") : c;
+    json_t *t = json_object_get(holder, kind == OPENAI_CHAT ? "content" : "text");
+    FUZZ_ASSERT(json_is_string(t));
+    json_t *probe = json_stringn(text, text_len);
+    if (probe) { /* valid UTF-8: kept as it is */
+        FUZZ_ASSERT(json_string_length(t) == text_len);
+        FUZZ_ASSERT(!memcmp(json_string_value(t), text, text_len));
+        json_decref(probe);
+    }
+    json_decref(j);
+}
+
+static void as_text(enum openai_kind kind, const uint8_t *text, size_t len)
+{
+    uint32_t toks[3] = {0, 7, UINT32_MAX};
+    struct openai_out o = {
+        .kind = kind,
+        .id = "cmpl-fuzz",
+        .model = "kvd-fuzz",
+        .created = 1,
+        .text = (const char *)text,
+        .text_len = len,
+        .toks = toks,
+        .n_toks = 3,
+        .finish = "stop",
+        .role = true,
+        .usage = true,
+        .prompt_tokens = 5,
+        .cached_tokens = 2,
+        .completion_tokens = 3,
+    };
+    for (int chunk = 0; chunk < 2; chunk++) {
+        size_t n = 0;
+        char *json = openai_render(&o, chunk, &n);
+        if (!json)
+            continue; /* out of memory */
+        check_render(json, n, chunk, kind, (const char *)text, len);
+        free(json);
+    }
+    /* A message of the same bytes in an error body (openai_err_set copies
+     * at most its buffer). */
+    struct openai_err e;
+    openai_err_set(&e, 400, "invalid_request_error", "bad_request", "%.*s",
+                   (int)(len < 200 ? len : 200), (const char *)text);
+    size_t n = 0;
+    char *body = openai_error_body(&e, &n);
+    /* a message cut inside a UTF-8 character or holding invalid bytes still
+     * makes a body (those bytes replaced) */
+    FUZZ_ASSERT(body);
+    json_error_t je;
+    json_t *j = json_loadb(body, n, JSON_ALLOW_NUL, &je);
+    FUZZ_ASSERT(j);
+    json_decref(j);
+    free(body);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1 || size > HTTP_MAX_INPUT)
+        return 0;
+    enum openai_kind kind = data[0] & 1 ? OPENAI_CHAT : OPENAI_COMPLETION;
+    uint32_t n_ctx = contexts[(data[0] >> 1) & 3];
+    if (data[0] & 8)
+        as_text(kind, data + 1, size - 1);
+    else
+        as_body(kind, n_ctx, data + 1, size - 1);
+    return 0;
+}
