@@ -500,11 +500,17 @@ int main(int argc, char **argv)
         const char *name;
         int (*fn)(struct kvctl *, int, char **);
     } cmds[] = {
-        {"status", kvctl_cmd_status},     {"stats", kvctl_cmd_stats}, {"seq", kvctl_cmd_seq},
-        {"generate", kvctl_cmd_generate}, {"admin", kvctl_cmd_admin}, {"call", kvctl_cmd_call},
-        {"chat", kvctl_cmd_chat},         {"tokenize", kvctl_cmd_tokenize},
+        {"status", kvctl_cmd_status},
+        {"stats", kvctl_cmd_stats},
+        {"seq", kvctl_cmd_seq},
+        {"generate", kvctl_cmd_generate},
+        {"admin", kvctl_cmd_admin},
+        {"call", kvctl_cmd_call},
+        {"chat", kvctl_cmd_chat},
+        {"tokenize", kvctl_cmd_tokenize},
         {"detokenize", kvctl_cmd_detokenize},
-        {"top", kvctl_cmd_top},           {"bench", kvctl_cmd_bench},
+        {"top", kvctl_cmd_top},
+        {"bench", kvctl_cmd_bench},
     };
     struct kvctl k = {0};
     uint64_t t;
@@ -525,8 +531,9 @@ int main(int argc, char **argv)
             fputs(usage_text, stdout);
             return KVCTL_OK;
         case 'V':
-            printf("kvctl %s (protocol %d, libkvd %u.%u.%u)\n", KVD_VERSION_STRING, KVD_PROTOCOL_VERSION,
-                   kvd_version() / 10000, kvd_version() / 100 % 100, kvd_version() % 100);
+            printf("kvctl %s (protocol %d, libkvd %u.%u.%u)\n", KVD_VERSION_STRING,
+                   KVD_PROTOCOL_VERSION, kvd_version() / 10000, kvd_version() / 100 % 100,
+                   kvd_version() % 100);
             return KVCTL_OK;
         default:
             fputs(usage_text, stderr);

@@ -52,7 +52,7 @@ int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv);
 int kvctl_cmd_chat(struct kvctl *k, int argc, char **argv);       /* kvctl_text.c */
 int kvctl_cmd_tokenize(struct kvctl *k, int argc, char **argv);   /* kvctl_text.c */
 int kvctl_cmd_detokenize(struct kvctl *k, int argc, char **argv); /* kvctl_text.c */
-int kvctl_cmd_top(struct kvctl *k, int argc, char **argv);   /* kvctl_top.c */
-int kvctl_cmd_bench(struct kvctl *k, int argc, char **argv); /* kvctl_bench.c */
+int kvctl_cmd_top(struct kvctl *k, int argc, char **argv);        /* kvctl_top.c */
+int kvctl_cmd_bench(struct kvctl *k, int argc, char **argv);      /* kvctl_bench.c */
 
 #endif

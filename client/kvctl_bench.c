@@ -46,11 +46,11 @@ struct run {
     const struct bench_conf *bc;
     const char *socket;
     struct shared *sh;
-    double t0;             /* CLOCK_MONOTONIC seconds at start */
-    const double *arrival; /* [n_chats] seconds after t0, or NULL (closed loop) */
+    double t0;              /* CLOCK_MONOTONIC seconds at start */
+    const double *arrival;  /* [n_chats] seconds after t0, or NULL (closed loop) */
     const uint32_t *system; /* the shared system prompt */
     uint32_t n_system;
-    uint32_t **ref;  /* --verify pass 2: [chat*turns+turn] pass-1 outputs, else NULL */
+    uint32_t **ref; /* --verify pass 2: [chat*turns+turn] pass-1 outputs, else NULL */
     uint32_t *n_ref;
     uint32_t **save; /* pass 1: where outputs are stored, else NULL */
     uint32_t *n_save;
@@ -411,17 +411,29 @@ static void free_outputs(uint32_t **v, uint32_t n)
 int kvctl_cmd_bench(struct kvctl *k, int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"connections", required_argument, NULL, 'c'}, {"requests", required_argument, NULL, 'r'},
-        {"rate", required_argument, NULL, 'R'},        {"prompt-len", required_argument, NULL, 'p'},
-        {"output-len", required_argument, NULL, 'o'},  {"shared-prefix", required_argument, NULL, 'S'},
-        {"turns", required_argument, NULL, 'T'},       {"tenants", required_argument, NULL, 'u'},
-        {"temperature", required_argument, NULL, 't'}, {"seed", required_argument, NULL, 's'},
-        {"verify", no_argument, NULL, 'v'},            {"json", no_argument, NULL, 'j'},
-        {"no-progress", no_argument, NULL, 'P'},       {"help", no_argument, NULL, 'h'},
+        {"connections", required_argument, NULL, 'c'},
+        {"requests", required_argument, NULL, 'r'},
+        {"rate", required_argument, NULL, 'R'},
+        {"prompt-len", required_argument, NULL, 'p'},
+        {"output-len", required_argument, NULL, 'o'},
+        {"shared-prefix", required_argument, NULL, 'S'},
+        {"turns", required_argument, NULL, 'T'},
+        {"tenants", required_argument, NULL, 'u'},
+        {"temperature", required_argument, NULL, 't'},
+        {"seed", required_argument, NULL, 's'},
+        {"verify", no_argument, NULL, 'v'},
+        {"json", no_argument, NULL, 'j'},
+        {"no-progress", no_argument, NULL, 'P'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    struct bench_conf bc = {.conns = 4, .requests = 32, .turns = 1, .prompt = {128, 128},
-                            .output = {32, 32}, .seed = 1, .progress = true};
+    struct bench_conf bc = {.conns = 4,
+                            .requests = 32,
+                            .turns = 1,
+                            .prompt = {128, 128},
+                            .output = {32, 32},
+                            .seed = 1,
+                            .progress = true};
     uint64_t u;
     char *end;
     int c, rc = KVCTL_OK;
@@ -446,16 +458,19 @@ int kvctl_cmd_bench(struct kvctl *k, int argc, char **argv)
             break;
         case 'p':
             if (!parse_dist(optarg, &bc.prompt))
-                return kvctl_usage_err("bench --prompt-len: \"%s\" is not N or LO-HI (N >= 1)", optarg);
+                return kvctl_usage_err("bench --prompt-len: \"%s\" is not N or LO-HI (N >= 1)",
+                                       optarg);
             break;
         case 'o':
             if (!parse_dist(optarg, &bc.output))
-                return kvctl_usage_err("bench --output-len: \"%s\" is not N or LO-HI (N >= 1)", optarg);
+                return kvctl_usage_err("bench --output-len: \"%s\" is not N or LO-HI (N >= 1)",
+                                       optarg);
             break;
         case 'S':
             bc.shared = strtod(optarg, &end);
             if (!*optarg || *end || !(bc.shared >= 0 && bc.shared < 1))
-                return kvctl_usage_err("bench --shared-prefix: \"%s\" is not a fraction in [0, 1)", optarg);
+                return kvctl_usage_err("bench --shared-prefix: \"%s\" is not a fraction in [0, 1)",
+                                       optarg);
             break;
         case 'T':
             if (!kvctl_parse_u64(optarg, &u) || u == 0 || u > 1000)
@@ -475,9 +490,15 @@ int kvctl_cmd_bench(struct kvctl *k, int argc, char **argv)
             if (!kvctl_parse_u64(optarg, &bc.seed))
                 return kvctl_usage_err("bench --seed: \"%s\" is not a number", optarg);
             break;
-        case 'v': bc.verify = true; break;
-        case 'j': bc.json = true; break;
-        case 'P': bc.progress = false; break;
+        case 'v':
+            bc.verify = true;
+            break;
+        case 'j':
+            bc.json = true;
+            break;
+        case 'P':
+            bc.progress = false;
+            break;
         case 'h':
             fputs(bench_help, stdout);
             return KVCTL_OK;
@@ -499,12 +520,14 @@ int kvctl_cmd_bench(struct kvctl *k, int argc, char **argv)
     if (kvd_hello(k->ctx, &hi))
         return kvctl_fail(k, "hello");
     if (!hi.has_model)
-        return kvctl_usage_err("bench: the daemon serves no model (store mode): start kvd with --model");
+        return kvctl_usage_err(
+            "bench: the daemon serves no model (store mode): start kvd with --model");
     bc.vocab = hi.vocab;
     bc.n_ctx = hi.context;
     if ((uint64_t)bc.prompt.hi + bc.output.hi > bc.n_ctx)
         return kvctl_usage_err("bench: prompt (up to %u) + output (up to %u) tokens exceed the "
-                               "model's context of %u", bc.prompt.hi, bc.output.hi, bc.n_ctx);
+                               "model's context of %u",
+                               bc.prompt.hi, bc.output.hi, bc.n_ctx);
     bc.progress = bc.progress && isatty(STDERR_FILENO);
 
     /* The plan: chats of `turns` requests, their arrival times, the system prompt. */
@@ -512,7 +535,8 @@ int kvctl_cmd_bench(struct kvctl *k, int argc, char **argv)
     uint32_t gap_cap = bc.output.hi;
     size_t sh_bytes = sizeof(struct shared) + (size_t)total * sizeof(struct rec) +
                       (size_t)total * gap_cap * sizeof(float);
-    struct shared *sh = mmap(NULL, sh_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    struct shared *sh =
+        mmap(NULL, sh_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     double *arrival = NULL;
     uint32_t *system = NULL, **ref = NULL, *n_ref = NULL;
     struct kvd_reply *final = NULL;
@@ -539,8 +563,12 @@ int kvctl_cmd_bench(struct kvctl *k, int argc, char **argv)
         st = mix(st);
         t += -log(((double)(st >> 11) + 0.5) / 9007199254740992.0) / bc.rate;
     }
-    struct run rn = {.bc = &bc, .socket = k->socket, .sh = sh, .arrival = arrival,
-                     .system = system, .n_system = n_system};
+    struct run rn = {.bc = &bc,
+                     .socket = k->socket,
+                     .sh = sh,
+                     .arrival = arrival,
+                     .system = system,
+                     .n_system = n_system};
     if (bc.verify) {
         /* Pass 1: one request at a time, closed loop, this process: the
          * unconstrained reference. Then drop the cache it left behind

@@ -88,15 +88,16 @@ static void print_roofline(FILE *f, const struct kvd_value *body, bool json)
         bool bw = bound && !strcmp(bound, "bandwidth");
         double frac = bw ? f64at(p, "bytes_frac") : f64at(p, "flops_frac");
         if (json)
-            fprintf(f, ",\"%s\":{\"intensity\":%.4g,\"flops_frac\":%.4g,\"bytes_frac\":%.4g,"
-                       "\"bound\":\"%s\",\"ms_per_step\":%.4g,\"steps\":%.0f}",
+            fprintf(f,
+                    ",\"%s\":{\"intensity\":%.4g,\"flops_frac\":%.4g,\"bytes_frac\":%.4g,"
+                    "\"bound\":\"%s\",\"ms_per_step\":%.4g,\"steps\":%.0f}",
                     phases[i], f64at(p, "intensity"), f64at(p, "flops_frac"),
                     f64at(p, "bytes_frac"), bound ? bound : "unknown", f64at(p, "ms_per_step"),
                     f64at(p, "steps"));
         else if (measured)
             fprintf(f, "  %s: %.0f%% of %s, intensity %.2g FLOP/B, %s-bound (%.2f ms/step)\n",
-                    phases[i], 100 * frac, bw ? mem : "peak FLOP/s", f64at(p, "intensity"),
-                    bound, f64at(p, "ms_per_step"));
+                    phases[i], 100 * frac, bw ? mem : "peak FLOP/s", f64at(p, "intensity"), bound,
+                    f64at(p, "ms_per_step"));
         else
             fprintf(f, "  %s: intensity %.2g FLOP/B (ceilings not measured)\n", phases[i],
                     f64at(p, "intensity"));
@@ -115,11 +116,13 @@ static void print_pcts(FILE *f, const char *name, struct pcts p, bool json)
                 p.p90, p.p99, p.mean, p.n);
 }
 
-int kvctl_bench_report(const struct bench_conf *bc, const struct shared *sh, const struct dstats *d0,
-                  const struct dstats *d1, const struct kvd_value *final_stats, double wall)
+int kvctl_bench_report(const struct bench_conf *bc, const struct shared *sh,
+                       const struct dstats *d0, const struct dstats *d1,
+                       const struct kvd_value *final_stats, double wall)
 {
     uint32_t total = sh->n_chats * bc->turns;
-    double *ttft = malloc((total + 1) * sizeof(double)), *e2e = malloc((total + 1) * sizeof(double));
+    double *ttft = malloc((total + 1) * sizeof(double)),
+           *e2e = malloc((total + 1) * sizeof(double));
     double *tpot = malloc((total + 1) * sizeof(double));
     size_t n_gaps_all = 0;
     for (uint32_t i = 0; i < total; i++)
@@ -160,7 +163,8 @@ int kvctl_bench_report(const struct bench_conf *bc, const struct shared *sh, con
         for (uint32_t g = 0; g < r->n_gaps; g++)
             itl[ng++] = sh->gaps[(size_t)i * sh->gap_cap + g];
     }
-    struct pcts pt = pct(ttft, n_ok), pe = pct(e2e, n_ok), pi = pct(itl, ng), pp = pct(tpot, n_tpot);
+    struct pcts pt = pct(ttft, n_ok), pe = pct(e2e, n_ok), pi = pct(itl, ng),
+                pp = pct(tpot, n_tpot);
     double hit = prompt > 0 ? cached / prompt : 0;
     bool json = bc->json;
     FILE *f = stdout;
@@ -171,15 +175,17 @@ int kvctl_bench_report(const struct bench_conf *bc, const struct shared *sh, con
             fprintf(f, ",\"first_error\":\"%s\"", kvd_err_code(first_err));
         fprintf(f, ",\"connections\":%u,\"turns\":%u,\"rate\":%.4g,\"shared_prefix\":%.4g",
                 bc->conns, bc->turns, bc->rate, bc->shared);
-        fprintf(f, ",\"wall_s\":%.4f,\"input_tokens\":%.0f,\"cached_tokens\":%.0f,"
-                   "\"output_tokens\":%.0f,\"input_tokens_per_s\":%.2f,\"output_tokens_per_s\":%.2f",
+        fprintf(f,
+                ",\"wall_s\":%.4f,\"input_tokens\":%.0f,\"cached_tokens\":%.0f,"
+                "\"output_tokens\":%.0f,\"input_tokens_per_s\":%.2f,\"output_tokens_per_s\":%.2f",
                 wall, prompt, cached, out, wall > 0 ? prompt / wall : 0, wall > 0 ? out / wall : 0);
         fprintf(f, ",\"prefix_hit_rate\":%.4f", hit);
     } else {
-        fprintf(f, "requests %u: %zu ok, %zu failed%s%s, %zu not run  (%u connections, %u turns, %s)\n",
-                total, n_ok, n_fail, first_err ? " first error " : "",
-                first_err ? kvd_err_code(first_err) : "", n_skip, bc->conns, bc->turns,
-                bc->rate > 0 ? "Poisson arrivals" : "closed loop");
+        fprintf(
+            f, "requests %u: %zu ok, %zu failed%s%s, %zu not run  (%u connections, %u turns, %s)\n",
+            total, n_ok, n_fail, first_err ? " first error " : "",
+            first_err ? kvd_err_code(first_err) : "", n_skip, bc->conns, bc->turns,
+            bc->rate > 0 ? "Poisson arrivals" : "closed loop");
         fprintf(f, "wall %.2f s   input %.0f tok (%.1f tok/s)   output %.0f tok (%.1f tok/s)\n",
                 wall, prompt, wall > 0 ? prompt / wall : 0, out, wall > 0 ? out / wall : 0);
         fprintf(f, "prefix hit rate %.1f%% (%.0f of %.0f prompt tokens cached)\n", 100 * hit,
@@ -190,10 +196,12 @@ int kvctl_bench_report(const struct bench_conf *bc, const struct shared *sh, con
     print_pcts(f, "tpot", pp, json);
     print_pcts(f, "e2e", pe, json);
     double so = d1->swaps_out - d0->swaps_out, si = d1->swaps_in - d0->swaps_in;
-    double ps = d1->preempt_swap - d0->preempt_swap, pr = d1->preempt_recompute - d0->preempt_recompute;
+    double ps = d1->preempt_swap - d0->preempt_swap,
+           pr = d1->preempt_recompute - d0->preempt_recompute;
     if (json)
-        fprintf(f, ",\"swaps_out\":%.0f,\"swaps_in\":%.0f,\"preempt_swap\":%.0f,"
-                   "\"preempt_recompute\":%.0f",
+        fprintf(f,
+                ",\"swaps_out\":%.0f,\"swaps_in\":%.0f,\"preempt_swap\":%.0f,"
+                "\"preempt_recompute\":%.0f",
                 so, si, ps, pr);
     else
         fprintf(f, "swaps out %.0f in %.0f blocks   preemptions swap %.0f recompute %.0f\n", so, si,
@@ -218,4 +226,3 @@ int kvctl_bench_report(const struct bench_conf *bc, const struct shared *sh, con
         return KVCTL_ECONN; /* some connections never ran (the message said why) */
     return n_fail || n_mis ? KVCTL_ESERVER : KVCTL_OK;
 }
-

@@ -193,7 +193,8 @@ int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv)
         goto out;
     }
     if (have_tokens == (text != NULL) || (have_tokens && !n_prompt)) {
-        rc = kvctl_usage_err("generate: --tokens is required (prompt token ids, e.g. 1,2,3), or --text");
+        rc = kvctl_usage_err(
+            "generate: --tokens is required (prompt token ids, e.g. 1,2,3), or --text");
         goto out;
     }
     if ((rc = kvctl_connect(k)))
@@ -209,8 +210,7 @@ int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv)
         }
         int src = text ? kvd_generate_text_send(k->ctx, text, &go, &id)
                        : kvd_generate_send(k->ctx, prompt, n_prompt, &go, &id);
-        if (src ||
-            (kvd_wait(k->ctx, id, &r) && !r)) {
+        if (src || (kvd_wait(k->ctx, id, &r) && !r)) {
             rc = kvctl_fail(k, "generate");
             goto out;
         }

@@ -211,8 +211,7 @@ static int run_new_seq(struct script *s, const struct script_cmd *c, char **w, i
     return 0;
 }
 
-static int run_use(struct script *s, const struct script_cmd *c, char **w, int nw,
-                   const char *text)
+static int run_use(struct script *s, const struct script_cmd *c, char **w, int nw, const char *text)
 {
     uint64_t h;
     if (w[1][0] == '#') {
@@ -289,8 +288,7 @@ static int read_range(struct script *s, const struct script_cmd *c, char **w, in
     int rc;
     if ((rc = parse_range(s, w, nw, start, n)))
         return rc;
-    struct kvd_arg a[] = {KVD_ARG_U("seq", s->cur), KVD_ARG_U("start", *start),
-                          KVD_ARG_U("n", *n)};
+    struct kvd_arg a[] = {KVD_ARG_U("seq", s->cur), KVD_ARG_U("start", *start), KVD_ARG_U("n", *n)};
     if ((rc = do_call(s, c->op, a, 3)))
         return rc;
     *d = kvd_value_get(s->last->body, "data");

@@ -132,8 +132,8 @@ static void phase_line(FILE *f, const struct kvd_value *rl, const char *phase, b
 static void tenants_table(FILE *f, const struct kvd_value *st)
 {
     const struct kvd_value *ts = kvd_value_get(st, "tenants");
-    fprintf(f, "%-16s %6s %6s %6s %5s %5s %6s %8s %8s %7s %8s\n", "TENANT", "DEV", "HOST",
-            "CACHED", "SEQS", "HIT%", "REQS", "TOK-IN", "TOK-OUT", "PREEMPT", "QUEUE-MS");
+    fprintf(f, "%-16s %6s %6s %6s %5s %5s %6s %8s %8s %7s %8s\n", "TENANT", "DEV", "HOST", "CACHED",
+            "SEQS", "HIT%", "REQS", "TOK-IN", "TOK-OUT", "PREEMPT", "QUEUE-MS");
     if (!ts || ts->type != KVD_T_ARRAY)
         return;
     for (size_t i = 0; i < ts->v.array.n; i++) {
@@ -179,8 +179,9 @@ static void frame(FILE *f, const struct kvd_value *st, struct top_prev *prev)
                 num(st, "requests.running"), num(st, "requests.waiting"),
                 num(st, "requests.swapped"));
         if (prev->have && t > prev->t)
-            fprintf(f, "tokens/s prefill %.0f out %.0f  steps/s %.0f\n", (tin - prev->tok_in) / (t - prev->t),
-                    (tout - prev->tok_out) / (t - prev->t), (steps - prev->steps) / (t - prev->t));
+            fprintf(f, "tokens/s prefill %.0f out %.0f  steps/s %.0f\n",
+                    (tin - prev->tok_in) / (t - prev->t), (tout - prev->tok_out) / (t - prev->t),
+                    (steps - prev->steps) / (t - prev->t));
         else
             fprintf(f, "tokens/s prefill - out -  (next refresh)\n");
     }
@@ -190,9 +191,11 @@ static void frame(FILE *f, const struct kvd_value *st, struct top_prev *prev)
     prev->tok_out = tout;
     prev->steps = steps;
 
-    double asked = num(st, "counters.match_tokens_asked"), hit = num(st, "counters.match_tokens_hit");
-    fprintf(f, "cache     prefix hits %.0f%% (%.0f of %.0f tokens)  swaps out %.0f in %.0f  "
-               "evictions %.0f  preemptions swap %.0f recompute %.0f\n",
+    double asked = num(st, "counters.match_tokens_asked"),
+           hit = num(st, "counters.match_tokens_hit");
+    fprintf(f,
+            "cache     prefix hits %.0f%% (%.0f of %.0f tokens)  swaps out %.0f in %.0f  "
+            "evictions %.0f  preemptions swap %.0f recompute %.0f\n",
             asked > 0 ? 100 * hit / asked : 0, hit, asked, num(st, "counters.swaps_out"),
             num(st, "counters.swaps_in"), num(st, "counters.evictions"),
             num(st, "requests.preempt_swap"), num(st, "requests.preempt_recompute"));

@@ -533,8 +533,8 @@ int kvd_generate_send(struct kvd_ctx *ctx, const uint32_t *tokens, size_t n,
     return gen_send(ctx, seq_alone ? NULL : &toks, opts, id);
 }
 
-int kvd_generate_text_send(struct kvd_ctx *ctx, const char *text,
-                           const struct kvd_gen_opts *opts, uint64_t *id)
+int kvd_generate_text_send(struct kvd_ctx *ctx, const char *text, const struct kvd_gen_opts *opts,
+                           uint64_t *id)
 {
     struct kvd_arg a = KVD_ARG_S("text", text);
     return gen_send(ctx, &a, opts, id);
@@ -715,8 +715,7 @@ out:
     return rc;
 }
 
-int kvd_detokenize(struct kvd_ctx *ctx, const uint32_t *tokens, size_t n, bool special,
-                   char **text)
+int kvd_detokenize(struct kvd_ctx *ctx, const uint32_t *tokens, size_t n, bool special, char **text)
 {
     struct kvd_arg args[2] = {KVD_ARG_U32S("tokens", tokens, n), KVD_ARG_B("special", special)};
     struct kvd_reply *r = NULL;

@@ -315,8 +315,7 @@ int kvd_reply_decode(const char *src, size_t len, struct kvd_reply_impl **out, c
     for (size_t i = 0; i < root->v.map.n; i++) {
         if (root->v.map.items[i].key.type != KVD_T_STR) {
             snprintf(errbuf, errlen,
-                     "daemon sent a frame libkvd cannot read: message key #%zu is not a string",
-                     i);
+                     "daemon sent a frame libkvd cannot read: message key #%zu is not a string", i);
             rc = KVD_EBADREQ;
             goto out_free;
         }

@@ -747,8 +747,7 @@ int proto_socket_path_check(const char *path, uid_t uid, bool own_dir, char *err
     if (own_dir && lstat(path, &st) == 0) {
         if (!S_ISSOCK(st.st_mode) || (st.st_uid != uid && st.st_uid != 0)) {
             snprintf(err, errlen, "%s is %s owned by uid %u; refusing it", path,
-                     S_ISSOCK(st.st_mode) ? "a socket" : "not a socket",
-                     (unsigned)st.st_uid);
+                     S_ISSOCK(st.st_mode) ? "a socket" : "not a socket", (unsigned)st.st_uid);
             return KVD_EPERM;
         }
     }

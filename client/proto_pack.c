@@ -337,8 +337,7 @@ int proto_pack_kvn_nil(msgpack_packer *pk, const char *key, size_t klen)
     return pack_kv_byte(pk, key, klen, 0xc0);
 }
 
-int proto_pack_kvn_str(msgpack_packer *pk, const char *key, size_t klen, const char *v,
-                       size_t vlen)
+int proto_pack_kvn_str(msgpack_packer *pk, const char *key, size_t klen, const char *v, size_t vlen)
 {
     /* key and the value's header together, then the body */
     uint8_t s[PACK_BUF];

@@ -9,7 +9,6 @@
 #include <string.h>
 #include <unistd.h>
 
-
 #include "backend.h"
 #include "config.h"
 #include "kvd/protocol.h"
@@ -79,8 +78,8 @@ static int size_arenas(const struct options *o, struct backend *be, size_t block
         }
         double n = (double)mem * o->gpu_mem / (double)block_bytes;
         if (n < 1) {
-            log_err("--gpu-mem %.3f of %zu bytes is less than one %zu-byte block", o->gpu_mem,
-                    mem, block_bytes);
+            log_err("--gpu-mem %.3f of %zu bytes is less than one %zu-byte block", o->gpu_mem, mem,
+                    block_bytes);
             return KVD_EBADREQ;
         }
         *dev = n >= (double)(UINT32_MAX - 1) ? UINT32_MAX - 1 : (uint32_t)n;
@@ -125,7 +124,7 @@ int main(int argc, char **argv)
     struct backend *be = NULL;
     struct kvmm *mm = NULL;
     struct server *srv = NULL;
-    struct model *model = NULL;       /* serve mode (--model) */
+    struct model *model = NULL;      /* serve mode (--model) */
     struct ops_generate *gen = NULL; /* the executor and its ops, serve mode */
     struct text *text = NULL;        /* the model's tokenizer and chat template */
     int status = 1;
@@ -214,7 +213,8 @@ int main(int argc, char **argv)
             roofline_set_ceilings(&rl, &ce);
         } else {
             log_warn("roofline: cannot measure the backend's ceilings (%s); fractions of peak "
-                     "stay 0", kvd_err_code(prc));
+                     "stay 0",
+                     kvd_err_code(prc));
         }
     }
     if (kv_geom_check(&mc.geom, err, sizeof(err)) != 0) {
@@ -229,9 +229,9 @@ int main(int argc, char **argv)
     }
     log_info("%s mode: backend %s, %u layers x %u kv heads x %u head_dim %s, %u tokens per "
              "block (%zu bytes); %u device + %u host blocks",
-             model ? "serve" : "store", be->ops->name, mc.geom.layers, mc.geom.kv_heads, mc.geom.head_dim,
-             kv_dtype_name(mc.geom.dtype), mc.geom.block_tokens, bb, mc.n_device_blocks,
-             mc.n_host_blocks);
+             model ? "serve" : "store", be->ops->name, mc.geom.layers, mc.geom.kv_heads,
+             mc.geom.head_dim, kv_dtype_name(mc.geom.dtype), mc.geom.block_tokens, bb,
+             mc.n_device_blocks, mc.n_host_blocks);
     int rc = kvmm_new(&mc, &mm);
     if (rc) {
         log_err("cannot create the KV memory manager: %s (%u device + %u host blocks of %zu "
@@ -246,9 +246,8 @@ int main(int argc, char **argv)
         log_err("cannot register the text ops");
         goto out_srv;
     }
-    if (opts.metrics_addr[0] &&
-        metrics_start(srv, opts.metrics_addr, opts.metrics_force, &metrics, NULL, err,
-                      sizeof(err)) != 0) {
+    if (opts.metrics_addr[0] && metrics_start(srv, opts.metrics_addr, opts.metrics_force, &metrics,
+                                              NULL, err, sizeof(err)) != 0) {
         log_err("--metrics: %s", err);
         status = 2;
         goto out_srv;

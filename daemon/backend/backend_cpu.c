@@ -37,8 +37,8 @@ static int cpu_arena_alloc(struct backend *be, enum kvd_tier tier, size_t bytes,
     /* Reserved huge pages exist only where the admin configured them; the
      * fallback below is the common case. */
     if (len >= CPU_HUGE_PAGE)
-        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB,
-                 -1, 0);
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1,
+                 0);
 #endif
     if (p == MAP_FAILED) {
         p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

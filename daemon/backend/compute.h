@@ -33,8 +33,8 @@
 
 /* How a 2-D weight's bytes are arranged on the device. */
 enum clayout {
-    CL_ROWS = 0, /* as in the GGUF file: row j at byte j * ctype_row_bytes(type, ne0) */
-    CL_PACK16,   /* cpu backend: 16 rows interleaved value by value (compute_cpu_matmul.c) */
+    CL_ROWS = 0,  /* as in the GGUF file: row j at byte j * ctype_row_bytes(type, ne0) */
+    CL_PACK16,    /* cpu backend: 16 rows interleaved value by value (compute_cpu_matmul.c) */
     CL_ROWS_BF16, /* cuda backend: CL_ROWS, then a bf16 copy for GEMMs (compute_cuda_ops.c) */
 };
 
@@ -52,7 +52,6 @@ struct ctensor {
     size_t nbytes;
     void *data; /* device, owned by whoever allocated it (the model) */
 };
-
 
 /* The tok_slot of a padding row: kv_write skips it. */
 #define COMPUTE_PAD_SLOT UINT32_MAX
@@ -85,8 +84,8 @@ enum rope_mode { ROPE_NORM = 0, ROPE_NEOX = 2 };
  * seq_qstart[s+1]), and rows at or after seq_qstart[n_seqs] belong to no
  * sequence; neither gets any output (those out rows are left as they are). */
 struct attn_desc {
-    const float *q; /* device [n_tokens][n_head][head_dim], already roped */
-    float *out;     /* device [n_tokens][n_head][head_dim] */
+    const float *q;             /* device [n_tokens][n_head][head_dim], already roped */
+    float *out;                 /* device [n_tokens][n_head][head_dim] */
     const void *arena;          /* device: the KV arena (slot 0 at arena) */
     const struct kv_geom *geom; /* host */
     uint32_t layer;
@@ -112,9 +111,9 @@ struct compute_step {
     const void *arena;  /* the KV arena */
     const void *tables; /* the caller's block-table buffer (it may move) */
     uint32_t n_tokens, n_seqs;
-    uint32_t max_q;     /* 1: decode only (the only steps worth a graph) */
-    uint32_t max_kv;    /* largest context: sizes attention's split count */
-    uint32_t sampled;   /* 1: the step ends with the sample op */
+    uint32_t max_q;   /* 1: decode only (the only steps worth a graph) */
+    uint32_t max_kv;  /* largest context: sizes attention's split count */
+    uint32_t sampled; /* 1: the step ends with the sample op */
 };
 
 struct compute_conf {
@@ -195,9 +194,9 @@ struct compute_ops {
      * q8_0/fp8: each head's row quantized with its scales, bit for bit the
      * rules of compute_cpu_kv.h on every backend).
      * A row whose tok_slot is COMPUTE_PAD_SLOT (padding) writes nothing. */
-    int (*kv_write)(struct compute_ctx *cx, void *arena, const struct kv_geom *geom,
-                    uint32_t layer, const float *k, const float *v, uint32_t n_tokens,
-                    const uint32_t *tok_slot, const uint32_t *tok_pos);
+    int (*kv_write)(struct compute_ctx *cx, void *arena, const struct kv_geom *geom, uint32_t layer,
+                    const float *k, const float *v, uint32_t n_tokens, const uint32_t *tok_slot,
+                    const uint32_t *tok_pos);
     int (*attention)(struct compute_ctx *cx, const struct attn_desc *d);
     /* g[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)); device [n]. */
     int (*silu_mul)(struct compute_ctx *cx, float *g, const float *u, size_t n);

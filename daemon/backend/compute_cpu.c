@@ -20,7 +20,8 @@
 
 /* ---- context and buffers ------------------------------------------------ */
 
-static int cpu_ctx_new(struct backend *be, const struct compute_conf *conf, struct compute_ctx **out)
+static int cpu_ctx_new(struct backend *be, const struct compute_conf *conf,
+                       struct compute_ctx **out)
 {
     struct compute_ctx *cx = calloc(1, sizeof *cx);
     uint32_t n = conf ? conf->n_threads : 0;
@@ -114,7 +115,9 @@ static int cpu_sync(struct compute_ctx *cx)
 void cpu_row_to_f32(enum ctype t, const void *row, float *out, uint32_t n)
 {
     switch (t) {
-    case CT_F32: memcpy(out, row, (size_t)n * 4); break;
+    case CT_F32:
+        memcpy(out, row, (size_t)n * 4);
+        break;
     case CT_F16:
         for (uint32_t i = 0; i < n; i++)
             out[i] = cpu_f16_to_f32(((const uint16_t *)row)[i]);
@@ -133,7 +136,9 @@ void cpu_row_to_f32(enum ctype t, const void *row, float *out, uint32_t n)
                 out[b * CT_Q8_0_BLOCK + i] = d * (float)(int8_t)blk[2 + i];
         }
         break;
-    default: (void)quant_dequant_row(t, row, out, n); break;
+    default:
+        (void)quant_dequant_row(t, row, out, n);
+        break;
     }
 }
 
@@ -203,13 +208,15 @@ static int cpu_rope(struct compute_ctx *cx, float *x, uint32_t rows, uint32_t n_
     for (uint32_t r = 0; r < rows; r++) {
         for (uint32_t i = 0; i < half; i++) {
             /* angle in double so every backend can hit the f32 result */
-            double theta = (double)pos[r] * (i < 512 ? freq[i] : pow((double)base, -2.0 * i / n_rot));
+            double theta =
+                (double)pos[r] * (i < 512 ? freq[i] : pow((double)base, -2.0 * i / n_rot));
             if (ff)
                 theta /= ff[i];
             float c = (float)cos(theta), s = (float)sin(theta);
             for (uint32_t h = 0; h < n_heads; h++) {
                 float *v = x + ((size_t)r * n_heads + h) * head_dim;
-                uint32_t i0 = mode == ROPE_NEOX ? i : 2 * i, i1 = mode == ROPE_NEOX ? i + half : 2 * i + 1;
+                uint32_t i0 = mode == ROPE_NEOX ? i : 2 * i,
+                         i1 = mode == ROPE_NEOX ? i + half : 2 * i + 1;
                 float a = v[i0], b = v[i1];
                 v[i0] = a * c - b * s;
                 v[i1] = a * s + b * c;
@@ -266,9 +273,10 @@ __attribute__((target("avx2,fma"))) static __m256 exp8(__m256 x)
     /* 2^n: n in [-127, 128]; split in two factors so 2^-127 and 2^128
      * (outside the normal exponent range) are still reached */
     __m256i ni = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(ni, 1);
-    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
-    __m256 s2 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+    __m256 s1 =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
     return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
 }
 
@@ -318,7 +326,8 @@ static int cpu_sample(struct compute_ctx *cx, const float *logits, uint32_t rows
                       const struct sample_row *p, uint32_t *out)
 {
     for (uint32_t r = 0; r < rows; r++) {
-        int rc = sampler_pick(&p[r], &cx->sample_scratch, logits + (size_t)r * vocab, vocab, &out[r]);
+        int rc =
+            sampler_pick(&p[r], &cx->sample_scratch, logits + (size_t)r * vocab, vocab, &out[r]);
         if (rc)
             return rc;
     }

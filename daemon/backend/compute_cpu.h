@@ -64,7 +64,7 @@ static inline uint16_t cpu_f32_to_f16(float f)
         return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 | ((ax >> 13) & 0x3ff) : 0));
     if (ax >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
         return (uint16_t)(sign | 0x7c00);
-    if (ax < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
+    if (ax < 0x38800000u) {   /* below the smallest normal half: subnormal or zero */
         if (ax < 0x33000000u) /* < 2^-25: rounds to 0 */
             return (uint16_t)sign;
         uint32_t e = ax >> 23, m = (ax & 0x7fffff) | 0x800000;
@@ -102,9 +102,12 @@ static inline uint16_t cpu_f32_to_bf16(float f)
 static inline float cpu_kv_load(const void *p, enum kv_dtype dt, size_t i)
 {
     switch (dt) {
-    case KV_F16: return cpu_f16_to_f32(((const uint16_t *)p)[i]);
-    case KV_BF16: return cpu_bf16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
+    case KV_F16:
+        return cpu_f16_to_f32(((const uint16_t *)p)[i]);
+    case KV_BF16:
+        return cpu_bf16_to_f32(((const uint16_t *)p)[i]);
+    default:
+        return ((const float *)p)[i];
     }
 }
 

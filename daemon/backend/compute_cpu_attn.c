@@ -18,7 +18,8 @@ static inline SIMD_TARGET __m256 kv_load8(const void *p, enum kv_dtype dt, size_
     if (dt == KV_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
     if (dt == KV_BF16) {
-        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+        __m256i v =
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
         return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     }
     return _mm256_loadu_ps((const float *)p + i);
@@ -84,7 +85,8 @@ static SIMD_TARGET void vaxpy_simd(float *out, float a, const void *v, enum kv_d
     __m256 av = _mm256_set1_ps(a);
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(av, kv_load8(v, dt, i), _mm256_loadu_ps(out + i)));
+        _mm256_storeu_ps(out + i,
+                         _mm256_fmadd_ps(av, kv_load8(v, dt, i), _mm256_loadu_ps(out + i)));
     for (; i < n; i++)
         out[i] += a * cpu_kv_load(v, dt, i);
 }
@@ -155,7 +157,8 @@ static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
     /* scores: sc[r][0..n_kv) for the n_rep query heads of this group */
     size_t rk = (size_t)hd * esz; /* bytes between the K (or V) rows read */
     for (uint32_t p0 = 0; p0 < n_kv; p0 += bt) {
-        const uint8_t *kb = (const uint8_t *)d->arena + (size_t)slots[p0 / bt] * block_bytes + k_off;
+        const uint8_t *kb =
+            (const uint8_t *)d->arena + (size_t)slots[p0 / bt] * block_bytes + k_off;
         uint32_t n = n_kv - p0 < bt ? n_kv - p0 : bt, i = 0;
         if (quant) {
             for (uint32_t r = 0; r < n; r++)
@@ -167,13 +170,14 @@ static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
          * after the softmax) now */
         if (p0 + bt < n_kv) {
             uint32_t nn = n_kv - p0 - bt < bt ? n_kv - p0 - bt : bt;
-            const char *nk = (const char *)d->arena + (size_t)slots[p0 / bt + 1] * block_bytes + k_off;
+            const char *nk =
+                (const char *)d->arena + (size_t)slots[p0 / bt + 1] * block_bytes + k_off;
             for (size_t off = 0; off < nn * rb; off += 64)
                 __builtin_prefetch(nk + off, 0, 3);
         }
         for (size_t off = 0; off < n * rb; off += 64)
-            __builtin_prefetch((const char *)d->arena + (size_t)slots[p0 / bt] * block_bytes + v_off + off,
-                               0, 2);
+            __builtin_prefetch(
+                (const char *)d->arena + (size_t)slots[p0 / bt] * block_bytes + v_off + off, 0, 2);
 #if defined(__x86_64__)
         if (simd && hd % 8 == 0)
             for (; i + 4 <= n; i += 4)
@@ -210,7 +214,8 @@ static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
         hd64 = hd / 64 * 64;
 #endif
     for (uint32_t p0 = 0; p0 < n_kv; p0 += bt) {
-        const uint8_t *vb = (const uint8_t *)d->arena + (size_t)slots[p0 / bt] * block_bytes + v_off;
+        const uint8_t *vb =
+            (const uint8_t *)d->arena + (size_t)slots[p0 / bt] * block_bytes + v_off;
         uint32_t n = n_kv - p0 < bt ? n_kv - p0 : bt;
         if (quant) {
             for (uint32_t r = 0; r < n; r++)
@@ -245,8 +250,8 @@ static void attn_task(void *arg, uint32_t ith, uint32_t nth)
 
 int cpu_attention(struct compute_ctx *cx, const struct attn_desc *d)
 {
-    struct attn_job j = {.d = d, .cx = cx,
-                         .n_units = d->h_seq_qstart[d->n_seqs] * d->geom->kv_heads};
+    struct attn_job j = {
+        .d = d, .cx = cx, .n_units = d->h_seq_qstart[d->n_seqs] * d->geom->kv_heads};
     const struct kv_geom *g = d->geom;
     size_t need = (size_t)(d->n_head / g->kv_heads) * d->max_kv;
     if (g->dtype == KV_Q8_0 || g->dtype == KV_FP8) /* a block's rows, widened */

@@ -32,15 +32,15 @@
 #include "compute_cpu.h"
 #include "kvd/status.h"
 
-#define PK 16                /* rows per packed group */
-#define PK_Q8_BLOCK 544      /* bytes of one q8_0 block of a group: 16 f16 scales + 16 x 32 quants */
-#define MM_PANEL_ROWS 4      /* activation rows from which the panel kernel is used */
+#define PK 16           /* rows per packed group */
+#define PK_Q8_BLOCK 544 /* bytes of one q8_0 block of a group: 16 f16 scales + 16 x 32 quants */
+#define MM_PANEL_ROWS 4 /* activation rows from which the panel kernel is used */
 #define MM_PANEL_BYTES 131072 /* f32 panel of a chunk: fits L2 beside MM_RB activation rows */
-#define MM_RB 24             /* activation rows per block of the panel kernel */
-#define MM_TILE 6            /* activation rows per register tile */
-#define MM_KB 128            /* k block of the panel kernel */
-#define MM_CHUNK_MAX 8       /* groups per chunk of the panel kernel */
-#define MM_PFD 2048          /* GEMV prefetch distance, bytes */
+#define MM_RB 24              /* activation rows per block of the panel kernel */
+#define MM_TILE 6             /* activation rows per register tile */
+#define MM_KB 128             /* k block of the panel kernel */
+#define MM_CHUNK_MAX 8        /* groups per chunk of the panel kernel */
+#define MM_PFD 2048           /* GEMV prefetch distance, bytes */
 
 static size_t elem_bytes(enum ctype t)
 {
@@ -63,16 +63,20 @@ static bool pk_packable(const struct ctensor *t)
 static inline float pk_get(enum ctype t, const uint8_t *g, size_t k, size_t j)
 {
     switch (t) {
-    case CT_F32: return ((const float *)g)[k * PK + j];
-    case CT_F16: return cpu_f16_to_f32(((const uint16_t *)g)[k * PK + j]);
-    case CT_BF16: return cpu_bf16_to_f32(((const uint16_t *)g)[k * PK + j]);
+    case CT_F32:
+        return ((const float *)g)[k * PK + j];
+    case CT_F16:
+        return cpu_f16_to_f32(((const uint16_t *)g)[k * PK + j]);
+    case CT_BF16:
+        return cpu_bf16_to_f32(((const uint16_t *)g)[k * PK + j]);
     case CT_Q8_0: {
         const uint8_t *blk = g + k / CT_Q8_0_BLOCK * PK_Q8_BLOCK;
         uint16_t dh;
         memcpy(&dh, blk + 2 * j, 2);
         return cpu_f16_to_f32(dh) * (float)(int8_t)blk[2 * PK + k % CT_Q8_0_BLOCK * PK + j];
     }
-    default: break; /* not packed (pk_packable) */
+    default:
+        break; /* not packed (pk_packable) */
     }
     return 0;
 }
@@ -81,16 +85,20 @@ static inline float pk_get(enum ctype t, const uint8_t *g, size_t k, size_t j)
 static inline float row_get(enum ctype t, const uint8_t *w, size_t k)
 {
     switch (t) {
-    case CT_F32: return ((const float *)w)[k];
-    case CT_F16: return cpu_f16_to_f32(((const uint16_t *)w)[k]);
-    case CT_BF16: return cpu_bf16_to_f32(((const uint16_t *)w)[k]);
+    case CT_F32:
+        return ((const float *)w)[k];
+    case CT_F16:
+        return cpu_f16_to_f32(((const uint16_t *)w)[k]);
+    case CT_BF16:
+        return cpu_bf16_to_f32(((const uint16_t *)w)[k]);
     case CT_Q8_0: {
         const uint8_t *blk = w + k / CT_Q8_0_BLOCK * CT_Q8_0_BYTES;
         uint16_t dh;
         memcpy(&dh, blk, 2);
         return cpu_f16_to_f32(dh) * (float)(int8_t)blk[2 + k % CT_Q8_0_BLOCK];
     }
-    default: break; /* other types take the row-dequantizing path */
+    default:
+        break; /* other types take the row-dequantizing path */
     }
     return 0;
 }
@@ -138,7 +146,8 @@ static void pack_group(const struct ctensor *t, const uint8_t *src, size_t g)
                     db[2 * PK + kk * PK + j] = sb[2 + kk];
             }
             break;
-        default: break;
+        default:
+            break;
         }
     }
 }
@@ -189,10 +198,12 @@ MM_INLINE SIMD_TARGET __m256 load8(enum ctype t, const uint8_t *w, size_t i)
     case CT_F16:
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
     case CT_BF16: {
-        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
+        __m256i v =
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
         return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     }
-    default: return _mm256_loadu_ps((const float *)w + i);
+    default:
+        return _mm256_loadu_ps((const float *)w + i);
     }
 }
 
@@ -217,8 +228,8 @@ MM_INLINE SIMD_TARGET void pk_gemv_f(enum ctype t, const uint8_t *g, size_t in, 
                                      size_t ldx, float *o, const int NR)
 {
     __m256 a[2][2], b[2][2];
-    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
-        a[r][0] = a[r][1] = b[r][0] = b[r][1] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) a[r][0] = a[r][1] = b[r][0] = b[r][1] =
+        _mm256_setzero_ps();
     const size_t kb = PK * elem_bytes(t); /* bytes per k */
     size_t k = 0;
     for (; k + 2 <= in; k += 2) {
@@ -228,7 +239,8 @@ MM_INLINE SIMD_TARGET void pk_gemv_f(enum ctype t, const uint8_t *g, size_t in, 
             _mm_prefetch(pf + 64, _MM_HINT_T0);
         __m256 w0 = load8(t, g, k * PK), w1 = load8(t, g, k * PK + 8);
         __m256 v0 = load8(t, g, k * PK + PK), v1 = load8(t, g, k * PK + PK + 8);
-        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+        {
             __m256 xa = _mm256_broadcast_ss(x + r * ldx + k);
             __m256 xb = _mm256_broadcast_ss(x + r * ldx + k + 1);
             a[r][0] = _mm256_fmadd_ps(w0, xa, a[r][0]);
@@ -239,13 +251,15 @@ MM_INLINE SIMD_TARGET void pk_gemv_f(enum ctype t, const uint8_t *g, size_t in, 
     }
     if (k < in) {
         __m256 w0 = load8(t, g, k * PK), w1 = load8(t, g, k * PK + 8);
-        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+        {
             __m256 xa = _mm256_broadcast_ss(x + r * ldx + k);
             a[r][0] = _mm256_fmadd_ps(w0, xa, a[r][0]);
             a[r][1] = _mm256_fmadd_ps(w1, xa, a[r][1]);
         }
     }
-    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+    {
         _mm256_storeu_ps(o + r * PK, _mm256_add_ps(a[r][0], b[r][0]));
         _mm256_storeu_ps(o + r * PK + 8, _mm256_add_ps(a[r][1], b[r][1]));
     }
@@ -257,20 +271,21 @@ MM_INLINE SIMD_TARGET void pk_gemv_q8(const uint8_t *g, size_t in, const float *
                                       float *o, const int NR)
 {
     __m256 a[2][2];
-    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
-        a[r][0] = a[r][1] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
     for (size_t blk = 0; blk < in / CT_Q8_0_BLOCK; blk++) {
         const uint8_t *bp = g + blk * PK_Q8_BLOCK, *q = bp + 2 * PK;
         _Pragma("GCC unroll 9") for (int p = 0; p < (PK_Q8_BLOCK + 63) / 64; p++)
             _mm_prefetch((const char *)bp + MM_PFD + 64 * p, _MM_HINT_T0);
         const float *xb = x + blk * CT_Q8_0_BLOCK;
         __m256 s[2][2], u[2][2];
-        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
-            s[r][0] = s[r][1] = u[r][0] = u[r][1] = _mm256_setzero_ps();
-        _Pragma("GCC unroll 4") for (int kk = 0; kk < CT_Q8_0_BLOCK; kk += 2) {
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = u[r][0] = u[r][1] =
+            _mm256_setzero_ps();
+        _Pragma("GCC unroll 4") for (int kk = 0; kk < CT_Q8_0_BLOCK; kk += 2)
+        {
             __m256 w0 = q8x8(q + kk * PK), w1 = q8x8(q + kk * PK + 8);
             __m256 v0 = q8x8(q + kk * PK + PK), v1 = q8x8(q + kk * PK + PK + 8);
-            _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+            _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+            {
                 __m256 xa = _mm256_broadcast_ss(xb + r * ldx + kk);
                 __m256 xc = _mm256_broadcast_ss(xb + r * ldx + kk + 1);
                 s[r][0] = _mm256_fmadd_ps(w0, xa, s[r][0]);
@@ -281,12 +296,14 @@ MM_INLINE SIMD_TARGET void pk_gemv_q8(const uint8_t *g, size_t in, const float *
         }
         __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp));
         __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp + 1));
-        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+        {
             a[r][0] = _mm256_fmadd_ps(_mm256_add_ps(s[r][0], u[r][0]), d0, a[r][0]);
             a[r][1] = _mm256_fmadd_ps(_mm256_add_ps(s[r][1], u[r][1]), d1, a[r][1]);
         }
     }
-    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+    {
         _mm256_storeu_ps(o + r * PK, a[r][0]);
         _mm256_storeu_ps(o + r * PK + 8, a[r][1]);
     }
@@ -308,7 +325,8 @@ static SIMD_TARGET void pk_gemv(enum ctype t, const uint8_t *g, size_t in, const
     case CT_Q8_0:
         nr == 1 ? pk_gemv_q8(g, in, x, ldx, o, 1) : pk_gemv_q8(g, in, x, ldx, o, 2);
         break;
-    default: break; /* not packed (pk_packable) */
+    default:
+        break; /* not packed (pk_packable) */
     }
 }
 
@@ -316,7 +334,8 @@ static SIMD_TARGET void pk_gemv(enum ctype t, const uint8_t *g, size_t in, const
 
 MM_INLINE SIMD_TARGET void acc_load(__m256 a[][2], const float *o, bool first, const int NR)
 {
-    _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
+    _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++)
+    {
         a[r][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + r * PK);
         a[r][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + r * PK + 8);
     }
@@ -324,17 +343,19 @@ MM_INLINE SIMD_TARGET void acc_load(__m256 a[][2], const float *o, bool first, c
 
 MM_INLINE SIMD_TARGET void acc_store(__m256 a[][2], float *o, const int NR)
 {
-    _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
+    _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++)
+    {
         _mm256_storeu_ps(o + r * PK, a[r][0]);
         _mm256_storeu_ps(o + r * PK + 8, a[r][1]);
     }
 }
 
 /* a[r] += (w0, w1) * x[r * ldx] for r < NR: 2 FMAs per broadcast row value. */
-MM_INLINE SIMD_TARGET void fma_rows(__m256 a[][2], __m256 w0, __m256 w1, const float *x,
-                                    size_t ldx, const int NR)
+MM_INLINE SIMD_TARGET void fma_rows(__m256 a[][2], __m256 w0, __m256 w1, const float *x, size_t ldx,
+                                    const int NR)
 {
-    _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) {
+    _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++)
+    {
         __m256 xv = _mm256_broadcast_ss(x + r * ldx);
         a[r][0] = _mm256_fmadd_ps(w0, xv, a[r][0]);
         a[r][1] = _mm256_fmadd_ps(w1, xv, a[r][1]);
@@ -353,9 +374,9 @@ MM_INLINE SIMD_TARGET void fma_rows(__m256 a[][2], __m256 w0, __m256 w1, const f
  * pf (may be NULL): raw bytes to prefetch meanwhile, pfk per k. Each output
  * is one FMA chain over k in order, so splitting k into blocks does not
  * change the result. */
-MM_INLINE SIMD_TARGET void pk_tile(enum ctype t, const uint8_t *g, size_t k0, size_t kn,
-                                   float *pn, const float *x, size_t ldx, float *o, bool first,
-                                   const char *pf, size_t pfk, const int NR)
+MM_INLINE SIMD_TARGET void pk_tile(enum ctype t, const uint8_t *g, size_t k0, size_t kn, float *pn,
+                                   const float *x, size_t ldx, float *o, bool first, const char *pf,
+                                   size_t pfk, const int NR)
 {
     __m256 a[MM_TILE][2];
     acc_load(a, o, first, NR);
@@ -368,7 +389,8 @@ MM_INLINE SIMD_TARGET void pk_tile(enum ctype t, const uint8_t *g, size_t k0, si
             __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp));
             __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp + 1));
             float *pb = pn + (k0 + kb) * PK;
-            _Pragma("GCC unroll 4") for (size_t kk = 0; kk < CT_Q8_0_BLOCK; kk++) {
+            _Pragma("GCC unroll 4") for (size_t kk = 0; kk < CT_Q8_0_BLOCK; kk++)
+            {
                 __m256 w0 = _mm256_mul_ps(q8x8(q + kk * PK), d0);
                 __m256 w1 = _mm256_mul_ps(q8x8(q + kk * PK + 8), d1);
                 _mm256_storeu_ps(pb + kk * PK, w0);
@@ -378,7 +400,8 @@ MM_INLINE SIMD_TARGET void pk_tile(enum ctype t, const uint8_t *g, size_t k0, si
         }
     } else {
         /* unrolled: one k per iteration ran at ~75 % of FMA peak, four at ~90 % */
-        _Pragma("GCC unroll 4") for (size_t k = 0; k < kn; k++) {
+        _Pragma("GCC unroll 4") for (size_t k = 0; k < kn; k++)
+        {
             if (pf)
                 _mm_prefetch(pf + k * pfk, _MM_HINT_T1);
             float *pk = pn + (k0 + k) * PK;
@@ -402,12 +425,24 @@ static SIMD_TARGET void pk_tile_n(const float *pn, size_t k0, size_t kn, const f
 {
     float *p = (float *)(uintptr_t)pn; /* read only: t == CT_F32 never writes the panel */
     switch (nr) {
-    case 1: pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 1); break;
-    case 2: pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 2); break;
-    case 3: pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 3); break;
-    case 4: pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 4); break;
-    case 5: pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 5); break;
-    default: pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 6); break;
+    case 1:
+        pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 1);
+        break;
+    case 2:
+        pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 2);
+        break;
+    case 3:
+        pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 3);
+        break;
+    case 4:
+        pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 4);
+        break;
+    case 5:
+        pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 5);
+        break;
+    default:
+        pk_tile(CT_F32, NULL, k0, kn, p, x, ldx, o, first, pf, pfk, 6);
+        break;
     }
 }
 
@@ -418,17 +453,32 @@ static SIMD_TARGET void pk_tile_w_n(enum ctype t, const uint8_t *g, size_t k0, s
                                     const char *pf, size_t pfk, int nr)
 {
 #define PK_TILE_W(T)                                                                               \
-    switch (nr) {                                                                                 \
-    case 3: pk_tile(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 3); break;                       \
-    case 4: pk_tile(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 4); break;                       \
-    case 5: pk_tile(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 5); break;                       \
-    default: pk_tile(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 6); break;                      \
+    switch (nr) {                                                                                  \
+    case 3:                                                                                        \
+        pk_tile(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 3);                                   \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        pk_tile(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 4);                                   \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        pk_tile(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 5);                                   \
+        break;                                                                                     \
+    default:                                                                                       \
+        pk_tile(T, g, k0, kn, pn, x, ldx, o, first, pf, pfk, 6);                                   \
+        break;                                                                                     \
     }
     switch (t) {
-    case CT_F16: PK_TILE_W(CT_F16); break;
-    case CT_BF16: PK_TILE_W(CT_BF16); break;
-    case CT_Q8_0: PK_TILE_W(CT_Q8_0); break;
-    default: break; /* f32 is used in place: no widening */
+    case CT_F16:
+        PK_TILE_W(CT_F16);
+        break;
+    case CT_BF16:
+        PK_TILE_W(CT_BF16);
+        break;
+    case CT_Q8_0:
+        PK_TILE_W(CT_Q8_0);
+        break;
+    default:
+        break; /* f32 is used in place: no widening */
     }
 #undef PK_TILE_W
 }
@@ -440,23 +490,24 @@ MM_INLINE SIMD_TARGET void gemv_f(enum ctype t, const uint8_t *w, size_t rb, con
                                   size_t in, float *y, const int NW)
 {
     __m256 a0[4], a1[4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++)
-        a0[c] = a1[c] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++) a0[c] = a1[c] = _mm256_setzero_ps();
     size_t k = 0;
     for (; k + 16 <= in; k += 16) {
         __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-        _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++) {
+        _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++)
+        {
             a0[c] = _mm256_fmadd_ps(load8(t, w + c * rb, k), x0, a0[c]);
             a1[c] = _mm256_fmadd_ps(load8(t, w + c * rb, k + 8), x1, a1[c]);
         }
     }
     if (k + 8 <= in) {
         __m256 x0 = _mm256_loadu_ps(x + k);
-        _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++)
-            a0[c] = _mm256_fmadd_ps(load8(t, w + c * rb, k), x0, a0[c]);
+        _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++) a0[c] =
+            _mm256_fmadd_ps(load8(t, w + c * rb, k), x0, a0[c]);
         k += 8;
     }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++) {
+    _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++)
+    {
         float s = hsum8(_mm256_add_ps(a0[c], a1[c]));
         for (size_t i = k; i < in; i++)
             s += row_get(t, w + c * rb, i) * x[i];
@@ -465,17 +516,17 @@ MM_INLINE SIMD_TARGET void gemv_f(enum ctype t, const uint8_t *w, size_t rb, con
 }
 
 /* q8_0: per 32-value block the f32 sum of q*x, times the block scale. */
-MM_INLINE SIMD_TARGET void gemv_q8(const uint8_t *w, size_t rb, const float *x, size_t in,
-                                   float *y, const int NW)
+MM_INLINE SIMD_TARGET void gemv_q8(const uint8_t *w, size_t rb, const float *x, size_t in, float *y,
+                                   const int NW)
 {
     __m256 acc[4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++)
-        acc[c] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++) acc[c] = _mm256_setzero_ps();
     for (size_t b = 0; b < in / CT_Q8_0_BLOCK; b++) {
         const float *xb = x + b * CT_Q8_0_BLOCK;
-        __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8), x2 = _mm256_loadu_ps(xb + 16),
-               x3 = _mm256_loadu_ps(xb + 24);
-        _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++) {
+        __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8),
+               x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
+        _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++)
+        {
             const uint8_t *blk = w + c * rb + b * CT_Q8_0_BYTES;
             uint16_t dh;
             memcpy(&dh, blk, 2);
@@ -485,8 +536,7 @@ MM_INLINE SIMD_TARGET void gemv_q8(const uint8_t *w, size_t rb, const float *x, 
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(dh)), _mm256_add_ps(s0, s1), acc[c]);
         }
     }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++)
-        y[c] = hsum8(acc[c]);
+    _Pragma("GCC unroll 4") for (int c = 0; c < NW; c++) y[c] = hsum8(acc[c]);
 }
 
 /* y[0..nw) for row-major weight rows w, w+rb, ... (nw <= 4). */
@@ -494,11 +544,19 @@ static SIMD_TARGET void gemv_rows(enum ctype t, const uint8_t *w, size_t rb, con
                                   size_t in, float *y, int nw)
 {
 #define GEMV_NW(CALL)                                                                              \
-    switch (nw) {                                                                                 \
-    case 1: CALL(1); break;                                                                       \
-    case 2: CALL(2); break;                                                                       \
-    case 3: CALL(3); break;                                                                       \
-    default: CALL(4); break;                                                                      \
+    switch (nw) {                                                                                  \
+    case 1:                                                                                        \
+        CALL(1);                                                                                   \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        CALL(2);                                                                                   \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        CALL(3);                                                                                   \
+        break;                                                                                     \
+    default:                                                                                       \
+        CALL(4);                                                                                   \
+        break;                                                                                     \
     }
 #define GEMV_F(T, n) gemv_f(T, w, rb, x, in, y, n)
 #define GEMV_F32(n) GEMV_F(CT_F32, n)
@@ -506,11 +564,20 @@ static SIMD_TARGET void gemv_rows(enum ctype t, const uint8_t *w, size_t rb, con
 #define GEMV_BF16(n) GEMV_F(CT_BF16, n)
 #define GEMV_Q8(n) gemv_q8(w, rb, x, in, y, n)
     switch (t) {
-    case CT_F32: GEMV_NW(GEMV_F32); break;
-    case CT_F16: GEMV_NW(GEMV_F16); break;
-    case CT_BF16: GEMV_NW(GEMV_BF16); break;
-    case CT_Q8_0: GEMV_NW(GEMV_Q8); break;
-    default: break;
+    case CT_F32:
+        GEMV_NW(GEMV_F32);
+        break;
+    case CT_F16:
+        GEMV_NW(GEMV_F16);
+        break;
+    case CT_BF16:
+        GEMV_NW(GEMV_BF16);
+        break;
+    case CT_Q8_0:
+        GEMV_NW(GEMV_Q8);
+        break;
+    default:
+        break;
     }
 #undef GEMV_NW
 #undef GEMV_F

@@ -18,9 +18,9 @@ typedef void (*cpu_task_fn)(void *arg, uint32_t ith, uint32_t nth);
 struct cpu_pool {
     uint32_t n; /* workers including the caller */
     pthread_t *threads;
-    atomic_uint gen;     /* bumped once per job */
-    atomic_bool open;    /* workers may join the current job */
-    atomic_uint active;  /* workers (excluding the caller) inside the job */
+    atomic_uint gen;    /* bumped once per job */
+    atomic_bool open;   /* workers may join the current job */
+    atomic_uint active; /* workers (excluding the caller) inside the job */
     atomic_uint sleepers;
     atomic_bool stop;
     cpu_task_fn fn;

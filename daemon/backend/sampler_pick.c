@@ -170,4 +170,3 @@ int sampler_pick(const struct sample_row *row, struct sampler_scratch *sc, const
     *out = n_vocab - 1; /* unreachable: t < total */
     return 0;
 }
-

@@ -37,8 +37,9 @@ static void load_env(void)
         atomic_store(&prob_state, strtoull(seed, NULL, 0) | 1);
     const char *spec = getenv("KVD_FAULTS");
     if (spec && *spec && parse_spec(spec) != 0)
-        fprintf(stderr, "kvd: KVD_FAULTS='%s' is malformed (want point:mode=n,... with point "
-                        "device|host|copy|alloc and mode every|after|nth|prob); ignored\n",
+        fprintf(stderr,
+                "kvd: KVD_FAULTS='%s' is malformed (want point:mode=n,... with point "
+                "device|host|copy|alloc and mode every|after|nth|prob); ignored\n",
                 spec);
 }
 
@@ -144,10 +145,18 @@ bool fault_should_fail(enum fault_point p)
     uint64_t call = atomic_fetch_add(&r->calls, 1) + 1, n = atomic_load(&r->n);
     bool fail = false;
     switch (mode) {
-    case FAULT_EVERY: fail = call % n == 0; break;
-    case FAULT_AFTER: fail = call > n; break;
-    case FAULT_NTH: fail = call == n; break;
-    case FAULT_PROB: fail = prob_next() % 1000 < n; break;
+    case FAULT_EVERY:
+        fail = call % n == 0;
+        break;
+    case FAULT_AFTER:
+        fail = call > n;
+        break;
+    case FAULT_NTH:
+        fail = call == n;
+        break;
+    case FAULT_PROB:
+        fail = prob_next() % 1000 < n;
+        break;
     }
     if (fail)
         atomic_fetch_add(&r->injected, 1);

@@ -15,8 +15,8 @@
 #include <time.h>
 
 struct exec {
-    struct kvmm *mm;    /* not owned */
-    struct model *m;    /* not owned */
+    struct kvmm *mm; /* not owned */
+    struct model *m; /* not owned */
     struct exec_conf conf;
     struct exec_sink sink;
     const struct model_hparams *hp;
@@ -25,22 +25,22 @@ struct exec {
     struct sched *sched;
     struct fwd_ctx *fc;
     struct sched_plan plan;
-    struct fwd_seq *fseqs; /* [max_seqs] */
+    struct fwd_seq *fseqs;   /* [max_seqs] */
     struct sample_row *rows; /* [max_seqs] this step's sampling, one per plan entry */
     uint32_t *picks;         /* [max_seqs] the tokens the backend sampled */
     uint32_t n_arena_slots;
 
     /* Shared with other threads, under mu. */
     pthread_mutex_t mu;
-    pthread_cond_t wake; /* inbox, cancel, stop */
-    pthread_cond_t idle; /* live list shrank (drain waits on it) */
+    pthread_cond_t wake;                       /* inbox, cancel, stop */
+    pthread_cond_t idle;                       /* live list shrank (drain waits on it) */
     struct sched_req *inbox_head, *inbox_tail; /* linked through next */
     struct sched_req *live; /* requests that can still be cancelled (live_next/prev) */
     /* The same requests by (conn, id), chained through hnext: a cancel
      * finds its target without walking every live request. */
     struct sched_req **hash;
     size_t hash_cap, n_hashed;
-    uint32_t n_live;        /* requests not yet answered */
+    uint32_t n_live; /* requests not yet answered */
     bool draining, stop;
     uint64_t serial;
     struct exec_stats st; /* st.sched: copied from the scheduler after each step */
@@ -112,8 +112,7 @@ static void live_remove(struct exec *ex, struct sched_req *r)
     r->live_next = r->live_prev = NULL;
     if (!ex->hash_cap)
         return;
-    for (struct sched_req **p = &ex->hash[live_bucket(ex, r->conn, r->id)]; *p;
-         p = &(*p)->hnext)
+    for (struct sched_req **p = &ex->hash[live_bucket(ex, r->conn, r->id)]; *p; p = &(*p)->hnext)
         if (*p == r) {
             *p = r->hnext;
             ex->n_hashed--;
@@ -478,9 +477,11 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf,
     model_kv_geom(m, have->block_tokens, have->dtype, &want);
     if (want.layers != have->layers || want.kv_heads != have->kv_heads ||
         want.head_dim != have->head_dim) {
-        snprintf(err, errlen, "KV geometry %u layers x %u kv heads x %u dims does not match the model's %u x %u x %u",
-                 have->layers, have->kv_heads, have->head_dim, want.layers, want.kv_heads,
-                 want.head_dim);
+        snprintf(
+            err, errlen,
+            "KV geometry %u layers x %u kv heads x %u dims does not match the model's %u x %u x %u",
+            have->layers, have->kv_heads, have->head_dim, want.layers, want.kv_heads,
+            want.head_dim);
         rc = KVD_EBADREQ;
         goto fail;
     }

@@ -47,8 +47,8 @@ double sampler_uniform(struct sampler *s)
 
 void sampler_next_row(struct sampler *s, struct sample_row *row)
 {
-    *row = (struct sample_row){.temperature = s->p.temperature, .top_k = s->p.top_k,
-                               .top_p = s->p.top_p};
+    *row = (struct sample_row){
+        .temperature = s->p.temperature, .top_k = s->p.top_k, .top_p = s->p.top_p};
     if (s->p.temperature > 0.0f)
         row->u = sampler_uniform(s);
 }

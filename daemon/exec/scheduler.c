@@ -9,7 +9,6 @@
 #include <string.h>
 #include <time.h>
 
-
 const char *sched_finish_name(enum sched_finish f)
 {
     switch (f) {
@@ -371,7 +370,7 @@ static void release_seq(struct kvmm *mm, struct sched_req *r)
 }
 
 void sched_end_req(struct sched *s, struct kvmm *mm, struct sched_req *r, enum sched_finish f,
-                    struct sched_req **done)
+                   struct sched_req **done)
 {
     sched_leave(s, r);
     struct tenant_fair *t = sched_tenant_find(s, r->tenant);
@@ -388,7 +387,7 @@ void sched_end_req(struct sched *s, struct kvmm *mm, struct sched_req *r, enum s
 }
 
 void sched_end_error(struct sched *s, struct kvmm *mm, struct sched_req *r, int err,
-                      struct sched_req **done, const char *fmt, const char *what)
+                     struct sched_req **done, const char *fmt, const char *what)
 {
     r->err = err;
     snprintf(r->errmsg, sizeof(r->errmsg), fmt, what);
@@ -480,12 +479,11 @@ int sched_never_fits(struct kvmm *mm, uint32_t tenant, size_t blocks)
     return 0;
 }
 
-/* Grows r by n token slots and makes them writable on the device, preempting lower requests when memory is short
- * (only when `may_preempt`). GROW_SELF: r itself was preempted;
- * GROW_ENDED: r ended (it can never get the memory); GROW_BLOCKED: no room
- * now, nothing changed. */
+/* Grows r by n token slots and makes them writable on the device, preempting lower requests when
+ * memory is short (only when `may_preempt`). GROW_SELF: r itself was preempted; GROW_ENDED: r ended
+ * (it can never get the memory); GROW_BLOCKED: no room now, nothing changed. */
 enum grow_result sched_grow(struct sched *s, struct kvmm *mm, struct sched_req *r, size_t n,
-                             bool may_preempt, bool *preempted, struct sched_req **done)
+                            bool may_preempt, bool *preempted, struct sched_req **done)
 {
     uint64_t owner = sched_req_owner(r);
     size_t at = r->n_kv + r->step_n; /* first position of the new slots */
@@ -533,8 +531,8 @@ void sched_commit(struct sched *s, struct kvmm *mm, struct sched_plan *plan,
     for (uint32_t i = 0; i < plan->n; i++) {
         struct sched_req *r = plan->reqs[i];
         size_t shared = 0;
-        int rc = kvmm_seq_commit(mm, sched_req_owner(r), r->seq, r->toks + r->n_kv, r->step_n,
-                                 &shared);
+        int rc =
+            kvmm_seq_commit(mm, sched_req_owner(r), r->seq, r->toks + r->n_kv, r->step_n, &shared);
         if (rc) {
             sched_end_error(s, mm, r, rc, done, "cannot commit tokens: %s", kvmm_errmsg(mm));
             continue;

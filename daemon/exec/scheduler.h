@@ -72,8 +72,8 @@ struct sched_req {
      * holds it; a seq-mode request gives it back to `conn` at the end. */
     kvmm_seq_t seq;
     bool have_seq;
-    bool conn_seq;   /* seq came from the connection (generate with `seq`) */
-    bool need_match; /* seq is empty: match the cache before prefilling */
+    bool conn_seq;     /* seq came from the connection (generate with `seq`) */
+    bool need_match;   /* seq is empty: match the cache before prefilling */
     bool seq_returned; /* the connection has its sequence back (reply names it) */
     /* Seq mode: the sequence's tokens when it was handed over. A request
      * cancelled with fewer of them in K/V (a recompute preemption dropped
@@ -87,7 +87,7 @@ struct sched_req {
     enum sched_finish finish;
     int err; /* with SCHED_FINISH_ERROR */
     char errmsg[160];
-    atomic_bool cancel;   /* set by the loop thread (cancel, disconnect) */
+    atomic_bool cancel; /* set by the loop thread (cancel, disconnect) */
     /* Set (before cancel) when the server ends the request with an error
      * instead (its connection does not read its output): the request is
      * answered abort_code with abort_msg, not `cancelled`. */
@@ -104,8 +104,8 @@ struct sched_req {
     uint32_t step_n; /* tokens computed for it this step (0: not in the batch) */
 
     /* waiting-queue bookkeeping (scheduler.c) */
-    uint32_t hidx;  /* index in its tenant's admission heap */
-    bool pre_wait;  /* waiting in the "admitted before" queue, not the heap */
+    uint32_t hidx;               /* index in its tenant's admission heap */
+    bool pre_wait;               /* waiting in the "admitted before" queue, not the heap */
     struct sched_req *live_prev; /* exec's live list (exec lock) */
     struct sched_req *hnext;     /* exec's (conn, id) hash chain (exec lock) */
 };

@@ -19,13 +19,13 @@ struct tenant_fair {
     uint32_t weight;
     uint32_t n_reqs; /* requests queued anywhere */
     double vtime;
-    bool blocked; /* its next request could not be admitted this step */
+    bool blocked;    /* its next request could not be admitted this step */
     uint32_t n_wait; /* requests waiting (heap + the admitted-before queue) */
     /* Its never-admitted waiting requests, a binary heap by (priority
      * desc, arrival): the next to admit is heap[0]. */
     struct sched_req **heap;
     uint32_t n_heap, cap_heap;
-    bool prefills; /* has prefill work this step (running, swapped or waiting) */
+    bool prefills;  /* has prefill work this step (running, swapped or waiting) */
     uint32_t share; /* prefill tokens it may still take this step (fair share) */
 };
 

@@ -90,8 +90,8 @@ static void plan_add(struct sched_plan *plan, struct sched_req *r, uint32_t n)
  * chunks within each tenant's fair share (pass 1), each in priority order,
  * preempting the ones behind it for memory. Iterates over a snapshot:
  * preemption moves requests out of the running queue while we walk it. */
-static int plan_running(struct sched *s, struct kvmm *mm, struct sched_plan *plan,
-                        uint32_t *budget, bool *preempted, struct sched_req **done)
+static int plan_running(struct sched *s, struct kvmm *mm, struct sched_plan *plan, uint32_t *budget,
+                        bool *preempted, struct sched_req **done)
 {
     if (s->running.n > s->cap_snap) {
         struct sched_req **snap = realloc(s->snap, s->running.n * sizeof(*snap));
@@ -135,7 +135,7 @@ static int plan_running(struct sched *s, struct kvmm *mm, struct sched_plan *pla
 static void plan_swapped(struct sched *s, struct kvmm *mm, struct sched_plan *plan,
                          uint32_t *budget, struct sched_req **done)
 {
-    while (s->swapped.head && plan->n < s->conf.max_seqs && *budget > 0) {
+    while (s->swapped.head && plan->n<s->conf.max_seqs && * budget> 0) {
         struct sched_req *r = s->swapped.head;
         uint64_t owner = sched_req_owner(r);
         struct kvmm_seq_info info;
@@ -166,8 +166,8 @@ static void plan_swapped(struct sched *s, struct kvmm *mm, struct sched_plan *pl
 
 /* Phase 5: what the fair shares left unused goes to running prefills (in
  * priority order, chunks may grow), without preempting anyone. */
-static void plan_fill(struct sched *s, struct kvmm *mm, struct sched_plan *plan,
-                      uint32_t *budget, struct sched_req **done)
+static void plan_fill(struct sched *s, struct kvmm *mm, struct sched_plan *plan, uint32_t *budget,
+                      struct sched_req **done)
 {
     struct sched_req *next;
     for (struct sched_req *r = s->running.head; r && *budget > 0; r = next) {
@@ -308,7 +308,7 @@ static void plan_waiting(struct sched *s, struct kvmm *mm, struct sched_plan *pl
 {
     for (size_t i = 0; i < s->n_tf; i++)
         s->tf[i].blocked = false;
-    while (plan->n < s->conf.max_seqs && *budget > 0) {
+    while (plan->n<s->conf.max_seqs && * budget> 0) {
         struct sched_req *r = pick_waiting(s);
         if (!r)
             return;
@@ -354,8 +354,10 @@ static void plan_waiting(struct sched *s, struct kvmm *mm, struct sched_plan *pl
         if ((rc == KVD_EQUOTA || rc == KVD_ENOMEM) && s->running.n + s->swapped.n == 0) {
             /* e.g. the tenant's max_seqs, all held by open sequences */
             s->ctr.no_memory++;
-            sched_end_error(s, mm, r, rc, done, "cannot open a sequence, and no request is running "
-                      "to free one: %s", kvmm_errmsg(mm));
+            sched_end_error(s, mm, r, rc, done,
+                            "cannot open a sequence, and no request is running "
+                            "to free one: %s",
+                            kvmm_errmsg(mm));
             continue;
         }
         if (rc == KVD_EQUOTA || rc == KVD_ENOMEM) {
@@ -466,7 +468,7 @@ static int plan_slots(struct kvmm *mm, struct sched_plan *plan, struct sched_req
         if (rc) {
             r->step_n = 0;
             sched_end_error(s, mm, r, rc, done, "cannot place the sequence on the device: %s",
-                      kvmm_errmsg(mm));
+                            kvmm_errmsg(mm));
             continue;
         }
         plan->reqs[k] = r;
@@ -509,4 +511,3 @@ int sched_plan(struct sched *s, struct kvmm *mm, struct sched_plan *plan, struct
     plan_fill(s, mm, plan, &budget, done);
     return plan_slots(mm, plan, done, s);
 }
-

@@ -48,8 +48,8 @@ int hosttier_move(struct pool *p, const uint32_t *ids, size_t n, enum kvd_tier t
         int (*cp)(struct backend *, void *, enum kvd_tier, const void *, enum kvd_tier, size_t) =
             be->ops->copy_async ? be->ops->copy_async : be->ops->copy;
         slots[taken] = pool_slot_take(p, to);
-        err = cp(be, pool_slot_ptr(p, to, slots[taken]), to, pool_slot_ptr(p, from, b->slot),
-                 from, p->block_bytes);
+        err = cp(be, pool_slot_ptr(p, to, slots[taken]), to, pool_slot_ptr(p, from, b->slot), from,
+                 p->block_bytes);
         if (err) {
             taken++;
             break;

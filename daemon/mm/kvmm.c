@@ -28,7 +28,8 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
         g.block_tokens > 4096 || kv_row_bytes(g.dtype, g.head_dim) == 0 ||
         cfg->n_device_blocks == 0)
         return KVD_EBADREQ;
-    bytes = (uint64_t)g.layers * 2 * g.kv_heads * g.block_tokens * kv_row_bytes(g.dtype, g.head_dim);
+    bytes =
+        (uint64_t)g.layers * 2 * g.kv_heads * g.block_tokens * kv_row_bytes(g.dtype, g.head_dim);
     if (bytes > KVMM_MAX_BLOCK_BYTES)
         return KVD_EBADREQ;
     mm = calloc(1, sizeof *mm);
@@ -44,8 +45,7 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
         err = KVD_ENOMEM;
         goto out_free;
     }
-    err = pool_init(&mm->pool, cfg->be, mm->block_bytes, cfg->n_device_blocks,
-                    cfg->n_host_blocks);
+    err = pool_init(&mm->pool, cfg->be, mm->block_bytes, cfg->n_device_blocks, cfg->n_host_blocks);
     if (err)
         goto out_free;
     err = radix_init(&mm->radix, &mm->pool, g.block_tokens);
@@ -295,8 +295,8 @@ size_t kvmm_device_available(struct kvmm *mm, uint32_t tenant)
     t = &mm->tt.v[tenant];
     room = mm_device_headroom(mm, tenant);
     if (t->conf.max_device_blocks != KVMM_UNLIMITED) {
-        uint64_t q = (uint64_t)t->conf.max_device_blocks +
-                     radix_cached(&mm->radix, tenant, KVD_TIER_DEVICE);
+        uint64_t q =
+            (uint64_t)t->conf.max_device_blocks + radix_cached(&mm->radix, tenant, KVD_TIER_DEVICE);
         q = q > t->dev_blocks ? q - t->dev_blocks : 0;
         if (q < room)
             room = (size_t)q;

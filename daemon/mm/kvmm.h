@@ -138,8 +138,8 @@ struct kvmm_seq_info {
     size_t n_tokens;    /* token slots */
     size_t n_committed; /* positions with known token ids */
     size_t n_blocks;
-    size_t n_shared;    /* blocks in the radix tree */
-    size_t n_host;      /* blocks on the host tier */
+    size_t n_shared; /* blocks in the radix tree */
+    size_t n_host;   /* blocks on the host tier */
 };
 int kvmm_seq_info(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, struct kvmm_seq_info *info);
 /* Block ids (stable logical ids) and their tiers: the first min(cap,
@@ -164,7 +164,8 @@ const uint32_t *kvmm_seq_tokens(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t se
  * other holders keep the original slot. So a sequence's device slots stay
  * valid, whatever other owners do, until its own owner moves or rewrites
  * its blocks (offload, truncate, close, prepare_write/write). */
-int kvmm_seq_prepare_write(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start, size_t n);
+int kvmm_seq_prepare_write(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start,
+                           size_t n);
 int kvmm_seq_device_slots(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t *slots,
                           size_t cap, size_t *n);
 void *kvmm_device_arena(struct kvmm *mm);

@@ -219,9 +219,8 @@ static struct radix_node *mm_droppable_device(struct kvmm *mm, uint32_t tenant)
     struct radix_node *best = NULL;
 
     for (uint32_t i = 0; i < h->n; i++)
-        if (h->v[i]->n_children == 0 &&
-            (!best || pool_block(&mm->pool, h->v[i]->block)->lru <
-                          pool_block(&mm->pool, best->block)->lru))
+        if (h->v[i]->n_children == 0 && (!best || pool_block(&mm->pool, h->v[i]->block)->lru <
+                                                      pool_block(&mm->pool, best->block)->lru))
             best = h->v[i];
     return best;
 }
@@ -327,8 +326,8 @@ int mm_alloc_device(struct kvmm *mm, uint32_t tenant, size_t n, uint32_t *ids)
         b = pool_block(&mm->pool, ids[i]);
         b->lru = ++mm->clock;
         /* Zero-fill so no tenant reads a previous owner's K/V. */
-        if (mm->be->ops->copy(mm->be, pool_block_ptr(&mm->pool, ids[i]), KVD_TIER_DEVICE,
-                              mm->zeros, KVD_TIER_HOST, mm->block_bytes)) {
+        if (mm->be->ops->copy(mm->be, pool_block_ptr(&mm->pool, ids[i]), KVD_TIER_DEVICE, mm->zeros,
+                              KVD_TIER_HOST, mm->block_bytes)) {
             for (size_t k = i + 1; k > 0; k--)
                 mm_unref(mm, ids[k - 1]);
             return mm_fail(mm, KVD_EINTERNAL, "zero-filling a new block failed");

@@ -26,10 +26,10 @@ struct kvmm {
     struct radix radix;
     struct tenant_table tt;
     struct seq_table st;
-    uint64_t clock;          /* lru stamps: +1 per use */
-    unsigned char *staging;  /* (block_bytes) owned: bounce buffer for partial block access */
-    unsigned char *zeros;    /* (block_bytes) owned: zeros for new blocks */
-    struct kvmm_stats ctr;   /* the counters (totals are computed on demand) */
+    uint64_t clock;         /* lru stamps: +1 per use */
+    unsigned char *staging; /* (block_bytes) owned: bounce buffer for partial block access */
+    unsigned char *zeros;   /* (block_bytes) owned: zeros for new blocks */
+    struct kvmm_stats ctr;  /* the counters (totals are computed on demand) */
     char err[320];
 };
 
@@ -55,8 +55,7 @@ _Noreturn void mm_lock_violation(const char *fn, const char *what);
 #endif
 
 /* Records a message and returns code (the message of kvmm_errmsg). */
-int mm_fail(struct kvmm *mm, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+int mm_fail(struct kvmm *mm, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* References with the tree's heaps kept right: mm_ref pins (leaves the
  * eviction heaps), mm_unref frees at zero with the owner's accounting, or

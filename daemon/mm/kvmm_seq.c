@@ -33,7 +33,7 @@ static struct seq *mm_seq(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t h, int *
     return s;
 }
 
-#define SEQ_GET(s)                                                                                \
+#define SEQ_GET(s)                                                                                 \
     int s##_rc = KVD_ENOTFOUND;                                                                    \
     struct seq *s = mm_seq(mm, owner, seq, &s##_rc);                                               \
     if (!s)                                                                                        \
@@ -383,16 +383,18 @@ int kvmm_seq_extend(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t n)
 
     SEQ_GET(s);
     if (n > KVMM_MAX_SEQ_TOKENS - s->n_tokens)
-        return mm_fail(mm, KVD_ETOOLARGE, "extend by %zu: a sequence holds at most %u tokens",
-                       n, KVMM_MAX_SEQ_TOKENS);
+        return mm_fail(mm, KVD_ETOOLARGE, "extend by %zu: a sequence holds at most %u tokens", n,
+                       KVMM_MAX_SEQ_TOKENS);
     need = mm_blocks_for(mm, s->n_tokens + n) - s->n_blocks;
     if (need == 0) { /* fits in the last block; s->blocks may still be NULL */
         s->n_tokens += n;
         return 0;
     }
     if (need > mm->pool.n_slots[KVD_TIER_DEVICE])
-        return mm_fail(mm, KVD_ENOMEM, "extend by %zu tokens needs %zu blocks; the device pool "
-                       "has %u", n, need, mm->pool.n_slots[KVD_TIER_DEVICE]);
+        return mm_fail(mm, KVD_ENOMEM,
+                       "extend by %zu tokens needs %zu blocks; the device pool "
+                       "has %u",
+                       n, need, mm->pool.n_slots[KVD_TIER_DEVICE]);
     if (seq_reserve_blocks(s, s->n_blocks + need))
         return mm_fail(mm, KVD_ENOMEM, "out of memory");
     err = mm_alloc_device(mm, s->tenant, need, s->blocks + s->n_blocks);
@@ -440,7 +442,8 @@ static void mm_xfer(const struct kvmm *mm, unsigned char *blk, unsigned char *da
     }
 }
 
-int kvmm_seq_prepare_write(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start, size_t n)
+int kvmm_seq_prepare_write(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t start,
+                           size_t n)
 {
     MM_ASSERT_LOCKED(mm);
     size_t b0, b1;
@@ -532,8 +535,7 @@ static bool mm_seq_share(struct kvmm *mm, struct seq *s, size_t b)
     struct radix_node *parent, *existing, *node;
     struct pool_block *pb = pool_block(&mm->pool, id);
 
-    parent = b == 0 ? radix_root(&mm->radix, s->ns)
-                    : pool_block(&mm->pool, s->blocks[b - 1])->node;
+    parent = b == 0 ? radix_root(&mm->radix, s->ns) : pool_block(&mm->pool, s->blocks[b - 1])->node;
     if (!parent || parent->ns != s->ns)
         return false;
     if (pb->node) {
@@ -588,8 +590,8 @@ int kvmm_seq_commit(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, const uin
     SEQ_GET(s);
     if (n > s->n_tokens - s->n_committed)
         return mm_fail(mm, KVD_EBADREQ,
-                       "commit of %zu token ids: only %zu slots are uncommitted (extend first)",
-                       n, s->n_tokens - s->n_committed);
+                       "commit of %zu token ids: only %zu slots are uncommitted (extend first)", n,
+                       s->n_tokens - s->n_committed);
     if (n && !tokens)
         return mm_fail(mm, KVD_EBADREQ, "commit: no tokens given");
     if (seq_reserve_tokens(s, s->n_committed + n))

@@ -165,8 +165,9 @@ int pool_check(const struct pool *p, char *msg, size_t msglen)
         used++;
         if (b->refcount == 0 || b->tier >= POOL_TIERS || b->slot >= p->n_slots[b->tier] ||
             p->slot_block[b->tier][b->slot] != i) {
-            snprintf(msg, msglen, "pool: block %u (ref %u tier %u slot %u) disagrees with the slot map",
-                     i, b->refcount, b->tier, b->slot);
+            snprintf(msg, msglen,
+                     "pool: block %u (ref %u tier %u slot %u) disagrees with the slot map", i,
+                     b->refcount, b->tier, b->slot);
             goto out;
         }
         used_slots[b->tier]++;

@@ -34,10 +34,10 @@ struct pool {
     struct backend *be; /* not owned */
     size_t block_bytes;
     uint32_t n_slots[POOL_TIERS];
-    void *arena[POOL_TIERS]; /* owned; from be->ops->arena_alloc */
-    uint32_t n_ids;          /* = device slots + host slots: every used id holds one slot */
-    struct pool_block *blocks;        /* (n_ids) */
-    uint32_t *free_ids, n_free_ids;   /* stack (n_ids) */
+    void *arena[POOL_TIERS];        /* owned; from be->ops->arena_alloc */
+    uint32_t n_ids;                 /* = device slots + host slots: every used id holds one slot */
+    struct pool_block *blocks;      /* (n_ids) */
+    uint32_t *free_ids, n_free_ids; /* stack (n_ids) */
     uint32_t *free_slots[POOL_TIERS]; /* stacks (n_slots[t]) */
     uint32_t n_free_slots[POOL_TIERS];
     uint32_t *slot_block[POOL_TIERS]; /* (n_slots[t]) slot -> id, POOL_NONE when free */

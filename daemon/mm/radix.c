@@ -125,14 +125,12 @@ int radix_tenants_reserve(struct radix *r, uint32_t n)
     c = realloc(r->n_cached, sizeof *c * n * POOL_TIERS);
     if (!c)
         return KVD_ENOMEM;
-    memset(c + r->n_heap_tenants * POOL_TIERS, 0,
-           sizeof *c * (n - r->n_heap_tenants) * POOL_TIERS);
+    memset(c + r->n_heap_tenants * POOL_TIERS, 0, sizeof *c * (n - r->n_heap_tenants) * POOL_TIERS);
     r->n_cached = c;
     h = realloc(r->heaps, sizeof *h * n * POOL_TIERS);
     if (!h)
         return KVD_ENOMEM;
-    memset(h + r->n_heap_tenants * POOL_TIERS, 0,
-           sizeof *h * (n - r->n_heap_tenants) * POOL_TIERS);
+    memset(h + r->n_heap_tenants * POOL_TIERS, 0, sizeof *h * (n - r->n_heap_tenants) * POOL_TIERS);
     r->heaps = h;
     r->n_heap_tenants = n;
     return 0;
@@ -444,8 +442,8 @@ void radix_tier_changed(struct radix *r, struct radix_node *n, enum kvd_tier old
 
 /* ---- insert / remove ---------------------------------------------------- */
 
-int radix_insert(struct radix *r, struct radix_node *parent, const uint32_t *tokens,
-                 uint32_t block, struct radix_node **out)
+int radix_insert(struct radix *r, struct radix_node *parent, const uint32_t *tokens, uint32_t block,
+                 struct radix_node **out)
 {
     struct radix_node *n;
     struct pool_block *b = &r->pool->blocks[block];
@@ -555,12 +553,14 @@ static int radix_check_nodes(const struct radix *r, uint32_t *cached, char *msg,
         seen++;
         b = &r->pool->blocks[n->block];
         if (!n->parent || n->block >= r->pool->n_ids || !b->used || b->node != n) {
-            snprintf(msg, msglen, "radix: node of block %u has no parent or its block does not "
-                     "point back", n->block);
+            snprintf(msg, msglen,
+                     "radix: node of block %u has no parent or its block does not "
+                     "point back",
+                     n->block);
             return KVD_EINTERNAL;
         }
-        if (n->hash != radix_hash(r, n->parent->hash, n->tokens) ||
-            n->hash != r->table[i].hash || radix_child(r, n->parent, n->tokens, n->hash) != n) {
+        if (n->hash != radix_hash(r, n->parent->hash, n->tokens) || n->hash != r->table[i].hash ||
+            radix_child(r, n->parent, n->tokens, n->hash) != n) {
             snprintf(msg, msglen, "radix: node of block %u is not found by its own key", n->block);
             return KVD_EINTERNAL;
         }
@@ -599,11 +599,10 @@ static int radix_check_nodes(const struct radix *r, uint32_t *cached, char *msg,
             cached[want]++;
         want = radix_want_heap(r, n);
         if ((want == RADIX_NO_HEAP) != (n->heap_idx == RADIX_NO_HEAP) ||
-            (want != RADIX_NO_HEAP &&
-             (n->heap != want || n->heap_idx >= r->heaps[want].n ||
-              r->heaps[want].v[n->heap_idx] != n))) {
-            snprintf(msg, msglen, "radix: block %u is %s the eviction heap it belongs to",
-                     n->block, want == RADIX_NO_HEAP ? "in" : "not in");
+            (want != RADIX_NO_HEAP && (n->heap != want || n->heap_idx >= r->heaps[want].n ||
+                                       r->heaps[want].v[n->heap_idx] != n))) {
+            snprintf(msg, msglen, "radix: block %u is %s the eviction heap it belongs to", n->block,
+                     want == RADIX_NO_HEAP ? "in" : "not in");
             return KVD_EINTERNAL;
         }
     }

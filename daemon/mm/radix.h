@@ -21,8 +21,8 @@
  * the node's first two cache lines (nodes are 64-byte aligned). */
 struct radix_node {
     struct radix_node *parent; /* NULL for a namespace root */
-    uint64_t hash;           /* chain hash of every token from the root */
-    uint32_t block;          /* pool block id; POOL_NONE for a root */
+    uint64_t hash;             /* chain hash of every token from the root */
+    uint32_t block;            /* pool block id; POOL_NONE for a root */
     uint32_t ns;
     uint32_t n_children;     /* all children */
     uint32_t n_dev_children; /* children whose block is on the device tier */
@@ -32,7 +32,7 @@ struct radix_node {
                                 the block (counted in n_cached), or RADIX_NO_HEAP */
     uint32_t pad_;
     struct radix_node *first_child, *next_sibling, *prev_sibling;
-    uint32_t tokens[];       /* (block_tokens) token ids of this block */
+    uint32_t tokens[]; /* (block_tokens) token ids of this block */
 };
 
 /* Min-heap on the pool block's lru stamp: the least recently used first. */
@@ -52,16 +52,16 @@ struct radix {
     struct pool *pool; /* not owned */
     uint32_t block_tokens;
     uint32_t keys[RADIX_KEYS]; /* random per tree set: hash keys clients cannot predict */
-    struct radix_slot *table; /* (cap) owned; cap is a power of two, load <= 1/2 */
-    size_t cap, n_nodes;      /* n_nodes excludes roots */
+    struct radix_slot *table;  /* (cap) owned; cap is a power of two, load <= 1/2 */
+    size_t cap, n_nodes;       /* n_nodes excludes roots */
     struct radix_node **roots; /* (n_roots) owned, index = namespace id */
     uint32_t n_roots;
-    size_t node_size;          /* bytes per node, tokens included (8-aligned) */
-    void *slabs;               /* owned chunks of nodes, linked through their first word */
-    char *slab_next, *slab_end; /* unused part of the newest chunk */
+    size_t node_size;              /* bytes per node, tokens included (8-aligned) */
+    void *slabs;                   /* owned chunks of nodes, linked through their first word */
+    char *slab_next, *slab_end;    /* unused part of the newest chunk */
     struct radix_node *free_nodes; /* freed nodes, linked through parent */
-    struct radix_heap *heaps; /* (n_heap_tenants * POOL_TIERS) owned */
-    uint32_t *n_cached;       /* (n_heap_tenants * POOL_TIERS) owned: tree-only blocks */
+    struct radix_heap *heaps;      /* (n_heap_tenants * POOL_TIERS) owned */
+    uint32_t *n_cached;            /* (n_heap_tenants * POOL_TIERS) owned: tree-only blocks */
     uint32_t n_heap_tenants;
 };
 
@@ -91,8 +91,8 @@ size_t radix_match(struct radix *r, uint32_t ns, const uint32_t *tokens, size_t 
                    struct radix_node **out, size_t cap);
 /* Adds a child holding `block` under parent (no child with these tokens may
  * exist). Takes one pool reference on the block. 0 or KVD_ENOMEM. */
-int radix_insert(struct radix *r, struct radix_node *parent, const uint32_t *tokens,
-                 uint32_t block, struct radix_node **out);
+int radix_insert(struct radix *r, struct radix_node *parent, const uint32_t *tokens, uint32_t block,
+                 struct radix_node **out);
 /* Unlinks a leaf and frees the node; returns its block id, whose tree
  * reference the caller now owns (and must drop). */
 uint32_t radix_remove_leaf(struct radix *r, struct radix_node *leaf);

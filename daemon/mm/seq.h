@@ -11,15 +11,15 @@
 #include <stdint.h>
 
 struct seq {
-    uint64_t owner;     /* connection id or executor request id */
-    uint32_t gen;       /* handle generation; odd while open */
-    uint32_t idx;       /* entry index in the table */
+    uint64_t owner; /* connection id or executor request id */
+    uint32_t gen;   /* handle generation; odd while open */
+    uint32_t idx;   /* entry index in the table */
     uint32_t tenant, ns;
     size_t n_tokens;    /* token slots */
     size_t n_committed; /* leading slots whose token ids are known */
     uint32_t *blocks;   /* (cap_blocks) owned; n_blocks = ceil(n_tokens / block_tokens) */
     size_t n_blocks, cap_blocks;
-    uint32_t *tokens;   /* (cap_tokens) owned; committed token ids */
+    uint32_t *tokens; /* (cap_tokens) owned; committed token ids */
     size_t cap_tokens;
     /* Lent to a generate request (kvmm_seq_lend): `lender` (the connection)
      * gets busy instead of not_found; lend_tag is the request's id. */
@@ -28,7 +28,7 @@ struct seq {
 };
 
 struct seq_table {
-    struct seq **v;   /* (n) owned entries; pointers stay valid while open */
+    struct seq **v; /* (n) owned entries; pointers stay valid while open */
     uint32_t n;
     uint32_t *free, n_free; /* (n) stack of closed entry indexes */
     uint32_t n_open;

@@ -23,7 +23,8 @@
 const char *gguf_vtype_name(enum gguf_vtype t)
 {
     static const char *const names[GGUF_VTYPE_COUNT] = {
-        "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64",
+        "u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+        "bool", "string", "array", "u64", "i64", "f64",
     };
     return (unsigned)t < GGUF_VTYPE_COUNT ? names[t] : "?";
 }
@@ -90,11 +91,23 @@ static int rd_str(struct rd *r, const char **s, uint64_t *len, uint64_t max, con
 static size_t vtype_size(enum gguf_vtype t)
 {
     switch (t) {
-    case GGUF_U8: case GGUF_I8: case GGUF_BOOL: return 1;
-    case GGUF_U16: case GGUF_I16: return 2;
-    case GGUF_U32: case GGUF_I32: case GGUF_F32: return 4;
-    case GGUF_U64: case GGUF_I64: case GGUF_F64: return 8;
-    default: return 0;
+    case GGUF_U8:
+    case GGUF_I8:
+    case GGUF_BOOL:
+        return 1;
+    case GGUF_U16:
+    case GGUF_I16:
+        return 2;
+    case GGUF_U32:
+    case GGUF_I32:
+    case GGUF_F32:
+        return 4;
+    case GGUF_U64:
+    case GGUF_I64:
+    case GGUF_F64:
+        return 8;
+    default:
+        return 0;
     }
 }
 
@@ -106,18 +119,56 @@ static int rd_scalar(struct rd *r, enum gguf_vtype t, struct gguf_kv *kv)
     if (rc)
         return rc;
     switch (t) {
-    case GGUF_U8: kv->v.u = b[0]; break;
-    case GGUF_BOOL: kv->v.u = b[0] != 0; break;
-    case GGUF_I8: kv->v.i = (int8_t)b[0]; break;
-    case GGUF_U16: { uint16_t x; memcpy(&x, b, 2); kv->v.u = x; break; }
-    case GGUF_I16: { int16_t x; memcpy(&x, b, 2); kv->v.i = x; break; }
-    case GGUF_U32: { uint32_t x; memcpy(&x, b, 4); kv->v.u = x; break; }
-    case GGUF_I32: { int32_t x; memcpy(&x, b, 4); kv->v.i = x; break; }
-    case GGUF_F32: { float x; memcpy(&x, b, 4); kv->v.f = x; break; }
-    case GGUF_U64: memcpy(&kv->v.u, b, 8); break;
-    case GGUF_I64: memcpy(&kv->v.i, b, 8); break;
-    case GGUF_F64: memcpy(&kv->v.f, b, 8); break;
-    default: return rd_fail(r, "internal: scalar type %d", (int)t);
+    case GGUF_U8:
+        kv->v.u = b[0];
+        break;
+    case GGUF_BOOL:
+        kv->v.u = b[0] != 0;
+        break;
+    case GGUF_I8:
+        kv->v.i = (int8_t)b[0];
+        break;
+    case GGUF_U16: {
+        uint16_t x;
+        memcpy(&x, b, 2);
+        kv->v.u = x;
+        break;
+    }
+    case GGUF_I16: {
+        int16_t x;
+        memcpy(&x, b, 2);
+        kv->v.i = x;
+        break;
+    }
+    case GGUF_U32: {
+        uint32_t x;
+        memcpy(&x, b, 4);
+        kv->v.u = x;
+        break;
+    }
+    case GGUF_I32: {
+        int32_t x;
+        memcpy(&x, b, 4);
+        kv->v.i = x;
+        break;
+    }
+    case GGUF_F32: {
+        float x;
+        memcpy(&x, b, 4);
+        kv->v.f = x;
+        break;
+    }
+    case GGUF_U64:
+        memcpy(&kv->v.u, b, 8);
+        break;
+    case GGUF_I64:
+        memcpy(&kv->v.i, b, 8);
+        break;
+    case GGUF_F64:
+        memcpy(&kv->v.f, b, 8);
+        break;
+    default:
+        return rd_fail(r, "internal: scalar type %d", (int)t);
     }
     return 0;
 }
@@ -163,8 +214,10 @@ static int rd_kv(struct rd *r, struct gguf_kv *kv, uint64_t idx)
     if (et == GGUF_STRING) {
         /* each string takes at least its 8-byte length */
         if (kv->arr_count > left / 8)
-            return rd_fail(r, "metadata array '%s' has absurd count %" PRIu64
-                           " (only %zu bytes left in the file)", kv->key, kv->arr_count, left);
+            return rd_fail(r,
+                           "metadata array '%s' has absurd count %" PRIu64
+                           " (only %zu bytes left in the file)",
+                           kv->key, kv->arr_count, left);
         for (uint64_t i = 0; i < kv->arr_count; i++) {
             const char *s;
             uint64_t n;
@@ -174,9 +227,10 @@ static int rd_kv(struct rd *r, struct gguf_kv *kv, uint64_t idx)
     } else {
         size_t es = vtype_size(kv->arr_type);
         if (kv->arr_count > left / es)
-            return rd_fail(r, "metadata array '%s' has absurd count %" PRIu64
-                           " of %s (only %zu bytes left in the file)", kv->key, kv->arr_count,
-                           gguf_vtype_name(kv->arr_type), left);
+            return rd_fail(r,
+                           "metadata array '%s' has absurd count %" PRIu64
+                           " of %s (only %zu bytes left in the file)",
+                           kv->key, kv->arr_count, gguf_vtype_name(kv->arr_type), left);
         r->off += (size_t)kv->arr_count * es;
     }
     kv->arr_bytes = (uint64_t)(r->p + r->off - kv->arr_data);
@@ -224,13 +278,16 @@ static int rd_tensor(struct rd *r, struct gguf_tensor *t, uint64_t idx)
         return rc;
     size_t row = ctype_row_bytes((enum ctype)t->type, t->ne[0]);
     if (ctype_block_elems((enum ctype)t->type) == 0)
-        return rd_fail(r, "tensor '%s' has unsupported or unknown type %u at byte %zu "
-                       "(supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)",
-                       t->name, t->type, at);
+        return rd_fail(
+            r,
+            "tensor '%s' has unsupported or unknown type %u at byte %zu "
+            "(supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)",
+            t->name, t->type, at);
     if (row == 0)
-        return rd_fail(r, "tensor '%s': ne[0] = %" PRIu64 " is not a multiple of the %s block size (%u)",
-                       t->name, t->ne[0], ctype_name((enum ctype)t->type),
-                       ctype_block_elems((enum ctype)t->type));
+        return rd_fail(
+            r, "tensor '%s': ne[0] = %" PRIu64 " is not a multiple of the %s block size (%u)",
+            t->name, t->ne[0], ctype_name((enum ctype)t->type),
+            ctype_block_elems((enum ctype)t->type));
     t->nbytes = (uint64_t)row * (nel / t->ne[0]);
     return 0;
 }
@@ -249,12 +306,15 @@ static int check_tensors(struct rd *r, struct gguf *g)
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         struct gguf_tensor *t = &g->tensors[i];
         if (t->offset % g->alignment)
-            return rd_fail(r, "tensor '%s' data offset %" PRIu64 " is not a multiple of the "
-                           "alignment %u", t->name, t->offset, g->alignment);
+            return rd_fail(r,
+                           "tensor '%s' data offset %" PRIu64 " is not a multiple of the "
+                           "alignment %u",
+                           t->name, t->offset, g->alignment);
         if (t->offset > data_size || t->nbytes > data_size - t->offset)
-            return rd_fail(r, "tensor '%s' data [%" PRIu64 ", +%" PRIu64 ") runs past the end of "
-                           "the file (data section has %" PRIu64 " bytes)", t->name, t->offset,
-                           t->nbytes, data_size);
+            return rd_fail(r,
+                           "tensor '%s' data [%" PRIu64 ", +%" PRIu64 ") runs past the end of "
+                           "the file (data section has %" PRIu64 " bytes)",
+                           t->name, t->offset, t->nbytes, data_size);
         t->data = g->map + g->data_offset + t->offset;
     }
     if (g->n_tensors < 2)
@@ -338,7 +398,8 @@ int gguf_parse(const void *data, size_t size, struct gguf **out, char *err, size
         goto fail;
     }
     if (g->n_kv > (size - r.off) / 14 || g->n_kv > 65536) {
-        rc = rd_fail(&r, "absurd metadata count %" PRIu64 " for a file of %zu bytes", g->n_kv, size);
+        rc =
+            rd_fail(&r, "absurd metadata count %" PRIu64 " for a file of %zu bytes", g->n_kv, size);
         goto fail;
     }
     g->kv = calloc(g->n_kv ? g->n_kv : 1, sizeof *g->kv);

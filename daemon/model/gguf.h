@@ -11,9 +11,20 @@
 #include <stdint.h>
 
 enum gguf_vtype {
-    GGUF_U8 = 0, GGUF_I8 = 1, GGUF_U16 = 2, GGUF_I16 = 3, GGUF_U32 = 4, GGUF_I32 = 5,
-    GGUF_F32 = 6, GGUF_BOOL = 7, GGUF_STRING = 8, GGUF_ARRAY = 9, GGUF_U64 = 10,
-    GGUF_I64 = 11, GGUF_F64 = 12, GGUF_VTYPE_COUNT
+    GGUF_U8 = 0,
+    GGUF_I8 = 1,
+    GGUF_U16 = 2,
+    GGUF_I16 = 3,
+    GGUF_U32 = 4,
+    GGUF_I32 = 5,
+    GGUF_F32 = 6,
+    GGUF_BOOL = 7,
+    GGUF_STRING = 8,
+    GGUF_ARRAY = 9,
+    GGUF_U64 = 10,
+    GGUF_I64 = 11,
+    GGUF_F64 = 12,
+    GGUF_VTYPE_COUNT
 };
 
 #define GGUF_DEFAULT_ALIGNMENT 32
@@ -52,7 +63,7 @@ struct gguf_tensor {
 struct gguf {
     uint32_t version;
     uint64_t n_kv, n_tensors;
-    struct gguf_kv *kv;         /* [n_kv] */
+    struct gguf_kv *kv;          /* [n_kv] */
     struct gguf_tensor *tensors; /* [n_tensors] */
     uint32_t alignment;
     uint64_t data_offset; /* file offset of the data section */

@@ -75,7 +75,8 @@ static int read_hparams(const struct gguf *g, struct model_hparams *hp, char *er
         (rc = hp_u32(g, a, "block_count", &hp->n_layer, 1, 0, err, errlen)) ||
         (rc = hp_u32(g, a, "feed_forward_length", &hp->n_ff, 1, 0, err, errlen)) ||
         (rc = hp_u32(g, a, "attention.head_count", &hp->n_head, 1, 0, err, errlen)) ||
-        (rc = hp_u32(g, a, "attention.head_count_kv", &hp->n_head_kv, 0, hp->n_head, err, errlen)) ||
+        (rc =
+             hp_u32(g, a, "attention.head_count_kv", &hp->n_head_kv, 0, hp->n_head, err, errlen)) ||
         (rc = hp_u32(g, a, "attention.key_length", &key_len, 0, 0, err, errlen)) ||
         (rc = hp_u32(g, a, "attention.value_length", &val_len, 0, 0, err, errlen)) ||
         (rc = hp_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->rms_eps, 1, 0, err, errlen)) ||
@@ -84,29 +85,34 @@ static int read_hparams(const struct gguf *g, struct model_hparams *hp, char *er
     if (!hp->n_embd || !hp->n_layer || !hp->n_ff || !hp->n_head || !hp->n_head_kv || !hp->n_ctx ||
         hp->n_embd > MODEL_MAX_DIM || hp->n_ff > MODEL_MAX_DIM || hp->n_head > 4096 ||
         hp->n_layer > MODEL_MAX_LAYERS || hp->n_ctx > (1u << 24))
-        return fail(err, errlen, KVD_EBADREQ,
-                    "model: hyperparameters out of range (embd %u, layers %u, ff %u, heads %u/%u, ctx %u)",
-                    hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv, hp->n_ctx);
+        return fail(
+            err, errlen, KVD_EBADREQ,
+            "model: hyperparameters out of range (embd %u, layers %u, ff %u, heads %u/%u, ctx %u)",
+            hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv, hp->n_ctx);
     if (hp->n_head % hp->n_head_kv)
-        return fail(err, errlen, KVD_EBADREQ, "model: head_count %u is not a multiple of head_count_kv %u",
-                    hp->n_head, hp->n_head_kv);
+        return fail(err, errlen, KVD_EBADREQ,
+                    "model: head_count %u is not a multiple of head_count_kv %u", hp->n_head,
+                    hp->n_head_kv);
     if (key_len == 0) {
         if (hp->n_embd % hp->n_head)
-            return fail(err, errlen, KVD_EBADREQ, "model: embedding_length %u is not a multiple of head_count %u",
-                        hp->n_embd, hp->n_head);
+            return fail(err, errlen, KVD_EBADREQ,
+                        "model: embedding_length %u is not a multiple of head_count %u", hp->n_embd,
+                        hp->n_head);
         key_len = hp->n_embd / hp->n_head;
     }
     if (val_len && val_len != key_len)
-        return fail(err, errlen, KVD_EUNSUPPORTED, "model: key_length %u != value_length %u is not supported",
-                    key_len, val_len);
+        return fail(err, errlen, KVD_EUNSUPPORTED,
+                    "model: key_length %u != value_length %u is not supported", key_len, val_len);
     hp->head_dim = key_len;
     if (hp->head_dim > 1024 || hp->head_dim * hp->n_head > MODEL_MAX_DIM)
-        return fail(err, errlen, KVD_EBADREQ, "model: head dimension %u out of range", hp->head_dim);
+        return fail(err, errlen, KVD_EBADREQ, "model: head dimension %u out of range",
+                    hp->head_dim);
     if ((rc = hp_u32(g, a, "rope.dimension_count", &hp->n_rot, 0, hp->head_dim, err, errlen)))
         return rc;
     if (hp->n_rot % 2 || hp->n_rot > hp->head_dim || hp->n_rot == 0)
-        return fail(err, errlen, KVD_EBADREQ, "model: rope.dimension_count %u must be even, > 0 and <= %u",
-                    hp->n_rot, hp->head_dim);
+        return fail(err, errlen, KVD_EBADREQ,
+                    "model: rope.dimension_count %u must be even, > 0 and <= %u", hp->n_rot,
+                    hp->head_dim);
     if (!(hp->rms_eps > 0 && hp->rms_eps < 1) || !(hp->rope_base > 0 && hp->rope_base < 1e12f))
         return fail(err, errlen, KVD_EBADREQ, "model: rms epsilon %g or rope base %g out of range",
                     (double)hp->rms_eps, (double)hp->rope_base);
@@ -160,11 +166,11 @@ static int want(struct load_ctx *lc, struct ctensor *t, const char *name, uint32
     uint64_t got1 = gt->ne[1] * gt->ne[2] * gt->ne[3];
     if (gt->ne[0] != ne0 || (one_d ? got1 != 1 : (got1 != ne1 || gt->ne[2] != 1 || gt->ne[3] != 1)))
         return fail(lc->err, lc->errlen, KVD_EBADREQ,
-                    "model: tensor '%s' has shape [%" PRIu64 ", %" PRIu64 "], expected [%u, %u]", name,
-                    gt->ne[0], got1, ne0, one_d ? 1 : ne1);
+                    "model: tensor '%s' has shape [%" PRIu64 ", %" PRIu64 "], expected [%u, %u]",
+                    name, gt->ne[0], got1, ne0, one_d ? 1 : ne1);
     if (one_d && gt->type != CT_F32)
-        return fail(lc->err, lc->errlen, KVD_EUNSUPPORTED, "model: tensor '%s' must be f32, is %s", name,
-                    ctype_name((enum ctype)gt->type));
+        return fail(lc->err, lc->errlen, KVD_EUNSUPPORTED, "model: tensor '%s' must be f32, is %s",
+                    name, ctype_name((enum ctype)gt->type));
     t->type = (enum ctype)gt->type;
     t->ne0 = ne0;
     t->ne1 = one_d ? 1 : ne1;
@@ -194,16 +200,17 @@ static int collect(struct model *m, struct load_ctx *lc)
     const struct gguf_tensor *emb = gguf_find_tensor(lc->g, "token_embd.weight");
     int rc;
     if (!emb)
-        return fail(lc->err, lc->errlen, KVD_EBADREQ, "model: tensor 'token_embd.weight' is missing");
+        return fail(lc->err, lc->errlen, KVD_EBADREQ,
+                    "model: tensor 'token_embd.weight' is missing");
     if (emb->ne[1] == 0 || emb->ne[1] > (1u << 24))
-        return fail(lc->err, lc->errlen, KVD_EBADREQ, "model: vocabulary size %" PRIu64 " out of range",
-                    emb->ne[1]);
+        return fail(lc->err, lc->errlen, KVD_EBADREQ,
+                    "model: vocabulary size %" PRIu64 " out of range", emb->ne[1]);
     m->hp.n_vocab = (uint32_t)emb->ne[1];
     uint64_t ntok = gguf_arr_count(lc->g, "tokenizer.ggml.tokens");
     if (ntok && ntok != hp->n_vocab)
         return fail(lc->err, lc->errlen, KVD_EBADREQ,
-                    "model: tokenizer has %" PRIu64 " tokens but token_embd.weight has %u rows", ntok,
-                    hp->n_vocab);
+                    "model: tokenizer has %" PRIu64 " tokens but token_embd.weight has %u rows",
+                    ntok, hp->n_vocab);
     if ((rc = want(lc, &m->tok_embd, "token_embd.weight", E, hp->n_vocab, 0)) ||
         (rc = want(lc, &m->output_norm, "output_norm.weight", E, 0, 0)) ||
         (rc = want(lc, &m->output, "output.weight", E, hp->n_vocab, 1)) ||
@@ -280,12 +287,13 @@ int model_load_opts(const char *path, struct backend *be, const struct model_opt
         goto out_free;
     for (size_t i = 0; i < lc->n; i++) {
         enum ctype t = lc->dst[i]->type;
-        bool ok = m->ops->weight_type_ok ? m->ops->weight_type_ok(t)
-                                         : t == CT_F32 || t == CT_F16 || t == CT_BF16 || t == CT_Q8_0;
+        bool ok = m->ops->weight_type_ok
+                      ? m->ops->weight_type_ok(t)
+                      : t == CT_F32 || t == CT_F16 || t == CT_BF16 || t == CT_Q8_0;
         if (!ok) {
             rc = fail(err, errlen, KVD_EUNSUPPORTED,
-                      "model: tensor '%s' is %s, a weight type the %s backend cannot run", lc->src[i]->name,
-                      ctype_name(t), m->ops->name);
+                      "model: tensor '%s' is %s, a weight type the %s backend cannot run",
+                      lc->src[i]->name, ctype_name(t), m->ops->name);
             goto out_free;
         }
     }
@@ -351,7 +359,8 @@ const struct model_hparams *model_hparams(const struct model *m)
     return &m->hp;
 }
 
-void model_kv_geom(const struct model *m, uint32_t block_tokens, enum kv_dtype dt, struct kv_geom *g)
+void model_kv_geom(const struct model *m, uint32_t block_tokens, enum kv_dtype dt,
+                   struct kv_geom *g)
 {
     g->layers = m->hp.n_layer;
     g->kv_heads = m->hp.n_head_kv;

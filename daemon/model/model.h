@@ -17,13 +17,13 @@ struct model_hparams {
     char name[64]; /* general.name, or "" */
     uint32_t n_vocab, n_ctx, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot;
     float rms_eps, rope_base;
-    enum rope_mode rope_mode; /* NORM for llama, NEOX for qwen2 */
-    int has_qkv_bias;         /* qwen2 */
-    int tied_output;          /* output.weight absent: token_embd.weight is used */
-    int has_rope_freqs;       /* rope_freqs.weight present (Llama 3.1 scaling) */
-    enum ctype wtype;         /* type of the attn_q weight of layer 0 (for display) */
-    uint64_t n_params;        /* elements of all weights */
-    uint64_t weight_bytes;    /* bytes of all weights as a decode step reads them */
+    enum rope_mode rope_mode;     /* NORM for llama, NEOX for qwen2 */
+    int has_qkv_bias;             /* qwen2 */
+    int tied_output;              /* output.weight absent: token_embd.weight is used */
+    int has_rope_freqs;           /* rope_freqs.weight present (Llama 3.1 scaling) */
+    enum ctype wtype;             /* type of the attn_q weight of layer 0 (for display) */
+    uint64_t n_params;            /* elements of all weights */
+    uint64_t weight_bytes;        /* bytes of all weights as a decode step reads them */
     uint64_t weight_device_bytes; /* device bytes the weights take, with the copies a
                                    * backend keeps (cuda: bf16 for GEMMs) */
 };
@@ -64,7 +64,7 @@ struct fwd_batch {
     void *kv_arena;             /* device: slot s at kv_arena + s * kv_block_bytes(geom) */
     const struct kv_geom *geom; /* must match model_kv_geom (layers, kv_heads, head_dim) */
     uint32_t n_arena_slots;     /* slots in the arena, to bound-check the tables; 0 = unchecked */
-    float *logits;              /* out, host [n_seqs][n_vocab]: each sequence's last position; may be NULL */
+    float *logits; /* out, host [n_seqs][n_vocab]: each sequence's last position; may be NULL */
     /* Sampling on the backend (the sample op): host [n_seqs] rows, or NULL;
      * tokens: out, host [n_seqs], the picks (0 for a skipped row). At least
      * one of logits and sample is set. */

@@ -19,17 +19,17 @@ struct fwd_ctx {
     uint32_t max_tokens, max_seqs;
     /* device activations, Tm = max_tokens, E = n_embd, QD = n_head*head_dim,
      * KD = n_head_kv*head_dim, F = n_ff, V = n_vocab, Sm = max_seqs */
-    float *x;      /* [Tm][E] residual stream */
-    float *h;      /* [Tm][E] normed input / projection output */
-    float *q;      /* [Tm][QD] */
-    float *k, *v;  /* [Tm][KD] */
-    float *att;    /* [Tm][QD] attention output */
-    float *gate;   /* [Tm][F] */
-    float *up;     /* [Tm][F] */
-    float *last;   /* [Sm][E] last rows */
-    float *logits; /* [Sm][V] */
+    float *x;                            /* [Tm][E] residual stream */
+    float *h;                            /* [Tm][E] normed input / projection output */
+    float *q;                            /* [Tm][QD] */
+    float *k, *v;                        /* [Tm][KD] */
+    float *att;                          /* [Tm][QD] attention output */
+    float *gate;                         /* [Tm][F] */
+    float *up;                           /* [Tm][F] */
+    float *last;                         /* [Sm][E] last rows */
+    float *logits;                       /* [Sm][V] */
     struct sample_row *sample, *hsample; /* [Sm] the step's sampling rows, device and host */
-    uint32_t *ids;             /* [Sm] sampled tokens */
+    uint32_t *ids;                       /* [Sm] sampled tokens */
     /* metadata, device and host mirror, u32: tokens[Tm] pos[Tm] tok_slot[Tm]
      * qstart[Sm+1] pos0[Sm] slot0[Sm+1] last_rows[Sm] */
     uint32_t *meta, *hmeta;
@@ -41,7 +41,8 @@ struct fwd_ctx {
     char err[256];
 };
 
-__attribute__((format(printf, 3, 4))) static int ferr(struct fwd_ctx *c, int code, const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static int ferr(struct fwd_ctx *c, int code, const char *fmt,
+                                                      ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -90,14 +91,15 @@ int fwd_ctx_new(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs, s
     c->m = m;
     c->max_tokens = max_batch_tokens;
     c->max_seqs = max_seqs;
-    size_t T = max_batch_tokens, S = max_seqs, E = hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim,
-           KD = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
+    size_t T = max_batch_tokens, S = max_seqs, E = hp->n_embd,
+           QD = (size_t)hp->n_head * hp->head_dim, KD = (size_t)hp->n_head_kv * hp->head_dim,
+           F = hp->n_ff, V = hp->n_vocab;
     struct {
         float **p;
         size_t n;
-    } want[] = {{&c->x, T * E},     {&c->h, T * E},       {&c->q, T * QD},   {&c->k, T * KD},
-                {&c->v, T * KD},    {&c->att, T * QD},    {&c->gate, T * F}, {&c->up, T * F},
-                {&c->last, S * E},  {&c->logits, S * V}};
+    } want[] = {{&c->x, T * E},    {&c->h, T * E},     {&c->q, T * QD},   {&c->k, T * KD},
+                {&c->v, T * KD},   {&c->att, T * QD},  {&c->gate, T * F}, {&c->up, T * F},
+                {&c->last, S * E}, {&c->logits, S * V}};
     int rc = 0;
     for (size_t i = 0; i < sizeof want / sizeof want[0] && !rc; i++)
         rc = m->ops->buf_alloc(m->cx, want[i].n * sizeof(float), (void **)want[i].p);
@@ -166,21 +168,26 @@ static int validate(struct fwd_ctx *c, const struct fwd_batch *b, uint32_t *n_to
                     c->max_seqs);
     if (g->layers != hp->n_layer || g->kv_heads != hp->n_head_kv || g->head_dim != hp->head_dim ||
         g->block_tokens == 0 || kv_row_bytes(g->dtype, g->head_dim) == 0)
-        return ferr(c, KVD_EBADREQ, "forward: KV geometry (layers %u, kv_heads %u, head_dim %u, "
+        return ferr(c, KVD_EBADREQ,
+                    "forward: KV geometry (layers %u, kv_heads %u, head_dim %u, "
                     "block_tokens %u, dtype %s) does not match the model (%u, %u, %u) or cannot "
-                    "hold it", g->layers, g->kv_heads, g->head_dim, g->block_tokens,
-                    kv_dtype_name(g->dtype), hp->n_layer, hp->n_head_kv, hp->head_dim);
+                    "hold it",
+                    g->layers, g->kv_heads, g->head_dim, g->block_tokens, kv_dtype_name(g->dtype),
+                    hp->n_layer, hp->n_head_kv, hp->head_dim);
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         const struct fwd_seq *q = &b->seqs[s];
         if (q->n_tokens == 0 || !q->tokens || !q->slots)
             return ferr(c, KVD_EBADREQ, "forward: sequence %u has no tokens or no block table", s);
         T += q->n_tokens;
         if (T > c->max_tokens)
-            return ferr(c, KVD_ETOOLARGE, "forward: more than %u tokens in one step", c->max_tokens);
+            return ferr(c, KVD_ETOOLARGE, "forward: more than %u tokens in one step",
+                        c->max_tokens);
         uint64_t end = (uint64_t)q->pos0 + q->n_tokens;
         if (end > hp->n_ctx)
-            return ferr(c, KVD_EBADREQ, "forward: sequence %u reaches position %" PRIu64
-                        ", past the model's context of %u", s, end, hp->n_ctx);
+            return ferr(c, KVD_EBADREQ,
+                        "forward: sequence %u reaches position %" PRIu64
+                        ", past the model's context of %u",
+                        s, end, hp->n_ctx);
         uint64_t need = (end + g->block_tokens - 1) / g->block_tokens;
         if (q->n_slots < need)
             return ferr(c, KVD_EBADREQ, "forward: sequence %u needs %" PRIu64 " blocks, has %u", s,
@@ -188,12 +195,16 @@ static int validate(struct fwd_ctx *c, const struct fwd_batch *b, uint32_t *n_to
         NS += need;
         for (uint32_t i = 0; i < q->n_tokens; i++)
             if (q->tokens[i] >= hp->n_vocab)
-                return ferr(c, KVD_EBADREQ, "forward: sequence %u token %u is %u, outside the "
-                            "vocabulary of %u", s, i, q->tokens[i], hp->n_vocab);
+                return ferr(c, KVD_EBADREQ,
+                            "forward: sequence %u token %u is %u, outside the "
+                            "vocabulary of %u",
+                            s, i, q->tokens[i], hp->n_vocab);
         for (uint64_t i = 0; i < need; i++)
             if (b->n_arena_slots && q->slots[i] >= b->n_arena_slots)
-                return ferr(c, KVD_EBADREQ, "forward: sequence %u block %" PRIu64 " is slot %u, "
-                            "outside the arena of %u", s, i, q->slots[i], b->n_arena_slots);
+                return ferr(c, KVD_EBADREQ,
+                            "forward: sequence %u block %" PRIu64 " is slot %u, "
+                            "outside the arena of %u",
+                            s, i, q->slots[i], b->n_arena_slots);
         if (end > *max_kv)
             *max_kv = (uint32_t)end;
         if (q->n_tokens > *max_q)
@@ -216,8 +227,10 @@ static int validate(struct fwd_ctx *c, const struct fwd_batch *b, uint32_t *n_to
     qsort(c->conflict, k, sizeof *c->conflict, cmp_u64);
     for (size_t i = 1; i < k; i++)
         if (c->conflict[i] >> 1 == c->conflict[i - 1] >> 1 && (c->conflict[i] & 1))
-            return ferr(c, KVD_EBADREQ, "forward: block slot %" PRIu64 " is written by one sequence "
-                        "and also used elsewhere in the same step", c->conflict[i] >> 1);
+            return ferr(c, KVD_EBADREQ,
+                        "forward: block slot %" PRIu64 " is written by one sequence "
+                        "and also used elsewhere in the same step",
+                        c->conflict[i] >> 1);
     *n_tokens = (uint32_t)T;
     *n_slots = NS;
     return 0;
@@ -255,7 +268,8 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
     uint32_t t = 0, ns = 0;
     for (uint32_t s = 0; s < S; s++) {
         const struct fwd_seq *q = &b->seqs[s];
-        uint32_t need = (uint32_t)(((uint64_t)q->pos0 + q->n_tokens + g->block_tokens - 1) / g->block_tokens);
+        uint32_t need =
+            (uint32_t)(((uint64_t)q->pos0 + q->n_tokens + g->block_tokens - 1) / g->block_tokens);
         qstart[s] = t;
         pos0[s] = q->pos0;
         slot0[s] = ns;
@@ -297,15 +311,32 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
     uint32_t E = hp->n_embd, QD = hp->n_head * hp->head_dim, KD = hp->n_head_kv * hp->head_dim;
     const float *ff = hp->has_rope_freqs ? m->rope_freqs.data : NULL;
     struct attn_desc ad = {
-        .q = c->q, .out = c->att, .arena = b->kv_arena, .geom = g, .n_head = hp->n_head,
-        .scale = 1.0f / sqrtf((float)hp->head_dim), .n_tokens = Tp, .n_seqs = Sp,
-        .seq_qstart = d_qstart, .seq_pos0 = d_pos0, .seq_slot0 = d_slot0, .slots = c->slots,
-        .max_q = max_q, .max_kv = max_kv, .h_seq_qstart = qstart, .h_seq_pos0 = pos0,
+        .q = c->q,
+        .out = c->att,
+        .arena = b->kv_arena,
+        .geom = g,
+        .n_head = hp->n_head,
+        .scale = 1.0f / sqrtf((float)hp->head_dim),
+        .n_tokens = Tp,
+        .n_seqs = Sp,
+        .seq_qstart = d_qstart,
+        .seq_pos0 = d_pos0,
+        .seq_slot0 = d_slot0,
+        .slots = c->slots,
+        .max_q = max_q,
+        .max_kv = max_kv,
+        .h_seq_qstart = qstart,
+        .h_seq_pos0 = pos0,
     };
     /* Optional whole-step capture/replay (CUDA graphs; NULL on cpu). */
     int replayed = 0;
-    struct compute_step cstep = {.owner = c, .arena = b->kv_arena, .tables = c->slots,
-                                 .n_tokens = Tp, .n_seqs = Sp, .max_q = max_q, .max_kv = max_kv,
+    struct compute_step cstep = {.owner = c,
+                                 .arena = b->kv_arena,
+                                 .tables = c->slots,
+                                 .n_tokens = Tp,
+                                 .n_seqs = Sp,
+                                 .max_q = max_q,
+                                 .max_kv = max_kv,
                                  .sampled = b->sample != NULL};
     if (o->step_begin && (rc = o->step_begin(cx, &cstep, &replayed)))
         return ferr(c, rc, "forward: step start failed on the %s backend", o->name);
@@ -314,7 +345,7 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         if ((rc = (call))) {                                                                       \
             if (o->step_end)                                                                       \
                 o->step_end(cx, rc);                                                               \
-            return ferr(c, rc, "forward: %s failed on the %s backend", #call, o->name);           \
+            return ferr(c, rc, "forward: %s failed on the %s backend", #call, o->name);            \
         }                                                                                          \
     } while (0)
     if (replayed)

@@ -26,7 +26,7 @@ struct model {
     struct compute_ctx *cx; /* owned */
     void *weights;          /* owned device buffer holding every tensor */
     struct ctensor tok_embd, output_norm, output, rope_freqs; /* output = tok_embd when tied */
-    struct model_layer *layers; /* owned, [n_layer] */
+    struct model_layer *layers;                               /* owned, [n_layer] */
 };
 
 #endif

@@ -6,20 +6,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 const double acct_bucket_le[ACCT_N_BUCKETS] = {
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0, 120.0,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 };
 
 const char *acct_hist_name(enum acct_hist_kind k)
 {
     switch (k) {
-    case ACCT_TTFT: return "ttft";
-    case ACCT_ITL: return "itl";
-    case ACCT_E2E: return "e2e";
-    case ACCT_QUEUE: return "queue";
-    case ACCT_N_HISTS: break;
+    case ACCT_TTFT:
+        return "ttft";
+    case ACCT_ITL:
+        return "itl";
+    case ACCT_E2E:
+        return "e2e";
+    case ACCT_QUEUE:
+        return "queue";
+    case ACCT_N_HISTS:
+        break;
     }
     return "?";
 }

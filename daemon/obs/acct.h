@@ -26,7 +26,7 @@ enum acct_hist_kind { ACCT_TTFT = 0, ACCT_ITL, ACCT_E2E, ACCT_QUEUE, ACCT_N_HIST
 const char *acct_hist_name(enum acct_hist_kind k); /* "ttft", "itl", "e2e", "queue" */
 
 struct acct_tenant {
-    uint64_t requests;  /* answered */
+    uint64_t requests; /* answered */
     uint64_t completed, cancelled, failed;
     uint64_t tokens_in;     /* prompt tokens, cached ones included */
     uint64_t tokens_cached; /* prompt tokens served from the prefix cache */

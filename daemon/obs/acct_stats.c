@@ -17,8 +17,9 @@ int acct_stats_pack_tenant(msgpack_packer *pk, struct acct *a, uint32_t tenant,
     struct acct_tenant t = {0};
     if (a)
         acct_tenant_get(a, tenant, &t);
-    PROTO_PK(proto_pack_kv_double(pk, "prefix_hit_rate",
-                            ratio((double)ts->match_tokens_hit, (double)ts->match_tokens_asked)));
+    PROTO_PK(
+        proto_pack_kv_double(pk, "prefix_hit_rate",
+                             ratio((double)ts->match_tokens_hit, (double)ts->match_tokens_asked)));
     PROTO_PK(proto_pack_kv_uint(pk, "evictions", ts->evictions));
     PROTO_PK(proto_pack_kv_uint(pk, "requests", t.requests));
     PROTO_PK(proto_pack_kv_uint(pk, "requests_failed", t.failed));
@@ -28,8 +29,10 @@ int acct_stats_pack_tenant(msgpack_packer *pk, struct acct *a, uint32_t tenant,
     PROTO_PK(proto_pack_kv_uint(pk, "tokens_cached", t.tokens_cached));
     PROTO_PK(proto_pack_kv_uint(pk, "tokens_out", t.tokens_out));
     PROTO_PK(proto_pack_kv_double(pk, "queue_ms", t.queue_seconds * 1e3));
-    PROTO_PK(proto_pack_kv_double(pk, "queue_ms_mean", ratio(t.queue_seconds * 1e3, (double)t.requests)));
-    PROTO_PK(proto_pack_kv_double(pk, "ttft_ms_mean", ratio(t.ttft_seconds * 1e3, (double)t.ttft_count)));
+    PROTO_PK(proto_pack_kv_double(pk, "queue_ms_mean",
+                                  ratio(t.queue_seconds * 1e3, (double)t.requests)));
+    PROTO_PK(proto_pack_kv_double(pk, "ttft_ms_mean",
+                                  ratio(t.ttft_seconds * 1e3, (double)t.ttft_count)));
     return 0;
 }
 
@@ -53,7 +56,8 @@ static int pack_requests(msgpack_packer *pk, struct acct *a)
     PROTO_PK(proto_pack_kv_uint(pk, "failed", tot.failed));
     PROTO_PK(proto_pack_kv_uint(pk, "cancelled", tot.cancelled));
     PROTO_PK(proto_pack_kv_uint(pk, "steps", s.steps));
-    PROTO_PK(proto_pack_kv_uint(pk, "prefill_tokens", s.prefill_tokens)); /* computed, cache hits excluded */
+    PROTO_PK(proto_pack_kv_uint(pk, "prefill_tokens",
+                                s.prefill_tokens)); /* computed, cache hits excluded */
     PROTO_PK(proto_pack_kv_uint(pk, "decode_tokens", s.decode_tokens));
     PROTO_PK(proto_pack_kv_uint(pk, "tokens_in", tot.tokens_in));
     PROTO_PK(proto_pack_kv_uint(pk, "tokens_cached", tot.tokens_cached));
@@ -81,7 +85,8 @@ static int pack_phase(msgpack_packer *pk, struct roofline *rl, enum roofline_pha
     PROTO_PK(proto_pack_kv_double(pk, "ms_per_step", s.ms_per_step));
     PROTO_PK(proto_pack_kv_double(pk, "tokens_per_s", s.tokens_per_s));
     PROTO_PK(proto_pack_kv_str(pk, "bound", s.bound));
-    PROTO_PK(proto_pack_kv_double(pk, "attainable_frac", s.bound[0] == 'c' ? s.flops_frac : s.bytes_frac));
+    PROTO_PK(proto_pack_kv_double(pk, "attainable_frac",
+                                  s.bound[0] == 'c' ? s.flops_frac : s.bytes_frac));
     return proto_map_end(pk, map);
 }
 

@@ -15,9 +15,12 @@
 const char *roofline_phase_name(enum roofline_phase p)
 {
     switch (p) {
-    case ROOFLINE_PREFILL: return "prefill";
-    case ROOFLINE_DECODE: return "decode";
-    case ROOFLINE_MIXED: return "mixed";
+    case ROOFLINE_PREFILL:
+        return "prefill";
+    case ROOFLINE_DECODE:
+        return "decode";
+    case ROOFLINE_MIXED:
+        return "mixed";
     }
     return "?";
 }
@@ -56,7 +59,9 @@ static void cost_of(const struct roofline_shape *s, const struct batch_sums *b,
     const uint32_t n = b->n;
     out->n_tokens = (uint32_t)tokens;
     out->n_seqs = n;
-    out->phase = b->n_one == n ? ROOFLINE_DECODE : b->n_one == 0 ? ROOFLINE_PREFILL : ROOFLINE_MIXED;
+    out->phase = b->n_one == n   ? ROOFLINE_DECODE
+                 : b->n_one == 0 ? ROOFLINE_PREFILL
+                                 : ROOFLINE_MIXED;
 
     /* 2 FLOPs per multiply-add; per token per layer. */
     double proj_in = d * (q_dim + 2 * kv_dim) + q_dim * d;
@@ -73,14 +78,14 @@ static void cost_of(const struct roofline_shape *s, const struct batch_sums *b,
      * attention's q read and output written, per token per layer; the LM
      * head's input and logits per sequence; the embedding row out. */
     double act_layer = (d + q_dim) + (d + kv_dim) * 2 + (q_dim + d) + /* projections */
-                       2 * q_dim +                                   /* attention q, out */
-                       (d + ff) * 2 + (ff + d);                      /* gate, up, down */
+                       2 * q_dim +                                    /* attention q, out */
+                       (d + ff) * 2 + (ff + d);                       /* gate, up, down */
     out->bytes_act = ab * (act_layer * tokens * L + d * tokens + (d + vocab) * n);
     out->bytes = out->bytes_weights + out->bytes_kv_read + out->bytes_kv_write + out->bytes_act;
 }
 
-void roofline_step_cost(const struct roofline_shape *s, const struct roofline_seq *seqs,
-                        uint32_t n, struct roofline_cost *out)
+void roofline_step_cost(const struct roofline_shape *s, const struct roofline_seq *seqs, uint32_t n,
+                        struct roofline_cost *out)
 {
     struct batch_sums b = {0};
     for (uint32_t i = 0; i < n; i++)
@@ -301,8 +306,7 @@ static void record_sums(struct roofline *rl, const struct batch_sums *b, uint64_
     pthread_mutex_unlock(&rl->mu);
 }
 
-void roofline_record(struct roofline *rl, const struct roofline_seq *seqs, uint32_t n,
-                     uint64_t ns)
+void roofline_record(struct roofline *rl, const struct roofline_seq *seqs, uint32_t n, uint64_t ns)
 {
     if (!rl || n == 0)
         return;

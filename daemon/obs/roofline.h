@@ -39,10 +39,10 @@ const char *roofline_phase_name(enum roofline_phase p); /* "prefill", "decode", 
  * work (norms, RoPE, softmax, SiLU, residual adds) is left out: it is a few
  * FLOPs per activation element, under 1% of the matmuls for real shapes. */
 struct roofline_cost {
-    double flops_proj;  /* Q, K, V and output projections */
-    double flops_attn;  /* QK^T and AV over each row's causal context */
-    double flops_mlp;   /* gate, up, down */
-    double flops_head;  /* LM head, one row per sequence (its last position) */
+    double flops_proj; /* Q, K, V and output projections */
+    double flops_attn; /* QK^T and AV over each row's causal context */
+    double flops_mlp;  /* gate, up, down */
+    double flops_head; /* LM head, one row per sequence (its last position) */
     double bytes_weights, bytes_kv_read, bytes_kv_write, bytes_act;
     double flops, bytes; /* totals */
     uint32_t n_tokens, n_seqs;
@@ -51,8 +51,8 @@ struct roofline_cost {
 
 /* The cost of a step over seqs[0..n). Phase: decode when every sequence
  * has one new token, prefill when none has exactly one, mixed otherwise. */
-void roofline_step_cost(const struct roofline_shape *s, const struct roofline_seq *seqs,
-                        uint32_t n, struct roofline_cost *out);
+void roofline_step_cost(const struct roofline_shape *s, const struct roofline_seq *seqs, uint32_t n,
+                        struct roofline_cost *out);
 
 /* The backend's ceilings. bytes_per_s counts bytes read plus bytes written
  * (a copy of N bytes moves 2N), the unit the step model's bytes use. */
@@ -82,11 +82,11 @@ struct roofline_sample {
 
 struct roofline_summary {
     enum roofline_phase phase;
-    uint64_t steps_total; /* steps of this phase since start */
-    uint32_t window;      /* steps in the window now */
+    uint64_t steps_total;                             /* steps of this phase since start */
+    uint32_t window;                                  /* steps in the window now */
     double flops_per_step, bytes_per_step, intensity; /* intensity: FLOP/byte */
     double flops_per_s, bytes_per_s;                  /* achieved over the window */
-    double flops_frac, bytes_frac; /* of the ceilings; 0 when not measured */
+    double flops_frac, bytes_frac;                    /* of the ceilings; 0 when not measured */
     double ms_per_step, tokens_per_s;
     const char *bound; /* "compute", "bandwidth", or "unknown" without ceilings */
 };
@@ -121,12 +121,10 @@ void roofline_set_ceilings(struct roofline *rl, const struct roofline_ceilings *
 void roofline_get_ceilings(struct roofline *rl, struct roofline_ceilings *c);
 /* The executor, after each forward: costs the step with the shape set
  * before and records it with its wall time. A no-op without a shape. */
-void roofline_record(struct roofline *rl, const struct roofline_seq *seqs, uint32_t n,
-                     uint64_t ns);
+void roofline_record(struct roofline *rl, const struct roofline_seq *seqs, uint32_t n, uint64_t ns);
 /* The same from the executor's own batch description (model.h). */
 struct fwd_seq;
-void roofline_record_fwd(struct roofline *rl, const struct fwd_seq *seqs, uint32_t n,
-                         uint64_t ns);
+void roofline_record_fwd(struct roofline *rl, const struct fwd_seq *seqs, uint32_t n, uint64_t ns);
 /* Records an already-costed step (tests). */
 void roofline_record_cost(struct roofline *rl, const struct roofline_cost *c, uint64_t ns);
 void roofline_summary(struct roofline *rl, enum roofline_phase p, struct roofline_summary *out);

@@ -13,7 +13,7 @@
 #include "kvd/protocol.h"
 #include "options.h"
 
-#define CONFIG_MAX_NS 16 /* shared namespaces per tenant */
+#define CONFIG_MAX_NS 16          /* shared namespaces per tenant */
 #define CONFIG_MAX_LINE 4096      /* bytes in one line of the file (without the newline) */
 #define CONFIG_MAX_FILE (1 << 20) /* bytes in the file */
 

@@ -19,8 +19,8 @@
 
 /* ---- address ------------------------------------------------------------ */
 
-int metrics_parse_addr(const char *s, char *host, size_t host_cap, uint16_t *port,
-                       bool *loopback, char *err, size_t errlen)
+int metrics_parse_addr(const char *s, char *host, size_t host_cap, uint16_t *port, bool *loopback,
+                       char *err, size_t errlen)
 {
     return httpd_parse_addr("metrics", s, host, host_cap, port, loopback, err, errlen);
 }
@@ -137,13 +137,16 @@ static void render_tenants(struct out *o, struct kvmm *mm, uint32_t n, struct ac
         {"kvd_blocks", "gauge", "KV blocks owned by a tenant, by tier."},
         {"kvd_cached_blocks", "gauge", "A tenant's blocks held by a radix tree (shareable)."},
         {"kvd_tenant_sequences", "gauge", "A tenant's open sequences."},
-        {"kvd_prefix_lookup_tokens_total", "counter", "Prompt tokens looked up in the prefix cache."},
+        {"kvd_prefix_lookup_tokens_total", "counter",
+         "Prompt tokens looked up in the prefix cache."},
         {"kvd_prefix_hit_tokens_total", "counter", "Prompt tokens found in the prefix cache."},
         {"kvd_swaps_total", "counter", "Blocks swapped between tiers, by direction."},
         {"kvd_requests_total", "counter", "Generate requests answered, by outcome."},
-        {"kvd_tokens_total", "counter", "Tokens by kind: prompt (in), cached (prompt tokens reused), generated (out)."},
+        {"kvd_tokens_total", "counter",
+         "Tokens by kind: prompt (in), cached (prompt tokens reused), generated (out)."},
         {"kvd_preemptions_total", "counter", "Times a tenant's requests were preempted."},
-        {"kvd_queue_seconds_total", "counter", "Summed time a tenant's requests waited before their first step."},
+        {"kvd_queue_seconds_total", "counter",
+         "Summed time a tenant's requests waited before their first step."},
     };
     for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
         head(o, fam[f].name, fam[f].type, fam[f].help);
@@ -159,10 +162,18 @@ static void render_tenants(struct out *o, struct kvmm *mm, uint32_t n, struct ac
                 tenant_line(o, fam[f].name, "tier=\"device\",", tn, ts.device_blocks);
                 tenant_line(o, fam[f].name, "tier=\"host\",", tn, ts.host_blocks);
                 break;
-            case 1: tenant_line(o, fam[f].name, NULL, tn, ts.cached_blocks); break;
-            case 2: tenant_line(o, fam[f].name, NULL, tn, ts.seqs); break;
-            case 3: tenant_line(o, fam[f].name, NULL, tn, (double)ts.match_tokens_asked); break;
-            case 4: tenant_line(o, fam[f].name, NULL, tn, (double)ts.match_tokens_hit); break;
+            case 1:
+                tenant_line(o, fam[f].name, NULL, tn, ts.cached_blocks);
+                break;
+            case 2:
+                tenant_line(o, fam[f].name, NULL, tn, ts.seqs);
+                break;
+            case 3:
+                tenant_line(o, fam[f].name, NULL, tn, (double)ts.match_tokens_asked);
+                break;
+            case 4:
+                tenant_line(o, fam[f].name, NULL, tn, (double)ts.match_tokens_hit);
+                break;
             case 5:
                 tenant_line(o, fam[f].name, "direction=\"out\",", tn, (double)ts.swaps_out);
                 tenant_line(o, fam[f].name, "direction=\"in\",", tn, (double)ts.swaps_in);
@@ -177,8 +188,12 @@ static void render_tenants(struct out *o, struct kvmm *mm, uint32_t n, struct ac
                 tenant_line(o, fam[f].name, "kind=\"cached\",", tn, (double)at.tokens_cached);
                 tenant_line(o, fam[f].name, "kind=\"generated\",", tn, (double)at.tokens_out);
                 break;
-            case 8: tenant_line(o, fam[f].name, NULL, tn, (double)at.preemptions); break;
-            case 9: tenant_line(o, fam[f].name, NULL, tn, at.queue_seconds); break;
+            case 8:
+                tenant_line(o, fam[f].name, NULL, tn, (double)at.preemptions);
+                break;
+            case 9:
+                tenant_line(o, fam[f].name, NULL, tn, at.queue_seconds);
+                break;
             }
         }
     }
@@ -195,8 +210,7 @@ static void render_exec(struct out *o, struct acct *a)
     head(o, "kvd_steps_total", "counter", "Executor steps (forward passes).");
     put(o, "kvd_steps_total %llu\n", (unsigned long long)s.steps);
     head(o, "kvd_step_tokens_total", "counter", "Tokens computed by the executor, by kind.");
-    put(o, "kvd_step_tokens_total{kind=\"prefill\"} %llu\n",
-        (unsigned long long)s.prefill_tokens);
+    put(o, "kvd_step_tokens_total{kind=\"prefill\"} %llu\n", (unsigned long long)s.prefill_tokens);
     put(o, "kvd_step_tokens_total{kind=\"decode\"} %llu\n", (unsigned long long)s.decode_tokens);
     head(o, "kvd_scheduler_preemptions_total", "counter", "Preemptions by the scheduler, by kind.");
     put(o, "kvd_scheduler_preemptions_total{kind=\"swap\"} %llu\n",
@@ -205,9 +219,10 @@ static void render_exec(struct out *o, struct acct *a)
         (unsigned long long)s.preempt_recompute);
     render_hist(o, "kvd_time_to_first_token_seconds",
                 "Time from a request's arrival to its first generated token.", a, ACCT_TTFT);
-    render_hist(o, "kvd_inter_token_latency_seconds",
-                "Time between consecutive generated tokens of a request (its mean gap, once per gap).",
-                a, ACCT_ITL);
+    render_hist(
+        o, "kvd_inter_token_latency_seconds",
+        "Time between consecutive generated tokens of a request (its mean gap, once per gap).", a,
+        ACCT_ITL);
     render_hist(o, "kvd_request_duration_seconds",
                 "Time from arrival to the reply of completed requests.", a, ACCT_E2E);
     render_hist(o, "kvd_queue_time_seconds", "Time from arrival to a request's first step.", a,
@@ -218,7 +233,8 @@ static void render_roofline(struct out *o, struct roofline *rl)
 {
     struct roofline_ceilings c;
     roofline_get_ceilings(rl, &c);
-    head(o, "kvd_ceiling_flops_per_second", "gauge", "Measured GEMM ceiling of the backend (0: not measured).");
+    head(o, "kvd_ceiling_flops_per_second", "gauge",
+         "Measured GEMM ceiling of the backend (0: not measured).");
     put(o, "kvd_ceiling_flops_per_second %.6g\n", c.flops_per_s);
     head(o, "kvd_ceiling_bytes_per_second", "gauge",
          "Measured memory ceiling of the backend, bytes read plus written (0: not measured).");
@@ -231,26 +247,32 @@ static void render_roofline(struct out *o, struct roofline *rl)
         roofline_summary(rl, (enum roofline_phase)p, &s[p]);
         roofline_totals(rl, (enum roofline_phase)p, &steps[p], &fl[p], &by[p], &sec[p]);
     }
-#define PHASES(name, type, help, fmt, expr)                                                 \
-    do {                                                                                    \
-        head(o, name, type, help);                                                          \
-        for (int p = 0; p < ROOFLINE_N_PHASES; p++)                                         \
-            put(o, name "{phase=\"%s\"} " fmt "\n", roofline_phase_name((enum roofline_phase)p), \
-                expr);                                                                      \
+#define PHASES(name, type, help, fmt, expr)                                                        \
+    do {                                                                                           \
+        head(o, name, type, help);                                                                 \
+        for (int p = 0; p < ROOFLINE_N_PHASES; p++)                                                \
+            put(o, name "{phase=\"%s\"} " fmt "\n", roofline_phase_name((enum roofline_phase)p),   \
+                expr);                                                                             \
     } while (0)
     PHASES("kvd_phase_steps_total", "counter", "Executor steps by phase.", "%llu",
            (unsigned long long)steps[p]);
-    PHASES("kvd_phase_flops_total", "counter", "Modelled FLOPs of the steps, by phase.", "%.17g", fl[p]);
-    PHASES("kvd_phase_bytes_total", "counter", "Modelled bytes moved by the steps, by phase.", "%.17g", by[p]);
-    PHASES("kvd_phase_seconds_total", "counter", "Forward time of the steps, by phase.", "%.17g", sec[p]);
-    PHASES("kvd_roofline_intensity", "gauge", "Arithmetic intensity (FLOP/byte) over the recent window.",
-           "%.6g", s[p].intensity);
-    PHASES("kvd_roofline_flops_ratio", "gauge", "Achieved FLOP/s as a fraction of the ceiling (recent window).",
-           "%.6g", s[p].flops_frac);
-    PHASES("kvd_roofline_bytes_ratio", "gauge", "Achieved bytes/s as a fraction of the ceiling (recent window).",
-           "%.6g", s[p].bytes_frac);
+    PHASES("kvd_phase_flops_total", "counter", "Modelled FLOPs of the steps, by phase.", "%.17g",
+           fl[p]);
+    PHASES("kvd_phase_bytes_total", "counter", "Modelled bytes moved by the steps, by phase.",
+           "%.17g", by[p]);
+    PHASES("kvd_phase_seconds_total", "counter", "Forward time of the steps, by phase.", "%.17g",
+           sec[p]);
+    PHASES("kvd_roofline_intensity", "gauge",
+           "Arithmetic intensity (FLOP/byte) over the recent window.", "%.6g", s[p].intensity);
+    PHASES("kvd_roofline_flops_ratio", "gauge",
+           "Achieved FLOP/s as a fraction of the ceiling (recent window).", "%.6g",
+           s[p].flops_frac);
+    PHASES("kvd_roofline_bytes_ratio", "gauge",
+           "Achieved bytes/s as a fraction of the ceiling (recent window).", "%.6g",
+           s[p].bytes_frac);
 #undef PHASES
-    head(o, "kvd_roofline_bound", "gauge", "1 for the ceiling that bounds the phase's recent steps.");
+    head(o, "kvd_roofline_bound", "gauge",
+         "1 for the ceiling that bounds the phase's recent steps.");
     for (int p = 0; p < ROOFLINE_N_PHASES; p++)
         if (s[p].window && strcmp(s[p].bound, "unknown"))
             put(o, "kvd_roofline_bound{phase=\"%s\",bound=\"%s\"} 1\n",

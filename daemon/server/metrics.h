@@ -21,8 +21,8 @@ struct server;
  * PORT 0-65535, 0 = any free port). host gets the literal without
  * brackets; *loopback says whether it is 127.0.0.0/8 or ::1. Returns 0 or
  * KVD_EBADREQ with a message. */
-int metrics_parse_addr(const char *s, char *host, size_t host_cap, uint16_t *port,
-                       bool *loopback, char *err, size_t errlen);
+int metrics_parse_addr(const char *s, char *host, size_t host_cap, uint16_t *port, bool *loopback,
+                       char *err, size_t errlen);
 
 /* What a scrape reads. mm is locked while its numbers are read; the other
  * pointers may be NULL (store mode has no roofline or executor). */

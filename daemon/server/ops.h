@@ -28,13 +28,13 @@ struct ops_host {
     struct server *srv; /* for ops that hand work to other threads (server_post,
                            server_queue_admit); NULL without a server */
     struct kvmm *mm;
-    const char *backend;      /* the backend's name (hello, stats) */
-    uint32_t max_frame;       /* every reply must fit in one frame */
-    const struct config *cfg; /* the access rules (shared namespaces); SIGHUP
-                                 replaces its contents, not the pointer */
+    const char *backend;                   /* the backend's name (hello, stats) */
+    uint32_t max_frame;                    /* every reply must fit in one frame */
+    const struct config *cfg;              /* the access rules (shared namespaces); SIGHUP
+                                              replaces its contents, not the pointer */
     const struct server_model_info *model; /* hello's model; NULL in store mode */
-    const struct server_obs *obs; /* stats: connections, requests, tenants, roofline,
-                                     accounting (server.h) */
+    const struct server_obs *obs;          /* stats: connections, requests, tenants, roofline,
+                                              accounting (server.h) */
     /* admin_shutdown: starts the same drain as SIGTERM once the loop runs
      * again, so the reply goes first. NULL: admin_shutdown is unsupported. */
     void (*shutdown)(void *ctx);
@@ -47,8 +47,8 @@ struct ops_ctx {
     const struct ops_host *host;
     struct server *srv; /* host->srv */
     struct conn *conn;
-    struct kvmm *mm;    /* host->mm */
-    void *op_ctx;       /* the ctx given at registration */
+    struct kvmm *mm; /* host->mm */
+    void *op_ctx;    /* the ctx given at registration */
 
     /* the request */
     uint64_t conn_id;          /* the kvmm owner of this connection's sequences */

@@ -53,7 +53,8 @@ static int parse_stop(const struct text *tx, const struct model_hparams *hp,
     size_t lens[SCHED_MAX_STOP], n_strs = 0;
     if (a && a->type != MSGPACK_OBJECT_NIL) {
         if (a->type != MSGPACK_OBJECT_ARRAY)
-            return proto_err_set(err, KVD_EBADREQ, "'stop' must be an array of token ids and strings");
+            return proto_err_set(err, KVD_EBADREQ,
+                                 "'stop' must be an array of token ids and strings");
         if (a->via.array.size > SCHED_MAX_STOP)
             return proto_err_set(err, KVD_EBADREQ, "'stop' has %u entries, at most %u",
                                  a->via.array.size, SCHED_MAX_STOP);
@@ -73,8 +74,8 @@ static int parse_stop(const struct text *tx, const struct model_hparams *hp,
                 strs[n_strs] = o->via.str.ptr;
                 lens[n_strs++] = o->via.str.size;
             } else {
-                return proto_err_set(err, KVD_EBADREQ,
-                                     "'stop'[%u] must be a token id or a string", i);
+                return proto_err_set(err, KVD_EBADREQ, "'stop'[%u] must be a token id or a string",
+                                     i);
             }
         }
     }
@@ -98,8 +99,8 @@ static int parse_args(const struct text *tx, const struct model_hparams *hp,
     if ((rc = proto_opt_uint(root, "max_tokens", &u, &present, err)))
         return rc;
     if (u == 0 || u > hp->n_ctx)
-        return proto_err_set(err, KVD_EBADREQ, "'max_tokens' must be in [1, %u] (the model's context)",
-                             hp->n_ctx);
+        return proto_err_set(err, KVD_EBADREQ,
+                             "'max_tokens' must be in [1, %u] (the model's context)", hp->n_ctx);
     r->max_tokens = (uint32_t)u;
 
     double temp = 0, top_p = 1;
@@ -159,8 +160,7 @@ static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, const ui
         return proto_err_set(err, KVD_EBUSY, "'seq': %s", kvmm_errmsg(mm));
     if (irc != 0) /* not_found, like every other op given an unknown handle */
         return proto_err_set(err, irc == KVD_ENOTFOUND ? KVD_ENOTFOUND : irc,
-                             "'seq': no sequence %llu on this connection",
-                             (unsigned long long)seq);
+                             "'seq': no sequence %llu on this connection", (unsigned long long)seq);
     if (info.n_committed != info.n_tokens)
         return proto_err_set(err, KVD_EBADREQ,
                              "'seq': %zu of its %zu positions have no token ids; commit them first",
@@ -238,8 +238,8 @@ static int parse_messages(const msgpack_object *a, struct chat_msg **out, size_t
         for (int k = 0; k < 2; k++) {
             const char *key = k ? "content" : "role";
             if (m->type != MSGPACK_OBJECT_MAP || proto_get_str(m, key, &s, &len, err))
-                return proto_err_set(err, KVD_EBADREQ, "'messages'[%u]: '%s' must be a string",
-                                     i, key);
+                return proto_err_set(err, KVD_EBADREQ, "'messages'[%u]: '%s' must be a string", i,
+                                     key);
             if (memchr(s, 0, len))
                 return proto_err_set(err, KVD_EBADREQ, "'messages'[%u].%s holds a NUL byte", i,
                                      key);
@@ -274,9 +274,9 @@ static int parse_messages(const msgpack_object *a, struct chat_msg **out, size_t
  * model's BOS rule, unless it continues a non-empty sequence) and
  * `messages` (rendered with the chat template); none with `seq` alone.
  * *whole: the prompt is a whole conversation (seq: replace, not append). */
-static int parse_prompt(struct exec *ex, struct kvmm *mm, const msgpack_object *root,
-                        uint64_t conn, bool has_seq, uint64_t seq, uint32_t **toks,
-                        size_t *n_toks, bool *whole, struct proto_err *err)
+static int parse_prompt(struct exec *ex, struct kvmm *mm, const msgpack_object *root, uint64_t conn,
+                        bool has_seq, uint64_t seq, uint32_t **toks, size_t *n_toks, bool *whole,
+                        struct proto_err *err)
 {
     const struct model_hparams *hp = exec_hparams(ex);
     const struct text *tx = exec_text(ex);
@@ -290,7 +290,8 @@ static int parse_prompt(struct exec *ex, struct kvmm *mm, const msgpack_object *
     if (has_toks + (o_text != NULL) + (o_msgs != NULL) > 1)
         return proto_err_set(err, KVD_EBADREQ, "give one of 'tokens', 'text' and 'messages'");
     if (!has_toks && !o_text && !o_msgs && !has_seq)
-        return proto_err_set(err, KVD_EBADREQ, "'tokens', 'text' or 'messages' is required (or 'seq')");
+        return proto_err_set(err, KVD_EBADREQ,
+                             "'tokens', 'text' or 'messages' is required (or 'seq')");
     char terr[256];
     if (o_text) {
         const char *s;
@@ -329,8 +330,9 @@ static int parse_prompt(struct exec *ex, struct kvmm *mm, const msgpack_object *
                              *n_toks, hp->n_ctx, hp->n_ctx - 1);
     for (size_t i = 0; has_toks && i < *n_toks; i++)
         if ((*toks)[i] >= hp->n_vocab)
-            return proto_err_set(err, KVD_EBADREQ, "'tokens'[%zu] = %u is outside the vocabulary (%u)",
-                                 i, (*toks)[i], hp->n_vocab);
+            return proto_err_set(err, KVD_EBADREQ,
+                                 "'tokens'[%zu] = %u is outside the vocabulary (%u)", i, (*toks)[i],
+                                 hp->n_vocab);
     return 0;
 }
 
@@ -530,7 +532,8 @@ static void sink_done(void *ud, const struct sched_req *r)
 static int op_generate(struct ops_ctx *c)
 {
     struct ops_generate *g = c->op_ctx;
-    struct ops_generate_ctx gc = {.conn = c->conn_id, .id = c->id, .tenant = c->tenant, .ns = c->ns};
+    struct ops_generate_ctx gc = {
+        .conn = c->conn_id, .id = c->id, .tenant = c->tenant, .ns = c->ns};
     struct sched_req *r = NULL;
     int rc = server_queue_admit(c->srv, c->conn, c->tenant, &c->err);
     if (rc)

@@ -11,7 +11,6 @@
 #include "server.h"
 #include "text.h"
 
-
 /* hello's model.{tokenizer, bos, eos, eog, chat_template} (docs/protocol.md). */
 static int pack_text(msgpack_packer *pk, const struct text *tx)
 {
@@ -180,8 +179,8 @@ static int stats_locked(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_str(pk, "backend", obs->backend));
     PROTO_PK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
     PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
-    PROTO_PK(pack_tier(pk, "device", st.device_total, st.device_free, st.device_cached,
-                    st.device_used));
+    PROTO_PK(
+        pack_tier(pk, "device", st.device_total, st.device_free, st.device_cached, st.device_used));
     PROTO_PK(pack_tier(pk, "host", st.host_total, st.host_free, st.host_cached, st.host_used));
     PROTO_PK(proto_pack_str(pk, "counters"));
     size_t counters = proto_map_begin(pk);

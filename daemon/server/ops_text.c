@@ -34,9 +34,8 @@ static int op_tokenize(struct ops_ctx *c)
     uint32_t *ids = NULL;
     size_t n = 0;
     char err[256];
-    int rc =
-        text_tokenize(tx, s, len, has_add_bos ? add_bos : -1, special, KVD_MAX_ARRAY, &ids, &n,
-                      err, sizeof err);
+    int rc = text_tokenize(tx, s, len, has_add_bos ? add_bos : -1, special, KVD_MAX_ARRAY, &ids, &n,
+                           err, sizeof err);
     if (rc)
         return proto_err_set(&c->err, rc, "'text': %s", err);
     if (n > KVD_MAX_ARRAY) {

@@ -38,8 +38,8 @@ const struct options_def options_defs[] = {
      "group owning the socket (mode 0660)"},
     {"config", "FILE", OPTIONS_STR, F(config_path), 0, 0, NULL, NULL, NULL, OPTIONS_CLI_ONLY,
      "INI file: [server] settings, [limits], [admin], [tenant:NAME]"},
-    {"backend", "auto|cpu|cuda", OPTIONS_CHOICE, F(backend), 0, 0, "auto|cpu|cuda", "auto", NULL,
-     0, "where the KV arena and the model live"},
+    {"backend", "auto|cpu|cuda", OPTIONS_CHOICE, F(backend), 0, 0, "auto|cpu|cuda", "auto", NULL, 0,
+     "where the KV arena and the model live"},
     {"model", "FILE", OPTIONS_STR, F(model_path), 0, 0, NULL, NULL, NULL, 0,
      "GGUF model to serve (omit for store mode)"},
     {"chat-template", "FILE", OPTIONS_STR, F(chat_template_path), 0, 0, NULL, NULL, NULL, 0,
@@ -69,17 +69,17 @@ const struct options_def options_defs[] = {
      "concurrent client connections"},
     {"max-connections-per-uid", "N", OPTIONS_U32, F(max_conns_per_uid), 1, 1000000, NULL, "64",
      NULL, 0, "connections one uid may hold (admins are exempt)"},
-    {"admin-reserved-connections", "N", OPTIONS_U32, F(admin_reserved_conns), 0, 1000000, NULL,
-     "8", NULL, 0, "of --max-connections, slots only admins may take"},
+    {"admin-reserved-connections", "N", OPTIONS_U32, F(admin_reserved_conns), 0, 1000000, NULL, "8",
+     NULL, 0, "of --max-connections, slots only admins may take"},
     {"max-queued-per-connection", "N", OPTIONS_U32, F(max_queued_per_conn), 1, 10000000, NULL,
      "1024", NULL, 0, "generates in flight per connection before 'busy'"},
-    {"max-queued-per-tenant", "N", OPTIONS_U32, F(max_queued_per_tenant), 1, 10000000, NULL,
-     "4096", NULL, 0, "generates in flight per tenant before 'busy'"},
-    {"max-unread-output", "BYTES", OPTIONS_SIZE, F(max_unread_output), 64 << 10,
-     (uint64_t)1 << 50, NULL, "16M", NULL, 0,
+    {"max-queued-per-tenant", "N", OPTIONS_U32, F(max_queued_per_tenant), 1, 10000000, NULL, "4096",
+     NULL, 0, "generates in flight per tenant before 'busy'"},
+    {"max-unread-output", "BYTES", OPTIONS_SIZE, F(max_unread_output), 64 << 10, (uint64_t)1 << 50,
+     NULL, "16M", NULL, 0,
      "a connection's unread output above which its\ngenerates end with 'busy'"},
-    {"max-buffered", "BYTES", OPTIONS_SIZE, F(max_buffered), 1 << 20, (uint64_t)1 << 50, NULL,
-     "1G", NULL, 0,
+    {"max-buffered", "BYTES", OPTIONS_SIZE, F(max_buffered), 1 << 20, (uint64_t)1 << 50, NULL, "1G",
+     NULL, 0,
      "daemon-wide buffered input + output above which the\nconnection holding most is dropped"},
     {"step-tokens", "N", OPTIONS_U32, F(step_tokens), 1, 1u << 20, NULL, "512", NULL, 0,
      "executor token budget per step"},
@@ -100,8 +100,8 @@ const struct options_def options_defs[] = {
      "group that may read a unix: metrics socket (admins)"},
     {"metrics-token-file", "FILE", OPTIONS_STR, F(metrics_token_file), 0, 0, NULL, NULL, NULL, 0,
      "require 'Authorization: Bearer <token in FILE>'"},
-    {"metrics-max-connections", "N", OPTIONS_U32, F(metrics_max_conns), 1, 100000, NULL, "16",
-     NULL, 0, "open metrics connections at most"},
+    {"metrics-max-connections", "N", OPTIONS_U32, F(metrics_max_conns), 1, 100000, NULL, "16", NULL,
+     0, "open metrics connections at most"},
     {"metrics-force", NULL, OPTIONS_BOOL, F(metrics_force), 0, 0, NULL, NULL, NULL, 0,
      "allow a non-loopback --metrics address"},
     {"http-socket", "PATH", OPTIONS_PATH, F(http_socket), 0, 0, NULL, NULL, NULL, 0,
@@ -113,10 +113,10 @@ const struct options_def options_defs[] = {
      "bearer tokens pick the tenant); off by default"},
     {"http-force", NULL, OPTIONS_BOOL, F(http_force), 0, 0, NULL, NULL, NULL, 0,
      "allow a non-loopback --http address"},
-    {"http-max-connections", "N", OPTIONS_U32, F(http_max_conns), 1, 1000000, NULL, "256", NULL,
-     0, "open HTTP API connections at most (per listener)"},
-    {"http-max-body", "BYTES", OPTIONS_SIZE, F(http_max_body), 1024, (uint64_t)1 << 30, NULL,
-     "8M", NULL, 0, "largest HTTP request body (413 beyond)"},
+    {"http-max-connections", "N", OPTIONS_U32, F(http_max_conns), 1, 1000000, NULL, "256", NULL, 0,
+     "open HTTP API connections at most (per listener)"},
+    {"http-max-body", "BYTES", OPTIONS_SIZE, F(http_max_body), 1024, (uint64_t)1 << 30, NULL, "8M",
+     NULL, 0, "largest HTTP request body (413 beyond)"},
     {"http-timeout", "S", OPTIONS_U32, F(http_timeout_s), 1, 86400, NULL, "60", NULL, 0,
      "seconds an HTTP connection may idle or take to\nsend a request's headers and body"},
     {"roofline-probe", "yes|no", OPTIONS_BOOL, F(roofline_probe), 0, 0, NULL, "yes", NULL,
@@ -143,11 +143,24 @@ static int parse_u64(const char *s, uint64_t lo, uint64_t hi, bool sized, uint64
     if (sized && *end) {
         unsigned shift = 0;
         switch (*end) {
-        case 'k': case 'K': shift = 10; break;
-        case 'm': case 'M': shift = 20; break;
-        case 'g': case 'G': shift = 30; break;
-        case 't': case 'T': shift = 40; break;
-        default: return -1;
+        case 'k':
+        case 'K':
+            shift = 10;
+            break;
+        case 'm':
+        case 'M':
+            shift = 20;
+            break;
+        case 'g':
+        case 'G':
+            shift = 30;
+            break;
+        case 't':
+        case 'T':
+            shift = 40;
+            break;
+        default:
+            return -1;
         }
         end++;
         if (*end == 'i' || *end == 'I')
@@ -244,8 +257,8 @@ static int apply(const struct options_def *d, void *f, const char *v, char *err,
     case OPTIONS_SIZE32:
         if (parse_u64(v, d->lo, d->hi, true, &x))
             return bad(err, errlen,
-                       "%s: '%s' is not a byte size in [%" PRIu64 ", %" PRIu64 "] (e.g. 16M)", n,
-                       v, d->lo, d->hi);
+                       "%s: '%s' is not a byte size in [%" PRIu64 ", %" PRIu64 "] (e.g. 16M)", n, v,
+                       d->lo, d->hi);
         if (d->kind == OPTIONS_SIZE32)
             *(uint32_t *)f = (uint32_t)x;
         else
@@ -290,8 +303,8 @@ static int apply(const struct options_def *d, void *f, const char *v, char *err,
         uint16_t port;
         bool loopback;
         if (!strncmp(v, "unix", 4))
-            return bad(err, errlen, "%s: '%s': give HOST:PORT (a Unix socket is --%s-socket)", n,
-                       v, n);
+            return bad(err, errlen, "%s: '%s': give HOST:PORT (a Unix socket is --%s-socket)", n, v,
+                       n);
         if (httpd_parse_addr(n, v, host, sizeof(host), &port, &loopback, err, errlen))
             return KVD_EBADREQ;
         if (strlen(v) >= d->cap)
@@ -310,9 +323,8 @@ void options_defaults(struct options *o)
     memset(o, 0, sizeof(*o));
     o->host_blocks = UINT32_MAX; /* unset: host-mem, else OPTIONS_DEFAULT_HOST_BLOCKS */
     for (size_t i = 0; i < options_n_defs; i++)
-        if (options_defs[i].dflt &&
-            apply(&options_defs[i], (char *)o + options_defs[i].off, options_defs[i].dflt, err,
-                  sizeof(err)) != 0)
+        if (options_defs[i].dflt && apply(&options_defs[i], (char *)o + options_defs[i].off,
+                                          options_defs[i].dflt, err, sizeof(err)) != 0)
             abort(); /* a default the table cannot parse: a bug caught by any test */
 }
 
@@ -400,9 +412,10 @@ void options_usage(FILE *f)
         if (d->flags & OPTIONS_FILE_ONLY)
             continue;
         char head[64];
-        int w = snprintf(head, sizeof(head), "  %s--%s%s%s", !strcmp(d->name, "help") ? "-h, "
-                                                         : !strcmp(d->name, "version") ? "-V, "
-                                                                                       : "",
+        int w = snprintf(head, sizeof(head), "  %s--%s%s%s",
+                         !strcmp(d->name, "help")      ? "-h, "
+                         : !strcmp(d->name, "version") ? "-V, "
+                                                       : "",
                          d->name, d->arg ? " " : "", d->arg ? d->arg : "");
         const char *dflt = d->shown ? d->shown : d->dflt;
         fputs(head, f);

@@ -18,7 +18,7 @@ struct options {
     char socket_path[108]; /* empty: the default rule (KVD_DEFAULT_SOCKET or fallback) */
     char socket_group[64]; /* empty: the daemon's own group */
     char config_path[4096];
-    char model_path[4096]; /* empty: store mode */
+    char model_path[4096];         /* empty: store mode */
     char chat_template_path[4096]; /* empty: the model's own (tokenizer.chat_template) */
     enum options_backend backend;
     uint32_t device_blocks; /* 0: derived from gpu_mem, else the default */
@@ -43,8 +43,8 @@ struct options {
     /* cpu backend: compute threads for the model (0 = one per online CPU). */
     uint32_t threads;
     int log_level;
-    char metrics_addr[80]; /* "HOST:PORT" for the Prometheus exporter; empty: off */
-    bool metrics_force;    /* allow a non-loopback metrics address */
+    char metrics_addr[80];         /* "HOST:PORT" for the Prometheus exporter; empty: off */
+    bool metrics_force;            /* allow a non-loopback metrics address */
     char metrics_group[64];        /* group of a unix: metrics socket (mode 0660); "": 0600 */
     char metrics_token_file[4096]; /* bearer token required by the metrics endpoint; "": none */
     uint32_t metrics_max_conns;    /* open metrics connections at most */
@@ -57,7 +57,7 @@ struct options {
     uint32_t http_max_conns;
     uint64_t http_max_body;
     uint32_t http_timeout_s;
-    bool roofline_probe;   /* measure the backend's ceilings at start (default on) */
+    bool roofline_probe; /* measure the backend's ceilings at start (default on) */
     bool help, version;
 };
 
@@ -86,8 +86,8 @@ enum options_kind {
 #define OPTIONS_CLI_ONLY 1u  /* not a config key (--config, --help, ...) */
 #define OPTIONS_FILE_ONLY 2u /* not a command-line option */
 struct options_def {
-    const char *name;    /* long option and config key */
-    const char *arg;     /* its placeholder in --help; NULL for flags */
+    const char *name; /* long option and config key */
+    const char *arg;  /* its placeholder in --help; NULL for flags */
     enum options_kind kind;
     size_t off, cap;     /* the field: offsetof(struct options, ...), its size */
     uint64_t lo, hi;     /* numbers: the range */
@@ -95,7 +95,7 @@ struct options_def {
     const char *dflt;    /* the default, parsed like a value; NULL: zero/empty */
     const char *shown;   /* the default --help shows when dflt does not say it */
     unsigned flags;
-    const char *help;    /* lines separated by '\n' */
+    const char *help; /* lines separated by '\n' */
 };
 extern const struct options_def options_defs[];
 extern const size_t options_n_defs;

@@ -18,7 +18,7 @@ struct text {
     struct tokenizer *tok;
     struct chat_template *tmpl;
     char no_tok[400], no_tmpl[400];
-    size_t max_piece; /* bytes of the longest token text: bounds a prompt's bytes */
+    size_t max_piece;          /* bytes of the longest token text: bounds a prompt's bytes */
     char *bos_text, *eos_text; /* the template's bos_token / eos_token */
     uint32_t bos, eos;
     uint32_t eog[TEXT_MAX_EOG];
@@ -250,8 +250,7 @@ size_t text_eog(const struct text *t, const uint32_t **ids)
 
 /* A text of len bytes makes at least len / max_piece tokens: past
  * max_tokens it cannot fit, and is refused before tokenizing it. */
-static int check_len(const struct text *t, size_t len, size_t max_tokens, char *err,
-                     size_t errlen)
+static int check_len(const struct text *t, size_t len, size_t max_tokens, char *err, size_t errlen)
 {
     if (t->max_piece && len / t->max_piece > max_tokens) {
         snprintf(err, errlen, "%zu bytes make more than %zu tokens (the longest token has %zu)",

@@ -263,12 +263,12 @@ struct kvd_hello_info {
     uint32_t vocab, context;
     /* The model's text side: tokenizer[0] == 0 when the daemon serves it in
      * token-only mode (no text, messages or stop strings). */
-    char tokenizer[16];         /* "llama" (SentencePiece) or "gpt2" (byte-level BPE) */
-    bool has_bos, has_eos;      /* whether bos / eos are set */
+    char tokenizer[16];    /* "llama" (SentencePiece) or "gpt2" (byte-level BPE) */
+    bool has_bos, has_eos; /* whether bos / eos are set */
     uint32_t bos, eos;
-    uint32_t eog[16];           /* end-of-generation ids (generation stops there) */
+    uint32_t eog[16]; /* end-of-generation ids (generation stops there) */
     size_t n_eog;
-    bool has_chat_template;     /* `messages` (kvd_chat) can be used */
+    bool has_chat_template; /* `messages` (kvd_chat) can be used */
 };
 KVD_API int kvd_hello(struct kvd_ctx *ctx, struct kvd_hello_info *out);
 
@@ -353,8 +353,8 @@ struct kvd_gen_opts {
     /* Text (the model's tokenizer is needed; `unsupported` otherwise): */
     const char *const *stop_strs; /* stop strings: the text ends before the first */
     size_t n_stop_strs;
-    bool ignore_eos;      /* do not stop at the model's end-of-generation tokens */
-    kvd_text_fn on_text;  /* non-NULL: stream, calling this per event (with on_tokens: both) */
+    bool ignore_eos;     /* do not stop at the model's end-of-generation tokens */
+    kvd_text_fn on_text; /* non-NULL: stream, calling this per event (with on_tokens: both) */
 };
 /* Sets every option to "the daemon's default", no streaming. */
 KVD_API void kvd_gen_opts_init(struct kvd_gen_opts *o);

@@ -10,18 +10,18 @@ extern "C" {
 
 enum kvd_err {
     KVD_OK = 0,
-    KVD_EBADREQ,       /* "bad_request": malformed or invalid arguments */
-    KVD_EUNKNOWN_OP,   /* "unknown_op" */
-    KVD_ETOOLARGE,     /* "too_large": frame or array over a limit */
-    KVD_ENOTFOUND,     /* "not_found": unknown handle / id */
-    KVD_ENOMEM,        /* "no_memory": pool exhausted after eviction */
-    KVD_EQUOTA,        /* "quota_exceeded": the tenant's quota */
-    KVD_EPERM,         /* "permission_denied" */
-    KVD_EBUSY,         /* "busy" */
-    KVD_ECANCELLED,    /* "cancelled" */
-    KVD_EUNSUPPORTED,  /* "unsupported" */
-    KVD_EINTERNAL,     /* "internal" */
-    KVD_EIO,           /* client side only: connection or I/O failure ("io") */
+    KVD_EBADREQ,      /* "bad_request": malformed or invalid arguments */
+    KVD_EUNKNOWN_OP,  /* "unknown_op" */
+    KVD_ETOOLARGE,    /* "too_large": frame or array over a limit */
+    KVD_ENOTFOUND,    /* "not_found": unknown handle / id */
+    KVD_ENOMEM,       /* "no_memory": pool exhausted after eviction */
+    KVD_EQUOTA,       /* "quota_exceeded": the tenant's quota */
+    KVD_EPERM,        /* "permission_denied" */
+    KVD_EBUSY,        /* "busy" */
+    KVD_ECANCELLED,   /* "cancelled" */
+    KVD_EUNSUPPORTED, /* "unsupported" */
+    KVD_EINTERNAL,    /* "internal" */
+    KVD_EIO,          /* client side only: connection or I/O failure ("io") */
     KVD_ERR_COUNT
 };
 
@@ -30,9 +30,10 @@ enum kvd_err {
 static inline const char *kvd_err_code(int err)
 {
     static const char *const codes[KVD_ERR_COUNT] = {
-        "ok",        "bad_request",       "unknown_op", "too_large", "not_found",
-        "no_memory", "quota_exceeded",    "permission_denied",       "busy",
-        "cancelled", "unsupported",       "internal",   "io",
+        "ok",        "bad_request", "unknown_op",     "too_large",
+        "not_found", "no_memory",   "quota_exceeded", "permission_denied",
+        "busy",      "cancelled",   "unsupported",    "internal",
+        "io",
     };
     if (err < 0 || err >= KVD_ERR_COUNT)
         return "internal";

@@ -55,9 +55,19 @@ static int start(void)
              tools, g_model);
     if (system(cmd) != 0)
         return -1;
-    static const char *args[64] = {"--model", NULL, "--backend", "cpu", "--device-blocks",
-                                   "4096", "--host-blocks", "0", "--no-roofline-probe",
-                                   "--socket-group", "nogroup", "--threads", "1"};
+    static const char *args[64] = {"--model",
+                                   NULL,
+                                   "--backend",
+                                   "cpu",
+                                   "--device-blocks",
+                                   "4096",
+                                   "--host-blocks",
+                                   "0",
+                                   "--no-roofline-probe",
+                                   "--socket-group",
+                                   "nogroup",
+                                   "--threads",
+                                   "1"};
     args[1] = g_model;
     int n = 13;
     char *extra = getenv("KVD_BENCH_ARGS") ? strdup(getenv("KVD_BENCH_ARGS")) : NULL;

@@ -61,8 +61,8 @@ static void bench_alloc(struct backend *be)
         pairs += BATCH;
     }
     dt = now_s() - t0;
-    printf("pool alloc+free:      %.1f M pairs/s  (%llu pairs, batches of %d)\n",
-           pairs / dt / 1e6, (unsigned long long)pairs, BATCH);
+    printf("pool alloc+free:      %.1f M pairs/s  (%llu pairs, batches of %d)\n", pairs / dt / 1e6,
+           (unsigned long long)pairs, BATCH);
     pool_destroy(&p);
 }
 
@@ -70,12 +70,15 @@ static void bench_alloc(struct backend *be)
  * with quota and floor checks and the zero-fill of the new block. */
 static void bench_kvmm_alloc(struct backend *be)
 {
-    struct kvmm_config cfg = {.geom = {.layers = 1, .kv_heads = 1, .head_dim = 8,
-                                       .dtype = KV_F16, .block_tokens = 16},
-                              .n_device_blocks = 1024, .be = be};
-    struct kvmm_tenant_conf tc = {.name = "bench", .max_device_blocks = 512,
+    struct kvmm_config cfg = {
+        .geom = {.layers = 1, .kv_heads = 1, .head_dim = 8, .dtype = KV_F16, .block_tokens = 16},
+        .n_device_blocks = 1024,
+        .be = be};
+    struct kvmm_tenant_conf tc = {.name = "bench",
+                                  .max_device_blocks = 512,
                                   .max_host_blocks = KVMM_UNLIMITED,
-                                  .max_seqs = KVMM_UNLIMITED, .weight = 1};
+                                  .max_seqs = KVMM_UNLIMITED,
+                                  .weight = 1};
     struct kvmm *mm;
     uint32_t t, ns;
     kvmm_seq_t s;

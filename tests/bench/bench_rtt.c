@@ -21,10 +21,10 @@
 
 struct bench {
     const char *socket;
-    const char *op;   /* "hello" or "seq_info" */
+    const char *op;      /* "hello" or "seq_info" */
     unsigned seq_tokens; /* length of the seq_info sequence */
-    unsigned depth;   /* requests in flight per client */
-    unsigned threads; /* client threads (each polls many connections) */
+    unsigned depth;      /* requests in flight per client */
+    unsigned threads;    /* client threads (each polls many connections) */
     uint64_t lat_ops, tput_ops;
 };
 
@@ -274,16 +274,11 @@ static int run_throughput(const struct bench *b, unsigned clients)
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"socket", required_argument, NULL, 's'},
-        {"op", required_argument, NULL, 'o'},
-        {"depth", required_argument, NULL, 'd'},
-        {"latency-ops", required_argument, NULL, 'l'},
-        {"ops", required_argument, NULL, 'n'},
-        {"clients", required_argument, NULL, 'c'},
-        {"threads", required_argument, NULL, 't'},
-        {"seq-tokens", required_argument, NULL, 'k'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"socket", required_argument, NULL, 's'},  {"op", required_argument, NULL, 'o'},
+        {"depth", required_argument, NULL, 'd'},   {"latency-ops", required_argument, NULL, 'l'},
+        {"ops", required_argument, NULL, 'n'},     {"clients", required_argument, NULL, 'c'},
+        {"threads", required_argument, NULL, 't'}, {"seq-tokens", required_argument, NULL, 'k'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
     };
     struct bench b = {
         .op = "hello", .depth = 16, .lat_ops = 20000, .tput_ops = 320000, .threads = 1};

@@ -152,8 +152,7 @@ static bool collect(struct slot *sl, int fd, const uint64_t *ids, const int *p, 
         if (ev) {
             const msgpack_object *t = kh_obj(r.root, "tokens");
             atomic_fetch_add(&sl->events, 1);
-            for (uint32_t k = 0; t && t->type == MSGPACK_OBJECT_ARRAY && k < t->via.array.size;
-                 k++)
+            for (uint32_t k = 0; t && t->type == MSGPACK_OBJECT_ARRAY && k < t->via.array.size; k++)
                 if (n_streamed[i] < GEN)
                     streamed[i][n_streamed[i]++] = (uint32_t)t->via.array.ptr[k].via.u64;
             kh_reply_free(&r);
@@ -175,8 +174,8 @@ static bool collect(struct slot *sl, int fd, const uint64_t *ids, const int *p, 
                 const msgpack_object *t = kh_obj(r.root, "tokens");
                 if (!tokens_equal(t, ref[p[i]], GEN))
                     violation(sl, "greedy prompt %d differs from its solo reference", p[i]);
-                else if (n_streamed[i] && (n_streamed[i] != GEN ||
-                                           memcmp(streamed[i], ref[p[i]], sizeof(ref[0]))))
+                else if (n_streamed[i] &&
+                         (n_streamed[i] != GEN || memcmp(streamed[i], ref[p[i]], sizeof(ref[0]))))
                     violation(sl, "streamed tokens of prompt %d differ from the reply", p[i]);
                 else
                     atomic_fetch_add(&sl->greedy_ok, 1);
@@ -559,9 +558,19 @@ static void test_chaos(void **state)
              "--vocab 256 --ctx 512 --seed 7 >/dev/null",
              tools, model);
     assert_int_equal(system(cmd), 0);
-    const char *args[] = {"--backend", "cpu", "--model", model, "--block-tokens", "16",
-                          "--device-blocks", "96", "--host-blocks", "48",
-                          "--socket-group", "nogroup", NULL};
+    const char *args[] = {"--backend",
+                          "cpu",
+                          "--model",
+                          model,
+                          "--block-tokens",
+                          "16",
+                          "--device-blocks",
+                          "96",
+                          "--host-blocks",
+                          "48",
+                          "--socket-group",
+                          "nogroup",
+                          NULL};
     assert_int_equal(kh_start(&kvd, conf_text, args), 0);
     unlink(model); /* kvd has it mapped */
     sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -643,13 +652,14 @@ static void test_chaos(void **state)
     printf("chaos: %llu requests, %llu replies (finished actions), %llu stream events\n",
            (unsigned long long)tot.requests, (unsigned long long)tot.replies,
            (unsigned long long)tot.events);
-    printf("chaos: greedy %llu (%llu equal to reference, %llu errors), streamed %llu, sampled %llu, "
-           "cancels %llu (%llu cancelled), block ops %llu, malformed %llu\n",
-           (unsigned long long)tot.greedy, (unsigned long long)tot.greedy_ok,
-           (unsigned long long)tot.gen_errors, (unsigned long long)tot.streams,
-           (unsigned long long)tot.sampled, (unsigned long long)tot.cancels,
-           (unsigned long long)tot.cancelled, (unsigned long long)tot.block_ops,
-           (unsigned long long)tot.malformed);
+    printf(
+        "chaos: greedy %llu (%llu equal to reference, %llu errors), streamed %llu, sampled %llu, "
+        "cancels %llu (%llu cancelled), block ops %llu, malformed %llu\n",
+        (unsigned long long)tot.greedy, (unsigned long long)tot.greedy_ok,
+        (unsigned long long)tot.gen_errors, (unsigned long long)tot.streams,
+        (unsigned long long)tot.sampled, (unsigned long long)tot.cancels,
+        (unsigned long long)tot.cancelled, (unsigned long long)tot.block_ops,
+        (unsigned long long)tot.malformed);
     for (int c = 1; c < KVD_ERR_COUNT; c++)
         if (tot.errors[c])
             printf("chaos:   replies %-17s %llu\n", kvd_err_code(c),

@@ -34,10 +34,10 @@
 
 #define TB (2 * 2 * 1 * 8 * 2)
 
-static const char *const kvd_args[] = {"--backend", "cpu", "--block-tokens", "4",
-                                       "--kv-layers", "2", "--kv-heads", "1", "--head-dim", "8",
-                                       "--kv-dtype", "f16", "--device-blocks", "24",
-                                       "--host-blocks", "12", NULL};
+static const char *const kvd_args[] = {
+    "--backend",       "cpu", "--block-tokens", "4",  "--kv-layers", "2",
+    "--kv-heads",      "1",   "--head-dim",     "8",  "--kv-dtype",  "f16",
+    "--device-blocks", "24",  "--host-blocks",  "12", NULL};
 
 static int call(int fd, uint64_t id, struct kh_req *q, struct kh_reply *r)
 {
@@ -67,13 +67,16 @@ static void round_ops(int fd, uint64_t *id, unsigned salt, unsigned *codes)
     kh_reply_free(&r);
     if (!s)
         return;
-    const char *ops[] = {"seq_match", "seq_extend", "kv_write", "seq_commit", "seq_fork",
-                         "seq_offload", "seq_restore", "kv_read", "seq_info", "seq_close"};
+    const char *ops[] = {"seq_match",   "seq_extend",  "kv_write", "seq_commit", "seq_fork",
+                         "seq_offload", "seq_restore", "kv_read",  "seq_info",   "seq_close"};
     for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++) {
         kh_req_begin(&q, ops[k], ++*id,
-                      !strcmp(ops[k], "kv_write") ? 4 : !strcmp(ops[k], "kv_read") ? 3
-                      : (!strcmp(ops[k], "seq_match") || !strcmp(ops[k], "seq_commit") ||
-                         !strcmp(ops[k], "seq_extend")) ? 2 : 1);
+                     !strcmp(ops[k], "kv_write")  ? 4
+                     : !strcmp(ops[k], "kv_read") ? 3
+                     : (!strcmp(ops[k], "seq_match") || !strcmp(ops[k], "seq_commit") ||
+                        !strcmp(ops[k], "seq_extend"))
+                         ? 2
+                         : 1);
         proto_pack_kv_uint(&q.pk, "seq", s);
         if (!strcmp(ops[k], "seq_match") || !strcmp(ops[k], "seq_commit"))
             proto_pack_kv_u32_array(&q.pk, "tokens", toks, 16);

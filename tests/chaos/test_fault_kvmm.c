@@ -19,12 +19,12 @@
 #include "fault.h"
 #include "kvmm.h"
 
-#define BT 4                         /* tokens per block */
-#define TB (2 * 2 * 1 * 8 * 2)       /* token bytes: layers * K,V * heads * head_dim * f16 */
+#define BT 4                   /* tokens per block */
+#define TB (2 * 2 * 1 * 8 * 2) /* token bytes: layers * K,V * heads * head_dim * f16 */
 #define N_TOK 24
 
-static const struct kv_geom geom = {.layers = 2, .kv_heads = 1, .head_dim = 8, .dtype = KV_F16,
-                                    .block_tokens = BT};
+static const struct kv_geom geom = {
+    .layers = 2, .kv_heads = 1, .head_dim = 8, .dtype = KV_F16, .block_tokens = BT};
 
 static struct kvmm *mm_new(struct backend *be, uint32_t dev, uint32_t host)
 {
@@ -86,7 +86,8 @@ static int workload(struct kvmm *mm)
     bool wrote = false;
     struct kvmm_tenant_conf tc = {.max_device_blocks = KVMM_UNLIMITED,
                                   .max_host_blocks = KVMM_UNLIMITED,
-                                  .max_seqs = KVMM_UNLIMITED, .weight = 1};
+                                  .max_seqs = KVMM_UNLIMITED,
+                                  .weight = 1};
     uint32_t ns;
     for (int i = 0; i < N_TOK; i++)
         toks[i] = (uint32_t)(i * 7 + 1);
@@ -246,9 +247,11 @@ static void test_host_bitflip(void **state)
     uint8_t w[N_TOK * TB], r[N_TOK * TB];
     kvmm_seq_t a, b;
     size_t n, shared, got, ev;
-    struct kvmm_tenant_conf tc = {.name = "t", .max_device_blocks = KVMM_UNLIMITED,
+    struct kvmm_tenant_conf tc = {.name = "t",
+                                  .max_device_blocks = KVMM_UNLIMITED,
                                   .max_host_blocks = KVMM_UNLIMITED,
-                                  .max_seqs = KVMM_UNLIMITED, .weight = 1};
+                                  .max_seqs = KVMM_UNLIMITED,
+                                  .weight = 1};
     fault_reset();
     assert_int_equal(backend_cpu_new(&be), 0);
     mm = mm_new(be, 16, 16);

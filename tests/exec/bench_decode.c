@@ -61,7 +61,8 @@ static double get_double(const msgpack_object *map, const char *key)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_decode MODEL [PROMPT_LEN] [GEN_LEN] [STREAMS] [kvd args...]\n");
+        fprintf(stderr,
+                "usage: bench_decode MODEL [PROMPT_LEN] [GEN_LEN] [STREAMS] [kvd args...]\n");
         return 2;
     }
     const char *model = argv[1];
@@ -97,7 +98,8 @@ int main(int argc, char **argv)
     struct kh_reply r;
     for (int round = 0; round < 2; round++) {
         prompt[0] = 1 + (uint32_t)round; /* a different first token: no cache hit */
-        if (send_gen(fd, 1 + round, prompt, plen, round ? glen : 4) || recv_final(fd, &r) || r.code) {
+        if (send_gen(fd, 1 + round, prompt, plen, round ? glen : 4) || recv_final(fd, &r) ||
+            r.code) {
             fprintf(stderr, "bench_decode: generate failed: %s\n", r.message);
             goto out;
         }

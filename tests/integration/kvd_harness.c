@@ -67,7 +67,7 @@ static void kh_remember(const struct kh_proc *p)
 {
     if (kh_owner != getpid()) {
         if (!kh_owner)
-            atexit(kh_at_exit); /* (a forked child inherits the registration) */
+            atexit(kh_at_exit);              /* (a forked child inherits the registration) */
         memset(kh_live, 0, sizeof(kh_live)); /* a child's parent's daemons are not its own */
         kh_owner = getpid();
     }

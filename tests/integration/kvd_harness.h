@@ -42,7 +42,7 @@ struct kh_opts {
     bool as_user;            /* run as uid/gid (setgroups cleared; the test runs as root) */
     uid_t uid;
     gid_t gid;
-    unsigned nofile;         /* > 0: RLIMIT_NOFILE for the daemon */
+    unsigned nofile; /* > 0: RLIMIT_NOFILE for the daemon */
 };
 
 /* Starts kvd with --socket <dir>/kvd.sock --log-level warning (or
@@ -105,8 +105,7 @@ bool kh_peer_closed(int fd);
 /* Shortcuts: a request with no args / one uint arg, answered by one reply
  * (returned in r; the caller frees it). Return r->code, or -1 on I/O error. */
 int kh_call0(int fd, const char *op, uint64_t id, struct kh_reply *r);
-int kh_call1(int fd, const char *op, uint64_t id, const char *key, uint64_t v,
-              struct kh_reply *r);
+int kh_call1(int fd, const char *op, uint64_t id, const char *key, uint64_t v, struct kh_reply *r);
 
 /* 0 when the reply's code is `want` (0: ok), else -1 with a message naming
  * both codes and the daemon's message. kh_expect(r, code) fails a CMocka

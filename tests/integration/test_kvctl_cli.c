@@ -385,8 +385,10 @@ static void test_seq_script(void **state)
     expect(&r, 0, "\"cmd\":\"extend 3\"", NULL);
     /* ... whose command text is escaped: a tab, a quote, a backslash. */
     snprintf(file, sizeof(file), "%s/a\\\"b.bin", d->dir);
-    snprintf(script, sizeof(script), "open\nextend\t4\nwrite 0 4 fill:3\nread 0 4 >%s\n"
-             "check 0 4 fill:3\n", file);
+    snprintf(script, sizeof(script),
+             "open\nextend\t4\nwrite 0 4 fill:3\nread 0 4 >%s\n"
+             "check 0 4 fill:3\n",
+             file);
     KVCTL(&r, d, script, "--socket", d->sock, "seq", "script", "-", "--json");
     expect(&r, 0, "\"cmd\":\"extend\\u00094\"", NULL);
     expect(&r, 0, "a\\\\\\\"b.bin\"", NULL);
@@ -403,10 +405,20 @@ static void test_seq_script(void **state)
     expect(&r, 2, NULL, "<stdin>:2: write: want START N DATA");
     /* The help lists every command. */
     KVCTL(&r, d, NULL, "seq", "--help");
-    static const char *const cmds[] = {"open [NAMESPACE]", "match TOKENS", "extend N",
-                                       "write START N DATA", "read START N [>FILE]",
-                                       "check START N DATA", "commit TOKENS", "fork", "use SEQ|#K",
-                                       "info", "offload", "restore", "close", "expect KEY VALUE"};
+    static const char *const cmds[] = {"open [NAMESPACE]",
+                                       "match TOKENS",
+                                       "extend N",
+                                       "write START N DATA",
+                                       "read START N [>FILE]",
+                                       "check START N DATA",
+                                       "commit TOKENS",
+                                       "fork",
+                                       "use SEQ|#K",
+                                       "info",
+                                       "offload",
+                                       "restore",
+                                       "close",
+                                       "expect KEY VALUE"};
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
         expect(&r, 0, cmds[i], NULL);
 }

@@ -16,12 +16,12 @@
 #include "proto.h"
 
 /* Values on both sides of every msgpack size boundary. */
-static const uint64_t uvals[] = {0,     1,         127,        128,        255,
-                                 256,   65535,     65536,      UINT32_MAX, (uint64_t)UINT32_MAX + 1,
+static const uint64_t uvals[] = {0,     1,         127,   128,        255,
+                                 256,   65535,     65536, UINT32_MAX, (uint64_t)UINT32_MAX + 1,
                                  12345, UINT64_MAX};
-static const int64_t ivals[] = {0,         -1,        -32,       -33,       -128,      -129,
-                                -32768,    -32769,    INT32_MIN, (int64_t)INT32_MIN - 1,
-                                INT64_MIN, INT64_MAX, 127,       128,       70000};
+static const int64_t ivals[] = {0,         -1,        -32,    -33,       -128,
+                                -129,      -32768,    -32769, INT32_MIN, (int64_t)INT32_MIN - 1,
+                                INT64_MIN, INT64_MAX, 127,    128,       70000};
 /* 40 bytes: past the inline fixstr path (< 32) of proto.h. */
 #define LONG_KEY "a_key_that_is_forty_bytes_long_xxxxxxxxx"
 

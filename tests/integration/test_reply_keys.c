@@ -41,16 +41,18 @@ struct key {
 /* ---- the documented key lists (docs/protocol.md) ------------------------ */
 
 static const struct key K_NONE[] = {{NULL, 0, NULL}};
-static const struct key K_ERRMAP[] = {{"code", T_STR, NULL}, {"message", T_STR, NULL},
-                                       {NULL, 0, NULL}};
+static const struct key K_ERRMAP[] = {
+    {"code", T_STR, NULL}, {"message", T_STR, NULL}, {NULL, 0, NULL}};
 static const struct key K_ERROR[] = {{"error", T_MAP, K_ERRMAP}, {NULL, 0, NULL}};
 
-static const struct key K_KV[] = {{"layers", T_UINT, NULL},      {"kv_heads", T_UINT, NULL},
-                                  {"head_dim", T_UINT, NULL},    {"dtype", T_STR, NULL},
-                                  {"block_bytes", T_UINT, NULL}, {"token_bytes", T_UINT, NULL},
-                                  {NULL, 0, NULL}};
-static const struct key K_MODEL[] = {{"name", T_STR, NULL},         {"vocab", T_UINT, NULL},
-                                     {"context", T_UINT, NULL},     {"weight_bytes", T_UINT, NULL},
+static const struct key K_KV[] = {
+    {"layers", T_UINT, NULL}, {"kv_heads", T_UINT, NULL},    {"head_dim", T_UINT, NULL},
+    {"dtype", T_STR, NULL},   {"block_bytes", T_UINT, NULL}, {"token_bytes", T_UINT, NULL},
+    {NULL, 0, NULL}};
+static const struct key K_MODEL[] = {{"name", T_STR, NULL},
+                                     {"vocab", T_UINT, NULL},
+                                     {"context", T_UINT, NULL},
+                                     {"weight_bytes", T_UINT, NULL},
                                      {"weight_device_bytes", T_UINT, NULL},
                                      {"tokenizer", T_STR_NIL, NULL},
                                      {"bos", T_UINT_NIL, NULL},
@@ -58,108 +60,151 @@ static const struct key K_MODEL[] = {{"name", T_STR, NULL},         {"vocab", T_
                                      {"eog", T_UARR, NULL},
                                      {"chat_template", T_BOOL, NULL},
                                      {NULL, 0, NULL}};
-static const struct key K_HELLO[] = {
-    {"server", T_STR, NULL},  {"version", T_UINT, NULL},   {"tenant", T_STR, NULL},
-    {"admin", T_BOOL, NULL},  {"backend", T_STR, NULL},    {"block_tokens", T_UINT, NULL},
-    {"max_frame", T_UINT, NULL}, {"conn", T_UINT, NULL},   {"kv", T_MAP, K_KV},
-    {"model", T_MAP_NIL, K_MODEL}, {NULL, 0, NULL}};
+static const struct key K_HELLO[] = {{"server", T_STR, NULL},
+                                     {"version", T_UINT, NULL},
+                                     {"tenant", T_STR, NULL},
+                                     {"admin", T_BOOL, NULL},
+                                     {"backend", T_STR, NULL},
+                                     {"block_tokens", T_UINT, NULL},
+                                     {"max_frame", T_UINT, NULL},
+                                     {"conn", T_UINT, NULL},
+                                     {"kv", T_MAP, K_KV},
+                                     {"model", T_MAP_NIL, K_MODEL},
+                                     {NULL, 0, NULL}};
 
-static const struct key K_TIER[] = {{"total", T_UINT, NULL}, {"free", T_UINT, NULL},
-                                    {"cached", T_UINT, NULL}, {"used", T_UINT, NULL},
+static const struct key K_TIER[] = {{"total", T_UINT, NULL},
+                                    {"free", T_UINT, NULL},
+                                    {"cached", T_UINT, NULL},
+                                    {"used", T_UINT, NULL},
                                     {NULL, 0, NULL}};
 static const struct key K_TIER_TOTAL[] = {{"total", T_UINT, NULL}, {NULL, 0, NULL}};
-static const struct key K_COUNTERS[] = {
-    {"match_tokens_asked", T_UINT, NULL}, {"match_tokens_hit", T_UINT, NULL},
-    {"swaps_out", T_UINT, NULL},          {"swaps_in", T_UINT, NULL},
-    {"swap_bytes_out", T_UINT, NULL},     {"swap_bytes_in", T_UINT, NULL},
-    {"evictions", T_UINT, NULL},          {"drops", T_UINT, NULL},
-    {"checksum_failures", T_UINT, NULL},  {"cow_copies", T_UINT, NULL},
-    {"seqs", T_UINT, NULL},               {NULL, 0, NULL}};
-static const struct key K_QUOTA[] = {
-    {"max_device_blocks", T_UINT_NIL, NULL}, {"max_host_blocks", T_UINT_NIL, NULL},
-    {"max_seqs", T_UINT_NIL, NULL},          {"reserved_device_blocks", T_UINT, NULL},
-    {"weight", T_UINT, NULL},                {NULL, 0, NULL}};
-static const struct key K_TENANT[] = {
-    {"name", T_STR, NULL},          {"device_blocks", T_UINT, NULL},
-    {"host_blocks", T_UINT, NULL},  {"cached_blocks", T_UINT, NULL},
-    {"seqs", T_UINT, NULL},         {"match_tokens_asked", T_UINT, NULL},
-    {"match_tokens_hit", T_UINT, NULL}, {"swaps_out", T_UINT, NULL},
-    {"swaps_in", T_UINT, NULL},     {"prefix_hit_rate", T_DBL, NULL},
-    {"evictions", T_UINT, NULL},    {"requests", T_UINT, NULL},
-    {"requests_failed", T_UINT, NULL}, {"requests_cancelled", T_UINT, NULL},
-    {"preemptions", T_UINT, NULL},
-    {"tokens_in", T_UINT, NULL},    {"tokens_cached", T_UINT, NULL},
-    {"tokens_out", T_UINT, NULL},   {"queue_ms", T_DBL, NULL},
-    {"queue_ms_mean", T_DBL, NULL}, {"ttft_ms_mean", T_DBL, NULL},
-    {"quota", T_MAP, K_QUOTA},      {NULL, 0, NULL}};
-static const struct key K_REQUESTS[] = {
-    {"executor", T_BOOL, NULL},     {"waiting", T_UINT, NULL},
-    {"running", T_UINT, NULL},      {"swapped", T_UINT, NULL},
-    {"live", T_UINT, NULL},         {"submitted", T_UINT, NULL},
-    {"answered", T_UINT, NULL},     {"failed", T_UINT, NULL},
-    {"cancelled", T_UINT, NULL},
-    {"steps", T_UINT, NULL},        {"prefill_tokens", T_UINT, NULL},
-    {"decode_tokens", T_UINT, NULL}, {"tokens_in", T_UINT, NULL},
-    {"tokens_cached", T_UINT, NULL}, {"tokens_out", T_UINT, NULL},
-    {"preempt_swap", T_UINT, NULL}, {"preempt_recompute", T_UINT, NULL},
-    {NULL, 0, NULL}};
+static const struct key K_COUNTERS[] = {{"match_tokens_asked", T_UINT, NULL},
+                                        {"match_tokens_hit", T_UINT, NULL},
+                                        {"swaps_out", T_UINT, NULL},
+                                        {"swaps_in", T_UINT, NULL},
+                                        {"swap_bytes_out", T_UINT, NULL},
+                                        {"swap_bytes_in", T_UINT, NULL},
+                                        {"evictions", T_UINT, NULL},
+                                        {"drops", T_UINT, NULL},
+                                        {"checksum_failures", T_UINT, NULL},
+                                        {"cow_copies", T_UINT, NULL},
+                                        {"seqs", T_UINT, NULL},
+                                        {NULL, 0, NULL}};
+static const struct key K_QUOTA[] = {{"max_device_blocks", T_UINT_NIL, NULL},
+                                     {"max_host_blocks", T_UINT_NIL, NULL},
+                                     {"max_seqs", T_UINT_NIL, NULL},
+                                     {"reserved_device_blocks", T_UINT, NULL},
+                                     {"weight", T_UINT, NULL},
+                                     {NULL, 0, NULL}};
+static const struct key K_TENANT[] = {{"name", T_STR, NULL},
+                                      {"device_blocks", T_UINT, NULL},
+                                      {"host_blocks", T_UINT, NULL},
+                                      {"cached_blocks", T_UINT, NULL},
+                                      {"seqs", T_UINT, NULL},
+                                      {"match_tokens_asked", T_UINT, NULL},
+                                      {"match_tokens_hit", T_UINT, NULL},
+                                      {"swaps_out", T_UINT, NULL},
+                                      {"swaps_in", T_UINT, NULL},
+                                      {"prefix_hit_rate", T_DBL, NULL},
+                                      {"evictions", T_UINT, NULL},
+                                      {"requests", T_UINT, NULL},
+                                      {"requests_failed", T_UINT, NULL},
+                                      {"requests_cancelled", T_UINT, NULL},
+                                      {"preemptions", T_UINT, NULL},
+                                      {"tokens_in", T_UINT, NULL},
+                                      {"tokens_cached", T_UINT, NULL},
+                                      {"tokens_out", T_UINT, NULL},
+                                      {"queue_ms", T_DBL, NULL},
+                                      {"queue_ms_mean", T_DBL, NULL},
+                                      {"ttft_ms_mean", T_DBL, NULL},
+                                      {"quota", T_MAP, K_QUOTA},
+                                      {NULL, 0, NULL}};
+static const struct key K_REQUESTS[] = {{"executor", T_BOOL, NULL},
+                                        {"waiting", T_UINT, NULL},
+                                        {"running", T_UINT, NULL},
+                                        {"swapped", T_UINT, NULL},
+                                        {"live", T_UINT, NULL},
+                                        {"submitted", T_UINT, NULL},
+                                        {"answered", T_UINT, NULL},
+                                        {"failed", T_UINT, NULL},
+                                        {"cancelled", T_UINT, NULL},
+                                        {"steps", T_UINT, NULL},
+                                        {"prefill_tokens", T_UINT, NULL},
+                                        {"decode_tokens", T_UINT, NULL},
+                                        {"tokens_in", T_UINT, NULL},
+                                        {"tokens_cached", T_UINT, NULL},
+                                        {"tokens_out", T_UINT, NULL},
+                                        {"preempt_swap", T_UINT, NULL},
+                                        {"preempt_recompute", T_UINT, NULL},
+                                        {NULL, 0, NULL}};
 static const struct key K_PHASE[] = {
-    {"steps", T_UINT, NULL},        {"window", T_UINT, NULL},
+    {"steps", T_UINT, NULL},         {"window", T_UINT, NULL},
     {"flops_per_step", T_DBL, NULL}, {"bytes_per_step", T_DBL, NULL},
-    {"intensity", T_DBL, NULL},     {"flops_per_s", T_DBL, NULL},
-    {"bytes_per_s", T_DBL, NULL},   {"flops_frac", T_DBL, NULL},
-    {"bytes_frac", T_DBL, NULL},    {"ms_per_step", T_DBL, NULL},
-    {"tokens_per_s", T_DBL, NULL},  {"attainable_frac", T_DBL, NULL},
-    {"bound", T_STR, NULL},         {NULL, 0, NULL}};
+    {"intensity", T_DBL, NULL},      {"flops_per_s", T_DBL, NULL},
+    {"bytes_per_s", T_DBL, NULL},    {"flops_frac", T_DBL, NULL},
+    {"bytes_frac", T_DBL, NULL},     {"ms_per_step", T_DBL, NULL},
+    {"tokens_per_s", T_DBL, NULL},   {"attainable_frac", T_DBL, NULL},
+    {"bound", T_STR, NULL},          {NULL, 0, NULL}};
 static const struct key K_ROOFLINE[] = {
-    {"measured", T_BOOL, NULL},         {"peak_flops_per_s", T_DBL, NULL},
-    {"peak_bytes_per_s", T_DBL, NULL},  {"ridge_intensity", T_DBL, NULL},
-    {"prefill", T_MAP, K_PHASE},        {"decode", T_MAP, K_PHASE},
-    {"mixed", T_MAP, K_PHASE},          {NULL, 0, NULL}};
-static const struct key K_STATS_ALL[] = {
-    {"scope", T_STR, NULL},        {"backend", T_STR, NULL},
-    {"block_tokens", T_UINT, NULL}, {"block_bytes", T_UINT, NULL},
-    {"device", T_MAP, K_TIER},     {"host", T_MAP, K_TIER},
-    {"counters", T_MAP, K_COUNTERS}, {"connections", T_UINT, NULL},
-    {"in_flight", T_UINT, NULL},   {"tenants", T_MAPS, K_TENANT},
-    {"requests", T_MAP, K_REQUESTS}, {"roofline", T_MAP, K_ROOFLINE},
-    {NULL, 0, NULL}};
+    {"measured", T_BOOL, NULL},        {"peak_flops_per_s", T_DBL, NULL},
+    {"peak_bytes_per_s", T_DBL, NULL}, {"ridge_intensity", T_DBL, NULL},
+    {"prefill", T_MAP, K_PHASE},       {"decode", T_MAP, K_PHASE},
+    {"mixed", T_MAP, K_PHASE},         {NULL, 0, NULL}};
+static const struct key K_STATS_ALL[] = {{"scope", T_STR, NULL},
+                                         {"backend", T_STR, NULL},
+                                         {"block_tokens", T_UINT, NULL},
+                                         {"block_bytes", T_UINT, NULL},
+                                         {"device", T_MAP, K_TIER},
+                                         {"host", T_MAP, K_TIER},
+                                         {"counters", T_MAP, K_COUNTERS},
+                                         {"connections", T_UINT, NULL},
+                                         {"in_flight", T_UINT, NULL},
+                                         {"tenants", T_MAPS, K_TENANT},
+                                         {"requests", T_MAP, K_REQUESTS},
+                                         {"roofline", T_MAP, K_ROOFLINE},
+                                         {NULL, 0, NULL}};
 static const struct key K_STATS_TENANT[] = {
-    {"scope", T_STR, NULL},           {"backend", T_STR, NULL},
-    {"block_tokens", T_UINT, NULL},   {"block_bytes", T_UINT, NULL},
-    {"device", T_MAP, K_TIER_TOTAL},  {"host", T_MAP, K_TIER_TOTAL},
-    {"tenants", T_MAPS, K_TENANT},    {NULL, 0, NULL}};
+    {"scope", T_STR, NULL},          {"backend", T_STR, NULL},
+    {"block_tokens", T_UINT, NULL},  {"block_bytes", T_UINT, NULL},
+    {"device", T_MAP, K_TIER_TOTAL}, {"host", T_MAP, K_TIER_TOTAL},
+    {"tenants", T_MAPS, K_TENANT},   {NULL, 0, NULL}};
 
 static const struct key K_SEQ[] = {{"seq", T_UINT, NULL}, {NULL, 0, NULL}};
-static const struct key K_EXTEND[] = {{"n_tokens", T_UINT, NULL}, {"blocks", T_UARR, NULL},
-                                      {NULL, 0, NULL}};
-static const struct key K_MATCH[] = {{"matched", T_UINT, NULL}, {"blocks", T_UARR, NULL},
-                                     {NULL, 0, NULL}};
+static const struct key K_EXTEND[] = {
+    {"n_tokens", T_UINT, NULL}, {"blocks", T_UARR, NULL}, {NULL, 0, NULL}};
+static const struct key K_MATCH[] = {
+    {"matched", T_UINT, NULL}, {"blocks", T_UARR, NULL}, {NULL, 0, NULL}};
 static const struct key K_READ[] = {{"data", T_BIN, NULL}, {NULL, 0, NULL}};
 static const struct key K_COMMIT[] = {{"shared", T_UINT, NULL}, {NULL, 0, NULL}};
 static const struct key K_BLOCK[] = {{"id", T_UINT, NULL}, {"tier", T_STR, NULL}, {NULL, 0, NULL}};
 static const struct key K_INFO[] = {{"n_tokens", T_UINT, NULL},  {"n_committed", T_UINT, NULL},
                                     {"shared", T_UINT, NULL},    {"namespace", T_STR, NULL},
                                     {"blocks", T_MAPS, K_BLOCK}, {NULL, 0, NULL}};
-static const struct key K_MOVE[] = {{"host_blocks", T_UINT, NULL}, {"device_blocks", T_UINT, NULL},
-                                    {NULL, 0, NULL}};
+static const struct key K_MOVE[] = {
+    {"host_blocks", T_UINT, NULL}, {"device_blocks", T_UINT, NULL}, {NULL, 0, NULL}};
 static const struct key K_EVICT[] = {{"evicted", T_UINT, NULL}, {NULL, 0, NULL}};
 static const struct key K_CANCEL[] = {{"cancelled", T_BOOL, NULL}, {NULL, 0, NULL}};
-static const struct key K_USAGE[] = {{"prompt", T_UINT, NULL}, {"cached", T_UINT, NULL},
-                                     {"completion", T_UINT, NULL}, {NULL, 0, NULL}};
-static const struct key K_TIMING[] = {{"queue_ms", T_DBL, NULL}, {"ttft_ms", T_DBL, NULL},
-                                      {"total_ms", T_DBL, NULL}, {NULL, 0, NULL}};
+static const struct key K_USAGE[] = {{"prompt", T_UINT, NULL},
+                                     {"cached", T_UINT, NULL},
+                                     {"completion", T_UINT, NULL},
+                                     {NULL, 0, NULL}};
+static const struct key K_TIMING[] = {{"queue_ms", T_DBL, NULL},
+                                      {"ttft_ms", T_DBL, NULL},
+                                      {"total_ms", T_DBL, NULL},
+                                      {NULL, 0, NULL}};
 /* The test model (kvd-gguf-gen) has a tokenizer, so replies carry text. */
-static const struct key K_GEN[] = {{"tokens", T_UARR, NULL},   {"text", T_STR, NULL},
-                                   {"finish_reason", T_STR, NULL},
-                                   {"usage", T_MAP, K_USAGE},  {"timing", T_MAP, K_TIMING},
-                                   {NULL, 0, NULL}};
-static const struct key K_GEN_SEQ[] = {{"tokens", T_UARR, NULL},  {"text", T_STR, NULL},
+static const struct key K_GEN[] = {{"tokens", T_UARR, NULL},       {"text", T_STR, NULL},
+                                   {"finish_reason", T_STR, NULL}, {"usage", T_MAP, K_USAGE},
+                                   {"timing", T_MAP, K_TIMING},    {NULL, 0, NULL}};
+static const struct key K_GEN_SEQ[] = {{"tokens", T_UARR, NULL},
+                                       {"text", T_STR, NULL},
                                        {"finish_reason", T_STR, NULL},
-                                       {"usage", T_MAP, K_USAGE}, {"timing", T_MAP, K_TIMING},
-                                       {"seq", T_UINT, NULL},     {NULL, 0, NULL}};
-static const struct key K_TOKENS_EVENT[] = {{"tokens", T_UARR, NULL}, {"text", T_STR, NULL},
-                                            {NULL, 0, NULL}};
+                                       {"usage", T_MAP, K_USAGE},
+                                       {"timing", T_MAP, K_TIMING},
+                                       {"seq", T_UINT, NULL},
+                                       {NULL, 0, NULL}};
+static const struct key K_TOKENS_EVENT[] = {
+    {"tokens", T_UARR, NULL}, {"text", T_STR, NULL}, {NULL, 0, NULL}};
 static const struct key K_TOKENIZE[] = {{"tokens", T_UARR, NULL}, {NULL, 0, NULL}};
 static const struct key K_DETOKENIZE[] = {{"text", T_STR, NULL}, {NULL, 0, NULL}};
 
@@ -270,10 +315,10 @@ static int check_map(const msgpack_object *o, const struct key *base, const stru
     return 0;
 }
 
-static const struct key K_REPLY_BASE[] = {{"id", T_UINT, NULL}, {"ok", T_BOOL, NULL},
-                                          {NULL, 0, NULL}};
-static const struct key K_EVENT_BASE[] = {{"id", T_UINT, NULL}, {"event", T_STR, NULL},
-                                          {NULL, 0, NULL}};
+static const struct key K_REPLY_BASE[] = {
+    {"id", T_UINT, NULL}, {"ok", T_BOOL, NULL}, {NULL, 0, NULL}};
+static const struct key K_EVENT_BASE[] = {
+    {"id", T_UINT, NULL}, {"event", T_STR, NULL}, {NULL, 0, NULL}};
 
 /* ---- the documentation --------------------------------------------------- */
 
@@ -337,8 +382,8 @@ static uint64_t g_id;
 /* Receives the reply to `id` (events of it are checked against ev, when
  * given, and counted); checks it against spec, or against the error form
  * with `code` when want_code is not 0. Returns the reply (caller frees). */
-static void expect(int fd, uint64_t id, int want_code, const struct key *spec,
-                   const struct key *ev, unsigned *n_events, struct kh_reply *r)
+static void expect(int fd, uint64_t id, int want_code, const struct key *spec, const struct key *ev,
+                   unsigned *n_events, struct kh_reply *r)
 {
     char err[512];
     for (;;) {
@@ -417,10 +462,23 @@ static void test_store_mode_replies(void **state)
 {
     (void)state;
     /* As root, the socket's group lets the non-admin child (gid 65534) in. */
-    const char *args[] = {"--kv-layers", "2", "--kv-heads", "1", "--head-dim", "8",
-                          "--kv-dtype", "f16", "--block-tokens", "4",
-                          "--device-blocks", "16", "--host-blocks", "16",
-                          geteuid() == 0 ? "--socket-group" : NULL, "nogroup", NULL};
+    const char *args[] = {"--kv-layers",
+                          "2",
+                          "--kv-heads",
+                          "1",
+                          "--head-dim",
+                          "8",
+                          "--kv-dtype",
+                          "f16",
+                          "--block-tokens",
+                          "4",
+                          "--device-blocks",
+                          "16",
+                          "--host-blocks",
+                          "16",
+                          geteuid() == 0 ? "--socket-group" : NULL,
+                          "nogroup",
+                          NULL};
     struct kh_proc p;
     struct kh_req q;
     struct kh_reply r;

@@ -51,7 +51,7 @@ static void test_command_line(void **state)
                *badqueue[] = {"--queue-timeout", "-5", NULL},
                *badthreads[] = {"--threads", "many", NULL},
                *okexec[] = {"--step-tokens", "256", "--step-seqs", "8", "--queue-timeout", "0",
-                            "--threads", "1", "--help", NULL};
+                            "--threads",     "1",   "--help",      NULL};
     assert_int_equal(run_kvd(help), 0);
     assert_int_equal(run_kvd(ver), 0);
     assert_int_equal(run_kvd(bogus), 2);
@@ -174,8 +174,7 @@ static void test_stale_socket(void **state)
     close(s);
     const char *args[] = {"--socket", path, "--backend", "cpu", NULL};
     struct kh_proc p;
-    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .no_socket = true}),
-                     0);
+    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .no_socket = true}), 0);
     int fd = kh_connect(path);
     assert_true(fd >= 0);
     struct kh_reply r;
@@ -468,9 +467,12 @@ static void test_default_socket_fallback(void **state)
     const char *env[] = {xdg, NULL};
     const char *args[] = {"--backend", "cpu", "--device-blocks", "8", "--host-blocks", "0", NULL};
     struct kh_proc p;
-    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .env = env, .no_socket = true,
-                                                     .as_user = true, .uid = 60001,
-                                                     .gid = 65534}),
+    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args,
+                                                    .env = env,
+                                                    .no_socket = true,
+                                                    .as_user = true,
+                                                    .uid = 60001,
+                                                    .gid = 65534}),
                      0);
     int fd = kh_connect(sock);
     assert_true(fd >= 0);
@@ -491,8 +493,8 @@ static void test_fd_exhaustion(void **state)
     char dir[] = "/tmp/kvdfd.XXXXXX", sock[128];
     assert_non_null(mkdtemp(dir));
     snprintf(sock, sizeof(sock), "%s/kvd.sock", dir);
-    const char *args[] = {"--socket", sock, "--backend", "cpu", "--device-blocks", "8",
-                          "--host-blocks", "0", NULL};
+    const char *args[] = {"--socket",      sock, "--backend", "cpu", "--device-blocks", "8",
+                          "--host-blocks", "0",  NULL};
     struct kh_proc p;
     assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .no_socket = true, .nofile = 32}),
                      0);
@@ -538,9 +540,8 @@ static void test_socket_activation(void **state)
     assert_int_equal(listen(lfd, 16), 0);
     const char *args[] = {"--backend", "cpu", NULL};
     struct kh_proc p;
-    assert_int_equal(kh_spawn(&p, &(struct kh_opts){.args = args, .no_socket = true,
-                                                     .pass_fd = lfd}),
-                     0);
+    assert_int_equal(
+        kh_spawn(&p, &(struct kh_opts){.args = args, .no_socket = true, .pass_fd = lfd}), 0);
     close(lfd);
     int fd = kh_connect(path);
     assert_true(fd >= 0);

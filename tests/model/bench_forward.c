@@ -53,15 +53,24 @@ int main(int argc, char **argv)
     uint32_t threads = 0, gen = 64, do_prefill = 1, do_b1 = 1, do_b16 = 1;
     enum kv_dtype kvt = KV_F16;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--type")) type = argv[i + 1];
-        else if (!strcmp(argv[i], "--threads")) threads = (uint32_t)atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--model")) model_path = argv[i + 1];
-        else if (!strcmp(argv[i], "--gen")) gen = (uint32_t)atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--prefill")) do_prefill = (uint32_t)atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--streams")) do_b16 = (uint32_t)atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--b1")) do_b1 = (uint32_t)atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--type"))
+            type = argv[i + 1];
+        else if (!strcmp(argv[i], "--threads"))
+            threads = (uint32_t)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--model"))
+            model_path = argv[i + 1];
+        else if (!strcmp(argv[i], "--gen"))
+            gen = (uint32_t)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--prefill"))
+            do_prefill = (uint32_t)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--streams"))
+            do_b16 = (uint32_t)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--b1"))
+            do_b1 = (uint32_t)atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--kv"))
-            kvt = !strcmp(argv[i + 1], "f32") ? KV_F32 : !strcmp(argv[i + 1], "bf16") ? KV_BF16 : KV_F16;
+            kvt = !strcmp(argv[i + 1], "f32")    ? KV_F32
+                  : !strcmp(argv[i + 1], "bf16") ? KV_BF16
+                                                 : KV_F16;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -71,8 +80,10 @@ int main(int argc, char **argv)
     if (gen == 0)
         gen = 1;
     if (!model_path) {
-        snprintf(args, sizeof args, "--layers 12 --embd 768 --heads 12 --ff 2048 --vocab 32000 "
-                 "--ctx 4096 --type %s --seed 42", type);
+        snprintf(args, sizeof args,
+                 "--layers 12 --embd 768 --heads 12 --ff 2048 --vocab 32000 "
+                 "--ctx 4096 --type %s --seed 42",
+                 type);
         gen_path = ref_gen_model(args);
         if (!gen_path) {
             fprintf(stderr, "kvd-gguf-gen failed (set KVD_TOOLS_DIR)\n");
@@ -89,10 +100,14 @@ int main(int argc, char **argv)
     const struct model_hparams *hp = model_hparams(m);
     if (!threads)
         threads = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
-    printf("model: %s %s, %u layers, embd %u, heads %u/%u, ff %u, vocab %u, %.1fM params, %.1f MiB, "
-           "%u threads, kv %s\n", hp->arch, ctype_name(hp->wtype), hp->n_layer, hp->n_embd,
-           hp->n_head, hp->n_head_kv, hp->n_ff, hp->n_vocab, hp->n_params / 1e6,
-           hp->weight_bytes / 1048576.0, threads, kvt == KV_F16 ? "f16" : kvt == KV_BF16 ? "bf16" : "f32");
+    printf(
+        "model: %s %s, %u layers, embd %u, heads %u/%u, ff %u, vocab %u, %.1fM params, %.1f MiB, "
+        "%u threads, kv %s\n",
+        hp->arch, ctype_name(hp->wtype), hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv,
+        hp->n_ff, hp->n_vocab, hp->n_params / 1e6, hp->weight_bytes / 1048576.0, threads,
+        kvt == KV_F16    ? "f16"
+        : kvt == KV_BF16 ? "bf16"
+                         : "f32");
 
     struct kv_geom g;
     model_kv_geom(m, BT, kvt, &g);
@@ -112,9 +127,14 @@ int main(int argc, char **argv)
         prompt[i] = 1 + (i * 7919) % (hp->n_vocab - 1);
 
     /* prefill: one 512-token chunk (twice; the second is timed) */
-    struct fwd_seq s = {.tokens = prompt, .n_tokens = PROMPT, .pos0 = 0, .slots = slots, .n_slots = per_seq};
-    struct fwd_batch b = {.seqs = &s, .n_seqs = 1, .kv_arena = arena, .geom = &g,
-                          .n_arena_slots = n_blocks, .logits = logits};
+    struct fwd_seq s = {
+        .tokens = prompt, .n_tokens = PROMPT, .pos0 = 0, .slots = slots, .n_slots = per_seq};
+    struct fwd_batch b = {.seqs = &s,
+                          .n_seqs = 1,
+                          .kv_arena = arena,
+                          .geom = &g,
+                          .n_arena_slots = n_blocks,
+                          .logits = logits};
     double t0, c0;
     if (do_prefill) {
         model_forward(m, fc, &b);
@@ -138,7 +158,8 @@ int main(int argc, char **argv)
     tok = argmax(logits, hp->n_vocab);
     t0 = now(), c0 = cpu_now();
     for (uint32_t i = 0; i < (do_b1 ? gen : 0); i++) {
-        s = (struct fwd_seq){.tokens = &tok, .n_tokens = 1, .pos0 = 16 + i, .slots = slots, .n_slots = per_seq};
+        s = (struct fwd_seq){
+            .tokens = &tok, .n_tokens = 1, .pos0 = 16 + i, .slots = slots, .n_slots = per_seq};
         model_forward(m, fc, &b);
         tok = argmax(logits, hp->n_vocab);
     }
@@ -154,8 +175,11 @@ int main(int argc, char **argv)
     struct fwd_seq seqs[STREAMS];
     uint32_t toks[STREAMS];
     for (uint32_t k = 0; k < STREAMS; k++)
-        seqs[k] = (struct fwd_seq){.tokens = prompt + k * 16, .n_tokens = 16, .pos0 = 0,
-                                   .slots = slots + k * per_seq, .n_slots = per_seq};
+        seqs[k] = (struct fwd_seq){.tokens = prompt + k * 16,
+                                   .n_tokens = 16,
+                                   .pos0 = 0,
+                                   .slots = slots + k * per_seq,
+                                   .n_slots = per_seq};
     b.seqs = seqs;
     b.n_seqs = STREAMS;
     if (model_forward(m, fc, &b)) {
@@ -167,19 +191,23 @@ int main(int argc, char **argv)
     t0 = now(), c0 = cpu_now();
     for (uint32_t i = 0; i < gen; i++) {
         for (uint32_t k = 0; k < STREAMS; k++)
-            seqs[k] = (struct fwd_seq){.tokens = &toks[k], .n_tokens = 1, .pos0 = 16 + i,
-                                       .slots = slots + k * per_seq, .n_slots = per_seq};
+            seqs[k] = (struct fwd_seq){.tokens = &toks[k],
+                                       .n_tokens = 1,
+                                       .pos0 = 16 + i,
+                                       .slots = slots + k * per_seq,
+                                       .n_slots = per_seq};
         model_forward(m, fc, &b);
         for (uint32_t k = 0; k < STREAMS; k++)
             toks[k] = argmax(logits + (size_t)k * hp->n_vocab, hp->n_vocab);
     }
     t16 = now() - t0;
     c16 = (cpu_now() - c0) * 1e3 / gen;
-    printf("decode %u streams: %.1f tokens/s aggregate (%.2f ms/step, %.2f cpu ms/step), %.2fx batch 1\n",
+    printf("decode %u streams: %.1f tokens/s aggregate (%.2f ms/step, %.2f cpu ms/step), %.2fx "
+           "batch 1\n",
            STREAMS, STREAMS * gen / t16, t16 * 1e3 / gen, c16, (STREAMS * gen / t16) / (gen / t1));
 done:
-    printf("RESULT b1_tok_s=%.2f b1_cpu_ms=%.3f b16_tok_s=%.2f b16_cpu_ms_step=%.3f\n", gen / t1, c1,
-           t16 > 0 ? STREAMS * gen / t16 : 0.0, c16);
+    printf("RESULT b1_tok_s=%.2f b1_cpu_ms=%.3f b16_tok_s=%.2f b16_cpu_ms_step=%.3f\n", gen / t1,
+           c1, t16 > 0 ? STREAMS * gen / t16 : 0.0, c16);
     fwd_ctx_free(fc);
     model_free(m);
     free(arena);

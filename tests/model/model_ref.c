@@ -64,7 +64,7 @@ static double kv_round(double x, enum kv_dtype t)
         if (a == 0)
             return f;
         int e;
-        frexp(a, &e);                          /* a in [2^(e-1), 2^e) */
+        frexp(a, &e);                                            /* a in [2^(e-1), 2^e) */
         double q = ldexp(1.0, (e - 1 < -14 ? -14 : e - 1) - 10); /* f16 spacing there */
         double r = nearbyint(a / q) * q;
         if (r > 65504)
@@ -124,9 +124,20 @@ static double *load_t(const struct gguf *g, const char *name, uint32_t *in, uint
             uint64_t k = r * n0 + i;
             uint16_t h;
             switch (ty) {
-            case CT_F32: { float f; memcpy(&f, p + 4 * k, 4); w[k] = f; break; }
-            case CT_F16: memcpy(&h, p + 2 * k, 2); w[k] = half_to_d(h); break;
-            case CT_BF16: memcpy(&h, p + 2 * k, 2); w[k] = bf16_to_d(h); break;
+            case CT_F32: {
+                float f;
+                memcpy(&f, p + 4 * k, 4);
+                w[k] = f;
+                break;
+            }
+            case CT_F16:
+                memcpy(&h, p + 2 * k, 2);
+                w[k] = half_to_d(h);
+                break;
+            case CT_BF16:
+                memcpy(&h, p + 2 * k, 2);
+                w[k] = bf16_to_d(h);
+                break;
             default: { /* q8_0 */
                 const uint8_t *blk = p + (k / 32) * 34;
                 memcpy(&h, blk, 2);
@@ -158,7 +169,8 @@ struct ref_model *ref_model_load(const char *path)
     struct ref_model *r = calloc(1, sizeof *r);
     gguf_get_str(g, "general.architecture", arch, sizeof arch, err, sizeof err);
     r->neox = strcmp(arch, "qwen2") == 0;
-#define U(s, dst) (snprintf(key, sizeof key, "%s.%s", arch, s), gguf_get_u32(g, key, dst, err, sizeof err))
+#define U(s, dst)                                                                                  \
+    (snprintf(key, sizeof key, "%s.%s", arch, s), gguf_get_u32(g, key, dst, err, sizeof err))
     U("embedding_length", &r->E);
     U("block_count", &r->L);
     U("attention.head_count", &r->H);
@@ -184,11 +196,18 @@ struct ref_model *ref_model_load(const char *path)
         char n[96];
 #define M(f, s) (snprintf(n, sizeof n, "blk.%u.%s", i, s), load_mat(g, n, &l->f))
 #define T(f, s) (snprintf(n, sizeof n, "blk.%u.%s", i, s), l->f = load_t(g, n, NULL, NULL))
-        M(q, "attn_q.weight"); M(k, "attn_k.weight"); M(v, "attn_v.weight");
-        M(o, "attn_output.weight"); M(gate, "ffn_gate.weight"); M(up, "ffn_up.weight");
+        M(q, "attn_q.weight");
+        M(k, "attn_k.weight");
+        M(v, "attn_v.weight");
+        M(o, "attn_output.weight");
+        M(gate, "ffn_gate.weight");
+        M(up, "ffn_up.weight");
         M(down, "ffn_down.weight");
-        T(attn_norm, "attn_norm.weight"); T(ffn_norm, "ffn_norm.weight");
-        T(bq, "attn_q.bias"); T(bk, "attn_k.bias"); T(bv, "attn_v.bias");
+        T(attn_norm, "attn_norm.weight");
+        T(ffn_norm, "ffn_norm.weight");
+        T(bq, "attn_q.bias");
+        T(bk, "attn_k.bias");
+        T(bv, "attn_v.bias");
 #undef M
 #undef T
     }
@@ -202,9 +221,18 @@ void ref_model_free(struct ref_model *r)
         return;
     for (uint32_t i = 0; i < r->L; i++) {
         struct ref_layer *l = &r->l[i];
-        free(l->q.w); free(l->k.w); free(l->v.w); free(l->o.w); free(l->gate.w);
-        free(l->up.w); free(l->down.w); free(l->attn_norm); free(l->ffn_norm);
-        free(l->bq); free(l->bk); free(l->bv);
+        free(l->q.w);
+        free(l->k.w);
+        free(l->v.w);
+        free(l->o.w);
+        free(l->gate.w);
+        free(l->up.w);
+        free(l->down.w);
+        free(l->attn_norm);
+        free(l->ffn_norm);
+        free(l->bq);
+        free(l->bk);
+        free(l->bv);
     }
     free(r->l);
     free(r->embd.w);
@@ -276,8 +304,10 @@ void ref_forward(const struct ref_model *r, const uint32_t *tokens, uint32_t n, 
             matvec(&L->k, h, K);
             matvec(&L->v, h, Vv);
             if (L->bq) {
-                for (uint32_t i = 0; i < QD; i++) q[i] += L->bq[i];
-                for (uint32_t i = 0; i < KD; i++) K[i] += L->bk[i], Vv[i] += L->bv[i];
+                for (uint32_t i = 0; i < QD; i++)
+                    q[i] += L->bq[i];
+                for (uint32_t i = 0; i < KD; i++)
+                    K[i] += L->bk[i], Vv[i] += L->bv[i];
             }
             rope(r, q, r->H, t);
             rope(r, K, r->HKV, t);
@@ -306,18 +336,30 @@ void ref_forward(const struct ref_model *r, const uint32_t *tokens, uint32_t n, 
                 }
             }
             matvec(&L->o, att, o);
-            for (uint32_t i = 0; i < E; i++) xt[i] += o[i];
+            for (uint32_t i = 0; i < E; i++)
+                xt[i] += o[i];
             rmsnorm(xt, L->ffn_norm, E, r->eps, h);
             matvec(&L->gate, h, g);
             matvec(&L->up, h, u);
-            for (uint32_t i = 0; i < F; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+            for (uint32_t i = 0; i < F; i++)
+                g[i] = g[i] / (1 + exp(-g[i])) * u[i];
             matvec(&L->down, g, o);
-            for (uint32_t i = 0; i < E; i++) xt[i] += o[i];
+            for (uint32_t i = 0; i < E; i++)
+                xt[i] += o[i];
         }
     }
     rmsnorm(x + (size_t)(n - 1) * E, r->out_norm, E, r->eps, h);
     matvec(&r->out, h, logits);
-    free(x); free(h); free(q); free(att); free(o); free(g); free(u); free(sc); free(kc); free(vc);
+    free(x);
+    free(h);
+    free(q);
+    free(att);
+    free(o);
+    free(g);
+    free(u);
+    free(sc);
+    free(kc);
+    free(vc);
 }
 
 double ref_rel_err(const float *a, const double *ref, size_t n)

@@ -60,8 +60,9 @@ static int group_teardown(void **state)
 /* Starts kvd on the test model with extra args (NULL-terminated). */
 static void start_model(struct kh_proc *p, const char *conf, const char *const *extra)
 {
-    const char *args[40] = {"--model", g_model, "--backend", "cpu", "--device-blocks", "256",
-                            "--host-blocks", "64", "--no-roofline-probe"};
+    const char *args[40] = {
+        "--model",       g_model, "--backend",          "cpu", "--device-blocks", "256",
+        "--host-blocks", "64",    "--no-roofline-probe"};
     int n = 9;
     for (int i = 0; extra && extra[i] && n < 39; i++)
         args[n++] = extra[i];
@@ -267,8 +268,14 @@ static void test_connection_slots(void **state)
     (void)state;
     if (geteuid() != 0)
         skip();
-    const char *lim[] = {"--socket-group", "nogroup", "--max-connections", "6",
-                         "--admin-reserved-connections", "2", "--max-connections-per-uid", "3",
+    const char *lim[] = {"--socket-group",
+                         "nogroup",
+                         "--max-connections",
+                         "6",
+                         "--admin-reserved-connections",
+                         "2",
+                         "--max-connections-per-uid",
+                         "3",
                          NULL};
     start_model(&g_slots_kvd, NULL, lim);
     int up[2], down[2];
@@ -539,7 +546,8 @@ static int scrape(const char *path, uint16_t port, const char *auth)
             return -1;
         }
     } else {
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons(port),
                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         fd = socket(AF_INET, SOCK_STREAM, 0);
         if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
@@ -826,8 +834,8 @@ static void test_startup_refusals(void **state)
     snprintf(fifo, sizeof(fifo), "%s/fifo.gguf", g_dir);
     snprintf(sock, sizeof(sock), "%s/s.sock", g_dir);
     assert_int_equal(mkfifo(fifo, 0600), 0);
-    const char *m[] = {"--model", fifo, "--socket", sock, "--backend", "cpu",
-                       "--no-roofline-probe", NULL};
+    const char *m[] = {"--model", fifo, "--socket", sock, "--backend", "cpu", "--no-roofline-probe",
+                       NULL};
     assert_int_equal(run_kvd(m), 2);
     unlink(fifo);
     const char *c[] = {"--config", g_dir, "--socket", sock, "--backend", "cpu", NULL};
@@ -838,16 +846,11 @@ static void test_startup_refusals(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_queue_limits),
-        cmocka_unit_test(test_generate_foreign_seq),
-        cmocka_unit_test(test_stats_non_admin),
-        cmocka_unit_test(test_connection_slots),
-        cmocka_unit_test(test_noread_stream_bounded),
-        cmocka_unit_test(test_buffer_budget),
-        cmocka_unit_test(test_log_rate_limited),
-        cmocka_unit_test(test_startup_refusals),
-        cmocka_unit_test(test_fallback_dir_squatted),
-        cmocka_unit_test(test_metrics_access),
+        cmocka_unit_test(test_queue_limits),          cmocka_unit_test(test_generate_foreign_seq),
+        cmocka_unit_test(test_stats_non_admin),       cmocka_unit_test(test_connection_slots),
+        cmocka_unit_test(test_noread_stream_bounded), cmocka_unit_test(test_buffer_budget),
+        cmocka_unit_test(test_log_rate_limited),      cmocka_unit_test(test_startup_refusals),
+        cmocka_unit_test(test_fallback_dir_squatted), cmocka_unit_test(test_metrics_access),
         cmocka_unit_test(test_metrics_fd_flood),
     };
     if (!getenv("KVD_TOOLS_DIR") || !getenv("KVD_BIN")) {

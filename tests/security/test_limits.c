@@ -23,10 +23,25 @@
 #define TOKEN_BYTES (2 * 2 * 1 * 8 * 2) /* layers * K|V * heads * head_dim * f16 */
 
 static struct kh_proc kvd;
-static const char *const kvd_args[] = {"--backend", "cpu", "--block-tokens", "4",
-                                       "--kv-layers", "2", "--kv-heads", "1", "--head-dim", "8",
-                                       "--kv-dtype", "f16", "--device-blocks", "64",
-                                       "--host-blocks", "16", "--max-frame", "8M", NULL};
+static const char *const kvd_args[] = {"--backend",
+                                       "cpu",
+                                       "--block-tokens",
+                                       "4",
+                                       "--kv-layers",
+                                       "2",
+                                       "--kv-heads",
+                                       "1",
+                                       "--head-dim",
+                                       "8",
+                                       "--kv-dtype",
+                                       "f16",
+                                       "--device-blocks",
+                                       "64",
+                                       "--host-blocks",
+                                       "16",
+                                       "--max-frame",
+                                       "8M",
+                                       NULL};
 static int bystander = -1; /* a connection that must never notice anything */
 
 static int setup(void **state)
@@ -142,8 +157,8 @@ static void test_array_limits(void **state)
 
     /* A 17-byte frame claiming an array of 2^32 - 1 tokens: refused from
      * the structure alone, before anything is allocated. */
-    static const uint8_t claim[] = {0, 0, 0, 13, 0x81, 0xa6, 't', 'o', 'k', 'e', 'n', 's',
-                                    0xdd, 0xff, 0xff, 0xff, 0xff};
+    static const uint8_t claim[] = {0,   0,   0,   13,   0x81, 0xa6, 't',  'o', 'k',
+                                    'e', 'n', 's', 0xdd, 0xff, 0xff, 0xff, 0xff};
     int fd2 = kh_connect(kvd.sock);
     assert_int_equal(kh_send_raw(fd2, claim, sizeof(claim)), 0);
     assert_int_equal(kh_recv(fd2, &r), 0);
@@ -196,8 +211,7 @@ static void test_integer_overflow(void **state)
     assert_int_equal(call_u(fd, "seq_extend", 2, ext, (uint64_t[]){s, 8}, 2, NULL, 0), 0);
 
     /* n huge: refused, the sequence unchanged */
-    const uint64_t huge[] = {UINT64_MAX, UINT64_MAX / 2, 1ull << 32, UINT32_MAX, 1u << 31,
-                             65 * 4};
+    const uint64_t huge[] = {UINT64_MAX, UINT64_MAX / 2, 1ull << 32, UINT32_MAX, 1u << 31, 65 * 4};
     for (size_t i = 0; i < sizeof(huge) / sizeof(huge[0]); i++) {
         int rc = call_u(fd, "seq_extend", 10 + i, ext, (uint64_t[]){s, huge[i]}, 2, NULL, 0);
         assert_true(rc == KVD_EBADREQ || rc == KVD_ENOMEM || rc == KVD_EQUOTA ||
@@ -206,9 +220,10 @@ static void test_integer_overflow(void **state)
     }
     /* start + n wrapping (64 and 32 bits), n = 0, n × token_bytes overflow */
     const uint64_t ranges[][2] = {
-        {UINT64_MAX - 1, 4}, {UINT64_MAX, 1},        {0xFFFFFFF0u, 0x20}, {4, UINT64_MAX - 2},
-        {0, 0},              {0, 1ull << 62},        {0, UINT32_MAX},     {7, 2},
-        {8, 1},              {1ull << 32, 1},
+        {UINT64_MAX - 1, 4}, {UINT64_MAX, 1}, {0xFFFFFFF0u, 0x20},
+        {4, UINT64_MAX - 2}, {0, 0},          {0, 1ull << 62},
+        {0, UINT32_MAX},     {7, 2},          {8, 1},
+        {1ull << 32, 1},
     };
     for (size_t i = 0; i < sizeof(ranges) / sizeof(ranges[0]); i++) {
         uint64_t v[] = {s, ranges[i][0], ranges[i][1]};

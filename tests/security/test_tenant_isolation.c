@@ -22,10 +22,10 @@
 
 #include "kvd_harness.h"
 
-#define UID_V 60011 /* victim, tenant "victim" */
-#define UID_A 60012 /* attacker, tenant "attacker" */
-#define UID_O 60013 /* outsider: per-uid tenant, in no shared namespace */
-#define UID_X 60014 /* not in the socket's group */
+#define UID_V 60011    /* victim, tenant "victim" */
+#define UID_A 60012    /* attacker, tenant "attacker" */
+#define UID_O 60013    /* outsider: per-uid tenant, in no shared namespace */
+#define UID_X 60014    /* not in the socket's group */
 #define GID_SOCK 65534 /* nogroup: the socket's group */
 
 #define N_SEQS 4
@@ -36,10 +36,25 @@ static struct kh_proc kvd;
 
 static const char *conf_text = "[tenant:victim]\nuids = 60011\nnamespaces = team\n"
                                "[tenant:attacker]\nuids = 60012\nnamespaces = team\n";
-static const char *const kvd_args[] = {"--backend", "cpu", "--block-tokens", "4",
-                                       "--kv-layers", "2", "--kv-heads", "2", "--head-dim", "8",
-                                       "--kv-dtype", "f16", "--device-blocks", "256",
-                                       "--host-blocks", "64", "--socket-group", "nogroup", NULL};
+static const char *const kvd_args[] = {"--backend",
+                                       "cpu",
+                                       "--block-tokens",
+                                       "4",
+                                       "--kv-layers",
+                                       "2",
+                                       "--kv-heads",
+                                       "2",
+                                       "--head-dim",
+                                       "8",
+                                       "--kv-dtype",
+                                       "f16",
+                                       "--device-blocks",
+                                       "256",
+                                       "--host-blocks",
+                                       "64",
+                                       "--socket-group",
+                                       "nogroup",
+                                       NULL};
 
 static int setup(void **state)
 {
@@ -125,7 +140,8 @@ static int kv_check(int fd, uint64_t id, uint64_t seq, uint64_t n, const uint8_t
         return -1;
     const msgpack_object *d = kh_obj(r.root, "data");
     int rc = r.code == 0 && d && d->type == MSGPACK_OBJECT_BIN &&
-                     d->via.bin.size == n * TOKEN_BYTES && !memcmp(d->via.bin.ptr, want, n * TOKEN_BYTES)
+                     d->via.bin.size == n * TOKEN_BYTES &&
+                     !memcmp(d->via.bin.ptr, want, n * TOKEN_BYTES)
                  ? 0
                  : 1;
     kh_reply_free(&r);
@@ -239,8 +255,8 @@ static uint64_t rng_next(void)
 static int attacker(void *arg)
 {
     const uint64_t *vh = arg;
-    static const char *const ops[] = {"seq_info", "seq_extend", "kv_read", "kv_write",
-                                      "seq_commit", "seq_match", "seq_fork", "seq_offload",
+    static const char *const ops[] = {"seq_info",    "seq_extend", "kv_read",  "kv_write",
+                                      "seq_commit",  "seq_match",  "seq_fork", "seq_offload",
                                       "seq_restore", "seq_close"};
     uint8_t data[4 * TOKEN_BYTES] = {0xee};
     static const uint32_t toks[4] = {9, 9, 9, 9};

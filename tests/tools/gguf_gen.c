@@ -61,8 +61,14 @@ static void w_bytes(FILE *f, const void *p, size_t n)
         exit(1);
     }
 }
-static void w_u32(FILE *f, uint32_t v) { w_bytes(f, &v, 4); }
-static void w_u64(FILE *f, uint64_t v) { w_bytes(f, &v, 8); }
+static void w_u32(FILE *f, uint32_t v)
+{
+    w_bytes(f, &v, 4);
+}
+static void w_u64(FILE *f, uint64_t v)
+{
+    w_bytes(f, &v, 8);
+}
 static void w_str(FILE *f, const char *s)
 {
     w_u64(f, strlen(s));
@@ -152,7 +158,9 @@ static void gen_row(const struct opts *o, const struct tdesc *t, uint32_t row, f
 static void encode_row(enum ctype t, const float *v, uint32_t n, uint8_t *out)
 {
     switch (t) {
-    case CT_F32: memcpy(out, v, (size_t)n * 4); break;
+    case CT_F32:
+        memcpy(out, v, (size_t)n * 4);
+        break;
     case CT_F16:
         for (uint32_t i = 0; i < n; i++) {
             uint16_t h = cpu_f32_to_f16(v[i]);
@@ -178,7 +186,9 @@ static void encode_row(enum ctype t, const float *v, uint32_t n, uint8_t *out)
                 blk[2 + i] = (uint8_t)(int8_t)roundf(v[b * 32 + i] * id);
         }
         break;
-    default: (void)quant_quantize_row(t, v, out, n); break;
+    default:
+        (void)quant_quantize_row(t, v, out, n);
+        break;
     }
 }
 
@@ -197,17 +207,28 @@ static uint32_t file_type(const struct opts *o)
     if (o->mix)
         return o->mix == 4 ? 15 : 17; /* MOSTLY_Q4_K_M, MOSTLY_Q5_K_M */
     switch (o->type) {
-    case CT_F32: return 0;
-    case CT_F16: return 1;
-    case CT_Q4_0: return 2;
-    case CT_Q4_1: return 3;
-    case CT_Q8_0: return 7;
-    case CT_Q5_0: return 8;
-    case CT_Q5_1: return 9;
-    case CT_Q4_K: return 14; /* MOSTLY_Q4_K_S: all Q4_K */
-    case CT_Q5_K: return 16; /* MOSTLY_Q5_K_S */
-    case CT_Q6_K: return 18;
-    case CT_BF16: return 32;
+    case CT_F32:
+        return 0;
+    case CT_F16:
+        return 1;
+    case CT_Q4_0:
+        return 2;
+    case CT_Q4_1:
+        return 3;
+    case CT_Q8_0:
+        return 7;
+    case CT_Q5_0:
+        return 8;
+    case CT_Q5_1:
+        return 9;
+    case CT_Q4_K:
+        return 14; /* MOSTLY_Q4_K_S: all Q4_K */
+    case CT_Q5_K:
+        return 16; /* MOSTLY_Q5_K_S */
+    case CT_Q6_K:
+        return 18;
+    case CT_BF16:
+        return 32;
     }
     return 0;
 }
@@ -216,9 +237,9 @@ static uint32_t file_type(const struct opts *o)
 static void kv_copy(FILE *f, const struct gguf_kv *kv)
 {
     static const uint8_t size[GGUF_VTYPE_COUNT] = {
-        [GGUF_U8] = 1, [GGUF_I8] = 1, [GGUF_U16] = 2, [GGUF_I16] = 2, [GGUF_U32] = 4,
-        [GGUF_I32] = 4, [GGUF_F32] = 4, [GGUF_BOOL] = 1, [GGUF_U64] = 8, [GGUF_I64] = 8,
-        [GGUF_F64] = 8};
+        [GGUF_U8] = 1,  [GGUF_I8] = 1,  [GGUF_U16] = 2, [GGUF_I16] = 2,
+        [GGUF_U32] = 4, [GGUF_I32] = 4, [GGUF_F32] = 4, [GGUF_BOOL] = 1,
+        [GGUF_U64] = 8, [GGUF_I64] = 8, [GGUF_F64] = 8};
     w_str(f, kv->key);
     w_u32(f, kv->type);
     if (kv->type == GGUF_STRING) {
@@ -264,39 +285,85 @@ static uint32_t arg_u32(const char *s)
 
 int main(int argc, char **argv)
 {
-    struct opts o = {.arch = "llama", .name = "kvd-random", .layers = 2, .embd = 64, .heads = 4,
-                     .ff = 128, .vocab = 512, .ctx = 2048, .type = CT_F16, .rope_base = 0,
-                     .eps = 1e-5f, .seed = 1};
+    struct opts o = {.arch = "llama",
+                     .name = "kvd-random",
+                     .layers = 2,
+                     .embd = 64,
+                     .heads = 4,
+                     .ff = 128,
+                     .vocab = 512,
+                     .ctx = 2048,
+                     .type = CT_F16,
+                     .rope_base = 0,
+                     .eps = 1e-5f,
+                     .seed = 1};
     static const struct option lo[] = {
-        {"arch", 1, 0, 'a'}, {"layers", 1, 0, 'l'}, {"embd", 1, 0, 'e'}, {"heads", 1, 0, 'h'},
-        {"kv-heads", 1, 0, 'k'}, {"ff", 1, 0, 'f'}, {"vocab", 1, 0, 'v'}, {"ctx", 1, 0, 'c'},
-        {"type", 1, 0, 't'}, {"tied", 0, 0, 'T'}, {"rope-base", 1, 0, 'r'}, {"rope-freqs", 0, 0, 'R'},
-        {"seed", 1, 0, 's'}, {"eps", 1, 0, 'E'}, {"name", 1, 0, 'n'}, {"help", 0, 0, '?'},
-        {"eos", 1, 0, 'S'}, {"eot", 1, 0, 'O'}, {"chat-template", 1, 0, 'C'},
-        {"tokenizer", 1, 0, 'K'}, {0, 0, 0, 0}};
+        {"arch", 1, 0, 'a'},          {"layers", 1, 0, 'l'},    {"embd", 1, 0, 'e'},
+        {"heads", 1, 0, 'h'},         {"kv-heads", 1, 0, 'k'},  {"ff", 1, 0, 'f'},
+        {"vocab", 1, 0, 'v'},         {"ctx", 1, 0, 'c'},       {"type", 1, 0, 't'},
+        {"tied", 0, 0, 'T'},          {"rope-base", 1, 0, 'r'}, {"rope-freqs", 0, 0, 'R'},
+        {"seed", 1, 0, 's'},          {"eps", 1, 0, 'E'},       {"name", 1, 0, 'n'},
+        {"help", 0, 0, '?'},          {"eos", 1, 0, 'S'},       {"eot", 1, 0, 'O'},
+        {"chat-template", 1, 0, 'C'}, {"tokenizer", 1, 0, 'K'}, {0, 0, 0, 0}};
     uint32_t eos = 2, eot = 0;
     char *chat_template = NULL;
     int ch;
     while ((ch = getopt_long(argc, argv, "o:", lo, NULL)) != -1) {
         switch (ch) {
-        case 'o': o.out = optarg; break;
-        case 'a': o.arch = optarg; break;
-        case 'l': o.layers = arg_u32(optarg); break;
-        case 'e': o.embd = arg_u32(optarg); break;
-        case 'h': o.heads = arg_u32(optarg); break;
-        case 'k': o.kv_heads = arg_u32(optarg); break;
-        case 'f': o.ff = arg_u32(optarg); break;
-        case 'v': o.vocab = arg_u32(optarg); break;
-        case 'c': o.ctx = arg_u32(optarg); break;
-        case 'T': o.tied = 1; break;
-        case 'R': o.rope_freqs = 1; break;
-        case 'r': o.rope_base = strtof(optarg, NULL); break;
-        case 'E': o.eps = strtof(optarg, NULL); break;
-        case 's': o.seed = strtoull(optarg, NULL, 10); break;
-        case 'n': o.name = optarg; break;
-        case 'K': o.tokenizer = optarg; break;
-        case 'S': eos = arg_u32(optarg); break;
-        case 'O': eot = arg_u32(optarg); break;
+        case 'o':
+            o.out = optarg;
+            break;
+        case 'a':
+            o.arch = optarg;
+            break;
+        case 'l':
+            o.layers = arg_u32(optarg);
+            break;
+        case 'e':
+            o.embd = arg_u32(optarg);
+            break;
+        case 'h':
+            o.heads = arg_u32(optarg);
+            break;
+        case 'k':
+            o.kv_heads = arg_u32(optarg);
+            break;
+        case 'f':
+            o.ff = arg_u32(optarg);
+            break;
+        case 'v':
+            o.vocab = arg_u32(optarg);
+            break;
+        case 'c':
+            o.ctx = arg_u32(optarg);
+            break;
+        case 'T':
+            o.tied = 1;
+            break;
+        case 'R':
+            o.rope_freqs = 1;
+            break;
+        case 'r':
+            o.rope_base = strtof(optarg, NULL);
+            break;
+        case 'E':
+            o.eps = strtof(optarg, NULL);
+            break;
+        case 's':
+            o.seed = strtoull(optarg, NULL, 10);
+            break;
+        case 'n':
+            o.name = optarg;
+            break;
+        case 'K':
+            o.tokenizer = optarg;
+            break;
+        case 'S':
+            eos = arg_u32(optarg);
+            break;
+        case 'O':
+            eot = arg_u32(optarg);
+            break;
         case 'C': {
             FILE *tf = fopen(optarg, "rb");
             chat_template = calloc(1, 1 << 20);
@@ -308,22 +375,37 @@ int main(int argc, char **argv)
             break;
         }
         case 't':
-            if (!strcmp(optarg, "f32")) o.type = CT_F32;
-            else if (!strcmp(optarg, "f16")) o.type = CT_F16;
-            else if (!strcmp(optarg, "bf16")) o.type = CT_BF16;
-            else if (!strcmp(optarg, "q8_0")) o.type = CT_Q8_0;
-            else if (!strcmp(optarg, "q4_0")) o.type = CT_Q4_0;
-            else if (!strcmp(optarg, "q4_1")) o.type = CT_Q4_1;
-            else if (!strcmp(optarg, "q5_0")) o.type = CT_Q5_0;
-            else if (!strcmp(optarg, "q5_1")) o.type = CT_Q5_1;
-            else if (!strcmp(optarg, "q4_k")) o.type = CT_Q4_K;
-            else if (!strcmp(optarg, "q5_k")) o.type = CT_Q5_K;
-            else if (!strcmp(optarg, "q6_k")) o.type = CT_Q6_K;
-            else if (!strcmp(optarg, "q4_k_m")) o.type = CT_Q4_K, o.mix = 4;
-            else if (!strcmp(optarg, "q5_k_m")) o.type = CT_Q5_K, o.mix = 5;
-            else usage();
+            if (!strcmp(optarg, "f32"))
+                o.type = CT_F32;
+            else if (!strcmp(optarg, "f16"))
+                o.type = CT_F16;
+            else if (!strcmp(optarg, "bf16"))
+                o.type = CT_BF16;
+            else if (!strcmp(optarg, "q8_0"))
+                o.type = CT_Q8_0;
+            else if (!strcmp(optarg, "q4_0"))
+                o.type = CT_Q4_0;
+            else if (!strcmp(optarg, "q4_1"))
+                o.type = CT_Q4_1;
+            else if (!strcmp(optarg, "q5_0"))
+                o.type = CT_Q5_0;
+            else if (!strcmp(optarg, "q5_1"))
+                o.type = CT_Q5_1;
+            else if (!strcmp(optarg, "q4_k"))
+                o.type = CT_Q4_K;
+            else if (!strcmp(optarg, "q5_k"))
+                o.type = CT_Q5_K;
+            else if (!strcmp(optarg, "q6_k"))
+                o.type = CT_Q6_K;
+            else if (!strcmp(optarg, "q4_k_m"))
+                o.type = CT_Q4_K, o.mix = 4;
+            else if (!strcmp(optarg, "q5_k_m"))
+                o.type = CT_Q5_K, o.mix = 5;
+            else
+                usage();
             break;
-        default: usage();
+        default:
+            usage();
         }
     }
     if (!o.out || optind != argc)
@@ -355,7 +437,8 @@ int main(int argc, char **argv)
         o.rope_base = qwen ? 1000000.0f : 10000.0f;
     uint32_t hd = o.embd / o.heads;
     if (o.embd % o.heads || o.heads % o.kv_heads || hd % 2) {
-        fprintf(stderr, "kvd-gguf-gen: embd must be a multiple of heads, heads of kv-heads, and the head dim even\n");
+        fprintf(stderr, "kvd-gguf-gen: embd must be a multiple of heads, heads of kv-heads, and "
+                        "the head dim even\n");
         return 2;
     }
     uint32_t blk = ctype_block_elems(o.type);
@@ -374,7 +457,7 @@ int main(int argc, char **argv)
     do {                                                                                           \
         struct tdesc *t_ = &td[nt++];                                                              \
         snprintf(t_->name, sizeof t_->name, "%s", nm);                                             \
-        t_->ne0 = (a), t_->ne1 = (b), t_->type = (ty), t_->init = (in);                             \
+        t_->ne0 = (a), t_->ne1 = (b), t_->type = (ty), t_->init = (in);                            \
     } while (0)
     ADD("token_embd.weight", o.embd, o.vocab, o.type, INIT_EMBD);
     if (o.rope_freqs)
@@ -382,7 +465,11 @@ int main(int argc, char **argv)
     for (uint32_t l = 0; l < o.layers; l++) {
         char n[64];
         uint32_t kd = o.kv_heads * hd;
-#define L(sfx, a, b, ty, in) do { snprintf(n, sizeof n, "blk.%u.%s", l, sfx); ADD(n, a, b, ty, in); } while (0)
+#define L(sfx, a, b, ty, in)                                                                       \
+    do {                                                                                           \
+        snprintf(n, sizeof n, "blk.%u.%s", l, sfx);                                                \
+        ADD(n, a, b, ty, in);                                                                      \
+    } while (0)
         L("attn_norm.weight", o.embd, 0, CT_F32, INIT_NORM);
         L("attn_q.weight", o.embd, o.embd, o.type, INIT_MATRIX);
         L("attn_k.weight", o.embd, kd, o.type, INIT_MATRIX);
