@@ -36,7 +36,8 @@ static int load_config(struct config *cfg)
     int fd = mkstemp(path);
     if (fd < 0)
         return -1;
-    int rc = write(fd, fuzz_conf, sizeof(fuzz_conf) - 1) == (ssize_t)(sizeof(fuzz_conf) - 1) ? 0 : -1;
+    int rc =
+        write(fd, fuzz_conf, sizeof(fuzz_conf) - 1) == (ssize_t)(sizeof(fuzz_conf) - 1) ? 0 : -1;
     close(fd);
     if (rc == 0 && config_defaults(cfg) == 0) {
         struct config loaded;
@@ -194,10 +195,11 @@ int fuzz_env_new(struct fuzz_env *e)
                                  .n_pending = &e->n_pending,
                                  .tenants = (const struct server_tenant *const *)&e->tenants,
                                  .n_tenants = &e->n_tenants};
-    e->host = (struct ops_host){.backend = e->be->ops->name,
-                                .max_frame = 1u << 16, /* so kv_read's too_large path is reachable */
-                                .cfg = &e->cfg,
-                                .obs = &e->obs};
+    e->host =
+        (struct ops_host){.backend = e->be->ops->name,
+                          .max_frame = 1u << 16, /* so kv_read's too_large path is reachable */
+                          .cfg = &e->cfg,
+                          .obs = &e->obs};
     return 0;
 fail:
     fuzz_env_free(e);
@@ -292,9 +294,13 @@ bool fuzz_dispatch(struct fuzz_env *e, int conn, const uint8_t *payload, size_t 
     if (rc) {
         FUZZ_ASSERT(proto_frame_error(sb, id, rc, pe.message) == 0);
     } else {
-        struct ops_caller who = {.conn_id = fc->id, .uid = fc->uid, .gid = fc->uid,
-                                 .tenant = fc->tenant, .ns = fc->ns,
-                                 .tenant_name = fc->tenant_name, .admin = fc->admin};
+        struct ops_caller who = {.conn_id = fc->id,
+                                 .uid = fc->uid,
+                                 .gid = fc->uid,
+                                 .tenant = fc->tenant,
+                                 .ns = fc->ns,
+                                 .tenant_name = fc->tenant_name,
+                                 .admin = fc->admin};
         /* the kvmm is built here at the first handler, as if at the start */
         fuzz_env_mm(e); /* sets host.mm */
         rc = ops_run(&e->host, ent, &who, id, m.root, sb);

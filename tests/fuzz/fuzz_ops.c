@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static struct fuzz_env env;
 static int env_ready;
-static msgpack_sbuffer req; /* the request being built; kept between steps and inputs */
+static msgpack_sbuffer req;          /* the request being built; kept between steps and inputs */
 static uint64_t n_programs, n_steps; /* for FUZZ_OPS_STATS */
 
 /* With FUZZ_OPS_STATS set, the totals at exit, so a run's ops/s can be
@@ -134,8 +134,8 @@ static int run(int conn, msgpack_sbuffer *sb, size_t at)
     int code = -1;
     FUZZ_ASSERT(proto_frame_end(sb, at) == 0);
     env.out.size = 0;
-    FUZZ_ASSERT(fuzz_dispatch(&env, conn, (const uint8_t *)sb->data + at + 4, sb->size - at - 4,
-                              &code));
+    FUZZ_ASSERT(
+        fuzz_dispatch(&env, conn, (const uint8_t *)sb->data + at + 4, sb->size - at - 4, &code));
     return code;
 }
 
@@ -235,12 +235,12 @@ static void step(struct prog *g)
             record_handle(g, conn, h);
         }
         break;
-    case 7:  /* seq_info */
-    case 8:  /* seq_offload */
-    case 9:  /* seq_restore */
+    case 7: /* seq_info */
+    case 8: /* seq_offload */
+    case 9: /* seq_restore */
     case 10: /* seq_close */ {
-        static const char *const names[] = {KVD_OP_SEQ_INFO, KVD_OP_SEQ_OFFLOAD,
-                                            KVD_OP_SEQ_RESTORE, KVD_OP_SEQ_CLOSE};
+        static const char *const names[] = {KVD_OP_SEQ_INFO, KVD_OP_SEQ_OFFLOAD, KVD_OP_SEQ_RESTORE,
+                                            KVD_OP_SEQ_CLOSE};
         seq = pick_handle(g, conn, &foreign);
         proto_request_begin(&pk, names[op - 7], id, 1);
         proto_pack_kv_uint(&pk, "seq", seq);
