@@ -101,7 +101,19 @@ static size_t pend_slot(uint64_t id, size_t cap)
     return (size_t)(h ^ (h >> 32)) & (cap - 1);
 }
 
-static size_t pend_find(const struct conn *c, uint64_t id)
+/* The slot of (id, tenant), or the empty slot ending its probe run. One id
+ * may be pending for several tenants (a front end naming sub-tenants): the
+ * entries share the id's probe run. */
+static size_t pend_find(const struct conn *c, uint64_t id, uint32_t tenant)
+{
+    size_t i = pend_slot(id, c->cap_pending);
+    while (c->pending[i].count && (c->pending[i].id != id || c->pending[i].tenant != tenant))
+        i = (i + 1) & (c->cap_pending - 1);
+    return i;
+}
+
+/* The first slot holding id, whatever its tenant (or an empty one). */
+static size_t pend_find_id(const struct conn *c, uint64_t id)
 {
     size_t i = pend_slot(id, c->cap_pending);
     while (c->pending[i].count && c->pending[i].id != id)
@@ -122,23 +134,24 @@ static int pend_grow(struct conn *c)
     c->cap_pending = cap;
     for (size_t i = 0; i < old_cap; i++)
         if (old[i].count)
-            c->pending[pend_find(c, old[i].id)] = old[i];
+            c->pending[pend_find(c, old[i].id, old[i].tenant)] = old[i];
     free(old);
     return 0;
 }
 
-int conn_pending_add(struct conn *c, uint64_t id)
+int conn_pending_add(struct conn *c, uint64_t id, uint32_t tenant)
 {
     if (2 * (c->n_pend_ids + 1) > c->cap_pending && pend_grow(c) != 0)
         return KVD_ENOMEM;
-    size_t i = pend_find(c, id);
+    size_t i = pend_find(c, id, tenant);
     if (!c->pending[i].count) {
         c->pending[i].id = id;
+        c->pending[i].tenant = tenant;
         c->n_pend_ids++;
     }
     c->pending[i].count++;
     c->n_pending++;
-    c->env->cbs->pending(c->env->ctx, c, 1);
+    c->env->cbs->pending(c->env->ctx, c, tenant, 1);
     return 0;
 }
 
@@ -146,11 +159,11 @@ bool conn_pending_remove(struct conn *c, uint64_t req_id)
 {
     if (!c->cap_pending)
         return false;
-    size_t i = pend_find(c, req_id), mask = c->cap_pending - 1;
+    size_t i = pend_find_id(c, req_id), mask = c->cap_pending - 1;
     if (!c->pending[i].count)
         return false;
     c->n_pending--;
-    c->env->cbs->pending(c->env->ctx, c, -1);
+    c->env->cbs->pending(c->env->ctx, c, c->pending[i].tenant, -1);
     if (--c->pending[i].count)
         return true;
     /* Backward-shift deletion keeps every probe run unbroken. */

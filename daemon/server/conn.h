@@ -27,8 +27,10 @@ struct conn_cbs {
      * go to conn_reply_buf(c) (or conn_send_error). false: the connection
      * must close (the message could not be parsed). */
     bool (*dispatch)(void *ctx, struct conn *c, const uint8_t *p, size_t len);
-    /* c's requests in flight changed by delta (conn_pending_add/remove). */
-    void (*pending)(void *ctx, struct conn *c, long delta);
+    /* c's requests in flight of `tenant` (the connection's own, or the
+     * sub-tenant a trusted front end named) changed by delta
+     * (conn_pending_add/remove). */
+    void (*pending)(void *ctx, struct conn *c, uint32_t tenant, long delta);
     /* The bytes in c's input and output buffers changed. */
     void (*buffered)(void *ctx, struct conn *c, size_t added, size_t deleted);
     /* c is being freed, however it ended (still whole: its id, identity
@@ -54,7 +56,8 @@ struct conn_env {
 
 struct conn_pend {
     uint64_t id;
-    uint32_t count; /* 0: empty slot */
+    uint32_t tenant; /* the tenant its requests count against */
+    uint32_t count;  /* 0: empty slot */
 };
 
 /* One client connection, from conn_new until conn_free. Owns its
@@ -108,7 +111,7 @@ void conn_close_after_flush(struct conn *c);
 void conn_process(struct conn *c);
 /* Request req_id is in flight / answered (FINAL); remove: false when it was
  * not in flight. */
-int conn_pending_add(struct conn *c, uint64_t req_id);
+int conn_pending_add(struct conn *c, uint64_t req_id, uint32_t tenant);
 bool conn_pending_remove(struct conn *c, uint64_t req_id);
 /* Some id in flight on c (false when none). */
 bool conn_pending_any(const struct conn *c, uint64_t *req_id);

@@ -331,7 +331,7 @@ static bool conn_dispatch_cb(void *ctx, struct conn *c, const uint8_t *p, size_t
         goto out;
     }
     if (ops_run(&srv->host, ent, &who, id, m.root, conn_reply_buf(c)) == OPS_PENDING &&
-        conn_pending_add(c, id) != 0)
+        conn_pending_add(c, id, who.tenant) != 0)
         log_err("conn %llu: out of memory tracking request %llu", (unsigned long long)c->id,
                 (unsigned long long)id);
 out:
@@ -339,11 +339,11 @@ out:
     return true;
 }
 
-static void conn_pending_cb(void *ctx, struct conn *c, long delta)
+static void conn_pending_cb(void *ctx, struct conn *c, uint32_t tenant, long delta)
 {
     struct server *srv = ctx;
     srv->n_pending += (size_t)delta;
-    server_tenant_pending(srv, c->tenant, delta);
+    server_tenant_pending(srv, tenant, delta);
 }
 
 static void conn_buffered_cb(void *ctx, struct conn *c, size_t added, size_t deleted)
@@ -365,7 +365,9 @@ static void conn_closed_cb(void *ctx, struct conn *c)
     kvmm_unlock(srv->mm);
 
     srv->n_pending -= c->n_pending;
-    server_tenant_pending(srv, c->tenant, -(long)c->n_pending);
+    for (size_t i = 0; i < c->cap_pending; i++)
+        if (c->pending[i].count)
+            server_tenant_pending(srv, c->pending[i].tenant, -(long)c->pending[i].count);
     struct conn **pp = &srv->buckets[c->id % SERVER_CONN_BUCKETS];
     while (*pp != c)
         pp = &(*pp)->hnext;

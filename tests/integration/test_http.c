@@ -583,6 +583,57 @@ static void test_front_end_sub_tenants(void **state)
     close(fd);
 }
 
+/* A front end's msgpack generates count against the sub-tenant they name
+ * (max-queued-per-tenant is 1): while carol's runs, carol is busy, but dave
+ * and the front end's own tenant are not. */
+static void gen_one(int fd, const char *tenant, uint32_t max, bool stream, uint64_t *id)
+{
+    static const uint32_t prompt[] = {1, 2, 3};
+    struct kh_req q;
+    *id = ++g_id;
+    kh_req_begin(&q, "generate", *id, 5 + (tenant != NULL));
+    proto_pack_kv_u32_array(&q.pk, "tokens", prompt, 3);
+    proto_pack_kv_uint(&q.pk, "max_tokens", max);
+    proto_pack_kv_bool(&q.pk, "stream", stream);
+    proto_pack_kv_bool(&q.pk, "ignore_eos", true);
+    proto_pack_kv_double(&q.pk, "temperature", 0);
+    if (tenant)
+        proto_pack_kv_str(&q.pk, "tenant", tenant);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+}
+
+static void test_sub_tenant_counts_msgpack(void **state)
+{
+    int mfd = kh_connect(g_d->sock);
+    assert_true(mfd >= 0);
+    uint64_t sub0 = quiesce(mfd);
+    int fd = kh_connect(g_d->sock);
+    assert_true(fd >= 0);
+    struct kh_reply r;
+    uint64_t long_id, id;
+    gen_one(fd, "carol", 8000, true, &long_id);
+    assert_int_equal(kh_recv(fd, &r), 0); /* carol's first tokens: it runs */
+    assert_non_null(kh_obj(r.root, "event"));
+    kh_reply_free(&r);
+    const struct {
+        const char *tenant;
+        int code;
+    } cases[] = {{"carol", KVD_EBUSY}, {"dave", 0}, {NULL, 0}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        gen_one(fd, cases[k].tenant, 1, false, &id);
+        do { /* skip carol's stream events */
+            assert_int_equal(kh_recv(fd, &r), 0);
+            if (r.id != id)
+                kh_reply_free(&r);
+        } while (r.id != id);
+        kh_expect(&r, cases[k].code);
+        kh_reply_free(&r);
+    }
+    close(fd); /* cancels carol's */
+    wait_stat(mfd, "answered", sub0 + 3);
+    close(mfd);
+}
+
 /* A uid that is not a front end may not name a tenant, on either socket. */
 static void test_not_front_end_refused(void **state)
 {
@@ -781,6 +832,7 @@ int main(void)
         cmocka_unit_test(test_busy_429),
         cmocka_unit_test(test_busy_msgpack_behind_http),
         cmocka_unit_test(test_front_end_sub_tenants),
+        cmocka_unit_test(test_sub_tenant_counts_msgpack),
         cmocka_unit_test(test_http_tenants_in_stats),
         cmocka_unit_test(test_not_front_end_refused),
         cmocka_unit_test(test_keepalive_pipelining),
