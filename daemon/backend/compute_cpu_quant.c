@@ -32,6 +32,7 @@
 #include "quant_blocks.h"
 
 #define QM_CHUNK 8 /* weight rows per work item */
+#define QK_NR 4    /* activation rows per pass of the K-quant kernels */
 
 /* An activation block of 32 (against Q4_0, Q5_0: ggml's Q8_0; against Q4_1,
  * Q5_1: its Q8_1). d: the f16 scale widened; s: the f16 of (scale x sum of
@@ -43,10 +44,12 @@ struct act32 {
 };
 
 /* An activation super-block of 256 (ggml's Q8_K): f32 scale, the sums of
- * each 16 quants. */
+ * each 16 quants, and of each 32 (for the Q4_K/Q5_K mins; computed once
+ * here rather than for every weight row). */
 struct act256 {
     float d;
-    int32_t pad[7];
+    int32_t pad[3];
+    int16_t bsums32[8];
     int16_t bsums[16];
     int8_t qs[256];
 };
@@ -113,6 +116,8 @@ static void act_quant256(const float *x, uint32_t n, struct act256 *a)
             a->qs[i] = (int8_t)(q > 127 ? 127 : q);
             a->bsums[i / 16] = (int16_t)(a->bsums[i / 16] + a->qs[i]);
         }
+        for (int j = 0; j < 8; j++)
+            a->bsums32[j] = (int16_t)(a->bsums[2 * j] + a->bsums[2 * j + 1]);
         a->d = 1.0f / iscale;
     }
 }
@@ -299,62 +304,112 @@ static QSIMD float dot_legacy_avx2(enum ctype t, const uint8_t *w, const struct 
     return hsum_ps(acc) + accs;
 }
 
-static QSIMD float dot_q45k_avx2(enum ctype t, const uint8_t *w, const struct act256 *a, uint32_t n)
+/* The 6-bit scales and mins of a Q4_K/Q5_K super-block (its scales[12],
+ * quant_k_scale_min's packing) as 16 bytes: the 8 scales, then the 8 mins.
+ * Bytes 0..3 hold scales 0..3 and the top bits of scales 4..7, bytes 4..7
+ * mins 0..3 and the top bits of mins 4..7, bytes 8..11 the low 4 bits of
+ * scales 4..7 (low nibbles) and mins 4..7 (high nibbles). */
+QINLINE QSIMD __m128i k_scales_mins(const uint8_t *q)
 {
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0;
+    uint32_t a, b, c;
+    memcpy(&a, q, 4), memcpy(&b, q + 4, 4), memcpy(&c, q + 8, 4);
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    uint32_t s03 = a & m6, m03 = b & m6;
+    uint32_t s47 = (c & m4) | ((a >> 6) & m2) << 4, m47 = ((c >> 4) & m4) | ((b >> 6) & m2) << 4;
+    return _mm_set_epi32((int)m47, (int)m03, (int)s47, (int)s03);
+}
+
+/* The K-quant kernels run one weight row against nr (1..QK_NR) activation
+ * rows a[0..nr-1], unpacking each weight super-block once for all of them;
+ * out[r] is computed exactly as with nr = 1 (per output: the same integer
+ * sums, the same float operations in the same order), so an output does not
+ * depend on the batch. */
+/* Q4_K / Q5_K, llama.cpp's arithmetic: per super-block the integer
+ * sum over sub-blocks of scale x (q . y) into 8 int32 lanes, times
+ * (d_w x d_y) into a float accumulator; the mins' term (mins . the
+ * activation's sums of 32) in 4 int32 lanes times -(dmin_w x d_y) into a
+ * second one; the output is the sum of both. */
+QINLINE QSIMD void dot_q45k_avx2_n(bool q5, const uint8_t *w, const struct act256 *const *a, int nr,
+                                   uint32_t n, float *out)
+{
+    __m256 acc[QK_NR];
+    __m128 accm[QK_NR];
+    for (int r = 0; r < nr; r++)
+        acc[r] = _mm256_setzero_ps(), accm[r] = _mm_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-    size_t bb = ctype_block_bytes(t);
-    for (uint32_t b = 0; b < n / 256; b++, w += bb, a++) {
-        const uint8_t *scales = w + 4, *qs = t == CT_Q5_K ? w + 48 : w + 16;
-        uint8_t sc[8], mn[8];
-        int32_t summ = 0;
-        for (int j = 0; j < 8; j++) {
-            quant_k_scale_min(j, scales, &sc[j], &mn[j]);
-            summ += mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+    const size_t bb = q5 ? 176 : 144;
+    for (uint32_t b = 0; b < n / 256; b++, w += bb) {
+        __m256i sm = _mm256_cvtepu8_epi16(k_scales_mins(w + 4));
+        __m128i mins = _mm256_extracti128_si256(sm, 1);
+        __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+        float dw = h16(w), dmw = h16(w + 2);
+        const uint8_t *qs = q5 ? w + 48 : w + 16;
+        __m256i hb = q5 ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
+        __m256i sumi[QK_NR];
+        for (int r = 0; r < nr; r++) {
+            __m128i prod = _mm_madd_epi16(mins, _mm_loadu_si128((const __m128i *)a[r][b].bsums32));
+            accm[r] = _mm_fmadd_ps(_mm_set1_ps(-a[r][b].d * dmw), _mm_cvtepi32_ps(prod), accm[r]);
+            sumi[r] = _mm256_setzero_si256();
         }
-        __m256i hb =
-            t == CT_Q5_K ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
-        __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             __m256i lo = _mm256_and_si256(q4, m4),
                     hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
-            if (t == CT_Q5_K) {
+            if (q5) {
                 lo = _mm256_or_si256(
                     lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one), 4));
                 hi = _mm256_or_si256(
                     hi,
                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one), 4));
             }
-            __m256i plo =
-                _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(a->qs + 64 * j)));
-            __m256i phi = _mm256_maddubs_epi16(
-                hi, _mm256_loadu_si256((const __m256i *)(a->qs + 64 * j + 32)));
-            plo = _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * j]));
-            phi = _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * j + 1]));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
+            /* the 16-bit scale of sub-block 2j, 2j+1 in every lane */
+            __m256i sl =
+                _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0404 * j)));
+            __m256i sh =
+                _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0302 + 0x0404 * j)));
+            for (int r = 0; r < nr; r++) {
+                const int8_t *y = a[r][b].qs + 64 * j;
+                __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)y));
+                __m256i phi =
+                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 32)));
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_madd_epi16(sl, plo),
+                                                                     _mm256_madd_epi16(sh, phi)));
+            }
         }
-        float d = h16(w) * a->d;
-        accm += h16(w + 2) * a->d * (float)summ;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        for (int r = 0; r < nr; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r][b].d * dw), _mm256_cvtepi32_ps(sumi[r]),
+                                     acc[r]);
     }
-    return hsum_ps(acc) - accm;
+    for (int r = 0; r < nr; r++) {
+        __m128 m = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[r] = hsum_ps(acc[r]) + _mm_cvtss_f32(m);
+    }
 }
 
-static QSIMD float dot_q6k_avx2(const uint8_t *w, const struct act256 *a, uint32_t n)
+/* Q6_K: per super-block the integer sum over its 16 sub-blocks of
+ * scale x ((q - 32) . y), the -32 applied exactly through the activation's
+ * sums of 16, into 8 int32 lanes, times (d_w x d_y) into the accumulator. */
+QINLINE QSIMD void dot_q6k_avx2_n(const uint8_t *w, const struct act256 *const *a, int nr,
+                                  uint32_t n, float *out)
 {
-    __m256 acc = _mm256_setzero_ps();
-    float accs = 0;
+    __m256 acc[QK_NR];
+    for (int r = 0; r < nr; r++)
+        acc[r] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m30 = _mm256_set1_epi8(0x30);
-    for (uint32_t b = 0; b < n / 256; b++, w += 210, a++) {
+    for (uint32_t b = 0; b < n / 256; b++, w += 210) {
         const uint8_t *ql = w, *qh = w + 128;
-        const int8_t *sc = (const int8_t *)(w + 192);
-        int32_t corr = 0;
-        for (int s = 0; s < 16; s++)
-            corr += sc[s] * a->bsums[s];
-        __m256i sumi = _mm256_setzero_si256();
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 192)));
+        __m256i sumi[QK_NR];
+        for (int r = 0; r < nr; r++) /* -32 x (scales . sums of 16) */
+            sumi[r] = _mm256_sub_epi32(
+                _mm256_setzero_si256(),
+                _mm256_slli_epi32(
+                    _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a[r][b].bsums)),
+                    5));
         for (int h = 0; h < 2; h++) {
+            /* scales 8h..8h+7 as 16-bit values in both halves */
+            __m256i sch = _mm256_permute2x128_si256(sc16, sc16, h ? 0x11 : 0x00);
             __m256i qla = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
             __m256i qlb = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
             __m256i qhv = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
@@ -369,18 +424,58 @@ static QSIMD float dot_q6k_avx2(const uint8_t *w, const struct act256 *a, uint32
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qlb, 4), m4),
                                    _mm256_and_si256(_mm256_srli_epi16(qhv, 2), m30));
             for (int c = 0; c < 4; c++) {
-                const int8_t *s2 = sc + 8 * h + 2 * c;
-                __m256i p = _mm256_maddubs_epi16(
-                    q[c], _mm256_loadu_si256((const __m256i *)(a->qs + 128 * h + 32 * c)));
-                __m256i sv = _mm256_set_m128i(_mm_set1_epi16(s2[1]), _mm_set1_epi16(s2[0]));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sv));
+                /* scale 8h+2c in the low half's lanes, 8h+2c+1 in the high's */
+                __m256i sv = _mm256_shuffle_epi8(
+                    sch, _mm256_set_m128i(_mm_set1_epi16((short)(0x0302 + 0x0404 * c)),
+                                          _mm_set1_epi16((short)(0x0100 + 0x0404 * c))));
+                for (int r = 0; r < nr; r++) {
+                    __m256i p = _mm256_maddubs_epi16(
+                        q[c], _mm256_loadu_si256((const __m256i *)(a[r][b].qs + 128 * h + 32 * c)));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, sv));
+                }
             }
         }
-        float d = h16(w + 208) * a->d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accs -= d * (float)(32 * corr); /* the -32 of every quant */
+        float dw = h16(w + 208);
+        for (int r = 0; r < nr; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r][b].d * dw), _mm256_cvtepi32_ps(sumi[r]),
+                                     acc[r]);
     }
-    return hsum_ps(acc) + accs;
+    for (int r = 0; r < nr; r++)
+        out[r] = hsum_ps(acc[r]);
+}
+
+/* The K-quant kernels specialized for each nr (the compiler unrolls the
+ * row loops and keeps the accumulators in registers). */
+#define QK_VARIANTS(X) X(1) X(2) X(3) X(4)
+#define QK_DEF(N)                                                                                  \
+    static QSIMD void dot_q4k_avx2_##N(const uint8_t *w, const struct act256 *const *a,            \
+                                       uint32_t n, float *out)                                     \
+    {                                                                                              \
+        dot_q45k_avx2_n(false, w, a, N, n, out);                                                   \
+    }                                                                                              \
+    static QSIMD void dot_q5k_avx2_##N(const uint8_t *w, const struct act256 *const *a,            \
+                                       uint32_t n, float *out)                                     \
+    {                                                                                              \
+        dot_q45k_avx2_n(true, w, a, N, n, out);                                                    \
+    }                                                                                              \
+    static QSIMD void dot_q6k_avx2_##N(const uint8_t *w, const struct act256 *const *a,            \
+                                       uint32_t n, float *out)                                     \
+    {                                                                                              \
+        dot_q6k_avx2_n(w, a, N, n, out);                                                           \
+    }
+QK_VARIANTS(QK_DEF)
+
+typedef void (*kdot_fn)(const uint8_t *w, const struct act256 *const *a, uint32_t n, float *out);
+
+static kdot_fn kdot_avx2(enum ctype t, int nr)
+{
+    static const kdot_fn q4[QK_NR] = {dot_q4k_avx2_1, dot_q4k_avx2_2, dot_q4k_avx2_3,
+                                      dot_q4k_avx2_4},
+                         q5[QK_NR] = {dot_q5k_avx2_1, dot_q5k_avx2_2, dot_q5k_avx2_3,
+                                      dot_q5k_avx2_4},
+                         q6[QK_NR] = {dot_q6k_avx2_1, dot_q6k_avx2_2, dot_q6k_avx2_3,
+                                      dot_q6k_avx2_4};
+    return (t == CT_Q4_K ? q4 : t == CT_Q5_K ? q5 : q6)[nr - 1];
 }
 #endif
 
@@ -403,11 +498,27 @@ static float qdot(const struct qm_job *j, const uint8_t *wr, const void *xr)
     uint32_t n = j->w->ne0;
 #if defined(__x86_64__)
     if (j->simd)
-        return t == CT_Q6_K ? dot_q6k_avx2(wr, xr, n)
-               : is_k(t)    ? dot_q45k_avx2(t, wr, xr, n)
-                            : dot_legacy_avx2(t, wr, xr, n);
+        return dot_legacy_avx2(t, wr, xr, n);
 #endif
-    return is_k(t) ? dot_k_c(t, wr, xr, n) : dot_legacy_c(t, wr, xr, n);
+    return dot_legacy_c(t, wr, xr, n);
+}
+
+/* Weight row wr against the nr activation rows from xr: out[0..nr-1]. */
+static void kdot(const struct qm_job *j, const uint8_t *wr, const uint8_t *xr, int nr, float *out)
+{
+    enum ctype t = j->w->type;
+    uint32_t n = j->w->ne0;
+    const struct act256 *a[QK_NR];
+    for (int r = 0; r < nr; r++)
+        a[r] = (const struct act256 *)(xr + r * j->xq_rb);
+#if defined(__x86_64__)
+    if (j->simd) {
+        kdot_avx2(t, nr)(wr, a, n, out);
+        return;
+    }
+#endif
+    for (int r = 0; r < nr; r++)
+        out[r] = dot_k_c(t, wr, a[r], n);
 }
 
 static void qm_task(void *arg, uint32_t ith, uint32_t nth)
@@ -415,12 +526,26 @@ static void qm_task(void *arg, uint32_t ith, uint32_t nth)
     struct qm_job *j = arg;
     size_t out = j->w->ne1, rb = ctype_row_bytes(j->w->type, j->w->ne0);
     const uint8_t *w0 = j->w->data, *x0 = j->xq;
+    bool k = is_k(j->w->type);
     (void)ith, (void)nth;
     for (size_t ci; (ci = atomic_fetch_add(&j->next, 1)) < j->n_chunks;) {
         size_t c0 = ci * QM_CHUNK, c1 = c0 + QM_CHUNK < out ? c0 + QM_CHUNK : out;
-        for (uint32_t r = 0; r < j->rows; r++)
-            for (size_t c = c0; c < c1; c++)
-                j->y[(size_t)r * out + c] = qdot(j, w0 + c * rb, x0 + r * j->xq_rb);
+        if (!k) {
+            for (uint32_t r = 0; r < j->rows; r++)
+                for (size_t c = c0; c < c1; c++)
+                    j->y[(size_t)r * out + c] = qdot(j, w0 + c * rb, x0 + r * j->xq_rb);
+            continue;
+        }
+        /* the K-quants: up to QK_NR activation rows per pass over the chunk */
+        for (uint32_t r = 0; r < j->rows; r += QK_NR) {
+            int nr = j->rows - r < QK_NR ? (int)(j->rows - r) : QK_NR;
+            for (size_t c = c0; c < c1; c++) {
+                float o[QK_NR];
+                kdot(j, w0 + c * rb, x0 + r * j->xq_rb, nr, o);
+                for (int i = 0; i < nr; i++)
+                    j->y[(size_t)(r + i) * out + c] = o[i];
+            }
+        }
     }
 }
 
