@@ -341,6 +341,14 @@ static void qmatmul_all(void **tst)
                     for (size_t i = 0; i < (size_t)rows * out; i++)
                         y[i] = NAN;
                     assert_int_equal(o->matmul(cx, &w, x, rows, y), 0);
+                    /* a row's outputs do not depend on the batch it is in (the
+                     * K-quant kernels share each weight block among 4 rows) */
+                    float *y1 = ts_malloc(tst, (size_t)out * 4);
+                    for (uint32_t r = 0; r < rows; r++) {
+                        assert_int_equal(o->matmul(cx, &w, x + (size_t)r * in, 1, y1), 0);
+                        assert_memory_equal(y1, y + (size_t)r * out, (size_t)out * 4);
+                    }
+                    ts_free(tst, y1);
                     for (uint32_t r = 0; r < rows; r++) {
                         act_ref(t, x + (size_t)r * in, in, xa, bd, corr);
                         for (uint32_t c = 0; c < out; c++) {
