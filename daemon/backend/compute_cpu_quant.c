@@ -32,7 +32,7 @@
 #include "quant_blocks.h"
 
 #define QM_CHUNK 8 /* weight rows per work item */
-#define QK_NR 4    /* activation rows per pass of the K-quant kernels */
+#define QK_NR 4     /* activation rows per pass of the K-quant kernels */
 
 /* An activation block of 32 (against Q4_0, Q5_0: ggml's Q8_0; against Q4_1,
  * Q5_1: its Q8_1). d: the f16 scale widened; s: the f16 of (scale x sum of
@@ -409,7 +409,8 @@ QINLINE QSIMD void dot_q6k_avx2_n(const uint8_t *w, const struct act256 *const *
                     5));
         for (int h = 0; h < 2; h++) {
             /* scales 8h..8h+7 as 16-bit values in both halves */
-            __m256i sch = _mm256_permute2x128_si256(sc16, sc16, h ? 0x11 : 0x00);
+            __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                            : _mm256_permute2x128_si256(sc16, sc16, 0x00);
             __m256i qla = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
             __m256i qlb = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
             __m256i qhv = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
@@ -469,13 +470,11 @@ typedef void (*kdot_fn)(const uint8_t *w, const struct act256 *const *a, uint32_
 
 static kdot_fn kdot_avx2(enum ctype t, int nr)
 {
-    static const kdot_fn q4[QK_NR] = {dot_q4k_avx2_1, dot_q4k_avx2_2, dot_q4k_avx2_3,
-                                      dot_q4k_avx2_4},
-                         q5[QK_NR] = {dot_q5k_avx2_1, dot_q5k_avx2_2, dot_q5k_avx2_3,
-                                      dot_q5k_avx2_4},
-                         q6[QK_NR] = {dot_q6k_avx2_1, dot_q6k_avx2_2, dot_q6k_avx2_3,
-                                      dot_q6k_avx2_4};
-    return (t == CT_Q4_K ? q4 : t == CT_Q5_K ? q5 : q6)[nr - 1];
+    static const kdot_fn f[3][QK_NR] = {
+        {dot_q4k_avx2_1, dot_q4k_avx2_2, dot_q4k_avx2_3, dot_q4k_avx2_4},
+        {dot_q5k_avx2_1, dot_q5k_avx2_2, dot_q5k_avx2_3, dot_q5k_avx2_4},
+        {dot_q6k_avx2_1, dot_q6k_avx2_2, dot_q6k_avx2_3, dot_q6k_avx2_4}};
+    return f[t == CT_Q4_K ? 0 : t == CT_Q5_K ? 1 : 2][nr - 1];
 }
 #endif
 
