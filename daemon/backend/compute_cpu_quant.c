@@ -32,7 +32,7 @@
 #include "quant_blocks.h"
 
 #define QM_CHUNK 8 /* weight rows per work item */
-#define QK_NR 4     /* activation rows per pass of the K-quant kernels */
+#define QK_NR 4    /* activation rows per pass of the K-quant kernels */
 
 /* An activation block of 32 (against Q4_0, Q5_0: ggml's Q8_0; against Q4_1,
  * Q5_1: its Q8_1). d: the f16 scale widened; s: the f16 of (scale x sum of
