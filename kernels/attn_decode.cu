@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     for (int j = 0; j < GQ; j++) {
 #pragma unroll
         for (int e = 0; e < 8; e++)
-            qv[j][e] = j < nq ? q[((size_t)qrow * n_heads + h0 + j) * D + sl * 8 + e] * scale_log2
-                              : 0.0f;
+            qv[j][e] =
+                j < nq ? q[((size_t)qrow * n_heads + h0 + j) * D + sl * 8 + e] * scale_log2 : 0.0f;
     }
 
     const int len = (int)pos0[seq] + 1;
@@ -87,8 +87,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
             int t = tw + (sub - warp_first) + u * NSUB;
             have[u] = t < t_end;
             if (have[u]) {
-                const char *blk = (const char *)kv.arena +
-                                  (size_t)table[t / kv.block_tokens] * kv.block_bytes;
+                const char *blk =
+                    (const char *)kv.arena + (size_t)table[t / kv.block_tokens] * kv.block_bytes;
                 size_t row = (size_t)(t % kv.block_tokens) * kv.row_bytes;
                 kvd_row_load8<DT>(blk + k_off + row, sl, kf[u]);
                 kvd_row_load8<DT>(blk + v_off + row, sl, vf[u]);
@@ -195,8 +195,8 @@ __global__ void attn_decode_merge_kernel(float *out, ad_partial part,
 template <int D, int DT, int GQ>
 static int ad_launch(float *out, const float *q, const kvd_k_kv &kv, int layer,
                      const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
-                     const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits, float *partial,
-                     cudaStream_t stream)
+                     const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
+                     float *partial, cudaStream_t stream)
 {
     int group = n_heads / kv.kv_heads;
     int q_groups = (group + GQ - 1) / GQ;
@@ -204,26 +204,25 @@ static int ad_launch(float *out, const float *q, const kvd_k_kv &kv, int layer,
     part.o = partial;
     part.ml = partial + (size_t)n_seqs * n_heads * n_splits * D;
     dim3 grid((unsigned)n_splits, (unsigned)(kv.kv_heads * q_groups), (unsigned)n_seqs);
-    KVD_LAUNCH(grid, AD_WARPS * 32, 0, stream, attn_decode_kernel<D, DT, GQ>)(
-        out, part, q, kv, layer, slots, slot0, pos0, qstart, n_heads, q_groups,
-        scale * KVD_LOG2E);
+    KVD_LAUNCH(grid, AD_WARPS * 32, 0, stream, attn_decode_kernel<D, DT, GQ>)
+    (out, part, q, kv, layer, slots, slot0, pos0, qstart, n_heads, q_groups, scale * KVD_LOG2E);
     int rc = kvd_launch_status();
     if (rc || n_splits == 1)
         return rc;
-    KVD_LAUNCH((unsigned)(n_seqs * n_heads), D, 0, stream, attn_decode_merge_kernel<D>)(
-        out, part, qstart, n_heads, n_splits);
+    KVD_LAUNCH((unsigned)(n_seqs * n_heads), D, 0, stream, attn_decode_merge_kernel<D>)
+    (out, part, qstart, n_heads, n_splits);
     return kvd_launch_status();
 }
 
 template <int D, int DT>
 static int ad_by_group(float *out, const float *q, const kvd_k_kv &kv, int layer,
                        const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
-                       const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits, float *partial,
-                       cudaStream_t stream)
+                       const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
+                       float *partial, cudaStream_t stream)
 {
     int group = n_heads / kv.kv_heads;
-#define AD_ARGS out, q, kv, layer, slots, slot0, pos0, qstart, n_seqs, n_heads, scale, n_splits, \
-                partial, stream
+#define AD_ARGS                                                                                    \
+    out, q, kv, layer, slots, slot0, pos0, qstart, n_seqs, n_heads, scale, n_splits, partial, stream
     if (group <= 1)
         return ad_launch<D, DT, 1>(AD_ARGS);
     if (group <= 2)
@@ -236,13 +235,16 @@ static int ad_by_group(float *out, const float *q, const kvd_k_kv &kv, int layer
 template <int D>
 static int ad_by_dtype(float *out, const float *q, const kvd_k_kv &kv, int layer,
                        const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
-                       const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits, float *partial,
-                       cudaStream_t stream)
+                       const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
+                       float *partial, cudaStream_t stream)
 {
     switch (kv.dtype) {
-    case KVD_K_F16: return ad_by_group<D, KVD_K_F16>(AD_ARGS);
-    case KVD_K_BF16: return ad_by_group<D, KVD_K_BF16>(AD_ARGS);
-    case KVD_K_F32: return ad_by_group<D, KVD_K_F32>(AD_ARGS);
+    case KVD_K_F16:
+        return ad_by_group<D, KVD_K_F16>(AD_ARGS);
+    case KVD_K_BF16:
+        return ad_by_group<D, KVD_K_BF16>(AD_ARGS);
+    case KVD_K_F32:
+        return ad_by_group<D, KVD_K_F32>(AD_ARGS);
     case KVD_K_Q8_0:
     case KVD_K_FP8:
         if constexpr (D % 32 == 0) { // quantized rows are whole 32-value blocks
@@ -251,14 +253,14 @@ static int ad_by_dtype(float *out, const float *q, const kvd_k_kv &kv, int layer
             return ad_by_group<D, KVD_K_FP8>(AD_ARGS);
         }
         return (int)cudaErrorInvalidValue;
-    default: return (int)cudaErrorInvalidValue;
+    default:
+        return (int)cudaErrorInvalidValue;
     }
 }
 
 extern "C" int kvd_k_attn_supported(int head_dim)
 {
-    return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 ||
-           head_dim == 256;
+    return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
 extern "C" size_t kvd_k_attn_decode_partial_floats(int n_seqs, int n_heads, int head_dim,
@@ -284,26 +286,31 @@ extern "C" int kvd_k_attn_decode_splits(int n_seqs, int kv_heads, int max_ctx, i
     return s < 1 ? 1 : (int)s;
 }
 
-extern "C" int kvd_k_attn_decode(float *out, const float *q, const struct kvd_k_kv *kvp,
-                                 int layer, const uint32_t *slots, const uint32_t *slot0,
-                                 const uint32_t *pos0, const uint32_t *qstart, int n_seqs,
-                                 int n_heads, float scale,
+extern "C" int kvd_k_attn_decode(float *out, const float *q, const struct kvd_k_kv *kvp, int layer,
+                                 const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
+                                 const uint32_t *qstart, int n_seqs, int n_heads, float scale,
                                  int n_splits, float *partial, kvd_stream stream)
 {
     const kvd_k_kv &kv = *kvp;
-    if (n_seqs < 0 || kv.kv_heads <= 0 || n_heads <= 0 || n_heads % kv.kv_heads ||
-        layer < 0 || layer >= kv.layers || n_splits < 1 || n_splits > 65535 ||
-        kv.block_tokens <= 0 || (n_splits > 1 && !partial))
+    if (n_seqs < 0 || kv.kv_heads <= 0 || n_heads <= 0 || n_heads % kv.kv_heads || layer < 0 ||
+        layer >= kv.layers || n_splits < 1 || n_splits > 65535 || kv.block_tokens <= 0 ||
+        (n_splits > 1 && !partial))
         return (int)cudaErrorInvalidValue;
     if (n_seqs == 0)
         return 0;
     switch (kv.head_dim) {
-    case 16: return ad_by_dtype<16>(AD_ARGS);
-    case 32: return ad_by_dtype<32>(AD_ARGS);
-    case 64: return ad_by_dtype<64>(AD_ARGS);
-    case 128: return ad_by_dtype<128>(AD_ARGS);
-    case 256: return ad_by_dtype<256>(AD_ARGS);
-    default: return (int)cudaErrorInvalidValue;
+    case 16:
+        return ad_by_dtype<16>(AD_ARGS);
+    case 32:
+        return ad_by_dtype<32>(AD_ARGS);
+    case 64:
+        return ad_by_dtype<64>(AD_ARGS);
+    case 128:
+        return ad_by_dtype<128>(AD_ARGS);
+    case 256:
+        return ad_by_dtype<256>(AD_ARGS);
+    default:
+        return (int)cudaErrorInvalidValue;
     }
 #undef AD_ARGS
 }

@@ -6,9 +6,9 @@
 #include "kv_row.cuh"
 
 #define AP_WARPS 4
-#define AP_ROWS 8                     // query rows per warp
-#define AP_BK 32                      // keys per tile (one per lane)
-#define AP_BR (AP_WARPS * AP_ROWS)    // query rows per block
+#define AP_ROWS 8                  // query rows per warp
+#define AP_BK 32                   // keys per tile (one per lane)
+#define AP_BR (AP_WARPS * AP_ROWS) // query rows per block
 
 // Shared memory: q [AP_BR][D] (scaled to log2 units), K tile [AP_BK][D+1]
 // (padded: lane j reads row j, column d, bank-conflict free), V [AP_BK][D].
@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(AP_WARPS * 32)
     const int rows_total = n_new * group;
     const int row0 = blockIdx.x * AP_BR;
     if (row0 >= rows_total || n_new <= 0)
-        return; // whole block idle: uniform, before any barrier
+        return;                           // whole block idle: uniform, before any barrier
     const int first_pos = (int)pos0[seq]; // position of query token 0
     const uint32_t *table = slots + slot0[seq];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -81,8 +81,8 @@ __global__ void __launch_bounds__(AP_WARPS * 32)
             int j = idx / D, d = idx % D, t = k0 + j;
             float kx = 0.0f, vx = 0.0f;
             if (t < k_end) {
-                const char *blk = (const char *)kv.arena +
-                                  (size_t)table[t / kv.block_tokens] * kv.block_bytes;
+                const char *blk =
+                    (const char *)kv.arena + (size_t)table[t / kv.block_tokens] * kv.block_bytes;
                 size_t row = (size_t)(t % kv.block_tokens) * kv.row_bytes;
                 kx = kvd_row_load1<DT>(blk + k_off + row, d);
                 vx = kvd_row_load1<DT>(blk + v_off + row, d);
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(AP_WARPS * 32)
             for (int d = 0; d < D; d++)
                 s += qr[d] * kr[d];
             if (k0 + lane > pos[r])
-                s = -INFINITY; // causal mask (also covers keys past k_end)
+                s = -INFINITY;                       // causal mask (also covers keys past k_end)
             float mn = fmaxf(m[r], kvd_warp_max(s)); // finite: key k0 <= pos[r]
             float corr = exp2f(m[r] - mn);
             float p = exp2f(s - mn);
@@ -146,9 +146,8 @@ static int ap_launch(float *out, const float *q, const kvd_k_kv &kv, int layer,
     static bool attr_done = false;
     const size_t smem = ap_smem_bytes<D>();
     if (!attr_done) {
-        cudaError_t e = cudaFuncSetAttribute(attn_prefill_kernel<D, DT>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
+        cudaError_t e = cudaFuncSetAttribute(
+            attn_prefill_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return (int)e;
         attr_done = true;
@@ -156,13 +155,12 @@ static int ap_launch(float *out, const float *q, const kvd_k_kv &kv, int layer,
     int group = n_heads / kv.kv_heads;
     long rows = (long)max_q * group;
     dim3 grid((unsigned)((rows + AP_BR - 1) / AP_BR), (unsigned)kv.kv_heads, (unsigned)n_seqs);
-    KVD_LAUNCH(grid, AP_WARPS * 32, smem, stream, attn_prefill_kernel<D, DT>)(
-        out, q, kv, layer, slots, slot0, pos0, qstart, n_heads, scale * KVD_LOG2E);
+    KVD_LAUNCH(grid, AP_WARPS * 32, smem, stream, attn_prefill_kernel<D, DT>)
+    (out, q, kv, layer, slots, slot0, pos0, qstart, n_heads, scale * KVD_LOG2E);
     return kvd_launch_status();
 }
 
-#define AP_ARGS out, q, kv, layer, slots, slot0, pos0, qstart, n_seqs, max_q, n_heads, scale, \
-                stream
+#define AP_ARGS out, q, kv, layer, slots, slot0, pos0, qstart, n_seqs, max_q, n_heads, scale, stream
 
 template <int D>
 static int ap_by_dtype(float *out, const float *q, const kvd_k_kv &kv, int layer,
@@ -171,9 +169,12 @@ static int ap_by_dtype(float *out, const float *q, const kvd_k_kv &kv, int layer
                        cudaStream_t stream)
 {
     switch (kv.dtype) {
-    case KVD_K_F16: return ap_launch<D, KVD_K_F16>(AP_ARGS);
-    case KVD_K_BF16: return ap_launch<D, KVD_K_BF16>(AP_ARGS);
-    case KVD_K_F32: return ap_launch<D, KVD_K_F32>(AP_ARGS);
+    case KVD_K_F16:
+        return ap_launch<D, KVD_K_F16>(AP_ARGS);
+    case KVD_K_BF16:
+        return ap_launch<D, KVD_K_BF16>(AP_ARGS);
+    case KVD_K_F32:
+        return ap_launch<D, KVD_K_F32>(AP_ARGS);
     case KVD_K_Q8_0:
     case KVD_K_FP8:
         if constexpr (D % 32 == 0) { // quantized rows are whole 32-value blocks
@@ -182,27 +183,34 @@ static int ap_by_dtype(float *out, const float *q, const kvd_k_kv &kv, int layer
             return ap_launch<D, KVD_K_FP8>(AP_ARGS);
         }
         return (int)cudaErrorInvalidValue;
-    default: return (int)cudaErrorInvalidValue;
+    default:
+        return (int)cudaErrorInvalidValue;
     }
 }
 
-extern "C" int kvd_k_attn_prefill(float *out, const float *q, const struct kvd_k_kv *kvp,
-                                  int layer, const uint32_t *slots, const uint32_t *slot0,
+extern "C" int kvd_k_attn_prefill(float *out, const float *q, const struct kvd_k_kv *kvp, int layer,
+                                  const uint32_t *slots, const uint32_t *slot0,
                                   const uint32_t *pos0, const uint32_t *qstart, int n_seqs,
                                   int max_q, int n_heads, float scale, kvd_stream stream)
 {
     const kvd_k_kv &kv = *kvp;
-    if (n_seqs < 0 || max_q < 0 || kv.kv_heads <= 0 || n_heads <= 0 ||
-        n_heads % kv.kv_heads || layer < 0 || layer >= kv.layers || kv.block_tokens <= 0)
+    if (n_seqs < 0 || max_q < 0 || kv.kv_heads <= 0 || n_heads <= 0 || n_heads % kv.kv_heads ||
+        layer < 0 || layer >= kv.layers || kv.block_tokens <= 0)
         return (int)cudaErrorInvalidValue;
     if (n_seqs == 0 || max_q == 0)
         return 0;
     switch (kv.head_dim) {
-    case 16: return ap_by_dtype<16>(AP_ARGS);
-    case 32: return ap_by_dtype<32>(AP_ARGS);
-    case 64: return ap_by_dtype<64>(AP_ARGS);
-    case 128: return ap_by_dtype<128>(AP_ARGS);
-    case 256: return ap_by_dtype<256>(AP_ARGS);
-    default: return (int)cudaErrorInvalidValue;
+    case 16:
+        return ap_by_dtype<16>(AP_ARGS);
+    case 32:
+        return ap_by_dtype<32>(AP_ARGS);
+    case 64:
+        return ap_by_dtype<64>(AP_ARGS);
+    case 128:
+        return ap_by_dtype<128>(AP_ARGS);
+    case 256:
+        return ap_by_dtype<256>(AP_ARGS);
+    default:
+        return (int)cudaErrorInvalidValue;
     }
 }

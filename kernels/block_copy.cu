@@ -24,8 +24,8 @@ __global__ void block_copy1_kernel(char *arena, size_t block_bytes, const int32_
         d[i] = s[i];
 }
 
-extern "C" int kvd_k_block_copy(const struct kvd_k_kv *kv, const int32_t *src,
-                                const int32_t *dst, int n, kvd_stream stream)
+extern "C" int kvd_k_block_copy(const struct kvd_k_kv *kv, const int32_t *src, const int32_t *dst,
+                                int n, kvd_stream stream)
 {
     if (n < 0)
         return (int)cudaErrorInvalidValue;
@@ -36,8 +36,10 @@ extern "C" int kvd_k_block_copy(const struct kvd_k_kv *kv, const int32_t *src,
     unsigned chunks = kvd_blocks_for(units, 256);
     dim3 grid((unsigned)n, chunks > 64 ? 64 : chunks);
     if (wide)
-        KVD_LAUNCH(grid, 256, 0, stream, block_copy16_kernel)((char *)kv->arena, kv->block_bytes, src, dst);
+        KVD_LAUNCH(grid, 256, 0, stream, block_copy16_kernel)
+        ((char *)kv->arena, kv->block_bytes, src, dst);
     else
-        KVD_LAUNCH(grid, 256, 0, stream, block_copy1_kernel)((char *)kv->arena, kv->block_bytes, src, dst);
+        KVD_LAUNCH(grid, 256, 0, stream, block_copy1_kernel)
+        ((char *)kv->arena, kv->block_bytes, src, dst);
     return kvd_launch_status();
 }

@@ -70,8 +70,7 @@ extern "C" int kvd_k_wtype_block(int wtype)
     return kvd_wt_known(wtype) ? kvd_wt_qk(wtype) : 0;
 }
 
-extern "C" int kvd_k_to_bf16(uint16_t *dst, const void *src, int wtype, size_t n,
-                             kvd_stream stream)
+extern "C" int kvd_k_to_bf16(uint16_t *dst, const void *src, int wtype, size_t n, kvd_stream stream)
 {
     int rc = check_wtype(wtype, n);
     if (rc || n == 0)
@@ -79,11 +78,11 @@ extern "C" int kvd_k_to_bf16(uint16_t *dst, const void *src, int wtype, size_t n
     if (kvd_wt_is_q(wtype)) {
         size_t nc = n / 32;
         if (((uintptr_t)dst & 15) == 0)
-            KVD_LAUNCH(conv_grid(nc), 256, 0, stream, deq_chunks_kernel<true, true>)(
-                dst, (const uint8_t *)src, wtype, nc);
+            KVD_LAUNCH(conv_grid(nc), 256, 0, stream, deq_chunks_kernel<true, true>)
+            (dst, (const uint8_t *)src, wtype, nc);
         else
-            KVD_LAUNCH(conv_grid(nc), 256, 0, stream, deq_chunks_kernel<true, false>)(
-                dst, (const uint8_t *)src, wtype, nc);
+            KVD_LAUNCH(conv_grid(nc), 256, 0, stream, deq_chunks_kernel<true, false>)
+            (dst, (const uint8_t *)src, wtype, nc);
         return kvd_launch_status();
     }
     KVD_LAUNCH(conv_grid(n), 256, 0, stream, to_bf16_kernel)(dst, src, wtype, n);
@@ -97,8 +96,8 @@ extern "C" int kvd_k_to_f32(float *dst, const void *src, int wtype, size_t n, kv
         return rc;
     if (kvd_wt_is_q(wtype)) {
         size_t nc = n / 32;
-        KVD_LAUNCH(conv_grid(nc), 256, 0, stream, deq_chunks_kernel<false, false>)(
-            dst, (const uint8_t *)src, wtype, nc);
+        KVD_LAUNCH(conv_grid(nc), 256, 0, stream, deq_chunks_kernel<false, false>)
+        (dst, (const uint8_t *)src, wtype, nc);
         return kvd_launch_status();
     }
     KVD_LAUNCH(conv_grid(n), 256, 0, stream, to_f32_kernel)(dst, src, wtype, n);

@@ -22,18 +22,25 @@ __global__ void fill_uniform_kernel(void *dst, size_t n, uint64_t seed, float lo
     }
 }
 
-extern "C" int kvd_k_fill_uniform(void *dst, int dtype, size_t n, uint64_t seed, float lo,
-                                  float hi, kvd_stream stream)
+extern "C" int kvd_k_fill_uniform(void *dst, int dtype, size_t n, uint64_t seed, float lo, float hi,
+                                  kvd_stream stream)
 {
     if (n == 0)
         return 0;
     unsigned b = kvd_blocks_for(n, 256);
     b = b > 16384 ? 16384 : b;
     switch (dtype) {
-    case KVD_K_F16: KVD_LAUNCH(b, 256, 0, stream, fill_uniform_kernel<KVD_K_F16>)(dst, n, seed, lo, hi); break;
-    case KVD_K_BF16: KVD_LAUNCH(b, 256, 0, stream, fill_uniform_kernel<KVD_K_BF16>)(dst, n, seed, lo, hi); break;
-    case KVD_K_F32: KVD_LAUNCH(b, 256, 0, stream, fill_uniform_kernel<KVD_K_F32>)(dst, n, seed, lo, hi); break;
-    default: return (int)cudaErrorInvalidValue;
+    case KVD_K_F16:
+        KVD_LAUNCH(b, 256, 0, stream, fill_uniform_kernel<KVD_K_F16>)(dst, n, seed, lo, hi);
+        break;
+    case KVD_K_BF16:
+        KVD_LAUNCH(b, 256, 0, stream, fill_uniform_kernel<KVD_K_BF16>)(dst, n, seed, lo, hi);
+        break;
+    case KVD_K_F32:
+        KVD_LAUNCH(b, 256, 0, stream, fill_uniform_kernel<KVD_K_F32>)(dst, n, seed, lo, hi);
+        break;
+    default:
+        return (int)cudaErrorInvalidValue;
     }
     return kvd_launch_status();
 }

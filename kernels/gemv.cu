@@ -14,7 +14,10 @@ template <int WT> struct gemv_unit;
 template <> struct gemv_unit<KVD_KW_BF16> {
     static constexpr int N = 8;
     uint4 raw;
-    __device__ void load(const char *row, int u) { raw = __ldcs((const uint4 *)row + u); }
+    __device__ void load(const char *row, int u)
+    {
+        raw = __ldcs((const uint4 *)row + u);
+    }
     __device__ void widen(float *f) const
     {
         uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -28,7 +31,10 @@ template <> struct gemv_unit<KVD_KW_BF16> {
 template <> struct gemv_unit<KVD_KW_F16> {
     static constexpr int N = 8;
     uint4 raw;
-    __device__ void load(const char *row, int u) { raw = __ldcs((const uint4 *)row + u); }
+    __device__ void load(const char *row, int u)
+    {
+        raw = __ldcs((const uint4 *)row + u);
+    }
     __device__ void widen(float *f) const
     {
         uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -50,8 +56,14 @@ template <> struct gemv_unit<KVD_KW_F32> {
     }
     __device__ void widen(float *f) const
     {
-        f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
-        f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+        f[0] = a.x;
+        f[1] = a.y;
+        f[2] = a.z;
+        f[3] = a.w;
+        f[4] = b.x;
+        f[5] = b.y;
+        f[6] = b.z;
+        f[7] = b.w;
     }
 };
 template <> struct gemv_unit<KVD_KW_Q8_0> {
@@ -133,7 +145,8 @@ static int gemv_launch(float *y, const void *w, const float *x, int out, int in,
                        cudaStream_t stream)
 {
     unsigned blocks = (unsigned)((out + GEMV_WARPS - 1) / GEMV_WARPS);
-    KVD_LAUNCH(blocks, GEMV_WARPS * 32, 0, stream, gemv_kernel<WT, NT>)(y, (const char *)w, x, out, in);
+    KVD_LAUNCH(blocks, GEMV_WARPS * 32, 0, stream, gemv_kernel<WT, NT>)
+    (y, (const char *)w, x, out, in);
     return kvd_launch_status();
 }
 
@@ -142,14 +155,22 @@ static int gemv_by_tokens(float *y, const void *w, const float *x, int n_tokens,
                           cudaStream_t stream)
 {
     switch (n_tokens) {
-    case 1: return gemv_launch<WT, 1>(y, w, x, out, in, stream);
-    case 2: return gemv_launch<WT, 2>(y, w, x, out, in, stream);
-    case 3: return gemv_launch<WT, 3>(y, w, x, out, in, stream);
-    case 4: return gemv_launch<WT, 4>(y, w, x, out, in, stream);
-    case 5: return gemv_launch<WT, 5>(y, w, x, out, in, stream);
-    case 6: return gemv_launch<WT, 6>(y, w, x, out, in, stream);
-    case 7: return gemv_launch<WT, 7>(y, w, x, out, in, stream);
-    default: return gemv_launch<WT, 8>(y, w, x, out, in, stream);
+    case 1:
+        return gemv_launch<WT, 1>(y, w, x, out, in, stream);
+    case 2:
+        return gemv_launch<WT, 2>(y, w, x, out, in, stream);
+    case 3:
+        return gemv_launch<WT, 3>(y, w, x, out, in, stream);
+    case 4:
+        return gemv_launch<WT, 4>(y, w, x, out, in, stream);
+    case 5:
+        return gemv_launch<WT, 5>(y, w, x, out, in, stream);
+    case 6:
+        return gemv_launch<WT, 6>(y, w, x, out, in, stream);
+    case 7:
+        return gemv_launch<WT, 7>(y, w, x, out, in, stream);
+    default:
+        return gemv_launch<WT, 8>(y, w, x, out, in, stream);
     }
 }
 
@@ -158,25 +179,32 @@ extern "C" int kvd_k_gemv_ok(const void *w, int wtype, const float *x, int n_tok
     if (n_tokens < 1 || n_tokens > KVD_K_GEMV_MAX_TOKENS || in <= 0 || ((uintptr_t)x & 15))
         return 0;
     switch (wtype) {
-    case KVD_KW_Q8_0: return in % 32 == 0 && ((uintptr_t)w & 1) == 0;
+    case KVD_KW_Q8_0:
+        return in % 32 == 0 && ((uintptr_t)w & 1) == 0;
     case KVD_KW_F32:
     case KVD_KW_F16:
-    case KVD_KW_BF16: return in % 8 == 0 && ((uintptr_t)w & 15) == 0;
-    default: return 0;
+    case KVD_KW_BF16:
+        return in % 8 == 0 && ((uintptr_t)w & 15) == 0;
+    default:
+        return 0;
     }
 }
 
-extern "C" int kvd_k_gemv(float *y, const void *w, int wtype, const float *x, int n_tokens,
-                          int out, int in, kvd_stream stream)
+extern "C" int kvd_k_gemv(float *y, const void *w, int wtype, const float *x, int n_tokens, int out,
+                          int in, kvd_stream stream)
 {
     if (out < 0 || !kvd_k_gemv_ok(w, wtype, x, n_tokens, in))
         return (int)cudaErrorInvalidValue;
     if (out == 0)
         return 0;
     switch (wtype) {
-    case KVD_KW_F32: return gemv_by_tokens<KVD_KW_F32>(y, w, x, n_tokens, out, in, stream);
-    case KVD_KW_F16: return gemv_by_tokens<KVD_KW_F16>(y, w, x, n_tokens, out, in, stream);
-    case KVD_KW_BF16: return gemv_by_tokens<KVD_KW_BF16>(y, w, x, n_tokens, out, in, stream);
-    default: return gemv_by_tokens<KVD_KW_Q8_0>(y, w, x, n_tokens, out, in, stream);
+    case KVD_KW_F32:
+        return gemv_by_tokens<KVD_KW_F32>(y, w, x, n_tokens, out, in, stream);
+    case KVD_KW_F16:
+        return gemv_by_tokens<KVD_KW_F16>(y, w, x, n_tokens, out, in, stream);
+    case KVD_KW_BF16:
+        return gemv_by_tokens<KVD_KW_BF16>(y, w, x, n_tokens, out, in, stream);
+    default:
+        return gemv_by_tokens<KVD_KW_Q8_0>(y, w, x, n_tokens, out, in, stream);
     }
 }

@@ -345,7 +345,8 @@ template <bool FIVE> struct kunit {
                 d0 = kvd_dp4a((int)lo[i], A[i], d0);
                 d1 = kvd_dp4a((int)hi[i], B[i], d1);
             }
-            const int4 bsv = *(const int4 *)(a.bs + (size_t)t * (in / 16) + (size_t)sb * 16 + 4 * p);
+            const int4 bsv =
+                *(const int4 *)(a.bs + (size_t)t * (in / 16) + (size_t)sb * 16 + 4 * p);
             const int sumi = sc0 * d0 + sc1 * d1;
             const int summ = mn0 * (bsv.x + bsv.y) + mn1 * (bsv.z + bsv.w);
             const float ad = a.d256[(size_t)t * (in / 256) + sb];
@@ -353,8 +354,10 @@ template <bool FIVE> struct kunit {
         }
     }
 };
-template <> struct qunit<KVD_KW_Q4_K> : kunit<false> {};
-template <> struct qunit<KVD_KW_Q5_K> : kunit<true> {};
+template <> struct qunit<KVD_KW_Q4_K> : kunit<false> {
+};
+template <> struct qunit<KVD_KW_Q5_K> : kunit<true> {
+};
 
 // Q6_K: super-blocks of 210 bytes are only 2-byte aligned. A unit (v = u % 4,
 // half hf = v / 2, l0 = 16 * (v % 2)) is the 64 values 128hf + 32k + l0 + l
@@ -456,8 +459,8 @@ static int gemvq_launch(float *y, const void *w, const actq &a, int out, int in,
                         cudaStream_t stream)
 {
     unsigned blocks = (unsigned)((out + GQ_WARPS - 1) / GQ_WARPS);
-    KVD_LAUNCH(blocks, GQ_WARPS * 32, 0, stream, gemvq_kernel<WT, NT>)(y, (const char *)w, a, out,
-                                                                      in);
+    KVD_LAUNCH(blocks, GQ_WARPS * 32, 0, stream, gemvq_kernel<WT, NT>)
+    (y, (const char *)w, a, out, in);
     return kvd_launch_status();
 }
 
@@ -466,14 +469,22 @@ static int gemvq_by_tokens(float *y, const void *w, const actq &a, int n_tokens,
                            cudaStream_t stream)
 {
     switch (n_tokens) {
-    case 1: return gemvq_launch<WT, 1>(y, w, a, out, in, stream);
-    case 2: return gemvq_launch<WT, 2>(y, w, a, out, in, stream);
-    case 3: return gemvq_launch<WT, 3>(y, w, a, out, in, stream);
-    case 4: return gemvq_launch<WT, 4>(y, w, a, out, in, stream);
-    case 5: return gemvq_launch<WT, 5>(y, w, a, out, in, stream);
-    case 6: return gemvq_launch<WT, 6>(y, w, a, out, in, stream);
-    case 7: return gemvq_launch<WT, 7>(y, w, a, out, in, stream);
-    default: return gemvq_launch<WT, 8>(y, w, a, out, in, stream);
+    case 1:
+        return gemvq_launch<WT, 1>(y, w, a, out, in, stream);
+    case 2:
+        return gemvq_launch<WT, 2>(y, w, a, out, in, stream);
+    case 3:
+        return gemvq_launch<WT, 3>(y, w, a, out, in, stream);
+    case 4:
+        return gemvq_launch<WT, 4>(y, w, a, out, in, stream);
+    case 5:
+        return gemvq_launch<WT, 5>(y, w, a, out, in, stream);
+    case 6:
+        return gemvq_launch<WT, 6>(y, w, a, out, in, stream);
+    case 7:
+        return gemvq_launch<WT, 7>(y, w, a, out, in, stream);
+    default:
+        return gemvq_launch<WT, 8>(y, w, a, out, in, stream);
     }
 }
 
@@ -495,10 +506,14 @@ extern "C" int kvd_k_gemvq_ok(const void *w, int wtype, const float *x, int n_to
         return 0;
     switch (wtype) {
     case KVD_KW_Q4_K:
-    case KVD_KW_Q5_K: return (a & 15) == 0;
-    case KVD_KW_Q5_1: return (a & 7) == 0;
-    case KVD_KW_Q4_1: return (a & 3) == 0;
-    default: return (a & 1) == 0;
+    case KVD_KW_Q5_K:
+        return (a & 15) == 0;
+    case KVD_KW_Q5_1:
+        return (a & 7) == 0;
+    case KVD_KW_Q4_1:
+        return (a & 3) == 0;
+    default:
+        return (a & 1) == 0;
     }
 }
 
@@ -517,26 +532,35 @@ extern "C" int kvd_k_gemvq(float *y, const void *w, int wtype, const float *x, v
         int *bs = (int *)((char *)d + al256(n / 256 * 4));
         const int nsb = (int)(n / 256);
         KVD_LAUNCH((unsigned)((nsb + GQ_WARPS - 1) / GQ_WARPS), GQ_WARPS * 32, 0, stream,
-                   quant256_kernel)(x, qs, d, bs, nsb);
+                   quant256_kernel)
+        (x, qs, d, bs, nsb);
         a.d256 = d;
         a.bs = bs;
     } else {
         float4 *m = (float4 *)((char *)act + al256(n));
         const int nb = (int)(n / 32);
         KVD_LAUNCH((unsigned)((nb + GQ_WARPS - 1) / GQ_WARPS), GQ_WARPS * 32, 0, stream,
-                   quant32_kernel)(x, qs, m, nb);
+                   quant32_kernel)
+        (x, qs, m, nb);
         a.m32 = m;
     }
     int rc = kvd_launch_status();
     if (rc)
         return rc;
     switch (wtype) {
-    case KVD_KW_Q4_0: return gemvq_by_tokens<KVD_KW_Q4_0>(y, w, a, n_tokens, out, in, stream);
-    case KVD_KW_Q4_1: return gemvq_by_tokens<KVD_KW_Q4_1>(y, w, a, n_tokens, out, in, stream);
-    case KVD_KW_Q5_0: return gemvq_by_tokens<KVD_KW_Q5_0>(y, w, a, n_tokens, out, in, stream);
-    case KVD_KW_Q5_1: return gemvq_by_tokens<KVD_KW_Q5_1>(y, w, a, n_tokens, out, in, stream);
-    case KVD_KW_Q4_K: return gemvq_by_tokens<KVD_KW_Q4_K>(y, w, a, n_tokens, out, in, stream);
-    case KVD_KW_Q5_K: return gemvq_by_tokens<KVD_KW_Q5_K>(y, w, a, n_tokens, out, in, stream);
-    default: return gemvq_by_tokens<KVD_KW_Q6_K>(y, w, a, n_tokens, out, in, stream);
+    case KVD_KW_Q4_0:
+        return gemvq_by_tokens<KVD_KW_Q4_0>(y, w, a, n_tokens, out, in, stream);
+    case KVD_KW_Q4_1:
+        return gemvq_by_tokens<KVD_KW_Q4_1>(y, w, a, n_tokens, out, in, stream);
+    case KVD_KW_Q5_0:
+        return gemvq_by_tokens<KVD_KW_Q5_0>(y, w, a, n_tokens, out, in, stream);
+    case KVD_KW_Q5_1:
+        return gemvq_by_tokens<KVD_KW_Q5_1>(y, w, a, n_tokens, out, in, stream);
+    case KVD_KW_Q4_K:
+        return gemvq_by_tokens<KVD_KW_Q4_K>(y, w, a, n_tokens, out, in, stream);
+    case KVD_KW_Q5_K:
+        return gemvq_by_tokens<KVD_KW_Q5_K>(y, w, a, n_tokens, out, in, stream);
+    default:
+        return gemvq_by_tokens<KVD_KW_Q6_K>(y, w, a, n_tokens, out, in, stream);
     }
 }

@@ -20,11 +20,11 @@
 //   KVD_SHARED(float, name, [N][M]);   KVD_SHARED(int, flag, );
 //   KVD_DYN_SHARED(float, name);       (the launch's dynamic shared memory)
 #ifdef KVD_CUDA_EMULATE
-#define KVD_LAUNCH(grid, block, smem, stream, ...) \
+#define KVD_LAUNCH(grid, block, smem, stream, ...)                                                 \
     kvd_emu_make_launcher(#__VA_ARGS__, __VA_ARGS__, grid, block, smem, stream)
-#define KVD_SHARED(type, name, dims)                                                   \
-    static kvd_emu_shared_key name##_key_;                                             \
-    auto &name = *reinterpret_cast<type(*) dims>(                                      \
+#define KVD_SHARED(type, name, dims)                                                               \
+    static kvd_emu_shared_key name##_key_;                                                         \
+    auto &name = *reinterpret_cast<type(*) dims>(                                                  \
         kvd_emu_shared(&name##_key_, sizeof(type dims), alignof(type)))
 #define KVD_DYN_SHARED(type, name) type *const name = static_cast<type *>(kvd_emu_dyn_shared())
 #else
@@ -80,8 +80,14 @@ template <int DT> static __device__ __forceinline__ void kvd_load8(const void *p
     if (DT == KVD_K_F32) {
         const float4 *f = (const float4 *)p;
         float4 a = f[0], b = f[1];
-        o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
-        o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+        o[0] = a.x;
+        o[1] = a.y;
+        o[2] = a.z;
+        o[3] = a.w;
+        o[4] = b.x;
+        o[5] = b.y;
+        o[6] = b.z;
+        o[7] = b.w;
     } else {
         uint4 u = *(const uint4 *)p;
         uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -137,10 +143,14 @@ static __device__ __forceinline__ float kvd_q8_0_value(const uint8_t *src, size_
 static __device__ __forceinline__ float kvd_any_to_f32(const void *src, int wtype, size_t i)
 {
     switch (wtype) {
-    case KVD_KW_F32: return ((const float *)src)[i];
-    case KVD_KW_F16: return kvd_f16_to_f32(((const uint16_t *)src)[i]);
-    case KVD_KW_BF16: return kvd_bf16_to_f32(((const uint16_t *)src)[i]);
-    default: return kvd_q8_0_value((const uint8_t *)src, i);
+    case KVD_KW_F32:
+        return ((const float *)src)[i];
+    case KVD_KW_F16:
+        return kvd_f16_to_f32(((const uint16_t *)src)[i]);
+    case KVD_KW_BF16:
+        return kvd_bf16_to_f32(((const uint16_t *)src)[i]);
+    default:
+        return kvd_q8_0_value((const uint8_t *)src, i);
     }
 }
 
@@ -149,16 +159,26 @@ static __device__ __forceinline__ float kvd_any_to_f32(const void *src, int wtyp
 static __host__ __device__ __forceinline__ size_t kvd_row_bytes(int wtype, size_t n)
 {
     switch (wtype) {
-    case KVD_KW_F32: return n * 4;
-    case KVD_KW_Q8_0: return n / 32 * 34;
-    case KVD_KW_Q4_0: return n / 32 * 18;
-    case KVD_KW_Q4_1: return n / 32 * 20;
-    case KVD_KW_Q5_0: return n / 32 * 22;
-    case KVD_KW_Q5_1: return n / 32 * 24;
-    case KVD_KW_Q4_K: return n / 256 * 144;
-    case KVD_KW_Q5_K: return n / 256 * 176;
-    case KVD_KW_Q6_K: return n / 256 * 210;
-    default: return n * 2;
+    case KVD_KW_F32:
+        return n * 4;
+    case KVD_KW_Q8_0:
+        return n / 32 * 34;
+    case KVD_KW_Q4_0:
+        return n / 32 * 18;
+    case KVD_KW_Q4_1:
+        return n / 32 * 20;
+    case KVD_KW_Q5_0:
+        return n / 32 * 22;
+    case KVD_KW_Q5_1:
+        return n / 32 * 24;
+    case KVD_KW_Q4_K:
+        return n / 256 * 144;
+    case KVD_KW_Q5_K:
+        return n / 256 * 176;
+    case KVD_KW_Q6_K:
+        return n / 256 * 210;
+    default:
+        return n * 2;
     }
 }
 

@@ -27,8 +27,8 @@ __global__ void kv_write_kernel(kvd_k_kv kv, int layer, const uint32_t *__restri
 // One block per token, one warp per 32-value q8_0 block at a time: the warp
 // finds its block's amax and writes d and the 32 q.
 __global__ void kv_write_q8_0_kernel(kvd_k_kv kv, int layer, const uint32_t *__restrict__ slots,
-                                     const uint32_t *__restrict__ pos,
-                                     const float *__restrict__ k, const float *__restrict__ v)
+                                     const uint32_t *__restrict__ pos, const float *__restrict__ k,
+                                     const float *__restrict__ v)
 {
     int t = blockIdx.x;
     uint32_t slot = slots[t];
@@ -91,13 +91,16 @@ extern "C" int kvd_k_kv_write(const struct kvd_k_kv *kv, int layer, const uint32
         return 0;
     switch (kv->dtype) {
     case KVD_K_F16:
-        KVD_LAUNCH(n_tokens, 128, 0, stream, kv_write_kernel<KVD_K_F16>)(*kv, layer, slots, pos, k, v);
+        KVD_LAUNCH(n_tokens, 128, 0, stream, kv_write_kernel<KVD_K_F16>)
+        (*kv, layer, slots, pos, k, v);
         break;
     case KVD_K_BF16:
-        KVD_LAUNCH(n_tokens, 128, 0, stream, kv_write_kernel<KVD_K_BF16>)(*kv, layer, slots, pos, k, v);
+        KVD_LAUNCH(n_tokens, 128, 0, stream, kv_write_kernel<KVD_K_BF16>)
+        (*kv, layer, slots, pos, k, v);
         break;
     case KVD_K_F32:
-        KVD_LAUNCH(n_tokens, 128, 0, stream, kv_write_kernel<KVD_K_F32>)(*kv, layer, slots, pos, k, v);
+        KVD_LAUNCH(n_tokens, 128, 0, stream, kv_write_kernel<KVD_K_F32>)
+        (*kv, layer, slots, pos, k, v);
         break;
     case KVD_K_Q8_0:
         KVD_LAUNCH(n_tokens, 128, 0, stream, kv_write_q8_0_kernel)(*kv, layer, slots, pos, k, v);
@@ -105,7 +108,8 @@ extern "C" int kvd_k_kv_write(const struct kvd_k_kv *kv, int layer, const uint32
     case KVD_K_FP8:
         KVD_LAUNCH(n_tokens, 128, 0, stream, kv_write_fp8_kernel)(*kv, layer, slots, pos, k, v);
         break;
-    default: return (int)cudaErrorInvalidValue;
+    default:
+        return (int)cudaErrorInvalidValue;
     }
     return kvd_launch_status();
 }

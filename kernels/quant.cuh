@@ -33,29 +33,43 @@ static __host__ __device__ __forceinline__ int kvd_wt_qk(int wtype)
     case KVD_KW_Q4_1:
     case KVD_KW_Q5_0:
     case KVD_KW_Q5_1:
-    case KVD_KW_Q8_0: return 32;
+    case KVD_KW_Q8_0:
+        return 32;
     case KVD_KW_Q4_K:
     case KVD_KW_Q5_K:
-    case KVD_KW_Q6_K: return 256;
-    default: return 1;
+    case KVD_KW_Q6_K:
+        return 256;
+    default:
+        return 1;
     }
 }
 
 static __host__ __device__ __forceinline__ int kvd_wt_block_bytes(int wtype)
 {
     switch (wtype) {
-    case KVD_KW_F32: return 4;
+    case KVD_KW_F32:
+        return 4;
     case KVD_KW_F16:
-    case KVD_KW_BF16: return 2;
-    case KVD_KW_Q4_0: return 18;
-    case KVD_KW_Q4_1: return 20;
-    case KVD_KW_Q5_0: return 22;
-    case KVD_KW_Q5_1: return 24;
-    case KVD_KW_Q8_0: return 34;
-    case KVD_KW_Q4_K: return 144;
-    case KVD_KW_Q5_K: return 176;
-    case KVD_KW_Q6_K: return 210;
-    default: return 0;
+    case KVD_KW_BF16:
+        return 2;
+    case KVD_KW_Q4_0:
+        return 18;
+    case KVD_KW_Q4_1:
+        return 20;
+    case KVD_KW_Q5_0:
+        return 22;
+    case KVD_KW_Q5_1:
+        return 24;
+    case KVD_KW_Q8_0:
+        return 34;
+    case KVD_KW_Q4_K:
+        return 144;
+    case KVD_KW_Q5_K:
+        return 176;
+    case KVD_KW_Q6_K:
+        return 210;
+    default:
+        return 0;
     }
 }
 
@@ -70,8 +84,10 @@ static __host__ __device__ __forceinline__ bool kvd_wt_is_q(int wtype)
     case KVD_KW_Q5_1:
     case KVD_KW_Q4_K:
     case KVD_KW_Q5_K:
-    case KVD_KW_Q6_K: return true;
-    default: return false;
+    case KVD_KW_Q6_K:
+        return true;
+    default:
+        return false;
     }
 }
 

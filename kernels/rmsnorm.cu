@@ -8,8 +8,8 @@
 // y may alias x (rmsnorm in place) or res (model_forward's add_rmsnorm
 // writes the norm over the residual it just added), so neither is
 // __restrict__: each element is read before the same thread overwrites it.
-__global__ void rmsnorm_kernel(float *x, const float *res, float *y,
-                               const float *__restrict__ w, int dim, float eps)
+__global__ void rmsnorm_kernel(float *x, const float *res, float *y, const float *__restrict__ w,
+                               int dim, float eps)
 {
     // Squares summed in double, as ggml and the cpu reference do.
     KVD_SHARED(double, part, [RMS_THREADS / 32]);
@@ -44,8 +44,8 @@ __global__ void rmsnorm_kernel(float *x, const float *res, float *y,
         y[base + i] = x[base + i] * inv * w[i];
 }
 
-static int rmsnorm_launch(float *x, const float *res, float *y, const float *w, int rows,
-                          int dim, float eps, cudaStream_t stream)
+static int rmsnorm_launch(float *x, const float *res, float *y, const float *w, int rows, int dim,
+                          float eps, cudaStream_t stream)
 {
     if (rows <= 0 || dim <= 0)
         return rows < 0 || dim < 0 ? (int)cudaErrorInvalidValue : 0;
@@ -53,8 +53,8 @@ static int rmsnorm_launch(float *x, const float *res, float *y, const float *w, 
     return kvd_launch_status();
 }
 
-extern "C" int kvd_k_rmsnorm(float *y, const float *x, const float *w, int rows, int dim,
-                             float eps, kvd_stream stream)
+extern "C" int kvd_k_rmsnorm(float *y, const float *x, const float *w, int rows, int dim, float eps,
+                             kvd_stream stream)
 {
     // x is only read when res is NULL; the cast keeps one kernel for both.
     return rmsnorm_launch((float *)x, NULL, y, w, rows, dim, eps, stream);

@@ -40,7 +40,7 @@ extern "C" int kvd_k_rope(float *x, const uint32_t *pos, int n_tokens, int n_hea
     size_t n = (size_t)n_tokens * (size_t)(n_rot / 2);
     if (n == 0 || n_heads == 0)
         return 0;
-    KVD_LAUNCH(kvd_blocks_for(n, 256), 256, 0, stream, rope_kernel)(
-        x, pos, n_heads, head_dim, n_rot, base, freq_factors, mode == KVD_K_ROPE_NEOX, n);
+    KVD_LAUNCH(kvd_blocks_for(n, 256), 256, 0, stream, rope_kernel)
+    (x, pos, n_heads, head_dim, n_rot, base, freq_factors, mode == KVD_K_ROPE_NEOX, n);
     return kvd_launch_status();
 }

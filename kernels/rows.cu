@@ -63,8 +63,8 @@ extern "C" int kvd_k_get_rows(float *out, const void *w, int wtype, int ne0, int
     return kvd_launch_status();
 }
 
-extern "C" int kvd_k_gather_rows(float *out, const float *x, const uint32_t *rows, int n,
-                                 int width, kvd_stream stream)
+extern "C" int kvd_k_gather_rows(float *out, const float *x, const uint32_t *rows, int n, int width,
+                                 kvd_stream stream)
 {
     if (n < 0 || width < 0)
         return (int)cudaErrorInvalidValue;

@@ -63,7 +63,8 @@ static __device__ int block_argmax(const float *__restrict__ row, int vocab)
 }
 
 // One block per row; logits [rows][vocab].
-__global__ void __launch_bounds__(SAMPLE_THREADS) argmax_kernel(int32_t *out, const float *__restrict__ logits, int vocab)
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    argmax_kernel(int32_t *out, const float *__restrict__ logits, int vocab)
 {
     int bi = block_argmax(logits + (size_t)blockIdx.x * vocab, vocab);
     if (threadIdx.x == 0)
@@ -210,8 +211,9 @@ static __device__ unsigned long long block_select(const pick_state &s, bool by_c
 }
 
 // One block per row.
-__global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(uint32_t *out, const float *__restrict__ logits,
-                              const kvd_k_sample_row *__restrict__ rows, int vocab)
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_kernel(uint32_t *out, const float *__restrict__ logits,
+                  const kvd_k_sample_row *__restrict__ rows, int vocab)
 {
     const kvd_k_sample_row p = rows[blockIdx.x];
     const float *row = logits + (size_t)blockIdx.x * vocab;

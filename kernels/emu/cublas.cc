@@ -17,16 +17,20 @@ struct cublasContext {
     size_t ws_bytes;
 };
 
-namespace {
+namespace
+{
 
 using kvd_emu::report;
 
 float load(const void *p, cudaDataType t, size_t i)
 {
     switch (t) {
-    case CUDA_R_32F: return ((const float *)p)[i];
-    case CUDA_R_16BF: return __bfloat162float(__ushort_as_bfloat16(((const uint16_t *)p)[i]));
-    default: return __half2float(__ushort_as_half(((const uint16_t *)p)[i]));
+    case CUDA_R_32F:
+        return ((const float *)p)[i];
+    case CUDA_R_16BF:
+        return __bfloat162float(__ushort_as_bfloat16(((const uint16_t *)p)[i]));
+    default:
+        return __half2float(__ushort_as_half(((const uint16_t *)p)[i]));
     }
 }
 
@@ -42,8 +46,8 @@ bool type_ok(cudaDataType t)
 
 // The matrix of `rows` x `cols` (as stored, column-major with ld) inside
 // one live device allocation.
-bool matrix_ok(const char *api, const char *name, const void *p, cudaDataType t, int rows,
-               int cols, int ld)
+bool matrix_ok(const char *api, const char *name, const void *p, cudaDataType t, int rows, int cols,
+               int ld)
 {
     if (rows == 0 || cols == 0)
         return true;
@@ -52,8 +56,8 @@ bool matrix_ok(const char *api, const char *name, const void *p, cudaDataType t,
     if (a.kind != kvd_emu::ALLOC_DEVICE) {
         char buf[160];
         kvd_emu::describe(p, buf, sizeof buf);
-        report("%s: matrix %s (%d x %d, ld %d) is not inside one device allocation (%s)", api,
-               name, rows, cols, ld, buf);
+        report("%s: matrix %s (%d x %d, ld %d) is not inside one device allocation (%s)", api, name,
+               rows, cols, ld, buf);
         return false;
     }
     return true;
@@ -95,31 +99,28 @@ cublasStatus_t gemm(cublasHandle_t h, const char *api, cublasOperation_t ta, cub
     cudaStream_t stream = h->stream;
     void *ws = h->ws;
     size_t ws_bytes = h->ws_bytes;
-    cudaError_t e = kvd_emu::submit(
-        stream,
-        [=]() {
-            if (!workspace_ok(ws, ws_bytes, api) || !matrix_ok(api, "A", A, at, ar, ac, lda) ||
-                !matrix_ok(api, "B", B, bt, br, bc, ldb) ||
-                !matrix_ok(api, "C", C, ct, m, n, ldc))
-                return cudaErrorIllegalAddress;
-            float *c = (float *)C;
-            for (int j = 0; j < n; j++) {
-                for (int i = 0; i < m; i++) {
-                    float acc = 0.0f;
-                    for (int l = 0; l < k; l++) {
-                        size_t ai = ta == CUBLAS_OP_N ? (size_t)i + (size_t)l * lda
-                                                      : (size_t)l + (size_t)i * lda;
-                        size_t bi = tb == CUBLAS_OP_N ? (size_t)l + (size_t)j * ldb
-                                                      : (size_t)j + (size_t)l * ldb;
-                        acc += load(A, at, ai) * load(B, bt, bi);
-                    }
-                    float *out = &c[(size_t)i + (size_t)j * ldc];
-                    // beta == 0: C is not read (it may hold NaN), as in cuBLAS.
-                    *out = beta == 0.0f ? alpha * acc : alpha * acc + beta * *out;
+    cudaError_t e = kvd_emu::submit(stream, [=]() {
+        if (!workspace_ok(ws, ws_bytes, api) || !matrix_ok(api, "A", A, at, ar, ac, lda) ||
+            !matrix_ok(api, "B", B, bt, br, bc, ldb) || !matrix_ok(api, "C", C, ct, m, n, ldc))
+            return cudaErrorIllegalAddress;
+        float *c = (float *)C;
+        for (int j = 0; j < n; j++) {
+            for (int i = 0; i < m; i++) {
+                float acc = 0.0f;
+                for (int l = 0; l < k; l++) {
+                    size_t ai = ta == CUBLAS_OP_N ? (size_t)i + (size_t)l * lda
+                                                  : (size_t)l + (size_t)i * lda;
+                    size_t bi = tb == CUBLAS_OP_N ? (size_t)l + (size_t)j * ldb
+                                                  : (size_t)j + (size_t)l * ldb;
+                    acc += load(A, at, ai) * load(B, bt, bi);
                 }
+                float *out = &c[(size_t)i + (size_t)j * ldc];
+                // beta == 0: C is not read (it may hold NaN), as in cuBLAS.
+                *out = beta == 0.0f ? alpha * acc : alpha * acc + beta * *out;
             }
-            return cudaSuccess;
-        });
+        }
+        return cudaSuccess;
+    });
     return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 

@@ -20,8 +20,10 @@
 
 #include "emu_internal.h"
 
-namespace kvd_emu {
-namespace {
+namespace kvd_emu
+{
+namespace
+{
 
 std::mutex g_mu;        // the registry, streams' capture state
 std::mutex g_report_mu; // the reports (taken with or without g_mu held)
@@ -63,8 +65,10 @@ struct CUgraphExec_st {
     std::vector<std::function<cudaError_t()>> nodes;
 };
 
-namespace kvd_emu {
-namespace {
+namespace kvd_emu
+{
+namespace
+{
 
 struct capture {
     cudaStream_t origin;
@@ -147,7 +151,8 @@ cudaError_t copy_checks(void *dst, const void *src, size_t n, cudaMemcpyKind kin
     cudaError_t e = check_range(dst, n, dst_dev, api, "destination");
     if (e == cudaSuccess)
         e = check_range(src, n, src_dev, api, "source");
-    if (e == cudaSuccess && (char *)dst < (const char *)src + n && (const char *)src < (char *)dst + n) {
+    if (e == cudaSuccess && (char *)dst < (const char *)src + n &&
+        (const char *)src < (char *)dst + n) {
         report("%s: source and destination overlap", api);
         e = cudaErrorInvalidValue;
     }
@@ -163,7 +168,7 @@ cudaError_t do_alloc(void **p, size_t bytes, alloc_kind kind, const char *api)
     if (e != cudaSuccess)
         return set_error(e);
     if (!bytes)
-        return cudaSuccess; // the real runtime returns NULL for 0 bytes
+        return cudaSuccess;     // the real runtime returns NULL for 0 bytes
     if (kind == ALLOC_DEVICE) { // reserved first, so racing threads cannot both fit
         std::lock_guard<std::mutex> g(g_mu);
         if (bytes > g_device_total || g_device_used > g_device_total - bytes)
@@ -494,8 +499,9 @@ cudaError_t cudaPeekAtLastError(void)
 const char *cudaGetErrorName(cudaError_t e)
 {
     switch (e) {
-#define N(x)                                                                                   \
-    case x: return #x;
+#define N(x)                                                                                       \
+    case x:                                                                                        \
+        return #x;
         N(cudaSuccess)
         N(cudaErrorInvalidValue)
         N(cudaErrorMemoryAllocation)
@@ -522,19 +528,30 @@ const char *cudaGetErrorName(cudaError_t e)
 const char *cudaGetErrorString(cudaError_t e)
 {
     switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaSuccess:
+        return "no error";
+    case cudaErrorInvalidValue:
+        return "invalid argument";
+    case cudaErrorMemoryAllocation:
+        return "out of memory";
+    case cudaErrorInvalidConfiguration:
+        return "invalid configuration argument";
+    case cudaErrorInvalidDevice:
+        return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+        return "invalid resource handle";
     case cudaErrorLaunchFailure:
         return "unspecified launch failure (the emulator reported the kernel's fault)";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
-    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
-    case cudaErrorStreamCaptureUnjoined: return "capture contained a fork that was not joined to the primary stream";
-    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
-    default: return cudaGetErrorName(e);
+    case cudaErrorStreamCaptureUnsupported:
+        return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+        return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnjoined:
+        return "capture contained a fork that was not joined to the primary stream";
+    case cudaErrorStreamCaptureWrongThread:
+        return "attempt to terminate a thread-local capture sequence from another thread";
+    default:
+        return cudaGetErrorName(e);
     }
 }
 
@@ -572,15 +589,13 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
     cudaError_t e = copy_checks(dst, src, bytes, kind, "cudaMemcpyAsync");
     if (e != cudaSuccess || !bytes)
         return set_error(e);
-    return set_error(submit(
-        stream,
-        [dst, src, bytes, kind]() {
-            // Checked again when replayed: the buffers may be gone by then.
-            cudaError_t r = copy_checks(dst, src, bytes, kind, "cudaMemcpyAsync (replay)");
-            if (r == cudaSuccess)
-                memcpy(dst, src, bytes);
-            return r;
-        }));
+    return set_error(submit(stream, [dst, src, bytes, kind]() {
+        // Checked again when replayed: the buffers may be gone by then.
+        cudaError_t r = copy_checks(dst, src, bytes, kind, "cudaMemcpyAsync (replay)");
+        if (r == cudaSuccess)
+            memcpy(dst, src, bytes);
+        return r;
+    }));
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind)
@@ -593,18 +608,16 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream)
 {
-    cudaError_t e = bytes ? check_range(p, bytes, true, "cudaMemsetAsync", "destination")
-                          : cudaSuccess;
+    cudaError_t e =
+        bytes ? check_range(p, bytes, true, "cudaMemsetAsync", "destination") : cudaSuccess;
     if (e != cudaSuccess || !bytes)
         return set_error(e);
-    return set_error(submit(
-        stream,
-        [p, value, bytes]() {
-            cudaError_t r = check_range(p, bytes, true, "cudaMemsetAsync (replay)", "destination");
-            if (r == cudaSuccess)
-                memset(p, value, bytes);
-            return r;
-        }));
+    return set_error(submit(stream, [p, value, bytes]() {
+        cudaError_t r = check_range(p, bytes, true, "cudaMemsetAsync (replay)", "destination");
+        if (r == cudaSuccess)
+            memset(p, value, bytes);
+        return r;
+    }));
 }
 
 cudaError_t cudaMemset(void *p, int value, size_t bytes)

@@ -8,7 +8,8 @@
 #include <functional>
 #include <mutex>
 
-namespace kvd_emu {
+namespace kvd_emu
+{
 
 // Prints "kvd-emu: <message>" (the first few hundred), counts it in
 // kvd_emu_errors(), aborts when KVD_EMU_ABORT=1.

@@ -54,15 +54,17 @@
 
 thread_local const kvd_emu_thread_view *kvd_emu_view;
 
-namespace kvd_emu {
-namespace {
+namespace kvd_emu
+{
+namespace
+{
 
 // ---- configuration ------------------------------------------------------------
 
 enum order_kind { ORDER_FORWARD, ORDER_REVERSE, ORDER_RANDOM };
 
 struct config {
-    bool order_check = false; // KVD_EMU_CHECK contains "order" (or set by the API)
+    bool order_check = false;         // KVD_EMU_CHECK contains "order" (or set by the API)
     order_kind order = ORDER_FORWARD; // KVD_EMU_ORDER=forward|reverse|random
     uint64_t seed = 1;                // KVD_EMU_SEED
     config()
@@ -219,8 +221,8 @@ struct sim_thread {
 struct shadow_cell {
     uint32_t w_ep, r_ep; // barrier interval of the last write / reads
     uint16_t w_tid, r_tid;
-    uint16_t w_wgen;     // the writer's warp's __syncwarp count at the write
-    uint8_t r_multi;     // read by more than one thread in r_ep
+    uint16_t w_wgen; // the writer's warp's __syncwarp count at the write
+    uint8_t r_multi; // read by more than one thread in r_ep
     uint8_t pad;
 };
 constexpr uint16_t TID_ATOMIC = 0xffff;
@@ -276,17 +278,17 @@ uint64_t launch_counter;
 constexpr unsigned MAX_REPORTS_PER_LAUNCH = 8;
 constexpr size_t MAX_UNDO_BYTES = (size_t)1 << 30;
 
-#define KREPORT(L, ...)                                                                        \
-    do {                                                                                       \
-        if ((L)->reports++ < MAX_REPORTS_PER_LAUNCH)                                           \
-            report(__VA_ARGS__);                                                               \
+#define KREPORT(L, ...)                                                                            \
+    do {                                                                                           \
+        if ((L)->reports++ < MAX_REPORTS_PER_LAUNCH)                                               \
+            report(__VA_ARGS__);                                                                   \
     } while (0)
 
 const char *where(const sim_thread *t, char *buf, size_t len)
 {
     snprintf(buf, len, "block (%u,%u,%u) thread (%u,%u,%u)", t->view.block_idx.x,
-             t->view.block_idx.y, t->view.block_idx.z, t->view.thread_idx.x,
-             t->view.thread_idx.y, t->view.thread_idx.z);
+             t->view.block_idx.y, t->view.block_idx.z, t->view.thread_idx.x, t->view.thread_idx.y,
+             t->view.thread_idx.z);
     return buf;
 }
 
@@ -371,7 +373,8 @@ int shfl_source(const sim_thread *t)
 {
     int lane = (int)t->lane, w = t->wwidth, seg = lane & ~(w - 1);
     switch (t->wkind) {
-    case KVD_EMU_SHFL: return seg + (t->warg & (w - 1));
+    case KVD_EMU_SHFL:
+        return seg + (t->warg & (w - 1));
     case KVD_EMU_SHFL_XOR: {
         int s = lane ^ t->warg;
         return s >= seg + w ? -1 : s;
@@ -384,19 +387,26 @@ int shfl_source(const sim_thread *t)
         int s = lane + t->warg;
         return s >= seg + w ? -1 : s;
     }
-    default: return -1;
+    default:
+        return -1;
     }
 }
 
 const char *warp_op_name(int kind)
 {
     switch (kind) {
-    case KVD_EMU_SHFL: return "__shfl_sync";
-    case KVD_EMU_SHFL_XOR: return "__shfl_xor_sync";
-    case KVD_EMU_SHFL_UP: return "__shfl_up_sync";
-    case KVD_EMU_SHFL_DOWN: return "__shfl_down_sync";
-    case KVD_EMU_SYNCWARP: return "__syncwarp";
-    default: return "__ballot_sync";
+    case KVD_EMU_SHFL:
+        return "__shfl_sync";
+    case KVD_EMU_SHFL_XOR:
+        return "__shfl_xor_sync";
+    case KVD_EMU_SHFL_UP:
+        return "__shfl_up_sync";
+    case KVD_EMU_SHFL_DOWN:
+        return "__shfl_down_sync";
+    case KVD_EMU_SYNCWARP:
+        return "__syncwarp";
+    default:
+        return "__ballot_sync";
     }
 }
 
@@ -420,8 +430,9 @@ bool try_warp(launch_state *L, unsigned w)
         if (!(mask >> i & 1))
             continue;
         if (i >= n) {
-            KREPORT(L, "%s: %s at %s:%d: mask 0x%08x names lane %u, which does not exist "
-                       "(blocks of %u threads)",
+            KREPORT(L,
+                    "%s: %s at %s:%d: mask 0x%08x names lane %u, which does not exist "
+                    "(blocks of %u threads)",
                     L->kernel, warp_op_name(lead->wkind), lead->file, lead->line, mask, i,
                     L->n_threads);
             mask &= ~(1u << i);
@@ -440,7 +451,8 @@ bool try_warp(launch_state *L, unsigned w)
         if (o.state == T_BARRIER)
             return false; // a deadlock, found by the scheduler
         if (o.wmask != lead->wmask) {
-            KREPORT(L, "%s: lanes of warp %u disagree on the mask: 0x%08x at %s:%d, 0x%08x at %s:%d",
+            KREPORT(L,
+                    "%s: lanes of warp %u disagree on the mask: 0x%08x at %s:%d, 0x%08x at %s:%d",
                     L->kernel, w, lead->wmask, lead->file, lead->line, o.wmask, o.file, o.line);
         }
     }
@@ -465,9 +477,8 @@ bool try_warp(launch_state *L, unsigned w)
             if (s < 0) {
                 o.wres = o.wval;
             } else if (!(mask >> s & 1) || th[first + (unsigned)s].state != T_WARP) {
-                KREPORT(L, "%s: %s at %s:%d (%s) reads lane %d, outside the mask 0x%08x",
-                        L->kernel, warp_op_name(o.wkind), o.file, o.line,
-                        where(&o, buf, sizeof buf), s, mask);
+                KREPORT(L, "%s: %s at %s:%d (%s) reads lane %d, outside the mask 0x%08x", L->kernel,
+                        warp_op_name(o.wkind), o.file, o.line, where(&o, buf, sizeof buf), s, mask);
                 o.wres = o.wval;
             } else {
                 o.wres = th[first + (unsigned)s].wval;
@@ -511,8 +522,9 @@ void describe_stuck(launch_state *L)
             done++;
         }
     }
-    KREPORT(L, "%s: block (%u,%u,%u) deadlocks: %u threads at __syncthreads (%s:%d), %u at a warp "
-               "operation (%s:%d), %u exited",
+    KREPORT(L,
+            "%s: block (%u,%u,%u) deadlocks: %u threads at __syncthreads (%s:%d), %u at a warp "
+            "operation (%s:%d), %u exited",
             L->kernel, th[0].view.block_idx.x, th[0].view.block_idx.y, th[0].view.block_idx.z,
             at_barrier, b ? b->file : "-", b ? b->line : 0, at_warp, w ? w->file : "-",
             w ? w->line : 0, done);
@@ -579,8 +591,9 @@ void run_block(launch_state *L, uint3 bidx)
             return;
         if (done + barrier == L->n_threads) {
             if (done)
-                KREPORT(L, "%s: __syncthreads at %s:%d reached by %u of the %u threads of block "
-                           "(%u,%u,%u); the others exited (divergent barrier)",
+                KREPORT(L,
+                        "%s: __syncthreads at %s:%d reached by %u of the %u threads of block "
+                        "(%u,%u,%u); the others exited (divergent barrier)",
                         L->kernel, b0->file, b0->line, barrier, L->n_threads, bidx.x, bidx.y,
                         bidx.z);
             for (unsigned i = 0; i < L->n_threads; i++) {
@@ -588,8 +601,9 @@ void run_block(launch_state *L, uint3 bidx)
                 if (t.state != T_BARRIER)
                     continue;
                 if (t.line != b0->line || strcmp(t.file, b0->file)) {
-                    KREPORT(L, "%s: threads of one block wait at different barriers: %s:%d (%s) "
-                               "and %s:%d",
+                    KREPORT(L,
+                            "%s: threads of one block wait at different barriers: %s:%d (%s) "
+                            "and %s:%d",
                             L->kernel, t.file, t.line, where(&t, buf, sizeof buf), b0->file,
                             b0->line);
                     break;
@@ -662,8 +676,9 @@ void compare_runs(launch_state *L, const written &first, const char *order_name)
     for (const store_rec &r : first.log) {
         if (memcmp((const void *)r.addr, &first.final_bytes[r.off], r.bytes)) {
             describe((const void *)r.addr, where_buf, sizeof where_buf);
-            KREPORT(L, "%s: the %s thread order leaves different bytes than the forward order "
-                       "at %s (a race, or order-dependent arithmetic)",
+            KREPORT(L,
+                    "%s: the %s thread order leaves different bytes than the forward order "
+                    "at %s (a race, or order-dependent arithmetic)",
                     L->kernel, order_name, where_buf);
             return;
         }
@@ -726,14 +741,16 @@ void shared_access(launch_state *L, sim_thread *t, size_t off, size_t n, bool st
                        !(c.w_tid != TID_ATOMIC && c.w_tid / 32 == t->warp && c.w_wgen != wgen);
         if (!store && !atomic) {
             if (c.w_ep < L->ep0) {
-                KREPORT(L, "%s: %s reads shared memory (offset %zu) that no thread of its block "
-                           "wrote",
+                KREPORT(L,
+                        "%s: %s reads shared memory (offset %zu) that no thread of its block "
+                        "wrote",
                         L->kernel, where(t, buf, sizeof buf), at);
                 return;
             }
             if (w_other || (c.w_ep == ep && c.w_tid == TID_ATOMIC)) {
-                KREPORT(L, "%s: shared-memory race: %s reads offset %zu, written by thread %d "
-                           "since the last barrier",
+                KREPORT(L,
+                        "%s: shared-memory race: %s reads offset %zu, written by thread %d "
+                        "since the last barrier",
                         L->kernel, where(t, buf, sizeof buf), at,
                         c.w_tid == TID_ATOMIC ? -1 : (int)c.w_tid);
                 return;
@@ -750,8 +767,9 @@ void shared_access(launch_state *L, sim_thread *t, size_t off, size_t n, bool st
         bool atomics_only = atomic && c.w_ep == ep && c.w_tid == TID_ATOMIC;
         if ((w_other && !atomics_only) ||
             (c.r_ep == ep && (c.r_tid != tid || c.r_multi || atomic))) {
-            KREPORT(L, "%s: shared-memory race: %s %s offset %zu, %s by another thread since "
-                       "the last barrier",
+            KREPORT(L,
+                    "%s: shared-memory race: %s %s offset %zu, %s by another thread since "
+                    "the last barrier",
                     L->kernel, where(t, buf, sizeof buf), atomic ? "atomically updates" : "writes",
                     at, w_other ? "written" : "read");
             return;
@@ -795,8 +813,9 @@ inline void access(const void *p, size_t n, bool store)
             return;
         }
         if (ai.kind == ALLOC_HOST) {
-            KREPORT(L, "%s: %s: %s of pinned host memory at %p (kvd kernels use device memory "
-                       "only)",
+            KREPORT(L,
+                    "%s: %s: %s of pinned host memory at %p (kvd kernels use device memory "
+                    "only)",
                     L->kernel, where(t, buf, sizeof buf), store ? "write" : "read", p);
             return;
         }
@@ -989,26 +1008,36 @@ cudaError_t kvd_emu_launch(const char *name, const void *fn, dim3 grid, dim3 blo
         return set_error(cudaErrorMemoryAllocation);
     // Shared by the submitted work (and any graph that records it).
     std::shared_ptr<kvd_emu_call> owned(call, [](kvd_emu_call *c) { c->destroy(c); });
-    return set_error(submit(
-        stream,
-        [name, fn, grid, block, smem, owned]() {
-            return run_launch(name, fn, grid, block, smem, owned.get());
-        }));
+    return set_error(submit(stream, [name, fn, grid, block, smem, owned]() {
+        return run_launch(name, fn, grid, block, smem, owned.get());
+    }));
 }
 
 // ---- the instrumentation hooks ---------------------------------------------------
 #ifdef KVD_EMU_MEMCHECK
 extern "C" {
-#define KVD_EMU_HOOKS(n)                                                                       \
-    void __asan_load##n##_noabort(void *p) { access(p, n, false); }                            \
-    void __asan_store##n##_noabort(void *p) { access(p, n, true); }
+#define KVD_EMU_HOOKS(n)                                                                           \
+    void __asan_load##n##_noabort(void *p)                                                         \
+    {                                                                                              \
+        access(p, n, false);                                                                       \
+    }                                                                                              \
+    void __asan_store##n##_noabort(void *p)                                                        \
+    {                                                                                              \
+        access(p, n, true);                                                                        \
+    }
 KVD_EMU_HOOKS(1)
 KVD_EMU_HOOKS(2)
 KVD_EMU_HOOKS(4)
 KVD_EMU_HOOKS(8)
 KVD_EMU_HOOKS(16)
-void __asan_loadN_noabort(void *p, size_t n) { access(p, n, false); }
-void __asan_storeN_noabort(void *p, size_t n) { access(p, n, true); }
+void __asan_loadN_noabort(void *p, size_t n)
+{
+    access(p, n, false);
+}
+void __asan_storeN_noabort(void *p, size_t n)
+{
+    access(p, n, true);
+}
 void __asan_handle_no_return(void) {}
 }
 #endif

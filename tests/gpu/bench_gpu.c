@@ -206,7 +206,9 @@ static double decode_step(struct model *m, struct fwd_ctx *fc, void *arena, cons
         for (uint32_t i = 0; i < DEC_CTX / 16; i++) /* interleaved: blocks of a sequence apart */
             tables[s][i] = i * DEC_MAXB + s;
         toks[s] = (s * 7919u) % L_VOCAB;
-        rows[s] = sampled ? (struct sample_row){.temperature = 0.8f, .top_k = 50, .top_p = 0.95f,
+        rows[s] = sampled ? (struct sample_row){.temperature = 0.8f,
+                                                .top_k = 50,
+                                                .top_p = 0.95f,
                                                 .u = (double)s / DEC_MAXB}
                           : (struct sample_row){.top_p = 1.0f};
         seqs[s] = (struct fwd_seq){.tokens = &toks[s],

@@ -98,8 +98,8 @@ static void same_tokens(const char *type, uint32_t max_prompt, const char *kv_dt
             complete(cuda.sock, base, len, b);
             for (int i = 0; i < NGEN; i++)
                 if (a[i] != b[i])
-                    fail_msg("%s model, %s KV, prompt of %u (%s): token %d: cuda %u, cpu %u",
-                             type, kv_dtype, len, k ? "cached" : "cold", i, b[i], a[i]);
+                    fail_msg("%s model, %s KV, prompt of %u (%s): token %d: cuda %u, cpu %u", type,
+                             kv_dtype, len, k ? "cached" : "cold", i, b[i], a[i]);
         }
     }
     assert_int_equal(kh_stop(&cuda), 0);

@@ -30,8 +30,17 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float f)
         b.x = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     return b;
 }
-static inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
-static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.x; }
-static inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return __nv_bfloat16{u}; }
+static inline __nv_bfloat16 __float2bfloat16(float f)
+{
+    return __float2bfloat16_rn(f);
+}
+static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b)
+{
+    return b.x;
+}
+static inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u)
+{
+    return __nv_bfloat16{u};
+}
 
 #endif

@@ -43,7 +43,7 @@ static inline __half __float2half_rn(float f)
         h.x = 0x7fffu;
     } else if (a >= 0x477ff000u) { // rounds to >= 65520: inf
         h.x = (uint16_t)(s | 0x7c00u);
-    } else if (a >= 0x38800000u) { // normal half
+    } else if (a >= 0x38800000u) {    // normal half
         uint32_t r = a - 0x38000000u; // rebias 127 -> 15
         r = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
         h.x = (uint16_t)(s | r);
@@ -59,8 +59,17 @@ static inline __half __float2half_rn(float f)
     }
     return h;
 }
-static inline __half __float2half(float f) { return __float2half_rn(f); }
-static inline unsigned short __half_as_ushort(__half h) { return h.x; }
-static inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
+static inline __half __float2half(float f)
+{
+    return __float2half_rn(f);
+}
+static inline unsigned short __half_as_ushort(__half h)
+{
+    return h.x;
+}
+static inline __half __ushort_as_half(unsigned short u)
+{
+    return __half{u};
+}
 
 #endif

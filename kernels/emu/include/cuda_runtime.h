@@ -146,7 +146,8 @@ void kvd_emu_set_order_check(int on);
 }
 /* cudaFuncSetAttribute takes the kernel itself. */
 cudaError_t kvd_emu_func_set_attribute(const void *fn, enum cudaFuncAttribute attr, int value);
-template <class F> static inline cudaError_t cudaFuncSetAttribute(F *fn, enum cudaFuncAttribute attr, int value)
+template <class F>
+static inline cudaError_t cudaFuncSetAttribute(F *fn, enum cudaFuncAttribute attr, int value)
 {
     return kvd_emu_func_set_attribute((const void *)fn, attr, value);
 }

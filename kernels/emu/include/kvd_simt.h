@@ -32,19 +32,40 @@ static constexpr int warpSize = 32;
 #define KVD_EMU_UNCHECKED __attribute__((no_sanitize_address))
 
 // ---- vector and index types -----------------------------------------------
-struct uint3 { unsigned x, y, z; };
+struct uint3 {
+    unsigned x, y, z;
+};
 struct dim3 {
     unsigned x, y, z;
     constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
-struct __attribute__((aligned(8))) float2 { float x, y; };
-struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
-struct __attribute__((aligned(8))) uint2 { unsigned x, y; };
-struct __attribute__((aligned(16))) uint4 { unsigned x, y, z, w; };
-struct __attribute__((aligned(16))) int4 { int x, y, z, w; };
-static inline float2 make_float2(float x, float y) { return float2{x, y}; }
-static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
-static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+struct __attribute__((aligned(8))) float2 {
+    float x, y;
+};
+struct __attribute__((aligned(16))) float4 {
+    float x, y, z, w;
+};
+struct __attribute__((aligned(8))) uint2 {
+    unsigned x, y;
+};
+struct __attribute__((aligned(16))) uint4 {
+    unsigned x, y, z, w;
+};
+struct __attribute__((aligned(16))) int4 {
+    int x, y, z, w;
+};
+static inline float2 make_float2(float x, float y)
+{
+    return float2{x, y};
+}
+static inline float4 make_float4(float x, float y, float z, float w)
+{
+    return float4{x, y, z, w};
+}
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
+{
+    return uint4{x, y, z, w};
+}
 
 // ---- the running thread -----------------------------------------------------
 struct kvd_emu_thread_view {
@@ -52,10 +73,22 @@ struct kvd_emu_thread_view {
     dim3 block_dim, grid_dim;
 };
 extern thread_local const kvd_emu_thread_view *kvd_emu_view;
-KVD_EMU_UNCHECKED static inline uint3 kvd_emu_thread_idx() { return kvd_emu_view->thread_idx; }
-KVD_EMU_UNCHECKED static inline uint3 kvd_emu_block_idx() { return kvd_emu_view->block_idx; }
-KVD_EMU_UNCHECKED static inline dim3 kvd_emu_block_dim() { return kvd_emu_view->block_dim; }
-KVD_EMU_UNCHECKED static inline dim3 kvd_emu_grid_dim() { return kvd_emu_view->grid_dim; }
+KVD_EMU_UNCHECKED static inline uint3 kvd_emu_thread_idx()
+{
+    return kvd_emu_view->thread_idx;
+}
+KVD_EMU_UNCHECKED static inline uint3 kvd_emu_block_idx()
+{
+    return kvd_emu_view->block_idx;
+}
+KVD_EMU_UNCHECKED static inline dim3 kvd_emu_block_dim()
+{
+    return kvd_emu_view->block_dim;
+}
+KVD_EMU_UNCHECKED static inline dim3 kvd_emu_grid_dim()
+{
+    return kvd_emu_view->grid_dim;
+}
 #define threadIdx (kvd_emu_thread_idx())
 #define blockIdx (kvd_emu_block_idx())
 #define blockDim (kvd_emu_block_dim())
@@ -64,8 +97,12 @@ KVD_EMU_UNCHECKED static inline dim3 kvd_emu_grid_dim() { return kvd_emu_view->g
 // ---- barriers and warp operations (simt.cc) ---------------------------------
 void kvd_emu_syncthreads(const char *file, int line);
 enum kvd_emu_warp_kind {
-    KVD_EMU_SHFL, KVD_EMU_SHFL_XOR, KVD_EMU_SHFL_UP, KVD_EMU_SHFL_DOWN,
-    KVD_EMU_SYNCWARP, KVD_EMU_BALLOT
+    KVD_EMU_SHFL,
+    KVD_EMU_SHFL_XOR,
+    KVD_EMU_SHFL_UP,
+    KVD_EMU_SHFL_DOWN,
+    KVD_EMU_SYNCWARP,
+    KVD_EMU_BALLOT
 };
 uint64_t kvd_emu_warp_op(int kind, unsigned mask, int arg, int width, uint64_t bits,
                          const char *file, int line);
@@ -76,8 +113,9 @@ static inline void kvd_emu_syncwarp_(const char *file, int line, unsigned mask =
     kvd_emu_warp_op(KVD_EMU_SYNCWARP, mask, 0, 32, 0, file, line);
 }
 
-template <class T> static inline T kvd_emu_shfl_(int kind, unsigned mask, T v, int arg, int width,
-                                                 const char *file, int line)
+template <class T>
+static inline T kvd_emu_shfl_(int kind, unsigned mask, T v, int arg, int width, const char *file,
+                              int line)
 {
     static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
     uint64_t bits = 0;
@@ -87,16 +125,19 @@ template <class T> static inline T kvd_emu_shfl_(int kind, unsigned mask, T v, i
     memcpy(&r, &bits, sizeof r);
     return r;
 }
-#define __shfl_sync(mask, v, lane, ...) \
+#define __shfl_sync(mask, v, lane, ...)                                                            \
     kvd_emu_shfl_(KVD_EMU_SHFL, mask, v, lane, kvd_emu_width_(__VA_ARGS__), __FILE__, __LINE__)
-#define __shfl_xor_sync(mask, v, lm, ...) \
+#define __shfl_xor_sync(mask, v, lm, ...)                                                          \
     kvd_emu_shfl_(KVD_EMU_SHFL_XOR, mask, v, lm, kvd_emu_width_(__VA_ARGS__), __FILE__, __LINE__)
-#define __shfl_up_sync(mask, v, d, ...) \
+#define __shfl_up_sync(mask, v, d, ...)                                                            \
     kvd_emu_shfl_(KVD_EMU_SHFL_UP, mask, v, d, kvd_emu_width_(__VA_ARGS__), __FILE__, __LINE__)
-#define __shfl_down_sync(mask, v, d, ...) \
+#define __shfl_down_sync(mask, v, d, ...)                                                          \
     kvd_emu_shfl_(KVD_EMU_SHFL_DOWN, mask, v, d, kvd_emu_width_(__VA_ARGS__), __FILE__, __LINE__)
-static inline int kvd_emu_width_(int w = 32) { return w; }
-#define __ballot_sync(mask, pred) \
+static inline int kvd_emu_width_(int w = 32)
+{
+    return w;
+}
+#define __ballot_sync(mask, pred)                                                                  \
     ((unsigned)kvd_emu_warp_op(KVD_EMU_BALLOT, mask, 0, 32, (pred) ? 1u : 0u, __FILE__, __LINE__))
 #define __any_sync(mask, pred) (__ballot_sync(mask, pred) != 0)
 #define __all_sync(mask, pred) (__ballot_sync(mask, pred) == (mask))
@@ -122,14 +163,26 @@ template <class T> KVD_EMU_UNCHECKED static inline T kvd_emu_atomic_add_(T *p, T
     *p = old + v;
     return old;
 }
-static inline int atomicAdd(int *p, int v) { return kvd_emu_atomic_add_(p, v); }
-static inline unsigned atomicAdd(unsigned *p, unsigned v) { return kvd_emu_atomic_add_(p, v); }
+static inline int atomicAdd(int *p, int v)
+{
+    return kvd_emu_atomic_add_(p, v);
+}
+static inline unsigned atomicAdd(unsigned *p, unsigned v)
+{
+    return kvd_emu_atomic_add_(p, v);
+}
 static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v)
 {
     return kvd_emu_atomic_add_(p, v);
 }
-static inline float atomicAdd(float *p, float v) { return kvd_emu_atomic_add_(p, v); }
-static inline double atomicAdd(double *p, double v) { return kvd_emu_atomic_add_(p, v); }
+static inline float atomicAdd(float *p, float v)
+{
+    return kvd_emu_atomic_add_(p, v);
+}
+static inline double atomicAdd(double *p, double v)
+{
+    return kvd_emu_atomic_add_(p, v);
+}
 template <class T> KVD_EMU_UNCHECKED static inline T atomicMax(T *p, T v)
 {
     kvd_emu_note_atomic(p, sizeof *p);
@@ -154,40 +207,142 @@ template <class T> KVD_EMU_UNCHECKED static inline T atomicCAS(T *p, T cmp, T v)
 }
 
 // ---- loads with cache hints: plain (checked) loads --------------------------
-template <class T> static inline T __ldg(const T *p) { return *p; }
-template <class T> static inline T __ldcs(const T *p) { return *p; }
-template <class T> static inline T __ldcg(const T *p) { return *p; }
-template <class T> static inline T __ldlu(const T *p) { return *p; }
-template <class T> static inline void __stcs(T *p, T v) { *p = v; }
-static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-static inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+template <class T> static inline T __ldg(const T *p)
+{
+    return *p;
+}
+template <class T> static inline T __ldcs(const T *p)
+{
+    return *p;
+}
+template <class T> static inline T __ldcg(const T *p)
+{
+    return *p;
+}
+template <class T> static inline T __ldlu(const T *p)
+{
+    return *p;
+}
+template <class T> static inline void __stcs(T *p, T v)
+{
+    *p = v;
+}
+static inline void __threadfence()
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+static inline void __threadfence_block()
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
 
 // ---- math and bit casts -------------------------------------------------------
-static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
-static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
-static inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }
-static inline double __longlong_as_double(long long u) { double f; memcpy(&f, &u, 8); return f; }
-static inline long long __double_as_longlong(double f) { long long u; memcpy(&u, &f, 8); return u; }
+static inline float __uint_as_float(unsigned u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline unsigned __float_as_uint(float f)
+{
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float __int_as_float(int u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline int __float_as_int(float f)
+{
+    int u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline double __longlong_as_double(long long u)
+{
+    double f;
+    memcpy(&f, &u, 8);
+    return f;
+}
+static inline long long __double_as_longlong(double f)
+{
+    long long u;
+    memcpy(&u, &f, 8);
+    return u;
+}
 // The fast intrinsics are the accurate operations: the emulation checks
 // logic, not the last bits of the hardware's approximations.
-static inline float __fdividef(float a, float b) { return a / b; }
-static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
-static inline int __popc(unsigned x) { return __builtin_popcount(x); }
-static inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
-static inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
-static inline int __ffs(int x) { return __builtin_ffs(x); }
-static inline int min(int a, int b) { return a < b ? a : b; }
-static inline int max(int a, int b) { return a > b ? a : b; }
-static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
-static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
-static inline long long min(long long a, long long b) { return a < b ? a : b; }
-static inline long long max(long long a, long long b) { return a > b ? a : b; }
-static inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
-static inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
-static inline float min(float a, float b) { return fminf(a, b); }
-static inline float max(float a, float b) { return fmaxf(a, b); }
+static inline float __fdividef(float a, float b)
+{
+    return a / b;
+}
+static inline float rsqrtf(float x)
+{
+    return 1.0f / sqrtf(x);
+}
+static inline float __saturatef(float x)
+{
+    return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x;
+}
+static inline int __popc(unsigned x)
+{
+    return __builtin_popcount(x);
+}
+static inline int __popcll(unsigned long long x)
+{
+    return __builtin_popcountll(x);
+}
+static inline int __clz(int x)
+{
+    return x ? __builtin_clz((unsigned)x) : 32;
+}
+static inline int __ffs(int x)
+{
+    return __builtin_ffs(x);
+}
+static inline int min(int a, int b)
+{
+    return a < b ? a : b;
+}
+static inline int max(int a, int b)
+{
+    return a > b ? a : b;
+}
+static inline unsigned min(unsigned a, unsigned b)
+{
+    return a < b ? a : b;
+}
+static inline unsigned max(unsigned a, unsigned b)
+{
+    return a > b ? a : b;
+}
+static inline long long min(long long a, long long b)
+{
+    return a < b ? a : b;
+}
+static inline long long max(long long a, long long b)
+{
+    return a > b ? a : b;
+}
+static inline unsigned long long min(unsigned long long a, unsigned long long b)
+{
+    return a < b ? a : b;
+}
+static inline unsigned long long max(unsigned long long a, unsigned long long b)
+{
+    return a > b ? a : b;
+}
+static inline float min(float a, float b)
+{
+    return fminf(a, b);
+}
+static inline float max(float a, float b)
+{
+    return fmaxf(a, b);
+}
 
 // ---- launches -------------------------------------------------------------------
 // A launch owns a copy of its arguments (kept by a graph capture and reused
@@ -195,7 +350,7 @@ static inline float max(float a, float b) { return fmaxf(a, b); }
 struct kvd_emu_call {
     void (*run)(const void *self); // calls the kernel with the stored arguments
     void (*destroy)(void *self);
-    size_t bytes;                  // of the object: the threads may read it
+    size_t bytes; // of the object: the threads may read it
 };
 cudaError_t kvd_emu_launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem,
                            cudaStream_t stream, kvd_emu_call *call);
@@ -204,14 +359,19 @@ template <class... P> struct kvd_emu_call_of : kvd_emu_call {
     void (*fn)(P...);
     std::tuple<P...> args;
     template <class... A>
-    kvd_emu_call_of(void (*f)(P...), A &&...a) : kvd_emu_call{run_, destroy_, sizeof(*this)}, fn(f),
-                                                  args(std::forward<A>(a)...) {}
+    kvd_emu_call_of(void (*f)(P...), A &&...a)
+        : kvd_emu_call{run_, destroy_, sizeof(*this)}, fn(f), args(std::forward<A>(a)...)
+    {
+    }
     static void run_(const void *self)
     {
         const kvd_emu_call_of *c = static_cast<const kvd_emu_call_of *>(self);
         std::apply(c->fn, c->args);
     }
-    static void destroy_(void *self) { delete static_cast<kvd_emu_call_of *>(self); }
+    static void destroy_(void *self)
+    {
+        delete static_cast<kvd_emu_call_of *>(self);
+    }
 };
 
 template <class... P> struct kvd_emu_launcher {
@@ -222,7 +382,8 @@ template <class... P> struct kvd_emu_launcher {
     cudaStream_t stream;
     template <class... A> void operator()(A &&...a) const
     {
-        kvd_emu_call_of<P...> *c = new (std::nothrow) kvd_emu_call_of<P...>(fn, std::forward<A>(a)...);
+        kvd_emu_call_of<P...> *c =
+            new (std::nothrow) kvd_emu_call_of<P...>(fn, std::forward<A>(a)...);
         kvd_emu_launch(name, (const void *)fn, grid, block, smem, stream, c);
     }
 };

@@ -128,20 +128,48 @@ extern "C" int kvd_fault_run(enum kvd_fault f, const float *in, float *out, int 
 {
     cudaStream_t st = (cudaStream_t)stream;
     switch (f) {
-    case KVD_FAULT_NONE: KVD_LAUNCH(1, n, 0, st, reduce_ok)(in, out, n); break;
-    case KVD_FAULT_EXIT_BEFORE_BARRIER: KVD_LAUNCH(1, n, 0, st, exit_before_barrier)(in, out, n); break;
-    case KVD_FAULT_TWO_BARRIERS: KVD_LAUNCH(1, n, 0, st, two_barriers)(in, out, n); break;
-    case KVD_FAULT_MASK_WITHOUT_SELF: KVD_LAUNCH(1, n, 0, st, mask_without_self)(in, out, n); break;
-    case KVD_FAULT_SHFL_OUTSIDE_MASK: KVD_LAUNCH(1, n, 0, st, shfl_outside_mask)(in, out, n); break;
-    case KVD_FAULT_SHFL_EXITED_LANE: KVD_LAUNCH(1, n, 0, st, shfl_exited_lane)(in, out, n); break;
-    case KVD_FAULT_SHARED_RAW: KVD_LAUNCH(1, n, 0, st, shared_raw)(in, out, n); break;
-    case KVD_FAULT_SHARED_WAW: KVD_LAUNCH(1, n, 0, st, shared_waw)(in, out, n); break;
-    case KVD_FAULT_SHARED_WAR: KVD_LAUNCH(1, n, 0, st, shared_war)(in, out, n); break;
-    case KVD_FAULT_SHARED_UNINIT: KVD_LAUNCH(1, n, 0, st, shared_uninit)(in, out, n); break;
-    case KVD_FAULT_GLOBAL_OOB: KVD_LAUNCH(1, n, 0, st, global_oob)(in, out, n); break;
-    case KVD_FAULT_GLOBAL_RACE: KVD_LAUNCH(4, n, 0, st, global_race)(in, out, n); break;
-    case KVD_FAULT_ATOMIC_OK: KVD_LAUNCH(1, n, 0, st, atomic_ok)(in, out, n); break;
-    case KVD_FAULT_BIG_DYN_SMEM: KVD_LAUNCH(1, n, 64 << 10, st, big_dyn_smem)(in, out, n); break;
+    case KVD_FAULT_NONE:
+        KVD_LAUNCH(1, n, 0, st, reduce_ok)(in, out, n);
+        break;
+    case KVD_FAULT_EXIT_BEFORE_BARRIER:
+        KVD_LAUNCH(1, n, 0, st, exit_before_barrier)(in, out, n);
+        break;
+    case KVD_FAULT_TWO_BARRIERS:
+        KVD_LAUNCH(1, n, 0, st, two_barriers)(in, out, n);
+        break;
+    case KVD_FAULT_MASK_WITHOUT_SELF:
+        KVD_LAUNCH(1, n, 0, st, mask_without_self)(in, out, n);
+        break;
+    case KVD_FAULT_SHFL_OUTSIDE_MASK:
+        KVD_LAUNCH(1, n, 0, st, shfl_outside_mask)(in, out, n);
+        break;
+    case KVD_FAULT_SHFL_EXITED_LANE:
+        KVD_LAUNCH(1, n, 0, st, shfl_exited_lane)(in, out, n);
+        break;
+    case KVD_FAULT_SHARED_RAW:
+        KVD_LAUNCH(1, n, 0, st, shared_raw)(in, out, n);
+        break;
+    case KVD_FAULT_SHARED_WAW:
+        KVD_LAUNCH(1, n, 0, st, shared_waw)(in, out, n);
+        break;
+    case KVD_FAULT_SHARED_WAR:
+        KVD_LAUNCH(1, n, 0, st, shared_war)(in, out, n);
+        break;
+    case KVD_FAULT_SHARED_UNINIT:
+        KVD_LAUNCH(1, n, 0, st, shared_uninit)(in, out, n);
+        break;
+    case KVD_FAULT_GLOBAL_OOB:
+        KVD_LAUNCH(1, n, 0, st, global_oob)(in, out, n);
+        break;
+    case KVD_FAULT_GLOBAL_RACE:
+        KVD_LAUNCH(4, n, 0, st, global_race)(in, out, n);
+        break;
+    case KVD_FAULT_ATOMIC_OK:
+        KVD_LAUNCH(1, n, 0, st, atomic_ok)(in, out, n);
+        break;
+    case KVD_FAULT_BIG_DYN_SMEM:
+        KVD_LAUNCH(1, n, 64 << 10, st, big_dyn_smem)(in, out, n);
+        break;
     }
     return kvd_launch_status();
 }

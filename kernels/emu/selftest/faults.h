@@ -12,20 +12,20 @@ extern "C" {
 #endif
 
 enum kvd_fault {
-    KVD_FAULT_NONE,            /* a block reduction done right: out[0] = sum of in */
+    KVD_FAULT_NONE, /* a block reduction done right: out[0] = sum of in */
     KVD_FAULT_EXIT_BEFORE_BARRIER,
-    KVD_FAULT_TWO_BARRIERS,    /* odd and even threads wait at different __syncthreads */
+    KVD_FAULT_TWO_BARRIERS, /* odd and even threads wait at different __syncthreads */
     KVD_FAULT_MASK_WITHOUT_SELF,
     KVD_FAULT_SHFL_OUTSIDE_MASK,
     KVD_FAULT_SHFL_EXITED_LANE,
-    KVD_FAULT_SHARED_RAW,      /* reads a neighbour's write without a barrier */
-    KVD_FAULT_SHARED_WAW,      /* every thread writes one word */
-    KVD_FAULT_SHARED_WAR,      /* writes a word others read since the barrier */
-    KVD_FAULT_SHARED_UNINIT,   /* reads shared memory nobody wrote */
-    KVD_FAULT_GLOBAL_OOB,      /* writes one float past its buffer */
-    KVD_FAULT_GLOBAL_RACE,     /* every thread of every block writes out[0] */
-    KVD_FAULT_ATOMIC_OK,       /* shared atomics: no race, exact count */
-    KVD_FAULT_BIG_DYN_SMEM,    /* 64 KiB of dynamic shared memory without the opt-in */
+    KVD_FAULT_SHARED_RAW,    /* reads a neighbour's write without a barrier */
+    KVD_FAULT_SHARED_WAW,    /* every thread writes one word */
+    KVD_FAULT_SHARED_WAR,    /* writes a word others read since the barrier */
+    KVD_FAULT_SHARED_UNINIT, /* reads shared memory nobody wrote */
+    KVD_FAULT_GLOBAL_OOB,    /* writes one float past its buffer */
+    KVD_FAULT_GLOBAL_RACE,   /* every thread of every block writes out[0] */
+    KVD_FAULT_ATOMIC_OK,     /* shared atomics: no race, exact count */
+    KVD_FAULT_BIG_DYN_SMEM,  /* 64 KiB of dynamic shared memory without the opt-in */
 };
 
 /* One launch of the fault's kernel on `n` threads (one block unless noted)
