@@ -167,3 +167,13 @@ int gpu_emu_clean(void **state)
 #endif
     return -1;
 }
+
+void gpu_emu_order_check(int on)
+{
+#ifdef KVD_CUDA_EMULATE
+    const char *e = getenv("KVD_EMU_CHECK");
+    kvd_emu_set_order_check(on && e && strstr(e, "order") != NULL);
+#else
+    (void)on;
+#endif
+}

@@ -49,5 +49,8 @@ double rel_err(const float *a, const float *b, size_t n);
 int gpu_emu_clean(void **state);
 unsigned long gpu_emu_reports(void);
 #define GPU_TEST(f) cmocka_unit_test_teardown(f, gpu_emu_clean)
+/* Turns the emulator's thread-order check (KVD_EMU_CHECK=order) off (0) or
+ * back to what the environment asked (1); nothing elsewhere. */
+void gpu_emu_order_check(int on);
 
 #endif

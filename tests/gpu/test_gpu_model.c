@@ -264,6 +264,10 @@ static void test_greedy_equal(void **state)
                 prompt[s][i] = rnd_u32(g.V);
         uint32_t tg[MAXS][NGEN], tc[MAXS][NGEN];
         if (quant) {
+            /* Whole models three times over in every launch order cost
+             * minutes of CI; the quantized kernels' order independence is
+             * checked launch by launch in test_gpu_ops (KVD_EMU_CHECK=order). */
+            gpu_emu_order_check(0);
             size_t nl = (size_t)NGEN * MAXS * g.V;
             float *lg = calloc(nl, sizeof(float)), *lc = calloc(nl, sizeof(float));
             assert_true(lg && lc);
@@ -275,6 +279,7 @@ static void test_greedy_equal(void **state)
             }
             free(lg);
             free(lc);
+            gpu_emu_order_check(1);
         } else {
             /* alone */
             greedy(&g, 1, (const uint32_t(*)[8])prompt, plen, 0, tg);
