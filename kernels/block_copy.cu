@@ -35,11 +35,12 @@ extern "C" int kvd_k_block_copy(const struct kvd_k_kv *kv, const int32_t *src, c
     size_t units = wide ? kv->block_bytes / 16 : kv->block_bytes;
     unsigned chunks = kvd_blocks_for(units, 256);
     dim3 grid((unsigned)n, chunks > 64 ? 64 : chunks);
-    if (wide)
+    if (wide) {
         KVD_LAUNCH(grid, 256, 0, stream, block_copy16_kernel)
         ((char *)kv->arena, kv->block_bytes, src, dst);
-    else
+    } else {
         KVD_LAUNCH(grid, 256, 0, stream, block_copy1_kernel)
         ((char *)kv->arena, kv->block_bytes, src, dst);
+    }
     return kvd_launch_status();
 }

@@ -77,12 +77,13 @@ extern "C" int kvd_k_to_bf16(uint16_t *dst, const void *src, int wtype, size_t n
         return rc;
     if (kvd_wt_is_q(wtype)) {
         size_t nc = n / 32;
-        if (((uintptr_t)dst & 15) == 0)
+        if (((uintptr_t)dst & 15) == 0) {
             KVD_LAUNCH(conv_grid(nc), 256, 0, stream, deq_chunks_kernel<true, true>)
             (dst, (const uint8_t *)src, wtype, nc);
-        else
+        } else {
             KVD_LAUNCH(conv_grid(nc), 256, 0, stream, deq_chunks_kernel<true, false>)
             (dst, (const uint8_t *)src, wtype, nc);
+        }
         return kvd_launch_status();
     }
     KVD_LAUNCH(conv_grid(n), 256, 0, stream, to_bf16_kernel)(dst, src, wtype, n);
