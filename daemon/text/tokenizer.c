@@ -1123,6 +1123,30 @@ static void spm_try_bigram(const struct tokenizer *t, struct work *w, const char
         w->oom = true;
 }
 
+/* The merge loop both models share: take the best queued pair, merge it if
+ * both symbols are still as queued, then queue the new symbol's pairs with
+ * its neighbours (`try` is the model's rule for a pair). */
+typedef void (*try_bigram_fn)(const struct tokenizer *t, struct work *w, const char *s, int l,
+                              int r);
+
+static void merge_bigrams(const struct tokenizer *t, struct work *w, const char *s,
+                          try_bigram_fn try)
+{
+    while (w->heap.n) {
+        struct bigram bg = heap_pop(&w->heap);
+        struct sym *l = &w->syms[bg.left], *r = &w->syms[bg.right];
+        if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size)
+            continue;
+        l->n += r->n;
+        r->n = 0;
+        l->next = r->next;
+        if (r->next >= 0)
+            w->syms[r->next].prev = bg.left;
+        try(t, w, s, l->prev, bg.left);
+        try(t, w, s, bg.left, l->next);
+    }
+}
+
 static void spm_emit(const struct tokenizer *t, const char *s, const struct sym *y, struct ids *out)
 {
     uint32_t id = tok_lookup(t, s + y->off, y->n);
@@ -1165,19 +1189,7 @@ static void spm_segment(const struct tokenizer *t, struct work *w, const char *s
     w->heap.bpe = false;
     for (size_t i = a + 1; i < b; i++)
         spm_try_bigram(t, w, s, (int)i - 1, (int)i);
-    while (w->heap.n) {
-        struct bigram bg = heap_pop(&w->heap);
-        struct sym *l = &w->syms[bg.left], *r = &w->syms[bg.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size)
-            continue;
-        l->n += r->n;
-        r->n = 0;
-        l->next = r->next;
-        if (r->next >= 0)
-            w->syms[r->next].prev = bg.left;
-        spm_try_bigram(t, w, s, l->prev, bg.left);
-        spm_try_bigram(t, w, s, bg.left, l->next);
-    }
+    merge_bigrams(t, w, s, spm_try_bigram);
     for (int i = (int)a; i != -1; i = w->syms[i].next)
         spm_emit(t, s, &w->syms[i], out);
 }
@@ -1292,19 +1304,7 @@ static void bpe_word(const struct tokenizer *t, struct work *w, const char *s, s
     w->heap.bpe = true;
     for (size_t i = 1; i < ns; i++)
         bpe_try_bigram(t, w, s, (int)i - 1, (int)i);
-    while (w->heap.n) {
-        struct bigram bg = heap_pop(&w->heap);
-        struct sym *l = &w->syms[bg.left], *r = &w->syms[bg.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size)
-            continue;
-        l->n += r->n;
-        r->n = 0;
-        l->next = r->next;
-        if (r->next >= 0)
-            w->syms[r->next].prev = bg.left;
-        bpe_try_bigram(t, w, s, l->prev, bg.left);
-        bpe_try_bigram(t, w, s, bg.left, l->next);
-    }
+    merge_bigrams(t, w, s, bpe_try_bigram);
     for (size_t i = 0; i < ns; i++) {
         const struct sym *y = &w->syms[i];
         if (y->n == 0)
