@@ -4,6 +4,9 @@
 #ifndef KVD_STATUS_H
 #define KVD_STATUS_H
 
+#include <stdarg.h>
+#include <stdio.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -47,6 +50,50 @@ static inline int kvd_err_from_code(const char *code)
         if (code && __builtin_strcmp(code, kvd_err_code(i)) == 0)
             return i;
     return KVD_EINTERNAL;
+}
+
+/* One error value, from where a failure is found to the two edges that
+ * turn it into bytes (the msgpack error frame, the HTTP API's error body):
+ * a code, the request field it is about ("" when none: the HTTP API names
+ * it as the OpenAI `param`) and a message for people. */
+#define KVD_ERROR_PARAM_MAX 32
+#define KVD_ERROR_MSG_MAX 256
+struct kvd_error {
+    int code; /* enum kvd_err */
+    char param[KVD_ERROR_PARAM_MAX];
+    char message[KVD_ERROR_MSG_MAX];
+};
+
+/* Sets e (when non-NULL: code, message, no param) and returns code. */
+__attribute__((format(printf, 3, 4))) static inline int kvd_error_set(struct kvd_error *e, int code,
+                                                                      const char *fmt, ...)
+{
+    if (e) {
+        va_list ap;
+        va_start(ap, fmt);
+        e->code = code;
+        e->param[0] = '\0';
+        vsnprintf(e->message, sizeof(e->message), fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* Names the request field e is about; returns e's code. */
+static inline int kvd_error_param(struct kvd_error *e, const char *param)
+{
+    if (!e)
+        return 0;
+    snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
+    return e->code;
+}
+
+/* Empties e (no error). */
+static inline void kvd_error_clear(struct kvd_error *e)
+{
+    e->code = 0;
+    e->param[0] = '\0';
+    e->message[0] = '\0';
 }
 
 #ifdef __cplusplus

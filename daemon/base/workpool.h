@@ -1,0 +1,50 @@
+/* workpool: a few worker threads for the work a request asks that the event
+ * loop must not do itself (rendering a chat template, tokenizing a text,
+ * detokenizing a long token list). Jobs are queued per tenant and taken in
+ * turn, one tenant after another, so a tenant that sends many heavy jobs
+ * delays another tenant's job by at most the jobs already running, never by
+ * its whole backlog. A tenant holds at most max_per_tenant jobs (queued or
+ * running); one more is refused busy.
+ *
+ * A job's function runs on a worker thread and is then done with: it
+ * answers its requester itself (server_post, the executor's inbox). Jobs
+ * still queued when the pool is freed run with `cancelled` set, so each
+ * still answers. */
+#ifndef KVD_WORKPOOL_H
+#define KVD_WORKPOOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct workpool;
+
+/* The job: ud is the submitter's; cancelled is true when the pool is being
+ * freed (answer without doing the work). */
+typedef void (*workpool_fn)(void *ud, bool cancelled);
+
+struct workpool_conf {
+    unsigned threads;        /* workers; 0: 2 */
+    unsigned max_per_tenant; /* jobs a tenant may hold, queued or running; 0: 8 */
+};
+
+/* 0, KVD_ENOMEM, or KVD_EINTERNAL (a thread could not be started). */
+int workpool_new(const struct workpool_conf *conf, struct workpool **out);
+/* Runs every queued job with cancelled = true, waits for the running ones,
+ * joins the workers. NULL is a no-op. */
+void workpool_free(struct workpool *wp);
+
+/* Queues fn(ud) for tenant. 0; KVD_EBUSY when the tenant already holds
+ * max_per_tenant jobs; KVD_ECANCELLED while the pool is being freed;
+ * KVD_ENOMEM. On failure fn is never called. Any thread. */
+int workpool_submit(struct workpool *wp, uint32_t tenant, workpool_fn fn, void *ud);
+
+struct workpool_stats {
+    uint64_t submitted, refused_busy, done;
+    uint32_t queued, running;
+};
+void workpool_stats(struct workpool *wp, struct workpool_stats *st);
+/* The configuration in force (defaults filled). */
+const struct workpool_conf *workpool_conf(const struct workpool *wp);
+
+#endif
