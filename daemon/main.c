@@ -21,6 +21,7 @@
 #include "model.h"
 #include "ops_generate.h"
 #include "ops_text.h"
+#include "workpool.h"
 #include "options.h"
 #include "roofline.h"
 #include "server.h"
@@ -126,6 +127,7 @@ int main(int argc, char **argv)
     struct server *srv = NULL;
     struct model *model = NULL;      /* serve mode (--model) */
     struct ops_generate *gen = NULL; /* the executor and its ops, serve mode */
+    struct workpool *pool = NULL;    /* the text workers */
     struct text *text = NULL;        /* the model's tokenizer and chat template */
     int status = 1;
     /* Observability: shared by the executor (writer), stats and metrics. */
@@ -242,7 +244,14 @@ int main(int argc, char **argv)
     if (server_new(&opts, &cfg, cfg_path, mm, be, &srv) != 0)
         goto out_mm;
     server_attach_obs(srv, &rl, &acct);
-    if (ops_text_register(srv, text) != 0) {
+    /* Text work (templates, tokenizing) runs here, never on the loop. */
+    struct workpool_conf wc = {.threads = opts.text_workers,
+                               .max_per_tenant = opts.text_jobs_per_tenant};
+    if ((rc = workpool_new(&wc, &pool)) != 0) {
+        log_err("cannot start the text workers: %s", kvd_err_code(rc));
+        goto out_srv;
+    }
+    if (ops_text_register(srv, text, pool) != 0) {
         log_err("cannot register the text ops");
         goto out_srv;
     }
@@ -271,6 +280,7 @@ int main(int argc, char **argv)
         ec.roofline = &rl;
         ec.acct = &acct;
         ec.text = text;
+        ec.pool = pool;
         if (ops_generate_start(srv, mm, model, &ec, &gen, err, sizeof(err)) != 0) {
             log_err("cannot start the executor: %s", err);
             goto out_srv;
@@ -288,6 +298,7 @@ out_srv:
      * connections (their close hooks reach the executor), then stop it. */
     if (gen)
         exec_drain(ops_generate_exec(gen));
+    workpool_free(pool); /* its last jobs still answer through the server */
     http_stop(http);
     ops_generate_release_loop(gen);
     metrics_stop(metrics);

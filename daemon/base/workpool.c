@@ -21,12 +21,12 @@ struct wp_job {
 };
 
 struct wp_tenant {
-    struct wp_tenant *hnext;             /* hash chain */
-    struct wp_tenant *rnext, *rprev;     /* the ring of tenants with queued jobs */
+    struct wp_tenant *hnext;         /* hash chain */
+    struct wp_tenant *rnext, *rprev; /* the ring of tenants with queued jobs */
     bool in_ring;
     uint32_t id;
-    unsigned held;                       /* queued + running */
-    struct wp_job *head, *tail;          /* queued */
+    unsigned held;              /* queued + running */
+    struct wp_job *head, *tail; /* queued */
 };
 
 struct workpool {

@@ -5,7 +5,9 @@
 #include "exec.h"
 
 #include "acct.h"
+#include "prep.h"
 #include "roofline.h"
+#include "workpool.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -18,7 +20,6 @@ struct exec {
     struct kvmm *mm; /* not owned */
     struct model *m; /* not owned */
     struct exec_conf conf;
-    struct exec_sink sink;
     const struct model_hparams *hp;
 
     /* Executor-thread state (no lock). */
@@ -173,8 +174,8 @@ static void publish_tokens(struct exec *ex, struct sched_req *r)
     if (r->n_sent >= n_gen && !new_text)
         return;
     size_t n = r->n_sent < n_gen ? n_gen - r->n_sent : 0;
-    if (ex->sink.tokens)
-        ex->sink.tokens(ex->sink.ud, r, r->toks + r->n_prompt + r->n_sent, n);
+    if (r->sink && r->sink->tokens)
+        r->sink->tokens(r->sink->ud, r, r->toks + r->n_prompt + r->n_sent, n);
     r->n_sent = n_gen;
 }
 
@@ -188,8 +189,7 @@ static void publish_done(struct exec *ex, struct sched_req *done)
         int abort_code = atomic_load(&r->abort_code);
         if (abort_code && r->finish == SCHED_FINISH_CANCELLED) {
             r->finish = SCHED_FINISH_ERROR;
-            r->err = abort_code;
-            memcpy(r->errmsg, r->abort_msg, sizeof(r->errmsg));
+            kvd_error_set(&r->err, abort_code, "%s", r->abort_msg);
         }
         acct_report_done(ex->conf.acct, r);
         /* Off the cancel list before the reply goes out (a cancel that
@@ -200,13 +200,12 @@ static void publish_done(struct exec *ex, struct sched_req *done)
         pthread_mutex_unlock(&ex->mu);
         if (r->text && text_out_finish(r->text) != 0 && r->finish != SCHED_FINISH_ERROR) {
             r->finish = SCHED_FINISH_ERROR;
-            r->err = KVD_ENOMEM;
-            snprintf(r->errmsg, sizeof(r->errmsg), "out of memory for the completion's text");
+            kvd_error_set(&r->err, KVD_ENOMEM, "out of memory for the completion's text");
         }
         if (r->finish != SCHED_FINISH_ERROR)
             publish_tokens(ex, r);
-        if (!atomic_load(&r->detached) && ex->sink.done)
-            ex->sink.done(ex->sink.ud, r);
+        if (!atomic_load(&r->detached) && r->sink && r->sink->done)
+            r->sink->done(r->sink->ud, r);
         pthread_mutex_lock(&ex->mu);
         ex->n_live--;
         ex->st.completed += r->finish == SCHED_FINISH_LENGTH || r->finish == SCHED_FINISH_STOP;
@@ -253,8 +252,7 @@ static uint32_t sample_step(struct exec *ex)
         uint32_t tok = ex->picks[i];
         int rc = sched_req_push(r, tok);
         if (rc) {
-            r->err = rc;
-            snprintf(r->errmsg, sizeof(r->errmsg), "out of memory for the sampled token");
+            kvd_error_set(&r->err, rc, "out of memory for the sampled token");
             r->finish = SCHED_FINISH_ERROR;
             n_fin++;
             continue;
@@ -268,8 +266,7 @@ static uint32_t sample_step(struct exec *ex)
         if (is_stop(ex, r, tok))
             r->finish = SCHED_FINISH_STOP;
         else if (r->text && (trc = text_out_push(r->text, tok)) < 0) {
-            r->err = -trc;
-            snprintf(r->errmsg, sizeof(r->errmsg), "out of memory for the completion's text");
+            kvd_error_set(&r->err, -trc, "out of memory for the completion's text");
             r->finish = SCHED_FINISH_ERROR;
         } else if (trc == 1)
             r->finish = SCHED_FINISH_STOP;
@@ -325,7 +322,15 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         struct sched_req *r = arrived;
         arrived = r->next;
         r->next = r->prev = NULL;
+        /* A prompt that failed to prepare, or was never prepared (the
+         * request was cancelled first), ends here. */
+        if (r->finish != SCHED_FINISH_NONE || r->prompt) {
+            sched_reject(mm, r, &done);
+            continue;
+        }
         sched_add(ex->sched, mm, r);
+        if (atomic_load(&r->cancel)) /* cancelled while it was prepared */
+            sched_note_cancel(ex->sched);
     }
     if (drain)
         sched_drain(ex->sched, mm, &done);
@@ -339,8 +344,7 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         for (struct sched_req *r = done; r; r = r->next)
             if (r->finish == SCHED_FINISH_CANCELLED && !atomic_load(&r->cancel)) {
                 r->finish = SCHED_FINISH_ERROR;
-                r->err = rc;
-                snprintf(r->errmsg, sizeof(r->errmsg), "executor out of memory");
+                kvd_error_set(&r->err, rc, "executor out of memory");
             }
         publish_done(ex, done);
         return false;
@@ -359,9 +363,8 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
     if (rc) {
         for (uint32_t i = 0; i < ex->plan.n; i++) {
             struct sched_req *r = ex->plan.reqs[i];
-            r->err = KVD_EINTERNAL;
-            snprintf(r->errmsg, sizeof(r->errmsg), "model forward failed: %s",
-                     fwd_ctx_errmsg(ex->fc));
+            kvd_error_set(&r->err, KVD_EINTERNAL, "model forward failed: %s",
+                          fwd_ctx_errmsg(ex->fc));
             r->finish = SCHED_FINISH_ERROR;
             sched_finish(ex->sched, mm, r, SCHED_FINISH_ERROR);
             r->next = done;
@@ -443,8 +446,8 @@ static void *exec_main(void *arg)
 
 /* ---- public ------------------------------------------------------------- */
 
-int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf,
-             const struct exec_sink *sink, struct exec **out, char *err, size_t errlen)
+int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, struct exec **out,
+             char *err, size_t errlen)
 {
     struct exec *ex = calloc(1, sizeof(*ex));
     if (!ex)
@@ -461,7 +464,6 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf,
         ex->conf.max_seqs = ex->conf.step_tokens;
     if (!ex->conf.queue_timeout_ms)
         ex->conf.queue_timeout_ms = 60000;
-    ex->sink = *sink;
     ex->hp = model_hparams(m);
     if (ex->conf.roofline) {
         struct roofline_shape rs;
@@ -571,11 +573,52 @@ uint64_t exec_next_serial(struct exec *ex)
     return s;
 }
 
+/* Under ex->mu: r joins the inbox the executor thread takes from. */
+static void inbox_push(struct exec *ex, struct sched_req *r)
+{
+    r->next = NULL;
+    if (ex->inbox_tail)
+        ex->inbox_tail->next = r;
+    else
+        ex->inbox_head = r;
+    ex->inbox_tail = r;
+    pthread_cond_signal(&ex->wake);
+}
+
+/* Prepares r's prompt (a failure becomes its answer); cancelled requests
+ * skip the work. Then r goes to the executor thread either way. */
+static void prepare(struct exec *ex, struct sched_req *r, bool cancelled)
+{
+    if (!cancelled && !atomic_load(&r->cancel) &&
+        sched_req_prepare(ex->mm, ex->conf.text, r, &r->err) != 0)
+        r->finish = SCHED_FINISH_ERROR;
+    pthread_mutex_lock(&ex->mu);
+    inbox_push(ex, r);
+    pthread_mutex_unlock(&ex->mu);
+}
+
+/* The pool's job for one request (workpool.h). */
+struct prep_job {
+    struct exec *ex;
+    struct sched_req *r;
+};
+
+static void prep_job_run(void *ud, bool cancelled)
+{
+    struct prep_job j = *(struct prep_job *)ud;
+    free(ud);
+    prepare(j.ex, j.r, cancelled);
+}
+
 int exec_submit(struct exec *ex, struct sched_req *r)
 {
+    struct prep_job *job = NULL;
+    if (r->prompt && ex->conf.pool && !(job = malloc(sizeof(*job))))
+        return KVD_ENOMEM;
     pthread_mutex_lock(&ex->mu);
     if (ex->draining || ex->stop) {
         pthread_mutex_unlock(&ex->mu);
+        free(job);
         return KVD_ECANCELLED;
     }
     if (r->serial == 0)
@@ -583,18 +626,44 @@ int exec_submit(struct exec *ex, struct sched_req *r)
     if (r->t_arrive == 0)
         r->t_arrive = sched_now_ns();
     r->n_ctx = ex->hp->n_ctx;
-    r->next = NULL;
-    if (ex->inbox_tail)
-        ex->inbox_tail->next = r;
-    else
-        ex->inbox_head = r;
-    ex->inbox_tail = r;
     live_add(ex, r);
     ex->n_live++;
     ex->st.requests++;
-    pthread_cond_signal(&ex->wake);
+    if (!r->prompt)
+        inbox_push(ex, r);
     pthread_mutex_unlock(&ex->mu);
-    return 0;
+    if (!r->prompt)
+        return 0;
+    if (!job) {
+        prepare(ex, r, false);
+        return 0;
+    }
+    /* Live before it is queued: a cancel or a drain finds it meanwhile. */
+    *job = (struct prep_job){ex, r};
+    int rc = workpool_submit(ex->conf.pool, r->tenant, prep_job_run, job);
+    if (rc) {
+        free(job);
+        pthread_mutex_lock(&ex->mu);
+        live_remove(ex, r);
+        ex->n_live--;
+        ex->st.requests--;
+        pthread_cond_broadcast(&ex->idle);
+        pthread_mutex_unlock(&ex->mu);
+    }
+    return rc;
+}
+
+const char *exec_submit_errmsg(int rc)
+{
+    switch (rc) {
+    case KVD_ECANCELLED:
+        return "the daemon is shutting down";
+    case KVD_EBUSY:
+        return "this tenant has as many texts waiting for the text workers as it may "
+               "(text-jobs-per-tenant); wait for their answers";
+    default:
+        return "out of memory";
+    }
 }
 
 void exec_cancel(struct exec *ex, uint64_t conn, uint64_t id, bool *found)

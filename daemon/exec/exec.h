@@ -14,8 +14,9 @@
 #include "scheduler.h"
 #include "text.h"
 
-/* Where results go. Both are called on the executor thread, without any
- * lock held, and must not block for long (queue the frame and return). */
+/* Where a request's results go (each request names its own: r->sink).
+ * Both are called on the executor thread, without any lock held, and must
+ * not block for long (queue the frame and return). */
 struct exec_sink {
     void *ud;
     /* New tokens of a streaming request, in order (n may be 0 when only
@@ -24,6 +25,8 @@ struct exec_sink {
     /* The final answer (r->finish, r->err); r is freed after the call. */
     void (*done)(void *ud, const struct sched_req *r);
 };
+
+struct workpool;
 
 struct exec_conf {
     uint32_t step_tokens; /* token budget per step; default 512 */
@@ -38,6 +41,10 @@ struct exec_conf {
     /* The model's text side (optional, not owned, outlives the executor):
      * its end-of-generation ids end requests unless they ignore_eos. */
     const struct text *text;
+    /* Worker threads for preparing text and chat prompts (prep.h; not
+     * owned, outlives the executor). NULL: they are prepared inside
+     * exec_submit, on the caller's thread. */
+    struct workpool *pool;
 };
 
 struct exec_stats {
@@ -51,8 +58,8 @@ struct exec;
 
 /* Starts the executor thread. The model and kvmm are not owned and must
  * outlive the executor; kvmm's geometry must be the model's. */
-int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf,
-             const struct exec_sink *sink, struct exec **out, char *err, size_t errlen);
+int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, struct exec **out,
+             char *err, size_t errlen);
 /* Answers every live request (cancelled), then stops the thread. */
 void exec_free(struct exec *ex);
 
@@ -64,9 +71,14 @@ const struct text *exec_text(const struct exec *ex);
  * handed to it before submission. */
 uint64_t exec_next_serial(struct exec *ex);
 /* Hands a validated request to the executor (any thread). After this the
- * executor owns r and always answers it through the sink. Returns
- * KVD_ECANCELLED (r not taken) while draining. */
+ * executor owns r and always answers it through r->sink. A request with a
+ * text or chat prompt (r->prompt) is prepared first on the pool: an error
+ * there is its answer. Returns KVD_ECANCELLED (r not taken) while
+ * draining, or KVD_EBUSY / KVD_ENOMEM when the pool refuses it (its
+ * tenant holds as many prompts in preparation as it may). */
 int exec_submit(struct exec *ex, struct sched_req *r);
+/* What exec_submit's failure rc means, for the requester's error. */
+const char *exec_submit_errmsg(int rc);
 /* Cancels request `id` of connection `conn`; *found says whether it was
  * still live (its reply, finish_reason cancelled, follows within a step). */
 void exec_cancel(struct exec *ex, uint64_t conn, uint64_t id, bool *found);

@@ -340,6 +340,7 @@ void sched_req_free(struct sched_req *r)
     if (!r)
         return;
     free(r->toks);
+    free(r->prompt); /* one allocation (prep.c) */
     text_out_free(r->text);
     free(r);
 }
@@ -389,10 +390,19 @@ void sched_end_req(struct sched *s, struct kvmm *mm, struct sched_req *r, enum s
 void sched_end_error(struct sched *s, struct kvmm *mm, struct sched_req *r, int err,
                      struct sched_req **done, const char *fmt, const char *what)
 {
-    r->err = err;
-    snprintf(r->errmsg, sizeof(r->errmsg), fmt, what);
+    kvd_error_set(&r->err, err, fmt, what);
     r->finish = SCHED_FINISH_ERROR;
     sched_end_req(s, mm, r, SCHED_FINISH_ERROR, done);
+}
+
+void sched_reject(struct kvmm *mm, struct sched_req *r, struct sched_req **done)
+{
+    release_seq(mm, r);
+    r->state = SCHED_DONE;
+    if (r->finish == SCHED_FINISH_NONE)
+        r->finish = SCHED_FINISH_CANCELLED;
+    r->next = *done;
+    *done = r;
 }
 
 void sched_finish(struct sched *s, struct kvmm *mm, struct sched_req *r, enum sched_finish f)

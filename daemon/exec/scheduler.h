@@ -15,6 +15,9 @@
 #include "sampler.h"
 #include "text_out.h"
 
+struct exec_sink;
+struct sched_prompt;
+
 /* kvmm owners of executor sequences: this bit | request serial. Connection
  * ids (the server's owners) never have it set. */
 #define SCHED_OWNER_BIT KVMM_OWNER_EXEC /* kvmm.h */
@@ -42,10 +45,18 @@ struct sched_req {
     struct sched_req *live_next;   /* exec's list of live requests (exec lock) */
 
     /* identity */
-    uint64_t conn;   /* the server's connection id (= kvmm owner of its seqs) */
+    uint64_t conn;   /* the requester: a connection id (= kvmm owner of its seqs) or
+                      * another client's id, from the same counter (never equal) */
     uint64_t id;     /* the client's request id */
     uint64_t serial; /* executor-unique, arrival order */
     uint32_t tenant, ns;
+
+    /* Where its results go (exec.h; not owned, outlives the request). */
+    const struct exec_sink *sink;
+    /* A text or chat prompt still to become tokens (owned, prep.h): set by
+     * the request's builder, consumed off the loop before the request is
+     * queued. NULL once toks holds the prompt. */
+    struct sched_prompt *prompt;
 
     /* arguments */
     int32_t priority; /* higher first */
@@ -85,9 +96,8 @@ struct sched_req {
 
     enum sched_state state;
     enum sched_finish finish;
-    int err; /* with SCHED_FINISH_ERROR */
-    char errmsg[160];
-    atomic_bool cancel; /* set by the loop thread (cancel, disconnect) */
+    struct kvd_error err; /* with SCHED_FINISH_ERROR */
+    atomic_bool cancel;   /* set by the loop thread (cancel, disconnect) */
     /* Set (before cancel) when the server ends the request with an error
      * instead (its connection does not read its output): the request is
      * answered abort_code with abort_msg, not `cancelled`. */
@@ -114,6 +124,12 @@ static inline uint64_t sched_req_owner(const struct sched_req *r)
 {
     return SCHED_OWNER_BIT | r->serial;
 }
+
+/* A request that ended before it was queued (its prompt could not be
+ * prepared, or it was cancelled meanwhile): releases its sequence (a
+ * connection's goes back) and puts it on `done` with r->finish as set
+ * (SCHED_FINISH_CANCELLED when none). Executor thread, kvmm lock held. */
+void sched_reject(struct kvmm *mm, struct sched_req *r, struct sched_req **done);
 
 struct sched_conf {
     uint32_t step_tokens; /* token budget per step (>= max_seqs) */

@@ -283,16 +283,14 @@ static void admit_failed(struct sched *s, struct kvmm *mm, struct sched_req *r,
     s->ctr.no_memory++;
     if (kvmm_tenant_stats(mm, r->tenant, &ts) == 0 && ts.conf.max_device_blocks != KVMM_UNLIMITED &&
         avail < st.device_free + st.device_cached) {
-        r->err = KVD_EQUOTA;
-        snprintf(r->errmsg, sizeof(r->errmsg),
-                 "tenant device quota: %zu of %u blocks available, %u held by its open "
-                 "sequences; need %zu",
-                 avail, ts.conf.max_device_blocks, ts.device_blocks - ts.cached_blocks, need);
+        kvd_error_set(&r->err, KVD_EQUOTA,
+                      "tenant device quota: %zu of %u blocks available, %u held by its open "
+                      "sequences; need %zu",
+                      avail, ts.conf.max_device_blocks, ts.device_blocks - ts.cached_blocks, need);
     } else {
-        r->err = KVD_ENOMEM;
-        snprintf(r->errmsg, sizeof(r->errmsg),
-                 "device pool: %zu of %u blocks free, %u held by open sequences; need %zu", avail,
-                 st.device_total, st.device_used, need);
+        kvd_error_set(&r->err, KVD_ENOMEM,
+                      "device pool: %zu of %u blocks free, %u held by open sequences; need %zu",
+                      avail, st.device_total, st.device_used, need);
     }
     r->finish = SCHED_FINISH_ERROR;
     sched_end_req(s, mm, r, SCHED_FINISH_ERROR, done);
@@ -411,11 +409,10 @@ static void reap_one(struct sched *s, struct kvmm *mm, struct sched_req *r, uint
     } else if (now && r->state == SCHED_WAITING && r->t_sched == 0 && !r->restoring &&
                now - r->t_arrive > s->conf.queue_timeout_ns) {
         s->ctr.queue_timeouts++;
-        r->err = KVD_EBUSY;
-        snprintf(r->errmsg, sizeof(r->errmsg),
-                 "waited %.3f s in the queue without being scheduled (queue timeout); "
-                 "the executor is saturated",
-                 (double)(now - r->t_arrive) / 1e9);
+        kvd_error_set(&r->err, KVD_EBUSY,
+                      "waited %.3f s in the queue without being scheduled (queue timeout); "
+                      "the executor is saturated",
+                      (double)(now - r->t_arrive) / 1e9);
         r->finish = SCHED_FINISH_ERROR;
         sched_end_req(s, mm, r, SCHED_FINISH_ERROR, done);
     }

@@ -16,6 +16,7 @@
 #include "http.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,15 +96,39 @@ static void send_json(struct evhttp_request *req, int status, const char *json, 
         evbuffer_free(b);
 }
 
-static void send_err(struct evhttp_request *req, const struct openai_err *e)
+/* An error of kvd's (the request's, the tenant's, the executor's). */
+static void send_err(struct evhttp_request *req, const struct kvd_error *e)
 {
     size_t len = 0;
-    char *body = openai_error_body(e, &len);
-    if (e->status == 401)
+    int status = 500;
+    char *body = openai_error_body(e, &status, &len);
+    if (body) {
+        send_json(req, status, body, len);
+        free(body);
+    } else {
+        evhttp_send_error(req, 503, "out of memory");
+    }
+}
+
+/* An error of the HTTP layer itself (no such endpoint, method, token). */
+__attribute__((format(printf, 5, 6))) static void send_http_err(struct evhttp_request *req,
+                                                                int status, const char *type,
+                                                                const char *code, const char *fmt,
+                                                                ...)
+{
+    char msg[KVD_ERROR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    struct openai_status st = {.status = status, .type = type, .code = code};
+    size_t len = 0;
+    char *body = openai_error_json(&st, NULL, msg, &len);
+    if (status == 401)
         evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate",
                           "Bearer realm=\"kvd\"");
     if (body) {
-        send_json(req, e->status, body, len);
+        send_json(req, status, body, len);
         free(body);
     } else {
         evhttp_send_error(req, 503, "out of memory");
@@ -121,7 +146,7 @@ struct http_who {
  * the server's tenant list (admin stats lists it; its requests in flight
  * count there with its msgpack generates). */
 static int who_register(struct http_api *a, const struct config_identity *id, struct http_who *who,
-                        struct openai_err *e)
+                        struct kvd_error *e)
 {
     char nsname[KVD_MAX_NAME + 16];
     snprintf(nsname, sizeof(nsname), "tenant:%s", id->conf.name);
@@ -130,21 +155,23 @@ static int who_register(struct http_api *a, const struct config_identity *id, st
     if (rc == 0)
         rc = kvmm_namespace(a->mm, nsname, &who->ns);
     if (rc)
-        openai_err_from_kvd(e, rc, kvmm_errmsg(a->mm));
+        kvd_error_set(e, rc, "%s", kvmm_errmsg(a->mm));
     kvmm_unlock(a->mm);
-    if (rc == 0 && server_tenant_note(a->srv, id->conf.name, who->tenant) != 0) {
-        openai_err_from_kvd(e, KVD_ENOMEM, "out of memory noting the tenant");
-        rc = KVD_ENOMEM;
-    }
+    if (rc == 0 && server_tenant_note(a->srv, id->conf.name, who->tenant) != 0)
+        rc = kvd_error_set(e, KVD_ENOMEM, "out of memory noting the tenant");
     snprintf(who->name, sizeof(who->name), "%s", id->conf.name);
     return rc ? -1 : 0;
 }
 
+/* identify's answer for a TCP peer without a valid token: 401, not 403. */
+#define HTTP_UNAUTHENTICATED (-2)
+
 /* Who sent req: on the Unix socket the peer's uid (and, for a front end,
  * the X-Kvd-Tenant it names); over TCP the bearer token's tenant. 0, or -1
- * with e filled (401, 403, 400). */
+ * with e filled (permission_denied, bad_request), or HTTP_UNAUTHENTICATED
+ * with e's message saying why. */
 static int identify(struct http_listener *l, struct evhttp_request *req, struct http_who *who,
-                    struct openai_err *e)
+                    struct kvd_error *e)
 {
     struct http_api *a = l->api;
     const struct config *cfg = server_config(a->srv);
@@ -153,16 +180,16 @@ static int identify(struct http_listener *l, struct evhttp_request *req, struct 
     if (l->tcp) {
         const char *tok = httpd_bearer(req);
         if (!tok || config_resolve_token(cfg, tok, &id) != 0) {
-            openai_err_set(e, 401, "authentication_error", "invalid_api_key",
-                           "%s: over TCP, send 'Authorization: Bearer TOKEN' with a token "
-                           "of the [http] section of kvd's configuration",
-                           tok ? "unknown bearer token" : "no bearer token");
-            return -1;
+            kvd_error_set(e, KVD_EPERM,
+                          "%s: over TCP, send 'Authorization: Bearer TOKEN' with a token "
+                          "of the [http] section of kvd's configuration",
+                          tok ? "unknown bearer token" : "no bearer token");
+            return HTTP_UNAUTHENTICATED;
         }
         if (sub) {
-            openai_err_set(e, 403, "permission_error", "permission_denied",
-                           "X-Kvd-Tenant: only trusted front ends on the Unix socket may name "
-                           "a tenant");
+            kvd_error_set(e, KVD_EPERM,
+                          "X-Kvd-Tenant: only trusted front ends on the Unix socket may name "
+                          "a tenant");
             return -1;
         }
         return who_register(a, &id, who, e);
@@ -172,26 +199,25 @@ static int identify(struct http_listener *l, struct evhttp_request *req, struct 
     struct ucred cred;
     socklen_t clen = sizeof(cred);
     if (!bev || getsockopt(bufferevent_getfd(bev), SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
-        openai_err_set(e, 403, "permission_error", "permission_denied",
-                       "cannot identify the peer (SO_PEERCRED)");
+        kvd_error_set(e, KVD_EPERM, "cannot identify the peer (SO_PEERCRED)");
         return -1;
     }
     if (config_resolve(cfg, cred.uid, cred.gid, &id) != 0) {
-        openai_err_set(e, 403, "permission_error", "permission_denied",
-                       "uid %u is not allowed by the configuration", (unsigned)cred.uid);
+        kvd_error_set(e, KVD_EPERM, "uid %u is not allowed by the configuration",
+                      (unsigned)cred.uid);
         return -1;
     }
     if (sub) {
         char msg[200];
         if (!config_is_frontend(cfg, cred.uid)) {
-            openai_err_set(e, 403, "permission_error", "permission_denied",
-                           "X-Kvd-Tenant: uid %u is not a trusted front end ([front-end] uids)",
-                           (unsigned)cred.uid);
+            kvd_error_set(e, KVD_EPERM,
+                          "X-Kvd-Tenant: uid %u is not a trusted front end ([front-end] uids)",
+                          (unsigned)cred.uid);
             return -1;
         }
         struct config_identity parent = id;
         if (config_resolve_sub(cfg, parent.conf.name, sub, strlen(sub), &id, msg, sizeof(msg))) {
-            openai_err_set(e, 400, "invalid_request_error", "bad_request", "X-Kvd-Tenant: %s", msg);
+            kvd_error_set(e, KVD_EBADREQ, "X-Kvd-Tenant: %s", msg);
             return -1;
         }
     }
@@ -355,18 +381,18 @@ static void on_done(void *ud, const struct ops_generate_result *res)
         hreq_free(r);
         return;
     }
-    struct openai_err e;
-    bool failed = res->err != 0 || !strcmp(res->finish, "cancelled");
-    if (res->err)
-        openai_err_from_kvd(&e, res->err, res->errmsg);
+    struct kvd_error e;
+    bool failed = res->finish == SCHED_FINISH_ERROR || res->finish == SCHED_FINISH_CANCELLED;
+    if (res->finish == SCHED_FINISH_ERROR)
+        e = *res->err;
     else if (failed)
-        openai_err_from_kvd(&e, KVD_ECANCELLED, "cancelled: the daemon is shutting down");
+        kvd_error_set(&e, KVD_ECANCELLED, "cancelled: the daemon is shutting down");
     struct openai_out o = {
         .kind = r->kind,
         .id = r->id,
         .model = r->api->model,
         .created = r->created,
-        .finish = res->finish,
+        .finish = failed ? NULL : sched_finish_name(res->finish),
         .prompt_tokens = res->prompt,
         .cached_tokens = res->cached,
         .completion_tokens = res->completion,
@@ -386,13 +412,14 @@ static void on_done(void *ud, const struct ops_generate_result *res)
             if (json) {
                 send_json(r->req, 200, json, len);
             } else {
-                openai_err_from_kvd(&e, KVD_ENOMEM, "out of memory building the reply");
+                kvd_error_set(&e, KVD_ENOMEM, "out of memory building the reply");
                 send_err(r->req, &e);
             }
         }
     } else {
         if (failed) {
-            json = openai_error_body(&e, &len);
+            int status;
+            json = openai_error_body(&e, &status, &len);
             if (json)
                 sse_send(r, json, len);
         } else {
@@ -446,11 +473,10 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
                             enum openai_kind kind, const struct http_who *who)
 {
     struct http_api *a = l->api;
-    struct openai_err e;
+    struct kvd_error e;
     if (!a->gc) {
-        openai_err_set(&e, 503, "server_error", "unsupported",
-                       "no model loaded: kvd runs in store mode (start it with --model)");
-        send_err(req, &e);
+        send_http_err(req, 503, "server_error", "unsupported",
+                      "no model loaded: kvd runs in store mode (start it with --model)");
         return;
     }
     size_t len;
@@ -462,20 +488,11 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
     }
     /* In flight per tenant: one count with the tenant's msgpack generates
      * (the server's tenant table). */
-    struct kvd_error pe = {0};
-    if (server_queue_admit(a->srv, NULL, who->tenant, &pe) != 0) {
-        openai_err_from_kvd(&e, pe.code, pe.message);
+    struct http_req *r = NULL;
+    if (server_queue_admit(a->srv, NULL, who->tenant, &e) != 0)
         goto fail;
-    }
-    struct proto_msg m;
-    if (proto_msg_parse(&m, oq.args.data, oq.args.size, &pe) != 0) {
-        openai_err_from_kvd(&e, pe.code, pe.message);
-        goto fail;
-    }
-    struct http_req *r = calloc(1, sizeof(*r));
-    if (!r) {
-        proto_msg_free(&m);
-        openai_err_from_kvd(&e, KVD_ENOMEM, "out of memory");
+    if (!(r = calloc(1, sizeof(*r)))) {
+        kvd_error_set(&e, KVD_ENOMEM, "out of memory");
         goto fail;
     }
     r->api = a;
@@ -490,13 +507,8 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
     snprintf(r->id, sizeof(r->id), "%s-kvd%" PRIu64, kind == OPENAI_CHAT ? "chatcmpl" : "cmpl",
              ++a->n_requests);
     struct ops_generate_client cb = {.ud = r, .tokens = on_tokens, .done = on_done};
-    int rc = ops_generate_client_submit(a->gc, r->client, m.root, who->tenant, who->ns, &cb, &pe);
-    proto_msg_free(&m);
-    if (rc) {
-        free(r);
-        openai_err_from_kvd(&e, rc, pe.message);
+    if (ops_generate_client_submit(a->gc, r->client, &oq.args, who->tenant, who->ns, &cb, &e))
         goto fail;
-    }
     openai_req_free(&oq);
     r->next = a->live;
     if (a->live)
@@ -513,6 +525,7 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
     }
     return;
 fail:
+    free(r);
     openai_req_free(&oq);
     send_err(req, &e);
 }
@@ -523,7 +536,7 @@ static void on_request(struct evhttp_request *req, void *arg)
 {
     struct http_listener *l = arg;
     struct http_api *a = l->api;
-    struct openai_err e;
+    struct kvd_error e;
     const char *uri = evhttp_request_get_uri(req);
     size_t plen = strcspn(uri, "?#");
     enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
@@ -533,22 +546,20 @@ static void on_request(struct evhttp_request *req, void *arg)
          compl = PATH_IS("/v1/completions"), chat = PATH_IS("/v1/chat/completions");
 #undef PATH_IS
     if (!health && !models && !compl &&!chat) {
-        openai_err_set(&e, 404, "invalid_request_error", "not_found",
-                       "no such endpoint: kvd serves /v1/completions, /v1/chat/completions, "
-                       "/v1/models and /health");
-        send_err(req, &e);
+        send_http_err(req, 404, "invalid_request_error", "not_found",
+                      "no such endpoint: kvd serves /v1/completions, /v1/chat/completions, "
+                      "/v1/models and /health");
         return;
     }
     bool get = cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD;
     if ((health || models) != get || (!get && cmd != EVHTTP_REQ_POST)) {
-        openai_err_set(&e, 405, "invalid_request_error", "method_not_allowed", "%s takes %s",
-                       health   ? "/health"
-                       : models ? "/v1/models"
-                                : "this endpoint",
-                       health || models ? "GET" : "POST");
         evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
                           health || models ? "GET, HEAD" : "POST");
-        send_err(req, &e);
+        send_http_err(req, 405, "invalid_request_error", "method_not_allowed", "%s takes %s",
+                      health   ? "/health"
+                      : models ? "/v1/models"
+                               : "this endpoint",
+                      health || models ? "GET" : "POST");
         return;
     }
     if (health) { /* no identity: a liveness probe */
@@ -557,7 +568,12 @@ static void on_request(struct evhttp_request *req, void *arg)
         return;
     }
     struct http_who who;
-    if (identify(l, req, &who, &e) != 0) {
+    int rc = identify(l, req, &who, &e);
+    if (rc == HTTP_UNAUTHENTICATED) {
+        send_http_err(req, 401, "authentication_error", "invalid_api_key", "%s", e.message);
+        return;
+    }
+    if (rc != 0) {
         send_err(req, &e);
         return;
     }
@@ -571,7 +587,7 @@ static void on_request(struct evhttp_request *req, void *arg)
             send_json(req, 200, json, len);
             free(json);
         } else {
-            openai_err_from_kvd(&e, KVD_ENOMEM, "out of memory");
+            kvd_error_set(&e, KVD_ENOMEM, "out of memory");
             send_err(req, &e);
         }
         return;

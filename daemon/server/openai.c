@@ -14,48 +14,13 @@
 
 #include "kvd/protocol.h"
 #include "kvd/status.h"
-#include "proto.h"
 #include "text_out.h"
 
 #define OPENAI_DEFAULT_MAX_TOKENS 16 /* completions, as OpenAI's reference */
 
-void openai_err_set(struct openai_err *e, int status, const char *type, const char *code,
-                    const char *fmt, ...)
-{
-    va_list ap;
-    e->status = status;
-    snprintf(e->type, sizeof(e->type), "%s", type);
-    snprintf(e->code, sizeof(e->code), "%s", code);
-    e->param[0] = '\0';
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof(e->message), fmt, ap);
-    va_end(ap);
-}
+/* ---- errors: the HTTP edge ------------------------------------------------ */
 
-/* A 400 about parameter `param`. */
-__attribute__((format(printf, 3, 4))) static int bad(struct openai_err *e, const char *param,
-                                                     const char *fmt, ...)
-{
-    va_list ap;
-    e->status = 400;
-    snprintf(e->type, sizeof(e->type), "invalid_request_error");
-    snprintf(e->code, sizeof(e->code), "bad_request");
-    snprintf(e->param, sizeof(e->param), "%s", param);
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof(e->message), fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-/* A 400 for something kvd does not do (yet). */
-static int unsupported(struct openai_err *e, const char *param, const char *what)
-{
-    bad(e, param, "not supported: %s", what);
-    snprintf(e->code, sizeof(e->code), "unsupported");
-    return -1;
-}
-
-void openai_err_from_kvd(struct openai_err *e, int code, const char *message)
+void openai_status_of(const struct kvd_error *e, struct openai_status *st)
 {
     static const struct {
         int code, status;
@@ -73,28 +38,33 @@ void openai_err_from_kvd(struct openai_err *e, int code, const char *message)
         {KVD_EUNSUPPORTED, 501, "invalid_request_error"},
         {KVD_EINTERNAL, 500, "server_error"},
     };
-    int status = 500;
-    const char *type = "server_error";
+    st->status = 500;
+    st->type = "server_error";
+    st->code = kvd_err_code(e->code);
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
-        if (map[i].code == code) {
-            status = map[i].status;
-            type = map[i].type;
+        if (map[i].code == e->code) {
+            st->status = map[i].status;
+            st->type = map[i].type;
         }
-    openai_err_set(e, status, type, kvd_err_code(code), "%s",
-                   message && message[0] ? message : kvd_err_code(code));
+    /* A request parameter kvd does not do is the request's fault (400); a
+     * model that cannot do what is asked (no tokenizer, no template) is
+     * the server's (501). */
+    if (e->code == KVD_EUNSUPPORTED && e->param[0])
+        st->status = 400;
 }
 
 static json_t *text_value(const char *s, size_t n);
 
-char *openai_error_body(const struct openai_err *e, size_t *len)
+char *openai_error_json(const struct openai_status *st, const char *param, const char *message,
+                        size_t *len)
 {
     /* The message may quote a client's bytes (jansson's error text) or be
      * cut inside a character: invalid UTF-8 there is replaced, so a
      * refusal always has its body. */
-    json_t *err = json_pack("{s:o, s:s, s:o, s:s}", "message",
-                            text_value(e->message, strlen(e->message)), "type", e->type, "param",
-                            e->param[0] ? text_value(e->param, strlen(e->param)) : json_null(),
-                            "code", e->code);
+    const char *m = message && message[0] ? message : st->code;
+    json_t *err = json_pack(
+        "{s:o, s:s, s:o, s:s}", "message", text_value(m, strlen(m)), "type", st->type, "param",
+        param && param[0] ? text_value(param, strlen(param)) : json_null(), "code", st->code);
     json_t *root = err ? json_pack("{s:o}", "error", err) : NULL;
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
@@ -103,24 +73,47 @@ char *openai_error_body(const struct openai_err *e, size_t *len)
     return s;
 }
 
-/* ---- requests ------------------------------------------------------------- */
-
-/* Every packing call of one request: a failure (no memory) sticks. */
-struct args {
-    msgpack_packer pk;
-    int rc;
-};
-
-static void put_key(struct args *a, const char *k)
+char *openai_error_body(const struct kvd_error *e, int *status, size_t *len)
 {
-    if (!a->rc)
-        a->rc = proto_pack_str(&a->pk, k);
+    struct openai_status st;
+    openai_status_of(e, &st);
+    *status = st.status;
+    return openai_error_json(&st, e->param, e->message, len);
 }
 
-/* An integer field in [lo, hi]: 0 absent or null (*present false), 1 read,
- * -1 with e filled. */
+/* ---- requests ------------------------------------------------------------- */
+
+/* A 400 about parameter `param`. */
+__attribute__((format(printf, 3, 4))) static int bad(struct kvd_error *e, const char *param,
+                                                     const char *fmt, ...)
+{
+    va_list ap;
+    e->code = KVD_EBADREQ;
+    snprintf(e->param, sizeof(e->param), "%s", param);
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Something kvd does not do (yet), asked by parameter `param`. */
+static int unsupported(struct kvd_error *e, const char *param, const char *what)
+{
+    bad(e, param, "not supported: %s", what);
+    e->code = KVD_EUNSUPPORTED;
+    return -1;
+}
+
+static int no_memory(struct kvd_error *e)
+{
+    kvd_error_set(e, KVD_ENOMEM, "out of memory");
+    return -1;
+}
+
+/* An integer field in [lo, hi]: 0 absent or null, 1 read, -1 with e
+ * filled. */
 static int get_int(json_t *o, const char *key, long long lo, long long hi, long long *v,
-                   struct openai_err *e)
+                   struct kvd_error *e)
 {
     json_t *x = json_object_get(o, key);
     if (!x || json_is_null(x))
@@ -133,8 +126,7 @@ static int get_int(json_t *o, const char *key, long long lo, long long hi, long 
     return 1;
 }
 
-static int get_num(json_t *o, const char *key, double lo, double hi, double *v,
-                   struct openai_err *e)
+static int get_num(json_t *o, const char *key, double lo, double hi, double *v, struct kvd_error *e)
 {
     json_t *x = json_object_get(o, key);
     if (!x || json_is_null(x))
@@ -147,7 +139,7 @@ static int get_num(json_t *o, const char *key, double lo, double hi, double *v,
     return 1;
 }
 
-static int get_bool(json_t *o, const char *key, bool *v, struct openai_err *e)
+static int get_bool(json_t *o, const char *key, bool *v, struct kvd_error *e)
 {
     json_t *x = json_object_get(o, key);
     if (!x || json_is_null(x))
@@ -158,37 +150,44 @@ static int get_bool(json_t *o, const char *key, bool *v, struct openai_err *e)
     return 1;
 }
 
-/* A token id array (json array of integers) packed as `tokens`. */
-static int put_tokens(struct args *a, json_t *arr, const char *param, struct openai_err *e)
+/* A token id array (json array of integers) as the prompt. */
+static int get_tokens(struct openai_req *r, json_t *arr, struct kvd_error *e)
 {
     size_t n = json_array_size(arr);
     if (n > KVD_MAX_ARRAY)
-        return bad(e, param, "'%s' has %zu tokens, at most %u", param, n, KVD_MAX_ARRAY);
-    put_key(a, "tokens");
-    if (!a->rc)
-        a->rc = proto_pack_array(&a->pk, n);
+        return bad(e, "prompt", "'prompt' has %zu tokens, at most %u", n, KVD_MAX_ARRAY);
+    if (n && !(r->tokens = malloc(n * sizeof(uint32_t))))
+        return no_memory(e);
     for (size_t i = 0; i < n; i++) {
         json_t *t = json_array_get(arr, i);
         if (!json_is_integer(t) || json_integer_value(t) < 0 ||
             json_integer_value(t) > (json_int_t)UINT32_MAX)
-            return bad(e, param, "'%s'[%zu] must be a token id (an integer in [0, %u])", param, i,
+            return bad(e, "prompt", "'prompt'[%zu] must be a token id (an integer in [0, %u])", i,
                        UINT32_MAX);
-        if (!a->rc)
-            a->rc = msgpack_pack_uint64(&a->pk, (uint64_t)json_integer_value(t)) ? KVD_ENOMEM : 0;
+        r->tokens[i] = (uint32_t)json_integer_value(t);
     }
+    r->args.prompt = GEN_PROMPT_TOKENS;
+    r->args.tokens = r->tokens;
+    r->args.n_tokens = n;
     return 0;
+}
+
+static void set_text(struct openai_req *r, json_t *s)
+{
+    r->args.prompt = GEN_PROMPT_TEXT;
+    r->args.text = json_string_value(s);
+    r->args.text_len = json_string_length(s);
 }
 
 /* `prompt`: a string, one string in an array, token ids, or one array of
  * token ids. */
-static int put_prompt(struct args *a, json_t *p, struct openai_err *e)
+static int get_prompt(struct openai_req *r, json_t *p, struct kvd_error *e)
 {
+    r->args.prompt_param = "prompt";
     if (!p || json_is_null(p))
         return bad(e, "prompt", "'prompt' is required");
     if (json_is_string(p)) {
-        put_key(a, "text");
-        if (!a->rc)
-            a->rc = proto_pack_strn(&a->pk, json_string_value(p), json_string_length(p));
+        set_text(r, p);
         return 0;
     }
     if (!json_is_array(p))
@@ -200,30 +199,27 @@ static int put_prompt(struct args *a, json_t *p, struct openai_err *e)
         if (json_array_size(p) != 1)
             return unsupported(e, "prompt", "several prompts in one request (send one each)");
         if (json_is_string(first)) {
-            put_key(a, "text");
-            if (!a->rc)
-                a->rc =
-                    proto_pack_strn(&a->pk, json_string_value(first), json_string_length(first));
+            set_text(r, first);
             return 0;
         }
         p = first;
     }
     if (json_array_size(p) == 0)
         return bad(e, "prompt", "'prompt' is empty: it needs at least one token");
-    return put_tokens(a, p, "prompt", e);
+    return get_tokens(r, p, e);
 }
 
-/* A message's content: a string, null (""), or text parts concatenated. */
-static int put_content(struct args *a, json_t *c, size_t i, struct openai_err *e)
+/* A message's content: a string, null (""), or text parts concatenated.
+ * *len: its length; with out, the parts are copied there. */
+static int content_of(json_t *c, size_t i, char *out, size_t *len, struct kvd_error *e)
 {
-    if (!c || json_is_null(c)) {
-        if (!a->rc)
-            a->rc = proto_pack_strn(&a->pk, "", 0);
+    *len = 0;
+    if (!c || json_is_null(c))
         return 0;
-    }
     if (json_is_string(c)) {
-        if (!a->rc)
-            a->rc = proto_pack_strn(&a->pk, json_string_value(c), json_string_length(c));
+        *len = json_string_length(c);
+        if (out)
+            memcpy(out, json_string_value(c), *len);
         return 0;
     }
     if (!json_is_array(c))
@@ -231,7 +227,7 @@ static int put_content(struct args *a, json_t *c, size_t i, struct openai_err *e
                    "'messages'[%zu].content must be a string or an array of "
                    "text parts",
                    i);
-    size_t total = 0, n = json_array_size(c);
+    size_t n = json_array_size(c);
     for (size_t k = 0; k < n; k++) {
         json_t *part = json_array_get(c, k);
         json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
@@ -242,21 +238,18 @@ static int put_content(struct args *a, json_t *c, size_t i, struct openai_err *e
             return unsupported(e, "messages", "message parts other than text");
         if (!json_is_string(text))
             return bad(e, "messages", "'messages'[%zu].content[%zu].text must be a string", i, k);
-        total += json_string_length(text);
-    }
-    if (!a->rc)
-        a->rc = msgpack_pack_str(&a->pk, total) ? KVD_ENOMEM : 0;
-    for (size_t k = 0; k < n && !a->rc; k++) {
-        json_t *text = json_object_get(json_array_get(c, k), "text");
-        a->rc = msgpack_pack_str_body(&a->pk, json_string_value(text), json_string_length(text))
-                    ? KVD_ENOMEM
-                    : 0;
+        if (out)
+            memcpy(out + *len, json_string_value(text), json_string_length(text));
+        *len += json_string_length(text);
     }
     return 0;
 }
 
-static int put_messages(struct args *a, json_t *m, struct openai_err *e)
+/* `messages`: [{role, content}] into r->msgs (one allocation: the array,
+ * then each content NUL-terminated; roles point into the JSON). */
+static int get_messages(struct openai_req *r, json_t *m, struct kvd_error *e)
 {
+    r->args.prompt_param = "messages";
     if (!m || json_is_null(m))
         return bad(e, "messages", "'messages' is required");
     if (!json_is_array(m) || json_array_size(m) == 0)
@@ -264,29 +257,35 @@ static int put_messages(struct args *a, json_t *m, struct openai_err *e)
     size_t n = json_array_size(m);
     if (n > KVD_MAX_ARRAY)
         return bad(e, "messages", "'messages' has %zu entries, at most %u", n, KVD_MAX_ARRAY);
-    put_key(a, "messages");
-    if (!a->rc)
-        a->rc = proto_pack_array(&a->pk, n);
+    size_t bytes = n * sizeof(struct chat_msg), len;
     for (size_t i = 0; i < n; i++) {
         json_t *msg = json_array_get(m, i);
-        json_t *role = json_object_get(msg, "role");
-        if (!json_is_object(msg) || !json_is_string(role))
+        if (!json_is_object(msg) || !json_is_string(json_object_get(msg, "role")))
             return bad(e, "messages", "'messages'[%zu] must be an object with a string 'role'", i);
-        if (!a->rc)
-            a->rc = proto_pack_map(&a->pk, 2);
-        put_key(a, "role");
-        if (!a->rc)
-            a->rc = proto_pack_strn(&a->pk, json_string_value(role), json_string_length(role));
-        put_key(a, "content");
-        if (put_content(a, json_object_get(msg, "content"), i, e))
+        if (content_of(json_object_get(msg, "content"), i, NULL, &len, e))
             return -1;
+        bytes += len + 1;
     }
+    if (!(r->msgs = malloc(bytes)))
+        return no_memory(e);
+    char *at = (char *)(r->msgs + n);
+    for (size_t i = 0; i < n; i++) {
+        json_t *msg = json_array_get(m, i);
+        content_of(json_object_get(msg, "content"), i, at, &len, e);
+        at[len] = '\0';
+        r->msgs[i].role = json_string_value(json_object_get(msg, "role"));
+        r->msgs[i].content = at;
+        at += len + 1;
+    }
+    r->args.prompt = GEN_PROMPT_MESSAGES;
+    r->args.msgs = r->msgs;
+    r->args.n_msgs = n;
     return 0;
 }
 
 /* A stop string's length: 1 to TEXT_OUT_MAX_STOP_LEN bytes (generate's own
  * bound), in both of stop's forms. */
-static int stop_len_ok(json_t *x, bool in_array, size_t i, struct openai_err *e)
+static int stop_len_ok(json_t *x, bool in_array, size_t i, struct kvd_error *e)
 {
     size_t n = json_string_length(x);
     if (n > 0 && n <= TEXT_OUT_MAX_STOP_LEN)
@@ -296,19 +295,21 @@ static int stop_len_ok(json_t *x, bool in_array, size_t i, struct openai_err *e)
     return bad(e, "stop", "'stop' must have 1 to %u bytes", TEXT_OUT_MAX_STOP_LEN);
 }
 
+static void add_stop(struct gen_args *a, json_t *x)
+{
+    a->stop_strs[a->n_stop_strs] = json_string_value(x);
+    a->stop_lens[a->n_stop_strs++] = json_string_length(x);
+}
+
 /* `stop`: null, a string, or an array of at most 4 strings. */
-static int put_stop(struct args *a, json_t *s, struct openai_err *e)
+static int get_stop(struct gen_args *a, json_t *s, struct kvd_error *e)
 {
     if (!s || json_is_null(s))
         return 0;
     if (json_is_string(s)) {
         if (stop_len_ok(s, false, 0, e))
             return -1;
-        put_key(a, "stop");
-        if (!a->rc)
-            a->rc = proto_pack_array(&a->pk, 1);
-        if (!a->rc)
-            a->rc = proto_pack_strn(&a->pk, json_string_value(s), json_string_length(s));
+        add_stop(a, s);
         return 0;
     }
     if (!json_is_array(s))
@@ -322,21 +323,14 @@ static int put_stop(struct args *a, json_t *s, struct openai_err *e)
         if (stop_len_ok(json_array_get(s, i), true, i, e))
             return -1;
     }
-    if (n == 0)
-        return 0;
-    put_key(a, "stop");
-    if (!a->rc)
-        a->rc = proto_pack_array(&a->pk, n);
-    for (size_t i = 0; i < n && !a->rc; i++) {
-        json_t *x = json_array_get(s, i);
-        a->rc = proto_pack_strn(&a->pk, json_string_value(x), json_string_length(x));
-    }
+    for (size_t i = 0; i < n; i++)
+        add_stop(a, json_array_get(s, i));
     return 0;
 }
 
 /* The fields kvd does not do: refused when they ask for something other
  * than the default. */
-static int check_unsupported(json_t *o, enum openai_kind kind, struct openai_err *e)
+static int check_unsupported(json_t *o, enum openai_kind kind, struct kvd_error *e)
 {
     long long n = 1;
     int r = get_int(o, "n", 1, 128, &n, e);
@@ -365,101 +359,71 @@ static int check_unsupported(json_t *o, enum openai_kind kind, struct openai_err
     return 0;
 }
 
-int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n_ctx,
-                 struct openai_req *out, struct openai_err *e)
+/* The sampling and output fields. */
+static int get_options(struct openai_req *out, json_t *o, uint32_t n_ctx, struct kvd_error *e)
 {
-    json_error_t je;
-    memset(out, 0, sizeof(*out));
-    out->kind = kind;
-    msgpack_sbuffer_init(&out->args);
-    if (n_ctx == 0) { /* no model: nothing to bound max_tokens by */
-        openai_err_set(e, 503, "server_error", "unsupported", "no model loaded");
+    struct gen_args *a = &out->args;
+    if (get_bool(o, "stream", &a->stream, e) < 0)
         return -1;
-    }
-    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    if (!o)
-        return bad(e, "", "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
-    int rc = -1;
-    struct args a = {.rc = 0};
-    if (!json_is_object(o)) {
-        bad(e, "", "the body must be a JSON object");
-        goto out;
-    }
-    if (check_unsupported(o, kind, e))
-        goto out;
-    bool stream = false, ignore_eos = false;
-    if (get_bool(o, "stream", &stream, e) < 0)
-        goto out;
+    out->stream = a->stream;
     /* An extension (llama.cpp's and vLLM's servers have it too). */
-    if (get_bool(o, "ignore_eos", &ignore_eos, e) < 0)
-        goto out;
-    out->stream = stream;
+    if (get_bool(o, "ignore_eos", &a->ignore_eos, e) < 0)
+        return -1;
     json_t *so = json_object_get(o, "stream_options");
     if (so && !json_is_null(so)) {
-        if (!json_is_object(so)) {
-            bad(e, "stream_options", "'stream_options' must be an object");
-            goto out;
-        }
+        if (!json_is_object(so))
+            return bad(e, "stream_options", "'stream_options' must be an object");
         bool iu = false;
         if (get_bool(so, "include_usage", &iu, e) < 0)
-            goto out;
+            return -1;
         out->include_usage = iu;
     }
     /* Defaults: the context (chat), 16 (completions) but never past the
      * context. */
-    long long max_tokens = kind == OPENAI_CHAT || n_ctx < OPENAI_DEFAULT_MAX_TOKENS
+    long long max_tokens = out->kind == OPENAI_CHAT || n_ctx < OPENAI_DEFAULT_MAX_TOKENS
                                ? (long long)n_ctx
                                : OPENAI_DEFAULT_MAX_TOKENS;
-    int r = get_int(o, "max_tokens", 1, n_ctx, &max_tokens, e);
-    if (r < 0)
-        goto out;
-    if (kind == OPENAI_CHAT && get_int(o, "max_completion_tokens", 1, n_ctx, &max_tokens, e) < 0)
-        goto out;
-    double temperature = 1.0, top_p = 1.0;
-    if (get_num(o, "temperature", 0, 2, &temperature, e) < 0)
-        goto out;
-    int has_top_p = get_num(o, "top_p", 0, 1, &top_p, e);
+    if (get_int(o, "max_tokens", 1, n_ctx, &max_tokens, e) < 0)
+        return -1;
+    if (out->kind == OPENAI_CHAT &&
+        get_int(o, "max_completion_tokens", 1, n_ctx, &max_tokens, e) < 0)
+        return -1;
+    a->has_max_tokens = true;
+    a->max_tokens = (uint64_t)max_tokens;
+    a->temperature = 1.0; /* OpenAI's default */
+    if (get_num(o, "temperature", 0, 2, &a->temperature, e) < 0)
+        return -1;
+    int has_top_p = get_num(o, "top_p", 0, 1, &a->top_p, e);
     if (has_top_p < 0)
-        goto out;
-    if (has_top_p && top_p == 0)
-        top_p = 1e-9; /* OpenAI's 0 means "only the most likely": kvd's top_p is in (0, 1] */
+        return -1;
+    if (has_top_p && a->top_p == 0)
+        a->top_p = 1e-9; /* OpenAI's 0 means "only the most likely": kvd's top_p is in (0, 1] */
     long long seed = 0;
     int has_seed = get_int(o, "seed", INT64_MIN, INT64_MAX, &seed, e);
     if (has_seed < 0)
-        goto out;
+        return -1;
+    a->has_seed = has_seed > 0;
+    a->seed = (uint64_t)seed;
+    return get_stop(a, json_object_get(o, "stop"), e);
+}
 
-    proto_packer_init(&a.pk, &out->args);
-    size_t at = proto_map_begin(&a.pk);
-    if (at == SIZE_MAX) {
-        openai_err_set(e, 503, "server_error", "no_memory", "out of memory");
-        goto out;
-    }
-    if (kind == OPENAI_COMPLETION ? put_prompt(&a, json_object_get(o, "prompt"), e)
-                                  : put_messages(&a, json_object_get(o, "messages"), e))
-        goto out;
-    if (put_stop(&a, json_object_get(o, "stop"), e))
-        goto out;
-    if (!a.rc)
-        a.rc = proto_pack_kv_uint(&a.pk, "max_tokens", (uint64_t)max_tokens);
-    if (!a.rc)
-        a.rc = proto_pack_kv_double(&a.pk, "temperature", temperature);
-    if (!a.rc)
-        a.rc = proto_pack_kv_double(&a.pk, "top_p", top_p);
-    if (has_seed && !a.rc)
-        a.rc = proto_pack_kv_uint(&a.pk, "seed", (uint64_t)seed);
-    if (!a.rc)
-        a.rc = proto_pack_kv_bool(&a.pk, "stream", stream);
-    if (ignore_eos && !a.rc)
-        a.rc = proto_pack_kv_bool(&a.pk, "ignore_eos", true);
-    if (!a.rc)
-        a.rc = proto_map_end(&a.pk, at);
-    if (a.rc) {
-        openai_err_set(e, 503, "server_error", "no_memory", "out of memory");
-        goto out;
-    }
-    rc = 0;
-out:
-    json_decref(o);
+int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n_ctx,
+                 struct openai_req *out, struct kvd_error *e)
+{
+    json_error_t je;
+    memset(out, 0, sizeof(*out));
+    out->kind = kind;
+    gen_args_init(&out->args);
+    out->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!out->root)
+        return bad(e, "", "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
+    json_t *o = out->root;
+    int rc = -1;
+    if (!json_is_object(o))
+        bad(e, "", "the body must be a JSON object");
+    else if (!check_unsupported(o, kind, e) && !get_options(out, o, n_ctx, e))
+        rc = kind == OPENAI_COMPLETION ? get_prompt(out, json_object_get(o, "prompt"), e)
+                                       : get_messages(out, json_object_get(o, "messages"), e);
     if (rc)
         openai_req_free(out);
     return rc;
@@ -467,8 +431,12 @@ out:
 
 void openai_req_free(struct openai_req *r)
 {
-    msgpack_sbuffer_destroy(&r->args);
-    msgpack_sbuffer_init(&r->args);
+    json_decref(r->root);
+    free(r->tokens);
+    free(r->msgs);
+    r->root = NULL;
+    r->tokens = NULL;
+    r->msgs = NULL;
 }
 
 /* ---- responses ------------------------------------------------------------ */

@@ -1,10 +1,11 @@
 /* openai: the JSON side of the OpenAI-compatible HTTP API (docs/http.md),
- * with jansson. A /v1/completions or /v1/chat/completions body becomes the
- * msgpack arguments of kvd's own `generate` (so both paths share one
- * validation and one executor); results become OpenAI response objects,
- * stream chunks and error bodies. Pure functions over buffers: no sockets,
- * no server state, so the unit tests and the fuzz target drive them
- * directly. */
+ * with jansson. A /v1/completions or /v1/chat/completions body is decoded
+ * straight into kvd's typed generate arguments (gen_request.h: the same
+ * checks and executor path as msgpack `generate`, errors naming the OpenAI
+ * parameter); results become OpenAI response objects, stream chunks and
+ * error bodies (the one place a struct kvd_error becomes an HTTP status).
+ * Pure functions over buffers: no sockets, no server state, so the unit
+ * tests and the fuzz target drive them directly. */
 #ifndef KVD_OPENAI_H
 #define KVD_OPENAI_H
 
@@ -12,7 +13,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <msgpack.h>
+#include <jansson.h>
+
+#include "gen_request.h"
+#include "kvd/status.h"
 
 enum openai_kind { OPENAI_COMPLETION, OPENAI_CHAT };
 
@@ -25,44 +29,40 @@ struct openai_req {
     enum openai_kind kind;
     bool stream;
     bool include_usage; /* stream_options.include_usage */
-    /* The generate request's arguments: one msgpack map (tokens | text |
-     * messages, max_tokens, temperature, top_p, seed, stop, stream,
-     * ignore_eos), owned;
-     * openai_req_free releases it. */
-    msgpack_sbuffer args;
-};
-
-/* What went wrong with a request: the HTTP status, the OpenAI error type
- * and code, the offending parameter ("" when none) and a message. */
-struct openai_err {
-    int status;
-    char type[32];
-    char code[32];
-    char param[48];
-    char message[256];
+    /* The generate arguments (prompt_param "prompt" or "messages"); their
+     * strings point into root and the buffers below. */
+    struct gen_args args;
+    json_t *root;          /* the parsed body (owned) */
+    uint32_t *tokens;      /* a token prompt (owned) */
+    struct chat_msg *msgs; /* the messages, contents joined (owned) */
 };
 
 /* Parses a request body. Unknown fields are ignored; a known field of the
- * wrong type or out of range is 400 naming it; features kvd does not do
- * (n > 1, echo, logprobs, several prompts, non-text message parts) are 400
- * with code "unsupported". n_ctx (the model's context, 0 without a model:
- * 503) bounds max_tokens and is its default for chat requests. Stop
- * strings have 1 to TEXT_OUT_MAX_STOP_LEN bytes. 0, or -1 with e filled. */
+ * wrong type or out of range is bad_request naming it (e->param); features
+ * kvd does not do (n > 1, echo, logprobs, several prompts, non-text message
+ * parts) are unsupported naming the parameter. n_ctx (the model's context,
+ * > 0) bounds max_tokens and is its default for chat requests. Stop strings
+ * have 1 to TEXT_OUT_MAX_STOP_LEN bytes. 0, or -1 with e filled. */
 int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n_ctx,
-                 struct openai_req *out, struct openai_err *e);
+                 struct openai_req *out, struct kvd_error *e);
 void openai_req_free(struct openai_req *r);
 
-/* Fills e for a kvd error code (enum kvd_err) and message: bad_request 400,
- * permission_denied 403, not_found 404, too_large 413, busy and
- * quota_exceeded 429, no_memory/cancelled/unsupported 503 or 501 as
- * docs/http.md lists, internal 500. */
-void openai_err_from_kvd(struct openai_err *e, int code, const char *message);
-/* e with a status, type, code and printf-style message. */
-void openai_err_set(struct openai_err *e, int status, const char *type, const char *code,
-                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* How the HTTP API answers an error: its status, and the OpenAI error type
+ * and code (the kvd code's name). bad_request 400, permission_denied 403,
+ * not_found 404, too_large 413, busy and quota_exceeded 429, unsupported
+ * 400 for a parameter kvd does not do (param set) and 501 for what the
+ * model cannot do, no_memory and cancelled 503, internal 500. */
+struct openai_status {
+    int status;
+    const char *type, *code;
+};
+void openai_status_of(const struct kvd_error *e, struct openai_status *st);
 /* {"error":{"message","type","param","code"}}: malloc'd, NUL-terminated,
- * *len its length; NULL when out of memory. */
-char *openai_error_body(const struct openai_err *e, size_t *len);
+ * *len its length; NULL when out of memory. param NULL or "": null. */
+char *openai_error_json(const struct openai_status *st, const char *param, const char *message,
+                        size_t *len);
+/* openai_status_of + openai_error_json; *status the HTTP status. */
+char *openai_error_body(const struct kvd_error *e, int *status, size_t *len);
 
 /* A finished (or streamed) completion. */
 struct openai_out {

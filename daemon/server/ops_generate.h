@@ -9,25 +9,16 @@
 #include <msgpack.h>
 
 #include "exec.h"
+#include "gen_request.h"
 #include "proto.h"
 
-/* Who asks: the connection (its id is the kvmm owner of its sequences), the
- * request id, the connection's tenant and default namespace. */
-struct ops_generate_ctx {
-    uint64_t conn, id;
-    uint32_t tenant, ns;
-};
-
-/* Parses a generate request (root map) into a new request for the
- * executor. Seq mode (`seq`) takes the connection's sequence over (kvmm
- * lock taken inside); a failure leaves it untouched. Every invalid argument
- * is KVD_EBADREQ with a message naming the field. */
+/* Decodes a generate request (msgpack root map) into gen_args and builds
+ * the executor's request (gen_request_build: seq mode takes the caller's
+ * sequence over; a failure leaves it untouched). Every invalid argument is
+ * KVD_EBADREQ with a message naming the field. */
 int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *root,
-                       const struct ops_generate_ctx *c, struct sched_req **out,
-                       struct kvd_error *err);
-/* Undoes a build that was not submitted: gives a taken sequence back and
- * frees r (kvmm lock taken inside). */
-void ops_generate_discard(struct kvmm *mm, struct sched_req *r);
+                       const struct gen_caller *c, const struct gen_limits *lim,
+                       struct sched_req **out, struct kvd_error *err);
 
 /* Appends one frame: {"id", "event": "tokens", "tokens": [...]}, and
  * "text" (the completion's new text) when text is non-NULL. */
@@ -60,24 +51,17 @@ void ops_generate_stop(struct ops_generate *g);
 
 /* ---- generate clients other than msgpack connections --------------------
  * The HTTP API (http.c) is a generate client too, without faking a msgpack
- * connection: each of its requests gets a client id (its `conn` for the
- * executor: bit 62 set, so it never names a connection, whose ids are
- * small, nor an executor owner, bit 63) and callbacks that run on the loop
- * thread, in order, the done callback last. Tokens and results come from
- * the executor's thread through a queue of their own and an event on the
- * loop (ops_generate_client.c). */
-#define OPS_GENERATE_CLIENT_BIT (1ull << 62)
-static inline bool ops_generate_is_client(uint64_t conn)
-{
-    return (conn & OPS_GENERATE_CLIENT_BIT) != 0;
-}
+ * connection: each of its requests gets a client id (server_new_id: from
+ * the connections' counter, so it never names a connection) and callbacks
+ * that run on the loop thread, in order, the done callback last. Tokens and
+ * results come from the executor's thread through a queue of their own and
+ * an event on the loop (ops_generate_client.c). */
 
 /* How a client's request ended. */
 struct ops_generate_result {
-    int err; /* 0, or the enum kvd_err that ended it (errmsg says why) */
-    const char *errmsg;
-    const char *finish;   /* "length", "stop", "cancelled" (err 0) */
-    const uint32_t *toks; /* the generated tokens */
+    const struct kvd_error *err; /* err->code 0, or what ended it */
+    enum sched_finish finish;    /* LENGTH, STOP, CANCELLED (err->code 0) or ERROR */
+    const uint32_t *toks;        /* the generated tokens */
     size_t n_toks;
     const char *text; /* their text (NULL: a token-only model) */
     size_t text_len;
@@ -96,11 +80,10 @@ struct ops_generate_client {
 
 /* A fresh client id. Loop thread. */
 uint64_t ops_generate_client_id(struct gen_clients *gc);
-/* Builds (ops_generate_build: `args` is a generate request's map, seq mode
- * excluded) and submits a request of client `client` for tenant/ns. 0: the
- * callbacks will run; else an enum kvd_err with err filled and nothing
- * will. Loop thread. */
-int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const msgpack_object *args,
+/* Builds (gen_request_build; seq mode excluded) and submits a request of
+ * client `client` for tenant/ns. 0: the callbacks will run; else an enum
+ * kvd_err with err filled and nothing will. Loop thread. */
+int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const struct gen_args *args,
                                uint32_t tenant, uint32_t ns, const struct ops_generate_client *cb,
                                struct kvd_error *err);
 /* The client is gone (disconnect): its request is cancelled and none of its
@@ -111,8 +94,7 @@ void ops_generate_client_drop(struct gen_clients *gc, uint64_t client);
 void ops_generate_client_abort(struct gen_clients *gc, uint64_t client, int code, const char *msg);
 
 /* For ops_generate.c: the registry and queue, and the executor-thread side. */
-int gen_clients_new(struct event_base *base, struct exec *ex, struct kvmm *mm,
-                    struct gen_clients **out);
+int gen_clients_new(struct server *srv, struct exec *ex, struct kvmm *mm, struct gen_clients **out);
 void gen_clients_free(struct gen_clients *gc);
 /* Frees what lives on the server's loop (the queue's event); later results
  * are dropped. Before the event base goes (ops_generate_release_loop). */

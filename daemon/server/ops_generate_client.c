@@ -12,6 +12,7 @@
 #include <event2/event.h>
 
 #include "ops_generate.h"
+#include "server.h"
 #include "text_out.h"
 
 #define GC_BUCKETS 256u
@@ -31,17 +32,17 @@ struct gc_item {
     char *text; /* (text_len + 1), in the same allocation; NULL: token-only */
     size_t text_len;
     /* done */
-    int err;
-    char errmsg[160];
+    struct kvd_error err;
     enum sched_finish finish;
     uint64_t prompt, cached, completion;
 };
 
 struct gen_clients {
-    struct exec *ex;  /* not owned */
-    struct kvmm *mm;  /* not owned */
-    struct event *ev; /* the loop's side of the queue */
-    uint64_t next_id;
+    struct server *srv;                    /* not owned: client ids */
+    struct exec *ex;                       /* not owned */
+    struct kvmm *mm;                       /* not owned */
+    struct event *ev;                      /* the loop's side of the queue */
+    struct exec_sink sink;                 /* every client request's (gen_clients_tokens/done) */
     struct gc_client *buckets[GC_BUCKETS]; /* loop thread */
     pthread_mutex_t mu;
     struct gc_item *head, *tail; /* under mu */
@@ -71,9 +72,8 @@ static void gc_deliver(evutil_socket_t fd, short what, void *arg)
         } else if (c) {
             *slot = c->next; /* nothing runs for it after done */
             struct ops_generate_result res = {
-                .err = it->err,
-                .errmsg = it->errmsg,
-                .finish = it->err ? NULL : sched_finish_name(it->finish),
+                .err = &it->err,
+                .finish = it->err.code ? SCHED_FINISH_ERROR : it->finish,
                 .toks = it->toks,
                 .n_toks = it->n_toks,
                 .text = it->text,
@@ -91,16 +91,27 @@ static void gc_deliver(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-int gen_clients_new(struct event_base *base, struct exec *ex, struct kvmm *mm,
-                    struct gen_clients **out)
+static void sink_tokens(void *ud, const struct sched_req *r, const uint32_t *toks, size_t n)
+{
+    gen_clients_tokens(ud, r, toks, n);
+}
+
+static void sink_done(void *ud, const struct sched_req *r)
+{
+    gen_clients_done(ud, r);
+}
+
+int gen_clients_new(struct server *srv, struct exec *ex, struct kvmm *mm, struct gen_clients **out)
 {
     struct gen_clients *gc = calloc(1, sizeof(*gc));
     if (!gc)
         return KVD_ENOMEM;
+    gc->srv = srv;
+    gc->sink = (struct exec_sink){.ud = gc, .tokens = sink_tokens, .done = sink_done};
     gc->ex = ex;
     gc->mm = mm;
     pthread_mutex_init(&gc->mu, NULL);
-    gc->ev = event_new(base, -1, 0, gc_deliver, gc);
+    gc->ev = event_new(server_event_base(srv), -1, 0, gc_deliver, gc);
     if (!gc->ev) {
         gen_clients_free(gc);
         return KVD_ENOMEM;
@@ -209,11 +220,11 @@ void gen_clients_done(struct gen_clients *gc, const struct sched_req *r)
     it->done = true;
     it->finish = r->finish;
     if (r->finish == SCHED_FINISH_ERROR) {
-        it->err = r->err ? r->err : KVD_EINTERNAL;
-        snprintf(it->errmsg, sizeof(it->errmsg), "%s", r->errmsg);
+        it->err = r->err;
+        if (!it->err.code)
+            it->err.code = KVD_EINTERNAL;
     } else if (it->n_toks != n_gen) {
-        it->err = KVD_ENOMEM;
-        strcpy(it->errmsg, "out of memory building the reply");
+        kvd_error_set(&it->err, KVD_ENOMEM, "out of memory building the reply");
     }
     it->prompt = r->n_prompt;
     it->cached = r->n_cached;
@@ -225,23 +236,25 @@ void gen_clients_done(struct gen_clients *gc, const struct sched_req *r)
 
 uint64_t ops_generate_client_id(struct gen_clients *gc)
 {
-    return OPS_GENERATE_CLIENT_BIT | ++gc->next_id;
+    return server_new_id(gc->srv);
 }
 
-int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const msgpack_object *args,
+int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const struct gen_args *args,
                                uint32_t tenant, uint32_t ns, const struct ops_generate_client *cb,
                                struct kvd_error *err)
 {
-    if (proto_map_find(args, "seq"))
+    if (args->has_seq)
         return kvd_error_set(err, KVD_EBADREQ, "'seq' is for msgpack connections");
-    struct ops_generate_ctx ctx = {.conn = client, .id = 1, .tenant = tenant, .ns = ns};
+    struct gen_caller caller = {
+        .conn = client, .id = 1, .tenant = tenant, .ns = ns, .sink = &gc->sink};
+    struct gen_limits lim = {.max_text_bytes = server_options(gc->srv)->max_text_bytes};
     struct sched_req *r = NULL;
-    int rc = ops_generate_build(gc->ex, gc->mm, args, &ctx, &r, err);
+    int rc = gen_request_build(gc->ex, gc->mm, args, &caller, &lim, &r, err);
     if (rc)
         return rc;
     struct gc_client *c = calloc(1, sizeof(*c));
     if (!c) {
-        ops_generate_discard(gc->mm, r);
+        gen_request_discard(gc->mm, r);
         return kvd_error_set(err, KVD_ENOMEM, "out of memory");
     }
     c->id = client;
@@ -249,11 +262,11 @@ int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const ms
     struct gc_client **slot = find_slot(gc, client);
     c->next = *slot;
     *slot = c;
-    if (exec_submit(gc->ex, r) != 0) {
+    if ((rc = exec_submit(gc->ex, r)) != 0) {
         *find_slot(gc, client) = c->next;
         free(c);
-        ops_generate_discard(gc->mm, r);
-        return kvd_error_set(err, KVD_ECANCELLED, "the daemon is shutting down");
+        gen_request_discard(gc->mm, r);
+        return kvd_error_set(err, rc, "%s", exec_submit_errmsg(rc));
     }
     return 0;
 }

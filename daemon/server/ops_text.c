@@ -83,7 +83,7 @@ static int op_detokenize(struct ops_ctx *c)
     return rc ? kvd_error_set(&c->err, KVD_ENOMEM, "out of memory") : 0;
 }
 
-int ops_text_register(struct server *srv, const struct text *tx)
+int ops_text_register(struct server *srv, const struct text *tx, struct workpool *pool)
 {
     /* The handlers never modify the text (immutable after text_open). */
     void *ctx = (void *)(uintptr_t)tx;

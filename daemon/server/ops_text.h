@@ -7,6 +7,7 @@ struct text;
 
 /* Registers both ops over tx (NULL in store mode: they answer
  * `unsupported`). tx must outlive the server. */
-int ops_text_register(struct server *srv, const struct text *tx);
+struct workpool;
+int ops_text_register(struct server *srv, const struct text *tx, struct workpool *pool);
 
 #endif

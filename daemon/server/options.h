@@ -40,6 +40,10 @@ struct options {
     /* Executor (serve mode): token budget and sequences per step, and how
      * long a generate may wait for its first step (ms; 0 = no limit). */
     uint32_t step_tokens, step_seqs, queue_timeout_ms;
+    /* Text work off the loop (chat templates, tokenizing): worker threads,
+     * and the texts a tenant may have waiting for them or in work. */
+    uint32_t text_workers, text_jobs_per_tenant;
+    uint64_t max_text_bytes; /* a request's text (prompt, messages, tokenize) */
     /* cpu backend: compute threads for the model (0 = one per online CPU). */
     uint32_t threads;
     int log_level;

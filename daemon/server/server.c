@@ -89,6 +89,11 @@ static void host_shutdown(void *ctx)
     server_shutdown(ctx);
 }
 
+uint64_t server_new_id(struct server *srv)
+{
+    return ++srv->next_conn_id;
+}
+
 int server_op_register(struct server *srv, const char *op, ops_fn fn, void *ctx, unsigned flags)
 {
     return ops_table_set(&srv->ops, op, fn, ctx, flags);

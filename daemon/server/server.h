@@ -81,6 +81,11 @@ struct event_base *server_event_base(struct server *srv);
 const struct config *server_config(const struct server *srv);
 const struct options *server_options(const struct server *srv);
 
+/* A fresh requester id for a client that is not a connection (the HTTP
+ * API's requests): from the connections' own counter, so the executor and
+ * kvmm never confuse the two. Loop thread. */
+uint64_t server_new_id(struct server *srv);
+
 /* Registers (or replaces) the handler of an op; see ops.h. Not thread-safe:
  * call before server_run. */
 int server_op_register(struct server *srv, const char *op, ops_fn fn, void *ctx, unsigned flags);

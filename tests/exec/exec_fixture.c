@@ -99,8 +99,8 @@ static void sink_done(void *ud, const struct sched_req *r)
     pthread_mutex_lock(&fx_mu);
     struct fx_result *x = &fx_res[r->id];
     x->finish = r->finish;
-    x->err = r->err;
-    snprintf(x->msg, sizeof(x->msg), "%s", r->errmsg);
+    x->err = r->err.code;
+    snprintf(x->msg, sizeof(x->msg), "%s", r->err.message);
     x->n = 0;
     for (size_t i = r->n_prompt; i < r->n_toks && x->n < FX_MAX_TOK; i++)
         x->toks[x->n++] = r->toks[i];
@@ -151,8 +151,7 @@ int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t 
         return -1;
     struct exec_conf ec = {
         .step_tokens = step_tokens, .max_seqs = max_seqs, .queue_timeout_ms = fx_queue_timeout_ms};
-    struct exec_sink sink = {.tokens = sink_tokens, .done = sink_done};
-    if (exec_new(f->mm, f->m, &ec, &sink, &f->ex, err, sizeof(err))) {
+    if (exec_new(f->mm, f->m, &ec, &f->ex, err, sizeof(err))) {
         fprintf(stderr, "exec_new: %s\n", err);
         return -1;
     }
@@ -222,6 +221,8 @@ int fx_tenant(struct fx *f, const char *name, uint32_t weight, uint32_t *tenant,
     return rc;
 }
 
+static const struct exec_sink fx_sink = {.tokens = sink_tokens, .done = sink_done};
+
 static int build(struct fx *f, const struct fx_gen *g, uint64_t conn, uint64_t id, const void *map,
                  size_t len, struct sched_req **out, struct kvd_error *err)
 {
@@ -229,12 +230,13 @@ static int build(struct fx *f, const struct fx_gen *g, uint64_t conn, uint64_t i
     int rc = proto_msg_parse(&m, map, len, err);
     if (rc)
         return rc;
-    struct ops_generate_ctx c = {.conn = conn, .id = id, .tenant = f->tenant, .ns = f->ns};
+    struct gen_caller c = {
+        .conn = conn, .id = id, .tenant = f->tenant, .ns = f->ns, .sink = &fx_sink};
     if (g && g->has_tenant) {
         c.tenant = g->tenant;
         c.ns = g->ns;
     }
-    rc = ops_generate_build(f->ex, f->mm, m.root, &c, out, err);
+    rc = ops_generate_build(f->ex, f->mm, m.root, &c, NULL, out, err);
     proto_msg_free(&m);
     return rc;
 }
@@ -278,7 +280,7 @@ int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct kvd_erro
         return rc;
     rc = exec_submit(f->ex, r);
     if (rc)
-        ops_generate_discard(f->mm, r);
+        gen_request_discard(f->mm, r);
     return rc;
 }
 
@@ -287,7 +289,7 @@ int fx_build_raw(struct fx *f, const void *map, size_t len, struct kvd_error *er
     struct sched_req *r = NULL;
     int rc = build(f, NULL, 1, 1, map, len, &r, err);
     if (rc == 0)
-        ops_generate_discard(f->mm, r);
+        gen_request_discard(f->mm, r);
     return rc;
 }
 

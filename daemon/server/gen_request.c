@@ -1,0 +1,206 @@
+/* gen_request (see gen_request.h): the wire-independent checks of a
+ * generate request and the executor request they make. */
+#include "gen_request.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "prep.h"
+#include "text.h"
+#include "text_out.h"
+
+void gen_args_init(struct gen_args *a)
+{
+    memset(a, 0, sizeof(*a));
+    a->top_p = 1.0;
+}
+
+static uint64_t random_seed(void)
+{
+    uint64_t s = 0;
+    if (getrandom(&s, sizeof(s), GRND_NONBLOCK) != (ssize_t)sizeof(s))
+        s = sched_now_ns() ^ (uint64_t)(uintptr_t)&s;
+    return s;
+}
+
+__attribute__((format(printf, 4, 5))) static int bad(struct kvd_error *e, int code,
+                                                     const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    e->code = code;
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+    snprintf(e->param, sizeof(e->param), "%s", param);
+    return code;
+}
+
+/* Sampling, stopping and scheduling arguments into r. */
+static int set_args(const struct text *tx, const struct model_hparams *hp, const struct gen_args *a,
+                    struct sched_req *r, struct kvd_error *e)
+{
+    uint64_t u = a->max_tokens;
+    if (!a->has_max_tokens)
+        u = GEN_DEFAULT_MAX_TOKENS < hp->n_ctx ? GEN_DEFAULT_MAX_TOKENS : hp->n_ctx;
+    else if (u == GEN_MAX_TOKENS_CONTEXT)
+        u = hp->n_ctx;
+    if (u == 0 || u > hp->n_ctx)
+        return bad(e, KVD_EBADREQ, "max_tokens",
+                   "'max_tokens' must be in [1, %u] (the model's context)", hp->n_ctx);
+    r->max_tokens = (uint32_t)u;
+
+    if (!isfinite(a->temperature) || a->temperature < 0 || a->temperature > GEN_MAX_TEMPERATURE)
+        return bad(e, KVD_EBADREQ, "temperature", "'temperature' must be in [0, %g]",
+                   GEN_MAX_TEMPERATURE);
+    if (!isfinite(a->top_p) || a->top_p <= 0 || a->top_p > 1)
+        return bad(e, KVD_EBADREQ, "top_p", "'top_p' must be in (0, 1]");
+    if (a->top_k > hp->n_vocab)
+        return bad(e, KVD_EBADREQ, "top_k", "'top_k' must be in [0, %u] (the vocabulary)",
+                   hp->n_vocab);
+    struct sampler_params sp = {
+        .temperature = (float)a->temperature,
+        .top_k = (uint32_t)a->top_k,
+        .top_p = (float)a->top_p,
+        .seed = a->has_seed ? a->seed : random_seed(),
+    };
+    sampler_init(&r->smp, &sp);
+
+    if (a->n_stop_ids + a->n_stop_strs > SCHED_MAX_STOP)
+        return bad(e, KVD_EBADREQ, "stop", "'stop' has %zu entries, at most %u",
+                   a->n_stop_ids + a->n_stop_strs, SCHED_MAX_STOP);
+    for (size_t i = 0; i < a->n_stop_ids; i++) {
+        if (a->stop_ids[i] >= hp->n_vocab)
+            return bad(e, KVD_EBADREQ, "stop", "'stop': token %u is outside the vocabulary (%u)",
+                       a->stop_ids[i], hp->n_vocab);
+        r->stop[r->n_stop++] = a->stop_ids[i];
+    }
+    for (size_t i = 0; i < a->n_stop_strs; i++)
+        if (a->stop_lens[i] == 0 || a->stop_lens[i] > TEXT_OUT_MAX_STOP_LEN)
+            return bad(e, KVD_EBADREQ, "stop", "'stop': a stop string must have 1 to %u bytes",
+                       TEXT_OUT_MAX_STOP_LEN);
+    const struct tokenizer *tok = text_tokenizer(tx);
+    if (a->n_stop_strs && !tok)
+        return bad(e, KVD_EUNSUPPORTED, "stop", "stop strings need the model's tokenizer: %s",
+                   text_no_tokenizer(tx));
+    if (tok) {
+        int rc = text_out_new(tok, a->stop_strs, a->stop_lens, a->n_stop_strs, &r->text);
+        if (rc)
+            return kvd_error_set(e, rc, "out of memory");
+    }
+    r->ignore_eos = a->ignore_eos;
+    r->stream = a->stream;
+    if (a->priority < -GEN_MAX_PRIORITY || a->priority > GEN_MAX_PRIORITY)
+        return bad(e, KVD_EBADREQ, "priority", "'priority' must be in [%d, %d]", -GEN_MAX_PRIORITY,
+                   GEN_MAX_PRIORITY);
+    r->priority = (int32_t)a->priority;
+    return 0;
+}
+
+/* The prompt's checks that need no tokenizing. */
+static int check_prompt(const struct text *tx, const struct model_hparams *hp,
+                        const struct gen_args *a, const struct gen_limits *lim, struct kvd_error *e)
+{
+    const char *p = a->prompt_param ? a->prompt_param : "prompt";
+    switch (a->prompt) {
+    case GEN_PROMPT_NONE:
+        if (!a->has_seq)
+            return bad(e, KVD_EBADREQ, p, "the request has no prompt");
+        return 0;
+    case GEN_PROMPT_TOKENS:
+        for (size_t i = 0; i < a->n_tokens; i++)
+            if (a->tokens[i] >= hp->n_vocab)
+                return bad(e, KVD_EBADREQ, p, "'%s'[%zu] = %u is outside the vocabulary (%u)", p, i,
+                           a->tokens[i], hp->n_vocab);
+        return 0;
+    case GEN_PROMPT_TEXT:
+    case GEN_PROMPT_MESSAGES:
+        break;
+    }
+    if (!text_tokenizer(tx))
+        return bad(e, KVD_EUNSUPPORTED, p, "'%s' needs the model's tokenizer: %s", p,
+                   text_no_tokenizer(tx));
+    if (a->prompt == GEN_PROMPT_MESSAGES && !text_chat_template(tx))
+        return bad(e, KVD_EUNSUPPORTED, p, "'%s' needs the model's chat template: %s", p,
+                   text_no_chat_template(tx));
+    size_t bytes = a->text_len;
+    if (a->prompt == GEN_PROMPT_MESSAGES) {
+        bytes = 0;
+        for (size_t i = 0; i < a->n_msgs; i++)
+            bytes += strlen(a->msgs[i].role) + strlen(a->msgs[i].content);
+    }
+    if (lim && lim->max_text_bytes && bytes > lim->max_text_bytes)
+        return bad(e, KVD_ETOOLARGE, p, "'%s' has %zu bytes of text, over max-text-bytes (%zu)", p,
+                   bytes, lim->max_text_bytes);
+    return 0;
+}
+
+int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a,
+                      const struct gen_caller *c, const struct gen_limits *lim,
+                      struct sched_req **out, struct kvd_error *e)
+{
+    const struct model_hparams *hp = exec_hparams(ex);
+    const struct text *tx = exec_text(ex);
+    const char *param = a->prompt_param ? a->prompt_param : "prompt";
+    int rc = check_prompt(tx, hp, a, lim, e);
+    if (rc)
+        return rc;
+    struct sched_req *r = calloc(1, sizeof(*r));
+    if (!r)
+        return kvd_error_set(e, KVD_ENOMEM, "out of memory");
+    r->conn = c->conn;
+    r->id = c->id;
+    r->tenant = c->tenant;
+    r->ns = c->ns;
+    r->sink = c->sink;
+    r->n_ctx = hp->n_ctx;
+    r->t_arrive = sched_now_ns();
+    if ((rc = set_args(tx, hp, a, r, e))) {
+        sched_req_free(r);
+        return rc;
+    }
+    r->serial = exec_next_serial(ex);
+
+    size_t n_seq = 0;
+    if (a->has_seq) {
+        kvmm_lock(mm);
+        rc = sched_req_lend_seq(mm, r, a->seq, &n_seq, e);
+        if (rc == 0 && (a->prompt == GEN_PROMPT_TOKENS || a->prompt == GEN_PROMPT_NONE))
+            rc = sched_req_set_prompt(mm, r, a->tokens, a->n_tokens, false, param, e);
+        kvmm_unlock(mm);
+    } else if (a->prompt == GEN_PROMPT_TOKENS) {
+        rc = sched_req_set_prompt(mm, r, a->tokens, a->n_tokens, false, param, e);
+    }
+    if (rc == 0 && a->prompt == GEN_PROMPT_TEXT) {
+        /* The model's BOS rule, at the start of a sequence only. */
+        r->prompt = sched_prompt_text(param, a->text, a->text_len, n_seq > 0 ? 0 : -1);
+        rc = r->prompt ? 0 : kvd_error_set(e, KVD_ENOMEM, "out of memory");
+    } else if (rc == 0 && a->prompt == GEN_PROMPT_MESSAGES) {
+        /* With seq, the conversation is the whole prompt: the sequence keeps
+         * its longest common prefix with it. */
+        r->prompt = sched_prompt_chat(param, a->msgs, a->n_msgs, a->has_seq);
+        rc = r->prompt ? 0 : kvd_error_set(e, KVD_ENOMEM, "out of memory");
+    }
+    if (rc) {
+        gen_request_discard(mm, r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+void gen_request_discard(struct kvmm *mm, struct sched_req *r)
+{
+    if (r->have_seq) {
+        kvmm_lock(mm);
+        if (r->conn_seq)
+            kvmm_seq_set_owner(mm, sched_req_owner(r), r->seq, r->conn);
+        else
+            kvmm_seq_close(mm, sched_req_owner(r), r->seq);
+        kvmm_unlock(mm);
+    }
+    sched_req_free(r);
+}

@@ -1,0 +1,100 @@
+/* gen_request: a generate request as a typed value, whatever wire it came
+ * by. Each wire has a decoder that fills a struct gen_args from its own
+ * format, checking only types and shapes (msgpack: ops_generate.c; JSON:
+ * openai.c); gen_request_build then makes the executor's request, with
+ * every check that does not depend on the wire (ranges against the model,
+ * the vocabulary, the context, the text bound, the sequence). Errors name
+ * the field as the request's wire named it (args->prompt_param for the
+ * prompt; the other fields have the same name on both wires). */
+#ifndef KVD_GEN_REQUEST_H
+#define KVD_GEN_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "exec.h"
+#include "kvd/status.h"
+
+/* The default completion length when a request gives none. */
+#define GEN_DEFAULT_MAX_TOKENS 16u
+/* max_tokens: until the context is full (the OpenAI chat default). */
+#define GEN_MAX_TOKENS_CONTEXT UINT64_MAX
+#define GEN_MAX_TEMPERATURE 1000.0
+#define GEN_MAX_PRIORITY 1000000
+
+enum gen_prompt_kind {
+    GEN_PROMPT_NONE,     /* seq mode only: generate after the sequence's tokens */
+    GEN_PROMPT_TOKENS,   /* token ids */
+    GEN_PROMPT_TEXT,     /* text, tokenized with the model's BOS rule */
+    GEN_PROMPT_MESSAGES, /* a conversation, rendered with the chat template */
+};
+
+/* Everything a generate request asks. Pointers are the decoder's (they must
+ * live until gen_request_build returns; the request copies what it keeps). */
+struct gen_args {
+    /* the prompt */
+    enum gen_prompt_kind prompt;
+    const char *prompt_param; /* its name on the wire: "tokens", "text", "messages", "prompt" */
+    const uint32_t *tokens;
+    size_t n_tokens;
+    const char *text;
+    size_t text_len;
+    const struct chat_msg *msgs; /* role and content NUL-terminated, no NUL inside */
+    size_t n_msgs;
+
+    /* sampling; gen_args_init's defaults */
+    bool has_max_tokens;
+    uint64_t max_tokens; /* absent: GEN_DEFAULT_MAX_TOKENS; or GEN_MAX_TOKENS_CONTEXT */
+    double temperature;  /* 0: greedy */
+    double top_p;        /* (0, 1] */
+    uint64_t top_k;      /* 0: off */
+    bool has_seed;
+    uint64_t seed;
+
+    /* stopping */
+    uint32_t stop_ids[SCHED_MAX_STOP];
+    size_t n_stop_ids;
+    const char *stop_strs[SCHED_MAX_STOP]; /* in the completion's text */
+    size_t stop_lens[SCHED_MAX_STOP];
+    size_t n_stop_strs;
+    bool ignore_eos;
+
+    /* delivery and scheduling */
+    bool stream;
+    int64_t priority;
+
+    /* seq mode (msgpack connections): the connection's sequence */
+    bool has_seq;
+    uint64_t seq;
+};
+
+void gen_args_init(struct gen_args *a);
+
+/* Who asks: the requester id (a connection's: its sequences' kvmm owner;
+ * or another client's, from the same counter), the request id, the tenant
+ * and its namespace, and where the results go. */
+struct gen_caller {
+    uint64_t conn, id;
+    uint32_t tenant, ns;
+    const struct exec_sink *sink;
+};
+
+/* What the build checks against, besides the executor's model. */
+struct gen_limits {
+    size_t max_text_bytes; /* a text prompt, or all messages together; 0: no bound */
+};
+
+/* Builds the executor's request from a. Seq mode lends the caller's
+ * sequence to it (kvmm lock taken inside); a failure leaves everything as
+ * it was. A text or chat prompt is left in r->prompt for the executor's
+ * workers (prep.h): it is not rendered or tokenized here. 0, or an enum
+ * kvd_err with e filled (param set for the field at fault). */
+int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a,
+                      const struct gen_caller *c, const struct gen_limits *lim,
+                      struct sched_req **out, struct kvd_error *e);
+/* Undoes a build that was not submitted: gives a lent sequence back and
+ * frees r (kvmm lock taken inside). */
+void gen_request_discard(struct kvmm *mm, struct sched_req *r);
+
+#endif
