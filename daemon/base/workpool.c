@@ -231,6 +231,7 @@ void workpool_stats(struct workpool *wp, struct workpool_stats *st)
 {
     pthread_mutex_lock(&wp->mu);
     *st = wp->st;
+    st->stopping = wp->stop;
     pthread_mutex_unlock(&wp->mu);
 }
 

@@ -42,6 +42,7 @@ int workpool_submit(struct workpool *wp, uint32_t tenant, workpool_fn fn, void *
 struct workpool_stats {
     uint64_t submitted, refused_busy, done;
     uint32_t queued, running;
+    bool stopping; /* workpool_free has begun */
 };
 void workpool_stats(struct workpool *wp, struct workpool_stats *st);
 /* The configuration in force (defaults filled). */

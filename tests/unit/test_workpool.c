@@ -1,0 +1,186 @@
+/* The text workers' pool (daemon/base/workpool.c): jobs run in turn across
+ * tenants, a tenant's bound refuses busy, and freeing the pool still runs
+ * every queued job (cancelled) so each requester hears back. One worker
+ * and a gate make the order deterministic: the first job blocks until the
+ * test has queued everything else. */
+#include <pthread.h>
+#include <sched.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvd/status.h"
+#include "workpool.h"
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static bool gate_open, gate_entered;
+static int order[64], n_order, n_cancelled;
+
+struct job {
+    int tag;
+    bool gate; /* wait for the gate before returning */
+};
+
+static void run(void *ud, bool cancelled)
+{
+    struct job *j = ud;
+    pthread_mutex_lock(&mu);
+    if (j->gate) {
+        gate_entered = true;
+        pthread_cond_broadcast(&cv);
+        while (!gate_open)
+            pthread_cond_wait(&cv, &mu);
+    }
+    order[n_order++] = j->tag;
+    n_cancelled += cancelled;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+static void reset(void)
+{
+    gate_open = gate_entered = false;
+    n_order = n_cancelled = 0;
+}
+
+/* Submits the gate job for tenant 9 and waits until the worker holds it. */
+static void hold_worker(struct workpool *wp, struct job *gate)
+{
+    *gate = (struct job){.tag = 0, .gate = true};
+    assert_int_equal(workpool_submit(wp, 9, run, gate), 0);
+    pthread_mutex_lock(&mu);
+    while (!gate_entered)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+static void wait_done(int n)
+{
+    pthread_mutex_lock(&mu);
+    while (n_order < n)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+static void test_turns_across_tenants(void **state)
+{
+    (void)state;
+    reset();
+    struct workpool *wp;
+    struct workpool_conf c = {.threads = 1, .max_per_tenant = 16};
+    assert_int_equal(workpool_new(&c, &wp), 0);
+    struct job gate, a[4], b[2];
+    hold_worker(wp, &gate);
+    /* Tenant 1 queues four jobs, then tenant 2 two: 2's first job must not
+     * wait for all of 1's. */
+    for (int i = 0; i < 4; i++) {
+        a[i] = (struct job){.tag = 10 + i};
+        assert_int_equal(workpool_submit(wp, 1, run, &a[i]), 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        b[i] = (struct job){.tag = 20 + i};
+        assert_int_equal(workpool_submit(wp, 2, run, &b[i]), 0);
+    }
+    pthread_mutex_lock(&mu);
+    gate_open = true;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+    wait_done(7);
+    static const int want[] = {0, 10, 20, 11, 21, 12, 13};
+    assert_memory_equal(order, want, sizeof(want));
+    assert_int_equal(n_cancelled, 0);
+    struct workpool_stats st;
+    workpool_stats(wp, &st);
+    assert_int_equal(st.submitted, 7);
+    assert_int_equal(st.done, 7);
+    assert_int_equal(st.queued, 0);
+    workpool_free(wp);
+}
+
+static void test_tenant_bound(void **state)
+{
+    (void)state;
+    reset();
+    struct workpool *wp;
+    struct workpool_conf c = {.threads = 1, .max_per_tenant = 2};
+    assert_int_equal(workpool_new(&c, &wp), 0);
+    struct job gate, a[3], other;
+    hold_worker(wp, &gate); /* tenant 9 holds one of its two */
+    a[0] = (struct job){.tag = 1};
+    a[1] = (struct job){.tag = 2};
+    a[2] = (struct job){.tag = 3};
+    assert_int_equal(workpool_submit(wp, 1, run, &a[0]), 0);
+    assert_int_equal(workpool_submit(wp, 1, run, &a[1]), 0);
+    /* A third job of tenant 1 is refused; another tenant is not held back. */
+    assert_int_equal(workpool_submit(wp, 1, run, &a[2]), KVD_EBUSY);
+    other = (struct job){.tag = 4};
+    assert_int_equal(workpool_submit(wp, 2, run, &other), 0);
+    pthread_mutex_lock(&mu);
+    gate_open = true;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+    wait_done(4);
+    /* Once its jobs are done the tenant may submit again. */
+    assert_int_equal(workpool_submit(wp, 1, run, &a[2]), 0);
+    wait_done(5);
+    struct workpool_stats st;
+    workpool_stats(wp, &st);
+    assert_int_equal(st.refused_busy, 1);
+    workpool_free(wp);
+}
+
+static void *free_pool(void *wp)
+{
+    workpool_free(wp);
+    return NULL;
+}
+
+static void test_free_cancels_queued(void **state)
+{
+    (void)state;
+    reset();
+    struct workpool *wp;
+    struct workpool_conf c = {.threads = 1, .max_per_tenant = 8};
+    assert_int_equal(workpool_new(&c, &wp), 0);
+    struct job gate, a[3];
+    hold_worker(wp, &gate);
+    for (int i = 0; i < 3; i++) {
+        a[i] = (struct job){.tag = 1 + i};
+        assert_int_equal(workpool_submit(wp, 1, run, &a[i]), 0);
+    }
+    /* Free from another thread while the worker is held: the queued jobs
+     * must run cancelled, none may be lost. */
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, free_pool, wp), 0);
+    /* Once the pool is being freed (its worker is still held, so the pool
+     * lives on) the queued jobs must run cancelled. */
+    struct workpool_stats st;
+    do {
+        sched_yield();
+        workpool_stats(wp, &st);
+    } while (!st.stopping);
+    struct job probe = {.tag = 99};
+    assert_int_equal(workpool_submit(wp, 3, run, &probe), KVD_ECANCELLED);
+    pthread_mutex_lock(&mu);
+    gate_open = true;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+    pthread_join(t, NULL);
+    assert_int_equal(n_order, 4);
+    assert_int_equal(n_cancelled, 3);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_turns_across_tenants),
+        cmocka_unit_test(test_tenant_bound),
+        cmocka_unit_test(test_free_cancels_queued),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
