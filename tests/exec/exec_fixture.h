@@ -21,7 +21,7 @@ struct fx_result {
     bool done;
     int finish; /* enum sched_finish */
     int err;
-    char msg[160];
+    char msg[KVD_ERROR_MSG_MAX];
     uint32_t toks[FX_MAX_TOK];
     size_t n;
     uint32_t streamed[FX_MAX_TOK];
