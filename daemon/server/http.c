@@ -37,7 +37,6 @@
 #include "log.h"
 #include "openai.h"
 #include "ops_generate.h"
-#include "proto.h"
 #include "server.h"
 
 struct http_api;
