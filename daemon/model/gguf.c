@@ -299,6 +299,13 @@ static int cmp_name(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
+static int cmp_offset(const void *a, const void *b)
+{
+    const struct gguf_tensor *x = *(const struct gguf_tensor *const *)a;
+    const struct gguf_tensor *y = *(const struct gguf_tensor *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
 static int check_tensors(struct rd *r, struct gguf *g)
 {
     int rc = 0;
@@ -330,6 +337,18 @@ static int check_tensors(struct rd *r, struct gguf *g)
             rc = rd_fail(r, "duplicate tensor name '%s'", v[i]->name);
             break;
         }
+    if (rc == 0) {
+        /* No tensor's bytes inside another's: a type or shape edited to a
+         * larger one would otherwise read the next tensor's weights. */
+        qsort(v, g->n_tensors, sizeof *v, cmp_offset);
+        for (uint64_t i = 1; i < g->n_tensors && rc == 0; i++)
+            if (v[i - 1]->offset + v[i - 1]->nbytes > v[i]->offset)
+                rc = rd_fail(r,
+                             "tensor '%s' data [%" PRIu64 ", +%" PRIu64 ") overlaps tensor '%s' "
+                             "at %" PRIu64 " (a type or shape that does not match its data)",
+                             v[i - 1]->name, v[i - 1]->offset, v[i - 1]->nbytes, v[i]->name,
+                             v[i]->offset);
+    }
     free(v);
     return rc;
 }

@@ -447,6 +447,12 @@ static void t_fields(void **s)
     }
     assert_true(done);
     expect(&c, "duplicate tensor name 'blk.0.attn_q.weight'");
+    /* two tensors over the same bytes (what a type edited to a larger one
+     * amounts to): the second tensor's offset set to the first's */
+    RESET();
+    assert_true(L->n_tensors >= 2);
+    put64(&c, L->toff_at[1], rd64(b.p + L->toff_at[0]));
+    expect(&c, "overlaps tensor");
 }
 
 /* Seeded random byte flips in the header/metadata/infos: never a crash. */
