@@ -75,6 +75,8 @@ const struct options_def options_defs[] = {
      "1024", NULL, 0, "generates in flight per connection before 'busy'"},
     {"max-queued-per-tenant", "N", OPTIONS_U32, F(max_queued_per_tenant), 1, 10000000, NULL, "4096",
      NULL, 0, "generates in flight per tenant before 'busy'"},
+    {"max-sub-tenants", "N", OPTIONS_U32, F(max_sub_tenants), 1, 10000000, NULL, "1024", NULL, 0,
+     "sub-tenants one front end may have registered\nat once (idle ones are freed, oldest first)"},
     {"max-unread-output", "BYTES", OPTIONS_SIZE, F(max_unread_output), 64 << 10, (uint64_t)1 << 50,
      NULL, "16M", NULL, 0,
      "a connection's unread output above which its\ngenerates end with 'busy'"},
