@@ -130,7 +130,7 @@ static int identify(struct http_listener *l, struct evhttp_request *req, struct 
     struct tenancy *ty = server_tenancy(a->srv);
     struct config_identity id;
     struct tenancy_who tw;
-    struct proto_err pe;
+    struct kvd_error pe;
     int rc;
     const char *sub = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Kvd-Tenant");
     if (l->tcp) {
@@ -436,7 +436,7 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
     }
     /* In flight per tenant: one count with the tenant's msgpack generates
      * (the server's tenant table). */
-    struct proto_err pe = {0};
+    struct kvd_error pe = {0};
     if (server_queue_admit(a->srv, NULL, who->tenant, &pe) != 0) {
         openai_err_from_kvd(&e, pe.code, pe.message);
         goto fail;

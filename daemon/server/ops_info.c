@@ -43,7 +43,7 @@ int ops_hello(struct ops_ctx *c)
     PROTO_PK(proto_opt_uint(c->req, "version", &version, NULL, &c->err));
     PROTO_PK(proto_opt_strz(c->req, "client", client, sizeof(client), &have_client, &c->err));
     if (version != KVD_PROTOCOL_VERSION)
-        return proto_err_set(&c->err, KVD_EUNSUPPORTED,
+        return kvd_error_set(&c->err, KVD_EUNSUPPORTED,
                              "protocol version %llu is not supported (this server speaks %d)",
                              (unsigned long long)version, KVD_PROTOCOL_VERSION);
 
@@ -162,7 +162,7 @@ static int stats_tenant(struct ops_ctx *c)
     struct stats_snap sn;
     int rc = stats_snap_fill(&sn, c->mm, c->host->obs->acct, &c->tenant, 0, 1);
     if (rc)
-        return proto_err_set(&c->err, rc, "stats: %s",
+        return kvd_error_set(&c->err, rc, "stats: %s",
                              rc == KVD_ENOMEM ? "out of memory" : "the tenant is not registered");
     rc = stats_tenant_pack(c, &sn);
     stats_snap_free(&sn);
@@ -234,14 +234,14 @@ static int stats_all(struct ops_ctx *c)
     PROTO_PK(proto_opt_uint(c->req, "tenants_from", &from, NULL, &c->err));
     PROTO_PK(proto_opt_uint(c->req, "tenants_max", &max, NULL, &c->err));
     if (from > UINT32_MAX)
-        return proto_err_set(&c->err, KVD_EBADREQ, "'tenants_from' %llu is not a cursor",
+        return kvd_error_set(&c->err, KVD_EBADREQ, "'tenants_from' %llu is not a cursor",
                              (unsigned long long)from);
     if (max < 1 || max > STATS_SNAP_PAGE_MAX)
-        return proto_err_set(&c->err, KVD_EBADREQ, "'tenants_max' must be 1 to %u",
+        return kvd_error_set(&c->err, KVD_EBADREQ, "'tenants_max' must be 1 to %u",
                              STATS_SNAP_PAGE_MAX);
     int rc = stats_snap_fill(&sn, c->mm, c->host->obs->acct, NULL, (uint32_t)from, (size_t)max);
     if (rc)
-        return proto_err_set(&c->err, rc, "stats: out of memory");
+        return kvd_error_set(&c->err, rc, "stats: out of memory");
     rc = stats_all_pack(c, &sn);
     stats_snap_free(&sn);
     return rc;

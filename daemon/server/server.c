@@ -201,15 +201,15 @@ static void trim_cb(evutil_socket_t fd, short what, void *arg)
     malloc_trim(0);
 }
 
-int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct proto_err *err)
+int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct kvd_error *err)
 {
     if (c && c->overflow)
-        return proto_err_set(err, KVD_EBUSY,
+        return kvd_error_set(err, KVD_EBUSY,
                              "this connection has over %llu bytes of unread output "
                              "(max-unread-output); read it before sending more",
                              (unsigned long long)srv->opts.max_unread_output);
     if (c && c->n_pending >= srv->opts.max_queued_per_conn)
-        return proto_err_set(err, KVD_EBUSY,
+        return kvd_error_set(err, KVD_EBUSY,
                              "this connection has %zu generates in flight, the limit "
                              "(max-queued-per-connection = %u); read replies before sending more",
                              c->n_pending, srv->opts.max_queued_per_conn);
@@ -231,12 +231,12 @@ static struct conn *conn_find(struct server *srv, uint64_t id)
  * else gets permission_denied. Fills who (name into name_buf). 0 or an
  * error with e filled. */
 static int server_sub_tenant(struct server *srv, struct conn *c, const msgpack_object *tn,
-                             struct ops_caller *who, char *name_buf, struct proto_err *e)
+                             struct ops_caller *who, char *name_buf, struct kvd_error *e)
 {
     struct config_identity id;
     struct tenancy_who tw;
     if (tn->type != MSGPACK_OBJECT_STR)
-        return proto_err_set(e, KVD_EBADREQ, "'tenant' must be a string");
+        return kvd_error_set(e, KVD_EBADREQ, "'tenant' must be a string");
     int rc = tenancy_resolve_sub(&srv->cfg, c->uid, c->tenant_name, tn->via.str.ptr,
                                  tn->via.str.size, "'tenant'", &id, e);
     if (rc == 0)
@@ -257,7 +257,7 @@ static bool conn_dispatch_cb(void *ctx, struct conn *c, const uint8_t *p, size_t
 {
     struct server *srv = ctx;
     struct proto_msg m;
-    struct proto_err e; /* filled by whatever fails; its 256-byte message
+    struct kvd_error e; /* filled by whatever fails; its 256-byte message
                          * is not zeroed per request */
     int rc;
 
@@ -362,7 +362,7 @@ int server_accept(struct server *srv, int fd)
     struct tenancy_cred cred;
     struct config_identity ident;
     struct tenancy_who tw;
-    struct proto_err e;
+    struct kvd_error e;
     char msg[160];
 
     struct conn *c = conn_new(&srv->cenv, fd, srv->next_conn_id + 1);
@@ -629,11 +629,11 @@ static void reload(struct server *srv)
     for (struct conn *c = srv->conns, *next; c; c = next) {
         next = c->next;
         struct config_identity ident;
-        struct proto_err e;
+        struct kvd_error e;
         if (c->closing)
             continue;
         if (tenancy_resolve_peer(&srv->cfg, c->uid, c->gid, &ident, &e) != 0) {
-            proto_err_set(&e, KVD_EPERM, "uid %u is no longer allowed by the configuration",
+            kvd_error_set(&e, KVD_EPERM, "uid %u is no longer allowed by the configuration",
                           (unsigned)c->uid);
             conn_send_error(c, 0, KVD_EPERM, e.message);
             conn_close_after_flush(c);

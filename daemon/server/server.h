@@ -113,7 +113,7 @@ int server_on_abort(struct server *srv, server_abort_fn fn, void *ctx);
  * of tenant `tenant`: 0, or KVD_EBUSY with err naming the limit
  * (max-queued-per-connection / -per-tenant). Loop thread. */
 struct conn;
-int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct proto_err *err);
+int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct kvd_error *err);
 /* The tenant table (tenancy.h), for the HTTP API too. Loop thread. */
 struct tenancy;
 struct tenancy *server_tenancy(struct server *srv);

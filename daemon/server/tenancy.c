@@ -245,12 +245,12 @@ static bool free_idle_sub(struct tenancy *t, uint32_t p)
 
 /* ---- resolving ---------------------------------------------------------- */
 
-int tenancy_peer_cred(int fd, struct tenancy_cred *cred, struct proto_err *e)
+int tenancy_peer_cred(int fd, struct tenancy_cred *cred, struct kvd_error *e)
 {
     struct ucred uc;
     socklen_t len = sizeof(uc);
     if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) != 0)
-        return proto_err_set(e, KVD_EPERM, "cannot identify the peer (SO_PEERCRED: %s)",
+        return kvd_error_set(e, KVD_EPERM, "cannot identify the peer (SO_PEERCRED: %s)",
                              fd < 0 ? "no socket" : strerror(errno));
     cred->uid = uc.uid;
     cred->gid = uc.gid;
@@ -259,19 +259,19 @@ int tenancy_peer_cred(int fd, struct tenancy_cred *cred, struct proto_err *e)
 }
 
 int tenancy_resolve_peer(const struct config *cfg, uid_t uid, gid_t gid, struct config_identity *id,
-                         struct proto_err *e)
+                         struct kvd_error *e)
 {
     if (config_resolve(cfg, uid, gid, id) != 0)
-        return proto_err_set(e, KVD_EPERM, "uid %u is not allowed by the configuration",
+        return kvd_error_set(e, KVD_EPERM, "uid %u is not allowed by the configuration",
                              (unsigned)uid);
     return 0;
 }
 
 int tenancy_resolve_token(const struct config *cfg, const char *tok, struct config_identity *id,
-                          struct proto_err *e)
+                          struct kvd_error *e)
 {
     if (!tok || config_resolve_token(cfg, tok, id) != 0)
-        return proto_err_set(e, KVD_EPERM,
+        return kvd_error_set(e, KVD_EPERM,
                              "%s: over TCP, send 'Authorization: Bearer TOKEN' with a token "
                              "of the [http] section of kvd's configuration",
                              tok ? "unknown bearer token" : "no bearer token");
@@ -280,15 +280,15 @@ int tenancy_resolve_token(const struct config *cfg, const char *tok, struct conf
 
 int tenancy_resolve_sub(const struct config *cfg, uid_t uid, const char *parent, const char *sub,
                         size_t len, const char *what, struct config_identity *id,
-                        struct proto_err *e)
+                        struct kvd_error *e)
 {
     char msg[200];
     if (!config_is_frontend(cfg, uid))
-        return proto_err_set(e, KVD_EPERM,
+        return kvd_error_set(e, KVD_EPERM,
                              "%s: uid %u is not a trusted front end ([front-end] uids)", what,
                              (unsigned)uid);
     if (config_resolve_sub(cfg, parent, sub, len, id, msg, sizeof(msg)))
-        return proto_err_set(e, KVD_EBADREQ, "%s: %s", what, msg);
+        return kvd_error_set(e, KVD_EBADREQ, "%s: %s", what, msg);
     return 0;
 }
 
@@ -304,19 +304,19 @@ static void who_fill(const struct entry *en, struct tenancy_who *who)
 /* The kvmm tenant of conf, and a new entry for it; parent NONE for a
  * peer's or token's tenant. Caller holds the kvmm lock. */
 static int add_locked(struct tenancy *t, const struct kvmm_tenant_conf *conf, uint32_t parent,
-                      uint32_t *out, struct proto_err *e)
+                      uint32_t *out, struct kvd_error *e)
 {
     uint32_t id, ns;
     int rc = kvmm_tenant_set(t->mm, conf, &id);
     if (rc == 0)
         rc = kvmm_tenant_namespace(t->mm, id, &ns);
     if (rc)
-        return proto_err_set(e, rc, "tenant '%s': %s", conf->name, kvmm_errmsg(t->mm));
+        return kvd_error_set(e, rc, "tenant '%s': %s", conf->name, kvmm_errmsg(t->mm));
     if (find_id(t, id) != NONE) /* kvmm knew the name under another entry: cannot be */
-        return proto_err_set(e, KVD_EINTERNAL, "tenant '%s': kvmm id %u registered twice",
+        return kvd_error_set(e, KVD_EINTERNAL, "tenant '%s': kvmm id %u registered twice",
                              conf->name, id);
     if (reserve(t, id) != 0)
-        return proto_err_set(e, KVD_ENOMEM, "tenant '%s': out of memory registering it",
+        return kvd_error_set(e, KVD_ENOMEM, "tenant '%s': out of memory registering it",
                              conf->name);
     uint32_t i = entry_add(t, conf->name, id, ns);
     if (parent != NONE) {
@@ -331,7 +331,7 @@ static int add_locked(struct tenancy *t, const struct kvmm_tenant_conf *conf, ui
 }
 
 int tenancy_register(struct tenancy *t, const struct config_identity *id, struct tenancy_who *who,
-                     struct proto_err *e)
+                     struct kvd_error *e)
 {
     uint32_t i = find_name(t, id->conf.name);
     if (i != NONE) {
@@ -355,11 +355,11 @@ int tenancy_register(struct tenancy *t, const struct config_identity *id, struct
 }
 
 int tenancy_register_sub(struct tenancy *t, const char *parent, const struct config_identity *id,
-                         struct tenancy_who *who, struct proto_err *e)
+                         struct tenancy_who *who, struct kvd_error *e)
 {
     uint32_t p = find_name(t, parent);
     if (p == NONE || t->v[p].sub)
-        return proto_err_set(e, KVD_EINTERNAL, "front end '%s' is not registered", parent);
+        return kvd_error_set(e, KVD_EINTERNAL, "front end '%s' is not registered", parent);
     uint32_t i = find_name(t, id->conf.name);
     if (i != NONE) {
         if (t->v[i].sub && t->v[i].parent == p) {
@@ -373,7 +373,7 @@ int tenancy_register_sub(struct tenancy *t, const char *parent, const struct con
     kvmm_lock(t->mm);
     if (t->v[p].n_subs >= t->max_sub && !free_idle_sub(t, p)) {
         t->n_refused++;
-        rc = proto_err_set(e, KVD_EQUOTA,
+        rc = kvd_error_set(e, KVD_EQUOTA,
                            "front end '%s' has %u sub-tenants in use (requests in flight, open "
                            "sequences or blocks), the limit (max-sub-tenants); '%s' is refused",
                            parent, t->v[p].n_subs, id->conf.name);
@@ -395,11 +395,11 @@ void tenancy_pending(struct tenancy *t, uint32_t tenant, long delta)
         t->v[i].n_pending += (size_t)delta;
 }
 
-int tenancy_admit(const struct tenancy *t, uint32_t tenant, struct proto_err *e)
+int tenancy_admit(const struct tenancy *t, uint32_t tenant, struct kvd_error *e)
 {
     uint32_t i = find_id(t, tenant);
     if (i != NONE && t->v[i].n_pending >= t->max_queued)
-        return proto_err_set(e, KVD_EBUSY,
+        return kvd_error_set(e, KVD_EBUSY,
                              "tenant '%s' has %zu generates in flight, the limit "
                              "(max-queued-per-tenant = %u)",
                              t->v[i].name, t->v[i].n_pending, t->max_queued);

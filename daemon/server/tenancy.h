@@ -14,7 +14,7 @@
  *
  * Every function runs on the loop thread and takes the kvmm lock itself
  * where it needs it (callers must not hold it). Errors: an enum kvd_err
- * code, with `e` filled (proto_err_set). */
+ * code, with `e` filled (kvd_error_set). */
 #ifndef KVD_TENANCY_H
 #define KVD_TENANCY_H
 
@@ -55,20 +55,20 @@ void tenancy_set_acct(struct tenancy *t, struct acct *acct);
 
 /* The credentials of the peer on Unix socket fd: KVD_EPERM when the kernel
  * does not give them. */
-int tenancy_peer_cred(int fd, struct tenancy_cred *cred, struct proto_err *e);
+int tenancy_peer_cred(int fd, struct tenancy_cred *cred, struct kvd_error *e);
 /* The identity the config gives uid/gid: KVD_EPERM when it refuses it. */
 int tenancy_resolve_peer(const struct config *cfg, uid_t uid, gid_t gid, struct config_identity *id,
-                         struct proto_err *e);
+                         struct kvd_error *e);
 /* The identity of bearer token tok (NULL: none sent): KVD_EPERM when no
  * [http] token matches. */
 int tenancy_resolve_token(const struct config *cfg, const char *tok, struct config_identity *id,
-                          struct proto_err *e);
+                          struct kvd_error *e);
 /* The sub-tenant `sub` (len bytes) that front end uid, whose own tenant is
  * `parent`, names in `what` ("'tenant'", "X-Kvd-Tenant"): KVD_EPERM when
  * uid is not a [front-end] one, KVD_EBADREQ for a bad name. */
 int tenancy_resolve_sub(const struct config *cfg, uid_t uid, const char *parent, const char *sub,
                         size_t len, const char *what, struct config_identity *id,
-                        struct proto_err *e);
+                        struct kvd_error *e);
 
 /* ---- registering -------------------------------------------------------- */
 
@@ -76,12 +76,12 @@ int tenancy_resolve_sub(const struct config *cfg, uid_t uid, const char *parent,
  * and fills who. A tenant registered before keeps its kvmm id and limits
  * (tenancy_reload changes them). */
 int tenancy_register(struct tenancy *t, const struct config_identity *id, struct tenancy_who *who,
-                     struct proto_err *e);
+                     struct kvd_error *e);
 /* Registers a front end's sub-tenant id (from tenancy_resolve_sub; its
  * front end `parent` registered first) and fills who; marks it most
  * recently used. KVD_EQUOTA past max-sub-tenants with no idle one. */
 int tenancy_register_sub(struct tenancy *t, const char *parent, const struct config_identity *id,
-                         struct tenancy_who *who, struct proto_err *e);
+                         struct tenancy_who *who, struct kvd_error *e);
 
 /* ---- admission ---------------------------------------------------------- */
 
@@ -90,7 +90,7 @@ int tenancy_register_sub(struct tenancy *t, const char *parent, const struct con
 void tenancy_pending(struct tenancy *t, uint32_t tenant, long delta);
 /* Whether one more request of `tenant` may be queued: 0, or KVD_EBUSY
  * naming max-queued-per-tenant. */
-int tenancy_admit(const struct tenancy *t, uint32_t tenant, struct proto_err *e);
+int tenancy_admit(const struct tenancy *t, uint32_t tenant, struct kvd_error *e);
 
 /* ---- SIGHUP ------------------------------------------------------------- */
 

@@ -27,7 +27,7 @@ static struct config_identity ident(const char *name)
 static void sub(struct tenancy *t, const char *name, int want, struct tenancy_who *who)
 {
     char full[KVD_MAX_NAME + 1];
-    struct proto_err e = {0};
+    struct kvd_error e = {0};
     snprintf(full, sizeof(full), "fe/%s", name);
     struct config_identity id = ident(full);
     assert_int_equal(tenancy_register_sub(t, "fe", &id, who, &e), want);
@@ -38,7 +38,7 @@ static void test_register_once_and_admit(void **state)
     struct fx f;
     struct tenancy *t;
     struct tenancy_who a, b;
-    struct proto_err e = {0};
+    struct kvd_error e = {0};
     fx_open(&f, 16, 16);
     kvmm_unlock(f.mm); /* tenancy takes the lock itself */
     f.locked = false;
@@ -73,7 +73,7 @@ static void test_sub_cap_and_lru(void **state)
     struct fx f;
     struct tenancy *t;
     struct tenancy_who fe, w[4], x;
-    struct proto_err e = {0};
+    struct kvd_error e = {0};
     fx_open(&f, 16, 16);
     kvmm_unlock(f.mm); /* tenancy takes the lock itself */
     f.locked = false;
@@ -137,7 +137,7 @@ static void test_many_names_bounded(void **state)
     struct fx f;
     struct tenancy *t;
     struct tenancy_who fe, w;
-    struct proto_err e = {0};
+    struct kvd_error e = {0};
     fx_open(&f, 16, 16);
     kvmm_unlock(f.mm); /* tenancy takes the lock itself */
     f.locked = false;
