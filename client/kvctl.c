@@ -315,7 +315,8 @@ int kvctl_cmd_stats(struct kvctl *k, int argc, char **argv)
         "usage: kvctl stats [--json]\n"
         "Prints the daemon's counters: device and host blocks (total, free, cached,\n"
         "in use), prefix-cache hits, swaps, queues and this tenant's usage (every\n"
-        "tenant's for an admin). --json prints one JSON object on one line.\n";
+        "tenant's for an admin, who gets them in pages: kvctl asks for each). --json\n"
+        "prints one JSON object on one line per page.\n";
     struct kvd_reply *r = NULL;
     bool json = false;
     int rc = parse_json_flag(argc, argv, help, &json);
@@ -324,19 +325,42 @@ int kvctl_cmd_stats(struct kvctl *k, int argc, char **argv)
         return rc < 0 ? KVCTL_OK : rc;
     if ((rc = kvctl_connect(k)))
         return rc;
-    if (kvd_stats(k->ctx, &r))
-        return kvctl_fail(k, "stats");
-    if (json) {
-        char *s = kvd_value_json(r->body);
+    /* An admin's tenants come in pages: follow tenants_next to the last. */
+    for (bool first = true;; first = false) {
+        uint64_t next = 0;
+        const struct kvd_value *nx = NULL;
+        if (first ? kvd_stats(k->ctx, &r) : 0)
+            return kvctl_fail(k, "stats");
+        nx = kvd_value_get(r->body, "tenants_next");
+        bool more = nx && kvd_value_u64(nx, &next) == 0;
+        if (json) {
+            char *s = kvd_value_json(r->body);
+            if (!s) {
+                kvd_reply_free(r);
+                return kvctl_usage_err("out of memory");
+            }
+            puts(s); /* one object per page, one line each */
+            kvd_free(s);
+        } else if (first) {
+            print_table(r->body);
+        } else {
+            const struct kvd_value *tn = kvd_value_get(r->body, "tenants");
+            int w = 0;
+            if (tn) {
+                print_flat("tenants", tn, 0, &w);
+                print_flat("tenants", tn, w + 2, NULL);
+            }
+        }
         kvd_reply_free(r);
-        if (!s)
-            return kvctl_usage_err("out of memory");
-        puts(s);
-        kvd_free(s);
-        return KVCTL_OK;
+        r = NULL;
+        if (!more)
+            break;
+        struct kvd_arg a = KVD_ARG_U("tenants_from", next);
+        if (kvd_call(k->ctx, "stats", &a, 1, &r)) {
+            kvd_reply_free(r);
+            return kvctl_fail(k, "stats");
+        }
     }
-    print_table(r->body);
-    kvd_reply_free(r);
     return KVCTL_OK;
 }
 

@@ -179,10 +179,17 @@ int kvmm_namespace(struct kvmm *mm, const char *name, uint32_t *ns_id)
         *ns_id = id;
         return 0;
     }
+    if (mm->tt.n_free_ns) { /* a removed namespace's (empty) tree is reused */
+        err = tenant_ns_add(&mm->tt, name, &id, NULL);
+        if (err)
+            return mm_fail(mm, err, "out of memory creating namespace '%s'", name);
+        *ns_id = id;
+        return 0;
+    }
     err = radix_ns_add(&mm->radix, &id);
     if (err)
         return mm_fail(mm, err, "out of memory creating namespace '%s'", name);
-    err = tenant_ns_add(&mm->tt, name, &id);
+    err = tenant_ns_add(&mm->tt, name, &id, NULL);
     if (err) { /* keep the ids of both tables equal */
         free(mm->radix.roots[--mm->radix.n_roots]);
         return mm_fail(mm, err, "out of memory creating namespace '%s'", name);
@@ -246,6 +253,38 @@ int kvmm_tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32
     return 0;
 }
 
+int kvmm_tenant_remove(struct kvmm *mm, uint32_t tenant)
+{
+    MM_ASSERT_LOCKED(mm);
+    if (!tenant_live(&mm->tt, tenant))
+        return mm_fail(mm, KVD_ENOTFOUND, "no tenant %u", tenant);
+    struct tenant *t = &mm->tt.v[tenant];
+    if (t->seqs)
+        return mm_fail(mm, KVD_EBUSY, "tenant '%s' has %u open sequences", t->conf.name, t->seqs);
+    /* Its own namespace is its alone ("shared:" ones are the others): with
+     * no sequence open, only the tree holds what is in it. */
+    uint32_t ns = t->ns;
+    if (ns < mm->tt.n_ns) {
+        struct radix_node *root = radix_root(&mm->radix, ns);
+        while (root->first_child)
+            mm_drop_subtree(mm, root->first_child);
+    }
+    if (t->dev_blocks || t->host_blocks)
+        return mm_fail(mm, KVD_EBUSY, "tenant '%s' still owns %u device and %u host blocks",
+                       t->conf.name, t->dev_blocks, t->host_blocks);
+    char name[sizeof t->conf.name];
+    memcpy(name, t->conf.name, sizeof name);
+    if (ns < mm->tt.n_ns && tenant_ns_remove(&mm->tt, ns) != 0)
+        return mm_fail(mm, KVD_ENOMEM, "out of memory removing tenant '%s'", name);
+    if (tenant_remove(&mm->tt, tenant) != 0) {
+        /* Take the namespace slot back: the tenant keeps it. */
+        mm->tt.n_free_ns--;
+        snprintf(mm->tt.ns_names[ns], sizeof mm->tt.ns_names[ns], "tenant:%s", name);
+        return mm_fail(mm, KVD_ENOMEM, "out of memory removing tenant '%s'", name);
+    }
+    return 0;
+}
+
 int kvmm_tenant_find(struct kvmm *mm, const char *name, uint32_t *tenant_id)
 {
     MM_ASSERT_LOCKED(mm);
@@ -260,7 +299,7 @@ int kvmm_tenant_find(struct kvmm *mm, const char *name, uint32_t *tenant_id)
 int kvmm_tenant_namespace(struct kvmm *mm, uint32_t tenant, uint32_t *ns_id)
 {
     MM_ASSERT_LOCKED(mm);
-    if (tenant >= mm->tt.n)
+    if (!tenant_live(&mm->tt, tenant))
         return mm_fail(mm, KVD_ENOTFOUND, "no tenant %u", tenant);
     *ns_id = mm->tt.v[tenant].ns;
     return 0;
@@ -290,7 +329,7 @@ size_t kvmm_device_available(struct kvmm *mm, uint32_t tenant)
     const struct tenant *t;
     size_t room;
 
-    if (tenant >= mm->tt.n)
+    if (!tenant_live(&mm->tt, tenant))
         return 0;
     t = &mm->tt.v[tenant];
     room = mm_device_headroom(mm, tenant);
@@ -336,7 +375,7 @@ int kvmm_tenant_stats(struct kvmm *mm, uint32_t tenant, struct kvmm_tenant_stats
     MM_ASSERT_LOCKED(mm);
     const struct tenant *t;
 
-    if (tenant >= mm->tt.n)
+    if (!tenant_live(&mm->tt, tenant))
         return mm_fail(mm, KVD_ENOTFOUND, "no tenant %u", tenant);
     t = &mm->tt.v[tenant];
     memset(st, 0, sizeof *st);

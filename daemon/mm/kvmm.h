@@ -67,6 +67,12 @@ size_t kvmm_block_bytes(const struct kvmm *mm);
  * reload: lowering a quota below current use refuses new allocations only). */
 int kvmm_tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32_t *tenant_id);
 int kvmm_tenant_find(struct kvmm *mm, const char *name, uint32_t *tenant_id);
+/* Removes an idle tenant: KVD_EBUSY while it has open sequences, or owns
+ * blocks outside its own namespace; what its own namespace ("tenant:<name>")
+ * caches is dropped, and that namespace goes with it. Its id and its
+ * namespace's are reused by later tenants (whose counters start at zero).
+ * KVD_ENOTFOUND for an id that is not a live tenant. */
+int kvmm_tenant_remove(struct kvmm *mm, uint32_t tenant);
 /* The tenant's own namespace ("tenant:<name>"). */
 int kvmm_tenant_namespace(struct kvmm *mm, uint32_t tenant, uint32_t *ns_id);
 /* The namespace (radix tree) with this name, created on first use. Each

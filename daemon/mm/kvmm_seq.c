@@ -170,9 +170,9 @@ int kvmm_seq_open(struct kvmm *mm, kvmm_owner owner, uint32_t tenant, uint32_t n
     struct seq *s;
     int err;
 
-    if (tenant >= mm->tt.n)
+    if (!tenant_live(&mm->tt, tenant))
         return mm_fail(mm, KVD_ENOTFOUND, "no tenant %u", tenant);
-    if (ns >= mm->tt.n_ns)
+    if (ns >= mm->tt.n_ns || !mm->tt.ns_names[ns][0])
         return mm_fail(mm, KVD_ENOTFOUND, "no namespace %u", ns);
     t = &mm->tt.v[tenant];
     if (t->conf.max_seqs != KVMM_UNLIMITED && t->seqs >= t->conf.max_seqs)

@@ -122,23 +122,37 @@ void acct_tenant_get(struct acct *a, uint32_t tenant, struct acct_tenant *out)
     pthread_mutex_unlock(&a->mu);
 }
 
+static void tenant_add_to(struct acct_tenant *out, const struct acct_tenant *t)
+{
+    out->requests += t->requests;
+    out->completed += t->completed;
+    out->cancelled += t->cancelled;
+    out->failed += t->failed;
+    out->tokens_in += t->tokens_in;
+    out->tokens_cached += t->tokens_cached;
+    out->tokens_out += t->tokens_out;
+    out->preemptions += t->preemptions;
+    out->queue_seconds += t->queue_seconds;
+    out->ttft_seconds += t->ttft_seconds;
+    out->ttft_count += t->ttft_count;
+}
+
 void acct_total(struct acct *a, struct acct_tenant *out)
 {
     memset(out, 0, sizeof(*out));
     pthread_mutex_lock(&a->mu);
-    for (uint32_t i = 0; i < a->n_t; i++) {
-        const struct acct_tenant *t = &a->t[i];
-        out->requests += t->requests;
-        out->completed += t->completed;
-        out->cancelled += t->cancelled;
-        out->failed += t->failed;
-        out->tokens_in += t->tokens_in;
-        out->tokens_cached += t->tokens_cached;
-        out->tokens_out += t->tokens_out;
-        out->preemptions += t->preemptions;
-        out->queue_seconds += t->queue_seconds;
-        out->ttft_seconds += t->ttft_seconds;
-        out->ttft_count += t->ttft_count;
+    *out = a->retired;
+    for (uint32_t i = 0; i < a->n_t; i++)
+        tenant_add_to(out, &a->t[i]);
+    pthread_mutex_unlock(&a->mu);
+}
+
+void acct_tenant_retire(struct acct *a, uint32_t tenant)
+{
+    pthread_mutex_lock(&a->mu);
+    if (tenant < a->n_t) {
+        tenant_add_to(&a->retired, &a->t[tenant]);
+        memset(&a->t[tenant], 0, sizeof(a->t[tenant]));
     }
     pthread_mutex_unlock(&a->mu);
 }

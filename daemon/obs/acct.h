@@ -63,6 +63,7 @@ struct acct {
     pthread_mutex_t mu;
     struct acct_tenant *t; /* (n_t) owned, indexed by kvmm tenant id */
     uint32_t n_t;
+    struct acct_tenant retired; /* summed counters of removed tenants (acct_total) */
     struct acct_hist hist[ACCT_N_HISTS];
     struct acct_sched sched;
 };
@@ -74,8 +75,11 @@ void acct_destroy(struct acct *a);
 void acct_request_done(struct acct *a, const struct acct_req *r);
 /* The tenant's counters (zeros for a tenant with no request yet). */
 void acct_tenant_get(struct acct *a, uint32_t tenant, struct acct_tenant *out);
-/* Sum over every tenant. */
+/* Sum over every tenant, removed ones included. */
 void acct_total(struct acct *a, struct acct_tenant *out);
+/* A tenant id is being freed (kvmm_tenant_remove): its counters move into
+ * the total's share of removed tenants and the id starts again at zero. */
+void acct_tenant_retire(struct acct *a, uint32_t tenant);
 void acct_hist_get(struct acct *a, enum acct_hist_kind k, struct acct_hist *out);
 
 void acct_sched_get(struct acct *a, struct acct_sched *out);

@@ -11,12 +11,10 @@ static double ratio(double a, double b)
     return b > 0 ? a / b : 0;
 }
 
-int acct_stats_pack_tenant(msgpack_packer *pk, struct acct *a, uint32_t tenant,
+int acct_stats_pack_tenant(msgpack_packer *pk, const struct acct_tenant *at,
                            const struct kvmm_tenant_stats *ts)
 {
-    struct acct_tenant t = {0};
-    if (a)
-        acct_tenant_get(a, tenant, &t);
+    const struct acct_tenant t = *at;
     PROTO_PK(
         proto_pack_kv_double(pk, "prefix_hit_rate",
                              ratio((double)ts->match_tokens_hit, (double)ts->match_tokens_asked)));

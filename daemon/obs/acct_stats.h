@@ -14,10 +14,11 @@
 
 /* Pairs packed into maps whose sizes are counted when they end
  * (proto_map_begin/end, so the packer must be a direct one): the
- * accounting pairs of a tenant's map (acct may be NULL: zeros), and the
+ * accounting pairs of a tenant's map (its counters as acct_tenant_get
+ * read them, and its kvmm numbers), and the
  * reply's "requests" and "roofline" (nil when rl is NULL). Return 0,
  * KVD_ENOMEM, or KVD_EINTERNAL (a malformed map). */
-int acct_stats_pack_tenant(msgpack_packer *pk, struct acct *a, uint32_t tenant,
+int acct_stats_pack_tenant(msgpack_packer *pk, const struct acct_tenant *at,
                            const struct kvmm_tenant_stats *ts);
 int acct_stats_pack_top(msgpack_packer *pk, struct acct *a, struct roofline *rl);
 

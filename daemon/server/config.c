@@ -439,6 +439,18 @@ static char *config_read(const char *path, struct load_ctx *L, char *err, size_t
             goto fail;
         }
         size_t lead = strspn(p, " \t");
+        /* libinih (Debian's build has INI_ALLOW_MULTILINE on) takes an
+         * indented line after a `key = value` line as a continuation of the
+         * value: under [admin], "uids = 0" then "  1000" would make uid 1000
+         * an admin. Its handler never sees the line, so an indented line
+         * holding anything but a comment is refused here, by number. */
+        if (lead > 0 && lead < len && p[lead] != ';' && p[lead] != '#') {
+            snprintf(err, errlen,
+                     "%s:%u: an indented line (\"%.*s\"): kvd reads no continuation lines; "
+                     "remove the indentation, and put a list on one line (uids = 0, 1000)",
+                     path, line, (int)(len - lead > 60 ? 60 : len - lead), p + lead);
+            goto fail;
+        }
         char *close = lead < len && p[lead] == '[' ? memchr(p + lead, ']', len - lead) : NULL;
         if (close) {
             char **ns = realloc(L->sections, (L->n_sections + 1) * sizeof(*ns));

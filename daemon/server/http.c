@@ -38,6 +38,7 @@
 #include "openai.h"
 #include "ops_generate.h"
 #include "server.h"
+#include "tenancy.h"
 
 struct http_api;
 
@@ -141,86 +142,60 @@ struct http_who {
     char name[KVD_MAX_NAME + 1];
 };
 
-/* Registers the tenant of identity id with kvmm (quotas, namespace) and in
- * the server's tenant list (admin stats lists it; its requests in flight
- * count there with its msgpack generates). */
-static int who_register(struct http_api *a, const struct config_identity *id, struct http_who *who,
-                        struct kvd_error *e)
-{
-    char nsname[KVD_MAX_NAME + 16];
-    snprintf(nsname, sizeof(nsname), "tenant:%s", id->conf.name);
-    kvmm_lock(a->mm);
-    int rc = kvmm_tenant_set(a->mm, &id->conf, &who->tenant);
-    if (rc == 0)
-        rc = kvmm_namespace(a->mm, nsname, &who->ns);
-    if (rc)
-        kvd_error_set(e, rc, "%s", kvmm_errmsg(a->mm));
-    kvmm_unlock(a->mm);
-    if (rc == 0 && server_tenant_note(a->srv, id->conf.name, who->tenant) != 0)
-        rc = kvd_error_set(e, KVD_ENOMEM, "out of memory noting the tenant");
-    snprintf(who->name, sizeof(who->name), "%s", id->conf.name);
-    return rc ? -1 : 0;
-}
-
 /* identify's answer for a TCP peer without a valid token: 401, not 403. */
 #define HTTP_UNAUTHENTICATED (-2)
 
-/* Who sent req: on the Unix socket the peer's uid (and, for a front end,
- * the X-Kvd-Tenant it names); over TCP the bearer token's tenant. 0, or -1
- * with e filled (permission_denied, bad_request), or HTTP_UNAUTHENTICATED
- * with e's message saying why. */
+/* Who sent req (tenancy.h): on the Unix socket the peer's uid (and, for a
+ * front end, the X-Kvd-Tenant it names); over TCP the bearer token's
+ * tenant; registered with kvmm and the tenant table. 0, or -1 with e
+ * filled (permission_denied, bad_request, quota_exceeded), or
+ * HTTP_UNAUTHENTICATED with e's message saying why. */
 static int identify(struct http_listener *l, struct evhttp_request *req, struct http_who *who,
                     struct kvd_error *e)
 {
     struct http_api *a = l->api;
     const struct config *cfg = server_config(a->srv);
+    struct tenancy *ty = server_tenancy(a->srv);
     struct config_identity id;
+    struct tenancy_who tw;
+    struct kvd_error pe;
+    int rc;
     const char *sub = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Kvd-Tenant");
     if (l->tcp) {
-        const char *tok = httpd_bearer(req);
-        if (!tok || config_resolve_token(cfg, tok, &id) != 0) {
-            kvd_error_set(e, KVD_EPERM,
-                          "%s: over TCP, send 'Authorization: Bearer TOKEN' with a token "
-                          "of the [http] section of kvd's configuration",
-                          tok ? "unknown bearer token" : "no bearer token");
+        if (tenancy_resolve_token(cfg, httpd_bearer(req), &id, e) != 0)
             return HTTP_UNAUTHENTICATED;
-        }
         if (sub) {
             kvd_error_set(e, KVD_EPERM,
                           "X-Kvd-Tenant: only trusted front ends on the Unix socket may name "
                           "a tenant");
             return -1;
         }
-        return who_register(a, &id, who, e);
-    }
-    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
-    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
-    struct ucred cred;
-    socklen_t clen = sizeof(cred);
-    if (!bev || getsockopt(bufferevent_getfd(bev), SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
-        kvd_error_set(e, KVD_EPERM, "cannot identify the peer (SO_PEERCRED)");
-        return -1;
-    }
-    if (config_resolve(cfg, cred.uid, cred.gid, &id) != 0) {
-        kvd_error_set(e, KVD_EPERM, "uid %u is not allowed by the configuration",
-                      (unsigned)cred.uid);
-        return -1;
-    }
-    if (sub) {
-        char msg[200];
-        if (!config_is_frontend(cfg, cred.uid)) {
-            kvd_error_set(e, KVD_EPERM,
-                          "X-Kvd-Tenant: uid %u is not a trusted front end ([front-end] uids)",
-                          (unsigned)cred.uid);
-            return -1;
-        }
-        struct config_identity parent = id;
-        if (config_resolve_sub(cfg, parent.conf.name, sub, strlen(sub), &id, msg, sizeof(msg))) {
-            kvd_error_set(e, KVD_EBADREQ, "X-Kvd-Tenant: %s", msg);
-            return -1;
+        rc = tenancy_register(ty, &id, &tw, &pe);
+    } else {
+        struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+        struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+        struct tenancy_cred cred;
+        rc = tenancy_peer_cred(bev ? bufferevent_getfd(bev) : -1, &cred, &pe);
+        if (rc == 0)
+            rc = tenancy_resolve_peer(cfg, cred.uid, cred.gid, &id, &pe);
+        if (rc == 0)
+            rc = tenancy_register(ty, &id, &tw, &pe);
+        if (rc == 0 && sub) {
+            struct config_identity sid;
+            rc = tenancy_resolve_sub(cfg, cred.uid, tw.name, sub, strlen(sub), "X-Kvd-Tenant", &sid,
+                                     &pe);
+            if (rc == 0)
+                rc = tenancy_register_sub(ty, id.conf.name, &sid, &tw, &pe);
         }
     }
-    return who_register(a, &id, who, e);
+    if (rc) {
+        *e = pe;
+        return -1;
+    }
+    who->tenant = tw.tenant;
+    who->ns = tw.ns;
+    snprintf(who->name, sizeof(who->name), "%s", tw.name);
+    return 0;
 }
 
 /* ---- generate requests ------------------------------------------------------ */

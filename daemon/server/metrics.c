@@ -16,6 +16,7 @@
 #include "httpd.h"
 #include "log.h"
 #include "server.h"
+#include "stats_snap.h"
 
 /* ---- address ------------------------------------------------------------ */
 
@@ -126,11 +127,9 @@ static void render_pool(struct out *o, const struct kvmm_stats *st)
     put(o, "kvd_sequences %u\n", st->n_seqs);
 }
 
-/* Per-tenant series. Caller holds the kvmm lock. */
-static void render_tenants(struct out *o, struct kvmm *mm, uint32_t n, struct acct *a)
+/* Per-tenant series, from the snapshot. */
+static void render_tenants(struct out *o, const struct stats_snap *sn)
 {
-    struct kvmm_tenant_stats ts;
-    struct acct_tenant at;
     static const struct {
         const char *name, *type, *help;
     } fam[] = {
@@ -150,12 +149,9 @@ static void render_tenants(struct out *o, struct kvmm *mm, uint32_t n, struct ac
     };
     for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
         head(o, fam[f].name, fam[f].type, fam[f].help);
-        for (uint32_t id = 0; id < n; id++) {
-            if (kvmm_tenant_stats(mm, id, &ts) != 0)
-                continue;
-            memset(&at, 0, sizeof(at));
-            if (a)
-                acct_tenant_get(a, id, &at);
+        for (size_t i = 0; i < sn->n; i++) {
+            const struct kvmm_tenant_stats ts = sn->t[i].ts;
+            const struct acct_tenant at = sn->t[i].at;
             const char *tn = ts.name;
             switch (f) {
             case 0:
@@ -282,7 +278,6 @@ static void render_roofline(struct out *o, struct roofline *rl)
 int metrics_render(const struct metrics_src *src, struct evbuffer *out)
 {
     struct out o = {.b = out};
-    struct kvmm_stats st;
 
     head(&o, "kvd_info", "gauge", "Constant 1, labelled with the backend.");
     put(&o, "kvd_info{backend=\"");
@@ -296,12 +291,14 @@ int metrics_render(const struct metrics_src *src, struct evbuffer *out)
         head(&o, "kvd_requests_in_flight", "gauge", "Requests taken and not yet answered.");
         put(&o, "kvd_requests_in_flight %zu\n", *src->n_pending);
     }
-    /* One lock for every kvmm number, so they add up. */
-    kvmm_lock(src->mm);
-    kvmm_stats(src->mm, &st);
-    render_pool(&o, &st);
-    render_tenants(&o, src->mm, st.n_tenants, src->acct);
-    kvmm_unlock(src->mm);
+    /* One snapshot for every kvmm number (one lock), so they add up; every
+     * tenant (their number is bounded: max-sub-tenants). */
+    struct stats_snap sn;
+    if (stats_snap_fill(&sn, src->mm, src->acct, NULL, 0, SIZE_MAX) != 0)
+        return KVD_ENOMEM;
+    render_pool(&o, &sn.st);
+    render_tenants(&o, &sn);
+    stats_snap_free(&sn);
     if (src->acct)
         render_exec(&o, src->acct);
     if (src->rl)

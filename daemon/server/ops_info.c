@@ -1,7 +1,7 @@
 /* ops_info: hello (who the server is, the KV geometry, the caller's tenant)
  * and stats: for an admin the pool occupancy, hit/swap counters, queues,
- * roofline and every tenant's usage; for anyone else the pool's size and
- * its own tenant only. */
+ * roofline and a page of the tenants' usage; for anyone else the pool's
+ * size and its own tenant only. Both render one stats_snap. */
 #include <string.h>
 
 #include "acct_stats.h"
@@ -9,6 +9,8 @@
 #include "kvd/version.h"
 #include "ops.h"
 #include "server.h"
+#include "stats_snap.h"
+#include "tenancy.h"
 #include "text.h"
 
 /* hello's model.{tokenizer, bos, eos, eog, chat_template} (docs/protocol.md). */
@@ -90,9 +92,9 @@ static int pack_quota(msgpack_packer *pk, const char *key, uint32_t v)
     return proto_pack_kv_uint(pk, key, v);
 }
 
-static int pack_tenant(msgpack_packer *pk, const struct kvmm_tenant_stats *t, struct acct *acct,
-                       uint32_t id)
+static int pack_tenant(msgpack_packer *pk, const struct stats_snap_tenant *st)
 {
+    const struct kvmm_tenant_stats *t = &st->ts;
     size_t map = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_str(pk, "name", t->name));
     PROTO_PK(proto_pack_kv_uint(pk, "device_blocks", t->device_blocks));
@@ -103,7 +105,7 @@ static int pack_tenant(msgpack_packer *pk, const struct kvmm_tenant_stats *t, st
     PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_hit", t->match_tokens_hit));
     PROTO_PK(proto_pack_kv_uint(pk, "swaps_out", t->swaps_out));
     PROTO_PK(proto_pack_kv_uint(pk, "swaps_in", t->swaps_in));
-    PROTO_PK(acct_stats_pack_tenant(pk, acct, id, t));
+    PROTO_PK(acct_stats_pack_tenant(pk, &st->at, t));
     PROTO_PK(proto_pack_str(pk, "quota"));
     size_t quota = proto_map_begin(pk);
     PROTO_PK(pack_quota(pk, "max_device_blocks", t->conf.max_device_blocks));
@@ -131,15 +133,11 @@ static int pack_tier(msgpack_packer *pk, const char *key, uint32_t total, uint32
  * nothing from which another tenant's requests, tokens or blocks could be
  * inferred (no daemon-wide counters, occupancy, queues or step rates, which
  * minus its own figures would give the others'). */
-static int stats_tenant_locked(struct ops_ctx *c)
+static int stats_tenant_pack(struct ops_ctx *c, const struct stats_snap *sn)
 {
     const struct server_obs *obs = c->host->obs;
     msgpack_packer *pk = c->pk;
-    struct kvmm_stats st;
-    struct kvmm_tenant_stats ts;
     const struct kv_geom *g = kvmm_geom(c->mm);
-
-    kvmm_stats(c->mm, &st);
     size_t reply = proto_reply_begin_map(pk, c->id);
     PROTO_PK(proto_pack_kv_str(pk, "scope", "tenant"));
     PROTO_PK(proto_pack_kv_str(pk, "backend", obs->backend));
@@ -147,75 +145,109 @@ static int stats_tenant_locked(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
     PROTO_PK(proto_pack_str(pk, "device"));
     size_t dev = proto_map_begin(pk);
-    PROTO_PK(proto_pack_kv_uint(pk, "total", st.device_total));
+    PROTO_PK(proto_pack_kv_uint(pk, "total", sn->st.device_total));
     PROTO_PK(proto_map_end(pk, dev));
     PROTO_PK(proto_pack_str(pk, "host"));
     size_t host = proto_map_begin(pk);
-    PROTO_PK(proto_pack_kv_uint(pk, "total", st.host_total));
+    PROTO_PK(proto_pack_kv_uint(pk, "total", sn->st.host_total));
     PROTO_PK(proto_map_end(pk, host));
     PROTO_PK(proto_pack_str(pk, "tenants"));
     PROTO_MP(proto_pack_array(pk, 1));
-    int rc = kvmm_tenant_stats(c->mm, c->tenant, &ts);
-    if (rc)
-        return kvd_error_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
-    PROTO_PK(pack_tenant(pk, &ts, obs->acct, c->tenant));
+    PROTO_PK(pack_tenant(pk, &sn->t[0]));
     return proto_map_end(pk, reply);
 }
 
-/* Everything is read under one lock so the numbers add up. */
-static int stats_locked(struct ops_ctx *c)
+static int stats_tenant(struct ops_ctx *c)
+{
+    struct stats_snap sn;
+    int rc = stats_snap_fill(&sn, c->mm, c->host->obs->acct, &c->tenant, 0, 1);
+    if (rc)
+        return kvd_error_set(&c->err, rc, "stats: %s",
+                             rc == KVD_ENOMEM ? "out of memory" : "the tenant is not registered");
+    rc = stats_tenant_pack(c, &sn);
+    stats_snap_free(&sn);
+    return rc;
+}
+
+/* The admin's stats: one snapshot (stats_snap.h), one page of tenants:
+ * `tenants_from` (a cursor: the last reply's `tenants_next`, 0 first) and
+ * `tenants_max` (default 256, at most 1024). */
+static int stats_all_pack(struct ops_ctx *c, const struct stats_snap *sn)
 {
     const struct server_obs *obs = c->host->obs;
     msgpack_packer *pk = c->pk;
-    struct kvmm_stats st;
-    struct kvmm_tenant_stats ts;
     const struct kv_geom *g = kvmm_geom(c->mm);
-
-    if (!c->admin)
-        return stats_tenant_locked(c);
-    kvmm_stats(c->mm, &st);
+    const struct kvmm_stats *st = &sn->st;
     size_t reply = proto_reply_begin_map(pk, c->id);
     PROTO_PK(proto_pack_kv_str(pk, "scope", "all"));
     PROTO_PK(proto_pack_kv_str(pk, "backend", obs->backend));
     PROTO_PK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
     PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
-    PROTO_PK(
-        pack_tier(pk, "device", st.device_total, st.device_free, st.device_cached, st.device_used));
-    PROTO_PK(pack_tier(pk, "host", st.host_total, st.host_free, st.host_cached, st.host_used));
+    PROTO_PK(pack_tier(pk, "device", st->device_total, st->device_free, st->device_cached,
+                       st->device_used));
+    PROTO_PK(pack_tier(pk, "host", st->host_total, st->host_free, st->host_cached, st->host_used));
     PROTO_PK(proto_pack_str(pk, "counters"));
     size_t counters = proto_map_begin(pk);
-    PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_asked", st.match_tokens_asked));
-    PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_hit", st.match_tokens_hit));
-    PROTO_PK(proto_pack_kv_uint(pk, "swaps_out", st.swaps_out));
-    PROTO_PK(proto_pack_kv_uint(pk, "swaps_in", st.swaps_in));
-    PROTO_PK(proto_pack_kv_uint(pk, "swap_bytes_out", st.swap_bytes_out));
-    PROTO_PK(proto_pack_kv_uint(pk, "swap_bytes_in", st.swap_bytes_in));
-    PROTO_PK(proto_pack_kv_uint(pk, "evictions", st.evictions_device));
-    PROTO_PK(proto_pack_kv_uint(pk, "drops", st.drops));
-    PROTO_PK(proto_pack_kv_uint(pk, "checksum_failures", st.checksum_failures));
-    PROTO_PK(proto_pack_kv_uint(pk, "cow_copies", st.cow_copies));
-    PROTO_PK(proto_pack_kv_uint(pk, "seqs", st.n_seqs));
+    PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_asked", st->match_tokens_asked));
+    PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_hit", st->match_tokens_hit));
+    PROTO_PK(proto_pack_kv_uint(pk, "swaps_out", st->swaps_out));
+    PROTO_PK(proto_pack_kv_uint(pk, "swaps_in", st->swaps_in));
+    PROTO_PK(proto_pack_kv_uint(pk, "swap_bytes_out", st->swap_bytes_out));
+    PROTO_PK(proto_pack_kv_uint(pk, "swap_bytes_in", st->swap_bytes_in));
+    PROTO_PK(proto_pack_kv_uint(pk, "evictions", st->evictions_device));
+    PROTO_PK(proto_pack_kv_uint(pk, "drops", st->drops));
+    PROTO_PK(proto_pack_kv_uint(pk, "checksum_failures", st->checksum_failures));
+    PROTO_PK(proto_pack_kv_uint(pk, "cow_copies", st->cow_copies));
+    PROTO_PK(proto_pack_kv_uint(pk, "seqs", st->n_seqs));
     PROTO_PK(proto_map_end(pk, counters));
     PROTO_PK(proto_pack_kv_uint(pk, "connections", *obs->n_conns));
     PROTO_PK(proto_pack_kv_uint(pk, "in_flight", *obs->n_pending));
-
-    const struct server_tenant *tenants = *obs->tenants;
-    PROTO_PK(proto_pack_str(pk, "tenants"));
-    PROTO_MP(proto_pack_array(pk, *obs->n_tenants));
-    for (size_t i = 0; i < *obs->n_tenants; i++) {
-        int rc = kvmm_tenant_stats(c->mm, tenants[i].id, &ts);
-        if (rc)
-            return kvd_error_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
-        PROTO_PK(pack_tenant(pk, &ts, obs->acct, tenants[i].id));
+    if (obs->tenancy) {
+        struct tenancy_counts tc;
+        tenancy_counts(obs->tenancy, &tc);
+        PROTO_PK(proto_pack_str(pk, "tenancy"));
+        size_t ty = proto_map_begin(pk);
+        PROTO_PK(proto_pack_kv_uint(pk, "registered", tc.tenants));
+        PROTO_PK(proto_pack_kv_uint(pk, "sub_tenants", tc.sub_tenants));
+        PROTO_PK(proto_pack_kv_uint(pk, "sub_tenants_freed", tc.subs_freed));
+        PROTO_PK(proto_pack_kv_uint(pk, "sub_tenants_refused", tc.subs_refused));
+        PROTO_PK(proto_map_end(pk, ty));
     }
+    PROTO_PK(proto_pack_kv_uint(pk, "tenants_total", sn->n_live));
+    if (sn->more)
+        PROTO_PK(proto_pack_kv_uint(pk, "tenants_next", sn->next));
+    else
+        PROTO_PK(proto_pack_kv_nil(pk, "tenants_next"));
+    PROTO_PK(proto_pack_str(pk, "tenants"));
+    PROTO_MP(proto_pack_array(pk, sn->n));
+    for (size_t i = 0; i < sn->n; i++)
+        PROTO_PK(pack_tenant(pk, &sn->t[i]));
     PROTO_PK(acct_stats_pack_top(pk, obs->acct, obs->rl)); /* "requests", "roofline" */
     return proto_map_end(pk, reply);
 }
 
+static int stats_all(struct ops_ctx *c)
+{
+    uint64_t from = 0, max = STATS_SNAP_PAGE_DEFAULT;
+    struct stats_snap sn;
+
+    PROTO_PK(proto_opt_uint(c->req, "tenants_from", &from, NULL, &c->err));
+    PROTO_PK(proto_opt_uint(c->req, "tenants_max", &max, NULL, &c->err));
+    if (from > UINT32_MAX)
+        return kvd_error_set(&c->err, KVD_EBADREQ, "'tenants_from' %llu is not a cursor",
+                             (unsigned long long)from);
+    if (max < 1 || max > STATS_SNAP_PAGE_MAX)
+        return kvd_error_set(&c->err, KVD_EBADREQ, "'tenants_max' must be 1 to %u",
+                             STATS_SNAP_PAGE_MAX);
+    int rc = stats_snap_fill(&sn, c->mm, c->host->obs->acct, NULL, (uint32_t)from, (size_t)max);
+    if (rc)
+        return kvd_error_set(&c->err, rc, "stats: out of memory");
+    rc = stats_all_pack(c, &sn);
+    stats_snap_free(&sn);
+    return rc;
+}
+
 int ops_stats(struct ops_ctx *c)
 {
-    kvmm_lock(c->mm);
-    int rc = stats_locked(c);
-    kvmm_unlock(c->mm);
-    return rc;
+    return c->admin ? stats_all(c) : stats_tenant(c);
 }

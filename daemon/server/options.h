@@ -33,6 +33,9 @@ struct options {
      * connection and per tenant before `busy`. */
     uint32_t max_conns_per_uid, admin_reserved_conns;
     uint32_t max_queued_per_conn, max_queued_per_tenant;
+    /* Sub-tenants ("front/sub") one front end may hold registered at once;
+     * past it the least recently used idle one is freed, else refused. */
+    uint32_t max_sub_tenants;
     /* Unread output above which a connection's generates are ended with
      * `busy`, and the daemon-wide budget of buffered input + output above
      * which the connection buffering most is dropped (bytes). */

@@ -25,6 +25,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "fault.h"
+#include "listen.h"
 #include "kvd/protocol.h"
 #include "log.h"
 #include "proto.h"
@@ -41,8 +42,6 @@
  * connection's output buffer (packed with the others) and freed at once;
  * larger ones are handed over without a copy. */
 #define SERVER_POST_COPY_MAX (64u << 10)
-/* How long accepting pauses after accept() fails (out of descriptors). */
-#define SERVER_ACCEPT_PAUSE_MS 100
 
 static void server_maybe_exit(struct server *srv);
 
@@ -55,6 +54,7 @@ void server_attach_obs(struct server *srv, struct roofline *rl, struct acct *acc
 {
     srv->obs.rl = rl;
     srv->obs.acct = acct;
+    tenancy_set_acct(srv->tenancy, acct);
 }
 
 void server_get_obs(struct server *srv, struct server_obs *out)
@@ -141,29 +141,14 @@ int server_on_drain(struct server *srv, server_drain_fn fn, void *ctx)
     return rc;
 }
 
-int server_tenant_note(struct server *srv, const char *name, uint32_t id)
+struct tenancy *server_tenancy(struct server *srv)
 {
-    for (size_t i = 0; i < srv->n_tenants; i++)
-        if (srv->tenants[i].id == id)
-            return 0;
-    struct server_tenant *nv = fault_realloc(srv->tenants, (srv->n_tenants + 1) * sizeof(*nv));
-    if (!nv)
-        return KVD_ENOMEM;
-    snprintf(nv[srv->n_tenants].name, sizeof(nv->name), "%s", name);
-    nv[srv->n_tenants].id = id;
-    nv[srv->n_tenants].n_pending = 0;
-    srv->tenants = nv;
-    srv->n_tenants++;
-    return 0;
+    return srv->tenancy;
 }
 
 void server_tenant_pending(struct server *srv, uint32_t tenant, long delta)
 {
-    for (size_t i = 0; i < srv->n_tenants; i++)
-        if (srv->tenants[i].id == tenant) {
-            srv->tenants[i].n_pending += (size_t)delta;
-            return;
-        }
+    tenancy_pending(srv->tenancy, tenant, delta);
 }
 
 int server_on_abort(struct server *srv, server_abort_fn fn, void *ctx)
@@ -233,15 +218,7 @@ int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, stru
                              "this connection has %zu generates in flight, the limit "
                              "(max-queued-per-connection = %u); read replies before sending more",
                              c->n_pending, srv->opts.max_queued_per_conn);
-    for (size_t i = 0; i < srv->n_tenants; i++)
-        if (srv->tenants[i].id == tenant &&
-            srv->tenants[i].n_pending >= srv->opts.max_queued_per_tenant)
-            return kvd_error_set(err, KVD_EBUSY,
-                                 "tenant '%s' has %zu generates in flight, the limit "
-                                 "(max-queued-per-tenant = %u)",
-                                 srv->tenants[i].name, srv->tenants[i].n_pending,
-                                 srv->opts.max_queued_per_tenant);
-    return 0;
+    return tenancy_admit(srv->tenancy, tenant, err);
 }
 
 /* ---- connections: what conn.c asks of its owner -------------------------- */
@@ -255,37 +232,25 @@ static struct conn *conn_find(struct server *srv, uint64_t id)
 }
 
 /* A request's `tenant` argument: a trusted front end ([front-end] uids)
- * runs it as its sub-tenant "<its tenant>/<tenant>" (registered with the
- * [limits] quotas, its own namespace); anyone else gets permission_denied.
- * Fills who (name into name_buf). 0 or an error with e filled. */
+ * runs it as its sub-tenant "<its tenant>/<tenant>" (tenancy.h); anyone
+ * else gets permission_denied. Fills who (name into name_buf). 0 or an
+ * error with e filled. */
 static int server_sub_tenant(struct server *srv, struct conn *c, const msgpack_object *tn,
                              struct ops_caller *who, char *name_buf, struct kvd_error *e)
 {
     struct config_identity id;
-    char msg[200];
+    struct tenancy_who tw;
     if (tn->type != MSGPACK_OBJECT_STR)
         return kvd_error_set(e, KVD_EBADREQ, "'tenant' must be a string");
-    if (!config_is_frontend(&srv->cfg, c->uid))
-        return kvd_error_set(e, KVD_EPERM,
-                             "'tenant': uid %u is not a trusted front end ([front-end] uids)",
-                             (unsigned)c->uid);
-    if (config_resolve_sub(&srv->cfg, c->tenant_name, tn->via.str.ptr, tn->via.str.size, &id, msg,
-                           sizeof(msg)))
-        return kvd_error_set(e, KVD_EBADREQ, "'tenant': %s", msg);
-    char nsname[KVD_MAX_NAME + 16];
-    snprintf(nsname, sizeof(nsname), "tenant:%s", id.conf.name);
-    kvmm_lock(srv->mm);
-    int rc = kvmm_tenant_set(srv->mm, &id.conf, &who->tenant);
+    int rc = tenancy_resolve_sub(&srv->cfg, c->uid, c->tenant_name, tn->via.str.ptr,
+                                 tn->via.str.size, "'tenant'", &id, e);
     if (rc == 0)
-        rc = kvmm_namespace(srv->mm, nsname, &who->ns);
-    if (rc)
-        kvd_error_set(e, rc, "'tenant' %s: %s", id.conf.name, kvmm_errmsg(srv->mm));
-    kvmm_unlock(srv->mm);
+        rc = tenancy_register_sub(srv->tenancy, c->tenant_name, &id, &tw, e);
     if (rc)
         return rc;
-    if (server_tenant_note(srv, id.conf.name, who->tenant) != 0)
-        return kvd_error_set(e, KVD_ENOMEM, "out of memory");
-    snprintf(name_buf, KVD_MAX_NAME + 1, "%s", id.conf.name);
+    snprintf(name_buf, KVD_MAX_NAME + 1, "%s", tw.name);
+    who->tenant = tw.tenant;
+    who->ns = tw.ns;
     who->tenant_name = name_buf;
     who->admin = false;
     return 0;
@@ -397,11 +362,12 @@ static const struct conn_cbs server_conn_cbs = {
 /* A new connection on fd: the peer's identity from SO_PEERCRED, its tenant
  * and admin rights from the config, the connection limits. A refused peer
  * gets one error frame and is closed once it is flushed. */
-static int server_accept(struct server *srv, int fd)
+int server_accept(struct server *srv, int fd)
 {
-    struct ucred cred;
-    socklen_t clen = sizeof(cred);
+    struct tenancy_cred cred;
     struct config_identity ident;
+    struct tenancy_who tw;
+    struct kvd_error e;
     char msg[160];
 
     struct conn *c = conn_new(&srv->cenv, fd, srv->next_conn_id + 1);
@@ -416,21 +382,17 @@ static int server_accept(struct server *srv, int fd)
     srv->buckets[c->id % SERVER_CONN_BUCKETS] = c;
     srv->n_conns++;
 
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
-        log_warn("accept: SO_PEERCRED failed: %s", strerror(errno));
-        conn_send_error(c, 0, KVD_EPERM, "cannot identify the peer (SO_PEERCRED)");
-        conn_close_after_flush(c);
-        return 0;
+    int rc = tenancy_peer_cred(fd, &cred, &e);
+    if (rc) {
+        log_warn("accept: %s", e.message);
+        goto refuse;
     }
     c->uid = cred.uid;
     c->gid = cred.gid;
     c->pid = cred.pid;
-    if (config_resolve(&srv->cfg, c->uid, c->gid, &ident) != 0) {
-        snprintf(msg, sizeof(msg), "uid %u is not allowed by the configuration", (unsigned)c->uid);
-        log_notice("conn from pid %d refused: %s", (int)c->pid, msg);
-        conn_send_error(c, 0, KVD_EPERM, msg);
-        conn_close_after_flush(c);
-        return 0;
+    if ((rc = tenancy_resolve_peer(&srv->cfg, c->uid, c->gid, &ident, &e))) {
+        log_notice("conn from pid %d refused: %s", (int)c->pid, e.message);
+        goto refuse;
     }
     /* Connection slots: the last admin-reserved-connections of
      * max-connections are for admins only, and no uid but an admin's may
@@ -461,29 +423,22 @@ static int server_accept(struct server *srv, int fd)
         conn_close_after_flush(c);
         return 0;
     }
-    char nsname[KVD_MAX_NAME + 16];
-    snprintf(nsname, sizeof(nsname), "tenant:%s", ident.conf.name);
-    kvmm_lock(srv->mm);
-    int rc = kvmm_tenant_set(srv->mm, &ident.conf, &c->tenant);
-    if (rc == 0)
-        rc = kvmm_namespace(srv->mm, nsname, &c->ns);
-    if (rc)
-        snprintf(msg, sizeof(msg), "tenant '%s': %s", ident.conf.name, kvmm_errmsg(srv->mm));
-    kvmm_unlock(srv->mm);
-    if (rc == 0 && (rc = server_tenant_note(srv, ident.conf.name, c->tenant)) != 0)
-        snprintf(msg, sizeof(msg), "tenant '%s': out of memory noting it for stats",
-                 ident.conf.name);
-    if (rc) {
-        log_err("conn from uid %u: %s", (unsigned)c->uid, msg);
-        conn_send_error(c, 0, rc, msg);
-        conn_close_after_flush(c);
-        return 0;
+    if ((rc = tenancy_register(srv->tenancy, &ident, &tw, &e))) {
+        log_err("conn from uid %u: %s", (unsigned)c->uid, e.message);
+        goto refuse;
     }
-    snprintf(c->tenant_name, sizeof(c->tenant_name), "%s", ident.conf.name);
+    c->tenant = tw.tenant;
+    c->ns = tw.ns;
+    snprintf(c->tenant_name, sizeof(c->tenant_name), "%s", tw.name);
     c->admin = ident.admin;
     log_debug("conn %llu: pid %d uid %u gid %u tenant %s%s", (unsigned long long)c->id, (int)c->pid,
               (unsigned)c->uid, (unsigned)c->gid, c->tenant_name, c->admin ? " (admin)" : "");
     conn_start(c);
+    return 0;
+
+refuse:
+    conn_send_error(c, 0, rc, e.message);
+    conn_close_after_flush(c);
     return 0;
 }
 
@@ -611,14 +566,7 @@ static void begin_shutdown(struct server *srv, const char *why)
     sd_notify(0, "STOPPING=1\nSTATUS=draining");
     log_notice("%s: stopping (%zu connections, %zu requests in flight)", why, srv->n_conns,
                srv->n_pending);
-    if (srv->listener) {
-        evconnlistener_free(srv->listener);
-        srv->listener = NULL;
-    }
-    if (srv->own_socket) {
-        unlink(srv->socket_path);
-        srv->own_socket = false;
-    }
+    listen_stop(srv);
     for (struct conn *c = srv->conns; c; c = c->next) {
         if (c->closing)
             continue;
@@ -679,31 +627,20 @@ static void reload(struct server *srv)
 
     /* New limits for every tenant seen so far; a tenant the file no longer
      * names falls back to the [limits] defaults. */
-    kvmm_lock(srv->mm);
-    for (size_t i = 0; i < srv->n_tenants; i++) {
-        struct kvmm_tenant_conf conf = srv->cfg.defaults;
-        for (size_t j = 0; j < srv->cfg.n_tenants; j++)
-            if (!strcmp(srv->cfg.tenants[j].conf.name, srv->tenants[i].name))
-                conf = srv->cfg.tenants[j].conf;
-        snprintf(conf.name, sizeof(conf.name), "%s", srv->tenants[i].name);
-        uint32_t id;
-        if (kvmm_tenant_set(srv->mm, &conf, &id) != 0)
-            log_err("SIGHUP: tenant %s: %s", conf.name, kvmm_errmsg(srv->mm));
-    }
-    kvmm_unlock(srv->mm);
+    tenancy_reload(srv->tenancy, &srv->cfg);
 
     /* Admin rights follow the new file at once; a peer the file now refuses
      * is disconnected. A peer keeps the tenant it connected as. */
     for (struct conn *c = srv->conns, *next; c; c = next) {
         next = c->next;
         struct config_identity ident;
+        struct kvd_error e;
         if (c->closing)
             continue;
-        if (config_resolve(&srv->cfg, c->uid, c->gid, &ident) != 0) {
-            char msg[96];
-            snprintf(msg, sizeof(msg), "uid %u is no longer allowed by the configuration",
-                     (unsigned)c->uid);
-            conn_send_error(c, 0, KVD_EPERM, msg);
+        if (tenancy_resolve_peer(&srv->cfg, c->uid, c->gid, &ident, &e) != 0) {
+            kvd_error_set(&e, KVD_EPERM, "uid %u is no longer allowed by the configuration",
+                          (unsigned)c->uid);
+            conn_send_error(c, 0, KVD_EPERM, e.message);
             conn_close_after_flush(c);
             continue;
         }
@@ -728,190 +665,6 @@ static void watchdog_cb(evutil_socket_t fd, short what, void *arg)
     sd_notify(0, "WATCHDOG=1");
 }
 
-/* ---- listener ------------------------------------------------------------- */
-
-static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen,
-                      void *arg)
-{
-    struct server *srv = arg;
-    if (server_accept(srv, fd) != 0)
-        log_err("accept: out of memory; connection dropped");
-}
-
-static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
-{
-    struct server *srv = arg;
-    if (srv->listener)
-        evconnlistener_enable(srv->listener);
-}
-
-static void accept_error_cb(struct evconnlistener *l, void *arg)
-{
-    struct server *srv = arg;
-    /* EMFILE, ENFILE, ENOBUFS: the pending connection stays queued and the
-     * listener stays readable, so retrying at once would spin. Pause
-     * accepting briefly; connections already open keep being served. */
-    log_warn("accept: %s; pausing new connections for %d ms", strerror(errno),
-             SERVER_ACCEPT_PAUSE_MS);
-    evconnlistener_disable(l);
-    struct timeval tv = {0, SERVER_ACCEPT_PAUSE_MS * 1000};
-    evtimer_add(srv->ev_accept, &tv);
-}
-
-/* Binds a new Unix socket at path with mode 0660 (group: opts.socket_group).
- * A stale socket file is removed only if it is a socket and nobody answers
- * on it. */
-static int listen_path(struct server *srv, const char *path, int *out_fd, char *err, size_t errlen)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    struct stat st;
-    int fd = -1;
-
-    if (strlen(path) >= sizeof(sa.sun_path)) {
-        snprintf(err, errlen, "socket path '%s' is too long", path);
-        return KVD_EBADREQ;
-    }
-    strcpy(sa.sun_path, path);
-    if (lstat(path, &st) == 0) {
-        if (!S_ISSOCK(st.st_mode)) {
-            snprintf(err, errlen, "'%s' exists and is not a socket; not touching it", path);
-            return KVD_EBADREQ;
-        }
-        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-            close(probe);
-            snprintf(err, errlen, "another server is listening on '%s'", path);
-            return KVD_EBUSY;
-        }
-        if (probe >= 0)
-            close(probe);
-        if (unlink(path) != 0) {
-            snprintf(err, errlen, "cannot remove stale socket '%s': %s", path, strerror(errno));
-            return KVD_EPERM;
-        }
-        log_info("removed stale socket %s", path);
-    }
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-        snprintf(err, errlen, "socket: %s", strerror(errno));
-        return KVD_EINTERNAL;
-    }
-    /* umask makes the file 0660 from the moment it exists. */
-    mode_t old = umask(0117);
-    int brc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-    umask(old);
-    if (brc != 0) {
-        snprintf(err, errlen, "bind %s: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (srv->opts.socket_group[0]) {
-        struct group *gr = getgrnam(srv->opts.socket_group);
-        if (!gr) {
-            snprintf(err, errlen, "socket-group '%s' does not exist", srv->opts.socket_group);
-            goto fail_unlink;
-        }
-        if (chown(path, (uid_t)-1, gr->gr_gid) != 0) {
-            snprintf(err, errlen, "chown %s to group %s: %s", path, srv->opts.socket_group,
-                     strerror(errno));
-            goto fail_unlink;
-        }
-    }
-    if (chmod(path, 0660) != 0 || listen(fd, 128) != 0) {
-        snprintf(err, errlen, "listen %s: %s", path, strerror(errno));
-        goto fail_unlink;
-    }
-    *out_fd = fd;
-    return 0;
-
-fail_unlink:
-    unlink(path);
-fail:
-    close(fd);
-    return KVD_EPERM;
-}
-
-/* The default socket: /run/kvd/kvd.sock when /run/kvd is (or can be made)
- * writable, else the per-user fallback, whose directory must be the
- * daemon's own (issue 14: another user could pre-create /tmp/kvd-<uid> and
- * receive the clients' prompts). */
-static int pick_default_socket(char *path, size_t cap, char *err, size_t errlen)
-{
-    if (mkdir(KVD_SOCKET_DIR, 0755) == 0 || errno == EEXIST) {
-        if (access(KVD_SOCKET_DIR, W_OK | X_OK) == 0) {
-            snprintf(path, cap, "%s", KVD_DEFAULT_SOCKET);
-            log_info("socket: %s (default)", path);
-            return 0;
-        }
-    }
-    if (proto_socket_fallback(path, cap) != 0) {
-        snprintf(err, errlen, "cannot find a place for the socket");
-        return KVD_ETOOLARGE;
-    }
-    char dir[108];
-    snprintf(dir, sizeof(dir), "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash && slash != dir) {
-        *slash = '\0';
-        if (mkdir(dir, 0700) != 0 && errno != EEXIST)
-            log_warn("cannot create %s: %s", dir, strerror(errno));
-    }
-    char why[400];
-    if (proto_socket_path_check(path, geteuid(), true, why, sizeof(why)) != 0) {
-        snprintf(err, errlen, "default socket: %s (remove it, or give --socket)", why);
-        return KVD_EPERM;
-    }
-    log_notice("socket: %s (%s is not writable for uid %u)", path, KVD_SOCKET_DIR,
-               (unsigned)geteuid());
-    return 0;
-}
-
-static int setup_listener(struct server *srv, char *err, size_t errlen)
-{
-    int fd = -1;
-    int n = sd_listen_fds(1);
-
-    if (n > 1) {
-        snprintf(err, errlen, "systemd passed %d sockets; kvd takes exactly one", n);
-        return KVD_EBADREQ;
-    }
-    if (n == 1) {
-        fd = SD_LISTEN_FDS_START;
-        if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0) {
-            snprintf(err, errlen, "the socket systemd passed is not a listening Unix stream");
-            return KVD_EBADREQ;
-        }
-        evutil_make_socket_nonblocking(fd);
-        evutil_make_socket_closeonexec(fd);
-        srv->activated = true;
-        struct sockaddr_un sa;
-        socklen_t sl = sizeof(sa);
-        if (getsockname(fd, (struct sockaddr *)&sa, &sl) == 0 && sl > sizeof(sa_family_t))
-            snprintf(srv->socket_path, sizeof(srv->socket_path), "%s", sa.sun_path);
-        log_info("socket: %s (from systemd)", srv->socket_path);
-    } else {
-        if (srv->opts.socket_path[0]) {
-            snprintf(srv->socket_path, sizeof(srv->socket_path), "%s", srv->opts.socket_path);
-        } else {
-            int prc = pick_default_socket(srv->socket_path, sizeof(srv->socket_path), err, errlen);
-            if (prc)
-                return prc;
-        }
-        int rc = listen_path(srv, srv->socket_path, &fd, err, errlen);
-        if (rc)
-            return rc;
-        srv->own_socket = true;
-    }
-    srv->listener = evconnlistener_new(srv->base, accept_cb, srv,
-                                       LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
-    if (!srv->listener) {
-        close(fd);
-        snprintf(err, errlen, "cannot watch the listening socket");
-        return KVD_ENOMEM;
-    }
-    evconnlistener_set_error_cb(srv->listener, accept_error_cb);
-    return 0;
-}
-
 /* ---- lifetime ------------------------------------------------------------- */
 
 int server_new(const struct options *opts, struct config *cfg, const char *config_path,
@@ -933,12 +686,8 @@ int server_new(const struct options *opts, struct config *cfg, const char *confi
     srv->opts = *opts;
     srv->mm = mm;
     srv->be = be;
-    srv->obs = (struct server_obs){.mm = mm,
-                                   .backend = be->ops->name,
-                                   .n_conns = &srv->n_conns,
-                                   .n_pending = &srv->n_pending,
-                                   .tenants = (const struct server_tenant *const *)&srv->tenants,
-                                   .n_tenants = &srv->n_tenants};
+    srv->obs = (struct server_obs){
+        .mm = mm, .backend = be->ops->name, .n_conns = &srv->n_conns, .n_pending = &srv->n_pending};
     srv->host = (struct ops_host){.srv = srv,
                                   .mm = mm,
                                   .backend = be->ops->name,
@@ -953,6 +702,9 @@ int server_new(const struct options *opts, struct config *cfg, const char *confi
     srv->zone = msgpack_zone_new(MSGPACK_ZONE_CHUNK_SIZE);
     if (!srv->zone)
         goto fail;
+    if (tenancy_new(mm, opts->max_sub_tenants, opts->max_queued_per_tenant, &srv->tenancy))
+        goto fail;
+    srv->obs.tenancy = srv->tenancy;
     /* Queued replies above which a connection's requests stop being read
      * (flow control, so a client that never reads cannot grow the daemon
      * without bound). Clients that write a long pipeline before reading
@@ -976,11 +728,10 @@ int server_new(const struct options *opts, struct config *cfg, const char *confi
     srv->ev_post = event_new(srv->base, -1, 0, post_cb, srv);
     srv->ev_shutdown = event_new(srv->base, -1, 0, shutdown_cb, srv);
     srv->ev_drain = evtimer_new(srv->base, drain_timeout_cb, srv);
-    srv->ev_accept = evtimer_new(srv->base, accept_resume_cb, srv);
     srv->ev_budget = event_new(srv->base, -1, 0, budget_cb, srv);
     srv->ev_trim = evtimer_new(srv->base, trim_cb, srv);
     if (!srv->ev_term || !srv->ev_int || !srv->ev_hup || !srv->ev_post || !srv->ev_shutdown ||
-        !srv->ev_drain || !srv->ev_accept || !srv->ev_budget || !srv->ev_trim)
+        !srv->ev_drain || !srv->ev_budget || !srv->ev_trim)
         goto fail;
     if (event_add(srv->ev_term, NULL) || event_add(srv->ev_int, NULL) ||
         event_add(srv->ev_hup, NULL))
@@ -990,7 +741,7 @@ int server_new(const struct options *opts, struct config *cfg, const char *confi
     rc = ops_register_builtin(&srv->ops);
     if (rc)
         goto fail;
-    rc = setup_listener(srv, err, sizeof(err));
+    rc = listen_start(srv, err, sizeof(err));
     if (rc) {
         log_err("%s", err);
         goto fail;
@@ -1033,13 +784,10 @@ void server_free(struct server *srv)
         return;
     while (srv->conns)
         conn_free(srv->conns);
-    if (srv->listener)
-        evconnlistener_free(srv->listener);
-    if (srv->own_socket)
-        unlink(srv->socket_path);
-    struct event *evs[] = {srv->ev_term,     srv->ev_int,      srv->ev_hup,   srv->ev_post,
-                           srv->ev_shutdown, srv->ev_watchdog, srv->ev_drain, srv->ev_accept,
-                           srv->ev_budget,   srv->ev_trim};
+    listen_stop(srv);
+    struct event *evs[] = {srv->ev_term,  srv->ev_int,      srv->ev_hup,
+                           srv->ev_post,  srv->ev_shutdown, srv->ev_watchdog,
+                           srv->ev_drain, srv->ev_budget,   srv->ev_trim};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         if (evs[i])
             event_free(evs[i]);
@@ -1054,7 +802,7 @@ void server_free(struct server *srv)
         free(srv->drain_hooks[i].ctx);
     free(srv->drain_hooks);
     free(srv->close_hooks);
-    free(srv->tenants);
+    tenancy_free(srv->tenancy);
     ops_table_free(&srv->ops);
     config_free(&srv->cfg);
     msgpack_sbuffer_destroy(&srv->cenv.out);

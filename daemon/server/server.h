@@ -53,25 +53,17 @@ struct event_base;
 /* Gives the server its observability sources (stats and metrics read them;
  * NULL is fine). Not owned. Call before server_run. */
 void server_attach_obs(struct server *srv, struct roofline *rl, struct acct *acct);
-/* A tenant seen on a connection or by the HTTP API (stats lists each, the
- * queue limits count its requests in flight). */
-struct server_tenant {
-    char name[KVD_MAX_NAME + 1];
-    uint32_t id;      /* kvmm tenant id */
-    size_t n_pending; /* requests in flight: on its connections and over HTTP */
-};
 /* What an observer reads, on the loop thread: the memory manager (lock it
- * while reading), the sources above, the backend's name, and the live
- * counters and tenant list, through pointers so one copy stays current
- * (*tenants moves as the list grows: read it each time). */
+ * while reading), the sources above, the backend's name, the live
+ * counters through pointers so one copy stays current, and the tenant
+ * table (tenancy.h). */
 struct server_obs {
     struct kvmm *mm;
     struct roofline *rl;
     struct acct *acct;
     const char *backend;
     const size_t *n_conns, *n_pending;
-    const struct server_tenant *const *tenants; /* (*n_tenants), in the order first seen */
-    const size_t *n_tenants;
+    const struct tenancy *tenancy;
 };
 void server_get_obs(struct server *srv, struct server_obs *out);
 /* The loop's event base (to add listeners to it) and the settings. */
@@ -127,13 +119,12 @@ int server_on_abort(struct server *srv, server_abort_fn fn, void *ctx);
  * (max-queued-per-connection / -per-tenant). Loop thread. */
 struct conn;
 int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct kvd_error *err);
-/* The tenant table, for the HTTP API too (loop thread): notes tenant id
- * named `name` (stats lists it; a tenant already noted keeps its entry):
- * 0 or KVD_ENOMEM. */
-int server_tenant_note(struct server *srv, const char *name, uint32_t id);
-/* Adds delta to a noted tenant's requests in flight, the count
- * server_queue_admit holds against max-queued-per-tenant: one count per
- * tenant whichever socket its requests came by. */
+/* The tenant table (tenancy.h), for the HTTP API too. Loop thread. */
+struct tenancy;
+struct tenancy *server_tenancy(struct server *srv);
+/* Adds delta to tenant's requests in flight, the count server_queue_admit
+ * holds against max-queued-per-tenant: one count per tenant whichever
+ * socket its requests came by (tenancy_pending). */
 void server_tenant_pending(struct server *srv, uint32_t tenant, long delta);
 
 #endif

@@ -21,6 +21,7 @@
 #include "ops.h"
 #include "options.h"
 #include "server.h"
+#include "tenancy.h"
 
 #define SERVER_CONN_BUCKETS 1024u
 
@@ -72,8 +73,7 @@ struct server {
                              batch, the callbacks into this file */
     msgpack_zone *zone;   /* objects of the request being dispatched; cleared after each */
 
-    struct server_tenant *tenants; /* (n_tenants) every tenant seen, for stats */
-    size_t n_tenants;
+    struct tenancy *tenancy; /* every tenant registered: admission counts, sub-tenants */
 
     /* what observers read (host.obs, server_get_obs); its sources
      * (server_attach_obs) are not owned, NULL when absent */
@@ -90,5 +90,10 @@ struct server {
     bool draining_done;
     uint64_t watchdog_usec;
 };
+
+/* A new connection on fd (listen.c calls it): the peer's identity and
+ * tenant (tenancy.h), the connection limits. A refused peer gets one error
+ * frame and is closed once it is flushed. 0 or KVD_ENOMEM. */
+int server_accept(struct server *srv, int fd);
 
 #endif

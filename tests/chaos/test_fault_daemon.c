@@ -31,6 +31,7 @@
 #include "kvmm.h"
 #include "options.h"
 #include "server.h"
+#include "tenancy.h"
 
 #define TB (2 * 2 * 1 * 8 * 2)
 
@@ -231,9 +232,9 @@ static size_t n_conns(struct server *srv)
 
 static size_t n_tenants(struct server *srv)
 {
-    struct server_obs o;
-    server_get_obs(srv, &o);
-    return *o.n_tenants;
+    struct tenancy_counts tc;
+    tenancy_counts(server_tenancy(srv), &tc);
+    return tc.tenants;
 }
 
 static void test_tenant_note_failure_is_reported(void **state)

@@ -109,7 +109,7 @@ static int note_tenant(struct fuzz_env *e, const char *name, uint32_t id)
     for (size_t i = 0; i < e->n_tenants; i++)
         if (e->tenants[i].id == id)
             return 0;
-    struct server_tenant *nv = realloc(e->tenants, (e->n_tenants + 1) * sizeof(*nv));
+    struct fuzz_tenant *nv = realloc(e->tenants, (e->n_tenants + 1) * sizeof(*nv));
     if (!nv)
         return -1;
     e->tenants = nv;
@@ -190,11 +190,8 @@ int fuzz_env_new(struct fuzz_env *e)
     e->reply_zone = msgpack_zone_new(MSGPACK_ZONE_CHUNK_SIZE);
     if (!e->zone || !e->reply_zone || load_config(&e->cfg) || conns_setup(e))
         goto fail;
-    e->obs = (struct server_obs){.backend = e->be->ops->name,
-                                 .n_conns = &e->n_conns,
-                                 .n_pending = &e->n_pending,
-                                 .tenants = (const struct server_tenant *const *)&e->tenants,
-                                 .n_tenants = &e->n_tenants};
+    e->obs = (struct server_obs){
+        .backend = e->be->ops->name, .n_conns = &e->n_conns, .n_pending = &e->n_pending};
     e->host =
         (struct ops_host){.backend = e->be->ops->name,
                           .max_frame = 1u << 16, /* so kv_read's too_large path is reachable */

@@ -44,15 +44,18 @@ struct fuzz_conn {
 };
 
 struct fuzz_env {
-    struct backend *cpu;           /* the cpu backend (owned) */
-    struct backend_ops arena_ops;  /* its ops with heap arenas (fuzz_env.c) */
-    struct backend arena_be;       /* cpu with arena_ops: what the kvmm uses */
-    struct backend *be;            /* = &arena_be */
-    struct kvmm *mm;               /* this input's, once built (fuzz_env_mm) */
-    struct config cfg;             /* the tenants a and b (fuzz_env.c) */
-    struct ops_host host;          /* what the handlers read, as the server gives it */
-    struct server_obs obs;         /* stats' view: no sockets, so no connections */
-    struct server_tenant *tenants; /* (n_tenants) the three, noted at the first mm_setup */
+    struct backend *cpu;          /* the cpu backend (owned) */
+    struct backend_ops arena_ops; /* its ops with heap arenas (fuzz_env.c) */
+    struct backend arena_be;      /* cpu with arena_ops: what the kvmm uses */
+    struct backend *be;           /* = &arena_be */
+    struct kvmm *mm;              /* this input's, once built (fuzz_env_mm) */
+    struct config cfg;            /* the tenants a and b (fuzz_env.c) */
+    struct ops_host host;         /* what the handlers read, as the server gives it */
+    struct server_obs obs;        /* stats' view: no sockets, so no connections */
+    struct fuzz_tenant {
+        char name[KVD_MAX_NAME + 1];
+        uint32_t id;
+    } * tenants; /* (n_tenants) the three, noted at the first mm_setup */
     size_t n_tenants, n_conns, n_pending;
     struct fuzz_conn conn[FUZZ_CONNS];
     bool tenants_noted;       /* tenants holds the three (first mm_setup) */

@@ -150,19 +150,20 @@ static const struct key K_ROOFLINE[] = {
     {"peak_bytes_per_s", T_DBL, NULL}, {"ridge_intensity", T_DBL, NULL},
     {"prefill", T_MAP, K_PHASE},       {"decode", T_MAP, K_PHASE},
     {"mixed", T_MAP, K_PHASE},         {NULL, 0, NULL}};
-static const struct key K_STATS_ALL[] = {{"scope", T_STR, NULL},
-                                         {"backend", T_STR, NULL},
-                                         {"block_tokens", T_UINT, NULL},
-                                         {"block_bytes", T_UINT, NULL},
-                                         {"device", T_MAP, K_TIER},
-                                         {"host", T_MAP, K_TIER},
-                                         {"counters", T_MAP, K_COUNTERS},
-                                         {"connections", T_UINT, NULL},
-                                         {"in_flight", T_UINT, NULL},
-                                         {"tenants", T_MAPS, K_TENANT},
-                                         {"requests", T_MAP, K_REQUESTS},
-                                         {"roofline", T_MAP, K_ROOFLINE},
-                                         {NULL, 0, NULL}};
+static const struct key K_TENANCY[] = {{"registered", T_UINT, NULL},
+                                       {"sub_tenants", T_UINT, NULL},
+                                       {"sub_tenants_freed", T_UINT, NULL},
+                                       {"sub_tenants_refused", T_UINT, NULL},
+                                       {NULL, 0, NULL}};
+static const struct key K_STATS_ALL[] = {
+    {"scope", T_STR, NULL},          {"backend", T_STR, NULL},
+    {"block_tokens", T_UINT, NULL},  {"block_bytes", T_UINT, NULL},
+    {"device", T_MAP, K_TIER},       {"host", T_MAP, K_TIER},
+    {"counters", T_MAP, K_COUNTERS}, {"connections", T_UINT, NULL},
+    {"in_flight", T_UINT, NULL},     {"tenancy", T_MAP, K_TENANCY},
+    {"tenants_total", T_UINT, NULL}, {"tenants_next", T_UINT_NIL, NULL},
+    {"tenants", T_MAPS, K_TENANT},   {"requests", T_MAP, K_REQUESTS},
+    {"roofline", T_MAP, K_ROOFLINE}, {NULL, 0, NULL}};
 static const struct key K_STATS_TENANT[] = {
     {"scope", T_STR, NULL},          {"backend", T_STR, NULL},
     {"block_tokens", T_UINT, NULL},  {"block_bytes", T_UINT, NULL},

@@ -164,6 +164,30 @@ static void test_first_error_reported(void **state)
     config_free(&f->cfg);
 }
 
+/* An indented line after `uids = 0` under [admin] would be, to libinih
+ * (INI_ALLOW_MULTILINE), a continuation making uid 1000 an admin: it is a
+ * start-up error naming the line; indented comments and blank lines are
+ * fine, and without the indentation the file loads. */
+static void test_indented_continuation_refused(void **state)
+{
+    struct cfx *f = *state;
+    char err[512];
+    assert_int_equal(load("[admin]\nuids = 0\n  1000\n", &f->cfg, err, sizeof(err)), KVD_EBADREQ);
+    assert_non_null(strstr(err, ":3: an indented line (\"1000\")"));
+    config_free(&f->cfg);
+    assert_int_equal(load("[admin]\nuids = 0\n\t[limits]\n", &f->cfg, err, sizeof(err)),
+                     KVD_EBADREQ);
+    assert_non_null(strstr(err, ":3: an indented line"));
+    config_free(&f->cfg);
+    assert_int_equal(load("[admin]\nuids = 0\n  ; a comment\n   \n", &f->cfg, err, sizeof(err)), 0);
+    assert_int_equal(f->cfg.n_admin, 1);
+    assert_int_equal(f->cfg.admin_uids[0], 0);
+    config_free(&f->cfg);
+    assert_int_equal(load("[admin]\nuids = 0, 1000\n", &f->cfg, err, sizeof(err)), 0);
+    assert_int_equal(f->cfg.n_admin, 2);
+    config_free(&f->cfg);
+}
+
 int main(void)
 {
     snprintf(path, sizeof(path), "/tmp/kvd-test-config.%d", (int)getpid());
@@ -173,6 +197,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_long_lines_read_whole, cfx_setup, cfx_teardown),
         cmocka_unit_test_setup_teardown(test_not_a_regular_file, cfx_setup, cfx_teardown),
         cmocka_unit_test_setup_teardown(test_first_error_reported, cfx_setup, cfx_teardown),
+        cmocka_unit_test_setup_teardown(test_indented_continuation_refused, cfx_setup,
+                                        cfx_teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     unlink(path);
