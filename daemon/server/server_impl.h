@@ -96,4 +96,18 @@ struct server {
  * frame and is closed once it is flushed. 0 or KVD_ENOMEM. */
 int server_accept(struct server *srv, int fd);
 
+/* Buffer memory released before malloc_trim gives it back to the system,
+ * and how long after the release it runs (coalescing many releases). */
+#define SERVER_TRIM_MIN ((size_t)4 << 20)
+#define SERVER_TRIM_DELAY_MS 200
+
+/* server_conns.c's, for server.c: the callbacks every connection gets,
+ * the buffer budget's event (drops the connections buffering most while
+ * over max-buffered) and the trim timer's. */
+extern const struct conn_cbs server_conn_cbs;
+void server_budget_cb(evutil_socket_t fd, short what, void *arg);
+void server_trim_cb(evutil_socket_t fd, short what, void *arg);
+/* Ends the loop once a drain has finished and no connection is left. */
+void server_maybe_exit(struct server *srv);
+
 #endif
