@@ -193,6 +193,45 @@ static void place(const struct compute_ops *ops, struct load_ctx *lc)
     }
 }
 
+/* A weight with a NaN or an infinity (a float, or a block's f16 scale or
+ * minimum) makes every logit NaN and every sampled token 0, with no error
+ * anywhere: refused at load, naming the tensor. One pass over the floats;
+ * quantized tensors only have their scales read. */
+static int check_finite(const struct gguf_tensor *src, enum ctype t, char *err, size_t errlen)
+{
+    const uint8_t *p = src->data;
+    size_t step = ctype_block_bytes(t), n = step ? src->nbytes / step : 0;
+    size_t offs[2] = {0, 2}, n_offs = 1; /* f16 scale(s) within a block */
+    uint16_t mask = 0x7c00;              /* f16: exponent all ones */
+    if (t == CT_Q4_1 || t == CT_Q5_1 || t == CT_Q4_K || t == CT_Q5_K)
+        n_offs = 2; /* d and the minimum */
+    else if (t == CT_Q6_K)
+        offs[0] = 208; /* ql[128], qh[64], scales[16], then d */
+    else if (t == CT_BF16)
+        mask = 0x7f80;
+    for (size_t i = 0; i < n; i++) {
+        bool bad = false;
+        if (t == CT_F32) {
+            uint32_t u;
+            memcpy(&u, p + i * 4, 4);
+            bad = (u & 0x7f800000u) == 0x7f800000u;
+        } else {
+            for (size_t k = 0; k < n_offs && !bad; k++) {
+                uint16_t h;
+                memcpy(&h, p + i * step + offs[k], 2);
+                bad = (h & mask) == mask;
+            }
+        }
+        if (bad)
+            return fail(err, errlen, KVD_EBADREQ,
+                        "model: tensor '%s' (%s) holds a NaN or an infinity at %s %zu: the file "
+                        "is damaged",
+                        src->name, ctype_name(t),
+                        ctype_is_quant(t) ? "the scale of block" : "element", i);
+    }
+    return 0;
+}
+
 static int collect(struct model *m, struct load_ctx *lc)
 {
     const struct model_hparams *hp = &m->hp;
@@ -297,6 +336,9 @@ int model_load_opts(const char *path, struct backend *be, const struct model_opt
             goto out_free;
         }
     }
+    for (size_t i = 0; i < lc->n; i++)
+        if ((rc = check_finite(lc->src[i], lc->dst[i]->type, err, errlen)))
+            goto out_free;
     m->hp.wtype = m->layers[0].wq.type;
     struct compute_conf conf = {.n_threads = opts ? opts->n_threads : 0};
     if ((rc = m->ops->ctx_new(be, &conf, &m->cx))) {

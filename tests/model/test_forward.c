@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "kvd/status.h"
+#include "gguf.h"
 #include "model.h"
 #include "model_impl.h"
 #include "model/model_ref.h"
@@ -571,6 +572,47 @@ static void t_padded_decode(void **st)
     fx_free(f);
 }
 
+/* One value of a weight made non-finite in the file: the load is refused
+ * naming the tensor, for a float type and for a quantized block's scale. */
+static void corrupt_and_load(const char *args, size_t at_in_tensor, const void *bytes, size_t n)
+{
+    char *path = ref_gen_model(args);
+    assert_non_null(path);
+    char err[256] = "";
+    struct gguf *g = NULL;
+    assert_int_equal(gguf_open(path, &g, err, sizeof err), 0);
+    const struct gguf_tensor *t = gguf_find_tensor(g, "blk.0.attn_q.weight");
+    assert_non_null(t);
+    off_t at = (off_t)(g->data_offset + t->offset + at_in_tensor);
+    gguf_close(g);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseeko(f, at, SEEK_SET), 0);
+    assert_int_equal(fwrite(bytes, 1, n, f), n);
+    fclose(f);
+    struct model *m = NULL;
+    int rc = model_load(path, ref_cpu_backend(), &m, err, sizeof err);
+    unlink(path);
+    free(path);
+    assert_int_equal(rc, KVD_EBADREQ);
+    assert_null(m);
+    if (!strstr(err, "blk.0.attn_q.weight") || !strstr(err, "NaN or an infinity"))
+        fail_msg("unexpected error: %s", err);
+}
+
+static void t_non_finite_weights(void **state)
+{
+    (void)state;
+    const float nan_f = NAN;
+    corrupt_and_load("--layers 1 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 64 --type f32",
+                     4 * 17, &nan_f, 4);
+    const uint16_t inf_h = 0x7c00;
+    corrupt_and_load("--layers 1 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 64 --type f16",
+                     2 * 5, &inf_h, 2);
+    corrupt_and_load("--layers 1 --embd 64 --heads 4 --kv-heads 2 --ff 128 --vocab 64 --type q4_0",
+                     18, &inf_h, 2); /* the second block's d */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -587,6 +629,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(t_greedy_varied, t_setup, t_teardown),
         cmocka_unit_test_setup_teardown(t_wide_heads, t_setup, t_teardown),
         cmocka_unit_test_setup_teardown(t_padded_decode, t_setup, t_teardown),
+        cmocka_unit_test(t_non_finite_weights),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
