@@ -128,7 +128,8 @@ int main(int argc, char **argv)
     struct model *model = NULL;      /* serve mode (--model) */
     struct ops_generate *gen = NULL; /* the executor and its ops, serve mode */
     struct workpool *pool = NULL;    /* the text workers */
-    struct text *text = NULL;        /* the model's tokenizer and chat template */
+    struct ops_text *text_ops = NULL;
+    struct text *text = NULL; /* the model's tokenizer and chat template */
     int status = 1;
     /* Observability: shared by the executor (writer), stats and metrics. */
     struct roofline rl;
@@ -251,7 +252,7 @@ int main(int argc, char **argv)
         log_err("cannot start the text workers: %s", kvd_err_code(rc));
         goto out_srv;
     }
-    if (ops_text_register(srv, text, pool) != 0) {
+    if (ops_text_register(srv, text, pool, &text_ops) != 0) {
         log_err("cannot register the text ops");
         goto out_srv;
     }
@@ -303,6 +304,7 @@ out_srv:
     ops_generate_release_loop(gen);
     metrics_stop(metrics);
     server_free(srv);
+    ops_text_free(text_ops);
     ops_generate_stop(gen);
 out_mm:
     kvmm_free(mm);

@@ -4,10 +4,14 @@
 
 struct server;
 struct text;
+struct workpool;
 
 /* Registers both ops over tx (NULL in store mode: they answer
- * `unsupported`). tx must outlive the server. */
-struct workpool;
-int ops_text_register(struct server *srv, const struct text *tx, struct workpool *pool);
+ * `unsupported`); their work runs on pool (NULL: on the loop). tx and pool
+ * must outlive the server; *out is freed with ops_text_free after it. */
+struct ops_text;
+int ops_text_register(struct server *srv, const struct text *tx, struct workpool *pool,
+                      struct ops_text **out);
+void ops_text_free(struct ops_text *ot);
 
 #endif
