@@ -19,15 +19,20 @@
 
 #define N_GEN 24
 #define NEAR_TIE 0.01f
-/* For the weight types whose matmuls quantize the activations to 8 bits
- * first (Q4_0 .. Q6_K, in kvd as in llama.cpp): a float difference of an ulp
- * upstream (the order of attention's sums, llama.cpp's f16 accumulation)
- * can flip one activation's rounding, a step of 1/254 of its block's
- * largest value, so logits move by more than float noise. Measured on the
- * 8-layer Q4_K_M model: kvd's own AVX2 and portable paths (same integer
- * kernels, different float order elsewhere) differ by up to 0.09 in a top-2
- * margin. */
-#define NEAR_TIE_QACT 0.1f
+/* The quantized types' matmuls quantize the activations to 8 bits first,
+ * in kvd exactly as in llama.cpp (Q8_0/Q8_1/Q8_K, bit-equal on random rows),
+ * with exact integer dots; only float orders differ. Measured 2026-12-03
+ * (AVX2 Zen 4, llama.cpp's zen4 build): Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and
+ * Q6_K match llama.cpp on all 24 tokens, so they take the float types'
+ * NEAR_TIE. The models with Q5_K (q5_k, q5_k_m) and the q4_k_m mix still
+ * diverge, at kvd margins of 0.017-0.029 (positions 5, 6, 17): kvd's K-quant
+ * kernels use the float order of llama.cpp's interleaved Q4_K GEMV, not yet
+ * that of its Q5_K/Q6_K interleaved kernels and prompt GEMM, and one
+ * rounding of a quantized activation moved by an ulp carries through the
+ * later layers. Those take NEAR_TIE_K (was 0.1 for every quantized type).
+ * kvd's own AVX2 and portable paths now agree to 2.4e-6 in the logits of
+ * the Q4_K_M and Q5_K models (were 0.05-0.11 apart). */
+#define NEAR_TIE_K 0.05f
 static const char *module_dir;
 static const uint32_t prompt[] = {5, 77, 123, 9, 300, 41, 7, 260};
 #define N_PROMPT (sizeof prompt / sizeof prompt[0])
@@ -144,8 +149,7 @@ static void compare_tie(void **tst, const char *args, float near_tie)
 
 static void compare(void **tst, const char *args)
 {
-    compare_tie(tst, args,
-                strstr(args, "--type q") && !strstr(args, "q8_0") ? NEAR_TIE_QACT : NEAR_TIE);
+    compare_tie(tst, args, strstr(args, "q5_k") || strstr(args, "q4_k_m") ? NEAR_TIE_K : NEAR_TIE);
 }
 
 #define SHAPE "--layers 4 --embd 256 --heads 8 --ff 512 --vocab 1000 --ctx 256 --seed 3"
