@@ -278,7 +278,7 @@ int kvd_reply_decode(const char *src, size_t len, struct kvd_reply_impl **out, c
                      size_t errlen)
 {
     int rc;
-    struct proto_err perr = {0};
+    struct kvd_error perr = {0};
     size_t n_obj = 0;
     struct kvd_reply_impl *r;
     struct kvd_value *root;

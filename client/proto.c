@@ -14,7 +14,7 @@
 #include <errno.h>
 #include <unistd.h>
 
-int proto_err_set(struct proto_err *err, int code, const char *fmt, ...)
+int kvd_error_set(struct kvd_error *err, int code, const char *fmt, ...)
 {
     if (err) {
         va_list ap;
@@ -61,7 +61,7 @@ static uint64_t be_read(const uint8_t *p, unsigned bytes)
  * against the bytes left (each child takes at least one byte), against
  * KVD_MAX_ARRAY and KVD_MAX_DEPTH; all objects against KVD_MAX_OBJECTS. */
 static int proto_scan(const uint8_t *p, size_t len, size_t *end, size_t *n_objects,
-                      struct proto_err *err)
+                      struct kvd_error *err)
 {
     uint64_t pending[KVD_MAX_DEPTH + 1]; /* objects still to read at each depth */
     int depth = 0;
@@ -75,9 +75,9 @@ static int proto_scan(const uint8_t *p, size_t len, size_t *end, size_t *n_objec
         }
         pending[depth]--;
         if (pos >= len)
-            return proto_err_set(err, KVD_EBADREQ, "truncated msgpack data");
+            return kvd_error_set(err, KVD_EBADREQ, "truncated msgpack data");
         if (++objects > KVD_MAX_OBJECTS)
-            return proto_err_set(err, KVD_ETOOLARGE, "message holds more than %u objects",
+            return kvd_error_set(err, KVD_ETOOLARGE, "message holds more than %u objects",
                                  KVD_MAX_OBJECTS);
         uint8_t b = p[pos++];
         uint64_t skip = 0;     /* payload bytes after the header */
@@ -179,12 +179,12 @@ static int proto_scan(const uint8_t *p, size_t len, size_t *end, size_t *n_objec
                 lenbytes = 4;
                 break;
             default:
-                return proto_err_set(err, KVD_EBADREQ, "invalid msgpack byte 0x%02x", b);
+                return kvd_error_set(err, KVD_EBADREQ, "invalid msgpack byte 0x%02x", b);
             }
         }
         if (lenbytes) {
             if (len - pos < lenbytes)
-                return proto_err_set(err, KVD_EBADREQ, "truncated msgpack data");
+                return kvd_error_set(err, KVD_EBADREQ, "truncated msgpack data");
             uint64_t v = be_read(p + pos, lenbytes);
             pos += lenbytes;
             if (kind == 3)
@@ -195,21 +195,21 @@ static int proto_scan(const uint8_t *p, size_t len, size_t *end, size_t *n_objec
                 n = v;
         }
         if (skip > len - pos)
-            return proto_err_set(err, KVD_EBADREQ, "truncated msgpack data");
+            return kvd_error_set(err, KVD_EBADREQ, "truncated msgpack data");
         pos += skip;
         if (kind == 1 || kind == 2) {
             if (n > KVD_MAX_ARRAY)
-                return proto_err_set(err, KVD_ETOOLARGE, "%s of %llu entries (limit %u)",
+                return kvd_error_set(err, KVD_ETOOLARGE, "%s of %llu entries (limit %u)",
                                      kind == 1 ? "array" : "map", (unsigned long long)n,
                                      KVD_MAX_ARRAY);
             children = kind == 2 ? 2 * n : n;
             if (children > len - pos)
-                return proto_err_set(err, KVD_EBADREQ,
+                return kvd_error_set(err, KVD_EBADREQ,
                                      "truncated msgpack data (%s claims %llu entries)",
                                      kind == 1 ? "array" : "map", (unsigned long long)n);
             if (children) {
                 if (depth + 1 > (int)KVD_MAX_DEPTH)
-                    return proto_err_set(err, KVD_EBADREQ, "message nested deeper than %u",
+                    return kvd_error_set(err, KVD_EBADREQ, "message nested deeper than %u",
                                          KVD_MAX_DEPTH);
                 pending[++depth] = children;
             }
@@ -223,7 +223,7 @@ static int proto_scan(const uint8_t *p, size_t len, size_t *end, size_t *n_objec
 
 int proto_count_objects(const void *p, size_t len, size_t *n)
 {
-    struct proto_err err;
+    struct kvd_error err;
     size_t pos = 0, count = 0;
     while (pos < len) {
         size_t end;
@@ -240,32 +240,32 @@ int proto_count_objects(const void *p, size_t len, size_t *n)
 
 /* The checks before msgpack-c sees the bytes: a map, well formed, within
  * the limits, nothing after it. */
-static int msg_precheck(const uint8_t *p, size_t len, size_t *n_objects, struct proto_err *err)
+static int msg_precheck(const uint8_t *p, size_t len, size_t *n_objects, struct kvd_error *err)
 {
     size_t end = 0;
     if (len == 0)
-        return proto_err_set(err, KVD_EBADREQ, "empty message");
+        return kvd_error_set(err, KVD_EBADREQ, "empty message");
     if (!((p[0] >= 0x80 && p[0] <= 0x8f) || p[0] == 0xde || p[0] == 0xdf))
-        return proto_err_set(err, KVD_EBADREQ, "message is not a msgpack map");
+        return kvd_error_set(err, KVD_EBADREQ, "message is not a msgpack map");
     int rc = proto_scan(p, len, &end, n_objects, err);
     if (rc)
         return rc;
     if (end != len)
-        return proto_err_set(err, KVD_EBADREQ, "%zu trailing bytes after the message map",
+        return kvd_error_set(err, KVD_EBADREQ, "%zu trailing bytes after the message map",
                              len - end);
     return KVD_OK;
 }
 
 /* Every key of the root map must be a string. */
-static int msg_check_keys(const msgpack_object *root, struct proto_err *err)
+static int msg_check_keys(const msgpack_object *root, struct kvd_error *err)
 {
     for (uint32_t i = 0; i < root->via.map.size; i++)
         if (root->via.map.ptr[i].key.type != MSGPACK_OBJECT_STR)
-            return proto_err_set(err, KVD_EBADREQ, "message key #%u is not a string", i);
+            return kvd_error_set(err, KVD_EBADREQ, "message key #%u is not a string", i);
     return KVD_OK;
 }
 
-int proto_msg_parse(struct proto_msg *m, const void *payload, size_t len, struct proto_err *err)
+int proto_msg_parse(struct proto_msg *m, const void *payload, size_t len, struct kvd_error *err)
 {
     size_t off = 0;
     int rc;
@@ -279,11 +279,11 @@ int proto_msg_parse(struct proto_msg *m, const void *payload, size_t len, struct
     msgpack_unpack_return ur = msgpack_unpack_next(&m->up, payload, len, &off);
     if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
         msgpack_unpacked_destroy(&m->up);
-        return proto_err_set(err, KVD_ENOMEM, "out of memory decoding the message");
+        return kvd_error_set(err, KVD_ENOMEM, "out of memory decoding the message");
     }
     if (ur != MSGPACK_UNPACK_SUCCESS || off != len || m->up.data.type != MSGPACK_OBJECT_MAP) {
         msgpack_unpacked_destroy(&m->up);
-        return proto_err_set(err, KVD_EBADREQ, "malformed msgpack message");
+        return kvd_error_set(err, KVD_EBADREQ, "malformed msgpack message");
     }
     rc = msg_check_keys(&m->up.data, err);
     if (rc) {
@@ -294,13 +294,13 @@ int proto_msg_parse(struct proto_msg *m, const void *payload, size_t len, struct
     return KVD_OK;
 }
 
-int proto_msg_check(const void *payload, size_t len, size_t *n_objects, struct proto_err *err)
+int proto_msg_check(const void *payload, size_t len, size_t *n_objects, struct kvd_error *err)
 {
     return msg_precheck(payload, len, n_objects, err);
 }
 
 int proto_msg_parse_in(struct proto_msg *m, const void *payload, size_t len, msgpack_zone *zone,
-                       struct proto_err *err)
+                       struct kvd_error *err)
 {
     size_t off = 0;
     int rc;
@@ -313,9 +313,9 @@ int proto_msg_parse_in(struct proto_msg *m, const void *payload, size_t len, msg
     m->up.zone = NULL;
     msgpack_unpack_return ur = msgpack_unpack(payload, len, &off, zone, &m->up.data);
     if (ur == MSGPACK_UNPACK_NOMEM_ERROR)
-        rc = proto_err_set(err, KVD_ENOMEM, "out of memory decoding the message");
+        rc = kvd_error_set(err, KVD_ENOMEM, "out of memory decoding the message");
     else if (ur != MSGPACK_UNPACK_SUCCESS || off != len || m->up.data.type != MSGPACK_OBJECT_MAP)
-        rc = proto_err_set(err, KVD_EBADREQ, "malformed msgpack message");
+        rc = kvd_error_set(err, KVD_EBADREQ, "malformed msgpack message");
     else
         rc = msg_check_keys(&m->up.data, err);
     if (rc) {
@@ -366,7 +366,7 @@ const msgpack_object *proto_map_find(const msgpack_object *map, const char *key)
 /* Finds key: returns 1 with *o set when present and not nil; otherwise 0,
  * with *rc = bad_request when the key is required, else *rc = 0. */
 static int lookup(const msgpack_object *map, const char *key, bool required,
-                  const msgpack_object **o, bool *present, struct proto_err *err, int *rc)
+                  const msgpack_object **o, bool *present, struct kvd_error *err, int *rc)
 {
     *o = proto_map_find(map, key);
     *rc = KVD_OK;
@@ -374,7 +374,7 @@ static int lookup(const msgpack_object *map, const char *key, bool required,
         *present = false;
     if (!*o || (*o)->type == MSGPACK_OBJECT_NIL) {
         if (required)
-            *rc = proto_err_set(err, KVD_EBADREQ, "missing '%s'", key);
+            *rc = kvd_error_set(err, KVD_EBADREQ, "missing '%s'", key);
         return 0;
     }
     if (present)
@@ -383,33 +383,33 @@ static int lookup(const msgpack_object *map, const char *key, bool required,
 }
 
 static int get_uint(const msgpack_object *map, const char *key, bool req, uint64_t *out,
-                    bool *present, struct proto_err *err)
+                    bool *present, struct kvd_error *err)
 {
     const msgpack_object *o;
     int rc;
     if (!lookup(map, key, req, &o, present, err, &rc))
         return rc;
     if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-        return proto_err_set(err, KVD_EBADREQ, "'%s' must not be negative", key);
+        return kvd_error_set(err, KVD_EBADREQ, "'%s' must not be negative", key);
     if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-        return proto_err_set(err, KVD_EBADREQ, "'%s' must be an unsigned integer", key);
+        return kvd_error_set(err, KVD_EBADREQ, "'%s' must be an unsigned integer", key);
     *out = o->via.u64;
     return KVD_OK;
 }
 
-int proto_get_uint(const msgpack_object *map, const char *key, uint64_t *out, struct proto_err *err)
+int proto_get_uint(const msgpack_object *map, const char *key, uint64_t *out, struct kvd_error *err)
 {
     return get_uint(map, key, true, out, NULL, err);
 }
 
 int proto_opt_uint(const msgpack_object *map, const char *key, uint64_t *out, bool *present,
-                   struct proto_err *err)
+                   struct kvd_error *err)
 {
     return get_uint(map, key, false, out, present, err);
 }
 
 static int get_int(const msgpack_object *map, const char *key, bool req, int64_t *out,
-                   bool *present, struct proto_err *err)
+                   bool *present, struct kvd_error *err)
 {
     const msgpack_object *o;
     int rc;
@@ -421,26 +421,26 @@ static int get_int(const msgpack_object *map, const char *key, bool req, int64_t
     }
     if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
         if (o->via.u64 > (uint64_t)INT64_MAX)
-            return proto_err_set(err, KVD_EBADREQ, "'%s' is out of range", key);
+            return kvd_error_set(err, KVD_EBADREQ, "'%s' is out of range", key);
         *out = (int64_t)o->via.u64;
         return KVD_OK;
     }
-    return proto_err_set(err, KVD_EBADREQ, "'%s' must be an integer", key);
+    return kvd_error_set(err, KVD_EBADREQ, "'%s' must be an integer", key);
 }
 
-int proto_get_int(const msgpack_object *map, const char *key, int64_t *out, struct proto_err *err)
+int proto_get_int(const msgpack_object *map, const char *key, int64_t *out, struct kvd_error *err)
 {
     return get_int(map, key, true, out, NULL, err);
 }
 
 int proto_opt_int(const msgpack_object *map, const char *key, int64_t *out, bool *present,
-                  struct proto_err *err)
+                  struct kvd_error *err)
 {
     return get_int(map, key, false, out, present, err);
 }
 
 static int get_double(const msgpack_object *map, const char *key, bool req, double *out,
-                      bool *present, struct proto_err *err)
+                      bool *present, struct kvd_error *err)
 {
     const msgpack_object *o;
     int rc;
@@ -458,73 +458,73 @@ static int get_double(const msgpack_object *map, const char *key, bool req, doub
         *out = (double)o->via.i64;
         return KVD_OK;
     default:
-        return proto_err_set(err, KVD_EBADREQ, "'%s' must be a number", key);
+        return kvd_error_set(err, KVD_EBADREQ, "'%s' must be a number", key);
     }
 }
 
-int proto_get_double(const msgpack_object *map, const char *key, double *out, struct proto_err *err)
+int proto_get_double(const msgpack_object *map, const char *key, double *out, struct kvd_error *err)
 {
     return get_double(map, key, true, out, NULL, err);
 }
 
 int proto_opt_double(const msgpack_object *map, const char *key, double *out, bool *present,
-                     struct proto_err *err)
+                     struct kvd_error *err)
 {
     return get_double(map, key, false, out, present, err);
 }
 
 static int get_bool(const msgpack_object *map, const char *key, bool req, bool *out, bool *present,
-                    struct proto_err *err)
+                    struct kvd_error *err)
 {
     const msgpack_object *o;
     int rc;
     if (!lookup(map, key, req, &o, present, err, &rc))
         return rc;
     if (o->type != MSGPACK_OBJECT_BOOLEAN)
-        return proto_err_set(err, KVD_EBADREQ, "'%s' must be a boolean", key);
+        return kvd_error_set(err, KVD_EBADREQ, "'%s' must be a boolean", key);
     *out = o->via.boolean;
     return KVD_OK;
 }
 
-int proto_get_bool(const msgpack_object *map, const char *key, bool *out, struct proto_err *err)
+int proto_get_bool(const msgpack_object *map, const char *key, bool *out, struct kvd_error *err)
 {
     return get_bool(map, key, true, out, NULL, err);
 }
 
 int proto_opt_bool(const msgpack_object *map, const char *key, bool *out, bool *present,
-                   struct proto_err *err)
+                   struct kvd_error *err)
 {
     return get_bool(map, key, false, out, present, err);
 }
 
 static int get_str(const msgpack_object *map, const char *key, bool req, const char **s,
-                   size_t *len, bool *present, struct proto_err *err)
+                   size_t *len, bool *present, struct kvd_error *err)
 {
     const msgpack_object *o;
     int rc;
     if (!lookup(map, key, req, &o, present, err, &rc))
         return rc;
     if (o->type != MSGPACK_OBJECT_STR)
-        return proto_err_set(err, KVD_EBADREQ, "'%s' must be a string", key);
+        return kvd_error_set(err, KVD_EBADREQ, "'%s' must be a string", key);
     *s = o->via.str.ptr;
     *len = o->via.str.size;
     return KVD_OK;
 }
 
 int proto_get_str(const msgpack_object *map, const char *key, const char **s, size_t *len,
-                  struct proto_err *err)
+                  struct kvd_error *err)
 {
     return get_str(map, key, true, s, len, NULL, err);
 }
 
 int proto_opt_str(const msgpack_object *map, const char *key, const char **s, size_t *len,
-                  bool *present, struct proto_err *err)
+                  bool *present, struct kvd_error *err)
 {
     return get_str(map, key, false, s, len, present, err);
 }
 
 static int get_strz(const msgpack_object *map, const char *key, bool req, char *buf, size_t cap,
-                    bool *present, struct proto_err *err)
+                    bool *present, struct kvd_error *err)
 {
     const char *s = NULL;
     size_t len = 0;
@@ -535,76 +535,76 @@ static int get_strz(const msgpack_object *map, const char *key, bool req, char *
     if (rc || !have)
         return rc;
     if (len + 1 > cap)
-        return proto_err_set(err, KVD_EBADREQ, "'%s' is longer than %zu bytes", key, cap - 1);
+        return kvd_error_set(err, KVD_EBADREQ, "'%s' is longer than %zu bytes", key, cap - 1);
     if (memchr(s, '\0', len))
-        return proto_err_set(err, KVD_EBADREQ, "'%s' contains a NUL byte", key);
+        return kvd_error_set(err, KVD_EBADREQ, "'%s' contains a NUL byte", key);
     memcpy(buf, s, len);
     buf[len] = '\0';
     return KVD_OK;
 }
 
 int proto_get_strz(const msgpack_object *map, const char *key, char *buf, size_t cap,
-                   struct proto_err *err)
+                   struct kvd_error *err)
 {
     return get_strz(map, key, true, buf, cap, NULL, err);
 }
 
 int proto_opt_strz(const msgpack_object *map, const char *key, char *buf, size_t cap, bool *present,
-                   struct proto_err *err)
+                   struct kvd_error *err)
 {
     return get_strz(map, key, false, buf, cap, present, err);
 }
 
 static int get_bin(const msgpack_object *map, const char *key, bool req, const void **data,
-                   size_t *len, bool *present, struct proto_err *err)
+                   size_t *len, bool *present, struct kvd_error *err)
 {
     const msgpack_object *o;
     int rc;
     if (!lookup(map, key, req, &o, present, err, &rc))
         return rc;
     if (o->type != MSGPACK_OBJECT_BIN)
-        return proto_err_set(err, KVD_EBADREQ, "'%s' must be binary (msgpack bin)", key);
+        return kvd_error_set(err, KVD_EBADREQ, "'%s' must be binary (msgpack bin)", key);
     *data = o->via.bin.ptr;
     *len = o->via.bin.size;
     return KVD_OK;
 }
 
 int proto_get_bin(const msgpack_object *map, const char *key, const void **data, size_t *len,
-                  struct proto_err *err)
+                  struct kvd_error *err)
 {
     return get_bin(map, key, true, data, len, NULL, err);
 }
 
 int proto_opt_bin(const msgpack_object *map, const char *key, const void **data, size_t *len,
-                  bool *present, struct proto_err *err)
+                  bool *present, struct kvd_error *err)
 {
     return get_bin(map, key, false, data, len, present, err);
 }
 
 static int get_u32_array(const msgpack_object *map, const char *key, bool req, size_t max,
-                         uint32_t **out, size_t *n, bool *present, struct proto_err *err)
+                         uint32_t **out, size_t *n, bool *present, struct kvd_error *err)
 {
     const msgpack_object *o;
     int rc;
     if (!lookup(map, key, req, &o, present, err, &rc))
         return rc;
     if (o->type != MSGPACK_OBJECT_ARRAY)
-        return proto_err_set(err, KVD_EBADREQ, "'%s' must be an array of unsigned integers", key);
+        return kvd_error_set(err, KVD_EBADREQ, "'%s' must be an array of unsigned integers", key);
     size_t count = o->via.array.size;
     if (count > max)
-        return proto_err_set(err, KVD_ETOOLARGE, "'%s' has %zu entries (limit %zu)", key, count,
+        return kvd_error_set(err, KVD_ETOOLARGE, "'%s' has %zu entries (limit %zu)", key, count,
                              max);
     uint32_t *v = NULL;
     if (count) {
         v = malloc(count * sizeof(*v));
         if (!v)
-            return proto_err_set(err, KVD_ENOMEM, "out of memory for '%s'", key);
+            return kvd_error_set(err, KVD_ENOMEM, "out of memory for '%s'", key);
     }
     for (size_t i = 0; i < count; i++) {
         const msgpack_object *e = &o->via.array.ptr[i];
         if (e->type != MSGPACK_OBJECT_POSITIVE_INTEGER || e->via.u64 > UINT32_MAX) {
             free(v);
-            return proto_err_set(err, KVD_EBADREQ,
+            return kvd_error_set(err, KVD_EBADREQ,
                                  "'%s'[%zu] must be an unsigned integer below 2^32", key, i);
         }
         v[i] = (uint32_t)e->via.u64;
@@ -615,50 +615,50 @@ static int get_u32_array(const msgpack_object *map, const char *key, bool req, s
 }
 
 int proto_get_u32_array(const msgpack_object *map, const char *key, size_t max, uint32_t **out,
-                        size_t *n, struct proto_err *err)
+                        size_t *n, struct kvd_error *err)
 {
     return get_u32_array(map, key, true, max, out, n, NULL, err);
 }
 
 int proto_opt_u32_array(const msgpack_object *map, const char *key, size_t max, uint32_t **out,
-                        size_t *n, bool *present, struct proto_err *err)
+                        size_t *n, bool *present, struct kvd_error *err)
 {
     return get_u32_array(map, key, false, max, out, n, present, err);
 }
 
 static int get_typed(const msgpack_object *map, const char *key, bool req, msgpack_object_type t,
                      const char *what, const msgpack_object **out, bool *present,
-                     struct proto_err *err)
+                     struct kvd_error *err)
 {
     const msgpack_object *o;
     int rc;
     if (!lookup(map, key, req, &o, present, err, &rc))
         return rc;
     if (o->type != t)
-        return proto_err_set(err, KVD_EBADREQ, "'%s' must be %s", key, what);
+        return kvd_error_set(err, KVD_EBADREQ, "'%s' must be %s", key, what);
     *out = o;
     return KVD_OK;
 }
 
 int proto_get_map(const msgpack_object *map, const char *key, const msgpack_object **out,
-                  struct proto_err *err)
+                  struct kvd_error *err)
 {
     return get_typed(map, key, true, MSGPACK_OBJECT_MAP, "a map", out, NULL, err);
 }
 
 int proto_opt_map(const msgpack_object *map, const char *key, const msgpack_object **out,
-                  bool *present, struct proto_err *err)
+                  bool *present, struct kvd_error *err)
 {
     return get_typed(map, key, false, MSGPACK_OBJECT_MAP, "a map", out, present, err);
 }
 
 int proto_get_array(const msgpack_object *map, const char *key, const msgpack_object **out,
-                    struct proto_err *err)
+                    struct kvd_error *err)
 {
     return get_typed(map, key, true, MSGPACK_OBJECT_ARRAY, "an array", out, NULL, err);
 }
 
-int proto_reply_status(const msgpack_object *root, struct proto_err *err)
+int proto_reply_status(const msgpack_object *root, struct kvd_error *err)
 {
     bool ok = false;
     const msgpack_object *e = NULL;
@@ -672,12 +672,12 @@ int proto_reply_status(const msgpack_object *root, struct proto_err *err)
         return KVD_OK;
     if (proto_get_map(root, "error", &e, err) || proto_get_str(e, "code", &code, &clen, err) ||
         proto_get_str(e, "message", &msg, &mlen, err))
-        return proto_err_set(err, KVD_EBADREQ, "malformed error reply");
+        return kvd_error_set(err, KVD_EBADREQ, "malformed error reply");
     snprintf(cbuf, sizeof(cbuf), "%.*s", (int)(clen < 31 ? clen : 31), code);
     int c = kvd_err_from_code(cbuf);
     if (c == KVD_OK)
         c = KVD_EINTERNAL;
-    return proto_err_set(err, c, "%.*s", (int)(mlen < 255 ? mlen : 255), msg);
+    return kvd_error_set(err, c, "%.*s", (int)(mlen < 255 ? mlen : 255), msg);
 }
 
 /* ---- misc --------------------------------------------------------------- */

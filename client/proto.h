@@ -19,13 +19,13 @@
 
 /* An error as it goes on the wire: a code (enum kvd_err) and a message for
  * people. Every function below that fails fills one when given non-NULL. */
-struct proto_err {
+struct kvd_error {
     int code;
     char message[256];
 };
 
 /* Sets err (if non-NULL) and returns code. printf-style message. */
-int proto_err_set(struct proto_err *err, int code, const char *fmt, ...)
+int kvd_error_set(struct kvd_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* ---- framing ------------------------------------------------------------ */
@@ -62,19 +62,19 @@ struct proto_msg {
  * msgpack-c allocates anything, so a small frame cannot claim a huge array.
  * Errors: bad_request (not msgpack, not a map, trailing bytes, too deep),
  * too_large (array or object count over a limit). On error m needs no free. */
-int proto_msg_parse(struct proto_msg *m, const void *payload, size_t len, struct proto_err *err);
+int proto_msg_parse(struct proto_msg *m, const void *payload, size_t len, struct kvd_error *err);
 /* proto_msg_parse with the objects built in a caller-owned zone, which the
  * daemon reuses for every request instead of a zone malloc'd and freed per
  * message; proto_msg_free then clears the zone (msgpack_zone_clear keeps its
  * first chunk). Same checks, same errors. */
 int proto_msg_parse_in(struct proto_msg *m, const void *payload, size_t len, msgpack_zone *zone,
-                       struct proto_err *err);
+                       struct kvd_error *err);
 void proto_msg_free(struct proto_msg *m);
 /* The checks of proto_msg_parse that come before decoding (one map, well
  * formed, every count within the bytes and the limits, no trailing bytes),
  * for a decoder that builds its own tree (libkvd): *n_objects gets the
  * number of msgpack objects, the root included. Keys are not checked. */
-int proto_msg_check(const void *payload, size_t len, size_t *n_objects, struct proto_err *err);
+int proto_msg_check(const void *payload, size_t len, size_t *n_objects, struct kvd_error *err);
 
 /* The request id of a parsed message, 0 when absent or not a uint (used for
  * error replies to a request that failed before its id was validated). */
@@ -91,55 +91,55 @@ uint64_t proto_msg_id(const struct proto_msg *m);
 const msgpack_object *proto_map_find(const msgpack_object *map, const char *key);
 
 int proto_get_uint(const msgpack_object *map, const char *key, uint64_t *out,
-                   struct proto_err *err);
+                   struct kvd_error *err);
 int proto_opt_uint(const msgpack_object *map, const char *key, uint64_t *out, bool *present,
-                   struct proto_err *err);
-int proto_get_int(const msgpack_object *map, const char *key, int64_t *out, struct proto_err *err);
+                   struct kvd_error *err);
+int proto_get_int(const msgpack_object *map, const char *key, int64_t *out, struct kvd_error *err);
 int proto_opt_int(const msgpack_object *map, const char *key, int64_t *out, bool *present,
-                  struct proto_err *err);
+                  struct kvd_error *err);
 /* Accepts float32/float64 and integers. */
 int proto_get_double(const msgpack_object *map, const char *key, double *out,
-                     struct proto_err *err);
+                     struct kvd_error *err);
 int proto_opt_double(const msgpack_object *map, const char *key, double *out, bool *present,
-                     struct proto_err *err);
-int proto_get_bool(const msgpack_object *map, const char *key, bool *out, struct proto_err *err);
+                     struct kvd_error *err);
+int proto_get_bool(const msgpack_object *map, const char *key, bool *out, struct kvd_error *err);
 int proto_opt_bool(const msgpack_object *map, const char *key, bool *out, bool *present,
-                   struct proto_err *err);
+                   struct kvd_error *err);
 /* A string as pointer + length into the payload (not NUL-terminated). */
 int proto_get_str(const msgpack_object *map, const char *key, const char **s, size_t *len,
-                  struct proto_err *err);
+                  struct kvd_error *err);
 int proto_opt_str(const msgpack_object *map, const char *key, const char **s, size_t *len,
-                  bool *present, struct proto_err *err);
+                  bool *present, struct kvd_error *err);
 /* A string copied into buf with a NUL; longer than cap-1 bytes or holding a
  * NUL byte → bad_request. */
 int proto_get_strz(const msgpack_object *map, const char *key, char *buf, size_t cap,
-                   struct proto_err *err);
+                   struct kvd_error *err);
 int proto_opt_strz(const msgpack_object *map, const char *key, char *buf, size_t cap, bool *present,
-                   struct proto_err *err);
+                   struct kvd_error *err);
 /* Binary data as pointer + length into the payload. */
 int proto_get_bin(const msgpack_object *map, const char *key, const void **data, size_t *len,
-                  struct proto_err *err);
+                  struct kvd_error *err);
 int proto_opt_bin(const msgpack_object *map, const char *key, const void **data, size_t *len,
-                  bool *present, struct proto_err *err);
+                  bool *present, struct kvd_error *err);
 /* An array of uints each <= UINT32_MAX (token ids), at most max entries
  * (more → too_large naming the key). *out is malloc'd (caller frees; NULL
  * when *n == 0); no memory → no_memory. */
 int proto_get_u32_array(const msgpack_object *map, const char *key, size_t max, uint32_t **out,
-                        size_t *n, struct proto_err *err);
+                        size_t *n, struct kvd_error *err);
 int proto_opt_u32_array(const msgpack_object *map, const char *key, size_t max, uint32_t **out,
-                        size_t *n, bool *present, struct proto_err *err);
+                        size_t *n, bool *present, struct kvd_error *err);
 /* A nested map or array (the object itself). */
 int proto_get_map(const msgpack_object *map, const char *key, const msgpack_object **out,
-                  struct proto_err *err);
+                  struct kvd_error *err);
 int proto_opt_map(const msgpack_object *map, const char *key, const msgpack_object **out,
-                  bool *present, struct proto_err *err);
+                  bool *present, struct kvd_error *err);
 int proto_get_array(const msgpack_object *map, const char *key, const msgpack_object **out,
-                    struct proto_err *err);
+                    struct kvd_error *err);
 
 /* Reading a reply (client side): KVD_OK when root has "ok": true; otherwise
  * the code from "error" with its message copied into err. A reply without a
  * boolean "ok" or with a malformed error map is bad_request. */
-int proto_reply_status(const msgpack_object *root, struct proto_err *err);
+int proto_reply_status(const msgpack_object *root, struct kvd_error *err);
 
 /* ---- encoding ----------------------------------------------------------- */
 /* A frame is built in a caller-owned msgpack_sbuffer (msgpack_sbuffer_init)

@@ -462,7 +462,7 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
     }
     /* In flight per tenant: one count with the tenant's msgpack generates
      * (the server's tenant table). */
-    struct proto_err pe = {0};
+    struct kvd_error pe = {0};
     if (server_queue_admit(a->srv, NULL, who->tenant, &pe) != 0) {
         openai_err_from_kvd(&e, pe.code, pe.message);
         goto fail;

@@ -23,7 +23,7 @@ static void safe_copy(char *dst, size_t cap, const char *s, size_t len)
 }
 
 int ops_resolve(const struct ops_table *t, const msgpack_object *root, bool admin, unsigned uid,
-                uint64_t *id, const struct ops_entry **ent, struct proto_err *e)
+                uint64_t *id, const struct ops_entry **ent, struct kvd_error *e)
 {
     const char *op;
     size_t oplen;
@@ -32,17 +32,17 @@ int ops_resolve(const struct ops_table *t, const msgpack_object *root, bool admi
     *ent = NULL;
     const msgpack_object *ido = proto_map_find(root, "id");
     if (!ido || ido->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-        return proto_err_set(e, KVD_EBADREQ, "'id' must be an unsigned integer");
+        return kvd_error_set(e, KVD_EBADREQ, "'id' must be an unsigned integer");
     *id = ido->via.u64;
     if ((rc = proto_get_str(root, "op", &op, &oplen, e)))
         return rc;
     if (!(*ent = ops_table_find(t, op, oplen))) {
         char name[48];
         safe_copy(name, sizeof(name), op, oplen);
-        return proto_err_set(e, KVD_EUNKNOWN_OP, "unknown op '%s'", name);
+        return kvd_error_set(e, KVD_EUNKNOWN_OP, "unknown op '%s'", name);
     }
     if (((*ent)->flags & OPS_ADMIN) && !admin) {
-        rc = proto_err_set(e, KVD_EPERM, "%s needs an admin uid (uid %u is not one)", (*ent)->name,
+        rc = kvd_error_set(e, KVD_EPERM, "%s needs an admin uid (uid %u is not one)", (*ent)->name,
                            uid);
         *ent = NULL;
         return rc;
@@ -52,7 +52,7 @@ int ops_resolve(const struct ops_table *t, const msgpack_object *root, bool admi
 
 /* ops_run zeroes an ops_ctx only up to err: err must stay its last member. */
 _Static_assert(sizeof(struct ops_ctx) - offsetof(struct ops_ctx, err) <
-                   sizeof(struct proto_err) + _Alignof(struct ops_ctx),
+                   sizeof(struct kvd_error) + _Alignof(struct ops_ctx),
                "struct ops_ctx: err must be the last member");
 
 int ops_run(const struct ops_host *host, const struct ops_entry *ent, const struct ops_caller *who,
@@ -88,20 +88,20 @@ int ops_run(const struct ops_host *host, const struct ops_entry *ent, const stru
     proto_packer_init(&pk, sb);
     size_t at = proto_frame_begin(sb);
     if (at == SIZE_MAX) {
-        rc = proto_err_set(&ctx.err, KVD_ENOMEM, "out of memory for the reply");
+        rc = kvd_error_set(&ctx.err, KVD_ENOMEM, "out of memory for the reply");
     } else {
         rc = ent->fn(&ctx);
         if (rc == 0)
             rc = proto_frame_end(sb, at);
         if (rc == KVD_ETOOLARGE && !ctx.err.message[0])
-            proto_err_set(&ctx.err, KVD_ETOOLARGE, "reply too large");
+            kvd_error_set(&ctx.err, KVD_ETOOLARGE, "reply too large");
         if (rc != 0)
             sb->size = at; /* drop the partial reply */
     }
     if (rc == 0 || rc == OPS_PENDING)
         return rc;
     if (!ctx.err.message[0])
-        proto_err_set(&ctx.err, rc, "%s failed", ent->name);
+        kvd_error_set(&ctx.err, rc, "%s failed", ent->name);
     if (proto_frame_error(sb, id, rc, ctx.err.message) != 0)
         sb->size = mark;
     return rc;
@@ -186,7 +186,7 @@ int ops_register_builtin(struct ops_table *t)
 
 int ops_generate_store(struct ops_ctx *c)
 {
-    return proto_err_set(&c->err, KVD_EUNSUPPORTED, "no model loaded (store mode)");
+    return kvd_error_set(&c->err, KVD_EUNSUPPORTED, "no model loaded (store mode)");
 }
 
 int ops_cancel_store(struct ops_ctx *c)
@@ -195,6 +195,6 @@ int ops_cancel_store(struct ops_ctx *c)
     int rc = proto_get_uint(c->req, "target", &target, &c->err);
     if (rc)
         return rc;
-    return proto_err_set(&c->err, KVD_ENOTFOUND, "no request %llu in flight on this connection",
+    return kvd_error_set(&c->err, KVD_ENOTFOUND, "no request %llu in flight on this connection",
                          (unsigned long long)target);
 }

@@ -69,7 +69,7 @@ struct ops_ctx {
      * returns the code with err filled and whatever it packed is discarded. */
     msgpack_sbuffer *out;
     msgpack_packer *pk;
-    struct proto_err err;
+    struct kvd_error err;
 };
 
 /* Returns 0 (reply packed), an enum kvd_err (err filled), or OPS_PENDING:
@@ -103,7 +103,7 @@ const struct ops_entry *ops_table_find(const struct ops_table *t, const char *na
  * e's message saying why, and *id the request's id when it had a valid one
  * (0 otherwise). */
 int ops_resolve(const struct ops_table *t, const msgpack_object *root, bool admin, unsigned uid,
-                uint64_t *id, const struct ops_entry **ent, struct proto_err *e);
+                uint64_t *id, const struct ops_entry **ent, struct kvd_error *e);
 /* Who a request runs as (what ops_run puts in the ops_ctx). */
 struct ops_caller {
     struct conn *conn; /* NULL outside a socket connection (the fuzz targets) */

@@ -19,13 +19,13 @@ int ops_admin_evict(struct ops_ctx *c)
         return rc;
     int tier = proto_tier_from_name(tier_s, tier_len);
     if (tier < 0)
-        return proto_err_set(&c->err, KVD_EBADREQ, "'tier' must be \"device\" or \"host\"");
+        return kvd_error_set(&c->err, KVD_EBADREQ, "'tier' must be \"device\" or \"host\"");
     if (n > UINT32_MAX)
         n = UINT32_MAX;
     kvmm_lock(c->mm);
     rc = kvmm_evict(c->mm, (enum kvd_tier)tier, (size_t)n, &evicted);
     if (rc)
-        rc = proto_err_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
+        rc = kvd_error_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
     kvmm_unlock(c->mm);
     if (rc)
         return rc;
@@ -42,7 +42,7 @@ int ops_admin_check(struct ops_ctx *c)
     kvmm_lock(c->mm);
     int rc = kvmm_check(c->mm);
     if (rc)
-        proto_err_set(&c->err, rc, "invariant violated: %s", kvmm_errmsg(c->mm));
+        kvd_error_set(&c->err, rc, "invariant violated: %s", kvmm_errmsg(c->mm));
     kvmm_unlock(c->mm);
     if (rc) {
         log_err("admin_check: %s", c->err.message);
@@ -54,7 +54,7 @@ int ops_admin_check(struct ops_ctx *c)
 int ops_admin_shutdown(struct ops_ctx *c)
 {
     if (!c->host->shutdown)
-        return proto_err_set(&c->err, KVD_EUNSUPPORTED, "this server cannot be shut down");
+        return kvd_error_set(&c->err, KVD_EUNSUPPORTED, "this server cannot be shut down");
     log_notice("admin uid %u (pid %d) asked for shutdown", (unsigned)c->uid, (int)c->pid);
     /* Deferred through the loop, so this reply is queued first. */
     c->host->shutdown(c->host->ctx);

@@ -14,7 +14,7 @@
 /* kvmm's failure as the reply's error (call with the lock held). */
 static int mm_fail(struct ops_ctx *c, int rc)
 {
-    return proto_err_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
+    return kvd_error_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
 }
 
 /* Packs "blocks": [ids...] for blocks [from, n) of the sequence. Lock held. */
@@ -28,7 +28,7 @@ static int pack_block_ids(struct ops_ctx *c, kvmm_seq_t seq, size_t from)
     enum kvd_tier *tiers = fault_malloc((info.n_blocks ? info.n_blocks : 1) * sizeof(*tiers));
     size_t n = 0;
     if (!ids || !tiers) {
-        rc = proto_err_set(&c->err, KVD_ENOMEM, "out of memory");
+        rc = kvd_error_set(&c->err, KVD_ENOMEM, "out of memory");
         goto out;
     }
     rc = kvmm_seq_blocks(c->mm, c->conn_id, seq, ids, tiers, info.n_blocks, &n);
@@ -57,7 +57,7 @@ int ops_seq_open(struct ops_ctx *c)
     if (have_ns && strcmp(ns, c->tenant_name) != 0) {
         /* A shared namespace: both tenants must list it in the config. */
         if (!config_ns_allowed(c->host->cfg, c->tenant_name, ns))
-            return proto_err_set(&c->err, KVD_EPERM,
+            return kvd_error_set(&c->err, KVD_EPERM,
                                  "tenant %s may not use namespace '%s' (not in its config "
                                  "'namespaces')",
                                  c->tenant_name, ns);
@@ -122,7 +122,7 @@ int ops_seq_extend(struct ops_ctx *c)
     if (rc)
         return rc;
     if (n > (uint64_t)UINT32_MAX)
-        return proto_err_set(&c->err, KVD_EBADREQ, "'n' is out of range");
+        return kvd_error_set(&c->err, KVD_EBADREQ, "'n' is out of range");
     kvmm_lock(c->mm);
     rc = kvmm_seq_info(c->mm, c->conn_id, seq, &before);
     if (!rc)
@@ -155,9 +155,9 @@ static int kv_args(struct ops_ctx *c, uint64_t *seq, uint64_t *start, uint64_t *
         return rc;
     size_t tb = kv_token_bytes(kvmm_geom(c->mm));
     if (*n == 0)
-        return proto_err_set(&c->err, KVD_EBADREQ, "'n' must be at least 1");
+        return kvd_error_set(&c->err, KVD_EBADREQ, "'n' must be at least 1");
     if (*start > (uint64_t)UINT32_MAX || *n > (uint64_t)UINT32_MAX)
-        return proto_err_set(&c->err, KVD_EBADREQ, "token range [%llu, +%llu) is out of range",
+        return kvd_error_set(&c->err, KVD_EBADREQ, "token range [%llu, +%llu) is out of range",
                              (unsigned long long)*start, (unsigned long long)*n);
     *bytes = (size_t)*n * tb;
     return 0;
@@ -174,7 +174,7 @@ int ops_kv_write(struct ops_ctx *c)
     if (rc)
         return rc;
     if (len != bytes)
-        return proto_err_set(&c->err, KVD_EBADREQ,
+        return kvd_error_set(&c->err, KVD_EBADREQ,
                              "'data' is %zu bytes; %llu tokens take %zu (%zu per token)", len,
                              (unsigned long long)n, bytes, kv_token_bytes(kvmm_geom(c->mm)));
     kvmm_lock(c->mm);
@@ -196,7 +196,7 @@ int ops_kv_read(struct ops_ctx *c)
         return rc;
     /* The reply must fit in one frame: map header, id, ok, key, bin header. */
     if (bytes > (size_t)c->host->max_frame - 64)
-        return proto_err_set(&c->err, KVD_ETOOLARGE,
+        return kvd_error_set(&c->err, KVD_ETOOLARGE,
                              "kv_read of %llu tokens is %zu bytes, over max_frame (%u); read "
                              "fewer tokens at a time",
                              (unsigned long long)n, bytes, c->host->max_frame);
@@ -209,7 +209,7 @@ int ops_kv_read(struct ops_ctx *c)
     if (!rc && !dst)
         rc = KVD_ENOMEM;
     if (rc)
-        return proto_err_set(&c->err, rc, "out of memory for %zu bytes of reply", bytes);
+        return kvd_error_set(&c->err, rc, "out of memory for %zu bytes of reply", bytes);
     kvmm_lock(c->mm);
     rc = kvmm_seq_read(c->mm, c->conn_id, seq, start, n, dst, bytes);
     if (rc)
@@ -289,7 +289,7 @@ int ops_seq_info(struct ops_ctx *c)
         tiers = fault_malloc(info.n_blocks * sizeof(*tiers));
     }
     if (!ids || !tiers) {
-        rc = proto_err_set(&c->err, KVD_ENOMEM, "out of memory");
+        rc = kvd_error_set(&c->err, KVD_ENOMEM, "out of memory");
         goto out;
     }
     rc = kvmm_seq_blocks(c->mm, c->conn_id, seq, ids, tiers, info.n_blocks, &n);

@@ -28,7 +28,7 @@ static uint64_t random_seed(void)
 
 /* Optional numbers with their checks; `what` is the key. */
 static int opt_double(const msgpack_object *root, const char *key, double def, double lo,
-                      bool lo_open, double hi, double *out, struct proto_err *err)
+                      bool lo_open, double hi, double *out, struct kvd_error *err)
 {
     bool present = false;
     double v = def;
@@ -36,7 +36,7 @@ static int opt_double(const msgpack_object *root, const char *key, double def, d
     if (rc)
         return rc;
     if (!isfinite(v) || v < lo || (lo_open && v == lo) || v > hi)
-        return proto_err_set(err, KVD_EBADREQ, "'%s' must be in %c%g, %g]", key,
+        return kvd_error_set(err, KVD_EBADREQ, "'%s' must be in %c%g, %g]", key,
                              lo_open ? '(' : '[', lo, hi);
     *out = v;
     return 0;
@@ -46,52 +46,52 @@ static int opt_double(const msgpack_object *root, const char *key, double def, d
  * produced; strings when they appear in its text (the text ends before
  * one). Strings need the tokenizer. Also sets up r->text. */
 static int parse_stop(const struct text *tx, const struct model_hparams *hp,
-                      const msgpack_object *root, struct sched_req *r, struct proto_err *err)
+                      const msgpack_object *root, struct sched_req *r, struct kvd_error *err)
 {
     const msgpack_object *a = proto_map_find(root, "stop");
     const char *strs[SCHED_MAX_STOP];
     size_t lens[SCHED_MAX_STOP], n_strs = 0;
     if (a && a->type != MSGPACK_OBJECT_NIL) {
         if (a->type != MSGPACK_OBJECT_ARRAY)
-            return proto_err_set(err, KVD_EBADREQ,
+            return kvd_error_set(err, KVD_EBADREQ,
                                  "'stop' must be an array of token ids and strings");
         if (a->via.array.size > SCHED_MAX_STOP)
-            return proto_err_set(err, KVD_EBADREQ, "'stop' has %u entries, at most %u",
+            return kvd_error_set(err, KVD_EBADREQ, "'stop' has %u entries, at most %u",
                                  a->via.array.size, SCHED_MAX_STOP);
         for (uint32_t i = 0; i < a->via.array.size; i++) {
             const msgpack_object *o = &a->via.array.ptr[i];
             if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
                 if (o->via.u64 >= hp->n_vocab)
-                    return proto_err_set(err, KVD_EBADREQ,
+                    return kvd_error_set(err, KVD_EBADREQ,
                                          "'stop'[%u] = %llu is outside the vocabulary (%u)", i,
                                          (unsigned long long)o->via.u64, hp->n_vocab);
                 r->stop[r->n_stop++] = (uint32_t)o->via.u64;
             } else if (o->type == MSGPACK_OBJECT_STR) {
                 if (o->via.str.size == 0 || o->via.str.size > TEXT_OUT_MAX_STOP_LEN)
-                    return proto_err_set(err, KVD_EBADREQ,
+                    return kvd_error_set(err, KVD_EBADREQ,
                                          "'stop'[%u]: a stop string must have 1 to %u bytes", i,
                                          TEXT_OUT_MAX_STOP_LEN);
                 strs[n_strs] = o->via.str.ptr;
                 lens[n_strs++] = o->via.str.size;
             } else {
-                return proto_err_set(err, KVD_EBADREQ, "'stop'[%u] must be a token id or a string",
+                return kvd_error_set(err, KVD_EBADREQ, "'stop'[%u] must be a token id or a string",
                                      i);
             }
         }
     }
     const struct tokenizer *tok = text_tokenizer(tx);
     if (n_strs && !tok)
-        return proto_err_set(err, KVD_EUNSUPPORTED, "stop strings need the model's tokenizer: %s",
+        return kvd_error_set(err, KVD_EUNSUPPORTED, "stop strings need the model's tokenizer: %s",
                              text_no_tokenizer(tx));
     if (!tok)
         return 0;
     int rc = text_out_new(tok, strs, lens, n_strs, &r->text);
-    return rc ? proto_err_set(err, rc, "out of memory") : 0;
+    return rc ? kvd_error_set(err, rc, "out of memory") : 0;
 }
 
 /* The arguments that do not depend on the sequence. */
 static int parse_args(const struct text *tx, const struct model_hparams *hp,
-                      const msgpack_object *root, struct sched_req *r, struct proto_err *err)
+                      const msgpack_object *root, struct sched_req *r, struct kvd_error *err)
 {
     int rc;
     bool present = false;
@@ -99,7 +99,7 @@ static int parse_args(const struct text *tx, const struct model_hparams *hp,
     if ((rc = proto_opt_uint(root, "max_tokens", &u, &present, err)))
         return rc;
     if (u == 0 || u > hp->n_ctx)
-        return proto_err_set(err, KVD_EBADREQ,
+        return kvd_error_set(err, KVD_EBADREQ,
                              "'max_tokens' must be in [1, %u] (the model's context)", hp->n_ctx);
     r->max_tokens = (uint32_t)u;
 
@@ -112,7 +112,7 @@ static int parse_args(const struct text *tx, const struct model_hparams *hp,
     if ((rc = proto_opt_uint(root, "top_k", &top_k, NULL, err)))
         return rc;
     if (top_k > hp->n_vocab)
-        return proto_err_set(err, KVD_EBADREQ, "'top_k' must be in [0, %u] (the vocabulary)",
+        return kvd_error_set(err, KVD_EBADREQ, "'top_k' must be in [0, %u] (the vocabulary)",
                              hp->n_vocab);
     uint64_t seed = 0;
     bool has_seed = false;
@@ -137,7 +137,7 @@ static int parse_args(const struct text *tx, const struct model_hparams *hp,
     if ((rc = proto_opt_int(root, "priority", &prio, NULL, err)))
         return rc;
     if (prio < -GEN_MAX_PRIORITY || prio > GEN_MAX_PRIORITY)
-        return proto_err_set(err, KVD_EBADREQ, "'priority' must be in [%d, %d]", -GEN_MAX_PRIORITY,
+        return kvd_error_set(err, KVD_EBADREQ, "'priority' must be in [%d, %d]", -GEN_MAX_PRIORITY,
                              GEN_MAX_PRIORITY);
     r->priority = (int32_t)prio;
     return 0;
@@ -151,24 +151,24 @@ static int parse_args(const struct text *tx, const struct model_hparams *hp,
  * common prefix: *skip = the prompt tokens the sequence already holds.
  * Caller holds the kvmm lock. */
 static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, const uint32_t *prompt,
-                    size_t n_toks, bool replace, size_t *skip, struct proto_err *err)
+                    size_t n_toks, bool replace, size_t *skip, struct kvd_error *err)
 {
     struct kvmm_seq_info info;
     *skip = 0;
     int irc = kvmm_seq_info(mm, r->conn, seq, &info);
     if (irc == KVD_EBUSY) /* another generate of this connection has it */
-        return proto_err_set(err, KVD_EBUSY, "'seq': %s", kvmm_errmsg(mm));
+        return kvd_error_set(err, KVD_EBUSY, "'seq': %s", kvmm_errmsg(mm));
     if (irc != 0) /* not_found, like every other op given an unknown handle */
-        return proto_err_set(err, irc == KVD_ENOTFOUND ? KVD_ENOTFOUND : irc,
+        return kvd_error_set(err, irc == KVD_ENOTFOUND ? KVD_ENOTFOUND : irc,
                              "'seq': no sequence %llu on this connection", (unsigned long long)seq);
     if (info.n_committed != info.n_tokens)
-        return proto_err_set(err, KVD_EBADREQ,
+        return kvd_error_set(err, KVD_EBADREQ,
                              "'seq': %zu of its %zu positions have no token ids; commit them first",
                              info.n_tokens - info.n_committed, info.n_tokens);
     size_t n = 0;
     const uint32_t *toks = kvmm_seq_tokens(mm, r->conn, seq, &n);
     if (n != info.n_tokens || (n && !toks))
-        return proto_err_set(err, KVD_EINTERNAL, "'seq': cannot read its tokens");
+        return kvd_error_set(err, KVD_EINTERNAL, "'seq': cannot read its tokens");
     size_t keep = n; /* the sequence's tokens that stay */
     if (replace) {
         keep = 0;
@@ -178,22 +178,22 @@ static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, const ui
     }
     size_t n_append = n_toks - *skip;
     if (keep + n_append == 0)
-        return proto_err_set(err, KVD_EBADREQ, "the prompt is empty, and 'seq' holds no tokens");
+        return kvd_error_set(err, KVD_EBADREQ, "the prompt is empty, and 'seq' holds no tokens");
     if (keep + n_append >= r->n_ctx)
-        return proto_err_set(err, KVD_EBADREQ,
+        return kvd_error_set(err, KVD_EBADREQ,
                              "the prompt's %zu tokens with the sequence's %zu exceed the model's "
                              "context (%u, at most %u)",
                              n_append, keep, r->n_ctx, r->n_ctx - 1);
     r->toks = malloc((keep + n_append + 64) * sizeof(uint32_t));
     if (!r->toks)
-        return proto_err_set(err, KVD_ENOMEM, "out of memory");
+        return kvd_error_set(err, KVD_ENOMEM, "out of memory");
     r->cap_toks = keep + n_append + 64;
     if (keep)
         memcpy(r->toks, toks, keep * sizeof(uint32_t));
     if (keep < n) { /* toks points into the sequence: copied first */
         int rc = kvmm_seq_truncate(mm, r->conn, seq, n - keep);
         if (rc)
-            return proto_err_set(err, rc, "'seq': %s", kvmm_errmsg(mm));
+            return kvd_error_set(err, rc, "'seq': %s", kvmm_errmsg(mm));
         n = keep;
     }
     r->n_toks = n;
@@ -202,12 +202,12 @@ static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, const ui
     if (n_append == 0) {
         int rc = kvmm_seq_truncate(mm, r->conn, seq, 1);
         if (rc)
-            return proto_err_set(err, rc, "'seq': %s", kvmm_errmsg(mm));
+            return kvd_error_set(err, rc, "'seq': %s", kvmm_errmsg(mm));
         r->n_kv = n - 1;
     }
     int rc = kvmm_seq_lend(mm, r->conn, seq, sched_req_owner(r), r->id);
     if (rc)
-        return proto_err_set(err, rc, "'seq': %s", kvmm_errmsg(mm));
+        return kvd_error_set(err, rc, "'seq': %s", kvmm_errmsg(mm));
     r->seq = seq;
     r->have_seq = true;
     r->conn_seq = true;
@@ -219,16 +219,16 @@ static int take_seq(struct kvmm *mm, struct sched_req *r, uint64_t seq, const ui
 
 /* `messages`: [{role, content}] as NUL-terminated copies (one allocation). */
 static int parse_messages(const msgpack_object *a, struct chat_msg **out, size_t *n_out,
-                          struct proto_err *err)
+                          struct kvd_error *err)
 {
     *out = NULL;
     *n_out = 0;
     if (a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size == 0)
-        return proto_err_set(err, KVD_EBADREQ,
+        return kvd_error_set(err, KVD_EBADREQ,
                              "'messages' must be a non-empty array of {role, content} maps");
     uint32_t n = a->via.array.size;
     if (n > KVD_MAX_ARRAY)
-        return proto_err_set(err, KVD_ETOOLARGE, "'messages' has %u entries, at most %u", n,
+        return kvd_error_set(err, KVD_ETOOLARGE, "'messages' has %u entries, at most %u", n,
                              KVD_MAX_ARRAY);
     size_t bytes = (size_t)n * sizeof(struct chat_msg);
     for (uint32_t i = 0; i < n; i++) {
@@ -238,17 +238,17 @@ static int parse_messages(const msgpack_object *a, struct chat_msg **out, size_t
         for (int k = 0; k < 2; k++) {
             const char *key = k ? "content" : "role";
             if (m->type != MSGPACK_OBJECT_MAP || proto_get_str(m, key, &s, &len, err))
-                return proto_err_set(err, KVD_EBADREQ, "'messages'[%u]: '%s' must be a string", i,
+                return kvd_error_set(err, KVD_EBADREQ, "'messages'[%u]: '%s' must be a string", i,
                                      key);
             if (memchr(s, 0, len))
-                return proto_err_set(err, KVD_EBADREQ, "'messages'[%u].%s holds a NUL byte", i,
+                return kvd_error_set(err, KVD_EBADREQ, "'messages'[%u].%s holds a NUL byte", i,
                                      key);
             bytes += len + 1;
         }
     }
     struct chat_msg *msgs = malloc(bytes);
     if (!msgs)
-        return proto_err_set(err, KVD_ENOMEM, "out of memory");
+        return kvd_error_set(err, KVD_ENOMEM, "out of memory");
     char *p = (char *)(msgs + n);
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *m = &a->via.array.ptr[i];
@@ -276,7 +276,7 @@ static int parse_messages(const msgpack_object *a, struct chat_msg **out, size_t
  * *whole: the prompt is a whole conversation (seq: replace, not append). */
 static int parse_prompt(struct exec *ex, struct kvmm *mm, const msgpack_object *root, uint64_t conn,
                         bool has_seq, uint64_t seq, uint32_t **toks, size_t *n_toks, bool *whole,
-                        struct proto_err *err)
+                        struct kvd_error *err)
 {
     const struct model_hparams *hp = exec_hparams(ex);
     const struct text *tx = exec_text(ex);
@@ -288,9 +288,9 @@ static int parse_prompt(struct exec *ex, struct kvmm *mm, const msgpack_object *
         return rc;
     *whole = false;
     if (has_toks + (o_text != NULL) + (o_msgs != NULL) > 1)
-        return proto_err_set(err, KVD_EBADREQ, "give one of 'tokens', 'text' and 'messages'");
+        return kvd_error_set(err, KVD_EBADREQ, "give one of 'tokens', 'text' and 'messages'");
     if (!has_toks && !o_text && !o_msgs && !has_seq)
-        return proto_err_set(err, KVD_EBADREQ,
+        return kvd_error_set(err, KVD_EBADREQ,
                              "'tokens', 'text' or 'messages' is required (or 'seq')");
     char terr[256];
     if (o_text) {
@@ -308,7 +308,7 @@ static int parse_prompt(struct exec *ex, struct kvmm *mm, const msgpack_object *
         }
         if ((rc = text_tokenize(tx, s, len, add_bos, false, hp->n_ctx, toks, n_toks, terr,
                                 sizeof terr)))
-            return proto_err_set(err, rc, "'text': %s", terr);
+            return kvd_error_set(err, rc, "'text': %s", terr);
     } else if (o_msgs) {
         struct chat_msg *msgs;
         size_t n_msgs;
@@ -317,20 +317,20 @@ static int parse_prompt(struct exec *ex, struct kvmm *mm, const msgpack_object *
         rc = text_tokenize_chat(tx, msgs, n_msgs, hp->n_ctx, toks, n_toks, terr, sizeof terr);
         free(msgs);
         if (rc)
-            return proto_err_set(err, rc, "'messages': %s", terr);
+            return kvd_error_set(err, rc, "'messages': %s", terr);
         *whole = true;
     }
     const char *what = has_toks ? "tokens" : o_text ? "text" : "messages";
     if (!has_seq && *n_toks == 0)
-        return proto_err_set(err, KVD_EBADREQ, "'%s' is empty: the prompt needs at least one token",
+        return kvd_error_set(err, KVD_EBADREQ, "'%s' is empty: the prompt needs at least one token",
                              what);
     if (*n_toks >= hp->n_ctx)
-        return proto_err_set(err, KVD_EBADREQ,
+        return kvd_error_set(err, KVD_EBADREQ,
                              "'%s': %zu tokens exceed the model's context (%u, at most %u)", what,
                              *n_toks, hp->n_ctx, hp->n_ctx - 1);
     for (size_t i = 0; has_toks && i < *n_toks; i++)
         if ((*toks)[i] >= hp->n_vocab)
-            return proto_err_set(err, KVD_EBADREQ,
+            return kvd_error_set(err, KVD_EBADREQ,
                                  "'tokens'[%zu] = %u is outside the vocabulary (%u)", i, (*toks)[i],
                                  hp->n_vocab);
     return 0;
@@ -338,7 +338,7 @@ static int parse_prompt(struct exec *ex, struct kvmm *mm, const msgpack_object *
 
 int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *root,
                        const struct ops_generate_ctx *c, struct sched_req **out,
-                       struct proto_err *err)
+                       struct kvd_error *err)
 {
     const struct model_hparams *hp = exec_hparams(ex);
     uint32_t *toks = NULL;
@@ -348,7 +348,7 @@ int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *r
     int rc;
     struct sched_req *r = calloc(1, sizeof(*r));
     if (!r)
-        return proto_err_set(err, KVD_ENOMEM, "out of memory");
+        return kvd_error_set(err, KVD_ENOMEM, "out of memory");
     r->conn = c->conn;
     r->id = c->id;
     r->tenant = c->tenant;
@@ -374,7 +374,7 @@ int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *r
         r->cap_toks = n_toks + 64;
         r->toks = malloc(r->cap_toks * sizeof(uint32_t));
         if (!r->toks) {
-            rc = proto_err_set(err, KVD_ENOMEM, "out of memory");
+            rc = kvd_error_set(err, KVD_ENOMEM, "out of memory");
             goto fail;
         }
     }
@@ -543,7 +543,7 @@ static int op_generate(struct ops_ctx *c)
         return rc;
     if (exec_submit(g->ex, r) != 0) {
         ops_generate_discard(c->mm, r);
-        return proto_err_set(&c->err, KVD_ECANCELLED, "the daemon is shutting down");
+        return kvd_error_set(&c->err, KVD_ECANCELLED, "the daemon is shutting down");
     }
     return OPS_PENDING;
 }
@@ -559,7 +559,7 @@ static int op_cancel(struct ops_ctx *c)
     exec_cancel(g->ex, c->conn_id, target, &found);
     rc = proto_reply_begin(c->pk, c->id, 1);
     rc = rc ? rc : proto_pack_kv_bool(c->pk, "cancelled", found);
-    return rc ? proto_err_set(&c->err, KVD_ENOMEM, "out of memory") : 0;
+    return rc ? kvd_error_set(&c->err, KVD_ENOMEM, "out of memory") : 0;
 }
 
 static void on_close(void *ctx, uint64_t conn_id)

@@ -24,7 +24,7 @@ struct ops_generate_ctx {
  * is KVD_EBADREQ with a message naming the field. */
 int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *root,
                        const struct ops_generate_ctx *c, struct sched_req **out,
-                       struct proto_err *err);
+                       struct kvd_error *err);
 /* Undoes a build that was not submitted: gives a taken sequence back and
  * frees r (kvmm lock taken inside). */
 void ops_generate_discard(struct kvmm *mm, struct sched_req *r);
@@ -102,7 +102,7 @@ uint64_t ops_generate_client_id(struct gen_clients *gc);
  * will. Loop thread. */
 int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const msgpack_object *args,
                                uint32_t tenant, uint32_t ns, const struct ops_generate_client *cb,
-                               struct proto_err *err);
+                               struct kvd_error *err);
 /* The client is gone (disconnect): its request is cancelled and none of its
  * callbacks runs any more. Loop thread. */
 void ops_generate_client_drop(struct gen_clients *gc, uint64_t client);

@@ -230,10 +230,10 @@ uint64_t ops_generate_client_id(struct gen_clients *gc)
 
 int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const msgpack_object *args,
                                uint32_t tenant, uint32_t ns, const struct ops_generate_client *cb,
-                               struct proto_err *err)
+                               struct kvd_error *err)
 {
     if (proto_map_find(args, "seq"))
-        return proto_err_set(err, KVD_EBADREQ, "'seq' is for msgpack connections");
+        return kvd_error_set(err, KVD_EBADREQ, "'seq' is for msgpack connections");
     struct ops_generate_ctx ctx = {.conn = client, .id = 1, .tenant = tenant, .ns = ns};
     struct sched_req *r = NULL;
     int rc = ops_generate_build(gc->ex, gc->mm, args, &ctx, &r, err);
@@ -242,7 +242,7 @@ int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const ms
     struct gc_client *c = calloc(1, sizeof(*c));
     if (!c) {
         ops_generate_discard(gc->mm, r);
-        return proto_err_set(err, KVD_ENOMEM, "out of memory");
+        return kvd_error_set(err, KVD_ENOMEM, "out of memory");
     }
     c->id = client;
     c->cb = *cb;
@@ -253,7 +253,7 @@ int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const ms
         *find_slot(gc, client) = c->next;
         free(c);
         ops_generate_discard(gc->mm, r);
-        return proto_err_set(err, KVD_ECANCELLED, "the daemon is shutting down");
+        return kvd_error_set(err, KVD_ECANCELLED, "the daemon is shutting down");
     }
     return 0;
 }

@@ -41,7 +41,7 @@ int ops_hello(struct ops_ctx *c)
     PROTO_PK(proto_opt_uint(c->req, "version", &version, NULL, &c->err));
     PROTO_PK(proto_opt_strz(c->req, "client", client, sizeof(client), &have_client, &c->err));
     if (version != KVD_PROTOCOL_VERSION)
-        return proto_err_set(&c->err, KVD_EUNSUPPORTED,
+        return kvd_error_set(&c->err, KVD_EUNSUPPORTED,
                              "protocol version %llu is not supported (this server speaks %d)",
                              (unsigned long long)version, KVD_PROTOCOL_VERSION);
 
@@ -157,7 +157,7 @@ static int stats_tenant_locked(struct ops_ctx *c)
     PROTO_MP(proto_pack_array(pk, 1));
     int rc = kvmm_tenant_stats(c->mm, c->tenant, &ts);
     if (rc)
-        return proto_err_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
+        return kvd_error_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
     PROTO_PK(pack_tenant(pk, &ts, obs->acct, c->tenant));
     return proto_map_end(pk, reply);
 }
@@ -205,7 +205,7 @@ static int stats_locked(struct ops_ctx *c)
     for (size_t i = 0; i < *obs->n_tenants; i++) {
         int rc = kvmm_tenant_stats(c->mm, tenants[i].id, &ts);
         if (rc)
-            return proto_err_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
+            return kvd_error_set(&c->err, rc, "%s", kvmm_errmsg(c->mm));
         PROTO_PK(pack_tenant(pk, &ts, obs->acct, tenants[i].id));
     }
     PROTO_PK(acct_stats_pack_top(pk, obs->acct, obs->rl)); /* "requests", "roofline" */

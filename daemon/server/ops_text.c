@@ -15,7 +15,7 @@ static const struct tokenizer *need_tokenizer(struct ops_ctx *c, const char *op,
 {
     const struct tokenizer *tok = text_tokenizer(tx);
     if (!tok)
-        proto_err_set(&c->err, KVD_EUNSUPPORTED, "%s needs the model's tokenizer: %s", op,
+        kvd_error_set(&c->err, KVD_EUNSUPPORTED, "%s needs the model's tokenizer: %s", op,
                       text_no_tokenizer(tx));
     return tok;
 }
@@ -37,16 +37,16 @@ static int op_tokenize(struct ops_ctx *c)
     int rc = text_tokenize(tx, s, len, has_add_bos ? add_bos : -1, special, KVD_MAX_ARRAY, &ids, &n,
                            err, sizeof err);
     if (rc)
-        return proto_err_set(&c->err, rc, "'text': %s", err);
+        return kvd_error_set(&c->err, rc, "'text': %s", err);
     if (n > KVD_MAX_ARRAY) {
         free(ids);
-        return proto_err_set(&c->err, KVD_ETOOLARGE, "'text' makes %zu tokens, at most %u", n,
+        return kvd_error_set(&c->err, KVD_ETOOLARGE, "'text' makes %zu tokens, at most %u", n,
                              KVD_MAX_ARRAY);
     }
     rc = proto_reply_begin(c->pk, c->id, 1);
     rc = rc ? rc : proto_pack_kv_u32_array(c->pk, "tokens", ids, n);
     free(ids);
-    return rc ? proto_err_set(&c->err, KVD_ENOMEM, "out of memory") : 0;
+    return rc ? kvd_error_set(&c->err, KVD_ENOMEM, "out of memory") : 0;
 }
 
 static int op_detokenize(struct ops_ctx *c)
@@ -65,7 +65,7 @@ static int op_detokenize(struct ops_ctx *c)
     uint32_t n_vocab = tokenizer_n_vocab(tok);
     for (size_t i = 0; i < n; i++)
         if (ids[i] >= n_vocab) {
-            rc = proto_err_set(&c->err, KVD_EBADREQ,
+            rc = kvd_error_set(&c->err, KVD_EBADREQ,
                                "'tokens'[%zu] = %u is outside the vocabulary (%u)", i, ids[i],
                                n_vocab);
             free(ids);
@@ -76,11 +76,11 @@ static int op_detokenize(struct ops_ctx *c)
     rc = tokenizer_decode(tok, ids, n, special, &s, &len);
     free(ids);
     if (rc)
-        return proto_err_set(&c->err, rc, "cannot detokenize");
+        return kvd_error_set(&c->err, rc, "cannot detokenize");
     rc = proto_reply_begin(c->pk, c->id, 1);
     rc = rc ? rc : proto_pack_kvn_str(c->pk, "text", 4, s, len);
     free(s);
-    return rc ? proto_err_set(&c->err, KVD_ENOMEM, "out of memory") : 0;
+    return rc ? kvd_error_set(&c->err, KVD_ENOMEM, "out of memory") : 0;
 }
 
 int ops_text_register(struct server *srv, const struct text *tx)

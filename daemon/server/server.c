@@ -216,22 +216,22 @@ static void trim_cb(evutil_socket_t fd, short what, void *arg)
     malloc_trim(0);
 }
 
-int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct proto_err *err)
+int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct kvd_error *err)
 {
     if (c && c->overflow)
-        return proto_err_set(err, KVD_EBUSY,
+        return kvd_error_set(err, KVD_EBUSY,
                              "this connection has over %llu bytes of unread output "
                              "(max-unread-output); read it before sending more",
                              (unsigned long long)srv->opts.max_unread_output);
     if (c && c->n_pending >= srv->opts.max_queued_per_conn)
-        return proto_err_set(err, KVD_EBUSY,
+        return kvd_error_set(err, KVD_EBUSY,
                              "this connection has %zu generates in flight, the limit "
                              "(max-queued-per-connection = %u); read replies before sending more",
                              c->n_pending, srv->opts.max_queued_per_conn);
     for (size_t i = 0; i < srv->n_tenants; i++)
         if (srv->tenants[i].id == tenant &&
             srv->tenants[i].n_pending >= srv->opts.max_queued_per_tenant)
-            return proto_err_set(err, KVD_EBUSY,
+            return kvd_error_set(err, KVD_EBUSY,
                                  "tenant '%s' has %zu generates in flight, the limit "
                                  "(max-queued-per-tenant = %u)",
                                  srv->tenants[i].name, srv->tenants[i].n_pending,
@@ -254,19 +254,19 @@ static struct conn *conn_find(struct server *srv, uint64_t id)
  * [limits] quotas, its own namespace); anyone else gets permission_denied.
  * Fills who (name into name_buf). 0 or an error with e filled. */
 static int server_sub_tenant(struct server *srv, struct conn *c, const msgpack_object *tn,
-                             struct ops_caller *who, char *name_buf, struct proto_err *e)
+                             struct ops_caller *who, char *name_buf, struct kvd_error *e)
 {
     struct config_identity id;
     char msg[200];
     if (tn->type != MSGPACK_OBJECT_STR)
-        return proto_err_set(e, KVD_EBADREQ, "'tenant' must be a string");
+        return kvd_error_set(e, KVD_EBADREQ, "'tenant' must be a string");
     if (!config_is_frontend(&srv->cfg, c->uid))
-        return proto_err_set(e, KVD_EPERM,
+        return kvd_error_set(e, KVD_EPERM,
                              "'tenant': uid %u is not a trusted front end ([front-end] uids)",
                              (unsigned)c->uid);
     if (config_resolve_sub(&srv->cfg, c->tenant_name, tn->via.str.ptr, tn->via.str.size, &id, msg,
                            sizeof(msg)))
-        return proto_err_set(e, KVD_EBADREQ, "'tenant': %s", msg);
+        return kvd_error_set(e, KVD_EBADREQ, "'tenant': %s", msg);
     char nsname[KVD_MAX_NAME + 16];
     snprintf(nsname, sizeof(nsname), "tenant:%s", id.conf.name);
     kvmm_lock(srv->mm);
@@ -274,12 +274,12 @@ static int server_sub_tenant(struct server *srv, struct conn *c, const msgpack_o
     if (rc == 0)
         rc = kvmm_namespace(srv->mm, nsname, &who->ns);
     if (rc)
-        proto_err_set(e, rc, "'tenant' %s: %s", id.conf.name, kvmm_errmsg(srv->mm));
+        kvd_error_set(e, rc, "'tenant' %s: %s", id.conf.name, kvmm_errmsg(srv->mm));
     kvmm_unlock(srv->mm);
     if (rc)
         return rc;
     if (server_tenant_note(srv, id.conf.name, who->tenant) != 0)
-        return proto_err_set(e, KVD_ENOMEM, "out of memory");
+        return kvd_error_set(e, KVD_ENOMEM, "out of memory");
     snprintf(name_buf, KVD_MAX_NAME + 1, "%s", id.conf.name);
     who->tenant_name = name_buf;
     who->admin = false;
@@ -292,7 +292,7 @@ static bool conn_dispatch_cb(void *ctx, struct conn *c, const uint8_t *p, size_t
 {
     struct server *srv = ctx;
     struct proto_msg m;
-    struct proto_err e; /* filled by whatever fails; its 256-byte message
+    struct kvd_error e; /* filled by whatever fails; its 256-byte message
                          * is not zeroed per request */
     int rc;
 

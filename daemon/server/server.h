@@ -121,7 +121,7 @@ int server_on_abort(struct server *srv, server_abort_fn fn, void *ctx);
  * of tenant `tenant`: 0, or KVD_EBUSY with err naming the limit
  * (max-queued-per-connection / -per-tenant). Loop thread. */
 struct conn;
-int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct proto_err *err);
+int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct kvd_error *err);
 /* The tenant table, for the HTTP API too (loop thread): notes tenant id
  * named `name` (stats lists it; a tenant already noted keeps its entry):
  * 0 or KVD_ENOMEM. */

@@ -223,7 +223,7 @@ int fx_tenant(struct fx *f, const char *name, uint32_t weight, uint32_t *tenant,
 }
 
 static int build(struct fx *f, const struct fx_gen *g, uint64_t conn, uint64_t id, const void *map,
-                 size_t len, struct sched_req **out, struct proto_err *err)
+                 size_t len, struct sched_req **out, struct kvd_error *err)
 {
     struct proto_msg m;
     int rc = proto_msg_parse(&m, map, len, err);
@@ -239,7 +239,7 @@ static int build(struct fx *f, const struct fx_gen *g, uint64_t conn, uint64_t i
     return rc;
 }
 
-int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct proto_err *err)
+int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct kvd_error *err)
 {
     msgpack_sbuffer sb;
     msgpack_packer pk;
@@ -282,7 +282,7 @@ int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct proto_er
     return rc;
 }
 
-int fx_build_raw(struct fx *f, const void *map, size_t len, struct proto_err *err)
+int fx_build_raw(struct fx *f, const void *map, size_t len, struct kvd_error *err)
 {
     struct sched_req *r = NULL;
     int rc = build(f, NULL, 1, 1, map, len, &r, err);

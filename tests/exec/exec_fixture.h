@@ -102,9 +102,9 @@ void fx_wait_paused(void);
 void fx_resume(void);
 
 /* Builds and submits; returns the build's status (err filled). */
-int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct proto_err *err);
+int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct kvd_error *err);
 /* Builds from a raw msgpack map payload (for validation tests). */
-int fx_build_raw(struct fx *f, const void *map, size_t len, struct proto_err *err);
+int fx_build_raw(struct fx *f, const void *map, size_t len, struct kvd_error *err);
 
 /* A deterministic prompt of n tokens (ids < 256), different for each salt. */
 void fx_prompt(uint32_t *p, size_t n, uint32_t salt);

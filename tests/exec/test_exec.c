@@ -32,7 +32,7 @@ static int group_teardown(void **state)
 
 static struct fx_result run1(struct fx *f, uint64_t id, const struct fx_gen *g)
 {
-    struct proto_err err = {0};
+    struct kvd_error err = {0};
     int rc = fx_submit(f, id, g, &err);
     if (rc)
         fail_msg("submit %llu: %s", (unsigned long long)id, err.message);
@@ -110,7 +110,7 @@ static void test_batch_equals_solo(void **state)
     fx_reset_results();
     for (uint32_t i = 0; i < 32; i++) {
         struct fx_gen g = greedy(p[i], 5 + i, 10);
-        struct proto_err err;
+        struct kvd_error err;
         assert_int_equal(fx_submit(f, 100 + i, &g, &err), 0);
     }
     for (uint32_t i = 0; i < 32; i++)
@@ -129,7 +129,7 @@ static void run_pressure(struct fx *f, uint32_t dev, uint32_t host, struct fx_re
     for (uint32_t i = 0; i < 8; i++) {
         fx_prompt(p[i], 40, 300 + i);
         struct fx_gen g = greedy(p[i], 40, 48);
-        struct proto_err err;
+        struct kvd_error err;
         assert_int_equal(fx_submit(f, 1 + i, &g, &err), 0);
     }
     for (uint32_t i = 0; i < 8; i++)
@@ -205,7 +205,7 @@ static void test_fork_continue(void **state)
     ga.seq = s;
     gb.seq = c;
     ga.conn = gb.conn = conn;
-    struct proto_err err;
+    struct kvd_error err;
     assert_int_equal(fx_submit(f, 2, &ga, &err), 0);
     assert_int_equal(fx_submit(f, 3, &gb, &err), 0);
     struct fx_result ra = *fx_wait(2), rb = *fx_wait(3);
@@ -247,7 +247,7 @@ static void test_seeded_sampling(void **state)
                        .seed = 42};
     struct fx_result solo = run1(f, 1, &g);
     fx_reset_results();
-    struct proto_err err;
+    struct kvd_error err;
     static uint32_t others[8][16];
     for (uint32_t i = 0; i < 8; i++) {
         fx_prompt(others[i], 16, 50 + i);
@@ -321,7 +321,7 @@ static void test_stream_and_cancel(void **state)
     /* Cancel mid-stream: the executor is frozen at the first event (so the
      * request is surely live), then cancel. */
     g.max_tokens = 240;
-    struct proto_err err;
+    struct kvd_error err;
     fx_pause_at(2, 1);
     assert_int_equal(fx_submit(f, 2, &g, &err), 0);
     fx_wait_paused();
@@ -354,7 +354,7 @@ static void test_disconnect_frees(void **state)
     assert_int_equal(kvmm_seq_open(f->mm, conn, f->tenant, f->ns, &s), 0);
     kvmm_unlock(f->mm);
     static uint32_t p[16][60];
-    struct proto_err err;
+    struct kvd_error err;
     for (uint32_t i = 0; i < 16; i++) {
         fx_prompt(p[i], 60, 700 + i);
         struct fx_gen g = greedy(p[i], 60, 200);
@@ -387,7 +387,7 @@ static void test_drain(void **state)
     struct fx *f = *state;
     assert_int_equal(fx_open(f, &g_model, 256, 0, 64, 8), 0);
     static uint32_t p[10][30];
-    struct proto_err err;
+    struct kvd_error err;
     for (uint32_t i = 0; i < 10; i++) {
         fx_prompt(p[i], 30, 900 + i);
         struct fx_gen g = greedy(p[i], 30, 200);
@@ -456,7 +456,7 @@ static void test_priority_order(void **state)
         fx_prompt(p[i], 8, 40 + (uint32_t)i);
     struct fx_gen a = greedy(p[0], 8, 240);
     a.stream = true;
-    struct proto_err err;
+    struct kvd_error err;
     fx_pause_at(1, 1); /* A frozen at its first token, holding the slot */
     assert_int_equal(fx_submit(f, 1, &a, &err), 0);
     fx_wait_paused();
@@ -495,7 +495,7 @@ static void test_weighted_fairness(void **state)
     blocker.stream = blocker.has_tenant = true;
     blocker.tenant = tc;
     blocker.ns = nc;
-    struct proto_err err;
+    struct kvd_error err;
     fx_pause_at(100, 1); /* the blocker frozen at its first token */
     assert_int_equal(fx_submit(f, 100, &blocker, &err), 0);
     fx_wait_paused();

@@ -38,7 +38,7 @@ static struct fx_gen greedy(const uint32_t *p, size_t n, uint32_t max_tokens)
 
 static struct fx_result run1(struct fx *f, uint64_t id, const struct fx_gen *g)
 {
-    struct proto_err err = {0};
+    struct kvd_error err = {0};
     if (fx_submit(f, id, g, &err))
         fail_msg("submit %llu: %s", (unsigned long long)id, err.message);
     return *fx_wait(id);
@@ -114,7 +114,7 @@ static void test_wait_then_queue_timeout(void **state)
     fx_prompt(pa, 200, 60);
     fx_prompt(pb, 100, 61);
     fx_prompt(pc, 8, 62);
-    struct proto_err err;
+    struct kvd_error err;
     /* a: 200 + 8 - 1 positions = 13 of the 16 blocks; b needs 7: it waits
      * for a (both queued before the executor plans: it needs the lock). */
     struct fx_gen a = greedy(pa, 200, 8), b = greedy(pb, 100, 4);
@@ -166,7 +166,7 @@ static void test_lent_seq_busy(void **state)
     g.has_seq = g.stream = true;
     g.seq = s;
     g.conn = 5;
-    struct proto_err err;
+    struct kvd_error err;
     fx_pause_at(42, 1); /* the executor stops after request 42's first token */
     assert_int_equal(fx_submit(f, 42, &g, &err), 0);
     fx_wait_paused();
@@ -242,7 +242,7 @@ static void test_cancel_after_recompute_keeps_seq(void **state)
     cont.has_seq = cont.stream = true;
     cont.seq = s;
     cont.conn = conn;
-    struct proto_err err;
+    struct kvd_error err;
     /* Exact interleaving: the executor stops after request 2's first
      * token; the high-priority request 3 is queued; it runs on until 3
      * has 40 tokens (100 positions, 7 blocks): 2 had to give way long
@@ -313,7 +313,7 @@ static void test_prefill_fair_share(void **state)
     static uint32_t pa[4][240];
     uint32_t pb[8];
     fx_prompt(pb, 8, 77);
-    struct proto_err err;
+    struct kvd_error err;
     /* Holding the kvmm lock keeps the executor from planning until every
      * request is queued (submission itself does not take it). */
     kvmm_lock(f->mm);

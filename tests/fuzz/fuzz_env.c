@@ -252,7 +252,7 @@ static int check_reply(struct fuzz_env *e, size_t at, uint64_t want_id)
                 PROTO_FRAME_READY);
     FUZZ_ASSERT(at + 4 + n == e->out.size); /* exactly one frame */
     struct proto_msg m;
-    struct proto_err err = {0};
+    struct kvd_error err = {0};
     FUZZ_ASSERT(fuzz_parse_reply(e, e->out.data + at + 4, n, &m) == 0);
     const msgpack_object *id = proto_map_find(m.root, "id");
     FUZZ_ASSERT(id && id->type == MSGPACK_OBJECT_POSITIVE_INTEGER && id->via.u64 == want_id);
@@ -275,7 +275,7 @@ bool fuzz_dispatch(struct fuzz_env *e, int conn, const uint8_t *payload, size_t 
 {
     struct fuzz_conn *fc = &e->conn[conn];
     struct proto_msg m;
-    struct proto_err pe = {0};
+    struct kvd_error pe = {0};
     msgpack_sbuffer *sb = &e->out;
     size_t start = sb->size;
     uint64_t id = 0;

@@ -114,7 +114,7 @@ static void check_args(enum openai_kind kind, uint32_t n_ctx, const struct opena
 {
     FUZZ_ASSERT(r->kind == kind);
     struct proto_msg m;
-    struct proto_err pe = {0};
+    struct kvd_error pe = {0};
     FUZZ_ASSERT(proto_msg_parse(&m, r->args.data, r->args.size, &pe) == 0);
     const msgpack_object *root = m.root;
     FUZZ_ASSERT(root->type == MSGPACK_OBJECT_MAP);

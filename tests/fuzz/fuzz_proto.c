@@ -23,7 +23,7 @@ static void as_reply(const uint8_t *data, size_t size)
     if (proto_frame_peek(data, size, 1u << 20, &n) != PROTO_FRAME_READY)
         return;
     struct proto_msg m;
-    struct proto_err err = {0};
+    struct kvd_error err = {0};
     if (proto_msg_parse(&m, data + 4, n, &err) != 0) {
         FUZZ_ASSERT(err.code == KVD_EBADREQ || err.code == KVD_ETOOLARGE);
         return;

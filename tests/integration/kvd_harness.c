@@ -410,7 +410,7 @@ int kh_recv(int fd, struct kh_reply *r)
 {
     uint8_t hdr[4];
     size_t n;
-    struct proto_err e = {0};
+    struct kvd_error e = {0};
 
     memset(r, 0, sizeof(*r));
     r->code = -1; /* until a reply is read */

@@ -30,7 +30,7 @@ static void test_frame_peek(void **state)
     assert_int_equal(n, 0xffffffffu);
 }
 
-static int parse(const void *p, size_t len, struct proto_err *e)
+static int parse(const void *p, size_t len, struct kvd_error *e)
 {
     struct proto_msg m;
     int rc = proto_msg_parse(&m, p, len, e);
@@ -41,7 +41,7 @@ static int parse(const void *p, size_t len, struct proto_err *e)
 
 static void test_parse_malformed(void **state)
 {
-    struct proto_err e;
+    struct kvd_error e;
     /* not a map */
     const uint8_t arr[] = {0x91, 0x01};
     assert_int_equal(parse(arr, sizeof(arr), &e), KVD_EBADREQ);
@@ -107,7 +107,7 @@ static void test_roundtrip_and_getters(void **state)
     assert_int_equal(proto_frame_peek(sb.data, sb.size, 1 << 20, &n), PROTO_FRAME_READY);
     assert_int_equal(n + 4, sb.size);
     struct proto_msg m;
-    struct proto_err e;
+    struct kvd_error e;
     assert_int_equal(proto_msg_parse(&m, sb.data + 4, n, &e), 0);
     assert_int_equal(proto_msg_id(&m), 42);
     uint64_t u;
@@ -171,7 +171,7 @@ static void test_reply_status(void **state)
     msgpack_sbuffer_init(&sb);
     assert_int_equal(proto_frame_error(&sb, 9, KVD_EQUOTA, "over quota"), 0);
     struct proto_msg m;
-    struct proto_err e;
+    struct kvd_error e;
     assert_int_equal(proto_msg_parse(&m, sb.data + 4, sb.size - 4, &e), 0);
     assert_int_equal(proto_msg_id(&m), 9);
     assert_int_equal(proto_reply_status(m.root, &e), KVD_EQUOTA);

@@ -245,7 +245,7 @@ static void test_frames_roundtrip(void **state)
     msgpack_sbuffer sb;
     msgpack_packer pk;
     struct proto_msg m;
-    struct proto_err e;
+    struct kvd_error e;
     size_t off = 0, n = 0;
     (void)state;
 

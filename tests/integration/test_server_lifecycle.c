@@ -377,7 +377,7 @@ static void test_backpressure(void **state)
             size_t len;
             while (proto_frame_peek(in, have, cap, &len) == PROTO_FRAME_READY) {
                 struct proto_msg m;
-                struct proto_err e;
+                struct kvd_error e;
                 assert_int_equal(proto_msg_parse(&m, in + 4, len, &e), 0);
                 assert_int_equal(proto_msg_id(&m), 100 + got);
                 const msgpack_object *d = proto_map_find(m.root, "data");

@@ -53,7 +53,7 @@ static const msgpack_object *ok(enum openai_kind kind, const char *body)
     if (openai_parse(kind, body, strlen(body), N_CTX, &g.req, &e) != 0)
         fail_msg("refused (%d %s, param '%s': %s): %s", e.status, e.code, e.param, e.message, body);
     g.have_req = true;
-    struct proto_err pe = {0};
+    struct kvd_error pe = {0};
     assert_int_equal(proto_msg_parse(&g.msg, g.req.args.data, g.req.args.size, &pe), 0);
     g.have_msg = true;
     assert_int_equal(g.msg.root->type, MSGPACK_OBJECT_MAP);
@@ -266,7 +266,7 @@ static void test_max_tokens(void **state)
     struct openai_err e;
     assert_int_equal(openai_parse(OPENAI_COMPLETION, "{\"prompt\":[1]}", 14, 8, &r, &e), 0);
     struct proto_msg m8;
-    struct proto_err pe = {0};
+    struct kvd_error pe = {0};
     assert_int_equal(proto_msg_parse(&m8, r.args.data, r.args.size, &pe), 0);
     uint64_t mt = u64_of(m8.root, "max_tokens");
     proto_msg_free(&m8);
