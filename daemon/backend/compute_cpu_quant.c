@@ -178,9 +178,22 @@ static float dot_legacy_c(enum ctype t, const uint8_t *w, const struct act32 *a,
     return s;
 }
 
+/* The K-quants' float arithmetic, the same on every path (and llama.cpp's
+ * for its interleaved Q4_K/Q5_K/Q6_K GEMV on x86): per super-block one
+ * exact integer sum for the scales' term and one for the mins', each
+ * converted once and added with one fused multiply-add by (d_w x d_a) and
+ * (dmin_w x d_a) into two accumulators, in super-block order; the output is
+ * the first less the second. */
+static inline void k_acc(float *acc, float *accm, int32_t sumi, int32_t summ, float dw, float dmw,
+                         float da)
+{
+    *acc = fmaf((float)sumi, dw * da, *acc);
+    *accm = fmaf((float)summ, dmw * da, *accm);
+}
+
 static float dot_k_c(enum ctype t, const uint8_t *w, const struct act256 *a, uint32_t n)
 {
-    float s = 0;
+    float acc = 0, accm = 0;
     size_t bb = ctype_block_bytes(t);
     for (uint32_t b = 0; b < n / 256; b++, w += bb, a++) {
         if (t == CT_Q6_K) {
@@ -199,7 +212,7 @@ static float dot_k_c(enum ctype t, const uint8_t *w, const struct act256 *a, uin
                         sumi += k.scales[v / 16] * (q[c] - 32) * a->qs[v];
                     }
                 }
-            s += cpu_f16_to_f32(k.d) * a->d * (float)sumi;
+            k_acc(&acc, &accm, sumi, 0, cpu_f16_to_f32(k.d), 0, a->d);
             continue;
         }
         /* q4_K, q5_K: d*sc*q - dmin*mn per sub-block of 32 */
@@ -216,11 +229,11 @@ static float dot_k_c(enum ctype t, const uint8_t *w, const struct act256 *a, uin
                 dj += q * a->qs[32 * j + l];
             }
             sumi += sc * dj;
-            summ += mn * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+            summ += mn * a->bsums32[j];
         }
-        s += f16(w) * a->d * (float)sumi - f16(w + 2) * a->d * (float)summ;
+        k_acc(&acc, &accm, sumi, summ, f16(w), f16(w + 2), a->d);
     }
-    return s;
+    return acc - accm;
 }
 
 /* ---- AVX2 dot products ----------------------------------------------------- */
@@ -243,6 +256,29 @@ QINLINE QSIMD float h16(const uint8_t *p)
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
+}
+
+/* The sum of 8 (4) int32 lanes: exact, so the order does not matter. */
+QINLINE QSIMD int32_t hsum_i32x4(__m128i v)
+{
+    v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
+    return _mm_cvtsi128_si32(v);
+}
+
+QINLINE QSIMD int32_t hsum_i32x8(__m256i v)
+{
+    return hsum_i32x4(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+
+/* k_acc with the FMA instruction (one rounding, as fmaf). */
+QINLINE QSIMD void k_acc_avx2(float *acc, float *accm, int32_t sumi, int32_t summ, float dw,
+                              float dmw, float da)
+{
+    *acc =
+        _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss((float)sumi), _mm_set_ss(dw * da), _mm_set_ss(*acc)));
+    *accm = _mm_cvtss_f32(
+        _mm_fmadd_ss(_mm_set_ss((float)summ), _mm_set_ss(dmw * da), _mm_set_ss(*accm)));
 }
 
 /* 16 bytes of nibbles -> 32 bytes: the low nibbles (values 0..15), then the
@@ -324,18 +360,17 @@ QINLINE QSIMD __m128i k_scales_mins(const uint8_t *q)
  * out[r] is computed exactly as with nr = 1 (per output: the same integer
  * sums, the same float operations in the same order), so an output does not
  * depend on the batch. */
-/* Q4_K / Q5_K, llama.cpp's arithmetic: per super-block the integer
- * sum over sub-blocks of scale x (q . y) into 8 int32 lanes, times
- * (d_w x d_y) into a float accumulator; the mins' term (mins . the
- * activation's sums of 32) in 4 int32 lanes times -(dmin_w x d_y) into a
- * second one; the output is the sum of both. */
+/* Q4_K / Q5_K: per super-block the integer sum over sub-blocks of
+ * scale x (q . y) in 8 int32 lanes, and the mins' term (mins . the
+ * activation's sums of 32) in 4, each summed to one int32 and added to its
+ * accumulator by k_acc_avx2 (dot_k_c's arithmetic, bit for bit). */
 QINLINE QSIMD void dot_q45k_avx2_n(bool q5, const uint8_t *w, const struct act256 *const *a, int nr,
                                    uint32_t n, float *out)
 {
-    __m256 acc[QK_NR];
-    __m128 accm[QK_NR];
+    float acc[QK_NR], accm[QK_NR];
+    int32_t summ[QK_NR];
     for (int r = 0; r < nr; r++)
-        acc[r] = _mm256_setzero_ps(), accm[r] = _mm_setzero_ps();
+        acc[r] = 0, accm[r] = 0;
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     const size_t bb = q5 ? 176 : 144;
     for (uint32_t b = 0; b < n / 256; b++, w += bb) {
@@ -347,8 +382,8 @@ QINLINE QSIMD void dot_q45k_avx2_n(bool q5, const uint8_t *w, const struct act25
         __m256i hb = q5 ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
         __m256i sumi[QK_NR];
         for (int r = 0; r < nr; r++) {
-            __m128i prod = _mm_madd_epi16(mins, _mm_loadu_si128((const __m128i *)a[r][b].bsums32));
-            accm[r] = _mm_fmadd_ps(_mm_set1_ps(-a[r][b].d * dmw), _mm_cvtepi32_ps(prod), accm[r]);
+            summ[r] =
+                hsum_i32x4(_mm_madd_epi16(mins, _mm_loadu_si128((const __m128i *)a[r][b].bsums32)));
             sumi[r] = _mm256_setzero_si256();
         }
         for (int j = 0; j < 4; j++) {
@@ -377,25 +412,22 @@ QINLINE QSIMD void dot_q45k_avx2_n(bool q5, const uint8_t *w, const struct act25
             }
         }
         for (int r = 0; r < nr; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r][b].d * dw), _mm256_cvtepi32_ps(sumi[r]),
-                                     acc[r]);
+            k_acc_avx2(&acc[r], &accm[r], hsum_i32x8(sumi[r]), summ[r], dw, dmw, a[r][b].d);
     }
-    for (int r = 0; r < nr; r++) {
-        __m128 m = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        out[r] = hsum_ps(acc[r]) + _mm_cvtss_f32(m);
-    }
+    for (int r = 0; r < nr; r++)
+        out[r] = acc[r] - accm[r];
 }
 
 /* Q6_K: per super-block the integer sum over its 16 sub-blocks of
  * scale x ((q - 32) . y), the -32 applied exactly through the activation's
- * sums of 16, into 8 int32 lanes, times (d_w x d_y) into the accumulator. */
+ * sums of 16, in 8 int32 lanes, summed to one int32 and added by
+ * k_acc_avx2 (dot_k_c's arithmetic, bit for bit). */
 QINLINE QSIMD void dot_q6k_avx2_n(const uint8_t *w, const struct act256 *const *a, int nr,
                                   uint32_t n, float *out)
 {
-    __m256 acc[QK_NR];
+    float acc[QK_NR], accm[QK_NR];
     for (int r = 0; r < nr; r++)
-        acc[r] = _mm256_setzero_ps();
+        acc[r] = 0, accm[r] = 0;
     const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m30 = _mm256_set1_epi8(0x30);
     for (uint32_t b = 0; b < n / 256; b++, w += 210) {
         const uint8_t *ql = w, *qh = w + 128;
@@ -438,11 +470,10 @@ QINLINE QSIMD void dot_q6k_avx2_n(const uint8_t *w, const struct act256 *const *
         }
         float dw = h16(w + 208);
         for (int r = 0; r < nr; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r][b].d * dw), _mm256_cvtepi32_ps(sumi[r]),
-                                     acc[r]);
+            k_acc_avx2(&acc[r], &accm[r], hsum_i32x8(sumi[r]), 0, dw, 0, a[r][b].d);
     }
     for (int r = 0; r < nr; r++)
-        out[r] = hsum_ps(acc[r]);
+        out[r] = acc[r] - accm[r];
 }
 
 /* The K-quant kernels specialized for each nr (the compiler unrolls the

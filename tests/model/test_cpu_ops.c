@@ -604,12 +604,76 @@ static void t_attention_kv_dtypes(void **s)
     unsetenv("KVD_CPU_SCALAR");
 }
 
+/* The K-quant matmul's AVX2 and portable kernels give the same bits: the
+ * same exact integer sums and the same float operations in the same order
+ * per super-block (compute_cpu_quant.c), for decode (1 row) and batches
+ * (the AVX2 kernel shares each weight block among up to 4 rows), on
+ * activations with an offset (the Q4_K/Q5_K mins' term then cancels most
+ * of the scales' term, so any difference in float order would show) and
+ * outliers, and an all-zero row. On a cpu without AVX2 both contexts run
+ * the portable kernel and this checks nothing more than determinism. */
+static void kq_matmul(void **tst, bool scalar, const struct ctensor *w0, const uint8_t *src,
+                      const float *x, uint32_t rows, float *y)
+{
+    const struct compute_ops *o = ref_cpu_backend()->compute;
+    if (scalar)
+        setenv("KVD_CPU_SCALAR", "1", 1);
+    struct compute_ctx *cx = ctx(tst, o);
+    unsetenv("KVD_CPU_SCALAR");
+    struct ctensor w = *w0;
+    void *dev;
+    assert_int_equal(o->buf_alloc(cx, o->weight_bytes(&w), &dev), 0);
+    ts_defer(tst, dev, buf_free_cb, cx);
+    w.data = dev;
+    assert_int_equal(o->weight_upload(cx, &w, src), 0);
+    assert_int_equal(o->matmul(cx, &w, x, rows, y), 0);
+    ts_free(tst, dev);
+    ts_free(tst, cx);
+}
+
+static void t_kquant_paths_bit_identical(void **tst)
+{
+    static const enum ctype types[] = {CT_Q4_K, CT_Q5_K, CT_Q6_K};
+    static const uint32_t ins[] = {256, 1024, 2816};
+    enum { OUT = 24, ROWS = 7 };
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t ii = 0; ii < 3; ii++) {
+            enum ctype t = types[ti];
+            uint32_t in = ins[ii];
+            size_t rb = ctype_row_bytes(t, in);
+            float *wf = ts_malloc(tst, (size_t)in * OUT * 4),
+                  *x = ts_malloc(tst, (size_t)in * ROWS * 4);
+            uint8_t *src = ts_malloc(tst, rb * OUT);
+            for (size_t i = 0; i < (size_t)in * OUT; i++)
+                wf[i] = 0.02f * qrand() + (i / in % 3 == 0 ? 0.01f : 0);
+            for (uint32_t c = 0; c < OUT; c++)
+                assert_int_equal(quant_quantize_row(t, wf + (size_t)c * in, src + c * rb, in), 0);
+            for (size_t i = 0; i < (size_t)in * ROWS; i++)
+                x[i] = 0.4f * (float)(i / in % 4) + qrand() * (i % 97 == 0 ? 12.0f : 1.0f);
+            memset(x + 2 * (size_t)in, 0, (size_t)in * 4);
+            struct ctensor w = {.type = t, .ne0 = in, .ne1 = OUT, .nbytes = rb * OUT};
+            float *ys = ts_malloc(tst, (size_t)ROWS * OUT * 4),
+                  *yp = ts_malloc(tst, (size_t)ROWS * OUT * 4);
+            for (uint32_t rows = 1; rows <= ROWS; rows += 3) { /* 1, 4, 7 rows */
+                kq_matmul(tst, false, &w, src, x, rows, ys);
+                kq_matmul(tst, true, &w, src, x, rows, yp);
+                for (size_t i = 0; i < (size_t)rows * OUT; i++)
+                    if (memcmp(&ys[i], &yp[i], 4))
+                        fail_msg("%s in %u rows %u: y[%zu] avx2 %.9g != portable %.9g",
+                                 ctype_name(t), in, rows, i, (double)ys[i], (double)yp[i]);
+            }
+            ts_free(tst, wf), ts_free(tst, x), ts_free(tst, src), ts_free(tst, ys),
+                ts_free(tst, yp);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(t_silu, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_matmul, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_qmatmul, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_kquant_paths_bit_identical, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_quant_roundtrip, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_attention_kv_dtypes, ts_setup, ts_teardown),
     };

@@ -19,18 +19,25 @@
 
 #define N_GEN 24
 #define NEAR_TIE 0.01f
-/* For the weight types whose matmuls quantize the activations to 8 bits
- * first (Q4_0 .. Q6_K, in kvd as in llama.cpp): a float difference of an ulp
- * upstream (the order of attention's sums, llama.cpp's f16 accumulation)
- * can flip one activation's rounding, a step of 1/254 of its block's
- * largest value, so logits move by more than float noise. Measured on the
- * 8-layer Q4_K_M model: kvd's own AVX2 and portable paths (same integer
- * kernels, different float order elsewhere) differ by up to 0.09 in a top-2
- * margin. */
-#define NEAR_TIE_QACT 0.1f
+/* The quantized types' matmuls quantize the activations to 8 bits first,
+ * in kvd exactly as in llama.cpp (Q8_0/Q8_1/Q8_K, bit-equal on random rows),
+ * with exact integer dots; only float orders differ. Measured 2026-12-03
+ * (AVX2 Zen 4, llama.cpp's zen4 build): Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and
+ * Q6_K match llama.cpp on all 24 tokens, so they take the float types'
+ * NEAR_TIE. The models with Q5_K (q5_k, q5_k_m) and the q4_k_m mix still
+ * diverge, at kvd margins of 0.017-0.029 (positions 5, 6, 17): kvd's K-quant
+ * kernels use the float order of llama.cpp's interleaved Q4_K GEMV, not yet
+ * that of its Q5_K/Q6_K interleaved kernels and prompt GEMM, and one
+ * rounding of a quantized activation moved by an ulp carries through the
+ * later layers. Those take NEAR_TIE_K (was 0.1 for every quantized type).
+ * kvd's own AVX2 and portable paths now agree to 2.4e-6 in the logits of
+ * the Q4_K_M and Q5_K models (were 0.05-0.11 apart). */
+#define NEAR_TIE_K 0.05f
 static const char *module_dir;
-static const uint32_t prompt[] = {5, 77, 123, 9, 300, 41, 7, 260};
-#define N_PROMPT (sizeof prompt / sizeof prompt[0])
+static const uint32_t prompt8[] = {5, 77, 123, 9, 300, 41, 7, 260};
+/* the prompt of the running test (prompt8 unless it says otherwise) */
+static const uint32_t *prompt = prompt8;
+static size_t N_PROMPT = sizeof prompt8 / sizeof prompt8[0];
 
 /* Releases for test_scratch.h: what a test made is freed by its teardown,
  * also after a failed assert. */
@@ -144,8 +151,7 @@ static void compare_tie(void **tst, const char *args, float near_tie)
 
 static void compare(void **tst, const char *args)
 {
-    compare_tie(tst, args,
-                strstr(args, "--type q") && !strstr(args, "q8_0") ? NEAR_TIE_QACT : NEAR_TIE);
+    compare_tie(tst, args, strstr(args, "q5_k") || strstr(args, "q4_k_m") ? NEAR_TIE_K : NEAR_TIE);
 }
 
 #define SHAPE "--layers 4 --embd 256 --heads 8 --ff 512 --vocab 1000 --ctx 256 --seed 3"
@@ -200,6 +206,27 @@ static void t_llama_q6_k(void **s)
     compare(s, SHAPE " --arch llama --type q6_k --rope-freqs");
 }
 /* the mixes on 8 layers, so attn_v/ffn_down are Q6_K in some layers only */
+/* More prompts, of other lengths (4 and 19 tokens: the first chunk of 3 is
+ * then followed by 1 or 16), 24 greedy tokens each. Run for Q6_K, which
+ * matches at 0.01; on them Q4_K diverges at a margin of 0.0136 (token 11)
+ * and the q4_k_m mix at token 0 (margin < 0.05): llama.cpp's 16-row prompt
+ * GEMM (ggml_gemm_q4_K_8x8_q8_K) has a float order that kvd does not
+ * follow yet. */
+static void compare_prompts(void **tst, const char *args)
+{
+    static const uint32_t p4[] = {901, 14, 650, 3};
+    static const uint32_t p19[] = {42, 42,  811, 17,  230, 999, 64,  5,  388, 120,
+                                   77, 610, 2,   903, 45,  45,  700, 31, 268};
+    prompt = p4, N_PROMPT = 4;
+    compare(tst, args);
+    prompt = p19, N_PROMPT = 19;
+    compare(tst, args);
+    prompt = prompt8, N_PROMPT = sizeof prompt8 / sizeof prompt8[0];
+}
+static void t_llama_q6_k_prompts(void **s)
+{
+    compare_prompts(s, SHAPE " --arch llama --type q6_k");
+}
 #define SHAPE8 "--layers 8 --embd 256 --heads 8 --ff 512 --vocab 1000 --ctx 256 --seed 5"
 static void t_llama_q4_k_m(void **s)
 {
@@ -240,6 +267,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(t_llama_q6_k, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_llama_q4_k_m, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_qwen2_q5_k_m, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_q6_k_prompts, ts_setup, ts_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
