@@ -6,11 +6,11 @@
  *   bit 3: 0: the rest is a request body for openai_parse; oracles: a
  *      refusal has a status (400, or 503), an OpenAI error type and code, a
  *      message, a param naming a known field (or none), and its error body
- *      is JSON carrying them; an accepted body's generate arguments are one
- *      msgpack map of known keys, the prompt (tokens, text or messages, as
- *      the endpoint reads it) and every value within the bounds docs/http.md
- *      gives (max_tokens in [1, context], temperature in [0, 2], top_p in
- *      (0, 1], 1-4 stop strings of 1-256 bytes, stream as the body says);
+ *      is JSON carrying them; an accepted body's typed generate arguments
+ *      hold the prompt (tokens, text or messages, as the endpoint reads it)
+ *      and every value within the bounds docs/http.md gives (max_tokens in
+ *      [1, context], temperature in [0, 2], top_p in (0, 1], at most 4 stop
+ *      strings of 1-256 bytes, stream as the body says);
  *      1: the rest is a completion's text (maybe not UTF-8) rendered by
  *      openai_render as a response and as a stream chunk, and the error
  *      body with it as the message; oracles: each is JSON that jansson
@@ -27,7 +27,6 @@
 #include "fuzz_env.h"
 #include "kvd/protocol.h"
 #include "openai.h"
-#include "proto.h"
 #include "text_out.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -35,12 +34,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define HTTP_MAX_INPUT (256 << 10)
 
 static const uint32_t contexts[4] = {1, 17, 4096, 1u << 20};
-
-static bool str_is(const msgpack_object *o, const char *s)
-{
-    return o->type == MSGPACK_OBJECT_STR && o->via.str.size == strlen(s) &&
-           !memcmp(o->via.str.ptr, s, o->via.str.size);
-}
 
 static bool known_param(const char *p)
 {
@@ -72,28 +65,36 @@ static bool terminated(const char *s, size_t cap)
     return memchr(s, '\0', cap) != NULL;
 }
 
-static void check_refusal(const struct openai_err *e)
+static void check_refusal(const struct kvd_error *e)
 {
-    FUZZ_ASSERT(terminated(e->type, sizeof(e->type)) && e->type[0]);
-    FUZZ_ASSERT(terminated(e->code, sizeof(e->code)) && e->code[0]);
     FUZZ_ASSERT(terminated(e->param, sizeof(e->param)));
     FUZZ_ASSERT(terminated(e->message, sizeof(e->message)) && e->message[0]);
     FUZZ_ASSERT(known_param(e->param));
-    if (e->status == 400)
-        FUZZ_ASSERT(!strcmp(e->code, "bad_request") || !strcmp(e->code, "unsupported"));
-    else /* out of memory, or no model */
-        FUZZ_ASSERT(e->status == 503);
+    struct openai_status st;
+    openai_status_of(e, &st);
+    FUZZ_ASSERT(st.type && st.type[0] && st.code && st.code[0]);
+    if (st.status == 400) /* a bad field, or a feature kvd does not do (naming it) */
+        FUZZ_ASSERT(e->code == KVD_EBADREQ || (e->code == KVD_EUNSUPPORTED && e->param[0]));
+    else /* out of memory */
+        FUZZ_ASSERT(st.status == 503 && e->code == KVD_ENOMEM);
     size_t len = 0;
-    char *body = openai_error_body(e, &len);
+    int status = 0;
+    char *body = openai_error_body(e, &status, &len);
     FUZZ_ASSERT(body); /* invalid UTF-8 in a message is replaced, never a missing body */
+    FUZZ_ASSERT(status == st.status);
     FUZZ_ASSERT(strlen(body) == len);
     json_error_t je;
     json_t *j = json_loadb(body, len, 0, &je);
     FUZZ_ASSERT(j);
     json_t *err = json_object_get(j, "error");
     FUZZ_ASSERT(json_is_object(err));
-    FUZZ_ASSERT(!strcmp(json_string_value(json_object_get(err, "code")), e->code));
+    FUZZ_ASSERT(!strcmp(json_string_value(json_object_get(err, "code")), st.code));
     FUZZ_ASSERT(json_is_string(json_object_get(err, "message")));
+    json_t *param = json_object_get(err, "param");
+    if (e->param[0])
+        FUZZ_ASSERT(json_is_string(param) && !strcmp(json_string_value(param), e->param));
+    else
+        FUZZ_ASSERT(json_is_null(param));
     json_decref(j);
     free(body);
 }
@@ -109,83 +110,42 @@ static bool body_stream(const uint8_t *body, size_t len)
     return s;
 }
 
+/* An accepted body's typed arguments: the prompt the endpoint reads, and
+ * every value within docs/http.md's bounds. */
 static void check_args(enum openai_kind kind, uint32_t n_ctx, const struct openai_req *r,
                        const uint8_t *body, size_t len)
 {
+    const struct gen_args *a = &r->args;
     FUZZ_ASSERT(r->kind == kind);
-    struct proto_msg m;
-    struct kvd_error pe = {0};
-    FUZZ_ASSERT(proto_msg_parse(&m, r->args.data, r->args.size, &pe) == 0);
-    const msgpack_object *root = m.root;
-    FUZZ_ASSERT(root->type == MSGPACK_OBJECT_MAP);
-    unsigned prompts = 0;
-    bool max_tokens = false, stream_seen = false;
-    for (uint32_t i = 0; i < root->via.map.size; i++) {
-        const msgpack_object *k = &root->via.map.ptr[i].key, *v = &root->via.map.ptr[i].val;
-        FUZZ_ASSERT(k->type == MSGPACK_OBJECT_STR);
-        if (str_is(k, "tokens")) {
-            FUZZ_ASSERT(kind == OPENAI_COMPLETION);
-            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_ARRAY);
-            FUZZ_ASSERT(v->via.array.size >= 1 && v->via.array.size <= KVD_MAX_ARRAY);
-            for (uint32_t t = 0; t < v->via.array.size; t++)
-                FUZZ_ASSERT(v->via.array.ptr[t].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
-                            v->via.array.ptr[t].via.u64 <= UINT32_MAX);
-            prompts++;
-        } else if (str_is(k, "text")) {
-            FUZZ_ASSERT(kind == OPENAI_COMPLETION);
-            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_STR);
-            prompts++;
-        } else if (str_is(k, "messages")) {
-            FUZZ_ASSERT(kind == OPENAI_CHAT);
-            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_ARRAY);
-            FUZZ_ASSERT(v->via.array.size >= 1 && v->via.array.size <= KVD_MAX_ARRAY);
-            for (uint32_t t = 0; t < v->via.array.size; t++) {
-                const msgpack_object *msg = &v->via.array.ptr[t];
-                FUZZ_ASSERT(msg->type == MSGPACK_OBJECT_MAP && msg->via.map.size == 2);
-                const msgpack_object *role = proto_map_find(msg, "role");
-                const msgpack_object *content = proto_map_find(msg, "content");
-                FUZZ_ASSERT(role && role->type == MSGPACK_OBJECT_STR);
-                FUZZ_ASSERT(content && content->type == MSGPACK_OBJECT_STR);
-            }
-            prompts++;
-        } else if (str_is(k, "max_tokens")) {
-            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_POSITIVE_INTEGER);
-            FUZZ_ASSERT(v->via.u64 >= 1 && v->via.u64 <= n_ctx);
-            max_tokens = true;
-        } else if (str_is(k, "temperature")) {
-            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_FLOAT64 || v->type == MSGPACK_OBJECT_FLOAT32);
-            FUZZ_ASSERT(isfinite(v->via.f64) && v->via.f64 >= 0 && v->via.f64 <= 2);
-        } else if (str_is(k, "top_p")) {
-            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_FLOAT64 || v->type == MSGPACK_OBJECT_FLOAT32);
-            FUZZ_ASSERT(isfinite(v->via.f64) && v->via.f64 > 0 && v->via.f64 <= 1);
-        } else if (str_is(k, "seed")) {
-            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_POSITIVE_INTEGER);
-        } else if (str_is(k, "stop")) {
-            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_ARRAY);
-            FUZZ_ASSERT(v->via.array.size >= 1 && v->via.array.size <= OPENAI_MAX_STOP);
-            for (uint32_t t = 0; t < v->via.array.size; t++) {
-                const msgpack_object *s = &v->via.array.ptr[t];
-                FUZZ_ASSERT(s->type == MSGPACK_OBJECT_STR);
-                FUZZ_ASSERT(s->via.str.size >= 1 && s->via.str.size <= TEXT_OUT_MAX_STOP_LEN);
-            }
-        } else if (str_is(k, "stream")) {
-            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean == r->stream);
-            stream_seen = true;
-        } else if (str_is(k, "ignore_eos")) {
-            FUZZ_ASSERT(v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean);
-        } else {
-            FUZZ_ASSERT(!"an unknown key in the generate arguments");
-        }
+    if (kind == OPENAI_COMPLETION) {
+        FUZZ_ASSERT(!strcmp(a->prompt_param, "prompt"));
+        FUZZ_ASSERT(a->prompt == GEN_PROMPT_TOKENS || a->prompt == GEN_PROMPT_TEXT);
+        if (a->prompt == GEN_PROMPT_TOKENS)
+            FUZZ_ASSERT(a->n_tokens >= 1 && a->n_tokens <= KVD_MAX_ARRAY && a->tokens);
+        else
+            FUZZ_ASSERT(a->text && strlen(a->text) == a->text_len); /* jansson: no NUL */
+    } else {
+        FUZZ_ASSERT(!strcmp(a->prompt_param, "messages"));
+        FUZZ_ASSERT(a->prompt == GEN_PROMPT_MESSAGES);
+        FUZZ_ASSERT(a->n_msgs >= 1 && a->n_msgs <= KVD_MAX_ARRAY && a->msgs);
+        for (size_t i = 0; i < a->n_msgs; i++)
+            FUZZ_ASSERT(a->msgs[i].role && a->msgs[i].content);
     }
-    FUZZ_ASSERT(prompts == 1 && max_tokens && stream_seen);
+    FUZZ_ASSERT(a->has_max_tokens && a->max_tokens >= 1 && a->max_tokens <= n_ctx);
+    FUZZ_ASSERT(isfinite(a->temperature) && a->temperature >= 0 && a->temperature <= 2);
+    FUZZ_ASSERT(isfinite(a->top_p) && a->top_p > 0 && a->top_p <= 1);
+    FUZZ_ASSERT(a->top_k == 0 && a->n_stop_ids == 0 && !a->has_seq && a->priority == 0);
+    FUZZ_ASSERT(a->n_stop_strs <= OPENAI_MAX_STOP);
+    for (size_t i = 0; i < a->n_stop_strs; i++)
+        FUZZ_ASSERT(a->stop_lens[i] >= 1 && a->stop_lens[i] <= TEXT_OUT_MAX_STOP_LEN);
+    FUZZ_ASSERT(a->stream == r->stream);
     FUZZ_ASSERT(r->stream == body_stream(body, len));
-    proto_msg_free(&m);
 }
 
 static void as_body(enum openai_kind kind, uint32_t n_ctx, const uint8_t *body, size_t len)
 {
     struct openai_req r;
-    struct openai_err e;
+    struct kvd_error e;
     memset(&e, 0, sizeof(e));
     if (openai_parse(kind, (const char *)body, len, n_ctx, &r, &e) != 0) {
         check_refusal(&e);
@@ -246,13 +206,13 @@ static void as_text(enum openai_kind kind, const uint8_t *text, size_t len)
         check_render(json, n, chunk, kind, (const char *)text, len);
         free(json);
     }
-    /* A message of the same bytes in an error body (openai_err_set copies
+    /* A message of the same bytes in an error body (kvd_error_set copies
      * at most its buffer). */
-    struct openai_err e;
-    openai_err_set(&e, 400, "invalid_request_error", "bad_request", "%.*s",
-                   (int)(len < 200 ? len : 200), (const char *)text);
+    struct kvd_error e;
+    kvd_error_set(&e, KVD_EBADREQ, "%.*s", (int)(len < 200 ? len : 200), (const char *)text);
     size_t n = 0;
-    char *body = openai_error_body(&e, &n);
+    int status = 0;
+    char *body = openai_error_body(&e, &status, &n);
     /* a message cut inside a UTF-8 character or holding invalid bytes still
      * makes a body (those bytes replaced) */
     FUZZ_ASSERT(body);

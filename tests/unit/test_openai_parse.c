@@ -1,8 +1,8 @@
 /* openai_parse alone (daemon/server/openai.c): every request field of
- * docs/http.md in its accepted and refused forms. An accepted body's
- * generate arguments are decoded back from msgpack and checked key by key;
- * a refused one must have the status, the code and the param the docs
- * give, and a message. */
+ * docs/http.md in its accepted and refused forms. An accepted body's typed
+ * generate arguments (struct gen_args) are checked field by field; a
+ * refused one must have the HTTP status, the code and the param the docs
+ * give (openai_status_of: the HTTP edge), and a message. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,24 +15,19 @@
 
 #include "kvd/protocol.h"
 #include "openai.h"
-#include "proto.h"
 #include "text_out.h"
 
 #define N_CTX 4096
 
-/* An accepted body's arguments, decoded (freed by the teardown, also after a
- * failed assert). */
+/* An accepted body (freed by the teardown, also after a failed assert). */
 struct parsed {
     struct openai_req req;
-    struct proto_msg msg;
-    bool have_req, have_msg;
+    bool have_req;
 };
 static struct parsed g;
 
 static void parsed_free(void)
 {
-    if (g.have_msg)
-        proto_msg_free(&g.msg);
     if (g.have_req)
         openai_req_free(&g.req);
     memset(&g, 0, sizeof(g));
@@ -45,29 +40,26 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Parses body as kind; it must be accepted. Returns the arguments' map. */
-static const msgpack_object *ok(enum openai_kind kind, const char *body)
+/* Parses body as kind with context n_ctx; it must be accepted. */
+static const struct gen_args *ok_ctx(enum openai_kind kind, const char *body, uint32_t n_ctx)
 {
     parsed_free();
-    struct openai_err e;
-    if (openai_parse(kind, body, strlen(body), N_CTX, &g.req, &e) != 0)
-        fail_msg("refused (%d %s, param '%s': %s): %s", e.status, e.code, e.param, e.message, body);
+    struct kvd_error e = {0};
+    if (openai_parse(kind, body, strlen(body), n_ctx, &g.req, &e) != 0)
+        fail_msg("refused (%s, param '%s': %s): %s", kvd_err_code(e.code), e.param, e.message,
+                 body);
     g.have_req = true;
-    struct kvd_error pe = {0};
-    assert_int_equal(proto_msg_parse(&g.msg, g.req.args.data, g.req.args.size, &pe), 0);
-    g.have_msg = true;
-    assert_int_equal(g.msg.root->type, MSGPACK_OBJECT_MAP);
-    return g.msg.root;
+    return &g.req.args;
 }
 
-static const msgpack_object *ok_c(const char *body)
+static const struct gen_args *ok_c(const char *body)
 {
-    return ok(OPENAI_COMPLETION, body);
+    return ok_ctx(OPENAI_COMPLETION, body, N_CTX);
 }
 
-static const msgpack_object *ok_chat(const char *body)
+static const struct gen_args *ok_chat(const char *body)
 {
-    return ok(OPENAI_CHAT, body);
+    return ok_ctx(OPENAI_CHAT, body, N_CTX);
 }
 
 /* Parses body as kind; it must be refused with status, code and param. */
@@ -75,17 +67,35 @@ static void refused(enum openai_kind kind, const char *body, int status, const c
                     const char *param)
 {
     struct openai_req r;
-    struct openai_err e;
+    struct kvd_error e;
     memset(&e, 0, sizeof(e));
     if (openai_parse(kind, body, strlen(body), N_CTX, &r, &e) == 0) {
         openai_req_free(&r);
         fail_msg("accepted, expected %d %s: %s", status, code, body);
     }
-    if (e.status != status || strcmp(e.code, code) || strcmp(e.param, param))
-        fail_msg("%d %s param '%s' (%s), expected %d %s param '%s': %s", e.status, e.code, e.param,
-                 e.message, status, code, param, body);
+    struct openai_status st;
+    openai_status_of(&e, &st);
+    if (st.status != status || strcmp(st.code, code) || strcmp(e.param, param))
+        fail_msg("%d %s param '%s' (%s), expected %d %s param '%s': %s", st.status, st.code,
+                 e.param, e.message, status, code, param, body);
     assert_true(e.message[0] != '\0');
-    assert_true(e.type[0] != '\0');
+    assert_true(st.type[0] != '\0');
+    /* the error body is valid JSON naming the same param */
+    int bst = 0;
+    size_t len = 0;
+    char *json = openai_error_body(&e, &bst, &len);
+    assert_non_null(json);
+    assert_int_equal(bst, status);
+    json_error_t je;
+    json_t *o = json_loads(json, 0, &je);
+    assert_non_null(o);
+    json_t *jp = json_object_get(json_object_get(o, "error"), "param");
+    if (param[0])
+        assert_string_equal(json_string_value(jp), param);
+    else
+        assert_true(json_is_null(jp));
+    json_decref(o);
+    free(json);
     /* r was released: nothing to free, and freeing it again is harmless */
     openai_req_free(&r);
 }
@@ -95,50 +105,21 @@ static void refused(enum openai_kind kind, const char *body, int status, const c
 #define UNSUP_C(body, param) refused(OPENAI_COMPLETION, body, 400, "unsupported", param)
 #define UNSUP_CHAT(body, param) refused(OPENAI_CHAT, body, 400, "unsupported", param)
 
-static const msgpack_object *key(const msgpack_object *m, const char *k)
+static void expect_text(const struct gen_args *a, const char *want)
 {
-    return proto_map_find(m, k);
+    assert_int_equal(a->prompt, GEN_PROMPT_TEXT);
+    assert_string_equal(a->prompt_param, "prompt");
+    assert_int_equal(a->text_len, strlen(want));
+    assert_memory_equal(a->text, want, a->text_len);
 }
 
-static uint64_t u64_of(const msgpack_object *m, const char *k)
+static void expect_ids(const struct gen_args *a, const uint32_t *ids, size_t n)
 {
-    const msgpack_object *o = key(m, k);
-    assert_non_null(o);
-    assert_int_equal(o->type, MSGPACK_OBJECT_POSITIVE_INTEGER);
-    return o->via.u64;
-}
-
-static double dbl_of(const msgpack_object *m, const char *k)
-{
-    const msgpack_object *o = key(m, k);
-    assert_non_null(o);
-    assert_true(o->type == MSGPACK_OBJECT_FLOAT64 || o->type == MSGPACK_OBJECT_FLOAT32);
-    return o->via.f64;
-}
-
-static bool bool_of(const msgpack_object *m, const char *k)
-{
-    const msgpack_object *o = key(m, k);
-    assert_non_null(o);
-    assert_int_equal(o->type, MSGPACK_OBJECT_BOOLEAN);
-    return o->via.boolean;
-}
-
-static void expect_str(const msgpack_object *o, const char *want)
-{
-    assert_non_null(o);
-    assert_int_equal(o->type, MSGPACK_OBJECT_STR);
-    assert_int_equal(o->via.str.size, strlen(want));
-    assert_memory_equal(o->via.str.ptr, want, o->via.str.size);
-}
-
-static void expect_ids(const msgpack_object *o, const uint64_t *ids, size_t n)
-{
-    assert_non_null(o);
-    assert_int_equal(o->type, MSGPACK_OBJECT_ARRAY);
-    assert_int_equal(o->via.array.size, n);
+    assert_int_equal(a->prompt, GEN_PROMPT_TOKENS);
+    assert_string_equal(a->prompt_param, "prompt");
+    assert_int_equal(a->n_tokens, n);
     for (size_t i = 0; i < n; i++)
-        assert_int_equal(o->via.array.ptr[i].via.u64, ids[i]);
+        assert_int_equal(a->tokens[i], ids[i]);
 }
 
 /* ---- the body ---------------------------------------------------------------- */
@@ -154,15 +135,11 @@ static void test_body(void **state)
     BAD_C("{\"prompt\":[1],\"prompt\":[2]}", ""); /* duplicate keys */
     BAD_C("{\"prompt\":\"\xff\xfe\"}", "");       /* invalid UTF-8 */
     BAD_C("{\"prompt\":\"a\\u0000b\"}", "");      /* NUL in a string */
-    struct openai_req r;
-    struct openai_err e;
-    assert_int_equal(openai_parse(OPENAI_COMPLETION, "{\"prompt\":[1]}", 14, 0, &r, &e), -1);
-    assert_int_equal(e.status, 503);
     /* unknown fields are ignored, whatever their type */
-    const msgpack_object *m = ok_c("{\"prompt\":[1],\"user\":7,\"frequency_penalty\":\"x\","
-                                   "\"tools\":[{}],\"suffix\":null,\"best_of\":{\"a\":1}}");
-    assert_null(key(m, "user"));
-    assert_null(key(m, "tools"));
+    const struct gen_args *a = ok_c("{\"prompt\":[1],\"user\":7,\"frequency_penalty\":\"x\","
+                                    "\"tools\":[{}],\"suffix\":null,\"best_of\":{\"a\":1}}");
+    static const uint32_t one[] = {1};
+    expect_ids(a, one, 1);
 }
 
 /* ---- prompt and messages -------------------------------------------------------- */
@@ -170,15 +147,15 @@ static void test_body(void **state)
 static void test_prompt(void **state)
 {
     (void)state;
-    static const uint64_t ids[] = {5, 6, 4294967295u};
-    expect_str(key(ok_c("{\"prompt\":\"Once upon\"}"), "text"), "Once upon");
-    expect_str(key(ok_c("{\"prompt\":[\"Once upon\"]}"), "text"), "Once upon");
-    expect_str(key(ok_c("{\"prompt\":\"\"}"), "text"), "");
-    expect_ids(key(ok_c("{\"prompt\":[5,6,4294967295]}"), "tokens"), ids, 3);
-    const msgpack_object *m = ok_c("{\"prompt\":[[5,6,4294967295]]}");
-    expect_ids(key(m, "tokens"), ids, 3);
-    assert_null(key(m, "text"));
-    assert_null(key(m, "messages"));
+    static const uint32_t ids[] = {5, 6, 4294967295u};
+    expect_text(ok_c("{\"prompt\":\"Once upon\"}"), "Once upon");
+    expect_text(ok_c("{\"prompt\":[\"Once upon\"]}"), "Once upon");
+    expect_text(ok_c("{\"prompt\":\"\"}"), "");
+    expect_ids(ok_c("{\"prompt\":[5,6,4294967295]}"), ids, 3);
+    const struct gen_args *a = ok_c("{\"prompt\":[[5,6,4294967295]]}");
+    expect_ids(a, ids, 3);
+    assert_int_equal(a->n_msgs, 0);
+    assert_null(a->text);
     BAD_C("{}", "prompt");
     BAD_C("{\"prompt\":null}", "prompt");
     BAD_C("{\"prompt\":5}", "prompt");
@@ -201,11 +178,13 @@ static void test_prompt(void **state)
         at += (size_t)snprintf(big + at, cap - at, i ? ",1" : "1");
     snprintf(big + at, cap - at, "]}");
     struct openai_req r;
-    struct openai_err e;
+    struct kvd_error e;
     int rc = openai_parse(OPENAI_COMPLETION, big, strlen(big), N_CTX, &r, &e);
     free(big);
     assert_int_equal(rc, -1);
-    assert_int_equal(e.status, 400);
+    struct openai_status st;
+    openai_status_of(&e, &st);
+    assert_int_equal(st.status, 400);
     assert_string_equal(e.param, "prompt");
     /* prompt is not read by chat, messages not by completions */
     BAD_CHAT("{\"prompt\":\"a\"}", "messages");
@@ -215,26 +194,24 @@ static void test_prompt(void **state)
 static void test_messages(void **state)
 {
     (void)state;
-    const msgpack_object *m =
+    const struct gen_args *a =
         ok_chat("{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
                 "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Tell me \"},"
                 "{\"type\":\"text\",\"text\":\"a story.\"}]},"
                 "{\"role\":\"assistant\",\"content\":null,\"name\":\"x\"}]}");
-    const msgpack_object *msgs = key(m, "messages");
-    assert_non_null(msgs);
-    assert_int_equal(msgs->via.array.size, 3);
-    expect_str(key(&msgs->via.array.ptr[0], "role"), "system");
-    expect_str(key(&msgs->via.array.ptr[0], "content"), "Be brief.");
-    expect_str(key(&msgs->via.array.ptr[1], "content"), "Tell me a story.");
-    expect_str(key(&msgs->via.array.ptr[2], "role"), "assistant");
-    expect_str(key(&msgs->via.array.ptr[2], "content"), "");
-    assert_null(key(&msgs->via.array.ptr[2], "name")); /* only role and content */
-    assert_null(key(m, "text"));
-    assert_null(key(m, "tokens"));
-    expect_str(
-        key(&key(ok_chat("{\"messages\":[{\"role\":\"user\"}]}"), "messages")->via.array.ptr[0],
-            "content"),
-        "");
+    assert_int_equal(a->prompt, GEN_PROMPT_MESSAGES);
+    assert_string_equal(a->prompt_param, "messages");
+    assert_int_equal(a->n_msgs, 3);
+    assert_string_equal(a->msgs[0].role, "system");
+    assert_string_equal(a->msgs[0].content, "Be brief.");
+    assert_string_equal(a->msgs[1].content, "Tell me a story.");
+    assert_string_equal(a->msgs[2].role, "assistant");
+    assert_string_equal(a->msgs[2].content, "");
+    assert_null(a->text);
+    assert_int_equal(a->n_tokens, 0);
+    a = ok_chat("{\"messages\":[{\"role\":\"user\"}]}");
+    assert_int_equal(a->n_msgs, 1);
+    assert_string_equal(a->msgs[0].content, "");
     BAD_CHAT("{}", "messages");
     BAD_CHAT("{\"messages\":null}", "messages");
     BAD_CHAT("{\"messages\":[]}", "messages");
@@ -254,40 +231,36 @@ static void test_messages(void **state)
 
 /* ---- sampling and length ------------------------------------------------------ */
 
+static uint64_t max_tokens_of(const struct gen_args *a)
+{
+    assert_true(a->has_max_tokens);
+    return a->max_tokens;
+}
+
 static void test_max_tokens(void **state)
 {
     (void)state;
-    assert_int_equal(u64_of(ok_c("{\"prompt\":[1]}"), "max_tokens"), 16);
-    assert_int_equal(u64_of(ok_c("{\"prompt\":[1],\"max_tokens\":null}"), "max_tokens"), 16);
-    assert_int_equal(u64_of(ok_c("{\"prompt\":[1],\"max_tokens\":1}"), "max_tokens"), 1);
-    assert_int_equal(u64_of(ok_c("{\"prompt\":[1],\"max_tokens\":4096}"), "max_tokens"), N_CTX);
+    assert_int_equal(max_tokens_of(ok_c("{\"prompt\":[1]}")), 16);
+    assert_int_equal(max_tokens_of(ok_c("{\"prompt\":[1],\"max_tokens\":null}")), 16);
+    assert_int_equal(max_tokens_of(ok_c("{\"prompt\":[1],\"max_tokens\":1}")), 1);
+    assert_int_equal(max_tokens_of(ok_c("{\"prompt\":[1],\"max_tokens\":4096}")), N_CTX);
     /* the default never passes a context smaller than 16 (found by fuzz_http) */
-    struct openai_req r;
-    struct openai_err e;
-    assert_int_equal(openai_parse(OPENAI_COMPLETION, "{\"prompt\":[1]}", 14, 8, &r, &e), 0);
-    struct proto_msg m8;
-    struct kvd_error pe = {0};
-    assert_int_equal(proto_msg_parse(&m8, r.args.data, r.args.size, &pe), 0);
-    uint64_t mt = u64_of(m8.root, "max_tokens");
-    proto_msg_free(&m8);
-    openai_req_free(&r);
-    assert_int_equal(mt, 8);
+    assert_int_equal(max_tokens_of(ok_ctx(OPENAI_COMPLETION, "{\"prompt\":[1]}", 8)), 8);
     BAD_C("{\"prompt\":[1],\"max_tokens\":0}", "max_tokens");
     BAD_C("{\"prompt\":[1],\"max_tokens\":4097}", "max_tokens");
     BAD_C("{\"prompt\":[1],\"max_tokens\":-1}", "max_tokens");
     BAD_C("{\"prompt\":[1],\"max_tokens\":\"5\"}", "max_tokens");
     BAD_C("{\"prompt\":[1],\"max_tokens\":2.5}", "max_tokens");
     /* max_completion_tokens: chat only, over max_tokens */
-    assert_int_equal(u64_of(ok_c("{\"prompt\":[1],\"max_completion_tokens\":7}"), "max_tokens"),
-                     16);
+    assert_int_equal(max_tokens_of(ok_c("{\"prompt\":[1],\"max_completion_tokens\":7}")), 16);
     static const char msg[] = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]";
     char b[256];
     snprintf(b, sizeof(b), "{%s}", msg);
-    assert_int_equal(u64_of(ok_chat(b), "max_tokens"), N_CTX);
+    assert_int_equal(max_tokens_of(ok_chat(b)), N_CTX);
     snprintf(b, sizeof(b), "{%s,\"max_tokens\":9}", msg);
-    assert_int_equal(u64_of(ok_chat(b), "max_tokens"), 9);
+    assert_int_equal(max_tokens_of(ok_chat(b)), 9);
     snprintf(b, sizeof(b), "{%s,\"max_tokens\":9,\"max_completion_tokens\":7}", msg);
-    assert_int_equal(u64_of(ok_chat(b), "max_tokens"), 7);
+    assert_int_equal(max_tokens_of(ok_chat(b)), 7);
     snprintf(b, sizeof(b), "{%s,\"max_completion_tokens\":0}", msg);
     BAD_CHAT(b, "max_completion_tokens");
     snprintf(b, sizeof(b), "{%s,\"max_completion_tokens\":true}", msg);
@@ -297,48 +270,56 @@ static void test_max_tokens(void **state)
 static void test_temperature_top_p_seed(void **state)
 {
     (void)state;
-    const msgpack_object *m = ok_c("{\"prompt\":[1]}");
-    assert_true(dbl_of(m, "temperature") == 1.0);
-    assert_true(dbl_of(m, "top_p") == 1.0);
-    assert_null(key(m, "seed"));
-    assert_true(dbl_of(ok_c("{\"prompt\":[1],\"temperature\":0}"), "temperature") == 0.0);
-    assert_true(dbl_of(ok_c("{\"prompt\":[1],\"temperature\":2}"), "temperature") == 2.0);
-    assert_true(dbl_of(ok_c("{\"prompt\":[1],\"temperature\":0.7}"), "temperature") == 0.7);
+    const struct gen_args *a = ok_c("{\"prompt\":[1]}");
+    assert_true(a->temperature == 1.0);
+    assert_true(a->top_p == 1.0);
+    assert_false(a->has_seed);
+    assert_true(ok_c("{\"prompt\":[1],\"temperature\":0}")->temperature == 0.0);
+    assert_true(ok_c("{\"prompt\":[1],\"temperature\":2}")->temperature == 2.0);
+    assert_true(ok_c("{\"prompt\":[1],\"temperature\":0.7}")->temperature == 0.7);
     BAD_C("{\"prompt\":[1],\"temperature\":2.01}", "temperature");
     BAD_C("{\"prompt\":[1],\"temperature\":-0.1}", "temperature");
     BAD_C("{\"prompt\":[1],\"temperature\":\"0\"}", "temperature");
     BAD_C("{\"prompt\":[1],\"temperature\":1e999}", ""); /* not JSON jansson reads */
     /* top_p in (0, 1]; 0 means only the most likely token */
-    double p0 = dbl_of(ok_c("{\"prompt\":[1],\"top_p\":0}"), "top_p");
+    double p0 = ok_c("{\"prompt\":[1],\"top_p\":0}")->top_p;
     assert_true(p0 > 0 && p0 < 1e-6);
-    assert_true(dbl_of(ok_c("{\"prompt\":[1],\"top_p\":0.5}"), "top_p") == 0.5);
-    assert_true(dbl_of(ok_c("{\"prompt\":[1],\"top_p\":1}"), "top_p") == 1.0);
+    assert_true(ok_c("{\"prompt\":[1],\"top_p\":0.5}")->top_p == 0.5);
+    assert_true(ok_c("{\"prompt\":[1],\"top_p\":1}")->top_p == 1.0);
     BAD_C("{\"prompt\":[1],\"top_p\":1.5}", "top_p");
     BAD_C("{\"prompt\":[1],\"top_p\":-0.5}", "top_p");
     BAD_C("{\"prompt\":[1],\"top_p\":[1]}", "top_p");
     /* seed: any integer (a negative one as its 64-bit pattern) */
-    assert_int_equal(u64_of(ok_c("{\"prompt\":[1],\"seed\":42}"), "seed"), 42);
-    assert_int_equal(u64_of(ok_c("{\"prompt\":[1],\"seed\":-1}"), "seed"), UINT64_MAX);
-    assert_int_equal(u64_of(ok_c("{\"prompt\":[1],\"seed\":9223372036854775807}"), "seed"),
-                     INT64_MAX);
-    assert_null(key(ok_c("{\"prompt\":[1],\"seed\":null}"), "seed"));
+    a = ok_c("{\"prompt\":[1],\"seed\":42}");
+    assert_true(a->has_seed);
+    assert_int_equal(a->seed, 42);
+    assert_int_equal(ok_c("{\"prompt\":[1],\"seed\":-1}")->seed, UINT64_MAX);
+    assert_int_equal(ok_c("{\"prompt\":[1],\"seed\":9223372036854775807}")->seed, INT64_MAX);
+    assert_false(ok_c("{\"prompt\":[1],\"seed\":null}")->has_seed);
     BAD_C("{\"prompt\":[1],\"seed\":1.5}", "seed");
     BAD_C("{\"prompt\":[1],\"seed\":\"1\"}", "seed");
+}
+
+static void expect_stop(const struct gen_args *a, size_t i, const char *want)
+{
+    assert_true(i < a->n_stop_strs);
+    assert_int_equal(a->stop_lens[i], strlen(want));
+    assert_memory_equal(a->stop_strs[i], want, a->stop_lens[i]);
 }
 
 static void test_stop(void **state)
 {
     (void)state;
-    assert_null(key(ok_c("{\"prompt\":[1]}"), "stop"));
-    assert_null(key(ok_c("{\"prompt\":[1],\"stop\":null}"), "stop"));
-    assert_null(key(ok_c("{\"prompt\":[1],\"stop\":[]}"), "stop"));
-    const msgpack_object *s = key(ok_c("{\"prompt\":[1],\"stop\":\"\\n\\n\"}"), "stop");
-    assert_non_null(s);
-    assert_int_equal(s->via.array.size, 1);
-    expect_str(&s->via.array.ptr[0], "\n\n");
-    s = key(ok_c("{\"prompt\":[1],\"stop\":[\"a\",\"b\",\"c\",\"d\"]}"), "stop");
-    assert_int_equal(s->via.array.size, 4);
-    expect_str(&s->via.array.ptr[3], "d");
+    assert_int_equal(ok_c("{\"prompt\":[1]}")->n_stop_strs, 0);
+    assert_int_equal(ok_c("{\"prompt\":[1],\"stop\":null}")->n_stop_strs, 0);
+    assert_int_equal(ok_c("{\"prompt\":[1],\"stop\":[]}")->n_stop_strs, 0);
+    const struct gen_args *a = ok_c("{\"prompt\":[1],\"stop\":\"\\n\\n\"}");
+    assert_int_equal(a->n_stop_strs, 1);
+    expect_stop(a, 0, "\n\n");
+    a = ok_c("{\"prompt\":[1],\"stop\":[\"a\",\"b\",\"c\",\"d\"]}");
+    assert_int_equal(a->n_stop_strs, 4);
+    expect_stop(a, 3, "d");
+    assert_int_equal(a->n_stop_ids, 0);
     BAD_C("{\"prompt\":[1],\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop");
     BAD_C("{\"prompt\":[1],\"stop\":\"\"}", "stop");
     BAD_C("{\"prompt\":[1],\"stop\":[\"a\",\"\"]}", "stop");
@@ -349,8 +330,7 @@ static void test_stop(void **state)
     char b[2 * TEXT_OUT_MAX_STOP_LEN];
     int n = snprintf(b, sizeof(b), "{\"prompt\":[1],\"stop\":\"%0*d\"}", TEXT_OUT_MAX_STOP_LEN, 0);
     assert_true(n > 0 && (size_t)n < sizeof(b));
-    s = key(ok_c(b), "stop");
-    assert_int_equal(s->via.array.ptr[0].via.str.size, TEXT_OUT_MAX_STOP_LEN);
+    assert_int_equal(ok_c(b)->stop_lens[0], TEXT_OUT_MAX_STOP_LEN);
     snprintf(b, sizeof(b), "{\"prompt\":[1],\"stop\":[\"%0*d\"]}", TEXT_OUT_MAX_STOP_LEN + 1, 0);
     BAD_C(b, "stop");
 }
@@ -360,13 +340,13 @@ static void test_stop(void **state)
 static void test_stream(void **state)
 {
     (void)state;
-    const msgpack_object *m = ok_c("{\"prompt\":[1]}");
-    assert_false(bool_of(m, "stream"));
+    const struct gen_args *a = ok_c("{\"prompt\":[1]}");
+    assert_false(a->stream);
     assert_false(g.req.stream);
     assert_false(g.req.include_usage);
-    assert_null(key(m, "ignore_eos"));
-    m = ok_c("{\"prompt\":[1],\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
-    assert_true(bool_of(m, "stream"));
+    assert_false(a->ignore_eos);
+    a = ok_c("{\"prompt\":[1],\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
+    assert_true(a->stream);
     assert_true(g.req.stream);
     assert_true(g.req.include_usage);
     assert_int_equal(g.req.kind, OPENAI_COMPLETION);
@@ -375,13 +355,40 @@ static void test_stream(void **state)
     assert_true(g.req.stream);
     assert_false(g.req.include_usage);
     assert_int_equal(g.req.kind, OPENAI_CHAT);
-    assert_true(bool_of(ok_c("{\"prompt\":[1],\"ignore_eos\":true}"), "ignore_eos"));
-    assert_null(key(ok_c("{\"prompt\":[1],\"ignore_eos\":false}"), "ignore_eos"));
+    assert_true(ok_c("{\"prompt\":[1],\"ignore_eos\":true}")->ignore_eos);
+    assert_false(ok_c("{\"prompt\":[1],\"ignore_eos\":false}")->ignore_eos);
     BAD_C("{\"prompt\":[1],\"stream\":\"true\"}", "stream");
     BAD_C("{\"prompt\":[1],\"stream\":1}", "stream");
     BAD_C("{\"prompt\":[1],\"stream_options\":true}", "stream_options");
     BAD_C("{\"prompt\":[1],\"stream_options\":{\"include_usage\":1}}", "include_usage");
     BAD_C("{\"prompt\":[1],\"ignore_eos\":\"yes\"}", "ignore_eos");
+}
+
+/* The HTTP edge's mapping of kvd's codes (docs/http.md's table). */
+static void test_status_of(void **state)
+{
+    (void)state;
+    static const struct {
+        int code;
+        const char *param;
+        int status;
+    } cases[] = {
+        {KVD_EBADREQ, "prompt", 400}, {KVD_EUNSUPPORTED, "n", 400},
+        {KVD_EUNSUPPORTED, "", 501},  {KVD_ETOOLARGE, "messages", 413},
+        {KVD_EPERM, "", 403},         {KVD_EBUSY, "", 429},
+        {KVD_EQUOTA, "", 429},        {KVD_ENOMEM, "", 503},
+        {KVD_ECANCELLED, "", 503},    {KVD_EINTERNAL, "", 500},
+        {KVD_ENOTFOUND, "", 404},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct kvd_error e;
+        kvd_error_set(&e, cases[i].code, "x");
+        kvd_error_param(&e, cases[i].param);
+        struct openai_status st;
+        openai_status_of(&e, &st);
+        assert_int_equal(st.status, cases[i].status);
+        assert_string_equal(st.code, kvd_err_code(cases[i].code));
+    }
 }
 
 static void test_unsupported(void **state)
@@ -427,6 +434,7 @@ int main(void)
         cmocka_unit_test_teardown(test_stop, teardown),
         cmocka_unit_test_teardown(test_stream, teardown),
         cmocka_unit_test_teardown(test_unsupported, teardown),
+        cmocka_unit_test(test_status_of),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
