@@ -288,7 +288,7 @@ int main(int argc, char **argv)
         }
         snprintf(model_name, sizeof(model_name), "%s", mi.name);
     }
-    if (http_start(srv, gen, model_name, &http, NULL, err, sizeof(err)) != 0) {
+    if (http_start(srv, gen, pool, model_name, &http, NULL, err, sizeof(err)) != 0) {
         log_err("--http/--http-socket: %s", err);
         status = 2;
         goto out_srv;

@@ -38,6 +38,7 @@
 #include "openai.h"
 #include "ops_generate.h"
 #include "server.h"
+#include "workpool.h"
 #include "tenancy.h"
 
 struct http_api;
@@ -58,8 +59,17 @@ struct http_req {
     struct evhttp_connection *evcon;
     struct event *ev_close; /* watch_close's read event; NULL when not watching */
     uint64_t client;
-    uint32_t tenant;
+    uint32_t tenant, ns;
     enum openai_kind kind;
+    /* The body, parsed on a text worker (the JSON of an 8 MiB body is
+     * ~150 ms of work): while `parsing`, a worker owns body, oq and perr,
+     * and r outlives its connection (`gone`) until the parse is back. */
+    bool parsing, gone;
+    struct evbuffer *body;
+    struct openai_req oq;
+    bool have_oq;
+    int parse_rc;
+    struct kvd_error perr;
     bool stream, include_usage;
     bool overflow;               /* the client stopped reading: its generate was ended */
     bool role_sent;              /* chat stream: the first chunk (with the role) went out */
@@ -72,6 +82,7 @@ struct http_api {
     struct server *srv;
     struct kvmm *mm;
     struct gen_clients *gc; /* NULL in store mode */
+    struct workpool *pool;  /* the text workers: bodies are parsed there (NULL: here) */
     uint32_t n_ctx;
     char model[128];
     uint64_t created;
@@ -212,14 +223,27 @@ static void hreq_unlink(struct http_req *r)
     server_tenant_pending(a->srv, r->tenant, -1);
 }
 
-/* Ends r's bookkeeping once its reply is sent or its connection is gone. */
+/* Ends r's bookkeeping once its reply is sent or its connection is gone.
+ * While a worker parses its body, r only becomes `gone`: the parse's
+ * completion (parsed_cb) frees it. */
 static void hreq_free(struct http_req *r)
 {
-    if (r->ev_close)
+    if (r->ev_close) {
         event_free(r->ev_close);
+        r->ev_close = NULL;
+    }
     if (r->evcon && r->req)
         evhttp_connection_set_closecb(r->evcon, NULL, NULL);
+    if (r->parsing) {
+        r->gone = true;
+        r->req = NULL;
+        return;
+    }
     hreq_unlink(r);
+    if (r->have_oq)
+        openai_req_free(&r->oq);
+    if (r->body)
+        evbuffer_free(r->body);
     free(r);
 }
 
@@ -434,13 +458,70 @@ static void on_done(void *ud, const struct ops_generate_result *res)
     hreq_free(r);
 }
 
-/* The body, as one contiguous block. */
-static const char *body_of(struct evhttp_request *req, size_t *len)
+/* The parsed body of r: submitted as a generate client, or refused. Loop
+ * thread. */
+static void generate_parsed(struct http_req *r)
 {
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    *len = evbuffer_get_length(in);
-    const char *p = (const char *)evbuffer_pullup(in, -1);
-    return p ? p : "";
+    struct http_api *a = r->api;
+    struct evhttp_request *req = r->req;
+    if (r->parse_rc != 0) {
+        send_err(req, &r->perr);
+        hreq_free(r);
+        return;
+    }
+    struct kvd_error e;
+    r->stream = r->oq.stream;
+    r->include_usage = r->oq.include_usage;
+    r->client = ops_generate_client_id(a->gc);
+    struct ops_generate_client cb = {.ud = r, .tokens = on_tokens, .done = on_done};
+    if (ops_generate_client_submit(a->gc, r->client, &r->oq.args, r->tenant, r->ns, &cb, &e)) {
+        send_err(req, &e);
+        hreq_free(r);
+        return;
+    }
+    openai_req_free(&r->oq);
+    r->have_oq = false;
+    evbuffer_free(r->body);
+    r->body = NULL;
+    if (r->stream) {
+        struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+        evhttp_add_header(h, "Content-Type", "text/event-stream");
+        evhttp_add_header(h, "Cache-Control", "no-cache");
+        evhttp_send_reply_start(req, 200, "OK");
+    }
+}
+
+/* Back on the loop from the worker (event_base_once). */
+static void parsed_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct http_req *r = arg;
+    r->parsing = false;
+    if (r->gone) {
+        hreq_free(r);
+        return;
+    }
+    generate_parsed(r);
+}
+
+/* The worker's job: the body's JSON into typed generate arguments. */
+static void parse_job(void *ud, bool cancelled)
+{
+    struct http_req *r = ud;
+    if (cancelled) {
+        r->parse_rc = kvd_error_set(&r->perr, KVD_ECANCELLED, "the daemon is shutting down");
+    } else {
+        size_t len = evbuffer_get_length(r->body);
+        const char *p = (const char *)evbuffer_pullup(r->body, -1);
+        r->parse_rc =
+            openai_parse(r->kind, p ? p : "", len, r->api->n_ctx, &r->oq, &r->perr) ? -1 : 0;
+        r->have_oq = r->parse_rc == 0;
+    }
+    if (!r->api->pool)
+        return; /* parsed inline: the caller goes on */
+    /* r belongs to the loop again once the event runs; a loop that has
+     * stopped never runs it, and http_stop frees r. */
+    if (event_base_once(server_event_base(r->api->srv), -1, EV_TIMEOUT, parsed_cb, r, NULL) != 0)
+        log_err("http: request %s: cannot hand its parsed body back to the loop", r->id);
 }
 
 static void handle_generate(struct http_listener *l, struct evhttp_request *req,
@@ -453,37 +534,32 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
                       "no model loaded: kvd runs in store mode (start it with --model)");
         return;
     }
-    size_t len;
-    const char *body = body_of(req, &len);
-    struct openai_req oq;
-    if (openai_parse(kind, body, len, a->n_ctx, &oq, &e) != 0) {
+    /* In flight per tenant: one count with the tenant's msgpack generates
+     * (the server's tenant table), from the moment the body is taken. */
+    if (server_queue_admit(a->srv, NULL, who->tenant, &e) != 0) {
         send_err(req, &e);
         return;
     }
-    /* In flight per tenant: one count with the tenant's msgpack generates
-     * (the server's tenant table). */
-    struct http_req *r = NULL;
-    if (server_queue_admit(a->srv, NULL, who->tenant, &e) != 0)
-        goto fail;
-    if (!(r = calloc(1, sizeof(*r)))) {
+    struct http_req *r = calloc(1, sizeof(*r));
+    struct evbuffer *body = evbuffer_new();
+    if (!r || !body || evbuffer_add_buffer(body, evhttp_request_get_input_buffer(req)) != 0) {
+        free(r);
+        if (body)
+            evbuffer_free(body);
         kvd_error_set(&e, KVD_ENOMEM, "out of memory");
-        goto fail;
+        send_err(req, &e);
+        return;
     }
     r->api = a;
     r->req = req;
     r->evcon = evhttp_request_get_connection(req);
     r->kind = kind;
-    r->stream = oq.stream;
-    r->include_usage = oq.include_usage;
     r->tenant = who->tenant;
+    r->ns = who->ns;
+    r->body = body;
     r->created = (uint64_t)time(NULL);
-    r->client = ops_generate_client_id(a->gc);
     snprintf(r->id, sizeof(r->id), "%s-kvd%" PRIu64, kind == OPENAI_CHAT ? "chatcmpl" : "cmpl",
              ++a->n_requests);
-    struct ops_generate_client cb = {.ud = r, .tokens = on_tokens, .done = on_done};
-    if (ops_generate_client_submit(a->gc, r->client, &oq.args, who->tenant, who->ns, &cb, &e))
-        goto fail;
-    openai_req_free(&oq);
     r->next = a->live;
     if (a->live)
         a->live->prev = r;
@@ -491,17 +567,23 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
     server_tenant_pending(a->srv, r->tenant, 1);
     evhttp_connection_set_closecb(r->evcon, on_conn_close, r);
     watch_close(r);
-    if (r->stream) {
-        struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-        evhttp_add_header(h, "Content-Type", "text/event-stream");
-        evhttp_add_header(h, "Cache-Control", "no-cache");
-        evhttp_send_reply_start(req, 200, "OK");
+    if (!a->pool) {
+        parse_job(r, false);
+        generate_parsed(r);
+        return;
     }
-    return;
-fail:
-    free(r);
-    openai_req_free(&oq);
-    send_err(req, &e);
+    r->parsing = true;
+    int rc = workpool_submit(a->pool, r->tenant, parse_job, r);
+    if (rc) {
+        r->parsing = false;
+        kvd_error_set(&e, rc, "%s",
+                      rc == KVD_EBUSY        ? "this tenant has as many texts waiting for the text "
+                                               "workers as it may (text-jobs-per-tenant)"
+                      : rc == KVD_ECANCELLED ? "the daemon is shutting down"
+                                             : "out of memory");
+        send_err(req, &e);
+        hreq_free(r);
+    }
 }
 
 /* ---- routing -------------------------------------------------------------- */
@@ -600,8 +682,9 @@ static int listener_start(struct http_api *a, struct http_listener *l, const cha
     return httpd_listen(l->httpd, port, err, errlen);
 }
 
-int http_start(struct server *srv, struct ops_generate *gen, const char *model,
-               struct http_api **out, uint16_t *tcp_port, char *err, size_t errlen)
+int http_start(struct server *srv, struct ops_generate *gen, struct workpool *pool,
+               const char *model, struct http_api **out, uint16_t *tcp_port, char *err,
+               size_t errlen)
 {
     const struct options *o = server_options(srv);
     *out = NULL;
@@ -615,6 +698,7 @@ int http_start(struct server *srv, struct ops_generate *gen, const char *model,
     server_get_obs(srv, &obs);
     a->mm = obs.mm;
     a->gc = gen ? ops_generate_clients(gen) : NULL;
+    a->pool = pool;
     a->n_ctx = gen ? exec_hparams(ops_generate_exec(gen))->n_ctx : 0;
     a->created = (uint64_t)time(NULL);
     snprintf(a->model, sizeof(a->model), "%s", model && model[0] ? model : "kvd");
@@ -655,6 +739,9 @@ void http_stop(struct http_api *a)
      * never run; evhttp frees the requests with their connections. */
     while (a->live) {
         struct http_req *r = a->live;
+        /* The workers are gone (freed first): a parse's completion that
+         * never ran leaves r to us. */
+        r->parsing = false;
         if (a->gc)
             ops_generate_client_drop(a->gc, r->client);
         hreq_free(r);

@@ -66,8 +66,15 @@ static int job_reply(struct text_job *j, msgpack_sbuffer *sb, struct kvd_error *
         const struct tokenizer *tok = need_tokenizer(tx, "detokenize", e);
         if (!tok)
             return e->code;
-        if ((rc = tokenizer_decode(tok, j->ids, j->n, j->special, &s, &len)))
-            return kvd_error_set(e, rc, "cannot detokenize");
+        /* The reply must fit its frame: nothing larger is built. */
+        size_t max = j->max_frame > 64 ? j->max_frame - 64 : 0;
+        if ((rc = tokenizer_decode_max(tok, j->ids, j->n, j->special, max, &s, &len)))
+            return rc == KVD_ETOOLARGE
+                       ? kvd_error_set(e, rc,
+                                       "'tokens' make more than %zu bytes of text: the reply "
+                                       "would be over max-frame (%u)",
+                                       max, j->max_frame)
+                       : kvd_error_set(e, rc, "cannot detokenize");
     }
     msgpack_packer pk;
     msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);

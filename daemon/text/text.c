@@ -273,8 +273,10 @@ int text_tokenize(const struct text *t, const char *s, size_t len, int add_bos, 
     if (lrc)
         return lrc;
     bool bos = add_bos < 0 ? tokenizer_add_bos_default(t->tok) : add_bos != 0;
-    int rc = tokenizer_encode(t->tok, s, len, bos, special, ids, n);
-    if (rc)
+    int rc = tokenizer_encode_max(t->tok, s, len, bos, special, max_tokens, ids, n);
+    if (rc == KVD_ETOOLARGE)
+        snprintf(err, errlen, "the text makes more than %zu tokens", max_tokens);
+    else if (rc)
         snprintf(err, errlen, "%s",
                  rc == KVD_ENOMEM ? "out of memory" : "cannot tokenize the text");
     return rc;
@@ -310,9 +312,11 @@ int text_tokenize_chat(const struct text *t, const struct chat_msg *msgs, size_t
     size_t skip = 0, bl = strlen(t->bos_text);
     if (bos && bl && plen >= bl && memcmp(prompt, t->bos_text, bl) == 0)
         skip = bl;
-    rc = tokenizer_encode(t->tok, prompt + skip, plen - skip, bos, true, ids, n);
+    rc = tokenizer_encode_max(t->tok, prompt + skip, plen - skip, bos, true, max_tokens, ids, n);
     free(prompt);
-    if (rc)
+    if (rc == KVD_ETOOLARGE)
+        snprintf(err, errlen, "the rendered conversation makes more than %zu tokens", max_tokens);
+    else if (rc)
         snprintf(err, errlen, "%s",
                  rc == KVD_ENOMEM ? "out of memory" : "cannot tokenize the rendered prompt");
     return rc;

@@ -882,11 +882,16 @@ uint32_t tokenizer_find(const struct tokenizer *t, const char *text, size_t len)
 struct ids {
     uint32_t *v;
     size_t n, cap;
-    bool oom;
+    size_t max; /* more ids than this: over (the encoding stops) */
+    bool oom, over;
 };
 
 static void ids_push(struct ids *o, uint32_t id)
 {
+    if (o->n >= o->max) {
+        o->over = true;
+        return;
+    }
     if (o->n == o->cap) {
         size_t cap = o->cap ? o->cap * 2 : 64;
         uint32_t *v = realloc(o->v, cap * sizeof(uint32_t));
@@ -1235,7 +1240,7 @@ static void spm_encode(const struct tokenizer *t, struct work *w, const char *te
     /* Words are merged one at a time when no token can span a word start
      * (t->spm_words): the same merges as over the whole text, since no pair
      * across a word start is ever a token, with small queues. */
-    for (size_t a = 0; a < ns;) {
+    for (size_t a = 0; a < ns && !out->over;) {
         size_t b = a + 1;
         if (t->spm_words)
             while (b < ns && !spm_word_start(s, &w->syms[b]))
@@ -1371,7 +1376,7 @@ static void bpe_encode(const struct tokenizer *t, struct work *w, const char *te
         }
         c += wl;
         bpe_word(t, w, w->buf, bl, out);
-        if (w->oom)
+        if (w->oom || out->over)
             return;
     }
 }
@@ -1379,7 +1384,13 @@ static void bpe_encode(const struct tokenizer *t, struct work *w, const char *te
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
                      bool parse_special, uint32_t **ids, size_t *n_ids)
 {
-    struct ids out = {0};
+    return tokenizer_encode_max(t, text, len, add_bos, parse_special, SIZE_MAX, ids, n_ids);
+}
+
+int tokenizer_encode_max(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
+                         bool parse_special, size_t max_ids, uint32_t **ids, size_t *n_ids)
+{
+    struct ids out = {.max = max_ids};
     struct frags f = {0};
     struct work w = {0};
     *ids = NULL;
@@ -1392,7 +1403,7 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bo
         bool prev_special = true; /* a space before the first text */
         if (add_bos && t->add_bos && t->bos != TOK_NULL)
             ids_push(&out, t->bos);
-        for (size_t i = 0; i < f.n && !out.oom && !w.oom; i++) {
+        for (size_t i = 0; i < f.n && !out.oom && !w.oom && !out.over; i++) {
             if (f.v[i].id == TOK_NULL) {
                 spm_encode(t, &w, text + f.v[i].off, f.v[i].len,
                            t->add_space_prefix && prev_special, &out);
@@ -1405,7 +1416,7 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bo
     } else {
         if (add_bos && t->add_bos && t->bos != TOK_NULL)
             ids_push(&out, t->bos);
-        for (size_t i = 0; i < f.n && !out.oom && !w.oom; i++) {
+        for (size_t i = 0; i < f.n && !out.oom && !w.oom && !out.over; i++) {
             if (f.v[i].id == TOK_NULL)
                 bpe_encode(t, &w, text + f.v[i].off, f.v[i].len, &out);
             else
@@ -1414,7 +1425,7 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bo
     }
     if (add_bos && t->add_eos && t->eos != TOK_NULL)
         ids_push(&out, t->eos);
-    if (out.oom || w.oom)
+    if (out.oom || w.oom || out.over)
         goto oom;
     if (!out.v) {
         out.v = malloc(sizeof(uint32_t));
@@ -1431,7 +1442,7 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bo
     *ids = out.v;
     *n_ids = out.n;
     return 0;
-oom:
+oom: /* or over max_ids */
     free(out.v);
     free(f.v);
     free(w.syms);
@@ -1440,5 +1451,5 @@ oom:
     free(w.cps);
     free(w.lens);
     free(w.scratch);
-    return KVD_ENOMEM;
+    return out.over && !out.oom && !w.oom ? KVD_ETOOLARGE : KVD_ENOMEM;
 }

@@ -63,6 +63,11 @@ const char *tokenizer_pre_name(const struct tokenizer *t);
  * KVD_ETOOLARGE for a text over TOK_MAX_TEXT bytes. */
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
                      bool parse_special, uint32_t **ids, size_t *n_ids);
+/* tokenizer_encode that stops as soon as the text makes more than max_ids
+ * ids: KVD_ETOOLARGE then, without encoding the rest (a request's token
+ * bound must not cost the whole text's encoding). */
+int tokenizer_encode_max(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
+                         bool parse_special, size_t max_ids, uint32_t **ids, size_t *n_ids);
 /* The model's default for add_bos (tokenizer.ggml.add_bos_token, or the
  * family default as llama.cpp). */
 bool tokenizer_add_bos_default(const struct tokenizer *t);
@@ -95,6 +100,11 @@ size_t tokenizer_piece(const struct tokenizer *t, uint32_t id, bool special, cha
  * skipped. *text is malloc'd and NUL-terminated. 0 or KVD_ENOMEM. */
 int tokenizer_decode(const struct tokenizer *t, const uint32_t *ids, size_t n, bool special,
                      char **text, size_t *len);
+/* tokenizer_decode that stops as soon as the text passes max_bytes:
+ * KVD_ETOOLARGE then (a reply must fit its frame; nothing larger is
+ * built). */
+int tokenizer_decode_max(const struct tokenizer *t, const uint32_t *ids, size_t n, bool special,
+                         size_t max_bytes, char **text, size_t *len);
 
 /* Streaming detokenizer: feed ids one at a time and get only complete UTF-8
  * (never a split character); the concatenation of everything pushed and

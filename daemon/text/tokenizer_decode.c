@@ -397,10 +397,21 @@ void tok_stream_free(struct tok_stream *s)
 int tokenizer_decode(const struct tokenizer *t, const uint32_t *ids, size_t n, bool special,
                      char **text, size_t *len)
 {
+    return tokenizer_decode_max(t, ids, n, special, SIZE_MAX, text, len);
+}
+
+int tokenizer_decode_max(const struct tokenizer *t, const uint32_t *ids, size_t n, bool special,
+                         size_t max_bytes, char **text, size_t *len)
+{
     struct tok_stream s = {.t = t, .special = special};
     stream_reset(&s);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         stage_piece(&s, ids[i]);
+        if (s.mid.n > max_bytes) { /* stops as soon as the text is too long */
+            free(s.mid.p);
+            return KVD_ETOOLARGE;
+        }
+    }
     clean_finish(&s.cl, &s.mid);
     if (s.mid.oom) {
         free(s.mid.p);
@@ -414,6 +425,10 @@ int tokenizer_decode(const struct tokenizer *t, const uint32_t *ids, size_t n, b
     }
     size_t w = stage_utf8(&s, out, cap, true);
     free(s.mid.p);
+    if (w > max_bytes) { /* invalid bytes became U+FFFD: 3 bytes each */
+        free(out);
+        return KVD_ETOOLARGE;
+    }
     *text = out;
     *len = w;
     return 0;

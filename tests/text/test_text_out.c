@@ -88,7 +88,7 @@ static int teardown(void **state)
 static size_t run(const struct fixture *f, const uint32_t *ids, size_t n, const char *const *stops,
                   size_t n_stops, char *out, size_t cap, size_t *n_pieces)
 {
-    size_t lens[8];
+    size_t lens[8] = {0};
     for (size_t i = 0; i < n_stops; i++)
         lens[i] = strlen(stops[i]);
     struct text_out *o;

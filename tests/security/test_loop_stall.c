@@ -1,0 +1,400 @@
+/* No single request may stall the event loop: against a real kvd, one
+ * client sends what used to hold the loop for seconds (a 60 MiB tokenize,
+ * a detokenize whose text is over max-frame, 7 MiB chat bodies over HTTP,
+ * 32k-token text prompts), while a second connection times `hello`s. The
+ * loop is shared by every tenant, so the second connection's round trips
+ * are what any other tenant sees; each must stay under a generous bound
+ * (VICTIM_MAX_MS: the failing case was seconds, 19 s for the tokenize).
+ * Each hostile request must also get its own clear refusal. */
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvd/protocol.h"
+#include "kvd_harness.h"
+
+#define VICTIM_MAX_MS 250.0
+
+static char g_dir[64], g_model[128];
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    const char *tools = getenv("KVD_TOOLS_DIR");
+    char cmd[768];
+    snprintf(g_dir, sizeof(g_dir), "/tmp/kvd-stall-XXXXXX");
+    if (!tools || !mkdtemp(g_dir))
+        return -1;
+    snprintf(g_model, sizeof(g_model), "%s/m.gguf", g_dir);
+    snprintf(cmd, sizeof(cmd),
+             "'%s/kvd-gguf-gen' -o '%s' --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 "
+             "--vocab 4096 --ctx 32768 --type f32 --chat-template "
+             "'%s/tests/text/templates/chatml.jinja' >/dev/null",
+             tools, g_model, KVD_SOURCE_DIR);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    unlink(g_model);
+    rmdir(g_dir);
+    return 0;
+}
+
+static void start(struct kh_proc *p, const char *const *extra)
+{
+    const char *args[40] = {
+        "--model",         g_model, "--backend",     "cpu", "--threads", "1", "--no-roofline-probe",
+        "--device-blocks", "64",    "--host-blocks", "16"};
+    int n = 11;
+    for (int i = 0; extra && extra[i] && n < 39; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    assert_int_equal(kh_start(p, NULL, args), 0);
+}
+
+/* The attacker: runs fn(arg) on its own thread while the caller times the
+ * victim's hellos; returns the slowest hello (ms) and how many ran. */
+struct attack {
+    void (*fn)(void *arg);
+    void *arg;
+    atomic_bool done;
+};
+
+static void *attack_main(void *p)
+{
+    struct attack *a = p;
+    a->fn(a->arg);
+    atomic_store(&a->done, true);
+    return NULL;
+}
+
+static double victim_while(const char *sock, void (*fn)(void *), void *arg, unsigned *n_hellos)
+{
+    int fd = kh_connect(sock);
+    assert_true(fd >= 0);
+    struct attack a = {.fn = fn, .arg = arg};
+    atomic_init(&a.done, false);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, attack_main, &a), 0);
+    double worst = 0;
+    unsigned n = 0;
+    uint64_t id = 1;
+    /* At least a few hellos even when the attack is over at once. */
+    while (!atomic_load(&a.done) || n < 5) {
+        struct kh_reply r;
+        double t0 = now_ms();
+        assert_int_equal(kh_call0(fd, "hello", id++, &r), 0);
+        double dt = now_ms() - t0;
+        kh_reply_free(&r);
+        if (dt > worst)
+            worst = dt;
+        n++;
+    }
+    pthread_join(t, NULL);
+    close(fd);
+    *n_hellos = n;
+    return worst;
+}
+
+/* ---- tokenize of 60 MiB --------------------------------------------------- */
+
+struct tok_attack {
+    const char *sock;
+    size_t bytes;
+    int rounds;
+    int codes[8];
+    char message[256];
+};
+
+static void tokenize_attack(void *p)
+{
+    struct tok_attack *a = p;
+    char *text = malloc(a->bytes);
+    assert_non_null(text);
+    for (size_t i = 0; i < a->bytes; i++)
+        text[i] = "abcdefgh "[i % 9];
+    int fd = kh_connect(a->sock);
+    assert_true(fd >= 0);
+    for (int k = 0; k < a->rounds; k++) {
+        struct kh_req q;
+        kh_req_begin(&q, "tokenize", 100 + k, 1);
+        proto_pack_kvn_str(&q.pk, "text", 4, text, a->bytes);
+        assert_int_equal(kh_req_send(fd, &q), 0);
+        struct kh_reply r;
+        assert_int_equal(kh_recv(fd, &r), 0);
+        a->codes[k] = r.code;
+        snprintf(a->message, sizeof(a->message), "%s", r.message);
+        kh_reply_free(&r);
+    }
+    close(fd);
+    free(text);
+}
+
+static void test_tokenize_60mib(void **state)
+{
+    (void)state;
+    struct kh_proc p;
+    start(&p, NULL);
+    struct tok_attack a = {.sock = p.sock, .bytes = (size_t)60 << 20, .rounds = 3};
+    unsigned n = 0;
+    double worst = victim_while(p.sock, tokenize_attack, &a, &n);
+    for (int k = 0; k < a.rounds; k++)
+        assert_int_equal(a.codes[k], KVD_ETOOLARGE);
+    if (!strstr(a.message, "max-text-bytes"))
+        fail_msg("the refusal does not name max-text-bytes: %s", a.message);
+    if (worst > VICTIM_MAX_MS)
+        fail_msg("a hello took %.1f ms (of %u) during 60 MiB tokenizes", worst, n);
+    print_message("60 MiB tokenize x%d: victim's slowest hello %.2f ms (%u hellos)\n", a.rounds,
+                  worst, n);
+    assert_int_equal(kh_stop(&p), 0);
+}
+
+/* Texts under max-text-bytes that make more tokens than a reply may hold
+ * stop being encoded at the bound (KVD_MAX_ARRAY), off the loop. */
+static void test_tokenize_token_bound(void **state)
+{
+    (void)state;
+    struct kh_proc p;
+    const char *extra[] = {"--max-text-bytes", "16M", NULL};
+    start(&p, extra);
+    /* "abcdefgh " makes several tokens per 9 bytes with this vocabulary:
+     * 8 MiB is well over KVD_MAX_ARRAY tokens. */
+    struct tok_attack a = {.sock = p.sock, .bytes = (size_t)8 << 20, .rounds = 2};
+    unsigned n = 0;
+    double worst = victim_while(p.sock, tokenize_attack, &a, &n);
+    for (int k = 0; k < a.rounds; k++)
+        assert_int_equal(a.codes[k], KVD_ETOOLARGE);
+    if (!strstr(a.message, "more than"))
+        fail_msg("unexpected refusal: %s", a.message);
+    if (worst > VICTIM_MAX_MS)
+        fail_msg("a hello took %.1f ms (of %u) during 8 MiB tokenizes", worst, n);
+    print_message("8 MiB tokenize over the token bound x%d: slowest hello %.2f ms\n", a.rounds,
+                  worst);
+    assert_int_equal(kh_stop(&p), 0);
+}
+
+/* ---- detokenize past max-frame --------------------------------------------- */
+
+struct detok_attack {
+    const char *sock;
+    size_t n;
+    int code;
+    char message[256];
+};
+
+static void detokenize_attack(void *p)
+{
+    struct detok_attack *a = p;
+    int fd = kh_connect(a->sock);
+    assert_true(fd >= 0);
+    uint32_t *ids = malloc(a->n * sizeof(uint32_t));
+    assert_non_null(ids);
+    for (size_t i = 0; i < a->n; i++)
+        ids[i] = 4000; /* "\u2581t4000": " t4000", 6 bytes of text each */
+    struct kh_req q;
+    kh_req_begin(&q, "detokenize", 7, 1);
+    proto_pack_kv_u32_array(&q.pk, "tokens", ids, a->n);
+    free(ids);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    struct kh_reply r;
+    assert_int_equal(kh_recv(fd, &r), 0);
+    a->code = r.code;
+    snprintf(a->message, sizeof(a->message), "%s", r.message);
+    kh_reply_free(&r);
+    close(fd);
+}
+
+static void test_detokenize_over_max_frame(void **state)
+{
+    (void)state;
+    struct kh_proc p;
+    const char *extra[] = {"--max-frame", "1M", NULL};
+    start(&p, extra);
+    /* 300k ids of 3 bytes each fit a 1 MiB request; their 1.8 MB of text
+     * does not fit the reply. */
+    struct detok_attack a = {.sock = p.sock, .n = 300000};
+    unsigned n = 0;
+    double worst = victim_while(p.sock, detokenize_attack, &a, &n);
+    assert_int_equal(a.code, KVD_ETOOLARGE);
+    if (!strstr(a.message, "max-frame"))
+        fail_msg("the refusal does not name max-frame: %s", a.message);
+    if (worst > VICTIM_MAX_MS)
+        fail_msg("a hello took %.1f ms during the detokenize", worst);
+    /* One that fits is answered. */
+    int fd = kh_connect(p.sock);
+    uint32_t ids[3] = {4000, 4001, 4002};
+    struct kh_req q;
+    kh_req_begin(&q, "detokenize", 8, 1);
+    proto_pack_kv_u32_array(&q.pk, "tokens", ids, 3);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    struct kh_reply r;
+    assert_int_equal(kh_recv(fd, &r), 0);
+    kh_expect(&r, 0);
+    kh_reply_free(&r);
+    close(fd);
+    assert_int_equal(kh_stop(&p), 0);
+}
+
+/* ---- generate with 32k-token texts ------------------------------------------ */
+
+static void text_generate_attack(void *p)
+{
+    struct tok_attack *a = p;
+    char *text = malloc(a->bytes);
+    assert_non_null(text);
+    for (size_t i = 0; i < a->bytes; i++)
+        text[i] = "abcdefgh "[i % 9];
+    int fd = kh_connect(a->sock);
+    assert_true(fd >= 0);
+    for (int k = 0; k < a->rounds; k++) {
+        struct kh_req q;
+        kh_req_begin(&q, "generate", 200 + k, 2);
+        proto_pack_kvn_str(&q.pk, "text", 4, text, a->bytes);
+        proto_pack_kv_uint(&q.pk, "max_tokens", 1);
+        assert_int_equal(kh_req_send(fd, &q), 0);
+        struct kh_reply r;
+        assert_int_equal(kh_recv(fd, &r), 0);
+        a->codes[k] = r.code;
+        snprintf(a->message, sizeof(a->message), "%s", r.message);
+        kh_reply_free(&r);
+    }
+    close(fd);
+    free(text);
+}
+
+static void test_generate_long_texts(void **state)
+{
+    (void)state;
+    struct kh_proc p;
+    start(&p, NULL);
+    /* 256 KiB: tens of thousands of tokens, more than the context: each is
+     * tokenized in full (on a worker) and refused. */
+    struct tok_attack a = {.sock = p.sock, .bytes = (size_t)256 << 10, .rounds = 4};
+    unsigned n = 0;
+    double worst = victim_while(p.sock, text_generate_attack, &a, &n);
+    for (int k = 0; k < a.rounds; k++)
+        assert_true(a.codes[k] == KVD_EBADREQ || a.codes[k] == KVD_ETOOLARGE);
+    if (!strstr(a.message, "'text'"))
+        fail_msg("the refusal does not name 'text': %s", a.message);
+    if (worst > VICTIM_MAX_MS)
+        fail_msg("a hello took %.1f ms (of %u) during long text prompts", worst, n);
+    print_message("256 KiB text prompts x%d: slowest hello %.2f ms\n", a.rounds, worst);
+    assert_int_equal(kh_stop(&p), 0);
+}
+
+/* ---- 7 MiB chat bodies over HTTP -------------------------------------------- */
+
+struct http_attack {
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int rounds;
+    int status[8];
+    char body[4096];
+};
+
+static int http_connect(const char *path)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void chat_attack(void *p)
+{
+    struct http_attack *a = p;
+    size_t content = (size_t)7 << 20;
+    size_t cap = content + 256;
+    char *json = malloc(cap);
+    assert_non_null(json);
+    size_t len = (size_t)snprintf(json, cap, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    memset(json + len, 'a', content);
+    len += content;
+    len += (size_t)snprintf(json + len, cap - len, "\"}]}");
+    for (int k = 0; k < a->rounds; k++) {
+        int fd = http_connect(a->path);
+        assert_true(fd >= 0);
+        char head[256];
+        int hl = snprintf(head, sizeof(head),
+                          "POST /v1/chat/completions HTTP/1.1\r\nHost: kvd\r\n"
+                          "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+                          "Connection: close\r\n\r\n",
+                          len);
+        assert_int_equal(kh_send_raw(fd, head, (size_t)hl), 0);
+        assert_int_equal(kh_send_raw(fd, json, len), 0);
+        char resp[4096];
+        size_t got = 0;
+        ssize_t r;
+        while (got < sizeof(resp) - 1 && (r = read(fd, resp + got, sizeof(resp) - 1 - got)) > 0)
+            got += (size_t)r;
+        resp[got] = '\0';
+        close(fd);
+        a->status[k] = 0;
+        sscanf(resp, "HTTP/1.1 %d", &a->status[k]);
+        const char *b = strstr(resp, "\r\n\r\n");
+        snprintf(a->body, sizeof(a->body), "%s", b ? b + 4 : resp);
+    }
+    free(json);
+}
+
+static void test_chat_bodies_7mib(void **state)
+{
+    (void)state;
+    struct kh_proc p;
+    char hs[64];
+    snprintf(hs, sizeof(hs), "/tmp/kvd-stall-http-%d.sock", (int)getpid());
+    const char *extra[] = {"--http-socket", hs, NULL};
+    start(&p, extra);
+    struct http_attack a = {.rounds = 5};
+    snprintf(a.path, sizeof(a.path), "%s", hs);
+    unsigned n = 0;
+    double worst = victim_while(p.sock, chat_attack, &a, &n);
+    for (int k = 0; k < a.rounds; k++)
+        if (a.status[k] != 413)
+            fail_msg("body %d: status %d, expected 413: %s", k, a.status[k], a.body);
+    if (!strstr(a.body, "\"param\":\"messages\"") || !strstr(a.body, "max-text-bytes"))
+        fail_msg("the 413 does not name messages and max-text-bytes: %s", a.body);
+    if (worst > VICTIM_MAX_MS)
+        fail_msg("a hello took %.1f ms (of %u) during 7 MiB chat bodies", worst, n);
+    print_message("7 MiB chat bodies x%d: slowest hello %.2f ms (%u hellos)\n", a.rounds, worst, n);
+    assert_int_equal(kh_stop(&p), 0);
+    unlink(hs);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tokenize_60mib),
+        cmocka_unit_test(test_tokenize_token_bound),
+        cmocka_unit_test(test_detokenize_over_max_frame),
+        cmocka_unit_test(test_generate_long_texts),
+        cmocka_unit_test(test_chat_bodies_7mib),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
