@@ -562,10 +562,32 @@ static void test_random_bytes(void **state)
                 assert_int_equal(tokenizer_encode(t, text, n, sp, sp, &ids, &ni), 0);
                 for (size_t i = 0; i < ni; i++)
                     assert_true(ids[i] < tokenizer_n_vocab(t));
+                /* The bounded encoder: the same ids at the exact bound, and
+                 * too_large one below it. */
+                uint32_t *bi;
+                size_t bn;
+                assert_int_equal(tokenizer_encode_max(t, text, n, sp, sp, ni, &bi, &bn), 0);
+                assert_int_equal(bn, ni);
+                assert_memory_equal(bi, ids, ni * sizeof(uint32_t));
+                free(bi);
+                if (ni > 0)
+                    assert_int_equal(tokenizer_encode_max(t, text, n, sp, sp, ni - 1, &bi, &bn),
+                                     KVD_ETOOLARGE);
                 char *d;
                 size_t dl;
                 assert_int_equal(tokenizer_decode(t, ids, ni, sp, &d, &dl), 0);
                 assert_true(valid_utf8(d, dl));
+                /* The bounded decoder: the same text at its length, too_large
+                 * below. */
+                char *bd;
+                size_t bdl;
+                assert_int_equal(tokenizer_decode_max(t, ids, ni, sp, dl, &bd, &bdl), 0);
+                assert_int_equal(bdl, dl);
+                assert_memory_equal(bd, d, dl);
+                free(bd);
+                if (dl > 0)
+                    assert_int_equal(tokenizer_decode_max(t, ids, ni, sp, dl - 1, &bd, &bdl),
+                                     KVD_ETOOLARGE);
                 if (k == 0 && sp == 0 && valid_utf8(text, n) && !memmem(text, n, "<tool>", 6) &&
                     !memmem(text, n, "\xe2\x96\x81", 3)) {
                     /* well-formed text without U+2581 (which SentencePiece
