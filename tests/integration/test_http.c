@@ -220,6 +220,8 @@ static int setup(void **state)
                                 "127.0.0.1:0",
                                 "--http-max-body",
                                 "4096",
+                                "--max-text-bytes",
+                                "2048",
                                 "--max-queued-per-tenant",
                                 "1",
                                 "--max-unread-output",
@@ -422,6 +424,49 @@ static void test_errors(void **state)
                      "-H 'Authorization: Bearer " TOKEN "'", &st);
     assert_int_equal(st, 200);
     free(out);
+}
+
+/* An error found after the JSON (the vocabulary, the context, the text
+ * bound: gen_request_build, shared with msgpack) names the request's own
+ * parameter, never a field of kvd's msgpack generate. */
+static void expect_param(const char *path, const char *body, int want, const char *code,
+                         const char *param, const char *in_message)
+{
+    int st;
+    char *out = curl(false, path, body, NULL, &st);
+    if (st != want)
+        fail_msg("%s: HTTP %d, expected %d: %s", path, st, want, out);
+    json_t *j = json_ok(out);
+    json_t *e = json_object_get(j, "error");
+    assert_non_null(e);
+    assert_string_equal(json_string_value(json_object_get(e, "code")), code);
+    const char *p = json_string_value(json_object_get(e, "param"));
+    const char *m = json_string_value(json_object_get(e, "message"));
+    if (!p || strcmp(p, param) || !m || !strstr(m, in_message) || strstr(m, "'tokens'"))
+        fail_msg("param %s, message '%s'; expected param %s and '%s' in it: %s", p ? p : "null",
+                 m ? m : "", param, in_message, out);
+    json_decref(j);
+    free(out);
+}
+
+static void test_errors_name_http_params(void **state)
+{
+    /* an id outside the vocabulary (512) */
+    expect_param("/v1/completions", "{\"prompt\":[1,2,100000]}", 400, "bad_request", "prompt",
+                 "'prompt'[2]");
+    /* max_tokens past the context (8192) */
+    expect_param("/v1/completions", "{\"prompt\":[1],\"max_tokens\":9000}", 400, "bad_request",
+                 "max_tokens", "max_tokens");
+    /* text over --max-text-bytes (2048), in both endpoints */
+    char body[3600];
+    int n = snprintf(body, sizeof(body), "{\"prompt\":\"");
+    memset(body + n, 'a', 3000);
+    snprintf(body + n + 3000, sizeof(body) - (size_t)n - 3000, "\"}");
+    expect_param("/v1/completions", body, 413, "too_large", "prompt", "max-text-bytes");
+    n = snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    memset(body + n, 'a', 3000);
+    snprintf(body + n + 3000, sizeof(body) - (size_t)n - 3000, "\"}]}");
+    expect_param("/v1/chat/completions", body, 413, "too_large", "messages", "max-text-bytes");
 }
 
 /* max-queued-per-tenant is 1: while a msgpack generate of the same tenant
@@ -829,6 +874,7 @@ int main(void)
         cmocka_unit_test(test_chat_equal_msgpack),
         cmocka_unit_test(test_models_and_health),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_errors_name_http_params),
         cmocka_unit_test(test_busy_429),
         cmocka_unit_test(test_busy_msgpack_behind_http),
         cmocka_unit_test(test_front_end_sub_tenants),
