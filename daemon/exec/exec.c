@@ -613,7 +613,10 @@ static void prep_job_run(void *ud, bool cancelled)
 int exec_submit(struct exec *ex, struct sched_req *r)
 {
     struct prep_job *job = NULL;
-    if (r->prompt && ex->conf.pool && !(job = malloc(sizeof(*job))))
+    /* Read before r is handed over: once in the inbox, the executor may
+     * answer and free it at any time. */
+    bool prep = r->prompt != NULL;
+    if (prep && ex->conf.pool && !(job = malloc(sizeof(*job))))
         return KVD_ENOMEM;
     pthread_mutex_lock(&ex->mu);
     if (ex->draining || ex->stop) {
@@ -629,10 +632,10 @@ int exec_submit(struct exec *ex, struct sched_req *r)
     live_add(ex, r);
     ex->n_live++;
     ex->st.requests++;
-    if (!r->prompt)
+    if (!prep)
         inbox_push(ex, r);
     pthread_mutex_unlock(&ex->mu);
-    if (!r->prompt)
+    if (!prep)
         return 0;
     if (!job) {
         prepare(ex, r, false);
