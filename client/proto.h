@@ -324,8 +324,8 @@ int proto_frame_ok(msgpack_sbuffer *sb, uint64_t id);
  * variable is set and absolute, else /tmp/kvd-<uid>/kvd.sock. Returns 0 or
  * KVD_ETOOLARGE when it does not fit in cap. */
 int proto_socket_fallback(char *buf, size_t cap);
-/* Whether a socket at `path` can be trusted by `uid` (issue 14: another
- * user pre-created /tmp/kvd-<uid> and put a socket of their own there).
+/* Whether a socket at `path` can be trusted by `uid` (another user may
+ * have pre-created /tmp/kvd-<uid> and put a socket of their own there).
  * Every directory from path's parent to "/" must be owned by root or uid
  * and not writable by group or others unless sticky (like /tmp); with
  * `own_dir` (a per-user path such as the fallback), the parent must be

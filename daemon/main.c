@@ -97,7 +97,7 @@ static int size_arenas(const struct options *o, struct backend *be, size_t block
 
 /* Descriptors: the soft limit is raised to the hard one (the loop uses
  * epoll, not select), so a flood of idle connections on the metrics port
- * cannot take the descriptors tenants need (issue 14); a limit below what
+ * cannot take the descriptors tenants need; a limit below what
  * max-connections needs is logged. */
 static void raise_fd_limit(const struct options *o)
 {

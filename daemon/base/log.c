@@ -54,8 +54,8 @@ int log_level_parse(const char *s)
     return -1;
 }
 
-/* Rate limiting (issue 14: a client can make the daemon log on every
- * frame or accept): each call site, known by its format string, may write
+/* Rate limiting (a client can make the daemon log on every frame or
+ * accept): each call site, known by its format string, may write
  * LOG_RL_BURST lines per LOG_RL_WINDOW_S seconds; the rest are counted and
  * reported in one line when its next window opens. Debug lines are not
  * limited (they are asked for). */

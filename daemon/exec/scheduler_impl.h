@@ -30,7 +30,7 @@ struct tenant_fair {
 };
 
 /* Queues. Every operation is O(1) or O(log n) in the number of waiting
- * requests (issue 14: 60,000 pipelined generates used to cost O(n^2)):
+ * requests (so a deep pipeline costs time linear in its length):
  * `waiting` holds never-admitted requests in arrival order (for the queue
  * timeout, walked from the head only while they are expired) and each
  * tenant's heap orders them for admission; `waiting_pre` holds requests

@@ -62,7 +62,7 @@ struct load_ctx {
     bool admin_seen;
     /* Real section names: libinih keeps at most 49 bytes of a section
      * name, so every "[name]" is handed to it as "[@k]" and ini_cb maps k
-     * back (a tenant name is never cut, issue 14). */
+     * back (a tenant name is never cut). */
     char **sections; /* (n_sections) owned strings */
     size_t n_sections;
 };

@@ -125,7 +125,7 @@ fail:
 
 /* The default socket: /run/kvd/kvd.sock when /run/kvd is (or can be made)
  * writable, else the per-user fallback, whose directory must be the
- * daemon's own (issue 14: another user could pre-create /tmp/kvd-<uid> and
+ * daemon's own (another user could pre-create /tmp/kvd-<uid> and
  * receive the clients' prompts). */
 static int pick_default_socket(char *path, size_t cap, char *err, size_t errlen)
 {

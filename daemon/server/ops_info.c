@@ -129,7 +129,7 @@ static int pack_tier(msgpack_packer *pk, const char *key, uint32_t total, uint32
     return proto_map_end(pk, map);
 }
 
-/* A non-admin's stats (issue 14): the pool's size, its own tenant and
+/* A non-admin's stats: the pool's size, its own tenant and
  * nothing from which another tenant's requests, tokens or blocks could be
  * inferred (no daemon-wide counters, occupancy, queues or step rates, which
  * minus its own figures would give the others'). */

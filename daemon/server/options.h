@@ -28,7 +28,7 @@ struct options {
     struct kv_geom geom;    /* store-mode geometry and block_tokens */
     uint32_t max_frame;     /* bytes */
     uint32_t max_conns;
-    /* Hardening (issue 14): connections per uid, connection slots only
+    /* Against hostile clients: connections per uid, connection slots only
      * admins may take, and generates queued (taken, not yet answered) per
      * connection and per tenant before `busy`. */
     uint32_t max_conns_per_uid, admin_reserved_conns;

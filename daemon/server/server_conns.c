@@ -250,7 +250,7 @@ int server_accept(struct server *srv, int fd)
     }
     /* Connection slots: the last admin-reserved-connections of
      * max-connections are for admins only, and no uid but an admin's may
-     * hold more than max-connections-per-uid (issue 14: one tenant could
+     * hold more than max-connections-per-uid (one tenant could otherwise
      * take every slot). */
     uint32_t reserve = srv->opts.admin_reserved_conns < srv->opts.max_conns
                            ? srv->opts.admin_reserved_conns

@@ -1,4 +1,4 @@
-/* bench_hostile: the hostile-client scenarios of issue 14, measured against
+/* bench_hostile: hostile-client scenarios, measured against
  * a real kvd (a program that prints numbers, not a test; run as root: the
  * victim runs under another uid so it is another tenant).
  *

@@ -432,7 +432,7 @@ static void test_malformed(void **state)
         cases[i].pack(&q.pk);
         assert_int_equal(kh_req_send(fd, &q), 0);
         assert_int_equal(kh_recv(fd, r), 0);
-        /* an unknown handle is not_found, as in every other op (issue 14) */
+        /* an unknown handle is not_found, as in every other op */
         int want = cases[i].pack == bt_seq_unknown ? KVD_ENOTFOUND : KVD_EBADREQ;
         if (r->code != want || !strstr(r->message, cases[i].field))
             fail_msg("case %zu (%s): code %d message '%s'", i, cases[i].field, r->code, r->message);

@@ -1,4 +1,4 @@
-/* Text through libkvd and kvctl against a real kvd (issue 15): hello's text
+/* Text through libkvd and kvctl against a real kvd: hello's text
  * fields, tokenize/detokenize, generate with `text` (the reply's text is
  * the tokens' text, the streamed pieces add up to it), stop strings,
  * stopping at the model's end-of-generation token (eos and eot), chat

@@ -1,4 +1,4 @@
-/* Hardening against hostile local clients (issue 14), each against a real
+/* Hardening against hostile local clients, each against a real
  * kvd serving a small random model: queued generates are limited per
  * connection and per tenant (`busy` naming the limit), `generate` with an
  * unknown `seq` is not_found, a non-admin's stats hold nothing about other

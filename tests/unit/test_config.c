@@ -1,4 +1,4 @@
-/* Unit tests of config_load (issue 14): identities are never cut (two
+/* Unit tests of config_load: identities are never cut (two
  * tenants whose names share their first 50 bytes stay two tenants, a name
  * over the documented 63 bytes is refused), a line is read whole or refused
  * naming its line (the tail of a long comment is never parsed as a
