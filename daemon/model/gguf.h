@@ -1,7 +1,7 @@
 /* GGUF reader (versions 2 and 3): maps a model file read-only and validates
  * every count, length, offset and size against the file before anything is
  * used, so a truncated or corrupt file is an error message, never a crash.
- * The format is described in /work/shared/design/GGUF-NOTES.md and ggml's
+ * The format is described in the founders' design notes (GGUF-NOTES.md) and ggml's
  * docs/gguf.md. */
 #ifndef KVD_GGUF_H
 #define KVD_GGUF_H
