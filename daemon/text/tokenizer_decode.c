@@ -402,6 +402,7 @@ int tokenizer_decode(const struct tokenizer *t, const uint32_t *ids, size_t n, b
 
 /* Cleaned bytes held before they go through the UTF-8 checker. */
 #define DECODE_CHUNK 4096
+#define DECODE_SLACK (3 * (DECODE_CHUNK + TOK_MAX_PIECE + 8) + 8)
 
 int tokenizer_decode_max(const struct tokenizer *t, const uint32_t *ids, size_t n, bool special,
                          size_t max_bytes, char **text, size_t *len)
@@ -431,6 +432,10 @@ int tokenizer_decode_max(const struct tokenizer *t, const uint32_t *ids, size_t 
             size_t cap = out.cap ? out.cap : 64;
             while (cap < need)
                 cap *= 2;
+            /* never more than the bound and one chunk's worth: out.n is
+             * within max_bytes here, s.mid under DECODE_CHUNK and a piece */
+            if (max_bytes < SIZE_MAX / 2 && cap > max_bytes + DECODE_SLACK)
+                cap = need > max_bytes + DECODE_SLACK ? need : max_bytes + DECODE_SLACK;
             char *p = realloc(out.p, cap);
             if (!p) {
                 rc = KVD_ENOMEM;
