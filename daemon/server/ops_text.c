@@ -33,6 +33,12 @@ struct text_job {
     char text[];
 };
 
+/* A reply's bytes besides its "text" string's contents: the map header,
+ * "id" and its value, "ok": true (proto_reply_begin: at most 21), the key
+ * "text" and a str32 header (10). */
+#define REPLY_OVERHEAD 32u
+_Static_assert(KVD_MAX_FRAME_MIN > REPLY_OVERHEAD, "a reply frame holds its overhead");
+
 static const struct tokenizer *need_tokenizer(const struct text *tx, const char *op,
                                               struct kvd_error *e)
 {
@@ -55,26 +61,25 @@ static int job_reply(struct text_job *j, msgpack_sbuffer *sb, struct kvd_error *
     if (!j->detokenize) {
         rc = text_tokenize(tx, j->text, j->len, j->add_bos, j->special, KVD_MAX_ARRAY, &ids, &n,
                            terr, sizeof terr);
-        if (rc)
+        if (rc) /* past KVD_MAX_ARRAY ids the encoding stopped there */
             return kvd_error_set(e, rc, "'text': %s", terr);
-        if (n > KVD_MAX_ARRAY) {
-            free(ids);
-            return kvd_error_set(e, KVD_ETOOLARGE, "'text' makes %zu tokens, at most %u", n,
-                                 KVD_MAX_ARRAY);
-        }
     } else {
         const struct tokenizer *tok = need_tokenizer(tx, "detokenize", e);
         if (!tok)
             return e->code;
-        /* The reply must fit its frame: nothing larger is built. */
-        size_t max = j->max_frame > 64 ? j->max_frame - 64 : 0;
-        if ((rc = tokenizer_decode_max(tok, j->ids, j->n, j->special, max, &s, &len)))
-            return rc == KVD_ETOOLARGE
-                       ? kvd_error_set(e, rc,
-                                       "'tokens' make more than %zu bytes of text: the reply "
-                                       "would be over max-frame (%u)",
-                                       max, j->max_frame)
-                       : kvd_error_set(e, rc, "cannot detokenize");
+        /* The text is measured as it is made: past what one reply frame can
+         * carry ({"id", "ok", "text"}: at most REPLY_OVERHEAD bytes besides
+         * the text) the decoding stops, so a few MiB of ids cannot build a
+         * reply of GiBs. */
+        size_t max = j->max_frame - REPLY_OVERHEAD;
+        rc = tokenizer_decode_max(tok, j->ids, j->n, j->special, max, &s, &len);
+        if (rc == KVD_ETOOLARGE)
+            return kvd_error_set(e, rc,
+                                 "'tokens' make more than %zu bytes of text, more than a reply "
+                                 "can carry (max-frame %u)",
+                                 max, j->max_frame);
+        if (rc)
+            return kvd_error_set(e, rc, "cannot detokenize");
     }
     msgpack_packer pk;
     msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);

@@ -18,7 +18,6 @@ struct text {
     struct tokenizer *tok;
     struct chat_template *tmpl;
     char no_tok[400], no_tmpl[400];
-    size_t max_piece;          /* bytes of the longest token text: bounds a prompt's bytes */
     char *bos_text, *eos_text; /* the template's bos_token / eos_token */
     uint32_t bos, eos;
     uint32_t eog[TEXT_MAX_EOG];
@@ -157,11 +156,6 @@ int text_open(const char *model_path, const char *template_path, struct text **o
         size_t n = tokenizer_eog_ids(t->tok, ids, TEXT_MAX_EOG);
         for (size_t i = 0; i < n && i < TEXT_MAX_EOG; i++)
             add_eog(t, ids[i]);
-        char buf[TOK_MAX_TOKEN_TEXT];
-        for (uint32_t id = 0; id < tokenizer_n_vocab(t->tok); id++) {
-            size_t pl = tokenizer_piece(t->tok, id, true, buf, sizeof buf);
-            t->max_piece = pl > t->max_piece ? pl : t->max_piece;
-        }
         t->bos_text = token_text(t->tok, t->bos);
         t->eos_text = token_text(t->tok, t->eos);
         if (!t->bos_text || !t->eos_text) {
@@ -248,16 +242,23 @@ size_t text_eog(const struct text *t, const uint32_t **ids)
     return t ? t->n_eog : 0;
 }
 
-/* A text of len bytes makes at least len / max_piece tokens: past
- * max_tokens it cannot fit, and is refused before tokenizing it. */
-static int check_len(const struct text *t, size_t len, size_t max_tokens, char *err, size_t errlen)
+/* The ids of s under the cap, or a message saying why not. what names
+ * the text ("the text", "the rendered prompt"). */
+static int encode(const struct text *t, const char *s, size_t len, bool bos, bool special,
+                  size_t max_tokens, const char *what, uint32_t **ids, size_t *n, char *err,
+                  size_t errlen)
 {
-    if (t->max_piece && len / t->max_piece > max_tokens) {
-        snprintf(err, errlen, "%zu bytes make more than %zu tokens (the longest token has %zu)",
-                 len, max_tokens, t->max_piece);
+    if (len > TOK_MAX_TEXT) {
+        snprintf(err, errlen, "%s has %zu bytes, more than the tokenizer takes (%u)", what, len,
+                 TOK_MAX_TEXT);
         return KVD_ETOOLARGE;
     }
-    return 0;
+    int rc = tokenizer_encode_max(t->tok, s, len, bos, special, max_tokens, ids, n);
+    if (rc == KVD_ETOOLARGE)
+        snprintf(err, errlen, "%s makes more than %zu tokens", what, max_tokens);
+    else if (rc)
+        snprintf(err, errlen, "%s", rc == KVD_ENOMEM ? "out of memory" : "cannot tokenize it");
+    return rc;
 }
 
 int text_tokenize(const struct text *t, const char *s, size_t len, int add_bos, bool special,
@@ -269,17 +270,8 @@ int text_tokenize(const struct text *t, const char *s, size_t len, int add_bos, 
         snprintf(err, errlen, "text needs the model's tokenizer: %s", text_no_tokenizer(t));
         return KVD_EUNSUPPORTED;
     }
-    int lrc = check_len(t, len, max_tokens, err, errlen);
-    if (lrc)
-        return lrc;
     bool bos = add_bos < 0 ? tokenizer_add_bos_default(t->tok) : add_bos != 0;
-    int rc = tokenizer_encode_max(t->tok, s, len, bos, special, max_tokens, ids, n);
-    if (rc == KVD_ETOOLARGE)
-        snprintf(err, errlen, "the text makes more than %zu tokens", max_tokens);
-    else if (rc)
-        snprintf(err, errlen, "%s",
-                 rc == KVD_ENOMEM ? "out of memory" : "cannot tokenize the text");
-    return rc;
+    return encode(t, s, len, bos, special, max_tokens, "the text", ids, n, err, errlen);
 }
 
 int text_tokenize_chat(const struct text *t, const struct chat_msg *msgs, size_t n_msgs,
@@ -304,20 +296,12 @@ int text_tokenize_chat(const struct text *t, const struct chat_msg *msgs, size_t
     /* Templates that start with {{ bos_token }} would give two BOS with the
      * model's BOS rule; the rule wins and the template's copy goes (as
      * llama.cpp does). */
-    if ((rc = check_len(t, plen, max_tokens, err, errlen))) {
-        free(prompt);
-        return rc;
-    }
     bool bos = tokenizer_add_bos_default(t->tok);
     size_t skip = 0, bl = strlen(t->bos_text);
     if (bos && bl && plen >= bl && memcmp(prompt, t->bos_text, bl) == 0)
         skip = bl;
-    rc = tokenizer_encode_max(t->tok, prompt + skip, plen - skip, bos, true, max_tokens, ids, n);
+    rc = encode(t, prompt + skip, plen - skip, bos, true, max_tokens, "the rendered prompt", ids, n,
+                err, errlen);
     free(prompt);
-    if (rc == KVD_ETOOLARGE)
-        snprintf(err, errlen, "the rendered conversation makes more than %zu tokens", max_tokens);
-    else if (rc)
-        snprintf(err, errlen, "%s",
-                 rc == KVD_ENOMEM ? "out of memory" : "cannot tokenize the rendered prompt");
     return rc;
 }

@@ -50,9 +50,10 @@ size_t text_eog(const struct text *t, const uint32_t **ids);
 /* A prompt as token ids. Plain text: the model's BOS rule (add_bos < 0:
  * tokenizer_add_bos_default; 0/1: no/yes), special-token text not parsed
  * unless `special`. KVD_EUNSUPPORTED in token-only mode, with err.
- * KVD_ETOOLARGE when the text makes more than max_tokens tokens: before any
- * work when its length alone says so, else as soon as the encoding passes
- * the bound (the rest is never encoded). */
+ * KVD_ETOOLARGE ("makes more than N tokens") as soon as the ids would be
+ * more than max_tokens: encoding stops there (tokenizer_encode_max), so a
+ * text that can never fit costs only its first max_tokens ids. The
+ * caller bounds the bytes (max-text-bytes) before calling. */
 int text_tokenize(const struct text *t, const char *s, size_t len, int add_bos, bool special,
                   size_t max_tokens, uint32_t **ids, size_t *n, char *err, size_t errlen);
 /* A conversation rendered with the chat template (generation prompt

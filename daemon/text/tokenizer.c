@@ -879,10 +879,11 @@ uint32_t tokenizer_find(const struct tokenizer *t, const char *text, size_t len)
 
 /* ---- encoding ----------------------------------------------------------- */
 
+/* The output ids, at most max of them: one more sets `over` instead, and
+ * the encoder stops at the next word (or fragment) boundary. */
 struct ids {
     uint32_t *v;
-    size_t n, cap;
-    size_t max; /* more ids than this: over (the encoding stops) */
+    size_t n, cap, max;
     bool oom, over;
 };
 
@@ -916,7 +917,7 @@ struct frags {
     size_t n, cap;
 };
 
-static bool frags_insert(struct frags *f, size_t at, struct frag x)
+static bool frags_push(struct frags *f, struct frag x)
 {
     if (f->n == f->cap) {
         size_t cap = f->cap ? f->cap * 2 : 16;
@@ -926,9 +927,7 @@ static bool frags_insert(struct frags *f, size_t at, struct frag x)
         f->v = v;
         f->cap = cap;
     }
-    memmove(f->v + at + 1, f->v + at, (f->n - at) * sizeof(*f->v));
-    f->v[at] = x;
-    f->n++;
+    f->v[f->n++] = x;
     return true;
 }
 
@@ -937,17 +936,23 @@ static bool c_isspace(char c)
     return c == ' ' || (c >= '\t' && c <= '\r');
 }
 
+enum { PART_OK, PART_OOM, PART_OVER };
+
 /* llama.cpp's tokenizer_st_partition: every special token, longest first,
  * splits every text fragment at its occurrences. Control and unknown
- * tokens only when parse_special; user-defined ones always. */
-static bool partition(const struct tokenizer *t, const char *text, size_t len, bool parse_special,
-                      struct frags *f)
+ * tokens only when parse_special; user-defined ones always. A token that
+ * occurs rebuilds the list into g (then swapped with f), so each costs
+ * time linear in the fragments, never a shift per occurrence. Each special
+ * fragment is one id: past max_ids of them, PART_OVER. */
+static int partition(const struct tokenizer *t, const char *text, size_t len, bool parse_special,
+                     size_t max_ids, struct frags *f, struct frags *g)
 {
     f->n = 0;
     if (len == 0)
-        return true;
-    if (!frags_insert(f, 0, (struct frag){0, len, TOK_NULL}))
-        return false;
+        return PART_OK;
+    if (!frags_push(f, (struct frag){0, len, TOK_NULL}))
+        return PART_OOM;
+    size_t n_special = 0;
     for (uint32_t s = 0; s < t->n_special; s++) {
         uint32_t id = t->special[s];
         const struct tok_entry *e = &t->tok[id];
@@ -955,17 +960,25 @@ static bool partition(const struct tokenizer *t, const char *text, size_t len, b
             continue;
         const char *st = TOK_TEXT(t, id);
         size_t sl = e->len;
+        bool hit = false;
         for (size_t i = 0; i < f->n; i++) {
-            if (f->v[i].id != TOK_NULL || f->v[i].len < sl)
+            const struct frag x = f->v[i];
+            const char *m =
+                x.id == TOK_NULL && x.len >= sl ? memmem(text + x.off, x.len, st, sl) : NULL;
+            if (!m) {
+                if (hit && !frags_push(g, x))
+                    return PART_OOM;
                 continue;
-            size_t base = f->v[i].off, blen = f->v[i].len;
-            const char *m = memmem(text + base, blen, st, sl);
-            if (!m)
-                continue;
-            /* replace fragment i by left, token, right..., repeatedly */
-            size_t at = i;
-            memmove(f->v + i, f->v + i + 1, (f->n - i - 1) * sizeof(*f->v));
-            f->n--;
+            }
+            if (!hit) { /* the fragments before i, as they are */
+                hit = true;
+                g->n = 0;
+                for (size_t k = 0; k < i; k++)
+                    if (!frags_push(g, f->v[k]))
+                        return PART_OOM;
+            }
+            /* fragment i becomes left, token, right..., repeatedly */
+            size_t base = x.off, blen = x.len;
             for (;;) {
                 size_t mpos = (size_t)(m - text);
                 if (mpos > base) {
@@ -973,11 +986,13 @@ static bool partition(const struct tokenizer *t, const char *text, size_t len, b
                     if (e->attr & TOK_ATTR_LSTRIP)
                         while (ll > 0 && c_isspace(text[base + ll - 1]))
                             ll--;
-                    if (ll > 0 && !frags_insert(f, at++, (struct frag){base, ll, TOK_NULL}))
-                        return false;
+                    if (ll > 0 && !frags_push(g, (struct frag){base, ll, TOK_NULL}))
+                        return PART_OOM;
                 }
-                if (!frags_insert(f, at++, (struct frag){0, 0, id}))
-                    return false;
+                if (++n_special > max_ids)
+                    return PART_OVER;
+                if (!frags_push(g, (struct frag){0, 0, id}))
+                    return PART_OOM;
                 size_t end = base + blen;
                 if (mpos + sl >= end)
                     break;
@@ -991,15 +1006,19 @@ static bool partition(const struct tokenizer *t, const char *text, size_t len, b
                 blen = rlen;
                 m = blen >= sl ? memmem(text + base, blen, st, sl) : NULL;
                 if (!m) {
-                    if (blen > 0 && !frags_insert(f, at++, (struct frag){base, blen, TOK_NULL}))
-                        return false;
+                    if (blen > 0 && !frags_push(g, (struct frag){base, blen, TOK_NULL}))
+                        return PART_OOM;
                     break;
                 }
             }
-            i = at - 1;
+        }
+        if (hit) {
+            struct frags tmp = *f;
+            *f = *g;
+            *g = tmp;
         }
     }
-    return true;
+    return PART_OK;
 }
 
 /* ---- SentencePiece ------------------------------------------------------ */
@@ -1094,11 +1113,14 @@ struct work {
 static bool work_syms(struct work *w, size_t n)
 {
     if (n > w->capsyms) {
-        struct sym *s = realloc(w->syms, n * sizeof(*s));
+        size_t cap = w->capsyms ? w->capsyms : 64;
+        while (cap < n)
+            cap *= 2;
+        struct sym *s = realloc(w->syms, cap * sizeof(*s));
         if (!s)
             return false;
         w->syms = s;
-        w->capsyms = n;
+        w->capsyms = cap;
     }
     return true;
 }
@@ -1181,6 +1203,16 @@ static bool spm_word_start(const char *s, const struct sym *y)
     return y->off < 3 || memcmp(s + y->off - 3, LOWER_ONE_EIGHTH_BLOCK, 3) != 0;
 }
 
+/* The symbol at byte off of s (k bytes) starts a word. */
+static bool spm_word_start_at(const char *s, size_t k, size_t off)
+{
+    size_t cl = uni_len_utf8((uint8_t)s[off]);
+    if (cl > k - off)
+        cl = k - off;
+    struct sym y = {0, 0, (uint32_t)off, (uint32_t)cl};
+    return spm_word_start(s, &y);
+}
+
 /* SentencePiece's merges over symbols [a, b): the pair of highest score
  * first, ties to the left; the result out as tokens or bytes. */
 static void spm_segment(const struct tokenizer *t, struct work *w, const char *s, size_t a,
@@ -1224,31 +1256,25 @@ static void spm_encode(const struct tokenizer *t, struct work *w, const char *te
     }
     if (k == 0)
         return;
-    if (!work_syms(w, k)) {
-        w->oom = true;
-        return;
-    }
-    size_t ns = 0;
-    for (size_t off = 0; off < k;) {
-        size_t cl = uni_len_utf8((uint8_t)s[off]);
-        if (cl > k - off)
-            cl = k - off;
-        w->syms[ns] = (struct sym){0, 0, (uint32_t)off, (uint32_t)cl};
-        off += cl;
-        ns++;
-    }
     /* Words are merged one at a time when no token can span a word start
      * (t->spm_words): the same merges as over the whole text, since no pair
-     * across a word start is ever a token, with small queues. */
-    for (size_t a = 0; a < ns && !out->over;) {
-        size_t b = a + 1;
-        if (t->spm_words)
-            while (b < ns && !spm_word_start(s, &w->syms[b]))
-                b++;
-        else
-            b = ns;
-        spm_segment(t, w, s, a, b, out);
-        a = b;
+     * across a word start is ever a token, with small queues; the symbols
+     * are made a word at a time, so a text past the id cap stops at the
+     * word that reaches it. Otherwise the whole fragment is one segment. */
+    for (size_t off = 0; off < k && !out->over;) {
+        size_t ns = 0;
+        do {
+            size_t cl = uni_len_utf8((uint8_t)s[off]);
+            if (cl > k - off)
+                cl = k - off;
+            if (!work_syms(w, ns + 1)) {
+                w->oom = true;
+                return;
+            }
+            w->syms[ns++] = (struct sym){0, 0, (uint32_t)off, (uint32_t)cl};
+            off += cl;
+        } while (off < k && !(t->spm_words && spm_word_start_at(s, k, off)));
+        spm_segment(t, w, s, 0, ns, out);
     }
 }
 
@@ -1391,13 +1417,17 @@ int tokenizer_encode_max(const struct tokenizer *t, const char *text, size_t len
                          bool parse_special, size_t max_ids, uint32_t **ids, size_t *n_ids)
 {
     struct ids out = {.max = max_ids};
-    struct frags f = {0};
+    struct frags f = {0}, g = {0};
     struct work w = {0};
     *ids = NULL;
     *n_ids = 0;
     if (len > TOK_MAX_TEXT)
         return KVD_ETOOLARGE;
-    if (!partition(t, text, len, parse_special, &f))
+    int prc = partition(t, text, len, parse_special, max_ids, &f, &g);
+    free(g.v);
+    if (prc == PART_OVER)
+        out.over = true;
+    else if (prc != PART_OK)
         goto oom;
     if (t->kind == TOK_SPM) {
         bool prev_special = true; /* a space before the first text */
@@ -1425,8 +1455,10 @@ int tokenizer_encode_max(const struct tokenizer *t, const char *text, size_t len
     }
     if (add_bos && t->add_eos && t->eos != TOK_NULL)
         ids_push(&out, t->eos);
-    if (out.oom || w.oom || out.over)
+    if (out.oom || w.oom)
         goto oom;
+    if (out.over)
+        goto over;
     if (!out.v) {
         out.v = malloc(sizeof(uint32_t));
         if (!out.v)
@@ -1442,7 +1474,8 @@ int tokenizer_encode_max(const struct tokenizer *t, const char *text, size_t len
     *ids = out.v;
     *n_ids = out.n;
     return 0;
-oom: /* or over max_ids */
+over:
+oom:
     free(out.v);
     free(f.v);
     free(w.syms);

@@ -63,9 +63,11 @@ const char *tokenizer_pre_name(const struct tokenizer *t);
  * KVD_ETOOLARGE for a text over TOK_MAX_TEXT bytes. */
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
                      bool parse_special, uint32_t **ids, size_t *n_ids);
-/* tokenizer_encode that stops as soon as the text makes more than max_ids
- * ids: KVD_ETOOLARGE then, without encoding the rest (a request's token
- * bound must not cost the whole text's encoding). */
+/* The same, making at most max_ids ids: KVD_ETOOLARGE as soon as the
+ * output would have more (the encoder stops at the special token, word or,
+ * for a SentencePiece vocabulary whose tokens may span words, the text
+ * fragment that passes the cap), so a long text costs only what its first
+ * max_ids ids do. Under the cap, the ids of tokenizer_encode. */
 int tokenizer_encode_max(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
                          bool parse_special, size_t max_ids, uint32_t **ids, size_t *n_ids);
 /* The model's default for add_bos (tokenizer.ggml.add_bos_token, or the
@@ -100,9 +102,8 @@ size_t tokenizer_piece(const struct tokenizer *t, uint32_t id, bool special, cha
  * skipped. *text is malloc'd and NUL-terminated. 0 or KVD_ENOMEM. */
 int tokenizer_decode(const struct tokenizer *t, const uint32_t *ids, size_t n, bool special,
                      char **text, size_t *len);
-/* tokenizer_decode that stops as soon as the text passes max_bytes:
- * KVD_ETOOLARGE then (a reply must fit its frame; nothing larger is
- * built). */
+/* The same, the text at most max_bytes long: KVD_ETOOLARGE as soon as it
+ * would be longer, having built no more than about max_bytes of it. */
 int tokenizer_decode_max(const struct tokenizer *t, const uint32_t *ids, size_t n, bool special,
                          size_t max_bytes, char **text, size_t *len);
 

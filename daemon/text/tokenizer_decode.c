@@ -400,36 +400,62 @@ int tokenizer_decode(const struct tokenizer *t, const uint32_t *ids, size_t n, b
     return tokenizer_decode_max(t, ids, n, special, SIZE_MAX, text, len);
 }
 
+/* Cleaned bytes held before they go through the UTF-8 checker. */
+#define DECODE_CHUNK 4096
+#define DECODE_SLACK (3 * (DECODE_CHUNK + TOK_MAX_PIECE + 8) + 8)
+
 int tokenizer_decode_max(const struct tokenizer *t, const uint32_t *ids, size_t n, bool special,
                          size_t max_bytes, char **text, size_t *len)
 {
     struct tok_stream s = {.t = t, .special = special};
+    struct sbuf out = {0};
+    int rc = 0;
+    *text = NULL;
+    *len = 0;
     stream_reset(&s);
-    for (size_t i = 0; i < n; i++) {
-        stage_piece(&s, ids[i]);
-        if (s.mid.n > max_bytes) { /* stops as soon as the text is too long */
-            free(s.mid.p);
-            return KVD_ETOOLARGE;
+    /* the stages as the streaming form runs them, a chunk at a time, so the
+     * text is measured as it is made */
+    for (size_t i = 0; i <= n; i++) {
+        if (i < n)
+            stage_piece(&s, ids[i]);
+        else
+            clean_finish(&s.cl, &s.mid);
+        if (s.mid.oom) {
+            rc = KVD_ENOMEM;
+            break;
+        }
+        if (i < n && s.mid.n < DECODE_CHUNK)
+            continue;
+        /* at most three bytes out per byte in (U+FFFD), and the NUL */
+        size_t need = out.n + 3 * s.mid.n + 8;
+        if (need > out.cap) {
+            size_t cap = out.cap ? out.cap : 64;
+            while (cap < need)
+                cap *= 2;
+            /* never more than the bound and one chunk's worth: out.n is
+             * within max_bytes here, s.mid under DECODE_CHUNK and a piece */
+            if (max_bytes < SIZE_MAX / 2 && cap > max_bytes + DECODE_SLACK)
+                cap = need > max_bytes + DECODE_SLACK ? need : max_bytes + DECODE_SLACK;
+            char *p = realloc(out.p, cap);
+            if (!p) {
+                rc = KVD_ENOMEM;
+                break;
+            }
+            out.p = p;
+            out.cap = cap;
+        }
+        out.n += stage_utf8(&s, out.p + out.n, out.cap - out.n, i == n);
+        if (out.n > max_bytes) {
+            rc = KVD_ETOOLARGE;
+            break;
         }
     }
-    clean_finish(&s.cl, &s.mid);
-    if (s.mid.oom) {
-        free(s.mid.p);
-        return KVD_ENOMEM;
-    }
-    size_t cap = 3 * s.mid.n + 8;
-    char *out = malloc(cap);
-    if (!out) {
-        free(s.mid.p);
-        return KVD_ENOMEM;
-    }
-    size_t w = stage_utf8(&s, out, cap, true);
     free(s.mid.p);
-    if (w > max_bytes) { /* invalid bytes became U+FFFD: 3 bytes each */
-        free(out);
-        return KVD_ETOOLARGE;
+    if (rc) {
+        free(out.p);
+        return rc;
     }
-    *text = out;
-    *len = w;
+    *text = out.p;
+    *len = out.n;
     return 0;
 }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gguf.h"
 #include "tokenizer.h"
@@ -672,13 +673,192 @@ static void test_refused(void **state)
     free(big);
 }
 
+/* ---- caps ------------------------------------------------------------------------ */
+
+/* The capped forms give the uncapped ids / text up to their cap and
+ * KVD_ETOOLARGE one below it, on random texts of both vocabularies. */
+static void test_caps_exact(void **state)
+{
+    (void)state;
+    struct gw w1 = spm_vocab(hello, sizeof hello / sizeof hello[0]);
+    struct gw w2 = bpe_vocab("llama-bpe", btoks, btypes, NB, bmerges, 7);
+    struct loaded spm, bpe;
+    char err[256];
+    assert_int_equal(load(&w1, &spm, err, sizeof err), 0);
+    assert_int_equal(load(&w2, &bpe, err, sizeof err), 0);
+    static const char *const words[] = {"hello", " ",    "abc", "<|im_end|>", "<tool>",
+                                        "'s",    "1234", "\n",  "\xc3\xa9",   "x"};
+    uint64_t st = 11;
+    for (int round = 0; round < 500; round++) {
+        char text[256];
+        size_t n = 0;
+        for (int k = round % 12; k > 0; k--) {
+            st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+            const char *wd = words[(st >> 33) % (sizeof words / sizeof words[0])];
+            memcpy(text + n, wd, strlen(wd));
+            n += strlen(wd);
+        }
+        for (int k = 0; k < 2; k++) {
+            const struct tokenizer *t = k ? bpe.t : spm.t;
+            for (int sp = 0; sp < 2; sp++) {
+                uint32_t *ids, *capped;
+                size_t ni, nc;
+                assert_int_equal(tokenizer_encode(t, text, n, sp, sp, &ids, &ni), 0);
+                assert_int_equal(tokenizer_encode_max(t, text, n, sp, sp, ni, &capped, &nc), 0);
+                assert_int_equal(nc, ni);
+                if (ni)
+                    assert_memory_equal(capped, ids, ni * sizeof(uint32_t));
+                free(capped);
+                if (ni) {
+                    assert_int_equal(tokenizer_encode_max(t, text, n, sp, sp, ni - 1, &capped, &nc),
+                                     KVD_ETOOLARGE);
+                    assert_null(capped);
+                    assert_int_equal(nc, 0);
+                }
+                char *d, *dc;
+                size_t dl, dcl;
+                assert_int_equal(tokenizer_decode(t, ids, ni, sp, &d, &dl), 0);
+                assert_int_equal(tokenizer_decode_max(t, ids, ni, sp, dl, &dc, &dcl), 0);
+                assert_int_equal(dcl, dl);
+                assert_memory_equal(dc, d, dl + 1);
+                free(dc);
+                if (dl) {
+                    assert_int_equal(tokenizer_decode_max(t, ids, ni, sp, dl - 1, &dc, &dcl),
+                                     KVD_ETOOLARGE);
+                    assert_null(dc);
+                }
+                free(d);
+                free(ids);
+            }
+        }
+    }
+    unload(&spm);
+    unload(&bpe);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A 60 MiB text, words or special tokens, with a cap of 1000 ids: refused
+ * KVD_ETOOLARGE (encoding stops at the cap; the time is printed, not
+ * checked). */
+static void test_cap_long_text(void **state)
+{
+    (void)state;
+    struct gw w1 = spm_vocab(hello, sizeof hello / sizeof hello[0]);
+    struct gw w2 = bpe_vocab("llama-bpe", btoks, btypes, NB, bmerges, 7);
+    struct loaded spm, bpe;
+    char err[256];
+    assert_int_equal(load(&w1, &spm, err, sizeof err), 0);
+    assert_int_equal(load(&w2, &bpe, err, sizeof err), 0);
+    const size_t len = 60u << 20;
+    char *text = malloc(len);
+    assert_non_null(text);
+    static const char *const fills[] = {"hello world abc ", "<|im_end|><tool>"};
+    for (int f = 0; f < 2; f++) {
+        for (size_t i = 0; i < len; i++)
+            text[i] = fills[f][i % 16];
+        for (int k = 0; k < 2; k++) {
+            uint32_t *ids;
+            size_t n;
+            double t0 = now_s();
+            assert_int_equal(
+                tokenizer_encode_max(k ? bpe.t : spm.t, text, len, true, true, 1000, &ids, &n),
+                KVD_ETOOLARGE);
+            assert_null(ids);
+            printf("60 MiB of \"%s\", %s, cap 1000: too large in %.3f s\n", fills[f],
+                   k ? "bpe" : "spm", now_s() - t0);
+        }
+    }
+    free(text);
+    unload(&spm);
+    unload(&bpe);
+}
+
+/* Many special tokens of two kinds: each one that occurs splits the
+ * fragments once (linear), not with a shift of every later fragment per
+ * occurrence (quadratic: the former partition took hours on this text). */
+static void test_many_specials(void **state)
+{
+    (void)state;
+    struct gw w = spm_vocab(hello, sizeof hello / sizeof hello[0]);
+    struct loaded l;
+    char err[256];
+    assert_int_equal(load(&w, &l, err, sizeof err), 0);
+    const char unit[] = "hello<tool>hello<|im_end|>";
+    const size_t reps = 100000, ul = sizeof unit - 1;
+    char *text = malloc(reps * ul);
+    assert_non_null(text);
+    for (size_t i = 0; i < reps; i++)
+        memcpy(text + i * ul, unit, ul);
+    uint32_t *ids;
+    size_t n;
+    double t0 = now_s();
+    assert_int_equal(tokenizer_encode(l.t, text, reps * ul, false, true, &ids, &n), 0);
+    printf("%zu special tokens: %zu ids in %.3f s\n", 2 * reps, n, now_s() - t0);
+    assert_int_equal(n, 4 * reps);
+    for (size_t i = 0; i < reps; i++) {
+        assert_int_equal(ids[4 * i], SPM_ID(9));
+        assert_int_equal(ids[4 * i + 1], SPM_ID(11));
+        assert_int_equal(ids[4 * i + 2], SPM_ID(9));
+        assert_int_equal(ids[4 * i + 3], SPM_ID(10));
+    }
+    free(ids);
+    /* capped: the partition alone finds more special tokens than the cap */
+    assert_int_equal(tokenizer_encode_max(l.t, text, reps * ul, false, true, 1000, &ids, &n),
+                     KVD_ETOOLARGE);
+    free(text);
+    unload(&l);
+}
+
+/* 1M copies of a 1024-byte token: 1 GiB of text, refused past 64 MiB. */
+static void test_decode_cap(void **state)
+{
+    (void)state;
+    char *big = malloc(TOK_MAX_TOKEN_TEXT + 1);
+    assert_non_null(big);
+    memset(big, 'q', TOK_MAX_TOKEN_TEXT);
+    big[TOK_MAX_TOKEN_TEXT] = 0;
+    struct tv extra[] = {{big, -1, N_}};
+    struct gw w = spm_vocab(extra, 1);
+    struct loaded l;
+    char err[256];
+    assert_int_equal(load(&w, &l, err, sizeof err), 0);
+    const size_t n = 1u << 20;
+    uint32_t *ids = malloc(n * sizeof(uint32_t));
+    assert_non_null(ids);
+    for (size_t i = 0; i < n; i++)
+        ids[i] = SPM_ID(0);
+    char *s;
+    size_t len;
+    double t0 = now_s();
+    assert_int_equal(tokenizer_decode_max(l.t, ids, n, false, 64u << 20, &s, &len), KVD_ETOOLARGE);
+    printf("1M x 1024-byte token, cap 64 MiB: too large in %.3f s\n", now_s() - t0);
+    assert_null(s);
+    /* 65536 of them are exactly 64 MiB */
+    assert_int_equal(tokenizer_decode_max(l.t, ids, 65536, false, 64u << 20, &s, &len), 0);
+    assert_int_equal(len, 64u << 20);
+    assert_int_equal(s[len - 1], 'q');
+    assert_int_equal(s[len], 0);
+    free(s);
+    free(ids);
+    free(big);
+    unload(&l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_spm_merges), cmocka_unit_test(test_spm_spanning),
-        cmocka_unit_test(test_spm_decode), cmocka_unit_test(test_stream),
-        cmocka_unit_test(test_bpe),        cmocka_unit_test(test_phi3_rstrip),
-        cmocka_unit_test(test_refused),    cmocka_unit_test(test_random_bytes),
+        cmocka_unit_test(test_spm_merges),    cmocka_unit_test(test_spm_spanning),
+        cmocka_unit_test(test_spm_decode),    cmocka_unit_test(test_stream),
+        cmocka_unit_test(test_bpe),           cmocka_unit_test(test_phi3_rstrip),
+        cmocka_unit_test(test_refused),       cmocka_unit_test(test_random_bytes),
+        cmocka_unit_test(test_caps_exact),    cmocka_unit_test(test_cap_long_text),
+        cmocka_unit_test(test_many_specials), cmocka_unit_test(test_decode_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
