@@ -3,7 +3,7 @@
  * element-wise ops, RoPE, KV writes and row gathers. Matmul and attention
  * are in compute_cpu_matmul.c and compute_cpu_attn.c. This is the reference
  * every other backend is compared against. */
-#include "compute_cpu.h"
+#include "compute_cpu_impl.h"
 #include "compute_cpu_kv.h"
 
 #if defined(__x86_64__)
@@ -120,18 +120,18 @@ void cpu_row_to_f32(enum ctype t, const void *row, float *out, uint32_t n)
         break;
     case CT_F16:
         for (uint32_t i = 0; i < n; i++)
-            out[i] = cpu_f16_to_f32(((const uint16_t *)row)[i]);
+            out[i] = half_to_float(((const uint16_t *)row)[i]);
         break;
     case CT_BF16:
         for (uint32_t i = 0; i < n; i++)
-            out[i] = cpu_bf16_to_f32(((const uint16_t *)row)[i]);
+            out[i] = bf16_to_float(((const uint16_t *)row)[i]);
         break;
     case CT_Q8_0:
         for (uint32_t b = 0; b < n / CT_Q8_0_BLOCK; b++) {
             const uint8_t *blk = (const uint8_t *)row + (size_t)b * CT_Q8_0_BYTES;
             uint16_t dh;
             memcpy(&dh, blk, 2);
-            float d = cpu_f16_to_f32(dh);
+            float d = half_to_float(dh);
             for (int i = 0; i < CT_Q8_0_BLOCK; i++)
                 out[b * CT_Q8_0_BLOCK + i] = d * (float)(int8_t)blk[2 + i];
         }

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "compute_cpu.h"
+#include "compute_cpu_impl.h"
 #include "compute_cpu_kv.h"
 #include "kvd/status.h"
 

@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "compute_cpu.h"
+#include "compute_cpu_impl.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -59,7 +59,7 @@ static void q8_0_store(uint8_t *dst, const float *x, uint32_t n)
             else if (a > amax)
                 amax = a;
         }
-        uint16_t d = cpu_f32_to_f16(amax / 127.0f);
+        uint16_t d = float_to_half(amax / 127.0f);
         if (isinf(amax) || (d & 0x7c00) == 0x7c00) { /* non-finite input or d overflows */
             d = F16_NAN;
             memset(dst + 2, 0, KV_QBLOCK);
@@ -89,7 +89,7 @@ static void fp8_store(uint8_t *dst, const float *x, uint32_t n)
 
 #if defined(__x86_64__)
 /* F16C's round-to-nearest-even conversion gives the same bits as
- * cpu_f32_to_f16 (also for inf, nan and subnormals). */
+ * float_to_half (also for inf, nan and subnormals). */
 __attribute__((target("avx2,f16c"))) static void f16_store_simd(uint16_t *dst, const float *src,
                                                                 uint32_t n)
 {
@@ -98,7 +98,7 @@ __attribute__((target("avx2,f16c"))) static void f16_store_simd(uint16_t *dst, c
         _mm_storeu_si128((__m128i *)(dst + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
     for (; i < n; i++)
-        dst[i] = cpu_f32_to_f16(src[i]);
+        dst[i] = float_to_half(src[i]);
 }
 #endif
 
@@ -113,11 +113,11 @@ void cpu_kv_store_row(void *dst, enum kv_dtype dt, const float *src, uint32_t n,
         }
 #endif
         for (uint32_t i = 0; i < n; i++)
-            ((uint16_t *)dst)[i] = cpu_f32_to_f16(src[i]);
+            ((uint16_t *)dst)[i] = float_to_half(src[i]);
         break;
     case KV_BF16:
         for (uint32_t i = 0; i < n; i++)
-            ((uint16_t *)dst)[i] = cpu_f32_to_bf16(src[i]);
+            ((uint16_t *)dst)[i] = float_to_bf16(src[i]);
         break;
     case KV_Q8_0:
         q8_0_store(dst, src, n);
@@ -137,7 +137,7 @@ __attribute__((target("avx2,f16c"))) static void q8_0_load_simd(const uint8_t *s
                                                                 float *out)
 {
     for (uint32_t b = 0; b < n / KV_QBLOCK; b++, src += 2 + KV_QBLOCK, out += KV_QBLOCK) {
-        __m256 d = _mm256_set1_ps(cpu_f16_to_f32((uint16_t)(src[0] | src[1] << 8)));
+        __m256 d = _mm256_set1_ps(half_to_float((uint16_t)(src[0] | src[1] << 8)));
         for (int c = 0; c < 4; c++) {
             __m128i q8 = _mm_loadl_epi64((const __m128i *)(src + 2 + 8 * c));
             __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
@@ -172,11 +172,11 @@ void cpu_kv_load_row(const void *src, enum kv_dtype dt, uint32_t n, float *out, 
     switch (dt) {
     case KV_F16:
         for (uint32_t i = 0; i < n; i++)
-            out[i] = cpu_f16_to_f32(((const uint16_t *)src)[i]);
+            out[i] = half_to_float(((const uint16_t *)src)[i]);
         break;
     case KV_BF16:
         for (uint32_t i = 0; i < n; i++)
-            out[i] = cpu_bf16_to_f32(((const uint16_t *)src)[i]);
+            out[i] = bf16_to_float(((const uint16_t *)src)[i]);
         break;
     case KV_F32:
         memcpy(out, src, (size_t)n * 4);
@@ -189,7 +189,7 @@ void cpu_kv_load_row(const void *src, enum kv_dtype dt, uint32_t n, float *out, 
         }
 #endif
         for (uint32_t b = 0; b < n / KV_QBLOCK; b++, p += 2 + KV_QBLOCK) {
-            float d = cpu_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+            float d = half_to_float((uint16_t)(p[0] | p[1] << 8));
             for (int i = 0; i < KV_QBLOCK; i++)
                 out[b * KV_QBLOCK + i] = d * (float)(int8_t)p[2 + i];
         }

@@ -29,7 +29,7 @@
  * computed the same way whatever the thread count or chunking. */
 #include <stdlib.h>
 
-#include "compute_cpu.h"
+#include "compute_cpu_impl.h"
 #include "kvd/status.h"
 
 #define PK 16           /* rows per packed group */
@@ -66,14 +66,14 @@ static inline float pk_get(enum ctype t, const uint8_t *g, size_t k, size_t j)
     case CT_F32:
         return ((const float *)g)[k * PK + j];
     case CT_F16:
-        return cpu_f16_to_f32(((const uint16_t *)g)[k * PK + j]);
+        return half_to_float(((const uint16_t *)g)[k * PK + j]);
     case CT_BF16:
-        return cpu_bf16_to_f32(((const uint16_t *)g)[k * PK + j]);
+        return bf16_to_float(((const uint16_t *)g)[k * PK + j]);
     case CT_Q8_0: {
         const uint8_t *blk = g + k / CT_Q8_0_BLOCK * PK_Q8_BLOCK;
         uint16_t dh;
         memcpy(&dh, blk + 2 * j, 2);
-        return cpu_f16_to_f32(dh) * (float)(int8_t)blk[2 * PK + k % CT_Q8_0_BLOCK * PK + j];
+        return half_to_float(dh) * (float)(int8_t)blk[2 * PK + k % CT_Q8_0_BLOCK * PK + j];
     }
     default:
         break; /* not packed (pk_packable) */
@@ -88,14 +88,14 @@ static inline float row_get(enum ctype t, const uint8_t *w, size_t k)
     case CT_F32:
         return ((const float *)w)[k];
     case CT_F16:
-        return cpu_f16_to_f32(((const uint16_t *)w)[k]);
+        return half_to_float(((const uint16_t *)w)[k]);
     case CT_BF16:
-        return cpu_bf16_to_f32(((const uint16_t *)w)[k]);
+        return bf16_to_float(((const uint16_t *)w)[k]);
     case CT_Q8_0: {
         const uint8_t *blk = w + k / CT_Q8_0_BLOCK * CT_Q8_0_BYTES;
         uint16_t dh;
         memcpy(&dh, blk, 2);
-        return cpu_f16_to_f32(dh) * (float)(int8_t)blk[2 + k % CT_Q8_0_BLOCK];
+        return half_to_float(dh) * (float)(int8_t)blk[2 + k % CT_Q8_0_BLOCK];
     }
     default:
         break; /* other types take the row-dequantizing path */

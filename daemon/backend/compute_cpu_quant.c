@@ -26,7 +26,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "compute_cpu.h"
+#include "compute_cpu_impl.h"
 #include "kvd/status.h"
 #include "quant.h"
 #include "quant_blocks.h"
@@ -68,7 +68,7 @@ static inline float f16(const uint8_t *p)
 {
     uint16_t h;
     memcpy(&h, p, 2);
-    return cpu_f16_to_f32(h);
+    return half_to_float(h);
 }
 
 static inline int rnd_even(float v) /* round half to even, as ggml's nearest_int */
@@ -92,8 +92,8 @@ static void act_quant32(const float *x, uint32_t n, struct act32 *a)
             a->qs[i] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
             sum += a->qs[i];
         }
-        a->d = cpu_f16_to_f32(cpu_f32_to_f16(d));
-        a->s = cpu_f16_to_f32(cpu_f32_to_f16(d * (float)sum));
+        a->d = half_to_float(float_to_half(d));
+        a->s = half_to_float(float_to_half(d * (float)sum));
         a->sum = sum;
         a->pad = 0;
     }
@@ -212,7 +212,7 @@ static float dot_k_c(enum ctype t, const uint8_t *w, const struct act256 *a, uin
                         sumi += k.scales[v / 16] * (q[c] - 32) * a->qs[v];
                     }
                 }
-            k_acc(&acc, &accm, sumi, 0, cpu_f16_to_f32(k.d), 0, a->d);
+            k_acc(&acc, &accm, sumi, 0, half_to_float(k.d), 0, a->d);
             continue;
         }
         /* q4_K, q5_K: d*sc*q - dmin*mn per sub-block of 32 */

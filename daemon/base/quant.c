@@ -5,74 +5,10 @@
 #include <math.h>
 #include <string.h>
 
+#include "half.h"
 #include "quant_blocks.h"
 
-float quant_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: normalize */
-            uint32_t e = 0;
-            while (!(man & 0x400)) {
-                man <<= 1;
-                e++;
-            }
-            bits = sign | ((127 - 15 + 1 - e) << 23) | ((man & 0x3ff) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t quant_f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) /* inf / nan */
-        return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 | ((ax >> 13) & 0x3ff) : 0));
-    if (ax >= 0x477ff000u) /* rounds to >= 65520: inf */
-        return (uint16_t)(sign | 0x7c00);
-    if (ax < 0x38800000u) { /* subnormal half or zero */
-        if (ax < 0x33000000u)
-            return (uint16_t)sign;
-        uint32_t e = ax >> 23, m = (ax & 0x7fffff) | 0x800000, shift = 126 - e;
-        uint32_t half = m >> shift, rem = m & ((1u << shift) - 1), mid = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (half & 1)))
-            half++;
-        return (uint16_t)(sign | half);
-    }
-    uint32_t r = ax - 0x38000000u, half = r >> 13, rem = r & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (half & 1)))
-        half++;
-    return (uint16_t)(sign | half);
-}
-
-static float bf16_to_f32(uint16_t h)
-{
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 64);
-    return (uint16_t)((x + (0x7fff + ((x >> 16) & 1))) >> 16);
-}
-
-#define H2F quant_f16_to_f32
+#define H2F half_to_float
 
 /* ---- dequantization ------------------------------------------------------ */
 
@@ -158,7 +94,7 @@ int quant_dequant_row(enum ctype t, const void *src, float *out, uint64_t n)
         case CT_BF16: {
             uint16_t h;
             memcpy(&h, p, 2);
-            *y = bf16_to_f32(h);
+            *y = bf16_to_float(h);
             break;
         }
         case CT_Q4_0: {
@@ -262,7 +198,7 @@ static void minmax(const float *x, int n, float *lo, float *hi)
 static void q_sym(const float *x, int half, uint16_t *dh, int *q)
 {
     float mx = absmax_signed(x, 32), d = mx / (float)-half;
-    *dh = quant_f32_to_f16(d);
+    *dh = float_to_half(d);
     float id = d != 0 ? 1.0f / d : 0;
     for (int i = 0; i < 32; i++)
         q[i] = clampi((int)(x[i] * id + (float)half + 0.5f), 0, 2 * half - 1);
@@ -274,8 +210,8 @@ static void q_asym(const float *x, int nmax, uint16_t *dh, uint16_t *mh, int *q)
     float lo, hi;
     minmax(x, 32, &lo, &hi);
     float d = (hi - lo) / (float)nmax, id = d != 0 ? 1.0f / d : 0;
-    *dh = quant_f32_to_f16(d);
-    *mh = quant_f32_to_f16(lo);
+    *dh = float_to_half(d);
+    *mh = float_to_half(lo);
     for (int i = 0; i < 32; i++)
         q[i] = clampi((int)((x[i] - lo) * id + 0.5f), 0, nmax);
 }
@@ -347,9 +283,9 @@ static void q_k45(const float *x, int nmax, uint16_t *dh, uint16_t *dminh, uint8
         smax = s[j] > smax ? s[j] : smax;
         mmax = m[j] > mmax ? m[j] : mmax;
     }
-    *dh = quant_f32_to_f16(smax / 63);
-    *dminh = quant_f32_to_f16(mmax / 63);
-    float d = quant_f16_to_f32(*dh), dmin = quant_f16_to_f32(*dminh);
+    *dh = float_to_half(smax / 63);
+    *dminh = float_to_half(mmax / 63);
+    float d = half_to_float(*dh), dmin = half_to_float(*dminh);
     uint8_t ls[8], lm[8];
     for (int j = 0; j < 8; j++) {
         ls[j] = (uint8_t)(d > 0 ? clampi(rnd(s[j] / d), 0, 63) : 0);
@@ -389,8 +325,8 @@ static void q_q6_k(const float *x, struct block_q6_K *b)
             q[i] = 32;
     } else {
         float iscale = -128.0f / smax;
-        b->d = quant_f32_to_f16(1.0f / iscale);
-        float d = quant_f16_to_f32(b->d);
+        b->d = float_to_half(1.0f / iscale);
+        float d = half_to_float(b->d);
         for (int j = 0; j < 16; j++) {
             b->scales[j] = (int8_t)clampi(rnd(iscale * s[j]), -128, 127);
             float dl = d * b->scales[j];
@@ -425,12 +361,12 @@ int quant_quantize_row(enum ctype t, const float *x, void *dst, uint64_t n)
             memcpy(p, xb, 4);
             break;
         case CT_F16: {
-            uint16_t h = quant_f32_to_f16(*xb);
+            uint16_t h = float_to_half(*xb);
             memcpy(p, &h, 2);
             break;
         }
         case CT_BF16: {
-            uint16_t h = f32_to_bf16(*xb);
+            uint16_t h = float_to_bf16(*xb);
             memcpy(p, &h, 2);
             break;
         }
@@ -467,7 +403,7 @@ int quant_quantize_row(enum ctype t, const float *x, void *dst, uint64_t n)
         case CT_Q8_0: {
             struct block_q8_0 k;
             float mx = fabsf(absmax_signed(xb, 32)), d = mx / 127, id = d != 0 ? 1.0f / d : 0;
-            k.d = quant_f32_to_f16(d);
+            k.d = float_to_half(d);
             for (int i = 0; i < 32; i++)
                 k.qs[i] = (int8_t)clampi(rnd(xb[i] * id), -127, 127);
             memcpy(p, &k, sizeof k);

@@ -9,11 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "half.h" /* the f16 / bf16 conversions */
 #include "kv_types.h"
-
-/* IEEE half <-> f32 (round to nearest even, overflow to inf, NaN kept). */
-float quant_f16_to_f32(uint16_t h);
-uint16_t quant_f32_to_f16(float f);
 
 /* out[0..n) = the n values of a row of type t at src (n a multiple of
  * ctype_block_elems(t)). Returns 0, or -1 for an unknown type or a bad n. */

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "compute_cpu.h"
+#include "compute_cpu_impl.h"
 #include "faults.h"
 #include "gpu/gpu_fixture.h"
 
@@ -260,9 +260,9 @@ static void test_conversions(void **state)
     size_t n = 0;
     for (uint32_t h = 0; h < M; h++) {
         float f = kvd_emu_f16_to_f32((uint16_t)h);
-        if (!isnan(f) && cpu_f16_to_f32((uint16_t)h) != f)
+        if (!isnan(f) && half_to_float((uint16_t)h) != f)
             fail_msg("f16 0x%04x: emulator %a, cpu %a", h, (double)f,
-                     (double)cpu_f16_to_f32((uint16_t)h));
+                     (double)half_to_float((uint16_t)h));
         if (isnan(f))
             continue;
         in[n++] = f;
@@ -271,14 +271,14 @@ static void test_conversions(void **state)
     }
     kvd_emu_to_f16(in, got, n);
     for (size_t i = 0; i < n; i++)
-        if (got[i] != cpu_f32_to_f16(in[i]))
+        if (got[i] != float_to_half(in[i]))
             fail_msg("to f16 of %a: emulator 0x%04x, cpu 0x%04x", (double)in[i], got[i],
-                     cpu_f32_to_f16(in[i]));
+                     float_to_half(in[i]));
     kvd_emu_to_bf16(in, got, n);
     for (size_t i = 0; i < n; i++)
-        if (got[i] != cpu_f32_to_bf16(in[i]))
+        if (got[i] != float_to_bf16(in[i]))
             fail_msg("to bf16 of %a: emulator 0x%04x, cpu 0x%04x", (double)in[i], got[i],
-                     cpu_f32_to_bf16(in[i]));
+                     float_to_bf16(in[i]));
 }
 
 int main(void)

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "compute_cpu.h"
+#include "compute_cpu_impl.h"
 #include "compute_cpu_kv.h"
 #include "backend_cuda.h"
 #include "compute_cuda.h"
@@ -61,10 +61,10 @@ static void *make_weight(enum ctype t, const float *w, size_t rows, size_t n, fl
                 memcpy(o + 4 * i, &x[i], 4);
                 break;
             case CT_F16:
-                ((uint16_t *)o)[i] = cpu_f32_to_f16(x[i]);
+                ((uint16_t *)o)[i] = float_to_half(x[i]);
                 break;
             case CT_BF16:
-                ((uint16_t *)o)[i] = cpu_f32_to_bf16(x[i]);
+                ((uint16_t *)o)[i] = float_to_bf16(x[i]);
                 break;
             default:
                 break;
@@ -76,8 +76,8 @@ static void *make_weight(enum ctype t, const float *w, size_t rows, size_t n, fl
                 for (int j = 0; j < 32; j++)
                     amax = fmaxf(amax, fabsf(x[blk * 32 + j]));
                 float d = amax / 127.0f;
-                uint16_t dh = cpu_f32_to_f16(d);
-                float dd = cpu_f16_to_f32(dh);
+                uint16_t dh = float_to_half(d);
+                float dd = half_to_float(dh);
                 uint8_t *q = o + blk * 34;
                 memcpy(q, &dh, 2);
                 for (int j = 0; j < 32; j++) {

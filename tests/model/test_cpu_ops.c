@@ -244,7 +244,7 @@ static float qrand(void) /* uniform in [-1, 1) */
 
 static float f16r(float f)
 {
-    return quant_f16_to_f32(quant_f32_to_f16(f));
+    return half_to_float(float_to_half(f));
 }
 
 /* The activation row x[n] as the kernels' quantization sees it: xa[i] its
@@ -365,9 +365,9 @@ static void qmatmul_all(void **tst)
                                 for (uint32_t b = 0; b < in / 32; b++) {
                                     uint16_t mh;
                                     memcpy(&mh, wb + b * ctype_block_bytes(t) + 2, 2);
-                                    want += quant_f16_to_f32(mh) * corr[b];
-                                    mag += fabs(quant_f16_to_f32(mh) * corr[b]);
-                                    slack += fabs(quant_f16_to_f32(mh) * corr[b]);
+                                    want += half_to_float(mh) * corr[b];
+                                    mag += fabs(half_to_float(mh) * corr[b]);
+                                    slack += fabs(half_to_float(mh) * corr[b]);
                                 }
                             double got = y[(size_t)r * out + c];
                             if (!(fabs(got - want) <= 2e-5 * mag + 1e-6))

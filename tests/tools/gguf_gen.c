@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "compute_cpu.h" /* f16/bf16 conversions, enum ctype */
+#include "compute_cpu_impl.h" /* f16/bf16 conversions, enum ctype */
 #include "gguf.h"
 #include "quant.h"
 
@@ -163,13 +163,13 @@ static void encode_row(enum ctype t, const float *v, uint32_t n, uint8_t *out)
         break;
     case CT_F16:
         for (uint32_t i = 0; i < n; i++) {
-            uint16_t h = cpu_f32_to_f16(v[i]);
+            uint16_t h = float_to_half(v[i]);
             memcpy(out + 2 * i, &h, 2);
         }
         break;
     case CT_BF16:
         for (uint32_t i = 0; i < n; i++) {
-            uint16_t h = cpu_f32_to_bf16(v[i]);
+            uint16_t h = float_to_bf16(v[i]);
             memcpy(out + 2 * i, &h, 2);
         }
         break;
@@ -179,7 +179,7 @@ static void encode_row(enum ctype t, const float *v, uint32_t n, uint8_t *out)
             for (int i = 0; i < 32; i++)
                 amax = fmaxf(amax, fabsf(v[b * 32 + i]));
             float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
-            uint16_t dh = cpu_f32_to_f16(d);
+            uint16_t dh = float_to_half(d);
             uint8_t *blk = out + (size_t)b * 34;
             memcpy(blk, &dh, 2);
             for (int i = 0; i < 32; i++)
