@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "compute.h"
+#include "op_cases.h"
 #include "model/model_ref.h"
 #include "quant.h"
 #include "test_scratch.h"
@@ -146,75 +147,89 @@ static void *make_weight(void **tst, enum ctype t, uint32_t in, uint32_t out, do
     return p;
 }
 
-/* Every weight type, row counts around the packed group size, activation
- * row counts on both kernels (GEMV below 4, panel tiles from 4). */
+/* One weight of type t (in x out), unpacked and packed, against rows of
+ * activations for each count in rows_list. */
+static void matmul_one(void **tst, const struct compute_ops *o, struct compute_ctx *cx,
+                       enum ctype t, uint32_t in, uint32_t out, const uint32_t *rows_list,
+                       size_t n_rows)
+{
+    double *wd = ts_malloc(tst, (size_t)in * out * 8);
+    size_t bytes;
+    void *src = make_weight(tst, t, in, out, wd, &bytes);
+    for (int packed = 0; packed < 2; packed++) {
+        struct ctensor w = {.type = t, .ne0 = in, .ne1 = out, .nbytes = bytes};
+        size_t wb = packed ? o->weight_bytes(&w) : bytes;
+        void *dev;
+        assert_int_equal(o->buf_alloc(cx, wb, &dev), 0);
+        ts_defer(tst, dev, buf_free_cb, cx);
+        w.data = dev;
+        if (packed)
+            assert_int_equal(o->weight_upload(cx, &w, src), 0);
+        else
+            memcpy(dev, src, bytes);
+        assert_int_equal(w.layout, packed && out >= 2 ? CL_PACK16 : CL_ROWS);
+        for (size_t ri = 0; ri < n_rows; ri++) {
+            uint32_t rows = rows_list[ri];
+            float *x = ts_malloc(tst, (size_t)rows * in * 4),
+                  *y = ts_malloc(tst, (size_t)rows * out * 4);
+            for (size_t i = 0; i < (size_t)rows * in; i++)
+                x[i] = (float)((int)(i * 37 % 101) - 50) / 50.0f;
+            for (size_t i = 0; i < (size_t)rows * out; i++)
+                y[i] = NAN; /* every output must be written */
+            assert_int_equal(o->matmul(cx, &w, x, rows, y), 0);
+            for (uint32_t r = 0; r < rows; r++)
+                for (uint32_t c = 0; c < out; c++) {
+                    double want = 0, mag = 0;
+                    for (uint32_t k = 0; k < in; k++) {
+                        want += wd[(size_t)c * in + k] * x[(size_t)r * in + k];
+                        mag += fabs(wd[(size_t)c * in + k] * x[(size_t)r * in + k]);
+                    }
+                    double got = y[(size_t)r * out + c];
+                    if (!(fabs(got - want) <= 1e-6 * mag + 1e-6))
+                        fail_msg("%s %s in %u out %u rows %u: y[%u][%u] = %.9g, want %.9g",
+                                 ctype_name(t), packed ? "packed" : "rows", in, out, rows, r, c,
+                                 got, want);
+                }
+            /* the packed rows widen back to the values stored */
+            if (ri == 0) {
+                float *row = ts_malloc(tst, (size_t)in * 4);
+                for (uint32_t c = 0; c < out; c += out / 3 + 1) {
+                    uint32_t id = c;
+                    assert_int_equal(o->get_rows(cx, &w, &id, 1, row), 0);
+                    for (uint32_t k = 0; k < in; k++)
+                        assert_true(row[k] == (float)wd[(size_t)c * in + k]);
+                }
+                ts_free(tst, row);
+            }
+            ts_free(tst, x), ts_free(tst, y);
+        }
+        ts_free(tst, dev);
+    }
+    ts_free(tst, src), ts_free(tst, wd);
+}
+
+/* Every float weight type on the shared cases (op_cases.h, which the cuda
+ * backend runs too), then the cpu's own sweep: row counts around the packed
+ * group size, activation row counts on both kernels (GEMV below 4, panel
+ * tiles from 4). */
 static void matmul_all(void **tst)
 {
     const struct compute_ops *o = ref_cpu_backend()->compute;
     struct compute_ctx *cx = ctx(tst, o);
-    static const enum ctype types[] = {CT_F32, CT_F16, CT_BF16, CT_Q8_0};
     static const uint32_t shapes[][2] = {{64, 16}, {96, 17}, {256, 130}, {40, 3}, {800, 48}};
     static const uint32_t rows_list[] = {1, 2, 3, 4, 7, 16, 29};
-    for (size_t ti = 0; ti < 4; ti++)
-        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-            enum ctype t = types[ti];
-            uint32_t in = shapes[si][0], out = shapes[si][1];
-            if (t == CT_Q8_0 && in % 32)
-                continue;
-            double *wd = ts_malloc(tst, (size_t)in * out * 8);
-            size_t bytes;
-            void *src = make_weight(tst, t, in, out, wd, &bytes);
-            for (int packed = 0; packed < 2; packed++) {
-                struct ctensor w = {.type = t, .ne0 = in, .ne1 = out, .nbytes = bytes};
-                size_t wb = packed ? o->weight_bytes(&w) : bytes;
-                void *dev;
-                assert_int_equal(o->buf_alloc(cx, wb, &dev), 0);
-                ts_defer(tst, dev, buf_free_cb, cx);
-                w.data = dev;
-                if (packed)
-                    assert_int_equal(o->weight_upload(cx, &w, src), 0);
-                else
-                    memcpy(dev, src, bytes);
-                assert_int_equal(w.layout, packed && out >= 2 ? CL_PACK16 : CL_ROWS);
-                for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++) {
-                    uint32_t rows = rows_list[ri];
-                    float *x = ts_malloc(tst, (size_t)rows * in * 4),
-                          *y = ts_malloc(tst, (size_t)rows * out * 4);
-                    for (size_t i = 0; i < (size_t)rows * in; i++)
-                        x[i] = (float)((int)(i * 37 % 101) - 50) / 50.0f;
-                    for (size_t i = 0; i < (size_t)rows * out; i++)
-                        y[i] = NAN; /* every output must be written */
-                    assert_int_equal(o->matmul(cx, &w, x, rows, y), 0);
-                    for (uint32_t r = 0; r < rows; r++)
-                        for (uint32_t c = 0; c < out; c++) {
-                            double want = 0, mag = 0;
-                            for (uint32_t k = 0; k < in; k++) {
-                                want += wd[(size_t)c * in + k] * x[(size_t)r * in + k];
-                                mag += fabs(wd[(size_t)c * in + k] * x[(size_t)r * in + k]);
-                            }
-                            double got = y[(size_t)r * out + c];
-                            if (!(fabs(got - want) <= 1e-6 * mag + 1e-6))
-                                fail_msg("%s %s in %u out %u rows %u: y[%u][%u] = %.9g, want %.9g",
-                                         ctype_name(t), packed ? "packed" : "rows", in, out, rows,
-                                         r, c, got, want);
-                        }
-                    /* the packed rows widen back to the values stored */
-                    if (ri == 0) {
-                        float *row = ts_malloc(tst, (size_t)in * 4);
-                        for (uint32_t c = 0; c < out; c += out / 3 + 1) {
-                            uint32_t id = c;
-                            assert_int_equal(o->get_rows(cx, &w, &id, 1, row), 0);
-                            for (uint32_t k = 0; k < in; k++)
-                                assert_true(row[k] == (float)wd[(size_t)c * in + k]);
-                        }
-                        ts_free(tst, row);
-                    }
-                    ts_free(tst, x), ts_free(tst, y);
-                }
-                ts_free(tst, dev);
-            }
-            ts_free(tst, src), ts_free(tst, wd);
+    for (size_t ti = 0; ti < OP_CASES_N(op_float_types); ti++) {
+        enum ctype t = op_float_types[ti];
+        for (size_t ci = 0; ci < OP_CASES_N(op_matmul_cases); ci++) {
+            const struct op_mm_case *c = &op_matmul_cases[ci];
+            if (t != CT_Q8_0 || c->in % 32 == 0)
+                matmul_one(tst, o, cx, t, c->in, c->out, &c->rows, 1);
         }
+        for (size_t si = 0; si < OP_CASES_N(shapes); si++)
+            if (t != CT_Q8_0 || shapes[si][0] % 32 == 0)
+                matmul_one(tst, o, cx, t, shapes[si][0], shapes[si][1], rows_list,
+                           OP_CASES_N(rows_list));
+    }
     ts_free(tst, cx);
 }
 
@@ -286,107 +301,112 @@ static void act_ref(enum ctype t, const float *x, uint32_t n, double *xa, double
     }
 }
 
+/* One quantized weight of type t (in x out) against rows of activations
+ * for each count in rows_list (see the comment above act_ref). */
+static void qmatmul_one(void **tst, const struct compute_ops *o, struct compute_ctx *cx,
+                        enum ctype t, uint32_t in, uint32_t out, const uint32_t *rows_list,
+                        size_t n_rows)
+{
+    size_t rb = ctype_row_bytes(t, in);
+    float *wf = ts_malloc(tst, (size_t)in * out * 4), *wq = ts_malloc(tst, (size_t)in * out * 4);
+    uint8_t *src = ts_malloc(tst, rb * out);
+    for (size_t i = 0; i < (size_t)in * out; i++)
+        wf[i] = qrand() * (i % 53 == 0 ? 4.0f : 1.0f) + (t == CT_Q4_1 ? 0.3f : 0);
+    for (uint32_t c = 0; c < out; c++) {
+        assert_int_equal(quant_quantize_row(t, wf + (size_t)c * in, src + c * rb, in), 0);
+        assert_int_equal(quant_dequant_row(t, src + c * rb, wq + (size_t)c * in, in), 0);
+    }
+    struct ctensor w = {.type = t, .ne0 = in, .ne1 = out, .nbytes = rb * out};
+    void *dev;
+    assert_int_equal(o->buf_alloc(cx, o->weight_bytes(&w), &dev), 0);
+    ts_defer(tst, dev, buf_free_cb, cx);
+    w.data = dev;
+    assert_int_equal(o->weight_upload(cx, &w, src), 0);
+    assert_int_equal(w.layout, CL_ROWS);
+    /* get_rows widens to exactly the reference dequantization */
+    float *row = ts_malloc(tst, (size_t)in * 4);
+    for (uint32_t c = 0; c < out; c++) {
+        assert_int_equal(o->get_rows(cx, &w, &c, 1, row), 0);
+        assert_memory_equal(row, wq + (size_t)c * in, (size_t)in * 4);
+    }
+    ts_free(tst, row);
+    for (size_t ri = 0; ri < n_rows; ri++) {
+        uint32_t rows = rows_list[ri];
+        float *x = ts_malloc(tst, (size_t)rows * in * 4),
+              *y = ts_malloc(tst, (size_t)rows * out * 4);
+        double *xa = ts_malloc(tst, (size_t)in * 8), *bd = ts_malloc(tst, (size_t)in * 8);
+        double *corr = ts_calloc(tst, in / 32, 8);
+        for (size_t i = 0; i < (size_t)rows * in; i++)
+            x[i] = qrand() * (i % 37 == 0 ? 8.0f : 1.0f);
+        if (rows > 2)
+            memset(x + in, 0, (size_t)in * 4); /* an all-zero row: scale 0 */
+        for (size_t i = 0; i < (size_t)rows * out; i++)
+            y[i] = NAN;
+        assert_int_equal(o->matmul(cx, &w, x, rows, y), 0);
+        /* a row's outputs do not depend on the batch it is in (the
+         * K-quant kernels share each weight block among 4 rows) */
+        float *y1 = ts_malloc(tst, (size_t)out * 4);
+        for (uint32_t r = 0; r < rows; r++) {
+            assert_int_equal(o->matmul(cx, &w, x + (size_t)r * in, 1, y1), 0);
+            assert_memory_equal(y1, y + (size_t)r * out, (size_t)out * 4);
+        }
+        ts_free(tst, y1);
+        for (uint32_t r = 0; r < rows; r++) {
+            act_ref(t, x + (size_t)r * in, in, xa, bd, corr);
+            for (uint32_t c = 0; c < out; c++) {
+                const float *wr = wq + (size_t)c * in;
+                const uint8_t *wb = src + c * rb;
+                double want = 0, mag = 0, exact = 0, slack = 0;
+                for (uint32_t k = 0; k < in; k++) {
+                    want += wr[k] * xa[k];
+                    mag += fabs(wr[k] * xa[k]);
+                    exact += (double)wr[k] * x[(size_t)r * in + k];
+                    slack += fabs(wr[k]) * bd[k];
+                }
+                if (t == CT_Q4_1 || t == CT_Q5_1)
+                    for (uint32_t b = 0; b < in / 32; b++) {
+                        uint16_t mh;
+                        memcpy(&mh, wb + b * ctype_block_bytes(t) + 2, 2);
+                        want += half_to_float(mh) * corr[b];
+                        mag += fabs(half_to_float(mh) * corr[b]);
+                        slack += fabs(half_to_float(mh) * corr[b]);
+                    }
+                double got = y[(size_t)r * out + c];
+                if (!(fabs(got - want) <= 2e-5 * mag + 1e-6))
+                    fail_msg("%s in %u out %u rows %u: y[%u][%u] = %.9g, want %.9g (mag %g)",
+                             ctype_name(t), in, out, rows, r, c, got, want, mag);
+                if (!(fabs(got - exact) <= slack + 2e-5 * mag + 1e-6))
+                    fail_msg("%s in %u out %u rows %u: y[%u][%u] = %.9g, unquantized %.9g "
+                             "(bound %g)",
+                             ctype_name(t), in, out, rows, r, c, got, exact, slack);
+            }
+        }
+        ts_free(tst, x), ts_free(tst, y), ts_free(tst, xa), ts_free(tst, bd), ts_free(tst, corr);
+    }
+    ts_free(tst, dev);
+    ts_free(tst, wf), ts_free(tst, wq), ts_free(tst, src);
+}
+
+/* Every quantized type on the shared cases (op_cases.h), then the cpu's own
+ * sweep of row lengths, output counts and row counts. */
 static void qmatmul_all(void **tst)
 {
     const struct compute_ops *o = ref_cpu_backend()->compute;
     struct compute_ctx *cx = ctx(tst, o);
-    static const enum ctype types[] = {CT_Q4_0, CT_Q4_1, CT_Q5_0, CT_Q5_1,
-                                       CT_Q4_K, CT_Q5_K, CT_Q6_K};
     static const uint32_t ins32[] = {32, 96, 544}, ins256[] = {256, 768};
     static const uint32_t outs[] = {1, 7, 17, 40};
     static const uint32_t rows_list[] = {1, 2, 3, 5, 16};
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        enum ctype t = types[ti];
+    for (size_t ti = 0; ti < OP_CASES_N(op_quant_types); ti++) {
+        enum ctype t = op_quant_types[ti];
+        for (size_t ci = 0; ci < OP_CASES_N(op_qmatmul_cases); ci++) {
+            const struct op_mm_case *c = &op_qmatmul_cases[ci];
+            qmatmul_one(tst, o, cx, t, c->in, c->out, &c->rows, 1);
+        }
         int kq = ctype_block_elems(t) == 256;
         for (size_t ii = 0; ii < (kq ? 2u : 3u); ii++)
-            for (size_t oi = 0; oi < sizeof outs / sizeof outs[0]; oi++) {
-                uint32_t in = kq ? ins256[ii] : ins32[ii], out = outs[oi];
-                size_t rb = ctype_row_bytes(t, in);
-                float *wf = ts_malloc(tst, (size_t)in * out * 4),
-                      *wq = ts_malloc(tst, (size_t)in * out * 4);
-                uint8_t *src = ts_malloc(tst, rb * out);
-                for (size_t i = 0; i < (size_t)in * out; i++)
-                    wf[i] = qrand() * (i % 53 == 0 ? 4.0f : 1.0f) + (t == CT_Q4_1 ? 0.3f : 0);
-                for (uint32_t c = 0; c < out; c++) {
-                    assert_int_equal(quant_quantize_row(t, wf + (size_t)c * in, src + c * rb, in),
-                                     0);
-                    assert_int_equal(quant_dequant_row(t, src + c * rb, wq + (size_t)c * in, in),
-                                     0);
-                }
-                struct ctensor w = {.type = t, .ne0 = in, .ne1 = out, .nbytes = rb * out};
-                void *dev;
-                assert_int_equal(o->buf_alloc(cx, o->weight_bytes(&w), &dev), 0);
-                ts_defer(tst, dev, buf_free_cb, cx);
-                w.data = dev;
-                assert_int_equal(o->weight_upload(cx, &w, src), 0);
-                assert_int_equal(w.layout, CL_ROWS);
-                /* get_rows widens to exactly the reference dequantization */
-                float *row = ts_malloc(tst, (size_t)in * 4);
-                for (uint32_t c = 0; c < out; c++) {
-                    assert_int_equal(o->get_rows(cx, &w, &c, 1, row), 0);
-                    assert_memory_equal(row, wq + (size_t)c * in, (size_t)in * 4);
-                }
-                ts_free(tst, row);
-                for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++) {
-                    uint32_t rows = rows_list[ri];
-                    float *x = ts_malloc(tst, (size_t)rows * in * 4),
-                          *y = ts_malloc(tst, (size_t)rows * out * 4);
-                    double *xa = ts_malloc(tst, (size_t)in * 8),
-                           *bd = ts_malloc(tst, (size_t)in * 8);
-                    double *corr = ts_calloc(tst, in / 32, 8);
-                    for (size_t i = 0; i < (size_t)rows * in; i++)
-                        x[i] = qrand() * (i % 37 == 0 ? 8.0f : 1.0f);
-                    if (rows > 2)
-                        memset(x + in, 0, (size_t)in * 4); /* an all-zero row: scale 0 */
-                    for (size_t i = 0; i < (size_t)rows * out; i++)
-                        y[i] = NAN;
-                    assert_int_equal(o->matmul(cx, &w, x, rows, y), 0);
-                    /* a row's outputs do not depend on the batch it is in (the
-                     * K-quant kernels share each weight block among 4 rows) */
-                    float *y1 = ts_malloc(tst, (size_t)out * 4);
-                    for (uint32_t r = 0; r < rows; r++) {
-                        assert_int_equal(o->matmul(cx, &w, x + (size_t)r * in, 1, y1), 0);
-                        assert_memory_equal(y1, y + (size_t)r * out, (size_t)out * 4);
-                    }
-                    ts_free(tst, y1);
-                    for (uint32_t r = 0; r < rows; r++) {
-                        act_ref(t, x + (size_t)r * in, in, xa, bd, corr);
-                        for (uint32_t c = 0; c < out; c++) {
-                            const float *wr = wq + (size_t)c * in;
-                            const uint8_t *wb = src + c * rb;
-                            double want = 0, mag = 0, exact = 0, slack = 0;
-                            for (uint32_t k = 0; k < in; k++) {
-                                want += wr[k] * xa[k];
-                                mag += fabs(wr[k] * xa[k]);
-                                exact += (double)wr[k] * x[(size_t)r * in + k];
-                                slack += fabs(wr[k]) * bd[k];
-                            }
-                            if (t == CT_Q4_1 || t == CT_Q5_1)
-                                for (uint32_t b = 0; b < in / 32; b++) {
-                                    uint16_t mh;
-                                    memcpy(&mh, wb + b * ctype_block_bytes(t) + 2, 2);
-                                    want += half_to_float(mh) * corr[b];
-                                    mag += fabs(half_to_float(mh) * corr[b]);
-                                    slack += fabs(half_to_float(mh) * corr[b]);
-                                }
-                            double got = y[(size_t)r * out + c];
-                            if (!(fabs(got - want) <= 2e-5 * mag + 1e-6))
-                                fail_msg(
-                                    "%s in %u out %u rows %u: y[%u][%u] = %.9g, want %.9g (mag %g)",
-                                    ctype_name(t), in, out, rows, r, c, got, want, mag);
-                            if (!(fabs(got - exact) <= slack + 2e-5 * mag + 1e-6))
-                                fail_msg(
-                                    "%s in %u out %u rows %u: y[%u][%u] = %.9g, unquantized %.9g "
-                                    "(bound %g)",
-                                    ctype_name(t), in, out, rows, r, c, got, exact, slack);
-                        }
-                    }
-                    ts_free(tst, x), ts_free(tst, y), ts_free(tst, xa), ts_free(tst, bd),
-                        ts_free(tst, corr);
-                }
-                ts_free(tst, dev);
-                ts_free(tst, wf), ts_free(tst, wq), ts_free(tst, src);
-            }
+            for (size_t oi = 0; oi < OP_CASES_N(outs); oi++)
+                qmatmul_one(tst, o, cx, t, kq ? ins256[ii] : ins32[ii], outs[oi], rows_list,
+                            OP_CASES_N(rows_list));
     }
     ts_free(tst, cx);
 }
