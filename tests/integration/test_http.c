@@ -469,6 +469,172 @@ static void test_errors_name_http_params(void **state)
     expect_param("/v1/chat/completions", body, 413, "too_large", "messages", "max-text-bytes");
 }
 
+/* curl -N on the Unix socket sock: POSTs body (from a file in g_dir) to
+ * path; returns the reply body, *status the HTTP status. */
+static char *curl_at(const char *sock, const char *path, const char *body, int *status)
+{
+    char file[128];
+    snprintf(file, sizeof(file), "%s/body-small.json", g_dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs(body, f);
+    fclose(f);
+    char *out = run("curl -sS -N -w '\\n%%{http_code}' -H 'Content-Type: application/json' "
+                    "--data-binary @%s --unix-socket %s http://localhost%s",
+                    file, sock, path);
+    unlink(file);
+    char *nl = strrchr(out, '\n');
+    assert_non_null(nl);
+    *status = atoi(nl + 1);
+    *nl = '\0';
+    return out;
+}
+
+/* The error object e names param, has code, and its message quotes
+ * 'param' and never the msgpack prompt fields. */
+static void expect_error_obj(json_t *e, const char *code, const char *param, const char *all)
+{
+    if (!json_is_object(e))
+        fail_msg("no error object: %s", all);
+    const char *c = json_string_value(json_object_get(e, "code"));
+    const char *p = json_string_value(json_object_get(e, "param"));
+    const char *m = json_string_value(json_object_get(e, "message"));
+    char quoted[64];
+    snprintf(quoted, sizeof(quoted), "'%s'", param);
+    if (!c || strcmp(c, code) || !p || strcmp(p, param) || !m || !strstr(m, quoted) ||
+        strstr(m, "'tokens'") || strstr(m, "'text'"))
+        fail_msg("code %s param %s message '%s'; expected code %s, param %s, %s in the message: %s",
+                 c ? c : "null", p ? p : "null", m ? m : "", code, param, quoted, all);
+}
+
+static void expect_param_at(const char *sock, const char *path, const char *body, int want,
+                            const char *code, const char *param)
+{
+    int st;
+    char *out = curl_at(sock, path, body, &st);
+    if (st != want)
+        fail_msg("%s: HTTP %d, expected %d: %s", path, st, want, out);
+    json_t *j = json_ok(out);
+    expect_error_obj(json_object_get(j, "error"), code, param, out);
+    json_decref(j);
+    free(out);
+}
+
+/* A JSON body {"<key>":"<n bytes of words>"<tail>} (chat: one user
+ * message of that content); malloc'd. The words vary so that the
+ * tokenizer makes many tokens of them. */
+static char *text_body(bool chat, size_t n, const char *tail)
+{
+    char *b = malloc(n + 256);
+    assert_non_null(b);
+    size_t at = (size_t)sprintf(b, chat ? "{\"messages\":[{\"role\":\"user\",\"content\":\""
+                                        : "{\"prompt\":\"");
+    for (size_t i = 0; i < n; i++)
+        b[at + i] = i % 4 == 3 ? ' ' : (char)('a' + (i * 7 + i / 4) % 26);
+    at += n;
+    sprintf(b + at, chat ? "\"}]%s}" : "\"%s}", tail);
+    return b;
+}
+
+/* A kvd whose model has a 64-token context and --max-text-bytes 4096: the
+ * errors found after the body was accepted (a token prompt filling the
+ * context, a text or chat prompt that tokenizes past it on the workers,
+ * streamed or not) and the text bound name the HTTP parameter; valid
+ * requests around them are answered. */
+static void test_errors_name_http_params_small_context(void **state)
+{
+    const char *tools = getenv("KVD_TOOLS_DIR");
+    assert_non_null(tools);
+    char model[128], sock[128];
+    snprintf(model, sizeof(model), "%s/small.gguf", g_dir);
+    snprintf(sock, sizeof(sock), "%s/h3.sock", g_dir);
+    char *gen = run("%s/kvd-gguf-gen -o %s --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 "
+                    "--vocab 512 --ctx 64 --seed 9 --chat-template "
+                    "%s/tests/text/templates/chatml.jinja >/dev/null && echo ok",
+                    tools, model, KVD_SOURCE_DIR);
+    assert_non_null(strstr(gen, "ok"));
+    free(gen);
+    const char *const args[] = {"--backend",           "cpu", "--model",          model,
+                                "--http-socket",       sock,  "--max-text-bytes", "4096",
+                                "--no-roofline-probe", NULL};
+    struct kh_proc *d = kh_new(NULL, args);
+    assert_non_null(d);
+
+    /* valid: a token prompt, then a chat one */
+    int st;
+    char *out = curl_at(sock, "/v1/completions",
+                        "{\"prompt\":[1,2,3],\"max_tokens\":4,\"temperature\":0}", &st);
+    assert_int_equal(st, 200);
+    json_t *j = json_ok(out);
+    json_t *u = json_object_get(j, "usage");
+    assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), 3);
+    json_int_t done = json_integer_value(json_object_get(u, "completion_tokens"));
+    assert_true(done >= 1 && done <= 4);
+    json_decref(j);
+    free(out);
+
+    /* 64 token ids fill the context: 400 naming prompt */
+    char ids[512];
+    size_t at = (size_t)snprintf(ids, sizeof(ids), "{\"prompt\":[");
+    for (int i = 0; i < 64; i++)
+        at += (size_t)snprintf(ids + at, sizeof(ids) - at, i ? ",%d" : "%d", 1 + i % 500);
+    snprintf(ids + at, sizeof(ids) - at, "]}");
+    expect_param_at(sock, "/v1/completions", ids, 400, "bad_request", "prompt");
+    /* an id outside the vocabulary, and max_tokens past the context */
+    expect_param_at(sock, "/v1/completions", "{\"prompt\":[1,512]}", 400, "bad_request", "prompt");
+    expect_param_at(sock, "/v1/completions", "{\"prompt\":[1],\"max_tokens\":65}", 400,
+                    "bad_request", "max_tokens");
+    snprintf(
+        ids, sizeof(ids),
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_completion_tokens\":65}");
+    expect_param_at(sock, "/v1/chat/completions", ids, 400, "bad_request", "max_completion_tokens");
+
+    /* 2000 bytes of words (under max-text-bytes) tokenize past 64 tokens:
+     * refused by the workers, naming the HTTP prompt field */
+    char *b = text_body(false, 2000, "");
+    expect_param_at(sock, "/v1/completions", b, 413, "too_large", "prompt");
+    free(b);
+    b = text_body(true, 2000, "");
+    expect_param_at(sock, "/v1/chat/completions", b, 413, "too_large", "messages");
+    free(b);
+    /* streamed: the headers went out at acceptance, the error is an event */
+    b = text_body(true, 2000, ",\"stream\":true");
+    out = curl_at(sock, "/v1/chat/completions", b, &st);
+    free(b);
+    assert_int_equal(st, 200);
+    char *ev = strstr(out, "data: {\"error\"");
+    if (!ev || !strstr(ev, "data: [DONE]"))
+        fail_msg("no error event before [DONE]: %s", out);
+    char *end = strchr(ev, '\n');
+    assert_non_null(end);
+    *end = '\0';
+    j = json_ok(ev + 6);
+    expect_error_obj(json_object_get(j, "error"), "too_large", "messages", ev);
+    json_decref(j);
+    free(out);
+
+    /* 8 KiB of chat content: over max-text-bytes, 413 naming messages */
+    b = text_body(true, 8192, "");
+    expect_param_at(sock, "/v1/chat/completions", b, 413, "too_large", "messages");
+    free(b);
+    b = text_body(false, 8192, "");
+    expect_param_at(sock, "/v1/completions", b, 413, "too_large", "prompt");
+    free(b);
+
+    /* still answered after the refusals */
+    out = curl_at(sock, "/v1/chat/completions",
+                  "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3,"
+                  "\"temperature\":0}",
+                  &st);
+    assert_int_equal(st, 200);
+    j = json_ok(out);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
+    json_decref(j);
+    free(out);
+    assert_int_equal(kh_free(d), 0);
+    unlink(model);
+}
+
 /* max-queued-per-tenant is 1: while a msgpack generate of the same tenant
  * runs (its first event has arrived), an HTTP request is refused 429. */
 static void test_busy_429(void **state)
@@ -875,6 +1041,7 @@ int main(void)
         cmocka_unit_test(test_models_and_health),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_errors_name_http_params),
+        cmocka_unit_test(test_errors_name_http_params_small_context),
         cmocka_unit_test(test_busy_429),
         cmocka_unit_test(test_busy_msgpack_behind_http),
         cmocka_unit_test(test_front_end_sub_tenants),
