@@ -87,7 +87,8 @@ int chat_template_render(const struct chat_template *t, const struct chat_msg *m
         err[0] = 0;
     struct jctx c = {.err = err, .errlen = errlen};
     struct jrt rt = {.c = &c,
-                     .now = chat_template_fixed_now ? chat_template_fixed_now : time(NULL)};
+                     .now = chat_template_fixed_now ? chat_template_fixed_now : time(NULL),
+                     .deadline_ns = jdeadline_from_now()};
     if (setjmp(c.jb)) {
         int code = c.code;
         jctx_free(&c);

@@ -18,6 +18,14 @@
 #define JINJA_MAX_MEM (256u << 20)          /* arena bytes of one parse or render */
 #define JINJA_MAX_OUT (64u << 20)           /* rendered bytes */
 #define JINJA_MAX_STEPS (20u * 1000 * 1000) /* evaluated nodes of one render */
+/* The work of one render besides its nodes: every byte a string operation
+ * reads or writes (comparisons, `in`, length, slicing, filters and methods,
+ * concatenation and output) counts, since those are O(length) and a step
+ * budget alone let a template test a 16 MiB string's length a million
+ * times. And the wall-clock time of one render, checked every 1024 nodes
+ * and every MiB of work, whatever a template does. */
+#define JINJA_MAX_WORK ((uint64_t)1 << 30) /* bytes */
+#define JINJA_MAX_MS 2000u
 
 /* ---- arena and errors ---- */
 
@@ -245,6 +253,8 @@ struct jfunc {
 struct jrt {
     struct jctx *c;
     unsigned long steps;
+    uint64_t work, work_checked; /* JINJA_MAX_WORK; work at the last clock check */
+    uint64_t deadline_ns;        /* CLOCK_MONOTONIC; 0: none */
     int depth;
     size_t out_total; /* bytes appended to any buffer (bounds huge loops) */
     time_t now;       /* strftime_now's clock */
@@ -256,6 +266,13 @@ struct jbuf {
     size_t n, cap;
 };
 void jbuf_put(struct jrt *rt, struct jbuf *b, const char *s, size_t n);
+/* Charges n bytes of string work to the render; fails (too_large, naming
+ * the limit) past JINJA_MAX_WORK or the render's deadline. */
+void jwork(struct jrt *rt, int line, size_t n);
+/* Fails when the render's deadline has passed. */
+void jdeadline(struct jrt *rt, int line);
+/* The render's deadline JINJA_MAX_MS from now (CLOCK_MONOTONIC ns). */
+uint64_t jdeadline_from_now(void);
 
 static inline struct jval jv_undef(void)
 {

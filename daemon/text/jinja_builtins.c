@@ -367,8 +367,10 @@ static struct jval builtin_of(struct jrt *rt, struct jval obj, struct jval p)
                  {"values", JF_O_VALUES},
                  {"dictsort", JF_O_DICTSORT}};
     if (obj.t == JV_STR) {
-        if (name_is(p, "length"))
+        if (name_is(p, "length")) {
+            jwork(rt, 0, obj.u.s.n);
             return jv_int((double)js_utf16_len(obj.u.s.p, obj.u.s.n));
+        }
         for (size_t i = 0; i < sizeof(str_m) / sizeof(str_m[0]); i++)
             if (name_is(p, str_m[i].name))
                 return method(rt, str_m[i].kind, obj);
@@ -386,6 +388,7 @@ static struct jval builtin_of(struct jrt *rt, struct jval obj, struct jval p)
 /* The UTF-16 unit at index i of s (negative from the end), as a string. */
 static struct jval str_at(struct jrt *rt, int line, struct jval s, double idx)
 {
+    jwork(rt, line, s.u.s.n);
     double len = (double)js_utf16_len(s.u.s.p, s.u.s.n);
     double k = idx < 0 ? len + trunc(idx) : trunc(idx);
     if (isnan(idx))
@@ -571,6 +574,8 @@ static struct jval map_items(struct jrt *rt, struct jmap *m, int what)
 struct jval jinja_call_builtin(struct jrt *rt, int line, struct jfunc *fn, struct jval *a, size_t n)
 {
     struct jval s = fn->self;
+    if (s.t == JV_STR) /* a string method reads its string */
+        jwork(rt, line, s.u.s.n);
     switch (fn->kind) {
     case JF_RAISE: {
         struct jbuf b = {0};
@@ -857,6 +862,7 @@ static struct jval filter_plain(struct jrt *rt, const struct jnode *f, struct jv
         break;
     }
     case JV_STR:
+        jwork(rt, f->line, v.u.s.n); /* every string filter reads its string */
         if (!strcmp(n, "length"))
             return jv_int((double)js_utf16_len(v.u.s.p, v.u.s.n));
         if (!strcmp(n, "upper") || !strcmp(n, "lower"))
@@ -946,6 +952,8 @@ static struct jval filter_call(struct jrt *rt, const struct jnode *f, struct jva
     int line = f->line;
     struct jval *a;
     size_t na = jinja_eval_args(rt, f->list, f->nlist, env, &a);
+    if (v.t == JV_STR)
+        jwork(rt, line, v.u.s.n);
     size_t np = npos(a, na);
     if (!strcmp(n, "tojson")) {
         struct json_opts o = {.undef_as_null = true};

@@ -54,6 +54,8 @@ static void step(struct jrt *rt, int line)
 {
     if (++rt->steps > JINJA_MAX_STEPS)
         jfail(rt->c, KVD_ETOOLARGE, line, "rendering takes more than %u steps", JINJA_MAX_STEPS);
+    if ((rt->steps & 1023) == 0)
+        jdeadline(rt, line);
 }
 
 static struct jval str_from_buf(struct jbuf *b)
@@ -186,8 +188,10 @@ static struct jval eval_binary(struct jrt *rt, const struct jnode *n, struct jen
     }
     if ((a.t == JV_STR || b.t == JV_STR) && op == JO_ADD)
         return concat(rt, n->line, a, b, false);
-    if (a.t == JV_STR && b.t == JV_STR && (op == JO_IN || op == JO_NOT_IN))
+    if (a.t == JV_STR && b.t == JV_STR && (op == JO_IN || op == JO_NOT_IN)) {
+        jwork(rt, n->line, b.u.s.n);
         return jv_bool(contains(b.u.s.p, b.u.s.n, a.u.s.p, a.u.s.n) == (op == JO_IN));
+    }
     if (a.t == JV_STR && (b.t == JV_OBJECT || b.t == JV_KWARGS) && (op == JO_IN || op == JO_NOT_IN))
         return jv_bool((jmap_get(b.u.map, a.u.s.p, a.u.s.n) != NULL) == (op == JO_IN));
     bad_op(rt, n->line, op_text(op), a, b);
@@ -237,6 +241,7 @@ static struct jval eval_slice(struct jrt *rt, const struct jnode *sl, struct jva
 {
     if (obj.t != JV_ARRAY && obj.t != JV_TUPLE && obj.t != JV_STR)
         jfail(rt->c, KVD_EBADREQ, sl->line, "slice object must be an array or string");
+    jwork(rt, sl->line, obj.t == JV_STR ? obj.u.s.n : obj.u.arr->n);
     struct jval v[3];
     const struct jnode *parts[3] = {sl->a, sl->b, sl->c};
     for (int i = 0; i < 3; i++) {

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvd/status.h"
 
@@ -92,10 +93,42 @@ void jctx_free(struct jctx *c)
     c->mem = 0;
 }
 
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t jdeadline_from_now(void)
+{
+    return mono_ns() + (uint64_t)JINJA_MAX_MS * 1000000ull;
+}
+
+void jdeadline(struct jrt *rt, int line)
+{
+    if (rt->deadline_ns && mono_ns() > rt->deadline_ns)
+        jfail(rt->c, KVD_ETOOLARGE, line, "rendering takes more than %u ms", JINJA_MAX_MS);
+}
+
+void jwork(struct jrt *rt, int line, size_t n)
+{
+    rt->work += n;
+    if (rt->work > JINJA_MAX_WORK)
+        jfail(rt->c, KVD_ETOOLARGE, line,
+              "the template's string operations pass %llu MiB of work (its budget)",
+              (unsigned long long)(JINJA_MAX_WORK >> 20));
+    if (rt->work - rt->work_checked >= (1u << 20)) {
+        rt->work_checked = rt->work;
+        jdeadline(rt, line);
+    }
+}
+
 void jbuf_put(struct jrt *rt, struct jbuf *b, const char *s, size_t n)
 {
     if (n == 0)
         return;
+    jwork(rt, 0, n);
     rt->out_total += n;
     if (rt->out_total > (size_t)JINJA_MAX_OUT * 4 || b->n + n > JINJA_MAX_OUT)
         jfail(rt->c, KVD_ETOOLARGE, 0, "the rendered text passes %u MiB", JINJA_MAX_OUT >> 20);
@@ -662,8 +695,10 @@ bool jv_loose_eq(struct jrt *rt, int line, struct jval a, struct jval b)
         jfail(rt->c, KVD_EUNSUPPORTED, line, "comparing a %s with a %s is not supported",
               jtype_name(a.t), jtype_name(b.t));
     }
-    if (a.t == JV_STR && b.t == JV_STR)
+    if (a.t == JV_STR && b.t == JV_STR) {
+        jwork(rt, line, a.u.s.n < b.u.s.n ? a.u.s.n : b.u.s.n);
         return jv_strict_eq(a, b);
+    }
     double x = a.t == JV_STR ? js_to_number(a.u.s.p, a.u.s.n) : a.t == JV_BOOL ? a.u.b : a.u.num;
     double y = b.t == JV_STR ? js_to_number(b.u.s.p, b.u.s.n) : b.t == JV_BOOL ? b.u.b : b.u.num;
     return x == y;

@@ -124,6 +124,57 @@ static int load_template(struct text *t, const char *path, char *err, size_t err
     return 0;
 }
 
+/* The load-time test of a template: one render of a conversation shaped
+ * like the largest requests (a system message, then user and assistant
+ * turns, TEXT_PROBE_MSGS messages of TEXT_PROBE_BYTES each). A template
+ * that passes the render's work budget or time bound there (jinja.h) is
+ * refused now rather than on every request: the file's own is dropped (no
+ * chat, logged), a --chat-template file is a start-up error. A template
+ * that raises on this conversation (its role rules) is kept: its requests
+ * get its own message. */
+#define TEXT_PROBE_MSGS 64
+#define TEXT_PROBE_BYTES (16u << 10)
+
+static int probe_template(struct text *t, const char *path, char *err, size_t errlen)
+{
+    char *content = malloc(TEXT_PROBE_BYTES + 1);
+    struct chat_msg msgs[TEXT_PROBE_MSGS];
+    if (!content) {
+        snprintf(err, errlen, "out of memory");
+        return KVD_ENOMEM;
+    }
+    static const char words[] = "Hello, world! <b>tags</b> {{braces}} \"quotes\" and\nlines. ";
+    for (size_t i = 0; i < TEXT_PROBE_BYTES; i++)
+        content[i] = words[i % (sizeof words - 1)];
+    content[TEXT_PROBE_BYTES] = '\0';
+    for (size_t i = 0; i < TEXT_PROBE_MSGS; i++) {
+        msgs[i].role = i == 0 ? "system" : i % 2 ? "user" : "assistant";
+        msgs[i].content = content;
+    }
+    char *out = NULL, perr[256] = "";
+    size_t n = 0;
+    int rc = chat_template_render(t->tmpl, msgs, TEXT_PROBE_MSGS, true, t->bos_text, t->eos_text,
+                                  &out, &n, perr, sizeof perr);
+    free(content);
+    free(out);
+    if (rc != KVD_ETOOLARGE)
+        return rc == KVD_ENOMEM ? rc : 0;
+    if (path && path[0]) {
+        snprintf(err, errlen,
+                 "--chat-template %s: refused: on a test conversation of %u messages of %u KiB, %s",
+                 path, TEXT_PROBE_MSGS, TEXT_PROBE_BYTES >> 10, perr);
+        return KVD_EBADREQ;
+    }
+    chat_template_free(t->tmpl);
+    t->tmpl = NULL;
+    snprintf(t->no_tmpl, sizeof t->no_tmpl,
+             "the model's chat template was refused: on a test conversation of %u messages of %u "
+             "KiB, %s",
+             TEXT_PROBE_MSGS, TEXT_PROBE_BYTES >> 10, perr);
+    log_warn("chat template: %s; requests with messages will be refused", t->no_tmpl);
+    return 0;
+}
+
 int text_open(const char *model_path, const char *template_path, struct text **out, char *err,
               size_t errlen)
 {
@@ -177,6 +228,8 @@ int text_open(const char *model_path, const char *template_path, struct text **o
         t->tmpl = NULL;
         snprintf(t->no_tmpl, sizeof t->no_tmpl, "%s", t->no_tok);
     }
+    if (t->tmpl && (rc = probe_template(t, template_path, err, errlen)))
+        goto fail;
     *out = t;
     return 0;
 fail:

@@ -222,6 +222,43 @@ static void test_errors(void **state)
                KVD_ETOOLARGE, "");
 }
 
+/* Hostile templates inside the step, memory and output bounds whose O(n)
+ * operations on a 16 MiB string ran for over an hour: each is refused by
+ * the work budget or the time bound, with the reason, in about a second or
+ * less (not timed here: the failing case was minutes). */
+static void test_work_budget(void **state)
+{
+    (void)state;
+    /* s doubled to 16 MiB (24 doublings of one byte), then used 1M times */
+#define BIG                                                                                        \
+    "{% set ns = namespace(s='x') %}{% for i in range(24) %}{% set ns.s = ns.s ~ ns.s %}"          \
+    "{% endfor %}"
+    static const char *const hostile[] = {
+        BIG "{% for i in range(1000000) %}{% if ns.s|length > 0 %}{% endif %}{% endfor %}",
+        BIG "{% for i in range(1000000) %}{% if ns.s.length > 0 %}{% endif %}{% endfor %}",
+        BIG "{% for i in range(1000000) %}{% if 'y' in ns.s %}{% endif %}{% endfor %}",
+        BIG "{% for i in range(1000000) %}{% if ns.s == ns.s %}{% endif %}{% endfor %}",
+        BIG "{% for i in range(1000000) %}{% set t = ns.s[1:] %}{% endfor %}",
+        BIG "{% for i in range(1000000) %}{% set t = ns.s|trim %}{% endfor %}",
+        BIG "{% for i in range(1000000) %}{% set t = ns.s.startswith('y') %}{% endfor %}",
+        BIG "{% for i in range(1000000) %}{% set t = ns.s|replace('y', 'z') %}{% endfor %}",
+        BIG "{% for i in range(1000) %}{% for j in range(1000) %}{% if ns.s[-1] == 'y' %}"
+            "{% endif %}{% endfor %}{% endfor %}",
+    };
+#undef BIG
+    for (size_t i = 0; i < sizeof hostile / sizeof hostile[0]; i++) {
+        char err[512], *out = NULL;
+        int rc = render(hostile[i], &out, err, sizeof err);
+        free(out);
+        if (rc != KVD_ETOOLARGE ||
+            (!strstr(err, "MiB of work") && !strstr(err, " ms") && !strstr(err, "MiB of memory")))
+            fail_msg("hostile template %zu: rc %d [%s], want too_large naming the work budget, "
+                     "the time bound or the memory bound",
+                     i, rc, rc ? err : "rendered");
+        print_message("hostile template %zu: %s\n", i, err);
+    }
+}
+
 /* Random byte edits, deletions and splices of real templates: every result is
  * a render or an error with a message, never a crash (ASan/UBSan builds
  * check the memory side). */
@@ -297,9 +334,8 @@ int main(void)
     tzset();
     chat_template_fixed_now = CHAT_FIXED_NOW;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_expected_outputs),
-        cmocka_unit_test(test_subset),
-        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_expected_outputs), cmocka_unit_test(test_subset),
+        cmocka_unit_test(test_errors),           cmocka_unit_test(test_work_budget),
         cmocka_unit_test(test_mutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
