@@ -396,6 +396,173 @@ static void test_chat_bodies_7mib(void **state)
     unlink(hs);
 }
 
+/* ---- chat templates ------------------------------------------------------ */
+
+/* Doubles a string to 16 MiB and tests its length a million times: inside
+ * the step, memory and output bounds, over an hour of work before. */
+static const char hostile_tmpl[] =
+    "{% set ns = namespace(s='x') %}{% for i in range(24) %}{% set ns.s = ns.s ~ ns.s %}"
+    "{% endfor %}{% for i in range(1000000) %}{% if ns.s|length > 0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}{{ m.content }}{% endfor %}";
+/* Harmless but for one message content ("boom"): passes the load-time test
+ * render, and is hostile for the requests that send that content. */
+static const char trap_tmpl[] =
+    "{% for m in messages %}{% if m.content == 'boom' %}{% set ns = namespace(s='x') %}"
+    "{% for i in range(24) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
+    "{% for i in range(1000000) %}{% if ns.s|length > 0 %}{% endif %}{% endfor %}"
+    "{% endif %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>";
+
+static void write_file(const char *path, const char *s)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fputs(s, f) >= 0, 1);
+    fclose(f);
+}
+
+/* The model's own template (tokenizer.chat_template) is test-rendered at
+ * load: the hostile one is refused, the daemon serves tokens, and a
+ * `messages` request says why. A --chat-template file like it is a
+ * start-up error. */
+static void test_hostile_template_refused_at_load(void **state)
+{
+    (void)state;
+    const char *tools = getenv("KVD_TOOLS_DIR");
+    char tp[128], mp[128], cmd[768];
+    snprintf(tp, sizeof(tp), "%s/hostile.jinja", g_dir);
+    snprintf(mp, sizeof(mp), "%s/hostile.gguf", g_dir);
+    write_file(tp, hostile_tmpl);
+    snprintf(cmd, sizeof(cmd),
+             "'%s/kvd-gguf-gen' -o '%s' --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 "
+             "--vocab 4096 --ctx 2048 --type f32 --chat-template '%s' >/dev/null",
+             tools, mp, tp);
+    assert_int_equal(system(cmd), 0);
+    struct kh_proc p;
+    const char *args[] = {"--model",   mp,  "--backend",           "cpu",
+                          "--threads", "1", "--no-roofline-probe", NULL};
+    assert_int_equal(kh_start(&p, NULL, args), 0);
+    int fd = kh_connect(p.sock);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "hello", 1, &r), 0);
+    const msgpack_object *model = kh_obj(r.root, "model");
+    const msgpack_object *ct = model ? kh_obj(model, "chat_template") : NULL;
+    assert_non_null(ct);
+    assert_int_equal(ct->type, MSGPACK_OBJECT_BOOLEAN);
+    assert_false(ct->via.boolean);
+    kh_reply_free(&r);
+    /* tokens still work */
+    uint32_t toks[3] = {5, 6, 7};
+    struct kh_req q;
+    kh_req_begin(&q, "generate", 2, 2);
+    proto_pack_kv_u32_array(&q.pk, "tokens", toks, 3);
+    proto_pack_kv_uint(&q.pk, "max_tokens", 2);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
+    kh_expect(&r, 0);
+    kh_reply_free(&r);
+    /* messages: unsupported, saying the template was refused and why */
+    kh_req_begin(&q, "generate", 3, 2);
+    proto_pack_str(&q.pk, "messages");
+    proto_pack_array(&q.pk, 1);
+    proto_pack_map(&q.pk, 2);
+    proto_pack_kv_str(&q.pk, "role", "user");
+    proto_pack_kv_str(&q.pk, "content", "hi");
+    proto_pack_kv_uint(&q.pk, "max_tokens", 2);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
+    assert_int_equal(r.code, KVD_EUNSUPPORTED);
+    if (!strstr(r.message, "refused") || !strstr(r.message, "MiB of work"))
+        fail_msg("unexpected refusal: %s", r.message);
+    kh_reply_free(&r);
+    close(fd);
+    assert_int_equal(kh_stop(&p), 0);
+    /* the same template given by the operator: kvd does not start */
+    const char *args2[] = {"--model",         g_model, "--backend",           "cpu",
+                           "--chat-template", tp,      "--no-roofline-probe", NULL};
+    struct kh_opts o = {.args = args2};
+    assert_int_not_equal(kh_run(&o), 0);
+    unlink(mp);
+    unlink(tp);
+}
+
+struct chat_attack {
+    const char *sock;
+    int rounds;
+    int codes[8];
+    char message[256];
+};
+
+static void trap_attack(void *p)
+{
+    struct chat_attack *a = p;
+    int fd = kh_connect(a->sock);
+    assert_true(fd >= 0);
+    for (int k = 0; k < a->rounds; k++) {
+        struct kh_req q;
+        kh_req_begin(&q, "generate", 300 + k, 2);
+        proto_pack_str(&q.pk, "messages");
+        proto_pack_array(&q.pk, 1);
+        proto_pack_map(&q.pk, 2);
+        proto_pack_kv_str(&q.pk, "role", "user");
+        proto_pack_kv_str(&q.pk, "content", "boom");
+        proto_pack_kv_uint(&q.pk, "max_tokens", 1);
+        assert_int_equal(kh_req_send(fd, &q), 0);
+        struct kh_reply r;
+        assert_int_equal(kh_recv(fd, &r), 0);
+        a->codes[k] = r.code;
+        snprintf(a->message, sizeof(a->message), "%s", r.message);
+        kh_reply_free(&r);
+    }
+    close(fd);
+}
+
+/* A template hostile only for some contents reaches request time: its
+ * renders run on the text workers (the loop stays fast), each ends at the
+ * work budget with the reason, and SIGTERM ends the daemon promptly while
+ * such renders are running. */
+static void test_hostile_render_at_request_time(void **state)
+{
+    (void)state;
+    char tp[128];
+    snprintf(tp, sizeof(tp), "%s/trap.jinja", g_dir);
+    write_file(tp, trap_tmpl);
+    struct kh_proc p;
+    const char *extra[] = {"--chat-template", tp, NULL};
+    start(&p, extra);
+    struct chat_attack a = {.sock = p.sock, .rounds = 2};
+    unsigned n = 0;
+    double worst = victim_while(p.sock, trap_attack, &a, &n);
+    for (int k = 0; k < a.rounds; k++)
+        assert_int_equal(a.codes[k], KVD_ETOOLARGE);
+    if (!strstr(a.message, "'messages'") || !strstr(a.message, "MiB of work"))
+        fail_msg("unexpected refusal: %s", a.message);
+    if (worst > VICTIM_MAX_MS)
+        fail_msg("a hello took %.1f ms (of %u) during hostile renders", worst, n);
+    print_message("hostile renders x%d: slowest hello %.2f ms (%u hellos)\n", a.rounds, worst, n);
+    /* SIGTERM while renders of it are queued and running */
+    int fd = kh_connect(p.sock);
+    for (int k = 0; k < 4; k++) {
+        struct kh_req q;
+        kh_req_begin(&q, "generate", 400 + k, 2);
+        proto_pack_str(&q.pk, "messages");
+        proto_pack_array(&q.pk, 1);
+        proto_pack_map(&q.pk, 2);
+        proto_pack_kv_str(&q.pk, "role", "user");
+        proto_pack_kv_str(&q.pk, "content", "boom");
+        proto_pack_kv_uint(&q.pk, "max_tokens", 1);
+        assert_int_equal(kh_req_send(fd, &q), 0);
+    }
+    double t0 = now_ms();
+    assert_int_equal(kh_stop(&p), 0);
+    double dt = now_ms() - t0;
+    close(fd);
+    /* each running render ends within its time bound (2 s) */
+    if (dt > 15000)
+        fail_msg("SIGTERM took %.0f ms with hostile renders running", dt);
+    print_message("SIGTERM with hostile renders queued: %.0f ms\n", dt);
+    unlink(tp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -404,6 +571,8 @@ int main(void)
         cmocka_unit_test(test_detokenize_over_max_frame),
         cmocka_unit_test(test_generate_long_texts),
         cmocka_unit_test(test_chat_bodies_7mib),
+        cmocka_unit_test(test_hostile_template_refused_at_load),
+        cmocka_unit_test(test_hostile_render_at_request_time),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
