@@ -78,7 +78,7 @@ static int write_tokenizer(const char *path)
     }
     gw_kv_u32(&w, "tokenizer.ggml.bos_token_id", 1);
     gw_kv_u32(&w, "tokenizer.ggml.eos_token_id", 2);
-    size_t len;
+    size_t len = 0;
     uint8_t *file = gw_finish(&w, &len);
     gw_free(&w);
     FILE *f = fopen(path, "wb");

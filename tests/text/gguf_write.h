@@ -90,6 +90,7 @@ static inline uint8_t *gw_finish(const struct gw *w, size_t *len)
 {
     size_t n = 4 + 4 + 8 + 8 + w->n;
     uint8_t *p = malloc(n + 32);
+    *len = 0; /* also on failure */
     if (!p)
         return NULL;
     uint32_t ver = 3;

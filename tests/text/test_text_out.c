@@ -244,8 +244,8 @@ static void test_random_against_reference(void **state)
         const char *cands[] = {"bc",
                                "a",
                                "TOPx",
-                               "\xc3\xa9"
-                               "a",
+                               ("\xc3\xa9"
+                                "a"),
                                " w",
                                "cS"};
         const char *stops[2];

@@ -437,8 +437,8 @@ static const int32_t btypes[] = {N_, N_, N_, N_, N_, N_, N_, N_, N_, N_, N_, C_,
 static const char *const bmerges[] = {"a b",
                                       "\xc4\xa0 a",
                                       "ab c",
-                                      "\xc4\xa0"
-                                      "a b",
+                                      ("\xc4\xa0"
+                                       "a b"),
                                       "1 2",
                                       "12 3",
                                       "nomerge"};
