@@ -597,6 +597,54 @@ static void on_request(struct evhttp_request *req, void *arg)
     size_t plen = strcspn(uri, "?#");
     enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
     httpd_served(l->httpd);
+    struct evkeyvalq *out_h = evhttp_request_get_output_headers(req);
+    /* evhttp reads a body by the first Content-Length: with a second one
+     * the rest of the bytes would be parsed as another request (request
+     * smuggling). Refused, and the connection closed with the reply. */
+    unsigned n_length = 0;
+    for (struct evkeyval *hv = evhttp_request_get_input_headers(req)->tqh_first; hv;
+         hv = hv->next.tqe_next)
+        n_length += evutil_ascii_strcasecmp(hv->key, "Content-Length") == 0;
+    if (n_length > 1) {
+        evhttp_add_header(out_h, "Connection", "close");
+        send_http_err(req, 400, "invalid_request_error", "bad_request",
+                      "more than one Content-Length header");
+        return;
+    }
+    /* Methods kvd does not serve (CONNECT, PUT, ...): answered with a
+     * length and the connection closed, not left open until the timeout. */
+    if (cmd == EVHTTP_REQ_CONNECT) {
+        /* evhttp writes a reply to CONNECT without a length and keeps the
+         * socket (a tunnel would follow): the reply goes out here, whole,
+         * and the socket is shut, so evhttp's own write below fails and it
+         * frees the connection. */
+        static const char body[] =
+            "{\"error\":{\"message\":\"kvd's HTTP API serves GET, HEAD and POST\",\"type\":"
+            "\"invalid_request_error\",\"param\":null,\"code\":\"method_not_allowed\"}}";
+        char resp[512];
+        int rl = snprintf(resp, sizeof(resp),
+                          "HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD, POST\r\n"
+                          "Content-Type: application/json\r\nConnection: close\r\n"
+                          "Content-Length: %zu\r\n\r\n%s",
+                          sizeof(body) - 1, body);
+        struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+        struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+        evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+        if (fd >= 0) {
+            ssize_t w = send(fd, resp, (size_t)rl, MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)w; /* a client that cannot take 250 bytes just sees the close */
+            shutdown(fd, SHUT_RDWR);
+        }
+        evhttp_send_error(req, 405, "Method Not Allowed");
+        return;
+    }
+    if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD && cmd != EVHTTP_REQ_POST) {
+        evhttp_add_header(out_h, "Connection", "close");
+        evhttp_add_header(out_h, "Allow", "GET, HEAD, POST");
+        send_http_err(req, 405, "invalid_request_error", "method_not_allowed",
+                      "kvd's HTTP API serves GET, HEAD and POST");
+        return;
+    }
 #define PATH_IS(p) (plen == sizeof(p) - 1 && !strncmp(uri, p, plen))
     bool health = PATH_IS("/health"), models = PATH_IS("/v1/models"),
          compl = PATH_IS("/v1/completions"), chat = PATH_IS("/v1/chat/completions");
@@ -673,7 +721,11 @@ static int listener_start(struct http_api *a, struct http_listener *l, const cha
     if (rc)
         return rc;
     struct evhttp *http = httpd_evhttp(l->httpd);
-    evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST);
+    /* Every method reaches on_request, which refuses the others with a
+     * length and a close (evhttp's own 501 had neither). */
+    evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST |
+                                         EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS |
+                                         EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
     evhttp_set_max_headers_size(http, 16384);
     evhttp_set_max_body_size(http, (ev_ssize_t)o->http_max_body);
     evhttp_set_timeout(http, (int)o->http_timeout_s);

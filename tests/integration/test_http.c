@@ -10,6 +10,7 @@
  * count per tenant across the HTTP and msgpack sockets, and tenants seen
  * only over HTTP listed by `stats`. Skipped (77) without curl. */
 #include <errno.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -635,6 +636,78 @@ static void test_errors_name_http_params_small_context(void **state)
     unlink(model);
 }
 
+/* Raw bytes to the API's Unix socket; the whole answer until the daemon
+ * closes (bounded: a 10 s poll per read). Returns the bytes read, and
+ * *closed whether the daemon closed the connection. */
+static size_t raw_http(const char *req, size_t len, char *out, size_t cap, bool *closed)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/http.sock", g_dir);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(kh_send_raw(fd, req, len), 0);
+    size_t got = 0;
+    *closed = false;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 10000) != 1)
+            break; /* still open after 10 s */
+        ssize_t r = read(fd, out + got, cap - 1 - got);
+        if (r <= 0) {
+            *closed = true;
+            break;
+        }
+        got += (size_t)r;
+        if (got == cap - 1)
+            break;
+    }
+    out[got] = '\0';
+    close(fd);
+    return got;
+}
+
+static unsigned count_of(const char *h, const char *n)
+{
+    unsigned k = 0;
+    for (const char *p = strstr(h, n); p; p = strstr(p + 1, n))
+        k++;
+    return k;
+}
+
+/* A second Content-Length is refused (400) and the connection closed, so
+ * the bytes after the first length are never served as a request of their
+ * own (request smuggling); CONNECT and other methods kvd does not serve
+ * get an answer with a length, and the connection closed. */
+static void test_smuggling_and_methods(void **state)
+{
+    char out[8192];
+    bool closed;
+    static const char body[] = "{\"prompt\":[1]}";
+    static const char smuggled[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    char req[512];
+    int n = snprintf(req, sizeof(req),
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n"
+                     "Content-Length: %zu\r\n\r\n%s%s",
+                     strlen(body), strlen(body) + strlen(smuggled), body, smuggled);
+    raw_http(req, (size_t)n, out, sizeof(out), &closed);
+    if (strncmp(out, "HTTP/1.1 400", 12) || count_of(out, "HTTP/1.1 ") != 1 || !closed ||
+        !strstr(out, "Content-Length"))
+        fail_msg("duplicate Content-Length: %s%s", out, closed ? "" : " (left open)");
+    static const char *const methods[] = {"CONNECT example.com:443", "PUT /v1/models",
+                                          "DELETE /v1/completions", "OPTIONS /health"};
+    for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
+        n = snprintf(req, sizeof(req), "%s HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+                     methods[i]);
+        size_t got = raw_http(req, (size_t)n, out, sizeof(out), &closed);
+        const char *cl = strstr(out, "Content-Length: ");
+        const char *bd = strstr(out, "\r\n\r\n");
+        if (strncmp(out, "HTTP/1.1 405", 12) || !closed || !cl || !bd ||
+            (size_t)atol(cl + 16) != got - (size_t)(bd + 4 - out))
+            fail_msg("%s: %s%s", methods[i], out, closed ? "" : " (left open)");
+    }
+}
+
 /* max-queued-per-tenant is 1: while a msgpack generate of the same tenant
  * runs (its first event has arrived), an HTTP request is refused 429. */
 static void test_busy_429(void **state)
@@ -1041,6 +1114,7 @@ int main(void)
         cmocka_unit_test(test_models_and_health),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_errors_name_http_params),
+        cmocka_unit_test(test_smuggling_and_methods),
         cmocka_unit_test(test_errors_name_http_params_small_context),
         cmocka_unit_test(test_busy_429),
         cmocka_unit_test(test_busy_msgpack_behind_http),
