@@ -471,7 +471,8 @@ static void test_hostile_template_refused_at_load(void **state)
     assert_int_equal(kh_req_send(fd, &q), 0);
     assert_int_equal(kh_recv(fd, &r), 0);
     assert_int_equal(r.code, KVD_EUNSUPPORTED);
-    if (!strstr(r.message, "refused") || !strstr(r.message, "MiB of work"))
+    if (!strstr(r.message, "refused") ||
+        (!strstr(r.message, "MiB of work") && !strstr(r.message, "more than 2000 ms")))
         fail_msg("unexpected refusal: %s", r.message);
     kh_reply_free(&r);
     close(fd);
@@ -534,7 +535,9 @@ static void test_hostile_render_at_request_time(void **state)
     double worst = victim_while(p.sock, trap_attack, &a, &n);
     for (int k = 0; k < a.rounds; k++)
         assert_int_equal(a.codes[k], KVD_ETOOLARGE);
-    if (!strstr(a.message, "'messages'") || !strstr(a.message, "MiB of work"))
+    /* the work budget, or on a loaded machine the time bound first */
+    if (!strstr(a.message, "'messages'") ||
+        (!strstr(a.message, "MiB of work") && !strstr(a.message, "more than 2000 ms")))
         fail_msg("unexpected refusal: %s", a.message);
     if (worst > VICTIM_MAX_MS)
         fail_msg("a hello took %.1f ms (of %u) during hostile renders", worst, n);
