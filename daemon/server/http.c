@@ -714,6 +714,7 @@ static int listener_start(struct http_api *a, struct http_listener *l, const cha
         .group = o->socket_group,
         .mode = 0660,
         .max_conns = o->http_max_conns,
+        .request_timeout_s = o->http_timeout_s,
     };
     l->api = a;
     l->tcp = tcp;
@@ -730,7 +731,7 @@ static int listener_start(struct http_api *a, struct http_listener *l, const cha
     evhttp_set_max_body_size(http, (ev_ssize_t)o->http_max_body);
     evhttp_set_timeout(http, (int)o->http_timeout_s);
     evhttp_set_default_content_type(http, "application/json");
-    evhttp_set_gencb(http, on_request, l);
+    httpd_set_handler(l->httpd, on_request, l);
     return httpd_listen(l->httpd, port, err, errlen);
 }
 

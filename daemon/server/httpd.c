@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/bufferevent.h>
@@ -52,7 +53,12 @@ struct httpd {
      * extra reference; once evhttp has freed it (its callbacks are cleared)
      * httpd_reap drops the reference, which closes the socket. */
     struct bufferevent **bevs;
+    uint64_t *since; /* (per bev) when its wait for a whole request began; UINT64_MAX: shut */
+    bool *answering; /* (per bev) a request of it is being answered: no deadline */
     unsigned n_bevs, cap_bevs;
+    uint64_t timeout_ns, n_deadline;
+    void (*cb)(struct evhttp_request *, void *); /* the user's handler */
+    void *cb_arg;
     bool full; /* listener disabled: max_conns open */
     struct event *ev_reap;
 };
@@ -168,6 +174,13 @@ static void httpd_resume(evutil_socket_t fd, short what, void *arg)
         evconnlistener_enable(h->listener);
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* Drops the connections evhttp is done with (see struct httpd). */
 static void httpd_reap(struct httpd *h)
 {
@@ -177,10 +190,13 @@ static void httpd_reap(struct httpd *h)
         bufferevent_event_cb ev;
         void *cbarg;
         bufferevent_getcb(h->bevs[i], &rd, &wr, &ev, &cbarg);
-        if (!rd && !wr && !ev)
+        if (!rd && !wr && !ev) {
             bufferevent_decref(h->bevs[i]);
-        else
+        } else {
+            h->since[k] = h->since[i];
+            h->answering[k] = h->answering[i];
             h->bevs[k++] = h->bevs[i];
+        }
     }
     h->n_bevs = k;
     if (h->full && h->n_bevs < h->max_conns) {
@@ -190,9 +206,75 @@ static void httpd_reap(struct httpd *h)
     }
 }
 
+/* The request deadline: a connection waiting for a request longer than
+ * the timeout has its socket shut, which evhttp sees as the end of the
+ * connection and frees it (whether headers, a body or nothing had come). */
+static void httpd_deadlines(struct httpd *h)
+{
+    if (!h->timeout_ns)
+        return;
+    uint64_t now = now_ns();
+    for (unsigned i = 0; i < h->n_bevs; i++) {
+        evutil_socket_t fd = bufferevent_getfd(h->bevs[i]);
+        if (h->answering[i] || fd < 0 || h->since[i] == UINT64_MAX ||
+            now - h->since[i] < h->timeout_ns)
+            continue;
+        shutdown(fd, SHUT_RDWR);
+        h->since[i] = UINT64_MAX;
+        h->n_deadline++;
+        log_notice("%s: a connection sent no whole request within %llu s (%s-timeout); closed",
+                   h->what, (unsigned long long)(h->timeout_ns / 1000000000ull), h->what);
+    }
+}
+
 static void httpd_reap_cb(evutil_socket_t fd, short what, void *arg)
 {
     httpd_reap(arg);
+    httpd_deadlines(arg);
+}
+
+static int conn_index(struct httpd *h, struct evhttp_request *req)
+{
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    for (unsigned i = 0; bev && i < h->n_bevs; i++)
+        if (h->bevs[i] == bev)
+            return (int)i;
+    return -1;
+}
+
+/* A reply is done: the connection waits for its next request. */
+static void httpd_done_cb(struct evhttp_request *req, void *arg)
+{
+    struct httpd *h = arg;
+    int i = conn_index(h, req);
+    if (i >= 0) {
+        h->answering[i] = false;
+        h->since[i] = now_ns();
+    }
+}
+
+static void httpd_gencb(struct evhttp_request *req, void *arg)
+{
+    struct httpd *h = arg;
+    int i = conn_index(h, req);
+    if (i >= 0) {
+        h->answering[i] = true;
+        evhttp_request_set_on_complete_cb(req, httpd_done_cb, h);
+    }
+    h->cb(req, h->cb_arg);
+}
+
+void httpd_set_handler(struct httpd *h, void (*cb)(struct evhttp_request *, void *), void *arg)
+{
+    h->cb = cb;
+    h->cb_arg = arg;
+    evhttp_set_gencb(h->http, httpd_gencb, h);
+}
+
+uint64_t httpd_deadline_closes(const struct httpd *h)
+{
+    return h->n_deadline;
 }
 
 static struct bufferevent *httpd_bevcb(struct event_base *base, void *arg)
@@ -202,15 +284,23 @@ static struct bufferevent *httpd_bevcb(struct event_base *base, void *arg)
     if (h->n_bevs == h->cap_bevs) {
         unsigned cap = h->cap_bevs ? 2 * h->cap_bevs : 16;
         struct bufferevent **nv = realloc(h->bevs, cap * sizeof(*nv));
-        if (!nv)
+        if (nv)
+            h->bevs = nv;
+        uint64_t *ns = nv ? realloc(h->since, cap * sizeof(*ns)) : NULL;
+        if (ns)
+            h->since = ns;
+        bool *na = ns ? realloc(h->answering, cap * sizeof(*na)) : NULL;
+        if (!na)
             return NULL; /* evhttp makes its own: served, not counted */
-        h->bevs = nv;
+        h->answering = na;
         h->cap_bevs = cap;
     }
     struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
     if (!bev)
         return NULL;
     bufferevent_incref(bev);
+    h->since[h->n_bevs] = now_ns();
+    h->answering[h->n_bevs] = false;
     h->bevs[h->n_bevs++] = bev;
     if (h->n_bevs >= h->max_conns && h->listener && !h->full) {
         h->full = true;
@@ -293,6 +383,7 @@ int httpd_new(struct event_base *base, const struct httpd_conf *conf, struct htt
     h->force = conf->force;
     h->mode = conf->mode ? conf->mode : 0600;
     h->max_conns = conf->max_conns ? conf->max_conns : 16;
+    h->timeout_ns = (uint64_t)conf->request_timeout_s * 1000000000ull;
     h->http = evhttp_new(base);
     h->ev_resume = evtimer_new(base, httpd_resume, h);
     h->ev_reap = event_new(base, -1, EV_PERSIST, httpd_reap_cb, h);
@@ -411,6 +502,8 @@ void httpd_free(struct httpd *h)
     for (unsigned i = 0; i < h->n_bevs; i++)
         bufferevent_decref(h->bevs[i]);
     free(h->bevs);
+    free(h->since);
+    free(h->answering);
     if (h->ev_reap)
         event_free(h->ev_reap);
     if (h->ev_resume)

@@ -32,6 +32,11 @@ struct httpd_conf {
     const char *group;        /* Unix socket: its group (mode 0660); NULL or "": `mode` */
     unsigned mode;            /* Unix socket without a group: 0600 or 0660 */
     unsigned max_conns;       /* open connections at most (the listener pauses beyond) */
+    /* A request must arrive whole (headers and body) within this many
+     * seconds of its connection's accept or of the previous reply's end,
+     * however slowly it dribbles (evhttp's own timeout restarts on every
+     * byte); an idle keep-alive connection gets the same. 0: none. */
+    unsigned request_timeout_s;
 };
 
 struct httpd;
@@ -39,6 +44,12 @@ struct httpd;
  * httpd_evhttp(), then httpd_listen. 0 or KVD_ENOMEM. */
 int httpd_new(struct event_base *base, const struct httpd_conf *conf, struct httpd **out);
 struct evhttp *httpd_evhttp(struct httpd *h);
+/* The request handler (evhttp's general callback, through httpd, which
+ * knows from it which connections are being answered: the request
+ * deadline runs only for those that are not). */
+void httpd_set_handler(struct httpd *h, void (*cb)(struct evhttp_request *, void *), void *arg);
+/* Connections closed because a request did not arrive in time. */
+uint64_t httpd_deadline_closes(const struct httpd *h);
 /* Binds and listens: 0, or an enum kvd_err with a message (KVD_EPERM for a
  * refused non-loopback address). *port_out (may be NULL): the bound TCP
  * port, 0 for a Unix socket. */

@@ -377,6 +377,7 @@ int metrics_start(struct server *srv, const char *addr, bool force, struct metri
         .group = o->metrics_group,
         .mode = 0600,
         .max_conns = o->metrics_max_conns,
+        .request_timeout_s = 10, /* a scrape arrives whole in well under that */
     };
     struct metrics *m = calloc(1, sizeof(*m));
     if (!m)

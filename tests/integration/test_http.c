@@ -9,6 +9,7 @@
  * client that does not read bounded by max-unread-output, one in-flight
  * count per tenant across the HTTP and msgpack sockets, and tenants seen
  * only over HTTP listed by `stats`. Skipped (77) without curl. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
 #include <setjmp.h>
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -708,6 +710,91 @@ static void test_smuggling_and_methods(void **state)
     }
 }
 
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Slow-loris: connections that send their request a byte every 200 ms are
+ * closed within --http-timeout (1 s) + 1 s of their accept however they
+ * dribble (evhttp's own timeout restarts on every byte), over the Unix
+ * socket and TCP (a peer with no token holds no slot past it either), and
+ * a whole request is served meanwhile. */
+static void test_slowloris_deadline(void **state)
+{
+    char dir_sock[100];
+    snprintf(dir_sock, sizeof(dir_sock), "%.80s/slow.sock", g_dir);
+    const char *const args[] = {"--backend",       "cpu",         "--http-socket",       dir_sock,
+                                "--http",          "127.0.0.1:0", "--http-timeout",      "1",
+                                "--device-blocks", "16",          "--host-blocks",       "4",
+                                "--log-level",     "info",        "--no-roofline-probe", NULL};
+    struct kh_proc *d = kh_new(g_conf, args);
+    assert_non_null(d);
+    char *log = run("cat %s", d->log);
+    char *pp = strstr(log, "(port ");
+    unsigned port = pp ? (unsigned)atoi(pp + 6) : 0;
+    free(log);
+    assert_true(port > 0);
+    enum { N = 8 };
+    int fds[2 * N];
+    double opened[2 * N], closed_at[2 * N];
+    for (int i = 0; i < 2 * N; i++) {
+        if (i < N) {
+            fds[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            struct sockaddr_un sa = {.sun_family = AF_UNIX};
+            snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", dir_sock);
+            assert_int_equal(connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+        } else {
+            fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+            sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            assert_int_equal(connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+        }
+        opened[i] = mono_s();
+        closed_at[i] = 0;
+    }
+    static const char dribble[] = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                                  "100000\r\n\r\n{\"prompt\":";
+    size_t at = 0;
+    int open_left = 2 * N;
+    bool served = false;
+    double t0 = mono_s();
+    while (open_left > 0 && mono_s() - t0 < 10) {
+        for (int i = 0; i < 2 * N; i++) {
+            if (closed_at[i])
+                continue;
+            char c = dribble[at % (sizeof(dribble) - 1)];
+            char buf[512];
+            ssize_t r = recv(fds[i], buf, sizeof(buf), MSG_DONTWAIT);
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
+                send(fds[i], &c, 1, MSG_NOSIGNAL) != 1) {
+                closed_at[i] = mono_s();
+                open_left--;
+            }
+        }
+        at++;
+        if (!served) { /* a whole request is answered while they dribble */
+            int st;
+            char *out = curl(false, "/health", NULL, NULL, &st);
+            served = st == 200;
+            free(out);
+        }
+        struct timespec ts = {0, 200 * 1000 * 1000}; /* the dribble's pace */
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; i < 2 * N; i++) {
+        close(fds[i]);
+        if (!closed_at[i] || closed_at[i] - opened[i] > 2.5)
+            fail_msg("slow connection %d (%s) %s after %.2f s", i, i < N ? "unix" : "tcp",
+                     closed_at[i] ? "closed" : "still open",
+                     (closed_at[i] ? closed_at[i] : mono_s()) - opened[i]);
+    }
+    assert_true(served);
+    assert_int_equal(kh_free(d), 0);
+}
+
 /* max-queued-per-tenant is 1: while a msgpack generate of the same tenant
  * runs (its first event has arrived), an HTTP request is refused 429. */
 static void test_busy_429(void **state)
@@ -1115,6 +1202,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_errors_name_http_params),
         cmocka_unit_test(test_smuggling_and_methods),
+        cmocka_unit_test(test_slowloris_deadline),
         cmocka_unit_test(test_errors_name_http_params_small_context),
         cmocka_unit_test(test_busy_429),
         cmocka_unit_test(test_busy_msgpack_behind_http),
