@@ -674,6 +674,18 @@ static void on_request(struct evhttp_request *req, void *arg)
     struct http_who who;
     int rc = identify(l, req, &who, &e);
     if (rc == HTTP_UNAUTHENTICATED) {
+        /* Logged (rate-limited per call site, log.c) and counted: a token
+         * being guessed shows in the log and the metrics. */
+        const char *host = NULL;
+        ev_uint16_t port = 0;
+        struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+        char *h = NULL;
+        if (evcon)
+            evhttp_connection_get_peer(evcon, &h, &port);
+        host = h;
+        server_count_http_auth_failure(a->srv);
+        log_notice("http: a TCP request from %s:%u refused (401): %s", host ? host : "?",
+                   (unsigned)port, e.message);
         send_http_err(req, 401, "authentication_error", "invalid_api_key", "%s", e.message);
         return;
     }

@@ -291,6 +291,12 @@ int metrics_render(const struct metrics_src *src, struct evbuffer *out)
         head(&o, "kvd_requests_in_flight", "gauge", "Requests taken and not yet answered.");
         put(&o, "kvd_requests_in_flight %zu\n", *src->n_pending);
     }
+    if (src->n_http_auth_failed) {
+        head(&o, "kvd_http_auth_failures_total", "counter",
+             "HTTP API requests over TCP refused for a missing or unknown bearer token.");
+        put(&o, "kvd_http_auth_failures_total %llu\n",
+            (unsigned long long)*src->n_http_auth_failed);
+    }
     /* One snapshot for every kvmm number (one lock), so they add up; every
      * tenant (their number is bounded: max-sub-tenants). */
     struct stats_snap sn;
@@ -334,6 +340,7 @@ static void on_metrics(struct evhttp_request *req, void *arg)
         .backend = o.backend,
         .n_conns = o.n_conns,
         .n_pending = o.n_pending,
+        .n_http_auth_failed = o.n_http_auth_failed,
     };
     struct evbuffer *body = evbuffer_new();
     if (!body) {

@@ -30,9 +30,10 @@ struct metrics_src {
     struct kvmm *mm;
     struct roofline *rl;
     struct acct *acct;
-    const char *backend;     /* "cpu" / "cuda" */
-    const size_t *n_conns;   /* live connections, or NULL */
-    const size_t *n_pending; /* requests in flight, or NULL */
+    const char *backend;                /* "cpu" / "cuda" */
+    const size_t *n_conns;              /* live connections, or NULL */
+    const size_t *n_pending;            /* requests in flight, or NULL */
+    const uint64_t *n_http_auth_failed; /* or NULL */
 };
 
 /* Appends the whole exposition to out. 0 or KVD_ENOMEM. */

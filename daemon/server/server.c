@@ -87,6 +87,11 @@ uint64_t server_new_id(struct server *srv)
     return ++srv->next_conn_id;
 }
 
+void server_count_http_auth_failure(struct server *srv)
+{
+    srv->n_http_auth_failed++;
+}
+
 int server_op_register(struct server *srv, const char *op, ops_fn fn, void *ctx, unsigned flags)
 {
     return ops_table_set(&srv->ops, op, fn, ctx, flags);
@@ -403,8 +408,11 @@ int server_new(const struct options *opts, struct config *cfg, const char *confi
     srv->opts = *opts;
     srv->mm = mm;
     srv->be = be;
-    srv->obs = (struct server_obs){
-        .mm = mm, .backend = be->ops->name, .n_conns = &srv->n_conns, .n_pending = &srv->n_pending};
+    srv->obs = (struct server_obs){.mm = mm,
+                                   .backend = be->ops->name,
+                                   .n_conns = &srv->n_conns,
+                                   .n_pending = &srv->n_pending,
+                                   .n_http_auth_failed = &srv->n_http_auth_failed};
     srv->host = (struct ops_host){.srv = srv,
                                   .mm = mm,
                                   .backend = be->ops->name,

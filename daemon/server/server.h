@@ -63,6 +63,7 @@ struct server_obs {
     struct acct *acct;
     const char *backend;
     const size_t *n_conns, *n_pending;
+    const uint64_t *n_http_auth_failed; /* TCP HTTP requests refused for their token */
     const struct tenancy *tenancy;
 };
 void server_get_obs(struct server *srv, struct server_obs *out);
@@ -77,6 +78,9 @@ const struct options *server_options(const struct server *srv);
  * API's requests): from the connections' own counter, so the executor and
  * kvmm never confuse the two. Loop thread. */
 uint64_t server_new_id(struct server *srv);
+/* The HTTP API refused a TCP request for its bearer token (metrics count
+ * them: kvd_http_auth_failures_total). Loop thread. */
+void server_count_http_auth_failure(struct server *srv);
 
 /* Registers (or replaces) the handler of an op; see ops.h. Not thread-safe:
  * call before server_run. */

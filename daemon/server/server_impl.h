@@ -65,7 +65,8 @@ struct server {
     size_t buffered;         /* every connection's input + output bytes (max-buffered) */
     size_t freed_since_trim; /* buffer bytes released since the last malloc_trim */
     struct event *ev_budget, *ev_trim;
-    uint64_t n_dropped; /* connections dropped over max-buffered */
+    uint64_t n_dropped;          /* connections dropped over max-buffered */
+    uint64_t n_http_auth_failed; /* HTTP API: TCP requests with no or a wrong token */
     server_abort_fn abort_fn;
     void *abort_ctx;
 

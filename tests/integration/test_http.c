@@ -225,6 +225,8 @@ static int setup(void **state)
                                 "4096",
                                 "--max-text-bytes",
                                 "2048",
+                                "--metrics",
+                                "unix",
                                 "--max-queued-per-tenant",
                                 "1",
                                 "--max-unread-output",
@@ -422,6 +424,12 @@ static void test_errors(void **state)
                  "-H 'Authorization: Bearer " TOKEN "' -H 'X-Kvd-Tenant: bob'", 403,
                  "permission_denied");
     expect_error(false, "/v1/models", NULL, "-H 'X-Kvd-Tenant: bad/name'", 400, "bad_request");
+    /* the two refused tokens are counted (and logged) */
+    char *m = run("curl -s --unix-socket %s/metrics.sock http://localhost/metrics", g_d->dir);
+    const char *c = strstr(m, "\nkvd_http_auth_failures_total ");
+    if (!c || atoi(c + strlen("\nkvd_http_auth_failures_total ")) < 2)
+        fail_msg("no kvd_http_auth_failures_total >= 2 in the metrics: %.300s", c ? c : m);
+    free(m);
     int st;
     char *out = curl(true, "/v1/completions", "{\"prompt\":[1,2],\"max_tokens\":2}",
                      "-H 'Authorization: Bearer " TOKEN "'", &st);
