@@ -74,6 +74,7 @@ struct http_req {
     bool overflow;               /* the client stopped reading: its generate was ended */
     bool role_sent;              /* chat stream: the first chunk (with the role) went out */
     size_t text_sent, toks_sent; /* streamed so far */
+    size_t counted;              /* its unread output as counted against max-buffered */
     uint64_t created;
     char id[48];
 };
@@ -239,6 +240,7 @@ static void hreq_free(struct http_req *r)
         r->req = NULL;
         return;
     }
+    server_http_buffered(r->api->srv, 0, r->counted);
     hreq_unlink(r);
     if (r->have_oq)
         openai_req_free(&r->oq);
@@ -325,6 +327,8 @@ static void sse_send(struct http_req *r, const char *json, size_t len)
     evbuffer_free(b);
 }
 
+#define HTTP_BUDGET_MIN_UNREAD ((size_t)64 << 10)
+
 /* After a chunk: a client that does not read is bounded like a msgpack
  * connection (max-unread-output); its generate ends with busy. */
 static void check_unread(struct http_req *r)
@@ -332,6 +336,23 @@ static void check_unread(struct http_req *r)
     struct bufferevent *bev = evhttp_connection_get_bufferevent(r->evcon);
     size_t unread = bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
     uint64_t lim = server_options(r->api->srv)->max_unread_output;
+    server_http_buffered(r->api->srv, unread > r->counted ? unread - r->counted : 0,
+                         unread < r->counted ? r->counted - unread : 0);
+    r->counted = unread;
+    /* The daemon-wide budget: while every buffer together is over it, a
+     * stream that has not read its last 64 KiB ends too. */
+    if (!r->overflow && unread >= HTTP_BUDGET_MIN_UNREAD &&
+        server_over_buffer_budget(r->api->srv)) {
+        char msg[200];
+        snprintf(msg, sizeof(msg),
+                 "the client did not read its output (%zu bytes unread) while the daemon's "
+                 "buffers are over max-buffered (%llu)",
+                 unread, (unsigned long long)server_options(r->api->srv)->max_buffered);
+        log_notice("http: request %s: %s; ending its generate", r->id, msg);
+        r->overflow = true;
+        ops_generate_client_abort(r->api->gc, r->client, KVD_EBUSY, msg);
+        return;
+    }
     if (!r->overflow && unread > lim) {
         char msg[160];
         snprintf(msg, sizeof(msg),

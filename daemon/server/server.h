@@ -81,6 +81,12 @@ uint64_t server_new_id(struct server *srv);
 /* The HTTP API refused a TCP request for its bearer token (metrics count
  * them: kvd_http_auth_failures_total). Loop thread. */
 void server_count_http_auth_failure(struct server *srv);
+/* The HTTP API's streams' unread output, counted with the connections'
+ * buffers against max-buffered (the msgpack side drops its connections
+ * only for its own bytes; the HTTP API ends its streams that do not read
+ * while the total is over). Loop thread. */
+void server_http_buffered(struct server *srv, size_t added, size_t deleted);
+bool server_over_buffer_budget(const struct server *srv);
 
 /* Registers (or replaces) the handler of an op; see ops.h. Not thread-safe:
  * call before server_run. */

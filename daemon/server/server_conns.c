@@ -37,6 +37,25 @@ static void server_buffered_changed(struct server *srv, size_t added, size_t del
     }
 }
 
+void server_http_buffered(struct server *srv, size_t added, size_t deleted)
+{
+    srv->http_buffered += added;
+    srv->http_buffered -= deleted;
+    if (deleted) { /* the same trim as for connections' buffers */
+        srv->freed_since_trim += deleted;
+        if (srv->freed_since_trim >= SERVER_TRIM_MIN && srv->ev_trim &&
+            !evtimer_pending(srv->ev_trim, NULL)) {
+            struct timeval tv = {0, SERVER_TRIM_DELAY_MS * 1000};
+            evtimer_add(srv->ev_trim, &tv);
+        }
+    }
+}
+
+bool server_over_buffer_budget(const struct server *srv)
+{
+    return srv->buffered + srv->http_buffered > srv->opts.max_buffered;
+}
+
 /* Over max-buffered: drops the connections buffering most until the total
  * is back under the budget. */
 void server_budget_cb(evutil_socket_t fd, short what, void *arg)

@@ -63,6 +63,7 @@ struct server {
     uint64_t next_conn_id;
     size_t n_pending;        /* requests in flight on all connections */
     size_t buffered;         /* every connection's input + output bytes (max-buffered) */
+    size_t http_buffered;    /* the HTTP API's streams' unread output (max-buffered too) */
     size_t freed_since_trim; /* buffer bytes released since the last malloc_trim */
     struct event *ev_budget, *ev_trim;
     uint64_t n_dropped;          /* connections dropped over max-buffered */

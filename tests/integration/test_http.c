@@ -1200,6 +1200,65 @@ static void test_slow_reader_bounded(void **state)
     close(mfd);
 }
 
+/* Streams that never read count toward max-buffered with the msgpack
+ * connections' buffers: with a budget of 1 MiB and no per-stream bound in
+ * reach (max-unread-output 1G), four non-reading SSE streams end busy
+ * naming max-buffered instead of growing the daemon without bound. */
+static void test_sse_in_max_buffered(void **state)
+{
+    char hs[100];
+    snprintf(hs, sizeof(hs), "%.80s/budget.sock", g_dir);
+    const char *const args[] = {"--backend",
+                                "cpu",
+                                "--model",
+                                g_model,
+                                "--http-socket",
+                                hs,
+                                "--max-buffered",
+                                "1M",
+                                "--max-unread-output",
+                                "1G",
+                                "--no-roofline-probe",
+                                NULL};
+    struct kh_proc *d = kh_new(g_conf, args);
+    assert_non_null(d);
+    int mfd = kh_connect(d->sock);
+    assert_true(mfd >= 0);
+    uint64_t sub0 = quiesce(mfd);
+    static const char body[] = "{\"prompt\":[1,2,3],\"max_tokens\":8000,\"temperature\":0,\"ignore_"
+                               "eos\":true,\"stream\":true}";
+    char req[512];
+    int n = snprintf(req, sizeof(req),
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    enum { S = 4 };
+    int fds[S];
+    for (int i = 0; i < S; i++) {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", hs);
+        fds[i] = socket(AF_UNIX, SOCK_STREAM, 0);
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+        struct timeval tv = {30, 0};
+        setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        assert_int_equal(write(fds[i], req, (size_t)n), n);
+    }
+    wait_stat(mfd, "answered", sub0 + S); /* they ended without their clients reading */
+    int budget = 0;
+    for (int i = 0; i < S; i++) {
+        char *all = read_until(fds[i], "data: [DONE]", 1);
+        char *err = strstr(all, "data: {\"error\"");
+        budget += err && strstr(err, "max-buffered") && strstr(err, "\"code\":\"busy\"");
+        free(all);
+        close(fds[i]);
+    }
+    /* those with 64 KiB unread while the total was over the budget */
+    if (budget == 0)
+        fail_msg("no stream ended over max-buffered");
+    print_message("%d of %d non-reading streams ended over max-buffered (1M)\n", budget, S);
+    close(mfd);
+    assert_int_equal(kh_free(d), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1222,6 +1281,7 @@ int main(void)
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_disconnect_nonstreamed_cancels),
         cmocka_unit_test(test_slow_reader_bounded),
+        cmocka_unit_test(test_sse_in_max_buffered),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
