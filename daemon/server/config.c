@@ -592,6 +592,14 @@ int config_resolve_token(const struct config *cfg, const char *token, struct con
     return 0;
 }
 
+bool config_is_admin(const struct config *cfg, uid_t uid)
+{
+    for (size_t i = 0; i < cfg->n_admin; i++)
+        if (cfg->admin_uids[i] == uid)
+            return true;
+    return false;
+}
+
 bool config_is_frontend(const struct config *cfg, uid_t uid)
 {
     for (size_t i = 0; i < cfg->n_frontend; i++)

@@ -75,6 +75,8 @@ int config_resolve_token(const struct config *cfg, const char *token, struct con
 /* Whether uid is a trusted front end ([front-end] uids): it may name a
  * sub-tenant per request. */
 bool config_is_frontend(const struct config *cfg, uid_t uid);
+/* Whether uid is one of the [admin] uids. */
+bool config_is_admin(const struct config *cfg, uid_t uid);
 /* The sub-tenant `sub` (sub_len bytes) of a front end whose own tenant is
  * `parent`: "parent/sub" with the [limits] quotas, never an admin.
  * KVD_EBADREQ (err says why) for a bad name. */

@@ -734,6 +734,12 @@ static void on_request(struct evhttp_request *req, void *arg)
 
 /* ---- start / stop --------------------------------------------------------- */
 
+/* httpd's admin test for the Unix socket's peers: the config in force. */
+static bool is_admin_uid(void *ud, unsigned uid)
+{
+    return config_is_admin(server_config(ud), (uid_t)uid);
+}
+
 static int listener_start(struct http_api *a, struct http_listener *l, const char *addr, bool tcp,
                           uint16_t *port, char *err, size_t errlen)
 {
@@ -748,6 +754,10 @@ static int listener_start(struct http_api *a, struct http_listener *l, const cha
         .mode = 0660,
         .max_conns = o->http_max_conns,
         .request_timeout_s = o->http_timeout_s,
+        .max_per_peer = tcp ? o->http_max_conns_per_peer : o->http_max_conns_per_uid,
+        .admin_reserve = tcp ? 0 : o->http_admin_reserved_conns,
+        .is_admin = tcp ? NULL : is_admin_uid,
+        .is_admin_ud = a->srv,
     };
     l->api = a;
     l->tcp = tcp;

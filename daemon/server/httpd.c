@@ -56,7 +56,12 @@ struct httpd {
     uint64_t *since; /* (per bev) when its wait for a whole request began; UINT64_MAX: shut */
     bool *answering; /* (per bev) a request of it is being answered: no deadline */
     unsigned n_bevs, cap_bevs;
-    uint64_t timeout_ns, n_deadline;
+    uint64_t timeout_ns, n_deadline, n_capped;
+    unsigned max_per_peer, admin_reserve;
+    bool (*is_admin)(void *ud, unsigned uid);
+    void *is_admin_ud;
+    struct httpd_peer *peers; /* (per bev) who it is, once classified */
+    struct event *ev_classify;
     void (*cb)(struct evhttp_request *, void *); /* the user's handler */
     void *cb_arg;
     bool full; /* listener disabled: max_conns open */
@@ -174,6 +179,14 @@ static void httpd_resume(evutil_socket_t fd, short what, void *arg)
         evconnlistener_enable(h->listener);
 }
 
+/* A connection's peer: a uid (Unix socket) or an address (TCP). */
+struct httpd_peer {
+    bool known;
+    bool admin;
+    unsigned uid;
+    char addr[64];
+};
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -193,6 +206,7 @@ static void httpd_reap(struct httpd *h)
         if (!rd && !wr && !ev) {
             bufferevent_decref(h->bevs[i]);
         } else {
+            h->peers[k] = h->peers[i];
             h->since[k] = h->since[i];
             h->answering[k] = h->answering[i];
             h->bevs[k++] = h->bevs[i];
@@ -227,9 +241,66 @@ static void httpd_deadlines(struct httpd *h)
     }
 }
 
+/* Reads the peers of connections not yet classified and shuts those past
+ * their peer's cap or inside the admin reserve. */
+static void httpd_classify(struct httpd *h)
+{
+    unsigned reserve = h->admin_reserve < h->max_conns ? h->admin_reserve : h->max_conns - 1;
+    for (unsigned i = 0; i < h->n_bevs; i++) {
+        struct httpd_peer *p = &h->peers[i];
+        evutil_socket_t fd = bufferevent_getfd(h->bevs[i]);
+        if (p->known || fd < 0)
+            continue;
+        p->known = true;
+        if (h->is_unix) {
+            struct ucred cred;
+            socklen_t cl = sizeof(cred);
+            if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) {
+                p->uid = (unsigned)cred.uid;
+                p->admin = h->is_admin && h->is_admin(h->is_admin_ud, p->uid);
+            }
+            snprintf(p->addr, sizeof(p->addr), "uid %u", p->uid);
+        } else {
+            struct sockaddr_storage ss;
+            socklen_t sl = sizeof(ss);
+            p->addr[0] = '\0';
+            if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
+                void *a = ss.ss_family == AF_INET6
+                              ? (void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                              : (void *)&((struct sockaddr_in *)&ss)->sin_addr;
+                inet_ntop(ss.ss_family, a, p->addr, sizeof(p->addr));
+            }
+        }
+        if (p->admin)
+            continue;
+        unsigned same = 0;
+        for (unsigned j = 0; j < h->n_bevs; j++)
+            same += j != i && h->peers[j].known && h->since[j] != UINT64_MAX &&
+                    !strcmp(h->peers[j].addr, p->addr);
+        const char *why = NULL;
+        if (h->max_per_peer && same >= h->max_per_peer)
+            why = h->is_unix ? "max-connections-per-uid" : "max-connections-per-peer";
+        else if (reserve && h->n_bevs > h->max_conns - reserve)
+            why = "admin-reserved-connections";
+        if (why) {
+            shutdown(fd, SHUT_RDWR);
+            h->since[i] = UINT64_MAX;
+            h->n_capped++;
+            log_notice("%s: a connection of %s refused: %u open already, the limit (%s-%s)",
+                       h->what, p->addr, same, h->what, why);
+        }
+    }
+}
+
+static void httpd_classify_cb(evutil_socket_t fd, short what, void *arg)
+{
+    httpd_classify(arg);
+}
+
 static void httpd_reap_cb(evutil_socket_t fd, short what, void *arg)
 {
     httpd_reap(arg);
+    httpd_classify(arg);
     httpd_deadlines(arg);
 }
 
@@ -290,9 +361,12 @@ static struct bufferevent *httpd_bevcb(struct event_base *base, void *arg)
         if (ns)
             h->since = ns;
         bool *na = ns ? realloc(h->answering, cap * sizeof(*na)) : NULL;
-        if (!na)
+        if (na)
+            h->answering = na;
+        struct httpd_peer *np = na ? realloc(h->peers, cap * sizeof(*np)) : NULL;
+        if (!np)
             return NULL; /* evhttp makes its own: served, not counted */
-        h->answering = na;
+        h->peers = np;
         h->cap_bevs = cap;
     }
     struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
@@ -301,7 +375,12 @@ static struct bufferevent *httpd_bevcb(struct event_base *base, void *arg)
     bufferevent_incref(bev);
     h->since[h->n_bevs] = now_ns();
     h->answering[h->n_bevs] = false;
+    h->peers[h->n_bevs] = (struct httpd_peer){0};
     h->bevs[h->n_bevs++] = bev;
+    /* evhttp gives the bufferevent its socket after this returns: the
+     * peer is read on the next loop turn */
+    if (h->ev_classify && (h->max_per_peer || h->admin_reserve))
+        event_active(h->ev_classify, EV_TIMEOUT, 0);
     if (h->n_bevs >= h->max_conns && h->listener && !h->full) {
         h->full = true;
         evconnlistener_disable(h->listener);
@@ -384,6 +463,11 @@ int httpd_new(struct event_base *base, const struct httpd_conf *conf, struct htt
     h->mode = conf->mode ? conf->mode : 0600;
     h->max_conns = conf->max_conns ? conf->max_conns : 16;
     h->timeout_ns = (uint64_t)conf->request_timeout_s * 1000000000ull;
+    h->max_per_peer = conf->max_per_peer;
+    h->admin_reserve = conf->admin_reserve;
+    h->is_admin = conf->is_admin;
+    h->is_admin_ud = conf->is_admin_ud;
+    h->ev_classify = event_new(base, -1, 0, httpd_classify_cb, h);
     h->http = evhttp_new(base);
     h->ev_resume = evtimer_new(base, httpd_resume, h);
     h->ev_reap = event_new(base, -1, EV_PERSIST, httpd_reap_cb, h);
@@ -504,6 +588,9 @@ void httpd_free(struct httpd *h)
     free(h->bevs);
     free(h->since);
     free(h->answering);
+    free(h->peers);
+    if (h->ev_classify)
+        event_free(h->ev_classify);
     if (h->ev_reap)
         event_free(h->ev_reap);
     if (h->ev_resume)

@@ -37,6 +37,14 @@ struct httpd_conf {
      * however slowly it dribbles (evhttp's own timeout restarts on every
      * byte); an idle keep-alive connection gets the same. 0: none. */
     unsigned request_timeout_s;
+    /* Slots of one peer: a uid on the Unix socket, an address over TCP
+     * (0: no cap), and the last admin_reserve of max_conns, which only
+     * admins (is_admin, a uid on the Unix socket; over TCP nobody is one
+     * before its token is read) may take. A connection past them is shut
+     * as soon as it is seen (at most a loop turn after its accept). */
+    unsigned max_per_peer, admin_reserve;
+    bool (*is_admin)(void *ud, unsigned uid);
+    void *is_admin_ud;
 };
 
 struct httpd;

@@ -62,6 +62,9 @@ struct options {
     char http_addr[80];
     bool http_force;
     uint32_t http_max_conns;
+    /* of them: per uid (Unix socket), per address (TCP), and the last ones
+     * only admins (Unix socket) may take */
+    uint32_t http_max_conns_per_uid, http_max_conns_per_peer, http_admin_reserved_conns;
     uint64_t http_max_body;
     uint32_t http_timeout_s;
     bool roofline_probe; /* measure the backend's ceilings at start (default on) */

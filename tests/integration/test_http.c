@@ -1259,6 +1259,68 @@ static void test_sse_in_max_buffered(void **state)
     assert_int_equal(kh_free(d), 0);
 }
 
+/* One address may hold --http-max-connections-per-peer (3) TCP
+ * connections: the 4th and 5th are shut as soon as the daemon sees them,
+ * the first three stay, and a slot freed is taken again. */
+static void test_per_peer_cap(void **state)
+{
+    const char *const args[] = {"--backend",
+                                "cpu",
+                                "--http",
+                                "127.0.0.1:0",
+                                "--http-max-connections-per-peer",
+                                "3",
+                                "--device-blocks",
+                                "16",
+                                "--host-blocks",
+                                "4",
+                                "--log-level",
+                                "info",
+                                "--no-roofline-probe",
+                                NULL};
+    struct kh_proc *d = kh_new(g_conf, args);
+    assert_non_null(d);
+    char *log = run("cat %s", d->log);
+    char *pp = strstr(log, "(port ");
+    unsigned port = pp ? (unsigned)atoi(pp + 6) : 0;
+    free(log);
+    assert_true(port > 0);
+    int fds[6];
+    bool closed[6] = {false};
+    for (int i = 0; i < 5; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+        /* one at a time: each is seen before the next arrives */
+        struct pollfd p = {.fd = fds[i], .events = POLLIN};
+        if (poll(&p, 1, i < 3 ? 300 : 5000) == 1) {
+            char c;
+            closed[i] = recv(fds[i], &c, 1, MSG_DONTWAIT) == 0;
+        }
+    }
+    for (int i = 0; i < 5; i++)
+        if (closed[i] != (i >= 3))
+            fail_msg("connection %d %s", i, closed[i] ? "was shut" : "stayed open");
+    close(fds[0]); /* a slot comes free: the next connection keeps its slot */
+    struct timespec ts = {0, 400 * 1000 * 1000}; /* the listener reaps every 200 ms */
+    nanosleep(&ts, NULL);
+    fds[5] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fds[5], (struct sockaddr *)&sa, sizeof(sa)), 0);
+    static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_int_equal(kh_send_raw(fds[5], req, sizeof(req) - 1), 0);
+    char buf[256] = "";
+    struct pollfd p = {.fd = fds[5], .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 5000), 1);
+    assert_true(recv(fds[5], buf, sizeof(buf) - 1, 0) > 0);
+    assert_int_equal(strncmp(buf, "HTTP/1.1 ", 9), 0); /* answered (401: no token) */
+    for (int i = 1; i < 6; i++)
+        close(fds[i]);
+    assert_int_equal(kh_free(d), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1282,6 +1344,7 @@ int main(void)
         cmocka_unit_test(test_disconnect_nonstreamed_cancels),
         cmocka_unit_test(test_slow_reader_bounded),
         cmocka_unit_test(test_sse_in_max_buffered),
+        cmocka_unit_test(test_per_peer_cap),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
