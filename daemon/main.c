@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "config.h"
 #include "kvd/protocol.h"
+#include "kvd/status.h"
 #include "kvd/version.h"
 #include "kvmm.h"
 #include "acct.h"
@@ -121,7 +122,8 @@ int main(int argc, char **argv)
 {
     struct options opts;
     struct config cfg;
-    char err[512];
+    char err[512];         /* text, metrics and http report into a buffer */
+    struct kvd_error kerr; /* everything else into one error value */
     struct backend *be = NULL;
     struct kvmm *mm = NULL;
     struct server *srv = NULL;
@@ -220,8 +222,8 @@ int main(int argc, char **argv)
                      kvd_err_code(prc));
         }
     }
-    if (kv_geom_check(&mc.geom, err, sizeof(err)) != 0) {
-        log_err("%s%s", model ? "the model's KV: " : "", err);
+    if (kv_geom_check(&mc.geom, &kerr) != 0) {
+        log_err("%s%s", model ? "the model's KV: " : "", kerr.message);
         status = 2;
         goto out_be;
     }
