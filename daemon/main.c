@@ -29,7 +29,7 @@
 
 static int pick_backend(const struct options *o, struct backend **be)
 {
-    char err[256] = "";
+    struct kvd_error err = {0};
     int rc;
 #ifdef KVD_CUDA_EMULATE
     /* This build's cuda backend is the CPU emulator (docs/emulation.md): a
@@ -41,14 +41,15 @@ static int pick_backend(const struct options *o, struct backend **be)
 #else
     if (o->backend != OPTIONS_BACKEND_CPU) {
 #endif
-        rc = backend_cuda_new(0, be, err, sizeof(err));
+        rc = backend_cuda_new(0, be, &err);
         if (rc == 0)
             return 0;
         if (o->backend == OPTIONS_BACKEND_CUDA) {
-            log_err("--backend cuda: %s", err[0] ? err : "no CUDA device");
+            log_err("--backend cuda: %s", err.message[0] ? err.message : "no CUDA device");
             return rc;
         }
-        log_info("backend: cuda not available (%s); using cpu", err[0] ? err : "no device");
+        log_info("backend: cuda not available (%s); using cpu",
+                 err.message[0] ? err.message : "no device");
     }
     rc = backend_cpu_new(be);
     if (rc)

@@ -424,9 +424,9 @@ static void test_long_prompt_full_memory(void **state)
 
 int main(void)
 {
-    char err[256] = "";
-    if (backend_cuda_new(0, &cuda_be, err, sizeof err)) {
-        printf("SKIP: no usable CUDA device: %s\n", err);
+    struct kvd_error err = {0};
+    if (backend_cuda_new(0, &cuda_be, &err)) {
+        printf("SKIP: no usable CUDA device: %s\n", err.message);
         return GPU_SKIP;
     }
     cpu_be = ref_cpu_backend();
