@@ -180,9 +180,9 @@ int main(int argc, char **argv)
         /* Serve mode: the KV geometry comes from the model; block_tokens and
          * dtype from the command line / config. */
         struct model_opts mo = {.n_threads = opts.threads};
-        int lrc = model_load_opts(opts.model_path, be, &mo, &model, err, sizeof(err));
+        int lrc = model_load_opts(opts.model_path, be, &mo, &model, &kerr);
         if (lrc) {
-            log_err("--model %s: %s", opts.model_path, err);
+            log_err("--model %s: %s", opts.model_path, kerr.message);
             status = 2;
             goto out_be;
         }
