@@ -285,8 +285,8 @@ int main(int argc, char **argv)
         ec.acct = &acct;
         ec.text = text;
         ec.pool = pool;
-        if (ops_generate_start(srv, mm, model, &ec, &gen, err, sizeof(err)) != 0) {
-            log_err("cannot start the executor: %s", err);
+        if (ops_generate_start(srv, mm, model, &ec, &gen, &kerr) != 0) {
+            log_err("cannot start the executor: %s", kerr.message);
             goto out_srv;
         }
         snprintf(model_name, sizeof(model_name), "%s", mi.name);

@@ -151,7 +151,7 @@ int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t 
         return -1;
     struct exec_conf ec = {
         .step_tokens = step_tokens, .max_seqs = max_seqs, .queue_timeout_ms = fx_queue_timeout_ms};
-    if (exec_new(f->mm, f->m, &ec, &f->ex, err.message, sizeof(err.message))) {
+    if (exec_new(f->mm, f->m, &ec, &f->ex, &err)) {
         fprintf(stderr, "exec_new: %s\n", err.message);
         return -1;
     }
