@@ -150,14 +150,14 @@ int main(int argc, char **argv)
         return 1;
     }
     const char *cfg_path = options_find_config(argc, argv);
-    if (cfg_path && config_load(cfg_path, &cfg, &opts, err, sizeof(err)) != 0) {
-        log_err("%s", err);
+    if (cfg_path && config_load(cfg_path, &cfg, &opts, &kerr) != 0) {
+        log_err("%s", kerr.message);
         status = 2;
         goto out_cfg;
     }
     /* The command line wins over the file's [server] section. */
-    if (options_parse(&opts, argc, argv, err, sizeof(err)) != 0) {
-        log_err("%s", err);
+    if (options_parse(&opts, argc, argv, &kerr) != 0) {
+        log_err("%s", kerr.message);
         status = 2;
         goto out_cfg;
     }
