@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "config.h"
 #include "kvd/protocol.h"
+#include "kvd/status.h"
 #include "kvd/version.h"
 #include "kvmm.h"
 #include "acct.h"
@@ -28,7 +29,7 @@
 
 static int pick_backend(const struct options *o, struct backend **be)
 {
-    char err[256] = "";
+    struct kvd_error err = {0};
     int rc;
 #ifdef KVD_CUDA_EMULATE
     /* This build's cuda backend is the CPU emulator (docs/emulation.md): a
@@ -40,14 +41,15 @@ static int pick_backend(const struct options *o, struct backend **be)
 #else
     if (o->backend != OPTIONS_BACKEND_CPU) {
 #endif
-        rc = backend_cuda_new(0, be, err, sizeof(err));
+        rc = backend_cuda_new(0, be, &err);
         if (rc == 0)
             return 0;
         if (o->backend == OPTIONS_BACKEND_CUDA) {
-            log_err("--backend cuda: %s", err[0] ? err : "no CUDA device");
+            log_err("--backend cuda: %s", err.message[0] ? err.message : "no CUDA device");
             return rc;
         }
-        log_info("backend: cuda not available (%s); using cpu", err[0] ? err : "no device");
+        log_info("backend: cuda not available (%s); using cpu",
+                 err.message[0] ? err.message : "no device");
     }
     rc = backend_cpu_new(be);
     if (rc)
@@ -121,7 +123,8 @@ int main(int argc, char **argv)
 {
     struct options opts;
     struct config cfg;
-    char err[512];
+    char err[512];         /* text, metrics and http report into a buffer */
+    struct kvd_error kerr; /* everything else into one error value */
     struct backend *be = NULL;
     struct kvmm *mm = NULL;
     struct server *srv = NULL;
@@ -147,14 +150,14 @@ int main(int argc, char **argv)
         return 1;
     }
     const char *cfg_path = options_find_config(argc, argv);
-    if (cfg_path && config_load(cfg_path, &cfg, &opts, err, sizeof(err)) != 0) {
-        log_err("%s", err);
+    if (cfg_path && config_load(cfg_path, &cfg, &opts, &kerr) != 0) {
+        log_err("%s", kerr.message);
         status = 2;
         goto out_cfg;
     }
     /* The command line wins over the file's [server] section. */
-    if (options_parse(&opts, argc, argv, err, sizeof(err)) != 0) {
-        log_err("%s", err);
+    if (options_parse(&opts, argc, argv, &kerr) != 0) {
+        log_err("%s", kerr.message);
         status = 2;
         goto out_cfg;
     }
@@ -177,9 +180,9 @@ int main(int argc, char **argv)
         /* Serve mode: the KV geometry comes from the model; block_tokens and
          * dtype from the command line / config. */
         struct model_opts mo = {.n_threads = opts.threads};
-        int lrc = model_load_opts(opts.model_path, be, &mo, &model, err, sizeof(err));
+        int lrc = model_load_opts(opts.model_path, be, &mo, &model, &kerr);
         if (lrc) {
-            log_err("--model %s: %s", opts.model_path, err);
+            log_err("--model %s: %s", opts.model_path, kerr.message);
             status = 2;
             goto out_be;
         }
@@ -220,8 +223,8 @@ int main(int argc, char **argv)
                      kvd_err_code(prc));
         }
     }
-    if (kv_geom_check(&mc.geom, err, sizeof(err)) != 0) {
-        log_err("%s%s", model ? "the model's KV: " : "", err);
+    if (kv_geom_check(&mc.geom, &kerr) != 0) {
+        log_err("%s%s", model ? "the model's KV: " : "", kerr.message);
         status = 2;
         goto out_be;
     }
@@ -282,8 +285,8 @@ int main(int argc, char **argv)
         ec.acct = &acct;
         ec.text = text;
         ec.pool = pool;
-        if (ops_generate_start(srv, mm, model, &ec, &gen, err, sizeof(err)) != 0) {
-            log_err("cannot start the executor: %s", err);
+        if (ops_generate_start(srv, mm, model, &ec, &gen, &kerr) != 0) {
+            log_err("cannot start the executor: %s", kerr.message);
             goto out_srv;
         }
         snprintf(model_name, sizeof(model_name), "%s", mi.name);

@@ -3,8 +3,6 @@
  * (the real one lives in backend_cuda.c, built only with KVD_HAVE_CUDA). */
 #include "backend.h"
 
-#include <stdio.h>
-
 #include "kvd/status.h"
 
 void backend_free(struct backend *be)
@@ -14,14 +12,12 @@ void backend_free(struct backend *be)
 }
 
 #ifndef KVD_HAVE_CUDA
-int backend_cuda_new(int device, struct backend **out, char *err, size_t errlen)
+int backend_cuda_new(int device, struct backend **out, struct kvd_error *err)
 {
     *out = NULL;
-    if (err && errlen)
-        snprintf(err, errlen,
-                 "cuda backend unavailable: kvd was built without CUDA (rebuild with "
-                 "-DKVD_CUDA=ON on a machine with nvcc), device %d not opened",
-                 device);
-    return KVD_EUNSUPPORTED;
+    return kvd_error_set(err, KVD_EUNSUPPORTED,
+                         "cuda backend unavailable: kvd was built without CUDA (rebuild with "
+                         "-DKVD_CUDA=ON on a machine with nvcc), device %d not opened",
+                         device);
 }
 #endif

@@ -13,6 +13,7 @@ enum kvd_tier { KVD_TIER_DEVICE = 0, KVD_TIER_HOST = 1 };
 
 struct backend;
 struct compute_ops; /* compute.h */
+struct kvd_error;   /* kvd/status.h */
 
 /* Which implementation a backend is: branch on this, never on the name. */
 enum backend_kind { BACKEND_CPU = 0, BACKEND_CUDA = 1 };
@@ -50,9 +51,9 @@ struct backend {
 
 /* Constructors. backend_cpu_new never fails except on ENOMEM.
  * backend_cuda_new returns KVD_EUNSUPPORTED when built without CUDA or when
- * no device is present (the message says which). */
+ * no device is present (err's message says which); err may be NULL. */
 int backend_cpu_new(struct backend **out);
-int backend_cuda_new(int device, struct backend **out, char *err, size_t errlen);
+int backend_cuda_new(int device, struct backend **out, struct kvd_error *err);
 void backend_free(struct backend *be);
 
 #endif

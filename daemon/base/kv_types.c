@@ -1,7 +1,7 @@
 /* kv_types: the sizes and names of the shared element types (kv_types.h). */
 #include "kv_types.h"
 
-#include <stdio.h>
+#include "kvd/status.h"
 
 size_t kv_dtype_size(enum kv_dtype t)
 {
@@ -50,18 +50,17 @@ size_t kv_row_bytes(enum kv_dtype t, uint32_t head_dim)
     return 0;
 }
 
-int kv_geom_check(const struct kv_geom *g, char *err, size_t errlen)
+int kv_geom_check(const struct kv_geom *g, struct kvd_error *err)
 {
     if (kv_row_bytes(g->dtype, g->head_dim) != 0)
         return 0;
     if (g->dtype == KV_Q8_0 || g->dtype == KV_FP8)
-        snprintf(err, errlen,
-                 "--kv-dtype %s needs head_dim to be a multiple of %d (head_dim is %u); use "
-                 "f16, bf16 or f32",
-                 kv_dtype_name(g->dtype), KV_QBLOCK, g->head_dim);
-    else
-        snprintf(err, errlen, "unknown KV dtype %d or head_dim %u", (int)g->dtype, g->head_dim);
-    return -1;
+        return kvd_error_set(err, KVD_EBADREQ,
+                             "--kv-dtype %s needs head_dim to be a multiple of %d (head_dim is "
+                             "%u); use f16, bf16 or f32",
+                             kv_dtype_name(g->dtype), KV_QBLOCK, g->head_dim);
+    return kvd_error_set(err, KVD_EBADREQ, "unknown KV dtype %d or head_dim %u", (int)g->dtype,
+                         g->head_dim);
 }
 
 size_t kv_block_bytes(const struct kv_geom *g)

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct kvd_error; /* kvd/status.h */
+
 /* KV element types. f16/bf16/f32 store each value; q8_0 and fp8 store each
  * row of head_dim values (one token of one head) quantized, with its scales
  * inside the row, so a row is self-contained and a block stays block-local
@@ -35,9 +37,9 @@ const char *kv_dtype_name(enum kv_dtype t); /* "f16", "bf16", "f32", "q8_0", "fp
  * an unknown type or a quantized type whose head_dim is not a multiple of 32. */
 size_t kv_row_bytes(enum kv_dtype t, uint32_t head_dim);
 #define KV_QBLOCK 32 /* values per q8_0 block (and head_dim granule of q8_0 and fp8) */
-/* 0 when the geometry's dtype can store rows of its head_dim; otherwise -1
- * and a message for the operator in err. */
-int kv_geom_check(const struct kv_geom *g, char *err, size_t errlen);
+/* 0 when the geometry's dtype can store rows of its head_dim; otherwise
+ * KVD_EBADREQ with a message for the operator in err. */
+int kv_geom_check(const struct kv_geom *g, struct kvd_error *err);
 size_t kv_block_bytes(const struct kv_geom *g);
 /* Bytes per token in kv_write/kv_read data: block_bytes / block_tokens. */
 size_t kv_token_bytes(const struct kv_geom *g);

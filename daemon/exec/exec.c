@@ -447,12 +447,13 @@ static void *exec_main(void *arg)
 /* ---- public ------------------------------------------------------------- */
 
 int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, struct exec **out,
-             char *err, size_t errlen)
+             struct kvd_error *err)
 {
+    static const char nomem[] = "out of memory starting the executor";
     struct exec *ex = calloc(1, sizeof(*ex));
     if (!ex)
-        return KVD_ENOMEM;
-    int rc = KVD_ENOMEM;
+        return kvd_error_set(err, KVD_ENOMEM, "%s", nomem);
+    int rc;
     ex->mm = mm;
     ex->m = m;
     ex->conf = *conf;
@@ -479,12 +480,11 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
     model_kv_geom(m, have->block_tokens, have->dtype, &want);
     if (want.layers != have->layers || want.kv_heads != have->kv_heads ||
         want.head_dim != have->head_dim) {
-        snprintf(
-            err, errlen,
+        rc = kvd_error_set(
+            err, KVD_EBADREQ,
             "KV geometry %u layers x %u kv heads x %u dims does not match the model's %u x %u x %u",
             have->layers, have->kv_heads, have->head_dim, want.layers, want.kv_heads,
             want.head_dim);
-        rc = KVD_EBADREQ;
         goto fail;
     }
     struct kvmm_stats kst;
@@ -500,31 +500,35 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
                                 ? 0
                                 : (uint64_t)ex->conf.queue_timeout_ms * 1000000ull,
     };
-    if ((rc = sched_new(&sc, &ex->sched)))
-        goto fail;
-    if ((rc = fwd_ctx_new(m, sc.step_tokens, sc.max_seqs, &ex->fc))) {
-        snprintf(err, errlen, "cannot size the forward scratch for %u tokens / %u sequences",
-                 sc.step_tokens, sc.max_seqs);
+    if ((rc = sched_new(&sc, &ex->sched))) {
+        if (rc == KVD_ENOMEM)
+            kvd_error_set(err, rc, "%s", nomem);
+        else
+            kvd_error_set(err, rc, "bad scheduler settings (%u tokens / %u sequences a step)",
+                          sc.step_tokens, sc.max_seqs);
         goto fail;
     }
-    rc = KVD_ENOMEM;
+    if ((rc = fwd_ctx_new(m, sc.step_tokens, sc.max_seqs, &ex->fc))) {
+        kvd_error_set(err, rc, "cannot size the forward scratch for %u tokens / %u sequences",
+                      sc.step_tokens, sc.max_seqs);
+        goto fail;
+    }
     ex->fseqs = calloc(sc.max_seqs, sizeof(*ex->fseqs));
     ex->rows = calloc(sc.max_seqs, sizeof(*ex->rows));
     ex->picks = calloc(sc.max_seqs, sizeof(*ex->picks));
-    if (!ex->fseqs || !ex->rows || !ex->picks)
+    if (!ex->fseqs || !ex->rows || !ex->picks) {
+        rc = kvd_error_set(err, KVD_ENOMEM, "%s", nomem);
         goto fail;
+    }
     acct_report_counters(ex); /* "executor": true from the start */
     if (pthread_create(&ex->thread, NULL, exec_main, ex) != 0) {
-        snprintf(err, errlen, "cannot start the executor thread");
-        rc = KVD_EINTERNAL;
+        rc = kvd_error_set(err, KVD_EINTERNAL, "cannot start the executor thread");
         goto fail;
     }
     ex->started = true;
     *out = ex;
     return 0;
 fail:
-    if (rc == KVD_ENOMEM && err && errlen && !err[0])
-        snprintf(err, errlen, "out of memory starting the executor");
     exec_free(ex);
     return rc;
 }

@@ -59,7 +59,7 @@ struct exec;
 /* Starts the executor thread. The model and kvmm are not owned and must
  * outlive the executor; kvmm's geometry must be the model's. */
 int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, struct exec **out,
-             char *err, size_t errlen);
+             struct kvd_error *err);
 /* Answers every live request (cancelled), then stops the thread. */
 void exec_free(struct exec *ex);
 

@@ -33,21 +33,23 @@ const char *gguf_vtype_name(enum gguf_vtype t)
 struct rd {
     const uint8_t *p;
     size_t size, off;
-    char *err;
-    size_t errlen;
+    struct kvd_error *err;
 };
 
+/* KVD_EBADREQ with "gguf: " and the message in r->err. */
 __attribute__((format(printf, 2, 3))) static int rd_fail(struct rd *r, const char *fmt, ...)
 {
-    if (r->err && r->errlen) {
-        int n = snprintf(r->err, r->errlen, "gguf: ");
-        va_list ap;
-        va_start(ap, fmt);
-        if (n > 0 && (size_t)n < r->errlen)
-            vsnprintf(r->err + n, r->errlen - (size_t)n, fmt, ap);
-        va_end(ap);
-    }
-    return KVD_EBADREQ;
+    char msg[KVD_ERROR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return kvd_error_set(r->err, KVD_EBADREQ, "gguf: %s", msg);
+}
+
+static int rd_nomem(struct rd *r)
+{
+    return kvd_error_set(r->err, KVD_ENOMEM, "gguf: out of memory");
 }
 
 static int rd_bytes(struct rd *r, void *out, size_t n, const char *what)
@@ -187,7 +189,7 @@ static int rd_kv(struct rd *r, struct gguf_kv *kv, uint64_t idx)
         return rd_fail(r, "metadata entry %" PRIu64 " has a key containing a NUL byte", idx);
     kv->key = malloc((size_t)klen + 1);
     if (!kv->key)
-        return KVD_ENOMEM;
+        return rd_nomem(r);
     memcpy(kv->key, key, (size_t)klen);
     kv->key[klen] = 0;
     size_t at = r->off;
@@ -328,7 +330,7 @@ static int check_tensors(struct rd *r, struct gguf *g)
         return 0;
     const struct gguf_tensor **v = malloc(g->n_tensors * sizeof *v);
     if (!v)
-        return KVD_ENOMEM;
+        return rd_nomem(r);
     for (uint64_t i = 0; i < g->n_tensors; i++)
         v[i] = &g->tensors[i];
     qsort(v, g->n_tensors, sizeof *v, cmp_name);
@@ -370,7 +372,7 @@ static int check_keys(struct rd *r, const struct gguf *g)
         return 0;
     const struct gguf_kv **v = malloc(g->n_kv * sizeof *v);
     if (!v)
-        return KVD_ENOMEM;
+        return rd_nomem(r);
     for (uint64_t i = 0; i < g->n_kv; i++)
         v[i] = &g->kv[i];
     qsort(v, g->n_kv, sizeof *v, cmp_key);
@@ -383,15 +385,15 @@ static int check_keys(struct rd *r, const struct gguf *g)
     return rc;
 }
 
-int gguf_parse(const void *data, size_t size, struct gguf **out, char *err, size_t errlen)
+int gguf_parse(const void *data, size_t size, struct gguf **out, struct kvd_error *err)
 {
-    struct rd r = {.p = data, .size = size, .err = err, .errlen = errlen};
+    struct rd r = {.p = data, .size = size, .err = err};
     struct gguf *g = calloc(1, sizeof *g);
     int rc;
     uint8_t magic[4];
     *out = NULL;
     if (!g)
-        return KVD_ENOMEM;
+        return rd_nomem(&r);
     g->map = data;
     g->size = size;
     if ((rc = rd_bytes(&r, magic, 4, "magic")))
@@ -424,7 +426,7 @@ int gguf_parse(const void *data, size_t size, struct gguf **out, char *err, size
     g->kv = calloc(g->n_kv ? g->n_kv : 1, sizeof *g->kv);
     g->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *g->tensors);
     if (!g->kv || !g->tensors) {
-        rc = KVD_ENOMEM;
+        rc = rd_nomem(&r);
         goto fail;
     }
     g->alignment = GGUF_DEFAULT_ALIGNMENT;
@@ -486,8 +488,10 @@ int gguf_open(const char *path, struct gguf **out, char *err, size_t errlen)
         snprintf(err, errlen, "gguf: cannot map %s: %s", path, strerror(errno));
         return KVD_ENOMEM;
     }
-    int rc = gguf_parse(map, (size_t)st.st_size, out, err, errlen);
+    struct kvd_error perr;
+    int rc = gguf_parse(map, (size_t)st.st_size, out, &perr);
     if (rc) {
+        snprintf(err, errlen, "%s", perr.message);
         munmap(map, (size_t)st.st_size);
         return rc;
     }
@@ -555,18 +559,17 @@ int gguf_get_u32(const struct gguf *g, const char *key, uint32_t *out, char *err
     return KVD_EBADREQ;
 }
 
-int gguf_get_f32(const struct gguf *g, const char *key, float *out, char *err, size_t errlen)
+int gguf_get_f32(const struct gguf *g, const char *key, float *out, struct kvd_error *err)
 {
     const struct gguf_kv *kv = gguf_find_kv(g, key);
     if (!kv)
-        return KVD_ENOTFOUND;
+        return kvd_error_set(err, KVD_ENOTFOUND, "gguf: metadata '%s' is missing", key);
     if (kv->type == GGUF_F32 || kv->type == GGUF_F64) {
         *out = (float)kv->v.f;
         return 0;
     }
-    snprintf(err, errlen, "gguf: metadata '%s' is a %s, expected a float", key,
-             gguf_vtype_name(kv->type));
-    return KVD_EBADREQ;
+    return kvd_error_set(err, KVD_EBADREQ, "gguf: metadata '%s' is a %s, expected a float", key,
+                         gguf_vtype_name(kv->type));
 }
 
 int gguf_get_str(const struct gguf *g, const char *key, char *buf, size_t cap, char *err,

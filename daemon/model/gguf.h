@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvd/status.h"
+
 enum gguf_vtype {
     GGUF_U8 = 0,
     GGUF_I8 = 1,
@@ -74,19 +76,23 @@ struct gguf {
 
 /* Opens and validates `path`. On failure returns KVD_EBADREQ (bad file),
  * KVD_EIO-like open errors as KVD_ENOTFOUND, or KVD_ENOMEM, with a message
- * in err naming what is wrong and where (byte offset). */
+ * in err naming what is wrong and where (byte offset). gguf_open,
+ * gguf_get_u32 and gguf_get_str report into a char buffer because the text
+ * layer (text.c, tokenizer.c) calls them that way. */
 int gguf_open(const char *path, struct gguf **out, char *err, size_t errlen);
-/* Same, over `size` bytes of caller memory that must outlive the gguf. */
-int gguf_parse(const void *data, size_t size, struct gguf **out, char *err, size_t errlen);
+/* Same, over `size` bytes of caller memory that must outlive the gguf;
+ * err (may be NULL) gets the code and message of every failure. */
+int gguf_parse(const void *data, size_t size, struct gguf **out, struct kvd_error *err);
 void gguf_close(struct gguf *g);
 
 const struct gguf_kv *gguf_find_kv(const struct gguf *g, const char *key);
 const struct gguf_tensor *gguf_find_tensor(const struct gguf *g, const char *name);
 /* Typed getters: 0, KVD_ENOTFOUND (absent), or KVD_EBADREQ (wrong type or
  * out of range; err says which key). Integer getters accept any integer
- * type whose value fits. */
+ * type whose value fits. gguf_get_f32 sets err (may be NULL) for either
+ * failure, gguf_get_u32 and gguf_get_str only for KVD_EBADREQ. */
 int gguf_get_u32(const struct gguf *g, const char *key, uint32_t *out, char *err, size_t errlen);
-int gguf_get_f32(const struct gguf *g, const char *key, float *out, char *err, size_t errlen);
+int gguf_get_f32(const struct gguf *g, const char *key, float *out, struct kvd_error *err);
 /* String value copied NUL-terminated into buf (truncated to cap-1). */
 int gguf_get_str(const struct gguf *g, const char *key, char *buf, size_t cap, char *err,
                  size_t errlen);

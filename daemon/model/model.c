@@ -2,7 +2,6 @@
  * every tensor's presence, type and shape against them, and uploads the
  * weights in their native type into one device buffer on the backend. */
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,123 +13,117 @@
 #define MODEL_MAX_DIM (1u << 20)
 #define MODEL_MAX_LAYERS 1024u
 
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code,
-                                                      const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
 /* "<arch>.<suffix>" as u32: required unless def is given (def_ok). */
 static int hp_u32(const struct gguf *g, const char *arch, const char *suffix, uint32_t *out,
-                  int required, uint32_t def, char *err, size_t errlen)
+                  int required, uint32_t def, struct kvd_error *err)
 {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    int rc = gguf_get_u32(g, key, out, err, errlen);
+    char gerr[KVD_ERROR_MSG_MAX] = "";
+    int rc = gguf_get_u32(g, key, out, gerr, sizeof gerr);
     if (rc == KVD_ENOTFOUND) {
         if (required)
-            return fail(err, errlen, KVD_EBADREQ, "model: metadata '%s' is missing", key);
+            return kvd_error_set(err, KVD_EBADREQ, "model: metadata '%s' is missing", key);
         *out = def;
         return 0;
     }
-    return rc;
+    return rc ? kvd_error_set(err, rc, "%s", gerr) : 0;
 }
 
 static int hp_f32(const struct gguf *g, const char *arch, const char *suffix, float *out,
-                  int required, float def, char *err, size_t errlen)
+                  int required, float def, struct kvd_error *err)
 {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    int rc = gguf_get_f32(g, key, out, err, errlen);
+    int rc = gguf_get_f32(g, key, out, err);
     if (rc == KVD_ENOTFOUND) {
         if (required)
-            return fail(err, errlen, KVD_EBADREQ, "model: metadata '%s' is missing", key);
+            return kvd_error_set(err, KVD_EBADREQ, "model: metadata '%s' is missing", key);
         *out = def;
         return 0;
     }
     return rc;
 }
 
-static int read_hparams(const struct gguf *g, struct model_hparams *hp, char *err, size_t errlen)
+static int read_hparams(const struct gguf *g, struct model_hparams *hp, struct kvd_error *err)
 {
     int rc;
     const char *a = hp->arch;
-    rc = gguf_get_str(g, "general.architecture", hp->arch, sizeof hp->arch, err, errlen);
+    char gerr[KVD_ERROR_MSG_MAX] = ""; /* gguf_get_str's message */
+    rc = gguf_get_str(g, "general.architecture", hp->arch, sizeof hp->arch, gerr, sizeof gerr);
     if (rc == KVD_ENOTFOUND)
-        return fail(err, errlen, KVD_EBADREQ, "model: metadata 'general.architecture' is missing");
+        return kvd_error_set(err, KVD_EBADREQ, "model: metadata 'general.architecture' is missing");
     if (rc)
-        return rc;
+        return kvd_error_set(err, rc, "%s", gerr);
     if (strcmp(a, "llama") && strcmp(a, "qwen2"))
-        return fail(err, errlen, KVD_EUNSUPPORTED,
-                    "model: architecture '%s' is not supported (supported: llama, qwen2)", a);
-    if (gguf_get_str(g, "general.name", hp->name, sizeof hp->name, err, errlen))
+        return kvd_error_set(err, KVD_EUNSUPPORTED,
+                             "model: architecture '%s' is not supported (supported: llama, qwen2)",
+                             a);
+    if (gguf_get_str(g, "general.name", hp->name, sizeof hp->name, gerr, sizeof gerr))
         hp->name[0] = 0;
     uint32_t key_len, val_len;
-    if ((rc = hp_u32(g, a, "context_length", &hp->n_ctx, 1, 0, err, errlen)) ||
-        (rc = hp_u32(g, a, "embedding_length", &hp->n_embd, 1, 0, err, errlen)) ||
-        (rc = hp_u32(g, a, "block_count", &hp->n_layer, 1, 0, err, errlen)) ||
-        (rc = hp_u32(g, a, "feed_forward_length", &hp->n_ff, 1, 0, err, errlen)) ||
-        (rc = hp_u32(g, a, "attention.head_count", &hp->n_head, 1, 0, err, errlen)) ||
-        (rc =
-             hp_u32(g, a, "attention.head_count_kv", &hp->n_head_kv, 0, hp->n_head, err, errlen)) ||
-        (rc = hp_u32(g, a, "attention.key_length", &key_len, 0, 0, err, errlen)) ||
-        (rc = hp_u32(g, a, "attention.value_length", &val_len, 0, 0, err, errlen)) ||
-        (rc = hp_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->rms_eps, 1, 0, err, errlen)) ||
-        (rc = hp_f32(g, a, "rope.freq_base", &hp->rope_base, 0, 10000.0f, err, errlen)))
+    if ((rc = hp_u32(g, a, "context_length", &hp->n_ctx, 1, 0, err)) ||
+        (rc = hp_u32(g, a, "embedding_length", &hp->n_embd, 1, 0, err)) ||
+        (rc = hp_u32(g, a, "block_count", &hp->n_layer, 1, 0, err)) ||
+        (rc = hp_u32(g, a, "feed_forward_length", &hp->n_ff, 1, 0, err)) ||
+        (rc = hp_u32(g, a, "attention.head_count", &hp->n_head, 1, 0, err)) ||
+        (rc = hp_u32(g, a, "attention.head_count_kv", &hp->n_head_kv, 0, hp->n_head, err)) ||
+        (rc = hp_u32(g, a, "attention.key_length", &key_len, 0, 0, err)) ||
+        (rc = hp_u32(g, a, "attention.value_length", &val_len, 0, 0, err)) ||
+        (rc = hp_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->rms_eps, 1, 0, err)) ||
+        (rc = hp_f32(g, a, "rope.freq_base", &hp->rope_base, 0, 10000.0f, err)))
         return rc;
     if (!hp->n_embd || !hp->n_layer || !hp->n_ff || !hp->n_head || !hp->n_head_kv || !hp->n_ctx ||
         hp->n_embd > MODEL_MAX_DIM || hp->n_ff > MODEL_MAX_DIM || hp->n_head > 4096 ||
         hp->n_layer > MODEL_MAX_LAYERS || hp->n_ctx > (1u << 24))
-        return fail(
-            err, errlen, KVD_EBADREQ,
+        return kvd_error_set(
+            err, KVD_EBADREQ,
             "model: hyperparameters out of range (embd %u, layers %u, ff %u, heads %u/%u, ctx %u)",
             hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv, hp->n_ctx);
     if (hp->n_head % hp->n_head_kv)
-        return fail(err, errlen, KVD_EBADREQ,
-                    "model: head_count %u is not a multiple of head_count_kv %u", hp->n_head,
-                    hp->n_head_kv);
+        return kvd_error_set(err, KVD_EBADREQ,
+                             "model: head_count %u is not a multiple of head_count_kv %u",
+                             hp->n_head, hp->n_head_kv);
     if (key_len == 0) {
         if (hp->n_embd % hp->n_head)
-            return fail(err, errlen, KVD_EBADREQ,
-                        "model: embedding_length %u is not a multiple of head_count %u", hp->n_embd,
-                        hp->n_head);
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "model: embedding_length %u is not a multiple of head_count %u",
+                                 hp->n_embd, hp->n_head);
         key_len = hp->n_embd / hp->n_head;
     }
     if (val_len && val_len != key_len)
-        return fail(err, errlen, KVD_EUNSUPPORTED,
-                    "model: key_length %u != value_length %u is not supported", key_len, val_len);
+        return kvd_error_set(err, KVD_EUNSUPPORTED,
+                             "model: key_length %u != value_length %u is not supported", key_len,
+                             val_len);
     hp->head_dim = key_len;
     if (hp->head_dim > 1024 || hp->head_dim * hp->n_head > MODEL_MAX_DIM)
-        return fail(err, errlen, KVD_EBADREQ, "model: head dimension %u out of range",
-                    hp->head_dim);
-    if ((rc = hp_u32(g, a, "rope.dimension_count", &hp->n_rot, 0, hp->head_dim, err, errlen)))
+        return kvd_error_set(err, KVD_EBADREQ, "model: head dimension %u out of range",
+                             hp->head_dim);
+    if ((rc = hp_u32(g, a, "rope.dimension_count", &hp->n_rot, 0, hp->head_dim, err)))
         return rc;
     if (hp->n_rot % 2 || hp->n_rot > hp->head_dim || hp->n_rot == 0)
-        return fail(err, errlen, KVD_EBADREQ,
-                    "model: rope.dimension_count %u must be even, > 0 and <= %u", hp->n_rot,
-                    hp->head_dim);
+        return kvd_error_set(err, KVD_EBADREQ,
+                             "model: rope.dimension_count %u must be even, > 0 and <= %u",
+                             hp->n_rot, hp->head_dim);
     if (!(hp->rms_eps > 0 && hp->rms_eps < 1) || !(hp->rope_base > 0 && hp->rope_base < 1e12f))
-        return fail(err, errlen, KVD_EBADREQ, "model: rms epsilon %g or rope base %g out of range",
-                    (double)hp->rms_eps, (double)hp->rope_base);
+        return kvd_error_set(err, KVD_EBADREQ, "model: rms epsilon %g or rope base %g out of range",
+                             (double)hp->rms_eps, (double)hp->rope_base);
     /* llama.cpp applies rope.scaling.factor whatever the type says; only
      * identity scaling is supported (Llama 3.1 scaling is rope_freqs.weight). */
     char key[128], st[32] = "";
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-    rc = gguf_get_str(g, key, st, sizeof st, err, errlen);
+    rc = gguf_get_str(g, key, st, sizeof st, gerr, sizeof gerr);
     if (rc && rc != KVD_ENOTFOUND)
-        return rc;
+        return kvd_error_set(err, rc, "%s", gerr);
     if (strcmp(st, "") && strcmp(st, "none") && strcmp(st, "linear"))
-        return fail(err, errlen, KVD_EUNSUPPORTED, "model: rope scaling '%s' is not supported", st);
+        return kvd_error_set(err, KVD_EUNSUPPORTED, "model: rope scaling '%s' is not supported",
+                             st);
     float factor;
-    if ((rc = hp_f32(g, a, "rope.scaling.factor", &factor, 0, 1.0f, err, errlen)))
+    if ((rc = hp_f32(g, a, "rope.scaling.factor", &factor, 0, 1.0f, err)))
         return rc;
     if (factor != 1.0f && factor != 0.0f)
-        return fail(err, errlen, KVD_EUNSUPPORTED, "model: rope scaling factor %g is not supported",
-                    (double)factor);
+        return kvd_error_set(err, KVD_EUNSUPPORTED,
+                             "model: rope scaling factor %g is not supported", (double)factor);
     hp->rope_mode = strcmp(a, "qwen2") == 0 ? ROPE_NEOX : ROPE_NORM;
     hp->has_qkv_bias = strcmp(a, "qwen2") == 0;
     return 0;
@@ -143,8 +136,7 @@ static int read_hparams(const struct gguf *g, struct model_hparams *hp, char *er
  * every load allocate and zero ~400 KB. */
 struct load_ctx {
     const struct gguf *g;
-    char *err;
-    size_t errlen;
+    struct kvd_error *err;
     const struct gguf_tensor **src;
     struct ctensor **dst;
     size_t *off;
@@ -160,17 +152,18 @@ static int want(struct load_ctx *lc, struct ctensor *t, const char *name, uint32
     if (!gt) {
         if (optional)
             return 0;
-        return fail(lc->err, lc->errlen, KVD_EBADREQ, "model: tensor '%s' is missing", name);
+        return kvd_error_set(lc->err, KVD_EBADREQ, "model: tensor '%s' is missing", name);
     }
     int one_d = ne1 == 0;
     uint64_t got1 = gt->ne[1] * gt->ne[2] * gt->ne[3];
     if (gt->ne[0] != ne0 || (one_d ? got1 != 1 : (got1 != ne1 || gt->ne[2] != 1 || gt->ne[3] != 1)))
-        return fail(lc->err, lc->errlen, KVD_EBADREQ,
-                    "model: tensor '%s' has shape [%" PRIu64 ", %" PRIu64 "], expected [%u, %u]",
-                    name, gt->ne[0], got1, ne0, one_d ? 1 : ne1);
+        return kvd_error_set(lc->err, KVD_EBADREQ,
+                             "model: tensor '%s' has shape [%" PRIu64 ", %" PRIu64
+                             "], expected [%u, %u]",
+                             name, gt->ne[0], got1, ne0, one_d ? 1 : ne1);
     if (one_d && gt->type != CT_F32)
-        return fail(lc->err, lc->errlen, KVD_EUNSUPPORTED, "model: tensor '%s' must be f32, is %s",
-                    name, ctype_name((enum ctype)gt->type));
+        return kvd_error_set(lc->err, KVD_EUNSUPPORTED, "model: tensor '%s' must be f32, is %s",
+                             name, ctype_name((enum ctype)gt->type));
     t->type = (enum ctype)gt->type;
     t->ne0 = ne0;
     t->ne1 = one_d ? 1 : ne1;
@@ -197,7 +190,7 @@ static void place(const struct compute_ops *ops, struct load_ctx *lc)
  * minimum) makes every logit NaN and every sampled token 0, with no error
  * anywhere: refused at load, naming the tensor. One pass over the floats;
  * quantized tensors only have their scales read. */
-static int check_finite(const struct gguf_tensor *src, enum ctype t, char *err, size_t errlen)
+static int check_finite(const struct gguf_tensor *src, enum ctype t, struct kvd_error *err)
 {
     const uint8_t *p = src->data;
     size_t step = ctype_block_bytes(t), n = step ? src->nbytes / step : 0;
@@ -223,11 +216,11 @@ static int check_finite(const struct gguf_tensor *src, enum ctype t, char *err, 
             }
         }
         if (bad)
-            return fail(err, errlen, KVD_EBADREQ,
-                        "model: tensor '%s' (%s) holds a NaN or an infinity at %s %zu: the file "
-                        "is damaged",
-                        src->name, ctype_name(t),
-                        ctype_is_quant(t) ? "the scale of block" : "element", i);
+            return kvd_error_set(
+                err, KVD_EBADREQ,
+                "model: tensor '%s' (%s) holds a NaN or an infinity at %s %zu: the file "
+                "is damaged",
+                src->name, ctype_name(t), ctype_is_quant(t) ? "the scale of block" : "element", i);
     }
     return 0;
 }
@@ -239,17 +232,17 @@ static int collect(struct model *m, struct load_ctx *lc)
     const struct gguf_tensor *emb = gguf_find_tensor(lc->g, "token_embd.weight");
     int rc;
     if (!emb)
-        return fail(lc->err, lc->errlen, KVD_EBADREQ,
-                    "model: tensor 'token_embd.weight' is missing");
+        return kvd_error_set(lc->err, KVD_EBADREQ, "model: tensor 'token_embd.weight' is missing");
     if (emb->ne[1] == 0 || emb->ne[1] > (1u << 24))
-        return fail(lc->err, lc->errlen, KVD_EBADREQ,
-                    "model: vocabulary size %" PRIu64 " out of range", emb->ne[1]);
+        return kvd_error_set(lc->err, KVD_EBADREQ,
+                             "model: vocabulary size %" PRIu64 " out of range", emb->ne[1]);
     m->hp.n_vocab = (uint32_t)emb->ne[1];
     uint64_t ntok = gguf_arr_count(lc->g, "tokenizer.ggml.tokens");
     if (ntok && ntok != hp->n_vocab)
-        return fail(lc->err, lc->errlen, KVD_EBADREQ,
-                    "model: tokenizer has %" PRIu64 " tokens but token_embd.weight has %u rows",
-                    ntok, hp->n_vocab);
+        return kvd_error_set(lc->err, KVD_EBADREQ,
+                             "model: tokenizer has %" PRIu64
+                             " tokens but token_embd.weight has %u rows",
+                             ntok, hp->n_vocab);
     if ((rc = want(lc, &m->tok_embd, "token_embd.weight", E, hp->n_vocab, 0)) ||
         (rc = want(lc, &m->output_norm, "output_norm.weight", E, 0, 0)) ||
         (rc = want(lc, &m->output, "output.weight", E, hp->n_vocab, 1)) ||
@@ -284,7 +277,7 @@ static int collect(struct model *m, struct load_ctx *lc)
 }
 
 int model_load_opts(const char *path, struct backend *be, const struct model_opts *opts,
-                    struct model **out, char *err, size_t errlen)
+                    struct model **out, struct kvd_error *err)
 {
     struct gguf *g = NULL;
     struct load_ctx *lc = NULL;
@@ -292,33 +285,33 @@ int model_load_opts(const char *path, struct backend *be, const struct model_opt
     int rc;
     *out = NULL;
     if (!be || !be->compute)
-        return fail(err, errlen, KVD_EUNSUPPORTED, "model: the %s backend has no compute ops",
-                    be && be->ops ? be->ops->name : "given");
-    if ((rc = gguf_open(path, &g, err, errlen)))
-        return rc;
+        return kvd_error_set(err, KVD_EUNSUPPORTED, "model: the %s backend has no compute ops",
+                             be && be->ops ? be->ops->name : "given");
+    char gerr[KVD_ERROR_MSG_MAX] = "";
+    if ((rc = gguf_open(path, &g, gerr, sizeof gerr)))
+        return kvd_error_set(err, rc, "%s", gerr);
     m = calloc(1, sizeof *m);
     if (!m) {
-        rc = fail(err, errlen, KVD_ENOMEM, "model: out of memory");
+        rc = kvd_error_set(err, KVD_ENOMEM, "model: out of memory");
         goto out_free;
     }
     m->be = be;
     m->ops = be->compute;
-    if ((rc = read_hparams(g, &m->hp, err, errlen)))
+    if ((rc = read_hparams(g, &m->hp, err)))
         goto out_free;
     m->layers = calloc(m->hp.n_layer, sizeof *m->layers);
     if (!m->layers) {
-        rc = fail(err, errlen, KVD_ENOMEM, "model: out of memory");
+        rc = kvd_error_set(err, KVD_ENOMEM, "model: out of memory");
         goto out_free;
     }
     size_t cap = 16 * (size_t)m->hp.n_layer + 8;
     lc = calloc(1, sizeof *lc + cap * (sizeof *lc->src + sizeof *lc->dst + sizeof *lc->off));
     if (!lc) {
-        rc = fail(err, errlen, KVD_ENOMEM, "model: out of memory");
+        rc = kvd_error_set(err, KVD_ENOMEM, "model: out of memory");
         goto out_free;
     }
     lc->g = g;
     lc->err = err;
-    lc->errlen = errlen;
     lc->src = (const struct gguf_tensor **)(lc + 1);
     lc->dst = (struct ctensor **)(lc->src + cap);
     lc->off = (size_t *)(lc->dst + cap);
@@ -330,25 +323,25 @@ int model_load_opts(const char *path, struct backend *be, const struct model_opt
                       ? m->ops->weight_type_ok(t)
                       : t == CT_F32 || t == CT_F16 || t == CT_BF16 || t == CT_Q8_0;
         if (!ok) {
-            rc = fail(err, errlen, KVD_EUNSUPPORTED,
-                      "model: tensor '%s' is %s, a weight type the %s backend cannot run",
-                      lc->src[i]->name, ctype_name(t), m->ops->name);
+            rc = kvd_error_set(err, KVD_EUNSUPPORTED,
+                               "model: tensor '%s' is %s, a weight type the %s backend cannot run",
+                               lc->src[i]->name, ctype_name(t), m->ops->name);
             goto out_free;
         }
     }
     for (size_t i = 0; i < lc->n; i++)
-        if ((rc = check_finite(lc->src[i], lc->dst[i]->type, err, errlen)))
+        if ((rc = check_finite(lc->src[i], lc->dst[i]->type, err)))
             goto out_free;
     m->hp.wtype = m->layers[0].wq.type;
     struct compute_conf conf = {.n_threads = opts ? opts->n_threads : 0};
     if ((rc = m->ops->ctx_new(be, &conf, &m->cx))) {
-        rc = fail(err, errlen, rc, "model: cannot create the %s compute context", m->ops->name);
+        rc = kvd_error_set(err, rc, "model: cannot create the %s compute context", m->ops->name);
         goto out_free;
     }
     place(m->ops, lc);
     if ((rc = m->ops->buf_alloc(m->cx, lc->total, &m->weights))) {
-        rc = fail(err, errlen, rc, "model: cannot allocate %zu bytes of weights on the %s backend",
-                  lc->total, m->ops->name);
+        rc = kvd_error_set(err, rc, "model: cannot allocate %zu bytes of weights on the %s backend",
+                           lc->total, m->ops->name);
         goto out_free;
     }
     for (size_t i = 0; i < lc->n; i++) {
@@ -357,7 +350,7 @@ int model_load_opts(const char *path, struct backend *be, const struct model_opt
         rc = m->ops->weight_upload ? m->ops->weight_upload(m->cx, t, lc->src[i]->data)
                                    : m->ops->upload(m->cx, t->data, lc->src[i]->data, t->nbytes);
         if (rc) {
-            rc = fail(err, errlen, rc, "model: uploading '%s' failed", lc->src[i]->name);
+            rc = kvd_error_set(err, rc, "model: uploading '%s' failed", lc->src[i]->name);
             goto out_free;
         }
         m->hp.n_params += (uint64_t)t->ne0 * t->ne1;
@@ -379,9 +372,9 @@ out_free:
     return rc;
 }
 
-int model_load(const char *path, struct backend *be, struct model **out, char *err, size_t errlen)
+int model_load(const char *path, struct backend *be, struct model **out, struct kvd_error *err)
 {
-    return model_load_opts(path, be, NULL, out, err, errlen);
+    return model_load_opts(path, be, NULL, out, err);
 }
 
 void model_free(struct model *m)

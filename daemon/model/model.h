@@ -10,6 +10,7 @@
 
 #include "backend.h"
 #include "compute.h"
+#include "kvd/status.h"
 #include "kvmm.h"
 
 struct model_hparams {
@@ -39,9 +40,9 @@ struct model;
  * be->compute must be set (KVD_EUNSUPPORTED otherwise). Errors: KVD_ENOTFOUND
  * (no file), KVD_EBADREQ (corrupt file, missing tensor, shape mismatch),
  * KVD_EUNSUPPORTED (architecture or type), KVD_ENOMEM; err names the problem. */
-int model_load(const char *path, struct backend *be, struct model **out, char *err, size_t errlen);
+int model_load(const char *path, struct backend *be, struct model **out, struct kvd_error *err);
 int model_load_opts(const char *path, struct backend *be, const struct model_opts *opts,
-                    struct model **out, char *err, size_t errlen);
+                    struct model **out, struct kvd_error *err);
 void model_free(struct model *m);
 const struct model_hparams *model_hparams(const struct model *m);
 /* The KV geometry this model needs: layers, kv_heads, head_dim from the

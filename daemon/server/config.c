@@ -281,7 +281,7 @@ static int ini_cb(void *user, const char *section, const char *name_in, const ch
     name[i] = '\0';
 
     if (!strcmp(section, "server")) {
-        char e[200];
+        struct kvd_error e;
         struct options scratch;
         /* On reload the [server] keys are still validated, then ignored:
          * the socket and arenas cannot change under running clients. */
@@ -290,8 +290,8 @@ static int ini_cb(void *user, const char *section, const char *name_in, const ch
             options_defaults(&scratch);
             o = &scratch;
         }
-        if (options_set_key(o, name, v, e, sizeof(e))) {
-            snprintf(L->err, sizeof(L->err), "%s", e);
+        if (options_set_key(o, name, v, &e)) {
+            snprintf(L->err, sizeof(L->err), "%s", e.message);
             return 0;
         }
         return 1;
@@ -392,22 +392,22 @@ static void sections_free(struct load_ctx *L)
  * checks that every line fits CONFIG_MAX_LINE and rewrites section headers
  * to "[@k]" (see struct load_ctx). Returns the text to parse (owned) or NULL
  * with err set. */
-static char *config_read(const char *path, struct load_ctx *L, char *err, size_t errlen)
+static char *config_read(const char *path, struct load_ctx *L, struct kvd_error *err)
 {
     FILE *f = fopen(path, "r");
     struct stat st;
     if (!f) {
-        snprintf(err, errlen, "%s: cannot read the file: %s", path, strerror(errno));
+        kvd_error_set(err, KVD_EBADREQ, "%s: cannot read the file: %s", path, strerror(errno));
         return NULL;
     }
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: not a regular file", path);
+        kvd_error_set(err, KVD_EBADREQ, "%s: not a regular file", path);
         fclose(f);
         return NULL;
     }
     if (st.st_size > CONFIG_MAX_FILE) {
-        snprintf(err, errlen, "%s: %lld bytes; a config file is at most %d bytes", path,
-                 (long long)st.st_size, CONFIG_MAX_FILE);
+        kvd_error_set(err, KVD_EBADREQ, "%s: %lld bytes; a config file is at most %d bytes", path,
+                      (long long)st.st_size, CONFIG_MAX_FILE);
         fclose(f);
         return NULL;
     }
@@ -417,12 +417,12 @@ static char *config_read(const char *path, struct load_ctx *L, char *err, size_t
     size_t n = raw ? fread(raw, 1, (size_t)st.st_size, f) : 0;
     fclose(f);
     if (!raw || !out) {
-        snprintf(err, errlen, "%s: out of memory", path);
+        kvd_error_set(err, KVD_EBADREQ, "%s: out of memory", path);
         goto fail;
     }
     raw[n] = '\0';
     if (memchr(raw, '\0', n)) {
-        snprintf(err, errlen, "%s: contains a NUL byte", path);
+        kvd_error_set(err, KVD_EBADREQ, "%s: contains a NUL byte", path);
         goto fail;
     }
     size_t o = 0;
@@ -434,8 +434,8 @@ static char *config_read(const char *path, struct load_ctx *L, char *err, size_t
         if (len > 0 && p[len - 1] == '\r')
             len--;
         if (len > CONFIG_MAX_LINE) {
-            snprintf(err, errlen, "%s:%u: line of %zu bytes; a line is at most %d bytes", path,
-                     line, len, CONFIG_MAX_LINE);
+            kvd_error_set(err, KVD_EBADREQ, "%s:%u: line of %zu bytes; a line is at most %d bytes",
+                          path, line, len, CONFIG_MAX_LINE);
             goto fail;
         }
         size_t lead = strspn(p, " \t");
@@ -445,10 +445,10 @@ static char *config_read(const char *path, struct load_ctx *L, char *err, size_t
          * an admin. Its handler never sees the line, so an indented line
          * holding anything but a comment is refused here, by number. */
         if (lead > 0 && lead < len && p[lead] != ';' && p[lead] != '#') {
-            snprintf(err, errlen,
-                     "%s:%u: an indented line (\"%.*s\"): kvd reads no continuation lines; "
-                     "remove the indentation, and put a list on one line (uids = 0, 1000)",
-                     path, line, (int)(len - lead > 60 ? 60 : len - lead), p + lead);
+            kvd_error_set(err, KVD_EBADREQ,
+                          "%s:%u: an indented line (\"%.*s\"): kvd reads no continuation lines; "
+                          "remove the indentation, and put a list on one line (uids = 0, 1000)",
+                          path, line, (int)(len - lead > 60 ? 60 : len - lead), p + lead);
             goto fail;
         }
         char *close = lead < len && p[lead] == '[' ? memchr(p + lead, ']', len - lead) : NULL;
@@ -458,7 +458,7 @@ static char *config_read(const char *path, struct load_ctx *L, char *err, size_t
                 L->sections = ns;
             char *name = ns ? strndup(p + lead + 1, (size_t)(close - (p + lead + 1))) : NULL;
             if (!name) {
-                snprintf(err, errlen, "%s: out of memory", path);
+                kvd_error_set(err, KVD_EBADREQ, "%s: out of memory", path);
                 goto fail;
             }
             ns[L->n_sections] = name;
@@ -482,18 +482,17 @@ fail:
     return NULL;
 }
 
-int config_load(const char *path, struct config *cfg, struct options *opts, char *err,
-                size_t errlen)
+int config_load(const char *path, struct config *cfg, struct options *opts, struct kvd_error *err)
 {
     struct config nc;
     struct load_ctx L;
     int rc = config_defaults(&nc);
     if (rc)
-        return rc;
+        return kvd_error_set(err, rc, "%s: out of memory", path);
     memset(&L, 0, sizeof(L));
     L.cfg = &nc;
     L.opts = opts;
-    char *text = config_read(path, &L, err, errlen);
+    char *text = config_read(path, &L, err);
     if (!text) {
         sections_free(&L);
         config_free(&nc);
@@ -510,10 +509,11 @@ int config_load(const char *path, struct config *cfg, struct options *opts, char
     sections_free(&L);
     if (line != 0) {
         if (line < 0)
-            snprintf(err, errlen, "%s: cannot parse the file%s", path,
-                     line == -2 ? " (out of memory)" : "");
+            kvd_error_set(err, KVD_EBADREQ, "%s: cannot parse the file%s", path,
+                          line == -2 ? " (out of memory)" : "");
         else
-            snprintf(err, errlen, "%s:%d: %s", path, line, L.err[0] ? L.err : "syntax error");
+            kvd_error_set(err, KVD_EBADREQ, "%s:%d: %s", path, line,
+                          L.err[0] ? L.err : "syntax error");
         config_free(&nc);
         return KVD_EBADREQ;
     }
@@ -609,7 +609,7 @@ bool config_is_frontend(const struct config *cfg, uid_t uid)
 }
 
 int config_resolve_sub(const struct config *cfg, const char *parent, const char *sub,
-                       size_t sub_len, struct config_identity *id, char *err, size_t errlen)
+                       size_t sub_len, struct config_identity *id, struct kvd_error *err)
 {
     char name[KVD_MAX_NAME + 1];
     bool ok = sub_len > 0 && sub_len <= KVD_MAX_NAME;
@@ -618,16 +618,14 @@ int config_resolve_sub(const struct config *cfg, const char *parent, const char 
         ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
              c == '-' || c == '_' || c == '.';
     }
-    if (!ok) {
-        snprintf(err, errlen, "a sub-tenant name is 1-%u letters, digits, '-', '_' or '.'",
-                 KVD_MAX_NAME);
-        return KVD_EBADREQ;
-    }
-    if (strlen(parent) + 1 + sub_len > KVD_MAX_NAME) {
-        snprintf(err, errlen, "sub-tenant '%.*s' of '%s': the name '%s/...' would pass %u bytes",
-                 (int)sub_len, sub, parent, parent, KVD_MAX_NAME);
-        return KVD_EBADREQ;
-    }
+    if (!ok)
+        return kvd_error_set(err, KVD_EBADREQ,
+                             "a sub-tenant name is 1-%u letters, digits, '-', '_' or '.'",
+                             KVD_MAX_NAME);
+    if (strlen(parent) + 1 + sub_len > KVD_MAX_NAME)
+        return kvd_error_set(err, KVD_EBADREQ,
+                             "sub-tenant '%.*s' of '%s': the name '%s/...' would pass %u bytes",
+                             (int)sub_len, sub, parent, parent, KVD_MAX_NAME);
     snprintf(name, sizeof(name), "%s/%.*s", parent, (int)sub_len, sub);
     memset(id, 0, sizeof(*id));
     id->conf = cfg->defaults;

@@ -59,8 +59,7 @@ struct config_identity {
 int config_defaults(struct config *cfg);
 /* Reads path. opts (NULL on reload) receives the [server] keys. Returns 0 or
  * KVD_EBADREQ with "path:line: why" in err; cfg is untouched on error. */
-int config_load(const char *path, struct config *cfg, struct options *opts, char *err,
-                size_t errlen);
+int config_load(const char *path, struct config *cfg, struct options *opts, struct kvd_error *err);
 void config_free(struct config *cfg);
 
 /* The identity of a peer: the first [tenant:*] listing its uid, else one
@@ -81,7 +80,7 @@ bool config_is_admin(const struct config *cfg, uid_t uid);
  * `parent`: "parent/sub" with the [limits] quotas, never an admin.
  * KVD_EBADREQ (err says why) for a bad name. */
 int config_resolve_sub(const struct config *cfg, const char *parent, const char *sub,
-                       size_t sub_len, struct config_identity *id, char *err, size_t errlen);
+                       size_t sub_len, struct config_identity *id, struct kvd_error *err);
 /* Whether tenant `name` may open sequences in shared namespace ns. */
 bool config_ns_allowed(const struct config *cfg, const char *tenant, const char *ns);
 

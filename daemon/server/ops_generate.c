@@ -337,29 +337,27 @@ static void on_drain(void *ctx)
 }
 
 int ops_generate_start(struct server *srv, struct kvmm *mm, struct model *m,
-                       const struct exec_conf *conf, struct ops_generate **out, char *err,
-                       size_t errlen)
+                       const struct exec_conf *conf, struct ops_generate **out,
+                       struct kvd_error *err)
 {
     struct ops_generate *g = calloc(1, sizeof(*g));
-    if (!g) {
-        snprintf(err, errlen, "out of memory");
-        return KVD_ENOMEM;
-    }
+    if (!g)
+        return kvd_error_set(err, KVD_ENOMEM, "out of memory");
     g->srv = srv;
     g->mm = mm;
     g->sink = (struct exec_sink){.ud = g, .tokens = sink_tokens, .done = sink_done};
-    int rc = exec_new(mm, m, conf, &g->ex, err, errlen);
+    int rc = exec_new(mm, m, conf, &g->ex, err);
     if (rc)
         goto fail;
     if ((rc = gen_clients_new(srv, g->ex, mm, &g->clients))) {
-        snprintf(err, errlen, "out of memory");
+        kvd_error_set(err, rc, "out of memory");
         goto fail;
     }
     if ((rc = server_op_register(srv, KVD_OP_GENERATE, op_generate, g, 0)) ||
         (rc = server_op_register(srv, KVD_OP_CANCEL, op_cancel, g, 0)) ||
         (rc = server_on_close(srv, on_close, g)) || (rc = server_on_drain(srv, on_drain, g)) ||
         (rc = server_on_abort(srv, on_abort, g))) {
-        snprintf(err, errlen, "cannot register the generate ops");
+        kvd_error_set(err, rc, "cannot register the generate ops");
         goto fail;
     }
     *out = g;

@@ -37,8 +37,8 @@ struct ops_generate;
 struct gen_clients;
 struct event_base;
 int ops_generate_start(struct server *srv, struct kvmm *mm, struct model *m,
-                       const struct exec_conf *conf, struct ops_generate **out, char *err,
-                       size_t errlen);
+                       const struct exec_conf *conf, struct ops_generate **out,
+                       struct kvd_error *err);
 struct exec *ops_generate_exec(struct ops_generate *g);
 /* The generate clients other than msgpack connections (below). */
 struct gen_clients *ops_generate_clients(struct ops_generate *g);

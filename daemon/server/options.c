@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -217,26 +216,15 @@ static int choice_index(const char *choices, const char *v)
     return -1;
 }
 
-static int bad(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int bad(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return KVD_EBADREQ;
-}
-
 /* Parses v by d's kind into the field at f. */
-static int apply(const struct options_def *d, void *f, const char *v, char *err, size_t errlen)
+static int apply(const struct options_def *d, void *f, const char *v, struct kvd_error *err)
 {
     const char *n = d->name;
     uint64_t x;
     switch (d->kind) {
     case OPTIONS_OFF_FLAG:
         if (v)
-            return bad(err, errlen, "%s takes no value", n);
+            return kvd_error_set(err, KVD_EBADREQ, "%s takes no value", n);
         *(bool *)f = false;
         return 0;
     case OPTIONS_BOOL:
@@ -245,35 +233,37 @@ static int apply(const struct options_def *d, void *f, const char *v, char *err,
         else if (!strcmp(v, "no") || !strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "off"))
             *(bool *)f = false;
         else
-            return bad(err, errlen, "%s: '%s' is not yes or no", n, v);
+            return kvd_error_set(err, KVD_EBADREQ, "%s: '%s' is not yes or no", n, v);
         return 0;
     default:
         break;
     }
     if (!v)
-        return bad(err, errlen, "%s needs a value", n);
+        return kvd_error_set(err, KVD_EBADREQ, "%s needs a value", n);
     switch (d->kind) {
     case OPTIONS_PATH:
         if (v[0] != '/')
-            return bad(err, errlen, "%s: '%s' is not an absolute path", n, v);
+            return kvd_error_set(err, KVD_EBADREQ, "%s: '%s' is not an absolute path", n, v);
         /* fall through */
     case OPTIONS_STR:
         if (strlen(v) >= d->cap)
-            return bad(err, errlen, "%s: longer than %zu bytes", n, d->cap - 1);
+            return kvd_error_set(err, KVD_EBADREQ, "%s: longer than %zu bytes", n, d->cap - 1);
         strcpy(f, v);
         return 0;
     case OPTIONS_U32:
         if (parse_u64(v, d->lo, d->hi, false, &x))
-            return bad(err, errlen, "%s: '%s' is not a whole number in [%" PRIu64 ", %" PRIu64 "]",
-                       n, v, d->lo, d->hi);
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "%s: '%s' is not a whole number in [%" PRIu64 ", %" PRIu64 "]", n,
+                                 v, d->lo, d->hi);
         *(uint32_t *)f = (uint32_t)x;
         return 0;
     case OPTIONS_SIZE:
     case OPTIONS_SIZE32:
         if (parse_u64(v, d->lo, d->hi, true, &x))
-            return bad(err, errlen,
-                       "%s: '%s' is not a byte size in [%" PRIu64 ", %" PRIu64 "] (e.g. 16M)", n, v,
-                       d->lo, d->hi);
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "%s: '%s' is not a byte size in [%" PRIu64 ", %" PRIu64
+                                 "] (e.g. 16M)",
+                                 n, v, d->lo, d->hi);
         if (d->kind == OPTIONS_SIZE32)
             *(uint32_t *)f = (uint32_t)x;
         else
@@ -284,21 +274,22 @@ static int apply(const struct options_def *d, void *f, const char *v, char *err,
         errno = 0;
         double fr = strtod(v, &end);
         if (errno || end == v || *end || !(fr > 0.0 && fr <= 1.0))
-            return bad(err, errlen, "%s: '%s' is not a fraction in (0, 1]", n, v);
+            return kvd_error_set(err, KVD_EBADREQ, "%s: '%s' is not a fraction in (0, 1]", n, v);
         *(double *)f = fr;
         return 0;
     }
     case OPTIONS_CHOICE: {
         int i = choice_index(d->choices, v);
         if (i < 0)
-            return bad(err, errlen, "%s: '%s' is not one of %s", n, v, d->choices);
+            return kvd_error_set(err, KVD_EBADREQ, "%s: '%s' is not one of %s", n, v, d->choices);
         *(int *)f = i;
         return 0;
     }
     case OPTIONS_LOG_LEVEL: {
         int l = log_level_parse(v);
         if (l < 0)
-            return bad(err, errlen, "%s: '%s' is not error, warning, notice, info or debug", n, v);
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "%s: '%s' is not error, warning, notice, info or debug", n, v);
         *(int *)f = l;
         return 0;
     }
@@ -306,10 +297,11 @@ static int apply(const struct options_def *d, void *f, const char *v, char *err,
         char host[64];
         uint16_t port;
         bool loopback;
-        if (metrics_parse_addr(v, host, sizeof(host), &port, &loopback, err, errlen))
-            return KVD_EBADREQ;
+        char aerr[KVD_ERROR_MSG_MAX]; /* metrics.c reports into a buffer */
+        if (metrics_parse_addr(v, host, sizeof(host), &port, &loopback, aerr, sizeof(aerr)))
+            return kvd_error_set(err, KVD_EBADREQ, "%s", aerr);
         if (strlen(v) >= d->cap)
-            return bad(err, errlen, "%s: longer than %zu bytes", n, d->cap - 1);
+            return kvd_error_set(err, KVD_EBADREQ, "%s: longer than %zu bytes", n, d->cap - 1);
         strcpy(f, v);
         return 0;
     }
@@ -318,33 +310,34 @@ static int apply(const struct options_def *d, void *f, const char *v, char *err,
         uint16_t port;
         bool loopback;
         if (!strncmp(v, "unix", 4))
-            return bad(err, errlen, "%s: '%s': give HOST:PORT (a Unix socket is --%s-socket)", n, v,
-                       n);
-        if (httpd_parse_addr(n, v, host, sizeof(host), &port, &loopback, err, errlen))
-            return KVD_EBADREQ;
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "%s: '%s': give HOST:PORT (a Unix socket is --%s-socket)", n, v,
+                                 n);
+        char aerr[KVD_ERROR_MSG_MAX]; /* httpd.c reports into a buffer */
+        if (httpd_parse_addr(n, v, host, sizeof(host), &port, &loopback, aerr, sizeof(aerr)))
+            return kvd_error_set(err, KVD_EBADREQ, "%s", aerr);
         if (strlen(v) >= d->cap)
-            return bad(err, errlen, "%s: longer than %zu bytes", n, d->cap - 1);
+            return kvd_error_set(err, KVD_EBADREQ, "%s: longer than %zu bytes", n, d->cap - 1);
         strcpy(f, v);
         return 0;
     }
     default:
-        return bad(err, errlen, "%s: bad table entry", n);
+        return kvd_error_set(err, KVD_EBADREQ, "%s: bad table entry", n);
     }
 }
 
 void options_defaults(struct options *o)
 {
-    char err[200];
     memset(o, 0, sizeof(*o));
     o->host_blocks = UINT32_MAX; /* unset: host-mem, else OPTIONS_DEFAULT_HOST_BLOCKS */
     for (size_t i = 0; i < options_n_defs; i++)
         if (options_defs[i].dflt && apply(&options_defs[i], (char *)o + options_defs[i].off,
-                                          options_defs[i].dflt, err, sizeof(err)) != 0)
+                                          options_defs[i].dflt, NULL) != 0)
             abort(); /* a default the table cannot parse: a bug caught by any test */
 }
 
 static int set_from(struct options *o, const char *name_in, const char *v, unsigned refused,
-                    char *err, size_t errlen)
+                    struct kvd_error *err)
 {
     char name[64];
     size_t i;
@@ -353,25 +346,25 @@ static int set_from(struct options *o, const char *name_in, const char *v, unsig
     name[i] = '\0';
     const struct options_def *d = name_in[i] ? NULL : find_def(name);
     if (!d)
-        return bad(err, errlen, "unknown setting '%s'", name_in);
+        return kvd_error_set(err, KVD_EBADREQ, "unknown setting '%s'", name_in);
     if (d->flags & refused)
-        return bad(err, errlen, "%s: %s", name_in,
-                   refused == OPTIONS_CLI_ONLY ? "only on the command line"
-                                               : "only in the config file");
-    return apply(d, (char *)o + d->off, v, err, errlen);
+        return kvd_error_set(err, KVD_EBADREQ, "%s: %s", name_in,
+                             refused == OPTIONS_CLI_ONLY ? "only on the command line"
+                                                         : "only in the config file");
+    return apply(d, (char *)o + d->off, v, err);
 }
 
-int options_set(struct options *o, const char *name, const char *v, char *err, size_t errlen)
+int options_set(struct options *o, const char *name, const char *v, struct kvd_error *err)
 {
-    return set_from(o, name, v, 0, err, errlen);
+    return set_from(o, name, v, 0, err);
 }
 
-int options_set_key(struct options *o, const char *name, const char *v, char *err, size_t errlen)
+int options_set_key(struct options *o, const char *name, const char *v, struct kvd_error *err)
 {
-    return set_from(o, name, v, OPTIONS_CLI_ONLY, err, errlen);
+    return set_from(o, name, v, OPTIONS_CLI_ONLY, err);
 }
 
-int options_parse(struct options *o, int argc, char **argv, char *err, size_t errlen)
+int options_parse(struct options *o, int argc, char **argv, struct kvd_error *err)
 {
     struct option lo[sizeof(options_defs) / sizeof(options_defs[0]) + 1];
     size_t n = 0;
@@ -392,14 +385,15 @@ int options_parse(struct options *o, int argc, char **argv, char *err, size_t er
     while ((c = getopt_long(argc, argv, "hV", lo, &idx)) != -1) {
         const char *name = c == 'h' ? "help" : c == 'V' ? "version" : c == 0 ? lo[idx].name : NULL;
         if (!name)
-            return bad(err, errlen, "unknown or incomplete option '%s' (see --help)",
-                       argv[optind - 1]);
-        int rc = set_from(o, name, optarg, OPTIONS_FILE_ONLY, err, errlen);
+            return kvd_error_set(err, KVD_EBADREQ, "unknown or incomplete option '%s' (see --help)",
+                                 argv[optind - 1]);
+        int rc = set_from(o, name, optarg, OPTIONS_FILE_ONLY, err);
         if (rc)
             return rc;
     }
     if (optind < argc)
-        return bad(err, errlen, "unexpected argument '%s' (see --help)", argv[optind]);
+        return kvd_error_set(err, KVD_EBADREQ, "unexpected argument '%s' (see --help)",
+                             argv[optind]);
     return 0;
 }
 

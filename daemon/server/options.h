@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "kvd/status.h"
 #include "kvmm.h"
 
 enum options_backend { OPTIONS_BACKEND_AUTO, OPTIONS_BACKEND_CPU, OPTIONS_BACKEND_CUDA };
@@ -119,12 +120,11 @@ void options_defaults(struct options *o);
  * '_' and '-' are the same). value is NULL for flags. Returns 0, or
  * KVD_EBADREQ with a message in err. options_set_key is the config file's
  * form: the command-line-only settings are refused there. */
-int options_set(struct options *o, const char *name, const char *value, char *err, size_t errlen);
-int options_set_key(struct options *o, const char *name, const char *value, char *err,
-                    size_t errlen);
+int options_set(struct options *o, const char *name, const char *value, struct kvd_error *err);
+int options_set_key(struct options *o, const char *name, const char *value, struct kvd_error *err);
 
 /* Parses argv onto o. Returns 0, or KVD_EBADREQ with a message. */
-int options_parse(struct options *o, int argc, char **argv, char *err, size_t errlen);
+int options_parse(struct options *o, int argc, char **argv, struct kvd_error *err);
 /* The value of --config in argv (NULL if none), so the file can be read
  * before the command line overrides it. */
 const char *options_find_config(int argc, char **argv);

@@ -324,7 +324,7 @@ static void shutdown_cb(evutil_socket_t fd, short what, void *arg)
 
 static void reload(struct server *srv)
 {
-    char err[512];
+    struct kvd_error err;
     struct config nc;
 
     sd_notify(0, "RELOADING=1");
@@ -338,8 +338,8 @@ static void reload(struct server *srv)
         sd_notify(0, "READY=1");
         return;
     }
-    if (config_load(srv->config_path, &nc, NULL, err, sizeof(err)) != 0) {
-        log_err("SIGHUP: %s; keeping the previous configuration", err);
+    if (config_load(srv->config_path, &nc, NULL, &err) != 0) {
+        log_err("SIGHUP: %s; keeping the previous configuration", err.message);
         config_free(&nc);
         sd_notify(0, "READY=1");
         return;

@@ -282,13 +282,13 @@ int tenancy_resolve_sub(const struct config *cfg, uid_t uid, const char *parent,
                         size_t len, const char *what, struct config_identity *id,
                         struct kvd_error *e)
 {
-    char msg[200];
+    struct kvd_error sub_err;
     if (!config_is_frontend(cfg, uid))
         return kvd_error_set(e, KVD_EPERM,
                              "%s: uid %u is not a trusted front end ([front-end] uids)", what,
                              (unsigned)uid);
-    if (config_resolve_sub(cfg, parent, sub, len, id, msg, sizeof(msg)))
-        return kvd_error_set(e, KVD_EBADREQ, "%s: %s", what, msg);
+    if (config_resolve_sub(cfg, parent, sub, len, id, &sub_err))
+        return kvd_error_set(e, sub_err.code, "%s: %s", what, sub_err.message);
     return 0;
 }
 

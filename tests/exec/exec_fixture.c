@@ -120,7 +120,7 @@ uint32_t fx_queue_timeout_ms;
 int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t host_blocks,
             uint32_t step_tokens, uint32_t max_seqs)
 {
-    char err[256] = "";
+    struct kvd_error err = {0};
     memset(f, 0, sizeof(*f));
     f->model = fm;
     if (backend_cpu_new(&f->be))
@@ -128,8 +128,8 @@ int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t 
     if (!f->be->compute)
         f->be->compute = compute_cpu_ops();
     struct model_opts mo = {.n_threads = 2};
-    if (model_load_opts(fm->path, f->be, &mo, &f->m, err, sizeof(err))) {
-        fprintf(stderr, "model_load: %s\n", err);
+    if (model_load_opts(fm->path, f->be, &mo, &f->m, &err)) {
+        fprintf(stderr, "model_load: %s\n", err.message);
         return -1;
     }
     struct kvmm_config kc = {
@@ -151,8 +151,8 @@ int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t 
         return -1;
     struct exec_conf ec = {
         .step_tokens = step_tokens, .max_seqs = max_seqs, .queue_timeout_ms = fx_queue_timeout_ms};
-    if (exec_new(f->mm, f->m, &ec, &f->ex, err, sizeof(err))) {
-        fprintf(stderr, "exec_new: %s\n", err);
+    if (exec_new(f->mm, f->m, &ec, &f->ex, &err)) {
+        fprintf(stderr, "exec_new: %s\n", err.message);
         return -1;
     }
     fx_reset_results();

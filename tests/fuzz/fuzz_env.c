@@ -32,7 +32,7 @@ static const char fuzz_conf[] = "[tenant:a]\nuids = 1001\nnamespaces = pub\n"
 static int load_config(struct config *cfg)
 {
     char path[] = "/tmp/kvd-fuzz-conf-XXXXXX";
-    char err[256];
+    struct kvd_error err;
     int fd = mkstemp(path);
     if (fd < 0)
         return -1;
@@ -42,12 +42,12 @@ static int load_config(struct config *cfg)
     if (rc == 0 && config_defaults(cfg) == 0) {
         struct config loaded;
         memset(&loaded, 0, sizeof(loaded));
-        rc = config_load(path, &loaded, NULL, err, sizeof(err));
+        rc = config_load(path, &loaded, NULL, &err);
         if (rc == 0) {
             config_free(cfg);
             *cfg = loaded;
         } else {
-            fprintf(stderr, "fuzz: config: %s\n", err);
+            fprintf(stderr, "fuzz: config: %s\n", err.message);
         }
     }
     unlink(path);

@@ -33,7 +33,9 @@ static void walk(const struct gguf *g)
         FUZZ_ASSERT(kv->key != NULL);
         FUZZ_ASSERT(gguf_find_kv(g, kv->key) != NULL);
         (void)gguf_get_u32(g, kv->key, &u, err, sizeof(err));
-        (void)gguf_get_f32(g, kv->key, &f, err, sizeof(err));
+        struct kvd_error ferr = {0};
+        if (gguf_get_f32(g, kv->key, &f, &ferr) != 0)
+            FUZZ_ASSERT(ferr.code != 0 && ferr.message[0] != '\0');
         (void)gguf_get_str(g, kv->key, buf, sizeof(buf), err, sizeof(err));
         (void)gguf_arr_count(g, kv->key);
         (void)gguf_vtype_name(kv->type);
@@ -58,7 +60,8 @@ static int memfd = -1;
 
 static void load_model(const uint8_t *data, size_t size)
 {
-    char path[64], err[256] = "";
+    char path[64];
+    struct kvd_error err = {0};
     struct model *m = NULL;
     if (memfd < 0 && (memfd = memfd_create("kvd-fuzz-gguf", MFD_CLOEXEC)) < 0)
         abort();
@@ -66,13 +69,13 @@ static void load_model(const uint8_t *data, size_t size)
         abort();
     snprintf(path, sizeof(path), "/proc/self/fd/%d", memfd);
     struct model_opts mo = {.n_threads = 1};
-    int rc = model_load_opts(path, cpu, &mo, &m, err, sizeof(err));
+    int rc = model_load_opts(path, cpu, &mo, &m, &err);
     if (rc == 0) {
         const struct model_hparams *hp = model_hparams(m);
         FUZZ_ASSERT(hp->n_layer > 0 && hp->n_vocab > 0 && hp->head_dim > 0);
         model_free(m);
     } else {
-        FUZZ_ASSERT(err[0] != '\0');
+        FUZZ_ASSERT(err.code == rc && err.message[0] != '\0');
     }
 }
 
@@ -119,14 +122,14 @@ static void load_text(const struct gguf *g)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    char err[256] = "";
+    struct kvd_error err = {0};
     struct gguf *g = NULL;
     if (!cpu && backend_cpu_new(&cpu) != 0)
         abort();
-    int rc = gguf_parse(data, size, &g, err, sizeof(err));
+    int rc = gguf_parse(data, size, &g, &err);
     if (rc != 0) {
         FUZZ_ASSERT(g == NULL);
-        FUZZ_ASSERT(err[0] != '\0');
+        FUZZ_ASSERT(err.code == rc && err.message[0] != '\0');
         return 0;
     }
     walk(g);

@@ -69,12 +69,12 @@ static void spm_build(void)
     gw_kv_u32(&w, "tokenizer.ggml.bos_token_id", 1);
     gw_kv_u32(&w, "tokenizer.ggml.eos_token_id", 2);
     size_t len;
-    char err[256];
+    struct kvd_error err = {0}; /* tokenizer_load writes into its message */
     f_spm = gw_finish(&w, &len);
     gw_free(&w);
-    if (!f_spm || gguf_parse(f_spm, len, &g_spm, err, sizeof err) ||
-        tokenizer_load(g_spm, &spm, err, sizeof err)) {
-        fprintf(stderr, "fuzz_text: spm vocabulary: %s\n", err);
+    if (!f_spm || gguf_parse(f_spm, len, &g_spm, &err) ||
+        tokenizer_load(g_spm, &spm, err.message, sizeof err.message)) {
+        fprintf(stderr, "fuzz_text: spm vocabulary: %s\n", err.message);
         abort();
     }
 }
@@ -133,12 +133,12 @@ static void bpe_build(void)
     gw_kv_u32(&w, "tokenizer.ggml.bos_token_id", (uint32_t)(256 + n_m));
     gw_kv_u32(&w, "tokenizer.ggml.eos_token_id", (uint32_t)(256 + n_m + 1));
     size_t len;
-    char err[256];
+    struct kvd_error err = {0}; /* tokenizer_load writes into its message */
     f_bpe = gw_finish(&w, &len);
     gw_free(&w);
-    if (!f_bpe || gguf_parse(f_bpe, len, &g_bpe, err, sizeof err) ||
-        tokenizer_load(g_bpe, &bpe, err, sizeof err)) {
-        fprintf(stderr, "fuzz_text: bpe vocabulary: %s\n", err);
+    if (!f_bpe || gguf_parse(f_bpe, len, &g_bpe, &err) ||
+        tokenizer_load(g_bpe, &bpe, err.message, sizeof err.message)) {
+        fprintf(stderr, "fuzz_text: bpe vocabulary: %s\n", err.message);
         abort();
     }
 }

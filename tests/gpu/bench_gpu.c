@@ -359,9 +359,9 @@ static void swap_bw(struct backend *be, double *out_gbs, double *in_gbs, double 
 int main(void)
 {
     struct backend *be = NULL;
-    char err[256] = "";
-    if (backend_cuda_new(0, &be, err, sizeof err)) {
-        printf("SKIP: no usable CUDA device: %s\n", err);
+    struct kvd_error err = {0};
+    if (backend_cuda_new(0, &be, &err)) {
+        printf("SKIP: no usable CUDA device: %s\n", err.message);
         return GPU_SKIP;
     }
     struct cuda_dev *dev = cuda_backend_dev(be);

@@ -20,14 +20,14 @@ static void die(const char *what, int rc)
 
 void gpu_fx_open(struct gpu_fx *f)
 {
-    char err[256] = "";
+    struct kvd_error err = {0};
     struct compute_conf conf = {.n_threads = 2};
     int rc;
 
     memset(f, 0, sizeof *f);
-    rc = backend_cuda_new(0, &f->cuda, err, sizeof err);
+    rc = backend_cuda_new(0, &f->cuda, &err);
     if (rc) {
-        printf("SKIP: no usable CUDA device: %s\n", err);
+        printf("SKIP: no usable CUDA device: %s\n", err.message);
         exit(GPU_SKIP);
     }
     if ((rc = backend_cpu_new(&f->cpu)))

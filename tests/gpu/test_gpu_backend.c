@@ -221,18 +221,18 @@ static void test_compute_capability(void **state)
     static const int ok[][2] = {{8, 0}, {8, 6}, {8, 9}, {9, 0}, {10, 0}};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         struct backend *b2 = NULL;
-        char err[256] = "";
+        struct kvd_error err = {0};
         kvd_emu_set_cc(ok[i][0], ok[i][1]);
-        assert_int_equal(backend_cuda_new(0, &b2, err, sizeof err), 0);
+        assert_int_equal(backend_cuda_new(0, &b2, &err), 0);
         backend_free(b2);
     }
     struct backend *b2 = NULL;
-    char err[256] = "";
+    struct kvd_error err = {0};
     kvd_emu_set_cc(7, 5);
-    assert_int_equal(backend_cuda_new(0, &b2, err, sizeof err), KVD_EUNSUPPORTED);
+    assert_int_equal(backend_cuda_new(0, &b2, &err), KVD_EUNSUPPORTED);
     assert_null(b2);
-    assert_non_null(strstr(err, "compute capability 7.5"));
-    assert_non_null(strstr(err, "8.0 or newer"));
+    assert_non_null(strstr(err.message, "compute capability 7.5"));
+    assert_non_null(strstr(err.message, "8.0 or newer"));
     kvd_emu_set_cc(9, 0);
 #else
     skip();
@@ -242,21 +242,23 @@ static void test_compute_capability(void **state)
 static void test_bad_device(void **state)
 {
     struct backend *b2 = (struct backend *)1;
-    char err[256] = "";
-    assert_int_equal(backend_cuda_new(1000, &b2, err, sizeof err), KVD_EUNSUPPORTED);
+    struct kvd_error err = {0};
+    assert_int_equal(backend_cuda_new(1000, &b2, &err), KVD_EUNSUPPORTED);
     assert_null(b2);
-    assert_non_null(strstr(err, "does not exist"));
+    assert_int_equal(err.code, KVD_EUNSUPPORTED);
+    assert_non_null(strstr(err.message, "does not exist"));
 }
 
 int main(void)
 {
-    char err[256] = "";
-    int rc = backend_cuda_new(0, &be, err, sizeof err);
+    struct kvd_error err = {0};
+    int rc = backend_cuda_new(0, &be, &err);
     if (rc) {
         /* The no-device contract, checked here on machines without a GPU:
          * a clear error, no backend, and the cpu backend as the fallback. */
-        if (rc != KVD_EUNSUPPORTED || be != NULL || strstr(err, "cuda") == NULL) {
-            fprintf(stderr, "FAIL: backend_cuda_new without a device: rc %d, msg '%s'\n", rc, err);
+        if (rc != KVD_EUNSUPPORTED || be != NULL || strstr(err.message, "cuda") == NULL) {
+            fprintf(stderr, "FAIL: backend_cuda_new without a device: rc %d, msg '%s'\n", rc,
+                    err.message);
             return 1;
         }
         struct backend *cpu = NULL;
@@ -265,7 +267,7 @@ int main(void)
             return 1;
         }
         backend_free(cpu);
-        printf("SKIP: no usable CUDA device (%s); the clean-failure path passed\n", err);
+        printf("SKIP: no usable CUDA device (%s); the clean-failure path passed\n", err.message);
         return GPU_SKIP;
     }
     if (be->ops->kind != BACKEND_CUDA) {

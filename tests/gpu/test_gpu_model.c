@@ -44,11 +44,11 @@ struct runner {
 
 static void runner_open(struct runner *r, struct backend *be, const char *path, enum kv_dtype kvt)
 {
-    char err[256] = "";
+    struct kvd_error err = {0};
     memset(r, 0, sizeof *r);
     r->be = be;
-    if (model_load(path, be, &r->m, err, sizeof err))
-        fail_msg("model_load on %s: %s", be->ops->name, err);
+    if (model_load(path, be, &r->m, &err))
+        fail_msg("model_load on %s: %s", be->ops->name, err.message);
     r->V = model_hparams(r->m)->n_vocab;
     model_kv_geom(r->m, BT, kvt, &r->g);
     r->arena_bytes = kv_block_bytes(&r->g) * MAXS * BPS;
@@ -359,10 +359,10 @@ static void test_long_prompt_full_memory(void **state)
     for (size_t c = 0; c < 3; c++) {
         char *path = ref_gen_model(args[c]);
         assert_non_null(path);
-        char err[256] = "";
+        struct kvd_error err = {0};
         struct model *m = NULL;
         struct fwd_ctx *fc = NULL;
-        assert_int_equal(model_load(path, cuda_be, &m, err, sizeof err), 0);
+        assert_int_equal(model_load(path, cuda_be, &m, &err), 0);
         assert_int_equal(fwd_ctx_new(m, 64, 1, &fc), 0);
         /* the projections carry their copy; the untied embedding, only
          * looked up by rows, does not (it would cost vocab x embd x 2 B) */
@@ -424,9 +424,9 @@ static void test_long_prompt_full_memory(void **state)
 
 int main(void)
 {
-    char err[256] = "";
-    if (backend_cuda_new(0, &cuda_be, err, sizeof err)) {
-        printf("SKIP: no usable CUDA device: %s\n", err);
+    struct kvd_error err = {0};
+    if (backend_cuda_new(0, &cuda_be, &err)) {
+        printf("SKIP: no usable CUDA device: %s\n", err.message);
         return GPU_SKIP;
     }
     cpu_be = ref_cpu_backend();

@@ -125,9 +125,9 @@ static void test_f32_model_q8_0_kv(void **state)
 int main(void)
 {
     struct backend *be = NULL;
-    char err[256] = "";
-    if (backend_cuda_new(0, &be, err, sizeof err)) {
-        printf("SKIP: no usable CUDA device: %s\n", err);
+    struct kvd_error err = {0};
+    if (backend_cuda_new(0, &be, &err)) {
+        printf("SKIP: no usable CUDA device: %s\n", err.message);
         return GPU_SKIP;
     }
     backend_free(be);

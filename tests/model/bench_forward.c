@@ -76,7 +76,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    char *gen_path = NULL, args[256], err[256];
+    char *gen_path = NULL, args[256];
     if (gen == 0)
         gen = 1;
     if (!model_path) {
@@ -93,8 +93,9 @@ int main(int argc, char **argv)
     }
     struct model *m;
     struct model_opts mo = {.n_threads = threads};
-    if (model_load_opts(model_path, ref_cpu_backend(), &mo, &m, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err);
+    struct kvd_error err = {0};
+    if (model_load_opts(model_path, ref_cpu_backend(), &mo, &m, &err)) {
+        fprintf(stderr, "%s\n", err.message);
         return 1;
     }
     const struct model_hparams *hp = model_hparams(m);

@@ -158,7 +158,7 @@ int main(int argc, char **argv)
     }
     memory_table();
 
-    char *gen_path = NULL, err[256];
+    char *gen_path = NULL;
     if (!model_path) {
         gen_path = ref_gen_model(gen_args);
         if (!gen_path) {
@@ -169,8 +169,9 @@ int main(int argc, char **argv)
     }
     struct model *m;
     struct model_opts mo = {.n_threads = threads};
-    if (model_load_opts(model_path, ref_cpu_backend(), &mo, &m, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err);
+    struct kvd_error err = {0};
+    if (model_load_opts(model_path, ref_cpu_backend(), &mo, &m, &err)) {
+        fprintf(stderr, "%s\n", err.message);
         return 1;
     }
     const struct model_hparams *hp = model_hparams(m);

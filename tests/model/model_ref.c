@@ -177,9 +177,9 @@ struct ref_model *ref_model_load(const char *path)
     U("attention.head_count_kv", &r->HKV);
     U("feed_forward_length", &r->F);
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
-    gguf_get_f32(g, key, &r->eps, err, sizeof err);
+    gguf_get_f32(g, key, &r->eps, NULL);
     snprintf(key, sizeof key, "%s.rope.freq_base", arch);
-    gguf_get_f32(g, key, &r->base, err, sizeof err);
+    gguf_get_f32(g, key, &r->base, NULL);
 #undef U
     r->D = r->E / r->H;
     r->rot = r->D;

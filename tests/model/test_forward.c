@@ -55,14 +55,14 @@ static size_t geom_block_bytes(const struct kv_geom *g)
 static void fx_init(struct fx *f, const char *args, enum kv_dtype kvt, uint32_t bt,
                     uint32_t threads)
 {
-    char err[256] = "";
+    struct kvd_error err = {0};
     memset(f, 0, sizeof *f);
     f->path = ref_gen_model(args);
     assert_non_null(f->path);
     struct model_opts o = {.n_threads = threads};
-    int rc = model_load_opts(f->path, ref_cpu_backend(), &o, &f->m, err, sizeof err);
+    int rc = model_load_opts(f->path, ref_cpu_backend(), &o, &f->m, &err);
     if (rc)
-        fail_msg("model_load: %s", err);
+        fail_msg("model_load: %s", err.message);
     f->ref = ref_model_load(f->path);
     assert_non_null(f->ref);
     f->V = model_hparams(f->m)->n_vocab;
@@ -591,13 +591,15 @@ static void corrupt_and_load(const char *args, size_t at_in_tensor, const void *
     assert_int_equal(fwrite(bytes, 1, n, f), n);
     fclose(f);
     struct model *m = NULL;
-    int rc = model_load(path, ref_cpu_backend(), &m, err, sizeof err);
+    struct kvd_error merr = {0};
+    int rc = model_load(path, ref_cpu_backend(), &m, &merr);
     unlink(path);
     free(path);
     assert_int_equal(rc, KVD_EBADREQ);
+    assert_int_equal(merr.code, KVD_EBADREQ);
     assert_null(m);
-    if (!strstr(err, "blk.0.attn_q.weight") || !strstr(err, "NaN or an infinity"))
-        fail_msg("unexpected error: %s", err);
+    if (!strstr(merr.message, "blk.0.attn_q.weight") || !strstr(merr.message, "NaN or an infinity"))
+        fail_msg("unexpected error: %s", merr.message);
 }
 
 static void t_non_finite_weights(void **state)

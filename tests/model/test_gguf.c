@@ -114,19 +114,22 @@ static struct blob tgen(void **state, const char *args)
     return b;
 }
 
-/* Parses an exact-size copy of the first n bytes of b; returns rc, err set. */
+/* Parses an exact-size copy of the first n bytes of b; returns rc, err set
+ * to the message (gguf_parse's error carries rc as its code). */
 static int parse_copy(const uint8_t *p, size_t n, char *err, size_t errlen)
 {
     uint8_t *c = malloc(n ? n : 1);
     memcpy(c, p, n);
     struct gguf *g = NULL;
-    err[0] = 0;
-    int rc = gguf_parse(c, n, &g, err, errlen);
+    struct kvd_error e = {0};
+    int rc = gguf_parse(c, n, &g, &e);
+    snprintf(err, errlen, "%s", e.message);
     if (rc == 0) {
         assert_non_null(g);
         gguf_close(g);
     } else {
         assert_null(g);
+        assert_int_equal(e.code, rc);
         assert_true(strncmp(err, "gguf: ", 6) == 0 && strlen(err) > 12); /* a message, always */
     }
     free(c);
@@ -269,9 +272,10 @@ static void t_valid_types(void **s)
         assert_int_equal(gguf_arr_count(t->g, "tokenizer.ggml.tokens"), 40);
         gguf_close(t->g);
         t->g = NULL;
-        int rc = model_load(path, ref_cpu_backend(), &t->m, err, sizeof err);
+        struct kvd_error merr = {0};
+        int rc = model_load(path, ref_cpu_backend(), &t->m, &merr);
         if (rc)
-            fail_msg("%s: %s", args[i], err);
+            fail_msg("%s: %s", args[i], merr.message);
         const struct model_hparams *hp = model_hparams(t->m);
         assert_int_equal(hp->n_vocab, 40);
         assert_int_equal(hp->n_head_kv, 2);
@@ -499,18 +503,19 @@ static void t_alignment_key(void **s)
 /* Errors found at model level, through model_load on real files. */
 static void load_expect(struct blob *b, int code, const char *needle)
 {
-    char path[] = "/tmp/kvd-bad-XXXXXX", err[256] = "";
+    char path[] = "/tmp/kvd-bad-XXXXXX";
+    struct kvd_error err = {0};
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     assert_int_equal(write(fd, b->p, b->n), (ssize_t)b->n);
     close(fd);
     struct model *m = NULL;
-    int rc = model_load(path, ref_cpu_backend(), &m, err, sizeof err);
+    int rc = model_load(path, ref_cpu_backend(), &m, &err);
     unlink(path);
     if (m)
         fail_msg("expected %d '%s', the model loaded", code, needle);
-    if (rc != code || !strstr(err, needle))
-        fail_msg("expected %d '%s', got %d: %s", code, needle, rc, err);
+    if (rc != code || err.code != rc || !strstr(err.message, needle))
+        fail_msg("expected %d '%s', got %d (%d): %s", code, needle, rc, err.code, err.message);
 }
 
 static void rename_n(struct blob *b, const char *from, const char *to, size_t n)
@@ -571,14 +576,16 @@ static void t_model_errors(void **s)
         if (!memcmp(c.p + L->tname_at[t] + 8, "blk.0.attn_q.weight", 19))
             put64(&c, L->tname_at[t] + 8 + 19 + 4 + 8, 32);
     load_expect(&c, KVD_EBADREQ, "'blk.0.attn_q.weight' has shape [64, 32], expected [64, 64]");
-    char err[256];
+    struct kvd_error err = {0};
     struct model *m;
-    assert_int_equal(model_load("/nonexistent/x.gguf", ref_cpu_backend(), &m, err, sizeof err),
-                     KVD_ENOTFOUND);
-    assert_non_null(strstr(err, "cannot open"));
-    assert_int_equal(model_load("/tmp", ref_cpu_backend(), &m, err, sizeof err), KVD_EBADREQ);
+    assert_int_equal(model_load("/nonexistent/x.gguf", ref_cpu_backend(), &m, &err), KVD_ENOTFOUND);
+    assert_int_equal(err.code, KVD_ENOTFOUND);
+    assert_non_null(strstr(err.message, "cannot open"));
+    assert_int_equal(model_load("/tmp", ref_cpu_backend(), &m, &err), KVD_EBADREQ);
+    assert_int_equal(err.code, KVD_EBADREQ);
     struct backend nobe = {0};
-    assert_int_equal(model_load("/tmp/x", &nobe, &m, err, sizeof err), KVD_EUNSUPPORTED);
+    assert_int_equal(model_load("/tmp/x", &nobe, &m, &err), KVD_EUNSUPPORTED);
+    assert_int_equal(err.code, KVD_EUNSUPPORTED);
 }
 
 int main(void)

@@ -60,10 +60,10 @@ static void model_file_free_cb(void *ctx, void *path)
 /* Greedy tokens and, per step, the top-1 minus top-2 logit margin. */
 static void kvd_greedy(void **tst, const char *path, uint32_t *out, float *margin)
 {
-    char err[256];
+    struct kvd_error err = {0};
     struct model *m;
-    if (model_load(path, ref_cpu_backend(), &m, err, sizeof err))
-        fail_msg("%s", err);
+    if (model_load(path, ref_cpu_backend(), &m, &err))
+        fail_msg("%s", err.message);
     ts_defer(tst, m, model_free_cb, NULL);
     const struct model_hparams *hp = model_hparams(m);
     struct kv_geom g;

@@ -61,12 +61,12 @@ static int setup(void **state)
     gw_kv_u32(&w, "tokenizer.ggml.bos_token_id", 1);
     gw_kv_u32(&w, "tokenizer.ggml.eos_token_id", 2);
     size_t len;
-    char err[256];
+    struct kvd_error err = {0}; /* tokenizer_load writes into its message */
     f->file = gw_finish(&w, &len);
     gw_free(&w);
-    if (!f->file || gguf_parse(f->file, len, &f->g, err, sizeof err) ||
-        tokenizer_load(f->g, &f->tok, err, sizeof err)) {
-        fprintf(stderr, "setup: %s\n", err);
+    if (!f->file || gguf_parse(f->file, len, &f->g, &err) ||
+        tokenizer_load(f->g, &f->tok, err.message, sizeof err.message)) {
+        fprintf(stderr, "setup: %s\n", err.message);
         return -1;
     }
     *state = f;

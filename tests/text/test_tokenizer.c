@@ -84,10 +84,10 @@ static int load(struct gw *w, struct loaded *l, char *err, size_t errlen)
     l->file = gw_finish(w, &len);
     gw_free(w);
     assert_non_null(l->file);
-    char gerr[256];
-    int rc = gguf_parse(l->file, len, &l->g, gerr, sizeof gerr);
+    struct kvd_error gerr = {0};
+    int rc = gguf_parse(l->file, len, &l->g, &gerr);
     if (rc) {
-        snprintf(err, errlen, "%s", gerr);
+        snprintf(err, errlen, "%s", gerr.message);
         free(l->file);
         return rc;
     }

@@ -27,13 +27,18 @@ static void write_file(const char *text)
     fclose(f);
 }
 
-/* Loads text; returns config_load's code, err gets the message. */
+/* Loads text; returns config_load's code, err gets the message (the error
+ * value's code is the one returned). */
 static int load(const char *text, struct config *cfg, char *err, size_t errlen)
 {
+    struct kvd_error e = {0};
     write_file(text);
     assert_int_equal(config_defaults(cfg), 0);
-    err[0] = '\0';
-    return config_load(path, cfg, NULL, err, errlen);
+    int rc = config_load(path, cfg, NULL, &e);
+    if (rc)
+        assert_int_equal(e.code, rc);
+    snprintf(err, errlen, "%s", e.message);
+    return rc;
 }
 
 static bool is_admin(const struct config *cfg, uid_t uid)
@@ -144,12 +149,13 @@ static void test_long_lines_read_whole(void **state)
 static void test_not_a_regular_file(void **state)
 {
     struct cfx *f = *state;
-    char err[512];
+    struct kvd_error err = {0};
     assert_int_equal(config_defaults(&f->cfg), 0);
-    assert_int_equal(config_load("/tmp", &f->cfg, NULL, err, sizeof(err)), KVD_EBADREQ);
-    assert_non_null(strstr(err, "not a regular file"));
-    assert_int_equal(config_load("/nonexistent/kvd.conf", &f->cfg, NULL, err, sizeof(err)),
-                     KVD_EBADREQ);
+    assert_int_equal(config_load("/tmp", &f->cfg, NULL, &err), KVD_EBADREQ);
+    assert_int_equal(err.code, KVD_EBADREQ);
+    assert_non_null(strstr(err.message, "not a regular file"));
+    assert_int_equal(config_load("/nonexistent/kvd.conf", &f->cfg, NULL, &err), KVD_EBADREQ);
+    assert_non_null(strstr(err.message, "cannot read the file"));
     config_free(&f->cfg);
 }
 

@@ -15,6 +15,7 @@
 
 #include "compute_cpu_kv.h"
 #include "kv_types.h"
+#include "kvd/status.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
@@ -295,14 +296,15 @@ static void t_row_bytes(void **s)
     assert_int_equal(kv_row_bytes((enum kv_dtype)9, 64), 0);
     struct kv_geom g = {
         .layers = 2, .kv_heads = 2, .head_dim = 128, .dtype = KV_Q8_0, .block_tokens = 16};
-    char err[160] = "";
-    assert_int_equal(kv_geom_check(&g, err, sizeof err), 0);
+    struct kvd_error err = {0};
+    assert_int_equal(kv_geom_check(&g, &err), 0);
     assert_int_equal(kv_block_bytes(&g), 2 * 2 * 2 * 16 * 136);
     assert_int_equal(kv_token_bytes(&g), 2 * 2 * 2 * 136);
     g.head_dim = 80;
-    assert_int_equal(kv_geom_check(&g, err, sizeof err), -1);
-    assert_non_null(strstr(err, "q8_0"));
-    assert_non_null(strstr(err, "multiple of 32"));
+    assert_int_equal(kv_geom_check(&g, &err), KVD_EBADREQ);
+    assert_int_equal(err.code, KVD_EBADREQ);
+    assert_non_null(strstr(err.message, "q8_0"));
+    assert_non_null(strstr(err.message, "multiple of 32"));
     assert_string_equal(kv_dtype_name(KV_Q8_0), "q8_0");
     assert_string_equal(kv_dtype_name(KV_FP8), "fp8");
 }

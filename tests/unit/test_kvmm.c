@@ -554,7 +554,7 @@ static void test_config_errors(void **state)
 {
     struct fx *f = *state; /* its be and mm, freed by the teardown */
     struct backend *cu = NULL;
-    char err[256] = "";
+    struct kvd_error err = {0};
     struct kvmm_config cfg = {.geom = fx_geom(), .n_device_blocks = 4};
 
     assert_int_equal(backend_cpu_new(&f->be), 0);
@@ -580,9 +580,10 @@ static void test_config_errors(void **state)
     kvmm_free(f->mm);
     f->mm = NULL;
 #ifndef KVD_HAVE_CUDA
-    assert_int_equal(backend_cuda_new(0, &cu, err, sizeof err), KVD_EUNSUPPORTED);
+    assert_int_equal(backend_cuda_new(0, &cu, &err), KVD_EUNSUPPORTED);
     assert_null(cu);
-    assert_non_null(strstr(err, "CUDA"));
+    assert_int_equal(err.code, KVD_EUNSUPPORTED);
+    assert_non_null(strstr(err.message, "CUDA"));
 #else
     (void)cu;
     (void)err;

@@ -55,17 +55,17 @@ static void test_kv_dtypes(void **state)
 {
     (void)state;
     static const char *names[] = {"f16", "bf16", "f32", "q8_0", "fp8"};
-    char err[256];
+    struct kvd_error err = {0};
     for (int i = 0; i < 5; i++) {
         struct options o;
         options_defaults(&o);
-        assert_int_equal(options_set(&o, "kv-dtype", names[i], err, sizeof(err)), 0);
+        assert_int_equal(options_set(&o, "kv-dtype", names[i], &err), 0);
         assert_int_equal(o.geom.dtype, i);
         assert_string_equal(kv_dtype_name(o.geom.dtype), names[i]);
     }
     struct options o;
     options_defaults(&o);
-    assert_int_equal(options_set(&o, "kv-dtype", "q4_0", err, sizeof(err)), KVD_EBADREQ);
+    assert_int_equal(options_set(&o, "kv-dtype", "q4_0", &err), KVD_EBADREQ);
 }
 
 /* A valid value for d, and (when there is one) an invalid one. */
@@ -122,16 +122,20 @@ static void samples(const struct options_def *d, char *ok, char *bad_v, size_t c
 
 static int parse(struct options *o, const char *a0, const char *a1)
 {
-    char err[256];
+    struct kvd_error err = {0};
     char *argv[] = {"kvd", (char *)a0, (char *)a1, NULL};
     options_defaults(o);
-    return options_parse(o, a1 ? 3 : 2, argv, err, sizeof(err));
+    int rc = options_parse(o, a1 ? 3 : 2, argv, &err);
+    if (rc) /* the error value carries the code returned, and says why */
+        assert_true(err.code == rc && err.message[0] != '\0');
+    return rc;
 }
 
 static void test_every_entry_where_it_belongs(void **state)
 {
     (void)state;
-    char ok[8192], bad_v[8192], opt[128], err[256];
+    char ok[8192], bad_v[8192], opt[128];
+    struct kvd_error err = {0};
     struct options o, d0;
     options_defaults(&d0);
     for (size_t i = 0; i < options_n_defs; i++) {
@@ -162,18 +166,19 @@ static void test_every_entry_where_it_belongs(void **state)
             *c = *c == '-' ? '_' : *c;
         options_defaults(&o);
         const char *v = d->kind == OPTIONS_OFF_FLAG ? NULL : flag ? "yes" : ok;
-        rc = options_set_key(&o, key, v, err, sizeof(err));
+        rc = options_set_key(&o, key, v, &err);
         if (d->flags & OPTIONS_CLI_ONLY) {
             assert_int_equal(rc, KVD_EBADREQ);
-            assert_non_null(strstr(err, "command line"));
+            assert_int_equal(err.code, KVD_EBADREQ);
+            assert_non_null(strstr(err.message, "command line"));
         } else {
             if (rc != 0)
-                fail_msg("config key %s = %s refused: %s", key, v ? v : "(none)", err);
+                fail_msg("config key %s = %s refused: %s", key, v ? v : "(none)", err.message);
             if (bad_v[0])
-                assert_int_equal(options_set_key(&o, key, bad_v, err, sizeof(err)), KVD_EBADREQ);
+                assert_int_equal(options_set_key(&o, key, bad_v, &err), KVD_EBADREQ);
         }
     }
-    assert_int_equal(options_set_key(&o, "no-such-key", "1", err, sizeof(err)), KVD_EBADREQ);
+    assert_int_equal(options_set_key(&o, "no-such-key", "1", &err), KVD_EBADREQ);
     assert_int_equal(parse(&o, "--no-such-option", NULL), KVD_EBADREQ);
     assert_int_equal(parse(&o, "stray", NULL), KVD_EBADREQ);
 }
@@ -246,12 +251,12 @@ static void test_example_config_names_every_key(void **state)
     /* and every key set there is a [server] key */
     struct options o;
     options_defaults(&o);
-    char err[256];
+    struct kvd_error err = {0};
     for (char *line = strtok(server, "\n"); line; line = strtok(NULL, "\n")) {
         char key[64], val[512];
         if (sscanf(line, " %63[a-z_-] = %511[^\n]", key, val) == 2 &&
-            options_set_key(&o, key, val, err, sizeof(err)) != 0)
-            fail_msg("kvd.conf.example: %s", err);
+            options_set_key(&o, key, val, &err) != 0)
+            fail_msg("kvd.conf.example: %s", err.message);
     }
 }
 

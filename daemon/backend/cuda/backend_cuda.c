@@ -246,41 +246,32 @@ static const struct backend_ops cuda_ops = {
     .destroy = cuda_destroy,
 };
 
-int backend_cuda_new(int device, struct backend **out, char *err, size_t errlen)
+int backend_cuda_new(int device, struct backend **out, struct kvd_error *err)
 {
     struct cuda_backend *cb = NULL;
     struct cudaDeviceProp prop;
     int count = 0, rc = KVD_EUNSUPPORTED;
     cudaError_t e;
-    char dummy[1];
 
     *out = NULL;
-    if (!err || !errlen) {
-        err = dummy;
-        errlen = sizeof dummy;
-    }
-    err[0] = '\0';
     e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) {
-        snprintf(err, errlen, "cuda backend unavailable: no usable CUDA device (%s: %s)",
-                 cudaGetErrorName(e), cudaGetErrorString(e));
+        kvd_error_set(err, KVD_EUNSUPPORTED,
+                      "cuda backend unavailable: no usable CUDA device (%s: %s)",
+                      cudaGetErrorName(e), cudaGetErrorString(e));
         (void)cudaGetLastError();
         return KVD_EUNSUPPORTED;
     }
-    if (count == 0) {
-        snprintf(err, errlen, "cuda backend unavailable: no CUDA device present");
-        return KVD_EUNSUPPORTED;
-    }
-    if (device < 0 || device >= count) {
-        snprintf(err, errlen, "cuda backend unavailable: device %d does not exist (%d present)",
-                 device, count);
-        return KVD_EUNSUPPORTED;
-    }
+    if (count == 0)
+        return kvd_error_set(err, KVD_EUNSUPPORTED,
+                             "cuda backend unavailable: no CUDA device present");
+    if (device < 0 || device >= count)
+        return kvd_error_set(err, KVD_EUNSUPPORTED,
+                             "cuda backend unavailable: device %d does not exist (%d present)",
+                             device, count);
     cb = calloc(1, sizeof *cb);
-    if (!cb) {
-        snprintf(err, errlen, "out of memory");
-        return KVD_ENOMEM;
-    }
+    if (!cb)
+        return kvd_error_set(err, KVD_ENOMEM, "out of memory");
     cb->be.ops = &cuda_ops;
     cb->be.impl = cb;
     cb->dev.device = device;
@@ -299,11 +290,10 @@ int backend_cuda_new(int device, struct backend **out, char *err, size_t errlen)
      * newer; the build carries SASS for 8.0/8.6/8.9/9.0 and PTX that newer
      * GPUs compile at load. */
     if (prop.major < 8) {
-        snprintf(err, errlen,
-                 "cuda backend unavailable: device %d (%s) is compute capability %d.%d; "
-                 "kvd's kernels need 8.0 or newer (Ampere, Ada, Hopper, Blackwell)",
-                 device, prop.name, prop.major, prop.minor);
-        rc = KVD_EUNSUPPORTED;
+        rc = kvd_error_set(err, KVD_EUNSUPPORTED,
+                           "cuda backend unavailable: device %d (%s) is compute capability %d.%d; "
+                           "kvd's kernels need 8.0 or newer (Ampere, Ada, Hopper, Blackwell)",
+                           device, prop.name, prop.major, prop.minor);
         goto out_free;
     }
     if ((e = cudaStreamCreateWithFlags(&cb->dev.compute, cudaStreamNonBlocking)) != cudaSuccess ||
@@ -323,7 +313,7 @@ int backend_cuda_new(int device, struct backend **out, char *err, size_t errlen)
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasSetWorkspace(cb->dev.blas, cb->dev.blas_ws, BLAS_WS_BYTES);
     if (st != CUBLAS_STATUS_SUCCESS) {
-        snprintf(err, errlen, "cuda backend: cuBLAS initialization failed (status %d)", (int)st);
+        kvd_error_set(err, rc, "cuda backend: cuBLAS initialization failed (status %d)", (int)st);
         goto out_free;
     }
     cb->be.compute = compute_cuda_ops();
@@ -333,8 +323,8 @@ int backend_cuda_new(int device, struct backend **out, char *err, size_t errlen)
     return 0;
 
 out_cuda:
-    snprintf(err, errlen, "cuda backend: device %d: %s (%s)", device, cudaGetErrorName(e),
-             cudaGetErrorString(e));
+    kvd_error_set(err, rc, "cuda backend: device %d: %s (%s)", device, cudaGetErrorName(e),
+                  cudaGetErrorString(e));
     (void)cudaGetLastError();
 out_free:
     cuda_dev_release(&cb->dev);
