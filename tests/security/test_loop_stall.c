@@ -27,10 +27,13 @@
 #include "kvd_harness.h"
 
 /* The failing cases took seconds (19 s for the tokenize, 794 ms per chat
- * body); a sanitizer build runs the daemon several times slower. The test
+ * body). A sanitizer build runs the daemon several times slower, and its
+ * allocator recycles the workers' large freed buffers in whichever thread
+ * frees next, the loop's included (a 577 ms spike seen once): its bound is
+ * wider, and the plain build's 250 ms is the check that counts. The test
  * runs alone (RUN_SERIAL) so the machine's other tests do not add to it. */
 #if defined(__SANITIZE_ADDRESS__)
-#define VICTIM_MAX_MS 500.0
+#define VICTIM_MAX_MS 1000.0
 #else
 #define VICTIM_MAX_MS 250.0
 #endif
