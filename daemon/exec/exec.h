@@ -77,7 +77,8 @@ uint64_t exec_next_serial(struct exec *ex);
  * draining, or KVD_EBUSY / KVD_ENOMEM when the pool refuses it (its
  * tenant holds as many prompts in preparation as it may). */
 int exec_submit(struct exec *ex, struct sched_req *r);
-/* What exec_submit's failure rc means, for the requester's error. */
+/* What exec_submit's failure rc means, for the requester's error; also
+ * the text workers' refusals (workpool_submit) of other requests. */
 const char *exec_submit_errmsg(int rc);
 /* Cancels request `id` of connection `conn`; *found says whether it was
  * still live (its reply, finish_reason cancelled, follows within a step). */

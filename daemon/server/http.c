@@ -597,11 +597,7 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
     int rc = workpool_submit(a->pool, r->tenant, parse_job, r);
     if (rc) {
         r->parsing = false;
-        kvd_error_set(&e, rc, "%s",
-                      rc == KVD_EBUSY        ? "this tenant has as many texts waiting for the text "
-                                               "workers as it may (text-jobs-per-tenant)"
-                      : rc == KVD_ECANCELLED ? "the daemon is shutting down"
-                                             : "out of memory");
+        kvd_error_set(&e, rc, "%s", exec_submit_errmsg(rc)); /* the pool's refusals */
         send_err(req, &e);
         hreq_free(r);
     }
@@ -634,20 +630,22 @@ static void on_request(struct evhttp_request *req, void *arg)
     }
     /* Methods kvd does not serve (CONNECT, PUT, ...): answered with a
      * length and the connection closed, not left open until the timeout. */
+    static const char methods_msg[] = "kvd's HTTP API serves GET, HEAD and POST";
     if (cmd == EVHTTP_REQ_CONNECT) {
         /* evhttp writes a reply to CONNECT without a length and keeps the
          * socket (a tunnel would follow): the reply goes out here, whole,
          * and the socket is shut, so evhttp's own write below fails and it
          * frees the connection. */
-        static const char body[] =
-            "{\"error\":{\"message\":\"kvd's HTTP API serves GET, HEAD and POST\",\"type\":"
-            "\"invalid_request_error\",\"param\":null,\"code\":\"method_not_allowed\"}}";
+        struct openai_status st = {405, "invalid_request_error", "method_not_allowed"};
+        size_t bl = 0;
+        char *body = openai_error_json(&st, NULL, methods_msg, &bl);
         char resp[512];
         int rl = snprintf(resp, sizeof(resp),
                           "HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD, POST\r\n"
                           "Content-Type: application/json\r\nConnection: close\r\n"
                           "Content-Length: %zu\r\n\r\n%s",
-                          sizeof(body) - 1, body);
+                          body ? bl : 0, body ? body : "");
+        free(body);
         struct evhttp_connection *evcon = evhttp_request_get_connection(req);
         struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
         evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
@@ -662,8 +660,7 @@ static void on_request(struct evhttp_request *req, void *arg)
     if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD && cmd != EVHTTP_REQ_POST) {
         evhttp_add_header(out_h, "Connection", "close");
         evhttp_add_header(out_h, "Allow", "GET, HEAD, POST");
-        send_http_err(req, 405, "invalid_request_error", "method_not_allowed",
-                      "kvd's HTTP API serves GET, HEAD and POST");
+        send_http_err(req, 405, "invalid_request_error", "method_not_allowed", "%s", methods_msg);
         return;
     }
 #define PATH_IS(p) (plen == sizeof(p) - 1 && !strncmp(uri, p, plen))

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kvd/protocol.h"
+#include "exec.h"
 #include "server.h"
 #include "text.h"
 #include "workpool.h"
@@ -137,10 +138,7 @@ static int submit(struct ops_ctx *c, struct ops_text *ot, struct text_job *j)
         return OPS_PENDING;
     }
     if (rc == 0 && (rc = workpool_submit(ot->pool, c->tenant, job_run, j)) != 0)
-        kvd_error_set(&c->err, rc, "%s",
-                      rc == KVD_EBUSY ? "this tenant has as many texts waiting for the text "
-                                        "workers as it may (text-jobs-per-tenant)"
-                                      : "the daemon is shutting down");
+        kvd_error_set(&c->err, rc, "%s", exec_submit_errmsg(rc)); /* the pool's refusals */
     if (rc) {
         free(j->ids);
         free(j);

@@ -21,34 +21,34 @@
 #include "tenancy.h"
 
 /* A connection's buffers changed size. */
+/* Buffer bytes were released: malloc_trim gives them back to the system
+ * once enough have gone (trim_cb, coalescing many releases). */
+static void note_released(struct server *srv, size_t deleted)
+{
+    if (!deleted)
+        return;
+    srv->freed_since_trim += deleted;
+    if (srv->freed_since_trim >= SERVER_TRIM_MIN && srv->ev_trim &&
+        !evtimer_pending(srv->ev_trim, NULL)) {
+        struct timeval tv = {0, SERVER_TRIM_DELAY_MS * 1000};
+        evtimer_add(srv->ev_trim, &tv);
+    }
+}
+
 static void server_buffered_changed(struct server *srv, size_t added, size_t deleted)
 {
     srv->buffered += added;
     srv->buffered -= deleted;
     if (srv->buffered > srv->opts.max_buffered && srv->ev_budget)
         event_active(srv->ev_budget, EV_TIMEOUT, 0);
-    if (deleted) {
-        srv->freed_since_trim += deleted;
-        if (srv->freed_since_trim >= SERVER_TRIM_MIN && srv->ev_trim &&
-            !evtimer_pending(srv->ev_trim, NULL)) {
-            struct timeval tv = {0, SERVER_TRIM_DELAY_MS * 1000};
-            evtimer_add(srv->ev_trim, &tv);
-        }
-    }
+    note_released(srv, deleted);
 }
 
 void server_http_buffered(struct server *srv, size_t added, size_t deleted)
 {
     srv->http_buffered += added;
     srv->http_buffered -= deleted;
-    if (deleted) { /* the same trim as for connections' buffers */
-        srv->freed_since_trim += deleted;
-        if (srv->freed_since_trim >= SERVER_TRIM_MIN && srv->ev_trim &&
-            !evtimer_pending(srv->ev_trim, NULL)) {
-            struct timeval tv = {0, SERVER_TRIM_DELAY_MS * 1000};
-            evtimer_add(srv->ev_trim, &tv);
-        }
-    }
+    note_released(srv, deleted);
 }
 
 bool server_over_buffer_budget(const struct server *srv)
