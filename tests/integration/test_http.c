@@ -192,6 +192,28 @@ static const char g_conf[] = "[http]\n"
                              "[front-end]\n"
                              "uids = 0\n";
 
+/* The TCP port a daemon bound for --http 127.0.0.1:0, from its log's
+ * "(port N;" (0 when absent). */
+static unsigned log_port(const struct kh_proc *d)
+{
+    char *log = run("cat %s", d->log);
+    char *p = strstr(log, "(port ");
+    unsigned port = p ? (unsigned)atoi(p + 6) : 0;
+    free(log);
+    return port;
+}
+
+/* A blocking TCP connection to 127.0.0.1:port. */
+static int tcp_connect(unsigned port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
 static int setup(void **state)
 {
     const char *tools = getenv("KVD_TOOLS_DIR");
@@ -239,10 +261,7 @@ static int setup(void **state)
     if (!g_d)
         return -1;
     /* The bound TCP port, from the log's "(port N;" */
-    char *log = run("cat %s", g_d->log);
-    char *p = strstr(log, "(port ");
-    g_port = p ? (unsigned)atoi(p + 6) : 0;
-    free(log);
+    g_port = log_port(g_d);
     return g_port ? 0 : -1;
 }
 
@@ -740,10 +759,7 @@ static void test_slowloris_deadline(void **state)
                                 "--log-level",     "info",        "--no-roofline-probe", NULL};
     struct kh_proc *d = kh_new(g_conf, args);
     assert_non_null(d);
-    char *log = run("cat %s", d->log);
-    char *pp = strstr(log, "(port ");
-    unsigned port = pp ? (unsigned)atoi(pp + 6) : 0;
-    free(log);
+    unsigned port = log_port(d);
     assert_true(port > 0);
     enum { N = 8 };
     int fds[2 * N];
@@ -755,10 +771,7 @@ static void test_slowloris_deadline(void **state)
             snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", dir_sock);
             assert_int_equal(connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
         } else {
-            fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-            struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-            sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-            assert_int_equal(connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+            fds[i] = tcp_connect(port);
         }
         opened[i] = mono_s();
         closed_at[i] = 0;
@@ -1280,18 +1293,12 @@ static void test_per_peer_cap(void **state)
                                 NULL};
     struct kh_proc *d = kh_new(g_conf, args);
     assert_non_null(d);
-    char *log = run("cat %s", d->log);
-    char *pp = strstr(log, "(port ");
-    unsigned port = pp ? (unsigned)atoi(pp + 6) : 0;
-    free(log);
+    unsigned port = log_port(d);
     assert_true(port > 0);
     int fds[6];
     bool closed[6] = {false};
     for (int i = 0; i < 5; i++) {
-        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        assert_int_equal(connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+        fds[i] = tcp_connect(port);
         /* one at a time: each is seen before the next arrives */
         struct pollfd p = {.fd = fds[i], .events = POLLIN};
         if (poll(&p, 1, i < 3 ? 300 : 5000) == 1) {
@@ -1305,10 +1312,7 @@ static void test_per_peer_cap(void **state)
     close(fds[0]); /* a slot comes free: the next connection keeps its slot */
     struct timespec ts = {0, 400 * 1000 * 1000}; /* the listener reaps every 200 ms */
     nanosleep(&ts, NULL);
-    fds[5] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fds[5], (struct sockaddr *)&sa, sizeof(sa)), 0);
+    fds[5] = tcp_connect(port);
     static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
     assert_int_equal(kh_send_raw(fds[5], req, sizeof(req) - 1), 0);
     char buf[256] = "";

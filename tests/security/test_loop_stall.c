@@ -130,17 +130,21 @@ static double victim_while(const char *sock, void (*fn)(void *), void *arg, unsi
 
 /* ---- tokenize of 60 MiB --------------------------------------------------- */
 
+/* One client sending `rounds` requests of op with a text of `bytes`
+ * bytes ("tokenize", or "generate" with max_tokens 1), one at a time. */
 struct tok_attack {
     const char *sock;
+    const char *op;
     size_t bytes;
     int rounds;
     int codes[8];
     char message[256];
 };
 
-static void tokenize_attack(void *p)
+static void text_attack(void *p)
 {
     struct tok_attack *a = p;
+    bool gen = !strcmp(a->op, "generate");
     char *text = malloc(a->bytes);
     assert_non_null(text);
     for (size_t i = 0; i < a->bytes; i++)
@@ -149,8 +153,10 @@ static void tokenize_attack(void *p)
     assert_true(fd >= 0);
     for (int k = 0; k < a->rounds; k++) {
         struct kh_req q;
-        kh_req_begin(&q, "tokenize", 100 + k, 1);
+        kh_req_begin(&q, a->op, 100 + k, gen ? 2 : 1);
         proto_pack_kvn_str(&q.pk, "text", 4, text, a->bytes);
+        if (gen)
+            proto_pack_kv_uint(&q.pk, "max_tokens", 1);
         assert_int_equal(kh_req_send(fd, &q), 0);
         struct kh_reply r;
         assert_int_equal(kh_recv(fd, &r), 0);
@@ -167,9 +173,10 @@ static void test_tokenize_60mib(void **state)
     (void)state;
     struct kh_proc p;
     start(&p, NULL);
-    struct tok_attack a = {.sock = p.sock, .bytes = (size_t)60 << 20, .rounds = 3};
+    struct tok_attack a = {
+        .sock = p.sock, .op = "tokenize", .bytes = (size_t)60 << 20, .rounds = 3};
     unsigned n = 0;
-    double worst = victim_while(p.sock, tokenize_attack, &a, &n);
+    double worst = victim_while(p.sock, text_attack, &a, &n);
     for (int k = 0; k < a.rounds; k++)
         assert_int_equal(a.codes[k], KVD_ETOOLARGE);
     if (!strstr(a.message, "max-text-bytes"))
@@ -191,9 +198,9 @@ static void test_tokenize_token_bound(void **state)
     start(&p, extra);
     /* "abcdefgh " makes several tokens per 9 bytes with this vocabulary:
      * 8 MiB is well over KVD_MAX_ARRAY tokens. */
-    struct tok_attack a = {.sock = p.sock, .bytes = (size_t)8 << 20, .rounds = 2};
+    struct tok_attack a = {.sock = p.sock, .op = "tokenize", .bytes = (size_t)8 << 20, .rounds = 2};
     unsigned n = 0;
-    double worst = victim_while(p.sock, tokenize_attack, &a, &n);
+    double worst = victim_while(p.sock, text_attack, &a, &n);
     for (int k = 0; k < a.rounds; k++)
         assert_int_equal(a.codes[k], KVD_ETOOLARGE);
     if (!strstr(a.message, "more than"))
@@ -202,6 +209,48 @@ static void test_tokenize_token_bound(void **state)
         fail_msg("a hello took %.1f ms (of %u) during 8 MiB tokenizes", worst, n);
     print_message("8 MiB tokenize over the token bound x%d: slowest hello %.2f ms\n", a.rounds,
                   worst);
+    assert_int_equal(kh_stop(&p), 0);
+}
+
+/* A tenant holds at most --text-jobs-per-tenant (1) texts at the text
+ * workers: a small tokenize pipelined right behind an 8 MiB one (still
+ * being tokenized) is refused busy naming the key; the big one is
+ * answered. */
+static void test_text_jobs_per_tenant_busy(void **state)
+{
+    (void)state;
+    struct kh_proc p;
+    const char *extra[] = {
+        "--text-workers", "1", "--text-jobs-per-tenant", "1", "--max-text-bytes", "16M", NULL};
+    start(&p, extra);
+    size_t big = (size_t)8 << 20;
+    char *text = malloc(big);
+    assert_non_null(text);
+    for (size_t i = 0; i < big; i++)
+        text[i] = "abcdefgh "[i % 9];
+    int fd = kh_connect(p.sock);
+    struct kh_req q;
+    kh_req_begin(&q, "tokenize", 1, 1);
+    proto_pack_kvn_str(&q.pk, "text", 4, text, big);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    kh_req_begin(&q, "tokenize", 2, 1);
+    proto_pack_kv_str(&q.pk, "text", "hi");
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    free(text);
+    bool got[3] = {false};
+    for (int k = 0; k < 2; k++) {
+        struct kh_reply r;
+        assert_int_equal(kh_recv(fd, &r), 0);
+        assert_true(r.id == 1 || r.id == 2);
+        got[r.id] = true;
+        if (r.id == 2 && (r.code != KVD_EBUSY || !strstr(r.message, "text-jobs-per-tenant")))
+            fail_msg("the second tokenize: code %d, %s", r.code, r.message);
+        if (r.id == 1)
+            assert_int_not_equal(r.code, KVD_EBUSY);
+        kh_reply_free(&r);
+    }
+    assert_true(got[1] && got[2]);
+    close(fd);
     assert_int_equal(kh_stop(&p), 0);
 }
 
@@ -271,31 +320,6 @@ static void test_detokenize_over_max_frame(void **state)
 
 /* ---- generate with 32k-token texts ------------------------------------------ */
 
-static void text_generate_attack(void *p)
-{
-    struct tok_attack *a = p;
-    char *text = malloc(a->bytes);
-    assert_non_null(text);
-    for (size_t i = 0; i < a->bytes; i++)
-        text[i] = "abcdefgh "[i % 9];
-    int fd = kh_connect(a->sock);
-    assert_true(fd >= 0);
-    for (int k = 0; k < a->rounds; k++) {
-        struct kh_req q;
-        kh_req_begin(&q, "generate", 200 + k, 2);
-        proto_pack_kvn_str(&q.pk, "text", 4, text, a->bytes);
-        proto_pack_kv_uint(&q.pk, "max_tokens", 1);
-        assert_int_equal(kh_req_send(fd, &q), 0);
-        struct kh_reply r;
-        assert_int_equal(kh_recv(fd, &r), 0);
-        a->codes[k] = r.code;
-        snprintf(a->message, sizeof(a->message), "%s", r.message);
-        kh_reply_free(&r);
-    }
-    close(fd);
-    free(text);
-}
-
 static void test_generate_long_texts(void **state)
 {
     (void)state;
@@ -303,9 +327,10 @@ static void test_generate_long_texts(void **state)
     start(&p, NULL);
     /* 256 KiB: tens of thousands of tokens, more than the context: each is
      * tokenized in full (on a worker) and refused. */
-    struct tok_attack a = {.sock = p.sock, .bytes = (size_t)256 << 10, .rounds = 4};
+    struct tok_attack a = {
+        .sock = p.sock, .op = "generate", .bytes = (size_t)256 << 10, .rounds = 4};
     unsigned n = 0;
-    double worst = victim_while(p.sock, text_generate_attack, &a, &n);
+    double worst = victim_while(p.sock, text_attack, &a, &n);
     for (int k = 0; k < a.rounds; k++)
         assert_true(a.codes[k] == KVD_EBADREQ || a.codes[k] == KVD_ETOOLARGE);
     if (!strstr(a.message, "'text'"))
@@ -489,6 +514,18 @@ static void test_hostile_template_refused_at_load(void **state)
     unlink(tp);
 }
 
+/* A generate of one user message "boom" (what trap_tmpl explodes on). */
+static void pack_boom(struct kh_req *q, uint64_t id)
+{
+    kh_req_begin(q, "generate", id, 2);
+    proto_pack_str(&q->pk, "messages");
+    proto_pack_array(&q->pk, 1);
+    proto_pack_map(&q->pk, 2);
+    proto_pack_kv_str(&q->pk, "role", "user");
+    proto_pack_kv_str(&q->pk, "content", "boom");
+    proto_pack_kv_uint(&q->pk, "max_tokens", 1);
+}
+
 struct chat_attack {
     const char *sock;
     int rounds;
@@ -503,13 +540,7 @@ static void trap_attack(void *p)
     assert_true(fd >= 0);
     for (int k = 0; k < a->rounds; k++) {
         struct kh_req q;
-        kh_req_begin(&q, "generate", 300 + k, 2);
-        proto_pack_str(&q.pk, "messages");
-        proto_pack_array(&q.pk, 1);
-        proto_pack_map(&q.pk, 2);
-        proto_pack_kv_str(&q.pk, "role", "user");
-        proto_pack_kv_str(&q.pk, "content", "boom");
-        proto_pack_kv_uint(&q.pk, "max_tokens", 1);
+        pack_boom(&q, 300 + k);
         assert_int_equal(kh_req_send(fd, &q), 0);
         struct kh_reply r;
         assert_int_equal(kh_recv(fd, &r), 0);
@@ -549,13 +580,7 @@ static void test_hostile_render_at_request_time(void **state)
     int fd = kh_connect(p.sock);
     for (int k = 0; k < 4; k++) {
         struct kh_req q;
-        kh_req_begin(&q, "generate", 400 + k, 2);
-        proto_pack_str(&q.pk, "messages");
-        proto_pack_array(&q.pk, 1);
-        proto_pack_map(&q.pk, 2);
-        proto_pack_kv_str(&q.pk, "role", "user");
-        proto_pack_kv_str(&q.pk, "content", "boom");
-        proto_pack_kv_uint(&q.pk, "max_tokens", 1);
+        pack_boom(&q, 400 + k);
         assert_int_equal(kh_req_send(fd, &q), 0);
     }
     double t0 = now_ms();
@@ -574,6 +599,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokenize_60mib),
         cmocka_unit_test(test_tokenize_token_bound),
+        cmocka_unit_test(test_text_jobs_per_tenant_busy),
         cmocka_unit_test(test_detokenize_over_max_frame),
         cmocka_unit_test(test_generate_long_texts),
         cmocka_unit_test(test_chat_bodies_7mib),
