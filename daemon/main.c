@@ -3,7 +3,9 @@
  * geometry from the options (store mode), sizes the KV arenas, creates the
  * memory manager, starts the executor and runs the server until SIGTERM.
  * Runs in the foreground; logs to stderr. */
+#include <inttypes.h>
 #include <stdio.h>
+#include <time.h>
 #include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,9 +130,10 @@ int main(int argc, char **argv)
     struct backend *be = NULL;
     struct kvmm *mm = NULL;
     struct server *srv = NULL;
-    struct model *model = NULL;      /* serve mode (--model) */
-    struct ops_generate *gen = NULL; /* the executor and its ops, serve mode */
-    struct workpool *pool = NULL;    /* the text workers */
+    struct model *model = NULL;        /* serve mode (--model) */
+    struct ops_generate *gen = NULL;   /* the executor and its ops, serve mode */
+    struct workpool *pool = NULL;      /* the text workers */
+    struct workpool *disk_pool = NULL; /* the disk tier's prefetch workers */
     struct ops_text *text_ops = NULL;
     struct text *text = NULL; /* the model's tokenizer and chat template */
     int status = 1;
@@ -188,6 +191,7 @@ int main(int argc, char **argv)
         }
         model_kv_geom(model, opts.geom.block_tokens, opts.geom.dtype, &mc.geom);
         const struct model_hparams *hp = model_hparams(model);
+        memcpy(mc.fingerprint, hp->fingerprint, sizeof mc.fingerprint);
         log_info("model %s: %s, %u layers, embd %u, %u heads (%u kv), vocab %u, context %u, "
                  "%.1fM parameters, %.1f MiB on the %s backend",
                  opts.model_path, hp->arch, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv,
@@ -245,6 +249,29 @@ int main(int argc, char **argv)
                 kvd_err_code(rc), mc.n_device_blocks, mc.n_host_blocks, bb);
         goto out_be;
     }
+    if (opts.disk_dir[0]) {
+        struct kvmm_disk_conf dc = {.dir = opts.disk_dir,
+                                    .max_bytes = opts.disk_max_bytes,
+                                    .writeback_ms = opts.disk_writeback_ms};
+        struct kvmm_disk_stats ds;
+        if (kvmm_disk_open(mm, &dc, &kerr) != 0) {
+            log_err("--disk-dir %s: %s", opts.disk_dir, kerr.message);
+            status = 2;
+            goto out_mm;
+        }
+        kvmm_disk_stats(mm, &ds);
+        log_info("disk tier %s: %" PRIu64 " slots of %" PRIu64 " bytes (%.1f GiB), %" PRIu64
+                 " cached blocks found (%" PRIu64 " records refused); write-behind %u ms",
+                 opts.disk_dir, ds.tier.slots, ds.tier.slot_bytes,
+                 (double)ds.tier.file_bytes / (1 << 30), ds.tier.loaded, ds.tier.dropped_at_load,
+                 opts.disk_writeback_ms);
+        struct workpool_conf dwc = {.threads = opts.disk_workers,
+                                    .max_per_tenant = opts.text_jobs_per_tenant};
+        if ((rc = workpool_new(&dwc, &disk_pool)) != 0) {
+            log_err("cannot start the disk workers: %s", kvd_err_code(rc));
+            goto out_mm;
+        }
+    }
     if (server_new(&opts, &cfg, cfg_path, mm, be, &srv) != 0)
         goto out_mm;
     server_attach_obs(srv, &rl, &acct);
@@ -285,6 +312,7 @@ int main(int argc, char **argv)
         ec.acct = &acct;
         ec.text = text;
         ec.pool = pool;
+        ec.disk_pool = disk_pool;
         if (ops_generate_start(srv, mm, model, &ec, &gen, &kerr) != 0) {
             log_err("cannot start the executor: %s", kerr.message);
             goto out_srv;
@@ -303,6 +331,8 @@ out_srv:
     if (gen)
         exec_drain(ops_generate_exec(gen));
     workpool_free(pool); /* its last jobs still answer through the server */
+    workpool_free(disk_pool);
+    disk_pool = NULL;
     http_stop(http);
     ops_generate_release_loop(gen);
     metrics_stop(metrics);
@@ -310,6 +340,23 @@ out_srv:
     ops_text_free(text_ops);
     ops_generate_stop(gen);
 out_mm:
+    workpool_free(disk_pool);
+    if (mm && kvmm_disk_on(mm)) {
+        /* Nothing commits any more: what is not on disk yet goes now,
+         * within disk-flush-s. */
+        size_t written, left;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        kvmm_disk_flush(mm, opts.disk_flush_s * 1000u, &written, &left);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+        if (left)
+            log_warn("disk tier: wrote back %zu blocks in %.0f ms; %zu were not written "
+                     "(disk-flush-s %u)",
+                     written, ms, left, opts.disk_flush_s);
+        else
+            log_info("disk tier: wrote back %zu blocks in %.0f ms", written, ms);
+    }
     kvmm_free(mm);
 out_be:
     text_free(text);

@@ -21,7 +21,9 @@ static struct fault_rule rules[FAULT_POINT_COUNT];
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static _Atomic uint64_t prob_state = 0x9e3779b97f4a7c15ull;
 
-static const char *const point_names[FAULT_POINT_COUNT] = {"device", "host", "copy", "alloc"};
+static const char *const point_names[FAULT_POINT_COUNT] = {"device",   "host",      "copy",
+                                                           "alloc",    "diskwrite", "disknospc",
+                                                           "disktorn", "diskfsync", "diskread"};
 
 static int parse_spec(const char *spec);
 
@@ -39,7 +41,8 @@ static void load_env(void)
     if (spec && *spec && parse_spec(spec) != 0)
         fprintf(stderr,
                 "kvd: KVD_FAULTS='%s' is malformed (want point:mode=n,... with point "
-                "device|host|copy|alloc and mode every|after|nth|prob); ignored\n",
+                "device|host|copy|alloc|diskwrite|disknospc|disktorn|diskfsync|diskread and mode "
+                "every|after|nth|prob); ignored\n",
                 spec);
 }
 

@@ -16,6 +16,11 @@ enum fault_point {
     FAULT_HOST_ALLOC,       /* "host": backend arena_alloc of the host tier */
     FAULT_COPY,             /* "copy": backend copy and copy_async (swaps, COW, kv I/O) */
     FAULT_ALLOC,            /* "alloc": malloc/calloc/realloc at the kvmm and server sites */
+    FAULT_DISK_WRITE,       /* "diskwrite": a disk-tier block write fails with EIO */
+    FAULT_DISK_NOSPC,       /* "disknospc": a disk-tier block write fails with ENOSPC */
+    FAULT_DISK_TORN,        /* "disktorn": a block write stops halfway and reports success */
+    FAULT_DISK_FSYNC,       /* "diskfsync": the disk tier's fdatasync fails */
+    FAULT_DISK_READ,        /* "diskread": a disk-tier block read comes back short */
     FAULT_POINT_COUNT
 };
 
@@ -46,7 +51,7 @@ int fault_parse(const char *spec);
 /* Calls seen and failures injected at p since its rule was set. */
 uint64_t fault_calls(enum fault_point p);
 uint64_t fault_injected(enum fault_point p);
-/* The KVD_FAULTS name of a point ("device", "host", "copy", "alloc"). */
+/* The KVD_FAULTS name of a point ("device", "host", "copy", "alloc", "diskwrite", ...). */
 const char *fault_point_name(enum fault_point p);
 
 #define FAULT_ENABLED 1

@@ -589,23 +589,70 @@ static void inbox_push(struct exec *ex, struct sched_req *r)
     pthread_cond_signal(&ex->wake);
 }
 
-/* Prepares r's prompt (a failure becomes its answer); cancelled requests
- * skip the work. Then r goes to the executor thread either way. */
-static void prepare(struct exec *ex, struct sched_req *r, bool cancelled)
-{
-    if (!cancelled && !atomic_load(&r->cancel) &&
-        sched_req_prepare(ex->mm, ex->conf.text, r, &r->err) != 0)
-        r->finish = SCHED_FINISH_ERROR;
-    pthread_mutex_lock(&ex->mu);
-    inbox_push(ex, r);
-    pthread_mutex_unlock(&ex->mu);
-}
-
 /* The pool's job for one request (workpool.h). */
 struct prep_job {
     struct exec *ex;
     struct sched_req *r;
 };
+
+/* Whether r's cache match could reach the disk tier: a fresh sequence (a
+ * lent one already holds its K/V) with a prompt of at least one block. */
+static bool wants_disk(struct exec *ex, struct sched_req *r)
+{
+    return ex->conf.disk_pool && kvmm_disk_on(ex->mm) && !r->have_seq &&
+           r->finish == SCHED_FINISH_NONE && !atomic_load(&r->cancel) &&
+           r->n_toks > kvmm_geom(ex->mm)->block_tokens;
+}
+
+static void to_inbox(struct exec *ex, struct sched_req *r)
+{
+    pthread_mutex_lock(&ex->mu);
+    inbox_push(ex, r);
+    pthread_mutex_unlock(&ex->mu);
+}
+
+/* The disk workers' job: what the match will ask for (every prompt token
+ * but the last, whose logits are computed) is brought in from disk. */
+static void disk_job_run(void *ud, bool cancelled)
+{
+    struct prep_job j = *(struct prep_job *)ud;
+    free(ud);
+    if (!cancelled && !atomic_load(&j.r->cancel))
+        kvmm_disk_prefetch(j.ex->mm, j.r->tenant, j.r->ns, j.r->toks, j.r->n_toks - 1);
+    to_inbox(j.ex, j.r);
+}
+
+/* Hands r to the disk workers; when they refuse (this tenant has as many
+ * prefetches waiting as it may), r goes on without one: its match then
+ * recomputes what is only on disk. */
+static void to_disk(struct exec *ex, struct sched_req *r, struct prep_job *job)
+{
+    if (!job && !(job = malloc(sizeof *job))) {
+        to_inbox(ex, r);
+        return;
+    }
+    *job = (struct prep_job){ex, r};
+    if (workpool_submit(ex->conf.disk_pool, r->tenant, disk_job_run, job) != 0) {
+        free(job);
+        to_inbox(ex, r);
+    }
+}
+
+/* Prepares r's prompt (a failure becomes its answer); cancelled requests
+ * skip the work. Then r goes to the disk workers when its prompt may be on
+ * disk, else to the executor thread. */
+static void prepare(struct exec *ex, struct sched_req *r, bool cancelled)
+{
+    if (!cancelled && !atomic_load(&r->cancel) &&
+        sched_req_prepare(ex->mm, ex->conf.text, r, &r->err) != 0)
+        r->finish = SCHED_FINISH_ERROR;
+    if (!cancelled && wants_disk(ex, r) &&
+        kvmm_disk_may_prefetch(ex->mm, r->ns, r->toks, r->n_toks - 1)) {
+        to_disk(ex, r, NULL);
+        return;
+    }
+    to_inbox(ex, r);
+}
 
 static void prep_job_run(void *ud, bool cancelled)
 {
@@ -619,8 +666,8 @@ int exec_submit(struct exec *ex, struct sched_req *r)
     struct prep_job *job = NULL;
     /* Read before r is handed over: once in the inbox, the executor may
      * answer and free it at any time. */
-    bool prep = r->prompt != NULL;
-    if (prep && ex->conf.pool && !(job = malloc(sizeof(*job))))
+    bool text = r->prompt != NULL, disk = !text && wants_disk(ex, r);
+    if (((text && ex->conf.pool) || disk) && !(job = malloc(sizeof(*job))))
         return KVD_ENOMEM;
     pthread_mutex_lock(&ex->mu);
     if (ex->draining || ex->stop) {
@@ -636,10 +683,14 @@ int exec_submit(struct exec *ex, struct sched_req *r)
     live_add(ex, r);
     ex->n_live++;
     ex->st.requests++;
-    if (!prep)
+    if (!text && !disk)
         inbox_push(ex, r);
     pthread_mutex_unlock(&ex->mu);
-    if (!prep)
+    if (disk) {
+        to_disk(ex, r, job);
+        return 0;
+    }
+    if (!text)
         return 0;
     if (!job) {
         prepare(ex, r, false);

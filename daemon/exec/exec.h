@@ -45,6 +45,10 @@ struct exec_conf {
      * owned, outlives the executor). NULL: they are prepared inside
      * exec_submit, on the caller's thread. */
     struct workpool *pool;
+    /* Worker threads that read a request's blocks back from the disk tier
+     * (kvmm_disk_prefetch) before it is queued, so no disk read ever runs
+     * inside a step (not owned, outlives the executor). NULL: none. */
+    struct workpool *disk_pool;
 };
 
 struct exec_stats {

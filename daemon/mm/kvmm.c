@@ -39,6 +39,7 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
     mm->be = cfg->be;
     mm->block_bytes = (size_t)bytes;
     mm->token_bytes = mm->block_bytes / g.block_tokens;
+    mm->root_key = blockkey_root(cfg->fingerprint, &g);
     mm->staging = malloc(mm->block_bytes);
     mm->zeros = calloc(1, mm->block_bytes);
     if (!mm->staging || !mm->zeros) {
@@ -77,6 +78,7 @@ void kvmm_free(struct kvmm *mm)
     if (atomic_load_explicit(&mm->holder, memory_order_relaxed) != 0)
         mm_lock_violation(__func__, "while kvmm_lock is held");
 #endif
+    mm_disk_free(mm); /* its writer stops first: it takes the lock */
     seq_table_free(&mm->st);
     radix_destroy(&mm->radix);
     pool_destroy(&mm->pool);

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "disktier.h"
 #include "kv_types.h"
 #include "kvd/status.h"
 
@@ -48,6 +49,9 @@ struct kvmm_config {
     uint32_t n_device_blocks;
     uint32_t n_host_blocks; /* 0: no host tier (evicted blocks are dropped) */
     struct backend *be;     /* not owned */
+    /* The model's fingerprint (model_hparams.fingerprint; zeros in store
+     * mode): the root of every block key (blockkey.h). */
+    uint8_t fingerprint[16];
 };
 
 struct kvmm;
@@ -184,6 +188,48 @@ int kvmm_block_where(struct kvmm *mm, uint32_t id, enum kvd_tier *tier, uint32_t
  * not counting other tenants' cache inside their floors), capped by this
  * tenant's quota. */
 size_t kvmm_device_available(struct kvmm *mm, uint32_t tenant);
+
+/* ---- the disk tier (kvmm_disk.c, disktier.h) ----------------------------
+ * Below the host tier: every block that enters the tree is written behind
+ * (within writeback_ms) by a writer thread of its own; a tree block dropped
+ * before it was written is copied out first (up to detach_max_bytes of such
+ * copies wait for the writer); and a request's prompt is prefetched from
+ * disk into the tree (through the host tier) before it is scheduled. These
+ * calls take the kvmm lock themselves: call them WITHOUT holding it. */
+struct kvmm_disk_conf {
+    const char *dir;
+    uint64_t max_bytes;
+    uint32_t writeback_ms;     /* default 1000 */
+    uint64_t detach_max_bytes; /* default 64 MiB */
+};
+/* Opens the tier and starts its writer (before serving). Errors as
+ * disktier_open. */
+int kvmm_disk_open(struct kvmm *mm, const struct kvmm_disk_conf *c, struct kvd_error *e);
+bool kvmm_disk_on(const struct kvmm *mm);
+/* Brings the whole blocks of tokens (n ids) that follow the namespace's
+ * cached prefix in from disk, in order, while they are there and check out,
+ * charging `tenant` for them: they enter the tree as host blocks (device
+ * blocks without a host tier), unreferenced, so the next match takes them.
+ * Runs the disk reads on the calling thread. Returns the blocks restored. */
+size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const uint32_t *tokens,
+                          size_t n);
+/* Whether block b of tokens (the first the tree does not hold) is on disk:
+ * a cheap test before queueing a prefetch. */
+bool kvmm_disk_may_prefetch(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t n);
+/* Writes back everything queued and syncs, waiting at most timeout_ms:
+ * *written blocks went out, *left did not. 0, or KVD_EBUSY (time ran out with left > 0). */
+int kvmm_disk_flush(struct kvmm *mm, uint32_t timeout_ms, size_t *written, size_t *left);
+
+struct kvmm_disk_stats {
+    bool on;
+    struct disktier_stats tier;
+    uint64_t queued;        /* blocks waiting for the writer */
+    uint64_t detached;      /* copies of dropped blocks waiting for the writer */
+    uint64_t detach_skips;  /* dropped before they were written, over detach_max_bytes */
+    uint64_t restored;      /* blocks brought back from disk */
+    uint64_t restore_fails; /* reads that failed a check (recomputed) */
+};
+void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st);
 
 /* ---- eviction, checks, stats ------------------------------------------- */
 /* Evicts up to n unreferenced cached blocks from `tier` (device → host when

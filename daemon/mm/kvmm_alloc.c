@@ -78,6 +78,7 @@ size_t mm_device_headroom(struct kvmm *mm, uint32_t tenant)
 static void mm_drop_node(struct kvmm *mm, struct radix_node *n)
 {
     uint32_t owner = pool_block(&mm->pool, n->block)->tenant;
+    mm_disk_dropping(mm, n);
     uint32_t id = radix_remove_leaf(&mm->radix, n);
 
     mm->ctr.drops++;
@@ -158,55 +159,79 @@ int mm_move(struct kvmm *mm, const uint32_t *ids, size_t n, enum kvd_tier to, si
     return 0;
 }
 
-int mm_room_host(struct kvmm *mm, const uint32_t *ids, size_t n)
+/* Room for need[t] more host blocks of each tenant t (n in all): per-tenant
+ * host quotas, then free slots, dropping host cache leaves. Feasibility
+ * first, so a refusal drops nothing. */
+static int room_host(struct kvmm *mm, const uint32_t *need, size_t n)
 {
-    uint32_t *need;
     size_t droppable = 0;
-    int err = 0;
 
-    if (n == 0)
-        return 0;
-    if (mm->pool.n_slots[KVD_TIER_HOST] == 0)
-        return mm_fail(mm, KVD_ENOMEM, "there is no host tier (n_host_blocks = 0)");
-    need = fault_calloc(mm->tt.n, sizeof *need);
-    if (!need)
-        return mm_fail(mm, KVD_ENOMEM, "out of memory");
-    for (size_t i = 0; i < n; i++)
-        need[pool_block(&mm->pool, ids[i])->tenant]++;
-    /* Feasibility first, so a refusal drops nothing. */
     for (uint32_t i = 0; i < mm->tt.n; i++) {
         const struct tenant *t = &mm->tt.v[i];
         uint32_t ev = radix_cached(&mm->radix, i, KVD_TIER_HOST);
         droppable += ev;
         if (need[i] && mm_quota_limited(t->conf.max_host_blocks) &&
-            (uint64_t)t->host_blocks + need[i] > (uint64_t)t->conf.max_host_blocks + ev) {
-            err = mm_fail(mm, KVD_EQUOTA,
-                          "tenant '%s': host block quota %u reached (%u in use, %u more needed)",
-                          t->conf.name, t->conf.max_host_blocks, t->host_blocks, need[i]);
-            goto out;
-        }
+            (uint64_t)t->host_blocks + need[i] > (uint64_t)t->conf.max_host_blocks + ev)
+            return mm_fail(mm, KVD_EQUOTA,
+                           "tenant '%s': host block quota %u reached (%u in use, %u more needed)",
+                           t->conf.name, t->conf.max_host_blocks, t->host_blocks, need[i]);
     }
-    if (pool_free_slots(&mm->pool, KVD_TIER_HOST) + droppable < n) {
-        err = mm_fail(mm, KVD_ENOMEM, "host tier full: %u free blocks, %zu needed",
-                      pool_free_slots(&mm->pool, KVD_TIER_HOST), n);
-        goto out;
-    }
+    if (pool_free_slots(&mm->pool, KVD_TIER_HOST) + droppable < n)
+        return mm_fail(mm, KVD_ENOMEM, "host tier full: %u free blocks, %zu needed",
+                       pool_free_slots(&mm->pool, KVD_TIER_HOST), n);
     for (uint32_t i = 0; i < mm->tt.n; i++) {
         const struct tenant *t = &mm->tt.v[i];
         while (need[i] && mm_quota_limited(t->conf.max_host_blocks) &&
                (uint64_t)t->host_blocks + need[i] > t->conf.max_host_blocks)
-            if (!mm_drop_host_one(mm, i)) {
-                err = mm_fail(mm, KVD_EQUOTA, "tenant '%s': host block quota %u reached",
-                              t->conf.name, t->conf.max_host_blocks);
-                goto out;
-            }
+            if (!mm_drop_host_one(mm, i))
+                return mm_fail(mm, KVD_EQUOTA, "tenant '%s': host block quota %u reached",
+                               t->conf.name, t->conf.max_host_blocks);
     }
     while (pool_free_slots(&mm->pool, KVD_TIER_HOST) < n)
-        if (!mm_drop_host_one(mm, KVMM_NO_TENANT)) {
-            err = mm_fail(mm, KVD_ENOMEM, "host tier full");
-            goto out;
-        }
-out:
+        if (!mm_drop_host_one(mm, KVMM_NO_TENANT))
+            return mm_fail(mm, KVD_ENOMEM, "host tier full");
+    return 0;
+}
+
+static int room_host_prep(struct kvmm *mm, uint32_t **need)
+{
+    if (mm->pool.n_slots[KVD_TIER_HOST] == 0)
+        return mm_fail(mm, KVD_ENOMEM, "there is no host tier (n_host_blocks = 0)");
+    *need = fault_calloc(mm->tt.n, sizeof **need);
+    if (!*need)
+        return mm_fail(mm, KVD_ENOMEM, "out of memory");
+    return 0;
+}
+
+int mm_room_host(struct kvmm *mm, const uint32_t *ids, size_t n)
+{
+    uint32_t *need;
+    int err;
+
+    if (n == 0)
+        return 0;
+    if ((err = room_host_prep(mm, &need)))
+        return err;
+    for (size_t i = 0; i < n; i++)
+        need[pool_block(&mm->pool, ids[i])->tenant]++;
+    err = room_host(mm, need, n);
+    free(need);
+    return err;
+}
+
+int mm_room_host_new(struct kvmm *mm, uint32_t tenant, size_t n)
+{
+    uint32_t *need;
+    int err;
+
+    if (n == 0)
+        return 0;
+    if (tenant >= mm->tt.n)
+        return mm_fail(mm, KVD_ENOTFOUND, "no tenant %u", tenant);
+    if ((err = room_host_prep(mm, &need)))
+        return err;
+    need[tenant] = (uint32_t)n;
+    err = room_host(mm, need, n);
     free(need);
     return err;
 }

@@ -26,10 +26,12 @@ struct kvmm {
     struct radix radix;
     struct tenant_table tt;
     struct seq_table st;
-    uint64_t clock;         /* lru stamps: +1 per use */
-    unsigned char *staging; /* (block_bytes) owned: bounce buffer for partial block access */
-    unsigned char *zeros;   /* (block_bytes) owned: zeros for new blocks */
-    struct kvmm_stats ctr;  /* the counters (totals are computed on demand) */
+    uint64_t clock;           /* lru stamps: +1 per use */
+    unsigned char *staging;   /* (block_bytes) owned: bounce buffer for partial block access */
+    unsigned char *zeros;     /* (block_bytes) owned: zeros for new blocks */
+    struct kvmm_stats ctr;    /* the counters (totals are computed on demand) */
+    struct blockkey root_key; /* chain(-1) of the model and geometry */
+    struct kvmm_disk *disk;   /* the disk tier's side (kvmm_disk.c); NULL without one */
     char err[320];
 };
 
@@ -86,5 +88,18 @@ bool mm_drop_host_one(struct kvmm *mm, uint32_t tenant);
 /* Removes node and everything below it from the tree, dropping the tree's
  * references (sequences keep theirs). */
 void mm_drop_subtree(struct kvmm *mm, struct radix_node *node);
+
+/* The disk tier's hooks (kvmm_disk.c), no-ops without a tier. mm_keyed:
+ * node's block just entered the tree: it gets its key, and is queued for
+ * the writer. mm_disk_dropping: node's block is about to leave the tree:
+ * when it was never written, a copy of it is queued instead. */
+void mm_keyed(struct kvmm *mm, struct radix_node *node);
+void mm_disk_dropping(struct kvmm *mm, struct radix_node *node);
+void mm_disk_free(struct kvmm *mm);
+/* The tree's key of a node: its block's key, chain(-1) for a root. */
+struct blockkey mm_node_key(const struct kvmm *mm, const struct radix_node *node);
+/* Room for n new host-tier blocks of tenant (its quota, free slots),
+ * dropping host cache leaves. 0, KVD_EQUOTA or KVD_ENOMEM. */
+int mm_room_host_new(struct kvmm *mm, uint32_t tenant, size_t n);
 
 #endif

@@ -60,6 +60,7 @@ static int mm_seq_lost(struct kvmm *mm, struct seq *s, size_t i)
     struct pool_block *b = pool_block(&mm->pool, id);
 
     mm->ctr.checksum_failures++;
+    b->disk = POOL_DISK_NEVER;
     if (b->node)
         mm_drop_subtree(mm, b->node);
     mm_seq_release(mm, s, i);
@@ -287,6 +288,7 @@ static void path_drop_corrupt(struct kvmm *mm, struct match_path *p, uint32_t id
         at++;
     struct radix_node *corrupt = p->nodes[at];
     mm->ctr.checksum_failures++;
+    pool_block(&mm->pool, id)->disk = POOL_DISK_NEVER;
     path_cut(mm, p, at);
     mm_drop_subtree(mm, corrupt);
 }
@@ -560,6 +562,7 @@ static bool mm_seq_share(struct kvmm *mm, struct seq *s, size_t b)
                 err = mm_move(mm, &eid, 1, KVD_TIER_DEVICE, &bad);
             if (err == KVD_EINTERNAL && bad == 0) {
                 mm->ctr.checksum_failures++;
+                pool_block(&mm->pool, eid)->disk = POOL_DISK_NEVER;
                 mm_drop_subtree(mm, existing);
                 existing = NULL;
             } else if (err) {
@@ -578,6 +581,7 @@ static bool mm_seq_share(struct kvmm *mm, struct seq *s, size_t b)
     if (radix_insert(&mm->radix, parent, toks, id, &node))
         return false;
     pb->lru = ++mm->clock;
+    mm_keyed(mm, node);
     return true;
 }
 

@@ -108,6 +108,8 @@ int pool_alloc(struct pool *p, enum kvd_tier tier, uint32_t tenant, uint32_t *id
     b->lru = 0;
     b->checksum = 0;
     b->node = NULL;
+    b->disk = POOL_DISK_NONE;
+    b->key = (struct blockkey){0, 0};
     p->slot_block[tier][slot] = i;
     *id = i;
     return 0;

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "blockkey.h"
 
 #define POOL_NONE UINT32_MAX
 #define POOL_TIERS 2
@@ -25,10 +26,17 @@ struct pool_block {
     uint32_t slot;           /* slot in `tier`'s arena */
     uint8_t tier;            /* enum kvd_tier */
     uint8_t used;            /* 0 while on the free-id stack */
+    uint8_t disk;            /* enum pool_disk: where the disk tier stands with it */
     uint64_t lru;            /* stamp of the last use (kvmm clock ticks) */
     uint64_t checksum;       /* of the host copy; valid while tier == HOST */
     struct radix_node *node; /* radix node holding the block, or NULL */
+    struct blockkey key;     /* chain key (blockkey.h); set while node != NULL */
 };
+
+/* A tree block and the disk tier: not for the disk (no tier, or not in the
+ * tree), queued for the writer, on disk (a copy there is current), or never
+ * to be written (its bytes failed a checksum). */
+enum pool_disk { POOL_DISK_NONE = 0, POOL_DISK_QUEUED, POOL_DISK_CLEAN, POOL_DISK_NEVER };
 
 struct pool {
     struct backend *be; /* not owned */

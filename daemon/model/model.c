@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "gguf.h"
 #include "kvd/status.h"
@@ -344,12 +345,21 @@ int model_load_opts(const char *path, struct backend *be, const struct model_opt
                            lc->total, m->ops->name);
         goto out_free;
     }
+    XXH3_state_t *fp = XXH3_createState();
+    if (!fp) {
+        rc = kvd_error_set(err, KVD_ENOMEM, "model: out of memory");
+        goto out_free;
+    }
+    XXH3_128bits_reset(fp);
+    XXH3_128bits_update(fp, g->map, g->data_offset);
     for (size_t i = 0; i < lc->n; i++) {
         struct ctensor *t = lc->dst[i];
         t->data = (uint8_t *)m->weights + lc->off[i];
+        XXH3_128bits_update(fp, lc->src[i]->data, lc->src[i]->nbytes);
         rc = m->ops->weight_upload ? m->ops->weight_upload(m->cx, t, lc->src[i]->data)
                                    : m->ops->upload(m->cx, t->data, lc->src[i]->data, t->nbytes);
         if (rc) {
+            XXH3_freeState(fp);
             rc = kvd_error_set(err, rc, "model: uploading '%s' failed", lc->src[i]->name);
             goto out_free;
         }
@@ -357,6 +367,10 @@ int model_load_opts(const char *path, struct backend *be, const struct model_opt
         m->hp.weight_bytes += t->nbytes;
     }
     m->hp.weight_device_bytes = lc->total;
+    XXH128_canonical_t fpc;
+    XXH128_canonicalFromHash(&fpc, XXH3_128bits_digest(fp));
+    XXH3_freeState(fp);
+    memcpy(m->hp.fingerprint, fpc.digest, sizeof m->hp.fingerprint);
     if (m->ops->weight_scratch_bytes)
         m->hp.weight_device_bytes += m->ops->weight_scratch_bytes(m->cx);
     if (m->hp.tied_output)

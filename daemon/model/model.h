@@ -27,6 +27,11 @@ struct model_hparams {
     uint64_t weight_bytes;        /* bytes of all weights as a decode step reads them */
     uint64_t weight_device_bytes; /* device bytes the weights take, with the copies a
                                    * backend keeps (cuda: bf16 for GEMMs) */
+    /* XXH3-128 of the file's header (metadata and tensor table) and of the
+     * data of every tensor the model uses, hashed as the load uploads them
+     * (no second pass over the file): names the KV this model computes
+     * (blockkey.h), so another file, quantization or weight never matches. */
+    uint8_t fingerprint[16];
 };
 
 struct model_opts {

@@ -127,6 +127,37 @@ static void render_pool(struct out *o, const struct kvmm_stats *st)
     put(o, "kvd_sequences %u\n", st->n_seqs);
 }
 
+/* The disk tier's series (none without one). */
+static void render_disk(struct out *o, const struct kvmm_disk_stats *d)
+{
+    const struct disktier_stats *t = &d->tier;
+    if (!d->on)
+        return;
+    head(o, "kvd_disk_slots", "gauge", "Disk-tier block slots by state.");
+    put(o, "kvd_disk_slots{state=\"total\"} %llu\n", (unsigned long long)t->slots);
+    put(o, "kvd_disk_slots{state=\"free\"} %llu\n", (unsigned long long)t->free_slots);
+    put(o, "kvd_disk_slots{state=\"cached\"} %llu\n",
+        (unsigned long long)(t->cached_slots - t->pinned_slots));
+    put(o, "kvd_disk_slots{state=\"used\"} %llu\n", (unsigned long long)t->pinned_slots);
+    head(o, "kvd_disk_ops_total", "counter", "Disk-tier block reads and writes.");
+    put(o, "kvd_disk_ops_total{op=\"read\"} %llu\n", (unsigned long long)t->reads);
+    put(o, "kvd_disk_ops_total{op=\"write\"} %llu\n", (unsigned long long)t->writes);
+    head(o, "kvd_disk_bytes_total", "counter", "Disk-tier bytes read and written.");
+    put(o, "kvd_disk_bytes_total{op=\"read\"} %llu\n", (unsigned long long)t->read_bytes);
+    put(o, "kvd_disk_bytes_total{op=\"write\"} %llu\n", (unsigned long long)t->write_bytes);
+    head(o, "kvd_disk_errors_total", "counter",
+         "Disk-tier blocks dropped: failed checks, I/O errors, writes skipped.");
+    put(o, "kvd_disk_errors_total{kind=\"checksum\"} %llu\n",
+        (unsigned long long)t->checksum_failures);
+    put(o, "kvd_disk_errors_total{kind=\"io\"} %llu\n", (unsigned long long)t->io_errors);
+    put(o, "kvd_disk_errors_total{kind=\"skipped\"} %llu\n",
+        (unsigned long long)(t->write_skips + d->detach_skips));
+    head(o, "kvd_disk_restored_blocks_total", "counter", "Blocks brought back from disk.");
+    put(o, "kvd_disk_restored_blocks_total %llu\n", (unsigned long long)d->restored);
+    head(o, "kvd_disk_read_seconds_total", "counter", "Time spent in disk-tier block reads.");
+    put(o, "kvd_disk_read_seconds_total %.9f\n", (double)t->read_ns / 1e9);
+}
+
 /* Per-tenant series, from the snapshot. */
 static void render_tenants(struct out *o, const struct stats_snap *sn)
 {
@@ -303,6 +334,7 @@ int metrics_render(const struct metrics_src *src, struct evbuffer *out)
     if (stats_snap_fill(&sn, src->mm, src->acct, NULL, 0, SIZE_MAX) != 0)
         return KVD_ENOMEM;
     render_pool(&o, &sn.st);
+    render_disk(&o, &sn.disk);
     render_tenants(&o, &sn);
     stats_snap_free(&sn);
     if (src->acct)

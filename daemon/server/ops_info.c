@@ -129,6 +129,34 @@ static int pack_tier(msgpack_packer *pk, const char *key, uint32_t total, uint32
     return proto_map_end(pk, map);
 }
 
+/* The disk tier's map (stats "disk"): slots by state, I/O and failures. */
+static int pack_disk(msgpack_packer *pk, const struct kvmm_disk_stats *d)
+{
+    const struct disktier_stats *t = &d->tier;
+    PROTO_PK(proto_pack_str(pk, "disk"));
+    size_t map = proto_map_begin(pk);
+    PROTO_PK(proto_pack_kv_uint(pk, "total", t->slots));
+    PROTO_PK(proto_pack_kv_uint(pk, "free", t->free_slots));
+    PROTO_PK(proto_pack_kv_uint(pk, "cached", t->cached_slots - t->pinned_slots));
+    PROTO_PK(proto_pack_kv_uint(pk, "used", t->pinned_slots));
+    PROTO_PK(proto_pack_kv_uint(pk, "slot_bytes", t->slot_bytes));
+    PROTO_PK(proto_pack_kv_uint(pk, "file_bytes", t->file_bytes));
+    PROTO_PK(proto_pack_kv_uint(pk, "reads", t->reads));
+    PROTO_PK(proto_pack_kv_uint(pk, "read_bytes", t->read_bytes));
+    PROTO_PK(proto_pack_kv_uint(pk, "writes", t->writes));
+    PROTO_PK(proto_pack_kv_uint(pk, "write_bytes", t->write_bytes));
+    PROTO_PK(proto_pack_kv_uint(pk, "write_skips", t->write_skips + d->detach_skips));
+    PROTO_PK(proto_pack_kv_uint(pk, "evictions", t->evictions));
+    PROTO_PK(proto_pack_kv_uint(pk, "checksum_failures", t->checksum_failures));
+    PROTO_PK(proto_pack_kv_uint(pk, "io_errors", t->io_errors));
+    PROTO_PK(proto_pack_kv_uint(pk, "loaded", t->loaded));
+    PROTO_PK(proto_pack_kv_uint(pk, "refused_at_load", t->dropped_at_load));
+    PROTO_PK(proto_pack_kv_uint(pk, "queued", d->queued + d->detached));
+    PROTO_PK(proto_pack_kv_uint(pk, "restored", d->restored));
+    PROTO_PK(proto_pack_kv_uint(pk, "restore_us", t->reads ? t->read_ns / t->reads / 1000 : 0));
+    return proto_map_end(pk, map);
+}
+
 /* A non-admin's stats: the pool's size, its own tenant and
  * nothing from which another tenant's requests, tokens or blocks could be
  * inferred (no daemon-wide counters, occupancy, queues or step rates, which
@@ -186,6 +214,8 @@ static int stats_all_pack(struct ops_ctx *c, const struct stats_snap *sn)
     PROTO_PK(pack_tier(pk, "device", st->device_total, st->device_free, st->device_cached,
                        st->device_used));
     PROTO_PK(pack_tier(pk, "host", st->host_total, st->host_free, st->host_cached, st->host_used));
+    if (sn->disk.on)
+        PROTO_PK(pack_disk(pk, &sn->disk));
     PROTO_PK(proto_pack_str(pk, "counters"));
     size_t counters = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_asked", st->match_tokens_asked));

@@ -48,6 +48,12 @@ struct options {
      * and the texts a tenant may have waiting for them or in work. */
     uint32_t text_workers, text_jobs_per_tenant;
     uint64_t max_text_bytes; /* a request's text (prompt, messages, tokenize) */
+    /* The disk tier (off while disk_dir is empty): its directory and size,
+     * the write-behind period (ms), how long SIGTERM may spend writing
+     * back (s), and the workers that prefetch from it. */
+    char disk_dir[4096];
+    uint64_t disk_max_bytes;
+    uint32_t disk_writeback_ms, disk_flush_s, disk_workers;
     /* cpu backend: compute threads for the model (0 = one per online CPU). */
     uint32_t threads;
     int log_level;

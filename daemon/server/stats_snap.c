@@ -53,6 +53,7 @@ int stats_snap_fill(struct stats_snap *s, struct kvmm *mm, struct acct *acct, co
             acct_tenant_get(acct, s->t[i].id, &s->t[i].at);
 out:
     kvmm_unlock(mm);
+    kvmm_disk_stats(mm, &s->disk); /* locks for itself: its own, consistent reading */
     if (rc)
         stats_snap_free(s);
     return rc;

@@ -24,6 +24,7 @@ struct stats_snap_tenant {
 
 struct stats_snap {
     struct kvmm_stats st;
+    struct kvmm_disk_stats disk; /* disk.on false without a disk tier */
     struct stats_snap_tenant *t; /* (n) owned, by tenant id */
     size_t n;
     size_t n_live; /* live tenants in all */

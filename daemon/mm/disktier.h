@@ -1,0 +1,110 @@
+/* disktier: the tier under the host tier, in one directory (--disk-dir).
+ *
+ * Layout (docs/persistence.md has the bytes):
+ *   blocks.kvd  a 4 KiB header, then n_slots preallocated slots of
+ *               slot_bytes: a slot header (magic, key, namespace name, the
+ *               block's token ids, checksums) padded to 4 KiB, then the
+ *               block's bytes padded to 4 KiB. Read and written with
+ *               O_DIRECT where the file system allows it.
+ *   index.kvd   a 4 KiB header, then one 64-byte record per slot: its key,
+ *               the checksum of its data, a stamp (write order) and the
+ *               session pin. Fixed size: no journal grows.
+ *   lock        flock'd while a daemon uses the directory.
+ * n_slots comes from --disk-max-bytes, so the tier never grows past it.
+ *
+ * In memory: the records, an open-addressing table from (namespace, key) to
+ * slot (O(1) lookup, hashed under a per-process seed), an LRU list and a
+ * free list. Start-up reads the index only, never block data.
+ *
+ * Nothing here trusts the files: a record is used only when its own checksum
+ * holds, and a read is served only when the slot's header checksum, its
+ * namespace, key and token ids, and the data checksum recorded in the index
+ * all agree. Any mismatch drops the slot and is counted; the caller
+ * recomputes the block. So a torn write, a flipped byte, a foreign or
+ * truncated directory costs a recomputation, never a wrong byte.
+ *
+ * Thread-safe: one mutex guards the in-memory index; reads and writes run
+ * on the caller's thread (the writer thread, the prefetch workers) with the
+ * mutex released, never on the event loop or inside an executor step. */
+#ifndef KVD_DISKTIER_H
+#define KVD_DISKTIER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "blockkey.h"
+#include "kvd/status.h"
+
+#define DISKTIER_NONE UINT32_MAX
+#define DISKTIER_NS_NAME 80 /* bytes of a namespace name, NUL included */
+
+struct disktier_conf {
+    const char *dir;
+    uint64_t max_bytes; /* of blocks.kvd: n_slots = (max_bytes - 4096) / slot_bytes */
+    size_t block_bytes;
+    uint32_t block_tokens;
+};
+
+struct disktier_stats {
+    uint64_t slots, free_slots, cached_slots, pinned_slots;
+    uint64_t slot_bytes, file_bytes;
+    uint64_t reads, read_bytes, writes, write_bytes, write_skips;
+    uint64_t checksum_failures, io_errors, evictions;
+    uint64_t loaded, dropped_at_load; /* records found valid / refused at start */
+    uint64_t read_ns;                 /* total time in reads (restore latency / reads) */
+};
+
+struct disktier;
+
+/* Opens (creating or formatting as needed) the tier in c->dir and loads its
+ * index. A directory of another layout (slot size, block geometry) or
+ * whose index does not belong to its block file is formatted anew, and
+ * said so in the log. Errors (KVD_EBADREQ, KVD_EBUSY: another daemon holds
+ * the directory, KVD_ENOMEM, KVD_EINTERNAL for I/O) say which path and
+ * why in e. */
+int disktier_open(const struct disktier_conf *c, struct disktier **out, struct kvd_error *e);
+void disktier_close(struct disktier *dt);
+
+/* A buffer for one slot (aligned for O_DIRECT), for disktier_put and
+ * disktier_read; free() releases it. disktier_data is where the block's
+ * bytes go in it. */
+void *disktier_buf_new(const struct disktier *dt);
+void *disktier_data(const struct disktier *dt, void *buf);
+
+/* The slot holding (ns, key), pinned against eviction until disktier_read
+ * or disktier_unpin; DISKTIER_NONE when there is none. */
+uint32_t disktier_lookup(struct disktier *dt, uint64_t ns, struct blockkey key);
+bool disktier_has(struct disktier *dt, uint64_t ns, struct blockkey key);
+void disktier_unpin(struct disktier *dt, uint32_t slot);
+
+/* Reads pinned slot into buf and checks it against what the caller expects
+ * (namespace name and hash, key, block_tokens token ids); unpins it. 0, or
+ * KVD_EINTERNAL when the slot is corrupt or unreadable (dropped, counted). */
+int disktier_read(struct disktier *dt, uint32_t slot, const char *ns_name, uint64_t ns,
+                  struct blockkey key, const uint32_t *tokens, void *buf);
+
+/* Writes the block whose bytes are at disktier_data(dt, buf) under (ns,
+ * key), evicting the least recently used unpinned slot when none is free.
+ * 0 (also when the key is already there), KVD_ENOMEM (every slot pinned:
+ * counted as a skip) or KVD_EINTERNAL (I/O error: counted, nothing kept). */
+int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct blockkey key,
+                 const uint32_t *tokens, void *buf);
+
+/* Makes every write so far durable (fdatasync of both files). A failure
+ * drops what was written since the last good sync: its pages cannot be
+ * trusted. 0 or KVD_EINTERNAL. */
+int disktier_sync(struct disktier *dt);
+
+/* Session pins: a pinned slot is never evicted until `expires` (unix
+ * seconds); 0 unpins. KVD_ENOTFOUND when (ns, key) is not on disk. */
+int disktier_pin(struct disktier *dt, uint64_t ns, struct blockkey key, uint64_t expires);
+
+void disktier_stats(struct disktier *dt, struct disktier_stats *st);
+
+/* Validates an index file's bytes as disktier_open would (for the fuzzer):
+ * how many records would load. Never reads past len. */
+size_t disktier_check_index(const void *bytes, size_t len, size_t block_bytes,
+                            uint32_t block_tokens);
+
+#endif

@@ -1,0 +1,529 @@
+/* kvmm_disk: the memory manager's side of the disk tier (kvmm.h "the disk
+ * tier"). Three flows, none of them on the event loop or inside an
+ * executor step:
+ *   write-behind  a block entering the tree gets its key (mm_keyed) and is
+ *                 queued; the writer thread copies it out under the lock,
+ *                 one block at a time, and writes it with the lock released;
+ *   detach        a queued block about to leave the tree is copied into a
+ *                 buffer of its own, which the writer writes later;
+ *   prefetch      a request's blocks past the cached prefix are read from
+ *                 disk (on the calling worker thread), checked, and enter
+ *                 the tree as host blocks before the request is scheduled.
+ * A host copy is verified against its checksum before it is written, so the
+ * disk never gets bytes that the host tier would refuse. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "disktier.h"
+#include "fault.h"
+#include "hosttier.h"
+#include "kvmm_impl.h"
+#include "log.h"
+
+struct wb_item {
+    uint32_t id;
+    struct blockkey key;
+};
+
+struct detached {
+    char ns_name[DISKTIER_NS_NAME];
+    struct blockkey key;
+    uint32_t *tokens;
+    void *buf; /* disktier_buf_new, data filled */
+};
+
+struct kvmm_disk {
+    struct kvmm *mm;
+    struct disktier *dt;
+    uint32_t writeback_ms;
+    pthread_t thread;
+    bool started;
+    atomic_bool stop;
+    pthread_mutex_t mu; /* guards the flush counters; the writer waits on wake */
+    pthread_cond_t wake, flushed;
+    uint64_t flush_req, flush_done;
+    atomic_uint_fast64_t written;
+    void *wbuf; /* the writer's slot buffer */
+    /* Under the kvmm lock: */
+    struct wb_item *q; /* FIFO: q[q_head, q_n) */
+    size_t q_head, q_n, q_cap;
+    struct detached *dq;
+    size_t dq_n, dq_cap;
+    uint64_t detached_bytes, detach_max;
+    uint64_t detach_skips, restored, restore_fails;
+};
+
+struct blockkey mm_node_key(const struct kvmm *mm, const struct radix_node *node)
+{
+    if (!node->parent)
+        return mm->root_key;
+    return mm->pool.blocks[node->block].key;
+}
+
+static uint64_t ns_hash_of(const struct kvmm *mm, uint32_t ns)
+{
+    return blockkey_ns(mm->tt.ns_names[ns]);
+}
+
+static bool q_push(struct kvmm_disk *d, uint32_t id, struct blockkey key)
+{
+    if (d->q_head > 0 && d->q_head * 2 >= d->q_n) { /* compact: the FIFO's used part moves down */
+        memmove(d->q, d->q + d->q_head, sizeof *d->q * (d->q_n - d->q_head));
+        d->q_n -= d->q_head;
+        d->q_head = 0;
+    }
+    if (d->q_n == d->q_cap) {
+        size_t cap = d->q_cap ? 2 * d->q_cap : 1024;
+        struct wb_item *v = fault_realloc(d->q, sizeof *v * cap);
+        if (!v)
+            return false;
+        d->q = v;
+        d->q_cap = cap;
+    }
+    d->q[d->q_n++] = (struct wb_item){id, key};
+    return true;
+}
+
+void mm_keyed(struct kvmm *mm, struct radix_node *node)
+{
+    struct pool_block *b = pool_block(&mm->pool, node->block);
+    b->key = blockkey_next(mm_node_key(mm, node->parent), node->tokens, mm->geom.block_tokens);
+    b->disk = POOL_DISK_NONE;
+    if (mm->disk && q_push(mm->disk, node->block, b->key))
+        b->disk = POOL_DISK_QUEUED;
+}
+
+/* Copies block id's bytes to dst (lock held). A host copy must pass its
+ * checksum first; false when it does not (it is never written) or the copy
+ * failed. */
+static bool copy_out(struct kvmm *mm, uint32_t id, void *dst)
+{
+    struct pool_block *b = pool_block(&mm->pool, id);
+    if (b->tier == KVD_TIER_HOST && hosttier_verify(&mm->pool, id) != 0) {
+        b->disk = POOL_DISK_NEVER;
+        return false;
+    }
+    return mm->be->ops->copy(mm->be, dst, KVD_TIER_HOST, pool_block_ptr(&mm->pool, id),
+                             (enum kvd_tier)b->tier, mm->block_bytes) == 0;
+}
+
+void mm_disk_dropping(struct kvmm *mm, struct radix_node *node)
+{
+    struct kvmm_disk *d = mm->disk;
+    struct pool_block *b = pool_block(&mm->pool, node->block);
+    if (!d || b->disk != POOL_DISK_QUEUED)
+        return;
+    b->disk = POOL_DISK_NONE;
+    struct disktier_stats ts;
+    disktier_stats(d->dt, &ts);
+    if (d->detached_bytes + ts.slot_bytes > d->detach_max) {
+        d->detach_skips++;
+        return;
+    }
+    struct detached x = {.key = b->key};
+    if (d->dq_n == d->dq_cap) {
+        size_t cap = d->dq_cap ? 2 * d->dq_cap : 64;
+        struct detached *v = fault_realloc(d->dq, sizeof *v * cap);
+        if (!v) {
+            d->detach_skips++;
+            return;
+        }
+        d->dq = v;
+        d->dq_cap = cap;
+    }
+    x.buf = disktier_buf_new(d->dt);
+    x.tokens = fault_malloc(sizeof(uint32_t) * mm->geom.block_tokens);
+    if (!x.buf || !x.tokens || !copy_out(mm, node->block, disktier_data(d->dt, x.buf))) {
+        free(x.buf);
+        free(x.tokens);
+        d->detach_skips++;
+        return;
+    }
+    memcpy(x.tokens, node->tokens, sizeof(uint32_t) * mm->geom.block_tokens);
+    snprintf(x.ns_name, sizeof x.ns_name, "%s", mm->tt.ns_names[node->ns]);
+    d->dq[d->dq_n++] = x;
+    d->detached_bytes += ts.slot_bytes;
+}
+
+/* Writes one queued block or detached copy. false when there was none. */
+static bool write_one(struct kvmm_disk *d)
+{
+    struct kvmm *mm = d->mm;
+    uint32_t bt = mm->geom.block_tokens;
+    uint32_t tokens[4096];
+    char ns_name[DISKTIER_NS_NAME];
+
+    kvmm_lock(mm);
+    if (d->dq_n) {
+        struct detached x = d->dq[--d->dq_n];
+        struct disktier_stats ts;
+        disktier_stats(d->dt, &ts);
+        d->detached_bytes -= ts.slot_bytes;
+        kvmm_unlock(mm);
+        if (disktier_put(d->dt, x.ns_name, blockkey_ns(x.ns_name), x.key, x.tokens, x.buf) == 0)
+            atomic_fetch_add(&d->written, 1);
+        free(x.buf);
+        free(x.tokens);
+        return true;
+    }
+    while (d->q_head < d->q_n) {
+        struct wb_item it = d->q[d->q_head++];
+        struct pool_block *b = pool_block(&mm->pool, it.id);
+        if (!b->used || !b->node || b->disk != POOL_DISK_QUEUED || !blockkey_eq(b->key, it.key))
+            continue; /* gone, or already written or detached */
+        if (!copy_out(mm, it.id, disktier_data(d->dt, d->wbuf))) {
+            if (b->disk == POOL_DISK_QUEUED)
+                b->disk = POOL_DISK_NONE;
+            continue;
+        }
+        memcpy(tokens, b->node->tokens, sizeof(uint32_t) * bt);
+        snprintf(ns_name, sizeof ns_name, "%s", mm->tt.ns_names[b->node->ns]);
+        b->disk = POOL_DISK_CLEAN;
+        kvmm_unlock(mm);
+        int rc = disktier_put(d->dt, ns_name, blockkey_ns(ns_name), it.key, tokens, d->wbuf);
+        if (rc == 0) {
+            atomic_fetch_add(&d->written, 1);
+        } else {
+            kvmm_lock(mm);
+            if (b->used && blockkey_eq(b->key, it.key) && b->disk == POOL_DISK_CLEAN)
+                b->disk = POOL_DISK_NONE;
+            kvmm_unlock(mm);
+        }
+        return true;
+    }
+    d->q_head = d->q_n = 0;
+    kvmm_unlock(mm);
+    return false;
+}
+
+static void deadline_in(struct timespec *ts, uint32_t ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* The writer: every writeback_ms (or at once for a flush) it writes what is
+ * queued, then syncs both files, so a crash loses at most one period. */
+static void *writer_main(void *arg)
+{
+    struct kvmm_disk *d = arg;
+    pthread_mutex_lock(&d->mu);
+    while (!atomic_load(&d->stop)) {
+        if (d->flush_req == d->flush_done) {
+            struct timespec ts;
+            deadline_in(&ts, d->writeback_ms);
+            pthread_cond_timedwait(&d->wake, &d->mu, &ts);
+        }
+        uint64_t want = d->flush_req;
+        pthread_mutex_unlock(&d->mu);
+        size_t n = 0;
+        while (!atomic_load(&d->stop) && write_one(d))
+            n++;
+        if (n)
+            disktier_sync(d->dt);
+        pthread_mutex_lock(&d->mu);
+        if (want > d->flush_done)
+            d->flush_done = want;
+        pthread_cond_broadcast(&d->flushed);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+int kvmm_disk_open(struct kvmm *mm, const struct kvmm_disk_conf *c, struct kvd_error *e)
+{
+    if (mm->disk)
+        return kvd_error_set(e, KVD_EBADREQ, "disk tier: already open");
+    struct kvmm_disk *d = calloc(1, sizeof *d);
+    if (!d)
+        return kvd_error_set(e, KVD_ENOMEM, "disk tier: out of memory");
+    struct disktier_conf dc = {.dir = c->dir,
+                               .max_bytes = c->max_bytes,
+                               .block_bytes = mm->block_bytes,
+                               .block_tokens = mm->geom.block_tokens};
+    int rc = disktier_open(&dc, &d->dt, e);
+    if (rc) {
+        free(d);
+        return rc;
+    }
+    d->mm = mm;
+    d->writeback_ms = c->writeback_ms ? c->writeback_ms : 1000;
+    d->detach_max = c->detach_max_bytes ? c->detach_max_bytes : (uint64_t)64 << 20;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&d->wake, &ca);
+    pthread_cond_init(&d->flushed, &ca);
+    pthread_condattr_destroy(&ca);
+    d->wbuf = disktier_buf_new(d->dt);
+    if (!d->wbuf) {
+        rc = kvd_error_set(e, KVD_ENOMEM, "disk tier: out of memory");
+        goto fail;
+    }
+    kvmm_lock(mm);
+    mm->disk = d;
+    kvmm_unlock(mm);
+    if (pthread_create(&d->thread, NULL, writer_main, d) != 0) {
+        rc = kvd_error_set(e, KVD_EINTERNAL, "disk tier: cannot start the writer thread");
+        kvmm_lock(mm);
+        mm->disk = NULL;
+        kvmm_unlock(mm);
+        goto fail;
+    }
+    d->started = true;
+    return 0;
+fail:
+    free(d->wbuf);
+    disktier_close(d->dt);
+    pthread_cond_destroy(&d->wake);
+    pthread_cond_destroy(&d->flushed);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+    return rc;
+}
+
+bool kvmm_disk_on(const struct kvmm *mm)
+{
+    return mm->disk != NULL;
+}
+
+void mm_disk_free(struct kvmm *mm)
+{
+    struct kvmm_disk *d = mm->disk;
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->mu);
+    atomic_store(&d->stop, true);
+    pthread_cond_broadcast(&d->wake);
+    pthread_mutex_unlock(&d->mu);
+    if (d->started)
+        pthread_join(d->thread, NULL);
+    disktier_sync(d->dt);
+    mm->disk = NULL;
+    for (size_t i = 0; i < d->dq_n; i++) {
+        free(d->dq[i].buf);
+        free(d->dq[i].tokens);
+    }
+    free(d->dq);
+    free(d->q);
+    free(d->wbuf);
+    disktier_close(d->dt);
+    pthread_cond_destroy(&d->wake);
+    pthread_cond_destroy(&d->flushed);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+}
+
+static size_t pending(struct kvmm *mm)
+{
+    struct kvmm_disk *d = mm->disk;
+    size_t n = d->dq_n;
+    for (size_t i = d->q_head; i < d->q_n; i++) {
+        const struct pool_block *b = pool_block(&mm->pool, d->q[i].id);
+        n += b->used && b->disk == POOL_DISK_QUEUED && blockkey_eq(b->key, d->q[i].key);
+    }
+    return n;
+}
+
+int kvmm_disk_flush(struct kvmm *mm, uint32_t timeout_ms, size_t *written, size_t *left)
+{
+    struct kvmm_disk *d = mm->disk;
+    *written = *left = 0;
+    if (!d)
+        return 0;
+    uint64_t before = atomic_load(&d->written);
+    struct timespec ts;
+    deadline_in(&ts, timeout_ms);
+    pthread_mutex_lock(&d->mu);
+    uint64_t my = ++d->flush_req;
+    pthread_cond_broadcast(&d->wake);
+    while (d->flush_done < my)
+        if (pthread_cond_timedwait(&d->flushed, &d->mu, &ts) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&d->mu);
+    *written = (size_t)(atomic_load(&d->written) - before);
+    kvmm_lock(mm);
+    *left = pending(mm);
+    kvmm_unlock(mm);
+    return *left ? KVD_EBUSY : 0;
+}
+
+/* ---- prefetch ------------------------------------------------------------ */
+
+/* Lock held: the node of block b-1 of tokens in ns (the root for b = 0),
+ * found by walking the tree again (nodes can go while the lock is
+ * released); NULL when the tree no longer holds all b blocks. */
+static struct radix_node *parent_of(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t b,
+                                    struct radix_node **scratch)
+{
+    if (b == 0)
+        return radix_root(&mm->radix, ns);
+    size_t got = radix_match(&mm->radix, ns, tokens, b * mm->geom.block_tokens, scratch, b);
+    return got == b ? scratch[b - 1] : NULL;
+}
+
+/* Lock held: block b (its bytes at data) enters the tree under parent as an
+ * unreferenced cached block of tenant. false when there is no room. */
+static bool restore_one(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
+                        const uint32_t *toks, struct blockkey key, const void *data)
+{
+    bool host = mm->pool.n_slots[KVD_TIER_HOST] > 0;
+    enum kvd_tier tier = host ? KVD_TIER_HOST : KVD_TIER_DEVICE;
+    uint32_t id;
+    char saved[sizeof mm->err];
+    memcpy(saved, mm->err, sizeof saved); /* a prefetch's failures are not the caller's */
+    int err = host ? mm_room_host_new(mm, tenant, 1) : mm_room_device(mm, tenant, 1, true);
+    memcpy(mm->err, saved, sizeof saved);
+    if (err || pool_alloc(&mm->pool, tier, tenant, &id) != 0)
+        return false;
+    struct tenant *t = &mm->tt.v[tenant];
+    if (host)
+        t->host_blocks++;
+    else
+        t->dev_blocks++;
+    struct pool_block *b = pool_block(&mm->pool, id);
+    if (mm->be->ops->copy(mm->be, pool_block_ptr(&mm->pool, id), tier, data, KVD_TIER_HOST,
+                          mm->block_bytes) != 0) {
+        mm_unref(mm, id);
+        return false;
+    }
+    if (host)
+        b->checksum = hosttier_checksum(&mm->pool, id);
+    struct radix_node *node;
+    if (radix_insert(&mm->radix, parent, toks, id, &node) != 0) {
+        mm_unref(mm, id);
+        return false;
+    }
+    b->key = key;
+    b->disk = POOL_DISK_CLEAN;
+    b->lru = ++mm->clock;
+    mm_unref(mm, id); /* the tree's reference stays: a cached block */
+    return true;
+}
+
+/* Lock held: how many whole blocks of tokens the tree holds, and the key of
+ * the last. */
+static size_t cached_prefix(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t nb,
+                            struct radix_node **scratch, struct blockkey *key)
+{
+    size_t m =
+        nb ? radix_match(&mm->radix, ns, tokens, nb * mm->geom.block_tokens, scratch, nb) : 0;
+    *key = m ? mm_node_key(mm, scratch[m - 1]) : mm->root_key;
+    return m;
+}
+
+static bool ns_ok(const struct kvmm *mm, uint32_t ns)
+{
+    return ns < mm->tt.n_ns && ns < mm->radix.n_roots && mm->tt.ns_names[ns][0];
+}
+
+bool kvmm_disk_may_prefetch(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t n)
+{
+    struct kvmm_disk *d = mm->disk;
+    size_t nb = n / mm->geom.block_tokens;
+    if (!d || nb == 0)
+        return false;
+    struct radix_node **scratch = malloc(sizeof *scratch * nb);
+    if (!scratch)
+        return false;
+    struct blockkey key;
+    uint64_t nsh = 0;
+    size_t m = 0;
+    kvmm_lock(mm);
+    bool ok = ns_ok(mm, ns);
+    if (ok) {
+        m = cached_prefix(mm, ns, tokens, nb, scratch, &key);
+        nsh = ns_hash_of(mm, ns);
+    }
+    kvmm_unlock(mm);
+    free(scratch);
+    if (!ok || m == nb)
+        return false;
+    key = blockkey_next(key, tokens + m * mm->geom.block_tokens, mm->geom.block_tokens);
+    return disktier_has(d->dt, nsh, key);
+}
+
+size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const uint32_t *tokens,
+                          size_t n)
+{
+    struct kvmm_disk *d = mm->disk;
+    uint32_t bt = mm->geom.block_tokens;
+    size_t nb = n / bt, restored = 0;
+    if (!d || nb == 0)
+        return 0;
+    struct radix_node **scratch = malloc(sizeof *scratch * nb);
+    void *buf = disktier_buf_new(d->dt);
+    char ns_name[DISKTIER_NS_NAME];
+    struct blockkey key;
+    uint64_t nsh = 0;
+    size_t m = 0;
+    bool ok = scratch && buf;
+    if (ok) {
+        kvmm_lock(mm);
+        ok = ns_ok(mm, ns) && tenant_live(&mm->tt, tenant);
+        if (ok) {
+            m = cached_prefix(mm, ns, tokens, nb, scratch, &key);
+            nsh = ns_hash_of(mm, ns);
+            snprintf(ns_name, sizeof ns_name, "%s", mm->tt.ns_names[ns]);
+        }
+        kvmm_unlock(mm);
+    }
+    for (size_t b = m; ok && b < nb; b++) {
+        const uint32_t *toks = tokens + b * bt;
+        key = blockkey_next(key, toks, bt);
+        uint32_t slot = disktier_lookup(d->dt, nsh, key);
+        if (slot == DISKTIER_NONE)
+            break;
+        if (disktier_read(d->dt, slot, ns_name, nsh, key, toks, buf) != 0) {
+            kvmm_lock(mm);
+            d->restore_fails++;
+            kvmm_unlock(mm);
+            break;
+        }
+        kvmm_lock(mm);
+        /* The namespace may have been removed, and its id reused, meanwhile. */
+        struct radix_node *parent = ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], ns_name) == 0
+                                        ? parent_of(mm, ns, tokens, b, scratch)
+                                        : NULL;
+        ok = parent != NULL;
+        if (ok &&
+            !radix_child(&mm->radix, parent, toks, radix_hash(&mm->radix, parent->hash, toks))) {
+            ok = restore_one(mm, tenant, parent, toks, key, disktier_data(d->dt, buf));
+            if (ok) {
+                d->restored++;
+                restored++;
+            }
+        }
+        kvmm_unlock(mm);
+    }
+    free(scratch);
+    free(buf);
+    return restored;
+}
+
+void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    struct kvmm_disk *d = mm->disk;
+    if (!d)
+        return;
+    st->on = true;
+    kvmm_lock(mm);
+    st->queued = pending(mm) - d->dq_n;
+    st->detached = d->dq_n;
+    st->detach_skips = d->detach_skips;
+    st->restored = d->restored;
+    st->restore_fails = d->restore_fails;
+    kvmm_unlock(mm);
+    disktier_stats(d->dt, &st->tier);
+}
