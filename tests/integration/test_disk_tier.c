@@ -94,7 +94,8 @@ static const char *const conf_tenants = "[admin]\nuids = 0\n"
                                         "[tenant:alpha]\nuids = 60011\n"
                                         "[tenant:beta]\nuids = 60012\n";
 
-static void start(struct kh_proc *d, const struct fixture *f, const char *model, const char *conf)
+static void start_env(struct kh_proc *d, const struct fixture *f, const char *model,
+                      const char *conf, const char *faults)
 {
     const char *const args[] = {"--backend",
                                 "cpu",
@@ -111,8 +112,17 @@ static void start(struct kh_proc *d, const struct fixture *f, const char *model,
                                 "--step-tokens",
                                 "2048",
                                 NULL};
+    char env0[128];
+    snprintf(env0, sizeof env0, "KVD_FAULTS=%s", faults ? faults : "");
+    const char *const env[] = {env0, NULL};
+    struct kh_opts o = {.conf_text = conf, .args = args, .env = env};
     memset(d, 0, sizeof *d);
-    assert_int_equal(kh_start(d, conf, args), 0);
+    assert_int_equal(kh_spawn(d, &o), 0);
+}
+
+static void start(struct kh_proc *d, const struct fixture *f, const char *model, const char *conf)
+{
+    start_env(d, f, model, conf, NULL);
 }
 
 static int generate(const char *sock, const uint32_t *p, size_t n, struct kvd_gen_result *res)
@@ -141,15 +151,19 @@ static void gen_ok(const struct kh_proc *d, const struct fixture *f, struct kvd_
 static uint64_t disk_stat(const struct kh_proc *d, const char *key)
 {
     int fd = kh_connect(d->sock);
-    struct kh_reply r;
     assert_true(fd >= 0);
-    assert_int_equal(kh_call0(fd, "stats", 1, &r), 0);
-    const msgpack_object *disk = kh_obj(r.root, "disk");
-    assert_non_null(disk);
-    uint64_t v = kh_u64(disk, key);
-    kh_reply_free(&r);
+    uint64_t v = kh_stat(fd, "disk", key);
     close(fd);
+    assert_true(v != UINT64_MAX);
     return v;
+}
+
+/* Waits until the writer has nothing queued (it runs every 20 ms here). */
+static void wait_drained(const struct kh_proc *d)
+{
+    for (int i = 0; i < 12000 && disk_stat(d, "queued") != 0; i++)
+        usleep(10000);
+    assert_int_equal(disk_stat(d, "queued"), 0);
 }
 
 /* Waits until the writer has written at least n blocks and nothing is
@@ -421,6 +435,83 @@ static void test_tenants_isolated_across_restart(void **state)
     assert_int_equal(kh_stop(&d), 0);
 }
 
+/* ---- faults on the disk path (the fault-injection build: test_fault_disk) */
+
+#ifndef KVD_DISK_FAULTS
+#define KVD_DISK_FAULTS 0
+#endif
+
+/* A first run under `faults`, a restart without: the same tokens, and the
+ * counter `counter` of the first run at least 1. */
+static void fault_then_clean(const struct fixture *f, const char *faults, const char *counter,
+                             struct kvd_gen_result *cold, struct kvd_gen_result *warm)
+{
+    struct kh_proc d;
+    start_env(&d, f, f->model_a, NULL, faults);
+    gen_ok(&d, f, cold);
+    wait_drained(&d);
+    if (disk_stat(&d, counter) < 1)
+        fail_msg("%s: no %s counted", faults, counter);
+    assert_int_equal(kh_stop(&d), 0);
+    start(&d, f, f->model_a, NULL);
+    gen_ok(&d, f, warm);
+    expect_same(cold, warm);
+    assert_int_equal(kh_stop(&d), 0);
+}
+
+static void test_fault_write_errors(void **state)
+{
+    if (!KVD_DISK_FAULTS)
+        skip(); /* a kvd without fault injection ignores KVD_FAULTS */
+    struct kvd_gen_result cold, warm;
+    fault_then_clean(*state, "diskwrite:every=3,disknospc:every=5", "io_errors", &cold, &warm);
+    assert_true(warm.cached_tokens < full_blocks * BT); /* the chain stops at a lost block */
+    kvd_gen_result_free(&cold);
+    kvd_gen_result_free(&warm);
+}
+
+static void test_fault_torn_writes(void **state)
+{
+    if (!KVD_DISK_FAULTS)
+        skip(); /* a kvd without fault injection ignores KVD_FAULTS */
+    struct kvd_gen_result cold, warm;
+    struct fixture *f = *state;
+    fault_then_clean(f, "disktorn:every=4", "writes", &cold, &warm);
+    assert_true(warm.cached_tokens < full_blocks * BT);
+    kvd_gen_result_free(&cold);
+    kvd_gen_result_free(&warm);
+}
+
+static void test_fault_fsync_failure(void **state)
+{
+    if (!KVD_DISK_FAULTS)
+        skip(); /* a kvd without fault injection ignores KVD_FAULTS */
+    struct kvd_gen_result cold, warm;
+    fault_then_clean(*state, "diskfsync:nth=1", "io_errors", &cold, &warm);
+    kvd_gen_result_free(&cold);
+    kvd_gen_result_free(&warm);
+}
+
+static void test_fault_short_reads(void **state)
+{
+    if (!KVD_DISK_FAULTS)
+        skip(); /* a kvd without fault injection ignores KVD_FAULTS */
+    struct fixture *f = *state;
+    struct kh_proc d;
+    struct kvd_gen_result cold, warm;
+    start(&d, f, f->model_a, NULL);
+    gen_ok(&d, f, &cold);
+    assert_int_equal(kh_stop(&d), 0);
+    start_env(&d, f, f->model_a, NULL, "diskread:every=7");
+    gen_ok(&d, f, &warm);
+    expect_same(&cold, &warm);
+    assert_true(disk_stat(&d, "io_errors") >= 1);
+    assert_true(warm.cached_tokens < full_blocks * BT);
+    assert_int_equal(kh_stop(&d), 0);
+    kvd_gen_result_free(&cold);
+    kvd_gen_result_free(&warm);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -431,6 +522,10 @@ int main(void)
         cmocka_unit_test_setup(test_other_model_never_matches, per_test),
         cmocka_unit_test_setup(test_second_daemon_refused, per_test),
         cmocka_unit_test_setup(test_tenants_isolated_across_restart, per_test),
+        cmocka_unit_test_setup(test_fault_write_errors, per_test),
+        cmocka_unit_test_setup(test_fault_torn_writes, per_test),
+        cmocka_unit_test_setup(test_fault_fsync_failure, per_test),
+        cmocka_unit_test_setup(test_fault_short_reads, per_test),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
