@@ -299,6 +299,7 @@ int main(int argc, char **argv)
                                        .weight_bytes = hp->weight_bytes,
                                        .weight_device_bytes = hp->weight_device_bytes,
                                        .text = text};
+        memcpy(mi.fingerprint, hp->fingerprint, sizeof mi.fingerprint);
         const char *base = strrchr(opts.model_path, '/');
         const char *name = hp->name[0] ? hp->name : base ? base + 1 : opts.model_path;
         snprintf(mi.name, sizeof(mi.name), "%.*s", (int)sizeof(mi.name) - 1, name);

@@ -59,6 +59,7 @@ int ops_hello(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
     PROTO_PK(proto_pack_kv_uint(pk, "max_frame", c->host->max_frame));
     PROTO_PK(proto_pack_kv_uint(pk, "conn", c->conn_id));
+    PROTO_PK(proto_pack_kv_bool(pk, "disk", kvmm_disk_on(c->mm)));
     PROTO_PK(proto_pack_str(pk, "kv"));
     size_t kv = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "layers", g->layers));
@@ -78,6 +79,10 @@ int ops_hello(struct ops_ctx *c)
         PROTO_PK(proto_pack_kv_uint(pk, "context", m->context));
         PROTO_PK(proto_pack_kv_uint(pk, "weight_bytes", m->weight_bytes));
         PROTO_PK(proto_pack_kv_uint(pk, "weight_device_bytes", m->weight_device_bytes));
+        char fp[33];
+        for (int i = 0; i < 16; i++)
+            snprintf(fp + 2 * i, 3, "%02x", m->fingerprint[i]);
+        PROTO_PK(proto_pack_kv_str(pk, "fingerprint", fp));
         PROTO_PK(pack_text(pk, m->text));
         PROTO_PK(proto_map_end(pk, model));
     }

@@ -103,7 +103,7 @@ const struct options_def options_defs[] = {
     {"disk-flush-s", "S", OPTIONS_U32, F(disk_flush_s), 0, 3600, NULL, "10", NULL, 0,
      "at shutdown, time to write back what is not\non disk yet"},
     {"disk-workers", "N", OPTIONS_U32, F(disk_workers), 1, 64, NULL, "2", NULL, 0,
-     "threads that read cached blocks back from disk\nbefore a request is scheduled"},
+     "workers that read cached blocks back from disk\nbefore a request is scheduled"},
     {"threads", "N", OPTIONS_U32, F(threads), 0, 256, NULL, "0", NULL, 0,
      "cpu backend: compute threads (0 = one per CPU)"},
     {"log-level", "LEVEL", OPTIONS_LOG_LEVEL, F(log_level), 0, 0, NULL, "info", NULL, 0,

@@ -26,6 +26,7 @@ struct server_model_info {
     char name[128];
     uint32_t vocab, context;
     uint64_t weight_bytes, weight_device_bytes; /* model_hparams */
+    uint8_t fingerprint[16];                    /* model_hparams: names its KV (blockkey.h) */
     const struct text *text; /* tokenizer, chat template, end-of-generation ids (not owned) */
 };
 

@@ -125,7 +125,12 @@ static void test_unit_starts_as_installed(void **state)
     snprintf(bin, sizeof(bin), "%s%s", dest, u.exec);
     snprintf(conf, sizeof(conf), "%s%s", dest, u.config);
     setenv("KVD_BIN", bin, 1);
-    const char *args[] = {"--config", conf, "--backend", "cpu", NULL};
+    /* The installed config keeps cached blocks in /var/cache/kvd (the
+     * unit's CacheDirectory): here a small one in the test's own tree. */
+    char cache[1100];
+    snprintf(cache, sizeof(cache), "%s/kvd-cache", dest);
+    const char *args[] = {"--config", conf,       "--backend",        "cpu",
+                          "--disk-dir", cache, "--disk-max-bytes", "4M", NULL};
     struct kh_proc p;
     assert_int_equal(kh_start(&p, NULL, args), 0);
     int fd = kh_connect(p.sock);
@@ -137,6 +142,7 @@ static void test_unit_starts_as_installed(void **state)
     assert_int_equal(server->type, MSGPACK_OBJECT_STR);
     assert_int_equal(server->via.str.size, strlen("kvd " KVD_PROJECT_VERSION));
     assert_memory_equal(server->via.str.ptr, "kvd " KVD_PROJECT_VERSION, server->via.str.size);
+    assert_true(kh_obj(r.root, "disk")->via.boolean);
     kh_reply_free(&r);
     close(fd);
     assert_int_equal(kh_stop(&p), 0);
