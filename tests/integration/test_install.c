@@ -129,8 +129,8 @@ static void test_unit_starts_as_installed(void **state)
      * unit's CacheDirectory): here a small one in the test's own tree. */
     char cache[1100];
     snprintf(cache, sizeof(cache), "%s/kvd-cache", dest);
-    const char *args[] = {"--config", conf,       "--backend",        "cpu",
-                          "--disk-dir", cache, "--disk-max-bytes", "4M", NULL};
+    const char *args[] = {"--config",         conf, "--backend", "cpu", "--disk-dir", cache,
+                          "--disk-max-bytes", "4M", NULL};
     struct kh_proc p;
     assert_int_equal(kh_start(&p, NULL, args), 0);
     int fd = kh_connect(p.sock);
