@@ -23,6 +23,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "ops_generate.h"
+#include "ops_session.h"
 #include "ops_text.h"
 #include "workpool.h"
 #include "options.h"
@@ -135,6 +136,7 @@ int main(int argc, char **argv)
     struct workpool *pool = NULL;      /* the text workers */
     struct workpool *disk_pool = NULL; /* the disk tier's prefetch workers */
     struct ops_text *text_ops = NULL;
+    struct ops_session *session_ops = NULL;
     struct text *text = NULL; /* the model's tokenizer and chat template */
     int status = 1;
     /* Observability: shared by the executor (writer), stats and metrics. */
@@ -286,6 +288,10 @@ int main(int argc, char **argv)
         log_err("cannot register the text ops");
         goto out_srv;
     }
+    if (ops_session_register(srv, mm, disk_pool, &session_ops) != 0) {
+        log_err("cannot register the session ops");
+        goto out_srv;
+    }
     if (opts.metrics_addr[0] && metrics_start(srv, opts.metrics_addr, opts.metrics_force, &metrics,
                                               NULL, err, sizeof(err)) != 0) {
         log_err("--metrics: %s", err);
@@ -339,6 +345,7 @@ out_srv:
     metrics_stop(metrics);
     server_free(srv);
     ops_text_free(text_ops);
+    ops_session_free(session_ops);
     ops_generate_stop(gen);
 out_mm:
     workpool_free(disk_pool);

@@ -812,6 +812,8 @@ int disktier_pin(struct disktier *dt, uint64_t ns, struct blockkey key, uint64_t
         return KVD_ENOTFOUND;
     }
     struct disk_rec *r = &dt->recs[e - 1];
+    if (expires && r->expires > expires) /* pinned longer by another session */
+        expires = r->expires;
     if (!r->expires != !expires)
         dt->st.pinned_slots += expires ? 1 : (uint64_t)-1;
     r->expires = expires;

@@ -97,7 +97,8 @@ int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct b
 int disktier_sync(struct disktier *dt);
 
 /* Session pins: a pinned slot is never evicted until `expires` (unix
- * seconds); 0 unpins. KVD_ENOTFOUND when (ns, key) is not on disk. */
+ * seconds); a pin never shortens a longer one (sessions share blocks);
+ * 0 unpins. KVD_ENOTFOUND when (ns, key) is not on disk. */
 int disktier_pin(struct disktier *dt, uint64_t ns, struct blockkey key, uint64_t expires);
 
 void disktier_stats(struct disktier *dt, struct disktier_stats *st);

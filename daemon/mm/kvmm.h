@@ -42,6 +42,7 @@ struct kvmm_tenant_conf {
                                         blocks of tenants above their floor are
                                         evicted first */
     uint32_t weight;                 /* scheduling weight, >= 1 */
+    uint64_t max_disk_bytes;         /* disk the tenant's sessions may pin; 0: no limit */
 };
 
 struct kvmm_config {
@@ -220,6 +221,40 @@ bool kvmm_disk_may_prefetch(struct kvmm *mm, uint32_t ns, const uint32_t *tokens
  * *written blocks went out, *left did not. 0, or KVD_EBUSY (time ran out with left > 0). */
 int kvmm_disk_flush(struct kvmm *mm, uint32_t timeout_ms, size_t *written, size_t *left);
 
+/* ---- named sessions (kvmm_session.c): a tenant-scoped name for a token
+ * sequence whose whole blocks are pinned on the disk tier until it expires,
+ * kept in DIR/sessions/ (one small file each) so it survives restarts.
+ * Like the disk-tier calls above these take the lock themselves, and
+ * kvmm_session_save / kvmm_session_delete write files: call them on a
+ * worker, never on the event loop. ns is the tenant's own namespace. */
+#define KVMM_SESSION_NAME 128 /* bytes of a name at most */
+struct kvmm_session_info {
+    char name[KVMM_SESSION_NAME + 1];
+    size_t n_tokens;
+    uint64_t bytes;   /* what it counts against max_disk_bytes */
+    uint64_t expires; /* unix seconds */
+    size_t blocks;    /* whole blocks pinned on disk */
+};
+/* Saves tokens under name (replacing a session of that name): its whole
+ * blocks are written to disk now where they are not yet (from the tree),
+ * pinned until now + ttl_s, and the session's file is made durable. *info
+ * says what was saved (blocks: the leading whole blocks found; the rest of
+ * the tokens are recomputed on use). KVD_EUNSUPPORTED without a disk tier,
+ * KVD_EQUOTA past the tenant's max_disk_bytes, KVD_EBADREQ for a bad name. */
+int kvmm_session_save(struct kvmm *mm, uint32_t tenant, uint32_t ns, const char *name,
+                      const uint32_t *tokens, size_t n, uint64_t ttl_s,
+                      struct kvmm_session_info *info, struct kvd_error *e);
+/* A copy (malloc) of a live session's tokens; KVD_ENOTFOUND when there is
+ * none (or it expired). */
+int kvmm_session_tokens(struct kvmm *mm, uint32_t ns, const char *name, uint32_t **tokens,
+                        size_t *n, struct kvd_error *e);
+int kvmm_session_delete(struct kvmm *mm, uint32_t ns, const char *name, struct kvd_error *e);
+/* The namespace's live sessions (malloc'd array, by name). */
+int kvmm_session_list(struct kvmm *mm, uint32_t ns, struct kvmm_session_info **out, size_t *n);
+/* Whether name is a valid session name (1 to 128 bytes of letters, digits
+ * and "-_.:@/"). */
+bool kvmm_session_name_ok(const char *name);
+
 struct kvmm_disk_stats {
     bool on;
     struct disktier_stats tier;
@@ -228,6 +263,7 @@ struct kvmm_disk_stats {
     uint64_t detach_skips;  /* dropped before they were written, over detach_max_bytes */
     uint64_t restored;      /* blocks brought back from disk */
     uint64_t restore_fails; /* reads that failed a check (recomputed) */
+    uint64_t sessions;      /* live sessions, all tenants */
 };
 void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st);
 

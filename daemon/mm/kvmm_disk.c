@@ -100,7 +100,7 @@ void mm_keyed(struct kvmm *mm, struct radix_node *node)
 /* Copies block id's bytes to dst (lock held). A host copy must pass its
  * checksum first; false when it does not (it is never written) or the copy
  * failed. */
-static bool copy_out(struct kvmm *mm, uint32_t id, void *dst)
+bool mm_disk_copy_out(struct kvmm *mm, uint32_t id, void *dst)
 {
     struct pool_block *b = pool_block(&mm->pool, id);
     if (b->tier == KVD_TIER_HOST && hosttier_verify(&mm->pool, id) != 0) {
@@ -137,7 +137,7 @@ void mm_disk_dropping(struct kvmm *mm, struct radix_node *node)
     }
     x.buf = disktier_buf_new(d->dt);
     x.tokens = fault_malloc(sizeof(uint32_t) * mm->geom.block_tokens);
-    if (!x.buf || !x.tokens || !copy_out(mm, node->block, disktier_data(d->dt, x.buf))) {
+    if (!x.buf || !x.tokens || !mm_disk_copy_out(mm, node->block, disktier_data(d->dt, x.buf))) {
         free(x.buf);
         free(x.tokens);
         d->detach_skips++;
@@ -175,7 +175,7 @@ static bool write_one(struct kvmm_disk *d)
         struct pool_block *b = pool_block(&mm->pool, it.id);
         if (!b->used || !b->node || b->disk != POOL_DISK_QUEUED || !blockkey_eq(b->key, it.key))
             continue; /* gone, or already written or detached */
-        if (!copy_out(mm, it.id, disktier_data(d->dt, d->wbuf))) {
+        if (!mm_disk_copy_out(mm, it.id, disktier_data(d->dt, d->wbuf))) {
             if (b->disk == POOL_DISK_QUEUED)
                 b->disk = POOL_DISK_NONE;
             continue;
@@ -281,6 +281,10 @@ int kvmm_disk_open(struct kvmm *mm, const struct kvmm_disk_conf *c, struct kvd_e
         goto fail;
     }
     d->started = true;
+    if ((rc = mm_sessions_load(mm, c->dir, e)) != 0) {
+        mm_disk_free(mm);
+        return rc;
+    }
     return 0;
 fail:
     free(d->wbuf);
@@ -290,6 +294,11 @@ fail:
     pthread_mutex_destroy(&d->mu);
     free(d);
     return rc;
+}
+
+struct disktier *mm_disk_tier(struct kvmm *mm)
+{
+    return mm->disk ? mm->disk->dt : NULL;
 }
 
 bool kvmm_disk_on(const struct kvmm *mm)
@@ -308,6 +317,7 @@ void mm_disk_free(struct kvmm *mm)
     pthread_mutex_unlock(&d->mu);
     if (d->started)
         pthread_join(d->thread, NULL);
+    mm_sessions_free(mm);
     disktier_sync(d->dt);
     mm->disk = NULL;
     for (size_t i = 0; i < d->dq_n; i++) {
@@ -525,5 +535,6 @@ void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st)
     st->restored = d->restored;
     st->restore_fails = d->restore_fails;
     kvmm_unlock(mm);
+    st->sessions = mm_sessions_count(mm);
     disktier_stats(d->dt, &st->tier);
 }

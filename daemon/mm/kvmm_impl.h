@@ -32,6 +32,7 @@ struct kvmm {
     struct kvmm_stats ctr;    /* the counters (totals are computed on demand) */
     struct blockkey root_key; /* chain(-1) of the model and geometry */
     struct kvmm_disk *disk;   /* the disk tier's side (kvmm_disk.c); NULL without one */
+    struct kvmm_sessions *sessions; /* named sessions (kvmm_session.c); NULL without a disk tier */
     char err[320];
 };
 
@@ -96,6 +97,14 @@ void mm_drop_subtree(struct kvmm *mm, struct radix_node *node);
 void mm_keyed(struct kvmm *mm, struct radix_node *node);
 void mm_disk_dropping(struct kvmm *mm, struct radix_node *node);
 void mm_disk_free(struct kvmm *mm);
+/* For kvmm_session.c: the tier, and a tree block's bytes into dst (lock
+ * held; false when a host copy fails its checksum or the copy fails). */
+struct disktier *mm_disk_tier(struct kvmm *mm);
+bool mm_disk_copy_out(struct kvmm *mm, uint32_t id, void *dst);
+/* Loads DIR/sessions (at kvmm_disk_open) and frees them (at close). */
+int mm_sessions_load(struct kvmm *mm, const char *dir, struct kvd_error *e);
+void mm_sessions_free(struct kvmm *mm);
+uint64_t mm_sessions_count(struct kvmm *mm);
 /* The tree's key of a node: its block's key, chain(-1) for a root. */
 struct blockkey mm_node_key(const struct kvmm *mm, const struct radix_node *node);
 /* Room for n new host-tier blocks of tenant (its quota, free slots),

@@ -84,6 +84,36 @@ static int parse_u32v(const char *v, uint32_t *out, bool allow_unlimited)
     return 0;
 }
 
+/* Bytes with an optional K/M/G/T suffix (powers of 1024); "unlimited" or
+ * "none" is 0, which means no limit. */
+static int parse_bytes(const char *v, uint64_t *out)
+{
+    char *end;
+    if (!strcmp(v, "unlimited") || !strcmp(v, "none")) {
+        *out = 0;
+        return 0;
+    }
+    if (!*v || *v == '-' || *v == '+')
+        return -1;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    unsigned shift = 0;
+    if (*end == 'K' || *end == 'k')
+        shift = 10;
+    else if (*end == 'M' || *end == 'm')
+        shift = 20;
+    else if (*end == 'G' || *end == 'g')
+        shift = 30;
+    else if (*end == 'T' || *end == 't')
+        shift = 40;
+    if (shift)
+        end++;
+    if (errno || *end || x > (UINT64_MAX >> shift))
+        return -1;
+    *out = (uint64_t)x << shift;
+    return 0;
+}
+
 static int parse_bool(const char *v, bool *out)
 {
     if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1") || !strcmp(v, "on"))
@@ -189,6 +219,8 @@ static int quota_key(struct kvmm_tenant_conf *c, const char *name, const char *v
         dst = &c->reserved_device_blocks, unl = false;
     else if (!strcmp(name, "weight"))
         dst = &c->weight, unl = false;
+    else if (!strcmp(name, "max-disk-bytes"))
+        return parse_bytes(v, &c->max_disk_bytes) ? -1 : 1;
     else
         return 0;
     if (parse_u32v(v, &x, unl))
