@@ -3,7 +3,7 @@
  *
  *   bench_disk throughput [DIR] [MIB]
  *       For 512 KiB blocks (a 1B-class model's 16-token block) and 4 KiB
- *       blocks (a tiny model's): MIB MiB of slots (default 2048) written
+ *       blocks (a tiny model's): MIB MiB of slots (default 1024) written
  *       with disktier_put from one thread, disktier_sync, then read back
  *       with disktier_lookup + disktier_read (every read checked). In the
  *       same run, dd of the same size with bs=1M oflag=direct / iflag=direct
@@ -336,7 +336,7 @@ int main(int argc, char **argv)
     }
     int rc;
     if (strcmp(argv[1], "throughput") == 0)
-        rc = throughput(dir, argc > 3 ? strtoull(argv[3], NULL, 10) : 2048);
+        rc = throughput(dir, argc > 3 ? strtoull(argv[3], NULL, 10) : 1024);
     else
         rc = startup(dir, argc > 3 ? strtoull(argv[3], NULL, 10) : (1u << 20));
     if (made && rmdir(dir) != 0)
