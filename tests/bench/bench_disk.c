@@ -1,0 +1,345 @@
+/* bench_disk: the disk tier's own speed (a program that prints numbers, not
+ * a test), through the disktier API directly, next to the raw file system.
+ *
+ *   bench_disk throughput [DIR] [MIB]
+ *       For 512 KiB blocks (a 1B-class model's 16-token block) and 4 KiB
+ *       blocks (a tiny model's): MIB MiB of slots (default 1024) written
+ *       with disktier_put from one thread, disktier_sync, then read back
+ *       with disktier_lookup + disktier_read (every read checked). In the
+ *       same run, dd of the same size with bs=1M oflag=direct / iflag=direct
+ *       on the same directory. Prints GB/s of slot bytes (what hits the
+ *       disk: a 4 KiB header per slot included), GB/s of block data, and
+ *       the tier/dd ratio; and dd with bs = the slot size (one request per
+ *       block, as the tier does). Three rounds; the median is reported.
+ *   bench_disk startup [DIR] [SLOTS]
+ *       A tier of SLOTS slots (default 1M; 4 KiB blocks of 16 tokens: 8 KiB
+ *       slots, an 8 GiB block file), filled with SLOTS puts, synced and
+ *       closed; then disktier_open is timed with the page cache dropped
+ *       (cold; needs root) and again with it warm.
+ *
+ * DIR defaults to a fresh mkdtemp under /var/tmp (not tmpfs: the tier uses
+ * O_DIRECT). Everything the bench writes is removed at the end. Times are
+ * wall clock (CLOCK_MONOTONIC). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "disktier.h"
+
+#define BT 16
+#define ROUNDS 3
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, size_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static struct blockkey key_of(uint64_t i, uint64_t salt)
+{
+    return (struct blockkey){mix(i ^ salt), mix(i + 0x5bd1e995ull + salt)};
+}
+
+static void tokens_of(uint64_t i, uint32_t *t)
+{
+    for (int k = 0; k < BT; k++)
+        t[k] = (uint32_t)(mix(i * BT + (uint64_t)k) % 32000);
+}
+
+static void rm_tier(const char *dir)
+{
+    static const char *const names[] = {"blocks.kvd", "index.kvd", "lock"};
+    char p[4200];
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        unlink(p);
+    }
+}
+
+static int drop_caches(void)
+{
+    sync();
+    FILE *f = fopen("/proc/sys/vm/drop_caches", "w");
+    if (!f)
+        return -1;
+    int ok = fputs("3\n", f) >= 0;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+/* Runs a dd command; its seconds from dd's own "copied, X s" line (our
+ * clock around it when that line is missing). -1 on failure. */
+static double run_dd(const char *cmd)
+{
+    char line[512], full[1024];
+    double t0 = now_s(), secs = -1;
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    if (!p)
+        return -1;
+    while (fgets(line, sizeof line, p)) {
+        const char *c = strstr(line, "copied, ");
+        if (c)
+            secs = strtod(c + 8, NULL);
+    }
+    int st = pclose(p);
+    double wall = now_s() - t0;
+    if (st != 0) {
+        fprintf(stderr, "bench_disk: `%s` failed\n", cmd);
+        return -1;
+    }
+    return secs > 0 ? secs : wall;
+}
+
+struct tp {
+    double put_s, sync_s, read_s, dd_w_s, dd_r_s;
+    double dds_w_s, dds_r_s; /* dd with bs = the slot size */
+};
+
+/* One round for one block size: the tier's puts and reads, then dd. */
+static int round_tp(const char *dir, size_t block_bytes, uint64_t mib, uint64_t salt, struct tp *o,
+                    uint64_t *n_out, size_t *slot_out)
+{
+    struct disktier_conf c = {.dir = dir, .block_bytes = block_bytes, .block_tokens = BT};
+    struct disktier *dt;
+    struct kvd_error e = {0};
+    /* Sized for exactly n slots of (mib MiB) total. */
+    size_t slot = 4096 + ((block_bytes + 4095) / 4096) * 4096;
+    uint64_t n = (mib << 20) / slot;
+    c.max_bytes = 4096 + n * slot;
+    rm_tier(dir);
+    if (disktier_open(&c, &dt, &e)) {
+        fprintf(stderr, "bench_disk: disktier_open: %s\n", e.message);
+        return -1;
+    }
+    struct disktier_stats st;
+    disktier_stats(dt, &st);
+    if (st.slot_bytes != slot || st.slots != n) {
+        fprintf(stderr,
+                "bench_disk: expected %" PRIu64 " slots of %zu, got %" PRIu64 " of %" PRIu64 "\n",
+                n, slot, st.slots, st.slot_bytes);
+        disktier_close(dt);
+        return -1;
+    }
+    void *buf = disktier_buf_new(dt);
+    uint32_t toks[BT];
+    uint64_t ns = blockkey_ns("bench");
+    unsigned char *data = disktier_data(dt, buf);
+    for (size_t k = 0; k < block_bytes; k += 8) { /* not zeros: some KV-like entropy */
+        uint64_t v = mix(k);
+        memcpy(data + k, &v, block_bytes - k < 8 ? block_bytes - k : 8);
+    }
+    int rc = 0;
+    double t0 = now_s();
+    for (uint64_t i = 0; i < n && rc == 0; i++) {
+        memcpy(data, &i, sizeof i); /* each block differs */
+        tokens_of(i, toks);
+        rc = disktier_put(dt, "bench", ns, key_of(i, salt), toks, buf);
+    }
+    double t1 = now_s();
+    if (rc == 0)
+        rc = disktier_sync(dt);
+    double t2 = now_s();
+    for (uint64_t i = 0; i < n && rc == 0; i++) {
+        struct blockkey k = key_of(i, salt);
+        uint32_t s = disktier_lookup(dt, ns, k);
+        tokens_of(i, toks);
+        rc = s == DISKTIER_NONE ? -1 : disktier_read(dt, s, "bench", ns, k, toks, buf);
+        uint64_t got;
+        memcpy(&got, data, sizeof got);
+        if (rc == 0 && got != i)
+            rc = -1;
+    }
+    double t3 = now_s();
+    disktier_stats(dt, &st);
+    free(buf);
+    disktier_close(dt);
+    rm_tier(dir);
+    if (rc) {
+        fprintf(stderr,
+                "bench_disk: put/read failed (writes %" PRIu64 " reads %" PRIu64
+                " io_errors %" PRIu64 " checksum_failures %" PRIu64 ")\n",
+                st.writes, st.reads, st.io_errors, st.checksum_failures);
+        return -1;
+    }
+    o->put_s = t1 - t0;
+    o->sync_s = t2 - t1;
+    o->read_s = t3 - t2;
+
+    char cmd[4400];
+    uint64_t dd_mib = n * slot >> 20;
+    snprintf(cmd, sizeof cmd, "dd if=/dev/zero of='%s/dd.tmp' bs=1M count=%" PRIu64 " oflag=direct",
+             dir, dd_mib);
+    o->dd_w_s = run_dd(cmd);
+    snprintf(cmd, sizeof cmd, "dd if='%s/dd.tmp' of=/dev/null bs=1M iflag=direct", dir);
+    o->dd_r_s = run_dd(cmd);
+    snprintf(cmd, sizeof cmd,
+             "dd if=/dev/zero of='%s/dd.tmp' bs=%zu count=%" PRIu64 " oflag=direct", dir, slot, n);
+    o->dds_w_s = run_dd(cmd);
+    snprintf(cmd, sizeof cmd, "dd if='%s/dd.tmp' of=/dev/null bs=%zu iflag=direct", dir, slot);
+    o->dds_r_s = run_dd(cmd);
+    snprintf(cmd, sizeof cmd, "%s/dd.tmp", dir);
+    unlink(cmd);
+    if (o->dd_w_s <= 0 || o->dd_r_s <= 0 || o->dds_w_s <= 0 || o->dds_r_s <= 0)
+        return -1;
+    /* dd moved dd_mib MiB, the tier n * slot bytes: scale dd to the same. */
+    double scale = (double)(n * slot) / (double)(dd_mib << 20);
+    o->dd_w_s *= scale;
+    o->dd_r_s *= scale;
+    *n_out = n;
+    *slot_out = slot;
+    return 0;
+}
+
+static int throughput(const char *dir, uint64_t mib)
+{
+    static const size_t sizes[] = {512 * 1024, 4096};
+    printf("disk tier throughput in %s, %" PRIu64 " MiB per pass, %d rounds (median)\n", dir, mib,
+           ROUNDS);
+    for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++) {
+        double put[ROUNDS], rd[ROUNDS], ddw[ROUNDS], ddr[ROUNDS], syn[ROUNDS];
+        double dsw[ROUNDS], dsr[ROUNDS];
+        uint64_t n = 0;
+        size_t slot = 0;
+        for (int r = 0; r < ROUNDS; r++) {
+            struct tp o;
+            if (round_tp(dir, sizes[z], mib, (uint64_t)r * 7919 + z, &o, &n, &slot))
+                return 1;
+            put[r] = o.put_s + o.sync_s; /* durable: the sync belongs to the write */
+            syn[r] = o.sync_s;
+            rd[r] = o.read_s;
+            ddw[r] = o.dd_w_s;
+            ddr[r] = o.dd_r_s;
+            dsw[r] = o.dds_w_s;
+            dsr[r] = o.dds_r_s;
+        }
+        double bytes = (double)n * (double)slot, data = (double)n * (double)sizes[z];
+        double p = median(put, ROUNDS), s = median(syn, ROUNDS), rr = median(rd, ROUNDS);
+        double w = median(ddw, ROUNDS), d = median(ddr, ROUNDS);
+        double sw = median(dsw, ROUNDS), sr = median(dsr, ROUNDS);
+        printf("block %zu B (slot %zu B, %" PRIu64 " blocks):\n", sizes[z], slot, n);
+        printf("  write: put+sync %.3f GB/s slots (%.3f GB/s data; sync %.3f s)   dd bs=1M "
+               "oflag=direct %.3f GB/s   ratio %.2fx\n",
+               bytes / p / 1e9, data / p / 1e9, s, bytes / w / 1e9, w / p);
+        printf("  read:  lookup+read %.3f GB/s slots (%.3f GB/s data; %.1f us/block)   dd bs=1M "
+               "iflag=direct %.3f GB/s   ratio %.2fx\n",
+               bytes / rr / 1e9, data / rr / 1e9, rr / (double)n * 1e6, bytes / d / 1e9, d / rr);
+        printf("  same request size: dd bs=%zu oflag=direct %.3f GB/s (tier %.2fx), iflag=direct "
+               "%.3f GB/s (tier %.2fx)\n",
+               slot, bytes / sw / 1e9, sw / p, bytes / sr / 1e9, sr / rr);
+    }
+    return 0;
+}
+
+static int startup(const char *dir, uint64_t n)
+{
+    struct disktier_conf c = {.dir = dir, .block_bytes = 4096, .block_tokens = BT};
+    c.max_bytes = 4096 + n * 8192;
+    struct disktier *dt;
+    struct kvd_error e = {0};
+    rm_tier(dir);
+    double t0 = now_s();
+    if (disktier_open(&c, &dt, &e)) {
+        fprintf(stderr, "bench_disk: disktier_open: %s\n", e.message);
+        return 1;
+    }
+    double t_fmt = now_s() - t0;
+    void *buf = disktier_buf_new(dt);
+    uint32_t toks[BT];
+    uint64_t ns = blockkey_ns("bench");
+    int rc = 0;
+    t0 = now_s();
+    for (uint64_t i = 0; i < n && rc == 0; i++) {
+        memcpy(disktier_data(dt, buf), &i, sizeof i);
+        tokens_of(i, toks);
+        rc = disktier_put(dt, "bench", ns, key_of(i, 1), toks, buf);
+    }
+    if (rc == 0)
+        rc = disktier_sync(dt);
+    double t_fill = now_s() - t0;
+    struct disktier_stats st;
+    disktier_stats(dt, &st);
+    disktier_close(dt);
+    free(buf);
+    if (rc) {
+        fprintf(stderr, "bench_disk: filling failed after %" PRIu64 " puts\n", st.writes);
+        rm_tier(dir);
+        return 1;
+    }
+    printf("disk tier start-up in %s: %" PRIu64 " slots of %" PRIu64 " B (block file %.2f GiB)\n",
+           dir, st.slots, st.slot_bytes, (double)st.file_bytes / (1 << 30));
+    printf("  format (first open): %.3f s; fill: %" PRIu64 " puts + sync in %.1f s (%.0f puts/s)\n",
+           t_fmt, st.writes, t_fill, (double)st.writes / t_fill);
+    const char *label[] = {"cold (page cache dropped)", "warm (index in page cache)"};
+    for (int k = 0; k < 2; k++) {
+        if (k == 0 && drop_caches() != 0) {
+            printf("  (cannot drop the page cache: %s; the first open is not cold)\n",
+                   strerror(errno));
+        }
+        t0 = now_s();
+        if (disktier_open(&c, &dt, &e)) {
+            fprintf(stderr, "bench_disk: disktier_open: %s\n", e.message);
+            rm_tier(dir);
+            return 1;
+        }
+        double t = now_s() - t0;
+        disktier_stats(dt, &st);
+        disktier_close(dt);
+        printf("  disktier_open %s: %.3f s, %" PRIu64 " blocks loaded, %" PRIu64 " refused\n",
+               label[k], t, st.loaded, st.dropped_at_load);
+    }
+    rm_tier(dir);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || (strcmp(argv[1], "throughput") && strcmp(argv[1], "startup"))) {
+        fprintf(stderr, "usage: bench_disk throughput [DIR] [MIB] | startup [DIR] [SLOTS]\n");
+        return 2;
+    }
+    char tmp[] = "/var/tmp/kvd-bench-disk.XXXXXX";
+    const char *dir = argc > 2 && argv[2][0] ? argv[2] : NULL;
+    bool made = false;
+    if (!dir) {
+        if (!mkdtemp(tmp)) {
+            perror("mkdtemp");
+            return 1;
+        }
+        dir = tmp;
+        made = true;
+    }
+    int rc;
+    if (strcmp(argv[1], "throughput") == 0)
+        rc = throughput(dir, argc > 3 ? strtoull(argv[3], NULL, 10) : 1024);
+    else
+        rc = startup(dir, argc > 3 ? strtoull(argv[3], NULL, 10) : (1u << 20));
+    if (made && rmdir(dir) != 0)
+        fprintf(stderr, "bench_disk: rmdir %s: %s\n", dir, strerror(errno));
+    return rc;
+}
