@@ -159,6 +159,15 @@ static void frame(FILE *f, const struct kvd_value *st, struct top_prev *prev)
             backend, num(st, "connections"), num(st, "in_flight"), num(st, "counters.seqs"));
     tier_line(f, st, "device");
     tier_line(f, st, "host");
+    if (kvd_value_get(st, "disk")) { /* only with a disk tier (docs/persistence.md) */
+        tier_line(f, st, "disk");
+        fprintf(f,
+                "        %.0f reads (%.0f us each), %.0f writes, %.0f restored, %.0f queued, "
+                "%.0f checksum failures, %.0f I/O errors\n",
+                num(st, "disk.reads"), num(st, "disk.restore_us"), num(st, "disk.writes"),
+                num(st, "disk.restored"), num(st, "disk.queued"), num(st, "disk.checksum_failures"),
+                num(st, "disk.io_errors"));
+    }
 
     /* Live counters (per step): prompt tokens computed, tokens sampled. */
     double t = now_s(), tin = num(st, "requests.prefill_tokens"),
