@@ -180,7 +180,10 @@ int main(int argc, char **argv)
     raise_fd_limit(&opts);
     if (pick_backend(&opts, &be) != 0)
         goto out_cfg;
-    struct kvmm_config mc = {.geom = opts.geom, .be = be};
+    struct kvmm_config mc = {
+        .geom = opts.geom,
+        .be = be,
+        .evict_policy = opts.evict_policy == OPTIONS_EVICT_LRU ? KVMM_EVICT_LRU : KVMM_EVICT_HITS};
     if (opts.model_path[0]) {
         /* Serve mode: the KV geometry comes from the model; block_tokens and
          * dtype from the command line / config. */

@@ -45,6 +45,13 @@ struct kvmm_tenant_conf {
     uint64_t max_disk_bytes;         /* disk the tenant's sessions may pin; 0: no limit */
 };
 
+/* How cached blocks are chosen for eviction (docs/architecture.md, "Eviction
+ * order"). HITS, the default (0): each block's priority is its lru stamp
+ * plus n_device_blocks * log2(1 + hits) clock ticks, and across tenants the
+ * victim is the one whose age behind that priority, divided by its tenant's
+ * weight, is largest. LRU: the least recently used, weights ignored. */
+enum kvmm_evict_policy { KVMM_EVICT_HITS = 0, KVMM_EVICT_LRU = 1 };
+
 struct kvmm_config {
     struct kv_geom geom;
     uint32_t n_device_blocks;
@@ -53,6 +60,7 @@ struct kvmm_config {
     /* The model's fingerprint (model_hparams.fingerprint; zeros in store
      * mode): the root of every block key (blockkey.h). */
     uint8_t fingerprint[16];
+    enum kvmm_evict_policy evict_policy;
 };
 
 struct kvmm;
@@ -269,7 +277,8 @@ void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st);
 
 /* ---- eviction, checks, stats ------------------------------------------- */
 /* Evicts up to n unreferenced cached blocks from `tier` (device → host when
- * the host tier has room, else dropped; host → dropped), leaf-first LRU. */
+ * the host tier has room, else dropped; host → dropped), leaf-first, in the
+ * order of the evict policy. */
 int kvmm_evict(struct kvmm *mm, enum kvd_tier tier, size_t n, size_t *evicted);
 /* Checks every invariant; 0 or KVD_EINTERNAL with the first violation in
  * kvmm_errmsg(). */

@@ -1,5 +1,6 @@
 /* kvmm_alloc: block references, device allocation under quotas and reserved
- * floors, eviction (device → host → dropped, leaf-first LRU) and tier moves
+ * floors, eviction (device → host → dropped, leaf-first, by the evict
+ * policy: LRU or LRU plus hits and tenant weights) and tier moves
  * with their accounting. Every function expects the caller to hold mm->lock. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -75,6 +76,34 @@ size_t mm_device_headroom(struct kvmm *mm, uint32_t tenant)
     return (size_t)room;
 }
 
+/* Eviction order across tenants: whether cached node a goes before b (each
+ * the head of its tenant's heap). LRU: the older stamp. HITS: the larger
+ * weighted age, where age = clock - radix_prio (negative while a hit bonus
+ * still lies ahead of the clock) and a tenant of weight w ages w times
+ * slower: age / w when the age is positive, age * w when it is negative
+ * (a heavier tenant's protected block stays further ahead). Within one
+ * tenant the weight is common, so this is its heap's order. */
+static double mm_weighted_age(const struct kvmm *mm, const struct radix_node *n)
+{
+    uint32_t tenant = mm->pool.blocks[n->block].tenant, w = mm->tt.v[tenant].conf.weight;
+    double age = (double)mm->clock - (double)radix_prio(&mm->radix, n);
+
+    if (w < 1)
+        w = 1;
+    return age >= 0 ? age / w : age * w;
+}
+
+static bool mm_evicts_before(const struct kvmm *mm, const struct radix_node *a,
+                             const struct radix_node *b)
+{
+    if (mm->evict_policy == KVMM_EVICT_HITS) {
+        double x = mm_weighted_age(mm, a), y = mm_weighted_age(mm, b);
+        if (x != y)
+            return x > y;
+    }
+    return radix_prio(&mm->radix, a) < radix_prio(&mm->radix, b);
+}
+
 static void mm_drop_node(struct kvmm *mm, struct radix_node *n)
 {
     uint32_t owner = pool_block(&mm->pool, n->block)->tenant;
@@ -113,8 +142,7 @@ bool mm_drop_host_one(struct kvmm *mm, uint32_t tenant)
     } else {
         for (uint32_t i = 0; i < mm->tt.n; i++) {
             struct radix_node *c = radix_lru(&mm->radix, i, KVD_TIER_HOST);
-            if (c && (!best || pool_block(&mm->pool, c->block)->lru <
-                                   pool_block(&mm->pool, best->block)->lru))
+            if (c && (!best || mm_evicts_before(mm, c, best)))
                 best = c;
         }
     }
@@ -244,8 +272,8 @@ static struct radix_node *mm_droppable_device(struct kvmm *mm, uint32_t tenant)
     struct radix_node *best = NULL;
 
     for (uint32_t i = 0; i < h->n; i++)
-        if (h->v[i]->n_children == 0 && (!best || pool_block(&mm->pool, h->v[i]->block)->lru <
-                                                      pool_block(&mm->pool, best->block)->lru))
+        if (h->v[i]->n_children == 0 &&
+            (!best || radix_prio(&mm->radix, h->v[i]) < radix_prio(&mm->radix, best)))
             best = h->v[i];
     return best;
 }
@@ -288,8 +316,7 @@ bool mm_evict_device_one(struct kvmm *mm, uint32_t tenant)
             if (pass == 0 && i != tenant && t->dev_blocks <= t->conf.reserved_device_blocks)
                 continue;
             c = radix_lru(&mm->radix, i, KVD_TIER_DEVICE);
-            if (c && (!best || pool_block(&mm->pool, c->block)->lru <
-                                   pool_block(&mm->pool, best->block)->lru))
+            if (c && (!best || mm_evicts_before(mm, c, best)))
                 best = c;
         }
         if (tenant != KVMM_NO_TENANT)

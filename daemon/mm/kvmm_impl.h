@@ -26,7 +26,8 @@ struct kvmm {
     struct radix radix;
     struct tenant_table tt;
     struct seq_table st;
-    uint64_t clock;           /* lru stamps: +1 per use */
+    uint64_t clock; /* lru stamps: +1 per use */
+    enum kvmm_evict_policy evict_policy;
     unsigned char *staging;   /* (block_bytes) owned: bounce buffer for partial block access */
     unsigned char *zeros;     /* (block_bytes) owned: zeros for new blocks */
     struct kvmm_stats ctr;    /* the counters (totals are computed on demand) */
@@ -83,8 +84,8 @@ int mm_move(struct kvmm *mm, const uint32_t *ids, size_t n, enum kvd_tier to, si
 /* Evicts one cached device block chosen for `tenant` by the floor rule
  * (KVMM_NO_TENANT: any tenant). false when nothing could be evicted. */
 bool mm_evict_device_one(struct kvmm *mm, uint32_t tenant);
-/* Drops the least recently used host-tier cache leaf (of tenant, or of any
- * tenant with KVMM_NO_TENANT). false when there is none. */
+/* Drops the first host-tier cache leaf in eviction order (of tenant, or of
+ * any tenant with KVMM_NO_TENANT). false when there is none. */
 bool mm_drop_host_one(struct kvmm *mm, uint32_t tenant);
 /* Removes node and everything below it from the tree, dropping the tree's
  * references (sequences keep theirs). */

@@ -334,8 +334,10 @@ static size_t path_attach(struct kvmm *mm, struct seq *s, const struct match_pat
 {
     size_t n_tokens = p->len * mm->geom.block_tokens;
     for (size_t i = 0; i < p->len; i++) {
+        struct pool_block *b = pool_block(&mm->pool, p->nodes[i]->block);
         s->blocks[i] = p->nodes[i]->block;
-        pool_block(&mm->pool, s->blocks[i])->lru = ++mm->clock;
+        b->lru = ++mm->clock;
+        b->hits += b->hits != UINT32_MAX; /* a reuse: counts for eviction */
     }
     s->n_blocks = p->len;
     s->n_tokens = s->n_committed = n_tokens;
@@ -571,8 +573,10 @@ static bool mm_seq_share(struct kvmm *mm, struct seq *s, size_t b)
             }
         }
         if (existing) {
+            struct pool_block *eb = pool_block(&mm->pool, eid);
             s->blocks[b] = eid;
-            pool_block(&mm->pool, eid)->lru = ++mm->clock;
+            eb->lru = ++mm->clock;
+            eb->hits += eb->hits != UINT32_MAX; /* a reuse: counts for eviction */
             mm_unref(mm, id);
             return true;
         }

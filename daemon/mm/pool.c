@@ -106,6 +106,7 @@ int pool_alloc(struct pool *p, enum kvd_tier tier, uint32_t tenant, uint32_t *id
     b->tier = (uint8_t)tier;
     b->used = 1;
     b->lru = 0;
+    b->hits = 0;
     b->checksum = 0;
     b->node = NULL;
     b->disk = POOL_DISK_NONE;

@@ -27,6 +27,8 @@ struct pool_block {
     uint8_t tier;            /* enum kvd_tier */
     uint8_t used;            /* 0 while on the free-id stack */
     uint8_t disk;            /* enum pool_disk: where the disk tier stands with it */
+    uint32_t hits;           /* reuses through the tree (a match took it, or a commit
+                                switched to it), saturating; 0 for a new block */
     uint64_t lru;            /* stamp of the last use (kvmm clock ticks) */
     uint64_t checksum;       /* of the host copy; valid while tier == HOST */
     struct radix_node *node; /* radix node holding the block, or NULL */

@@ -1,5 +1,5 @@
 /* radix: prefix tree over whole blocks with a (parent, tokens) → child hash
- * table and per-(tenant, tier) LRU heaps of evictable nodes (see radix.h).
+ * table and per-(tenant, tier) heaps of evictable nodes (see radix.h).
  * Deletion from the open-addressing table shifts later entries back, so
  * there are no tombstones and probes stay short. */
 #include "radix.h"
@@ -295,7 +295,7 @@ static void radix_table_del(struct radix *r, struct radix_node *n)
 
 static inline uint64_t radix_key(const struct radix *r, const struct radix_node *n)
 {
-    return r->pool->blocks[n->block].lru;
+    return radix_prio(r, n);
 }
 
 static void radix_heap_set(struct radix_heap *h, uint32_t i, struct radix_node *n)
@@ -406,7 +406,7 @@ void radix_update(struct radix *r, struct radix_node *n)
 
     if (n->heap_idx != RADIX_NO_HEAP) {
         if (want == n->heap) {
-            radix_heap_sift(r, &r->heaps[n->heap], n->heap_idx); /* lru may have moved */
+            radix_heap_sift(r, &r->heaps[n->heap], n->heap_idx); /* its key may have moved */
             return;
         }
         radix_heap_remove(r, n);

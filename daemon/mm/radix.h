@@ -3,7 +3,8 @@
  * K/V). A global open-addressing table maps (parent, tokens of the block) to
  * the child; a match follows the most recent child first and probes the
  * table only at branches. The tokens are always compared: a hash is only a
- * hint. Unreferenced cached blocks sit in per-(tenant, tier) LRU heaps.
+ * hint. Unreferenced cached blocks sit in per-(tenant, tier) eviction heaps
+ * (radix_prio: LRU, or LRU plus a bonus for hits).
  * Not thread-safe: the kvmm lock covers it. */
 #ifndef KVD_RADIX_H
 #define KVD_RADIX_H
@@ -35,7 +36,8 @@ struct radix_node {
     uint32_t tokens[]; /* (block_tokens) token ids of this block */
 };
 
-/* Min-heap on the pool block's lru stamp: the least recently used first. */
+/* Min-heap on radix_prio (the lru stamp plus the hit bonus): the first to
+ * evict first. */
 struct radix_heap {
     struct radix_node **v;
     uint32_t n, cap;
@@ -63,7 +65,15 @@ struct radix {
     struct radix_heap *heaps;      /* (n_heap_tenants * POOL_TIERS) owned */
     uint32_t *n_cached;            /* (n_heap_tenants * POOL_TIERS) owned: tree-only blocks */
     uint32_t n_heap_tenants;
+    /* Clock ticks one doubling of a block's hits adds to its priority
+     * (radix_prio); 0: plain LRU (the key is the lru stamp). Set before the
+     * first insert, never changed after. */
+    uint64_t hit_scale;
 };
+
+/* A block's hit bonus is capped at this many doublings (hits >= 2^16 - 1
+ * count as 2^16 - 1): a once-hot block ages out within a bounded time. */
+#define RADIX_HIT_DOUBLINGS_MAX 16
 
 int radix_init(struct radix *r, struct pool *pool, uint32_t block_tokens);
 /* Frees every node; leaves the pool's refcounts alone (the pool goes too). */
@@ -103,7 +113,27 @@ void radix_update(struct radix *r, struct radix_node *node);
 /* After node's block moved from old_tier to its current tier: fixes the
  * parent's device-children count and both nodes' heap membership. */
 void radix_tier_changed(struct radix *r, struct radix_node *node, enum kvd_tier old_tier);
-/* The least recently used evictable node of (tenant, tier), or NULL. A device
+/* The eviction priority of a node (lower goes first): its block's lru stamp
+ * plus hit_scale * log2(1 + hits), the log in 1/256 steps (linear between
+ * powers of two), at most RADIX_HIT_DOUBLINGS_MAX doublings. With
+ * hit_scale 0 it is the lru stamp. */
+static inline uint64_t radix_prio(const struct radix *r, const struct radix_node *n)
+{
+    const struct pool_block *b = &r->pool->blocks[n->block];
+    uint64_t x = (uint64_t)b->hits + 1, lg;
+    unsigned k;
+
+    if (!r->hit_scale || b->hits == 0)
+        return b->lru;
+    k = 63u - (unsigned)__builtin_clzll(x);
+    lg = ((uint64_t)k << 8) + (((x - (UINT64_C(1) << k)) << 8) >> k);
+    if (lg > (uint64_t)RADIX_HIT_DOUBLINGS_MAX << 8)
+        lg = (uint64_t)RADIX_HIT_DOUBLINGS_MAX << 8;
+    return b->lru + ((r->hit_scale * lg) >> 8);
+}
+
+/* The evictable node of (tenant, tier) with the lowest radix_prio (the least
+ * recently used under plain LRU), or NULL. A device
  * node is evictable when only the tree holds it and no child is on the device
  * (it can move to the host without breaking a device path); a host node when
  * only the tree holds it and it has no children (it can be dropped). */

@@ -21,7 +21,11 @@ _Static_assert(OPTIONS_BACKEND_AUTO == 0 && OPTIONS_BACKEND_CPU == 1 && OPTIONS_
                "backend choices are in enum order");
 _Static_assert(KV_F16 == 0 && KV_BF16 == 1 && KV_F32 == 2 && KV_Q8_0 == 3 && KV_FP8 == 4,
                "kv-dtype choices are in enum order");
-_Static_assert(sizeof(enum options_backend) == sizeof(int) && sizeof(enum kv_dtype) == sizeof(int),
+_Static_assert(OPTIONS_EVICT_HITS == 0 && OPTIONS_EVICT_LRU == 1,
+               "evict-policy choices are in enum order");
+_Static_assert(sizeof(enum options_backend) == sizeof(int) &&
+                   sizeof(enum kv_dtype) == sizeof(int) &&
+                   sizeof(enum options_evict) == sizeof(int),
                "choices are stored as int");
 
 #define STR_(x) #x
@@ -51,6 +55,10 @@ const struct options_def options_defs[] = {
      STR(OPTIONS_DEFAULT_HOST_BLOCKS), 0, "blocks in the host tier (0 = none)"},
     {"host-mem", "BYTES", OPTIONS_SIZE, F(host_mem), 0, UINT64_MAX, NULL, NULL, NULL, 0,
      "or: this many bytes of host tier (e.g. 8G)"},
+    {"evict-policy", "hits|lru", OPTIONS_CHOICE, F(evict_policy), 0, 0, "hits|lru", "hits", NULL, 0,
+     "which cached KV blocks go first: least recently\nused with a bonus for hits and tenant "
+     "weight,\n"
+     "or plain lru"},
     {"block-tokens", "N", OPTIONS_U32, F(geom.block_tokens), 1, 4096, NULL, "16", NULL, 0,
      "tokens per block"},
     {"kv-layers", "L", OPTIONS_U32, F(geom.layers), 1, 1024, NULL, "4", NULL, 0,

@@ -14,6 +14,10 @@
 #include "kvmm.h"
 
 enum options_backend { OPTIONS_BACKEND_AUTO, OPTIONS_BACKEND_CPU, OPTIONS_BACKEND_CUDA };
+/* --evict-policy: how cached KV blocks are chosen for eviction (kvmm.h,
+ * enum kvmm_evict_policy): LRU plus hits and tenant weights (the default),
+ * or plain LRU. */
+enum options_evict { OPTIONS_EVICT_HITS, OPTIONS_EVICT_LRU };
 
 struct options {
     char socket_path[108]; /* empty: the default rule (KVD_DEFAULT_SOCKET or fallback) */
@@ -26,8 +30,9 @@ struct options {
     double gpu_mem;         /* fraction of device memory in (0, 1]; 0: unset */
     uint32_t host_blocks;   /* UINT32_MAX: derived from host_mem, else the default */
     uint64_t host_mem;      /* bytes; 0: unset */
-    struct kv_geom geom;    /* store-mode geometry and block_tokens */
-    uint32_t max_frame;     /* bytes */
+    enum options_evict evict_policy;
+    struct kv_geom geom; /* store-mode geometry and block_tokens */
+    uint32_t max_frame;  /* bytes */
     uint32_t max_conns;
     /* Against hostile clients: connections per uid, connection slots only
      * admins may take, and generates queued (taken, not yet answered) per

@@ -42,15 +42,25 @@ static inline struct kv_geom fx_geom(void)
     return g;
 }
 
-static inline void fx_open(struct fx *f, uint32_t n_dev, uint32_t n_host)
+/* fx_open with an eviction policy (fx_open: the default, KVMM_EVICT_HITS). */
+static inline void fx_open_policy(struct fx *f, uint32_t n_dev, uint32_t n_host,
+                                  enum kvmm_evict_policy policy)
 {
-    struct kvmm_config cfg = {.geom = fx_geom(), .n_device_blocks = n_dev, .n_host_blocks = n_host};
+    struct kvmm_config cfg = {.geom = fx_geom(),
+                              .n_device_blocks = n_dev,
+                              .n_host_blocks = n_host,
+                              .evict_policy = policy};
     assert_int_equal(backend_cpu_new(&f->be), 0);
     cfg.be = f->be;
     assert_int_equal(kvmm_new(&cfg, &f->mm), 0);
     kvmm_lock(f->mm);
     f->locked = true;
     f->tb = kv_token_bytes(kvmm_geom(f->mm));
+}
+
+static inline void fx_open(struct fx *f, uint32_t n_dev, uint32_t n_host)
+{
+    fx_open_policy(f, n_dev, n_host, KVMM_EVICT_HITS);
 }
 
 /* Frees whatever fx_open made (all of it, part of it, or nothing). */
