@@ -52,11 +52,12 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
     err = radix_init(&mm->radix, &mm->pool, g.block_tokens);
     if (err)
         goto out_pool;
-    /* A block's bonus per doubling of its hits: one device pool's worth of
-     * clock ticks (every block use ticks once, so about the time a block
-     * used once stays cached under plain LRU pressure). */
+    /* A block's bonus per doubling of its hits: KVMM_HIT_SCALE_POOLS device
+     * pools' worth of clock ticks (kvmm_impl.h). */
     mm->evict_policy = cfg->evict_policy == KVMM_EVICT_LRU ? KVMM_EVICT_LRU : KVMM_EVICT_HITS;
-    mm->radix.hit_scale = mm->evict_policy == KVMM_EVICT_HITS ? cfg->n_device_blocks : 0;
+    mm->radix.hit_scale = mm->evict_policy == KVMM_EVICT_HITS
+                              ? (uint64_t)KVMM_HIT_SCALE_POOLS * cfg->n_device_blocks
+                              : 0;
     if (pthread_mutex_init(&mm->lock, NULL)) {
         err = KVD_EINTERNAL;
         goto out_radix;

@@ -47,7 +47,7 @@ struct kvmm_tenant_conf {
 
 /* How cached blocks are chosen for eviction (docs/architecture.md, "Eviction
  * order"). HITS, the default (0): each block's priority is its lru stamp
- * plus n_device_blocks * log2(1 + hits) clock ticks, and across tenants the
+ * plus 8 * n_device_blocks * log2(1 + hits) clock ticks, and across tenants the
  * victim is the one whose age behind that priority, divided by its tenant's
  * weight, is largest. LRU: the least recently used, weights ignored. */
 enum kvmm_evict_policy { KVMM_EVICT_HITS = 0, KVMM_EVICT_LRU = 1 };

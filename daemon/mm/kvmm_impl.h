@@ -14,6 +14,15 @@
 #include "seq.h"
 #include "tenant.h"
 
+/* The hit bonus per doubling of a block's hits (radix.hit_scale), in device
+ * pools' worth of clock ticks. The clock ticks about three times per block
+ * a request uses (its allocation or its match, and its release), so one
+ * pool's worth of ticks is about a third of a turnover of the pool, and 8
+ * pools about 2-3 turnovers: a block hit once outlives a block used once
+ * at the same time by that much. bench_evict measured 1, 2, 8, 16, 32 and
+ * 64: 8 to 16 gave the best hit rates across pool sizes (docs/performance.md). */
+#define KVMM_HIT_SCALE_POOLS 8u
+
 struct kvmm {
     pthread_mutex_t lock;
     /* Lock checks (KVD_LOCK_CHECKS builds): the thread holding lock, as
