@@ -14,13 +14,17 @@ static const char gen_help[] =
     "usage: kvctl generate (--tokens 1,2,3 | --text TEXT) [--max-tokens N]\n"
     "                      [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
     "                      [--stop 1,2] [--stop-text STR]... [--ignore-eos]\n"
-    "                      [--priority P] [--stream] [--json] [-v]\n"
+    "                      [--priority P] [--session NAME [--session-ttl S]]\n"
+    "                      [--stream] [--json] [-v]\n"
     "Generates from the prompt token ids and prints the generated ids as one\n"
     "comma-separated line; with --text (the prompt as text, tokenized by the\n"
     "daemon with the model's tokenizer) prints the completion's text.\n"
     "--stream prints them as they arrive. Generation stops at the model's\n"
     "end-of-generation tokens unless --ignore-eos, at --stop ids, and at a\n"
     "--stop-text string (cut from the text).\n"
+    "--session continues the named session's conversation (the prompt is\n"
+    "appended; without one, generates after it) and saves it grown (the daemon\n"
+    "needs --disk-dir); -v says what was saved.\n"
     "--json prints the reply (tokens, finish_reason, usage, timing) as JSON.\n"
     "-v adds a summary line on stderr. Needs a daemon serving a model: a daemon\n"
     "in store mode answers `unsupported` (exit 1).\n";
@@ -74,6 +78,8 @@ int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv)
         {"seed", required_argument, NULL, 'S'},
         {"stop", required_argument, NULL, 's'},
         {"priority", required_argument, NULL, 'P'},
+        {"session", required_argument, NULL, 'N'},
+        {"session-ttl", required_argument, NULL, 'L'},
         {"stream", no_argument, NULL, 'r'},
         {"json", no_argument, NULL, 'j'},
         {"verbose", no_argument, NULL, 'v'},
@@ -170,6 +176,20 @@ int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv)
             go.priority = (int32_t)v;
             break;
         }
+        case 'N':
+            go.session = optarg;
+            break;
+        case 'L': {
+            char *end;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (!*optarg || *optarg == '-' || *end || v < 1 || v > UINT32_MAX) {
+                rc = kvctl_usage_err("generate --session-ttl: \"%s\" is not a number of seconds",
+                                     optarg);
+                goto out;
+            }
+            go.session_ttl_s = (uint32_t)v;
+            break;
+        }
         case 'r':
             stream = true;
             break;
@@ -192,9 +212,15 @@ int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv)
         rc = kvctl_usage_err("generate: unexpected argument \"%s\"", argv[optind]);
         goto out;
     }
-    if (have_tokens == (text != NULL) || (have_tokens && !n_prompt)) {
+    if (go.session_ttl_s && !go.session) {
+        rc = kvctl_usage_err("generate: --session-ttl needs --session");
+        goto out;
+    }
+    if ((have_tokens && text) || (!have_tokens && !text && !go.session) ||
+        (have_tokens && !n_prompt)) {
         rc = kvctl_usage_err(
-            "generate: --tokens is required (prompt token ids, e.g. 1,2,3), or --text");
+            "generate: --tokens is required (prompt token ids, e.g. 1,2,3), or --text "
+            "(or --session alone)");
         goto out;
     }
     if ((rc = kvctl_connect(k)))
@@ -267,6 +293,11 @@ int kvctl_cmd_generate(struct kvctl *k, int argc, char **argv)
                 "; queue %.1f ms, first token %.1f ms, total %.1f ms\n",
                 res.finish_reason, res.prompt_tokens, res.cached_tokens, res.completion_tokens,
                 res.queue_ms, res.ttft_ms, res.total_ms);
+    if (verbose && res.session_saved == 1)
+        fprintf(stderr, "session %s: saved, %" PRIu32 " tokens, expires at %" PRIu64 "\n",
+                go.session, res.session_tokens, res.session_expires);
+    else if (res.session_saved == 0)
+        fprintf(stderr, "kvctl: session %s was not saved: %s\n", go.session, res.session_error);
 out:
     kvd_gen_result_free(&res);
     free(prompt);

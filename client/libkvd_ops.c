@@ -517,6 +517,10 @@ static int gen_send(struct kvd_ctx *ctx, const struct kvd_arg *prompt,
         args[na++] = KVD_ARG_B("stream", true);
     if (opts->priority)
         args[na++] = KVD_ARG_I("priority", opts->priority);
+    if (opts->session)
+        args[na++] = KVD_ARG_S("session", opts->session);
+    if (opts->session && opts->session_ttl_s)
+        args[na++] = KVD_ARG_U("session_ttl_s", opts->session_ttl_s);
     /* The callback's user pointer is opts itself: a caller's opts outlive the
      * wait (documented); the defaults above never stream. */
     rc = kvd_send(ctx, KVD_OP_GENERATE, args, na, stream ? gen_on_event : NULL,
@@ -529,7 +533,7 @@ int kvd_generate_send(struct kvd_ctx *ctx, const uint32_t *tokens, size_t n,
                       const struct kvd_gen_opts *opts, uint64_t *id)
 {
     struct kvd_arg toks = KVD_ARG_U32S("tokens", tokens, n);
-    bool seq_alone = !tokens && opts && opts->use_seq;
+    bool seq_alone = !tokens && opts && (opts->use_seq || opts->session);
     return gen_send(ctx, seq_alone ? NULL : &toks, opts, id);
 }
 
@@ -613,6 +617,17 @@ int kvd_generate_wait(struct kvd_ctx *ctx, uint64_t id, struct kvd_gen_result *o
         out->ttft_ms = d;
     if (!kvd_value_f64(kvd_value_path(r->body, "timing.total_ms"), &d))
         out->total_ms = d;
+    out->session_saved = -1;
+    const struct kvd_value *sv = kvd_value_get(r->body, "session");
+    if (sv) {
+        const struct kvd_value *saved = kvd_value_get(sv, "saved");
+        out->session_saved = saved && saved->type == KVD_T_BOOL && saved->v.b;
+        if (!kvd_value_u64(kvd_value_get(sv, "n_tokens"), &u))
+            out->session_tokens = (uint32_t)u;
+        if (!kvd_value_u64(kvd_value_get(sv, "expires"), &u))
+            out->session_expires = u;
+        copy_str(out->session_error, sizeof(out->session_error), kvd_value_get(sv, "message"));
+    }
     t = kvd_value_get(r->body, "text");
     if (t && t->type == KVD_T_STR) {
         out->text = malloc(t->v.str.len + 1);

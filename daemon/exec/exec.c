@@ -179,6 +179,87 @@ static void publish_tokens(struct exec *ex, struct sched_req *r)
     r->n_sent = n_gen;
 }
 
+/* Answers r and frees it (any thread: the executor's, or a disk worker's
+ * after a session save). */
+static void answer(struct exec *ex, struct sched_req *r)
+{
+    if (r->text && text_out_finish(r->text) != 0 && r->finish != SCHED_FINISH_ERROR) {
+        r->finish = SCHED_FINISH_ERROR;
+        kvd_error_set(&r->err, KVD_ENOMEM, "out of memory for the completion's text");
+    }
+    if (r->finish != SCHED_FINISH_ERROR)
+        publish_tokens(ex, r);
+    if (!atomic_load(&r->detached) && r->sink && r->sink->done)
+        r->sink->done(r->sink->ud, r);
+    pthread_mutex_lock(&ex->mu);
+    ex->n_live--;
+    ex->st.completed += r->finish == SCHED_FINISH_LENGTH || r->finish == SCHED_FINISH_STOP;
+    ex->st.cancelled += r->finish == SCHED_FINISH_CANCELLED;
+    ex->st.failed += r->finish == SCHED_FINISH_ERROR;
+    pthread_cond_broadcast(&ex->idle);
+    pthread_mutex_unlock(&ex->mu);
+    sched_req_free(r);
+}
+
+/* Closes the sequence a session request kept for its save. */
+static void close_kept(struct exec *ex, struct sched_session *s)
+{
+    if (!s->kept)
+        return;
+    kvmm_lock(ex->mm);
+    kvmm_seq_close(ex->mm, s->owner, s->seq);
+    kvmm_unlock(ex->mm);
+    s->kept = false;
+}
+
+struct save_job {
+    struct exec *ex;
+    struct sched_req *r;
+};
+
+/* The disk workers' job for a session request that ended well: the grown
+ * conversation (prompt and completion) is saved under the session's name
+ * while the kept sequence still holds its blocks; then r is answered. */
+static void save_job_run(void *ud, bool cancelled)
+{
+    struct save_job j = *(struct save_job *)ud;
+    free(ud);
+    struct sched_session *s = j.r->session;
+    if (cancelled)
+        kvd_error_set(&s->err, KVD_ECANCELLED, "the daemon is shutting down: not saved");
+    else
+        s->saved = kvmm_session_save(j.ex->mm, j.r->tenant, j.r->ns, s->name, j.r->toks,
+                                     j.r->n_toks, s->ttl_s, &s->info, &s->err) == 0;
+    close_kept(j.ex, s);
+    answer(j.ex, j.r);
+}
+
+/* A session request is saved before it is answered when it ended well (an
+ * error, a cancel: the session stays as it was); the save's disk I/O runs
+ * on the disk workers, never on this thread. */
+static bool save_first(struct exec *ex, struct sched_req *r)
+{
+    struct sched_session *s = r->session;
+    if (!s)
+        return false;
+    if (r->finish != SCHED_FINISH_LENGTH && r->finish != SCHED_FINISH_STOP) {
+        kvd_error_set(&s->err, KVD_ECANCELLED, "the request did not complete: not saved");
+        close_kept(ex, s);
+        return false;
+    }
+    struct save_job *job = malloc(sizeof *job);
+    if (job) {
+        *job = (struct save_job){ex, r};
+        if (ex->conf.disk_pool &&
+            workpool_submit(ex->conf.disk_pool, r->tenant, save_job_run, job) == 0)
+            return true;
+        free(job);
+    }
+    kvd_error_set(&s->err, KVD_EBUSY, "the disk workers are full: not saved");
+    close_kept(ex, s);
+    return false;
+}
+
 /* Answers and frees every request on the done list. */
 static void publish_done(struct exec *ex, struct sched_req *done)
 {
@@ -198,22 +279,8 @@ static void publish_done(struct exec *ex, struct sched_req *done)
         pthread_mutex_lock(&ex->mu);
         live_remove(ex, r);
         pthread_mutex_unlock(&ex->mu);
-        if (r->text && text_out_finish(r->text) != 0 && r->finish != SCHED_FINISH_ERROR) {
-            r->finish = SCHED_FINISH_ERROR;
-            kvd_error_set(&r->err, KVD_ENOMEM, "out of memory for the completion's text");
-        }
-        if (r->finish != SCHED_FINISH_ERROR)
-            publish_tokens(ex, r);
-        if (!atomic_load(&r->detached) && r->sink && r->sink->done)
-            r->sink->done(r->sink->ud, r);
-        pthread_mutex_lock(&ex->mu);
-        ex->n_live--;
-        ex->st.completed += r->finish == SCHED_FINISH_LENGTH || r->finish == SCHED_FINISH_STOP;
-        ex->st.cancelled += r->finish == SCHED_FINISH_CANCELLED;
-        ex->st.failed += r->finish == SCHED_FINISH_ERROR;
-        pthread_cond_broadcast(&ex->idle);
-        pthread_mutex_unlock(&ex->mu);
-        sched_req_free(r);
+        if (!save_first(ex, r))
+            answer(ex, r);
     }
 }
 

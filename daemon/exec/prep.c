@@ -186,6 +186,22 @@ int sched_req_prepare(struct kvmm *mm, const struct text *tx, struct sched_req *
         kvd_error_set(e, rc, "'%s': %s", p->param, terr);
         return kvd_error_param(e, p->param);
     }
+    if (!r->have_seq && !p->chat && r->n_toks) {
+        /* a session's conversation, then this text's tokens (gen_request.c) */
+        uint32_t *all = n <= SIZE_MAX / sizeof(uint32_t) - r->n_toks
+                            ? fault_malloc(sizeof(uint32_t) * (r->n_toks + n))
+                            : NULL;
+        if (!all) {
+            free(toks);
+            return kvd_error_set(e, KVD_ENOMEM, "out of memory");
+        }
+        memcpy(all, r->toks, sizeof(uint32_t) * r->n_toks);
+        if (n)
+            memcpy(all + r->n_toks, toks, sizeof(uint32_t) * n);
+        n += r->n_toks;
+        free(toks);
+        toks = all;
+    }
     if (r->have_seq)
         kvmm_lock(mm);
     rc = sched_req_set_prompt(mm, r, toks, n, p->replace, p->param, e);

@@ -341,6 +341,7 @@ void sched_req_free(struct sched_req *r)
         return;
     free(r->toks);
     free(r->prompt); /* one allocation (prep.c) */
+    free(r->session);
     text_out_free(r->text);
     free(r);
 }
@@ -360,6 +361,13 @@ static void release_seq(struct kvmm *mm, struct sched_req *r)
     if (!r->have_seq)
         return;
     uint64_t owner = sched_req_owner(r);
+    if (r->session && !r->conn_seq) { /* closed after the save (exec.c) */
+        r->session->kept = true;
+        r->session->seq = r->seq;
+        r->session->owner = owner;
+        r->have_seq = false;
+        return;
+    }
     if (r->conn_seq && !atomic_load(&r->detached) &&
         kvmm_seq_set_owner(mm, owner, r->seq, r->conn) == 0) {
         r->have_seq = false;

@@ -110,6 +110,9 @@ struct sched_req {
 
     uint32_t n_preempt; /* times preempted (swap or recompute), for accounting */
 
+    /* generate with `session` (owned; NULL without): see struct sched_session */
+    struct sched_session *session;
+
     /* this step */
     uint32_t step_n; /* tokens computed for it this step (0: not in the batch) */
 
@@ -118,6 +121,23 @@ struct sched_req {
     bool pre_wait;               /* waiting in the "admitted before" queue, not the heap */
     struct sched_req *live_prev; /* exec's live list (exec lock) */
     struct sched_req *hnext;     /* exec's (conn, id) hash chain (exec lock) */
+};
+
+/* A request that continues a named session and saves the grown
+ * conversation under the same name when it ends. Its sequence is not closed
+ * at the end but kept (kept, seq, owner) until the save has found its
+ * blocks, so none of them can be evicted between the two; the save runs on
+ * the disk workers before the request is answered (exec.c). */
+struct sched_session {
+    char name[KVMM_SESSION_NAME + 1];
+    uint64_t ttl_s;
+    bool kept;
+    kvmm_seq_t seq;
+    uint64_t owner;
+    /* the outcome, for the reply */
+    bool saved;
+    struct kvmm_session_info info;
+    struct kvd_error err; /* when not saved */
 };
 
 static inline uint64_t sched_req_owner(const struct sched_req *r)

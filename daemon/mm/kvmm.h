@@ -235,7 +235,9 @@ int kvmm_disk_flush(struct kvmm *mm, uint32_t timeout_ms, size_t *written, size_
  * Like the disk-tier calls above these take the lock themselves, and
  * kvmm_session_save / kvmm_session_delete write files: call them on a
  * worker, never on the event loop. ns is the tenant's own namespace. */
-#define KVMM_SESSION_NAME 128 /* bytes of a name at most */
+#define KVMM_SESSION_NAME 128                   /* bytes of a name at most */
+#define KVMM_SESSION_TTL_DEFAULT (7ull * 86400) /* a week */
+#define KVMM_SESSION_TTL_MAX (3650ull * 86400)  /* ten years */
 struct kvmm_session_info {
     char name[KVMM_SESSION_NAME + 1];
     size_t n_tokens;

@@ -17,6 +17,7 @@ void gen_args_init(struct gen_args *a)
 {
     memset(a, 0, sizeof(*a));
     a->top_p = 1.0;
+    a->session_ttl_s = KVMM_SESSION_TTL_DEFAULT;
 }
 
 static uint64_t random_seed(void)
@@ -107,7 +108,7 @@ static int check_prompt(const struct text *tx, const struct model_hparams *hp,
     const char *p = a->prompt_param ? a->prompt_param : "prompt";
     switch (a->prompt) {
     case GEN_PROMPT_NONE:
-        if (!a->has_seq)
+        if (!a->has_seq && !a->has_session)
             return bad(e, KVD_EBADREQ, p, "the request has no prompt");
         return 0;
     case GEN_PROMPT_TOKENS:
@@ -138,6 +139,61 @@ static int check_prompt(const struct text *tx, const struct model_hparams *hp,
     return 0;
 }
 
+/* generate with `session`: its checks, r's session state, and a copy of
+ * the live session's tokens (*toks NULL and *n 0 when it has none yet). */
+static int open_session(struct kvmm *mm, const struct gen_args *a, struct sched_req *r,
+                        uint32_t **toks, size_t *n, struct kvd_error *e)
+{
+    *toks = NULL;
+    *n = 0;
+    if (a->has_seq)
+        return bad(e, KVD_EBADREQ, "session", "give 'session' or 'seq', not both");
+    if (!kvmm_session_name_ok(a->session))
+        return bad(e, KVD_EBADREQ, "session", "'session' must be 1 to %d letters, digits or -_.:@/",
+                   KVMM_SESSION_NAME);
+    if (a->session_ttl_s < 1 || a->session_ttl_s > KVMM_SESSION_TTL_MAX)
+        return bad(e, KVD_EBADREQ, "session_ttl_s", "'session_ttl_s' must be 1 to %llu seconds",
+                   (unsigned long long)KVMM_SESSION_TTL_MAX);
+    if (!kvmm_disk_on(mm))
+        return bad(e, KVD_EUNSUPPORTED, "session", "sessions need a disk tier (--disk-dir)");
+    if (!(r->session = calloc(1, sizeof(*r->session))))
+        return kvd_error_set(e, KVD_ENOMEM, "out of memory");
+    snprintf(r->session->name, sizeof r->session->name, "%s", a->session);
+    r->session->ttl_s = a->session_ttl_s;
+    struct kvd_error le;
+    int rc = kvmm_session_tokens(mm, r->ns, a->session, toks, n, &le);
+    if (rc == KVD_ENOTFOUND) /* a new session */
+        return 0;
+    return rc ? bad(e, rc, "session", "'session': %s", le.message) : 0;
+}
+
+/* The prompt of a session request that continues the conversation (tokens,
+ * text or none): the session's tokens first; a text prompt's own tokens
+ * follow them once it is tokenized (prep.c). */
+static int session_prompt(struct kvmm *mm, struct sched_req *r, const struct gen_args *a,
+                          const uint32_t *st, size_t n_st, const char *param, struct kvd_error *e)
+{
+    if (a->prompt == GEN_PROMPT_NONE && n_st == 0)
+        return bad(e, KVD_EBADREQ, "session",
+                   "session '%s' holds no conversation yet: the request needs a prompt",
+                   a->session);
+    if (a->prompt != GEN_PROMPT_TOKENS)
+        return n_st ? sched_req_set_prompt(mm, r, st, n_st, false, "session", e) : 0;
+    if (n_st == 0)
+        return sched_req_set_prompt(mm, r, a->tokens, a->n_tokens, false, param, e);
+    if (a->n_tokens > SIZE_MAX / sizeof(uint32_t) - n_st)
+        return bad(e, KVD_ETOOLARGE, param, "the prompt is too long");
+    uint32_t *all = malloc(sizeof(uint32_t) * (n_st + a->n_tokens));
+    if (!all)
+        return kvd_error_set(e, KVD_ENOMEM, "out of memory");
+    memcpy(all, st, sizeof(uint32_t) * n_st);
+    if (a->n_tokens)
+        memcpy(all + n_st, a->tokens, sizeof(uint32_t) * a->n_tokens);
+    int rc = sched_req_set_prompt(mm, r, all, n_st + a->n_tokens, false, param, e);
+    free(all);
+    return rc;
+}
+
 int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a,
                       const struct gen_caller *c, const struct gen_limits *lim,
                       struct sched_req **out, struct kvd_error *e)
@@ -164,8 +220,17 @@ int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a
     }
     r->serial = exec_next_serial(ex);
 
+    uint32_t *st = NULL; /* the session's tokens */
+    size_t n_st = 0;
+    if (a->has_session && (rc = open_session(mm, a, r, &st, &n_st, e)) != 0) {
+        sched_req_free(r);
+        return rc;
+    }
+
     size_t n_seq = 0;
-    if (a->has_seq) {
+    if (a->has_session && a->prompt != GEN_PROMPT_MESSAGES) {
+        rc = session_prompt(mm, r, a, st, n_st, param, e);
+    } else if (a->has_seq) {
         kvmm_lock(mm);
         rc = sched_req_lend_seq(mm, r, a->seq, &n_seq, e);
         if (rc == 0 && (a->prompt == GEN_PROMPT_TOKENS || a->prompt == GEN_PROMPT_NONE))
@@ -176,7 +241,7 @@ int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a
     }
     if (rc == 0 && a->prompt == GEN_PROMPT_TEXT) {
         /* The model's BOS rule, at the start of a sequence only. */
-        r->prompt = sched_prompt_text(param, a->text, a->text_len, n_seq > 0 ? 0 : -1);
+        r->prompt = sched_prompt_text(param, a->text, a->text_len, n_seq + n_st > 0 ? 0 : -1);
         rc = r->prompt ? 0 : kvd_error_set(e, KVD_ENOMEM, "out of memory");
     } else if (rc == 0 && a->prompt == GEN_PROMPT_MESSAGES) {
         /* With seq, the conversation is the whole prompt: the sequence keeps
@@ -184,6 +249,7 @@ int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a
         r->prompt = sched_prompt_chat(param, a->msgs, a->n_msgs, a->has_seq);
         rc = r->prompt ? 0 : kvd_error_set(e, KVD_ENOMEM, "out of memory");
     }
+    free(st);
     if (rc) {
         gen_request_discard(mm, r);
         return rc;

@@ -67,6 +67,16 @@ struct gen_args {
     /* seq mode (msgpack connections): the connection's sequence */
     bool has_seq;
     uint64_t seq;
+
+    /* A named session (needs a disk tier; not with seq): tokens and text
+     * continue its conversation (appended after its tokens), messages are
+     * the whole conversation, as in chat completions (the session's blocks
+     * are its cached prefix); either way the grown conversation is saved
+     * under the same name, with session_ttl_s, when the request completes.
+     * A name with no live session starts one. */
+    bool has_session;
+    char session[KVMM_SESSION_NAME + 1];
+    uint64_t session_ttl_s; /* gen_args_init: KVMM_SESSION_TTL_DEFAULT */
 };
 
 void gen_args_init(struct gen_args *a);

@@ -393,6 +393,55 @@ static void on_tokens(void *ud, const uint32_t *toks, size_t n, const char *text
     check_unread(r);
 }
 
+/* A session request's outcome, as response headers (non-streaming replies;
+ * a stream's headers are gone before it ends). */
+static void session_reply_headers(struct evhttp_request *req, const struct sched_session *s)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    char v[KVD_ERROR_MSG_MAX + 32];
+    evhttp_add_header(h, "X-Kvd-Session-Saved", s->saved ? "true" : "false");
+    if (s->saved) {
+        snprintf(v, sizeof v, "%zu", s->info.n_tokens);
+        evhttp_add_header(h, "X-Kvd-Session-Tokens", v);
+        snprintf(v, sizeof v, "%llu", (unsigned long long)s->info.expires);
+        evhttp_add_header(h, "X-Kvd-Session-Expires", v);
+    } else {
+        snprintf(v, sizeof v, "%s: %s", kvd_err_code(s->err.code), s->err.message);
+        for (char *c = v; *c; c++)
+            if (*c == '\r' || *c == '\n')
+                *c = ' ';
+        evhttp_add_header(h, "X-Kvd-Session-Error", v);
+    }
+}
+
+/* X-Kvd-Session: NAME (and X-Kvd-Session-Ttl: seconds) make a completion a
+ * session request (gen_request.h): the conversation is continued from the
+ * session's cached blocks and saved back under the name. */
+static int session_headers(struct evhttp_request *req, struct gen_args *a, struct kvd_error *e)
+{
+    struct evkeyvalq *h = evhttp_request_get_input_headers(req);
+    const char *name = evhttp_find_header(h, "X-Kvd-Session");
+    const char *ttl = evhttp_find_header(h, "X-Kvd-Session-Ttl");
+    if (!name)
+        return ttl ? kvd_error_set(e, KVD_EBADREQ, "X-Kvd-Session-Ttl needs X-Kvd-Session") : 0;
+    if (strlen(name) > KVMM_SESSION_NAME || !kvmm_session_name_ok(name))
+        return kvd_error_set(e, KVD_EBADREQ,
+                             "X-Kvd-Session must be 1 to %d letters, digits or -_.:@/",
+                             KVMM_SESSION_NAME);
+    a->has_session = true;
+    snprintf(a->session, sizeof a->session, "%s", name);
+    if (ttl) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long v = strtoull(ttl, &end, 10);
+        if (ttl[0] < '0' || ttl[0] > '9' || *end || errno || v < 1 || v > KVMM_SESSION_TTL_MAX)
+            return kvd_error_set(e, KVD_EBADREQ, "X-Kvd-Session-Ttl must be 1 to %llu seconds",
+                                 (unsigned long long)KVMM_SESSION_TTL_MAX);
+        a->session_ttl_s = v;
+    }
+    return 0;
+}
+
 static void on_done(void *ud, const struct ops_generate_result *res)
 {
     struct http_req *r = ud;
@@ -429,6 +478,8 @@ static void on_done(void *ud, const struct ops_generate_result *res)
             o.usage = true;
             json = openai_render(&o, false, &len);
             if (json) {
+                if (res->session)
+                    session_reply_headers(r->req, res->session);
                 send_json(r->req, 200, json, len);
             } else {
                 kvd_error_set(&e, KVD_ENOMEM, "out of memory building the reply");
@@ -495,7 +546,8 @@ static void generate_parsed(struct http_req *r)
     r->include_usage = r->oq.include_usage;
     r->client = ops_generate_client_id(a->gc);
     struct ops_generate_client cb = {.ud = r, .tokens = on_tokens, .done = on_done};
-    if (ops_generate_client_submit(a->gc, r->client, &r->oq.args, r->tenant, r->ns, &cb, &e)) {
+    if (session_headers(req, &r->oq.args, &e) ||
+        ops_generate_client_submit(a->gc, r->client, &r->oq.args, r->tenant, r->ns, &cb, &e)) {
         send_err(req, &e);
         hreq_free(r);
         return;

@@ -111,7 +111,10 @@ static int decode(const msgpack_object *root, struct gen_args *a, struct mp_owne
     int rc;
     gen_args_init(a);
     memset(own, 0, sizeof(*own));
-    if ((rc = proto_opt_uint(root, "seq", &a->seq, &a->has_seq, err)))
+    if ((rc = proto_opt_uint(root, "seq", &a->seq, &a->has_seq, err)) ||
+        (rc = proto_opt_strz(root, "session", a->session, sizeof a->session, &a->has_session,
+                             err)) ||
+        (rc = proto_opt_uint(root, "session_ttl_s", &a->session_ttl_s, NULL, err)))
         return rc;
     bool has_toks = false;
     if ((rc = proto_opt_u32_array(root, "tokens", KVD_MAX_ARRAY, &own->tokens, &a->n_tokens,
@@ -121,9 +124,9 @@ static int decode(const msgpack_object *root, struct gen_args *a, struct mp_owne
     const msgpack_object *o_msgs = proto_map_find(root, "messages");
     if (has_toks + (o_text != NULL) + (o_msgs != NULL) > 1)
         return kvd_error_set(err, KVD_EBADREQ, "give one of 'tokens', 'text' and 'messages'");
-    if (!has_toks && !o_text && !o_msgs && !a->has_seq)
+    if (!has_toks && !o_text && !o_msgs && !a->has_seq && !a->has_session)
         return kvd_error_set(err, KVD_EBADREQ,
-                             "'tokens', 'text' or 'messages' is required (or 'seq')");
+                             "'tokens', 'text' or 'messages' is required (or 'seq' or 'session')");
     if (has_toks) {
         a->prompt = GEN_PROMPT_TOKENS;
         a->prompt_param = "tokens";
@@ -209,7 +212,8 @@ int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r)
     size_t n_gen = r->n_toks - r->n_prompt;
     uint64_t t_sched = r->t_sched ? r->t_sched : r->t_done;
     uint64_t t_first = r->t_first ? r->t_first : r->t_done;
-    rc = proto_reply_begin(&pk, r->id, 4 + seq + (r->text != NULL));
+    const struct sched_session *ss = r->session;
+    rc = proto_reply_begin(&pk, r->id, 4 + seq + (r->text != NULL) + (ss != NULL));
     rc = rc ? rc : proto_pack_kv_u32_array(&pk, "tokens", r->toks + r->n_prompt, n_gen);
     if (r->text) {
         size_t tl;
@@ -229,6 +233,20 @@ int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r)
     rc = rc ? rc : proto_pack_kv_double(&pk, "total_ms", ms_between(r->t_arrive, r->t_done));
     if (seq)
         rc = rc ? rc : proto_pack_kv_uint(&pk, "seq", r->seq);
+    if (ss) { /* what was saved, or why not (the completion stands either way) */
+        rc = rc ? rc : proto_pack_str(&pk, "session");
+        rc = rc ? rc : proto_pack_map(&pk, ss->saved ? 5 : 4);
+        rc = rc ? rc : proto_pack_kv_str(&pk, "name", ss->name);
+        rc = rc ? rc : proto_pack_kv_bool(&pk, "saved", ss->saved);
+        if (ss->saved) {
+            rc = rc ? rc : proto_pack_kv_uint(&pk, "n_tokens", ss->info.n_tokens);
+            rc = rc ? rc : proto_pack_kv_uint(&pk, "blocks", ss->info.blocks);
+            rc = rc ? rc : proto_pack_kv_uint(&pk, "expires", ss->info.expires);
+        } else {
+            rc = rc ? rc : proto_pack_kv_str(&pk, "code", kvd_err_code(ss->err.code));
+            rc = rc ? rc : proto_pack_kv_str(&pk, "message", ss->err.message);
+        }
+    }
     if (rc)
         return KVD_ENOMEM;
     return proto_frame_end(sb, at);

@@ -66,6 +66,7 @@ struct ops_generate_result {
     const char *text; /* their text (NULL: a token-only model) */
     size_t text_len;
     uint64_t prompt, cached, completion; /* usage */
+    const struct sched_session *session; /* a session request's save (NULL: none) */
 };
 
 struct ops_generate_client {

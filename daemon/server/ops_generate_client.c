@@ -35,6 +35,8 @@ struct gc_item {
     struct kvd_error err;
     enum sched_finish finish;
     uint64_t prompt, cached, completion;
+    bool has_session;
+    struct sched_session session; /* the outcome of a session request's save */
 };
 
 struct gen_clients {
@@ -81,6 +83,7 @@ static void gc_deliver(evutil_socket_t fd, short what, void *arg)
                 .prompt = it->prompt,
                 .cached = it->cached,
                 .completion = it->completion,
+                .session = it->has_session ? &it->session : NULL,
             };
             struct ops_generate_client cb = c->cb;
             free(c);
@@ -229,6 +232,10 @@ void gen_clients_done(struct gen_clients *gc, const struct sched_req *r)
     it->prompt = r->n_prompt;
     it->cached = r->n_cached;
     it->completion = n_gen;
+    if (r->session) {
+        it->has_session = true;
+        it->session = *r->session;
+    }
     push(gc, it);
 }
 

@@ -15,8 +15,8 @@
 #include "server.h"
 #include "workpool.h"
 
-#define TTL_DEFAULT (7ull * 86400) /* a week */
-#define TTL_MAX (3650ull * 86400)  /* ten years */
+#define TTL_DEFAULT KVMM_SESSION_TTL_DEFAULT
+#define TTL_MAX KVMM_SESSION_TTL_MAX
 
 struct ops_session {
     struct server *srv;

@@ -355,6 +355,13 @@ struct kvd_gen_opts {
     size_t n_stop_strs;
     bool ignore_eos;     /* do not stop at the model's end-of-generation tokens */
     kvd_text_fn on_text; /* non-NULL: stream, calling this per event (with on_tokens: both) */
+    /* A named session (the daemon needs a disk tier; not with use_seq):
+     * tokens and text continue its conversation (a NULL tokens prompt:
+     * generate after it), messages are the whole conversation; the grown
+     * conversation is saved under the name, kept session_ttl_s (0: the
+     * daemon's default, a week). The result says what was saved. */
+    const char *session;
+    uint32_t session_ttl_s;
 };
 /* Sets every option to "the daemon's default", no streaming. */
 KVD_API void kvd_gen_opts_init(struct kvd_gen_opts *o);
@@ -367,6 +374,13 @@ struct kvd_gen_result {
     double queue_ms, ttft_ms, total_ms;                       /* timing */
     char *text; /* the completion as text (NUL-terminated); NULL in token-only mode */
     size_t text_len;
+    /* With opts->session: 1 when the conversation was saved (session_tokens
+     * of it, until session_expires, unix seconds), 0 when not (the reason
+     * in session_error); -1 without a session. */
+    int session_saved;
+    uint32_t session_tokens;
+    uint64_t session_expires;
+    char session_error[256];
 };
 KVD_API void kvd_gen_result_free(struct kvd_gen_result *r);
 
