@@ -24,6 +24,15 @@
 #include "kvmm_impl.h"
 #include "log.h"
 
+/* A restore reads at most this many bytes of slots in one batch (and
+ * holds that much buffer per prefetch in flight). */
+#define KVMM_RESTORE_WINDOW_BYTES (8u << 20)
+#define KVMM_RESTORE_WINDOW_MAX 256u
+
+struct rwin;
+struct kvmm_disk;
+static void wins_free(struct kvmm_disk *d);
+
 struct wb_item {
     uint32_t id;
     struct blockkey key;
@@ -55,6 +64,8 @@ struct kvmm_disk {
     size_t dq_n, dq_cap;
     uint64_t detached_bytes, detach_max;
     uint64_t detach_skips, restored, restore_fails;
+    uint64_t restores, restore_ns, restore_last_ns; /* prefetches that restored blocks */
+    struct rwin *wins;                              /* under mu: idle restore windows */
 };
 
 struct blockkey mm_node_key(const struct kvmm *mm, const struct radix_node *node)
@@ -327,6 +338,7 @@ void mm_disk_free(struct kvmm *mm)
     free(d->dq);
     free(d->q);
     free(d->wbuf);
+    wins_free(d);
     disktier_close(d->dt);
     pthread_cond_destroy(&d->wake);
     pthread_cond_destroy(&d->flushed);
@@ -463,6 +475,68 @@ bool kvmm_disk_may_prefetch(struct kvmm *mm, uint32_t ns, const uint32_t *tokens
     return disktier_has(d->dt, nsh, key);
 }
 
+/* A restore window: the buffers one prefetch reads a batch of blocks into
+ * (one allocation of n slots), kept for the next prefetch. */
+struct rwin {
+    struct rwin *next;
+    size_t n;
+    unsigned char *bufs; /* n * slot_bytes, 4 KiB aligned */
+    struct disktier_rd *rd;
+};
+
+static struct rwin *win_get(struct kvmm_disk *d)
+{
+    pthread_mutex_lock(&d->mu);
+    struct rwin *w = d->wins;
+    if (w)
+        d->wins = w->next;
+    pthread_mutex_unlock(&d->mu);
+    if (w)
+        return w;
+    struct disktier_stats ts;
+    disktier_stats(d->dt, &ts);
+    size_t n = KVMM_RESTORE_WINDOW_BYTES / ts.slot_bytes;
+    n = n < 1 ? 1 : n > KVMM_RESTORE_WINDOW_MAX ? KVMM_RESTORE_WINDOW_MAX : n;
+    if (!(w = calloc(1, sizeof *w)))
+        return NULL;
+    w->n = n;
+    w->rd = calloc(n, sizeof *w->rd);
+    if (!w->rd || posix_memalign((void **)&w->bufs, 4096, n * ts.slot_bytes)) {
+        free(w->rd);
+        free(w);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        w->rd[i].buf = w->bufs + i * ts.slot_bytes;
+    return w;
+}
+
+static void win_put(struct kvmm_disk *d, struct rwin *w)
+{
+    pthread_mutex_lock(&d->mu);
+    w->next = d->wins;
+    d->wins = w;
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void wins_free(struct kvmm_disk *d)
+{
+    while (d->wins) {
+        struct rwin *w = d->wins;
+        d->wins = w->next;
+        free(w->bufs);
+        free(w->rd);
+        free(w);
+    }
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const uint32_t *tokens,
                           size_t n)
 {
@@ -471,13 +545,14 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
     size_t nb = n / bt, restored = 0;
     if (!d || nb == 0)
         return 0;
+    uint64_t t0 = mono_ns();
     struct radix_node **scratch = malloc(sizeof *scratch * nb);
-    void *buf = disktier_buf_new(d->dt);
+    struct rwin *w = win_get(d);
     char ns_name[DISKTIER_NS_NAME];
     struct blockkey key;
     uint64_t nsh = 0;
-    size_t m = 0;
-    bool ok = scratch && buf;
+    size_t m = 0, fails = 0;
+    bool ok = scratch && w;
     if (ok) {
         kvmm_lock(mm);
         ok = ns_ok(mm, ns) && tenant_live(&mm->tt, tenant);
@@ -488,36 +563,69 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
         }
         kvmm_unlock(mm);
     }
-    for (size_t b = m; ok && b < nb; b++) {
-        const uint32_t *toks = tokens + b * bt;
-        key = blockkey_next(key, toks, bt);
-        uint32_t slot = disktier_lookup(d->dt, nsh, key);
-        if (slot == DISKTIER_NONE)
-            break;
-        if (disktier_read(d->dt, slot, ns_name, nsh, key, toks, buf) != 0) {
-            kvmm_lock(mm);
-            d->restore_fails++;
-            kvmm_unlock(mm);
-            break;
-        }
-        kvmm_lock(mm);
-        /* The namespace may have been removed, and its id reused, meanwhile. */
-        struct radix_node *parent = ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], ns_name) == 0
-                                        ? parent_of(mm, ns, tokens, b, scratch)
-                                        : NULL;
-        ok = parent != NULL;
-        if (ok &&
-            !radix_child(&mm->radix, parent, toks, radix_hash(&mm->radix, parent->hash, toks))) {
-            ok = restore_one(mm, tenant, parent, toks, key, disktier_data(d->dt, buf));
-            if (ok) {
-                d->restored++;
-                restored++;
+    /* Window by window: the next blocks' slots are looked up (their keys
+     * follow from the tokens alone), read in one batch with the kvmm lock
+     * released, then enter the tree in order, up to the first that is not
+     * on disk or fails a check. */
+    size_t b = m;
+    while (ok && b < nb) {
+        size_t k = 0;
+        bool more = true;
+        while (k < w->n && b + k < nb) {
+            const uint32_t *toks = tokens + (b + k) * bt;
+            struct blockkey next = blockkey_next(key, toks, bt);
+            uint32_t slot = disktier_lookup(d->dt, nsh, next);
+            if (slot == DISKTIER_NONE) {
+                more = false;
+                break;
             }
+            w->rd[k].slot = slot;
+            w->rd[k].key = key = next;
+            w->rd[k].tokens = toks;
+            k++;
         }
-        kvmm_unlock(mm);
+        if (k == 0)
+            break;
+        disktier_read_many(d->dt, ns_name, nsh, w->rd, k);
+        for (size_t i = 0; ok && i < k; i++, b++) {
+            const uint32_t *toks = tokens + b * bt;
+            if (w->rd[i].rc != 0) {
+                fails++;
+                ok = false;
+                break;
+            }
+            kvmm_lock(mm);
+            /* The namespace may have been removed, and its id reused, meanwhile. */
+            struct radix_node *parent = ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], ns_name) == 0
+                                            ? parent_of(mm, ns, tokens, b, scratch)
+                                            : NULL;
+            ok = parent != NULL;
+            if (ok && !radix_child(&mm->radix, parent, toks,
+                                   radix_hash(&mm->radix, parent->hash, toks))) {
+                ok = restore_one(mm, tenant, parent, toks, w->rd[i].key,
+                                 disktier_data(d->dt, w->rd[i].buf));
+                if (ok) {
+                    d->restored++;
+                    restored++;
+                }
+            }
+            kvmm_unlock(mm);
+        }
+        if (!more)
+            break;
     }
+    uint64_t took = mono_ns() - t0;
+    kvmm_lock(mm);
+    d->restore_fails += fails;
+    if (restored) {
+        d->restores++;
+        d->restore_ns += took;
+        d->restore_last_ns = took;
+    }
+    kvmm_unlock(mm);
+    if (w)
+        win_put(d, w);
     free(scratch);
-    free(buf);
     return restored;
 }
 
@@ -534,6 +642,9 @@ void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st)
     st->detach_skips = d->detach_skips;
     st->restored = d->restored;
     st->restore_fails = d->restore_fails;
+    st->restores = d->restores;
+    st->restore_ns = d->restore_ns;
+    st->restore_last_ns = d->restore_last_ns;
     kvmm_unlock(mm);
     st->sessions = mm_sessions_count(mm);
     disktier_stats(d->dt, &st->tier);
