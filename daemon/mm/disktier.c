@@ -1017,6 +1017,7 @@ int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct b
     int saved_errno = errno;
 
     pthread_mutex_lock(&dt->mu);
+    dt->st.write_reqs++;
     if (w != (ssize_t)dt->slot_bytes) {
         dt->st.io_errors++;
         free_push(dt, s);
