@@ -964,74 +964,79 @@ static uint32_t slot_take(struct disktier *dt)
     return s;
 }
 
-/* pwrite of the whole slot, with the injected faults of the tests. */
-static ssize_t slot_write(struct disktier *dt, const void *buf, uint32_t s)
+/* The injected fault of the tests a block write takes, if any (each point
+ * counted once per block, in this order). */
+enum wr_fault { WR_OK = 0, WR_EIO, WR_NOSPC, WR_TORN };
+
+static enum wr_fault wr_fault_next(void)
 {
-    if (fault_should_fail(FAULT_DISK_WRITE)) {
+    if (fault_should_fail(FAULT_DISK_WRITE))
+        return WR_EIO;
+    if (fault_should_fail(FAULT_DISK_NOSPC))
+        return WR_NOSPC;
+    if (fault_should_fail(FAULT_DISK_TORN))
+        return WR_TORN;
+    return WR_OK;
+}
+
+/* pwrite of one whole slot, failing as the fault says. */
+static ssize_t slot_write(struct disktier *dt, const void *buf, uint32_t s, enum wr_fault f)
+{
+    size_t n = dt->slot_bytes;
+    switch (f) {
+    case WR_EIO:
         errno = EIO;
         return -1;
-    }
-    if (fault_should_fail(FAULT_DISK_NOSPC)) {
+    case WR_NOSPC:
         errno = ENOSPC;
         return -1;
-    }
-    size_t n = dt->slot_bytes;
-    if (fault_should_fail(FAULT_DISK_TORN)) /* half the slot lands; success reported */
+    case WR_TORN: /* half the slot lands; success reported */
         return pwrite(dt->data_fd, buf, round_up(n / 2, PAGE), slot_off(dt, s)) < 0 ? -1
                                                                                     : (ssize_t)n;
+    case WR_OK:
+        break;
+    }
     return pwrite(dt->data_fd, buf, n, slot_off(dt, s));
 }
 
-int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct blockkey key,
-                 const uint32_t *tokens, void *buf)
+/* The slot header of a block about to be written to buf. */
+static void slot_hdr_fill(const struct disktier *dt, const struct disktier_wr *w)
 {
-    struct slot_hdr *h = buf;
-    uint32_t *stored = (uint32_t *)((char *)buf + sizeof *h);
-    pthread_mutex_lock(&dt->mu);
-    if (dt->table[table_find(dt, ns, key)]) {
-        pthread_mutex_unlock(&dt->mu);
-        return 0;
-    }
-    uint32_t s = slot_take(dt);
-    if (s == DISKTIER_NONE) {
-        dt->st.write_skips++;
-        pthread_mutex_unlock(&dt->mu);
-        return KVD_ENOMEM;
-    }
-    pthread_mutex_unlock(&dt->mu);
-
+    struct slot_hdr *h = w->buf;
+    uint32_t *stored = (uint32_t *)((char *)w->buf + sizeof *h);
     memset(h, 0, sizeof *h);
     h->magic = SLOT_MAGIC;
     h->version = FILE_VERSION;
     h->block_tokens = dt->block_tokens;
     h->block_bytes = dt->block_bytes;
-    h->ns = ns;
-    h->key_lo = key.lo;
-    h->key_hi = key.hi;
+    h->ns = w->ns;
+    h->key_lo = w->key.lo;
+    h->key_hi = w->key.hi;
     h->uuid = dt->uuid;
-    snprintf(h->ns_name, sizeof h->ns_name, "%s", ns_name);
-    memcpy(stored, tokens, 4ull * dt->block_tokens);
-    h->data_sum = data_sum(disktier_data(dt, buf), dt->block_bytes, key.lo);
+    snprintf(h->ns_name, sizeof h->ns_name, "%s", w->ns_name);
+    memcpy(stored, w->tokens, 4ull * dt->block_tokens);
+    h->data_sum = data_sum(disktier_data(dt, w->buf), dt->block_bytes, w->key.lo);
     h->sum = slot_hdr_sum(h, dt->block_tokens);
-    ssize_t w = slot_write(dt, buf, s);
-    int saved_errno = errno;
+}
 
-    pthread_mutex_lock(&dt->mu);
-    dt->st.write_reqs++;
-    if (w != (ssize_t)dt->slot_bytes) {
+/* Under mu: slot s now holds w's block (written: ok), or goes back to the
+ * free list. 0 or KVD_EINTERNAL. */
+static int put_finish(struct disktier *dt, uint32_t s, const struct disktier_wr *w, bool ok,
+                      int err)
+{
+    const struct slot_hdr *h = w->buf;
+    if (!ok) {
         dt->st.io_errors++;
         free_push(dt, s);
-        pthread_mutex_unlock(&dt->mu);
-        log_warn("disk tier: writing slot %u failed: %s", s,
-                 w < 0 ? strerror(saved_errno) : "a short write");
+        log_warn("disk tier: writing slot %u failed: %s", s, err ? strerror(err) : "a short write");
         return KVD_EINTERNAL;
     }
     struct disk_rec *r = &dt->recs[s];
     *r = (struct disk_rec){.magic = REC_MAGIC,
                            .flags = REC_VALID,
-                           .ns = ns,
-                           .key_lo = key.lo,
-                           .key_hi = key.hi,
+                           .ns = w->ns,
+                           .key_lo = w->key.lo,
+                           .key_hi = w->key.hi,
                            .data_sum = h->data_sum,
                            .stamp = dt->stamp++};
     r->sum = rec_sum(r);
@@ -1048,7 +1053,6 @@ int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct b
         memset(r, 0, sizeof *r);
         dt->st.io_errors++;
         free_push(dt, s);
-        pthread_mutex_unlock(&dt->mu);
         return KVD_EINTERNAL;
     }
     dt->unsynced[dt->n_unsynced++] = s;
@@ -1058,8 +1062,120 @@ int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct b
     dt->st.cached_slots++;
     dt->st.writes++;
     dt->st.write_bytes += dt->slot_bytes;
-    pthread_mutex_unlock(&dt->mu);
     return 0;
+}
+
+size_t disktier_put_many(struct disktier *dt, struct disktier_wr *v, size_t n)
+{
+    if (n == 0)
+        return 0;
+    size_t per_req = DISKTIER_REQ_BYTES / dt->slot_bytes;
+    if (per_req == 0)
+        per_req = 1;
+    uint32_t *slot = malloc(sizeof *slot * n);
+    size_t *ord = malloc(sizeof *ord * n);
+    ssize_t *res = malloc(sizeof *res * n);
+    int *err = malloc(sizeof *err * n);
+    enum wr_fault *fault = malloc(sizeof *fault * n);
+    struct iovec *iov = malloc(sizeof *iov * n);
+    size_t n_ok = 0, n_ord = 0, reqs = 0;
+    if (!slot || !ord || !res || !err || !fault || !iov) {
+        for (size_t i = 0; i < n; i++)
+            v[i].rc = KVD_ENOMEM;
+        goto out;
+    }
+
+    pthread_mutex_lock(&dt->mu);
+    for (size_t i = 0; i < n; i++) {
+        slot[i] = DISKTIER_NONE;
+        v[i].rc = 0;
+        bool dup = dt->table[table_find(dt, v[i].ns, v[i].key)] != 0;
+        for (size_t j = 0; !dup && j < i; j++) /* the same block twice in a batch */
+            dup = slot[j] != DISKTIER_NONE && v[j].ns == v[i].ns && blockkey_eq(v[j].key, v[i].key);
+        if (dup) {
+            n_ok++;
+            continue;
+        }
+        if ((slot[i] = slot_take(dt)) == DISKTIER_NONE) {
+            dt->st.write_skips++;
+            v[i].rc = KVD_ENOMEM;
+        }
+    }
+    pthread_mutex_unlock(&dt->mu);
+
+    for (size_t i = 0; i < n; i++) {
+        res[i] = -1;
+        err[i] = 0;
+        if (slot[i] == DISKTIER_NONE)
+            continue;
+        slot_hdr_fill(dt, &v[i]);
+        fault[i] = wr_fault_next();
+        if (fault[i] != WR_OK) { /* a fault is one block's: written on its own */
+            res[i] = slot_write(dt, v[i].buf, slot[i], fault[i]);
+            err[i] = errno;
+            reqs++;
+        } else {
+            ord[n_ord++] = i;
+        }
+    }
+    /* The others by slot; runs of adjacent slots go out as one pwritev. */
+    for (size_t i = 1; i < n_ord; i++) {
+        size_t x = ord[i], j = i;
+        while (j > 0 && slot[ord[j - 1]] > slot[x]) {
+            ord[j] = ord[j - 1];
+            j--;
+        }
+        ord[j] = x;
+    }
+    for (size_t k = 0; k < n_ord;) {
+        size_t run = 1;
+        while (k + run < n_ord && run < per_req && slot[ord[k + run]] == slot[ord[k]] + run)
+            run++;
+        for (size_t r = 0; r < run; r++)
+            iov[r] = (struct iovec){v[ord[k + r]].buf, dt->slot_bytes};
+        ssize_t w = pwritev(dt->data_fd, iov, (int)run, slot_off(dt, slot[ord[k]]));
+        int e = errno;
+        reqs++;
+        if (w == (ssize_t)(run * dt->slot_bytes)) {
+            for (size_t r = 0; r < run; r++)
+                res[ord[k + r]] = (ssize_t)dt->slot_bytes;
+        } else { /* failed or short: each block once more on its own */
+            for (size_t r = 0; r < run; r++) {
+                size_t i = ord[k + r];
+                res[i] = run == 1 ? w : slot_write(dt, v[i].buf, slot[i], WR_OK);
+                err[i] = run == 1 ? e : errno;
+                reqs += run > 1;
+            }
+        }
+        k += run;
+    }
+
+    pthread_mutex_lock(&dt->mu);
+    dt->st.write_reqs += reqs;
+    for (size_t i = 0; i < n; i++) {
+        if (slot[i] == DISKTIER_NONE)
+            continue;
+        bool ok = res[i] == (ssize_t)dt->slot_bytes;
+        v[i].rc = put_finish(dt, slot[i], &v[i], ok, ok || res[i] >= 0 ? 0 : err[i]);
+        n_ok += v[i].rc == 0;
+    }
+    pthread_mutex_unlock(&dt->mu);
+out:
+    free(slot);
+    free(ord);
+    free(res);
+    free(err);
+    free(fault);
+    free(iov);
+    return n_ok;
+}
+
+int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct blockkey key,
+                 const uint32_t *tokens, void *buf)
+{
+    struct disktier_wr w = {.ns_name = ns_name, .ns = ns, .key = key, .tokens = tokens, .buf = buf};
+    disktier_put_many(dt, &w, 1);
+    return w.rc;
 }
 
 int disktier_sync(struct disktier *dt)

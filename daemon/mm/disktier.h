@@ -121,6 +121,23 @@ bool disktier_uring(const struct disktier *dt);
 int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct blockkey key,
                  const uint32_t *tokens, void *buf);
 
+/* One block of a batch write (disktier_put_many). */
+struct disktier_wr {
+    const char *ns_name;
+    uint64_t ns;
+    struct blockkey key;
+    const uint32_t *tokens; /* block_tokens ids */
+    void *buf;              /* disktier_buf_new, the block's bytes at disktier_data */
+    int rc;                 /* out: as disktier_put's */
+};
+
+/* disktier_put of n blocks at once: their slots are taken under one lock
+ * (a free list in slot order gives adjacent ones), runs of adjacent slots
+ * go out as one pwritev each (up to DISKTIER_REQ_BYTES), and each block
+ * ends as disktier_put's would (v[i].rc). Returns how many are on disk (or
+ * were already). */
+size_t disktier_put_many(struct disktier *dt, struct disktier_wr *v, size_t n);
+
 /* Makes every write so far durable (fdatasync of both files). A failure
  * drops what was written since the last good sync: its pages cannot be
  * trusted. 0 or KVD_EINTERNAL. */
