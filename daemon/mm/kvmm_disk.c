@@ -236,6 +236,7 @@ static size_t write_batch(struct kvmm_disk *d)
         wr[i].ns_name = w[i].ns_name;
         wr[i].ns = blockkey_ns(w[i].ns_name);
     }
+    MM_ASSERT_UNLOCKED(mm);
     disktier_put_many(d->dt, wr, n);
     for (size_t i = 0; i < n; i++) {
         if (wr[i].rc == 0)
@@ -641,6 +642,7 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
         }
         if (k == 0)
             break;
+        MM_ASSERT_UNLOCKED(mm);
         disktier_read_many(d->dt, ns_name, nsh, w->rd, k);
         for (size_t i = 0; ok && i < k; i++, b++) {
             const uint32_t *toks = tokens + b * bt;
