@@ -268,12 +268,15 @@ bool kvmm_session_name_ok(const char *name);
 struct kvmm_disk_stats {
     bool on;
     struct disktier_stats tier;
-    uint64_t queued;        /* blocks waiting for the writer */
-    uint64_t detached;      /* copies of dropped blocks waiting for the writer */
-    uint64_t detach_skips;  /* dropped before they were written, over detach_max_bytes */
-    uint64_t restored;      /* blocks brought back from disk */
-    uint64_t restore_fails; /* reads that failed a check (recomputed) */
-    uint64_t sessions;      /* live sessions, all tenants */
+    uint64_t queued;          /* blocks waiting for the writer */
+    uint64_t detached;        /* copies of dropped blocks waiting for the writer */
+    uint64_t detach_skips;    /* dropped before they were written, over detach_max_bytes */
+    uint64_t restored;        /* blocks brought back from disk */
+    uint64_t restore_fails;   /* reads that failed a check (recomputed) */
+    uint64_t restores;        /* prefetches that restored at least one block */
+    uint64_t restore_ns;      /* their total time (lookups, reads, checks, into the tree) */
+    uint64_t restore_last_ns; /* the last one's */
+    uint64_t sessions;        /* live sessions, all tenants */
 };
 void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st);
 

@@ -24,6 +24,18 @@
 #include "kvmm_impl.h"
 #include "log.h"
 
+/* A restore reads at most this many bytes of slots in one batch (and
+ * holds that much buffer per prefetch in flight). */
+#define KVMM_RESTORE_WINDOW_BYTES (8u << 20)
+#define KVMM_RESTORE_WINDOW_MAX 256u
+/* The writer writes at most this many bytes of slots (and blocks) per batch. */
+#define KVMM_WB_BATCH_BYTES (8u << 20)
+#define KVMM_WB_BATCH_MAX 256u
+
+struct rwin;
+struct kvmm_disk;
+static void wins_free(struct kvmm_disk *d);
+
 struct wb_item {
     uint32_t id;
     struct blockkey key;
@@ -47,7 +59,10 @@ struct kvmm_disk {
     pthread_cond_t wake, flushed;
     uint64_t flush_req, flush_done;
     atomic_uint_fast64_t written;
-    void *wbuf; /* the writer's slot buffer */
+    void *wbuf;                     /* the writer's slot buffers: wb_n of them, */
+    void *wbufs[KVMM_WB_BATCH_MAX]; /*   at wbuf + i * slot_bytes */
+    uint32_t *wtokens;              /* wb_n * block_tokens */
+    size_t wb_n;
     /* Under the kvmm lock: */
     struct wb_item *q; /* FIFO: q[q_head, q_n) */
     size_t q_head, q_n, q_cap;
@@ -55,6 +70,8 @@ struct kvmm_disk {
     size_t dq_n, dq_cap;
     uint64_t detached_bytes, detach_max;
     uint64_t detach_skips, restored, restore_fails;
+    uint64_t restores, restore_ns, restore_last_ns; /* prefetches that restored blocks */
+    struct rwin *wins;                              /* under mu: idle restore windows */
 };
 
 struct blockkey mm_node_key(const struct kvmm *mm, const struct radix_node *node)
@@ -149,14 +166,24 @@ void mm_disk_dropping(struct kvmm *mm, struct radix_node *node)
     d->detached_bytes += ts.slot_bytes;
 }
 
-/* Writes one queued block or detached copy. false when there was none. */
-static bool write_one(struct kvmm_disk *d)
+/* One block of the writer's batch: a detached copy (its own buffer and
+ * tokens) or a queued block copied into wbufs. */
+struct wb_slot {
+    bool detached;
+    uint32_t id; /* queued: the pool block */
+    char ns_name[DISKTIER_NS_NAME];
+    uint32_t *tokens;
+    void *buf;
+};
+
+/* Takes the next block to write into w (the kvmm lock taken and released
+ * for it alone, so the executor never waits behind a whole batch). false
+ * when nothing is left. */
+static bool wb_take(struct kvmm_disk *d, struct wb_slot *w, struct disktier_wr *wr, void *wbuf,
+                    uint32_t *tokens)
 {
     struct kvmm *mm = d->mm;
     uint32_t bt = mm->geom.block_tokens;
-    uint32_t tokens[4096];
-    char ns_name[DISKTIER_NS_NAME];
-
     kvmm_lock(mm);
     if (d->dq_n) {
         struct detached x = d->dq[--d->dq_n];
@@ -164,10 +191,9 @@ static bool write_one(struct kvmm_disk *d)
         disktier_stats(d->dt, &ts);
         d->detached_bytes -= ts.slot_bytes;
         kvmm_unlock(mm);
-        if (disktier_put(d->dt, x.ns_name, blockkey_ns(x.ns_name), x.key, x.tokens, x.buf) == 0)
-            atomic_fetch_add(&d->written, 1);
-        free(x.buf);
-        free(x.tokens);
+        *w = (struct wb_slot){.detached = true, .tokens = x.tokens, .buf = x.buf};
+        snprintf(w->ns_name, sizeof w->ns_name, "%s", x.ns_name);
+        *wr = (struct disktier_wr){.key = x.key, .tokens = x.tokens, .buf = x.buf};
         return true;
     }
     while (d->q_head < d->q_n) {
@@ -175,29 +201,58 @@ static bool write_one(struct kvmm_disk *d)
         struct pool_block *b = pool_block(&mm->pool, it.id);
         if (!b->used || !b->node || b->disk != POOL_DISK_QUEUED || !blockkey_eq(b->key, it.key))
             continue; /* gone, or already written or detached */
-        if (!mm_disk_copy_out(mm, it.id, disktier_data(d->dt, d->wbuf))) {
+        if (!mm_disk_copy_out(mm, it.id, disktier_data(d->dt, wbuf))) {
             if (b->disk == POOL_DISK_QUEUED)
                 b->disk = POOL_DISK_NONE;
             continue;
         }
+        *w = (struct wb_slot){.id = it.id, .tokens = tokens, .buf = wbuf};
         memcpy(tokens, b->node->tokens, sizeof(uint32_t) * bt);
-        snprintf(ns_name, sizeof ns_name, "%s", mm->tt.ns_names[b->node->ns]);
+        snprintf(w->ns_name, sizeof w->ns_name, "%s", mm->tt.ns_names[b->node->ns]);
         b->disk = POOL_DISK_CLEAN;
         kvmm_unlock(mm);
-        int rc = disktier_put(d->dt, ns_name, blockkey_ns(ns_name), it.key, tokens, d->wbuf);
-        if (rc == 0) {
-            atomic_fetch_add(&d->written, 1);
-        } else {
-            kvmm_lock(mm);
-            if (b->used && blockkey_eq(b->key, it.key) && b->disk == POOL_DISK_CLEAN)
-                b->disk = POOL_DISK_NONE;
-            kvmm_unlock(mm);
-        }
+        *wr = (struct disktier_wr){.key = it.key, .tokens = tokens, .buf = wbuf};
         return true;
     }
     d->q_head = d->q_n = 0;
     kvmm_unlock(mm);
     return false;
+}
+
+/* Writes up to a batch of queued blocks and detached copies with one
+ * disktier_put_many (adjacent slots go out as one write). Returns how
+ * many it took; 0 when there were none. */
+static size_t write_batch(struct kvmm_disk *d)
+{
+    struct kvmm *mm = d->mm;
+    uint32_t bt = mm->geom.block_tokens;
+    struct wb_slot w[KVMM_WB_BATCH_MAX];
+    struct disktier_wr wr[KVMM_WB_BATCH_MAX];
+    size_t n = 0;
+    while (n < d->wb_n && !atomic_load(&d->stop) &&
+           wb_take(d, &w[n], &wr[n], d->wbufs[n], d->wtokens + n * bt))
+        n++;
+    for (size_t i = 0; i < n; i++) {
+        wr[i].ns_name = w[i].ns_name;
+        wr[i].ns = blockkey_ns(w[i].ns_name);
+    }
+    MM_ASSERT_UNLOCKED(mm);
+    disktier_put_many(d->dt, wr, n);
+    for (size_t i = 0; i < n; i++) {
+        if (wr[i].rc == 0)
+            atomic_fetch_add(&d->written, 1);
+        if (w[i].detached) {
+            free(w[i].buf);
+            free(w[i].tokens);
+        } else if (wr[i].rc != 0) {
+            kvmm_lock(mm);
+            struct pool_block *b = pool_block(&mm->pool, w[i].id);
+            if (b->used && blockkey_eq(b->key, wr[i].key) && b->disk == POOL_DISK_CLEAN)
+                b->disk = POOL_DISK_NONE;
+            kvmm_unlock(mm);
+        }
+    }
+    return n;
 }
 
 static void deadline_in(struct timespec *ts, uint32_t ms)
@@ -225,9 +280,9 @@ static void *writer_main(void *arg)
         }
         uint64_t want = d->flush_req;
         pthread_mutex_unlock(&d->mu);
-        size_t n = 0;
-        while (!atomic_load(&d->stop) && write_one(d))
-            n++;
+        size_t n = 0, k;
+        while (!atomic_load(&d->stop) && (k = write_batch(d)) > 0)
+            n += k;
         if (n)
             disktier_sync(d->dt);
         pthread_mutex_lock(&d->mu);
@@ -265,8 +320,18 @@ int kvmm_disk_open(struct kvmm *mm, const struct kvmm_disk_conf *c, struct kvd_e
     pthread_cond_init(&d->wake, &ca);
     pthread_cond_init(&d->flushed, &ca);
     pthread_condattr_destroy(&ca);
-    d->wbuf = disktier_buf_new(d->dt);
-    if (!d->wbuf) {
+    struct disktier_stats ts;
+    disktier_stats(d->dt, &ts);
+    d->wb_n = KVMM_WB_BATCH_BYTES / ts.slot_bytes;
+    d->wb_n = d->wb_n < 1 ? 1 : d->wb_n > KVMM_WB_BATCH_MAX ? KVMM_WB_BATCH_MAX : d->wb_n;
+    if (posix_memalign(&d->wbuf, 4096, d->wb_n * ts.slot_bytes))
+        d->wbuf = NULL;
+    d->wtokens = malloc(sizeof *d->wtokens * d->wb_n * mm->geom.block_tokens);
+    if (d->wbuf) /* the slots' padding goes to disk too: zeros, not old heap bytes */
+        memset(d->wbuf, 0, d->wb_n * ts.slot_bytes);
+    for (size_t i = 0; d->wbuf && i < d->wb_n; i++)
+        d->wbufs[i] = (char *)d->wbuf + i * ts.slot_bytes;
+    if (!d->wbuf || !d->wtokens) {
         rc = kvd_error_set(e, KVD_ENOMEM, "disk tier: out of memory");
         goto fail;
     }
@@ -288,6 +353,7 @@ int kvmm_disk_open(struct kvmm *mm, const struct kvmm_disk_conf *c, struct kvd_e
     return 0;
 fail:
     free(d->wbuf);
+    free(d->wtokens);
     disktier_close(d->dt);
     pthread_cond_destroy(&d->wake);
     pthread_cond_destroy(&d->flushed);
@@ -327,6 +393,8 @@ void mm_disk_free(struct kvmm *mm)
     free(d->dq);
     free(d->q);
     free(d->wbuf);
+    free(d->wtokens);
+    wins_free(d);
     disktier_close(d->dt);
     pthread_cond_destroy(&d->wake);
     pthread_cond_destroy(&d->flushed);
@@ -463,6 +531,68 @@ bool kvmm_disk_may_prefetch(struct kvmm *mm, uint32_t ns, const uint32_t *tokens
     return disktier_has(d->dt, nsh, key);
 }
 
+/* A restore window: the buffers one prefetch reads a batch of blocks into
+ * (one allocation of n slots), kept for the next prefetch. */
+struct rwin {
+    struct rwin *next;
+    size_t n;
+    unsigned char *bufs; /* n * slot_bytes, 4 KiB aligned */
+    struct disktier_rd *rd;
+};
+
+static struct rwin *win_get(struct kvmm_disk *d)
+{
+    pthread_mutex_lock(&d->mu);
+    struct rwin *w = d->wins;
+    if (w)
+        d->wins = w->next;
+    pthread_mutex_unlock(&d->mu);
+    if (w)
+        return w;
+    struct disktier_stats ts;
+    disktier_stats(d->dt, &ts);
+    size_t n = KVMM_RESTORE_WINDOW_BYTES / ts.slot_bytes;
+    n = n < 1 ? 1 : n > KVMM_RESTORE_WINDOW_MAX ? KVMM_RESTORE_WINDOW_MAX : n;
+    if (!(w = calloc(1, sizeof *w)))
+        return NULL;
+    w->n = n;
+    w->rd = calloc(n, sizeof *w->rd);
+    if (!w->rd || posix_memalign((void **)&w->bufs, 4096, n * ts.slot_bytes)) {
+        free(w->rd);
+        free(w);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        w->rd[i].buf = w->bufs + i * ts.slot_bytes;
+    return w;
+}
+
+static void win_put(struct kvmm_disk *d, struct rwin *w)
+{
+    pthread_mutex_lock(&d->mu);
+    w->next = d->wins;
+    d->wins = w;
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void wins_free(struct kvmm_disk *d)
+{
+    while (d->wins) {
+        struct rwin *w = d->wins;
+        d->wins = w->next;
+        free(w->bufs);
+        free(w->rd);
+        free(w);
+    }
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const uint32_t *tokens,
                           size_t n)
 {
@@ -471,13 +601,14 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
     size_t nb = n / bt, restored = 0;
     if (!d || nb == 0)
         return 0;
+    uint64_t t0 = mono_ns();
     struct radix_node **scratch = malloc(sizeof *scratch * nb);
-    void *buf = disktier_buf_new(d->dt);
+    struct rwin *w = win_get(d);
     char ns_name[DISKTIER_NS_NAME];
     struct blockkey key;
     uint64_t nsh = 0;
-    size_t m = 0;
-    bool ok = scratch && buf;
+    size_t m = 0, fails = 0;
+    bool ok = scratch && w;
     if (ok) {
         kvmm_lock(mm);
         ok = ns_ok(mm, ns) && tenant_live(&mm->tt, tenant);
@@ -488,36 +619,70 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
         }
         kvmm_unlock(mm);
     }
-    for (size_t b = m; ok && b < nb; b++) {
-        const uint32_t *toks = tokens + b * bt;
-        key = blockkey_next(key, toks, bt);
-        uint32_t slot = disktier_lookup(d->dt, nsh, key);
-        if (slot == DISKTIER_NONE)
-            break;
-        if (disktier_read(d->dt, slot, ns_name, nsh, key, toks, buf) != 0) {
-            kvmm_lock(mm);
-            d->restore_fails++;
-            kvmm_unlock(mm);
-            break;
-        }
-        kvmm_lock(mm);
-        /* The namespace may have been removed, and its id reused, meanwhile. */
-        struct radix_node *parent = ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], ns_name) == 0
-                                        ? parent_of(mm, ns, tokens, b, scratch)
-                                        : NULL;
-        ok = parent != NULL;
-        if (ok &&
-            !radix_child(&mm->radix, parent, toks, radix_hash(&mm->radix, parent->hash, toks))) {
-            ok = restore_one(mm, tenant, parent, toks, key, disktier_data(d->dt, buf));
-            if (ok) {
-                d->restored++;
-                restored++;
+    /* Window by window: the next blocks' slots are looked up (their keys
+     * follow from the tokens alone), read in one batch with the kvmm lock
+     * released, then enter the tree in order, up to the first that is not
+     * on disk or fails a check. */
+    size_t b = m;
+    while (ok && b < nb) {
+        size_t k = 0;
+        bool more = true;
+        while (k < w->n && b + k < nb) {
+            const uint32_t *toks = tokens + (b + k) * bt;
+            struct blockkey next = blockkey_next(key, toks, bt);
+            uint32_t slot = disktier_lookup(d->dt, nsh, next);
+            if (slot == DISKTIER_NONE) {
+                more = false;
+                break;
             }
+            w->rd[k].slot = slot;
+            w->rd[k].key = key = next;
+            w->rd[k].tokens = toks;
+            k++;
         }
-        kvmm_unlock(mm);
+        if (k == 0)
+            break;
+        MM_ASSERT_UNLOCKED(mm);
+        disktier_read_many(d->dt, ns_name, nsh, w->rd, k);
+        for (size_t i = 0; ok && i < k; i++, b++) {
+            const uint32_t *toks = tokens + b * bt;
+            if (w->rd[i].rc != 0) {
+                fails++;
+                ok = false;
+                break;
+            }
+            kvmm_lock(mm);
+            /* The namespace may have been removed, and its id reused, meanwhile. */
+            struct radix_node *parent = ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], ns_name) == 0
+                                            ? parent_of(mm, ns, tokens, b, scratch)
+                                            : NULL;
+            ok = parent != NULL;
+            if (ok && !radix_child(&mm->radix, parent, toks,
+                                   radix_hash(&mm->radix, parent->hash, toks))) {
+                ok = restore_one(mm, tenant, parent, toks, w->rd[i].key,
+                                 disktier_data(d->dt, w->rd[i].buf));
+                if (ok) {
+                    d->restored++;
+                    restored++;
+                }
+            }
+            kvmm_unlock(mm);
+        }
+        if (!more)
+            break;
     }
+    uint64_t took = mono_ns() - t0;
+    kvmm_lock(mm);
+    d->restore_fails += fails;
+    if (restored) {
+        d->restores++;
+        d->restore_ns += took;
+        d->restore_last_ns = took;
+    }
+    kvmm_unlock(mm);
+    if (w)
+        win_put(d, w);
     free(scratch);
-    free(buf);
     return restored;
 }
 
@@ -534,6 +699,9 @@ void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st)
     st->detach_skips = d->detach_skips;
     st->restored = d->restored;
     st->restore_fails = d->restore_fails;
+    st->restores = d->restores;
+    st->restore_ns = d->restore_ns;
+    st->restore_last_ns = d->restore_last_ns;
     kvmm_unlock(mm);
     st->sessions = mm_sessions_count(mm);
     disktier_stats(d->dt, &st->tier);

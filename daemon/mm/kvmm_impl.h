@@ -63,8 +63,15 @@ _Noreturn void mm_lock_violation(const char *fn, const char *what);
         if (atomic_load_explicit(&(mm)->holder, memory_order_relaxed) != mm_thread_self())         \
             mm_lock_violation(__func__, "without holding kvmm_lock");                              \
     } while (0)
+/* And its converse where disk I/O starts: never with the lock held. */
+#define MM_ASSERT_UNLOCKED(mm)                                                                     \
+    do {                                                                                           \
+        if (atomic_load_explicit(&(mm)->holder, memory_order_relaxed) == mm_thread_self())         \
+            mm_lock_violation(__func__, "holding kvmm_lock across disk I/O");                      \
+    } while (0)
 #else
 #define MM_ASSERT_LOCKED(mm) ((void)(mm))
+#define MM_ASSERT_UNLOCKED(mm) ((void)(mm))
 #endif
 
 /* Records a message and returns code (the message of kvmm_errmsg). */

@@ -156,6 +156,36 @@ static void render_disk(struct out *o, const struct kvmm_disk_stats *d)
     put(o, "kvd_disk_restored_blocks_total %llu\n", (unsigned long long)d->restored);
     head(o, "kvd_disk_read_seconds_total", "counter", "Time spent in disk-tier block reads.");
     put(o, "kvd_disk_read_seconds_total %.9f\n", (double)t->read_ns / 1e9);
+    head(o, "kvd_disk_requests_total", "counter",
+         "Disk-tier I/O requests (adjacent slots coalesced into one).");
+    put(o, "kvd_disk_requests_total{op=\"read\"} %llu\n", (unsigned long long)t->read_reqs);
+    put(o, "kvd_disk_requests_total{op=\"write\"} %llu\n", (unsigned long long)t->write_reqs);
+    head(o, "kvd_disk_evictions_total", "counter", "Disk-tier slots evicted for new blocks.");
+    put(o, "kvd_disk_evictions_total %llu\n", (unsigned long long)t->evictions);
+    head(o, "kvd_disk_loaded_blocks", "gauge",
+         "Disk-tier blocks found at start, and index records refused.");
+    put(o, "kvd_disk_loaded_blocks{state=\"loaded\"} %llu\n", (unsigned long long)t->loaded);
+    put(o, "kvd_disk_loaded_blocks{state=\"refused\"} %llu\n",
+        (unsigned long long)t->dropped_at_load);
+    head(o, "kvd_disk_queued_blocks", "gauge",
+         "Blocks waiting for the disk writer (queued, and copies of dropped ones).");
+    put(o, "kvd_disk_queued_blocks{kind=\"queued\"} %llu\n", (unsigned long long)d->queued);
+    put(o, "kvd_disk_queued_blocks{kind=\"detached\"} %llu\n", (unsigned long long)d->detached);
+    head(o, "kvd_disk_restore_failures_total", "counter",
+         "Prefetches stopped by a disk block that failed a check or a read (recomputed).");
+    put(o, "kvd_disk_restore_failures_total %llu\n", (unsigned long long)d->restore_fails);
+    head(o, "kvd_disk_restores_total", "counter", "Prefetches that restored blocks from disk.");
+    put(o, "kvd_disk_restores_total %llu\n", (unsigned long long)d->restores);
+    head(o, "kvd_disk_restore_seconds_total", "counter",
+         "Time of those prefetches (lookups, reads, checks, into the cache).");
+    put(o, "kvd_disk_restore_seconds_total %.9f\n", (double)d->restore_ns / 1e9);
+    head(o, "kvd_disk_restore_last_seconds", "gauge", "The last restoring prefetch's time.");
+    put(o, "kvd_disk_restore_last_seconds %.9f\n", (double)d->restore_last_ns / 1e9);
+    head(o, "kvd_disk_sessions", "gauge", "Live named sessions, all tenants.");
+    put(o, "kvd_disk_sessions %llu\n", (unsigned long long)d->sessions);
+    head(o, "kvd_disk_bytes", "gauge", "The disk tier's slot size and block file size.");
+    put(o, "kvd_disk_bytes{kind=\"slot\"} %llu\n", (unsigned long long)t->slot_bytes);
+    put(o, "kvd_disk_bytes{kind=\"file\"} %llu\n", (unsigned long long)t->file_bytes);
 }
 
 /* Per-tenant series, from the snapshot. */

@@ -159,6 +159,15 @@ static int pack_disk(msgpack_packer *pk, const struct kvmm_disk_stats *d)
     PROTO_PK(proto_pack_kv_uint(pk, "queued", d->queued + d->detached));
     PROTO_PK(proto_pack_kv_uint(pk, "restored", d->restored));
     PROTO_PK(proto_pack_kv_uint(pk, "restore_us", t->reads ? t->read_ns / t->reads / 1000 : 0));
+    PROTO_PK(proto_pack_kv_uint(pk, "detached", d->detached));
+    PROTO_PK(proto_pack_kv_uint(pk, "read_requests", t->read_reqs));
+    PROTO_PK(proto_pack_kv_uint(pk, "write_requests", t->write_reqs));
+    PROTO_PK(proto_pack_kv_uint(pk, "restore_fails", d->restore_fails));
+    PROTO_PK(proto_pack_kv_uint(pk, "restores", d->restores));
+    PROTO_PK(proto_pack_kv_uint(pk, "restore_mean_us",
+                                d->restores ? d->restore_ns / d->restores / 1000 : 0));
+    PROTO_PK(proto_pack_kv_uint(pk, "restore_last_us", d->restore_last_ns / 1000));
+    PROTO_PK(proto_pack_kv_uint(pk, "sessions", d->sessions));
     return proto_map_end(pk, map);
 }
 
