@@ -417,6 +417,10 @@ static bool restore_one(struct kvmm *mm, uint32_t tenant, struct radix_node *par
     b->key = key;
     b->disk = POOL_DISK_CLEAN;
     b->lru = ++mm->clock;
+    if (mm->events.block) {
+        mm_pub_set(mm, node);
+        mm_ev_stored(mm, node, mm_tier_medium(tier));
+    }
     mm_unref(mm, id); /* the tree's reference stays: a cached block */
     return true;
 }
