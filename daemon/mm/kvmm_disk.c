@@ -29,11 +29,32 @@ struct wb_item {
     struct blockkey key;
 };
 
+/* What a DISK BlockStored says of a block (KV events), taken while it is
+ * in the tree. */
+struct ev_block {
+    bool on; /* events were attached */
+    bool has_parent;
+    uint32_t tenant;
+    uint64_t pub, parent;
+};
+
 struct detached {
     char ns_name[DISKTIER_NS_NAME];
     struct blockkey key;
     uint32_t *tokens;
     void *buf; /* disktier_buf_new, data filled */
+    struct ev_block ev;
+};
+
+/* The blocks written to disk while events were attached, by (namespace
+ * hash, key): their published hash and owner, so that a drop the tier logs
+ * becomes a DISK BlockRemoved. Open addressing with tombstones. */
+struct pub_ent {
+    uint64_t ns;
+    struct blockkey key;
+    uint64_t pub;
+    uint32_t tenant;
+    uint8_t state; /* 0 empty, 1 used, 2 deleted */
 };
 
 struct kvmm_disk {
@@ -55,7 +76,116 @@ struct kvmm_disk {
     size_t dq_n, dq_cap;
     uint64_t detached_bytes, detach_max;
     uint64_t detach_skips, restored, restore_fails;
+    struct pub_ent *pubs; /* (pubs_cap, a power of two) */
+    size_t pubs_cap, pubs_used, pubs_live;
 };
+
+static size_t pub_slot(const struct kvmm_disk *d, uint64_t ns, struct blockkey k)
+{
+    return (size_t)((k.lo ^ (k.hi * 0x9e3779b97f4a7c15ull) ^ ns) & (d->pubs_cap - 1));
+}
+
+/* Lock held. The entry of (ns, key), or NULL. */
+static struct pub_ent *pub_find(struct kvmm_disk *d, uint64_t ns, struct blockkey k)
+{
+    if (!d->pubs_cap)
+        return NULL;
+    for (size_t i = pub_slot(d, ns, k), n = 0; n < d->pubs_cap;
+         i = (i + 1) & (d->pubs_cap - 1), n++) {
+        struct pub_ent *e = &d->pubs[i];
+        if (e->state == 0)
+            return NULL;
+        if (e->state == 1 && e->ns == ns && blockkey_eq(e->key, k))
+            return e;
+    }
+    return NULL;
+}
+
+static bool pub_put(struct kvmm_disk *d, uint64_t ns, struct blockkey k, uint64_t pub,
+                    uint32_t tenant)
+{
+    struct pub_ent *e = pub_find(d, ns, k);
+    if (e) {
+        e->pub = pub;
+        e->tenant = tenant;
+        return true;
+    }
+    if ((d->pubs_used + 1) * 2 > d->pubs_cap) { /* rehash the live ones */
+        size_t cap = d->pubs_cap ? d->pubs_cap : 1024;
+        while ((d->pubs_live + 1) * 4 > cap)
+            cap *= 2;
+        struct pub_ent *nv = calloc(cap, sizeof *nv), *old = d->pubs;
+        size_t old_cap = d->pubs_cap;
+        if (!nv)
+            return false;
+        d->pubs = nv;
+        d->pubs_cap = cap;
+        d->pubs_used = d->pubs_live = 0;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i].state == 1)
+                pub_put(d, old[i].ns, old[i].key, old[i].pub, old[i].tenant);
+        free(old);
+    }
+    size_t i = pub_slot(d, ns, k);
+    while (d->pubs[i].state == 1)
+        i = (i + 1) & (d->pubs_cap - 1);
+    if (d->pubs[i].state == 0)
+        d->pubs_used++;
+    d->pubs[i] = (struct pub_ent){ns, k, pub, tenant, 1};
+    d->pubs_live++;
+    return true;
+}
+
+/* Lock held: block written to disk under (ns, key): a DISK BlockStored. */
+static void ev_disk_stored(struct kvmm *mm, uint64_t ns, struct blockkey key,
+                           const struct ev_block *eb, const uint32_t *tokens)
+{
+    if (!eb->on || !mm->events.block || !pub_put(mm->disk, ns, key, eb->pub, eb->tenant))
+        return;
+    struct kvmm_block_event ev = {.stored = true,
+                                  .medium = KVMM_MEDIUM_DISK,
+                                  .tenant = eb->tenant,
+                                  .hash = eb->pub,
+                                  .has_parent = eb->has_parent,
+                                  .parent = eb->parent,
+                                  .tokens = tokens,
+                                  .n_tokens = mm->geom.block_tokens};
+    kvmm_events_emit(mm, &ev);
+}
+
+/* Takes the drops the tier logged and reports the blocks it had announced
+ * as DISK BlockRemoved. Takes the lock. */
+static void ev_disk_drops(struct kvmm_disk *d)
+{
+    struct kvmm *mm = d->mm;
+    struct disktier_drop dr[256];
+    size_t n;
+    while ((n = disktier_take_drops(d->dt, dr, 256)) > 0) {
+        kvmm_lock(mm);
+        for (size_t i = 0; i < n; i++) {
+            struct pub_ent *e = pub_find(d, dr[i].ns, dr[i].key);
+            if (!e)
+                continue;
+            struct kvmm_block_event ev = {
+                .stored = false, .medium = KVMM_MEDIUM_DISK, .tenant = e->tenant, .hash = e->pub};
+            kvmm_events_emit(mm, &ev);
+            e->state = 2;
+            d->pubs_live--;
+        }
+        kvmm_unlock(mm);
+    }
+}
+
+/* Lock held: what a DISK BlockStored will say of node's block. */
+static struct ev_block ev_block_of(const struct kvmm *mm, const struct radix_node *node)
+{
+    const struct pool_block *b = &mm->pool.blocks[node->block];
+    const struct radix_node *p = node->parent;
+    struct ev_block eb = {.on = mm->events.block != NULL, .tenant = b->tenant, .pub = b->pub};
+    eb.has_parent = p && p->parent;
+    eb.parent = eb.has_parent ? mm->pool.blocks[p->block].pub : 0;
+    return eb;
+}
 
 struct blockkey mm_node_key(const struct kvmm *mm, const struct radix_node *node)
 {
@@ -124,7 +254,7 @@ void mm_disk_dropping(struct kvmm *mm, struct radix_node *node)
         d->detach_skips++;
         return;
     }
-    struct detached x = {.key = b->key};
+    struct detached x = {.key = b->key, .ev = ev_block_of(mm, node)};
     if (d->dq_n == d->dq_cap) {
         size_t cap = d->dq_cap ? 2 * d->dq_cap : 64;
         struct detached *v = fault_realloc(d->dq, sizeof *v * cap);
@@ -164,8 +294,15 @@ static bool write_one(struct kvmm_disk *d)
         disktier_stats(d->dt, &ts);
         d->detached_bytes -= ts.slot_bytes;
         kvmm_unlock(mm);
-        if (disktier_put(d->dt, x.ns_name, blockkey_ns(x.ns_name), x.key, x.tokens, x.buf) == 0)
+        uint64_t nsh = blockkey_ns(x.ns_name);
+        if (disktier_put(d->dt, x.ns_name, nsh, x.key, x.tokens, x.buf) == 0) {
             atomic_fetch_add(&d->written, 1);
+            if (x.ev.on) {
+                kvmm_lock(mm);
+                ev_disk_stored(mm, nsh, x.key, &x.ev, x.tokens);
+                kvmm_unlock(mm);
+            }
+        }
         free(x.buf);
         free(x.tokens);
         return true;
@@ -183,10 +320,17 @@ static bool write_one(struct kvmm_disk *d)
         memcpy(tokens, b->node->tokens, sizeof(uint32_t) * bt);
         snprintf(ns_name, sizeof ns_name, "%s", mm->tt.ns_names[b->node->ns]);
         b->disk = POOL_DISK_CLEAN;
+        struct ev_block eb = ev_block_of(mm, b->node);
         kvmm_unlock(mm);
-        int rc = disktier_put(d->dt, ns_name, blockkey_ns(ns_name), it.key, tokens, d->wbuf);
+        uint64_t nsh = blockkey_ns(ns_name);
+        int rc = disktier_put(d->dt, ns_name, nsh, it.key, tokens, d->wbuf);
         if (rc == 0) {
             atomic_fetch_add(&d->written, 1);
+            if (eb.on) {
+                kvmm_lock(mm);
+                ev_disk_stored(mm, nsh, it.key, &eb, tokens);
+                kvmm_unlock(mm);
+            }
         } else {
             kvmm_lock(mm);
             if (b->used && blockkey_eq(b->key, it.key) && b->disk == POOL_DISK_CLEAN)
@@ -230,6 +374,7 @@ static void *writer_main(void *arg)
             n++;
         if (n)
             disktier_sync(d->dt);
+        ev_disk_drops(d);
         pthread_mutex_lock(&d->mu);
         if (want > d->flush_done)
             d->flush_done = want;
@@ -266,7 +411,7 @@ int kvmm_disk_open(struct kvmm *mm, const struct kvmm_disk_conf *c, struct kvd_e
     pthread_cond_init(&d->flushed, &ca);
     pthread_condattr_destroy(&ca);
     d->wbuf = disktier_buf_new(d->dt);
-    if (!d->wbuf) {
+    if (!d->wbuf || disktier_watch_drops(d->dt, 65536) != 0) {
         rc = kvd_error_set(e, KVD_ENOMEM, "disk tier: out of memory");
         goto fail;
     }
@@ -326,6 +471,7 @@ void mm_disk_free(struct kvmm *mm)
     }
     free(d->dq);
     free(d->q);
+    free(d->pubs);
     free(d->wbuf);
     disktier_close(d->dt);
     pthread_cond_destroy(&d->wake);
