@@ -722,11 +722,90 @@ static void test_stuck_subscriber(void **state)
     assert_int_equal(kh_stop(&d), 0);
 }
 
+/* With a disk tier: blocks written behind are DISK BlockStored, slots the
+ * full tier evicts are DISK BlockRemoved, and the DISK set the events
+ * leave is the tier's own count of cached slots. */
+static void test_disk_medium(void **state)
+{
+    struct fixture *f = *state;
+    if (geteuid() != 0)
+        skip();
+    char dir[160];
+    snprintf(dir, sizeof dir, "%s/disk", f->tmp);
+    const char *const args[] = {"--backend",
+                                "cpu",
+                                "--model",
+                                f->model,
+                                "--kv-events",
+                                f->ev_ep,
+                                "--kv-events-replay",
+                                f->replay_ep,
+                                "--kv-events-topic",
+                                TOPIC,
+                                "--disk-dir",
+                                dir,
+                                "--disk-max-bytes",
+                                "1M",
+                                "--disk-writeback-ms",
+                                "20",
+                                "--device-blocks",
+                                "64",
+                                "--host-blocks",
+                                "16",
+                                NULL};
+    struct kh_opts o = {.conf_text = conf_text, .args = args};
+    struct kh_proc d;
+    memset(&d, 0, sizeof d);
+    assert_int_equal(kh_spawn(&d, &o), 0);
+    struct batch *have = calloc(MAX_SEQ, sizeof *have);
+    struct view *v = calloc(1, sizeof *v);
+    assert_non_null(have);
+    assert_non_null(v);
+    void *sub = subscribe(f, &d, 1);
+    uint64_t first, last, applied = 0, n = settle(&d);
+    assert_int_equal(replay(f, 0, have, &first, &last), n);
+
+    uint32_t p[1000];
+    for (uint32_t k = 0; k < 8; k++) {
+        make_prompt(p, 560, 200 + k);
+        assert_int_equal(generate(d.sock, p, 560), 0);
+    }
+    int fd = kh_connect(d.sock);
+    assert_true(fd >= 0);
+    uint64_t t0 = now_ms(), cached = 0;
+    for (;;) {
+        if (now_ms() - t0 > 20000)
+            fail_msg("DISK: the events hold %zu blocks, the tier %llu", v->n[2],
+                     (unsigned long long)cached);
+        if (kh_stat(fd, "disk", "queued") != 0) {
+            usleep(5000);
+            continue;
+        }
+        n = settle(&d);
+        collect(sub, have, n);
+        for (; applied < n; applied++)
+            apply(v, have[applied].buf, have[applied].len);
+        cached = kh_stat(fd, "disk", "cached");
+        if (v->n[2] == cached && cached > 0)
+            break;
+        usleep(5000);
+    }
+    assert_true(kh_stat(fd, "disk", "evictions") > 0);
+    fprintf(stderr, "disk medium: %zu blocks, %llu evictions\n", v->n[2],
+            (unsigned long long)kh_stat(fd, "disk", "evictions"));
+    close(fd);
+    zmq_close(sub);
+    free_batches(have);
+    free(v);
+    assert_int_equal(kh_stop(&d), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_events_follow_the_cache),
         cmocka_unit_test(test_stuck_subscriber),
+        cmocka_unit_test(test_disk_medium),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
