@@ -46,7 +46,7 @@ struct kvevents {
 
     /* The publisher thread's own: */
     struct kept *kept; /* ring of c.buffer batches: kept[(k_head + i) % buffer] */
-    size_t k_head, k_n;
+    size_t k_head, k_n, k_bytes;
     uint64_t seq;
     struct kvevents_item *items;
     uint32_t *tokens; /* (max_batch * block_tokens) */
@@ -234,16 +234,22 @@ static void publish(struct kvevents *ev, uint64_t seq, const void *buf, size_t l
     zmq_setsockopt(ev->pub, ZMQ_XPUB_NODROP, &nodrop, sizeof nodrop);
 }
 
+/* The replay buffer keeps the last `buffer` batches, and at most
+ * KEPT_MAX_BYTES of them (the oldest go first). */
+#define KEPT_MAX_BYTES ((size_t)256 << 20)
+
 static void keep(struct kvevents *ev, uint64_t seq, void *buf, size_t len)
 {
     size_t cap = ev->c.buffer;
-    if (ev->k_n == cap) {
+    while (ev->k_n && (ev->k_n == cap || ev->k_bytes + len > KEPT_MAX_BYTES)) {
+        ev->k_bytes -= ev->kept[ev->k_head].len;
         free(ev->kept[ev->k_head].buf);
         ev->k_head = (ev->k_head + 1) % cap;
         ev->k_n--;
     }
     ev->kept[(ev->k_head + ev->k_n) % cap] = (struct kept){seq, buf, len};
     ev->k_n++;
+    ev->k_bytes += len;
 }
 
 /* Takes up to max_batch queued records, encodes and sends them as one
