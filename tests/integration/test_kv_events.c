@@ -643,6 +643,23 @@ static void test_events_follow_the_cache(void **state)
             assert_true(v->seen[i] != h);
     }
 
+    /* A malformed replay request (a 3-byte sequence number) is ignored
+     * and counted; the socket keeps answering good ones. */
+    void *dl = zmq_socket(f->zctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(dl, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_connect(dl, f->replay_ep), 0);
+    assert_true(zmq_send(dl, "", 0, ZMQ_SNDMORE) == 0);
+    assert_true(zmq_send(dl, "abc", 3, 0) == 3);
+    uint64_t tb = now_ms();
+    while (ev_stat(&d, "replay_bad") == 0) {
+        if (now_ms() - tb > 10000)
+            fail_msg("the malformed replay request was not counted");
+        usleep(2000);
+    }
+    zmq_close(dl);
+    assert_int_equal(replay(f, n1 - 1, NULL, &first, &last), 1);
+
     /* admin_evict tier "all": AllBlocksCleared, and the daemon agrees. */
     admin_evict_all(&d);
     uint64_t n2 = settle(&d);
@@ -800,12 +817,28 @@ static void test_disk_medium(void **state)
     assert_int_equal(kh_stop(&d), 0);
 }
 
+/* Bad endpoints and a replay socket without events: exit 2 at start. */
+static void test_bad_settings(void **state)
+{
+    struct fixture *f = *state;
+    const char *const a1[] = {"--kv-events", "http://localhost:1", NULL};
+    const char *const a2[] = {"--kv-events-replay", f->replay_ep, NULL};
+    const char *const a3[] = {"--kv-events", f->ev_ep, "--kv-events-replay", "tcp://", NULL};
+    const char *const a4[] = {"--kv-events", "tcp://192.0.2.1:1", NULL}; /* not ours */
+    const char *const *args[] = {a1, a2, a3, a4};
+    for (size_t i = 0; i < 4; i++) {
+        struct kh_opts o = {.args = args[i]};
+        assert_int_equal(kh_run(&o), 2);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_events_follow_the_cache),
         cmocka_unit_test(test_stuck_subscriber),
         cmocka_unit_test(test_disk_medium),
+        cmocka_unit_test(test_bad_settings),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
