@@ -17,6 +17,7 @@
 #include "kvd/status.h"
 #include "kvd/version.h"
 #include "kvmm.h"
+#include "kvevents.h"
 #include "acct.h"
 #include "log.h"
 #include "http.h"
@@ -135,6 +136,7 @@ int main(int argc, char **argv)
     struct ops_generate *gen = NULL;   /* the executor and its ops, serve mode */
     struct workpool *pool = NULL;      /* the text workers */
     struct workpool *disk_pool = NULL; /* the disk tier's prefetch workers */
+    struct kvevents *kvev = NULL;      /* the KV events publisher (--kv-events) */
     struct ops_text *text_ops = NULL;
     struct ops_session *session_ops = NULL;
     struct text *text = NULL; /* the model's tokenizer and chat template */
@@ -277,8 +279,32 @@ int main(int argc, char **argv)
             goto out_mm;
         }
     }
+    if (opts.kv_events[0]) {
+        struct kvevents_conf ec = {.endpoint = opts.kv_events,
+                                   .replay = opts.kv_events_replay,
+                                   .topic = opts.kv_events_topic,
+                                   .block_tokens = mc.geom.block_tokens,
+                                   .buffer = opts.kv_events_buffer,
+                                   .hwm = opts.kv_events_hwm};
+        if (kvevents_start(&ec, &kvev, &kerr) != 0) {
+            log_err("%s", kerr.message);
+            status = 2;
+            goto out_mm;
+        }
+        kvmm_lock(mm);
+        kvmm_events_attach(mm, kvevents_sink(kvev), blockkey_pub_root(opts.kv_events_hash_seed));
+        kvmm_unlock(mm);
+        log_info("kv events on %s%s%s (replay buffer %u batches)", opts.kv_events,
+                 opts.kv_events_replay[0] ? ", replay on " : "", opts.kv_events_replay,
+                 opts.kv_events_buffer);
+    } else if (opts.kv_events_replay[0]) {
+        log_err("--kv-events-replay needs --kv-events");
+        status = 2;
+        goto out_mm;
+    }
     if (server_new(&opts, &cfg, cfg_path, mm, be, &srv) != 0)
         goto out_mm;
+    server_attach_kvevents(srv, kvev);
     server_attach_obs(srv, &rl, &acct);
     /* Text work (templates, tokenizing) runs here, never on the loop. */
     struct workpool_conf wc = {.threads = opts.text_workers,
@@ -367,6 +393,13 @@ out_mm:
                      written, ms, left, opts.disk_flush_s);
         else
             log_info("disk tier: wrote back %zu blocks in %.0f ms", written, ms);
+    }
+    if (kvev) {
+        /* Nothing reports any more; what is queued still goes out. */
+        kvmm_lock(mm);
+        kvmm_events_attach(mm, NULL, 0);
+        kvmm_unlock(mm);
+        kvevents_stop(kvev);
     }
     kvmm_free(mm);
 out_be:

@@ -87,6 +87,8 @@ struct disktier {
     uint32_t lru_head, lru_tail, free_head; /* head: most recent */
     uint32_t *unsynced;                     /* slots written since the last good sync */
     size_t n_unsynced, cap_unsynced;
+    struct disktier_drop *drops; /* the drop log: ring of drops_cap, drops_n from drops_head */
+    size_t drops_cap, drops_head, drops_n;
     struct disktier_stats st;
 #ifdef KVD_HAVE_URING
     bool uring_ok;                          /* the kernel gave a ring at open */
@@ -244,6 +246,14 @@ static int rec_write(struct disktier *dt, uint32_t s)
  * goes to the free list. */
 static void slot_drop(struct disktier *dt, uint32_t s)
 {
+    if (dt->drops_cap && (dt->recs[s].flags & REC_VALID)) {
+        if (dt->drops_n == dt->drops_cap) {
+            dt->st.drops_unlogged++;
+        } else {
+            dt->drops[(dt->drops_head + dt->drops_n++) % dt->drops_cap] =
+                (struct disktier_drop){dt->recs[s].ns, {dt->recs[s].key_lo, dt->recs[s].key_hi}};
+        }
+    }
     table_del(dt, s);
     lru_unlink(dt, s);
     if (dt->recs[s].flags & REC_VALID && dt->recs[s].expires)
@@ -560,7 +570,35 @@ void disktier_close(struct disktier *dt)
     free(dt->slots);
     free(dt->table);
     free(dt->unsynced);
+    free(dt->drops);
     free(dt);
+}
+
+int disktier_watch_drops(struct disktier *dt, size_t cap)
+{
+    struct disktier_drop *d = calloc(cap ? cap : 1, sizeof *d);
+    if (!d)
+        return KVD_ENOMEM;
+    pthread_mutex_lock(&dt->mu);
+    free(dt->drops);
+    dt->drops = d;
+    dt->drops_cap = cap;
+    dt->drops_head = dt->drops_n = 0;
+    pthread_mutex_unlock(&dt->mu);
+    return 0;
+}
+
+size_t disktier_take_drops(struct disktier *dt, struct disktier_drop *out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&dt->mu);
+    while (n < max && dt->drops_n) {
+        out[n++] = dt->drops[dt->drops_head];
+        dt->drops_head = (dt->drops_head + 1) % dt->drops_cap;
+        dt->drops_n--;
+    }
+    pthread_mutex_unlock(&dt->mu);
+    return n;
 }
 
 void *disktier_buf_new(const struct disktier *dt)

@@ -56,6 +56,7 @@ struct disktier_stats {
     uint64_t read_ns;                 /* total time in reads (restore latency / reads) */
     uint64_t read_reqs;               /* I/O requests the reads took (coalesced runs of slots) */
     uint64_t write_reqs;              /* I/O requests the writes took */
+    uint64_t drops_unlogged;          /* drops the full drop log could not take */
 };
 
 struct disktier;
@@ -149,6 +150,18 @@ int disktier_sync(struct disktier *dt);
 int disktier_pin(struct disktier *dt, uint64_t ns, struct blockkey key, uint64_t expires);
 
 void disktier_stats(struct disktier *dt, struct disktier_stats *st);
+
+/* The drop log (for the KV events' DISK medium): once watched, every slot
+ * that leaves the index (evicted, failed a check, lost to a failed sync)
+ * is logged, at most cap of them waiting (beyond, counted in
+ * drops_unlogged); disktier_take_drops takes up to max of them, oldest
+ * first. */
+struct disktier_drop {
+    uint64_t ns;
+    struct blockkey key;
+};
+int disktier_watch_drops(struct disktier *dt, size_t cap);
+size_t disktier_take_drops(struct disktier *dt, struct disktier_drop *out, size_t max);
 
 /* Validates an index file's bytes as disktier_open would (for the fuzzer):
  * how many records would load. Never reads past len. */

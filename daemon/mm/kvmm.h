@@ -43,6 +43,42 @@ struct kvmm_tenant_conf {
                                         evicted first */
     uint32_t weight;                 /* scheduling weight, >= 1 */
     uint64_t max_disk_bytes;         /* disk the tenant's sessions may pin; 0: no limit */
+    uint8_t events;                  /* enum kvmm_events_mode: KV events of its blocks */
+};
+
+/* ---- KV events (block lifecycle for routers) ----------------------------
+ * With a sink attached (kvmm_events_attach), kvmm reports every full block
+ * of a tenant whose `events` is not OFF as it becomes cached in a medium
+ * (entered the tree on the device: GPU; moved to or restored into the host
+ * tier: CPU; written to the disk tier: DISK) and as it leaves one, and
+ * reports "all cleared" when kvmm_clear empties the trees. Blocks are
+ * named by their published hash (blockkey_pub_next). The sink is called
+ * with the kvmm lock held, on whatever thread holds it: it must only
+ * enqueue, never block. A remote tier reports through kvmm_events_emit. */
+enum kvmm_events_mode {
+    KVMM_EVENTS_OFF = 0,    /* nothing is reported for the tenant's blocks */
+    KVMM_EVENTS_HASHES = 1, /* reported without token ids */
+    KVMM_EVENTS_ON = 2,     /* reported with token ids */
+};
+enum kvmm_medium { KVMM_MEDIUM_GPU, KVMM_MEDIUM_CPU, KVMM_MEDIUM_DISK, KVMM_MEDIUM_REMOTE };
+#define KVMM_N_MEDIA 4
+/* "GPU", "CPU", "DISK", "REMOTE" (vLLM's medium names). */
+const char *kvmm_medium_name(enum kvmm_medium m);
+
+struct kvmm_block_event {
+    bool stored; /* BlockStored; false: BlockRemoved */
+    enum kvmm_medium medium;
+    uint32_t tenant;        /* the block's owner */
+    uint64_t hash;          /* published hash */
+    bool has_parent;        /* false for a namespace's first block */
+    uint64_t parent;        /* stored: the previous block's published hash */
+    const uint32_t *tokens; /* stored: block_tokens ids, or NULL (withheld) */
+    uint32_t n_tokens;
+};
+struct kvmm_events_sink {
+    void *ctx;
+    void (*block)(void *ctx, const struct kvmm_block_event *ev);
+    void (*cleared)(void *ctx); /* AllBlocksCleared */
 };
 
 /* How cached blocks are chosen for eviction (docs/architecture.md, "Eviction
@@ -280,7 +316,19 @@ struct kvmm_disk_stats {
 };
 void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st);
 
+/* Attaches the events sink (copied; NULL detaches) with the root of the
+ * published hashes (blockkey_pub_root of the seed). Blocks already cached
+ * get their hashes now but are not reported. Lock held. */
+void kvmm_events_attach(struct kvmm *mm, const struct kvmm_events_sink *sink, uint64_t root);
+/* Reports one block event through the sink when the owner tenant's events
+ * are on (with tokens only for KVMM_EVENTS_ON); for tiers outside kvmm. */
+void kvmm_events_emit(struct kvmm *mm, const struct kvmm_block_event *ev);
+
 /* ---- eviction, checks, stats ------------------------------------------- */
+/* Empties every prefix tree (device and host blocks; sequences keep their
+ * blocks, which are no longer shared) and reports AllBlocksCleared: the
+ * admin's "evict all". *dropped = tree blocks dropped. */
+void kvmm_clear(struct kvmm *mm, size_t *dropped);
 /* Evicts up to n unreferenced cached blocks from `tier` (device → host when
  * the host tier has room, else dropped; host → dropped), leaf-first, in the
  * order of the evict policy. */
@@ -293,6 +341,7 @@ struct kvmm_tenant_stats {
     char name[64];
     uint32_t device_blocks, host_blocks; /* blocks owned, by tier */
     uint32_t cached_blocks;              /* owned blocks held by a radix tree */
+    uint32_t cached_device, cached_host; /* of them: by tier (the KV events' GPU and CPU) */
     uint32_t seqs;
     struct kvmm_tenant_conf conf;
     uint64_t match_tokens_asked, match_tokens_hit;

@@ -41,11 +41,32 @@ struct wb_item {
     struct blockkey key;
 };
 
+/* What a DISK BlockStored says of a block (KV events), taken while it is
+ * in the tree. */
+struct ev_block {
+    bool on; /* events were attached */
+    bool has_parent;
+    uint32_t tenant;
+    uint64_t pub, parent;
+};
+
 struct detached {
     char ns_name[DISKTIER_NS_NAME];
     struct blockkey key;
     uint32_t *tokens;
     void *buf; /* disktier_buf_new, data filled */
+    struct ev_block ev;
+};
+
+/* The blocks written to disk while events were attached, by (namespace
+ * hash, key): their published hash and owner, so that a drop the tier logs
+ * becomes a DISK BlockRemoved. Open addressing with tombstones. */
+struct pub_ent {
+    uint64_t ns;
+    struct blockkey key;
+    uint64_t pub;
+    uint32_t tenant;
+    uint8_t state; /* 0 empty, 1 used, 2 deleted */
 };
 
 struct kvmm_disk {
@@ -72,7 +93,116 @@ struct kvmm_disk {
     uint64_t detach_skips, restored, restore_fails;
     uint64_t restores, restore_ns, restore_last_ns; /* prefetches that restored blocks */
     struct rwin *wins;                              /* under mu: idle restore windows */
+    struct pub_ent *pubs; /* (pubs_cap, a power of two) */
+    size_t pubs_cap, pubs_used, pubs_live;
 };
+
+static size_t pub_slot(const struct kvmm_disk *d, uint64_t ns, struct blockkey k)
+{
+    return (size_t)((k.lo ^ (k.hi * 0x9e3779b97f4a7c15ull) ^ ns) & (d->pubs_cap - 1));
+}
+
+/* Lock held. The entry of (ns, key), or NULL. */
+static struct pub_ent *pub_find(struct kvmm_disk *d, uint64_t ns, struct blockkey k)
+{
+    if (!d->pubs_cap)
+        return NULL;
+    for (size_t i = pub_slot(d, ns, k), n = 0; n < d->pubs_cap;
+         i = (i + 1) & (d->pubs_cap - 1), n++) {
+        struct pub_ent *e = &d->pubs[i];
+        if (e->state == 0)
+            return NULL;
+        if (e->state == 1 && e->ns == ns && blockkey_eq(e->key, k))
+            return e;
+    }
+    return NULL;
+}
+
+static bool pub_put(struct kvmm_disk *d, uint64_t ns, struct blockkey k, uint64_t pub,
+                    uint32_t tenant)
+{
+    struct pub_ent *e = pub_find(d, ns, k);
+    if (e) {
+        e->pub = pub;
+        e->tenant = tenant;
+        return true;
+    }
+    if ((d->pubs_used + 1) * 2 > d->pubs_cap) { /* rehash the live ones */
+        size_t cap = d->pubs_cap ? d->pubs_cap : 1024;
+        while ((d->pubs_live + 1) * 4 > cap)
+            cap *= 2;
+        struct pub_ent *nv = calloc(cap, sizeof *nv), *old = d->pubs;
+        size_t old_cap = d->pubs_cap;
+        if (!nv)
+            return false;
+        d->pubs = nv;
+        d->pubs_cap = cap;
+        d->pubs_used = d->pubs_live = 0;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i].state == 1)
+                pub_put(d, old[i].ns, old[i].key, old[i].pub, old[i].tenant);
+        free(old);
+    }
+    size_t i = pub_slot(d, ns, k);
+    while (d->pubs[i].state == 1)
+        i = (i + 1) & (d->pubs_cap - 1);
+    if (d->pubs[i].state == 0)
+        d->pubs_used++;
+    d->pubs[i] = (struct pub_ent){ns, k, pub, tenant, 1};
+    d->pubs_live++;
+    return true;
+}
+
+/* Lock held: block written to disk under (ns, key): a DISK BlockStored. */
+static void ev_disk_stored(struct kvmm *mm, uint64_t ns, struct blockkey key,
+                           const struct ev_block *eb, const uint32_t *tokens)
+{
+    if (!eb->on || !mm->events.block || !pub_put(mm->disk, ns, key, eb->pub, eb->tenant))
+        return;
+    struct kvmm_block_event ev = {.stored = true,
+                                  .medium = KVMM_MEDIUM_DISK,
+                                  .tenant = eb->tenant,
+                                  .hash = eb->pub,
+                                  .has_parent = eb->has_parent,
+                                  .parent = eb->parent,
+                                  .tokens = tokens,
+                                  .n_tokens = mm->geom.block_tokens};
+    kvmm_events_emit(mm, &ev);
+}
+
+/* Takes the drops the tier logged and reports the blocks it had announced
+ * as DISK BlockRemoved. Takes the lock. */
+static void ev_disk_drops(struct kvmm_disk *d)
+{
+    struct kvmm *mm = d->mm;
+    struct disktier_drop dr[256];
+    size_t n;
+    while ((n = disktier_take_drops(d->dt, dr, 256)) > 0) {
+        kvmm_lock(mm);
+        for (size_t i = 0; i < n; i++) {
+            struct pub_ent *e = pub_find(d, dr[i].ns, dr[i].key);
+            if (!e)
+                continue;
+            struct kvmm_block_event ev = {
+                .stored = false, .medium = KVMM_MEDIUM_DISK, .tenant = e->tenant, .hash = e->pub};
+            kvmm_events_emit(mm, &ev);
+            e->state = 2;
+            d->pubs_live--;
+        }
+        kvmm_unlock(mm);
+    }
+}
+
+/* Lock held: what a DISK BlockStored will say of node's block. */
+static struct ev_block ev_block_of(const struct kvmm *mm, const struct radix_node *node)
+{
+    const struct pool_block *b = &mm->pool.blocks[node->block];
+    const struct radix_node *p = node->parent;
+    struct ev_block eb = {.on = mm->events.block != NULL, .tenant = b->tenant, .pub = b->pub};
+    eb.has_parent = p && p->parent;
+    eb.parent = eb.has_parent ? mm->pool.blocks[p->block].pub : 0;
+    return eb;
+}
 
 struct blockkey mm_node_key(const struct kvmm *mm, const struct radix_node *node)
 {
@@ -141,7 +271,7 @@ void mm_disk_dropping(struct kvmm *mm, struct radix_node *node)
         d->detach_skips++;
         return;
     }
-    struct detached x = {.key = b->key};
+    struct detached x = {.key = b->key, .ev = ev_block_of(mm, node)};
     if (d->dq_n == d->dq_cap) {
         size_t cap = d->dq_cap ? 2 * d->dq_cap : 64;
         struct detached *v = fault_realloc(d->dq, sizeof *v * cap);
@@ -174,6 +304,7 @@ struct wb_slot {
     char ns_name[DISKTIER_NS_NAME];
     uint32_t *tokens;
     void *buf;
+    struct ev_block ev; /* what a DISK BlockStored will say (events attached) */
 };
 
 /* Takes the next block to write into w (the kvmm lock taken and released
@@ -191,7 +322,7 @@ static bool wb_take(struct kvmm_disk *d, struct wb_slot *w, struct disktier_wr *
         disktier_stats(d->dt, &ts);
         d->detached_bytes -= ts.slot_bytes;
         kvmm_unlock(mm);
-        *w = (struct wb_slot){.detached = true, .tokens = x.tokens, .buf = x.buf};
+        *w = (struct wb_slot){.detached = true, .tokens = x.tokens, .buf = x.buf, .ev = x.ev};
         snprintf(w->ns_name, sizeof w->ns_name, "%s", x.ns_name);
         *wr = (struct disktier_wr){.key = x.key, .tokens = x.tokens, .buf = x.buf};
         return true;
@@ -206,10 +337,12 @@ static bool wb_take(struct kvmm_disk *d, struct wb_slot *w, struct disktier_wr *
                 b->disk = POOL_DISK_NONE;
             continue;
         }
-        *w = (struct wb_slot){.id = it.id, .tokens = tokens, .buf = wbuf};
+        *w = (struct wb_slot){
+            .id = it.id, .tokens = tokens, .buf = wbuf, .ev = ev_block_of(mm, b->node)};
         memcpy(tokens, b->node->tokens, sizeof(uint32_t) * bt);
         snprintf(w->ns_name, sizeof w->ns_name, "%s", mm->tt.ns_names[b->node->ns]);
         b->disk = POOL_DISK_CLEAN;
+        struct ev_block eb = ev_block_of(mm, b->node);
         kvmm_unlock(mm);
         *wr = (struct disktier_wr){.key = it.key, .tokens = tokens, .buf = wbuf};
         return true;
@@ -241,6 +374,11 @@ static size_t write_batch(struct kvmm_disk *d)
     for (size_t i = 0; i < n; i++) {
         if (wr[i].rc == 0)
             atomic_fetch_add(&d->written, 1);
+        if (wr[i].rc == 0 && w[i].ev.on) {
+            kvmm_lock(mm);
+            ev_disk_stored(mm, wr[i].ns, wr[i].key, &w[i].ev, wr[i].tokens);
+            kvmm_unlock(mm);
+        }
         if (w[i].detached) {
             free(w[i].buf);
             free(w[i].tokens);
@@ -285,6 +423,7 @@ static void *writer_main(void *arg)
             n += k;
         if (n)
             disktier_sync(d->dt);
+        ev_disk_drops(d);
         pthread_mutex_lock(&d->mu);
         if (want > d->flush_done)
             d->flush_done = want;
@@ -331,7 +470,7 @@ int kvmm_disk_open(struct kvmm *mm, const struct kvmm_disk_conf *c, struct kvd_e
         memset(d->wbuf, 0, d->wb_n * ts.slot_bytes);
     for (size_t i = 0; d->wbuf && i < d->wb_n; i++)
         d->wbufs[i] = (char *)d->wbuf + i * ts.slot_bytes;
-    if (!d->wbuf || !d->wtokens) {
+    if (!d->wbuf || !d->wtokens || disktier_watch_drops(d->dt, 65536) != 0) {
         rc = kvd_error_set(e, KVD_ENOMEM, "disk tier: out of memory");
         goto fail;
     }
@@ -392,6 +531,7 @@ void mm_disk_free(struct kvmm *mm)
     }
     free(d->dq);
     free(d->q);
+    free(d->pubs);
     free(d->wbuf);
     free(d->wtokens);
     wins_free(d);
@@ -485,6 +625,10 @@ static bool restore_one(struct kvmm *mm, uint32_t tenant, struct radix_node *par
     b->key = key;
     b->disk = POOL_DISK_CLEAN;
     b->lru = ++mm->clock;
+    if (mm->events.block) {
+        mm_pub_set(mm, node);
+        mm_ev_stored(mm, node, mm_tier_medium(tier));
+    }
     mm_unref(mm, id); /* the tree's reference stays: a cached block */
     return true;
 }

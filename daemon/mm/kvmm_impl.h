@@ -43,6 +43,9 @@ struct kvmm {
     struct blockkey root_key; /* chain(-1) of the model and geometry */
     struct kvmm_disk *disk;   /* the disk tier's side (kvmm_disk.c); NULL without one */
     struct kvmm_sessions *sessions; /* named sessions (kvmm_session.c); NULL without a disk tier */
+    struct kvmm_events_sink events; /* events.block NULL: none attached */
+    uint64_t pub_root;              /* root of the published hashes */
+    bool events_quiet;              /* kvmm_clear: one AllBlocksCleared instead */
     char err[320];
 };
 
@@ -114,6 +117,18 @@ void mm_drop_subtree(struct kvmm *mm, struct radix_node *node);
 void mm_keyed(struct kvmm *mm, struct radix_node *node);
 void mm_disk_dropping(struct kvmm *mm, struct radix_node *node);
 void mm_disk_free(struct kvmm *mm);
+/* KV events (kvmm.c): node's block entered the tree or moved into a
+ * medium (stored) / is leaving one (removed). No-ops without a sink or
+ * for a tenant with events off. mm_pub_set gives node's block its
+ * published hash (from its parent's). */
+void mm_pub_set(struct kvmm *mm, struct radix_node *node);
+void mm_ev_stored(struct kvmm *mm, const struct radix_node *node, enum kvmm_medium medium);
+void mm_ev_removed(struct kvmm *mm, const struct radix_node *node, enum kvmm_medium medium);
+static inline enum kvmm_medium mm_tier_medium(uint8_t tier)
+{
+    return tier == KVD_TIER_DEVICE ? KVMM_MEDIUM_GPU : KVMM_MEDIUM_CPU;
+}
+
 /* For kvmm_session.c: the tier, and a tree block's bytes into dst (lock
  * held; false when a host copy fails its checksum or the copy fails). */
 struct disktier *mm_disk_tier(struct kvmm *mm);

@@ -586,6 +586,10 @@ static bool mm_seq_share(struct kvmm *mm, struct seq *s, size_t b)
         return false;
     pb->lru = ++mm->clock;
     mm_keyed(mm, node);
+    if (mm->events.block) {
+        mm_pub_set(mm, node);
+        mm_ev_stored(mm, node, mm_tier_medium(pb->tier));
+    }
     return true;
 }
 

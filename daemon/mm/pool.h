@@ -33,6 +33,7 @@ struct pool_block {
     uint64_t checksum;       /* of the host copy; valid while tier == HOST */
     struct radix_node *node; /* radix node holding the block, or NULL */
     struct blockkey key;     /* chain key (blockkey.h); set while node != NULL */
+    uint64_t pub;            /* published hash (KV events); set while node != NULL */
 };
 
 /* A tree block and the disk tier: not for the disk (no tier, or not in the

@@ -14,6 +14,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "httpd.h"
+#include "kvevents.h"
 #include "log.h"
 #include "server.h"
 #include "stats_snap.h"
@@ -186,6 +187,32 @@ static void render_disk(struct out *o, const struct kvmm_disk_stats *d)
     head(o, "kvd_disk_bytes", "gauge", "The disk tier's slot size and block file size.");
     put(o, "kvd_disk_bytes{kind=\"slot\"} %llu\n", (unsigned long long)t->slot_bytes);
     put(o, "kvd_disk_bytes{kind=\"file\"} %llu\n", (unsigned long long)t->file_bytes);
+}
+
+/* The KV events publisher's series (none when it is off). */
+static void render_kv_events(struct out *o, struct kvevents *ev)
+{
+    struct kvevents_stats s;
+    if (!ev)
+        return;
+    kvevents_stats(ev, &s);
+    head(o, "kvd_kv_events_batches_total", "counter", "KV event batches published.");
+    put(o, "kvd_kv_events_batches_total %llu\n", (unsigned long long)s.batches);
+    head(o, "kvd_kv_events_total", "counter", "KV events published (runs of blocks merged).");
+    put(o, "kvd_kv_events_total %llu\n", (unsigned long long)s.events);
+    head(o, "kvd_kv_events_blocks_total", "counter", "Block reports in published KV events.");
+    put(o, "kvd_kv_events_blocks_total %llu\n", (unsigned long long)s.blocks);
+    head(o, "kvd_kv_events_dropped_total", "counter",
+         "KV event losses: block reports to a full queue (queue), batches a subscriber missed at "
+         "its high-water mark (hwm).");
+    put(o, "kvd_kv_events_dropped_total{reason=\"queue\"} %llu\n", (unsigned long long)s.dropped);
+    put(o, "kvd_kv_events_dropped_total{reason=\"hwm\"} %llu\n", (unsigned long long)s.hwm_drops);
+    head(o, "kvd_kv_events_subscribers", "gauge", "Live subscriptions to the KV events socket.");
+    put(o, "kvd_kv_events_subscribers %llu\n", (unsigned long long)s.subscribers);
+    head(o, "kvd_kv_events_replay_requests_total", "counter", "KV event replay requests answered.");
+    put(o, "kvd_kv_events_replay_requests_total %llu\n", (unsigned long long)s.replay_requests);
+    head(o, "kvd_kv_events_queued", "gauge", "Block reports waiting for the publisher.");
+    put(o, "kvd_kv_events_queued %llu\n", (unsigned long long)s.queued);
 }
 
 /* Per-tenant series, from the snapshot. */
@@ -367,6 +394,7 @@ int metrics_render(const struct metrics_src *src, struct evbuffer *out)
     render_disk(&o, &sn.disk);
     render_tenants(&o, &sn);
     stats_snap_free(&sn);
+    render_kv_events(&o, src->kvevents);
     if (src->acct)
         render_exec(&o, src->acct);
     if (src->rl)
@@ -403,6 +431,7 @@ static void on_metrics(struct evhttp_request *req, void *arg)
         .n_conns = o.n_conns,
         .n_pending = o.n_pending,
         .n_http_auth_failed = o.n_http_auth_failed,
+        .kvevents = o.kvevents,
     };
     struct evbuffer *body = evbuffer_new();
     if (!body) {

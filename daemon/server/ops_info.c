@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "acct_stats.h"
+#include "kvevents.h"
 #include "kvd/protocol.h"
 #include "kvd/version.h"
 #include "ops.h"
@@ -105,6 +106,12 @@ static int pack_tenant(msgpack_packer *pk, const struct stats_snap_tenant *st)
     PROTO_PK(proto_pack_kv_uint(pk, "device_blocks", t->device_blocks));
     PROTO_PK(proto_pack_kv_uint(pk, "host_blocks", t->host_blocks));
     PROTO_PK(proto_pack_kv_uint(pk, "cached_blocks", t->cached_blocks));
+    PROTO_PK(proto_pack_kv_uint(pk, "cached_device", t->cached_device));
+    PROTO_PK(proto_pack_kv_uint(pk, "cached_host", t->cached_host));
+    PROTO_PK(proto_pack_kv_str(pk, "events",
+                               t->conf.events == KVMM_EVENTS_ON       ? "on"
+                               : t->conf.events == KVMM_EVENTS_HASHES ? "hashes"
+                                                                      : "off"));
     PROTO_PK(proto_pack_kv_uint(pk, "seqs", t->seqs));
     PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_asked", t->match_tokens_asked));
     PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_hit", t->match_tokens_hit));
@@ -171,6 +178,27 @@ static int pack_disk(msgpack_packer *pk, const struct kvmm_disk_stats *d)
     return proto_map_end(pk, map);
 }
 
+/* The KV events publisher's map (stats "kv_events"). */
+static int pack_kv_events(msgpack_packer *pk, struct kvevents *ev)
+{
+    struct kvevents_stats s;
+    kvevents_stats(ev, &s);
+    PROTO_PK(proto_pack_str(pk, "kv_events"));
+    size_t map = proto_map_begin(pk);
+    PROTO_PK(proto_pack_kv_uint(pk, "batches", s.batches));
+    PROTO_PK(proto_pack_kv_uint(pk, "events", s.events));
+    PROTO_PK(proto_pack_kv_uint(pk, "blocks", s.blocks));
+    PROTO_PK(proto_pack_kv_uint(pk, "dropped", s.dropped));
+    PROTO_PK(proto_pack_kv_uint(pk, "hwm_drops", s.hwm_drops));
+    PROTO_PK(proto_pack_kv_uint(pk, "subscribers", s.subscribers));
+    PROTO_PK(proto_pack_kv_uint(pk, "replay_requests", s.replay_requests));
+    PROTO_PK(proto_pack_kv_uint(pk, "replay_batches", s.replay_batches));
+    PROTO_PK(proto_pack_kv_uint(pk, "replay_bad", s.replay_bad));
+    PROTO_PK(proto_pack_kv_uint(pk, "queued", s.queued));
+    PROTO_PK(proto_pack_kv_uint(pk, "next_seq", s.next_seq));
+    return proto_map_end(pk, map);
+}
+
 /* A non-admin's stats: the pool's size, its own tenant and
  * nothing from which another tenant's requests, tokens or blocks could be
  * inferred (no daemon-wide counters, occupancy, queues or step rates, which
@@ -230,6 +258,8 @@ static int stats_all_pack(struct ops_ctx *c, const struct stats_snap *sn)
     PROTO_PK(pack_tier(pk, "host", st->host_total, st->host_free, st->host_cached, st->host_used));
     if (sn->disk.on)
         PROTO_PK(pack_disk(pk, &sn->disk));
+    if (obs->kvevents)
+        PROTO_PK(pack_kv_events(pk, obs->kvevents));
     PROTO_PK(proto_pack_str(pk, "counters"));
     size_t counters = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_asked", st->match_tokens_asked));

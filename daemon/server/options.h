@@ -59,6 +59,12 @@ struct options {
     char disk_dir[4096];
     uint64_t disk_max_bytes;
     uint32_t disk_writeback_ms, disk_flush_s, disk_workers;
+    /* KV events (kvevents.h): the PUB and replay endpoints ("": off),
+     * batches kept for replay, the topic, the per-subscriber high-water
+     * mark and the seed of the published block hashes. */
+    char kv_events[256], kv_events_replay[256];
+    uint32_t kv_events_buffer, kv_events_hwm;
+    char kv_events_topic[256], kv_events_hash_seed[256];
     /* cpu backend: compute threads for the model (0 = one per online CPU). */
     uint32_t threads;
     int log_level;
