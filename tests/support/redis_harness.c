@@ -22,38 +22,74 @@
 #define CLUSTER_DEADLINE_MS 30000
 #define MAX_ARGS 64
 
-/* Every server this process started and has not reaped: killed at exit. */
-static pid_t live[64];
+/* Every server this process started and has not reaped (killed at exit), and every
+ * directory not yet removed (removed at exit): what a failed test leaves behind. */
+struct live_ent {
+    pid_t pid;
+    char dir[64];
+};
+static struct live_ent live[64];
 static bool atexit_set;
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
+{
+    (void)sb;
+    (void)flag;
+    (void)f;
+    remove(p);
+    return 0;
+}
 
 static void kill_live(void)
 {
-    for (size_t i = 0; i < sizeof(live) / sizeof(live[0]); i++)
-        if (live[i] > 0) {
-            kill(live[i], SIGKILL);
-            waitpid(live[i], NULL, 0);
-            live[i] = 0;
+    for (size_t i = 0; i < sizeof(live) / sizeof(live[0]); i++) {
+        if (live[i].pid > 0) {
+            kill(live[i].pid, SIGKILL);
+            waitpid(live[i].pid, NULL, 0);
         }
+        if (live[i].dir[0])
+            nftw(live[i].dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+        live[i].pid = 0;
+        live[i].dir[0] = '\0';
+    }
 }
 
-static void live_add(pid_t p)
+static struct live_ent *live_find(const char *dir)
+{
+    for (size_t i = 0; i < sizeof(live) / sizeof(live[0]); i++)
+        if (live[i].dir[0] && strcmp(live[i].dir, dir) == 0)
+            return &live[i];
+    return NULL;
+}
+
+static void live_dir_add(const char *dir)
 {
     if (!atexit_set) {
         atexit(kill_live);
         atexit_set = true;
     }
     for (size_t i = 0; i < sizeof(live) / sizeof(live[0]); i++)
-        if (live[i] <= 0) {
-            live[i] = p;
+        if (!live[i].dir[0]) {
+            snprintf(live[i].dir, sizeof(live[i].dir), "%s", dir);
+            live[i].pid = 0;
             return;
         }
 }
 
-static void live_del(pid_t p)
+static void live_pid(const char *dir, pid_t p)
 {
-    for (size_t i = 0; i < sizeof(live) / sizeof(live[0]); i++)
-        if (live[i] == p)
-            live[i] = 0;
+    struct live_ent *l = live_find(dir);
+    if (l)
+        l->pid = p;
+}
+
+static void live_dir_del(const char *dir)
+{
+    struct live_ent *l = live_find(dir);
+    if (l) {
+        l->pid = 0;
+        l->dir[0] = '\0';
+    }
 }
 
 static uint64_t now_ms(void)
@@ -325,12 +361,12 @@ static int launch(struct redis_srv *s)
         fprintf(stderr, "redis_harness: fork: %s\n", strerror(errno));
         return -1;
     }
-    live_add(s->pid);
+    live_pid(s->dir, s->pid);
     uint64_t deadline = now_ms() + START_DEADLINE_MS;
     while (now_ms() < deadline) {
         int st;
         if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            live_del(s->pid);
+            live_pid(s->dir, 0);
             s->pid = -1;
             return 1;
         }
@@ -365,6 +401,7 @@ static int start_node(struct redis_srv *s, const char *extra_args, bool cluster)
         s->dir[0] = '\0';
         return -1;
     }
+    live_dir_add(s->dir);
     for (int attempt = 0; attempt < 8; attempt++) {
         s->port = free_port();
         s->bus_port = cluster ? free_port() : 0;
@@ -392,7 +429,7 @@ void redis_kill(struct redis_srv *s)
     if (s->pid > 0) {
         kill(s->pid, SIGKILL);
         waitpid(s->pid, NULL, 0);
-        live_del(s->pid);
+        live_pid(s->dir, 0);
     }
     s->pid = -1;
 }
@@ -416,20 +453,12 @@ int redis_restart(struct redis_srv *s)
     }
 }
 
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb;
-    (void)flag;
-    (void)f;
-    remove(p);
-    return 0;
-}
-
 void redis_stop(struct redis_srv *s)
 {
     redis_kill(s);
     if (s->dir[0]) {
         nftw(s->dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+        live_dir_del(s->dir);
         s->dir[0] = '\0';
     }
 }

@@ -3,7 +3,8 @@
  * --save "" --appendonly no; its log is dir/redis.log), waits until it answers PING (bounded
  * deadline), and makes it die with the test process (PR_SET_PDEATHSIG); redis_cluster_start
  * runs n such nodes with --cluster-enabled, joins them with `redis-cli --cluster create` and
- * waits until every node says cluster_state:ok. Servers still running at exit are killed.
+ * waits until every node says cluster_state:ok. Servers still running at exit are killed and
+ * the directories not removed by redis_stop are removed (what a failed test leaves).
  * Commands for the test itself go through hiredis (redis_srv_cmd). */
 #ifndef KVD_REDIS_HARNESS_H
 #define KVD_REDIS_HARNESS_H

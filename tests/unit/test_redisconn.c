@@ -586,6 +586,159 @@ static void test_refused(void **state)
     close(fd);
 }
 
+/* ---- a cluster ---- */
+
+/* The node's id (CLUSTER MYID) into id. */
+static void node_id(const struct redis_srv *n, char *id, size_t cap)
+{
+    redisReply *r = redis_srv_cmd(n, "CLUSTER MYID");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    snprintf(id, cap, "%s", r->str);
+    freeReplyObject(r);
+}
+
+static long long node_int(const struct redis_srv *n, const char *cmd, const char *arg)
+{
+    redisReply *r = arg ? redis_srv_cmd(n, cmd, arg) : redis_srv_cmd(n, cmd);
+    assert_non_null(r);
+    long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    freeReplyObject(r);
+    return v;
+}
+
+static void check_all(struct redisconn *rc, size_t n, const struct redisconn_buf *k,
+                      const struct redisconn_buf *v)
+{
+    struct kvd_error e = {0};
+    struct redisconn_buf *out = calloc(n, sizeof(*out));
+    assert_non_null(out);
+    int r = redisconn_get(rc, n, k, out, &e);
+    if (r)
+        fprintf(stderr, "cluster get: %s\n", e.message);
+    assert_int_equal(r, 0);
+    for (size_t i = 0; i < n; i++) {
+        if (out[i].n != v[i].n || memcmp(out[i].p, v[i].p, v[i].n) != 0) {
+            fprintf(stderr, "key %zu (%.*s) reads back wrong\n", i, (int)k[i].n,
+                    (const char *)k[i].p);
+            fail();
+        }
+        free((void *)out[i].p);
+    }
+    free(out);
+}
+
+static void test_cluster(void **state)
+{
+    (void)state;
+    struct redis_cluster c;
+    int sr = redis_cluster_start(&c, 3);
+    if (sr == REDIS_HARNESS_SKIP)
+        skip();
+    assert_int_equal(sr, 0);
+    struct redisconn *rc = open_url(c.url, 2000);
+    assert_true(redisconn_is_cluster(rc));
+    struct kvd_error e = {0};
+
+    /* our slots are the server's, for binary keys and hash tags */
+    static const char *const sk[] = {"a", "{user}.x", "x{}y", "{{a}}", "tag{abc}def", "\x01\xff"};
+    for (size_t i = 0; i < sizeof(sk) / sizeof(sk[0]); i++) {
+        redisReply *r = redis_srv_cmd(&c.node[0], "CLUSTER KEYSLOT %b", sk[i], strlen(sk[i]));
+        assert_non_null(r);
+        assert_int_equal(r->integer, redis_key_slot(sk[i], strlen(sk[i])));
+        freeReplyObject(r);
+    }
+
+    /* 600 keys over the three nodes, and 20 in one slot ({mig}) to move */
+    enum { NP = 600, NM = 20, N = NP + NM };
+    static char kb[N][32], vb[N][40];
+    struct redisconn_buf k[N], v[N];
+    for (int i = 0; i < N; i++) {
+        int kl = i < NP ? snprintf(kb[i], sizeof(kb[i]), "ck:%d:\x01", i)
+                        : snprintf(kb[i], sizeof(kb[i]), "{mig}:%d", i - NP);
+        k[i] = B(kb[i], (size_t)kl);
+        v[i] = B(vb[i], (size_t)snprintf(vb[i], sizeof(vb[i]), "value of %d", i * 13));
+    }
+    assert_int_equal(redisconn_set(rc, N, k, v, 0, &e), 0);
+    for (int i = 0; i < 3; i++)
+        assert_true(node_int(&c.node[i], "DBSIZE", NULL) > 100);
+    struct redisconn_stats s0, s1;
+    redisconn_stats(rc, &s0);
+    check_all(rc, N, k, v);
+    redisconn_stats(rc, &s1);
+    assert_int_equal(s1.rounds - s0.rounds, 3); /* one round per node */
+    assert_int_equal(s1.moved + s1.ask, 0);
+
+    /* the {mig} slot: from its owner A to B, keys moved one by one */
+    uint16_t slot = redis_key_slot("{mig}", 5);
+    int a = -1;
+    for (int i = 0; i < 3; i++)
+        if (node_int(&c.node[i], "EXISTS %s", kb[NP]) == 1)
+            a = i;
+    assert_true(a >= 0);
+    int b = (a + 1) % 3;
+    char ida[64], idb[64];
+    node_id(&c.node[a], ida, sizeof(ida));
+    node_id(&c.node[b], idb, sizeof(idb));
+    assert_true(redis_srv_cmd_ok(&c.node[b], "CLUSTER SETSLOT %d IMPORTING %s", slot, ida));
+    assert_true(redis_srv_cmd_ok(&c.node[a], "CLUSTER SETSLOT %d MIGRATING %s", slot, idb));
+    for (int i = 0; i < NM / 2; i++) {
+        redisReply *r =
+            redis_srv_cmd(&c.node[a], "MIGRATE 127.0.0.1 %d %s 0 5000", c.node[b].port, kb[NP + i]);
+        assert_non_null(r);
+        assert_int_equal(r->type, REDIS_REPLY_STATUS);
+        freeReplyObject(r);
+    }
+    /* half on A, half on B: the moved half answers ASK */
+    check_all(rc, N, k, v);
+    redisconn_stats(rc, &s1);
+    assert_true(s1.ask >= NM / 2);
+    assert_int_equal(s1.moved, 0);
+    /* a new key in the migrating slot goes to B (ASK), existing ones stay readable */
+    struct redisconn_buf nk[1] = {B("{mig}:new", 9)}, nv[1] = {B("fresh", 5)};
+    assert_int_equal(redisconn_set(rc, 1, nk, nv, 0, &e), 0);
+    struct redisconn_stats s2;
+    redisconn_stats(rc, &s2);
+    assert_int_equal(s2.ask, s1.ask + 1);
+
+    /* finish: move the rest, give the slot to B everywhere: A answers MOVED */
+    for (int i = NM / 2; i < NM; i++) {
+        redisReply *r =
+            redis_srv_cmd(&c.node[a], "MIGRATE 127.0.0.1 %d %s 0 5000", c.node[b].port, kb[NP + i]);
+        assert_non_null(r);
+        freeReplyObject(r);
+    }
+    assert_true(redis_srv_cmd_ok(&c.node[b], "CLUSTER SETSLOT %d NODE %s", slot, idb));
+    assert_true(redis_srv_cmd_ok(&c.node[a], "CLUSTER SETSLOT %d NODE %s", slot, idb));
+    assert_true(redis_srv_cmd_ok(&c.node[(a + 2) % 3], "CLUSTER SETSLOT %d NODE %s", slot, idb));
+    check_all(rc, N, k, v);
+    check_all(rc, 1, nk, nv);
+    redisconn_stats(rc, &s1);
+    assert_true(s1.moved >= 1);
+    /* the map was refreshed: no more redirects */
+    struct redisconn_stats s3;
+    check_all(rc, N, k, v);
+    redisconn_stats(rc, &s3);
+    assert_int_equal(s3.moved, s1.moved);
+    assert_int_equal(s3.ask, s1.ask);
+    redisReply *cr = redis_srv_cmd(&c.node[b], "CLUSTER COUNTKEYSINSLOT %d", slot);
+    assert_non_null(cr);
+    assert_int_equal(cr->integer, NM + 1); /* every {mig} key now lives on B */
+    freeReplyObject(cr);
+
+    bool present[N];
+    assert_int_equal(redisconn_exists(rc, N, k, present, &e), 0);
+    for (int i = 0; i < N; i++)
+        assert_true(present[i]);
+    assert_int_equal(redisconn_del(rc, N, k, &e), 0);
+    assert_int_equal(redisconn_exists(rc, N, k, present, &e), 0);
+    for (int i = 0; i < N; i++)
+        assert_false(present[i]);
+    assert_int_equal(s3.errors, 0);
+    redisconn_free(rc);
+    redis_cluster_stop(&c);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -616,6 +769,7 @@ int main(void)
         cmocka_unit_test(test_kill_restart),
         cmocka_unit_test(test_timeout_debug_sleep),
         cmocka_unit_test(test_garbage_server),
+        cmocka_unit_test(test_cluster),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
