@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +33,7 @@
 #define MAX_SEEDS 64
 #define MAX_CRED 256
 #define READ_CHUNK 65536
+#define MAX_PENDING_REPLY (1ull << 30) /* unparsed bytes of one reply in the reader */
 #define NO_NODE 0xffffu
 
 /* ---- URLs ---- */
@@ -253,6 +255,7 @@ struct rnode {
     /* this round */
     struct sent *sent;
     size_t n_sent, cap_sent, n_got;
+    size_t woff; /* bytes of ctx->obuf sent so far */
     bool active, failed;
 };
 
@@ -297,6 +300,7 @@ static void node_drop(struct redisconn *rc, struct rnode *nd)
         redisFree(nd->ctx);
         nd->ctx = NULL;
     }
+    nd->woff = 0;
     if (rc->slot_node)
         rc->need_refresh = true; /* a cluster node went away: the map may have changed */
 }
@@ -520,7 +524,7 @@ static int round_io(struct redisconn *rc, struct kvd_error *e)
             if (!nd->active)
                 continue;
             fds[k].fd = nd->ctx->fd;
-            fds[k].events = POLLIN | (sdslen(nd->ctx->obuf) ? POLLOUT : 0);
+            fds[k].events = POLLIN | (sdslen(nd->ctx->obuf) > nd->woff ? POLLOUT : 0);
             fds[k].revents = 0;
             idx[k++] = (uint16_t)i;
         }
@@ -552,13 +556,24 @@ static int round_io(struct redisconn *rc, struct kvd_error *e)
             if (!nd->active || !fds[j].revents)
                 continue;
             if (fds[j].revents & POLLOUT) {
-                size_t before = sdslen(nd->ctx->obuf);
-                int done = 0;
-                if (redisBufferWrite(nd->ctx, &done) != REDIS_OK) {
-                    node_fail(rc, nd, KVD_EINTERNAL, e, &failed, "write: %s", nd->ctx->errstr);
+                /* send(MSG_NOSIGNAL), not hiredis's write(): a peer gone away must not raise
+                 * SIGPIPE in a process that did not ignore it. The buffer is cut once, when it
+                 * has all gone (cutting it after each partial write moves it each time). */
+                size_t len = sdslen(nd->ctx->obuf);
+                ssize_t w =
+                    send(nd->ctx->fd, nd->ctx->obuf + nd->woff, len - nd->woff, MSG_NOSIGNAL);
+                if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                    node_fail(rc, nd, KVD_EINTERNAL, e, &failed, "write: %s", strerror(errno));
                     continue;
                 }
-                rc->st.bytes_out += before - sdslen(nd->ctx->obuf);
+                if (w > 0) {
+                    nd->woff += (size_t)w;
+                    rc->st.bytes_out += (uint64_t)w;
+                    if (nd->woff == len) {
+                        sdsrange(nd->ctx->obuf, (ssize_t)len, -1);
+                        nd->woff = 0;
+                    }
+                }
             }
             if (fds[j].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) {
                 ssize_t got = read(nd->ctx->fd, rc->rbuf, READ_CHUNK);
@@ -574,6 +589,11 @@ static int round_io(struct redisconn *rc, struct kvd_error *e)
                     continue;
                 }
                 rc->st.bytes_in += (uint64_t)got;
+                if (nd->ctx->reader->len - nd->ctx->reader->pos > MAX_PENDING_REPLY) {
+                    node_fail(rc, nd, KVD_EINTERNAL, e, &failed, "%s",
+                              "a reply over 1 GiB (protocol error or a hostile server)");
+                    continue;
+                }
                 if (redisReaderFeed(nd->ctx->reader, rc->rbuf, (size_t)got) != REDIS_OK) {
                     node_fail(rc, nd, KVD_EINTERNAL, e, &failed, "%s", "out of memory reading");
                     continue;
