@@ -1091,3 +1091,29 @@ int redisconn_del(struct redisconn *rc, size_t n, const struct redisconn_buf *ke
     ops_free_replies(rc, n);
     return err ? call_failed(rc) : 0;
 }
+
+int redisconn_ping(struct redisconn *rc, struct kvd_error *e)
+{
+    if (rc->slot_node) {
+        /* a full slot map from one node: the cluster answers and is set up */
+        struct kvd_error me;
+        if (refresh_map(rc, &me)) {
+            if (e)
+                *e = me;
+            return call_failed(rc);
+        }
+        return 0;
+    }
+    struct rc_op *op = &rc->ops[0]; /* cap_ops >= 1 */
+    op->argc = 1;
+    op->argv[0] = "PING";
+    op->len[0] = 4;
+    if (run_ops(rc, 1, e))
+        return call_failed(rc);
+    redisReply *r = op->reply;
+    int err = 0;
+    if (r->type != REDIS_REPLY_STATUS || r->len != 4 || memcmp(r->str, "PONG", 4) != 0)
+        err = reply_error(rc, 0, "PING", e);
+    ops_free_replies(rc, 1);
+    return err ? call_failed(rc) : 0;
+}

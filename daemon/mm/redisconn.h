@@ -82,6 +82,10 @@ struct redisconn_stats {
 };
 void redisconn_stats(const struct redisconn *rc, struct redisconn_stats *st);
 
+/* Checks that the server answers (PING; a cluster: a full slot map from CLUSTER SLOTS, which
+ * also loads the map). Returns 0 or -1 (e set). For start-up checks and health reports. */
+int redisconn_ping(struct redisconn *rc, struct kvd_error *e);
+
 /* True when the URL is a redis-cluster:// one. */
 bool redisconn_is_cluster(const struct redisconn *rc);
 

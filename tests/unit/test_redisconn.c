@@ -252,6 +252,7 @@ static void test_set_get_binary(void **state)
     assert_int_equal(st1.reconnects, 0);
     assert_int_equal(st1.moved + st1.ask, 0);
     assert_false(redisconn_is_cluster(rc));
+    assert_int_equal(redisconn_ping(rc, &e), 0);
     free(v0);
     redisconn_free(rc);
 }
@@ -491,8 +492,19 @@ static void *junk_main(void *arg)
         p.fd = c;
         if (poll(&p, 1, 5000) == 1)
             (void)!read(c, buf, sizeof(buf));
-        if (j->lens[i])
+        if (j->lens[i] == 1 && j->cases[i][0] == 'T') {
+            /* trickle: a bulk header, then a byte every 50 ms for 3 s (each read() gets
+             * something: only a deadline per round stops this) */
+            (void)!write(c, "$100\r\n", 6);
+            for (int t = 0; t < 60; t++) {
+                struct timespec ts = {0, 50 * 1000000L};
+                nanosleep(&ts, NULL);
+                if (send(c, "x", 1, MSG_NOSIGNAL) != 1)
+                    break;
+            }
+        } else if (j->lens[i]) {
             (void)!write(c, j->cases[i], j->lens[i]);
+        }
         /* hold it open until the client gives up (or 5 s) */
         while (poll(&p, 1, 5000) == 1 && read(c, buf, sizeof(buf)) > 0)
             ;
@@ -556,6 +568,10 @@ static void test_garbage_server(void **state)
         assert_null(out[0].p);
         assert_true(dt < 1500);
         assert_true(e.code == KVD_EINTERNAL || e.code == KVD_EBUSY);
+        if (cases[i][0] == 'T' && lens[i] == 1) { /* the deadline, not a per-read timeout */
+            assert_int_equal(e.code, KVD_EBUSY);
+            assert_true(dt >= 250 && dt < 1000);
+        }
         assert_non_null(strstr(e.message, "redis"));
         redisconn_free(rc);
     }
@@ -582,6 +598,7 @@ static void test_refused(void **state)
     assert_non_null(strstr(e.message, "connection failed"));
     assert_int_equal(redisconn_exists(rc, 1, k, &p, &e), -1);
     assert_non_null(strstr(e.message, "not retried"));
+    assert_int_equal(redisconn_ping(rc, &e), -1);
     redisconn_free(rc);
     close(fd);
 }
@@ -639,6 +656,7 @@ static void test_cluster(void **state)
     struct redisconn *rc = open_url(c.url, 2000);
     assert_true(redisconn_is_cluster(rc));
     struct kvd_error e = {0};
+    assert_int_equal(redisconn_ping(rc, &e), 0);
 
     /* our slots are the server's, for binary keys and hash tags */
     static const char *const sk[] = {"a", "{user}.x", "x{}y", "{{a}}", "tag{abc}def", "\x01\xff"};
