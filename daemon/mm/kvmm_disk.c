@@ -93,7 +93,7 @@ struct kvmm_disk {
     uint64_t detach_skips, restored, restore_fails;
     uint64_t restores, restore_ns, restore_last_ns; /* prefetches that restored blocks */
     struct rwin *wins;                              /* under mu: idle restore windows */
-    struct pub_ent *pubs; /* (pubs_cap, a power of two) */
+    struct pub_ent *pubs;                           /* (pubs_cap, a power of two) */
     size_t pubs_cap, pubs_used, pubs_live;
 };
 
@@ -342,7 +342,6 @@ static bool wb_take(struct kvmm_disk *d, struct wb_slot *w, struct disktier_wr *
         memcpy(tokens, b->node->tokens, sizeof(uint32_t) * bt);
         snprintf(w->ns_name, sizeof w->ns_name, "%s", mm->tt.ns_names[b->node->ns]);
         b->disk = POOL_DISK_CLEAN;
-        struct ev_block eb = ev_block_of(mm, b->node);
         kvmm_unlock(mm);
         *wr = (struct disktier_wr){.key = it.key, .tokens = tokens, .buf = wbuf};
         return true;
