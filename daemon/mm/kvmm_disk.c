@@ -461,6 +461,11 @@ int kvmm_disk_open(struct kvmm *mm, const struct kvmm_disk_conf *c, struct kvd_e
     struct disktier_stats ts;
     disktier_stats(d->dt, &ts);
     d->wb_n = KVMM_WB_BATCH_BYTES / ts.slot_bytes;
+    /* A batch takes its slots before it writes, so its blocks cannot evict
+     * one another: at most an eighth of the tier per batch, so a full tier
+     * keeps the newest blocks as one block at a time would. */
+    if (d->wb_n > ts.slots / 8)
+        d->wb_n = ts.slots / 8;
     d->wb_n = d->wb_n < 1 ? 1 : d->wb_n > KVMM_WB_BATCH_MAX ? KVMM_WB_BATCH_MAX : d->wb_n;
     if (posix_memalign(&d->wbuf, 4096, d->wb_n * ts.slot_bytes))
         d->wbuf = NULL;
