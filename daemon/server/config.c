@@ -221,6 +221,8 @@ static int quota_key(struct kvmm_tenant_conf *c, const char *name, const char *v
         dst = &c->weight, unl = false;
     else if (!strcmp(name, "max-disk-bytes"))
         return parse_bytes(v, &c->max_disk_bytes) ? -1 : 1;
+    else if (!strcmp(name, "remote"))
+        return parse_bool(v, &c->remote) ? -1 : 1;
     else
         return 0;
     if (parse_u32v(v, &x, unl))
