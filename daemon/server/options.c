@@ -119,7 +119,8 @@ const struct options_def options_defs[] = {
     {"remote-key-file", "FILE", OPTIONS_STR, F(remote_key_file), 0, 0, NULL, NULL, NULL, 0,
      "the fleet key (64 hex digits, mode 0600) that seals\nevery value in Redis"},
     {"remote-insecure", NULL, OPTIONS_BOOL, F(remote_insecure), 0, 0, NULL, NULL, NULL, 0,
-     "allow --remote without a key file: values are\nchecksummed only, Redis sees and can forge KV"},
+     "allow --remote without a key file: values are\nchecksummed only, Redis sees and can forge "
+     "KV"},
     {"remote-timeout-ms", "MS", OPTIONS_U32, F(remote_timeout_ms), 1, 60000, NULL, "100", NULL, 0,
      "the most one Redis round may cost a request"},
     {"remote-value-bytes", "BYTES", OPTIONS_SIZE, F(remote_value_bytes), 4096, (uint64_t)512 << 20,
