@@ -116,6 +116,8 @@ static const char *const conf_tenants = "[admin]\nuids = 0\n"
                                         "[tenant:gamma]\nuids = 60023\nremote = on\n";
 
 /* A daemon on f's Redis with fleet key `key` (NULL: none, insecure). */
+static const char *redis_url; /* NULL: f's single node */
+
 static void start(struct kh_proc *d, const struct fixture *f, const char *conf, const char *key)
 {
     const char *args[32];
@@ -448,6 +450,35 @@ static void test_remote_off_writes_nothing(void **state)
     kvd_gen_result_free(&r2);
 }
 
+/* The same two daemons over a three-node Redis Cluster. */
+static void test_two_daemons_cluster(void **state)
+{
+    struct fixture *f = *state;
+    struct redis_cluster c;
+    int rc = redis_cluster_start(&c, 3);
+    if (rc == REDIS_HARNESS_SKIP)
+        skip();
+    assert_int_equal(rc, 0);
+    struct kh_proc a, b;
+    struct kvd_gen_result cold, warm;
+    redis_url = c.url;
+    start(&a, f, conf_on, f->key1);
+    start(&b, f, conf_on, f->key1);
+    redis_url = NULL;
+    gen_ok(&a, f->prompt, &cold);
+    wait_written(&a, 1);
+    gen_ok(&b, f->prompt, &warm);
+    assert_int_equal(warm.cached_tokens, full_blocks * BT);
+    expect_same(&cold, &warm);
+    assert_true(remote_stat(&b, "hits") >= full_blocks);
+    assert_int_equal(remote_stat(&b, "auth_failures") + remote_stat(&b, "mismatches"), 0);
+    assert_int_equal(kh_stop(&a), 0);
+    assert_int_equal(kh_stop(&b), 0);
+    redis_cluster_stop(&c);
+    kvd_gen_result_free(&cold);
+    kvd_gen_result_free(&warm);
+}
+
 /* Start-up refusals: a key file others can read, none without insecure. */
 static void test_startup_refusals(void **state)
 {
@@ -484,6 +515,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_redis_dead_or_paused, per_test, per_test_end),
         cmocka_unit_test_setup_teardown(test_remote_off_writes_nothing, per_test, per_test_end),
         cmocka_unit_test_setup_teardown(test_startup_refusals, per_test, per_test_end),
+        cmocka_unit_test_setup_teardown(test_two_daemons_cluster, per_test, per_test_end),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
