@@ -272,10 +272,28 @@ int main(int argc, char **argv)
                  opts.disk_dir, ds.tier.slots, ds.tier.slot_bytes,
                  (double)ds.tier.file_bytes / (1 << 30), ds.tier.loaded, ds.tier.dropped_at_load,
                  opts.disk_writeback_ms);
-        struct workpool_conf dwc = {.threads = opts.disk_workers,
+    }
+    if (opts.remote[0]) {
+        struct kvmm_remote_conf rc_ = {.url = opts.remote,
+                                       .key_file = opts.remote_key_file,
+                                       .insecure = opts.remote_insecure,
+                                       .timeout_ms = opts.remote_timeout_ms,
+                                       .value_bytes = opts.remote_value_bytes,
+                                       .ttl_s = opts.remote_ttl_s,
+                                       .min_hits = opts.remote_min_hits};
+        if (kvmm_remote_open(mm, &rc_, &kerr) != 0) {
+            log_err("--remote: %s", kerr.message);
+            status = 2;
+            goto out_mm;
+        }
+    }
+    if (opts.disk_dir[0] || opts.remote[0]) {
+        /* One pool prefetches from both tiers: disk first, then Redis. */
+        struct workpool_conf dwc = {.threads = (opts.disk_dir[0] ? opts.disk_workers : 0) +
+                                               (opts.remote[0] ? opts.remote_workers : 0),
                                     .max_per_tenant = opts.text_jobs_per_tenant};
         if ((rc = workpool_new(&dwc, &disk_pool)) != 0) {
-            log_err("cannot start the disk workers: %s", kvd_err_code(rc));
+            log_err("cannot start the prefetch workers: %s", kvd_err_code(rc));
             goto out_mm;
         }
     }

@@ -84,7 +84,8 @@ void kvmm_free(struct kvmm *mm)
     if (atomic_load_explicit(&mm->holder, memory_order_relaxed) != 0)
         mm_lock_violation(__func__, "while kvmm_lock is held");
 #endif
-    mm_disk_free(mm); /* its writer stops first: it takes the lock */
+    mm_remote_free(mm); /* its writer stops first: it takes the lock */
+    mm_disk_free(mm);   /* the same */
     seq_table_free(&mm->st);
     radix_destroy(&mm->radix);
     pool_destroy(&mm->pool);

@@ -44,6 +44,7 @@ struct kvmm_tenant_conf {
     uint32_t weight;                 /* scheduling weight, >= 1 */
     uint64_t max_disk_bytes;         /* disk the tenant's sessions may pin; 0: no limit */
     uint8_t events;                  /* enum kvmm_events_mode: KV events of its blocks */
+    bool remote; /* its blocks go to and come from the remote tier (default off) */
 };
 
 /* ---- KV events (block lifecycle for routers) ----------------------------
@@ -264,6 +265,59 @@ bool kvmm_disk_may_prefetch(struct kvmm *mm, uint32_t ns, const uint32_t *tokens
 /* Writes back everything queued and syncs, waiting at most timeout_ms:
  * *written blocks went out, *left did not. 0, or KVD_EBUSY (time ran out with left > 0). */
 int kvmm_disk_flush(struct kvmm *mm, uint32_t timeout_ms, size_t *written, size_t *left);
+
+/* ---- the remote tier (kvmm_remote.c, remote_value.h; docs/persistence.md
+ * "The remote tier"): whole blocks of tenants with `remote` on are written
+ * through to Redis, sealed under the fleet key, once a block has been reused
+ * min_hits times, by a writer thread of its own; and a request's prompt
+ * past the tree (and the disk tier) is looked up there in one pipelined
+ * round before it is scheduled. A value holds the blocks of one chain from a
+ * multiple of K (= value_bytes / (block bytes + token ids)) up to the block
+ * that names it. Like the disk-tier calls these take the lock themselves. */
+struct kvmm_remote_conf {
+    const char *url;      /* redis:// or redis-cluster:// (redisconn.h) */
+    const char *key_file; /* the fleet key; NULL or "": insecure must be set */
+    bool insecure;        /* no key: values carry checksums only */
+    uint32_t timeout_ms;  /* one round at most; default 100 */
+    uint64_t value_bytes; /* default 4 MiB */
+    uint32_t ttl_s;       /* 0: values never expire */
+    uint32_t min_hits;    /* reuses before a block is written (0: at commit) */
+};
+/* Checks the URL and the key, and starts the writer. Redis need not be up:
+ * the tier connects when it is first used, and after a failure it rests
+ * for a second (what it skips meanwhile is counted). KVD_EBADREQ for a bad
+ * URL, key file or a missing key without insecure. */
+int kvmm_remote_open(struct kvmm *mm, const struct kvmm_remote_conf *c, struct kvd_error *e);
+bool kvmm_remote_on(const struct kvmm *mm);
+/* Whether a prefetch could bring in something: the tier is on, the tenant
+ * has remote on and the tree does not hold every whole block of tokens. */
+bool kvmm_remote_may_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const uint32_t *tokens,
+                              size_t n);
+/* Brings the whole blocks of tokens past the tree's prefix in from Redis
+ * (one round, at most timeout_ms), checking every value, into the tree like
+ * kvmm_disk_prefetch. Runs on the calling thread. Returns the blocks
+ * restored. */
+size_t kvmm_remote_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const uint32_t *tokens,
+                            size_t n);
+/* Waits (at most timeout_ms) until the writer has nothing queued: 0 or KVD_EBUSY. */
+int kvmm_remote_flush(struct kvmm *mm, uint32_t timeout_ms);
+struct kvmm_remote_stats {
+    bool on;
+    uint32_t blocks_per_value; /* K */
+    uint64_t hits;             /* blocks restored */
+    uint64_t misses;           /* values asked for and not there */
+    uint64_t bytes_in, bytes_out;
+    uint64_t rounds;                          /* lookup rounds */
+    uint64_t latency_ns_sum, latency_ns_last; /* of lookup rounds */
+    uint64_t errors, timeouts; /* failed rounds (lookups and writes), of them timed out */
+    uint64_t skipped;          /* lookups and writes not tried while resting after a failure */
+    uint64_t auth_failures;    /* values that failed authentication or were malformed */
+    uint64_t mismatches;       /* authentic values that were not the ones asked for */
+    uint64_t writes;           /* values written */
+    uint64_t queued;           /* values waiting for the writer */
+    uint64_t write_skips;      /* dropped: queue full, or the blocks left meanwhile */
+};
+void kvmm_remote_stats(struct kvmm *mm, struct kvmm_remote_stats *st);
 
 /* ---- named sessions (kvmm_session.c): a tenant-scoped name for a token
  * sequence whose whole blocks are pinned on the disk tier until it expires,

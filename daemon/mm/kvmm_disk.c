@@ -585,8 +585,8 @@ int kvmm_disk_flush(struct kvmm *mm, uint32_t timeout_ms, size_t *written, size_
 /* Lock held: the node of block b-1 of tokens in ns (the root for b = 0),
  * found by walking the tree again (nodes can go while the lock is
  * released); NULL when the tree no longer holds all b blocks. */
-static struct radix_node *parent_of(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t b,
-                                    struct radix_node **scratch)
+struct radix_node *mm_parent_of(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t b,
+                                struct radix_node **scratch)
 {
     if (b == 0)
         return radix_root(&mm->radix, ns);
@@ -594,10 +594,8 @@ static struct radix_node *parent_of(struct kvmm *mm, uint32_t ns, const uint32_t
     return got == b ? scratch[b - 1] : NULL;
 }
 
-/* Lock held: block b (its bytes at data) enters the tree under parent as an
- * unreferenced cached block of tenant. false when there is no room. */
-static bool restore_one(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
-                        const uint32_t *toks, struct blockkey key, const void *data)
+bool mm_restore_block(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
+                      const uint32_t *toks, struct blockkey key, const void *data, bool from_disk)
 {
     bool host = mm->pool.n_slots[KVD_TIER_HOST] > 0;
     enum kvd_tier tier = host ? KVD_TIER_HOST : KVD_TIER_DEVICE;
@@ -628,6 +626,12 @@ static bool restore_one(struct kvmm *mm, uint32_t tenant, struct radix_node *par
     }
     b->key = key;
     b->disk = POOL_DISK_CLEAN;
+    if (!from_disk) { /* from the remote tier: the disk tier writes it too */
+        b->disk = POOL_DISK_NONE;
+        b->remote = POOL_REMOTE_FULL | POOL_REMOTE_TAIL;
+        if (mm->disk && q_push(mm->disk, node->block, key))
+            b->disk = POOL_DISK_QUEUED;
+    }
     b->lru = ++mm->clock;
     if (mm->events.block) {
         mm_pub_set(mm, node);
@@ -639,8 +643,8 @@ static bool restore_one(struct kvmm *mm, uint32_t tenant, struct radix_node *par
 
 /* Lock held: how many whole blocks of tokens the tree holds, and the key of
  * the last. */
-static size_t cached_prefix(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t nb,
-                            struct radix_node **scratch, struct blockkey *key)
+size_t mm_cached_prefix(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t nb,
+                        struct radix_node **scratch, struct blockkey *key)
 {
     size_t m =
         nb ? radix_match(&mm->radix, ns, tokens, nb * mm->geom.block_tokens, scratch, nb) : 0;
@@ -648,7 +652,7 @@ static size_t cached_prefix(struct kvmm *mm, uint32_t ns, const uint32_t *tokens
     return m;
 }
 
-static bool ns_ok(const struct kvmm *mm, uint32_t ns)
+bool mm_ns_ok(const struct kvmm *mm, uint32_t ns)
 {
     return ns < mm->tt.n_ns && ns < mm->radix.n_roots && mm->tt.ns_names[ns][0];
 }
@@ -666,9 +670,9 @@ bool kvmm_disk_may_prefetch(struct kvmm *mm, uint32_t ns, const uint32_t *tokens
     uint64_t nsh = 0;
     size_t m = 0;
     kvmm_lock(mm);
-    bool ok = ns_ok(mm, ns);
+    bool ok = mm_ns_ok(mm, ns);
     if (ok) {
-        m = cached_prefix(mm, ns, tokens, nb, scratch, &key);
+        m = mm_cached_prefix(mm, ns, tokens, nb, scratch, &key);
         nsh = ns_hash_of(mm, ns);
     }
     kvmm_unlock(mm);
@@ -759,9 +763,9 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
     bool ok = scratch && w;
     if (ok) {
         kvmm_lock(mm);
-        ok = ns_ok(mm, ns) && tenant_live(&mm->tt, tenant);
+        ok = mm_ns_ok(mm, ns) && tenant_live(&mm->tt, tenant);
         if (ok) {
-            m = cached_prefix(mm, ns, tokens, nb, scratch, &key);
+            m = mm_cached_prefix(mm, ns, tokens, nb, scratch, &key);
             nsh = ns_hash_of(mm, ns);
             snprintf(ns_name, sizeof ns_name, "%s", mm->tt.ns_names[ns]);
         }
@@ -801,14 +805,15 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
             }
             kvmm_lock(mm);
             /* The namespace may have been removed, and its id reused, meanwhile. */
-            struct radix_node *parent = ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], ns_name) == 0
-                                            ? parent_of(mm, ns, tokens, b, scratch)
-                                            : NULL;
+            struct radix_node *parent =
+                mm_ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], ns_name) == 0
+                    ? mm_parent_of(mm, ns, tokens, b, scratch)
+                    : NULL;
             ok = parent != NULL;
             if (ok && !radix_child(&mm->radix, parent, toks,
                                    radix_hash(&mm->radix, parent->hash, toks))) {
-                ok = restore_one(mm, tenant, parent, toks, w->rd[i].key,
-                                 disktier_data(d->dt, w->rd[i].buf));
+                ok = mm_restore_block(mm, tenant, parent, toks, w->rd[i].key,
+                                      disktier_data(d->dt, w->rd[i].buf), true);
                 if (ok) {
                     d->restored++;
                     restored++;

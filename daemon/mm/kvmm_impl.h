@@ -46,6 +46,7 @@ struct kvmm {
     struct kvmm_events_sink events; /* events.block NULL: none attached */
     uint64_t pub_root;              /* root of the published hashes */
     bool events_quiet;              /* kvmm_clear: one AllBlocksCleared instead */
+    struct kvmm_remote *remote;     /* the remote tier's side (kvmm_remote.c); NULL without one */
     char err[320];
 };
 
@@ -142,5 +143,28 @@ struct blockkey mm_node_key(const struct kvmm *mm, const struct radix_node *node
 /* Room for n new host-tier blocks of tenant (its quota, free slots),
  * dropping host cache leaves. 0, KVD_EQUOTA or KVD_ENOMEM. */
 int mm_room_host_new(struct kvmm *mm, uint32_t tenant, size_t n);
+/* Restores (kvmm_disk.c, shared with kvmm_remote.c): whether ns is a live
+ * namespace; how many whole blocks of tokens (nb at most) the tree holds and
+ * the key of the last (chain(-1) for none); the node of block b-1 (the root
+ * for b = 0, NULL when the tree no longer holds b blocks; scratch holds b);
+ * and block `key` (its bytes at data) entering the tree under parent as an
+ * unreferenced cached block of tenant, on the host tier when there is one
+ * (false when there is no room). from_disk: it is on disk already; else it
+ * came from the remote tier, which needs it no more, and is queued for the
+ * disk. */
+bool mm_ns_ok(const struct kvmm *mm, uint32_t ns);
+size_t mm_cached_prefix(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t nb,
+                        struct radix_node **scratch, struct blockkey *key);
+struct radix_node *mm_parent_of(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t b,
+                                struct radix_node **scratch);
+bool mm_restore_block(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
+                      const uint32_t *toks, struct blockkey key, const void *data, bool from_disk);
+/* The remote tier's hooks (kvmm_remote.c), no-ops without one. The block
+ * of node, chain index idx: mm_remote_used after it entered the tree or its
+ * hits grew (its group's value may be due), mm_remote_chain_end where a
+ * commit or a match ended at it (a tail value may be due). */
+void mm_remote_used(struct kvmm *mm, struct radix_node *node, size_t idx);
+void mm_remote_chain_end(struct kvmm *mm, struct radix_node *node, size_t idx);
+void mm_remote_free(struct kvmm *mm);
 
 #endif

@@ -233,7 +233,9 @@ static int quota_key(struct kvmm_tenant_conf *c, const char *name, const char *v
         else
             return -1;
         return 1;
-    } else
+    } else if (!strcmp(name, "remote"))
+        return parse_bool(v, &c->remote) ? -1 : 1;
+    else
         return 0;
     if (parse_u32v(v, &x, unl))
         return -1;

@@ -128,6 +128,38 @@ static void render_pool(struct out *o, const struct kvmm_stats *st)
     put(o, "kvd_sequences %u\n", st->n_seqs);
 }
 
+/* The remote tier's series (none without one). */
+static void render_remote(struct out *o, const struct kvmm_remote_stats *r)
+{
+    if (!r->on)
+        return;
+    head(o, "kvd_remote_blocks_total", "counter",
+         "Remote-tier lookups: blocks restored (hit), values missing (miss).");
+    put(o, "kvd_remote_blocks_total{result=\"hit\"} %llu\n", (unsigned long long)r->hits);
+    put(o, "kvd_remote_blocks_total{result=\"miss\"} %llu\n", (unsigned long long)r->misses);
+    head(o, "kvd_remote_bytes_total", "counter", "Remote-tier bytes read and written.");
+    put(o, "kvd_remote_bytes_total{op=\"read\"} %llu\n", (unsigned long long)r->bytes_in);
+    put(o, "kvd_remote_bytes_total{op=\"write\"} %llu\n", (unsigned long long)r->bytes_out);
+    head(o, "kvd_remote_writes_total", "counter", "Values written to Redis.");
+    put(o, "kvd_remote_writes_total %llu\n", (unsigned long long)r->writes);
+    head(o, "kvd_remote_lookup_rounds_total", "counter", "Remote-tier lookup rounds.");
+    put(o, "kvd_remote_lookup_rounds_total %llu\n", (unsigned long long)r->rounds);
+    head(o, "kvd_remote_lookup_seconds_total", "counter", "Time spent in lookup rounds.");
+    put(o, "kvd_remote_lookup_seconds_total %.9f\n", (double)r->latency_ns_sum / 1e9);
+    head(o, "kvd_remote_lookup_last_seconds", "gauge", "The last lookup round's time.");
+    put(o, "kvd_remote_lookup_last_seconds %.9f\n", (double)r->latency_ns_last / 1e9);
+    head(o, "kvd_remote_errors_total", "counter",
+         "Remote-tier failures: failed rounds, timeouts, values refused, work skipped.");
+    put(o, "kvd_remote_errors_total{kind=\"error\"} %llu\n", (unsigned long long)r->errors);
+    put(o, "kvd_remote_errors_total{kind=\"timeout\"} %llu\n", (unsigned long long)r->timeouts);
+    put(o, "kvd_remote_errors_total{kind=\"auth\"} %llu\n", (unsigned long long)r->auth_failures);
+    put(o, "kvd_remote_errors_total{kind=\"mismatch\"} %llu\n", (unsigned long long)r->mismatches);
+    put(o, "kvd_remote_errors_total{kind=\"skipped\"} %llu\n",
+        (unsigned long long)(r->skipped + r->write_skips));
+    head(o, "kvd_remote_queued", "gauge", "Values waiting for the remote writer.");
+    put(o, "kvd_remote_queued %llu\n", (unsigned long long)r->queued);
+}
+
 /* The disk tier's series (none without one). */
 static void render_disk(struct out *o, const struct kvmm_disk_stats *d)
 {
@@ -392,6 +424,7 @@ int metrics_render(const struct metrics_src *src, struct evbuffer *out)
         return KVD_ENOMEM;
     render_pool(&o, &sn.st);
     render_disk(&o, &sn.disk);
+    render_remote(&o, &sn.remote);
     render_tenants(&o, &sn);
     stats_snap_free(&sn);
     render_kv_events(&o, src->kvevents);

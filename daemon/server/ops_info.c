@@ -61,6 +61,7 @@ int ops_hello(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_uint(pk, "max_frame", c->host->max_frame));
     PROTO_PK(proto_pack_kv_uint(pk, "conn", c->conn_id));
     PROTO_PK(proto_pack_kv_bool(pk, "disk", kvmm_disk_on(c->mm)));
+    PROTO_PK(proto_pack_kv_bool(pk, "remote", kvmm_remote_on(c->mm)));
     PROTO_PK(proto_pack_str(pk, "kv"));
     size_t kv = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "layers", g->layers));
@@ -199,6 +200,31 @@ static int pack_kv_events(msgpack_packer *pk, struct kvevents *ev)
     return proto_map_end(pk, map);
 }
 
+/* The remote tier's map (stats "remote"): lookups, writes and failures. */
+static int pack_remote(msgpack_packer *pk, const struct kvmm_remote_stats *r)
+{
+    PROTO_PK(proto_pack_str(pk, "remote"));
+    size_t map = proto_map_begin(pk);
+    PROTO_PK(proto_pack_kv_uint(pk, "blocks_per_value", r->blocks_per_value));
+    PROTO_PK(proto_pack_kv_uint(pk, "hits", r->hits));
+    PROTO_PK(proto_pack_kv_uint(pk, "misses", r->misses));
+    PROTO_PK(proto_pack_kv_uint(pk, "bytes_in", r->bytes_in));
+    PROTO_PK(proto_pack_kv_uint(pk, "bytes_out", r->bytes_out));
+    PROTO_PK(proto_pack_kv_uint(pk, "rounds", r->rounds));
+    PROTO_PK(proto_pack_kv_uint(pk, "latency_us_mean",
+                                r->rounds ? r->latency_ns_sum / r->rounds / 1000 : 0));
+    PROTO_PK(proto_pack_kv_uint(pk, "latency_us_last", r->latency_ns_last / 1000));
+    PROTO_PK(proto_pack_kv_uint(pk, "errors", r->errors));
+    PROTO_PK(proto_pack_kv_uint(pk, "timeouts", r->timeouts));
+    PROTO_PK(proto_pack_kv_uint(pk, "skipped", r->skipped));
+    PROTO_PK(proto_pack_kv_uint(pk, "auth_failures", r->auth_failures));
+    PROTO_PK(proto_pack_kv_uint(pk, "mismatches", r->mismatches));
+    PROTO_PK(proto_pack_kv_uint(pk, "writes", r->writes));
+    PROTO_PK(proto_pack_kv_uint(pk, "write_skips", r->write_skips));
+    PROTO_PK(proto_pack_kv_uint(pk, "queued", r->queued));
+    return proto_map_end(pk, map);
+}
+
 /* A non-admin's stats: the pool's size, its own tenant and
  * nothing from which another tenant's requests, tokens or blocks could be
  * inferred (no daemon-wide counters, occupancy, queues or step rates, which
@@ -260,6 +286,8 @@ static int stats_all_pack(struct ops_ctx *c, const struct stats_snap *sn)
         PROTO_PK(pack_disk(pk, &sn->disk));
     if (obs->kvevents)
         PROTO_PK(pack_kv_events(pk, obs->kvevents));
+    if (sn->remote.on)
+        PROTO_PK(pack_remote(pk, &sn->remote));
     PROTO_PK(proto_pack_str(pk, "counters"));
     size_t counters = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_asked", st->match_tokens_asked));

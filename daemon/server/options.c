@@ -126,6 +126,25 @@ const struct options_def options_defs[] = {
     {"kv-events-hash-seed", "TEXT", OPTIONS_STR, F(kv_events_hash_seed), 0, 0, NULL, NULL, NULL, 0,
      "seed of the published block hashes (llm-d's\nHashSeed, vLLM's PYTHONHASHSEED; default "
      "empty)"},
+    {"remote", "URL", OPTIONS_STR, F(remote), 0, 0, NULL, NULL, NULL, 0,
+     "share cached KV blocks of tenants with 'remote = on'\n"
+     "through Redis: redis://[user:password@]host:port[/db]\n"
+     "or redis-cluster://host:port[,host:port...] (off by default)"},
+    {"remote-key-file", "FILE", OPTIONS_STR, F(remote_key_file), 0, 0, NULL, NULL, NULL, 0,
+     "the fleet key (64 hex digits, mode 0600) that seals\nevery value in Redis"},
+    {"remote-insecure", NULL, OPTIONS_BOOL, F(remote_insecure), 0, 0, NULL, NULL, NULL, 0,
+     "allow --remote without a key file: values are\nchecksummed only, Redis sees and can forge "
+     "KV"},
+    {"remote-timeout-ms", "MS", OPTIONS_U32, F(remote_timeout_ms), 1, 60000, NULL, "100", NULL, 0,
+     "the most one Redis round may cost a request"},
+    {"remote-value-bytes", "BYTES", OPTIONS_SIZE, F(remote_value_bytes), 4096, (uint64_t)512 << 20,
+     NULL, "4M", NULL, 0, "bundle consecutive blocks into values of this size"},
+    {"remote-ttl-s", "S", OPTIONS_U32, F(remote_ttl_s), 0, UINT32_MAX - 1, NULL, "86400", NULL, 0,
+     "expiry of a value in Redis (0 = none)"},
+    {"remote-min-hits", "N", OPTIONS_U32, F(remote_min_hits), 0, 1000000, NULL, "1", NULL, 0,
+     "reuses a block needs before it is written to Redis"},
+    {"remote-workers", "N", OPTIONS_U32, F(remote_workers), 1, 64, NULL, "2", NULL, 0,
+     "workers that fetch cached blocks from Redis before\na request is scheduled"},
     {"threads", "N", OPTIONS_U32, F(threads), 0, 256, NULL, "0", NULL, 0,
      "cpu backend: compute threads (0 = one per CPU)"},
     {"log-level", "LEVEL", OPTIONS_LOG_LEVEL, F(log_level), 0, 0, NULL, "info", NULL, 0,
