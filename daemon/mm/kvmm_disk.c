@@ -92,8 +92,9 @@ struct kvmm_disk {
     uint64_t detached_bytes, detach_max;
     uint64_t detach_skips, restored, restore_fails;
     uint64_t restores, restore_ns, restore_last_ns; /* prefetches that restored blocks */
-    struct rwin *wins;                              /* under mu: idle restore windows */
-    struct pub_ent *pubs;                           /* (pubs_cap, a power of two) */
+    size_t wb_inflight;   /* taken by the writer, not yet synced (counted as queued) */
+    struct rwin *wins;    /* under mu: idle restore windows */
+    struct pub_ent *pubs; /* (pubs_cap, a power of two) */
     size_t pubs_cap, pubs_used, pubs_live;
 };
 
@@ -321,6 +322,7 @@ static bool wb_take(struct kvmm_disk *d, struct wb_slot *w, struct disktier_wr *
         struct disktier_stats ts;
         disktier_stats(d->dt, &ts);
         d->detached_bytes -= ts.slot_bytes;
+        d->wb_inflight++;
         kvmm_unlock(mm);
         *w = (struct wb_slot){.detached = true, .tokens = x.tokens, .buf = x.buf, .ev = x.ev};
         snprintf(w->ns_name, sizeof w->ns_name, "%s", x.ns_name);
@@ -342,6 +344,7 @@ static bool wb_take(struct kvmm_disk *d, struct wb_slot *w, struct disktier_wr *
         memcpy(tokens, b->node->tokens, sizeof(uint32_t) * bt);
         snprintf(w->ns_name, sizeof w->ns_name, "%s", mm->tt.ns_names[b->node->ns]);
         b->disk = POOL_DISK_CLEAN;
+        d->wb_inflight++;
         kvmm_unlock(mm);
         *wr = (struct disktier_wr){.key = it.key, .tokens = tokens, .buf = wbuf};
         return true;
@@ -420,8 +423,14 @@ static void *writer_main(void *arg)
         size_t n = 0, k;
         while (!atomic_load(&d->stop) && (k = write_batch(d)) > 0)
             n += k;
-        if (n)
+        if (n) {
             disktier_sync(d->dt);
+            /* Queued until durable (or dropped by a failed sync): a
+             * drained queue means the counters are final. */
+            kvmm_lock(d->mm);
+            d->wb_inflight = 0;
+            kvmm_unlock(d->mm);
+        }
         ev_disk_drops(d);
         pthread_mutex_lock(&d->mu);
         if (want > d->flush_done)
@@ -549,7 +558,7 @@ void mm_disk_free(struct kvmm *mm)
 static size_t pending(struct kvmm *mm)
 {
     struct kvmm_disk *d = mm->disk;
-    size_t n = d->dq_n;
+    size_t n = d->dq_n + d->wb_inflight;
     for (size_t i = d->q_head; i < d->q_n; i++) {
         const struct pool_block *b = pool_block(&mm->pool, d->q[i].id);
         n += b->used && b->disk == POOL_DISK_QUEUED && blockkey_eq(b->key, d->q[i].key);
