@@ -303,7 +303,8 @@ int main(int argc, char **argv)
                                    .topic = opts.kv_events_topic,
                                    .block_tokens = mc.geom.block_tokens,
                                    .buffer = opts.kv_events_buffer,
-                                   .hwm = opts.kv_events_hwm};
+                                   .hwm = opts.kv_events_hwm,
+                                   .sndbuf = opts.kv_events_sndbuf};
         if (kvevents_start(&ec, &kvev, &kerr) != 0) {
             log_err("%s", kerr.message);
             status = 2;

@@ -31,6 +31,7 @@ struct kvevents_conf {
     uint32_t block_tokens;
     uint32_t buffer;    /* batches kept for replay; 0: 10000 */
     uint32_t hwm;       /* ZMQ send high-water mark per subscriber; 0: 100000 */
+    uint32_t sndbuf;    /* kernel send buffer per subscriber (ZMQ_SNDBUF); 0: the system's */
     uint32_t queue;     /* events the queue holds before dropping; 0: 65536 */
     uint32_t flush_ms;  /* most a queued event waits; 0: 5 */
     uint32_t max_batch; /* events per batch at most; 0: 1024 */

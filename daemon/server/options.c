@@ -123,6 +123,8 @@ const struct options_def options_defs[] = {
      "first frame of every event message (default empty)"},
     {"kv-events-hwm", "N", OPTIONS_U32, F(kv_events_hwm), 1, 100000000, NULL, "100000", NULL, 0,
      "event batches queued per subscriber before it\nmisses some (ZeroMQ high-water mark)"},
+    {"kv-events-sndbuf", "BYTES", OPTIONS_SIZE32, F(kv_events_sndbuf), 0, 1u << 30, NULL, "0", NULL,
+     0, "kernel send buffer per subscriber connection over\ntcp:// (0 = the system's default)"},
     {"kv-events-hash-seed", "TEXT", OPTIONS_STR, F(kv_events_hash_seed), 0, 0, NULL, NULL, NULL, 0,
      "seed of the published block hashes (llm-d's\nHashSeed, vLLM's PYTHONHASHSEED; default "
      "empty)"},

@@ -63,7 +63,7 @@ struct options {
      * batches kept for replay, the topic, the per-subscriber high-water
      * mark and the seed of the published block hashes. */
     char kv_events[256], kv_events_replay[256];
-    uint32_t kv_events_buffer, kv_events_hwm;
+    uint32_t kv_events_buffer, kv_events_hwm, kv_events_sndbuf;
     char kv_events_topic[256], kv_events_hash_seed[256];
     /* The remote tier on Redis (off while remote is empty): its URL, the
      * fleet key's file (or insecure: checksums only), the bound on one
