@@ -157,7 +157,7 @@ static void push(struct kvevents *ev, const struct rec *r, const uint32_t *token
     }
     unsigned char *slot = ev->ring + ((ev->head + ev->count) % ev->cap) * ev->rec_size;
     memcpy(slot, r, sizeof *r);
-    if (r->has_tokens)
+    if (r->has_tokens && tokens != NULL && r->n_tokens > 0)
         memcpy(slot + sizeof *r, tokens, sizeof(uint32_t) * r->n_tokens);
     was_empty = ev->count++ == 0;
     pthread_mutex_unlock(&ev->qmu);
