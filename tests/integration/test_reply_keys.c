@@ -61,11 +61,19 @@ static const struct key K_MODEL[] = {{"name", T_STR, NULL},
                                      {"eog", T_UARR, NULL},
                                      {"chat_template", T_BOOL, NULL},
                                      {NULL, 0, NULL}};
-static const struct key K_HELLO[] = {
-    {"server", T_STR, NULL},     {"version", T_UINT, NULL},     {"tenant", T_STR, NULL},
-    {"admin", T_BOOL, NULL},     {"backend", T_STR, NULL},      {"block_tokens", T_UINT, NULL},
-    {"max_frame", T_UINT, NULL}, {"conn", T_UINT, NULL},        {"disk", T_BOOL, NULL},
-    {"kv", T_MAP, K_KV},         {"model", T_MAP_NIL, K_MODEL}, {NULL, 0, NULL}};
+static const struct key K_HELLO[] = {{"server", T_STR, NULL},
+                                     {"version", T_UINT, NULL},
+                                     {"tenant", T_STR, NULL},
+                                     {"admin", T_BOOL, NULL},
+                                     {"backend", T_STR, NULL},
+                                     {"block_tokens", T_UINT, NULL},
+                                     {"max_frame", T_UINT, NULL},
+                                     {"conn", T_UINT, NULL},
+                                     {"disk", T_BOOL, NULL},
+                                     {"remote", T_BOOL, NULL},
+                                     {"kv", T_MAP, K_KV},
+                                     {"model", T_MAP_NIL, K_MODEL},
+                                     {NULL, 0, NULL}};
 
 static const struct key K_TIER[] = {{"total", T_UINT, NULL},
                                     {"free", T_UINT, NULL},
