@@ -68,7 +68,8 @@ struct kvmm_remote {
     size_t q_head, q_n, q_cap;
     /* Counters (atomics: the writer and the workers count without the lock). */
     atomic_uint_fast64_t hits, misses, bytes_in, bytes_out, rounds, lat_sum, lat_last, errors,
-        timeouts, skipped, auth_failures, mismatches, writes, write_skips;
+        timeouts, skipped, auth_failures, mismatches, writes, write_skips, backoffs, connect_fails,
+        reconnects, moved, ask;
 };
 
 static uint64_t now_ns(void)
@@ -87,6 +88,16 @@ static bool resting(struct kvmm_remote *r)
     return false;
 }
 
+/* A failure: the tier rests for REST_NS from now. A failure that comes
+ * while it is up starts a new back-off (counted); one during a rest (a
+ * round that was already in flight) extends it. */
+static void back_off(struct kvmm_remote *r)
+{
+    uint64_t t = now_ns();
+    if (atomic_exchange(&r->rest_until, t + REST_NS) <= t)
+        atomic_fetch_add(&r->backoffs, 1);
+}
+
 /* ---- connections --------------------------------------------------------- */
 
 static void conn_count(struct kvmm_remote *r, struct rconn *c)
@@ -95,6 +106,10 @@ static void conn_count(struct kvmm_remote *r, struct rconn *c)
     redisconn_stats(c->rc, &st);
     atomic_fetch_add(&r->errors, st.errors - c->seen.errors);
     atomic_fetch_add(&r->timeouts, st.timeouts - c->seen.timeouts);
+    atomic_fetch_add(&r->connect_fails, st.connect_fails - c->seen.connect_fails);
+    atomic_fetch_add(&r->reconnects, st.reconnects - c->seen.reconnects);
+    atomic_fetch_add(&r->moved, st.moved - c->seen.moved);
+    atomic_fetch_add(&r->ask, st.ask - c->seen.ask);
     c->seen = st;
 }
 
@@ -113,7 +128,7 @@ static struct rconn *conn_take(struct kvmm_remote *r)
     if (!c || redisconn_open(&cf, &c->rc, &e) != 0) {
         free(c);
         atomic_fetch_add(&r->errors, 1);
-        atomic_store(&r->rest_until, now_ns() + REST_NS);
+        back_off(r);
         log_msg(LOG_LVL_DEBUG, "remote tier: %s", e.message);
         return NULL;
     }
@@ -127,7 +142,7 @@ static void conn_give(struct kvmm_remote *r, struct rconn *c, int rc)
 {
     conn_count(r, c);
     if (rc != 0)
-        atomic_store(&r->rest_until, now_ns() + REST_NS);
+        back_off(r);
     pthread_mutex_lock(&r->mu);
     if (r->n_conns < POOL_CONNS) {
         r->conns[r->n_conns++] = c;
@@ -611,6 +626,14 @@ void kvmm_remote_stats(struct kvmm *mm, struct kvmm_remote_stats *st)
     st->mismatches = atomic_load(&r->mismatches);
     st->writes = atomic_load(&r->writes);
     st->write_skips = atomic_load(&r->write_skips);
+    st->backoffs = atomic_load(&r->backoffs);
+    st->connect_fails = atomic_load(&r->connect_fails);
+    st->reconnects = atomic_load(&r->reconnects);
+    st->moved = atomic_load(&r->moved);
+    st->ask = atomic_load(&r->ask);
+    uint64_t t = now_ns(), until = atomic_load(&r->rest_until);
+    st->backoff = t < until;
+    st->retry_in_ms = st->backoff ? (until - t + 999999) / 1000000 : 0;
     kvmm_lock(mm);
     st->queued = r->q_n - r->q_head;
     kvmm_unlock(mm);

@@ -127,7 +127,7 @@ static void start(struct kh_proc *d, const struct fixture *f, const char *conf, 
                           "--model",
                           f->model,
                           "--remote",
-                          f->redis.url,
+                          redis_url ? redis_url : f->redis.url,
                           "--remote-min-hits",
                           "0",
                           "--remote-timeout-ms",
@@ -181,6 +181,39 @@ static uint64_t remote_stat(const struct kh_proc *d, const char *key)
     close(fd);
     assert_true(v != UINT64_MAX);
     return v;
+}
+
+/* The tier's state in d's stats: "up" or "backoff" (into st). */
+static void remote_state(const struct kh_proc *d, char *st, size_t cap)
+{
+    int fd = kh_connect(d->sock);
+    assert_true(fd >= 0);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "stats", 1, &r), 0);
+    const msgpack_object *s = kh_obj(kh_obj(r.root, "remote"), "state");
+    assert_true(s && s->type == MSGPACK_OBJECT_STR && s->via.str.size < cap);
+    memcpy(st, s->via.str.ptr, s->via.str.size);
+    st[s->via.str.size] = 0;
+    kh_reply_free(&r);
+    close(fd);
+}
+
+/* Polls d's stats until the tier is "up" again (its rest after a failure
+ * is over); fails after 10 s. */
+static void wait_up(const struct kh_proc *d)
+{
+    char st[16];
+    for (int i = 0; i < 1000; i++) {
+        remote_state(d, st, sizeof st);
+        if (strcmp(st, "up") == 0) {
+            assert_int_equal(remote_stat(d, "retry_in_ms"), 0);
+            return;
+        }
+        assert_string_equal(st, "backoff");
+        assert_true(remote_stat(d, "retry_in_ms") <= 1000);
+        usleep(10000);
+    }
+    fail_msg("the remote tier stayed in back-off for 10 s");
 }
 
 /* Waits until d has written at least n values and has nothing queued. */
@@ -401,6 +434,10 @@ static void test_redis_dead_or_paused(void **state)
     reference(f, p2, &r2);
     reference(f, p3, &r3);
     start(&a, f, conf_on, f->key1);
+    char st[16];
+    remote_state(&a, st, sizeof st);
+    assert_string_equal(st, "up");
+    assert_int_equal(remote_stat(&a, "backoffs"), 0);
     redis_kill(&f->redis);
     double t0 = now_s();
     gen_ok(&a, p2, &g2);
@@ -412,10 +449,15 @@ static void test_redis_dead_or_paused(void **state)
         usleep(10000);
     assert_true(remote_stat(&a, "errors") >= 1);
     assert_int_equal(remote_stat(&a, "writes"), 0);
+    /* The refused connect started a back-off. */
+    assert_true(remote_stat(&a, "connect_fails") >= 1);
+    uint64_t backoffs = remote_stat(&a, "backoffs");
+    assert_true(backoffs >= 1);
 
-    /* Back, but asleep for 10 s: a lookup gives up after the timeout. */
+    /* Back, but asleep for 10 s: a lookup gives up after the timeout. The
+     * lookup must reach Redis, so first the tier's rest must be over. */
     assert_int_equal(redis_restart(&f->redis), 0);
-    usleep(1100000); /* past the tier's one-second rest after a failure */
+    wait_up(&a);
     void *h = redis_srv_cmd_start(&f->redis, "DEBUG SLEEP 10");
     assert_non_null(h);
     t0 = now_s();
@@ -424,6 +466,7 @@ static void test_redis_dead_or_paused(void **state)
     expect_same(&r3, &g3);
     assert_true(dt < 8.0);
     assert_true(remote_stat(&a, "timeouts") >= 1);
+    assert_true(remote_stat(&a, "backoffs") > backoffs);
     redis_cmd_finish(h);
     assert_int_equal(kh_stop(&a), 0);
     kvd_gen_result_free(&r2);
