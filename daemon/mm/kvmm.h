@@ -322,6 +322,9 @@ struct kvmm_remote_stats {
     uint64_t connect_fails;    /* connects to a node that failed (refused, timed out) */
     uint64_t reconnects;       /* connects made again after a lost connection */
     uint64_t moved, ask;       /* cluster redirects followed */
+    uint64_t announced;        /* values written here and announced (KV events), not known gone */
+    uint64_t events_stored;    /* REMOTE BlockStored reported (blocks) */
+    uint64_t events_removed;   /* REMOTE BlockRemoved reported (blocks) */
 };
 void kvmm_remote_stats(struct kvmm *mm, struct kvmm_remote_stats *st);
 

@@ -229,6 +229,9 @@ static int pack_remote(msgpack_packer *pk, const struct kvmm_remote_stats *r)
     PROTO_PK(proto_pack_kv_uint(pk, "reconnects", r->reconnects));
     PROTO_PK(proto_pack_kv_uint(pk, "moved", r->moved));
     PROTO_PK(proto_pack_kv_uint(pk, "ask", r->ask));
+    PROTO_PK(proto_pack_kv_uint(pk, "announced", r->announced));
+    PROTO_PK(proto_pack_kv_uint(pk, "events_stored", r->events_stored));
+    PROTO_PK(proto_pack_kv_uint(pk, "events_removed", r->events_removed));
     return proto_map_end(pk, map);
 }
 
