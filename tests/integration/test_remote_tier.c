@@ -278,6 +278,21 @@ static void test_two_daemons_share(void **state)
     assert_int_equal(remote_stat(&b, "auth_failures"), 0);
     assert_int_equal(remote_stat(&b, "mismatches"), 0);
     assert_true(remote_stat(&a, "bytes_out") > full_blocks * 4096);
+    /* kvctl top shows the tier: its state and B's hits. */
+    const char *kvctl = getenv("KVCTL_BIN");
+    if (kvctl) {
+        char cmd[512], out[8192] = "", want[64];
+        snprintf(cmd, sizeof cmd, "%s --socket %s top -n 1 --plain", kvctl, b.sock);
+        FILE *p = popen(cmd, "r");
+        assert_non_null(p);
+        size_t got = fread(out, 1, sizeof out - 1, p);
+        out[got] = 0;
+        assert_int_equal(pclose(p), 0);
+        snprintf(want, sizeof want, "remote  up  %llu hits",
+                 (unsigned long long)remote_stat(&b, "hits"));
+        if (!strstr(out, want))
+            fail_msg("kvctl top has no \"%s\":\n%s", want, out);
+    }
     kvd_gen_result_free(&cold);
     kvd_gen_result_free(&warm);
     assert_int_equal(kh_stop(&a), 0);
