@@ -168,6 +168,21 @@ static void frame(FILE *f, const struct kvd_value *st, struct top_prev *prev)
                 num(st, "disk.restored"), num(st, "disk.queued"), num(st, "disk.checksum_failures"),
                 num(st, "disk.io_errors"));
     }
+    if (kvd_value_get(st, "remote")) { /* only with --remote (docs/persistence.md) */
+        char bi[32], bo[32];
+        human(bi, sizeof(bi), num(st, "remote.bytes_in"), "B");
+        human(bo, sizeof(bo), num(st, "remote.bytes_out"), "B");
+        const char *rs = str(st, "remote.state", "?");
+        char retry[48] = "";
+        if (!strcmp(rs, "backoff"))
+            snprintf(retry, sizeof(retry), " (retry in %.0f ms)", num(st, "remote.retry_in_ms"));
+        fprintf(f,
+                "remote  %s%s  %.0f hits, %.0f misses, %s in, %s out, %.0f writes, %.0f queued, "
+                "%.0f errors, %.0f auth failures, lookup %.0f us\n",
+                rs, retry, num(st, "remote.hits"), num(st, "remote.misses"), bi, bo,
+                num(st, "remote.writes"), num(st, "remote.queued"), num(st, "remote.errors"),
+                num(st, "remote.auth_failures"), num(st, "remote.latency_us_mean"));
+    }
 
     /* Live counters (per step): prompt tokens computed, tokens sampled. */
     double t = now_s(), tin = num(st, "requests.prefill_tokens"),

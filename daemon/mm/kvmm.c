@@ -511,6 +511,7 @@ void kvmm_clear(struct kvmm *mm, size_t *dropped)
     mm->events_quiet = false;
     if (dropped)
         *dropped = before - mm->radix.n_nodes;
+    mm_remote_cleared(mm);
     if (mm->events.cleared)
         mm->events.cleared(mm->events.ctx);
 }

@@ -285,7 +285,7 @@ struct kvmm_remote_conf {
 };
 /* Checks the URL and the key, and starts the writer. Redis need not be up:
  * the tier connects when it is first used, and after a failure it rests
- * for a second (what it skips meanwhile is counted). KVD_EBADREQ for a bad
+ * for a second (what it skips meanwhile is counted; stats `backoff`). KVD_EBADREQ for a bad
  * URL, key file or a missing key without insecure. */
 int kvmm_remote_open(struct kvmm *mm, const struct kvmm_remote_conf *c, struct kvd_error *e);
 bool kvmm_remote_on(const struct kvmm *mm);
@@ -316,6 +316,15 @@ struct kvmm_remote_stats {
     uint64_t writes;           /* values written */
     uint64_t queued;           /* values waiting for the writer */
     uint64_t write_skips;      /* dropped: queue full, or the blocks left meanwhile */
+    bool backoff;              /* resting after a failure: lookups and writes are skipped */
+    uint64_t retry_in_ms;      /* when backoff: until the tier tries Redis again */
+    uint64_t backoffs;         /* rests started by a failure */
+    uint64_t connect_fails;    /* connects to a node that failed (refused, timed out) */
+    uint64_t reconnects;       /* connects made again after a lost connection */
+    uint64_t moved, ask;       /* cluster redirects followed */
+    uint64_t announced;        /* values written here and announced (KV events), not known gone */
+    uint64_t events_stored;    /* REMOTE BlockStored reported (blocks) */
+    uint64_t events_removed;   /* REMOTE BlockRemoved reported (blocks) */
 };
 void kvmm_remote_stats(struct kvmm *mm, struct kvmm_remote_stats *st);
 

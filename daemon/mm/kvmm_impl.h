@@ -166,5 +166,8 @@ bool mm_restore_block(struct kvmm *mm, uint32_t tenant, struct radix_node *paren
 void mm_remote_used(struct kvmm *mm, struct radix_node *node, size_t idx);
 void mm_remote_chain_end(struct kvmm *mm, struct radix_node *node, size_t idx);
 void mm_remote_free(struct kvmm *mm);
+/* Lock held: AllBlocksCleared went out: the remote tier forgets the values
+ * it announced (they stay in Redis; a router forgets them). */
+void mm_remote_cleared(struct kvmm *mm);
 
 #endif

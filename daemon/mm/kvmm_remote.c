@@ -16,7 +16,16 @@
  * whole blocks, of which the tree holds m, asks for the groups from m's on
  * and the tail ending at nb-1, all in one round.
  * A failed round (error or timeout) makes the tier rest for a second: what
- * comes meanwhile is recomputed (lookups) or dropped (writes), and counted. */
+ * comes meanwhile is recomputed (lookups) or dropped (writes), and counted.
+ * KV events: a value this daemon wrote is announced block by block as
+ * REMOTE BlockStored (with events attached), and remembered until it is
+ * known gone: its TTL passed (Redis expires keys at exactly that time), a
+ * lookup found it missing (evicted, flushed) or refused it (tampered,
+ * another fleet key, overwritten), or AllBlocksCleared; then its blocks
+ * are REMOTE BlockRemoved. Redis's own evictions are not watched (keyspace
+ * notifications would need a subscription per node): until a lookup
+ * notices, a router may send a request here for a value that is gone,
+ * which costs that request its recomputation, never a wrong token. */
 #include <errno.h>
 #include <pthread.h>
 #include <sodium.h>
@@ -42,6 +51,30 @@ struct rq_item {
     bool tail;
 };
 
+/* A value this daemon wrote and announced (REMOTE BlockStored): its
+ * blocks' published hashes and owners, by (namespace hash, naming key).
+ * Open addressing with tombstones, under the kvmm lock. */
+struct ann_blk {
+    uint64_t pub;
+    uint32_t tenant;
+};
+struct ann {
+    uint64_t ns;
+    struct blockkey key;
+    uint64_t expires; /* monotonic ns; UINT64_MAX: no TTL */
+    struct ann_blk *b;
+    uint32_t n;
+    uint8_t state; /* 0 empty, 1 used, 2 deleted */
+};
+/* Announced values in the order they expire (the TTL is one for all, so
+ * write order); an entry whose value was written again since is stale. */
+struct ann_due {
+    uint64_t ns;
+    struct blockkey key;
+    uint64_t expires;
+};
+#define ANN_MAX (1u << 20) /* values remembered at most; more are not announced */
+
 /* A connection and the stats of it already counted. */
 struct rconn {
     struct redisconn *rc;
@@ -66,9 +99,20 @@ struct kvmm_remote {
     struct radix_node **nodes; /* (k) the writer's: a value's nodes */
     struct rq_item *q;
     size_t q_head, q_n, q_cap;
+    struct ann *anns; /* (ann_cap, a power of two) */
+    size_t ann_cap, ann_used, ann_live;
+    struct ann_due *due; /* FIFO: due[due_head, due_n) */
+    size_t due_head, due_n, due_cap;
+    /* The writer's: what the value being written will announce. */
+    struct ann_blk *ev_b; /* (k) */
+    uint32_t *ev_toks;    /* (k * block_tokens) */
+    uint32_t ev_n;
+    uint64_t ev_ns, ev_parent;
+    bool ev_on, ev_has_parent;
     /* Counters (atomics: the writer and the workers count without the lock). */
     atomic_uint_fast64_t hits, misses, bytes_in, bytes_out, rounds, lat_sum, lat_last, errors,
-        timeouts, skipped, auth_failures, mismatches, writes, write_skips;
+        timeouts, skipped, auth_failures, mismatches, writes, write_skips, backoffs, connect_fails,
+        reconnects, moved, ask, ev_stored, ev_removed;
 };
 
 static uint64_t now_ns(void)
@@ -87,6 +131,16 @@ static bool resting(struct kvmm_remote *r)
     return false;
 }
 
+/* A failure: the tier rests for REST_NS from now. A failure that comes
+ * while it is up starts a new back-off (counted); one during a rest (a
+ * round that was already in flight) extends it. */
+static void back_off(struct kvmm_remote *r)
+{
+    uint64_t t = now_ns();
+    if (atomic_exchange(&r->rest_until, t + REST_NS) <= t)
+        atomic_fetch_add(&r->backoffs, 1);
+}
+
 /* ---- connections --------------------------------------------------------- */
 
 static void conn_count(struct kvmm_remote *r, struct rconn *c)
@@ -95,6 +149,10 @@ static void conn_count(struct kvmm_remote *r, struct rconn *c)
     redisconn_stats(c->rc, &st);
     atomic_fetch_add(&r->errors, st.errors - c->seen.errors);
     atomic_fetch_add(&r->timeouts, st.timeouts - c->seen.timeouts);
+    atomic_fetch_add(&r->connect_fails, st.connect_fails - c->seen.connect_fails);
+    atomic_fetch_add(&r->reconnects, st.reconnects - c->seen.reconnects);
+    atomic_fetch_add(&r->moved, st.moved - c->seen.moved);
+    atomic_fetch_add(&r->ask, st.ask - c->seen.ask);
     c->seen = st;
 }
 
@@ -113,7 +171,7 @@ static struct rconn *conn_take(struct kvmm_remote *r)
     if (!c || redisconn_open(&cf, &c->rc, &e) != 0) {
         free(c);
         atomic_fetch_add(&r->errors, 1);
-        atomic_store(&r->rest_until, now_ns() + REST_NS);
+        back_off(r);
         log_msg(LOG_LVL_DEBUG, "remote tier: %s", e.message);
         return NULL;
     }
@@ -127,7 +185,7 @@ static void conn_give(struct kvmm_remote *r, struct rconn *c, int rc)
 {
     conn_count(r, c);
     if (rc != 0)
-        atomic_store(&r->rest_until, now_ns() + REST_NS);
+        back_off(r);
     pthread_mutex_lock(&r->mu);
     if (r->n_conns < POOL_CONNS) {
         r->conns[r->n_conns++] = c;
@@ -198,6 +256,182 @@ void mm_remote_chain_end(struct kvmm *mm, struct radix_node *node, size_t idx)
         want_value(mm, node, idx, true);
 }
 
+/* ---- KV events of values ------------------------------------------------ */
+
+static size_t ann_slot(const struct kvmm_remote *r, uint64_t ns, struct blockkey k)
+{
+    return (size_t)((k.lo ^ (k.hi * 0x9e3779b97f4a7c15ull) ^ ns) & (r->ann_cap - 1));
+}
+
+/* Lock held. The announced value (ns, key), or NULL. */
+static struct ann *ann_find(struct kvmm_remote *r, uint64_t ns, struct blockkey k)
+{
+    if (!r->ann_cap)
+        return NULL;
+    for (size_t i = ann_slot(r, ns, k), n = 0; n < r->ann_cap;
+         i = (i + 1) & (r->ann_cap - 1), n++) {
+        struct ann *a = &r->anns[i];
+        if (a->state == 0)
+            return NULL;
+        if (a->state == 1 && a->ns == ns && blockkey_eq(a->key, k))
+            return a;
+    }
+    return NULL;
+}
+
+/* Lock held: a free slot for (ns, k), growing the table; NULL when out of
+ * memory or full. */
+static struct ann *ann_new(struct kvmm_remote *r, uint64_t ns, struct blockkey k)
+{
+    if (r->ann_live >= ANN_MAX)
+        return NULL;
+    if ((r->ann_used + 1) * 2 > r->ann_cap) { /* rehash the live ones */
+        size_t cap = r->ann_cap ? r->ann_cap : 256;
+        while ((r->ann_live + 1) * 4 > cap)
+            cap *= 2;
+        struct ann *nv = calloc(cap, sizeof *nv), *old = r->anns;
+        size_t old_cap = r->ann_cap;
+        if (!nv)
+            return NULL;
+        r->anns = nv;
+        r->ann_cap = cap;
+        r->ann_used = r->ann_live = 0;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i].state == 1) {
+                size_t j = ann_slot(r, old[i].ns, old[i].key);
+                while (r->anns[j].state != 0)
+                    j = (j + 1) & (cap - 1);
+                r->anns[j] = old[i];
+                r->ann_used++;
+                r->ann_live++;
+            }
+        free(old);
+    }
+    size_t i = ann_slot(r, ns, k);
+    while (r->anns[i].state == 1)
+        i = (i + 1) & (r->ann_cap - 1);
+    if (r->anns[i].state == 0)
+        r->ann_used++;
+    r->ann_live++;
+    r->anns[i] = (struct ann){.ns = ns, .key = k, .state = 1};
+    return &r->anns[i];
+}
+
+/* Lock held: the value is gone: REMOTE BlockRemoved for its blocks. */
+static void ann_gone(struct kvmm *mm, struct ann *a)
+{
+    struct kvmm_remote *r = mm->remote;
+    for (uint32_t i = 0; i < a->n; i++) {
+        struct kvmm_block_event ev = {.stored = false,
+                                      .medium = KVMM_MEDIUM_REMOTE,
+                                      .tenant = a->b[i].tenant,
+                                      .hash = a->b[i].pub};
+        kvmm_events_emit(mm, &ev);
+    }
+    free(a->b);
+    a->b = NULL;
+    a->state = 2;
+    r->ann_live--;
+    atomic_fetch_add(&r->ev_removed, a->n);
+}
+
+/* Lock held: a lookup found the value named (ns, key) missing or unusable. */
+static void ann_lost(struct kvmm *mm, uint64_t ns, struct blockkey key)
+{
+    struct ann *a = ann_find(mm->remote, ns, key);
+    if (a)
+        ann_gone(mm, a);
+}
+
+/* Lock held: values whose TTL has passed. */
+static void ann_expire(struct kvmm *mm)
+{
+    struct kvmm_remote *r = mm->remote;
+    uint64_t t = now_ns();
+    while (r->due_head < r->due_n && r->due[r->due_head].expires <= t) {
+        struct ann_due d = r->due[r->due_head++];
+        struct ann *a = ann_find(r, d.ns, d.key);
+        if (a && a->expires == d.expires)
+            ann_gone(mm, a);
+    }
+    if (r->due_head == r->due_n)
+        r->due_head = r->due_n = 0;
+}
+
+/* Lock held: forgets every announced value (AllBlocksCleared said so). */
+void mm_remote_cleared(struct kvmm *mm)
+{
+    struct kvmm_remote *r = mm->remote;
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->ann_cap; i++)
+        free(r->anns[i].b);
+    free(r->anns);
+    free(r->due);
+    r->anns = NULL;
+    r->due = NULL;
+    r->ann_cap = r->ann_used = r->ann_live = 0;
+    r->due_head = r->due_n = r->due_cap = 0;
+}
+
+/* Lock held: the value just written (r->ev_*, named by key) is announced:
+ * REMOTE BlockStored for its blocks, one chain. */
+static void ann_written(struct kvmm *mm, struct blockkey key)
+{
+    struct kvmm_remote *r = mm->remote;
+    if (!r->ev_on || !mm->events.block || r->ev_n == 0)
+        return;
+    struct ann *a = ann_find(r, r->ev_ns, key);
+    struct ann_blk *b = malloc(sizeof *b * r->ev_n);
+    if (!b)
+        return;
+    if (!a && !(a = ann_new(r, r->ev_ns, key))) {
+        free(b);
+        return;
+    }
+    uint64_t expires = r->ttl_s ? now_ns() + (uint64_t)r->ttl_s * 1000000000ull : UINT64_MAX;
+    if (expires != UINT64_MAX) {
+        if (r->due_head > 0 && r->due_head * 2 >= r->due_n) {
+            memmove(r->due, r->due + r->due_head, sizeof *r->due * (r->due_n - r->due_head));
+            r->due_n -= r->due_head;
+            r->due_head = 0;
+        }
+        if (r->due_n == r->due_cap) {
+            size_t cap = r->due_cap ? 2 * r->due_cap : 256;
+            struct ann_due *v = fault_realloc(r->due, sizeof *v * cap);
+            if (!v) { /* not remembered: not announced */
+                free(b);
+                free(a->b);
+                a->b = NULL;
+                a->state = 2;
+                r->ann_live--;
+                return;
+            }
+            r->due = v;
+            r->due_cap = cap;
+        }
+        r->due[r->due_n++] = (struct ann_due){r->ev_ns, key, expires};
+    }
+    memcpy(b, r->ev_b, sizeof *b * r->ev_n);
+    free(a->b);
+    a->b = b;
+    a->n = r->ev_n;
+    a->expires = expires;
+    uint32_t bt = mm->geom.block_tokens;
+    for (uint32_t i = 0; i < r->ev_n; i++) {
+        struct kvmm_block_event ev = {.stored = true,
+                                      .medium = KVMM_MEDIUM_REMOTE,
+                                      .tenant = b[i].tenant,
+                                      .hash = b[i].pub,
+                                      .has_parent = i > 0 || r->ev_has_parent,
+                                      .parent = i > 0 ? b[i - 1].pub : r->ev_parent,
+                                      .tokens = r->ev_toks + (size_t)i * bt,
+                                      .n_tokens = bt};
+        kvmm_events_emit(mm, &ev);
+    }
+    atomic_fetch_add(&r->ev_stored, r->ev_n);
+}
+
 /* Lock held: copies the value of item it into a new buffer (*buf, *len,
  * *rkey); false when it is no longer due or its blocks cannot be read. */
 static bool value_build(struct kvmm_remote *r, struct rq_item it, void **buf, size_t *len,
@@ -245,6 +479,19 @@ static bool value_build(struct kvmm_remote *r, struct rq_item it, void **buf, si
         }
     }
     remote_value_key(m.ns_hash, it.key, rkey);
+    /* What the value's REMOTE BlockStored will say, taken while its blocks
+     * are in the tree (their published hashes are valid). */
+    r->ev_on = mm->events.block != NULL && r->ev_b && r->ev_toks;
+    if (r->ev_on) {
+        r->ev_n = n;
+        r->ev_ns = m.ns_hash;
+        r->ev_has_parent = x->parent != NULL;
+        r->ev_parent = x->parent ? mm->pool.blocks[x->block].pub : 0;
+        memcpy(r->ev_toks, toks, sizeof(uint32_t) * m.block_tokens * n);
+        for (uint32_t i = 0; i < n; i++)
+            r->ev_b[i] = (struct ann_blk){mm->pool.blocks[nodes[i]->block].pub,
+                                          mm->pool.blocks[nodes[i]->block].tenant};
+    }
     return true;
 }
 
@@ -283,6 +530,9 @@ static bool write_one(struct kvmm_remote *r)
         if (rc == 0) {
             atomic_fetch_add(&r->writes, 1);
             atomic_fetch_add(&r->bytes_out, len);
+            kvmm_lock(mm);
+            ann_written(mm, it.key);
+            kvmm_unlock(mm);
         } else {
             log_msg(LOG_LVL_DEBUG, "remote tier: write: %s", e.message);
         }
@@ -305,6 +555,9 @@ static void *writer_main(void *arg)
     while (!atomic_load(&r->stop)) {
         r->writing = true;
         pthread_mutex_unlock(&r->mu);
+        kvmm_lock(r->mm);
+        ann_expire(r->mm);
+        kvmm_unlock(r->mm);
         size_t n = 0;
         while (!atomic_load(&r->stop) && write_one(r))
             n++;
@@ -385,7 +638,12 @@ int kvmm_remote_open(struct kvmm *mm, const struct kvmm_remote_conf *c, struct k
     uint64_t per = mm->block_bytes + (uint64_t)4 * mm->geom.block_tokens;
     uint64_t k = vb / per;
     r->k = k < 1 ? 1 : k > 1024 ? 1024 : (uint32_t)k;
-    if (!(r->nodes = malloc(sizeof *r->nodes * r->k))) {
+    r->ev_b = malloc(sizeof *r->ev_b * r->k);
+    r->ev_toks = malloc(sizeof *r->ev_toks * r->k * mm->geom.block_tokens);
+    if (!(r->nodes = malloc(sizeof *r->nodes * r->k)) || !r->ev_b || !r->ev_toks) {
+        free(r->nodes);
+        free(r->ev_b);
+        free(r->ev_toks);
         free(r);
         return kvd_error_set(e, KVD_ENOMEM, "remote tier: out of memory");
     }
@@ -407,6 +665,8 @@ int kvmm_remote_open(struct kvmm *mm, const struct kvmm_remote_conf *c, struct k
         pthread_cond_destroy(&r->idle);
         pthread_mutex_destroy(&r->mu);
         free(r->nodes);
+        free(r->ev_b);
+        free(r->ev_toks);
         free(r);
         return kvd_error_set(e, KVD_EINTERNAL, "remote tier: cannot start the writer thread");
     }
@@ -439,6 +699,12 @@ void mm_remote_free(struct kvmm *mm)
     }
     free(r->q);
     free(r->nodes);
+    free(r->ev_b);
+    free(r->ev_toks);
+    for (size_t i = 0; i < r->ann_cap; i++)
+        free(r->anns[i].b);
+    free(r->anns);
+    free(r->due);
     sodium_memzero(&r->key, sizeof r->key);
     pthread_cond_destroy(&r->wake);
     pthread_cond_destroy(&r->idle);
@@ -540,6 +806,9 @@ size_t kvmm_remote_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const
             continue; /* stopped, or a shorter tail after a longer one */
         if (!vals[i].p) {
             atomic_fetch_add(&r->misses, 1);
+            kvmm_lock(mm);
+            ann_lost(mm, want.ns_hash, chain[ends[i]]);
+            kvmm_unlock(mm);
             going = i >= n_groups; /* a missing tail: the next may be there */
             continue;
         }
@@ -552,6 +821,9 @@ size_t kvmm_remote_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const
             st = REMOTE_VALUE_MISMATCH; /* a gap: it does not reach back to the tree */
         if (st != REMOTE_VALUE_OK) {
             atomic_fetch_add(st == REMOTE_VALUE_MISMATCH ? &r->mismatches : &r->auth_failures, 1);
+            kvmm_lock(mm);
+            ann_lost(mm, want.ns_hash, chain[ends[i]]);
+            kvmm_unlock(mm);
             going = i >= n_groups;
             continue;
         }
@@ -611,7 +883,18 @@ void kvmm_remote_stats(struct kvmm *mm, struct kvmm_remote_stats *st)
     st->mismatches = atomic_load(&r->mismatches);
     st->writes = atomic_load(&r->writes);
     st->write_skips = atomic_load(&r->write_skips);
+    st->backoffs = atomic_load(&r->backoffs);
+    st->connect_fails = atomic_load(&r->connect_fails);
+    st->reconnects = atomic_load(&r->reconnects);
+    st->moved = atomic_load(&r->moved);
+    st->ask = atomic_load(&r->ask);
+    st->events_stored = atomic_load(&r->ev_stored);
+    st->events_removed = atomic_load(&r->ev_removed);
+    uint64_t t = now_ns(), until = atomic_load(&r->rest_until);
+    st->backoff = t < until;
+    st->retry_in_ms = st->backoff ? (until - t + 999999) / 1000000 : 0;
     kvmm_lock(mm);
     st->queued = r->q_n - r->q_head;
+    st->announced = r->ann_live;
     kvmm_unlock(mm);
 }

@@ -383,6 +383,7 @@ static int node_ensure(struct redisconn *rc, struct rnode *nd, struct kvd_error 
         snprintf(nd->last_err, sizeof(nd->last_err), "redis: %s connecting to %s:%d: %s",
                  to ? "timeout" : "connection failed", nd->host, nd->port,
                  c ? c->errstr : "out of memory");
+        rc->st.connect_fails++;
         if (to)
             rc->st.timeouts++;
         if (c)

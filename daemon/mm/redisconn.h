@@ -71,14 +71,15 @@ int redisconn_del(struct redisconn *rc, size_t n, const struct redisconn_buf *ke
                   struct kvd_error *e);
 
 struct redisconn_stats {
-    uint64_t rounds;     /* round trips (one per node per batch, redirect rounds included) */
-    uint64_t errors;     /* calls that failed */
-    uint64_t timeouts;   /* rounds or connects that ran past timeout_ms */
-    uint64_t reconnects; /* successful connects to a node after its first one */
-    uint64_t moved;      /* MOVED replies followed (cluster) */
-    uint64_t ask;        /* ASK replies followed (cluster) */
-    uint64_t bytes_in;   /* bytes read from sockets */
-    uint64_t bytes_out;  /* bytes written to sockets */
+    uint64_t rounds;        /* round trips (one per node per batch, redirect rounds included) */
+    uint64_t errors;        /* calls that failed */
+    uint64_t timeouts;      /* rounds or connects that ran past timeout_ms */
+    uint64_t reconnects;    /* successful connects to a node after its first one */
+    uint64_t connect_fails; /* connect attempts that failed (refused, timed out) */
+    uint64_t moved;         /* MOVED replies followed (cluster) */
+    uint64_t ask;           /* ASK replies followed (cluster) */
+    uint64_t bytes_in;      /* bytes read from sockets */
+    uint64_t bytes_out;     /* bytes written to sockets */
 };
 void redisconn_stats(const struct redisconn *rc, struct redisconn_stats *st);
 

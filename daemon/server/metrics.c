@@ -158,6 +158,21 @@ static void render_remote(struct out *o, const struct kvmm_remote_stats *r)
         (unsigned long long)(r->skipped + r->write_skips));
     head(o, "kvd_remote_queued", "gauge", "Values waiting for the remote writer.");
     put(o, "kvd_remote_queued %llu\n", (unsigned long long)r->queued);
+    head(o, "kvd_remote_backoff", "gauge",
+         "1 while the remote tier rests after a failure (lookups and writes skipped).");
+    put(o, "kvd_remote_backoff %d\n", r->backoff ? 1 : 0);
+    head(o, "kvd_remote_retry_seconds", "gauge", "Until the resting remote tier tries again.");
+    put(o, "kvd_remote_retry_seconds %.3f\n", (double)r->retry_in_ms / 1e3);
+    head(o, "kvd_remote_backoffs_total", "counter", "Rests started by a remote-tier failure.");
+    put(o, "kvd_remote_backoffs_total %llu\n", (unsigned long long)r->backoffs);
+    head(o, "kvd_remote_connects_total", "counter", "Remote-tier connects by result.");
+    put(o, "kvd_remote_connects_total{result=\"failed\"} %llu\n",
+        (unsigned long long)r->connect_fails);
+    put(o, "kvd_remote_connects_total{result=\"reconnected\"} %llu\n",
+        (unsigned long long)r->reconnects);
+    head(o, "kvd_remote_redirects_total", "counter", "Redis Cluster redirects followed.");
+    put(o, "kvd_remote_redirects_total{kind=\"moved\"} %llu\n", (unsigned long long)r->moved);
+    put(o, "kvd_remote_redirects_total{kind=\"ask\"} %llu\n", (unsigned long long)r->ask);
 }
 
 /* The disk tier's series (none without one). */

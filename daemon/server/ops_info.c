@@ -222,6 +222,16 @@ static int pack_remote(msgpack_packer *pk, const struct kvmm_remote_stats *r)
     PROTO_PK(proto_pack_kv_uint(pk, "writes", r->writes));
     PROTO_PK(proto_pack_kv_uint(pk, "write_skips", r->write_skips));
     PROTO_PK(proto_pack_kv_uint(pk, "queued", r->queued));
+    PROTO_PK(proto_pack_kv_str(pk, "state", r->backoff ? "backoff" : "up"));
+    PROTO_PK(proto_pack_kv_uint(pk, "retry_in_ms", r->retry_in_ms));
+    PROTO_PK(proto_pack_kv_uint(pk, "backoffs", r->backoffs));
+    PROTO_PK(proto_pack_kv_uint(pk, "connect_fails", r->connect_fails));
+    PROTO_PK(proto_pack_kv_uint(pk, "reconnects", r->reconnects));
+    PROTO_PK(proto_pack_kv_uint(pk, "moved", r->moved));
+    PROTO_PK(proto_pack_kv_uint(pk, "ask", r->ask));
+    PROTO_PK(proto_pack_kv_uint(pk, "announced", r->announced));
+    PROTO_PK(proto_pack_kv_uint(pk, "events_stored", r->events_stored));
+    PROTO_PK(proto_pack_kv_uint(pk, "events_removed", r->events_removed));
     return proto_map_end(pk, map);
 }
 

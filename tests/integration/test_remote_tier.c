@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 #include <hiredis/hiredis.h>
+#include <zmq.h>
 
 #include "kvd/client.h"
 #include "kvd_harness.h"
@@ -118,16 +119,17 @@ static const char *const conf_tenants = "[admin]\nuids = 0\n"
 /* A daemon on f's Redis with fleet key `key` (NULL: none, insecure). */
 static const char *redis_url; /* NULL: f's single node */
 
-static void start(struct kh_proc *d, const struct fixture *f, const char *conf, const char *key)
+static void start_ex(struct kh_proc *d, const struct fixture *f, const char *conf, const char *key,
+                     const char *const *extra)
 {
-    const char *args[32];
+    const char *args[48];
     int n = 0;
     const char *base[] = {"--backend",
                           "cpu",
                           "--model",
                           f->model,
                           "--remote",
-                          f->redis.url,
+                          redis_url ? redis_url : f->redis.url,
                           "--remote-min-hits",
                           "0",
                           "--remote-timeout-ms",
@@ -145,10 +147,17 @@ static void start(struct kh_proc *d, const struct fixture *f, const char *conf, 
     } else {
         args[n++] = "--remote-insecure";
     }
+    for (int i = 0; extra && extra[i] && n < 47; i++)
+        args[n++] = extra[i];
     args[n] = NULL;
     struct kh_opts o = {.conf_text = conf, .args = args};
     memset(d, 0, sizeof *d);
     assert_int_equal(kh_spawn(d, &o), 0);
+}
+
+static void start(struct kh_proc *d, const struct fixture *f, const char *conf, const char *key)
+{
+    start_ex(d, f, conf, key, NULL);
 }
 
 static int generate(const char *sock, const uint32_t *p, size_t n, struct kvd_gen_result *res)
@@ -181,6 +190,39 @@ static uint64_t remote_stat(const struct kh_proc *d, const char *key)
     close(fd);
     assert_true(v != UINT64_MAX);
     return v;
+}
+
+/* The tier's state in d's stats: "up" or "backoff" (into st). */
+static void remote_state(const struct kh_proc *d, char *st, size_t cap)
+{
+    int fd = kh_connect(d->sock);
+    assert_true(fd >= 0);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "stats", 1, &r), 0);
+    const msgpack_object *s = kh_obj(kh_obj(r.root, "remote"), "state");
+    assert_true(s && s->type == MSGPACK_OBJECT_STR && s->via.str.size < cap);
+    memcpy(st, s->via.str.ptr, s->via.str.size);
+    st[s->via.str.size] = 0;
+    kh_reply_free(&r);
+    close(fd);
+}
+
+/* Polls d's stats until the tier is "up" again (its rest after a failure
+ * is over); fails after 10 s. */
+static void wait_up(const struct kh_proc *d)
+{
+    char st[16];
+    for (int i = 0; i < 1000; i++) {
+        remote_state(d, st, sizeof st);
+        if (strcmp(st, "up") == 0) {
+            assert_int_equal(remote_stat(d, "retry_in_ms"), 0);
+            return;
+        }
+        assert_string_equal(st, "backoff");
+        assert_true(remote_stat(d, "retry_in_ms") <= 1000);
+        usleep(10000);
+    }
+    fail_msg("the remote tier stayed in back-off for 10 s");
 }
 
 /* Waits until d has written at least n values and has nothing queued. */
@@ -236,6 +278,21 @@ static void test_two_daemons_share(void **state)
     assert_int_equal(remote_stat(&b, "auth_failures"), 0);
     assert_int_equal(remote_stat(&b, "mismatches"), 0);
     assert_true(remote_stat(&a, "bytes_out") > full_blocks * 4096);
+    /* kvctl top shows the tier: its state and B's hits. */
+    const char *kvctl = getenv("KVCTL_BIN");
+    if (kvctl) {
+        char cmd[512], out[8192] = "", want[64];
+        snprintf(cmd, sizeof cmd, "%s --socket %s top -n 1 --plain", kvctl, b.sock);
+        FILE *p = popen(cmd, "r");
+        assert_non_null(p);
+        size_t got = fread(out, 1, sizeof out - 1, p);
+        out[got] = 0;
+        assert_int_equal(pclose(p), 0);
+        snprintf(want, sizeof want, "remote  up  %llu hits",
+                 (unsigned long long)remote_stat(&b, "hits"));
+        if (!strstr(out, want))
+            fail_msg("kvctl top has no \"%s\":\n%s", want, out);
+    }
     kvd_gen_result_free(&cold);
     kvd_gen_result_free(&warm);
     assert_int_equal(kh_stop(&a), 0);
@@ -401,6 +458,10 @@ static void test_redis_dead_or_paused(void **state)
     reference(f, p2, &r2);
     reference(f, p3, &r3);
     start(&a, f, conf_on, f->key1);
+    char st[16];
+    remote_state(&a, st, sizeof st);
+    assert_string_equal(st, "up");
+    assert_int_equal(remote_stat(&a, "backoffs"), 0);
     redis_kill(&f->redis);
     double t0 = now_s();
     gen_ok(&a, p2, &g2);
@@ -412,10 +473,15 @@ static void test_redis_dead_or_paused(void **state)
         usleep(10000);
     assert_true(remote_stat(&a, "errors") >= 1);
     assert_int_equal(remote_stat(&a, "writes"), 0);
+    /* The refused connect started a back-off. */
+    assert_true(remote_stat(&a, "connect_fails") >= 1);
+    uint64_t backoffs = remote_stat(&a, "backoffs");
+    assert_true(backoffs >= 1);
 
-    /* Back, but asleep for 10 s: a lookup gives up after the timeout. */
+    /* Back, but asleep for 10 s: a lookup gives up after the timeout. The
+     * lookup must reach Redis, so first the tier's rest must be over. */
     assert_int_equal(redis_restart(&f->redis), 0);
-    usleep(1100000); /* past the tier's one-second rest after a failure */
+    wait_up(&a);
     void *h = redis_srv_cmd_start(&f->redis, "DEBUG SLEEP 10");
     assert_non_null(h);
     t0 = now_s();
@@ -424,6 +490,7 @@ static void test_redis_dead_or_paused(void **state)
     expect_same(&r3, &g3);
     assert_true(dt < 8.0);
     assert_true(remote_stat(&a, "timeouts") >= 1);
+    assert_true(remote_stat(&a, "backoffs") > backoffs);
     redis_cmd_finish(h);
     assert_int_equal(kh_stop(&a), 0);
     kvd_gen_result_free(&r2);
@@ -446,6 +513,253 @@ static void test_remote_off_writes_nothing(void **state)
     assert_int_equal(remote_stat(&a, "rounds"), 0);
     assert_int_equal(kh_stop(&a), 0);
     assert_int_equal(dbsize(f), 0);
+    kvd_gen_result_free(&r1);
+    kvd_gen_result_free(&r2);
+}
+
+/* ---- KV events of the remote tier ----------------------------------------
+ * A subscriber of its own (libzmq, msgpack-c): the hashes each medium holds
+ * as the events say, and how many REMOTE removals came. */
+#define EV_MAX 4096
+struct ev_view {
+    uint64_t h[4][EV_MAX];
+    size_t n[4];
+    uint64_t seen[EV_MAX]; /* every GPU or CPU hash ever stored */
+    size_t n_seen;
+    uint64_t removed_remote;
+    uint64_t next_seq; /* the sequence number the next batch must have; UINT64_MAX: any */
+};
+
+static int ev_medium(const msgpack_object *o)
+{
+    static const char *const names[4] = {"GPU", "CPU", "DISK", "REMOTE"};
+    assert_int_equal(o->type, MSGPACK_OBJECT_STR);
+    for (int i = 0; i < 4; i++)
+        if (o->via.str.size == strlen(names[i]) &&
+            !memcmp(o->via.str.ptr, names[i], o->via.str.size))
+            return i;
+    fail_msg("unknown medium");
+    return -1;
+}
+
+static bool ev_tag(const msgpack_object *o, const char *t)
+{
+    return o->type == MSGPACK_OBJECT_STR && o->via.str.size == strlen(t) &&
+           !memcmp(o->via.str.ptr, t, o->via.str.size);
+}
+
+static bool ev_has(const struct ev_view *v, int m, uint64_t h)
+{
+    for (size_t i = 0; i < v->n[m]; i++)
+        if (v->h[m][i] == h)
+            return true;
+    return false;
+}
+
+static void ev_apply(struct ev_view *v, const void *buf, size_t len)
+{
+    msgpack_unpacked u;
+    size_t off = 0;
+    msgpack_unpacked_init(&u);
+    assert_int_equal(msgpack_unpack_next(&u, buf, len, &off), MSGPACK_UNPACK_SUCCESS);
+    assert_true(u.data.type == MSGPACK_OBJECT_ARRAY && u.data.via.array.size == 3);
+    const msgpack_object *evs = &u.data.via.array.ptr[1];
+    assert_int_equal(evs->type, MSGPACK_OBJECT_ARRAY);
+    for (uint32_t i = 0; i < evs->via.array.size; i++) {
+        const msgpack_object *a = evs->via.array.ptr[i].via.array.ptr;
+        uint32_t na = evs->via.array.ptr[i].via.array.size;
+        if (ev_tag(&a[0], "AllBlocksCleared")) {
+            memset(v->n, 0, sizeof v->n);
+            continue;
+        }
+        bool stored = ev_tag(&a[0], "BlockStored");
+        assert_true(stored ? na == 7 : (ev_tag(&a[0], "BlockRemoved") && na == 3));
+        int m = ev_medium(&a[stored ? 6 : 2]);
+        const msgpack_object *hs = &a[1];
+        assert_int_equal(hs->type, MSGPACK_OBJECT_ARRAY);
+        if (stored && m == 3) /* REMOTE: with its token ids (events = on) */
+            assert_int_equal(a[3].via.array.size, (size_t)BT * hs->via.array.size);
+        for (uint32_t k = 0; k < hs->via.array.size; k++) {
+            uint64_t h = hs->via.array.ptr[k].via.u64;
+            if (stored) {
+                if (!ev_has(v, m, h)) {
+                    assert_true(v->n[m] < EV_MAX);
+                    v->h[m][v->n[m]++] = h;
+                }
+                if (m < 2 && v->n_seen < EV_MAX)
+                    v->seen[v->n_seen++] = h;
+                continue;
+            }
+            if (m == 3)
+                v->removed_remote++;
+            for (size_t j = 0; j < v->n[m]; j++)
+                if (v->h[m][j] == h) {
+                    v->h[m][j] = v->h[m][--v->n[m]];
+                    break;
+                }
+        }
+    }
+    msgpack_unpacked_destroy(&u);
+}
+
+/* Applies every batch that arrives within ms; the sequence numbers must run
+ * without a gap. */
+static void ev_pump(void *sub, struct ev_view *v, int ms)
+{
+    zmq_pollitem_t it = {sub, 0, ZMQ_POLLIN, 0};
+    while (zmq_poll(&it, 1, ms) > 0) {
+        zmq_msg_t m[3];
+        int n = 0, more = 1;
+        while (more) {
+            assert_true(n < 3);
+            zmq_msg_init(&m[n]);
+            assert_true(zmq_msg_recv(&m[n], sub, 0) >= 0);
+            more = zmq_msg_more(&m[n]);
+            n++;
+        }
+        assert_int_equal(n, 3);
+        assert_int_equal(zmq_msg_size(&m[1]), 8);
+        const unsigned char *sq = zmq_msg_data(&m[1]);
+        uint64_t seq = 0;
+        for (int i = 0; i < 8; i++)
+            seq = seq << 8 | sq[i];
+        if (v->next_seq != UINT64_MAX && seq != v->next_seq)
+            fail_msg("batch %llu after %llu: a gap", (unsigned long long)seq,
+                     (unsigned long long)v->next_seq - 1);
+        v->next_seq = seq + 1;
+        ev_apply(v, zmq_msg_data(&m[2]), zmq_msg_size(&m[2]));
+        for (int i = 0; i < 3; i++)
+            zmq_msg_close(&m[i]);
+        ms = 0;
+    }
+}
+
+static uint64_t kvev_stat(const struct kh_proc *d, const char *key)
+{
+    int fd = kh_connect(d->sock);
+    assert_true(fd >= 0);
+    uint64_t v = kh_stat(fd, "kv_events", key);
+    close(fd);
+    assert_true(v != UINT64_MAX);
+    return v;
+}
+
+static void *ev_subscribe(void *zctx, const char *ep, const struct kh_proc *d, struct ev_view *v)
+{
+    void *sub = zmq_socket(zctx, ZMQ_SUB);
+    int zero = 0;
+    zmq_setsockopt(sub, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0), 0);
+    assert_int_equal(zmq_connect(sub, ep), 0);
+    for (int i = 0; kvev_stat(d, "subscribers") < 1; i++) {
+        if (i > 1000)
+            fail_msg("the daemon never saw the subscription");
+        usleep(10000);
+    }
+    memset(v, 0, sizeof *v);
+    v->next_seq = UINT64_MAX;
+    return sub;
+}
+
+/* Pumps events until the REMOTE set holds at least n blocks and the
+ * daemon has reported at least removed REMOTE removals (in events and
+ * stats alike), or fails after 30 s. */
+static void ev_wait_remote(void *sub, struct ev_view *v, const struct kh_proc *d, size_t n,
+                           uint64_t removed)
+{
+    for (int i = 0; i < 300; i++) {
+        ev_pump(sub, v, 100);
+        if (v->n[3] >= n && v->removed_remote >= removed &&
+            remote_stat(d, "events_removed") == v->removed_remote &&
+            remote_stat(d, "events_stored") >= v->n[3] && kvev_stat(d, "queued") == 0)
+            return;
+    }
+    fail_msg("REMOTE: %zu blocks stored and %llu removed in the events, wanted %zu and %llu",
+             v->n[3], (unsigned long long)v->removed_remote, n, (unsigned long long)removed);
+}
+
+static void admin_evict_device(const struct kh_proc *d)
+{
+    int fd = kh_connect(d->sock);
+    assert_true(fd >= 0);
+    struct kh_req q;
+    struct kh_reply r;
+    kh_req_begin(&q, "admin_evict", 7, 2);
+    assert_int_equal(proto_pack_kv_str(&q.pk, "tier", "device"), 0);
+    assert_int_equal(proto_pack_kv_uint(&q.pk, "n", 1000000), 0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
+    kh_expect(&r, 0);
+    kh_reply_free(&r);
+    close(fd);
+}
+
+/* REMOTE BlockStored for every block of a value the daemon wrote (the
+ * blocks the GPU events named), BlockRemoved when a lookup refuses the
+ * value (tampered) and BlockStored again when it is written anew; with a
+ * TTL, BlockRemoved when it passes, and Redis has then dropped the keys. */
+static void test_remote_events(void **state)
+{
+    struct fixture *f = *state;
+    char ep[160];
+    snprintf(ep, sizeof ep, "ipc://%s/ev.sock", f->tmp);
+    const char *const conf = "[limits]\nremote = on\nevents = on\n";
+    const char *const x1[] = {"--kv-events", ep, "--host-blocks", "0", NULL};
+    void *zctx = zmq_ctx_new();
+    assert_non_null(zctx);
+    struct ev_view *v = calloc(1, sizeof *v);
+    assert_non_null(v);
+    struct kh_proc a;
+    struct kvd_gen_result r1, r2;
+    start_ex(&a, f, conf, f->key1, x1);
+    void *sub = ev_subscribe(zctx, ep, &a, v);
+    gen_ok(&a, f->prompt, &r1);
+    wait_written(&a, 1);
+    ev_wait_remote(sub, v, &a, full_blocks, 0);
+    for (size_t i = 0; i < v->n[3]; i++) {
+        bool found = false;
+        for (size_t j = 0; j < v->n_seen && !found; j++)
+            found = v->seen[j] == v->h[3][i];
+        if (!found)
+            fail_msg("REMOTE block %zu is not one the cache stored", i);
+    }
+    size_t stored1 = v->n[3];
+    assert_true(remote_stat(&a, "announced") >= 1);
+
+    /* Tampered in Redis and gone locally: the lookup refuses it, the
+     * events say REMOTE removed, the recomputed value is written again. */
+    tamper_all(f, 5000);
+    admin_evict_device(&a);
+    gen_ok(&a, f->prompt, &r2);
+    assert_int_equal(r2.cached_tokens, 0);
+    expect_same(&r1, &r2);
+    assert_true(remote_stat(&a, "auth_failures") >= 1);
+    wait_written(&a, 2);
+    ev_wait_remote(sub, v, &a, full_blocks, stored1);
+    zmq_close(sub);
+    assert_int_equal(kh_stop(&a), 0);
+    kvd_gen_result_free(&r2);
+
+    /* With a 2 s TTL: removed when it passes. */
+    assert_true(redis_srv_cmd_ok(&f->redis, "FLUSHALL"));
+    const char *const x2[] = {"--kv-events", ep, "--remote-ttl-s", "2", NULL};
+    start_ex(&a, f, conf, f->key1, x2);
+    sub = ev_subscribe(zctx, ep, &a, v);
+    gen_ok(&a, f->prompt, &r2);
+    wait_written(&a, 1);
+    ev_wait_remote(sub, v, &a, full_blocks, 0);
+    size_t stored2 = v->n[3];
+    ev_wait_remote(sub, v, &a, 0, stored2);
+    assert_int_equal(v->n[3], 0);
+    assert_int_equal(remote_stat(&a, "announced"), 0);
+    redisReply *keys = redis_srv_cmd(&f->redis, "KEYS kvd1:*");
+    assert_true(keys && keys->type == REDIS_REPLY_ARRAY);
+    assert_int_equal(keys->elements, 0); /* Redis expired them too */
+    freeReplyObject(keys);
+    zmq_close(sub);
+    assert_int_equal(kh_stop(&a), 0);
+    zmq_ctx_term(zctx);
+    free(v);
     kvd_gen_result_free(&r1);
     kvd_gen_result_free(&r2);
 }
@@ -516,6 +830,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_remote_off_writes_nothing, per_test, per_test_end),
         cmocka_unit_test_setup_teardown(test_startup_refusals, per_test, per_test_end),
         cmocka_unit_test_setup_teardown(test_two_daemons_cluster, per_test, per_test_end),
+        cmocka_unit_test_setup_teardown(test_remote_events, per_test, per_test_end),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
