@@ -29,6 +29,13 @@ struct exec {
     struct fwd_seq *fseqs;   /* [max_seqs] */
     struct sample_row *rows; /* [max_seqs] this step's sampling, one per plan entry */
     uint32_t *picks;         /* [max_seqs] the tokens the backend sampled */
+    /* The host pick (a step where some request's sampling is on the host,
+     * sampler_on_host): every row's logits come back and are picked here.
+     * Grown on first need. */
+    float *hlogits; /* [cap_hlogits][n_vocab] */
+    uint32_t cap_hlogits;
+    uint32_t *counts; /* [n_ctx] the penalties' scratch */
+    struct sampler_scratch hsc;
     uint32_t n_arena_slots;
 
     /* Shared with other threads, under mu. */
@@ -352,12 +359,12 @@ static uint32_t sample_step(struct exec *ex)
 static int forward(struct exec *ex)
 {
     struct sched_plan *p = &ex->plan;
+    bool host = false;
     for (uint32_t i = 0; i < p->n; i++) {
         struct sched_req *r = p->reqs[i];
-        if (!r->restoring && r->n_kv + r->step_n == r->n_toks)
-            sampler_next_row(&r->smp, &ex->rows[i]);
-        else
-            ex->rows[i] = (struct sample_row){.skip = 1};
+        bool want = !r->restoring && r->n_kv + r->step_n == r->n_toks;
+        ex->rows[i] = (struct sample_row){.skip = !want};
+        host |= want && sampler_on_host(&r->smp);
         ex->fseqs[i] = (struct fwd_seq){
             .tokens = r->toks + r->n_kv,
             .n_tokens = r->step_n,
@@ -375,7 +382,41 @@ static int forward(struct exec *ex)
         .sample = ex->rows,
         .tokens = ex->picks,
     };
-    return model_forward(ex->m, ex->fc, &b);
+    if (!host) {
+        for (uint32_t i = 0; i < p->n; i++)
+            if (!ex->rows[i].skip)
+                sampler_next_row(&p->reqs[i]->smp, &ex->rows[i]);
+        return model_forward(ex->m, ex->fc, &b);
+    }
+    /* Some row needs a host-only stage: the whole step's logits come back
+     * (n_seqs * n_vocab * 4 bytes) and every row is picked here, with the
+     * same pick as the backends' sample op for the rows that need nothing
+     * more. */
+    uint32_t V = ex->hp->n_vocab;
+    if (p->n > ex->cap_hlogits) {
+        float *h = realloc(ex->hlogits, (size_t)p->n * V * sizeof *h);
+        if (!h)
+            return KVD_ENOMEM;
+        ex->hlogits = h;
+        ex->cap_hlogits = p->n;
+    }
+    if (!ex->counts && !(ex->counts = malloc((size_t)ex->hp->n_ctx * sizeof *ex->counts)))
+        return KVD_ENOMEM;
+    b.sample = NULL;
+    b.logits = ex->hlogits;
+    int rc = model_forward(ex->m, ex->fc, &b);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < p->n; i++) {
+        struct sched_req *r = p->reqs[i];
+        ex->picks[i] = 0;
+        if (ex->rows[i].skip)
+            continue;
+        if ((rc = sampler_sample_host(&r->smp, &ex->hsc, r->toks, r->n_toks,
+                                      ex->hlogits + (size_t)i * V, V, ex->counts, &ex->picks[i])))
+            return rc;
+    }
+    return 0;
 }
 
 /* One iteration. Returns false when there was nothing to compute. */
@@ -619,6 +660,9 @@ void exec_free(struct exec *ex)
     free(ex->fseqs);
     free(ex->rows);
     free(ex->picks);
+    free(ex->hlogits);
+    free(ex->counts);
+    sampler_scratch_free(&ex->hsc);
     free(ex->hash);
     pthread_cond_destroy(&ex->idle);
     pthread_cond_destroy(&ex->wake);

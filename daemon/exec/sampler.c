@@ -5,7 +5,11 @@
  * change a draw. */
 #include "sampler.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "kvd/status.h"
+
 static uint64_t splitmix64(uint64_t *x)
 {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
@@ -59,4 +63,58 @@ int sampler_sample(struct sampler *s, struct sampler_scratch *sc, const float *l
     struct sample_row row;
     sampler_next_row(s, &row);
     return sampler_pick(&row, sc, logits, n_vocab, out);
+}
+
+bool sampler_on_host(const struct sampler *s)
+{
+    const struct sampler_params *p = &s->p;
+    bool rep = p->repeat_penalty > 0.0f && p->repeat_penalty != 1.0f;
+    bool pen = p->repeat_last_n > 0 &&
+               (rep || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
+    return pen || p->n_bias > 0 || p->min_p > 0.0f || (p->typical_p > 0.0f && p->typical_p < 1.0f);
+}
+
+static int u32_cmp(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+void sampler_adjust(const struct sampler_params *p, const uint32_t *toks, size_t n_toks, float *row,
+                    uint32_t n_vocab, uint32_t *counts)
+{
+    for (uint32_t i = 0; i < p->n_bias; i++)
+        if (p->bias[i].id < n_vocab)
+            row[p->bias[i].id] += p->bias[i].bias;
+    float rep = p->repeat_penalty > 0.0f ? p->repeat_penalty : 1.0f;
+    if (p->repeat_last_n == 0 ||
+        (rep == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f))
+        return;
+    size_t n = n_toks < p->repeat_last_n ? n_toks : p->repeat_last_n;
+    memcpy(counts, toks + n_toks - n, n * sizeof *counts);
+    qsort(counts, n, sizeof *counts, u32_cmp);
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n && counts[j] == counts[i])
+            j++;
+        uint32_t id = counts[i];
+        float c = (float)(j - i);
+        if (id < n_vocab) {
+            float l = row[id];
+            l = l <= 0.0f ? l * rep : l / rep;
+            row[id] = l - (c * p->frequency_penalty + p->presence_penalty);
+        }
+        i = j;
+    }
+}
+
+int sampler_sample_host(struct sampler *s, struct sampler_scratch *sc, const uint32_t *toks,
+                        size_t n_toks, float *logits, uint32_t n_vocab, uint32_t *counts,
+                        uint32_t *out)
+{
+    struct sample_row row;
+    sampler_next_row(s, &row);
+    sampler_adjust(&s->p, toks, n_toks, logits, n_vocab, counts);
+    struct sample_trunc t = {.typical_p = s->p.typical_p, .min_p = s->p.min_p};
+    return sampler_pick_trunc(&row, &t, sc, logits, n_vocab, out);
 }

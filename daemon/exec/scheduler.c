@@ -342,6 +342,7 @@ void sched_req_free(struct sched_req *r)
     free(r->toks);
     free(r->prompt); /* one allocation (prep.c) */
     free(r->session);
+    free(r->bias);
     text_out_free(r->text);
     free(r);
 }

@@ -66,6 +66,7 @@ struct sched_req {
     bool stream;
     bool ignore_eos; /* do not stop at the model's end-of-generation tokens */
     struct sampler smp;
+    struct logit_bias *bias; /* owned: smp.p.bias */
     /* The completion as text (owned; NULL when the model has no tokenizer):
      * fed each generated token by the executor, stop strings inside. */
     struct text_out *text;

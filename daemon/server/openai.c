@@ -4,6 +4,7 @@
  * trailing bytes) and ignores fields it does not know. */
 #include "openai.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -359,6 +360,39 @@ static int check_unsupported(json_t *o, enum openai_kind kind, struct kvd_error 
     return 0;
 }
 
+/* OpenAI's logit_bias: {"token id": bias}, bias in [-100, 100]. */
+static int get_logit_bias(struct openai_req *out, json_t *o, struct kvd_error *e)
+{
+    json_t *lb = json_object_get(o, "logit_bias");
+    if (!lb || json_is_null(lb))
+        return 0;
+    if (!json_is_object(lb))
+        return bad(e, "logit_bias", "'logit_bias' must be an object of token ids to biases");
+    size_t n = json_object_size(lb);
+    if (n && !(out->bias = malloc(n * sizeof *out->bias)))
+        return no_memory(e);
+    const char *k;
+    json_t *v;
+    size_t i = 0;
+    json_object_foreach(lb, k, v)
+    {
+        char *end;
+        errno = 0;
+        unsigned long long id = strtoull(k, &end, 10);
+        if (!*k || *end || *k < '0' || *k > '9' || errno || id > UINT32_MAX)
+            return bad(e, "logit_bias", "'logit_bias': key '%.40s' is not a token id", k);
+        if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < -100 ||
+            json_number_value(v) > 100)
+            return bad(e, "logit_bias",
+                       "'logit_bias': the bias of token %llu must be in [-100, 100]", id);
+        out->bias[i++] =
+            (struct logit_bias){.id = (uint32_t)id, .bias = (float)json_number_value(v)};
+    }
+    out->args.logit_bias = out->bias;
+    out->args.n_logit_bias = n;
+    return 0;
+}
+
 /* The sampling and output fields. */
 static int get_options(struct openai_req *out, json_t *o, uint32_t n_ctx, struct kvd_error *e)
 {
@@ -404,6 +438,15 @@ static int get_options(struct openai_req *out, json_t *o, uint32_t n_ctx, struct
         return -1;
     a->has_seed = has_seed > 0;
     a->seed = (uint64_t)seed;
+    long long last_n = a->repeat_last_n;
+    if (get_num(o, "presence_penalty", -2, 2, &a->presence_penalty, e) < 0 ||
+        get_num(o, "frequency_penalty", -2, 2, &a->frequency_penalty, e) < 0 ||
+        get_num(o, "repeat_penalty", 0, GEN_MAX_PENALTY, &a->repeat_penalty, e) < 0 ||
+        get_int(o, "repeat_last_n", -1, n_ctx, &last_n, e) < 0 ||
+        get_num(o, "min_p", 0, 1, &a->min_p, e) < 0 ||
+        get_num(o, "typical_p", 0, 1, &a->typical_p, e) < 0 || get_logit_bias(out, o, e) < 0)
+        return -1;
+    a->repeat_last_n = last_n;
     return get_stop(a, json_object_get(o, "stop"), e);
 }
 
@@ -434,9 +477,11 @@ void openai_req_free(struct openai_req *r)
     json_decref(r->root);
     free(r->tokens);
     free(r->msgs);
+    free(r->bias);
     r->root = NULL;
     r->tokens = NULL;
     r->msgs = NULL;
+    r->bias = NULL;
 }
 
 /* ---- responses ------------------------------------------------------------ */

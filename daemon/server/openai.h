@@ -32,9 +32,10 @@ struct openai_req {
     /* The generate arguments (prompt_param "prompt" or "messages"); their
      * strings point into root and the buffers below. */
     struct gen_args args;
-    json_t *root;          /* the parsed body (owned) */
-    uint32_t *tokens;      /* a token prompt (owned) */
-    struct chat_msg *msgs; /* the messages, contents joined (owned) */
+    json_t *root;            /* the parsed body (owned) */
+    uint32_t *tokens;        /* a token prompt (owned) */
+    struct chat_msg *msgs;   /* the messages, contents joined (owned) */
+    struct logit_bias *bias; /* logit_bias (owned) */
 };
 
 /* Parses a request body. Unknown fields are ignored; a known field of the

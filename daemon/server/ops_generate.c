@@ -19,7 +19,69 @@
 struct mp_owned {
     uint32_t *tokens;
     struct chat_msg *msgs;
+    struct logit_bias *bias;
 };
+
+static bool mp_number(const msgpack_object *x, double *out)
+{
+    switch (x->type) {
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        *out = (double)x->via.u64;
+        return true;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        *out = (double)x->via.i64;
+        return true;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        *out = x->via.f64;
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* `logit_bias`: a map {id: bias} or an array of [id, bias] (the range
+ * checks are gen_request's). */
+static int decode_logit_bias(const msgpack_object *root, struct gen_args *a, struct mp_owned *own,
+                             struct kvd_error *err)
+{
+    const msgpack_object *o = proto_map_find(root, "logit_bias");
+    if (!o || o->type == MSGPACK_OBJECT_NIL)
+        return 0;
+    bool is_map = o->type == MSGPACK_OBJECT_MAP;
+    if (!is_map && o->type != MSGPACK_OBJECT_ARRAY)
+        return kvd_error_set(
+            err, KVD_EBADREQ,
+            "'logit_bias' must be a map {token id: bias} or an array of [id, bias]");
+    uint32_t n = is_map ? o->via.map.size : o->via.array.size;
+    if (n > KVD_MAX_ARRAY)
+        return kvd_error_set(err, KVD_ETOOLARGE, "'logit_bias' has %u entries, at most %u", n,
+                             KVD_MAX_ARRAY);
+    if (n && !(own->bias = malloc((size_t)n * sizeof *own->bias)))
+        return kvd_error_set(err, KVD_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *k, *v;
+        if (is_map) {
+            k = &o->via.map.ptr[i].key;
+            v = &o->via.map.ptr[i].val;
+        } else {
+            const msgpack_object *p = &o->via.array.ptr[i];
+            if (p->type != MSGPACK_OBJECT_ARRAY || p->via.array.size != 2)
+                return kvd_error_set(err, KVD_EBADREQ, "'logit_bias'[%u] must be [id, bias]", i);
+            k = &p->via.array.ptr[0];
+            v = &p->via.array.ptr[1];
+        }
+        double b;
+        if (k->type != MSGPACK_OBJECT_POSITIVE_INTEGER || k->via.u64 > UINT32_MAX)
+            return kvd_error_set(err, KVD_EBADREQ, "'logit_bias': a key must be a token id");
+        if (!mp_number(v, &b))
+            return kvd_error_set(err, KVD_EBADREQ, "'logit_bias': a bias must be a number");
+        own->bias[i] = (struct logit_bias){.id = (uint32_t)k->via.u64, .bias = (float)b};
+    }
+    a->logit_bias = own->bias;
+    a->n_logit_bias = n;
+    return 0;
+}
 
 /* `stop`: token ids and strings, mixed (strings point into the message). */
 static int decode_stop(const msgpack_object *root, struct gen_args *a, struct kvd_error *err)
@@ -148,7 +210,13 @@ static int decode(const msgpack_object *root, struct gen_args *a, struct mp_owne
         (rc = proto_opt_double(root, "top_p", &a->top_p, NULL, err)) ||
         (rc = proto_opt_uint(root, "top_k", &a->top_k, NULL, err)) ||
         (rc = proto_opt_uint(root, "seed", &a->seed, &a->has_seed, err)) ||
-        (rc = decode_stop(root, a, err)) ||
+        (rc = proto_opt_double(root, "min_p", &a->min_p, NULL, err)) ||
+        (rc = proto_opt_double(root, "typical_p", &a->typical_p, NULL, err)) ||
+        (rc = proto_opt_double(root, "repeat_penalty", &a->repeat_penalty, NULL, err)) ||
+        (rc = proto_opt_int(root, "repeat_last_n", &a->repeat_last_n, NULL, err)) ||
+        (rc = proto_opt_double(root, "presence_penalty", &a->presence_penalty, NULL, err)) ||
+        (rc = proto_opt_double(root, "frequency_penalty", &a->frequency_penalty, NULL, err)) ||
+        (rc = decode_logit_bias(root, a, own, err)) || (rc = decode_stop(root, a, err)) ||
         (rc = proto_opt_bool(root, "ignore_eos", &a->ignore_eos, NULL, err)) ||
         (rc = proto_opt_bool(root, "stream", &a->stream, NULL, err)) ||
         (rc = proto_opt_int(root, "priority", &a->priority, NULL, err)))
@@ -167,6 +235,7 @@ int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *r
         rc = gen_request_build(ex, mm, &a, c, lim, out, err);
     free(own.tokens);
     free(own.msgs);
+    free(own.bias);
     return rc;
 }
 

@@ -255,6 +255,126 @@ static void test_pick_matches_reference(void **state)
     assert_int_equal(t, 0);
 }
 
+/* logit_bias then the penalties, by hand: window {0, 0, 1, 3} (the last 4
+ * of 2, 0, 0, 1, 3), repeat 2, frequency 0.5, presence 0.25, biases +0.5
+ * on 3 and +1 on 4 (outside the window). */
+static void test_adjust_by_hand(void **state)
+{
+    (void)state;
+    struct logit_bias b[2] = {{3, 0.5f}, {4, 1.0f}};
+    struct sampler_params p = {.top_p = 1,
+                               .repeat_penalty = 2,
+                               .frequency_penalty = 0.5f,
+                               .presence_penalty = 0.25f,
+                               .repeat_last_n = 4,
+                               .bias = b,
+                               .n_bias = 2};
+    uint32_t toks[5] = {2, 0, 0, 1, 3}, counts[5];
+    float l[5] = {2.0f, -1.0f, 0.5f, 3.0f, 0.0f};
+    sampler_adjust(&p, toks, 5, l, 5, counts);
+    assert_true(l[0] == 2.0f / 2 - (2 * 0.5f + 0.25f)); /* -0.25 */
+    assert_true(l[1] == -1.0f * 2 - (0.5f + 0.25f));    /* -2.75 */
+    assert_true(l[2] == 0.5f);                          /* outside the window */
+    assert_true(l[3] == 3.5f / 2 - (0.5f + 0.25f));     /* 1.0 */
+    assert_true(l[4] == 1.0f);                          /* bias only */
+    /* greedy on the result: 3 and 4 tie at 1.0, the lowest id wins */
+    struct sampler s;
+    p.temperature = 0;
+    sampler_init(&s, &p);
+    float m[5] = {2.0f, -1.0f, 0.5f, 3.0f, 0.0f};
+    uint32_t t = 99;
+    assert_true(sampler_on_host(&s));
+    assert_int_equal(
+        sampler_sample_host(&s, &((struct sfx *)*state)->sc, toks, 5, m, 5, counts, &t), 0);
+    assert_int_equal(t, 3);
+    /* a window of 0 turns the penalties off; a -inf bias bans */
+    struct logit_bias ban = {3, -INFINITY};
+    struct sampler_params q = {
+        .top_p = 1, .repeat_penalty = 2, .repeat_last_n = 0, .bias = &ban, .n_bias = 1};
+    float n[5] = {2.0f, -1.0f, 0.5f, 3.0f, 0.0f};
+    sampler_adjust(&q, toks, 5, n, 5, counts);
+    assert_true(n[0] == 2.0f && n[1] == -1.0f && n[3] == -INFINITY);
+}
+
+static void test_on_host(void **state)
+{
+    (void)state;
+    struct sampler s;
+    struct sampler_params p = {.temperature = 1,
+                               .top_k = 5,
+                               .top_p = 0.5f,
+                               .repeat_penalty = 1,
+                               .typical_p = 1,
+                               .repeat_last_n = 64};
+    sampler_init(&s, &p);
+    assert_false(sampler_on_host(&s));
+    struct sampler_params z = {.temperature = 1, .top_p = 1}; /* zero = off */
+    sampler_init(&s, &z);
+    assert_false(sampler_on_host(&s));
+    struct logit_bias b = {1, 1};
+    float *f[] = {&p.min_p, &p.typical_p, &p.repeat_penalty, &p.presence_penalty,
+                  &p.frequency_penalty};
+    float v[] = {0.1f, 0.9f, 1.1f, -0.5f, 0.5f};
+    for (size_t i = 0; i < 5; i++) {
+        struct sampler_params q = p;
+        *(float *)((char *)&q + ((char *)f[i] - (char *)&p)) = v[i];
+        sampler_init(&s, &q);
+        assert_true(sampler_on_host(&s));
+        q.repeat_last_n = 0;
+        sampler_init(&s, &q);
+        assert_int_equal(sampler_on_host(&s), i < 2); /* penalties need a window */
+    }
+    struct sampler_params q = p;
+    q.bias = &b;
+    q.n_bias = 1;
+    sampler_init(&s, &q);
+    assert_true(sampler_on_host(&s));
+}
+
+static uint32_t pick_t(struct sampler_scratch *sc, const float *l, uint32_t n, double u, float typ,
+                       float min_p)
+{
+    struct sample_row row = {.temperature = 1.0f, .top_p = 1.0f, .u = u};
+    struct sample_trunc t = {.typical_p = typ, .min_p = min_p};
+    uint32_t out = 99;
+    assert_int_equal(sampler_pick_trunc(&row, &t, sc, l, n, &out), 0);
+    return out;
+}
+
+/* min_p on p proportional to {1, 0.5, 0.25, 0.1}: 0.3 keeps {0, 1}
+ * (u 0.99 lands in 1), 0.2 keeps {0, 1, 2} (lands in 2), off lands in 3. */
+static void test_min_p_by_hand(void **state)
+{
+    struct sampler_scratch *sc = &((struct sfx *)*state)->sc;
+    float l[4] = {0.0f, logf(0.5f), logf(0.25f), logf(0.1f)};
+    assert_int_equal(pick_t(sc, l, 4, 0.99, 1, 0.3f), 1);
+    assert_int_equal(pick_t(sc, l, 4, 0.99, 1, 0.2f), 2);
+    assert_int_equal(pick_t(sc, l, 4, 0.99, 1, 0), 3);
+    assert_int_equal(pick_t(sc, l, 4, 0.0, 1, 1.0f), 0); /* only the most likely */
+    assert_int_equal(pick_t(sc, l, 4, 0.99, 1, 1.0f), 0);
+}
+
+/* typical_p on p = {0.4, 0.12 x 5}: H = 1.6387; |-log p - H| is 0.7224 for
+ * the head and 0.4816 for the tail, so the tail is the most typical and
+ * the head goes first: 0.5 keeps all five of the tail (0.48 < 0.5 after
+ * four), 0.3 keeps three (0.36). */
+static void test_typical_by_hand(void **state)
+{
+    struct sampler_scratch *sc = &((struct sfx *)*state)->sc;
+    float l[6] = {logf(0.4f), logf(0.12f), logf(0.12f), logf(0.12f), logf(0.12f), logf(0.12f)};
+    assert_int_equal(pick_t(sc, l, 6, 0.0, 1, 0), 0); /* off: the head first */
+    assert_int_equal(pick_t(sc, l, 6, 0.0, 0.5f, 0), 1);
+    assert_int_equal(pick_t(sc, l, 6, 0.9999, 0.5f, 0), 5);
+    assert_int_equal(pick_t(sc, l, 6, 0.9999, 0.3f, 0), 3);
+    /* then min_p relative to the largest weight left (the tail's): keeps it all */
+    assert_int_equal(pick_t(sc, l, 6, 0.9999, 0.5f, 0.9f), 5);
+    /* p = {0.7, 0.2, 0.1}: scores 0.445, 0.808, 1.501: 0.5 keeps the head */
+    float m[3] = {logf(0.7f), logf(0.2f), logf(0.1f)};
+    assert_int_equal(pick_t(sc, m, 3, 0.9999, 0.5f, 0), 0);
+    assert_int_equal(pick_t(sc, m, 3, 0.9999, 0.8f, 0), 1);
+    assert_int_equal(pick_t(sc, m, 3, 0.9999, 0, 0), 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -262,6 +382,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_truncation_to_argmax, sfx_setup, sfx_teardown),
         cmocka_unit_test_setup_teardown(test_seed_and_distribution, sfx_setup, sfx_teardown),
         cmocka_unit_test_setup_teardown(test_pick_matches_reference, sfx_setup, sfx_teardown),
+        cmocka_unit_test_setup_teardown(test_adjust_by_hand, sfx_setup, sfx_teardown),
+        cmocka_unit_test(test_on_host),
+        cmocka_unit_test_setup_teardown(test_min_p_by_hand, sfx_setup, sfx_teardown),
+        cmocka_unit_test_setup_teardown(test_typical_by_hand, sfx_setup, sfx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
