@@ -136,7 +136,7 @@ static void test_body(void **state)
     BAD_C("{\"prompt\":\"\xff\xfe\"}", "");       /* invalid UTF-8 */
     BAD_C("{\"prompt\":\"a\\u0000b\"}", "");      /* NUL in a string */
     /* unknown fields are ignored, whatever their type */
-    const struct gen_args *a = ok_c("{\"prompt\":[1],\"user\":7,\"frequency_penalty\":\"x\","
+    const struct gen_args *a = ok_c("{\"prompt\":[1],\"user\":7,\"service_tier\":\"x\","
                                     "\"tools\":[{}],\"suffix\":null,\"best_of\":{\"a\":1}}");
     static const uint32_t one[] = {1};
     expect_ids(a, one, 1);
@@ -265,6 +265,47 @@ static void test_max_tokens(void **state)
     BAD_CHAT(b, "max_completion_tokens");
     snprintf(b, sizeof(b), "{%s,\"max_completion_tokens\":true}", msg);
     BAD_CHAT(b, "max_completion_tokens");
+}
+
+/* The sampler chain's fields: defaults, values, ranges and logit_bias's
+ * string keys. */
+static void test_sampler_fields(void **state)
+{
+    (void)state;
+    const struct gen_args *a = ok_c("{\"prompt\":[1]}");
+    assert_true(a->min_p == 0 && a->typical_p == 1 && a->repeat_penalty == 1);
+    assert_true(a->presence_penalty == 0 && a->frequency_penalty == 0);
+    assert_int_equal(a->repeat_last_n, 64);
+    assert_int_equal(a->n_logit_bias, 0);
+    a = ok_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"min_p\":0.05,"
+                "\"typical_p\":0.9,\"repeat_penalty\":1.1,\"repeat_last_n\":-1,"
+                "\"presence_penalty\":-2,\"frequency_penalty\":2,"
+                "\"logit_bias\":{\"5\":-100,\"70000\":2.5}}");
+    assert_true(a->min_p == 0.05 && a->typical_p == 0.9 && a->repeat_penalty == 1.1);
+    assert_true(a->presence_penalty == -2 && a->frequency_penalty == 2);
+    assert_int_equal(a->repeat_last_n, -1);
+    assert_int_equal(a->n_logit_bias, 2);
+    for (size_t i = 0; i < 2; i++) {
+        const struct logit_bias *b = &a->logit_bias[i];
+        assert_true((b->id == 5 && b->bias == -100.0f) || (b->id == 70000 && b->bias == 2.5f));
+    }
+    assert_int_equal(ok_c("{\"prompt\":[1],\"logit_bias\":{}}")->n_logit_bias, 0);
+    assert_int_equal(ok_c("{\"prompt\":[1],\"logit_bias\":null}")->n_logit_bias, 0);
+    BAD_C("{\"prompt\":[1],\"presence_penalty\":2.01}", "presence_penalty");
+    BAD_C("{\"prompt\":[1],\"frequency_penalty\":\"1\"}", "frequency_penalty");
+    BAD_C("{\"prompt\":[1],\"repeat_penalty\":-1}", "repeat_penalty");
+    BAD_C("{\"prompt\":[1],\"repeat_last_n\":-2}", "repeat_last_n");
+    BAD_C("{\"prompt\":[1],\"repeat_last_n\":1.5}", "repeat_last_n");
+    BAD_C("{\"prompt\":[1],\"min_p\":1.1}", "min_p");
+    BAD_C("{\"prompt\":[1],\"typical_p\":-1}", "typical_p");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":[[1,2]]}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"x\":1}}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"\":1}}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"+1\":1}}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"1 \":1}}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"4294967296\":1}}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"1\":100.5}}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"1\":true}}", "logit_bias");
 }
 
 static void test_temperature_top_p_seed(void **state)
@@ -427,6 +468,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_body, teardown),
+        cmocka_unit_test_teardown(test_sampler_fields, teardown),
         cmocka_unit_test_teardown(test_prompt, teardown),
         cmocka_unit_test_teardown(test_messages, teardown),
         cmocka_unit_test_teardown(test_max_tokens, teardown),
