@@ -5,6 +5,7 @@
  * change a draw. */
 #include "sampler.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,4 +118,53 @@ int sampler_sample_host(struct sampler *s, struct sampler_scratch *sc, const uin
     sampler_adjust(&s->p, toks, n_toks, logits, n_vocab, counts);
     struct sample_trunc t = {.typical_p = s->p.typical_p, .min_p = s->p.min_p};
     return sampler_pick_trunc(&row, &t, sc, logits, n_vocab, out);
+}
+
+uint32_t sampler_logprobs(const float *logits, uint32_t n_vocab, uint32_t chosen, uint32_t n_top,
+                          struct sampler_logprob *out)
+{
+    struct {
+        uint32_t id;
+        float v;
+    } top[SAMPLER_MAX_TOP_LOGPROBS];
+    if (n_top > SAMPLER_MAX_TOP_LOGPROBS)
+        n_top = SAMPLER_MAX_TOP_LOGPROBS;
+    if (n_top > n_vocab)
+        n_top = n_vocab;
+    /* The row's maximum, and the n_top largest by insertion (ids ascend,
+     * so a later equal value goes after: lower id first). */
+    uint32_t k = 0;
+    float mx = -INFINITY;
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        float v = isnan(logits[i]) ? -INFINITY : logits[i];
+        if (v > mx)
+            mx = v;
+        if (n_top == 0 || (k == n_top && !(v > top[k - 1].v)))
+            continue;
+        uint32_t j = k < n_top ? k++ : k - 1;
+        while (j > 0 && top[j - 1].v < v) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j].id = i;
+        top[j].v = v;
+    }
+    /* log-sum-exp around the maximum, in double: every term <= 1, the sum
+     * >= 1 (a row of -inf only: every logprob is -inf). */
+    double lse = -INFINITY;
+    if (mx > -INFINITY) {
+        double sum = 0;
+        for (uint32_t i = 0; i < n_vocab; i++)
+            if (!isnan(logits[i]))
+                sum += exp((double)logits[i] - (double)mx);
+        lse = (double)mx + log(sum);
+    }
+    float c = chosen < n_vocab && !isnan(logits[chosen]) ? logits[chosen] : -INFINITY;
+    out[0].id = chosen;
+    out[0].logprob = lse > -INFINITY ? (float)((double)c - lse) : -INFINITY;
+    for (uint32_t i = 0; i < k; i++) {
+        out[1 + i].id = top[i].id;
+        out[1 + i].logprob = lse > -INFINITY ? (float)((double)top[i].v - lse) : -INFINITY;
+    }
+    return k;
 }

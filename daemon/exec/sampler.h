@@ -66,6 +66,24 @@ void sampler_adjust(const struct sampler_params *p, const uint32_t *toks, size_t
 int sampler_sample_host(struct sampler *s, struct sampler_scratch *sc, const uint32_t *toks,
                         size_t n_toks, float *logits, uint32_t n_vocab, uint32_t *counts,
                         uint32_t *out);
+/* The most top alternatives a request may ask logprobs for (OpenAI's). */
+#define SAMPLER_MAX_TOP_LOGPROBS 20
+
+/* One token's log-probability. */
+struct sampler_logprob {
+    uint32_t id;
+    float logprob;
+};
+
+/* The log-softmax of the raw row logits[n_vocab] (temperature 1, before any
+ * bias, penalty or truncation; a stable log-sum-exp in double; NaN counts
+ * as -inf): out[0] is token `chosen`, out[1..] the n_top most likely
+ * tokens (at most n_vocab, SAMPLER_MAX_TOP_LOGPROBS), most likely first,
+ * lower id first at equal logits. Returns how many alternatives were
+ * written (min(n_top, n_vocab)). */
+uint32_t sampler_logprobs(const float *logits, uint32_t n_vocab, uint32_t chosen, uint32_t n_top,
+                          struct sampler_logprob *out);
+
 /* sampler_next_row, then sampler_pick. */
 int sampler_sample(struct sampler *s, struct sampler_scratch *sc, const float *logits,
                    uint32_t n_vocab, uint32_t *out);

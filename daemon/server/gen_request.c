@@ -141,6 +141,13 @@ static int set_args(const struct text *tx, const struct model_hparams *hp, const
         if (rc)
             return kvd_error_set(e, rc, "out of memory");
     }
+    if (a->logprobs && a->top_logprobs > SAMPLER_MAX_TOP_LOGPROBS)
+        return bad(e, KVD_EBADREQ, a->top_logprobs_param ? a->top_logprobs_param : "logprobs",
+                   "'%s' must be in [0, %d]",
+                   a->top_logprobs_param ? a->top_logprobs_param : "logprobs",
+                   SAMPLER_MAX_TOP_LOGPROBS);
+    r->lp_on = a->logprobs;
+    r->lp_top = a->logprobs ? (uint32_t)a->top_logprobs : 0;
     r->ignore_eos = a->ignore_eos;
     r->stream = a->stream;
     if (a->priority < -GEN_MAX_PRIORITY || a->priority > GEN_MAX_PRIORITY)

@@ -62,6 +62,14 @@ struct gen_args {
     const struct logit_bias *logit_bias;        /* [n_logit_bias]: bias in [-100, 100] */
     size_t n_logit_bias;
 
+    /* logprobs: each generated token's log-probability under the raw model
+     * distribution, and its top_logprobs (0 to SAMPLER_MAX_TOP_LOGPROBS)
+     * most likely alternatives; top_logprobs_param names the field on the
+     * wire (NULL: "logprobs") */
+    bool logprobs;
+    uint64_t top_logprobs;
+    const char *top_logprobs_param;
+
     /* stopping */
     uint32_t stop_ids[SCHED_MAX_STOP];
     size_t n_stop_ids;

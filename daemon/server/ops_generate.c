@@ -83,6 +83,27 @@ static int decode_logit_bias(const msgpack_object *root, struct gen_args *a, str
     return 0;
 }
 
+/* `logprobs`: true (the generated tokens' own only), false, or how many
+ * top alternatives each token comes with (the range is gen_request's). */
+static int decode_logprobs(const msgpack_object *root, struct gen_args *a, struct kvd_error *err)
+{
+    const msgpack_object *o = proto_map_find(root, "logprobs");
+    if (!o || o->type == MSGPACK_OBJECT_NIL)
+        return 0;
+    if (o->type == MSGPACK_OBJECT_BOOLEAN) {
+        a->logprobs = o->via.boolean;
+        return 0;
+    }
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return kvd_error_set(err, KVD_EBADREQ,
+                             "'logprobs' must be true, false or a count of top alternatives "
+                             "(0 to %d)",
+                             SAMPLER_MAX_TOP_LOGPROBS);
+    a->logprobs = true;
+    a->top_logprobs = o->via.u64;
+    return 0;
+}
+
 /* `stop`: token ids and strings, mixed (strings point into the message). */
 static int decode_stop(const msgpack_object *root, struct gen_args *a, struct kvd_error *err)
 {
@@ -216,7 +237,8 @@ static int decode(const msgpack_object *root, struct gen_args *a, struct mp_owne
         (rc = proto_opt_int(root, "repeat_last_n", &a->repeat_last_n, NULL, err)) ||
         (rc = proto_opt_double(root, "presence_penalty", &a->presence_penalty, NULL, err)) ||
         (rc = proto_opt_double(root, "frequency_penalty", &a->frequency_penalty, NULL, err)) ||
-        (rc = decode_logit_bias(root, a, own, err)) || (rc = decode_stop(root, a, err)) ||
+        (rc = decode_logit_bias(root, a, own, err)) || (rc = decode_logprobs(root, a, err)) ||
+        (rc = decode_stop(root, a, err)) ||
         (rc = proto_opt_bool(root, "ignore_eos", &a->ignore_eos, NULL, err)) ||
         (rc = proto_opt_bool(root, "stream", &a->stream, NULL, err)) ||
         (rc = proto_opt_int(root, "priority", &a->priority, NULL, err)))
@@ -241,19 +263,45 @@ int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *r
 
 /* ---- encoding ----------------------------------------------------------- */
 
+/* "logprobs": one {"id", "logprob", "top": [[id, logprob], ...]} per token
+ * of lp (n tokens, 1 + top entries each). */
+static int pack_logprobs(msgpack_packer *pk, const struct sampler_logprob *lp, uint32_t top,
+                         size_t n)
+{
+    int rc = proto_pack_str(pk, "logprobs");
+    rc = rc ? rc : proto_pack_array(pk, n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        const struct sampler_logprob *e = lp + i * (1 + (size_t)top);
+        rc = proto_pack_map(pk, 3);
+        rc = rc ? rc : proto_pack_kv_uint(pk, "id", e[0].id);
+        rc = rc ? rc : proto_pack_kv_double(pk, "logprob", e[0].logprob);
+        rc = rc ? rc : proto_pack_str(pk, "top");
+        rc = rc ? rc : proto_pack_array(pk, top);
+        for (uint32_t k = 1; !rc && k <= top; k++) {
+            rc = proto_pack_array(pk, 2);
+            rc = rc ? rc : msgpack_pack_uint32(pk, e[k].id);
+            rc = rc ? rc : msgpack_pack_double(pk, e[k].logprob);
+        }
+    }
+    return rc;
+}
+
 int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, const uint32_t *toks, size_t n,
-                               const char *text, size_t text_len)
+                               const char *text, size_t text_len, const struct sampler_logprob *lp,
+                               uint32_t lp_top)
 {
     msgpack_packer pk;
     proto_packer_init(&pk, sb);
     size_t at = proto_frame_begin(sb);
     if (at == SIZE_MAX)
         return KVD_ENOMEM;
-    int rc = proto_event_begin(&pk, id, KVD_EVENT_TOKENS, text ? 2 : 1);
+    int rc = proto_event_begin(&pk, id, KVD_EVENT_TOKENS, 1 + (text != NULL) + (lp != NULL));
     if (!rc)
         rc = proto_pack_kv_u32_array(&pk, "tokens", toks, n);
     if (!rc && text)
         rc = proto_pack_kvn_str(&pk, "text", 4, text, text_len);
+    if (!rc && lp)
+        rc = pack_logprobs(&pk, lp, lp_top, n);
     if (!rc)
         rc = proto_frame_end(sb, at);
     return rc;
@@ -282,8 +330,11 @@ int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r)
     uint64_t t_sched = r->t_sched ? r->t_sched : r->t_done;
     uint64_t t_first = r->t_first ? r->t_first : r->t_done;
     const struct sched_session *ss = r->session;
-    rc = proto_reply_begin(&pk, r->id, 4 + seq + (r->text != NULL) + (ss != NULL));
+    bool lp = r->lp_on && r->n_lp == n_gen;
+    rc = proto_reply_begin(&pk, r->id, 4 + seq + (r->text != NULL) + (ss != NULL) + lp);
     rc = rc ? rc : proto_pack_kv_u32_array(&pk, "tokens", r->toks + r->n_prompt, n_gen);
+    if (lp)
+        rc = rc ? rc : pack_logprobs(&pk, r->lp, r->lp_top, n_gen);
     if (r->text) {
         size_t tl;
         const char *t = text_out_str(r->text, &tl);
@@ -359,7 +410,12 @@ static void sink_tokens(void *ud, const struct sched_req *r, const uint32_t *tok
     size_t text_len = 0;
     if (r->text)
         text_len = text_out_take(r->text, &text); /* the executor's thread: it owns r */
-    int rc = ops_generate_encode_tokens(&sb, r->id, toks, n, text, text_len);
+    /* toks are r's generated tokens from toks - (r->toks + r->n_prompt) */
+    size_t from = (size_t)(toks - (r->toks + r->n_prompt));
+    const struct sampler_logprob *lp = NULL;
+    if (r->lp_on && from + n <= r->n_lp)
+        lp = r->lp + from * (1 + (size_t)r->lp_top);
+    int rc = ops_generate_encode_tokens(&sb, r->id, toks, n, text, text_len, lp, r->lp_top);
     post_frame(ud, r, 0, &sb, rc);
 }
 

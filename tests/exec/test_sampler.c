@@ -375,6 +375,83 @@ static void test_typical_by_hand(void **state)
     assert_int_equal(pick_t(sc, m, 3, 0.9999, 0, 0), 2);
 }
 
+/* sampler_logprobs against a log-softmax by hand in long double: every
+ * value within 1e-6 the top-n the n largest (lower id first at a tie),
+ * (relative: they are floats), their exp summing to <= 1, large logits (1e4: exp overflows without
+ * the max subtracted), -inf and NaN entries, n_top past the vocabulary. */
+static void test_logprobs(void **state)
+{
+    (void)state;
+    enum { V = 1000 };
+    static float lg[V];
+    uint64_t x = 12345;
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < V; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            lg[i] = (float)((double)(x >> 11) / 9007199254740992.0 * 20.0 - 10.0);
+            if (k == 1)
+                lg[i] += 1e4f;
+        }
+        if (k == 2) {
+            lg[5] = -INFINITY;
+            lg[6] = NAN;
+            lg[7] = lg[8] = 50.0f; /* a tie at the top */
+        }
+        long double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < V; i++)
+            if (!isnan(lg[i]) && lg[i] > mx)
+                mx = lg[i];
+        for (int i = 0; i < V; i++)
+            if (!isnan(lg[i]))
+                sum += expl((long double)lg[i] - mx);
+        long double lse = mx + logl(sum);
+        struct sampler_logprob out[1 + SAMPLER_MAX_TOP_LOGPROBS];
+        uint32_t chosen = k == 2 ? 5 : 17;
+        assert_int_equal(sampler_logprobs(lg, V, chosen, 20, out), 20);
+        assert_int_equal(out[0].id, chosen);
+        if (k == 2)
+            assert_true(isinf(out[0].logprob) && out[0].logprob < 0);
+        else
+            assert_true(fabsl(out[0].logprob - ((long double)lg[chosen] - lse)) <
+                        1e-6 * (1 + fabsl((long double)lg[chosen] - lse)));
+        double p = 0;
+        for (int t = 1; t <= 20; t++) {
+            uint32_t id = out[t].id;
+            long double want = (long double)lg[id] - lse;
+            if (!(fabsl(out[t].logprob - want) < 1e-6 * (1 + fabsl(want)))) /* float's rounding */
+                fail_msg("k %d t %d id %u: %g vs %Lg", k, t, id, (double)out[t].logprob,
+                         (long double)lg[id] - lse);
+            p += exp((double)out[t].logprob);
+            if (t > 1)
+                assert_true(out[t].logprob <= out[t - 1].logprob);
+            /* nothing outside the top is larger than the last one */
+            for (int i = 0; i < V && t == 20; i++) {
+                bool in = false;
+                for (int u = 1; u <= 20; u++)
+                    in |= out[u].id == (uint32_t)i;
+                assert_true(in || isnan(lg[i]) || lg[i] <= lg[out[20].id]);
+            }
+        }
+        assert_true(p <= 1.0 + 1e-6);
+        if (k == 2) {
+            assert_int_equal(out[1].id, 7);
+            assert_int_equal(out[2].id, 8);
+        }
+    }
+    /* n_top past the vocabulary; 0 alternatives */
+    float two[2] = {0.0f, 0.0f};
+    struct sampler_logprob o2[1 + SAMPLER_MAX_TOP_LOGPROBS];
+    assert_int_equal(sampler_logprobs(two, 2, 1, 20, o2), 2);
+    assert_true(fabsf(o2[0].logprob - logf(0.5f)) < 1e-7f);
+    assert_int_equal(o2[1].id, 0);
+    assert_int_equal(o2[2].id, 1);
+    assert_int_equal(sampler_logprobs(two, 2, 0, 0, o2), 0);
+    /* a row of -inf: every logprob -inf, no NaN */
+    float ninf[3] = {-INFINITY, -INFINITY, -INFINITY};
+    assert_int_equal(sampler_logprobs(ninf, 3, 1, 2, o2), 2);
+    assert_true(isinf(o2[0].logprob) && isinf(o2[1].logprob) && isinf(o2[2].logprob));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -384,6 +461,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pick_matches_reference, sfx_setup, sfx_teardown),
         cmocka_unit_test_setup_teardown(test_adjust_by_hand, sfx_setup, sfx_teardown),
         cmocka_unit_test(test_on_host),
+        cmocka_unit_test(test_logprobs),
         cmocka_unit_test_setup_teardown(test_min_p_by_hand, sfx_setup, sfx_teardown),
         cmocka_unit_test_setup_teardown(test_typical_by_hand, sfx_setup, sfx_teardown),
     };
