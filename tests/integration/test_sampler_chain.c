@@ -7,6 +7,7 @@
  * HTTP fields equal msgpack's, and every bad value is refused naming its
  * field (msgpack: in the message; HTTP: 400 with `param`). Skipped (77)
  * without curl (the HTTP part). */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -351,7 +352,7 @@ static char *curl(const char *path, const char *body, int *status)
              bodyfile, g_dir, path);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
-    size_t cap = 1 << 16, n = 0;
+    size_t cap = 1 << 20, n = 0;
     char *buf = malloc(cap);
     assert_non_null(buf);
     size_t k;
@@ -472,6 +473,274 @@ static void test_http_fields(void **state)
     }
 }
 
+/* ---- logprobs ------------------------------------------------------------ */
+
+/* One token's entry: the chosen token's logprob and n tops, most likely
+ * first, exp of the tops summing to <= 1, the chosen one no likelier than
+ * the first and, when at least the last's, among them with the same value;
+ * greedy: the chosen token is the first. */
+static void check_lp(uint32_t tok, uint32_t id, double lp, const uint32_t *tid, const double *tlp,
+                     size_t n, size_t want_n, bool greedy)
+{
+    assert_int_equal(id, tok);
+    assert_int_equal(n, want_n);
+    assert_true(lp <= 0);
+    double sum = 0;
+    bool found = false;
+    for (size_t k = 0; k < n; k++) {
+        sum += exp(tlp[k]);
+        if (k)
+            assert_true(tlp[k] <= tlp[k - 1]);
+        if (tid[k] == tok) {
+            found = true;
+            assert_true(fabs(tlp[k] - lp) < 1e-9);
+        }
+    }
+    assert_true(sum <= 1.0 + 1e-6);
+    if (n) {
+        assert_true(lp <= tlp[0] + 1e-9);
+        assert_true(found || lp < tlp[n - 1] + 1e-9);
+    }
+    if (greedy && n)
+        assert_int_equal(tid[0], tok);
+}
+
+/* A msgpack "logprobs" array against tokens. */
+static void check_mp_lp(const msgpack_object *lps, const uint32_t *toks, size_t n, size_t top,
+                        bool greedy)
+{
+    assert_non_null(lps);
+    assert_int_equal(lps->type, MSGPACK_OBJECT_ARRAY);
+    assert_int_equal(lps->via.array.size, n);
+    for (size_t i = 0; i < n; i++) {
+        const msgpack_object *e = &lps->via.array.ptr[i];
+        const msgpack_object *t = kh_obj(e, "top");
+        uint32_t tid[20];
+        double tlp[20];
+        assert_true(t->via.array.size <= 20);
+        for (size_t k = 0; k < t->via.array.size; k++) {
+            tid[k] = (uint32_t)t->via.array.ptr[k].via.array.ptr[0].via.u64;
+            tlp[k] = t->via.array.ptr[k].via.array.ptr[1].via.f64;
+        }
+        check_lp(toks[i], (uint32_t)kh_obj(e, "id")->via.u64, kh_obj(e, "logprob")->via.f64, tid,
+                 tlp, t->via.array.size, top, greedy);
+    }
+}
+
+/* msgpack: greedy and sampled, plain and with a host-only stage, streamed
+ * (the events' entries are the reply's) and not; the tokens are those of
+ * the same request without logprobs; a bad count is refused. */
+static void test_logprobs_msgpack(void **state)
+{
+    struct gopt lp20 = {.key = "logprobs", .kind = G_INT, .i = 20};
+    struct gopt host[2] = {{.key = "logprobs", .kind = G_INT, .i = 5},
+                           {.key = "repeat_penalty", .kind = G_DOUBLE, .d = 1.3}};
+    for (int k = 0; k < 4; k++) {
+        double temp = k & 1 ? 1.0 : 0;
+        const struct gopt *o = k < 2 ? &lp20 : host;
+        size_t n_o = k < 2 ? 1 : 2, top = k < 2 ? 20 : 5;
+        struct gen_out ref, got;
+        gen_ok(temp, 5 + k, o + 1, n_o - 1, &ref); /* the same without logprobs */
+        int fd = kh_connect(g_d->sock);
+        assert_true(fd >= 0);
+        struct kh_req q;
+        kh_req_begin(&q, "generate", ++g_id, 7 + n_o);
+        proto_pack_kv_u32_array(&q.pk, "tokens", g_prompt, sizeof g_prompt / sizeof g_prompt[0]);
+        proto_pack_kv_uint(&q.pk, "max_tokens", N_GEN);
+        proto_pack_kv_double(&q.pk, "temperature", temp);
+        proto_pack_kv_uint(&q.pk, "seed", 5 + k);
+        proto_pack_kv_uint(&q.pk, "top_k", 50);
+        proto_pack_kv_bool(&q.pk, "ignore_eos", true);
+        proto_pack_kv_bool(&q.pk, "stream", k >= 2);
+        for (size_t i = 0; i < n_o; i++)
+            pack_opt(&q.pk, &o[i]);
+        assert_int_equal(kh_req_send(fd, &q), 0);
+        size_t streamed = 0;
+        uint32_t st_toks[N_GEN];
+        struct kh_reply r;
+        for (;;) {
+            assert_int_equal(kh_recv(fd, &r), 0);
+            const msgpack_object *ev = kh_obj(r.root, "event");
+            if (!ev)
+                break;
+            const msgpack_object *t = kh_obj(r.root, "tokens");
+            for (size_t i = 0; i < t->via.array.size; i++)
+                st_toks[streamed + i] = (uint32_t)t->via.array.ptr[i].via.u64;
+            check_mp_lp(kh_obj(r.root, "logprobs"), st_toks + streamed, t->via.array.size, top,
+                        temp == 0);
+            streamed += t->via.array.size;
+            kh_reply_free(&r);
+        }
+        read_gen(&r, &got);
+        if (got.code)
+            fail_msg("generate failed: %s", got.message);
+        assert_memory_equal(got.toks, ref.toks, sizeof got.toks);
+        check_mp_lp(kh_obj(r.root, "logprobs"), got.toks, got.n, top, temp == 0);
+        if (k >= 2) {
+            assert_int_equal(streamed, N_GEN);
+            assert_memory_equal(st_toks, got.toks, sizeof st_toks);
+        }
+        kh_reply_free(&r);
+        close(fd);
+    }
+    struct gen_out o;
+    struct gopt bad = {.key = "logprobs", .kind = G_INT, .i = 21};
+    gen(0, 1, &bad, 1, &o);
+    assert_int_not_equal(o.code, 0);
+    assert_non_null(strstr(o.message, "logprobs"));
+    bad.kind = G_STR, bad.s = "yes";
+    gen(0, 1, &bad, 1, &o);
+    assert_int_not_equal(o.code, 0);
+}
+
+/* One chat content entry / completions position: checked by check_lp
+ * (chat: the token's text equals its bytes' decoding; ids by position in
+ * the reply's "tokens"). */
+static void check_chat_entry(json_t *e, uint32_t tok, size_t top, bool greedy, const char *tok0)
+{
+    json_t *tl = json_object_get(e, "top_logprobs");
+    uint32_t tid[20];
+    double tlp[20];
+    size_t n = json_array_size(tl);
+    assert_true(n <= 20);
+    assert_true(json_is_array(json_object_get(e, "bytes")));
+    for (size_t k = 0; k < n; k++) {
+        json_t *a = json_array_get(tl, k);
+        tlp[k] = json_real_value(json_object_get(a, "logprob"));
+        assert_true(json_is_string(json_object_get(a, "token")));
+        assert_true(json_is_array(json_object_get(a, "bytes")));
+        /* an alternative with the chosen token's text and logprob is it */
+        tid[k] = !strcmp(json_string_value(json_object_get(a, "token")),
+                         json_string_value(json_object_get(e, "token"))) &&
+                         tlp[k] == json_real_value(json_object_get(e, "logprob"))
+                     ? tok
+                     : UINT32_MAX;
+    }
+    if (greedy && n)
+        assert_string_equal(json_string_value(json_object_get(json_array_get(tl, 0), "token")),
+                            json_string_value(json_object_get(e, "token")));
+    (void)tok0;
+    check_lp(tok, tok, json_real_value(json_object_get(e, "logprob")), tid, tlp, n, top, false);
+}
+
+/* The data: lines of an SSE body as JSON chunks (NULL at [DONE]). */
+static size_t sse_chunks(char *out, json_t **chunks, size_t cap)
+{
+    size_t n = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "data: ", 6) || !strcmp(line + 6, "[DONE]"))
+            continue;
+        json_error_t je;
+        assert_true(n < cap);
+        chunks[n] = json_loads(line + 6, JSON_ALLOW_NUL, &je);
+        assert_non_null(chunks[n]);
+        n++;
+    }
+    return n;
+}
+
+/* HTTP chat and completions, streamed and not, greedy and sampled. */
+static void test_logprobs_http(void **state)
+{
+    if (system("curl --version >/dev/null 2>&1") != 0)
+        skip();
+    for (int k = 0; k < 8; k++) {
+        bool chat = k & 1, stream = k & 2, greedy = !(k & 4);
+        size_t top = stream ? 5 : 20;
+        char body[1024];
+        if (chat)
+            snprintf(body, sizeof body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":%d,"
+                     "\"temperature\":%s,\"seed\":3,\"ignore_eos\":true,\"stream\":%s,"
+                     "\"logprobs\":true,\"top_logprobs\":%zu}",
+                     N_GEN, greedy ? "0" : "1", stream ? "true" : "false", top);
+        else
+            snprintf(body, sizeof body,
+                     "{\"prompt\":[11,12,13,14,15,16],\"max_tokens\":%d,\"temperature\":%s,"
+                     "\"seed\":3,\"ignore_eos\":true,\"stream\":%s,\"logprobs\":%zu}",
+                     N_GEN, greedy ? "0" : "1", stream ? "true" : "false", top);
+        int st;
+        char *out = curl(chat ? "/v1/chat/completions" : "/v1/completions", body, &st);
+        if (st != 200)
+            fail_msg("HTTP %d: %.300s", st, out);
+        json_t *chunks[64];
+        size_t n_chunks;
+        if (stream) {
+            n_chunks = sse_chunks(out, chunks, 64);
+        } else {
+            json_error_t je;
+            chunks[0] = json_loads(out, JSON_ALLOW_NUL, &je);
+            assert_non_null(chunks[0]);
+            n_chunks = 1;
+        }
+        free(out);
+        size_t n_tok = 0, off = 0;
+        for (size_t c = 0; c < n_chunks; c++) {
+            json_t *ch = json_array_get(json_object_get(chunks[c], "choices"), 0);
+            if (!ch)
+                continue; /* a usage chunk */
+            json_t *holder = chat ? json_object_get(ch, stream ? "delta" : "message") : ch;
+            json_t *toks = json_object_get(holder, "tokens");
+            json_t *lp = json_object_get(ch, "logprobs");
+            size_t nt = json_array_size(toks);
+            if (nt == 0) {
+                assert_true(json_is_null(lp));
+                continue;
+            }
+            if (chat) {
+                json_t *content = json_object_get(lp, "content");
+                assert_int_equal(json_array_size(content), nt);
+                for (size_t i = 0; i < nt; i++)
+                    check_chat_entry(json_array_get(content, i),
+                                     (uint32_t)json_integer_value(json_array_get(toks, i)), top,
+                                     greedy, NULL);
+            } else {
+                json_t *ts = json_object_get(lp, "tokens"),
+                       *tl = json_object_get(lp, "token_logprobs"),
+                       *tt = json_object_get(lp, "top_logprobs"),
+                       *to = json_object_get(lp, "text_offset");
+                assert_int_equal(json_array_size(ts), nt);
+                assert_int_equal(json_array_size(tl), nt);
+                assert_int_equal(json_array_size(tt), nt);
+                assert_int_equal(json_array_size(to), nt);
+                for (size_t i = 0; i < nt; i++) {
+                    /* byte offsets of the pieces: from 0, growing, across chunks too */
+                    size_t o = (size_t)json_integer_value(json_array_get(to, i));
+                    assert_true(n_tok + i > 0 ? o >= off : o == 0);
+                    off = o;
+                    json_t *m = json_array_get(tt, i);
+                    double lpv = json_real_value(json_array_get(tl, i)), best = -1e30, sum = 0;
+                    const char *key;
+                    json_t *v;
+                    assert_true(json_object_size(m) >= 1 && json_object_size(m) <= top);
+                    json_object_foreach(m, key, v)
+                    {
+                        sum += exp(json_real_value(v));
+                        best = json_real_value(v) > best ? json_real_value(v) : best;
+                    }
+                    assert_true(sum <= 1.0 + 1e-6);
+                    assert_true(lpv <= best + 1e-9);
+                    if (greedy)
+                        assert_true(fabs(lpv - best) < 1e-9);
+                }
+            }
+            n_tok += nt;
+        }
+        assert_int_equal(n_tok, N_GEN);
+        for (size_t c = 0; c < n_chunks; c++)
+            json_decref(chunks[c]);
+    }
+    /* not asked: null; bad values: 400 naming the field */
+    json_t *j = completion("", 200);
+    assert_true(json_is_null(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs")));
+    json_decref(j);
+    j = completion(",\"logprobs\":21", 400);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "param")),
+                        "logprobs");
+    json_decref(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -481,6 +750,8 @@ int main(void)
         cmocka_unit_test(test_batched_with_plain),
         cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_http_fields),
+        cmocka_unit_test(test_logprobs_msgpack),
+        cmocka_unit_test(test_logprobs_http),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
