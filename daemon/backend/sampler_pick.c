@@ -108,8 +108,69 @@ void sampler_scratch_free(struct sampler_scratch *sc)
     sc->cap = 0;
 }
 
+/* A candidate of the typical_p stage: its index in c and its score. */
+struct typ {
+    double score;
+    uint64_t key;
+    size_t i;
+};
+
+static int typ_cmp(const void *a, const void *b)
+{
+    const struct typ *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score < y->score ? -1 : 1;
+    return x->key > y->key ? -1 : x->key < y->key;
+}
+
+/* Keeps the fewest candidates, by ascending distance of their surprise
+ * from the entropy, whose weight reaches ceil(p * total). */
+static int keep_typical(struct cand *c, size_t n, double p, uint64_t *total, size_t *out_n)
+{
+    struct typ *t = malloc(n * sizeof *t);
+    if (!t)
+        return KVD_ENOMEM;
+    double tot = (double)*total, h = 0;
+    for (size_t i = 0; i < n; i++)
+        if (c[i].w) {
+            double q = (double)c[i].w / tot;
+            h -= q * log(q);
+        }
+    for (size_t i = 0; i < n; i++) {
+        double q = (double)c[i].w / tot;
+        t[i] =
+            (struct typ){.score = c[i].w ? fabs(-log(q) - h) : INFINITY, .key = c[i].key, .i = i};
+    }
+    qsort(t, n, sizeof *t, typ_cmp);
+    uint64_t need = (uint64_t)ceil(p * tot), acc = 0;
+    need = need < 1 ? 1 : need > *total ? *total : need;
+    size_t m = 0;
+    while (m < n && acc < need)
+        acc += c[t[m++].i].w;
+    /* Mark the kept ones (weight bit 63 is free: weights are below 2^62). */
+    for (size_t i = 0; i < m; i++)
+        c[t[i].i].w |= 1ull << 63;
+    free(t);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (c[i].w >> 63) {
+            c[i].w &= ~(1ull << 63);
+            c[k++] = c[i];
+        }
+    *total = acc;
+    *out_n = k;
+    return 0;
+}
+
 int sampler_pick(const struct sample_row *row, struct sampler_scratch *sc, const float *logits,
                  uint32_t n_vocab, uint32_t *out)
+{
+    return sampler_pick_trunc(row, NULL, sc, logits, n_vocab, out);
+}
+
+int sampler_pick_trunc(const struct sample_row *row, const struct sample_trunc *tr,
+                       struct sampler_scratch *sc, const float *logits, uint32_t n_vocab,
+                       uint32_t *out)
 {
     *out = 0;
     if (n_vocab == 0)
@@ -130,7 +191,9 @@ int sampler_pick(const struct sample_row *row, struct sampler_scratch *sc, const
         return 0;
     }
     bool top_k = row->top_k > 0 && row->top_k < n_vocab, top_p = row->top_p < 1.0f;
-    bool sorted = top_k || top_p;
+    bool typical = tr && tr->typical_p > 0.0f && tr->typical_p < 1.0f,
+         min_p = tr && tr->min_p > 0.0f;
+    bool sorted = top_k || top_p || typical || min_p;
     int rc = scratch_reserve(sc, n_vocab);
     if (rc)
         return rc;
@@ -146,11 +209,28 @@ int sampler_pick(const struct sample_row *row, struct sampler_scratch *sc, const
     size_t n = n_vocab;
     if (top_k)
         n = keep_from(c, n, select_key(c, n, tmp, true, row->top_k - 1), &total);
+    if (typical && (rc = keep_typical(c, n, (double)tr->typical_p, &total, &n)))
+        return rc;
     if (top_p) {
         /* total >= SAMPLE_FX_ONE: the largest v has exactly that weight. */
         uint64_t need = (uint64_t)ceil((double)row->top_p * (double)total);
         need = need < 1 ? 1 : need > total ? total : need;
         n = keep_from(c, n, select_key(c, n, tmp, false, need - 1), &total);
+    }
+    if (min_p) {
+        /* Relative to the largest weight left (min_p <= 1 keeps it). */
+        uint64_t max_w = 0;
+        for (size_t i = 0; i < n; i++)
+            max_w = c[i].w > max_w ? c[i].w : max_w;
+        uint64_t min_w = (uint64_t)ceil((double)tr->min_p * (double)max_w);
+        size_t m = 0;
+        total = 0;
+        for (size_t i = 0; i < n; i++)
+            if (c[i].w >= min_w) {
+                total += c[i].w;
+                c[m++] = c[i];
+            }
+        n = m;
     }
     uint64_t t = (uint64_t)(row->u * (double)total);
     t = t >= total ? total - 1 : t;

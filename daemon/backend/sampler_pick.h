@@ -43,6 +43,23 @@ struct sampler_scratch {
  * or KVD_ENOMEM (scratch growth). */
 int sampler_pick(const struct sample_row *row, struct sampler_scratch *sc, const float *logits,
                  uint32_t n_vocab, uint32_t *out);
+
+/* The truncations the backends' sample op does not have (the executor
+ * picks on the host when a row asks for one). */
+struct sample_trunc {
+    float typical_p; /* <= 0 or >= 1 = off */
+    float min_p;     /* <= 0 = off */
+};
+
+/* sampler_pick with t (NULL: none), in llama.cpp's order after the
+ * temperature: top_k, typical_p, top_p, min_p, then the draw. typical_p
+ * keeps, by ascending |-log p - H| (H the entropy of the candidates left;
+ * ties by the candidate order), the fewest candidates whose weight reaches
+ * ceil(typical_p * total); min_p keeps the candidates whose weight is at
+ * least ceil(min_p * the largest weight). */
+int sampler_pick_trunc(const struct sample_row *row, const struct sample_trunc *t,
+                       struct sampler_scratch *sc, const float *logits, uint32_t n_vocab,
+                       uint32_t *out);
 void sampler_scratch_free(struct sampler_scratch *sc);
 
 #endif

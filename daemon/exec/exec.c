@@ -16,6 +16,8 @@
 #include <string.h>
 #include <time.h>
 
+#define LP_STRIDE (1 + SAMPLER_MAX_TOP_LOGPROBS)
+
 struct exec {
     struct kvmm *mm; /* not owned */
     struct model *m; /* not owned */
@@ -29,6 +31,18 @@ struct exec {
     struct fwd_seq *fseqs;   /* [max_seqs] */
     struct sample_row *rows; /* [max_seqs] this step's sampling, one per plan entry */
     uint32_t *picks;         /* [max_seqs] the tokens the backend sampled */
+    /* The host pick (a step where some request's sampling is on the host,
+     * sampler_on_host): every row's logits come back and are picked here.
+     * Grown on first need. */
+    float *hlogits; /* [cap_hlogits][n_vocab] */
+    uint32_t cap_hlogits;
+    uint32_t *counts; /* [n_ctx] the penalties' scratch */
+    struct sampler_scratch hsc;
+    /* logprobs: a step where some row asks for them brings the logits
+     * back too (hlogits); lpstep[i * LP_STRIDE] are row i's, taken by
+     * sample_step; lprow keeps a raw row the host pick adjusts in place. */
+    struct sampler_logprob *lpstep; /* [max_seqs][LP_STRIDE] */
+    float *lprow;                   /* [n_vocab] */
     uint32_t n_arena_slots;
 
     /* Shared with other threads, under mu. */
@@ -318,6 +332,8 @@ static uint32_t sample_step(struct exec *ex)
             continue; /* a prefill chunk short of the end */
         uint32_t tok = ex->picks[i];
         int rc = sched_req_push(r, tok);
+        if (!rc && r->lp_on)
+            rc = sched_req_push_lp(r, ex->lpstep + (size_t)i * LP_STRIDE);
         if (rc) {
             kvd_error_set(&r->err, rc, "out of memory for the sampled token");
             r->finish = SCHED_FINISH_ERROR;
@@ -352,12 +368,13 @@ static uint32_t sample_step(struct exec *ex)
 static int forward(struct exec *ex)
 {
     struct sched_plan *p = &ex->plan;
+    bool host = false, lp = false;
     for (uint32_t i = 0; i < p->n; i++) {
         struct sched_req *r = p->reqs[i];
-        if (!r->restoring && r->n_kv + r->step_n == r->n_toks)
-            sampler_next_row(&r->smp, &ex->rows[i]);
-        else
-            ex->rows[i] = (struct sample_row){.skip = 1};
+        bool want = !r->restoring && r->n_kv + r->step_n == r->n_toks;
+        ex->rows[i] = (struct sample_row){.skip = !want};
+        host |= want && sampler_on_host(&r->smp);
+        lp |= want && r->lp_on;
         ex->fseqs[i] = (struct fwd_seq){
             .tokens = r->toks + r->n_kv,
             .n_tokens = r->step_n,
@@ -375,7 +392,63 @@ static int forward(struct exec *ex)
         .sample = ex->rows,
         .tokens = ex->picks,
     };
-    return model_forward(ex->m, ex->fc, &b);
+    if (!host && !lp) {
+        for (uint32_t i = 0; i < p->n; i++)
+            if (!ex->rows[i].skip)
+                sampler_next_row(&p->reqs[i]->smp, &ex->rows[i]);
+        return model_forward(ex->m, ex->fc, &b);
+    }
+    /* Some row needs a host-only stage, or logprobs: the whole step's
+     * logits come back (n_seqs * n_vocab * 4 bytes). With a host-only
+     * stage every row is picked here, with the same pick as the backends'
+     * sample op for the rows that need nothing more; for logprobs alone
+     * the backend still picks. */
+    uint32_t V = ex->hp->n_vocab;
+    if (p->n > ex->cap_hlogits) {
+        float *h = realloc(ex->hlogits, (size_t)p->n * V * sizeof *h);
+        if (!h)
+            return KVD_ENOMEM;
+        ex->hlogits = h;
+        ex->cap_hlogits = p->n;
+    }
+    if (host && !ex->counts && !(ex->counts = malloc((size_t)ex->hp->n_ctx * sizeof *ex->counts)))
+        return KVD_ENOMEM;
+    if (lp && !ex->lpstep &&
+        !(ex->lpstep = malloc((size_t)ex->conf.max_seqs * LP_STRIDE * sizeof *ex->lpstep)))
+        return KVD_ENOMEM;
+    if (lp && host && !ex->lprow && !(ex->lprow = malloc((size_t)V * sizeof *ex->lprow)))
+        return KVD_ENOMEM;
+    b.logits = ex->hlogits;
+    if (host) {
+        b.sample = NULL;
+    } else {
+        for (uint32_t i = 0; i < p->n; i++)
+            if (!ex->rows[i].skip)
+                sampler_next_row(&p->reqs[i]->smp, &ex->rows[i]);
+    }
+    int rc = model_forward(ex->m, ex->fc, &b);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < p->n; i++) {
+        struct sched_req *r = p->reqs[i];
+        float *row = ex->hlogits + (size_t)i * V;
+        if (ex->rows[i].skip) {
+            ex->picks[i] = 0;
+            continue;
+        }
+        /* the raw row, before the host pick adjusts it */
+        const float *raw = row;
+        if (host && r->lp_on) {
+            memcpy(ex->lprow, row, (size_t)V * sizeof *row);
+            raw = ex->lprow;
+        }
+        if (host && (rc = sampler_sample_host(&r->smp, &ex->hsc, r->toks, r->n_toks, row, V,
+                                              ex->counts, &ex->picks[i])))
+            return rc;
+        if (r->lp_on)
+            sampler_logprobs(raw, V, ex->picks[i], r->lp_top, ex->lpstep + (size_t)i * LP_STRIDE);
+    }
+    return 0;
 }
 
 /* One iteration. Returns false when there was nothing to compute. */
@@ -619,6 +692,11 @@ void exec_free(struct exec *ex)
     free(ex->fseqs);
     free(ex->rows);
     free(ex->picks);
+    free(ex->hlogits);
+    free(ex->lpstep);
+    free(ex->lprow);
+    free(ex->counts);
+    sampler_scratch_free(&ex->hsc);
     free(ex->hash);
     pthread_cond_destroy(&ex->idle);
     pthread_cond_destroy(&ex->wake);

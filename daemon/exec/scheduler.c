@@ -335,13 +335,31 @@ int sched_req_push(struct sched_req *r, uint32_t tok)
     return 0;
 }
 
+int sched_req_push_lp(struct sched_req *r, const struct sampler_logprob *e)
+{
+    size_t stride = 1 + (size_t)r->lp_top;
+    if (r->n_lp == r->cap_lp) {
+        size_t cap = r->cap_lp ? r->cap_lp * 2 : 16;
+        struct sampler_logprob *l = realloc(r->lp, cap * stride * sizeof(*l));
+        if (!l)
+            return KVD_ENOMEM;
+        r->lp = l;
+        r->cap_lp = cap;
+    }
+    memcpy(r->lp + r->n_lp * stride, e, stride * sizeof(*e));
+    r->n_lp++;
+    return 0;
+}
+
 void sched_req_free(struct sched_req *r)
 {
     if (!r)
         return;
     free(r->toks);
+    free(r->lp);
     free(r->prompt); /* one allocation (prep.c) */
     free(r->session);
+    free(r->bias);
     text_out_free(r->text);
     free(r);
 }

@@ -66,6 +66,14 @@ struct sched_req {
     bool stream;
     bool ignore_eos; /* do not stop at the model's end-of-generation tokens */
     struct sampler smp;
+    struct logit_bias *bias; /* owned: smp.p.bias */
+    /* logprobs: each generated token's log-probability and its lp_top most
+     * likely alternatives (sampler_logprobs), lp_stride = 1 + lp_top
+     * entries per token in lp (owned), n_lp tokens so far. */
+    bool lp_on;
+    uint32_t lp_top;
+    struct sampler_logprob *lp;
+    size_t n_lp, cap_lp;
     /* The completion as text (owned; NULL when the model has no tokenizer):
      * fed each generated token by the executor, stop strings inside. */
     struct text_out *text;
@@ -215,6 +223,9 @@ void sched_drain(struct sched *s, struct kvmm *mm, struct sched_req **done);
 void sched_plan_free(struct sched_plan *plan);
 /* Appends a token to r->toks, growing it. 0 or KVD_ENOMEM. */
 int sched_req_push(struct sched_req *r, uint32_t tok);
+/* Appends one generated token's logprobs (1 + r->lp_top entries) to
+ * r->lp, growing it. 0 or KVD_ENOMEM. */
+int sched_req_push_lp(struct sched_req *r, const struct sampler_logprob *e);
 void sched_req_free(struct sched_req *r);
 
 #endif

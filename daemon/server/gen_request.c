@@ -17,6 +17,9 @@ void gen_args_init(struct gen_args *a)
 {
     memset(a, 0, sizeof(*a));
     a->top_p = 1.0;
+    a->typical_p = 1.0;
+    a->repeat_penalty = 1.0;
+    a->repeat_last_n = GEN_DEFAULT_REPEAT_LAST_N;
     a->session_ttl_s = KVMM_SESSION_TTL_DEFAULT;
 }
 
@@ -62,11 +65,57 @@ static int set_args(const struct text *tx, const struct model_hparams *hp, const
     if (a->top_k > hp->n_vocab)
         return bad(e, KVD_EBADREQ, "top_k", "'top_k' must be in [0, %u] (the vocabulary)",
                    hp->n_vocab);
+    if (!(a->min_p >= 0 && a->min_p <= 1))
+        return bad(e, KVD_EBADREQ, "min_p", "'min_p' must be in [0, 1]");
+    if (!(a->typical_p > 0 && a->typical_p <= 1))
+        return bad(e, KVD_EBADREQ, "typical_p", "'typical_p' must be in (0, 1]");
+    if (!(a->repeat_penalty > 0 && a->repeat_penalty <= GEN_MAX_PENALTY))
+        return bad(e, KVD_EBADREQ, "repeat_penalty", "'repeat_penalty' must be in (0, %g]",
+                   GEN_MAX_PENALTY);
+    if (a->repeat_last_n < -1 || a->repeat_last_n > (int64_t)hp->n_ctx)
+        return bad(e, KVD_EBADREQ, "repeat_last_n",
+                   "'repeat_last_n' must be in [-1, %u] (-1: the model's context)", hp->n_ctx);
+    if (!(a->presence_penalty >= -2 && a->presence_penalty <= 2))
+        return bad(e, KVD_EBADREQ, "presence_penalty", "'presence_penalty' must be in [-2, 2]");
+    if (!(a->frequency_penalty >= -2 && a->frequency_penalty <= 2))
+        return bad(e, KVD_EBADREQ, "frequency_penalty", "'frequency_penalty' must be in [-2, 2]");
+    if (a->n_logit_bias > hp->n_vocab)
+        return bad(e, KVD_EBADREQ, "logit_bias", "'logit_bias' has %zu entries, at most %u",
+                   a->n_logit_bias, hp->n_vocab);
+    struct logit_bias *lb = NULL;
+    if (a->n_logit_bias) {
+        if (!(lb = malloc(a->n_logit_bias * sizeof *lb)))
+            return kvd_error_set(e, KVD_ENOMEM, "out of memory");
+        r->bias = lb;
+    }
+    for (size_t i = 0; i < a->n_logit_bias; i++) {
+        const struct logit_bias *b = &a->logit_bias[i];
+        if (b->id >= hp->n_vocab)
+            return bad(e, KVD_EBADREQ, "logit_bias",
+                       "'logit_bias': token %u is outside the vocabulary (%u)", b->id, hp->n_vocab);
+        if (!(b->bias >= -100 && b->bias <= 100))
+            return bad(e, KVD_EBADREQ, "logit_bias",
+                       "'logit_bias': the bias of token %u must be in [-100, 100]", b->id);
+        for (size_t j = 0; j < i; j++)
+            if (lb[j].id == b->id)
+                return bad(e, KVD_EBADREQ, "logit_bias", "'logit_bias': token %u is given twice",
+                           b->id);
+        /* -100 bans the token, as OpenAI documents. */
+        lb[i] = (struct logit_bias){.id = b->id, .bias = b->bias <= -100 ? -INFINITY : b->bias};
+    }
     struct sampler_params sp = {
         .temperature = (float)a->temperature,
         .top_k = (uint32_t)a->top_k,
         .top_p = (float)a->top_p,
         .seed = a->has_seed ? a->seed : random_seed(),
+        .min_p = (float)a->min_p,
+        .typical_p = (float)a->typical_p,
+        .repeat_penalty = (float)a->repeat_penalty,
+        .presence_penalty = (float)a->presence_penalty,
+        .frequency_penalty = (float)a->frequency_penalty,
+        .repeat_last_n = a->repeat_last_n < 0 ? hp->n_ctx : (uint32_t)a->repeat_last_n,
+        .bias = lb,
+        .n_bias = (uint32_t)a->n_logit_bias,
     };
     sampler_init(&r->smp, &sp);
 
@@ -92,6 +141,13 @@ static int set_args(const struct text *tx, const struct model_hparams *hp, const
         if (rc)
             return kvd_error_set(e, rc, "out of memory");
     }
+    if (a->logprobs && a->top_logprobs > SAMPLER_MAX_TOP_LOGPROBS)
+        return bad(e, KVD_EBADREQ, a->top_logprobs_param ? a->top_logprobs_param : "logprobs",
+                   "'%s' must be in [0, %d]",
+                   a->top_logprobs_param ? a->top_logprobs_param : "logprobs",
+                   SAMPLER_MAX_TOP_LOGPROBS);
+    r->lp_on = a->logprobs;
+    r->lp_top = a->logprobs ? (uint32_t)a->top_logprobs : 0;
     r->ignore_eos = a->ignore_eos;
     r->stream = a->stream;
     if (a->priority < -GEN_MAX_PRIORITY || a->priority > GEN_MAX_PRIORITY)

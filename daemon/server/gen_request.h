@@ -22,6 +22,9 @@
 #define GEN_MAX_TOKENS_CONTEXT UINT64_MAX
 #define GEN_MAX_TEMPERATURE 1000.0
 #define GEN_MAX_PRIORITY 1000000
+#define GEN_MAX_PENALTY 100.0
+/* llama.cpp's default window of the penalties */
+#define GEN_DEFAULT_REPEAT_LAST_N 64
 
 enum gen_prompt_kind {
     GEN_PROMPT_NONE,     /* seq mode only: generate after the sequence's tokens */
@@ -51,6 +54,21 @@ struct gen_args {
     uint64_t top_k;      /* 0: off */
     bool has_seed;
     uint64_t seed;
+    double min_p;          /* [0, 1]; 0: off */
+    double typical_p;      /* (0, 1]; 1: off */
+    double repeat_penalty; /* (0, GEN_MAX_PENALTY]; 1: off */
+    int64_t repeat_last_n; /* [-1, n_ctx]; -1: the whole context; 0: no penalties */
+    double presence_penalty, frequency_penalty; /* [-2, 2] */
+    const struct logit_bias *logit_bias;        /* [n_logit_bias]: bias in [-100, 100] */
+    size_t n_logit_bias;
+
+    /* logprobs: each generated token's log-probability under the raw model
+     * distribution, and its top_logprobs (0 to SAMPLER_MAX_TOP_LOGPROBS)
+     * most likely alternatives; top_logprobs_param names the field on the
+     * wire (NULL: "logprobs") */
+    bool logprobs;
+    uint64_t top_logprobs;
+    const char *top_logprobs_param;
 
     /* stopping */
     uint32_t stop_ids[SCHED_MAX_STOP];

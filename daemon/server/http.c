@@ -40,6 +40,7 @@
 #include "server.h"
 #include "workpool.h"
 #include "tenancy.h"
+#include "text.h"
 
 struct http_api;
 
@@ -74,6 +75,7 @@ struct http_req {
     bool overflow;               /* the client stopped reading: its generate was ended */
     bool role_sent;              /* chat stream: the first chunk (with the role) went out */
     size_t text_sent, toks_sent; /* streamed so far */
+    size_t lp_offset;            /* completions' text_offset: piece bytes of the streamed tokens */
     size_t counted;              /* its unread output as counted against max-buffered */
     uint64_t created;
     char id[48];
@@ -365,7 +367,23 @@ static void check_unread(struct http_req *r)
     }
 }
 
-static void on_tokens(void *ud, const uint32_t *toks, size_t n, const char *text, size_t text_len)
+static const struct tokenizer *api_tokenizer(const struct http_api *a)
+{
+    return a->gc ? text_tokenizer(ops_generate_client_text(a->gc)) : NULL;
+}
+
+/* The bytes of the tokens' pieces (what a completion's text_offset counts). */
+static size_t pieces_len(const struct tokenizer *tok, const uint32_t *toks, size_t n)
+{
+    char buf[8];
+    size_t len = 0;
+    for (size_t i = 0; tok && i < n; i++)
+        len += tokenizer_piece(tok, toks[i], true, buf, sizeof buf);
+    return len;
+}
+
+static void on_tokens(void *ud, const uint32_t *toks, size_t n, const char *text, size_t text_len,
+                      const struct sampler_logprob *lp, uint32_t lp_top)
 {
     struct http_req *r = ud;
     if (!r->req || r->overflow || !r->stream)
@@ -379,6 +397,10 @@ static void on_tokens(void *ud, const uint32_t *toks, size_t n, const char *text
         .text_len = text_len,
         .toks = toks,
         .n_toks = n,
+        .lp = lp,
+        .lp_top = lp_top,
+        .tok = lp ? api_tokenizer(r->api) : NULL,
+        .text_offset = r->lp_offset,
         .role = r->kind == OPENAI_CHAT && !r->role_sent,
     };
     size_t len = 0;
@@ -390,6 +412,8 @@ static void on_tokens(void *ud, const uint32_t *toks, size_t n, const char *text
     r->role_sent = true;
     r->text_sent += text_len;
     r->toks_sent += n;
+    if (lp)
+        r->lp_offset += pieces_len(o.tok, toks, n);
     check_unread(r);
 }
 
@@ -464,6 +488,9 @@ static void on_done(void *ud, const struct ops_generate_result *res)
         .prompt_tokens = res->prompt,
         .cached_tokens = res->cached,
         .completion_tokens = res->completion,
+        .lp_top = res->lp_top,
+        .tok = res->lp ? api_tokenizer(r->api) : NULL,
+        .text_offset = r->lp_offset,
     };
     size_t len = 0;
     char *json = NULL;
@@ -475,6 +502,7 @@ static void on_done(void *ud, const struct ops_generate_result *res)
             o.text_len = res->text_len;
             o.toks = res->toks;
             o.n_toks = res->n_toks;
+            o.lp = res->lp;
             o.usage = true;
             json = openai_render(&o, false, &len);
             if (json) {
@@ -502,6 +530,8 @@ static void on_done(void *ud, const struct ops_generate_result *res)
             if (res->n_toks > r->toks_sent) {
                 o.toks = res->toks + r->toks_sent;
                 o.n_toks = res->n_toks - r->toks_sent;
+                if (res->lp)
+                    o.lp = res->lp + r->toks_sent * (1 + (size_t)res->lp_top);
             }
             o.role = r->kind == OPENAI_CHAT && !r->role_sent;
             json = openai_render(&o, true, &len);

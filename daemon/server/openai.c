@@ -4,6 +4,7 @@
  * trailing bytes) and ignores fields it does not know. */
 #include "openai.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -330,7 +331,7 @@ static int get_stop(struct gen_args *a, json_t *s, struct kvd_error *e)
 
 /* The fields kvd does not do: refused when they ask for something other
  * than the default. */
-static int check_unsupported(json_t *o, enum openai_kind kind, struct kvd_error *e)
+static int check_unsupported(json_t *o, struct kvd_error *e)
 {
     long long n = 1;
     int r = get_int(o, "n", 1, 128, &n, e);
@@ -343,19 +344,71 @@ static int check_unsupported(json_t *o, enum openai_kind kind, struct kvd_error 
         return -1;
     if (echo)
         return unsupported(e, "echo", "echo");
-    json_t *lp = json_object_get(o, "logprobs");
-    bool lp_on = lp && !json_is_null(lp) && !json_is_false(lp) &&
-                 !(json_is_integer(lp) && json_integer_value(lp) == 0);
-    if (kind == OPENAI_CHAT && lp && !json_is_null(lp) && !json_is_boolean(lp))
-        return bad(e, "logprobs", "'logprobs' must be true or false");
-    if (kind == OPENAI_COMPLETION && lp && !json_is_null(lp) && !json_is_integer(lp))
-        return bad(e, "logprobs", "'logprobs' must be an integer");
-    if (lp_on)
-        return unsupported(e, "logprobs", "logprobs");
     json_t *model = json_object_get(o, "model");
     if (model && !json_is_null(model) &&
         (!json_is_string(model) || json_string_length(model) > OPENAI_MAX_MODEL))
         return bad(e, "model", "'model' must be a string of at most %d bytes", OPENAI_MAX_MODEL);
+    return 0;
+}
+
+/* logprobs: chat's `logprobs` (true/false) with `top_logprobs` (0-20,
+ * only with logprobs true); completions' `logprobs` (null, or 0-20 top
+ * alternatives per token); top_logprobs 0 is accepted without logprobs. */
+static int get_logprobs(struct openai_req *out, json_t *o, struct kvd_error *e)
+{
+    struct gen_args *a = &out->args;
+    long long top = 0;
+    if (out->kind == OPENAI_COMPLETION) {
+        int r = get_int(o, "logprobs", 0, SAMPLER_MAX_TOP_LOGPROBS, &top, e);
+        if (r < 0)
+            return -1;
+        a->logprobs = r > 0;
+        a->top_logprobs = (uint64_t)top;
+        a->top_logprobs_param = "logprobs";
+        return 0;
+    }
+    if (get_bool(o, "logprobs", &a->logprobs, e) < 0)
+        return -1;
+    int r = get_int(o, "top_logprobs", 0, SAMPLER_MAX_TOP_LOGPROBS, &top, e);
+    if (r < 0)
+        return -1;
+    if (r > 0 && top > 0 && !a->logprobs)
+        return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    a->top_logprobs = (uint64_t)top;
+    a->top_logprobs_param = "top_logprobs";
+    return 0;
+}
+
+/* OpenAI's logit_bias: {"token id": bias}, bias in [-100, 100]. */
+static int get_logit_bias(struct openai_req *out, json_t *o, struct kvd_error *e)
+{
+    json_t *lb = json_object_get(o, "logit_bias");
+    if (!lb || json_is_null(lb))
+        return 0;
+    if (!json_is_object(lb))
+        return bad(e, "logit_bias", "'logit_bias' must be an object of token ids to biases");
+    size_t n = json_object_size(lb);
+    if (n && !(out->bias = malloc(n * sizeof *out->bias)))
+        return no_memory(e);
+    const char *k;
+    json_t *v;
+    size_t i = 0;
+    json_object_foreach(lb, k, v)
+    {
+        char *end;
+        errno = 0;
+        unsigned long long id = strtoull(k, &end, 10);
+        if (!*k || *end || *k < '0' || *k > '9' || errno || id > UINT32_MAX)
+            return bad(e, "logit_bias", "'logit_bias': key '%.40s' is not a token id", k);
+        if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < -100 ||
+            json_number_value(v) > 100)
+            return bad(e, "logit_bias",
+                       "'logit_bias': the bias of token %llu must be in [-100, 100]", id);
+        out->bias[i++] =
+            (struct logit_bias){.id = (uint32_t)id, .bias = (float)json_number_value(v)};
+    }
+    out->args.logit_bias = out->bias;
+    out->args.n_logit_bias = n;
     return 0;
 }
 
@@ -404,6 +457,16 @@ static int get_options(struct openai_req *out, json_t *o, uint32_t n_ctx, struct
         return -1;
     a->has_seed = has_seed > 0;
     a->seed = (uint64_t)seed;
+    long long last_n = a->repeat_last_n;
+    if (get_num(o, "presence_penalty", -2, 2, &a->presence_penalty, e) < 0 ||
+        get_num(o, "frequency_penalty", -2, 2, &a->frequency_penalty, e) < 0 ||
+        get_num(o, "repeat_penalty", 0, GEN_MAX_PENALTY, &a->repeat_penalty, e) < 0 ||
+        get_int(o, "repeat_last_n", -1, n_ctx, &last_n, e) < 0 ||
+        get_num(o, "min_p", 0, 1, &a->min_p, e) < 0 ||
+        get_num(o, "typical_p", 0, 1, &a->typical_p, e) < 0 || get_logit_bias(out, o, e) < 0 ||
+        get_logprobs(out, o, e) < 0)
+        return -1;
+    a->repeat_last_n = last_n;
     return get_stop(a, json_object_get(o, "stop"), e);
 }
 
@@ -421,7 +484,7 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n
     int rc = -1;
     if (!json_is_object(o))
         bad(e, "", "the body must be a JSON object");
-    else if (!check_unsupported(o, kind, e) && !get_options(out, o, n_ctx, e))
+    else if (!check_unsupported(o, e) && !get_options(out, o, n_ctx, e))
         rc = kind == OPENAI_COMPLETION ? get_prompt(out, json_object_get(o, "prompt"), e)
                                        : get_messages(out, json_object_get(o, "messages"), e);
     if (rc)
@@ -434,9 +497,11 @@ void openai_req_free(struct openai_req *r)
     json_decref(r->root);
     free(r->tokens);
     free(r->msgs);
+    free(r->bias);
     r->root = NULL;
     r->tokens = NULL;
     r->msgs = NULL;
+    r->bias = NULL;
 }
 
 /* ---- responses ------------------------------------------------------------ */
@@ -487,6 +552,118 @@ static json_t *usage_value(const struct openai_out *o)
                      "cached_tokens", (json_int_t)o->cached_tokens);
 }
 
+/* A logprob as JSON: -inf (a token the model rules out) is -9999.0, as
+ * OpenAI and vLLM write it. */
+static json_t *logprob_value(float v)
+{
+    return json_real(v > -9999.0f ? (double)v : -9999.0);
+}
+
+/* A token's text (U+FFFD for bytes that are not whole UTF-8 characters)
+ * and its bytes; *piece_len its byte length. */
+static json_t *token_entry(const struct openai_out *o, uint32_t id, float logprob, bool bytes,
+                           size_t *piece_len)
+{
+    char buf[256];
+    size_t n = o->tok ? tokenizer_piece(o->tok, id, true, buf, sizeof buf) : 0;
+    if (n > sizeof buf)
+        n = sizeof buf;
+    if (piece_len)
+        *piece_len = n;
+    json_t *t = json_object();
+    if (!t || json_object_set_new(t, "token", text_value(buf, n)) ||
+        json_object_set_new(t, "logprob", logprob_value(logprob)))
+        goto fail;
+    if (bytes) {
+        json_t *b = json_array();
+        if (json_object_set_new(t, "bytes", b) || !b)
+            goto fail;
+        for (size_t i = 0; i < n; i++)
+            if (json_array_append_new(b, json_integer((unsigned char)buf[i])))
+                goto fail;
+    }
+    return t;
+fail:
+    json_decref(t);
+    return NULL;
+}
+
+/* chat: {"content": [{token, logprob, bytes, top_logprobs: [{token,
+ * logprob, bytes}]}], "refusal": null} */
+static json_t *chat_logprobs(const struct openai_out *o)
+{
+    json_t *content = json_array();
+    json_t *root = json_pack("{s:o, s:n}", "content", content, "refusal");
+    if (!root)
+        return NULL;
+    for (size_t i = 0; i < o->n_toks; i++) {
+        const struct sampler_logprob *e = o->lp + i * (1 + (size_t)o->lp_top);
+        json_t *t = token_entry(o, e[0].id, e[0].logprob, true, NULL);
+        json_t *top = json_array();
+        if (json_array_append_new(content, t) || !t ||
+            json_object_set_new(t, "top_logprobs", top) || !top)
+            goto fail;
+        for (uint32_t k = 1; k <= o->lp_top; k++)
+            if (json_array_append_new(top, token_entry(o, e[k].id, e[k].logprob, true, NULL)))
+                goto fail;
+    }
+    return root;
+fail:
+    json_decref(root);
+    return NULL;
+}
+
+/* completions: {"tokens": [text], "token_logprobs": [logprob],
+ * "top_logprobs": [{text: logprob}], "text_offset": [byte offset]} (a
+ * text two alternatives share keeps the likelier's logprob). */
+static json_t *completion_logprobs(const struct openai_out *o)
+{
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    json_t *root = json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps,
+                             "top_logprobs", tops, "text_offset", offs);
+    if (!root)
+        return NULL;
+    size_t off = o->text_offset;
+    for (size_t i = 0; i < o->n_toks; i++) {
+        const struct sampler_logprob *e = o->lp + i * (1 + (size_t)o->lp_top);
+        size_t plen = 0;
+        json_t *t = token_entry(o, e[0].id, e[0].logprob, false, &plen);
+        json_t *m = json_object();
+        if (!t || json_array_append(toks, json_object_get(t, "token")) ||
+            json_array_append(lps, json_object_get(t, "logprob")) ||
+            json_array_append_new(offs, json_integer((json_int_t)off)) ||
+            json_array_append_new(tops, m) || !m) {
+            json_decref(t);
+            goto fail;
+        }
+        json_decref(t);
+        off += plen;
+        for (uint32_t k = 1; k <= o->lp_top; k++) {
+            json_t *a = token_entry(o, e[k].id, e[k].logprob, false, NULL);
+            const char *key = a ? json_string_value(json_object_get(a, "token")) : NULL;
+            if (!key || (!json_object_get(m, key) &&
+                         json_object_set(m, key, json_object_get(a, "logprob")))) {
+                json_decref(a);
+                goto fail;
+            }
+            json_decref(a);
+        }
+    }
+    return root;
+fail:
+    json_decref(root);
+    return NULL;
+}
+
+/* choices[0].logprobs: null unless asked (and a stream chunk without
+ * tokens). */
+static json_t *logprobs_value(const struct openai_out *o)
+{
+    if (!o->lp || o->n_toks == 0)
+        return json_null();
+    return o->kind == OPENAI_CHAT ? chat_logprobs(o) : completion_logprobs(o);
+}
+
 /* choices[0]: index, finish_reason, logprobs, and the text (completions:
  * "text"; chat: "message" or the stream's "delta" with role and content)
  * with kvd's extension "tokens", the completion's token ids. */
@@ -495,7 +672,7 @@ static json_t *render_choice(const struct openai_out *o, bool chunk)
     bool chat = o->kind == OPENAI_CHAT;
     json_t *c =
         json_pack("{s:i, s:o, s:o}", "index", 0, "finish_reason",
-                  o->finish ? json_string(o->finish) : json_null(), "logprobs", json_null());
+                  o->finish ? json_string(o->finish) : json_null(), "logprobs", logprobs_value(o));
     if (!c)
         return NULL;
     json_t *holder = c;

@@ -16,6 +16,7 @@
 #include <jansson.h>
 
 #include "gen_request.h"
+#include "tokenizer.h"
 #include "kvd/status.h"
 
 enum openai_kind { OPENAI_COMPLETION, OPENAI_CHAT };
@@ -32,14 +33,15 @@ struct openai_req {
     /* The generate arguments (prompt_param "prompt" or "messages"); their
      * strings point into root and the buffers below. */
     struct gen_args args;
-    json_t *root;          /* the parsed body (owned) */
-    uint32_t *tokens;      /* a token prompt (owned) */
-    struct chat_msg *msgs; /* the messages, contents joined (owned) */
+    json_t *root;            /* the parsed body (owned) */
+    uint32_t *tokens;        /* a token prompt (owned) */
+    struct chat_msg *msgs;   /* the messages, contents joined (owned) */
+    struct logit_bias *bias; /* logit_bias (owned) */
 };
 
 /* Parses a request body. Unknown fields are ignored; a known field of the
  * wrong type or out of range is bad_request naming it (e->param); features
- * kvd does not do (n > 1, echo, logprobs, several prompts, non-text message
+ * kvd does not do (n > 1, echo, several prompts, non-text message
  * parts) are unsupported naming the parameter. n_ctx (the model's context,
  * > 0) bounds max_tokens and is its default for chat requests. Stop strings
  * have 1 to TEXT_OUT_MAX_STOP_LEN bytes. 0, or -1 with e filled. */
@@ -74,6 +76,14 @@ struct openai_out {
     size_t text_len;
     const uint32_t *toks; /* its token ids (kvd's extension field "tokens") */
     size_t n_toks;
+    /* logprobs (NULL: not asked): 1 + lp_top entries per token of toks,
+     * their texts by tok (NULL: a token-only model, every text ""); a
+     * completion's text_offset starts at text_offset (the bytes of the
+     * tokens streamed before). */
+    const struct sampler_logprob *lp;
+    uint32_t lp_top;
+    const struct tokenizer *tok;
+    size_t text_offset;
     const char *finish; /* "stop" / "length" / NULL while streaming */
     bool role;          /* chat stream: the first chunk carries the role */
     bool usage;         /* carry usage (responses; the last stream chunk) */

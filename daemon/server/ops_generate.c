@@ -19,7 +19,90 @@
 struct mp_owned {
     uint32_t *tokens;
     struct chat_msg *msgs;
+    struct logit_bias *bias;
 };
+
+static bool mp_number(const msgpack_object *x, double *out)
+{
+    switch (x->type) {
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        *out = (double)x->via.u64;
+        return true;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        *out = (double)x->via.i64;
+        return true;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        *out = x->via.f64;
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* `logit_bias`: a map {id: bias} or an array of [id, bias] (the range
+ * checks are gen_request's). */
+static int decode_logit_bias(const msgpack_object *root, struct gen_args *a, struct mp_owned *own,
+                             struct kvd_error *err)
+{
+    const msgpack_object *o = proto_map_find(root, "logit_bias");
+    if (!o || o->type == MSGPACK_OBJECT_NIL)
+        return 0;
+    bool is_map = o->type == MSGPACK_OBJECT_MAP;
+    if (!is_map && o->type != MSGPACK_OBJECT_ARRAY)
+        return kvd_error_set(
+            err, KVD_EBADREQ,
+            "'logit_bias' must be a map {token id: bias} or an array of [id, bias]");
+    uint32_t n = is_map ? o->via.map.size : o->via.array.size;
+    if (n > KVD_MAX_ARRAY)
+        return kvd_error_set(err, KVD_ETOOLARGE, "'logit_bias' has %u entries, at most %u", n,
+                             KVD_MAX_ARRAY);
+    if (n && !(own->bias = malloc((size_t)n * sizeof *own->bias)))
+        return kvd_error_set(err, KVD_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *k, *v;
+        if (is_map) {
+            k = &o->via.map.ptr[i].key;
+            v = &o->via.map.ptr[i].val;
+        } else {
+            const msgpack_object *p = &o->via.array.ptr[i];
+            if (p->type != MSGPACK_OBJECT_ARRAY || p->via.array.size != 2)
+                return kvd_error_set(err, KVD_EBADREQ, "'logit_bias'[%u] must be [id, bias]", i);
+            k = &p->via.array.ptr[0];
+            v = &p->via.array.ptr[1];
+        }
+        double b;
+        if (k->type != MSGPACK_OBJECT_POSITIVE_INTEGER || k->via.u64 > UINT32_MAX)
+            return kvd_error_set(err, KVD_EBADREQ, "'logit_bias': a key must be a token id");
+        if (!mp_number(v, &b))
+            return kvd_error_set(err, KVD_EBADREQ, "'logit_bias': a bias must be a number");
+        own->bias[i] = (struct logit_bias){.id = (uint32_t)k->via.u64, .bias = (float)b};
+    }
+    a->logit_bias = own->bias;
+    a->n_logit_bias = n;
+    return 0;
+}
+
+/* `logprobs`: true (the generated tokens' own only), false, or how many
+ * top alternatives each token comes with (the range is gen_request's). */
+static int decode_logprobs(const msgpack_object *root, struct gen_args *a, struct kvd_error *err)
+{
+    const msgpack_object *o = proto_map_find(root, "logprobs");
+    if (!o || o->type == MSGPACK_OBJECT_NIL)
+        return 0;
+    if (o->type == MSGPACK_OBJECT_BOOLEAN) {
+        a->logprobs = o->via.boolean;
+        return 0;
+    }
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return kvd_error_set(err, KVD_EBADREQ,
+                             "'logprobs' must be true, false or a count of top alternatives "
+                             "(0 to %d)",
+                             SAMPLER_MAX_TOP_LOGPROBS);
+    a->logprobs = true;
+    a->top_logprobs = o->via.u64;
+    return 0;
+}
 
 /* `stop`: token ids and strings, mixed (strings point into the message). */
 static int decode_stop(const msgpack_object *root, struct gen_args *a, struct kvd_error *err)
@@ -148,6 +231,13 @@ static int decode(const msgpack_object *root, struct gen_args *a, struct mp_owne
         (rc = proto_opt_double(root, "top_p", &a->top_p, NULL, err)) ||
         (rc = proto_opt_uint(root, "top_k", &a->top_k, NULL, err)) ||
         (rc = proto_opt_uint(root, "seed", &a->seed, &a->has_seed, err)) ||
+        (rc = proto_opt_double(root, "min_p", &a->min_p, NULL, err)) ||
+        (rc = proto_opt_double(root, "typical_p", &a->typical_p, NULL, err)) ||
+        (rc = proto_opt_double(root, "repeat_penalty", &a->repeat_penalty, NULL, err)) ||
+        (rc = proto_opt_int(root, "repeat_last_n", &a->repeat_last_n, NULL, err)) ||
+        (rc = proto_opt_double(root, "presence_penalty", &a->presence_penalty, NULL, err)) ||
+        (rc = proto_opt_double(root, "frequency_penalty", &a->frequency_penalty, NULL, err)) ||
+        (rc = decode_logit_bias(root, a, own, err)) || (rc = decode_logprobs(root, a, err)) ||
         (rc = decode_stop(root, a, err)) ||
         (rc = proto_opt_bool(root, "ignore_eos", &a->ignore_eos, NULL, err)) ||
         (rc = proto_opt_bool(root, "stream", &a->stream, NULL, err)) ||
@@ -167,24 +257,51 @@ int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *r
         rc = gen_request_build(ex, mm, &a, c, lim, out, err);
     free(own.tokens);
     free(own.msgs);
+    free(own.bias);
     return rc;
 }
 
 /* ---- encoding ----------------------------------------------------------- */
 
+/* "logprobs": one {"id", "logprob", "top": [[id, logprob], ...]} per token
+ * of lp (n tokens, 1 + top entries each). */
+static int pack_logprobs(msgpack_packer *pk, const struct sampler_logprob *lp, uint32_t top,
+                         size_t n)
+{
+    int rc = proto_pack_str(pk, "logprobs");
+    rc = rc ? rc : proto_pack_array(pk, n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        const struct sampler_logprob *e = lp + i * (1 + (size_t)top);
+        rc = proto_pack_map(pk, 3);
+        rc = rc ? rc : proto_pack_kv_uint(pk, "id", e[0].id);
+        rc = rc ? rc : proto_pack_kv_double(pk, "logprob", e[0].logprob);
+        rc = rc ? rc : proto_pack_str(pk, "top");
+        rc = rc ? rc : proto_pack_array(pk, top);
+        for (uint32_t k = 1; !rc && k <= top; k++) {
+            rc = proto_pack_array(pk, 2);
+            rc = rc ? rc : msgpack_pack_uint32(pk, e[k].id);
+            rc = rc ? rc : msgpack_pack_double(pk, e[k].logprob);
+        }
+    }
+    return rc;
+}
+
 int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, const uint32_t *toks, size_t n,
-                               const char *text, size_t text_len)
+                               const char *text, size_t text_len, const struct sampler_logprob *lp,
+                               uint32_t lp_top)
 {
     msgpack_packer pk;
     proto_packer_init(&pk, sb);
     size_t at = proto_frame_begin(sb);
     if (at == SIZE_MAX)
         return KVD_ENOMEM;
-    int rc = proto_event_begin(&pk, id, KVD_EVENT_TOKENS, text ? 2 : 1);
+    int rc = proto_event_begin(&pk, id, KVD_EVENT_TOKENS, 1 + (text != NULL) + (lp != NULL));
     if (!rc)
         rc = proto_pack_kv_u32_array(&pk, "tokens", toks, n);
     if (!rc && text)
         rc = proto_pack_kvn_str(&pk, "text", 4, text, text_len);
+    if (!rc && lp)
+        rc = pack_logprobs(&pk, lp, lp_top, n);
     if (!rc)
         rc = proto_frame_end(sb, at);
     return rc;
@@ -213,8 +330,11 @@ int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r)
     uint64_t t_sched = r->t_sched ? r->t_sched : r->t_done;
     uint64_t t_first = r->t_first ? r->t_first : r->t_done;
     const struct sched_session *ss = r->session;
-    rc = proto_reply_begin(&pk, r->id, 4 + seq + (r->text != NULL) + (ss != NULL));
+    bool lp = r->lp_on && r->n_lp == n_gen;
+    rc = proto_reply_begin(&pk, r->id, 4 + seq + (r->text != NULL) + (ss != NULL) + lp);
     rc = rc ? rc : proto_pack_kv_u32_array(&pk, "tokens", r->toks + r->n_prompt, n_gen);
+    if (lp)
+        rc = rc ? rc : pack_logprobs(&pk, r->lp, r->lp_top, n_gen);
     if (r->text) {
         size_t tl;
         const char *t = text_out_str(r->text, &tl);
@@ -290,7 +410,12 @@ static void sink_tokens(void *ud, const struct sched_req *r, const uint32_t *tok
     size_t text_len = 0;
     if (r->text)
         text_len = text_out_take(r->text, &text); /* the executor's thread: it owns r */
-    int rc = ops_generate_encode_tokens(&sb, r->id, toks, n, text, text_len);
+    /* toks are r's generated tokens from toks - (r->toks + r->n_prompt) */
+    size_t from = (size_t)(toks - (r->toks + r->n_prompt));
+    const struct sampler_logprob *lp = NULL;
+    if (r->lp_on && from + n <= r->n_lp)
+        lp = r->lp + from * (1 + (size_t)r->lp_top);
+    int rc = ops_generate_encode_tokens(&sb, r->id, toks, n, text, text_len, lp, r->lp_top);
     post_frame(ud, r, 0, &sb, rc);
 }
 

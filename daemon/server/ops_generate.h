@@ -21,9 +21,12 @@ int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *r
                        struct sched_req **out, struct kvd_error *err);
 
 /* Appends one frame: {"id", "event": "tokens", "tokens": [...]}, and
- * "text" (the completion's new text) when text is non-NULL. */
+ * "text" (the completion's new text) when text is non-NULL, and
+ * "logprobs" (docs/protocol.md) when lp is non-NULL: the n tokens'
+ * entries, 1 + lp_top each. */
 int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, const uint32_t *toks, size_t n,
-                               const char *text, size_t text_len);
+                               const char *text, size_t text_len, const struct sampler_logprob *lp,
+                               uint32_t lp_top);
 /* Appends the final reply frame of r: tokens, text (when the model has a
  * tokenizer), finish_reason, usage, timing (and seq for seq mode), or the
  * error. */
@@ -65,6 +68,9 @@ struct ops_generate_result {
     size_t n_toks;
     const char *text; /* their text (NULL: a token-only model) */
     size_t text_len;
+    /* logprobs (NULL: not asked): 1 + lp_top entries per token of toks */
+    const struct sampler_logprob *lp;
+    uint32_t lp_top;
     uint64_t prompt, cached, completion; /* usage */
     const struct sched_session *session; /* a session request's save (NULL: none) */
 };
@@ -73,8 +79,10 @@ struct ops_generate_client {
     void *ud;
     /* Streaming requests: new tokens and the text they completed (text NULL
      * on a token-only model; text_len may be 0 while a character or a
-     * possible stop string is held back). */
-    void (*tokens)(void *ud, const uint32_t *toks, size_t n, const char *text, size_t text_len);
+     * possible stop string is held back); lp (NULL: logprobs not asked)
+     * holds 1 + lp_top entries per token. */
+    void (*tokens)(void *ud, const uint32_t *toks, size_t n, const char *text, size_t text_len,
+                   const struct sampler_logprob *lp, uint32_t lp_top);
     /* The end; nothing is called for this client after it. */
     void (*done)(void *ud, const struct ops_generate_result *res);
 };
@@ -100,6 +108,9 @@ void gen_clients_free(struct gen_clients *gc);
 /* Frees what lives on the server's loop (the queue's event); later results
  * are dropped. Before the event base goes (ops_generate_release_loop). */
 void gen_clients_release_loop(struct gen_clients *gc);
+/* The model's text side (its tokenizer renders logprobs' tokens; NULL:
+ * none). Any thread: it does not change. */
+const struct text *ops_generate_client_text(struct gen_clients *gc);
 void gen_clients_tokens(struct gen_clients *gc, const struct sched_req *r, const uint32_t *toks,
                         size_t n);
 void gen_clients_done(struct gen_clients *gc, const struct sched_req *r);

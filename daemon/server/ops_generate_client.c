@@ -31,6 +31,8 @@ struct gc_item {
     size_t n_toks;
     char *text; /* (text_len + 1), in the same allocation; NULL: token-only */
     size_t text_len;
+    struct sampler_logprob *lp; /* (n_toks * (1 + lp_top)), same allocation; NULL: not asked */
+    uint32_t lp_top;
     /* done */
     struct kvd_error err;
     enum sched_finish finish;
@@ -70,7 +72,8 @@ static void gc_deliver(evutil_socket_t fd, short what, void *arg)
         struct gc_client **slot = find_slot(gc, it->client);
         struct gc_client *c = *slot;
         if (c && !it->done) {
-            c->cb.tokens(c->cb.ud, it->toks, it->n_toks, it->text, it->text_len);
+            c->cb.tokens(c->cb.ud, it->toks, it->n_toks, it->text, it->text_len, it->lp,
+                         it->lp_top);
         } else if (c) {
             *slot = c->next; /* nothing runs for it after done */
             struct ops_generate_result res = {
@@ -80,6 +83,8 @@ static void gc_deliver(evutil_socket_t fd, short what, void *arg)
                 .n_toks = it->n_toks,
                 .text = it->text,
                 .text_len = it->text_len,
+                .lp = it->lp,
+                .lp_top = it->lp_top,
                 .prompt = it->prompt,
                 .cached = it->cached,
                 .completion = it->completion,
@@ -143,16 +148,25 @@ void gen_clients_free(struct gen_clients *gc)
 
 /* ---- the executor's side -------------------------------------------------- */
 
-/* One item with room for n tokens and text_len bytes of text (+ NUL). */
+/* One item with room for n tokens, their logprobs (lp: NULL or n * (1 +
+ * lp_top) entries) and text_len bytes of text (+ NUL). */
 static struct gc_item *item_new(uint64_t client, const uint32_t *toks, size_t n, const char *text,
-                                size_t text_len, bool has_text)
+                                size_t text_len, bool has_text, const struct sampler_logprob *lp,
+                                uint32_t lp_top)
 {
-    size_t bytes = sizeof(struct gc_item) + n * sizeof(uint32_t) + (has_text ? text_len + 1 : 0);
+    size_t n_lp = lp ? n * (1 + (size_t)lp_top) : 0;
+    size_t bytes = sizeof(struct gc_item) + n_lp * sizeof(*lp) + n * sizeof(uint32_t) +
+                   (has_text ? text_len + 1 : 0);
     struct gc_item *it = calloc(1, bytes);
     if (!it)
         return NULL;
     it->client = client;
-    it->toks = (uint32_t *)(it + 1);
+    if (lp) { /* first: the item's alignment suits them */
+        it->lp = (struct sampler_logprob *)(it + 1);
+        memcpy(it->lp, lp, n_lp * sizeof(*lp));
+        it->lp_top = lp_top;
+    }
+    it->toks = (uint32_t *)((struct sampler_logprob *)(it + 1) + n_lp);
     if (n)
         memcpy(it->toks, toks, n * sizeof(uint32_t));
     it->n_toks = n;
@@ -202,7 +216,11 @@ void gen_clients_tokens(struct gen_clients *gc, const struct sched_req *r, const
     size_t text_len = 0;
     if (r->text)
         text_len = text_out_take(r->text, &text); /* the executor's thread: it owns r */
-    struct gc_item *it = item_new(r->conn, toks, n, text, text_len, r->text != NULL);
+    size_t from = (size_t)(toks - (r->toks + r->n_prompt));
+    const struct sampler_logprob *lp = NULL;
+    if (r->lp_on && from + n <= r->n_lp)
+        lp = r->lp + from * (1 + (size_t)r->lp_top);
+    struct gc_item *it = item_new(r->conn, toks, n, text, text_len, r->text != NULL, lp, r->lp_top);
     if (it) /* without memory a piece is lost; the final result still carries all */
         push(gc, it);
 }
@@ -214,10 +232,11 @@ void gen_clients_done(struct gen_clients *gc, const struct sched_req *r)
     size_t text_len = 0;
     if (r->text && r->finish != SCHED_FINISH_ERROR)
         text = text_out_str(r->text, &text_len);
-    struct gc_item *it =
-        item_new(r->conn, r->toks + r->n_prompt, n_gen, text, text_len, text != NULL);
+    const struct sampler_logprob *lp = r->lp_on && r->n_lp == n_gen ? r->lp : NULL;
+    struct gc_item *it = item_new(r->conn, r->toks + r->n_prompt, n_gen, text, text_len,
+                                  text != NULL, lp, r->lp_top);
     if (!it) /* the client must hear the end: a bare error item */
-        it = item_new(r->conn, NULL, 0, NULL, 0, false);
+        it = item_new(r->conn, NULL, 0, NULL, 0, false, NULL, 0);
     if (!it)
         return; /* nothing left: the client's request stays open until it goes */
     it->done = true;
@@ -240,6 +259,11 @@ void gen_clients_done(struct gen_clients *gc, const struct sched_req *r)
 }
 
 /* ---- the loop's side ------------------------------------------------------ */
+
+const struct text *ops_generate_client_text(struct gen_clients *gc)
+{
+    return exec_text(gc->ex);
+}
 
 uint64_t ops_generate_client_id(struct gen_clients *gc)
 {

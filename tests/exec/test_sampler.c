@@ -255,6 +255,203 @@ static void test_pick_matches_reference(void **state)
     assert_int_equal(t, 0);
 }
 
+/* logit_bias then the penalties, by hand: window {0, 0, 1, 3} (the last 4
+ * of 2, 0, 0, 1, 3), repeat 2, frequency 0.5, presence 0.25, biases +0.5
+ * on 3 and +1 on 4 (outside the window). */
+static void test_adjust_by_hand(void **state)
+{
+    (void)state;
+    struct logit_bias b[2] = {{3, 0.5f}, {4, 1.0f}};
+    struct sampler_params p = {.top_p = 1,
+                               .repeat_penalty = 2,
+                               .frequency_penalty = 0.5f,
+                               .presence_penalty = 0.25f,
+                               .repeat_last_n = 4,
+                               .bias = b,
+                               .n_bias = 2};
+    uint32_t toks[5] = {2, 0, 0, 1, 3}, counts[5];
+    float l[5] = {2.0f, -1.0f, 0.5f, 3.0f, 0.0f};
+    sampler_adjust(&p, toks, 5, l, 5, counts);
+    assert_true(l[0] == 2.0f / 2 - (2 * 0.5f + 0.25f)); /* -0.25 */
+    assert_true(l[1] == -1.0f * 2 - (0.5f + 0.25f));    /* -2.75 */
+    assert_true(l[2] == 0.5f);                          /* outside the window */
+    assert_true(l[3] == 3.5f / 2 - (0.5f + 0.25f));     /* 1.0 */
+    assert_true(l[4] == 1.0f);                          /* bias only */
+    /* greedy on the result: 3 and 4 tie at 1.0, the lowest id wins */
+    struct sampler s;
+    p.temperature = 0;
+    sampler_init(&s, &p);
+    float m[5] = {2.0f, -1.0f, 0.5f, 3.0f, 0.0f};
+    uint32_t t = 99;
+    assert_true(sampler_on_host(&s));
+    assert_int_equal(
+        sampler_sample_host(&s, &((struct sfx *)*state)->sc, toks, 5, m, 5, counts, &t), 0);
+    assert_int_equal(t, 3);
+    /* a window of 0 turns the penalties off; a -inf bias bans */
+    struct logit_bias ban = {3, -INFINITY};
+    struct sampler_params q = {
+        .top_p = 1, .repeat_penalty = 2, .repeat_last_n = 0, .bias = &ban, .n_bias = 1};
+    float n[5] = {2.0f, -1.0f, 0.5f, 3.0f, 0.0f};
+    sampler_adjust(&q, toks, 5, n, 5, counts);
+    assert_true(n[0] == 2.0f && n[1] == -1.0f && n[3] == -INFINITY);
+}
+
+static void test_on_host(void **state)
+{
+    (void)state;
+    struct sampler s;
+    struct sampler_params p = {.temperature = 1,
+                               .top_k = 5,
+                               .top_p = 0.5f,
+                               .repeat_penalty = 1,
+                               .typical_p = 1,
+                               .repeat_last_n = 64};
+    sampler_init(&s, &p);
+    assert_false(sampler_on_host(&s));
+    struct sampler_params z = {.temperature = 1, .top_p = 1}; /* zero = off */
+    sampler_init(&s, &z);
+    assert_false(sampler_on_host(&s));
+    struct logit_bias b = {1, 1};
+    float *f[] = {&p.min_p, &p.typical_p, &p.repeat_penalty, &p.presence_penalty,
+                  &p.frequency_penalty};
+    float v[] = {0.1f, 0.9f, 1.1f, -0.5f, 0.5f};
+    for (size_t i = 0; i < 5; i++) {
+        struct sampler_params q = p;
+        *(float *)((char *)&q + ((char *)f[i] - (char *)&p)) = v[i];
+        sampler_init(&s, &q);
+        assert_true(sampler_on_host(&s));
+        q.repeat_last_n = 0;
+        sampler_init(&s, &q);
+        assert_int_equal(sampler_on_host(&s), i < 2); /* penalties need a window */
+    }
+    struct sampler_params q = p;
+    q.bias = &b;
+    q.n_bias = 1;
+    sampler_init(&s, &q);
+    assert_true(sampler_on_host(&s));
+}
+
+static uint32_t pick_t(struct sampler_scratch *sc, const float *l, uint32_t n, double u, float typ,
+                       float min_p)
+{
+    struct sample_row row = {.temperature = 1.0f, .top_p = 1.0f, .u = u};
+    struct sample_trunc t = {.typical_p = typ, .min_p = min_p};
+    uint32_t out = 99;
+    assert_int_equal(sampler_pick_trunc(&row, &t, sc, l, n, &out), 0);
+    return out;
+}
+
+/* min_p on p proportional to {1, 0.5, 0.25, 0.1}: 0.3 keeps {0, 1}
+ * (u 0.99 lands in 1), 0.2 keeps {0, 1, 2} (lands in 2), off lands in 3. */
+static void test_min_p_by_hand(void **state)
+{
+    struct sampler_scratch *sc = &((struct sfx *)*state)->sc;
+    float l[4] = {0.0f, logf(0.5f), logf(0.25f), logf(0.1f)};
+    assert_int_equal(pick_t(sc, l, 4, 0.99, 1, 0.3f), 1);
+    assert_int_equal(pick_t(sc, l, 4, 0.99, 1, 0.2f), 2);
+    assert_int_equal(pick_t(sc, l, 4, 0.99, 1, 0), 3);
+    assert_int_equal(pick_t(sc, l, 4, 0.0, 1, 1.0f), 0); /* only the most likely */
+    assert_int_equal(pick_t(sc, l, 4, 0.99, 1, 1.0f), 0);
+}
+
+/* typical_p on p = {0.4, 0.12 x 5}: H = 1.6387; |-log p - H| is 0.7224 for
+ * the head and 0.4816 for the tail, so the tail is the most typical and
+ * the head goes first: 0.5 keeps all five of the tail (0.48 < 0.5 after
+ * four), 0.3 keeps three (0.36). */
+static void test_typical_by_hand(void **state)
+{
+    struct sampler_scratch *sc = &((struct sfx *)*state)->sc;
+    float l[6] = {logf(0.4f), logf(0.12f), logf(0.12f), logf(0.12f), logf(0.12f), logf(0.12f)};
+    assert_int_equal(pick_t(sc, l, 6, 0.0, 1, 0), 0); /* off: the head first */
+    assert_int_equal(pick_t(sc, l, 6, 0.0, 0.5f, 0), 1);
+    assert_int_equal(pick_t(sc, l, 6, 0.9999, 0.5f, 0), 5);
+    assert_int_equal(pick_t(sc, l, 6, 0.9999, 0.3f, 0), 3);
+    /* then min_p relative to the largest weight left (the tail's): keeps it all */
+    assert_int_equal(pick_t(sc, l, 6, 0.9999, 0.5f, 0.9f), 5);
+    /* p = {0.7, 0.2, 0.1}: scores 0.445, 0.808, 1.501: 0.5 keeps the head */
+    float m[3] = {logf(0.7f), logf(0.2f), logf(0.1f)};
+    assert_int_equal(pick_t(sc, m, 3, 0.9999, 0.5f, 0), 0);
+    assert_int_equal(pick_t(sc, m, 3, 0.9999, 0.8f, 0), 1);
+    assert_int_equal(pick_t(sc, m, 3, 0.9999, 0, 0), 2);
+}
+
+/* sampler_logprobs against a log-softmax by hand in long double: every
+ * value within 1e-6 the top-n the n largest (lower id first at a tie),
+ * (relative: they are floats), their exp summing to <= 1, large logits (1e4: exp overflows without
+ * the max subtracted), -inf and NaN entries, n_top past the vocabulary. */
+static void test_logprobs(void **state)
+{
+    (void)state;
+    enum { V = 1000 };
+    static float lg[V];
+    uint64_t x = 12345;
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < V; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            lg[i] = (float)((double)(x >> 11) / 9007199254740992.0 * 20.0 - 10.0);
+            if (k == 1)
+                lg[i] += 1e4f;
+        }
+        if (k == 2) {
+            lg[5] = -INFINITY;
+            lg[6] = NAN;
+            lg[7] = lg[8] = 50.0f; /* a tie at the top */
+        }
+        long double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < V; i++)
+            if (!isnan(lg[i]) && lg[i] > mx)
+                mx = lg[i];
+        for (int i = 0; i < V; i++)
+            if (!isnan(lg[i]))
+                sum += expl((long double)lg[i] - mx);
+        long double lse = mx + logl(sum);
+        struct sampler_logprob out[1 + SAMPLER_MAX_TOP_LOGPROBS];
+        uint32_t chosen = k == 2 ? 5 : 17;
+        assert_int_equal(sampler_logprobs(lg, V, chosen, 20, out), 20);
+        assert_int_equal(out[0].id, chosen);
+        if (k == 2)
+            assert_true(isinf(out[0].logprob) && out[0].logprob < 0);
+        else
+            assert_true(fabsl(out[0].logprob - ((long double)lg[chosen] - lse)) <
+                        1e-6 * (1 + fabsl((long double)lg[chosen] - lse)));
+        double p = 0;
+        for (int t = 1; t <= 20; t++) {
+            uint32_t id = out[t].id;
+            long double want = (long double)lg[id] - lse;
+            if (!(fabsl(out[t].logprob - want) < 1e-6 * (1 + fabsl(want)))) /* float's rounding */
+                fail_msg("k %d t %d id %u: %g vs %Lg", k, t, id, (double)out[t].logprob,
+                         (long double)lg[id] - lse);
+            p += exp((double)out[t].logprob);
+            if (t > 1)
+                assert_true(out[t].logprob <= out[t - 1].logprob);
+            /* nothing outside the top is larger than the last one */
+            for (int i = 0; i < V && t == 20; i++) {
+                bool in = false;
+                for (int u = 1; u <= 20; u++)
+                    in |= out[u].id == (uint32_t)i;
+                assert_true(in || isnan(lg[i]) || lg[i] <= lg[out[20].id]);
+            }
+        }
+        assert_true(p <= 1.0 + 1e-6);
+        if (k == 2) {
+            assert_int_equal(out[1].id, 7);
+            assert_int_equal(out[2].id, 8);
+        }
+    }
+    /* n_top past the vocabulary; 0 alternatives */
+    float two[2] = {0.0f, 0.0f};
+    struct sampler_logprob o2[1 + SAMPLER_MAX_TOP_LOGPROBS];
+    assert_int_equal(sampler_logprobs(two, 2, 1, 20, o2), 2);
+    assert_true(fabsf(o2[0].logprob - logf(0.5f)) < 1e-7f);
+    assert_int_equal(o2[1].id, 0);
+    assert_int_equal(o2[2].id, 1);
+    assert_int_equal(sampler_logprobs(two, 2, 0, 0, o2), 0);
+    /* a row of -inf: every logprob -inf, no NaN */
+    float ninf[3] = {-INFINITY, -INFINITY, -INFINITY};
+    assert_int_equal(sampler_logprobs(ninf, 3, 1, 2, o2), 2);
+    assert_true(isinf(o2[0].logprob) && isinf(o2[1].logprob) && isinf(o2[2].logprob));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -262,6 +459,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_truncation_to_argmax, sfx_setup, sfx_teardown),
         cmocka_unit_test_setup_teardown(test_seed_and_distribution, sfx_setup, sfx_teardown),
         cmocka_unit_test_setup_teardown(test_pick_matches_reference, sfx_setup, sfx_teardown),
+        cmocka_unit_test_setup_teardown(test_adjust_by_hand, sfx_setup, sfx_teardown),
+        cmocka_unit_test(test_on_host),
+        cmocka_unit_test(test_logprobs),
+        cmocka_unit_test_setup_teardown(test_min_p_by_hand, sfx_setup, sfx_teardown),
+        cmocka_unit_test_setup_teardown(test_typical_by_hand, sfx_setup, sfx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

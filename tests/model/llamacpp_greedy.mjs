@@ -1,6 +1,9 @@
 // Greedy tokens from llama.cpp's CPU build (npm node-llama-cpp) for
 // test_llamacpp: node llamacpp_greedy.mjs MODULE_DIR MODEL.gguf N TOKEN...
-// Prints the N generated token ids on one line.
+// Prints the N generated token ids on one line. With $KVD_LLCPP_SAMPLER, a
+// JSON {penalty, frequency, presence, last_n, bias: [[id, logit], ...]}:
+// llama.cpp's logit bias and penalties sampler (window: the last last_n
+// tokens of the prompt and the completion) before the greedy pick.
 const [module_dir, model_path, n_s, ...prompt_s] = process.argv.slice(2);
 const {getLlama} = await import(module_dir + "/node_modules/node-llama-cpp/dist/index.js");
 const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
@@ -8,7 +11,26 @@ const model = await llama.loadModel({modelPath: model_path});
 const ctx = await model.createContext({contextSize: 256, threads: 2, sequences: 1});
 const seq = ctx.getSequence();
 const out = [];
-for await (const tok of seq.evaluate(prompt_s.map(Number), {temperature: 0})) {
+const prompt = prompt_s.map(Number);
+const opts = {temperature: 0};
+if (process.env.KVD_LLCPP_SAMPLER) {
+    const sp = JSON.parse(process.env.KVD_LLCPP_SAMPLER);
+    const {TokenBias} = await import(module_dir + "/node_modules/node-llama-cpp/dist/index.js");
+    opts.repeatPenalty = {
+        punishTokens: () => prompt.concat(out).slice(-sp.last_n),
+        maxPunishTokens: sp.last_n,
+        penalty: sp.penalty,
+        frequencyPenalty: sp.frequency,
+        presencePenalty: sp.presence,
+    };
+    if (sp.bias && sp.bias.length) {
+        const tb = new TokenBias(model.tokenizer);
+        for (const [id, b] of sp.bias)
+            tb.set(id, b === null ? "never" : {logit: b});
+        opts.tokenBias = tb;
+    }
+}
+for await (const tok of seq.evaluate(prompt, opts)) {
     out.push(tok);
     if (out.length >= parseInt(n_s)) break;
 }

@@ -8,12 +8,14 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "model.h"
+#include "sampler.h"
 #include "model/model_ref.h"
 #include "test_scratch.h"
 
@@ -38,6 +40,8 @@ static const uint32_t prompt8[] = {5, 77, 123, 9, 300, 41, 7, 260};
 /* the prompt of the running test (prompt8 unless it says otherwise) */
 static const uint32_t *prompt = prompt8;
 static size_t N_PROMPT = sizeof prompt8 / sizeof prompt8[0];
+/* the running test's logit bias and penalties (NULL: plain greedy) */
+static const struct sampler_params *adjust;
 
 /* Releases for test_scratch.h: what a test made is freed by its teardown,
  * also after a failed assert. */
@@ -81,8 +85,12 @@ static void kvd_greedy(void **tst, const char *path, uint32_t *out, float *margi
         .seqs = &s, .n_seqs = 1, .kv_arena = arena, .geom = &g, .n_arena_slots = 8, .logits = lg};
     assert_int_equal(model_forward(m, fc, &b), 0);
     s.tokens = prompt + 3, s.n_tokens = N_PROMPT - 3, s.pos0 = 3;
+    uint32_t hist[64], counts[64];
+    memcpy(hist, prompt, N_PROMPT * sizeof *hist);
     for (int i = 0; i < N_GEN; i++) {
         assert_int_equal(model_forward(m, fc, &b), 0);
+        if (adjust)
+            sampler_adjust(adjust, hist, N_PROMPT + (size_t)i, lg, hp->n_vocab, counts);
         tok = 0;
         for (uint32_t j = 1; j < hp->n_vocab; j++)
             tok = lg[j] > lg[tok] ? j : tok;
@@ -92,6 +100,7 @@ static void kvd_greedy(void **tst, const char *path, uint32_t *out, float *margi
             if (j != tok && lg[j] > second)
                 second = lg[j];
         margin[i] = lg[tok] - second;
+        hist[N_PROMPT + (size_t)i] = tok;
         s.pos0 += s.n_tokens, s.tokens = &tok, s.n_tokens = 1;
     }
     ts_free(tst, lg);
@@ -109,8 +118,25 @@ static void compare_tie(void **tst, const char *args, float near_tie)
     float margin[N_GEN];
     kvd_greedy(tst, path, ours, margin);
     char cmd[2048], line[4096];
-    int n = snprintf(cmd, sizeof cmd, "timeout 300 node %s/model/llamacpp_greedy.mjs %s %s %d",
-                     KVD_TESTS_SRC, module_dir, path, N_GEN);
+    int n = 0;
+    if (adjust) {
+        n = snprintf(cmd, sizeof cmd,
+                     "KVD_LLCPP_SAMPLER='{\"penalty\":%.9g,\"frequency\":%.9g,\"presence\":%.9g,"
+                     "\"last_n\":%u,\"bias\":[",
+                     (double)adjust->repeat_penalty, (double)adjust->frequency_penalty,
+                     (double)adjust->presence_penalty, adjust->repeat_last_n);
+        for (uint32_t i = 0; i < adjust->n_bias; i++) {
+            if (isinf(adjust->bias[i].bias))
+                n += snprintf(cmd + n, sizeof cmd - n, "%s[%u,null]", i ? "," : "",
+                              adjust->bias[i].id);
+            else
+                n += snprintf(cmd + n, sizeof cmd - n, "%s[%u,%.9g]", i ? "," : "",
+                              adjust->bias[i].id, (double)adjust->bias[i].bias);
+        }
+        n += snprintf(cmd + n, sizeof cmd - n, "]}' ");
+    }
+    n += snprintf(cmd + n, sizeof cmd - n, "timeout 300 node %s/model/llamacpp_greedy.mjs %s %s %d",
+                  KVD_TESTS_SRC, module_dir, path, N_GEN);
     for (size_t i = 0; i < N_PROMPT; i++)
         n += snprintf(cmd + n, sizeof cmd - n, " %u", prompt[i]);
     FILE *p = popen(cmd, "r");
@@ -237,6 +263,34 @@ static void t_qwen2_q5_k_m(void **s)
     compare(s, SHAPE8 " --arch qwen2 --type q5_k_m --kv-heads 4");
 }
 
+/* Greedy after llama.cpp's logit bias and penalties sampler (repeat,
+ * frequency, presence over the last tokens of prompt and completion): the
+ * same tokens as llama.cpp's with the same settings. Random models repeat
+ * themselves under plain greedy, so the penalties change the output. */
+static void t_llama_f32_penalties(void **s)
+{
+    struct sampler_params p = {.repeat_penalty = 1.3f,
+                               .frequency_penalty = 0.4f,
+                               .presence_penalty = 0.3f,
+                               .repeat_last_n = 16};
+    adjust = &p;
+    compare(s, SHAPE " --arch llama --type f32 --kv-heads 2");
+    p = (struct sampler_params){
+        .repeat_penalty = 0.8f, .frequency_penalty = -0.2f, .repeat_last_n = 64};
+    compare(s, SHAPE " --arch qwen2 --type f16 --kv-heads 2 --tied");
+    adjust = NULL;
+}
+
+/* 171 is plain greedy's second token: banned, the output differs from there */
+static void t_llama_f32_logit_bias(void **s)
+{
+    struct logit_bias b[3] = {{5, 1.5f}, {171, -INFINITY}, {900, 0.75f}};
+    struct sampler_params p = {.repeat_penalty = 1.1f, .repeat_last_n = 8, .bias = b, .n_bias = 3};
+    adjust = &p;
+    compare(s, SHAPE " --arch llama --type f32 --kv-heads 2");
+    adjust = NULL;
+}
+
 int main(void)
 {
     static char dir[1024];
@@ -268,6 +322,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(t_llama_q4_k_m, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_qwen2_q5_k_m, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_llama_q6_k_prompts, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_f32_penalties, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_f32_logit_bias, ts_setup, ts_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

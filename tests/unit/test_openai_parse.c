@@ -3,6 +3,7 @@
  * generate arguments (struct gen_args) are checked field by field; a
  * refused one must have the HTTP status, the code and the param the docs
  * give (openai_status_of: the HTTP edge), and a message. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -122,6 +123,126 @@ static void expect_ids(const struct gen_args *a, const uint32_t *ids, size_t n)
         assert_int_equal(a->tokens[i], ids[i]);
 }
 
+/* logprobs: completions' integer count, chat's bool + top_logprobs. */
+static void test_logprobs(void **state)
+{
+    (void)state;
+    static const char msg[] = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]";
+    char b[256];
+    const struct gen_args *a = ok_c("{\"prompt\":[1]}");
+    assert_false(a->logprobs);
+    a = ok_c("{\"prompt\":[1],\"logprobs\":null}");
+    assert_false(a->logprobs);
+    a = ok_c("{\"prompt\":[1],\"logprobs\":0}");
+    assert_true(a->logprobs);
+    assert_int_equal(a->top_logprobs, 0);
+    a = ok_c("{\"prompt\":[1],\"logprobs\":20}");
+    assert_true(a->logprobs);
+    assert_int_equal(a->top_logprobs, 20);
+    BAD_C("{\"prompt\":[1],\"logprobs\":21}", "logprobs");
+    BAD_C("{\"prompt\":[1],\"logprobs\":-1}", "logprobs");
+    BAD_C("{\"prompt\":[1],\"logprobs\":true}", "logprobs");
+    snprintf(b, sizeof(b), "{%s,\"logprobs\":false}", msg);
+    assert_false(ok_chat(b)->logprobs);
+    snprintf(b, sizeof(b), "{%s,\"logprobs\":true}", msg);
+    a = ok_chat(b);
+    assert_true(a->logprobs);
+    assert_int_equal(a->top_logprobs, 0);
+    snprintf(b, sizeof(b), "{%s,\"logprobs\":true,\"top_logprobs\":5}", msg);
+    a = ok_chat(b);
+    assert_true(a->logprobs);
+    assert_int_equal(a->top_logprobs, 5);
+    snprintf(b, sizeof(b), "{%s,\"logprobs\":0}", msg);
+    BAD_CHAT(b, "logprobs");
+    snprintf(b, sizeof(b), "{%s,\"logprobs\":true,\"top_logprobs\":21}", msg);
+    BAD_CHAT(b, "top_logprobs");
+    snprintf(b, sizeof(b), "{%s,\"logprobs\":true,\"top_logprobs\":1.5}", msg);
+    BAD_CHAT(b, "top_logprobs");
+    snprintf(b, sizeof(b), "{%s,\"top_logprobs\":2}", msg);
+    BAD_CHAT(b, "top_logprobs");
+    snprintf(b, sizeof(b), "{%s,\"logprobs\":false,\"top_logprobs\":0}", msg);
+    assert_false(ok_chat(b)->logprobs);
+}
+
+/* The rendered logprobs (a token-only model: every token's text is ""):
+ * chat's content entries, completions' four arrays with text offsets,
+ * -inf as -9999, null in a chunk without tokens. */
+static void test_logprobs_render(void **state)
+{
+    (void)state;
+    static const uint32_t toks[] = {7, 3};
+    static const struct sampler_logprob lp[] = {{7, -0.5f},     {7, -0.5f},  {2, -1.25f},
+                                                {3, -INFINITY}, {1, -0.25f}, {4, -2.0f}};
+    struct openai_out o = {.kind = OPENAI_CHAT,
+                           .id = "chatcmpl-1",
+                           .model = "m",
+                           .text = "ab",
+                           .text_len = 2,
+                           .toks = toks,
+                           .n_toks = 2,
+                           .finish = "length",
+                           .lp = lp,
+                           .lp_top = 2,
+                           .text_offset = 5};
+    size_t len;
+    char *s = openai_render(&o, false, &len);
+    assert_non_null(s);
+    json_error_t je;
+    json_t *j = json_loads(s, 0, &je);
+    assert_non_null(j);
+    json_t *l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *c = json_object_get(l, "content");
+    assert_int_equal(json_array_size(c), 2);
+    assert_true(json_is_null(json_object_get(l, "refusal")));
+    json_t *e0 = json_array_get(c, 0), *e1 = json_array_get(c, 1);
+    assert_string_equal(json_string_value(json_object_get(e0, "token")), "");
+    assert_true(json_real_value(json_object_get(e0, "logprob")) == -0.5);
+    assert_int_equal(json_array_size(json_object_get(e0, "bytes")), 0);
+    json_t *t0 = json_object_get(e0, "top_logprobs");
+    assert_int_equal(json_array_size(t0), 2);
+    assert_true(json_real_value(json_object_get(json_array_get(t0, 1), "logprob")) == -1.25);
+    assert_non_null(json_object_get(json_array_get(t0, 1), "bytes"));
+    assert_true(json_real_value(json_object_get(e1, "logprob")) == -9999.0);
+    json_decref(j);
+    free(s);
+    /* a stream chunk without tokens: null */
+    o.n_toks = 0;
+    s = openai_render(&o, true, &len);
+    j = json_loads(s, 0, &je);
+    assert_true(json_is_null(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs")));
+    json_decref(j);
+    free(s);
+    /* completions */
+    o.kind = OPENAI_COMPLETION;
+    o.n_toks = 2;
+    s = openai_render(&o, false, &len);
+    j = json_loads(s, 0, &je);
+    l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    assert_int_equal(json_array_size(json_object_get(l, "tokens")), 2);
+    json_t *tl = json_object_get(l, "token_logprobs");
+    assert_true(json_real_value(json_array_get(tl, 0)) == -0.5);
+    assert_true(json_real_value(json_array_get(tl, 1)) == -9999.0);
+    json_t *off = json_object_get(l, "text_offset");
+    assert_int_equal(json_integer_value(json_array_get(off, 0)), 5);
+    assert_int_equal(json_integer_value(json_array_get(off, 1)), 5); /* "" pieces */
+    json_t *tops = json_object_get(l, "top_logprobs");
+    assert_int_equal(json_array_size(tops), 2);
+    /* two alternatives with the same text (""): the likelier's */
+    assert_int_equal(json_object_size(json_array_get(tops, 1)), 1);
+    assert_true(json_real_value(json_object_get(json_array_get(tops, 1), "")) == -0.25);
+    json_decref(j);
+    free(s);
+    /* not asked: null */
+    o.lp = NULL;
+    s = openai_render(&o, false, &len);
+    j = json_loads(s, 0, &je);
+    assert_true(json_is_null(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs")));
+    json_decref(j);
+    free(s);
+}
+
 /* ---- the body ---------------------------------------------------------------- */
 
 static void test_body(void **state)
@@ -136,7 +257,7 @@ static void test_body(void **state)
     BAD_C("{\"prompt\":\"\xff\xfe\"}", "");       /* invalid UTF-8 */
     BAD_C("{\"prompt\":\"a\\u0000b\"}", "");      /* NUL in a string */
     /* unknown fields are ignored, whatever their type */
-    const struct gen_args *a = ok_c("{\"prompt\":[1],\"user\":7,\"frequency_penalty\":\"x\","
+    const struct gen_args *a = ok_c("{\"prompt\":[1],\"user\":7,\"service_tier\":\"x\","
                                     "\"tools\":[{}],\"suffix\":null,\"best_of\":{\"a\":1}}");
     static const uint32_t one[] = {1};
     expect_ids(a, one, 1);
@@ -265,6 +386,47 @@ static void test_max_tokens(void **state)
     BAD_CHAT(b, "max_completion_tokens");
     snprintf(b, sizeof(b), "{%s,\"max_completion_tokens\":true}", msg);
     BAD_CHAT(b, "max_completion_tokens");
+}
+
+/* The sampler chain's fields: defaults, values, ranges and logit_bias's
+ * string keys. */
+static void test_sampler_fields(void **state)
+{
+    (void)state;
+    const struct gen_args *a = ok_c("{\"prompt\":[1]}");
+    assert_true(a->min_p == 0 && a->typical_p == 1 && a->repeat_penalty == 1);
+    assert_true(a->presence_penalty == 0 && a->frequency_penalty == 0);
+    assert_int_equal(a->repeat_last_n, 64);
+    assert_int_equal(a->n_logit_bias, 0);
+    a = ok_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"min_p\":0.05,"
+                "\"typical_p\":0.9,\"repeat_penalty\":1.1,\"repeat_last_n\":-1,"
+                "\"presence_penalty\":-2,\"frequency_penalty\":2,"
+                "\"logit_bias\":{\"5\":-100,\"70000\":2.5}}");
+    assert_true(a->min_p == 0.05 && a->typical_p == 0.9 && a->repeat_penalty == 1.1);
+    assert_true(a->presence_penalty == -2 && a->frequency_penalty == 2);
+    assert_int_equal(a->repeat_last_n, -1);
+    assert_int_equal(a->n_logit_bias, 2);
+    for (size_t i = 0; i < 2; i++) {
+        const struct logit_bias *b = &a->logit_bias[i];
+        assert_true((b->id == 5 && b->bias == -100.0f) || (b->id == 70000 && b->bias == 2.5f));
+    }
+    assert_int_equal(ok_c("{\"prompt\":[1],\"logit_bias\":{}}")->n_logit_bias, 0);
+    assert_int_equal(ok_c("{\"prompt\":[1],\"logit_bias\":null}")->n_logit_bias, 0);
+    BAD_C("{\"prompt\":[1],\"presence_penalty\":2.01}", "presence_penalty");
+    BAD_C("{\"prompt\":[1],\"frequency_penalty\":\"1\"}", "frequency_penalty");
+    BAD_C("{\"prompt\":[1],\"repeat_penalty\":-1}", "repeat_penalty");
+    BAD_C("{\"prompt\":[1],\"repeat_last_n\":-2}", "repeat_last_n");
+    BAD_C("{\"prompt\":[1],\"repeat_last_n\":1.5}", "repeat_last_n");
+    BAD_C("{\"prompt\":[1],\"min_p\":1.1}", "min_p");
+    BAD_C("{\"prompt\":[1],\"typical_p\":-1}", "typical_p");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":[[1,2]]}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"x\":1}}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"\":1}}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"+1\":1}}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"1 \":1}}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"4294967296\":1}}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"1\":100.5}}", "logit_bias");
+    BAD_C("{\"prompt\":[1],\"logit_bias\":{\"1\":true}}", "logit_bias");
 }
 
 static void test_temperature_top_p_seed(void **state)
@@ -404,14 +566,6 @@ static void test_unsupported(void **state)
     BAD_C("{\"prompt\":[1],\"n\":\"1\"}", "n");
     UNSUP_C("{\"prompt\":[1],\"echo\":true}", "echo");
     BAD_C("{\"prompt\":[1],\"echo\":0}", "echo");
-    UNSUP_C("{\"prompt\":[1],\"logprobs\":1}", "logprobs");
-    BAD_C("{\"prompt\":[1],\"logprobs\":true}", "logprobs");
-    snprintf(b, sizeof(b), "{%s,\"logprobs\":false}", msg);
-    ok_chat(b);
-    snprintf(b, sizeof(b), "{%s,\"logprobs\":true}", msg);
-    UNSUP_CHAT(b, "logprobs");
-    snprintf(b, sizeof(b), "{%s,\"logprobs\":0}", msg);
-    BAD_CHAT(b, "logprobs");
     snprintf(b, sizeof(b), "{%s,\"n\":3}", msg);
     UNSUP_CHAT(b, "n");
     /* model: a string of at most OPENAI_MAX_MODEL bytes, else 400 */
@@ -427,6 +581,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_body, teardown),
+        cmocka_unit_test_teardown(test_sampler_fields, teardown),
         cmocka_unit_test_teardown(test_prompt, teardown),
         cmocka_unit_test_teardown(test_messages, teardown),
         cmocka_unit_test_teardown(test_max_tokens, teardown),
@@ -434,6 +589,8 @@ int main(void)
         cmocka_unit_test_teardown(test_stop, teardown),
         cmocka_unit_test_teardown(test_stream, teardown),
         cmocka_unit_test_teardown(test_unsupported, teardown),
+        cmocka_unit_test_teardown(test_logprobs, teardown),
+        cmocka_unit_test(test_logprobs_render),
         cmocka_unit_test(test_status_of),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
