@@ -671,6 +671,11 @@ bool mm_restore_enter(struct kvmm *mm, struct mm_restoring *r, struct radix_node
             b->disk = POOL_DISK_QUEUED;
     }
     b->lru = ++mm->clock;
+    /* A restore is a reuse of the prefix, asked for by a request that has
+     * not matched yet: it counts as a hit, so that the hits policy does not
+     * drop it (no hits, no bonus) for blocks used once before that
+     * request runs. */
+    b->hits = 1;
     if (mm->events.block) {
         mm_pub_set(mm, node);
         mm_ev_stored(mm, node, mm_tier_medium(r->tier));
