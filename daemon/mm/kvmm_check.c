@@ -90,6 +90,8 @@ int kvmm_check(struct kvmm *mm)
             }
             continue;
         }
+        if (b->restoring) /* the restore filling it holds its reference */
+            c.refs[i]++;
         if (b->refcount != c.refs[i]) {
             mm_fail(mm, err, "check: block %u has refcount %u but %u references exist", i,
                     b->refcount, c.refs[i]);

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "checksum.h"
 #include "disktier.h"
 #include "fault.h"
 #include "hosttier.h"
@@ -603,31 +604,59 @@ struct radix_node *mm_parent_of(struct kvmm *mm, uint32_t ns, const uint32_t *to
     return got == b ? scratch[b - 1] : NULL;
 }
 
-bool mm_restore_block(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
-                      const uint32_t *toks, struct blockkey key, const void *data, bool from_disk)
+bool mm_restore_take(struct kvmm *mm, uint32_t tenant, bool prefer_device, struct mm_restoring *r)
 {
+    MM_ASSERT_LOCKED(mm);
+    struct tenant *t = &mm->tt.v[tenant];
     bool host = mm->pool.n_slots[KVD_TIER_HOST] > 0;
-    enum kvd_tier tier = host ? KVD_TIER_HOST : KVD_TIER_DEVICE;
-    uint32_t id;
+    uint32_t margin = mm->pool.n_slots[KVD_TIER_DEVICE] / 16;
+    bool dev_free =
+        prefer_device && pool_free_slots(&mm->pool, KVD_TIER_DEVICE) > margin &&
+        (t->conf.max_device_blocks == KVMM_UNLIMITED || t->dev_blocks < t->conf.max_device_blocks);
+    enum kvd_tier tier = dev_free || !host ? KVD_TIER_DEVICE : KVD_TIER_HOST;
     char saved[sizeof mm->err];
     memcpy(saved, mm->err, sizeof saved); /* a prefetch's failures are not the caller's */
-    int err = host ? mm_room_host_new(mm, tenant, 1) : mm_room_device(mm, tenant, 1, true);
+    int err = dev_free ? 0
+              : host   ? mm_room_host_new(mm, tenant, 1)
+                       : mm_room_device(mm, tenant, 1, true);
     memcpy(mm->err, saved, sizeof saved);
+    uint32_t id;
     if (err || pool_alloc(&mm->pool, tier, tenant, &id) != 0)
         return false;
-    struct tenant *t = &mm->tt.v[tenant];
-    if (host)
+    if (tier == KVD_TIER_HOST)
         t->host_blocks++;
     else
         t->dev_blocks++;
-    struct pool_block *b = pool_block(&mm->pool, id);
-    if (mm->be->ops->copy(mm->be, pool_block_ptr(&mm->pool, id), tier, data, KVD_TIER_HOST,
-                          mm->block_bytes) != 0) {
-        mm_unref(mm, id);
+    pool_block(&mm->pool, id)->restoring = 1;
+    *r = (struct mm_restoring){.id = id, .tier = tier, .dst = pool_block_ptr(&mm->pool, id)};
+    return true;
+}
+
+bool mm_restore_fill(struct kvmm *mm, struct mm_restoring *r, const void *data)
+{
+    if (mm->be->ops->copy(mm->be, r->dst, r->tier, data, KVD_TIER_HOST, mm->block_bytes) != 0)
         return false;
-    }
-    if (host)
-        b->checksum = hosttier_checksum(&mm->pool, id);
+    if (r->tier == KVD_TIER_HOST) /* as hosttier_checksum, from the bytes just written */
+        r->checksum = checksum64(r->dst, mm->block_bytes, r->id);
+    return true;
+}
+
+void mm_restore_drop(struct kvmm *mm, struct mm_restoring *r)
+{
+    MM_ASSERT_LOCKED(mm);
+    pool_block(&mm->pool, r->id)->restoring = 0;
+    mm_unref(mm, r->id);
+}
+
+bool mm_restore_enter(struct kvmm *mm, struct mm_restoring *r, struct radix_node *parent,
+                      const uint32_t *toks, struct blockkey key, bool from_disk)
+{
+    MM_ASSERT_LOCKED(mm);
+    uint32_t id = r->id;
+    struct pool_block *b = pool_block(&mm->pool, id);
+    b->restoring = 0;
+    if (r->tier == KVD_TIER_HOST)
+        b->checksum = r->checksum;
     struct radix_node *node;
     if (radix_insert(&mm->radix, parent, toks, id, &node) != 0) {
         mm_unref(mm, id);
@@ -642,12 +671,30 @@ bool mm_restore_block(struct kvmm *mm, uint32_t tenant, struct radix_node *paren
             b->disk = POOL_DISK_QUEUED;
     }
     b->lru = ++mm->clock;
+    /* A restore is a reuse of the prefix, asked for by a request that has
+     * not matched yet: it counts as a hit, so that the hits policy does not
+     * drop it (no hits, no bonus) for blocks used once before that
+     * request runs. */
+    b->hits = 1;
     if (mm->events.block) {
         mm_pub_set(mm, node);
-        mm_ev_stored(mm, node, mm_tier_medium(tier));
+        mm_ev_stored(mm, node, mm_tier_medium(r->tier));
     }
     mm_unref(mm, id); /* the tree's reference stays: a cached block */
     return true;
+}
+
+bool mm_restore_block(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
+                      const uint32_t *toks, struct blockkey key, const void *data, bool from_disk)
+{
+    struct mm_restoring r;
+    if (!mm_restore_take(mm, tenant, false, &r))
+        return false;
+    if (!mm_restore_fill(mm, &r, data)) {
+        mm_restore_drop(mm, &r);
+        return false;
+    }
+    return mm_restore_enter(mm, &r, parent, toks, key, from_disk);
 }
 
 /* Lock held: how many whole blocks of tokens the tree holds, and the key of
@@ -699,6 +746,7 @@ struct rwin {
     size_t n;
     unsigned char *bufs; /* n * slot_bytes, 4 KiB aligned */
     struct disktier_rd *rd;
+    struct mm_restoring *rs; /* the blocks the window's bytes go into */
 };
 
 static struct rwin *win_get(struct kvmm_disk *d)
@@ -718,8 +766,10 @@ static struct rwin *win_get(struct kvmm_disk *d)
         return NULL;
     w->n = n;
     w->rd = calloc(n, sizeof *w->rd);
-    if (!w->rd || posix_memalign((void **)&w->bufs, 4096, n * ts.slot_bytes)) {
+    w->rs = calloc(n, sizeof *w->rs);
+    if (!w->rd || !w->rs || posix_memalign((void **)&w->bufs, 4096, n * ts.slot_bytes)) {
         free(w->rd);
+        free(w->rs);
         free(w);
         return NULL;
     }
@@ -743,6 +793,7 @@ static void wins_free(struct kvmm_disk *d)
         d->wins = w->next;
         free(w->bufs);
         free(w->rd);
+        free(w->rs);
         free(w);
     }
 }
@@ -805,31 +856,48 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
             break;
         MM_ASSERT_UNLOCKED(mm);
         disktier_read_many(d->dt, ns_name, nsh, w->rd, k);
-        for (size_t i = 0; ok && i < k; i++, b++) {
-            const uint32_t *toks = tokens + b * bt;
-            if (w->rd[i].rc != 0) {
-                fails++;
-                ok = false;
-                break;
-            }
-            kvmm_lock(mm);
+        /* The window's blocks up to the first failed one get their final
+         * blocks (the device's when it has room, so the request's match
+         * has nothing to swap in) under the lock; their bytes are copied in
+         * with it released; then they enter the tree, in order. */
+        size_t good = 0, got = 0, filled = 0;
+        while (good < k && w->rd[good].rc == 0)
+            good++;
+        if (good < k)
+            fails++;
+        kvmm_lock(mm);
+        if (tenant_live(&mm->tt, tenant))
+            while (got < good && mm_restore_take(mm, tenant, true, &w->rs[got]))
+                got++;
+        kvmm_unlock(mm);
+        MM_ASSERT_UNLOCKED(mm);
+        while (filled < got &&
+               mm_restore_fill(mm, &w->rs[filled], disktier_data(d->dt, w->rd[filled].buf)))
+            filled++;
+        kvmm_lock(mm);
+        for (size_t i = 0; i < got; i++) {
+            const uint32_t *toks = tokens + (b + i) * bt;
             /* The namespace may have been removed, and its id reused, meanwhile. */
             struct radix_node *parent =
-                mm_ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], ns_name) == 0
-                    ? mm_parent_of(mm, ns, tokens, b, scratch)
+                ok && i < filled && mm_ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], ns_name) == 0
+                    ? mm_parent_of(mm, ns, tokens, b + i, scratch)
                     : NULL;
             ok = parent != NULL;
             if (ok && !radix_child(&mm->radix, parent, toks,
                                    radix_hash(&mm->radix, parent->hash, toks))) {
-                ok = mm_restore_block(mm, tenant, parent, toks, w->rd[i].key,
-                                      disktier_data(d->dt, w->rd[i].buf), true);
+                ok = mm_restore_enter(mm, &w->rs[i], parent, toks, w->rd[i].key, true);
                 if (ok) {
                     d->restored++;
                     restored++;
                 }
+            } else {
+                mm_restore_drop(mm, &w->rs[i]); /* not wanted (any more), or already there */
             }
-            kvmm_unlock(mm);
         }
+        kvmm_unlock(mm);
+        if (got < k)
+            ok = false;
+        b += k;
         if (!more)
             break;
     }

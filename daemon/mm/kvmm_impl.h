@@ -157,6 +157,30 @@ size_t mm_cached_prefix(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, si
                         struct radix_node **scratch, struct blockkey *key);
 struct radix_node *mm_parent_of(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t b,
                                 struct radix_node **scratch);
+/* A block being restored from the disk or the remote tier, in three steps
+ * so that its bytes can be copied with the kvmm lock released:
+ * mm_restore_take (lock held) allocates it, mm_restore_fill (lock released,
+ * or held) copies the bytes in, mm_restore_enter (lock held) puts it into
+ * the tree, or mm_restore_drop frees it. Between take and enter/drop the
+ * block has one reference, the restore's (pool_block.restoring), and is in
+ * no tree or sequence: nothing else reads, writes or moves it. */
+struct mm_restoring {
+    uint32_t id;
+    enum kvd_tier tier;
+    void *dst;         /* its bytes in the arena */
+    uint64_t checksum; /* host tier: of the bytes filled in */
+};
+/* Device when prefer_device and the device pool has free slots beyond a
+ * margin (a sixteenth of the pool, left for the running sequences' growth)
+ * within the tenant's device quota: nothing is evicted or moved for it.
+ * Else a new host block (host cache dropped for room), or with no host
+ * tier a device block (device cache evicted for room). */
+bool mm_restore_take(struct kvmm *mm, uint32_t tenant, bool prefer_device, struct mm_restoring *r);
+bool mm_restore_fill(struct kvmm *mm, struct mm_restoring *r, const void *data);
+bool mm_restore_enter(struct kvmm *mm, struct mm_restoring *r, struct radix_node *parent,
+                      const uint32_t *toks, struct blockkey key, bool from_disk);
+void mm_restore_drop(struct kvmm *mm, struct mm_restoring *r);
+/* The three steps under the lock, into a host block (device without one). */
 bool mm_restore_block(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
                       const uint32_t *toks, struct blockkey key, const void *data, bool from_disk);
 /* The remote tier's hooks (kvmm_remote.c), no-ops without one. The block

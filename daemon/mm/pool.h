@@ -28,6 +28,8 @@ struct pool_block {
     uint8_t used;            /* 0 while on the free-id stack */
     uint8_t disk;            /* enum pool_disk: where the disk tier stands with it */
     uint8_t remote;          /* POOL_REMOTE_* bits: values the remote tier has of it */
+    uint8_t restoring;       /* 1 while a restore fills it (its one reference is the
+                                restore's: in no tree, no sequence) */
     uint32_t hits;           /* reuses through the tree (a match took it, or a commit
                                 switched to it), saturating; 0 for a new block */
     uint64_t lru;            /* stamp of the last use (kvmm clock ticks) */
