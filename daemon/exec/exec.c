@@ -10,6 +10,7 @@
 #include "workpool.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -330,8 +331,18 @@ static uint32_t sample_step(struct exec *ex)
         }
         if (r->n_kv != r->n_toks)
             continue; /* a prefill chunk short of the end */
+        if (r->grammar_failed) {
+            r->finish = SCHED_FINISH_ERROR;
+            n_fin++;
+            continue;
+        }
         uint32_t tok = ex->picks[i];
         int rc = sched_req_push(r, tok);
+        if (!rc && r->gm && grammar_matcher_accept(r->gm, tok, &r->err) != 0) {
+            r->finish = SCHED_FINISH_ERROR;
+            n_fin++;
+            continue;
+        }
         if (!rc && r->lp_on)
             rc = sched_req_push_lp(r, ex->lpstep + (size_t)i * LP_STRIDE);
         if (rc) {
@@ -353,6 +364,8 @@ static uint32_t sample_step(struct exec *ex)
             r->finish = SCHED_FINISH_ERROR;
         } else if (trc == 1)
             r->finish = SCHED_FINISH_STOP;
+        else if (r->gm && grammar_matcher_must_end(r->gm))
+            r->finish = SCHED_FINISH_STOP; /* the grammar's sentence is complete */
         else if (n_gen >= r->max_tokens || r->n_toks >= r->n_ctx)
             r->finish = SCHED_FINISH_LENGTH;
         else if (atomic_load(&r->cancel))
@@ -360,6 +373,30 @@ static uint32_t sample_step(struct exec *ex)
         n_fin += r->finish != SCHED_FINISH_NONE;
     }
     return n_fin;
+}
+
+/* Sets the logits of the tokens r's grammar does not allow here to -inf.
+ * Non-zero (r->grammar_failed, r->err) when the mask cannot be made or
+ * allows nothing: the request then ends with that error. */
+static int grammar_mask(struct sched_req *r, float *row, uint32_t n_vocab)
+{
+    size_t n_allowed = 0;
+    const uint32_t *bits = grammar_matcher_mask(r->gm, &n_allowed, &r->err);
+    if (bits && n_allowed == 0)
+        kvd_error_set(&r->err, KVD_EBADREQ,
+                      "grammar: no token of the vocabulary can continue the text here, and the "
+                      "grammar cannot end");
+    if (!bits || n_allowed == 0) {
+        if (r->err.param[0] == '\0')
+            snprintf(r->err.param, sizeof r->err.param, "grammar");
+        r->grammar_failed = true;
+        return -1;
+    }
+    uint32_t n_gv = grammar_vocab_n(grammar_matcher_vocab(r->gm));
+    for (uint32_t t = 0; t < n_vocab; t++)
+        if (t >= n_gv || !(bits[t / 32] >> (t % 32) & 1))
+            row[t] = -INFINITY;
+    return 0;
 }
 
 /* Runs the plan's step; the backend samples every request whose chunk
@@ -373,7 +410,7 @@ static int forward(struct exec *ex)
         struct sched_req *r = p->reqs[i];
         bool want = !r->restoring && r->n_kv + r->step_n == r->n_toks;
         ex->rows[i] = (struct sample_row){.skip = !want};
-        host |= want && sampler_on_host(&r->smp);
+        host |= want && (sampler_on_host(&r->smp) || r->gm);
         lp |= want && r->lp_on;
         ex->fseqs[i] = (struct fwd_seq){
             .tokens = r->toks + r->n_kv,
@@ -441,6 +478,10 @@ static int forward(struct exec *ex)
         if (host && r->lp_on) {
             memcpy(ex->lprow, row, (size_t)V * sizeof *row);
             raw = ex->lprow;
+        }
+        if (r->gm && grammar_mask(r, row, V)) {
+            ex->picks[i] = 0;
+            continue;
         }
         if (host && (rc = sampler_sample_host(&r->smp, &ex->hsc, r->toks, r->n_toks, row, V,
                                               ex->counts, &ex->picks[i])))

@@ -361,6 +361,8 @@ void sched_req_free(struct sched_req *r)
     free(r->session);
     free(r->bias);
     text_out_free(r->text);
+    grammar_matcher_free(r->gm);
+    grammar_free(r->grammar);
     free(r);
 }
 

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "kvmm.h"
+#include "grammar.h"
 #include "sampler.h"
 #include "text_out.h"
 
@@ -74,6 +75,13 @@ struct sched_req {
     uint32_t lp_top;
     struct sampler_logprob *lp;
     size_t n_lp, cap_lp;
+    /* A grammar the completion follows (owned; NULL: none): the matcher's
+     * mask is applied to the logits before the sampler chain (a host
+     * pick), every sampled token advances it, and the completion ends when
+     * nothing but the end can follow. */
+    struct grammar *grammar;
+    struct grammar_matcher *gm;
+    bool grammar_failed; /* the mask could not be made or allows nothing: err says why */
     /* The completion as text (owned; NULL when the model has no tokenizer):
      * fed each generated token by the executor, stop strings inside. */
     struct text_out *text;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "grammar.h"
 #include "prep.h"
 #include "text.h"
 #include "text_out.h"
@@ -146,6 +147,19 @@ static int set_args(const struct text *tx, const struct model_hparams *hp, const
                    "'%s' must be in [0, %d]",
                    a->top_logprobs_param ? a->top_logprobs_param : "logprobs",
                    SAMPLER_MAX_TOP_LOGPROBS);
+    if (a->grammar) {
+        const struct grammar_vocab *gv = text_grammar_vocab(tx);
+        if (!gv)
+            return bad(e, KVD_EUNSUPPORTED, "grammar", "grammars need the model's tokenizer: %s",
+                       text_no_tokenizer(tx));
+        /* Compiled here, on the caller's thread: linear in the text, which
+         * is bounded (GRAMMAR_MAX_TEXT). */
+        int rc = grammar_compile(a->grammar, a->grammar_len, &r->grammar, e);
+        if (!rc)
+            rc = grammar_matcher_new(r->grammar, gv, &r->gm, e);
+        if (rc)
+            return rc;
+    }
     r->lp_on = a->logprobs;
     r->lp_top = a->logprobs ? (uint32_t)a->top_logprobs : 0;
     r->ignore_eos = a->ignore_eos;

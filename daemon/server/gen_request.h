@@ -70,6 +70,11 @@ struct gen_args {
     uint64_t top_logprobs;
     const char *top_logprobs_param;
 
+    /* a GBNF grammar (grammar.h, docs/grammar.md) the completion must
+     * follow; NULL: none */
+    const char *grammar;
+    size_t grammar_len;
+
     /* stopping */
     uint32_t stop_ids[SCHED_MAX_STOP];
     size_t n_stop_ids;

@@ -467,6 +467,14 @@ static int get_options(struct openai_req *out, json_t *o, uint32_t n_ctx, struct
         get_logprobs(out, o, e) < 0)
         return -1;
     a->repeat_last_n = last_n;
+    /* llama.cpp's server extension: a GBNF grammar the output follows. */
+    json_t *g = json_object_get(o, "grammar");
+    if (g && !json_is_null(g)) {
+        if (!json_is_string(g))
+            return bad(e, "grammar", "'grammar' must be a string (GBNF)");
+        a->grammar = json_string_value(g);
+        a->grammar_len = json_string_length(g);
+    }
     return get_stop(a, json_object_get(o, "stop"), e);
 }
 

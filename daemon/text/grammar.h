@@ -67,6 +67,7 @@ uint32_t grammar_vocab_n(const struct grammar_vocab *v);
 int grammar_matcher_new(const struct grammar *g, const struct grammar_vocab *v,
                         struct grammar_matcher **out, struct kvd_error *err);
 void grammar_matcher_free(struct grammar_matcher *m);
+const struct grammar_vocab *grammar_matcher_vocab(const struct grammar_matcher *m);
 
 /* The tokens allowed next, as a bitset of grammar_vocab_n() bits (bit t of
  * word t/32: 1 = allowed); end-of-generation tokens are allowed exactly when

@@ -764,6 +764,11 @@ void grammar_matcher_free(struct grammar_matcher *m)
     free(m);
 }
 
+const struct grammar_vocab *grammar_matcher_vocab(const struct grammar_matcher *m)
+{
+    return m->v;
+}
+
 static uint64_t mask_key(const struct dstate *d)
 {
     return (uint64_t)d->set << 32 | (uint64_t)(uint8_t)d->remain << 24 | (d->value & 0xffffff);

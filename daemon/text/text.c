@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "gguf.h"
+#include "grammar.h"
 #include "kvd/status.h"
 #include "log.h"
 
@@ -17,6 +18,7 @@ struct text {
     struct gguf *g; /* the tokenizer may point into its mapping */
     struct tokenizer *tok;
     struct chat_template *tmpl;
+    struct grammar_vocab *gvocab; /* the pieces as grammars match them */
     char no_tok[400], no_tmpl[400];
     char *bos_text, *eos_text; /* the template's bos_token / eos_token */
     uint32_t bos, eos;
@@ -209,7 +211,7 @@ int text_open(const char *model_path, const char *template_path, struct text **o
             add_eog(t, ids[i]);
         t->bos_text = token_text(t->tok, t->bos);
         t->eos_text = token_text(t->tok, t->eos);
-        if (!t->bos_text || !t->eos_text) {
+        if (!t->bos_text || !t->eos_text || grammar_vocab_build(t->tok, &t->gvocab)) {
             snprintf(err, errlen, "out of memory");
             rc = KVD_ENOMEM;
             goto fail;
@@ -242,6 +244,7 @@ void text_free(struct text *t)
     if (!t)
         return;
     chat_template_free(t->tmpl);
+    grammar_vocab_free(t->gvocab);
     tokenizer_free(t->tok);
     free(t->bos_text);
     free(t->eos_text);
@@ -252,6 +255,11 @@ void text_free(struct text *t)
 const struct tokenizer *text_tokenizer(const struct text *t)
 {
     return t ? t->tok : NULL;
+}
+
+const struct grammar_vocab *text_grammar_vocab(const struct text *t)
+{
+    return t ? t->gvocab : NULL;
 }
 
 const char *text_no_tokenizer(const struct text *t)

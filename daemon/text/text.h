@@ -35,6 +35,10 @@ void text_free(struct text *t);
 
 /* NULL in token-only mode. */
 const struct tokenizer *text_tokenizer(const struct text *t);
+/* The vocabulary as grammars match it (grammar.h), built at open; NULL in
+ * token-only mode. */
+struct grammar_vocab;
+const struct grammar_vocab *text_grammar_vocab(const struct text *t);
 /* Why there is no tokenizer ("" when there is one). */
 const char *text_no_tokenizer(const struct text *t);
 /* NULL when the model has no usable chat template. */

@@ -741,6 +741,133 @@ static void test_logprobs_http(void **state)
     json_decref(j);
 }
 
+/* ---- grammars ------------------------------------------------------------ */
+
+/* A greedy or seeded generate under a GBNF grammar; the reply's text and
+ * finish_reason, or the error. */
+struct gram_out {
+    int code;
+    char message[256];
+    char text[512];
+    char finish[16];
+    size_t n;
+};
+
+static void gen_grammar(const char *grammar, double temperature, uint64_t seed,
+                        struct gram_out *out)
+{
+    struct gopt o = {.key = "grammar", .kind = G_STR, .s = grammar};
+    int fd = kh_connect(g_d->sock);
+    assert_true(fd >= 0);
+    send_gen(fd, ++g_id, temperature, seed, &o, 1);
+    struct kh_reply r;
+    assert_int_equal(kh_recv(fd, &r), 0);
+    memset(out, 0, sizeof *out);
+    out->code = r.code;
+    snprintf(out->message, sizeof out->message, "%s", r.message);
+    if (!r.code) {
+        const msgpack_object *t = kh_obj(r.root, "text");
+        const msgpack_object *f = kh_obj(r.root, "finish_reason");
+        assert_non_null(t);
+        assert_non_null(f);
+        snprintf(out->text, sizeof out->text, "%.*s", (int)t->via.str.size, t->via.str.ptr);
+        snprintf(out->finish, sizeof out->finish, "%.*s", (int)f->via.str.size, f->via.str.ptr);
+        out->n = kh_obj(r.root, "tokens")->via.array.size;
+    }
+    kh_reply_free(&r);
+    close(fd);
+}
+
+/* Whether s is ("cat" | "dog") " " [0-9]{2} "!" */
+static bool pet_text(const char *s)
+{
+    return strlen(s) == 7 && (!strncmp(s, "cat ", 4) || !strncmp(s, "dog ", 4)) && s[4] >= '0' &&
+           s[4] <= '9' && s[5] >= '0' && s[5] <= '9' && s[6] == '!';
+}
+
+/* The model's output follows the grammar, greedy and sampled, and ends
+ * (finish_reason "stop") as soon as the grammar's sentence is complete,
+ * although ignore_eos is set and max_tokens is larger. */
+static void test_grammar_follows(void **state)
+{
+    (void)state;
+    const char *g = "root ::= (\"cat\" | \"dog\") \" \" [0-9]{2} \"!\"\n";
+    struct gram_out o;
+    gen_grammar(g, 0, 1, &o);
+    if (o.code)
+        fail_msg("generate failed: %s", o.message);
+    if (!pet_text(o.text))
+        fail_msg("greedy output '%s' does not follow the grammar", o.text);
+    assert_string_equal(o.finish, "stop");
+    assert_true(o.n < N_GEN);
+    for (uint64_t seed = 1; seed <= 8; seed++) {
+        gen_grammar(g, 1.0, seed, &o);
+        assert_int_equal(o.code, 0);
+        if (!pet_text(o.text))
+            fail_msg("seed %llu: output '%s' does not follow the grammar", (unsigned long long)seed,
+                     o.text);
+        assert_string_equal(o.finish, "stop");
+    }
+    /* An unbounded grammar runs to max_tokens, every byte within it. */
+    gen_grammar("root ::= [a-z ]+\n", 1.0, 3, &o);
+    assert_int_equal(o.code, 0);
+    assert_string_equal(o.finish, "length");
+    assert_int_equal(o.n, N_GEN);
+    for (const char *p = o.text; *p; p++)
+        assert_true((*p >= 'a' && *p <= 'z') || *p == ' ');
+}
+
+/* A grammar nothing in the vocabulary can continue ends the request with
+ * an error that says so; a grammar that does not compile is refused before
+ * any work, naming the grammar. */
+static void test_grammar_errors(void **state)
+{
+    (void)state;
+    struct gram_out o;
+    /* The byte token <0x00> has an empty piece: NUL can never follow. */
+    gen_grammar("root ::= \"a\" [\\x00]\n", 0, 1, &o);
+    assert_int_equal(o.code, KVD_EBADREQ);
+    assert_non_null(strstr(o.message, "no token of the vocabulary can continue"));
+    gen_grammar("root ::= undefined-rule\n", 0, 1, &o);
+    assert_int_equal(o.code, KVD_EBADREQ);
+    assert_non_null(strstr(o.message, "undefined rule 'undefined-rule'"));
+    gen_grammar("root ::= root \"a\"\n", 0, 1, &o);
+    assert_int_equal(o.code, KVD_EBADREQ);
+    assert_non_null(strstr(o.message, "left recursion"));
+
+    int st;
+    char *out = curl("/v1/completions",
+                     "{\"prompt\":[11,12],\"max_tokens\":4,\"grammar\":\"root ::= (\"}", &st);
+    assert_int_equal(st, 400);
+    json_t *j = json_loads(out, 0, NULL);
+    free(out);
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "param")),
+                        "grammar");
+    json_decref(j);
+    out = curl("/v1/completions", "{\"prompt\":[11,12],\"max_tokens\":4,\"grammar\":7}", &st);
+    assert_int_equal(st, 400);
+    free(out);
+}
+
+/* HTTP's grammar field gives msgpack's text for the same greedy request. */
+static void test_grammar_http(void **state)
+{
+    (void)state;
+    const char *g = "root ::= (\"cat\" | \"dog\") \" \" [0-9]{2} \"!\"\n";
+    struct gram_out o;
+    gen_grammar(g, 0, 1, &o);
+    assert_int_equal(o.code, 0);
+    json_t *j = completion(
+        ",\"top_k\":50,\"grammar\":\"root ::= (\\\"cat\\\" | \\\"dog\\\") \\\" \\\" [0-9]{2} "
+        "\\\"!\\\"\\n\"",
+        200);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), o.text);
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "stop");
+    json_decref(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -752,6 +879,9 @@ int main(void)
         cmocka_unit_test(test_http_fields),
         cmocka_unit_test(test_logprobs_msgpack),
         cmocka_unit_test(test_logprobs_http),
+        cmocka_unit_test(test_grammar_follows),
+        cmocka_unit_test(test_grammar_errors),
+        cmocka_unit_test(test_grammar_http),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
