@@ -153,6 +153,11 @@ static const struct key K_TENANCY[] = {{"registered", T_UINT, NULL},
                                        {"sub_tenants_freed", T_UINT, NULL},
                                        {"sub_tenants_refused", T_UINT, NULL},
                                        {NULL, 0, NULL}};
+static const struct key K_EXPORTS[] = {{"exports", T_UINT, NULL},
+                                       {"pages", T_UINT, NULL},
+                                       {"draining", T_UINT, NULL},
+                                       {"withheld", T_UINT, NULL},
+                                       {NULL, 0, NULL}};
 static const struct key K_STATS_ALL[] = {
     {"scope", T_STR, NULL},          {"backend", T_STR, NULL},
     {"block_tokens", T_UINT, NULL},  {"block_bytes", T_UINT, NULL},
@@ -161,7 +166,8 @@ static const struct key K_STATS_ALL[] = {
     {"in_flight", T_UINT, NULL},     {"tenancy", T_MAP, K_TENANCY},
     {"tenants_total", T_UINT, NULL}, {"tenants_next", T_UINT_NIL, NULL},
     {"tenants", T_MAPS, K_TENANT},   {"requests", T_MAP, K_REQUESTS},
-    {"roofline", T_MAP, K_ROOFLINE}, {NULL, 0, NULL}};
+    {"roofline", T_MAP, K_ROOFLINE}, {"exports", T_MAP, K_EXPORTS},
+    {NULL, 0, NULL}};
 static const struct key K_STATS_TENANT[] = {
     {"scope", T_STR, NULL},          {"backend", T_STR, NULL},
     {"block_tokens", T_UINT, NULL},  {"block_bytes", T_UINT, NULL},
