@@ -839,8 +839,8 @@ int kvd_kv_export(struct kvd_ctx *ctx, uint64_t seq, size_t from_token, size_t n
         goto out;
     }
     if (nfd != ri->n_fds) {
-        rc = kvd_set_err(ctx, KVD_EINTERNAL, "kv_export announced %" PRIu64 " descriptors, %zu came",
-                         nfd, ri->n_fds);
+        rc = kvd_set_err(ctx, KVD_EINTERNAL,
+                         "kv_export announced %" PRIu64 " descriptors, %zu came", nfd, ri->n_fds);
         goto out;
     }
     ex = calloc(1, sizeof *ex);
@@ -885,8 +885,8 @@ int kvd_kv_export(struct kvd_ctx *ctx, uint64_t seq, size_t from_token, size_t n
             goto out;
         }
         m->len = (size_t)sb.st_size;
-        m->addr = mmap(NULL, m->len, PROT_READ | (m->writable ? PROT_WRITE : 0), MAP_SHARED, m->fd,
-                       0);
+        m->addr = mmap(NULL, m->len, PROT_READ | (m->writable ? PROT_WRITE : 0),
+                       MAP_SHARED | MAP_POPULATE, m->fd, 0);
         if (m->addr == MAP_FAILED) {
             m->addr = NULL;
             rc = kvd_set_err(ctx, KVD_EINTERNAL, "cannot map export page %zu: %s", i,

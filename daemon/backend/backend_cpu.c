@@ -204,8 +204,8 @@ static int cpu_arena_alloc_paged(struct backend *be, enum kvd_tier tier, size_t 
     for (size_t i = 0; i < n_pages; i++) {
         int fd = cpu_memfd_page(a->page_bytes);
         if (fd < 0 || cpu_map_page(a->base + i * a->page_bytes, a->page_bytes, fd) != 0) {
-            log_err("cpu backend: memfd page %zu of %zu (%zu bytes): %s", i, n_pages,
-                    a->page_bytes, strerror(errno));
+            log_err("cpu backend: memfd page %zu of %zu (%zu bytes): %s", i, n_pages, a->page_bytes,
+                    strerror(errno));
             if (fd >= 0)
                 close(fd);
             cpu_paged_release(st, a);
@@ -250,8 +250,7 @@ static int cpu_arena_page_fd(struct backend *be, void *arena, size_t page, bool 
         *fd = open(path, O_RDONLY | O_CLOEXEC);
     }
     if (*fd < 0)
-        return errno == EMFILE || errno == ENFILE || errno == ENOMEM ? KVD_ENOMEM
-                                                                      : KVD_EINTERNAL;
+        return errno == EMFILE || errno == ENFILE || errno == ENOMEM ? KVD_ENOMEM : KVD_EINTERNAL;
     return 0;
 }
 

@@ -229,15 +229,15 @@ struct kvmm_export_block {
     uint64_t offset; /* bytes from the page's start */
 };
 struct kvmm_export_info {
-    uint64_t id;      /* names it to kvmm_export_release */
+    uint64_t id;       /* names it to kvmm_export_release */
     size_t from_block; /* index of blocks[0] in the sequence */
     size_t n_pages, n_blocks;
     struct kvmm_export_page *pages;
     struct kvmm_export_block *blocks;
     size_t page_bytes[2]; /* per tier: bytes one page's descriptor maps */
 };
-int kvmm_seq_export(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t tenant,
-                    bool admin, size_t from, size_t n, bool writable, size_t max_pages,
+int kvmm_seq_export(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t tenant, bool admin,
+                    size_t from, size_t n, bool writable, size_t max_pages,
                     struct kvmm_export_info *out);
 void kvmm_export_info_free(struct kvmm_export_info *info);
 /* Ends export `id` of owner (KVD_ENOTFOUND if none), or every export of

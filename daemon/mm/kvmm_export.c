@@ -84,8 +84,8 @@ static int page_check(struct kvmm *mm, const struct seq *s, enum kvd_tier t, uin
     return 0;
 }
 
-int kvmm_seq_export(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t tenant,
-                    bool admin, size_t from, size_t n, bool writable, size_t max_pages,
+int kvmm_seq_export(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t tenant, bool admin,
+                    size_t from, size_t n, bool writable, size_t max_pages,
                     struct kvmm_export_info *out)
 {
     MM_ASSERT_LOCKED(mm);
@@ -118,8 +118,8 @@ int kvmm_seq_export(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t 
         n = from < s->n_tokens ? s->n_tokens - from : 0;
     if (n == 0 || from >= s->n_tokens || n > s->n_tokens - from)
         return mm_fail(mm, KVD_EBADREQ,
-                       "token range [%zu, +%zu) is not inside the sequence (%zu tokens)", from,
-                       n, s->n_tokens);
+                       "token range [%zu, +%zu) is not inside the sequence (%zu tokens)", from, n,
+                       s->n_tokens);
     b0 = from / bt;
     b1 = (from + n + bt - 1) / bt;
     for (size_t i = b0; i < b1; i++)
@@ -144,7 +144,7 @@ int kvmm_seq_export(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t 
         while (k < np && !(out->pages[k].tier == t && out->pages[k].page == g))
             k++;
         if (k == np) {
-            bool w;
+            bool w = false;
             if (np == max_pages) {
                 rc = mm_fail(mm, KVD_ETOOLARGE,
                              "tokens [%zu, +%zu) lie in more than %zu pages; export fewer at a "
@@ -154,8 +154,8 @@ int kvmm_seq_export(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t 
             }
             if ((rc = page_check(mm, s, t, g, writable, &w)))
                 goto fail;
-            out->pages[np++] = (struct kvmm_export_page){.tier = (uint8_t)t, .page = g,
-                                                         .writable = w};
+            out->pages[np++] =
+                (struct kvmm_export_page){.tier = (uint8_t)t, .page = g, .writable = w};
         }
         out->blocks[i - b0].page = (uint32_t)k;
         out->blocks[i - b0].offset =

@@ -47,8 +47,8 @@ struct kvmm {
     uint64_t pub_root;              /* root of the published hashes */
     bool events_quiet;              /* kvmm_clear: one AllBlocksCleared instead */
     struct kvmm_remote *remote;     /* the remote tier's side (kvmm_remote.c); NULL without one */
-    struct mm_export *exports; /* live exports (kvmm_export.c), newest first */
-    uint64_t next_export;      /* export ids: +1 each */
+    struct mm_export *exports;      /* live exports (kvmm_export.c), newest first */
+    uint64_t next_export;           /* export ids: +1 each */
     uint32_t n_exports;
     char err[320];
 };

@@ -62,8 +62,7 @@ int pool_init(struct pool *p, struct backend *be, size_t block_bytes, uint32_t n
             if (!p->pages[t])
                 goto out_nomem;
         } else {
-            err = be->ops->arena_alloc(be, (enum kvd_tier)t, (size_t)n * block_bytes,
-                                       &p->arena[t]);
+            err = be->ops->arena_alloc(be, (enum kvd_tier)t, (size_t)n * block_bytes, &p->arena[t]);
             if (err)
                 goto out_err;
         }
@@ -329,8 +328,8 @@ int pool_check(const struct pool *p, char *msg, size_t msglen)
             }
         }
         if (withheld != p->n_withheld[t]) {
-            snprintf(msg, msglen, "pool: tier %d: pages withhold %u slots, counted %u", t,
-                     withheld, p->n_withheld[t]);
+            snprintf(msg, msglen, "pool: tier %d: pages withhold %u slots, counted %u", t, withheld,
+                     p->n_withheld[t]);
             goto out;
         }
     }

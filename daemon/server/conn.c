@@ -119,28 +119,28 @@ static void fdq_run(struct conn *c)
         if (n < 0) {
             /* The peer is gone or the socket broke: nothing more can be
              * delivered; libevent's own write reports it. */
-            log_debug("conn %llu: sending a reply with descriptors: %s",
-                      (unsigned long long)c->id, strerror(errno));
+            log_debug("conn %llu: sending a reply with descriptors: %s", (unsigned long long)c->id,
+                      strerror(errno));
             n = 0;
         }
         c->fdq_head = f->next;
         if (!c->fdq_head)
             c->fdq_tail = NULL;
-        if ((size_t)n < f->len &&
-            evbuffer_add(out, f->data + n, f->len - (size_t)n) != 0)
+        if ((size_t)n < f->len && evbuffer_add(out, f->data + n, f->len - (size_t)n) != 0)
             log_err("conn %llu: out of memory queueing a reply", (unsigned long long)c->id);
         evbuffer_add_buffer(out, f->after);
         fdframe_free(f); /* the descriptors are the peer's now: ours close */
     }
     /* The write callback must come at empty, not at the low watermark, for
      * the next frame. */
-    bufferevent_setwatermark(c->bev, EV_WRITE,
-                             c->fdq_head || c->closing ? 0 : c->env->out_high / 2, 0);
+    bufferevent_setwatermark(c->bev, EV_WRITE, c->fdq_head || c->closing ? 0 : c->env->out_high / 2,
+                             0);
     if (c->fdq_head)
         bufferevent_enable(c->bev, EV_WRITE);
     else if (c->closing && evbuffer_get_length(out) == 0)
         /* Nothing left for libevent to write: its write callback frees c. */
-        bufferevent_trigger(c->bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+        bufferevent_trigger(c->bev, EV_WRITE,
+                            BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
 }
 
 int conn_reply_fds(struct conn *c, int *fds, size_t n)
@@ -174,10 +174,9 @@ void conn_fds_attach(struct conn *c, size_t at, bool ok)
     if (!fds)
         return;
     if (ok && at < sb->size && (f = calloc(1, sizeof *f)) && (f->after = evbuffer_new()) &&
-        (f->data = malloc(sb->size - at)) && (c->fd_ev || (c->fd_ev = event_new(
-                                                               c->env->base,
-                                                               bufferevent_getfd(c->bev),
-                                                               EV_WRITE, fd_ev_cb, c)))) {
+        (f->data = malloc(sb->size - at)) &&
+        (c->fd_ev ||
+         (c->fd_ev = event_new(c->env->base, bufferevent_getfd(c->bev), EV_WRITE, fd_ev_cb, c)))) {
         f->len = sb->size - at;
         memcpy(f->data, sb->data + at, f->len);
         f->fds = fds;

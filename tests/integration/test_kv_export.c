@@ -26,8 +26,8 @@ static const char conf[] = "[front-end]\nuids = 0\n";
 
 static int setup(void **state)
 {
-    static const char *const args[] = {"--backend",   "cpu", "--device-blocks", "64",
-                                       "--host-blocks", "16", NULL};
+    static const char *const args[] = {"--backend", "cpu", "--device-blocks", "64", "--host-blocks",
+                                       "16",        NULL};
     struct kh_proc *d = kh_new(conf, args);
     if (!d)
         return -1;
