@@ -54,6 +54,10 @@ struct kvd_conn {
     struct kvd_reply_impl *kept_head, *kept_tail;
     /* The last id-0 error the daemon sent (why it closed on us). */
     char last_orphan[KVD_ERRSTR_LEN];
+    /* Descriptors received (SCM_RIGHTS) and not yet given to a reply, in
+     * arrival order: a reply with "fds": N takes the first N. */
+    int *rfds;
+    size_t n_rfds, cap_rfds;
 };
 
 /* ---- errors -------------------------------------------------------------- */
@@ -227,6 +231,9 @@ void kvd_close(struct kvd_ctx *ctx)
             kvd_reply_free(&r->pub);
             r = next;
         }
+        for (size_t i = 0; i < c->n_rfds; i++)
+            close(c->rfds[i]);
+        free(c->rfds);
         free(c->tab);
         free(c->rbuf);
         msgpack_sbuffer_destroy(&c->wbuf);
@@ -531,6 +538,39 @@ int kvd_send_frame(struct kvd_ctx *ctx, const void *payload, size_t len)
 
 /* ---- receiving ------------------------------------------------------------ */
 
+/* Keeps the descriptors of a recvmsg in arrival order. */
+static int conn_take_fds(struct kvd_ctx *ctx, struct msghdr *mh)
+{
+    struct kvd_conn *c = ctx->conn;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        const unsigned char *data = CMSG_DATA(cm);
+        if (c->n_rfds + k > c->cap_rfds) {
+            size_t ncap = c->cap_rfds ? c->cap_rfds * 2 : 16;
+            while (ncap < c->n_rfds + k)
+                ncap *= 2;
+            int *nv = realloc(c->rfds, sizeof *nv * ncap);
+            if (!nv) {
+                for (size_t i = 0; i < k; i++) {
+                    int fd;
+                    memcpy(&fd, data + i * sizeof fd, sizeof fd);
+                    close(fd);
+                }
+                return conn_fail(ctx, "out of memory receiving descriptors");
+            }
+            c->rfds = nv;
+            c->cap_rfds = ncap;
+        }
+        for (size_t i = 0; i < k; i++)
+            memcpy(&c->rfds[c->n_rfds++], data + i * sizeof(int), sizeof(int));
+    }
+    if (mh->msg_flags & MSG_CTRUNC)
+        return conn_fail(ctx, "descriptors from kvd were cut off (MSG_CTRUNC)");
+    return 0;
+}
+
 /* Reads at least one more byte into rbuf (compacting or growing it so that
  * `need` bytes past rpos fit). */
 static int conn_read_more(struct kvd_ctx *ctx, size_t need, bool nonblock)
@@ -564,7 +604,18 @@ static int conn_read_more(struct kvd_ctx *ctx, size_t need, bool nonblock)
             if (pr == 0)
                 return conn_fail(ctx, "timed out after %d ms waiting for kvd", c->timeout_ms);
         }
-        n = recv(ctx->fd, c->rbuf + c->rlen, c->rcap - c->rlen, nonblock ? MSG_DONTWAIT : 0);
+        /* recvmsg, so descriptors a reply carries (kv_export) are kept:
+         * they arrive with the first byte of their frame. */
+        char cbuf[CMSG_SPACE(sizeof(int) * KVD_MAX_EXPORT_FDS)];
+        struct iovec iov = {.iov_base = c->rbuf + c->rlen, .iov_len = c->rcap - c->rlen};
+        struct msghdr mh = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+        n = recvmsg(ctx->fd, &mh, MSG_CMSG_CLOEXEC | (nonblock ? MSG_DONTWAIT : 0));
+        if (n >= 0) {
+            int rc = conn_take_fds(ctx, &mh);
+            if (rc)
+                return rc;
+        }
         if (n > 0) {
             c->rlen += (size_t)n;
             return 0;
@@ -640,6 +691,20 @@ static int conn_dispatch(struct kvd_ctx *ctx, struct kvd_reply_impl *r, uint64_t
         return 0;
     }
     *id_done = r->pub.id;
+    const struct kvd_value *fv = r->pub.err ? NULL : kvd_value_get(r->pub.body, "fds");
+    uint64_t nf = 0;
+    if (fv && kvd_value_u64(fv, &nf) == 0 && nf > 0) {
+        /* Its descriptors came with its first byte: the oldest received. */
+        if (nf > c->n_rfds || !(r->fds = malloc(sizeof(int) * nf))) {
+            kvd_reply_free(&r->pub);
+            return conn_fail(ctx, "a reply announces %llu descriptors; %zu came",
+                             (unsigned long long)nf, c->n_rfds);
+        }
+        memcpy(r->fds, c->rfds, sizeof(int) * nf);
+        r->n_fds = nf;
+        memmove(c->rfds, c->rfds + nf, sizeof(int) * (c->n_rfds - nf));
+        c->n_rfds -= nf;
+    }
     if (p && p->discard) {
         c->n_discard--;
         tab_del(c, p);

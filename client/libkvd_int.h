@@ -17,7 +17,9 @@ struct kvd_reply_impl {
     struct kvd_reply pub; /* first: a kvd_reply * is a kvd_reply_impl * */
     char *frame;          /* payload: frame_len bytes + a spare NUL, after the nodes */
     size_t frame_len;
-    bool is_event;                      /* {"id", "event", ...} rather than a reply */
+    bool is_event; /* {"id", "event", ...} rather than a reply */
+    int *fds;      /* (n_fds) descriptors that came with it (kv_export) */
+    size_t n_fds;
     struct kvd_reply_impl *prev, *next; /* kept-replies FIFO, oldest first */
 };
 

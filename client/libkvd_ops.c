@@ -5,7 +5,11 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "libkvd_int.h"
 
@@ -791,4 +795,134 @@ int kvd_admin_check(struct kvd_ctx *ctx, struct kvd_reply **out)
 int kvd_admin_shutdown(struct kvd_ctx *ctx)
 {
     return call_void(ctx, KVD_OP_ADMIN_SHUTDOWN, NULL, 0);
+}
+
+/* ---- zero-copy export ------------------------------------------------------ */
+
+static void export_free(struct kvd_export *ex)
+{
+    if (!ex)
+        return;
+    for (size_t i = 0; i < ex->n_maps; i++) {
+        if (ex->maps[i].addr && ex->maps[i].addr != MAP_FAILED)
+            munmap(ex->maps[i].addr, ex->maps[i].len);
+        if (ex->maps[i].fd >= 0)
+            close(ex->maps[i].fd);
+    }
+    free(ex->maps);
+    free(ex->blocks);
+    free(ex);
+}
+
+int kvd_kv_export(struct kvd_ctx *ctx, uint64_t seq, size_t from_token, size_t n_tokens,
+                  bool writable, struct kvd_export **out)
+{
+    struct kvd_arg args[] = {KVD_ARG_U("seq", seq), KVD_ARG_U("from_token", from_token),
+                             KVD_ARG_U("n_tokens", n_tokens), KVD_ARG_B("writable", writable)};
+    struct kvd_reply *r = NULL;
+    struct kvd_reply_impl *ri;
+    struct kvd_export *ex = NULL;
+    const struct kvd_value *bl;
+    uint64_t id, nfd, from;
+    int rc;
+
+    *out = NULL;
+    if ((rc = call(ctx, KVD_OP_KV_EXPORT, args, 4, &r)))
+        return rc;
+    ri = (struct kvd_reply_impl *)r;
+    if ((rc = kvd_reply_u64(ctx, r, "export", &id)) || (rc = kvd_reply_u64(ctx, r, "fds", &nfd)) ||
+        (rc = kvd_reply_u64(ctx, r, "from_block", &from)))
+        goto out;
+    bl = kvd_value_get(r->body, "blocks");
+    if (!bl || bl->type != KVD_T_ARRAY) {
+        rc = bad_reply(ctx, r, "blocks", "array");
+        goto out;
+    }
+    if (nfd != ri->n_fds) {
+        rc = kvd_set_err(ctx, KVD_EINTERNAL,
+                         "kv_export announced %" PRIu64 " descriptors, %zu came", nfd, ri->n_fds);
+        goto out;
+    }
+    ex = calloc(1, sizeof *ex);
+    if (!ex || !(ex->maps = calloc(nfd ? nfd : 1, sizeof *ex->maps)) ||
+        !(ex->blocks = calloc(bl->v.array.n ? bl->v.array.n : 1, sizeof *ex->blocks))) {
+        rc = kvd_set_err(ctx, KVD_ENOMEM, "out of memory");
+        goto out;
+    }
+    ex->id = id;
+    ex->from_block = from;
+    for (size_t i = 0; i < nfd; i++) {
+        ex->maps[i].fd = ri->fds[i];
+        ri->fds[i] = -1; /* ours now */
+        ex->maps[i].addr = NULL;
+    }
+    ex->n_maps = nfd;
+    /* Which pages are writable: any writable block says so for its page. */
+    for (size_t i = 0; i < bl->v.array.n; i++) {
+        const struct kvd_value *e = &bl->v.array.items[i], *w = kvd_value_get(e, "writable");
+        uint64_t fd, off, bytes;
+        if (kvd_value_u64(kvd_value_get(e, "fd"), &fd) || fd >= nfd ||
+            kvd_value_u64(kvd_value_get(e, "offset"), &off) ||
+            kvd_value_u64(kvd_value_get(e, "bytes"), &bytes) || !w || w->type != KVD_T_BOOL) {
+            rc = bad_reply(ctx, r, "blocks", "array of {fd, offset, bytes, writable}");
+            goto out;
+        }
+        ex->blocks[i].fd = (unsigned)fd;
+        ex->blocks[i].offset = off;
+        ex->blocks[i].bytes = (size_t)bytes;
+        ex->blocks[i].writable = w->v.b;
+        if (w->v.b)
+            ex->maps[fd].writable = true;
+    }
+    ex->n_blocks = bl->v.array.n;
+    /* Each page mapped whole (its size from fstat): offsets stay as sent. */
+    for (size_t i = 0; i < nfd; i++) {
+        struct stat sb;
+        struct kvd_export_map *m = &ex->maps[i];
+        if (fstat(m->fd, &sb) != 0 || sb.st_size <= 0) {
+            rc = kvd_set_err(ctx, KVD_EINTERNAL, "export descriptor %zu: %s", i,
+                             strerror(errno ? errno : EINVAL));
+            goto out;
+        }
+        m->len = (size_t)sb.st_size;
+        m->addr = mmap(NULL, m->len, PROT_READ | (m->writable ? PROT_WRITE : 0),
+                       MAP_SHARED | MAP_POPULATE, m->fd, 0);
+        if (m->addr == MAP_FAILED) {
+            m->addr = NULL;
+            rc = kvd_set_err(ctx, KVD_EINTERNAL, "cannot map export page %zu: %s", i,
+                             strerror(errno));
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < ex->n_blocks; i++) {
+        struct kvd_export_block *b = &ex->blocks[i];
+        if (b->offset > ex->maps[b->fd].len || b->bytes > ex->maps[b->fd].len - b->offset) {
+            rc = kvd_set_err(ctx, KVD_EINTERNAL, "export block %zu lies outside its page", i);
+            goto out;
+        }
+        b->data = (char *)ex->maps[b->fd].addr + b->offset;
+    }
+    *out = ex;
+    ex = NULL;
+out:
+    if (ex) {
+        /* Tell the daemon too: it pinned the pages for nothing. */
+        struct kvd_arg a = KVD_ARG_U("export", ex->id);
+        if (ex->id)
+            (void)kvd_call(ctx, KVD_OP_KV_EXPORT_RELEASE, &a, 1, NULL);
+        export_free(ex);
+    }
+    kvd_reply_free(r);
+    return rc;
+}
+
+int kvd_kv_export_release(struct kvd_ctx *ctx, struct kvd_export *ex)
+{
+    int rc;
+    if (!ex)
+        return 0;
+    struct kvd_arg a = KVD_ARG_U("export", ex->id);
+    rc = call_void(ctx, KVD_OP_KV_EXPORT_RELEASE, &a, 1);
+    export_free(ex);
+    return rc;
 }

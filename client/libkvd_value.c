@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "libkvd_int.h"
 
@@ -302,6 +303,8 @@ int kvd_reply_decode(const char *src, size_t len, struct kvd_reply_impl **out, c
     root = (struct kvd_value *)(r + 1);
     r->frame = (char *)(root + n_obj);
     r->frame_len = len;
+    r->fds = NULL;
+    r->n_fds = 0;
     memcpy(r->frame, src, len);
     r->frame[len] = '\0';
     struct dec d = {(const uint8_t *)src, r->frame, len, 0, root + 1, root + n_obj};
@@ -361,6 +364,13 @@ out_free:
 
 void kvd_reply_free(struct kvd_reply *pub)
 {
+    struct kvd_reply_impl *r = (struct kvd_reply_impl *)pub;
+    if (r) {
+        for (size_t i = 0; i < r->n_fds; i++)
+            if (r->fds[i] >= 0)
+                close(r->fds[i]);
+        free(r->fds);
+    }
     free(pub); /* one allocation (kvd_reply_decode) */
 }
 

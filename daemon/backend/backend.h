@@ -6,6 +6,7 @@
 #ifndef KVD_BACKEND_H
 #define KVD_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,6 +41,23 @@ struct backend_ops {
     int (*copy_async)(struct backend *be, void *dst, enum kvd_tier dst_tier, const void *src,
                       enum kvd_tier src_tier, size_t bytes);
     int (*copy_wait)(struct backend *be); /* waits for every copy_async issued so far */
+    /* Exportable arenas (kv_export). Optional: NULL where the backend's
+     * memory cannot be handed to another process by descriptor (cuda
+     * without the VMM pool). arena_alloc_paged maps n_units units of `unit`
+     * bytes as whole pages of *units_per_page units each (the backend picks
+     * it: about 2 MiB, a multiple of the OS page size, few enough pages for
+     * its descriptor budget), so no unit straddles two pages; the memory is
+     * host-addressable and zero-filled, and arena_free frees it. */
+    int (*arena_alloc_paged)(struct backend *be, enum kvd_tier tier, size_t unit, size_t n_units,
+                             size_t *units_per_page, void **out);
+    /* A new descriptor (the caller's to close) of page `page` of the paged
+     * arena at `arena`: read-write, or read-only (one that cannot be mapped
+     * writable). 0, KVD_ENOMEM (out of descriptors) or KVD_EINTERNAL. */
+    int (*arena_page_fd)(struct backend *be, void *arena, size_t page, bool writable, int *fd);
+    /* Gives page `page` fresh zeroed memory at the same address; the old
+     * memory stays with whoever still maps it. Nothing may be using the
+     * page's bytes meanwhile. 0 or KVD_ENOMEM. */
+    int (*arena_page_renew)(struct backend *be, void *arena, size_t page);
     void (*destroy)(struct backend *be);
 };
 

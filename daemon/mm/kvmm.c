@@ -86,6 +86,7 @@ void kvmm_free(struct kvmm *mm)
 #endif
     mm_remote_free(mm); /* its writer stops first: it takes the lock */
     mm_disk_free(mm);   /* the same */
+    mm_exports_free(mm);
     seq_table_free(&mm->st);
     radix_destroy(&mm->radix);
     pool_destroy(&mm->pool);
@@ -377,6 +378,10 @@ void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st)
     st->host_used = st->host_total - st->host_free - st->host_cached;
     st->n_seqs = mm->st.n_open;
     st->n_tenants = mm->tt.n;
+    st->exports = mm->n_exports;
+    st->export_pages = p->n_pinned;
+    st->export_draining = p->n_draining;
+    st->export_withheld = p->n_withheld[KVD_TIER_DEVICE] + p->n_withheld[KVD_TIER_HOST];
 }
 
 int kvmm_tenant_stats(struct kvmm *mm, uint32_t tenant, struct kvmm_tenant_stats *st)

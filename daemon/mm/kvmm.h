@@ -205,6 +205,50 @@ int kvmm_seq_blocks(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t 
 /* Committed token ids (for the executor), up to cap. */
 const uint32_t *kvmm_seq_tokens(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t *n);
 
+/* ---- zero-copy export (kvmm_export.c) -----------------------------------
+ * The blocks of tokens [from, from+n) of a sequence as pages of the paged
+ * arenas (pool.h: struct pool_page) that one descriptor each maps: which
+ * page, where in it, and whether the page may be mapped writable. Refused
+ * (KVD_EPERM) unless every block in each page is the sequence tenant's own
+ * or a tree block of the sequence's namespace: the pool is one flat array
+ * per tier, so a page may hold several tenants' blocks. A page is writable
+ * when `writable` was asked, it is a device page, the sequence is in its
+ * tenant's own namespace, and every block in the page is this sequence's
+ * alone (no other reference, not in the tree). Pinned pages take no new
+ * block until released and empty (then they get fresh memory).
+ * KVD_EUNSUPPORTED where the backend's arenas are not paged. At most
+ * max_pages pages (KVD_ETOOLARGE past it). The caller frees *out with
+ * kvmm_export_info_free. */
+struct kvmm_export_page {
+    uint8_t tier;  /* enum kvd_tier */
+    uint32_t page; /* of that tier's arena */
+    bool writable;
+};
+struct kvmm_export_block {
+    uint32_t page;   /* index into pages */
+    uint64_t offset; /* bytes from the page's start */
+};
+struct kvmm_export_info {
+    uint64_t id;       /* names it to kvmm_export_release */
+    size_t from_block; /* index of blocks[0] in the sequence */
+    size_t n_pages, n_blocks;
+    struct kvmm_export_page *pages;
+    struct kvmm_export_block *blocks;
+    size_t page_bytes[2]; /* per tier: bytes one page's descriptor maps */
+};
+int kvmm_seq_export(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t tenant, bool admin,
+                    size_t from, size_t n, bool writable, size_t max_pages,
+                    struct kvmm_export_info *out);
+void kvmm_export_info_free(struct kvmm_export_info *info);
+/* Ends export `id` of owner (KVD_ENOTFOUND if none), or every export of
+ * sequence seq (*n ended, 0 is not an error). kvmm_close_owner ends all of
+ * the owner's. */
+int kvmm_export_release(struct kvmm *mm, kvmm_owner owner, uint64_t id);
+int kvmm_export_release_seq(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t *n);
+/* A new descriptor of an exported page (the caller's to close): the
+ * backend's arena_page_fd. 0, KVD_ENOMEM, KVD_EINTERNAL. */
+int kvmm_export_fd(struct kvmm *mm, const struct kvmm_export_page *pg, int *fd);
+
 /* ---- for the executor --------------------------------------------------- */
 /* Makes tokens [start, start+n) writable on the device: restores host blocks,
  * copies shared blocks (COW). After it, kvmm_seq_device_slots gives the
@@ -417,6 +461,10 @@ struct kvmm_stats {
     uint64_t evictions_device, drops, checksum_failures, cow_copies;
     uint64_t match_tokens_asked, match_tokens_hit;
     uint32_t n_seqs, n_tenants;
+    /* kv_export: live exports, pages they pin (both tiers), pages released
+     * and not yet empty (draining), free slots withheld in both (counted in
+     * device_used/host_used: they are no one's to allocate). */
+    uint32_t exports, export_pages, export_draining, export_withheld;
 };
 void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st);
 int kvmm_tenant_stats(struct kvmm *mm, uint32_t tenant, struct kvmm_tenant_stats *st);

@@ -47,8 +47,15 @@ struct kvmm {
     uint64_t pub_root;              /* root of the published hashes */
     bool events_quiet;              /* kvmm_clear: one AllBlocksCleared instead */
     struct kvmm_remote *remote;     /* the remote tier's side (kvmm_remote.c); NULL without one */
+    struct mm_export *exports;      /* live exports (kvmm_export.c), newest first */
+    uint64_t next_export;           /* export ids: +1 each */
+    uint32_t n_exports;
     char err[320];
 };
+
+/* Ends every export of owner (kvmm_close_owner); frees them all (kvmm_free). */
+void mm_exports_close_owner(struct kvmm *mm, kvmm_owner owner);
+void mm_exports_free(struct kvmm *mm);
 
 /* The lock rule, checked (KVD_LOCK_CHECKS: Debug and sanitizer builds):
  * MM_ASSERT_LOCKED(mm) opens every kvmm_* entry point and aborts, naming

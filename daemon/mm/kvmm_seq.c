@@ -206,6 +206,7 @@ int kvmm_seq_close(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq)
 void kvmm_close_owner(struct kvmm *mm, kvmm_owner owner)
 {
     MM_ASSERT_LOCKED(mm);
+    mm_exports_close_owner(mm, owner);
     for (uint32_t i = 0; i < mm->st.n; i++) {
         struct seq *s = mm->st.v[i];
         if ((s->gen & 1) && s->owner == owner)

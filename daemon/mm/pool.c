@@ -48,9 +48,24 @@ int pool_init(struct pool *p, struct backend *be, size_t block_bytes, uint32_t n
             p->slot_block[t][i] = POOL_NONE;
         }
         p->n_free_slots[t] = n;
-        err = be->ops->arena_alloc(be, (enum kvd_tier)t, (size_t)n * block_bytes, &p->arena[t]);
-        if (err)
-            goto out_err;
+        if (be->ops->arena_alloc_paged) {
+            size_t upp = 0;
+            err = be->ops->arena_alloc_paged(be, (enum kvd_tier)t, block_bytes, n, &upp,
+                                             &p->arena[t]);
+            if (err)
+                goto out_err;
+            if (upp == 0 || upp > UINT32_MAX)
+                goto out_badreq;
+            p->slots_per_page[t] = (uint32_t)upp;
+            p->n_pages[t] = (uint32_t)((n + upp - 1) / upp);
+            p->pages[t] = calloc(p->n_pages[t], sizeof(struct pool_page));
+            if (!p->pages[t])
+                goto out_nomem;
+        } else {
+            err = be->ops->arena_alloc(be, (enum kvd_tier)t, (size_t)n * block_bytes, &p->arena[t]);
+            if (err)
+                goto out_err;
+        }
     }
     return 0;
 
@@ -72,22 +87,114 @@ void pool_destroy(struct pool *p)
                                    (size_t)p->n_slots[t] * p->block_bytes);
         free(p->free_slots[t]);
         free(p->slot_block[t]);
+        free(p->pages[t]);
     }
     free(p->blocks);
     free(p->free_ids);
     memset(p, 0, sizeof *p);
 }
 
+/* A page's slots go back to the free stack, its memory renewed first:
+ * whoever still maps the old memory (an exporter that released it, or a
+ * process it passed the descriptor to) never sees what comes next. */
+static void page_recycle(struct pool *p, enum kvd_tier tier, uint32_t pg)
+{
+    struct pool_page *g = &p->pages[tier][pg];
+    uint32_t spp = p->slots_per_page[tier], s0 = pg * spp;
+    uint32_t s1 = s0 + spp < p->n_slots[tier] ? s0 + spp : p->n_slots[tier];
+
+    if (p->be->ops->arena_page_renew(p->be, p->arena[tier], pg) != 0)
+        return; /* out of memory or descriptors: stays withheld, retried at the next free */
+    for (uint32_t s = s0; s < s1; s++)
+        if (p->slot_block[tier][s] == POOL_NONE && g->withheld) {
+            p->free_slots[tier][p->n_free_slots[tier]++] = s;
+            g->withheld--;
+            p->n_withheld[tier]--;
+        }
+    g->draining = 0;
+    p->n_draining--;
+}
+
+/* The slot became free: onto the stack, or withheld in an exported page. */
+static void slot_free(struct pool *p, enum kvd_tier tier, uint32_t slot)
+{
+    if (p->pages[tier]) {
+        struct pool_page *g = &p->pages[tier][pool_page_of(p, tier, slot)];
+        g->n_used--;
+        if (g->pins || g->draining) {
+            g->withheld++;
+            p->n_withheld[tier]++;
+            if (!g->pins && g->n_used == 0)
+                page_recycle(p, tier, pool_page_of(p, tier, slot));
+            return;
+        }
+    }
+    p->free_slots[tier][p->n_free_slots[tier]++] = slot;
+}
+
+static uint32_t slot_pop(struct pool *p, enum kvd_tier tier)
+{
+    uint32_t slot = p->free_slots[tier][--p->n_free_slots[tier]];
+    if (p->pages[tier])
+        p->pages[tier][pool_page_of(p, tier, slot)].n_used++;
+    return slot;
+}
+
 uint32_t pool_slot_take(struct pool *p, enum kvd_tier tier)
 {
     if (p->n_free_slots[tier] == 0)
         return POOL_NONE;
-    return p->free_slots[tier][--p->n_free_slots[tier]];
+    return slot_pop(p, tier);
 }
 
 void pool_slot_give(struct pool *p, enum kvd_tier tier, uint32_t slot)
 {
-    p->free_slots[tier][p->n_free_slots[tier]++] = slot;
+    slot_free(p, tier, slot);
+}
+
+void pool_pin(struct pool *p, enum kvd_tier tier, uint32_t pg)
+{
+    struct pool_page *g = &p->pages[tier][pg];
+    uint32_t spp = p->slots_per_page[tier], s0 = pg * spp;
+    uint32_t s1 = s0 + spp < p->n_slots[tier] ? s0 + spp : p->n_slots[tier];
+
+    if (g->pins++ == 0) {
+        p->n_pinned++;
+        if (!g->draining) {
+            /* Take the page's free slots off the stack (one pass over it). */
+            uint32_t k = 0;
+            for (uint32_t i = 0; i < p->n_free_slots[tier]; i++) {
+                uint32_t s = p->free_slots[tier][i];
+                if (s >= s0 && s < s1) {
+                    g->withheld++;
+                    p->n_withheld[tier]++;
+                } else {
+                    p->free_slots[tier][k++] = s;
+                }
+            }
+            p->n_free_slots[tier] = k;
+        } else {
+            g->draining = 0;
+            p->n_draining--;
+        }
+    }
+    /* What freed blocks left in the page's free slots is no exporter's. */
+    for (uint32_t s = s0; s < s1; s++)
+        if (p->slot_block[tier][s] == POOL_NONE)
+            memset(pool_slot_ptr(p, tier, s), 0, p->block_bytes);
+}
+
+void pool_unpin(struct pool *p, enum kvd_tier tier, uint32_t pg)
+{
+    struct pool_page *g = &p->pages[tier][pg];
+
+    if (g->pins == 0 || --g->pins > 0)
+        return;
+    p->n_pinned--;
+    g->draining = 1;
+    p->n_draining++;
+    if (g->n_used == 0)
+        page_recycle(p, tier, pg);
 }
 
 int pool_alloc(struct pool *p, enum kvd_tier tier, uint32_t tenant, uint32_t *id)
@@ -97,7 +204,7 @@ int pool_alloc(struct pool *p, enum kvd_tier tier, uint32_t tenant, uint32_t *id
 
     if (p->n_free_slots[tier] == 0 || p->n_free_ids == 0)
         return KVD_ENOMEM;
-    slot = p->free_slots[tier][--p->n_free_slots[tier]];
+    slot = slot_pop(p, tier);
     i = p->free_ids[--p->n_free_ids];
     b = &p->blocks[i];
     b->refcount = 1;
@@ -125,7 +232,7 @@ bool pool_unref(struct pool *p, uint32_t id)
     if (--b->refcount > 0)
         return false;
     p->slot_block[b->tier][b->slot] = POOL_NONE;
-    p->free_slots[b->tier][p->n_free_slots[b->tier]++] = b->slot;
+    slot_free(p, (enum kvd_tier)b->tier, b->slot);
     p->free_ids[p->n_free_ids++] = id;
     b->used = 0;
     b->slot = POOL_NONE;
@@ -200,9 +307,30 @@ int pool_check(const struct pool *p, char *msg, size_t msglen)
             sseen[s] = 1;
         }
         free(sseen);
-        if (used_slots[t] + p->n_free_slots[t] != n) {
-            snprintf(msg, msglen, "pool: tier %d: %u used + %u free slots != %u total", t,
-                     used_slots[t], p->n_free_slots[t], n);
+        if (used_slots[t] + p->n_free_slots[t] + p->n_withheld[t] != n) {
+            snprintf(msg, msglen,
+                     "pool: tier %d: %u used + %u free + %u withheld slots != %u total", t,
+                     used_slots[t], p->n_free_slots[t], p->n_withheld[t], n);
+            goto out;
+        }
+        uint32_t withheld = 0;
+        for (uint32_t g = 0; p->pages[t] && g < p->n_pages[t]; g++) {
+            const struct pool_page *pg = &p->pages[t][g];
+            uint32_t s0 = g * p->slots_per_page[t], used_here = 0;
+            uint32_t s1 = s0 + p->slots_per_page[t] < n ? s0 + p->slots_per_page[t] : n;
+            for (uint32_t s = s0; s < s1; s++)
+                used_here += p->slot_block[t][s] != POOL_NONE;
+            withheld += pg->withheld;
+            if (used_here != pg->n_used || (pg->withheld && !pg->pins && !pg->draining)) {
+                snprintf(msg, msglen,
+                         "pool: tier %d page %u: %u blocks, counted %u (withheld %u, pins %u)", t,
+                         g, used_here, pg->n_used, pg->withheld, pg->pins);
+                goto out;
+            }
+        }
+        if (withheld != p->n_withheld[t]) {
+            snprintf(msg, msglen, "pool: tier %d: pages withhold %u slots, counted %u", t, withheld,
+                     p->n_withheld[t]);
             goto out;
         }
     }

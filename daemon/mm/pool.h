@@ -48,6 +48,19 @@ enum pool_disk { POOL_DISK_NONE = 0, POOL_DISK_QUEUED, POOL_DISK_CLEAN, POOL_DIS
 #define POOL_REMOTE_FULL 1u
 #define POOL_REMOTE_TAIL 2u
 
+/* A page of a paged arena (kv_export): slots_per_page[t] consecutive slots
+ * that one descriptor maps. While a page is exported (pins > 0) and
+ * afterwards until it is empty (draining), its free slots are withheld:
+ * off the free stack, so no new block (of anyone) lands where an exporter
+ * can see. Once unpinned and empty it gets fresh memory (the backend's
+ * arena_page_renew) and its slots go back to the stack. */
+struct pool_page {
+    uint32_t pins;     /* live exports that include the page */
+    uint32_t n_used;   /* slots of the page holding a block (or taken) */
+    uint32_t withheld; /* free slots of the page kept off the stack */
+    uint8_t draining;  /* exported once, waiting to be empty */
+};
+
 struct pool {
     struct backend *be; /* not owned */
     size_t block_bytes;
@@ -59,6 +72,13 @@ struct pool {
     uint32_t *free_slots[POOL_TIERS]; /* stacks (n_slots[t]) */
     uint32_t n_free_slots[POOL_TIERS];
     uint32_t *slot_block[POOL_TIERS]; /* (n_slots[t]) slot -> id, POOL_NONE when free */
+    /* Paged arenas (backend arena_alloc_paged): 0 slots per page when the
+     * backend cannot export (then pages is NULL). */
+    uint32_t slots_per_page[POOL_TIERS];
+    uint32_t n_pages[POOL_TIERS];
+    struct pool_page *pages[POOL_TIERS]; /* (n_pages[t]) */
+    uint32_t n_withheld[POOL_TIERS];     /* sum of pages' withheld */
+    uint32_t n_pinned, n_draining;       /* pages, both tiers */
 };
 
 /* Arenas come from the backend (zero-filled). 0 or KVD_ENOMEM/KVD_EBADREQ. */
@@ -101,6 +121,17 @@ static inline uint32_t pool_free_slots(const struct pool *p, enum kvd_tier tier)
 uint32_t pool_slot_take(struct pool *p, enum kvd_tier tier);
 void pool_slot_give(struct pool *p, enum kvd_tier tier, uint32_t slot);
 void pool_retier(struct pool *p, uint32_t id, enum kvd_tier tier, uint32_t slot);
+
+/* Export pages (see struct pool_page). pool_page_of: the page of a slot.
+ * pool_pin: the page enters an export; its free slots are zeroed (they may
+ * hold what freed blocks left) and withheld. pool_unpin: an export of it
+ * ended; the page drains. Both only where slots_per_page[tier] > 0. */
+static inline uint32_t pool_page_of(const struct pool *p, enum kvd_tier tier, uint32_t slot)
+{
+    return slot / p->slots_per_page[tier];
+}
+void pool_pin(struct pool *p, enum kvd_tier tier, uint32_t page);
+void pool_unpin(struct pool *p, enum kvd_tier tier, uint32_t page);
 
 /* Structural invariants: stacks + used = totals, slot maps agree with blocks,
  * nothing both free and used. 0, or KVD_EINTERNAL with a message in msg. */

@@ -49,6 +49,164 @@ static void conn_buf_cb(struct evbuffer *buf, const struct evbuffer_cb_info *inf
 static void conn_write_cb(struct bufferevent *bev, void *arg);
 static void conn_event_cb(struct bufferevent *bev, short what, void *arg);
 
+/* A reply frame with descriptors, waiting for everything before it to be
+ * written. */
+struct conn_fdframe {
+    struct conn_fdframe *next;
+    char *data; /* the frame */
+    size_t len;
+    int *fds; /* (n_fds) owned until sent */
+    size_t n_fds;
+    struct evbuffer *after; /* output produced after it */
+};
+
+static void fdframe_free(struct conn_fdframe *f)
+{
+    for (size_t i = 0; i < f->n_fds; i++)
+        close(f->fds[i]);
+    free(f->fds);
+    free(f->data);
+    if (f->after)
+        evbuffer_free(f->after);
+    free(f);
+}
+
+/* Where output goes now: behind the last queued descriptor frame, or the
+ * socket's buffer. */
+static struct evbuffer *conn_outbuf(struct conn *c)
+{
+    return c->fdq_tail ? c->fdq_tail->after : bufferevent_get_output(c->bev);
+}
+
+static void fdq_run(struct conn *c);
+
+static void fd_ev_cb(evutil_socket_t fd, short what, void *arg)
+{
+    fdq_run(arg);
+}
+
+/* Sends the head descriptor frame while the socket's buffer is empty: one
+ * sendmsg whose first byte is the frame's first byte carries the
+ * descriptors; what the socket did not take, and the output that waited
+ * behind the frame, go to the buffer. */
+static void fdq_run(struct conn *c)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    while (c->fdq_head && evbuffer_get_length(out) == 0) {
+        struct conn_fdframe *f = c->fdq_head;
+        char cbuf[CMSG_SPACE(sizeof(int) * KVD_MAX_EXPORT_FDS)];
+        struct iovec iov = {.iov_base = f->data, .iov_len = f->len};
+        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+        ssize_t n;
+        if (f->n_fds) {
+            memset(cbuf, 0, sizeof cbuf);
+            mh.msg_control = cbuf;
+            mh.msg_controllen = CMSG_SPACE(sizeof(int) * f->n_fds);
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int) * f->n_fds);
+            memcpy(CMSG_DATA(cm), f->fds, sizeof(int) * f->n_fds);
+        }
+        do
+            n = sendmsg(bufferevent_getfd(c->bev), &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (c->fd_ev)
+                event_add(c->fd_ev, NULL);
+            return;
+        }
+        if (n < 0) {
+            /* The peer is gone or the socket broke: nothing more can be
+             * delivered; libevent's own write reports it. */
+            log_debug("conn %llu: sending a reply with descriptors: %s", (unsigned long long)c->id,
+                      strerror(errno));
+            n = 0;
+        }
+        c->fdq_head = f->next;
+        if (!c->fdq_head)
+            c->fdq_tail = NULL;
+        if ((size_t)n < f->len && evbuffer_add(out, f->data + n, f->len - (size_t)n) != 0)
+            log_err("conn %llu: out of memory queueing a reply", (unsigned long long)c->id);
+        evbuffer_add_buffer(out, f->after);
+        fdframe_free(f); /* the descriptors are the peer's now: ours close */
+    }
+    /* The write callback must come at empty, not at the low watermark, for
+     * the next frame. */
+    bufferevent_setwatermark(c->bev, EV_WRITE, c->fdq_head || c->closing ? 0 : c->env->out_high / 2,
+                             0);
+    if (c->fdq_head)
+        bufferevent_enable(c->bev, EV_WRITE);
+    else if (c->closing && evbuffer_get_length(out) == 0)
+        /* Nothing left for libevent to write: its write callback frees c. */
+        bufferevent_trigger(c->bev, EV_WRITE,
+                            BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+}
+
+int conn_reply_fds(struct conn *c, int *fds, size_t n)
+{
+    int *v = malloc(sizeof *v * (n ? n : 1));
+    if (!v) {
+        for (size_t i = 0; i < n; i++)
+            close(fds[i]);
+        return KVD_ENOMEM;
+    }
+    for (size_t i = 0; i < c->n_reply_fds; i++)
+        close(c->reply_fds[i]);
+    free(c->reply_fds);
+    memcpy(v, fds, sizeof *v * n);
+    c->reply_fds = v;
+    c->n_reply_fds = n;
+    return 0;
+}
+
+static void flush_out(struct conn *c);
+
+void conn_fds_attach(struct conn *c, size_t at, bool ok)
+{
+    msgpack_sbuffer *sb = &c->env->out;
+    struct conn_fdframe *f = NULL;
+    int *fds = c->reply_fds;
+    size_t n = c->n_reply_fds;
+
+    c->reply_fds = NULL;
+    c->n_reply_fds = 0;
+    if (!fds)
+        return;
+    if (ok && at < sb->size && (f = calloc(1, sizeof *f)) && (f->after = evbuffer_new()) &&
+        (f->data = malloc(sb->size - at)) &&
+        (c->fd_ev ||
+         (c->fd_ev = event_new(c->env->base, bufferevent_getfd(c->bev), EV_WRITE, fd_ev_cb, c)))) {
+        f->len = sb->size - at;
+        memcpy(f->data, sb->data + at, f->len);
+        f->fds = fds;
+        f->n_fds = n;
+        sb->size = at;
+        flush_out(c); /* everything before the frame */
+        if (c->fdq_tail)
+            c->fdq_tail->next = f;
+        else
+            c->fdq_head = f;
+        c->fdq_tail = f;
+        fdq_run(c);
+        return;
+    }
+    if (f) {
+        f->fds = NULL;
+        fdframe_free(f);
+    }
+    for (size_t i = 0; i < n; i++)
+        close(fds[i]);
+    free(fds);
+    if (ok) {
+        /* No memory to queue it: the reply cannot keep its promise. */
+        sb->size = at;
+        log_err("conn %llu: out of memory queueing a reply with descriptors; closing",
+                (unsigned long long)c->id);
+        conn_close_after_flush(c);
+    }
+}
+
 msgpack_sbuffer *conn_reply_buf(struct conn *c)
 {
     return &c->env->out;
@@ -56,7 +214,7 @@ msgpack_sbuffer *conn_reply_buf(struct conn *c)
 
 int conn_send(struct conn *c, const void *data, size_t len)
 {
-    if (evbuffer_add(bufferevent_get_output(c->bev), data, len) != 0)
+    if (evbuffer_add(conn_outbuf(c), data, len) != 0)
         return KVD_ENOMEM;
     return 0;
 }
@@ -214,6 +372,16 @@ static void flush_out(struct conn *c)
 
     if (sb->size == 0)
         return;
+    if (c->fdq_tail) {
+        /* Behind a reply that carries descriptors: it must go first. */
+        if (evbuffer_add(c->fdq_tail->after, sb->data, sb->size) != 0) {
+            log_err("conn %llu: out of memory queueing a reply; closing",
+                    (unsigned long long)c->id);
+            conn_close_after_flush(c);
+        }
+        sb->size = 0;
+        return;
+    }
     if (evbuffer_get_length(out) == 0) {
         ssize_t n;
         do
@@ -374,8 +542,10 @@ static void conn_read_cb(struct bufferevent *bev, void *arg)
 static void conn_write_cb(struct bufferevent *bev, void *arg)
 {
     struct conn *c = arg;
+    if (c->fdq_head)
+        fdq_run(c);
     if (c->closing) {
-        if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+        if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 && !c->fdq_head)
             conn_free(c);
         return;
     }
@@ -424,6 +594,16 @@ void conn_free(struct conn *c)
     if (c->out_cb)
         evbuffer_remove_cb_entry(bufferevent_get_output(c->bev), c->out_cb);
     env->cbs->buffered(env->ctx, c, 0, c->buffered);
+    while (c->fdq_head) {
+        struct conn_fdframe *f = c->fdq_head;
+        c->fdq_head = f->next;
+        fdframe_free(f);
+    }
+    if (c->fd_ev)
+        event_free(c->fd_ev);
+    for (size_t i = 0; i < c->n_reply_fds; i++)
+        close(c->reply_fds[i]);
+    free(c->reply_fds);
     bufferevent_free(c->bev);
     free(c->pending);
     free(c);

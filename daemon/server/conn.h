@@ -89,6 +89,17 @@ struct conn {
     size_t buffered; /* bytes in its input and output buffers */
     struct evbuffer_cb_entry *in_cb, *out_cb;
     bool closing; /* no more input; freed once output is flushed */
+
+    /* Descriptors a reply carries (kv_export, SCM_RIGHTS): the handler
+     * hands them over with conn_reply_fds; after the request the owner
+     * calls conn_fds_attach, which queues the reply's frame here. The head
+     * frame goes out with one sendmsg once everything before it has been
+     * written, the descriptors riding on its first byte; output produced
+     * meanwhile waits behind it (each frame's `after`). */
+    struct conn_fdframe *fdq_head, *fdq_tail;
+    struct event *fd_ev; /* write readiness while the socket is full */
+    int *reply_fds;      /* (n_reply_fds) given by the running handler */
+    size_t n_reply_fds;
 };
 
 /* A connection with this id on socket fd (taken over: closed on failure
@@ -105,6 +116,13 @@ msgpack_sbuffer *conn_reply_buf(struct conn *c);
 void conn_send_error(struct conn *c, uint64_t id, int code, const char *msg);
 /* Appends raw bytes (complete frames) to the output. */
 int conn_send(struct conn *c, const void *data, size_t len);
+/* The reply being built carries these descriptors (taken over: closed by
+ * the connection whatever happens). */
+int conn_reply_fds(struct conn *c, int *fds, size_t n);
+/* After a request whose reply frame starts at offset `at` of the reply
+ * buffer: when descriptors were given, the frame leaves the batch and is
+ * queued to go out with them (ok), or they are closed (!ok). */
+void conn_fds_attach(struct conn *c, size_t at, bool ok);
 /* Stops reading; the connection is freed once its output is flushed. */
 void conn_close_after_flush(struct conn *c);
 /* Processes complete frames already buffered (after a pause or at shutdown). */

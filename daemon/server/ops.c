@@ -170,6 +170,8 @@ int ops_register_builtin(struct ops_table *t)
         {KVD_OP_SEQ_OFFLOAD, ops_seq_offload, 0},
         {KVD_OP_SEQ_RESTORE, ops_seq_restore, 0},
         {KVD_OP_SEQ_CLOSE, ops_seq_close, 0},
+        {KVD_OP_KV_EXPORT, ops_kv_export, 0},
+        {KVD_OP_KV_EXPORT_RELEASE, ops_kv_export_release, 0},
         {KVD_OP_GENERATE, ops_generate_store, 0},
         {KVD_OP_CANCEL, ops_cancel_store, 0},
         {KVD_OP_ADMIN_EVICT, ops_admin_evict, OPS_ADMIN},

@@ -142,6 +142,8 @@ int ops_seq_info(struct ops_ctx *c);
 int ops_seq_offload(struct ops_ctx *c);
 int ops_seq_restore(struct ops_ctx *c);
 int ops_seq_close(struct ops_ctx *c);
+int ops_kv_export(struct ops_ctx *c);         /* ops_export.c */
+int ops_kv_export_release(struct ops_ctx *c); /* ops_export.c */
 int ops_admin_evict(struct ops_ctx *c);
 int ops_admin_check(struct ops_ctx *c);
 int ops_admin_shutdown(struct ops_ctx *c);

@@ -312,6 +312,13 @@ static int stats_all_pack(struct ops_ctx *c, const struct stats_snap *sn)
     PROTO_PK(proto_pack_kv_uint(pk, "cow_copies", st->cow_copies));
     PROTO_PK(proto_pack_kv_uint(pk, "seqs", st->n_seqs));
     PROTO_PK(proto_map_end(pk, counters));
+    PROTO_PK(proto_pack_str(pk, "exports"));
+    size_t exports = proto_map_begin(pk);
+    PROTO_PK(proto_pack_kv_uint(pk, "exports", st->exports));
+    PROTO_PK(proto_pack_kv_uint(pk, "pages", st->export_pages));
+    PROTO_PK(proto_pack_kv_uint(pk, "draining", st->export_draining));
+    PROTO_PK(proto_pack_kv_uint(pk, "withheld", st->export_withheld));
+    PROTO_PK(proto_map_end(pk, exports));
     PROTO_PK(proto_pack_kv_uint(pk, "connections", *obs->n_conns));
     PROTO_PK(proto_pack_kv_uint(pk, "in_flight", *obs->n_pending));
     if (obs->tenancy) {

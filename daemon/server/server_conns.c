@@ -173,8 +173,11 @@ static bool conn_dispatch_cb(void *ctx, struct conn *c, const uint8_t *p, size_t
         conn_send_error(c, id, rc, e.message);
         goto out;
     }
-    if (ops_run(&srv->host, ent, &who, id, m.root, conn_reply_buf(c)) == OPS_PENDING &&
-        conn_pending_add(c, id, who.tenant) != 0)
+    size_t at = conn_reply_buf(c)->size;
+    rc = ops_run(&srv->host, ent, &who, id, m.root, conn_reply_buf(c));
+    if (c->reply_fds)
+        conn_fds_attach(c, at, rc == 0);
+    if (rc == OPS_PENDING && conn_pending_add(c, id, who.tenant) != 0)
         log_err("conn %llu: out of memory tracking request %llu", (unsigned long long)c->id,
                 (unsigned long long)id);
 out:

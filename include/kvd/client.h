@@ -315,6 +315,42 @@ KVD_API int kvd_seq_commit(struct kvd_ctx *ctx, uint64_t seq, const uint32_t *to
                            size_t *shared);
 KVD_API int kvd_seq_fork(struct kvd_ctx *ctx, uint64_t seq, uint64_t *child);
 
+/* Zero-copy export (kv_export, cpu backend): the blocks of tokens
+ * [from_token, from_token + n_tokens) (n_tokens 0: to the end) mapped into
+ * this process, without a copy. blocks[i].data is block from_block + i of
+ * the sequence, block_bytes in the section-6 block layout (the bytes
+ * kv_read returns for that block's tokens when it is full); writable
+ * blocks (asked with writable, the caller's own uncommitted blocks only)
+ * may be filled in place and committed with kvd_seq_commit. The daemon
+ * keeps the pages for this process until kvd_kv_export_release (or the
+ * connection closes); the views stay mapped until then. */
+struct kvd_export_block {
+    void *data;
+    size_t bytes;
+    bool writable;
+    unsigned fd;     /* index into maps */
+    uint64_t offset; /* bytes into that page */
+};
+struct kvd_export_map {
+    int fd; /* the page's descriptor (open until release): O_RDONLY unless writable */
+    void *addr;
+    size_t len;
+    bool writable;
+};
+struct kvd_export {
+    uint64_t id;
+    size_t from_block;
+    size_t n_blocks;
+    struct kvd_export_block *blocks;
+    size_t n_maps;
+    struct kvd_export_map *maps;
+};
+KVD_API int kvd_kv_export(struct kvd_ctx *ctx, uint64_t seq, size_t from_token, size_t n_tokens,
+                          bool writable, struct kvd_export **out);
+/* Tells the daemon (kv_export_release), unmaps and frees ex (NULL: nothing).
+ * The views are gone afterwards whether the daemon answered or not. */
+KVD_API int kvd_kv_export_release(struct kvd_ctx *ctx, struct kvd_export *ex);
+
 struct kvd_seq_info {
     uint64_t n_tokens;
     uint64_t n_committed; /* 0 when the daemon does not say */

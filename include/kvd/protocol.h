@@ -34,6 +34,7 @@ extern "C" {
 #define KVD_MAX_DEPTH 16u        /* nesting of maps and arrays */
 #define KVD_MAX_NAME 63u         /* bytes in a tenant or namespace name */
 #define KVD_MAX_CLIENT_NAME 255u /* bytes in hello's `client` */
+#define KVD_MAX_EXPORT_FDS 253u  /* descriptors one kv_export reply carries (Linux SCM_MAX_FD) */
 
 /* Op names (the `op` key of a request). */
 #define KVD_OP_HELLO "hello"
@@ -49,6 +50,8 @@ extern "C" {
 #define KVD_OP_SEQ_OFFLOAD "seq_offload"
 #define KVD_OP_SEQ_RESTORE "seq_restore"
 #define KVD_OP_SEQ_CLOSE "seq_close"
+#define KVD_OP_KV_EXPORT "kv_export"
+#define KVD_OP_KV_EXPORT_RELEASE "kv_export_release"
 #define KVD_OP_GENERATE "generate"
 #define KVD_OP_CANCEL "cancel"
 #define KVD_OP_TOKENIZE "tokenize"
