@@ -40,6 +40,12 @@ struct backend_ops {
     int (*copy_async)(struct backend *be, void *dst, enum kvd_tier dst_tier, const void *src,
                       enum kvd_tier src_tier, size_t bytes);
     int (*copy_wait)(struct backend *be); /* waits for every copy_async issued so far */
+    /* Zero-fills `bytes` at dst in tier `tier`, ordered like copy_async
+     * (after the compute issued so far, before every later copy and the
+     * next step's work): cuda a cudaMemsetAsync on the copy stream, cpu a
+     * memset. Optional (NULL: callers copy from a zeroed buffer). Returns 0
+     * or KVD_EINTERNAL. */
+    int (*zero)(struct backend *be, void *dst, enum kvd_tier tier, size_t bytes);
     void (*destroy)(struct backend *be);
 };
 

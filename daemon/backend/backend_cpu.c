@@ -69,6 +69,15 @@ static int cpu_copy(struct backend *be, void *dst, enum kvd_tier dst_tier, const
     return 0;
 }
 
+static int cpu_zero(struct backend *be, void *dst, enum kvd_tier tier, size_t bytes)
+{
+    if (fault_should_fail(FAULT_COPY))
+        return KVD_EINTERNAL;
+    if (bytes)
+        memset(dst, 0, bytes);
+    return 0;
+}
+
 static int cpu_copy_wait(struct backend *be)
 {
     return 0;
@@ -98,6 +107,7 @@ static const struct backend_ops cpu_ops = {
     .copy = cpu_copy,
     .copy_async = cpu_copy,
     .copy_wait = cpu_copy_wait,
+    .zero = cpu_zero,
     .destroy = cpu_destroy,
 };
 

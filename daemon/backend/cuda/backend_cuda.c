@@ -111,9 +111,10 @@ static void cuda_arena_free(struct backend *be, enum kvd_tier tier, void *p, siz
         cuda_fail(e, "arena free");
 }
 
-/* Queues a copy on the copy stream, after every compute op issued so far
- * (a block is never copied while a kernel may still write it). cudaMemcpyDefault:
- * unified addressing tells device, pinned and plain host memory apart. */
+/* Queues a copy (or, src NULL, a zero-fill of dst) on the copy stream,
+ * after every compute op issued so far (a block is never copied while a
+ * kernel may still write it). cudaMemcpyDefault: unified addressing tells
+ * device, pinned and plain host memory apart. */
 static int copy_enqueue(struct cuda_dev *dev, void *dst, const void *src, size_t bytes)
 {
     cudaError_t e = cudaSuccess;
@@ -133,11 +134,12 @@ static int copy_enqueue(struct cuda_dev *dev, void *dst, const void *src, size_t
             e = cudaStreamWaitEvent(dev->copy, dev->compute_mark, 0);
     }
     if (e == cudaSuccess)
-        e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, dev->copy);
+        e = src ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, dev->copy)
+                : cudaMemsetAsync(dst, 0, bytes, dev->copy);
     if (e == cudaSuccess)
         e = cudaEventRecord(dev->copy_done, dev->copy);
     pthread_mutex_unlock(&dev->mu);
-    return e == cudaSuccess ? 0 : cuda_fail(e, "copy");
+    return e == cudaSuccess ? 0 : cuda_fail(e, src ? "copy" : "zero-fill");
 }
 
 int cuda_dev_wait_copies(struct cuda_dev *dev)
@@ -175,6 +177,23 @@ static int cuda_copy_async(struct backend *be, void *dst, enum kvd_tier dst_tier
     if (fault_should_fail(FAULT_COPY))
         return KVD_EINTERNAL;
     return copy_enqueue(dev_of(be), dst, src, bytes);
+}
+
+/* New KV blocks: a device memset on the copy stream instead of a copy from
+ * a zeroed host buffer (which is pageable, so the runtime would stage it
+ * and wait). Not waited for: every reader is ordered after it (copies run
+ * in order on the copy stream; a step's work waits for copy_done first). */
+static int cuda_zero(struct backend *be, void *dst, enum kvd_tier tier, size_t bytes)
+{
+    if (bytes == 0)
+        return 0;
+    if (fault_should_fail(FAULT_COPY))
+        return KVD_EINTERNAL;
+    if (tier != KVD_TIER_DEVICE) {
+        memset(dst, 0, bytes);
+        return 0;
+    }
+    return copy_enqueue(dev_of(be), dst, NULL, bytes);
 }
 
 static int cuda_copy_wait(struct backend *be)
@@ -243,6 +262,7 @@ static const struct backend_ops cuda_ops = {
     .copy = cuda_copy,
     .copy_async = cuda_copy_async,
     .copy_wait = cuda_copy_wait,
+    .zero = cuda_zero,
     .destroy = cuda_destroy,
 };
 
