@@ -3,6 +3,8 @@
 // whose K/V are already written to the blocks. FlashAttention-style: key
 // tiles of AP_BK tokens staged in shared memory as f32, online softmax per
 // query row, f32 accumulation.
+#include <atomic>
+
 #include "kv_row.cuh"
 
 #define AP_WARPS 4
@@ -141,16 +143,23 @@ static int ap_launch(float *out, const float *q, const kvd_k_kv &kv, int layer,
                      cudaStream_t stream)
 {
     // Over 48 KB of dynamic shared memory needs an opt-in, set once per
-    // instantiation (a function attribute, not a stream operation, so it is
-    // also safe while a graph is being captured).
-    static bool attr_done = false;
+    // instantiation and per device (a function attribute holds for the
+    // device current when it is set; not a stream operation, so it is also
+    // safe while a graph is being captured). Devices past 63 set it on
+    // every launch.
+    static std::atomic<unsigned long long> attr_done{0};
     const size_t smem = ap_smem_bytes<D>();
-    if (!attr_done) {
+    int dev = 0;
+    cudaError_t de = cudaGetDevice(&dev);
+    if (de != cudaSuccess)
+        return (int)de;
+    const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
+    if (!bit || !(attr_done.load(std::memory_order_acquire) & bit)) {
         cudaError_t e = cudaFuncSetAttribute(
             attn_prefill_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return (int)e;
-        attr_done = true;
+        attr_done.fetch_or(bit, std::memory_order_release);
     }
     int group = n_heads / kv.kv_heads;
     long rows = (long)max_q * group;

@@ -58,6 +58,12 @@ struct backend_ops {
      * memory stays with whoever still maps it. Nothing may be using the
      * page's bytes meanwhile. 0 or KVD_ENOMEM. */
     int (*arena_page_renew)(struct backend *be, void *arena, size_t page);
+    /* Zero-fills `bytes` at dst in tier `tier`, ordered like copy_async
+     * (after the compute issued so far, before every later copy and the
+     * next step's work): cuda a cudaMemsetAsync on the copy stream, cpu a
+     * memset. Optional (NULL: callers copy from a zeroed buffer). Returns 0
+     * or KVD_EINTERNAL. */
+    int (*zero)(struct backend *be, void *dst, enum kvd_tier tier, size_t bytes);
     void (*destroy)(struct backend *be);
 };
 

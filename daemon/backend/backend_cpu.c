@@ -298,6 +298,15 @@ static int cpu_copy(struct backend *be, void *dst, enum kvd_tier dst_tier, const
     return 0;
 }
 
+static int cpu_zero(struct backend *be, void *dst, enum kvd_tier tier, size_t bytes)
+{
+    if (fault_should_fail(FAULT_COPY))
+        return KVD_EINTERNAL;
+    if (bytes)
+        memset(dst, 0, bytes);
+    return 0;
+}
+
 static int cpu_copy_wait(struct backend *be)
 {
     return 0;
@@ -337,6 +346,7 @@ static const struct backend_ops cpu_ops = {
     .arena_alloc_paged = cpu_arena_alloc_paged,
     .arena_page_fd = cpu_arena_page_fd,
     .arena_page_renew = cpu_arena_page_renew,
+    .zero = cpu_zero,
     .destroy = cpu_destroy,
 };
 

@@ -228,8 +228,11 @@ struct compute_ops {
      * owner buffers, arena and shapes); the caller skips its ops and goes
      * to the download. *replayed = 0: the caller issues its ops, then calls
      * step_end(cx, rc) with rc = 0 if every op was issued, which (when the
-     * backend chose to capture) ends the capture and runs the graph. The
-     * ops between the two calls must not allocate or synchronize. */
+     * backend chose to capture) ends the capture and runs the graph; with
+     * the failing op's rc otherwise, which ends any capture and waits for
+     * the part of the step already issued (so the caller may reuse or free
+     * its buffers at once). The ops between the two calls must not
+     * allocate or synchronize. */
     int (*step_begin)(struct compute_ctx *cx, const struct compute_step *st, int *replayed);
     int (*step_end)(struct compute_ctx *cx, int rc);
 };

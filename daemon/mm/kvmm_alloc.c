@@ -382,9 +382,13 @@ int mm_alloc_device(struct kvmm *mm, uint32_t tenant, size_t n, uint32_t *ids)
         mm->tt.v[tenant].dev_blocks++;
         b = pool_block(&mm->pool, ids[i]);
         b->lru = ++mm->clock;
-        /* Zero-fill so no tenant reads a previous owner's K/V. */
-        if (mm->be->ops->copy(mm->be, pool_block_ptr(&mm->pool, ids[i]), KVD_TIER_DEVICE, mm->zeros,
-                              KVD_TIER_HOST, mm->block_bytes)) {
+        /* Zero-fill so no tenant reads a previous owner's K/V: on the
+         * device where the backend can (cuda: a memset on its copy stream),
+         * else a copy from zeros. */
+        void *blk = pool_block_ptr(&mm->pool, ids[i]);
+        if (mm->be->ops->zero ? mm->be->ops->zero(mm->be, blk, KVD_TIER_DEVICE, mm->block_bytes)
+                              : mm->be->ops->copy(mm->be, blk, KVD_TIER_DEVICE, mm->zeros,
+                                                  KVD_TIER_HOST, mm->block_bytes)) {
             for (size_t k = i + 1; k > 0; k--)
                 mm_unref(mm, ids[k - 1]);
             return mm_fail(mm, KVD_EINTERNAL, "zero-filling a new block failed");

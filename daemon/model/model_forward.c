@@ -215,22 +215,41 @@ static int validate(struct fwd_ctx *c, const struct fwd_batch *b, uint32_t *n_to
         return rc;
     /* A block written this step (it holds a new position) must appear exactly
      * once in the whole batch; blocks only read (a shared prefix) may repeat.
-     * Key: slot << 1 | written. */
-    size_t k = 0;
+     * Only the written blocks are sorted (a decode step writes one or two
+     * per sequence); every other entry is looked up among them. */
+    size_t w = 0;
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         const struct fwd_seq *q = &b->seqs[s];
         uint64_t need = ((uint64_t)q->pos0 + q->n_tokens + g->block_tokens - 1) / g->block_tokens;
-        uint64_t first_w = q->pos0 / g->block_tokens;
-        for (uint64_t i = 0; i < need; i++)
-            c->conflict[k++] = (uint64_t)q->slots[i] << 1 | (i >= first_w);
+        for (uint64_t i = q->pos0 / g->block_tokens; i < need; i++)
+            c->conflict[w++] = q->slots[i];
     }
-    qsort(c->conflict, k, sizeof *c->conflict, cmp_u64);
-    for (size_t i = 1; i < k; i++)
-        if (c->conflict[i] >> 1 == c->conflict[i - 1] >> 1 && (c->conflict[i] & 1))
+    qsort(c->conflict, w, sizeof *c->conflict, cmp_u64);
+    for (size_t i = 1; i < w; i++)
+        if (c->conflict[i] == c->conflict[i - 1])
             return ferr(c, KVD_EBADREQ,
                         "forward: block slot %" PRIu64 " is written by one sequence "
                         "and also used elsewhere in the same step",
-                        c->conflict[i] >> 1);
+                        c->conflict[i]);
+    for (uint32_t s = 0; s < b->n_seqs && w; s++) {
+        const struct fwd_seq *q = &b->seqs[s];
+        uint64_t first_w = q->pos0 / g->block_tokens;
+        for (uint64_t i = 0; i < first_w; i++) {
+            size_t lo = 0, hi = w;
+            while (lo < hi) {
+                size_t mid = (lo + hi) / 2;
+                if (c->conflict[mid] < q->slots[i])
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            if (lo < w && c->conflict[lo] == q->slots[i])
+                return ferr(c, KVD_EBADREQ,
+                            "forward: block slot %u is written by one sequence "
+                            "and also used elsewhere in the same step",
+                            q->slots[i]);
+        }
+    }
     *n_tokens = (uint32_t)T;
     *n_slots = NS;
     return 0;

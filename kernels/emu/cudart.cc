@@ -42,6 +42,9 @@ std::map<const void *, int> g_func_smem;
 
 thread_local cudaError_t tl_last = cudaSuccess;
 
+kvd_emu_counts g_counts; // under g_count_mu
+std::mutex g_count_mu;
+
 struct capture;
 
 } // namespace
@@ -320,6 +323,12 @@ cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn)
     return fn();
 }
 
+void count_launch()
+{
+    std::lock_guard<std::mutex> g(g_count_mu);
+    g_counts.launches++;
+}
+
 int g_cc_major = -1, g_cc_minor;
 
 void device_cc(int *major, int *minor)
@@ -398,6 +407,12 @@ void kvd_emu_set_cc(int major, int minor)
     std::lock_guard<std::mutex> g(g_report_mu);
     g_cc_major = major;
     g_cc_minor = minor;
+}
+
+void kvd_emu_get_counts(struct kvd_emu_counts *out)
+{
+    std::lock_guard<std::mutex> g(g_count_mu);
+    *out = g_counts;
 }
 
 size_t kvd_emu_live_allocs(void)
@@ -592,8 +607,15 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
     return set_error(submit(stream, [dst, src, bytes, kind]() {
         // Checked again when replayed: the buffers may be gone by then.
         cudaError_t r = copy_checks(dst, src, bytes, kind, "cudaMemcpyAsync (replay)");
-        if (r == cudaSuccess)
+        if (r == cudaSuccess) {
             memcpy(dst, src, bytes);
+            if (find_alloc(dst, 1).kind == ALLOC_DEVICE &&
+                find_alloc(src, 1).kind != ALLOC_DEVICE) {
+                std::lock_guard<std::mutex> g(g_count_mu);
+                g_counts.h2d_copies++;
+                g_counts.h2d_bytes += bytes;
+            }
+        }
         return r;
     }));
 }
@@ -614,8 +636,12 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t strea
         return set_error(e);
     return set_error(submit(stream, [p, value, bytes]() {
         cudaError_t r = check_range(p, bytes, true, "cudaMemsetAsync (replay)", "destination");
-        if (r == cudaSuccess)
+        if (r == cudaSuccess) {
             memset(p, value, bytes);
+            std::lock_guard<std::mutex> g(g_count_mu);
+            g_counts.memsets++;
+            g_counts.memset_bytes += bytes;
+        }
         return r;
     }));
 }

@@ -47,6 +47,9 @@ size_t smem_optin_max();
 // The attribute cudaFuncSetAttribute set for a kernel (0 if none).
 int func_max_dyn_smem(const void *fn);
 
+// The counters kvd_emu_get_counts reports (cudart.cc), bumped as work executes.
+void count_launch();
+
 // Kernel launches (simt.cc).
 cudaError_t run_launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem,
                        const kvd_emu_call *call);

@@ -833,6 +833,7 @@ inline void access(const void *p, size_t n, bool store)
 cudaError_t run_launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem,
                        const kvd_emu_call *call)
 {
+    count_launch();
     unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
     if (!nt || nt > MAX_THREADS || block.z > 64 || !grid.x || !grid.y || !grid.z ||
         grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {

@@ -19,6 +19,7 @@
 #include "backend_cuda.h"
 #include "gpu/gpu_fixture.h"
 #include "kvd/status.h"
+#include "kvmm.h"
 
 #define BLOCK (512u << 10) /* a Llama-3.2-1B block: 16 layers x 2 x 8 x 16 x 64 x bf16 */
 #define NBLK 64
@@ -41,6 +42,60 @@ static void test_zero_filled(void **state)
     free(chk);
     be->ops->arena_free(be, KVD_TIER_DEVICE, d, (size_t)NBLK * BLOCK);
     be->ops->arena_free(be, KVD_TIER_HOST, h, (size_t)NBLK * BLOCK);
+}
+
+/* New KV blocks are zero-filled on the device (a memset on the copy
+ * stream), not by a copy of a zeroed host buffer: a block a sequence wrote
+ * comes back as zeros to the next sequence, and (on the emulator, which
+ * counts what the device runs) allocating blocks costs memsets and no
+ * host-to-device copy. */
+static void test_new_blocks_zeroed(void **state)
+{
+    struct kvmm_config cfg = {
+        .geom = {.layers = 2, .kv_heads = 2, .head_dim = 64, .block_tokens = 16, .dtype = KV_F16},
+        .n_device_blocks = 4,
+        .be = be};
+    struct kvmm *mm = NULL;
+    assert_int_equal(kvmm_new(&cfg, &mm), 0);
+    struct kvmm_tenant_conf tc = {.name = "t",
+                                  .max_device_blocks = KVMM_UNLIMITED,
+                                  .max_host_blocks = KVMM_UNLIMITED,
+                                  .max_seqs = 8,
+                                  .weight = 1};
+    uint32_t tenant, ns;
+    assert_int_equal(kvmm_tenant_set(mm, &tc, &tenant), 0);
+    assert_int_equal(kvmm_tenant_namespace(mm, tenant, &ns), 0);
+    const size_t tb = kv_token_bytes(&cfg.geom), n = 4 * 16;
+    uint8_t *buf = malloc(n * tb), *back = malloc(n * tb);
+    assert_non_null(buf);
+    assert_non_null(back);
+    memset(buf, 0x6b, n * tb);
+    kvmm_seq_t s;
+    assert_int_equal(kvmm_seq_open(mm, 1, tenant, ns, &s), 0);
+    assert_int_equal(kvmm_seq_extend(mm, 1, s, n), 0);
+    assert_int_equal(kvmm_seq_write(mm, 1, s, 0, n, buf, n * tb), 0);
+    assert_int_equal(kvmm_seq_close(mm, 1, s), 0); /* uncommitted: the blocks are freed */
+#ifdef KVD_CUDA_EMULATE
+    struct kvd_emu_counts c0, c1;
+    kvd_emu_get_counts(&c0);
+#endif
+    assert_int_equal(kvmm_seq_open(mm, 1, tenant, ns, &s), 0);
+    assert_int_equal(kvmm_seq_extend(mm, 1, s, n), 0); /* the same 4 slots again */
+#ifdef KVD_CUDA_EMULATE
+    kvd_emu_get_counts(&c1);
+    assert_int_equal(c1.h2d_copies, c0.h2d_copies);
+    assert_int_equal(c1.memsets - c0.memsets, 4);
+    assert_int_equal(c1.memset_bytes - c0.memset_bytes, 4 * kvmm_block_bytes(mm));
+#endif
+    memset(back, 0xee, n * tb);
+    assert_int_equal(kvmm_seq_read(mm, 1, s, 0, n, back, n * tb), 0);
+    for (size_t i = 0; i < n * tb; i++)
+        if (back[i])
+            fail_msg("byte %zu of a new block is %#x, not 0", i, back[i]);
+    assert_int_equal(kvmm_seq_close(mm, 1, s), 0);
+    kvmm_free(mm);
+    free(buf);
+    free(back);
 }
 
 /* Blocks out to the host tier and back in a shuffled order, through
@@ -275,11 +330,9 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        GPU_TEST(test_zero_filled),
-        GPU_TEST(test_swap_round_trip),
-        GPU_TEST(test_blas_after_other_ctx_freed),
-        GPU_TEST(test_swap_during_capture),
-        GPU_TEST(test_compute_capability),
+        GPU_TEST(test_zero_filled),         GPU_TEST(test_new_blocks_zeroed),
+        GPU_TEST(test_swap_round_trip),     GPU_TEST(test_blas_after_other_ctx_freed),
+        GPU_TEST(test_swap_during_capture), GPU_TEST(test_compute_capability),
         GPU_TEST(test_bad_device),
     };
     rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,6 +21,7 @@
 #include "compute_cuda.h"
 #include "gpu/gpu_fixture.h"
 #include "kvd/status.h"
+#include "kvmm.h"
 #include "model.h"
 #include "model/model_ref.h"
 #include "model_impl.h"
@@ -330,6 +331,148 @@ static void test_graph_replay(void **state)
     free(path);
 }
 
+/* One decode step of sequence 0 (token tok at position *pos, which
+ * advances) on r's arena; returns whether it was replayed from a graph. */
+static bool decode1(struct runner *r, uint32_t tok, uint32_t *pos)
+{
+    static const uint32_t slots[BPS] = {5, 3, 7, 1, 0, 2, 4, 6};
+    struct cuda_compute_stats a, b;
+    struct sample_row row = {.top_p = 1.0f};
+    uint32_t pick = 0;
+    struct fwd_seq seq = {
+        .tokens = &tok, .n_tokens = 1, .pos0 = *pos, .slots = slots, .n_slots = BPS};
+    struct fwd_batch fb = {.seqs = &seq,
+                           .n_seqs = 1,
+                           .kv_arena = r->arena,
+                           .geom = &r->g,
+                           .n_arena_slots = MAXS * BPS,
+                           .sample = &row,
+                           .tokens = &pick};
+    cuda_compute_stats(r->m->cx, &a);
+    if (model_forward(r->m, r->fc, &fb))
+        fail_msg("decode at %u: %s", *pos, fwd_ctx_errmsg(r->fc));
+    cuda_compute_stats(r->m->cx, &b);
+    (*pos)++;
+    return b.replays > a.replays;
+}
+
+/* Decodes until a step is replayed from its graph (the third of a key:
+ * eager, captured, replayed). */
+static void decode_to_replay(struct runner *r, uint32_t *pos)
+{
+    for (int i = 0; i < 3; i++)
+        if (decode1(r, 1 + *pos % 7, pos))
+            return;
+    fail_msg("no graph replay after 3 decode steps");
+}
+
+/* A graph holds raw device addresses, so every free of device memory drops
+ * the graphs: an arena, a KV pool (kvmm_free), a buffer of the compute
+ * context, the dequant tile (replaced when a larger weight is uploaded).
+ * After each free the next step of the same key runs eagerly (a replay
+ * could read freed memory, or an arena allocated at the same address with
+ * another layout), the one after is captured again, then replayed. */
+static void test_graph_drop_on_free(void **state)
+{
+    char *path = ref_gen_model("--arch llama --layers 1 --embd 256 --heads 4 --kv-heads 2 --ff 256 "
+                               "--vocab 300 --type q4_k_m --seed 23");
+    assert_non_null(path);
+    struct runner r;
+    struct cuda_compute_stats st;
+    uint32_t pos = 0;
+    gpu_emu_order_check(0); /* the graphs' bookkeeping is tested here, not the kernels */
+    runner_open(&r, cuda_be, path, KV_F16);
+    cuda_compute_set_graphs(r.m->cx, true);
+    const struct compute_ops *o = r.m->ops;
+    for (int what = 0; what < 4; what++) {
+        decode_to_replay(&r, &pos);
+        cuda_compute_stats(r.m->cx, &st);
+        uint64_t dropped = st.dropped;
+        void *p = NULL;
+        struct ctensor t = {0};
+        switch (what) {
+        case 0: { /* an arena (not even this step's) */
+            assert_int_equal(cuda_be->ops->arena_alloc(cuda_be, KVD_TIER_DEVICE, 4096, &p), 0);
+            cuda_be->ops->arena_free(cuda_be, KVD_TIER_DEVICE, p, 4096);
+            break;
+        }
+        case 1: { /* a KV pool */
+            struct kvmm_config cfg = {.geom = r.g, .n_device_blocks = 2, .be = cuda_be};
+            struct kvmm *mm = NULL;
+            assert_int_equal(kvmm_new(&cfg, &mm), 0);
+            kvmm_free(mm);
+            break;
+        }
+        case 2: /* a buffer of the compute context */
+            assert_int_equal(o->buf_alloc(r.m->cx, 256, &p), 0);
+            o->buf_free(r.m->cx, p);
+            break;
+        case 3: { /* the dequant tile: a Q4_K matrix larger than any of the model's */
+            t = (struct ctensor){.type = CT_Q4_K, .ne0 = 256, .ne1 = 2048};
+            t.nbytes = ctype_row_bytes(CT_Q4_K, 256) * t.ne1;
+            uint8_t *zeros = calloc(1, t.nbytes);
+            assert_non_null(zeros);
+            assert_int_equal(o->buf_alloc(r.m->cx, t.nbytes, &t.data), 0);
+            size_t before = o->weight_scratch_bytes(r.m->cx);
+            /* the buffer's allocation freed nothing: still replayed */
+            assert_true(decode1(&r, 2, &pos));
+            assert_int_equal(o->weight_upload(r.m->cx, &t, zeros), 0);
+            assert_true(o->weight_scratch_bytes(r.m->cx) > before);
+            free(zeros);
+            break;
+        }
+        }
+        if (decode1(&r, 3, &pos))
+            fail_msg("free %d: the step after it was replayed from a graph captured before", what);
+        cuda_compute_stats(r.m->cx, &st);
+        assert_true(st.dropped > dropped);
+        decode_to_replay(&r, &pos); /* captured again, then replayed */
+        if (t.data)
+            o->buf_free(r.m->cx, t.data);
+    }
+    runner_close(&r);
+    gpu_emu_order_check(1);
+    unlink(path);
+    free(path);
+}
+
+/* A step that fails after some of its ops were issued (attention refuses
+ * head_dim 48 after the projections ran) ends with a wait for the compute
+ * stream, and the next step on the same context is clean: the cuda
+ * backend counts the wait, the emulator reports nothing. */
+static void test_failed_step_syncs(void **state)
+{
+    char *path = ref_gen_model("--arch llama --layers 1 --embd 192 --heads 4 --kv-heads 2 --ff 256 "
+                               "--vocab 300 --type f32 --seed 24");
+    assert_non_null(path);
+    struct runner r;
+    struct cuda_compute_stats a, b;
+    uint32_t pos = 0, tok = 5, pick = 0;
+    static const uint32_t slots[BPS] = {0, 1, 2, 3, 4, 5, 6, 7};
+    gpu_emu_order_check(0);
+    runner_open(&r, cuda_be, path, KV_F16);
+    struct sample_row row = {.top_p = 1.0f};
+    struct fwd_seq seq = {.tokens = &tok, .n_tokens = 1, .slots = slots, .n_slots = BPS};
+    struct fwd_batch fb = {.seqs = &seq,
+                           .n_seqs = 1,
+                           .kv_arena = r.arena,
+                           .geom = &r.g,
+                           .n_arena_slots = MAXS * BPS,
+                           .sample = &row,
+                           .tokens = &pick};
+    for (int i = 0; i < 2; i++) {
+        cuda_compute_stats(r.m->cx, &a);
+        seq.pos0 = pos++;
+        assert_int_equal(model_forward(r.m, r.fc, &fb), KVD_EUNSUPPORTED);
+        cuda_compute_stats(r.m->cx, &b);
+        assert_int_equal(b.failed_syncs, a.failed_syncs + 1);
+    }
+    runner_close(&r);
+    gpu_emu_order_check(1);
+    unlink(path);
+    free(path);
+}
+
 /* The largest bf16 tile a quantized model's GEMMs need: its largest
  * projection (these models are far under the 32 MiB tile). */
 static size_t largest_matrix(const struct model *m)
@@ -437,8 +580,12 @@ int main(void)
     const struct CMUnitTest tests[] = {
         GPU_TEST(test_greedy_equal),
         GPU_TEST(test_graph_replay),
+        GPU_TEST(test_graph_drop_on_free),
+        GPU_TEST(test_failed_step_syncs),
         GPU_TEST(test_long_prompt_full_memory),
     };
+    if (getenv("KVD_TEST_FILTER")) /* e.g. KVD_TEST_FILTER='test_graph*' */
+        cmocka_set_test_filter(getenv("KVD_TEST_FILTER"));
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     backend_free(cuda_be);
     return rc;

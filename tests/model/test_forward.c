@@ -407,6 +407,16 @@ static void t_validation(void **s)
     two[1] = (struct fwd_seq){.tokens = tok, .n_tokens = 1, .pos0 = 4, .slots = s1, .n_slots = 2};
     assert_int_equal(model_forward(f->m, f->fc, &b), 0);
     memcpy(copy, f->arena, N_BLOCKS * f->block_bytes);
+    /* one sequence writes block 5 (pos 4), the other reads it as a prefix */
+    uint32_t s2[3] = {1, 5, 7};
+    two[1] = (struct fwd_seq){.tokens = tok, .n_tokens = 1, .pos0 = 8, .slots = s2, .n_slots = 3};
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_EBADREQ);
+    assert_non_null(strstr(fwd_ctx_errmsg(f->fc), "slot 5 is written"));
+    /* the reader first, the writer second: the same */
+    struct fwd_seq sw = two[0];
+    two[0] = two[1], two[1] = sw;
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_EBADREQ);
+    assert_non_null(strstr(fwd_ctx_errmsg(f->fc), "slot 5 is written"));
     /* too many tokens / sequences for the context */
     uint32_t many[200] = {0}, ms[64];
     for (int i = 0; i < 64; i++)

@@ -102,18 +102,26 @@ fail:
     return KVD_ENOMEM;
 }
 
+void cuda_dev_note_free(struct cuda_dev *dev)
+{
+    atomic_fetch_add(&dev->frees, 1);
+}
+
 static void cuda_arena_free(struct backend *be, enum kvd_tier tier, void *p, size_t bytes)
 {
     if (!p || cuda_dev_enter(dev_of(be)))
         return;
+    if (tier == KVD_TIER_DEVICE)
+        cuda_dev_note_free(dev_of(be));
     cudaError_t e = tier == KVD_TIER_DEVICE ? cudaFree(p) : cudaFreeHost(p);
     if (e != cudaSuccess)
         cuda_fail(e, "arena free");
 }
 
-/* Queues a copy on the copy stream, after every compute op issued so far
- * (a block is never copied while a kernel may still write it). cudaMemcpyDefault:
- * unified addressing tells device, pinned and plain host memory apart. */
+/* Queues a copy (or, src NULL, a zero-fill of dst) on the copy stream,
+ * after every compute op issued so far (a block is never copied while a
+ * kernel may still write it). cudaMemcpyDefault: unified addressing tells
+ * device, pinned and plain host memory apart. */
 static int copy_enqueue(struct cuda_dev *dev, void *dst, const void *src, size_t bytes)
 {
     cudaError_t e = cudaSuccess;
@@ -121,23 +129,24 @@ static int copy_enqueue(struct cuda_dev *dev, void *dst, const void *src, size_t
     if (cuda_dev_enter(dev))
         return KVD_EINTERNAL;
     pthread_mutex_lock(&dev->mu);
-    /* While a graph is being captured nothing runs on the compute stream
-     * (a capture executes nothing; the step before it ended with a
-     * synchronizing download), so there is nothing to wait for, and
-     * recording an event there would pull the copy into the capture. The
-     * captured step itself is launched after cuda_dev_wait_copies, so it
+    /* While a graph is being captured, recording an event on the compute
+     * stream would pull the copy into the capture; the copy waits instead
+     * for the mark recorded just before the capture began (the capture
+     * itself executes nothing, but work issued before it, such as the
+     * step's metadata uploads or a failed step's kernels, may still run).
+     * The captured step is launched after cuda_dev_wait_copies, so it
      * waits for this copy (compute_cuda.c). */
-    if (!dev->capturing) {
+    if (!dev->capturing)
         e = cudaEventRecord(dev->compute_mark, dev->compute);
-        if (e == cudaSuccess)
-            e = cudaStreamWaitEvent(dev->copy, dev->compute_mark, 0);
-    }
     if (e == cudaSuccess)
-        e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, dev->copy);
+        e = cudaStreamWaitEvent(dev->copy, dev->compute_mark, 0);
+    if (e == cudaSuccess)
+        e = src ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, dev->copy)
+                : cudaMemsetAsync(dst, 0, bytes, dev->copy);
     if (e == cudaSuccess)
         e = cudaEventRecord(dev->copy_done, dev->copy);
     pthread_mutex_unlock(&dev->mu);
-    return e == cudaSuccess ? 0 : cuda_fail(e, "copy");
+    return e == cudaSuccess ? 0 : cuda_fail(e, src ? "copy" : "zero-fill");
 }
 
 int cuda_dev_wait_copies(struct cuda_dev *dev)
@@ -151,7 +160,10 @@ int cuda_dev_wait_copies(struct cuda_dev *dev)
 int cuda_dev_capture_begin(struct cuda_dev *dev)
 {
     pthread_mutex_lock(&dev->mu);
-    cudaError_t e = cudaStreamBeginCapture(dev->compute, cudaStreamCaptureModeThreadLocal);
+    /* The mark copies queued during the capture wait for (copy_enqueue). */
+    cudaError_t e = cudaEventRecord(dev->compute_mark, dev->compute);
+    if (e == cudaSuccess)
+        e = cudaStreamBeginCapture(dev->compute, cudaStreamCaptureModeThreadLocal);
     if (e == cudaSuccess)
         dev->capturing = true;
     pthread_mutex_unlock(&dev->mu);
@@ -175,6 +187,23 @@ static int cuda_copy_async(struct backend *be, void *dst, enum kvd_tier dst_tier
     if (fault_should_fail(FAULT_COPY))
         return KVD_EINTERNAL;
     return copy_enqueue(dev_of(be), dst, src, bytes);
+}
+
+/* New KV blocks: a device memset on the copy stream instead of a copy from
+ * a zeroed host buffer (which is pageable, so the runtime would stage it
+ * and wait). Not waited for: every reader is ordered after it (copies run
+ * in order on the copy stream; a step's work waits for copy_done first). */
+static int cuda_zero(struct backend *be, void *dst, enum kvd_tier tier, size_t bytes)
+{
+    if (bytes == 0)
+        return 0;
+    if (fault_should_fail(FAULT_COPY))
+        return KVD_EINTERNAL;
+    if (tier != KVD_TIER_DEVICE) {
+        memset(dst, 0, bytes);
+        return 0;
+    }
+    return copy_enqueue(dev_of(be), dst, NULL, bytes);
 }
 
 static int cuda_copy_wait(struct backend *be)
@@ -243,6 +272,7 @@ static const struct backend_ops cuda_ops = {
     .copy = cuda_copy,
     .copy_async = cuda_copy_async,
     .copy_wait = cuda_copy_wait,
+    .zero = cuda_zero,
     .destroy = cuda_destroy,
 };
 

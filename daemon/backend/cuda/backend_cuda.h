@@ -7,7 +7,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "backend.h"
 #include "compute.h"
@@ -28,7 +30,14 @@ struct cuda_dev {
      * the compute stream while the executor captures a graph on it. */
     pthread_mutex_t mu;
     bool capturing;
+    /* Bumped by every free of device memory on this device (a KV arena, a
+     * compute context's buffer, scratch or dequant tile): a CUDA graph holds
+     * raw addresses, so a compute context whose graphs were captured at an
+     * older count drops them all before its next step (compute_cuda.c). */
+    _Atomic uint64_t frees;
 };
+/* Counts a free of device memory (above). */
+void cuda_dev_note_free(struct cuda_dev *dev);
 /* Graph capture on dev->compute: begin/end under dev->mu. */
 int cuda_dev_capture_begin(struct cuda_dev *dev);
 /* Makes the compute stream wait for every copy queued so far (before a

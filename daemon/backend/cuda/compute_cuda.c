@@ -43,11 +43,36 @@ static void graph_drop(struct cuda_graph_entry *g)
 
 /* Graphs hold raw device addresses: any buffer freed or moved may be one
  * of them, so every graph is forgotten (and re-captured when its key comes
- * back). Frees are rare: teardown, block-table growth, scratch growth. */
+ * back). Frees are rare: teardown, block-table growth, scratch growth, a
+ * KV pool or arena freed. */
 static void graphs_drop_all(struct compute_ctx *cx)
 {
-    for (int i = 0; i < CUDA_GRAPH_SLOTS; i++)
+    for (int i = 0; i < CUDA_GRAPH_SLOTS; i++) {
+        cx->n_dropped += cx->graph[i].exec != NULL;
         graph_drop(&cx->graph[i]);
+    }
+}
+
+void cuda_cx_free(struct compute_ctx *cx, void *p)
+{
+    if (!p)
+        return;
+    cuda_dev_note_free(cx->dev);
+    cudaError_t e = cudaFree(p); /* implicitly waits for work using it */
+    if (e != cudaSuccess)
+        cuda_fail(e, "cudaFree");
+}
+
+/* Drops every graph when device memory was freed since they were checked
+ * (by this context or anyone else on the device: an arena, another
+ * context's buffer). */
+static void graphs_check_frees(struct compute_ctx *cx)
+{
+    uint64_t f = atomic_load(&cx->dev->frees);
+    if (f != cx->graph_frees) {
+        graphs_drop_all(cx);
+        cx->graph_frees = f;
+    }
 }
 
 static void cuda_ctx_free(struct compute_ctx *cx)
@@ -57,10 +82,10 @@ static void cuda_ctx_free(struct compute_ctx *cx)
     if (cuda_dev_enter(cx->dev) == 0) {
         cudaStreamSynchronize(cx->stream);
         graphs_drop_all(cx);
-        cudaFree(cx->xb);
-        cudaFree(cx->part);
-        cudaFree(cx->wt);
-        cudaFree(cx->act);
+        cuda_cx_free(cx, cx->xb);
+        cuda_cx_free(cx, cx->part);
+        cuda_cx_free(cx, cx->wt);
+        cuda_cx_free(cx, cx->act);
         cudaFreeHost(cx->stg);
     }
     free(cx);
@@ -88,6 +113,7 @@ static int cuda_ctx_new(struct backend *be, const struct compute_conf *conf,
     cx->tile_elems = CUDA_TILE_ELEMS_DEFAULT;
     const char *g = getenv("KVD_CUDA_GRAPHS");
     cx->graphs = !(g && strcmp(g, "0") == 0);
+    cx->graph_frees = atomic_load(&dev->frees);
     if ((e = cudaHostAlloc((void **)&cx->stg, STG_BYTES, cudaHostAllocPortable)) != cudaSuccess)
         goto fail;
     cx->stg_cap = STG_BYTES;
@@ -120,10 +146,7 @@ static void cuda_buf_free(struct compute_ctx *cx, void *p)
 {
     if (!p || cuda_dev_enter(cx->dev))
         return;
-    graphs_drop_all(cx);
-    cudaError_t e = cudaFree(p); /* implicitly waits for work using it */
-    if (e != cudaSuccess)
-        cuda_fail(e, "cudaFree");
+    cuda_cx_free(cx, p);
 }
 
 /* Waits for the compute stream; every staged upload has then been read. */
@@ -198,10 +221,9 @@ static int grow_dev(struct compute_ctx *cx, void **buf, size_t *cap, size_t need
         (void)cudaGetLastError();
         return KVD_ENOMEM;
     }
-    cudaFree(*buf); /* waits for kernels still reading the old one */
+    cuda_cx_free(cx, *buf); /* waits for kernels still reading the old one */
     *buf = p;
     *cap = n;
-    graphs_drop_all(cx);
     return 0;
 }
 
@@ -291,6 +313,7 @@ static int cuda_step_begin(struct compute_ctx *cx, const struct compute_step *st
     cudaError_t we = (cudaError_t)cuda_dev_wait_copies(cx->dev);
     if (we != cudaSuccess)
         return cuda_fail(we, "wait for copies");
+    graphs_check_frees(cx);
     if (!cx->graphs || st->max_q != 1) {
         cx->n_eager++;
         return 0;
@@ -324,14 +347,31 @@ static int cuda_step_begin(struct compute_ctx *cx, const struct compute_step *st
     return 0;
 }
 
+/* After a failed step: waits for whatever of it (and of its uploads) was
+ * issued, so nothing still runs on buffers the caller may reuse or free,
+ * and the staging ring starts over. The step's own error is what the
+ * caller reports; a sticky error found here is logged. */
+static void step_failed_sync(struct compute_ctx *cx)
+{
+    cx->n_failed_syncs++;
+    cudaError_t e = cudaStreamSynchronize(cx->stream);
+    if (e != cudaSuccess)
+        cuda_fail(e, "compute stream after a failed step");
+    (void)cudaGetLastError();
+    cx->stg_off = 0;
+}
+
 static int cuda_step_end(struct compute_ctx *cx, int rc)
 {
     struct cuda_graph_entry *g = cx->cur;
     cudaGraph_t graph = NULL;
     cudaError_t e;
 
-    if (!cx->capturing)
+    if (!cx->capturing) {
+        if (rc)
+            step_failed_sync(cx);
         return 0;
+    }
     cx->capturing = false;
     cx->cur = NULL;
     e = (cudaError_t)cuda_dev_capture_end(cx->dev, &graph);
@@ -341,6 +381,7 @@ static int cuda_step_end(struct compute_ctx *cx, int rc)
             cudaGraphDestroy(graph);
         (void)cudaGetLastError();
         g->failed = true;
+        step_failed_sync(cx);
         return rc ? rc : cuda_fail(e, "graph capture");
     }
     e = cudaGraphInstantiate(&g->exec, graph, 0);
@@ -374,6 +415,8 @@ void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats 
     st->captures = cx->n_captures;
     st->replays = cx->n_replays;
     st->eager = cx->n_eager;
+    st->dropped = cx->n_dropped;
+    st->failed_syncs = cx->n_failed_syncs;
 }
 
 static const struct compute_ops cuda_compute_table = {

@@ -12,10 +12,12 @@
 #include "compute.h"
 
 /* For tests and benchmarks: turn graphs on/off for this context, and read
- * how many steps were captured, replayed and run eagerly. */
+ * how many steps were captured, replayed and run eagerly, how many graphs
+ * were dropped because device memory was freed, and how many failed steps
+ * ended with a wait for the compute stream. */
 void cuda_compute_set_graphs(struct compute_ctx *cx, bool on);
 struct cuda_compute_stats {
-    uint64_t captures, replays, eager;
+    uint64_t captures, replays, eager, dropped, failed_syncs;
 };
 void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats *st);
 /* For tests: the bf16 elements of one dequant tile of the quantized weights'

@@ -58,7 +58,8 @@ struct compute_ctx {
     struct cuda_graph_entry *cur; /* the entry being captured */
     struct cuda_graph_entry graph[CUDA_GRAPH_SLOTS];
     uint64_t clock;
-    uint64_t n_captures, n_replays, n_eager;
+    uint64_t graph_frees; /* dev->frees when the graphs were last checked */
+    uint64_t n_captures, n_replays, n_eager, n_dropped, n_failed_syncs;
 };
 
 /* Grows the scratch buffers (not allowed while capturing). 0 or KVD_ENOMEM /
@@ -71,6 +72,9 @@ int cuda_cx_need_act(struct compute_ctx *cx, size_t bytes);
  * one bucket agree. */
 uint32_t cuda_cx_splits(const struct compute_ctx *cx, uint32_t n_seqs, uint32_t kv_heads,
                         uint32_t max_kv);
+/* Frees device memory of this context (waits for work still using it) and
+ * counts the free, so every graph is dropped before the next step. */
+void cuda_cx_free(struct compute_ctx *cx, void *p);
 /* Maps a kernels/ status to kvd's: 0, or logs and returns KVD_EINTERNAL. */
 int cuda_kstatus(int kernel_rc, const char *what);
 

@@ -211,7 +211,7 @@ static int need_tile(struct compute_ctx *cx, size_t elems)
                  cudaGetErrorString(e));
         return KVD_ENOMEM;
     }
-    cudaFree(cx->wt); /* waits for kernels still reading the old one */
+    cuda_cx_free(cx, cx->wt); /* waits for kernels still reading the old one */
     cx->wt = p;
     cx->wt_cap = elems;
     return 0;

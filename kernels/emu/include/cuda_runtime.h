@@ -141,6 +141,15 @@ void kvd_emu_set_cc(int major, int minor);
  * reports when they leave different bytes (also KVD_EMU_CHECK=order).
  * Needs the instrumented build (KVD_EMU_MEMCHECK). */
 void kvd_emu_set_order_check(int on);
+/* What the device has executed so far (a graph's work counts each time it
+ * is launched): kernel launches, copies from host memory to device memory
+ * and their bytes, memsets and their bytes. */
+struct kvd_emu_counts {
+    unsigned long long launches;
+    unsigned long long h2d_copies, h2d_bytes;
+    unsigned long long memsets, memset_bytes;
+};
+void kvd_emu_get_counts(struct kvd_emu_counts *out);
 
 #ifdef __cplusplus
 }
