@@ -140,8 +140,11 @@ static void compare_tie(void **tst, const char *args, float near_tie)
         p2 = end;
         if (t != ours[i] && margin[i] >= near_tie)
             fail_msg("token %d: kvd %u (margin %.4f) != llama.cpp %lu", i, ours[i], margin[i], t);
-        if (t != ours[i])
+        if (t != ours[i]) {
+            print_message("  first difference at token %d: kvd %u (margin %.4f), llama.cpp %lu\n",
+                          i, ours[i], margin[i], t);
             break;
+        }
         checked++;
     }
     print_message("  %d tokens identical (a difference only at a gap < %.2f)\n", checked,
@@ -237,6 +240,14 @@ static void t_qwen2_q5_k_m(void **s)
     compare(s, SHAPE8 " --arch qwen2 --type q5_k_m --kv-heads 4");
 }
 
+/* KVD_LLAMACPP_ARGS="kvd-gguf-gen arguments": compare that one model only,
+ * printing where kvd and llama.cpp first differ and kvd's margin there,
+ * without a bound (to bisect a divergence, e.g. with --type-of). */
+static void t_args(void **s)
+{
+    compare_tie(s, getenv("KVD_LLAMACPP_ARGS"), 1e30f);
+}
+
 int main(void)
 {
     static char dir[1024];
@@ -251,6 +262,11 @@ int main(void)
     if (!module_dir || system("node --version >/dev/null 2>&1") != 0) {
         fprintf(stderr, "skipped: node or node-llama-cpp not found (set KVD_NODE_LLAMA_CPP_DIR)\n");
         return 77;
+    }
+    if (getenv("KVD_LLAMACPP_ARGS")) {
+        const struct CMUnitTest one[] = {
+            cmocka_unit_test_setup_teardown(t_args, ts_setup, ts_teardown)};
+        return cmocka_run_group_tests(one, NULL, NULL);
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(t_llama_f32_gqa, ts_setup, ts_teardown),
