@@ -161,11 +161,15 @@ static int cpu_get_rows(struct compute_ctx *cx, const struct ctensor *w, const u
 static void rmsnorm_row(float *x, const float *res, float *out, const float *w, uint32_t n,
                         float eps)
 {
-    double ss = 0; /* ggml sums squares in double (ggml_float) too */
+    /* as ggml: each square rounded to f32, summed in double (ggml_float);
+     * squaring in double instead moves the scale by an ulp now and then,
+     * which the Q8_K activations (f32 scale) of the next matmul pass on */
+    double ss = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (res)
             x[i] += res[i];
-        ss += (double)x[i] * x[i];
+        float sq = x[i] * x[i];
+        ss += (double)sq;
     }
     float scale = 1.0f / sqrtf((float)(ss / n) + eps);
     for (uint32_t i = 0; i < n; i++)

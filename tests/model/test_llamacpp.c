@@ -30,6 +30,10 @@
  * that of its Q5_K/Q6_K interleaved kernels and prompt GEMM, and one
  * rounding of a quantized activation moved by an ulp carries through the
  * later layers. Those take NEAR_TIE_K (was 0.1 for every quantized type).
+ * A bisection by tensor class (kvd-gguf-gen --type-of, KVD_LLAMACPP_ARGS
+ * below; docs/quant.md) cleared the embedding and the output head: one
+ * K-quant ffn_down, attn_q or attn_v on an otherwise Q4_0 model already
+ * differs, whatever K-quant, so it is their input rows, not their dots.
  * kvd's own AVX2 and portable paths now agree to 2.4e-6 in the logits of
  * the Q4_K_M and Q5_K models (were 0.05-0.11 apart). */
 #define NEAR_TIE_K 0.05f
