@@ -369,16 +369,17 @@ int kvctl_cmd_stats(struct kvctl *k, int argc, char **argv)
 int kvctl_cmd_admin(struct kvctl *k, int argc, char **argv)
 {
     static const char help[] =
-        "usage: kvctl admin evict [N] [--host] [--json]\n"
+        "usage: kvctl admin evict [N] [--host|--all] [--json]\n"
         "                                        evict N cached unused blocks (all without N)\n"
-        "                                        from device memory (--host: host memory)\n"
+        "                                        from device memory (--host: host memory;\n"
+        "                                        --all: empty the prefix cache of both)\n"
         "       kvctl admin check [--json]       check the memory manager's invariants\n"
         "       kvctl admin shutdown             ask the daemon to exit cleanly\n"
         "Admin ops need an admin tenant (permission_denied otherwise).\n";
     struct kvd_reply *r = NULL;
     const char *sub;
     uint64_t n = 0;
-    bool json = false, host = false;
+    bool json = false, host = false, all = false;
     int rc, i = 2;
 
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -398,6 +399,8 @@ int kvctl_cmd_admin(struct kvctl *k, int argc, char **argv)
             json = true;
         else if (!strcmp(argv[i], "--host") && !strcmp(sub, "evict"))
             host = true;
+        else if (!strcmp(argv[i], "--all") && !strcmp(sub, "evict"))
+            all = true;
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(help, stdout);
             return KVCTL_OK;
@@ -412,7 +415,13 @@ int kvctl_cmd_admin(struct kvctl *k, int argc, char **argv)
         printf("kvd is shutting down\n");
         return KVCTL_OK;
     }
-    rc = !strcmp(sub, "evict") ? kvd_admin_evict(k->ctx, host ? "host" : NULL, n, &r)
+    if (host && all)
+        return kvctl_usage_err("admin evict: --host and --all exclude each other");
+    rc = !strcmp(sub, "evict") ? kvd_admin_evict(k->ctx,
+                                                 all    ? "all"
+                                                 : host ? "host"
+                                                        : NULL,
+                                                 n, &r)
                                : kvd_admin_check(k->ctx, &r);
     if (r && (json || !rc)) {
         if (json) {

@@ -17,6 +17,7 @@
 #include "kvd/status.h"
 #include "kvd/version.h"
 #include "kvmm.h"
+#include "kvevents.h"
 #include "acct.h"
 #include "log.h"
 #include "http.h"
@@ -135,6 +136,7 @@ int main(int argc, char **argv)
     struct ops_generate *gen = NULL;   /* the executor and its ops, serve mode */
     struct workpool *pool = NULL;      /* the text workers */
     struct workpool *disk_pool = NULL; /* the disk tier's prefetch workers */
+    struct kvevents *kvev = NULL;      /* the KV events publisher (--kv-events) */
     struct ops_text *text_ops = NULL;
     struct ops_session *session_ops = NULL;
     struct text *text = NULL; /* the model's tokenizer and chat template */
@@ -270,15 +272,58 @@ int main(int argc, char **argv)
                  opts.disk_dir, ds.tier.slots, ds.tier.slot_bytes,
                  (double)ds.tier.file_bytes / (1 << 30), ds.tier.loaded, ds.tier.dropped_at_load,
                  opts.disk_writeback_ms);
-        struct workpool_conf dwc = {.threads = opts.disk_workers,
-                                    .max_per_tenant = opts.text_jobs_per_tenant};
-        if ((rc = workpool_new(&dwc, &disk_pool)) != 0) {
-            log_err("cannot start the disk workers: %s", kvd_err_code(rc));
+    }
+    if (opts.remote[0]) {
+        struct kvmm_remote_conf rc_ = {.url = opts.remote,
+                                       .key_file = opts.remote_key_file,
+                                       .insecure = opts.remote_insecure,
+                                       .timeout_ms = opts.remote_timeout_ms,
+                                       .value_bytes = opts.remote_value_bytes,
+                                       .ttl_s = opts.remote_ttl_s,
+                                       .min_hits = opts.remote_min_hits};
+        if (kvmm_remote_open(mm, &rc_, &kerr) != 0) {
+            log_err("--remote: %s", kerr.message);
+            status = 2;
             goto out_mm;
         }
     }
+    if (opts.disk_dir[0] || opts.remote[0]) {
+        /* One pool prefetches from both tiers: disk first, then Redis. */
+        struct workpool_conf dwc = {.threads = (opts.disk_dir[0] ? opts.disk_workers : 0) +
+                                               (opts.remote[0] ? opts.remote_workers : 0),
+                                    .max_per_tenant = opts.text_jobs_per_tenant};
+        if ((rc = workpool_new(&dwc, &disk_pool)) != 0) {
+            log_err("cannot start the prefetch workers: %s", kvd_err_code(rc));
+            goto out_mm;
+        }
+    }
+    if (opts.kv_events[0]) {
+        struct kvevents_conf ec = {.endpoint = opts.kv_events,
+                                   .replay = opts.kv_events_replay,
+                                   .topic = opts.kv_events_topic,
+                                   .block_tokens = mc.geom.block_tokens,
+                                   .buffer = opts.kv_events_buffer,
+                                   .hwm = opts.kv_events_hwm,
+                                   .sndbuf = opts.kv_events_sndbuf};
+        if (kvevents_start(&ec, &kvev, &kerr) != 0) {
+            log_err("%s", kerr.message);
+            status = 2;
+            goto out_mm;
+        }
+        kvmm_lock(mm);
+        kvmm_events_attach(mm, kvevents_sink(kvev), blockkey_pub_root(opts.kv_events_hash_seed));
+        kvmm_unlock(mm);
+        log_info("kv events on %s%s%s (replay buffer %u batches)", opts.kv_events,
+                 opts.kv_events_replay[0] ? ", replay on " : "", opts.kv_events_replay,
+                 opts.kv_events_buffer);
+    } else if (opts.kv_events_replay[0]) {
+        log_err("--kv-events-replay needs --kv-events");
+        status = 2;
+        goto out_mm;
+    }
     if (server_new(&opts, &cfg, cfg_path, mm, be, &srv) != 0)
         goto out_mm;
+    server_attach_kvevents(srv, kvev);
     server_attach_obs(srv, &rl, &acct);
     /* Text work (templates, tokenizing) runs here, never on the loop. */
     struct workpool_conf wc = {.threads = opts.text_workers,
@@ -367,6 +412,13 @@ out_mm:
                      written, ms, left, opts.disk_flush_s);
         else
             log_info("disk tier: wrote back %zu blocks in %.0f ms", written, ms);
+    }
+    if (kvev) {
+        /* Nothing reports any more; what is queued still goes out. */
+        kvmm_lock(mm);
+        kvmm_events_attach(mm, NULL, 0);
+        kvmm_unlock(mm);
+        kvevents_stop(kvev);
     }
     kvmm_free(mm);
 out_be:

@@ -666,9 +666,9 @@ struct prep_job {
  * lent one already holds its K/V) with a prompt of at least one block. */
 static bool wants_disk(struct exec *ex, struct sched_req *r)
 {
-    return ex->conf.disk_pool && kvmm_disk_on(ex->mm) && !r->have_seq &&
-           r->finish == SCHED_FINISH_NONE && !atomic_load(&r->cancel) &&
-           r->n_toks > kvmm_geom(ex->mm)->block_tokens;
+    bool tier = kvmm_disk_on(ex->mm) || kvmm_remote_on(ex->mm);
+    return ex->conf.disk_pool && tier && !r->have_seq && r->finish == SCHED_FINISH_NONE &&
+           !atomic_load(&r->cancel) && r->n_toks > kvmm_geom(ex->mm)->block_tokens;
 }
 
 static void to_inbox(struct exec *ex, struct sched_req *r)
@@ -679,13 +679,17 @@ static void to_inbox(struct exec *ex, struct sched_req *r)
 }
 
 /* The disk workers' job: what the match will ask for (every prompt token
- * but the last, whose logits are computed) is brought in from disk. */
+ * but the last, whose logits are computed) is brought in from disk, then
+ * what is still missing from the remote tier (given the whole prompt: its
+ * values may end at the last token's block). */
 static void disk_job_run(void *ud, bool cancelled)
 {
     struct prep_job j = *(struct prep_job *)ud;
     free(ud);
-    if (!cancelled && !atomic_load(&j.r->cancel))
+    if (!cancelled && !atomic_load(&j.r->cancel)) {
         kvmm_disk_prefetch(j.ex->mm, j.r->tenant, j.r->ns, j.r->toks, j.r->n_toks - 1);
+        kvmm_remote_prefetch(j.ex->mm, j.r->tenant, j.r->ns, j.r->toks, j.r->n_toks);
+    }
     to_inbox(j.ex, j.r);
 }
 
@@ -714,7 +718,8 @@ static void prepare(struct exec *ex, struct sched_req *r, bool cancelled)
         sched_req_prepare(ex->mm, ex->conf.text, r, &r->err) != 0)
         r->finish = SCHED_FINISH_ERROR;
     if (!cancelled && wants_disk(ex, r) &&
-        kvmm_disk_may_prefetch(ex->mm, r->ns, r->toks, r->n_toks - 1)) {
+        (kvmm_disk_may_prefetch(ex->mm, r->ns, r->toks, r->n_toks - 1) ||
+         kvmm_remote_may_prefetch(ex->mm, r->tenant, r->ns, r->toks, r->n_toks))) {
         to_disk(ex, r, NULL);
         return;
     }

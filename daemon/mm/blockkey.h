@@ -35,6 +35,20 @@ struct blockkey blockkey_next(struct blockkey parent, const uint32_t *tokens, si
 /* The namespace's part of a key: XXH3-64 of its name. */
 uint64_t blockkey_ns(const char *name);
 
+/* The published block hash (KV events, docs/protocol.md "Block hashes"):
+ * the one llm-d's KV-cache indexer computes from prompt tokens (its
+ * ChunkedTokenDatabase, vLLM's sha256_cbor 64-bit hash):
+ *
+ *   root     = low64(SHA-256(CBOR(seed)))          seed a text string
+ *   hash(b)  = low64(SHA-256(CBOR([parent, [t0, .., tn-1], null])))
+ *
+ * with parent = hash(b-1) (root for the first block), CBOR canonical
+ * (shortest integer heads) and low64 the digest's last 8 bytes read
+ * big-endian. Nothing of the model, tenant or namespace enters it: a router
+ * computes it from the tokens alone. */
+uint64_t blockkey_pub_root(const char *seed);
+uint64_t blockkey_pub_next(uint64_t parent, const uint32_t *tokens, size_t n);
+
 static inline bool blockkey_eq(struct blockkey a, struct blockkey b)
 {
     return a.lo == b.lo && a.hi == b.hi;

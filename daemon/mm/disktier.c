@@ -13,12 +13,18 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include "fault.h"
 #include "log.h"
+
+#ifdef KVD_HAVE_URING
+#include <liburing.h>
+#define DISKTIER_RINGS 8 /* rings kept for reuse (one per concurrent batch) */
+#endif
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the disk format is little-endian");
 
@@ -81,7 +87,14 @@ struct disktier {
     uint32_t lru_head, lru_tail, free_head; /* head: most recent */
     uint32_t *unsynced;                     /* slots written since the last good sync */
     size_t n_unsynced, cap_unsynced;
+    struct disktier_drop *drops; /* the drop log: ring of drops_cap, drops_n from drops_head */
+    size_t drops_cap, drops_head, drops_n;
     struct disktier_stats st;
+#ifdef KVD_HAVE_URING
+    bool uring_ok;                          /* the kernel gave a ring at open */
+    struct io_uring *rings[DISKTIER_RINGS]; /* idle rings, for the next batches */
+    size_t n_rings;
+#endif
 };
 
 static uint64_t now_ns(void)
@@ -233,6 +246,14 @@ static int rec_write(struct disktier *dt, uint32_t s)
  * goes to the free list. */
 static void slot_drop(struct disktier *dt, uint32_t s)
 {
+    if (dt->drops_cap && (dt->recs[s].flags & REC_VALID)) {
+        if (dt->drops_n == dt->drops_cap) {
+            dt->st.drops_unlogged++;
+        } else {
+            dt->drops[(dt->drops_head + dt->drops_n++) % dt->drops_cap] =
+                (struct disktier_drop){dt->recs[s].ns, {dt->recs[s].key_lo, dt->recs[s].key_hi}};
+        }
+    }
     table_del(dt, s);
     lru_unlink(dt, s);
     if (dt->recs[s].flags & REC_VALID && dt->recs[s].expires)
@@ -503,6 +524,24 @@ int disktier_open(const struct disktier_conf *c, struct disktier **out, struct k
     }
     if ((rc = load_index(dt, e)))
         goto fail;
+#ifdef KVD_HAVE_URING
+    /* One ring now tells whether the kernel allows io_uring (a seccomp
+     * filter or kernel.io_uring_disabled may not): without, reads use
+     * preadv. */
+    struct io_uring *ring = c->no_uring ? NULL : malloc(sizeof *ring);
+    int urc = c->no_uring ? -ENOSYS
+              : ring      ? io_uring_queue_init(2 * DISKTIER_QDEPTH, ring, 0)
+                          : -ENOMEM;
+    if (c->no_uring) {
+        /* asked for preadv */
+    } else if (urc == 0) {
+        dt->uring_ok = true;
+        dt->rings[dt->n_rings++] = ring;
+    } else {
+        free(ring);
+        log_notice("disk tier %s: no io_uring (%s); reads use preadv", c->dir, strerror(-urc));
+    }
+#endif
     *out = dt;
     return 0;
 fail:
@@ -520,12 +559,46 @@ void disktier_close(struct disktier *dt)
         close(dt->index_fd);
     if (dt->lock_fd >= 0)
         close(dt->lock_fd); /* releases the flock */
+#ifdef KVD_HAVE_URING
+    for (size_t i = 0; i < dt->n_rings; i++) {
+        io_uring_queue_exit(dt->rings[i]);
+        free(dt->rings[i]);
+    }
+#endif
     pthread_mutex_destroy(&dt->mu);
     free(dt->recs);
     free(dt->slots);
     free(dt->table);
     free(dt->unsynced);
+    free(dt->drops);
     free(dt);
+}
+
+int disktier_watch_drops(struct disktier *dt, size_t cap)
+{
+    struct disktier_drop *d = calloc(cap ? cap : 1, sizeof *d);
+    if (!d)
+        return KVD_ENOMEM;
+    pthread_mutex_lock(&dt->mu);
+    free(dt->drops);
+    dt->drops = d;
+    dt->drops_cap = cap;
+    dt->drops_head = dt->drops_n = 0;
+    pthread_mutex_unlock(&dt->mu);
+    return 0;
+}
+
+size_t disktier_take_drops(struct disktier *dt, struct disktier_drop *out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&dt->mu);
+    while (n < max && dt->drops_n) {
+        out[n++] = dt->drops[dt->drops_head];
+        dt->drops_head = (dt->drops_head + 1) % dt->drops_cap;
+        dt->drops_n--;
+    }
+    pthread_mutex_unlock(&dt->mu);
+    return n;
 }
 
 void *disktier_buf_new(const struct disktier *dt)
@@ -587,67 +660,319 @@ static uint64_t slot_hdr_sum(struct slot_hdr *h, uint32_t n_tokens)
     return v;
 }
 
+/* Why the block read into buf (got bytes of it) cannot be served, NULL when
+ * it can; *io says whether it was the read that failed. rec is the slot's
+ * record as it was when the read began. */
+static const char *slot_check(const struct disktier *dt, const struct disk_rec *rec, ssize_t got,
+                              int err, const char *ns_name, uint64_t ns, struct blockkey key,
+                              const uint32_t *tokens, void *buf, bool *io)
+{
+    struct slot_hdr *h = buf;
+    const uint32_t *stored = (const uint32_t *)((const char *)buf + sizeof *h);
+    *io = false;
+    if (got != (ssize_t)dt->slot_bytes) {
+        *io = true;
+        return got < 0 ? strerror(err) : "a short read";
+    }
+    if (!rec_is(rec, ns, key))
+        return "its record changed";
+    if (h->magic != SLOT_MAGIC || h->version != FILE_VERSION ||
+        h->block_tokens != dt->block_tokens || h->block_bytes != dt->block_bytes ||
+        h->uuid != dt->uuid || h->sum != slot_hdr_sum(h, dt->block_tokens))
+        return "its header fails its checksum";
+    if (h->ns != ns || h->key_lo != key.lo || h->key_hi != key.hi ||
+        strncmp(h->ns_name, ns_name, DISKTIER_NS_NAME) != 0)
+        return "it holds another block";
+    if (memcmp(stored, tokens, 4ull * dt->block_tokens) != 0)
+        return "its token ids differ";
+    if (h->data_sum != rec->data_sum ||
+        data_sum(disktier_data(dt, buf), dt->block_bytes, key.lo) != rec->data_sum)
+        return "its data fails its checksum";
+    return NULL;
+}
+
+/* One coalesced request: blocks ord[first, first + count) of a batch,
+ * adjacent on disk, read with one preadv into their own buffers. */
+struct rd_piece {
+    size_t first, count;
+    off_t off;
+    ssize_t res; /* bytes read, or -errno */
+};
+
+/* The batch's requests, one at a time (the portable path). */
+static void pieces_preadv(struct disktier *dt, struct rd_piece *p, size_t n_p, struct iovec *iov)
+{
+    for (size_t i = 0; i < n_p; i++) {
+        ssize_t r = preadv(dt->data_fd, iov + p[i].first, (int)p[i].count, p[i].off);
+        p[i].res = r < 0 ? -errno : r;
+    }
+}
+
+#ifdef KVD_HAVE_URING
+static struct io_uring *ring_get(struct disktier *dt)
+{
+    struct io_uring *r = NULL;
+    pthread_mutex_lock(&dt->mu);
+    if (dt->n_rings)
+        r = dt->rings[--dt->n_rings];
+    bool ok = dt->uring_ok;
+    pthread_mutex_unlock(&dt->mu);
+    if (r || !ok)
+        return r;
+    if (!(r = malloc(sizeof *r)))
+        return NULL;
+    if (io_uring_queue_init(2 * DISKTIER_QDEPTH, r, 0) != 0) {
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+static void ring_put(struct disktier *dt, struct io_uring *r)
+{
+    pthread_mutex_lock(&dt->mu);
+    if (dt->n_rings < DISKTIER_RINGS) {
+        dt->rings[dt->n_rings++] = r;
+        r = NULL;
+    }
+    pthread_mutex_unlock(&dt->mu);
+    if (r) {
+        io_uring_queue_exit(r);
+        free(r);
+    }
+}
+
+/* The batch's requests, up to DISKTIER_QDEPTH in flight; a request the
+ * ring could not take keeps res -EAGAIN (the caller reads it with preadv).
+ * Returns only when nothing is in flight, since the kernel writes into the
+ * buffers until then. A ring that failed is not reused. */
+static void pieces_uring(struct disktier *dt, struct io_uring *ring, struct rd_piece *p, size_t n_p,
+                         struct iovec *iov)
+{
+    size_t next = 0, inflight = 0;
+    bool broken = false;
+    int wait_errors = 0;
+    while (next < n_p || inflight) {
+        size_t queued = 0;
+        while (!broken && next < n_p && inflight + queued < DISKTIER_QDEPTH) {
+            struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+            if (!sqe)
+                break;
+            io_uring_prep_readv(sqe, dt->data_fd, iov + p[next].first, (unsigned)p[next].count,
+                                (uint64_t)p[next].off);
+            io_uring_sqe_set_data64(sqe, next);
+            p[next].res = -EINPROGRESS;
+            next++;
+            queued++;
+        }
+        if (queued) {
+            int rc;
+            while ((rc = io_uring_submit(ring)) == -EINTR)
+                ;
+            if (rc < 0) {
+                log_warn("disk tier: io_uring submit: %s; reading with preadv", strerror(-rc));
+                broken = true;
+                rc = 0;
+            }
+            inflight += (size_t)rc;
+            if ((size_t)rc < queued) { /* not taken: the caller reads them */
+                for (size_t k = next - (queued - (size_t)rc); k < next; k++)
+                    p[k].res = -EAGAIN;
+                broken = true;
+            }
+        }
+        if (broken)
+            next = n_p; /* the rest keeps -EAGAIN */
+        if (!inflight)
+            break;
+        struct io_uring_cqe *cqe;
+        int rc = io_uring_wait_cqe(ring, &cqe);
+        if (rc < 0) {
+            if (rc != -EINTR && ++wait_errors >= 1000) {
+                /* Never seen; the buffers may still be written, so the
+                 * ring is left as it is rather than torn down. */
+                log_err("disk tier: io_uring wait: %s; the ring is abandoned", strerror(-rc));
+                for (size_t k = 0; k < n_p; k++)
+                    if (p[k].res == -EINPROGRESS)
+                        p[k].res = -EIO;
+                return;
+            }
+            continue;
+        }
+        uint64_t i = io_uring_cqe_get_data64(cqe);
+        if (i < n_p)
+            p[i].res = cqe->res == -EAGAIN ? -EIO : cqe->res;
+        io_uring_cqe_seen(ring, cqe);
+        inflight--;
+    }
+    if (broken) {
+        io_uring_queue_exit(ring);
+        free(ring);
+    } else {
+        ring_put(dt, ring);
+    }
+}
+#endif
+
+bool disktier_uring(const struct disktier *dt)
+{
+#ifdef KVD_HAVE_URING
+    return dt->uring_ok;
+#else
+    (void)dt;
+    return false;
+#endif
+}
+
+/* A small insertion sort of the batch's indices by slot (a batch is one
+ * restore window: tens to hundreds of blocks, mostly in order already). */
+static void sort_by_slot(size_t *ord, size_t n, struct disktier_rd *v)
+{
+    for (size_t i = 1; i < n; i++) {
+        size_t x = ord[i], j = i;
+        while (j > 0 && v[ord[j - 1]].slot > v[x].slot) {
+            ord[j] = ord[j - 1];
+            j--;
+        }
+        ord[j] = x;
+    }
+}
+
+size_t disktier_read_many(struct disktier *dt, const char *ns_name, uint64_t ns,
+                          struct disktier_rd *v, size_t n)
+{
+    if (n == 0)
+        return 0;
+    uint64_t t0 = now_ns();
+    size_t per_req = DISKTIER_REQ_BYTES / dt->slot_bytes;
+    if (per_req == 0)
+        per_req = 1;
+    struct disk_rec *recs = malloc(sizeof *recs * n);
+    size_t *ord = malloc(sizeof *ord * n);
+    ssize_t *got = malloc(sizeof *got * n);
+    int *err = malloc(sizeof *err * n);
+    struct iovec *iov = malloc(sizeof *iov * n);
+    struct rd_piece *p = malloc(sizeof *p * n);
+    const char **why = malloc(sizeof *why * n);
+    bool *io = malloc(sizeof *io * n);
+    size_t n_p = 0, n_ok = 0, n_retry = 0;
+    bool mem = recs && ord && got && err && iov && p && why && io;
+
+    pthread_mutex_lock(&dt->mu);
+    for (size_t i = 0; mem && i < n; i++)
+        recs[i] = v[i].slot < dt->n_slots ? dt->recs[v[i].slot] : (struct disk_rec){0};
+    pthread_mutex_unlock(&dt->mu);
+
+    if (mem) {
+        for (size_t i = 0; i < n; i++) {
+            ord[i] = i;
+            got[i] = -1;
+            err[i] = EIO;
+        }
+        sort_by_slot(ord, n, v);
+        for (size_t k = 0; k < n; k++) {
+            iov[k] = (struct iovec){v[ord[k]].buf, dt->slot_bytes};
+            const struct rd_piece *last = n_p ? &p[n_p - 1] : NULL;
+            if (v[ord[k]].slot >= dt->n_slots)
+                continue; /* no such slot: an I/O error below */
+            if (last && last->count < per_req && last->first + last->count == k &&
+                v[ord[k - 1]].slot + 1 == v[ord[k]].slot) {
+                p[n_p - 1].count++;
+                continue;
+            }
+            p[n_p++] = (struct rd_piece){k, 1, slot_off(dt, v[ord[k]].slot), -EAGAIN};
+        }
+#ifdef KVD_HAVE_URING
+        struct io_uring *ring = n_p > 1 ? ring_get(dt) : NULL; /* one request: preadv */
+        if (ring)
+            pieces_uring(dt, ring, p, n_p, iov);
+#endif
+        for (size_t i = 0; i < n_p; i++) /* what the ring did not take */
+            if (p[i].res == -EAGAIN)
+                pieces_preadv(dt, &p[i], 1, iov);
+        /* Spread each request's bytes over its blocks; a block it did not
+         * read whole (a short or failed request) is read once more on its
+         * own, as a single read would be. */
+        for (size_t i = 0; i < n_p; i++) {
+            ssize_t left = p[i].res;
+            for (size_t k = p[i].first; k < p[i].first + p[i].count; k++) {
+                size_t b = ord[k];
+                if (left >= (ssize_t)dt->slot_bytes) {
+                    got[b] = (ssize_t)dt->slot_bytes;
+                    left -= (ssize_t)dt->slot_bytes;
+                    continue;
+                }
+                left = 0;
+                got[b] = pread(dt->data_fd, v[b].buf, dt->slot_bytes, slot_off(dt, v[b].slot));
+                err[b] = errno;
+                n_retry++;
+            }
+        }
+    }
+
+    for (size_t i = 0; mem && i < n; i++) {
+        if (fault_should_fail(FAULT_DISK_READ))
+            got[i] = (ssize_t)dt->slot_bytes / 2;
+        why[i] = slot_check(dt, &recs[i], got[i], err[i], ns_name, ns, v[i].key, v[i].tokens,
+                            v[i].buf, &io[i]);
+    }
+    uint64_t dt_ns = now_ns() - t0;
+    pthread_mutex_lock(&dt->mu);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t slot = v[i].slot;
+        const char *w = mem ? why[i] : "out of memory for the read";
+        bool is_io = mem ? io[i] : true;
+        v[i].rc = w ? KVD_EINTERNAL : 0;
+        if (slot >= dt->n_slots)
+            continue;
+        if (dt->slots[slot].readers)
+            dt->slots[slot].readers--;
+        if (w) {
+            if (is_io)
+                dt->st.io_errors++;
+            else
+                dt->st.checksum_failures++;
+            /* Dropped only when the slot still holds what was asked for: a
+             * concurrent rewrite already replaced it. */
+            if (mem && dt->slots[slot].state == SLOT_VALID && rec_is(&dt->recs[slot], ns, v[i].key))
+                slot_drop(dt, slot);
+        } else {
+            n_ok++;
+            dt->st.reads++;
+            dt->st.read_bytes += dt->slot_bytes;
+            if (dt->slots[slot].state == SLOT_VALID) {
+                lru_unlink(dt, slot);
+                lru_push_front(dt, slot);
+            }
+        }
+    }
+    if (n_ok)
+        dt->st.read_ns += dt_ns;
+    dt->st.read_reqs += n_p + n_retry;
+    pthread_mutex_unlock(&dt->mu);
+    for (size_t i = 0; i < n; i++)
+        if (v[i].rc) {
+            const char *w = mem ? why[i] : "out of memory for the read";
+            log_warn("disk tier: slot %u (%016" PRIx64 "%016" PRIx64 ") dropped: %s", v[i].slot,
+                     v[i].key.hi, v[i].key.lo, w);
+        }
+    free(recs);
+    free(ord);
+    free(got);
+    free(err);
+    free(iov);
+    free(p);
+    free(why);
+    free(io);
+    return n_ok;
+}
+
 int disktier_read(struct disktier *dt, uint32_t slot, const char *ns_name, uint64_t ns,
                   struct blockkey key, const uint32_t *tokens, void *buf)
 {
-    uint64_t t0 = now_ns();
-    struct disk_rec rec;
-    pthread_mutex_lock(&dt->mu);
-    rec = dt->recs[slot];
-    pthread_mutex_unlock(&dt->mu);
-    ssize_t r = pread(dt->data_fd, buf, dt->slot_bytes, slot_off(dt, slot));
-    if (fault_should_fail(FAULT_DISK_READ))
-        r = (ssize_t)dt->slot_bytes / 2;
-    struct slot_hdr *h = buf;
-    const uint32_t *stored = (const uint32_t *)((const char *)buf + sizeof *h);
-    const char *why = NULL;
-    bool io = false;
-    if (r != (ssize_t)dt->slot_bytes) {
-        why = r < 0 ? strerror(errno) : "a short read";
-        io = true;
-    } else if (!rec_is(&rec, ns, key)) {
-        why = "its record changed";
-    } else if (h->magic != SLOT_MAGIC || h->version != FILE_VERSION ||
-               h->block_tokens != dt->block_tokens || h->block_bytes != dt->block_bytes ||
-               h->uuid != dt->uuid || h->sum != slot_hdr_sum(h, dt->block_tokens)) {
-        why = "its header fails its checksum";
-    } else if (h->ns != ns || h->key_lo != key.lo || h->key_hi != key.hi ||
-               strncmp(h->ns_name, ns_name, DISKTIER_NS_NAME) != 0) {
-        why = "it holds another block";
-    } else if (memcmp(stored, tokens, 4ull * dt->block_tokens) != 0) {
-        why = "its token ids differ";
-    } else if (h->data_sum != rec.data_sum ||
-               data_sum(disktier_data(dt, buf), dt->block_bytes, key.lo) != rec.data_sum) {
-        why = "its data fails its checksum";
-    }
-    pthread_mutex_lock(&dt->mu);
-    if (dt->slots[slot].readers)
-        dt->slots[slot].readers--;
-    if (why) {
-        if (io)
-            dt->st.io_errors++;
-        else
-            dt->st.checksum_failures++;
-        /* Dropped only when the slot still holds what was asked for: a
-         * concurrent rewrite already replaced it. */
-        if (dt->slots[slot].state == SLOT_VALID && rec_is(&dt->recs[slot], ns, key))
-            slot_drop(dt, slot);
-    } else {
-        dt->st.reads++;
-        dt->st.read_bytes += dt->slot_bytes;
-        dt->st.read_ns += now_ns() - t0;
-        if (dt->slots[slot].state == SLOT_VALID) {
-            lru_unlink(dt, slot);
-            lru_push_front(dt, slot);
-        }
-    }
-    pthread_mutex_unlock(&dt->mu);
-    if (why) {
-        log_warn("disk tier: slot %u (%016" PRIx64 "%016" PRIx64 ") dropped: %s", slot, key.hi,
-                 key.lo, why);
-        return KVD_EINTERNAL;
-    }
-    return 0;
+    struct disktier_rd rd = {.slot = slot, .key = key, .tokens = tokens, .buf = buf};
+    disktier_read_many(dt, ns_name, ns, &rd, 1);
+    return rd.rc;
 }
 
 /* ---- writes ------------------------------------------------------------- */
@@ -677,73 +1002,79 @@ static uint32_t slot_take(struct disktier *dt)
     return s;
 }
 
-/* pwrite of the whole slot, with the injected faults of the tests. */
-static ssize_t slot_write(struct disktier *dt, const void *buf, uint32_t s)
+/* The injected fault of the tests a block write takes, if any (each point
+ * counted once per block, in this order). */
+enum wr_fault { WR_OK = 0, WR_EIO, WR_NOSPC, WR_TORN };
+
+static enum wr_fault wr_fault_next(void)
 {
-    if (fault_should_fail(FAULT_DISK_WRITE)) {
+    if (fault_should_fail(FAULT_DISK_WRITE))
+        return WR_EIO;
+    if (fault_should_fail(FAULT_DISK_NOSPC))
+        return WR_NOSPC;
+    if (fault_should_fail(FAULT_DISK_TORN))
+        return WR_TORN;
+    return WR_OK;
+}
+
+/* pwrite of one whole slot, failing as the fault says. */
+static ssize_t slot_write(struct disktier *dt, const void *buf, uint32_t s, enum wr_fault f)
+{
+    size_t n = dt->slot_bytes;
+    switch (f) {
+    case WR_EIO:
         errno = EIO;
         return -1;
-    }
-    if (fault_should_fail(FAULT_DISK_NOSPC)) {
+    case WR_NOSPC:
         errno = ENOSPC;
         return -1;
-    }
-    size_t n = dt->slot_bytes;
-    if (fault_should_fail(FAULT_DISK_TORN)) /* half the slot lands; success reported */
+    case WR_TORN: /* half the slot lands; success reported */
         return pwrite(dt->data_fd, buf, round_up(n / 2, PAGE), slot_off(dt, s)) < 0 ? -1
                                                                                     : (ssize_t)n;
+    case WR_OK:
+        break;
+    }
     return pwrite(dt->data_fd, buf, n, slot_off(dt, s));
 }
 
-int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct blockkey key,
-                 const uint32_t *tokens, void *buf)
+/* The slot header of a block about to be written to buf. */
+static void slot_hdr_fill(const struct disktier *dt, const struct disktier_wr *w)
 {
-    struct slot_hdr *h = buf;
-    uint32_t *stored = (uint32_t *)((char *)buf + sizeof *h);
-    pthread_mutex_lock(&dt->mu);
-    if (dt->table[table_find(dt, ns, key)]) {
-        pthread_mutex_unlock(&dt->mu);
-        return 0;
-    }
-    uint32_t s = slot_take(dt);
-    if (s == DISKTIER_NONE) {
-        dt->st.write_skips++;
-        pthread_mutex_unlock(&dt->mu);
-        return KVD_ENOMEM;
-    }
-    pthread_mutex_unlock(&dt->mu);
-
+    struct slot_hdr *h = w->buf;
+    uint32_t *stored = (uint32_t *)((char *)w->buf + sizeof *h);
     memset(h, 0, sizeof *h);
     h->magic = SLOT_MAGIC;
     h->version = FILE_VERSION;
     h->block_tokens = dt->block_tokens;
     h->block_bytes = dt->block_bytes;
-    h->ns = ns;
-    h->key_lo = key.lo;
-    h->key_hi = key.hi;
+    h->ns = w->ns;
+    h->key_lo = w->key.lo;
+    h->key_hi = w->key.hi;
     h->uuid = dt->uuid;
-    snprintf(h->ns_name, sizeof h->ns_name, "%s", ns_name);
-    memcpy(stored, tokens, 4ull * dt->block_tokens);
-    h->data_sum = data_sum(disktier_data(dt, buf), dt->block_bytes, key.lo);
+    snprintf(h->ns_name, sizeof h->ns_name, "%s", w->ns_name);
+    memcpy(stored, w->tokens, 4ull * dt->block_tokens);
+    h->data_sum = data_sum(disktier_data(dt, w->buf), dt->block_bytes, w->key.lo);
     h->sum = slot_hdr_sum(h, dt->block_tokens);
-    ssize_t w = slot_write(dt, buf, s);
-    int saved_errno = errno;
+}
 
-    pthread_mutex_lock(&dt->mu);
-    if (w != (ssize_t)dt->slot_bytes) {
+/* Under mu: slot s now holds w's block (written: ok), or goes back to the
+ * free list. 0 or KVD_EINTERNAL. */
+static int put_finish(struct disktier *dt, uint32_t s, const struct disktier_wr *w, bool ok,
+                      int err)
+{
+    const struct slot_hdr *h = w->buf;
+    if (!ok) {
         dt->st.io_errors++;
         free_push(dt, s);
-        pthread_mutex_unlock(&dt->mu);
-        log_warn("disk tier: writing slot %u failed: %s", s,
-                 w < 0 ? strerror(saved_errno) : "a short write");
+        log_warn("disk tier: writing slot %u failed: %s", s, err ? strerror(err) : "a short write");
         return KVD_EINTERNAL;
     }
     struct disk_rec *r = &dt->recs[s];
     *r = (struct disk_rec){.magic = REC_MAGIC,
                            .flags = REC_VALID,
-                           .ns = ns,
-                           .key_lo = key.lo,
-                           .key_hi = key.hi,
+                           .ns = w->ns,
+                           .key_lo = w->key.lo,
+                           .key_hi = w->key.hi,
                            .data_sum = h->data_sum,
                            .stamp = dt->stamp++};
     r->sum = rec_sum(r);
@@ -760,7 +1091,6 @@ int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct b
         memset(r, 0, sizeof *r);
         dt->st.io_errors++;
         free_push(dt, s);
-        pthread_mutex_unlock(&dt->mu);
         return KVD_EINTERNAL;
     }
     dt->unsynced[dt->n_unsynced++] = s;
@@ -770,8 +1100,120 @@ int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct b
     dt->st.cached_slots++;
     dt->st.writes++;
     dt->st.write_bytes += dt->slot_bytes;
-    pthread_mutex_unlock(&dt->mu);
     return 0;
+}
+
+size_t disktier_put_many(struct disktier *dt, struct disktier_wr *v, size_t n)
+{
+    if (n == 0)
+        return 0;
+    size_t per_req = DISKTIER_REQ_BYTES / dt->slot_bytes;
+    if (per_req == 0)
+        per_req = 1;
+    uint32_t *slot = malloc(sizeof *slot * n);
+    size_t *ord = malloc(sizeof *ord * n);
+    ssize_t *res = malloc(sizeof *res * n);
+    int *err = malloc(sizeof *err * n);
+    enum wr_fault *fault = malloc(sizeof *fault * n);
+    struct iovec *iov = malloc(sizeof *iov * n);
+    size_t n_ok = 0, n_ord = 0, reqs = 0;
+    if (!slot || !ord || !res || !err || !fault || !iov) {
+        for (size_t i = 0; i < n; i++)
+            v[i].rc = KVD_ENOMEM;
+        goto out;
+    }
+
+    pthread_mutex_lock(&dt->mu);
+    for (size_t i = 0; i < n; i++) {
+        slot[i] = DISKTIER_NONE;
+        v[i].rc = 0;
+        bool dup = dt->table[table_find(dt, v[i].ns, v[i].key)] != 0;
+        for (size_t j = 0; !dup && j < i; j++) /* the same block twice in a batch */
+            dup = slot[j] != DISKTIER_NONE && v[j].ns == v[i].ns && blockkey_eq(v[j].key, v[i].key);
+        if (dup) {
+            n_ok++;
+            continue;
+        }
+        if ((slot[i] = slot_take(dt)) == DISKTIER_NONE) {
+            dt->st.write_skips++;
+            v[i].rc = KVD_ENOMEM;
+        }
+    }
+    pthread_mutex_unlock(&dt->mu);
+
+    for (size_t i = 0; i < n; i++) {
+        res[i] = -1;
+        err[i] = 0;
+        if (slot[i] == DISKTIER_NONE)
+            continue;
+        slot_hdr_fill(dt, &v[i]);
+        fault[i] = wr_fault_next();
+        if (fault[i] != WR_OK) { /* a fault is one block's: written on its own */
+            res[i] = slot_write(dt, v[i].buf, slot[i], fault[i]);
+            err[i] = errno;
+            reqs++;
+        } else {
+            ord[n_ord++] = i;
+        }
+    }
+    /* The others by slot; runs of adjacent slots go out as one pwritev. */
+    for (size_t i = 1; i < n_ord; i++) {
+        size_t x = ord[i], j = i;
+        while (j > 0 && slot[ord[j - 1]] > slot[x]) {
+            ord[j] = ord[j - 1];
+            j--;
+        }
+        ord[j] = x;
+    }
+    for (size_t k = 0; k < n_ord;) {
+        size_t run = 1;
+        while (k + run < n_ord && run < per_req && slot[ord[k + run]] == slot[ord[k]] + run)
+            run++;
+        for (size_t r = 0; r < run; r++)
+            iov[r] = (struct iovec){v[ord[k + r]].buf, dt->slot_bytes};
+        ssize_t w = pwritev(dt->data_fd, iov, (int)run, slot_off(dt, slot[ord[k]]));
+        int e = errno;
+        reqs++;
+        if (w == (ssize_t)(run * dt->slot_bytes)) {
+            for (size_t r = 0; r < run; r++)
+                res[ord[k + r]] = (ssize_t)dt->slot_bytes;
+        } else { /* failed or short: each block once more on its own */
+            for (size_t r = 0; r < run; r++) {
+                size_t i = ord[k + r];
+                res[i] = run == 1 ? w : slot_write(dt, v[i].buf, slot[i], WR_OK);
+                err[i] = run == 1 ? e : errno;
+                reqs += run > 1;
+            }
+        }
+        k += run;
+    }
+
+    pthread_mutex_lock(&dt->mu);
+    dt->st.write_reqs += reqs;
+    for (size_t i = 0; i < n; i++) {
+        if (slot[i] == DISKTIER_NONE)
+            continue;
+        bool ok = res[i] == (ssize_t)dt->slot_bytes;
+        v[i].rc = put_finish(dt, slot[i], &v[i], ok, ok || res[i] >= 0 ? 0 : err[i]);
+        n_ok += v[i].rc == 0;
+    }
+    pthread_mutex_unlock(&dt->mu);
+out:
+    free(slot);
+    free(ord);
+    free(res);
+    free(err);
+    free(fault);
+    free(iov);
+    return n_ok;
+}
+
+int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct blockkey key,
+                 const uint32_t *tokens, void *buf)
+{
+    struct disktier_wr w = {.ns_name = ns_name, .ns = ns, .key = key, .tokens = tokens, .buf = buf};
+    disktier_put_many(dt, &w, 1);
+    return w.rc;
 }
 
 int disktier_sync(struct disktier *dt)

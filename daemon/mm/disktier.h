@@ -44,6 +44,7 @@ struct disktier_conf {
     uint64_t max_bytes; /* of blocks.kvd: n_slots = (max_bytes - 4096) / slot_bytes */
     size_t block_bytes;
     uint32_t block_tokens;
+    bool no_uring; /* batched reads use preadv even where io_uring is there */
 };
 
 struct disktier_stats {
@@ -53,6 +54,9 @@ struct disktier_stats {
     uint64_t checksum_failures, io_errors, evictions;
     uint64_t loaded, dropped_at_load; /* records found valid / refused at start */
     uint64_t read_ns;                 /* total time in reads (restore latency / reads) */
+    uint64_t read_reqs;               /* I/O requests the reads took (coalesced runs of slots) */
+    uint64_t write_reqs;              /* I/O requests the writes took */
+    uint64_t drops_unlogged;          /* drops the full drop log could not take */
 };
 
 struct disktier;
@@ -84,12 +88,56 @@ void disktier_unpin(struct disktier *dt, uint32_t slot);
 int disktier_read(struct disktier *dt, uint32_t slot, const char *ns_name, uint64_t ns,
                   struct blockkey key, const uint32_t *tokens, void *buf);
 
+/* One block of a batch read (disktier_read_many): a slot pinned by
+ * disktier_lookup, what it must hold, and the buffer (disktier_buf_new, or
+ * any 4 KiB-aligned slot_bytes of memory) it is read into. */
+struct disktier_rd {
+    uint32_t slot;
+    struct blockkey key;
+    const uint32_t *tokens; /* block_tokens ids */
+    void *buf;
+    int rc; /* out: 0, or KVD_EINTERNAL (dropped and counted as disktier_read) */
+};
+
+/* Reads n pinned slots of namespace (ns_name, ns) at once: runs of adjacent
+ * slots are coalesced into one request (up to DISKTIER_REQ_BYTES each,
+ * scattered into the blocks' buffers), and several requests are in flight
+ * (io_uring when kvd was built with liburing and the kernel allows it,
+ * else preadv one request at a time). When every request has completed,
+ * each block gets every check disktier_read makes; a failed one is dropped
+ * and counted exactly as there. Unpins every slot. Returns how many blocks
+ * passed (v[i].rc says which). */
+size_t disktier_read_many(struct disktier *dt, const char *ns_name, uint64_t ns,
+                          struct disktier_rd *v, size_t n);
+#define DISKTIER_REQ_BYTES (4u << 20) /* the most one coalesced request reads */
+#define DISKTIER_QDEPTH 8             /* requests in flight per batch (io_uring) */
+
+/* Whether reads go through io_uring (false: preadv). */
+bool disktier_uring(const struct disktier *dt);
+
 /* Writes the block whose bytes are at disktier_data(dt, buf) under (ns,
  * key), evicting the least recently used unpinned slot when none is free.
  * 0 (also when the key is already there), KVD_ENOMEM (every slot pinned:
  * counted as a skip) or KVD_EINTERNAL (I/O error: counted, nothing kept). */
 int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct blockkey key,
                  const uint32_t *tokens, void *buf);
+
+/* One block of a batch write (disktier_put_many). */
+struct disktier_wr {
+    const char *ns_name;
+    uint64_t ns;
+    struct blockkey key;
+    const uint32_t *tokens; /* block_tokens ids */
+    void *buf;              /* disktier_buf_new, the block's bytes at disktier_data */
+    int rc;                 /* out: as disktier_put's */
+};
+
+/* disktier_put of n blocks at once: their slots are taken under one lock
+ * (a free list in slot order gives adjacent ones), runs of adjacent slots
+ * go out as one pwritev each (up to DISKTIER_REQ_BYTES), and each block
+ * ends as disktier_put's would (v[i].rc). Returns how many are on disk (or
+ * were already). */
+size_t disktier_put_many(struct disktier *dt, struct disktier_wr *v, size_t n);
 
 /* Makes every write so far durable (fdatasync of both files). A failure
  * drops what was written since the last good sync: its pages cannot be
@@ -102,6 +150,18 @@ int disktier_sync(struct disktier *dt);
 int disktier_pin(struct disktier *dt, uint64_t ns, struct blockkey key, uint64_t expires);
 
 void disktier_stats(struct disktier *dt, struct disktier_stats *st);
+
+/* The drop log (for the KV events' DISK medium): once watched, every slot
+ * that leaves the index (evicted, failed a check, lost to a failed sync)
+ * is logged, at most cap of them waiting (beyond, counted in
+ * drops_unlogged); disktier_take_drops takes up to max of them, oldest
+ * first. */
+struct disktier_drop {
+    uint64_t ns;
+    struct blockkey key;
+};
+int disktier_watch_drops(struct disktier *dt, size_t cap);
+size_t disktier_take_drops(struct disktier *dt, struct disktier_drop *out, size_t max);
 
 /* Validates an index file's bytes as disktier_open would (for the fuzzer):
  * how many records would load. Never reads past len. */

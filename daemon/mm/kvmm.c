@@ -84,7 +84,8 @@ void kvmm_free(struct kvmm *mm)
     if (atomic_load_explicit(&mm->holder, memory_order_relaxed) != 0)
         mm_lock_violation(__func__, "while kvmm_lock is held");
 #endif
-    mm_disk_free(mm); /* its writer stops first: it takes the lock */
+    mm_remote_free(mm); /* its writer stops first: it takes the lock */
+    mm_disk_free(mm);   /* the same */
     seq_table_free(&mm->st);
     radix_destroy(&mm->radix);
     pool_destroy(&mm->pool);
@@ -399,8 +400,117 @@ int kvmm_tenant_stats(struct kvmm *mm, uint32_t tenant, struct kvmm_tenant_stats
     st->evictions = t->evictions;
     for (uint32_t i = 0; i < mm->pool.n_ids; i++) {
         const struct pool_block *b = &mm->pool.blocks[i];
-        if (b->used && b->node && b->tenant == tenant)
+        if (b->used && b->node && b->tenant == tenant) {
             st->cached_blocks++;
+            if (b->tier == KVD_TIER_DEVICE)
+                st->cached_device++;
+            else
+                st->cached_host++;
+        }
     }
     return 0;
+}
+
+/* ---- KV events ---------------------------------------------------------- */
+
+const char *kvmm_medium_name(enum kvmm_medium m)
+{
+    static const char *const names[KVMM_N_MEDIA] = {"GPU", "CPU", "DISK", "REMOTE"};
+    return (unsigned)m < KVMM_N_MEDIA ? names[m] : "GPU";
+}
+
+void mm_pub_set(struct kvmm *mm, struct radix_node *node)
+{
+    const struct radix_node *p = node->parent;
+    uint64_t parent = p && p->parent ? mm->pool.blocks[p->block].pub : mm->pub_root;
+    mm->pool.blocks[node->block].pub =
+        blockkey_pub_next(parent, node->tokens, mm->geom.block_tokens);
+}
+
+void kvmm_events_emit(struct kvmm *mm, const struct kvmm_block_event *ev)
+{
+    MM_ASSERT_LOCKED(mm);
+    if (!mm->events.block || mm->events_quiet || ev->tenant >= mm->tt.n)
+        return;
+    uint8_t mode = mm->tt.v[ev->tenant].conf.events;
+    if (mode == KVMM_EVENTS_OFF)
+        return;
+    if (mode == KVMM_EVENTS_ON || !ev->tokens) {
+        mm->events.block(mm->events.ctx, ev);
+        return;
+    }
+    struct kvmm_block_event e = *ev;
+    e.tokens = NULL;
+    mm->events.block(mm->events.ctx, &e);
+}
+
+static void mm_ev(struct kvmm *mm, const struct radix_node *node, enum kvmm_medium medium,
+                  bool stored)
+{
+    if (!mm->events.block || mm->events_quiet)
+        return;
+    const struct pool_block *b = &mm->pool.blocks[node->block];
+    const struct radix_node *p = node->parent;
+    struct kvmm_block_event ev = {.stored = stored,
+                                  .medium = medium,
+                                  .tenant = b->tenant,
+                                  .hash = b->pub,
+                                  .has_parent = p && p->parent,
+                                  .parent = p && p->parent ? mm->pool.blocks[p->block].pub : 0,
+                                  .tokens = stored ? node->tokens : NULL,
+                                  .n_tokens = stored ? mm->geom.block_tokens : 0};
+    kvmm_events_emit(mm, &ev);
+}
+
+void mm_ev_stored(struct kvmm *mm, const struct radix_node *node, enum kvmm_medium medium)
+{
+    mm_ev(mm, node, medium, true);
+}
+
+void mm_ev_removed(struct kvmm *mm, const struct radix_node *node, enum kvmm_medium medium)
+{
+    mm_ev(mm, node, medium, false);
+}
+
+void kvmm_events_attach(struct kvmm *mm, const struct kvmm_events_sink *sink, uint64_t root)
+{
+    MM_ASSERT_LOCKED(mm);
+    mm->pub_root = root;
+    if (!sink || !sink->block) {
+        memset(&mm->events, 0, sizeof mm->events);
+        return;
+    }
+    mm->events = *sink;
+    /* Parents before children: a walk of each tree. */
+    for (uint32_t ns = 0; ns < mm->radix.n_roots; ns++) {
+        struct radix_node *root_n = mm->radix.roots[ns], *cur = root_n->first_child;
+        while (cur) {
+            mm_pub_set(mm, cur);
+            if (cur->first_child) {
+                cur = cur->first_child;
+                continue;
+            }
+            while (cur != root_n && !cur->next_sibling)
+                cur = cur->parent;
+            cur = cur == root_n ? NULL : cur->next_sibling;
+        }
+    }
+}
+
+void kvmm_clear(struct kvmm *mm, size_t *dropped)
+{
+    MM_ASSERT_LOCKED(mm);
+    size_t before = mm->radix.n_nodes;
+
+    mm->events_quiet = true;
+    for (uint32_t ns = 0; ns < mm->radix.n_roots; ns++) {
+        struct radix_node *root = radix_root(&mm->radix, ns);
+        while (root->first_child)
+            mm_drop_subtree(mm, root->first_child);
+    }
+    mm->events_quiet = false;
+    if (dropped)
+        *dropped = before - mm->radix.n_nodes;
+    if (mm->events.cleared)
+        mm->events.cleared(mm->events.ctx);
 }

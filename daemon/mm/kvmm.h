@@ -43,6 +43,43 @@ struct kvmm_tenant_conf {
                                         evicted first */
     uint32_t weight;                 /* scheduling weight, >= 1 */
     uint64_t max_disk_bytes;         /* disk the tenant's sessions may pin; 0: no limit */
+    uint8_t events;                  /* enum kvmm_events_mode: KV events of its blocks */
+    bool remote; /* its blocks go to and come from the remote tier (default off) */
+};
+
+/* ---- KV events (block lifecycle for routers) ----------------------------
+ * With a sink attached (kvmm_events_attach), kvmm reports every full block
+ * of a tenant whose `events` is not OFF as it becomes cached in a medium
+ * (entered the tree on the device: GPU; moved to or restored into the host
+ * tier: CPU; written to the disk tier: DISK) and as it leaves one, and
+ * reports "all cleared" when kvmm_clear empties the trees. Blocks are
+ * named by their published hash (blockkey_pub_next). The sink is called
+ * with the kvmm lock held, on whatever thread holds it: it must only
+ * enqueue, never block. A remote tier reports through kvmm_events_emit. */
+enum kvmm_events_mode {
+    KVMM_EVENTS_OFF = 0,    /* nothing is reported for the tenant's blocks */
+    KVMM_EVENTS_HASHES = 1, /* reported without token ids */
+    KVMM_EVENTS_ON = 2,     /* reported with token ids */
+};
+enum kvmm_medium { KVMM_MEDIUM_GPU, KVMM_MEDIUM_CPU, KVMM_MEDIUM_DISK, KVMM_MEDIUM_REMOTE };
+#define KVMM_N_MEDIA 4
+/* "GPU", "CPU", "DISK", "REMOTE" (vLLM's medium names). */
+const char *kvmm_medium_name(enum kvmm_medium m);
+
+struct kvmm_block_event {
+    bool stored; /* BlockStored; false: BlockRemoved */
+    enum kvmm_medium medium;
+    uint32_t tenant;        /* the block's owner */
+    uint64_t hash;          /* published hash */
+    bool has_parent;        /* false for a namespace's first block */
+    uint64_t parent;        /* stored: the previous block's published hash */
+    const uint32_t *tokens; /* stored: block_tokens ids, or NULL (withheld) */
+    uint32_t n_tokens;
+};
+struct kvmm_events_sink {
+    void *ctx;
+    void (*block)(void *ctx, const struct kvmm_block_event *ev);
+    void (*cleared)(void *ctx); /* AllBlocksCleared */
 };
 
 /* How cached blocks are chosen for eviction (docs/architecture.md, "Eviction
@@ -229,6 +266,59 @@ bool kvmm_disk_may_prefetch(struct kvmm *mm, uint32_t ns, const uint32_t *tokens
  * *written blocks went out, *left did not. 0, or KVD_EBUSY (time ran out with left > 0). */
 int kvmm_disk_flush(struct kvmm *mm, uint32_t timeout_ms, size_t *written, size_t *left);
 
+/* ---- the remote tier (kvmm_remote.c, remote_value.h; docs/persistence.md
+ * "The remote tier"): whole blocks of tenants with `remote` on are written
+ * through to Redis, sealed under the fleet key, once a block has been reused
+ * min_hits times, by a writer thread of its own; and a request's prompt
+ * past the tree (and the disk tier) is looked up there in one pipelined
+ * round before it is scheduled. A value holds the blocks of one chain from a
+ * multiple of K (= value_bytes / (block bytes + token ids)) up to the block
+ * that names it. Like the disk-tier calls these take the lock themselves. */
+struct kvmm_remote_conf {
+    const char *url;      /* redis:// or redis-cluster:// (redisconn.h) */
+    const char *key_file; /* the fleet key; NULL or "": insecure must be set */
+    bool insecure;        /* no key: values carry checksums only */
+    uint32_t timeout_ms;  /* one round at most; default 100 */
+    uint64_t value_bytes; /* default 4 MiB */
+    uint32_t ttl_s;       /* 0: values never expire */
+    uint32_t min_hits;    /* reuses before a block is written (0: at commit) */
+};
+/* Checks the URL and the key, and starts the writer. Redis need not be up:
+ * the tier connects when it is first used, and after a failure it rests
+ * for a second (what it skips meanwhile is counted). KVD_EBADREQ for a bad
+ * URL, key file or a missing key without insecure. */
+int kvmm_remote_open(struct kvmm *mm, const struct kvmm_remote_conf *c, struct kvd_error *e);
+bool kvmm_remote_on(const struct kvmm *mm);
+/* Whether a prefetch could bring in something: the tier is on, the tenant
+ * has remote on and the tree does not hold every whole block of tokens. */
+bool kvmm_remote_may_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const uint32_t *tokens,
+                              size_t n);
+/* Brings the whole blocks of tokens past the tree's prefix in from Redis
+ * (one round, at most timeout_ms), checking every value, into the tree like
+ * kvmm_disk_prefetch. Runs on the calling thread. Returns the blocks
+ * restored. */
+size_t kvmm_remote_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const uint32_t *tokens,
+                            size_t n);
+/* Waits (at most timeout_ms) until the writer has nothing queued: 0 or KVD_EBUSY. */
+int kvmm_remote_flush(struct kvmm *mm, uint32_t timeout_ms);
+struct kvmm_remote_stats {
+    bool on;
+    uint32_t blocks_per_value; /* K */
+    uint64_t hits;             /* blocks restored */
+    uint64_t misses;           /* values asked for and not there */
+    uint64_t bytes_in, bytes_out;
+    uint64_t rounds;                          /* lookup rounds */
+    uint64_t latency_ns_sum, latency_ns_last; /* of lookup rounds */
+    uint64_t errors, timeouts; /* failed rounds (lookups and writes), of them timed out */
+    uint64_t skipped;          /* lookups and writes not tried while resting after a failure */
+    uint64_t auth_failures;    /* values that failed authentication or were malformed */
+    uint64_t mismatches;       /* authentic values that were not the ones asked for */
+    uint64_t writes;           /* values written */
+    uint64_t queued;           /* values waiting for the writer */
+    uint64_t write_skips;      /* dropped: queue full, or the blocks left meanwhile */
+};
+void kvmm_remote_stats(struct kvmm *mm, struct kvmm_remote_stats *st);
+
 /* ---- named sessions (kvmm_session.c): a tenant-scoped name for a token
  * sequence whose whole blocks are pinned on the disk tier until it expires,
  * kept in DIR/sessions/ (one small file each) so it survives restarts.
@@ -268,16 +358,31 @@ bool kvmm_session_name_ok(const char *name);
 struct kvmm_disk_stats {
     bool on;
     struct disktier_stats tier;
-    uint64_t queued;        /* blocks waiting for the writer */
-    uint64_t detached;      /* copies of dropped blocks waiting for the writer */
-    uint64_t detach_skips;  /* dropped before they were written, over detach_max_bytes */
-    uint64_t restored;      /* blocks brought back from disk */
-    uint64_t restore_fails; /* reads that failed a check (recomputed) */
-    uint64_t sessions;      /* live sessions, all tenants */
+    uint64_t queued;          /* blocks waiting for the writer */
+    uint64_t detached;        /* copies of dropped blocks waiting for the writer */
+    uint64_t detach_skips;    /* dropped before they were written, over detach_max_bytes */
+    uint64_t restored;        /* blocks brought back from disk */
+    uint64_t restore_fails;   /* reads that failed a check (recomputed) */
+    uint64_t restores;        /* prefetches that restored at least one block */
+    uint64_t restore_ns;      /* their total time (lookups, reads, checks, into the tree) */
+    uint64_t restore_last_ns; /* the last one's */
+    uint64_t sessions;        /* live sessions, all tenants */
 };
 void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st);
 
+/* Attaches the events sink (copied; NULL detaches) with the root of the
+ * published hashes (blockkey_pub_root of the seed). Blocks already cached
+ * get their hashes now but are not reported. Lock held. */
+void kvmm_events_attach(struct kvmm *mm, const struct kvmm_events_sink *sink, uint64_t root);
+/* Reports one block event through the sink when the owner tenant's events
+ * are on (with tokens only for KVMM_EVENTS_ON); for tiers outside kvmm. */
+void kvmm_events_emit(struct kvmm *mm, const struct kvmm_block_event *ev);
+
 /* ---- eviction, checks, stats ------------------------------------------- */
+/* Empties every prefix tree (device and host blocks; sequences keep their
+ * blocks, which are no longer shared) and reports AllBlocksCleared: the
+ * admin's "evict all". *dropped = tree blocks dropped. */
+void kvmm_clear(struct kvmm *mm, size_t *dropped);
 /* Evicts up to n unreferenced cached blocks from `tier` (device → host when
  * the host tier has room, else dropped; host → dropped), leaf-first, in the
  * order of the evict policy. */
@@ -290,6 +395,7 @@ struct kvmm_tenant_stats {
     char name[64];
     uint32_t device_blocks, host_blocks; /* blocks owned, by tier */
     uint32_t cached_blocks;              /* owned blocks held by a radix tree */
+    uint32_t cached_device, cached_host; /* of them: by tier (the KV events' GPU and CPU) */
     uint32_t seqs;
     struct kvmm_tenant_conf conf;
     uint64_t match_tokens_asked, match_tokens_hit;

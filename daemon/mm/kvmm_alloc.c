@@ -106,7 +106,9 @@ static bool mm_evicts_before(const struct kvmm *mm, const struct radix_node *a,
 
 static void mm_drop_node(struct kvmm *mm, struct radix_node *n)
 {
-    uint32_t owner = pool_block(&mm->pool, n->block)->tenant;
+    const struct pool_block *b = pool_block(&mm->pool, n->block);
+    uint32_t owner = b->tenant;
+    mm_ev_removed(mm, n, mm_tier_medium(b->tier));
     mm_disk_dropping(mm, n);
     uint32_t id = radix_remove_leaf(&mm->radix, n);
 
@@ -174,8 +176,11 @@ int mm_move(struct kvmm *mm, const uint32_t *ids, size_t n, enum kvd_tier to, si
             t->host_blocks++;
             t->swaps_out++;
         }
-        if (b->node)
+        if (b->node) {
             radix_tier_changed(&mm->radix, b->node, from);
+            mm_ev_removed(mm, b->node, mm_tier_medium(from));
+            mm_ev_stored(mm, b->node, mm_tier_medium(to));
+        }
     }
     if (to == KVD_TIER_DEVICE) {
         mm->ctr.swaps_in += n;

@@ -24,9 +24,30 @@
 #include "kvmm_impl.h"
 #include "log.h"
 
+/* A restore reads at most this many bytes of slots in one batch (and
+ * holds that much buffer per prefetch in flight). */
+#define KVMM_RESTORE_WINDOW_BYTES (8u << 20)
+#define KVMM_RESTORE_WINDOW_MAX 256u
+/* The writer writes at most this many bytes of slots (and blocks) per batch. */
+#define KVMM_WB_BATCH_BYTES (8u << 20)
+#define KVMM_WB_BATCH_MAX 256u
+
+struct rwin;
+struct kvmm_disk;
+static void wins_free(struct kvmm_disk *d);
+
 struct wb_item {
     uint32_t id;
     struct blockkey key;
+};
+
+/* What a DISK BlockStored says of a block (KV events), taken while it is
+ * in the tree. */
+struct ev_block {
+    bool on; /* events were attached */
+    bool has_parent;
+    uint32_t tenant;
+    uint64_t pub, parent;
 };
 
 struct detached {
@@ -34,6 +55,18 @@ struct detached {
     struct blockkey key;
     uint32_t *tokens;
     void *buf; /* disktier_buf_new, data filled */
+    struct ev_block ev;
+};
+
+/* The blocks written to disk while events were attached, by (namespace
+ * hash, key): their published hash and owner, so that a drop the tier logs
+ * becomes a DISK BlockRemoved. Open addressing with tombstones. */
+struct pub_ent {
+    uint64_t ns;
+    struct blockkey key;
+    uint64_t pub;
+    uint32_t tenant;
+    uint8_t state; /* 0 empty, 1 used, 2 deleted */
 };
 
 struct kvmm_disk {
@@ -47,7 +80,10 @@ struct kvmm_disk {
     pthread_cond_t wake, flushed;
     uint64_t flush_req, flush_done;
     atomic_uint_fast64_t written;
-    void *wbuf; /* the writer's slot buffer */
+    void *wbuf;                     /* the writer's slot buffers: wb_n of them, */
+    void *wbufs[KVMM_WB_BATCH_MAX]; /*   at wbuf + i * slot_bytes */
+    uint32_t *wtokens;              /* wb_n * block_tokens */
+    size_t wb_n;
     /* Under the kvmm lock: */
     struct wb_item *q; /* FIFO: q[q_head, q_n) */
     size_t q_head, q_n, q_cap;
@@ -55,7 +91,119 @@ struct kvmm_disk {
     size_t dq_n, dq_cap;
     uint64_t detached_bytes, detach_max;
     uint64_t detach_skips, restored, restore_fails;
+    uint64_t restores, restore_ns, restore_last_ns; /* prefetches that restored blocks */
+    size_t wb_inflight;   /* taken by the writer, not yet synced (counted as queued) */
+    struct rwin *wins;    /* under mu: idle restore windows */
+    struct pub_ent *pubs; /* (pubs_cap, a power of two) */
+    size_t pubs_cap, pubs_used, pubs_live;
 };
+
+static size_t pub_slot(const struct kvmm_disk *d, uint64_t ns, struct blockkey k)
+{
+    return (size_t)((k.lo ^ (k.hi * 0x9e3779b97f4a7c15ull) ^ ns) & (d->pubs_cap - 1));
+}
+
+/* Lock held. The entry of (ns, key), or NULL. */
+static struct pub_ent *pub_find(struct kvmm_disk *d, uint64_t ns, struct blockkey k)
+{
+    if (!d->pubs_cap)
+        return NULL;
+    for (size_t i = pub_slot(d, ns, k), n = 0; n < d->pubs_cap;
+         i = (i + 1) & (d->pubs_cap - 1), n++) {
+        struct pub_ent *e = &d->pubs[i];
+        if (e->state == 0)
+            return NULL;
+        if (e->state == 1 && e->ns == ns && blockkey_eq(e->key, k))
+            return e;
+    }
+    return NULL;
+}
+
+static bool pub_put(struct kvmm_disk *d, uint64_t ns, struct blockkey k, uint64_t pub,
+                    uint32_t tenant)
+{
+    struct pub_ent *e = pub_find(d, ns, k);
+    if (e) {
+        e->pub = pub;
+        e->tenant = tenant;
+        return true;
+    }
+    if ((d->pubs_used + 1) * 2 > d->pubs_cap) { /* rehash the live ones */
+        size_t cap = d->pubs_cap ? d->pubs_cap : 1024;
+        while ((d->pubs_live + 1) * 4 > cap)
+            cap *= 2;
+        struct pub_ent *nv = calloc(cap, sizeof *nv), *old = d->pubs;
+        size_t old_cap = d->pubs_cap;
+        if (!nv)
+            return false;
+        d->pubs = nv;
+        d->pubs_cap = cap;
+        d->pubs_used = d->pubs_live = 0;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i].state == 1)
+                pub_put(d, old[i].ns, old[i].key, old[i].pub, old[i].tenant);
+        free(old);
+    }
+    size_t i = pub_slot(d, ns, k);
+    while (d->pubs[i].state == 1)
+        i = (i + 1) & (d->pubs_cap - 1);
+    if (d->pubs[i].state == 0)
+        d->pubs_used++;
+    d->pubs[i] = (struct pub_ent){ns, k, pub, tenant, 1};
+    d->pubs_live++;
+    return true;
+}
+
+/* Lock held: block written to disk under (ns, key): a DISK BlockStored. */
+static void ev_disk_stored(struct kvmm *mm, uint64_t ns, struct blockkey key,
+                           const struct ev_block *eb, const uint32_t *tokens)
+{
+    if (!eb->on || !mm->events.block || !pub_put(mm->disk, ns, key, eb->pub, eb->tenant))
+        return;
+    struct kvmm_block_event ev = {.stored = true,
+                                  .medium = KVMM_MEDIUM_DISK,
+                                  .tenant = eb->tenant,
+                                  .hash = eb->pub,
+                                  .has_parent = eb->has_parent,
+                                  .parent = eb->parent,
+                                  .tokens = tokens,
+                                  .n_tokens = mm->geom.block_tokens};
+    kvmm_events_emit(mm, &ev);
+}
+
+/* Takes the drops the tier logged and reports the blocks it had announced
+ * as DISK BlockRemoved. Takes the lock. */
+static void ev_disk_drops(struct kvmm_disk *d)
+{
+    struct kvmm *mm = d->mm;
+    struct disktier_drop dr[256];
+    size_t n;
+    while ((n = disktier_take_drops(d->dt, dr, 256)) > 0) {
+        kvmm_lock(mm);
+        for (size_t i = 0; i < n; i++) {
+            struct pub_ent *e = pub_find(d, dr[i].ns, dr[i].key);
+            if (!e)
+                continue;
+            struct kvmm_block_event ev = {
+                .stored = false, .medium = KVMM_MEDIUM_DISK, .tenant = e->tenant, .hash = e->pub};
+            kvmm_events_emit(mm, &ev);
+            e->state = 2;
+            d->pubs_live--;
+        }
+        kvmm_unlock(mm);
+    }
+}
+
+/* Lock held: what a DISK BlockStored will say of node's block. */
+static struct ev_block ev_block_of(const struct kvmm *mm, const struct radix_node *node)
+{
+    const struct pool_block *b = &mm->pool.blocks[node->block];
+    const struct radix_node *p = node->parent;
+    struct ev_block eb = {.on = mm->events.block != NULL, .tenant = b->tenant, .pub = b->pub};
+    eb.has_parent = p && p->parent;
+    eb.parent = eb.has_parent ? mm->pool.blocks[p->block].pub : 0;
+    return eb;
+}
 
 struct blockkey mm_node_key(const struct kvmm *mm, const struct radix_node *node)
 {
@@ -124,7 +272,7 @@ void mm_disk_dropping(struct kvmm *mm, struct radix_node *node)
         d->detach_skips++;
         return;
     }
-    struct detached x = {.key = b->key};
+    struct detached x = {.key = b->key, .ev = ev_block_of(mm, node)};
     if (d->dq_n == d->dq_cap) {
         size_t cap = d->dq_cap ? 2 * d->dq_cap : 64;
         struct detached *v = fault_realloc(d->dq, sizeof *v * cap);
@@ -149,25 +297,36 @@ void mm_disk_dropping(struct kvmm *mm, struct radix_node *node)
     d->detached_bytes += ts.slot_bytes;
 }
 
-/* Writes one queued block or detached copy. false when there was none. */
-static bool write_one(struct kvmm_disk *d)
+/* One block of the writer's batch: a detached copy (its own buffer and
+ * tokens) or a queued block copied into wbufs. */
+struct wb_slot {
+    bool detached;
+    uint32_t id; /* queued: the pool block */
+    char ns_name[DISKTIER_NS_NAME];
+    uint32_t *tokens;
+    void *buf;
+    struct ev_block ev; /* what a DISK BlockStored will say (events attached) */
+};
+
+/* Takes the next block to write into w (the kvmm lock taken and released
+ * for it alone, so the executor never waits behind a whole batch). false
+ * when nothing is left. */
+static bool wb_take(struct kvmm_disk *d, struct wb_slot *w, struct disktier_wr *wr, void *wbuf,
+                    uint32_t *tokens)
 {
     struct kvmm *mm = d->mm;
     uint32_t bt = mm->geom.block_tokens;
-    uint32_t tokens[4096];
-    char ns_name[DISKTIER_NS_NAME];
-
     kvmm_lock(mm);
     if (d->dq_n) {
         struct detached x = d->dq[--d->dq_n];
         struct disktier_stats ts;
         disktier_stats(d->dt, &ts);
         d->detached_bytes -= ts.slot_bytes;
+        d->wb_inflight++;
         kvmm_unlock(mm);
-        if (disktier_put(d->dt, x.ns_name, blockkey_ns(x.ns_name), x.key, x.tokens, x.buf) == 0)
-            atomic_fetch_add(&d->written, 1);
-        free(x.buf);
-        free(x.tokens);
+        *w = (struct wb_slot){.detached = true, .tokens = x.tokens, .buf = x.buf, .ev = x.ev};
+        snprintf(w->ns_name, sizeof w->ns_name, "%s", x.ns_name);
+        *wr = (struct disktier_wr){.key = x.key, .tokens = x.tokens, .buf = x.buf};
         return true;
     }
     while (d->q_head < d->q_n) {
@@ -175,29 +334,65 @@ static bool write_one(struct kvmm_disk *d)
         struct pool_block *b = pool_block(&mm->pool, it.id);
         if (!b->used || !b->node || b->disk != POOL_DISK_QUEUED || !blockkey_eq(b->key, it.key))
             continue; /* gone, or already written or detached */
-        if (!mm_disk_copy_out(mm, it.id, disktier_data(d->dt, d->wbuf))) {
+        if (!mm_disk_copy_out(mm, it.id, disktier_data(d->dt, wbuf))) {
             if (b->disk == POOL_DISK_QUEUED)
                 b->disk = POOL_DISK_NONE;
             continue;
         }
+        *w = (struct wb_slot){
+            .id = it.id, .tokens = tokens, .buf = wbuf, .ev = ev_block_of(mm, b->node)};
         memcpy(tokens, b->node->tokens, sizeof(uint32_t) * bt);
-        snprintf(ns_name, sizeof ns_name, "%s", mm->tt.ns_names[b->node->ns]);
+        snprintf(w->ns_name, sizeof w->ns_name, "%s", mm->tt.ns_names[b->node->ns]);
         b->disk = POOL_DISK_CLEAN;
+        d->wb_inflight++;
         kvmm_unlock(mm);
-        int rc = disktier_put(d->dt, ns_name, blockkey_ns(ns_name), it.key, tokens, d->wbuf);
-        if (rc == 0) {
-            atomic_fetch_add(&d->written, 1);
-        } else {
-            kvmm_lock(mm);
-            if (b->used && blockkey_eq(b->key, it.key) && b->disk == POOL_DISK_CLEAN)
-                b->disk = POOL_DISK_NONE;
-            kvmm_unlock(mm);
-        }
+        *wr = (struct disktier_wr){.key = it.key, .tokens = tokens, .buf = wbuf};
         return true;
     }
     d->q_head = d->q_n = 0;
     kvmm_unlock(mm);
     return false;
+}
+
+/* Writes up to a batch of queued blocks and detached copies with one
+ * disktier_put_many (adjacent slots go out as one write). Returns how
+ * many it took; 0 when there were none. */
+static size_t write_batch(struct kvmm_disk *d)
+{
+    struct kvmm *mm = d->mm;
+    uint32_t bt = mm->geom.block_tokens;
+    struct wb_slot w[KVMM_WB_BATCH_MAX];
+    struct disktier_wr wr[KVMM_WB_BATCH_MAX];
+    size_t n = 0;
+    while (n < d->wb_n && !atomic_load(&d->stop) &&
+           wb_take(d, &w[n], &wr[n], d->wbufs[n], d->wtokens + n * bt))
+        n++;
+    for (size_t i = 0; i < n; i++) {
+        wr[i].ns_name = w[i].ns_name;
+        wr[i].ns = blockkey_ns(w[i].ns_name);
+    }
+    MM_ASSERT_UNLOCKED(mm);
+    disktier_put_many(d->dt, wr, n);
+    for (size_t i = 0; i < n; i++) {
+        if (wr[i].rc == 0)
+            atomic_fetch_add(&d->written, 1);
+        if (wr[i].rc == 0 && w[i].ev.on) {
+            kvmm_lock(mm);
+            ev_disk_stored(mm, wr[i].ns, wr[i].key, &w[i].ev, wr[i].tokens);
+            kvmm_unlock(mm);
+        }
+        if (w[i].detached) {
+            free(w[i].buf);
+            free(w[i].tokens);
+        } else if (wr[i].rc != 0) {
+            kvmm_lock(mm);
+            struct pool_block *b = pool_block(&mm->pool, w[i].id);
+            if (b->used && blockkey_eq(b->key, wr[i].key) && b->disk == POOL_DISK_CLEAN)
+                b->disk = POOL_DISK_NONE;
+            kvmm_unlock(mm);
+        }
+    }
+    return n;
 }
 
 static void deadline_in(struct timespec *ts, uint32_t ms)
@@ -225,11 +420,18 @@ static void *writer_main(void *arg)
         }
         uint64_t want = d->flush_req;
         pthread_mutex_unlock(&d->mu);
-        size_t n = 0;
-        while (!atomic_load(&d->stop) && write_one(d))
-            n++;
-        if (n)
+        size_t n = 0, k;
+        while (!atomic_load(&d->stop) && (k = write_batch(d)) > 0)
+            n += k;
+        if (n) {
             disktier_sync(d->dt);
+            /* Queued until durable (or dropped by a failed sync): a
+             * drained queue means the counters are final. */
+            kvmm_lock(d->mm);
+            d->wb_inflight = 0;
+            kvmm_unlock(d->mm);
+        }
+        ev_disk_drops(d);
         pthread_mutex_lock(&d->mu);
         if (want > d->flush_done)
             d->flush_done = want;
@@ -265,8 +467,23 @@ int kvmm_disk_open(struct kvmm *mm, const struct kvmm_disk_conf *c, struct kvd_e
     pthread_cond_init(&d->wake, &ca);
     pthread_cond_init(&d->flushed, &ca);
     pthread_condattr_destroy(&ca);
-    d->wbuf = disktier_buf_new(d->dt);
-    if (!d->wbuf) {
+    struct disktier_stats ts;
+    disktier_stats(d->dt, &ts);
+    d->wb_n = KVMM_WB_BATCH_BYTES / ts.slot_bytes;
+    /* A batch takes its slots before it writes, so its blocks cannot evict
+     * one another: at most an eighth of the tier per batch, so a full tier
+     * keeps the newest blocks as one block at a time would. */
+    if (d->wb_n > ts.slots / 8)
+        d->wb_n = ts.slots / 8;
+    d->wb_n = d->wb_n < 1 ? 1 : d->wb_n > KVMM_WB_BATCH_MAX ? KVMM_WB_BATCH_MAX : d->wb_n;
+    if (posix_memalign(&d->wbuf, 4096, d->wb_n * ts.slot_bytes))
+        d->wbuf = NULL;
+    d->wtokens = malloc(sizeof *d->wtokens * d->wb_n * mm->geom.block_tokens);
+    if (d->wbuf) /* the slots' padding goes to disk too: zeros, not old heap bytes */
+        memset(d->wbuf, 0, d->wb_n * ts.slot_bytes);
+    for (size_t i = 0; d->wbuf && i < d->wb_n; i++)
+        d->wbufs[i] = (char *)d->wbuf + i * ts.slot_bytes;
+    if (!d->wbuf || !d->wtokens || disktier_watch_drops(d->dt, 65536) != 0) {
         rc = kvd_error_set(e, KVD_ENOMEM, "disk tier: out of memory");
         goto fail;
     }
@@ -288,6 +505,7 @@ int kvmm_disk_open(struct kvmm *mm, const struct kvmm_disk_conf *c, struct kvd_e
     return 0;
 fail:
     free(d->wbuf);
+    free(d->wtokens);
     disktier_close(d->dt);
     pthread_cond_destroy(&d->wake);
     pthread_cond_destroy(&d->flushed);
@@ -326,7 +544,10 @@ void mm_disk_free(struct kvmm *mm)
     }
     free(d->dq);
     free(d->q);
+    free(d->pubs);
     free(d->wbuf);
+    free(d->wtokens);
+    wins_free(d);
     disktier_close(d->dt);
     pthread_cond_destroy(&d->wake);
     pthread_cond_destroy(&d->flushed);
@@ -337,7 +558,7 @@ void mm_disk_free(struct kvmm *mm)
 static size_t pending(struct kvmm *mm)
 {
     struct kvmm_disk *d = mm->disk;
-    size_t n = d->dq_n;
+    size_t n = d->dq_n + d->wb_inflight;
     for (size_t i = d->q_head; i < d->q_n; i++) {
         const struct pool_block *b = pool_block(&mm->pool, d->q[i].id);
         n += b->used && b->disk == POOL_DISK_QUEUED && blockkey_eq(b->key, d->q[i].key);
@@ -373,8 +594,8 @@ int kvmm_disk_flush(struct kvmm *mm, uint32_t timeout_ms, size_t *written, size_
 /* Lock held: the node of block b-1 of tokens in ns (the root for b = 0),
  * found by walking the tree again (nodes can go while the lock is
  * released); NULL when the tree no longer holds all b blocks. */
-static struct radix_node *parent_of(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t b,
-                                    struct radix_node **scratch)
+struct radix_node *mm_parent_of(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t b,
+                                struct radix_node **scratch)
 {
     if (b == 0)
         return radix_root(&mm->radix, ns);
@@ -382,10 +603,8 @@ static struct radix_node *parent_of(struct kvmm *mm, uint32_t ns, const uint32_t
     return got == b ? scratch[b - 1] : NULL;
 }
 
-/* Lock held: block b (its bytes at data) enters the tree under parent as an
- * unreferenced cached block of tenant. false when there is no room. */
-static bool restore_one(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
-                        const uint32_t *toks, struct blockkey key, const void *data)
+bool mm_restore_block(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
+                      const uint32_t *toks, struct blockkey key, const void *data, bool from_disk)
 {
     bool host = mm->pool.n_slots[KVD_TIER_HOST] > 0;
     enum kvd_tier tier = host ? KVD_TIER_HOST : KVD_TIER_DEVICE;
@@ -416,15 +635,25 @@ static bool restore_one(struct kvmm *mm, uint32_t tenant, struct radix_node *par
     }
     b->key = key;
     b->disk = POOL_DISK_CLEAN;
+    if (!from_disk) { /* from the remote tier: the disk tier writes it too */
+        b->disk = POOL_DISK_NONE;
+        b->remote = POOL_REMOTE_FULL | POOL_REMOTE_TAIL;
+        if (mm->disk && q_push(mm->disk, node->block, key))
+            b->disk = POOL_DISK_QUEUED;
+    }
     b->lru = ++mm->clock;
+    if (mm->events.block) {
+        mm_pub_set(mm, node);
+        mm_ev_stored(mm, node, mm_tier_medium(tier));
+    }
     mm_unref(mm, id); /* the tree's reference stays: a cached block */
     return true;
 }
 
 /* Lock held: how many whole blocks of tokens the tree holds, and the key of
  * the last. */
-static size_t cached_prefix(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t nb,
-                            struct radix_node **scratch, struct blockkey *key)
+size_t mm_cached_prefix(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t nb,
+                        struct radix_node **scratch, struct blockkey *key)
 {
     size_t m =
         nb ? radix_match(&mm->radix, ns, tokens, nb * mm->geom.block_tokens, scratch, nb) : 0;
@@ -432,7 +661,7 @@ static size_t cached_prefix(struct kvmm *mm, uint32_t ns, const uint32_t *tokens
     return m;
 }
 
-static bool ns_ok(const struct kvmm *mm, uint32_t ns)
+bool mm_ns_ok(const struct kvmm *mm, uint32_t ns)
 {
     return ns < mm->tt.n_ns && ns < mm->radix.n_roots && mm->tt.ns_names[ns][0];
 }
@@ -450,9 +679,9 @@ bool kvmm_disk_may_prefetch(struct kvmm *mm, uint32_t ns, const uint32_t *tokens
     uint64_t nsh = 0;
     size_t m = 0;
     kvmm_lock(mm);
-    bool ok = ns_ok(mm, ns);
+    bool ok = mm_ns_ok(mm, ns);
     if (ok) {
-        m = cached_prefix(mm, ns, tokens, nb, scratch, &key);
+        m = mm_cached_prefix(mm, ns, tokens, nb, scratch, &key);
         nsh = ns_hash_of(mm, ns);
     }
     kvmm_unlock(mm);
@@ -463,6 +692,68 @@ bool kvmm_disk_may_prefetch(struct kvmm *mm, uint32_t ns, const uint32_t *tokens
     return disktier_has(d->dt, nsh, key);
 }
 
+/* A restore window: the buffers one prefetch reads a batch of blocks into
+ * (one allocation of n slots), kept for the next prefetch. */
+struct rwin {
+    struct rwin *next;
+    size_t n;
+    unsigned char *bufs; /* n * slot_bytes, 4 KiB aligned */
+    struct disktier_rd *rd;
+};
+
+static struct rwin *win_get(struct kvmm_disk *d)
+{
+    pthread_mutex_lock(&d->mu);
+    struct rwin *w = d->wins;
+    if (w)
+        d->wins = w->next;
+    pthread_mutex_unlock(&d->mu);
+    if (w)
+        return w;
+    struct disktier_stats ts;
+    disktier_stats(d->dt, &ts);
+    size_t n = KVMM_RESTORE_WINDOW_BYTES / ts.slot_bytes;
+    n = n < 1 ? 1 : n > KVMM_RESTORE_WINDOW_MAX ? KVMM_RESTORE_WINDOW_MAX : n;
+    if (!(w = calloc(1, sizeof *w)))
+        return NULL;
+    w->n = n;
+    w->rd = calloc(n, sizeof *w->rd);
+    if (!w->rd || posix_memalign((void **)&w->bufs, 4096, n * ts.slot_bytes)) {
+        free(w->rd);
+        free(w);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        w->rd[i].buf = w->bufs + i * ts.slot_bytes;
+    return w;
+}
+
+static void win_put(struct kvmm_disk *d, struct rwin *w)
+{
+    pthread_mutex_lock(&d->mu);
+    w->next = d->wins;
+    d->wins = w;
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void wins_free(struct kvmm_disk *d)
+{
+    while (d->wins) {
+        struct rwin *w = d->wins;
+        d->wins = w->next;
+        free(w->bufs);
+        free(w->rd);
+        free(w);
+    }
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const uint32_t *tokens,
                           size_t n)
 {
@@ -471,53 +762,89 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
     size_t nb = n / bt, restored = 0;
     if (!d || nb == 0)
         return 0;
+    uint64_t t0 = mono_ns();
     struct radix_node **scratch = malloc(sizeof *scratch * nb);
-    void *buf = disktier_buf_new(d->dt);
+    struct rwin *w = win_get(d);
     char ns_name[DISKTIER_NS_NAME];
     struct blockkey key;
     uint64_t nsh = 0;
-    size_t m = 0;
-    bool ok = scratch && buf;
+    size_t m = 0, fails = 0;
+    bool ok = scratch && w;
     if (ok) {
         kvmm_lock(mm);
-        ok = ns_ok(mm, ns) && tenant_live(&mm->tt, tenant);
+        ok = mm_ns_ok(mm, ns) && tenant_live(&mm->tt, tenant);
         if (ok) {
-            m = cached_prefix(mm, ns, tokens, nb, scratch, &key);
+            m = mm_cached_prefix(mm, ns, tokens, nb, scratch, &key);
             nsh = ns_hash_of(mm, ns);
             snprintf(ns_name, sizeof ns_name, "%s", mm->tt.ns_names[ns]);
         }
         kvmm_unlock(mm);
     }
-    for (size_t b = m; ok && b < nb; b++) {
-        const uint32_t *toks = tokens + b * bt;
-        key = blockkey_next(key, toks, bt);
-        uint32_t slot = disktier_lookup(d->dt, nsh, key);
-        if (slot == DISKTIER_NONE)
-            break;
-        if (disktier_read(d->dt, slot, ns_name, nsh, key, toks, buf) != 0) {
-            kvmm_lock(mm);
-            d->restore_fails++;
-            kvmm_unlock(mm);
-            break;
-        }
-        kvmm_lock(mm);
-        /* The namespace may have been removed, and its id reused, meanwhile. */
-        struct radix_node *parent = ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], ns_name) == 0
-                                        ? parent_of(mm, ns, tokens, b, scratch)
-                                        : NULL;
-        ok = parent != NULL;
-        if (ok &&
-            !radix_child(&mm->radix, parent, toks, radix_hash(&mm->radix, parent->hash, toks))) {
-            ok = restore_one(mm, tenant, parent, toks, key, disktier_data(d->dt, buf));
-            if (ok) {
-                d->restored++;
-                restored++;
+    /* Window by window: the next blocks' slots are looked up (their keys
+     * follow from the tokens alone), read in one batch with the kvmm lock
+     * released, then enter the tree in order, up to the first that is not
+     * on disk or fails a check. */
+    size_t b = m;
+    while (ok && b < nb) {
+        size_t k = 0;
+        bool more = true;
+        while (k < w->n && b + k < nb) {
+            const uint32_t *toks = tokens + (b + k) * bt;
+            struct blockkey next = blockkey_next(key, toks, bt);
+            uint32_t slot = disktier_lookup(d->dt, nsh, next);
+            if (slot == DISKTIER_NONE) {
+                more = false;
+                break;
             }
+            w->rd[k].slot = slot;
+            w->rd[k].key = key = next;
+            w->rd[k].tokens = toks;
+            k++;
         }
-        kvmm_unlock(mm);
+        if (k == 0)
+            break;
+        MM_ASSERT_UNLOCKED(mm);
+        disktier_read_many(d->dt, ns_name, nsh, w->rd, k);
+        for (size_t i = 0; ok && i < k; i++, b++) {
+            const uint32_t *toks = tokens + b * bt;
+            if (w->rd[i].rc != 0) {
+                fails++;
+                ok = false;
+                break;
+            }
+            kvmm_lock(mm);
+            /* The namespace may have been removed, and its id reused, meanwhile. */
+            struct radix_node *parent =
+                mm_ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], ns_name) == 0
+                    ? mm_parent_of(mm, ns, tokens, b, scratch)
+                    : NULL;
+            ok = parent != NULL;
+            if (ok && !radix_child(&mm->radix, parent, toks,
+                                   radix_hash(&mm->radix, parent->hash, toks))) {
+                ok = mm_restore_block(mm, tenant, parent, toks, w->rd[i].key,
+                                      disktier_data(d->dt, w->rd[i].buf), true);
+                if (ok) {
+                    d->restored++;
+                    restored++;
+                }
+            }
+            kvmm_unlock(mm);
+        }
+        if (!more)
+            break;
     }
+    uint64_t took = mono_ns() - t0;
+    kvmm_lock(mm);
+    d->restore_fails += fails;
+    if (restored) {
+        d->restores++;
+        d->restore_ns += took;
+        d->restore_last_ns = took;
+    }
+    kvmm_unlock(mm);
+    if (w)
+        win_put(d, w);
     free(scratch);
-    free(buf);
     return restored;
 }
 
@@ -534,6 +861,9 @@ void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st)
     st->detach_skips = d->detach_skips;
     st->restored = d->restored;
     st->restore_fails = d->restore_fails;
+    st->restores = d->restores;
+    st->restore_ns = d->restore_ns;
+    st->restore_last_ns = d->restore_last_ns;
     kvmm_unlock(mm);
     st->sessions = mm_sessions_count(mm);
     disktier_stats(d->dt, &st->tier);

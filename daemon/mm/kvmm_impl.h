@@ -43,6 +43,10 @@ struct kvmm {
     struct blockkey root_key; /* chain(-1) of the model and geometry */
     struct kvmm_disk *disk;   /* the disk tier's side (kvmm_disk.c); NULL without one */
     struct kvmm_sessions *sessions; /* named sessions (kvmm_session.c); NULL without a disk tier */
+    struct kvmm_events_sink events; /* events.block NULL: none attached */
+    uint64_t pub_root;              /* root of the published hashes */
+    bool events_quiet;              /* kvmm_clear: one AllBlocksCleared instead */
+    struct kvmm_remote *remote;     /* the remote tier's side (kvmm_remote.c); NULL without one */
     char err[320];
 };
 
@@ -63,8 +67,15 @@ _Noreturn void mm_lock_violation(const char *fn, const char *what);
         if (atomic_load_explicit(&(mm)->holder, memory_order_relaxed) != mm_thread_self())         \
             mm_lock_violation(__func__, "without holding kvmm_lock");                              \
     } while (0)
+/* And its converse where disk I/O starts: never with the lock held. */
+#define MM_ASSERT_UNLOCKED(mm)                                                                     \
+    do {                                                                                           \
+        if (atomic_load_explicit(&(mm)->holder, memory_order_relaxed) == mm_thread_self())         \
+            mm_lock_violation(__func__, "holding kvmm_lock across disk I/O");                      \
+    } while (0)
 #else
 #define MM_ASSERT_LOCKED(mm) ((void)(mm))
+#define MM_ASSERT_UNLOCKED(mm) ((void)(mm))
 #endif
 
 /* Records a message and returns code (the message of kvmm_errmsg). */
@@ -107,6 +118,18 @@ void mm_drop_subtree(struct kvmm *mm, struct radix_node *node);
 void mm_keyed(struct kvmm *mm, struct radix_node *node);
 void mm_disk_dropping(struct kvmm *mm, struct radix_node *node);
 void mm_disk_free(struct kvmm *mm);
+/* KV events (kvmm.c): node's block entered the tree or moved into a
+ * medium (stored) / is leaving one (removed). No-ops without a sink or
+ * for a tenant with events off. mm_pub_set gives node's block its
+ * published hash (from its parent's). */
+void mm_pub_set(struct kvmm *mm, struct radix_node *node);
+void mm_ev_stored(struct kvmm *mm, const struct radix_node *node, enum kvmm_medium medium);
+void mm_ev_removed(struct kvmm *mm, const struct radix_node *node, enum kvmm_medium medium);
+static inline enum kvmm_medium mm_tier_medium(uint8_t tier)
+{
+    return tier == KVD_TIER_DEVICE ? KVMM_MEDIUM_GPU : KVMM_MEDIUM_CPU;
+}
+
 /* For kvmm_session.c: the tier, and a tree block's bytes into dst (lock
  * held; false when a host copy fails its checksum or the copy fails). */
 struct disktier *mm_disk_tier(struct kvmm *mm);
@@ -120,5 +143,28 @@ struct blockkey mm_node_key(const struct kvmm *mm, const struct radix_node *node
 /* Room for n new host-tier blocks of tenant (its quota, free slots),
  * dropping host cache leaves. 0, KVD_EQUOTA or KVD_ENOMEM. */
 int mm_room_host_new(struct kvmm *mm, uint32_t tenant, size_t n);
+/* Restores (kvmm_disk.c, shared with kvmm_remote.c): whether ns is a live
+ * namespace; how many whole blocks of tokens (nb at most) the tree holds and
+ * the key of the last (chain(-1) for none); the node of block b-1 (the root
+ * for b = 0, NULL when the tree no longer holds b blocks; scratch holds b);
+ * and block `key` (its bytes at data) entering the tree under parent as an
+ * unreferenced cached block of tenant, on the host tier when there is one
+ * (false when there is no room). from_disk: it is on disk already; else it
+ * came from the remote tier, which needs it no more, and is queued for the
+ * disk. */
+bool mm_ns_ok(const struct kvmm *mm, uint32_t ns);
+size_t mm_cached_prefix(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t nb,
+                        struct radix_node **scratch, struct blockkey *key);
+struct radix_node *mm_parent_of(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t b,
+                                struct radix_node **scratch);
+bool mm_restore_block(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
+                      const uint32_t *toks, struct blockkey key, const void *data, bool from_disk);
+/* The remote tier's hooks (kvmm_remote.c), no-ops without one. The block
+ * of node, chain index idx: mm_remote_used after it entered the tree or its
+ * hits grew (its group's value may be due), mm_remote_chain_end where a
+ * commit or a match ended at it (a tail value may be due). */
+void mm_remote_used(struct kvmm *mm, struct radix_node *node, size_t idx);
+void mm_remote_chain_end(struct kvmm *mm, struct radix_node *node, size_t idx);
+void mm_remote_free(struct kvmm *mm);
 
 #endif

@@ -338,7 +338,10 @@ static size_t path_attach(struct kvmm *mm, struct seq *s, const struct match_pat
         s->blocks[i] = p->nodes[i]->block;
         b->lru = ++mm->clock;
         b->hits += b->hits != UINT32_MAX; /* a reuse: counts for eviction */
+        mm_remote_used(mm, p->nodes[i], i);
     }
+    if (p->len)
+        mm_remote_chain_end(mm, p->nodes[p->len - 1], p->len - 1);
     s->n_blocks = p->len;
     s->n_tokens = s->n_committed = n_tokens;
     if (n_tokens)
@@ -578,6 +581,7 @@ static bool mm_seq_share(struct kvmm *mm, struct seq *s, size_t b)
             eb->lru = ++mm->clock;
             eb->hits += eb->hits != UINT32_MAX; /* a reuse: counts for eviction */
             mm_unref(mm, id);
+            mm_remote_used(mm, existing, b);
             return true;
         }
         mm_unref(mm, eid);
@@ -586,6 +590,11 @@ static bool mm_seq_share(struct kvmm *mm, struct seq *s, size_t b)
         return false;
     pb->lru = ++mm->clock;
     mm_keyed(mm, node);
+    if (mm->events.block) {
+        mm_pub_set(mm, node);
+        mm_ev_stored(mm, node, mm_tier_medium(pb->tier));
+    }
+    mm_remote_used(mm, node, b);
     return true;
 }
 
@@ -610,9 +619,12 @@ int kvmm_seq_commit(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, const uin
     s->n_committed += n;
     last = s->n_committed / bt;
     /* Sharing is best effort: the ids are committed either way. */
-    for (size_t b = first; b < last; b++)
-        if (!mm_seq_share(mm, s, b))
+    size_t b_end = first;
+    for (; b_end < last; b_end++)
+        if (!mm_seq_share(mm, s, b_end))
             break;
+    if (b_end > first)
+        mm_remote_chain_end(mm, pool_block(&mm->pool, s->blocks[b_end - 1])->node, b_end - 1);
     for (size_t b = 0; b < s->n_blocks; b++)
         k += pool_block(&mm->pool, s->blocks[b])->node != NULL;
     if (shared)

@@ -391,6 +391,7 @@ static size_t ensure_on_disk(struct kvmm *mm, uint32_t ns, const char *ns_name,
             }
         }
         kvmm_unlock(mm);
+        MM_ASSERT_UNLOCKED(mm);
         if (!copied || disktier_put(dt, ns_name, nsh, keys[b], tokens + b * bt, buf) != 0)
             break;
     }

@@ -110,6 +110,7 @@ int pool_alloc(struct pool *p, enum kvd_tier tier, uint32_t tenant, uint32_t *id
     b->checksum = 0;
     b->node = NULL;
     b->disk = POOL_DISK_NONE;
+    b->remote = 0;
     b->key = (struct blockkey){0, 0};
     p->slot_block[tier][slot] = i;
     *id = i;

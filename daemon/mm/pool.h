@@ -27,18 +27,24 @@ struct pool_block {
     uint8_t tier;            /* enum kvd_tier */
     uint8_t used;            /* 0 while on the free-id stack */
     uint8_t disk;            /* enum pool_disk: where the disk tier stands with it */
+    uint8_t remote;          /* POOL_REMOTE_* bits: values the remote tier has of it */
     uint32_t hits;           /* reuses through the tree (a match took it, or a commit
                                 switched to it), saturating; 0 for a new block */
     uint64_t lru;            /* stamp of the last use (kvmm clock ticks) */
     uint64_t checksum;       /* of the host copy; valid while tier == HOST */
     struct radix_node *node; /* radix node holding the block, or NULL */
     struct blockkey key;     /* chain key (blockkey.h); set while node != NULL */
+    uint64_t pub;            /* published hash (KV events); set while node != NULL */
 };
 
 /* A tree block and the disk tier: not for the disk (no tier, or not in the
  * tree), queued for the writer, on disk (a copy there is current), or never
  * to be written (its bytes failed a checksum). */
 enum pool_disk { POOL_DISK_NONE = 0, POOL_DISK_QUEUED, POOL_DISK_CLEAN, POOL_DISK_NEVER };
+/* A tree block and the remote tier (kvmm_remote.c): the value ending at it
+ * (its group's, or a tail) is queued or written. */
+#define POOL_REMOTE_FULL 1u
+#define POOL_REMOTE_TAIL 2u
 
 struct pool {
     struct backend *be; /* not owned */

@@ -221,6 +221,20 @@ static int quota_key(struct kvmm_tenant_conf *c, const char *name, const char *v
         dst = &c->weight, unl = false;
     else if (!strcmp(name, "max-disk-bytes"))
         return parse_bytes(v, &c->max_disk_bytes) ? -1 : 1;
+    else if (!strcmp(name, "events")) {
+        /* KV events of the tenant's blocks: on (with token ids), hashes
+         * (without them) or off (none, the default). */
+        if (!strcmp(v, "on") || !strcmp(v, "yes") || !strcmp(v, "true"))
+            c->events = KVMM_EVENTS_ON;
+        else if (!strcmp(v, "hashes"))
+            c->events = KVMM_EVENTS_HASHES;
+        else if (!strcmp(v, "off") || !strcmp(v, "no") || !strcmp(v, "false"))
+            c->events = KVMM_EVENTS_OFF;
+        else
+            return -1;
+        return 1;
+    } else if (!strcmp(name, "remote"))
+        return parse_bool(v, &c->remote) ? -1 : 1;
     else
         return 0;
     if (parse_u32v(v, &x, unl))

@@ -14,6 +14,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "httpd.h"
+#include "kvevents.h"
 #include "log.h"
 #include "server.h"
 #include "stats_snap.h"
@@ -127,6 +128,38 @@ static void render_pool(struct out *o, const struct kvmm_stats *st)
     put(o, "kvd_sequences %u\n", st->n_seqs);
 }
 
+/* The remote tier's series (none without one). */
+static void render_remote(struct out *o, const struct kvmm_remote_stats *r)
+{
+    if (!r->on)
+        return;
+    head(o, "kvd_remote_blocks_total", "counter",
+         "Remote-tier lookups: blocks restored (hit), values missing (miss).");
+    put(o, "kvd_remote_blocks_total{result=\"hit\"} %llu\n", (unsigned long long)r->hits);
+    put(o, "kvd_remote_blocks_total{result=\"miss\"} %llu\n", (unsigned long long)r->misses);
+    head(o, "kvd_remote_bytes_total", "counter", "Remote-tier bytes read and written.");
+    put(o, "kvd_remote_bytes_total{op=\"read\"} %llu\n", (unsigned long long)r->bytes_in);
+    put(o, "kvd_remote_bytes_total{op=\"write\"} %llu\n", (unsigned long long)r->bytes_out);
+    head(o, "kvd_remote_writes_total", "counter", "Values written to Redis.");
+    put(o, "kvd_remote_writes_total %llu\n", (unsigned long long)r->writes);
+    head(o, "kvd_remote_lookup_rounds_total", "counter", "Remote-tier lookup rounds.");
+    put(o, "kvd_remote_lookup_rounds_total %llu\n", (unsigned long long)r->rounds);
+    head(o, "kvd_remote_lookup_seconds_total", "counter", "Time spent in lookup rounds.");
+    put(o, "kvd_remote_lookup_seconds_total %.9f\n", (double)r->latency_ns_sum / 1e9);
+    head(o, "kvd_remote_lookup_last_seconds", "gauge", "The last lookup round's time.");
+    put(o, "kvd_remote_lookup_last_seconds %.9f\n", (double)r->latency_ns_last / 1e9);
+    head(o, "kvd_remote_errors_total", "counter",
+         "Remote-tier failures: failed rounds, timeouts, values refused, work skipped.");
+    put(o, "kvd_remote_errors_total{kind=\"error\"} %llu\n", (unsigned long long)r->errors);
+    put(o, "kvd_remote_errors_total{kind=\"timeout\"} %llu\n", (unsigned long long)r->timeouts);
+    put(o, "kvd_remote_errors_total{kind=\"auth\"} %llu\n", (unsigned long long)r->auth_failures);
+    put(o, "kvd_remote_errors_total{kind=\"mismatch\"} %llu\n", (unsigned long long)r->mismatches);
+    put(o, "kvd_remote_errors_total{kind=\"skipped\"} %llu\n",
+        (unsigned long long)(r->skipped + r->write_skips));
+    head(o, "kvd_remote_queued", "gauge", "Values waiting for the remote writer.");
+    put(o, "kvd_remote_queued %llu\n", (unsigned long long)r->queued);
+}
+
 /* The disk tier's series (none without one). */
 static void render_disk(struct out *o, const struct kvmm_disk_stats *d)
 {
@@ -156,6 +189,62 @@ static void render_disk(struct out *o, const struct kvmm_disk_stats *d)
     put(o, "kvd_disk_restored_blocks_total %llu\n", (unsigned long long)d->restored);
     head(o, "kvd_disk_read_seconds_total", "counter", "Time spent in disk-tier block reads.");
     put(o, "kvd_disk_read_seconds_total %.9f\n", (double)t->read_ns / 1e9);
+    head(o, "kvd_disk_requests_total", "counter",
+         "Disk-tier I/O requests (adjacent slots coalesced into one).");
+    put(o, "kvd_disk_requests_total{op=\"read\"} %llu\n", (unsigned long long)t->read_reqs);
+    put(o, "kvd_disk_requests_total{op=\"write\"} %llu\n", (unsigned long long)t->write_reqs);
+    head(o, "kvd_disk_evictions_total", "counter", "Disk-tier slots evicted for new blocks.");
+    put(o, "kvd_disk_evictions_total %llu\n", (unsigned long long)t->evictions);
+    head(o, "kvd_disk_loaded_blocks", "gauge",
+         "Disk-tier blocks found at start, and index records refused.");
+    put(o, "kvd_disk_loaded_blocks{state=\"loaded\"} %llu\n", (unsigned long long)t->loaded);
+    put(o, "kvd_disk_loaded_blocks{state=\"refused\"} %llu\n",
+        (unsigned long long)t->dropped_at_load);
+    head(o, "kvd_disk_queued_blocks", "gauge",
+         "Blocks waiting for the disk writer (queued, and copies of dropped ones).");
+    put(o, "kvd_disk_queued_blocks{kind=\"queued\"} %llu\n", (unsigned long long)d->queued);
+    put(o, "kvd_disk_queued_blocks{kind=\"detached\"} %llu\n", (unsigned long long)d->detached);
+    head(o, "kvd_disk_restore_failures_total", "counter",
+         "Prefetches stopped by a disk block that failed a check or a read (recomputed).");
+    put(o, "kvd_disk_restore_failures_total %llu\n", (unsigned long long)d->restore_fails);
+    head(o, "kvd_disk_restores_total", "counter", "Prefetches that restored blocks from disk.");
+    put(o, "kvd_disk_restores_total %llu\n", (unsigned long long)d->restores);
+    head(o, "kvd_disk_restore_seconds_total", "counter",
+         "Time of those prefetches (lookups, reads, checks, into the cache).");
+    put(o, "kvd_disk_restore_seconds_total %.9f\n", (double)d->restore_ns / 1e9);
+    head(o, "kvd_disk_restore_last_seconds", "gauge", "The last restoring prefetch's time.");
+    put(o, "kvd_disk_restore_last_seconds %.9f\n", (double)d->restore_last_ns / 1e9);
+    head(o, "kvd_disk_sessions", "gauge", "Live named sessions, all tenants.");
+    put(o, "kvd_disk_sessions %llu\n", (unsigned long long)d->sessions);
+    head(o, "kvd_disk_bytes", "gauge", "The disk tier's slot size and block file size.");
+    put(o, "kvd_disk_bytes{kind=\"slot\"} %llu\n", (unsigned long long)t->slot_bytes);
+    put(o, "kvd_disk_bytes{kind=\"file\"} %llu\n", (unsigned long long)t->file_bytes);
+}
+
+/* The KV events publisher's series (none when it is off). */
+static void render_kv_events(struct out *o, struct kvevents *ev)
+{
+    struct kvevents_stats s;
+    if (!ev)
+        return;
+    kvevents_stats(ev, &s);
+    head(o, "kvd_kv_events_batches_total", "counter", "KV event batches published.");
+    put(o, "kvd_kv_events_batches_total %llu\n", (unsigned long long)s.batches);
+    head(o, "kvd_kv_events_total", "counter", "KV events published (runs of blocks merged).");
+    put(o, "kvd_kv_events_total %llu\n", (unsigned long long)s.events);
+    head(o, "kvd_kv_events_blocks_total", "counter", "Block reports in published KV events.");
+    put(o, "kvd_kv_events_blocks_total %llu\n", (unsigned long long)s.blocks);
+    head(o, "kvd_kv_events_dropped_total", "counter",
+         "KV event losses: block reports to a full queue (queue), batches a subscriber missed at "
+         "its high-water mark (hwm).");
+    put(o, "kvd_kv_events_dropped_total{reason=\"queue\"} %llu\n", (unsigned long long)s.dropped);
+    put(o, "kvd_kv_events_dropped_total{reason=\"hwm\"} %llu\n", (unsigned long long)s.hwm_drops);
+    head(o, "kvd_kv_events_subscribers", "gauge", "Live subscriptions to the KV events socket.");
+    put(o, "kvd_kv_events_subscribers %llu\n", (unsigned long long)s.subscribers);
+    head(o, "kvd_kv_events_replay_requests_total", "counter", "KV event replay requests answered.");
+    put(o, "kvd_kv_events_replay_requests_total %llu\n", (unsigned long long)s.replay_requests);
+    head(o, "kvd_kv_events_queued", "gauge", "Block reports waiting for the publisher.");
+    put(o, "kvd_kv_events_queued %llu\n", (unsigned long long)s.queued);
 }
 
 /* Per-tenant series, from the snapshot. */
@@ -335,8 +424,10 @@ int metrics_render(const struct metrics_src *src, struct evbuffer *out)
         return KVD_ENOMEM;
     render_pool(&o, &sn.st);
     render_disk(&o, &sn.disk);
+    render_remote(&o, &sn.remote);
     render_tenants(&o, &sn);
     stats_snap_free(&sn);
+    render_kv_events(&o, src->kvevents);
     if (src->acct)
         render_exec(&o, src->acct);
     if (src->rl)
@@ -373,6 +464,7 @@ static void on_metrics(struct evhttp_request *req, void *arg)
         .n_conns = o.n_conns,
         .n_pending = o.n_pending,
         .n_http_auth_failed = o.n_http_auth_failed,
+        .kvevents = o.kvevents,
     };
     struct evbuffer *body = evbuffer_new();
     if (!body) {

@@ -34,6 +34,7 @@ struct metrics_src {
     const size_t *n_conns;              /* live connections, or NULL */
     const size_t *n_pending;            /* requests in flight, or NULL */
     const uint64_t *n_http_auth_failed; /* or NULL */
+    struct kvevents *kvevents;          /* the KV events publisher, or NULL */
 };
 
 /* Appends the whole exposition to out. 0 or KVD_ENOMEM. */

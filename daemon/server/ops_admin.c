@@ -17,9 +17,22 @@ int ops_admin_evict(struct ops_ctx *c)
         rc = proto_opt_uint(c->req, "n", &n, NULL, &c->err);
     if (rc)
         return rc;
+    if (tier_len == 3 && !memcmp(tier_s, "all", 3)) {
+        /* Every prefix tree emptied (running sequences keep their blocks):
+         * routers following the KV events get AllBlocksCleared. */
+        kvmm_lock(c->mm);
+        kvmm_clear(c->mm, &evicted);
+        kvmm_unlock(c->mm);
+        log_info("admin uid %u: cleared the prefix cache (%zu blocks)", (unsigned)c->uid, evicted);
+        rc = proto_reply_begin(c->pk, c->id, 1);
+        if (!rc)
+            rc = proto_pack_kv_uint(c->pk, "evicted", evicted);
+        return rc;
+    }
     int tier = proto_tier_from_name(tier_s, tier_len);
     if (tier < 0)
-        return kvd_error_set(&c->err, KVD_EBADREQ, "'tier' must be \"device\" or \"host\"");
+        return kvd_error_set(&c->err, KVD_EBADREQ,
+                             "'tier' must be \"device\", \"host\" or \"all\"");
     if (n > UINT32_MAX)
         n = UINT32_MAX;
     kvmm_lock(c->mm);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "acct_stats.h"
+#include "kvevents.h"
 #include "kvd/protocol.h"
 #include "kvd/version.h"
 #include "ops.h"
@@ -60,6 +61,7 @@ int ops_hello(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_uint(pk, "max_frame", c->host->max_frame));
     PROTO_PK(proto_pack_kv_uint(pk, "conn", c->conn_id));
     PROTO_PK(proto_pack_kv_bool(pk, "disk", kvmm_disk_on(c->mm)));
+    PROTO_PK(proto_pack_kv_bool(pk, "remote", kvmm_remote_on(c->mm)));
     PROTO_PK(proto_pack_str(pk, "kv"));
     size_t kv = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "layers", g->layers));
@@ -105,6 +107,12 @@ static int pack_tenant(msgpack_packer *pk, const struct stats_snap_tenant *st)
     PROTO_PK(proto_pack_kv_uint(pk, "device_blocks", t->device_blocks));
     PROTO_PK(proto_pack_kv_uint(pk, "host_blocks", t->host_blocks));
     PROTO_PK(proto_pack_kv_uint(pk, "cached_blocks", t->cached_blocks));
+    PROTO_PK(proto_pack_kv_uint(pk, "cached_device", t->cached_device));
+    PROTO_PK(proto_pack_kv_uint(pk, "cached_host", t->cached_host));
+    PROTO_PK(proto_pack_kv_str(pk, "events",
+                               t->conf.events == KVMM_EVENTS_ON       ? "on"
+                               : t->conf.events == KVMM_EVENTS_HASHES ? "hashes"
+                                                                      : "off"));
     PROTO_PK(proto_pack_kv_uint(pk, "seqs", t->seqs));
     PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_asked", t->match_tokens_asked));
     PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_hit", t->match_tokens_hit));
@@ -159,6 +167,61 @@ static int pack_disk(msgpack_packer *pk, const struct kvmm_disk_stats *d)
     PROTO_PK(proto_pack_kv_uint(pk, "queued", d->queued + d->detached));
     PROTO_PK(proto_pack_kv_uint(pk, "restored", d->restored));
     PROTO_PK(proto_pack_kv_uint(pk, "restore_us", t->reads ? t->read_ns / t->reads / 1000 : 0));
+    PROTO_PK(proto_pack_kv_uint(pk, "detached", d->detached));
+    PROTO_PK(proto_pack_kv_uint(pk, "read_requests", t->read_reqs));
+    PROTO_PK(proto_pack_kv_uint(pk, "write_requests", t->write_reqs));
+    PROTO_PK(proto_pack_kv_uint(pk, "restore_fails", d->restore_fails));
+    PROTO_PK(proto_pack_kv_uint(pk, "restores", d->restores));
+    PROTO_PK(proto_pack_kv_uint(pk, "restore_mean_us",
+                                d->restores ? d->restore_ns / d->restores / 1000 : 0));
+    PROTO_PK(proto_pack_kv_uint(pk, "restore_last_us", d->restore_last_ns / 1000));
+    PROTO_PK(proto_pack_kv_uint(pk, "sessions", d->sessions));
+    return proto_map_end(pk, map);
+}
+
+/* The KV events publisher's map (stats "kv_events"). */
+static int pack_kv_events(msgpack_packer *pk, struct kvevents *ev)
+{
+    struct kvevents_stats s;
+    kvevents_stats(ev, &s);
+    PROTO_PK(proto_pack_str(pk, "kv_events"));
+    size_t map = proto_map_begin(pk);
+    PROTO_PK(proto_pack_kv_uint(pk, "batches", s.batches));
+    PROTO_PK(proto_pack_kv_uint(pk, "events", s.events));
+    PROTO_PK(proto_pack_kv_uint(pk, "blocks", s.blocks));
+    PROTO_PK(proto_pack_kv_uint(pk, "dropped", s.dropped));
+    PROTO_PK(proto_pack_kv_uint(pk, "hwm_drops", s.hwm_drops));
+    PROTO_PK(proto_pack_kv_uint(pk, "subscribers", s.subscribers));
+    PROTO_PK(proto_pack_kv_uint(pk, "replay_requests", s.replay_requests));
+    PROTO_PK(proto_pack_kv_uint(pk, "replay_batches", s.replay_batches));
+    PROTO_PK(proto_pack_kv_uint(pk, "replay_bad", s.replay_bad));
+    PROTO_PK(proto_pack_kv_uint(pk, "queued", s.queued));
+    PROTO_PK(proto_pack_kv_uint(pk, "next_seq", s.next_seq));
+    return proto_map_end(pk, map);
+}
+
+/* The remote tier's map (stats "remote"): lookups, writes and failures. */
+static int pack_remote(msgpack_packer *pk, const struct kvmm_remote_stats *r)
+{
+    PROTO_PK(proto_pack_str(pk, "remote"));
+    size_t map = proto_map_begin(pk);
+    PROTO_PK(proto_pack_kv_uint(pk, "blocks_per_value", r->blocks_per_value));
+    PROTO_PK(proto_pack_kv_uint(pk, "hits", r->hits));
+    PROTO_PK(proto_pack_kv_uint(pk, "misses", r->misses));
+    PROTO_PK(proto_pack_kv_uint(pk, "bytes_in", r->bytes_in));
+    PROTO_PK(proto_pack_kv_uint(pk, "bytes_out", r->bytes_out));
+    PROTO_PK(proto_pack_kv_uint(pk, "rounds", r->rounds));
+    PROTO_PK(proto_pack_kv_uint(pk, "latency_us_mean",
+                                r->rounds ? r->latency_ns_sum / r->rounds / 1000 : 0));
+    PROTO_PK(proto_pack_kv_uint(pk, "latency_us_last", r->latency_ns_last / 1000));
+    PROTO_PK(proto_pack_kv_uint(pk, "errors", r->errors));
+    PROTO_PK(proto_pack_kv_uint(pk, "timeouts", r->timeouts));
+    PROTO_PK(proto_pack_kv_uint(pk, "skipped", r->skipped));
+    PROTO_PK(proto_pack_kv_uint(pk, "auth_failures", r->auth_failures));
+    PROTO_PK(proto_pack_kv_uint(pk, "mismatches", r->mismatches));
+    PROTO_PK(proto_pack_kv_uint(pk, "writes", r->writes));
+    PROTO_PK(proto_pack_kv_uint(pk, "write_skips", r->write_skips));
+    PROTO_PK(proto_pack_kv_uint(pk, "queued", r->queued));
     return proto_map_end(pk, map);
 }
 
@@ -221,6 +284,10 @@ static int stats_all_pack(struct ops_ctx *c, const struct stats_snap *sn)
     PROTO_PK(pack_tier(pk, "host", st->host_total, st->host_free, st->host_cached, st->host_used));
     if (sn->disk.on)
         PROTO_PK(pack_disk(pk, &sn->disk));
+    if (obs->kvevents)
+        PROTO_PK(pack_kv_events(pk, obs->kvevents));
+    if (sn->remote.on)
+        PROTO_PK(pack_remote(pk, &sn->remote));
     PROTO_PK(proto_pack_str(pk, "counters"));
     size_t counters = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_asked", st->match_tokens_asked));

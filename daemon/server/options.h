@@ -59,6 +59,22 @@ struct options {
     char disk_dir[4096];
     uint64_t disk_max_bytes;
     uint32_t disk_writeback_ms, disk_flush_s, disk_workers;
+    /* KV events (kvevents.h): the PUB and replay endpoints ("": off),
+     * batches kept for replay, the topic, the per-subscriber high-water
+     * mark and the seed of the published block hashes. */
+    char kv_events[256], kv_events_replay[256];
+    uint32_t kv_events_buffer, kv_events_hwm, kv_events_sndbuf;
+    char kv_events_topic[256], kv_events_hash_seed[256];
+    /* The remote tier on Redis (off while remote is empty): its URL, the
+     * fleet key's file (or insecure: checksums only), the bound on one
+     * round (ms), a value's size, its TTL (s; 0: none), the hits a block
+     * needs before it is written, and the workers that prefetch from it. */
+    char remote[1024];
+    char remote_key_file[4096];
+    bool remote_insecure;
+    uint32_t remote_timeout_ms;
+    uint64_t remote_value_bytes;
+    uint32_t remote_ttl_s, remote_min_hits, remote_workers;
     /* cpu backend: compute threads for the model (0 = one per online CPU). */
     uint32_t threads;
     int log_level;

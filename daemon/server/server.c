@@ -50,6 +50,11 @@ void server_attach_obs(struct server *srv, struct roofline *rl, struct acct *acc
     tenancy_set_acct(srv->tenancy, acct);
 }
 
+void server_attach_kvevents(struct server *srv, struct kvevents *ev)
+{
+    srv->obs.kvevents = ev;
+}
+
 void server_get_obs(struct server *srv, struct server_obs *out)
 {
     *out = srv->obs;

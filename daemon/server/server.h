@@ -54,6 +54,9 @@ struct event_base;
 /* Gives the server its observability sources (stats and metrics read them;
  * NULL is fine). Not owned. Call before server_run. */
 void server_attach_obs(struct server *srv, struct roofline *rl, struct acct *acct);
+struct kvevents;
+/* The KV events publisher stats and metrics report (not owned). */
+void server_attach_kvevents(struct server *srv, struct kvevents *ev);
 /* What an observer reads, on the loop thread: the memory manager (lock it
  * while reading), the sources above, the backend's name, the live
  * counters through pointers so one copy stays current, and the tenant
@@ -66,6 +69,7 @@ struct server_obs {
     const size_t *n_conns, *n_pending;
     const uint64_t *n_http_auth_failed; /* TCP HTTP requests refused for their token */
     const struct tenancy *tenancy;
+    struct kvevents *kvevents; /* the KV events publisher, NULL when off */
 };
 void server_get_obs(struct server *srv, struct server_obs *out);
 /* The loop's event base (to add listeners to it) and the settings. */

@@ -54,6 +54,7 @@ int stats_snap_fill(struct stats_snap *s, struct kvmm *mm, struct acct *acct, co
 out:
     kvmm_unlock(mm);
     kvmm_disk_stats(mm, &s->disk); /* locks for itself: its own, consistent reading */
+    kvmm_remote_stats(mm, &s->remote);
     if (rc)
         stats_snap_free(s);
     return rc;

@@ -24,8 +24,9 @@ struct stats_snap_tenant {
 
 struct stats_snap {
     struct kvmm_stats st;
-    struct kvmm_disk_stats disk; /* disk.on false without a disk tier */
-    struct stats_snap_tenant *t; /* (n) owned, by tenant id */
+    struct kvmm_disk_stats disk;     /* disk.on false without a disk tier */
+    struct kvmm_remote_stats remote; /* remote.on false without a remote tier */
+    struct stats_snap_tenant *t;     /* (n) owned, by tenant id */
     size_t n;
     size_t n_live; /* live tenants in all */
     bool more;     /* tenants past this page: the next starts at `next` */

@@ -2,10 +2,13 @@
  * a test), through the disktier API directly, next to the raw file system.
  *
  *   bench_disk throughput [DIR] [MIB]
- *       For 512 KiB blocks (a 1B-class model's 16-token block) and 4 KiB
- *       blocks (a tiny model's): MIB MiB of slots (default 1024) written
- *       with disktier_put from one thread, disktier_sync, then read back
- *       with disktier_lookup + disktier_read (every read checked). In the
+ *       For 4 KiB blocks (a tiny model's), 32 KiB (the README's demo
+ *       model), 64 KiB and 512 KiB (a 1B-class model's 16-token block): MIB
+ *       MiB of slots (default 1024) written with disktier_put from one
+ *       thread, disktier_sync, then read back as kvd's prefetch reads a
+ *       chain: disktier_lookup of a window of blocks, disktier_read_many
+ *       (every read checked); then again with one disktier_read per block
+ *       (one request at a time, the path before batching). In the
  *       same run, dd of the same size with bs=1M oflag=direct / iflag=direct
  *       on the same directory. Prints GB/s of slot bytes (what hits the
  *       disk: a 4 KiB header per slot included), GB/s of block data, and
@@ -119,13 +122,71 @@ static double run_dd(const char *cmd)
 struct tp {
     double put_s, sync_s, read_s, dd_w_s, dd_r_s;
     double dds_w_s, dds_r_s; /* dd with bs = the slot size */
+    double read1_s;          /* one disktier_read per block (the old path) */
+    double put1_s;           /* one disktier_put per block + sync (the old path) */
+    uint64_t wreqs;          /* I/O requests of the batched writes */
+    uint64_t reqs;           /* I/O requests of the batched reads */
 };
 
+/* How many blocks one batched read takes: a restore window of kvd's
+ * prefetch (kvmm_disk.c: 8 MiB of slots, at most 256 blocks; a
+ * 4096-token prompt of 16-token blocks is 256). */
+static size_t window_of(size_t slot)
+{
+    size_t w = (8u << 20) / slot;
+    return w < 1 ? 1 : w > 256 ? 256 : w;
+}
+
+/* Reads back blocks [0, n) of the round: in windows with
+ * disktier_read_many (win > 1), or one disktier_read each (win = 1). 0,
+ * or -1 when a block is missing, fails or holds another block's bytes. */
+static int read_back(struct disktier *dt, uint64_t n, uint64_t salt, size_t block_bytes, size_t win,
+                     unsigned char *bufs, size_t slot)
+{
+    uint64_t ns = blockkey_ns("bench");
+    uint32_t(*toks)[BT] = malloc(sizeof *toks * win);
+    struct disktier_rd *rd = calloc(win, sizeof *rd);
+    int rc = toks && rd ? 0 : -1;
+    (void)block_bytes;
+    for (uint64_t i = 0; i < n && rc == 0; i += win) {
+        size_t k = 0;
+        for (; k < win && i + k < n; k++) {
+            struct blockkey key = key_of(i + k, salt);
+            tokens_of(i + k, toks[k]);
+            rd[k] = (struct disktier_rd){.slot = disktier_lookup(dt, ns, key),
+                                         .key = key,
+                                         .tokens = toks[k],
+                                         .buf = bufs + k * slot};
+            if (rd[k].slot == DISKTIER_NONE)
+                rc = -1;
+        }
+        if (rc)
+            break;
+        if (win == 1)
+            rd[0].rc =
+                disktier_read(dt, rd[0].slot, "bench", ns, rd[0].key, rd[0].tokens, rd[0].buf);
+        else
+            disktier_read_many(dt, "bench", ns, rd, k);
+        for (size_t j = 0; j < k && rc == 0; j++) {
+            uint64_t got;
+            memcpy(&got, disktier_data(dt, rd[j].buf), sizeof got);
+            if (rd[j].rc || got != i + j)
+                rc = -1;
+        }
+    }
+    free(toks);
+    free(rd);
+    return rc;
+}
+
 /* One round for one block size: the tier's puts and reads, then dd. */
+static bool g_no_uring; /* KVD_BENCH_NO_URING=1: the preadv path */
+
 static int round_tp(const char *dir, size_t block_bytes, uint64_t mib, uint64_t salt, struct tp *o,
                     uint64_t *n_out, size_t *slot_out)
 {
-    struct disktier_conf c = {.dir = dir, .block_bytes = block_bytes, .block_tokens = BT};
+    struct disktier_conf c = {
+        .dir = dir, .block_bytes = block_bytes, .block_tokens = BT, .no_uring = g_no_uring};
     struct disktier *dt;
     struct kvd_error e = {0};
     /* Sized for exactly n slots of (mib MiB) total. */
@@ -155,31 +216,74 @@ static int round_tp(const char *dir, size_t block_bytes, uint64_t mib, uint64_t 
         memcpy(data + k, &v, block_bytes - k < 8 ? block_bytes - k : 8);
     }
     int rc = 0;
+    size_t win = window_of(slot);
+    unsigned char *bufs = NULL;
+    uint32_t(*wtoks)[BT] = malloc(sizeof *wtoks * win);
+    struct disktier_wr *wr = calloc(win, sizeof *wr);
+    if (posix_memalign((void **)&bufs, 4096, win * slot) || !wtoks || !wr)
+        rc = -1;
+    if (rc == 0)
+        memset(bufs, 0, win * slot);
     double t0 = now_s();
-    for (uint64_t i = 0; i < n && rc == 0; i++) {
-        memcpy(data, &i, sizeof i); /* each block differs */
-        tokens_of(i, toks);
-        rc = disktier_put(dt, "bench", ns, key_of(i, salt), toks, buf);
+    /* As kvd's writer: a batch of blocks per disktier_put_many. */
+    for (uint64_t i = 0; i < n && rc == 0; i += win) {
+        size_t k = 0;
+        for (; k < win && i + k < n; k++) {
+            unsigned char *bd = disktier_data(dt, bufs + k * slot);
+            memcpy(bd, data, block_bytes);
+            uint64_t id = i + k;
+            memcpy(bd, &id, sizeof id); /* each block differs */
+            tokens_of(id, wtoks[k]);
+            wr[k] = (struct disktier_wr){.ns_name = "bench",
+                                         .ns = ns,
+                                         .key = key_of(id, salt),
+                                         .tokens = wtoks[k],
+                                         .buf = bufs + k * slot};
+        }
+        if (disktier_put_many(dt, wr, k) != k)
+            rc = -1;
     }
     double t1 = now_s();
     if (rc == 0)
         rc = disktier_sync(dt);
+    double t_sync = now_s();
+    disktier_stats(dt, &st);
+    o->wreqs = st.write_reqs;
+    free(wtoks);
+    free(wr);
+    if (rc == 0) /* the read path's first use (a ring, buffers) before the clock starts */
+        rc = read_back(dt, n < win ? n : win, salt, block_bytes, win, bufs, slot);
+    struct disktier_stats st0;
+    disktier_stats(dt, &st0);
     double t2 = now_s();
-    for (uint64_t i = 0; i < n && rc == 0; i++) {
-        struct blockkey k = key_of(i, salt);
-        uint32_t s = disktier_lookup(dt, ns, k);
-        tokens_of(i, toks);
-        rc = s == DISKTIER_NONE ? -1 : disktier_read(dt, s, "bench", ns, k, toks, buf);
-        uint64_t got;
-        memcpy(&got, data, sizeof got);
-        if (rc == 0 && got != i)
-            rc = -1;
-    }
+    if (rc == 0)
+        rc = read_back(dt, n, salt, block_bytes, win, bufs, slot);
     double t3 = now_s();
     disktier_stats(dt, &st);
-    free(buf);
+    o->reqs = st.read_reqs - st0.read_reqs;
+    double t4 = now_s();
+    if (rc == 0)
+        rc = read_back(dt, n, salt, block_bytes, 1, bufs, slot);
+    o->read1_s = now_s() - t4;
+    disktier_stats(dt, &st);
+    free(bufs);
     disktier_close(dt);
     rm_tier(dir);
+    /* One disktier_put per block (the writer before batching), then sync. */
+    if (rc == 0 && disktier_open(&c, &dt, &e) == 0) {
+        double t5 = now_s();
+        for (uint64_t i = 0; i < n && rc == 0; i++) {
+            memcpy(data, &i, sizeof i);
+            tokens_of(i, toks);
+            rc = disktier_put(dt, "bench", ns, key_of(i, salt + 1), toks, buf);
+        }
+        if (rc == 0)
+            rc = disktier_sync(dt);
+        o->put1_s = now_s() - t5;
+        disktier_close(dt);
+        rm_tier(dir);
+    }
+    free(buf);
     if (rc) {
         fprintf(stderr,
                 "bench_disk: put/read failed (writes %" PRIu64 " reads %" PRIu64
@@ -188,7 +292,7 @@ static int round_tp(const char *dir, size_t block_bytes, uint64_t mib, uint64_t 
         return -1;
     }
     o->put_s = t1 - t0;
-    o->sync_s = t2 - t1;
+    o->sync_s = t_sync - t1;
     o->read_s = t3 - t2;
 
     char cmd[4400];
@@ -218,13 +322,26 @@ static int round_tp(const char *dir, size_t block_bytes, uint64_t mib, uint64_t 
 
 static int throughput(const char *dir, uint64_t mib)
 {
-    static const size_t sizes[] = {512 * 1024, 4096};
-    printf("disk tier throughput in %s, %" PRIu64 " MiB per pass, %d rounds (median)\n", dir, mib,
-           ROUNDS);
-    for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++) {
+    /* A tiny model's block, the README's demo model's (4 layers, 4 KV
+     * heads of 32, f16: 32 KiB), 64 KiB, and a 1B-class model's. */
+    static size_t sizes[8] = {4096, 32768, 65536, 512 * 1024};
+    size_t n_sizes = 4;
+    const char *only = getenv("KVD_BENCH_BLOCKS"); /* e.g. "4096,524288" */
+    if (only && only[0]) {
+        n_sizes = 0;
+        for (char *end = NULL; *only && n_sizes < 8; only = *end ? end + 1 : end) {
+            sizes[n_sizes++] = strtoul(only, &end, 10);
+            if (end == only)
+                break;
+        }
+    }
+    g_no_uring = getenv("KVD_BENCH_NO_URING") && atoi(getenv("KVD_BENCH_NO_URING"));
+    printf("disk tier throughput in %s, %" PRIu64 " MiB per pass, %d rounds (median); reads %s\n",
+           dir, mib, ROUNDS, g_no_uring ? "batched, preadv" : "batched, io_uring where there");
+    for (size_t z = 0; z < n_sizes; z++) {
         double put[ROUNDS], rd[ROUNDS], ddw[ROUNDS], ddr[ROUNDS], syn[ROUNDS];
-        double dsw[ROUNDS], dsr[ROUNDS];
-        uint64_t n = 0;
+        double dsw[ROUNDS], dsr[ROUNDS], rd1[ROUNDS], pt1[ROUNDS];
+        uint64_t n = 0, reqs = 0, wreqs = 0;
         size_t slot = 0;
         for (int r = 0; r < ROUNDS; r++) {
             struct tp o;
@@ -233,6 +350,10 @@ static int throughput(const char *dir, uint64_t mib)
             put[r] = o.put_s + o.sync_s; /* durable: the sync belongs to the write */
             syn[r] = o.sync_s;
             rd[r] = o.read_s;
+            rd1[r] = o.read1_s;
+            pt1[r] = o.put1_s;
+            wreqs = o.wreqs;
+            reqs = o.reqs;
             ddw[r] = o.dd_w_s;
             ddr[r] = o.dd_r_s;
             dsw[r] = o.dds_w_s;
@@ -241,14 +362,23 @@ static int throughput(const char *dir, uint64_t mib)
         double bytes = (double)n * (double)slot, data = (double)n * (double)sizes[z];
         double p = median(put, ROUNDS), s = median(syn, ROUNDS), rr = median(rd, ROUNDS);
         double w = median(ddw, ROUNDS), d = median(ddr, ROUNDS);
-        double sw = median(dsw, ROUNDS), sr = median(dsr, ROUNDS);
+        double sw = median(dsw, ROUNDS), sr = median(dsr, ROUNDS), r1 = median(rd1, ROUNDS);
+        double p1 = median(pt1, ROUNDS);
         printf("block %zu B (slot %zu B, %" PRIu64 " blocks):\n", sizes[z], slot, n);
-        printf("  write: put+sync %.3f GB/s slots (%.3f GB/s data; sync %.3f s)   dd bs=1M "
+        printf("  write: put_many+sync %.3f GB/s slots (%.3f GB/s data; sync %.3f s)   dd bs=1M "
                "oflag=direct %.3f GB/s   ratio %.2fx\n",
                bytes / p / 1e9, data / p / 1e9, s, bytes / w / 1e9, w / p);
-        printf("  read:  lookup+read %.3f GB/s slots (%.3f GB/s data; %.1f us/block)   dd bs=1M "
-               "iflag=direct %.3f GB/s   ratio %.2fx\n",
-               bytes / rr / 1e9, data / rr / 1e9, rr / (double)n * 1e6, bytes / d / 1e9, d / rr);
+        printf("  write one block at a time (disktier_put): %.3f GB/s slots   ratio %.2fx of dd; "
+               "batched: %.1f blocks per request, %.2fx of one at a time\n",
+               bytes / p1 / 1e9, w / p1, wreqs ? (double)n / (double)wreqs : 0.0, p1 / p);
+        printf(
+            "  read:  lookup+read_many %.3f GB/s slots (%.3f GB/s data; %.1f us/block)   dd bs=1M "
+            "iflag=direct %.3f GB/s   ratio %.2fx\n",
+            bytes / rr / 1e9, data / rr / 1e9, rr / (double)n * 1e6, bytes / d / 1e9, d / rr);
+        printf("  read one block at a time (disktier_read): %.3f GB/s slots   ratio %.2fx of dd; "
+               "batched: %zu blocks per batch, %.1f blocks per request, %.2fx of one at a time\n",
+               bytes / r1 / 1e9, d / r1, window_of(slot), reqs ? (double)n / (double)reqs : 0.0,
+               r1 / rr);
         printf("  same request size: dd bs=%zu oflag=direct %.3f GB/s (tier %.2fx), iflag=direct "
                "%.3f GB/s (tier %.2fx)\n",
                slot, bytes / sw / 1e9, sw / p, bytes / sr / 1e9, sr / rr);

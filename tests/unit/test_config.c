@@ -194,6 +194,33 @@ static void test_indented_continuation_refused(void **state)
     config_free(&f->cfg);
 }
 
+/* [tenant:NAME] events = on | hashes | off (off when unset; [limits]
+ * gives the default of unlisted uids); anything else is refused. */
+static void test_events_key(void **state)
+{
+    struct cfx *f = *state;
+    char err[512];
+    struct config_identity i;
+    assert_int_equal(load("[limits]\nevents = hashes\n[tenant:a]\nuids = 1001\nevents = on\n"
+                          "[tenant:b]\nuids = 1002\nevents = off\n[tenant:c]\nuids = 1003\n",
+                          &f->cfg, err, sizeof(err)),
+                     0);
+    assert_int_equal(config_resolve(&f->cfg, 1001, 65534, &i), 0);
+    assert_int_equal(i.conf.events, KVMM_EVENTS_ON);
+    assert_int_equal(config_resolve(&f->cfg, 1002, 65534, &i), 0);
+    assert_int_equal(i.conf.events, KVMM_EVENTS_OFF);
+    assert_int_equal(config_resolve(&f->cfg, 1003, 65534, &i), 0);
+    assert_int_equal(i.conf.events, KVMM_EVENTS_OFF);
+    assert_int_equal(config_resolve(&f->cfg, 1004, 65534, &i), 0);
+    assert_int_equal(i.conf.events, KVMM_EVENTS_HASHES);
+    config_free(&f->cfg);
+    assert_int_equal(
+        load("[tenant:a]\nuids = 1001\nevents = sometimes\n", &f->cfg, err, sizeof(err)),
+        KVD_EBADREQ);
+    assert_non_null(strstr(err, "events"));
+    config_free(&f->cfg);
+}
+
 int main(void)
 {
     snprintf(path, sizeof(path), "/tmp/kvd-test-config.%d", (int)getpid());
@@ -205,6 +232,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_first_error_reported, cfx_setup, cfx_teardown),
         cmocka_unit_test_setup_teardown(test_indented_continuation_refused, cfx_setup,
                                         cfx_teardown),
+        cmocka_unit_test_setup_teardown(test_events_key, cfx_setup, cfx_teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     unlink(path);

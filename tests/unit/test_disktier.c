@@ -290,6 +290,104 @@ static void test_index_under_churn(void **state)
     disktier_close(dt);
 }
 
+/* A batch read (disktier_read_many) on both paths (io_uring where there,
+ * and preadv): adjacent slots are coalesced, a batch given out of slot
+ * order reads each block into its own buffer, and one corrupt block among
+ * good ones is dropped and counted alone, the others served. */
+static void batch_reads(bool no_uring)
+{
+    struct disktier_conf c = {.dir = dir,
+                              .block_bytes = BB,
+                              .block_tokens = BT,
+                              .no_uring = no_uring,
+                              .max_bytes = 4096 + 64ull * (4096 + BB)};
+    struct disktier *dt = NULL;
+    struct kvd_error e = {0};
+    if (disktier_open(&c, &dt, &e))
+        fail_msg("disktier_open: %s", e.message);
+    if (no_uring)
+        assert_false(disktier_uring(dt));
+    for (uint32_t i = 0; i < 40; i++)
+        put_block(dt, i, "ns");
+    assert_int_equal(disktier_sync(dt), 0);
+    disktier_close(dt);
+    size_t slot = 4096 + BB;
+    flip("blocks.kvd", (off_t)(4096 + 17 * slot + 4096 + 5)); /* block 17's data */
+    assert_int_equal(disktier_open(&c, &dt, &e), 0);
+
+    enum { N = 40 };
+    uint32_t toks[N][BT], order[N];
+    struct disktier_rd rd[N];
+    for (uint32_t k = 0; k < N; k++) /* blocks 20..39, then 0..19: two runs */
+        order[k] = (k + 20) % N;
+    for (uint32_t k = 0; k < N; k++) {
+        uint32_t i = order[k];
+        tokens_of(i, toks[k]);
+        rd[k] = (struct disktier_rd){.slot = disktier_lookup(dt, blockkey_ns("ns"), key_of(i)),
+                                     .key = key_of(i),
+                                     .tokens = toks[k],
+                                     .buf = disktier_buf_new(dt),
+                                     .rc = -7};
+        assert_int_not_equal(rd[k].slot, DISKTIER_NONE);
+    }
+    struct disktier_stats st0, st;
+    disktier_stats(dt, &st0);
+    assert_int_equal(disktier_read_many(dt, "ns", blockkey_ns("ns"), rd, N), N - 1);
+    disktier_stats(dt, &st);
+    for (uint32_t k = 0; k < N; k++) {
+        uint32_t i = order[k];
+        if (i == 17) {
+            assert_int_equal(rd[k].rc, KVD_EINTERNAL);
+        } else {
+            assert_int_equal(rd[k].rc, 0);
+            const unsigned char *d = disktier_data(dt, rd[k].buf);
+            for (size_t b = 0; b < BB; b++)
+                assert_int_equal(d[b], i & 0xff);
+        }
+        free(rd[k].buf);
+    }
+    assert_int_equal(st.reads - st0.reads, N - 1);
+    assert_int_equal(st.checksum_failures - st0.checksum_failures, 1);
+    /* 40 slots of 12 KiB are one run: one request (well under 4 MiB). */
+    assert_int_equal(st.read_reqs - st0.read_reqs, 1);
+    /* Every other slot: nothing to coalesce, 20 requests (in flight
+     * together on io_uring). */
+    for (uint32_t k = 0; k < N / 2; k++) {
+        tokens_of(2 * k, toks[k]);
+        rd[k] = (struct disktier_rd){.slot = disktier_lookup(dt, blockkey_ns("ns"), key_of(2 * k)),
+                                     .key = key_of(2 * k),
+                                     .tokens = toks[k],
+                                     .buf = disktier_buf_new(dt)};
+    }
+    disktier_stats(dt, &st0);
+    assert_int_equal(disktier_read_many(dt, "ns", blockkey_ns("ns"), rd, N / 2), N / 2);
+    disktier_stats(dt, &st);
+    assert_int_equal(st.read_reqs - st0.read_reqs, N / 2);
+    for (uint32_t k = 0; k < N / 2; k++) {
+        assert_int_equal(rd[k].rc, 0);
+        const unsigned char *d = disktier_data(dt, rd[k].buf);
+        assert_int_equal(d[0], (2 * k) & 0xff);
+        assert_int_equal(d[BB - 1], (2 * k) & 0xff);
+        free(rd[k].buf);
+    }
+    assert_int_equal(get_block(dt, 17, "ns"), -1); /* dropped */
+    assert_int_equal(get_block(dt, 16, "ns"), 0);
+    assert_int_equal(get_block(dt, 18, "ns"), 0);
+    disktier_close(dt);
+}
+
+static void test_batch_reads(void **state)
+{
+    (void)state;
+    batch_reads(false);
+}
+
+static void test_batch_reads_preadv(void **state)
+{
+    (void)state;
+    batch_reads(true);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -299,6 +397,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_every_check_on_read, dir_new, dir_rm),
         cmocka_unit_test_setup_teardown(test_lock_and_foreign_files, dir_new, dir_rm),
         cmocka_unit_test_setup_teardown(test_index_under_churn, dir_new, dir_rm),
+        cmocka_unit_test_setup_teardown(test_batch_reads, dir_new, dir_rm),
+        cmocka_unit_test_setup_teardown(test_batch_reads_preadv, dir_new, dir_rm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
