@@ -161,11 +161,15 @@ static int cpu_get_rows(struct compute_ctx *cx, const struct ctensor *w, const u
 static void rmsnorm_row(float *x, const float *res, float *out, const float *w, uint32_t n,
                         float eps)
 {
-    double ss = 0; /* ggml sums squares in double (ggml_float) too */
+    /* as ggml: each square rounded to f32, summed in double (ggml_float);
+     * squaring in double instead moves the scale by an ulp now and then,
+     * which the Q8_K activations (f32 scale) of the next matmul pass on */
+    double ss = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (res)
             x[i] += res[i];
-        ss += (double)x[i] * x[i];
+        float sq = x[i] * x[i];
+        ss += (double)sq;
     }
     float scale = 1.0f / sqrtf((float)(ss / n) + eps);
     for (uint32_t i = 0; i < n; i++)
@@ -250,34 +254,85 @@ static int cpu_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geo
     return 0;
 }
 
-#if defined(__x86_64__)
-/* e^x for 8 floats: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so
- * n ln2 is exact), e^r = 1 + r + r^2 P(r) with Cephes' degree-5 minimax P,
- * times 2^n built in the exponent bits. Within 2 ulp of expf; x is clamped
- * to +-88.376 (e^x stays finite), NaN stays NaN. */
-__attribute__((target("avx2,fma"))) static __m256 exp8(__m256 x)
+/* SiLU's e^x, with the arithmetic of ggml's vectorized expf as its x86
+ * builds with AVX-512 run it (ggml_v_expf, from ARM's optimized routines):
+ * n = round(x log2 e) by the 1.5 * 2^23 shift, b = x - n ln2 with ln2 in two
+ * parts (two FMAs), e^b = 1 + b P(b) with P of degree 5 evaluated as
+ * (c5 b + c4) b^2 + (c3 b + c2), times b^2, plus (c1 b + 1), each step one
+ * FMA, and then times 2^n with one rounding. The SwiGLU output feeds the
+ * next matmul's activation quantization (Q8_K keeps an f32 scale), where an
+ * ulp of difference flips roundings, so this is ggml's arithmetic bit for
+ * bit rather than a more accurate exp. (ggml's AVX2-only build evaluates
+ * the polynomial without the 1 and adds it in a last FMA with 2^n, which
+ * differs in ~11% of values.) |n| > 192: infinity (n > 0) or 0. */
+#define SILU_SHIFT 0x1.8p23f
+#define SILU_LOG2E 0x1.715476p+0f
+#define SILU_LN2_HI 0x1.62e4p-1f
+#define SILU_LN2_LO 0x1.7f7d1cp-20f
+#define SILU_C1 0x1.ffffecp-1f
+#define SILU_C2 0x1.fffdb6p-2f
+#define SILU_C3 0x1.555e66p-3f
+#define SILU_C4 0x1.573e2ep-5f
+#define SILU_C5 0x1.0e4020p-7f
+
+static float pow2i(int e) /* 2^e for -126 <= e <= 127 */
 {
-    x = _mm256_max_ps(_mm256_set1_ps(-88.3762626647949f),
-                      _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), x));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* 2^n: n in [-127, 128]; split in two factors so 2^-127 and 2^128
-     * (outside the normal exponent range) are still reached */
-    __m256i ni = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(ni, 1);
-    __m256 s1 =
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
-    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    uint32_t b = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+static float silu_exp(float x)
+{
+    float z = fmaf(x, SILU_LOG2E, SILU_SHIFT);
+    float n = z - SILU_SHIFT;
+    float b = fmaf(-n, SILU_LN2_LO, fmaf(-n, SILU_LN2_HI, x));
+    float u = b * b;
+    float p = fmaf(fmaf(fmaf(SILU_C5, b, SILU_C4), u, fmaf(SILU_C3, b, SILU_C2)), u,
+                   fmaf(SILU_C1, b, 1.0f));
+    if (isnan(n))
+        return p;
+    if (fabsf(n) > 192.0f)
+        return n > 0 ? INFINITY : 0.0f;
+    /* 2^n in two factors (each a normal float for |n| <= 192): p * 2^n1 is
+     * exact, so the product is p * 2^n rounded once, subnormal or not */
+    int ni = (int)n, n1 = ni / 2;
+    return p * pow2i(n1) * pow2i(ni - n1);
+}
+
+static float silu_mul1(float g, float u)
+{
+    return g / (1.0f + silu_exp(0.0f - g)) * u;
+}
+
+#if defined(__x86_64__)
+/* silu_exp for 8 floats, the same operations in the same order */
+__attribute__((target("avx2,fma"))) static __m256 silu_exp8(__m256 x)
+{
+    const __m256 shift = _mm256_set1_ps(SILU_SHIFT), lim = _mm256_set1_ps(192.0f);
+    __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(SILU_LOG2E), shift);
+    __m256 n = _mm256_sub_ps(z, shift);
+    __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(SILU_LN2_LO),
+                                _mm256_fnmadd_ps(n, _mm256_set1_ps(SILU_LN2_HI), x));
+    __m256 u = _mm256_mul_ps(b, b);
+    __m256 hi = _mm256_fmadd_ps(_mm256_set1_ps(SILU_C5), b, _mm256_set1_ps(SILU_C4));
+    __m256 lo = _mm256_fmadd_ps(_mm256_set1_ps(SILU_C3), b, _mm256_set1_ps(SILU_C2));
+    __m256 p = _mm256_fmadd_ps(_mm256_fmadd_ps(hi, u, lo), u,
+                               _mm256_fmadd_ps(_mm256_set1_ps(SILU_C1), b, _mm256_set1_ps(1.0f)));
+    /* n clamped for the integer part (a NaN n becomes 192; p is NaN then) */
+    __m256i ni = _mm256_cvtps_epi32(
+        _mm256_max_ps(_mm256_min_ps(n, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim)));
+    __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1),
+            bias = _mm256_set1_epi32(127);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    __m256 r = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    __m256 absn = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+    __m256 big = _mm256_cmp_ps(absn, lim, _CMP_GT_OQ);
+    __m256 alt =
+        _mm256_and_ps(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_GT_OQ), _mm256_set1_ps(INFINITY));
+    return _mm256_blendv_ps(r, alt, big);
 }
 
 __attribute__((target("avx2,fma"))) static void silu_mul_simd(float *g, const float *u, size_t n)
@@ -285,12 +340,12 @@ __attribute__((target("avx2,fma"))) static void silu_mul_simd(float *g, const fl
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 x = _mm256_loadu_ps(g + i);
-        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        __m256 e = silu_exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
         __m256 y = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
         _mm256_storeu_ps(g + i, _mm256_mul_ps(y, _mm256_loadu_ps(u + i)));
     }
     for (; i < n; i++)
-        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        g[i] = silu_mul1(g[i], u[i]);
 }
 #endif
 
@@ -303,7 +358,7 @@ static int cpu_silu_mul(struct compute_ctx *cx, float *g, const float *u, size_t
     }
 #endif
     for (size_t i = 0; i < n; i++)
-        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        g[i] = silu_mul1(g[i], u[i]);
     return 0;
 }
 

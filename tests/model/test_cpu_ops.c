@@ -3,8 +3,10 @@
  * vectorized exp over the whole float range, and the matmul on hand-built
  * (row-major) and packed weights of every type; and the paged attention
  * over KV blocks of every dtype (q8_0 and fp8 widened on the fly). */
+#include <dlfcn.h>
 #include <math.h>
 #include <setjmp.h>
+#include <stdio.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -73,6 +75,66 @@ static void t_silu(void **s)
     setenv("KVD_CPU_SCALAR", "1", 1);
     silu_range(s);
     unsetenv("KVD_CPU_SCALAR");
+}
+
+typedef void (*ggml_swiglu_fn)(int n, float *y, const float *x, const float *g);
+
+/* The AVX2 and portable SiLU give the same bits on random gates of several
+ * spreads and on the edges, and, where llama.cpp's AVX-512 cpu library is
+ * installed (node-llama-cpp, KVD_NODE_LLAMA_CPP_DIR) and this cpu runs it,
+ * the same bits as its ggml_vec_swiglu_f32. */
+static void t_silu_bits(void **tst)
+{
+    const struct compute_ops *o = ref_cpu_backend()->compute;
+    enum { N = 1 << 18 };
+    float *x = ts_malloc(tst, N * 4), *u = ts_malloc(tst, N * 4);
+    float *a = ts_malloc(tst, N * 4), *b = ts_malloc(tst, N * 4);
+    uint64_t st = 7;
+    for (int i = 0; i < N; i++) {
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        float r = (float)((int32_t)(st >> 32)) * 0x1p-31f;
+        x[i] = r * (i % 3 == 0 ? 100.0f : i % 3 == 1 ? 8.0f : 1.0f);
+        u[i] = (float)((int32_t)(st & 0xffffffff)) * 0x1p-31f;
+    }
+    x[0] = 0.0f, x[1] = -0.0f, x[2] = NAN, x[3] = INFINITY, x[4] = 87.4f, x[5] = -104.0f;
+    struct compute_ctx *cx = ctx(tst, o);
+    memcpy(a, x, N * 4);
+    assert_int_equal(o->silu_mul(cx, a, u, N), 0);
+    ts_free(tst, cx);
+    setenv("KVD_CPU_SCALAR", "1", 1);
+    cx = ctx(tst, o);
+    memcpy(b, x, N * 4);
+    assert_int_equal(o->silu_mul(cx, b, u, N), 0);
+    ts_free(tst, cx);
+    unsetenv("KVD_CPU_SCALAR");
+    for (int i = 0; i < N; i++)
+        if (memcmp(&a[i], &b[i], 4) && !(isnan(a[i]) && isnan(b[i])))
+            fail_msg("silu(%a): avx2 %a, portable %a", (double)x[i], (double)a[i], (double)b[i]);
+#if defined(__x86_64__)
+    const char *dir = getenv("KVD_NODE_LLAMA_CPP_DIR");
+    char path[1024];
+    __builtin_cpu_init();
+    if (dir && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+        snprintf(path, sizeof path,
+                 "%s/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-cpu-skylakex.so",
+                 dir);
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        ggml_swiglu_fn f = h ? (ggml_swiglu_fn)dlsym(h, "ggml_vec_swiglu_f32") : NULL;
+        if (f) {
+            long diff = 0;
+            f(N, b, x, u);
+            for (int i = 0; i < N; i++)
+                diff += memcmp(&a[i], &b[i], 4) != 0 && !(isnan(a[i]) && isnan(b[i]));
+            print_message("  silu_mul against ggml_vec_swiglu_f32 (%s): %ld of %d differ\n", path,
+                          diff, N);
+            assert_int_equal(diff, 0);
+        }
+        if (h)
+            dlclose(h);
+    }
+#endif
+    ts_free(tst, x), ts_free(tst, u), ts_free(tst, a), ts_free(tst, b);
 }
 
 static uint16_t to_half(float f) /* round to nearest even, normal range only (|f| <= 1 here) */
@@ -691,6 +753,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(t_silu, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_silu_bits, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_matmul, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_qmatmul, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_kquant_paths_bit_identical, ts_setup, ts_teardown),

@@ -32,6 +32,10 @@
  * that of its Q5_K/Q6_K interleaved kernels and prompt GEMM, and one
  * rounding of a quantized activation moved by an ulp carries through the
  * later layers. Those take NEAR_TIE_K (was 0.1 for every quantized type).
+ * A bisection by tensor class (kvd-gguf-gen --type-of, KVD_LLAMACPP_ARGS
+ * below; docs/quant.md) cleared the embedding and the output head: one
+ * K-quant ffn_down, attn_q or attn_v on an otherwise Q4_0 model already
+ * differs, whatever K-quant, so it is their input rows, not their dots.
  * kvd's own AVX2 and portable paths now agree to 2.4e-6 in the logits of
  * the Q4_K_M and Q5_K models (were 0.05-0.11 apart). */
 #define NEAR_TIE_K 0.05f
@@ -166,8 +170,11 @@ static void compare_tie(void **tst, const char *args, float near_tie)
         p2 = end;
         if (t != ours[i] && margin[i] >= near_tie)
             fail_msg("token %d: kvd %u (margin %.4f) != llama.cpp %lu", i, ours[i], margin[i], t);
-        if (t != ours[i])
+        if (t != ours[i]) {
+            print_message("  first difference at token %d: kvd %u (margin %.4f), llama.cpp %lu\n",
+                          i, ours[i], margin[i], t);
             break;
+        }
         checked++;
     }
     print_message("  %d tokens identical (a difference only at a gap < %.2f)\n", checked,
@@ -291,6 +298,14 @@ static void t_llama_f32_logit_bias(void **s)
     adjust = NULL;
 }
 
+/* KVD_LLAMACPP_ARGS="kvd-gguf-gen arguments": compare that one model only,
+ * printing where kvd and llama.cpp first differ and kvd's margin there,
+ * without a bound (to bisect a divergence, e.g. with --type-of). */
+static void t_args(void **s)
+{
+    compare_tie(s, getenv("KVD_LLAMACPP_ARGS"), 1e30f);
+}
+
 int main(void)
 {
     static char dir[1024];
@@ -305,6 +320,11 @@ int main(void)
     if (!module_dir || system("node --version >/dev/null 2>&1") != 0) {
         fprintf(stderr, "skipped: node or node-llama-cpp not found (set KVD_NODE_LLAMA_CPP_DIR)\n");
         return 77;
+    }
+    if (getenv("KVD_LLAMACPP_ARGS")) {
+        const struct CMUnitTest one[] = {
+            cmocka_unit_test_setup_teardown(t_args, ts_setup, ts_teardown)};
+        return cmocka_run_group_tests(one, NULL, NULL);
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(t_llama_f32_gqa, ts_setup, ts_teardown),

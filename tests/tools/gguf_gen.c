@@ -5,6 +5,7 @@
  * decoding does not collapse. Used by the tests, benchmarks and the demo. */
 #include <getopt.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -265,11 +266,31 @@ static void usage(void)
             "usage: kvd-gguf-gen -o FILE [--arch llama|qwen2] [--layers N] [--embd N] [--heads N]\n"
             "         [--kv-heads N] [--ff N] [--vocab N] [--ctx N] [--type TYPE]\n"
             "         [--tied] [--rope-base F] [--rope-freqs] [--eps F] [--seed N] [--name S]\n"
-            "         [--eos ID] [--eot ID] [--chat-template FILE]\n"
+            "         [--eos ID] [--eot ID] [--chat-template FILE] [--type-of CLASS=TYPE]...\n"
             "         [--tokenizer GGUF]  (its tokenizer.* entries instead of the built-in\n"
             "                              vocabulary and --eos/--eot; --vocab is its size)\n"
             "  TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n");
     exit(2);
+}
+
+/* A --type name; *mix is 4 / 5 for the Q4_K_M / Q5_K_M mixes, else 0. */
+static bool parse_type(const char *s, enum ctype *t, int *mix)
+{
+    static const struct {
+        const char *name;
+        enum ctype t;
+        int mix;
+    } tab[] = {{"f32", CT_F32, 0},    {"f16", CT_F16, 0},   {"bf16", CT_BF16, 0},
+               {"q8_0", CT_Q8_0, 0},  {"q4_0", CT_Q4_0, 0}, {"q4_1", CT_Q4_1, 0},
+               {"q5_0", CT_Q5_0, 0},  {"q5_1", CT_Q5_1, 0}, {"q4_k", CT_Q4_K, 0},
+               {"q5_k", CT_Q5_K, 0},  {"q6_k", CT_Q6_K, 0}, {"q4_k_m", CT_Q4_K, 4},
+               {"q5_k_m", CT_Q5_K, 5}};
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        if (!strcmp(s, tab[i].name)) {
+            *t = tab[i].t, *mix = tab[i].mix;
+            return true;
+        }
+    return false;
 }
 
 static uint32_t arg_u32(const char *s)
@@ -297,14 +318,22 @@ int main(int argc, char **argv)
                      .rope_base = 0,
                      .eps = 1e-5f,
                      .seed = 1};
-    static const struct option lo[] = {
-        {"arch", 1, 0, 'a'},          {"layers", 1, 0, 'l'},    {"embd", 1, 0, 'e'},
-        {"heads", 1, 0, 'h'},         {"kv-heads", 1, 0, 'k'},  {"ff", 1, 0, 'f'},
-        {"vocab", 1, 0, 'v'},         {"ctx", 1, 0, 'c'},       {"type", 1, 0, 't'},
-        {"tied", 0, 0, 'T'},          {"rope-base", 1, 0, 'r'}, {"rope-freqs", 0, 0, 'R'},
-        {"seed", 1, 0, 's'},          {"eps", 1, 0, 'E'},       {"name", 1, 0, 'n'},
-        {"help", 0, 0, '?'},          {"eos", 1, 0, 'S'},       {"eot", 1, 0, 'O'},
-        {"chat-template", 1, 0, 'C'}, {"tokenizer", 1, 0, 'K'}, {0, 0, 0, 0}};
+    static const struct option lo[] = {{"arch", 1, 0, 'a'},          {"layers", 1, 0, 'l'},
+                                       {"embd", 1, 0, 'e'},          {"heads", 1, 0, 'h'},
+                                       {"kv-heads", 1, 0, 'k'},      {"ff", 1, 0, 'f'},
+                                       {"vocab", 1, 0, 'v'},         {"ctx", 1, 0, 'c'},
+                                       {"type", 1, 0, 't'},          {"tied", 0, 0, 'T'},
+                                       {"rope-base", 1, 0, 'r'},     {"rope-freqs", 0, 0, 'R'},
+                                       {"seed", 1, 0, 's'},          {"eps", 1, 0, 'E'},
+                                       {"name", 1, 0, 'n'},          {"help", 0, 0, '?'},
+                                       {"eos", 1, 0, 'S'},           {"eot", 1, 0, 'O'},
+                                       {"chat-template", 1, 0, 'C'}, {"tokenizer", 1, 0, 'K'},
+                                       {"type-of", 1, 0, 'Y'},       {0, 0, 0, 0}};
+    struct {
+        char cls[32];
+        enum ctype type;
+    } type_of[16];
+    size_t n_type_of = 0;
     uint32_t eos = 2, eot = 0;
     char *chat_template = NULL;
     int ch;
@@ -375,35 +404,24 @@ int main(int argc, char **argv)
             break;
         }
         case 't':
-            if (!strcmp(optarg, "f32"))
-                o.type = CT_F32;
-            else if (!strcmp(optarg, "f16"))
-                o.type = CT_F16;
-            else if (!strcmp(optarg, "bf16"))
-                o.type = CT_BF16;
-            else if (!strcmp(optarg, "q8_0"))
-                o.type = CT_Q8_0;
-            else if (!strcmp(optarg, "q4_0"))
-                o.type = CT_Q4_0;
-            else if (!strcmp(optarg, "q4_1"))
-                o.type = CT_Q4_1;
-            else if (!strcmp(optarg, "q5_0"))
-                o.type = CT_Q5_0;
-            else if (!strcmp(optarg, "q5_1"))
-                o.type = CT_Q5_1;
-            else if (!strcmp(optarg, "q4_k"))
-                o.type = CT_Q4_K;
-            else if (!strcmp(optarg, "q5_k"))
-                o.type = CT_Q5_K;
-            else if (!strcmp(optarg, "q6_k"))
-                o.type = CT_Q6_K;
-            else if (!strcmp(optarg, "q4_k_m"))
-                o.type = CT_Q4_K, o.mix = 4;
-            else if (!strcmp(optarg, "q5_k_m"))
-                o.type = CT_Q5_K, o.mix = 5;
-            else
+            if (!parse_type(optarg, &o.type, &o.mix))
                 usage();
             break;
+        case 'Y': {
+            /* --type-of CLASS=TYPE: that class of matrices (token_embd, output,
+             * attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down)
+             * in TYPE, whatever --type says (to find which tensor's type
+             * makes a difference) */
+            const char *eq = strchr(optarg, '=');
+            int mix_ign;
+            if (!eq || eq == optarg || (size_t)(eq - optarg) >= sizeof type_of[0].cls ||
+                n_type_of == sizeof type_of / sizeof type_of[0] ||
+                !parse_type(eq + 1, &type_of[n_type_of].type, &mix_ign) || mix_ign)
+                usage();
+            memcpy(type_of[n_type_of].cls, optarg, (size_t)(eq - optarg));
+            type_of[n_type_of++].cls[eq - optarg] = 0;
+            break;
+        }
         default:
             usage();
         }
@@ -490,6 +508,24 @@ int main(int argc, char **argv)
     if (!o.tied)
         ADD("output.weight", o.embd, o.vocab, o.mix ? CT_Q6_K : o.type, INIT_MATRIX);
 #undef ADD
+    for (uint32_t i = 0; i < nt; i++) {
+        const char *base = td[i].name;
+        if (!strncmp(base, "blk.", 4) && strchr(base + 4, '.'))
+            base = strchr(base + 4, '.') + 1;
+        for (size_t j = 0; j < n_type_of && td[i].ne1; j++) {
+            size_t len = strlen(type_of[j].cls);
+            if (!strncmp(base, type_of[j].cls, len) && base[len] == '.')
+                td[i].type = type_of[j].type;
+        }
+    }
+    for (uint32_t i = 0; i < nt; i++) {
+        uint32_t tb = ctype_block_elems(td[i].type);
+        if (tb > 1 && td[i].ne0 % tb) {
+            fprintf(stderr, "kvd-gguf-gen: %s: %s needs rows of a multiple of %u\n", td[i].name,
+                    ctype_name(td[i].type), tb);
+            return 2;
+        }
+    }
     uint64_t off = 0;
     for (uint32_t i = 0; i < nt; i++) {
         td[i].offset = off;
