@@ -57,6 +57,7 @@ static void test_new_blocks_zeroed(void **state)
         .be = be};
     struct kvmm *mm = NULL;
     assert_int_equal(kvmm_new(&cfg, &mm), 0);
+    kvmm_lock(mm); /* every kvmm call below runs under it (kvmm.h) */
     struct kvmm_tenant_conf tc = {.name = "t",
                                   .max_device_blocks = KVMM_UNLIMITED,
                                   .max_host_blocks = KVMM_UNLIMITED,
@@ -93,6 +94,7 @@ static void test_new_blocks_zeroed(void **state)
         if (back[i])
             fail_msg("byte %zu of a new block is %#x, not 0", i, back[i]);
     assert_int_equal(kvmm_seq_close(mm, 1, s), 0);
+    kvmm_unlock(mm);
     kvmm_free(mm);
     free(buf);
     free(back);
