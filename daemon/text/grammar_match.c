@@ -109,31 +109,52 @@ static struct grammar_vocab *vocab_alloc(uint32_t n_vocab, size_t total)
     return v;
 }
 
-int grammar_vocab_new(uint32_t n_vocab, const char *const *pieces, const size_t *lens,
-                      const bool *eog, struct grammar_vocab **out)
+/* A vocabulary source: token id's piece (in buf, of cap bytes, or the
+ * source's own bytes), its length in *len, and whether it ends generation. */
+typedef const char *(*piece_fn)(const void *src, uint32_t id, char *buf, size_t cap, size_t *len,
+                                bool *eog);
+
+/* The vocabulary of n tokens from a source, in one pass over the pieces
+ * (each cut at a NUL byte, as llama.cpp's C-string decoding does). */
+static int vocab_from(uint32_t n, piece_fn piece, const void *src, struct grammar_vocab **out)
 {
-    size_t total = 0;
-    for (uint32_t t = 0; t < n_vocab; t++) {
-        const char *nul = memchr(pieces[t], '\0', lens[t]);
-        total += nul ? (size_t)(nul - pieces[t]) : lens[t];
-    }
-    if (total > UINT32_MAX)
-        return KVD_ETOOLARGE;
-    struct grammar_vocab *v = vocab_alloc(n_vocab, total);
+    size_t cap = (size_t)n * 8 + 64;
+    struct grammar_vocab *v = vocab_alloc(n, cap);
     if (!v)
         return KVD_ENOMEM;
-    uint32_t pos = 0;
-    for (uint32_t t = 0; t < n_vocab; t++) {
-        const char *nul = memchr(pieces[t], '\0', lens[t]);
-        uint32_t l = (uint32_t)(nul ? (size_t)(nul - pieces[t]) : lens[t]);
-        memcpy(v->bytes + pos, pieces[t], l);
-        v->off[t] = pos;
-        v->len[t] = l;
+    char buf[TOK_MAX_PIECE];
+    size_t pos = 0;
+    int rc = 0;
+    for (uint32_t id = 0; id < n && !rc; id++) {
+        size_t l = 0;
+        bool eog = false;
+        const char *p = piece(src, id, buf, sizeof buf, &l, &eog);
+        const char *nul = memchr(p, '\0', l);
+        if (nul)
+            l = (size_t)(nul - p);
+        if (pos + l > UINT32_MAX) {
+            rc = KVD_ETOOLARGE;
+            break;
+        }
+        if (pos + l > cap) {
+            while (pos + l > cap)
+                cap *= 2;
+            char *nb = realloc(v->bytes, cap);
+            if (!nb) {
+                rc = KVD_ENOMEM;
+                break;
+            }
+            v->bytes = nb;
+        }
+        memcpy(v->bytes + pos, p, l);
+        v->off[id] = (uint32_t)pos;
+        v->len[id] = (uint32_t)l;
         pos += l;
-        if (eog && eog[t])
-            v->eog[t / 32] |= 1u << (t % 32);
+        if (eog)
+            v->eog[id / 32] |= 1u << (id % 32);
     }
-    int rc = vocab_finish(v);
+    if (!rc)
+        rc = vocab_finish(v);
     if (rc) {
         grammar_vocab_free(v);
         return rc;
@@ -142,42 +163,42 @@ int grammar_vocab_new(uint32_t n_vocab, const char *const *pieces, const size_t 
     return 0;
 }
 
+struct piece_arrays {
+    const char *const *pieces;
+    const size_t *lens;
+    const bool *eog;
+};
+
+static const char *array_piece(const void *src, uint32_t id, char *buf, size_t cap, size_t *len,
+                               bool *eog)
+{
+    const struct piece_arrays *a = src;
+    (void)buf;
+    (void)cap;
+    *len = a->lens[id];
+    *eog = a->eog && a->eog[id];
+    return a->pieces[id];
+}
+
+int grammar_vocab_new(uint32_t n_vocab, const char *const *pieces, const size_t *lens,
+                      const bool *eog, struct grammar_vocab **out)
+{
+    struct piece_arrays a = {pieces, lens, eog};
+    return vocab_from(n_vocab, array_piece, &a, out);
+}
+
+static const char *tokenizer_piece_special(const void *src, uint32_t id, char *buf, size_t cap,
+                                           size_t *len, bool *eog)
+{
+    size_t l = tokenizer_piece(src, id, true, buf, cap);
+    *len = l < cap ? l : cap;
+    *eog = tokenizer_is_eog(src, id);
+    return buf;
+}
+
 int grammar_vocab_build(const struct tokenizer *t, struct grammar_vocab **out)
 {
-    uint32_t n = tokenizer_n_vocab(t);
-    char buf[TOK_MAX_PIECE];
-    size_t total = 0;
-    for (uint32_t id = 0; id < n; id++) {
-        size_t l = tokenizer_piece(t, id, true, buf, sizeof buf);
-        total += l < sizeof buf ? l : sizeof buf;
-    }
-    if (total > UINT32_MAX)
-        return KVD_ETOOLARGE;
-    struct grammar_vocab *v = vocab_alloc(n, total);
-    if (!v)
-        return KVD_ENOMEM;
-    uint32_t pos = 0;
-    for (uint32_t id = 0; id < n; id++) {
-        size_t l = tokenizer_piece(t, id, true, buf, sizeof buf);
-        if (l > sizeof buf)
-            l = sizeof buf;
-        const char *nul = memchr(buf, '\0', l);
-        if (nul)
-            l = (size_t)(nul - buf);
-        memcpy(v->bytes + pos, buf, l);
-        v->off[id] = pos;
-        v->len[id] = (uint32_t)l;
-        pos += (uint32_t)l;
-        if (tokenizer_is_eog(t, id))
-            v->eog[id / 32] |= 1u << (id % 32);
-    }
-    int rc = vocab_finish(v);
-    if (rc) {
-        grammar_vocab_free(v);
-        return rc;
-    }
-    *out = v;
-    return 0;
+    return vocab_from(tokenizer_n_vocab(t), tokenizer_piece_special, t, out);
 }
 
 uint32_t grammar_vocab_n(const struct grammar_vocab *v)
