@@ -53,7 +53,16 @@ static bool known_param(const char *p)
                                          "stream",
                                          "stream_options",
                                          "include_usage",
-                                         "ignore_eos"};
+                                         "ignore_eos",
+                                         "presence_penalty",
+                                         "frequency_penalty",
+                                         "repeat_penalty",
+                                         "repeat_last_n",
+                                         "min_p",
+                                         "typical_p",
+                                         "logit_bias",
+                                         "top_logprobs",
+                                         "grammar"};
     for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++)
         if (!strcmp(p, params[i]))
             return true;
