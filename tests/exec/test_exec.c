@@ -342,8 +342,9 @@ static void test_stream_and_cancel(void **state)
     fx_close(f);
 }
 
-/* A connection goes away with requests queued and running, one on its own
- * sequence: nothing is answered and everything is freed. */
+/* A connection goes away with requests queued and running (the first, on
+ * its own sequence, frozen mid-stream): nothing is answered and everything
+ * is freed. */
 static void test_disconnect_frees(void **state)
 {
     struct fx *f = *state;
@@ -355,17 +356,19 @@ static void test_disconnect_frees(void **state)
     kvmm_unlock(f->mm);
     static uint32_t p[16][60];
     struct kvd_error err;
+    /* Armed before anything is submitted: the executor freezes at request
+     * 1's first token, so no request can finish (each wants 200 tokens)
+     * however slowly this thread submits the rest on a loaded machine. */
+    fx_pause_at(1, 1);
     for (uint32_t i = 0; i < 16; i++) {
         fx_prompt(p[i], 60, 700 + i);
         struct fx_gen g = greedy(p[i], 60, 200);
         g.conn = conn;
-        g.stream = i == 1;
+        g.stream = i == 0; /* its first token event is the freeze point: running */
         if (i == 0) {
             g.has_seq = true;
             g.seq = s;
         }
-        if (i == 1)
-            fx_pause_at(2, 1); /* frozen at request 2's first token: running */
         assert_int_equal(fx_submit(f, 1 + i, &g, &err), 0);
     }
     fx_wait_paused();
