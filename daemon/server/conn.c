@@ -305,6 +305,7 @@ int conn_pending_add(struct conn *c, uint64_t id, uint32_t tenant, uint32_t unit
     if (!c->pending[i].count) {
         c->pending[i].id = id;
         c->pending[i].tenant = tenant;
+        c->pending[i].units = 0; /* an emptied slot keeps what was moved out of it */
         c->n_pend_ids++;
     }
     c->pending[i].count++;
