@@ -543,7 +543,11 @@ static int compile_constraint(struct gen_args *a, struct kvd_error *e)
                                       : "response_format.json_schema.schema");
         return -1;
     }
-    /* the build's checks stay: it sees the compiled grammar only */
+    /* the build sees the compiled grammar only; its errors (a model with
+     * no tokenizer) name the field it came from */
+    a->json_schema_param = a->grammar       ? "grammar"
+                           : a->json_object ? "response_format"
+                                            : "response_format.json_schema.schema";
     a->grammar = NULL;
     a->json_object = false;
     a->json_schema = NULL;

@@ -32,15 +32,16 @@ if (process.env.KVD_LLCPP_SAMPLER) {
     }
 }
 // With $KVD_LLCPP_GRAMMAR (GBNF text): llama.cpp's grammar sampler before
-// the greedy pick; generation stops after an end-of-generation token.
+// the greedy pick; generation stops at an end-of-generation token (not printed).
 if (process.env.KVD_LLCPP_GRAMMAR) {
     const {LlamaGrammarEvaluationState} = await import(module_dir + "/node_modules/node-llama-cpp/dist/index.js");
     const grammar = await llama.createGrammar({grammar: process.env.KVD_LLCPP_GRAMMAR});
     opts.grammarEvaluationState = new LlamaGrammarEvaluationState({model, grammar});
 }
 for await (const tok of seq.evaluate(prompt, opts)) {
+    if (process.env.KVD_LLCPP_GRAMMAR && model.isEogToken(tok)) break; // the end, not compared
     out.push(tok);
-    if (out.length >= parseInt(n_s) || (process.env.KVD_LLCPP_GRAMMAR && model.isEogToken(tok))) break;
+    if (out.length >= parseInt(n_s)) break;
 }
 console.log(out.join(" "));
 await ctx.dispose(); await model.dispose(); await llama.dispose();

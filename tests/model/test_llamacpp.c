@@ -88,7 +88,7 @@ static void matcher_free_cb(void *ctx, void *m)
 
 /* Greedy tokens and, per step, the top-1 minus top-2 logit margin (among
  * the tokens the grammar allows). Returns how many (fewer than N_GEN when
- * a grammar's end token came first). */
+ * a grammar's end token came first; the end token is not counted). */
 static int kvd_greedy(void **tst, const char *path, uint32_t *out, float *margin)
 {
     struct kvd_error err = {0};
@@ -152,8 +152,8 @@ static int kvd_greedy(void **tst, const char *path, uint32_t *out, float *margin
         margin[i] = lg[tok] - second;
         hist[N_PROMPT + (size_t)i] = tok;
         s.pos0 += s.n_tokens, s.tokens = &tok, s.n_tokens = 1;
-        if (gm && text_is_eog(tx, tok)) {
-            n_out = i + 1;
+        if (gm && text_is_eog(tx, tok)) { /* the end: not compared (node-llama-cpp stops there) */
+            n_out = i;
             break;
         }
         if (gm)
@@ -405,6 +405,8 @@ int main(void)
         fprintf(stderr, "skipped: node or node-llama-cpp not found (set KVD_NODE_LLAMA_CPP_DIR)\n");
         return 77;
     }
+    if (getenv("KVD_LLAMACPP_FILTER")) /* one test by name, e.g. t_llama_f32_grammar */
+        cmocka_set_test_filter(getenv("KVD_LLAMACPP_FILTER"));
     if (getenv("KVD_LLAMACPP_ARGS")) {
         const struct CMUnitTest one[] = {
             cmocka_unit_test_setup_teardown(t_args, ts_setup, ts_teardown)};
