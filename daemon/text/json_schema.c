@@ -892,7 +892,8 @@ static const char *object_rule(struct json_schema_conv *c, struct prop *props, s
         for (size_t i = 0; i < n; i++)
             if (raw_spellable(props[i].name))
                 names[n_names++] = props[i].name;
-        qsort(names, n_names, sizeof *names, cmp_str);
+        if (n_names)
+            qsort(names, n_names, sizeof *names, cmp_str);
         bool empty_named = n_names && names[0][0] == '\0';
         sb_puts(&k, "\"\\\"\" (");
         not_names(&k, names, n_names, 0, keychar);

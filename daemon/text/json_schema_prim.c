@@ -17,7 +17,7 @@
 
 void sb_add(struct sbuf *b, const char *s, size_t n)
 {
-    if (b->oom)
+    if (b->oom || n == 0)
         return;
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 64;
