@@ -4,8 +4,9 @@
  * kvd-gguf-gen. Each batch is B generates pipelined on one connection
  * (seeds differ, temperature 1, ignore_eos, max_tokens tokens each); the
  * schema is an array of objects of at least 200 items, so no answer ends
- * before max_tokens. Prints the best of 5 runs (alternating, so load on a shared machine hits both
- * alike) and the grammar's mask cache counters. A program that prints numbers, not a test
+ * before max_tokens. Prints the best of 5 runs of each (they alternate,
+ * so load on a shared machine hits both alike; BENCH_VERBOSE=1 prints
+ * every run). A program that prints numbers, not a test
  * (docs/performance.md).
  *
  *   bench_constrained [MAX_TOKENS] [VOCAB]   (defaults 128, 32000) */
