@@ -92,6 +92,7 @@ struct http_api {
     struct gen_clients *gc; /* NULL in store mode */
     struct workpool *pool;  /* the text workers: bodies are parsed there (NULL: here) */
     uint32_t n_ctx;
+    enum tool_family tool_family; /* the chat template's (tool calls) */
     char model[128];
     uint64_t created;
     struct http_listener unix_l, tcp_l;
@@ -389,7 +390,8 @@ static size_t pieces_len(const struct tokenizer *tok, const uint32_t *toks, size
 }
 
 static void on_tokens(void *ud, uint32_t choice, const uint32_t *toks, size_t n, const char *text,
-                      size_t text_len, const struct sampler_logprob *lp, uint32_t lp_top)
+                      size_t text_len, const struct sampler_logprob *lp, uint32_t lp_top,
+                      const struct tool_delta *calls, size_t n_calls)
 {
     struct http_req *r = ud;
     if (!r->req || r->overflow || !r->stream || choice >= r->n_choices)
@@ -410,6 +412,8 @@ static void on_tokens(void *ud, uint32_t choice, const uint32_t *toks, size_t n,
         .text_offset = cs->lp_offset,
         .role = r->kind == OPENAI_CHAT && !cs->role_sent,
         .index = choice,
+        .deltas = calls,
+        .n_deltas = n_calls,
     };
     size_t len = 0;
     char *json = openai_render(&o, true, &len);
@@ -514,7 +518,7 @@ static void on_done(void *ud, const struct ops_generate_result *res)
         ch[i] = (struct openai_out){
             .kind = r->kind,
             .index = i,
-            .finish = sched_finish_name(c->finish),
+            .finish = gen_finish_name(c->finish, c->n_calls > 0),
             .lp_top = res->lp_top,
             .tok = c->lp ? api_tokenizer(r->api) : NULL,
             .text_offset = r->stream ? cs->lp_offset : 0,
@@ -523,6 +527,10 @@ static void on_done(void *ud, const struct ops_generate_result *res)
         if (c->text && c->text_len > ts) {
             ch[i].text = c->text + ts;
             ch[i].text_len = c->text_len - ts;
+        }
+        if (!r->stream) { /* a stream had them as they came */
+            ch[i].calls = c->calls;
+            ch[i].n_calls = c->n_calls;
         }
         if (c->n_toks > ks) {
             ch[i].toks = c->toks + ks;
@@ -669,8 +677,10 @@ static void parse_job(void *ud, bool cancelled)
     } else {
         size_t len = evbuffer_get_length(r->body);
         const char *p = (const char *)evbuffer_pullup(r->body, -1);
-        r->parse_rc =
-            openai_parse(r->kind, p ? p : "", len, r->api->n_ctx, &r->oq, &r->perr) ? -1 : 0;
+        r->parse_rc = openai_parse(r->kind, p ? p : "", len, r->api->n_ctx, r->api->tool_family,
+                                   &r->oq, &r->perr)
+                          ? -1
+                          : 0;
         r->have_oq = r->parse_rc == 0;
     }
     if (!r->api->pool)
@@ -930,6 +940,7 @@ int http_start(struct server *srv, struct ops_generate *gen, struct workpool *po
     a->gc = gen ? ops_generate_clients(gen) : NULL;
     a->pool = pool;
     a->n_ctx = gen ? exec_hparams(ops_generate_exec(gen))->n_ctx : 0;
+    a->tool_family = gen ? text_tool_family(exec_text(ops_generate_exec(gen))) : TOOL_GENERIC;
     a->created = (uint64_t)time(NULL);
     snprintf(a->model, sizeof(a->model), "%s", model && model[0] ? model : "kvd");
     int rc = 0;

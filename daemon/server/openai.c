@@ -18,6 +18,7 @@
 #include "kvd/protocol.h"
 #include "kvd/status.h"
 #include "text_out.h"
+#include "tool_args.h"
 
 #define OPENAI_DEFAULT_MAX_TOKENS 16 /* completions, as OpenAI's reference */
 
@@ -249,7 +250,8 @@ static int content_of(json_t *c, size_t i, char *out, size_t *len, struct kvd_er
 }
 
 /* `messages`: [{role, content}] into r->msgs (one allocation: the array,
- * then each content NUL-terminated; roles point into the JSON). */
+ * then each content NUL-terminated; roles point into the JSON), and with
+ * tool calls, results or tools into r->chat (tool_call.h's form). */
 static int get_messages(struct openai_req *r, json_t *m, struct kvd_error *e)
 {
     r->args.prompt_param = "messages";
@@ -272,17 +274,87 @@ static int get_messages(struct openai_req *r, json_t *m, struct kvd_error *e)
     if (!(r->msgs = malloc(bytes)))
         return no_memory(e);
     char *at = (char *)(r->msgs + n);
+    json_t *chat = json_array();
+    bool has = r->tools != NULL;
+    if (!chat)
+        return no_memory(e);
+    r->chat = chat;
     for (size_t i = 0; i < n; i++) {
         json_t *msg = json_array_get(m, i);
-        content_of(json_object_get(msg, "content"), i, at, &len, e);
+        json_t *content = json_object_get(msg, "content");
+        content_of(content, i, at, &len, e);
         at[len] = '\0';
         r->msgs[i].role = json_string_value(json_object_get(msg, "role"));
         r->msgs[i].content = at;
+        json_t *c =
+            json_pack("{s:s, s:o}", "role", r->msgs[i].role, "content",
+                      !content || json_is_null(content) ? json_null() : json_stringn(at, len));
+        if (!c || json_array_append_new(chat, c))
+            return no_memory(e);
+        if (tool_args_message(msg, i, c, &has, e))
+            return -1;
         at += len + 1;
+    }
+    if (!has) { /* a plain conversation: role and content are all */
+        json_decref(r->chat);
+        r->chat = NULL;
     }
     r->args.prompt = GEN_PROMPT_MESSAGES;
     r->args.msgs = r->msgs;
     r->args.n_msgs = n;
+    r->args.chat_json = r->chat;
+    return 0;
+}
+
+/* ---- tools ------------------------------------------------------------------ */
+
+/* `tools`, `tool_choice` and `parallel_tool_calls` (tool_args.h). */
+static int get_tools(struct openai_req *r, json_t *o, struct kvd_error *e)
+{
+    struct gen_args *a = &r->args;
+    if (tool_args_tools(json_object_get(o, "tools"), &r->tools, e) ||
+        get_bool(o, "parallel_tool_calls", &a->parallel_tool_calls, e) < 0 ||
+        tool_args_choice(json_object_get(o, "tool_choice"), r->tools, &a->tool_choice,
+                         &a->tool_name, e))
+        return -1;
+    a->tools = r->tools;
+    if (r->tools && a->tool_choice != TOOL_CHOICE_NONE &&
+        (a->grammar || a->json_schema || a->json_object))
+        return unsupported(e, "tools",
+                           "'tools' with 'grammar' or 'response_format' (unless tool_choice is "
+                           "none)");
+    return 0;
+}
+
+/* The tools' grammar for the model's family, compiled here (a text
+ * worker). Required and named: a schema kvd cannot generate exactly is the
+ * request's error, by its path; auto: the calls are then parsed only. */
+static int compile_tools(struct gen_args *a, enum tool_family family, struct kvd_error *e)
+{
+    if (!a->tools || a->tool_choice == TOOL_CHOICE_NONE)
+        return 0;
+    if (a->grammar || a->json_schema || a->json_object || a->compiled)
+        return unsupported(e, "tools",
+                           "'tools' with 'grammar' or 'response_format' (unless tool_choice is "
+                           "none)");
+    struct tool_grammar_req q = {.family = family,
+                                 .tools = a->tools,
+                                 .choice = a->tool_choice,
+                                 .name = a->tool_name,
+                                 .parallel = a->parallel_tool_calls,
+                                 .param = "tools"};
+    int rc = tool_grammar(&q, &a->compiled, e);
+    if (rc && a->tool_choice == TOOL_CHOICE_AUTO && (rc == KVD_EBADREQ || rc == KVD_ETOOLARGE)) {
+        memset(e, 0, sizeof *e);
+        rc = 0;
+    }
+    if (rc) {
+        if (!e->param[0])
+            snprintf(e->param, sizeof e->param, "tools");
+        return -1;
+    }
+    a->tools_compiled = true;
+    a->json_schema_param = "tools";
     return 0;
 }
 
@@ -555,7 +627,7 @@ static int compile_constraint(struct gen_args *a, struct kvd_error *e)
 }
 
 int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n_ctx,
-                 struct openai_req *out, struct kvd_error *e)
+                 enum tool_family family, struct openai_req *out, struct kvd_error *e)
 {
     json_error_t je;
     memset(out, 0, sizeof(*out));
@@ -570,8 +642,11 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n
         bad(e, "", "the body must be a JSON object");
     else if (!check_unsupported(o, e) && !get_options(out, o, n_ctx, e))
         rc = kind == OPENAI_COMPLETION ? get_prompt(out, json_object_get(o, "prompt"), e)
+             : get_tools(out, o, e)    ? -1
                                        : get_messages(out, json_object_get(o, "messages"), e);
     if (rc == 0 && compile_constraint(&out->args, e) < 0)
+        rc = -1;
+    if (rc == 0 && compile_tools(&out->args, family, e) < 0)
         rc = -1;
     if (rc)
         openai_req_free(out);
@@ -586,6 +661,10 @@ void openai_req_free(struct openai_req *r)
     free(r->tokens);
     free(r->msgs);
     free(r->bias);
+    json_decref(r->chat);
+    json_decref(r->tools);
+    r->chat = NULL;
+    r->tools = NULL;
     r->root = NULL;
     r->tokens = NULL;
     r->msgs = NULL;
@@ -752,6 +831,48 @@ static json_t *logprobs_value(const struct openai_out *o)
     return o->kind == OPENAI_CHAT ? chat_logprobs(o) : completion_logprobs(o);
 }
 
+/* message.tool_calls: [{id, type, function: {name, arguments}}]; a
+ * stream's delta.tool_calls: [{index, id, type, function: {name,
+ * arguments}}] the first time, then [{index, function: {arguments}}]. */
+static json_t *calls_value(const struct openai_out *o)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < o->n_calls; i++) {
+        const struct tool_call_out *c = &o->calls[i];
+        json_t *x =
+            json_pack("{s:o, s:s, s:{s:o, s:o}}", "id", text_value(c->id, strlen(c->id)), "type",
+                      "function", "function", "name", text_value(c->name, strlen(c->name)),
+                      "arguments", text_value(c->args, c->args_len));
+        if (!x || json_array_append_new(a, x))
+            goto fail;
+    }
+    for (size_t i = 0; a && i < o->n_deltas; i++) {
+        const struct tool_delta *d = &o->deltas[i];
+        json_t *fn = json_pack("{s:o}", "arguments", text_value(d->args, d->args_len));
+        json_t *x = fn ? json_pack("{s:I}", "index", (json_int_t)d->index) : NULL;
+        if (x && d->id &&
+            (json_object_set_new(x, "id", text_value(d->id, strlen(d->id))) ||
+             json_object_set_new(x, "type", json_string("function")) ||
+             json_object_set_new(fn, "name", text_value(d->name, strlen(d->name)))))
+            goto fail_x;
+        if (!x || json_object_set_new(x, "function", fn)) {
+            fn = NULL;
+            goto fail_x;
+        }
+        if (json_array_append_new(a, x))
+            goto fail;
+        continue;
+    fail_x:
+        json_decref(fn);
+        json_decref(x);
+        goto fail;
+    }
+    return a;
+fail:
+    json_decref(a);
+    return NULL;
+}
+
 /* choices[0]: index, finish_reason, logprobs, and the text (completions:
  * "text"; chat: "message" or the stream's "delta" with role and content)
  * with kvd's extension "tokens", the completion's token ids. */
@@ -772,10 +893,16 @@ static json_t *render_choice(const struct openai_out *o, bool chunk)
         if ((!chunk || o->role) && json_object_set_new(holder, "role", json_string("assistant")))
             goto fail;
     }
-    /* A chat stream's last chunk has an empty delta. */
+    /* A chat stream's last chunk has an empty delta; content is null when
+     * tool calls are all there is. */
     bool with_text = !chat || !chunk || o->text_len || o->role;
+    bool calls_only = chat && !o->text_len && (o->n_calls || o->n_deltas);
     if (with_text &&
-        json_object_set_new(holder, chat ? "content" : "text", text_value(o->text, o->text_len)))
+        json_object_set_new(holder, chat ? "content" : "text",
+                            calls_only ? json_null() : text_value(o->text, o->text_len)))
+        goto fail;
+    if (chat && (o->n_calls || o->n_deltas) &&
+        json_object_set_new(holder, "tool_calls", calls_value(o)))
         goto fail;
     if (json_object_set_new(holder, "tokens", tokens_value(o->toks, o->n_toks)))
         goto fail;

@@ -15,6 +15,7 @@
 #include "ops_generate.h"
 #include "proto.h"
 #include "server.h"
+#include "tool_args.h"
 
 /* ---- the msgpack decoder ----------------------------------------------- */
 
@@ -24,13 +25,15 @@ struct mp_owned {
     struct chat_msg *msgs;
     struct logit_bias *bias;
     json_t *schema;
+    json_t *tools, *chat, *choice; /* tool calls (tool_args.h) */
 };
 
-/* A msgpack value as JSON (a JSON Schema sent as a map): NULL with err
- * for what JSON has not (binary, extension, non-string keys, a string
- * that is not UTF-8, a float that is not finite). The codec bounded the
- * depth (16) and the sizes. */
-static json_t *mp_to_json(const msgpack_object *o, struct kvd_error *err)
+/* A msgpack value as JSON (a JSON Schema sent as a map, tools, messages)
+ * : NULL with err (naming the field `what`) for what JSON has not
+ * (binary, extension, non-string keys, a string that is not UTF-8, a
+ * float that is not finite). The codec bounded the depth (16) and the
+ * sizes. */
+static json_t *mp_to_json(const msgpack_object *o, const char *what, struct kvd_error *err)
 {
     json_t *v = NULL;
     switch (o->type) {
@@ -52,13 +55,13 @@ static json_t *mp_to_json(const msgpack_object *o, struct kvd_error *err)
     case MSGPACK_OBJECT_STR:
         if ((v = json_stringn(o->via.str.ptr, o->via.str.size)))
             return v;
-        kvd_error_set(err, KVD_EBADREQ, "'json_schema': a string is not UTF-8 (or holds a NUL)");
+        kvd_error_set(err, KVD_EBADREQ, "'%s': a string is not UTF-8 (or holds a NUL)", what);
         return NULL;
     case MSGPACK_OBJECT_ARRAY:
         if (!(v = json_array()))
             break;
         for (uint32_t i = 0; i < o->via.array.size; i++) {
-            json_t *x = mp_to_json(&o->via.array.ptr[i], err);
+            json_t *x = mp_to_json(&o->via.array.ptr[i], what, err);
             if (!x || json_array_append_new(v, x)) {
                 json_decref(v);
                 return NULL;
@@ -75,22 +78,21 @@ static json_t *mp_to_json(const msgpack_object *o, struct kvd_error *err)
                 memchr(k->via.str.ptr, 0, k->via.str.size)) {
                 json_decref(v);
                 kvd_error_set(err, KVD_EBADREQ,
-                              "'json_schema': a map key must be a string of under 256 bytes");
+                              "'%s': a map key must be a string of under 256 bytes", what);
                 return NULL;
             }
             memcpy(key, k->via.str.ptr, k->via.str.size);
             key[k->via.str.size] = '\0';
             if (json_object_get(v, key)) {
                 json_decref(v);
-                kvd_error_set(err, KVD_EBADREQ, "'json_schema': the key '%.60s' is given twice",
-                              key);
+                kvd_error_set(err, KVD_EBADREQ, "'%s': the key '%.60s' is given twice", what, key);
                 return NULL;
             }
-            json_t *x = mp_to_json(&o->via.map.ptr[i].val, err);
+            json_t *x = mp_to_json(&o->via.map.ptr[i].val, what, err);
             if (!x || json_object_set_new(v, key, x)) {
                 json_decref(v);
                 if (x) /* set_new refused the key: not UTF-8 */
-                    kvd_error_set(err, KVD_EBADREQ, "'json_schema': a key is not UTF-8");
+                    kvd_error_set(err, KVD_EBADREQ, "'%s': a key is not UTF-8", what);
                 return NULL;
             }
         }
@@ -100,8 +102,9 @@ static json_t *mp_to_json(const msgpack_object *o, struct kvd_error *err)
     }
     if (err->code == 0)
         kvd_error_set(err, KVD_EBADREQ,
-                      "'json_schema' holds a value JSON has not (binary, extension, a float "
-                      "that is not finite)");
+                      "'%s' holds a value JSON has not (binary, extension, a float that is "
+                      "not finite)",
+                      what);
     return NULL;
 }
 
@@ -122,7 +125,7 @@ static int decode_json_schema(const msgpack_object *root, struct gen_args *a, st
         return kvd_error_set(err, KVD_EBADREQ,
                              "'json_schema' must be a map (a JSON Schema) or a string (its JSON)");
     err->code = 0;
-    if (!(own->schema = mp_to_json(o, err)))
+    if (!(own->schema = mp_to_json(o, "json_schema", err)))
         return err->code ? err->code : kvd_error_set(err, KVD_ENOMEM, "out of memory");
     a->json_schema = own->schema;
     return 0;
@@ -238,7 +241,8 @@ static int decode_stop(const msgpack_object *root, struct gen_args *a, struct kv
     return 0;
 }
 
-/* `messages`: [{role, content}] as NUL-terminated copies (one allocation). */
+/* `messages`: [{role, content}] as NUL-terminated copies (one allocation;
+ * a nil content is empty). */
 static int decode_messages(const msgpack_object *a, struct chat_msg **out, size_t *n_out,
                            struct kvd_error *err)
 {
@@ -258,6 +262,11 @@ static int decode_messages(const msgpack_object *a, struct chat_msg **out, size_
         size_t len;
         for (int k = 0; k < 2; k++) {
             const char *key = k ? "content" : "role";
+            const msgpack_object *v = m->type == MSGPACK_OBJECT_MAP ? proto_map_find(m, key) : NULL;
+            if (k && v && v->type == MSGPACK_OBJECT_NIL) {
+                bytes += 1;
+                continue;
+            }
             if (m->type != MSGPACK_OBJECT_MAP || proto_get_str(m, key, &s, &len, err))
                 return kvd_error_set(err, KVD_EBADREQ, "'messages'[%u]: '%s' must be a string", i,
                                      key);
@@ -274,9 +283,11 @@ static int decode_messages(const msgpack_object *a, struct chat_msg **out, size_
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *m = &a->via.array.ptr[i];
         for (int k = 0; k < 2; k++) {
-            const char *s;
-            size_t len;
-            proto_get_str(m, k ? "content" : "role", &s, &len, err);
+            const char *s = "";
+            size_t len = 0;
+            const msgpack_object *v = proto_map_find(m, k ? "content" : "role");
+            if (v->type != MSGPACK_OBJECT_NIL)
+                proto_get_str(m, k ? "content" : "role", &s, &len, err);
             memcpy(p, s, len);
             p[len] = 0;
             if (k)
@@ -288,6 +299,74 @@ static int decode_messages(const msgpack_object *a, struct chat_msg **out, size_
     }
     *out = msgs;
     *n_out = n;
+    return 0;
+}
+
+/* The messages in tool_call.h's common form, when they carry tool calls or
+ * results or the request has tools (own->chat; NULL otherwise). */
+static int decode_chat_json(const msgpack_object *a, const struct chat_msg *msgs, bool tools,
+                            struct mp_owned *own, struct kvd_error *err)
+{
+    json_t *chat = json_array();
+    bool has = tools;
+    if (!chat)
+        return kvd_error_set(err, KVD_ENOMEM, "out of memory");
+    own->chat = chat;
+    for (uint32_t i = 0; i < a->via.array.size; i++) {
+        const msgpack_object *m = &a->via.array.ptr[i];
+        const msgpack_object *content = proto_map_find(m, "content");
+        json_t *c = json_pack("{s:s, s:o}", "role", msgs[i].role, "content",
+                              content->type == MSGPACK_OBJECT_NIL ? json_null()
+                                                                  : json_string(msgs[i].content));
+        if (!c || json_array_append_new(chat, c))
+            return kvd_error_set(err, KVD_ENOMEM, "out of memory");
+        /* the tool fields, as JSON */
+        static const char *const keys[] = {"tool_calls", "tool_call_id", "name"};
+        json_t *msg = json_pack("{s:s}", "role", msgs[i].role);
+        if (!msg)
+            return kvd_error_set(err, KVD_ENOMEM, "out of memory");
+        for (int k = 0; k < 3; k++) {
+            const msgpack_object *v = proto_map_find(m, keys[k]);
+            json_t *x = v ? mp_to_json(v, "messages", err) : NULL;
+            if (v && (!x || json_object_set_new(msg, keys[k], x))) {
+                json_decref(msg);
+                return err->code ? err->code : kvd_error_set(err, KVD_ENOMEM, "out of memory");
+            }
+        }
+        int rc = tool_args_message(msg, i, c, &has, err);
+        json_decref(msg);
+        if (rc)
+            return err->code;
+    }
+    if (!has) {
+        json_decref(own->chat);
+        own->chat = NULL;
+    }
+    return 0;
+}
+
+/* `tools`, `tool_choice`, `parallel_tool_calls` (tool_args.h). */
+static int decode_tools(const msgpack_object *root, struct gen_args *a, struct mp_owned *own,
+                        struct kvd_error *err)
+{
+    int rc = proto_opt_bool(root, "parallel_tool_calls", &a->parallel_tool_calls, NULL, err);
+    if (rc)
+        return rc;
+    const msgpack_object *t = proto_map_find(root, "tools");
+    const msgpack_object *tc = proto_map_find(root, "tool_choice");
+    json_t *tools = NULL;
+    err->code = 0;
+    if (t && t->type != MSGPACK_OBJECT_NIL && !(tools = mp_to_json(t, "tools", err)))
+        return err->code ? err->code : kvd_error_set(err, KVD_ENOMEM, "out of memory");
+    rc = tool_args_tools(tools, &own->tools, err);
+    json_decref(tools);
+    if (rc)
+        return err->code;
+    if (tc && tc->type != MSGPACK_OBJECT_NIL && !(own->choice = mp_to_json(tc, "tool_choice", err)))
+        return err->code ? err->code : kvd_error_set(err, KVD_ENOMEM, "out of memory");
+    if (tool_args_choice(own->choice, own->tools, &a->tool_choice, &a->tool_name, err))
+        return err->code;
+    a->tools = own->tools;
     return 0;
 }
 
@@ -335,6 +414,13 @@ static int decode(const msgpack_object *root, struct gen_args *a, struct mp_owne
             return rc;
         a->msgs = own->msgs;
     }
+    if ((rc = decode_tools(root, a, own, err)))
+        return rc;
+    if (a->tools && !o_msgs)
+        return kvd_error_set(err, KVD_EBADREQ, "'tools' needs a 'messages' prompt");
+    if (o_msgs && (rc = decode_chat_json(o_msgs, own->msgs, a->tools != NULL, own, err)))
+        return rc;
+    a->chat_json = own->chat;
     if ((rc = proto_opt_uint(root, "max_tokens", &a->max_tokens, &a->has_max_tokens, err)) ||
         (rc = proto_opt_double(root, "temperature", &a->temperature, NULL, err)) ||
         (rc = proto_opt_double(root, "top_p", &a->top_p, NULL, err)) ||
@@ -369,6 +455,9 @@ int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *r
     free(own.msgs);
     free(own.bias);
     json_decref(own.schema);
+    json_decref(own.tools);
+    json_decref(own.chat);
+    json_decref(own.choice);
     return rc;
 }
 
@@ -397,9 +486,43 @@ static int pack_logprobs(msgpack_packer *pk, const struct sampler_logprob *lp, u
     return rc;
 }
 
+/* "tool_calls": a reply's calls [{id, name, arguments}]. */
+static int pack_calls(msgpack_packer *pk, const struct text_out *t)
+{
+    size_t n = text_out_n_calls(t);
+    int rc = proto_pack_str(pk, "tool_calls");
+    rc = rc ? rc : proto_pack_array(pk, n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        const struct tool_call_out *c = text_out_call(t, i);
+        rc = proto_pack_map(pk, 3);
+        rc = rc ? rc : proto_pack_kv_str(pk, "id", c->id);
+        rc = rc ? rc : proto_pack_kv_str(pk, "name", c->name);
+        rc = rc ? rc : proto_pack_kvn_str(pk, "arguments", 9, c->args, c->args_len);
+    }
+    return rc;
+}
+
+/* "tool_calls" of a tokens event: the calls' news. */
+static int pack_deltas(msgpack_packer *pk, const struct tool_delta *d, size_t n)
+{
+    int rc = proto_pack_str(pk, "tool_calls");
+    rc = rc ? rc : proto_pack_array(pk, n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        rc = proto_pack_map(pk, d[i].id ? 4 : 2);
+        rc = rc ? rc : proto_pack_kv_uint(pk, "index", d[i].index);
+        if (d[i].id) {
+            rc = rc ? rc : proto_pack_kv_str(pk, "id", d[i].id);
+            rc = rc ? rc : proto_pack_kv_str(pk, "name", d[i].name);
+        }
+        rc = rc ? rc : proto_pack_kvn_str(pk, "arguments", 9, d[i].args, d[i].args_len);
+    }
+    return rc;
+}
+
 int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, int64_t choice,
                                const uint32_t *toks, size_t n, const char *text, size_t text_len,
-                               const struct sampler_logprob *lp, uint32_t lp_top)
+                               const struct sampler_logprob *lp, uint32_t lp_top,
+                               const struct tool_delta *calls, size_t n_calls)
 {
     msgpack_packer pk;
     proto_packer_init(&pk, sb);
@@ -407,7 +530,7 @@ int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, int64_t choice,
     if (at == SIZE_MAX)
         return KVD_ENOMEM;
     int rc = proto_event_begin(&pk, id, KVD_EVENT_TOKENS,
-                               1 + (choice >= 0) + (text != NULL) + (lp != NULL));
+                               1 + (choice >= 0) + (text != NULL) + (lp != NULL) + (n_calls > 0));
     if (!rc && choice >= 0)
         rc = proto_pack_kv_uint(&pk, "choice", (uint64_t)choice);
     if (!rc)
@@ -416,6 +539,8 @@ int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, int64_t choice,
         rc = proto_pack_kvn_str(&pk, "text", 4, text, text_len);
     if (!rc && lp)
         rc = pack_logprobs(&pk, lp, lp_top, n);
+    if (!rc && n_calls)
+        rc = pack_deltas(&pk, calls, n_calls);
     if (!rc)
         rc = proto_frame_end(sb, at);
     return rc;
@@ -445,7 +570,8 @@ int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r)
     uint64_t t_first = r->t_first ? r->t_first : r->t_done;
     const struct sched_session *ss = r->session;
     bool lp = r->lp_on && r->n_lp == n_gen;
-    rc = proto_reply_begin(&pk, r->id, 4 + seq + (r->text != NULL) + (ss != NULL) + lp);
+    bool calls = r->text && text_out_n_calls(r->text) > 0;
+    rc = proto_reply_begin(&pk, r->id, 4 + seq + (r->text != NULL) + (ss != NULL) + lp + calls);
     rc = rc ? rc : proto_pack_kv_u32_array(&pk, "tokens", r->toks + r->n_prompt, n_gen);
     if (lp)
         rc = rc ? rc : pack_logprobs(&pk, r->lp, r->lp_top, n_gen);
@@ -454,7 +580,9 @@ int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r)
         const char *t = text_out_str(r->text, &tl);
         rc = rc ? rc : proto_pack_kvn_str(&pk, "text", 4, t, tl);
     }
-    rc = rc ? rc : proto_pack_kv_str(&pk, "finish_reason", sched_finish_name(r->finish));
+    if (calls)
+        rc = rc ? rc : pack_calls(&pk, r->text);
+    rc = rc ? rc : proto_pack_kv_str(&pk, "finish_reason", gen_finish_name(r->finish, calls));
     rc = rc ? rc : proto_pack_str(&pk, "usage");
     rc = rc ? rc : proto_pack_map(&pk, 3);
     rc = rc ? rc : proto_pack_kv_uint(&pk, "prompt", r->n_prompt);
@@ -493,7 +621,8 @@ static int pack_choice(msgpack_packer *pk, const struct sched_req *r)
     size_t n_gen = r->n_toks > r->n_prompt ? r->n_toks - r->n_prompt : 0;
     bool lp = r->lp_on && r->n_lp == n_gen;
     bool failed = r->finish == SCHED_FINISH_ERROR;
-    int rc = proto_pack_map(pk, 3 + lp + (r->text != NULL) + failed);
+    bool calls = !failed && r->text && text_out_n_calls(r->text) > 0;
+    int rc = proto_pack_map(pk, 3 + lp + (r->text != NULL) + failed + calls);
     rc = rc ? rc : proto_pack_kv_uint(pk, "index", r->choice);
     rc = rc ? rc : proto_pack_kv_u32_array(pk, "tokens", r->toks + r->n_prompt, n_gen);
     if (lp)
@@ -503,7 +632,9 @@ static int pack_choice(msgpack_packer *pk, const struct sched_req *r)
         const char *t = text_out_str(r->text, &tl);
         rc = rc ? rc : proto_pack_kvn_str(pk, "text", 4, t, tl);
     }
-    rc = rc ? rc : proto_pack_kv_str(pk, "finish_reason", sched_finish_name(r->finish));
+    if (calls)
+        rc = rc ? rc : pack_calls(pk, r->text);
+    rc = rc ? rc : proto_pack_kv_str(pk, "finish_reason", gen_finish_name(r->finish, calls));
     if (failed) {
         rc = rc ? rc : proto_pack_str(pk, "error");
         rc = rc ? rc : proto_pack_map(pk, 2);
@@ -604,8 +735,10 @@ static void sink_tokens(void *ud, const struct sched_req *r, const uint32_t *tok
     const struct sampler_logprob *lp = NULL;
     if (r->lp_on && from + n <= r->n_lp)
         lp = r->lp + from * (1 + (size_t)r->lp_top);
+    const struct tool_delta *calls = NULL;
+    size_t n_calls = r->text ? text_out_take_calls(r->text, &calls) : 0;
     int rc = ops_generate_encode_tokens(&sb, r->id, r->group ? (int64_t)r->choice : -1, toks, n,
-                                        text, text_len, lp, r->lp_top);
+                                        text, text_len, lp, r->lp_top, calls, n_calls);
     post_frame(ud, r, 0, &sb, rc);
 }
 

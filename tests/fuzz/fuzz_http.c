@@ -181,12 +181,13 @@ static void check_args(enum openai_kind kind, uint32_t n_ctx, const struct opena
     FUZZ_ASSERT(!a->grammar && !a->json_schema && !a->json_object);
 }
 
-static void as_body(enum openai_kind kind, uint32_t n_ctx, const uint8_t *body, size_t len)
+static void as_body(enum openai_kind kind, uint32_t n_ctx, enum tool_family fam,
+                    const uint8_t *body, size_t len)
 {
     struct openai_req r;
     struct kvd_error e;
     memset(&e, 0, sizeof(e));
-    if (openai_parse(kind, (const char *)body, len, n_ctx, &r, &e) != 0) {
+    if (openai_parse(kind, (const char *)body, len, n_ctx, fam, &r, &e) != 0) {
         check_refusal(&e);
         return;
     }
@@ -291,6 +292,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (data[0] & 8)
         as_text(kind, data + 1, size - 1);
     else
-        as_body(kind, n_ctx, data + 1, size - 1);
+        as_body(kind, n_ctx, (enum tool_family)((data[0] >> 4) & 3), data + 1, size - 1);
     return 0;
 }

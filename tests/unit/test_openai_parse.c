@@ -46,7 +46,7 @@ static const struct gen_args *ok_ctx(enum openai_kind kind, const char *body, ui
 {
     parsed_free();
     struct kvd_error e = {0};
-    if (openai_parse(kind, body, strlen(body), n_ctx, &g.req, &e) != 0)
+    if (openai_parse(kind, body, strlen(body), n_ctx, TOOL_HERMES, &g.req, &e) != 0)
         fail_msg("refused (%s, param '%s': %s): %s", kvd_err_code(e.code), e.param, e.message,
                  body);
     g.have_req = true;
@@ -70,7 +70,7 @@ static void refused(enum openai_kind kind, const char *body, int status, const c
     struct openai_req r;
     struct kvd_error e;
     memset(&e, 0, sizeof(e));
-    if (openai_parse(kind, body, strlen(body), N_CTX, &r, &e) == 0) {
+    if (openai_parse(kind, body, strlen(body), N_CTX, TOOL_HERMES, &r, &e) == 0) {
         openai_req_free(&r);
         fail_msg("accepted, expected %d %s: %s", status, code, body);
     }
@@ -300,7 +300,7 @@ static void test_prompt(void **state)
     snprintf(big + at, cap - at, "]}");
     struct openai_req r;
     struct kvd_error e;
-    int rc = openai_parse(OPENAI_COMPLETION, big, strlen(big), N_CTX, &r, &e);
+    int rc = openai_parse(OPENAI_COMPLETION, big, strlen(big), N_CTX, TOOL_HERMES, &r, &e);
     free(big);
     assert_int_equal(rc, -1);
     struct openai_status st;
