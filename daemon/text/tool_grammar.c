@@ -239,8 +239,9 @@ static int calls(struct json_schema_conv *c, const struct tool_grammar_req *q, c
         const char *name = json_string_value(json_object_get(fn, "name"));
         const json_t *params = json_object_get(fn, "parameters");
         json_t *any = NULL;
-        if (!params)
-            params = any = json_pack("{s:s}", "type", "object");
+        if (!params) /* a function without parameters: no arguments, {} */
+            params = any = json_pack("{s:s, s:{}, s:b}", "type", "object", "properties",
+                                     "additionalProperties", 0);
         char rname[40], path[96];
         snprintf(rname, sizeof rname, "tool-%zu-args", i);
         snprintf(path, sizeof path, "%s[%zu].function.parameters", q->param ? q->param : "tools",
