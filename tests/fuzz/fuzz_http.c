@@ -13,10 +13,16 @@
  *      strings of 1-256 bytes, stream as the body says, n in [1, 128], a
  *      grammar compiled exactly when the body asks for one: `grammar`, or
  *      response_format json_object / json_schema, whose refusals name the
- *      keyword's path under response_format.json_schema.schema);
+ *      keyword's path under response_format.json_schema.schema; tools in
+ *      their common form, a named tool_choice among them, the tools'
+ *      grammar compiled when required or named, refusals naming tools,
+ *      tool_choice, parallel_tool_calls or a parameters keyword's path);
+ *   bits 4-5: the model's tool-call family (generic, Hermes, Llama 3.x,
+ *      Mistral);
  *      1: the rest is a completion's text (maybe not UTF-8) rendered by
- *      openai_render as a response and as a stream chunk, and the error
- *      body with it as the message; oracles: each is JSON that jansson
+ *      openai_render as a response and as a stream chunk (and as a tool
+ *      call's name and arguments), and the error body with it as the
+ *      message; oracles: each is JSON that jansson
  *      reads back (NUL as \u0000), with the text unchanged when it was
  *      valid UTF-8.
  * Nothing runs but openai.c: no executor, no sockets. */
@@ -70,12 +76,16 @@ static bool known_param(const char *p)
                                          "response_format.type",
                                          "response_format.json_schema",
                                          "response_format.json_schema.name",
-                                         "response_format.json_schema.strict"};
+                                         "response_format.json_schema.strict",
+                                         "tools",
+                                         "tool_choice",
+                                         "parallel_tool_calls"};
     for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++)
         if (!strcmp(p, params[i]))
             return true;
-    /* a JSON Schema keyword's path (cut in the middle when long) */
-    return !strncmp(p, "response_format.json_schema.schema", 34);
+    /* a JSON Schema keyword's path (cut in the middle when long), of
+     * response_format or of a tool's parameters */
+    return !strncmp(p, "response_format.json_schema.schema", 34) || !strncmp(p, "tools[", 6);
 }
 
 static bool terminated(const char *s, size_t cap)
@@ -95,7 +105,8 @@ static void check_refusal(const struct kvd_error *e)
         FUZZ_ASSERT(e->code == KVD_EBADREQ || (e->code == KVD_EUNSUPPORTED && e->param[0]));
     else if (st.status == 413) /* a grammar or schema past kvd's bounds, naming it */
         FUZZ_ASSERT(e->code == KVD_ETOOLARGE &&
-                    (!strcmp(e->param, "grammar") || !strncmp(e->param, "response_format", 15)));
+                    (!strcmp(e->param, "grammar") || !strncmp(e->param, "response_format", 15) ||
+                     !strncmp(e->param, "tools", 5)));
     else /* out of memory */
         FUZZ_ASSERT(st.status == 503 && e->code == KVD_ENOMEM);
     size_t len = 0;
@@ -145,6 +156,42 @@ static bool body_grammar(const uint8_t *body, size_t len)
     return g;
 }
 
+/* The tools' fields of an accepted chat body: tools in the common form
+ * (valid names, once each), a named choice among them, the conversation
+ * as JSON with them, and the tools' grammar compiled exactly when they
+ * ask for one (required or named always; auto when the schemas allow). */
+static void check_tools(enum openai_kind kind, const struct gen_args *a)
+{
+    if (kind == OPENAI_COMPLETION) {
+        FUZZ_ASSERT(!a->tools && !a->chat_json && !a->tools_compiled);
+        return;
+    }
+    size_t n = json_array_size(a->tools);
+    FUZZ_ASSERT(!a->tools || (n >= 1 && n <= TOOL_MAX_TOOLS));
+    bool named = false;
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(a->tools, i), *fn = json_object_get(t, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        FUZZ_ASSERT(!strcmp(json_string_value(json_object_get(t, "type")), "function"));
+        FUZZ_ASSERT(name && name[0] && strlen(name) <= TOOL_MAX_NAME);
+        FUZZ_ASSERT(
+            strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
+            strlen(name));
+        for (size_t k = 0; k < i; k++)
+            FUZZ_ASSERT(strcmp(
+                name, json_string_value(json_object_get(
+                          json_object_get(json_array_get(a->tools, k), "function"), "name"))));
+        named |= a->tool_choice == TOOL_CHOICE_NAMED && !strcmp(name, a->tool_name);
+    }
+    if (a->tool_choice == TOOL_CHOICE_REQUIRED || a->tool_choice == TOOL_CHOICE_NAMED)
+        FUZZ_ASSERT(a->tools && a->compiled && a->tools_compiled);
+    if (a->tool_choice == TOOL_CHOICE_NAMED)
+        FUZZ_ASSERT(named);
+    if (a->tools)
+        FUZZ_ASSERT(a->chat_json && json_array_size(a->chat_json) == a->n_msgs);
+    FUZZ_ASSERT(a->tools_compiled == (a->tools && a->tool_choice != TOOL_CHOICE_NONE));
+}
+
 /* An accepted body's typed arguments: the prompt the endpoint reads, and
  * every value within docs/http.md's bounds. */
 static void check_args(enum openai_kind kind, uint32_t n_ctx, const struct openai_req *r,
@@ -176,8 +223,11 @@ static void check_args(enum openai_kind kind, uint32_t n_ctx, const struct opena
     FUZZ_ASSERT(a->stream == r->stream);
     FUZZ_ASSERT(r->stream == body_stream(body, len));
     FUZZ_ASSERT(a->n >= 1 && a->n <= GEN_MAX_CHOICES);
-    /* a grammar is compiled while parsing (the sources are consumed) */
-    FUZZ_ASSERT((a->compiled != NULL) == body_grammar(body, len));
+    /* a grammar is compiled while parsing (the sources are consumed): the
+     * body's own, or the tools' */
+    check_tools(kind, a);
+    FUZZ_ASSERT(a->tools_compiled ? !body_grammar(body, len)
+                                  : (a->compiled != NULL) == body_grammar(body, len));
     FUZZ_ASSERT(!a->grammar && !a->json_schema && !a->json_object);
 }
 
@@ -265,6 +315,52 @@ static void as_text(enum openai_kind kind, const uint8_t *text, size_t len)
                         (json_int_t)i);
         json_decref(j);
         free(mj);
+    }
+    /* tool calls whose name and arguments are those bytes: a response's
+     * message.tool_calls and a chunk's delta.tool_calls */
+    if (kind == OPENAI_CHAT) {
+        char *t = malloc(len + 1);
+        if (t) {
+            memcpy(t, text, len);
+            t[len] = 0;
+            struct tool_call_out call = {
+                .id = "call_x", .name = t, .args = t, .args_len = len, .args_done = true};
+            struct tool_delta d = {
+                .index = 0, .id = "call_x", .name = t, .args = t, .args_len = len};
+            struct openai_out tc = o;
+            tc.calls = &call;
+            tc.n_calls = 1;
+            for (int chunk = 0; chunk < 2; chunk++) {
+                if (chunk) {
+                    tc.calls = NULL;
+                    tc.n_calls = 0;
+                    tc.deltas = &d;
+                    tc.n_deltas = 1;
+                }
+                size_t n = 0;
+                char *json = openai_render(&tc, chunk, &n);
+                if (!json)
+                    continue;
+                json_t *j = json_loadb(json, n, JSON_ALLOW_NUL, NULL);
+                FUZZ_ASSERT(j);
+                json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+                json_t *calls =
+                    json_object_get(json_object_get(c, chunk ? "delta" : "message"), "tool_calls");
+                FUZZ_ASSERT(json_array_size(calls) == 1);
+                json_t *args = json_object_get(
+                    json_object_get(json_array_get(calls, 0), "function"), "arguments");
+                FUZZ_ASSERT(json_is_string(args));
+                json_t *probe = json_stringn((const char *)text, len);
+                if (probe) { /* valid UTF-8: kept as it is */
+                    FUZZ_ASSERT(json_string_length(args) == len &&
+                                !memcmp(json_string_value(args), text, len));
+                    json_decref(probe);
+                }
+                json_decref(j);
+                free(json);
+            }
+            free(t);
+        }
     }
     /* A message of the same bytes in an error body (kvd_error_set copies
      * at most its buffer). */
