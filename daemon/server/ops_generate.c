@@ -315,9 +315,16 @@ static int decode_chat_json(const msgpack_object *a, const struct chat_msg *msgs
     for (uint32_t i = 0; i < a->via.array.size; i++) {
         const msgpack_object *m = &a->via.array.ptr[i];
         const msgpack_object *content = proto_map_find(m, "content");
-        json_t *c = json_pack("{s:s, s:o}", "role", msgs[i].role, "content",
-                              content->type == MSGPACK_OBJECT_NIL ? json_null()
-                                                                  : json_string(msgs[i].content));
+        json_t *role = json_string(msgs[i].role);
+        json_t *text =
+            content->type == MSGPACK_OBJECT_NIL ? json_null() : json_string(msgs[i].content);
+        if (!role || !text) { /* jansson takes UTF-8 only */
+            json_decref(role);
+            json_decref(text);
+            return kvd_error_set(err, KVD_EBADREQ, "'messages'[%u]: role and content must be UTF-8",
+                                 i);
+        }
+        json_t *c = json_pack("{s:o, s:o}", "role", role, "content", text);
         if (!c || json_array_append_new(chat, c))
             return kvd_error_set(err, KVD_ENOMEM, "out of memory");
         /* the tool fields, as JSON */

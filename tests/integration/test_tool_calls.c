@@ -408,6 +408,59 @@ static void msgpack_required(const char *sock, uint64_t seed, const char *family
     close(fd);
 }
 
+/* msgpack refusals: each a bad_request naming the field. */
+static void msgpack_refusals(const char *sock)
+{
+    int fd = kh_connect(sock);
+    assert_true(fd >= 0);
+    static const char *const want[] = {"'tools' needs a 'messages' prompt", "'tool_choice'",
+                                       "'tools'", "UTF-8", "'messages'[0].tool_calls"};
+    for (int k = 0; k < 5; k++) {
+        struct kh_req q;
+        kh_req_begin(&q, "generate", 1, 2);
+        if (k == 0) {
+            proto_pack_kv_str(&q.pk, "text", "hi");
+        } else {
+            proto_pack_str(&q.pk, "messages");
+            proto_pack_array(&q.pk, 1);
+            proto_pack_map(&q.pk, k == 4 ? 3 : 2);
+            proto_pack_kv_str(&q.pk, "role", k == 4 ? "assistant" : "user");
+            proto_pack_str(&q.pk, "content");
+            if (k == 3) {
+                msgpack_pack_str(&q.pk, 2);
+                msgpack_pack_str_body(&q.pk, "\xff\xfe", 2);
+            } else {
+                proto_pack_str(&q.pk, "x");
+            }
+            if (k == 4) {
+                proto_pack_str(&q.pk, "tool_calls");
+                proto_pack_array(&q.pk, 1);
+                proto_pack_map(&q.pk, 1);
+                proto_pack_kv_uint(&q.pk, "id", 5);
+            }
+        }
+        if (k == 1) {
+            proto_pack_kv_str(&q.pk, "tool_choice", "always");
+        } else if (k == 2) {
+            proto_pack_str(&q.pk, "tools");
+            proto_pack_array(&q.pk, 1);
+            msgpack_pack_bin(&q.pk, 2);
+            msgpack_pack_bin_body(&q.pk, "ab", 2);
+        } else {
+            proto_pack_str(&q.pk, "tools");
+            pack_json(&q.pk, g_tools);
+        }
+        assert_int_equal(kh_req_send(fd, &q), 0);
+        struct kh_reply r;
+        assert_int_equal(kh_recv(fd, &r), 0);
+        if (r.code != KVD_EBADREQ || !strstr(r.message, want[k]))
+            fail_msg("msgpack refusal %d: code %d [%s], want bad_request with [%s]", k, r.code,
+                     r.message, want[k]);
+        kh_reply_free(&r);
+    }
+    close(fd);
+}
+
 /* ---- one family --------------------------------------------------------------- */
 
 static void family(const char *tmpl, const char *fam)
@@ -494,6 +547,8 @@ static void family(const char *tmpl, const char *fam)
     assert_int_equal(json_array_size(a.calls), 0);
     assert_string_not_equal(a.finish, "tool_calls");
     reply_free(&a);
+    if (!strcmp(fam, "hermes"))
+        msgpack_refusals(d->sock);
     assert_int_equal(kh_free(d), 0);
     unlink(model);
     unlink(sock);
