@@ -25,7 +25,8 @@
  *      message; oracles: each is JSON that jansson
  *      reads back (NUL as \u0000), with the text unchanged when it was
  *      valid UTF-8.
- * Nothing runs but openai.c: no executor, no sockets. */
+ * Nothing runs but openai.c and openai_render.c (and the text layer's
+ * grammars): no executor, no sockets. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
