@@ -200,6 +200,7 @@ static int get_messages(struct openai_req *r, json_t *m, struct kvd_error *e)
     if (n > KVD_MAX_ARRAY)
         return bad(e, "messages", "'messages' has %zu entries, at most %u", n, KVD_MAX_ARRAY);
     size_t bytes = n * sizeof(struct chat_msg), len;
+    bool tools = r->tools != NULL; /* the conversation is needed as JSON */
     for (size_t i = 0; i < n; i++) {
         json_t *msg = json_array_get(m, i);
         if (!json_is_object(msg) || !json_is_string(json_object_get(msg, "role")))
@@ -207,15 +208,14 @@ static int get_messages(struct openai_req *r, json_t *m, struct kvd_error *e)
         if (content_of(json_object_get(msg, "content"), i, NULL, &len, e))
             return -1;
         bytes += len + 1;
+        json_t *calls = json_object_get(msg, "tool_calls"),
+               *id = json_object_get(msg, "tool_call_id");
+        tools |= (calls && !json_is_null(calls)) || (id && !json_is_null(id)) ||
+                 !strcmp(json_string_value(json_object_get(msg, "role")), "tool");
     }
-    if (!(r->msgs = malloc(bytes)))
+    if (!(r->msgs = malloc(bytes)) || (tools && !(r->chat = json_array())))
         return no_memory(e);
     char *at = (char *)(r->msgs + n);
-    json_t *chat = json_array();
-    bool has = r->tools != NULL;
-    if (!chat)
-        return no_memory(e);
-    r->chat = chat;
     for (size_t i = 0; i < n; i++) {
         json_t *msg = json_array_get(m, i);
         json_t *content = json_object_get(msg, "content");
@@ -223,18 +223,18 @@ static int get_messages(struct openai_req *r, json_t *m, struct kvd_error *e)
         at[len] = '\0';
         r->msgs[i].role = json_string_value(json_object_get(msg, "role"));
         r->msgs[i].content = at;
+        at += len + 1;
+        if (!tools)
+            continue;
         json_t *c =
             json_pack("{s:s, s:o}", "role", r->msgs[i].role, "content",
-                      !content || json_is_null(content) ? json_null() : json_stringn(at, len));
-        if (!c || json_array_append_new(chat, c))
+                      !content || json_is_null(content) ? json_null()
+                                                        : json_stringn(r->msgs[i].content, len));
+        bool has = false;
+        if (!c || json_array_append_new(r->chat, c))
             return no_memory(e);
         if (tool_args_message(msg, i, c, &has, e))
             return -1;
-        at += len + 1;
-    }
-    if (!has) { /* a plain conversation: role and content are all */
-        json_decref(r->chat);
-        r->chat = NULL;
     }
     r->args.prompt = GEN_PROMPT_MESSAGES;
     r->args.msgs = r->msgs;

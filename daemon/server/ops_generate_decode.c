@@ -300,12 +300,22 @@ static int decode_messages(const msgpack_object *a, struct chat_msg **out, size_
 }
 
 /* The messages in tool_call.h's common form, when they carry tool calls or
- * results or the request has tools (own->chat; NULL otherwise). */
+ * results or the request has tools (own->chat; NULL otherwise: nothing is
+ * copied for a plain conversation). */
 static int decode_chat_json(const msgpack_object *a, const struct chat_msg *msgs, bool tools,
                             struct mp_owned *own, struct kvd_error *err)
 {
-    json_t *chat = json_array();
     bool has = tools;
+    for (uint32_t i = 0; !has && i < a->via.array.size; i++) {
+        const msgpack_object *m = &a->via.array.ptr[i];
+        const msgpack_object *calls = proto_map_find(m, "tool_calls");
+        const msgpack_object *id = proto_map_find(m, "tool_call_id");
+        has = (calls && calls->type != MSGPACK_OBJECT_NIL) ||
+              (id && id->type != MSGPACK_OBJECT_NIL) || !strcmp(msgs[i].role, "tool");
+    }
+    if (!has) /* a plain conversation: role and content are all */
+        return 0;
+    json_t *chat = json_array();
     if (!chat)
         return kvd_error_set(err, KVD_ENOMEM, "out of memory");
     own->chat = chat;
@@ -337,14 +347,11 @@ static int decode_chat_json(const msgpack_object *a, const struct chat_msg *msgs
                 return err->code ? err->code : kvd_error_set(err, KVD_ENOMEM, "out of memory");
             }
         }
-        int rc = tool_args_message(msg, i, c, &has, err);
+        bool any = false;
+        int rc = tool_args_message(msg, i, c, &any, err);
         json_decref(msg);
         if (rc)
             return err->code;
-    }
-    if (!has) {
-        json_decref(own->chat);
-        own->chat = NULL;
     }
     return 0;
 }
