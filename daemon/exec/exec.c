@@ -44,6 +44,12 @@ struct exec {
      * sample_step; lprow keeps a raw row the host pick adjusts in place. */
     struct sampler_logprob *lpstep; /* [max_seqs][LP_STRIDE] */
     float *lprow;                   /* [n_vocab] */
+    /* n > 1: the leader's raw row the step its prompt is done (grow), and
+     * a copy each other choice picks from (frow); the choices forked this
+     * step, whose first tokens sample_step takes. */
+    float *grow, *frow; /* [n_vocab] */
+    struct sched_req **forked;
+    uint32_t n_forked, cap_forked;
     uint32_t n_arena_slots;
 
     /* Shared with other threads, under mu. */
@@ -147,8 +153,8 @@ static void acct_report_done(struct acct *a, const struct sched_req *r)
         .outcome = r->finish == SCHED_FINISH_CANCELLED ? ACCT_CANCELLED
                    : r->finish == SCHED_FINISH_ERROR   ? ACCT_FAILED
                                                        : ACCT_COMPLETED,
-        .prompt = r->n_prompt,
-        .cached = r->n_cached,
+        .prompt = r->choice ? 0 : r->n_prompt, /* a request's other choices share its prompt */
+        .cached = r->choice ? 0 : r->n_cached,
         .completion = r->n_toks > r->n_prompt ? r->n_toks - r->n_prompt : 0,
         .preemptions = r->n_preempt,
         .t_arrive = r->t_arrive,
@@ -194,6 +200,32 @@ static void publish_tokens(struct exec *ex, struct sched_req *r)
     r->n_sent = n_gen;
 }
 
+static void count_done(struct exec *ex, const struct sched_req *r)
+{
+    ex->st.completed += r->finish == SCHED_FINISH_LENGTH || r->finish == SCHED_FINISH_STOP;
+    ex->st.cancelled += r->finish == SCHED_FINISH_CANCELLED;
+    ex->st.failed += r->finish == SCHED_FINISH_ERROR;
+}
+
+/* One choice of a group has ended: held until every choice has, then the
+ * group is answered at once (one reply) and freed. Executor thread. */
+static void answer_choice(struct exec *ex, struct sched_req *r)
+{
+    struct sched_group *g = r->group;
+    if (++g->n_answered < g->n)
+        return;
+    const struct sched_req *lead = g->reqs[0];
+    if (!atomic_load(&lead->detached) && lead->sink && lead->sink->done_group)
+        lead->sink->done_group(lead->sink->ud, (const struct sched_req *const *)g->reqs, g->n);
+    pthread_mutex_lock(&ex->mu);
+    ex->n_live -= g->n;
+    for (uint32_t i = 0; i < g->n; i++)
+        count_done(ex, g->reqs[i]);
+    pthread_cond_broadcast(&ex->idle);
+    pthread_mutex_unlock(&ex->mu);
+    sched_group_free(g);
+}
+
 /* Answers r and frees it (any thread: the executor's, or a disk worker's
  * after a session save). */
 static void answer(struct exec *ex, struct sched_req *r)
@@ -204,13 +236,15 @@ static void answer(struct exec *ex, struct sched_req *r)
     }
     if (r->finish != SCHED_FINISH_ERROR)
         publish_tokens(ex, r);
+    if (r->group) {
+        answer_choice(ex, r);
+        return;
+    }
     if (!atomic_load(&r->detached) && r->sink && r->sink->done)
         r->sink->done(r->sink->ud, r);
     pthread_mutex_lock(&ex->mu);
     ex->n_live--;
-    ex->st.completed += r->finish == SCHED_FINISH_LENGTH || r->finish == SCHED_FINISH_STOP;
-    ex->st.cancelled += r->finish == SCHED_FINISH_CANCELLED;
-    ex->st.failed += r->finish == SCHED_FINISH_ERROR;
+    count_done(ex, r);
     pthread_cond_broadcast(&ex->idle);
     pthread_mutex_unlock(&ex->mu);
     sched_req_free(r);
@@ -275,12 +309,31 @@ static bool save_first(struct exec *ex, struct sched_req *r)
     return false;
 }
 
+/* A leader ended before its prompt was done: its other choices, which
+ * have no sequence yet and are in no queue, end the same way. */
+static void end_unforked(struct exec *ex, struct sched_req *lead, struct sched_req **done)
+{
+    struct sched_group *g = lead->group;
+    if (!g || lead->choice != 0 || g->forked)
+        return;
+    g->forked = true; /* nothing forks after this */
+    for (uint32_t i = 1; i < g->n; i++) {
+        struct sched_req *f = g->reqs[i];
+        f->state = SCHED_DONE;
+        f->finish = lead->finish;
+        f->err = lead->err;
+        f->next = *done;
+        *done = f;
+    }
+}
+
 /* Answers and frees every request on the done list. */
 static void publish_done(struct exec *ex, struct sched_req *done)
 {
     while (done) {
         struct sched_req *r = done;
         done = r->next;
+        end_unforked(ex, r, &done); /* they follow r on the list */
         r->t_done = sched_now_ns();
         int abort_code = atomic_load(&r->abort_code);
         if (abort_code && r->finish == SCHED_FINISH_CANCELLED) {
@@ -310,9 +363,53 @@ static bool is_stop(const struct exec *ex, const struct sched_req *r, uint32_t t
     return !r->ignore_eos && text_is_eog(ex->conf.text, tok);
 }
 
+/* Takes tok (lp: its logprobs, when asked) as r's next token and decides
+ * whether r is finished (r->finish set). Returns 1 when it is. */
+static uint32_t take_token(struct exec *ex, struct sched_req *r, uint32_t tok,
+                           const struct sampler_logprob *lp)
+{
+    if (r->grammar_failed) {
+        r->finish = SCHED_FINISH_ERROR;
+        return 1;
+    }
+    int rc = sched_req_push(r, tok);
+    if (!rc && r->gm && grammar_matcher_accept(r->gm, tok, &r->err) != 0) {
+        r->finish = SCHED_FINISH_ERROR;
+        return 1;
+    }
+    if (!rc && r->lp_on)
+        rc = sched_req_push_lp(r, lp);
+    if (rc) {
+        kvd_error_set(&r->err, rc, "out of memory for the sampled token");
+        r->finish = SCHED_FINISH_ERROR;
+        return 1;
+    }
+    if (r->t_first == 0)
+        r->t_first = sched_now_ns();
+    size_t n_gen = r->n_toks - r->n_prompt;
+    /* The text of a stop or end-of-generation token is not part of the
+     * completion; any other token's may complete a stop string. */
+    int trc = 0;
+    if (is_stop(ex, r, tok))
+        r->finish = SCHED_FINISH_STOP;
+    else if (r->text && (trc = text_out_push(r->text, tok)) < 0) {
+        kvd_error_set(&r->err, -trc, "out of memory for the completion's text");
+        r->finish = SCHED_FINISH_ERROR;
+    } else if (trc == 1)
+        r->finish = SCHED_FINISH_STOP;
+    else if (r->gm && grammar_matcher_must_end(r->gm))
+        r->finish = SCHED_FINISH_STOP; /* the grammar's sentence is complete */
+    else if (n_gen >= r->max_tokens || r->n_toks >= r->n_ctx)
+        r->finish = SCHED_FINISH_LENGTH;
+    else if (atomic_load(&r->cancel))
+        r->finish = SCHED_FINISH_CANCELLED;
+    return r->finish != SCHED_FINISH_NONE;
+}
+
 /* Takes the sampled token of every request whose chunk reached its last
- * known token, and decides whether it is finished. Runs without the kvmm
- * lock. Returns how many finished (their r->finish is set). */
+ * known token, and of every choice forked this step, and decides whether
+ * it is finished. Runs without the kvmm lock. Returns how many finished
+ * (their r->finish is set). */
 static uint32_t sample_step(struct exec *ex)
 {
     uint32_t n_fin = 0;
@@ -331,46 +428,14 @@ static uint32_t sample_step(struct exec *ex)
         }
         if (r->n_kv != r->n_toks)
             continue; /* a prefill chunk short of the end */
-        if (r->grammar_failed) {
-            r->finish = SCHED_FINISH_ERROR;
-            n_fin++;
-            continue;
-        }
-        uint32_t tok = ex->picks[i];
-        int rc = sched_req_push(r, tok);
-        if (!rc && r->gm && grammar_matcher_accept(r->gm, tok, &r->err) != 0) {
-            r->finish = SCHED_FINISH_ERROR;
-            n_fin++;
-            continue;
-        }
-        if (!rc && r->lp_on)
-            rc = sched_req_push_lp(r, ex->lpstep + (size_t)i * LP_STRIDE);
-        if (rc) {
-            kvd_error_set(&r->err, rc, "out of memory for the sampled token");
-            r->finish = SCHED_FINISH_ERROR;
-            n_fin++;
-            continue;
-        }
-        if (r->t_first == 0)
-            r->t_first = sched_now_ns();
-        size_t n_gen = r->n_toks - r->n_prompt;
-        /* The text of a stop or end-of-generation token is not part of the
-         * completion; any other token's may complete a stop string. */
-        int trc = 0;
-        if (is_stop(ex, r, tok))
-            r->finish = SCHED_FINISH_STOP;
-        else if (r->text && (trc = text_out_push(r->text, tok)) < 0) {
-            kvd_error_set(&r->err, -trc, "out of memory for the completion's text");
-            r->finish = SCHED_FINISH_ERROR;
-        } else if (trc == 1)
-            r->finish = SCHED_FINISH_STOP;
-        else if (r->gm && grammar_matcher_must_end(r->gm))
-            r->finish = SCHED_FINISH_STOP; /* the grammar's sentence is complete */
-        else if (n_gen >= r->max_tokens || r->n_toks >= r->n_ctx)
-            r->finish = SCHED_FINISH_LENGTH;
-        else if (atomic_load(&r->cancel))
-            r->finish = SCHED_FINISH_CANCELLED;
-        n_fin += r->finish != SCHED_FINISH_NONE;
+        n_fin +=
+            take_token(ex, r, ex->picks[i], r->lp_on ? ex->lpstep + (size_t)i * LP_STRIDE : NULL);
+    }
+    for (uint32_t k = 0; k < ex->n_forked; k++) {
+        struct sched_req *f = ex->forked[k];
+        f->fork_pending = false;
+        if (f->state != SCHED_DONE)
+            n_fin += take_token(ex, f, f->fork_pick, f->fork_lp);
     }
     return n_fin;
 }
@@ -399,6 +464,40 @@ static int grammar_mask(struct sched_req *r, float *row, uint32_t n_vocab)
     return 0;
 }
 
+/* Whether r leads choices that wait for its prompt: the step that ends its
+ * prompt draws their first tokens too. */
+static bool leads_unforked(const struct sched_req *r)
+{
+    return r->group && r->choice == 0 && !r->group->forked;
+}
+
+/* The leader's prompt is done: every other choice draws its first token
+ * from the same raw logits (ex->grow) with its own stream, mask and
+ * chain, as a request of its own would from that row. */
+static int fork_picks(struct exec *ex, struct sched_req *lead, uint32_t V)
+{
+    struct sched_group *g = lead->group;
+    for (uint32_t k = 1; k < g->n; k++) {
+        struct sched_req *f = g->reqs[k];
+        memcpy(ex->frow, ex->grow, (size_t)V * sizeof *ex->frow);
+        f->smp_before = f->smp;
+        f->fork_pending = true;
+        f->fork_pick = 0;
+        if (f->gm && grammar_mask(f, ex->frow, V))
+            continue; /* f->grammar_failed: it ends with the reason */
+        int rc = sampler_sample_host(&f->smp, &ex->hsc, lead->toks, lead->n_toks, ex->frow, V,
+                                     ex->counts, &f->fork_pick);
+        if (rc)
+            return rc;
+        if (f->lp_on) {
+            if (!f->fork_lp && !(f->fork_lp = malloc(LP_STRIDE * sizeof *f->fork_lp)))
+                return KVD_ENOMEM;
+            sampler_logprobs(ex->grow, V, f->fork_pick, f->lp_top, f->fork_lp);
+        }
+    }
+    return 0;
+}
+
 /* Runs the plan's step; the backend samples every request whose chunk
  * reaches its last known token (the request's uniform for the step is drawn
  * here, so the draw sequence is the request's own whatever the batch). */
@@ -410,7 +509,7 @@ static int forward(struct exec *ex)
         struct sched_req *r = p->reqs[i];
         bool want = !r->restoring && r->n_kv + r->step_n == r->n_toks;
         ex->rows[i] = (struct sample_row){.skip = !want};
-        host |= want && (sampler_on_host(&r->smp) || r->gm);
+        host |= want && (sampler_on_host(&r->smp) || r->gm || leads_unforked(r));
         lp |= want && r->lp_on;
         ex->fseqs[i] = (struct fwd_seq){
             .tokens = r->toks + r->n_kv,
@@ -455,6 +554,10 @@ static int forward(struct exec *ex)
         return KVD_ENOMEM;
     if (lp && host && !ex->lprow && !(ex->lprow = malloc((size_t)V * sizeof *ex->lprow)))
         return KVD_ENOMEM;
+    if (host && !ex->grow &&
+        (!(ex->grow = malloc((size_t)V * sizeof *ex->grow)) ||
+         !(ex->frow = malloc((size_t)V * sizeof *ex->frow))))
+        return KVD_ENOMEM;
     b.logits = ex->hlogits;
     if (host) {
         b.sample = NULL;
@@ -475,21 +578,89 @@ static int forward(struct exec *ex)
         }
         /* the raw row, before the host pick adjusts it */
         const float *raw = row;
+        bool lead = leads_unforked(r);
+        if (lead)
+            memcpy(ex->grow, row, (size_t)V * sizeof *row);
         if (host && r->lp_on) {
             memcpy(ex->lprow, row, (size_t)V * sizeof *row);
             raw = ex->lprow;
         }
         if (r->gm && grammar_mask(r, row, V)) {
             ex->picks[i] = 0;
-            continue;
+        } else {
+            if (host && (rc = sampler_sample_host(&r->smp, &ex->hsc, r->toks, r->n_toks, row, V,
+                                                  ex->counts, &ex->picks[i])))
+                return rc;
+            if (r->lp_on)
+                sampler_logprobs(raw, V, ex->picks[i], r->lp_top,
+                                 ex->lpstep + (size_t)i * LP_STRIDE);
         }
-        if (host && (rc = sampler_sample_host(&r->smp, &ex->hsc, r->toks, r->n_toks, row, V,
-                                              ex->counts, &ex->picks[i])))
+        if (lead && (rc = fork_picks(ex, r, V)))
             return rc;
-        if (r->lp_on)
-            sampler_logprobs(raw, V, ex->picks[i], r->lp_top, ex->lpstep + (size_t)i * LP_STRIDE);
     }
     return 0;
+}
+
+/* After the commit of a step that ended a leader's prompt: each other
+ * choice gets a copy-on-write fork of the leader's sequence (the prompt's
+ * blocks shared, none computed again) and runs. A choice the fork is
+ * refused to (the tenant's sequence quota) waits as a request of its own:
+ * its stream goes back to before its draw, and when admitted it matches
+ * the prompt's cached blocks and draws from its own logits. kvmm lock
+ * held. */
+static void fork_groups(struct exec *ex, struct sched_req **done)
+{
+    ex->n_forked = 0;
+    for (uint32_t i = 0; i < ex->plan.n; i++) {
+        struct sched_req *r = ex->plan.reqs[i];
+        if (!leads_unforked(r) || r->state == SCHED_DONE || r->n_kv != r->n_toks ||
+            r->group->n < 2 || !r->group->reqs[1]->fork_pending)
+            continue;
+        struct sched_group *g = r->group;
+        g->forked = true;
+        if (ex->n_forked + g->n > ex->cap_forked) {
+            uint32_t cap = 2 * (ex->n_forked + g->n);
+            struct sched_req **v = realloc(ex->forked, cap * sizeof *v);
+            if (v) {
+                ex->forked = v;
+                ex->cap_forked = cap;
+            }
+        }
+        for (uint32_t k = 1; k < g->n; k++) {
+            struct sched_req *f = g->reqs[k];
+            size_t cap = r->n_prompt + 64;
+            uint32_t *t = malloc(cap * sizeof *t);
+            if (!t) {
+                f->fork_pending = false;
+                kvd_error_set(&f->err, KVD_ENOMEM, "out of memory forking the prompt");
+                f->finish = SCHED_FINISH_ERROR;
+                f->state = SCHED_DONE;
+                f->next = *done;
+                *done = f;
+                continue;
+            }
+            memcpy(t, r->toks, r->n_prompt * sizeof *t);
+            f->toks = t;
+            f->cap_toks = cap;
+            f->n_toks = f->n_prompt = r->n_prompt;
+            f->n_cached = r->n_cached;
+            f->t_sched = r->t_sched;
+            if (ex->n_forked < ex->cap_forked && kvmm_seq_fork(ex->mm, sched_req_owner(r), r->seq,
+                                                               sched_req_owner(f), &f->seq) == 0) {
+                f->have_seq = true;
+                f->n_kv = r->n_kv;
+                sched_add_running(ex->sched, ex->mm, f);
+                ex->forked[ex->n_forked++] = f;
+            } else {
+                f->smp = f->smp_before;
+                f->fork_pending = false;
+                f->grammar_failed = false;
+                kvd_error_clear(&f->err);
+                f->t_sched = 0;
+                sched_add(ex->sched, ex->mm, f);
+            }
+        }
+    }
 }
 
 /* One iteration. Returns false when there was nothing to compute. */
@@ -505,7 +676,7 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         r->next = r->prev = NULL;
         /* A prompt that failed to prepare, or was never prepared (the
          * request was cancelled first), ends here. */
-        if (r->finish != SCHED_FINISH_NONE || r->prompt) {
+        if (r->finish != SCHED_FINISH_NONE || r->prompt || r->constraint) {
             sched_reject(mm, r, &done);
             continue;
         }
@@ -554,19 +725,23 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         ex->plan.n = 0;
     } else {
         sched_commit(ex->sched, mm, &ex->plan, &done);
+        fork_groups(ex, &done);
     }
     kvmm_unlock(mm);
 
     uint32_t n_fin = sample_step(ex);
     uint64_t gen = 0;
-    for (uint32_t i = 0; i < ex->plan.n; i++) {
-        struct sched_req *r = ex->plan.reqs[i];
+    /* this step's requests, then the choices forked in it */
+    uint32_t n_all = ex->plan.n + ex->n_forked;
+#define STEP_REQ(i) ((i) < ex->plan.n ? ex->plan.reqs[i] : ex->forked[(i)-ex->plan.n])
+    for (uint32_t i = 0; i < n_all; i++) {
+        struct sched_req *r = STEP_REQ(i);
         gen += r->state != SCHED_DONE && !r->restoring && r->n_kv + 1 == r->n_toks;
     }
     if (n_fin) {
         kvmm_lock(mm);
-        for (uint32_t i = 0; i < ex->plan.n; i++) {
-            struct sched_req *r = ex->plan.reqs[i];
+        for (uint32_t i = 0; i < n_all; i++) {
+            struct sched_req *r = STEP_REQ(i);
             if (r->state == SCHED_DONE || r->finish == SCHED_FINISH_NONE)
                 continue;
             sched_finish(ex->sched, mm, r, r->finish);
@@ -575,11 +750,13 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         }
         kvmm_unlock(mm);
     }
-    for (uint32_t i = 0; i < ex->plan.n; i++) {
-        struct sched_req *r = ex->plan.reqs[i];
+    for (uint32_t i = 0; i < n_all; i++) {
+        struct sched_req *r = STEP_REQ(i);
         if (r->state != SCHED_DONE)
             publish_tokens(ex, r);
     }
+#undef STEP_REQ
+    ex->n_forked = 0;
     pthread_mutex_lock(&ex->mu);
     ex->st.generated += gen;
     sched_counters(ex->sched, &ex->st.sched);
@@ -736,6 +913,9 @@ void exec_free(struct exec *ex)
     free(ex->hlogits);
     free(ex->lpstep);
     free(ex->lprow);
+    free(ex->grow);
+    free(ex->frow);
+    free(ex->forked);
     free(ex->counts);
     sampler_scratch_free(&ex->hsc);
     free(ex->hash);
@@ -857,7 +1037,7 @@ int exec_submit(struct exec *ex, struct sched_req *r)
     struct prep_job *job = NULL;
     /* Read before r is handed over: once in the inbox, the executor may
      * answer and free it at any time. */
-    bool text = r->prompt != NULL, disk = !text && wants_disk(ex, r);
+    bool text = r->prompt != NULL || r->constraint != NULL, disk = !text && wants_disk(ex, r);
     if (((text && ex->conf.pool) || disk) && !(job = malloc(sizeof(*job))))
         return KVD_ENOMEM;
     pthread_mutex_lock(&ex->mu);
@@ -871,9 +1051,22 @@ int exec_submit(struct exec *ex, struct sched_req *r)
     if (r->t_arrive == 0)
         r->t_arrive = sched_now_ns();
     r->n_ctx = ex->hp->n_ctx;
+    /* every choice is live (cancel, disconnect and drain find each);
+     * only the leader is queued */
+    uint32_t n = r->group ? r->group->n : 1;
+    for (uint32_t i = 0; i < n; i++) {
+        struct sched_req *c = r->group ? r->group->reqs[i] : r;
+        if (c->serial == 0)
+            c->serial = ++ex->serial;
+        if (c->t_arrive == 0)
+            c->t_arrive = r->t_arrive;
+        c->n_ctx = ex->hp->n_ctx;
+        if (c != r)
+            live_add(ex, c);
+    }
     live_add(ex, r);
-    ex->n_live++;
-    ex->st.requests++;
+    ex->n_live += n;
+    ex->st.requests += n;
     if (!text && !disk)
         inbox_push(ex, r);
     pthread_mutex_unlock(&ex->mu);
@@ -893,9 +1086,10 @@ int exec_submit(struct exec *ex, struct sched_req *r)
     if (rc) {
         free(job);
         pthread_mutex_lock(&ex->mu);
-        live_remove(ex, r);
-        ex->n_live--;
-        ex->st.requests--;
+        for (uint32_t i = 0; i < n; i++)
+            live_remove(ex, r->group ? r->group->reqs[i] : r);
+        ex->n_live -= n;
+        ex->st.requests -= n;
         pthread_cond_broadcast(&ex->idle);
         pthread_mutex_unlock(&ex->mu);
     }

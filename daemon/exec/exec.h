@@ -24,6 +24,10 @@ struct exec_sink {
     void (*tokens)(void *ud, const struct sched_req *r, const uint32_t *toks, size_t n);
     /* The final answer (r->finish, r->err); r is freed after the call. */
     void (*done)(void *ud, const struct sched_req *r);
+    /* The final answer of a request of n > 1 choices (r->group), once
+     * every choice has ended: rs[i] is choice i; freed after the call.
+     * Each choice's streamed tokens came through `tokens` before. */
+    void (*done_group)(void *ud, const struct sched_req *const *rs, uint32_t n);
 };
 
 struct workpool;

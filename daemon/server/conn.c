@@ -297,7 +297,7 @@ static int pend_grow(struct conn *c)
     return 0;
 }
 
-int conn_pending_add(struct conn *c, uint64_t id, uint32_t tenant)
+int conn_pending_add(struct conn *c, uint64_t id, uint32_t tenant, uint32_t units)
 {
     if (2 * (c->n_pend_ids + 1) > c->cap_pending && pend_grow(c) != 0)
         return KVD_ENOMEM;
@@ -305,11 +305,13 @@ int conn_pending_add(struct conn *c, uint64_t id, uint32_t tenant)
     if (!c->pending[i].count) {
         c->pending[i].id = id;
         c->pending[i].tenant = tenant;
+        c->pending[i].units = 0; /* an emptied slot keeps what was moved out of it */
         c->n_pend_ids++;
     }
     c->pending[i].count++;
+    c->pending[i].units += units;
     c->n_pending++;
-    c->env->cbs->pending(c->env->ctx, c, tenant, 1);
+    c->env->cbs->pending(c->env->ctx, c, tenant, 1, (long)units);
     return 0;
 }
 
@@ -321,7 +323,11 @@ bool conn_pending_remove(struct conn *c, uint64_t req_id)
     if (!c->pending[i].count)
         return false;
     c->n_pending--;
-    c->env->cbs->pending(c->env->ctx, c, c->pending[i].tenant, -1);
+    /* requests of one id share its units: each takes its share, the last
+     * what is left */
+    uint32_t u = c->pending[i].units / c->pending[i].count;
+    c->pending[i].units -= u;
+    c->env->cbs->pending(c->env->ctx, c, c->pending[i].tenant, -1, -(long)u);
     if (--c->pending[i].count)
         return true;
     /* Backward-shift deletion keeps every probe run unbroken. */

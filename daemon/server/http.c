@@ -72,11 +72,16 @@ struct http_req {
     int parse_rc;
     struct kvd_error perr;
     bool stream, include_usage;
-    bool overflow;               /* the client stopped reading: its generate was ended */
-    bool role_sent;              /* chat stream: the first chunk (with the role) went out */
-    size_t text_sent, toks_sent; /* streamed so far */
-    size_t lp_offset;            /* completions' text_offset: piece bytes of the streamed tokens */
-    size_t counted;              /* its unread output as counted against max-buffered */
+    bool overflow; /* the client stopped reading: its generate was ended */
+    /* each choice's stream so far (n_choices: the request's n) */
+    struct http_choice {
+        bool role_sent;              /* chat stream: the first chunk (with the role) went out */
+        size_t text_sent, toks_sent; /* streamed so far */
+        size_t lp_offset; /* completions' text_offset: piece bytes of the streamed tokens */
+    } * cs;
+    uint32_t n_choices;
+    uint32_t units; /* what it counts against its tenant's in-flight limit (its choices) */
+    size_t counted; /* its unread output as counted against max-buffered */
     uint64_t created;
     char id[48];
 };
@@ -223,7 +228,7 @@ static void hreq_unlink(struct http_req *r)
         a->live = r->next;
     if (r->next)
         r->next->prev = r->prev;
-    server_tenant_pending(a->srv, r->tenant, -1);
+    server_tenant_pending(a->srv, r->tenant, -(long)r->units);
 }
 
 /* Ends r's bookkeeping once its reply is sent or its connection is gone.
@@ -248,6 +253,7 @@ static void hreq_free(struct http_req *r)
         openai_req_free(&r->oq);
     if (r->body)
         evbuffer_free(r->body);
+    free(r->cs);
     free(r);
 }
 
@@ -382,12 +388,13 @@ static size_t pieces_len(const struct tokenizer *tok, const uint32_t *toks, size
     return len;
 }
 
-static void on_tokens(void *ud, const uint32_t *toks, size_t n, const char *text, size_t text_len,
-                      const struct sampler_logprob *lp, uint32_t lp_top)
+static void on_tokens(void *ud, uint32_t choice, const uint32_t *toks, size_t n, const char *text,
+                      size_t text_len, const struct sampler_logprob *lp, uint32_t lp_top)
 {
     struct http_req *r = ud;
-    if (!r->req || r->overflow || !r->stream)
+    if (!r->req || r->overflow || !r->stream || choice >= r->n_choices)
         return;
+    struct http_choice *cs = &r->cs[choice];
     struct openai_out o = {
         .kind = r->kind,
         .id = r->id,
@@ -400,8 +407,9 @@ static void on_tokens(void *ud, const uint32_t *toks, size_t n, const char *text
         .lp = lp,
         .lp_top = lp_top,
         .tok = lp ? api_tokenizer(r->api) : NULL,
-        .text_offset = r->lp_offset,
-        .role = r->kind == OPENAI_CHAT && !r->role_sent,
+        .text_offset = cs->lp_offset,
+        .role = r->kind == OPENAI_CHAT && !cs->role_sent,
+        .index = choice,
     };
     size_t len = 0;
     char *json = openai_render(&o, true, &len);
@@ -409,11 +417,11 @@ static void on_tokens(void *ud, const uint32_t *toks, size_t n, const char *text
         return; /* no memory: the piece is lost, the stream goes on */
     sse_send(r, json, len);
     free(json);
-    r->role_sent = true;
-    r->text_sent += text_len;
-    r->toks_sent += n;
+    cs->role_sent = true;
+    cs->text_sent += text_len;
+    cs->toks_sent += n;
     if (lp)
-        r->lp_offset += pieces_len(o.tok, toks, n);
+        cs->lp_offset += pieces_len(o.tok, toks, n);
     check_unread(r);
 }
 
@@ -474,9 +482,12 @@ static void on_done(void *ud, const struct ops_generate_result *res)
         return;
     }
     struct kvd_error e;
-    bool failed = res->finish == SCHED_FINISH_ERROR || res->finish == SCHED_FINISH_CANCELLED;
+    bool failed = res->finish == SCHED_FINISH_ERROR || res->finish == SCHED_FINISH_CANCELLED ||
+                  res->n_choices != r->n_choices;
     if (res->finish == SCHED_FINISH_ERROR)
         e = *res->err;
+    else if (res->n_choices != r->n_choices)
+        kvd_error_set(&e, KVD_ENOMEM, "out of memory building the reply");
     else if (failed)
         kvd_error_set(&e, KVD_ECANCELLED, "cancelled: the daemon is shutting down");
     struct openai_out o = {
@@ -484,25 +495,50 @@ static void on_done(void *ud, const struct ops_generate_result *res)
         .id = r->id,
         .model = r->api->model,
         .created = r->created,
-        .finish = failed ? NULL : sched_finish_name(res->finish),
         .prompt_tokens = res->prompt,
         .cached_tokens = res->cached,
         .completion_tokens = res->completion,
         .lp_top = res->lp_top,
-        .tok = res->lp ? api_tokenizer(r->api) : NULL,
-        .text_offset = r->lp_offset,
     };
+    /* each choice: what it has not streamed yet (everything when not
+     * streaming) and its finish reason */
+    struct openai_out *ch = failed ? NULL : calloc(res->n_choices ? res->n_choices : 1, sizeof *ch);
+    if (!failed && !ch) {
+        failed = true;
+        kvd_error_set(&e, KVD_ENOMEM, "out of memory building the reply");
+    }
+    for (uint32_t i = 0; !failed && i < res->n_choices; i++) {
+        const struct ops_generate_choice *c = &res->choices[i];
+        const struct http_choice *cs = &r->cs[i];
+        size_t ts = r->stream ? cs->text_sent : 0, ks = r->stream ? cs->toks_sent : 0;
+        ch[i] = (struct openai_out){
+            .kind = r->kind,
+            .index = i,
+            .finish = sched_finish_name(c->finish),
+            .lp_top = res->lp_top,
+            .tok = c->lp ? api_tokenizer(r->api) : NULL,
+            .text_offset = r->stream ? cs->lp_offset : 0,
+            .role = r->kind == OPENAI_CHAT && !(r->stream && cs->role_sent),
+        };
+        if (c->text && c->text_len > ts) {
+            ch[i].text = c->text + ts;
+            ch[i].text_len = c->text_len - ts;
+        }
+        if (c->n_toks > ks) {
+            ch[i].toks = c->toks + ks;
+            ch[i].n_toks = c->n_toks - ks;
+            if (c->lp)
+                ch[i].lp = c->lp + ks * (1 + (size_t)res->lp_top);
+        }
+    }
     size_t len = 0;
     char *json = NULL;
     if (!r->stream) {
         if (failed) {
             send_err(r->req, &e);
         } else {
-            o.text = res->text;
-            o.text_len = res->text_len;
-            o.toks = res->toks;
-            o.n_toks = res->n_toks;
-            o.lp = res->lp;
+            o.choices = ch;
+            o.n_choices = res->n_choices;
             o.usage = true;
             json = openai_render(&o, false, &len);
             if (json) {
@@ -521,24 +557,19 @@ static void on_done(void *ud, const struct ops_generate_result *res)
             if (json)
                 sse_send(r, json, len);
         } else {
-            /* The rest: text held back for a possible stop string, tokens
-             * not streamed yet, and the finish reason. */
-            if (res->text && res->text_len > r->text_sent) {
-                o.text = res->text + r->text_sent;
-                o.text_len = res->text_len - r->text_sent;
-            }
-            if (res->n_toks > r->toks_sent) {
-                o.toks = res->toks + r->toks_sent;
-                o.n_toks = res->n_toks - r->toks_sent;
-                if (res->lp)
-                    o.lp = res->lp + r->toks_sent * (1 + (size_t)res->lp_top);
-            }
-            o.role = r->kind == OPENAI_CHAT && !r->role_sent;
-            json = openai_render(&o, true, &len);
-            if (json)
-                sse_send(r, json, len);
-            if (json && r->include_usage) {
+            /* The rest of each choice: text held back for a possible stop
+             * string, tokens not streamed yet, and the finish reason. */
+            for (uint32_t i = 0; i < res->n_choices; i++) {
+                struct openai_out one = o;
+                one.choices = &ch[i];
+                one.n_choices = 1;
+                json = openai_render(&one, true, &len);
+                if (json)
+                    sse_send(r, json, len);
                 free(json);
+                json = NULL;
+            }
+            if (r->include_usage) {
                 struct openai_out u = o;
                 u.no_choices = true;
                 u.usage = true;
@@ -556,6 +587,7 @@ static void on_done(void *ud, const struct ops_generate_result *res)
             evbuffer_free(b);
         evhttp_send_reply_end(r->req);
     }
+    free(ch);
     free(json);
     hreq_free(r);
 }
@@ -575,9 +607,31 @@ static void generate_parsed(struct http_req *r)
     r->stream = r->oq.stream;
     r->include_usage = r->oq.include_usage;
     r->client = ops_generate_client_id(a->gc);
+    /* n choices: n in flight for the tenant (one was counted with the body) */
+    uint32_t n = (uint32_t)r->oq.args.n;
+    if (n > 1 && server_queue_admit_n(a->srv, NULL, r->tenant, n - 1, &e) != 0) {
+        send_err(req, &e);
+        hreq_free(r);
+        return;
+    }
+    if (n > 1) {
+        server_tenant_pending(a->srv, r->tenant, (long)n - 1);
+        r->units = n;
+    }
+    if (!(r->cs = calloc(n, sizeof *r->cs))) {
+        kvd_error_set(&e, KVD_ENOMEM, "out of memory");
+        send_err(req, &e);
+        hreq_free(r);
+        return;
+    }
+    r->n_choices = n;
     struct ops_generate_client cb = {.ud = r, .tokens = on_tokens, .done = on_done};
-    if (session_headers(req, &r->oq.args, &e) ||
-        ops_generate_client_submit(a->gc, r->client, &r->oq.args, r->tenant, r->ns, &cb, &e)) {
+    int rc = session_headers(req, &r->oq.args, &e);
+    if (!rc) {
+        rc = ops_generate_client_submit(a->gc, r->client, &r->oq.args, r->tenant, r->ns, &cb, &e);
+        r->oq.args.compiled = NULL; /* the build took it, whatever it returned */
+    }
+    if (rc) {
         send_err(req, &e);
         hreq_free(r);
         return;
@@ -668,6 +722,7 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
         a->live->prev = r;
     a->live = r;
     server_tenant_pending(a->srv, r->tenant, 1);
+    r->units = 1;
     evhttp_connection_set_closecb(r->evcon, on_conn_close, r);
     watch_close(r);
     if (!a->pool) {

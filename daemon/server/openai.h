@@ -41,10 +41,13 @@ struct openai_req {
 
 /* Parses a request body. Unknown fields are ignored; a known field of the
  * wrong type or out of range is bad_request naming it (e->param); features
- * kvd does not do (n > 1, echo, several prompts, non-text message
- * parts) are unsupported naming the parameter. n_ctx (the model's context,
- * > 0) bounds max_tokens and is its default for chat requests. Stop strings
- * have 1 to TEXT_OUT_MAX_STOP_LEN bytes. 0, or -1 with e filled. */
+ * kvd does not do (echo, several prompts, non-text message parts) are
+ * unsupported naming the parameter. A grammar (`grammar`, or
+ * `response_format` json_object / json_schema) is compiled here into
+ * args.compiled (owned by out until the build takes it): the parse runs on
+ * a text worker, off the loop. n_ctx (the model's context, > 0) bounds
+ * max_tokens and is its default for chat requests. Stop strings have 1 to
+ * TEXT_OUT_MAX_STOP_LEN bytes. 0, or -1 with e filled. */
 int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n_ctx,
                  struct openai_req *out, struct kvd_error *e);
 void openai_req_free(struct openai_req *r);
@@ -89,6 +92,12 @@ struct openai_out {
     bool usage;         /* carry usage (responses; the last stream chunk) */
     uint64_t prompt_tokens, cached_tokens, completion_tokens;
     bool no_choices; /* a usage-only stream chunk: "choices": [] */
+    uint32_t index;  /* the choice's index (n > 1) */
+    /* n > 1: the choices (each its text, tokens, logprobs, finish,
+     * index, role, text_offset; kind and tok too), rendered in place of
+     * this object's own choice */
+    const struct openai_out *choices;
+    size_t n_choices;
 };
 /* The response object (a whole reply) or one stream chunk (chunk = true),
  * compact JSON, malloc'd and NUL-terminated; NULL when out of memory. */

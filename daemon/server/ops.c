@@ -56,7 +56,7 @@ _Static_assert(sizeof(struct ops_ctx) - offsetof(struct ops_ctx, err) <
                "struct ops_ctx: err must be the last member");
 
 int ops_run(const struct ops_host *host, const struct ops_entry *ent, const struct ops_caller *who,
-            uint64_t id, const msgpack_object *req, msgpack_sbuffer *sb)
+            uint64_t id, const msgpack_object *req, msgpack_sbuffer *sb, uint32_t *units)
 {
     size_t mark = sb->size;
     msgpack_packer pk;
@@ -98,6 +98,8 @@ int ops_run(const struct ops_host *host, const struct ops_entry *ent, const stru
         if (rc != 0)
             sb->size = at; /* drop the partial reply */
     }
+    if (rc == OPS_PENDING && units)
+        *units = ctx.pending_units ? ctx.pending_units : 1;
     if (rc == 0 || rc == OPS_PENDING)
         return rc;
     if (!ctx.err.message[0])

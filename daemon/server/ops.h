@@ -69,6 +69,9 @@ struct ops_ctx {
      * returns the code with err filled and whatever it packed is discarded. */
     msgpack_sbuffer *out;
     msgpack_packer *pk;
+    /* OPS_PENDING: how much the request counts against its tenant's
+     * max-queued-per-tenant (a generate's choices; 0 counts 1) */
+    uint32_t pending_units;
     struct kvd_error err;
 };
 
@@ -120,10 +123,11 @@ struct ops_caller {
  * `who`, appending one frame to sb: the handler's reply, or an error frame
  * with its code and message ("<op> failed" when it gave none; "reply too
  * large" for a reply past the frame limit). Returns 0, OPS_PENDING (nothing
- * appended: answered later), or the code of the error frame; when not even
- * that fits, sb is back at its size on entry. */
+ * appended: answered later; *units, when given, what it counts against its
+ * tenant's queue, at least 1), or the code of the error frame; when not
+ * even that fits, sb is back at its size on entry. */
 int ops_run(const struct ops_host *host, const struct ops_entry *ent, const struct ops_caller *who,
-            uint64_t id, const msgpack_object *req, msgpack_sbuffer *sb);
+            uint64_t id, const msgpack_object *req, msgpack_sbuffer *sb, uint32_t *units);
 void ops_table_free(struct ops_table *t);
 /* Registers every built-in op. */
 int ops_register_builtin(struct ops_table *t);

@@ -21,12 +21,19 @@ int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *r
                        struct sched_req **out, struct kvd_error *err);
 
 /* Appends one frame: {"id", "event": "tokens", "tokens": [...]}, and
- * "text" (the completion's new text) when text is non-NULL, and
- * "logprobs" (docs/protocol.md) when lp is non-NULL: the n tokens'
- * entries, 1 + lp_top each. */
-int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, const uint32_t *toks, size_t n,
-                               const char *text, size_t text_len, const struct sampler_logprob *lp,
-                               uint32_t lp_top);
+ * "choice" (n > 1: the choice they belong to) when choice >= 0, "text"
+ * (the completion's new text) when text is non-NULL, and "logprobs"
+ * (docs/protocol.md) when lp is non-NULL: the n tokens' entries, 1 +
+ * lp_top each. */
+int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, int64_t choice,
+                               const uint32_t *toks, size_t n, const char *text, size_t text_len,
+                               const struct sampler_logprob *lp, uint32_t lp_top);
+/* The final reply of a request of n > 1 choices (rs[i]: choice i):
+ * "choices" [{index, tokens, logprobs, text, finish_reason, error}],
+ * "usage" (the prompt once, the completions summed), "timing"; an error
+ * reply when every choice failed. */
+int ops_generate_encode_done_group(msgpack_sbuffer *sb, const struct sched_req *const *rs,
+                                   uint32_t n);
 /* Appends the final reply frame of r: tokens, text (when the model has a
  * tokenizer), finish_reason, usage, timing (and seq for seq mode), or the
  * error. */
@@ -60,29 +67,40 @@ void ops_generate_stop(struct ops_generate *g);
  * results come from the executor's thread through a queue of their own and
  * an event on the loop (ops_generate_client.c). */
 
-/* How a client's request ended. */
-struct ops_generate_result {
-    const struct kvd_error *err; /* err->code 0, or what ended it */
-    enum sched_finish finish;    /* LENGTH, STOP, CANCELLED (err->code 0) or ERROR */
-    const uint32_t *toks;        /* the generated tokens */
+/* One choice of a client's request. */
+struct ops_generate_choice {
+    enum sched_finish finish; /* LENGTH, STOP, CANCELLED or ERROR */
+    const uint32_t *toks;     /* the generated tokens */
     size_t n_toks;
     const char *text; /* their text (NULL: a token-only model) */
     size_t text_len;
     /* logprobs (NULL: not asked): 1 + lp_top entries per token of toks */
     const struct sampler_logprob *lp;
+};
+
+/* How a client's request ended. */
+struct ops_generate_result {
+    /* err->code 0, or what ended it (the first failed choice's error); finish:
+     * ERROR when a choice failed, else CANCELLED when one was cancelled,
+     * else choice 0's */
+    const struct kvd_error *err;
+    enum sched_finish finish;
+    uint32_t n_choices; /* 1, or the request's n */
+    const struct ops_generate_choice *choices;
     uint32_t lp_top;
-    uint64_t prompt, cached, completion; /* usage */
+    uint64_t prompt, cached, completion; /* usage: the prompt once, all completions */
     const struct sched_session *session; /* a session request's save (NULL: none) */
 };
 
 struct ops_generate_client {
     void *ud;
-    /* Streaming requests: new tokens and the text they completed (text NULL
-     * on a token-only model; text_len may be 0 while a character or a
-     * possible stop string is held back); lp (NULL: logprobs not asked)
-     * holds 1 + lp_top entries per token. */
-    void (*tokens)(void *ud, const uint32_t *toks, size_t n, const char *text, size_t text_len,
-                   const struct sampler_logprob *lp, uint32_t lp_top);
+    /* Streaming requests: new tokens of choice `choice` (0 unless n > 1)
+     * and the text they completed (text NULL on a token-only model;
+     * text_len may be 0 while a character or a possible stop string is
+     * held back); lp (NULL: logprobs not asked) holds 1 + lp_top entries
+     * per token. */
+    void (*tokens)(void *ud, uint32_t choice, const uint32_t *toks, size_t n, const char *text,
+                   size_t text_len, const struct sampler_logprob *lp, uint32_t lp_top);
     /* The end; nothing is called for this client after it. */
     void (*done)(void *ud, const struct ops_generate_result *res);
 };
@@ -114,5 +132,6 @@ const struct text *ops_generate_client_text(struct gen_clients *gc);
 void gen_clients_tokens(struct gen_clients *gc, const struct sched_req *r, const uint32_t *toks,
                         size_t n);
 void gen_clients_done(struct gen_clients *gc, const struct sched_req *r);
+void gen_clients_done_group(struct gen_clients *gc, const struct sched_req *const *rs, uint32_t n);
 
 #endif

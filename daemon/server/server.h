@@ -134,6 +134,10 @@ int server_on_abort(struct server *srv, server_abort_fn fn, void *ctx);
  * (max-queued-per-connection / -per-tenant). Loop thread. */
 struct conn;
 int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct kvd_error *err);
+/* The same for a request that counts n against its tenant (a generate's
+ * choices). */
+int server_queue_admit_n(struct server *srv, struct conn *c, uint32_t tenant, uint32_t n,
+                         struct kvd_error *err);
 /* The tenant table (tenancy.h), for the HTTP API too. Loop thread. */
 struct tenancy;
 struct tenancy *server_tenancy(struct server *srv);

@@ -89,6 +89,12 @@ void server_trim_cb(evutil_socket_t fd, short what, void *arg)
 
 int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct kvd_error *err)
 {
+    return server_queue_admit_n(srv, c, tenant, 1, err);
+}
+
+int server_queue_admit_n(struct server *srv, struct conn *c, uint32_t tenant, uint32_t n,
+                         struct kvd_error *err)
+{
     if (c && c->overflow)
         return kvd_error_set(err, KVD_EBUSY,
                              "this connection has over %llu bytes of unread output "
@@ -99,7 +105,7 @@ int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, stru
                              "this connection has %zu generates in flight, the limit "
                              "(max-queued-per-connection = %u); read replies before sending more",
                              c->n_pending, srv->opts.max_queued_per_conn);
-    return tenancy_admit(srv->tenancy, tenant, err);
+    return tenancy_admit(srv->tenancy, tenant, n, err);
 }
 
 /* ---- connections: what conn.c asks of its owner -------------------------- */
@@ -174,10 +180,11 @@ static bool conn_dispatch_cb(void *ctx, struct conn *c, const uint8_t *p, size_t
         goto out;
     }
     size_t at = conn_reply_buf(c)->size;
-    rc = ops_run(&srv->host, ent, &who, id, m.root, conn_reply_buf(c));
+    uint32_t units = 1;
+    rc = ops_run(&srv->host, ent, &who, id, m.root, conn_reply_buf(c), &units);
     if (c->reply_fds)
         conn_fds_attach(c, at, rc == 0);
-    if (rc == OPS_PENDING && conn_pending_add(c, id, who.tenant) != 0)
+    if (rc == OPS_PENDING && conn_pending_add(c, id, who.tenant, units) != 0)
         log_err("conn %llu: out of memory tracking request %llu", (unsigned long long)c->id,
                 (unsigned long long)id);
 out:
@@ -185,11 +192,11 @@ out:
     return true;
 }
 
-static void conn_pending_cb(void *ctx, struct conn *c, uint32_t tenant, long delta)
+static void conn_pending_cb(void *ctx, struct conn *c, uint32_t tenant, long delta, long units)
 {
     struct server *srv = ctx;
     srv->n_pending += (size_t)delta;
-    server_tenant_pending(srv, tenant, delta);
+    server_tenant_pending(srv, tenant, units);
 }
 
 static void conn_buffered_cb(void *ctx, struct conn *c, size_t added, size_t deleted)
@@ -213,7 +220,7 @@ static void conn_closed_cb(void *ctx, struct conn *c)
     srv->n_pending -= c->n_pending;
     for (size_t i = 0; i < c->cap_pending; i++)
         if (c->pending[i].count)
-            server_tenant_pending(srv, c->pending[i].tenant, -(long)c->pending[i].count);
+            server_tenant_pending(srv, c->pending[i].tenant, -(long)c->pending[i].units);
     struct conn **pp = &srv->buckets[c->id % SERVER_CONN_BUCKETS];
     while (*pp != c)
         pp = &(*pp)->hnext;

@@ -395,10 +395,10 @@ void tenancy_pending(struct tenancy *t, uint32_t tenant, long delta)
         t->v[i].n_pending += (size_t)delta;
 }
 
-int tenancy_admit(const struct tenancy *t, uint32_t tenant, struct kvd_error *e)
+int tenancy_admit(const struct tenancy *t, uint32_t tenant, uint32_t n, struct kvd_error *e)
 {
     uint32_t i = find_id(t, tenant);
-    if (i != NONE && t->v[i].n_pending >= t->max_queued)
+    if (i != NONE && t->v[i].n_pending + n > t->max_queued)
         return kvd_error_set(e, KVD_EBUSY,
                              "tenant '%s' has %zu generates in flight, the limit "
                              "(max-queued-per-tenant = %u)",

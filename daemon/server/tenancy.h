@@ -90,7 +90,7 @@ int tenancy_register_sub(struct tenancy *t, const char *parent, const struct con
 void tenancy_pending(struct tenancy *t, uint32_t tenant, long delta);
 /* Whether one more request of `tenant` may be queued: 0, or KVD_EBUSY
  * naming max-queued-per-tenant. */
-int tenancy_admit(const struct tenancy *t, uint32_t tenant, struct kvd_error *e);
+int tenancy_admit(const struct tenancy *t, uint32_t tenant, uint32_t n, struct kvd_error *e);
 
 /* ---- SIGHUP ------------------------------------------------------------- */
 

@@ -225,6 +225,18 @@ static const struct key K_GEN_SEQ[] = {{"tokens", T_UARR, NULL},
                                        {NULL, 0, NULL}};
 static const struct key K_TOKENS_EVENT[] = {
     {"tokens", T_UARR, NULL}, {"text", T_STR, NULL}, {NULL, 0, NULL}};
+/* n > 1: one reply with every choice; events name their choice */
+static const struct key K_CHOICE[] = {{"index", T_UINT, NULL},
+                                      {"tokens", T_UARR, NULL},
+                                      {"text", T_STR, NULL},
+                                      {"finish_reason", T_STR, NULL},
+                                      {NULL, 0, NULL}};
+static const struct key K_GEN_N[] = {{"choices", T_MAPS, K_CHOICE},
+                                     {"usage", T_MAP, K_USAGE},
+                                     {"timing", T_MAP, K_TIMING},
+                                     {NULL, 0, NULL}};
+static const struct key K_TOKENS_EVENT_N[] = {
+    {"choice", T_UINT, NULL}, {"tokens", T_UARR, NULL}, {"text", T_STR, NULL}, {NULL, 0, NULL}};
 static const struct key K_TOKENIZE[] = {{"tokens", T_UARR, NULL}, {NULL, 0, NULL}};
 static const struct key K_DETOKENIZE[] = {{"text", T_STR, NULL}, {NULL, 0, NULL}};
 
@@ -658,6 +670,25 @@ static void test_serve_mode_replies(void **state)
     assert_true(events >= 1);
     documented("generate", K_TOKENS_EVENT);
     documented("3.", K_EVENT_BASE);
+
+    kh_req_begin(&q, "generate", ++g_id, 3);
+    proto_pack_kv_u32_array(&q.pk, "tokens", prompt, 6);
+    proto_pack_kv_uint(&q.pk, "max_tokens", 3);
+    proto_pack_kv_uint(&q.pk, "n", 2);
+    call(fd, &q, 0, K_GEN_N, &r);
+    kh_reply_free(&r);
+    documented("generate", K_GEN_N);
+    events = 0;
+    kh_req_begin(&q, "generate", ++g_id, 4);
+    proto_pack_kv_u32_array(&q.pk, "tokens", prompt, 6);
+    proto_pack_kv_uint(&q.pk, "max_tokens", 3);
+    proto_pack_kv_uint(&q.pk, "n", 2);
+    proto_pack_kv_bool(&q.pk, "stream", true);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    expect(fd, g_id, 0, K_GEN_N, K_TOKENS_EVENT_N, &events, &r);
+    kh_reply_free(&r);
+    assert_true(events >= 2);
+    documented("generate", K_TOKENS_EVENT_N);
 
     uint64_t s = open_seq(fd);
     kh_req_begin(&q, "generate", ++g_id, 3);

@@ -1,7 +1,8 @@
 /* Greedy decoding of random models by kvd's forward pass equals llama.cpp's
  * (npm node-llama-cpp, CPU build) token for token: the end-to-end check of
  * RoPE pairing, GQA, biases, tied output and every weight type. Skips (77)
- * when node or node-llama-cpp is not installed; point KVD_NODE_LLAMA_CPP_DIR
+ * when node or node-llama-cpp is not installed (also greedy under a GBNF
+ * grammar against llama.cpp's grammar sampler); point KVD_NODE_LLAMA_CPP_DIR
  * at a directory holding node_modules/node-llama-cpp. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,8 +15,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "grammar.h"
 #include "model.h"
 #include "sampler.h"
+#include "text.h"
 #include "model/model_ref.h"
 #include "test_scratch.h"
 
@@ -46,6 +49,9 @@ static const uint32_t *prompt = prompt8;
 static size_t N_PROMPT = sizeof prompt8 / sizeof prompt8[0];
 /* the running test's logit bias and penalties (NULL: plain greedy) */
 static const struct sampler_params *adjust;
+/* the running test's GBNF grammar (NULL: none): tokens it does not allow
+ * are masked before the greedy pick, which stops after an end token */
+static const char *gbnf;
 
 /* Releases for test_scratch.h: what a test made is freed by its teardown,
  * also after a failed assert. */
@@ -65,8 +71,25 @@ static void model_file_free_cb(void *ctx, void *path)
     free(path);
 }
 
-/* Greedy tokens and, per step, the top-1 minus top-2 logit margin. */
-static void kvd_greedy(void **tst, const char *path, uint32_t *out, float *margin)
+static void text_free_cb(void *ctx, void *t)
+{
+    text_free(t);
+}
+
+static void grammar_free_cb(void *ctx, void *g)
+{
+    grammar_free(g);
+}
+
+static void matcher_free_cb(void *ctx, void *m)
+{
+    grammar_matcher_free(m);
+}
+
+/* Greedy tokens and, per step, the top-1 minus top-2 logit margin (among
+ * the tokens the grammar allows). Returns how many (fewer than N_GEN when
+ * a grammar's end token came first; the end token is not counted). */
+static int kvd_greedy(void **tst, const char *path, uint32_t *out, float *margin)
 {
     struct kvd_error err = {0};
     struct model *m;
@@ -83,6 +106,20 @@ static void kvd_greedy(void **tst, const char *path, uint32_t *out, float *margi
     assert_int_equal(fwd_ctx_new(m, 64, 1, &fc), 0);
     ts_defer(tst, fc, fwd_ctx_free_cb, NULL);
     float *lg = ts_malloc(tst, hp->n_vocab * 4);
+    struct text *tx = NULL;
+    struct grammar *gr = NULL;
+    struct grammar_matcher *gm = NULL;
+    if (gbnf) {
+        char terr[256];
+        assert_int_equal(text_open(path, NULL, &tx, terr, sizeof terr), 0);
+        ts_defer(tst, tx, text_free_cb, NULL);
+        assert_int_equal(grammar_compile(gbnf, strlen(gbnf), &gr, &err), 0);
+        ts_defer(tst, gr, grammar_free_cb, NULL);
+        assert_non_null(text_grammar_vocab(tx));
+        assert_int_equal(grammar_matcher_new(gr, text_grammar_vocab(tx), &gm, &err), 0);
+        ts_defer(tst, gm, matcher_free_cb, NULL);
+    }
+    int n_out = N_GEN;
     /* the prompt in two chunks, then decode */
     struct fwd_seq s = {.tokens = prompt, .n_tokens = 3, .pos0 = 0, .slots = slots, .n_slots = 8};
     struct fwd_batch b = {
@@ -95,6 +132,15 @@ static void kvd_greedy(void **tst, const char *path, uint32_t *out, float *margi
         assert_int_equal(model_forward(m, fc, &b), 0);
         if (adjust)
             sampler_adjust(adjust, hist, N_PROMPT + (size_t)i, lg, hp->n_vocab, counts);
+        if (gm) {
+            size_t n_allowed = 0;
+            const uint32_t *bits = grammar_matcher_mask(gm, &n_allowed, NULL);
+            assert_non_null(bits);
+            assert_true(n_allowed > 0);
+            for (uint32_t j = 0; j < hp->n_vocab; j++)
+                if (!(bits[j / 32] >> (j % 32) & 1))
+                    lg[j] = -INFINITY;
+        }
         tok = 0;
         for (uint32_t j = 1; j < hp->n_vocab; j++)
             tok = lg[j] > lg[tok] ? j : tok;
@@ -106,11 +152,23 @@ static void kvd_greedy(void **tst, const char *path, uint32_t *out, float *margi
         margin[i] = lg[tok] - second;
         hist[N_PROMPT + (size_t)i] = tok;
         s.pos0 += s.n_tokens, s.tokens = &tok, s.n_tokens = 1;
+        if (gm && text_is_eog(tx, tok)) { /* the end: not compared (node-llama-cpp stops there) */
+            n_out = i;
+            break;
+        }
+        if (gm)
+            assert_int_equal(grammar_matcher_accept(gm, tok, NULL), 0);
+    }
+    if (gm) {
+        ts_free(tst, gm);
+        ts_free(tst, gr);
+        ts_free(tst, tx);
     }
     ts_free(tst, lg);
     ts_free(tst, arena);
     ts_free(tst, fc);
     ts_free(tst, m);
+    return n_out;
 }
 
 static void compare_tie(void **tst, const char *args, float near_tie)
@@ -120,9 +178,11 @@ static void compare_tie(void **tst, const char *args, float near_tie)
     ts_defer(tst, path, model_file_free_cb, NULL);
     uint32_t ours[N_GEN];
     float margin[N_GEN];
-    kvd_greedy(tst, path, ours, margin);
-    char cmd[2048], line[4096];
+    int n_ours = kvd_greedy(tst, path, ours, margin);
+    char cmd[4096], line[4096];
     int n = 0;
+    if (gbnf) /* the grammar as an environment value (no quote inside) */
+        n += snprintf(cmd + n, sizeof cmd - n, "KVD_LLCPP_GRAMMAR='%s' ", gbnf);
     if (adjust) {
         n = snprintf(cmd, sizeof cmd,
                      "KVD_LLCPP_SAMPLER='{\"penalty\":%.9g,\"frequency\":%.9g,\"presence\":%.9g,"
@@ -151,7 +211,7 @@ static void compare_tie(void **tst, const char *args, float near_tie)
     assert_int_equal(pclose(p), 0);
     ts_free(tst, path);
     char ours_s[512] = "";
-    for (int i = 0; i < N_GEN; i++)
+    for (int i = 0; i < n_ours; i++)
         snprintf(ours_s + strlen(ours_s), sizeof ours_s - strlen(ours_s), "%s%u", i ? " " : "",
                  ours[i]);
     line[strcspn(line, "\n")] = 0;
@@ -163,10 +223,11 @@ static void compare_tie(void **tst, const char *args, float near_tie)
      * checked past. */
     char *p2 = line;
     int checked = 0;
-    for (int i = 0; i < N_GEN; i++) {
+    for (int i = 0; i < n_ours; i++) {
         char *end;
         unsigned long t = strtoul(p2, &end, 10);
-        assert_true(end != p2);
+        if (end == p2)
+            fail_msg("llama.cpp stopped after %d tokens, kvd made %d", i, n_ours);
         p2 = end;
         if (t != ours[i] && margin[i] >= near_tie)
             fail_msg("token %d: kvd %u (margin %.4f) != llama.cpp %lu", i, ours[i], margin[i], t);
@@ -179,6 +240,12 @@ static void compare_tie(void **tst, const char *args, float near_tie)
     }
     print_message("  %d tokens identical (a difference only at a gap < %.2f)\n", checked,
                   (double)near_tie);
+    if (checked == n_ours) { /* both ended at the same place */
+        char *end;
+        strtoul(p2, &end, 10);
+        if (end != p2)
+            fail_msg("llama.cpp went on after kvd's %d tokens", n_ours);
+    }
     assert_true(checked >= 5);
 }
 
@@ -298,6 +365,23 @@ static void t_llama_f32_logit_bias(void **s)
     adjust = NULL;
 }
 
+/* Greedy under a GBNF grammar: the same tokens as llama.cpp's grammar
+ * sampler with the same grammar, to its end token (ASCII classes: kvd
+ * refuses invalid UTF-8 byte sequences that llama.cpp's decoder accepts,
+ * docs/grammar.md). */
+static void t_llama_f32_grammar(void **s)
+{
+    gbnf = "root ::= \"{\" ws \"\\\"k\\\":\" ws (list | word) ws \"}\"\n"
+           "list ::= \"[\" num (\",\" ws num)* \"]\"\n"
+           "num ::= [0-9]{1,3}\n"
+           "word ::= \"\\\"\" [a-z ]{1,12} \"\\\"\"\n"
+           "ws ::= [ ]?\n";
+    compare(s, SHAPE " --arch llama --type f32 --kv-heads 2");
+    gbnf = "root ::= ([a-m] [0-9]* \" \"){3,8} \"end\"\n";
+    compare(s, SHAPE " --arch qwen2 --type f16 --kv-heads 2 --tied");
+    gbnf = NULL;
+}
+
 /* KVD_LLAMACPP_ARGS="kvd-gguf-gen arguments": compare that one model only,
  * printing where kvd and llama.cpp first differ and kvd's margin there,
  * without a bound (to bisect a divergence, e.g. with --type-of). */
@@ -321,6 +405,8 @@ int main(void)
         fprintf(stderr, "skipped: node or node-llama-cpp not found (set KVD_NODE_LLAMA_CPP_DIR)\n");
         return 77;
     }
+    if (getenv("KVD_LLAMACPP_FILTER")) /* one test by name, e.g. t_llama_f32_grammar */
+        cmocka_set_test_filter(getenv("KVD_LLAMACPP_FILTER"));
     if (getenv("KVD_LLAMACPP_ARGS")) {
         const struct CMUnitTest one[] = {
             cmocka_unit_test_setup_teardown(t_args, ts_setup, ts_teardown)};
@@ -344,6 +430,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(t_llama_q6_k_prompts, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_llama_f32_penalties, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_llama_f32_logit_bias, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_llama_f32_grammar, ts_setup, ts_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
