@@ -171,10 +171,14 @@ uint32_t models_context_of(struct models *ms, const char *name, size_t len)
         return 0;
     if (!name || ms->n == 1)
         return ms->v[0].probe.n_ctx;
-    for (size_t i = 0; i < ms->n; i++)
+    uint32_t most = 0;
+    for (size_t i = 0; i < ms->n; i++) {
         if (strlen(ms->v[i].conf.name) == len && !memcmp(ms->v[i].conf.name, name, len))
             return ms->v[i].probe.n_ctx;
-    return 0;
+        if (ms->v[i].probe.n_ctx > most)
+            most = ms->v[i].probe.n_ctx;
+    }
+    return most; /* no such model: refused by name, after the parse */
 }
 
 bool models_allows(const struct models_entry *e, const char *tenant)

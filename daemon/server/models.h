@@ -83,8 +83,8 @@ struct models_entry *models_of_handle(struct models *ms, uint64_t seq);
 int models_resolve(struct models *ms, const char *name, size_t len, bool have, bool strict,
                    const char *tenant, struct models_entry **out, struct kvd_error *e);
 /* The context of the model a request names, as models_resolve (strict
- * false) would pick it, from what never changes (any thread): 0 for a name
- * no model has. */
+ * false) would pick it, from what never changes (any thread); for a name
+ * no model has, the largest (the request is refused by name later). */
 uint32_t models_context_of(struct models *ms, const char *name, size_t len);
 /* Whether `tenant` may use e (a sub-tenant FRONT/NAME when FRONT may). */
 bool models_allows(const struct models_entry *e, const char *tenant);
