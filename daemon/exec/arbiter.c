@@ -143,3 +143,13 @@ uint64_t arbiter_turns(struct exec_arbiter *a)
     pthread_mutex_unlock(&a->mu);
     return t;
 }
+
+unsigned arbiter_waiting(struct exec_arbiter *a)
+{
+    unsigned n = 0;
+    pthread_mutex_lock(&a->mu);
+    for (const struct waiter *w = a->waiting; w; w = w->next)
+        n++;
+    pthread_mutex_unlock(&a->mu);
+    return n;
+}

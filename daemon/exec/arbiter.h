@@ -39,5 +39,7 @@ void arbiter_release(struct exec_arbiter *a, const struct arbiter_share *s, size
  * and the turns given so far (stats, tests). */
 double arbiter_vtime(struct exec_arbiter *a, uint32_t tenant);
 uint64_t arbiter_turns(struct exec_arbiter *a);
+/* Executors waiting for the device now. */
+unsigned arbiter_waiting(struct exec_arbiter *a);
 
 #endif

@@ -137,8 +137,9 @@ uint64_t kvmm_device_bytes(const struct kvmm *mm);
 /* The model's fingerprint, known once it has loaded: the root of every
  * block key from now on. A fingerprint other than the one the blocks were
  * made under (the model's file changed while it was unloaded) first empties
- * every tree (kvmm_clear; *cleared = blocks dropped). */
-void kvmm_set_fingerprint(struct kvmm *mm, const uint8_t fingerprint[16], size_t *cleared);
+ * every tree (kvmm_clear; *cleared = blocks dropped). Returns whether it
+ * changed (then the sessions are reread: kvmm_sessions_reload). */
+bool kvmm_set_fingerprint(struct kvmm *mm, const uint8_t fingerprint[16], size_t *cleared);
 
 /* ---- tenants and namespaces -------------------------------------------- */
 /* Adds a tenant, or updates the limits of the one with the same name (SIGHUP
@@ -438,6 +439,11 @@ int kvmm_session_tokens(struct kvmm *mm, uint32_t ns, const char *name, uint32_t
 int kvmm_session_delete(struct kvmm *mm, uint32_t ns, const char *name, struct kvd_error *e);
 /* The namespace's live sessions (malloc'd array, by name). */
 int kvmm_session_list(struct kvmm *mm, uint32_t ns, struct kvmm_session_info **out, size_t *n);
+/* Reads DIR/sessions again: a session file holds its model's root key, so
+ * a model's sessions are known once its fingerprint is (its first load:
+ * kvmm_set_fingerprint). Nothing may use the sessions meanwhile (the model
+ * is loading). Takes the lock itself. */
+int kvmm_sessions_reload(struct kvmm *mm, struct kvd_error *e);
 /* Whether name is a valid session name (1 to 128 bytes of letters, digits
  * and "-_.:@/"). */
 bool kvmm_session_name_ok(const char *name);

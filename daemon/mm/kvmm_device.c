@@ -79,12 +79,13 @@ uint64_t kvmm_device_bytes(const struct kvmm *mm)
     return (uint64_t)mm->pool.n_slots[KVD_TIER_DEVICE] * mm->block_bytes;
 }
 
-void kvmm_set_fingerprint(struct kvmm *mm, const uint8_t fingerprint[16], size_t *cleared)
+bool kvmm_set_fingerprint(struct kvmm *mm, const uint8_t fingerprint[16], size_t *cleared)
 {
     MM_ASSERT_LOCKED(mm);
     static const uint8_t zero[16];
     size_t n = 0;
-    if (memcmp(mm->fingerprint, fingerprint, 16) != 0) {
+    bool changed = memcmp(mm->fingerprint, fingerprint, 16) != 0;
+    if (changed) {
         /* Blocks made under another model (or under no known model, which
          * a model's kvmm never holds) would match prompts they did not
          * compute. */
@@ -95,4 +96,5 @@ void kvmm_set_fingerprint(struct kvmm *mm, const uint8_t fingerprint[16], size_t
     }
     if (cleared)
         *cleared = n;
+    return changed;
 }

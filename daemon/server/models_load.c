@@ -232,11 +232,14 @@ static void load(struct models *ms, struct mjob *j)
     }
     size_t cleared = 0;
     kvmm_lock(e->mm);
-    kvmm_set_fingerprint(e->mm, hp->fingerprint, &cleared);
+    bool changed = kvmm_set_fingerprint(e->mm, hp->fingerprint, &cleared);
     rc = kvmm_device_attach(e->mm);
     if (rc)
         kvd_error_set(&j->err, rc, "model %s: %s", e->conf.name, kvmm_errmsg(e->mm));
     kvmm_unlock(e->mm);
+    /* its sessions are the files of its fingerprint (known now) */
+    if (!rc && changed && kvmm_sessions_reload(e->mm, &le) != 0)
+        log_warn("model %s: %s", e->conf.name, le.message);
     if (cleared)
         log_warn("model %s: the file is not the one its cached KV was made with: %zu cached "
                  "blocks dropped",

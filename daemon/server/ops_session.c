@@ -297,13 +297,13 @@ int ops_session_register(struct server *srv, struct kvmm *mm, struct workpool *p
     if (!os)
         return KVD_ENOMEM;
     *os = (struct ops_session){.srv = srv, .mm = mm, .pool = pool};
-    int rc = server_op_register(srv, KVD_OP_SESSION_SAVE, op_save, os, OPS_POOL);
+    int rc = server_op_register(srv, KVD_OP_SESSION_SAVE, op_save, os, OPS_POOL | OPS_LOADED);
     if (!rc)
         rc = server_op_register(srv, KVD_OP_SESSION_OPEN, op_open, os, OPS_POOL | OPS_LOADED);
     if (!rc)
-        rc = server_op_register(srv, KVD_OP_SESSION_LIST, op_list, os, OPS_POOL);
+        rc = server_op_register(srv, KVD_OP_SESSION_LIST, op_list, os, OPS_POOL | OPS_LOADED);
     if (!rc)
-        rc = server_op_register(srv, KVD_OP_SESSION_DELETE, op_delete, os, OPS_POOL);
+        rc = server_op_register(srv, KVD_OP_SESSION_DELETE, op_delete, os, OPS_POOL | OPS_LOADED);
     if (rc) {
         free(os);
         return rc;
