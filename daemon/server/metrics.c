@@ -454,8 +454,7 @@ static void render_models(struct out *o, struct models *ms, struct acct *a)
         model_line(o, "kvd_model_waiting", NULL, mi[i].name, mi[i].waiting);
     head(o, "kvd_model_loads_total", "counter", "A model's loads, by outcome.");
     for (size_t i = 0; i < n; i++) {
-        model_line(o, "kvd_model_loads_total", "outcome=\"ok\",", mi[i].name,
-                   (double)mi[i].loads);
+        model_line(o, "kvd_model_loads_total", "outcome=\"ok\",", mi[i].name, (double)mi[i].loads);
         model_line(o, "kvd_model_loads_total", "outcome=\"failed\",", mi[i].name,
                    (double)mi[i].load_failures);
     }

@@ -585,6 +585,33 @@ void models_cancel_owner(struct models *ms, uint64_t owner)
     }
 }
 
+size_t models_cancel_waits(struct models *ms, uint64_t owner, bool (*match)(void *ud, void *arg),
+                           void *arg)
+{
+    size_t n = 0;
+    struct kvd_error err;
+    kvd_error_set(&err, KVD_ECANCELLED, "cancelled while its model was loading");
+    for (size_t i = 0; ms && i < ms->n; i++) {
+        struct models_entry *e = &ms->v[i];
+        struct models_wait **p = &e->waits;
+        e->waits_tail = NULL;
+        while (*p) {
+            struct models_wait *w = *p;
+            if (w->owner == owner && match(w->ud, arg)) {
+                *p = w->next;
+                e->n_waits--;
+                w->fn(w->ud, KVD_ECANCELLED, &err);
+                free(w);
+                n++;
+            } else {
+                e->waits_tail = w;
+                p = &w->next;
+            }
+        }
+    }
+    return n;
+}
+
 /* ---- start and stop ----------------------------------------------------- */
 
 int models_start(struct models *ms, struct server *srv, struct kvd_error *err)

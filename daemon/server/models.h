@@ -118,6 +118,11 @@ typedef void (*models_ready_fn)(void *ud, int rc, const struct kvd_error *err);
 int models_wait(struct models_entry *e, uint64_t owner, models_ready_fn fn, void *ud,
                 struct kvd_error *err);
 void models_cancel_owner(struct models *ms, uint64_t owner);
+/* Ends the waits of owner for which match(ud, arg) is true with rc
+ * KVD_ECANCELLED (a `cancel` of a request waiting for its model). Returns
+ * how many. */
+size_t models_cancel_waits(struct models *ms, uint64_t owner, bool (*match)(void *ud, void *arg),
+                           void *arg);
 
 /* ---- what stats and metrics show ----------------------------------------- */
 

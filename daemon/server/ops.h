@@ -156,6 +156,9 @@ int ops_use_model(struct ops_ctx *c, struct models_entry *e);
  * It counts as in flight for max-queued-per-tenant: admitted false checks
  * that first (the handler has not). */
 int ops_defer(struct ops_ctx *c, struct models_entry *e, bool admitted);
+/* `cancel` of request id of connection conn_id while it waits for its
+ * model: it is answered `cancelled` now. Whether there was one. */
+bool ops_defer_cancel(struct models *ms, uint64_t conn_id, uint64_t id);
 /* Registers every built-in op. */
 int ops_register_builtin(struct ops_table *t);
 

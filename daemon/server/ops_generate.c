@@ -495,6 +495,8 @@ static int op_cancel(struct ops_ctx *c)
         if (ex)
             exec_cancel(ex, c->conn_id, target, &found);
     }
+    if (!found) /* waiting for its model to load */
+        found = ops_defer_cancel(g->ms, c->conn_id, target);
     rc = proto_reply_begin(c->pk, c->id, 1);
     rc = rc ? rc : proto_pack_kv_bool(c->pk, "cancelled", found);
     return rc ? kvd_error_set(&c->err, KVD_ENOMEM, "out of memory") : 0;

@@ -171,3 +171,14 @@ int ops_defer(struct ops_ctx *c, struct models_entry *e, bool admitted)
     }
     return OPS_PENDING;
 }
+
+static bool deferred_is(void *ud, void *arg)
+{
+    const struct deferred *d = ud;
+    return d->id == *(const uint64_t *)arg;
+}
+
+bool ops_defer_cancel(struct models *ms, uint64_t conn_id, uint64_t id)
+{
+    return models_cancel_waits(ms, conn_id, deferred_is, &id) > 0;
+}

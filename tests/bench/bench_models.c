@@ -84,8 +84,8 @@ static int cmp(const void *a, const void *b)
 static void report(const char *what, double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp);
-    printf("%-12s median %8.1f ms  min %8.1f  max %8.1f  (%d)\n", what, v[n / 2], v[0],
-           v[n - 1], n);
+    printf("%-12s median %8.1f ms  min %8.1f  max %8.1f  (%d)\n", what, v[n / 2], v[0], v[n - 1],
+           n);
 }
 
 /* stats models[model][key] as a double */

@@ -518,6 +518,23 @@ static void t_unload_reload_warm(void **state)
     char st[32];
     model_state(fd, "beta", st, sizeof st);
     assert_string_equal(st, "loaded");
+    /* a cancel finds a request waiting for its model: answered cancelled */
+    uint64_t iw = gen_send(fd, "alpha", pa, 8, 2, false);
+    kh_req_begin(&q, "cancel", ++g_id, 1);
+    proto_pack_kv_uint(&q.pk, "target", iw);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    for (int k = 0; k < 2; k++) { /* the cancel's reply and the request's, in either order */
+        assert_int_equal(kh_recv(fd, &r), 0);
+        if (r.id == iw) {
+            kh_expect(&r, KVD_ECANCELLED);
+        } else {
+            assert_int_equal(r.id, g_id);
+            kh_expect(&r, 0);
+            assert_true(kh_obj(r.root, "cancelled")->via.boolean);
+        }
+        kh_reply_free(&r);
+    }
+    assert_int_equal(model_stat(fd, "alpha", "waiting"), 0);
     assert_int_equal(kh_call1(fd, "seq_close", ++g_id, "seq", seq, &r), 0);
     kh_reply_free(&r);
     generate(fd, "alpha", pa, 8, 2, false, &g);
