@@ -583,6 +583,42 @@ static void t_keep_alive(void **state)
     assert_int_equal(kh_free(p), 0);
 }
 
+/* A load that fails answers its waiting requests with the reason, counts
+ * in stats, and leaves the other models serving; the next request tries
+ * again. */
+static void t_load_failure(void **state)
+{
+    (void)state;
+    char c[160], conf[1024], cmd[512];
+    snprintf(c, sizeof c, "%s/c.gguf", g_dir);
+    snprintf(cmd, sizeof cmd, "cp %s %s", g_a, c);
+    assert_int_equal(system(cmd), 0);
+    snprintf(conf, sizeof conf, "[model:alpha]\npath = %s\n[model:broken]\npath = %s\n", g_a, c);
+    const char *args[] = {"--backend", "cpu", NULL};
+    struct kh_proc *p = kh_new(conf, args);
+    assert_non_null(p);
+    /* the file loses its weights after the daemon read its header */
+    assert_int_equal(truncate(c, 4096), 0);
+    int fd = kh_connect(p->sock);
+    assert_true(fd >= 0);
+    struct gen g;
+    generate(fd, "broken", prompt8, 8, 2, false, &g);
+    assert_int_not_equal(g.code, 0);
+    assert_non_null(strstr(g.message, "broken"));
+    assert_int_equal(model_stat(fd, "broken", "load_failures"), 1);
+    char st[32];
+    model_state(fd, "broken", st, sizeof st);
+    assert_string_equal(st, "unloaded");
+    generate(fd, "alpha", prompt8, 8, 2, false, &g);
+    assert_int_equal(g.code, 0);
+    generate(fd, "broken", prompt8, 8, 2, false, &g);
+    assert_int_not_equal(g.code, 0);
+    assert_int_equal(model_stat(fd, "broken", "load_failures"), 2);
+    close(fd);
+    assert_int_equal(kh_free(p), 0);
+    unlink(c);
+}
+
 /* ---- tenants, names, listings ------------------------------------------- */
 
 static void t_tenants_and_names(void **state)
@@ -739,9 +775,8 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_two_models_llamacpp),
-        cmocka_unit_test(t_unload_reload_warm),
-        cmocka_unit_test(t_keep_alive),
+        cmocka_unit_test(t_two_models_llamacpp), cmocka_unit_test(t_unload_reload_warm),
+        cmocka_unit_test(t_keep_alive),          cmocka_unit_test(t_load_failure),
         cmocka_unit_test(t_tenants_and_names),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
