@@ -556,7 +556,10 @@ static void t_keep_alive(void **state)
              "[model:alpha]\npath = %s\nkeep-alive-s = forever\n"
              "[model:beta]\npath = %s\nkeep-alive-s = 1\n",
              g_a, g_b);
-    const char *args[] = {"--backend", "cpu", NULL};
+    char msock[160], metrics_arg[200];
+    snprintf(msock, sizeof msock, "%s/metrics.sock", g_dir);
+    snprintf(metrics_arg, sizeof metrics_arg, "unix:%s", msock);
+    const char *args[] = {"--backend", "cpu", "--metrics", metrics_arg, NULL};
     struct kh_proc *p = kh_new(conf, args);
     assert_non_null(p);
     int fd = kh_connect(p->sock);
@@ -579,6 +582,22 @@ static void t_keep_alive(void **state)
     assert_memory_equal(g1.toks, g2.toks, 3 * sizeof(uint32_t));
     model_state(fd, "alpha", st, sizeof st);
     assert_string_equal(st, "loaded"); /* forever */
+    /* the metrics show each model */
+    if (system("curl --version >/dev/null 2>&1") == 0) {
+        char cmd[512];
+        static char out[1 << 17];
+        snprintf(cmd, sizeof cmd, "curl -sS --unix-socket %s http://localhost/metrics", msock);
+        FILE *pp = popen(cmd, "r");
+        assert_non_null(pp);
+        size_t n = fread(out, 1, sizeof out - 1, pp);
+        pclose(pp);
+        out[n] = '\0';
+        assert_non_null(strstr(out, "kvd_model_state{state=\"loaded\",model=\"beta\"} 1"));
+        assert_non_null(strstr(out, "kvd_model_unloads_total{model=\"beta\"} 1"));
+        assert_non_null(strstr(out, "kvd_model_loads_total{outcome=\"ok\",model=\"beta\"} 2"));
+        assert_non_null(strstr(out, "kvd_model_unloads_total{model=\"alpha\"} 0"));
+        assert_non_null(strstr(out, "kvd_model_tokens_total{kind=\"generated\",model=\"beta\"} 6"));
+    }
     close(fd);
     assert_int_equal(kh_free(p), 0);
 }
