@@ -280,11 +280,29 @@ static void unload(struct models *ms, struct mjob *j)
     (void)ms;
     exec_free(j->ex); /* idle: no request to cancel */
     j->ex = NULL;
+    /* The cached device blocks leave in batches, the lock released between
+     * them: the loop (stats, a tenant's registration) never waits for more
+     * than one batch's copies. Nothing else allocates here meanwhile: the
+     * model is unloading, its requests wait. */
+    struct kvmm_stats before, after;
+    size_t n = 0, moved = 0, dropped = 0;
     kvmm_lock(e->mm);
-    j->rc = kvmm_device_detach(e->mm, &j->moved, &j->dropped);
+    kvmm_stats(e->mm, &before);
+    kvmm_unlock(e->mm);
+    do {
+        kvmm_lock(e->mm);
+        if (kvmm_evict(e->mm, KVD_TIER_DEVICE, 64, &n) != 0)
+            n = 0;
+        kvmm_unlock(e->mm);
+    } while (n == 64);
+    kvmm_lock(e->mm);
+    kvmm_stats(e->mm, &after);
+    j->rc = kvmm_device_detach(e->mm, &moved, &dropped);
     if (j->rc)
         kvd_error_set(&j->err, j->rc, "model %s: %s", e->conf.name, kvmm_errmsg(e->mm));
     kvmm_unlock(e->mm);
+    j->moved = (size_t)(after.swaps_out - before.swaps_out) + moved;
+    j->dropped = (size_t)(after.drops - before.drops) + dropped;
     model_free(j->model);
     j->model = NULL;
 }
