@@ -127,9 +127,8 @@ int mload_prepare(struct models *ms, struct models_entry *e, struct kvd_error *e
     if (ms->conf.be->ops->kind == BACKEND_CUDA &&
         (e->probe.wtype == CT_F16 || e->probe.wtype == CT_Q8_0))
         e->weight_device += 2 * e->probe.n_params;
-    const char *tmpl = e->idx == 0 && !o->n_models ? o->chat_template_path : NULL;
-    if (e->idx == 0 && o->model_path[0])
-        tmpl = o->chat_template_path;
+    /* --chat-template is the plain --model's (a [model:NAME] has its file's) */
+    const char *tmpl = e->idx == 0 && o->model_path[0] ? o->chat_template_path : NULL;
     if (text_open(e->conf.path, tmpl, &e->text, terr, sizeof terr) != 0)
         return kvd_error_set(err, KVD_EBADREQ, "model %s: %s", e->conf.name, terr);
     struct kvmm_config mc = {
