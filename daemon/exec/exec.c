@@ -5,6 +5,7 @@
 #include "exec.h"
 
 #include "acct.h"
+#include "arbiter.h"
 #include "prep.h"
 #include "roofline.h"
 #include "workpool.h"
@@ -51,6 +52,9 @@ struct exec {
     struct sched_req **forked;
     uint32_t n_forked, cap_forked;
     uint32_t n_arena_slots;
+    struct roofline_shape shape;  /* the model's, for the roofline */
+    struct arbiter_share *shares; /* [max_seqs] this step's tenants (with an arbiter) */
+    size_t n_shares;
 
     /* Shared with other threads, under mu. */
     pthread_mutex_t mu;
@@ -183,7 +187,7 @@ static void acct_report_counters(struct exec *ex)
         .preempt_swap = c->preempt_swap,
         .preempt_recompute = c->preempt_recompute,
     };
-    acct_sched_set(ex->conf.acct, &s);
+    acct_sched_set_slot(ex->conf.acct, ex->conf.acct_slot, &s);
 }
 
 static void publish_tokens(struct exec *ex, struct sched_req *r)
@@ -221,9 +225,12 @@ static void answer_choice(struct exec *ex, struct sched_req *r)
     ex->n_live -= g->n;
     for (uint32_t i = 0; i < g->n; i++)
         count_done(ex, g->reqs[i]);
+    bool idle = ex->n_live == 0;
     pthread_cond_broadcast(&ex->idle);
     pthread_mutex_unlock(&ex->mu);
     sched_group_free(g);
+    if (idle && ex->conf.on_idle)
+        ex->conf.on_idle(ex->conf.on_idle_ud);
 }
 
 /* Answers r and frees it (any thread: the executor's, or a disk worker's
@@ -245,9 +252,12 @@ static void answer(struct exec *ex, struct sched_req *r)
     pthread_mutex_lock(&ex->mu);
     ex->n_live--;
     count_done(ex, r);
+    bool idle = ex->n_live == 0;
     pthread_cond_broadcast(&ex->idle);
     pthread_mutex_unlock(&ex->mu);
     sched_req_free(r);
+    if (idle && ex->conf.on_idle)
+        ex->conf.on_idle(ex->conf.on_idle_ud);
 }
 
 /* Closes the sequence a session request kept for its save. */
@@ -663,6 +673,23 @@ static void fork_groups(struct exec *ex, struct sched_req **done)
     }
 }
 
+/* The plan's tenants with their tokens and weights, for the arbiter
+ * (kvmm lock held: the weights are kvmm's). */
+static void plan_shares(struct exec *ex)
+{
+    ex->n_shares = 0;
+    for (uint32_t i = 0; i < ex->plan.n; i++) {
+        const struct sched_req *r = ex->plan.reqs[i];
+        size_t k = 0;
+        while (k < ex->n_shares && ex->shares[k].tenant != r->tenant)
+            k++;
+        if (k == ex->n_shares)
+            ex->shares[ex->n_shares++] = (struct arbiter_share){
+                .tenant = r->tenant, .tokens = 0, .weight = kvmm_tenant_weight(ex->mm, r->tenant)};
+        ex->shares[k].tokens += r->step_n;
+    }
+}
+
 /* One iteration. Returns false when there was nothing to compute. */
 static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
 {
@@ -687,6 +714,8 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
     if (drain)
         sched_drain(ex->sched, mm, &done);
     int rc = sched_plan(ex->sched, mm, &ex->plan, &done);
+    if (rc == 0 && ex->conf.arbiter)
+        plan_shares(ex);
     kvmm_unlock(mm);
     if (rc) {
         /* Out of memory for the plan itself: end everything rather than spin. */
@@ -706,10 +735,15 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         return false;
     }
 
+    if (ex->conf.arbiter)
+        arbiter_acquire(ex->conf.arbiter, ex->shares, ex->n_shares);
     uint64_t t_fwd = sched_now_ns();
     rc = forward(ex);
+    uint64_t fwd_ns = sched_now_ns() - t_fwd;
+    if (ex->conf.arbiter)
+        arbiter_release(ex->conf.arbiter, ex->shares, ex->n_shares, fwd_ns);
     if (rc == 0)
-        roofline_record_fwd(ex->conf.roofline, ex->fseqs, ex->plan.n, sched_now_ns() - t_fwd);
+        roofline_record_fwd_shape(ex->conf.roofline, &ex->shape, ex->fseqs, ex->plan.n, fwd_ns);
 
     kvmm_lock(mm);
     if (rc) {
@@ -824,11 +858,9 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
     if (!ex->conf.queue_timeout_ms)
         ex->conf.queue_timeout_ms = 60000;
     ex->hp = model_hparams(m);
-    if (ex->conf.roofline) {
-        struct roofline_shape rs;
-        roofline_shape_from_model(ex->hp, kvmm_geom(mm), &rs);
-        roofline_set_shape(ex->conf.roofline, &rs);
-    }
+    roofline_shape_from_model(ex->hp, kvmm_geom(mm), &ex->shape);
+    if (ex->conf.roofline)
+        roofline_set_shape(ex->conf.roofline, &ex->shape);
     pthread_mutex_init(&ex->mu, NULL);
     pthread_cond_init(&ex->wake, NULL);
     pthread_cond_init(&ex->idle, NULL);
@@ -874,7 +906,8 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
     ex->fseqs = calloc(sc.max_seqs, sizeof(*ex->fseqs));
     ex->rows = calloc(sc.max_seqs, sizeof(*ex->rows));
     ex->picks = calloc(sc.max_seqs, sizeof(*ex->picks));
-    if (!ex->fseqs || !ex->rows || !ex->picks) {
+    ex->shares = calloc(sc.max_seqs, sizeof(*ex->shares));
+    if (!ex->fseqs || !ex->rows || !ex->picks || !ex->shares) {
         rc = kvd_error_set(err, KVD_ENOMEM, "%s", nomem);
         goto fail;
     }
@@ -902,6 +935,7 @@ void exec_free(struct exec *ex)
         pthread_cond_broadcast(&ex->wake);
         pthread_mutex_unlock(&ex->mu);
         pthread_join(ex->thread, NULL);
+        acct_sched_retire(ex->conf.acct, ex->conf.acct_slot);
     }
     sched_free(ex->sched);
     if (ex->fc)
@@ -910,6 +944,7 @@ void exec_free(struct exec *ex)
     free(ex->fseqs);
     free(ex->rows);
     free(ex->picks);
+    free(ex->shares);
     free(ex->hlogits);
     free(ex->lpstep);
     free(ex->lprow);

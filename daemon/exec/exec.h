@@ -53,6 +53,15 @@ struct exec_conf {
      * (kvmm_disk_prefetch) before it is queued, so no disk read ever runs
      * inside a step (not owned, outlives the executor). NULL: none. */
     struct workpool *disk_pool;
+    /* Several models on one device (not owned, outlives the executor; NULL:
+     * the device is this executor's alone): each forward takes a turn. */
+    struct exec_arbiter *arbiter;
+    /* The accounting slot its queues and counters go to (its model's). */
+    uint32_t acct_slot;
+    /* Called when the last live request has been answered (on the thread
+     * that answered it, no lock held): the daemon may unload the model. */
+    void (*on_idle)(void *ud);
+    void *on_idle_ud;
 };
 
 struct exec_stats {

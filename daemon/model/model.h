@@ -49,6 +49,13 @@ int model_load(const char *path, struct backend *be, struct model **out, struct 
 int model_load_opts(const char *path, struct backend *be, const struct model_opts *opts,
                     struct model **out, struct kvd_error *err);
 void model_free(struct model *m);
+/* The hyperparameters of the GGUF at path from its header alone (the file
+ * is mapped, no tensor data read, nothing uploaded): what the daemon knows
+ * of a model before its first load. n_vocab from token_embd.weight;
+ * weight_bytes and weight_device_bytes: the tensors' bytes in the file (the
+ * backend's copies are known once it has loaded); n_params their elements;
+ * fingerprint zero. Errors as model_load's for the header. */
+int model_probe(const char *path, struct model_hparams *hp, struct kvd_error *err);
 const struct model_hparams *model_hparams(const struct model *m);
 /* The KV geometry this model needs: layers, kv_heads, head_dim from the
  * model; block_tokens and dtype as given. */

@@ -167,19 +167,77 @@ void acct_hist_get(struct acct *a, enum acct_hist_kind k, struct acct_hist *out)
     pthread_mutex_unlock(&a->mu);
 }
 
+/* The cumulative counters of b added to a. */
+static void sched_add_totals(struct acct_sched *a, const struct acct_sched *b)
+{
+    a->submitted += b->submitted;
+    a->generated += b->generated;
+    a->steps += b->steps;
+    a->prefill_tokens += b->prefill_tokens;
+    a->decode_tokens += b->decode_tokens;
+    a->preempt_swap += b->preempt_swap;
+    a->preempt_recompute += b->preempt_recompute;
+}
+
 void acct_sched_get(struct acct *a, struct acct_sched *out)
 {
+    memset(out, 0, sizeof(*out));
     pthread_mutex_lock(&a->mu);
-    *out = a->sched;
+    out->have_executor = a->serving;
+    for (uint32_t i = 0; i < ACCT_SCHED_SLOTS; i++) {
+        const struct acct_sched *s = &a->slot[i];
+        sched_add_totals(out, &a->slot_retired[i]);
+        sched_add_totals(out, s);
+        out->waiting += s->waiting;
+        out->running += s->running;
+        out->swapped += s->swapped;
+        out->live += s->live;
+        out->have_executor |= s->have_executor;
+    }
+    pthread_mutex_unlock(&a->mu);
+}
+
+void acct_sched_get_slot(struct acct *a, uint32_t slot, struct acct_sched *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (slot >= ACCT_SCHED_SLOTS)
+        return;
+    pthread_mutex_lock(&a->mu);
+    *out = a->slot[slot];
+    sched_add_totals(out, &a->slot_retired[slot]);
     pthread_mutex_unlock(&a->mu);
 }
 
 void acct_sched_set(struct acct *a, const struct acct_sched *s)
 {
+    acct_sched_set_slot(a, 0, s);
+}
+
+void acct_sched_set_slot(struct acct *a, uint32_t slot, const struct acct_sched *s)
+{
+    if (!a || slot >= ACCT_SCHED_SLOTS)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->slot[slot] = *s;
+    a->slot[slot].have_executor = true;
+    pthread_mutex_unlock(&a->mu);
+}
+
+void acct_sched_retire(struct acct *a, uint32_t slot)
+{
+    if (!a || slot >= ACCT_SCHED_SLOTS)
+        return;
+    pthread_mutex_lock(&a->mu);
+    sched_add_totals(&a->slot_retired[slot], &a->slot[slot]);
+    memset(&a->slot[slot], 0, sizeof(a->slot[slot]));
+    pthread_mutex_unlock(&a->mu);
+}
+
+void acct_sched_serving(struct acct *a)
+{
     if (!a)
         return;
     pthread_mutex_lock(&a->mu);
-    a->sched = *s;
-    a->sched.have_executor = true;
+    a->serving = true;
     pthread_mutex_unlock(&a->mu);
 }

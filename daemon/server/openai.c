@@ -554,10 +554,24 @@ static int compile_constraint(struct gen_args *a, struct kvd_error *e)
     return 0;
 }
 
+static uint32_t fixed_ctx(void *ud, const char *model, size_t len)
+{
+    (void)model, (void)len;
+    return *(const uint32_t *)ud;
+}
+
 int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n_ctx,
                  struct openai_req *out, struct kvd_error *e)
 {
+    return openai_parse_ctx(kind, body, len, fixed_ctx, &n_ctx, out, e);
+}
+
+int openai_parse_ctx(enum openai_kind kind, const char *body, size_t len,
+                     uint32_t (*ctx_of)(void *ud, const char *model, size_t len), void *ud,
+                     struct openai_req *out, struct kvd_error *e)
+{
     json_error_t je;
+    uint32_t n_ctx;
     memset(out, 0, sizeof(*out));
     out->kind = kind;
     gen_args_init(&out->args);
@@ -566,11 +580,19 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n
         return bad(e, "", "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
     json_t *o = out->root;
     int rc = -1;
-    if (!json_is_object(o))
+    if (!json_is_object(o)) {
         bad(e, "", "the body must be a JSON object");
-    else if (!check_unsupported(o, e) && !get_options(out, o, n_ctx, e))
-        rc = kind == OPENAI_COMPLETION ? get_prompt(out, json_object_get(o, "prompt"), e)
-                                       : get_messages(out, json_object_get(o, "messages"), e);
+    } else if (!check_unsupported(o, e)) {
+        json_t *m = json_object_get(o, "model");
+        if (json_is_string(m)) {
+            out->model = json_string_value(m);
+            out->model_len = json_string_length(m);
+        }
+        n_ctx = ctx_of(ud, out->model, out->model_len);
+        if (!get_options(out, o, n_ctx ? n_ctx : 1, e))
+            rc = kind == OPENAI_COMPLETION ? get_prompt(out, json_object_get(o, "prompt"), e)
+                                           : get_messages(out, json_object_get(o, "messages"), e);
+    }
     if (rc == 0 && compile_constraint(&out->args, e) < 0)
         rc = -1;
     if (rc)
@@ -817,9 +839,26 @@ fail:
 
 char *openai_models(const char *model, uint64_t created, size_t *len)
 {
-    json_t *root =
-        json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", model,
-                  "object", "model", "created", (json_int_t)created, "owned_by", "kvd");
+    return openai_models_list(&model, NULL, 1, created, len);
+}
+
+char *openai_models_list(const char *const *names, const char *const *states, size_t n,
+                         uint64_t created, size_t *len)
+{
+    json_t *root = json_pack("{s:s, s:[]}", "object", "list", "data");
+    json_t *data = root ? json_object_get(root, "data") : NULL;
+    for (size_t i = 0; data && i < n; i++) {
+        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", names[i], "object", "model", "created",
+                              (json_int_t)created, "owned_by", "kvd");
+        if (m && states && json_object_set_new(m, "state", json_string(states[i])) != 0) {
+            json_decref(m);
+            m = NULL;
+        }
+        if (!m || json_array_append_new(data, m) != 0) {
+            json_decref(root);
+            return NULL;
+        }
+    }
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     if (s)
