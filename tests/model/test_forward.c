@@ -337,6 +337,71 @@ static void t_scalar_kernels(void **s)
     unsetenv("KVD_CPU_SCALAR");
 }
 
+/* fwd_ctx_set_trace: every op's output shown in order with its name, layer
+ * and shape, and the same values the step goes on with; a trace that
+ * changes the logits' op changes the logits returned; one that fails stops
+ * the step with KVD_EINTERNAL; removing it restores the untraced step. */
+struct trace_rec {
+    int calls, layers_seen, last_layer, fail_at;
+    float *logits;
+    uint32_t V;
+};
+
+static int trace_cb(void *ud, const char *name, int layer, float *v, uint32_t rows, uint32_t cols)
+{
+    struct trace_rec *r = ud;
+    if (r->fail_at && ++r->calls == r->fail_at)
+        return -1;
+    if (!r->fail_at)
+        r->calls++;
+    if (!strcmp(name, "Qcur") && layer != r->last_layer)
+        r->layers_seen++, r->last_layer = layer;
+    if (!strcmp(name, "result_output")) {
+        assert_int_equal(cols, r->V);
+        assert_int_equal(rows, 1);
+        memcpy(r->logits, v, r->V * 4); /* what the step computed */
+        v[7] = 1234.5f;                 /* and a change the caller must see */
+        return 1;
+    }
+    return 0;
+}
+
+static void t_trace(void **state)
+{
+    struct fx *f = t_fx(state);
+    fx_init(f, "--arch qwen2 " SHAPE " --kv-heads 2 --type f16 --seed 14", KV_F16, 16, 2);
+    uint32_t tok[5] = {1, 2, 3, 4, 5}, slots[1];
+    float *lg = talloc(state, f->V * 4), *plain = talloc(state, f->V * 4);
+    struct trace_rec r = {.last_layer = -1, .logits = talloc(state, f->V * 4), .V = f->V};
+    take_slots(f, slots, 1);
+    forward1(f, tok, 5, 0, slots, 1, plain);
+    assert_int_equal(fwd_ctx_set_trace(f->fc, trace_cb, &r), 0);
+    take_slots(f, slots, 1);
+    forward1(f, tok, 5, 0, slots, 1, lg);
+    assert_int_equal(r.layers_seen, 2);
+    /* per layer 3 projections, 3 biases, 2 ropes, attention, output, add+norm (2),
+     * gate, up, swiglu, down, the add (and the next layer's norm: not after the
+     * last); and embd, the first norm, the final norm, the logits */
+    assert_int_equal(r.calls, 18 + 17 + 4);
+    assert_memory_equal(r.logits, plain, f->V * 4);
+    assert_true(lg[7] == 1234.5f);
+    lg[7] = plain[7];
+    assert_memory_equal(lg, plain, f->V * 4);
+    r = (struct trace_rec){.fail_at = 3, .logits = r.logits, .V = f->V};
+    struct fwd_seq sq = {.tokens = tok, .n_tokens = 5, .slots = slots, .n_slots = 1};
+    struct fwd_batch b = {.seqs = &sq,
+                          .n_seqs = 1,
+                          .kv_arena = f->arena,
+                          .geom = &f->geom,
+                          .n_arena_slots = N_BLOCKS,
+                          .logits = lg};
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_EINTERNAL);
+    assert_non_null(strstr(fwd_ctx_errmsg(f->fc), "trace"));
+    assert_int_equal(fwd_ctx_set_trace(f->fc, NULL, NULL), 0);
+    forward1(f, tok, 5, 0, slots, 1, lg);
+    assert_memory_equal(lg, plain, f->V * 4);
+}
+
 /* Thread count does not change results (each dot product has one order). */
 static void t_threads_agree(void **s)
 {
@@ -637,6 +702,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(t_llama_bf16_f32kv_mha, t_setup, t_teardown),
         cmocka_unit_test_setup_teardown(t_scalar_kernels, t_setup, t_teardown),
         cmocka_unit_test_setup_teardown(t_threads_agree, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_trace, t_setup, t_teardown),
         cmocka_unit_test_setup_teardown(t_validation, t_setup, t_teardown),
         cmocka_unit_test_setup_teardown(t_greedy_varied, t_setup, t_teardown),
         cmocka_unit_test_setup_teardown(t_wide_heads, t_setup, t_teardown),
