@@ -13,6 +13,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "draft.h"
 #include "kvd/protocol.h"
 #include "kvd/status.h"
 #include "kvd/version.h"
@@ -139,7 +140,8 @@ int main(int argc, char **argv)
     struct kvevents *kvev = NULL;      /* the KV events publisher (--kv-events) */
     struct ops_text *text_ops = NULL;
     struct ops_session *session_ops = NULL;
-    struct text *text = NULL; /* the model's tokenizer and chat template */
+    struct text *text = NULL;   /* the model's tokenizer and chat template */
+    struct draft *draft = NULL; /* --draft-model: speculative decoding's draft */
     int status = 1;
     /* Observability: shared by the executor (writer), stats and metrics. */
     struct roofline rl;
@@ -218,6 +220,38 @@ int main(int argc, char **argv)
         if (be->ops->kind == BACKEND_CPU)
             log_info("cpu compute threads: %ld",
                      opts.threads ? (long)opts.threads : sysconf(_SC_NPROCESSORS_ONLN));
+        if (opts.draft_model_path[0]) {
+            /* Its weights load before the KV budget is measured, as the
+             * served model's do. */
+            struct draft_conf dc = {.path = opts.draft_model_path,
+                                    .target_path = opts.model_path,
+                                    .target = hp,
+                                    .be = be,
+                                    .n_threads = opts.threads,
+                                    .block_tokens = opts.geom.block_tokens,
+                                    .dtype = opts.geom.dtype,
+                                    .max_seqs = opts.spec_max_batch,
+                                    .step_tokens = opts.step_tokens};
+            if (draft_open(&dc, &draft, &kerr) != 0) {
+                log_err("%s", kerr.message);
+                status = 2;
+                goto out_be;
+            }
+            const struct model_hparams *dh = draft_hparams(draft);
+            log_info("draft model %s: %u layers, embd %u, %.1fM parameters, %.1f MiB; the same "
+                     "%u-token vocabulary",
+                     opts.draft_model_path, dh->n_layer, dh->n_embd, (double)dh->n_params / 1e6,
+                     (double)dh->weight_device_bytes / (1 << 20), dh->n_vocab);
+        }
+    } else if (opts.draft_model_path[0]) {
+        log_err("--draft-model needs --model (the draft drafts for a served model)");
+        status = 2;
+        goto out_be;
+    }
+    if (opts.speculative == OPTIONS_SPEC_DRAFT && !draft && model) {
+        log_err("--speculative draft needs --draft-model");
+        status = 2;
+        goto out_be;
     }
     if (model && opts.roofline_probe) {
         /* Before the arenas take the device's free memory: the probe needs
@@ -243,6 +277,30 @@ int main(int argc, char **argv)
     if (size_arenas(&opts, be, bb, &mc.n_device_blocks, &mc.n_host_blocks) != 0) {
         status = 2;
         goto out_be;
+    }
+    if (draft) {
+        /* The draft's KV is carved from the same device budget: it takes
+         * draft-kv-share of its bytes, the served model the rest. */
+        double budget = (double)mc.n_device_blocks * (double)bb;
+        size_t dbytes = (size_t)(budget * opts.draft_kv_share);
+        double left = (budget - (double)dbytes) / (double)bb;
+        if (left < 1) {
+            log_err("--draft-kv-share %.3f leaves the served model less than one KV block",
+                    opts.draft_kv_share);
+            status = 2;
+            goto out_be;
+        }
+        mc.n_device_blocks = (uint32_t)left;
+        if (draft_kv_open(draft, dbytes, &kerr) != 0) {
+            log_err("%s", kerr.message);
+            status = 2;
+            goto out_be;
+        }
+        log_info("draft model KV: %u blocks of %zu bytes (%.1f MiB, draft-kv-share %.3f), %u "
+                 "tokens",
+                 draft_kv_blocks(draft), draft_block_bytes(draft),
+                 (double)draft_kv_blocks(draft) * (double)draft_block_bytes(draft) / (1 << 20),
+                 opts.draft_kv_share, draft_kv_blocks(draft) * mc.geom.block_tokens);
     }
     log_info("%s mode: backend %s, %u layers x %u kv heads x %u head_dim %s, %u tokens per "
              "block (%zu bytes); %u device + %u host blocks",
@@ -368,6 +426,13 @@ int main(int argc, char **argv)
         ec.text = text;
         ec.pool = pool;
         ec.disk_pool = disk_pool;
+        static const enum spec_kind kinds[] = {SPEC_OFF, SPEC_NGRAM, SPEC_DRAFT};
+        ec.spec = (struct spec_conf){.kind = kinds[opts.speculative],
+                                     .max_batch = opts.spec_max_batch,
+                                     .max_draft = opts.spec_max_draft,
+                                     .ngram_min = opts.spec_ngram_min,
+                                     .ngram_max = opts.spec_ngram_max};
+        ec.draft = draft;
         if (ops_generate_start(srv, mm, model, &ec, &gen, &kerr) != 0) {
             log_err("cannot start the executor: %s", kerr.message);
             goto out_srv;
@@ -422,6 +487,7 @@ out_mm:
     }
     kvmm_free(mm);
 out_be:
+    draft_free(draft); /* after the executor: it drafted for it */
     text_free(text);
     model_free(model);
     backend_free(be);

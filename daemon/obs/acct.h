@@ -48,6 +48,20 @@ struct acct_req {
     uint64_t t_arrive, t_sched, t_first, t_done;
 };
 
+/* Speculative decoding, as the executor counts it (exec.h exec_spec_stats). */
+struct acct_spec {
+    char mode[8];          /* the daemon's default: "off", "ngram", "draft" */
+    bool draft_model;      /* a draft model is loaded */
+    uint32_t max_batch;    /* speculation runs while at most this many requests run */
+    uint64_t verify_steps; /* steps that verified drafts */
+    uint64_t verifies;     /* verifications (one request's drafts in one step) */
+    uint64_t drafted;      /* draft tokens verified */
+    uint64_t accepted;     /* of them, kept */
+    uint64_t spec_tokens;  /* tokens the verifications produced */
+    uint64_t verify_step_tokens, verify_ns; /* tokens and forward time of the verifying steps */
+    uint64_t decode_steps, decode_tokens, decode_ns; /* plain decode-only steps */
+};
+
 /* The executor's queues and step counters, as of its last step. */
 struct acct_sched {
     uint32_t waiting, running, swapped; /* requests in each queue */
@@ -55,6 +69,7 @@ struct acct_sched {
     uint64_t submitted, generated;      /* requests taken, tokens sampled */
     uint64_t steps, prefill_tokens, decode_tokens;
     uint64_t preempt_swap, preempt_recompute;
+    struct acct_spec spec;
     bool have_executor; /* false in store mode: everything above is 0 */
 };
 

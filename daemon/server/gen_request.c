@@ -45,8 +45,8 @@ __attribute__((format(printf, 4, 5))) static int bad(struct kvd_error *e, int co
 }
 
 /* Sampling, stopping and scheduling arguments into r. */
-static int set_args(const struct text *tx, const struct model_hparams *hp, const struct gen_args *a,
-                    struct sched_req *r, struct kvd_error *e)
+static int set_args(const struct exec *ex, const struct text *tx, const struct model_hparams *hp,
+                    const struct gen_args *a, struct sched_req *r, struct kvd_error *e)
 {
     uint64_t u = a->max_tokens;
     if (!a->has_max_tokens)
@@ -168,6 +168,20 @@ static int set_args(const struct text *tx, const struct model_hparams *hp, const
         return bad(e, KVD_EBADREQ, "priority", "'priority' must be in [%d, %d]", -GEN_MAX_PRIORITY,
                    GEN_MAX_PRIORITY);
     r->priority = (int32_t)a->priority;
+    r->spec_kind = SPEC_DEFAULT;
+    if (a->speculative) {
+        char k[16];
+        size_t n = a->speculative_len < sizeof k - 1 ? a->speculative_len : sizeof k - 1;
+        memcpy(k, a->speculative, n);
+        k[n] = '\0';
+        if (n != a->speculative_len || memchr(k, '\0', n) || spec_kind_parse(k, &r->spec_kind))
+            return bad(e, KVD_EBADREQ, "speculative",
+                       "'speculative' must be \"ngram\", \"draft\" or \"off\"");
+        if (r->spec_kind == SPEC_DRAFT && !exec_has_draft(ex))
+            return bad(e, KVD_EUNSUPPORTED, "speculative",
+                       "'speculative': \"draft\" needs a draft model, and the daemon has none "
+                       "(--draft-model)");
+    }
     return 0;
 }
 
@@ -284,7 +298,7 @@ int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a
     r->sink = c->sink;
     r->n_ctx = hp->n_ctx;
     r->t_arrive = sched_now_ns();
-    if ((rc = set_args(tx, hp, a, r, e))) {
+    if ((rc = set_args(ex, tx, hp, a, r, e))) {
         sched_req_free(r);
         return rc;
     }

@@ -18,6 +18,9 @@ enum options_backend { OPTIONS_BACKEND_AUTO, OPTIONS_BACKEND_CPU, OPTIONS_BACKEN
  * enum kvmm_evict_policy): LRU plus hits and tenant weights (the default),
  * or plain LRU. */
 enum options_evict { OPTIONS_EVICT_HITS, OPTIONS_EVICT_LRU };
+/* --speculative: the daemon's speculative decoding (exec/spec.h) for
+ * requests that do not choose. */
+enum options_spec { OPTIONS_SPEC_OFF, OPTIONS_SPEC_NGRAM, OPTIONS_SPEC_DRAFT };
 
 struct options {
     char socket_path[108]; /* empty: the default rule (KVD_DEFAULT_SOCKET or fallback) */
@@ -75,6 +78,13 @@ struct options {
     uint32_t remote_timeout_ms;
     uint64_t remote_value_bytes;
     uint32_t remote_ttl_s, remote_min_hits, remote_workers;
+    /* Speculative decoding (exec/spec.h): the daemon's kind, the largest
+     * batch it runs at, draft tokens per step, the n-gram lengths tried; the
+     * draft model (empty: none) and its share of the device KV budget. */
+    enum options_spec speculative;
+    uint32_t spec_max_batch, spec_max_draft, spec_ngram_min, spec_ngram_max;
+    char draft_model_path[4096];
+    double draft_kv_share;
     /* cpu backend: compute threads for the model (0 = one per online CPU). */
     uint32_t threads;
     int log_level;

@@ -62,7 +62,8 @@ static bool known_param(const char *p)
                                          "typical_p",
                                          "logit_bias",
                                          "top_logprobs",
-                                         "grammar"};
+                                         "grammar",
+                                         "speculative"};
     for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++)
         if (!strcmp(p, params[i]))
             return true;
