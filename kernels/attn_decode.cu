@@ -188,8 +188,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
 template <int D>
 __global__ void attn_decode_merge_kernel(float *out, ad_partial part,
                                          const uint32_t *__restrict__ qstart,
-                                         const uint32_t *__restrict__ pos0, int n_heads,
-                                         int n_grid)
+                                         const uint32_t *__restrict__ pos0, int n_heads, int n_grid)
 {
     size_t hrow = blockIdx.x; // seq * n_heads + head
     int d = threadIdx.x;

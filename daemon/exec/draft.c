@@ -386,14 +386,14 @@ static uint32_t run_step(struct draft *d, struct draft_job *jobs, uint32_t n, si
     return ne;
 }
 
-void draft_propose(struct draft *d, struct draft_job *jobs, uint32_t n)
+uint32_t draft_propose(struct draft *d, struct draft_job *jobs, uint32_t n)
 {
     size_t kv[DRAFT_MAX_JOBS];
     bool dead[DRAFT_MAX_JOBS];
     if (!d->mm) {
         for (uint32_t i = 0; i < n; i++)
             jobs[i].n_out = 0;
-        return;
+        return 0;
     }
     if (n > d->max_seqs)
         n = d->max_seqs;
@@ -424,10 +424,19 @@ void draft_propose(struct draft *d, struct draft_job *jobs, uint32_t n)
                 seq_drop(d, &d->seqs[i]);
     kvmm_unlock(d->mm);
     /* at most (catch-up chunks) + k forwards; each makes progress */
-    for (uint32_t guard = 0; guard < 4096; guard++)
+    uint32_t proposing = 0;
+    for (uint32_t guard = 0; guard < 4096; guard++) {
+        uint32_t before = 0, after = 0;
+        for (uint32_t i = 0; i < n; i++)
+            before += jobs[i].n_out;
         if (!run_step(d, jobs, n, kv, scratch, dead))
             break;
+        for (uint32_t i = 0; i < n; i++)
+            after += jobs[i].n_out;
+        proposing += after > before;
+    }
     free(scratch);
+    return proposing;
 }
 
 void draft_release(struct draft *d, uint64_t owner)

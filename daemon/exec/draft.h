@@ -65,8 +65,9 @@ struct draft_job {
 
 /* Drafts for n jobs (draft model, greedy). Never fails a request: a job
  * whose draft cannot be made (memory, the draft's context, a failed
- * forward) gets fewer or no drafts. */
-void draft_propose(struct draft *d, struct draft_job *jobs, uint32_t n);
+ * forward) gets fewer or no drafts. Returns the draft forwards run that
+ * proposed tokens (catch-up chunks that did not reach the end excluded). */
+uint32_t draft_propose(struct draft *d, struct draft_job *jobs, uint32_t n);
 /* The request is over (or stops drafting): its draft sequence is closed. */
 void draft_release(struct draft *d, uint64_t owner);
 

@@ -44,6 +44,11 @@ struct exec {
     struct draft_job *jobs; /* [spec.max_batch] */
     struct sched_req **job_req;
     bool spec_on; /* this step: speculation is on, its rows batch-invariant */
+    /* What a draft token costs, in plain decode steps (spec_draft_len):
+     * moving averages of a plain decode-only step's time, of a
+     * verification row's extra time over it, and of one proposing forward
+     * of the draft model. */
+    double t_plain_ns, c_verify, t_draft_ns;
     /* The host pick (a step where some request's sampling is on the host,
      * sampler_on_host): every row's logits come back and are picked here.
      * Grown on first need. */
@@ -588,6 +593,22 @@ static enum spec_kind spec_kind_of(const struct exec *ex, const struct sched_req
     return k;
 }
 
+/* One draft token's price in plain decode steps for kind k: the
+ * verification's extra row, and for the draft model its forward. Until
+ * measured: 0.1 and 0.5. */
+static float spec_cost(const struct exec *ex, enum spec_kind k)
+{
+    double c = ex->c_verify;
+    if (k == SPEC_DRAFT)
+        c += ex->t_plain_ns > 0 && ex->t_draft_ns > 0 ? ex->t_draft_ns / ex->t_plain_ns : 0.5;
+    return (float)c;
+}
+
+static void ema(double *v, double x)
+{
+    *v = *v > 0 ? 0.9 * *v + 0.1 * x : x;
+}
+
 /* Before planning: drafts for every running request that decodes this
  * step and speculates, while at most spec.max_batch requests run. The
  * plan turns a decode with drafts into a verification (scheduler_plan.c). */
@@ -614,7 +635,7 @@ static void spec_prepare(struct exec *ex)
         size_t room = r->n_ctx > r->n_toks ? r->n_ctx - r->n_toks : 0;
         lim = lim < left ? lim : left;
         lim = lim < room ? lim : room;
-        uint32_t want = spec_draft_len(&r->spec, (uint32_t)lim);
+        uint32_t want = spec_draft_len(&r->spec, (uint32_t)lim, spec_cost(ex, k));
         if (want == 0)
             continue;
         if (k == SPEC_NGRAM) {
@@ -632,7 +653,10 @@ static void spec_prepare(struct exec *ex)
     }
     if (n_jobs == 0)
         return;
-    draft_propose(ex->conf.draft, ex->jobs, n_jobs);
+    uint64_t t0 = sched_now_ns();
+    uint32_t fwds = draft_propose(ex->conf.draft, ex->jobs, n_jobs);
+    if (fwds)
+        ema(&ex->t_draft_ns, (double)(sched_now_ns() - t0) / fwds);
     for (uint32_t i = 0; i < n_jobs; i++) {
         ex->job_req[i]->n_draft = ex->jobs[i].n_out;
         ex->job_req[i]->draft_seq = true;
@@ -666,7 +690,7 @@ static uint32_t spec_resolve(struct exec *ex)
         }
         n_fin += fin;
         r->step_n = g;
-        spec_update(&r->spec, nd, m);
+        spec_update(&r->spec, nd, m, ex->conf.spec.max_draft, spec_cost(ex, spec_kind_of(ex, r)));
         ex->sst.verifies++;
         ex->sst.drafted += nd;
         ex->sst.accepted += m;
@@ -739,10 +763,20 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         if (verify) {
             ex->sst.verify_steps++;
             ex->sst.verify_ns += dt;
+            /* the drafts' rows' share of the step, per row, over a plain
+             * step (a rough price: the batches of the two may differ) */
+            uint32_t rows = 0;
+            for (uint32_t i = 0; i < ex->plan.n; i++)
+                rows += ex->plan.reqs[i]->verify ? ex->plan.reqs[i]->n_draft : 0;
+            if (ex->t_plain_ns > 0 && rows) {
+                double c = ((double)dt / ex->t_plain_ns - 1.0) / rows;
+                ema(&ex->c_verify, c < 0 ? 0 : c > 2 ? 2 : c);
+            }
         } else if (plain) {
             ex->sst.decode_steps++;
             ex->sst.decode_tokens += ex->plan.n;
             ex->sst.decode_ns += dt;
+            ema(&ex->t_plain_ns, (double)dt);
         }
         n_fin = spec_resolve(ex);
     }
@@ -878,6 +912,7 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
     if (!ex->conf.queue_timeout_ms)
         ex->conf.queue_timeout_ms = 60000;
     struct spec_conf *spc = &ex->conf.spec;
+    ex->c_verify = 0.1;
     if (spc->kind == SPEC_DEFAULT)
         spc->kind = SPEC_OFF;
     if (!spc->max_batch)

@@ -6,10 +6,8 @@
 #include <math.h>
 #include <string.h>
 
-#define SPEC_ALL_ACCEPT 0.2f /* draft while all k are accepted with at least this chance */
-#define SPEC_EMA 0.15f       /* weight of one observation in the acceptance average */
-#define SPEC_POOR 0.1f       /* below this acceptance a request pauses its drafting */
-#define SPEC_MAX_PAUSE 64u   /* steps, the longest pause */
+#define SPEC_EMA 0.2f      /* weight of one observation in the acceptance average */
+#define SPEC_MAX_PAUSE 64u /* steps, the longest pause */
 
 const char *spec_kind_name(enum spec_kind k)
 {
@@ -44,11 +42,28 @@ static void state_init(struct spec_state *s)
         return;
     memset(s, 0, sizeof *s);
     s->init = true;
-    s->accept = 0.6f; /* a first guess: drafts 3 tokens */
+    s->accept = 0.6f; /* a first guess */
     s->backoff = 4;
 }
 
-uint32_t spec_draft_len(struct spec_state *s, uint32_t max_draft)
+/* The best k (0: none pays) and its tokens per cost. */
+static uint32_t best_len(float a, uint32_t max_draft, float cost, double *value)
+{
+    double aa = a < 0 ? 0 : a > 0.999f ? 0.999 : a, best = 1.0, pk = aa;
+    uint32_t bk = 0;
+    for (uint32_t k = 1; k <= max_draft; k++) {
+        pk *= aa; /* a^(k+1) */
+        double v = (1.0 - pk) / (1.0 - aa) / (1.0 + (double)cost * k);
+        if (v > best * 1.001) {
+            best = v;
+            bk = k;
+        }
+    }
+    *value = best;
+    return bk;
+}
+
+uint32_t spec_draft_len(struct spec_state *s, uint32_t max_draft, float cost)
 {
     state_init(s);
     if (s->skip) {
@@ -57,17 +72,13 @@ uint32_t spec_draft_len(struct spec_state *s, uint32_t max_draft)
     }
     if (max_draft == 0)
         return 0;
-    if (s->accept >= 0.999f)
-        return max_draft;
-    if (s->accept <= 0.0f)
-        return 1;
-    /* the largest k with accept^k >= SPEC_ALL_ACCEPT */
-    float k = floorf(logf(SPEC_ALL_ACCEPT) / logf(s->accept));
-    uint32_t n = k < 1.0f ? 1 : k > (float)max_draft ? max_draft : (uint32_t)k;
-    return n;
+    double v;
+    uint32_t k = best_len(s->accept, max_draft, cost, &v);
+    return k ? k : 1; /* not paused: at least a probe */
 }
 
-void spec_update(struct spec_state *s, uint32_t drafted, uint32_t accepted)
+void spec_update(struct spec_state *s, uint32_t drafted, uint32_t accepted, uint32_t max_draft,
+                 float cost)
 {
     state_init(s);
     if (drafted == 0)
@@ -78,13 +89,13 @@ void spec_update(struct spec_state *s, uint32_t drafted, uint32_t accepted)
         s->accept += SPEC_EMA * (1.0f - s->accept);
     if (accepted < drafted)
         s->accept -= SPEC_EMA * s->accept;
-    if (s->accept < SPEC_POOR) {
-        /* poor: pause, each pause twice the last, and start again from a
-         * modest guess so one lucky step is not needed to draft again */
+    double v;
+    if (best_len(s->accept, max_draft ? max_draft : 1, cost, &v) == 0) {
+        /* drafting does not pay at this rate: pause, each pause twice the
+         * last, then probe again */
         s->skip = s->backoff;
         s->backoff = s->backoff * 2 > SPEC_MAX_PAUSE ? SPEC_MAX_PAUSE : s->backoff * 2;
-        s->accept = 0.3f;
-    } else if (s->accept > 0.5f) {
+    } else {
         s->backoff = 4;
     }
 }

@@ -39,22 +39,26 @@ struct spec_conf {
 struct spec_state {
     bool init;
     float accept;      /* moving average of the acceptance of one draft token */
-    uint32_t skip;     /* steps left without drafting (after a poor run) */
-    uint32_t backoff;  /* the next pause's length, doubling while acceptance stays poor */
+    uint32_t skip;     /* steps left without drafting (after drafting stopped paying) */
+    uint32_t backoff;  /* the next pause's length, doubling while it does not pay */
     uint64_t drafted;  /* draft tokens verified */
     uint64_t accepted; /* of them, kept */
 };
 
-/* How many tokens to draft this step: the largest k whose chance of being
- * all accepted, at the request's acceptance rate, stays above 1/5 (so
- * a rate of 0.5 drafts 3, 0.8 drafts 8), in [1, max_draft]; 0 while the
- * request pauses after poor acceptance (the pause itself is counted down
- * here). */
-uint32_t spec_draft_len(struct spec_state *s, uint32_t max_draft);
+/* The draft length that pays best: with per-token acceptance a (the
+ * request's moving average), k drafts give (1 - a^(k+1)) / (1 - a) tokens
+ * for a step that costs 1 + cost * k plain steps (cost: one draft token's
+ * price, the draft model's forward and the verification's extra row, in
+ * plain decode steps); the k in [1, max_draft] with the most tokens per
+ * cost. 0 while the request pauses (counted down here). */
+uint32_t spec_draft_len(struct spec_state *s, uint32_t max_draft, float cost);
 /* After a verification of `drafted` tokens of which the first `accepted`
  * were kept: updates the rate (one observation per draft token up to and
- * including the first rejected one) and the pause. */
-void spec_update(struct spec_state *s, uint32_t drafted, uint32_t accepted);
+ * including the first rejected one); when no k pays at that rate and cost
+ * any more, the request pauses drafting for 4, 8, ... 64 steps (then
+ * probes again with the best k). */
+void spec_update(struct spec_state *s, uint32_t drafted, uint32_t accepted, uint32_t max_draft,
+                 float cost);
 
 /* N-gram prompt lookup (llama.cpp's lookup, vLLM's ngram): the longest
  * suffix of toks[0..n) of length ngram_max down to ngram_min that occurs

@@ -169,6 +169,21 @@ int main(int argc, char **argv)
     }
     for (uint32_t i = 0; i < PLEN; i++)
         chat[i] = 3 + (i * 6007 + 17) % 991;
+    /* BENCH_SPEC_PROMPTS=DIR: the two prompts as JSON arrays (edit.json,
+     * chat.json), for llama.cpp's run on the same tokens */
+    const char *pdir = getenv("BENCH_SPEC_PROMPTS");
+    for (int w = 0; pdir && w < 2; w++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s.json", pdir, w ? "chat" : "edit");
+        FILE *f = fopen(path, "w");
+        if (!f)
+            goto out;
+        size_t n = w ? PLEN : elen[0];
+        for (size_t i = 0; i < n; i++)
+            fprintf(f, "%s%u", i ? "," : "[", w ? chat[i] : edit[0][i]);
+        fprintf(f, "]\n");
+        fclose(f);
+    }
     for (int w = 0; w < 2; w++) {
         const uint32_t *prompt = w ? chat : edit[0];
         size_t plen = w ? PLEN : elen[0];

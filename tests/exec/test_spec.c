@@ -351,9 +351,57 @@ static void test_other_vocab_refused(void **state)
     assert_string_equal(err.param, "speculative");
 }
 
+/* The policy's pure parts: n-gram lookup (longest suffix first, latest
+ * earlier occurrence, no more than what followed it), the acceptance
+ * walk, and the draft length: longer at higher acceptance, none paying
+ * when a draft token costs more than it wins, then a pause. */
+static void test_policy(void **state)
+{
+    (void)state;
+    uint32_t out[8];
+    /* a b c d | x b c e | b c : suffix "b c" (2) occurs at 1 and 5; the
+     * latest (5) is followed by e, b, c */
+    const uint32_t t[] = {1, 2, 3, 4, 9, 2, 3, 5, 2, 3};
+    assert_int_equal(spec_ngram(t, 10, 1, 3, 8, out), 3);
+    assert_int_equal(out[0], 5);
+    assert_int_equal(out[1], 2);
+    assert_int_equal(out[2], 3);
+    /* "x b c" (3) occurs once earlier and wins over "b c" */
+    const uint32_t u[] = {9, 2, 3, 7, 7, 2, 3, 8, 9, 2, 3};
+    assert_int_equal(spec_ngram(u, 11, 1, 3, 2, out), 2);
+    assert_int_equal(out[0], 7);
+    assert_int_equal(out[1], 7);
+    assert_int_equal(spec_ngram(u, 11, 4, 4, 2, out), 0); /* no 4-gram repeats */
+    const uint32_t v[] = {1, 2, 3};
+    assert_int_equal(spec_ngram(v, 3, 1, 3, 4, out), 0);
+    uint32_t d[4] = {5, 6, 7, 8}, p[5] = {5, 6, 9, 1, 1};
+    assert_int_equal(spec_accept(d, 4, p), 2);
+    p[2] = 7, p[3] = 8;
+    assert_int_equal(spec_accept(d, 4, p), 4);
+    struct spec_state s = {0};
+    uint32_t k0 = spec_draft_len(&s, 8, 0.1f);
+    for (int i = 0; i < 20; i++)
+        spec_update(&s, 4, 4, 8, 0.1f);
+    uint32_t k1 = spec_draft_len(&s, 8, 0.1f);
+    assert_true(k0 >= 1 && k1 > k0 && k1 <= 8);
+    /* always rejected at a price of half a step: a pause, then a probe */
+    struct spec_state q = {0};
+    uint32_t paused = 0;
+    for (int i = 0; i < 40; i++) {
+        uint32_t k = spec_draft_len(&q, 8, 0.5f);
+        if (k == 0)
+            paused++;
+        else
+            spec_update(&q, k, 0, 8, 0.5f);
+    }
+    assert_true(paused > 20);
+    assert_true(q.drafted > 0 && q.accepted == 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_policy),
         cmocka_unit_test_setup_teardown(test_ngram_greedy_identical, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_draft_greedy_identical, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_sampled_same_seed, fx_setup, fx_teardown),
