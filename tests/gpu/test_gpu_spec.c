@@ -270,9 +270,9 @@ static void test_daemon_ngram_equal(void **state)
              "--vocab 256 --ctx 512 --type f16 --seed 44 >/dev/null",
              getenv("KVD_TOOLS_DIR"), model);
     assert_int_equal(system(cmd), 0);
-    const char *args[] = {
-        "--model", model,           "--backend", "cuda", "--device-blocks", "64", "--speculative",
-        "ngram",   "--host-blocks", "0",         NULL};
+    const char *args[] = {"--model",         model, "--backend",           "cuda",
+                          "--device-blocks", "64",  "--speculative",       "ngram",
+                          "--host-blocks",   "0",   "--no-roofline-probe", NULL};
     struct kh_proc p;
     assert_int_equal(kh_start(&p, NULL, args), 0);
     enum { N = 3, GEN = 16 };
