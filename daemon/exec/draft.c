@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "gguf.h"
+#include "kvd/protocol.h"
 #include "kvmm.h"
 #include "log.h"
 #include "spec.h"
@@ -26,10 +27,11 @@ struct draft_seq {
 
 struct draft {
     struct draft_conf conf; /* its paths not kept */
-    struct model *m;        /* owned */
-    struct kvmm *mm;        /* owned: the draft's KV */
-    struct fwd_ctx *fc;     /* owned */
-    uint32_t tenant;        /* the draft kvmm's one tenant */
+    struct model *m;        /* owned when own_m; else another model's, borrowed */
+    bool own_m;
+    struct kvmm *mm;    /* owned: the draft's KV */
+    struct fwd_ctx *fc; /* owned */
+    uint32_t tenant;    /* the draft kvmm's one tenant */
     uint32_t n_blocks, step_tokens, max_seqs;
     struct draft_seq *seqs; /* [n_seqs], cap_seqs */
     uint32_t n_seqs, cap_seqs;
@@ -39,28 +41,37 @@ struct draft {
     uint32_t *picks;
     uint32_t *slots; /* [cap_slots] block tables of the step, concatenated */
     size_t cap_slots;
-    uint32_t *job_of; /* [max_seqs] the job of each batch entry */
-    uint32_t *at;     /* [max_seqs] where the entry's chunk starts in its job's sequence */
+    uint32_t *job_of;      /* [max_seqs] the job of each batch entry */
+    struct draft_stats st; /* under the draft kvmm's lock */
+    uint32_t *at;          /* [max_seqs] where the entry's chunk starts in its job's sequence */
 };
 
 /* ---- loading -------------------------------------------------------------- */
 
-/* The vocabulary check: the same token count and, when both files carry
- * their tokens, the same texts in the same order. */
-static int same_vocab(const struct draft_conf *c, const struct model_hparams *dh,
-                      struct kvd_error *err)
+/* A label for errors: the caller's, or "--draft-model PATH". */
+static const char *label_of(const char *label, const char *path, char *buf, size_t cap)
 {
-    if (dh->n_vocab != c->target->n_vocab)
-        return kvd_error_set(
-            err, KVD_EBADREQ,
-            "--draft-model %s: its vocabulary has %u tokens, the served model's %u: "
-            "a draft must share the served model's vocabulary",
-            c->path, dh->n_vocab, c->target->n_vocab);
+    if (label)
+        return label;
+    snprintf(buf, cap, "--draft-model %s", path);
+    return buf;
+}
+
+int draft_check_vocab(const char *target_path, uint32_t target_vocab, const char *draft_path,
+                      uint32_t draft_vocab, const char *label, struct kvd_error *err)
+{
+    char lb[4200];
+    label = label_of(label, draft_path, lb, sizeof lb);
+    if (draft_vocab != target_vocab)
+        return kvd_error_set(err, KVD_EBADREQ,
+                             "%s: its vocabulary has %u tokens, the served model's %u: "
+                             "a draft must share the served model's vocabulary",
+                             label, draft_vocab, target_vocab);
     struct gguf *a = NULL, *b = NULL;
     char msg[256];
     int rc = 0;
-    if (gguf_open(c->target_path, &a, msg, sizeof msg) || gguf_open(c->path, &b, msg, sizeof msg)) {
-        rc = kvd_error_set(err, KVD_EBADREQ, "--draft-model: %s", msg);
+    if (gguf_open(target_path, &a, msg, sizeof msg) || gguf_open(draft_path, &b, msg, sizeof msg)) {
+        rc = kvd_error_set(err, KVD_EBADREQ, "%s: %s", label, msg);
         goto out;
     }
     const struct gguf_kv *ta = gguf_find_kv(a, "tokenizer.ggml.tokens");
@@ -69,9 +80,9 @@ static int same_vocab(const struct draft_conf *c, const struct model_hparams *dh
         goto out; /* token-only models: the counts matched */
     if (!ta || !tb || ta->type != GGUF_ARRAY || tb->type != GGUF_ARRAY) {
         rc = kvd_error_set(err, KVD_EBADREQ,
-                           "--draft-model %s: %s has tokenizer.ggml.tokens and the other does not, "
+                           "%s: %s has tokenizer.ggml.tokens and the other does not, "
                            "so the vocabularies cannot be compared",
-                           c->path, ta ? "the served model" : "the draft");
+                           label, ta ? "the served model" : "the draft");
         goto out;
     }
     if (ta->arr_type != tb->arr_type || ta->arr_count != tb->arr_count ||
@@ -81,19 +92,19 @@ static int same_vocab(const struct draft_conf *c, const struct model_hparams *dh
         const uint8_t *ea = pa + ta->arr_bytes, *eb = pb + tb->arr_bytes;
         uint64_t i = 0;
         for (; i < ta->arr_count && i < tb->arr_count && pa + 8 <= ea && pb + 8 <= eb; i++) {
-            uint64_t la, lb;
+            uint64_t la, lb_;
             memcpy(&la, pa, 8);
-            memcpy(&lb, pb, 8);
-            if (la != lb || la > (uint64_t)(ea - pa - 8) || lb > (uint64_t)(eb - pb - 8) ||
+            memcpy(&lb_, pb, 8);
+            if (la != lb_ || la > (uint64_t)(ea - pa - 8) || lb_ > (uint64_t)(eb - pb - 8) ||
                 memcmp(pa + 8, pb + 8, la))
                 break;
             pa += 8 + la;
-            pb += 8 + lb;
+            pb += 8 + lb_;
         }
         rc = kvd_error_set(err, KVD_EBADREQ,
-                           "--draft-model %s: its vocabulary differs from the served model's at "
+                           "%s: its vocabulary differs from the served model's at "
                            "token %llu: a draft must share the served model's vocabulary",
-                           c->path, (unsigned long long)i);
+                           label, (unsigned long long)i);
     }
 out:
     gguf_close(a);
@@ -115,17 +126,27 @@ int draft_open(const struct draft_conf *c, struct draft **out, struct kvd_error 
         d->max_seqs = DRAFT_MAX_JOBS;
     if (d->step_tokens < d->max_seqs)
         d->step_tokens = d->max_seqs;
-    struct model_opts mo = {.n_threads = c->n_threads};
-    if ((rc = model_load_opts(c->path, c->be, &mo, &d->m, err))) {
-        char m[KVD_ERROR_MSG_MAX];
-        snprintf(m, sizeof m, "%s", err ? err->message : "");
-        kvd_error_set(err, rc, "--draft-model %s: %s", c->path, m);
-        goto fail;
+    char lb[4200];
+    const char *label = label_of(c->label, c->path, lb, sizeof lb);
+    if (c->weights) {
+        d->m = c->weights;
+    } else {
+        struct model_opts mo = {.n_threads = c->n_threads};
+        if ((rc = model_load_opts(c->path, c->be, &mo, &d->m, err))) {
+            char m[KVD_ERROR_MSG_MAX];
+            snprintf(m, sizeof m, "%s", err ? err->message : "");
+            kvd_error_set(err, rc, "%s: %s", label, m);
+            goto fail;
+        }
+        d->own_m = true;
     }
-    if ((rc = same_vocab(c, model_hparams(d->m), err)))
+    if ((rc = draft_check_vocab(c->target_path, c->target->n_vocab, c->path,
+                                model_hparams(d->m)->n_vocab, label, err)))
         goto fail;
     d->conf = *c;
-    d->conf.path = d->conf.target_path = NULL;
+    d->conf.path = d->conf.target_path = d->conf.label = NULL;
+    d->conf.weights = NULL;
+    d->conf.target = NULL;
     struct kv_geom g;
     model_kv_geom(d->m, c->block_tokens, c->dtype, &g);
     if ((rc = kv_geom_check(&g, err)))
@@ -154,15 +175,15 @@ int draft_kv_open(struct draft *d, size_t kv_bytes, struct kvd_error *err)
     uint64_t nb = kv_bytes / bb;
     if (nb < 1)
         return kvd_error_set(err, KVD_EBADREQ,
-                             "--draft-model: its KV share (%zu bytes) is less than one %zu-byte "
+                             "the draft model: its KV share (%zu bytes) is less than one %zu-byte "
                              "block",
                              kv_bytes, bb);
     kc.n_device_blocks = nb > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)nb;
     memcpy(kc.fingerprint, model_hparams(d->m)->fingerprint, sizeof kc.fingerprint);
     if ((rc = kvmm_new(&kc, &d->mm)))
-        return kvd_error_set(err, rc,
-                             "--draft-model: cannot create its KV memory (%u blocks of %zu bytes)",
-                             kc.n_device_blocks, bb);
+        return kvd_error_set(
+            err, rc, "the draft model: cannot create its KV memory (%u blocks of %zu bytes)",
+            kc.n_device_blocks, bb);
     d->n_blocks = kc.n_device_blocks;
     struct kvmm_tenant_conf tc = {.max_device_blocks = KVMM_UNLIMITED,
                                   .max_host_blocks = KVMM_UNLIMITED,
@@ -175,7 +196,8 @@ int draft_kv_open(struct draft *d, size_t kv_bytes, struct kvd_error *err)
     if (rc)
         return kvd_error_set(err, rc, "%s", nomem);
     if ((rc = fwd_ctx_new(d->m, d->step_tokens, d->max_seqs, &d->fc)))
-        return kvd_error_set(err, rc, "--draft-model: cannot size its forward scratch (%u tokens)",
+        return kvd_error_set(err, rc,
+                             "the draft model: cannot size its forward scratch (%u tokens)",
                              d->step_tokens);
     d->fseqs = calloc(d->max_seqs, sizeof *d->fseqs);
     d->rows = calloc(d->max_seqs, sizeof *d->rows);
@@ -199,7 +221,8 @@ void draft_free(struct draft *d)
     }
     fwd_ctx_free(d->fc);
     kvmm_free(d->mm);
-    model_free(d->m);
+    if (d->own_m)
+        model_free(d->m);
     free(d->seqs);
     free(d->fseqs);
     free(d->rows);
@@ -251,19 +274,24 @@ static struct draft_seq *seq_get(struct draft *d, const struct draft_job *j)
         d->seqs = p;
         d->cap_seqs = cap;
     }
-    char name[32];
+    /* the tenant's namespace by its name, as the target's own
+     * ("tenant:<name>"): a later tenant that reuses a removed one's id has
+     * another name, so it never matches what that one cached */
+    char name[8 + KVD_MAX_NAME + 1];
     uint32_t ns;
-    snprintf(name, sizeof name, "tenant-%u", j->tenant);
+    snprintf(name, sizeof name, "tenant:%s", j->tenant ? j->tenant : "");
     s = &d->seqs[d->n_seqs];
-    if (kvmm_namespace(d->mm, name, &ns) || kvmm_seq_open(d->mm, j->owner, d->tenant, ns, &s->seq))
+    if (!j->tenant || !j->tenant[0] || kvmm_namespace(d->mm, name, &ns) ||
+        kvmm_seq_open(d->mm, j->owner, d->tenant, ns, &s->seq))
         return NULL;
     s->owner = j->owner;
     s->ns = ns;
     s->used = false;
     d->n_seqs++;
     size_t matched = 0;
-    if (j->n_toks > 1)
-        kvmm_seq_match(d->mm, s->owner, s->seq, j->toks, j->n_toks - 1, &matched);
+    if (j->n_toks > 1 &&
+        kvmm_seq_match(d->mm, s->owner, s->seq, j->toks, j->n_toks - 1, &matched) == 0)
+        d->st.matched += matched;
     return s;
 }
 
@@ -377,6 +405,8 @@ static uint32_t run_step(struct draft *d, struct draft_job *jobs, uint32_t n, si
             continue;
         }
         kv[i] += f->n_tokens;
+        j->n_fwd += f->n_tokens;
+        d->st.computed += f->n_tokens;
         if (!d->rows[e].skip)
             j->out[j->n_out++] = d->picks[e];
     }
@@ -392,7 +422,7 @@ uint32_t draft_propose(struct draft *d, struct draft_job *jobs, uint32_t n)
     bool dead[DRAFT_MAX_JOBS];
     if (!d->mm) {
         for (uint32_t i = 0; i < n; i++)
-            jobs[i].n_out = 0;
+            jobs[i].n_out = jobs[i].n_fwd = 0;
         return 0;
     }
     if (n > d->max_seqs)
@@ -404,6 +434,7 @@ uint32_t draft_propose(struct draft *d, struct draft_job *jobs, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         struct draft_job *j = &jobs[i];
         j->n_out = 0;
+        j->n_fwd = 0;
         dead[i] = !scratch || j->k == 0 || j->n_toks == 0;
         if (dead[i])
             continue;
@@ -445,5 +476,15 @@ void draft_release(struct draft *d, uint64_t owner)
     struct draft_seq *s = seq_find(d, owner);
     if (s)
         seq_drop(d, s);
+    kvmm_unlock(d->mm);
+}
+
+void draft_stats(struct draft *d, struct draft_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!d->mm)
+        return;
+    kvmm_lock(d->mm);
+    *out = d->st;
     kvmm_unlock(d->mm);
 }

@@ -6,6 +6,7 @@
 #include "exec.h"
 
 #include "acct.h"
+#include "arbiter.h"
 #include "prep.h"
 #include "roofline.h"
 #include "workpool.h"
@@ -61,8 +62,19 @@ struct exec {
      * sample_step; lprow keeps a raw row the host pick adjusts in place. */
     struct sampler_logprob *lpstep; /* [max_seqs][LP_STRIDE] */
     float *lprow;                   /* [n_vocab] */
+    /* n > 1: the leader's raw row the step its prompt is done (grow), and
+     * a copy each other choice picks from (frow); the choices forked this
+     * step, whose first tokens sample_step takes. */
+    float *grow, *frow; /* [n_vocab] */
+    struct sched_req **forked;
+    uint32_t n_forked, cap_forked;
     uint32_t n_arena_slots;
-    uint64_t gen_step; /* tokens taken this step */
+    uint64_t gen_step;            /* tokens taken this step */
+    struct roofline_shape shape;  /* the model's, for the roofline */
+    struct arbiter_share *shares; /* [max_seqs] this step's tenants (with an arbiter) */
+    size_t n_shares;
+    struct arbiter_share *dshares; /* [spec.max_batch] the draft model's turn's tenants */
+    char (*tnames)[64];            /* [spec.max_batch] their names */
 
     /* Shared with other threads, under mu. */
     pthread_mutex_t mu;
@@ -166,8 +178,8 @@ static void acct_report_done(struct acct *a, const struct sched_req *r)
         .outcome = r->finish == SCHED_FINISH_CANCELLED ? ACCT_CANCELLED
                    : r->finish == SCHED_FINISH_ERROR   ? ACCT_FAILED
                                                        : ACCT_COMPLETED,
-        .prompt = r->n_prompt,
-        .cached = r->n_cached,
+        .prompt = r->choice ? 0 : r->n_prompt, /* a request's other choices share its prompt */
+        .cached = r->choice ? 0 : r->n_cached,
         .completion = r->n_toks > r->n_prompt ? r->n_toks - r->n_prompt : 0,
         .preemptions = r->n_preempt,
         .t_arrive = r->t_arrive,
@@ -210,7 +222,7 @@ static void acct_report_counters(struct exec *ex)
                                 .decode_tokens = p->decode_tokens,
                                 .decode_ns = p->decode_ns};
     snprintf(s.spec.mode, sizeof s.spec.mode, "%s", spec_kind_name(ex->conf.spec.kind));
-    acct_sched_set(ex->conf.acct, &s);
+    acct_sched_set_slot(ex->conf.acct, ex->conf.acct_slot, &s);
 }
 
 static void publish_tokens(struct exec *ex, struct sched_req *r)
@@ -227,6 +239,35 @@ static void publish_tokens(struct exec *ex, struct sched_req *r)
     r->n_sent = n_gen;
 }
 
+static void count_done(struct exec *ex, const struct sched_req *r)
+{
+    ex->st.completed += r->finish == SCHED_FINISH_LENGTH || r->finish == SCHED_FINISH_STOP;
+    ex->st.cancelled += r->finish == SCHED_FINISH_CANCELLED;
+    ex->st.failed += r->finish == SCHED_FINISH_ERROR;
+}
+
+/* One choice of a group has ended: held until every choice has, then the
+ * group is answered at once (one reply) and freed. Executor thread. */
+static void answer_choice(struct exec *ex, struct sched_req *r)
+{
+    struct sched_group *g = r->group;
+    if (++g->n_answered < g->n)
+        return;
+    const struct sched_req *lead = g->reqs[0];
+    if (!atomic_load(&lead->detached) && lead->sink && lead->sink->done_group)
+        lead->sink->done_group(lead->sink->ud, (const struct sched_req *const *)g->reqs, g->n);
+    pthread_mutex_lock(&ex->mu);
+    ex->n_live -= g->n;
+    for (uint32_t i = 0; i < g->n; i++)
+        count_done(ex, g->reqs[i]);
+    bool idle = ex->n_live == 0;
+    pthread_cond_broadcast(&ex->idle);
+    pthread_mutex_unlock(&ex->mu);
+    sched_group_free(g);
+    if (idle && ex->conf.on_idle)
+        ex->conf.on_idle(ex->conf.on_idle_ud);
+}
+
 /* Answers r and frees it (any thread: the executor's, or a disk worker's
  * after a session save). */
 static void answer(struct exec *ex, struct sched_req *r)
@@ -237,16 +278,21 @@ static void answer(struct exec *ex, struct sched_req *r)
     }
     if (r->finish != SCHED_FINISH_ERROR)
         publish_tokens(ex, r);
+    if (r->group) {
+        answer_choice(ex, r);
+        return;
+    }
     if (!atomic_load(&r->detached) && r->sink && r->sink->done)
         r->sink->done(r->sink->ud, r);
     pthread_mutex_lock(&ex->mu);
     ex->n_live--;
-    ex->st.completed += r->finish == SCHED_FINISH_LENGTH || r->finish == SCHED_FINISH_STOP;
-    ex->st.cancelled += r->finish == SCHED_FINISH_CANCELLED;
-    ex->st.failed += r->finish == SCHED_FINISH_ERROR;
+    count_done(ex, r);
+    bool idle = ex->n_live == 0;
     pthread_cond_broadcast(&ex->idle);
     pthread_mutex_unlock(&ex->mu);
     sched_req_free(r);
+    if (idle && ex->conf.on_idle)
+        ex->conf.on_idle(ex->conf.on_idle_ud);
 }
 
 /* Closes the sequence a session request kept for its save. */
@@ -308,12 +354,31 @@ static bool save_first(struct exec *ex, struct sched_req *r)
     return false;
 }
 
+/* A leader ended before its prompt was done: its other choices, which
+ * have no sequence yet and are in no queue, end the same way. */
+static void end_unforked(struct exec *ex, struct sched_req *lead, struct sched_req **done)
+{
+    struct sched_group *g = lead->group;
+    if (!g || lead->choice != 0 || g->forked)
+        return;
+    g->forked = true; /* nothing forks after this */
+    for (uint32_t i = 1; i < g->n; i++) {
+        struct sched_req *f = g->reqs[i];
+        f->state = SCHED_DONE;
+        f->finish = lead->finish;
+        f->err = lead->err;
+        f->next = *done;
+        *done = f;
+    }
+}
+
 /* Answers and frees every request on the done list. */
 static void publish_done(struct exec *ex, struct sched_req *done)
 {
     while (done) {
         struct sched_req *r = done;
         done = r->next;
+        end_unforked(ex, r, &done); /* they follow r on the list */
         r->t_done = sched_now_ns();
         int abort_code = atomic_load(&r->abort_code);
         if (abort_code && r->finish == SCHED_FINISH_CANCELLED) {
@@ -347,22 +412,28 @@ static bool is_stop(const struct exec *ex, const struct sched_req *r, uint32_t t
     return !r->ignore_eos && text_is_eog(ex->conf.text, tok);
 }
 
-/* Appends one generated token to r (with its logprobs, lp, or NULL) and
- * decides whether r is finished (r->finish set). Returns true when it is. */
-static bool take_token(struct exec *ex, struct sched_req *r, uint32_t tok,
-                       const struct sampler_logprob *lp)
+/* Takes tok (lp: its logprobs, when asked; NULL for a token a
+ * verification gave, never one of a request with logprobs) as r's next
+ * token and decides whether r is finished (r->finish set). Returns 1 when
+ * it is. */
+static uint32_t take_token(struct exec *ex, struct sched_req *r, uint32_t tok,
+                           const struct sampler_logprob *lp)
 {
+    if (r->grammar_failed) {
+        r->finish = SCHED_FINISH_ERROR;
+        return 1;
+    }
     int rc = sched_req_push(r, tok);
     if (!rc && r->gm && grammar_matcher_accept(r->gm, tok, &r->err) != 0) {
         r->finish = SCHED_FINISH_ERROR;
-        return true;
+        return 1;
     }
     if (!rc && r->lp_on && lp)
         rc = sched_req_push_lp(r, lp);
     if (rc) {
         kvd_error_set(&r->err, rc, "out of memory for the sampled token");
         r->finish = SCHED_FINISH_ERROR;
-        return true;
+        return 1;
     }
     ex->gen_step++;
     if (r->t_first == 0)
@@ -388,10 +459,10 @@ static bool take_token(struct exec *ex, struct sched_req *r, uint32_t tok,
 }
 
 /* Takes the sampled token of every request whose chunk reached its last
- * known token, and decides whether it is finished (verifications were
- * taken by spec_resolve: their chunk now ends before their last token).
- * Runs without the kvmm lock. Returns how many finished (their r->finish
- * is set). */
+ * known token, and of every choice forked this step, and decides whether
+ * it is finished (verifications were taken by spec_resolve: their chunk
+ * now ends before their last token). Runs without the kvmm lock. Returns
+ * how many finished (their r->finish is set). */
 static uint32_t sample_step(struct exec *ex)
 {
     uint32_t n_fin = 0;
@@ -410,13 +481,14 @@ static uint32_t sample_step(struct exec *ex)
         }
         if (r->n_kv != r->n_toks)
             continue; /* a prefill chunk short of the end, or a verification */
-        if (r->grammar_failed) {
-            r->finish = SCHED_FINISH_ERROR;
-            n_fin++;
-            continue;
-        }
         n_fin += take_token(ex, r, ex->picks[ex->out0[i]],
-                            ex->lpstep ? ex->lpstep + (size_t)i * LP_STRIDE : NULL);
+                            r->lp_on ? ex->lpstep + (size_t)i * LP_STRIDE : NULL);
+    }
+    for (uint32_t k = 0; k < ex->n_forked; k++) {
+        struct sched_req *f = ex->forked[k];
+        f->fork_pending = false;
+        if (f->state != SCHED_DONE)
+            n_fin += take_token(ex, f, f->fork_pick, f->fork_lp);
     }
     return n_fin;
 }
@@ -442,6 +514,40 @@ static int grammar_mask(struct sched_req *r, float *row, uint32_t n_vocab)
     for (uint32_t t = 0; t < n_vocab; t++)
         if (t >= n_gv || !(bits[t / 32] >> (t % 32) & 1))
             row[t] = -INFINITY;
+    return 0;
+}
+
+/* Whether r leads choices that wait for its prompt: the step that ends its
+ * prompt draws their first tokens too. */
+static bool leads_unforked(const struct sched_req *r)
+{
+    return r->group && r->choice == 0 && !r->group->forked;
+}
+
+/* The leader's prompt is done: every other choice draws its first token
+ * from the same raw logits (ex->grow) with its own stream, mask and
+ * chain, as a request of its own would from that row. */
+static int fork_picks(struct exec *ex, struct sched_req *lead, uint32_t V)
+{
+    struct sched_group *g = lead->group;
+    for (uint32_t k = 1; k < g->n; k++) {
+        struct sched_req *f = g->reqs[k];
+        memcpy(ex->frow, ex->grow, (size_t)V * sizeof *ex->frow);
+        f->smp_before = f->smp;
+        f->fork_pending = true;
+        f->fork_pick = 0;
+        if (f->gm && grammar_mask(f, ex->frow, V))
+            continue; /* f->grammar_failed: it ends with the reason */
+        int rc = sampler_sample_host(&f->smp, &ex->hsc, lead->toks, lead->n_toks, ex->frow, V,
+                                     ex->counts, &f->fork_pick);
+        if (rc)
+            return rc;
+        if (f->lp_on) {
+            if (!f->fork_lp && !(f->fork_lp = malloc(LP_STRIDE * sizeof *f->fork_lp)))
+                return KVD_ENOMEM;
+            sampler_logprobs(ex->grow, V, f->fork_pick, f->lp_top, f->fork_lp);
+        }
+    }
     return 0;
 }
 
@@ -471,7 +577,7 @@ static int forward(struct exec *ex)
         ex->out0[i] = nout;
         for (uint32_t j = 0; j < nrows; j++)
             ex->rows[nout + j] = (struct sample_row){.skip = !want};
-        host |= want && !r->verify && (sampler_on_host(&r->smp) || r->gm);
+        host |= want && !r->verify && (sampler_on_host(&r->smp) || r->gm || leads_unforked(r));
         lp |= want && !r->verify && r->lp_on;
         const uint32_t *toks = r->toks + r->n_kv;
         if (r->verify) {
@@ -531,6 +637,10 @@ static int forward(struct exec *ex)
         return KVD_ENOMEM;
     if (lp && host && !ex->lprow && !(ex->lprow = malloc((size_t)V * sizeof *ex->lprow)))
         return KVD_ENOMEM;
+    if (host && !ex->grow &&
+        (!(ex->grow = malloc((size_t)V * sizeof *ex->grow)) ||
+         !(ex->frow = malloc((size_t)V * sizeof *ex->frow))))
+        return KVD_ENOMEM;
     b.logits = ex->hlogits;
     if (host) {
         b.sample = NULL;
@@ -561,19 +671,25 @@ static int forward(struct exec *ex)
         }
         /* the raw row, before the host pick adjusts it */
         const float *raw = row;
+        bool lead = leads_unforked(r);
+        if (lead)
+            memcpy(ex->grow, row, (size_t)V * sizeof *row);
         if (host && r->lp_on) {
             memcpy(ex->lprow, row, (size_t)V * sizeof *row);
             raw = ex->lprow;
         }
         if (r->gm && grammar_mask(r, row, V)) {
             ex->picks[o] = 0;
-            continue;
+        } else {
+            if (host && (rc = sampler_sample_host(&r->smp, &ex->hsc, r->toks, r->n_toks, row, V,
+                                                  ex->counts, &ex->picks[o])))
+                return rc;
+            if (r->lp_on)
+                sampler_logprobs(raw, V, ex->picks[o], r->lp_top,
+                                 ex->lpstep + (size_t)i * LP_STRIDE);
         }
-        if (host && (rc = sampler_sample_host(&r->smp, &ex->hsc, r->toks, r->n_toks, row, V,
-                                              ex->counts, &ex->picks[o])))
+        if (lead && (rc = fork_picks(ex, r, V)))
             return rc;
-        if (r->lp_on)
-            sampler_logprobs(raw, V, ex->picks[o], r->lp_top, ex->lpstep + (size_t)i * LP_STRIDE);
     }
     return 0;
 }
@@ -626,7 +742,10 @@ static void spec_prepare(struct exec *ex)
         if (k == SPEC_OFF)
             continue;
         ex->spec_on = true;
-        if (r->restoring || r->n_kv + 1 != r->n_toks || atomic_load(&r->cancel))
+        /* a leader whose prompt ends this step draws its choices' first
+         * tokens from that row (fork_picks): it is never verified */
+        if (r->restoring || r->n_kv + 1 != r->n_toks || atomic_load(&r->cancel) ||
+            leads_unforked(r))
             continue;
         /* drafts never reach past max_tokens (the last token is the
          * target's own pick) nor the context */
@@ -643,7 +762,7 @@ static void spec_prepare(struct exec *ex)
                 spec_ngram(r->toks, r->n_toks, sc->ngram_min, sc->ngram_max, want, r->draft);
         } else if (n_jobs < sc->max_batch) {
             ex->jobs[n_jobs] = (struct draft_job){.owner = sched_req_owner(r),
-                                                  .tenant = r->tenant,
+                                                  .tenant = ex->tnames[n_jobs],
                                                   .toks = r->toks,
                                                   .n_toks = r->n_toks,
                                                   .k = want,
@@ -653,10 +772,37 @@ static void spec_prepare(struct exec *ex)
     }
     if (n_jobs == 0)
         return;
+    /* The tenants' names (the draft's namespaces) and, for the arbiter,
+     * their weights: the draft model's forwards take a turn on the device
+     * of their own, charged to the drafting tenants by the tokens the draft
+     * computed for each. */
+    size_t n_sh = 0;
+    kvmm_lock(ex->mm);
+    for (uint32_t i = 0; i < n_jobs; i++) {
+        uint32_t t = ex->job_req[i]->tenant;
+        kvmm_tenant_name(ex->mm, t, ex->tnames[i]);
+        size_t k = 0;
+        while (k < n_sh && ex->dshares[k].tenant != t)
+            k++;
+        if (k == n_sh)
+            ex->dshares[n_sh++] =
+                (struct arbiter_share){.tenant = t, .weight = kvmm_tenant_weight(ex->mm, t)};
+    }
+    kvmm_unlock(ex->mm);
+    if (ex->conf.arbiter)
+        arbiter_acquire(ex->conf.arbiter, ex->dshares, n_sh);
     uint64_t t0 = sched_now_ns();
     uint32_t fwds = draft_propose(ex->conf.draft, ex->jobs, n_jobs);
+    uint64_t dt = sched_now_ns() - t0;
+    if (ex->conf.arbiter) {
+        for (uint32_t i = 0; i < n_jobs; i++)
+            for (size_t k = 0; k < n_sh; k++)
+                if (ex->dshares[k].tenant == ex->job_req[i]->tenant)
+                    ex->dshares[k].tokens += ex->jobs[i].n_fwd;
+        arbiter_release(ex->conf.arbiter, ex->dshares, n_sh, dt);
+    }
     if (fwds)
-        ema(&ex->t_draft_ns, (double)(sched_now_ns() - t0) / fwds);
+        ema(&ex->t_draft_ns, (double)dt / fwds);
     for (uint32_t i = 0; i < n_jobs; i++) {
         ex->job_req[i]->n_draft = ex->jobs[i].n_out;
         ex->job_req[i]->draft_seq = true;
@@ -703,6 +849,85 @@ static uint32_t spec_resolve(struct exec *ex)
     return n_fin;
 }
 
+/* After the commit of a step that ended a leader's prompt: each other
+ * choice gets a copy-on-write fork of the leader's sequence (the prompt's
+ * blocks shared, none computed again) and runs. A choice the fork is
+ * refused to (the tenant's sequence quota) waits as a request of its own:
+ * its stream goes back to before its draw, and when admitted it matches
+ * the prompt's cached blocks and draws from its own logits. kvmm lock
+ * held. */
+static void fork_groups(struct exec *ex, struct sched_req **done)
+{
+    ex->n_forked = 0;
+    for (uint32_t i = 0; i < ex->plan.n; i++) {
+        struct sched_req *r = ex->plan.reqs[i];
+        if (!leads_unforked(r) || r->state == SCHED_DONE || r->n_kv != r->n_toks ||
+            r->group->n < 2 || !r->group->reqs[1]->fork_pending)
+            continue;
+        struct sched_group *g = r->group;
+        g->forked = true;
+        if (ex->n_forked + g->n > ex->cap_forked) {
+            uint32_t cap = 2 * (ex->n_forked + g->n);
+            struct sched_req **v = realloc(ex->forked, cap * sizeof *v);
+            if (v) {
+                ex->forked = v;
+                ex->cap_forked = cap;
+            }
+        }
+        for (uint32_t k = 1; k < g->n; k++) {
+            struct sched_req *f = g->reqs[k];
+            size_t cap = r->n_prompt + 64;
+            uint32_t *t = malloc(cap * sizeof *t);
+            if (!t) {
+                f->fork_pending = false;
+                kvd_error_set(&f->err, KVD_ENOMEM, "out of memory forking the prompt");
+                f->finish = SCHED_FINISH_ERROR;
+                f->state = SCHED_DONE;
+                f->next = *done;
+                *done = f;
+                continue;
+            }
+            memcpy(t, r->toks, r->n_prompt * sizeof *t);
+            f->toks = t;
+            f->cap_toks = cap;
+            f->n_toks = f->n_prompt = r->n_prompt;
+            f->n_cached = r->n_cached;
+            f->t_sched = r->t_sched;
+            if (ex->n_forked < ex->cap_forked && kvmm_seq_fork(ex->mm, sched_req_owner(r), r->seq,
+                                                               sched_req_owner(f), &f->seq) == 0) {
+                f->have_seq = true;
+                f->n_kv = r->n_kv;
+                sched_add_running(ex->sched, ex->mm, f);
+                ex->forked[ex->n_forked++] = f;
+            } else {
+                f->smp = f->smp_before;
+                f->fork_pending = false;
+                f->grammar_failed = false;
+                kvd_error_clear(&f->err);
+                f->t_sched = 0;
+                sched_add(ex->sched, ex->mm, f);
+            }
+        }
+    }
+}
+
+/* The plan's tenants with their tokens and weights, for the arbiter
+ * (kvmm lock held: the weights are kvmm's). */
+static void plan_shares(struct exec *ex)
+{
+    ex->n_shares = 0;
+    for (uint32_t i = 0; i < ex->plan.n; i++) {
+        const struct sched_req *r = ex->plan.reqs[i];
+        size_t k = 0;
+        while (k < ex->n_shares && ex->shares[k].tenant != r->tenant)
+            k++;
+        if (k == ex->n_shares)
+            ex->shares[ex->n_shares++] = (struct arbiter_share){
+                .tenant = r->tenant, .tokens = 0, .weight = kvmm_tenant_weight(ex->mm, r->tenant)};
+        ex->shares[k].tokens += r->step_n;
+    }
+}
+
 /* One iteration. Returns false when there was nothing to compute. */
 static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
 {
@@ -717,7 +942,7 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         r->next = r->prev = NULL;
         /* A prompt that failed to prepare, or was never prepared (the
          * request was cancelled first), ends here. */
-        if (r->finish != SCHED_FINISH_NONE || r->prompt) {
+        if (r->finish != SCHED_FINISH_NONE || r->prompt || r->constraint) {
             sched_reject(mm, r, &done);
             continue;
         }
@@ -728,6 +953,8 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
     if (drain)
         sched_drain(ex->sched, mm, &done);
     int rc = sched_plan(ex->sched, mm, &ex->plan, &done);
+    if (rc == 0 && ex->conf.arbiter)
+        plan_shares(ex);
     kvmm_unlock(mm);
     if (rc) {
         /* Out of memory for the plan itself: end everything rather than spin. */
@@ -747,13 +974,20 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         return false;
     }
 
+    if (ex->conf.arbiter)
+        arbiter_acquire(ex->conf.arbiter, ex->shares, ex->n_shares);
     uint64_t t_fwd = sched_now_ns();
     ex->gen_step = 0;
     rc = forward(ex);
+    uint64_t fwd_ns = sched_now_ns() - t_fwd;
+    /* The arbiter charges the rows computed: a verification's 1 + k
+     * (plan_shares), whatever it keeps of them. */
+    if (ex->conf.arbiter)
+        arbiter_release(ex->conf.arbiter, ex->shares, ex->n_shares, fwd_ns);
     uint32_t n_fin = 0;
     if (rc == 0) {
-        uint64_t dt = sched_now_ns() - t_fwd;
-        roofline_record_fwd(ex->conf.roofline, ex->fseqs, ex->plan.n, dt);
+        uint64_t dt = fwd_ns;
+        roofline_record_fwd_shape(ex->conf.roofline, &ex->shape, ex->fseqs, ex->plan.n, dt);
         bool verify = false, plain = true;
         for (uint32_t i = 0; i < ex->plan.n; i++) {
             const struct sched_req *r = ex->plan.reqs[i];
@@ -813,10 +1047,13 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
                 done = r;
             }
         }
+        fork_groups(ex, &done);
     }
     kvmm_unlock(mm);
 
     n_fin += sample_step(ex);
+    /* every token taken this step: verifications' (spec_resolve), the
+     * step's picks and the first tokens of the choices forked in it */
     uint64_t gen = ex->gen_step;
     for (uint32_t i = 0; i < ex->plan.n; i++)
         if (ex->plan.reqs[i]->verify) {
@@ -827,10 +1064,13 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         ex->plan.reqs[i]->n_draft = 0;
         ex->plan.reqs[i]->verify = false;
     }
+    /* this step's requests, then the choices forked in it */
+    uint32_t n_all = ex->plan.n + ex->n_forked;
+#define STEP_REQ(i) ((i) < ex->plan.n ? ex->plan.reqs[i] : ex->forked[(i)-ex->plan.n])
     if (n_fin) {
         kvmm_lock(mm);
-        for (uint32_t i = 0; i < ex->plan.n; i++) {
-            struct sched_req *r = ex->plan.reqs[i];
+        for (uint32_t i = 0; i < n_all; i++) {
+            struct sched_req *r = STEP_REQ(i);
             if (r->state == SCHED_DONE || r->finish == SCHED_FINISH_NONE)
                 continue;
             sched_finish(ex->sched, mm, r, r->finish);
@@ -839,11 +1079,13 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         }
         kvmm_unlock(mm);
     }
-    for (uint32_t i = 0; i < ex->plan.n; i++) {
-        struct sched_req *r = ex->plan.reqs[i];
+    for (uint32_t i = 0; i < n_all; i++) {
+        struct sched_req *r = STEP_REQ(i);
         if (r->state != SCHED_DONE)
             publish_tokens(ex, r);
     }
+#undef STEP_REQ
+    ex->n_forked = 0;
     pthread_mutex_lock(&ex->mu);
     ex->st.generated += gen;
     ex->st.spec = ex->sst;
@@ -897,8 +1139,10 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
 {
     static const char nomem[] = "out of memory starting the executor";
     struct exec *ex = calloc(1, sizeof(*ex));
-    if (!ex)
+    if (!ex) {
+        draft_free(conf->draft); /* the executor's from here on */
         return kvd_error_set(err, KVD_ENOMEM, "%s", nomem);
+    }
     int rc;
     ex->mm = mm;
     ex->m = m;
@@ -930,11 +1174,9 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
     if (spc->ngram_max < spc->ngram_min)
         spc->ngram_max = spc->ngram_min;
     ex->hp = model_hparams(m);
-    if (ex->conf.roofline) {
-        struct roofline_shape rs;
-        roofline_shape_from_model(ex->hp, kvmm_geom(mm), &rs);
-        roofline_set_shape(ex->conf.roofline, &rs);
-    }
+    roofline_shape_from_model(ex->hp, kvmm_geom(mm), &ex->shape);
+    if (ex->conf.roofline)
+        roofline_set_shape(ex->conf.roofline, &ex->shape);
     pthread_mutex_init(&ex->mu, NULL);
     pthread_cond_init(&ex->wake, NULL);
     pthread_cond_init(&ex->idle, NULL);
@@ -975,7 +1217,7 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
     if (spc->kind == SPEC_DRAFT && !ex->conf.draft) {
         rc = kvd_error_set(err, KVD_EBADREQ,
                            "speculative decoding with a draft model needs one "
-                           "(--draft-model)");
+                           "(--draft-model, or [model:NAME] draft = OTHER)");
         goto fail;
     }
     /* Output rows: one per sequence, plus the drafts of the requests that
@@ -997,8 +1239,11 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
     ex->saved = calloc(sc.max_seqs, sizeof(*ex->saved));
     ex->jobs = calloc(spc->max_batch, sizeof(*ex->jobs));
     ex->job_req = calloc(spc->max_batch, sizeof(*ex->job_req));
+    ex->shares = calloc(sc.max_seqs, sizeof(*ex->shares));
+    ex->dshares = calloc(spc->max_batch, sizeof(*ex->dshares));
+    ex->tnames = calloc(spc->max_batch, sizeof(*ex->tnames));
     if (!ex->fseqs || !ex->rows || !ex->picks || !ex->order || !ex->out0 || !ex->vtoks ||
-        !ex->saved || !ex->jobs || !ex->job_req) {
+        !ex->saved || !ex->jobs || !ex->job_req || !ex->shares || !ex->dshares || !ex->tnames) {
         rc = kvd_error_set(err, KVD_ENOMEM, "%s", nomem);
         goto fail;
     }
@@ -1026,10 +1271,12 @@ void exec_free(struct exec *ex)
         pthread_cond_broadcast(&ex->wake);
         pthread_mutex_unlock(&ex->mu);
         pthread_join(ex->thread, NULL);
+        acct_sched_retire(ex->conf.acct, ex->conf.acct_slot);
     }
     sched_free(ex->sched);
     if (ex->fc)
         fwd_ctx_free(ex->fc);
+    draft_free(ex->conf.draft); /* its sequences, KV and scratch (and private weights) */
     sched_plan_free(&ex->plan);
     free(ex->fseqs);
     free(ex->rows);
@@ -1040,9 +1287,15 @@ void exec_free(struct exec *ex)
     free(ex->saved);
     free(ex->jobs);
     free(ex->job_req);
+    free(ex->shares);
+    free(ex->dshares);
+    free(ex->tnames);
     free(ex->hlogits);
     free(ex->lpstep);
     free(ex->lprow);
+    free(ex->grow);
+    free(ex->frow);
+    free(ex->forked);
     free(ex->counts);
     sampler_scratch_free(&ex->hsc);
     free(ex->hash);
@@ -1174,7 +1427,7 @@ int exec_submit(struct exec *ex, struct sched_req *r)
     struct prep_job *job = NULL;
     /* Read before r is handed over: once in the inbox, the executor may
      * answer and free it at any time. */
-    bool text = r->prompt != NULL, disk = !text && wants_disk(ex, r);
+    bool text = r->prompt != NULL || r->constraint != NULL, disk = !text && wants_disk(ex, r);
     if (((text && ex->conf.pool) || disk) && !(job = malloc(sizeof(*job))))
         return KVD_ENOMEM;
     pthread_mutex_lock(&ex->mu);
@@ -1188,9 +1441,22 @@ int exec_submit(struct exec *ex, struct sched_req *r)
     if (r->t_arrive == 0)
         r->t_arrive = sched_now_ns();
     r->n_ctx = ex->hp->n_ctx;
+    /* every choice is live (cancel, disconnect and drain find each);
+     * only the leader is queued */
+    uint32_t n = r->group ? r->group->n : 1;
+    for (uint32_t i = 0; i < n; i++) {
+        struct sched_req *c = r->group ? r->group->reqs[i] : r;
+        if (c->serial == 0)
+            c->serial = ++ex->serial;
+        if (c->t_arrive == 0)
+            c->t_arrive = r->t_arrive;
+        c->n_ctx = ex->hp->n_ctx;
+        if (c != r)
+            live_add(ex, c);
+    }
     live_add(ex, r);
-    ex->n_live++;
-    ex->st.requests++;
+    ex->n_live += n;
+    ex->st.requests += n;
     if (!text && !disk)
         inbox_push(ex, r);
     pthread_mutex_unlock(&ex->mu);
@@ -1210,9 +1476,10 @@ int exec_submit(struct exec *ex, struct sched_req *r)
     if (rc) {
         free(job);
         pthread_mutex_lock(&ex->mu);
-        live_remove(ex, r);
-        ex->n_live--;
-        ex->st.requests--;
+        for (uint32_t i = 0; i < n; i++)
+            live_remove(ex, r->group ? r->group->reqs[i] : r);
+        ex->n_live -= n;
+        ex->st.requests -= n;
         pthread_cond_broadcast(&ex->idle);
         pthread_mutex_unlock(&ex->mu);
     }

@@ -26,6 +26,10 @@ struct exec_sink {
     void (*tokens)(void *ud, const struct sched_req *r, const uint32_t *toks, size_t n);
     /* The final answer (r->finish, r->err); r is freed after the call. */
     void (*done)(void *ud, const struct sched_req *r);
+    /* The final answer of a request of n > 1 choices (r->group), once
+     * every choice has ended: rs[i] is choice i; freed after the call.
+     * Each choice's streamed tokens came through `tokens` before. */
+    void (*done_group)(void *ud, const struct sched_req *const *rs, uint32_t n);
 };
 
 struct workpool;
@@ -51,10 +55,22 @@ struct exec_conf {
      * (kvmm_disk_prefetch) before it is queued, so no disk read ever runs
      * inside a step (not owned, outlives the executor). NULL: none. */
     struct workpool *disk_pool;
-    /* Speculative decoding (spec.h; kind OFF: none) and the draft model
-     * (not owned, outlives the executor; NULL: no draft model, so kind
-     * DRAFT is refused). Zeroed: off, max_batch 4, max_draft 8, n-grams
-     * of 1 to 3 tokens. */
+    /* Several models on one device (not owned, outlives the executor; NULL:
+     * the device is this executor's alone): each forward takes a turn, the
+     * draft model's forwards too. */
+    struct exec_arbiter *arbiter;
+    /* The accounting slot its queues and counters go to (its model's). */
+    uint32_t acct_slot;
+    /* Called when the last live request has been answered (on the thread
+     * that answered it, no lock held): the daemon may unload the model. */
+    void (*on_idle)(void *ud);
+    void *on_idle_ud;
+    /* Speculative decoding (spec.h; kind OFF: none) and the draft model's
+     * executor side (draft.h: its KV, scratch and sequences; NULL: no draft
+     * model, so kind DRAFT is refused). The executor owns the draft from
+     * exec_new on, whether exec_new succeeds or not: exec_free frees it, so
+     * a model's draft state goes when its executor does. Zeroed: off,
+     * max_batch 4, max_draft 8, n-grams of 1 to 3 tokens. */
     struct spec_conf spec;
     struct draft *draft;
 };

@@ -4,6 +4,8 @@
 #include "scheduler.h"
 #include "scheduler_impl.h"
 
+#include "prep.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -326,6 +328,37 @@ void sched_add(struct sched *s, struct kvmm *mm, struct sched_req *r)
     sched_move_to(s, r, SCHED_WAITING);
 }
 
+void sched_add_running(struct sched *s, struct kvmm *mm, struct sched_req *r)
+{
+    struct tenant_fair *t = tenant_get(s, mm, r->tenant);
+    if (t)
+        tenant_activate(s, t);
+    r->state = SCHED_NEW;
+    sched_move_to(s, r, SCHED_RUNNING);
+}
+
+struct sched_group *sched_group_new(struct sched_req *leader, uint32_t n)
+{
+    struct sched_group *g = calloc(1, sizeof(*g) + n * sizeof(g->reqs[0]));
+    if (!g)
+        return NULL;
+    g->n = n;
+    g->reqs[0] = leader;
+    leader->group = g;
+    leader->choice = 0;
+    return g;
+}
+
+void sched_group_free(struct sched_group *g)
+{
+    if (!g)
+        return;
+    /* the others first: their matchers use the leader's grammar */
+    for (uint32_t i = g->n; i-- > 0;)
+        sched_req_free(g->reqs[i]);
+    free(g);
+}
+
 int sched_req_push(struct sched_req *r, uint32_t tok)
 {
     if (r->n_toks == r->cap_toks) {
@@ -368,6 +401,8 @@ void sched_req_free(struct sched_req *r)
     text_out_free(r->text);
     grammar_matcher_free(r->gm);
     grammar_free(r->grammar);
+    sched_constraint_free(r->constraint);
+    free(r->fork_lp);
     free(r);
 }
 

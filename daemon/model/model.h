@@ -49,6 +49,13 @@ int model_load(const char *path, struct backend *be, struct model **out, struct 
 int model_load_opts(const char *path, struct backend *be, const struct model_opts *opts,
                     struct model **out, struct kvd_error *err);
 void model_free(struct model *m);
+/* The hyperparameters of the GGUF at path from its header alone (the file
+ * is mapped, no tensor data read, nothing uploaded): what the daemon knows
+ * of a model before its first load. n_vocab from token_embd.weight;
+ * weight_bytes and weight_device_bytes: the tensors' bytes in the file (the
+ * backend's copies are known once it has loaded); n_params their elements;
+ * fingerprint zero. Errors as model_load's for the header. */
+int model_probe(const char *path, struct model_hparams *hp, struct kvd_error *err);
 const struct model_hparams *model_hparams(const struct model *m);
 /* The KV geometry this model needs: layers, kv_heads, head_dim from the
  * model; block_tokens and dtype as given. */
@@ -117,5 +124,20 @@ const char *fwd_ctx_errmsg(const struct fwd_ctx *c);
  * does not match; KVD_ETOOLARGE for more tokens, sequences or output rows
  * than the fwd_ctx was sized for. */
 int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b);
+
+/* A debugging aid (kvd-trace-cmp compares kvd's intermediates with
+ * llama.cpp's): with a trace set, model_forward shows fn the output of every
+ * op, in order, copied to host memory (v: rows x cols f32, rows = the step's
+ * rows). name is llama.cpp's name of the same tensor ("attn_norm", "Qcur",
+ * "Qcur.bias", "Qcur.rope", "kqv_out", "attn_wo", "ffn_inp", "ffn_norm",
+ * "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_out", "l_out", "result_norm",
+ * "result_output"...), layer is -1 outside the layers. fn returns 1 when it
+ * changed v (the op's output is replaced by it: the next ops start from
+ * those values), 0 to leave it, < 0 to fail the step (KVD_EINTERNAL). Steps
+ * are not captured (step_begin) while a trace is set. With none set (the
+ * default) it costs one test per op. fn NULL removes it; KVD_ENOMEM. */
+typedef int (*fwd_trace_fn)(void *ud, const char *name, int layer, float *v, uint32_t rows,
+                            uint32_t cols);
+int fwd_ctx_set_trace(struct fwd_ctx *c, fwd_trace_fn fn, void *ud);
 
 #endif

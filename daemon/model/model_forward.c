@@ -41,6 +41,9 @@ struct fwd_ctx {
     size_t slots_cap;
     uint64_t *conflict; /* host scratch for the write-conflict check */
     size_t conflict_cap;
+    fwd_trace_fn trace; /* fwd_ctx_set_trace; NULL: none */
+    void *trace_ud;
+    float *trace_buf; /* host [max(Tm * max(E, QD, F), Om * V)] */
     char err[256];
 };
 
@@ -76,7 +79,43 @@ void fwd_ctx_free(struct fwd_ctx *c)
     free(c->hsample);
     free(c->hslots);
     free(c->conflict);
+    free(c->trace_buf);
     free(c);
+}
+
+int fwd_ctx_set_trace(struct fwd_ctx *c, fwd_trace_fn fn, void *ud)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    size_t w = hp->n_embd, qd = (size_t)hp->n_head * hp->head_dim;
+    w = qd > w ? qd : w;
+    w = hp->n_ff > w ? hp->n_ff : w;
+    size_t n = (size_t)c->max_tokens * w, nl = (size_t)c->max_out * hp->n_vocab;
+    free(c->trace_buf);
+    c->trace_buf = NULL;
+    c->trace = NULL;
+    if (!fn)
+        return 0;
+    if (!(c->trace_buf = malloc((n > nl ? n : nl) * sizeof(float))))
+        return KVD_ENOMEM;
+    c->trace = fn;
+    c->trace_ud = ud;
+    return 0;
+}
+
+/* Shows the trace function an op's output dev [rows][cols]; copies it back
+ * when the function changed it. */
+static int trace_out(struct fwd_ctx *c, const char *name, int layer, float *dev, uint32_t rows,
+                     uint32_t cols)
+{
+    const struct compute_ops *o = c->m->ops;
+    size_t bytes = (size_t)rows * cols * sizeof(float);
+    int rc = o->download(c->m->cx, c->trace_buf, dev, bytes);
+    if (rc)
+        return rc;
+    int r = c->trace(c->trace_ud, name, layer, c->trace_buf, rows, cols);
+    if (r < 0)
+        return KVD_EINTERNAL;
+    return r > 0 ? o->upload(c->m->cx, dev, c->trace_buf, bytes) : 0;
 }
 
 int fwd_ctx_new(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs, struct fwd_ctx **out)
@@ -398,6 +437,7 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
     };
     /* Optional whole-step capture/replay (CUDA graphs; NULL on cpu). */
     int replayed = 0;
+    bool stepped = o->step_end && !c->trace;
     struct compute_step cstep = {.owner = c,
                                  .arena = b->kv_arena,
                                  .tables = c->slots,
@@ -407,60 +447,91 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
                                  .max_kv = max_kv,
                                  .sampled = b->sample != NULL,
                                  .alone = b->invariant};
-    if (o->step_begin && (rc = o->step_begin(cx, &cstep, &replayed)))
+    if (o->step_begin && !c->trace && (rc = o->step_begin(cx, &cstep, &replayed)))
         return ferr(c, rc, "forward: step start failed on the %s backend", o->name);
 #define MATMUL(w, x, rows, inv_rows, y)                                                            \
     (inv ? o->matmul_inv(cx, w, x, rows, inv_rows, y) : o->matmul(cx, w, x, rows, y))
 #define RUN(call)                                                                                  \
     do {                                                                                           \
         if ((rc = (call))) {                                                                       \
-            if (o->step_end)                                                                       \
+            if (stepped)                                                                           \
                 o->step_end(cx, rc);                                                               \
             return ferr(c, rc, "forward: %s failed on the %s backend", #call, o->name);            \
         }                                                                                          \
     } while (0)
+/* after an op: its output to the trace, if one is set */
+#define TRACE(name, layer, dev, rows, cols)                                                        \
+    do {                                                                                           \
+        if (c->trace && (rc = trace_out(c, name, layer, dev, rows, cols)))                         \
+            return ferr(c, rc, "forward: the trace stopped the step at %s", name);                 \
+    } while (0)
     if (replayed)
         goto download;
     RUN(o->get_rows(cx, &m->tok_embd, d_tokens, Tp, c->x));
+    TRACE("embd", -1, c->x, Tp, E);
     RUN(o->rmsnorm(cx, c->h, c->x, m->layers[0].attn_norm.data, Tp, E, hp->rms_eps));
+    TRACE("attn_norm", 0, c->h, Tp, E);
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
+        int il = (int)l;
         /* attention block: x += Wo . attn(rope(Wq h), rope(Wk h), Wv h), h = norm(x)
          * (h is already normed: each residual add is fused with the norm after it) */
         RUN(MATMUL(&L->wq, c->h, Tp, n_dec, c->q));
+        TRACE("Qcur", il, c->q, Tp, QD);
         RUN(MATMUL(&L->wk, c->h, Tp, n_dec, c->k));
+        TRACE("Kcur", il, c->k, Tp, KD);
         RUN(MATMUL(&L->wv, c->h, Tp, n_dec, c->v));
+        TRACE("Vcur", il, c->v, Tp, KD);
         if (hp->has_qkv_bias) {
             RUN(o->add_bias(cx, c->q, L->bq.data, Tp, QD));
+            TRACE("Qcur.bias", il, c->q, Tp, QD);
             RUN(o->add_bias(cx, c->k, L->bk.data, Tp, KD));
+            TRACE("Kcur.bias", il, c->k, Tp, KD);
             RUN(o->add_bias(cx, c->v, L->bv.data, Tp, KD));
+            TRACE("Vcur.bias", il, c->v, Tp, KD);
         }
         RUN(o->rope(cx, c->q, Tp, hp->n_head, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
                     hp->rope_base, ff));
+        TRACE("Qcur.rope", il, c->q, Tp, QD);
         RUN(o->rope(cx, c->k, Tp, hp->n_head_kv, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
                     hp->rope_base, ff));
+        TRACE("Kcur.rope", il, c->k, Tp, KD);
         RUN(o->kv_write(cx, b->kv_arena, g, l, c->k, c->v, Tp, d_tok_slot, d_pos));
         ad.layer = l;
         RUN(o->attention(cx, &ad));
+        TRACE("kqv_out", il, c->att, Tp, QD);
         RUN(MATMUL(&L->wo, c->att, Tp, n_dec, c->h));
+        TRACE("attn_wo", il, c->h, Tp, E);
         RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, L->ffn_norm.data, Tp, E, hp->rms_eps));
+        TRACE("ffn_inp", il, c->x, Tp, E);
+        TRACE("ffn_norm", il, c->h, Tp, E);
         /* MLP block: x += down(silu(gate h) * up h), h = norm(x) */
         RUN(MATMUL(&L->gate, c->h, Tp, n_dec, c->gate));
+        TRACE("ffn_gate", il, c->gate, Tp, hp->n_ff);
         RUN(MATMUL(&L->up, c->h, Tp, n_dec, c->up));
+        TRACE("ffn_up", il, c->up, Tp, hp->n_ff);
         RUN(o->silu_mul(cx, c->gate, c->up, (size_t)Tp * hp->n_ff));
+        TRACE("ffn_swiglu", il, c->gate, Tp, hp->n_ff);
         RUN(MATMUL(&L->down, c->gate, Tp, n_dec, c->h));
-        if (l + 1 < hp->n_layer)
+        TRACE("ffn_out", il, c->h, Tp, E);
+        if (l + 1 < hp->n_layer) {
             RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, m->layers[l + 1].attn_norm.data, Tp, E,
                                hp->rms_eps));
-        else
+            TRACE("l_out", il, c->x, Tp, E);
+            TRACE("attn_norm", il + 1, c->h, Tp, E);
+        } else {
             RUN(o->add(cx, c->x, c->h, (size_t)Tp * E));
+            TRACE("l_out", il, c->x, Tp, E);
+        }
     }
     RUN(o->gather_rows(cx, c->last, c->x, d_last, Op, E));
     RUN(o->rmsnorm(cx, c->last, c->last, m->output_norm.data, Op, E, hp->rms_eps));
+    TRACE("result_norm", -1, c->last, Op, E);
     RUN(MATMUL(&m->output, c->last, Op, n_out_dec, c->logits));
+    TRACE("result_output", -1, c->logits, Op, hp->n_vocab);
     if (b->sample)
         RUN(o->sample(cx, c->logits, Op, hp->n_vocab, c->sample, c->ids));
-    if (o->step_end && (rc = o->step_end(cx, 0)))
+    if (stepped && (rc = o->step_end(cx, 0)))
         return ferr(c, rc, "forward: step failed on the %s backend", o->name);
 download:
     if (b->sample)
@@ -469,5 +540,6 @@ download:
         RUN(o->download(cx, b->logits, c->logits, (size_t)O * hp->n_vocab * 4));
 #undef RUN
 #undef MATMUL
+#undef TRACE
     return 0;
 }

@@ -39,7 +39,7 @@ int acct_stats_pack_tenant(msgpack_packer *pk, const struct acct_tenant *at,
  * speed-up estimate: tokens per second of the verifying steps over those
  * of plain decode-only steps (0 until both kinds of step were seen; the
  * batches of the two may differ, so it is an estimate). */
-static int pack_spec(msgpack_packer *pk, const struct acct_spec *s)
+int acct_stats_pack_spec(msgpack_packer *pk, const struct acct_spec *s)
 {
     PROTO_PK(proto_pack_str(pk, "speculative"));
     size_t map = proto_map_begin(pk);
@@ -92,7 +92,7 @@ static int pack_requests(msgpack_packer *pk, struct acct *a)
     PROTO_PK(proto_pack_kv_uint(pk, "tokens_out", s.generated));
     PROTO_PK(proto_pack_kv_uint(pk, "preempt_swap", s.preempt_swap));
     PROTO_PK(proto_pack_kv_uint(pk, "preempt_recompute", s.preempt_recompute));
-    PROTO_PK(pack_spec(pk, &s.spec));
+    PROTO_PK(acct_stats_pack_spec(pk, &s.spec));
     return proto_map_end(pk, map);
 }
 

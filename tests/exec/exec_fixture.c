@@ -184,9 +184,11 @@ int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t 
         if (draft_open(&dc, &f->draft, &err) ||
             draft_kv_open(f->draft, (size_t)fx_draft_blocks * draft_block_bytes(f->draft), &err)) {
             fprintf(stderr, "draft: %s\n", err.message);
+            draft_free(f->draft);
+            f->draft = NULL;
             return -1;
         }
-        ec.draft = f->draft;
+        ec.draft = f->draft; /* the executor's from here on (f->draft: borrowed) */
     }
     if (exec_new(f->mm, f->m, &ec, &f->ex, &err)) {
         fprintf(stderr, "exec_new: %s\n", err.message);
@@ -198,8 +200,7 @@ int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t 
 
 void fx_close(struct fx *f)
 {
-    exec_free(f->ex);
-    draft_free(f->draft);
+    exec_free(f->ex); /* and its draft */
     kvmm_free(f->mm);
     model_free(f->m);
     backend_free(f->be);

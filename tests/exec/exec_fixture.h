@@ -44,7 +44,7 @@ struct fx {
     struct model *m;
     struct kvmm *mm;
     struct exec *ex;
-    struct draft *draft; /* fx_draft_path's model, or NULL */
+    struct draft *draft; /* fx_draft_path's model, or NULL (the executor owns it) */
     uint32_t tenant, ns;
 };
 

@@ -3,7 +3,9 @@
  * token on 200 prompts, and the K/V a verification leaves is plain
  * decoding's byte for byte (batch-invariant rows); seeded sampling keeps
  * its tokens too; preemption and cancel in the middle of speculative
- * requests; a draft model of another vocabulary is refused; the counters. */
+ * requests; a draft model of another vocabulary is refused; the draft's
+ * cache is a tenant's own, named after the tenant (a later tenant that
+ * reuses a removed one's id matches nothing of it); the counters. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -351,6 +353,67 @@ static void test_other_vocab_refused(void **state)
     assert_string_equal(err.param, "speculative");
 }
 
+/* One greedy draft-speculated request of tenant t (namespace ns), to its
+ * end. */
+static void draft_run(struct fx *f, uint64_t id, uint32_t t, uint32_t ns, const uint32_t *p,
+                      size_t n)
+{
+    struct fx_gen g = {.toks = p,
+                       .n_toks = n,
+                       .max_tokens = 6,
+                       .temperature = 0,
+                       .has_tenant = true,
+                       .tenant = t,
+                       .ns = ns,
+                       .speculative = "draft"};
+    struct kvd_error err = {0};
+    assert_int_equal(fx_submit(f, id, &g, &err), 0);
+    assert_int_equal(fx_wait(id)->finish, SCHED_FINISH_LENGTH);
+}
+
+static uint64_t draft_matched(struct fx *f)
+{
+    struct draft_stats ds;
+    draft_stats(f->draft, &ds);
+    return ds.matched;
+}
+
+/* The draft model's cache: a tenant's second request matches the draft
+ * prefix its first one cached; another tenant's does not; a tenant given
+ * a removed tenant's id (kvmm reuses it) matches nothing the removed one
+ * cached, since the draft's namespaces are named after the tenant, not its
+ * id; a tenant of the removed one's name again is that tenant, and does. */
+static void test_draft_tenant_namespace(void **state)
+{
+    struct fx *f = *state;
+    open_spec(f, SPEC_DRAFT, small_draft.path, 1024, 0);
+    uint32_t p[48]; /* three whole blocks */
+    fx_prompt(p, 48, 4242);
+    uint32_t t1, ns1, t2, ns2, t3, ns3, t4, ns4;
+    assert_int_equal(fx_tenant(f, "first", 1, &t1, &ns1), 0);
+    assert_int_equal(fx_tenant(f, "second", 1, &t2, &ns2), 0);
+    draft_run(f, 1, t1, ns1, p, 48);
+    uint64_t m0 = draft_matched(f);
+    draft_run(f, 2, t1, ns1, p, 48);
+    uint64_t m1 = draft_matched(f);
+    assert_true(m1 - m0 >= 32); /* its own prefix, whole blocks */
+    draft_run(f, 3, t2, ns2, p, 48);
+    assert_int_equal(draft_matched(f), m1); /* another tenant's cache */
+    /* "first" goes; a new tenant takes its id */
+    kvmm_lock(f->mm);
+    assert_int_equal(kvmm_tenant_remove(f->mm, t1), 0);
+    kvmm_unlock(f->mm);
+    assert_int_equal(fx_tenant(f, "third", 1, &t3, &ns3), 0);
+    assert_int_equal(t3, t1); /* the id is reused: an id-named cache would match here */
+    draft_run(f, 4, t3, ns3, p, 48);
+    assert_int_equal(draft_matched(f), m1);
+    /* the name again: the same tenant, its draft prefix still cached */
+    assert_int_equal(fx_tenant(f, "first", 1, &t4, &ns4), 0);
+    assert_int_not_equal(t4, t1);
+    draft_run(f, 5, t4, ns4, p, 48);
+    assert_true(draft_matched(f) - m1 >= 32);
+}
+
 /* The policy's pure parts: n-gram lookup (longest suffix first, latest
  * earlier occurrence, no more than what followed it), the acceptance
  * walk, and the draft length: longer at higher acceptance, none paying
@@ -409,6 +472,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_preempt_mid_spec, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_cancel_mid_spec, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_other_vocab_refused, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_draft_tenant_namespace, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
