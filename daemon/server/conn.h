@@ -101,6 +101,13 @@ struct conn {
     struct event *fd_ev; /* write readiness while the socket is full */
     int *reply_fds;      /* (n_reply_fds) given by the running handler */
     size_t n_reply_fds;
+
+    /* A frame larger than one read, received into its own buffer as its
+     * bytes arrive (conn.c big_frame_*), so no single callback copies or
+     * faults in the whole of it. Its bytes count in `buffered`. */
+    uint8_t *big;    /* (big_len) owned; NULL when no such frame is pending */
+    size_t big_len;  /* the frame's payload bytes (from its header) */
+    size_t big_have; /* payload bytes received so far */
 };
 
 /* A connection with this id on socket fd (taken over: closed on failure

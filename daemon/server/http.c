@@ -14,6 +14,7 @@
  * the socket (watch_close), or by evhttp when a write fails (its close
  * callback). */
 #include "http.h"
+#include "models.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -61,6 +62,7 @@ struct http_req {
     struct event *ev_close; /* watch_close's read event; NULL when not watching */
     uint64_t client;
     uint32_t tenant, ns;
+    char tenant_name[KVD_MAX_NAME + 1];
     enum openai_kind kind;
     /* The body, parsed on a text worker (the JSON of an 8 MiB body is
      * ~150 ms of work): while `parsing`, a worker owns body, oq and perr,
@@ -72,7 +74,9 @@ struct http_req {
     int parse_rc;
     struct kvd_error perr;
     bool stream, include_usage;
-    bool overflow; /* the client stopped reading: its generate was ended */
+    struct models_entry *model; /* the model it runs on (resolved once parsed) */
+    bool waiting;               /* for its model to load (models_wait) */
+    bool overflow;              /* the client stopped reading: its generate was ended */
     /* each choice's stream so far (n_choices: the request's n) */
     struct http_choice {
         bool role_sent;              /* chat stream: the first chunk (with the role) went out */
@@ -90,10 +94,8 @@ struct http_api {
     struct server *srv;
     struct kvmm *mm;
     struct gen_clients *gc; /* NULL in store mode */
+    struct models *ms;      /* NULL in store mode */
     struct workpool *pool;  /* the text workers: bodies are parsed there (NULL: here) */
-    uint32_t n_ctx;
-    enum tool_family tool_family; /* the chat template's (tool calls) */
-    char model[128];
     uint64_t created;
     struct http_listener unix_l, tcp_l;
     struct http_req *live; /* requests in flight */
@@ -237,6 +239,10 @@ static void hreq_unlink(struct http_req *r)
  * completion (parsed_cb) frees it. */
 static void hreq_free(struct http_req *r)
 {
+    if (r->waiting) { /* for its model: the wait goes (model_ready sees MODELS_GONE) */
+        r->waiting = false;
+        models_cancel_owner(r->api->ms, r->client);
+    }
     if (r->ev_close) {
         event_free(r->ev_close);
         r->ev_close = NULL;
@@ -374,9 +380,9 @@ static void check_unread(struct http_req *r)
     }
 }
 
-static const struct tokenizer *api_tokenizer(const struct http_api *a)
+static const struct tokenizer *req_tokenizer(const struct http_req *r)
 {
-    return a->gc ? text_tokenizer(ops_generate_client_text(a->gc)) : NULL;
+    return r->model ? text_tokenizer(models_text(r->model)) : NULL;
 }
 
 /* The bytes of the tokens' pieces (what a completion's text_offset counts). */
@@ -400,7 +406,7 @@ static void on_tokens(void *ud, uint32_t choice, const uint32_t *toks, size_t n,
     struct openai_out o = {
         .kind = r->kind,
         .id = r->id,
-        .model = r->api->model,
+        .model = models_name(r->model),
         .created = r->created,
         .text = text,
         .text_len = text_len,
@@ -408,7 +414,7 @@ static void on_tokens(void *ud, uint32_t choice, const uint32_t *toks, size_t n,
         .n_toks = n,
         .lp = lp,
         .lp_top = lp_top,
-        .tok = lp ? api_tokenizer(r->api) : NULL,
+        .tok = lp ? req_tokenizer(r) : NULL,
         .text_offset = cs->lp_offset,
         .role = r->kind == OPENAI_CHAT && !cs->role_sent,
         .index = choice,
@@ -497,7 +503,7 @@ static void on_done(void *ud, const struct ops_generate_result *res)
     struct openai_out o = {
         .kind = r->kind,
         .id = r->id,
-        .model = r->api->model,
+        .model = models_name(r->model),
         .created = r->created,
         .prompt_tokens = res->prompt,
         .cached_tokens = res->cached,
@@ -520,7 +526,7 @@ static void on_done(void *ud, const struct ops_generate_result *res)
             .index = i,
             .finish = gen_finish_name(c->finish, c->n_calls > 0),
             .lp_top = res->lp_top,
-            .tok = c->lp ? api_tokenizer(r->api) : NULL,
+            .tok = c->lp ? req_tokenizer(r) : NULL,
             .text_offset = r->stream ? cs->lp_offset : 0,
             .role = r->kind == OPENAI_CHAT && !(r->stream && cs->role_sent),
         };
@@ -600,8 +606,25 @@ static void on_done(void *ud, const struct ops_generate_result *res)
     hreq_free(r);
 }
 
-/* The parsed body of r: submitted as a generate client, or refused. Loop
- * thread. */
+static void submit_parsed(struct http_req *r);
+
+/* models_wait's answer for r: its model loaded (submit it now), or not. */
+static void model_ready(void *ud, int rc, const struct kvd_error *err)
+{
+    struct http_req *r = ud;
+    if (rc == MODELS_GONE)
+        return; /* its connection closed: the close path frees r */
+    r->waiting = false;
+    if (rc) {
+        send_err(r->req, err);
+        hreq_free(r);
+        return;
+    }
+    submit_parsed(r);
+}
+
+/* The parsed body of r: its model resolved (and loaded first when it is
+ * not), then submitted; or refused. Loop thread. */
 static void generate_parsed(struct http_req *r)
 {
     struct http_api *a = r->api;
@@ -633,12 +656,36 @@ static void generate_parsed(struct http_req *r)
         return;
     }
     r->n_choices = n;
-    struct ops_generate_client cb = {.ud = r, .tokens = on_tokens, .done = on_done};
-    int rc = session_headers(req, &r->oq.args, &e);
-    if (!rc) {
-        rc = ops_generate_client_submit(a->gc, r->client, &r->oq.args, r->tenant, r->ns, &cb, &e);
-        r->oq.args.compiled = NULL; /* the build took it, whatever it returned */
+    if (models_resolve(a->ms, r->oq.model, r->oq.model_len, r->oq.model != NULL, false,
+                       r->tenant_name, &r->model, &e) ||
+        session_headers(req, &r->oq.args, &e)) {
+        send_err(req, &e);
+        hreq_free(r);
+        return;
     }
+    if (!models_exec(r->model)) {
+        r->waiting = true;
+        if (models_wait(r->model, r->client, model_ready, r, &e) != 0) {
+            r->waiting = false;
+            send_err(req, &e);
+            hreq_free(r);
+        }
+        return;
+    }
+    submit_parsed(r);
+}
+
+/* The parsed body of r, its model loaded: submitted as a generate client,
+ * or refused. Loop thread. */
+static void submit_parsed(struct http_req *r)
+{
+    struct http_api *a = r->api;
+    struct evhttp_request *req = r->req;
+    struct kvd_error e;
+    struct ops_generate_client cb = {.ud = r, .tokens = on_tokens, .done = on_done};
+    int rc =
+        ops_generate_client_submit(a->gc, r->client, r->model, &r->oq.args, r->tenant, &cb, &e);
+    r->oq.args.compiled = NULL; /* the build took it, whatever it returned */
     if (rc) {
         send_err(req, &e);
         hreq_free(r);
@@ -668,6 +715,14 @@ static void parsed_cb(evutil_socket_t fd, short what, void *arg)
     generate_parsed(r);
 }
 
+/* The context and tool-call family of the model a body names
+ * (openai_parse_ctx, on a worker). */
+static uint32_t ctx_of(void *ud, const char *model, size_t len, enum tool_family *family)
+{
+    *family = text_tool_family(models_text_of(ud, model, len));
+    return models_context_of(ud, model, len);
+}
+
 /* The worker's job: the body's JSON into typed generate arguments. */
 static void parse_job(void *ud, bool cancelled)
 {
@@ -677,10 +732,9 @@ static void parse_job(void *ud, bool cancelled)
     } else {
         size_t len = evbuffer_get_length(r->body);
         const char *p = (const char *)evbuffer_pullup(r->body, -1);
-        r->parse_rc = openai_parse(r->kind, p ? p : "", len, r->api->n_ctx, r->api->tool_family,
-                                   &r->oq, &r->perr)
-                          ? -1
-                          : 0;
+        r->parse_rc =
+            openai_parse_ctx(r->kind, p ? p : "", len, ctx_of, r->api->ms, &r->oq, &r->perr) ? -1
+                                                                                             : 0;
         r->have_oq = r->parse_rc == 0;
     }
     if (!r->api->pool)
@@ -723,6 +777,7 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
     r->kind = kind;
     r->tenant = who->tenant;
     r->ns = who->ns;
+    snprintf(r->tenant_name, sizeof(r->tenant_name), "%s", who->name);
     r->body = body;
     r->created = (uint64_t)time(NULL);
     snprintf(r->id, sizeof(r->id), "%s-kvd%" PRIu64, kind == OPENAI_CHAT ? "chatcmpl" : "cmpl",
@@ -859,11 +914,17 @@ static void on_request(struct evhttp_request *req, void *arg)
         return;
     }
     if (models) {
-        size_t len = 0;
-        char *json = a->gc ? openai_models(a->model, a->created, &len)
-                           : strdup("{\"object\":\"list\",\"data\":[]}");
-        if (json && !a->gc)
-            len = strlen(json);
+        /* every model, loaded or not (a tenant's forbidden ones left out) */
+        size_t len = 0, n = 0, nm = models_count(a->ms);
+        const char *names[OPTIONS_MAX_MODELS], *states[OPTIONS_MAX_MODELS];
+        for (size_t i = 0; i < nm && n < OPTIONS_MAX_MODELS; i++) {
+            struct models_entry *me = models_at(a->ms, i);
+            if (!models_allows(me, who.name))
+                continue;
+            names[n] = models_name(me);
+            states[n++] = models_state_name(models_state(me));
+        }
+        char *json = openai_models_list(names, states, n, a->created, &len);
         if (json) {
             send_json(req, 200, json, len);
             free(json);
@@ -923,8 +984,7 @@ static int listener_start(struct http_api *a, struct http_listener *l, const cha
 }
 
 int http_start(struct server *srv, struct ops_generate *gen, struct workpool *pool,
-               const char *model, struct http_api **out, uint16_t *tcp_port, char *err,
-               size_t errlen)
+               struct http_api **out, uint16_t *tcp_port, char *err, size_t errlen)
 {
     const struct options *o = server_options(srv);
     *out = NULL;
@@ -938,11 +998,9 @@ int http_start(struct server *srv, struct ops_generate *gen, struct workpool *po
     server_get_obs(srv, &obs);
     a->mm = obs.mm;
     a->gc = gen ? ops_generate_clients(gen) : NULL;
+    a->ms = gen ? obs.models : NULL;
     a->pool = pool;
-    a->n_ctx = gen ? exec_hparams(ops_generate_exec(gen))->n_ctx : 0;
-    a->tool_family = gen ? text_tool_family(exec_text(ops_generate_exec(gen))) : TOOL_GENERIC;
     a->created = (uint64_t)time(NULL);
-    snprintf(a->model, sizeof(a->model), "%s", model && model[0] ? model : "kvd");
     int rc = 0;
     char addr[120];
     if (o->http_socket[0]) {

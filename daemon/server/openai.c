@@ -526,6 +526,17 @@ static int get_options(struct openai_req *out, json_t *o, uint32_t n_ctx, struct
         a->grammar = json_string_value(g);
         a->grammar_len = json_string_length(g);
     }
+    /* kvd's extension: speculative decoding for this request ("ngram",
+     * "draft", "off"; absent: the daemon's choice). */
+    json_t *sp = json_object_get(o, "speculative");
+    if (sp && !json_is_null(sp)) {
+        if (!json_is_string(sp))
+            return bad(e, "speculative",
+                       "'speculative' must be a string: \"ngram\", \"draft\" or "
+                       "\"off\"");
+        a->speculative = json_string_value(sp);
+        a->speculative_len = json_string_length(sp);
+    }
     if (get_response_format(out, o, e) < 0)
         return -1;
     return get_stop(a, json_object_get(o, "stop"), e);
@@ -563,10 +574,35 @@ static int compile_constraint(struct gen_args *a, struct kvd_error *e)
     return 0;
 }
 
+/* openai_parse's one model: its context and tool-call family. */
+struct fixed_model {
+    uint32_t n_ctx;
+    enum tool_family family;
+};
+
+static uint32_t fixed_ctx(void *ud, const char *model, size_t len, enum tool_family *family)
+{
+    const struct fixed_model *f = ud;
+    (void)model, (void)len;
+    *family = f->family;
+    return f->n_ctx;
+}
+
 int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n_ctx,
                  enum tool_family family, struct openai_req *out, struct kvd_error *e)
 {
+    struct fixed_model f = {.n_ctx = n_ctx, .family = family};
+    return openai_parse_ctx(kind, body, len, fixed_ctx, &f, out, e);
+}
+
+int openai_parse_ctx(enum openai_kind kind, const char *body, size_t len,
+                     uint32_t (*ctx_of)(void *ud, const char *model, size_t len,
+                                        enum tool_family *family),
+                     void *ud, struct openai_req *out, struct kvd_error *e)
+{
     json_error_t je;
+    uint32_t n_ctx;
+    enum tool_family family = TOOL_GENERIC;
     memset(out, 0, sizeof(*out));
     out->kind = kind;
     gen_args_init(&out->args);
@@ -575,12 +611,20 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n
         return bad(e, "", "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
     json_t *o = out->root;
     int rc = -1;
-    if (!json_is_object(o))
+    if (!json_is_object(o)) {
         bad(e, "", "the body must be a JSON object");
-    else if (!check_unsupported(o, e) && !get_options(out, o, n_ctx, e))
-        rc = kind == OPENAI_COMPLETION ? get_prompt(out, json_object_get(o, "prompt"), e)
-             : get_tools(out, o, e)    ? -1
-                                       : get_messages(out, json_object_get(o, "messages"), e);
+    } else if (!check_unsupported(o, e)) {
+        json_t *m = json_object_get(o, "model");
+        if (json_is_string(m)) {
+            out->model = json_string_value(m);
+            out->model_len = json_string_length(m);
+        }
+        n_ctx = ctx_of(ud, out->model, out->model_len, &family);
+        if (!get_options(out, o, n_ctx ? n_ctx : 1, e))
+            rc = kind == OPENAI_COMPLETION ? get_prompt(out, json_object_get(o, "prompt"), e)
+                 : get_tools(out, o, e)    ? -1
+                                           : get_messages(out, json_object_get(o, "messages"), e);
+    }
     if (rc == 0 && compile_constraint(&out->args, e) < 0)
         rc = -1;
     if (rc == 0 && compile_tools(&out->args, family, e) < 0)

@@ -34,7 +34,9 @@ struct openai_req {
     /* The generate arguments (prompt_param "prompt" or "messages"); their
      * strings point into root and the buffers below. */
     struct gen_args args;
-    json_t *root;            /* the parsed body (owned) */
+    json_t *root;      /* the parsed body (owned) */
+    const char *model; /* its `model` (in root; NULL: none), model_len bytes */
+    size_t model_len;
     uint32_t *tokens;        /* a token prompt (owned) */
     struct chat_msg *msgs;   /* the messages, contents joined (owned) */
     struct logit_bias *bias; /* logit_bias (owned) */
@@ -54,6 +56,14 @@ struct openai_req {
  * bytes. 0, or -1 with e filled. */
 int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n_ctx,
                  enum tool_family family, struct openai_req *out, struct kvd_error *e);
+/* The same where the context and the tool-call family depend on the model
+ * the body names: ctx_of(ud, model, len, &family) gives them (model NULL:
+ * none named; 0: unknown, the request is refused later by name). Called on
+ * the parsing thread. */
+int openai_parse_ctx(enum openai_kind kind, const char *body, size_t len,
+                     uint32_t (*ctx_of)(void *ud, const char *model, size_t len,
+                                        enum tool_family *family),
+                     void *ud, struct openai_req *out, struct kvd_error *e);
 void openai_req_free(struct openai_req *r);
 
 /* How the HTTP API answers an error: its status, and the OpenAI error type
@@ -115,5 +125,9 @@ char *openai_render(const struct openai_out *o, bool chunk, size_t *len);
 
 /* GET /v1/models: the one served model. */
 char *openai_models(const char *model, uint64_t created, size_t *len);
+/* The same for n models, each with its state ("loaded", ...; states NULL:
+ * none). */
+char *openai_models_list(const char *const *names, const char *const *states, size_t n,
+                         uint64_t created, size_t *len);
 
 #endif

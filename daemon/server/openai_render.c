@@ -348,9 +348,26 @@ fail:
 
 char *openai_models(const char *model, uint64_t created, size_t *len)
 {
-    json_t *root =
-        json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", model,
-                  "object", "model", "created", (json_int_t)created, "owned_by", "kvd");
+    return openai_models_list(&model, NULL, 1, created, len);
+}
+
+char *openai_models_list(const char *const *names, const char *const *states, size_t n,
+                         uint64_t created, size_t *len)
+{
+    json_t *root = json_pack("{s:s, s:[]}", "object", "list", "data");
+    json_t *data = root ? json_object_get(root, "data") : NULL;
+    for (size_t i = 0; data && i < n; i++) {
+        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", names[i], "object", "model", "created",
+                              (json_int_t)created, "owned_by", "kvd");
+        if (m && states && json_object_set_new(m, "state", json_string(states[i])) != 0) {
+            json_decref(m);
+            m = NULL;
+        }
+        if (!m || json_array_append_new(data, m) != 0) {
+            json_decref(root);
+            return NULL;
+        }
+    }
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     if (s)

@@ -7,6 +7,7 @@
 
 #include "exec.h"
 #include "gen_request.h"
+#include "models.h"
 #include "ops.h"
 #include "ops_generate.h"
 #include "proto.h"
@@ -247,8 +248,7 @@ int ops_generate_encode_done_group(msgpack_sbuffer *sb, const struct sched_req *
 
 struct ops_generate {
     struct server *srv;          /* not owned */
-    struct kvmm *mm;             /* not owned */
-    struct exec *ex;             /* owned */
+    struct models *ms;           /* not owned */
     struct gen_clients *clients; /* owned: requests of other clients (HTTP) */
     struct exec_sink sink;       /* the msgpack connections' requests' */
 };
@@ -309,13 +309,32 @@ static void sink_done(void *ud, const struct sched_req *r)
     post_frame(ud, r, SERVER_POST_FINAL, &sb, rc);
 }
 
+/* The model of a generate: its sequence's (`seq`), else the one it names.
+ * A request naming both must name the same. */
+static int generate_model(struct ops_ctx *c, struct models_entry **out)
+{
+    int rc = ops_pick_model(c, out);
+    if (rc)
+        return rc;
+    const msgpack_object *o = proto_map_find(c->req, "seq");
+    if (!o || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return 0;
+    struct models_entry *e = models_of_handle(c->host->models, o->via.u64);
+    if (!e)
+        return kvd_error_set(&c->err, KVD_ENOTFOUND, "no sequence %llu",
+                             (unsigned long long)o->via.u64);
+    if (proto_map_find(c->req, "model") && e != *out)
+        return kvd_error_set(&c->err, KVD_EBADREQ,
+                             "'model' is %s but sequence %llu belongs to model %s",
+                             models_name(*out), (unsigned long long)o->via.u64, models_name(e));
+    *out = e;
+    return 0;
+}
+
 static int op_generate(struct ops_ctx *c)
 {
     struct ops_generate *g = c->op_ctx;
-    struct gen_caller gc = {
-        .conn = c->conn_id, .id = c->id, .tenant = c->tenant, .ns = c->ns, .sink = &g->sink};
-    struct gen_limits lim = {.max_text_bytes = server_options(c->srv)->max_text_bytes};
-    struct sched_req *r = NULL;
+    struct models_entry *e = NULL;
     /* max-queued-per-tenant counts choices: n is read first (the build
      * checks its range) */
     uint64_t n = 1;
@@ -323,14 +342,26 @@ static int op_generate(struct ops_ctx *c)
     if (rc)
         return rc;
     uint32_t units = n >= 1 && n <= GEN_MAX_CHOICES ? (uint32_t)n : 1;
-    rc = server_queue_admit_n(c->srv, c->conn, c->tenant, units, &c->err);
+    /* a resumed request (its model loaded meanwhile) was admitted once */
+    if (!c->resumed && (rc = server_queue_admit_n(c->srv, c->conn, c->tenant, units, &c->err)))
+        return rc;
+    c->pending_units = units; /* also while it waits for its model (ops_defer) */
+    if ((rc = generate_model(c, &e)))
+        return rc;
+    struct exec *ex = models_exec(e);
+    if (!ex)
+        return ops_defer(c, e, true);
+    models_touch(e);
+    if ((rc = ops_use_model(c, e)))
+        return rc;
+    struct gen_caller gc = {
+        .conn = c->conn_id, .id = c->id, .tenant = c->tenant, .ns = c->ns, .sink = &g->sink};
+    struct gen_limits lim = {.max_text_bytes = server_options(c->srv)->max_text_bytes};
+    struct sched_req *r = NULL;
+    rc = ops_generate_build(ex, c->mm, c->req, &gc, &lim, &r, &c->err);
     if (rc)
         return rc;
-    rc = ops_generate_build(g->ex, c->mm, c->req, &gc, &lim, &r, &c->err);
-    if (rc)
-        return rc;
-    c->pending_units = units;
-    if ((rc = exec_submit(g->ex, r)) != 0) {
+    if ((rc = exec_submit(ex, r)) != 0) {
         gen_request_discard(c->mm, r);
         return kvd_error_set(&c->err, rc, "%s", exec_submit_errmsg(rc));
     }
@@ -345,7 +376,13 @@ static int op_cancel(struct ops_ctx *c)
     int rc = proto_get_uint(c->req, "target", &target, &c->err);
     if (rc)
         return rc;
-    exec_cancel(g->ex, c->conn_id, target, &found);
+    for (size_t i = 0; i < models_count(g->ms) && !found; i++) {
+        struct exec *ex = models_exec(models_at(g->ms, i));
+        if (ex)
+            exec_cancel(ex, c->conn_id, target, &found);
+    }
+    if (!found) /* waiting for its model to load */
+        found = ops_defer_cancel(g->ms, c->conn_id, target);
     rc = proto_reply_begin(c->pk, c->id, 1);
     rc = rc ? rc : proto_pack_kv_bool(c->pk, "cancelled", found);
     return rc ? kvd_error_set(&c->err, KVD_ENOMEM, "out of memory") : 0;
@@ -354,36 +391,42 @@ static int op_cancel(struct ops_ctx *c)
 static void on_close(void *ctx, uint64_t conn_id)
 {
     struct ops_generate *g = ctx;
-    exec_cancel_conn(g->ex, conn_id);
+    models_cancel_owner(g->ms, conn_id);
+    for (size_t i = 0; i < models_count(g->ms); i++) {
+        struct exec *ex = models_exec(models_at(g->ms, i));
+        if (ex)
+            exec_cancel_conn(ex, conn_id);
+    }
 }
 
 static void on_abort(void *ctx, uint64_t conn_id, int code, const char *msg)
 {
     struct ops_generate *g = ctx;
-    exec_abort_conn(g->ex, conn_id, code, msg);
+    for (size_t i = 0; i < models_count(g->ms); i++) {
+        struct exec *ex = models_exec(models_at(g->ms, i));
+        if (ex)
+            exec_abort_conn(ex, conn_id, code, msg);
+    }
 }
 
 static void on_drain(void *ctx)
 {
     struct ops_generate *g = ctx;
-    exec_drain(g->ex);
+    models_drain(g->ms);
 }
 
-int ops_generate_start(struct server *srv, struct kvmm *mm, struct model *m,
-                       const struct exec_conf *conf, struct ops_generate **out,
+int ops_generate_start(struct server *srv, struct models *ms, struct ops_generate **out,
                        struct kvd_error *err)
 {
     struct ops_generate *g = calloc(1, sizeof(*g));
     if (!g)
         return kvd_error_set(err, KVD_ENOMEM, "out of memory");
     g->srv = srv;
-    g->mm = mm;
+    g->ms = ms;
     g->sink = (struct exec_sink){
         .ud = g, .tokens = sink_tokens, .done = sink_done, .done_group = sink_done_group};
-    int rc = exec_new(mm, m, conf, &g->ex, err);
-    if (rc)
-        goto fail;
-    if ((rc = gen_clients_new(srv, g->ex, mm, &g->clients))) {
+    int rc = gen_clients_new(srv, ms, &g->clients);
+    if (rc) {
         kvd_error_set(err, rc, "out of memory");
         goto fail;
     }
@@ -397,21 +440,14 @@ int ops_generate_start(struct server *srv, struct kvmm *mm, struct model *m,
     *out = g;
     return 0;
 fail:
-    if (g->ex)
-        exec_free(g->ex);
     gen_clients_free(g->clients);
     free(g);
     return rc;
 }
 
-struct exec *ops_generate_exec(struct ops_generate *g)
-{
-    return g->ex;
-}
-
 struct gen_clients *ops_generate_clients(struct ops_generate *g)
 {
-    return g->clients;
+    return g ? g->clients : NULL;
 }
 
 void ops_generate_release_loop(struct ops_generate *g)
@@ -424,7 +460,6 @@ void ops_generate_stop(struct ops_generate *g)
 {
     if (!g)
         return;
-    exec_free(g->ex);
-    gen_clients_free(g->clients); /* after the executor: nothing posts any more */
+    gen_clients_free(g->clients); /* after the executors: nothing posts any more */
     free(g);
 }

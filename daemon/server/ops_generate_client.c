@@ -12,6 +12,7 @@
 #include <event2/event.h>
 
 #include "grammar.h"
+#include "models.h"
 #include "ops_generate.h"
 #include "server.h"
 #include "text_out.h"
@@ -21,6 +22,7 @@
 struct gc_client {
     struct gc_client *next; /* hash chain */
     uint64_t id;
+    struct models_entry *model; /* its request's: cancels go to its executor */
     struct ops_generate_client cb;
 };
 
@@ -105,8 +107,7 @@ static struct tool_delta *deltas_copy(const struct tool_delta *d, size_t n)
 
 struct gen_clients {
     struct server *srv;                    /* not owned: client ids */
-    struct exec *ex;                       /* not owned */
-    struct kvmm *mm;                       /* not owned */
+    struct models *ms;                     /* not owned */
     struct event *ev;                      /* the loop's side of the queue */
     struct exec_sink sink;                 /* every client request's (gen_clients_tokens/done) */
     struct gc_client *buckets[GC_BUCKETS]; /* loop thread */
@@ -188,7 +189,7 @@ static void sink_done_group(void *ud, const struct sched_req *const *rs, uint32_
     gen_clients_done_group(ud, rs, n);
 }
 
-int gen_clients_new(struct server *srv, struct exec *ex, struct kvmm *mm, struct gen_clients **out)
+int gen_clients_new(struct server *srv, struct models *ms, struct gen_clients **out)
 {
     struct gen_clients *gc = calloc(1, sizeof(*gc));
     if (!gc)
@@ -196,8 +197,7 @@ int gen_clients_new(struct server *srv, struct exec *ex, struct kvmm *mm, struct
     gc->srv = srv;
     gc->sink = (struct exec_sink){
         .ud = gc, .tokens = sink_tokens, .done = sink_done, .done_group = sink_done_group};
-    gc->ex = ex;
-    gc->mm = mm;
+    gc->ms = ms;
     pthread_mutex_init(&gc->mu, NULL);
     gc->ev = event_new(server_event_base(srv), -1, 0, gc_deliver, gc);
     if (!gc->ev) {
@@ -416,45 +416,58 @@ void gen_clients_done(struct gen_clients *gc, const struct sched_req *r)
 
 /* ---- the loop's side ------------------------------------------------------ */
 
-const struct text *ops_generate_client_text(struct gen_clients *gc)
-{
-    return exec_text(gc->ex);
-}
-
 uint64_t ops_generate_client_id(struct gen_clients *gc)
 {
     return server_new_id(gc->srv);
 }
 
-int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const struct gen_args *args,
-                               uint32_t tenant, uint32_t ns, const struct ops_generate_client *cb,
-                               struct kvd_error *err)
+int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, struct models_entry *e,
+                               const struct gen_args *args, uint32_t tenant,
+                               const struct ops_generate_client *cb, struct kvd_error *err)
 {
     if (args->has_seq) {
         grammar_free(args->compiled); /* taken over, as the build would */
         return kvd_error_set(err, KVD_EBADREQ, "'seq' is for msgpack connections");
     }
+    struct exec *ex = models_exec(e);
+    struct kvmm *mm = models_kvmm(e);
+    if (!ex) {
+        grammar_free(args->compiled);
+        return kvd_error_set(err, KVD_EINTERNAL, "model %s is not loaded", models_name(e));
+    }
+    uint32_t ns;
+    kvmm_lock(mm);
+    int rc = kvmm_tenant_namespace(mm, tenant, &ns);
+    if (rc)
+        kvd_error_set(err, rc, "%s", kvmm_errmsg(mm));
+    kvmm_unlock(mm);
+    if (rc) {
+        grammar_free(args->compiled);
+        return rc;
+    }
+    models_touch(e);
     struct gen_caller caller = {
         .conn = client, .id = 1, .tenant = tenant, .ns = ns, .sink = &gc->sink};
     struct gen_limits lim = {.max_text_bytes = server_options(gc->srv)->max_text_bytes};
     struct sched_req *r = NULL;
-    int rc = gen_request_build(gc->ex, gc->mm, args, &caller, &lim, &r, err);
+    rc = gen_request_build(ex, mm, args, &caller, &lim, &r, err);
     if (rc)
         return rc;
     struct gc_client *c = calloc(1, sizeof(*c));
     if (!c) {
-        gen_request_discard(gc->mm, r);
+        gen_request_discard(mm, r);
         return kvd_error_set(err, KVD_ENOMEM, "out of memory");
     }
     c->id = client;
+    c->model = e;
     c->cb = *cb;
     struct gc_client **slot = find_slot(gc, client);
     c->next = *slot;
     *slot = c;
-    if ((rc = exec_submit(gc->ex, r)) != 0) {
+    if ((rc = exec_submit(ex, r)) != 0) {
         *find_slot(gc, client) = c->next;
         free(c);
-        gen_request_discard(gc->mm, r);
+        gen_request_discard(mm, r);
         return kvd_error_set(err, rc, "%s", exec_submit_errmsg(rc));
     }
     return 0;
@@ -462,17 +475,22 @@ int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const st
 
 void ops_generate_client_drop(struct gen_clients *gc, uint64_t client)
 {
+    models_cancel_owner(gc->ms, client);
     struct gc_client **slot = find_slot(gc, client);
     if (!*slot)
         return;
     struct gc_client *c = *slot;
     *slot = c->next;
+    struct exec *ex = models_exec(c->model);
     free(c);
-    exec_cancel_conn(gc->ex, client);
+    if (ex)
+        exec_cancel_conn(ex, client);
 }
 
 void ops_generate_client_abort(struct gen_clients *gc, uint64_t client, int code, const char *msg)
 {
-    if (*find_slot(gc, client))
-        exec_abort_conn(gc->ex, client, code, msg);
+    struct gc_client *c = *find_slot(gc, client);
+    struct exec *ex = c ? models_exec(c->model) : NULL;
+    if (ex)
+        exec_abort_conn(ex, client, code, msg);
 }

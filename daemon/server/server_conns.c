@@ -4,6 +4,7 @@
  * first), the per-connection and per-tenant queue limits, the daemon-wide
  * buffer budget and giving freed memory back, and what happens when a
  * connection closes. conn.c calls in only through server_conn_cbs. */
+#include "models.h"
 #include "server_impl.h"
 
 #include <errno.h>
@@ -213,9 +214,12 @@ static void conn_closed_cb(void *ctx, struct conn *c)
 
     for (size_t i = 0; i < srv->n_close_hooks; i++)
         srv->close_hooks[i].fn(srv->close_hooks[i].ctx, c->id);
-    kvmm_lock(srv->mm);
-    kvmm_close_owner(srv->mm, c->id);
-    kvmm_unlock(srv->mm);
+    for (size_t i = 0; i < (srv->models ? models_count(srv->models) : 1); i++) {
+        struct kvmm *mm = srv->models ? models_kvmm(models_at(srv->models, i)) : srv->mm;
+        kvmm_lock(mm);
+        kvmm_close_owner(mm, c->id);
+        kvmm_unlock(mm);
+    }
 
     srv->n_pending -= c->n_pending;
     for (size_t i = 0; i < c->cap_pending; i++)

@@ -83,4 +83,35 @@ const char *js_format(struct json_schema_conv *c, const char *format, const char
 const char *js_pattern(struct json_schema_conv *c, const char *pattern, size_t len,
                        const char *hint);
 
+/* Shared by the converter's files (json_schema.c: the rule table, the
+ * keywords and the dispatch; json_schema_object.c; json_schema_value.c).
+ * A visitor adds the rules of schema s and returns the name of the rule
+ * that matches it, or NULL after js_fail. */
+/* The error path grows by a formatted piece (returns the length to give
+ * back to js_path_pop) and shrinks back. */
+__attribute__((format(printf, 2, 3))) size_t js_path_push(struct json_schema_conv *c,
+                                                          const char *fmt, ...);
+void js_path_pop(struct json_schema_conv *c, size_t len);
+struct js_rule *js_rule_new(struct json_schema_conv *c, const char *hint, const char *body,
+                            bool reuse);
+bool js_check_keywords(struct json_schema_conv *c, const json_t *s);
+const char *js_other_keyword(const json_t *s, const char *const *allowed, size_t n);
+int js_get_count(struct json_schema_conv *c, const json_t *s, const char *key, uint64_t *v);
+const char *js_visit(struct json_schema_conv *c, const json_t *s, const char *hint);
+const char *js_value_rule(struct json_schema_conv *c);
+const char *js_rule_of(struct json_schema_conv *c, const char *hint, struct sbuf *b);
+const char *js_visit_object(struct json_schema_conv *c, const json_t *s, const char *hint);
+const char *js_visit_all_of(struct json_schema_conv *c, const json_t *s, const char *hint);
+int js_get_types(struct json_schema_conv *c, const json_t *s, const char *out[7], size_t *n);
+bool js_add_value_lit(struct json_schema_conv *c, struct sbuf *b, const json_t *v);
+const char *js_visit_values(struct json_schema_conv *c, const json_t *s, const char *hint);
+const char *js_visit_ref(struct json_schema_conv *c, const json_t *s);
+const json_t *js_deref(struct json_schema_conv *c, const json_t *s);
+const char *js_visit_union(struct json_schema_conv *c, const json_t *s, const char *key,
+                           const char *hint);
+const char *js_visit_array(struct json_schema_conv *c, const json_t *s, const char *hint);
+const char *js_visit_string(struct json_schema_conv *c, const json_t *s, const char *hint);
+const char *js_visit_number(struct json_schema_conv *c, const json_t *s, bool integer,
+                            const char *hint);
+
 #endif
