@@ -19,6 +19,11 @@
  *      tool_choice, parallel_tool_calls or a parameters keyword's path);
  *   bits 4-5: the model's tool-call family (generic, Hermes, Llama 3.x,
  *      Mistral);
+ *   bit 6: the body goes through openai_parse_ctx, the model looked up by
+ *      the name it gives (a model "unknown" has no context: max_tokens is
+ *      bounded by 1 until the request is refused by name); oracles: the
+ *      lookup runs once, with the body's `model` when it is a string, which
+ *      the request keeps;
  *      1: the rest is a completion's text (maybe not UTF-8) rendered by
  *      openai_render as a response and as a stream chunk (and as a tool
  *      call's name and arguments), and the error body with it as the
@@ -233,17 +238,72 @@ static void check_args(enum openai_kind kind, uint32_t n_ctx, const struct opena
     FUZZ_ASSERT(!a->grammar && !a->json_schema && !a->json_object);
 }
 
-static void as_body(enum openai_kind kind, uint32_t n_ctx, enum tool_family fam,
+/* The model lookup of openai_parse_ctx, as the daemon's with several
+ * models: the context and family of the model a body names, 0 for a name
+ * no model has ("unknown": refused later by name); what it was asked. */
+struct lookup {
+    uint32_t n_ctx;
+    enum tool_family family;
+    int calls;
+    const char *model;
+    size_t model_len;
+};
+
+static uint32_t lookup_ctx(void *ud, const char *model, size_t len, enum tool_family *family)
+{
+    struct lookup *l = ud;
+    l->calls++;
+    l->model = model;
+    l->model_len = len;
+    *family = l->family;
+    return model && len == 7 && !memcmp(model, "unknown", 7) ? 0 : l->n_ctx;
+}
+
+/* The body's `model`: 0 absent or null, 1 a string (its first cap bytes
+ * copied, *out_len its length), 2 another type. */
+static int body_model(const uint8_t *body, size_t len, char *out, size_t cap, size_t *out_len)
+{
+    json_error_t je;
+    json_t *j = json_loadb((const char *)body, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *m = json_object_get(j, "model");
+    int kind = !m || json_is_null(m) ? 0 : json_is_string(m) ? 1 : 2;
+    if (kind == 1) {
+        *out_len = json_string_length(m);
+        memcpy(out, json_string_value(m), *out_len < cap ? *out_len : cap);
+    }
+    json_decref(j);
+    return kind;
+}
+
+static void as_body(enum openai_kind kind, uint32_t n_ctx, enum tool_family fam, bool by_model,
                     const uint8_t *body, size_t len)
 {
     struct openai_req r;
     struct kvd_error e;
+    struct lookup l = {.n_ctx = n_ctx, .family = fam};
     memset(&e, 0, sizeof(e));
-    if (openai_parse(kind, (const char *)body, len, n_ctx, fam, &r, &e) != 0) {
+    int rc = by_model ? openai_parse_ctx(kind, (const char *)body, len, lookup_ctx, &l, &r, &e)
+                      : openai_parse(kind, (const char *)body, len, n_ctx, fam, &r, &e);
+    if (rc != 0) {
         check_refusal(&e);
         return;
     }
-    check_args(kind, n_ctx, &r, body, len);
+    /* the model named (a string of at most OPENAI_MAX_MODEL bytes, else
+     * refused): looked up once, kept in the request (in its body) */
+    char name[OPENAI_MAX_MODEL + 1];
+    size_t name_len = 0;
+    int named = body_model(body, len, name, sizeof name, &name_len);
+    FUZZ_ASSERT(named != 2);
+    FUZZ_ASSERT(!by_model || (l.calls == 1 && l.model == r.model && l.model_len == r.model_len));
+    if (named == 1)
+        FUZZ_ASSERT(r.model && r.model_len == name_len && name_len <= OPENAI_MAX_MODEL &&
+                    !memcmp(r.model, name, name_len));
+    else
+        FUZZ_ASSERT(!r.model && r.model_len == 0);
+    /* an unknown model's context is 1 until it is refused by name */
+    uint32_t ctx =
+        by_model && r.model && r.model_len == 7 && !memcmp(r.model, "unknown", 7) ? 1 : n_ctx;
+    check_args(kind, ctx, &r, body, len);
     openai_req_free(&r);
 }
 
@@ -390,6 +450,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (data[0] & 8)
         as_text(kind, data + 1, size - 1);
     else
-        as_body(kind, n_ctx, (enum tool_family)((data[0] >> 4) & 3), data + 1, size - 1);
+        as_body(kind, n_ctx, (enum tool_family)((data[0] >> 4) & 3), data[0] & 64, data + 1,
+                size - 1);
     return 0;
 }

@@ -10,7 +10,9 @@
  * to the same calls as the reply without streaming; msgpack generate with
  * messages answers the same calls; auto on noise answers content (never a
  * 500), streamed and not alike; a conversation with earlier calls and
- * their results renders and answers. Skipped (77) without curl. */
+ * their results renders and answers; a daemon of two models of different
+ * families answers each request in the family of the model it names.
+ * Skipped (77) without curl. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -360,13 +362,17 @@ static char *mp_str(const msgpack_object *o)
 
 /* generate with messages, the tools and tool_choice required: the reply's
  * tool_calls, as the HTTP reply's. */
-static void msgpack_required(const char *sock, uint64_t seed, const char *family,
+/* msgpack generate with the same messages and tools, tool_choice
+ * required, for model (NULL: none named): the calls http has. */
+static void msgpack_required(const char *sock, const char *model, uint64_t seed, const char *family,
                              const struct reply *http)
 {
     int fd = kh_connect(sock);
     assert_true(fd >= 0);
     struct kh_req q;
-    kh_req_begin(&q, "generate", 1, 6);
+    kh_req_begin(&q, "generate", 1, model ? 7 : 6);
+    if (model)
+        proto_pack_kv_str(&q.pk, "model", model);
     json_t *m = user_message();
     proto_pack_str(&q.pk, "messages");
     pack_json(&q.pk, m);
@@ -461,6 +467,20 @@ static void msgpack_refusals(const char *sock)
     close(fd);
 }
 
+/* A chat request's body for a model (NULL: none named). */
+static char *request_for(const char *model, const char *choice, uint64_t seed, bool stream)
+{
+    char *body = request(user_message(), choice, -1, seed, stream);
+    if (!model)
+        return body;
+    json_t *j = json_loads(body, 0, NULL);
+    free(body);
+    json_object_set_new(j, "model", json_string(model));
+    body = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return body;
+}
+
 /* ---- one family --------------------------------------------------------------- */
 
 static void family(const char *tmpl, const char *fam)
@@ -495,7 +515,7 @@ static void family(const char *tmpl, const char *fam)
         check_calls(&b, fam, NULL, parallel, what);
         check_same(&a, &b, what);
         if (s < 3)
-            msgpack_required(d->sock, seed, fam, &a);
+            msgpack_required(d->sock, NULL, seed, fam, &a);
         reply_free(&a);
         reply_free(&b);
         /* named */
@@ -578,6 +598,62 @@ static void test_generic(void **state)
     family("chatml", "generic");
 }
 
+/* One daemon serving two models of different families: each request is
+ * rendered, constrained and parsed in the family of the model it names
+ * (HTTP `model` and msgpack `model`), none named is the first model's. A
+ * grammar of the other family would not parse as calls of this one, and
+ * the two families' call ids differ (Mistral 9 characters, Llama 3.x
+ * call_ and 24). */
+static void test_models_families(void **state)
+{
+    (void)state;
+    static const char *const tmpls[2] = {"mistral-v3", "llama-3.1"};
+    static const char *const names[2] = {"mis", "lla"};
+    static const char *const fams[2] = {"mistral", "llama3"};
+    char model[2][128], spec[2][160], cmd[640], sock[128];
+    for (int i = 0; i < 2; i++) {
+        snprintf(model[i], sizeof model[i], "%s/m-%s.gguf", g_dir, tmpls[i]);
+        snprintf(cmd, sizeof cmd,
+                 "%s/kvd-gguf-gen -o %s --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 "
+                 "--vocab 512 --ctx 16384 --seed %d --chat-template "
+                 "%s/tests/text/templates/%s.jinja >/dev/null",
+                 getenv("KVD_TOOLS_DIR"), model[i], 11 + i, KVD_SOURCE_DIR, tmpls[i]);
+        assert_int_equal(system(cmd), 0);
+        snprintf(spec[i], sizeof spec[i], "%s=%s", names[i], model[i]);
+    }
+    snprintf(sock, sizeof sock, "%s/http-models.sock", g_dir);
+    const char *const args[] = {
+        "--backend",           "cpu", "--model", spec[0], "--model", spec[1], "--http-socket", sock,
+        "--no-roofline-probe", NULL};
+    struct kh_proc *d = kh_new(NULL, args);
+    assert_non_null(d);
+    char what[96];
+    for (uint64_t s = 0; s < 6; s++) {
+        int m = (int)(s % 2);
+        /* the first model also when none is named */
+        const char *name = s == 2 ? NULL : names[m];
+        snprintf(what, sizeof what, "model %s seed %llu", name ? name : "(none)",
+                 (unsigned long long)(200 + s));
+        struct reply a, b;
+        char *body = request_for(name, "\"required\"", 200 + s, false);
+        chat(sock, body, false, &a);
+        free(body);
+        check_calls(&a, fams[m], NULL, true, what);
+        body = request_for(name, "\"required\"", 200 + s, true);
+        chat(sock, body, true, &b);
+        free(body);
+        check_calls(&b, fams[m], NULL, true, what);
+        check_same(&a, &b, what);
+        msgpack_required(d->sock, name, 200 + s, fams[m], &a);
+        reply_free(&a);
+        reply_free(&b);
+    }
+    assert_int_equal(kh_free(d), 0);
+    for (int i = 0; i < 2; i++)
+        unlink(model[i]);
+    unlink(sock);
+}
+
 /* Every recorded call's arguments against its function's schema. */
 static void test_ajv(void **state)
 {
@@ -647,9 +723,9 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hermes),  cmocka_unit_test(test_llama3),
-        cmocka_unit_test(test_mistral), cmocka_unit_test(test_generic),
-        cmocka_unit_test(test_ajv),
+        cmocka_unit_test(test_hermes),          cmocka_unit_test(test_llama3),
+        cmocka_unit_test(test_mistral),         cmocka_unit_test(test_generic),
+        cmocka_unit_test(test_models_families), cmocka_unit_test(test_ajv),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "kvd/protocol.h"
+#include "grammar.h"
 #include "openai.h"
 #include "text_out.h"
 
@@ -821,6 +822,99 @@ static void test_unsupported(void **state)
     BAD_C(big, "model");
 }
 
+/* openai_parse_ctx's model lookup, as the daemon's with several models:
+ * "small" has a context of 8 and the Mistral family, any other name (and
+ * none) 4096 and Hermes, "unknown" no context (refused later by name). */
+struct lookup {
+    int calls;
+    char name[64];
+};
+
+static uint32_t lookup_ctx(void *ud, const char *model, size_t len, enum tool_family *family)
+{
+    struct lookup *l = ud;
+    l->calls++;
+    snprintf(l->name, sizeof l->name, "%.*s", model ? (int)len : 0, model ? model : "");
+    bool small = model && len == 5 && !memcmp(model, "small", 5);
+    *family = small ? TOOL_MISTRAL : TOOL_HERMES;
+    return model && len == 7 && !memcmp(model, "unknown", 7) ? 0 : small ? 8 : N_CTX;
+}
+
+/* Whether gr takes text, over a vocabulary of the 256 bytes. */
+static bool grammar_takes(const struct grammar *gr, const char *text)
+{
+    static char bytes[256];
+    const char *pieces[256];
+    size_t lens[256];
+    bool eog[256] = {true};
+    for (int i = 0; i < 256; i++) {
+        bytes[i] = (char)i;
+        pieces[i] = &bytes[i];
+        lens[i] = 1;
+    }
+    struct grammar_vocab *v = NULL;
+    struct grammar_matcher *m = NULL;
+    assert_int_equal(grammar_vocab_new(256, pieces, lens, eog, &v), 0);
+    assert_int_equal(grammar_matcher_new(gr, v, &m, NULL), 0);
+    bool ok =
+        grammar_matcher_accept_text(m, text, strlen(text), NULL) == 0 && grammar_matcher_can_end(m);
+    grammar_matcher_free(m);
+    grammar_vocab_free(v);
+    return ok;
+}
+
+static void test_model_lookup(void **state)
+{
+    (void)state;
+    static const char body[] =
+        "{%s\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tool_choice\":"
+        "\"required\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"ping\"}}]}";
+    static const char hermes[] = "<tool_call>{\"name\": \"ping\", \"arguments\": {}}</tool_call>";
+    static const char mistral[] = "[TOOL_CALLS][{\"name\": \"ping\", \"arguments\": {}}]";
+    static const struct {
+        const char *field, *name;
+        uint32_t ctx;
+        bool mistral;
+    } cases[] = {
+        {"\"model\":\"small\",", "small", 8, true},
+        {"\"model\":\"big\",", "big", N_CTX, false},
+        {"", "", N_CTX, false},
+        {"\"model\":null,", "", N_CTX, false},
+        {"\"model\":\"unknown\",", "unknown", 1, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char b[512];
+        snprintf(b, sizeof b, body, cases[i].field);
+        struct lookup l = {0};
+        struct openai_req r;
+        struct kvd_error e = {0};
+        if (openai_parse_ctx(OPENAI_CHAT, b, strlen(b), lookup_ctx, &l, &r, &e) != 0)
+            fail_msg("refused (%s): %s", e.message, b);
+        /* looked up once by the name given, which the request keeps */
+        assert_int_equal(l.calls, 1);
+        assert_string_equal(l.name, cases[i].name);
+        assert_int_equal(r.model_len, strlen(cases[i].name));
+        if (r.model_len)
+            assert_memory_equal(r.model, cases[i].name, r.model_len);
+        /* the named model's context bounds the chat default; its family
+         * makes the tools' grammar */
+        assert_int_equal(r.args.max_tokens, cases[i].ctx);
+        assert_non_null(r.args.compiled);
+        assert_true(r.args.tools_compiled);
+        assert_int_equal(grammar_takes(r.args.compiled, mistral), cases[i].mistral);
+        assert_int_equal(grammar_takes(r.args.compiled, hermes), !cases[i].mistral);
+        openai_req_free(&r);
+    }
+    /* a refusal names its field whatever the model */
+    struct lookup l = {0};
+    struct openai_req r;
+    struct kvd_error e = {0};
+    const char *bad = "{\"model\":\"small\",\"messages\":[],\"n\":0}";
+    assert_int_not_equal(openai_parse_ctx(OPENAI_CHAT, bad, strlen(bad), lookup_ctx, &l, &r, &e),
+                         0);
+    assert_true(e.param[0]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -839,6 +933,7 @@ int main(void)
         cmocka_unit_test_teardown(test_logprobs, teardown),
         cmocka_unit_test(test_logprobs_render),
         cmocka_unit_test(test_status_of),
+        cmocka_unit_test(test_model_lookup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
