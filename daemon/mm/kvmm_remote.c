@@ -7,25 +7,23 @@
  *                  writer thread copies the value's blocks out under the
  *                  lock, seals them (remote_value.h) and SETs them with the
  *                  lock released;
- *   prefetch       a request's blocks past the tree are fetched in one
- *                  pipelined GET round on the calling worker thread, every
- *                  value opened and checked against the prompt, and enter
- *                  the tree as host blocks before the request is scheduled.
+ *   prefetch       a request's blocks past the tree are fetched in pipelined
+ *                  GET rounds (of at most ROUND_BYTES of values each) on the
+ *                  calling worker thread, every value opened and checked
+ *                  against the prompt, and enter the tree as host blocks
+ *                  before the request is scheduled (the K/V copied in with
+ *                  the kvmm lock released, kvmm_restore.c's steps).
  * Value k of a chain holds its blocks [k×K, (k+1)×K) and is named by the last
  * one; a tail value [k×K, j] is named by block j. A reader of a prompt of nb
  * whole blocks, of which the tree holds m, asks for the groups from m's on
- * and the tail ending at nb-1, all in one round.
+ * and the tails ending at nb-1 and nb-2, in chain order.
  * A failed round (error or timeout) makes the tier rest for a second: what
  * comes meanwhile is recomputed (lookups) or dropped (writes), and counted.
- * KV events: a value this daemon wrote is announced block by block as
- * REMOTE BlockStored (with events attached), and remembered until it is
- * known gone: its TTL passed (Redis expires keys at exactly that time), a
- * lookup found it missing (evicted, flushed) or refused it (tampered,
- * another fleet key, overwritten), or AllBlocksCleared; then its blocks
- * are REMOTE BlockRemoved. Redis's own evictions are not watched (keyspace
- * notifications would need a subscription per node): until a lookup
- * notices, a router may send a request here for a value that is gone,
- * which costs that request its recomputation, never a wrong token. */
+ * KV events of the values written here are kvmm_remote_events.c's. Redis's
+ * own evictions are not watched (keyspace notifications would need a
+ * subscription per node): until a lookup notices, a router may send a
+ * request here for a value that is gone, which costs that request its
+ * recomputation, never a wrong token. */
 #include <errno.h>
 #include <pthread.h>
 #include <sodium.h>
@@ -35,85 +33,11 @@
 #include <time.h>
 
 #include "fault.h"
-#include "kvmm_impl.h"
+#include "kvmm_remote_impl.h"
 #include "log.h"
 #include "redisconn.h"
 #include "remote_value.h"
 
-#define REST_NS 1000000000ull /* after a failed round */
-#define QUEUE_MAX 65536       /* values waiting for the writer */
-#define POOL_CONNS 64         /* idle connections kept for prefetch */
-
-struct rq_item {
-    uint32_t id;
-    uint32_t idx; /* chain index */
-    struct blockkey key;
-    bool tail;
-};
-
-/* A value this daemon wrote and announced (REMOTE BlockStored): its
- * blocks' published hashes and owners, by (namespace hash, naming key).
- * Open addressing with tombstones, under the kvmm lock. */
-struct ann_blk {
-    uint64_t pub;
-    uint32_t tenant;
-};
-struct ann {
-    uint64_t ns;
-    struct blockkey key;
-    uint64_t expires; /* monotonic ns; UINT64_MAX: no TTL */
-    struct ann_blk *b;
-    uint32_t n;
-    uint8_t state; /* 0 empty, 1 used, 2 deleted */
-};
-/* Announced values in the order they expire (the TTL is one for all, so
- * write order); an entry whose value was written again since is stale. */
-struct ann_due {
-    uint64_t ns;
-    struct blockkey key;
-    uint64_t expires;
-};
-#define ANN_MAX (1u << 20) /* values remembered at most; more are not announced */
-
-/* A connection and the stats of it already counted. */
-struct rconn {
-    struct redisconn *rc;
-    struct redisconn_stats seen;
-};
-
-struct kvmm_remote {
-    struct kvmm *mm;
-    struct remote_fleet_key key;
-    char url[1024];
-    uint32_t timeout_ms, ttl_s, min_hits, k;
-    pthread_t thread;
-    bool started;
-    atomic_bool stop;
-    pthread_mutex_t mu; /* the writer's wake, the idle connections */
-    pthread_cond_t wake, idle;
-    bool writing;
-    struct rconn *conns[POOL_CONNS];
-    size_t n_conns;
-    _Atomic uint64_t rest_until; /* monotonic ns */
-    /* Under the kvmm lock: */
-    struct radix_node **nodes; /* (k) the writer's: a value's nodes */
-    struct rq_item *q;
-    size_t q_head, q_n, q_cap;
-    struct ann *anns; /* (ann_cap, a power of two) */
-    size_t ann_cap, ann_used, ann_live;
-    struct ann_due *due; /* FIFO: due[due_head, due_n) */
-    size_t due_head, due_n, due_cap;
-    /* The writer's: what the value being written will announce. */
-    struct ann_blk *ev_b; /* (k) */
-    uint32_t *ev_toks;    /* (k * block_tokens) */
-    uint32_t ev_n;
-    uint64_t ev_ns, ev_parent;
-    bool ev_on, ev_has_parent;
-    /* Counters (atomics: the writer and the workers count without the lock). */
-    atomic_uint_fast64_t hits, misses, bytes_in, bytes_out, rounds, lat_sum, lat_last, errors,
-        timeouts, skipped, auth_failures, mismatches, writes, write_skips, backoffs, connect_fails,
-        reconnects, moved, ask, ev_stored, ev_removed;
-};
 
 static uint64_t now_ns(void)
 {
@@ -256,182 +180,6 @@ void mm_remote_chain_end(struct kvmm *mm, struct radix_node *node, size_t idx)
         want_value(mm, node, idx, true);
 }
 
-/* ---- KV events of values ------------------------------------------------ */
-
-static size_t ann_slot(const struct kvmm_remote *r, uint64_t ns, struct blockkey k)
-{
-    return (size_t)((k.lo ^ (k.hi * 0x9e3779b97f4a7c15ull) ^ ns) & (r->ann_cap - 1));
-}
-
-/* Lock held. The announced value (ns, key), or NULL. */
-static struct ann *ann_find(struct kvmm_remote *r, uint64_t ns, struct blockkey k)
-{
-    if (!r->ann_cap)
-        return NULL;
-    for (size_t i = ann_slot(r, ns, k), n = 0; n < r->ann_cap;
-         i = (i + 1) & (r->ann_cap - 1), n++) {
-        struct ann *a = &r->anns[i];
-        if (a->state == 0)
-            return NULL;
-        if (a->state == 1 && a->ns == ns && blockkey_eq(a->key, k))
-            return a;
-    }
-    return NULL;
-}
-
-/* Lock held: a free slot for (ns, k), growing the table; NULL when out of
- * memory or full. */
-static struct ann *ann_new(struct kvmm_remote *r, uint64_t ns, struct blockkey k)
-{
-    if (r->ann_live >= ANN_MAX)
-        return NULL;
-    if ((r->ann_used + 1) * 2 > r->ann_cap) { /* rehash the live ones */
-        size_t cap = r->ann_cap ? r->ann_cap : 256;
-        while ((r->ann_live + 1) * 4 > cap)
-            cap *= 2;
-        struct ann *nv = calloc(cap, sizeof *nv), *old = r->anns;
-        size_t old_cap = r->ann_cap;
-        if (!nv)
-            return NULL;
-        r->anns = nv;
-        r->ann_cap = cap;
-        r->ann_used = r->ann_live = 0;
-        for (size_t i = 0; i < old_cap; i++)
-            if (old[i].state == 1) {
-                size_t j = ann_slot(r, old[i].ns, old[i].key);
-                while (r->anns[j].state != 0)
-                    j = (j + 1) & (cap - 1);
-                r->anns[j] = old[i];
-                r->ann_used++;
-                r->ann_live++;
-            }
-        free(old);
-    }
-    size_t i = ann_slot(r, ns, k);
-    while (r->anns[i].state == 1)
-        i = (i + 1) & (r->ann_cap - 1);
-    if (r->anns[i].state == 0)
-        r->ann_used++;
-    r->ann_live++;
-    r->anns[i] = (struct ann){.ns = ns, .key = k, .state = 1};
-    return &r->anns[i];
-}
-
-/* Lock held: the value is gone: REMOTE BlockRemoved for its blocks. */
-static void ann_gone(struct kvmm *mm, struct ann *a)
-{
-    struct kvmm_remote *r = mm->remote;
-    for (uint32_t i = 0; i < a->n; i++) {
-        struct kvmm_block_event ev = {.stored = false,
-                                      .medium = KVMM_MEDIUM_REMOTE,
-                                      .tenant = a->b[i].tenant,
-                                      .hash = a->b[i].pub};
-        kvmm_events_emit(mm, &ev);
-    }
-    free(a->b);
-    a->b = NULL;
-    a->state = 2;
-    r->ann_live--;
-    atomic_fetch_add(&r->ev_removed, a->n);
-}
-
-/* Lock held: a lookup found the value named (ns, key) missing or unusable. */
-static void ann_lost(struct kvmm *mm, uint64_t ns, struct blockkey key)
-{
-    struct ann *a = ann_find(mm->remote, ns, key);
-    if (a)
-        ann_gone(mm, a);
-}
-
-/* Lock held: values whose TTL has passed. */
-static void ann_expire(struct kvmm *mm)
-{
-    struct kvmm_remote *r = mm->remote;
-    uint64_t t = now_ns();
-    while (r->due_head < r->due_n && r->due[r->due_head].expires <= t) {
-        struct ann_due d = r->due[r->due_head++];
-        struct ann *a = ann_find(r, d.ns, d.key);
-        if (a && a->expires == d.expires)
-            ann_gone(mm, a);
-    }
-    if (r->due_head == r->due_n)
-        r->due_head = r->due_n = 0;
-}
-
-/* Lock held: forgets every announced value (AllBlocksCleared said so). */
-void mm_remote_cleared(struct kvmm *mm)
-{
-    struct kvmm_remote *r = mm->remote;
-    if (!r)
-        return;
-    for (size_t i = 0; i < r->ann_cap; i++)
-        free(r->anns[i].b);
-    free(r->anns);
-    free(r->due);
-    r->anns = NULL;
-    r->due = NULL;
-    r->ann_cap = r->ann_used = r->ann_live = 0;
-    r->due_head = r->due_n = r->due_cap = 0;
-}
-
-/* Lock held: the value just written (r->ev_*, named by key) is announced:
- * REMOTE BlockStored for its blocks, one chain. */
-static void ann_written(struct kvmm *mm, struct blockkey key)
-{
-    struct kvmm_remote *r = mm->remote;
-    if (!r->ev_on || !mm->events.block || r->ev_n == 0)
-        return;
-    struct ann *a = ann_find(r, r->ev_ns, key);
-    struct ann_blk *b = malloc(sizeof *b * r->ev_n);
-    if (!b)
-        return;
-    if (!a && !(a = ann_new(r, r->ev_ns, key))) {
-        free(b);
-        return;
-    }
-    uint64_t expires = r->ttl_s ? now_ns() + (uint64_t)r->ttl_s * 1000000000ull : UINT64_MAX;
-    if (expires != UINT64_MAX) {
-        if (r->due_head > 0 && r->due_head * 2 >= r->due_n) {
-            memmove(r->due, r->due + r->due_head, sizeof *r->due * (r->due_n - r->due_head));
-            r->due_n -= r->due_head;
-            r->due_head = 0;
-        }
-        if (r->due_n == r->due_cap) {
-            size_t cap = r->due_cap ? 2 * r->due_cap : 256;
-            struct ann_due *v = fault_realloc(r->due, sizeof *v * cap);
-            if (!v) { /* not remembered: not announced */
-                free(b);
-                free(a->b);
-                a->b = NULL;
-                a->state = 2;
-                r->ann_live--;
-                return;
-            }
-            r->due = v;
-            r->due_cap = cap;
-        }
-        r->due[r->due_n++] = (struct ann_due){r->ev_ns, key, expires};
-    }
-    memcpy(b, r->ev_b, sizeof *b * r->ev_n);
-    free(a->b);
-    a->b = b;
-    a->n = r->ev_n;
-    a->expires = expires;
-    uint32_t bt = mm->geom.block_tokens;
-    for (uint32_t i = 0; i < r->ev_n; i++) {
-        struct kvmm_block_event ev = {.stored = true,
-                                      .medium = KVMM_MEDIUM_REMOTE,
-                                      .tenant = b[i].tenant,
-                                      .hash = b[i].pub,
-                                      .has_parent = i > 0 || r->ev_has_parent,
-                                      .parent = i > 0 ? b[i - 1].pub : r->ev_parent,
-                                      .tokens = r->ev_toks + (size_t)i * bt,
-                                      .n_tokens = bt};
-        kvmm_events_emit(mm, &ev);
-    }
-    atomic_fetch_add(&r->ev_stored, r->ev_n);
-}
-
 /* Lock held: copies the value of item it into a new buffer (*buf, *len,
  * *rkey); false when it is no longer due or its blocks cannot be read. */
 static bool value_build(struct kvmm_remote *r, struct rq_item it, void **buf, size_t *len,
@@ -531,7 +279,7 @@ static bool write_one(struct kvmm_remote *r)
             atomic_fetch_add(&r->writes, 1);
             atomic_fetch_add(&r->bytes_out, len);
             kvmm_lock(mm);
-            ann_written(mm, it.key);
+            mm_remote_ann_written(mm, it.key);
             kvmm_unlock(mm);
         } else {
             log_msg(LOG_LVL_DEBUG, "remote tier: write: %s", e.message);
@@ -556,7 +304,7 @@ static void *writer_main(void *arg)
         r->writing = true;
         pthread_mutex_unlock(&r->mu);
         kvmm_lock(r->mm);
-        ann_expire(r->mm);
+        mm_remote_ann_expire(r->mm);
         kvmm_unlock(r->mm);
         size_t n = 0;
         while (!atomic_load(&r->stop) && write_one(r))
@@ -638,6 +386,7 @@ int kvmm_remote_open(struct kvmm *mm, const struct kvmm_remote_conf *c, struct k
     uint64_t per = mm->block_bytes + (uint64_t)4 * mm->geom.block_tokens;
     uint64_t k = vb / per;
     r->k = k < 1 ? 1 : k > 1024 ? 1024 : (uint32_t)k;
+    r->round_keys = vb >= ROUND_BYTES ? 1 : (size_t)(ROUND_BYTES / vb);
     r->ev_b = malloc(sizeof *r->ev_b * r->k);
     r->ev_toks = malloc(sizeof *r->ev_toks * r->k * mm->geom.block_tokens);
     if (!(r->nodes = malloc(sizeof *r->nodes * r->k)) || !r->ev_b || !r->ev_toks) {
@@ -701,10 +450,7 @@ void mm_remote_free(struct kvmm *mm)
     free(r->nodes);
     free(r->ev_b);
     free(r->ev_toks);
-    for (size_t i = 0; i < r->ann_cap; i++)
-        free(r->anns[i].b);
-    free(r->anns);
-    free(r->due);
+    mm_remote_ann_free(r);
     sodium_memzero(&r->key, sizeof r->key);
     pthread_cond_destroy(&r->wake);
     pthread_cond_destroy(&r->idle);
@@ -748,9 +494,10 @@ size_t kvmm_remote_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const
     struct redisconn_buf *vals = calloc(max_keys, sizeof *vals);
     uint8_t(*rkeys)[REMOTE_KEY_BYTES] = malloc(REMOTE_KEY_BYTES * max_keys);
     uint32_t *ends = malloc(sizeof *ends * max_keys);
+    struct mm_restoring *rs = malloc(sizeof *rs * K); /* one value's blocks at most */
     struct remote_value_meta want = {.block_tokens = bt, .block_bytes = mm->block_bytes};
     size_t nk = 0, n_groups = 0;
-    bool ok = scratch && chain && keys && vals && rkeys && ends;
+    bool ok = scratch && chain && keys && vals && rkeys && ends && rs;
     if (ok) {
         kvmm_lock(mm);
         ok = mm_ns_ok(mm, ns) && tenant_remote(mm, tenant);
@@ -780,84 +527,110 @@ size_t kvmm_remote_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const
             keys[i] = (struct redisconn_buf){rkeys[i], REMOTE_KEY_BYTES};
         }
     }
+    /* Rounds of at most round_keys values (ROUND_BYTES): a 4096-token prompt of a
+     * 1B-class model is 128 MiB, which one round could not bring within remote-timeout-ms
+     * (and Redis would buffer whole); each round is bounded on its own, and the next is
+     * only sent while the chain goes on. The values live in c's buffer: c goes back to the
+     * pool once the last round's are used. */
     struct rconn *c = ok && nk ? conn_take(r) : NULL;
-    if (c) {
+    int get_rc = 0;
+    size_t at = m;
+    bool going = c != NULL;
+    for (size_t s0 = 0; going && s0 < nk; s0 += r->round_keys) {
+        size_t cnt = nk - s0 < r->round_keys ? nk - s0 : r->round_keys;
         struct kvd_error e = {0};
         uint64_t t0 = now_ns();
-        int rc = redisconn_get(c->rc, nk, keys, vals, &e);
+        get_rc = redisconn_get(c->rc, cnt, keys + s0, vals + s0, &e);
         uint64_t dt = now_ns() - t0;
-        conn_give(r, c, rc);
         atomic_fetch_add(&r->rounds, 1);
         atomic_fetch_add(&r->lat_sum, dt);
         atomic_store(&r->lat_last, dt);
-        if (rc != 0) {
+        if (get_rc != 0) {
             log_msg(LOG_LVL_DEBUG, "remote tier: lookup: %s", e.message);
-            memset(vals, 0, sizeof *vals * max_keys);
-            nk = 0;
+            break;
         }
-    }
-    /* The values in chain order: each restores the blocks from the tree's
-     * end to its own end, and the first missing or bad one ends it. */
-    size_t at = m;
-    bool going = c != NULL;
-    for (size_t i = 0; i < nk; i++) {
-        atomic_fetch_add(&r->bytes_in, vals[i].n);
-        if (!going || ends[i] < at)
-            continue; /* stopped, or a shorter tail after a longer one */
-        if (!vals[i].p) {
-            atomic_fetch_add(&r->misses, 1);
-            kvmm_lock(mm);
-            ann_lost(mm, want.ns_hash, chain[ends[i]]);
-            kvmm_unlock(mm);
-            going = i >= n_groups; /* a missing tail: the next may be there */
-            continue;
-        }
-        struct remote_value_view v;
-        enum remote_value_status st =
-            remote_value_open(&r->key, rkeys[i], (void *)vals[i].p, vals[i].n, &v);
-        if (st == REMOTE_VALUE_OK)
-            st = remote_value_check(&v, &want, ends[i], tokens, chain, root);
-        if (st == REMOTE_VALUE_OK && v.m.first > at)
-            st = REMOTE_VALUE_MISMATCH; /* a gap: it does not reach back to the tree */
-        if (st != REMOTE_VALUE_OK) {
-            atomic_fetch_add(st == REMOTE_VALUE_MISMATCH ? &r->mismatches : &r->auth_failures, 1);
-            kvmm_lock(mm);
-            ann_lost(mm, want.ns_hash, chain[ends[i]]);
-            kvmm_unlock(mm);
-            going = i >= n_groups;
-            continue;
-        }
-        kvmm_lock(mm);
-        for (size_t b = at; going && b <= ends[i]; b++) {
-            /* The namespace may have been removed, and its id reused, meanwhile. */
-            struct radix_node *parent =
-                mm_ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], want.ns_name) == 0
-                    ? mm_parent_of(mm, ns, tokens, b, scratch)
-                    : NULL;
-            const uint32_t *toks = tokens + b * bt;
-            const char *data = (const char *)v.data + (b - v.m.first) * mm->block_bytes;
-            going = parent != NULL;
-            if (going && !radix_child(&mm->radix, parent, toks,
-                                      radix_hash(&mm->radix, parent->hash, toks))) {
-                going = mm_restore_block(mm, tenant, parent, toks, chain[b], data, false);
-                if (going) {
-                    restored++;
-                    atomic_fetch_add(&r->hits, 1);
-                }
+        /* The values in chain order: each restores the blocks from the tree's
+         * end to its own end, and the first missing or bad one ends it. */
+        for (size_t i = s0; i < s0 + cnt; i++) {
+            atomic_fetch_add(&r->bytes_in, vals[i].n);
+            if (!going || ends[i] < at)
+                continue; /* stopped, or a shorter tail after a longer one */
+            if (!vals[i].p) {
+                atomic_fetch_add(&r->misses, 1);
+                kvmm_lock(mm);
+                mm_remote_ann_lost(mm, want.ns_hash, chain[ends[i]]);
+                kvmm_unlock(mm);
+                going = i >= n_groups; /* a missing tail: the next may be there */
+                continue;
             }
-            if (going)
-                at = b + 1;
+            struct remote_value_view v;
+            enum remote_value_status st =
+                remote_value_open(&r->key, rkeys[i], (void *)vals[i].p, vals[i].n, &v);
+            if (st == REMOTE_VALUE_OK)
+                st = remote_value_check(&v, &want, ends[i], tokens, chain, root);
+            if (st == REMOTE_VALUE_OK && v.m.first > at)
+                st = REMOTE_VALUE_MISMATCH; /* a gap: it does not reach back to the tree */
+            if (st != REMOTE_VALUE_OK) {
+                atomic_fetch_add(st == REMOTE_VALUE_MISMATCH ? &r->mismatches : &r->auth_failures,
+                                 1);
+                kvmm_lock(mm);
+                mm_remote_ann_lost(mm, want.ns_hash, chain[ends[i]]);
+                kvmm_unlock(mm);
+                going = i >= n_groups;
+                continue;
+            }
+            /* The value's blocks past the tree get their final blocks under the lock, their
+             * bytes are copied in with it released, and they enter the tree in order (as a
+             * disk restore's window does, kvmm_disk.c): no K/V copy under the kvmm lock. */
+            size_t first_b = at, n_b = ends[i] + 1 - at, got = 0, filled = 0;
+            kvmm_lock(mm);
+            if (tenant_live(&mm->tt, tenant))
+                while (got < n_b && mm_restore_take(mm, tenant, false, &rs[got]))
+                    got++;
+            kvmm_unlock(mm);
+            MM_ASSERT_UNLOCKED(mm);
+            while (filled < got &&
+                   mm_restore_fill(mm, &rs[filled],
+                                   (const char *)v.data +
+                                       (first_b + filled - v.m.first) * mm->block_bytes))
+                filled++;
+            kvmm_lock(mm);
+            for (size_t k = 0; k < got; k++) {
+                size_t b = first_b + k;
+                const uint32_t *toks = tokens + b * bt;
+                /* The namespace may have been removed, and its id reused, meanwhile. */
+                struct radix_node *parent = going && k < filled && mm_ns_ok(mm, ns) &&
+                                                    strcmp(mm->tt.ns_names[ns], want.ns_name) == 0
+                                                ? mm_parent_of(mm, ns, tokens, b, scratch)
+                                                : NULL;
+                going = parent != NULL;
+                if (going && !radix_child(&mm->radix, parent, toks,
+                                          radix_hash(&mm->radix, parent->hash, toks))) {
+                    going = mm_restore_enter(mm, &rs[k], parent, toks, chain[b], false);
+                    if (going) {
+                        restored++;
+                        atomic_fetch_add(&r->hits, 1);
+                    }
+                } else {
+                    mm_restore_drop(mm, &rs[k]); /* not wanted (any more), or already there */
+                }
+                if (going)
+                    at = b + 1;
+            }
+            if (got < n_b)
+                going = false;
+            kvmm_unlock(mm);
         }
-        kvmm_unlock(mm);
     }
-    for (size_t i = 0; vals && i < max_keys; i++)
-        free((void *)vals[i].p);
+    if (c)
+        conn_give(r, c, get_rc);
     free(scratch);
     free(chain);
     free(keys);
     free(vals);
     free(rkeys);
     free(ends);
+    free(rs);
     return restored;
 }
 
