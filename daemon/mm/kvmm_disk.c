@@ -399,7 +399,8 @@ int kvmm_disk_open(struct kvmm *mm, const struct kvmm_disk_conf *c, struct kvd_e
                                .max_bytes = c->max_bytes,
                                .block_bytes = mm->block_bytes,
                                .block_tokens = mm->geom.block_tokens,
-                               .lru = mm->evict_policy == KVMM_EVICT_LRU};
+                               .lru = (c->own_policy ? c->policy : mm->evict_policy) ==
+                                      KVMM_EVICT_LRU};
     int rc = disktier_open(&dc, &d->dt, e);
     if (rc) {
         free(d);

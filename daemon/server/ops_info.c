@@ -160,6 +160,7 @@ static int pack_disk(msgpack_packer *pk, const struct kvmm_disk_stats *d)
     PROTO_PK(proto_pack_kv_uint(pk, "write_bytes", t->write_bytes));
     PROTO_PK(proto_pack_kv_uint(pk, "write_skips", t->write_skips + d->detach_skips));
     PROTO_PK(proto_pack_kv_uint(pk, "evictions", t->evictions));
+    PROTO_PK(proto_pack_kv_uint(pk, "evict_passes", t->evict_passes));
     PROTO_PK(proto_pack_kv_uint(pk, "checksum_failures", t->checksum_failures));
     PROTO_PK(proto_pack_kv_uint(pk, "io_errors", t->io_errors));
     PROTO_PK(proto_pack_kv_uint(pk, "loaded", t->loaded));
