@@ -437,15 +437,17 @@ static void test_garbage_server(void **state)
         struct kvd_gen_result g;
         atomic_store(&j.mode, mode);
         uint64_t cmd0 = atomic_load(&j.commands);
+        /* 1 s rounds: a slow (sanitized, loaded) daemon's good rounds must not time out. */
+        const char *const x[] = {"--remote-timeout-ms", "1000", NULL};
         redis_url = url;
-        start(&a, f, conf_on, f->key1);
+        start_ex(&a, f, conf_on, f->key1, x);
         redis_url = NULL;
         double t0 = now_s();
         gen_ok(&a, f->prompt, &g);
         double dt = now_s() - t0;
         expect_same(&ref, &g);
         assert_int_equal(g.cached_tokens, 0);
-        /* Bounded: a lookup costs at most remote-timeout-ms (200 ms); a
+        /* Bounded: a lookup costs at most remote-timeout-ms (1 s); a
          * server that never answers would otherwise hold it forever. */
         if (dt >= 30.0)
             fail_msg("junk mode %d: the request took %.1f s", mode, dt);
@@ -453,7 +455,8 @@ static void test_garbage_server(void **state)
         assert_int_equal(remote_stat(&a, "hits"), 0);
         if (mode == JUNK_VALUES) { /* well-formed: values that fail authentication */
             assert_true(remote_stat(&a, "auth_failures") >= 1);
-            assert_int_equal(remote_stat(&a, "errors"), 0);
+            /* No protocol error (a round of a loaded machine may still time out). */
+            assert_int_equal(remote_stat(&a, "errors"), remote_stat(&a, "timeouts"));
         } else {
             assert_true(remote_stat(&a, "errors") >= 1);
             assert_true(remote_stat(&a, "backoffs") >= 1);
