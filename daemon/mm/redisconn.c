@@ -469,7 +469,6 @@ static int node_ensure(struct redisconn *rc, struct rnode *nd, struct kvd_error 
     }
     c->reader->fn = &rc->reply_fns;
     c->reader->privdata = rc;
-    c->reader->maxbuf = READER_KEEP;
     nd->ctx = c;
     nd->last_code = 0;
     if (nd->ever_connected)
@@ -574,6 +573,21 @@ static int node_take_replies(struct redisconn *rc, struct rnode *nd, struct kvd_
         return -1;
     }
     return 0;
+}
+
+/* After a round: a reader buffer that holds nothing unread and has grown past READER_KEEP
+ * (a reply larger than usual) is given back, as redisReaderFeed would (round_io reads into
+ * the buffer itself, so that code never runs). */
+static void reader_trim(redisReader *rd)
+{
+    if (rd->pos < rd->len || sdsalloc(rd->buf) <= READER_KEEP)
+        return;
+    sds e = sdsempty();
+    if (!e)
+        return;
+    sdsfree(rd->buf);
+    rd->buf = e;
+    rd->pos = rd->len = 0;
 }
 
 /* One round: writes what is queued on every active node and reads all their replies, within
@@ -687,6 +701,8 @@ static int round_io(struct redisconn *rc, struct kvd_error *e)
         struct rnode *nd = &rc->nodes[i];
         if (nd->failed)
             node_drop(rc, nd);
+        else if (nd->ctx)
+            reader_trim(nd->ctx->reader);
         nd->active = false;
         nd->failed = false;
         nd->n_sent = nd->n_got = 0;
