@@ -11,8 +11,7 @@
  *                  GET rounds (of at most ROUND_BYTES of values each) on the
  *                  calling worker thread, every value opened and checked
  *                  against the prompt, and enter the tree as host blocks
- *                  before the request is scheduled (the K/V copied in with
- *                  the kvmm lock released, kvmm_restore.c's steps).
+ *                  before the request is scheduled: kvmm_remote_fetch.c.
  * Value k of a chain holds its blocks [k×K, (k+1)×K) and is named by the last
  * one; a tail value [k×K, j] is named by block j. A reader of a prompt of nb
  * whole blocks, of which the tree holds m, asks for the groups from m's on
@@ -38,17 +37,16 @@
 #include "redisconn.h"
 #include "remote_value.h"
 
-
-static uint64_t now_ns(void)
+uint64_t mm_remote_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static bool resting(struct kvmm_remote *r)
+bool mm_remote_resting(struct kvmm_remote *r)
 {
-    if (now_ns() < atomic_load(&r->rest_until)) {
+    if (mm_remote_now_ns() < atomic_load(&r->rest_until)) {
         atomic_fetch_add(&r->skipped, 1);
         return true;
     }
@@ -60,7 +58,7 @@ static bool resting(struct kvmm_remote *r)
  * round that was already in flight) extends it. */
 static void back_off(struct kvmm_remote *r)
 {
-    uint64_t t = now_ns();
+    uint64_t t = mm_remote_now_ns();
     if (atomic_exchange(&r->rest_until, t + REST_NS) <= t)
         atomic_fetch_add(&r->backoffs, 1);
 }
@@ -82,7 +80,7 @@ static void conn_count(struct kvmm_remote *r, struct rconn *c)
 
 /* An idle connection, or a new one; NULL (counted, and the tier rests)
  * when none can be opened. */
-static struct rconn *conn_take(struct kvmm_remote *r)
+struct rconn *mm_remote_conn_take(struct kvmm_remote *r)
 {
     pthread_mutex_lock(&r->mu);
     struct rconn *c = r->n_conns ? r->conns[--r->n_conns] : NULL;
@@ -105,7 +103,7 @@ static struct rconn *conn_take(struct kvmm_remote *r)
 
 /* Gives c back after a round; rc: the round's result (a failure makes the
  * tier rest). */
-static void conn_give(struct kvmm_remote *r, struct rconn *c, int rc)
+void mm_remote_conn_give(struct kvmm_remote *r, struct rconn *c, int rc)
 {
     conn_count(r, c);
     if (rc != 0)
@@ -124,7 +122,7 @@ static void conn_give(struct kvmm_remote *r, struct rconn *c, int rc)
 
 /* ---- write-through --------------------------------------------------------- */
 
-static bool tenant_remote(const struct kvmm *mm, uint32_t tenant)
+bool mm_remote_tenant_on(const struct kvmm *mm, uint32_t tenant)
 {
     return tenant_live(&mm->tt, tenant) && mm->tt.v[tenant].conf.remote;
 }
@@ -162,7 +160,7 @@ static void want_value(struct kvmm *mm, struct radix_node *node, size_t idx, boo
         return;
     struct pool_block *b = pool_block(&mm->pool, node->block);
     unsigned bit = tail ? POOL_REMOTE_TAIL : POOL_REMOTE_FULL;
-    if ((b->remote & bit) || b->hits < r->min_hits || !tenant_remote(mm, b->tenant))
+    if ((b->remote & bit) || b->hits < r->min_hits || !mm_remote_tenant_on(mm, b->tenant))
         return;
     b->remote |= (uint8_t)bit;
     q_push(r, (struct rq_item){node->block, (uint32_t)idx, b->key, tail});
@@ -270,11 +268,12 @@ static bool write_one(struct kvmm_remote *r)
     }
     int rc = -1;
     struct rconn *c = NULL;
-    if (remote_value_seal(&r->key, rkey, buf, len) == 0 && !resting(r) && (c = conn_take(r))) {
+    if (remote_value_seal(&r->key, rkey, buf, len) == 0 && !mm_remote_resting(r) &&
+        (c = mm_remote_conn_take(r))) {
         struct redisconn_buf k = {rkey, sizeof rkey}, v = {buf, len};
         struct kvd_error e = {0};
         rc = redisconn_set(c->rc, 1, &k, &v, r->ttl_s, &e);
-        conn_give(r, c, rc);
+        mm_remote_conn_give(r, c, rc);
         if (rc == 0) {
             atomic_fetch_add(&r->writes, 1);
             atomic_fetch_add(&r->bytes_out, len);
@@ -332,7 +331,7 @@ int kvmm_remote_flush(struct kvmm *mm, uint32_t timeout_ms)
     struct kvmm_remote *r = mm->remote;
     if (!r)
         return 0;
-    uint64_t until = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t until = mm_remote_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
         kvmm_lock(mm);
         bool empty = r->q_head == r->q_n;
@@ -344,7 +343,7 @@ int kvmm_remote_flush(struct kvmm *mm, uint32_t timeout_ms)
         pthread_mutex_unlock(&r->mu);
         if (empty && !busy)
             return 0;
-        if (now_ns() >= until)
+        if (mm_remote_now_ns() >= until)
             return KVD_EBUSY;
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
@@ -458,182 +457,6 @@ void mm_remote_free(struct kvmm *mm)
     free(r);
 }
 
-/* ---- prefetch ------------------------------------------------------------ */
-
-bool kvmm_remote_may_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const uint32_t *tokens,
-                              size_t n)
-{
-    size_t nb = n / mm->geom.block_tokens;
-    if (!mm->remote || nb == 0)
-        return false;
-    struct radix_node **scratch = malloc(sizeof *scratch * nb);
-    if (!scratch)
-        return false;
-    struct blockkey key;
-    kvmm_lock(mm);
-    bool ok = mm_ns_ok(mm, ns) && tenant_remote(mm, tenant) &&
-              mm_cached_prefix(mm, ns, tokens, nb, scratch, &key) < nb;
-    kvmm_unlock(mm);
-    free(scratch);
-    return ok;
-}
-
-size_t kvmm_remote_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const uint32_t *tokens,
-                            size_t n)
-{
-    struct kvmm_remote *r = mm->remote;
-    uint32_t bt = mm->geom.block_tokens, K;
-    size_t nb = n / bt, m = 0, restored = 0;
-    if (!r || nb == 0 || nb > UINT32_MAX)
-        return 0;
-    K = r->k;
-    struct radix_node **scratch = malloc(sizeof *scratch * nb);
-    struct blockkey *chain = malloc(sizeof *chain * nb), key, root;
-    size_t max_keys = nb / K + 3;
-    struct redisconn_buf *keys = calloc(max_keys, sizeof *keys);
-    struct redisconn_buf *vals = calloc(max_keys, sizeof *vals);
-    uint8_t(*rkeys)[REMOTE_KEY_BYTES] = malloc(REMOTE_KEY_BYTES * max_keys);
-    uint32_t *ends = malloc(sizeof *ends * max_keys);
-    struct mm_restoring *rs = malloc(sizeof *rs * K); /* one value's blocks at most */
-    struct remote_value_meta want = {.block_tokens = bt, .block_bytes = mm->block_bytes};
-    size_t nk = 0, n_groups = 0;
-    bool ok = scratch && chain && keys && vals && rkeys && ends && rs;
-    if (ok) {
-        kvmm_lock(mm);
-        ok = mm_ns_ok(mm, ns) && tenant_remote(mm, tenant);
-        if (ok) {
-            m = mm_cached_prefix(mm, ns, tokens, nb, scratch, &key);
-            snprintf(want.ns_name, sizeof want.ns_name, "%s", mm->tt.ns_names[ns]);
-            root = mm->root_key;
-        }
-        kvmm_unlock(mm);
-        ok = ok && m < nb && !resting(r);
-    }
-    if (ok) {
-        want.ns_hash = blockkey_ns(want.ns_name);
-        struct blockkey p = root;
-        for (size_t b = 0; b < nb; b++)
-            p = chain[b] = blockkey_next(p, tokens + b * bt, bt);
-        for (size_t g = m / K; (g + 1) * K <= nb; g++)
-            ends[nk++] = (uint32_t)((g + 1) * K - 1);
-        n_groups = nk;
-        /* Tails: the prompt's last whole block, or the one before (where a
-         * match of every token but the last ended), longest first. */
-        for (size_t d = 1; d <= 2 && d <= nb; d++)
-            if (nb - d >= m && (nb - d) % K != K - 1)
-                ends[nk++] = (uint32_t)(nb - d);
-        for (size_t i = 0; i < nk; i++) {
-            remote_value_key(want.ns_hash, chain[ends[i]], rkeys[i]);
-            keys[i] = (struct redisconn_buf){rkeys[i], REMOTE_KEY_BYTES};
-        }
-    }
-    /* Rounds of at most round_keys values (ROUND_BYTES): a 4096-token prompt of a
-     * 1B-class model is 128 MiB, which one round could not bring within remote-timeout-ms
-     * (and Redis would buffer whole); each round is bounded on its own, and the next is
-     * only sent while the chain goes on. The values live in c's buffer: c goes back to the
-     * pool once the last round's are used. */
-    struct rconn *c = ok && nk ? conn_take(r) : NULL;
-    int get_rc = 0;
-    size_t at = m;
-    bool going = c != NULL;
-    for (size_t s0 = 0; going && s0 < nk; s0 += r->round_keys) {
-        size_t cnt = nk - s0 < r->round_keys ? nk - s0 : r->round_keys;
-        struct kvd_error e = {0};
-        uint64_t t0 = now_ns();
-        get_rc = redisconn_get(c->rc, cnt, keys + s0, vals + s0, &e);
-        uint64_t dt = now_ns() - t0;
-        atomic_fetch_add(&r->rounds, 1);
-        atomic_fetch_add(&r->lat_sum, dt);
-        atomic_store(&r->lat_last, dt);
-        if (get_rc != 0) {
-            log_msg(LOG_LVL_DEBUG, "remote tier: lookup: %s", e.message);
-            break;
-        }
-        /* The values in chain order: each restores the blocks from the tree's
-         * end to its own end, and the first missing or bad one ends it. */
-        for (size_t i = s0; i < s0 + cnt; i++) {
-            atomic_fetch_add(&r->bytes_in, vals[i].n);
-            if (!going || ends[i] < at)
-                continue; /* stopped, or a shorter tail after a longer one */
-            if (!vals[i].p) {
-                atomic_fetch_add(&r->misses, 1);
-                kvmm_lock(mm);
-                mm_remote_ann_lost(mm, want.ns_hash, chain[ends[i]]);
-                kvmm_unlock(mm);
-                going = i >= n_groups; /* a missing tail: the next may be there */
-                continue;
-            }
-            struct remote_value_view v;
-            enum remote_value_status st =
-                remote_value_open(&r->key, rkeys[i], (void *)vals[i].p, vals[i].n, &v);
-            if (st == REMOTE_VALUE_OK)
-                st = remote_value_check(&v, &want, ends[i], tokens, chain, root);
-            if (st == REMOTE_VALUE_OK && v.m.first > at)
-                st = REMOTE_VALUE_MISMATCH; /* a gap: it does not reach back to the tree */
-            if (st != REMOTE_VALUE_OK) {
-                atomic_fetch_add(st == REMOTE_VALUE_MISMATCH ? &r->mismatches : &r->auth_failures,
-                                 1);
-                kvmm_lock(mm);
-                mm_remote_ann_lost(mm, want.ns_hash, chain[ends[i]]);
-                kvmm_unlock(mm);
-                going = i >= n_groups;
-                continue;
-            }
-            /* The value's blocks past the tree get their final blocks under the lock, their
-             * bytes are copied in with it released, and they enter the tree in order (as a
-             * disk restore's window does, kvmm_disk.c): no K/V copy under the kvmm lock. */
-            size_t first_b = at, n_b = ends[i] + 1 - at, got = 0, filled = 0;
-            kvmm_lock(mm);
-            if (tenant_live(&mm->tt, tenant))
-                while (got < n_b && mm_restore_take(mm, tenant, false, &rs[got]))
-                    got++;
-            kvmm_unlock(mm);
-            MM_ASSERT_UNLOCKED(mm);
-            while (filled < got &&
-                   mm_restore_fill(mm, &rs[filled],
-                                   (const char *)v.data +
-                                       (first_b + filled - v.m.first) * mm->block_bytes))
-                filled++;
-            kvmm_lock(mm);
-            for (size_t k = 0; k < got; k++) {
-                size_t b = first_b + k;
-                const uint32_t *toks = tokens + b * bt;
-                /* The namespace may have been removed, and its id reused, meanwhile. */
-                struct radix_node *parent = going && k < filled && mm_ns_ok(mm, ns) &&
-                                                    strcmp(mm->tt.ns_names[ns], want.ns_name) == 0
-                                                ? mm_parent_of(mm, ns, tokens, b, scratch)
-                                                : NULL;
-                going = parent != NULL;
-                if (going && !radix_child(&mm->radix, parent, toks,
-                                          radix_hash(&mm->radix, parent->hash, toks))) {
-                    going = mm_restore_enter(mm, &rs[k], parent, toks, chain[b], false);
-                    if (going) {
-                        restored++;
-                        atomic_fetch_add(&r->hits, 1);
-                    }
-                } else {
-                    mm_restore_drop(mm, &rs[k]); /* not wanted (any more), or already there */
-                }
-                if (going)
-                    at = b + 1;
-            }
-            if (got < n_b)
-                going = false;
-            kvmm_unlock(mm);
-        }
-    }
-    if (c)
-        conn_give(r, c, get_rc);
-    free(scratch);
-    free(chain);
-    free(keys);
-    free(vals);
-    free(rkeys);
-    free(ends);
-    free(rs);
-    return restored;
-}
-
 void kvmm_remote_stats(struct kvmm *mm, struct kvmm_remote_stats *st)
 {
     memset(st, 0, sizeof *st);
@@ -663,7 +486,7 @@ void kvmm_remote_stats(struct kvmm *mm, struct kvmm_remote_stats *st)
     st->ask = atomic_load(&r->ask);
     st->events_stored = atomic_load(&r->ev_stored);
     st->events_removed = atomic_load(&r->ev_removed);
-    uint64_t t = now_ns(), until = atomic_load(&r->rest_until);
+    uint64_t t = mm_remote_now_ns(), until = atomic_load(&r->rest_until);
     st->backoff = t < until;
     st->retry_in_ms = st->backoff ? (until - t + 999999) / 1000000 : 0;
     kvmm_lock(mm);

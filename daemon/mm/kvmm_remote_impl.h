@@ -88,6 +88,17 @@ struct kvmm_remote {
         reconnects, moved, ask, ev_stored, ev_removed;
 };
 
+/* kvmm_remote.c's, for kvmm_remote_fetch.c: */
+uint64_t mm_remote_now_ns(void);
+/* True (counted as skipped) while the tier rests after a failure. */
+bool mm_remote_resting(struct kvmm_remote *r);
+/* An idle connection, or a new one; NULL (counted, and the tier rests) when none opens. */
+struct rconn *mm_remote_conn_take(struct kvmm_remote *r);
+/* Gives c back after its rounds; rc: the last one's result (a failure makes the tier rest). */
+void mm_remote_conn_give(struct kvmm_remote *r, struct rconn *c, int rc);
+/* Lock held: the tenant is live and has remote on. */
+bool mm_remote_tenant_on(const struct kvmm *mm, uint32_t tenant);
+
 /* KV events of values (kvmm_remote_events.c), all with the kvmm lock held: */
 /* A lookup found the value named (ns, key) missing or unusable: REMOTE BlockRemoved. */
 void mm_remote_ann_lost(struct kvmm *mm, uint64_t ns, struct blockkey key);

@@ -7,14 +7,15 @@
  *       heads x 64, and 8 x 16 x 64): a writer kvmm commits chains of 4096
  *       tokens (MIB MiB of KV in all, default 512) with remote-min-hits 0
  *       and waits until its values are in Redis; a reader kvmm then restores
- *       every chain with kvmm_remote_prefetch (one pipelined GET round per
- *       chain, every value opened, authenticated, checked against the
- *       prompt and copied into the pool), from 1 and 2 threads, sealed
- *       (the fleet key) and insecure (checksums only). Side by side in the
- *       same run: a plain pipelined GET of the same keys in the same
- *       rounds (redisconn, nothing opened), and `redis-benchmark -t get` on
- *       the same server with the values' mean size, -c 1 and 2, -P 1 and
- *       the keys of a round. Three passes each; the median is printed.
+ *       every chain with kvmm_remote_prefetch (pipelined GET rounds of at
+ *       most 16 MiB, every value opened, authenticated, checked against the
+ *       prompt and copied into the pool), from 1 and 2 threads, sealed (the
+ *       fleet key) and insecure (checksums only). Side by side, round after
+ *       round: the restore, a plain pipelined GET of the same keys in the
+ *       same rounds (redisconn, nothing opened) and `redis-benchmark -t get`
+ *       on the same server with the values' mean size (-c 1 or 2, -P 1),
+ *       and one core's XChaCha20-Poly1305 open rate; five rounds, each
+ *       ratio taken within its round; medians and ranges printed.
  *   bench_remote policy [REQUESTS] [DAEMONS] [POOL]
  *       The write policy: bench_trace.h's trace (default 6000 requests)
  *       sent to DAEMONS kvmms (default 3; each request to one picked at
@@ -39,6 +40,7 @@
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
+#include <sodium.h>
 
 #include "backend.h"
 #include "bench_trace.h"
@@ -46,7 +48,7 @@
 #include "redis_harness.h"
 #include "redisconn.h"
 
-#define PASSES 3
+#define PASSES 5
 #define CHAIN_TOKENS 4096
 
 static double now_s(void)
@@ -60,12 +62,6 @@ static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
-}
-
-static double median(double *v, size_t n)
-{
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static uint64_t mix(uint64_t x)
@@ -300,6 +296,42 @@ static void write_key_file(const char *path)
     chmod(path, 0600);
 }
 
+/* One core's XChaCha20-Poly1305 decryption of a value of d bytes (what every sealed value
+ * costs its reader), GB/s: the ceiling of a sealed restore on one thread. */
+static double aead_open_rate(size_t d)
+{
+    unsigned char *m = calloc(1, d), *c = malloc(d), key[32] = {1}, nonce[24] = {2}, mac[16];
+    if (!m || !c || sodium_init() < 0)
+        die("aead", "out of memory");
+    crypto_aead_xchacha20poly1305_ietf_encrypt_detached(c, mac, NULL, m, d, NULL, 0, NULL, nonce,
+                                                        key);
+    double t0 = now_s();
+    int n = 0;
+    while (n < 8 || now_s() - t0 < 0.5) {
+        if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(m, NULL, c, d, mac, NULL, 0, nonce,
+                                                                key))
+            die("aead", "a value failed to open");
+        n++;
+    }
+    double rate = (double)d * n / (now_s() - t0) / 1e9;
+    free(m);
+    free(c);
+    return rate;
+}
+
+/* "median (min-max)" of v[0..n) into out. */
+static void spread(char *out, size_t cap, double *v, size_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    snprintf(out, cap, "%.3f (%.3f-%.3f)", n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v[0],
+             v[n - 1]);
+}
+
+/* Per geometry: the chains written once sealed (then once insecure), and PASSES rounds of,
+ * one right after the other, a restore of every chain, plain GET rounds of the same keys
+ * (sealed only) and redis-benchmark GETs of the values' mean size, -P 1 (one request at a
+ * time, its best case here), about as many bytes: each round's ratios come from the same
+ * minute of this shared VM, whose load moves the absolute rates by 3x and more. */
 static void restore_geom(const struct redis_srv *srv, const char *key_file, const struct kv_geom *g,
                          const char *label, uint64_t mib)
 {
@@ -338,66 +370,57 @@ static void restore_geom(const struct redis_srv *srv, const char *key_file, cons
         size_t mean = ws.writes ? (size_t)(ws.bytes_out / ws.writes) : 0;
         struct restore_run run = {.rd = &rd, .chains = chains, .n_chains = n_chains, .nb = nb};
         uint64_t kv_bytes = (uint64_t)n_chains * nb * bb, in = 0;
-        double rounds_per_chain = 0;
         printf("  %s: %" PRIu64 " values written (up to %u blocks each, mean %zu B), %.2f GB\n",
                secure ? "sealed (XChaCha20-Poly1305)" : "insecure (XXH3 checksums)", ws.writes,
                ws.blocks_per_value, mean, ws.bytes_out / 1e9);
+        /* Plain GETs of the same keys, in rounds as the restore's (at most 16 MiB of values). */
+        struct keyset ks;
+        keys_load(srv, &ks);
+        size_t per = (size_t)(16u << 20) / (ws.blocks_per_value * (bb + 4 * BT));
+        struct get_run gr = {.ks = &ks, .per_round = per < 1 ? 1 : per};
+        for (int t = 0; t < 2; t++) {
+            struct redisconn_conf cf = {.url = srv->url, .timeout_ms = 60000};
+            struct kvd_error e = {0};
+            if (redisconn_open(&cf, &gr.rc[t], &e))
+                die("redisconn_open", e.message);
+        }
+        size_t req = (size_t)(kv_bytes / (mean ? mean : 1));
+        req = req < 64 ? 64 : req;
         restore_pass(&run, 2, &in); /* warm: connections, their buffers, the pool's pages */
+        get_pass(&gr, 2);
         for (int threads = 1; threads <= 2; threads++) {
-            double t[PASSES];
+            double r[PASSES], gt[PASSES], rb[PASSES], rr[PASSES], gr_r[PASSES], op[PASSES];
             struct kvmm_remote_stats r0, r1;
             kvmm_remote_stats(rd.mm, &r0);
-            for (int p = 0; p < PASSES; p++)
-                t[p] = restore_pass(&run, threads, &in);
+            for (int p = 0; p < PASSES; p++) {
+                op[p] = secure ? aead_open_rate(mean) : 0;
+                r[p] = in / restore_pass(&run, threads, &in) / 1e9;
+                gt[p] = atomic_load(&gr.bytes) / get_pass(&gr, threads) / 1e9;
+                rb[p] = redis_benchmark_get(srv, mean, threads, 1, req) * mean / 1e9;
+                rr[p] = r[p] / rb[p];
+                gr_r[p] = gt[p] / rb[p];
+            }
             kvmm_remote_stats(rd.mm, &r1);
-            rounds_per_chain = (double)(r1.rounds - r0.rounds) / (PASSES * n_chains);
-            double m = median(t, PASSES);
-            printf("    restore, %d thread%s: %.3f GB/s of values (%.3f GB/s of KV), %.1f ms per "
-                   "chain, %.1f GET rounds per chain\n",
-                   threads, threads > 1 ? "s" : " ", in / m / 1e9, kv_bytes / m / 1e9,
-                   m * 1e3 * threads / n_chains, rounds_per_chain);
+            char a1[64], a2[64], a3[64], a4[64], a5[64], a6[64];
+            spread(a1, sizeof a1, r, PASSES);
+            spread(a2, sizeof a2, gt, PASSES);
+            spread(a3, sizeof a3, rb, PASSES);
+            spread(a4, sizeof a4, rr, PASSES);
+            spread(a5, sizeof a5, gr_r, PASSES);
+            spread(a6, sizeof a6, op, PASSES);
+            printf("    %d thread%s (redis-benchmark -c %d -P 1), GB/s of values, median (min-max) "
+                   "of %d rounds; %.1f GET rounds per chain\n",
+                   threads, threads > 1 ? "s" : "", threads, PASSES,
+                   (double)(r1.rounds - r0.rounds) / (PASSES * n_chains));
+            printf("      restore %s   plain GET %s   redis-benchmark %s\n", a1, a2, a3);
+            printf("      restore / redis-benchmark %s   plain GET / redis-benchmark %s\n", a4, a5);
+            if (secure)
+                printf("      one core opening (XChaCha20-Poly1305) %s\n", a6);
         }
-        if (secure) { /* the same keys, plain GETs: Redis and the wire alone */
-            struct keyset ks;
-            keys_load(srv, &ks);
-            /* As the restore's rounds: at most 16 MiB of values each (kvmm_remote.c). */
-            size_t per = (size_t)(16u << 20) / (ws.blocks_per_value * (bb + 4 * BT));
-            per = per < 1 ? 1 : per;
-            struct get_run gr = {.ks = &ks, .per_round = per};
-            for (int t = 0; t < 2; t++) {
-                struct redisconn_conf cf = {.url = srv->url, .timeout_ms = 60000};
-                struct kvd_error e = {0};
-                if (redisconn_open(&cf, &gr.rc[t], &e))
-                    die("redisconn_open", e.message);
-            }
-            get_pass(&gr, 2); /* warm */
-            for (int threads = 1; threads <= 2; threads++) {
-                double t[PASSES];
-                for (int p = 0; p < PASSES; p++)
-                    t[p] = get_pass(&gr, threads);
-                double m = median(t, PASSES);
-                printf("    plain GET rounds of %zu keys (redisconn), %d thread%s: %.3f GB/s\n",
-                       gr.per_round, threads, threads > 1 ? "s" : " ",
-                       atomic_load(&gr.bytes) / m / 1e9);
-            }
-            for (int t = 0; t < 2; t++)
-                redisconn_free(gr.rc[t]);
-            freeReplyObject(ks.reply);
-            free(ks.k);
-            /* redis-benchmark, the values' mean size, about the same bytes. */
-            size_t req = (size_t)(kv_bytes / (mean ? mean : 1));
-            if (req < 64)
-                req = 64;
-            int pipes[2] = {1, (int)per};
-            for (int clients = 1; clients <= 2; clients++)
-                for (int pi = 0; pi < 2; pi++) {
-                    double rps = redis_benchmark_get(srv, mean, clients, pipes[pi], req);
-                    printf("    redis-benchmark -t get -d %zu -c %d -P %d: %.0f GET/s, %.3f GB/s\n",
-                           mean, clients, pipes[pi], rps, rps * mean / 1e9);
-                }
-            fl = redis_srv_cmd(srv, "FLUSHALL");
-            freeReplyObject(fl);
-        }
+        for (int t = 0; t < 2; t++)
+            redisconn_free(gr.rc[t]);
+        freeReplyObject(ks.reply);
+        free(ks.k);
         node_down(&w);
         node_down(&rd);
     }
@@ -527,7 +550,9 @@ static void policy(const struct redis_srv *srv, size_t n_req, int n_nodes, uint3
 int main(int argc, char **argv)
 {
     if (argc < 2 || (strcmp(argv[1], "restore") && strcmp(argv[1], "policy"))) {
-        fprintf(stderr, "usage: bench_remote restore [MIB] [64|512] | policy [REQUESTS] [DAEMONS] [POOL]\n");
+        fprintf(
+            stderr,
+            "usage: bench_remote restore [MIB] [64|512] | policy [REQUESTS] [DAEMONS] [POOL]\n");
         return 2;
     }
     if (!redis_available())
