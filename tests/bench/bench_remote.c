@@ -15,7 +15,9 @@
  *       same rounds (redisconn, nothing opened) and `redis-benchmark -t get`
  *       on the same server with the values' mean size (-c 1 or 2, -P 1),
  *       and one core's XChaCha20-Poly1305 open rate; five rounds, each
- *       ratio taken within its round; medians and ranges printed.
+ *       ratio taken within its round; medians and ranges printed, and the
+ *       CPU seconds per GB each side spent (this process or redis-benchmark,
+ *       and redis-server from /proc).
  *   bench_remote policy [REQUESTS] [DAEMONS] [POOL]
  *       The write policy: bench_trace.h's trace (default 6000 requests)
  *       sent to DAEMONS kvmms (default 3; each request to one picked at
@@ -35,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -319,6 +322,40 @@ static double aead_open_rate(size_t d)
     return rate;
 }
 
+/* CPU seconds so far: this process (all threads), its reaped children (redis-benchmark),
+ * and the redis-server (utime + stime from /proc). */
+struct cpu {
+    double self, children, server;
+};
+
+static double tv_s(struct timeval t)
+{
+    return (double)t.tv_sec + (double)t.tv_usec / 1e6;
+}
+
+static struct cpu cpu_now(const struct redis_srv *srv)
+{
+    struct cpu c = {0};
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        c.self = tv_s(ru.ru_utime) + tv_s(ru.ru_stime);
+    if (getrusage(RUSAGE_CHILDREN, &ru) == 0)
+        c.children = tv_s(ru.ru_utime) + tv_s(ru.ru_stime);
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)srv->pid);
+    FILE *f = fopen(path, "r");
+    if (f && fgets(buf, sizeof buf, f)) {
+        const char *p = strrchr(buf, ')'); /* fields after the command name */
+        unsigned long ut = 0, st = 0;
+        if (p &&
+            sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2)
+            c.server = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+    }
+    if (f)
+        fclose(f);
+    return c;
+}
+
 /* "median (min-max)" of v[0..n) into out. */
 static void spread(char *out, size_t cap, double *v, size_t n)
 {
@@ -392,13 +429,30 @@ static void restore_geom(const struct redis_srv *srv, const char *key_file, cons
             double r[PASSES], gt[PASSES], rb[PASSES], rr[PASSES], gr_r[PASSES], op[PASSES];
             struct kvmm_remote_stats r0, r1;
             kvmm_remote_stats(rd.mm, &r0);
+            /* CPU seconds per GB of values moved: [restore, GET, redis-benchmark] x
+             * [client, server], summed over the rounds. */
+            double cpu[3][2] = {{0}}, gb[3] = {0};
             for (int p = 0; p < PASSES; p++) {
                 op[p] = secure ? aead_open_rate(mean) : 0;
+                struct cpu c0 = cpu_now(srv);
                 r[p] = in / restore_pass(&run, threads, &in) / 1e9;
+                struct cpu c1 = cpu_now(srv);
                 gt[p] = atomic_load(&gr.bytes) / get_pass(&gr, threads) / 1e9;
-                rb[p] = redis_benchmark_get(srv, mean, threads, 1, req) * mean / 1e9;
+                struct cpu c2 = cpu_now(srv);
+                double rps = redis_benchmark_get(srv, mean, threads, 1, req);
+                struct cpu c3 = cpu_now(srv);
+                rb[p] = rps * mean / 1e9;
                 rr[p] = r[p] / rb[p];
                 gr_r[p] = gt[p] / rb[p];
+                cpu[0][0] += c1.self - c0.self;
+                cpu[0][1] += c1.server - c0.server;
+                cpu[1][0] += c2.self - c1.self;
+                cpu[1][1] += c2.server - c1.server;
+                cpu[2][0] += c3.children - c2.children;
+                cpu[2][1] += c3.server - c2.server;
+                gb[0] += in / 1e9;
+                gb[1] += atomic_load(&gr.bytes) / 1e9;
+                gb[2] += (double)req * mean / 1e9 * 2; /* redis-benchmark SETs them first */
             }
             kvmm_remote_stats(rd.mm, &r1);
             char a1[64], a2[64], a3[64], a4[64], a5[64], a6[64];
@@ -416,6 +470,10 @@ static void restore_geom(const struct redis_srv *srv, const char *key_file, cons
             printf("      restore / redis-benchmark %s   plain GET / redis-benchmark %s\n", a4, a5);
             if (secure)
                 printf("      one core opening (XChaCha20-Poly1305) %s\n", a6);
+            printf("      CPU s per GB, client + redis-server: restore %.2f + %.2f   plain GET "
+                   "%.2f + %.2f   redis-benchmark (SET and GET) %.2f + %.2f\n",
+                   cpu[0][0] / gb[0], cpu[0][1] / gb[0], cpu[1][0] / gb[1], cpu[1][1] / gb[1],
+                   cpu[2][0] / gb[2], cpu[2][1] / gb[2]);
         }
         for (int t = 0; t < 2; t++)
             redisconn_free(gr.rc[t]);
