@@ -1,6 +1,7 @@
 /* kvmm_remote_impl: the memory manager's remote-tier state (struct kvmm_remote), shared by
- * kvmm_remote.c (write-through, lookups, connections) and kvmm_remote_events.c (the values it
- * announced as REMOTE KV events, until they are known gone). Internal to daemon/mm. */
+ * kvmm_remote.c (write-through, connections), kvmm_remote_fetch.c (lookups) and
+ * kvmm_remote_events.c (the values it announced as REMOTE KV events, until they are known
+ * gone). Internal to daemon/mm. */
 #ifndef KVD_KVMM_REMOTE_IMPL_H
 #define KVD_KVMM_REMOTE_IMPL_H
 
