@@ -13,7 +13,8 @@
  * n_slots comes from --disk-max-bytes, so the tier never grows past it.
  *
  * In memory: the records, an open-addressing table from (namespace, key) to
- * slot (O(1) lookup, hashed under a per-process seed), an LRU list and a
+ * slot (O(1) lookup, hashed under a per-process seed), a use list (LRU with
+ * credits for hits and tenant weights: disktier_touch) and a
  * free list. Start-up reads the index only, never block data.
  *
  * Nothing here trusts the files: a record is used only when its own checksum
@@ -45,6 +46,7 @@ struct disktier_conf {
     size_t block_bytes;
     uint32_t block_tokens;
     bool no_uring; /* batched reads use preadv even where io_uring is there */
+    bool lru;      /* plain LRU eviction (evict-policy = lru); else hits and weights count */
 };
 
 struct disktier_stats {
@@ -57,6 +59,7 @@ struct disktier_stats {
     uint64_t read_reqs;               /* I/O requests the reads took (coalesced runs of slots) */
     uint64_t write_reqs;              /* I/O requests the writes took */
     uint64_t drops_unlogged;          /* drops the full drop log could not take */
+    uint64_t evict_passes;            /* slots given another turn for their credit */
 };
 
 struct disktier;
@@ -103,12 +106,25 @@ struct disktier_rd {
  * slots are coalesced into one request (up to DISKTIER_REQ_BYTES each,
  * scattered into the blocks' buffers), and several requests are in flight
  * (io_uring when kvd was built with liburing and the kernel allows it,
- * else preadv one request at a time). When every request has completed,
- * each block gets every check disktier_read makes; a failed one is dropped
- * and counted exactly as there. Unpins every slot. Returns how many blocks
- * passed (v[i].rc says which). */
+ * else preadv one request at a time). Each request's blocks get every check
+ * disktier_read makes as soon as it completes (the other requests still in
+ * flight); a failed one is dropped and counted exactly as there. Unpins
+ * every slot. Returns how many blocks passed (v[i].rc says which).
+ * disktier_read_end(disktier_read_begin(...)). */
 size_t disktier_read_many(struct disktier *dt, const char *ns_name, uint64_t ns,
                           struct disktier_rd *v, size_t n);
+
+/* disktier_read_many in two halves, so that a caller can start the next
+ * batch while this one is read: begin submits the requests (io_uring) and
+ * returns with them in flight (without io_uring it reads them); end waits,
+ * checks each request's blocks as it completes, unpins and frees the batch,
+ * and returns how many blocks passed. v, its tokens and buffers must stay
+ * as they are until end. begin returns NULL for n = 0 or when out of memory
+ * (then every v[i] has failed, counted and unpinned); end(NULL) is 0. */
+struct disktier_batch;
+struct disktier_batch *disktier_read_begin(struct disktier *dt, const char *ns_name, uint64_t ns,
+                                           struct disktier_rd *v, size_t n);
+size_t disktier_read_end(struct disktier_batch *b);
 #define DISKTIER_REQ_BYTES (4u << 20) /* the most one coalesced request reads */
 #define DISKTIER_QDEPTH 8             /* requests in flight per batch (io_uring) */
 
@@ -116,7 +132,8 @@ size_t disktier_read_many(struct disktier *dt, const char *ns_name, uint64_t ns,
 bool disktier_uring(const struct disktier *dt);
 
 /* Writes the block whose bytes are at disktier_data(dt, buf) under (ns,
- * key), evicting the least recently used unpinned slot when none is free.
+ * key), evicting a slot when none is free (the least recently used one not
+ * pinned, given another turn while it has credit: see disktier_touch).
  * 0 (also when the key is already there), KVD_ENOMEM (every slot pinned:
  * counted as a skip) or KVD_EINTERNAL (I/O error: counted, nothing kept). */
 int disktier_put(struct disktier *dt, const char *ns_name, uint64_t ns, struct blockkey key,
@@ -129,6 +146,8 @@ struct disktier_wr {
     struct blockkey key;
     const uint32_t *tokens; /* block_tokens ids */
     void *buf;              /* disktier_buf_new, the block's bytes at disktier_data */
+    uint32_t hits;          /* the block's hits so far (0: none known) */
+    uint32_t weight;        /* its tenant's weight (0: 1) */
     int rc;                 /* out: as disktier_put's */
 };
 
@@ -138,6 +157,18 @@ struct disktier_wr {
  * ends as disktier_put's would (v[i].rc). Returns how many are on disk (or
  * were already). */
 size_t disktier_put_many(struct disktier *dt, struct disktier_wr *v, size_t n);
+
+/* Eviction order. A full tier evicts from the least recently used end;
+ * unless conf.lru, a block there with credit left is given another turn
+ * (GCLOCK): its tenant's weight w gives it w - 1 turns when written, and
+ * each doubling of its hits w more (log2(1 + hits), as the memory tiers'
+ * `hits` policy counts them). A restore from disk is a hit and a use.
+ * disktier_touch tells the tier that a block it holds was used elsewhere
+ * (its memory copy is being dropped, with hits so far): it becomes the most
+ * recently used, with the credit of those hits. False when (ns, key) is not
+ * on disk (evicted meanwhile: the caller may write it again). */
+bool disktier_touch(struct disktier *dt, uint64_t ns, struct blockkey key, uint32_t hits,
+                    uint32_t weight);
 
 /* Makes every write so far durable (fdatasync of both files). A failure
  * drops what was written since the last good sync: its pages cannot be

@@ -329,6 +329,10 @@ struct kvmm_disk_conf {
     uint64_t max_bytes;
     uint32_t writeback_ms;     /* default 1000 */
     uint64_t detach_max_bytes; /* default 64 MiB */
+    /* The disk tier's eviction policy is the memory tiers' (evict-policy) unless own_policy
+     * (benchmarks compare the two on the disk alone). */
+    bool own_policy;
+    enum kvmm_evict_policy policy;
 };
 /* Opens the tier and starts its writer (before serving). Errors as
  * disktier_open. */

@@ -1,6 +1,6 @@
 /* kvmm_disk: the memory manager's side of the disk tier (kvmm.h "the disk
  * tier"). Three flows, none of them on the event loop or inside an
- * executor step:
+ * executor step (the third is kvmm_restore.c's):
  *   write-behind  a block entering the tree gets its key (mm_keyed) and is
  *                 queued; the writer thread copies it out under the lock,
  *                 one block at a time, and writes it with the lock released;
@@ -22,82 +22,8 @@
 #include "disktier.h"
 #include "fault.h"
 #include "hosttier.h"
-#include "kvmm_impl.h"
+#include "kvmm_disk_impl.h"
 #include "log.h"
-
-/* A restore reads at most this many bytes of slots in one batch (and
- * holds that much buffer per prefetch in flight). */
-#define KVMM_RESTORE_WINDOW_BYTES (8u << 20)
-#define KVMM_RESTORE_WINDOW_MAX 256u
-/* The writer writes at most this many bytes of slots (and blocks) per batch. */
-#define KVMM_WB_BATCH_BYTES (8u << 20)
-#define KVMM_WB_BATCH_MAX 256u
-
-struct rwin;
-struct kvmm_disk;
-static void wins_free(struct kvmm_disk *d);
-
-struct wb_item {
-    uint32_t id;
-    struct blockkey key;
-};
-
-/* What a DISK BlockStored says of a block (KV events), taken while it is
- * in the tree. */
-struct ev_block {
-    bool on; /* events were attached */
-    bool has_parent;
-    uint32_t tenant;
-    uint64_t pub, parent;
-};
-
-struct detached {
-    char ns_name[DISKTIER_NS_NAME];
-    struct blockkey key;
-    uint32_t *tokens;
-    void *buf; /* disktier_buf_new, data filled */
-    struct ev_block ev;
-};
-
-/* The blocks written to disk while events were attached, by (namespace
- * hash, key): their published hash and owner, so that a drop the tier logs
- * becomes a DISK BlockRemoved. Open addressing with tombstones. */
-struct pub_ent {
-    uint64_t ns;
-    struct blockkey key;
-    uint64_t pub;
-    uint32_t tenant;
-    uint8_t state; /* 0 empty, 1 used, 2 deleted */
-};
-
-struct kvmm_disk {
-    struct kvmm *mm;
-    struct disktier *dt;
-    uint32_t writeback_ms;
-    pthread_t thread;
-    bool started;
-    atomic_bool stop;
-    pthread_mutex_t mu; /* guards the flush counters; the writer waits on wake */
-    pthread_cond_t wake, flushed;
-    uint64_t flush_req, flush_done;
-    atomic_uint_fast64_t written;
-    void *wbuf;                     /* the writer's slot buffers: wb_n of them, */
-    void *wbufs[KVMM_WB_BATCH_MAX]; /*   at wbuf + i * slot_bytes */
-    uint32_t *wtokens;              /* wb_n * block_tokens */
-    size_t wb_n;
-    /* Under the kvmm lock: */
-    struct wb_item *q; /* FIFO: q[q_head, q_n) */
-    size_t q_head, q_n, q_cap;
-    struct detached *dq;
-    size_t dq_n, dq_cap;
-    uint64_t detached_bytes, detach_max;
-    uint64_t detach_skips, restored, restore_fails;
-    uint64_t restores, restore_ns, restore_last_ns; /* prefetches that restored blocks */
-    size_t wb_inflight;   /* taken by the writer, not yet synced (counted as queued) */
-    struct rwin *wins;    /* under mu: idle restore windows */
-    struct pub_ent *pubs; /* (pubs_cap, a power of two) */
-    size_t pubs_cap, pubs_used, pubs_live;
-};
 
 static size_t pub_slot(const struct kvmm_disk *d, uint64_t ns, struct blockkey k)
 {
@@ -213,12 +139,12 @@ struct blockkey mm_node_key(const struct kvmm *mm, const struct radix_node *node
     return mm->pool.blocks[node->block].key;
 }
 
-static uint64_t ns_hash_of(const struct kvmm *mm, uint32_t ns)
+uint64_t mm_ns_hash(const struct kvmm *mm, uint32_t ns)
 {
     return blockkey_ns(mm->tt.ns_names[ns]);
 }
 
-static bool q_push(struct kvmm_disk *d, uint32_t id, struct blockkey key)
+bool mm_disk_q_push(struct kvmm_disk *d, uint32_t id, struct blockkey key)
 {
     if (d->q_head > 0 && d->q_head * 2 >= d->q_n) { /* compact: the FIFO's used part moves down */
         memmove(d->q, d->q + d->q_head, sizeof *d->q * (d->q_n - d->q_head));
@@ -242,7 +168,7 @@ void mm_keyed(struct kvmm *mm, struct radix_node *node)
     struct pool_block *b = pool_block(&mm->pool, node->block);
     b->key = blockkey_next(mm_node_key(mm, node->parent), node->tokens, mm->geom.block_tokens);
     b->disk = POOL_DISK_NONE;
-    if (mm->disk && q_push(mm->disk, node->block, b->key))
+    if (mm->disk && mm_disk_q_push(mm->disk, node->block, b->key))
         b->disk = POOL_DISK_QUEUED;
 }
 
@@ -260,11 +186,23 @@ bool mm_disk_copy_out(struct kvmm *mm, uint32_t id, void *dst)
                              (enum kvd_tier)b->tier, mm->block_bytes) == 0;
 }
 
+static uint32_t weight_of(const struct kvmm *mm, uint32_t tenant)
+{
+    return tenant_live(&mm->tt, tenant) ? mm->tt.v[tenant].conf.weight : 1;
+}
+
 void mm_disk_dropping(struct kvmm *mm, struct radix_node *node)
 {
     struct kvmm_disk *d = mm->disk;
     struct pool_block *b = pool_block(&mm->pool, node->block);
-    if (!d || b->disk != POOL_DISK_QUEUED)
+    if (!d)
+        return;
+    /* On disk already: it was in use here until now, with these hits (the tier's eviction
+     * order counts them). Evicted from disk meanwhile: written again, as a queued one. */
+    if (b->disk == POOL_DISK_CLEAN &&
+        !disktier_touch(d->dt, mm_ns_hash(mm, node->ns), b->key, b->hits, weight_of(mm, b->tenant)))
+        b->disk = POOL_DISK_QUEUED;
+    if (b->disk != POOL_DISK_QUEUED)
         return;
     b->disk = POOL_DISK_NONE;
     struct disktier_stats ts;
@@ -273,7 +211,10 @@ void mm_disk_dropping(struct kvmm *mm, struct radix_node *node)
         d->detach_skips++;
         return;
     }
-    struct detached x = {.key = b->key, .ev = ev_block_of(mm, node)};
+    struct detached x = {.key = b->key,
+                         .hits = b->hits,
+                         .weight = weight_of(mm, b->tenant),
+                         .ev = ev_block_of(mm, node)};
     if (d->dq_n == d->dq_cap) {
         size_t cap = d->dq_cap ? 2 * d->dq_cap : 64;
         struct detached *v = fault_realloc(d->dq, sizeof *v * cap);
@@ -327,7 +268,8 @@ static bool wb_take(struct kvmm_disk *d, struct wb_slot *w, struct disktier_wr *
         kvmm_unlock(mm);
         *w = (struct wb_slot){.detached = true, .tokens = x.tokens, .buf = x.buf, .ev = x.ev};
         snprintf(w->ns_name, sizeof w->ns_name, "%s", x.ns_name);
-        *wr = (struct disktier_wr){.key = x.key, .tokens = x.tokens, .buf = x.buf};
+        *wr = (struct disktier_wr){
+            .key = x.key, .tokens = x.tokens, .buf = x.buf, .hits = x.hits, .weight = x.weight};
         return true;
     }
     while (d->q_head < d->q_n) {
@@ -347,7 +289,11 @@ static bool wb_take(struct kvmm_disk *d, struct wb_slot *w, struct disktier_wr *
         b->disk = POOL_DISK_CLEAN;
         d->wb_inflight++;
         kvmm_unlock(mm);
-        *wr = (struct disktier_wr){.key = it.key, .tokens = tokens, .buf = wbuf};
+        *wr = (struct disktier_wr){.key = it.key,
+                                   .tokens = tokens,
+                                   .buf = wbuf,
+                                   .hits = b->hits,
+                                   .weight = weight_of(mm, b->tenant)};
         return true;
     }
     d->q_head = d->q_n = 0;
@@ -452,7 +398,9 @@ int kvmm_disk_open(struct kvmm *mm, const struct kvmm_disk_conf *c, struct kvd_e
     struct disktier_conf dc = {.dir = c->dir,
                                .max_bytes = c->max_bytes,
                                .block_bytes = mm->block_bytes,
-                               .block_tokens = mm->geom.block_tokens};
+                               .block_tokens = mm->geom.block_tokens,
+                               .lru = (c->own_policy ? c->policy : mm->evict_policy) ==
+                                      KVMM_EVICT_LRU};
     int rc = disktier_open(&dc, &d->dt, e);
     if (rc) {
         free(d);
@@ -548,7 +496,7 @@ void mm_disk_free(struct kvmm *mm)
     free(d->pubs);
     free(d->wbuf);
     free(d->wtokens);
-    wins_free(d);
+    mm_disk_wins_free(d);
     disktier_close(d->dt);
     pthread_cond_destroy(&d->wake);
     pthread_cond_destroy(&d->flushed);
@@ -588,332 +536,6 @@ int kvmm_disk_flush(struct kvmm *mm, uint32_t timeout_ms, size_t *written, size_
     *left = pending(mm);
     kvmm_unlock(mm);
     return *left ? KVD_EBUSY : 0;
-}
-
-/* ---- prefetch ------------------------------------------------------------ */
-
-/* Lock held: the node of block b-1 of tokens in ns (the root for b = 0),
- * found by walking the tree again (nodes can go while the lock is
- * released); NULL when the tree no longer holds all b blocks. */
-struct radix_node *mm_parent_of(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t b,
-                                struct radix_node **scratch)
-{
-    if (b == 0)
-        return radix_root(&mm->radix, ns);
-    size_t got = radix_match(&mm->radix, ns, tokens, b * mm->geom.block_tokens, scratch, b);
-    return got == b ? scratch[b - 1] : NULL;
-}
-
-bool mm_restore_take(struct kvmm *mm, uint32_t tenant, bool prefer_device, struct mm_restoring *r)
-{
-    MM_ASSERT_LOCKED(mm);
-    struct tenant *t = &mm->tt.v[tenant];
-    bool host = mm->pool.n_slots[KVD_TIER_HOST] > 0;
-    uint32_t margin = mm->pool.n_slots[KVD_TIER_DEVICE] / 16;
-    bool dev_free =
-        prefer_device && pool_free_slots(&mm->pool, KVD_TIER_DEVICE) > margin &&
-        (t->conf.max_device_blocks == KVMM_UNLIMITED || t->dev_blocks < t->conf.max_device_blocks);
-    enum kvd_tier tier = dev_free || !host ? KVD_TIER_DEVICE : KVD_TIER_HOST;
-    char saved[sizeof mm->err];
-    memcpy(saved, mm->err, sizeof saved); /* a prefetch's failures are not the caller's */
-    int err = dev_free ? 0
-              : host   ? mm_room_host_new(mm, tenant, 1)
-                       : mm_room_device(mm, tenant, 1, true);
-    memcpy(mm->err, saved, sizeof saved);
-    uint32_t id;
-    if (err || pool_alloc(&mm->pool, tier, tenant, &id) != 0)
-        return false;
-    if (tier == KVD_TIER_HOST)
-        t->host_blocks++;
-    else
-        t->dev_blocks++;
-    pool_block(&mm->pool, id)->restoring = 1;
-    *r = (struct mm_restoring){.id = id, .tier = tier, .dst = pool_block_ptr(&mm->pool, id)};
-    return true;
-}
-
-bool mm_restore_fill(struct kvmm *mm, struct mm_restoring *r, const void *data)
-{
-    if (mm->be->ops->copy(mm->be, r->dst, r->tier, data, KVD_TIER_HOST, mm->block_bytes) != 0)
-        return false;
-    if (r->tier == KVD_TIER_HOST) /* as hosttier_checksum, from the bytes just written */
-        r->checksum = checksum64(r->dst, mm->block_bytes, r->id);
-    return true;
-}
-
-void mm_restore_drop(struct kvmm *mm, struct mm_restoring *r)
-{
-    MM_ASSERT_LOCKED(mm);
-    pool_block(&mm->pool, r->id)->restoring = 0;
-    mm_unref(mm, r->id);
-}
-
-bool mm_restore_enter(struct kvmm *mm, struct mm_restoring *r, struct radix_node *parent,
-                      const uint32_t *toks, struct blockkey key, bool from_disk)
-{
-    MM_ASSERT_LOCKED(mm);
-    uint32_t id = r->id;
-    struct pool_block *b = pool_block(&mm->pool, id);
-    b->restoring = 0;
-    if (r->tier == KVD_TIER_HOST)
-        b->checksum = r->checksum;
-    struct radix_node *node;
-    if (radix_insert(&mm->radix, parent, toks, id, &node) != 0) {
-        mm_unref(mm, id);
-        return false;
-    }
-    b->key = key;
-    b->disk = POOL_DISK_CLEAN;
-    if (!from_disk) { /* from the remote tier: the disk tier writes it too */
-        b->disk = POOL_DISK_NONE;
-        b->remote = POOL_REMOTE_FULL | POOL_REMOTE_TAIL;
-        if (mm->disk && q_push(mm->disk, node->block, key))
-            b->disk = POOL_DISK_QUEUED;
-    }
-    b->lru = ++mm->clock;
-    /* A restore is a reuse of the prefix, asked for by a request that has
-     * not matched yet: it counts as a hit, so that the hits policy does not
-     * drop it (no hits, no bonus) for blocks used once before that
-     * request runs. */
-    b->hits = 1;
-    if (mm->events.block) {
-        mm_pub_set(mm, node);
-        mm_ev_stored(mm, node, mm_tier_medium(r->tier));
-    }
-    mm_unref(mm, id); /* the tree's reference stays: a cached block */
-    return true;
-}
-
-bool mm_restore_block(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
-                      const uint32_t *toks, struct blockkey key, const void *data, bool from_disk)
-{
-    struct mm_restoring r;
-    if (!mm_restore_take(mm, tenant, false, &r))
-        return false;
-    if (!mm_restore_fill(mm, &r, data)) {
-        mm_restore_drop(mm, &r);
-        return false;
-    }
-    return mm_restore_enter(mm, &r, parent, toks, key, from_disk);
-}
-
-/* Lock held: how many whole blocks of tokens the tree holds, and the key of
- * the last. */
-size_t mm_cached_prefix(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t nb,
-                        struct radix_node **scratch, struct blockkey *key)
-{
-    size_t m =
-        nb ? radix_match(&mm->radix, ns, tokens, nb * mm->geom.block_tokens, scratch, nb) : 0;
-    *key = m ? mm_node_key(mm, scratch[m - 1]) : mm->root_key;
-    return m;
-}
-
-bool mm_ns_ok(const struct kvmm *mm, uint32_t ns)
-{
-    return ns < mm->tt.n_ns && ns < mm->radix.n_roots && mm->tt.ns_names[ns][0];
-}
-
-bool kvmm_disk_may_prefetch(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t n)
-{
-    struct kvmm_disk *d = mm->disk;
-    size_t nb = n / mm->geom.block_tokens;
-    if (!d || nb == 0)
-        return false;
-    struct radix_node **scratch = malloc(sizeof *scratch * nb);
-    if (!scratch)
-        return false;
-    struct blockkey key;
-    uint64_t nsh = 0;
-    size_t m = 0;
-    kvmm_lock(mm);
-    bool ok = mm_ns_ok(mm, ns);
-    if (ok) {
-        m = mm_cached_prefix(mm, ns, tokens, nb, scratch, &key);
-        nsh = ns_hash_of(mm, ns);
-    }
-    kvmm_unlock(mm);
-    free(scratch);
-    if (!ok || m == nb)
-        return false;
-    key = blockkey_next(key, tokens + m * mm->geom.block_tokens, mm->geom.block_tokens);
-    return disktier_has(d->dt, nsh, key);
-}
-
-/* A restore window: the buffers one prefetch reads a batch of blocks into
- * (one allocation of n slots), kept for the next prefetch. */
-struct rwin {
-    struct rwin *next;
-    size_t n;
-    unsigned char *bufs; /* n * slot_bytes, 4 KiB aligned */
-    struct disktier_rd *rd;
-    struct mm_restoring *rs; /* the blocks the window's bytes go into */
-};
-
-static struct rwin *win_get(struct kvmm_disk *d)
-{
-    pthread_mutex_lock(&d->mu);
-    struct rwin *w = d->wins;
-    if (w)
-        d->wins = w->next;
-    pthread_mutex_unlock(&d->mu);
-    if (w)
-        return w;
-    struct disktier_stats ts;
-    disktier_stats(d->dt, &ts);
-    size_t n = KVMM_RESTORE_WINDOW_BYTES / ts.slot_bytes;
-    n = n < 1 ? 1 : n > KVMM_RESTORE_WINDOW_MAX ? KVMM_RESTORE_WINDOW_MAX : n;
-    if (!(w = calloc(1, sizeof *w)))
-        return NULL;
-    w->n = n;
-    w->rd = calloc(n, sizeof *w->rd);
-    w->rs = calloc(n, sizeof *w->rs);
-    if (!w->rd || !w->rs || posix_memalign((void **)&w->bufs, 4096, n * ts.slot_bytes)) {
-        free(w->rd);
-        free(w->rs);
-        free(w);
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++)
-        w->rd[i].buf = w->bufs + i * ts.slot_bytes;
-    return w;
-}
-
-static void win_put(struct kvmm_disk *d, struct rwin *w)
-{
-    pthread_mutex_lock(&d->mu);
-    w->next = d->wins;
-    d->wins = w;
-    pthread_mutex_unlock(&d->mu);
-}
-
-static void wins_free(struct kvmm_disk *d)
-{
-    while (d->wins) {
-        struct rwin *w = d->wins;
-        d->wins = w->next;
-        free(w->bufs);
-        free(w->rd);
-        free(w->rs);
-        free(w);
-    }
-}
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const uint32_t *tokens,
-                          size_t n)
-{
-    struct kvmm_disk *d = mm->disk;
-    uint32_t bt = mm->geom.block_tokens;
-    size_t nb = n / bt, restored = 0;
-    if (!d || nb == 0)
-        return 0;
-    uint64_t t0 = mono_ns();
-    struct radix_node **scratch = malloc(sizeof *scratch * nb);
-    struct rwin *w = win_get(d);
-    char ns_name[DISKTIER_NS_NAME];
-    struct blockkey key;
-    uint64_t nsh = 0;
-    size_t m = 0, fails = 0;
-    bool ok = scratch && w;
-    if (ok) {
-        kvmm_lock(mm);
-        ok = mm_ns_ok(mm, ns) && tenant_live(&mm->tt, tenant);
-        if (ok) {
-            m = mm_cached_prefix(mm, ns, tokens, nb, scratch, &key);
-            nsh = ns_hash_of(mm, ns);
-            snprintf(ns_name, sizeof ns_name, "%s", mm->tt.ns_names[ns]);
-        }
-        kvmm_unlock(mm);
-    }
-    /* Window by window: the next blocks' slots are looked up (their keys
-     * follow from the tokens alone), read in one batch with the kvmm lock
-     * released, then enter the tree in order, up to the first that is not
-     * on disk or fails a check. */
-    size_t b = m;
-    while (ok && b < nb) {
-        size_t k = 0;
-        bool more = true;
-        while (k < w->n && b + k < nb) {
-            const uint32_t *toks = tokens + (b + k) * bt;
-            struct blockkey next = blockkey_next(key, toks, bt);
-            uint32_t slot = disktier_lookup(d->dt, nsh, next);
-            if (slot == DISKTIER_NONE) {
-                more = false;
-                break;
-            }
-            w->rd[k].slot = slot;
-            w->rd[k].key = key = next;
-            w->rd[k].tokens = toks;
-            k++;
-        }
-        if (k == 0)
-            break;
-        MM_ASSERT_UNLOCKED(mm);
-        disktier_read_many(d->dt, ns_name, nsh, w->rd, k);
-        /* The window's blocks up to the first failed one get their final
-         * blocks (the device's when it has room, so the request's match
-         * has nothing to swap in) under the lock; their bytes are copied in
-         * with it released; then they enter the tree, in order. */
-        size_t good = 0, got = 0, filled = 0;
-        while (good < k && w->rd[good].rc == 0)
-            good++;
-        if (good < k)
-            fails++;
-        kvmm_lock(mm);
-        if (tenant_live(&mm->tt, tenant))
-            while (got < good && mm_restore_take(mm, tenant, true, &w->rs[got]))
-                got++;
-        kvmm_unlock(mm);
-        MM_ASSERT_UNLOCKED(mm);
-        while (filled < got &&
-               mm_restore_fill(mm, &w->rs[filled], disktier_data(d->dt, w->rd[filled].buf)))
-            filled++;
-        kvmm_lock(mm);
-        for (size_t i = 0; i < got; i++) {
-            const uint32_t *toks = tokens + (b + i) * bt;
-            /* The namespace may have been removed, and its id reused, meanwhile. */
-            struct radix_node *parent =
-                ok && i < filled && mm_ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], ns_name) == 0
-                    ? mm_parent_of(mm, ns, tokens, b + i, scratch)
-                    : NULL;
-            ok = parent != NULL;
-            if (ok && !radix_child(&mm->radix, parent, toks,
-                                   radix_hash(&mm->radix, parent->hash, toks))) {
-                ok = mm_restore_enter(mm, &w->rs[i], parent, toks, w->rd[i].key, true);
-                if (ok) {
-                    d->restored++;
-                    restored++;
-                }
-            } else {
-                mm_restore_drop(mm, &w->rs[i]); /* not wanted (any more), or already there */
-            }
-        }
-        kvmm_unlock(mm);
-        if (got < k)
-            ok = false;
-        b += k;
-        if (!more)
-            break;
-    }
-    uint64_t took = mono_ns() - t0;
-    kvmm_lock(mm);
-    d->restore_fails += fails;
-    if (restored) {
-        d->restores++;
-        d->restore_ns += took;
-        d->restore_last_ns = took;
-    }
-    kvmm_unlock(mm);
-    if (w)
-        win_put(d, w);
-    free(scratch);
-    return restored;
 }
 
 void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st)

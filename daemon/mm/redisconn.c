@@ -32,7 +32,10 @@
 #define MAX_NODES 1024
 #define MAX_SEEDS 64
 #define MAX_CRED 256
-#define READ_CHUNK 65536
+#define READ_CHUNK (256u << 10)  /* bytes one read() may take */
+#define READER_KEEP (8u << 20)   /* a reader buffer up to this size is kept when empty */
+#define ARENA_MIN 4096           /* a GET value this long goes to the arena (smaller: malloc) */
+#define ARENA_KEEP (64ull << 20) /* an arena larger than this is freed at the next call */
 #define MAX_PENDING_REPLY (1ull << 30) /* unparsed bytes of one reply in the reader */
 #define NO_NODE 0xffffu
 
@@ -281,7 +284,11 @@ struct redisconn {
     uint16_t *slot_node;   /* cluster: REDIS_CLUSTER_SLOTS entries */
     bool map_loaded, need_refresh;
     struct redisconn_stats st;
-    char *rbuf;
+    /* The values of the current GET call (see arena_string), reused call after call. */
+    char *arena;
+    size_t arena_used, arena_cap;
+    redisReplyObjectFunctions reply_fns; /* hiredis's, with arena_string for strings */
+    void *(*hiredis_string)(const redisReadTask *, char *, size_t);
     /* reused per call */
     struct rc_op *ops;
     size_t cap_ops;
@@ -354,6 +361,61 @@ static int sent_push(struct rnode *nd, uint32_t op, uint8_t kind)
 
 /* Makes sure nd has a connection, connecting when allowed (at most one attempt per
  * timeout_ms), and queues AUTH and SELECT on a fresh one. */
+/* Makes room for len more bytes in rc's arena: 0, or -1 when out of memory. */
+static int arena_room(struct redisconn *rc, size_t len)
+{
+    if (rc->arena_cap - rc->arena_used >= len)
+        return 0;
+    size_t cap = rc->arena_cap ? rc->arena_cap : (1u << 20);
+    while (cap - rc->arena_used < len) {
+        if (cap > SIZE_MAX / 2)
+            return -1;
+        cap *= 2;
+    }
+    char *na = realloc(rc->arena, cap);
+    if (!na)
+        return -1;
+    rc->arena = na;
+    rc->arena_cap = cap;
+    return 0;
+}
+
+/* The reader's string constructor: a top-level bulk string (a GET's value) of ARENA_MIN bytes
+ * or more is copied into the connection's arena, not into a malloc of its own. A restore moves
+ * megabytes per call; allocations that large are mmap'd, or trimmed back to the system when
+ * freed, so a fresh buffer per value is page-faulted in anew every call, which cost far more
+ * than the network (docs/performance.md "Remote tier"). The arena lives as long as the
+ * connection. The reply hiredis gets is its own empty string (len 0, so nothing reads past
+ * it), with the arena offset in `integer` and the length in `elements`, which hiredis never
+ * sets for a string: arena_value reads them back. */
+static void *arena_string(const redisReadTask *task, char *str, size_t len)
+{
+    struct redisconn *rc = task->privdata;
+    if (task->parent || task->type != REDIS_REPLY_STRING || len < ARENA_MIN)
+        return rc->hiredis_string(task, str, len);
+    if (arena_room(rc, len))
+        return NULL; /* the reader reports it as out of memory: the call fails */
+    redisReply *r = rc->hiredis_string(task, "", 0);
+    if (!r)
+        return NULL;
+    memcpy(rc->arena + rc->arena_used, str, len);
+    r->integer = (long long)rc->arena_used;
+    r->elements = len;
+    rc->arena_used += len;
+    return r;
+}
+
+/* At the start of a call (run_ops): the previous call's values are no longer needed. */
+static void arena_reset(struct redisconn *rc)
+{
+    rc->arena_used = 0;
+    if (rc->arena_cap > ARENA_KEEP) {
+        free(rc->arena);
+        rc->arena = NULL;
+        rc->arena_cap = 0;
+    }
+}
+
 static int node_ensure(struct redisconn *rc, struct rnode *nd, struct kvd_error *e)
 {
     if (nd->ctx) {
@@ -400,6 +462,13 @@ static int node_ensure(struct redisconn *rc, struct rnode *nd, struct kvd_error 
     }
     c->flags &= ~REDIS_BLOCK; /* our poll loop does the waiting; EAGAIN is not an error */
     redisEnableKeepAlive(c);
+    if (!rc->hiredis_string) {
+        rc->reply_fns = *c->reader->fn;
+        rc->hiredis_string = rc->reply_fns.createString;
+        rc->reply_fns.createString = arena_string;
+    }
+    c->reader->fn = &rc->reply_fns;
+    c->reader->privdata = rc;
     nd->ctx = c;
     nd->last_code = 0;
     if (nd->ever_connected)
@@ -506,6 +575,21 @@ static int node_take_replies(struct redisconn *rc, struct rnode *nd, struct kvd_
     return 0;
 }
 
+/* After a round: a reader buffer that holds nothing unread and has grown past READER_KEEP
+ * (a reply larger than usual) is given back, as redisReaderFeed would (round_io reads into
+ * the buffer itself, so that code never runs). */
+static void reader_trim(redisReader *rd)
+{
+    if (rd->pos < rd->len || sdsalloc(rd->buf) <= READER_KEEP)
+        return;
+    sds e = sdsempty();
+    if (!e)
+        return;
+    sdsfree(rd->buf);
+    rd->buf = e;
+    rd->pos = rd->len = 0;
+}
+
 /* One round: writes what is queued on every active node and reads all their replies, within
  * timeout_ms. A node that fails is dropped; the others are read to the end. Returns 0, or -1
  * (e set) when any node failed. */
@@ -577,7 +661,16 @@ static int round_io(struct redisconn *rc, struct kvd_error *e)
                 }
             }
             if (fds[j].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) {
-                ssize_t got = read(nd->ctx->fd, rc->rbuf, READ_CHUNK);
+                /* Straight into the reader's buffer (what redisReaderFeed would copy it to),
+                 * kept between calls up to READER_KEEP. */
+                redisReader *rd = nd->ctx->reader;
+                sds rb = sdsMakeRoomFor(rd->buf, READ_CHUNK);
+                if (!rb) {
+                    node_fail(rc, nd, KVD_EINTERNAL, e, &failed, "%s", "out of memory reading");
+                    continue;
+                }
+                rd->buf = rb;
+                ssize_t got = read(nd->ctx->fd, rb + rd->len, READ_CHUNK);
                 if (got == 0) {
                     node_fail(rc, nd, KVD_EINTERNAL, e, &failed, "%s",
                               "connection closed by the server");
@@ -590,13 +683,11 @@ static int round_io(struct redisconn *rc, struct kvd_error *e)
                     continue;
                 }
                 rc->st.bytes_in += (uint64_t)got;
-                if (nd->ctx->reader->len - nd->ctx->reader->pos > MAX_PENDING_REPLY) {
+                sdsIncrLen(rb, got);
+                rd->len = sdslen(rb);
+                if (rd->len - rd->pos > MAX_PENDING_REPLY) {
                     node_fail(rc, nd, KVD_EINTERNAL, e, &failed, "%s",
                               "a reply over 1 GiB (protocol error or a hostile server)");
-                    continue;
-                }
-                if (redisReaderFeed(nd->ctx->reader, rc->rbuf, (size_t)got) != REDIS_OK) {
-                    node_fail(rc, nd, KVD_EINTERNAL, e, &failed, "%s", "out of memory reading");
                     continue;
                 }
                 if (node_take_replies(rc, nd, e, &failed))
@@ -610,6 +701,8 @@ static int round_io(struct redisconn *rc, struct kvd_error *e)
         struct rnode *nd = &rc->nodes[i];
         if (nd->failed)
             node_drop(rc, nd);
+        else if (nd->ctx)
+            reader_trim(nd->ctx->reader);
         nd->active = false;
         nd->failed = false;
         nd->n_sent = nd->n_got = 0;
@@ -669,6 +762,7 @@ static int refresh_map(struct redisconn *rc, struct kvd_error *e);
  * (the caller checks its type); on failure every reply is freed. */
 static int run_ops(struct redisconn *rc, size_t n, struct kvd_error *e)
 {
+    arena_reset(rc); /* the previous call's values are released now */
     for (size_t i = 0; i < n; i++) {
         rc->ops[i].reply = NULL;
         rc->ops[i].done = false;
@@ -850,10 +944,9 @@ int redisconn_open(const struct redisconn_conf *c, struct redisconn **out, struc
         return err;
     }
     rc->timeout_ms = c->timeout_ms;
-    rc->rbuf = malloc(READ_CHUNK);
     rc->cap_ops = 1;
     rc->ops = calloc(1, sizeof(*rc->ops));
-    if (!rc->rbuf || !rc->ops)
+    if (!rc->ops)
         goto oom;
     if (rc->url.cluster) {
         rc->slot_node = malloc(REDIS_CLUSTER_SLOTS * sizeof(*rc->slot_node));
@@ -885,7 +978,7 @@ void redisconn_free(struct redisconn *rc)
     free(rc->pfds);
     free(rc->pidx);
     free(rc->slot_node);
-    free(rc->rbuf);
+    free(rc->arena);
     free(rc->ops);
     explicit_bzero(&rc->url, sizeof(rc->url));
     free(rc);
@@ -980,17 +1073,29 @@ int redisconn_get(struct redisconn *rc, size_t n, const struct redisconn_buf *ke
             err = reply_error(rc, i, "GET", e);
             break;
         }
-        vals[i].p = r->str; /* hiredis malloc'd it (len + 1 bytes): the caller frees it */
+        if (r->elements) { /* in the arena already (arena_string) */
+            vals[i].n = r->elements;
+            continue;
+        }
+        /* A short value: hiredis's own string (len + 1 bytes), copied into the arena too, so
+         * that every value of the call is owned alike. */
+        if (arena_room(rc, r->len + 1)) {
+            err = kvd_error_set(e, KVD_ENOMEM, "redis: out of memory");
+            break;
+        }
+        memcpy(rc->arena + rc->arena_used, r->str, r->len + 1);
+        r->integer = (long long)rc->arena_used;
         vals[i].n = r->len;
-        r->str = NULL;
-        r->len = 0;
+        rc->arena_used += r->len + 1;
     }
+    if (!err) /* the arena does not move any more: the pointers now */
+        for (size_t i = 0; i < n; i++)
+            if (rc->ops[i].reply->type == REDIS_REPLY_STRING)
+                vals[i].p = rc->arena + rc->ops[i].reply->integer;
     ops_free_replies(rc, n);
     if (err) {
-        for (size_t i = 0; i < n; i++) {
-            free((void *)vals[i].p);
+        for (size_t i = 0; i < n; i++)
             vals[i] = (struct redisconn_buf){NULL, 0};
-        }
         return call_failed(rc);
     }
     return 0;

@@ -54,10 +54,12 @@ int redisconn_url_check(const char *url, struct kvd_error *e);
 int redisconn_open(const struct redisconn_conf *c, struct redisconn **out, struct kvd_error *e);
 void redisconn_free(struct redisconn *rc); /* NULL is fine */
 
-/* Pipelined GET of n keys (one round per node). vals[i] = malloc'd bytes (caller frees;
- * an empty value is a non-NULL p with n 0) or {NULL,0} when missing. Returns 0, or -1 with e
- * set (then every vals[i] is {NULL,0}). A reply of the wrong type counts as an error, never a
- * crash. */
+/* Pipelined GET of n keys (one round per node). vals[i] = the value's bytes, owned by rc and
+ * valid until the next call on rc or redisconn_free (an empty value is a non-NULL p with n 0;
+ * the bytes may be written to), or {NULL,0} when missing. The values of a call share one
+ * buffer kept between calls (up to 64 MiB), so a restore's megabytes are not allocated and
+ * page-faulted anew each call. Returns 0, or -1 with e set (then every vals[i] is {NULL,0}).
+ * A reply of the wrong type counts as an error, never a crash. */
 int redisconn_get(struct redisconn *rc, size_t n, const struct redisconn_buf *keys,
                   struct redisconn_buf *vals, struct kvd_error *e);
 /* Pipelined EXISTS per key: present[i] = true/false. Returns 0 or -1 (e set). */

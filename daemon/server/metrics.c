@@ -211,6 +211,9 @@ static void render_disk(struct out *o, const struct kvmm_disk_stats *d)
     put(o, "kvd_disk_requests_total{op=\"write\"} %llu\n", (unsigned long long)t->write_reqs);
     head(o, "kvd_disk_evictions_total", "counter", "Disk-tier slots evicted for new blocks.");
     put(o, "kvd_disk_evictions_total %llu\n", (unsigned long long)t->evictions);
+    head(o, "kvd_disk_evict_passes_total", "counter",
+         "Disk-tier blocks given another turn at eviction for their credit (hits, weight).");
+    put(o, "kvd_disk_evict_passes_total %llu\n", (unsigned long long)t->evict_passes);
     head(o, "kvd_disk_loaded_blocks", "gauge",
          "Disk-tier blocks found at start, and index records refused.");
     put(o, "kvd_disk_loaded_blocks{state=\"loaded\"} %llu\n", (unsigned long long)t->loaded);

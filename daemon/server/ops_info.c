@@ -146,9 +146,13 @@ int ops_hello(struct ops_ctx *c)
 static int pack_tier(msgpack_packer *pk, const char *key, uint32_t total, uint32_t free_,
                      uint32_t cached, uint32_t used);
 
+static int pack_disk(msgpack_packer *pk, const struct kvmm_disk_stats *d);
+static int pack_remote(msgpack_packer *pk, const struct kvmm_remote_stats *r);
+
 /* stats "models": each model's map as hello lists it, and for an admin
  * what it does: load counts and times, its executor's queues and token
- * counters, its pools' occupancy. */
+ * counters, its pools' occupancy, its own disk and remote tiers (each
+ * model's kvmm has its own: the top-level maps are the first model's). */
 static int pack_models_stats(struct ops_ctx *c)
 {
     msgpack_packer *pk = c->pk;
@@ -218,6 +222,14 @@ static int pack_models_stats(struct ops_ctx *c)
             PROTO_PK(
                 pack_tier(pk, "host", ks.host_total, ks.host_free, ks.host_cached, ks.host_used));
             PROTO_PK(proto_pack_kv_uint(pk, "seqs", ks.n_seqs));
+            struct kvmm_disk_stats ds;
+            struct kvmm_remote_stats rs;
+            kvmm_disk_stats(models_kvmm(e), &ds); /* each locks for itself */
+            kvmm_remote_stats(models_kvmm(e), &rs);
+            if (ds.on)
+                PROTO_PK(pack_disk(pk, &ds));
+            if (rs.on)
+                PROTO_PK(pack_remote(pk, &rs));
         }
         PROTO_PK(proto_map_end(pk, map));
     }
@@ -293,6 +305,7 @@ static int pack_disk(msgpack_packer *pk, const struct kvmm_disk_stats *d)
     PROTO_PK(proto_pack_kv_uint(pk, "write_bytes", t->write_bytes));
     PROTO_PK(proto_pack_kv_uint(pk, "write_skips", t->write_skips + d->detach_skips));
     PROTO_PK(proto_pack_kv_uint(pk, "evictions", t->evictions));
+    PROTO_PK(proto_pack_kv_uint(pk, "evict_passes", t->evict_passes));
     PROTO_PK(proto_pack_kv_uint(pk, "checksum_failures", t->checksum_failures));
     PROTO_PK(proto_pack_kv_uint(pk, "io_errors", t->io_errors));
     PROTO_PK(proto_pack_kv_uint(pk, "loaded", t->loaded));

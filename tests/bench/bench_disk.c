@@ -137,42 +137,84 @@ static size_t window_of(size_t slot)
     return w < 1 ? 1 : w > 256 ? 256 : w;
 }
 
-/* Reads back blocks [0, n) of the round: in windows with
- * disktier_read_many (win > 1), or one disktier_read each (win = 1). 0,
- * or -1 when a block is missing, fails or holds another block's bytes. */
-static int read_back(struct disktier *dt, uint64_t n, uint64_t salt, size_t block_bytes, size_t win,
+/* A window of read_back: its batch, its first block and size, where its rd entries are. */
+struct rb_win {
+    struct disktier_batch *b;
+    uint64_t at;
+    size_t k;
+    struct disktier_rd *rd;
+};
+
+/* Looks up blocks [at, at + win) (up to n) into rd, tokens and bufs, and starts reading
+ * them. k = 0 when at >= n; -1 in *rc when a block is not there. */
+static struct rb_win rb_start(struct disktier *dt, uint64_t at, uint64_t n, size_t win,
+                              uint64_t salt, struct disktier_rd *rd, uint32_t (*toks)[BT],
+                              unsigned char *bufs, size_t slot, int *rc)
+{
+    uint64_t ns = blockkey_ns("bench");
+    struct rb_win w = {.at = at, .rd = rd};
+    for (; at + w.k < n && w.k < win; w.k++) {
+        struct blockkey key = key_of(at + w.k, salt);
+        tokens_of(at + w.k, toks[w.k]);
+        rd[w.k] = (struct disktier_rd){.slot = disktier_lookup(dt, ns, key),
+                                       .key = key,
+                                       .tokens = toks[w.k],
+                                       .buf = bufs + w.k * slot};
+        if (rd[w.k].slot == DISKTIER_NONE)
+            *rc = -1;
+    }
+    if (w.k && *rc == 0)
+        w.b = disktier_read_begin(dt, "bench", ns, rd, w.k);
+    return w;
+}
+
+/* 0 when every block of the finished window holds its own bytes. */
+static int rb_check(struct disktier *dt, const struct rb_win *w)
+{
+    for (size_t j = 0; j < w->k; j++) {
+        uint64_t got;
+        memcpy(&got, disktier_data(dt, w->rd[j].buf), sizeof got);
+        if (w->rd[j].rc || got != w->at + j)
+            return -1;
+    }
+    return 0;
+}
+
+/* Reads back blocks [0, n) of the round: in windows of win blocks, two in turn as kvd's
+ * prefetch reads them (the next window's reads in flight while this one is waited for and
+ * checked; bufs holds 2 * win slots), or one disktier_read each (win = 1). 0, or -1 when a
+ * block is missing, fails or holds another block's bytes. */
+static int read_back(struct disktier *dt, uint64_t n, uint64_t salt, size_t win,
                      unsigned char *bufs, size_t slot)
 {
     uint64_t ns = blockkey_ns("bench");
-    uint32_t(*toks)[BT] = malloc(sizeof *toks * win);
-    struct disktier_rd *rd = calloc(win, sizeof *rd);
+    uint32_t(*toks)[BT] = malloc(sizeof *toks * 2 * win);
+    struct disktier_rd *rd = calloc(2 * win, sizeof *rd);
     int rc = toks && rd ? 0 : -1;
-    (void)block_bytes;
-    for (uint64_t i = 0; i < n && rc == 0; i += win) {
-        size_t k = 0;
-        for (; k < win && i + k < n; k++) {
-            struct blockkey key = key_of(i + k, salt);
-            tokens_of(i + k, toks[k]);
-            rd[k] = (struct disktier_rd){.slot = disktier_lookup(dt, ns, key),
-                                         .key = key,
-                                         .tokens = toks[k],
-                                         .buf = bufs + k * slot};
-            if (rd[k].slot == DISKTIER_NONE)
-                rc = -1;
-        }
-        if (rc)
-            break;
-        if (win == 1)
+    if (win == 1) {
+        for (uint64_t i = 0; i < n && rc == 0; i++) {
+            struct blockkey key = key_of(i, salt);
+            tokens_of(i, toks[0]);
+            uint32_t s = disktier_lookup(dt, ns, key);
+            struct rb_win w = {.at = i, .k = 1, .rd = rd};
+            rd[0] = (struct disktier_rd){.slot = s, .key = key, .tokens = toks[0], .buf = bufs};
             rd[0].rc =
-                disktier_read(dt, rd[0].slot, "bench", ns, rd[0].key, rd[0].tokens, rd[0].buf);
-        else
-            disktier_read_many(dt, "bench", ns, rd, k);
-        for (size_t j = 0; j < k && rc == 0; j++) {
-            uint64_t got;
-            memcpy(&got, disktier_data(dt, rd[j].buf), sizeof got);
-            if (rd[j].rc || got != i + j)
-                rc = -1;
+                s == DISKTIER_NONE ? -1 : disktier_read(dt, s, "bench", ns, key, toks[0], bufs);
+            rc = rb_check(dt, &w);
         }
+    } else if (rc == 0) {
+        int half = 0;
+        struct rb_win cur = rb_start(dt, 0, n, win, salt, rd, toks, bufs, slot, &rc);
+        while (cur.k && rc == 0) {
+            half ^= 1;
+            struct rb_win nxt = rb_start(dt, cur.at + cur.k, n, win, salt, rd + half * win,
+                                         toks + half * win, bufs + half * win * slot, slot, &rc);
+            disktier_read_end(cur.b);
+            if (rb_check(dt, &cur))
+                rc = -1;
+            cur = nxt;
+        }
+        disktier_read_end(cur.b);
     }
     free(toks);
     free(rd);
@@ -220,10 +262,10 @@ static int round_tp(const char *dir, size_t block_bytes, uint64_t mib, uint64_t 
     unsigned char *bufs = NULL;
     uint32_t(*wtoks)[BT] = malloc(sizeof *wtoks * win);
     struct disktier_wr *wr = calloc(win, sizeof *wr);
-    if (posix_memalign((void **)&bufs, 4096, win * slot) || !wtoks || !wr)
+    if (posix_memalign((void **)&bufs, 4096, 2 * win * slot) || !wtoks || !wr)
         rc = -1;
     if (rc == 0)
-        memset(bufs, 0, win * slot);
+        memset(bufs, 0, 2 * win * slot);
     double t0 = now_s();
     /* As kvd's writer: a batch of blocks per disktier_put_many. */
     for (uint64_t i = 0; i < n && rc == 0; i += win) {
@@ -252,18 +294,18 @@ static int round_tp(const char *dir, size_t block_bytes, uint64_t mib, uint64_t 
     free(wtoks);
     free(wr);
     if (rc == 0) /* the read path's first use (a ring, buffers) before the clock starts */
-        rc = read_back(dt, n < win ? n : win, salt, block_bytes, win, bufs, slot);
+        rc = read_back(dt, n < win ? n : win, salt, win, bufs, slot);
     struct disktier_stats st0;
     disktier_stats(dt, &st0);
     double t2 = now_s();
     if (rc == 0)
-        rc = read_back(dt, n, salt, block_bytes, win, bufs, slot);
+        rc = read_back(dt, n, salt, win, bufs, slot);
     double t3 = now_s();
     disktier_stats(dt, &st);
     o->reqs = st.read_reqs - st0.read_reqs;
     double t4 = now_s();
     if (rc == 0)
-        rc = read_back(dt, n, salt, block_bytes, 1, bufs, slot);
+        rc = read_back(dt, n, salt, 1, bufs, slot);
     o->read1_s = now_s() - t4;
     disktier_stats(dt, &st);
     free(bufs);

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -94,8 +95,10 @@ static const char *const conf_tenants = "[admin]\nuids = 0\n"
                                         "[tenant:alpha]\nuids = 60011\n"
                                         "[tenant:beta]\nuids = 60012\n";
 
-static void start_env(struct kh_proc *d, const struct fixture *f, const char *model,
-                      const char *conf, const char *faults)
+/* A daemon on f's directory writing back every writeback_ms, its log at
+ * info level when info (the write-back at SIGTERM is an info line). */
+static void start_ex(struct kh_proc *d, const struct fixture *f, const char *model,
+                     const char *conf, const char *faults, const char *writeback_ms, bool info)
 {
     const char *const args[] = {"--backend",
                                 "cpu",
@@ -106,11 +109,13 @@ static void start_env(struct kh_proc *d, const struct fixture *f, const char *mo
                                 "--disk-max-bytes",
                                 "64M",
                                 "--disk-writeback-ms",
-                                "20",
+                                writeback_ms,
                                 "--socket-group",
                                 "nogroup",
                                 "--step-tokens",
                                 "2048",
+                                info ? "--log-level" : NULL,
+                                "info",
                                 NULL};
     char env0[128];
     snprintf(env0, sizeof env0, "KVD_FAULTS=%s", faults ? faults : "");
@@ -118,6 +123,12 @@ static void start_env(struct kh_proc *d, const struct fixture *f, const char *mo
     struct kh_opts o = {.conf_text = conf, .args = args, .env = env};
     memset(d, 0, sizeof *d);
     assert_int_equal(kh_spawn(d, &o), 0);
+}
+
+static void start_env(struct kh_proc *d, const struct fixture *f, const char *model,
+                      const char *conf, const char *faults)
+{
+    start_ex(d, f, model, conf, faults, "20", false);
 }
 
 static void start(struct kh_proc *d, const struct fixture *f, const char *model, const char *conf)
@@ -206,6 +217,47 @@ static void test_restart_after_sigterm(void **state)
     assert_int_equal(warm.cached_tokens, full_blocks * BT);
     assert_true(disk_stat(&d, "restored") >= full_blocks);
     assert_int_equal(disk_stat(&d, "checksum_failures"), 0);
+    assert_int_equal(kh_stop(&d), 0);
+    kvd_gen_result_free(&cold);
+    kvd_gen_result_free(&warm);
+}
+
+/* The writer never wakes before SIGTERM (disk-writeback-ms an hour): every
+ * block reaches the disk in the write-back at shutdown, which the log
+ * reports with its count, and the next start serves them. */
+static void test_sigterm_writes_back_and_logs(void **state)
+{
+    struct fixture *f = *state;
+    struct kh_proc d;
+    struct kvd_gen_result cold, warm;
+    start_ex(&d, f, f->model_a, NULL, NULL, "3600000", true);
+    gen_ok(&d, f, &cold);
+    assert_int_equal(disk_stat(&d, "writes"), 0);
+    assert_true(disk_stat(&d, "queued") >= full_blocks);
+    assert_int_equal(kill(d.pid, SIGTERM), 0);
+    assert_int_equal(kh_wait(&d), 0);
+    FILE *fp = fopen(d.log, "r");
+    assert_non_null(fp);
+    char line[1024];
+    unsigned long long n = 0;
+    bool found = false;
+    while (fgets(line, sizeof line, fp)) {
+        /* "disk tier (model NAME): wrote back N blocks in T ms" */
+        const char *at = strstr(line, "disk tier");
+        at = at ? strstr(at, "): wrote back ") : NULL;
+        if (at && !strstr(at, "not written") && sscanf(at, "): wrote back %llu blocks in", &n) == 1)
+            found = true;
+    }
+    fclose(fp);
+    kh_cleanup_dir(&d);
+    if (!found)
+        fail_msg("no \"disk tier (model ...): wrote back N blocks\" line in the log");
+    assert_true(n >= full_blocks);
+
+    start(&d, f, f->model_a, NULL);
+    gen_ok(&d, f, &warm);
+    expect_same(&cold, &warm);
+    assert_int_equal(warm.cached_tokens, full_blocks * BT);
     assert_int_equal(kh_stop(&d), 0);
     kvd_gen_result_free(&cold);
     kvd_gen_result_free(&warm);
@@ -516,6 +568,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_restart_after_sigterm, per_test),
+        cmocka_unit_test_setup(test_sigterm_writes_back_and_logs, per_test),
         cmocka_unit_test_setup(test_restart_after_kill9, per_test),
         cmocka_unit_test_setup(test_flipped_bytes_are_recomputed, per_test),
         cmocka_unit_test_setup(test_truncated_or_garbage_directory, per_test),

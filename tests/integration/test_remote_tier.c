@@ -2,9 +2,9 @@
  * redis_harness) and real kvd daemons serving a tiny random model: a prompt
  * computed on daemon A is a prefix hit on daemon B, byte-identical; a value
  * tampered in Redis or sealed with another fleet key is refused, counted and
- * recomputed; tenants never restore each other's blocks; a dead or paused
- * Redis only costs recomputation within a bounded time; a tenant with
- * remote off writes nothing. */
+ * recomputed; tenants never restore each other's blocks; a tenant with
+ * remote off writes nothing; REMOTE KV events. Redis failures are
+ * test_remote_faults.c's. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,251 +13,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 #include <hiredis/hiredis.h>
 #include <zmq.h>
 
-#include "kvd/client.h"
-#include "kvd_harness.h"
-#include "redis_harness.h"
+#include "remote_fixture.h"
 
-#define N_PROMPT 2000
-#define BT 16
-#define UID_A 60021
-#define UID_B 60022
-#define UID_C 60023
-#define GID_ALL 65534
-
-struct fixture {
-    char tmp[64];
-    char model[128];
-    char key1[128], key2[128];
-    uint32_t prompt[N_PROMPT];
-    struct redis_srv redis;
-};
-
-static const uint64_t full_blocks = (N_PROMPT - 1) / BT;
-
-static int write_key(const char *path, const char *hex)
-{
-    FILE *fp = fopen(path, "w");
-    if (!fp)
-        return -1;
-    fprintf(fp, "%s\n", hex);
-    fclose(fp);
-    return chmod(path, 0600);
-}
-
-static int setup(void **state)
-{
-    if (!redis_available()) {
-        fprintf(stderr, "redis-server is not installed: skipped\n");
-        exit(77);
-    }
-    struct fixture *f = calloc(1, sizeof *f);
-    if (!f)
-        return -1;
-    snprintf(f->tmp, sizeof f->tmp, "/tmp/kvd-remote.XXXXXX");
-    if (!mkdtemp(f->tmp))
-        return -1;
-    chmod(f->tmp, 0755);
-    snprintf(f->model, sizeof f->model, "%s/a.gguf", f->tmp);
-    snprintf(f->key1, sizeof f->key1, "%s/key1", f->tmp);
-    snprintf(f->key2, sizeof f->key2, "%s/key2", f->tmp);
-    const char *tools = getenv("KVD_TOOLS_DIR");
-    char cmd[512];
-    snprintf(cmd, sizeof cmd,
-             "%s/kvd-gguf-gen -o %s --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 "
-             "--vocab 256 --ctx 4096 --seed 1 >/dev/null",
-             tools ? tools : ".", f->model);
-    if (system(cmd) != 0)
-        return -1;
-    chmod(f->model, 0644);
-    if (write_key(f->key1, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff") ||
-        write_key(f->key2, "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"))
-        return -1;
-    for (int i = 0; i < N_PROMPT; i++)
-        f->prompt[i] = (uint32_t)(i * 37 + 11) % 256;
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct fixture *f = *state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", f->tmp);
-    if (system(cmd) != 0)
-        fprintf(stderr, "teardown: %s failed\n", cmd);
-    free(f);
-    return 0;
-}
-
-/* A fresh, empty Redis for each test. */
-static int per_test(void **state)
-{
-    struct fixture *f = *state;
-    return redis_start(&f->redis, "--enable-debug-command yes") == 0 ? 0 : -1;
-}
-
-static int per_test_end(void **state)
-{
-    struct fixture *f = *state;
-    redis_stop(&f->redis);
-    return 0;
-}
-
-static const char *const conf_on = "[limits]\nremote = on\n";
-static const char *const conf_tenants = "[admin]\nuids = 0\n"
-                                        "[tenant:alpha]\nuids = 60021\nremote = on\n"
-                                        "[tenant:beta]\nuids = 60022\nremote = on\n"
-                                        "[tenant:gamma]\nuids = 60023\nremote = on\n";
-
-/* A daemon on f's Redis with fleet key `key` (NULL: none, insecure). */
-static const char *redis_url; /* NULL: f's single node */
-
-static void start_ex(struct kh_proc *d, const struct fixture *f, const char *conf, const char *key,
-                     const char *const *extra)
-{
-    const char *args[48];
-    int n = 0;
-    const char *base[] = {"--backend",
-                          "cpu",
-                          "--model",
-                          f->model,
-                          "--remote",
-                          redis_url ? redis_url : f->redis.url,
-                          "--remote-min-hits",
-                          "0",
-                          "--remote-timeout-ms",
-                          "200",
-                          "--socket-group",
-                          "nogroup",
-                          "--step-tokens",
-                          "2048",
-                          NULL};
-    for (int i = 0; base[i]; i++)
-        args[n++] = base[i];
-    if (key) {
-        args[n++] = "--remote-key-file";
-        args[n++] = key;
-    } else {
-        args[n++] = "--remote-insecure";
-    }
-    for (int i = 0; extra && extra[i] && n < 47; i++)
-        args[n++] = extra[i];
-    args[n] = NULL;
-    struct kh_opts o = {.conf_text = conf, .args = args};
-    memset(d, 0, sizeof *d);
-    assert_int_equal(kh_spawn(d, &o), 0);
-}
-
-static void start(struct kh_proc *d, const struct fixture *f, const char *conf, const char *key)
-{
-    start_ex(d, f, conf, key, NULL);
-}
-
-static int generate(const char *sock, const uint32_t *p, size_t n, struct kvd_gen_result *res)
-{
-    struct kvd_ctx *c = kvd_connect(sock);
-    if (!c || c->err)
-        return -1;
-    kvd_set_timeout(c, 120000);
-    struct kvd_gen_opts o;
-    kvd_gen_opts_init(&o);
-    o.max_tokens = 8;
-    o.temperature = 0;
-    int rc = kvd_generate(c, p, n, &o, res);
-    kvd_close(c);
-    return rc;
-}
-
-static void gen_ok(const struct kh_proc *d, const uint32_t *p, struct kvd_gen_result *res)
-{
-    if (generate(d->sock, p, N_PROMPT, res) != 0)
-        fail_msg("generate failed");
-    assert_true(res->n_tokens >= 1 && res->n_tokens <= 8);
-}
-
-static uint64_t remote_stat(const struct kh_proc *d, const char *key)
-{
-    int fd = kh_connect(d->sock);
-    assert_true(fd >= 0);
-    uint64_t v = kh_stat(fd, "remote", key);
-    close(fd);
-    assert_true(v != UINT64_MAX);
-    return v;
-}
-
-/* The tier's state in d's stats: "up" or "backoff" (into st). */
-static void remote_state(const struct kh_proc *d, char *st, size_t cap)
-{
-    int fd = kh_connect(d->sock);
-    assert_true(fd >= 0);
-    struct kh_reply r;
-    assert_int_equal(kh_call0(fd, "stats", 1, &r), 0);
-    const msgpack_object *s = kh_obj(kh_obj(r.root, "remote"), "state");
-    assert_true(s && s->type == MSGPACK_OBJECT_STR && s->via.str.size < cap);
-    memcpy(st, s->via.str.ptr, s->via.str.size);
-    st[s->via.str.size] = 0;
-    kh_reply_free(&r);
-    close(fd);
-}
-
-/* Polls d's stats until the tier is "up" again (its rest after a failure
- * is over); fails after 10 s. */
-static void wait_up(const struct kh_proc *d)
-{
-    char st[16];
-    for (int i = 0; i < 1000; i++) {
-        remote_state(d, st, sizeof st);
-        if (strcmp(st, "up") == 0) {
-            assert_int_equal(remote_stat(d, "retry_in_ms"), 0);
-            return;
-        }
-        assert_string_equal(st, "backoff");
-        assert_true(remote_stat(d, "retry_in_ms") <= 1000);
-        usleep(10000);
-    }
-    fail_msg("the remote tier stayed in back-off for 10 s");
-}
-
-/* Waits until d has written at least n values and has nothing queued. */
-static void wait_written(const struct kh_proc *d, uint64_t n)
-{
-    for (int i = 0; i < 3000; i++) {
-        if (remote_stat(d, "writes") >= n && remote_stat(d, "queued") == 0)
-            return;
-        usleep(10000);
-    }
-    fail_msg("the remote tier wrote %llu values, not %llu",
-             (unsigned long long)remote_stat(d, "writes"), (unsigned long long)n);
-}
-
-static void expect_same(const struct kvd_gen_result *a, const struct kvd_gen_result *b)
-{
-    assert_int_equal(a->n_tokens, b->n_tokens);
-    assert_memory_equal(a->tokens, b->tokens, a->n_tokens * sizeof(uint32_t));
-}
-
-static long long dbsize(const struct fixture *f)
-{
-    redisReply *r = redis_srv_cmd(&f->redis, "DBSIZE");
-    assert_non_null(r);
-    long long n = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
-    freeReplyObject(r);
-    return n;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
+static const uint64_t full_blocks = FULL_BLOCKS;
 
 static void test_two_daemons_share(void **state)
 {
@@ -432,71 +196,6 @@ static void test_tenants_isolated(void **state)
     assert_true(remote_stat(&b, "hits") >= full_blocks);
     assert_int_equal(kh_stop(&a), 0);
     assert_int_equal(kh_stop(&b), 0);
-}
-
-/* A reference answer from a daemon without the remote tier. */
-static void reference(const struct fixture *f, const uint32_t *p, struct kvd_gen_result *res)
-{
-    const char *const args[] = {"--backend",     "cpu",  "--model", f->model,
-                                "--step-tokens", "2048", NULL};
-    struct kh_proc d;
-    assert_int_equal(kh_start(&d, NULL, args), 0);
-    gen_ok(&d, p, res);
-    assert_int_equal(kh_stop(&d), 0);
-}
-
-static void test_redis_dead_or_paused(void **state)
-{
-    struct fixture *f = *state;
-    struct kh_proc a;
-    uint32_t p2[N_PROMPT], p3[N_PROMPT];
-    for (int i = 0; i < N_PROMPT; i++) {
-        p2[i] = (uint32_t)(i * 53 + 5) % 256;
-        p3[i] = (uint32_t)(i * 71 + 9) % 256;
-    }
-    struct kvd_gen_result r2, r3, g2, g3;
-    reference(f, p2, &r2);
-    reference(f, p3, &r3);
-    start(&a, f, conf_on, f->key1);
-    char st[16];
-    remote_state(&a, st, sizeof st);
-    assert_string_equal(st, "up");
-    assert_int_equal(remote_stat(&a, "backoffs"), 0);
-    redis_kill(&f->redis);
-    double t0 = now_s();
-    gen_ok(&a, p2, &g2);
-    double dt = now_s() - t0;
-    expect_same(&r2, &g2);
-    assert_true(dt < 20.0);
-    /* The lookup failed: counted; its value could not be written either. */
-    for (int i = 0; i < 500 && remote_stat(&a, "errors") < 1; i++)
-        usleep(10000);
-    assert_true(remote_stat(&a, "errors") >= 1);
-    assert_int_equal(remote_stat(&a, "writes"), 0);
-    /* The refused connect started a back-off. */
-    assert_true(remote_stat(&a, "connect_fails") >= 1);
-    uint64_t backoffs = remote_stat(&a, "backoffs");
-    assert_true(backoffs >= 1);
-
-    /* Back, but asleep for 10 s: a lookup gives up after the timeout. The
-     * lookup must reach Redis, so first the tier's rest must be over. */
-    assert_int_equal(redis_restart(&f->redis), 0);
-    wait_up(&a);
-    void *h = redis_srv_cmd_start(&f->redis, "DEBUG SLEEP 10");
-    assert_non_null(h);
-    t0 = now_s();
-    gen_ok(&a, p3, &g3);
-    dt = now_s() - t0;
-    expect_same(&r3, &g3);
-    assert_true(dt < 8.0);
-    assert_true(remote_stat(&a, "timeouts") >= 1);
-    assert_true(remote_stat(&a, "backoffs") > backoffs);
-    redis_cmd_finish(h);
-    assert_int_equal(kh_stop(&a), 0);
-    kvd_gen_result_free(&r2);
-    kvd_gen_result_free(&r3);
-    kvd_gen_result_free(&g2);
-    kvd_gen_result_free(&g3);
 }
 
 static void test_remote_off_writes_nothing(void **state)
@@ -678,22 +377,6 @@ static void ev_wait_remote(void *sub, struct ev_view *v, const struct kh_proc *d
              v->n[3], (unsigned long long)v->removed_remote, n, (unsigned long long)removed);
 }
 
-static void admin_evict_device(const struct kh_proc *d)
-{
-    int fd = kh_connect(d->sock);
-    assert_true(fd >= 0);
-    struct kh_req q;
-    struct kh_reply r;
-    kh_req_begin(&q, "admin_evict", 7, 2);
-    assert_int_equal(proto_pack_kv_str(&q.pk, "tier", "device"), 0);
-    assert_int_equal(proto_pack_kv_uint(&q.pk, "n", 1000000), 0);
-    assert_int_equal(kh_req_send(fd, &q), 0);
-    assert_int_equal(kh_recv(fd, &r), 0);
-    kh_expect(&r, 0);
-    kh_reply_free(&r);
-    close(fd);
-}
-
 /* REMOTE BlockStored for every block of a value the daemon wrote (the
  * blocks the GPU events named), BlockRemoved when a lookup refuses the
  * value (tampered) and BlockStored again when it is written anew; with a
@@ -729,7 +412,7 @@ static void test_remote_events(void **state)
     /* Tampered in Redis and gone locally: the lookup refuses it, the
      * events say REMOTE removed, the recomputed value is written again. */
     tamper_all(f, 5000);
-    admin_evict_device(&a);
+    admin_evict(&a, "device");
     gen_ok(&a, f->prompt, &r2);
     assert_int_equal(r2.cached_tokens, 0);
     expect_same(&r1, &r2);
@@ -764,35 +447,6 @@ static void test_remote_events(void **state)
     kvd_gen_result_free(&r2);
 }
 
-/* The same two daemons over a three-node Redis Cluster. */
-static void test_two_daemons_cluster(void **state)
-{
-    struct fixture *f = *state;
-    struct redis_cluster c;
-    int rc = redis_cluster_start(&c, 3);
-    if (rc == REDIS_HARNESS_SKIP)
-        skip();
-    assert_int_equal(rc, 0);
-    struct kh_proc a, b;
-    struct kvd_gen_result cold, warm;
-    redis_url = c.url;
-    start(&a, f, conf_on, f->key1);
-    start(&b, f, conf_on, f->key1);
-    redis_url = NULL;
-    gen_ok(&a, f->prompt, &cold);
-    wait_written(&a, 1);
-    gen_ok(&b, f->prompt, &warm);
-    assert_int_equal(warm.cached_tokens, full_blocks * BT);
-    expect_same(&cold, &warm);
-    assert_true(remote_stat(&b, "hits") >= full_blocks);
-    assert_int_equal(remote_stat(&b, "auth_failures") + remote_stat(&b, "mismatches"), 0);
-    assert_int_equal(kh_stop(&a), 0);
-    assert_int_equal(kh_stop(&b), 0);
-    redis_cluster_stop(&c);
-    kvd_gen_result_free(&cold);
-    kvd_gen_result_free(&warm);
-}
-
 /* Start-up refusals: a key file others can read, none without insecure. */
 static void test_startup_refusals(void **state)
 {
@@ -822,15 +476,19 @@ static void test_startup_refusals(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_two_daemons_share, per_test, per_test_end),
-        cmocka_unit_test_setup_teardown(test_tampered_value_refused, per_test, per_test_end),
-        cmocka_unit_test_setup_teardown(test_other_fleet_key_refused, per_test, per_test_end),
-        cmocka_unit_test_setup_teardown(test_tenants_isolated, per_test, per_test_end),
-        cmocka_unit_test_setup_teardown(test_redis_dead_or_paused, per_test, per_test_end),
-        cmocka_unit_test_setup_teardown(test_remote_off_writes_nothing, per_test, per_test_end),
-        cmocka_unit_test_setup_teardown(test_startup_refusals, per_test, per_test_end),
-        cmocka_unit_test_setup_teardown(test_two_daemons_cluster, per_test, per_test_end),
-        cmocka_unit_test_setup_teardown(test_remote_events, per_test, per_test_end),
+        cmocka_unit_test_setup_teardown(test_two_daemons_share, remote_per_test,
+                                        remote_per_test_end),
+        cmocka_unit_test_setup_teardown(test_tampered_value_refused, remote_per_test,
+                                        remote_per_test_end),
+        cmocka_unit_test_setup_teardown(test_other_fleet_key_refused, remote_per_test,
+                                        remote_per_test_end),
+        cmocka_unit_test_setup_teardown(test_tenants_isolated, remote_per_test,
+                                        remote_per_test_end),
+        cmocka_unit_test_setup_teardown(test_remote_off_writes_nothing, remote_per_test,
+                                        remote_per_test_end),
+        cmocka_unit_test_setup_teardown(test_startup_refusals, remote_per_test,
+                                        remote_per_test_end),
+        cmocka_unit_test_setup_teardown(test_remote_events, remote_per_test, remote_per_test_end),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, remote_setup, remote_teardown);
 }

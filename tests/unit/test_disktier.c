@@ -1,8 +1,10 @@
 /* blockkey's known-answer vectors (docs/persistence.md, computed with
  * xxhsum -H2 over the documented bytes) and the disk tier's file contract:
  * round trips, persistence across a reopen, LRU eviction, session pins,
- * every check on a read (tokens, namespace, flipped data or header), the
- * lock, foreign or truncated files, and the index table under churn. */
+ * eviction by hits and weights (GCLOCK credits) against plain LRU, every
+ * check on a read (tokens, namespace, flipped data or header), the lock,
+ * foreign or truncated files, the index table under churn, and batch reads
+ * (two in flight at once). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -95,6 +97,41 @@ static int get_block(struct disktier *dt, uint32_t i, const char *ns)
     }
     free(buf);
     return rc;
+}
+
+static struct disktier *open_pol(uint64_t n_slots, bool lru)
+{
+    struct disktier_conf c = {.dir = dir,
+                              .block_bytes = BB,
+                              .block_tokens = BT,
+                              .lru = lru,
+                              .max_bytes = 4096 + n_slots * (4096 + BB)};
+    struct disktier *dt = NULL;
+    struct kvd_error e = {0};
+    if (disktier_open(&c, &dt, &e))
+        fail_msg("disktier_open: %s", e.message);
+    return dt;
+}
+
+/* put_block with the block's hits so far and its tenant's weight. */
+static void put_block_w(struct disktier *dt, uint32_t i, const char *ns, uint32_t hits,
+                        uint32_t weight)
+{
+    uint32_t t[BT];
+    void *buf = disktier_buf_new(dt);
+    assert_non_null(buf);
+    tokens_of(i, t);
+    memset(disktier_data(dt, buf), (int)(i & 0xff), BB);
+    struct disktier_wr w = {.ns_name = ns,
+                            .ns = blockkey_ns(ns),
+                            .key = key_of(i),
+                            .tokens = t,
+                            .buf = buf,
+                            .hits = hits,
+                            .weight = weight};
+    assert_int_equal(disktier_put_many(dt, &w, 1), 1);
+    assert_int_equal(w.rc, 0);
+    free(buf);
 }
 
 static void test_known_answers(void **state)
@@ -388,6 +425,151 @@ static void test_batch_reads_preadv(void **state)
     batch_reads(true);
 }
 
+/* The same traffic under both policies: a block restored from disk three times outlives a
+ * whole turnover of one-off blocks under `hits`, and is the first to go under `lru` (the
+ * policy changes what is kept: an LFU that is a no-op would fail this). */
+static void hits_run(bool lru)
+{
+    struct disktier *dt = open_pol(8, lru);
+    for (uint32_t i = 0; i < 8; i++)
+        put_block(dt, i, "ns");
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(get_block(dt, 0, "ns"), 0); /* 3 hits: credit log2(4) = 2 */
+    for (uint32_t i = 100; i < 108; i++)             /* a turnover of one-offs */
+        put_block(dt, i, "ns");
+    assert_int_equal(disktier_has(dt, blockkey_ns("ns"), key_of(0)), !lru);
+    for (uint32_t i = 1; i < 8; i++)
+        assert_false(disktier_has(dt, blockkey_ns("ns"), key_of(i)));
+    struct disktier_stats st;
+    disktier_stats(dt, &st);
+    assert_int_equal(st.evictions, 8);
+    assert_true(lru ? st.evict_passes == 0 : st.evict_passes >= 1);
+    disktier_close(dt);
+}
+
+static void test_hits_outlive_one_offs(void **state)
+{
+    (void)state;
+    hits_run(false);
+    dir_rm(state);
+    dir_new(state);
+    hits_run(true);
+}
+
+/* Weights: blocks of a weight-3 tenant written before a weight-1 tenant's outlive them
+ * under `hits`; a block's memory hits given at write time count as restores would. */
+static void test_weights_and_write_hits(void **state)
+{
+    (void)state;
+    struct disktier *dt = open_pol(8, false);
+    for (uint32_t i = 0; i < 4; i++)
+        put_block_w(dt, i, "tenant:heavy", 0, 3);
+    put_block_w(dt, 4, "tenant:light", 7, 1); /* hit 7 times in memory: credit 3 */
+    for (uint32_t i = 5; i < 8; i++)
+        put_block_w(dt, i, "tenant:light", 0, 1);
+    for (uint32_t i = 100; i < 104; i++)
+        put_block_w(dt, i, "tenant:light", 0, 1);
+    for (uint32_t i = 0; i < 4; i++)
+        assert_true(disktier_has(dt, blockkey_ns("tenant:heavy"), key_of(i)));
+    assert_true(disktier_has(dt, blockkey_ns("tenant:light"), key_of(4)));
+    for (uint32_t i = 5; i < 8; i++)
+        assert_false(disktier_has(dt, blockkey_ns("tenant:light"), key_of(i)));
+    disktier_close(dt);
+}
+
+/* disktier_touch: a block used elsewhere becomes the most recent, with the credit of its
+ * hits; false for a block the tier does not hold. */
+static void test_touch(void **state)
+{
+    (void)state;
+    struct disktier *dt = open_pol(4, true);
+    for (uint32_t i = 0; i < 4; i++)
+        put_block(dt, i, "ns");
+    assert_true(disktier_touch(dt, blockkey_ns("ns"), key_of(0), 0, 1));
+    assert_false(disktier_touch(dt, blockkey_ns("ns"), key_of(9), 5, 1));
+    assert_false(disktier_touch(dt, blockkey_ns("other"), key_of(1), 5, 1));
+    put_block(dt, 4, "ns"); /* evicts 1: 0 was touched */
+    assert_true(disktier_has(dt, blockkey_ns("ns"), key_of(0)));
+    assert_false(disktier_touch(dt, blockkey_ns("ns"), key_of(1), 0, 1));
+    disktier_close(dt);
+    /* Under hits, a touch with hits buys turns. */
+    dir_rm(state);
+    dir_new(state);
+    dt = open_pol(4, false);
+    for (uint32_t i = 0; i < 4; i++)
+        put_block(dt, i, "ns");
+    assert_true(disktier_touch(dt, blockkey_ns("ns"), key_of(3), 3, 1)); /* credit 2 */
+    for (uint32_t i = 10; i < 14; i++)
+        put_block(dt, i, "ns");
+    assert_true(disktier_has(dt, blockkey_ns("ns"), key_of(3)));
+    disktier_close(dt);
+}
+
+/* However much credit the tier holds, an eviction passes over at most a bounded number of
+ * slots and takes the least credited it saw: a put into a full tier of maximal credits
+ * succeeds at once. */
+static void test_eviction_bounded(void **state)
+{
+    (void)state;
+    enum { N = 200 };
+    struct disktier *dt = open_pol(N, false);
+    for (uint32_t i = 0; i < N; i++)
+        put_block_w(dt, i, "ns", UINT32_MAX, 255);
+    put_block(dt, 1000, "ns");
+    struct disktier_stats st;
+    disktier_stats(dt, &st);
+    assert_int_equal(st.evictions, 1);
+    assert_true(st.evict_passes <= 65);
+    assert_int_equal(get_block(dt, 1000, "ns"), 0);
+    disktier_close(dt);
+}
+
+/* Two batches in flight at once (disktier_read_begin twice, then both ends, the second
+ * first): each reads into its own buffers, and a corrupt block fails in its batch alone. */
+static void test_two_batches_in_flight(void **state)
+{
+    (void)state;
+    enum { N = 24 };
+    struct disktier *dt = open_n(64, BB, BT);
+    for (uint32_t i = 0; i < 2 * N; i++)
+        put_block(dt, i, "ns");
+    assert_int_equal(disktier_sync(dt), 0);
+    disktier_close(dt);
+    flip("blocks.kvd", (off_t)(4096 + (N + 5) * (4096 + BB) + 4096 + 9)); /* block N + 5 */
+    dt = open_n(64, BB, BT);
+    uint32_t toks[2 * N][BT];
+    struct disktier_rd rd[2 * N];
+    for (uint32_t i = 0; i < 2 * N; i++) {
+        tokens_of(i, toks[i]);
+        rd[i] = (struct disktier_rd){.slot = disktier_lookup(dt, blockkey_ns("ns"), key_of(i)),
+                                     .key = key_of(i),
+                                     .tokens = toks[i],
+                                     .buf = disktier_buf_new(dt),
+                                     .rc = -7};
+    }
+    struct disktier_batch *a = disktier_read_begin(dt, "ns", blockkey_ns("ns"), rd, N);
+    struct disktier_batch *b = disktier_read_begin(dt, "ns", blockkey_ns("ns"), rd + N, N);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(disktier_read_end(b), N - 1);
+    assert_int_equal(disktier_read_end(a), N);
+    assert_int_equal(disktier_read_end(NULL), 0);
+    for (uint32_t i = 0; i < 2 * N; i++) {
+        assert_int_equal(rd[i].rc, i == N + 5 ? KVD_EINTERNAL : 0);
+        if (rd[i].rc == 0) {
+            const unsigned char *d = disktier_data(dt, rd[i].buf);
+            assert_int_equal(d[0], i & 0xff);
+            assert_int_equal(d[BB - 1], i & 0xff);
+        }
+        free(rd[i].buf);
+    }
+    struct disktier_stats st;
+    disktier_stats(dt, &st);
+    assert_int_equal(st.checksum_failures, 1);
+    assert_int_equal(st.reads, 2 * N - 1);
+    disktier_close(dt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -399,6 +581,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_index_under_churn, dir_new, dir_rm),
         cmocka_unit_test_setup_teardown(test_batch_reads, dir_new, dir_rm),
         cmocka_unit_test_setup_teardown(test_batch_reads_preadv, dir_new, dir_rm),
+        cmocka_unit_test_setup_teardown(test_hits_outlive_one_offs, dir_new, dir_rm),
+        cmocka_unit_test_setup_teardown(test_weights_and_write_hits, dir_new, dir_rm),
+        cmocka_unit_test_setup_teardown(test_touch, dir_new, dir_rm),
+        cmocka_unit_test_setup_teardown(test_eviction_bounded, dir_new, dir_rm),
+        cmocka_unit_test_setup_teardown(test_two_batches_in_flight, dir_new, dir_rm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

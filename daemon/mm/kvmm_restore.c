@@ -1,0 +1,371 @@
+/* kvmm_restore: restores into the tree from the tiers below host. The three steps both the
+ * disk and the remote tier use (a final block taken under the kvmm lock, its bytes copied in
+ * with the lock released, then entered into the tree in order), and the disk tier's prefetch:
+ * restore windows read two in turn, the next in flight while the one before is checked and
+ * entered (docs/persistence.md "Restore: prefetch before scheduling"). */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "checksum.h"
+#include "disktier.h"
+#include "kvmm_disk_impl.h"
+#include "log.h"
+
+/* Lock held: the node of block b-1 of tokens in ns (the root for b = 0),
+ * found by walking the tree again (nodes can go while the lock is
+ * released); NULL when the tree no longer holds all b blocks. */
+struct radix_node *mm_parent_of(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t b,
+                                struct radix_node **scratch)
+{
+    if (b == 0)
+        return radix_root(&mm->radix, ns);
+    size_t got = radix_match(&mm->radix, ns, tokens, b * mm->geom.block_tokens, scratch, b);
+    return got == b ? scratch[b - 1] : NULL;
+}
+
+bool mm_restore_take(struct kvmm *mm, uint32_t tenant, bool prefer_device, struct mm_restoring *r)
+{
+    MM_ASSERT_LOCKED(mm);
+    struct tenant *t = &mm->tt.v[tenant];
+    bool host = mm->pool.n_slots[KVD_TIER_HOST] > 0;
+    uint32_t margin = mm->pool.n_slots[KVD_TIER_DEVICE] / 16;
+    bool dev_free =
+        prefer_device && pool_free_slots(&mm->pool, KVD_TIER_DEVICE) > margin &&
+        (t->conf.max_device_blocks == KVMM_UNLIMITED || t->dev_blocks < t->conf.max_device_blocks);
+    enum kvd_tier tier = dev_free || !host ? KVD_TIER_DEVICE : KVD_TIER_HOST;
+    char saved[sizeof mm->err];
+    memcpy(saved, mm->err, sizeof saved); /* a prefetch's failures are not the caller's */
+    int err = dev_free ? 0
+              : host   ? mm_room_host_new(mm, tenant, 1)
+                       : mm_room_device(mm, tenant, 1, true);
+    memcpy(mm->err, saved, sizeof saved);
+    uint32_t id;
+    if (err || pool_alloc(&mm->pool, tier, tenant, &id) != 0)
+        return false;
+    if (tier == KVD_TIER_HOST)
+        t->host_blocks++;
+    else
+        t->dev_blocks++;
+    pool_block(&mm->pool, id)->restoring = 1;
+    *r = (struct mm_restoring){.id = id, .tier = tier, .dst = pool_block_ptr(&mm->pool, id)};
+    return true;
+}
+
+bool mm_restore_fill(struct kvmm *mm, struct mm_restoring *r, const void *data)
+{
+    if (mm->be->ops->copy(mm->be, r->dst, r->tier, data, KVD_TIER_HOST, mm->block_bytes) != 0)
+        return false;
+    if (r->tier == KVD_TIER_HOST) /* as hosttier_checksum, from the bytes just written */
+        r->checksum = checksum64(r->dst, mm->block_bytes, r->id);
+    return true;
+}
+
+void mm_restore_drop(struct kvmm *mm, struct mm_restoring *r)
+{
+    MM_ASSERT_LOCKED(mm);
+    pool_block(&mm->pool, r->id)->restoring = 0;
+    mm_unref(mm, r->id);
+}
+
+bool mm_restore_enter(struct kvmm *mm, struct mm_restoring *r, struct radix_node *parent,
+                      const uint32_t *toks, struct blockkey key, bool from_disk)
+{
+    MM_ASSERT_LOCKED(mm);
+    uint32_t id = r->id;
+    struct pool_block *b = pool_block(&mm->pool, id);
+    b->restoring = 0;
+    if (r->tier == KVD_TIER_HOST)
+        b->checksum = r->checksum;
+    struct radix_node *node;
+    if (radix_insert(&mm->radix, parent, toks, id, &node) != 0) {
+        mm_unref(mm, id);
+        return false;
+    }
+    b->key = key;
+    b->disk = POOL_DISK_CLEAN;
+    if (!from_disk) { /* from the remote tier: the disk tier writes it too */
+        b->disk = POOL_DISK_NONE;
+        b->remote = POOL_REMOTE_FULL | POOL_REMOTE_TAIL;
+        if (mm->disk && mm_disk_q_push(mm->disk, node->block, key))
+            b->disk = POOL_DISK_QUEUED;
+    }
+    b->lru = ++mm->clock;
+    /* A restore is a reuse of the prefix, asked for by a request that has
+     * not matched yet: it counts as a hit, so that the hits policy does not
+     * drop it (no hits, no bonus) for blocks used once before that
+     * request runs. */
+    b->hits = 1;
+    if (mm->events.block) {
+        mm_pub_set(mm, node);
+        mm_ev_stored(mm, node, mm_tier_medium(r->tier));
+    }
+    mm_unref(mm, id); /* the tree's reference stays: a cached block */
+    return true;
+}
+
+bool mm_restore_block(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
+                      const uint32_t *toks, struct blockkey key, const void *data, bool from_disk)
+{
+    struct mm_restoring r;
+    if (!mm_restore_take(mm, tenant, false, &r))
+        return false;
+    if (!mm_restore_fill(mm, &r, data)) {
+        mm_restore_drop(mm, &r);
+        return false;
+    }
+    return mm_restore_enter(mm, &r, parent, toks, key, from_disk);
+}
+
+/* Lock held: how many whole blocks of tokens the tree holds, and the key of
+ * the last. */
+size_t mm_cached_prefix(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t nb,
+                        struct radix_node **scratch, struct blockkey *key)
+{
+    size_t m =
+        nb ? radix_match(&mm->radix, ns, tokens, nb * mm->geom.block_tokens, scratch, nb) : 0;
+    *key = m ? mm_node_key(mm, scratch[m - 1]) : mm->root_key;
+    return m;
+}
+
+bool mm_ns_ok(const struct kvmm *mm, uint32_t ns)
+{
+    return ns < mm->tt.n_ns && ns < mm->radix.n_roots && mm->tt.ns_names[ns][0];
+}
+
+bool kvmm_disk_may_prefetch(struct kvmm *mm, uint32_t ns, const uint32_t *tokens, size_t n)
+{
+    struct kvmm_disk *d = mm->disk;
+    size_t nb = n / mm->geom.block_tokens;
+    if (!d || nb == 0)
+        return false;
+    struct radix_node **scratch = malloc(sizeof *scratch * nb);
+    if (!scratch)
+        return false;
+    struct blockkey key;
+    uint64_t nsh = 0;
+    size_t m = 0;
+    kvmm_lock(mm);
+    bool ok = mm_ns_ok(mm, ns);
+    if (ok) {
+        m = mm_cached_prefix(mm, ns, tokens, nb, scratch, &key);
+        nsh = mm_ns_hash(mm, ns);
+    }
+    kvmm_unlock(mm);
+    free(scratch);
+    if (!ok || m == nb)
+        return false;
+    key = blockkey_next(key, tokens + m * mm->geom.block_tokens, mm->geom.block_tokens);
+    return disktier_has(d->dt, nsh, key);
+}
+
+/* A restore window: the buffers one prefetch reads a batch of blocks into
+ * (one allocation of n slots), kept for the next prefetch. */
+struct rwin {
+    struct rwin *next;
+    size_t n;
+    unsigned char *bufs; /* n * slot_bytes, 4 KiB aligned */
+    struct disktier_rd *rd;
+    struct mm_restoring *rs; /* the blocks the window's bytes go into */
+};
+
+static struct rwin *win_get(struct kvmm_disk *d)
+{
+    pthread_mutex_lock(&d->mu);
+    struct rwin *w = d->wins;
+    if (w)
+        d->wins = w->next;
+    pthread_mutex_unlock(&d->mu);
+    if (w)
+        return w;
+    struct disktier_stats ts;
+    disktier_stats(d->dt, &ts);
+    size_t n = KVMM_RESTORE_WINDOW_BYTES / ts.slot_bytes;
+    n = n < 1 ? 1 : n > KVMM_RESTORE_WINDOW_MAX ? KVMM_RESTORE_WINDOW_MAX : n;
+    if (!(w = calloc(1, sizeof *w)))
+        return NULL;
+    w->n = n;
+    w->rd = calloc(n, sizeof *w->rd);
+    w->rs = calloc(n, sizeof *w->rs);
+    if (!w->rd || !w->rs || posix_memalign((void **)&w->bufs, 4096, n * ts.slot_bytes)) {
+        free(w->rd);
+        free(w->rs);
+        free(w);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        w->rd[i].buf = w->bufs + i * ts.slot_bytes;
+    return w;
+}
+
+static void win_put(struct kvmm_disk *d, struct rwin *w)
+{
+    pthread_mutex_lock(&d->mu);
+    w->next = d->wins;
+    d->wins = w;
+    pthread_mutex_unlock(&d->mu);
+}
+
+void mm_disk_wins_free(struct kvmm_disk *d)
+{
+    while (d->wins) {
+        struct rwin *w = d->wins;
+        d->wins = w->next;
+        free(w->bufs);
+        free(w->rd);
+        free(w->rs);
+        free(w);
+    }
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Looks up the slots of blocks [b, ...) of tokens into w (at most its size, up to nb), each
+ * key chained from *key, and pins them: how many are on disk in a row (*more: false when a
+ * block was missing, so no window follows). */
+static size_t win_lookup(struct kvmm_disk *d, struct rwin *w, const uint32_t *tokens, uint32_t bt,
+                         size_t b, size_t nb, uint64_t nsh, struct blockkey *key, bool *more)
+{
+    size_t k = 0;
+    while (k < w->n && b + k < nb) {
+        const uint32_t *toks = tokens + (b + k) * bt;
+        struct blockkey next = blockkey_next(*key, toks, bt);
+        uint32_t slot = disktier_lookup(d->dt, nsh, next);
+        if (slot == DISKTIER_NONE) {
+            *more = false;
+            break;
+        }
+        w->rd[k].slot = slot;
+        w->rd[k].key = *key = next;
+        w->rd[k].tokens = toks;
+        k++;
+    }
+    return k;
+}
+
+size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const uint32_t *tokens,
+                          size_t n)
+{
+    struct kvmm_disk *d = mm->disk;
+    uint32_t bt = mm->geom.block_tokens;
+    size_t nb = n / bt, restored = 0;
+    if (!d || nb == 0)
+        return 0;
+    uint64_t t0 = mono_ns();
+    struct radix_node **scratch = malloc(sizeof *scratch * nb);
+    struct rwin *w = win_get(d);
+    char ns_name[DISKTIER_NS_NAME];
+    struct blockkey key;
+    uint64_t nsh = 0;
+    size_t m = 0, fails = 0;
+    bool ok = scratch && w;
+    if (ok) {
+        kvmm_lock(mm);
+        ok = mm_ns_ok(mm, ns) && tenant_live(&mm->tt, tenant);
+        if (ok) {
+            m = mm_cached_prefix(mm, ns, tokens, nb, scratch, &key);
+            nsh = mm_ns_hash(mm, ns);
+            snprintf(ns_name, sizeof ns_name, "%s", mm->tt.ns_names[ns]);
+        }
+        kvmm_unlock(mm);
+    }
+    /* Window by window: the next blocks' slots are looked up (their keys follow from the
+     * tokens alone) and their reads started, with the kvmm lock released; while the disk
+     * reads them, the window before is waited for (each request checked as it completes),
+     * and its blocks enter the tree in order, up to the first that is not on disk or fails a
+     * check. Two windows in turn, so the disk is not idle while a window is checked, copied
+     * and entered. A window started after the one that stopped is read to its end (its
+     * buffers are the kernel's until then) and dropped. */
+    struct rwin *w2 = NULL;
+    bool more = true;
+    size_t b = m, k = ok ? win_lookup(d, w, tokens, bt, b, nb, nsh, &key, &more) : 0;
+    struct disktier_batch *batch = k ? disktier_read_begin(d->dt, ns_name, nsh, w->rd, k) : NULL;
+    while (k) {
+        size_t k2 = 0;
+        struct disktier_batch *batch2 = NULL;
+        if (more && b + k < nb && (w2 || (w2 = win_get(d)))) {
+            k2 = win_lookup(d, w2, tokens, bt, b + k, nb, nsh, &key, &more);
+            batch2 = k2 ? disktier_read_begin(d->dt, ns_name, nsh, w2->rd, k2) : NULL;
+        }
+        MM_ASSERT_UNLOCKED(mm);
+        disktier_read_end(batch);
+        /* The window's blocks up to the first failed one get their final
+         * blocks (the device's when it has room, so the request's match
+         * has nothing to swap in) under the lock; their bytes are copied in
+         * with it released; then they enter the tree, in order. */
+        size_t good = 0, got = 0, filled = 0;
+        while (good < k && w->rd[good].rc == 0)
+            good++;
+        if (good < k)
+            fails++;
+        kvmm_lock(mm);
+        if (tenant_live(&mm->tt, tenant))
+            while (got < good && mm_restore_take(mm, tenant, true, &w->rs[got]))
+                got++;
+        kvmm_unlock(mm);
+        MM_ASSERT_UNLOCKED(mm);
+        while (filled < got &&
+               mm_restore_fill(mm, &w->rs[filled], disktier_data(d->dt, w->rd[filled].buf)))
+            filled++;
+        kvmm_lock(mm);
+        for (size_t i = 0; i < got; i++) {
+            const uint32_t *toks = tokens + (b + i) * bt;
+            /* The namespace may have been removed, and its id reused, meanwhile. */
+            struct radix_node *parent =
+                ok && i < filled && mm_ns_ok(mm, ns) && strcmp(mm->tt.ns_names[ns], ns_name) == 0
+                    ? mm_parent_of(mm, ns, tokens, b + i, scratch)
+                    : NULL;
+            ok = parent != NULL;
+            if (ok && !radix_child(&mm->radix, parent, toks,
+                                   radix_hash(&mm->radix, parent->hash, toks))) {
+                ok = mm_restore_enter(mm, &w->rs[i], parent, toks, w->rd[i].key, true);
+                if (ok) {
+                    d->restored++;
+                    restored++;
+                }
+            } else {
+                mm_restore_drop(mm, &w->rs[i]); /* not wanted (any more), or already there */
+            }
+        }
+        kvmm_unlock(mm);
+        if (got < k)
+            ok = false;
+        b += k;
+        if (!ok) {
+            disktier_read_end(batch2); /* waited for, unpinned, not used */
+            break;
+        }
+        if (k2) {
+            struct rwin *t = w;
+            w = w2;
+            w2 = t;
+            batch = batch2;
+            k = k2;
+        } else if (!w2 && more && b < nb) { /* no second window to be had: this one again */
+            k = win_lookup(d, w, tokens, bt, b, nb, nsh, &key, &more);
+            batch = k ? disktier_read_begin(d->dt, ns_name, nsh, w->rd, k) : NULL;
+        } else {
+            k = 0;
+        }
+    }
+    uint64_t took = mono_ns() - t0;
+    kvmm_lock(mm);
+    d->restore_fails += fails;
+    if (restored) {
+        d->restores++;
+        d->restore_ns += took;
+        d->restore_last_ns = took;
+    }
+    kvmm_unlock(mm);
+    if (w)
+        win_put(d, w);
+    if (w2)
+        win_put(d, w2);
+    free(scratch);
+    return restored;
+}
