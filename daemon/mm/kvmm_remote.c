@@ -839,7 +839,7 @@ size_t kvmm_remote_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const
             going = parent != NULL;
             if (going && !radix_child(&mm->radix, parent, toks,
                                       radix_hash(&mm->radix, parent->hash, toks))) {
-                going = mm_restore_block(mm, tenant, parent, toks, chain[b], data, false);
+                going = mm_restore_block(mm, tenant, ns, parent, toks, chain[b], data, false);
                 if (going) {
                     restored++;
                     atomic_fetch_add(&r->hits, 1);
