@@ -18,6 +18,7 @@
 #include "kvd/version.h"
 #include "kvmm.h"
 #include "kvevents.h"
+#include "pages.h"
 #include "acct.h"
 #include "log.h"
 #include "http.h"
@@ -101,6 +102,49 @@ static int size_arenas(const struct options *o, struct backend *be, size_t block
     return 0;
 }
 
+/* The largest divisor of n that is at most m (at least 1). */
+static uint64_t divisor_under(uint64_t n, uint64_t m)
+{
+    for (uint64_t d = m < n ? m : n; d > 1; d--)
+        if (n % d == 0)
+            return d;
+    return 1;
+}
+
+/* The page budget every pool draws from: --device-bytes, else the device
+ * blocks (--device-blocks, --gpu-mem or the default) in bytes; the host
+ * tier's --host-mem, else its blocks in bytes. A tier given as a number of
+ * blocks (--device-blocks or its default, --host-blocks or its default,
+ * and no --page-bytes) is cut into pages of whole blocks, the most that
+ * divide that number up to the default page, so the one model's pool
+ * holds exactly that many blocks as before; a page that is then no
+ * multiple of the backend's granularity makes the pool one arena
+ * allocated up front, which kv_export cannot hand out. */
+static int size_budget(const struct options *o, struct backend *be, size_t block_bytes,
+                       struct kvpages_conf *pc)
+{
+    uint32_t dev = 0, host = 0;
+    memset(pc, 0, sizeof *pc);
+    if (!o->device_bytes && size_arenas(o, be, block_bytes, &dev, &host) != 0)
+        return KVD_EBADREQ;
+    if (o->device_bytes && size_arenas(o, be, block_bytes, &dev, &host) != 0)
+        dev = 0; /* --gpu-mem's errors do not matter when --device-bytes is given */
+    pc->bytes[KVD_TIER_DEVICE] = o->device_bytes ? o->device_bytes : (uint64_t)dev * block_bytes;
+    pc->bytes[KVD_TIER_HOST] =
+        o->host_blocks == UINT32_MAX && o->host_mem ? o->host_mem : (uint64_t)host * block_bytes;
+    pc->page_bytes[KVD_TIER_DEVICE] = pc->page_bytes[KVD_TIER_HOST] = o->page_bytes;
+    bool in_blocks[2] = {!o->device_bytes && (o->device_blocks || o->gpu_mem <= 0),
+                         o->host_blocks != UINT32_MAX || !o->host_mem};
+    uint32_t n[2] = {dev, host};
+    for (int t = 0; t < 2 && !o->page_bytes; t++)
+        if (in_blocks[t] && n[t]) {
+            uint64_t most = kvpages_default_page(be, (enum kvd_tier)t, pc->bytes[t]) / block_bytes;
+            pc->page_bytes[t] = divisor_under(n[t], most ? most : 1) * block_bytes;
+            pc->exact[t] = true;
+        }
+    return 0;
+}
+
 /* Descriptors: the soft limit is raised to the hard one (the loop uses
  * epoll, not select), so a flood of idle connections on the metrics port
  * cannot take the descriptors tenants need; a limit below what
@@ -131,6 +175,7 @@ int main(int argc, char **argv)
     struct kvd_error kerr; /* everything else into one error value */
     struct backend *be = NULL;
     struct kvmm *mm = NULL;
+    struct kvpages *pages = NULL; /* the page budget under every pool */
     struct server *srv = NULL;
     struct model *model = NULL;        /* serve mode (--model) */
     struct ops_generate *gen = NULL;   /* the executor and its ops, serve mode */
@@ -240,21 +285,41 @@ int main(int argc, char **argv)
         goto out_be;
     }
     size_t bb = kv_block_bytes(&mc.geom);
-    if (size_arenas(&opts, be, bb, &mc.n_device_blocks, &mc.n_host_blocks) != 0) {
+    struct kvpages_conf pc;
+    if (size_budget(&opts, be, bb, &pc) != 0) {
         status = 2;
         goto out_be;
     }
-    log_info("%s mode: backend %s, %u layers x %u kv heads x %u head_dim %s, %u tokens per "
-             "block (%zu bytes); %u device + %u host blocks",
-             model ? "serve" : "store", be->ops->name, mc.geom.layers, mc.geom.kv_heads,
-             mc.geom.head_dim, kv_dtype_name(mc.geom.dtype), mc.geom.block_tokens, bb,
-             mc.n_device_blocks, mc.n_host_blocks);
+    if (kvpages_new(be, &pc, &pages, &kerr) != 0) {
+        log_err("the page budget: %s", kerr.message);
+        status = 2;
+        goto out_be;
+    }
+    mc.pages = pages;
     int rc = kvmm_new(&mc, &mm);
     if (rc) {
-        log_err("cannot create the KV memory manager: %s (%u device + %u host blocks of %zu "
-                "bytes)",
-                kvd_err_code(rc), mc.n_device_blocks, mc.n_host_blocks, bb);
+        log_err("cannot create the KV memory manager: %s (a budget of %llu device + %llu host "
+                "bytes in pages of %llu, blocks of %zu bytes)",
+                kvd_err_code(rc), (unsigned long long)pc.bytes[KVD_TIER_DEVICE],
+                (unsigned long long)pc.bytes[KVD_TIER_HOST],
+                (unsigned long long)kvpages_page_bytes(pages, KVD_TIER_DEVICE), bb);
         goto out_be;
+    }
+    {
+        struct kvmm_stats ks;
+        kvmm_lock(mm);
+        kvmm_stats(mm, &ks);
+        kvmm_unlock(mm);
+        log_info("%s mode: backend %s, %u layers x %u kv heads x %u head_dim %s, %u tokens per "
+                 "block (%zu bytes); pages: device %u of %llu bytes (%u blocks each), host %u of "
+                 "%llu bytes: up to %u device + %u host blocks",
+                 model ? "serve" : "store", be->ops->name, mc.geom.layers, mc.geom.kv_heads,
+                 mc.geom.head_dim, kv_dtype_name(mc.geom.dtype), mc.geom.block_tokens, bb,
+                 kvpages_total(pages, KVD_TIER_DEVICE),
+                 (unsigned long long)kvpages_page_bytes(pages, KVD_TIER_DEVICE),
+                 ks.blocks_per_page[KVD_TIER_DEVICE], kvpages_total(pages, KVD_TIER_HOST),
+                 (unsigned long long)kvpages_page_bytes(pages, KVD_TIER_HOST), ks.device_total,
+                 ks.host_total);
     }
     if (opts.disk_dir[0]) {
         struct kvmm_disk_conf dc = {.dir = opts.disk_dir,
@@ -422,6 +487,7 @@ out_mm:
     }
     kvmm_free(mm);
 out_be:
+    kvpages_free(pages); /* after every pool on it */
     text_free(text);
     model_free(model);
     backend_free(be);

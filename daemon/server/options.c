@@ -47,14 +47,20 @@ const struct options_def options_defs[] = {
      "GGUF model to serve (omit for store mode)"},
     {"chat-template", "FILE", OPTIONS_STR, F(chat_template_path), 0, 0, NULL, NULL, NULL, 0,
      "Jinja chat template for 'messages', instead of the\nmodel file's own"},
+    {"device-bytes", "BYTES", OPTIONS_SIZE, F(device_bytes), 0, UINT64_MAX, NULL, NULL, NULL, 0,
+     "device memory for KV, in pages every model's pool\ndraws from (e.g. 20G; wins over the "
+     "two below)"},
     {"device-blocks", "N", OPTIONS_U32, F(device_blocks), 1, UINT32_MAX - 1, NULL, NULL,
-     STR(OPTIONS_DEFAULT_DEVICE_BLOCKS), 0, "KV blocks in the device arena"},
+     STR(OPTIONS_DEFAULT_DEVICE_BLOCKS), 0, "or: this many KV blocks of device memory"},
     {"gpu-mem", "FRACTION", OPTIONS_FRACTION, F(gpu_mem), 0, 0, NULL, NULL, NULL, 0,
      "or: this fraction of device memory for KV blocks"},
     {"host-blocks", "N", OPTIONS_U32, F(host_blocks), 0, UINT32_MAX - 1, NULL, NULL,
      STR(OPTIONS_DEFAULT_HOST_BLOCKS), 0, "blocks in the host tier (0 = none)"},
     {"host-mem", "BYTES", OPTIONS_SIZE, F(host_mem), 0, UINT64_MAX, NULL, NULL, NULL, 0,
      "or: this many bytes of host tier (e.g. 8G)"},
+    {"page-bytes", "BYTES", OPTIONS_SIZE, F(page_bytes), 0, (uint64_t)1 << 40, NULL, NULL, NULL, 0,
+     "the page KV memory is cut into (default 2M, less for\na budget under 64 pages; rounded up "
+     "to the\nbackend's granularity)"},
     {"evict-policy", "hits|lru", OPTIONS_CHOICE, F(evict_policy), 0, 0, "hits|lru", "hits", NULL, 0,
      "which cached KV blocks go first: least recently\nused with a bonus for hits and tenant "
      "weight,\n"

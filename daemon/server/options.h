@@ -30,6 +30,8 @@ struct options {
     double gpu_mem;         /* fraction of device memory in (0, 1]; 0: unset */
     uint32_t host_blocks;   /* UINT32_MAX: derived from host_mem, else the default */
     uint64_t host_mem;      /* bytes; 0: unset */
+    uint64_t device_bytes;  /* the device page budget; 0: from the block options */
+    uint64_t page_bytes;    /* the budget's page; 0: the default (pages.h) */
     enum options_evict evict_policy;
     struct kv_geom geom; /* store-mode geometry and block_tokens */
     uint32_t max_frame;  /* bytes */
