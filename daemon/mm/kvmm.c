@@ -447,6 +447,7 @@ void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st)
         st->page_bytes[t] = p->page_bytes[t];
         st->blocks_per_page[t] = p->slots_per_page[t];
         st->pages_held[t] = p->n_mapped[t];
+        st->pages_spare[t] = p->n_spare[t];
         st->pages_free[t] = pool_pages_free(p, (enum kvd_tier)t);
         st->pages_cached[t] = p->n_fc_pages[t];
         if (t == KVD_TIER_DEVICE) {

@@ -494,6 +494,7 @@ struct kvmm_stats {
     uint64_t page_bytes[2];
     uint32_t blocks_per_page[2];
     uint32_t pages_held[2], pages_free[2], pages_cached[2];
+    uint32_t pages_spare[2]; /* of pages_held, empty ones kept mapped (nobody's) */
     uint64_t page_maps, page_unmaps;
 };
 void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st);

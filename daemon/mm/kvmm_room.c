@@ -236,6 +236,39 @@ static const char *tier_name(enum kvd_tier t)
     return t == KVD_TIER_DEVICE ? "device" : "host";
 }
 
+/* Whether tenant u has a byte quota on tier t (as this pool was told: the
+ * daemon tells every pool the same). */
+static bool has_byte_quota(const struct kvmm *mm, enum kvd_tier t, uint32_t u)
+{
+    const struct kvmm_tenant_conf *c = &mm->tt.v[u].conf;
+    return (t == KVD_TIER_DEVICE ? c->max_device_bytes : c->max_host_bytes) != 0;
+}
+
+/* The common case: the owners' free slots and the free pages cover it and
+ * no byte quota stands in the way, so there is no eviction to weigh: 0
+ * when done, 1 when the long way is needed. */
+static int room_fast(struct kvmm *mm, enum kvd_tier t, const struct mm_need *need, size_t nn,
+                     bool quota)
+{
+    struct pool *p = &mm->pool;
+    uint64_t want = 0;
+    for (size_t i = 0; i < nn; i++) {
+        uint64_t w = pages_short(mm, t, need[i].owner, need[i].n, false);
+        if (w && quota && has_byte_quota(mm, t, p->owners[need[i].owner].tenant))
+            return 1;
+        want += w;
+    }
+    if (want == 0)
+        return 0;
+    if (want > pool_pages_free(p, t))
+        return 1;
+    for (size_t i = 0; i < nn; i++)
+        while (p->owners[need[i].owner].n_free[t] < need[i].n)
+            if (pool_page_add(p, t, need[i].owner, quota) != 0)
+                return 1; /* another pool took the pages meanwhile */
+    return 0;
+}
+
 /* Room on tier t for need[i].n more blocks of each need[i].owner (nn
  * distinct owners), for asker; quota: byte quotas apply (new blocks, and
  * every host move). check: only whether it can be done (asking the
@@ -246,15 +279,15 @@ static int room(struct kvmm *mm, enum kvd_tier t, const struct mm_need *need, si
 {
     struct pool *p = &mm->pool;
     uint32_t k = p->budget_pages[t];
-    bool *allowed = fault_calloc(mm->tt.n + 1, sizeof *allowed);
     uint64_t short_pages = 0;
     int rc = 0;
 
-    if (!allowed)
+    if (p->n_slots[t] == 0)
+        return mm_fail(mm, KVD_ENOMEM, "there is no %s tier", tier_name(t));
+    bool *allowed = fault_calloc(mm->tt.n + 1, sizeof *allowed);
+    if (!allowed) {
+        pool_trim(p);
         return mm_fail(mm, KVD_ENOMEM, "out of memory");
-    if (p->n_slots[t] == 0) {
-        rc = mm_fail(mm, KVD_ENOMEM, "there is no %s tier", tier_name(t));
-        goto out;
     }
     fill_allowed(mm, t, asker, 0, allowed);
     /* Byte quotas first: pages a tenant must take beyond its quota have to
@@ -339,7 +372,7 @@ static int room(struct kvmm *mm, enum kvd_tier t, const struct mm_need *need, si
             if (reclaims++ < 3 &&
                 kvpages_reclaim(p->budget, &mm->member, t,
                                 asker < mm->tt.n ? mm->tt.v[asker].bt : KVPAGES_NONE, k) >= k)
-                continue;
+                continue; /* (another thread may take them first: then again) */
             if (pg == POOL_NONE && evict_any(mm, t, allowed))
                 continue;
             rc = mm_fail(mm, KVD_ENOMEM, "%s pool exhausted: %zu blocks requested", tier_name(t),
@@ -414,6 +447,21 @@ static int room_all(struct kvmm *mm, enum kvd_tier t, const struct mm_need *need
     if (t == KVD_TIER_DEVICE && dev_tenant != KVMM_NO_TENANT &&
         (rc = device_block_quota(mm, dev_tenant, dev_n, false)))
         return rc;
+    /* Under the block quotas already (nothing to evict for them): the
+     * short way may do. */
+    bool under = true;
+    if (t == KVD_TIER_DEVICE && dev_tenant != KVMM_NO_TENANT) {
+        const struct tenant *tu = &mm->tt.v[dev_tenant];
+        under = !quota_limited(tu->conf.max_device_blocks) ||
+                (uint64_t)tu->dev_blocks + dev_n <= tu->conf.max_device_blocks;
+    }
+    for (uint32_t i = 0; t == KVD_TIER_HOST && per && i < mm->tt.n && under; i++) {
+        const struct tenant *tu = &mm->tt.v[i];
+        under = !per[i] || !quota_limited(tu->conf.max_host_blocks) ||
+                (uint64_t)tu->host_blocks + per[i] <= tu->conf.max_host_blocks;
+    }
+    if (under && room_fast(mm, t, need, nn, quota) == 0)
+        return 0;
     if (t == KVD_TIER_HOST && (rc = host_block_quotas(mm, per, false)))
         return rc;
     if ((rc = room(mm, t, need, nn, asker, quota, true)))
@@ -436,17 +484,16 @@ int mm_room_new(struct kvmm *mm, enum kvd_tier tier, uint32_t tenant, uint32_t n
     if (tier == KVD_TIER_HOST && mm->pool.n_slots[KVD_TIER_HOST] == 0)
         return mm_fail(mm, KVD_ENOMEM, "there is no host tier (n_host_blocks = 0)");
     uint32_t o = mm_owner(mm, tenant, ns);
-    uint32_t *per = fault_calloc(mm->tt.n + 1, sizeof *per);
-    if (o == POOL_NONE || !per) {
-        free(per);
+    if (o == POOL_NONE)
         return mm_fail(mm, KVD_ENOMEM, "out of memory");
-    }
-    per[tenant] = (uint32_t)n;
     struct mm_need one = {.owner = o, .n = n};
     if (tier == KVD_TIER_DEVICE)
-        rc = room_all(mm, tier, &one, 1, tenant, tenant, n, per);
-    else
-        rc = room_all(mm, tier, &one, 1, KVMM_NO_TENANT, KVMM_NO_TENANT, 0, per);
+        return room_all(mm, tier, &one, 1, tenant, tenant, n, NULL);
+    uint32_t *per = fault_calloc(mm->tt.n + 1, sizeof *per);
+    if (!per)
+        return mm_fail(mm, KVD_ENOMEM, "out of memory");
+    per[tenant] = (uint32_t)n;
+    rc = room_all(mm, tier, &one, 1, KVMM_NO_TENANT, KVMM_NO_TENANT, 0, per);
     free(per);
     return rc;
 }
@@ -538,14 +585,17 @@ uint32_t mm_reclaim(void *ctx, enum kvd_tier t, uint32_t bt, uint32_t n)
     bool *allowed = p->n_slots[t] ? fault_calloc(mm->tt.n + 1, sizeof *allowed) : NULL;
     char saved[sizeof mm->err];
     memcpy(saved, mm->err, sizeof saved);
+    /* Spares first (nobody's), then pages full of cache, evicted and not
+     * kept as spares. */
+    uint32_t k = p->budget_pages[t] ? p->budget_pages[t] : 1;
+    freed = k * pool_release_spares(p, t, (n + k - 1) / k);
     while (allowed && freed < n) {
         struct radix_node *rep;
         fill_allowed(mm, t, asker, 0, allowed);
         uint32_t pg = victim_page(mm, t, allowed, KVMM_NO_TENANT, &rep);
         if (pg == POOL_NONE || !evict_page(mm, t, pg))
             break;
-        if (p->pages[t][pg].owner == POOL_NONE)
-            freed += p->budget_pages[t];
+        freed += k * pool_release_spares(p, t, UINT32_MAX);
     }
     memcpy(mm->err, saved, sizeof saved);
     free(allowed);

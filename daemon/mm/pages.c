@@ -272,6 +272,34 @@ int kvpages_take(struct kvpages *pg, enum kvd_tier t, uint32_t id, uint32_t n, b
     return rc;
 }
 
+int kvpages_claim(struct kvpages *pg, enum kvd_tier t, uint32_t id, uint32_t n, bool quota)
+{
+    int rc = 0;
+    if (id == KVPAGES_NONE)
+        return 0; /* nobody's to count */
+    pthread_mutex_lock(&pg->mu);
+    if (quota && quota_left(pg, t, id) < n)
+        rc = KVD_EQUOTA;
+    else if (id < pg->n_t)
+        pg->t[id].pages[t] += n;
+    pthread_mutex_unlock(&pg->mu);
+    return rc;
+}
+
+void kvpages_unclaim(struct kvpages *pg, enum kvd_tier t, uint32_t id, uint32_t n)
+{
+    if (id == KVPAGES_NONE)
+        return;
+    pthread_mutex_lock(&pg->mu);
+    if (id < pg->n_t) {
+        struct kvpages_tenant *tn = &pg->t[id];
+        tn->pages[t] -= n < tn->pages[t] ? n : tn->pages[t];
+        if (!tn->refs && !tn->pages[0] && !tn->pages[1])
+            tn->name[0] = '\0';
+    }
+    pthread_mutex_unlock(&pg->mu);
+}
+
 void kvpages_give(struct kvpages *pg, enum kvd_tier t, uint32_t id, uint32_t n)
 {
     pthread_mutex_lock(&pg->mu);
@@ -319,13 +347,14 @@ uint32_t kvpages_reclaim(struct kvpages *pg, struct kvpages_member *self, enum k
      * list may change while the lock is released); a member is busy while
      * it is asked, so kvpages_detach (and its pool's free) waits for it. */
     uint64_t stamp = ++pg->stamp;
-    while (pg->total[t] - pg->used[t] < n) {
+    uint64_t goal = (uint64_t)pg->total[t] - pg->used[t] + n;
+    while ((uint64_t)pg->total[t] - pg->used[t] < goal) {
         struct kvpages_member *m = pg->members;
         while (m && (m == self || !m->reclaim || m->asked == stamp))
             m = m->next;
         if (!m)
             break;
-        uint32_t want = n - (pg->total[t] - pg->used[t]);
+        uint32_t want = (uint32_t)(goal - (pg->total[t] - pg->used[t]));
         m->asked = stamp;
         m->busy++;
         pthread_mutex_unlock(&pg->mu);

@@ -98,6 +98,11 @@ uint32_t kvpages_free_pages(struct kvpages *pg, enum kvd_tier t);
  * fewer than n free). */
 int kvpages_take(struct kvpages *pg, enum kvd_tier t, uint32_t id, uint32_t n, bool quota);
 void kvpages_give(struct kvpages *pg, enum kvd_tier t, uint32_t id, uint32_t n);
+/* A pool's spare pages (pool.h) stay taken but are nobody's: claim moves
+ * n taken pages to tenant id (its quota checked when quota: 0 or
+ * KVD_EQUOTA), unclaim back to nobody. */
+int kvpages_claim(struct kvpages *pg, enum kvd_tier t, uint32_t id, uint32_t n, bool quota);
+void kvpages_unclaim(struct kvpages *pg, enum kvd_tier t, uint32_t id, uint32_t n);
 
 /* ---- pools: asking the others for pages ------------------------------------
  * A pool attaches itself with a reclaim callback: called (with no budget
@@ -115,8 +120,9 @@ struct kvpages_member {
 };
 void kvpages_attach(struct kvpages *pg, struct kvpages_member *m);
 void kvpages_detach(struct kvpages *pg, struct kvpages_member *m);
-/* Asks every member but self, in turn, until n pages of tier t are free in
- * the budget or every member was asked. Returns the budget's free pages. */
+/* Asks every member but self, in turn, until n more pages of tier t are
+ * free in the budget or every member was asked. Returns the budget's free
+ * pages. */
 uint32_t kvpages_reclaim(struct kvpages *pg, struct kvpages_member *self, enum kvd_tier t,
                          uint32_t tenant, uint32_t n);
 

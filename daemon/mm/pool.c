@@ -152,8 +152,12 @@ static int tier_init(struct pool *p, int t, uint64_t max_bytes)
     p->slot_block[t] = malloc(sizeof(uint32_t) * slots);
     p->slot_next[t] = malloc(sizeof(uint32_t) * slots);
     p->free_pos[t] = malloc(sizeof(uint32_t) * pages);
-    if (!p->pages[t] || !p->slot_block[t] || !p->slot_next[t] || !p->free_pos[t])
+    p->spare[t] = malloc(sizeof(uint32_t) * pages);
+    if (!p->pages[t] || !p->slot_block[t] || !p->slot_next[t] || !p->free_pos[t] || !p->spare[t])
         return KVD_ENOMEM;
+    /* Empty pages kept mapped: a pool with a budget of its own keeps them
+     * all (nobody else wants them), one on a shared budget a few. */
+    p->spare_max[t] = (uint32_t)(total / 64 > 8 ? 8 : total / 64 ? total / 64 : 1);
     for (uint32_t s = 0; s < slots; s++)
         p->slot_block[t][s] = p->slot_next[t][s] = POOL_NONE;
     /* Positions are taken lowest first. */
@@ -240,6 +244,7 @@ int pool_init(struct pool *p, struct backend *be, size_t block_bytes, uint32_t n
         return err;
     }
     p->own_budget = true;
+    p->spare_max[0] = p->spare_max[1] = UINT32_MAX;
     return 0;
 }
 
@@ -248,9 +253,9 @@ void pool_destroy(struct pool *p)
     for (int t = 0; t < POOL_TIERS; t++) {
         for (uint32_t i = 0; p->pages[t] && i < p->n_pages[t]; i++) {
             struct pool_page *g = &p->pages[t][i];
-            if (g->owner != POOL_NONE)
-                kvpages_give(p->budget, (enum kvd_tier)t, p->owners[g->owner].bt,
-                             p->budget_pages[t]);
+            if (g->owner != POOL_NONE || g->spare)
+                kvpages_give(p->budget, (enum kvd_tier)t,
+                             g->spare ? KVPAGES_NONE : p->owners[g->owner].bt, p->budget_pages[t]);
         }
         if (p->arena[t]) {
             if (p->elastic[t])
@@ -263,6 +268,7 @@ void pool_destroy(struct pool *p)
         free(p->slot_block[t]);
         free(p->slot_next[t]);
         free(p->free_pos[t]);
+        free(p->spare[t]);
     }
     if (p->own_budget)
         kvpages_free(p->budget);
@@ -304,7 +310,7 @@ uint32_t pool_pages_free(const struct pool *p, enum kvd_tier tier)
     if (!p->budget_pages[tier])
         return 0;
     uint32_t n = kvpages_free_pages(p->budget, tier) / p->budget_pages[tier];
-    return n < p->n_free_pos[tier] ? n : p->n_free_pos[tier];
+    return (n < p->n_free_pos[tier] ? n : p->n_free_pos[tier]) + p->n_spare[tier];
 }
 
 uint64_t pool_free_slots(const struct pool *p, enum kvd_tier tier)
@@ -312,20 +318,9 @@ uint64_t pool_free_slots(const struct pool *p, enum kvd_tier tier)
     return p->n_free_slots[tier] + (uint64_t)p->slots_per_page[tier] * pool_pages_free(p, tier);
 }
 
-int pool_page_add(struct pool *p, enum kvd_tier t, uint32_t owner, bool quota)
+/* Position pg, mapped, becomes owner's empty page. */
+static void page_init(struct pool *p, int t, uint32_t pg, uint32_t owner)
 {
-    if (p->n_free_pos[t] == 0)
-        return KVD_ENOMEM;
-    struct pool_owner *o = &p->owners[owner];
-    int rc = kvpages_take(p->budget, t, o->bt, p->budget_pages[t], quota);
-    if (rc)
-        return rc;
-    uint32_t pg = p->free_pos[t][--p->n_free_pos[t]];
-    if (p->elastic[t] && (rc = p->be->ops->arena_map(p->be, p->arena[t], pg)) != 0) {
-        p->free_pos[t][p->n_free_pos[t]++] = pg;
-        kvpages_give(p->budget, t, o->bt, p->budget_pages[t]);
-        return KVD_ENOMEM;
-    }
     struct pool_page *g = &p->pages[t][pg];
     uint32_t s0 = pool_page_first(p, t, pg), s1 = pool_page_end(p, t, pg);
     memset(g, 0, sizeof *g);
@@ -335,34 +330,92 @@ int pool_page_add(struct pool *p, enum kvd_tier t, uint32_t owner, bool quota)
         p->slot_next[t][s] = s + 1 < s1 ? s + 1 : POOL_NONE;
     g->free_head = s1 > s0 ? s0 : POOL_NONE;
     g->n_free = s1 - s0;
-    o->n_pages[t]++;
-    p->n_mapped[t]++;
-    p->maps++;
+    p->owners[owner].n_pages[t]++;
     page_count(p, t, g, 1);
     page_relist(p, t, pg);
+}
+
+int pool_page_add(struct pool *p, enum kvd_tier t, uint32_t owner, bool quota)
+{
+    struct pool_owner *o = &p->owners[owner];
+    int rc;
+    if (p->n_spare[t]) {
+        /* A page this pool kept mapped: the budget already counts it. */
+        if ((rc = kvpages_claim(p->budget, t, o->bt, p->budget_pages[t], quota)))
+            return rc;
+        uint32_t pg = p->spare[t][--p->n_spare[t]];
+        p->pages[t][pg].spare = 0;
+        page_init(p, t, pg, owner);
+        return 0;
+    }
+    if (p->n_free_pos[t] == 0)
+        return KVD_ENOMEM;
+    if ((rc = kvpages_take(p->budget, t, o->bt, p->budget_pages[t], quota)))
+        return rc;
+    uint32_t pg = p->free_pos[t][--p->n_free_pos[t]];
+    if (p->elastic[t] && (rc = p->be->ops->arena_map(p->be, p->arena[t], pg)) != 0) {
+        p->free_pos[t][p->n_free_pos[t]++] = pg;
+        kvpages_give(p->budget, t, o->bt, p->budget_pages[t]);
+        return KVD_ENOMEM;
+    }
+    p->n_mapped[t]++;
+    p->maps++;
+    page_init(p, t, pg, owner);
     return 0;
 }
 
-/* Page pg holds nothing and is exported by no one: back to the budget. */
+/* Spare page pg (or, from page_put, an empty one) loses its memory and
+ * goes back to the budget. false when the backend could not unmap it. */
+static bool page_unmap(struct pool *p, int t, uint32_t pg, uint32_t bt)
+{
+    if (p->elastic[t] && p->be->ops->arena_unmap(p->be, p->arena[t], pg) != 0)
+        return false;
+    kvpages_give(p->budget, (enum kvd_tier)t, bt, p->budget_pages[t]);
+    p->n_mapped[t]--;
+    p->unmaps++;
+    p->free_pos[t][p->n_free_pos[t]++] = pg;
+    return true;
+}
+
+/* Page pg holds nothing and is exported by no one: it stays mapped as a
+ * spare of this pool (up to spare_max, and never one that was exported:
+ * its next use must get fresh memory), or goes back to the budget. */
 static void page_put(struct pool *p, int t, uint32_t pg)
 {
     struct pool_page *g = &p->pages[t][pg];
-    if (p->elastic[t] && p->be->ops->arena_unmap(p->be, p->arena[t], pg) != 0)
+    struct pool_owner *o = &p->owners[g->owner];
+    bool keep = !g->exported && p->n_spare[t] < p->spare_max[t];
+    if (!keep && !page_unmap(p, t, pg, o->bt))
         return; /* stays mapped, its owner's empty page: retried when it empties again */
     page_count(p, t, g, -1);
     page_unlist(p, t, pg);
     if (g->draining)
         p->n_draining--;
-    struct pool_owner *o = &p->owners[g->owner];
-    kvpages_give(p->budget, (enum kvd_tier)t, o->bt, p->budget_pages[t]);
+    if (keep)
+        kvpages_unclaim(p->budget, (enum kvd_tier)t, o->bt, p->budget_pages[t]);
     o->n_pages[t]--;
-    p->n_mapped[t]--;
-    p->unmaps++;
     for (uint32_t s = pool_page_first(p, t, pg); s < pool_page_end(p, t, pg); s++)
         p->slot_next[t][s] = POOL_NONE;
     memset(g, 0, sizeof *g);
     g->owner = g->free_head = g->prev = g->next = POOL_NONE;
-    p->free_pos[t][p->n_free_pos[t]++] = pg;
+    if (keep) {
+        g->spare = 1;
+        p->spare[t][p->n_spare[t]++] = pg;
+    }
+}
+
+uint32_t pool_release_spares(struct pool *p, enum kvd_tier t, uint32_t n)
+{
+    uint32_t done = 0;
+    while (done < n && p->n_spare[t]) {
+        uint32_t pg = p->spare[t][p->n_spare[t] - 1];
+        if (!page_unmap(p, t, pg, KVPAGES_NONE))
+            break;
+        p->n_spare[t]--;
+        p->pages[t][pg].spare = 0;
+        done++;
+    }
+    return done;
 }
 
 void pool_trim(struct pool *p)
@@ -496,6 +549,7 @@ void pool_pin(struct pool *p, enum kvd_tier t, uint32_t pg)
     struct pool_page *g = &p->pages[t][pg];
 
     page_count(p, t, g, -1);
+    g->exported = 1; /* its memory is someone else's too now: never a spare */
     if (g->pins++ == 0) {
         p->n_pinned++;
         if (g->draining) {
@@ -638,6 +692,16 @@ static int check_tier(const struct pool *p, int t, struct pool_owner *recount, c
         if (pg >= p->n_pages[t] || seen[n + pg]++ || p->pages[t][pg].owner != POOL_NONE)
             CHECK_FAIL("pool: tier %d free position %u is out of range, twice or mapped", t, pg);
     }
+    uint32_t spares = 0;
+    for (uint32_t k = 0; k < p->n_spare[t]; k++) {
+        uint32_t pg = p->spare[t][k];
+        if (pg >= p->n_pages[t] || seen[n + pg]++ || p->pages[t][pg].owner != POOL_NONE ||
+            !p->pages[t][pg].spare)
+            CHECK_FAIL("pool: tier %d spare page %u is out of range, twice, owned or unmarked", t,
+                       pg);
+        spares++;
+    }
+    mapped += spares;
     if (mapped != p->n_mapped[t] || mapped + p->n_free_pos[t] != p->n_pages[t] ||
         free_all != p->n_free_slots[t] || withheld != p->n_withheld[t] || fc != p->n_fc_pages[t])
         CHECK_FAIL("pool: tier %d: %u mapped (+%u free positions of %u), %u free %u withheld %u "

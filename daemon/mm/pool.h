@@ -77,6 +77,8 @@ struct pool_page {
     uint32_t pins;       /* live exports that include the page */
     uint8_t draining;    /* exported once, waiting to be empty */
     uint8_t listed;      /* on the owner's list */
+    uint8_t exported;    /* pinned at least once since it was mapped */
+    uint8_t spare;       /* mapped, nobody's, kept for the next page this pool takes */
 };
 
 /* Who a page is for, with the counts the kvmm's room-making reads (usable
@@ -119,7 +121,9 @@ struct pool {
     uint32_t *slot_next[POOL_TIERS];     /* (n_slots) free-list links */
     uint32_t *free_pos[POOL_TIERS];      /* (n_pages) stack of unmapped positions */
     uint32_t n_free_pos[POOL_TIERS];
-    uint32_t n_mapped[POOL_TIERS];     /* pages taken from the budget */
+    uint32_t n_mapped[POOL_TIERS]; /* pages taken from the budget */
+    uint32_t *spare[POOL_TIERS];   /* (n_pages) stack of spare positions, mapped */
+    uint32_t n_spare[POOL_TIERS], spare_max[POOL_TIERS];
     uint32_t n_free_slots[POOL_TIERS]; /* free slots of usable pages, every owner */
     uint32_t n_withheld[POOL_TIERS];   /* free slots of exported/draining pages */
     uint32_t n_fc_pages[POOL_TIERS];   /* full-cache usable pages, every owner */
@@ -153,6 +157,13 @@ int pool_page_add(struct pool *p, enum kvd_tier tier, uint32_t owner, bool quota
 /* Gives back every mapped page that holds nothing (after room was made for
  * an allocation that then failed). */
 void pool_trim(struct pool *p);
+/* Empty pages stay mapped as spares (up to spare_max per tier: all of them
+ * in a pool with a budget of its own, a few on a shared one), counted in
+ * the budget as this pool's, so that blocks coming and going at a page's
+ * edge do not map and unmap it each time (a fresh page costs its first
+ * touch). pool_release_spares gives up to n of them back (another pool
+ * needs pages); returns how many. */
+uint32_t pool_release_spares(struct pool *p, enum kvd_tier tier, uint32_t n);
 
 /* A new block of owner with refcount 1 on `tier`: in one of the owner's
  * pages, or in a new page (without quota check) when none has a free slot.
