@@ -263,6 +263,7 @@ int mm_alloc_device(struct kvmm *mm, uint32_t tenant, uint32_t ns, size_t n, uin
                                                   KVD_TIER_HOST, mm->block_bytes)) {
             for (size_t k = i + 1; k > 0; k--)
                 mm_unref(mm, ids[k - 1]);
+            pool_trim(&mm->pool); /* pages mapped for the blocks not made */
             return mm_fail(mm, KVD_EINTERNAL, "zero-filling a new block failed");
         }
     }

@@ -631,8 +631,12 @@ bool mm_restore_take(struct kvmm *mm, uint32_t tenant, uint32_t ns, bool prefer_
     int err = mm_room_new(mm, tier, tenant, ns, 1);
     memcpy(mm->err, saved, sizeof saved);
     uint32_t id;
-    if (err || pool_alloc_in(&mm->pool, tier, owner, &id) != 0)
+    if (err)
         return false;
+    if (pool_alloc_in(&mm->pool, tier, owner, &id) != 0) {
+        pool_trim(&mm->pool);
+        return false;
+    }
     if (tier == KVD_TIER_HOST)
         t->host_blocks++;
     else
