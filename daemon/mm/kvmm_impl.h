@@ -43,6 +43,7 @@ struct kvmm {
     unsigned char *zeros;     /* (block_bytes) owned: zeros for new blocks */
     struct kvmm_stats ctr;    /* the counters (totals are computed on demand) */
     struct blockkey root_key; /* chain(-1) of the model and geometry */
+    uint8_t fingerprint[16];  /* the model's (root_key's); zeros until known */
     struct kvmm_disk *disk;   /* the disk tier's side (kvmm_disk.c); NULL without one */
     struct kvmm_sessions *sessions; /* named sessions (kvmm_session.c); NULL without a disk tier */
     struct kvmm_events_sink events; /* events.block NULL: none attached */
@@ -60,6 +61,9 @@ bool mm_trylock(struct kvmm *mm);
 /* The budget's reclaim callback (kvpages_member): up to n budget pages of
  * tier t given back, evicting whole pages that budget tenant bt may take. */
 uint32_t mm_reclaim(void *ctx, enum kvd_tier t, uint32_t bt, uint32_t n);
+/* kvpages_member.reclaim_own: up to n budget pages of tenant bt's own cache
+ * here, evicted (trylock, as mm_reclaim). */
+uint32_t mm_reclaim_own(void *ctx, enum kvd_tier t, uint32_t bt, uint32_t n);
 
 /* Ends every export of owner (kvmm_close_owner); frees them all (kvmm_free). */
 void mm_exports_close_owner(struct kvmm *mm, kvmm_owner owner);

@@ -304,6 +304,13 @@ static int room(struct kvmm *mm, enum kvd_tier t, const struct mm_need *need, si
                 own_fc += (uint64_t)p->owners[o].n_fc_pages[t] * k;
         uint32_t left = kvpages_quota_left(p->budget, t, tu->bt);
         if (left != UINT32_MAX && want > left + own_fc) {
+            /* its cache in the other pools (another model's) gives first */
+            uint64_t ask = want - left - own_fc;
+            (void)kvpages_reclaim_own(p->budget, &mm->member, t, tu->bt,
+                                      ask > UINT32_MAX ? UINT32_MAX : (uint32_t)ask);
+            left = kvpages_quota_left(p->budget, t, tu->bt);
+        }
+        if (left != UINT32_MAX && want > left + own_fc) {
             struct kvpages_limits l;
             kvpages_tenant_limits(p->budget, tu->bt, &l);
             rc = mm_fail(mm, KVD_EQUOTA,
@@ -321,9 +328,13 @@ static int room(struct kvmm *mm, enum kvd_tier t, const struct mm_need *need, si
             pages_short(mm, t, need[i].owner, need[i].n, allowed[p->owners[need[i].owner].tenant]);
     if (short_pages) {
         uint64_t have = pages_obtainable(mm, t, asker, allowed);
-        if (have < short_pages) {
+        /* A pool holding less than its even share of the budget asks the
+         * others for their cache before it evicts its own: the pools of
+         * several models share the budget, not only what is free. */
+        bool below = (uint64_t)p->n_mapped[t] * k < kvpages_share(p->budget, t);
+        if (have < short_pages || (below && kvpages_free_pages(p->budget, t) < short_pages * k)) {
             uint32_t bt = asker < mm->tt.n ? mm->tt.v[asker].bt : KVPAGES_NONE;
-            uint64_t ask = (short_pages - have) * k;
+            uint64_t ask = (have < short_pages ? short_pages - have : short_pages) * k;
             (void)kvpages_reclaim(p->budget, &mm->member, t, bt,
                                   ask > UINT32_MAX ? UINT32_MAX : (uint32_t)ask);
             have = pages_obtainable(mm, t, asker, allowed);
@@ -365,6 +376,9 @@ static int room(struct kvmm *mm, enum kvd_tier t, const struct mm_need *need, si
             if (pg != POOL_NONE && evict_page(mm, t, pg))
                 continue;
             if (err == KVD_EQUOTA) {
+                if (reclaims++ < 3 &&
+                    kvpages_reclaim_own(p->budget, &mm->member, t, p->owners[o].bt, k) >= k)
+                    continue;
                 rc = mm_fail(mm, KVD_EQUOTA, "tenant '%s': %s byte quota reached",
                              mm->tt.v[u].conf.name, tier_name(t));
                 break;
@@ -570,6 +584,37 @@ size_t mm_device_headroom(struct kvmm *mm, uint32_t tenant)
 }
 
 /* ---- another pool asks ---------------------------------------------------- */
+
+uint32_t mm_reclaim_own(void *ctx, enum kvd_tier t, uint32_t bt, uint32_t n)
+{
+    struct kvmm *mm = ctx;
+    uint32_t freed = 0, u = KVMM_NO_TENANT;
+    if (!mm_trylock(mm))
+        return 0;
+    struct pool *p = &mm->pool;
+    for (uint32_t i = 0; i < mm->tt.n; i++)
+        if (tenant_live(&mm->tt, i) && mm->tt.v[i].bt == bt)
+            u = i;
+    bool *allowed = u != KVMM_NO_TENANT && p->n_slots[t] ? fault_calloc(mm->tt.n + 1, 1) : NULL;
+    char saved[sizeof mm->err];
+    memcpy(saved, mm->err, sizeof saved);
+    uint32_t k = p->budget_pages[t] ? p->budget_pages[t] : 1;
+    /* Its pages full of its cache, evicted whole (device blocks to the
+     * host tier): each goes back to the budget or becomes a spare, which
+     * is nobody's; either way the tenant holds k pages less. */
+    while (allowed && freed < n) {
+        struct radix_node *rep;
+        allowed[u] = true;
+        uint32_t pg = victim_page(mm, t, allowed, u, &rep);
+        if (pg == POOL_NONE || !evict_page(mm, t, pg))
+            break;
+        freed += k;
+    }
+    memcpy(mm->err, saved, sizeof saved);
+    free(allowed);
+    kvmm_unlock(mm);
+    return freed;
+}
 
 uint32_t mm_reclaim(void *ctx, enum kvd_tier t, uint32_t bt, uint32_t n)
 {

@@ -367,3 +367,41 @@ uint32_t kvpages_reclaim(struct kvpages *pg, struct kvpages_member *self, enum k
     pthread_mutex_unlock(&pg->mu);
     return free_now;
 }
+
+uint32_t kvpages_reclaim_own(struct kvpages *pg, struct kvpages_member *self, enum kvd_tier t,
+                             uint32_t tenant, uint32_t n)
+{
+    pthread_mutex_lock(&pg->mu);
+    if (tenant >= pg->n_t || !pg->t[tenant].name[0]) {
+        pthread_mutex_unlock(&pg->mu);
+        return 0;
+    }
+    uint64_t stamp = ++pg->stamp;
+    uint32_t before = pg->t[tenant].pages[t];
+    while (before - pg->t[tenant].pages[t] < n && pg->t[tenant].pages[t] > 0) {
+        struct kvpages_member *m = pg->members;
+        while (m && (m == self || !m->reclaim_own || m->asked == stamp))
+            m = m->next;
+        if (!m)
+            break;
+        uint32_t want = n - (before - pg->t[tenant].pages[t]);
+        m->asked = stamp;
+        m->busy++;
+        pthread_mutex_unlock(&pg->mu);
+        (void)m->reclaim_own(m->ctx, t, tenant, want);
+        pthread_mutex_lock(&pg->mu);
+        if (--m->busy == 0)
+            pthread_cond_broadcast(&pg->idle);
+    }
+    uint32_t now = pg->t[tenant].pages[t];
+    pthread_mutex_unlock(&pg->mu);
+    return before > now ? before - now : 0;
+}
+
+uint32_t kvpages_share(struct kvpages *pg, enum kvd_tier t)
+{
+    pthread_mutex_lock(&pg->mu);
+    uint32_t n = pg->total[t] / (pg->n_members ? pg->n_members : 1);
+    pthread_mutex_unlock(&pg->mu);
+    return n;
+}

@@ -93,6 +93,8 @@ uint32_t kvpages_above_floor(struct kvpages *pg, uint32_t id);
 
 /* ---- pages --------------------------------------------------------------- */
 uint32_t kvpages_free_pages(struct kvpages *pg, enum kvd_tier t);
+/* A pool's even share of tier t: its pages over the pools attached. */
+uint32_t kvpages_share(struct kvpages *pg, enum kvd_tier t);
 /* Takes n pages of tier t for tenant id (KVPAGES_NONE: nobody's), checking
  * its byte quota when quota: 0, KVD_EQUOTA or KVD_ENOMEM (the budget has
  * fewer than n free). */
@@ -112,6 +114,10 @@ void kvpages_unclaim(struct kvpages *pg, enum kvd_tier t, uint32_t id, uint32_t 
  * back. */
 struct kvpages_member {
     uint32_t (*reclaim)(void *ctx, enum kvd_tier t, uint32_t tenant, uint32_t n);
+    /* The same for tenant's own cache alone (its byte quota is reached in
+     * another pool): up to n of its pages of tier t given back. NULL:
+     * never asked. */
+    uint32_t (*reclaim_own)(void *ctx, enum kvd_tier t, uint32_t tenant, uint32_t n);
     void *ctx;
     /* the budget's */
     struct kvpages_member *next;
@@ -125,5 +131,11 @@ void kvpages_detach(struct kvpages *pg, struct kvpages_member *m);
  * pages. */
 uint32_t kvpages_reclaim(struct kvpages *pg, struct kvpages_member *self, enum kvd_tier t,
                          uint32_t tenant, uint32_t n);
+/* Asks every member but self, in turn, to evict tenant's own cached pages
+ * of tier t until the tenant holds n fewer pages or every member was asked
+ * (a tenant at its byte quota makes room from its cache in other pools).
+ * Returns how many fewer pages it holds. */
+uint32_t kvpages_reclaim_own(struct kvpages *pg, struct kvpages_member *self, enum kvd_tier t,
+                             uint32_t tenant, uint32_t n);
 
 #endif

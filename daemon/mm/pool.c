@@ -115,25 +115,34 @@ static int tier_init(struct pool *p, int t, uint64_t max_bytes)
     uint32_t total = kvpages_total(p->budget, (enum kvd_tier)t);
     if (total == 0 || P == 0)
         return 0;
-    /* A pool page: the number k of budget pages that holds the most
-     * blocks in all (blocks that would straddle two pool pages are never
-     * used), the fewest pages on a tie. Where blocks tile a page exactly
+    /* A pool page: the fewest k budget pages that hold within 1/32 of
+     * the most blocks in all any k holds (blocks that would straddle two
+     * pool pages are never used). Where blocks tile a page exactly
      * nothing is lost; k is tried up to eight past the fewest that hold a
      * block, and the exact tiling (lcm) when it is that short. */
     uint64_t k0 = (B + P - 1) / P, best_k = 0, best = 0, cap = total;
     if (max_bytes && max_bytes / P < cap)
         cap = max_bytes / P;
     uint64_t exact = B / gcd64(B, P);
-    for (uint64_t k = k0; k <= k0 + 8 || k == exact; k = k < k0 + 8 ? k + 1 : exact) {
-        if (k > cap)
-            break;
-        uint64_t n = cap / k * min_blocks(P, B, k, cap / k);
-        if (n > best) {
-            best = n;
-            best_k = k;
+    for (int pass = 0; pass < 2; pass++) {
+        /* pass 0 finds the most blocks; pass 1 takes the fewest pages
+         * that hold within 1/32 of that: a smaller pool page is worth a
+         * little waste where pools share the budget page by page */
+        for (uint64_t k = k0; k <= k0 + 8 || k == exact; k = k < k0 + 8 ? k + 1 : exact) {
+            if (k > cap)
+                break;
+            uint64_t n = cap / k * min_blocks(P, B, k, cap / k);
+            if (pass == 0 && n > best) {
+                best = n;
+                best_k = k;
+            }
+            if (pass == 1 && n * 32 >= best * 31) {
+                best_k = k;
+                break;
+            }
+            if (k >= exact)
+                break;
         }
-        if (k >= exact)
-            break;
     }
     if (!best_k)
         return KVD_EBADREQ;
@@ -278,6 +287,25 @@ void pool_destroy(struct pool *p)
     memset(p, 0, sizeof *p);
 }
 
+int pool_device_release(struct pool *p)
+{
+    enum kvd_tier d = KVD_TIER_DEVICE;
+    if (p->device_off)
+        return 0;
+    if (p->n_mapped[d] != p->n_spare[d])
+        return KVD_EBUSY;
+    pool_release_spares(p, d, p->n_spare[d]);
+    if (p->n_mapped[d])
+        return KVD_EBUSY; /* the backend could not unmap a spare */
+    p->device_off = true;
+    return 0;
+}
+
+void pool_device_acquire(struct pool *p)
+{
+    p->device_off = false;
+}
+
 uint32_t pool_owner(struct pool *p, uint32_t tenant, uint32_t ns, uint32_t bt)
 {
     for (uint32_t i = 0; i < p->n_owners; i++)
@@ -307,7 +335,7 @@ uint32_t pool_owner(struct pool *p, uint32_t tenant, uint32_t ns, uint32_t bt)
 
 uint32_t pool_pages_free(const struct pool *p, enum kvd_tier tier)
 {
-    if (!p->budget_pages[tier])
+    if (!p->budget_pages[tier] || (tier == KVD_TIER_DEVICE && p->device_off))
         return 0;
     uint32_t n = kvpages_free_pages(p->budget, tier) / p->budget_pages[tier];
     return (n < p->n_free_pos[tier] ? n : p->n_free_pos[tier]) + p->n_spare[tier];
@@ -339,6 +367,8 @@ int pool_page_add(struct pool *p, enum kvd_tier t, uint32_t owner, bool quota)
 {
     struct pool_owner *o = &p->owners[owner];
     int rc;
+    if (t == KVD_TIER_DEVICE && p->device_off)
+        return KVD_ENOMEM;
     if (p->n_spare[t]) {
         /* A page this pool kept mapped: the budget already counts it. */
         if ((rc = kvpages_claim(p->budget, t, o->bt, p->budget_pages[t], quota)))

@@ -129,7 +129,10 @@ struct pool {
     uint32_t n_fc_pages[POOL_TIERS];   /* full-cache usable pages, every owner */
     uint32_t n_pinned, n_draining;     /* pages, both tiers */
     uint64_t maps, unmaps;             /* pages mapped / given back, both tiers */
-    struct pool_owner *owners;         /* (n_owners) */
+    /* The pool takes no device page (pool_device_release): its model is
+     * not loaded, its cached blocks moved to the host. */
+    bool device_off;
+    struct pool_owner *owners; /* (n_owners) */
     uint32_t n_owners, cap_owners;
 };
 
@@ -144,6 +147,13 @@ int pool_init_budget(struct pool *p, struct kvpages *budget, size_t block_bytes,
 int pool_init(struct pool *p, struct backend *be, size_t block_bytes, uint32_t n_device,
               uint32_t n_host);
 void pool_destroy(struct pool *p);
+/* The pool stops taking device pages and gives every one it holds (its
+ * spares) back to the budget: no device block may be left (KVD_EBUSY
+ * otherwise; nothing changes). Until pool_device_acquire, allocations on
+ * the device fail with KVD_ENOMEM. */
+int pool_device_release(struct pool *p);
+/* The pool may take device pages again (no page is taken now). */
+void pool_device_acquire(struct pool *p);
 
 /* The page owner for (tenant, ns), created on first use; bt is the tenant's
  * id in the budget (KVPAGES_NONE: none, or keep the one it has). POOL_NONE
