@@ -1,8 +1,10 @@
 /* Unit tests of the page budget (pages.h) under several kvmm pools of
  * different block sizes (cpu backend, memfd pages): pools share the pages
  * and give back what they empty, a page holds one tenant's blocks, byte
- * quotas and floors hold across pools, eviction frees a whole page for
- * another tenant (in the same pool, or asked of another pool), the
+ * quotas and floors hold across pools (a tenant at its quota evicts its
+ * own cache in another pool), eviction frees a whole page for another
+ * tenant (in the same pool, or asked of another pool, first where the
+ * asking pool holds less than its even share), the
  * checker catches a page holding two tenants' blocks, and the default
  * page sizes. kvmm_check runs after every step. */
 #include <setjmp.h>
@@ -335,6 +337,50 @@ static void test_reclaim_from_another_pool(void **state)
     close_seq(f->b, s2);
 }
 
+/* A tenant at its byte quota with cache in another pool (another model's):
+ * that cache gives way, not the request. */
+static void test_quota_evicts_own_cache_elsewhere(void **state)
+{
+    struct pfx *f = *state;
+    open_pools(f, N_PAGES, 0);
+    struct kvmm_tenant_conf c = tconf("q");
+    c.max_device_bytes = 3 * PAGE;
+    uint32_t qa = tenant(f->a, c), qb = tenant(f->b, c);
+    cache_of(f->a, qa, 3 * 8 * 4, 1); /* 24 blocks of A: three whole pages, cached */
+    assert_int_equal(tstats(f->a, qa).device_pages, 3);
+    kvmm_seq_t s;
+    assert_int_equal(seq_of(f->b, qb, 8, &s), 0); /* one page of B */
+    assert_int_equal(tstats(f->a, qa).device_pages, 2);
+    assert_int_equal(mstats(f->a).drops, 8); /* no host tier: dropped */
+    assert_int_equal(tstats(f->b, qb).device_bytes, 3 * PAGE);
+    /* its live blocks are not cache: past the quota it is refused */
+    kvmm_seq_t s2;
+    assert_int_equal(seq_of(f->a, qa, 0, &s2), 0);
+    assert_int_equal(extend(f->b, s, 32), 0); /* B's second page: A's cache again */
+    assert_int_equal(tstats(f->a, qa).device_pages, 1);
+    assert_int_equal(extend(f->a, s2, 4 * 8 * 2), KVD_EQUOTA);
+    close_seq(f->a, s2);
+    close_seq(f->b, s);
+}
+
+/* A pool holding less than its even share of the budget takes another
+ * pool's cache before its own. */
+static void test_below_share_asks_others_first(void **state)
+{
+    struct pfx *f = *state;
+    open_pools(f, N_PAGES, 0);
+    uint32_t xa = tenant(f->a, tconf("x")), yb = tenant(f->b, tconf("y"));
+    cache_of(f->a, xa, (N_PAGES - 1) * 8 * 4, 1); /* 7 pages of A */
+    cache_of(f->b, yb, 4 * 8, 5000);              /* 1 page of B: the budget is full */
+    assert_int_equal(used_pages(f, KVD_TIER_DEVICE), N_PAGES);
+    kvmm_seq_t s;
+    assert_int_equal(seq_of(f->b, yb, 8, &s), 0);
+    assert_int_equal(mstats(f->b).pages_held[KVD_TIER_DEVICE], 2); /* its cache stays */
+    assert_int_equal(mstats(f->b).evictions_device, 0);
+    assert_int_equal(mstats(f->a).pages_held[KVD_TIER_DEVICE], N_PAGES - 2);
+    close_seq(f->b, s);
+}
+
 static void test_byte_floor(void **state)
 {
     struct pfx *f = *state;
@@ -440,6 +486,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_byte_quota_across_pools, setup, teardown),
         cmocka_unit_test_setup_teardown(test_evict_whole_page_for_another_tenant, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reclaim_from_another_pool, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_quota_evicts_own_cache_elsewhere, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_below_share_asks_others_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_byte_floor, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checker_catches_a_shared_page, setup, teardown),
         cmocka_unit_test_setup_teardown(test_default_pages, setup, teardown),
