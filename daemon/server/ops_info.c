@@ -40,7 +40,7 @@ static int pack_text(msgpack_packer *pk, const struct text *tx)
 /* A model's map: today's hello fields (name, vocab, context, weights,
  * fingerprint: nil until it has loaded once, the text side), then with
  * `list` what a list of models says of each: its state, KV geometry and
- * arena, keep-alive, and whether the caller may use it. */
+ * device pages, keep-alive, and whether the caller may use it. */
 static int pack_model(msgpack_packer *pk, struct models_entry *e, const char *tenant, bool list)
 {
     struct models_info mi;

@@ -180,8 +180,8 @@ const struct options_def options_defs[] = {
      "daemon "
      "of\none model; with several: [model:NAME] draft)"},
     {"draft-kv-share", "FRACTION", OPTIONS_FRACTION, F(draft_kv_share), 0, 0, NULL, "0.1", NULL, 0,
-     "of a model's KV arena, the share its draft\nmodel's KV takes (the served model keeps the "
-     "rest)"},
+     "of the KV a model may hold, the share its draft\nmodel's KV takes (the served model keeps "
+     "the rest)"},
     {"threads", "N", OPTIONS_U32, F(threads), 0, 256, NULL, "0", NULL, 0,
      "cpu backend: compute threads (0 = one per CPU)"},
     {"log-level", "LEVEL", OPTIONS_LOG_LEVEL, F(log_level), 0, 0, NULL, "info", NULL, 0,

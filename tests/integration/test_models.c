@@ -903,9 +903,11 @@ static void t_tenants_and_names(void **state)
     uint64_t seq = kh_u64(r.root, "seq");
     kh_reply_free(&r);
     uint64_t ia = gen_send(f2, "alpha", prompt8, 8, 4, false);
-    char st[32];
-    for (int i = 0; i < 400; i++) { /* until alpha's request is waiting */
-        if (model_stat(fd, "alpha", "waiting") == 1)
+    char st[32] = "";
+    for (int i = 0; i < 400; i++) { /* until alpha's request is waiting, its load
+                                     * tried and found the budget short */
+        model_state(fd, "alpha", st, sizeof st);
+        if (model_stat(fd, "alpha", "waiting") == 1 && !strcmp(st, "unloaded"))
             break;
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
