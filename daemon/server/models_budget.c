@@ -159,10 +159,16 @@ int mload_budget(struct models *ms, struct kvd_error *err)
         pc.page_bytes[KVD_TIER_HOST] = divisor_under(n_host, most ? most : 1) * bb[0];
         pc.exact[KVD_TIER_HOST] = true;
     }
+    /* The page is settled here, before the weights join the bytes, so
+     * that they are counted in the pages they will be charged in. */
     uint64_t page = pc.page_bytes[KVD_TIER_DEVICE];
+    size_t gran = be->ops->arena_granularity ? be->ops->arena_granularity(be, KVD_TIER_DEVICE) : 0;
     if (!page)
         page = kvpages_default_page(be, KVD_TIER_DEVICE,
                                     o->device_bytes ? o->device_bytes : kv_sum + 1);
+    else if (!pc.exact[KVD_TIER_DEVICE] && gran)
+        page = (page + gran - 1) / gran * gran;
+    pc.page_bytes[KVD_TIER_DEVICE] = page;
     /* The drafts' KV: draft-kv-share of the KV the model could have (its
      * cap, or its KV share of the budget, less its weights and scratch). */
     for (size_t i = 0; i < ms->n; i++) {
