@@ -46,8 +46,21 @@ int sched_constraint_compile(const struct sched_constraint *c, struct grammar **
         return json_object_grammar(out, e);
     case SCHED_SCHEMA:
         return json_schema_grammar(c->schema, c->param, out, e);
+    case SCHED_TOOLS:
     case SCHED_SCHEMA_TEXT:
         break;
+    }
+    if (c->kind == SCHED_TOOLS) {
+        struct kvd_error te = {0};
+        struct tool_grammar_req q = {.family = c->family,
+                                     .tools = c->schema,
+                                     .choice = c->choice,
+                                     .name = c->text,
+                                     .parallel = c->parallel,
+                                     .param = c->param};
+        int rc = tool_grammar(&q, out, &te);
+        *e = te;
+        return rc;
     }
     json_error_t je;
     json_t *s = json_loadb(c->text, c->len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
@@ -83,6 +96,34 @@ int sched_req_set_grammar(const struct text *tx, struct sched_req *r, struct gra
             return rc;
     }
     return 0;
+}
+
+struct sched_prompt *sched_prompt_chat_json(const char *param, const json_t *messages,
+                                            const json_t *tools, bool replace)
+{
+    struct sched_prompt *p = fault_malloc(sizeof(*p));
+    if (!p)
+        return NULL;
+    memset(p, 0, sizeof(*p));
+    p->chat = true;
+    p->replace = replace;
+    p->chat_json = json_deep_copy(messages);
+    p->tools = tools ? json_deep_copy(tools) : NULL;
+    snprintf(p->param, sizeof(p->param), "%s", param);
+    if (!p->chat_json || (tools && !p->tools)) {
+        sched_prompt_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void sched_prompt_free(struct sched_prompt *p)
+{
+    if (!p)
+        return;
+    json_decref(p->chat_json);
+    json_decref(p->tools);
+    free(p);
 }
 
 struct sched_prompt *sched_prompt_text(const char *param, const char *s, size_t len, int add_bos)
@@ -247,16 +288,36 @@ int sched_req_set_prompt(struct kvmm *mm, struct sched_req *r, const uint32_t *t
     return 0;
 }
 
+/* Auto tool calls without a grammar: each choice's parser commits a call
+ * only once it is whole and valid. */
+static int tools_unconstrained(const struct text *tx, struct sched_req *r)
+{
+    uint32_t marks[4];
+    size_t nm = text_tool_marks(tx, marks, 4);
+    struct tool_parse_conf tc = {.family = text_tool_family(tx), .incremental = false};
+    uint32_t n = r->group ? r->group->n : 1;
+    for (uint32_t i = 0; i < n; i++) {
+        struct sched_req *c = r->group ? r->group->reqs[i] : r;
+        if (c->text && text_out_set_tools(c->text, &tc, marks, nm))
+            return KVD_ENOMEM;
+    }
+    return 0;
+}
+
 int sched_req_prepare(struct kvmm *mm, const struct text *tx, struct sched_req *r,
                       struct kvd_error *e)
 {
     if (r->constraint) {
         struct grammar *g = NULL;
-        int rc = sched_constraint_compile(r->constraint, &g, e);
-        if (rc == 0)
+        const struct sched_constraint *c = r->constraint;
+        int rc = sched_constraint_compile(c, &g, e);
+        if (rc && c->kind == SCHED_TOOLS && c->choice == TOOL_CHOICE_AUTO &&
+            (rc == KVD_EBADREQ || rc == KVD_ETOOLARGE))
+            rc = tools_unconstrained(tx, r); /* no exact grammar: the calls are parsed only */
+        else if (rc == 0)
             rc = sched_req_set_grammar(tx, r, g, e);
         if (rc)
-            return rc;
+            return rc == KVD_ENOMEM && !e->message[0] ? kvd_error_set(e, rc, "out of memory") : rc;
         sched_constraint_free(r->constraint);
         r->constraint = NULL;
     }
@@ -266,10 +327,12 @@ int sched_req_prepare(struct kvmm *mm, const struct text *tx, struct sched_req *
     uint32_t *toks = NULL;
     size_t n = 0;
     char terr[200];
-    int rc =
-        p->chat ? text_tokenize_chat(tx, p->msgs, p->n_msgs, r->n_ctx, &toks, &n, terr, sizeof terr)
-                : text_tokenize(tx, p->text, p->len, p->add_bos, false, r->n_ctx, &toks, &n, terr,
-                                sizeof terr);
+    int rc = p->chat_json ? text_tokenize_chat_json(tx, p->chat_json, p->tools, r->n_ctx, &toks, &n,
+                                                    terr, sizeof terr)
+             : p->chat    ? text_tokenize_chat(tx, p->msgs, p->n_msgs, r->n_ctx, &toks, &n, terr,
+                                               sizeof terr)
+                       : text_tokenize(tx, p->text, p->len, p->add_bos, false, r->n_ctx, &toks, &n,
+                                       terr, sizeof terr);
     if (rc) {
         kvd_error_set(e, rc, "'%s': %s", p->param, terr);
         return kvd_error_param(e, p->param);
@@ -297,7 +360,7 @@ int sched_req_prepare(struct kvmm *mm, const struct text *tx, struct sched_req *
         kvmm_unlock(mm);
     free(toks);
     if (rc == 0) {
-        free(r->prompt);
+        sched_prompt_free(r->prompt);
         r->prompt = NULL;
     }
     return rc;

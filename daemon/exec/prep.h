@@ -20,11 +20,16 @@
 #include "kvmm.h"
 #include "scheduler.h"
 #include "text.h"
+#include "tool_call.h"
 
 /* A prompt still to become tokens: a copy of the request's text or
  * messages, in one allocation (free() releases it). */
 struct sched_prompt {
-    bool chat;                       /* msgs, rendered with the model's chat template; else text */
+    bool chat; /* msgs, rendered with the model's chat template; else text */
+    /* chat with tools: the conversation as JSON and the tools (owned;
+     * NULL: none), rendered through the template's tool-call family
+     * (text_tokenize_chat_json) instead of msgs */
+    json_t *chat_json, *tools;
     int add_bos;                     /* text: -1 the model's rule, 0 no, 1 yes */
     bool replace;                    /* seq mode: the prompt is the whole conversation */
     char param[KVD_ERROR_PARAM_MAX]; /* the request's name for it (errors) */
@@ -43,11 +48,15 @@ enum sched_constraint_kind {
     SCHED_SCHEMA_TEXT, /* text: a JSON Schema as JSON */
     SCHED_SCHEMA,      /* schema: a JSON Schema, parsed */
     SCHED_JSON_OBJECT, /* any JSON object */
+    SCHED_TOOLS,       /* schema: the tools (tool_call.h); text: a named choice's function */
 };
 struct sched_constraint {
     enum sched_constraint_kind kind;
     char param[KVD_ERROR_PARAM_MAX]; /* the request's name for it (errors) */
     json_t *schema;
+    enum tool_family family; /* SCHED_TOOLS: the template's, the choice, parallel calls */
+    enum tool_choice choice;
+    bool parallel;
     size_t len;
     char text[];
 };
@@ -70,6 +79,10 @@ int sched_req_set_grammar(const struct text *tx, struct sched_req *r, struct gra
 struct sched_prompt *sched_prompt_text(const char *param, const char *s, size_t len, int add_bos);
 struct sched_prompt *sched_prompt_chat(const char *param, const struct chat_msg *msgs, size_t n,
                                        bool replace);
+/* A conversation as JSON with tools (NULL: none); both are copied. */
+struct sched_prompt *sched_prompt_chat_json(const char *param, const json_t *messages,
+                                            const json_t *tools, bool replace);
+void sched_prompt_free(struct sched_prompt *p);
 
 /* Seq mode, first step (kvmm lock held): connection r->conn's sequence seq
  * becomes the request's (its executor owner's). Every position must have
@@ -88,7 +101,10 @@ int sched_req_set_prompt(struct kvmm *mm, struct sched_req *r, const uint32_t *t
 
 /* Renders and tokenizes r->prompt with tx, then sched_req_set_prompt
  * (taking the kvmm lock itself); frees r->prompt. Compiles r->constraint
- * (sched_req_set_grammar) and frees it. Any thread but the loop's. */
+ * (sched_req_set_grammar) and frees it; the tools' grammar for auto, when
+ * their schemas have none kvd makes exactly, is left out (the calls are
+ * then parsed only: each choice's text_out is told). Any thread but the
+ * loop's. */
 int sched_req_prepare(struct kvmm *mm, const struct text *tx, struct sched_req *r,
                       struct kvd_error *e);
 

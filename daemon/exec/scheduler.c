@@ -395,7 +395,7 @@ void sched_req_free(struct sched_req *r)
         return;
     free(r->toks);
     free(r->lp);
-    free(r->prompt); /* one allocation (prep.c) */
+    sched_prompt_free(r->prompt);
     free(r->session);
     free(r->bias);
     text_out_free(r->text);

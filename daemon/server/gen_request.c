@@ -23,6 +23,8 @@ void gen_args_init(struct gen_args *a)
     a->repeat_last_n = GEN_DEFAULT_REPEAT_LAST_N;
     a->session_ttl_s = KVMM_SESSION_TTL_DEFAULT;
     a->n = 1;
+    a->tool_choice = TOOL_CHOICE_AUTO;
+    a->parallel_tool_calls = true;
 }
 
 static uint64_t random_seed(void)
@@ -144,6 +146,17 @@ static int set_args(const struct exec *ex, const struct text *tx, const struct m
         if (rc)
             return kvd_error_set(e, rc, "out of memory");
     }
+    if (tok && a->tools && a->tool_choice != TOOL_CHOICE_NONE) {
+        /* the reply is parsed into calls; committed as they stream when a
+         * grammar constrains them (prep.c says otherwise when it cannot
+         * make one for auto) */
+        uint32_t marks[4];
+        size_t nm = text_tool_marks(tx, marks, 4);
+        struct tool_parse_conf tc = {.family = text_tool_family(tx),
+                                     .incremental = !a->tools_compiled || a->compiled};
+        if (text_out_set_tools(r->text, &tc, marks, nm))
+            return kvd_error_set(e, KVD_ENOMEM, "out of memory");
+    }
     if (a->logprobs && a->top_logprobs > SAMPLER_MAX_TOP_LOGPROBS)
         return bad(e, KVD_EBADREQ, a->top_logprobs_param ? a->top_logprobs_param : "logprobs",
                    "'%s' must be in [0, %d]",
@@ -185,6 +198,24 @@ static int set_constraint(const struct text *tx, const struct gen_args *a, struc
     if (n > 1)
         return bad(e, KVD_EBADREQ, a->grammar ? "grammar" : sp,
                    "give one of 'grammar' and '%s', not both", sp);
+    bool tools = a->tools && a->tool_choice != TOOL_CHOICE_NONE;
+    if (tools && (n || (*g && !a->tools_compiled)))
+        return bad(e, KVD_EUNSUPPORTED, "tools",
+                   "'tools' with 'grammar' or '%s' is not supported (unless 'tool_choice' is "
+                   "none)",
+                   sp);
+    if (tools && !a->tools_compiled) {
+        /* the tools' grammar, compiled off the loop */
+        json_t *copy = json_deep_copy(a->tools);
+        const char *name = a->tool_choice == TOOL_CHOICE_NAMED && a->tool_name ? a->tool_name : "";
+        if (!copy ||
+            !(r->constraint = sched_constraint_new(SCHED_TOOLS, "tools", name, strlen(name), copy)))
+            return kvd_error_set(e, KVD_ENOMEM, "out of memory");
+        r->constraint->family = text_tool_family(tx);
+        r->constraint->choice = a->tool_choice;
+        r->constraint->parallel = a->parallel_tool_calls;
+        return 0;
+    }
     if (!n && !*g)
         return 0;
     const char *param = a->grammar ? "grammar" : sp;
@@ -250,6 +281,27 @@ static int add_choices(struct exec *ex, const struct text *tx, const struct mode
     return 0;
 }
 
+/* The bytes of text in a JSON value: its strings and keys. */
+static size_t json_text_bytes(const json_t *v, int depth)
+{
+    size_t n = 0;
+    if (json_is_string(v))
+        return json_string_length(v);
+    if (depth > 4096)
+        return 0; /* jansson's parser nests at most 2048 */
+    if (json_is_array(v))
+        for (size_t i = 0; i < json_array_size(v); i++)
+            n += json_text_bytes(json_array_get(v, i), depth + 1);
+    const char *k;
+    json_t *x;
+    if (json_is_object(v))
+        json_object_foreach((json_t *)v, k, x)
+        {
+            n += strlen(k) + json_text_bytes(x, depth + 1);
+        }
+    return n;
+}
+
 /* The prompt's checks that need no tokenizing. */
 static int check_prompt(const struct text *tx, const struct model_hparams *hp,
                         const struct gen_args *a, const struct gen_limits *lim, struct kvd_error *e)
@@ -278,9 +330,12 @@ static int check_prompt(const struct text *tx, const struct model_hparams *hp,
                    text_no_chat_template(tx));
     size_t bytes = a->text_len;
     if (a->prompt == GEN_PROMPT_MESSAGES) {
-        bytes = 0;
-        for (size_t i = 0; i < a->n_msgs; i++)
-            bytes += strlen(a->msgs[i].role) + strlen(a->msgs[i].content);
+        bytes = json_text_bytes(a->tools, 0);
+        if (a->chat_json)
+            bytes += json_text_bytes(a->chat_json, 0);
+        else
+            for (size_t i = 0; i < a->n_msgs; i++)
+                bytes += strlen(a->msgs[i].role) + strlen(a->msgs[i].content);
     }
     if (lim && lim->max_text_bytes && bytes > lim->max_text_bytes)
         return bad(e, KVD_ETOOLARGE, p, "'%s' has %zu bytes of text, over max-text-bytes (%zu)", p,
@@ -400,7 +455,8 @@ static int build(struct exec *ex, struct kvmm *mm, const struct gen_args *a,
     } else if (rc == 0 && a->prompt == GEN_PROMPT_MESSAGES) {
         /* With seq, the conversation is the whole prompt: the sequence keeps
          * its longest common prefix with it. */
-        r->prompt = sched_prompt_chat(param, a->msgs, a->n_msgs, a->has_seq);
+        r->prompt = a->chat_json ? sched_prompt_chat_json(param, a->chat_json, a->tools, a->has_seq)
+                                 : sched_prompt_chat(param, a->msgs, a->n_msgs, a->has_seq);
         rc = r->prompt ? 0 : kvd_error_set(e, KVD_ENOMEM, "out of memory");
     }
     free(st);
@@ -420,6 +476,11 @@ int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a
     int rc = build(ex, mm, a, c, lim, &g, out, e);
     grammar_free(g); /* when the build did not take it */
     return rc;
+}
+
+const char *gen_finish_name(enum sched_finish f, bool calls)
+{
+    return calls && f == SCHED_FINISH_STOP ? "tool_calls" : sched_finish_name(f);
 }
 
 void gen_request_discard(struct kvmm *mm, struct sched_req *r)

@@ -17,6 +17,7 @@
 
 #include "exec.h"
 #include "kvd/status.h"
+#include "tool_call.h"
 
 /* The default completion length when a request gives none. */
 #define GEN_DEFAULT_MAX_TOKENS 16u
@@ -92,6 +93,24 @@ struct gen_args {
      * whatever it returns. */
     struct grammar *compiled;
 
+    /* Tool calls (chat prompts; docs/http.md, "Tool calls"). chat_json is
+     * the conversation as JSON in tool_call.h's common form (set when a
+     * message carries tool calls or a tool's result, or with tools; msgs
+     * holds the same roles and contents), rendered through the template's
+     * tool-call family; tools the functions ([{type, function: {name,
+     * description, parameters}}], NULL: none). With tools and a choice
+     * other than none the reply is parsed into calls, constrained by the
+     * grammar made from the tools (tool_grammar: compiled off the loop, or
+     * by the decoder into `compiled` with tools_compiled set; then NULL
+     * compiled for auto means the schemas have no exact grammar and the
+     * calls are parsed only). */
+    const json_t *chat_json;
+    const json_t *tools;
+    enum tool_choice tool_choice; /* gen_args_init: auto */
+    const char *tool_name;        /* TOOL_CHOICE_NAMED */
+    bool parallel_tool_calls;     /* gen_args_init: true */
+    bool tools_compiled;
+
     /* n: choices of the same prompt (1 to GEN_MAX_CHOICES): choice i
      * samples with seed + i (the request's seed, or a random one), on a
      * copy-on-write fork of the prompt's sequence (not with seq or
@@ -153,6 +172,10 @@ struct gen_limits {
 int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a,
                       const struct gen_caller *c, const struct gen_limits *lim,
                       struct sched_req **out, struct kvd_error *e);
+/* The finish reason a reply names: sched_finish_name's, but "tool_calls"
+ * for a reply that holds tool calls and ended by itself (stop). */
+const char *gen_finish_name(enum sched_finish f, bool calls);
+
 /* Undoes a build that was not submitted: gives a lent sequence back and
  * frees r and its other choices (kvmm lock taken inside). */
 void gen_request_discard(struct kvmm *mm, struct sched_req *r);

@@ -396,7 +396,8 @@ static size_t pieces_len(const struct tokenizer *tok, const uint32_t *toks, size
 }
 
 static void on_tokens(void *ud, uint32_t choice, const uint32_t *toks, size_t n, const char *text,
-                      size_t text_len, const struct sampler_logprob *lp, uint32_t lp_top)
+                      size_t text_len, const struct sampler_logprob *lp, uint32_t lp_top,
+                      const struct tool_delta *calls, size_t n_calls)
 {
     struct http_req *r = ud;
     if (!r->req || r->overflow || !r->stream || choice >= r->n_choices)
@@ -417,6 +418,8 @@ static void on_tokens(void *ud, uint32_t choice, const uint32_t *toks, size_t n,
         .text_offset = cs->lp_offset,
         .role = r->kind == OPENAI_CHAT && !cs->role_sent,
         .index = choice,
+        .deltas = calls,
+        .n_deltas = n_calls,
     };
     size_t len = 0;
     char *json = openai_render(&o, true, &len);
@@ -521,7 +524,7 @@ static void on_done(void *ud, const struct ops_generate_result *res)
         ch[i] = (struct openai_out){
             .kind = r->kind,
             .index = i,
-            .finish = sched_finish_name(c->finish),
+            .finish = gen_finish_name(c->finish, c->n_calls > 0),
             .lp_top = res->lp_top,
             .tok = c->lp ? req_tokenizer(r) : NULL,
             .text_offset = r->stream ? cs->lp_offset : 0,
@@ -530,6 +533,10 @@ static void on_done(void *ud, const struct ops_generate_result *res)
         if (c->text && c->text_len > ts) {
             ch[i].text = c->text + ts;
             ch[i].text_len = c->text_len - ts;
+        }
+        if (!r->stream) { /* a stream had them as they came */
+            ch[i].calls = c->calls;
+            ch[i].n_calls = c->n_calls;
         }
         if (c->n_toks > ks) {
             ch[i].toks = c->toks + ks;
@@ -708,9 +715,11 @@ static void parsed_cb(evutil_socket_t fd, short what, void *arg)
     generate_parsed(r);
 }
 
-/* The context of the model a body names (openai_parse_ctx, on a worker). */
-static uint32_t ctx_of(void *ud, const char *model, size_t len)
+/* The context and tool-call family of the model a body names
+ * (openai_parse_ctx, on a worker). */
+static uint32_t ctx_of(void *ud, const char *model, size_t len, enum tool_family *family)
 {
+    *family = text_tool_family(models_text_of(ud, model, len));
     return models_context_of(ud, model, len);
 }
 

@@ -178,6 +178,16 @@ struct models_entry *models_of_handle(struct models *ms, uint64_t seq)
     return models_at(ms, (size_t)((seq >> 56) & 0x7f));
 }
 
+const struct text *models_text_of(struct models *ms, const char *name, size_t len)
+{
+    if (!ms || !ms->n)
+        return NULL;
+    for (size_t i = 0; name && ms->n > 1 && i < ms->n; i++)
+        if (strlen(ms->v[i].conf.name) == len && !memcmp(ms->v[i].conf.name, name, len))
+            return ms->v[i].text;
+    return ms->v[0].text; /* none named, one model, or no such model (refused later) */
+}
+
 uint32_t models_context_of(struct models *ms, const char *name, size_t len)
 {
     if (!ms || !ms->n)

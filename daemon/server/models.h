@@ -88,6 +88,10 @@ int models_resolve(struct models *ms, const char *name, size_t len, bool have, b
  * false) would pick it, from what never changes (any thread); for a name
  * no model has, the largest (the request is refused by name later). */
 uint32_t models_context_of(struct models *ms, const char *name, size_t len);
+/* The text side (tokenizer, chat template, tool-call family) of the model
+ * models_context_of picks, the first model's for a name no model has (NULL:
+ * no models). Any thread: the texts are opened at start. */
+const struct text *models_text_of(struct models *ms, const char *name, size_t len);
 /* Whether `tenant` may use e (a sub-tenant FRONT/NAME when FRONT may). */
 bool models_allows(const struct models_entry *e, const char *tenant);
 

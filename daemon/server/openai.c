@@ -1,7 +1,7 @@
-/* openai: OpenAI request bodies into generate arguments, results into
- * OpenAI JSON (see openai.h). Parsing is strict about what it reads
- * (jansson rejects invalid UTF-8, NUL in strings, duplicate keys here,
- * trailing bytes) and ignores fields it does not know. */
+/* openai: OpenAI request bodies into generate arguments (see openai.h;
+ * the JSON that goes out is openai_render.c's). Parsing is strict about
+ * what it reads (jansson rejects invalid UTF-8, NUL in strings, duplicate
+ * keys here, trailing bytes) and ignores fields it does not know. */
 #include "openai.h"
 
 #include <errno.h>
@@ -18,71 +18,9 @@
 #include "kvd/protocol.h"
 #include "kvd/status.h"
 #include "text_out.h"
+#include "tool_args.h"
 
 #define OPENAI_DEFAULT_MAX_TOKENS 16 /* completions, as OpenAI's reference */
-
-/* ---- errors: the HTTP edge ------------------------------------------------ */
-
-void openai_status_of(const struct kvd_error *e, struct openai_status *st)
-{
-    static const struct {
-        int code, status;
-        const char *type;
-    } map[] = {
-        {KVD_EBADREQ, 400, "invalid_request_error"},
-        {KVD_EUNKNOWN_OP, 404, "invalid_request_error"},
-        {KVD_ETOOLARGE, 413, "invalid_request_error"},
-        {KVD_ENOTFOUND, 404, "invalid_request_error"},
-        {KVD_ENOMEM, 503, "server_error"},
-        {KVD_EQUOTA, 429, "rate_limit_error"},
-        {KVD_EPERM, 403, "permission_error"},
-        {KVD_EBUSY, 429, "rate_limit_error"},
-        {KVD_ECANCELLED, 503, "server_error"},
-        {KVD_EUNSUPPORTED, 501, "invalid_request_error"},
-        {KVD_EINTERNAL, 500, "server_error"},
-    };
-    st->status = 500;
-    st->type = "server_error";
-    st->code = kvd_err_code(e->code);
-    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
-        if (map[i].code == e->code) {
-            st->status = map[i].status;
-            st->type = map[i].type;
-        }
-    /* A request parameter kvd does not do is the request's fault (400); a
-     * model that cannot do what is asked (no tokenizer, no template) is
-     * the server's (501). */
-    if (e->code == KVD_EUNSUPPORTED && e->param[0])
-        st->status = 400;
-}
-
-static json_t *text_value(const char *s, size_t n);
-
-char *openai_error_json(const struct openai_status *st, const char *param, const char *message,
-                        size_t *len)
-{
-    /* The message may quote a client's bytes (jansson's error text) or be
-     * cut inside a character: invalid UTF-8 there is replaced, so a
-     * refusal always has its body. */
-    const char *m = message && message[0] ? message : st->code;
-    json_t *err = json_pack(
-        "{s:o, s:s, s:o, s:s}", "message", text_value(m, strlen(m)), "type", st->type, "param",
-        param && param[0] ? text_value(param, strlen(param)) : json_null(), "code", st->code);
-    json_t *root = err ? json_pack("{s:o}", "error", err) : NULL;
-    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
-    json_decref(root);
-    if (s)
-        *len = strlen(s);
-    return s;
-}
-
-char *openai_error_body(const struct kvd_error *e, int *status, size_t *len)
-{
-    struct openai_status st;
-    openai_status_of(e, &st);
-    *status = st.status;
-    return openai_error_json(&st, e->param, e->message, len);
-}
 
 /* ---- requests ------------------------------------------------------------- */
 
@@ -249,7 +187,8 @@ static int content_of(json_t *c, size_t i, char *out, size_t *len, struct kvd_er
 }
 
 /* `messages`: [{role, content}] into r->msgs (one allocation: the array,
- * then each content NUL-terminated; roles point into the JSON). */
+ * then each content NUL-terminated; roles point into the JSON), and with
+ * tool calls, results or tools into r->chat (tool_call.h's form). */
 static int get_messages(struct openai_req *r, json_t *m, struct kvd_error *e)
 {
     r->args.prompt_param = "messages";
@@ -261,6 +200,7 @@ static int get_messages(struct openai_req *r, json_t *m, struct kvd_error *e)
     if (n > KVD_MAX_ARRAY)
         return bad(e, "messages", "'messages' has %zu entries, at most %u", n, KVD_MAX_ARRAY);
     size_t bytes = n * sizeof(struct chat_msg), len;
+    bool tools = r->tools != NULL; /* the conversation is needed as JSON */
     for (size_t i = 0; i < n; i++) {
         json_t *msg = json_array_get(m, i);
         if (!json_is_object(msg) || !json_is_string(json_object_get(msg, "role")))
@@ -268,21 +208,90 @@ static int get_messages(struct openai_req *r, json_t *m, struct kvd_error *e)
         if (content_of(json_object_get(msg, "content"), i, NULL, &len, e))
             return -1;
         bytes += len + 1;
+        json_t *calls = json_object_get(msg, "tool_calls"),
+               *id = json_object_get(msg, "tool_call_id");
+        tools |= (calls && !json_is_null(calls)) || (id && !json_is_null(id)) ||
+                 !strcmp(json_string_value(json_object_get(msg, "role")), "tool");
     }
-    if (!(r->msgs = malloc(bytes)))
+    if (!(r->msgs = malloc(bytes)) || (tools && !(r->chat = json_array())))
         return no_memory(e);
     char *at = (char *)(r->msgs + n);
     for (size_t i = 0; i < n; i++) {
         json_t *msg = json_array_get(m, i);
-        content_of(json_object_get(msg, "content"), i, at, &len, e);
+        json_t *content = json_object_get(msg, "content");
+        content_of(content, i, at, &len, e);
         at[len] = '\0';
         r->msgs[i].role = json_string_value(json_object_get(msg, "role"));
         r->msgs[i].content = at;
         at += len + 1;
+        if (!tools)
+            continue;
+        json_t *c =
+            json_pack("{s:s, s:o}", "role", r->msgs[i].role, "content",
+                      !content || json_is_null(content) ? json_null()
+                                                        : json_stringn(r->msgs[i].content, len));
+        bool has = false;
+        if (!c || json_array_append_new(r->chat, c))
+            return no_memory(e);
+        if (tool_args_message(msg, i, c, &has, e))
+            return -1;
     }
     r->args.prompt = GEN_PROMPT_MESSAGES;
     r->args.msgs = r->msgs;
     r->args.n_msgs = n;
+    r->args.chat_json = r->chat;
+    return 0;
+}
+
+/* ---- tools ------------------------------------------------------------------ */
+
+/* `tools`, `tool_choice` and `parallel_tool_calls` (tool_args.h). */
+static int get_tools(struct openai_req *r, json_t *o, struct kvd_error *e)
+{
+    struct gen_args *a = &r->args;
+    if (tool_args_tools(json_object_get(o, "tools"), &r->tools, e) ||
+        get_bool(o, "parallel_tool_calls", &a->parallel_tool_calls, e) < 0 ||
+        tool_args_choice(json_object_get(o, "tool_choice"), r->tools, &a->tool_choice,
+                         &a->tool_name, e))
+        return -1;
+    a->tools = r->tools;
+    if (r->tools && a->tool_choice != TOOL_CHOICE_NONE &&
+        (a->grammar || a->json_schema || a->json_object))
+        return unsupported(e, "tools",
+                           "'tools' with 'grammar' or 'response_format' (unless tool_choice is "
+                           "none)");
+    return 0;
+}
+
+/* The tools' grammar for the model's family, compiled here (a text
+ * worker). Required and named: a schema kvd cannot generate exactly is the
+ * request's error, by its path; auto: the calls are then parsed only. */
+static int compile_tools(struct gen_args *a, enum tool_family family, struct kvd_error *e)
+{
+    if (!a->tools || a->tool_choice == TOOL_CHOICE_NONE)
+        return 0;
+    if (a->grammar || a->json_schema || a->json_object || a->compiled)
+        return unsupported(e, "tools",
+                           "'tools' with 'grammar' or 'response_format' (unless tool_choice is "
+                           "none)");
+    struct tool_grammar_req q = {.family = family,
+                                 .tools = a->tools,
+                                 .choice = a->tool_choice,
+                                 .name = a->tool_name,
+                                 .parallel = a->parallel_tool_calls,
+                                 .param = "tools"};
+    int rc = tool_grammar(&q, &a->compiled, e);
+    if (rc && a->tool_choice == TOOL_CHOICE_AUTO && (rc == KVD_EBADREQ || rc == KVD_ETOOLARGE)) {
+        memset(e, 0, sizeof *e);
+        rc = 0;
+    }
+    if (rc) {
+        if (!e->param[0])
+            snprintf(e->param, sizeof e->param, "tools");
+        return -1;
+    }
+    a->tools_compiled = true;
+    a->json_schema_param = "tools";
     return 0;
 }
 
@@ -565,24 +574,35 @@ static int compile_constraint(struct gen_args *a, struct kvd_error *e)
     return 0;
 }
 
-static uint32_t fixed_ctx(void *ud, const char *model, size_t len)
+/* openai_parse's one model: its context and tool-call family. */
+struct fixed_model {
+    uint32_t n_ctx;
+    enum tool_family family;
+};
+
+static uint32_t fixed_ctx(void *ud, const char *model, size_t len, enum tool_family *family)
 {
+    const struct fixed_model *f = ud;
     (void)model, (void)len;
-    return *(const uint32_t *)ud;
+    *family = f->family;
+    return f->n_ctx;
 }
 
 int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n_ctx,
-                 struct openai_req *out, struct kvd_error *e)
+                 enum tool_family family, struct openai_req *out, struct kvd_error *e)
 {
-    return openai_parse_ctx(kind, body, len, fixed_ctx, &n_ctx, out, e);
+    struct fixed_model f = {.n_ctx = n_ctx, .family = family};
+    return openai_parse_ctx(kind, body, len, fixed_ctx, &f, out, e);
 }
 
 int openai_parse_ctx(enum openai_kind kind, const char *body, size_t len,
-                     uint32_t (*ctx_of)(void *ud, const char *model, size_t len), void *ud,
-                     struct openai_req *out, struct kvd_error *e)
+                     uint32_t (*ctx_of)(void *ud, const char *model, size_t len,
+                                        enum tool_family *family),
+                     void *ud, struct openai_req *out, struct kvd_error *e)
 {
     json_error_t je;
     uint32_t n_ctx;
+    enum tool_family family = TOOL_GENERIC;
     memset(out, 0, sizeof(*out));
     out->kind = kind;
     gen_args_init(&out->args);
@@ -599,12 +619,15 @@ int openai_parse_ctx(enum openai_kind kind, const char *body, size_t len,
             out->model = json_string_value(m);
             out->model_len = json_string_length(m);
         }
-        n_ctx = ctx_of(ud, out->model, out->model_len);
+        n_ctx = ctx_of(ud, out->model, out->model_len, &family);
         if (!get_options(out, o, n_ctx ? n_ctx : 1, e))
             rc = kind == OPENAI_COMPLETION ? get_prompt(out, json_object_get(o, "prompt"), e)
+                 : get_tools(out, o, e)    ? -1
                                            : get_messages(out, json_object_get(o, "messages"), e);
     }
     if (rc == 0 && compile_constraint(&out->args, e) < 0)
+        rc = -1;
+    if (rc == 0 && compile_tools(&out->args, family, e) < 0)
         rc = -1;
     if (rc)
         openai_req_free(out);
@@ -619,260 +642,12 @@ void openai_req_free(struct openai_req *r)
     free(r->tokens);
     free(r->msgs);
     free(r->bias);
+    json_decref(r->chat);
+    json_decref(r->tools);
+    r->chat = NULL;
+    r->tools = NULL;
     r->root = NULL;
     r->tokens = NULL;
     r->msgs = NULL;
     r->bias = NULL;
-}
-
-/* ---- responses ------------------------------------------------------------ */
-
-/* A JSON string of text that may not be valid UTF-8 (it should be: the
- * detokenizer writes whole characters); invalid bytes become U+FFFD. */
-static json_t *text_value(const char *s, size_t n)
-{
-    json_t *v = json_stringn(s ? s : "", s ? n : 0);
-    if (v)
-        return v;
-    char *fixed = malloc(3 * n + 1);
-    if (!fixed)
-        return NULL;
-    size_t j = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch < 0x80 && ch) {
-            fixed[j++] = (char)ch;
-        } else {
-            /* Keeping only ASCII is simple and never produces invalid
-             * output; this path is for bugs, not for normal text. */
-            memcpy(fixed + j, "\xef\xbf\xbd", 3);
-            j += 3;
-        }
-    }
-    v = json_stringn(fixed, j);
-    free(fixed);
-    return v;
-}
-
-static json_t *tokens_value(const uint32_t *t, size_t n)
-{
-    json_t *a = json_array();
-    for (size_t i = 0; a && i < n; i++)
-        if (json_array_append_new(a, json_integer((json_int_t)t[i]))) {
-            json_decref(a);
-            return NULL;
-        }
-    return a;
-}
-
-static json_t *usage_value(const struct openai_out *o)
-{
-    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)o->prompt_tokens,
-                     "completion_tokens", (json_int_t)o->completion_tokens, "total_tokens",
-                     (json_int_t)(o->prompt_tokens + o->completion_tokens), "prompt_tokens_details",
-                     "cached_tokens", (json_int_t)o->cached_tokens);
-}
-
-/* A logprob as JSON: -inf (a token the model rules out) is -9999.0, as
- * OpenAI and vLLM write it. */
-static json_t *logprob_value(float v)
-{
-    return json_real(v > -9999.0f ? (double)v : -9999.0);
-}
-
-/* A token's text (U+FFFD for bytes that are not whole UTF-8 characters)
- * and its bytes; *piece_len its byte length. */
-static json_t *token_entry(const struct openai_out *o, uint32_t id, float logprob, bool bytes,
-                           size_t *piece_len)
-{
-    char buf[256];
-    size_t n = o->tok ? tokenizer_piece(o->tok, id, true, buf, sizeof buf) : 0;
-    if (n > sizeof buf)
-        n = sizeof buf;
-    if (piece_len)
-        *piece_len = n;
-    json_t *t = json_object();
-    if (!t || json_object_set_new(t, "token", text_value(buf, n)) ||
-        json_object_set_new(t, "logprob", logprob_value(logprob)))
-        goto fail;
-    if (bytes) {
-        json_t *b = json_array();
-        if (json_object_set_new(t, "bytes", b) || !b)
-            goto fail;
-        for (size_t i = 0; i < n; i++)
-            if (json_array_append_new(b, json_integer((unsigned char)buf[i])))
-                goto fail;
-    }
-    return t;
-fail:
-    json_decref(t);
-    return NULL;
-}
-
-/* chat: {"content": [{token, logprob, bytes, top_logprobs: [{token,
- * logprob, bytes}]}], "refusal": null} */
-static json_t *chat_logprobs(const struct openai_out *o)
-{
-    json_t *content = json_array();
-    json_t *root = json_pack("{s:o, s:n}", "content", content, "refusal");
-    if (!root)
-        return NULL;
-    for (size_t i = 0; i < o->n_toks; i++) {
-        const struct sampler_logprob *e = o->lp + i * (1 + (size_t)o->lp_top);
-        json_t *t = token_entry(o, e[0].id, e[0].logprob, true, NULL);
-        json_t *top = json_array();
-        if (json_array_append_new(content, t) || !t ||
-            json_object_set_new(t, "top_logprobs", top) || !top)
-            goto fail;
-        for (uint32_t k = 1; k <= o->lp_top; k++)
-            if (json_array_append_new(top, token_entry(o, e[k].id, e[k].logprob, true, NULL)))
-                goto fail;
-    }
-    return root;
-fail:
-    json_decref(root);
-    return NULL;
-}
-
-/* completions: {"tokens": [text], "token_logprobs": [logprob],
- * "top_logprobs": [{text: logprob}], "text_offset": [byte offset]} (a
- * text two alternatives share keeps the likelier's logprob). */
-static json_t *completion_logprobs(const struct openai_out *o)
-{
-    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
-    json_t *root = json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps,
-                             "top_logprobs", tops, "text_offset", offs);
-    if (!root)
-        return NULL;
-    size_t off = o->text_offset;
-    for (size_t i = 0; i < o->n_toks; i++) {
-        const struct sampler_logprob *e = o->lp + i * (1 + (size_t)o->lp_top);
-        size_t plen = 0;
-        json_t *t = token_entry(o, e[0].id, e[0].logprob, false, &plen);
-        json_t *m = json_object();
-        if (!t || json_array_append(toks, json_object_get(t, "token")) ||
-            json_array_append(lps, json_object_get(t, "logprob")) ||
-            json_array_append_new(offs, json_integer((json_int_t)off)) ||
-            json_array_append_new(tops, m) || !m) {
-            json_decref(t);
-            goto fail;
-        }
-        json_decref(t);
-        off += plen;
-        for (uint32_t k = 1; k <= o->lp_top; k++) {
-            json_t *a = token_entry(o, e[k].id, e[k].logprob, false, NULL);
-            const char *key = a ? json_string_value(json_object_get(a, "token")) : NULL;
-            if (!key || (!json_object_get(m, key) &&
-                         json_object_set(m, key, json_object_get(a, "logprob")))) {
-                json_decref(a);
-                goto fail;
-            }
-            json_decref(a);
-        }
-    }
-    return root;
-fail:
-    json_decref(root);
-    return NULL;
-}
-
-/* choices[0].logprobs: null unless asked (and a stream chunk without
- * tokens). */
-static json_t *logprobs_value(const struct openai_out *o)
-{
-    if (!o->lp || o->n_toks == 0)
-        return json_null();
-    return o->kind == OPENAI_CHAT ? chat_logprobs(o) : completion_logprobs(o);
-}
-
-/* choices[0]: index, finish_reason, logprobs, and the text (completions:
- * "text"; chat: "message" or the stream's "delta" with role and content)
- * with kvd's extension "tokens", the completion's token ids. */
-static json_t *render_choice(const struct openai_out *o, bool chunk)
-{
-    bool chat = o->kind == OPENAI_CHAT;
-    json_t *c =
-        json_pack("{s:I, s:o, s:o}", "index", (json_int_t)o->index, "finish_reason",
-                  o->finish ? json_string(o->finish) : json_null(), "logprobs", logprobs_value(o));
-    if (!c)
-        return NULL;
-    json_t *holder = c;
-    if (chat) {
-        holder = json_object();
-        /* json_object_set_new takes the value over, also when it fails */
-        if (json_object_set_new(c, chunk ? "delta" : "message", holder))
-            goto fail;
-        if ((!chunk || o->role) && json_object_set_new(holder, "role", json_string("assistant")))
-            goto fail;
-    }
-    /* A chat stream's last chunk has an empty delta. */
-    bool with_text = !chat || !chunk || o->text_len || o->role;
-    if (with_text &&
-        json_object_set_new(holder, chat ? "content" : "text", text_value(o->text, o->text_len)))
-        goto fail;
-    if (json_object_set_new(holder, "tokens", tokens_value(o->toks, o->n_toks)))
-        goto fail;
-    return c;
-fail:
-    json_decref(c);
-    return NULL;
-}
-
-char *openai_render(const struct openai_out *o, bool chunk, size_t *len)
-{
-    bool chat = o->kind == OPENAI_CHAT;
-    const char *object =
-        chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
-    json_t *root = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[]}", "id", o->id, "object", object,
-                             "created", (json_int_t)o->created, "model", o->model,
-                             "system_fingerprint", "kvd", "choices");
-    if (!root)
-        return NULL;
-    if (!o->no_choices && !o->n_choices &&
-        json_array_append_new(json_object_get(root, "choices"), render_choice(o, chunk)))
-        goto fail;
-    for (size_t i = 0; !o->no_choices && i < o->n_choices; i++)
-        if (json_array_append_new(json_object_get(root, "choices"),
-                                  render_choice(&o->choices[i], chunk)))
-            goto fail;
-    if (o->usage ? json_object_set_new(root, "usage", usage_value(o))
-                 : (chunk && json_object_set_new(root, "usage", json_null())))
-        goto fail;
-    char *s = json_dumps(root, JSON_COMPACT);
-    json_decref(root);
-    if (s)
-        *len = strlen(s);
-    return s;
-fail:
-    json_decref(root);
-    return NULL;
-}
-
-char *openai_models(const char *model, uint64_t created, size_t *len)
-{
-    return openai_models_list(&model, NULL, 1, created, len);
-}
-
-char *openai_models_list(const char *const *names, const char *const *states, size_t n,
-                         uint64_t created, size_t *len)
-{
-    json_t *root = json_pack("{s:s, s:[]}", "object", "list", "data");
-    json_t *data = root ? json_object_get(root, "data") : NULL;
-    for (size_t i = 0; data && i < n; i++) {
-        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", names[i], "object", "model", "created",
-                              (json_int_t)created, "owned_by", "kvd");
-        if (m && states && json_object_set_new(m, "state", json_string(states[i])) != 0) {
-            json_decref(m);
-            m = NULL;
-        }
-        if (!m || json_array_append_new(data, m) != 0) {
-            json_decref(root);
-            return NULL;
-        }
-    }
-    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
-    json_decref(root);
-    if (s)
-        *len = strlen(s);
-    return s;
 }

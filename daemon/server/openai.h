@@ -17,6 +17,7 @@
 
 #include "gen_request.h"
 #include "tokenizer.h"
+#include "tool_call.h"
 #include "kvd/status.h"
 
 enum openai_kind { OPENAI_COMPLETION, OPENAI_CHAT };
@@ -39,25 +40,30 @@ struct openai_req {
     uint32_t *tokens;        /* a token prompt (owned) */
     struct chat_msg *msgs;   /* the messages, contents joined (owned) */
     struct logit_bias *bias; /* logit_bias (owned) */
+    json_t *chat;  /* the messages in tool_call.h's common form (owned; NULL: not needed) */
+    json_t *tools; /* the tools in that form (owned; NULL: none) */
 };
 
 /* Parses a request body. Unknown fields are ignored; a known field of the
  * wrong type or out of range is bad_request naming it (e->param); features
  * kvd does not do (echo, several prompts, non-text message parts) are
  * unsupported naming the parameter. A grammar (`grammar`, or
- * `response_format` json_object / json_schema) is compiled here into
- * args.compiled (owned by out until the build takes it): the parse runs on
- * a text worker, off the loop. n_ctx (the model's context, > 0) bounds
- * max_tokens and is its default for chat requests. Stop strings have 1 to
- * TEXT_OUT_MAX_STOP_LEN bytes. 0, or -1 with e filled. */
+ * `response_format` json_object / json_schema, or the tools' grammar of
+ * the model's tool-call family) is compiled here into args.compiled (owned
+ * by out until the build takes it): the parse runs on a text worker, off
+ * the loop. n_ctx (the model's context, > 0) bounds max_tokens and is its
+ * default for chat requests. Stop strings have 1 to TEXT_OUT_MAX_STOP_LEN
+ * bytes. 0, or -1 with e filled. */
 int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n_ctx,
-                 struct openai_req *out, struct kvd_error *e);
-/* The same where the context depends on the model the body names:
- * ctx_of(ud, model, len) gives it (model NULL: none named; 0: unknown, the
- * request is refused later by name). Called on the parsing thread. */
+                 enum tool_family family, struct openai_req *out, struct kvd_error *e);
+/* The same where the context and the tool-call family depend on the model
+ * the body names: ctx_of(ud, model, len, &family) gives them (model NULL:
+ * none named; 0: unknown, the request is refused later by name). Called on
+ * the parsing thread. */
 int openai_parse_ctx(enum openai_kind kind, const char *body, size_t len,
-                     uint32_t (*ctx_of)(void *ud, const char *model, size_t len), void *ud,
-                     struct openai_req *out, struct kvd_error *e);
+                     uint32_t (*ctx_of)(void *ud, const char *model, size_t len,
+                                        enum tool_family *family),
+                     void *ud, struct openai_req *out, struct kvd_error *e);
 void openai_req_free(struct openai_req *r);
 
 /* How the HTTP API answers an error: its status, and the OpenAI error type
@@ -95,12 +101,18 @@ struct openai_out {
     uint32_t lp_top;
     const struct tokenizer *tok;
     size_t text_offset;
-    const char *finish; /* "stop" / "length" / NULL while streaming */
+    const char *finish; /* "stop" / "length" / "tool_calls" / NULL while streaming */
     bool role;          /* chat stream: the first chunk carries the role */
     bool usage;         /* carry usage (responses; the last stream chunk) */
     uint64_t prompt_tokens, cached_tokens, completion_tokens;
     bool no_choices; /* a usage-only stream chunk: "choices": [] */
     uint32_t index;  /* the choice's index (n > 1) */
+    /* tool calls (chat): a response's, whole (its text their content), or
+     * a stream chunk's news */
+    const struct tool_call_out *calls;
+    size_t n_calls;
+    const struct tool_delta *deltas;
+    size_t n_deltas;
     /* n > 1: the choices (each its text, tokens, logprobs, finish,
      * index, role, text_offset; kind and tok too), rendered in place of
      * this object's own choice */

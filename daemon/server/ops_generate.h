@@ -22,12 +22,15 @@ int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *r
 
 /* Appends one frame: {"id", "event": "tokens", "tokens": [...]}, and
  * "choice" (n > 1: the choice they belong to) when choice >= 0, "text"
- * (the completion's new text) when text is non-NULL, and "logprobs"
- * (docs/protocol.md) when lp is non-NULL: the n tokens' entries, 1 +
- * lp_top each. */
+ * (the completion's new text: its content with tool calls) when text is
+ * non-NULL, "logprobs" (docs/protocol.md) when lp is non-NULL: the n
+ * tokens' entries, 1 + lp_top each, and "tool_calls" when n_calls > 0:
+ * the calls' news ({index, id, name} the first time, arguments: the new
+ * fragment). */
 int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, int64_t choice,
                                const uint32_t *toks, size_t n, const char *text, size_t text_len,
-                               const struct sampler_logprob *lp, uint32_t lp_top);
+                               const struct sampler_logprob *lp, uint32_t lp_top,
+                               const struct tool_delta *calls, size_t n_calls);
 /* The final reply of a request of n > 1 choices (rs[i]: choice i):
  * "choices" [{index, tokens, logprobs, text, finish_reason, error}],
  * "usage" (the prompt once, the completions summed), "timing"; an error
@@ -77,6 +80,9 @@ struct ops_generate_choice {
     size_t text_len;
     /* logprobs (NULL: not asked): 1 + lp_top entries per token of toks */
     const struct sampler_logprob *lp;
+    /* tool calls parsed out of the text (which is then their content) */
+    const struct tool_call_out *calls;
+    size_t n_calls;
 };
 
 /* How a client's request ended. */
@@ -98,10 +104,12 @@ struct ops_generate_client {
     /* Streaming requests: new tokens of choice `choice` (0 unless n > 1)
      * and the text they completed (text NULL on a token-only model;
      * text_len may be 0 while a character or a possible stop string is
-     * held back); lp (NULL: logprobs not asked) holds 1 + lp_top entries
-     * per token. */
+     * held back; with tools, the content only); lp (NULL: logprobs not
+     * asked) holds 1 + lp_top entries per token; calls: the tool calls'
+     * news (tool_call.h). */
     void (*tokens)(void *ud, uint32_t choice, const uint32_t *toks, size_t n, const char *text,
-                   size_t text_len, const struct sampler_logprob *lp, uint32_t lp_top);
+                   size_t text_len, const struct sampler_logprob *lp, uint32_t lp_top,
+                   const struct tool_delta *calls, size_t n_calls);
     /* The end; nothing is called for this client after it. */
     void (*done)(void *ud, const struct ops_generate_result *res);
 };

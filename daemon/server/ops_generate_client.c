@@ -36,6 +36,9 @@ struct gc_choice {
     size_t text_len;
     struct sampler_logprob *lp; /* NULL: not asked */
     void *mem;
+    struct tool_call_out *calls; /* (n_calls), in cmem */
+    size_t n_calls;
+    void *cmem;
 };
 
 struct gc_item {
@@ -50,6 +53,8 @@ struct gc_item {
     size_t text_len;
     struct sampler_logprob *lp; /* (n_toks * (1 + lp_top)); NULL: not asked */
     uint32_t lp_top;
+    struct tool_delta *deltas; /* (n_deltas) the tool calls' news, one allocation (owned) */
+    size_t n_deltas;
     /* done */
     struct kvd_error err;
     enum sched_finish finish;
@@ -62,11 +67,42 @@ struct gc_item {
 
 static void item_free(struct gc_item *it)
 {
-    for (uint32_t i = 0; it && i < it->n_choices; i++)
+    for (uint32_t i = 0; it && i < it->n_choices; i++) {
         free(it->choices[i].mem);
-    if (it)
+        free(it->choices[i].cmem);
+    }
+    if (it) {
         free(it->choices);
+        free(it->deltas);
+    }
     free(it);
+}
+
+/* A copy of n deltas and their strings in one allocation; NULL when n is
+ * 0 or without memory. */
+static struct tool_delta *deltas_copy(const struct tool_delta *d, size_t n)
+{
+    size_t bytes = n * sizeof *d;
+    for (size_t i = 0; i < n; i++)
+        bytes += (d[i].id ? strlen(d[i].id) + strlen(d[i].name) + 2 : 0) + d[i].args_len + 1;
+    struct tool_delta *c = n ? malloc(bytes) : NULL;
+    if (!c)
+        return NULL;
+    char *at = (char *)(c + n);
+    for (size_t i = 0; i < n; i++) {
+        c[i] = d[i];
+        if (d[i].id) {
+            c[i].id = strcpy(at, d[i].id);
+            at += strlen(at) + 1;
+            c[i].name = strcpy(at, d[i].name);
+            at += strlen(at) + 1;
+        }
+        memcpy(at, d[i].args, d[i].args_len);
+        at[d[i].args_len] = 0;
+        c[i].args = at;
+        at += d[i].args_len + 1;
+    }
+    return c;
 }
 
 struct gen_clients {
@@ -100,7 +136,7 @@ static void gc_deliver(evutil_socket_t fd, short what, void *arg)
         struct gc_client *c = *slot;
         if (c && !it->done) {
             c->cb.tokens(c->cb.ud, it->choice, it->toks, it->n_toks, it->text, it->text_len, it->lp,
-                         it->lp_top);
+                         it->lp_top, it->deltas, it->n_deltas);
         } else if (c) {
             *slot = c->next; /* nothing runs for it after done */
             struct ops_generate_choice *ch = calloc(it->n_choices ? it->n_choices : 1, sizeof *ch);
@@ -114,6 +150,8 @@ static void gc_deliver(evutil_socket_t fd, short what, void *arg)
                     .text = it->choices[i].text,
                     .text_len = it->choices[i].text_len,
                     .lp = it->choices[i].lp,
+                    .calls = it->choices[i].calls,
+                    .n_calls = it->choices[i].n_calls,
                 };
             struct ops_generate_result res = {
                 .err = &it->err,
@@ -262,9 +300,16 @@ void gen_clients_tokens(struct gen_clients *gc, const struct sched_req *r, const
     const struct sampler_logprob *lp = NULL;
     if (r->lp_on && from + n <= r->n_lp)
         lp = r->lp + from * (1 + (size_t)r->lp_top);
+    const struct tool_delta *d = NULL;
+    size_t n_d = r->text ? text_out_take_calls(r->text, &d) : 0;
     struct gc_item *it = item_new(r->conn, toks, n, text, text_len, r->text != NULL, lp, r->lp_top);
+    if (it && n_d && !(it->deltas = deltas_copy(d, n_d))) {
+        item_free(it);
+        it = NULL;
+    }
     if (it) { /* without memory a piece is lost; the final result still carries all */
         it->choice = r->choice;
+        it->n_deltas = n_d;
         push(gc, it);
     }
 }
@@ -299,6 +344,29 @@ static bool choice_fill(struct gc_choice *ch, const struct sched_req *r)
             memcpy(ch->text, text, text_len);
         ch->text[text_len] = '\0';
         ch->text_len = text_len;
+    }
+    /* the tool calls, with their strings */
+    size_t nc = r->text && r->finish != SCHED_FINISH_ERROR ? text_out_n_calls(r->text) : 0;
+    size_t cb = nc * sizeof(struct tool_call_out);
+    for (size_t i = 0; i < nc; i++) {
+        const struct tool_call_out *c = text_out_call(r->text, i);
+        cb += strlen(c->id) + strlen(c->name) + c->args_len + 3;
+    }
+    if (nc && !(ch->cmem = malloc(cb)))
+        return false;
+    ch->calls = ch->cmem;
+    ch->n_calls = nc;
+    char *at = (char *)(ch->calls + nc);
+    for (size_t i = 0; i < nc; i++) {
+        const struct tool_call_out *c = text_out_call(r->text, i);
+        ch->calls[i] = *c;
+        ch->calls[i].id = strcpy(at, c->id);
+        at += strlen(at) + 1;
+        ch->calls[i].name = strcpy(at, c->name);
+        at += strlen(at) + 1;
+        ch->calls[i].args = memcpy(at, c->args, c->args_len);
+        at[c->args_len] = 0;
+        at += c->args_len + 1;
     }
     return true;
 }

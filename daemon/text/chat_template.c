@@ -4,6 +4,7 @@
  * the jump buffer every error of the engine returns through. */
 #include "chat_template.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,9 +77,60 @@ static struct jval cstr(struct jctx *c, const char *s)
     return jv_str(jstrdup(c, s, n), n);
 }
 
-int chat_template_render(const struct chat_template *t, const struct chat_msg *msgs, size_t n_msgs,
-                         bool add_generation_prompt, const char *bos_token, const char *eos_token,
-                         char **out, size_t *out_len, char *err, size_t errlen)
+/* A JSON value as the reference sees one (its convertToRuntimeValues):
+ * numbers with an integral value are integers (JavaScript has one number
+ * type), objects keep their keys in the given order. Strings point into the
+ * JSON, which outlives the render. */
+static struct jval from_json(struct jctx *c, const json_t *v, int depth)
+{
+    if (depth > JINJA_MAX_DEPTH)
+        jfail(c, KVD_ETOOLARGE, 0, "a message or tool nests deeper than %d levels",
+              JINJA_MAX_DEPTH);
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        struct jmap *m = jmap_new(c);
+        const char *k;
+        json_t *x;
+        json_object_foreach((json_t *)v, k, x)
+        {
+            jmap_append(c, m, k, strlen(k), from_json(c, x, depth + 1));
+        }
+        return jv_object(m, JV_OBJECT);
+    }
+    case JSON_ARRAY: {
+        struct jlist *l = jlist_new(c, json_array_size(v));
+        for (size_t i = 0; i < json_array_size(v); i++)
+            jlist_push(c, l, from_json(c, json_array_get(v, i), depth + 1));
+        return jv_array(l);
+    }
+    case JSON_STRING:
+        return jv_str(json_string_value(v), json_string_length(v));
+    case JSON_INTEGER:
+        return jv_int((double)json_integer_value(v));
+    case JSON_REAL: {
+        double x = json_real_value(v);
+        return isfinite(x) && x == floor(x) ? jv_int(x) : jv_float(x);
+    }
+    case JSON_TRUE:
+        return jv_bool(true);
+    case JSON_FALSE:
+        return jv_bool(false);
+    case JSON_NULL:
+        break;
+    }
+    return jv_null();
+}
+
+/* The conversation: messages from msgs (role and content), or from JSON. */
+struct conv {
+    const struct chat_msg *msgs;
+    size_t n_msgs;
+    const json_t *messages, *tools;
+};
+
+static int render(const struct chat_template *t, const struct conv *cv, bool add_generation_prompt,
+                  const char *bos_token, const char *eos_token, char **out, size_t *out_len,
+                  char *err, size_t errlen)
 {
     *out = NULL;
     if (out_len)
@@ -95,12 +147,18 @@ int chat_template_render(const struct chat_template *t, const struct chat_msg *m
         return code;
     }
     struct jenv *g = jenv_new(&c, NULL);
-    struct jlist *ml = jlist_new(&c, n_msgs);
-    for (size_t i = 0; i < n_msgs; i++) {
-        struct jmap *m = jmap_new(&c);
-        jmap_set(&c, m, "role", 4, cstr(&c, msgs[i].role));
-        jmap_set(&c, m, "content", 7, cstr(&c, msgs[i].content));
-        jlist_push(&c, ml, jv_object(m, JV_OBJECT));
+    struct jval messages;
+    if (cv->messages) {
+        messages = from_json(&c, cv->messages, 0);
+    } else {
+        struct jlist *ml = jlist_new(&c, cv->n_msgs);
+        for (size_t i = 0; i < cv->n_msgs; i++) {
+            struct jmap *m = jmap_new(&c);
+            jmap_set(&c, m, "role", 4, cstr(&c, cv->msgs[i].role));
+            jmap_set(&c, m, "content", 7, cstr(&c, cv->msgs[i].content));
+            jlist_push(&c, ml, jv_object(m, JV_OBJECT));
+        }
+        messages = jv_array(ml);
     }
     struct jfunc *fns = jalloc(&c, 3 * sizeof(*fns));
     memset(fns, 0, 3 * sizeof(*fns));
@@ -116,7 +174,9 @@ int chat_template_render(const struct chat_template *t, const struct chat_msg *m
     jenv_set(&c, g, "True", jv_bool(true));
     jenv_set(&c, g, "False", jv_bool(false));
     jenv_set(&c, g, "None", jv_null());
-    jenv_set(&c, g, "messages", jv_array(ml));
+    jenv_set(&c, g, "messages", messages);
+    if (cv->tools)
+        jenv_set(&c, g, "tools", from_json(&c, cv->tools, 0));
     jenv_set(&c, g, "add_generation_prompt", jv_bool(add_generation_prompt));
     jenv_set(&c, g, "bos_token", cstr(&c, bos_token ? bos_token : ""));
     jenv_set(&c, g, "eos_token", cstr(&c, eos_token ? eos_token : ""));
@@ -134,4 +194,26 @@ int chat_template_render(const struct chat_template *t, const struct chat_msg *m
         *out_len = b.n;
     jctx_free(&c);
     return 0;
+}
+
+int chat_template_render(const struct chat_template *t, const struct chat_msg *msgs, size_t n_msgs,
+                         bool add_generation_prompt, const char *bos_token, const char *eos_token,
+                         char **out, size_t *out_len, char *err, size_t errlen)
+{
+    struct conv cv = {.msgs = msgs, .n_msgs = n_msgs};
+    return render(t, &cv, add_generation_prompt, bos_token, eos_token, out, out_len, err, errlen);
+}
+
+int chat_template_render_json(const struct chat_template *t, const json_t *messages,
+                              const json_t *tools, bool add_generation_prompt,
+                              const char *bos_token, const char *eos_token, char **out,
+                              size_t *out_len, char *err, size_t errlen)
+{
+    struct conv cv = {.messages = messages, .tools = tools};
+    if (!json_is_array(messages)) {
+        *out = NULL;
+        snprintf(err, errlen, "chat template: the messages must be an array");
+        return KVD_EBADREQ;
+    }
+    return render(t, &cv, add_generation_prompt, bos_token, eos_token, out, out_len, err, errlen);
 }

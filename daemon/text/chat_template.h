@@ -12,6 +12,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <jansson.h>
+
 struct chat_template;
 
 /* One message of a conversation; both strings NUL-terminated UTF-8. */
@@ -40,5 +42,18 @@ void chat_template_free(struct chat_template *t);
 int chat_template_render(const struct chat_template *t, const struct chat_msg *msgs, size_t n_msgs,
                          bool add_generation_prompt, const char *bos_token, const char *eos_token,
                          char **out, size_t *out_len, char *err, size_t errlen);
+
+/* The same for a conversation given as JSON, as OpenAI requests carry it:
+ * messages is an array of objects handed to the template as they are
+ * (role, content, tool_calls, tool_call_id, ...), tools (NULL: the
+ * variable is not defined) the tool list. Values are what the reference
+ * makes of the same JSON: a number with an integral value is an integer;
+ * object keys keep their order (the reference, a JavaScript object, would
+ * put integer-like keys first: the one difference). The JSON must outlive
+ * the call. */
+int chat_template_render_json(const struct chat_template *t, const json_t *messages,
+                              const json_t *tools, bool add_generation_prompt,
+                              const char *bos_token, const char *eos_token, char **out,
+                              size_t *out_len, char *err, size_t errlen);
 
 #endif

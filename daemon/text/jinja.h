@@ -312,6 +312,9 @@ void jlist_push(struct jctx *c, struct jlist *l, struct jval v);
 struct jmap *jmap_new(struct jctx *c);
 struct jval *jmap_get(const struct jmap *m, const char *k, size_t kn);
 void jmap_set(struct jctx *c, struct jmap *m, const char *k, size_t kn, struct jval v);
+/* Adds a key the map does not hold (no lookup: a JSON object's keys are
+ * already unique, and converting one must stay linear). */
+void jmap_append(struct jctx *c, struct jmap *m, const char *k, size_t kn, struct jval v);
 struct jval jv_array(struct jlist *l);
 struct jval jv_object(struct jmap *m, enum jt t);
 

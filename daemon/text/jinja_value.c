@@ -199,6 +199,11 @@ void jmap_set(struct jctx *c, struct jmap *m, const char *k, size_t kn, struct j
         *old = v;
         return;
     }
+    jmap_append(c, m, k, kn, v);
+}
+
+void jmap_append(struct jctx *c, struct jmap *m, const char *k, size_t kn, struct jval v)
+{
     if (m->n == m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 8;
         const char **kp = jalloc(c, cap * sizeof(*kp));

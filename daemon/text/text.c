@@ -11,6 +11,7 @@
 #include "grammar.h"
 #include "kvd/status.h"
 #include "log.h"
+#include "tool_call.h"
 
 #define TEXT_MAX_TEMPLATE (1u << 20) /* a --chat-template file or the GGUF's */
 
@@ -18,6 +19,7 @@ struct text {
     struct gguf *g; /* the tokenizer may point into its mapping */
     struct tokenizer *tok;
     struct chat_template *tmpl;
+    enum tool_family tool_family; /* the template's (tool_call.h) */
     struct grammar_vocab *gvocab; /* the pieces as grammars match them */
     char no_tok[400], no_tmpl[400];
     char *bos_text, *eos_text; /* the template's bos_token / eos_token */
@@ -100,6 +102,7 @@ static int load_template(struct text *t, const char *path, char *err, size_t err
         if (rc)
             return rc;
         rc = chat_template_parse(src, len, &t->tmpl, perr, sizeof perr);
+        t->tool_family = tool_family_of(src, len);
         free(src);
         if (rc) {
             snprintf(err, errlen, "--chat-template %s: %s", path, perr);
@@ -120,6 +123,8 @@ static int load_template(struct text *t, const char *path, char *err, size_t err
     } else if (chat_template_parse(kv->str, (size_t)kv->str_len, &t->tmpl, perr, sizeof perr)) {
         snprintf(t->no_tmpl, sizeof t->no_tmpl, "the model's chat template cannot be used: %s",
                  perr);
+    } else {
+        t->tool_family = tool_family_of(kv->str, (size_t)kv->str_len);
     }
     if (!t->tmpl)
         log_warn("chat template: %s; requests with messages will be refused", t->no_tmpl);
@@ -335,6 +340,69 @@ int text_tokenize(const struct text *t, const char *s, size_t len, int add_bos, 
     return encode(t, s, len, bos, special, max_tokens, "the text", ids, n, err, errlen);
 }
 
+enum tool_family text_tool_family(const struct text *t)
+{
+    return t ? t->tool_family : TOOL_GENERIC;
+}
+
+size_t text_tool_marks(const struct text *t, uint32_t *ids, size_t cap)
+{
+    static const char *const marks[][2] = {
+        [TOOL_GENERIC] = {NULL, NULL},
+        [TOOL_HERMES] = {"<tool_call>", "</tool_call>"},
+        [TOOL_LLAMA3] = {"<|python_tag|>", NULL},
+        [TOOL_MISTRAL] = {"[TOOL_CALLS]", NULL},
+    };
+    size_t n = 0;
+    for (int i = 0; t && t->tok && i < 2 && n < cap; i++) {
+        const char *m = marks[t->tool_family][i];
+        uint32_t id = m ? tokenizer_find(t->tok, m, strlen(m)) : UINT32_MAX;
+        if (id != UINT32_MAX && tokenizer_token_type(t->tok, id) == TOK_TYPE_CONTROL)
+            ids[n++] = id;
+    }
+    return n;
+}
+
+/* The rendered prompt's tokens: special tokens parsed, the model's BOS
+ * rule, a BOS the template wrote not doubled. Frees prompt. */
+static int encode_prompt(const struct text *t, char *prompt, size_t plen, size_t max_tokens,
+                         uint32_t **ids, size_t *n, char *err, size_t errlen)
+{
+    /* Templates that start with {{ bos_token }} would give two BOS with the
+     * model's BOS rule; the rule wins and the template's copy goes (as
+     * llama.cpp does). */
+    bool bos = tokenizer_add_bos_default(t->tok);
+    size_t skip = 0, bl = strlen(t->bos_text);
+    if (bos && bl && plen >= bl && memcmp(prompt, t->bos_text, bl) == 0)
+        skip = bl;
+    int rc = encode(t, prompt + skip, plen - skip, bos, true, max_tokens, "the rendered prompt",
+                    ids, n, err, errlen);
+    free(prompt);
+    return rc;
+}
+
+int text_tokenize_chat_json(const struct text *t, const json_t *messages, const json_t *tools,
+                            size_t max_tokens, uint32_t **ids, size_t *n, char *err, size_t errlen)
+{
+    *ids = NULL;
+    *n = 0;
+    if (!t || !t->tok) {
+        snprintf(err, errlen, "messages need the model's tokenizer: %s", text_no_tokenizer(t));
+        return KVD_EUNSUPPORTED;
+    }
+    if (!t->tmpl) {
+        snprintf(err, errlen, "messages need a chat template: %s", t->no_tmpl);
+        return KVD_EUNSUPPORTED;
+    }
+    char *prompt = NULL;
+    size_t plen = 0;
+    int rc = tool_render(t->tmpl, t->tool_family, messages, tools, true, t->bos_text, t->eos_text,
+                         &prompt, &plen, err, errlen);
+    if (rc)
+        return rc;
+    return encode_prompt(t, prompt, plen, max_tokens, ids, n, err, errlen);
+}
+
 int text_tokenize_chat(const struct text *t, const struct chat_msg *msgs, size_t n_msgs,
                        size_t max_tokens, uint32_t **ids, size_t *n, char *err, size_t errlen)
 {
@@ -354,15 +422,5 @@ int text_tokenize_chat(const struct text *t, const struct chat_msg *msgs, size_t
                                   &plen, err, errlen);
     if (rc)
         return rc;
-    /* Templates that start with {{ bos_token }} would give two BOS with the
-     * model's BOS rule; the rule wins and the template's copy goes (as
-     * llama.cpp does). */
-    bool bos = tokenizer_add_bos_default(t->tok);
-    size_t skip = 0, bl = strlen(t->bos_text);
-    if (bos && bl && plen >= bl && memcmp(prompt, t->bos_text, bl) == 0)
-        skip = bl;
-    rc = encode(t, prompt + skip, plen - skip, bos, true, max_tokens, "the rendered prompt", ids, n,
-                err, errlen);
-    free(prompt);
-    return rc;
+    return encode_prompt(t, prompt, plen, max_tokens, ids, n, err, errlen);
 }

@@ -18,6 +18,7 @@
 
 #include "chat_template.h"
 #include "tokenizer.h"
+#include "tool_call.h"
 
 #define TEXT_MAX_EOG 16
 #define TEXT_NO_TOKEN UINT32_MAX
@@ -67,5 +68,17 @@ int text_tokenize(const struct text *t, const char *s, size_t len, int add_bos, 
  * an exception (err has its message). */
 int text_tokenize_chat(const struct text *t, const struct chat_msg *msgs, size_t n_msgs,
                        size_t max_tokens, uint32_t **ids, size_t *n, char *err, size_t errlen);
+/* The same for a conversation given as JSON with tools (tool_call.h's
+ * common form: messages with tool_calls and tool results, the tools or
+ * NULL), prepared for the template's tool-call family (tool_render). */
+int text_tokenize_chat_json(const struct text *t, const json_t *messages, const json_t *tools,
+                            size_t max_tokens, uint32_t **ids, size_t *n, char *err, size_t errlen);
+
+/* The chat template's tool-call family (generic without a template). */
+enum tool_family text_tool_family(const struct text *t);
+/* The family's opener tokens that are control tokens (their text is left
+ * out of a completion unless asked: text_out_set_tools' marks); returns
+ * how many (at most cap) went into ids. */
+size_t text_tool_marks(const struct text *t, uint32_t *ids, size_t cap);
 
 #endif

@@ -13,13 +13,25 @@
  *      strings of 1-256 bytes, stream as the body says, n in [1, 128], a
  *      grammar compiled exactly when the body asks for one: `grammar`, or
  *      response_format json_object / json_schema, whose refusals name the
- *      keyword's path under response_format.json_schema.schema);
+ *      keyword's path under response_format.json_schema.schema; tools in
+ *      their common form, a named tool_choice among them, the tools'
+ *      grammar compiled when required or named, refusals naming tools,
+ *      tool_choice, parallel_tool_calls or a parameters keyword's path);
+ *   bits 4-5: the model's tool-call family (generic, Hermes, Llama 3.x,
+ *      Mistral);
+ *   bit 6: the body goes through openai_parse_ctx, the model looked up by
+ *      the name it gives (a model "unknown" has no context: max_tokens is
+ *      bounded by 1 until the request is refused by name); oracles: the
+ *      lookup runs once, with the body's `model` when it is a string, which
+ *      the request keeps;
  *      1: the rest is a completion's text (maybe not UTF-8) rendered by
- *      openai_render as a response and as a stream chunk, and the error
- *      body with it as the message; oracles: each is JSON that jansson
+ *      openai_render as a response and as a stream chunk (and as a tool
+ *      call's name and arguments), and the error body with it as the
+ *      message; oracles: each is JSON that jansson
  *      reads back (NUL as \u0000), with the text unchanged when it was
  *      valid UTF-8.
- * Nothing runs but openai.c: no executor, no sockets. */
+ * Nothing runs but openai.c and openai_render.c (and the text layer's
+ * grammars): no executor, no sockets. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -71,12 +83,16 @@ static bool known_param(const char *p)
                                          "response_format.type",
                                          "response_format.json_schema",
                                          "response_format.json_schema.name",
-                                         "response_format.json_schema.strict"};
+                                         "response_format.json_schema.strict",
+                                         "tools",
+                                         "tool_choice",
+                                         "parallel_tool_calls"};
     for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++)
         if (!strcmp(p, params[i]))
             return true;
-    /* a JSON Schema keyword's path (cut in the middle when long) */
-    return !strncmp(p, "response_format.json_schema.schema", 34);
+    /* a JSON Schema keyword's path (cut in the middle when long), of
+     * response_format or of a tool's parameters */
+    return !strncmp(p, "response_format.json_schema.schema", 34) || !strncmp(p, "tools[", 6);
 }
 
 static bool terminated(const char *s, size_t cap)
@@ -96,7 +112,8 @@ static void check_refusal(const struct kvd_error *e)
         FUZZ_ASSERT(e->code == KVD_EBADREQ || (e->code == KVD_EUNSUPPORTED && e->param[0]));
     else if (st.status == 413) /* a grammar or schema past kvd's bounds, naming it */
         FUZZ_ASSERT(e->code == KVD_ETOOLARGE &&
-                    (!strcmp(e->param, "grammar") || !strncmp(e->param, "response_format", 15)));
+                    (!strcmp(e->param, "grammar") || !strncmp(e->param, "response_format", 15) ||
+                     !strncmp(e->param, "tools", 5)));
     else /* out of memory */
         FUZZ_ASSERT(st.status == 503 && e->code == KVD_ENOMEM);
     size_t len = 0;
@@ -146,6 +163,42 @@ static bool body_grammar(const uint8_t *body, size_t len)
     return g;
 }
 
+/* The tools' fields of an accepted chat body: tools in the common form
+ * (valid names, once each), a named choice among them, the conversation
+ * as JSON with them, and the tools' grammar compiled exactly when they
+ * ask for one (required or named always; auto when the schemas allow). */
+static void check_tools(enum openai_kind kind, const struct gen_args *a)
+{
+    if (kind == OPENAI_COMPLETION) {
+        FUZZ_ASSERT(!a->tools && !a->chat_json && !a->tools_compiled);
+        return;
+    }
+    size_t n = json_array_size(a->tools);
+    FUZZ_ASSERT(!a->tools || (n >= 1 && n <= TOOL_MAX_TOOLS));
+    bool named = false;
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(a->tools, i), *fn = json_object_get(t, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        FUZZ_ASSERT(!strcmp(json_string_value(json_object_get(t, "type")), "function"));
+        FUZZ_ASSERT(name && name[0] && strlen(name) <= TOOL_MAX_NAME);
+        FUZZ_ASSERT(
+            strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
+            strlen(name));
+        for (size_t k = 0; k < i; k++)
+            FUZZ_ASSERT(strcmp(
+                name, json_string_value(json_object_get(
+                          json_object_get(json_array_get(a->tools, k), "function"), "name"))));
+        named |= a->tool_choice == TOOL_CHOICE_NAMED && !strcmp(name, a->tool_name);
+    }
+    if (a->tool_choice == TOOL_CHOICE_REQUIRED || a->tool_choice == TOOL_CHOICE_NAMED)
+        FUZZ_ASSERT(a->tools && a->compiled && a->tools_compiled);
+    if (a->tool_choice == TOOL_CHOICE_NAMED)
+        FUZZ_ASSERT(named);
+    if (a->tools)
+        FUZZ_ASSERT(a->chat_json && json_array_size(a->chat_json) == a->n_msgs);
+    FUZZ_ASSERT(a->tools_compiled == (a->tools && a->tool_choice != TOOL_CHOICE_NONE));
+}
+
 /* An accepted body's typed arguments: the prompt the endpoint reads, and
  * every value within docs/http.md's bounds. */
 static void check_args(enum openai_kind kind, uint32_t n_ctx, const struct openai_req *r,
@@ -177,21 +230,80 @@ static void check_args(enum openai_kind kind, uint32_t n_ctx, const struct opena
     FUZZ_ASSERT(a->stream == r->stream);
     FUZZ_ASSERT(r->stream == body_stream(body, len));
     FUZZ_ASSERT(a->n >= 1 && a->n <= GEN_MAX_CHOICES);
-    /* a grammar is compiled while parsing (the sources are consumed) */
-    FUZZ_ASSERT((a->compiled != NULL) == body_grammar(body, len));
+    /* a grammar is compiled while parsing (the sources are consumed): the
+     * body's own, or the tools' */
+    check_tools(kind, a);
+    FUZZ_ASSERT(a->tools_compiled ? !body_grammar(body, len)
+                                  : (a->compiled != NULL) == body_grammar(body, len));
     FUZZ_ASSERT(!a->grammar && !a->json_schema && !a->json_object);
 }
 
-static void as_body(enum openai_kind kind, uint32_t n_ctx, const uint8_t *body, size_t len)
+/* The model lookup of openai_parse_ctx, as the daemon's with several
+ * models: the context and family of the model a body names, 0 for a name
+ * no model has ("unknown": refused later by name); what it was asked. */
+struct lookup {
+    uint32_t n_ctx;
+    enum tool_family family;
+    int calls;
+    const char *model;
+    size_t model_len;
+};
+
+static uint32_t lookup_ctx(void *ud, const char *model, size_t len, enum tool_family *family)
+{
+    struct lookup *l = ud;
+    l->calls++;
+    l->model = model;
+    l->model_len = len;
+    *family = l->family;
+    return model && len == 7 && !memcmp(model, "unknown", 7) ? 0 : l->n_ctx;
+}
+
+/* The body's `model`: 0 absent or null, 1 a string (its first cap bytes
+ * copied, *out_len its length), 2 another type. */
+static int body_model(const uint8_t *body, size_t len, char *out, size_t cap, size_t *out_len)
+{
+    json_error_t je;
+    json_t *j = json_loadb((const char *)body, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *m = json_object_get(j, "model");
+    int kind = !m || json_is_null(m) ? 0 : json_is_string(m) ? 1 : 2;
+    if (kind == 1) {
+        *out_len = json_string_length(m);
+        memcpy(out, json_string_value(m), *out_len < cap ? *out_len : cap);
+    }
+    json_decref(j);
+    return kind;
+}
+
+static void as_body(enum openai_kind kind, uint32_t n_ctx, enum tool_family fam, bool by_model,
+                    const uint8_t *body, size_t len)
 {
     struct openai_req r;
     struct kvd_error e;
+    struct lookup l = {.n_ctx = n_ctx, .family = fam};
     memset(&e, 0, sizeof(e));
-    if (openai_parse(kind, (const char *)body, len, n_ctx, &r, &e) != 0) {
+    int rc = by_model ? openai_parse_ctx(kind, (const char *)body, len, lookup_ctx, &l, &r, &e)
+                      : openai_parse(kind, (const char *)body, len, n_ctx, fam, &r, &e);
+    if (rc != 0) {
         check_refusal(&e);
         return;
     }
-    check_args(kind, n_ctx, &r, body, len);
+    /* the model named (a string of at most OPENAI_MAX_MODEL bytes, else
+     * refused): looked up once, kept in the request (in its body) */
+    char name[OPENAI_MAX_MODEL + 1];
+    size_t name_len = 0;
+    int named = body_model(body, len, name, sizeof name, &name_len);
+    FUZZ_ASSERT(named != 2);
+    FUZZ_ASSERT(!by_model || (l.calls == 1 && l.model == r.model && l.model_len == r.model_len));
+    if (named == 1)
+        FUZZ_ASSERT(r.model && r.model_len == name_len && name_len <= OPENAI_MAX_MODEL &&
+                    !memcmp(r.model, name, name_len));
+    else
+        FUZZ_ASSERT(!r.model && r.model_len == 0);
+    /* an unknown model's context is 1 until it is refused by name */
+    uint32_t ctx =
+        by_model && r.model && r.model_len == 7 && !memcmp(r.model, "unknown", 7) ? 1 : n_ctx;
+    check_args(kind, ctx, &r, body, len);
     openai_req_free(&r);
 }
 
@@ -266,6 +378,52 @@ static void as_text(enum openai_kind kind, const uint8_t *text, size_t len)
         json_decref(j);
         free(mj);
     }
+    /* tool calls whose name and arguments are those bytes: a response's
+     * message.tool_calls and a chunk's delta.tool_calls */
+    if (kind == OPENAI_CHAT) {
+        char *t = malloc(len + 1);
+        if (t) {
+            memcpy(t, text, len);
+            t[len] = 0;
+            struct tool_call_out call = {
+                .id = "call_x", .name = t, .args = t, .args_len = len, .args_done = true};
+            struct tool_delta d = {
+                .index = 0, .id = "call_x", .name = t, .args = t, .args_len = len};
+            struct openai_out tc = o;
+            tc.calls = &call;
+            tc.n_calls = 1;
+            for (int chunk = 0; chunk < 2; chunk++) {
+                if (chunk) {
+                    tc.calls = NULL;
+                    tc.n_calls = 0;
+                    tc.deltas = &d;
+                    tc.n_deltas = 1;
+                }
+                size_t n = 0;
+                char *json = openai_render(&tc, chunk, &n);
+                if (!json)
+                    continue;
+                json_t *j = json_loadb(json, n, JSON_ALLOW_NUL, NULL);
+                FUZZ_ASSERT(j);
+                json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+                json_t *calls =
+                    json_object_get(json_object_get(c, chunk ? "delta" : "message"), "tool_calls");
+                FUZZ_ASSERT(json_array_size(calls) == 1);
+                json_t *args = json_object_get(
+                    json_object_get(json_array_get(calls, 0), "function"), "arguments");
+                FUZZ_ASSERT(json_is_string(args));
+                json_t *probe = json_stringn((const char *)text, len);
+                if (probe) { /* valid UTF-8: kept as it is */
+                    FUZZ_ASSERT(json_string_length(args) == len &&
+                                !memcmp(json_string_value(args), text, len));
+                    json_decref(probe);
+                }
+                json_decref(j);
+                free(json);
+            }
+            free(t);
+        }
+    }
     /* A message of the same bytes in an error body (kvd_error_set copies
      * at most its buffer). */
     struct kvd_error e;
@@ -292,6 +450,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (data[0] & 8)
         as_text(kind, data + 1, size - 1);
     else
-        as_body(kind, n_ctx, data + 1, size - 1);
+        as_body(kind, n_ctx, (enum tool_family)((data[0] >> 4) & 3), data[0] & 64, data + 1,
+                size - 1);
     return 0;
 }

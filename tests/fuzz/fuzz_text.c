@@ -11,7 +11,13 @@
  *      the length it says;
  *   3: stop strings (NUL-separated, the first 64 bytes) then token ids (two
  *      bytes each) for text_out; oracles: the taken pieces add up to the
- *      text, which never holds a stop string.
+ *      text, which never holds a stop string;
+ *   4: a completion for the tool-call parser (the next byte: the family,
+ *      incremental commits), fed whole and in pieces; oracles: both give
+ *      the same content and calls, content and calls only grow, and
+ *      without calls the content is the text;
+ *   5: a conversation as JSON ({"messages", "tools"}) prepared for each
+ *      tool-call family; oracle: the messages come back an array.
  * The vocabularies are built in memory once (tests/text/gguf_write.h). */
 #include <stdint.h>
 #include <stdio.h>
@@ -25,6 +31,7 @@
 #include "text/gguf_write.h"
 #include "text_out.h"
 #include "tokenizer.h"
+#include "tool_call.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -269,6 +276,69 @@ static void text_out_case(const uint8_t *d, size_t n)
     text_out_free(o);
 }
 
+/* The parser of conf over d, whole (step 0) or in pieces (their lengths
+ * from the bytes themselves); checks that content and calls only grow. */
+static struct tool_parse *tool_run(const struct tool_parse_conf *conf, const char *d, size_t n,
+                                   bool pieces)
+{
+    struct tool_parse *p;
+    FUZZ_ASSERT(tool_parse_new(conf, &p) == 0);
+    size_t clen = 0, ncalls = 0;
+    for (size_t at = 0; at < n;) {
+        size_t k = pieces ? 1 + (size_t)((unsigned char)d[at] % 7) : n;
+        k = k > n - at ? n - at : k;
+        FUZZ_ASSERT(tool_parse_push(p, d + at, k) == 0);
+        at += k;
+        size_t cl;
+        tool_parse_content(p, &cl);
+        FUZZ_ASSERT(cl >= clen && tool_parse_n_calls(p) >= ncalls);
+        clen = cl;
+        ncalls = tool_parse_n_calls(p);
+    }
+    FUZZ_ASSERT(tool_parse_finish(p) == 0);
+    return p;
+}
+
+static void tool_parse_case(const uint8_t *d, size_t n)
+{
+    if (n == 0)
+        return;
+    struct tool_parse_conf conf = {.family = (enum tool_family)(d[0] % 4), .incremental = d[0] & 4};
+    const char *t = (const char *)d + 1;
+    struct tool_parse *a = tool_run(&conf, t, n - 1, false), *b = tool_run(&conf, t, n - 1, true);
+    size_t la, lb;
+    const char *ca = tool_parse_content(a, &la), *cb = tool_parse_content(b, &lb);
+    FUZZ_ASSERT(la == lb && !memcmp(ca, cb, la));
+    FUZZ_ASSERT(tool_parse_n_calls(a) == tool_parse_n_calls(b));
+    for (size_t i = 0; i < tool_parse_n_calls(a); i++) {
+        const struct tool_call_out *x = tool_parse_call(a, i), *y = tool_parse_call(b, i);
+        FUZZ_ASSERT(!strcmp(x->name, y->name) && x->args_len == y->args_len &&
+                    !memcmp(x->args, y->args, x->args_len));
+    }
+    if (tool_parse_n_calls(a) == 0)
+        FUZZ_ASSERT(la == n - 1 && !memcmp(ca, t, la));
+    tool_parse_free(a);
+    tool_parse_free(b);
+}
+
+static void tool_prompt_case(const char *s, size_t n)
+{
+    json_t *j = json_loadb(s, n, 0, NULL);
+    json_t *m = json_object_get(j, "messages"), *tl = json_object_get(j, "tools");
+    for (int f = TOOL_GENERIC; json_is_array(m) && f <= TOOL_MISTRAL; f++) {
+        json_t *mo = NULL, *to = NULL;
+        if (tool_prompt_prepare((enum tool_family)f, m, json_is_array(tl) ? tl : NULL, &mo, &to))
+            continue; /* out of memory */
+        FUZZ_ASSERT(json_is_array(mo));
+        json_t *merged = tool_prompt_merge_system(mo);
+        FUZZ_ASSERT(!merged || json_array_size(merged) + 1 == json_array_size(mo));
+        json_decref(merged);
+        json_decref(mo);
+        json_decref(to);
+    }
+    json_decref(j);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!spm) {
@@ -279,7 +349,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     const char *s = (const char *)data + 1;
     size_t n = size - 1;
-    switch (data[0] % 4) {
+    switch (data[0] % 6) {
     case 0:
         tokenize_case(spm, s, n);
         break;
@@ -289,8 +359,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 2:
         template_case(s, n);
         break;
-    default:
+    case 3:
         text_out_case(data + 1, n);
+        break;
+    case 4:
+        tool_parse_case(data + 1, n);
+        break;
+    default:
+        tool_prompt_case(s, n);
         break;
     }
     return 0;

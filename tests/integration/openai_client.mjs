@@ -3,7 +3,8 @@
 // Runs a completion and a chat, each non-streamed and streamed, at
 // temperature 0, and prints their texts, token ids (kvd's "tokens" field)
 // and usage as one JSON object; then n = 3 choices (non-streamed and
-// streamed) and response_format (json_schema, json_object) answers.
+// streamed) and response_format (json_schema, json_object) answers, and
+// tool calls (required, streamed, named, a result sent back).
 const [module_dir, base_url, api_key] = process.argv.slice(2);
 const {default: OpenAI} = await import(module_dir + "/node_modules/openai/index.mjs");
 const client = new OpenAI({baseURL: base_url, apiKey: api_key, maxRetries: 0, timeout: 60000});
@@ -73,6 +74,34 @@ const jo = await client.chat.completions.create({
     model: "kvd", messages, max_tokens: 300, temperature: 1, seed: 8,
     logit_bias: {"37": 4, "128": 4, "96": 4}, response_format: {type: "json_object"}});
 out.json_object = JSON.parse(jo.choices[0].message.content);
+
+// tool calls: required without parallel calls, the same streamed and put
+// together by the client's own accumulator (beta.chat.completions.stream),
+// a named function, and the call's result sent back in a conversation
+const tools = [
+    {type: "function", function: {name: "get_weather", description: "The weather in a city",
+     parameters: {type: "object", properties: {city: {type: "string", maxLength: 8},
+                  unit: {enum: ["c", "f"]}}, required: ["city", "unit"],
+                  additionalProperties: false}}},
+    {type: "function", function: {name: "ping"}}];
+const calls = (m) => (m.tool_calls ?? []).map((c) => ({id: c.id, type: c.type,
+    name: c.function.name, args: JSON.parse(c.function.arguments)}));
+const treq = {model: "kvd", messages, tools, tool_choice: "required", parallel_tool_calls: false,
+              max_tokens: 300, temperature: 1, seed: 11};
+const tc = await client.chat.completions.create(treq);
+out.tool_calls = {finish: tc.choices[0].finish_reason, content: tc.choices[0].message.content,
+                  calls: calls(tc.choices[0].message)};
+const ts = client.beta.chat.completions.stream({...treq, stream: true});
+const tf = await ts.finalChatCompletion();
+out.tool_calls_stream = {finish: tf.choices[0].finish_reason, content: tf.choices[0].message.content,
+                         calls: calls(tf.choices[0].message)};
+const tn = await client.chat.completions.create({...treq, seed: 12,
+    tool_choice: {type: "function", function: {name: "ping"}}});
+out.tool_named = {finish: tn.choices[0].finish_reason, calls: calls(tn.choices[0].message)};
+const back = await client.chat.completions.create({model: "kvd", tools, max_tokens: 4,
+    messages: [...messages, tc.choices[0].message,
+               {role: "tool", tool_call_id: tc.choices[0].message.tool_calls[0].id, content: "21"}]});
+out.tool_back = {finish: back.choices[0].finish_reason};
 
 const models = await client.models.list();
 out.models = models.data.map((m) => m.id);

@@ -5,7 +5,8 @@
  * model; an error reaches the client as its APIError with status 400; n = 3
  * choices (streamed and not) equal single runs with seeds 42 + i; the
  * client parses response_format answers (json_schema, json_object) as
- * JSON of the schema.
+ * JSON of the schema, and tool calls (required, streamed through its own
+ * accumulator, named, a result sent back) with arguments of the schema.
  * Skipped (77) without node or the package ($KVD_OPENAI_NPM_DIR, default
  * ~/.cache/kvd/openai-npm, installed there by .ci/run). */
 #include <setjmp.h>
@@ -203,6 +204,43 @@ static void test_openai_client_equals_generate(void **state)
     json_int_t age = json_integer_value(json_object_get(pj, "age"));
     assert_true(json_is_integer(json_object_get(pj, "age")) && age >= 0 && age <= 99);
     assert_true(json_is_object(json_object_get(o, "json_object")));
+    /* tool calls, as the client read them: one call (no parallel calls)
+     * with arguments of the schema, the same streamed (the client put the
+     * deltas together), the named function, a result sent back */
+    json_t *t = json_object_get(o, "tool_calls"), *ts = json_object_get(o, "tool_calls_stream");
+    for (int k = 0; k < 2; k++) {
+        json_t *x = k ? ts : t;
+        assert_string_equal(json_string_value(json_object_get(x, "finish")), "tool_calls");
+        assert_true(json_is_null(json_object_get(x, "content")));
+        json_t *cl = json_object_get(x, "calls");
+        assert_int_equal(json_array_size(cl), 1);
+        json_t *c = json_array_get(cl, 0);
+        const char *id = json_string_value(json_object_get(c, "id"));
+        assert_true(id && strlen(id) == 29 && !strncmp(id, "call_", 5));
+        assert_string_equal(json_string_value(json_object_get(c, "type")), "function");
+        json_t *args = json_object_get(c, "args");
+        if (!strcmp(json_string_value(json_object_get(c, "name")), "ping")) {
+            assert_int_equal(json_object_size(args), 0);
+        } else {
+            assert_string_equal(json_string_value(json_object_get(c, "name")), "get_weather");
+            assert_int_equal(json_object_size(args), 2);
+            assert_true(json_string_length(json_object_get(args, "city")) <= 8);
+            const char *unit = json_string_value(json_object_get(args, "unit"));
+            assert_true(unit && (!strcmp(unit, "c") || !strcmp(unit, "f")));
+        }
+    }
+    /* the same seed: the same call streamed (its id aside) */
+    json_t *c0 = json_array_get(json_object_get(t, "calls"), 0);
+    json_t *c1 = json_array_get(json_object_get(ts, "calls"), 0);
+    assert_true(json_equal(json_object_get(c0, "name"), json_object_get(c1, "name")));
+    assert_true(json_equal(json_object_get(c0, "args"), json_object_get(c1, "args")));
+    json_t *tn = json_object_get(o, "tool_named");
+    assert_string_equal(json_string_value(json_object_get(tn, "finish")), "tool_calls");
+    assert_int_equal(json_array_size(json_object_get(tn, "calls")), 1);
+    assert_string_equal(
+        json_string_value(json_object_get(json_array_get(json_object_get(tn, "calls"), 0), "name")),
+        "ping");
+    assert_non_null(json_string_value(json_object_get(json_object_get(o, "tool_back"), "finish")));
     assert_int_equal(json_array_size(json_object_get(o, "models")), 1);
     assert_int_equal(json_integer_value(json_object_get(o, "error_status")), 400);
     json_decref(o);

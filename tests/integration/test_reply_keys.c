@@ -4,7 +4,8 @@
  * named in the op's section of docs/protocol.md. Store mode covers the block
  * API, hello, stats (admin and, as root, a non-admin's), admin ops and error
  * replies; serve mode covers hello's model, generate (plain, streamed, with
- * a sequence), its token events, cancel and the executor's stats. */
+ * a sequence, with tool calls), its token events (with the tool calls'
+ * news), cancel and the executor's stats. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -30,6 +31,7 @@ enum kt {
     T_UINT_NIL, /* uint or nil */
     T_MAP_NIL,  /* map (sub) or nil */
     T_STR_NIL,  /* str or nil */
+    T_DELTAS,   /* array of maps: K_DELTA_FIRST or K_DELTA_NEXT (tool calls' news) */
 };
 
 struct key {
@@ -341,6 +343,27 @@ static const struct key K_GEN_N[] = {{"choices", T_MAPS, K_CHOICE},
                                      {NULL, 0, NULL}};
 static const struct key K_TOKENS_EVENT_N[] = {
     {"choice", T_UINT, NULL}, {"tokens", T_UARR, NULL}, {"text", T_STR, NULL}, {NULL, 0, NULL}};
+/* tool calls: the reply's calls, an event's news of them */
+static const struct key K_CALL[] = {
+    {"id", T_STR, NULL}, {"name", T_STR, NULL}, {"arguments", T_STR, NULL}, {NULL, 0, NULL}};
+static const struct key K_GEN_TOOLS[] = {{"tokens", T_UARR, NULL},
+                                         {"text", T_STR, NULL},
+                                         {"tool_calls", T_MAPS, K_CALL},
+                                         {"finish_reason", T_STR, NULL},
+                                         {"usage", T_MAP, K_USAGE},
+                                         {"timing", T_MAP, K_TIMING},
+                                         {NULL, 0, NULL}};
+static const struct key K_DELTA_FIRST[] = {{"index", T_UINT, NULL},
+                                           {"id", T_STR, NULL},
+                                           {"name", T_STR, NULL},
+                                           {"arguments", T_STR, NULL},
+                                           {NULL, 0, NULL}};
+static const struct key K_DELTA_NEXT[] = {
+    {"index", T_UINT, NULL}, {"arguments", T_STR, NULL}, {NULL, 0, NULL}};
+static const struct key K_TOKENS_EVENT_TOOLS[] = {{"tokens", T_UARR, NULL},
+                                                  {"text", T_STR, NULL},
+                                                  {"tool_calls", T_DELTAS, NULL},
+                                                  {NULL, 0, NULL}};
 static const struct key K_TOKENIZE[] = {{"tokens", T_UARR, NULL}, {NULL, 0, NULL}};
 static const struct key K_DETOKENIZE[] = {{"text", T_STR, NULL}, {NULL, 0, NULL}};
 
@@ -375,6 +398,7 @@ static bool type_ok(const msgpack_object *v, enum kt t)
     case T_MAP:
         return v->type == MSGPACK_OBJECT_MAP;
     case T_MAPS:
+    case T_DELTAS:
         return v->type == MSGPACK_OBJECT_ARRAY;
     case T_UINT_NIL:
         return v->type == MSGPACK_OBJECT_POSITIVE_INTEGER || v->type == MSGPACK_OBJECT_NIL;
@@ -430,6 +454,14 @@ static int check_map(const msgpack_object *o, const struct key *base, const stru
                     if (check_map(&v->via.array.ptr[i], NULL, k->sub, el, err, cap))
                         return 1;
                 }
+            for (uint32_t i = 0; k->t == T_DELTAS && i < v->via.array.size; i++) {
+                char el[300];
+                snprintf(el, sizeof(el), "%s[%u]", sub, i);
+                const msgpack_object *d = &v->via.array.ptr[i];
+                bool first = d->type == MSGPACK_OBJECT_MAP && proto_map_find(d, "id");
+                if (check_map(d, NULL, first ? K_DELTA_FIRST : K_DELTA_NEXT, el, err, cap))
+                    return 1;
+            }
         }
     if (o->via.map.size != n_spec) {
         for (uint32_t i = 0; i < o->via.map.size; i++) {
@@ -514,6 +546,7 @@ static void documented(const char *section_word, const struct key *spec)
 /* ---- requests ------------------------------------------------------------ */
 
 static uint64_t g_id;
+static unsigned g_tool_events; /* events checked with tool calls' news */
 
 /* Receives the reply to `id` (events of it are checked against ev, when
  * given, and counted); checks it against spec, or against the error form
@@ -528,7 +561,12 @@ static void expect(int fd, uint64_t id, int want_code, const struct key *spec, c
         if (proto_map_find(r->root, "event")) {
             if (!ev)
                 fail_msg("unexpected event for request %llu", (unsigned long long)r->id);
-            if (check_map(r->root, K_EVENT_BASE, ev, "event", err, sizeof(err)))
+            /* an event with tool calls' news has them besides the rest */
+            const struct key *e = ev == K_TOKENS_EVENT && proto_map_find(r->root, "tool_calls")
+                                      ? K_TOKENS_EVENT_TOOLS
+                                      : ev;
+            g_tool_events += e == K_TOKENS_EVENT_TOOLS;
+            if (check_map(r->root, K_EVENT_BASE, e, "event", err, sizeof(err)))
                 fail_msg("%s", err);
             if (n_events)
                 ++*n_events;
@@ -737,10 +775,12 @@ static void test_serve_mode_replies(void **state)
     assert_non_null(tools);
     assert_non_null(mkdtemp(dir));
     snprintf(model, sizeof(model), "%s/tiny.gguf", dir);
-    snprintf(cmd, sizeof(cmd),
-             "%s/kvd-gguf-gen -o %s --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 "
-             "--vocab 256 --ctx 512 --seed 1 >/dev/null",
-             tools, model);
+    snprintf(
+        cmd, sizeof(cmd),
+        "%s/kvd-gguf-gen -o %s --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 "
+        "--vocab 512 --ctx 2048 --seed 1 --chat-template %s/tests/text/templates/qwen2.5.jinja "
+        ">/dev/null",
+        tools, model, KVD_SOURCE_DIR);
     assert_int_equal(system(cmd), 0);
     const char *const args[] = {"--model", model, "--backend", "cpu", "--threads", "1", NULL};
     struct kh_proc p;
@@ -793,6 +833,50 @@ static void test_serve_mode_replies(void **state)
     kh_reply_free(&r);
     assert_true(events >= 2);
     documented("generate", K_TOKENS_EVENT_N);
+
+    /* tool calls: the reply's, and the events' news */
+    for (int stream = 0; stream < 2; stream++) {
+        kh_req_begin(&q, "generate", ++g_id, 6);
+        proto_pack_str(&q.pk, "messages");
+        proto_pack_array(&q.pk, 1);
+        proto_pack_map(&q.pk, 2);
+        proto_pack_kv_str(&q.pk, "role", "user");
+        proto_pack_kv_str(&q.pk, "content", "x?");
+        proto_pack_str(&q.pk, "tools");
+        proto_pack_array(&q.pk, 1);
+        proto_pack_map(&q.pk, 2);
+        proto_pack_kv_str(&q.pk, "type", "function");
+        proto_pack_str(&q.pk, "function");
+        proto_pack_map(&q.pk, 2);
+        proto_pack_kv_str(&q.pk, "name", "f");
+        proto_pack_str(&q.pk, "parameters");
+        proto_pack_map(&q.pk, 4);
+        proto_pack_kv_str(&q.pk, "type", "object");
+        proto_pack_str(&q.pk, "properties");
+        proto_pack_map(&q.pk, 1);
+        proto_pack_str(&q.pk, "x");
+        proto_pack_map(&q.pk, 1);
+        proto_pack_str(&q.pk, "enum");
+        proto_pack_array(&q.pk, 1);
+        proto_pack_str(&q.pk, "a");
+        proto_pack_str(&q.pk, "required");
+        proto_pack_array(&q.pk, 1);
+        proto_pack_str(&q.pk, "x");
+        proto_pack_kv_bool(&q.pk, "additionalProperties", false);
+        proto_pack_kv_str(&q.pk, "tool_choice", "required");
+        proto_pack_kv_uint(&q.pk, "max_tokens", 400);
+        proto_pack_kv_uint(&q.pk, "seed", 3);
+        proto_pack_kv_bool(&q.pk, "stream", stream);
+        events = 0;
+        assert_int_equal(kh_req_send(fd, &q), 0);
+        expect(fd, g_id, 0, K_GEN_TOOLS, K_TOKENS_EVENT, &events, &r);
+        kh_reply_free(&r);
+        assert_true(stream ? events >= 1 : events == 0);
+    }
+    assert_true(g_tool_events >= 1);
+    documented("generate", K_GEN_TOOLS);
+    documented("generate", K_TOKENS_EVENT_TOOLS);
+    documented("generate", K_DELTA_FIRST);
 
     uint64_t s = open_seq(fd);
     kh_req_begin(&q, "generate", ++g_id, 3);

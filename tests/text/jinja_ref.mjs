@@ -2,7 +2,9 @@
 // uses), for test_chat_template_ref: one process for every case.
 //   node jinja_ref.mjs JINJA_DIR CASES.json
 // CASES.json: {"templates": [source...], "cases": [{"t": index, "m": [[role,
-// content]...], "g": add_generation_prompt, "bos": "...", "eos": "..."}]}.
+// content]...], "g": add_generation_prompt, "bos": "...", "eos": "..."}]};
+// a case with "ctx" ({messages: [objects], tools}) renders those instead of
+// "m" (conversations with tool calls).
 // Output per case: "OK <bytes>\n<text>" or "ERR <bytes>\n<message>", lengths
 // in UTF-8 bytes. KVD_FIXED_NOW (seconds) fixes the clock strftime_now reads.
 import { readFileSync } from "node:fs";
@@ -33,12 +35,13 @@ for (const c of input.cases) {
 	const t = compiled[c.t];
 	try {
 		if (t instanceof Error) throw t;
-		text = t.render({
-			messages: c.m.map(([role, content]) => ({ role, content })),
-			add_generation_prompt: c.g,
-			bos_token: c.bos,
-			eos_token: c.eos,
-		});
+		const vars = c.ctx
+			? { ...c.ctx }
+			: { messages: c.m.map(([role, content]) => ({ role, content })) };
+		vars.add_generation_prompt = c.g;
+		vars.bos_token = c.bos;
+		vars.eos_token = c.eos;
+		text = t.render(vars);
 		tag = "OK";
 	} catch (e) {
 		tag = "ERR";

@@ -20,6 +20,7 @@
 #include "chat_cases.h"
 #include "chat_template_impl.h"
 #include "kvd/status.h"
+#include "tool_call.h"
 
 static char *read_file(const char *path, size_t *len)
 {
@@ -83,6 +84,50 @@ static void test_expected_outputs(void **state)
                 fail_msg("%s case %zu: rc %d\n--- expected\n%s\n--- got\n%s", chat_templates[t], k,
                          rc, exp, rc ? err : out);
             }
+            free(out);
+            free(exp);
+        }
+        chat_template_free(tp);
+        free(src);
+    }
+}
+
+/* Conversations with tools (chat_tool_cases) through tool_render, as the
+ * reference rendered them prepared the same way. */
+static void test_expected_tool_outputs(void **state)
+{
+    (void)state;
+    char err[512];
+    for (size_t t = 0; t < N_CHAT_TEMPLATES; t++) {
+        size_t len;
+        char *src = load(chat_templates[t], &len);
+        struct chat_template *tp;
+        if (chat_template_parse(src, len, &tp, err, sizeof err))
+            fail_msg("%s: %s", chat_templates[t], err);
+        enum tool_family f = tool_family_of(src, len);
+        for (size_t k = 0; k < N_CHAT_TOOL_CASES; k++) {
+            char path[1024];
+            snprintf(path, sizeof path, "%s/%s.tools.%zu.txt", KVD_EXPECTED_DIR, chat_templates[t],
+                     k);
+            size_t elen;
+            char *exp = read_file(path, &elen);
+            if (!exp)
+                fail_msg("cannot read %s", path);
+            json_t *c = json_loads(chat_tool_cases[k], 0, NULL);
+            assert_non_null(c);
+            char *out = NULL;
+            size_t olen = 0;
+            int rc = tool_render(tp, f, json_object_get(c, "messages"), json_object_get(c, "tools"),
+                                 true, "<s>", "</s>", &out, &olen, err, sizeof err);
+            if (strncmp(exp, "ERROR: ", 7) == 0) {
+                if (rc != KVD_EBADREQ || strcmp(err, exp + 7) != 0)
+                    fail_msg("%s tools case %zu: expected the error [%s], got rc %d [%s]",
+                             chat_templates[t], k, exp + 7, rc, rc ? err : out);
+            } else if (rc != 0 || olen != elen || memcmp(out, exp, elen) != 0) {
+                fail_msg("%s tools case %zu: rc %d\n--- expected\n%s\n--- got\n%s",
+                         chat_templates[t], k, rc, exp, rc ? err : out);
+            }
+            json_decref(c);
             free(out);
             free(exp);
         }
@@ -334,9 +379,9 @@ int main(void)
     tzset();
     chat_template_fixed_now = CHAT_FIXED_NOW;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_expected_outputs), cmocka_unit_test(test_subset),
-        cmocka_unit_test(test_errors),           cmocka_unit_test(test_work_budget),
-        cmocka_unit_test(test_mutations),
+        cmocka_unit_test(test_expected_outputs), cmocka_unit_test(test_expected_tool_outputs),
+        cmocka_unit_test(test_subset),           cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_work_budget),      cmocka_unit_test(test_mutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

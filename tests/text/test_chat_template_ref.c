@@ -17,10 +17,12 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "chat_cases.h"
 #include "chat_template_impl.h"
 #include "kvd/status.h"
+#include "tool_call.h"
 
 #define CASES_PER_TEMPLATE 300
 
@@ -32,6 +34,8 @@ struct jcase {
     size_t n;
     bool gen;
     const char *bos, *eos;
+    json_t *msgs, *tools;    /* a conversation with tools (m unused); tools may be NULL */
+    json_t *raw, *raw_tools; /* the same before tool_prompt_prepare */
 };
 
 static char *read_file(const char *path, size_t *len)
@@ -101,6 +105,16 @@ static void reference(const struct jcase *cs, size_t n, char **results, bool *ok
         json_str(f, cs[i].bos);
         fputs(", \"eos\": ", f);
         json_str(f, cs[i].eos);
+        if (cs[i].msgs) {
+            json_t *ctx = json_pack("{s:O}", "messages", cs[i].msgs);
+            if (cs[i].tools)
+                json_object_set(ctx, "tools", cs[i].tools);
+            char *js = json_dumps(ctx, JSON_COMPACT);
+            fprintf(f, ", \"ctx\": %s}", js);
+            free(js);
+            json_decref(ctx);
+            continue;
+        }
         fputs(", \"m\": [", f);
         for (size_t k = 0; k < cs[i].n; k++) {
             fputs(k ? ", [" : "[", f);
@@ -280,14 +294,291 @@ static void test_random_conversations(void **state)
     free(ok);
 }
 
+/* ---- conversations with tools ------------------------------------------------ */
+
+/* A tool's parameters: nested objects, arrays, enums, text with quotes,
+ * escapes and non-ASCII (no integer-like keys: the reference, a
+ * JavaScript object, would order them first). */
+static json_t *gen_params(void)
+{
+    switch (rnd(4)) {
+    case 0:
+        return json_pack("{s:s, s:{s:{s:s, s:s}, s:{s:s, s:[s,s]}}, s:[s]}", "type", "object",
+                         "properties", "location", "type", "string", "description",
+                         "The city, e.g. \"Paris\" or Zürich", "unit", "type", "string", "enum",
+                         "celsius", "fahrenheit", "required", "location");
+    case 1:
+        return json_pack("{s:s, s:{s:{s:s, s:{s:s}, s:i}, s:{s:s, s:i, s:i}}}", "type", "object",
+                         "properties", "tags", "type", "array", "items", "type", "string",
+                         "maxItems", 3, "count", "type", "integer", "minimum", 0, "maximum", 10);
+    case 2:
+        return json_pack("{s:s, s:{}}", "type", "object", "properties");
+    default:
+        return json_pack("{s:s, s:{s:{s:s, s:{s:{s:s}}}, s:{s:s, s:f}}, s:b}", "type", "object",
+                         "properties", "filter", "type", "object", "properties", "q", "type",
+                         "string", "x", "type", "number", "default", 2.5, "additionalProperties",
+                         0);
+    }
+}
+
+static const char *const tool_names[] = {"get_weather", "search", "send_email", "calc", "x"};
+
+static json_t *gen_tools(size_t *n_out)
+{
+    size_t n = 1 + rnd(3);
+    json_t *tools = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *fn = json_pack("{s:s}", "name", tool_names[(i * 2 + rnd(2)) % 5]);
+        if (rnd(4))
+            json_object_set_new(
+                fn, "description",
+                json_string(rnd(2) ? "Gets things done." : "Ça «marche» \"bien\"\n"));
+        if (rnd(5))
+            json_object_set_new(fn, "parameters", gen_params());
+        json_array_append_new(tools, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+    }
+    *n_out = n;
+    return tools;
+}
+
+static json_t *gen_args_text(void)
+{
+    static const char *const args[] = {"{\"location\": \"Paris\", \"unit\": \"celsius\"}", "{}",
+                                       "{\"tags\": [\"a\", \"b\"], \"count\": 3}",
+                                       "{\"filter\": {\"q\": \"héllo \\\"x\\\"\", \"x\": 2.5}}",
+                                       "{\"nested\": {\"deep\": [1, {\"k\": null}]}}"};
+    return json_string(args[rnd(5)]);
+}
+
+static int g_id_counter;
+
+static json_t *gen_tool_conv(void)
+{
+    json_t *m = json_array();
+    if (rnd(2))
+        json_array_append_new(m, json_pack("{s:s, s:s%}", "role", "system", "content", "Be brief.",
+                                           (size_t)(rnd(3) ? 9 : 0)));
+    size_t rounds = 1 + rnd(3);
+    for (size_t r = 0; r < rounds; r++) {
+        char *u = gen_content();
+        json_array_append_new(m, json_pack("{s:s, s:s}", "role", "user", "content", u));
+        free(u);
+        size_t calls = rnd(3); /* 0: a plain answer */
+        if (calls) {
+            json_t *tc = json_array();
+            char ids[2][40];
+            for (size_t k = 0; k < calls; k++) {
+                if (rnd(2))
+                    snprintf(ids[k], sizeof ids[k], "A%08d", ++g_id_counter);
+                else
+                    snprintf(ids[k], sizeof ids[k], "call_%024d", ++g_id_counter);
+                json_array_append_new(tc,
+                                      json_pack("{s:s, s:s, s:{s:s, s:o}}", "id", ids[k], "type",
+                                                "function", "function", "name", tool_names[rnd(5)],
+                                                "arguments", gen_args_text()));
+            }
+            json_t *a = json_pack("{s:s, s:o}", "role", "assistant", "tool_calls", tc);
+            json_object_set_new(a, "content", rnd(2) ? json_null() : json_string("Let me look."));
+            json_array_append_new(m, a);
+            for (size_t k = 0; k < calls; k++)
+                json_array_append_new(
+                    m, json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id", ids[k],
+                                 "content", rnd(2) ? "{\"temperature\": 21}" : "22 degrees"));
+            if (r + 1 == rounds && rnd(2))
+                break; /* the conversation ends on the results */
+        }
+        if (r + 1 < rounds || rnd(3) == 0) {
+            char *c = gen_content();
+            json_array_append_new(m, json_pack("{s:s, s:s}", "role", "assistant", "content", c));
+            free(c);
+        }
+    }
+    return m;
+}
+
+/* Every template x conversations with tools, tool calls and their
+ * results, prepared for the template's family as kvd prepares them
+ * (tool_prompt_prepare; a generic template that refuses a system role
+ * again with it merged, tool_render): kvd's render equals the
+ * reference's. */
+static void test_tool_conversations(void **state)
+{
+    (void)state;
+    enum { PER = 60 };
+    size_t n = N_CHAT_TEMPLATES * PER;
+    struct jcase *cs = calloc(n, sizeof(*cs));
+    enum tool_family fam[N_CHAT_TEMPLATES];
+    struct chat_template *tp[N_CHAT_TEMPLATES];
+    char err[512];
+    for (size_t i = 0; i < N_CHAT_TEMPLATES; i++) {
+        size_t len;
+        char *src = load_template(i, &len);
+        fam[i] = tool_family_of(src, len);
+        if (chat_template_parse(src, len, &tp[i], err, sizeof err))
+            fail_msg("%s: %s", chat_templates[i], err);
+        free(src);
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t t = i / PER, nt = 0;
+        json_t *tools = rnd(6) ? gen_tools(&nt) : NULL;
+        json_t *conv = gen_tool_conv();
+        cs[i].t = t;
+        cs[i].gen = rnd(4) != 0;
+        cs[i].bos = "<s>";
+        cs[i].eos = "</s>";
+        assert_int_equal(tool_prompt_prepare(fam[t], conv, tools, &cs[i].msgs, &cs[i].tools), 0);
+        cs[i].raw = conv;
+        cs[i].raw_tools = tools;
+    }
+    char **ref = calloc(n, sizeof(*ref));
+    bool *ok = calloc(n, sizeof(*ok));
+    reference(cs, n, ref, ok);
+    /* generic templates that refused (a system role): again with the
+     * system text in the first user message, as tool_render does */
+    struct jcase *again = calloc(n, sizeof(*again));
+    size_t *from = calloc(n, sizeof(*from)), n_again = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *merged = NULL;
+        if (!ok[i] && fam[cs[i].t] == TOOL_GENERIC &&
+            (merged = tool_prompt_merge_system(cs[i].msgs))) {
+            again[n_again] = cs[i];
+            again[n_again].msgs = merged;
+            from[n_again++] = i;
+        }
+    }
+    char **ref2 = calloc(n_again + 1, sizeof(*ref2));
+    bool *ok2 = calloc(n_again + 1, sizeof(*ok2));
+    if (n_again)
+        reference(again, n_again, ref2, ok2);
+    for (size_t k = 0; k < n_again; k++) {
+        if (ok2[k]) {
+            free(ref[from[k]]);
+            ref[from[k]] = ref2[k];
+            ok[from[k]] = true;
+        } else {
+            free(ref2[k]);
+        }
+        json_decref(again[k].msgs);
+    }
+    free(again);
+    free(from);
+    free(ref2);
+    free(ok2);
+    size_t bad = 0, n_ok[N_CHAT_TEMPLATES] = {0};
+    for (size_t i = 0; i < n; i++) {
+        char *out = NULL;
+        size_t len = 0;
+        int rc = tool_render(tp[cs[i].t], fam[cs[i].t], cs[i].raw, cs[i].raw_tools, cs[i].gen,
+                             cs[i].bos, cs[i].eos, &out, &len, err, sizeof err);
+        bool same = ok[i] ? rc == 0 && strlen(ref[i]) == len && memcmp(out, ref[i], len) == 0
+                          : rc == KVD_EBADREQ;
+        n_ok[cs[i].t] += ok[i];
+        if (!same && bad++ < 5) {
+            char *js = json_dumps(cs[i].msgs, JSON_COMPACT);
+            fprintf(stderr, "case %zu (%s, %s): %s\nreference %s [%s]\n  kvd rc=%d [%s]\n", i,
+                    chat_templates[cs[i].t], tool_family_name(fam[cs[i].t]), js,
+                    ok[i] ? "OK" : "ERR", ref[i], rc, rc ? err : out);
+            free(js);
+        }
+        free(out);
+    }
+    for (size_t t = 0; t < N_CHAT_TEMPLATES; t++)
+        fprintf(stderr, "%-18s %-8s %2zu of %d rendered\n", chat_templates[t],
+                tool_family_name(fam[t]), n_ok[t], PER);
+    fprintf(stderr, "%zu tool conversations; %zu differ\n", n, bad);
+    assert_int_equal(bad, 0);
+    for (size_t i = 0; i < N_CHAT_TEMPLATES; i++)
+        chat_template_free(tp[i]);
+    for (size_t i = 0; i < n; i++) {
+        json_decref(cs[i].msgs);
+        json_decref(cs[i].tools);
+        json_decref(cs[i].raw);
+        json_decref(cs[i].raw_tools);
+        free(ref[i]);
+    }
+    free(cs);
+    free(ref);
+    free(ok);
+}
+
+/* The reference's renders of chat_tool_cases, prepared as tool_render
+ * prepares them (a generic template that raises gets the merged system
+ * message): NAME.tools.K.txt. */
+static int write_expected_tools(const char *dir)
+{
+    size_t n = N_CHAT_TEMPLATES * N_CHAT_TOOL_CASES;
+    struct jcase *cs = calloc(n, sizeof(*cs));
+    enum tool_family fam[N_CHAT_TEMPLATES];
+    for (size_t t = 0; t < N_CHAT_TEMPLATES; t++) {
+        size_t len;
+        char *src = load_template(t, &len);
+        fam[t] = tool_family_of(src, len);
+        free(src);
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *c = json_loads(chat_tool_cases[i % N_CHAT_TOOL_CASES], 0, NULL);
+        assert_non_null(c);
+        cs[i] =
+            (struct jcase){.t = i / N_CHAT_TOOL_CASES, .gen = true, .bos = "<s>", .eos = "</s>"};
+        assert_int_equal(tool_prompt_prepare(fam[cs[i].t], json_object_get(c, "messages"),
+                                             json_object_get(c, "tools"), &cs[i].msgs,
+                                             &cs[i].tools),
+                         0);
+        json_decref(c);
+    }
+    char **ref = calloc(n, sizeof(*ref));
+    bool *ok = calloc(n, sizeof(*ok));
+    reference(cs, n, ref, ok);
+    for (size_t i = 0; i < n; i++) {
+        json_t *merged = NULL;
+        if (!ok[i] && fam[cs[i].t] == TOOL_GENERIC &&
+            (merged = tool_prompt_merge_system(cs[i].msgs))) {
+            struct jcase again = cs[i];
+            char *r2;
+            bool ok2;
+            again.msgs = merged;
+            reference(&again, 1, &r2, &ok2);
+            if (ok2) {
+                free(ref[i]);
+                ref[i] = r2;
+                ok[i] = true;
+            } else {
+                free(r2);
+            }
+            json_decref(merged);
+        }
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s.tools.%zu.txt", dir, chat_templates[cs[i].t],
+                 i % N_CHAT_TOOL_CASES);
+        FILE *f = fopen(path, "wb");
+        if (!f)
+            return 1;
+        if (!ok[i])
+            fputs("ERROR: ", f);
+        fputs(ref[i], f);
+        fclose(f);
+        free(ref[i]);
+        json_decref(cs[i].msgs);
+        json_decref(cs[i].tools);
+    }
+    free(ref);
+    free(ok);
+    free(cs);
+    return 0;
+}
+
 static int write_expected(const char *dir)
 {
     size_t n = N_CHAT_TEMPLATES * N_CHAT_CASES;
     struct jcase *cs = calloc(n, sizeof(*cs));
     for (size_t i = 0; i < n; i++) {
         const struct chat_case *c = &chat_cases[i % N_CHAT_CASES];
-        cs[i] = (struct jcase){
-            i / N_CHAT_CASES, (struct chat_msg *)c->msgs, c->n, c->gen, c->bos, c->eos};
+        cs[i] = (struct jcase){.t = i / N_CHAT_CASES,
+                               .m = (struct chat_msg *)c->msgs,
+                               .n = c->n,
+                               .gen = c->gen,
+                               .bos = c->bos,
+                               .eos = c->eos};
     }
     char **ref = calloc(n, sizeof(*ref));
     bool *ok = calloc(n, sizeof(*ok));
@@ -308,7 +599,7 @@ static int write_expected(const char *dir)
     free(ref);
     free(ok);
     free(cs);
-    return 0;
+    return write_expected_tools(dir);
 }
 
 int main(int argc, char **argv)
@@ -333,6 +624,7 @@ int main(int argc, char **argv)
         return write_expected(argv[2]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_conversations),
+        cmocka_unit_test(test_tool_conversations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

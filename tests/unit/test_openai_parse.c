@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "kvd/protocol.h"
+#include "grammar.h"
 #include "openai.h"
 #include "text_out.h"
 
@@ -46,7 +47,7 @@ static const struct gen_args *ok_ctx(enum openai_kind kind, const char *body, ui
 {
     parsed_free();
     struct kvd_error e = {0};
-    if (openai_parse(kind, body, strlen(body), n_ctx, &g.req, &e) != 0)
+    if (openai_parse(kind, body, strlen(body), n_ctx, TOOL_HERMES, &g.req, &e) != 0)
         fail_msg("refused (%s, param '%s': %s): %s", kvd_err_code(e.code), e.param, e.message,
                  body);
     g.have_req = true;
@@ -70,7 +71,7 @@ static void refused(enum openai_kind kind, const char *body, int status, const c
     struct openai_req r;
     struct kvd_error e;
     memset(&e, 0, sizeof(e));
-    if (openai_parse(kind, body, strlen(body), N_CTX, &r, &e) == 0) {
+    if (openai_parse(kind, body, strlen(body), N_CTX, TOOL_HERMES, &r, &e) == 0) {
         openai_req_free(&r);
         fail_msg("accepted, expected %d %s: %s", status, code, body);
     }
@@ -300,7 +301,7 @@ static void test_prompt(void **state)
     snprintf(big + at, cap - at, "]}");
     struct openai_req r;
     struct kvd_error e;
-    int rc = openai_parse(OPENAI_COMPLETION, big, strlen(big), N_CTX, &r, &e);
+    int rc = openai_parse(OPENAI_COMPLETION, big, strlen(big), N_CTX, TOOL_HERMES, &r, &e);
     free(big);
     assert_int_equal(rc, -1);
     struct openai_status st;
@@ -598,6 +599,205 @@ static void test_response_format(void **state)
     BAD_C("{\"prompt\":[1],\"grammar\":\"root ::= (\"}", "grammar");
 }
 
+/* tools, tool_choice, parallel_tool_calls and messages with tool calls
+ * and results: their common form (tool_call.h), the grammar compiled for
+ * required, named and auto, and every refusal naming its field. */
+static void test_tools(void **state)
+{
+    (void)state;
+    static const char msg[] = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]";
+    static const char tools[] =
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"description\":\"d\",\"strict\":true,\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"ping\"}}]";
+    char b[2048];
+    /* no tools: nothing changes */
+    const struct gen_args *a = ok_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}");
+    assert_null(a->tools);
+    assert_null(a->chat_json);
+    assert_int_equal(a->tool_choice, TOOL_CHOICE_AUTO);
+    assert_true(a->parallel_tool_calls);
+    /* tools: the common form, auto's lazy grammar */
+    snprintf(b, sizeof b, "{%s,%s}", msg, tools);
+    a = ok_chat(b);
+    assert_non_null(a->tools);
+    assert_non_null(a->chat_json);
+    assert_non_null(a->compiled);
+    assert_true(a->tools_compiled);
+    char *t = json_dumps(a->tools, JSON_COMPACT);
+    assert_string_equal(t, "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                           "\"description\":\"d\",\"parameters\":{\"type\":\"object\","
+                           "\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":"
+                           "[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":"
+                           "\"ping\"}}]");
+    free(t);
+    /* choices */
+    snprintf(b, sizeof b, "{%s,%s,\"tool_choice\":\"none\"}", msg, tools);
+    a = ok_chat(b);
+    assert_int_equal(a->tool_choice, TOOL_CHOICE_NONE);
+    assert_null(a->compiled);
+    snprintf(b, sizeof b, "{%s,%s,\"tool_choice\":\"required\",\"parallel_tool_calls\":false}", msg,
+             tools);
+    a = ok_chat(b);
+    assert_int_equal(a->tool_choice, TOOL_CHOICE_REQUIRED);
+    assert_false(a->parallel_tool_calls);
+    assert_non_null(a->compiled);
+    snprintf(b, sizeof b,
+             "{%s,%s,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"ping\"}}}",
+             msg, tools);
+    a = ok_chat(b);
+    assert_int_equal(a->tool_choice, TOOL_CHOICE_NAMED);
+    assert_string_equal(a->tool_name, "ping");
+    /* an empty list is none; completions ignore the fields */
+    snprintf(b, sizeof b, "{%s,\"tools\":[],\"tool_choice\":\"auto\"}", msg);
+    assert_null(ok_chat(b)->tools);
+    assert_null(ok_c("{\"prompt\":[1],\"tools\":5,\"tool_choice\":7}")->tools);
+    /* messages with calls and results */
+    snprintf(b, sizeof b,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\","
+             "\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+             "\"function\":{\"name\":\"ping\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\","
+             "\"tool_call_id\":\"call_1\",\"name\":\"ping\",\"content\":[{\"type\":\"text\","
+             "\"text\":\"p\"},{\"type\":\"text\",\"text\":\"ong\"}]}]}");
+    a = ok_chat(b);
+    assert_null(a->tools);
+    assert_int_equal(a->n_msgs, 3);
+    assert_string_equal(a->msgs[1].content, "");
+    t = json_dumps(a->chat_json, JSON_COMPACT);
+    assert_string_equal(t, "[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\","
+                           "\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":"
+                           "\"function\",\"function\":{\"name\":\"ping\",\"arguments\":\"{}\"}}]},"
+                           "{\"role\":\"tool\",\"content\":\"pong\",\"tool_call_id\":\"call_1\","
+                           "\"name\":\"ping\"}]");
+    free(t);
+    /* refusals */
+    snprintf(b, sizeof b, "{%s,\"tools\":{}}", msg);
+    BAD_CHAT(b, "tools");
+    snprintf(b, sizeof b, "{%s,\"tools\":[{\"type\":\"retrieval\"}]}", msg);
+    UNSUP_CHAT(b, "tools");
+    snprintf(b, sizeof b,
+             "{%s,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]}", msg);
+    BAD_CHAT(b, "tools");
+    snprintf(b, sizeof b,
+             "{%s,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},"
+             "{\"type\":\"function\",\"function\":{\"name\":\"a\"}}]}",
+             msg);
+    BAD_CHAT(b, "tools");
+    snprintf(b, sizeof b,
+             "{%s,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\","
+             "\"parameters\":[]}}]}",
+             msg);
+    BAD_CHAT(b, "tools");
+    snprintf(b, sizeof b, "{%s,\"tool_choice\":\"required\"}", msg);
+    BAD_CHAT(b, "tool_choice");
+    snprintf(b, sizeof b, "{%s,%s,\"tool_choice\":\"always\"}", msg, tools);
+    BAD_CHAT(b, "tool_choice");
+    snprintf(b, sizeof b,
+             "{%s,%s,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}}",
+             msg, tools);
+    BAD_CHAT(b, "tool_choice");
+    snprintf(b, sizeof b, "{%s,%s,\"parallel_tool_calls\":1}", msg, tools);
+    BAD_CHAT(b, "parallel_tool_calls");
+    snprintf(b, sizeof b, "{%s,%s,\"response_format\":{\"type\":\"json_object\"}}", msg, tools);
+    UNSUP_CHAT(b, "tools");
+    snprintf(b, sizeof b,
+             "{%s,%s,\"response_format\":{\"type\":\"json_object\"},"
+             "\"tool_choice\":\"none\"}",
+             msg, tools);
+    assert_non_null(ok_chat(b)->compiled);
+    snprintf(b, sizeof b,
+             "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":1,\"function\":"
+             "{\"name\":\"f\"}}]}]}");
+    BAD_CHAT(b, "messages");
+    snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":{}}]}");
+    BAD_CHAT(b, "messages");
+    snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"tool\",\"tool_call_id\":5}]}");
+    BAD_CHAT(b, "messages");
+    /* a schema kvd cannot generate exactly: required and named refuse it
+     * by its path; auto parses the calls without a grammar */
+    static const char bad_tools[] =
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\",\"format\":"
+        "\"email\"}}}}}]";
+    snprintf(b, sizeof b, "{%s,%s,\"tool_choice\":\"required\"}", msg, bad_tools);
+    BAD_CHAT(b, "tools[0].function.parameters.properties.x.format");
+    snprintf(b, sizeof b, "{%s,%s}", msg, bad_tools);
+    a = ok_chat(b);
+    assert_null(a->compiled);
+    assert_true(a->tools_compiled);
+}
+
+/* A reply with tool calls: message.tool_calls and null content; a stream
+ * chunk's delta.tool_calls (index, id, type, name the first time, then
+ * arguments). */
+static void test_tools_render(void **state)
+{
+    (void)state;
+    struct tool_call_out calls[2] = {
+        {.id = "call_a", .name = "f", .args = "{\"x\":1}", .args_len = 7, .args_done = true},
+        {.id = "call_b", .name = "g", .args = "{}", .args_len = 2, .args_done = true}};
+    struct openai_out o = {.kind = OPENAI_CHAT,
+                           .id = "chatcmpl-1",
+                           .model = "m",
+                           .finish = "tool_calls",
+                           .calls = calls,
+                           .n_calls = 2};
+    size_t len;
+    char *s = openai_render(&o, false, &len);
+    json_t *j = json_loads(s, 0, NULL);
+    assert_non_null(j);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "tool_calls");
+    json_t *m = json_object_get(c, "message");
+    assert_true(json_is_null(json_object_get(m, "content")));
+    json_t *tc = json_object_get(m, "tool_calls");
+    assert_int_equal(json_array_size(tc), 2);
+    json_t *t1 = json_array_get(tc, 1);
+    assert_string_equal(json_string_value(json_object_get(t1, "id")), "call_b");
+    assert_string_equal(json_string_value(json_object_get(t1, "type")), "function");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(t1, "function"), "arguments")), "{}");
+    json_decref(j);
+    free(s);
+    /* with content */
+    o.text = "Let me see.";
+    o.text_len = 11;
+    s = openai_render(&o, false, &len);
+    j = json_loads(s, 0, NULL);
+    m = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    assert_string_equal(json_string_value(json_object_get(m, "content")), "Let me see.");
+    json_decref(j);
+    free(s);
+    /* stream chunks */
+    struct tool_delta d[2] = {{.index = 0, .id = "call_a", .name = "f", .args = "{", .args_len = 1},
+                              {.index = 1, .args = "\"x\"", .args_len = 3}};
+    struct openai_out k = {.kind = OPENAI_CHAT,
+                           .id = "chatcmpl-1",
+                           .model = "m",
+                           .role = true,
+                           .deltas = d,
+                           .n_deltas = 2};
+    s = openai_render(&k, true, &len);
+    j = json_loads(s, 0, NULL);
+    json_t *delta = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
+    assert_true(json_is_null(json_object_get(delta, "content")));
+    tc = json_object_get(delta, "tool_calls");
+    assert_int_equal(json_array_size(tc), 2);
+    json_t *d0 = json_array_get(tc, 0), *d1 = json_array_get(tc, 1);
+    assert_int_equal(json_integer_value(json_object_get(d0, "index")), 0);
+    assert_string_equal(json_string_value(json_object_get(d0, "id")), "call_a");
+    assert_string_equal(json_string_value(json_object_get(d0, "type")), "function");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(d0, "function"), "name")),
+                        "f");
+    assert_null(json_object_get(d1, "id"));
+    assert_null(json_object_get(json_object_get(d1, "function"), "name"));
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(d1, "function"), "arguments")), "\"x\"");
+    json_decref(j);
+    free(s);
+}
+
 static void test_unsupported(void **state)
 {
     (void)state;
@@ -622,6 +822,99 @@ static void test_unsupported(void **state)
     BAD_C(big, "model");
 }
 
+/* openai_parse_ctx's model lookup, as the daemon's with several models:
+ * "small" has a context of 8 and the Mistral family, any other name (and
+ * none) 4096 and Hermes, "unknown" no context (refused later by name). */
+struct lookup {
+    int calls;
+    char name[64];
+};
+
+static uint32_t lookup_ctx(void *ud, const char *model, size_t len, enum tool_family *family)
+{
+    struct lookup *l = ud;
+    l->calls++;
+    snprintf(l->name, sizeof l->name, "%.*s", model ? (int)len : 0, model ? model : "");
+    bool small = model && len == 5 && !memcmp(model, "small", 5);
+    *family = small ? TOOL_MISTRAL : TOOL_HERMES;
+    return model && len == 7 && !memcmp(model, "unknown", 7) ? 0 : small ? 8 : N_CTX;
+}
+
+/* Whether gr takes text, over a vocabulary of the 256 bytes. */
+static bool grammar_takes(const struct grammar *gr, const char *text)
+{
+    static char bytes[256];
+    const char *pieces[256];
+    size_t lens[256];
+    bool eog[256] = {true};
+    for (int i = 0; i < 256; i++) {
+        bytes[i] = (char)i;
+        pieces[i] = &bytes[i];
+        lens[i] = 1;
+    }
+    struct grammar_vocab *v = NULL;
+    struct grammar_matcher *m = NULL;
+    assert_int_equal(grammar_vocab_new(256, pieces, lens, eog, &v), 0);
+    assert_int_equal(grammar_matcher_new(gr, v, &m, NULL), 0);
+    bool ok =
+        grammar_matcher_accept_text(m, text, strlen(text), NULL) == 0 && grammar_matcher_can_end(m);
+    grammar_matcher_free(m);
+    grammar_vocab_free(v);
+    return ok;
+}
+
+static void test_model_lookup(void **state)
+{
+    (void)state;
+    static const char body[] =
+        "{%s\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tool_choice\":"
+        "\"required\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"ping\"}}]}";
+    static const char hermes[] = "<tool_call>{\"name\": \"ping\", \"arguments\": {}}</tool_call>";
+    static const char mistral[] = "[TOOL_CALLS][{\"name\": \"ping\", \"arguments\": {}}]";
+    static const struct {
+        const char *field, *name;
+        uint32_t ctx;
+        bool mistral;
+    } cases[] = {
+        {"\"model\":\"small\",", "small", 8, true},
+        {"\"model\":\"big\",", "big", N_CTX, false},
+        {"", "", N_CTX, false},
+        {"\"model\":null,", "", N_CTX, false},
+        {"\"model\":\"unknown\",", "unknown", 1, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char b[512];
+        snprintf(b, sizeof b, body, cases[i].field);
+        struct lookup l = {0};
+        struct openai_req r;
+        struct kvd_error e = {0};
+        if (openai_parse_ctx(OPENAI_CHAT, b, strlen(b), lookup_ctx, &l, &r, &e) != 0)
+            fail_msg("refused (%s): %s", e.message, b);
+        /* looked up once by the name given, which the request keeps */
+        assert_int_equal(l.calls, 1);
+        assert_string_equal(l.name, cases[i].name);
+        assert_int_equal(r.model_len, strlen(cases[i].name));
+        if (r.model_len)
+            assert_memory_equal(r.model, cases[i].name, r.model_len);
+        /* the named model's context bounds the chat default; its family
+         * makes the tools' grammar */
+        assert_int_equal(r.args.max_tokens, cases[i].ctx);
+        assert_non_null(r.args.compiled);
+        assert_true(r.args.tools_compiled);
+        assert_int_equal(grammar_takes(r.args.compiled, mistral), cases[i].mistral);
+        assert_int_equal(grammar_takes(r.args.compiled, hermes), !cases[i].mistral);
+        openai_req_free(&r);
+    }
+    /* a refusal names its field whatever the model */
+    struct lookup l = {0};
+    struct openai_req r;
+    struct kvd_error e = {0};
+    const char *bad = "{\"model\":\"small\",\"messages\":[],\"n\":0}";
+    assert_int_not_equal(openai_parse_ctx(OPENAI_CHAT, bad, strlen(bad), lookup_ctx, &l, &r, &e),
+                         0);
+    assert_true(e.param[0]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -635,9 +928,12 @@ int main(void)
         cmocka_unit_test_teardown(test_stream, teardown),
         cmocka_unit_test_teardown(test_unsupported, teardown),
         cmocka_unit_test_teardown(test_response_format, teardown),
+        cmocka_unit_test_teardown(test_tools, teardown),
+        cmocka_unit_test(test_tools_render),
         cmocka_unit_test_teardown(test_logprobs, teardown),
         cmocka_unit_test(test_logprobs_render),
         cmocka_unit_test(test_status_of),
+        cmocka_unit_test(test_model_lookup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
