@@ -8,7 +8,8 @@
  * Two random models (kvd-gguf-gen --layers 4 --embd 768 --heads 12
  * --kv-heads 4 --ff 2048 --vocab 8000, f16: about 80 MB of weights each),
  * served by one kvd on the cpu backend with a page budget (device-bytes)
- * that holds one model's weights, scratch and KV pages, not both models. ROUNDS (default 5) rounds of:
+ * that holds one model's weights, scratch and KV pages, not both models.
+ * ROUNDS (default 5) rounds of:
  *   loaded       a generate (max_tokens 1) of a new 128-token prompt to the
  *                model that is loaded;
  *   switch       the same to the other model: the daemon unloads the idle
