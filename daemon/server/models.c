@@ -800,19 +800,3 @@ void models_info(struct models_entry *e, struct models_info *out)
     out->spec_max_batch = e->ms->opts.spec_max_batch;
     snprintf(out->last_error, sizeof out->last_error, "%s", e->last_error);
 }
-
-void models_device_use(struct models *ms, uint64_t *used, uint64_t *budget)
-{
-    *used = *budget = 0;
-    if (!ms || !ms->pages)
-        return;
-    struct kvpages_stats st;
-    kvpages_stats(ms->pages, &st);
-    *budget = (uint64_t)st.pages[KVD_TIER_DEVICE] * st.page_bytes[KVD_TIER_DEVICE];
-    *used = (uint64_t)st.used[KVD_TIER_DEVICE] * st.page_bytes[KVD_TIER_DEVICE];
-}
-
-struct kvpages *models_pages(struct models *ms)
-{
-    return ms ? ms->pages : NULL;
-}

@@ -320,3 +320,21 @@ int mload_fits(struct models *ms, const struct models_entry *e, uint32_t *need,
                              free_now);
     return 0;
 }
+
+/* ---- reading ------------------------------------------------------------ */
+
+void models_device_use(struct models *ms, uint64_t *used, uint64_t *budget)
+{
+    *used = *budget = 0;
+    if (!ms || !ms->pages)
+        return;
+    struct kvpages_stats st;
+    kvpages_stats(ms->pages, &st);
+    *budget = (uint64_t)st.pages[KVD_TIER_DEVICE] * st.page_bytes[KVD_TIER_DEVICE];
+    *used = (uint64_t)st.used[KVD_TIER_DEVICE] * st.page_bytes[KVD_TIER_DEVICE];
+}
+
+struct kvpages *models_pages(struct models *ms)
+{
+    return ms ? ms->pages : NULL;
+}
