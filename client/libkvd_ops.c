@@ -875,10 +875,35 @@ int kvd_kv_export(struct kvd_ctx *ctx, uint64_t seq, size_t from_token, size_t n
             ex->maps[fd].writable = true;
     }
     ex->n_blocks = bl->v.array.n;
-    /* Each page mapped whole (its size from fstat): offsets stay as sent. */
+    /* What each descriptor is (a daemon that does not say sends memfds). */
+    const struct kvd_value *mp = kvd_value_get(r->body, "maps");
+    if (mp && (mp->type != KVD_T_ARRAY || mp->v.array.n != nfd)) {
+        rc = bad_reply(ctx, r, "maps", "array of {kind, bytes, writable}, one per descriptor");
+        goto out;
+    }
+    for (size_t i = 0; mp && i < nfd; i++) {
+        const struct kvd_value *k = kvd_value_get(&mp->v.array.items[i], "kind");
+        uint64_t bytes;
+        if (!k || k->type != KVD_T_STR ||
+            kvd_value_u64(kvd_value_get(&mp->v.array.items[i], "bytes"), &bytes)) {
+            rc = bad_reply(ctx, r, "maps", "array of {kind, bytes, writable}, one per descriptor");
+            goto out;
+        }
+        if (k->v.str.len == 8 && !memcmp(k->v.str.ptr, "cuda_vmm", 8)) {
+            ex->maps[i].kind = KVD_EXPORT_CUDA_VMM;
+            ex->maps[i].len = (size_t)bytes;
+        } else if (!(k->v.str.len == 5 && !memcmp(k->v.str.ptr, "memfd", 5))) {
+            rc = kvd_set_err(ctx, KVD_EUNSUPPORTED, "export page %zu: unknown kind '%.*s'", i,
+                             (int)k->v.str.len, k->v.str.ptr);
+            goto out;
+        }
+    }
+    /* Each memfd page mapped whole (its size from fstat): offsets stay as sent. */
     for (size_t i = 0; i < nfd; i++) {
         struct stat sb;
         struct kvd_export_map *m = &ex->maps[i];
+        if (m->kind == KVD_EXPORT_CUDA_VMM)
+            continue;
         if (fstat(m->fd, &sb) != 0 || sb.st_size <= 0) {
             rc = kvd_set_err(ctx, KVD_EINTERNAL, "export descriptor %zu: %s", i,
                              strerror(errno ? errno : EINVAL));
@@ -900,7 +925,7 @@ int kvd_kv_export(struct kvd_ctx *ctx, uint64_t seq, size_t from_token, size_t n
             rc = kvd_set_err(ctx, KVD_EINTERNAL, "export block %zu lies outside its page", i);
             goto out;
         }
-        b->data = (char *)ex->maps[b->fd].addr + b->offset;
+        b->data = ex->maps[b->fd].addr ? (char *)ex->maps[b->fd].addr + b->offset : NULL;
     }
     *out = ex;
     ex = NULL;

@@ -19,6 +19,7 @@
 #include "kvd/version.h"
 #include "kvmm.h"
 #include "kvevents.h"
+#include "pages.h"
 #include "acct.h"
 #include "log.h"
 #include "http.h"
@@ -63,9 +64,9 @@ static int pick_backend(const struct options *o, struct backend **be)
     return rc;
 }
 
-/* Store mode's arenas: --device-blocks, or --gpu-mem of the device's
- * free memory, or the default; --host-blocks or --host-mem. (A model's
- * arenas are cut in models_load.c.) */
+/* Store mode's KV in blocks: --device-blocks, or --gpu-mem of the device's
+ * free memory, or the default; --host-blocks or --host-mem. (The models'
+ * budget is sized in models_budget.c.) */
 static int size_arenas(const struct options *o, struct backend *be, size_t block_bytes,
                        uint32_t *dev, uint32_t *host)
 {
@@ -120,9 +121,53 @@ static void raise_fd_limit(const struct options *o)
                  (unsigned long long)rl.rlim_cur, o->max_conns);
 }
 
-/* Store mode: one kvmm of the options' geometry, with the disk and
- * remote tiers the options ask for. 0, or the exit status. */
-static int store_kvmm(const struct options *opts, struct backend *be, struct kvmm **out)
+/* The largest divisor of n that is at most m (at least 1). */
+static uint64_t divisor_under(uint64_t n, uint64_t m)
+{
+    for (uint64_t d = m < n ? m : n; d > 1; d--)
+        if (n % d == 0)
+            return d;
+    return 1;
+}
+
+/* Store mode's page budget: --device-bytes, else the device blocks
+ * (--device-blocks, --gpu-mem or the default) in bytes; the host tier's
+ * --host-mem, else its blocks in bytes. A tier given as a number of
+ * blocks (and no --page-bytes) is cut into pages of whole blocks, the most
+ * that divide that number up to the default page, so the pool holds
+ * exactly that many blocks; a page that is then no multiple of the
+ * backend's granularity makes the pool one arena allocated up front,
+ * which kv_export cannot hand out. */
+static int size_budget(const struct options *o, struct backend *be, size_t block_bytes,
+                       struct kvpages_conf *pc)
+{
+    uint32_t dev = 0, host = 0;
+    memset(pc, 0, sizeof *pc);
+    if (!o->device_bytes && size_arenas(o, be, block_bytes, &dev, &host) != 0)
+        return KVD_EBADREQ;
+    if (o->device_bytes && size_arenas(o, be, block_bytes, &dev, &host) != 0)
+        dev = 0; /* --gpu-mem's errors do not matter when --device-bytes is given */
+    pc->bytes[KVD_TIER_DEVICE] = o->device_bytes ? o->device_bytes : (uint64_t)dev * block_bytes;
+    pc->bytes[KVD_TIER_HOST] =
+        o->host_blocks == UINT32_MAX && o->host_mem ? o->host_mem : (uint64_t)host * block_bytes;
+    pc->page_bytes[KVD_TIER_DEVICE] = pc->page_bytes[KVD_TIER_HOST] = o->page_bytes;
+    bool in_blocks[2] = {!o->device_bytes && (o->device_blocks || o->gpu_mem <= 0),
+                         o->host_blocks != UINT32_MAX || !o->host_mem};
+    uint32_t n[2] = {dev, host};
+    for (int t = 0; t < 2 && !o->page_bytes; t++)
+        if (in_blocks[t] && n[t]) {
+            uint64_t most = kvpages_default_page(be, (enum kvd_tier)t, pc->bytes[t]) / block_bytes;
+            pc->page_bytes[t] = divisor_under(n[t], most ? most : 1) * block_bytes;
+            pc->exact[t] = true;
+        }
+    return 0;
+}
+
+/* Store mode: one kvmm of the options' geometry on a page budget of its
+ * own, with the disk and remote tiers the options ask for. 0, or the exit
+ * status. */
+static int store_kvmm(const struct options *opts, struct backend *be, struct kvmm **out,
+                      struct kvpages **pages)
 {
     struct kvd_error kerr;
     struct kvmm_config mc = {
@@ -134,20 +179,37 @@ static int store_kvmm(const struct options *opts, struct backend *be, struct kvm
         return 2;
     }
     size_t bb = kv_block_bytes(&mc.geom);
-    if (size_arenas(opts, be, bb, &mc.n_device_blocks, &mc.n_host_blocks) != 0)
+    struct kvpages_conf pc;
+    if (size_budget(opts, be, bb, &pc) != 0)
         return 2;
-    log_info("store mode: backend %s, %u layers x %u kv heads x %u head_dim %s, %u tokens per "
-             "block (%zu bytes); %u device + %u host blocks",
-             be->ops->name, mc.geom.layers, mc.geom.kv_heads, mc.geom.head_dim,
-             kv_dtype_name(mc.geom.dtype), mc.geom.block_tokens, bb, mc.n_device_blocks,
-             mc.n_host_blocks);
+    if (kvpages_new(be, &pc, pages, &kerr) != 0) {
+        log_err("the page budget: %s", kerr.message);
+        return 2;
+    }
+    mc.pages = *pages;
     int rc = kvmm_new(&mc, out);
     if (rc) {
-        log_err("cannot create the KV memory manager: %s (%u device + %u host blocks of %zu "
-                "bytes)",
-                kvd_err_code(rc), mc.n_device_blocks, mc.n_host_blocks, bb);
+        log_err("cannot create the KV memory manager: %s (a budget of %llu device + %llu host "
+                "bytes in pages of %llu, blocks of %zu bytes)",
+                kvd_err_code(rc), (unsigned long long)pc.bytes[KVD_TIER_DEVICE],
+                (unsigned long long)pc.bytes[KVD_TIER_HOST],
+                (unsigned long long)kvpages_page_bytes(*pages, KVD_TIER_DEVICE), bb);
         return 1;
     }
+    struct kvmm_stats ks;
+    kvmm_lock(*out);
+    kvmm_stats(*out, &ks);
+    kvmm_unlock(*out);
+    log_info("store mode: backend %s, %u layers x %u kv heads x %u head_dim %s, %u tokens per "
+             "block (%zu bytes); pages: device %u of %llu bytes (%u blocks each), host %u of "
+             "%llu bytes: up to %u device + %u host blocks",
+             be->ops->name, mc.geom.layers, mc.geom.kv_heads, mc.geom.head_dim,
+             kv_dtype_name(mc.geom.dtype), mc.geom.block_tokens, bb,
+             kvpages_total(*pages, KVD_TIER_DEVICE),
+             (unsigned long long)kvpages_page_bytes(*pages, KVD_TIER_DEVICE),
+             ks.blocks_per_page[KVD_TIER_DEVICE], kvpages_total(*pages, KVD_TIER_HOST),
+             (unsigned long long)kvpages_page_bytes(*pages, KVD_TIER_HOST), ks.device_total,
+             ks.host_total);
     if (opts->disk_dir[0]) {
         struct kvmm_disk_conf dc = {.dir = opts->disk_dir,
                                     .max_bytes = opts->disk_max_bytes,
@@ -209,6 +271,7 @@ int main(int argc, char **argv)
     struct backend *be = NULL;
     struct kvmm *mm = NULL;       /* store mode's; serve mode: the first model's */
     struct models *models = NULL; /* serve mode: every model (models.h) */
+    struct kvpages *pages = NULL; /* store mode's page budget (the models own theirs) */
     struct server *srv = NULL;
     struct ops_generate *gen = NULL;   /* generate and cancel, serve mode */
     struct workpool *pool = NULL;      /* the text workers */
@@ -314,9 +377,8 @@ int main(int argc, char **argv)
         }
         mm = models_kvmm(models_at(models, 0));
         log_info("serve mode: backend %s, %zu model%s%s", be->ops->name, models_count(models),
-                 models_count(models) == 1 ? "" : "s",
-                 opts.device_bytes ? "" : " (no device-bytes budget)");
-    } else if ((status = store_kvmm(&opts, be, &mm)) != 0) {
+                 models_count(models) == 1 ? "" : "s", opts.device_bytes ? " on device-bytes" : "");
+    } else if ((status = store_kvmm(&opts, be, &mm, &pages)) != 0) {
         goto out_mm;
     }
     status = 1;
@@ -426,6 +488,7 @@ out_mm:
         models_free(models);
     else
         kvmm_free(mm);
+    kvpages_free(pages); /* after the pool on it */
 out_be:
     workpool_free(pool);
     workpool_free(disk_pool);

@@ -16,6 +16,11 @@ struct backend;
 struct compute_ops; /* compute.h */
 struct kvd_error;   /* kvd/status.h */
 
+/* What a page descriptor (arena_page_fd) is: a memfd the client mmaps, or
+ * the POSIX file descriptor of a CUDA VMM allocation the client imports
+ * with cuMemImportFromShareableHandle. */
+enum backend_fd_kind { BACKEND_FD_MEMFD = 0, BACKEND_FD_CUDA_VMM = 1 };
+
 /* Which implementation a backend is: branch on this, never on the name. */
 enum backend_kind { BACKEND_CPU = 0, BACKEND_CUDA = 1 };
 
@@ -41,23 +46,38 @@ struct backend_ops {
     int (*copy_async)(struct backend *be, void *dst, enum kvd_tier dst_tier, const void *src,
                       enum kvd_tier src_tier, size_t bytes);
     int (*copy_wait)(struct backend *be); /* waits for every copy_async issued so far */
-    /* Exportable arenas (kv_export). Optional: NULL where the backend's
-     * memory cannot be handed to another process by descriptor (cuda
-     * without the VMM pool). arena_alloc_paged maps n_units units of `unit`
-     * bytes as whole pages of *units_per_page units each (the backend picks
-     * it: about 2 MiB, a multiple of the OS page size, few enough pages for
-     * its descriptor budget), so no unit straddles two pages; the memory is
-     * host-addressable and zero-filled, and arena_free frees it. */
-    int (*arena_alloc_paged)(struct backend *be, enum kvd_tier tier, size_t unit, size_t n_units,
-                             size_t *units_per_page, void **out);
-    /* A new descriptor (the caller's to close) of page `page` of the paged
-     * arena at `arena`: read-write, or read-only (one that cannot be mapped
-     * writable). 0, KVD_ENOMEM (out of descriptors) or KVD_EINTERNAL. */
-    int (*arena_page_fd)(struct backend *be, void *arena, size_t page, bool writable, int *fd);
-    /* Gives page `page` fresh zeroed memory at the same address; the old
-     * memory stays with whoever still maps it. Nothing may be using the
-     * page's bytes meanwhile. 0 or KVD_ENOMEM. */
-    int (*arena_page_renew)(struct backend *be, void *arena, size_t page);
+    /* Elastic arenas: the KV pools (docs/architecture.md "Pages"). Optional:
+     * NULL where the backend only has whole arenas (arena_alloc); the pools
+     * are then one arena allocated up front and cannot be exported.
+     * arena_granularity: the bytes a page must be a whole multiple of (cpu:
+     * the OS page; cuda device: cuMemGetAllocationGranularity).
+     * arena_reserve: an address range of n_pages pages of page_bytes (a
+     * multiple of the granularity) with no memory behind it.
+     * arena_map: page `page` gets fresh memory (cpu: zero-filled; cuda:
+     * whatever the driver gives), addressable at base + page * page_bytes
+     * from the backend's copies and kernels (device tier) or from the host
+     * (host tier). 0 or KVD_ENOMEM.
+     * arena_unmap: the page's memory goes back (whoever holds a descriptor
+     * of it keeps its own reference) and the addresses stay reserved; first
+     * waits until no copy or kernel queued so far can still touch it.
+     * arena_release: unmaps what is mapped and frees the range.
+     * arena_page_fd: a new descriptor (the caller's to close) of mapped page
+     * `page`: a memfd (read-write, or a read-only open that cannot be mapped
+     * writable), or on the cuda device tier the POSIX descriptor of the
+     * page's VMM allocation (cuMemExportToShareableHandle), which is never
+     * read-only: *kind says which. 0, KVD_ENOMEM (out of descriptors),
+     * KVD_EUNSUPPORTED (a read-only descriptor asked where there is none)
+     * or KVD_EINTERNAL. */
+    size_t (*arena_granularity)(struct backend *be, enum kvd_tier tier);
+    int (*arena_reserve)(struct backend *be, enum kvd_tier tier, size_t page_bytes, size_t n_pages,
+                         void **base);
+    int (*arena_map)(struct backend *be, void *base, size_t page);
+    int (*arena_unmap)(struct backend *be, void *base, size_t page);
+    void (*arena_release)(struct backend *be, void *base);
+    int (*arena_page_fd)(struct backend *be, void *base, size_t page, bool writable, int *fd,
+                         enum backend_fd_kind *kind);
+    /* Bit t set: arena_page_fd can give tier t's pages read-only. */
+    uint8_t page_fd_read_only;
     /* Zero-fills `bytes` at dst in tier `tier`, ordered like copy_async
      * (after the compute issued so far, before every later copy and the
      * next step's work): cuda a cudaMemsetAsync on the copy stream, cpu a

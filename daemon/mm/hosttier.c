@@ -38,8 +38,6 @@ int hosttier_move(struct pool *p, const uint32_t *ids, size_t n, enum kvd_tier t
                     *bad = i;
                 return KVD_EINTERNAL;
             }
-    if (pool_free_slots(p, to) < n)
-        return KVD_ENOMEM;
     slots = fault_malloc(sizeof *slots * n);
     if (!slots)
         return KVD_ENOMEM;
@@ -47,7 +45,11 @@ int hosttier_move(struct pool *p, const uint32_t *ids, size_t n, enum kvd_tier t
         const struct pool_block *b = &p->blocks[ids[taken]];
         int (*cp)(struct backend *, void *, enum kvd_tier, const void *, enum kvd_tier, size_t) =
             be->ops->copy_async ? be->ops->copy_async : be->ops->copy;
-        slots[taken] = pool_slot_take(p, to);
+        slots[taken] = pool_slot_take(p, to, b->owner);
+        if (slots[taken] == POOL_NONE) {
+            err = KVD_ENOMEM;
+            break;
+        }
         err = cp(be, pool_slot_ptr(p, to, slots[taken]), to, pool_slot_ptr(p, from, b->slot), from,
                  p->block_bytes);
         if (err) {
@@ -65,7 +67,7 @@ int hosttier_move(struct pool *p, const uint32_t *ids, size_t n, enum kvd_tier t
         while (taken)
             pool_slot_give(p, to, slots[--taken]);
         free(slots);
-        return KVD_EINTERNAL;
+        return err == KVD_ENOMEM ? KVD_ENOMEM : KVD_EINTERNAL;
     }
     for (size_t i = 0; i < n; i++) {
         pool_retier(p, ids[i], to, slots[i]);

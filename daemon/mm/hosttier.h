@@ -18,7 +18,8 @@ int hosttier_verify(const struct pool *p, uint32_t id);
 
 /* Moves n blocks (all on the other tier) to tier `to` as one batch:
  * copy_async for each (copy when the backend has none), one copy_wait.
- * The caller guarantees n free slots on `to`. To the host: writes every
+ * Each block's slot on `to` is taken in its owner's pages (pool_slot_take:
+ * a new page when they are full; the caller made room). To the host: writes every
  * checksum. To the device: verifies every checksum first and moves nothing
  * when one fails (*bad = its index). All or nothing: 0, KVD_EINTERNAL
  * (checksum or copy failure) or KVD_ENOMEM. */

@@ -26,7 +26,8 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
     if (!cfg->be || g.layers == 0 || g.kv_heads == 0 || g.head_dim == 0 ||
         g.layers > KVMM_MAX_DIM || g.kv_heads > KVMM_MAX_DIM || g.head_dim > KVMM_MAX_DIM ||
         g.block_tokens > 4096 || kv_row_bytes(g.dtype, g.head_dim) == 0 ||
-        cfg->n_device_blocks == 0)
+        (!cfg->pages && cfg->n_device_blocks == 0) ||
+        (cfg->pages && kvpages_backend(cfg->pages) != cfg->be))
         return KVD_EBADREQ;
     bytes =
         (uint64_t)g.layers * 2 * g.kv_heads * g.block_tokens * kv_row_bytes(g.dtype, g.head_dim);
@@ -52,8 +53,15 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
         err = KVD_ENOMEM;
         goto out_free;
     }
-    err = pool_init_off(&mm->pool, cfg->be, mm->block_bytes, cfg->n_device_blocks,
-                        cfg->n_host_blocks, cfg->device_detached);
+    if (cfg->pages) {
+        uint64_t cap[POOL_TIERS] = {cfg->max_device_bytes, cfg->max_host_bytes};
+        err = pool_init_budget(&mm->pool, cfg->pages, mm->block_bytes, cap);
+    } else {
+        err = pool_init(&mm->pool, cfg->be, mm->block_bytes, cfg->n_device_blocks,
+                        cfg->n_host_blocks);
+    }
+    if (!err && cfg->device_detached)
+        err = pool_device_release(&mm->pool);
     if (err)
         goto out_free;
     err = radix_init(&mm->radix, &mm->pool, g.block_tokens);
@@ -63,12 +71,15 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
      * pools' worth of clock ticks (kvmm_impl.h). */
     mm->evict_policy = cfg->evict_policy == KVMM_EVICT_LRU ? KVMM_EVICT_LRU : KVMM_EVICT_HITS;
     mm->radix.hit_scale = mm->evict_policy == KVMM_EVICT_HITS
-                              ? (uint64_t)KVMM_HIT_SCALE_POOLS * cfg->n_device_blocks
+                              ? (uint64_t)KVMM_HIT_SCALE_POOLS * mm->pool.n_slots[KVD_TIER_DEVICE]
                               : 0;
     if (pthread_mutex_init(&mm->lock, NULL)) {
         err = KVD_EINTERNAL;
         goto out_radix;
     }
+    mm->member =
+        (struct kvpages_member){.reclaim = mm_reclaim, .reclaim_own = mm_reclaim_own, .ctx = mm};
+    kvpages_attach(mm->pool.budget, &mm->member);
     *out = mm;
     return 0;
 
@@ -91,11 +102,16 @@ void kvmm_free(struct kvmm *mm)
     if (atomic_load_explicit(&mm->holder, memory_order_relaxed) != 0)
         mm_lock_violation(__func__, "while kvmm_lock is held");
 #endif
+    /* Out of the budget first: another pool's reclaim may be inside. */
+    kvpages_detach(mm->pool.budget, &mm->member);
     mm_remote_free(mm); /* its writer stops first: it takes the lock */
     mm_disk_free(mm);   /* the same */
     mm_exports_free(mm);
     seq_table_free(&mm->st);
     radix_destroy(&mm->radix);
+    for (uint32_t i = 0; i < mm->tt.n; i++)
+        if (tenant_live(&mm->tt, i))
+            kvpages_tenant_unref(mm->pool.budget, mm->tt.v[i].bt);
     pool_destroy(&mm->pool);
     tenant_table_free(&mm->tt);
     pthread_mutex_destroy(&mm->lock);
@@ -130,6 +146,16 @@ void kvmm_lock(struct kvmm *mm)
 #ifdef KVD_LOCK_CHECKS
     atomic_store_explicit(&mm->holder, mm_thread_self(), memory_order_relaxed);
 #endif
+}
+
+bool mm_trylock(struct kvmm *mm)
+{
+    if (pthread_mutex_trylock(&mm->lock) != 0)
+        return false;
+#ifdef KVD_LOCK_CHECKS
+    atomic_store_explicit(&mm->holder, mm_thread_self(), memory_order_relaxed);
+#endif
+    return true;
 }
 
 void kvmm_unlock(struct kvmm *mm)
@@ -232,14 +258,21 @@ static int mm_floor_fits(struct kvmm *mm, const char *name, uint32_t floor)
     return 0;
 }
 
+static struct kvpages_limits mm_limits(const struct kvmm_tenant_conf *c)
+{
+    return (struct kvpages_limits){.max_bytes = {c->max_device_bytes, c->max_host_bytes},
+                                   .reserved_device_bytes = c->reserved_device_bytes};
+}
+
 /* kvmm_tenant_set (at == UINT32_MAX: the table picks the id) and
  * kvmm_tenant_set_at. */
 static int tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32_t at,
                       uint32_t *tenant_id)
 {
     struct kvmm_tenant_conf c = *conf;
+    struct kvpages_limits lim = mm_limits(conf);
     char nsname[80];
-    uint32_t id, ns;
+    uint32_t id, ns, bt;
     int err;
 
     c.name[sizeof c.name - 1] = '\0';
@@ -253,6 +286,9 @@ static int tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint
         return KVD_EBADREQ;
     id = tenant_find(&mm->tt, c.name);
     if (id != UINT32_MAX && (at == UINT32_MAX || at == id)) {
+        if ((err = kvpages_tenant_set(mm->pool.budget, mm->tt.v[id].bt, &lim, mm->err,
+                                      sizeof mm->err)))
+            return err;
         mm->tt.v[id].conf = c;
         *tenant_id = id;
         return 0;
@@ -260,11 +296,17 @@ static int tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint
     if (id != UINT32_MAX)
         return mm_fail(mm, KVD_EBUSY, "tenant '%s' has id %u here, not %u", c.name, id, at);
     uint32_t top = at == UINT32_MAX ? mm->tt.n : (at >= mm->tt.n ? at : mm->tt.n - 1);
-    if (top + 1 >= KVMM_NO_TENANT)
+    if (top + 1 >= KVMM_NO_TENANT - 1)
         return mm_fail(mm, KVD_ETOOLARGE, "too many tenants");
     if (at != UINT32_MAX && tenant_live(&mm->tt, at))
         return mm_fail(mm, KVD_EBUSY, "tenant id %u is '%s''s here, not '%s''s", at,
                        mm->tt.v[at].conf.name, c.name);
+    if (kvpages_tenant_ref(mm->pool.budget, c.name, &bt))
+        return mm_fail(mm, KVD_ENOMEM, "out of memory adding tenant '%s'", c.name);
+    if ((err = kvpages_tenant_set(mm->pool.budget, bt, &lim, mm->err, sizeof mm->err))) {
+        kvpages_tenant_unref(mm->pool.budget, bt);
+        return err;
+    }
     snprintf(nsname, sizeof nsname, "tenant:%s", c.name);
     err = radix_tenants_reserve(&mm->radix, top + 1);
     if (!err)
@@ -273,10 +315,13 @@ static int tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint
         err = tenant_add(&mm->tt, &c, &id);
     else if (!err)
         err = tenant_add_at(&mm->tt, &c, id = at);
-    if (err)
+    if (err) {
+        kvpages_tenant_unref(mm->pool.budget, bt);
         return mm_fail(mm, err, "%s adding tenant '%s'",
                        err == KVD_EBUSY ? "id taken" : "out of memory", c.name);
+    }
     mm->tt.v[id].ns = ns;
+    mm->tt.v[id].bt = bt;
     *tenant_id = id;
     return 0;
 }
@@ -316,6 +361,7 @@ int kvmm_tenant_remove(struct kvmm *mm, uint32_t tenant)
         return mm_fail(mm, KVD_EBUSY, "tenant '%s' still owns %u device and %u host blocks",
                        t->conf.name, t->dev_blocks, t->host_blocks);
     char name[sizeof t->conf.name];
+    uint32_t bt = t->bt;
     memcpy(name, t->conf.name, sizeof name);
     if (ns < mm->tt.n_ns && tenant_ns_remove(&mm->tt, ns) != 0)
         return mm_fail(mm, KVD_ENOMEM, "out of memory removing tenant '%s'", name);
@@ -325,6 +371,7 @@ int kvmm_tenant_remove(struct kvmm *mm, uint32_t tenant)
         snprintf(mm->tt.ns_names[ns], sizeof mm->tt.ns_names[ns], "tenant:%s", name);
         return mm_fail(mm, KVD_ENOMEM, "out of memory removing tenant '%s'", name);
     }
+    kvpages_tenant_unref(mm->pool.budget, bt);
     return 0;
 }
 
@@ -399,6 +446,23 @@ size_t kvmm_device_available(struct kvmm *mm, uint32_t tenant)
         if (q < room)
             room = (size_t)q;
     }
+    /* The byte quota: its free slots, its cache here, and the pages it may
+     * still take. */
+    uint32_t left = kvpages_quota_left(mm->pool.budget, KVD_TIER_DEVICE, t->bt);
+    if (left != UINT32_MAX) {
+        const struct pool *p = &mm->pool;
+        uint32_t o = mm_owner(mm, tenant, t->ns);
+        uint64_t q = (uint64_t)left / p->budget_pages[KVD_TIER_DEVICE];
+        for (uint32_t i = 0; i < p->n_owners; i++)
+            if (p->owners[i].tenant == tenant)
+                q += p->owners[i].n_fc_pages[KVD_TIER_DEVICE];
+        q *= p->slots_per_page[KVD_TIER_DEVICE];
+        if (o != POOL_NONE)
+            q += p->owners[o].n_free[KVD_TIER_DEVICE] + p->owners[o].n_cached[KVD_TIER_DEVICE] -
+                 p->owners[o].n_fc_blocks[KVD_TIER_DEVICE];
+        if (q < room)
+            room = (size_t)q;
+    }
     return room;
 }
 
@@ -408,11 +472,6 @@ void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st)
     const struct pool *p = &mm->pool;
 
     *st = mm->ctr;
-    /* A given-back device arena (kvmm_device_detach) has no slots. */
-    st->device_total = p->device_off ? 0 : p->n_slots[KVD_TIER_DEVICE];
-    st->host_total = p->n_slots[KVD_TIER_HOST];
-    st->device_free = p->n_free_slots[KVD_TIER_DEVICE];
-    st->host_free = p->n_free_slots[KVD_TIER_HOST];
     st->device_cached = st->host_cached = 0;
     /* cached = held by the tree only; a scan, fine for a stats request. */
     for (uint32_t i = 0; i < p->n_ids; i++) {
@@ -424,6 +483,35 @@ void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st)
                 st->host_cached++;
         }
     }
+    /* total: what the pool may hold (its range, the budget); free: the
+     * free slots of its pages and the whole pages it could still take
+     * (other pools on the budget share those). */
+    uint32_t used[POOL_TIERS] = {0, 0};
+    for (uint32_t i = 0; i < p->n_ids; i++)
+        if (p->blocks[i].used)
+            used[p->blocks[i].tier]++;
+    for (int t = 0; t < POOL_TIERS; t++) {
+        uint64_t spp = p->slots_per_page[t], total = p->n_usable[t];
+        uint64_t fr = p->n_free_slots[t] + spp * pool_pages_free(p, (enum kvd_tier)t);
+        if (fr > total - used[t])
+            fr = total > used[t] ? total - used[t] : 0;
+        st->page_bytes[t] = p->page_bytes[t];
+        st->blocks_per_page[t] = p->slots_per_page[t];
+        st->pages_held[t] = p->n_mapped[t];
+        st->pages_spare[t] = p->n_spare[t];
+        st->pages_free[t] = pool_pages_free(p, (enum kvd_tier)t);
+        st->pages_cached[t] = p->n_fc_pages[t];
+        if (t == KVD_TIER_DEVICE) {
+            /* detached (kvmm_device_detach): the pool takes no page */
+            st->device_total = p->device_off ? 0 : (uint32_t)total;
+            st->device_free = p->device_off ? 0 : (uint32_t)fr;
+        } else {
+            st->host_total = (uint32_t)total;
+            st->host_free = (uint32_t)fr;
+        }
+    }
+    st->page_maps = p->maps;
+    st->page_unmaps = p->unmaps;
     st->device_used = st->device_total - st->device_free - st->device_cached;
     st->host_used = st->host_total - st->host_free - st->host_cached;
     st->n_seqs = mm->st.n_open;
@@ -453,6 +541,19 @@ int kvmm_tenant_stats(struct kvmm *mm, uint32_t tenant, struct kvmm_tenant_stats
     st->swaps_out = t->swaps_out;
     st->swaps_in = t->swaps_in;
     st->evictions = t->evictions;
+    for (uint32_t i = 0; i < mm->pool.n_owners; i++)
+        if (mm->pool.owners[i].tenant == tenant) {
+            st->device_pages += mm->pool.owners[i].n_pages[KVD_TIER_DEVICE];
+            st->host_pages += mm->pool.owners[i].n_pages[KVD_TIER_HOST];
+        }
+    for (int k = 0; k < POOL_TIERS; k++) {
+        uint64_t b = (uint64_t)kvpages_tenant_pages(mm->pool.budget, (enum kvd_tier)k, t->bt) *
+                     kvpages_page_bytes(mm->pool.budget, (enum kvd_tier)k);
+        if (k == KVD_TIER_DEVICE)
+            st->device_bytes = b;
+        else
+            st->host_bytes = b;
+    }
     for (uint32_t i = 0; i < mm->pool.n_ids; i++) {
         const struct pool_block *b = &mm->pool.blocks[i];
         if (b->used && b->node && b->tenant == tenant) {

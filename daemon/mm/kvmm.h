@@ -42,9 +42,14 @@ struct kvmm_tenant_conf {
                                         blocks of tenants above their floor are
                                         evicted first */
     uint32_t weight;                 /* scheduling weight, >= 1 */
-    uint64_t max_disk_bytes;         /* disk the tenant's sessions may pin; 0: no limit */
-    uint8_t events;                  /* enum kvmm_events_mode: KV events of its blocks */
-    bool remote; /* its blocks go to and come from the remote tier (default off) */
+    /* Across every pool on the page budget (every model), in whole pages
+     * (pages.h); 0: none. max_*_bytes: the pages its blocks may hold;
+     * reserved_device_bytes: a floor like reserved_device_blocks, in the
+     * budget's pages. The block limits above apply to this pool alone. */
+    uint64_t max_device_bytes, max_host_bytes, reserved_device_bytes;
+    uint64_t max_disk_bytes; /* disk the tenant's sessions may pin; 0: no limit */
+    uint8_t events;          /* enum kvmm_events_mode: KV events of its blocks */
+    bool remote;             /* its blocks go to and come from the remote tier (default off) */
 };
 
 /* ---- KV events (block lifecycle for routers) ----------------------------
@@ -89,8 +94,16 @@ struct kvmm_events_sink {
  * weight, is largest. LRU: the least recently used, weights ignored. */
 enum kvmm_evict_policy { KVMM_EVICT_HITS = 0, KVMM_EVICT_LRU = 1 };
 
+struct kvpages;
+
 struct kvmm_config {
     struct kv_geom geom;
+    /* The page budget the pool takes its pages from (pages.h; shared by
+     * every kvmm of the daemon, not owned), and how much of it this pool
+     * may hold per tier (0: all of it). NULL: a budget of its own of
+     * n_device_blocks and n_host_blocks blocks, one block per page. */
+    struct kvpages *pages;
+    uint64_t max_device_bytes, max_host_bytes;
     uint32_t n_device_blocks;
     uint32_t n_host_blocks; /* 0: no host tier (evicted blocks are dropped) */
     struct backend *be;     /* not owned */
@@ -98,8 +111,8 @@ struct kvmm_config {
      * mode): the root of every block key (blockkey.h). */
     uint8_t fingerprint[16];
     enum kvmm_evict_policy evict_policy;
-    /* The device arena is not allocated yet: kvmm_device_attach does (a
-     * model that is not loaded keeps its trees and host tier meanwhile). */
+    /* The pool takes no device page until kvmm_device_attach (a model
+     * that is not loaded keeps its trees and host tier meanwhile). */
     bool device_detached;
     /* Put into every sequence handle (bits 56-62, 0-126): the daemon's
      * models each have a kvmm, and a handle names its own. 0 leaves the
@@ -119,20 +132,21 @@ const char *kvmm_errmsg(const struct kvmm *mm); /* message of the last failure *
 const struct kv_geom *kvmm_geom(const struct kvmm *mm);
 size_t kvmm_block_bytes(const struct kvmm *mm);
 
-/* ---- the device arena (kvmm_device.c) ------------------------------------
- * A model that is unloaded gives its device arena back and keeps the rest
- * (trees, host tier, disk tier, tenants), so it reloads warm. */
+/* ---- the device pages (kvmm_device.c) ------------------------------------
+ * A model that is unloaded gives its device pages back to the page budget
+ * and keeps the rest (trees, host tier, disk tier, tenants), so it reloads
+ * warm. */
 /* Moves every cached device block to the host tier (dropping, as eviction
  * does, what the host tier or its owner's host quota cannot take: the disk
- * tier copies a block it has not written yet first), then frees the device
- * arena. KVD_EBUSY while a sequence is open or a page is exported (nothing
- * is moved then). *moved and *dropped (may be NULL) count the blocks. */
+ * tier copies a block it has not written yet first), then gives every
+ * device page back; the pool takes none until kvmm_device_attach.
+ * KVD_EBUSY while a sequence is open or a page is exported (nothing is
+ * moved then). *moved and *dropped (may be NULL) count the blocks. */
 int kvmm_device_detach(struct kvmm *mm, size_t *moved, size_t *dropped);
-/* Allocates the device arena again (zero-filled): 0, or the backend's
- * error (KVD_ENOMEM) with the message set. No-op when it is there. */
+/* The pool may take device pages again (as blocks need them): 0. */
 int kvmm_device_attach(struct kvmm *mm);
 bool kvmm_device_attached(const struct kvmm *mm);
-/* Bytes of the device arena (its size whether attached or not). */
+/* Bytes of the device pages the pool holds now (its spares included). */
 uint64_t kvmm_device_bytes(const struct kvmm *mm);
 /* The model's fingerprint, known once it has loaded: the root of every
  * block key from now on. A fingerprint other than the one the blocks were
@@ -244,23 +258,29 @@ int kvmm_seq_blocks(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t 
 const uint32_t *kvmm_seq_tokens(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t *n);
 
 /* ---- zero-copy export (kvmm_export.c) -----------------------------------
- * The blocks of tokens [from, from+n) of a sequence as pages of the paged
- * arenas (pool.h: struct pool_page) that one descriptor each maps: which
- * page, where in it, and whether the page may be mapped writable. Refused
- * (KVD_EPERM) unless every block in each page is the sequence tenant's own
- * or a tree block of the sequence's namespace: the pool is one flat array
- * per tier, so a page may hold several tenants' blocks. A page is writable
- * when `writable` was asked, it is a device page, the sequence is in its
- * tenant's own namespace, and every block in the page is this sequence's
- * alone (no other reference, not in the tree). Pinned pages take no new
- * block until released and empty (then they get fresh memory).
- * KVD_EUNSUPPORTED where the backend's arenas are not paged. At most
- * max_pages pages (KVD_ETOOLARGE past it). The caller frees *out with
- * kvmm_export_info_free. */
+ * The blocks of tokens [from, from+n) of a sequence as the pool's pages
+ * (pool.h) that one descriptor each maps: which page, where in it, and
+ * whether the page may be mapped writable. A page holds the blocks of one
+ * tenant in one namespace, so a tenant's own pages are its to see; a page
+ * of another tenant (a shared namespace's prefix blocks it made) is
+ * exported only when every block in it is a tree block of the sequence's
+ * namespace (else KVD_EPERM). A page is writable when `writable` was
+ * asked, it is a device page, the sequence is in its tenant's own
+ * namespace, and every block in the page is this sequence's alone (no
+ * other reference, not in the tree). Where the backend's descriptors of a
+ * tier cannot be read-only (cuda device pages: a VMM handle), only pages
+ * of the tenant's own namespace are exported (others KVD_EPERM), their
+ * descriptor granting writes to its own blocks whatever `writable` says.
+ * Pinned pages take no new block until released and empty (then they get
+ * fresh memory). KVD_EUNSUPPORTED where the pool's arenas are not
+ * elastic. At most max_pages pages (KVD_ETOOLARGE past it). The caller
+ * frees *out with kvmm_export_info_free. */
 struct kvmm_export_page {
     uint8_t tier;  /* enum kvd_tier */
     uint32_t page; /* of that tier's arena */
     bool writable;
+    bool
+        fd_writable; /* the descriptor grants writes (writable, or a tier without read-only ones) */
 };
 struct kvmm_export_block {
     uint32_t page;   /* index into pages */
@@ -283,9 +303,11 @@ void kvmm_export_info_free(struct kvmm_export_info *info);
  * the owner's. */
 int kvmm_export_release(struct kvmm *mm, kvmm_owner owner, uint64_t id);
 int kvmm_export_release_seq(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t *n);
-/* A new descriptor of an exported page (the caller's to close): the
- * backend's arena_page_fd. 0, KVD_ENOMEM, KVD_EINTERNAL. */
-int kvmm_export_fd(struct kvmm *mm, const struct kvmm_export_page *pg, int *fd);
+/* A new descriptor of an exported page (the caller's to close) and what it
+ * is (a memfd, or a cuda VMM handle): the backend's arena_page_fd. 0,
+ * KVD_ENOMEM, KVD_EINTERNAL. */
+int kvmm_export_fd(struct kvmm *mm, const struct kvmm_export_page *pg, int *fd,
+                   enum backend_fd_kind *kind);
 
 /* ---- for the executor --------------------------------------------------- */
 /* Makes tokens [start, start+n) writable on the device: restores host blocks,
@@ -494,6 +516,8 @@ int kvmm_check(struct kvmm *mm);
 struct kvmm_tenant_stats {
     char name[64];
     uint32_t device_blocks, host_blocks; /* blocks owned, by tier */
+    uint32_t device_pages, host_pages;   /* pages its blocks hold, this pool */
+    uint64_t device_bytes, host_bytes;   /* bytes of pages it holds, every pool on the budget */
     uint32_t cached_blocks;              /* owned blocks held by a radix tree */
     uint32_t cached_device, cached_host; /* of them: by tier (the KV events' GPU and CPU) */
     uint32_t seqs;
@@ -512,6 +536,14 @@ struct kvmm_stats {
      * and not yet empty (draining), free slots withheld in both (counted in
      * device_used/host_used: they are no one's to allocate). */
     uint32_t exports, export_pages, export_draining, export_withheld;
+    /* Pages (pages.h): this pool's page size and blocks per page, the pages
+     * it holds and could still take (free in the budget, which other pools
+     * share), pages full of cache, and pages mapped / given back so far. */
+    uint64_t page_bytes[2];
+    uint32_t blocks_per_page[2];
+    uint32_t pages_held[2], pages_free[2], pages_cached[2];
+    uint32_t pages_spare[2]; /* of pages_held, empty ones kept mapped (nobody's) */
+    uint64_t page_maps, page_unmaps;
 };
 void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st);
 int kvmm_tenant_stats(struct kvmm *mm, uint32_t tenant, struct kvmm_tenant_stats *st);

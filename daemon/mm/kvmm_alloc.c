@@ -1,7 +1,8 @@
-/* kvmm_alloc: block references, device allocation under quotas and reserved
- * floors, eviction (device → host → dropped, leaf-first, by the evict
- * policy: LRU or LRU plus hits and tenant weights) and tier moves
- * with their accounting. Every function expects the caller to hold mm->lock. */
+/* kvmm_alloc: block references, device allocation, block eviction (device
+ * → host → dropped, leaf-first, by the evict policy: LRU or LRU plus hits
+ * and tenant weights) and tier moves with their accounting. Making room in
+ * the pages (quotas, floors, whole pages) is kvmm_room.c. Every function
+ * expects the caller to hold mm->lock. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,33 +50,6 @@ void mm_unref(struct kvmm *mm, uint32_t id)
         radix_update(&mm->radix, b->node);
 }
 
-static bool mm_quota_limited(uint32_t q)
-{
-    return q != KVMM_UNLIMITED;
-}
-
-size_t mm_device_headroom(struct kvmm *mm, uint32_t tenant)
-{
-    uint64_t room = pool_free_slots(&mm->pool, KVD_TIER_DEVICE);
-
-    for (uint32_t i = 0; i < mm->tt.n; i++) {
-        const struct tenant *t = &mm->tt.v[i];
-        uint32_t cached = radix_cached(&mm->radix, i, KVD_TIER_DEVICE);
-        if (i == tenant) {
-            room += cached;
-            continue;
-        }
-        /* Free blocks may be borrowed by anyone, another tenant's floor
-         * included; its cache above its floor may be evicted for us, its
-         * cache inside its floor may not. */
-        if (t->dev_blocks > t->conf.reserved_device_blocks) {
-            uint32_t above = t->dev_blocks - t->conf.reserved_device_blocks;
-            room += cached < above ? cached : above;
-        }
-    }
-    return (size_t)room;
-}
-
 /* Eviction order across tenants: whether cached node a goes before b (each
  * the head of its tenant's heap). LRU: the older stamp. HITS: the larger
  * weighted age, where age = clock - radix_prio (negative while a hit bonus
@@ -93,8 +67,7 @@ static double mm_weighted_age(const struct kvmm *mm, const struct radix_node *n)
     return age >= 0 ? age / w : age * w;
 }
 
-static bool mm_evicts_before(const struct kvmm *mm, const struct radix_node *a,
-                             const struct radix_node *b)
+bool mm_evicts_before(const struct kvmm *mm, const struct radix_node *a, const struct radix_node *b)
 {
     if (mm->evict_policy == KVMM_EVICT_HITS) {
         double x = mm_weighted_age(mm, a), y = mm_weighted_age(mm, b);
@@ -104,7 +77,7 @@ static bool mm_evicts_before(const struct kvmm *mm, const struct radix_node *a,
     return radix_prio(&mm->radix, a) < radix_prio(&mm->radix, b);
 }
 
-static void mm_drop_node(struct kvmm *mm, struct radix_node *n)
+void mm_drop_node(struct kvmm *mm, struct radix_node *n)
 {
     const struct pool_block *b = pool_block(&mm->pool, n->block);
     uint32_t owner = b->tenant;
@@ -159,6 +132,8 @@ int mm_move(struct kvmm *mm, const uint32_t *ids, size_t n, enum kvd_tier to, si
     enum kvd_tier from = to == KVD_TIER_DEVICE ? KVD_TIER_HOST : KVD_TIER_DEVICE;
     int err = hosttier_move(&mm->pool, ids, n, to, bad);
 
+    if (err)
+        pool_trim(&mm->pool); /* pages mapped for the move that did not happen */
     if (err == KVD_EINTERNAL && to == KVD_TIER_DEVICE && bad && *bad < n)
         return mm_fail(mm, err, "host copy of block %u failed its checksum", ids[*bad]);
     if (err)
@@ -192,83 +167,6 @@ int mm_move(struct kvmm *mm, const uint32_t *ids, size_t n, enum kvd_tier to, si
     return 0;
 }
 
-/* Room for need[t] more host blocks of each tenant t (n in all): per-tenant
- * host quotas, then free slots, dropping host cache leaves. Feasibility
- * first, so a refusal drops nothing. */
-static int room_host(struct kvmm *mm, const uint32_t *need, size_t n)
-{
-    size_t droppable = 0;
-
-    for (uint32_t i = 0; i < mm->tt.n; i++) {
-        const struct tenant *t = &mm->tt.v[i];
-        uint32_t ev = radix_cached(&mm->radix, i, KVD_TIER_HOST);
-        droppable += ev;
-        if (need[i] && mm_quota_limited(t->conf.max_host_blocks) &&
-            (uint64_t)t->host_blocks + need[i] > (uint64_t)t->conf.max_host_blocks + ev)
-            return mm_fail(mm, KVD_EQUOTA,
-                           "tenant '%s': host block quota %u reached (%u in use, %u more needed)",
-                           t->conf.name, t->conf.max_host_blocks, t->host_blocks, need[i]);
-    }
-    if (pool_free_slots(&mm->pool, KVD_TIER_HOST) + droppable < n)
-        return mm_fail(mm, KVD_ENOMEM, "host tier full: %u free blocks, %zu needed",
-                       pool_free_slots(&mm->pool, KVD_TIER_HOST), n);
-    for (uint32_t i = 0; i < mm->tt.n; i++) {
-        const struct tenant *t = &mm->tt.v[i];
-        while (need[i] && mm_quota_limited(t->conf.max_host_blocks) &&
-               (uint64_t)t->host_blocks + need[i] > t->conf.max_host_blocks)
-            if (!mm_drop_host_one(mm, i))
-                return mm_fail(mm, KVD_EQUOTA, "tenant '%s': host block quota %u reached",
-                               t->conf.name, t->conf.max_host_blocks);
-    }
-    while (pool_free_slots(&mm->pool, KVD_TIER_HOST) < n)
-        if (!mm_drop_host_one(mm, KVMM_NO_TENANT))
-            return mm_fail(mm, KVD_ENOMEM, "host tier full");
-    return 0;
-}
-
-static int room_host_prep(struct kvmm *mm, uint32_t **need)
-{
-    if (mm->pool.n_slots[KVD_TIER_HOST] == 0)
-        return mm_fail(mm, KVD_ENOMEM, "there is no host tier (n_host_blocks = 0)");
-    *need = fault_calloc(mm->tt.n, sizeof **need);
-    if (!*need)
-        return mm_fail(mm, KVD_ENOMEM, "out of memory");
-    return 0;
-}
-
-int mm_room_host(struct kvmm *mm, const uint32_t *ids, size_t n)
-{
-    uint32_t *need;
-    int err;
-
-    if (n == 0)
-        return 0;
-    if ((err = room_host_prep(mm, &need)))
-        return err;
-    for (size_t i = 0; i < n; i++)
-        need[pool_block(&mm->pool, ids[i])->tenant]++;
-    err = room_host(mm, need, n);
-    free(need);
-    return err;
-}
-
-int mm_room_host_new(struct kvmm *mm, uint32_t tenant, size_t n)
-{
-    uint32_t *need;
-    int err;
-
-    if (n == 0)
-        return 0;
-    if (tenant >= mm->tt.n)
-        return mm_fail(mm, KVD_ENOTFOUND, "no tenant %u", tenant);
-    if ((err = room_host_prep(mm, &need)))
-        return err;
-    need[tenant] = (uint32_t)n;
-    err = room_host(mm, need, n);
-    free(need);
-    return err;
-}
-
 /* A device victim with no children at all, so it can be dropped outright
  * when the host tier cannot take it (rare: host full of pinned blocks). */
 static struct radix_node *mm_droppable_device(struct kvmm *mm, uint32_t tenant)
@@ -284,8 +182,9 @@ static struct radix_node *mm_droppable_device(struct kvmm *mm, uint32_t tenant)
 }
 
 /* Device → host when the host tier (and the owner's host quota) can take
- * it, else dropped when it is a leaf. */
-static bool mm_evict_node(struct kvmm *mm, struct radix_node *v)
+ * it, else dropped: when exact, v and its (host) subtree; else v when it is
+ * a leaf, or another leaf of its owner that has no children at all. */
+bool mm_evict_device_node(struct kvmm *mm, struct radix_node *v, bool exact)
 {
     uint32_t id = v->block, owner = pool_block(&mm->pool, id)->tenant;
     char saved[sizeof mm->err];
@@ -299,6 +198,11 @@ static bool mm_evict_node(struct kvmm *mm, struct radix_node *v)
         return true;
     }
     memcpy(mm->err, saved, sizeof saved);
+    if (exact) {
+        mm->ctr.evictions_device++;
+        mm_drop_subtree(mm, v);
+        return true;
+    }
     if (v->n_children == 0 || (v = mm_droppable_device(mm, owner)) != NULL) {
         mm->ctr.evictions_device++;
         mm_drop_node(mm, v);
@@ -327,57 +231,25 @@ bool mm_evict_device_one(struct kvmm *mm, uint32_t tenant)
         if (tenant != KVMM_NO_TENANT)
             break; /* a real tenant never takes another's floor */
     }
-    return best && mm_evict_node(mm, best);
+    return best && mm_evict_device_node(mm, best, false);
 }
 
-int mm_room_device(struct kvmm *mm, uint32_t tenant, size_t n, bool new_blocks)
+int mm_alloc_device(struct kvmm *mm, uint32_t tenant, uint32_t ns, size_t n, uint32_t *ids)
 {
-    struct tenant *t = &mm->tt.v[tenant];
-    uint64_t over = 0;
-    size_t headroom;
-
-    if (n == 0)
-        return 0;
-    if (new_blocks && mm_quota_limited(t->conf.max_device_blocks) &&
-        (uint64_t)t->dev_blocks + n > t->conf.max_device_blocks) {
-        over = (uint64_t)t->dev_blocks + n - t->conf.max_device_blocks;
-        if (over > radix_cached(&mm->radix, tenant, KVD_TIER_DEVICE))
-            return mm_fail(mm, KVD_EQUOTA,
-                           "tenant '%s': device block quota %u reached (%u in use, %zu more "
-                           "requested)",
-                           t->conf.name, t->conf.max_device_blocks, t->dev_blocks, n);
-    }
-    headroom = mm_device_headroom(mm, tenant);
-    if (n > headroom)
-        return mm_fail(mm, KVD_ENOMEM,
-                       "device pool exhausted: %zu blocks requested, %zu obtainable (%u free, "
-                       "the rest in use or reserved for other tenants)",
-                       n, headroom, pool_free_slots(&mm->pool, KVD_TIER_DEVICE));
-    for (; over > 0; over--) {
-        struct radix_node *v = radix_lru(&mm->radix, tenant, KVD_TIER_DEVICE);
-        if (!v || !mm_evict_node(mm, v))
-            return mm_fail(mm, KVD_EQUOTA, "tenant '%s': device block quota %u reached",
-                           t->conf.name, t->conf.max_device_blocks);
-    }
-    while (pool_free_slots(&mm->pool, KVD_TIER_DEVICE) < n)
-        if (!mm_evict_device_one(mm, tenant))
-            return mm_fail(mm, KVD_ENOMEM, "device pool exhausted: %zu blocks requested", n);
-    return 0;
-}
-
-int mm_alloc_device(struct kvmm *mm, uint32_t tenant, size_t n, uint32_t *ids)
-{
-    int err = mm_room_device(mm, tenant, n, true);
+    int err = mm_room_new(mm, KVD_TIER_DEVICE, tenant, ns, n);
+    uint32_t owner = err ? POOL_NONE : mm_owner(mm, tenant, ns);
 
     if (err)
         return err;
     for (size_t i = 0; i < n; i++) {
         struct pool_block *b;
-        err = pool_alloc(&mm->pool, KVD_TIER_DEVICE, tenant, &ids[i]);
-        if (err) { /* cannot happen after mm_room_device; undo anyway */
+        err = owner == POOL_NONE ? KVD_ENOMEM
+                                 : pool_alloc_in(&mm->pool, KVD_TIER_DEVICE, owner, &ids[i]);
+        if (err) { /* room was made: only a failed page map gets here */
             while (i)
                 mm_unref(mm, ids[--i]);
-            return mm_fail(mm, KVD_EINTERNAL, "device allocation failed after room was made");
+            pool_trim(&mm->pool);
+            return mm_fail(mm, KVD_ENOMEM, "device allocation failed after room was made");
         }
         mm->tt.v[tenant].dev_blocks++;
         b = pool_block(&mm->pool, ids[i]);
@@ -391,6 +263,7 @@ int mm_alloc_device(struct kvmm *mm, uint32_t tenant, size_t n, uint32_t *ids)
                                                   KVD_TIER_HOST, mm->block_bytes)) {
             for (size_t k = i + 1; k > 0; k--)
                 mm_unref(mm, ids[k - 1]);
+            pool_trim(&mm->pool); /* pages mapped for the blocks not made */
             return mm_fail(mm, KVD_EINTERNAL, "zero-filling a new block failed");
         }
     }

@@ -120,6 +120,22 @@ int kvmm_check(struct kvmm *mm)
             mm_fail(mm, err, "check: tenant '%s' has no namespace", tn->conf.name);
             goto out;
         }
+        /* Its pages here, against the budget's count of them in every pool
+         * (equal when the budget is this pool's own). */
+        for (int k = 0; k < POOL_TIERS && tenant_live(&mm->tt, t); k++) {
+            uint64_t here = 0;
+            for (uint32_t o = 0; o < p->n_owners; o++)
+                if (p->owners[o].tenant == t)
+                    here += (uint64_t)p->owners[o].n_pages[k] * p->budget_pages[k];
+            uint32_t all = kvpages_tenant_pages(p->budget, (enum kvd_tier)k, tn->bt);
+            if (p->own_budget ? here != all : here > all) {
+                mm_fail(mm, err,
+                        "check: tenant '%s' holds %llu budget pages of tier %d here, the budget "
+                        "counts %u",
+                        tn->conf.name, (unsigned long long)here, k, all);
+                goto out;
+            }
+        }
     }
     err = 0;
 out:

@@ -1,7 +1,8 @@
-/* kvmm_device: a model's device arena given back while the model is not
- * loaded, and taken again when it loads. The kvmm keeps everything else
- * (trees, host tier, disk and remote tiers, tenants), so the cached blocks
- * moved to the host at unload match again after the reload. */
+/* kvmm_device: a model's device pages given back to the page budget while
+ * the model is not loaded (its pool takes none until it loads again). The
+ * kvmm keeps everything else (trees, host tier, disk and remote tiers,
+ * tenants), so the cached blocks moved to the host at unload match again
+ * after the reload. */
 #include <string.h>
 
 #include "kvmm_impl.h"
@@ -49,9 +50,8 @@ int kvmm_device_detach(struct kvmm *mm, size_t *moved, size_t *dropped)
     n_dropped += drop_device_rest(mm);
     int rc = pool_device_release(&mm->pool);
     if (rc)
-        return mm_fail(mm, rc, "device blocks are still in use (%u of %u slots free)",
-                       pool_free_slots(&mm->pool, KVD_TIER_DEVICE),
-                       mm->pool.n_slots[KVD_TIER_DEVICE]);
+        return mm_fail(mm, rc, "device blocks are still in use (%u device pages held)",
+                       mm->pool.n_mapped[KVD_TIER_DEVICE] - mm->pool.n_spare[KVD_TIER_DEVICE]);
     if (moved)
         *moved = n_moved;
     if (dropped)
@@ -62,10 +62,7 @@ int kvmm_device_detach(struct kvmm *mm, size_t *moved, size_t *dropped)
 int kvmm_device_attach(struct kvmm *mm)
 {
     MM_ASSERT_LOCKED(mm);
-    int rc = pool_device_acquire(&mm->pool);
-    if (rc)
-        return mm_fail(mm, rc, "cannot allocate the device arena (%u blocks of %zu bytes)",
-                       mm->pool.n_slots[KVD_TIER_DEVICE], mm->block_bytes);
+    pool_device_acquire(&mm->pool);
     return 0;
 }
 
@@ -76,7 +73,7 @@ bool kvmm_device_attached(const struct kvmm *mm)
 
 uint64_t kvmm_device_bytes(const struct kvmm *mm)
 {
-    return (uint64_t)mm->pool.n_slots[KVD_TIER_DEVICE] * mm->block_bytes;
+    return (uint64_t)mm->pool.n_mapped[KVD_TIER_DEVICE] * mm->pool.page_bytes[KVD_TIER_DEVICE];
 }
 
 bool kvmm_set_fingerprint(struct kvmm *mm, const uint8_t fingerprint[16], size_t *cleared)

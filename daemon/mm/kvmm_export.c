@@ -18,15 +18,18 @@ struct mm_export {
     struct kvmm_export_page pages[]; /* (n_pages) */
 };
 
-int kvmm_export_fd(struct kvmm *mm, const struct kvmm_export_page *pg, int *fd)
+int kvmm_export_fd(struct kvmm *mm, const struct kvmm_export_page *pg, int *fd,
+                   enum backend_fd_kind *kind)
 {
     MM_ASSERT_LOCKED(mm);
     struct backend *be = mm->be;
     *fd = -1;
-    if (!be->ops->arena_page_fd || pg->tier >= POOL_TIERS || !mm->pool.pages[pg->tier] ||
+    *kind = BACKEND_FD_MEMFD;
+    if (!be->ops->arena_page_fd || pg->tier >= POOL_TIERS || !mm->pool.elastic[pg->tier] ||
         pg->page >= mm->pool.n_pages[pg->tier])
         return mm_fail(mm, KVD_EINTERNAL, "no such exported page");
-    int rc = be->ops->arena_page_fd(be, mm->pool.arena[pg->tier], pg->page, pg->writable, fd);
+    int rc =
+        be->ops->arena_page_fd(be, mm->pool.arena[pg->tier], pg->page, pg->fd_writable, fd, kind);
     if (rc)
         return mm_fail(mm, rc, "cannot make a descriptor of page %u: %s", pg->page,
                        rc == KVD_ENOMEM ? "out of descriptors" : "the backend failed");
@@ -40,47 +43,49 @@ void kvmm_export_info_free(struct kvmm_export_info *info)
     memset(info, 0, sizeof *info);
 }
 
-/* Whether block id (in a page to export for sequence s) may be seen by
- * s's tenant: its own, or a tree block of s's namespace. */
-static bool block_visible(const struct kvmm *mm, const struct seq *s, uint32_t id)
-{
-    const struct pool_block *b = &mm->pool.blocks[id];
-    if (b->tenant == s->tenant)
-        return true;
-    return b->node && b->node->ns == s->ns;
-}
-
-/* Page g of tier t: every block in it visible to s (else KVD_EPERM, the
- * message set), and *writable when every block in it is s's alone. */
+/* Page g of tier t for sequence s: the tenant's own page is its to see;
+ * another tenant's (prefix blocks it made in a shared namespace) only when
+ * every block in it is a tree block of s's namespace, else KVD_EPERM with
+ * the message set. *pg gets writable (every block in it s's alone, asked
+ * for, a device page of the tenant's own namespace) and fd_writable. */
 static int page_check(struct kvmm *mm, const struct seq *s, enum kvd_tier t, uint32_t g,
-                      bool want_writable, bool *writable)
+                      bool want_writable, struct kvmm_export_page *pg)
 {
     const struct pool *p = &mm->pool;
-    uint32_t spp = p->slots_per_page[t], s0 = g * spp;
-    uint32_t s1 = s0 + spp < p->n_slots[t] ? s0 + spp : p->n_slots[t];
-    uint32_t used = 0, mine = 0;
+    uint32_t s0 = pool_page_first(p, t, g), s1 = pool_page_end(p, t, g);
+    const struct pool_owner *o = &p->owners[p->pages[t][g].owner];
+    bool own_ns = s->tenant < mm->tt.n && s->ns == mm->tt.v[s->tenant].ns;
+    bool ro_ok = mm->be->ops->page_fd_read_only & (1u << t);
 
-    for (uint32_t sl = s0; sl < s1; sl++) {
-        uint32_t id = p->slot_block[t][sl];
-        if (id == POOL_NONE)
-            continue;
-        used++;
-        if (!block_visible(mm, s, id))
-            return mm_fail(mm, KVD_EPERM,
-                           "page %u of the %s pool also holds another tenant's blocks; a page "
-                           "is exported whole, so it cannot be exported to tenant %u",
-                           g, t == KVD_TIER_DEVICE ? "device" : "host", s->tenant);
+    if (o->tenant != s->tenant)
+        for (uint32_t sl = s0; sl < s1; sl++) {
+            uint32_t id = p->slot_block[t][sl];
+            if (id != POOL_NONE && !(p->blocks[id].node && p->blocks[id].node->ns == s->ns))
+                return mm_fail(mm, KVD_EPERM,
+                               "page %u of the %s pool is another tenant's and holds blocks "
+                               "outside the prefix tree; a page is exported whole, so it cannot "
+                               "be exported to tenant %u",
+                               g, t == KVD_TIER_DEVICE ? "device" : "host", s->tenant);
+        }
+    /* A descriptor that cannot be read-only hands out writes: only for the
+     * tenant's own pages of its own namespace (it can harm its own cache,
+     * nobody else's). */
+    if (!ro_ok && !(o->tenant == s->tenant && o->ns == mm->tt.v[s->tenant].ns))
+        return mm_fail(mm, KVD_EPERM,
+                       "page %u of the %s pool holds blocks of a shared namespace, and this "
+                       "backend's %s pages cannot be handed out read-only: use kv_read",
+                       g, t == KVD_TIER_DEVICE ? "device" : "host", mm->be->ops->name);
+    pg->writable = false;
+    if (want_writable && t == KVD_TIER_DEVICE && own_ns && o->tenant == s->tenant) {
+        uint32_t mine = 0;
+        for (size_t i = 0; i < s->n_blocks; i++) {
+            const struct pool_block *b = &p->blocks[s->blocks[i]];
+            if (b->tier == t && b->slot >= s0 && b->slot < s1 && b->refcount == 1 && !b->node)
+                mine++;
+        }
+        pg->writable = mine == p->pages[t][g].n_used;
     }
-    *writable = false;
-    if (!want_writable || t != KVD_TIER_DEVICE || s->tenant >= mm->tt.n ||
-        s->ns != mm->tt.v[s->tenant].ns)
-        return 0;
-    for (size_t i = 0; i < s->n_blocks; i++) {
-        const struct pool_block *b = &p->blocks[s->blocks[i]];
-        if (b->tier == t && b->slot >= s0 && b->slot < s1 && b->refcount == 1 && !b->node)
-            mine++;
-    }
-    *writable = mine == used;
+    pg->fd_writable = pg->writable || !ro_ok;
     return 0;
 }
 
@@ -104,10 +109,11 @@ int kvmm_seq_export(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t 
         return mm_fail(mm, KVD_ENOTFOUND, "no open sequence %#llx for this owner",
                        (unsigned long long)seq);
     }
-    if (!p->pages[KVD_TIER_DEVICE])
+    if (!p->elastic[KVD_TIER_DEVICE] || !mm->be->ops->arena_page_fd)
         return mm_fail(mm, KVD_EUNSUPPORTED,
-                       "kv_export needs pools in exportable pages; the %s backend's are not "
-                       "(on cuda that is the VMM pool, not built yet): use kv_read",
+                       "kv_export needs pools in exportable pages; this %s pool's are not "
+                       "(allocated whole: its pages are no multiple of the backend's "
+                       "granularity, or the backend cannot map pages): use kv_read",
                        mm->be->ops->name);
     if (s->tenant != tenant && !admin)
         return mm_fail(mm, KVD_EPERM,
@@ -144,7 +150,7 @@ int kvmm_seq_export(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t 
         while (k < np && !(out->pages[k].tier == t && out->pages[k].page == g))
             k++;
         if (k == np) {
-            bool w = false;
+            struct kvmm_export_page pg = {.tier = (uint8_t)t, .page = g};
             if (np == max_pages) {
                 rc = mm_fail(mm, KVD_ETOOLARGE,
                              "tokens [%zu, +%zu) lie in more than %zu pages; export fewer at a "
@@ -152,14 +158,19 @@ int kvmm_seq_export(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t 
                              from, n, max_pages);
                 goto fail;
             }
-            if ((rc = page_check(mm, s, t, g, writable, &w)))
+            if (!p->elastic[t]) {
+                rc = mm_fail(mm, KVD_EUNSUPPORTED,
+                             "block %zu is in the %s pool, whose pages cannot be exported", i,
+                             t == KVD_TIER_DEVICE ? "device" : "host");
                 goto fail;
-            out->pages[np++] =
-                (struct kvmm_export_page){.tier = (uint8_t)t, .page = g, .writable = w};
+            }
+            if ((rc = page_check(mm, s, t, g, writable, &pg)))
+                goto fail;
+            out->pages[np++] = pg;
         }
         out->blocks[i - b0].page = (uint32_t)k;
         out->blocks[i - b0].offset =
-            (uint64_t)(b->slot - g * p->slots_per_page[t]) * mm->block_bytes;
+            (uint64_t)b->slot * mm->block_bytes - (uint64_t)g * p->page_bytes[t];
     }
     ex = fault_malloc(sizeof *ex + sizeof ex->pages[0] * np);
     if (!ex) {
@@ -181,7 +192,7 @@ int kvmm_seq_export(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, uint32_t 
     out->n_pages = np;
     out->n_blocks = b1 - b0;
     for (int t = 0; t < POOL_TIERS; t++)
-        out->page_bytes[t] = (size_t)p->slots_per_page[t] * mm->block_bytes;
+        out->page_bytes[t] = p->page_bytes[t];
     return 0;
 fail:
     kvmm_export_info_free(out);

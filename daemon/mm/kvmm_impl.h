@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "kvmm.h"
+#include "pages.h"
 #include "pool.h"
 #include "radix.h"
 #include "seq.h"
@@ -30,8 +31,9 @@ struct kvmm {
     _Atomic uintptr_t holder;
     struct kv_geom geom;
     size_t block_bytes, token_bytes;
-    struct backend *be; /* not owned */
-    struct pool pool;
+    struct backend *be;           /* not owned */
+    struct pool pool;             /* on the page budget (cfg.pages, or its own) */
+    struct kvpages_member member; /* in the budget: other pools ask it for pages */
     struct radix radix;
     struct tenant_table tt;
     struct seq_table st;
@@ -53,6 +55,15 @@ struct kvmm {
     uint32_t n_exports;
     char err[320];
 };
+
+/* The kvmm lock without waiting (another pool's reclaim): true when taken. */
+bool mm_trylock(struct kvmm *mm);
+/* The budget's reclaim callback (kvpages_member): up to n budget pages of
+ * tier t given back, evicting whole pages that budget tenant bt may take. */
+uint32_t mm_reclaim(void *ctx, enum kvd_tier t, uint32_t bt, uint32_t n);
+/* kvpages_member.reclaim_own: up to n budget pages of tenant bt's own cache
+ * here, evicted (trylock, as mm_reclaim). */
+uint32_t mm_reclaim_own(void *ctx, enum kvd_tier t, uint32_t bt, uint32_t n);
 
 /* Ends every export of owner (kvmm_close_owner); frees them all (kvmm_free). */
 void mm_exports_close_owner(struct kvmm *mm, kvmm_owner owner);
@@ -95,20 +106,41 @@ int mm_fail(struct kvmm *mm, int code, const char *fmt, ...) __attribute__((form
 void mm_ref(struct kvmm *mm, uint32_t id);
 void mm_unref(struct kvmm *mm, uint32_t id);
 
-/* Device blocks tenant could get now: free slots plus what eviction can
- * free without cutting into another tenant's floor. */
+/* The page owner of (tenant, ns) in the pool (pool_owner, with the
+ * tenant's budget id); POOL_NONE when out of memory. */
+uint32_t mm_owner(struct kvmm *mm, uint32_t tenant, uint32_t ns);
+/* Device blocks tenant could get now in its own namespace: free slots in
+ * its pages, its cached blocks there, and whole pages: free in the budget
+ * or full of cache that eviction may take by the floor rule. */
 size_t mm_device_headroom(struct kvmm *mm, uint32_t tenant);
-/* Makes n device slots free for tenant, evicting by the floor rule. With
- * new_blocks, also checks the tenant's device quota (evicting its own cache
- * first). 0, KVD_EQUOTA or KVD_ENOMEM with the message set. */
-int mm_room_device(struct kvmm *mm, uint32_t tenant, size_t n, bool new_blocks);
-/* n new device blocks owned by tenant, refcount 1, zero-filled. All or nothing. */
-int mm_alloc_device(struct kvmm *mm, uint32_t tenant, size_t n, uint32_t *ids);
-/* Makes room for the host copies of ids (per-owner host quota, free host
- * slots) by dropping host-tier cache leaves. 0, KVD_EQUOTA or KVD_ENOMEM. */
+/* Makes room for n new blocks of (tenant, ns) on tier: the tenant's quotas
+ * (blocks in this pool, bytes across the budget; evicting its own cache
+ * first), then slots in its pages, mapping pages from the budget and
+ * evicting by the floor rule (whole pages of others, single blocks of its
+ * own), then asking the budget's other pools. 0, KVD_EQUOTA or KVD_ENOMEM
+ * with the message set; nothing is evicted when it cannot succeed. */
+int mm_room_new(struct kvmm *mm, enum kvd_tier tier, uint32_t tenant, uint32_t ns, size_t n);
+/* Room on tier `to` for the n blocks ids (in their owners' pages), for
+ * asker (the floor rule; KVMM_NO_TENANT: anyone's cache). Host: the
+ * owners' host quotas are checked. 0, KVD_EQUOTA or KVD_ENOMEM. */
+int mm_room_move(struct kvmm *mm, enum kvd_tier to, const uint32_t *ids, size_t n, uint32_t asker);
+/* n new device blocks of (tenant, ns), refcount 1, zero-filled. All or nothing. */
+int mm_alloc_device(struct kvmm *mm, uint32_t tenant, uint32_t ns, size_t n, uint32_t *ids);
+/* Room for the host copies of ids (mm_room_move to the host). */
 int mm_room_host(struct kvmm *mm, const uint32_t *ids, size_t n);
 /* Tier move with accounting, stats and tree updates (see hosttier_move). */
 int mm_move(struct kvmm *mm, const uint32_t *ids, size_t n, enum kvd_tier to, size_t *bad);
+/* Eviction order across tenants (the evict policy, weights): whether
+ * cached node a goes before b. */
+bool mm_evicts_before(const struct kvmm *mm, const struct radix_node *a,
+                      const struct radix_node *b);
+/* Drops cached leaf n from the tree (and its block, unless a sequence
+ * holds it). */
+void mm_drop_node(struct kvmm *mm, struct radix_node *n);
+/* Evicts cached device node v (no device children): to the host when it
+ * can take it, else dropped (exact: v with its subtree; else v if a leaf,
+ * or another childless leaf of its owner). false when nothing went. */
+bool mm_evict_device_node(struct kvmm *mm, struct radix_node *v, bool exact);
 /* Evicts one cached device block chosen for `tenant` by the floor rule
  * (KVMM_NO_TENANT: any tenant). false when nothing could be evicted. */
 bool mm_evict_device_one(struct kvmm *mm, uint32_t tenant);
@@ -148,9 +180,9 @@ void mm_sessions_free(struct kvmm *mm);
 uint64_t mm_sessions_count(struct kvmm *mm);
 /* The tree's key of a node: its block's key, chain(-1) for a root. */
 struct blockkey mm_node_key(const struct kvmm *mm, const struct radix_node *node);
-/* Room for n new host-tier blocks of tenant (its quota, free slots),
- * dropping host cache leaves. 0, KVD_EQUOTA or KVD_ENOMEM. */
-int mm_room_host_new(struct kvmm *mm, uint32_t tenant, size_t n);
+/* Room for n new host-tier blocks of (tenant, ns) (its quotas, slots),
+ * dropping host cache. 0, KVD_EQUOTA or KVD_ENOMEM. */
+int mm_room_host_new(struct kvmm *mm, uint32_t tenant, uint32_t ns, size_t n);
 /* Restores (kvmm_disk.c, shared with kvmm_remote.c): whether ns is a live
  * namespace; how many whole blocks of tokens (nb at most) the tree holds and
  * the key of the last (chain(-1) for none); the node of block b-1 (the root
@@ -183,13 +215,14 @@ struct mm_restoring {
  * within the tenant's device quota: nothing is evicted or moved for it.
  * Else a new host block (host cache dropped for room), or with no host
  * tier a device block (device cache evicted for room). */
-bool mm_restore_take(struct kvmm *mm, uint32_t tenant, bool prefer_device, struct mm_restoring *r);
+bool mm_restore_take(struct kvmm *mm, uint32_t tenant, uint32_t ns, bool prefer_device,
+                     struct mm_restoring *r);
 bool mm_restore_fill(struct kvmm *mm, struct mm_restoring *r, const void *data);
 bool mm_restore_enter(struct kvmm *mm, struct mm_restoring *r, struct radix_node *parent,
                       const uint32_t *toks, struct blockkey key, bool from_disk);
 void mm_restore_drop(struct kvmm *mm, struct mm_restoring *r);
 /* The three steps under the lock, into a host block (device without one). */
-bool mm_restore_block(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
+bool mm_restore_block(struct kvmm *mm, uint32_t tenant, uint32_t ns, struct radix_node *parent,
                       const uint32_t *toks, struct blockkey key, const void *data, bool from_disk);
 /* The remote tier's hooks (kvmm_remote.c), no-ops without one. The block
  * of node, chain index idx: mm_remote_used after it entered the tree or its

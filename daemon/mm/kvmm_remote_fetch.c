@@ -40,7 +40,7 @@ static void pf_restore_value(struct pf *p, size_t i, const struct remote_value_v
     size_t first_b = p->at, n_b = p->ends[i] + 1 - p->at, got = 0, filled = 0;
     kvmm_lock(mm);
     if (tenant_live(&mm->tt, p->tenant))
-        while (got < n_b && mm_restore_take(mm, p->tenant, false, &p->rs[got]))
+        while (got < n_b && mm_restore_take(mm, p->tenant, p->ns, false, &p->rs[got]))
             got++;
     kvmm_unlock(mm);
     MM_ASSERT_UNLOCKED(mm);

@@ -24,25 +24,39 @@ struct radix_node *mm_parent_of(struct kvmm *mm, uint32_t ns, const uint32_t *to
     return got == b ? scratch[b - 1] : NULL;
 }
 
-bool mm_restore_take(struct kvmm *mm, uint32_t tenant, bool prefer_device, struct mm_restoring *r)
+bool mm_restore_take(struct kvmm *mm, uint32_t tenant, uint32_t ns, bool prefer_device,
+                     struct mm_restoring *r)
 {
     MM_ASSERT_LOCKED(mm);
     struct tenant *t = &mm->tt.v[tenant];
     bool host = mm->pool.n_slots[KVD_TIER_HOST] > 0;
+    uint32_t owner = mm_owner(mm, tenant, ns);
+    if (owner == POOL_NONE)
+        return false;
+    /* Free device room beyond the margin: slots in the owner's pages, and
+     * whole pages the budget can still give. */
+    const struct pool *p = &mm->pool;
+    uint64_t dev_free =
+        p->owners[owner].n_free[KVD_TIER_DEVICE] +
+        (uint64_t)pool_pages_free(p, KVD_TIER_DEVICE) * p->slots_per_page[KVD_TIER_DEVICE];
     uint32_t margin = mm->pool.n_slots[KVD_TIER_DEVICE] / 16;
-    bool dev_free =
-        prefer_device && pool_free_slots(&mm->pool, KVD_TIER_DEVICE) > margin &&
+    bool dev_free_ok =
+        prefer_device && dev_free > margin &&
         (t->conf.max_device_blocks == KVMM_UNLIMITED || t->dev_blocks < t->conf.max_device_blocks);
-    enum kvd_tier tier = dev_free || !host ? KVD_TIER_DEVICE : KVD_TIER_HOST;
+    enum kvd_tier tier = dev_free_ok || !host ? KVD_TIER_DEVICE : KVD_TIER_HOST;
     char saved[sizeof mm->err];
     memcpy(saved, mm->err, sizeof saved); /* a prefetch's failures are not the caller's */
-    int err = dev_free ? 0
-              : host   ? mm_room_host_new(mm, tenant, 1)
-                       : mm_room_device(mm, tenant, 1, true);
+    /* Room is made either way (a free device slot still wants its quota
+     * checked and maybe a page mapped). */
+    int err = mm_room_new(mm, tier, tenant, ns, 1);
     memcpy(mm->err, saved, sizeof saved);
     uint32_t id;
-    if (err || pool_alloc(&mm->pool, tier, tenant, &id) != 0)
+    if (err)
         return false;
+    if (pool_alloc_in(&mm->pool, tier, owner, &id) != 0) {
+        pool_trim(&mm->pool);
+        return false;
+    }
     if (tier == KVD_TIER_HOST)
         t->host_blocks++;
     else
@@ -104,11 +118,11 @@ bool mm_restore_enter(struct kvmm *mm, struct mm_restoring *r, struct radix_node
     return true;
 }
 
-bool mm_restore_block(struct kvmm *mm, uint32_t tenant, struct radix_node *parent,
+bool mm_restore_block(struct kvmm *mm, uint32_t tenant, uint32_t ns, struct radix_node *parent,
                       const uint32_t *toks, struct blockkey key, const void *data, bool from_disk)
 {
     struct mm_restoring r;
-    if (!mm_restore_take(mm, tenant, false, &r))
+    if (!mm_restore_take(mm, tenant, ns, false, &r))
         return false;
     if (!mm_restore_fill(mm, &r, data)) {
         mm_restore_drop(mm, &r);
@@ -305,7 +319,7 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
             fails++;
         kvmm_lock(mm);
         if (tenant_live(&mm->tt, tenant))
-            while (got < good && mm_restore_take(mm, tenant, true, &w->rs[got]))
+            while (got < good && mm_restore_take(mm, tenant, ns, true, &w->rs[got]))
                 got++;
         kvmm_unlock(mm);
         MM_ASSERT_UNLOCKED(mm);

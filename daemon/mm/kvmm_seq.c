@@ -96,7 +96,7 @@ static int mm_seq_swap_in(struct kvmm *mm, struct seq *s, size_t b0, size_t b1)
             idx[h] = (uint32_t)i;
             ids[h++] = s->blocks[i];
         }
-    err = mm_room_device(mm, s->tenant, h, false);
+    err = mm_room_move(mm, KVD_TIER_DEVICE, ids, h, s->tenant);
     if (!err)
         err = mm_move(mm, ids, h, KVD_TIER_DEVICE, &bad);
     if (err == KVD_EINTERNAL && bad < h)
@@ -123,7 +123,7 @@ static int mm_seq_cow(struct kvmm *mm, struct seq *s, size_t b0, size_t b1)
     ids = fault_malloc(sizeof *ids * c);
     if (!ids)
         return mm_fail(mm, KVD_ENOMEM, "out of memory");
-    err = mm_alloc_device(mm, s->tenant, c, ids);
+    err = mm_alloc_device(mm, s->tenant, s->ns, c, ids);
     if (err)
         goto out;
     for (size_t i = b0; i < b1; i++) {
@@ -316,7 +316,7 @@ static bool path_swap_in(struct kvmm *mm, uint32_t tenant, struct match_path *p,
             break;
         p->swap[n_swap++] = p->nodes[end]->block;
     }
-    int err = mm_room_device(mm, tenant, n_swap, false);
+    int err = mm_room_move(mm, KVD_TIER_DEVICE, p->swap, n_swap, tenant);
     if (!err)
         err = mm_move(mm, p->swap, n_swap, KVD_TIER_DEVICE, &bad);
     if (err == KVD_EINTERNAL && bad < n_swap) {
@@ -401,11 +401,11 @@ int kvmm_seq_extend(struct kvmm *mm, kvmm_owner owner, kvmm_seq_t seq, size_t n)
     if (need > mm->pool.n_slots[KVD_TIER_DEVICE])
         return mm_fail(mm, KVD_ENOMEM,
                        "extend by %zu tokens needs %zu blocks; the device pool "
-                       "has %u",
+                       "holds at most %u",
                        n, need, mm->pool.n_slots[KVD_TIER_DEVICE]);
     if (seq_reserve_blocks(s, s->n_blocks + need))
         return mm_fail(mm, KVD_ENOMEM, "out of memory");
-    err = mm_alloc_device(mm, s->tenant, need, s->blocks + s->n_blocks);
+    err = mm_alloc_device(mm, s->tenant, s->ns, need, s->blocks + s->n_blocks);
     if (err)
         return err;
     s->n_blocks += need;
@@ -563,7 +563,7 @@ static bool mm_seq_share(struct kvmm *mm, struct seq *s, size_t b)
         size_t bad = SIZE_MAX;
         mm_ref(mm, eid); /* pinned: making room cannot drop it */
         if (pool_block(&mm->pool, eid)->tier == KVD_TIER_HOST) {
-            int err = mm_room_device(mm, s->tenant, 1, false);
+            int err = mm_room_move(mm, KVD_TIER_DEVICE, &eid, 1, s->tenant);
             if (!err)
                 err = mm_move(mm, &eid, 1, KVD_TIER_DEVICE, &bad);
             if (err == KVD_EINTERNAL && bad == 0) {

@@ -1,6 +1,11 @@
-/* pool: logical blocks over two slot arenas (see pool.h). Free ids and free
- * slots are stacks, so alloc and free are a few loads and stores; the most
- * recently freed slot is reused first, which keeps the working set warm. */
+/* pool: logical blocks in owner-affine pages mapped from the page budget
+ * (see pool.h). A page's free slots are a list through slot_next, most
+ * recently freed first (the working set stays warm); an owner's usable
+ * pages with free slots are a list through the pages, so allocation and
+ * free are a few loads and stores, plus a map or unmap when a page is taken
+ * or given back. Every change to a page goes through page_count(-1) /
+ * mutation / page_count(+1), which keeps the owners' and the tier's counts
+ * exact. */
 #include "pool.h"
 
 #include <stdio.h>
@@ -8,112 +13,275 @@
 #include <string.h>
 
 #include "kvd/status.h"
+#include "pages.h"
 
-/* Tier t's arena (and its pages when the backend exports them). */
-static int arena_get(struct pool *p, int t)
+static bool page_usable(const struct pool_page *g)
 {
-    uint32_t n = p->n_slots[t];
-    if (p->be->ops->arena_alloc_paged) {
-        size_t upp = 0;
-        int err = p->be->ops->arena_alloc_paged(p->be, (enum kvd_tier)t, p->block_bytes, n, &upp,
-                                                &p->arena[t]);
-        if (err)
-            return err;
-        if (upp == 0 || upp > UINT32_MAX)
-            return KVD_EBADREQ;
-        p->slots_per_page[t] = (uint32_t)upp;
-        p->n_pages[t] = (uint32_t)((n + upp - 1) / upp);
-        free(p->pages[t]);
-        p->pages[t] = calloc(p->n_pages[t], sizeof(struct pool_page));
-        return p->pages[t] ? 0 : KVD_ENOMEM;
+    return g->owner != POOL_NONE && !g->pins && !g->draining;
+}
+
+static bool page_fc(const struct pool_page *g)
+{
+    return g->n_used > 0 && g->n_cached == g->n_used;
+}
+
+/* Adds (sign 1) or removes (sign -1) page g's share of the counts. */
+static void page_count(struct pool *p, int t, struct pool_page *g, int sign)
+{
+    if (g->owner == POOL_NONE)
+        return;
+    struct pool_owner *o = &p->owners[g->owner];
+    if (!page_usable(g)) {
+        p->n_withheld[t] += (uint32_t)(sign * (int64_t)g->n_free);
+        return;
     }
-    return p->be->ops->arena_alloc(p->be, (enum kvd_tier)t, (size_t)n * p->block_bytes,
-                                   &p->arena[t]);
+    o->n_free[t] += (uint32_t)(sign * (int64_t)g->n_free);
+    p->n_free_slots[t] += (uint32_t)(sign * (int64_t)g->n_free);
+    o->n_cached[t] += (uint32_t)(sign * (int64_t)g->n_cached);
+    if (page_fc(g)) {
+        o->n_fc_pages[t] += (uint32_t)sign;
+        o->n_fc_blocks[t] += (uint32_t)(sign * (int64_t)g->n_used);
+        p->n_fc_pages[t] += (uint32_t)sign;
+    }
 }
 
-static void arena_put(struct pool *p, int t)
+static void page_unlist(struct pool *p, int t, uint32_t pg)
 {
-    if (p->arena[t])
-        p->be->ops->arena_free(p->be, (enum kvd_tier)t, p->arena[t],
-                               (size_t)p->n_slots[t] * p->block_bytes);
-    p->arena[t] = NULL;
-    free(p->pages[t]);
-    p->pages[t] = NULL;
-    p->n_pages[t] = 0;
+    struct pool_page *g = &p->pages[t][pg];
+    if (!g->listed)
+        return;
+    struct pool_owner *o = &p->owners[g->owner];
+    if (g->prev != POOL_NONE)
+        p->pages[t][g->prev].next = g->next;
+    else
+        o->partial[t] = g->next;
+    if (g->next != POOL_NONE)
+        p->pages[t][g->next].prev = g->prev;
+    g->prev = g->next = POOL_NONE;
+    g->listed = 0;
 }
 
-int pool_init(struct pool *p, struct backend *be, size_t block_bytes, uint32_t n_device,
-              uint32_t n_host)
+/* Listed exactly while usable with a free slot. */
+static void page_relist(struct pool *p, int t, uint32_t pg)
 {
-    return pool_init_off(p, be, block_bytes, n_device, n_host, false);
+    struct pool_page *g = &p->pages[t][pg];
+    bool want = page_usable(g) && g->n_free > 0;
+    if (want == (bool)g->listed)
+        return;
+    if (!want) {
+        page_unlist(p, t, pg);
+        return;
+    }
+    struct pool_owner *o = &p->owners[g->owner];
+    g->prev = POOL_NONE;
+    g->next = o->partial[t];
+    if (g->next != POOL_NONE)
+        p->pages[t][g->next].prev = pg;
+    o->partial[t] = pg;
+    g->listed = 1;
 }
 
-int pool_init_off(struct pool *p, struct backend *be, size_t block_bytes, uint32_t n_device,
-                  uint32_t n_host, bool device_off)
+/* ---- init ----------------------------------------------------------------- */
+
+static uint64_t gcd64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+/* The fewest whole blocks any page of k budget pages holds. */
+static uint64_t min_blocks(uint64_t P, uint64_t B, uint64_t k, uint64_t pages)
+{
+    uint64_t Pp = k * P, least = UINT64_MAX;
+    /* The pattern repeats every B / gcd(Pp, B) pages: look at one period. */
+    uint64_t period = B / gcd64(Pp, B);
+    for (uint64_t g = 0; g < period && g < pages; g++) {
+        uint64_t first = (g * Pp + B - 1) / B, end = (g + 1) * Pp / B;
+        uint64_t n = end > first ? end - first : 0;
+        if (n < least)
+            least = n;
+    }
+    return least == UINT64_MAX ? 0 : least;
+}
+
+static int tier_init(struct pool *p, int t, uint64_t max_bytes)
+{
+    struct backend *be = p->be;
+    uint64_t P = kvpages_page_bytes(p->budget, (enum kvd_tier)t), B = p->block_bytes;
+    uint32_t total = kvpages_total(p->budget, (enum kvd_tier)t);
+    if (total == 0 || P == 0)
+        return 0;
+    /* A pool page: the fewest k budget pages that hold within 1/32 of
+     * the most blocks in all any k holds (blocks that would straddle two
+     * pool pages are never used). Where blocks tile a page exactly
+     * nothing is lost; k is tried up to eight past the fewest that hold a
+     * block, and the exact tiling (lcm) when it is that short. */
+    uint64_t k0 = (B + P - 1) / P, best_k = 0, best = 0, cap = total;
+    if (max_bytes && max_bytes / P < cap)
+        cap = max_bytes / P;
+    uint64_t exact = B / gcd64(B, P);
+    for (int pass = 0; pass < 2; pass++) {
+        /* pass 0 finds the most blocks; pass 1 takes the fewest pages
+         * that hold within 1/32 of that: a smaller pool page is worth a
+         * little waste where pools share the budget page by page */
+        for (uint64_t k = k0; k <= k0 + 8 || k == exact; k = k < k0 + 8 ? k + 1 : exact) {
+            if (k > cap)
+                break;
+            uint64_t n = cap / k * min_blocks(P, B, k, cap / k);
+            if (pass == 0 && n > best) {
+                best = n;
+                best_k = k;
+            }
+            if (pass == 1 && n * 32 >= best * 31) {
+                best_k = k;
+                break;
+            }
+            if (k >= exact)
+                break;
+        }
+    }
+    if (!best_k)
+        return KVD_EBADREQ;
+    uint64_t k = best_k, pages = cap / k, Pp = k * P;
+    uint64_t slots = pages * Pp / B;
+    if (slots >= POOL_NONE || Pp > SIZE_MAX)
+        return KVD_EBADREQ;
+    size_t gran = be->ops->arena_granularity ? be->ops->arena_granularity(be, (enum kvd_tier)t) : 0;
+    p->elastic[t] = be->ops->arena_reserve && be->ops->arena_map && gran && Pp % gran == 0;
+    p->page_bytes[t] = (size_t)Pp;
+    p->budget_pages[t] = (uint32_t)k;
+    p->slots_per_page[t] = (uint32_t)min_blocks(P, B, k, pages);
+    p->n_pages[t] = (uint32_t)pages;
+    p->n_slots[t] = (uint32_t)slots;
+    p->pages[t] = calloc(pages, sizeof(struct pool_page));
+    p->slot_block[t] = malloc(sizeof(uint32_t) * slots);
+    p->slot_next[t] = malloc(sizeof(uint32_t) * slots);
+    p->free_pos[t] = malloc(sizeof(uint32_t) * pages);
+    p->spare[t] = malloc(sizeof(uint32_t) * pages);
+    if (!p->pages[t] || !p->slot_block[t] || !p->slot_next[t] || !p->free_pos[t] || !p->spare[t])
+        return KVD_ENOMEM;
+    /* Empty pages kept mapped: a pool with a budget of its own keeps them
+     * all (nobody else wants them), one on a shared budget a few. */
+    p->spare_max[t] = (uint32_t)(total / 64 > 8 ? 8 : total / 64 ? total / 64 : 1);
+    for (uint32_t s = 0; s < slots; s++)
+        p->slot_block[t][s] = p->slot_next[t][s] = POOL_NONE;
+    /* Positions are taken lowest first. */
+    for (uint32_t i = 0; i < pages; i++) {
+        struct pool_page *g = &p->pages[t][i];
+        g->owner = g->free_head = g->prev = g->next = POOL_NONE;
+        p->free_pos[t][i] = (uint32_t)pages - 1 - i;
+        p->n_usable[t] +=
+            pool_page_end(p, (enum kvd_tier)t, i) - pool_page_first(p, (enum kvd_tier)t, i);
+    }
+    p->n_free_pos[t] = (uint32_t)pages;
+    if (p->elastic[t])
+        return be->ops->arena_reserve(be, (enum kvd_tier)t, p->page_bytes[t], pages, &p->arena[t]);
+    return be->ops->arena_alloc(be, (enum kvd_tier)t, (size_t)pages * Pp, &p->arena[t]);
+}
+
+int pool_init_budget(struct pool *p, struct kvpages *budget, size_t block_bytes,
+                     const uint64_t max_bytes[POOL_TIERS])
 {
     int err;
 
     memset(p, 0, sizeof *p);
-    if (block_bytes == 0 || n_device == 0 || (uint64_t)n_device + n_host >= POOL_NONE)
+    if (!budget || block_bytes == 0)
         return KVD_EBADREQ;
-    p->be = be;
+    p->budget = budget;
+    p->be = kvpages_backend(budget);
     p->block_bytes = block_bytes;
-    p->n_slots[KVD_TIER_DEVICE] = n_device;
-    p->n_slots[KVD_TIER_HOST] = n_host;
-    p->n_ids = n_device + n_host;
+    for (int t = 0; t < POOL_TIERS; t++)
+        if ((err = tier_init(p, t, max_bytes ? max_bytes[t] : 0)))
+            goto out_err;
+    if (p->n_slots[KVD_TIER_DEVICE] == 0) {
+        err = KVD_EBADREQ;
+        goto out_err;
+    }
+    if ((uint64_t)p->n_usable[0] + p->n_usable[1] >= POOL_NONE) {
+        err = KVD_EBADREQ;
+        goto out_err;
+    }
+    p->n_ids = p->n_usable[0] + p->n_usable[1];
     p->blocks = calloc(p->n_ids, sizeof *p->blocks);
     p->free_ids = malloc(sizeof(uint32_t) * p->n_ids);
-    if (!p->blocks || !p->free_ids)
-        goto out_nomem;
-    /* Stacks are filled high to low so id 0 and slot 0 come out first. */
+    if (!p->blocks || !p->free_ids) {
+        err = KVD_ENOMEM;
+        goto out_err;
+    }
+    /* Filled high to low so id 0 comes out first. */
     for (uint32_t i = 0; i < p->n_ids; i++) {
         p->free_ids[i] = p->n_ids - 1 - i;
-        p->blocks[i].slot = POOL_NONE;
-        p->blocks[i].tenant = POOL_NONE;
+        p->blocks[i].slot = p->blocks[i].tenant = p->blocks[i].owner = POOL_NONE;
     }
     p->n_free_ids = p->n_ids;
-    for (int t = 0; t < POOL_TIERS; t++) {
-        uint32_t n = p->n_slots[t];
-        if (n == 0)
-            continue;
-        if ((uint64_t)n * block_bytes / n != block_bytes)
-            goto out_badreq;
-        p->free_slots[t] = malloc(sizeof(uint32_t) * n);
-        p->slot_block[t] = malloc(sizeof(uint32_t) * n);
-        if (!p->free_slots[t] || !p->slot_block[t])
-            goto out_nomem;
-        for (uint32_t i = 0; i < n; i++) {
-            p->free_slots[t][i] = n - 1 - i;
-            p->slot_block[t][i] = POOL_NONE;
-        }
-        p->n_free_slots[t] = n;
-        if (t == KVD_TIER_DEVICE && device_off) {
-            p->n_free_slots[t] = 0;
-            p->device_off = true;
-            continue;
-        }
-        if ((err = arena_get(p, t)) != 0)
-            goto out_err;
-    }
     return 0;
-
-out_badreq:
-    err = KVD_EBADREQ;
-    goto out_err;
-out_nomem:
-    err = KVD_ENOMEM;
 out_err:
     pool_destroy(p);
     return err;
 }
 
+/* One block per page, or a few where a private pool is very large (every
+ * mapped page is a mapping and a descriptor). */
+#define POOL_PRIVATE_MAX_PAGES 32768u
+
+int pool_init(struct pool *p, struct backend *be, size_t block_bytes, uint32_t n_device,
+              uint32_t n_host)
+{
+    struct kvpages *budget;
+    uint32_t n_max = n_device > n_host ? n_device : n_host;
+    uint64_t per = n_max > POOL_PRIVATE_MAX_PAGES
+                       ? (n_max + POOL_PRIVATE_MAX_PAGES - 1) / POOL_PRIVATE_MAX_PAGES
+                       : 1;
+    struct kvpages_conf c = {.exact = {true, true}};
+
+    memset(p, 0, sizeof *p);
+    if (!be || block_bytes == 0 || n_device == 0 || (uint64_t)n_device + n_host >= POOL_NONE)
+        return KVD_EBADREQ;
+    c.page_bytes[KVD_TIER_DEVICE] = c.page_bytes[KVD_TIER_HOST] = per * block_bytes;
+    c.bytes[KVD_TIER_DEVICE] = (n_device + per - 1) / per * per * block_bytes;
+    c.bytes[KVD_TIER_HOST] = (n_host + per - 1) / per * per * block_bytes;
+    int err = kvpages_new(be, &c, &budget, NULL);
+    if (err)
+        return err;
+    err = pool_init_budget(p, budget, block_bytes, NULL);
+    if (err) {
+        kvpages_free(budget);
+        return err;
+    }
+    p->own_budget = true;
+    p->spare_max[0] = p->spare_max[1] = UINT32_MAX;
+    return 0;
+}
+
 void pool_destroy(struct pool *p)
 {
     for (int t = 0; t < POOL_TIERS; t++) {
-        arena_put(p, t);
-        free(p->free_slots[t]);
+        for (uint32_t i = 0; p->pages[t] && i < p->n_pages[t]; i++) {
+            struct pool_page *g = &p->pages[t][i];
+            if (g->owner != POOL_NONE || g->spare)
+                kvpages_give(p->budget, (enum kvd_tier)t,
+                             g->spare ? KVPAGES_NONE : p->owners[g->owner].bt, p->budget_pages[t]);
+        }
+        if (p->arena[t]) {
+            if (p->elastic[t])
+                p->be->ops->arena_release(p->be, p->arena[t]);
+            else
+                p->be->ops->arena_free(p->be, (enum kvd_tier)t, p->arena[t],
+                                       (size_t)p->n_pages[t] * p->page_bytes[t]);
+        }
+        free(p->pages[t]);
         free(p->slot_block[t]);
+        free(p->slot_next[t]);
+        free(p->free_pos[t]);
+        free(p->spare[t]);
     }
+    if (p->own_budget)
+        kvpages_free(p->budget);
+    free(p->owners);
     free(p->blocks);
     free(p->free_ids);
     memset(p, 0, sizeof *p);
@@ -124,82 +292,210 @@ int pool_device_release(struct pool *p)
     enum kvd_tier d = KVD_TIER_DEVICE;
     if (p->device_off)
         return 0;
-    if (p->n_free_slots[d] != p->n_slots[d] || p->n_pinned || p->n_draining)
+    if (p->n_mapped[d] != p->n_spare[d])
         return KVD_EBUSY;
-    arena_put(p, d);
-    p->slots_per_page[d] = 0;
-    p->n_free_slots[d] = 0;
+    pool_release_spares(p, d, p->n_spare[d]);
+    if (p->n_mapped[d])
+        return KVD_EBUSY; /* the backend could not unmap a spare */
     p->device_off = true;
     return 0;
 }
 
-int pool_device_acquire(struct pool *p)
+void pool_device_acquire(struct pool *p)
 {
-    enum kvd_tier d = KVD_TIER_DEVICE;
-    if (!p->device_off)
-        return 0;
-    int err = arena_get(p, d);
-    if (err) {
-        arena_put(p, d);
-        return err;
-    }
-    /* The stack holds every slot (release found them all free). */
-    p->n_free_slots[d] = p->n_slots[d];
     p->device_off = false;
+}
+
+uint32_t pool_owner(struct pool *p, uint32_t tenant, uint32_t ns, uint32_t bt)
+{
+    for (uint32_t i = 0; i < p->n_owners; i++)
+        if (p->owners[i].tenant == tenant && p->owners[i].ns == ns) {
+            if (bt != KVPAGES_NONE)
+                p->owners[i].bt = bt;
+            return i;
+        }
+    if (p->n_owners == p->cap_owners) {
+        uint32_t cap = p->cap_owners ? p->cap_owners * 2 : 8;
+        struct pool_owner *o = realloc(p->owners, sizeof *o * cap);
+        if (!o)
+            return POOL_NONE;
+        p->owners = o;
+        p->cap_owners = cap;
+    }
+    struct pool_owner *o = &p->owners[p->n_owners];
+    memset(o, 0, sizeof *o);
+    o->tenant = tenant;
+    o->ns = ns;
+    o->bt = bt;
+    o->partial[0] = o->partial[1] = POOL_NONE;
+    return p->n_owners++;
+}
+
+/* ---- pages ---------------------------------------------------------------- */
+
+uint32_t pool_pages_free(const struct pool *p, enum kvd_tier tier)
+{
+    if (!p->budget_pages[tier] || (tier == KVD_TIER_DEVICE && p->device_off))
+        return 0;
+    uint32_t n = kvpages_free_pages(p->budget, tier) / p->budget_pages[tier];
+    return (n < p->n_free_pos[tier] ? n : p->n_free_pos[tier]) + p->n_spare[tier];
+}
+
+uint64_t pool_free_slots(const struct pool *p, enum kvd_tier tier)
+{
+    return p->n_free_slots[tier] + (uint64_t)p->slots_per_page[tier] * pool_pages_free(p, tier);
+}
+
+/* Position pg, mapped, becomes owner's empty page. */
+static void page_init(struct pool *p, int t, uint32_t pg, uint32_t owner)
+{
+    struct pool_page *g = &p->pages[t][pg];
+    uint32_t s0 = pool_page_first(p, t, pg), s1 = pool_page_end(p, t, pg);
+    memset(g, 0, sizeof *g);
+    g->owner = owner;
+    g->prev = g->next = POOL_NONE;
+    for (uint32_t s = s0; s < s1; s++)
+        p->slot_next[t][s] = s + 1 < s1 ? s + 1 : POOL_NONE;
+    g->free_head = s1 > s0 ? s0 : POOL_NONE;
+    g->n_free = s1 - s0;
+    p->owners[owner].n_pages[t]++;
+    page_count(p, t, g, 1);
+    page_relist(p, t, pg);
+}
+
+int pool_page_add(struct pool *p, enum kvd_tier t, uint32_t owner, bool quota)
+{
+    struct pool_owner *o = &p->owners[owner];
+    int rc;
+    if (t == KVD_TIER_DEVICE && p->device_off)
+        return KVD_ENOMEM;
+    if (p->n_spare[t]) {
+        /* A page this pool kept mapped: the budget already counts it. */
+        if ((rc = kvpages_claim(p->budget, t, o->bt, p->budget_pages[t], quota)))
+            return rc;
+        uint32_t pg = p->spare[t][--p->n_spare[t]];
+        p->pages[t][pg].spare = 0;
+        page_init(p, t, pg, owner);
+        return 0;
+    }
+    if (p->n_free_pos[t] == 0)
+        return KVD_ENOMEM;
+    if ((rc = kvpages_take(p->budget, t, o->bt, p->budget_pages[t], quota)))
+        return rc;
+    uint32_t pg = p->free_pos[t][--p->n_free_pos[t]];
+    if (p->elastic[t] && (rc = p->be->ops->arena_map(p->be, p->arena[t], pg)) != 0) {
+        p->free_pos[t][p->n_free_pos[t]++] = pg;
+        kvpages_give(p->budget, t, o->bt, p->budget_pages[t]);
+        return KVD_ENOMEM;
+    }
+    p->n_mapped[t]++;
+    p->maps++;
+    page_init(p, t, pg, owner);
     return 0;
 }
 
-/* A page's slots go back to the free stack, its memory renewed first:
- * whoever still maps the old memory (an exporter that released it, or a
- * process it passed the descriptor to) never sees what comes next. */
-static void page_recycle(struct pool *p, enum kvd_tier tier, uint32_t pg)
+/* Spare page pg (or, from page_put, an empty one) loses its memory and
+ * goes back to the budget. false when the backend could not unmap it. */
+static bool page_unmap(struct pool *p, int t, uint32_t pg, uint32_t bt)
 {
-    struct pool_page *g = &p->pages[tier][pg];
-    uint32_t spp = p->slots_per_page[tier], s0 = pg * spp;
-    uint32_t s1 = s0 + spp < p->n_slots[tier] ? s0 + spp : p->n_slots[tier];
-
-    if (p->be->ops->arena_page_renew(p->be, p->arena[tier], pg) != 0)
-        return; /* out of memory or descriptors: stays withheld, retried at the next free */
-    for (uint32_t s = s0; s < s1; s++)
-        if (p->slot_block[tier][s] == POOL_NONE && g->withheld) {
-            p->free_slots[tier][p->n_free_slots[tier]++] = s;
-            g->withheld--;
-            p->n_withheld[tier]--;
-        }
-    g->draining = 0;
-    p->n_draining--;
+    if (p->elastic[t] && p->be->ops->arena_unmap(p->be, p->arena[t], pg) != 0)
+        return false;
+    kvpages_give(p->budget, (enum kvd_tier)t, bt, p->budget_pages[t]);
+    p->n_mapped[t]--;
+    p->unmaps++;
+    p->free_pos[t][p->n_free_pos[t]++] = pg;
+    return true;
 }
 
-/* The slot became free: onto the stack, or withheld in an exported page. */
-static void slot_free(struct pool *p, enum kvd_tier tier, uint32_t slot)
+/* Page pg holds nothing and is exported by no one: it stays mapped as a
+ * spare of this pool (up to spare_max, and never one that was exported:
+ * its next use must get fresh memory), or goes back to the budget. */
+static void page_put(struct pool *p, int t, uint32_t pg)
 {
-    if (p->pages[tier]) {
-        struct pool_page *g = &p->pages[tier][pool_page_of(p, tier, slot)];
-        g->n_used--;
-        if (g->pins || g->draining) {
-            g->withheld++;
-            p->n_withheld[tier]++;
-            if (!g->pins && g->n_used == 0)
-                page_recycle(p, tier, pool_page_of(p, tier, slot));
-            return;
-        }
+    struct pool_page *g = &p->pages[t][pg];
+    struct pool_owner *o = &p->owners[g->owner];
+    bool keep = !g->exported && p->n_spare[t] < p->spare_max[t];
+    if (!keep && !page_unmap(p, t, pg, o->bt))
+        return; /* stays mapped, its owner's empty page: retried when it empties again */
+    page_count(p, t, g, -1);
+    page_unlist(p, t, pg);
+    if (g->draining)
+        p->n_draining--;
+    if (keep)
+        kvpages_unclaim(p->budget, (enum kvd_tier)t, o->bt, p->budget_pages[t]);
+    o->n_pages[t]--;
+    for (uint32_t s = pool_page_first(p, t, pg); s < pool_page_end(p, t, pg); s++)
+        p->slot_next[t][s] = POOL_NONE;
+    memset(g, 0, sizeof *g);
+    g->owner = g->free_head = g->prev = g->next = POOL_NONE;
+    if (keep) {
+        g->spare = 1;
+        p->spare[t][p->n_spare[t]++] = pg;
     }
-    p->free_slots[tier][p->n_free_slots[tier]++] = slot;
 }
 
-static uint32_t slot_pop(struct pool *p, enum kvd_tier tier)
+uint32_t pool_release_spares(struct pool *p, enum kvd_tier t, uint32_t n)
 {
-    uint32_t slot = p->free_slots[tier][--p->n_free_slots[tier]];
-    if (p->pages[tier])
-        p->pages[tier][pool_page_of(p, tier, slot)].n_used++;
-    return slot;
+    uint32_t done = 0;
+    while (done < n && p->n_spare[t]) {
+        uint32_t pg = p->spare[t][p->n_spare[t] - 1];
+        if (!page_unmap(p, t, pg, KVPAGES_NONE))
+            break;
+        p->n_spare[t]--;
+        p->pages[t][pg].spare = 0;
+        done++;
+    }
+    return done;
 }
 
-uint32_t pool_slot_take(struct pool *p, enum kvd_tier tier)
+void pool_trim(struct pool *p)
 {
-    if (p->n_free_slots[tier] == 0)
+    for (int t = 0; t < POOL_TIERS; t++)
+        for (uint32_t i = 0; p->pages[t] && i < p->n_pages[t]; i++) {
+            struct pool_page *g = &p->pages[t][i];
+            if (g->owner != POOL_NONE && g->n_used == 0 && !g->pins)
+                page_put(p, t, i);
+        }
+}
+
+/* The slot became free: onto its page's list; an emptied page that no
+ * export holds goes back to the budget. */
+static void slot_free(struct pool *p, int t, uint32_t slot)
+{
+    uint32_t pg = pool_page_of(p, (enum kvd_tier)t, slot);
+    struct pool_page *g = &p->pages[t][pg];
+    page_count(p, t, g, -1);
+    p->slot_next[t][slot] = g->free_head;
+    g->free_head = slot;
+    g->n_free++;
+    g->n_used--;
+    page_count(p, t, g, 1);
+    if (g->n_used == 0 && !g->pins)
+        page_put(p, t, pg);
+    else
+        page_relist(p, t, pg);
+}
+
+uint32_t pool_slot_take(struct pool *p, enum kvd_tier t, uint32_t owner)
+{
+    if (owner >= p->n_owners || !p->pages[t])
         return POOL_NONE;
-    return slot_pop(p, tier);
+    uint32_t pg = p->owners[owner].partial[t];
+    if (pg == POOL_NONE) {
+        if (pool_page_add(p, t, owner, false) != 0)
+            return POOL_NONE;
+        pg = p->owners[owner].partial[t];
+    }
+    struct pool_page *g = &p->pages[t][pg];
+    page_count(p, t, g, -1);
+    uint32_t slot = g->free_head;
+    g->free_head = p->slot_next[t][slot];
+    p->slot_next[t][slot] = POOL_NONE;
+    g->n_free--;
+    g->n_used++;
+    page_count(p, t, g, 1);
+    page_relist(p, t, pg);
+    return slot;
 }
 
 void pool_slot_give(struct pool *p, enum kvd_tier tier, uint32_t slot)
@@ -207,77 +503,43 @@ void pool_slot_give(struct pool *p, enum kvd_tier tier, uint32_t slot)
     slot_free(p, tier, slot);
 }
 
-void pool_pin(struct pool *p, enum kvd_tier tier, uint32_t pg)
-{
-    struct pool_page *g = &p->pages[tier][pg];
-    uint32_t spp = p->slots_per_page[tier], s0 = pg * spp;
-    uint32_t s1 = s0 + spp < p->n_slots[tier] ? s0 + spp : p->n_slots[tier];
-
-    if (g->pins++ == 0) {
-        p->n_pinned++;
-        if (!g->draining) {
-            /* Take the page's free slots off the stack (one pass over it). */
-            uint32_t k = 0;
-            for (uint32_t i = 0; i < p->n_free_slots[tier]; i++) {
-                uint32_t s = p->free_slots[tier][i];
-                if (s >= s0 && s < s1) {
-                    g->withheld++;
-                    p->n_withheld[tier]++;
-                } else {
-                    p->free_slots[tier][k++] = s;
-                }
-            }
-            p->n_free_slots[tier] = k;
-        } else {
-            g->draining = 0;
-            p->n_draining--;
-        }
-    }
-    /* What freed blocks left in the page's free slots is no exporter's. */
-    for (uint32_t s = s0; s < s1; s++)
-        if (p->slot_block[tier][s] == POOL_NONE)
-            memset(pool_slot_ptr(p, tier, s), 0, p->block_bytes);
-}
-
-void pool_unpin(struct pool *p, enum kvd_tier tier, uint32_t pg)
-{
-    struct pool_page *g = &p->pages[tier][pg];
-
-    if (g->pins == 0 || --g->pins > 0)
-        return;
-    p->n_pinned--;
-    g->draining = 1;
-    p->n_draining++;
-    if (g->n_used == 0)
-        page_recycle(p, tier, pg);
-}
-
 int pool_alloc(struct pool *p, enum kvd_tier tier, uint32_t tenant, uint32_t *id)
 {
-    uint32_t slot, i;
-    struct pool_block *b;
+    uint32_t owner = pool_owner(p, tenant, 0, KVPAGES_NONE);
+    return owner == POOL_NONE ? KVD_ENOMEM : pool_alloc_in(p, tier, owner, id);
+}
 
-    if (p->n_free_slots[tier] == 0 || p->n_free_ids == 0)
+int pool_alloc_in(struct pool *p, enum kvd_tier tier, uint32_t owner, uint32_t *id)
+{
+    if (p->n_free_ids == 0)
         return KVD_ENOMEM;
-    slot = slot_pop(p, tier);
-    i = p->free_ids[--p->n_free_ids];
-    b = &p->blocks[i];
+    uint32_t slot = pool_slot_take(p, tier, owner);
+    if (slot == POOL_NONE)
+        return KVD_ENOMEM;
+    uint32_t i = p->free_ids[--p->n_free_ids];
+    struct pool_block *b = &p->blocks[i];
+    memset(b, 0, sizeof *b);
     b->refcount = 1;
-    b->tenant = tenant;
+    b->tenant = p->owners[owner].tenant;
+    b->owner = owner;
     b->slot = slot;
     b->tier = (uint8_t)tier;
     b->used = 1;
-    b->lru = 0;
-    b->hits = 0;
-    b->checksum = 0;
-    b->node = NULL;
-    b->disk = POOL_DISK_NONE;
-    b->remote = 0;
-    b->restoring = 0;
-    b->key = (struct blockkey){0, 0};
     p->slot_block[tier][slot] = i;
     *id = i;
     return 0;
+}
+
+void pool_set_cached(struct pool *p, uint32_t id, bool cached)
+{
+    struct pool_block *b = &p->blocks[id];
+    if ((bool)b->cached == cached)
+        return;
+    struct pool_page *g = &p->pages[b->tier][pool_page_of(p, (enum kvd_tier)b->tier, b->slot)];
+    page_count(p, b->tier, g, -1);
+    g->n_cached += cached ? 1 : (uint32_t)-1;
+    b->cached = cached;
+    page_count(p, b->tier, g, 1);
 }
 
 bool pool_unref(struct pool *p, uint32_t id)
@@ -286,12 +548,12 @@ bool pool_unref(struct pool *p, uint32_t id)
 
     if (--b->refcount > 0)
         return false;
+    pool_set_cached(p, id, false);
     p->slot_block[b->tier][b->slot] = POOL_NONE;
-    slot_free(p, (enum kvd_tier)b->tier, b->slot);
+    slot_free(p, b->tier, b->slot);
     p->free_ids[p->n_free_ids++] = id;
     b->used = 0;
-    b->slot = POOL_NONE;
-    b->tenant = POOL_NONE;
+    b->slot = b->tenant = b->owner = POOL_NONE;
     b->node = NULL;
     return true;
 }
@@ -299,30 +561,205 @@ bool pool_unref(struct pool *p, uint32_t id)
 void pool_retier(struct pool *p, uint32_t id, enum kvd_tier tier, uint32_t slot)
 {
     struct pool_block *b = &p->blocks[id];
+    bool cached = b->cached;
 
+    pool_set_cached(p, id, false);
     p->slot_block[b->tier][b->slot] = POOL_NONE;
-    pool_slot_give(p, (enum kvd_tier)b->tier, b->slot);
+    slot_free(p, b->tier, b->slot);
     b->tier = (uint8_t)tier;
     b->slot = slot;
     p->slot_block[tier][slot] = id;
+    pool_set_cached(p, id, cached);
 }
 
-int pool_check(const struct pool *p, char *msg, size_t msglen)
-{
-    uint32_t used = 0, used_slots[POOL_TIERS] = {0, 0};
-    int rc = KVD_EINTERNAL;
-    uint8_t *seen = calloc(p->n_ids + 1, 1);
+/* ---- exports -------------------------------------------------------------- */
 
+void pool_pin(struct pool *p, enum kvd_tier t, uint32_t pg)
+{
+    struct pool_page *g = &p->pages[t][pg];
+
+    page_count(p, t, g, -1);
+    g->exported = 1; /* its memory is someone else's too now: never a spare */
+    if (g->pins++ == 0) {
+        p->n_pinned++;
+        if (g->draining) {
+            g->draining = 0;
+            p->n_draining--;
+        }
+    }
+    page_count(p, t, g, 1);
+    page_relist(p, t, pg);
+    /* What the owner's freed blocks left in the free slots is no
+     * exporter's (another tenant may export a shared page). */
+    for (uint32_t s = g->free_head; s != POOL_NONE; s = p->slot_next[t][s]) {
+        void *at = pool_slot_ptr(p, t, s);
+        if (p->be->ops->zero)
+            (void)p->be->ops->zero(p->be, at, t, p->block_bytes);
+        else
+            memset(at, 0, p->block_bytes);
+    }
+}
+
+void pool_unpin(struct pool *p, enum kvd_tier t, uint32_t pg)
+{
+    struct pool_page *g = &p->pages[t][pg];
+
+    if (g->pins == 0)
+        return;
+    page_count(p, t, g, -1);
+    if (--g->pins == 0) {
+        p->n_pinned--;
+        g->draining = 1;
+        p->n_draining++;
+    }
+    page_count(p, t, g, 1);
+    if (!g->pins && g->n_used == 0)
+        page_put(p, t, pg);
+}
+
+/* ---- check ---------------------------------------------------------------- */
+
+#define CHECK_FAIL(...)                                                                            \
+    do {                                                                                           \
+        snprintf(msg, msglen, __VA_ARGS__);                                                        \
+        goto out;                                                                                  \
+    } while (0)
+
+static int check_tier(const struct pool *p, int t, struct pool_owner *recount, char *msg,
+                      size_t msglen)
+{
+    uint32_t n = p->n_slots[t], mapped = 0, free_all = 0, withheld = 0, fc = 0;
+    int rc = KVD_EINTERNAL;
+    uint8_t *seen = calloc((size_t)n + p->n_pages[t] + 1, 1);
     if (!seen) {
         snprintf(msg, msglen, "pool check: out of memory");
         return KVD_ENOMEM;
     }
+    for (uint32_t pg = 0; pg < p->n_pages[t]; pg++) {
+        const struct pool_page *g = &p->pages[t][pg];
+        uint32_t s0 = pool_page_first(p, t, pg), s1 = pool_page_end(p, t, pg);
+        uint32_t spp = s1 - s0, used = 0, cached = 0, nf = 0;
+        if (g->owner == POOL_NONE) {
+            for (uint32_t s = s0; s < s1; s++)
+                if (p->slot_block[t][s] != POOL_NONE)
+                    CHECK_FAIL("pool: tier %d slot %u holds block %u in unmapped page %u", t, s,
+                               p->slot_block[t][s], pg);
+            continue;
+        }
+        if (g->owner >= p->n_owners)
+            CHECK_FAIL("pool: tier %d page %u has unknown owner %u", t, pg, g->owner);
+        mapped++;
+        for (uint32_t s = s0; s < s1; s++) {
+            uint32_t id = p->slot_block[t][s];
+            if (id == POOL_NONE)
+                continue;
+            const struct pool_block *b = &p->blocks[id];
+            used++;
+            cached += b->cached;
+            if (b->owner != g->owner || b->tenant != p->owners[g->owner].tenant)
+                CHECK_FAIL("pool: tier %d page %u of owner %u (tenant %u) holds block %u of "
+                           "owner %u (tenant %u)",
+                           t, pg, g->owner, p->owners[g->owner].tenant, id, b->owner, b->tenant);
+        }
+        for (uint32_t s = g->free_head; s != POOL_NONE && nf <= spp; s = p->slot_next[t][s], nf++)
+            if (s < s0 || s >= s1 || seen[s]++ || p->slot_block[t][s] != POOL_NONE)
+                CHECK_FAIL("pool: tier %d page %u: free slot %u is outside the page, listed "
+                           "twice or used",
+                           t, pg, s);
+        if (used != g->n_used || cached != g->n_cached || nf != g->n_free || used + nf != spp)
+            CHECK_FAIL("pool: tier %d page %u: %u blocks (%u cached) and %u free slots, counted "
+                       "%u (%u) and %u, of %u",
+                       t, pg, used, cached, nf, g->n_used, g->n_cached, g->n_free, spp);
+        bool usable = !g->pins && !g->draining;
+        if (used == 0 && usable)
+            CHECK_FAIL("pool: tier %d page %u of owner %u holds nothing and was not given back", t,
+                       pg, g->owner);
+        if ((bool)g->listed != (usable && nf > 0))
+            CHECK_FAIL("pool: tier %d page %u is %slisted with %u free slots (pins %u, "
+                       "draining %u)",
+                       t, pg, g->listed ? "" : "not ", nf, g->pins, g->draining);
+        struct pool_owner *o = &recount[g->owner];
+        o->n_pages[t]++;
+        if (!usable) {
+            withheld += nf;
+            continue;
+        }
+        free_all += nf;
+        o->n_free[t] += nf;
+        o->n_cached[t] += cached;
+        if (used > 0 && cached == used) {
+            o->n_fc_pages[t]++;
+            o->n_fc_blocks[t] += used;
+            fc++;
+        }
+    }
+    for (uint32_t i = 0; i < p->n_owners; i++) {
+        const struct pool_owner *a = &p->owners[i], *b = &recount[i];
+        uint32_t listed = 0;
+        for (uint32_t pg = a->partial[t]; pg != POOL_NONE && listed <= p->n_pages[t];
+             pg = p->pages[t][pg].next, listed++)
+            if (p->pages[t][pg].owner != i || !p->pages[t][pg].listed)
+                CHECK_FAIL("pool: tier %d: owner %u's list holds page %u of owner %u", t, i, pg,
+                           p->pages[t][pg].owner);
+        if (a->n_pages[t] != b->n_pages[t] || a->n_free[t] != b->n_free[t] ||
+            a->n_cached[t] != b->n_cached[t] || a->n_fc_pages[t] != b->n_fc_pages[t] ||
+            a->n_fc_blocks[t] != b->n_fc_blocks[t])
+            CHECK_FAIL("pool: tier %d owner %u counts %u pages %u free %u cached %u/%u full-cache, "
+                       "has %u %u %u %u/%u",
+                       t, i, a->n_pages[t], a->n_free[t], a->n_cached[t], a->n_fc_pages[t],
+                       a->n_fc_blocks[t], b->n_pages[t], b->n_free[t], b->n_cached[t],
+                       b->n_fc_pages[t], b->n_fc_blocks[t]);
+    }
+    /* A slot that straddles two pages never holds a block. */
+    for (uint32_t pg = 0; pg + 1 < p->n_pages[t]; pg++) {
+        uint32_t s = pool_page_end(p, t, pg);
+        if (s < pool_page_first(p, t, pg + 1) && p->slot_block[t][s] != POOL_NONE)
+            CHECK_FAIL("pool: tier %d slot %u straddles pages %u and %u and holds block %u", t, s,
+                       pg, pg + 1, p->slot_block[t][s]);
+    }
+    for (uint32_t k = 0; k < p->n_free_pos[t]; k++) {
+        uint32_t pg = p->free_pos[t][k];
+        if (pg >= p->n_pages[t] || seen[n + pg]++ || p->pages[t][pg].owner != POOL_NONE)
+            CHECK_FAIL("pool: tier %d free position %u is out of range, twice or mapped", t, pg);
+    }
+    uint32_t spares = 0;
+    for (uint32_t k = 0; k < p->n_spare[t]; k++) {
+        uint32_t pg = p->spare[t][k];
+        if (pg >= p->n_pages[t] || seen[n + pg]++ || p->pages[t][pg].owner != POOL_NONE ||
+            !p->pages[t][pg].spare)
+            CHECK_FAIL("pool: tier %d spare page %u is out of range, twice, owned or unmarked", t,
+                       pg);
+        spares++;
+    }
+    mapped += spares;
+    if (mapped != p->n_mapped[t] || mapped + p->n_free_pos[t] != p->n_pages[t] ||
+        free_all != p->n_free_slots[t] || withheld != p->n_withheld[t] || fc != p->n_fc_pages[t])
+        CHECK_FAIL("pool: tier %d: %u mapped (+%u free positions of %u), %u free %u withheld %u "
+                   "full-cache; counted %u, %u, %u, %u",
+                   t, mapped, p->n_free_pos[t], p->n_pages[t], free_all, withheld, fc,
+                   p->n_mapped[t], p->n_free_slots[t], p->n_withheld[t], p->n_fc_pages[t]);
+    rc = 0;
+out:
+    free(seen);
+    return rc;
+}
+
+int pool_check(const struct pool *p, char *msg, size_t msglen)
+{
+    uint32_t used = 0, pinned = 0, draining = 0;
+    int rc = KVD_EINTERNAL;
+    uint8_t *seen = calloc(p->n_ids + 1, 1);
+    struct pool_owner *recount = calloc(p->n_owners + 1, sizeof *recount);
+
+    if (!seen || !recount) {
+        snprintf(msg, msglen, "pool check: out of memory");
+        rc = KVD_ENOMEM;
+        goto out;
+    }
     for (uint32_t k = 0; k < p->n_free_ids; k++) {
         uint32_t i = p->free_ids[k];
-        if (i >= p->n_ids || seen[i] || p->blocks[i].used) {
-            snprintf(msg, msglen, "pool: free id %u is out of range, listed twice or in use", i);
-            goto out;
-        }
+        if (i >= p->n_ids || seen[i] || p->blocks[i].used)
+            CHECK_FAIL("pool: free id %u is out of range, listed twice or in use", i);
         seen[i] = 1;
     }
     for (uint32_t i = 0; i < p->n_ids; i++) {
@@ -331,76 +768,28 @@ int pool_check(const struct pool *p, char *msg, size_t msglen)
             continue;
         used++;
         if (b->refcount == 0 || b->tier >= POOL_TIERS || b->slot >= p->n_slots[b->tier] ||
-            p->slot_block[b->tier][b->slot] != i) {
-            snprintf(msg, msglen,
-                     "pool: block %u (ref %u tier %u slot %u) disagrees with the slot map", i,
-                     b->refcount, b->tier, b->slot);
-            goto out;
-        }
-        used_slots[b->tier]++;
+            p->slot_block[b->tier][b->slot] != i || b->owner >= p->n_owners)
+            CHECK_FAIL("pool: block %u (ref %u tier %u slot %u owner %u) disagrees with the slot "
+                       "map",
+                       i, b->refcount, b->tier, b->slot, b->owner);
     }
-    if (used + p->n_free_ids != p->n_ids) {
-        snprintf(msg, msglen, "pool: %u used + %u free ids != %u total", used, p->n_free_ids,
-                 p->n_ids);
-        goto out;
-    }
+    if (used + p->n_free_ids != p->n_ids)
+        CHECK_FAIL("pool: %u used + %u free ids != %u total", used, p->n_free_ids, p->n_ids);
     for (int t = 0; t < POOL_TIERS; t++) {
-        uint32_t n = p->n_slots[t];
-        if (t == KVD_TIER_DEVICE && p->device_off) {
-            if (used_slots[t] || p->n_free_slots[t] || p->arena[t]) {
-                snprintf(msg, msglen,
-                         "pool: the device arena is given back, yet %u blocks and %u free slots "
-                         "are on it",
-                         used_slots[t], p->n_free_slots[t]);
-                goto out;
-            }
-            continue;
-        }
-        uint8_t *sseen = calloc(n + 1, 1);
-        if (!sseen) {
-            rc = KVD_ENOMEM;
+        if (p->n_slots[t] && (rc = check_tier(p, t, recount, msg, msglen)) != 0)
             goto out;
-        }
-        for (uint32_t k = 0; k < p->n_free_slots[t]; k++) {
-            uint32_t s = p->free_slots[t][k];
-            if (s >= n || sseen[s] || p->slot_block[t][s] != POOL_NONE) {
-                snprintf(msg, msglen, "pool: tier %d free slot %u is out of range, twice or used",
-                         t, s);
-                free(sseen);
-                goto out;
-            }
-            sseen[s] = 1;
-        }
-        free(sseen);
-        if (used_slots[t] + p->n_free_slots[t] + p->n_withheld[t] != n) {
-            snprintf(msg, msglen,
-                     "pool: tier %d: %u used + %u free + %u withheld slots != %u total", t,
-                     used_slots[t], p->n_free_slots[t], p->n_withheld[t], n);
-            goto out;
-        }
-        uint32_t withheld = 0;
-        for (uint32_t g = 0; p->pages[t] && g < p->n_pages[t]; g++) {
-            const struct pool_page *pg = &p->pages[t][g];
-            uint32_t s0 = g * p->slots_per_page[t], used_here = 0;
-            uint32_t s1 = s0 + p->slots_per_page[t] < n ? s0 + p->slots_per_page[t] : n;
-            for (uint32_t s = s0; s < s1; s++)
-                used_here += p->slot_block[t][s] != POOL_NONE;
-            withheld += pg->withheld;
-            if (used_here != pg->n_used || (pg->withheld && !pg->pins && !pg->draining)) {
-                snprintf(msg, msglen,
-                         "pool: tier %d page %u: %u blocks, counted %u (withheld %u, pins %u)", t,
-                         g, used_here, pg->n_used, pg->withheld, pg->pins);
-                goto out;
-            }
-        }
-        if (withheld != p->n_withheld[t]) {
-            snprintf(msg, msglen, "pool: tier %d: pages withhold %u slots, counted %u", t, withheld,
-                     p->n_withheld[t]);
-            goto out;
+        rc = KVD_EINTERNAL;
+        for (uint32_t pg = 0; pg < p->n_pages[t]; pg++) {
+            pinned += p->pages[t][pg].pins > 0;
+            draining += p->pages[t][pg].draining;
         }
     }
+    if (pinned != p->n_pinned || draining != p->n_draining)
+        CHECK_FAIL("pool: %u pinned and %u draining pages, counted %u and %u", pinned, draining,
+                   p->n_pinned, p->n_draining);
     rc = 0;
 out:
     free(seen);
+    free(recount);
     return rc;
 }

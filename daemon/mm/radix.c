@@ -395,6 +395,8 @@ static void radix_set_cached(struct radix *r, struct radix_node *n, uint32_t wan
     if (want != RADIX_NO_HEAP)
         r->n_cached[want]++;
     n->cached_as = want;
+    /* The pool counts cached blocks per page (whole pages to evict). */
+    pool_set_cached(r->pool, n->block, want != RADIX_NO_HEAP);
 }
 
 void radix_update(struct radix *r, struct radix_node *n)

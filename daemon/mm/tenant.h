@@ -12,6 +12,7 @@
 struct tenant {
     struct kvmm_tenant_conf conf;
     uint32_t ns;                      /* default namespace "tenant:<name>" */
+    uint32_t bt;                      /* its id in the page budget (pages.h) */
     uint32_t dev_blocks, host_blocks; /* blocks owned, by tier */
     uint32_t seqs;                    /* open sequences */
     uint64_t match_asked, match_hit, swaps_out, swaps_in, evictions;

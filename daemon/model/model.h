@@ -111,6 +111,10 @@ int fwd_ctx_new(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs,
 int fwd_ctx_new_out(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs, uint32_t max_out,
                     struct fwd_ctx **out);
 void fwd_ctx_free(struct fwd_ctx *c);
+/* The backend bytes a fwd_ctx_new_out of these sizes takes for a model of
+ * hp (its scratch), without making it: what a budget charges for it. */
+uint64_t fwd_ctx_bytes(const struct model_hparams *hp, uint32_t max_batch_tokens, uint32_t max_seqs,
+                       uint32_t max_out);
 /* Message of the last model_forward failure on this context. */
 const char *fwd_ctx_errmsg(const struct fwd_ctx *c);
 

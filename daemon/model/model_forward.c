@@ -118,6 +118,18 @@ static int trace_out(struct fwd_ctx *c, const char *name, int layer, float *dev,
     return r > 0 ? o->upload(c->m->cx, dev, c->trace_buf, bytes) : 0;
 }
 
+uint64_t fwd_ctx_bytes(const struct model_hparams *hp, uint32_t max_batch_tokens, uint32_t max_seqs,
+                       uint32_t max_out)
+{
+    uint64_t T = max_batch_tokens, S = max_seqs, O = max_out, E = hp->n_embd,
+             QD = (uint64_t)hp->n_head * hp->head_dim, KD = (uint64_t)hp->n_head_kv * hp->head_dim,
+             F = hp->n_ff, V = hp->n_vocab;
+    /* the float buffers of fwd_ctx_new_out, its metadata, sample rows and ids */
+    uint64_t floats = 2 * T * E + 2 * T * QD + 2 * T * KD + 2 * T * F + O * E + O * V;
+    return floats * sizeof(float) + (6 * T + 3 * S + O + 3) * 4 +
+           O * (sizeof(struct sample_row) + sizeof(uint32_t));
+}
+
 int fwd_ctx_new(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs, struct fwd_ctx **out)
 {
     return fwd_ctx_new_out(m, max_batch_tokens, max_seqs, max_seqs, out);

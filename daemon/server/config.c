@@ -222,6 +222,13 @@ static int quota_key(struct kvmm_tenant_conf *c, const char *name, const char *v
         dst = &c->weight, unl = false;
     else if (!strcmp(name, "max-disk-bytes"))
         return parse_bytes(v, &c->max_disk_bytes) ? -1 : 1;
+    /* Across every model's pool on the page budget, in whole pages. */
+    else if (!strcmp(name, "max-device-bytes"))
+        return parse_bytes(v, &c->max_device_bytes) ? -1 : 1;
+    else if (!strcmp(name, "max-host-bytes"))
+        return parse_bytes(v, &c->max_host_bytes) ? -1 : 1;
+    else if (!strcmp(name, "reserved-device-bytes"))
+        return parse_bytes(v, &c->reserved_device_bytes) ? -1 : 1;
     else if (!strcmp(name, "events")) {
         /* KV events of the tenant's blocks: on (with token ids), hashes
          * (without them) or off (none, the default). */

@@ -461,7 +461,7 @@ static void render_models(struct out *o, struct models *ms, struct acct *a)
     for (size_t i = 0; i < n; i++)
         model_line(o, "kvd_model_weight_bytes", NULL, mi[i].name,
                    (double)mi[i].weight_device_bytes);
-    head(o, "kvd_model_kv_bytes", "gauge", "A model's KV device arena (taken while it is loaded).");
+    head(o, "kvd_model_kv_bytes", "gauge", "The device pages a model's KV pool holds now.");
     for (size_t i = 0; i < n; i++)
         model_line(o, "kvd_model_kv_bytes", NULL, mi[i].name, (double)mi[i].kv_device_bytes);
     head(o, "kvd_model_waiting", "gauge", "Requests waiting for a model to load.");
@@ -508,8 +508,7 @@ static void render_models(struct out *o, struct models *ms, struct acct *a)
     uint64_t used, budget;
     models_device_use(ms, &used, &budget);
     head(o, "kvd_model_device_bytes", "gauge",
-         "The models' weights and KV arenas on the device, and the budget (device-bytes; 0: "
-         "none).");
+         "The page budget's bytes taken (weights, scratch, KV pages) and its size.");
     put(o, "kvd_model_device_bytes{kind=\"used\"} %llu\n", (unsigned long long)used);
     put(o, "kvd_model_device_bytes{kind=\"budget\"} %llu\n", (unsigned long long)budget);
 }

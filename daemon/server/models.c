@@ -13,6 +13,7 @@
 #include "exec.h"
 #include "log.h"
 #include "models_impl.h"
+#include "pages.h"
 #include "server.h"
 #include "text.h"
 
@@ -120,8 +121,9 @@ int models_new(const struct models_conf *c, struct models **out, struct kvd_erro
                 goto fail;
             }
     }
-    /* the drafts first: a model's arena gives its draft's KV a share */
-    if ((rc = mload_drafts(ms, err)))
+    /* the drafts first: a model's KV gives its draft's a share; then the
+     * page budget every model's memory comes from */
+    if ((rc = mload_drafts(ms, err)) || (rc = mload_budget(ms, err)))
         goto fail;
     for (size_t i = 0; i < n; i++)
         if ((rc = parse_allowed(&ms->v[i], err)) || (rc = mload_prepare(ms, &ms->v[i], err)))
@@ -151,6 +153,7 @@ void models_free(struct models *ms)
         text_free(e->text);
         free(e->allowed);
     }
+    kvpages_free(ms->pages); /* after every pool on it */
     free(ms->v);
     arbiter_free(ms->arb);
     pthread_cond_destroy(&ms->cv);
@@ -374,53 +377,59 @@ static struct models_entry *lru_idle(struct models *ms, const struct models_entr
     return best;
 }
 
-/* Starts the loads that are wanted and fit, unloading idle models (least
- * recently used first) for the ones that do not fit the device budget yet. */
+/* Whether a model other than e is loaded, loading or unloading. */
+static bool others_busy(const struct models *ms, const struct models_entry *e)
+{
+    for (size_t i = 0; i < ms->n; i++)
+        if (&ms->v[i] != e && ms->v[i].state != MODELS_UNLOADED)
+            return true;
+    return false;
+}
+
+/* Starts the loads that are wanted, one at a time. A load charges the
+ * model's weights and scratch to the page budget on the loader thread,
+ * taking cached KV pages of the other models (to their host tiers) when
+ * the budget is short; when that is not enough it fails with KVD_ENOMEM
+ * and job_done unloads an idle model (least recently used first) and tries
+ * again. A model that could never fit fails at once. */
 static void start_loads(struct models *ms)
 {
     if (ms->draining)
         return;
-    uint64_t budget = ms->opts.device_bytes;
+    uint64_t pb = kvpages_page_bytes(ms->pages, KVD_TIER_DEVICE);
+    uint64_t total = (uint64_t)kvpages_total(ms->pages, KVD_TIER_DEVICE) * pb;
     for (size_t i = 0; i < ms->n; i++) {
         struct models_entry *e = &ms->v[i];
         if (!e->want_load || e->state != MODELS_UNLOADED)
             continue;
-        uint32_t me = 1u << e->idx;
-        uint64_t need = mload_footprint(ms, me);
-        if (budget && need > budget) {
+        uint64_t need = mload_fixed_bytes(ms, e) + kvmm_block_bytes(e->mm);
+        if (need > total) {
             struct kvd_error err;
             kvd_error_set(&err, KVD_ENOMEM,
-                          "model %s needs %" PRIu64 " bytes of the device (weights and KV "
-                          "arena), more than device-bytes (%" PRIu64 ")",
-                          e->conf.name, need, budget);
+                          "model %s needs %" PRIu64 " bytes of the device (weights, scratch "
+                          "and a KV block), more than its budget (%" PRIu64 ")",
+                          e->conf.name, need, total);
             snprintf(e->last_error, sizeof e->last_error, "%s", err.message);
             e->want_load = false;
             e->load_failures++;
             fire_waits(e, err.code, &err);
             continue;
         }
-        if (budget) {
-            /* the models there now (loading and unloading ones too), and
-             * those that stay once the unloads finish; weights shared with
-             * a draft count once (mload_footprint) */
-            uint32_t cur = 0, keep = 0;
-            for (size_t k = 0; k < ms->n; k++) {
-                const struct models_entry *o = &ms->v[k];
-                if (o->state != MODELS_UNLOADED)
-                    cur |= 1u << k;
-                if (o->state != MODELS_UNLOADED && o->state != MODELS_UNLOADING)
-                    keep |= 1u << k;
-            }
-            struct models_entry *victim;
-            while (mload_footprint(ms, keep | me) > budget && (victim = lru_idle(ms, e))) {
-                char why[160];
-                snprintf(why, sizeof why, "model %s needs its memory", e->conf.name);
-                unload(ms, victim, why);
-                keep &= ~(1u << victim->idx);
-            }
-            if (mload_footprint(ms, cur | me) > budget)
-                continue; /* after the unloads finish, or once a model is idle */
+        /* its last try found the budget short with every other model in
+         * use: again once one is idle (it may give back its cache, or
+         * unload) or the pages are free */
+        if (e->mem_wait) {
+            if (!lru_idle(ms, e) && kvpages_free_pages(ms->pages, KVD_TIER_DEVICE) < e->mem_need)
+                continue;
+            e->mem_wait = false;
         }
+        /* after the loads and unloads under way: what they give back or
+         * take decides whether this one fits */
+        bool busy = false;
+        for (size_t k = 0; k < ms->n && !busy; k++)
+            busy = ms->v[k].state == MODELS_LOADING || ms->v[k].state == MODELS_UNLOADING;
+        if (busy)
+            continue;
         log_info("model %s: loading", e->conf.name);
         e->want_load = false;
         job_push(ms, e, MJOB_LOAD);
@@ -449,13 +458,24 @@ static void job_done(struct models *ms, struct mjob *j)
             fire_waits(e, 0, NULL);
         } else {
             e->state = MODELS_UNLOADED;
-            /* out of memory with an idle model loaded: that one goes first */
+            /* out of memory with an idle model loaded: that one goes (least
+             * recently used first, one per try, so the tries end) */
             struct models_entry *victim = lru_idle(ms, e);
-            if (j->rc == KVD_ENOMEM && !e->retried && victim) {
-                log_warn("%s; unloading %s and trying again", j->err.message, victim->conf.name);
+            if (j->rc == KVD_ENOMEM && victim) {
+                log_info("%s; unloading %s and trying again", j->err.message, victim->conf.name);
                 e->retried = true;
                 e->want_load = true;
-                unload(ms, victim, "out of device memory for another model");
+                char why[160];
+                snprintf(why, sizeof why, "model %s needs its memory", e->conf.name);
+                unload(ms, victim, why);
+            } else if (j->rc == KVD_ENOMEM && others_busy(ms, e)) {
+                /* the others are in use: it waits (its requests until
+                 * queue-timeout) for one to go idle */
+                log_info("%s; it waits for a model to go idle", j->err.message);
+                e->retried = true;
+                e->want_load = true;
+                e->mem_wait = true;
+                e->mem_need = j->need;
             } else {
                 log_err("%s", j->err.message);
                 e->load_failures++;
@@ -654,18 +674,16 @@ int models_start(struct models *ms, struct server *srv, struct kvd_error *err)
         struct models_entry *e = &ms->v[i];
         if (!e->conf.preload)
             continue;
-        uint64_t used = mload_footprint(ms, pre), with = mload_footprint(ms, pre | 1u << i);
-        if (ms->opts.device_bytes && with > ms->opts.device_bytes) {
-            log_warn("model %s: not preloaded: the models preloaded before it leave %" PRIu64
-                     " of device-bytes (%" PRIu64 "), it needs %" PRIu64
-                     "; it loads at its first request",
-                     e->conf.name, ms->opts.device_bytes - used, ms->opts.device_bytes,
-                     with - used);
-            continue;
-        }
         struct mjob j = {.kind = MJOB_LOAD, .e = e};
         e->state = MODELS_LOADING;
         mload_run(ms, &j);
+        if (j.rc == KVD_ENOMEM && pre) {
+            e->state = MODELS_UNLOADED;
+            log_warn("model %s: not preloaded: the models preloaded before it leave too little "
+                     "of the device budget (%s); it loads at its first request",
+                     e->conf.name, j.err.message);
+            continue;
+        }
         if (j.rc)
             return kvd_error_set(err, j.rc, "%s", j.err.message);
         struct mjob *jp = malloc(sizeof *jp);
@@ -755,9 +773,15 @@ void models_info(struct models_entry *e, struct models_info *out)
     out->loaded_once = e->loaded_once;
     out->weight_bytes = e->hp.weight_bytes;
     out->weight_device_bytes = e->weight_device;
+    struct kvmm_stats ks;
+    kvmm_lock(e->mm);
     out->kv_device_bytes = kvmm_device_bytes(e->mm);
+    kvmm_stats(e->mm, &ks);
+    kvmm_unlock(e->mm);
     out->block_bytes = kvmm_block_bytes(e->mm);
-    out->kv_device_blocks = (uint32_t)(out->kv_device_bytes / out->block_bytes);
+    out->kv_device_blocks = ks.device_total - ks.device_free;
+    out->charged_device_bytes =
+        (uint64_t)(e->w_pages + e->x_pages) * kvpages_page_bytes(e->ms->pages, KVD_TIER_DEVICE);
     out->keep_alive_s = e->conf.keep_alive_s;
     if (e->state == MODELS_LOADED && e->idle_since_ns)
         out->idle_s = (double)(now_ns() - e->idle_since_ns) / 1e9;
@@ -775,14 +799,4 @@ void models_info(struct models_entry *e, struct models_info *out)
     out->draft_kv_bytes = e->draft_kv_bytes;
     out->spec_max_batch = e->ms->opts.spec_max_batch;
     snprintf(out->last_error, sizeof out->last_error, "%s", e->last_error);
-}
-
-void models_device_use(struct models *ms, uint64_t *used, uint64_t *budget)
-{
-    uint32_t set = 0;
-    *budget = ms ? ms->opts.device_bytes : 0;
-    for (size_t i = 0; ms && i < ms->n; i++)
-        if (ms->v[i].state != MODELS_UNLOADED)
-            set |= 1u << i;
-    *used = ms ? mload_footprint(ms, set) : 0;
 }

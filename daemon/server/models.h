@@ -2,7 +2,8 @@
  * models"). Each model has, for the daemon's life, its memory manager (its
  * trees, host tier and disk tier, made at start from the file's header) and
  * its text side (tokenizer, chat template); while it is loaded, also its
- * weights, its device arena and its executor. A model loads at start
+ * weights and its executor, charged to the one page budget its KV pages
+ * come from too (models_budget.c). A model loads at start
  * (preload) or at its first request, and unloads when it has been idle for
  * keep-alive-s or when another model needs its memory (least recently used
  * first, never one in use); unloading moves its cached device blocks to the
@@ -51,7 +52,8 @@ struct models_conf {
 };
 
 /* Every model of opts (the plain --model first, then the named ones): its
- * header read, its text opened, its kvmm made (device arena detached; the
+ * header read, the page budget made, its text opened, its kvmm made (no
+ * device page until it loads; the
  * disk and remote tiers of opts opened for it). Nothing is loaded and no
  * thread runs yet. 0, or an enum kvd_err with e naming the model. */
 int models_new(const struct models_conf *c, struct models **out, struct kvd_error *e);
@@ -136,8 +138,9 @@ struct models_info {
     bool loaded_once;      /* it has loaded at least once (fingerprint known) */
     uint64_t weight_bytes; /* the tensors' bytes */
     uint64_t weight_device_bytes;
-    uint64_t kv_device_bytes;  /* its device arena (taken while loaded) */
-    uint32_t kv_device_blocks; /* slots of it */
+    uint64_t kv_device_bytes;      /* the device pages its KV pool holds now */
+    uint32_t kv_device_blocks;     /* blocks on the device now */
+    uint64_t charged_device_bytes; /* pages charged for its weights, scratch and draft */
     uint64_t block_bytes;
     uint32_t keep_alive_s; /* OPTIONS_KEEP_FOREVER: never */
     double idle_s;         /* loaded and idle for this long (0 when in use) */
@@ -156,7 +159,10 @@ struct models_info {
     char last_error[KVD_ERROR_MSG_MAX]; /* the last load failure ("" none) */
 };
 void models_info(struct models_entry *e, struct models_info *out);
-/* The device bytes the loaded models take now and the budget (0: none). */
+/* The device page budget's bytes taken now (weights, scratch, KV pages)
+ * and its size. */
 void models_device_use(struct models *ms, uint64_t *used, uint64_t *budget);
+/* The page budget every model's memory comes from (models_new made it). */
+struct kvpages *models_pages(struct models *ms);
 
 #endif

@@ -33,6 +33,7 @@ struct mjob {
     struct model *model; /* load: what it made */
     struct exec *ex;
     size_t moved, dropped; /* unload: device blocks */
+    uint32_t need;         /* load: the device pages it needed (mload_fits) */
     double ms;             /* how long it took */
 };
 
@@ -72,13 +73,23 @@ struct models_entry {
     struct model *w;
     uint32_t w_refs;
     bool holds_draft;
+    /* Device pages of the budget charged for what is not KV: its weights
+     * (while e->w is loaded), and while its executor lives its forward
+     * scratch and its draft's KV arena and scratch (and the draft's
+     * weights when they are a file of its own). */
+    uint32_t w_pages, x_pages;
+    uint64_t scratch_bytes; /* its executor's forward scratch (and its draft's), estimated */
 
     /* the loop thread's (the loader's own while a job of it runs) */
     enum models_state state;
     struct model *model; /* owned while loaded */
     struct exec *ex;     /* owned while loaded */
     bool want_load;      /* requests wait for it: load it once memory allows */
-    bool retried;        /* its failed load (out of memory) was retried once */
+    bool retried;        /* its last load failed for memory and is tried again */
+    /* Its load found too little of the budget while the other models were
+     * in use: it waits until one is idle or mem_need pages are free. */
+    bool mem_wait;
+    uint32_t mem_need;
     uint64_t last_used_ns, idle_since_ns;
     struct models_wait *waits, *waits_tail;
     uint32_t n_waits;
@@ -95,6 +106,9 @@ struct models {
     struct models_entry *v; /* (n) owned */
     size_t n;
     struct server *srv; /* not owned; from models_start */
+    /* The one device (and host) page budget: every model's weights,
+     * scratch and KV pages (owned; freed after the kvmms). */
+    struct kvpages *pages;
     struct exec_arbiter *arb;
 
     /* the loader thread */
@@ -110,8 +124,12 @@ struct models {
     struct event *ev_done, *ev_kick, *ev_tick;
 };
 
-/* models_load.c. At start: the kvmm, text and header of entry e (its conf
- * set), with the disk and remote tiers of the options. */
+/* models_load.c. At start, after mload_drafts: every model's header, and
+ * the page budget they share (ms->pages): --device-bytes, else the weights
+ * and scratch of every model with the KV of the block options. */
+int mload_budget(struct models *ms, struct kvd_error *err);
+/* Then the kvmm and text of entry e, with the disk and remote tiers of the
+ * options. */
 int mload_prepare(struct models *ms, struct models_entry *e, struct kvd_error *err);
 /* The loader's work, on whatever thread calls it (the loader thread; the
  * caller's for the preloads): loads j->e into j->model and j->ex, or
@@ -122,11 +140,29 @@ void mload_run(struct models *ms, struct mjob *j);
 void *mload_main(void *arg);
 /* The executors' idle callback (exec_conf.on_idle): wakes the loop. */
 void mload_kick(void *ud);
-/* Device bytes the models of `set` (bit i: model i) take when loaded
- * together: each one's KV arena (its draft's included) and every weights
- * file once, its own and its draft's (a named draft's are that model's,
- * counted once whether it is loaded itself, drafts for others, or both). */
-uint64_t mload_footprint(const struct models *ms, uint32_t set);
+/* Device bytes model e needs besides its KV pages: its weights, its
+ * executor's scratch, its draft's KV, scratch and weights (a named draft's
+ * weights too: they are loaded with it when not loaded yet). */
+uint64_t mload_fixed_bytes(const struct models *ms, const struct models_entry *e);
+/* What of it is charged with its executor (mload_fixed_bytes less the
+ * weights, its own and a named draft's). */
+uint64_t mload_extra_bytes(const struct models_entry *e);
+/* The most KV e's pool may hold: its max-device-bytes (else the budget)
+ * less its fixed bytes in whole pages. */
+uint64_t mload_kv_cap(const struct models *ms, const struct models_entry *e);
+/* Takes bytes (in whole pages, *pages set) of the device budget for model
+ * e's `what`, the models' KV pools first asked to give back cached pages
+ * when the budget is short: 0, or KVD_ENOMEM with the reason in err. */
+int mload_charge(struct models *ms, const struct models_entry *e, uint64_t bytes, uint32_t *pages,
+                 const char *what, struct kvd_error *err);
+void mload_uncharge(struct models *ms, uint32_t *pages);
+/* Whether the budget has (or the other models' pools give back, moving
+ * cached blocks to their host tiers) the pages e's load takes: its weights
+ * and its draft's not loaded yet, its scratch and draft, and a step's KV.
+ * *need: those pages. 0 or KVD_ENOMEM. */
+int mload_fits(struct models *ms, const struct models_entry *e, uint32_t *need,
+               struct kvd_error *err);
+uint32_t mload_pages_of(const struct models *ms, uint64_t bytes);
 /* A loaded model's executor (its draft state with it) and its references
  * on weights: its own, its draft's (loader thread, or where mload_run
  * runs). */

@@ -1,12 +1,9 @@
 /* models_load: what the model registry does off the loop (models_impl.h):
  * at start, each model's header, text, memory manager and draft; then, on
- * the loader thread, loading (weights, device arena, the draft's state,
- * executor) and unloading (the same in reverse, the cached device blocks
- * moved to the host tier).
- *
- * The memory: until one elastic page budget lands, each model's kvmm has
- * fixed arenas cut from the daemon's budget here (mload_arenas, the draft's
- * KV arena too), the one place that decides how much a model may take. */
+ * the loader thread, loading (weights, the draft's state, executor, each
+ * charged to the page budget: models_budget.c) and unloading (the same in
+ * reverse, the cached device blocks moved to the host tier and the model's
+ * pages given back to the budget). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -21,6 +18,7 @@
 #include "exec.h"
 #include "log.h"
 #include "models_impl.h"
+#include "pages.h"
 #include "text.h"
 
 static double ms_since(const struct timespec *t0)
@@ -28,46 +26,6 @@ static double ms_since(const struct timespec *t0)
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
-}
-
-/* Bytes of device memory --gpu-mem is a fraction of: the GPU's free memory
- * on cuda, physical memory on cpu. 0 when unknown. */
-static size_t device_free(struct backend *be)
-{
-    size_t free_b = 0, total_b = 0;
-    if (!be->ops->mem_info || be->ops->mem_info(be, &free_b, &total_b) != 0)
-        return 0;
-    return free_b;
-}
-
-/* Device bytes of a file's weights from its header: the tensors, and the
- * cuda backend's bf16 copy of f16 and q8_0 matrices. */
-static uint64_t weight_device_of(const struct models *ms, const struct model_hparams *hp)
-{
-    uint64_t b = hp->weight_bytes;
-    if (ms->conf.be->ops->kind == BACKEND_CUDA && (hp->wtype == CT_F16 || hp->wtype == CT_Q8_0))
-        b += 2 * hp->n_params;
-    return b;
-}
-
-uint64_t mload_footprint(const struct models *ms, uint32_t set)
-{
-    uint64_t b = 0;
-    for (size_t i = 0; i < ms->n; i++) {
-        const struct models_entry *e = &ms->v[i];
-        bool in = set & (1u << i);
-        if (in) {
-            b += kvmm_device_bytes(e->mm) + e->draft_kv_bytes;
-            if (e->draft_path && !e->draft)
-                b += e->draft_weight_device; /* --draft-model's own */
-        }
-        bool weights = in;
-        for (size_t k = 0; k < ms->n && !weights; k++)
-            weights = (set & (1u << k)) && ms->v[k].draft == e;
-        if (weights)
-            b += e->weight_device;
-    }
-    return b;
 }
 
 /* ---- weights, shared -------------------------------------------------------
@@ -84,32 +42,53 @@ static int weights_get(struct models *ms, struct models_entry *e, struct model *
     if (!e->w) {
         struct model_opts mo = {.n_threads = ms->opts.threads};
         struct kvd_error le = {0};
-        int rc = model_load_opts(e->conf.path, ms->conf.be, &mo, &e->w, &le);
+        int rc = mload_charge(ms, e, e->weight_device, &e->w_pages, "its weights", err);
         if (rc)
+            return rc;
+        rc = model_load_opts(e->conf.path, ms->conf.be, &mo, &e->w, &le);
+        if (rc) {
+            mload_uncharge(ms, &e->w_pages);
             return kvd_error_set(err, rc, "model %s: %s", e->conf.name, le.message);
+        }
+        /* the header's estimate made exact */
+        uint64_t pb = kvpages_page_bytes(ms->pages, KVD_TIER_DEVICE);
+        uint64_t want = (model_hparams(e->w)->weight_device_bytes + pb - 1) / pb;
+        if (want < e->w_pages) {
+            kvpages_give(ms->pages, KVD_TIER_DEVICE, KVPAGES_NONE, e->w_pages - (uint32_t)want);
+            e->w_pages = (uint32_t)want;
+        } else if (want > e->w_pages) {
+            if (kvpages_take(ms->pages, KVD_TIER_DEVICE, KVPAGES_NONE, (uint32_t)want - e->w_pages,
+                             false) == 0)
+                e->w_pages = (uint32_t)want;
+            else
+                log_warn("model %s: its weights take %" PRIu64 " pages, %u more than its header "
+                         "said, and the budget has no more free",
+                         e->conf.name, want, (uint32_t)want - e->w_pages);
+        }
     }
     e->w_refs++;
     *out = e->w;
     return 0;
 }
 
-static void weights_put(struct models_entry *e)
+static void weights_put(struct models *ms, struct models_entry *e)
 {
     if (e->w_refs && --e->w_refs == 0) {
         model_free(e->w);
         e->w = NULL;
+        mload_uncharge(ms, &e->w_pages);
     }
 }
 
 void mload_discard(struct models *ms, struct models_entry *e, struct exec *ex)
 {
-    (void)ms;
     exec_free(ex); /* the draft's state with it */
+    mload_uncharge(ms, &e->x_pages);
     if (e->holds_draft) {
         e->holds_draft = false;
-        weights_put(e->draft);
+        weights_put(ms, e->draft);
     }
-    weights_put(e);
+    weights_put(ms, e);
 }
 
 /* ---- drafts ----------------------------------------------------------------- */
@@ -175,7 +154,6 @@ int mload_drafts(struct models *ms, struct kvd_error *err)
             if ((rc = draft_check_vocab(e->conf.path, th.n_vocab, e->draft_path,
                                         e->draft_probe.n_vocab, label, err)))
                 return rc;
-            e->draft_weight_device = weight_device_of(ms, &e->draft_probe);
             const char *base = strrchr(e->draft_path, '/');
             snprintf(e->draft_name, sizeof e->draft_name, "%.*s", OPTIONS_MODEL_NAME,
                      e->draft                 ? e->draft->conf.name
@@ -208,94 +186,6 @@ int mload_drafts(struct models *ms, struct kvd_error *err)
     return 0;
 }
 
-/* The arenas of model e, blocks of bb bytes: the one place a model's memory
- * is cut from the daemon's.
- *  - device: a cap on the model's weights + KV (its max-device-bytes, else
- *    with a device budget its share, device-bytes / models) leaves the KV
- *    arena what the weights (its draft's too) do not take; without a cap,
- *    --device-blocks, or --gpu-mem of the free memory (divided among the
- *    models), or the default 1024 blocks;
- *  - the draft's KV (a model with a draft): draft-kv-share of that arena's
- *    bytes (e->draft_kv_bytes), the model keeping the rest;
- *  - host: --host-blocks each, or --host-mem divided among the models.
- * The weights are the header's tensor bytes until the first load measures
- * them (the cuda backend's bf16 copies come on top). */
-static int mload_arenas(struct models *ms, struct models_entry *e, size_t bb, uint32_t *dev,
-                        uint32_t *host, struct kvd_error *err)
-{
-    const struct options *o = &ms->opts;
-    uint64_t n_models = ms->n ? ms->n : 1;
-    uint64_t cap = e->conf.max_device_bytes;
-    if (!cap && o->device_bytes)
-        cap = o->device_bytes / n_models;
-    uint64_t weights = e->weight_device + (e->draft_path ? e->draft_weight_device : 0);
-    if (cap) {
-        if (cap <= weights + bb)
-            return kvd_error_set(err, KVD_EBADREQ,
-                                 "model %s: its share of the device (%" PRIu64
-                                 " bytes: max-device-bytes, or device-bytes / %" PRIu64
-                                 " models) does not hold its %" PRIu64
-                                 " bytes of weights%s and a %zu-byte KV block",
-                                 e->conf.name, cap, n_models, weights,
-                                 e->draft_path ? " (its draft's included)" : "", bb);
-        uint64_t n = (cap - weights) / bb;
-        *dev = n >= UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n;
-    } else if (o->device_blocks) {
-        *dev = o->device_blocks;
-    } else if (o->gpu_mem > 0) {
-        size_t mem = device_free(ms->conf.be);
-        if (mem == 0)
-            return kvd_error_set(err, KVD_EBADREQ,
-                                 "--gpu-mem: cannot tell how much device memory there is; use "
-                                 "--device-blocks");
-        double n = (double)mem * o->gpu_mem / (double)n_models / (double)bb;
-        if (n < 1)
-            return kvd_error_set(err, KVD_EBADREQ,
-                                 "--gpu-mem %.3f of %zu bytes is less than one %zu-byte block",
-                                 o->gpu_mem, mem, bb);
-        *dev = n >= (double)(UINT32_MAX - 1) ? UINT32_MAX - 1 : (uint32_t)n;
-    } else {
-        *dev = OPTIONS_DEFAULT_DEVICE_BLOCKS;
-    }
-    if (e->draft_path) {
-        /* the draft's KV: its share of the arena's bytes, in whole blocks of
-         * the draft's geometry (checked here, before anything loads) */
-        struct kv_geom dg = {.layers = e->draft_probe.n_layer,
-                             .kv_heads = e->draft_probe.n_head_kv,
-                             .head_dim = e->draft_probe.head_dim,
-                             .dtype = (enum kv_dtype)e->draft_dtype,
-                             .block_tokens = o->geom.block_tokens};
-        struct kvd_error le = {0};
-        char label[OPTIONS_MODEL_NAME * 2 + 4200];
-        draft_label(e, label, sizeof label);
-        if (kv_geom_check(&dg, &le))
-            return kvd_error_set(err, KVD_EBADREQ, "%s's KV: %s", label, le.message);
-        double total = (double)*dev * (double)bb;
-        uint64_t dbytes = (uint64_t)(total * o->draft_kv_share);
-        double left = (total - (double)dbytes) / (double)bb;
-        if (left < 1)
-            return kvd_error_set(err, KVD_EBADREQ,
-                                 "model %s: draft-kv-share %.3f leaves it less than one KV block",
-                                 e->conf.name, o->draft_kv_share);
-        if (dbytes < kv_block_bytes(&dg))
-            return kvd_error_set(err, KVD_EBADREQ,
-                                 "%s: its KV share (%" PRIu64 " bytes, draft-kv-share %.3f of "
-                                 "model %s's arena) is less than one %zu-byte block",
-                                 label, dbytes, o->draft_kv_share, e->conf.name,
-                                 kv_block_bytes(&dg));
-        *dev = (uint32_t)left;
-        e->draft_kv_bytes = dbytes;
-    }
-    *host = OPTIONS_DEFAULT_HOST_BLOCKS;
-    if (o->host_blocks != UINT32_MAX) {
-        *host = o->host_blocks;
-    } else if (o->host_mem) {
-        uint64_t n = o->host_mem / n_models / bb;
-        *host = n >= UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n;
-    }
-    return 0;
-}
-
 /* The disk tier's directory of model e: --disk-dir itself for the first
  * model (where a daemon of one model always kept it), a folder of its own
  * named after the model for the others. */
@@ -316,11 +206,7 @@ int mload_prepare(struct models *ms, struct models_entry *e, struct kvd_error *e
     const struct options *o = &ms->opts;
     char terr[512];
     struct kvd_error le = {0};
-    int rc = model_probe(e->conf.path, &e->probe, &le);
-    if (rc)
-        return kvd_error_set(err, rc, "model %s (%s): %s", e->conf.name, e->conf.path, le.message);
-    e->hp = e->probe;
-    e->weight_device = weight_device_of(ms, &e->probe);
+    int rc;
     /* --chat-template is the plain --model's (a [model:NAME] has its file's) */
     const char *tmpl = e->idx == 0 && o->model_path[0] ? o->chat_template_path : NULL;
     if (text_open(e->conf.path, tmpl, &e->text, terr, sizeof terr) != 0)
@@ -330,6 +216,8 @@ int mload_prepare(struct models *ms, struct models_entry *e, struct kvd_error *e
         .evict_policy = o->evict_policy == OPTIONS_EVICT_LRU ? KVMM_EVICT_LRU : KVMM_EVICT_HITS,
         .device_detached = true,
         .handle_tag = (uint8_t)e->idx,
+        .pages = ms->pages,
+        .max_device_bytes = mload_kv_cap(ms, e),
     };
     enum kv_dtype dt = e->conf.kv_dtype >= 0 ? (enum kv_dtype)e->conf.kv_dtype : o->geom.dtype;
     mc.geom = (struct kv_geom){.layers = e->probe.n_layer,
@@ -340,21 +228,23 @@ int mload_prepare(struct models *ms, struct models_entry *e, struct kvd_error *e
     if ((rc = kv_geom_check(&mc.geom, &le)))
         return kvd_error_set(err, rc, "model %s's KV: %s", e->conf.name, le.message);
     size_t bb = kv_block_bytes(&mc.geom);
-    if ((rc = mload_arenas(ms, e, bb, &mc.n_device_blocks, &mc.n_host_blocks, err)))
-        return rc;
     if ((rc = kvmm_new(&mc, &e->mm)))
         return kvd_error_set(err, rc,
-                             "model %s: cannot create its KV memory manager: %s (%u device + %u "
-                             "host blocks of %zu bytes)",
-                             e->conf.name, kvd_err_code(rc), mc.n_device_blocks, mc.n_host_blocks,
-                             bb);
+                             "model %s: cannot create its KV memory manager: %s (blocks of %zu "
+                             "bytes, up to %" PRIu64 " bytes of device pages)",
+                             e->conf.name, kvd_err_code(rc), bb, mc.max_device_bytes);
+    struct kvmm_stats ks;
+    kvmm_lock(e->mm);
+    kvmm_stats(e->mm, &ks);
+    kvmm_unlock(e->mm);
     log_info("model %s: %s, %s, %u layers, embd %u, %u heads (%u kv), vocab %u, context %u, "
-             "%.1fM parameters; KV %s, %zu-byte blocks: %u device (%.1f MiB, while loaded) + "
-             "%u host",
+             "%.1fM parameters; %.1f MiB of weights and scratch while loaded; KV %s, %zu-byte "
+             "blocks, %u per page: up to %u device (%.1f MiB of pages) + %u host",
              e->conf.name, e->conf.path, e->probe.arch, e->probe.n_layer, e->probe.n_embd,
              e->probe.n_head, e->probe.n_head_kv, e->probe.n_vocab, e->probe.n_ctx,
-             (double)e->probe.n_params / 1e6, kv_dtype_name(dt), bb, mc.n_device_blocks,
-             (double)kvmm_device_bytes(e->mm) / (1 << 20), mc.n_host_blocks);
+             (double)e->probe.n_params / 1e6, (double)mload_fixed_bytes(ms, e) / (1 << 20),
+             kv_dtype_name(dt), bb, ks.blocks_per_page[KVD_TIER_DEVICE], ks.device_total,
+             (double)mc.max_device_bytes / (1 << 20), ks.host_total);
     if (text_tokenizer(e->text))
         log_info("model %s: tokenizer %s (pre-tokenizer %s), %u tokens; chat template: %s",
                  e->conf.name, tokenizer_model_name(text_tokenizer(e->text)),
@@ -441,7 +331,7 @@ static int open_draft(struct models *ms, struct models_entry *e, struct model *t
     *out = NULL;
     if (e->holds_draft) {
         e->holds_draft = false;
-        weights_put(e->draft);
+        weights_put(ms, e->draft);
     }
     return rc;
 }
@@ -452,7 +342,13 @@ static void load(struct models *ms, struct mjob *j)
     const struct options *o = &ms->opts;
     struct kvd_error le = {0};
     struct draft *draft = NULL;
-    int rc = weights_get(ms, e, &j->model, &j->err);
+    int rc = mload_fits(ms, e, &j->need, &j->err);
+    if (rc) {
+        j->rc = rc;
+        j->model = NULL;
+        return;
+    }
+    rc = weights_get(ms, e, &j->model, &j->err);
     if (rc) {
         j->rc = rc;
         j->model = NULL;
@@ -469,6 +365,12 @@ static void load(struct models *ms, struct mjob *j)
                               "(KV %u x %u x %u, now %u x %u x %u): restart kvd",
                               e->conf.name, have->layers, have->kv_heads, have->head_dim,
                               want.layers, want.kv_heads, want.head_dim);
+        goto fail;
+    }
+    /* its scratch, its draft's KV, scratch and own weights */
+    if ((rc = mload_charge(ms, e, mload_extra_bytes(e), &e->x_pages, "its scratch and draft",
+                           &j->err))) {
+        j->rc = rc;
         goto fail;
     }
     size_t cleared = 0;

@@ -20,6 +20,7 @@ int ops_kv_export(struct ops_ctx *c)
     bool have, writable = false;
     struct kvmm_export_info ex;
     int fds[KVD_MAX_EXPORT_FDS];
+    enum backend_fd_kind kinds[KVD_MAX_EXPORT_FDS];
     size_t n_fds = 0;
     int rc = proto_get_uint(c->req, "seq", &seq, &c->err);
     if (!rc)
@@ -45,7 +46,7 @@ int ops_kv_export(struct ops_ctx *c)
         return rc;
     }
     for (; n_fds < ex.n_pages; n_fds++)
-        if ((rc = kvmm_export_fd(c->mm, &ex.pages[n_fds], &fds[n_fds]))) {
+        if ((rc = kvmm_export_fd(c->mm, &ex.pages[n_fds], &fds[n_fds], &kinds[n_fds]))) {
             rc = mm_err(c, rc);
             break;
         }
@@ -53,11 +54,27 @@ int ops_kv_export(struct ops_ctx *c)
         (void)kvmm_export_release(c->mm, c->conn_id, ex.id);
     kvmm_unlock(c->mm);
     if (!rc)
-        rc = proto_reply_begin(c->pk, c->id, 4);
+        rc = proto_reply_begin(c->pk, c->id, 5);
     if (!rc)
         rc = proto_pack_kv_uint(c->pk, "export", ex.id);
     if (!rc)
         rc = proto_pack_kv_uint(c->pk, "fds", ex.n_pages);
+    /* What each descriptor is: a memfd to mmap, or a cuda VMM handle to
+     * import (cuMemImportFromShareableHandle) and map, of `bytes`. */
+    if (!rc)
+        rc = proto_pack_str(c->pk, "maps");
+    if (!rc)
+        rc = proto_pack_array(c->pk, ex.n_pages);
+    for (size_t i = 0; !rc && i < ex.n_pages; i++) {
+        rc = proto_pack_map(c->pk, 3);
+        if (!rc)
+            rc = proto_pack_kv_str(c->pk, "kind",
+                                   kinds[i] == BACKEND_FD_CUDA_VMM ? "cuda_vmm" : "memfd");
+        if (!rc)
+            rc = proto_pack_kv_uint(c->pk, "bytes", ex.page_bytes[ex.pages[i].tier]);
+        if (!rc)
+            rc = proto_pack_kv_bool(c->pk, "writable", ex.pages[i].writable);
+    }
     if (!rc)
         rc = proto_pack_kv_uint(c->pk, "from_block", ex.from_block);
     if (!rc)

@@ -40,7 +40,7 @@ static int pack_text(msgpack_packer *pk, const struct text *tx)
 /* A model's map: today's hello fields (name, vocab, context, weights,
  * fingerprint: nil until it has loaded once, the text side), then with
  * `list` what a list of models says of each: its state, KV geometry and
- * arena, keep-alive, and whether the caller may use it. */
+ * device pages, keep-alive, and whether the caller may use it. */
 static int pack_model(msgpack_packer *pk, struct models_entry *e, const char *tenant, bool list)
 {
     struct models_info mi;
@@ -182,6 +182,7 @@ static int pack_models_stats(struct ops_ctx *c)
         PROTO_PK(proto_pack_kv_uint(pk, "weight_device_bytes", mi.weight_device_bytes));
         PROTO_PK(proto_pack_kv_uint(pk, "kv_device_bytes", mi.kv_device_bytes));
         PROTO_PK(proto_pack_kv_uint(pk, "kv_device_blocks", mi.kv_device_blocks));
+        PROTO_PK(proto_pack_kv_uint(pk, "charged_device_bytes", mi.charged_device_bytes));
         PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", mi.block_bytes));
         if (c->admin) {
             struct kvmm_stats ks;
@@ -244,6 +245,14 @@ static int pack_quota(msgpack_packer *pk, const char *key, uint32_t v)
     return proto_pack_kv_uint(pk, key, v);
 }
 
+/* A byte quota: nil when there is none (0). */
+static int pack_bytes_quota(msgpack_packer *pk, const char *key, uint64_t v)
+{
+    if (v == 0)
+        return proto_pack_kv_nil(pk, key);
+    return proto_pack_kv_uint(pk, key, v);
+}
+
 static int pack_tenant(msgpack_packer *pk, const struct stats_snap_tenant *st)
 {
     const struct kvmm_tenant_stats *t = &st->ts;
@@ -254,6 +263,8 @@ static int pack_tenant(msgpack_packer *pk, const struct stats_snap_tenant *st)
     PROTO_PK(proto_pack_kv_uint(pk, "cached_blocks", t->cached_blocks));
     PROTO_PK(proto_pack_kv_uint(pk, "cached_device", t->cached_device));
     PROTO_PK(proto_pack_kv_uint(pk, "cached_host", t->cached_host));
+    PROTO_PK(proto_pack_kv_uint(pk, "device_bytes", t->device_bytes));
+    PROTO_PK(proto_pack_kv_uint(pk, "host_bytes", t->host_bytes));
     PROTO_PK(proto_pack_kv_str(pk, "events",
                                t->conf.events == KVMM_EVENTS_ON       ? "on"
                                : t->conf.events == KVMM_EVENTS_HASHES ? "hashes"
@@ -270,6 +281,9 @@ static int pack_tenant(msgpack_packer *pk, const struct stats_snap_tenant *st)
     PROTO_PK(pack_quota(pk, "max_host_blocks", t->conf.max_host_blocks));
     PROTO_PK(pack_quota(pk, "max_seqs", t->conf.max_seqs));
     PROTO_PK(proto_pack_kv_uint(pk, "reserved_device_blocks", t->conf.reserved_device_blocks));
+    PROTO_PK(pack_bytes_quota(pk, "max_device_bytes", t->conf.max_device_bytes));
+    PROTO_PK(pack_bytes_quota(pk, "max_host_bytes", t->conf.max_host_bytes));
+    PROTO_PK(proto_pack_kv_uint(pk, "reserved_device_bytes", t->conf.reserved_device_bytes));
     PROTO_PK(proto_pack_kv_uint(pk, "weight", t->conf.weight));
     PROTO_PK(proto_map_end(pk, quota));
     return proto_map_end(pk, map);
@@ -466,6 +480,23 @@ static int stats_all_pack(struct ops_ctx *c, const struct stats_snap *sn)
     PROTO_PK(proto_pack_kv_uint(pk, "draining", st->export_draining));
     PROTO_PK(proto_pack_kv_uint(pk, "withheld", st->export_withheld));
     PROTO_PK(proto_map_end(pk, exports));
+    /* The pool's pages (docs/architecture.md "Pages"). */
+    PROTO_PK(proto_pack_str(pk, "pages"));
+    size_t pages = proto_map_begin(pk);
+    for (int t = 0; t < 2; t++) {
+        PROTO_PK(proto_pack_str(pk, t == KVD_TIER_DEVICE ? "device" : "host"));
+        size_t tier = proto_map_begin(pk);
+        PROTO_PK(proto_pack_kv_uint(pk, "page_bytes", st->page_bytes[t]));
+        PROTO_PK(proto_pack_kv_uint(pk, "blocks_per_page", st->blocks_per_page[t]));
+        PROTO_PK(proto_pack_kv_uint(pk, "held", st->pages_held[t]));
+        PROTO_PK(proto_pack_kv_uint(pk, "spare", st->pages_spare[t]));
+        PROTO_PK(proto_pack_kv_uint(pk, "free", st->pages_free[t]));
+        PROTO_PK(proto_pack_kv_uint(pk, "cached", st->pages_cached[t]));
+        PROTO_PK(proto_map_end(pk, tier));
+    }
+    PROTO_PK(proto_pack_kv_uint(pk, "maps", st->page_maps));
+    PROTO_PK(proto_pack_kv_uint(pk, "unmaps", st->page_unmaps));
+    PROTO_PK(proto_map_end(pk, pages));
     PROTO_PK(proto_pack_kv_uint(pk, "connections", *obs->n_conns));
     PROTO_PK(proto_pack_kv_uint(pk, "in_flight", *obs->n_pending));
     if (obs->tenancy) {

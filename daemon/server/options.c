@@ -50,21 +50,27 @@ const struct options_def options_defs[] = {
      "GGUF model to serve (omit for store mode); NAME=FILE\n"
      "names one of several (repeatable; also [model:NAME])"},
     {"device-bytes", "BYTES", OPTIONS_SIZE, F(device_bytes), 0, UINT64_MAX, NULL, NULL, NULL, 0,
-     "the loaded models' weights and KV arenas together\n"
-     "(e.g. 20G); a model that does not fit unloads idle\n"
-     "ones, least recently used first (default: no budget)"},
+     "the one device budget (e.g. 20G): the loaded models'\n"
+     "weights and drafts' KV, and every model's KV pages;\n"
+     "a model that does not fit takes cached KV pages, then\n"
+     "unloads idle models, least recently used first\n"
+     "(default: the weights + the KV of the two below)"},
     {"keep-alive-s", "SECONDS|forever", OPTIONS_SECONDS, F(keep_alive_s), 0, UINT32_MAX - 2, NULL,
      "300", NULL, 0, "idle seconds before a model unloads\n(a model's own keep-alive-s wins)"},
     {"chat-template", "FILE", OPTIONS_STR, F(chat_template_path), 0, 0, NULL, NULL, NULL, 0,
      "Jinja chat template for 'messages', instead of the\nmodel file's own"},
     {"device-blocks", "N", OPTIONS_U32, F(device_blocks), 1, UINT32_MAX - 1, NULL, NULL,
-     STR(OPTIONS_DEFAULT_DEVICE_BLOCKS), 0, "KV blocks in the device arena"},
+     STR(OPTIONS_DEFAULT_DEVICE_BLOCKS), 0,
+     "without device-bytes: this many KV blocks of device\nmemory"},
     {"gpu-mem", "FRACTION", OPTIONS_FRACTION, F(gpu_mem), 0, 0, NULL, NULL, NULL, 0,
      "or: this fraction of device memory for KV blocks"},
     {"host-blocks", "N", OPTIONS_U32, F(host_blocks), 0, UINT32_MAX - 1, NULL, NULL,
      STR(OPTIONS_DEFAULT_HOST_BLOCKS), 0, "blocks in the host tier (0 = none)"},
     {"host-mem", "BYTES", OPTIONS_SIZE, F(host_mem), 0, UINT64_MAX, NULL, NULL, NULL, 0,
      "or: this many bytes of host tier (e.g. 8G)"},
+    {"page-bytes", "BYTES", OPTIONS_SIZE, F(page_bytes), 0, (uint64_t)1 << 40, NULL, NULL, NULL, 0,
+     "the page KV memory is cut into (default 2M, less for\na budget under 64 pages; rounded up "
+     "to the\nbackend's granularity)"},
     {"evict-policy", "hits|lru", OPTIONS_CHOICE, F(evict_policy), 0, 0, "hits|lru", "hits", NULL, 0,
      "which cached KV blocks go first: least recently\nused with a bonus for hits and tenant "
      "weight,\n"
@@ -174,8 +180,8 @@ const struct options_def options_defs[] = {
      "daemon "
      "of\none model; with several: [model:NAME] draft)"},
     {"draft-kv-share", "FRACTION", OPTIONS_FRACTION, F(draft_kv_share), 0, 0, NULL, "0.1", NULL, 0,
-     "of a model's KV arena, the share its draft\nmodel's KV takes (the served model keeps the "
-     "rest)"},
+     "of the KV a model may hold, the share its draft\nmodel's KV takes (the served model keeps "
+     "the rest)"},
     {"threads", "N", OPTIONS_U32, F(threads), 0, 256, NULL, "0", NULL, 0,
      "cpu backend: compute threads (0 = one per CPU)"},
     {"log-level", "LEVEL", OPTIONS_LOG_LEVEL, F(log_level), 0, 0, NULL, "info", NULL, 0,

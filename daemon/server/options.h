@@ -36,7 +36,7 @@ struct options_model {
     bool preload;              /* loaded at start, not at its first request */
     char tenants[1024];        /* the tenants that may use it, comma or space separated;
                                   "": every tenant */
-    uint64_t max_device_bytes; /* its weights + KV arena on the device; 0: no cap of its own */
+    uint64_t max_device_bytes; /* its weights + KV pages on the device; 0: no cap of its own */
     /* Speculative decoding's draft: another model of the daemon by name
      * (same vocabulary); "": none. */
     char draft[OPTIONS_MODEL_NAME + 1];
@@ -53,7 +53,8 @@ struct options {
      * model_path, it is served first. None of either: store mode. */
     struct options_model models[OPTIONS_MAX_MODELS];
     uint32_t n_models;
-    uint64_t device_bytes;         /* the models' weights + KV arenas on the device; 0: no budget */
+    uint64_t device_bytes;         /* the device page budget: the loaded models' weights and
+                                      every model's KV pages; 0: from the block options */
     uint32_t keep_alive_s;         /* a model's idle seconds before it unloads, unless it says */
     char chat_template_path[4096]; /* empty: the model's own (tokenizer.chat_template) */
     enum options_backend backend;
@@ -61,6 +62,7 @@ struct options {
     double gpu_mem;         /* fraction of device memory in (0, 1]; 0: unset */
     uint32_t host_blocks;   /* UINT32_MAX: derived from host_mem, else the default */
     uint64_t host_mem;      /* bytes; 0: unset */
+    uint64_t page_bytes;    /* the budget's page; 0: the default (pages.h) */
     enum options_evict evict_policy;
     struct kv_geom geom; /* store-mode geometry and block_tokens */
     uint32_t max_frame;  /* bytes */

@@ -315,27 +315,39 @@ KVD_API int kvd_seq_commit(struct kvd_ctx *ctx, uint64_t seq, const uint32_t *to
                            size_t *shared);
 KVD_API int kvd_seq_fork(struct kvd_ctx *ctx, uint64_t seq, uint64_t *child);
 
-/* Zero-copy export (kv_export, cpu backend): the blocks of tokens
- * [from_token, from_token + n_tokens) (n_tokens 0: to the end) mapped into
- * this process, without a copy. blocks[i].data is block from_block + i of
- * the sequence, block_bytes in the section-6 block layout (the bytes
- * kv_read returns for that block's tokens when it is full); writable
- * blocks (asked with writable, the caller's own uncommitted blocks only)
- * may be filled in place and committed with kvd_seq_commit. The daemon
- * keeps the pages for this process until kvd_kv_export_release (or the
- * connection closes); the views stay mapped until then. */
+/* Zero-copy export (kv_export): the blocks of tokens [from_token,
+ * from_token + n_tokens) (n_tokens 0: to the end), without a copy. Each
+ * page comes as a descriptor (maps[]): a memfd (kind KVD_EXPORT_MEMFD:
+ * host memory, the cpu backend's pools and the cuda backend's host tier),
+ * which libkvd maps into this process, so blocks[i].data is block
+ * from_block + i of the sequence, block_bytes in the section-6 block
+ * layout (the bytes kv_read returns for that block's tokens when it is
+ * full); or the POSIX descriptor of a CUDA VMM allocation (kind
+ * KVD_EXPORT_CUDA_VMM: a cuda device page), which libkvd does not touch:
+ * the caller imports it (cuMemImportFromShareableHandle with
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), maps its len bytes into a
+ * range of its own (cuMemAddressReserve, cuMemMap, cuMemSetAccess) and
+ * finds block i at blocks[i].offset there (blocks[i].data is NULL). Such a
+ * handle grants writes to whoever imports it; kvd hands one out only for
+ * the tenant's own pages. Writable blocks (asked with writable, the
+ * caller's own uncommitted blocks only) may be filled in place and
+ * committed with kvd_seq_commit. The daemon keeps the pages for this
+ * process until kvd_kv_export_release (or the connection closes); the
+ * views stay mapped until then. */
+enum kvd_export_kind { KVD_EXPORT_MEMFD = 0, KVD_EXPORT_CUDA_VMM = 1 };
 struct kvd_export_block {
-    void *data;
+    void *data; /* NULL for a KVD_EXPORT_CUDA_VMM page */
     size_t bytes;
     bool writable;
     unsigned fd;     /* index into maps */
     uint64_t offset; /* bytes into that page */
 };
 struct kvd_export_map {
-    int fd; /* the page's descriptor (open until release): O_RDONLY unless writable */
-    void *addr;
-    size_t len;
+    int fd;     /* the page's descriptor (open until release): O_RDONLY unless writable */
+    void *addr; /* the memfd mapped here; NULL for KVD_EXPORT_CUDA_VMM */
+    size_t len; /* bytes of the page */
     bool writable;
+    enum kvd_export_kind kind;
 };
 struct kvd_export {
     uint64_t id;

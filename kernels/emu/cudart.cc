@@ -33,6 +33,8 @@ char g_last_report[512];
 struct alloc_rec {
     size_t bytes;
     alloc_kind kind;
+    bool vmm;
+    bool foreign; // registered (register_alloc), not this file's to free
 };
 std::map<uintptr_t, alloc_rec> g_allocs;
 uint64_t g_alloc_gen = 1;
@@ -41,6 +43,7 @@ size_t g_device_total = (size_t)16 << 30;
 std::map<const void *, int> g_func_smem;
 
 thread_local cudaError_t tl_last = cudaSuccess;
+thread_local work_mark tl_work = {nullptr, 0};
 
 kvd_emu_counts g_counts; // under g_count_mu
 std::mutex g_count_mu;
@@ -53,6 +56,8 @@ struct capture;
 struct CUstream_st {
     unsigned flags;
     std::shared_ptr<kvd_emu::capture> cap; // being captured into
+    uint64_t seq;                          // operations run so far
+    uint64_t synced;                       // of them, the host has waited for this many
 };
 struct CUevent_st {
     unsigned flags;
@@ -60,6 +65,7 @@ struct CUevent_st {
     double t_ms;
     std::shared_ptr<kvd_emu::capture> cap; // recorded inside a capture
     cudaStream_t stream;                   // where it was recorded
+    uint64_t seq;                          // the stream's operations before it
 };
 struct CUgraph_st {
     std::vector<std::function<cudaError_t()>> nodes;
@@ -185,7 +191,7 @@ cudaError_t do_alloc(void **p, size_t bytes, alloc_kind kind, const char *api)
             g_device_used -= bytes;
         return set_error(cudaErrorMemoryAllocation);
     }
-    g_allocs[(uintptr_t)m] = alloc_rec{bytes, kind};
+    g_allocs[(uintptr_t)m] = alloc_rec{bytes, kind, false, false};
     *p = m;
     return cudaSuccess;
 }
@@ -200,7 +206,7 @@ cudaError_t do_free(void *p, alloc_kind kind, const char *api)
     std::lock_guard<std::recursive_mutex> dev(device_lock()); // waits for running work
     std::lock_guard<std::mutex> g(g_mu);
     auto it = g_allocs.find((uintptr_t)p);
-    if (it == g_allocs.end() || it->second.kind != kind) {
+    if (it == g_allocs.end() || it->second.kind != kind || it->second.foreign) {
         report("%s(%p): not a live %s allocation (double free, or the wrong free)", api, p,
                kind == ALLOC_DEVICE ? "device" : "pinned host");
         return set_error(cudaErrorInvalidValue);
@@ -215,8 +221,16 @@ cudaError_t do_free(void *p, alloc_kind kind, const char *api)
 
 cudaStream_t legacy_stream()
 {
-    static CUstream_st s{0, nullptr};
+    static CUstream_st s{0, nullptr, 0, 0};
     return &s;
+}
+
+std::set<cudaStream_t> g_streams; // created and not destroyed (under g_mu)
+
+// Under g_mu: the host waited for everything stream s has run.
+void synced_all(cudaStream_t s)
+{
+    s->synced = s->seq;
 }
 
 cudaStream_t resolve(cudaStream_t s)
@@ -269,16 +283,16 @@ alloc_info find_alloc(const void *p, size_t n, bool *partial)
     std::lock_guard<std::mutex> g(g_mu);
     auto it = g_allocs.upper_bound(a);
     if (it == g_allocs.begin())
-        return alloc_info{0, 0, ALLOC_NONE};
+        return alloc_info{0, 0, ALLOC_NONE, false};
     --it;
     if (a - it->first >= it->second.bytes)
-        return alloc_info{0, 0, ALLOC_NONE};
+        return alloc_info{0, 0, ALLOC_NONE, false};
     if (n > it->second.bytes - (a - it->first)) {
         if (partial)
             *partial = true;
-        return alloc_info{0, 0, ALLOC_NONE};
+        return alloc_info{0, 0, ALLOC_NONE, false};
     }
-    return alloc_info{it->first, it->second.bytes, it->second.kind};
+    return alloc_info{it->first, it->second.bytes, it->second.kind, it->second.vmm};
 }
 
 uint64_t alloc_generation()
@@ -289,6 +303,8 @@ uint64_t alloc_generation()
 void describe(const void *p, char *buf, size_t len)
 {
     uintptr_t a = (uintptr_t)p;
+    if (vmm_describe(a, buf, len)) // before g_mu: vmm.cc takes its lock, then g_mu
+        return;
     std::lock_guard<std::mutex> g(g_mu);
     auto it = g_allocs.upper_bound(a);
     if (it != g_allocs.begin()) {
@@ -310,6 +326,7 @@ void describe(const void *p, char *buf, size_t len)
 cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn)
 {
     s = resolve(s);
+    uint64_t seq;
     {
         std::lock_guard<std::mutex> g(g_mu);
         if (s->cap) {
@@ -318,9 +335,60 @@ cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn)
             s->cap->nodes.push_back(std::move(fn));
             return cudaSuccess;
         }
+        seq = ++s->seq;
     }
     std::lock_guard<std::recursive_mutex> dev(device_lock());
-    return fn();
+    work_mark outer = tl_work;
+    tl_work = work_mark{s, seq};
+    cudaError_t e = fn();
+    tl_work = outer;
+    return e;
+}
+
+void register_alloc(uintptr_t base, size_t bytes, alloc_kind kind, bool vmm)
+{
+    std::lock_guard<std::mutex> g(g_mu);
+    g_allocs[base] = alloc_rec{bytes, kind, vmm, true};
+    g_alloc_gen++;
+}
+
+bool unregister_alloc(uintptr_t base)
+{
+    std::lock_guard<std::mutex> g(g_mu);
+    auto it = g_allocs.find(base);
+    if (it == g_allocs.end())
+        return false;
+    g_allocs.erase(it);
+    g_alloc_gen++;
+    return true;
+}
+
+bool device_mem_take(size_t bytes)
+{
+    std::lock_guard<std::mutex> g(g_mu);
+    if (bytes > g_device_total || g_device_used > g_device_total - bytes)
+        return false;
+    g_device_used += bytes;
+    return true;
+}
+
+void device_mem_give(size_t bytes)
+{
+    std::lock_guard<std::mutex> g(g_mu);
+    g_device_used -= bytes < g_device_used ? bytes : g_device_used;
+}
+
+work_mark current_work()
+{
+    return tl_work;
+}
+
+bool work_done(cudaStream_t s, uint64_t seq)
+{
+    std::lock_guard<std::mutex> g(g_mu);
+    if (s != legacy_stream() && !g_streams.count(s))
+        return true;
+    return s->synced >= seq;
 }
 
 void count_launch()
@@ -484,7 +552,14 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
 cudaError_t cudaDeviceSynchronize(void)
 {
     cudaError_t e = unsafe_call("cudaDeviceSynchronize");
-    return e == cudaSuccess ? cudaSuccess : set_error(e);
+    if (e != cudaSuccess)
+        return set_error(e);
+    std::lock_guard<std::mutex> g(g_mu);
+    synced_all(legacy_stream());
+    for (cudaStream_t s : g_streams)
+        if (!s->cap)
+            synced_all(s);
+    return cudaSuccess;
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
@@ -534,6 +609,8 @@ const char *cudaGetErrorName(cudaError_t e)
         N(cudaErrorStreamCaptureImplicit)
         N(cudaErrorStreamCaptureWrongThread)
         N(cudaErrorNoDevice)
+        N(cudaErrorHostMemoryAlreadyRegistered)
+        N(cudaErrorHostMemoryNotRegistered)
         N(cudaErrorUnknown)
 #undef N
     }
@@ -598,6 +675,38 @@ cudaError_t cudaFreeHost(void *p)
     return do_free(p, ALLOC_HOST, "cudaFreeHost");
 }
 
+cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned flags)
+{
+    (void)flags;
+    if (!p || !bytes)
+        return set_error(cudaErrorInvalidValue);
+    {
+        std::lock_guard<std::mutex> g(g_mu);
+        auto it = g_allocs.lower_bound((uintptr_t)p);
+        bool overlap = it != g_allocs.end() && it->first < (uintptr_t)p + bytes;
+        if (!overlap && it != g_allocs.begin()) {
+            --it;
+            overlap = (uintptr_t)p - it->first < it->second.bytes;
+        }
+        if (overlap) {
+            report("cudaHostRegister(%p, %zu): the range overlaps a registered or device range", p,
+                   bytes);
+            return set_error(cudaErrorHostMemoryAlreadyRegistered);
+        }
+    }
+    register_alloc((uintptr_t)p, bytes, ALLOC_HOST, false);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void *p)
+{
+    if (find_alloc(p, 1).kind != ALLOC_HOST || !unregister_alloc((uintptr_t)p)) {
+        report("cudaHostUnregister(%p): not the start of a cudaHostRegister range", p);
+        return set_error(cudaErrorHostMemoryNotRegistered);
+    }
+    return cudaSuccess;
+}
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
                             cudaStream_t stream)
 {
@@ -608,6 +717,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
         // Checked again when replayed: the buffers may be gone by then.
         cudaError_t r = copy_checks(dst, src, bytes, kind, "cudaMemcpyAsync (replay)");
         if (r == cudaSuccess) {
+            vmm_touch(dst, bytes);
+            vmm_touch(src, bytes);
             memcpy(dst, src, bytes);
             if (find_alloc(dst, 1).kind == ALLOC_DEVICE &&
                 find_alloc(src, 1).kind != ALLOC_DEVICE) {
@@ -625,7 +736,10 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
     cudaError_t e = unsafe_call("cudaMemcpy");
     if (e != cudaSuccess)
         return set_error(e);
-    return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+    e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+    std::lock_guard<std::mutex> g(g_mu); // synchronous on the legacy stream
+    synced_all(legacy_stream());
+    return e;
 }
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream)
@@ -637,6 +751,7 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t strea
     return set_error(submit(stream, [p, value, bytes]() {
         cudaError_t r = check_range(p, bytes, true, "cudaMemsetAsync (replay)", "destination");
         if (r == cudaSuccess) {
+            vmm_touch(p, bytes);
             memset(p, value, bytes);
             std::lock_guard<std::mutex> g(g_count_mu);
             g_counts.memsets++;
@@ -651,14 +766,19 @@ cudaError_t cudaMemset(void *p, int value, size_t bytes)
     cudaError_t e = unsafe_call("cudaMemset");
     if (e != cudaSuccess)
         return set_error(e);
-    return cudaMemsetAsync(p, value, bytes, nullptr);
+    e = cudaMemsetAsync(p, value, bytes, nullptr);
+    std::lock_guard<std::mutex> g(g_mu);
+    synced_all(legacy_stream());
+    return e;
 }
 
 // ---- streams and events ---------------------------------------------------------------
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
-    *s = new CUstream_st{flags, nullptr};
+    *s = new CUstream_st{flags, nullptr, 0, 0};
+    std::lock_guard<std::mutex> g(g_mu);
+    g_streams.insert(*s);
     return cudaSuccess;
 }
 
@@ -677,7 +797,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
             report("cudaStreamDestroy of a stream that is being captured");
             s->cap->invalid = true;
         }
+        g_streams.erase(s);
     }
+    vmm_forget_stream(s);
     delete s;
     return cudaSuccess;
 }
@@ -698,12 +820,16 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
         return set_error(cudaErrorStreamCaptureUnsupported);
     }
     cudaError_t e = unsafe_call("cudaStreamSynchronize");
-    return e == cudaSuccess ? cudaSuccess : set_error(e);
+    if (e != cudaSuccess)
+        return set_error(e);
+    std::lock_guard<std::mutex> g(g_mu);
+    synced_all(s);
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 {
-    *e = new CUevent_st{flags, false, 0.0, nullptr, nullptr};
+    *e = new CUevent_st{flags, false, 0.0, nullptr, nullptr, 0};
     return cudaSuccess;
 }
 
@@ -728,6 +854,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
     std::lock_guard<std::mutex> g(g_mu);
     e->recorded = true;
     e->stream = s;
+    e->seq = s->seq;
     e->cap = s->cap; // an event recorded in a capture is a node of it
     if (!s->cap)
         e->t_ms = now_ms(); // streams are synchronous: everything before it is done
@@ -771,7 +898,13 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
         }
     }
     cudaError_t r = unsafe_call("cudaEventSynchronize");
-    return r == cudaSuccess ? cudaSuccess : set_error(r);
+    if (r != cudaSuccess)
+        return set_error(r);
+    std::lock_guard<std::mutex> g(g_mu);
+    cudaStream_t s = e->stream;
+    if (s && (s == legacy_stream() || g_streams.count(s)) && s->synced < e->seq)
+        s->synced = e->seq;
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e)

@@ -27,6 +27,7 @@ struct alloc_info {
     uintptr_t base;
     size_t bytes;
     alloc_kind kind;
+    bool vmm; // a cuMemMap mapping with access set (vmm.cc)
 };
 // The live allocation holding [p, p + n) whole (kind ALLOC_NONE if none);
 // *partial set when p is inside one that [p, p+n) runs past.
@@ -39,6 +40,34 @@ void describe(const void *p, char *buf, size_t len);
 
 // Runs fn on stream s now, or records it when s is being captured.
 cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn);
+
+// Allocations made outside cudart.cc: VMM mappings once their access is
+// set (vmm.cc), host ranges cudaHostRegister pins. unregister: false when
+// none starts at base.
+void register_alloc(uintptr_t base, size_t bytes, alloc_kind kind, bool vmm);
+bool unregister_alloc(uintptr_t base);
+// The device memory cudaMemGetInfo reports, shared with cuMemCreate.
+bool device_mem_take(size_t bytes);
+void device_mem_give(size_t bytes);
+
+// Which stream operation runs on this thread now (s NULL outside one), and
+// whether the host has waited for operation seq of stream s (a
+// cudaStreamSynchronize, a cudaEventSynchronize of an event recorded after
+// it, cudaDeviceSynchronize; a destroyed stream counts as waited for).
+struct work_mark {
+    cudaStream_t s;
+    uint64_t seq;
+};
+work_mark current_work();
+bool work_done(cudaStream_t s, uint64_t seq);
+
+// The VMM side (vmm.cc). vmm_touch: the running stream operation used
+// [p, p + n); vmm_describe: a one-line description of an address inside a
+// reservation with nothing mapped, or a mapping without access (false for
+// others); vmm_forget_stream: s is gone.
+void vmm_touch(const void *p, size_t n);
+bool vmm_describe(uintptr_t a, char *buf, size_t len);
+void vmm_forget_stream(cudaStream_t s);
 
 // The emulated compute capability (KVD_EMU_CC, default 9.0) and the
 // largest dynamic shared memory a kernel may opt in to on it.

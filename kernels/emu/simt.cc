@@ -819,6 +819,8 @@ inline void access(const void *p, size_t n, bool store)
                     L->kernel, where(t, buf, sizeof buf), store ? "write" : "read", p);
             return;
         }
+        if (ai.vmm)
+            vmm_touch(p, n); // once per launch and mapping: the cache is reset per launch
         tls.cached = ai;
         tls.cached_gen = gen;
     }
@@ -879,6 +881,7 @@ cudaError_t run_launch(const char *name, const void *fn, dim3 grid, dim3 block, 
     L.dyn_bytes = smem;
     unsigned before = 0;
     tls.run = &L;
+    tls.cached_gen = 0; // look every allocation up again: VMM touches are per launch
 
     if (cfg().order_check && have_memcheck) {
         start_log(&L);

@@ -7,8 +7,9 @@
  *
  * Two random models (kvd-gguf-gen --layers 4 --embd 768 --heads 12
  * --kv-heads 4 --ff 2048 --vocab 8000, f16: about 80 MB of weights each),
- * served by one kvd on the cpu backend with device-bytes that hold one
- * model's weights and KV arena, not both. ROUNDS (default 5) rounds of:
+ * served by one kvd on the cpu backend with a page budget (device-bytes)
+ * that holds one model's weights, scratch and KV pages, not both models.
+ * ROUNDS (default 5) rounds of:
  *   loaded       a generate (max_tokens 1) of a new 128-token prompt to the
  *                model that is loaded;
  *   switch       the same to the other model: the daemon unloads the idle
@@ -130,13 +131,14 @@ int main(int argc, char **argv)
         if (system(cmd) != 0)
             return 1;
     }
-    /* one model: about 75 MB of weights and a 75 MB KV arena (64 KiB
+    /* one model: about 75 MB of weights and 18 MB of forward scratch
+     * (512-token steps), the rest of a 150 MB budget its KV pages (64 KiB
      * blocks: 4 layers x K,V x 4 heads x 16 tokens x 64 dims x 2 bytes);
-     * two need 300 MB, the budget is 200 MB */
+     * two need 186 MB before any KV */
     snprintf(conf, sizeof conf,
-             "[server]\ndevice-bytes = 200M\nqueue-timeout = 600000\n"
-             "[model:a]\npath = %s\nmax-device-bytes = 150M\nkeep-alive-s = forever\n"
-             "[model:b]\npath = %s\nmax-device-bytes = 150M\nkeep-alive-s = forever\n",
+             "[server]\ndevice-bytes = 150M\nqueue-timeout = 600000\n"
+             "[model:a]\npath = %s\nkeep-alive-s = forever\n"
+             "[model:b]\npath = %s\nkeep-alive-s = forever\n",
              a, b);
     const char *args[] = {"--backend", "cpu", "--no-roofline-probe", "--host-blocks", "1024", NULL};
     struct kh_proc d;

@@ -183,9 +183,12 @@ int fuzz_env_new(struct fuzz_env *e)
     e->arena_ops.arena_free = heap_arena_free;
     /* Heap arenas cannot be handed out by descriptor: kv_export answers
      * unsupported here, as on a backend without exportable pages. */
-    e->arena_ops.arena_alloc_paged = NULL;
+    e->arena_ops.arena_granularity = NULL;
+    e->arena_ops.arena_reserve = NULL;
+    e->arena_ops.arena_map = NULL;
+    e->arena_ops.arena_unmap = NULL;
+    e->arena_ops.arena_release = NULL;
     e->arena_ops.arena_page_fd = NULL;
-    e->arena_ops.arena_page_renew = NULL;
     e->arena_be = *e->cpu;
     e->arena_be.ops = &e->arena_ops;
     e->be = &e->arena_be;

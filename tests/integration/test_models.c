@@ -422,17 +422,191 @@ static void t_two_models_llamacpp(void **state)
     assert_int_equal(kh_free(p), 0);
 }
 
+/* A per-model tier count of stats (admin): models[].<tier>.<key>. */
+static uint64_t model_tier(int fd, const char *name, const char *tier, const char *key)
+{
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "stats", ++g_id, &r), 0);
+    const msgpack_object *m = kh_obj(r.root, "models");
+    uint64_t v = UINT64_MAX;
+    for (uint32_t i = 0; i < m->via.array.size; i++) {
+        const msgpack_object *e = &m->via.array.ptr[i];
+        const msgpack_object *nm = kh_obj(e, "name");
+        if (nm->via.str.size == strlen(name) && !memcmp(nm->via.str.ptr, name, nm->via.str.size))
+            v = kh_u64(kh_obj(e, tier), key);
+    }
+    kh_reply_free(&r);
+    assert_true(v != UINT64_MAX);
+    return v;
+}
+
+/* stats model_memory: the page budget's bytes taken and its size. */
+static void budget_use(int fd, uint64_t *used, uint64_t *budget)
+{
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "stats", ++g_id, &r), 0);
+    const msgpack_object *mm = kh_obj(r.root, "model_memory");
+    *used = kh_u64(mm, "device_used");
+    *budget = kh_u64(mm, "device_budget");
+    kh_reply_free(&r);
+}
+
+/* The connection's tenant's device bytes across the budget (stats
+ * tenants[], one tenant here). */
+static uint64_t tenant_device_bytes(int fd)
+{
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "stats", ++g_id, &r), 0);
+    const msgpack_object *t = kh_obj(r.root, "tenants");
+    assert_true(t->via.array.size >= 1);
+    uint64_t v = 0;
+    for (uint32_t i = 0; i < t->via.array.size; i++)
+        v += kh_u64(&t->via.array.ptr[i], "device_bytes");
+    kh_reply_free(&r);
+    return v;
+}
+
+/* ---- memory: one budget shared ---------------------------------------------- */
+
+/* A distinct prompt of n tokens (ctx 256, vocab 500 and 700). */
+static void prompt_k(uint32_t *out, size_t n, unsigned k)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = (uint32_t)(2 + (k * 131 + i * 7 + (i * i) % 13) % 480);
+}
+
+/* Both models' weights and scratch fit the budget with pages to spare,
+ * which the two KV pools share: alpha's cache grows into most of them;
+ * beta's load takes what it needs back from it (alpha's cached blocks go
+ * to its host tier, alpha stays loaded), and beta's KV grows into more of
+ * alpha's pages as beta's cache grows. */
+static void t_shared_budget(void **state)
+{
+    (void)state;
+    char conf[1024];
+    snprintf(conf, sizeof conf,
+             "[server]\ndevice-bytes = 12M\n"
+             "[model:alpha]\npath = %s\n[model:beta]\npath = %s\nkv-dtype = q8_0\n",
+             g_a, g_b);
+    const char *args[] = {"--backend", "cpu", "--host-blocks", "1024", NULL};
+    struct kh_proc *p = kh_new(conf, args);
+    assert_non_null(p);
+    int fd = kh_connect(p->sock);
+    assert_true(fd >= 0);
+    uint32_t pr[240];
+    struct gen g, first;
+    uint64_t used, budget;
+    /* alpha alone: its cache takes most of the budget's KV pages */
+    for (unsigned k = 0; k < 40; k++) {
+        prompt_k(pr, 240, k);
+        generate(fd, "alpha", pr, 240, 1, false, &g);
+        if (g.code)
+            fail_msg("alpha, prompt %u: %s", k, g.message);
+        if (k == 0)
+            first = g;
+    }
+    budget_use(fd, &used, &budget);
+    uint64_t a_fixed = model_stat(fd, "alpha", "charged_device_bytes");
+    uint64_t a_kv1 = model_stat(fd, "alpha", "kv_device_bytes");
+    assert_int_equal(used, a_fixed + a_kv1);
+    assert_true(budget - used < 6u << 20); /* beta's weights and scratch do not fit beside */
+    /* beta loads: alpha gives back pages of cache, and stays loaded */
+    prompt_k(pr, 240, 100);
+    generate(fd, "beta", pr, 240, 1, false, &g);
+    if (g.code)
+        fail_msg("beta: %s", g.message);
+    char st[32];
+    model_state(fd, "alpha", st, sizeof st);
+    assert_string_equal(st, "loaded");
+    assert_int_equal(model_stat(fd, "alpha", "unloads"), 0);
+    uint64_t a_kv2 = model_stat(fd, "alpha", "kv_device_bytes");
+    uint64_t b_fixed = model_stat(fd, "beta", "charged_device_bytes");
+    uint64_t b_kv2 = model_stat(fd, "beta", "kv_device_bytes");
+    assert_true(a_kv2 < a_kv1);
+    budget_use(fd, &used, &budget);
+    assert_int_equal(used, a_fixed + a_kv2 + b_fixed + b_kv2);
+    assert_true(used <= budget);
+    assert_true(model_tier(fd, "alpha", "host", "cached") > 0); /* moved, not dropped */
+    uint64_t free2 = budget - used;
+    /* beta's cache grows past the pages that were free: alpha's give */
+    for (unsigned k = 101; k < 125; k++) {
+        prompt_k(pr, 240, k);
+        generate(fd, "beta", pr, 240, 1, false, &g);
+        if (g.code)
+            fail_msg("beta, prompt %u: %s", k, g.message);
+    }
+    uint64_t a_kv3 = model_stat(fd, "alpha", "kv_device_bytes");
+    uint64_t b_kv3 = model_stat(fd, "beta", "kv_device_bytes");
+    assert_true(b_kv3 > b_kv2 + free2);
+    assert_true(a_kv3 < a_kv2);
+    budget_use(fd, &used, &budget);
+    assert_true(used <= budget);
+    assert_int_equal(model_stat(fd, "alpha", "unloads"), 0);
+    /* alpha's first prompt still matches: its blocks came back from the host */
+    prompt_k(pr, 240, 0);
+    generate(fd, "alpha", pr, 240, 1, false, &g);
+    assert_int_equal(g.code, 0);
+    assert_true(g.cached >= 224);
+    assert_int_equal(g.toks[0], first.toks[0]);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "admin_check", ++g_id, &r), 0);
+    kh_reply_free(&r);
+    close(fd);
+    assert_int_equal(kh_free(p), 0);
+}
+
+/* A tenant's max-device-bytes holds across both models' pools: its cache
+ * on one model gives way to its requests on the other, and what it holds
+ * in all never passes the quota. */
+static void t_tenant_bytes_across_models(void **state)
+{
+    (void)state;
+    char conf[1024];
+    snprintf(conf, sizeof conf,
+             "[server]\ndevice-bytes = 32M\n[limits]\nmax-device-bytes = 1M\n"
+             "[model:alpha]\npath = %s\n[model:beta]\npath = %s\nkv-dtype = q8_0\n",
+             g_a, g_b);
+    const char *args[] = {"--backend", "cpu", "--host-blocks", "1024", NULL};
+    struct kh_proc *p = kh_new(conf, args);
+    assert_non_null(p);
+    int fd = kh_connect(p->sock);
+    assert_true(fd >= 0);
+    uint32_t pr[240];
+    struct gen g;
+    uint64_t most = 0;
+    for (unsigned k = 0; k < 16; k++) {
+        prompt_k(pr, 240, k);
+        generate(fd, k % 2 ? "beta" : "alpha", pr, 240, 1, false, &g);
+        if (g.code)
+            fail_msg("prompt %u: %s", k, g.message);
+        uint64_t b = tenant_device_bytes(fd);
+        assert_true(b <= 1u << 20);
+        if (b > most)
+            most = b;
+    }
+    /* both models hold some of it, and together up to the quota */
+    assert_true(model_stat(fd, "alpha", "kv_device_bytes") > 0);
+    assert_true(model_stat(fd, "beta", "kv_device_bytes") > 0);
+    assert_true(most > 512u << 10);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "admin_check", ++g_id, &r), 0);
+    kh_reply_free(&r);
+    close(fd);
+    assert_int_equal(kh_free(p), 0);
+}
+
 /* ---- memory: one model at a time ------------------------------------------ */
 
-/* A budget that holds one model's weights and a small KV arena, not both:
- * every switch unloads the other model (its cached blocks to the host
- * tier) and loads this one. */
+/* A page budget that holds one model's weights and scratch and some KV
+ * pages, not both models: every switch unloads the other model (its cached
+ * blocks to the host tier: given back for the load, or moved at the
+ * unload) and loads this one. */
 static const char *budget_conf(char *buf, size_t cap, const char *extra)
 {
     snprintf(buf, cap,
-             "[server]\ndevice-bytes = 4M\nqueue-timeout = 20000\n%s"
-             "[model:alpha]\npath = %s\nmax-device-bytes = 2500K\n"
-             "[model:beta]\npath = %s\nmax-device-bytes = 3500K\nkv-dtype = q8_0\n",
+             "[server]\ndevice-bytes = 8M\nqueue-timeout = 20000\n%s"
+             "[model:alpha]\npath = %s\nmax-device-bytes = 5M\n"
+             "[model:beta]\npath = %s\nmax-device-bytes = 7500K\nkv-dtype = q8_0\n",
              extra, g_a, g_b);
     return buf;
 }
@@ -470,8 +644,11 @@ static void t_unload_reload_warm(void **state)
     }
     assert_true(model_stat(fd, "alpha", "unloads") >= 3);
     assert_true(model_stat(fd, "beta", "unloads") >= 2);
-    assert_true(model_stat(fd, "alpha", "moved_at_unload") >= 2);
-    assert_true(model_stat(fd, "beta", "moved_at_unload") >= 2);
+    /* beta, unloaded: its prefix waits in the host tier, it holds no page */
+    assert_true(model_tier(fd, "beta", "host", "cached") >= 2);
+    assert_int_equal(model_tier(fd, "beta", "device", "used"), 0);
+    assert_int_equal(model_stat(fd, "beta", "kv_device_bytes"), 0);
+    assert_int_equal(model_stat(fd, "beta", "charged_device_bytes"), 0);
     assert_int_equal(model_stat(fd, "beta", "load_failures"), 0);
 
     /* A long streamed request on alpha; beta asked meanwhile waits until
@@ -646,11 +823,11 @@ static void t_tenants_and_names(void **state)
     char conf[1024], sock[160];
     /* root's tenant is uid:0 ([limits]): alpha is for it, beta is not */
     snprintf(conf, sizeof conf,
-             "[server]\nmax-queued-per-tenant = 1\ndevice-bytes = 4M\n"
+             "[server]\nmax-queued-per-tenant = 1\ndevice-bytes = 8M\n"
              "[limits]\nmax-device-blocks = 2\n"
-             "[model:alpha]\npath = %s\nmax-device-bytes = 2500K\n"
-             "[model:beta]\npath = %s\ntenants = someone, uid:0\nmax-device-bytes = 3500K\n"
-             "[model:gamma]\npath = %s\ntenants = someone\nmax-device-bytes = 2500K\n",
+             "[model:alpha]\npath = %s\nmax-device-bytes = 5M\n"
+             "[model:beta]\npath = %s\ntenants = someone, uid:0\nmax-device-bytes = 7500K\n"
+             "[model:gamma]\npath = %s\ntenants = someone\nmax-device-bytes = 5M\n",
              g_a, g_b, g_a);
     snprintf(sock, sizeof sock, "%s/http2.sock", g_dir);
     const char *args[] = {"--backend", "cpu", "--http-socket", sock, NULL};
@@ -726,9 +903,11 @@ static void t_tenants_and_names(void **state)
     uint64_t seq = kh_u64(r.root, "seq");
     kh_reply_free(&r);
     uint64_t ia = gen_send(f2, "alpha", prompt8, 8, 4, false);
-    char st[32];
-    for (int i = 0; i < 400; i++) { /* until alpha's request is waiting */
-        if (model_stat(fd, "alpha", "waiting") == 1)
+    char st[32] = "";
+    for (int i = 0; i < 400; i++) { /* until alpha's request is waiting, its load
+                                     * tried and found the budget short */
+        model_state(fd, "alpha", st, sizeof st);
+        if (model_stat(fd, "alpha", "waiting") == 1 && !strcmp(st, "unloaded"))
             break;
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
@@ -794,9 +973,13 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_two_models_llamacpp), cmocka_unit_test(t_unload_reload_warm),
-        cmocka_unit_test(t_keep_alive),          cmocka_unit_test(t_load_failure),
+        cmocka_unit_test(t_two_models_llamacpp),
+        cmocka_unit_test(t_unload_reload_warm),
+        cmocka_unit_test(t_keep_alive),
+        cmocka_unit_test(t_load_failure),
         cmocka_unit_test(t_tenants_and_names),
+        cmocka_unit_test(t_shared_budget),
+        cmocka_unit_test(t_tenant_bytes_across_models),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -304,19 +304,20 @@ static void t_two_models_own_drafts(void **state)
     assert_true(model_stat(fa, "alpha", "draft_kv_device_bytes") > 0);
 
     /* alpha-small served by name: it loads beside alpha, sharing its
-     * weights with alpha's draft: the device use grows by its KV arena
-     * (and by what its load measured of its weights beyond the header's
-     * count), not by a second copy of the weights */
+     * weights with alpha's draft: the device use grows by its KV pages and
+     * the pages charged for its scratch, not by a second copy of the
+     * weights */
     uint64_t used0 = device_used(fa);
-    uint64_t w0 = model_stat(fa, "alpha-small", "weight_device_bytes");
+    uint64_t c0 = model_stat(fa, "alpha-small", "charged_device_bytes");
     struct gen gs;
     ask(fa, &(struct ask){.model = "alpha-small", .prompt = g_pa}, &gs);
     assert_int_equal(gs.code, 0);
     hello_str(fa, "alpha-small", "state", s, sizeof s);
     assert_string_equal(s, "loaded");
     uint64_t used1 = device_used(fa);
-    uint64_t w1 = model_stat(fa, "alpha-small", "weight_device_bytes");
-    assert_int_equal(used1 - used0, model_stat(fa, "alpha-small", "kv_device_bytes") + (w1 - w0));
+    uint64_t c1 = model_stat(fa, "alpha-small", "charged_device_bytes");
+    assert_true(c0 > 0 && c1 > c0); /* its weights were charged with alpha's draft */
+    assert_int_equal(used1 - used0, model_stat(fa, "alpha-small", "kv_device_bytes") + (c1 - c0));
     /* alpha still drafts with it */
     recv_gen(fa, send_ask(fa, &(struct ask){.model = "alpha", .prompt = g_pa}), &ga, 0);
     same_tokens(&plain_a, &ga, "alpha, its draft also served");
@@ -365,7 +366,7 @@ static void t_draft_unload_reload(void **state)
     uint64_t seq = kh_u64(r.root, "seq");
     kh_reply_free(&r);
     uint64_t used_alpha = device_used(fd); /* alpha, its draft's KV and weights */
-    uint64_t w0 = model_stat(fd, "alpha-small", "weight_device_bytes");
+    uint64_t c0 = model_stat(fd, "alpha-small", "charged_device_bytes");
 
     /* the draft model loads by name, then unloads (idle): alpha keeps its
      * draft (the weights stay while alpha holds them) and speculates */
@@ -376,10 +377,10 @@ static void t_draft_unload_reload(void **state)
     char s[32];
     hello_str(fd, "alpha", "state", s, sizeof s);
     assert_string_equal(s, "loaded");
-    /* (what its own load measured of the weights replaces the header's
-     * count) */
-    assert_int_equal(device_used(fd),
-                     used_alpha + model_stat(fd, "alpha-small", "weight_device_bytes") - w0);
+    /* its KV pages and scratch back to the budget, its weights still
+     * charged (alpha holds them) */
+    assert_int_equal(model_stat(fd, "alpha-small", "charged_device_bytes"), c0);
+    assert_int_equal(device_used(fd), used_alpha);
     uint64_t d0 = spec_stat(fd, "alpha", "drafted");
     ask(fd, &(struct ask){.model = "alpha", .prompt = g_pa}, &g);
     same_tokens(&plain, &g, "alpha after its draft model unloaded");

@@ -262,6 +262,33 @@ static void test_events_key(void **state)
     config_free(&f->cfg);
 }
 
+/* The page-budget limits: bytes with suffixes, "unlimited" (0), next to
+ * the block limits (kept as they were). */
+static void test_byte_limits(void **state)
+{
+    struct cfx *f = *state;
+    char err[512];
+    struct config_identity i;
+    assert_int_equal(load("[limits]\nmax-device-bytes = 64M\n[tenant:a]\nuids = 1001\n"
+                          "max-device-blocks = 12\nmax-device-bytes = 1G\nmax-host-bytes = "
+                          "unlimited\nreserved-device-bytes = 4M\n",
+                          &f->cfg, err, sizeof(err)),
+                     0);
+    assert_int_equal(config_resolve(&f->cfg, 1001, 65534, &i), 0);
+    assert_int_equal(i.conf.max_device_blocks, 12);
+    assert_int_equal(i.conf.max_device_bytes, 1ull << 30);
+    assert_int_equal(i.conf.max_host_bytes, 0);
+    assert_int_equal(i.conf.reserved_device_bytes, 4u << 20);
+    assert_int_equal(config_resolve(&f->cfg, 1002, 65534, &i), 0);
+    assert_int_equal(i.conf.max_device_bytes, 64u << 20);
+    config_free(&f->cfg);
+    assert_int_equal(
+        load("[tenant:a]\nuids = 1001\nmax-device-bytes = lots\n", &f->cfg, err, sizeof(err)),
+        KVD_EBADREQ);
+    assert_non_null(strstr(err, "max-device-bytes"));
+    config_free(&f->cfg);
+}
+
 int main(void)
 {
     snprintf(path, sizeof(path), "/tmp/kvd-test-config.%d", (int)getpid());
@@ -274,6 +301,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_indented_continuation_refused, cfx_setup,
                                         cfx_teardown),
         cmocka_unit_test_setup_teardown(test_events_key, cfx_setup, cfx_teardown),
+        cmocka_unit_test_setup_teardown(test_byte_limits, cfx_setup, cfx_teardown),
         cmocka_unit_test_setup_teardown(test_model_sections, cfx_setup, cfx_teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,6 @@
-/* The memory manager's side of several models: a device arena given back
- * (cached blocks moved to the host tier, none left on the device, nothing
- * allocatable there) and taken again, where the prefix matches again with
+/* The memory manager's side of several models: the device pages given
+ * back to the budget (cached blocks moved to the host tier, none left on
+ * the device, nothing allocatable there) and taken again, where the prefix matches again with
  * its bytes intact; a detach refused while a sequence is open; a model's
  * fingerprint set at its first load and a changed one dropping the cache;
  * tenants placed at the ids another kvmm gave them; handles carrying their
@@ -61,7 +61,8 @@ static void test_detach_attach(void **state)
     kvmm_stats(f->mm, &st);
     assert_int_equal(st.device_total, 0);
     assert_int_equal(st.host_cached, 3);
-    assert_null(kvmm_device_arena(f->mm));
+    assert_int_equal(st.pages_held[KVD_TIER_DEVICE], 0); /* every page back to the budget */
+    assert_int_equal(kvmm_device_bytes(f->mm), 0);
     /* nothing is allocated on a given-back arena */
     assert_int_equal(kvmm_tenant_namespace(f->mm, t, &ns), 0);
     assert_int_equal(kvmm_seq_open(f->mm, OWNER, t, ns, &s), 0);
@@ -129,7 +130,7 @@ static void test_created_detached(void **state)
     f->locked = true;
     f->tb = kv_token_bytes(kvmm_geom(f->mm));
     assert_false(kvmm_device_attached(f->mm));
-    assert_int_equal(kvmm_device_bytes(f->mm), 4 * kvmm_block_bytes(f->mm));
+    assert_int_equal(kvmm_device_bytes(f->mm), 0); /* no page taken */
     fx_check(f);
     uint32_t t, ns;
     struct kvmm_tenant_conf c = fx_tenant("a");

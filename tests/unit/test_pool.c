@@ -68,7 +68,7 @@ static void test_retier_and_check(void **state)
     pfx_init(f, 64, 2, 2);
     assert_int_equal(pool_alloc(p, KVD_TIER_DEVICE, 0, &id), 0);
     old = pool_block(p, id)->slot;
-    slot = pool_slot_take(p, KVD_TIER_HOST);
+    slot = pool_slot_take(p, KVD_TIER_HOST, pool_block(p, id)->owner);
     assert_int_not_equal(slot, POOL_NONE);
     pool_retier(p, id, KVD_TIER_HOST, slot);
     assert_int_equal(pool_block(p, id)->tier, KVD_TIER_HOST);
@@ -81,9 +81,15 @@ static void test_retier_and_check(void **state)
     p->slot_block[KVD_TIER_HOST][slot] = id;
     check_ok(p);
     /* A slot both free and used. */
-    p->free_slots[KVD_TIER_HOST][p->n_free_slots[KVD_TIER_HOST]++] = slot;
+    struct pool_page *g = &p->pages[KVD_TIER_HOST][pool_page_of(p, KVD_TIER_HOST, slot)];
+    uint32_t head = g->free_head;
+    p->slot_next[KVD_TIER_HOST][slot] = head;
+    g->free_head = slot;
+    g->n_free++;
     assert_int_equal(pool_check(p, msg, sizeof msg), KVD_EINTERNAL);
-    p->n_free_slots[KVD_TIER_HOST]--;
+    g->free_head = head;
+    g->n_free--;
+    p->slot_next[KVD_TIER_HOST][slot] = POOL_NONE;
     check_ok(p);
     (void)old;
 }

@@ -1,7 +1,10 @@
 /* backend_cuda: the cuda implementation of the backend table (backend.h):
- * device selection, the device arena (cudaMalloc), the pinned host arena
- * (cudaHostAlloc), copies on a dedicated stream that overlaps the compute
- * stream, and the cuBLAS handle the compute ops use. */
+ * device selection, whole arenas (cudaMalloc, pinned cudaHostAlloc), the
+ * elastic KV arenas (device: the driver's virtual-memory API, one reserved
+ * range per pool into which pages are mapped and from which they are
+ * unmapped; host: memfd pages pinned with cudaHostRegister), copies on a
+ * dedicated stream that overlaps the compute stream, and the cuBLAS handle
+ * the compute ops use. */
 #include "backend_cuda.h"
 
 #include <stdio.h>
@@ -11,6 +14,7 @@
 #include "fault.h"
 #include "kvd/status.h"
 #include "log.h"
+#include "memfd_arena.h"
 
 /* The cuBLAS workspace, owned by the device with the one handle that uses
  * it (never by a compute context: freeing one would pull it from under the
@@ -228,9 +232,294 @@ static int cuda_copy(struct backend *be, void *dst, enum kvd_tier dst_tier, cons
     return rc ? rc : cuda_copy_wait(be);
 }
 
+/* ---- elastic arenas ----------------------------------------------------------
+ * Device: one range reserved with cuMemAddressReserve; a page is a
+ * cuMemCreate allocation (exportable as a POSIX descriptor where the driver
+ * allows it) mapped with cuMemMap and given the device's access with
+ * cuMemSetAccess, so slot s stays at base + s * block_bytes and the arena
+ * grows and shrinks without a copy. Unmapping waits for the copy stream
+ * first (a zero-fill or copy queued there may still be running); the
+ * compute stream is waited for at the end of every step (compute_cuda.c),
+ * and a page is unmapped only once every block in it is freed, which no
+ * step still running can use (the slot rule, kvmm.h). Host: memfd pages
+ * (memfd_arena.h), pinned with cudaHostRegister so swaps stay DMA. */
+struct cuda_vrange {
+    struct cuda_vrange *next;
+    enum kvd_tier tier;
+    char *base;
+    size_t page_bytes, n_pages;
+    CUmemGenericAllocationHandle *h; /* device: (n_pages), 0 where unmapped */
+    bool *exportable;                /* device: (n_pages) */
+    struct memfd_arena *host;        /* host tier */
+};
+
+static int cu_fail(CUresult r, const char *what)
+{
+    const char *name = NULL;
+    if (cuGetErrorName(r, &name) != CUDA_SUCCESS || !name)
+        name = "?";
+    log_err("cuda: %s failed: %s", what, name);
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? KVD_ENOMEM : KVD_EINTERNAL;
+}
+
+static CUmemAllocationProp vmm_prop(const struct cuda_dev *dev, bool exportable)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev->device;
+    prop.requestedHandleTypes =
+        exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+    return prop;
+}
+
+static size_t cuda_arena_granularity(struct backend *be, enum kvd_tier tier)
+{
+    struct cuda_dev *dev = dev_of(be);
+    if (tier == KVD_TIER_HOST)
+        return memfd_arena_granularity();
+    if (!dev->vmm_gran && cuda_dev_enter(dev) == 0) {
+        CUmemAllocationProp prop = vmm_prop(dev, true);
+        size_t g = 0;
+        CUresult r = cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        if (r != CUDA_SUCCESS)
+            cu_fail(r, "cuMemGetAllocationGranularity");
+        else
+            dev->vmm_gran = g;
+    }
+    return dev->vmm_gran;
+}
+
+/* Takes the range of base off the list (NULL if none). */
+static struct cuda_vrange *vrange_unlink(struct cuda_dev *dev, const void *base)
+{
+    struct cuda_vrange *found = NULL;
+    pthread_mutex_lock(&dev->ranges_mu);
+    for (struct cuda_vrange **pp = &dev->ranges; *pp; pp = &(*pp)->next)
+        if ((*pp)->base == base) {
+            found = *pp;
+            *pp = found->next;
+            break;
+        }
+    pthread_mutex_unlock(&dev->ranges_mu);
+    return found;
+}
+
+static int cuda_arena_reserve(struct backend *be, enum kvd_tier tier, size_t page_bytes,
+                              size_t n_pages, void **base)
+{
+    struct cuda_dev *dev = dev_of(be);
+    struct cuda_vrange *v;
+    int rc;
+
+    *base = NULL;
+    if (!page_bytes || !n_pages || n_pages > SIZE_MAX / page_bytes)
+        return KVD_EBADREQ;
+    if ((rc = cuda_dev_enter(dev)))
+        return rc;
+    if (!(v = calloc(1, sizeof *v)))
+        return KVD_ENOMEM;
+    v->tier = tier;
+    v->page_bytes = page_bytes;
+    v->n_pages = n_pages;
+    if (tier == KVD_TIER_HOST) {
+        if ((rc = memfd_arena_reserve(page_bytes, n_pages, &v->host))) {
+            free(v);
+            return rc;
+        }
+        v->host->tier = (int)tier;
+        v->base = v->host->base;
+    } else {
+        size_t g = cuda_arena_granularity(be, tier);
+        CUdeviceptr p = 0;
+        CUresult r;
+        if (!g || page_bytes % g)
+            rc = KVD_EBADREQ;
+        else if (!(v->h = calloc(n_pages, sizeof *v->h)) ||
+                 !(v->exportable = calloc(n_pages, sizeof *v->exportable)))
+            rc = KVD_ENOMEM;
+        else if ((r = cuMemAddressReserve(&p, page_bytes * n_pages, 0, 0, 0)) != CUDA_SUCCESS)
+            rc = cu_fail(r, "cuMemAddressReserve");
+        if (rc) {
+            free(v->h);
+            free(v->exportable);
+            free(v);
+            return rc;
+        }
+        v->base = (char *)(uintptr_t)p;
+    }
+    pthread_mutex_lock(&dev->ranges_mu);
+    v->next = dev->ranges;
+    dev->ranges = v;
+    pthread_mutex_unlock(&dev->ranges_mu);
+    *base = v->base;
+    return 0;
+}
+
+/* Finds the range of base (NULL if none); the range stays while its pool,
+ * whose lock the caller holds, lives. */
+static struct cuda_vrange *vrange_of(struct cuda_dev *dev, const void *base)
+{
+    struct cuda_vrange *v;
+    pthread_mutex_lock(&dev->ranges_mu);
+    for (v = dev->ranges; v && v->base != base; v = v->next)
+        ;
+    pthread_mutex_unlock(&dev->ranges_mu);
+    return v;
+}
+
+/* Nothing queued on the copy stream can still touch a page after this. */
+static int wait_copies(struct cuda_dev *dev)
+{
+    cudaError_t e = cudaEventSynchronize(dev->copy_done);
+    return e == cudaSuccess ? 0 : cuda_fail(e, "waiting for the copy stream");
+}
+
+static int cuda_arena_map(struct backend *be, void *base, size_t page)
+{
+    struct cuda_dev *dev = dev_of(be);
+    struct cuda_vrange *v = vrange_of(dev, base);
+    int rc;
+
+    if (!v || page >= v->n_pages)
+        return KVD_EINTERNAL;
+    if (fault_should_fail(v->tier == KVD_TIER_DEVICE ? FAULT_DEVICE_ALLOC : FAULT_HOST_ALLOC))
+        return KVD_ENOMEM;
+    if ((rc = cuda_dev_enter(dev)))
+        return rc;
+    char *at = v->base + page * v->page_bytes;
+    if (v->tier == KVD_TIER_HOST) {
+        if ((rc = memfd_arena_map(v->host, page)))
+            return rc;
+        cudaError_t e = cudaHostRegister(at, v->page_bytes, cudaHostRegisterPortable);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            memfd_arena_unmap(v->host, page);
+            log_warn("cuda: pinning a %zu-byte host page: %s", v->page_bytes,
+                     cudaGetErrorString(e));
+            return KVD_ENOMEM;
+        }
+        return 0;
+    }
+    if (v->h[page])
+        return KVD_EBADREQ;
+    CUmemGenericAllocationHandle h = 0;
+    CUmemAllocationProp prop = vmm_prop(dev, true);
+    CUresult r = cuMemCreate(&h, v->page_bytes, &prop, 0);
+    bool exportable = r == CUDA_SUCCESS;
+    if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE) {
+        /* No POSIX descriptors here: the page works, kv_export refuses it. */
+        prop = vmm_prop(dev, false);
+        r = cuMemCreate(&h, v->page_bytes, &prop, 0);
+    }
+    if (r != CUDA_SUCCESS) {
+        if (r != CUDA_ERROR_OUT_OF_MEMORY)
+            cu_fail(r, "cuMemCreate");
+        return KVD_ENOMEM;
+    }
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)at;
+    CUmemAccessDesc ad;
+    memset(&ad, 0, sizeof ad);
+    ad.location = prop.location;
+    ad.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if ((r = cuMemMap(p, v->page_bytes, 0, h, 0)) != CUDA_SUCCESS) {
+        cuMemRelease(h);
+        return cu_fail(r, "cuMemMap");
+    }
+    if ((r = cuMemSetAccess(p, v->page_bytes, &ad, 1)) != CUDA_SUCCESS) {
+        cuMemUnmap(p, v->page_bytes);
+        cuMemRelease(h);
+        return cu_fail(r, "cuMemSetAccess");
+    }
+    v->h[page] = h;
+    v->exportable[page] = exportable;
+    return 0;
+}
+
+static int vrange_unmap(struct cuda_dev *dev, struct cuda_vrange *v, size_t page)
+{
+    char *at = v->base + page * v->page_bytes;
+    int rc;
+    if ((rc = cuda_dev_enter(dev)) || (rc = wait_copies(dev)))
+        return rc;
+    if (v->tier == KVD_TIER_HOST) {
+        if (!memfd_arena_mapped(v->host, page))
+            return KVD_EBADREQ;
+        cudaError_t e = cudaHostUnregister(at);
+        if (e != cudaSuccess)
+            return cuda_fail(e, "cudaHostUnregister");
+        return memfd_arena_unmap(v->host, page);
+    }
+    if (!v->h[page])
+        return KVD_EBADREQ;
+    CUresult r = cuMemUnmap((CUdeviceptr)(uintptr_t)at, v->page_bytes);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(r, "cuMemUnmap");
+    r = cuMemRelease(v->h[page]);
+    v->h[page] = 0;
+    return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuMemRelease");
+}
+
+static int cuda_arena_unmap(struct backend *be, void *base, size_t page)
+{
+    struct cuda_dev *dev = dev_of(be);
+    struct cuda_vrange *v = vrange_of(dev, base);
+    return v && page < v->n_pages ? vrange_unmap(dev, v, page) : KVD_EINTERNAL;
+}
+
+static void cuda_arena_release(struct backend *be, void *base)
+{
+    struct cuda_dev *dev = dev_of(be);
+    struct cuda_vrange *v = vrange_unlink(dev, base);
+    if (!v)
+        return;
+    for (size_t i = 0; i < v->n_pages; i++)
+        if (v->tier == KVD_TIER_HOST ? memfd_arena_mapped(v->host, i) : v->h[i] != 0)
+            (void)vrange_unmap(dev, v, i);
+    if (v->tier == KVD_TIER_HOST) {
+        memfd_arena_release(v->host);
+    } else {
+        CUresult r = cuMemAddressFree((CUdeviceptr)(uintptr_t)v->base, v->page_bytes * v->n_pages);
+        if (r != CUDA_SUCCESS)
+            cu_fail(r, "cuMemAddressFree");
+    }
+    free(v->h);
+    free(v->exportable);
+    free(v);
+}
+
+static int cuda_arena_page_fd(struct backend *be, void *base, size_t page, bool writable, int *fd,
+                              enum backend_fd_kind *kind)
+{
+    struct cuda_dev *dev = dev_of(be);
+    struct cuda_vrange *v = vrange_of(dev, base);
+    *fd = -1;
+    *kind = BACKEND_FD_MEMFD;
+    if (!v || page >= v->n_pages)
+        return KVD_EINTERNAL;
+    if (v->tier == KVD_TIER_HOST)
+        return memfd_arena_fd(v->host, page, writable, fd);
+    *kind = BACKEND_FD_CUDA_VMM;
+    /* A VMM handle grants whatever access its importer sets. */
+    if (!writable || !v->h[page] || !v->exportable[page])
+        return KVD_EUNSUPPORTED;
+    int rc = cuda_dev_enter(dev);
+    if (rc)
+        return rc;
+    CUresult r =
+        cuMemExportToShareableHandle(fd, v->h[page], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r != CUDA_SUCCESS) {
+        *fd = -1;
+        return cu_fail(r, "cuMemExportToShareableHandle");
+    }
+    return 0;
+}
+
 static void cuda_dev_release(struct cuda_dev *dev)
 {
     pthread_mutex_destroy(&dev->mu);
+    pthread_mutex_destroy(&dev->ranges_mu);
     if (dev->blas)
         cublasDestroy(dev->blas);
     if (dev->blas_ws)
@@ -273,6 +562,13 @@ static const struct backend_ops cuda_ops = {
     .copy_async = cuda_copy_async,
     .copy_wait = cuda_copy_wait,
     .zero = cuda_zero,
+    .arena_granularity = cuda_arena_granularity,
+    .arena_reserve = cuda_arena_reserve,
+    .arena_map = cuda_arena_map,
+    .arena_unmap = cuda_arena_unmap,
+    .arena_release = cuda_arena_release,
+    .arena_page_fd = cuda_arena_page_fd,
+    .page_fd_read_only = 1u << KVD_TIER_HOST,
     .destroy = cuda_destroy,
 };
 
@@ -306,12 +602,19 @@ int backend_cuda_new(int device, struct backend **out, struct kvd_error *err)
     cb->be.impl = cb;
     cb->dev.device = device;
     pthread_mutex_init(&cb->dev.mu, NULL);
+    pthread_mutex_init(&cb->dev.ranges_mu, NULL);
     cuda_cur_device = -1; /* force cudaSetDevice below */
     rc = KVD_EINTERNAL;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||
         (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess)
         goto out_cuda;
     cuda_cur_device = device;
+    /* The driver API (the VMM pool) next to the runtime: cuInit is cheap
+     * once the runtime has initialized the driver. */
+    if (cuInit(0) != CUDA_SUCCESS) {
+        e = cudaErrorInitializationError;
+        goto out_cuda;
+    }
     snprintf(cb->dev.name, sizeof cb->dev.name, "%s", prop.name);
     cb->dev.n_sms = prop.multiProcessorCount;
     cb->dev.total_mem = prop.totalGlobalMem;

@@ -5,6 +5,7 @@
 #define KVD_CUDA_BACKEND_H
 
 #include <cublas_v2.h>
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -35,6 +36,13 @@ struct cuda_dev {
      * raw addresses, so a compute context whose graphs were captured at an
      * older count drops them all before its next step (compute_cuda.c). */
     _Atomic uint64_t frees;
+    /* The elastic arenas (the KV pools: backend_cuda.c), found by base
+     * under ranges_mu: several pools, each under its own kvmm lock, map
+     * and unmap pages at once. vmm_gran: the device's allocation
+     * granularity (0 before the first ask). */
+    pthread_mutex_t ranges_mu;
+    struct cuda_vrange *ranges;
+    size_t vmm_gran;
 };
 /* Counts a free of device memory (above). */
 void cuda_dev_note_free(struct cuda_dev *dev);

@@ -35,6 +35,8 @@ typedef enum cudaError {
     cudaErrorStreamCaptureImplicit = 906,
     cudaErrorStreamCaptureWrongThread = 908,
     cudaErrorNoDevice = 100,
+    cudaErrorHostMemoryAlreadyRegistered = 712,
+    cudaErrorHostMemoryNotRegistered = 713,
     cudaErrorUnknown = 999
 } cudaError_t;
 
@@ -61,6 +63,8 @@ enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 #define cudaEventDisableTiming 0x02u
 #define cudaHostAllocDefault 0x00u
 #define cudaHostAllocPortable 0x01u
+#define cudaHostRegisterDefault 0x00u
+#define cudaHostRegisterPortable 0x01u
 
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
@@ -95,6 +99,9 @@ cudaError_t cudaFree(void *p);
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags);
 cudaError_t cudaMallocHost(void **p, size_t bytes);
 cudaError_t cudaFreeHost(void *p);
+/* Pins [p, p + bytes) of host memory (cudaHostUnregister(p) undoes it). */
+cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned flags);
+cudaError_t cudaHostUnregister(void *p);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
                             cudaStream_t stream);
