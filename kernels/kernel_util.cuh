@@ -19,19 +19,28 @@
 //   KVD_LAUNCH(grid, block, smem, stream, kernel<T...>)(args...);
 //   KVD_SHARED(float, name, [N][M]);   KVD_SHARED(int, flag, );
 //   KVD_DYN_SHARED(float, name);       (the launch's dynamic shared memory)
+// Every launch is counted (kvd_k_launches, kernels.h) on the issuing thread.
 #ifdef KVD_CUDA_EMULATE
 #define KVD_LAUNCH(grid, block, smem, stream, ...)                                                 \
-    kvd_emu_make_launcher(#__VA_ARGS__, __VA_ARGS__, grid, block, smem, stream)
+    (kvd_note_launch(), kvd_emu_make_launcher(#__VA_ARGS__, __VA_ARGS__, grid, block, smem, stream))
 #define KVD_SHARED(type, name, dims)                                                               \
     static kvd_emu_shared_key name##_key_;                                                         \
     auto &name = *reinterpret_cast<type(*) dims>(                                                  \
         kvd_emu_shared(&name##_key_, sizeof(type dims), alignof(type)))
 #define KVD_DYN_SHARED(type, name) type *const name = static_cast<type *>(kvd_emu_dyn_shared())
 #else
-#define KVD_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#define KVD_LAUNCH(grid, block, smem, stream, ...)                                                 \
+    kvd_note_launch(), __VA_ARGS__<<<grid, block, smem, stream>>>
 #define KVD_SHARED(type, name, dims) __shared__ type name dims
 #define KVD_DYN_SHARED(type, name) extern __shared__ type name[]
 #endif
+
+// Kernel launches issued by this thread (kvd_k_launches).
+extern thread_local unsigned long long kvd_launch_count;
+static inline void kvd_note_launch(void)
+{
+    kvd_launch_count++;
+}
 
 // The status of the launch just made (and of nothing earlier that was
 // already reported): 0 or a cudaError_t.

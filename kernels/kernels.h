@@ -181,6 +181,11 @@ struct kvd_k_sample_row {
 int kvd_k_sample(uint32_t *out, const float *logits, const struct kvd_k_sample_row *rows,
                  int n_rows, int vocab, kvd_stream stream);
 
+/* Kernel launches issued so far by the calling thread through these
+ * functions (each kernel launch counts one, whether or not it succeeded;
+ * cuBLAS's own launches are not counted). */
+unsigned long long kvd_k_launches(void);
+
 /* ---- benchmarks and tests (fill_random.cu) ------------------------------ */
 /* dst[i] = uniform in [lo, hi) of element type dtype (enum kvd_k_dtype), a
  * pure function of (seed, i). */

@@ -235,6 +235,10 @@ struct compute_ops {
      * allocate or synchronize. */
     int (*step_begin)(struct compute_ctx *cx, const struct compute_step *st, int *replayed);
     int (*step_end)(struct compute_ctx *cx, int rc);
+    /* OPTIONAL (NULL on cpu): the kernel launches of the last decode-only
+     * step (max_q 1) that completed between step_begin and step_end (a
+     * replayed graph counts the kernels it holds); 0 before the first. */
+    uint32_t (*step_launches)(struct compute_ctx *cx);
 };
 
 /* The cpu implementation (compute_cpu.c); the cpu backend sets

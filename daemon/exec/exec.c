@@ -176,6 +176,8 @@ static void acct_report_counters(struct exec *ex)
         .decode_tokens = c->decode_tokens,
         .preempt_swap = c->preempt_swap,
         .preempt_recompute = c->preempt_recompute,
+        .step_launches = model_step_launches(ex->m),
+        .layers = ex->hp->n_layer,
     };
     acct_sched_set(ex->conf.acct, &s);
 }

@@ -97,5 +97,8 @@ const char *fwd_ctx_errmsg(const struct fwd_ctx *c);
  * does not match; KVD_ETOOLARGE for more tokens or sequences than the
  * fwd_ctx was sized for. */
 int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b);
+/* Kernel launches of the last decode-only step on this model's compute
+ * context (compute.h step_launches); 0 on a backend without kernels. */
+uint32_t model_step_launches(const struct model *m);
 
 #endif

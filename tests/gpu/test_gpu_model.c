@@ -331,8 +331,23 @@ static void test_graph_replay(void **state)
     free(path);
 }
 
+/* The kernel launches the device ran so far (the emulator counts them; a
+ * real device reports nothing here). */
+static unsigned long long device_launches(void)
+{
+#ifdef KVD_CUDA_EMULATE
+    struct kvd_emu_counts c;
+    kvd_emu_get_counts(&c);
+    return c.launches;
+#else
+    return 0;
+#endif
+}
+
 /* One decode step of sequence 0 (token tok at position *pos, which
- * advances) on r's arena; returns whether it was replayed from a graph. */
+ * advances) on r's arena; returns whether it was replayed from a graph.
+ * The backend's count of the step's kernel launches (model_step_launches)
+ * must be what the emulated device ran, eager, captured or replayed. */
 static bool decode1(struct runner *r, uint32_t tok, uint32_t *pos)
 {
     static const uint32_t slots[BPS] = {5, 3, 7, 1, 0, 2, 4, 6};
@@ -349,9 +364,20 @@ static bool decode1(struct runner *r, uint32_t tok, uint32_t *pos)
                            .sample = &row,
                            .tokens = &pick};
     cuda_compute_stats(r->m->cx, &a);
+    unsigned long long l0 = device_launches();
     if (model_forward(r->m, r->fc, &fb))
         fail_msg("decode at %u: %s", *pos, fwd_ctx_errmsg(r->fc));
+    unsigned long long ran = device_launches() - l0;
     cuda_compute_stats(r->m->cx, &b);
+    uint32_t counted = model_step_launches(r->m);
+    assert_true(counted > 0);
+#ifdef KVD_CUDA_EMULATE
+    if (ran != counted)
+        fail_msg("decode at %u (%s): the backend counted %u launches, the device ran %llu", *pos,
+                 b.replays > a.replays ? "replayed" : "eager or captured", counted, ran);
+#else
+    (void)ran;
+#endif
     (*pos)++;
     return b.replays > a.replays;
 }

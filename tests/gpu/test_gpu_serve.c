@@ -77,6 +77,26 @@ static void backend_name_is(const char *sock, const char *want)
     close(fd);
 }
 
+/* stats: the cuda daemon counts the kernels of its last decode step (at
+ * most 16 per layer, plus the embedding, the final norm, the head and the
+ * sampler), the cpu daemon none; both give the model's layers. */
+static void step_launches_reported(const char *cuda_sock, const char *cpu_sock)
+{
+    int fd = kh_connect(cuda_sock);
+    uint64_t launches = kh_stat(fd, "requests", "step_launches");
+    assert_int_equal(kh_stat(fd, "requests", "layers"), 2);
+    close(fd);
+    printf("# cuda: %llu kernel launches in the last decode step (2 layers)\n",
+           (unsigned long long)launches);
+    if (launches == 0 || launches > 16 * 2 + 8)
+        fail_msg("cuda: %llu kernel launches in the last decode step of a 2-layer model",
+                 (unsigned long long)launches);
+    fd = kh_connect(cpu_sock);
+    assert_int_equal(kh_stat(fd, "requests", "step_launches"), 0);
+    assert_int_equal(kh_stat(fd, "requests", "layers"), 2);
+    close(fd);
+}
+
 static void same_tokens(const char *type, uint32_t max_prompt, const char *kv_dtype)
 {
     char model[128];
@@ -102,6 +122,7 @@ static void same_tokens(const char *type, uint32_t max_prompt, const char *kv_dt
                              kv_dtype, len, k ? "cached" : "cold", i, b[i], a[i]);
         }
     }
+    step_launches_reported(cuda.sock, cpu.sock);
     assert_int_equal(kh_stop(&cuda), 0);
     assert_int_equal(kh_stop(&cpu), 0);
     unlink(model);

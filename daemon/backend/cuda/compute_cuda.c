@@ -302,10 +302,19 @@ static uint32_t cuda_step_bucket(struct compute_ctx *cx, uint32_t n)
     return p;
 }
 
+/* The kernel launches of the step issued since step_begin. */
+static uint32_t step_launches_now(const struct compute_ctx *cx)
+{
+    return (uint32_t)(kvd_k_launches() - cx->step_launch0) + cx->step_blas;
+}
+
 static int cuda_step_begin(struct compute_ctx *cx, const struct compute_step *st, int *replayed)
 {
     *replayed = 0;
     cx->cur = NULL;
+    cx->step_launch0 = kvd_k_launches();
+    cx->step_blas = 0;
+    cx->step_decode = st->max_q == 1;
     if (cuda_dev_enter(cx->dev))
         return KVD_EINTERNAL;
     /* Copies queued by other threads (swaps, copy-on-write) finish before
@@ -325,6 +334,7 @@ static int cuda_step_begin(struct compute_ctx *cx, const struct compute_step *st
         if (e != cudaSuccess)
             return cuda_fail(e, "graph replay");
         cx->n_replays++;
+        cx->last_decode_launches = g->launches;
         *replayed = 1;
         return 0;
     }
@@ -370,6 +380,8 @@ static int cuda_step_end(struct compute_ctx *cx, int rc)
     if (!cx->capturing) {
         if (rc)
             step_failed_sync(cx);
+        else if (cx->step_decode)
+            cx->last_decode_launches = step_launches_now(cx);
         return 0;
     }
     cx->capturing = false;
@@ -392,12 +404,19 @@ static int cuda_step_end(struct compute_ctx *cx, int rc)
         return cuda_fail(e, "graph instantiate");
     }
     cx->n_captures++;
+    g->launches = step_launches_now(cx);
+    cx->last_decode_launches = g->launches;
     /* Copies queued while the capture ran (from other threads: the copy
      * stream skipped its wait on compute then) finish before the graph. */
     if ((e = (cudaError_t)cuda_dev_wait_copies(cx->dev)) != cudaSuccess)
         return cuda_fail(e, "wait for copies");
     e = cudaGraphLaunch(g->exec, cx->stream);
     return e == cudaSuccess ? 0 : cuda_fail(e, "graph launch");
+}
+
+static uint32_t cuda_step_launches(struct compute_ctx *cx)
+{
+    return cx->last_decode_launches;
 }
 
 void cuda_compute_set_graphs(struct compute_ctx *cx, bool on)
@@ -447,6 +466,7 @@ static const struct compute_ops cuda_compute_table = {
     .step_bucket = cuda_step_bucket,
     .step_begin = cuda_step_begin,
     .step_end = cuda_step_end,
+    .step_launches = cuda_step_launches,
 };
 
 const struct compute_ops *compute_cuda_ops(void)

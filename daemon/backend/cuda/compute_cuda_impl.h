@@ -19,6 +19,7 @@ struct cuda_graph_entry {
     uint32_t seen;     /* eager runs so far (capture on the second) */
     uint64_t last_use; /* LRU stamp */
     bool failed;       /* capture failed once: always eager */
+    uint32_t launches; /* kernels the captured step issued (each replay runs them) */
     cudaGraphExec_t exec;
 };
 
@@ -60,6 +61,15 @@ struct compute_ctx {
     uint64_t clock;
     uint64_t graph_frees; /* dev->frees when the graphs were last checked */
     uint64_t n_captures, n_replays, n_eager, n_dropped, n_failed_syncs;
+
+    /* Kernel launches: kvd_k_launches() at step_begin, cuBLAS calls issued
+     * since (each counted as one launch), the step's key (decode-only or
+     * not), and the count of the last decode-only step (compute.h
+     * step_launches). */
+    unsigned long long step_launch0;
+    uint32_t step_blas;
+    bool step_decode;
+    uint32_t last_decode_launches;
 };
 
 /* Grows the scratch buffers (not allowed while capturing). 0 or KVD_ENOMEM /
