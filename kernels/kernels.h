@@ -122,6 +122,18 @@ size_t kvd_k_gemvq_act_bytes(int wtype, int n_tokens, int in);
 int kvd_k_gemvq_ok(const void *w, int wtype, const float *x, int n_tokens, int in);
 int kvd_k_gemvq(float *y, const void *w, int wtype, const float *x, void *act, int n_tokens,
                 int out, int in, kvd_stream stream);
+/* Quantized matrices (Q4_0 .. Q6_K and Q8_0) [rows][ne0] in the plane
+ * layout (planes.cuh: each field of every block in a run of its own, the
+ * same bytes as the file's rows; what the cuda backend keeps after load).
+ * pack: dst (rows * row bytes, 256-byte aligned, not src) from the file's
+ * rows at src. to_bf16: rows [r0, r0 + nr) dequantized to bf16 [nr][ne0].
+ * get_rows: as kvd_k_get_rows, reading the planes. */
+int kvd_k_planes_pack(void *dst, const void *src, int wtype, size_t rows, size_t ne0,
+                      kvd_stream stream);
+int kvd_k_planes_to_bf16(uint16_t *dst, const void *w, int wtype, size_t rows, size_t ne0,
+                         size_t r0, size_t nr, kvd_stream stream);
+int kvd_k_planes_get_rows(float *out, const void *w, int wtype, int ne0, int n_rows,
+                          const uint32_t *ids, int n, kvd_stream stream);
 /* dst[i] = bf16(src[i]) (activations before a bf16 cuBLAS GEMM). */
 int kvd_k_f32_to_bf16(uint16_t *dst, const float *src, size_t n, kvd_stream stream);
 
@@ -191,6 +203,15 @@ unsigned long long kvd_k_launches(void);
  * pure function of (seed, i). */
 int kvd_k_fill_uniform(void *dst, int dtype, size_t n, uint64_t seed, float lo, float hi,
                        kvd_stream stream);
+/* n_blocks random blocks of the quantized weight type wtype (Q4_0 .. Q6_K,
+ * Q8_0): random quants and scale bytes, small positive f16 scales (every
+ * value finite); a pure function of (seed, byte). */
+int kvd_k_fill_qweight(void *dst, int wtype, size_t n_blocks, uint64_t seed, kvd_stream stream);
+/* One launch of a kernel that does nothing (one warp): launch cost. */
+int kvd_k_empty(kvd_stream stream);
+/* One warp busy for about ns nanoseconds of device time (no wait in the
+ * emulator). */
+int kvd_k_spin(long long ns, kvd_stream stream);
 
 #ifdef __cplusplus
 }

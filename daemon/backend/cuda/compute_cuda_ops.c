@@ -222,6 +222,12 @@ int cuda_weight_upload(struct compute_ctx *cx, struct ctensor *t, const void *sr
     int rc = cx->be->compute->upload(cx, t->data, src, t->nbytes);
     if (rc)
         return rc;
+    return cuda_compute_weight_prepare(cx, t);
+}
+
+int cuda_compute_weight_prepare(struct compute_ctx *cx, struct ctensor *t)
+{
+    int rc;
     if (needs_tile(t))
         return need_tile(cx, (size_t)tile_rows(cx, t) * t->ne0);
     if (!needs_bf16_copy(t))
