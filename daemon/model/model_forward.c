@@ -375,33 +375,60 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         const struct model_layer *L = &m->layers[l];
         /* attention block: x += Wo . attn(rope(Wq h), rope(Wk h), Wv h), h = norm(x)
          * (h is already normed: each residual add is fused with the norm after it) */
-        RUN(o->matmul(cx, &L->wq, c->h, Tp, c->q));
-        RUN(o->matmul(cx, &L->wk, c->h, Tp, c->k));
-        RUN(o->matmul(cx, &L->wv, c->h, Tp, c->v));
-        if (hp->has_qkv_bias) {
-            RUN(o->add_bias(cx, c->q, L->bq.data, Tp, QD));
-            RUN(o->add_bias(cx, c->k, L->bk.data, Tp, KD));
-            RUN(o->add_bias(cx, c->v, L->bv.data, Tp, KD));
+        const struct ctensor *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+        const float *bqkv[3] = {hp->has_qkv_bias ? L->bq.data : NULL,
+                                hp->has_qkv_bias ? L->bk.data : NULL,
+                                hp->has_qkv_bias ? L->bv.data : NULL};
+        float *yqkv[3] = {c->q, c->k, c->v};
+        const float *next_norm = l + 1 < hp->n_layer ? m->layers[l + 1].attn_norm.data : NULL;
+        if (o->matmul_n) {
+            RUN(o->matmul_n(cx, 3, wqkv, bqkv, c->h, Tp, yqkv));
+        } else {
+            for (int i = 0; i < 3; i++)
+                RUN(o->matmul(cx, wqkv[i], c->h, Tp, yqkv[i]));
+            if (hp->has_qkv_bias) {
+                RUN(o->add_bias(cx, c->q, L->bq.data, Tp, QD));
+                RUN(o->add_bias(cx, c->k, L->bk.data, Tp, KD));
+                RUN(o->add_bias(cx, c->v, L->bv.data, Tp, KD));
+            }
         }
-        RUN(o->rope(cx, c->q, Tp, hp->n_head, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
-                    hp->rope_base, ff));
-        RUN(o->rope(cx, c->k, Tp, hp->n_head_kv, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
-                    hp->rope_base, ff));
-        RUN(o->kv_write(cx, b->kv_arena, g, l, c->k, c->v, Tp, d_tok_slot, d_pos));
+        if (o->rope_kv_write) {
+            RUN(o->rope_kv_write(cx, c->q, c->k, c->v, Tp, hp->n_head, hp->n_rot, d_pos,
+                                 hp->rope_mode, hp->rope_base, ff, b->kv_arena, g, l, d_tok_slot));
+        } else {
+            RUN(o->rope(cx, c->q, Tp, hp->n_head, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
+                        hp->rope_base, ff));
+            RUN(o->rope(cx, c->k, Tp, hp->n_head_kv, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
+                        hp->rope_base, ff));
+            RUN(o->kv_write(cx, b->kv_arena, g, l, c->k, c->v, Tp, d_tok_slot, d_pos));
+        }
         ad.layer = l;
         RUN(o->attention(cx, &ad));
-        RUN(o->matmul(cx, &L->wo, c->att, Tp, c->h));
-        RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, L->ffn_norm.data, Tp, E, hp->rms_eps));
+        if (o->matmul_add_rmsnorm) {
+            RUN(o->matmul_add_rmsnorm(cx, &L->wo, c->att, Tp, c->x, L->ffn_norm.data, hp->rms_eps,
+                                      c->h));
+        } else {
+            RUN(o->matmul(cx, &L->wo, c->att, Tp, c->h));
+            RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, L->ffn_norm.data, Tp, E, hp->rms_eps));
+        }
         /* MLP block: x += down(silu(gate h) * up h), h = norm(x) */
-        RUN(o->matmul(cx, &L->gate, c->h, Tp, c->gate));
-        RUN(o->matmul(cx, &L->up, c->h, Tp, c->up));
-        RUN(o->silu_mul(cx, c->gate, c->up, (size_t)Tp * hp->n_ff));
-        RUN(o->matmul(cx, &L->down, c->gate, Tp, c->h));
-        if (l + 1 < hp->n_layer)
-            RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, m->layers[l + 1].attn_norm.data, Tp, E,
-                               hp->rms_eps));
-        else
-            RUN(o->add(cx, c->x, c->h, (size_t)Tp * E));
+        if (o->matmul_swiglu) {
+            RUN(o->matmul_swiglu(cx, &L->gate, &L->up, c->h, Tp, c->gate, c->up));
+        } else {
+            RUN(o->matmul(cx, &L->gate, c->h, Tp, c->gate));
+            RUN(o->matmul(cx, &L->up, c->h, Tp, c->up));
+            RUN(o->silu_mul(cx, c->gate, c->up, (size_t)Tp * hp->n_ff));
+        }
+        if (o->matmul_add_rmsnorm) {
+            RUN(o->matmul_add_rmsnorm(cx, &L->down, c->gate, Tp, c->x, next_norm, hp->rms_eps,
+                                      c->h));
+        } else {
+            RUN(o->matmul(cx, &L->down, c->gate, Tp, c->h));
+            if (next_norm)
+                RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, next_norm, Tp, E, hp->rms_eps));
+            else
+                RUN(o->add(cx, c->x, c->h, (size_t)Tp * E));
+        }
     }
     RUN(o->gather_rows(cx, c->last, c->x, d_last, Sp, E));
     RUN(o->rmsnorm(cx, c->last, c->last, m->output_norm.data, Sp, E, hp->rms_eps));

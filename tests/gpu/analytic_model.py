@@ -99,6 +99,8 @@ class K:
         t_mem = self.hbm / (BW * self.eff) if self.hbm else 0.0
         t_lat = self.chain_l2 * LAT_L2 + self.chain_hbm * LAT_HBM
         t_fl = self.flops / self.rate if self.flops else 0.0
+        if self.hbm:  # a streaming kernel's own latency chain (prologue, tail) adds to it
+            return self.launches * t_launch + t_mem + t_lat + t_fl
         return self.launches * t_launch + max(t_mem, t_lat, t_fl)
 
 
@@ -171,63 +173,85 @@ def decode_tail(q, before):
     eff = gemv_eff_before(ot, V)[0] if before else gemv_eff_after(ot, V)[0]
     ks = [K("get_rows + first rmsnorm", launches=2, chain_l2=2 + (32 if before else 4), per_layer=False),
           K("gather + final rmsnorm", launches=2, chain_l2=2 + (32 if before else 4), per_layer=False)]
-    if q:
+    if q and before:
         ks.append(K("quantize activations", chain_l2=2, per_layer=False))
     ks.append(K("gemv %s (head)" % ot, hbm=E * V * BYTES[ot], eff=eff, per_layer=False))
     ks.append(K("sample (greedy)", chain_l2=8, per_layer=False))
     return ks
 
 
-# ---- the new kernels ------------------------------------------------------------------
+# ---- the kernels now (after) ------------------------------------------------------------
+L2_BW = 8e12  # B/s the L2 serves all SMs (assumption; about twice HBM)
+GF_MAX_BLOCKS = 4 * SMS  # blocks that stage the activations (gemv_fused.cu max_blocks)
+GF_REGS = {"bf16": 69, "q4_k": 149, "q6_k": 128}  # ptxas sm_90, gemvf_kernel<T, 1 token, R 4>
+
+
 def gemv_eff_after(wt, rows):
-    """kernels/gemv_fused.cu: 4 rows per warp (8 warps per block), 16-byte
-    loads of weights repacked at load so every unit's loads are 16-byte
-    aligned and consecutive across lanes (Q6_K: the low-bit plane, the
-    high-bit plane and the scales of a row in separate runs), two units in
-    flight per lane, activations staged in shared memory once per block."""
-    grid = math.ceil(rows / 32)
+    """kernels/gemv_fused.cu: a warp computes R = 4 rows, lane j streams
+    unit j (+32k) of all four: one unit per row in flight per lane, loaded
+    with 16-byte loads at addresses consecutive across lanes (weights in
+    the plane layout), 4 warps per block."""
+    warps = math.ceil(rows / 4)
+    grid = math.ceil(warps / 4)
     if wt == "bf16":
         bpw = l1_bytes_per_wavefront([(lambda l: 16 * l, 16)], 16)
-        occ = occupancy_limit(64, 8, grid, 4 * 2 * 16 * 32)
-    elif wt == "q4_k":
-        loads = [(lambda l: 144 * (l // 4), 16), (lambda l: 144 * (l // 4) + 16 * (1 + 2 * (l % 4)), 16),
-                 (lambda l: 144 * (l // 4) + 16 * (2 + 2 * (l % 4)), 16)]
+        inflight = 4 * 16 * 32
+    elif wt == "q4_k":  # planes: heads (16 B, shared by a super-block's 4 lanes), qs 32 B per lane
+        loads = [(lambda l: 16 * (l // 4), 16), (lambda l: 32 * l, 16), (lambda l: 32 * l + 16, 16)]
         bpw = l1_bytes_per_wavefront(loads, 36)
-        occ = occupancy_limit(80, 8, grid, 4 * 2 * 48 * 32)
-    else:  # q6_k planes: 32 B of low bits + 16 B of high bits + scales per quarter
-        loads = [(lambda l: 32 * l, 16), (lambda l: 32 * l + 16, 16), (lambda l: 16 * l, 16)]
+        inflight = 4 * 36 * 32
+    else:  # q6_k planes: ql 32 B, qh 16 B, scales 4 B per lane, d 2 B per super-block
+        loads = [(lambda l: 32 * l, 16), (lambda l: 32 * l + 16, 16), (lambda l: 16 * l, 16),
+                 (lambda l: 4 * l, 4), (lambda l: 2 * (l // 4), 2)]
         bpw = l1_bytes_per_wavefront(loads, 52.5)
-        occ = occupancy_limit(80, 8, grid, 4 * 2 * 52 * 32)
+        inflight = 4 * 52.5 * 32
+    occ = occupancy_limit(GF_REGS[wt], 4, grid, inflight)
     return min(1.0, l1_limit(bpw), occ), bpw
+
+
+def stage_time(wt, rows, inp, swiglu=False):
+    """The quantized types' prologue: every block reads the f32 input from
+    L2 (at most GF_MAX_BLOCKS blocks)."""
+    if wt == "bf16":
+        return 0.0
+    groups = math.ceil(rows / (2 if swiglu else 4))
+    blocks = min(math.ceil(groups / 4), GF_MAX_BLOCKS)
+    return blocks * inp * 4 / L2_BW
 
 
 def decode_after(mix, pdl=False):
     """Batch-1 decode step with the fused kernels: one launch for the
     projections of one input (q, k, v when their types agree), gate and up
-    with SiLU, RoPE with the KV write, split attention and its merge, and
+    with SiLU, RoPE with the KV write, attention (+ merge when split), and
     each residual add with the next RMSNorm folded into the projection before
     it (its last block normalizes); quantized weights quantize their input
-    inside the GEMV's prologue (no quantization launches)."""
+    in the GEMV's prologue (no quantization launches)."""
     ks = []
     q = mix == "q4_k_m"
     for l in range(L):
         wt = "q4_k" if q else "bf16"
         vt = "q6_k" if q and more_bits(l) else wt
-        e_qk, _ = gemv_eff_after(wt, E + KD)
         if vt == wt:
-            ks.append(K("gemv q,k,v %s" % wt, hbm=E * (E + 2 * KD) * BYTES[wt], eff=gemv_eff_after(wt, E + 2 * KD)[0]))
+            r = E + 2 * KD
+            ks.append(K("gemv q,k,v %s" % wt, hbm=E * r * BYTES[wt], eff=gemv_eff_after(wt, r)[0],
+                        chain_l2=stage_time(wt, r, E) / LAT_L2))
         else:
-            ks.append(K("gemv q,k %s" % wt, hbm=E * (E + KD) * BYTES[wt], eff=e_qk))
-            ks.append(K("gemv v %s" % vt, hbm=E * KD * BYTES[vt], eff=gemv_eff_after(vt, KD)[0]))
-        ks.append(K("rope + kv_write", chain_l2=2, note="one thread per pair, all heads"))
-        ks.append(K("attention decode + merge", launches=2, hbm=1024 * KD * 2 * 2, chain_hbm=3,
-                    note="64-token splits, loads of the next tile in flight"))
+            ks.append(K("gemv q,k %s" % wt, hbm=E * (E + KD) * BYTES[wt],
+                        eff=gemv_eff_after(wt, E + KD)[0], chain_l2=stage_time(wt, E + KD, E) / LAT_L2))
+            ks.append(K("gemv v %s" % vt, hbm=E * KD * BYTES[vt], eff=gemv_eff_after(vt, KD)[0],
+                        chain_l2=stage_time(vt, KD, E) / LAT_L2))
+        ks.append(K("rope + kv_write", chain_l2=3, note="one block per token, 8 heads' loads together"))
+        ctx_split = 256
+        ks.append(K("attention decode + merge", launches=2, hbm=1024 * KD * 2 * 2,
+                    chain_hbm=ctx_split // 16 + 1, note="(unchanged yet)"))
         ks.append(K("gemv o + add + rmsnorm %s" % wt, hbm=E * E * BYTES[wt],
-                    eff=gemv_eff_after(wt, E)[0], chain_l2=0))
+                    eff=gemv_eff_after(wt, E)[0], chain_l2=4 + stage_time(wt, E, E) / LAT_L2,
+                    note="last block: 2 L2 round trips more"))
         ks.append(K("gemv gate,up + silu %s" % wt, hbm=2 * E * F * BYTES[wt],
-                    eff=gemv_eff_after(wt, 2 * F)[0]))
+                    eff=gemv_eff_after(wt, 2 * F)[0],
+                    chain_l2=stage_time(wt, 2 * F, E, swiglu=True) / LAT_L2))
         ks.append(K("gemv down + add + rmsnorm %s" % vt, hbm=F * E * BYTES[vt],
-                    eff=gemv_eff_after(vt, E)[0]))
+                    eff=gemv_eff_after(vt, E)[0], chain_l2=4 + stage_time(vt, E, F) / LAT_L2))
     return ks + decode_tail(q, before=False)
 
 

@@ -535,11 +535,12 @@ static void test_long_prompt_full_memory(void **state)
         assert_int_equal(fwd_ctx_new(m, 64, 1, &fc), 0);
         /* the projections carry their copy; the untied embedding, only
          * looked up by rows, does not (it would cost vocab x embd x 2 B) */
-        if (c < 2) {
-            assert_int_equal(m->layers[0].wq.layout, CL_ROWS_BF16);
+        if (c < 2) { /* q8_0: its blocks in planes, then the copy */
+            assert_int_equal(m->layers[0].wq.layout, c == 0 ? CL_ROWS_BF16 : CL_PLANES);
         } else {
-            /* no copy: the blocks alone, plus one tile for the whole model */
-            assert_int_equal(m->layers[0].wq.layout, CL_ROWS);
+            /* no copy: the blocks alone (in planes), plus one tile for the
+             * whole model */
+            assert_int_equal(m->layers[0].wq.layout, CL_PLANES);
             size_t tile = largest_matrix(m) * 2;
             assert_true(m->hp.weight_device_bytes >= m->hp.weight_bytes + tile);
             assert_true(m->hp.weight_device_bytes <= m->hp.weight_bytes + tile + (64u << 10));

@@ -86,6 +86,7 @@ static void cuda_ctx_free(struct compute_ctx *cx)
         cuda_cx_free(cx, cx->part);
         cuda_cx_free(cx, cx->wt);
         cuda_cx_free(cx, cx->act);
+        cuda_cx_free(cx, cx->counter);
         cudaFreeHost(cx->stg);
     }
     free(cx);
@@ -114,7 +115,9 @@ static int cuda_ctx_new(struct backend *be, const struct compute_conf *conf,
     const char *g = getenv("KVD_CUDA_GRAPHS");
     cx->graphs = !(g && strcmp(g, "0") == 0);
     cx->graph_frees = atomic_load(&dev->frees);
-    if ((e = cudaHostAlloc((void **)&cx->stg, STG_BYTES, cudaHostAllocPortable)) != cudaSuccess)
+    if ((e = cudaHostAlloc((void **)&cx->stg, STG_BYTES, cudaHostAllocPortable)) != cudaSuccess ||
+        (e = cudaMalloc((void **)&cx->counter, 256)) != cudaSuccess ||
+        (e = cudaMemset(cx->counter, 0, 256)) != cudaSuccess)
         goto fail;
     cx->stg_cap = STG_BYTES;
     *out = cx;
@@ -463,6 +466,10 @@ static const struct compute_ops cuda_compute_table = {
     .add = cuda_op_add,
     .gather_rows = cuda_op_gather_rows,
     .sample = cuda_op_sample,
+    .matmul_n = cuda_op_matmul_n,
+    .matmul_swiglu = cuda_op_matmul_swiglu,
+    .matmul_add_rmsnorm = cuda_op_matmul_add_rmsnorm,
+    .rope_kv_write = cuda_op_rope_kv_write,
     .step_bucket = cuda_step_bucket,
     .step_begin = cuda_step_begin,
     .step_end = cuda_step_end,
