@@ -351,5 +351,7 @@ int main(void)
     };
     gpu_fx_open(&F);
     gpu_fx_close(&F);
+    if (getenv("KVD_TEST_FILTER")) /* e.g. KVD_TEST_FILTER='test_attention*' */
+        cmocka_set_test_filter(getenv("KVD_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -874,5 +874,7 @@ int main(void)
     /* The skip decision happens before cmocka runs, so "no device" exits 77. */
     gpu_fx_open(&F);
     gpu_fx_close(&F);
+    if (getenv("KVD_TEST_FILTER")) /* e.g. KVD_TEST_FILTER='test_attention*' */
+        cmocka_set_test_filter(getenv("KVD_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }
