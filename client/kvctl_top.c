@@ -16,7 +16,8 @@
 static const char top_help[] =
     "usage: kvctl top [-n COUNT] [-d SECONDS] [--plain]\n"
     "Shows the daemon's pool occupancy by tier and tenant, running/waiting/\n"
-    "swapped requests, tokens/s and the roofline of each executor phase,\n"
+    "swapped requests, tokens/s, each model (state, memory, loads, tokens/s)\n"
+    "and the roofline of each executor phase,\n"
     "refreshed every SECONDS (default 1). On a terminal the screen is redrawn;\n"
     "otherwise (or with --plain) each refresh prints a plain frame, separated\n"
     "by a blank line. -n COUNT stops after COUNT frames (default: until ^C).\n"
@@ -74,9 +75,11 @@ static void bar(FILE *f, double frac, int width)
 /* ---- one frame ----------------------------------------------------------- */
 
 /* Totals remembered between frames for rates. */
+#define TOP_MODELS 16
 struct top_prev {
     bool have;
     double t, tok_in, tok_out, steps;
+    double model_gen[TOP_MODELS]; /* each model's tokens sampled */
 };
 
 static double now_s(void)
@@ -147,6 +150,42 @@ static void tenants_table(FILE *f, const struct kvd_value *st)
     }
 }
 
+/* The daemon's models: state, memory, loads, requests and tokens/s (a
+ * model's sampled tokens since the last frame). */
+static void models_table(FILE *f, const struct kvd_value *st, struct top_prev *prev, double dt)
+{
+    const struct kvd_value *ms = kvd_value_get(st, "models");
+    if (!ms || ms->type != KVD_T_ARRAY || ms->v.array.n == 0)
+        return;
+    const struct kvd_value *mem = kvd_value_get(st, "model_memory");
+    if (mem) {
+        char used[32], budget[32] = "none";
+        human(used, sizeof(used), field(mem, "device_used"), "B");
+        if (field(mem, "device_budget") > 0)
+            human(budget, sizeof(budget), field(mem, "device_budget"), "B");
+        fprintf(f, "models    device %s of budget %s\n", used, budget);
+    }
+    fprintf(f, "%-16s %-9s %9s %9s %5s %7s %5s %5s %9s\n", "MODEL", "STATE", "WEIGHTS", "KV",
+            "LOADS", "UNLOADS", "LIVE", "WAIT", "TOK/S");
+    for (size_t i = 0; i < ms->v.array.n; i++) {
+        const struct kvd_value *m = &ms->v.array.items[i];
+        const char *name = kvd_value_str(kvd_value_get(m, "name"));
+        const char *state = kvd_value_str(kvd_value_get(m, "state"));
+        char w[32], kv[32], rate[32] = "-";
+        human(w, sizeof(w), field(m, "weight_device_bytes"), "B");
+        human(kv, sizeof(kv), field(m, "kv_device_bytes"), "B");
+        double gen = field(m, "generated");
+        if (i < TOP_MODELS) {
+            if (prev->have && dt > 0)
+                snprintf(rate, sizeof(rate), "%.0f", (gen - prev->model_gen[i]) / dt);
+            prev->model_gen[i] = gen;
+        }
+        fprintf(f, "%-16.16s %-9s %9s %9s %5.0f %7.0f %5.0f %5.0f %9s\n", name ? name : "?",
+                state ? state : "?", w, kv, field(m, "loads"), field(m, "unloads"),
+                field(m, "live"), field(m, "waiting"), rate);
+    }
+}
+
 static void frame(FILE *f, const struct kvd_value *st, struct top_prev *prev)
 {
     time_t wall = time(NULL);
@@ -209,6 +248,7 @@ static void frame(FILE *f, const struct kvd_value *st, struct top_prev *prev)
         else
             fprintf(f, "tokens/s prefill - out -  (next refresh)\n");
     }
+    models_table(f, st, prev, prev->have ? t - prev->t : 0);
     prev->have = true;
     prev->t = t;
     prev->tok_in = tin;

@@ -1,7 +1,8 @@
 /* kvd: the daemon's entry point. Reads the config file and the command
- * line, picks the backend, loads the model (serve mode) or takes the KV
- * geometry from the options (store mode), sizes the KV arenas, creates the
- * memory manager, starts the executor and runs the server until SIGTERM.
+ * line, picks the backend, makes the models (serve mode: their memory
+ * managers now, their weights and executors when they load) or one memory
+ * manager of the options' geometry (store mode), and runs the server until
+ * SIGTERM.
  * Runs in the foreground; logs to stderr. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include "http.h"
 #include "metrics.h"
 #include "model.h"
+#include "models.h"
 #include "ops_generate.h"
 #include "ops_session.h"
 #include "ops_text.h"
@@ -61,16 +63,9 @@ static int pick_backend(const struct options *o, struct backend **be)
     return rc;
 }
 
-/* Bytes of device memory --gpu-mem is a fraction of: the GPU's free memory
- * on cuda, physical memory on cpu. 0 when unknown. */
-static size_t device_memory(struct backend *be)
-{
-    size_t free_b = 0, total_b = 0;
-    if (!be->ops->mem_info || be->ops->mem_info(be, &free_b, &total_b) != 0)
-        return 0;
-    return free_b;
-}
-
+/* Store mode's arenas: --device-blocks, or --gpu-mem of the device's
+ * free memory, or the default; --host-blocks or --host-mem. (A model's
+ * arenas are cut in models_load.c.) */
 static int size_arenas(const struct options *o, struct backend *be, size_t block_bytes,
                        uint32_t *dev, uint32_t *host)
 {
@@ -78,7 +73,9 @@ static int size_arenas(const struct options *o, struct backend *be, size_t block
     if (o->device_blocks) {
         *dev = o->device_blocks;
     } else if (o->gpu_mem > 0) {
-        size_t mem = device_memory(be);
+        size_t mem = 0, total = 0;
+        if (be->ops->mem_info)
+            be->ops->mem_info(be, &mem, &total);
         if (mem == 0) {
             log_err("--gpu-mem: cannot tell how much device memory there is; use --device-blocks");
             return KVD_EBADREQ;
@@ -123,30 +120,108 @@ static void raise_fd_limit(const struct options *o)
                  (unsigned long long)rl.rlim_cur, o->max_conns);
 }
 
+/* Store mode: one kvmm of the options' geometry, with the disk and
+ * remote tiers the options ask for. 0, or the exit status. */
+static int store_kvmm(const struct options *opts, struct backend *be, struct kvmm **out)
+{
+    struct kvd_error kerr;
+    struct kvmm_config mc = {
+        .geom = opts->geom,
+        .be = be,
+        .evict_policy = opts->evict_policy == OPTIONS_EVICT_LRU ? KVMM_EVICT_LRU : KVMM_EVICT_HITS};
+    if (kv_geom_check(&mc.geom, &kerr) != 0) {
+        log_err("%s", kerr.message);
+        return 2;
+    }
+    size_t bb = kv_block_bytes(&mc.geom);
+    if (size_arenas(opts, be, bb, &mc.n_device_blocks, &mc.n_host_blocks) != 0)
+        return 2;
+    log_info("store mode: backend %s, %u layers x %u kv heads x %u head_dim %s, %u tokens per "
+             "block (%zu bytes); %u device + %u host blocks",
+             be->ops->name, mc.geom.layers, mc.geom.kv_heads, mc.geom.head_dim,
+             kv_dtype_name(mc.geom.dtype), mc.geom.block_tokens, bb, mc.n_device_blocks,
+             mc.n_host_blocks);
+    int rc = kvmm_new(&mc, out);
+    if (rc) {
+        log_err("cannot create the KV memory manager: %s (%u device + %u host blocks of %zu "
+                "bytes)",
+                kvd_err_code(rc), mc.n_device_blocks, mc.n_host_blocks, bb);
+        return 1;
+    }
+    if (opts->disk_dir[0]) {
+        struct kvmm_disk_conf dc = {.dir = opts->disk_dir,
+                                    .max_bytes = opts->disk_max_bytes,
+                                    .writeback_ms = opts->disk_writeback_ms};
+        struct kvmm_disk_stats ds;
+        if (kvmm_disk_open(*out, &dc, &kerr) != 0) {
+            log_err("--disk-dir %s: %s", opts->disk_dir, kerr.message);
+            return 2;
+        }
+        kvmm_disk_stats(*out, &ds);
+        log_info("disk tier %s: %" PRIu64 " slots of %" PRIu64 " bytes (%.1f GiB), %" PRIu64
+                 " cached blocks found (%" PRIu64 " records refused); write-behind %u ms",
+                 opts->disk_dir, ds.tier.slots, ds.tier.slot_bytes,
+                 (double)ds.tier.file_bytes / (1 << 30), ds.tier.loaded, ds.tier.dropped_at_load,
+                 opts->disk_writeback_ms);
+    }
+    if (opts->remote[0]) {
+        struct kvmm_remote_conf rc_ = {.url = opts->remote,
+                                       .key_file = opts->remote_key_file,
+                                       .insecure = opts->remote_insecure,
+                                       .timeout_ms = opts->remote_timeout_ms,
+                                       .value_bytes = opts->remote_value_bytes,
+                                       .ttl_s = opts->remote_ttl_s,
+                                       .min_hits = opts->remote_min_hits};
+        if (kvmm_remote_open(*out, &rc_, &kerr) != 0) {
+            log_err("--remote: %s", kerr.message);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+/* Writes back what the disk tier of mm has not written yet, within
+ * disk-flush-s (nothing commits any more). */
+static void disk_flush(const struct options *opts, struct kvmm *mm, const char *what)
+{
+    if (!mm || !kvmm_disk_on(mm))
+        return;
+    size_t written, left;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kvmm_disk_flush(mm, opts->disk_flush_s * 1000u, &written, &left);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    if (left)
+        log_warn("disk tier%s: wrote back %zu blocks in %.0f ms; %zu were not written "
+                 "(disk-flush-s %u)",
+                 what, written, ms, left, opts->disk_flush_s);
+    else
+        log_info("disk tier%s: wrote back %zu blocks in %.0f ms", what, written, ms);
+}
+
 int main(int argc, char **argv)
 {
     struct options opts;
     struct config cfg;
-    char err[512];         /* text, metrics and http report into a buffer */
+    char err[512];         /* metrics and http report into a buffer */
     struct kvd_error kerr; /* everything else into one error value */
     struct backend *be = NULL;
-    struct kvmm *mm = NULL;
+    struct kvmm *mm = NULL;       /* store mode's; serve mode: the first model's */
+    struct models *models = NULL; /* serve mode: every model (models.h) */
     struct server *srv = NULL;
-    struct model *model = NULL;        /* serve mode (--model) */
-    struct ops_generate *gen = NULL;   /* the executor and its ops, serve mode */
+    struct ops_generate *gen = NULL;   /* generate and cancel, serve mode */
     struct workpool *pool = NULL;      /* the text workers */
     struct workpool *disk_pool = NULL; /* the disk tier's prefetch workers */
     struct kvevents *kvev = NULL;      /* the KV events publisher (--kv-events) */
     struct ops_text *text_ops = NULL;
     struct ops_session *session_ops = NULL;
-    struct text *text = NULL; /* the model's tokenizer and chat template */
     int status = 1;
-    /* Observability: shared by the executor (writer), stats and metrics. */
+    /* Observability: shared by the executors (writers), stats and metrics. */
     struct roofline rl;
     struct acct acct;
     struct metrics *metrics = NULL;
     struct http_api *http = NULL; /* the OpenAI-compatible API (--http, --http-socket) */
-    char model_name[128] = "";
     roofline_init(&rl);
     acct_init(&acct);
 
@@ -182,46 +257,15 @@ int main(int argc, char **argv)
     raise_fd_limit(&opts);
     if (pick_backend(&opts, &be) != 0)
         goto out_cfg;
-    struct kvmm_config mc = {
-        .geom = opts.geom,
-        .be = be,
-        .evict_policy = opts.evict_policy == OPTIONS_EVICT_LRU ? KVMM_EVICT_LRU : KVMM_EVICT_HITS};
-    if (opts.model_path[0]) {
-        /* Serve mode: the KV geometry comes from the model; block_tokens and
-         * dtype from the command line / config. */
-        struct model_opts mo = {.n_threads = opts.threads};
-        int lrc = model_load_opts(opts.model_path, be, &mo, &model, &kerr);
-        if (lrc) {
-            log_err("--model %s: %s", opts.model_path, kerr.message);
-            status = 2;
-            goto out_be;
-        }
-        model_kv_geom(model, opts.geom.block_tokens, opts.geom.dtype, &mc.geom);
-        const struct model_hparams *hp = model_hparams(model);
-        memcpy(mc.fingerprint, hp->fingerprint, sizeof mc.fingerprint);
-        log_info("model %s: %s, %u layers, embd %u, %u heads (%u kv), vocab %u, context %u, "
-                 "%.1fM parameters, %.1f MiB on the %s backend",
-                 opts.model_path, hp->arch, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv,
-                 hp->n_vocab, hp->n_ctx, (double)hp->n_params / 1e6,
-                 (double)hp->weight_device_bytes / (1 << 20), be->ops->name);
-        if (text_open(opts.model_path, opts.chat_template_path, &text, err, sizeof(err)) != 0) {
-            log_err("--model %s: %s", opts.model_path, err);
-            status = 2;
-            goto out_be;
-        }
-        if (text_tokenizer(text))
-            log_info("tokenizer: %s (pre-tokenizer %s), %u tokens; chat template: %s",
-                     tokenizer_model_name(text_tokenizer(text)),
-                     tokenizer_pre_name(text_tokenizer(text)),
-                     tokenizer_n_vocab(text_tokenizer(text)),
-                     text_chat_template(text) ? "yes" : "none");
-        if (be->ops->kind == BACKEND_CPU)
-            log_info("cpu compute threads: %ld",
-                     opts.threads ? (long)opts.threads : sysconf(_SC_NPROCESSORS_ONLN));
+    bool serve = opts.model_path[0] || opts.n_models;
+    if (!serve && opts.draft_model_path[0]) {
+        log_err("--draft-model needs --model (the draft drafts for a served model)");
+        status = 2;
+        goto out_be;
     }
-    if (model && opts.roofline_probe) {
-        /* Before the arenas take the device's free memory: the probe needs
-         * a few hundred MiB for a moment on cuda. */
+    if (serve && opts.roofline_probe) {
+        /* Before any arena takes the device's memory: the probe needs a
+         * few hundred MiB for a moment on cuda. */
         struct roofline_ceilings ce;
         int prc = roofline_measure(be, opts.threads, &ce);
         if (prc == 0 && ce.measured) {
@@ -234,58 +278,16 @@ int main(int argc, char **argv)
                      kvd_err_code(prc));
         }
     }
-    if (kv_geom_check(&mc.geom, &kerr) != 0) {
-        log_err("%s%s", model ? "the model's KV: " : "", kerr.message);
-        status = 2;
+    if (serve && be->ops->kind == BACKEND_CPU)
+        log_info("cpu compute threads: %ld",
+                 opts.threads ? (long)opts.threads : sysconf(_SC_NPROCESSORS_ONLN));
+    int rc;
+    /* Text work (templates, tokenizing) runs on these, never on the loop. */
+    struct workpool_conf wc = {.threads = opts.text_workers,
+                               .max_per_tenant = opts.text_jobs_per_tenant};
+    if ((rc = workpool_new(&wc, &pool)) != 0) {
+        log_err("cannot start the text workers: %s", kvd_err_code(rc));
         goto out_be;
-    }
-    size_t bb = kv_block_bytes(&mc.geom);
-    if (size_arenas(&opts, be, bb, &mc.n_device_blocks, &mc.n_host_blocks) != 0) {
-        status = 2;
-        goto out_be;
-    }
-    log_info("%s mode: backend %s, %u layers x %u kv heads x %u head_dim %s, %u tokens per "
-             "block (%zu bytes); %u device + %u host blocks",
-             model ? "serve" : "store", be->ops->name, mc.geom.layers, mc.geom.kv_heads,
-             mc.geom.head_dim, kv_dtype_name(mc.geom.dtype), mc.geom.block_tokens, bb,
-             mc.n_device_blocks, mc.n_host_blocks);
-    int rc = kvmm_new(&mc, &mm);
-    if (rc) {
-        log_err("cannot create the KV memory manager: %s (%u device + %u host blocks of %zu "
-                "bytes)",
-                kvd_err_code(rc), mc.n_device_blocks, mc.n_host_blocks, bb);
-        goto out_be;
-    }
-    if (opts.disk_dir[0]) {
-        struct kvmm_disk_conf dc = {.dir = opts.disk_dir,
-                                    .max_bytes = opts.disk_max_bytes,
-                                    .writeback_ms = opts.disk_writeback_ms};
-        struct kvmm_disk_stats ds;
-        if (kvmm_disk_open(mm, &dc, &kerr) != 0) {
-            log_err("--disk-dir %s: %s", opts.disk_dir, kerr.message);
-            status = 2;
-            goto out_mm;
-        }
-        kvmm_disk_stats(mm, &ds);
-        log_info("disk tier %s: %" PRIu64 " slots of %" PRIu64 " bytes (%.1f GiB), %" PRIu64
-                 " cached blocks found (%" PRIu64 " records refused); write-behind %u ms",
-                 opts.disk_dir, ds.tier.slots, ds.tier.slot_bytes,
-                 (double)ds.tier.file_bytes / (1 << 30), ds.tier.loaded, ds.tier.dropped_at_load,
-                 opts.disk_writeback_ms);
-    }
-    if (opts.remote[0]) {
-        struct kvmm_remote_conf rc_ = {.url = opts.remote,
-                                       .key_file = opts.remote_key_file,
-                                       .insecure = opts.remote_insecure,
-                                       .timeout_ms = opts.remote_timeout_ms,
-                                       .value_bytes = opts.remote_value_bytes,
-                                       .ttl_s = opts.remote_ttl_s,
-                                       .min_hits = opts.remote_min_hits};
-        if (kvmm_remote_open(mm, &rc_, &kerr) != 0) {
-            log_err("--remote: %s", kerr.message);
-            status = 2;
-            goto out_mm;
-        }
     }
     if (opts.disk_dir[0] || opts.remote[0]) {
         /* One pool prefetches from both tiers: disk first, then Redis. */
@@ -294,14 +296,36 @@ int main(int argc, char **argv)
                                     .max_per_tenant = opts.text_jobs_per_tenant};
         if ((rc = workpool_new(&dwc, &disk_pool)) != 0) {
             log_err("cannot start the prefetch workers: %s", kvd_err_code(rc));
-            goto out_mm;
+            goto out_be;
         }
     }
+    if (serve) {
+        /* Every model's header, text and kvmm now; weights when it loads. */
+        struct models_conf mcf = {.be = be,
+                                  .opts = &opts,
+                                  .rl = &rl,
+                                  .acct = &acct,
+                                  .text_pool = pool,
+                                  .disk_pool = disk_pool};
+        if (models_new(&mcf, &models, &kerr) != 0) {
+            log_err("%s", kerr.message);
+            status = 2;
+            goto out_be;
+        }
+        mm = models_kvmm(models_at(models, 0));
+        log_info("serve mode: backend %s, %zu model%s%s", be->ops->name, models_count(models),
+                 models_count(models) == 1 ? "" : "s",
+                 opts.device_bytes ? "" : " (no device-bytes budget)");
+    } else if ((status = store_kvmm(&opts, be, &mm)) != 0) {
+        goto out_mm;
+    }
+    status = 1;
     if (opts.kv_events[0]) {
+        /* The first model's blocks (a router reads one model per stream). */
         struct kvevents_conf ec = {.endpoint = opts.kv_events,
                                    .replay = opts.kv_events_replay,
                                    .topic = opts.kv_events_topic,
-                                   .block_tokens = mc.geom.block_tokens,
+                                   .block_tokens = kvmm_geom(mm)->block_tokens,
                                    .buffer = opts.kv_events_buffer,
                                    .hwm = opts.kv_events_hwm,
                                    .sndbuf = opts.kv_events_sndbuf};
@@ -325,14 +349,11 @@ int main(int argc, char **argv)
         goto out_mm;
     server_attach_kvevents(srv, kvev);
     server_attach_obs(srv, &rl, &acct);
-    /* Text work (templates, tokenizing) runs here, never on the loop. */
-    struct workpool_conf wc = {.threads = opts.text_workers,
-                               .max_per_tenant = opts.text_jobs_per_tenant};
-    if ((rc = workpool_new(&wc, &pool)) != 0) {
-        log_err("cannot start the text workers: %s", kvd_err_code(rc));
+    if (models && server_set_models(srv, models) != 0) {
+        log_err("out of memory");
         goto out_srv;
     }
-    if (ops_text_register(srv, text, pool, &text_ops) != 0) {
+    if (ops_text_register(srv, NULL, pool, &text_ops) != 0) {
         log_err("cannot register the text ops");
         goto out_srv;
     }
@@ -346,35 +367,18 @@ int main(int argc, char **argv)
         status = 2;
         goto out_srv;
     }
-    if (model) {
-        const struct model_hparams *hp = model_hparams(model);
-        struct server_model_info mi = {.vocab = hp->n_vocab,
-                                       .context = hp->n_ctx,
-                                       .weight_bytes = hp->weight_bytes,
-                                       .weight_device_bytes = hp->weight_device_bytes,
-                                       .text = text};
-        memcpy(mi.fingerprint, hp->fingerprint, sizeof mi.fingerprint);
-        const char *base = strrchr(opts.model_path, '/');
-        const char *name = hp->name[0] ? hp->name : base ? base + 1 : opts.model_path;
-        snprintf(mi.name, sizeof(mi.name), "%.*s", (int)sizeof(mi.name) - 1, name);
-        server_set_model(srv, &mi);
-        struct exec_conf ec = {
-            .step_tokens = opts.step_tokens,
-            .max_seqs = opts.step_seqs,
-            .queue_timeout_ms = opts.queue_timeout_ms ? opts.queue_timeout_ms : UINT32_MAX,
-        };
-        ec.roofline = &rl;
-        ec.acct = &acct;
-        ec.text = text;
-        ec.pool = pool;
-        ec.disk_pool = disk_pool;
-        if (ops_generate_start(srv, mm, model, &ec, &gen, &kerr) != 0) {
-            log_err("cannot start the executor: %s", kerr.message);
+    if (models) {
+        if (ops_generate_start(srv, models, &gen, &kerr) != 0) {
+            log_err("cannot start the generate ops: %s", kerr.message);
             goto out_srv;
         }
-        snprintf(model_name, sizeof(model_name), "%s", mi.name);
+        if (models_start(models, srv, &kerr) != 0) {
+            log_err("%s", kerr.message);
+            status = 2;
+            goto out_srv;
+        }
     }
-    if (http_start(srv, gen, pool, model_name, &http, NULL, err, sizeof(err)) != 0) {
+    if (http_start(srv, gen, pool, &http, NULL, err, sizeof(err)) != 0) {
         log_err("--http/--http-socket: %s", err);
         status = 2;
         goto out_srv;
@@ -382,36 +386,34 @@ int main(int argc, char **argv)
     status = server_run(srv) == 0 ? 0 : 1;
 out_srv:
     /* Answer anything still live while the server can post, close the
-     * connections (their close hooks reach the executor), then stop it. */
-    if (gen)
-        exec_drain(ops_generate_exec(gen));
+     * connections (their close hooks reach the executors), then stop
+     * them. */
+    models_drain(models);
     workpool_free(pool); /* its last jobs still answer through the server */
+    pool = NULL;
     workpool_free(disk_pool);
     disk_pool = NULL;
     http_stop(http);
     ops_generate_release_loop(gen);
     metrics_stop(metrics);
+    models_stop(models); /* before the loop's base goes: its events */
     server_free(srv);
     ops_text_free(text_ops);
     ops_session_free(session_ops);
     ops_generate_stop(gen);
 out_mm:
+    workpool_free(pool);
+    pool = NULL;
     workpool_free(disk_pool);
-    if (mm && kvmm_disk_on(mm)) {
-        /* Nothing commits any more: what is not on disk yet goes now,
-         * within disk-flush-s. */
-        size_t written, left;
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        kvmm_disk_flush(mm, opts.disk_flush_s * 1000u, &written, &left);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
-        if (left)
-            log_warn("disk tier: wrote back %zu blocks in %.0f ms; %zu were not written "
-                     "(disk-flush-s %u)",
-                     written, ms, left, opts.disk_flush_s);
-        else
-            log_info("disk tier: wrote back %zu blocks in %.0f ms", written, ms);
+    disk_pool = NULL;
+    if (models) {
+        for (size_t i = 0; i < models_count(models); i++) {
+            char what[96];
+            snprintf(what, sizeof what, " (model %s)", models_name(models_at(models, i)));
+            disk_flush(&opts, models_kvmm(models_at(models, i)), what);
+        }
+    } else {
+        disk_flush(&opts, mm, "");
     }
     if (kvev) {
         /* Nothing reports any more; what is queued still goes out. */
@@ -420,10 +422,13 @@ out_mm:
         kvmm_unlock(mm);
         kvevents_stop(kvev);
     }
-    kvmm_free(mm);
+    if (models)
+        models_free(models);
+    else
+        kvmm_free(mm);
 out_be:
-    text_free(text);
-    model_free(model);
+    workpool_free(pool);
+    workpool_free(disk_pool);
     backend_free(be);
 out_cfg:
     config_free(&cfg);

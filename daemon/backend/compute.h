@@ -104,6 +104,18 @@ struct attn_desc {
     /* Host copies of seq_qstart/seq_pos0 (same contents), so a backend can
      * plan work without reading device memory. */
     const uint32_t *h_seq_qstart, *h_seq_pos0;
+    /* Batch-invariant rows (model.h fwd_batch.invariant; all zero
+     * otherwise). `alone`: every row is computed as if its sequence were
+     * the only one in the step (no launch heuristic may depend on the
+     * other sequences). Rows [0, n_dec) are the rows of sequences
+     * [0, s_dec) (seq_qstart[s_dec] == n_dec) and each is computed as the
+     * one row of a one-token decode: row r at position dec_pos0[r] over the
+     * block table at slots + dec_slot0[r] (dec_qstart = 0, 1, .., n_dec);
+     * device arrays [n_dec (+1)]. A backend whose rows never depend on
+     * the others (cpu) may ignore all of this. */
+    bool alone;
+    uint32_t n_dec, s_dec;
+    const uint32_t *dec_qstart, *dec_pos0, *dec_slot0;
 };
 
 /* What identifies a step for step_begin: a graph captured for one step is
@@ -116,6 +128,7 @@ struct compute_step {
     uint32_t max_q;   /* 1: decode only (the only steps worth a graph) */
     uint32_t max_kv;  /* largest context: sizes attention's split count */
     uint32_t sampled; /* 1: the step ends with the sample op */
+    uint32_t alone;   /* 1: attn_desc.alone (a batch-invariant step) */
 };
 
 struct compute_conf {
@@ -175,6 +188,12 @@ struct compute_ops {
      * [rows][w->ne1]; y does not overlap x. */
     int (*matmul)(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
                   float *y);
+    /* OPTIONAL (NULL: matmul's rows never depend on how many rows the call
+     * has, as on cpu): matmul, with each of rows [0, n_one) computed with
+     * the arithmetic of a one-row call (a decode row), whatever `rows` is;
+     * rows [n_one, rows) as matmul computes them. */
+    int (*matmul_inv)(struct compute_ctx *cx, const struct ctensor *w, const float *x,
+                      uint32_t rows, uint32_t n_one, float *y);
     /* y[r][i] += b[i]; y device [rows][n], b device f32 [n]. */
     int (*add_bias)(struct compute_ctx *cx, float *y, const float *b, uint32_t rows, uint32_t n);
     /* In-place RoPE of x device [rows][n_heads][head_dim] (row stride
@@ -218,7 +237,10 @@ struct compute_ops {
     /* OPTIONAL fused ops (NULL on cpu): each computes what the chain of ops
      * named in its comment computes, in one op, so a backend can run the
      * chain as fewer kernels; NULL: model_forward issues the chain. A
-     * backend may run the chain itself for shapes it does not fuse.
+     * backend may run the chain itself for shapes it does not fuse. n_one:
+     * rows [0, n_one) each computed with the arithmetic of a one-row call,
+     * as matmul_inv computes them (batch-invariant rows), and the same in
+     * the fused op as in a one-row call of it.
      *
      * matmul_n: y[i] = x . w[i]^T (+ bias[i]) for i < n (n <= 3): one input,
      *   several weights (q, k, v): matmul(w[i], x, rows, y[i]), then
@@ -239,12 +261,14 @@ struct compute_ops {
      *   tok_slot, pos): both RoPEs at pos, then k (roped) and v to the
      *   blocks (the row of position pos[r] in block tok_slot[r]). */
     int (*matmul_n)(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
-                    const float *const *bias, const float *x, uint32_t rows, float *const *y);
+                    const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
+                    float *const *y);
     int (*matmul_swiglu)(struct compute_ctx *cx, const struct ctensor *gate,
-                         const struct ctensor *up, const float *x, uint32_t rows, float *out,
-                         float *tmp);
+                         const struct ctensor *up, const float *x, uint32_t rows, uint32_t n_one,
+                         float *out, float *tmp);
     int (*matmul_add_rmsnorm)(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
-                              uint32_t rows, float *x, const float *norm, float eps, float *out);
+                              uint32_t rows, uint32_t n_one, float *x, const float *norm, float eps,
+                              float *out);
     int (*rope_kv_write)(struct compute_ctx *cx, float *q, float *k, const float *v, uint32_t rows,
                          uint32_t n_head, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,
                          float base, const float *freq_factors, void *arena,

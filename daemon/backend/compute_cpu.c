@@ -43,6 +43,8 @@ static int cpu_ctx_new(struct backend *be, const struct compute_conf *conf,
     const char *sc = getenv("KVD_CPU_SCALAR");
     if (sc && *sc == '1')
         cx->simd = false;
+    const char *lc = getenv("KVD_CPU_LLAMACPP");
+    cx->llamacpp = lc && *lc == '1';
     cx->scratch = calloc(n, sizeof *cx->scratch);
     cx->panel = calloc(n, sizeof *cx->panel);
     if (!cx->scratch || !cx->panel || cpu_pool_start(&cx->pool, n)) {
@@ -206,6 +208,10 @@ static int cpu_rope(struct compute_ctx *cx, float *x, uint32_t rows, uint32_t n_
                     float base, const float *ff)
 {
     uint32_t half = n_rot / 2;
+    if (cx->llamacpp) {
+        cpu_rope_ggml(x, rows, n_heads, head_dim, n_rot, pos, mode, base, ff);
+        return 0;
+    }
     double freq[512]; /* base^(-2i/n_rot), once per call rather than per row */
     for (uint32_t i = 0; i < half && i < 512; i++)
         freq[i] = pow((double)base, -2.0 * i / n_rot);

@@ -139,6 +139,10 @@ static void attn_unit(struct attn_job *j, uint32_t unit, float *sc)
             hi = mid;
     }
     uint32_t s = lo, p = d->h_seq_pos0[s] + (t - d->h_seq_qstart[s]), n_kv = p + 1;
+    if (j->cx->llamacpp && cpu_attn_ggml_dtype(g->dtype)) {
+        cpu_attn_ggml(d, j->cx->simd, s, t, gh, sc);
+        return;
+    }
     size_t rb = kv_row_bytes(g->dtype, hd), head_bytes = (size_t)bt * rb;
     size_t block_bytes = (size_t)g->layers * 2 * kvh * head_bytes;
     size_t k_off = ((size_t)d->layer * 2 * kvh + gh) * head_bytes;
@@ -254,6 +258,8 @@ int cpu_attention(struct compute_ctx *cx, const struct attn_desc *d)
         .d = d, .cx = cx, .n_units = d->h_seq_qstart[d->n_seqs] * d->geom->kv_heads};
     const struct kv_geom *g = d->geom;
     size_t need = (size_t)(d->n_head / g->kv_heads) * d->max_kv;
+    if (cx->llamacpp && cpu_attn_ggml_dtype(g->dtype) && need < cpu_attn_ggml_scratch(d))
+        need = cpu_attn_ggml_scratch(d);
     if (g->dtype == KV_Q8_0 || g->dtype == KV_FP8) /* a block's rows, widened */
         need += (size_t)g->block_tokens * g->head_dim;
     if (need > cx->scratch_cap) {

@@ -17,7 +17,8 @@
 struct compute_ctx {
     struct backend *be;
     struct cpu_pool pool;
-    bool simd; /* AVX2+FMA+F16C kernels (runtime-detected; KVD_CPU_SCALAR=1 turns them off) */
+    bool simd;     /* AVX2+FMA+F16C kernels (runtime-detected; KVD_CPU_SCALAR=1 turns them off) */
+    bool llamacpp; /* KVD_CPU_LLAMACPP=1: attention and RoPE with llama.cpp's arithmetic */
     /* per-worker scratch (attention scores), grown on demand: [n][scratch_cap] floats */
     float **scratch;
     size_t scratch_cap;
@@ -57,6 +58,17 @@ int cpu_attention(struct compute_ctx *cx, const struct attn_desc *d);
 bool cpu_qmatmul_type(enum ctype t);
 int cpu_qmatmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
                 float *y);
+/* llama.cpp's cpu arithmetic for attention and RoPE (compute_cpu_ggml.c),
+ * run instead of kvd's with KVD_CPU_LLAMACPP=1. cpu_attn_ggml does what
+ * cpu_attention does for query row t (of sequence s) and the query heads of
+ * kv head gh, for the KV dtypes cpu_attn_ggml_dtype accepts, in a scratch
+ * of cpu_attn_ggml_scratch(d) floats; cpu_rope_ggml is the rope op. */
+bool cpu_attn_ggml_dtype(enum kv_dtype dt);
+size_t cpu_attn_ggml_scratch(const struct attn_desc *d);
+void cpu_attn_ggml(const struct attn_desc *d, bool simd, uint32_t s, uint32_t t, uint32_t gh,
+                   float *scratch);
+void cpu_rope_ggml(float *x, uint32_t rows, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot,
+                   const uint32_t *pos, enum rope_mode mode, float base, const float *ff);
 /* Widens n elements of a weight row of type t to f32. */
 void cpu_row_to_f32(enum ctype t, const void *row, float *out, uint32_t n);
 /* Weights (compute_cpu_matmul.c): matrices are packed (CL_PACK16) at upload;

@@ -178,12 +178,23 @@ static float dot_legacy_c(enum ctype t, const uint8_t *w, const struct act32 *a,
     return s;
 }
 
-/* The K-quants' float arithmetic, the same on every path (and llama.cpp's
- * for its interleaved Q4_K/Q5_K/Q6_K GEMV on x86): per super-block one
- * exact integer sum for the scales' term and one for the mins', each
- * converted once and added with one fused multiply-add by (d_w x d_a) and
- * (dmin_w x d_a) into two accumulators, in super-block order; the output is
- * the first less the second. */
+/* The K-quants' float arithmetic is llama.cpp's for the kernel it runs per
+ * activation row on x86 (the same on every path here, so the AVX2 and the
+ * portable results are the same bits):
+ * - Q4_K (its interleaved GEMV, ggml_gemv_q4_K_8x8_q8_K): per super-block
+ *   one exact integer sum for the scales' term and one for the mins', each
+ *   converted once and added with one fused multiply-add by (d_w x d_a) and
+ *   (dmin_w x d_a) into two accumulators, in super-block order; the output
+ *   is the first less the second (k_acc);
+ * - Q5_K, Q6_K (ggml_vec_dot_q5_K_q8_K / q6_K_q8_K): 8 int32 lanes per
+ *   super-block, lane k the sum over the 32-value chunks of sub-block scale x
+ *   (q . y) over the chunk's values 4k..4k+3 (Q6_K: its q unsigned, less
+ *   32 x (sums of 16 . scales) of the sub-block pair 2k, 2k+1), each lane
+ *   converted and added by its own fused multiply-add by d_a x d_w into 8
+ *   accumulators, in super-block order; the output is their sum
+ *   ((0+4 + 2+6) + (1+5 + 3+7), hsum8) plus, for Q5_K, the mins' term
+ *   accumulated by fused multiply-adds of (mins . sums of 32) by
+ *   -d_a x dmin_w. */
 static inline void k_acc(float *acc, float *accm, int32_t sumi, int32_t summ, float dw, float dmw,
                          float da)
 {
@@ -191,28 +202,32 @@ static inline void k_acc(float *acc, float *accm, int32_t sumi, int32_t summ, fl
     *accm = fmaf((float)summ, dmw * da, *accm);
 }
 
+static inline float hsum8(const float *a)
+{
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
 static float dot_k_c(enum ctype t, const uint8_t *w, const struct act256 *a, uint32_t n)
 {
-    float acc = 0, accm = 0;
+    float acc = 0, accm = 0, acc8[8] = {0};
     size_t bb = ctype_block_bytes(t);
     for (uint32_t b = 0; b < n / 256; b++, w += bb, a++) {
+        int32_t lane[8] = {0};
         if (t == CT_Q6_K) {
             struct block_q6_K k;
             memcpy(&k, w, sizeof k);
-            int32_t sumi = 0;
-            for (int h = 0; h < 2; h++)
-                for (int l = 0; l < 32; l++) {
-                    const uint8_t *ql = k.ql + 64 * h, *qh = k.qh + 32 * h;
-                    int q[4] = {(ql[l] & 15) | (qh[l] & 3) << 4,
-                                (ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4,
-                                (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4,
-                                (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4};
-                    for (int c = 0; c < 4; c++) {
-                        int v = 128 * h + 32 * c + l;
-                        sumi += k.scales[v / 16] * (q[c] - 32) * a->qs[v];
-                    }
-                }
-            k_acc(&acc, &accm, sumi, 0, half_to_float(k.d), 0, a->d);
+            for (int v = 0; v < 256; v++) {
+                int h = v / 128, c = v % 128 / 32, l = v % 32;
+                const uint8_t *ql = k.ql + 64 * h + 32 * (c & 1), *qh = k.qh + 32 * h;
+                int q = (c < 2 ? ql[l] & 15 : ql[l] >> 4) | ((qh[l] >> (2 * c)) & 3) << 4;
+                lane[v % 32 / 4] += k.scales[v / 16] * q * a->qs[v];
+            }
+            for (int l = 0; l < 8; l++)
+                lane[l] -= 32 * (a->bsums[2 * l] * k.scales[2 * l] +
+                                 a->bsums[2 * l + 1] * k.scales[2 * l + 1]);
+            float d = a->d * half_to_float(k.d);
+            for (int l = 0; l < 8; l++)
+                acc8[l] = fmaf((float)lane[l], d, acc8[l]);
             continue;
         }
         /* q4_K, q5_K: d*sc*q - dmin*mn per sub-block of 32 */
@@ -221,19 +236,26 @@ static float dot_k_c(enum ctype t, const uint8_t *w, const struct act256 *a, uin
         for (int j = 0; j < 8; j++) {
             uint8_t sc, mn;
             quant_k_scale_min(j, scales, &sc, &mn);
-            int32_t dj = 0;
             for (int l = 0; l < 32; l++) {
                 int q = j % 2 ? qs[32 * (j / 2) + l] >> 4 : qs[32 * (j / 2) + l] & 15;
                 if (t == CT_Q5_K)
                     q |= ((qh[l] >> j) & 1) << 4;
-                dj += q * a->qs[32 * j + l];
+                lane[l / 4] += sc * q * a->qs[32 * j + l];
             }
-            sumi += sc * dj;
             summ += mn * a->bsums32[j];
         }
+        if (t == CT_Q5_K) {
+            float d = a->d * f16(w);
+            for (int l = 0; l < 8; l++)
+                acc8[l] = fmaf((float)lane[l], d, acc8[l]);
+            accm = fmaf((float)summ, -a->d * f16(w + 2), accm);
+            continue;
+        }
+        for (int l = 0; l < 8; l++)
+            sumi += lane[l];
         k_acc(&acc, &accm, sumi, summ, f16(w), f16(w + 2), a->d);
     }
-    return acc - accm;
+    return t == CT_Q4_K ? acc - accm : hsum8(acc8) + accm;
 }
 
 /* ---- AVX2 dot products ----------------------------------------------------- */
@@ -362,15 +384,17 @@ QINLINE QSIMD __m128i k_scales_mins(const uint8_t *q)
  * depend on the batch. */
 /* Q4_K / Q5_K: per super-block the integer sum over sub-blocks of
  * scale x (q . y) in 8 int32 lanes, and the mins' term (mins . the
- * activation's sums of 32) in 4, each summed to one int32 and added to its
- * accumulator by k_acc_avx2 (dot_k_c's arithmetic, bit for bit). */
+ * activation's sums of 32) in 4; Q4_K sums each to one int32 and adds it to
+ * its accumulator by k_acc_avx2, Q5_K adds the 8 lanes by one vector FMA and
+ * the mins' sum by a scalar one (dot_k_c's arithmetic, bit for bit). */
 QINLINE QSIMD void dot_q45k_avx2_n(bool q5, const uint8_t *w, const struct act256 *const *a, int nr,
                                    uint32_t n, float *out)
 {
     float acc[QK_NR], accm[QK_NR];
     int32_t summ[QK_NR];
+    __m256 acc8[QK_NR];
     for (int r = 0; r < nr; r++)
-        acc[r] = 0, accm[r] = 0;
+        acc[r] = 0, accm[r] = 0, acc8[r] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     const size_t bb = q5 ? 176 : 144;
     for (uint32_t b = 0; b < n / 256; b++, w += bb) {
@@ -411,23 +435,32 @@ QINLINE QSIMD void dot_q45k_avx2_n(bool q5, const uint8_t *w, const struct act25
                                                                      _mm256_madd_epi16(sh, phi)));
             }
         }
-        for (int r = 0; r < nr; r++)
-            k_acc_avx2(&acc[r], &accm[r], hsum_i32x8(sumi[r]), summ[r], dw, dmw, a[r][b].d);
+        for (int r = 0; r < nr; r++) {
+            float da = a[r][b].d;
+            if (!q5) {
+                k_acc_avx2(&acc[r], &accm[r], hsum_i32x8(sumi[r]), summ[r], dw, dmw, da);
+                continue;
+            }
+            acc8[r] =
+                _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(sumi[r]), acc8[r]);
+            accm[r] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss((float)summ[r]), _mm_set_ss(-da * dmw),
+                                                 _mm_set_ss(accm[r])));
+        }
     }
     for (int r = 0; r < nr; r++)
-        out[r] = acc[r] - accm[r];
+        out[r] = q5 ? hsum_ps(acc8[r]) + accm[r] : acc[r] - accm[r];
 }
 
 /* Q6_K: per super-block the integer sum over its 16 sub-blocks of
  * scale x ((q - 32) . y), the -32 applied exactly through the activation's
- * sums of 16, in 8 int32 lanes, summed to one int32 and added by
- * k_acc_avx2 (dot_k_c's arithmetic, bit for bit). */
+ * sums of 16, in 8 int32 lanes, added by one vector FMA (dot_k_c's
+ * arithmetic, bit for bit). */
 QINLINE QSIMD void dot_q6k_avx2_n(const uint8_t *w, const struct act256 *const *a, int nr,
                                   uint32_t n, float *out)
 {
-    float acc[QK_NR], accm[QK_NR];
+    __m256 acc8[QK_NR];
     for (int r = 0; r < nr; r++)
-        acc[r] = 0, accm[r] = 0;
+        acc8[r] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m30 = _mm256_set1_epi8(0x30);
     for (uint32_t b = 0; b < n / 256; b++, w += 210) {
         const uint8_t *ql = w, *qh = w + 128;
@@ -470,10 +503,11 @@ QINLINE QSIMD void dot_q6k_avx2_n(const uint8_t *w, const struct act256 *const *
         }
         float dw = h16(w + 208);
         for (int r = 0; r < nr; r++)
-            k_acc_avx2(&acc[r], &accm[r], hsum_i32x8(sumi[r]), 0, dw, 0, a[r][b].d);
+            acc8[r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r][b].d * dw), _mm256_cvtepi32_ps(sumi[r]),
+                                      acc8[r]);
     }
     for (int r = 0; r < nr; r++)
-        out[r] = acc[r] - accm[r];
+        out[r] = hsum_ps(acc8[r]);
 }
 
 /* The K-quant kernels specialized for each nr (the compiler unrolls the

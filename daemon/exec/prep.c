@@ -6,6 +6,84 @@
 #include <string.h>
 
 #include "fault.h"
+#include "json_schema.h"
+
+struct sched_constraint *sched_constraint_new(enum sched_constraint_kind kind, const char *param,
+                                              const char *text, size_t len, json_t *schema)
+{
+    struct sched_constraint *c = fault_malloc(sizeof(*c) + len + 1);
+    if (!c) {
+        json_decref(schema);
+        return NULL;
+    }
+    memset(c, 0, sizeof(*c));
+    c->kind = kind;
+    snprintf(c->param, sizeof c->param, "%s", param);
+    c->schema = schema;
+    c->len = len;
+    if (len)
+        memcpy(c->text, text, len);
+    c->text[len] = '\0';
+    return c;
+}
+
+void sched_constraint_free(struct sched_constraint *c)
+{
+    if (!c)
+        return;
+    json_decref(c->schema);
+    free(c);
+}
+
+int sched_constraint_compile(const struct sched_constraint *c, struct grammar **out,
+                             struct kvd_error *e)
+{
+    *out = NULL;
+    switch (c->kind) {
+    case SCHED_GBNF:
+        return grammar_compile(c->text, c->len, out, e);
+    case SCHED_JSON_OBJECT:
+        return json_object_grammar(out, e);
+    case SCHED_SCHEMA:
+        return json_schema_grammar(c->schema, c->param, out, e);
+    case SCHED_SCHEMA_TEXT:
+        break;
+    }
+    json_error_t je;
+    json_t *s = json_loadb(c->text, c->len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
+    if (!s) {
+        kvd_error_set(e, KVD_EBADREQ, "'%s' is not valid JSON: %s (at byte %d)", c->param, je.text,
+                      je.position);
+        return kvd_error_param(e, c->param);
+    }
+    int rc = json_schema_grammar(s, c->param, out, e);
+    json_decref(s);
+    return rc;
+}
+
+int sched_req_set_grammar(const struct text *tx, struct sched_req *r, struct grammar *g,
+                          struct kvd_error *e)
+{
+    const struct grammar_vocab *gv = text_grammar_vocab(tx);
+    if (!gv) {
+        grammar_free(g);
+        kvd_error_set(e, KVD_EUNSUPPORTED, "grammars need the model's tokenizer: %s",
+                      text_no_tokenizer(tx));
+        return kvd_error_param(e, "grammar");
+    }
+    grammar_free(r->grammar);
+    r->grammar = g; /* the leader's: its followers' matchers share it */
+    uint32_t n = r->group ? r->group->n : 1;
+    for (uint32_t i = 0; i < n; i++) {
+        struct sched_req *c = r->group ? r->group->reqs[i] : r;
+        grammar_matcher_free(c->gm);
+        c->gm = NULL;
+        int rc = grammar_matcher_new(g, gv, &c->gm, e);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
 
 struct sched_prompt *sched_prompt_text(const char *param, const char *s, size_t len, int add_bos)
 {
@@ -172,6 +250,16 @@ int sched_req_set_prompt(struct kvmm *mm, struct sched_req *r, const uint32_t *t
 int sched_req_prepare(struct kvmm *mm, const struct text *tx, struct sched_req *r,
                       struct kvd_error *e)
 {
+    if (r->constraint) {
+        struct grammar *g = NULL;
+        int rc = sched_constraint_compile(r->constraint, &g, e);
+        if (rc == 0)
+            rc = sched_req_set_grammar(tx, r, g, e);
+        if (rc)
+            return rc;
+        sched_constraint_free(r->constraint);
+        r->constraint = NULL;
+    }
     struct sched_prompt *p = r->prompt;
     if (!p)
         return 0;

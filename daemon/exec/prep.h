@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "kvd/status.h"
 #include "kvmm.h"
 #include "scheduler.h"
@@ -31,6 +33,37 @@ struct sched_prompt {
     struct chat_msg *msgs;
     size_t n_msgs;
 };
+
+/* What the completion must follow, still to be compiled into r->grammar:
+ * compiling is linear in what the client sent (a JSON Schema's grammar can
+ * be much larger than the schema), so it runs on the workers too. One
+ * allocation with its text; the schema is owned. */
+enum sched_constraint_kind {
+    SCHED_GBNF,        /* text: GBNF */
+    SCHED_SCHEMA_TEXT, /* text: a JSON Schema as JSON */
+    SCHED_SCHEMA,      /* schema: a JSON Schema, parsed */
+    SCHED_JSON_OBJECT, /* any JSON object */
+};
+struct sched_constraint {
+    enum sched_constraint_kind kind;
+    char param[KVD_ERROR_PARAM_MAX]; /* the request's name for it (errors) */
+    json_t *schema;
+    size_t len;
+    char text[];
+};
+/* A constraint of kind with text (len bytes; may be NULL/0) or schema
+ * (taken over, also on failure); NULL when out of memory. */
+struct sched_constraint *sched_constraint_new(enum sched_constraint_kind kind, const char *param,
+                                              const char *text, size_t len, json_t *schema);
+void sched_constraint_free(struct sched_constraint *c);
+/* The grammar of c (json_schema.h, grammar.h); 0 or an error naming
+ * c->param. */
+int sched_constraint_compile(const struct sched_constraint *c, struct grammar **out,
+                             struct kvd_error *e);
+/* r's grammar is g (taken over): a matcher for r and for each of its
+ * group's other choices. 0 or an error. */
+int sched_req_set_grammar(const struct text *tx, struct sched_req *r, struct grammar *g,
+                          struct kvd_error *e);
 
 /* Copies (one allocation each; NULL when out of memory). param is how the
  * request named the field ("text", "prompt", "messages"). */
@@ -54,8 +87,8 @@ int sched_req_set_prompt(struct kvmm *mm, struct sched_req *r, const uint32_t *t
                          bool replace, const char *param, struct kvd_error *e);
 
 /* Renders and tokenizes r->prompt with tx, then sched_req_set_prompt
- * (taking the kvmm lock itself); frees r->prompt. Any thread but the
- * loop's. */
+ * (taking the kvmm lock itself); frees r->prompt. Compiles r->constraint
+ * (sched_req_set_grammar) and frees it. Any thread but the loop's. */
 int sched_req_prepare(struct kvmm *mm, const struct text *tx, struct sched_req *r,
                       struct kvd_error *e);
 

@@ -4,6 +4,8 @@
 #include "scheduler.h"
 #include "scheduler_impl.h"
 
+#include "prep.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,6 +302,11 @@ void sched_counters(const struct sched *s, struct sched_counters *c)
     c->swapped = s->swapped.n;
 }
 
+struct sched_req *sched_running(const struct sched *s)
+{
+    return s->running.head;
+}
+
 bool sched_busy(const struct sched *s)
 {
     return s->waiting.n + s->waiting_pre.n + s->running.n + s->swapped.n > 0;
@@ -319,6 +326,37 @@ void sched_add(struct sched *s, struct kvmm *mm, struct sched_req *r)
         tenant_activate(s, t);
     r->state = SCHED_NEW;
     sched_move_to(s, r, SCHED_WAITING);
+}
+
+void sched_add_running(struct sched *s, struct kvmm *mm, struct sched_req *r)
+{
+    struct tenant_fair *t = tenant_get(s, mm, r->tenant);
+    if (t)
+        tenant_activate(s, t);
+    r->state = SCHED_NEW;
+    sched_move_to(s, r, SCHED_RUNNING);
+}
+
+struct sched_group *sched_group_new(struct sched_req *leader, uint32_t n)
+{
+    struct sched_group *g = calloc(1, sizeof(*g) + n * sizeof(g->reqs[0]));
+    if (!g)
+        return NULL;
+    g->n = n;
+    g->reqs[0] = leader;
+    leader->group = g;
+    leader->choice = 0;
+    return g;
+}
+
+void sched_group_free(struct sched_group *g)
+{
+    if (!g)
+        return;
+    /* the others first: their matchers use the leader's grammar */
+    for (uint32_t i = g->n; i-- > 0;)
+        sched_req_free(g->reqs[i]);
+    free(g);
 }
 
 int sched_req_push(struct sched_req *r, uint32_t tok)
@@ -363,6 +401,8 @@ void sched_req_free(struct sched_req *r)
     text_out_free(r->text);
     grammar_matcher_free(r->gm);
     grammar_free(r->grammar);
+    sched_constraint_free(r->constraint);
+    free(r->fork_lp);
     free(r);
 }
 
@@ -575,7 +615,7 @@ void sched_commit(struct sched *s, struct kvmm *mm, struct sched_plan *plan,
             sched_end_error(s, mm, r, rc, done, "cannot commit tokens: %s", kvmm_errmsg(mm));
             continue;
         }
-        if (r->n_kv + r->step_n == r->n_toks && r->n_toks > r->n_prompt)
+        if (r->verify || (r->n_kv + r->step_n == r->n_toks && r->n_toks > r->n_prompt))
             s->ctr.decode_tokens += r->step_n;
         else
             s->ctr.prefill_tokens += r->step_n;

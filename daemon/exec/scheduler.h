@@ -14,10 +14,13 @@
 #include "kvmm.h"
 #include "grammar.h"
 #include "sampler.h"
+#include "spec.h"
 #include "text_out.h"
 
 struct exec_sink;
 struct sched_prompt;
+struct sched_constraint;
+struct sched_group;
 
 /* kvmm owners of executor sequences: this bit | request serial. Connection
  * ids (the server's owners) never have it set. */
@@ -82,6 +85,22 @@ struct sched_req {
     struct grammar *grammar;
     struct grammar_matcher *gm;
     bool grammar_failed; /* the mask could not be made or allows nothing: err says why */
+    /* The grammar still to compile (owned, prep.h; NULL once compiled or
+     * when there is none): like a text prompt, off the loop. */
+    struct sched_constraint *constraint;
+
+    /* n > 1: the request's choices (struct sched_group, owned by exec.c
+     * once submitted) and this one's index; NULL/0 for a single choice.
+     * Choice 0 leads: it prefills the prompt; the others wait (in no
+     * queue) until that step, draw their first token from the same
+     * logits with their own streams (fork_pick, fork_lp, smp_before the
+     * draw), and run on a copy-on-write fork of its sequence. */
+    struct sched_group *group;
+    uint32_t choice;
+    bool fork_pending; /* fork_pick was drawn this step, not yet taken */
+    uint32_t fork_pick;
+    struct sampler smp_before;       /* the stream before fork_pick's draw */
+    struct sampler_logprob *fork_lp; /* (1 + lp_top) entries, owned */
     /* The completion as text (owned; NULL when the model has no tokenizer):
      * fed each generated token by the executor, stop strings inside. */
     struct text_out *text;
@@ -129,6 +148,20 @@ struct sched_req {
     /* generate with `session` (owned; NULL without): see struct sched_session */
     struct sched_session *session;
 
+    /* Speculative decoding (exec/spec.h): the kind it asked for
+     * (SPEC_DEFAULT: the daemon's), its adaptive state, and whether it has
+     * a draft-model sequence (closed when it is answered). */
+    enum spec_kind spec_kind;
+    struct spec_state spec;
+    bool draft_seq;
+    /* This step's drafts (set by the executor before sched_plan): a decode
+     * planned with n_draft > 0 computes 1 + n_draft rows, its last token
+     * and the drafts (verify), each row sampled; the plan may lower
+     * n_draft (budget, memory) or drop it. */
+    uint32_t n_draft;
+    uint32_t draft[SPEC_MAX_DRAFT];
+    bool verify; /* planned as a verification this step */
+
     /* this step */
     uint32_t step_n; /* tokens computed for it this step (0: not in the batch) */
 
@@ -155,6 +188,19 @@ struct sched_session {
     struct kvmm_session_info info;
     struct kvd_error err; /* when not saved */
 };
+
+/* The choices of one request (n > 1). reqs[0] leads. */
+struct sched_group {
+    uint32_t n;
+    uint32_t n_answered; /* ended, held until all have (exec.c) */
+    bool forked;         /* the others run on their own sequences */
+    struct sched_req *reqs[];
+};
+/* A group of n choices around leader (reqs[0]); the others are added by
+ * the caller. NULL when out of memory. */
+struct sched_group *sched_group_new(struct sched_req *leader, uint32_t n);
+/* Frees every choice and the group. */
+void sched_group_free(struct sched_group *g);
 
 static inline uint64_t sched_req_owner(const struct sched_req *r)
 {
@@ -201,6 +247,9 @@ const struct sched_conf *sched_conf(const struct sched *s);
 void sched_counters(const struct sched *s, struct sched_counters *c);
 /* Any request waiting, running or swapped. */
 bool sched_busy(const struct sched *s);
+/* The running queue's first request (then r->next), for the executor's
+ * drafting before a step. */
+struct sched_req *sched_running(const struct sched *s);
 /* Tells the next sched_plan that some request's cancel flag was set, so it
  * looks through the waiting queue (which it otherwise does not walk). Any
  * thread. */
@@ -209,6 +258,9 @@ void sched_note_cancel(struct sched *s);
 /* Queues a new request as waiting (executor thread, kvmm lock held: the
  * tenant's weight is read from kvmm). */
 void sched_add(struct sched *s, struct kvmm *mm, struct sched_req *r);
+/* Adds a request that already has its sequence and K/V (a choice forked
+ * from its leader) as running. Same threads and lock. */
+void sched_add_running(struct sched *s, struct kvmm *mm, struct sched_req *r);
 uint64_t sched_now_ns(void); /* CLOCK_MONOTONIC */
 
 /* Builds the next step (caller holds the kvmm lock): decodes and prefill

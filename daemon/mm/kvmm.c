@@ -40,13 +40,20 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
     mm->block_bytes = (size_t)bytes;
     mm->token_bytes = mm->block_bytes / g.block_tokens;
     mm->root_key = blockkey_root(cfg->fingerprint, &g);
+    memcpy(mm->fingerprint, cfg->fingerprint, sizeof mm->fingerprint);
+    if (cfg->handle_tag > 126) {
+        err = KVD_EBADREQ;
+        goto out_free;
+    }
+    mm->st.tag = (uint64_t)cfg->handle_tag << SEQ_TAG_SHIFT;
     mm->staging = malloc(mm->block_bytes);
     mm->zeros = calloc(1, mm->block_bytes);
     if (!mm->staging || !mm->zeros) {
         err = KVD_ENOMEM;
         goto out_free;
     }
-    err = pool_init(&mm->pool, cfg->be, mm->block_bytes, cfg->n_device_blocks, cfg->n_host_blocks);
+    err = pool_init_off(&mm->pool, cfg->be, mm->block_bytes, cfg->n_device_blocks,
+                        cfg->n_host_blocks, cfg->device_detached);
     if (err)
         goto out_free;
     err = radix_init(&mm->radix, &mm->pool, g.block_tokens);
@@ -225,9 +232,11 @@ static int mm_floor_fits(struct kvmm *mm, const char *name, uint32_t floor)
     return 0;
 }
 
-int kvmm_tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32_t *tenant_id)
+/* kvmm_tenant_set (at == UINT32_MAX: the table picks the id) and
+ * kvmm_tenant_set_at. */
+static int tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32_t at,
+                      uint32_t *tenant_id)
 {
-    MM_ASSERT_LOCKED(mm);
     struct kvmm_tenant_conf c = *conf;
     char nsname[80];
     uint32_t id, ns;
@@ -243,24 +252,48 @@ int kvmm_tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32
     if (mm_floor_fits(mm, c.name, c.reserved_device_blocks))
         return KVD_EBADREQ;
     id = tenant_find(&mm->tt, c.name);
-    if (id != UINT32_MAX) {
+    if (id != UINT32_MAX && (at == UINT32_MAX || at == id)) {
         mm->tt.v[id].conf = c;
         *tenant_id = id;
         return 0;
     }
-    if (mm->tt.n + 1 >= KVMM_NO_TENANT)
+    if (id != UINT32_MAX)
+        return mm_fail(mm, KVD_EBUSY, "tenant '%s' has id %u here, not %u", c.name, id, at);
+    uint32_t top = at == UINT32_MAX ? mm->tt.n : (at >= mm->tt.n ? at : mm->tt.n - 1);
+    if (top + 1 >= KVMM_NO_TENANT)
         return mm_fail(mm, KVD_ETOOLARGE, "too many tenants");
+    if (at != UINT32_MAX && tenant_live(&mm->tt, at))
+        return mm_fail(mm, KVD_EBUSY, "tenant id %u is '%s''s here, not '%s''s", at,
+                       mm->tt.v[at].conf.name, c.name);
     snprintf(nsname, sizeof nsname, "tenant:%s", c.name);
-    err = radix_tenants_reserve(&mm->radix, mm->tt.n + 1);
+    err = radix_tenants_reserve(&mm->radix, top + 1);
     if (!err)
         err = kvmm_namespace(mm, nsname, &ns);
-    if (!err)
+    if (!err && at == UINT32_MAX)
         err = tenant_add(&mm->tt, &c, &id);
+    else if (!err)
+        err = tenant_add_at(&mm->tt, &c, id = at);
     if (err)
-        return mm_fail(mm, err, "out of memory adding tenant '%s'", c.name);
+        return mm_fail(mm, err, "%s adding tenant '%s'",
+                       err == KVD_EBUSY ? "id taken" : "out of memory", c.name);
     mm->tt.v[id].ns = ns;
     *tenant_id = id;
     return 0;
+}
+
+int kvmm_tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32_t *tenant_id)
+{
+    MM_ASSERT_LOCKED(mm);
+    return tenant_set(mm, conf, UINT32_MAX, tenant_id);
+}
+
+int kvmm_tenant_set_at(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32_t tenant_id)
+{
+    MM_ASSERT_LOCKED(mm);
+    uint32_t id;
+    if (tenant_id >= KVMM_NO_TENANT)
+        return mm_fail(mm, KVD_EBADREQ, "tenant id %u out of range", tenant_id);
+    return tenant_set(mm, conf, tenant_id, &id);
 }
 
 int kvmm_tenant_remove(struct kvmm *mm, uint32_t tenant)
@@ -304,6 +337,22 @@ int kvmm_tenant_find(struct kvmm *mm, const char *name, uint32_t *tenant_id)
         return mm_fail(mm, KVD_ENOTFOUND, "no tenant named '%s'", name ? name : "(null)");
     *tenant_id = id;
     return 0;
+}
+
+uint32_t kvmm_tenant_weight(struct kvmm *mm, uint32_t tenant)
+{
+    MM_ASSERT_LOCKED(mm);
+    if (!tenant_live(&mm->tt, tenant) || mm->tt.v[tenant].conf.weight == 0)
+        return 1;
+    return mm->tt.v[tenant].conf.weight;
+}
+
+void kvmm_tenant_name(struct kvmm *mm, uint32_t tenant, char out[64])
+{
+    MM_ASSERT_LOCKED(mm);
+    out[0] = '\0';
+    if (tenant_live(&mm->tt, tenant))
+        snprintf(out, 64, "%s", mm->tt.v[tenant].conf.name);
 }
 
 int kvmm_tenant_namespace(struct kvmm *mm, uint32_t tenant, uint32_t *ns_id)
@@ -359,7 +408,8 @@ void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st)
     const struct pool *p = &mm->pool;
 
     *st = mm->ctr;
-    st->device_total = p->n_slots[KVD_TIER_DEVICE];
+    /* A given-back device arena (kvmm_device_detach) has no slots. */
+    st->device_total = p->device_off ? 0 : p->n_slots[KVD_TIER_DEVICE];
     st->host_total = p->n_slots[KVD_TIER_HOST];
     st->device_free = p->n_free_slots[KVD_TIER_DEVICE];
     st->host_free = p->n_free_slots[KVD_TIER_HOST];

@@ -98,6 +98,13 @@ struct kvmm_config {
      * mode): the root of every block key (blockkey.h). */
     uint8_t fingerprint[16];
     enum kvmm_evict_policy evict_policy;
+    /* The device arena is not allocated yet: kvmm_device_attach does (a
+     * model that is not loaded keeps its trees and host tier meanwhile). */
+    bool device_detached;
+    /* Put into every sequence handle (bits 56-62, 0-126): the daemon's
+     * models each have a kvmm, and a handle names its own. 0 leaves the
+     * handles as they always were. */
+    uint8_t handle_tag;
 };
 
 struct kvmm;
@@ -112,11 +119,42 @@ const char *kvmm_errmsg(const struct kvmm *mm); /* message of the last failure *
 const struct kv_geom *kvmm_geom(const struct kvmm *mm);
 size_t kvmm_block_bytes(const struct kvmm *mm);
 
+/* ---- the device arena (kvmm_device.c) ------------------------------------
+ * A model that is unloaded gives its device arena back and keeps the rest
+ * (trees, host tier, disk tier, tenants), so it reloads warm. */
+/* Moves every cached device block to the host tier (dropping, as eviction
+ * does, what the host tier or its owner's host quota cannot take: the disk
+ * tier copies a block it has not written yet first), then frees the device
+ * arena. KVD_EBUSY while a sequence is open or a page is exported (nothing
+ * is moved then). *moved and *dropped (may be NULL) count the blocks. */
+int kvmm_device_detach(struct kvmm *mm, size_t *moved, size_t *dropped);
+/* Allocates the device arena again (zero-filled): 0, or the backend's
+ * error (KVD_ENOMEM) with the message set. No-op when it is there. */
+int kvmm_device_attach(struct kvmm *mm);
+bool kvmm_device_attached(const struct kvmm *mm);
+/* Bytes of the device arena (its size whether attached or not). */
+uint64_t kvmm_device_bytes(const struct kvmm *mm);
+/* The model's fingerprint, known once it has loaded: the root of every
+ * block key from now on. A fingerprint other than the one the blocks were
+ * made under (the model's file changed while it was unloaded) first empties
+ * every tree (kvmm_clear; *cleared = blocks dropped). Returns whether it
+ * changed (then the sessions are reread: kvmm_sessions_reload). */
+bool kvmm_set_fingerprint(struct kvmm *mm, const uint8_t fingerprint[16], size_t *cleared);
+
 /* ---- tenants and namespaces -------------------------------------------- */
 /* Adds a tenant, or updates the limits of the one with the same name (SIGHUP
  * reload: lowering a quota below current use refuses new allocations only). */
 int kvmm_tenant_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32_t *tenant_id);
+/* The same with the tenant's id given (tenant ids of several kvmm agree:
+ * the daemon's first assigns them). KVD_EBUSY when another live tenant
+ * holds that id. */
+int kvmm_tenant_set_at(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32_t tenant_id);
 int kvmm_tenant_find(struct kvmm *mm, const char *name, uint32_t *tenant_id);
+/* The tenant's scheduling weight (1 for an id that is not a live tenant). */
+uint32_t kvmm_tenant_weight(struct kvmm *mm, uint32_t tenant);
+/* The tenant's name (the empty string for an id that is not a live
+ * tenant); out holds 64 bytes. */
+void kvmm_tenant_name(struct kvmm *mm, uint32_t tenant, char out[64]);
 /* Removes an idle tenant: KVD_EBUSY while it has open sequences, or owns
  * blocks outside its own namespace; what its own namespace ("tenant:<name>")
  * caches is dropped, and that namespace goes with it. Its id and its
@@ -404,6 +442,11 @@ int kvmm_session_tokens(struct kvmm *mm, uint32_t ns, const char *name, uint32_t
 int kvmm_session_delete(struct kvmm *mm, uint32_t ns, const char *name, struct kvd_error *e);
 /* The namespace's live sessions (malloc'd array, by name). */
 int kvmm_session_list(struct kvmm *mm, uint32_t ns, struct kvmm_session_info **out, size_t *n);
+/* Reads DIR/sessions again: a session file holds its model's root key, so
+ * a model's sessions are known once its fingerprint is (its first load:
+ * kvmm_set_fingerprint). Nothing may use the sessions meanwhile (the model
+ * is loading). Takes the lock itself. */
+int kvmm_sessions_reload(struct kvmm *mm, struct kvd_error *e);
 /* Whether name is a valid session name (1 to 128 bytes of letters, digits
  * and "-_.:@/"). */
 bool kvmm_session_name_ok(const char *name);

@@ -116,7 +116,7 @@ int kvmm_check(struct kvmm *mm)
                     seqs[t]);
             goto out;
         }
-        if (tn->ns >= mm->tt.n_ns) {
+        if (tenant_live(&mm->tt, t) && tn->ns >= mm->tt.n_ns) { /* a free slot has none */
             mm_fail(mm, err, "check: tenant '%s' has no namespace", tn->conf.name);
             goto out;
         }

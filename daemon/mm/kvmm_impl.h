@@ -41,6 +41,7 @@ struct kvmm {
     unsigned char *zeros;     /* (block_bytes) owned: zeros for new blocks */
     struct kvmm_stats ctr;    /* the counters (totals are computed on demand) */
     struct blockkey root_key; /* chain(-1) of the model and geometry */
+    uint8_t fingerprint[16];  /* the model's (root_key's); zeros until known */
     struct kvmm_disk *disk;   /* the disk tier's side (kvmm_disk.c); NULL without one */
     struct kvmm_sessions *sessions; /* named sessions (kvmm_session.c); NULL without a disk tier */
     struct kvmm_events_sink events; /* events.block NULL: none attached */

@@ -318,12 +318,37 @@ int mm_sessions_load(struct kvmm *mm, const char *dir, struct kvd_error *e)
     if (d)
         closedir(d);
     kvmm_lock(mm);
+    struct kvmm_sessions *old = mm->sessions;
     mm->sessions = ss;
     kvmm_unlock(mm);
+    if (old) { /* a reload's (kvmm_sessions_reload): nobody uses it any more */
+        for (size_t i = 0; i < old->n; i++)
+            free(old->v[i].tokens);
+        free(old->v);
+        pthread_mutex_destroy(&old->mu);
+        free(old);
+    }
     if (ss->n || skipped)
         log_info("sessions: %zu loaded from %s (%zu of another model or unreadable)", ss->n,
                  ss->dir, skipped);
     return 0;
+}
+
+int kvmm_sessions_reload(struct kvmm *mm, struct kvd_error *e)
+{
+    MM_ASSERT_UNLOCKED(mm);
+    char dir[4200];
+    kvmm_lock(mm);
+    struct kvmm_sessions *ss = mm->sessions;
+    if (ss)
+        snprintf(dir, sizeof dir, "%s", ss->dir);
+    kvmm_unlock(mm);
+    if (!ss)
+        return 0;
+    size_t len = strlen(dir);
+    if (len > 9 && !strcmp(dir + len - 9, "/sessions"))
+        dir[len - 9] = '\0';
+    return mm_sessions_load(mm, dir, e);
 }
 
 void mm_sessions_free(struct kvmm *mm)

@@ -9,8 +9,47 @@
 
 #include "kvd/status.h"
 
+/* Tier t's arena (and its pages when the backend exports them). */
+static int arena_get(struct pool *p, int t)
+{
+    uint32_t n = p->n_slots[t];
+    if (p->be->ops->arena_alloc_paged) {
+        size_t upp = 0;
+        int err = p->be->ops->arena_alloc_paged(p->be, (enum kvd_tier)t, p->block_bytes, n, &upp,
+                                                &p->arena[t]);
+        if (err)
+            return err;
+        if (upp == 0 || upp > UINT32_MAX)
+            return KVD_EBADREQ;
+        p->slots_per_page[t] = (uint32_t)upp;
+        p->n_pages[t] = (uint32_t)((n + upp - 1) / upp);
+        free(p->pages[t]);
+        p->pages[t] = calloc(p->n_pages[t], sizeof(struct pool_page));
+        return p->pages[t] ? 0 : KVD_ENOMEM;
+    }
+    return p->be->ops->arena_alloc(p->be, (enum kvd_tier)t, (size_t)n * p->block_bytes,
+                                   &p->arena[t]);
+}
+
+static void arena_put(struct pool *p, int t)
+{
+    if (p->arena[t])
+        p->be->ops->arena_free(p->be, (enum kvd_tier)t, p->arena[t],
+                               (size_t)p->n_slots[t] * p->block_bytes);
+    p->arena[t] = NULL;
+    free(p->pages[t]);
+    p->pages[t] = NULL;
+    p->n_pages[t] = 0;
+}
+
 int pool_init(struct pool *p, struct backend *be, size_t block_bytes, uint32_t n_device,
               uint32_t n_host)
+{
+    return pool_init_off(p, be, block_bytes, n_device, n_host, false);
+}
+
+int pool_init_off(struct pool *p, struct backend *be, size_t block_bytes, uint32_t n_device,
+                  uint32_t n_host, bool device_off)
 {
     int err;
 
@@ -48,24 +87,13 @@ int pool_init(struct pool *p, struct backend *be, size_t block_bytes, uint32_t n
             p->slot_block[t][i] = POOL_NONE;
         }
         p->n_free_slots[t] = n;
-        if (be->ops->arena_alloc_paged) {
-            size_t upp = 0;
-            err = be->ops->arena_alloc_paged(be, (enum kvd_tier)t, block_bytes, n, &upp,
-                                             &p->arena[t]);
-            if (err)
-                goto out_err;
-            if (upp == 0 || upp > UINT32_MAX)
-                goto out_badreq;
-            p->slots_per_page[t] = (uint32_t)upp;
-            p->n_pages[t] = (uint32_t)((n + upp - 1) / upp);
-            p->pages[t] = calloc(p->n_pages[t], sizeof(struct pool_page));
-            if (!p->pages[t])
-                goto out_nomem;
-        } else {
-            err = be->ops->arena_alloc(be, (enum kvd_tier)t, (size_t)n * block_bytes, &p->arena[t]);
-            if (err)
-                goto out_err;
+        if (t == KVD_TIER_DEVICE && device_off) {
+            p->n_free_slots[t] = 0;
+            p->device_off = true;
+            continue;
         }
+        if ((err = arena_get(p, t)) != 0)
+            goto out_err;
     }
     return 0;
 
@@ -82,16 +110,43 @@ out_err:
 void pool_destroy(struct pool *p)
 {
     for (int t = 0; t < POOL_TIERS; t++) {
-        if (p->arena[t])
-            p->be->ops->arena_free(p->be, (enum kvd_tier)t, p->arena[t],
-                                   (size_t)p->n_slots[t] * p->block_bytes);
+        arena_put(p, t);
         free(p->free_slots[t]);
         free(p->slot_block[t]);
-        free(p->pages[t]);
     }
     free(p->blocks);
     free(p->free_ids);
     memset(p, 0, sizeof *p);
+}
+
+int pool_device_release(struct pool *p)
+{
+    enum kvd_tier d = KVD_TIER_DEVICE;
+    if (p->device_off)
+        return 0;
+    if (p->n_free_slots[d] != p->n_slots[d] || p->n_pinned || p->n_draining)
+        return KVD_EBUSY;
+    arena_put(p, d);
+    p->slots_per_page[d] = 0;
+    p->n_free_slots[d] = 0;
+    p->device_off = true;
+    return 0;
+}
+
+int pool_device_acquire(struct pool *p)
+{
+    enum kvd_tier d = KVD_TIER_DEVICE;
+    if (!p->device_off)
+        return 0;
+    int err = arena_get(p, d);
+    if (err) {
+        arena_put(p, d);
+        return err;
+    }
+    /* The stack holds every slot (release found them all free). */
+    p->n_free_slots[d] = p->n_slots[d];
+    p->device_off = false;
+    return 0;
 }
 
 /* A page's slots go back to the free stack, its memory renewed first:
@@ -291,6 +346,16 @@ int pool_check(const struct pool *p, char *msg, size_t msglen)
     }
     for (int t = 0; t < POOL_TIERS; t++) {
         uint32_t n = p->n_slots[t];
+        if (t == KVD_TIER_DEVICE && p->device_off) {
+            if (used_slots[t] || p->n_free_slots[t] || p->arena[t]) {
+                snprintf(msg, msglen,
+                         "pool: the device arena is given back, yet %u blocks and %u free slots "
+                         "are on it",
+                         used_slots[t], p->n_free_slots[t]);
+                goto out;
+            }
+            continue;
+        }
         uint8_t *sseen = calloc(n + 1, 1);
         if (!sseen) {
             rc = KVD_ENOMEM;

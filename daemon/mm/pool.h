@@ -79,11 +79,26 @@ struct pool {
     struct pool_page *pages[POOL_TIERS]; /* (n_pages[t]) */
     uint32_t n_withheld[POOL_TIERS];     /* sum of pages' withheld */
     uint32_t n_pinned, n_draining;       /* pages, both tiers */
+    /* The device arena is given back (pool_device_release): no device slot
+     * is free or used; n_slots[DEVICE] and the stack's order are kept for
+     * pool_device_acquire. */
+    bool device_off;
 };
 
-/* Arenas come from the backend (zero-filled). 0 or KVD_ENOMEM/KVD_EBADREQ. */
+/* Arenas come from the backend (zero-filled). 0 or KVD_ENOMEM/KVD_EBADREQ.
+ * pool_init_off: the device arena is not allocated yet (pool_device_acquire
+ * allocates it). */
 int pool_init(struct pool *p, struct backend *be, size_t block_bytes, uint32_t n_device,
               uint32_t n_host);
+int pool_init_off(struct pool *p, struct backend *be, size_t block_bytes, uint32_t n_device,
+                  uint32_t n_host, bool device_off);
+/* Gives the device arena back to the backend: every device slot must be
+ * free (KVD_EBUSY otherwise; nothing changes). Afterwards allocations on
+ * the device fail with KVD_ENOMEM until pool_device_acquire. */
+int pool_device_release(struct pool *p);
+/* Allocates the device arena again (zero-filled), all slots free. 0 or the
+ * backend's error (KVD_ENOMEM). No-op when the arena is there. */
+int pool_device_acquire(struct pool *p);
 void pool_destroy(struct pool *p);
 
 /* A new block with refcount 1 on `tier`, or KVD_ENOMEM when the tier has no

@@ -48,7 +48,7 @@ int seq_table_add(struct seq_table *st, uint64_t owner, uint64_t *handle, struct
     }
     s = st->v[idx];
     s->idx = idx;
-    s->gen++; /* now odd: open */
+    s->gen = (s->gen + 1) & SEQ_GEN_MASK; /* now odd: open */
     s->owner = owner;
     s->lent = false;
     s->lender = s->lend_tag = 0;
@@ -62,10 +62,10 @@ int seq_table_add(struct seq_table *st, uint64_t owner, uint64_t *handle, struct
 
 struct seq *seq_table_get(const struct seq_table *st, uint64_t handle, uint64_t owner)
 {
-    uint32_t idx = (uint32_t)handle, gen = (uint32_t)(handle >> 32);
+    uint32_t idx = (uint32_t)handle, gen = (uint32_t)(handle >> 32) & SEQ_GEN_MASK;
     struct seq *s;
 
-    if (idx >= st->n)
+    if (idx >= st->n || (handle & ~SEQ_TAG_MASK) >> 56 != 0 || (handle & SEQ_TAG_MASK) != st->tag)
         return NULL;
     s = st->v[idx];
     if (s->gen != gen || !(gen & 1) || s->owner != owner)
@@ -75,9 +75,10 @@ struct seq *seq_table_get(const struct seq_table *st, uint64_t handle, uint64_t 
 
 struct seq *seq_table_peek(const struct seq_table *st, uint64_t handle)
 {
-    uint32_t idx = (uint32_t)handle, gen = (uint32_t)(handle >> 32);
+    uint32_t idx = (uint32_t)handle, gen = (uint32_t)(handle >> 32) & SEQ_GEN_MASK;
 
-    if (idx >= st->n || st->v[idx]->gen != gen || !(gen & 1))
+    if (idx >= st->n || (handle & ~SEQ_TAG_MASK) >> 56 != 0 || (handle & SEQ_TAG_MASK) != st->tag ||
+        st->v[idx]->gen != gen || !(gen & 1))
         return NULL;
     return st->v[idx];
 }
@@ -86,7 +87,7 @@ void seq_table_del(struct seq_table *st, struct seq *s)
 {
     uint32_t idx = s->idx;
 
-    s->gen++; /* even: closed; the old handle no longer matches */
+    s->gen = (s->gen + 1) & SEQ_GEN_MASK; /* even: closed; the old handle no longer matches */
     s->n_tokens = s->n_committed = s->n_blocks = 0;
     st->free[st->n_free++] = idx;
     st->n_open--;

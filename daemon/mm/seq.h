@@ -27,7 +27,15 @@ struct seq {
     uint64_t lender, lend_tag;
 };
 
+/* A handle: bits 0-31 the entry's index, 32-55 its generation (wrapping
+ * at 2^24), 56-62 the table's tag (kvmm_config.handle_tag: which model's
+ * memory manager made it), bit 63 clear. */
+#define SEQ_GEN_MASK 0xffffffu
+#define SEQ_TAG_SHIFT 56
+#define SEQ_TAG_MASK (UINT64_C(0x7f) << SEQ_TAG_SHIFT)
+
 struct seq_table {
+    uint64_t tag;   /* already shifted: tag << SEQ_TAG_SHIFT */
     struct seq **v; /* (n) owned entries; pointers stay valid while open */
     uint32_t n;
     uint32_t *free, n_free; /* (n) stack of closed entry indexes */
@@ -45,7 +53,7 @@ struct seq *seq_table_peek(const struct seq_table *st, uint64_t handle);
 void seq_table_del(struct seq_table *st, struct seq *s);
 static inline uint64_t seq_handle(const struct seq_table *st, uint32_t idx)
 {
-    return ((uint64_t)st->v[idx]->gen << 32) | idx;
+    return st->tag | ((uint64_t)st->v[idx]->gen << 32) | idx;
 }
 
 int seq_reserve_blocks(struct seq *s, size_t n);

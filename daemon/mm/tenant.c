@@ -55,6 +55,45 @@ int tenant_add(struct tenant_table *tt, const struct kvmm_tenant_conf *conf, uin
     return 0;
 }
 
+int tenant_add_at(struct tenant_table *tt, const struct kvmm_tenant_conf *conf, uint32_t id)
+{
+    if (id < tt->n) {
+        uint32_t k = 0;
+        if (tt->v[id].conf.name[0])
+            return KVD_EBUSY;
+        while (k < tt->n_free_t && tt->free_t[k] != id)
+            k++;
+        if (k == tt->n_free_t)
+            return KVD_EBUSY;
+        tt->free_t[k] = tt->free_t[--tt->n_free_t];
+    } else {
+        struct tenant *v = realloc(tt->v, sizeof *v * ((size_t)id + 1));
+        if (!v)
+            return KVD_ENOMEM;
+        tt->v = v;
+        if (id > tt->n) { /* the slots between: removed ones */
+            uint32_t need = tt->n_free_t + (id - tt->n);
+            if (need > tt->cap_free_t) {
+                uint32_t *f = realloc(tt->free_t, sizeof *f * need);
+                if (!f)
+                    return KVD_ENOMEM;
+                tt->free_t = f;
+                tt->cap_free_t = need;
+            }
+            for (uint32_t i = tt->n; i < id; i++) {
+                memset(&tt->v[i], 0, sizeof tt->v[i]);
+                tt->v[i].ns = UINT32_MAX;
+                tt->free_t[tt->n_free_t++] = i;
+            }
+        }
+        tt->n = id + 1;
+    }
+    memset(&tt->v[id], 0, sizeof tt->v[id]);
+    tt->v[id].conf = *conf;
+    tt->v[id].ns = UINT32_MAX;
+    return 0;
+}
+
 int tenant_ns_add(struct tenant_table *tt, const char *name, uint32_t *id, bool *reused)
 {
     uint32_t i;

@@ -36,6 +36,10 @@ uint32_t tenant_ns_find(const struct tenant_table *tt, const char *name);
  * when there is one; 0 or KVD_ENOMEM. *reused tells whether the slot was a
  * removed one (NULL: not asked). */
 int tenant_add(struct tenant_table *tt, const struct kvmm_tenant_conf *conf, uint32_t *id);
+/* The same at slot id, which must be free (removed, or past the table:
+ * the slots between become removed ones). 0, KVD_EBUSY (a live tenant
+ * is there) or KVD_ENOMEM. */
+int tenant_add_at(struct tenant_table *tt, const struct kvmm_tenant_conf *conf, uint32_t id);
 int tenant_ns_add(struct tenant_table *tt, const char *name, uint32_t *id, bool *reused);
 /* Empties slot id (its name becomes "") and keeps it for reuse; 0 or
  * KVD_ENOMEM (the slot then stays as it was). */

@@ -386,6 +386,38 @@ out_free:
     return rc;
 }
 
+int model_probe(const char *path, struct model_hparams *hp, struct kvd_error *err)
+{
+    struct gguf *g = NULL;
+    char gerr[KVD_ERROR_MSG_MAX] = "";
+    int rc = gguf_open(path, &g, gerr, sizeof gerr);
+    if (rc)
+        return kvd_error_set(err, rc, "%s", gerr);
+    memset(hp, 0, sizeof *hp);
+    if ((rc = read_hparams(g, hp, err)))
+        goto out;
+    const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    if (!emb || emb->ne[1] == 0 || emb->ne[1] > (1u << 24)) {
+        rc = kvd_error_set(err, KVD_EBADREQ, "model: tensor 'token_embd.weight' is %s",
+                           emb ? "out of range" : "missing");
+        goto out;
+    }
+    hp->n_vocab = (uint32_t)emb->ne[1];
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const struct gguf_tensor *t = &g->tensors[i];
+        hp->weight_bytes += t->nbytes;
+        hp->n_params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    }
+    hp->weight_device_bytes = hp->weight_bytes;
+    hp->wtype = CT_F32;
+    const struct gguf_tensor *wq = gguf_find_tensor(g, "blk.0.attn_q.weight");
+    if (wq)
+        hp->wtype = (enum ctype)wq->type;
+out:
+    gguf_close(g);
+    return rc;
+}
+
 int model_load(const char *path, struct backend *be, struct model **out, struct kvd_error *err)
 {
     return model_load_opts(path, be, NULL, out, err);

@@ -49,6 +49,13 @@ int model_load(const char *path, struct backend *be, struct model **out, struct 
 int model_load_opts(const char *path, struct backend *be, const struct model_opts *opts,
                     struct model **out, struct kvd_error *err);
 void model_free(struct model *m);
+/* The hyperparameters of the GGUF at path from its header alone (the file
+ * is mapped, no tensor data read, nothing uploaded): what the daemon knows
+ * of a model before its first load. n_vocab from token_embd.weight;
+ * weight_bytes and weight_device_bytes: the tensors' bytes in the file (the
+ * backend's copies are known once it has loaded); n_params their elements;
+ * fingerprint zero. Errors as model_load's for the header. */
+int model_probe(const char *path, struct model_hparams *hp, struct kvd_error *err);
 const struct model_hparams *model_hparams(const struct model *m);
 /* The KV geometry this model needs: layers, kv_heads, head_dim from the
  * model; block_tokens and dtype as given. */
@@ -62,43 +69,78 @@ struct fwd_seq {
     uint32_t pos0;          /* position of tokens[0]; positions < pos0 are in the blocks */
     const uint32_t *slots;  /* host [n_slots]: device slots of the blocks covering */
     uint32_t n_slots;       /*   positions [0, pos0 + n_tokens), in order */
+    /* Every row's output, not only the last one's: a speculative
+     * verification (the last accepted token and the draft tokens after
+     * it), whose rows each give the logits/pick of the position after
+     * them. Such a sequence has n_tokens outputs, any other one 1. */
+    bool all_rows;
 };
 
+/* A step's outputs are its "output rows": for each sequence in order,
+ * every row (all_rows) or its last row; n_out of them in all. */
 struct fwd_batch {
     const struct fwd_seq *seqs; /* host [n_seqs] */
     uint32_t n_seqs;
     void *kv_arena;             /* device: slot s at kv_arena + s * kv_block_bytes(geom) */
     const struct kv_geom *geom; /* must match model_kv_geom (layers, kv_heads, head_dim) */
     uint32_t n_arena_slots;     /* slots in the arena, to bound-check the tables; 0 = unchecked */
-    float *logits; /* out, host [n_seqs][n_vocab]: each sequence's last position; may be NULL */
-    /* Sampling on the backend (the sample op): host [n_seqs] rows, or NULL;
-     * tokens: out, host [n_seqs], the picks (0 for a skipped row). At least
+    float *logits;              /* out, host [n_out][n_vocab], one per output row; may be NULL */
+    /* Sampling on the backend (the sample op): host [n_out] rows, or NULL;
+     * tokens: out, host [n_out], the picks (0 for a skipped row). At least
      * one of logits and sample is set. */
     const struct sample_row *sample;
     uint32_t *tokens;
+    /* Batch-invariant rows: the rows of the leading sequences that are
+     * decodes (1 token) or all_rows are each computed exactly as a one-token
+     * decode of that position alone in a step would be (the same matmul and
+     * attention arithmetic and reduction order), whatever else the step
+     * holds, so a speculative verification reproduces plain decoding bit
+     * for bit. The cpu backend's rows never depend on the batch, so this
+     * changes nothing there; on cuda those rows take the GEMV and the
+     * decode attention (compute.h matmul_inv, attn_desc.n_dec). */
+    bool invariant;
 };
 
-/* Scratch buffers on the device sized for max_batch_tokens tokens and
- * max_seqs sequences per step, reused step to step. Owned by the caller;
- * one fwd_ctx is used by one thread at a time. */
+/* Scratch buffers on the device sized for max_batch_tokens tokens,
+ * max_seqs sequences and max_out output rows per step (fwd_ctx_new:
+ * max_out = max_seqs), reused step to step. Owned by the caller; one
+ * fwd_ctx is used by one thread at a time. */
 struct fwd_ctx;
 int fwd_ctx_new(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs,
                 struct fwd_ctx **out);
+int fwd_ctx_new_out(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs, uint32_t max_out,
+                    struct fwd_ctx **out);
 void fwd_ctx_free(struct fwd_ctx *c);
 /* Message of the last model_forward failure on this context. */
 const char *fwd_ctx_errmsg(const struct fwd_ctx *c);
 
 /* Runs one step: writes the K/V of every new token into its block, and the
- * logits of each sequence's last new token into b->logits and/or the token
- * sampled from them into b->tokens. Validates the
+ * logits of each output row (each sequence's last new token, or every one
+ * of an all_rows sequence) into b->logits and/or the token sampled from
+ * them into b->tokens. Validates the
  * batch first (nothing is written on a validation error): KVD_EBADREQ for an
  * out-of-vocab token, n_tokens 0, pos0 + n_tokens > n_ctx, too few or
  * out-of-range slots, a slot repeated within a sequence or a geometry that
- * does not match; KVD_ETOOLARGE for more tokens or sequences than the
- * fwd_ctx was sized for. */
+ * does not match; KVD_ETOOLARGE for more tokens, sequences or output rows
+ * than the fwd_ctx was sized for. */
 int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b);
 /* Kernel launches of the last decode-only step on this model's compute
  * context (compute.h step_launches); 0 on a backend without kernels. */
 uint32_t model_step_launches(const struct model *m);
+
+/* A debugging aid (kvd-trace-cmp compares kvd's intermediates with
+ * llama.cpp's): with a trace set, model_forward shows fn the output of every
+ * op, in order, copied to host memory (v: rows x cols f32, rows = the step's
+ * rows). name is llama.cpp's name of the same tensor ("attn_norm", "Qcur",
+ * "Qcur.bias", "Qcur.rope", "kqv_out", "attn_wo", "ffn_inp", "ffn_norm",
+ * "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_out", "l_out", "result_norm",
+ * "result_output"...), layer is -1 outside the layers. fn returns 1 when it
+ * changed v (the op's output is replaced by it: the next ops start from
+ * those values), 0 to leave it, < 0 to fail the step (KVD_EINTERNAL). Steps
+ * are not captured (step_begin) while a trace is set. With none set (the
+ * default) it costs one test per op. fn NULL removes it; KVD_ENOMEM. */
+typedef int (*fwd_trace_fn)(void *ud, const char *name, int layer, float *v, uint32_t rows,
+                            uint32_t cols);
+int fwd_ctx_set_trace(struct fwd_ctx *c, fwd_trace_fn fn, void *ud);
 
 #endif

@@ -3,6 +3,7 @@
  * once per gap, so the histogram's count is the number of token gaps. */
 #include "acct.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -167,19 +168,105 @@ void acct_hist_get(struct acct *a, enum acct_hist_kind k, struct acct_hist *out)
     pthread_mutex_unlock(&a->mu);
 }
 
+/* The cumulative counters of b added to a. */
+static void sched_add_totals(struct acct_sched *a, const struct acct_sched *b)
+{
+    a->submitted += b->submitted;
+    a->generated += b->generated;
+    a->steps += b->steps;
+    a->prefill_tokens += b->prefill_tokens;
+    a->decode_tokens += b->decode_tokens;
+    a->preempt_swap += b->preempt_swap;
+    a->preempt_recompute += b->preempt_recompute;
+    struct acct_spec *x = &a->spec;
+    const struct acct_spec *y = &b->spec;
+    x->verify_steps += y->verify_steps;
+    x->verifies += y->verifies;
+    x->drafted += y->drafted;
+    x->accepted += y->accepted;
+    x->spec_tokens += y->spec_tokens;
+    x->verify_step_tokens += y->verify_step_tokens;
+    x->verify_ns += y->verify_ns;
+    x->decode_steps += y->decode_steps;
+    x->decode_tokens += y->decode_tokens;
+    x->decode_ns += y->decode_ns;
+}
+
 void acct_sched_get(struct acct *a, struct acct_sched *out)
 {
+    memset(out, 0, sizeof(*out));
     pthread_mutex_lock(&a->mu);
-    *out = a->sched;
+    out->have_executor = a->serving;
+    /* speculation: the daemon's default kind and batch limit, whether a
+     * loaded model has a draft, every executor's counters summed */
+    snprintf(out->spec.mode, sizeof out->spec.mode, "%s", a->spec_mode);
+    out->spec.max_batch = a->spec_max_batch;
+    for (uint32_t i = 0; i < ACCT_SCHED_SLOTS; i++) {
+        const struct acct_sched *s = &a->slot[i];
+        sched_add_totals(out, &a->slot_retired[i]);
+        sched_add_totals(out, s);
+        out->waiting += s->waiting;
+        out->running += s->running;
+        out->swapped += s->swapped;
+        out->live += s->live;
+        out->have_executor |= s->have_executor;
+        out->spec.draft_model |= s->spec.draft_model;
+        /* not sums: the first executor's model that reports its layers */
+        if (!out->layers && s->layers) {
+            out->step_launches = s->step_launches;
+            out->layers = s->layers;
+        }
+        if (!a->serving && s->have_executor && !out->spec.mode[0]) {
+            memcpy(out->spec.mode, s->spec.mode, sizeof out->spec.mode);
+            out->spec.max_batch = s->spec.max_batch;
+        }
+    }
+    pthread_mutex_unlock(&a->mu);
+}
+
+void acct_sched_get_slot(struct acct *a, uint32_t slot, struct acct_sched *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (slot >= ACCT_SCHED_SLOTS)
+        return;
+    pthread_mutex_lock(&a->mu);
+    *out = a->slot[slot];
+    sched_add_totals(out, &a->slot_retired[slot]);
     pthread_mutex_unlock(&a->mu);
 }
 
 void acct_sched_set(struct acct *a, const struct acct_sched *s)
 {
+    acct_sched_set_slot(a, 0, s);
+}
+
+void acct_sched_set_slot(struct acct *a, uint32_t slot, const struct acct_sched *s)
+{
+    if (!a || slot >= ACCT_SCHED_SLOTS)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->slot[slot] = *s;
+    a->slot[slot].have_executor = true;
+    pthread_mutex_unlock(&a->mu);
+}
+
+void acct_sched_retire(struct acct *a, uint32_t slot)
+{
+    if (!a || slot >= ACCT_SCHED_SLOTS)
+        return;
+    pthread_mutex_lock(&a->mu);
+    sched_add_totals(&a->slot_retired[slot], &a->slot[slot]);
+    memset(&a->slot[slot], 0, sizeof(a->slot[slot]));
+    pthread_mutex_unlock(&a->mu);
+}
+
+void acct_sched_serving(struct acct *a, const char *spec_mode, uint32_t spec_max_batch)
+{
     if (!a)
         return;
     pthread_mutex_lock(&a->mu);
-    a->sched = *s;
-    a->sched.have_executor = true;
+    a->serving = true;
+    snprintf(a->spec_mode, sizeof a->spec_mode, "%s", spec_mode ? spec_mode : "off");
+    a->spec_max_batch = spec_max_batch;
     pthread_mutex_unlock(&a->mu);
 }

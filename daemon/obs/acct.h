@@ -48,6 +48,21 @@ struct acct_req {
     uint64_t t_arrive, t_sched, t_first, t_done;
 };
 
+/* Speculative decoding, as the executor counts it (exec.h exec_spec_stats). */
+struct acct_spec {
+    char mode[8];          /* the default: "off", "ngram", "draft" (the daemon's; a slot's: its
+                            * model's) */
+    bool draft_model;      /* a draft model is loaded (a slot's: its model has one) */
+    uint32_t max_batch;    /* speculation runs while at most this many requests run */
+    uint64_t verify_steps; /* steps that verified drafts */
+    uint64_t verifies;     /* verifications (one request's drafts in one step) */
+    uint64_t drafted;      /* draft tokens verified */
+    uint64_t accepted;     /* of them, kept */
+    uint64_t spec_tokens;  /* tokens the verifications produced */
+    uint64_t verify_step_tokens, verify_ns; /* tokens and forward time of the verifying steps */
+    uint64_t decode_steps, decode_tokens, decode_ns; /* plain decode-only steps */
+};
+
 /* The executor's queues and step counters, as of its last step. */
 struct acct_sched {
     uint32_t waiting, running, swapped; /* requests in each queue */
@@ -55,10 +70,14 @@ struct acct_sched {
     uint64_t submitted, generated;      /* requests taken, tokens sampled */
     uint64_t steps, prefill_tokens, decode_tokens;
     uint64_t preempt_swap, preempt_recompute;
+    struct acct_spec spec;
     uint32_t step_launches; /* kernel launches of the last decode step (0: none, or cpu) */
     uint32_t layers;        /* the model's layers (step_launches / layers: per layer) */
     bool have_executor;     /* false in store mode: everything above is 0 */
 };
+
+/* Executors reporting at once (one per model: OPTIONS_MAX_MODELS). */
+#define ACCT_SCHED_SLOTS 16
 
 /* Thread-safe: one mutex, held for a few counter updates. */
 struct acct {
@@ -67,7 +86,14 @@ struct acct {
     uint32_t n_t;
     struct acct_tenant retired; /* summed counters of removed tenants (acct_total) */
     struct acct_hist hist[ACCT_N_HISTS];
-    struct acct_sched sched;
+    /* One executor per loaded model, each in its slot (the model's index);
+     * slot_retired: the counters of executors that stopped (a model unloaded),
+     * so the sums never go back. */
+    struct acct_sched slot[ACCT_SCHED_SLOTS];
+    struct acct_sched slot_retired[ACCT_SCHED_SLOTS];
+    bool serving;            /* acct_sched_serving */
+    char spec_mode[8];       /* the daemon's --speculative (acct_sched_serving) */
+    uint32_t spec_max_batch; /* --spec-max-batch */
 };
 
 void acct_init(struct acct *a);
@@ -84,10 +110,23 @@ void acct_total(struct acct *a, struct acct_tenant *out);
 void acct_tenant_retire(struct acct *a, uint32_t tenant);
 void acct_hist_get(struct acct *a, enum acct_hist_kind k, struct acct_hist *out);
 
+/* Every executor's counters together: queues of the running ones,
+ * cumulative counters of all that ever ran. */
 void acct_sched_get(struct acct *a, struct acct_sched *out);
+/* One slot's (a model's executor; its cumulative counters include the
+ * executors it had before). */
+void acct_sched_get_slot(struct acct *a, uint32_t slot, struct acct_sched *out);
 
-/* The executor's counters after each step (a NULL acct is a no-op). The
- * executor fills `s` from its scheduler (exec.c); have_executor is set. */
+/* An executor's counters after each step (a NULL acct is a no-op). The
+ * executor fills `s` from its scheduler (exec.c); have_executor is set.
+ * acct_sched_set is slot 0's. */
 void acct_sched_set(struct acct *a, const struct acct_sched *s);
+void acct_sched_set_slot(struct acct *a, uint32_t slot, const struct acct_sched *s);
+/* The slot's executor stopped: its cumulative counters stay counted, its
+ * queues go to zero. */
+void acct_sched_retire(struct acct *a, uint32_t slot);
+/* The daemon serves models (have_executor even while none is loaded), its
+ * speculation default ("off", "ngram", "draft") and batch limit. */
+void acct_sched_serving(struct acct *a, const char *spec_mode, uint32_t spec_max_batch);
 
 #endif

@@ -326,6 +326,21 @@ void roofline_record_fwd(struct roofline *rl, const struct fwd_seq *seqs, uint32
     record_sums(rl, &b, ns);
 }
 
+void roofline_record_fwd_shape(struct roofline *rl, const struct roofline_shape *shape,
+                               const struct fwd_seq *seqs, uint32_t n, uint64_t ns)
+{
+    if (!rl || n == 0)
+        return;
+    struct batch_sums b = {0};
+    for (uint32_t i = 0; i < n; i++)
+        sums_add(&b, seqs[i].n_tokens, seqs[i].pos0);
+    struct roofline_cost c;
+    cost_of(shape, &b, &c);
+    pthread_mutex_lock(&rl->mu);
+    record_locked(rl, &c, ns);
+    pthread_mutex_unlock(&rl->mu);
+}
+
 void roofline_summary(struct roofline *rl, enum roofline_phase p, struct roofline_summary *out)
 {
     memset(out, 0, sizeof(*out));

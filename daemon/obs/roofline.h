@@ -125,6 +125,10 @@ void roofline_record(struct roofline *rl, const struct roofline_seq *seqs, uint3
 /* The same from the executor's own batch description (model.h). */
 struct fwd_seq;
 void roofline_record_fwd(struct roofline *rl, const struct fwd_seq *seqs, uint32_t n, uint64_t ns);
+/* The same with the step's own model shape (several models share one
+ * window: each step is costed by its model). */
+void roofline_record_fwd_shape(struct roofline *rl, const struct roofline_shape *shape,
+                               const struct fwd_seq *seqs, uint32_t n, uint64_t ns);
 /* Records an already-costed step (tests). */
 void roofline_record_cost(struct roofline *rl, const struct roofline_cost *c, uint64_t ns);
 void roofline_summary(struct roofline *rl, enum roofline_phase p, struct roofline_summary *out);

@@ -65,6 +65,7 @@ struct load_ctx {
      * back (a tenant name is never cut). */
     char **sections; /* (n_sections) owned strings */
     size_t n_sections;
+    struct options *scratch; /* reload: where [model:NAME] keys are checked (owned) */
 };
 
 static int parse_u32v(const char *v, uint32_t *out, bool allow_unlimited)
@@ -406,6 +407,25 @@ static int ini_cb(void *user, const char *section, const char *name_in, const ch
                  q == 0 ? "unknown key" : "bad value");
         return 0;
     }
+    if (!strncmp(section, "model:", 6)) {
+        /* On reload the models are validated, then ignored like [server]:
+         * a model cannot change under the requests it serves. */
+        struct kvd_error e;
+        struct options *o = L->opts;
+        if (!o) {
+            if (!L->scratch && !(L->scratch = malloc(sizeof(*L->scratch)))) {
+                snprintf(L->err, sizeof(L->err), "out of memory");
+                return 0;
+            }
+            options_defaults(L->scratch);
+            o = L->scratch;
+        }
+        if (options_model_set(o, section + 6, name, v, &e)) {
+            snprintf(L->err, sizeof(L->err), "%s", e.message);
+            return 0;
+        }
+        return 1;
+    }
     if (!strcmp(section, "http")) {
         if (!strcmp(name, "token"))
             return http_token_add(L, v);
@@ -429,6 +449,8 @@ static int ini_cb(void *user, const char *section, const char *name_in, const ch
 
 static void sections_free(struct load_ctx *L)
 {
+    free(L->scratch);
+    L->scratch = NULL;
     for (size_t i = 0; i < L->n_sections; i++)
         free(L->sections[i]);
     free(L->sections);

@@ -297,7 +297,7 @@ static int pend_grow(struct conn *c)
     return 0;
 }
 
-int conn_pending_add(struct conn *c, uint64_t id, uint32_t tenant)
+int conn_pending_add(struct conn *c, uint64_t id, uint32_t tenant, uint32_t units)
 {
     if (2 * (c->n_pend_ids + 1) > c->cap_pending && pend_grow(c) != 0)
         return KVD_ENOMEM;
@@ -305,11 +305,13 @@ int conn_pending_add(struct conn *c, uint64_t id, uint32_t tenant)
     if (!c->pending[i].count) {
         c->pending[i].id = id;
         c->pending[i].tenant = tenant;
+        c->pending[i].units = 0; /* an emptied slot keeps what was moved out of it */
         c->n_pend_ids++;
     }
     c->pending[i].count++;
+    c->pending[i].units += units;
     c->n_pending++;
-    c->env->cbs->pending(c->env->ctx, c, tenant, 1);
+    c->env->cbs->pending(c->env->ctx, c, tenant, 1, (long)units);
     return 0;
 }
 
@@ -321,7 +323,11 @@ bool conn_pending_remove(struct conn *c, uint64_t req_id)
     if (!c->pending[i].count)
         return false;
     c->n_pending--;
-    c->env->cbs->pending(c->env->ctx, c, c->pending[i].tenant, -1);
+    /* requests of one id share its units: each takes its share, the last
+     * what is left */
+    uint32_t u = c->pending[i].units / c->pending[i].count;
+    c->pending[i].units -= u;
+    c->env->cbs->pending(c->env->ctx, c, c->pending[i].tenant, -1, -(long)u);
     if (--c->pending[i].count)
         return true;
     /* Backward-shift deletion keeps every probe run unbroken. */
@@ -465,6 +471,68 @@ static bool process_contiguous(struct conn *c, struct evbuffer *in, struct evbuf
     return keep;
 }
 
+/* Bytes that left the input buffer for c->big still count as buffered. */
+static void big_frame_account(struct conn *c, size_t added, size_t deleted)
+{
+    c->buffered += added;
+    c->buffered -= deleted;
+    c->env->cbs->buffered(c->env->ctx, c, added, deleted);
+}
+
+static void big_frame_free(struct conn *c)
+{
+    if (c->big)
+        big_frame_account(c, 0, c->big_have);
+    free(c->big);
+    c->big = NULL;
+    c->big_len = c->big_have = 0;
+}
+
+/* Moves what has arrived of the pending big frame out of the input buffer
+ * (at most one read's worth per call: the callback that read it) and
+ * dispatches the frame once whole. Returns false when the connection must
+ * close; *done when the frame was dispatched. */
+static bool big_frame_fill(struct conn *c, struct evbuffer *in, bool *done)
+{
+    size_t want = c->big_len - c->big_have, avail = evbuffer_get_length(in);
+    size_t n = avail < want ? avail : want;
+    *done = false;
+    if (n) {
+        /* Accounted before the removal reports it deleted, so the server's
+         * total never dips below what is held. */
+        big_frame_account(c, n, 0);
+        if (evbuffer_remove(in, c->big + c->big_have, n) != (int)n) {
+            conn_send_error(c, 0, KVD_EINTERNAL, "cannot receive a frame");
+            return false;
+        }
+        c->big_have += n;
+    }
+    if (c->big_have < c->big_len)
+        return true;
+    bool keep = c->env->cbs->dispatch(c->env->ctx, c, c->big, c->big_len);
+    big_frame_free(c);
+    *done = true;
+    return keep;
+}
+
+/* A frame whose payload of n bytes is more than one read: takes its header
+ * off the input and gives it a buffer of its own (not touched until bytes
+ * arrive). Waiting until it is whole and pulling it up would copy and
+ * fault in up to max-frame bytes in one callback, a stall every other
+ * client of the loop sees. */
+static bool big_frame_start(struct conn *c, struct evbuffer *in, size_t n)
+{
+    c->big = malloc(n);
+    if (!c->big) {
+        conn_send_error(c, 0, KVD_ENOMEM, "out of memory receiving a frame");
+        return false;
+    }
+    c->big_len = n;
+    c->big_have = 0;
+    evbuffer_drain(in, KVD_FRAME_HEADER_BYTES);
+    return true;
+}
+
 static void process_input(struct conn *c)
 {
     struct conn_env *env = c->env;
@@ -472,6 +540,17 @@ static void process_input(struct conn *c)
     struct evbuffer *out = bufferevent_get_output(c->bev);
 
     while (!c->closing && !c->paused) {
+        if (c->big) {
+            bool done;
+            if (!big_frame_fill(c, in, &done)) {
+                conn_close_after_flush(c);
+                return;
+            }
+            if (!done)
+                return;
+            after_request(c, out);
+            continue;
+        }
         size_t used;
         if (!process_contiguous(c, in, out, &used)) {
             conn_close_after_flush(c);
@@ -488,6 +567,13 @@ static void process_input(struct conn *c)
         evbuffer_copyout(in, hdr, sizeof(hdr));
         switch (proto_frame_peek(hdr, avail, env->max_frame, &n)) {
         case PROTO_FRAME_NEED_MORE:
+            if (n > CONN_READ_MAX) {
+                if (!big_frame_start(c, in, n)) {
+                    conn_close_after_flush(c);
+                    return;
+                }
+                continue;
+            }
             return;
         case PROTO_FRAME_EMPTY:
             conn_send_error(c, 0, KVD_EBADREQ, "zero-length frame");
@@ -564,6 +650,9 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
         if (!c->closing) {
             conn_process(c); /* whole frames that arrived with the EOF */
             size_t left = evbuffer_get_length(bufferevent_get_input(bev));
+            if (c->big) /* what came of a big frame: header and payload */
+                left += KVD_FRAME_HEADER_BYTES + c->big_have;
+            big_frame_free(c);
             if (!c->closing && left > 0) {
                 /* The peer may have shut down only its write side and still
                  * read: tell it why its last request got no answer. */
@@ -604,6 +693,7 @@ void conn_free(struct conn *c)
     for (size_t i = 0; i < c->n_reply_fds; i++)
         close(c->reply_fds[i]);
     free(c->reply_fds);
+    free(c->big); /* its bytes went with c->buffered above */
     bufferevent_free(c->bev);
     free(c->pending);
     free(c);

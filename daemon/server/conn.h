@@ -28,9 +28,9 @@ struct conn_cbs {
      * must close (the message could not be parsed). */
     bool (*dispatch)(void *ctx, struct conn *c, const uint8_t *p, size_t len);
     /* c's requests in flight of `tenant` (the connection's own, or the
-     * sub-tenant a trusted front end named) changed by delta
-     * (conn_pending_add/remove). */
-    void (*pending)(void *ctx, struct conn *c, uint32_t tenant, long delta);
+     * sub-tenant a trusted front end named) changed by delta, which count
+     * `units` against the tenant (conn_pending_add/remove). */
+    void (*pending)(void *ctx, struct conn *c, uint32_t tenant, long delta, long units);
     /* The bytes in c's input and output buffers changed. */
     void (*buffered)(void *ctx, struct conn *c, size_t added, size_t deleted);
     /* c is being freed, however it ended (still whole: its id, identity
@@ -58,6 +58,7 @@ struct conn_pend {
     uint64_t id;
     uint32_t tenant; /* the tenant its requests count against */
     uint32_t count;  /* 0: empty slot */
+    uint32_t units;  /* what they count against the tenant (a generate's choices) */
 };
 
 /* One client connection, from conn_new until conn_free. Owns its
@@ -100,6 +101,13 @@ struct conn {
     struct event *fd_ev; /* write readiness while the socket is full */
     int *reply_fds;      /* (n_reply_fds) given by the running handler */
     size_t n_reply_fds;
+
+    /* A frame larger than one read, received into its own buffer as its
+     * bytes arrive (conn.c big_frame_*), so no single callback copies or
+     * faults in the whole of it. Its bytes count in `buffered`. */
+    uint8_t *big;    /* (big_len) owned; NULL when no such frame is pending */
+    size_t big_len;  /* the frame's payload bytes (from its header) */
+    size_t big_have; /* payload bytes received so far */
 };
 
 /* A connection with this id on socket fd (taken over: closed on failure
@@ -129,7 +137,7 @@ void conn_close_after_flush(struct conn *c);
 void conn_process(struct conn *c);
 /* Request req_id is in flight / answered (FINAL); remove: false when it was
  * not in flight. */
-int conn_pending_add(struct conn *c, uint64_t req_id, uint32_t tenant);
+int conn_pending_add(struct conn *c, uint64_t req_id, uint32_t tenant, uint32_t units);
 bool conn_pending_remove(struct conn *c, uint64_t req_id);
 /* Some id in flight on c (false when none). */
 bool conn_pending_any(const struct conn *c, uint64_t *req_id);

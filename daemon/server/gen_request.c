@@ -22,6 +22,7 @@ void gen_args_init(struct gen_args *a)
     a->repeat_penalty = 1.0;
     a->repeat_last_n = GEN_DEFAULT_REPEAT_LAST_N;
     a->session_ttl_s = KVMM_SESSION_TTL_DEFAULT;
+    a->n = 1;
 }
 
 static uint64_t random_seed(void)
@@ -44,9 +45,10 @@ __attribute__((format(printf, 4, 5))) static int bad(struct kvd_error *e, int co
     return code;
 }
 
-/* Sampling, stopping and scheduling arguments into r. */
-static int set_args(const struct text *tx, const struct model_hparams *hp, const struct gen_args *a,
-                    struct sched_req *r, struct kvd_error *e)
+/* Sampling, stopping and scheduling arguments into r; seed: its stream's. */
+static int set_args(const struct exec *ex, const struct text *tx, const struct model_hparams *hp,
+                    const struct gen_args *a, uint64_t seed, struct sched_req *r,
+                    struct kvd_error *e)
 {
     uint64_t u = a->max_tokens;
     if (!a->has_max_tokens)
@@ -108,7 +110,7 @@ static int set_args(const struct text *tx, const struct model_hparams *hp, const
         .temperature = (float)a->temperature,
         .top_k = (uint32_t)a->top_k,
         .top_p = (float)a->top_p,
-        .seed = a->has_seed ? a->seed : random_seed(),
+        .seed = seed,
         .min_p = (float)a->min_p,
         .typical_p = (float)a->typical_p,
         .repeat_penalty = (float)a->repeat_penalty,
@@ -147,19 +149,6 @@ static int set_args(const struct text *tx, const struct model_hparams *hp, const
                    "'%s' must be in [0, %d]",
                    a->top_logprobs_param ? a->top_logprobs_param : "logprobs",
                    SAMPLER_MAX_TOP_LOGPROBS);
-    if (a->grammar) {
-        const struct grammar_vocab *gv = text_grammar_vocab(tx);
-        if (!gv)
-            return bad(e, KVD_EUNSUPPORTED, "grammar", "grammars need the model's tokenizer: %s",
-                       text_no_tokenizer(tx));
-        /* Compiled here, on the caller's thread: linear in the text, which
-         * is bounded (GRAMMAR_MAX_TEXT). */
-        int rc = grammar_compile(a->grammar, a->grammar_len, &r->grammar, e);
-        if (!rc)
-            rc = grammar_matcher_new(r->grammar, gv, &r->gm, e);
-        if (rc)
-            return rc;
-    }
     r->lp_on = a->logprobs;
     r->lp_top = a->logprobs ? (uint32_t)a->top_logprobs : 0;
     r->ignore_eos = a->ignore_eos;
@@ -168,6 +157,96 @@ static int set_args(const struct text *tx, const struct model_hparams *hp, const
         return bad(e, KVD_EBADREQ, "priority", "'priority' must be in [%d, %d]", -GEN_MAX_PRIORITY,
                    GEN_MAX_PRIORITY);
     r->priority = (int32_t)a->priority;
+    r->spec_kind = SPEC_DEFAULT;
+    if (a->speculative) {
+        char k[16];
+        size_t n = a->speculative_len < sizeof k - 1 ? a->speculative_len : sizeof k - 1;
+        memcpy(k, a->speculative, n);
+        k[n] = '\0';
+        if (n != a->speculative_len || memchr(k, '\0', n) || spec_kind_parse(k, &r->spec_kind))
+            return bad(e, KVD_EBADREQ, "speculative",
+                       "'speculative' must be \"ngram\", \"draft\" or \"off\"");
+        if (r->spec_kind == SPEC_DRAFT && !exec_has_draft(ex))
+            return bad(e, KVD_EUNSUPPORTED, "speculative",
+                       "'speculative': \"draft\" needs a draft model, and this model has "
+                       "none (--draft-model, or [model:NAME] draft = OTHER)");
+    }
+    return 0;
+}
+
+/* What the completion follows: the grammar the decoder compiled (*g, taken
+ * over), or a source compiled off the loop (r->constraint, prep.h). */
+static int set_constraint(const struct text *tx, const struct gen_args *a, struct grammar **g,
+                          struct sched_req *r, struct kvd_error *e)
+{
+    const char *sp = a->json_schema_param ? a->json_schema_param : "json_schema";
+    int n = (a->grammar != NULL) + (a->json_schema != NULL || a->json_schema_text != NULL) +
+            a->json_object;
+    if (n > 1)
+        return bad(e, KVD_EBADREQ, a->grammar ? "grammar" : sp,
+                   "give one of 'grammar' and '%s', not both", sp);
+    if (!n && !*g)
+        return 0;
+    const char *param = a->grammar ? "grammar" : sp;
+    if (!text_grammar_vocab(tx))
+        return bad(e, KVD_EUNSUPPORTED, param, "grammars need the model's tokenizer: %s",
+                   text_no_tokenizer(tx));
+    if (*g) {
+        struct grammar *own = *g;
+        *g = NULL;
+        return sched_req_set_grammar(tx, r, own, e);
+    }
+    json_t *schema = NULL;
+    if (a->json_schema && !(schema = json_deep_copy(a->json_schema)))
+        return kvd_error_set(e, KVD_ENOMEM, "out of memory");
+    enum sched_constraint_kind kind = a->grammar       ? SCHED_GBNF
+                                      : a->json_object ? SCHED_JSON_OBJECT
+                                      : a->json_schema ? SCHED_SCHEMA
+                                                       : SCHED_SCHEMA_TEXT;
+    const char *text = a->grammar ? a->grammar : a->json_schema_text;
+    size_t len = a->grammar ? a->grammar_len : a->json_schema_len;
+    if (kind == SCHED_GBNF && len > GRAMMAR_MAX_TEXT)
+        return bad(e, KVD_ETOOLARGE, "grammar", "grammar: %zu bytes, kvd compiles at most %u", len,
+                   GRAMMAR_MAX_TEXT);
+    if (!(r->constraint = sched_constraint_new(kind, param, text, len, schema)))
+        return kvd_error_set(e, KVD_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* Choices 1..n-1 of leader r (n > 1), each with seed + i. */
+static int add_choices(struct exec *ex, const struct text *tx, const struct model_hparams *hp,
+                       const struct gen_args *a, uint64_t seed, struct sched_req *r,
+                       struct kvd_error *e)
+{
+    if (a->n < 1 || a->n > GEN_MAX_CHOICES)
+        return bad(e, KVD_EBADREQ, "n", "'n' must be in [1, %d]", GEN_MAX_CHOICES);
+    if (a->n == 1)
+        return 0;
+    if (a->has_seq || a->has_session)
+        return bad(e, KVD_EUNSUPPORTED, "n", "'n' > 1 with '%s' is not supported",
+                   a->has_seq ? "seq" : "session");
+    struct sched_group *g = sched_group_new(r, (uint32_t)a->n);
+    if (!g)
+        return kvd_error_set(e, KVD_ENOMEM, "out of memory");
+    for (uint32_t i = 1; i < g->n; i++) {
+        struct sched_req *f = calloc(1, sizeof(*f));
+        if (!f)
+            return kvd_error_set(e, KVD_ENOMEM, "out of memory");
+        g->reqs[i] = f;
+        f->group = g;
+        f->choice = i;
+        f->conn = r->conn;
+        f->id = r->id;
+        f->tenant = r->tenant;
+        f->ns = r->ns;
+        f->sink = r->sink;
+        f->n_ctx = r->n_ctx;
+        f->t_arrive = r->t_arrive;
+        int rc = set_args(ex, tx, hp, a, seed + i, f, e);
+        if (rc)
+            return rc;
+        f->serial = exec_next_serial(ex);
+    }
     return 0;
 }
 
@@ -264,9 +343,9 @@ static int session_prompt(struct kvmm *mm, struct sched_req *r, const struct gen
     return rc;
 }
 
-int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a,
-                      const struct gen_caller *c, const struct gen_limits *lim,
-                      struct sched_req **out, struct kvd_error *e)
+static int build(struct exec *ex, struct kvmm *mm, const struct gen_args *a,
+                 const struct gen_caller *c, const struct gen_limits *lim, struct grammar **g,
+                 struct sched_req **out, struct kvd_error *e)
 {
     const struct model_hparams *hp = exec_hparams(ex);
     const struct text *tx = exec_text(ex);
@@ -277,6 +356,7 @@ int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a
     struct sched_req *r = calloc(1, sizeof(*r));
     if (!r)
         return kvd_error_set(e, KVD_ENOMEM, "out of memory");
+    uint64_t seed = a->has_seed ? a->seed : random_seed();
     r->conn = c->conn;
     r->id = c->id;
     r->tenant = c->tenant;
@@ -284,8 +364,12 @@ int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a
     r->sink = c->sink;
     r->n_ctx = hp->n_ctx;
     r->t_arrive = sched_now_ns();
-    if ((rc = set_args(tx, hp, a, r, e))) {
-        sched_req_free(r);
+    if ((rc = set_args(ex, tx, hp, a, seed, r, e)) ||
+        (rc = add_choices(ex, tx, hp, a, seed, r, e)) || (rc = set_constraint(tx, a, g, r, e))) {
+        if (r->group)
+            sched_group_free(r->group);
+        else
+            sched_req_free(r);
         return rc;
     }
     r->serial = exec_next_serial(ex);
@@ -328,6 +412,16 @@ int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a
     return 0;
 }
 
+int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a,
+                      const struct gen_caller *c, const struct gen_limits *lim,
+                      struct sched_req **out, struct kvd_error *e)
+{
+    struct grammar *g = a->compiled;
+    int rc = build(ex, mm, a, c, lim, &g, out, e);
+    grammar_free(g); /* when the build did not take it */
+    return rc;
+}
+
 void gen_request_discard(struct kvmm *mm, struct sched_req *r)
 {
     if (r->have_seq) {
@@ -338,5 +432,8 @@ void gen_request_discard(struct kvmm *mm, struct sched_req *r)
             kvmm_seq_close(mm, sched_req_owner(r), r->seq);
         kvmm_unlock(mm);
     }
-    sched_req_free(r);
+    if (r->group)
+        sched_group_free(r->group);
+    else
+        sched_req_free(r);
 }

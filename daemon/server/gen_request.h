@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "exec.h"
 #include "kvd/status.h"
 
@@ -25,6 +27,8 @@
 #define GEN_MAX_PENALTY 100.0
 /* llama.cpp's default window of the penalties */
 #define GEN_DEFAULT_REPEAT_LAST_N 64
+/* the most choices one request may ask (n; OpenAI's bound) */
+#define GEN_MAX_CHOICES 128
 
 enum gen_prompt_kind {
     GEN_PROMPT_NONE,     /* seq mode only: generate after the sequence's tokens */
@@ -70,10 +74,29 @@ struct gen_args {
     uint64_t top_logprobs;
     const char *top_logprobs_param;
 
-    /* a GBNF grammar (grammar.h, docs/grammar.md) the completion must
-     * follow; NULL: none */
+    /* What the completion must follow (docs/grammar.md), at most one of:
+     * a GBNF grammar (grammar.h); a JSON Schema (json_schema.h), parsed
+     * (json_schema: copied by the build) or as JSON text
+     * (json_schema_text); any JSON object (json_object). json_schema_param
+     * names the schema on the wire (NULL: "json_schema"). They are
+     * compiled off the loop, on the text workers. */
     const char *grammar;
     size_t grammar_len;
+    const json_t *json_schema;
+    const char *json_schema_text;
+    size_t json_schema_len;
+    const char *json_schema_param;
+    bool json_object;
+    /* Or the grammar already compiled off the loop by the decoder (the
+     * HTTP API, on its text worker): gen_request_build takes it over
+     * whatever it returns. */
+    struct grammar *compiled;
+
+    /* n: choices of the same prompt (1 to GEN_MAX_CHOICES): choice i
+     * samples with seed + i (the request's seed, or a random one), on a
+     * copy-on-write fork of the prompt's sequence (not with seq or
+     * session) */
+    uint64_t n;
 
     /* stopping */
     uint32_t stop_ids[SCHED_MAX_STOP];
@@ -86,6 +109,10 @@ struct gen_args {
     /* delivery and scheduling */
     bool stream;
     int64_t priority;
+    /* speculative decoding: "ngram", "draft" or "off" as sent (NULL:
+     * absent, the daemon's choice) */
+    const char *speculative;
+    size_t speculative_len;
 
     /* seq mode (msgpack connections): the connection's sequence */
     bool has_seq;
@@ -127,7 +154,7 @@ int gen_request_build(struct exec *ex, struct kvmm *mm, const struct gen_args *a
                       const struct gen_caller *c, const struct gen_limits *lim,
                       struct sched_req **out, struct kvd_error *e);
 /* Undoes a build that was not submitted: gives a lent sequence back and
- * frees r (kvmm lock taken inside). */
+ * frees r and its other choices (kvmm lock taken inside). */
 void gen_request_discard(struct kvmm *mm, struct sched_req *r);
 
 #endif

@@ -14,6 +14,7 @@
  * the socket (watch_close), or by evhttp when a write fails (its close
  * callback). */
 #include "http.h"
+#include "models.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -61,6 +62,7 @@ struct http_req {
     struct event *ev_close; /* watch_close's read event; NULL when not watching */
     uint64_t client;
     uint32_t tenant, ns;
+    char tenant_name[KVD_MAX_NAME + 1];
     enum openai_kind kind;
     /* The body, parsed on a text worker (the JSON of an 8 MiB body is
      * ~150 ms of work): while `parsing`, a worker owns body, oq and perr,
@@ -72,11 +74,18 @@ struct http_req {
     int parse_rc;
     struct kvd_error perr;
     bool stream, include_usage;
-    bool overflow;               /* the client stopped reading: its generate was ended */
-    bool role_sent;              /* chat stream: the first chunk (with the role) went out */
-    size_t text_sent, toks_sent; /* streamed so far */
-    size_t lp_offset;            /* completions' text_offset: piece bytes of the streamed tokens */
-    size_t counted;              /* its unread output as counted against max-buffered */
+    struct models_entry *model; /* the model it runs on (resolved once parsed) */
+    bool waiting;               /* for its model to load (models_wait) */
+    bool overflow;              /* the client stopped reading: its generate was ended */
+    /* each choice's stream so far (n_choices: the request's n) */
+    struct http_choice {
+        bool role_sent;              /* chat stream: the first chunk (with the role) went out */
+        size_t text_sent, toks_sent; /* streamed so far */
+        size_t lp_offset; /* completions' text_offset: piece bytes of the streamed tokens */
+    } * cs;
+    uint32_t n_choices;
+    uint32_t units; /* what it counts against its tenant's in-flight limit (its choices) */
+    size_t counted; /* its unread output as counted against max-buffered */
     uint64_t created;
     char id[48];
 };
@@ -85,9 +94,8 @@ struct http_api {
     struct server *srv;
     struct kvmm *mm;
     struct gen_clients *gc; /* NULL in store mode */
+    struct models *ms;      /* NULL in store mode */
     struct workpool *pool;  /* the text workers: bodies are parsed there (NULL: here) */
-    uint32_t n_ctx;
-    char model[128];
     uint64_t created;
     struct http_listener unix_l, tcp_l;
     struct http_req *live; /* requests in flight */
@@ -223,7 +231,7 @@ static void hreq_unlink(struct http_req *r)
         a->live = r->next;
     if (r->next)
         r->next->prev = r->prev;
-    server_tenant_pending(a->srv, r->tenant, -1);
+    server_tenant_pending(a->srv, r->tenant, -(long)r->units);
 }
 
 /* Ends r's bookkeeping once its reply is sent or its connection is gone.
@@ -231,6 +239,10 @@ static void hreq_unlink(struct http_req *r)
  * completion (parsed_cb) frees it. */
 static void hreq_free(struct http_req *r)
 {
+    if (r->waiting) { /* for its model: the wait goes (model_ready sees MODELS_GONE) */
+        r->waiting = false;
+        models_cancel_owner(r->api->ms, r->client);
+    }
     if (r->ev_close) {
         event_free(r->ev_close);
         r->ev_close = NULL;
@@ -248,6 +260,7 @@ static void hreq_free(struct http_req *r)
         openai_req_free(&r->oq);
     if (r->body)
         evbuffer_free(r->body);
+    free(r->cs);
     free(r);
 }
 
@@ -367,9 +380,9 @@ static void check_unread(struct http_req *r)
     }
 }
 
-static const struct tokenizer *api_tokenizer(const struct http_api *a)
+static const struct tokenizer *req_tokenizer(const struct http_req *r)
 {
-    return a->gc ? text_tokenizer(ops_generate_client_text(a->gc)) : NULL;
+    return r->model ? text_tokenizer(models_text(r->model)) : NULL;
 }
 
 /* The bytes of the tokens' pieces (what a completion's text_offset counts). */
@@ -382,16 +395,17 @@ static size_t pieces_len(const struct tokenizer *tok, const uint32_t *toks, size
     return len;
 }
 
-static void on_tokens(void *ud, const uint32_t *toks, size_t n, const char *text, size_t text_len,
-                      const struct sampler_logprob *lp, uint32_t lp_top)
+static void on_tokens(void *ud, uint32_t choice, const uint32_t *toks, size_t n, const char *text,
+                      size_t text_len, const struct sampler_logprob *lp, uint32_t lp_top)
 {
     struct http_req *r = ud;
-    if (!r->req || r->overflow || !r->stream)
+    if (!r->req || r->overflow || !r->stream || choice >= r->n_choices)
         return;
+    struct http_choice *cs = &r->cs[choice];
     struct openai_out o = {
         .kind = r->kind,
         .id = r->id,
-        .model = r->api->model,
+        .model = models_name(r->model),
         .created = r->created,
         .text = text,
         .text_len = text_len,
@@ -399,9 +413,10 @@ static void on_tokens(void *ud, const uint32_t *toks, size_t n, const char *text
         .n_toks = n,
         .lp = lp,
         .lp_top = lp_top,
-        .tok = lp ? api_tokenizer(r->api) : NULL,
-        .text_offset = r->lp_offset,
-        .role = r->kind == OPENAI_CHAT && !r->role_sent,
+        .tok = lp ? req_tokenizer(r) : NULL,
+        .text_offset = cs->lp_offset,
+        .role = r->kind == OPENAI_CHAT && !cs->role_sent,
+        .index = choice,
     };
     size_t len = 0;
     char *json = openai_render(&o, true, &len);
@@ -409,11 +424,11 @@ static void on_tokens(void *ud, const uint32_t *toks, size_t n, const char *text
         return; /* no memory: the piece is lost, the stream goes on */
     sse_send(r, json, len);
     free(json);
-    r->role_sent = true;
-    r->text_sent += text_len;
-    r->toks_sent += n;
+    cs->role_sent = true;
+    cs->text_sent += text_len;
+    cs->toks_sent += n;
     if (lp)
-        r->lp_offset += pieces_len(o.tok, toks, n);
+        cs->lp_offset += pieces_len(o.tok, toks, n);
     check_unread(r);
 }
 
@@ -474,35 +489,63 @@ static void on_done(void *ud, const struct ops_generate_result *res)
         return;
     }
     struct kvd_error e;
-    bool failed = res->finish == SCHED_FINISH_ERROR || res->finish == SCHED_FINISH_CANCELLED;
+    bool failed = res->finish == SCHED_FINISH_ERROR || res->finish == SCHED_FINISH_CANCELLED ||
+                  res->n_choices != r->n_choices;
     if (res->finish == SCHED_FINISH_ERROR)
         e = *res->err;
+    else if (res->n_choices != r->n_choices)
+        kvd_error_set(&e, KVD_ENOMEM, "out of memory building the reply");
     else if (failed)
         kvd_error_set(&e, KVD_ECANCELLED, "cancelled: the daemon is shutting down");
     struct openai_out o = {
         .kind = r->kind,
         .id = r->id,
-        .model = r->api->model,
+        .model = models_name(r->model),
         .created = r->created,
-        .finish = failed ? NULL : sched_finish_name(res->finish),
         .prompt_tokens = res->prompt,
         .cached_tokens = res->cached,
         .completion_tokens = res->completion,
         .lp_top = res->lp_top,
-        .tok = res->lp ? api_tokenizer(r->api) : NULL,
-        .text_offset = r->lp_offset,
     };
+    /* each choice: what it has not streamed yet (everything when not
+     * streaming) and its finish reason */
+    struct openai_out *ch = failed ? NULL : calloc(res->n_choices ? res->n_choices : 1, sizeof *ch);
+    if (!failed && !ch) {
+        failed = true;
+        kvd_error_set(&e, KVD_ENOMEM, "out of memory building the reply");
+    }
+    for (uint32_t i = 0; !failed && i < res->n_choices; i++) {
+        const struct ops_generate_choice *c = &res->choices[i];
+        const struct http_choice *cs = &r->cs[i];
+        size_t ts = r->stream ? cs->text_sent : 0, ks = r->stream ? cs->toks_sent : 0;
+        ch[i] = (struct openai_out){
+            .kind = r->kind,
+            .index = i,
+            .finish = sched_finish_name(c->finish),
+            .lp_top = res->lp_top,
+            .tok = c->lp ? req_tokenizer(r) : NULL,
+            .text_offset = r->stream ? cs->lp_offset : 0,
+            .role = r->kind == OPENAI_CHAT && !(r->stream && cs->role_sent),
+        };
+        if (c->text && c->text_len > ts) {
+            ch[i].text = c->text + ts;
+            ch[i].text_len = c->text_len - ts;
+        }
+        if (c->n_toks > ks) {
+            ch[i].toks = c->toks + ks;
+            ch[i].n_toks = c->n_toks - ks;
+            if (c->lp)
+                ch[i].lp = c->lp + ks * (1 + (size_t)res->lp_top);
+        }
+    }
     size_t len = 0;
     char *json = NULL;
     if (!r->stream) {
         if (failed) {
             send_err(r->req, &e);
         } else {
-            o.text = res->text;
-            o.text_len = res->text_len;
-            o.toks = res->toks;
-            o.n_toks = res->n_toks;
-            o.lp = res->lp;
+            o.choices = ch;
+            o.n_choices = res->n_choices;
             o.usage = true;
             json = openai_render(&o, false, &len);
             if (json) {
@@ -521,24 +564,19 @@ static void on_done(void *ud, const struct ops_generate_result *res)
             if (json)
                 sse_send(r, json, len);
         } else {
-            /* The rest: text held back for a possible stop string, tokens
-             * not streamed yet, and the finish reason. */
-            if (res->text && res->text_len > r->text_sent) {
-                o.text = res->text + r->text_sent;
-                o.text_len = res->text_len - r->text_sent;
-            }
-            if (res->n_toks > r->toks_sent) {
-                o.toks = res->toks + r->toks_sent;
-                o.n_toks = res->n_toks - r->toks_sent;
-                if (res->lp)
-                    o.lp = res->lp + r->toks_sent * (1 + (size_t)res->lp_top);
-            }
-            o.role = r->kind == OPENAI_CHAT && !r->role_sent;
-            json = openai_render(&o, true, &len);
-            if (json)
-                sse_send(r, json, len);
-            if (json && r->include_usage) {
+            /* The rest of each choice: text held back for a possible stop
+             * string, tokens not streamed yet, and the finish reason. */
+            for (uint32_t i = 0; i < res->n_choices; i++) {
+                struct openai_out one = o;
+                one.choices = &ch[i];
+                one.n_choices = 1;
+                json = openai_render(&one, true, &len);
+                if (json)
+                    sse_send(r, json, len);
                 free(json);
+                json = NULL;
+            }
+            if (r->include_usage) {
                 struct openai_out u = o;
                 u.no_choices = true;
                 u.usage = true;
@@ -556,12 +594,30 @@ static void on_done(void *ud, const struct ops_generate_result *res)
             evbuffer_free(b);
         evhttp_send_reply_end(r->req);
     }
+    free(ch);
     free(json);
     hreq_free(r);
 }
 
-/* The parsed body of r: submitted as a generate client, or refused. Loop
- * thread. */
+static void submit_parsed(struct http_req *r);
+
+/* models_wait's answer for r: its model loaded (submit it now), or not. */
+static void model_ready(void *ud, int rc, const struct kvd_error *err)
+{
+    struct http_req *r = ud;
+    if (rc == MODELS_GONE)
+        return; /* its connection closed: the close path frees r */
+    r->waiting = false;
+    if (rc) {
+        send_err(r->req, err);
+        hreq_free(r);
+        return;
+    }
+    submit_parsed(r);
+}
+
+/* The parsed body of r: its model resolved (and loaded first when it is
+ * not), then submitted; or refused. Loop thread. */
 static void generate_parsed(struct http_req *r)
 {
     struct http_api *a = r->api;
@@ -575,9 +631,55 @@ static void generate_parsed(struct http_req *r)
     r->stream = r->oq.stream;
     r->include_usage = r->oq.include_usage;
     r->client = ops_generate_client_id(a->gc);
+    /* n choices: n in flight for the tenant (one was counted with the body) */
+    uint32_t n = (uint32_t)r->oq.args.n;
+    if (n > 1 && server_queue_admit_n(a->srv, NULL, r->tenant, n - 1, &e) != 0) {
+        send_err(req, &e);
+        hreq_free(r);
+        return;
+    }
+    if (n > 1) {
+        server_tenant_pending(a->srv, r->tenant, (long)n - 1);
+        r->units = n;
+    }
+    if (!(r->cs = calloc(n, sizeof *r->cs))) {
+        kvd_error_set(&e, KVD_ENOMEM, "out of memory");
+        send_err(req, &e);
+        hreq_free(r);
+        return;
+    }
+    r->n_choices = n;
+    if (models_resolve(a->ms, r->oq.model, r->oq.model_len, r->oq.model != NULL, false,
+                       r->tenant_name, &r->model, &e) ||
+        session_headers(req, &r->oq.args, &e)) {
+        send_err(req, &e);
+        hreq_free(r);
+        return;
+    }
+    if (!models_exec(r->model)) {
+        r->waiting = true;
+        if (models_wait(r->model, r->client, model_ready, r, &e) != 0) {
+            r->waiting = false;
+            send_err(req, &e);
+            hreq_free(r);
+        }
+        return;
+    }
+    submit_parsed(r);
+}
+
+/* The parsed body of r, its model loaded: submitted as a generate client,
+ * or refused. Loop thread. */
+static void submit_parsed(struct http_req *r)
+{
+    struct http_api *a = r->api;
+    struct evhttp_request *req = r->req;
+    struct kvd_error e;
     struct ops_generate_client cb = {.ud = r, .tokens = on_tokens, .done = on_done};
-    if (session_headers(req, &r->oq.args, &e) ||
-        ops_generate_client_submit(a->gc, r->client, &r->oq.args, r->tenant, r->ns, &cb, &e)) {
+    int rc =
+        ops_generate_client_submit(a->gc, r->client, r->model, &r->oq.args, r->tenant, &cb, &e);
+    r->oq.args.compiled = NULL; /* the build took it, whatever it returned */
+    if (rc) {
         send_err(req, &e);
         hreq_free(r);
         return;
@@ -606,6 +708,12 @@ static void parsed_cb(evutil_socket_t fd, short what, void *arg)
     generate_parsed(r);
 }
 
+/* The context of the model a body names (openai_parse_ctx, on a worker). */
+static uint32_t ctx_of(void *ud, const char *model, size_t len)
+{
+    return models_context_of(ud, model, len);
+}
+
 /* The worker's job: the body's JSON into typed generate arguments. */
 static void parse_job(void *ud, bool cancelled)
 {
@@ -616,7 +724,8 @@ static void parse_job(void *ud, bool cancelled)
         size_t len = evbuffer_get_length(r->body);
         const char *p = (const char *)evbuffer_pullup(r->body, -1);
         r->parse_rc =
-            openai_parse(r->kind, p ? p : "", len, r->api->n_ctx, &r->oq, &r->perr) ? -1 : 0;
+            openai_parse_ctx(r->kind, p ? p : "", len, ctx_of, r->api->ms, &r->oq, &r->perr) ? -1
+                                                                                             : 0;
         r->have_oq = r->parse_rc == 0;
     }
     if (!r->api->pool)
@@ -659,6 +768,7 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
     r->kind = kind;
     r->tenant = who->tenant;
     r->ns = who->ns;
+    snprintf(r->tenant_name, sizeof(r->tenant_name), "%s", who->name);
     r->body = body;
     r->created = (uint64_t)time(NULL);
     snprintf(r->id, sizeof(r->id), "%s-kvd%" PRIu64, kind == OPENAI_CHAT ? "chatcmpl" : "cmpl",
@@ -668,6 +778,7 @@ static void handle_generate(struct http_listener *l, struct evhttp_request *req,
         a->live->prev = r;
     a->live = r;
     server_tenant_pending(a->srv, r->tenant, 1);
+    r->units = 1;
     evhttp_connection_set_closecb(r->evcon, on_conn_close, r);
     watch_close(r);
     if (!a->pool) {
@@ -794,11 +905,17 @@ static void on_request(struct evhttp_request *req, void *arg)
         return;
     }
     if (models) {
-        size_t len = 0;
-        char *json = a->gc ? openai_models(a->model, a->created, &len)
-                           : strdup("{\"object\":\"list\",\"data\":[]}");
-        if (json && !a->gc)
-            len = strlen(json);
+        /* every model, loaded or not (a tenant's forbidden ones left out) */
+        size_t len = 0, n = 0, nm = models_count(a->ms);
+        const char *names[OPTIONS_MAX_MODELS], *states[OPTIONS_MAX_MODELS];
+        for (size_t i = 0; i < nm && n < OPTIONS_MAX_MODELS; i++) {
+            struct models_entry *me = models_at(a->ms, i);
+            if (!models_allows(me, who.name))
+                continue;
+            names[n] = models_name(me);
+            states[n++] = models_state_name(models_state(me));
+        }
+        char *json = openai_models_list(names, states, n, a->created, &len);
         if (json) {
             send_json(req, 200, json, len);
             free(json);
@@ -858,8 +975,7 @@ static int listener_start(struct http_api *a, struct http_listener *l, const cha
 }
 
 int http_start(struct server *srv, struct ops_generate *gen, struct workpool *pool,
-               const char *model, struct http_api **out, uint16_t *tcp_port, char *err,
-               size_t errlen)
+               struct http_api **out, uint16_t *tcp_port, char *err, size_t errlen)
 {
     const struct options *o = server_options(srv);
     *out = NULL;
@@ -873,10 +989,9 @@ int http_start(struct server *srv, struct ops_generate *gen, struct workpool *po
     server_get_obs(srv, &obs);
     a->mm = obs.mm;
     a->gc = gen ? ops_generate_clients(gen) : NULL;
+    a->ms = gen ? obs.models : NULL;
     a->pool = pool;
-    a->n_ctx = gen ? exec_hparams(ops_generate_exec(gen))->n_ctx : 0;
     a->created = (uint64_t)time(NULL);
-    snprintf(a->model, sizeof(a->model), "%s", model && model[0] ? model : "kvd");
     int rc = 0;
     char addr[120];
     if (o->http_socket[0]) {

@@ -17,12 +17,11 @@ struct http_api;
 /* Starts the listeners the options ask for (none: *out NULL, 0). gen is
  * NULL in store mode (completions answer 503); pool is the text workers,
  * where request bodies are parsed (NULL: on the loop; it must be freed
- * before http_stop); model names the served model (/v1/models). *tcp_port (may be NULL) gets the
+ * before http_stop); /v1/models lists the server's models. *tcp_port (may be NULL) gets the
  * bound TCP port. Call before server_run. Returns 0 or an enum kvd_err with a message. */
 struct workpool;
 int http_start(struct server *srv, struct ops_generate *gen, struct workpool *pool,
-               const char *model, struct http_api **out, uint16_t *tcp_port, char *err,
-               size_t errlen);
+               struct http_api **out, uint16_t *tcp_port, char *err, size_t errlen);
 /* Drops every request in flight (their generates are cancelled), closes the
  * connections and listeners. Call after server_run, before the server and
  * the executor are freed. NULL is a no-op. */

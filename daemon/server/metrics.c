@@ -16,6 +16,7 @@
 #include "httpd.h"
 #include "kvevents.h"
 #include "log.h"
+#include "models.h"
 #include "server.h"
 #include "stats_snap.h"
 
@@ -348,6 +349,18 @@ static void render_exec(struct out *o, struct acct *a)
         (unsigned long long)s.preempt_swap);
     put(o, "kvd_scheduler_preemptions_total{kind=\"recompute\"} %llu\n",
         (unsigned long long)s.preempt_recompute);
+    head(o, "kvd_speculative_draft_tokens_total", "counter",
+         "Draft tokens of speculative decoding, by outcome of their verification.");
+    put(o, "kvd_speculative_draft_tokens_total{outcome=\"accepted\"} %llu\n",
+        (unsigned long long)s.spec.accepted);
+    put(o, "kvd_speculative_draft_tokens_total{outcome=\"rejected\"} %llu\n",
+        (unsigned long long)(s.spec.drafted - s.spec.accepted));
+    head(o, "kvd_speculative_verifications_total", "counter",
+         "Verifications (one request's drafts checked in one step).");
+    put(o, "kvd_speculative_verifications_total %llu\n", (unsigned long long)s.spec.verifies);
+    head(o, "kvd_speculative_tokens_total", "counter",
+         "Tokens that speculative requests got from their verifications.");
+    put(o, "kvd_speculative_tokens_total %llu\n", (unsigned long long)s.spec.spec_tokens);
     render_hist(o, "kvd_time_to_first_token_seconds",
                 "Time from a request's arrival to its first generated token.", a, ACCT_TTFT);
     render_hist(
@@ -410,6 +423,94 @@ static void render_roofline(struct out *o, struct roofline *rl)
                 roofline_phase_name((enum roofline_phase)p), s[p].bound);
 }
 
+/* name{model="M"} value */
+static void model_line(struct out *o, const char *name, const char *extra, const char *model,
+                       double v)
+{
+    put(o, "%s{%smodel=\"", name, extra ? extra : "");
+    put_label(o, model);
+    put(o, "\"} %.17g\n", v);
+}
+
+/* Each model: its state, memory, loads and its executor's counters (the
+ * kvd_requests and kvd_step_* above are every model's together). */
+static void render_models(struct out *o, struct models *ms, struct acct *a)
+{
+    size_t n = models_count(ms);
+    struct models_info mi[OPTIONS_MAX_MODELS];
+    struct acct_sched as[OPTIONS_MAX_MODELS];
+    for (size_t i = 0; i < n && i < OPTIONS_MAX_MODELS; i++) {
+        models_info(models_at(ms, i), &mi[i]);
+        memset(&as[i], 0, sizeof as[i]);
+        if (a)
+            acct_sched_get_slot(a, models_index(models_at(ms, i)), &as[i]);
+    }
+    if (n > OPTIONS_MAX_MODELS)
+        n = OPTIONS_MAX_MODELS;
+    static const char *const states[] = {"unloaded", "loading", "loaded", "unloading"};
+    head(o, "kvd_model_state", "gauge", "1 for each model's state.");
+    for (size_t i = 0; i < n; i++) {
+        char extra[48];
+        snprintf(extra, sizeof extra, "state=\"%s\",", states[mi[i].state]);
+        model_line(o, "kvd_model_state", extra, mi[i].name, 1);
+    }
+    head(o, "kvd_model_weight_bytes", "gauge", "A model's weights on the device.");
+    for (size_t i = 0; i < n; i++)
+        model_line(o, "kvd_model_weight_bytes", NULL, mi[i].name,
+                   (double)mi[i].weight_device_bytes);
+    head(o, "kvd_model_kv_bytes", "gauge", "A model's KV device arena (taken while it is loaded).");
+    for (size_t i = 0; i < n; i++)
+        model_line(o, "kvd_model_kv_bytes", NULL, mi[i].name, (double)mi[i].kv_device_bytes);
+    head(o, "kvd_model_waiting", "gauge", "Requests waiting for a model to load.");
+    for (size_t i = 0; i < n; i++)
+        model_line(o, "kvd_model_waiting", NULL, mi[i].name, mi[i].waiting);
+    head(o, "kvd_model_loads_total", "counter", "A model's loads, by outcome.");
+    for (size_t i = 0; i < n; i++) {
+        model_line(o, "kvd_model_loads_total", "outcome=\"ok\",", mi[i].name, (double)mi[i].loads);
+        model_line(o, "kvd_model_loads_total", "outcome=\"failed\",", mi[i].name,
+                   (double)mi[i].load_failures);
+    }
+    head(o, "kvd_model_unloads_total", "counter", "A model's unloads.");
+    for (size_t i = 0; i < n; i++)
+        model_line(o, "kvd_model_unloads_total", NULL, mi[i].name, (double)mi[i].unloads);
+    head(o, "kvd_model_unload_blocks_total", "counter",
+         "A model's cached device blocks at its unloads, by what became of them.");
+    for (size_t i = 0; i < n; i++) {
+        model_line(o, "kvd_model_unload_blocks_total", "to=\"host\",", mi[i].name,
+                   (double)mi[i].moved_at_unload);
+        model_line(o, "kvd_model_unload_blocks_total", "to=\"dropped\",", mi[i].name,
+                   (double)mi[i].dropped_at_unload);
+    }
+    head(o, "kvd_model_load_seconds", "gauge", "A model's last load's time.");
+    for (size_t i = 0; i < n; i++)
+        model_line(o, "kvd_model_load_seconds", NULL, mi[i].name, mi[i].load_ms_last / 1e3);
+    head(o, "kvd_model_requests", "gauge", "A model's generate requests live in its executor.");
+    for (size_t i = 0; i < n; i++)
+        model_line(o, "kvd_model_requests", NULL, mi[i].name, as[i].live);
+    head(o, "kvd_model_requests_submitted_total", "counter",
+         "Generate requests a model's executors took.");
+    for (size_t i = 0; i < n; i++)
+        model_line(o, "kvd_model_requests_submitted_total", NULL, mi[i].name,
+                   (double)as[i].submitted);
+    head(o, "kvd_model_tokens_total", "counter",
+         "Tokens a model's executors computed (prefill, decode) and sampled (generated).");
+    for (size_t i = 0; i < n; i++) {
+        model_line(o, "kvd_model_tokens_total", "kind=\"prefill\",", mi[i].name,
+                   (double)as[i].prefill_tokens);
+        model_line(o, "kvd_model_tokens_total", "kind=\"decode\",", mi[i].name,
+                   (double)as[i].decode_tokens);
+        model_line(o, "kvd_model_tokens_total", "kind=\"generated\",", mi[i].name,
+                   (double)as[i].generated);
+    }
+    uint64_t used, budget;
+    models_device_use(ms, &used, &budget);
+    head(o, "kvd_model_device_bytes", "gauge",
+         "The models' weights and KV arenas on the device, and the budget (device-bytes; 0: "
+         "none).");
+    put(o, "kvd_model_device_bytes{kind=\"used\"} %llu\n", (unsigned long long)used);
+    put(o, "kvd_model_device_bytes{kind=\"budget\"} %llu\n", (unsigned long long)budget);
+}
+
 int metrics_render(const struct metrics_src *src, struct evbuffer *out)
 {
     struct out o = {.b = out};
@@ -447,6 +548,8 @@ int metrics_render(const struct metrics_src *src, struct evbuffer *out)
         render_exec(&o, src->acct);
     if (src->rl)
         render_roofline(&o, src->rl);
+    if (src->models)
+        render_models(&o, src->models, src->acct);
     return o.rc;
 }
 
@@ -480,6 +583,7 @@ static void on_metrics(struct evhttp_request *req, void *arg)
         .n_pending = o.n_pending,
         .n_http_auth_failed = o.n_http_auth_failed,
         .kvevents = o.kvevents,
+        .models = o.models,
     };
     struct evbuffer *body = evbuffer_new();
     if (!body) {

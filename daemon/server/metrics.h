@@ -26,6 +26,7 @@ int metrics_parse_addr(const char *s, char *host, size_t host_cap, uint16_t *por
 
 /* What a scrape reads. mm is locked while its numbers are read; the other
  * pointers may be NULL (store mode has no roofline or executor). */
+struct models;
 struct metrics_src {
     struct kvmm *mm;
     struct roofline *rl;
@@ -35,6 +36,7 @@ struct metrics_src {
     const size_t *n_pending;            /* requests in flight, or NULL */
     const uint64_t *n_http_auth_failed; /* or NULL */
     struct kvevents *kvevents;          /* the KV events publisher, or NULL */
+    struct models *models;              /* the daemon's models, or NULL (store mode) */
 };
 
 /* Appends the whole exposition to out. 0 or KVD_ENOMEM. */

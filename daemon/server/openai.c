@@ -13,6 +13,8 @@
 
 #include <jansson.h>
 
+#include "grammar.h"
+#include "json_schema.h"
 #include "kvd/protocol.h"
 #include "kvd/status.h"
 #include "text_out.h"
@@ -333,12 +335,6 @@ static int get_stop(struct gen_args *a, json_t *s, struct kvd_error *e)
  * than the default. */
 static int check_unsupported(json_t *o, struct kvd_error *e)
 {
-    long long n = 1;
-    int r = get_int(o, "n", 1, 128, &n, e);
-    if (r < 0)
-        return -1;
-    if (n != 1)
-        return unsupported(e, "n", "n > 1 (one choice per request)");
     bool echo = false;
     if (get_bool(o, "echo", &echo, e) < 0)
         return -1;
@@ -412,6 +408,48 @@ static int get_logit_bias(struct openai_req *out, json_t *o, struct kvd_error *e
     return 0;
 }
 
+/* OpenAI's response_format: {"type": "text"}, {"type": "json_object"}
+ * (any object) or {"type": "json_schema", "json_schema": {"name",
+ * "schema", "strict", "description"}} (schema absent: any JSON value). */
+static int get_response_format(struct openai_req *out, json_t *o, struct kvd_error *e)
+{
+    struct gen_args *a = &out->args;
+    json_t *rf = json_object_get(o, "response_format");
+    if (!rf || json_is_null(rf))
+        return 0;
+    json_t *t = json_object_get(rf, "type");
+    if (!json_is_object(rf) || !json_is_string(t))
+        return bad(e, "response_format", "'response_format' must be an object with a 'type'");
+    const char *type = json_string_value(t);
+    if (!strcmp(type, "text"))
+        return 0;
+    if (a->grammar)
+        return bad(e, "response_format", "give 'grammar' or 'response_format', not both");
+    if (!strcmp(type, "json_object")) {
+        a->json_object = true;
+        return 0;
+    }
+    if (strcmp(type, "json_schema"))
+        return bad(e, "response_format.type",
+                   "'response_format.type' must be text, json_object or json_schema");
+    json_t *js = json_object_get(rf, "json_schema");
+    if (!json_is_object(js))
+        return bad(e, "response_format.json_schema",
+                   "'response_format.json_schema' must be an object {name, schema, strict}");
+    json_t *name = json_object_get(js, "name"), *strict = json_object_get(js, "strict");
+    if (name && !json_is_null(name) &&
+        (!json_is_string(name) || json_string_length(name) == 0 || json_string_length(name) > 64))
+        return bad(e, "response_format.json_schema.name",
+                   "'response_format.json_schema.name' must be a string of 1 to 64 bytes");
+    if (strict && !json_is_null(strict) && !json_is_boolean(strict))
+        return bad(e, "response_format.json_schema.strict",
+                   "'response_format.json_schema.strict' must be true or false");
+    json_t *schema = json_object_get(js, "schema");
+    a->json_schema = schema && !json_is_null(schema) ? schema : json_true();
+    a->json_schema_param = "response_format.json_schema.schema";
+    return 0;
+}
+
 /* The sampling and output fields. */
 static int get_options(struct openai_req *out, json_t *o, uint32_t n_ctx, struct kvd_error *e)
 {
@@ -467,6 +505,10 @@ static int get_options(struct openai_req *out, json_t *o, uint32_t n_ctx, struct
         get_logprobs(out, o, e) < 0)
         return -1;
     a->repeat_last_n = last_n;
+    long long n = 1;
+    if (get_int(o, "n", 1, GEN_MAX_CHOICES, &n, e) < 0)
+        return -1;
+    a->n = (uint64_t)n;
     /* llama.cpp's server extension: a GBNF grammar the output follows. */
     json_t *g = json_object_get(o, "grammar");
     if (g && !json_is_null(g)) {
@@ -475,13 +517,72 @@ static int get_options(struct openai_req *out, json_t *o, uint32_t n_ctx, struct
         a->grammar = json_string_value(g);
         a->grammar_len = json_string_length(g);
     }
+    /* kvd's extension: speculative decoding for this request ("ngram",
+     * "draft", "off"; absent: the daemon's choice). */
+    json_t *sp = json_object_get(o, "speculative");
+    if (sp && !json_is_null(sp)) {
+        if (!json_is_string(sp))
+            return bad(e, "speculative",
+                       "'speculative' must be a string: \"ngram\", \"draft\" or "
+                       "\"off\"");
+        a->speculative = json_string_value(sp);
+        a->speculative_len = json_string_length(sp);
+    }
+    if (get_response_format(out, o, e) < 0)
+        return -1;
     return get_stop(a, json_object_get(o, "stop"), e);
+}
+
+/* The grammar the completion follows, compiled here: the parse runs on a
+ * text worker, and its errors are the request's 400. */
+static int compile_constraint(struct gen_args *a, struct kvd_error *e)
+{
+    int rc = 0;
+    if (a->grammar)
+        rc = grammar_compile(a->grammar, a->grammar_len, &a->compiled, e);
+    else if (a->json_object)
+        rc = json_object_grammar(&a->compiled, e);
+    else if (a->json_schema)
+        rc = json_schema_grammar(a->json_schema, a->json_schema_param, &a->compiled, e);
+    else
+        return 0;
+    if (rc) {
+        if (!e->param[0])
+            snprintf(e->param, sizeof e->param, "%s",
+                     a->grammar       ? "grammar"
+                     : a->json_object ? "response_format"
+                                      : "response_format.json_schema.schema");
+        return -1;
+    }
+    /* the build sees the compiled grammar only; its errors (a model with
+     * no tokenizer) name the field it came from */
+    a->json_schema_param = a->grammar       ? "grammar"
+                           : a->json_object ? "response_format"
+                                            : "response_format.json_schema.schema";
+    a->grammar = NULL;
+    a->json_object = false;
+    a->json_schema = NULL;
+    return 0;
+}
+
+static uint32_t fixed_ctx(void *ud, const char *model, size_t len)
+{
+    (void)model, (void)len;
+    return *(const uint32_t *)ud;
 }
 
 int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n_ctx,
                  struct openai_req *out, struct kvd_error *e)
 {
+    return openai_parse_ctx(kind, body, len, fixed_ctx, &n_ctx, out, e);
+}
+
+int openai_parse_ctx(enum openai_kind kind, const char *body, size_t len,
+                     uint32_t (*ctx_of)(void *ud, const char *model, size_t len), void *ud,
+                     struct openai_req *out, struct kvd_error *e)
+{
     json_error_t je;
+    uint32_t n_ctx;
     memset(out, 0, sizeof(*out));
     out->kind = kind;
     gen_args_init(&out->args);
@@ -490,11 +591,21 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n
         return bad(e, "", "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
     json_t *o = out->root;
     int rc = -1;
-    if (!json_is_object(o))
+    if (!json_is_object(o)) {
         bad(e, "", "the body must be a JSON object");
-    else if (!check_unsupported(o, e) && !get_options(out, o, n_ctx, e))
-        rc = kind == OPENAI_COMPLETION ? get_prompt(out, json_object_get(o, "prompt"), e)
-                                       : get_messages(out, json_object_get(o, "messages"), e);
+    } else if (!check_unsupported(o, e)) {
+        json_t *m = json_object_get(o, "model");
+        if (json_is_string(m)) {
+            out->model = json_string_value(m);
+            out->model_len = json_string_length(m);
+        }
+        n_ctx = ctx_of(ud, out->model, out->model_len);
+        if (!get_options(out, o, n_ctx ? n_ctx : 1, e))
+            rc = kind == OPENAI_COMPLETION ? get_prompt(out, json_object_get(o, "prompt"), e)
+                                           : get_messages(out, json_object_get(o, "messages"), e);
+    }
+    if (rc == 0 && compile_constraint(&out->args, e) < 0)
+        rc = -1;
     if (rc)
         openai_req_free(out);
     return rc;
@@ -502,6 +613,8 @@ int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n
 
 void openai_req_free(struct openai_req *r)
 {
+    grammar_free(r->args.compiled);
+    r->args.compiled = NULL;
     json_decref(r->root);
     free(r->tokens);
     free(r->msgs);
@@ -679,7 +792,7 @@ static json_t *render_choice(const struct openai_out *o, bool chunk)
 {
     bool chat = o->kind == OPENAI_CHAT;
     json_t *c =
-        json_pack("{s:i, s:o, s:o}", "index", 0, "finish_reason",
+        json_pack("{s:I, s:o, s:o}", "index", (json_int_t)o->index, "finish_reason",
                   o->finish ? json_string(o->finish) : json_null(), "logprobs", logprobs_value(o));
     if (!c)
         return NULL;
@@ -715,9 +828,13 @@ char *openai_render(const struct openai_out *o, bool chunk, size_t *len)
                              "system_fingerprint", "kvd", "choices");
     if (!root)
         return NULL;
-    if (!o->no_choices &&
+    if (!o->no_choices && !o->n_choices &&
         json_array_append_new(json_object_get(root, "choices"), render_choice(o, chunk)))
         goto fail;
+    for (size_t i = 0; !o->no_choices && i < o->n_choices; i++)
+        if (json_array_append_new(json_object_get(root, "choices"),
+                                  render_choice(&o->choices[i], chunk)))
+            goto fail;
     if (o->usage ? json_object_set_new(root, "usage", usage_value(o))
                  : (chunk && json_object_set_new(root, "usage", json_null())))
         goto fail;
@@ -733,9 +850,26 @@ fail:
 
 char *openai_models(const char *model, uint64_t created, size_t *len)
 {
-    json_t *root =
-        json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", model,
-                  "object", "model", "created", (json_int_t)created, "owned_by", "kvd");
+    return openai_models_list(&model, NULL, 1, created, len);
+}
+
+char *openai_models_list(const char *const *names, const char *const *states, size_t n,
+                         uint64_t created, size_t *len)
+{
+    json_t *root = json_pack("{s:s, s:[]}", "object", "list", "data");
+    json_t *data = root ? json_object_get(root, "data") : NULL;
+    for (size_t i = 0; data && i < n; i++) {
+        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", names[i], "object", "model", "created",
+                              (json_int_t)created, "owned_by", "kvd");
+        if (m && states && json_object_set_new(m, "state", json_string(states[i])) != 0) {
+            json_decref(m);
+            m = NULL;
+        }
+        if (!m || json_array_append_new(data, m) != 0) {
+            json_decref(root);
+            return NULL;
+        }
+    }
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     if (s)

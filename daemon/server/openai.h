@@ -33,7 +33,9 @@ struct openai_req {
     /* The generate arguments (prompt_param "prompt" or "messages"); their
      * strings point into root and the buffers below. */
     struct gen_args args;
-    json_t *root;            /* the parsed body (owned) */
+    json_t *root;      /* the parsed body (owned) */
+    const char *model; /* its `model` (in root; NULL: none), model_len bytes */
+    size_t model_len;
     uint32_t *tokens;        /* a token prompt (owned) */
     struct chat_msg *msgs;   /* the messages, contents joined (owned) */
     struct logit_bias *bias; /* logit_bias (owned) */
@@ -41,12 +43,21 @@ struct openai_req {
 
 /* Parses a request body. Unknown fields are ignored; a known field of the
  * wrong type or out of range is bad_request naming it (e->param); features
- * kvd does not do (n > 1, echo, several prompts, non-text message
- * parts) are unsupported naming the parameter. n_ctx (the model's context,
- * > 0) bounds max_tokens and is its default for chat requests. Stop strings
- * have 1 to TEXT_OUT_MAX_STOP_LEN bytes. 0, or -1 with e filled. */
+ * kvd does not do (echo, several prompts, non-text message parts) are
+ * unsupported naming the parameter. A grammar (`grammar`, or
+ * `response_format` json_object / json_schema) is compiled here into
+ * args.compiled (owned by out until the build takes it): the parse runs on
+ * a text worker, off the loop. n_ctx (the model's context, > 0) bounds
+ * max_tokens and is its default for chat requests. Stop strings have 1 to
+ * TEXT_OUT_MAX_STOP_LEN bytes. 0, or -1 with e filled. */
 int openai_parse(enum openai_kind kind, const char *body, size_t len, uint32_t n_ctx,
                  struct openai_req *out, struct kvd_error *e);
+/* The same where the context depends on the model the body names:
+ * ctx_of(ud, model, len) gives it (model NULL: none named; 0: unknown, the
+ * request is refused later by name). Called on the parsing thread. */
+int openai_parse_ctx(enum openai_kind kind, const char *body, size_t len,
+                     uint32_t (*ctx_of)(void *ud, const char *model, size_t len), void *ud,
+                     struct openai_req *out, struct kvd_error *e);
 void openai_req_free(struct openai_req *r);
 
 /* How the HTTP API answers an error: its status, and the OpenAI error type
@@ -89,6 +100,12 @@ struct openai_out {
     bool usage;         /* carry usage (responses; the last stream chunk) */
     uint64_t prompt_tokens, cached_tokens, completion_tokens;
     bool no_choices; /* a usage-only stream chunk: "choices": [] */
+    uint32_t index;  /* the choice's index (n > 1) */
+    /* n > 1: the choices (each its text, tokens, logprobs, finish,
+     * index, role, text_offset; kind and tok too), rendered in place of
+     * this object's own choice */
+    const struct openai_out *choices;
+    size_t n_choices;
 };
 /* The response object (a whole reply) or one stream chunk (chunk = true),
  * compact JSON, malloc'd and NUL-terminated; NULL when out of memory. */
@@ -96,5 +113,9 @@ char *openai_render(const struct openai_out *o, bool chunk, size_t *len);
 
 /* GET /v1/models: the one served model. */
 char *openai_models(const char *model, uint64_t created, size_t *len);
+/* The same for n models, each with its state ("loaded", ...; states NULL:
+ * none). */
+char *openai_models_list(const char *const *names, const char *const *states, size_t n,
+                         uint64_t created, size_t *len);
 
 #endif

@@ -56,7 +56,7 @@ _Static_assert(sizeof(struct ops_ctx) - offsetof(struct ops_ctx, err) <
                "struct ops_ctx: err must be the last member");
 
 int ops_run(const struct ops_host *host, const struct ops_entry *ent, const struct ops_caller *who,
-            uint64_t id, const msgpack_object *req, msgpack_sbuffer *sb)
+            uint64_t id, const msgpack_object *req, msgpack_sbuffer *sb, uint32_t *units)
 {
     size_t mark = sb->size;
     msgpack_packer pk;
@@ -81,6 +81,8 @@ int ops_run(const struct ops_host *host, const struct ops_entry *ent, const stru
     ctx.ns = who->ns;
     ctx.tenant_name = who->tenant_name;
     ctx.admin = who->admin;
+    ctx.resumed = who->resumed;
+    ctx.ent = ent;
     ctx.out = sb;
     ctx.pk = &pk;
     ctx.err.code = 0;
@@ -90,7 +92,11 @@ int ops_run(const struct ops_host *host, const struct ops_entry *ent, const stru
     if (at == SIZE_MAX) {
         rc = kvd_error_set(&ctx.err, KVD_ENOMEM, "out of memory for the reply");
     } else {
-        rc = ent->fn(&ctx);
+        rc = 0;
+        if (ent->flags & OPS_POOL)
+            rc = ops_select_pool(&ctx, ent->flags & OPS_LOADED);
+        if (rc == 0)
+            rc = ent->fn(&ctx);
         if (rc == 0)
             rc = proto_frame_end(sb, at);
         if (rc == KVD_ETOOLARGE && !ctx.err.message[0])
@@ -98,6 +104,8 @@ int ops_run(const struct ops_host *host, const struct ops_entry *ent, const stru
         if (rc != 0)
             sb->size = at; /* drop the partial reply */
     }
+    if (rc == OPS_PENDING && units)
+        *units = ctx.pending_units ? ctx.pending_units : 1;
     if (rc == 0 || rc == OPS_PENDING)
         return rc;
     if (!ctx.err.message[0])
@@ -159,22 +167,22 @@ int ops_register_builtin(struct ops_table *t)
     } builtin[] = {
         {KVD_OP_HELLO, ops_hello, 0},
         {KVD_OP_STATS, ops_stats, 0},
-        {KVD_OP_SEQ_OPEN, ops_seq_open, 0},
-        {KVD_OP_SEQ_MATCH, ops_seq_match, 0},
-        {KVD_OP_SEQ_EXTEND, ops_seq_extend, 0},
-        {KVD_OP_KV_WRITE, ops_kv_write, 0},
-        {KVD_OP_KV_READ, ops_kv_read, 0},
-        {KVD_OP_SEQ_COMMIT, ops_seq_commit, 0},
-        {KVD_OP_SEQ_FORK, ops_seq_fork, 0},
-        {KVD_OP_SEQ_INFO, ops_seq_info, 0},
-        {KVD_OP_SEQ_OFFLOAD, ops_seq_offload, 0},
-        {KVD_OP_SEQ_RESTORE, ops_seq_restore, 0},
-        {KVD_OP_SEQ_CLOSE, ops_seq_close, 0},
-        {KVD_OP_KV_EXPORT, ops_kv_export, 0},
-        {KVD_OP_KV_EXPORT_RELEASE, ops_kv_export_release, 0},
+        {KVD_OP_SEQ_OPEN, ops_seq_open, OPS_POOL | OPS_LOADED},
+        {KVD_OP_SEQ_MATCH, ops_seq_match, OPS_POOL},
+        {KVD_OP_SEQ_EXTEND, ops_seq_extend, OPS_POOL},
+        {KVD_OP_KV_WRITE, ops_kv_write, OPS_POOL},
+        {KVD_OP_KV_READ, ops_kv_read, OPS_POOL},
+        {KVD_OP_SEQ_COMMIT, ops_seq_commit, OPS_POOL},
+        {KVD_OP_SEQ_FORK, ops_seq_fork, OPS_POOL},
+        {KVD_OP_SEQ_INFO, ops_seq_info, OPS_POOL},
+        {KVD_OP_SEQ_OFFLOAD, ops_seq_offload, OPS_POOL},
+        {KVD_OP_SEQ_RESTORE, ops_seq_restore, OPS_POOL},
+        {KVD_OP_SEQ_CLOSE, ops_seq_close, OPS_POOL},
+        {KVD_OP_KV_EXPORT, ops_kv_export, OPS_POOL},
+        {KVD_OP_KV_EXPORT_RELEASE, ops_kv_export_release, OPS_POOL},
         {KVD_OP_GENERATE, ops_generate_store, 0},
         {KVD_OP_CANCEL, ops_cancel_store, 0},
-        {KVD_OP_ADMIN_EVICT, ops_admin_evict, OPS_ADMIN},
+        {KVD_OP_ADMIN_EVICT, ops_admin_evict, OPS_ADMIN | OPS_POOL},
         {KVD_OP_ADMIN_CHECK, ops_admin_check, OPS_ADMIN},
         {KVD_OP_ADMIN_SHUTDOWN, ops_admin_shutdown, OPS_ADMIN},
     };

@@ -17,8 +17,9 @@
 struct server;
 struct conn;
 struct config;
-struct server_model_info;
 struct server_obs;
+struct models;
+struct models_entry;
 
 /* What the handlers read of the server that runs them: plain data and a
  * callback, so no handler sees the server's insides (server_impl.h is
@@ -28,13 +29,13 @@ struct ops_host {
     struct server *srv; /* for ops that hand work to other threads (server_post,
                            server_queue_admit); NULL without a server */
     struct kvmm *mm;
-    const char *backend;                   /* the backend's name (hello, stats) */
-    uint32_t max_frame;                    /* every reply must fit in one frame */
-    const struct config *cfg;              /* the access rules (shared namespaces); SIGHUP
-                                              replaces its contents, not the pointer */
-    const struct server_model_info *model; /* hello's model; NULL in store mode */
-    const struct server_obs *obs;          /* stats: connections, requests, tenants, roofline,
-                                              accounting (server.h) */
+    const char *backend;          /* the backend's name (hello, stats) */
+    uint32_t max_frame;           /* every reply must fit in one frame */
+    const struct config *cfg;     /* the access rules (shared namespaces); SIGHUP
+                                     replaces its contents, not the pointer */
+    struct models *models;        /* the daemon's models (models.h); NULL in store mode */
+    const struct server_obs *obs; /* stats: connections, requests, tenants, roofline,
+                                     accounting (server.h) */
     /* admin_shutdown: starts the same drain as SIGTERM once the loop runs
      * again, so the reply goes first. NULL: admin_shutdown is unsupported. */
     void (*shutdown)(void *ctx);
@@ -47,8 +48,10 @@ struct ops_ctx {
     const struct ops_host *host;
     struct server *srv; /* host->srv */
     struct conn *conn;
-    struct kvmm *mm; /* host->mm */
+    struct kvmm *mm; /* host->mm; the block ops set their sequence's model's (ops_pick_pool) */
     void *op_ctx;    /* the ctx given at registration */
+    const struct ops_entry *ent; /* this op's */
+    bool resumed;                /* run again after its model loaded (ops_defer) */
 
     /* the request */
     uint64_t conn_id;          /* the kvmm owner of this connection's sequences */
@@ -69,6 +72,9 @@ struct ops_ctx {
      * returns the code with err filled and whatever it packed is discarded. */
     msgpack_sbuffer *out;
     msgpack_packer *pk;
+    /* OPS_PENDING: how much the request counts against its tenant's
+     * max-queued-per-tenant (a generate's choices; 0 counts 1) */
+    uint32_t pending_units;
     struct kvd_error err;
 };
 
@@ -80,6 +86,12 @@ typedef int (*ops_fn)(struct ops_ctx *c);
 
 /* Registration flags. */
 #define OPS_ADMIN 1u /* permission_denied unless the peer is an admin */
+/* Before the handler runs, c->mm and c->ns become those of the request's
+ * model: its `seq` handle's, else the one its `model` names (the first
+ * model when none). With OPS_LOADED the model must be loaded: a request for
+ * one that is not waits for its load (ops_defer). No-op in store mode. */
+#define OPS_POOL 2u
+#define OPS_LOADED 4u
 
 struct ops_entry {
     char name[32];
@@ -114,17 +126,43 @@ struct ops_caller {
     uint32_t tenant, ns;
     const char *tenant_name;
     bool admin;
+    bool resumed; /* ops_defer's second run */
 };
 
 /* Runs ent's handler (ops_resolve's) for host on request req with id as
  * `who`, appending one frame to sb: the handler's reply, or an error frame
  * with its code and message ("<op> failed" when it gave none; "reply too
  * large" for a reply past the frame limit). Returns 0, OPS_PENDING (nothing
- * appended: answered later), or the code of the error frame; when not even
- * that fits, sb is back at its size on entry. */
+ * appended: answered later; *units, when given, what it counts against its
+ * tenant's queue, at least 1), or the code of the error frame; when not
+ * even that fits, sb is back at its size on entry. */
 int ops_run(const struct ops_host *host, const struct ops_entry *ent, const struct ops_caller *who,
-            uint64_t id, const msgpack_object *req, msgpack_sbuffer *sb);
+            uint64_t id, const msgpack_object *req, msgpack_sbuffer *sb, uint32_t *units);
 void ops_table_free(struct ops_table *t);
+
+/* ---- several models (ops_model.c) ---------------------------------------- */
+
+/* The model a request names (its `model`, else the daemon's first): NULL
+ * with 0 in store mode; KVD_ENOTFOUND / KVD_EPERM as models_resolve. */
+int ops_pick_model(struct ops_ctx *c, struct models_entry **out);
+/* For the ops on a sequence: c->mm and c->ns become those of the model its
+ * handle (`seq`, key `key`) belongs to (store mode: unchanged). 0, or
+ * KVD_ENOTFOUND for a handle no model made. */
+int ops_pick_pool(struct ops_ctx *c, const char *key);
+/* OPS_POOL's work (need_loaded: OPS_LOADED): 0, OPS_PENDING (deferred)
+ * or an error. */
+int ops_select_pool(struct ops_ctx *c, bool need_loaded);
+/* c->mm and c->ns become model e's (NULL: unchanged). */
+int ops_use_model(struct ops_ctx *c, struct models_entry *e);
+/* The request waits for model e to load (models_wait), then runs again
+ * (resumed) and its reply goes out then: returns OPS_PENDING, or an error.
+ * A load failure, the queue timeout or shutdown answers it with an error.
+ * It counts as in flight for max-queued-per-tenant: admitted false checks
+ * that first (the handler has not). */
+int ops_defer(struct ops_ctx *c, struct models_entry *e, bool admitted);
+/* `cancel` of request id of connection conn_id while it waits for its
+ * model: it is answered `cancelled` now. Whether there was one. */
+bool ops_defer_cancel(struct models *ms, uint64_t conn_id, uint64_t id);
 /* Registers every built-in op. */
 int ops_register_builtin(struct ops_table *t);
 

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "models.h"
 #include "ops.h"
 
 int ops_admin_evict(struct ops_ctx *c)
@@ -52,11 +53,20 @@ int ops_admin_evict(struct ops_ctx *c)
 
 int ops_admin_check(struct ops_ctx *c)
 {
-    kvmm_lock(c->mm);
-    int rc = kvmm_check(c->mm);
-    if (rc)
-        kvd_error_set(&c->err, rc, "invariant violated: %s", kvmm_errmsg(c->mm));
-    kvmm_unlock(c->mm);
+    int rc = 0;
+    size_t n = c->host->models ? models_count(c->host->models) : 1;
+    /* every model's memory manager */
+    for (size_t i = 0; i < n && !rc; i++) {
+        struct kvmm *mm = c->host->models ? models_kvmm(models_at(c->host->models, i)) : c->mm;
+        kvmm_lock(mm);
+        rc = kvmm_check(mm);
+        if (rc && n > 1)
+            kvd_error_set(&c->err, rc, "invariant violated (model %s): %s",
+                          models_name(models_at(c->host->models, i)), kvmm_errmsg(mm));
+        else if (rc)
+            kvd_error_set(&c->err, rc, "invariant violated: %s", kvmm_errmsg(mm));
+        kvmm_unlock(mm);
+    }
     if (rc) {
         log_err("admin_check: %s", c->err.message);
         return rc;

@@ -2,12 +2,16 @@
  * scheduler request (every bad argument is bad_request naming the field),
  * hand it to the executor, and encode its streamed events and final reply
  * as frames for the server to write. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "exec.h"
 #include "gen_request.h"
+#include "models.h"
 #include "ops.h"
 #include "ops_generate.h"
 #include "proto.h"
@@ -20,7 +24,110 @@ struct mp_owned {
     uint32_t *tokens;
     struct chat_msg *msgs;
     struct logit_bias *bias;
+    json_t *schema;
 };
+
+/* A msgpack value as JSON (a JSON Schema sent as a map): NULL with err
+ * for what JSON has not (binary, extension, non-string keys, a string
+ * that is not UTF-8, a float that is not finite). The codec bounded the
+ * depth (16) and the sizes. */
+static json_t *mp_to_json(const msgpack_object *o, struct kvd_error *err)
+{
+    json_t *v = NULL;
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL:
+        return json_null();
+    case MSGPACK_OBJECT_BOOLEAN:
+        return json_boolean(o->via.boolean);
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        if (o->via.u64 <= INT64_MAX)
+            return json_integer((json_int_t)o->via.u64);
+        return json_real((double)o->via.u64);
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        return json_integer((json_int_t)o->via.i64);
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        if (!isfinite(o->via.f64))
+            break;
+        return json_real(o->via.f64);
+    case MSGPACK_OBJECT_STR:
+        if ((v = json_stringn(o->via.str.ptr, o->via.str.size)))
+            return v;
+        kvd_error_set(err, KVD_EBADREQ, "'json_schema': a string is not UTF-8 (or holds a NUL)");
+        return NULL;
+    case MSGPACK_OBJECT_ARRAY:
+        if (!(v = json_array()))
+            break;
+        for (uint32_t i = 0; i < o->via.array.size; i++) {
+            json_t *x = mp_to_json(&o->via.array.ptr[i], err);
+            if (!x || json_array_append_new(v, x)) {
+                json_decref(v);
+                return NULL;
+            }
+        }
+        return v;
+    case MSGPACK_OBJECT_MAP:
+        if (!(v = json_object()))
+            break;
+        for (uint32_t i = 0; i < o->via.map.size; i++) {
+            const msgpack_object *k = &o->via.map.ptr[i].key;
+            char key[256];
+            if (k->type != MSGPACK_OBJECT_STR || k->via.str.size >= sizeof key ||
+                memchr(k->via.str.ptr, 0, k->via.str.size)) {
+                json_decref(v);
+                kvd_error_set(err, KVD_EBADREQ,
+                              "'json_schema': a map key must be a string of under 256 bytes");
+                return NULL;
+            }
+            memcpy(key, k->via.str.ptr, k->via.str.size);
+            key[k->via.str.size] = '\0';
+            if (json_object_get(v, key)) {
+                json_decref(v);
+                kvd_error_set(err, KVD_EBADREQ, "'json_schema': the key '%.60s' is given twice",
+                              key);
+                return NULL;
+            }
+            json_t *x = mp_to_json(&o->via.map.ptr[i].val, err);
+            if (!x || json_object_set_new(v, key, x)) {
+                json_decref(v);
+                if (x) /* set_new refused the key: not UTF-8 */
+                    kvd_error_set(err, KVD_EBADREQ, "'json_schema': a key is not UTF-8");
+                return NULL;
+            }
+        }
+        return v;
+    default:
+        break;
+    }
+    if (err->code == 0)
+        kvd_error_set(err, KVD_EBADREQ,
+                      "'json_schema' holds a value JSON has not (binary, extension, a float "
+                      "that is not finite)");
+    return NULL;
+}
+
+/* `json_schema`: a map (the schema) or a string (its JSON text). */
+static int decode_json_schema(const msgpack_object *root, struct gen_args *a, struct mp_owned *own,
+                              struct kvd_error *err)
+{
+    const msgpack_object *o = proto_map_find(root, "json_schema");
+    if (!o || o->type == MSGPACK_OBJECT_NIL)
+        return 0;
+    a->json_schema_param = "json_schema";
+    if (o->type == MSGPACK_OBJECT_STR) {
+        a->json_schema_text = o->via.str.ptr;
+        a->json_schema_len = o->via.str.size;
+        return 0;
+    }
+    if (o->type != MSGPACK_OBJECT_MAP && o->type != MSGPACK_OBJECT_BOOLEAN)
+        return kvd_error_set(err, KVD_EBADREQ,
+                             "'json_schema' must be a map (a JSON Schema) or a string (its JSON)");
+    err->code = 0;
+    if (!(own->schema = mp_to_json(o, err)))
+        return err->code ? err->code : kvd_error_set(err, KVD_ENOMEM, "out of memory");
+    a->json_schema = own->schema;
+    return 0;
+}
 
 static bool mp_number(const msgpack_object *x, double *out)
 {
@@ -199,6 +306,9 @@ static int decode(const msgpack_object *root, struct gen_args *a, struct mp_owne
                              err)) ||
         (rc = proto_opt_uint(root, "session_ttl_s", &a->session_ttl_s, NULL, err)))
         return rc;
+    if (proto_map_find(root, "speculative") &&
+        (rc = proto_get_str(root, "speculative", &a->speculative, &a->speculative_len, err)))
+        return rc;
     if (proto_map_find(root, "grammar") &&
         (rc = proto_get_str(root, "grammar", &a->grammar, &a->grammar_len, err)))
         return rc;
@@ -241,7 +351,8 @@ static int decode(const msgpack_object *root, struct gen_args *a, struct mp_owne
         (rc = proto_opt_double(root, "presence_penalty", &a->presence_penalty, NULL, err)) ||
         (rc = proto_opt_double(root, "frequency_penalty", &a->frequency_penalty, NULL, err)) ||
         (rc = decode_logit_bias(root, a, own, err)) || (rc = decode_logprobs(root, a, err)) ||
-        (rc = decode_stop(root, a, err)) ||
+        (rc = decode_json_schema(root, a, own, err)) ||
+        (rc = proto_opt_uint(root, "n", &a->n, NULL, err)) || (rc = decode_stop(root, a, err)) ||
         (rc = proto_opt_bool(root, "ignore_eos", &a->ignore_eos, NULL, err)) ||
         (rc = proto_opt_bool(root, "stream", &a->stream, NULL, err)) ||
         (rc = proto_opt_int(root, "priority", &a->priority, NULL, err)))
@@ -261,6 +372,7 @@ int ops_generate_build(struct exec *ex, struct kvmm *mm, const msgpack_object *r
     free(own.tokens);
     free(own.msgs);
     free(own.bias);
+    json_decref(own.schema);
     return rc;
 }
 
@@ -289,16 +401,19 @@ static int pack_logprobs(msgpack_packer *pk, const struct sampler_logprob *lp, u
     return rc;
 }
 
-int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, const uint32_t *toks, size_t n,
-                               const char *text, size_t text_len, const struct sampler_logprob *lp,
-                               uint32_t lp_top)
+int ops_generate_encode_tokens(msgpack_sbuffer *sb, uint64_t id, int64_t choice,
+                               const uint32_t *toks, size_t n, const char *text, size_t text_len,
+                               const struct sampler_logprob *lp, uint32_t lp_top)
 {
     msgpack_packer pk;
     proto_packer_init(&pk, sb);
     size_t at = proto_frame_begin(sb);
     if (at == SIZE_MAX)
         return KVD_ENOMEM;
-    int rc = proto_event_begin(&pk, id, KVD_EVENT_TOKENS, 1 + (text != NULL) + (lp != NULL));
+    int rc = proto_event_begin(&pk, id, KVD_EVENT_TOKENS,
+                               1 + (choice >= 0) + (text != NULL) + (lp != NULL));
+    if (!rc && choice >= 0)
+        rc = proto_pack_kv_uint(&pk, "choice", (uint64_t)choice);
     if (!rc)
         rc = proto_pack_kv_u32_array(&pk, "tokens", toks, n);
     if (!rc && text)
@@ -375,12 +490,86 @@ int ops_generate_encode_done(msgpack_sbuffer *sb, const struct sched_req *r)
     return proto_frame_end(sb, at);
 }
 
+/* One choice of a request of several: index, tokens, logprobs, text,
+ * finish_reason, and the error of a choice that failed. */
+static int pack_choice(msgpack_packer *pk, const struct sched_req *r)
+{
+    size_t n_gen = r->n_toks > r->n_prompt ? r->n_toks - r->n_prompt : 0;
+    bool lp = r->lp_on && r->n_lp == n_gen;
+    bool failed = r->finish == SCHED_FINISH_ERROR;
+    int rc = proto_pack_map(pk, 3 + lp + (r->text != NULL) + failed);
+    rc = rc ? rc : proto_pack_kv_uint(pk, "index", r->choice);
+    rc = rc ? rc : proto_pack_kv_u32_array(pk, "tokens", r->toks + r->n_prompt, n_gen);
+    if (lp)
+        rc = rc ? rc : pack_logprobs(pk, r->lp, r->lp_top, n_gen);
+    if (r->text) {
+        size_t tl;
+        const char *t = text_out_str(r->text, &tl);
+        rc = rc ? rc : proto_pack_kvn_str(pk, "text", 4, t, tl);
+    }
+    rc = rc ? rc : proto_pack_kv_str(pk, "finish_reason", sched_finish_name(r->finish));
+    if (failed) {
+        rc = rc ? rc : proto_pack_str(pk, "error");
+        rc = rc ? rc : proto_pack_map(pk, 2);
+        rc = rc ? rc
+                : proto_pack_kv_str(pk, "code",
+                                    kvd_err_code(r->err.code ? r->err.code : KVD_EINTERNAL));
+        rc = rc ? rc : proto_pack_kv_str(pk, "message", r->err.message);
+    }
+    return rc;
+}
+
+int ops_generate_encode_done_group(msgpack_sbuffer *sb, const struct sched_req *const *rs,
+                                   uint32_t n)
+{
+    msgpack_packer pk;
+    proto_packer_init(&pk, sb);
+    size_t at = proto_frame_begin(sb);
+    if (at == SIZE_MAX)
+        return KVD_ENOMEM;
+    const struct sched_req *lead = rs[0];
+    uint32_t failed = 0;
+    uint64_t completion = 0, t_done = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        failed += rs[i]->finish == SCHED_FINISH_ERROR;
+        completion += rs[i]->n_toks > rs[i]->n_prompt ? rs[i]->n_toks - rs[i]->n_prompt : 0;
+        if (rs[i]->t_done > t_done)
+            t_done = rs[i]->t_done;
+    }
+    int rc;
+    if (failed == n) { /* all failed (e.g. before the prompt was done): one error */
+        rc = proto_pack_error(&pk, lead->id, lead->err.code ? lead->err.code : KVD_EINTERNAL,
+                              lead->err.message);
+        return rc ? rc : proto_frame_end(sb, at);
+    }
+    uint64_t t_sched = lead->t_sched ? lead->t_sched : t_done;
+    uint64_t t_first = lead->t_first ? lead->t_first : t_done;
+    rc = proto_reply_begin(&pk, lead->id, 3);
+    rc = rc ? rc : proto_pack_str(&pk, "choices");
+    rc = rc ? rc : proto_pack_array(&pk, n);
+    for (uint32_t i = 0; !rc && i < n; i++)
+        rc = pack_choice(&pk, rs[i]);
+    /* the prompt once, every choice's completion */
+    rc = rc ? rc : proto_pack_str(&pk, "usage");
+    rc = rc ? rc : proto_pack_map(&pk, 3);
+    rc = rc ? rc : proto_pack_kv_uint(&pk, "prompt", lead->n_prompt);
+    rc = rc ? rc : proto_pack_kv_uint(&pk, "cached", lead->n_cached);
+    rc = rc ? rc : proto_pack_kv_uint(&pk, "completion", completion);
+    rc = rc ? rc : proto_pack_str(&pk, "timing");
+    rc = rc ? rc : proto_pack_map(&pk, 3);
+    rc = rc ? rc : proto_pack_kv_double(&pk, "queue_ms", ms_between(lead->t_arrive, t_sched));
+    rc = rc ? rc : proto_pack_kv_double(&pk, "ttft_ms", ms_between(lead->t_arrive, t_first));
+    rc = rc ? rc : proto_pack_kv_double(&pk, "total_ms", ms_between(lead->t_arrive, t_done));
+    if (rc)
+        return KVD_ENOMEM;
+    return proto_frame_end(sb, at);
+}
+
 /* ---- server glue -------------------------------------------------------- */
 
 struct ops_generate {
     struct server *srv;          /* not owned */
-    struct kvmm *mm;             /* not owned */
-    struct exec *ex;             /* owned */
+    struct models *ms;           /* not owned */
     struct gen_clients *clients; /* owned: requests of other clients (HTTP) */
     struct exec_sink sink;       /* the msgpack connections' requests' */
 };
@@ -418,8 +607,17 @@ static void sink_tokens(void *ud, const struct sched_req *r, const uint32_t *tok
     const struct sampler_logprob *lp = NULL;
     if (r->lp_on && from + n <= r->n_lp)
         lp = r->lp + from * (1 + (size_t)r->lp_top);
-    int rc = ops_generate_encode_tokens(&sb, r->id, toks, n, text, text_len, lp, r->lp_top);
+    int rc = ops_generate_encode_tokens(&sb, r->id, r->group ? (int64_t)r->choice : -1, toks, n,
+                                        text, text_len, lp, r->lp_top);
     post_frame(ud, r, 0, &sb, rc);
+}
+
+static void sink_done_group(void *ud, const struct sched_req *const *rs, uint32_t n)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    int rc = ops_generate_encode_done_group(&sb, rs, n);
+    post_frame(ud, rs[0], SERVER_POST_FINAL, &sb, rc);
 }
 
 static void sink_done(void *ud, const struct sched_req *r)
@@ -430,20 +628,59 @@ static void sink_done(void *ud, const struct sched_req *r)
     post_frame(ud, r, SERVER_POST_FINAL, &sb, rc);
 }
 
+/* The model of a generate: its sequence's (`seq`), else the one it names.
+ * A request naming both must name the same. */
+static int generate_model(struct ops_ctx *c, struct models_entry **out)
+{
+    int rc = ops_pick_model(c, out);
+    if (rc)
+        return rc;
+    const msgpack_object *o = proto_map_find(c->req, "seq");
+    if (!o || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return 0;
+    struct models_entry *e = models_of_handle(c->host->models, o->via.u64);
+    if (!e)
+        return kvd_error_set(&c->err, KVD_ENOTFOUND, "no sequence %llu",
+                             (unsigned long long)o->via.u64);
+    if (proto_map_find(c->req, "model") && e != *out)
+        return kvd_error_set(&c->err, KVD_EBADREQ,
+                             "'model' is %s but sequence %llu belongs to model %s",
+                             models_name(*out), (unsigned long long)o->via.u64, models_name(e));
+    *out = e;
+    return 0;
+}
+
 static int op_generate(struct ops_ctx *c)
 {
     struct ops_generate *g = c->op_ctx;
+    struct models_entry *e = NULL;
+    /* max-queued-per-tenant counts choices: n is read first (the build
+     * checks its range) */
+    uint64_t n = 1;
+    int rc = proto_opt_uint(c->req, "n", &n, NULL, &c->err);
+    if (rc)
+        return rc;
+    uint32_t units = n >= 1 && n <= GEN_MAX_CHOICES ? (uint32_t)n : 1;
+    /* a resumed request (its model loaded meanwhile) was admitted once */
+    if (!c->resumed && (rc = server_queue_admit_n(c->srv, c->conn, c->tenant, units, &c->err)))
+        return rc;
+    c->pending_units = units; /* also while it waits for its model (ops_defer) */
+    if ((rc = generate_model(c, &e)))
+        return rc;
+    struct exec *ex = models_exec(e);
+    if (!ex)
+        return ops_defer(c, e, true);
+    models_touch(e);
+    if ((rc = ops_use_model(c, e)))
+        return rc;
     struct gen_caller gc = {
         .conn = c->conn_id, .id = c->id, .tenant = c->tenant, .ns = c->ns, .sink = &g->sink};
     struct gen_limits lim = {.max_text_bytes = server_options(c->srv)->max_text_bytes};
     struct sched_req *r = NULL;
-    int rc = server_queue_admit(c->srv, c->conn, c->tenant, &c->err);
+    rc = ops_generate_build(ex, c->mm, c->req, &gc, &lim, &r, &c->err);
     if (rc)
         return rc;
-    rc = ops_generate_build(g->ex, c->mm, c->req, &gc, &lim, &r, &c->err);
-    if (rc)
-        return rc;
-    if ((rc = exec_submit(g->ex, r)) != 0) {
+    if ((rc = exec_submit(ex, r)) != 0) {
         gen_request_discard(c->mm, r);
         return kvd_error_set(&c->err, rc, "%s", exec_submit_errmsg(rc));
     }
@@ -458,7 +695,13 @@ static int op_cancel(struct ops_ctx *c)
     int rc = proto_get_uint(c->req, "target", &target, &c->err);
     if (rc)
         return rc;
-    exec_cancel(g->ex, c->conn_id, target, &found);
+    for (size_t i = 0; i < models_count(g->ms) && !found; i++) {
+        struct exec *ex = models_exec(models_at(g->ms, i));
+        if (ex)
+            exec_cancel(ex, c->conn_id, target, &found);
+    }
+    if (!found) /* waiting for its model to load */
+        found = ops_defer_cancel(g->ms, c->conn_id, target);
     rc = proto_reply_begin(c->pk, c->id, 1);
     rc = rc ? rc : proto_pack_kv_bool(c->pk, "cancelled", found);
     return rc ? kvd_error_set(&c->err, KVD_ENOMEM, "out of memory") : 0;
@@ -467,35 +710,42 @@ static int op_cancel(struct ops_ctx *c)
 static void on_close(void *ctx, uint64_t conn_id)
 {
     struct ops_generate *g = ctx;
-    exec_cancel_conn(g->ex, conn_id);
+    models_cancel_owner(g->ms, conn_id);
+    for (size_t i = 0; i < models_count(g->ms); i++) {
+        struct exec *ex = models_exec(models_at(g->ms, i));
+        if (ex)
+            exec_cancel_conn(ex, conn_id);
+    }
 }
 
 static void on_abort(void *ctx, uint64_t conn_id, int code, const char *msg)
 {
     struct ops_generate *g = ctx;
-    exec_abort_conn(g->ex, conn_id, code, msg);
+    for (size_t i = 0; i < models_count(g->ms); i++) {
+        struct exec *ex = models_exec(models_at(g->ms, i));
+        if (ex)
+            exec_abort_conn(ex, conn_id, code, msg);
+    }
 }
 
 static void on_drain(void *ctx)
 {
     struct ops_generate *g = ctx;
-    exec_drain(g->ex);
+    models_drain(g->ms);
 }
 
-int ops_generate_start(struct server *srv, struct kvmm *mm, struct model *m,
-                       const struct exec_conf *conf, struct ops_generate **out,
+int ops_generate_start(struct server *srv, struct models *ms, struct ops_generate **out,
                        struct kvd_error *err)
 {
     struct ops_generate *g = calloc(1, sizeof(*g));
     if (!g)
         return kvd_error_set(err, KVD_ENOMEM, "out of memory");
     g->srv = srv;
-    g->mm = mm;
-    g->sink = (struct exec_sink){.ud = g, .tokens = sink_tokens, .done = sink_done};
-    int rc = exec_new(mm, m, conf, &g->ex, err);
-    if (rc)
-        goto fail;
-    if ((rc = gen_clients_new(srv, g->ex, mm, &g->clients))) {
+    g->ms = ms;
+    g->sink = (struct exec_sink){
+        .ud = g, .tokens = sink_tokens, .done = sink_done, .done_group = sink_done_group};
+    int rc = gen_clients_new(srv, ms, &g->clients);
+    if (rc) {
         kvd_error_set(err, rc, "out of memory");
         goto fail;
     }
@@ -509,21 +759,14 @@ int ops_generate_start(struct server *srv, struct kvmm *mm, struct model *m,
     *out = g;
     return 0;
 fail:
-    if (g->ex)
-        exec_free(g->ex);
     gen_clients_free(g->clients);
     free(g);
     return rc;
 }
 
-struct exec *ops_generate_exec(struct ops_generate *g)
-{
-    return g->ex;
-}
-
 struct gen_clients *ops_generate_clients(struct ops_generate *g)
 {
-    return g->clients;
+    return g ? g->clients : NULL;
 }
 
 void ops_generate_release_loop(struct ops_generate *g)
@@ -536,7 +779,6 @@ void ops_generate_stop(struct ops_generate *g)
 {
     if (!g)
         return;
-    exec_free(g->ex);
-    gen_clients_free(g->clients); /* after the executor: nothing posts any more */
+    gen_clients_free(g->clients); /* after the executors: nothing posts any more */
     free(g);
 }

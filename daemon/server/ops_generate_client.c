@@ -11,6 +11,8 @@
 
 #include <event2/event.h>
 
+#include "grammar.h"
+#include "models.h"
 #include "ops_generate.h"
 #include "server.h"
 #include "text_out.h"
@@ -20,18 +22,33 @@
 struct gc_client {
     struct gc_client *next; /* hash chain */
     uint64_t id;
+    struct models_entry *model; /* its request's: cancels go to its executor */
     struct ops_generate_client cb;
+};
+
+/* A choice's final result: one allocation with its tokens, logprobs and
+ * text. */
+struct gc_choice {
+    enum sched_finish finish;
+    uint32_t *toks;
+    size_t n_toks;
+    char *text; /* NULL: token-only */
+    size_t text_len;
+    struct sampler_logprob *lp; /* NULL: not asked */
+    void *mem;
 };
 
 struct gc_item {
     struct gc_item *next;
     uint64_t client;
     bool done;
-    uint32_t *toks; /* (n_toks), in the same allocation */
+    /* tokens (in the item's allocation) */
+    uint32_t choice;
+    uint32_t *toks; /* (n_toks) */
     size_t n_toks;
-    char *text; /* (text_len + 1), in the same allocation; NULL: token-only */
+    char *text; /* (text_len + 1); NULL: token-only */
     size_t text_len;
-    struct sampler_logprob *lp; /* (n_toks * (1 + lp_top)), same allocation; NULL: not asked */
+    struct sampler_logprob *lp; /* (n_toks * (1 + lp_top)); NULL: not asked */
     uint32_t lp_top;
     /* done */
     struct kvd_error err;
@@ -39,12 +56,22 @@ struct gc_item {
     uint64_t prompt, cached, completion;
     bool has_session;
     struct sched_session session; /* the outcome of a session request's save */
+    uint32_t n_choices;
+    struct gc_choice *choices; /* (n_choices), owned */
 };
+
+static void item_free(struct gc_item *it)
+{
+    for (uint32_t i = 0; it && i < it->n_choices; i++)
+        free(it->choices[i].mem);
+    if (it)
+        free(it->choices);
+    free(it);
+}
 
 struct gen_clients {
     struct server *srv;                    /* not owned: client ids */
-    struct exec *ex;                       /* not owned */
-    struct kvmm *mm;                       /* not owned */
+    struct models *ms;                     /* not owned */
     struct event *ev;                      /* the loop's side of the queue */
     struct exec_sink sink;                 /* every client request's (gen_clients_tokens/done) */
     struct gc_client *buckets[GC_BUCKETS]; /* loop thread */
@@ -72,18 +99,27 @@ static void gc_deliver(evutil_socket_t fd, short what, void *arg)
         struct gc_client **slot = find_slot(gc, it->client);
         struct gc_client *c = *slot;
         if (c && !it->done) {
-            c->cb.tokens(c->cb.ud, it->toks, it->n_toks, it->text, it->text_len, it->lp,
+            c->cb.tokens(c->cb.ud, it->choice, it->toks, it->n_toks, it->text, it->text_len, it->lp,
                          it->lp_top);
         } else if (c) {
             *slot = c->next; /* nothing runs for it after done */
+            struct ops_generate_choice *ch = calloc(it->n_choices ? it->n_choices : 1, sizeof *ch);
+            if (!ch && !it->err.code)
+                kvd_error_set(&it->err, KVD_ENOMEM, "out of memory building the reply");
+            for (uint32_t i = 0; ch && i < it->n_choices; i++)
+                ch[i] = (struct ops_generate_choice){
+                    .finish = it->choices[i].finish,
+                    .toks = it->choices[i].toks,
+                    .n_toks = it->choices[i].n_toks,
+                    .text = it->choices[i].text,
+                    .text_len = it->choices[i].text_len,
+                    .lp = it->choices[i].lp,
+                };
             struct ops_generate_result res = {
                 .err = &it->err,
                 .finish = it->err.code ? SCHED_FINISH_ERROR : it->finish,
-                .toks = it->toks,
-                .n_toks = it->n_toks,
-                .text = it->text,
-                .text_len = it->text_len,
-                .lp = it->lp,
+                .n_choices = ch ? it->n_choices : 0,
+                .choices = ch,
                 .lp_top = it->lp_top,
                 .prompt = it->prompt,
                 .cached = it->cached,
@@ -93,8 +129,9 @@ static void gc_deliver(evutil_socket_t fd, short what, void *arg)
             struct ops_generate_client cb = c->cb;
             free(c);
             cb.done(cb.ud, &res);
+            free(ch);
         }
-        free(it);
+        item_free(it);
         it = next;
     }
 }
@@ -109,15 +146,20 @@ static void sink_done(void *ud, const struct sched_req *r)
     gen_clients_done(ud, r);
 }
 
-int gen_clients_new(struct server *srv, struct exec *ex, struct kvmm *mm, struct gen_clients **out)
+static void sink_done_group(void *ud, const struct sched_req *const *rs, uint32_t n)
+{
+    gen_clients_done_group(ud, rs, n);
+}
+
+int gen_clients_new(struct server *srv, struct models *ms, struct gen_clients **out)
 {
     struct gen_clients *gc = calloc(1, sizeof(*gc));
     if (!gc)
         return KVD_ENOMEM;
     gc->srv = srv;
-    gc->sink = (struct exec_sink){.ud = gc, .tokens = sink_tokens, .done = sink_done};
-    gc->ex = ex;
-    gc->mm = mm;
+    gc->sink = (struct exec_sink){
+        .ud = gc, .tokens = sink_tokens, .done = sink_done, .done_group = sink_done_group};
+    gc->ms = ms;
     pthread_mutex_init(&gc->mu, NULL);
     gc->ev = event_new(server_event_base(srv), -1, 0, gc_deliver, gc);
     if (!gc->ev) {
@@ -135,7 +177,7 @@ void gen_clients_free(struct gen_clients *gc)
     gen_clients_release_loop(gc);
     for (struct gc_item *it = gc->head, *next; it; it = next) {
         next = it->next;
-        free(it);
+        item_free(it);
     }
     for (unsigned b = 0; b < GC_BUCKETS; b++)
         for (struct gc_client *c = gc->buckets[b], *next; c; c = next) {
@@ -185,7 +227,7 @@ static void push(struct gen_clients *gc, struct gc_item *it)
     pthread_mutex_lock(&gc->mu);
     if (!gc->ev) { /* the loop is gone (gen_clients_release_loop) */
         pthread_mutex_unlock(&gc->mu);
-        free(it);
+        item_free(it);
         return;
     }
     if (gc->tail)
@@ -221,36 +263,77 @@ void gen_clients_tokens(struct gen_clients *gc, const struct sched_req *r, const
     if (r->lp_on && from + n <= r->n_lp)
         lp = r->lp + from * (1 + (size_t)r->lp_top);
     struct gc_item *it = item_new(r->conn, toks, n, text, text_len, r->text != NULL, lp, r->lp_top);
-    if (it) /* without memory a piece is lost; the final result still carries all */
+    if (it) { /* without memory a piece is lost; the final result still carries all */
+        it->choice = r->choice;
         push(gc, it);
+    }
 }
 
-void gen_clients_done(struct gen_clients *gc, const struct sched_req *r)
+/* Choice r's result into ch (its own allocation). False without memory. */
+static bool choice_fill(struct gc_choice *ch, const struct sched_req *r)
 {
-    size_t n_gen = r->n_toks - r->n_prompt;
+    size_t n_gen = r->n_toks > r->n_prompt ? r->n_toks - r->n_prompt : 0;
     const char *text = NULL;
     size_t text_len = 0;
     if (r->text && r->finish != SCHED_FINISH_ERROR)
         text = text_out_str(r->text, &text_len);
-    const struct sampler_logprob *lp = r->lp_on && r->n_lp == n_gen ? r->lp : NULL;
-    struct gc_item *it = item_new(r->conn, r->toks + r->n_prompt, n_gen, text, text_len,
-                                  text != NULL, lp, r->lp_top);
-    if (!it) /* the client must hear the end: a bare error item */
-        it = item_new(r->conn, NULL, 0, NULL, 0, false, NULL, 0);
+    bool lp = r->lp_on && r->n_lp == n_gen;
+    size_t n_lp = lp ? n_gen * (1 + (size_t)r->lp_top) : 0;
+    size_t bytes = n_lp * sizeof(struct sampler_logprob) + n_gen * sizeof(uint32_t) +
+                   (text ? text_len + 1 : 0) + 1;
+    char *mem = malloc(bytes);
+    if (!mem)
+        return false;
+    ch->mem = mem;
+    ch->finish = r->finish;
+    ch->lp = lp ? (struct sampler_logprob *)mem : NULL; /* first: malloc's alignment */
+    if (n_lp)
+        memcpy(ch->lp, r->lp, n_lp * sizeof *ch->lp);
+    ch->toks = (uint32_t *)(mem + n_lp * sizeof(struct sampler_logprob));
+    if (n_gen)
+        memcpy(ch->toks, r->toks + r->n_prompt, n_gen * sizeof(uint32_t));
+    ch->n_toks = n_gen;
+    if (text) {
+        ch->text = (char *)(ch->toks + n_gen);
+        if (text_len)
+            memcpy(ch->text, text, text_len);
+        ch->text[text_len] = '\0';
+        ch->text_len = text_len;
+    }
+    return true;
+}
+
+void gen_clients_done_group(struct gen_clients *gc, const struct sched_req *const *rs, uint32_t n)
+{
+    const struct sched_req *r = rs[0];
+    struct gc_item *it = calloc(1, sizeof *it);
     if (!it)
         return; /* nothing left: the client's request stays open until it goes */
+    it->client = r->conn;
     it->done = true;
     it->finish = r->finish;
-    if (r->finish == SCHED_FINISH_ERROR) {
-        it->err = r->err;
-        if (!it->err.code)
-            it->err.code = KVD_EINTERNAL;
-    } else if (it->n_toks != n_gen) {
-        kvd_error_set(&it->err, KVD_ENOMEM, "out of memory building the reply");
-    }
-    it->prompt = r->n_prompt;
+    it->lp_top = r->lp_top;
+    it->prompt = r->n_prompt; /* once: the choices share it */
     it->cached = r->n_cached;
-    it->completion = n_gen;
+    if ((it->choices = calloc(n, sizeof *it->choices)))
+        it->n_choices = n;
+    else
+        kvd_error_set(&it->err, KVD_ENOMEM, "out of memory building the reply");
+    bool cancelled = false;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct sched_req *c = rs[i];
+        it->completion += c->n_toks > c->n_prompt ? c->n_toks - c->n_prompt : 0;
+        if (c->finish == SCHED_FINISH_ERROR && !it->err.code) {
+            it->err = c->err;
+            if (!it->err.code)
+                it->err.code = KVD_EINTERNAL;
+        }
+        cancelled |= c->finish == SCHED_FINISH_CANCELLED;
+        if (it->choices && !choice_fill(&it->choices[i], c) && !it->err.code)
+            kvd_error_set(&it->err, KVD_ENOMEM, "out of memory building the reply");
+    }
+    if (cancelled)
+        it->finish = SCHED_FINISH_CANCELLED;
     if (r->session) {
         it->has_session = true;
         it->session = *r->session;
@@ -258,45 +341,65 @@ void gen_clients_done(struct gen_clients *gc, const struct sched_req *r)
     push(gc, it);
 }
 
-/* ---- the loop's side ------------------------------------------------------ */
-
-const struct text *ops_generate_client_text(struct gen_clients *gc)
+void gen_clients_done(struct gen_clients *gc, const struct sched_req *r)
 {
-    return exec_text(gc->ex);
+    gen_clients_done_group(gc, &r, 1);
 }
+
+/* ---- the loop's side ------------------------------------------------------ */
 
 uint64_t ops_generate_client_id(struct gen_clients *gc)
 {
     return server_new_id(gc->srv);
 }
 
-int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const struct gen_args *args,
-                               uint32_t tenant, uint32_t ns, const struct ops_generate_client *cb,
-                               struct kvd_error *err)
+int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, struct models_entry *e,
+                               const struct gen_args *args, uint32_t tenant,
+                               const struct ops_generate_client *cb, struct kvd_error *err)
 {
-    if (args->has_seq)
+    if (args->has_seq) {
+        grammar_free(args->compiled); /* taken over, as the build would */
         return kvd_error_set(err, KVD_EBADREQ, "'seq' is for msgpack connections");
+    }
+    struct exec *ex = models_exec(e);
+    struct kvmm *mm = models_kvmm(e);
+    if (!ex) {
+        grammar_free(args->compiled);
+        return kvd_error_set(err, KVD_EINTERNAL, "model %s is not loaded", models_name(e));
+    }
+    uint32_t ns;
+    kvmm_lock(mm);
+    int rc = kvmm_tenant_namespace(mm, tenant, &ns);
+    if (rc)
+        kvd_error_set(err, rc, "%s", kvmm_errmsg(mm));
+    kvmm_unlock(mm);
+    if (rc) {
+        grammar_free(args->compiled);
+        return rc;
+    }
+    models_touch(e);
     struct gen_caller caller = {
         .conn = client, .id = 1, .tenant = tenant, .ns = ns, .sink = &gc->sink};
     struct gen_limits lim = {.max_text_bytes = server_options(gc->srv)->max_text_bytes};
     struct sched_req *r = NULL;
-    int rc = gen_request_build(gc->ex, gc->mm, args, &caller, &lim, &r, err);
+    rc = gen_request_build(ex, mm, args, &caller, &lim, &r, err);
     if (rc)
         return rc;
     struct gc_client *c = calloc(1, sizeof(*c));
     if (!c) {
-        gen_request_discard(gc->mm, r);
+        gen_request_discard(mm, r);
         return kvd_error_set(err, KVD_ENOMEM, "out of memory");
     }
     c->id = client;
+    c->model = e;
     c->cb = *cb;
     struct gc_client **slot = find_slot(gc, client);
     c->next = *slot;
     *slot = c;
-    if ((rc = exec_submit(gc->ex, r)) != 0) {
+    if ((rc = exec_submit(ex, r)) != 0) {
         *find_slot(gc, client) = c->next;
         free(c);
-        gen_request_discard(gc->mm, r);
+        gen_request_discard(mm, r);
         return kvd_error_set(err, rc, "%s", exec_submit_errmsg(rc));
     }
     return 0;
@@ -304,17 +407,22 @@ int ops_generate_client_submit(struct gen_clients *gc, uint64_t client, const st
 
 void ops_generate_client_drop(struct gen_clients *gc, uint64_t client)
 {
+    models_cancel_owner(gc->ms, client);
     struct gc_client **slot = find_slot(gc, client);
     if (!*slot)
         return;
     struct gc_client *c = *slot;
     *slot = c->next;
+    struct exec *ex = models_exec(c->model);
     free(c);
-    exec_cancel_conn(gc->ex, client);
+    if (ex)
+        exec_cancel_conn(ex, client);
 }
 
 void ops_generate_client_abort(struct gen_clients *gc, uint64_t client, int code, const char *msg)
 {
-    if (*find_slot(gc, client))
-        exec_abort_conn(gc->ex, client, code, msg);
+    struct gc_client *c = *find_slot(gc, client);
+    struct exec *ex = c ? models_exec(c->model) : NULL;
+    if (ex)
+        exec_abort_conn(ex, client, code, msg);
 }

@@ -8,6 +8,7 @@
 #include "kvevents.h"
 #include "kvd/protocol.h"
 #include "kvd/version.h"
+#include "models.h"
 #include "ops.h"
 #include "server.h"
 #include "stats_snap.h"
@@ -36,20 +37,76 @@ static int pack_text(msgpack_packer *pk, const struct text *tx)
     return proto_pack_kv_bool(pk, "chat_template", text_chat_template(tx) != NULL);
 }
 
+/* A model's map: today's hello fields (name, vocab, context, weights,
+ * fingerprint: nil until it has loaded once, the text side), then with
+ * `list` what a list of models says of each: its state, KV geometry and
+ * arena, keep-alive, and whether the caller may use it. */
+static int pack_model(msgpack_packer *pk, struct models_entry *e, const char *tenant, bool list)
+{
+    struct models_info mi;
+    models_info(e, &mi);
+    const struct model_hparams *hp = models_hparams(e);
+    size_t map = proto_map_begin(pk);
+    PROTO_PK(proto_pack_kv_str(pk, "name", mi.name));
+    PROTO_PK(proto_pack_kv_uint(pk, "vocab", hp->n_vocab));
+    PROTO_PK(proto_pack_kv_uint(pk, "context", hp->n_ctx));
+    PROTO_PK(proto_pack_kv_uint(pk, "weight_bytes", mi.weight_bytes));
+    PROTO_PK(proto_pack_kv_uint(pk, "weight_device_bytes", mi.weight_device_bytes));
+    if (mi.loaded_once) {
+        char fp[33];
+        for (int i = 0; i < 16; i++)
+            snprintf(fp + 2 * i, 3, "%02x", hp->fingerprint[i]);
+        PROTO_PK(proto_pack_kv_str(pk, "fingerprint", fp));
+    } else {
+        PROTO_PK(proto_pack_kv_nil(pk, "fingerprint"));
+    }
+    PROTO_PK(pack_text(pk, models_text(e)));
+    if (list) {
+        const struct kv_geom *g = kvmm_geom(models_kvmm(e));
+        PROTO_PK(proto_pack_kv_str(pk, "state", models_state_name(mi.state)));
+        PROTO_PK(proto_pack_kv_str(pk, "arch", hp->arch));
+        PROTO_PK(proto_pack_str(pk, "kv"));
+        size_t kv = proto_map_begin(pk);
+        PROTO_PK(proto_pack_kv_uint(pk, "layers", g->layers));
+        PROTO_PK(proto_pack_kv_uint(pk, "kv_heads", g->kv_heads));
+        PROTO_PK(proto_pack_kv_uint(pk, "head_dim", g->head_dim));
+        PROTO_PK(proto_pack_kv_str(pk, "dtype", kv_dtype_name(g->dtype)));
+        PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
+        PROTO_PK(proto_pack_kv_uint(pk, "token_bytes", kv_token_bytes(g)));
+        PROTO_PK(proto_map_end(pk, kv));
+        PROTO_PK(proto_pack_kv_uint(pk, "kv_device_bytes", mi.kv_device_bytes));
+        PROTO_PK(proto_pack_kv_uint(pk, "kv_device_blocks", mi.kv_device_blocks));
+        if (mi.keep_alive_s == OPTIONS_KEEP_FOREVER)
+            PROTO_PK(proto_pack_kv_nil(pk, "keep_alive_s"));
+        else
+            PROTO_PK(proto_pack_kv_uint(pk, "keep_alive_s", mi.keep_alive_s));
+        PROTO_PK(proto_pack_kv_bool(pk, "allowed", models_allows(e, tenant)));
+        if (mi.draft)
+            PROTO_PK(proto_pack_kv_str(pk, "draft", mi.draft));
+        else
+            PROTO_PK(proto_pack_kv_nil(pk, "draft"));
+        PROTO_PK(proto_pack_kv_str(pk, "speculative", mi.spec_mode));
+    }
+    return proto_map_end(pk, map);
+}
+
 int ops_hello(struct ops_ctx *c)
 {
     uint64_t version = KVD_PROTOCOL_VERSION;
     char client[KVD_MAX_CLIENT_NAME + 1];
     bool have_client = false;
+    struct models_entry *me = NULL;
     PROTO_PK(proto_opt_uint(c->req, "version", &version, NULL, &c->err));
     PROTO_PK(proto_opt_strz(c->req, "client", client, sizeof(client), &have_client, &c->err));
     if (version != KVD_PROTOCOL_VERSION)
         return kvd_error_set(&c->err, KVD_EUNSUPPORTED,
                              "protocol version %llu is not supported (this server speaks %d)",
                              (unsigned long long)version, KVD_PROTOCOL_VERSION);
-
-    const struct kv_geom *g = kvmm_geom(c->mm);
-    const struct server_model_info *m = c->host->model;
+    /* `model`: the model whose geometry and fields the reply leads with
+     * (the first when none is named) */
+    PROTO_PK(ops_pick_model(c, &me));
+    struct kvmm *mm = me ? models_kvmm(me) : c->mm;
+    const struct kv_geom *g = kvmm_geom(mm);
     msgpack_packer *pk = c->pk;
     size_t reply = proto_reply_begin_map(pk, c->id);
     PROTO_PK(proto_pack_kv_str(pk, "server", "kvd " KVD_VERSION_STRING));
@@ -60,8 +117,8 @@ int ops_hello(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_uint(pk, "block_tokens", g->block_tokens));
     PROTO_PK(proto_pack_kv_uint(pk, "max_frame", c->host->max_frame));
     PROTO_PK(proto_pack_kv_uint(pk, "conn", c->conn_id));
-    PROTO_PK(proto_pack_kv_bool(pk, "disk", kvmm_disk_on(c->mm)));
-    PROTO_PK(proto_pack_kv_bool(pk, "remote", kvmm_remote_on(c->mm)));
+    PROTO_PK(proto_pack_kv_bool(pk, "disk", kvmm_disk_on(mm)));
+    PROTO_PK(proto_pack_kv_bool(pk, "remote", kvmm_remote_on(mm)));
     PROTO_PK(proto_pack_str(pk, "kv"));
     size_t kv = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "layers", g->layers));
@@ -71,24 +128,100 @@ int ops_hello(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", kv_block_bytes(g)));
     PROTO_PK(proto_pack_kv_uint(pk, "token_bytes", kv_token_bytes(g)));
     PROTO_PK(proto_map_end(pk, kv));
-    if (!m) {
+    if (!me) {
         PROTO_PK(proto_pack_kv_nil(pk, "model"));
     } else {
         PROTO_PK(proto_pack_str(pk, "model"));
-        size_t model = proto_map_begin(pk);
-        PROTO_PK(proto_pack_kv_str(pk, "name", m->name));
-        PROTO_PK(proto_pack_kv_uint(pk, "vocab", m->vocab));
-        PROTO_PK(proto_pack_kv_uint(pk, "context", m->context));
-        PROTO_PK(proto_pack_kv_uint(pk, "weight_bytes", m->weight_bytes));
-        PROTO_PK(proto_pack_kv_uint(pk, "weight_device_bytes", m->weight_device_bytes));
-        char fp[33];
-        for (int i = 0; i < 16; i++)
-            snprintf(fp + 2 * i, 3, "%02x", m->fingerprint[i]);
-        PROTO_PK(proto_pack_kv_str(pk, "fingerprint", fp));
-        PROTO_PK(pack_text(pk, m->text));
-        PROTO_PK(proto_map_end(pk, model));
+        PROTO_PK(pack_model(pk, me, c->tenant_name, false));
     }
+    /* every model, loaded or not */
+    size_t n = models_count(c->host->models);
+    PROTO_PK(proto_pack_str(pk, "models"));
+    PROTO_MP(proto_pack_array(pk, n));
+    for (size_t i = 0; i < n; i++)
+        PROTO_PK(pack_model(pk, models_at(c->host->models, i), c->tenant_name, true));
     return proto_map_end(pk, reply);
+}
+
+static int pack_tier(msgpack_packer *pk, const char *key, uint32_t total, uint32_t free_,
+                     uint32_t cached, uint32_t used);
+
+/* stats "models": each model's map as hello lists it, and for an admin
+ * what it does: load counts and times, its executor's queues and token
+ * counters, its pools' occupancy. */
+static int pack_models_stats(struct ops_ctx *c)
+{
+    msgpack_packer *pk = c->pk;
+    struct models *ms = c->host->models;
+    size_t n = models_count(ms);
+    uint64_t used, budget;
+    models_device_use(ms, &used, &budget);
+    if (c->admin) {
+        PROTO_PK(proto_pack_str(pk, "model_memory"));
+        size_t mm = proto_map_begin(pk);
+        PROTO_PK(proto_pack_kv_uint(pk, "device_used", used));
+        if (budget)
+            PROTO_PK(proto_pack_kv_uint(pk, "device_budget", budget));
+        else
+            PROTO_PK(proto_pack_kv_nil(pk, "device_budget"));
+        PROTO_PK(proto_map_end(pk, mm));
+    }
+    PROTO_PK(proto_pack_str(pk, "models"));
+    PROTO_MP(proto_pack_array(pk, n));
+    for (size_t i = 0; i < n; i++) {
+        struct models_entry *e = models_at(ms, i);
+        struct models_info mi;
+        models_info(e, &mi);
+        size_t map = proto_map_begin(pk);
+        PROTO_PK(proto_pack_kv_str(pk, "name", mi.name));
+        PROTO_PK(proto_pack_kv_str(pk, "state", models_state_name(mi.state)));
+        PROTO_PK(proto_pack_kv_uint(pk, "weight_device_bytes", mi.weight_device_bytes));
+        PROTO_PK(proto_pack_kv_uint(pk, "kv_device_bytes", mi.kv_device_bytes));
+        PROTO_PK(proto_pack_kv_uint(pk, "kv_device_blocks", mi.kv_device_blocks));
+        PROTO_PK(proto_pack_kv_uint(pk, "block_bytes", mi.block_bytes));
+        if (c->admin) {
+            struct kvmm_stats ks;
+            struct acct_sched as = {0};
+            kvmm_lock(models_kvmm(e));
+            kvmm_stats(models_kvmm(e), &ks);
+            kvmm_unlock(models_kvmm(e));
+            if (c->host->obs->acct)
+                acct_sched_get_slot(c->host->obs->acct, models_index(e), &as);
+            PROTO_PK(proto_pack_kv_str(pk, "path", mi.path));
+            PROTO_PK(proto_pack_kv_double(pk, "idle_s", mi.idle_s));
+            PROTO_PK(proto_pack_kv_uint(pk, "waiting", mi.waiting));
+            PROTO_PK(proto_pack_kv_uint(pk, "loads", mi.loads));
+            PROTO_PK(proto_pack_kv_uint(pk, "unloads", mi.unloads));
+            PROTO_PK(proto_pack_kv_uint(pk, "load_failures", mi.load_failures));
+            PROTO_PK(proto_pack_kv_double(pk, "load_ms", mi.load_ms_last));
+            PROTO_PK(proto_pack_kv_double(pk, "unload_ms", mi.unload_ms_last));
+            PROTO_PK(proto_pack_kv_uint(pk, "moved_at_unload", mi.moved_at_unload));
+            PROTO_PK(proto_pack_kv_uint(pk, "dropped_at_unload", mi.dropped_at_unload));
+            PROTO_PK(proto_pack_kv_str(pk, "last_error", mi.last_error));
+            PROTO_PK(proto_pack_kv_uint(pk, "live", as.live));
+            PROTO_PK(proto_pack_kv_uint(pk, "waiting_requests", as.waiting));
+            PROTO_PK(proto_pack_kv_uint(pk, "running", as.running));
+            PROTO_PK(proto_pack_kv_uint(pk, "submitted", as.submitted));
+            PROTO_PK(proto_pack_kv_uint(pk, "generated", as.generated));
+            PROTO_PK(proto_pack_kv_uint(pk, "steps", as.steps));
+            PROTO_PK(proto_pack_kv_uint(pk, "prefill_tokens", as.prefill_tokens));
+            PROTO_PK(proto_pack_kv_uint(pk, "decode_tokens", as.decode_tokens));
+            PROTO_PK(proto_pack_kv_uint(pk, "draft_kv_device_bytes", mi.draft_kv_bytes));
+            /* its speculation: its own default and draft, its executors'
+             * counters (kept across unloads) */
+            snprintf(as.spec.mode, sizeof as.spec.mode, "%s", mi.spec_mode);
+            as.spec.draft_model = mi.draft != NULL;
+            as.spec.max_batch = mi.spec_max_batch;
+            PROTO_PK(acct_stats_pack_spec(pk, &as.spec));
+            PROTO_PK(pack_tier(pk, "device", ks.device_total, ks.device_free, ks.device_cached,
+                               ks.device_used));
+            PROTO_PK(
+                pack_tier(pk, "host", ks.host_total, ks.host_free, ks.host_cached, ks.host_used));
+            PROTO_PK(proto_pack_kv_uint(pk, "seqs", ks.n_seqs));
+        }
+        PROTO_PK(proto_map_end(pk, map));
+    }
+    return 0;
 }
 
 /* A quota: nil when unlimited. */
@@ -260,6 +393,7 @@ static int stats_tenant_pack(struct ops_ctx *c, const struct stats_snap *sn)
     PROTO_PK(proto_pack_str(pk, "tenants"));
     PROTO_MP(proto_pack_array(pk, 1));
     PROTO_PK(pack_tenant(pk, &sn->t[0]));
+    PROTO_PK(pack_models_stats(c));
     return proto_map_end(pk, reply);
 }
 
@@ -342,6 +476,7 @@ static int stats_all_pack(struct ops_ctx *c, const struct stats_snap *sn)
     for (size_t i = 0; i < sn->n; i++)
         PROTO_PK(pack_tenant(pk, &sn->t[i]));
     PROTO_PK(acct_stats_pack_top(pk, obs->acct, obs->rl)); /* "requests", "roofline" */
+    PROTO_PK(pack_models_stats(c));
     return proto_map_end(pk, reply);
 }
 

@@ -28,6 +28,7 @@ enum job_kind { JOB_SAVE, JOB_OPEN, JOB_DELETE };
 
 struct session_job {
     struct ops_session *os;
+    struct kvmm *mm; /* the request's model's */
     enum job_kind kind;
     uint64_t conn, id;
     uint32_t tenant, ns;
@@ -67,7 +68,7 @@ static int pack_info(msgpack_packer *pk, const struct kvmm_session_info *in)
 /* The job's reply into sb, or an error with e filled. */
 static int job_reply(struct session_job *j, msgpack_sbuffer *sb, struct kvd_error *e)
 {
-    struct kvmm *mm = j->os->mm;
+    struct kvmm *mm = j->mm;
     struct kvmm_session_info info;
     size_t matched = 0;
     int rc;
@@ -122,9 +123,9 @@ static void job_run(void *ud, bool cancelled)
                        : job_reply(j, &sb, &e);
     if (rc) {
         if (j->kind == JOB_OPEN) { /* the sequence goes back (already gone if the peer left) */
-            kvmm_lock(j->os->mm);
-            kvmm_seq_close(j->os->mm, j->conn, j->seq);
-            kvmm_unlock(j->os->mm);
+            kvmm_lock(j->mm);
+            kvmm_seq_close(j->mm, j->conn, j->seq);
+            kvmm_unlock(j->mm);
         }
         msgpack_sbuffer_clear(&sb);
         if (proto_frame_error(&sb, j->id, rc, e.message) != 0)
@@ -144,11 +145,13 @@ static int submit(struct ops_ctx *c, struct session_job *j)
 {
     struct ops_session *os = c->op_ctx;
     j->os = os;
+    j->mm = c->mm;
     j->conn = c->conn_id;
     j->id = c->id;
     j->tenant = c->tenant;
     j->ns = c->ns;
-    int rc = server_queue_admit(c->srv, c->conn, c->tenant, &c->err);
+    /* a resumed request (its model loaded meanwhile) was admitted once */
+    int rc = c->resumed ? 0 : server_queue_admit(c->srv, c->conn, c->tenant, &c->err);
     if (rc == 0 && (rc = workpool_submit(os->pool, c->tenant, job_run, j)) != 0)
         kvd_error_set(&c->err, rc, "%s", exec_submit_errmsg(rc));
     if (rc) {
@@ -294,13 +297,13 @@ int ops_session_register(struct server *srv, struct kvmm *mm, struct workpool *p
     if (!os)
         return KVD_ENOMEM;
     *os = (struct ops_session){.srv = srv, .mm = mm, .pool = pool};
-    int rc = server_op_register(srv, KVD_OP_SESSION_SAVE, op_save, os, 0);
+    int rc = server_op_register(srv, KVD_OP_SESSION_SAVE, op_save, os, OPS_POOL | OPS_LOADED);
     if (!rc)
-        rc = server_op_register(srv, KVD_OP_SESSION_OPEN, op_open, os, 0);
+        rc = server_op_register(srv, KVD_OP_SESSION_OPEN, op_open, os, OPS_POOL | OPS_LOADED);
     if (!rc)
-        rc = server_op_register(srv, KVD_OP_SESSION_LIST, op_list, os, 0);
+        rc = server_op_register(srv, KVD_OP_SESSION_LIST, op_list, os, OPS_POOL | OPS_LOADED);
     if (!rc)
-        rc = server_op_register(srv, KVD_OP_SESSION_DELETE, op_delete, os, 0);
+        rc = server_op_register(srv, KVD_OP_SESSION_DELETE, op_delete, os, OPS_POOL | OPS_LOADED);
     if (rc) {
         free(os);
         return rc;

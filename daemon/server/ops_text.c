@@ -11,6 +11,8 @@
 
 #include "kvd/protocol.h"
 #include "exec.h"
+#include "models.h"
+#include "ops.h"
 #include "server.h"
 #include "text.h"
 #include "workpool.h"
@@ -24,6 +26,7 @@ struct ops_text {
 /* One request for the workers: its arguments, copied off the message. */
 struct text_job {
     struct ops_text *ot;
+    const struct text *tx; /* the request's model's */
     uint64_t conn, id;
     uint32_t max_frame;
     bool detokenize, special;
@@ -50,10 +53,22 @@ static const struct tokenizer *need_tokenizer(const struct text *tx, const char 
     return tok;
 }
 
+/* The text side of the model the request names (its `model`; store mode:
+ * the registered one, NULL). */
+static int request_text(struct ops_ctx *c, const struct ops_text *ot, const struct text **tx)
+{
+    struct models_entry *e = NULL;
+    int rc = ops_pick_model(c, &e);
+    if (rc)
+        return rc;
+    *tx = e ? models_text(e) : ot->tx;
+    return 0;
+}
+
 /* The reply of j into sb (one frame), or an error with e filled. */
 static int job_reply(struct text_job *j, msgpack_sbuffer *sb, struct kvd_error *e)
 {
-    const struct text *tx = j->ot->tx;
+    const struct text *tx = j->tx;
     uint32_t *ids = NULL;
     char *s = NULL;
     size_t n = 0, len = 0;
@@ -156,7 +171,9 @@ static int op_tokenize(struct ops_ctx *c)
     PROTO_PK(proto_get_str(c->req, "text", &s, &len, &c->err));
     PROTO_PK(proto_opt_bool(c->req, "special", &special, NULL, &c->err));
     PROTO_PK(proto_opt_bool(c->req, "add_bos", &add_bos, &has_add_bos, &c->err));
-    if (!need_tokenizer(ot->tx, "tokenize", &c->err))
+    const struct text *tx;
+    PROTO_PK(request_text(c, ot, &tx));
+    if (!need_tokenizer(tx, "tokenize", &c->err))
         return c->err.code;
     uint64_t max = server_options(c->srv)->max_text_bytes;
     if (max && len > max)
@@ -172,6 +189,7 @@ static int op_tokenize(struct ops_ctx *c)
     j->len = len;
     j->special = special;
     j->add_bos = has_add_bos ? add_bos : -1;
+    j->tx = tx;
     return submit(c, ot, j);
 }
 
@@ -183,7 +201,10 @@ static int op_detokenize(struct ops_ctx *c)
     bool special = false;
     PROTO_PK(proto_get_u32_array(c->req, "tokens", KVD_MAX_ARRAY, &ids, &n, &c->err));
     int rc = proto_opt_bool(c->req, "special", &special, NULL, &c->err);
-    const struct tokenizer *tok = rc ? NULL : need_tokenizer(ot->tx, "detokenize", &c->err);
+    const struct text *tx = NULL;
+    if (!rc)
+        rc = request_text(c, ot, &tx);
+    const struct tokenizer *tok = rc ? NULL : need_tokenizer(tx, "detokenize", &c->err);
     if (!tok) {
         free(ids);
         return c->err.code;
@@ -206,6 +227,7 @@ static int op_detokenize(struct ops_ctx *c)
     j->special = special;
     j->ids = ids;
     j->n = n;
+    j->tx = tx;
     return submit(c, ot, j);
 }
 

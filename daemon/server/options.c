@@ -23,9 +23,12 @@ _Static_assert(KV_F16 == 0 && KV_BF16 == 1 && KV_F32 == 2 && KV_Q8_0 == 3 && KV_
                "kv-dtype choices are in enum order");
 _Static_assert(OPTIONS_EVICT_HITS == 0 && OPTIONS_EVICT_LRU == 1,
                "evict-policy choices are in enum order");
+_Static_assert(OPTIONS_SPEC_OFF == 0 && OPTIONS_SPEC_NGRAM == 1 && OPTIONS_SPEC_DRAFT == 2,
+               "speculative choices are in enum order");
 _Static_assert(sizeof(enum options_backend) == sizeof(int) &&
                    sizeof(enum kv_dtype) == sizeof(int) &&
-                   sizeof(enum options_evict) == sizeof(int),
+                   sizeof(enum options_evict) == sizeof(int) &&
+                   sizeof(enum options_spec) == sizeof(int),
                "choices are stored as int");
 
 #define STR_(x) #x
@@ -43,8 +46,15 @@ const struct options_def options_defs[] = {
      "INI file: [server] settings, [limits], [admin], [tenant:NAME]"},
     {"backend", "auto|cpu|cuda", OPTIONS_CHOICE, F(backend), 0, 0, "auto|cpu|cuda", "auto", NULL, 0,
      "where the KV arena and the model live"},
-    {"model", "FILE", OPTIONS_STR, F(model_path), 0, 0, NULL, NULL, NULL, 0,
-     "GGUF model to serve (omit for store mode)"},
+    {"model", "[NAME=]FILE", OPTIONS_MODEL, F(model_path), 0, 0, NULL, NULL, NULL, 0,
+     "GGUF model to serve (omit for store mode); NAME=FILE\n"
+     "names one of several (repeatable; also [model:NAME])"},
+    {"device-bytes", "BYTES", OPTIONS_SIZE, F(device_bytes), 0, UINT64_MAX, NULL, NULL, NULL, 0,
+     "the loaded models' weights and KV arenas together\n"
+     "(e.g. 20G); a model that does not fit unloads idle\n"
+     "ones, least recently used first (default: no budget)"},
+    {"keep-alive-s", "SECONDS|forever", OPTIONS_SECONDS, F(keep_alive_s), 0, UINT32_MAX - 2, NULL,
+     "300", NULL, 0, "idle seconds before a model unloads\n(a model's own keep-alive-s wins)"},
     {"chat-template", "FILE", OPTIONS_STR, F(chat_template_path), 0, 0, NULL, NULL, NULL, 0,
      "Jinja chat template for 'messages', instead of the\nmodel file's own"},
     {"device-blocks", "N", OPTIONS_U32, F(device_blocks), 1, UINT32_MAX - 1, NULL, NULL,
@@ -147,6 +157,25 @@ const struct options_def options_defs[] = {
      "reuses a block needs before it is written to Redis"},
     {"remote-workers", "N", OPTIONS_U32, F(remote_workers), 1, 64, NULL, "2", NULL, 0,
      "workers that fetch cached blocks from Redis before\na request is scheduled"},
+    {"speculative", "off|ngram|draft", OPTIONS_CHOICE, F(speculative), 0, 0, "off|ngram|draft",
+     "off", NULL, 0,
+     "speculative decoding for requests that do not\nchoose: n-gram prompt lookup, or the draft\n"
+     "model (--draft-model; [model:NAME] draft), where\nthe model has one"},
+    {"spec-max-batch", "N", OPTIONS_U32, F(spec_max_batch), 1, 64, NULL, "4", NULL, 0,
+     "speculate only while at most this many requests\nrun (above it plain batches are faster)"},
+    {"spec-max-draft", "N", OPTIONS_U32, F(spec_max_draft), 1, 16, NULL, "8", NULL, 0,
+     "draft tokens one request verifies per step, at\nmost (fewer while drafts are rejected)"},
+    {"spec-ngram-min", "N", OPTIONS_U32, F(spec_ngram_min), 1, 16, NULL, "1", NULL, 0,
+     "n-gram lookup: the shortest suffix matched"},
+    {"spec-ngram-max", "N", OPTIONS_U32, F(spec_ngram_max), 1, 16, NULL, "3", NULL, 0,
+     "n-gram lookup: the longest suffix matched\n(tried first)"},
+    {"draft-model", "FILE", OPTIONS_STR, F(draft_model_path), 0, 0, NULL, NULL, NULL, 0,
+     "a small GGUF with the served model's vocabulary,\nthe draft of speculative decoding (a "
+     "daemon "
+     "of\none model; with several: [model:NAME] draft)"},
+    {"draft-kv-share", "FRACTION", OPTIONS_FRACTION, F(draft_kv_share), 0, 0, NULL, "0.1", NULL, 0,
+     "of a model's KV arena, the share its draft\nmodel's KV takes (the served model keeps the "
+     "rest)"},
     {"threads", "N", OPTIONS_U32, F(threads), 0, 256, NULL, "0", NULL, 0,
      "cpu backend: compute threads (0 = one per CPU)"},
     {"log-level", "LEVEL", OPTIONS_LOG_LEVEL, F(log_level), 0, 0, NULL, "info", NULL, 0,
@@ -269,6 +298,136 @@ static int choice_index(const char *choices, const char *v)
     return -1;
 }
 
+bool options_model_name_ok(const char *s, size_t len)
+{
+    if (len == 0 || len > OPTIONS_MODEL_NAME)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.' || c == ':' || c == '/'))
+            return false;
+    }
+    return true;
+}
+
+/* Seconds, or forever/never (OPTIONS_KEEP_FOREVER). */
+static int parse_seconds(const char *v, uint64_t hi, uint32_t *out)
+{
+    uint64_t x;
+    if (!strcmp(v, "forever") || !strcmp(v, "never")) {
+        *out = OPTIONS_KEEP_FOREVER;
+        return 0;
+    }
+    if (parse_u64(v, 0, hi, false, &x))
+        return -1;
+    *out = (uint32_t)x;
+    return 0;
+}
+
+/* models[] entry of `name` (added, defaults set, when new); NULL when the
+ * table is full. */
+static struct options_model *model_entry(struct options *o, const char *name)
+{
+    for (uint32_t i = 0; i < o->n_models; i++)
+        if (!strcmp(o->models[i].name, name))
+            return &o->models[i];
+    if (o->n_models >= OPTIONS_MAX_MODELS)
+        return NULL;
+    struct options_model *m = &o->models[o->n_models++];
+    memset(m, 0, sizeof(*m));
+    snprintf(m->name, sizeof(m->name), "%s", name);
+    m->kv_dtype = -1;
+    m->keep_alive_s = OPTIONS_KEEP_DEFAULT;
+    m->speculative = -1;
+    return m;
+}
+
+int options_model_set(struct options *o, const char *model, const char *key, const char *v,
+                      struct kvd_error *err)
+{
+    if (!options_model_name_ok(model, strlen(model)))
+        return kvd_error_set(err, KVD_EBADREQ,
+                             "model name '%.80s': 1-%d letters, digits, '-', '_', '.', ':' or '/'",
+                             model, OPTIONS_MODEL_NAME);
+    struct options_model *m = model_entry(o, model);
+    if (!m)
+        return kvd_error_set(err, KVD_EBADREQ, "model '%s': more than %d models", model,
+                             OPTIONS_MAX_MODELS);
+    if (!v)
+        return kvd_error_set(err, KVD_EBADREQ, "[model:%s] %s needs a value", model, key);
+    if (!strcmp(key, "path")) {
+        if (v[0] != '/' || strlen(v) >= sizeof(m->path))
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "[model:%s] path: '%.80s' is not an absolute path of at most "
+                                 "%zu bytes",
+                                 model, v, sizeof(m->path) - 1);
+        strcpy(m->path, v);
+    } else if (!strcmp(key, "kv-dtype")) {
+        int i = choice_index("f16|bf16|f32|q8_0|fp8", v);
+        if (i < 0)
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "[model:%s] kv-dtype: '%s' is not one of f16|bf16|f32|q8_0|fp8",
+                                 model, v);
+        m->kv_dtype = i;
+    } else if (!strcmp(key, "keep-alive-s")) {
+        if (parse_seconds(v, UINT32_MAX - 2, &m->keep_alive_s))
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "[model:%s] keep-alive-s: '%s' is not a number of seconds or "
+                                 "forever",
+                                 model, v);
+    } else if (!strcmp(key, "preload")) {
+        if (!strcmp(v, "yes") || !strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "on"))
+            m->preload = true;
+        else if (!strcmp(v, "no") || !strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "off"))
+            m->preload = false;
+        else
+            return kvd_error_set(err, KVD_EBADREQ, "[model:%s] preload: '%s' is not yes or no",
+                                 model, v);
+    } else if (!strcmp(key, "tenants")) {
+        if (strlen(v) >= sizeof(m->tenants))
+            return kvd_error_set(err, KVD_EBADREQ, "[model:%s] tenants: longer than %zu bytes",
+                                 model, sizeof(m->tenants) - 1);
+        strcpy(m->tenants, v);
+    } else if (!strcmp(key, "max-device-bytes")) {
+        uint64_t x;
+        if (parse_u64(v, 0, UINT64_MAX, true, &x))
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "[model:%s] max-device-bytes: '%s' is not a byte size (e.g. 8G)",
+                                 model, v);
+        m->max_device_bytes = x;
+    } else if (!strcmp(key, "draft")) {
+        if (v[0] == '/')
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "[model:%s] draft: '%.80s' is a path; a draft is another model "
+                                 "of the daemon, by name ([model:OTHER] path = ..., then draft = "
+                                 "OTHER)",
+                                 model, v);
+        if (!options_model_name_ok(v, strlen(v)))
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "[model:%s] draft: '%.80s' is not a model name (another model of "
+                                 "the daemon)",
+                                 model, v);
+        if (!strcmp(v, model))
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "[model:%s] draft: a model cannot be its own draft", model);
+        strcpy(m->draft, v);
+    } else if (!strcmp(key, "speculative")) {
+        int i = choice_index("off|ngram|draft", v);
+        if (i < 0)
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "[model:%s] speculative: '%s' is not one of off|ngram|draft",
+                                 model, v);
+        m->speculative = i;
+    } else {
+        return kvd_error_set(err, KVD_EBADREQ,
+                             "[model:%s] %s: unknown key (path, kv-dtype, keep-alive-s, preload, "
+                             "tenants, max-device-bytes, draft, speculative)",
+                             model, key);
+    }
+    return 0;
+}
+
 /* Parses v by d's kind into the field at f. */
 static int apply(const struct options_def *d, void *f, const char *v, struct kvd_error *err)
 {
@@ -303,6 +462,38 @@ static int apply(const struct options_def *d, void *f, const char *v, struct kvd
             return kvd_error_set(err, KVD_EBADREQ, "%s: longer than %zu bytes", n, d->cap - 1);
         strcpy(f, v);
         return 0;
+    case OPTIONS_MODEL: {
+        /* NAME=PATH when the part before the first '=' holds no '/' */
+        const char *eq = strchr(v, '=');
+        size_t nl = eq ? (size_t)(eq - v) : 0;
+        if (!eq || memchr(v, '/', nl)) {
+            if (strlen(v) >= d->cap)
+                return kvd_error_set(err, KVD_EBADREQ, "%s: longer than %zu bytes", n, d->cap - 1);
+            strcpy(f, v);
+            return 0;
+        }
+        char name[OPTIONS_MODEL_NAME + 1];
+        if (!options_model_name_ok(v, nl))
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "%s: '%.*s' is not a model name (1-%d letters, digits, '-', "
+                                 "'_', '.' or ':')",
+                                 n, (int)(nl > 80 ? 80 : nl), v, OPTIONS_MODEL_NAME);
+        memcpy(name, v, nl);
+        name[nl] = '\0';
+        struct options *o = (struct options *)((char *)f - d->off);
+        if (eq[1] != '/')
+            return kvd_error_set(err, KVD_EBADREQ, "%s %s: '%s' is not an absolute path", n, name,
+                                 eq + 1);
+        return options_model_set(o, name, "path", eq + 1, err);
+    }
+    case OPTIONS_SECONDS: {
+        uint32_t sec;
+        if (parse_seconds(v, d->hi, &sec))
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "%s: '%s' is not a whole number of seconds or forever", n, v);
+        *(uint32_t *)f = sec;
+        return 0;
+    }
     case OPTIONS_U32:
         if (parse_u64(v, d->lo, d->hi, false, &x))
             return kvd_error_set(err, KVD_EBADREQ,

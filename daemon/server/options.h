@@ -18,12 +18,43 @@ enum options_backend { OPTIONS_BACKEND_AUTO, OPTIONS_BACKEND_CPU, OPTIONS_BACKEN
  * enum kvmm_evict_policy): LRU plus hits and tenant weights (the default),
  * or plain LRU. */
 enum options_evict { OPTIONS_EVICT_HITS, OPTIONS_EVICT_LRU };
+/* --speculative: the daemon's speculative decoding (exec/spec.h) for
+ * requests that do not choose. */
+enum options_spec { OPTIONS_SPEC_OFF, OPTIONS_SPEC_NGRAM, OPTIONS_SPEC_DRAFT };
+
+/* A model of the daemon by name: `--model NAME=PATH` or a [model:NAME]
+ * section of the config file (docs/operations.md "Several models"). */
+#define OPTIONS_MAX_MODELS 16
+#define OPTIONS_MODEL_NAME 64           /* bytes of a model's name at most */
+#define OPTIONS_KEEP_FOREVER UINT32_MAX /* keep-alive-s forever: never unloaded for idleness */
+struct options_model {
+    char name[OPTIONS_MODEL_NAME + 1];
+    char path[4096];
+    int kv_dtype;              /* enum kv_dtype, or -1: the daemon's kv-dtype */
+    uint32_t keep_alive_s;     /* idle seconds before it unloads; UINT32_MAX - 1: the
+                                  daemon's keep-alive-s; OPTIONS_KEEP_FOREVER: never */
+    bool preload;              /* loaded at start, not at its first request */
+    char tenants[1024];        /* the tenants that may use it, comma or space separated;
+                                  "": every tenant */
+    uint64_t max_device_bytes; /* its weights + KV arena on the device; 0: no cap of its own */
+    /* Speculative decoding's draft: another model of the daemon by name
+     * (same vocabulary); "": none. */
+    char draft[OPTIONS_MODEL_NAME + 1];
+    int speculative; /* enum options_spec for its requests that do not choose; -1: the daemon's */
+};
+#define OPTIONS_KEEP_DEFAULT (UINT32_MAX - 1)
 
 struct options {
     char socket_path[108]; /* empty: the default rule (KVD_DEFAULT_SOCKET or fallback) */
     char socket_group[64]; /* empty: the daemon's own group */
     char config_path[4096];
-    char model_path[4096];         /* empty: store mode */
+    char model_path[4096]; /* --model PATH (named after its file); empty: none */
+    /* --model NAME=PATH and [model:NAME] sections, in the order given; with
+     * model_path, it is served first. None of either: store mode. */
+    struct options_model models[OPTIONS_MAX_MODELS];
+    uint32_t n_models;
+    uint64_t device_bytes;         /* the models' weights + KV arenas on the device; 0: no budget */
+    uint32_t keep_alive_s;         /* a model's idle seconds before it unloads, unless it says */
     char chat_template_path[4096]; /* empty: the model's own (tokenizer.chat_template) */
     enum options_backend backend;
     uint32_t device_blocks; /* 0: derived from gpu_mem, else the default */
@@ -75,6 +106,15 @@ struct options {
     uint32_t remote_timeout_ms;
     uint64_t remote_value_bytes;
     uint32_t remote_ttl_s, remote_min_hits, remote_workers;
+    /* Speculative decoding (exec/spec.h): the daemon's kind, the largest
+     * batch it runs at, draft tokens per step, the n-gram lengths tried; the
+     * draft model of the daemon's one model (empty: none; [model:NAME]
+     * draft names one per model) and, for each model with a draft, the
+     * share of its KV arena the draft's KV takes. */
+    enum options_spec speculative;
+    uint32_t spec_max_batch, spec_max_draft, spec_ngram_min, spec_ngram_max;
+    char draft_model_path[4096];
+    double draft_kv_share;
     /* cpu backend: compute threads for the model (0 = one per online CPU). */
     uint32_t threads;
     int log_level;
@@ -119,6 +159,8 @@ enum options_kind {
     OPTIONS_LOG_LEVEL,
     OPTIONS_METRICS,  /* unix[:PATH] or HOST:PORT (metrics_parse_addr) */
     OPTIONS_TCP_ADDR, /* HOST:PORT (httpd_parse_addr, no unix:) */
+    OPTIONS_MODEL,    /* --model: PATH (model_path) or NAME=PATH (a models[] entry) */
+    OPTIONS_SECONDS,  /* a whole number of seconds, or forever (OPTIONS_KEEP_FOREVER) */
 };
 /* Where a setting may be given (both when neither flag is set). */
 #define OPTIONS_CLI_ONLY 1u  /* not a config key (--config, --help, ...) */
@@ -149,6 +191,15 @@ void options_defaults(struct options *o);
  * form: the command-line-only settings are refused there. */
 int options_set(struct options *o, const char *name, const char *value, struct kvd_error *err);
 int options_set_key(struct options *o, const char *name, const char *value, struct kvd_error *err);
+
+/* A [model:NAME] key (path, kv-dtype, keep-alive-s, preload, tenants,
+ * max-device-bytes, draft, speculative) of model `model`, added when new. 0, or KVD_EBADREQ
+ * naming the key (a bad name, value or key; more than OPTIONS_MAX_MODELS). */
+int options_model_set(struct options *o, const char *model, const char *key, const char *value,
+                      struct kvd_error *err);
+/* Whether s is a model name: 1 to OPTIONS_MODEL_NAME letters, digits and
+ * "-_.:/". */
+bool options_model_name_ok(const char *s, size_t len);
 
 /* Parses argv onto o. Returns 0, or KVD_EBADREQ with a message. */
 int options_parse(struct options *o, int argc, char **argv, struct kvd_error *err);

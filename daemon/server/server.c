@@ -4,6 +4,7 @@
  * and what a connection asks of its owner (accepting a peer, running its
  * requests, the buffer budget, closing) server_conns.c's; connections
  * themselves live in conn.c. */
+#include "models.h"
 #include "server_impl.h"
 
 #include <errno.h>
@@ -75,11 +76,18 @@ const struct options *server_options(const struct server *srv)
     return &srv->opts;
 }
 
-void server_set_model(struct server *srv, const struct server_model_info *m)
+int server_set_models(struct server *srv, struct models *ms)
 {
-    if (m)
-        srv->model = *m;
-    srv->host.model = m ? &srv->model : NULL;
+    srv->models = ms;
+    srv->host.models = ms;
+    srv->obs.models = ms;
+    /* every model's kvmm learns the tenants the first one assigns */
+    for (size_t i = 1; i < models_count(ms); i++) {
+        int rc = tenancy_add_pool(srv->tenancy, models_kvmm(models_at(ms, i)));
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 static void host_shutdown(void *ctx)

@@ -20,16 +20,7 @@
 
 struct server;
 
-/* What hello reports about a loaded model (serve mode). */
-struct text;
-struct server_model_info {
-    char name[128];
-    uint32_t vocab, context;
-    uint64_t weight_bytes, weight_device_bytes; /* model_hparams */
-    uint8_t fingerprint[16];                    /* model_hparams: names its KV (blockkey.h) */
-    const struct text *text; /* tokenizer, chat template, end-of-generation ids (not owned) */
-};
-
+struct models;
 /* Creates the loop and the listener. opts and cfg are copied (cfg's arrays
  * are taken over: the caller must not free them after success). mm and be
  * are not owned and must outlive the server. */
@@ -42,8 +33,11 @@ void server_free(struct server *srv);
 
 /* The socket path the server listens on ("" under socket activation). */
 const char *server_socket_path(const struct server *srv);
-/* Sets the model hello reports (NULL: store mode, model nil). */
-void server_set_model(struct server *srv, const struct server_model_info *m);
+/* The daemon's models (models.h; not owned, outlive the server): what
+ * hello and stats report, the pools the ops pick from, and the kvmms every
+ * tenant is registered in (mm, given to server_new, must be the first
+ * model's). Serve mode only; call before server_run. 0 or KVD_ENOMEM. */
+int server_set_models(struct server *srv, struct models *ms);
 
 /* ---- for observers (stats, metrics): what they read, never the server -- */
 
@@ -70,6 +64,7 @@ struct server_obs {
     const uint64_t *n_http_auth_failed; /* TCP HTTP requests refused for their token */
     const struct tenancy *tenancy;
     struct kvevents *kvevents; /* the KV events publisher, NULL when off */
+    struct models *models;     /* NULL in store mode */
 };
 void server_get_obs(struct server *srv, struct server_obs *out);
 /* The loop's event base (to add listeners to it) and the settings. */
@@ -134,6 +129,10 @@ int server_on_abort(struct server *srv, server_abort_fn fn, void *ctx);
  * (max-queued-per-connection / -per-tenant). Loop thread. */
 struct conn;
 int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct kvd_error *err);
+/* The same for a request that counts n against its tenant (a generate's
+ * choices). */
+int server_queue_admit_n(struct server *srv, struct conn *c, uint32_t tenant, uint32_t n,
+                         struct kvd_error *err);
 /* The tenant table (tenancy.h), for the HTTP API too. Loop thread. */
 struct tenancy;
 struct tenancy *server_tenancy(struct server *srv);

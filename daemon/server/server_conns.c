@@ -4,6 +4,7 @@
  * first), the per-connection and per-tenant queue limits, the daemon-wide
  * buffer budget and giving freed memory back, and what happens when a
  * connection closes. conn.c calls in only through server_conn_cbs. */
+#include "models.h"
 #include "server_impl.h"
 
 #include <errno.h>
@@ -89,6 +90,12 @@ void server_trim_cb(evutil_socket_t fd, short what, void *arg)
 
 int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, struct kvd_error *err)
 {
+    return server_queue_admit_n(srv, c, tenant, 1, err);
+}
+
+int server_queue_admit_n(struct server *srv, struct conn *c, uint32_t tenant, uint32_t n,
+                         struct kvd_error *err)
+{
     if (c && c->overflow)
         return kvd_error_set(err, KVD_EBUSY,
                              "this connection has over %llu bytes of unread output "
@@ -99,7 +106,7 @@ int server_queue_admit(struct server *srv, struct conn *c, uint32_t tenant, stru
                              "this connection has %zu generates in flight, the limit "
                              "(max-queued-per-connection = %u); read replies before sending more",
                              c->n_pending, srv->opts.max_queued_per_conn);
-    return tenancy_admit(srv->tenancy, tenant, err);
+    return tenancy_admit(srv->tenancy, tenant, n, err);
 }
 
 /* ---- connections: what conn.c asks of its owner -------------------------- */
@@ -174,10 +181,11 @@ static bool conn_dispatch_cb(void *ctx, struct conn *c, const uint8_t *p, size_t
         goto out;
     }
     size_t at = conn_reply_buf(c)->size;
-    rc = ops_run(&srv->host, ent, &who, id, m.root, conn_reply_buf(c));
+    uint32_t units = 1;
+    rc = ops_run(&srv->host, ent, &who, id, m.root, conn_reply_buf(c), &units);
     if (c->reply_fds)
         conn_fds_attach(c, at, rc == 0);
-    if (rc == OPS_PENDING && conn_pending_add(c, id, who.tenant) != 0)
+    if (rc == OPS_PENDING && conn_pending_add(c, id, who.tenant, units) != 0)
         log_err("conn %llu: out of memory tracking request %llu", (unsigned long long)c->id,
                 (unsigned long long)id);
 out:
@@ -185,11 +193,11 @@ out:
     return true;
 }
 
-static void conn_pending_cb(void *ctx, struct conn *c, uint32_t tenant, long delta)
+static void conn_pending_cb(void *ctx, struct conn *c, uint32_t tenant, long delta, long units)
 {
     struct server *srv = ctx;
     srv->n_pending += (size_t)delta;
-    server_tenant_pending(srv, tenant, delta);
+    server_tenant_pending(srv, tenant, units);
 }
 
 static void conn_buffered_cb(void *ctx, struct conn *c, size_t added, size_t deleted)
@@ -206,14 +214,17 @@ static void conn_closed_cb(void *ctx, struct conn *c)
 
     for (size_t i = 0; i < srv->n_close_hooks; i++)
         srv->close_hooks[i].fn(srv->close_hooks[i].ctx, c->id);
-    kvmm_lock(srv->mm);
-    kvmm_close_owner(srv->mm, c->id);
-    kvmm_unlock(srv->mm);
+    for (size_t i = 0; i < (srv->models ? models_count(srv->models) : 1); i++) {
+        struct kvmm *mm = srv->models ? models_kvmm(models_at(srv->models, i)) : srv->mm;
+        kvmm_lock(mm);
+        kvmm_close_owner(mm, c->id);
+        kvmm_unlock(mm);
+    }
 
     srv->n_pending -= c->n_pending;
     for (size_t i = 0; i < c->cap_pending; i++)
         if (c->pending[i].count)
-            server_tenant_pending(srv, c->pending[i].tenant, -(long)c->pending[i].count);
+            server_tenant_pending(srv, c->pending[i].tenant, -(long)c->pending[i].units);
     struct conn **pp = &srv->buckets[c->id % SERVER_CONN_BUCKETS];
     while (*pp != c)
         pp = &(*pp)->hnext;

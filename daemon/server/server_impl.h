@@ -50,8 +50,8 @@ struct server {
     struct kvmm *mm;    /* not owned */
     struct backend *be; /* not owned */
     struct ops_table ops;
-    struct ops_host host;           /* what the handlers read of the server (ops.h) */
-    struct server_model_info model; /* host.model points here in serve mode */
+    struct ops_host host;  /* what the handlers read of the server (ops.h) */
+    struct models *models; /* not owned; NULL in store mode */
 
     char socket_path[108];
     bool own_socket; /* we created socket_path: unlink it at exit */

@@ -32,7 +32,11 @@ struct entry {
 };
 
 struct tenancy {
-    struct kvmm *mm;
+    struct kvmm *mm; /* the first pool: it assigns the ids */
+    /* The other models' kvmms (not owned): every tenant is registered in
+     * each under the same id (kvmm_tenant_set_at). */
+    struct kvmm **pools;
+    size_t n_pools;
     struct acct *acct;
     uint32_t max_sub, max_queued;
     struct entry *v; /* (n) slots */
@@ -74,10 +78,52 @@ int tenancy_new(struct kvmm *mm, uint32_t max_sub, uint32_t max_queued, struct t
     return 0;
 }
 
+int tenancy_add_pool(struct tenancy *t, struct kvmm *mm)
+{
+    struct kvmm **p = realloc(t->pools, (t->n_pools + 1) * sizeof(*p));
+    if (!p)
+        return KVD_ENOMEM;
+    t->pools = p;
+    t->pools[t->n_pools++] = mm;
+    return 0;
+}
+
+/* The tenant's limits in another pool: its floor only where the pool can
+ * hold it (a smaller model's arena may not), said once in the log. */
+static int pool_set(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uint32_t id)
+{
+    int rc = kvmm_tenant_set_at(mm, conf, id);
+    if (rc == KVD_EBADREQ && conf->reserved_device_blocks) {
+        struct kvmm_tenant_conf c = *conf;
+        log_warn("tenant %s: %s; no floor in that model's pool", conf->name, kvmm_errmsg(mm));
+        c.reserved_device_blocks = 0;
+        rc = kvmm_tenant_set_at(mm, &c, id);
+    }
+    return rc;
+}
+
+/* Registers tenant id (conf) in every other pool. Caller holds the first
+ * pool's lock (the order: the first pool, then the others). */
+static int pools_set(struct tenancy *t, const struct kvmm_tenant_conf *conf, uint32_t id,
+                     struct kvd_error *e)
+{
+    for (size_t i = 0; i < t->n_pools; i++) {
+        kvmm_lock(t->pools[i]);
+        int rc = pool_set(t->pools[i], conf, id);
+        if (rc)
+            kvd_error_set(e, rc, "tenant '%s': %s", conf->name, kvmm_errmsg(t->pools[i]));
+        kvmm_unlock(t->pools[i]);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 void tenancy_free(struct tenancy *t)
 {
     if (!t)
         return;
+    free(t->pools);
     free(t->v);
     free(t->free_slots);
     free(t->buckets);
@@ -231,8 +277,26 @@ static bool free_idle_sub(struct tenancy *t, uint32_t p)
         if (t->v[i].n_pending)
             continue;
         uint32_t id = t->v[i].id;
-        if (kvmm_tenant_remove(t->mm, id) != 0)
+        /* the other pools first: a pool that refuses (an open sequence
+         * there) gets back the ones already removed, and the id stays */
+        size_t k = 0;
+        for (; k < t->n_pools; k++) {
+            kvmm_lock(t->pools[k]);
+            int rc = kvmm_tenant_remove(t->pools[k], id);
+            kvmm_unlock(t->pools[k]);
+            if (rc)
+                break;
+        }
+        if (k < t->n_pools || kvmm_tenant_remove(t->mm, id) != 0) {
+            struct kvmm_tenant_stats ts;
+            if (kvmm_tenant_stats(t->mm, id, &ts) == 0)
+                while (k-- > 0) {
+                    kvmm_lock(t->pools[k]);
+                    pool_set(t->pools[k], &ts.conf, id);
+                    kvmm_unlock(t->pools[k]);
+                }
             continue;
+        }
         if (t->acct)
             acct_tenant_retire(t->acct, id);
         log_debug("tenancy: freed idle sub-tenant %s", t->v[i].name);
@@ -318,6 +382,8 @@ static int add_locked(struct tenancy *t, const struct kvmm_tenant_conf *conf, ui
     if (reserve(t, id) != 0)
         return kvd_error_set(e, KVD_ENOMEM, "tenant '%s': out of memory registering it",
                              conf->name);
+    if ((rc = pools_set(t, conf, id, e)) != 0)
+        return rc;
     uint32_t i = entry_add(t, conf->name, id, ns);
     if (parent != NONE) {
         t->v[i].sub = true;
@@ -395,10 +461,10 @@ void tenancy_pending(struct tenancy *t, uint32_t tenant, long delta)
         t->v[i].n_pending += (size_t)delta;
 }
 
-int tenancy_admit(const struct tenancy *t, uint32_t tenant, struct kvd_error *e)
+int tenancy_admit(const struct tenancy *t, uint32_t tenant, uint32_t n, struct kvd_error *e)
 {
     uint32_t i = find_id(t, tenant);
-    if (i != NONE && t->v[i].n_pending >= t->max_queued)
+    if (i != NONE && t->v[i].n_pending + n > t->max_queued)
         return kvd_error_set(e, KVD_EBUSY,
                              "tenant '%s' has %zu generates in flight, the limit "
                              "(max-queued-per-tenant = %u)",
@@ -421,8 +487,11 @@ void tenancy_reload(struct tenancy *t, const struct config *cfg)
                 conf = cfg->tenants[j].conf;
         snprintf(conf.name, sizeof(conf.name), "%s", en->name);
         uint32_t id;
+        struct kvd_error e;
         if (kvmm_tenant_set(t->mm, &conf, &id) != 0)
             log_err("SIGHUP: tenant %s: %s", conf.name, kvmm_errmsg(t->mm));
+        else if (pools_set(t, &conf, id, &e) != 0)
+            log_err("SIGHUP: %s", e.message);
     }
     kvmm_unlock(t->mm);
 }

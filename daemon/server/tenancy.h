@@ -47,6 +47,10 @@ struct tenancy_cred {
  * owned. 0 or KVD_ENOMEM. */
 int tenancy_new(struct kvmm *mm, uint32_t max_sub, uint32_t max_queued, struct tenancy **out);
 void tenancy_free(struct tenancy *t);
+/* Another model's kvmm (not owned): every tenant, registered before or
+ * after, is registered there too under the id mm assigned. Before serving
+ * (tenants registered earlier are not added to it). 0 or KVD_ENOMEM. */
+int tenancy_add_pool(struct tenancy *t, struct kvmm *mm);
 /* The accounting whose per-tenant counters are retired when a sub-tenant's
  * id is freed (NULL: none). Not owned. */
 void tenancy_set_acct(struct tenancy *t, struct acct *acct);
@@ -90,7 +94,7 @@ int tenancy_register_sub(struct tenancy *t, const char *parent, const struct con
 void tenancy_pending(struct tenancy *t, uint32_t tenant, long delta);
 /* Whether one more request of `tenant` may be queued: 0, or KVD_EBUSY
  * naming max-queued-per-tenant. */
-int tenancy_admit(const struct tenancy *t, uint32_t tenant, struct kvd_error *e);
+int tenancy_admit(const struct tenancy *t, uint32_t tenant, uint32_t n, struct kvd_error *e);
 
 /* ---- SIGHUP ------------------------------------------------------------- */
 

@@ -768,3 +768,40 @@ size_t grammar_n_rules(const struct grammar *g)
 {
     return g->n_rules;
 }
+
+/* A rule is finite when one of its alternatives holds only terminals and
+ * finite rules: a fixpoint over the rules, at most n_rules passes. */
+bool grammar_can_finish(const struct grammar *g)
+{
+    bool *fin = calloc(g->n_rules ? g->n_rules : 1, sizeof *fin);
+    if (!fin)
+        return true; /* no memory to tell: let the matcher find out */
+    for (bool changed = true; changed && !fin[g->root];) {
+        changed = false;
+        for (uint32_t r = 0; r < g->n_rules; r++) {
+            if (fin[r])
+                continue;
+            const struct gr_elem *e = g->elems + g->rule_start[r];
+            bool ok = true;
+            for (;; e++) {
+                if (gr_is_end_of_sequence(e)) {
+                    if (ok)
+                        break;
+                    if (e->type == GR_END)
+                        break;
+                    ok = true; /* the next alternative */
+                    continue;
+                }
+                if (e->type == GR_RULE_REF && !fin[e->value])
+                    ok = false;
+            }
+            if (ok) {
+                fin[r] = true;
+                changed = true;
+            }
+        }
+    }
+    bool root = fin[g->root];
+    free(fin);
+    return root;
+}

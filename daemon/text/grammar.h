@@ -45,6 +45,9 @@ struct grammar_matcher;
 int grammar_compile(const char *text, size_t len, struct grammar **out, struct kvd_error *err);
 void grammar_free(struct grammar *g);
 size_t grammar_n_rules(const struct grammar *g);
+/* Whether root derives some finite text: false for a grammar whose every
+ * sentence is infinite (root ::= "a" root), which no completion can end. */
+bool grammar_can_finish(const struct grammar *g);
 
 /* The vocabulary as the grammar sees it: every token's piece with special
  * tokens rendered (llama.cpp's token_to_piece, special = true), cut at a

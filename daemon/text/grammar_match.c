@@ -313,6 +313,7 @@ struct dstate {
     uint32_t set;
     uint32_t value;
     int8_t remain; /* continuation bytes still expected */
+    uint8_t len;   /* the unfinished character's length in bytes (2 to 4) */
     bool carried;  /* the unfinished character started in an earlier token */
 };
 
@@ -566,21 +567,10 @@ static bool match_char(const struct gr_elem *E, uint32_t pos, uint32_t c, uint32
     return found == positive;
 }
 
-/* Whether some character starting with these bits (value, remain bytes to
- * come) could satisfy the class at pos. */
-static bool match_partial(const struct gr_elem *E, uint32_t pos, uint32_t value, int remain)
+/* Whether a code point in [lo, hi] satisfies the class at pos. */
+static bool class_meets(const struct gr_elem *E, uint32_t pos, uint32_t low, uint32_t high)
 {
     bool positive = E[pos].type == GR_CHAR || E[pos].type == GR_CHAR_ANY;
-    if (remain < 0 || (remain == 1 && value < 2))
-        return false; /* invalid, or an overlong 7-bit character */
-    uint32_t low = value << (remain * 6);
-    uint32_t high = low | ((1u << (remain * 6)) - 1);
-    if (low == 0) {
-        if (remain == 2)
-            low = 1u << 11;
-        else if (remain == 3)
-            low = 1u << 16;
-    }
     do {
         if (E[pos + 1].type == GR_CHAR_RNG_UPPER) {
             if (E[pos].value <= high && low <= E[pos + 1].value)
@@ -595,6 +585,46 @@ static bool match_partial(const struct gr_elem *E, uint32_t pos, uint32_t value,
         }
     } while (E[pos].type == GR_CHAR_ALT);
     return !positive;
+}
+
+/* The smallest code point a character of len bytes may encode (shorter
+ * forms are overlong). */
+static uint32_t utf8_min(int len)
+{
+    return len == 2 ? 0x80 : len == 3 ? 0x800 : 0x10000;
+}
+
+/* Whether a whole character of len bytes is valid UTF-8's. */
+static bool utf8_valid(uint32_t c, int len)
+{
+    return len <= 1 || (c >= utf8_min(len) && c <= 0x10FFFF && (c < 0xD800 || c > 0xDFFF));
+}
+
+/* Whether some valid character of len bytes starting with these bits
+ * (value, remain bytes to come) could satisfy the class at pos: never an
+ * overlong encoding, a surrogate or a code point past U+10FFFF. */
+static bool match_partial(const struct gr_elem *E, uint32_t pos, uint32_t value, int remain,
+                          int len)
+{
+    if (remain < 0 || len < 2)
+        return false;
+    uint32_t low = value << (remain * 6);
+    uint32_t high = low | ((1u << (remain * 6)) - 1);
+    if (low < utf8_min(len))
+        low = utf8_min(len);
+    if (high > 0x10FFFF)
+        high = 0x10FFFF;
+    if (low > high)
+        return false;
+    if (low < 0xD800 && high >= 0xD800)
+        return class_meets(E, pos, low, 0xD7FF) ||
+               (high > 0xDFFF && class_meets(E, pos, 0xE000, high));
+    if (low >= 0xD800 && low <= 0xDFFF) {
+        if (high <= 0xDFFF)
+            return false;
+        low = 0xE000;
+    }
+    return class_meets(E, pos, low, high);
 }
 
 /* The set after code point c: cached per (set, c). UINT32_MAX on failure. */
@@ -640,25 +670,29 @@ static bool set_has_empty(const struct grammar_matcher *m, uint32_t set)
     return set != 0 && m->set_len[set] > 0 && m->pool[m->set_off[set]] == 0;
 }
 
-static bool partial_ok(const struct grammar_matcher *m, uint32_t set, uint32_t value, int remain)
+static bool partial_ok(const struct grammar_matcher *m, uint32_t set, uint32_t value, int remain,
+                       int len)
 {
     const uint32_t *stacks = m->pool + m->set_off[set];
     for (uint32_t i = 0; i < m->set_len[set]; i++)
-        if (stacks[i] != 0 && match_partial(m->g->elems, m->node_elem[stacks[i]], value, remain))
+        if (stacks[i] != 0 &&
+            match_partial(m->g->elems, m->node_elem[stacks[i]], value, remain, len))
             return true;
     return false;
 }
 
 /* One byte of a piece. Returns false when no stack survives (or a limit
- * was passed: m->failed says which). A decoded code point 0 (an overlong
- * encoding) is refused: llama.cpp's decoder takes it for the end of the
- * piece. */
+ * was passed: m->failed says which). A decoded code point 0 is refused
+ * (llama.cpp's decoder takes it for the end of the piece), and so is every
+ * byte sequence that is not valid UTF-8 (an overlong encoding, a
+ * surrogate, past U+10FFFF), which llama.cpp's decoder lets through: text
+ * that is not UTF-8 is no sentence of a grammar of characters. */
 static bool byte_step(struct grammar_matcher *m, struct dstate *d, unsigned char b)
 {
     static const int8_t more[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, 1, 1, 2, 3};
     if (d->remain > 0) {
-        if (d->carried && (b >> 6) != 2)
-            return false; /* the earlier token's character does not continue */
+        if ((b >> 6) != 2)
+            return false; /* the character does not continue (invalid UTF-8) */
         d->value = (d->value << 6) + (b & 0x3f);
         if (--d->remain > 0)
             return true;
@@ -668,13 +702,14 @@ static bool byte_step(struct grammar_matcher *m, struct dstate *d, unsigned char
         if (n < 0)
             return false; /* a continuation byte where a character starts */
         d->value = b & ((1u << (7 - n)) - 1);
+        d->len = (uint8_t)(n + 1);
         if (n > 0) {
             d->remain = (int8_t)n;
             d->carried = false;
             return true;
         }
     }
-    if (d->value == 0)
+    if (d->value == 0 || !utf8_valid(d->value, d->len))
         return false;
     uint32_t next = step(m, d->set, d->value);
     if (next == UINT32_MAX || next == 0)
@@ -691,7 +726,7 @@ static bool end_ok(const struct grammar_matcher *m, const struct dstate *d)
         return false;
     if (d->remain == 0)
         return true;
-    return partial_ok(m, d->set, d->value, d->remain);
+    return partial_ok(m, d->set, d->value, d->remain, d->len);
 }
 
 int grammar_matcher_new(const struct grammar *g, const struct grammar_vocab *v,
@@ -792,7 +827,9 @@ const struct grammar_vocab *grammar_matcher_vocab(const struct grammar_matcher *
 
 static uint64_t mask_key(const struct dstate *d)
 {
-    return (uint64_t)d->set << 32 | (uint64_t)(uint8_t)d->remain << 24 | (d->value & 0xffffff);
+    /* value < 2^21: the character's length goes above it */
+    return (uint64_t)d->set << 32 | (uint64_t)(uint8_t)d->remain << 24 |
+           (uint64_t)(d->len & 7) << 21 | (d->value & 0x1fffff);
 }
 
 /* Computes the mask of state d into bits (n_vocab bits). */
@@ -964,12 +1001,12 @@ bool grammar_matcher_must_end(const struct grammar_matcher *m)
 /* llama.cpp's decoder: the piece (C string) as code points, continuing the
  * previous token's character; an invalid sequence ends it with *bad. */
 static size_t decode_piece(const unsigned char *p, size_t n, uint32_t *value, int *remain,
-                           uint32_t *cps, bool *bad)
+                           int *clen, uint32_t *cps, bool *bad)
 {
     static const int len_of[16] = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4};
     size_t i = 0, k = 0;
     uint32_t v = *value;
-    int r = *remain;
+    int r = *remain, L = *clen;
     bool continuing = r > 0;
     *bad = false;
     while (i < n && r > 0) {
@@ -981,10 +1018,16 @@ static size_t decode_piece(const unsigned char *p, size_t n, uint32_t *value, in
         i++;
         r--;
     }
-    if (continuing && r == 0)
+    if (continuing && r == 0) {
+        if (!utf8_valid(v, L)) {
+            *bad = true;
+            return k;
+        }
         cps[k++] = v;
+    }
     while (i < n) {
-        r = len_of[p[i] >> 4] - 1;
+        L = len_of[p[i] >> 4];
+        r = L - 1;
         if (r < 0) {
             *bad = true;
             return 0;
@@ -992,15 +1035,25 @@ static size_t decode_piece(const unsigned char *p, size_t n, uint32_t *value, in
         v = p[i] & ((1u << (7 - r)) - 1);
         i++;
         while (i < n && r > 0) {
+            if ((p[i] >> 6) != 2) {
+                *bad = true;
+                return k;
+            }
             v = (v << 6) + (p[i] & 0x3f);
             i++;
             r--;
         }
-        if (r == 0)
+        if (r == 0) {
+            if (!utf8_valid(v, L)) {
+                *bad = true;
+                return k;
+            }
             cps[k++] = v;
+        }
     }
     *value = v;
     *remain = r;
+    *clen = L;
     return k;
 }
 
@@ -1017,10 +1070,10 @@ bool grammar_matcher_allows_slow(struct grammar_matcher *m, uint32_t token)
     if (!cps)
         return false;
     uint32_t value = m->cur.value;
-    int remain = m->cur.remain;
+    int remain = m->cur.remain, clen = m->cur.len;
     bool bad;
     size_t n = decode_piece((const unsigned char *)m->v->bytes + m->v->off[token], len, &value,
-                            &remain, cps, &bad);
+                            &remain, &clen, cps, &bad);
     bool ok = !bad;
     uint32_t set = m->cur.set;
     for (size_t i = 0; ok && i < n; i++) {
@@ -1034,7 +1087,7 @@ bool grammar_matcher_allows_slow(struct grammar_matcher *m, uint32_t token)
     free(cps);
     if (!ok)
         return false;
-    return remain == 0 || partial_ok(m, set, value, remain);
+    return remain == 0 || partial_ok(m, set, value, remain, clen);
 }
 
 void grammar_matcher_get_stats(const struct grammar_matcher *m, struct grammar_matcher_stats *s)

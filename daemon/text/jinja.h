@@ -22,8 +22,9 @@
  * reads or writes (comparisons, `in`, length, slicing, filters and methods,
  * concatenation and output) counts, since those are O(length) and a step
  * budget alone let a template test a 16 MiB string's length a million
- * times. And the wall-clock time of one render, checked every 1024 nodes
- * and every MiB of work, whatever a template does. */
+ * times. And the CPU time of one render (the rendering thread's, so a
+ * machine busy with other work does not refuse a template that is fine),
+ * checked every 1024 nodes and every MiB of work, whatever a template does. */
 #define JINJA_MAX_WORK ((uint64_t)1 << 30) /* bytes */
 #define JINJA_MAX_MS 2000u
 
@@ -254,7 +255,7 @@ struct jrt {
     struct jctx *c;
     unsigned long steps;
     uint64_t work, work_checked; /* JINJA_MAX_WORK; work at the last clock check */
-    uint64_t deadline_ns;        /* CLOCK_MONOTONIC; 0: none */
+    uint64_t deadline_ns;        /* CLOCK_THREAD_CPUTIME_ID of the rendering thread; 0: none */
     int depth;
     size_t out_total; /* bytes appended to any buffer (bounds huge loops) */
     time_t now;       /* strftime_now's clock */
@@ -271,7 +272,8 @@ void jbuf_put(struct jrt *rt, struct jbuf *b, const char *s, size_t n);
 void jwork(struct jrt *rt, int line, size_t n);
 /* Fails when the render's deadline has passed. */
 void jdeadline(struct jrt *rt, int line);
-/* The render's deadline JINJA_MAX_MS from now (CLOCK_MONOTONIC ns). */
+/* The render's deadline: JINJA_MAX_MS of this thread's CPU time from now
+ * (CLOCK_THREAD_CPUTIME_ID ns; a render runs on one thread). */
 uint64_t jdeadline_from_now(void);
 
 static inline struct jval jv_undef(void)

@@ -93,22 +93,23 @@ void jctx_free(struct jctx *c)
     c->mem = 0;
 }
 
-static uint64_t mono_ns(void)
+static uint64_t thread_cpu_ns(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 uint64_t jdeadline_from_now(void)
 {
-    return mono_ns() + (uint64_t)JINJA_MAX_MS * 1000000ull;
+    return thread_cpu_ns() + (uint64_t)JINJA_MAX_MS * 1000000ull;
 }
 
 void jdeadline(struct jrt *rt, int line)
 {
-    if (rt->deadline_ns && mono_ns() > rt->deadline_ns)
-        jfail(rt->c, KVD_ETOOLARGE, line, "rendering takes more than %u ms", JINJA_MAX_MS);
+    if (rt->deadline_ns && thread_cpu_ns() > rt->deadline_ns)
+        jfail(rt->c, KVD_ETOOLARGE, line, "rendering takes more than %u ms of CPU time",
+              JINJA_MAX_MS);
 }
 
 void jwork(struct jrt *rt, int line, size_t n)

@@ -56,7 +56,7 @@ static inline int kvd_err_from_code(const char *code)
  * turn it into bytes (the msgpack error frame, the HTTP API's error body):
  * a code, the request field it is about ("" when none: the HTTP API names
  * it as the OpenAI `param`) and a message for people. */
-#define KVD_ERROR_PARAM_MAX 32
+#define KVD_ERROR_PARAM_MAX 128 /* room for a JSON Schema keyword's path */
 #define KVD_ERROR_MSG_MAX 256
 struct kvd_error {
     int code; /* enum kvd_err */

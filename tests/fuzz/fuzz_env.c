@@ -305,7 +305,7 @@ bool fuzz_dispatch(struct fuzz_env *e, int conn, const uint8_t *payload, size_t 
                                  .admin = fc->admin};
         /* the kvmm is built here at the first handler, as if at the start */
         fuzz_env_mm(e); /* sets host.mm */
-        rc = ops_run(&e->host, ent, &who, id, m.root, sb);
+        rc = ops_run(&e->host, ent, &who, id, m.root, sb, NULL);
         FUZZ_ASSERT(rc != OPS_PENDING); /* store mode: nothing leaves the loop */
         FUZZ_ASSERT(rc == 0 || (rc > 0 && rc < KVD_EIO));
     }

@@ -10,7 +10,10 @@
  *      hold the prompt (tokens, text or messages, as the endpoint reads it)
  *      and every value within the bounds docs/http.md gives (max_tokens in
  *      [1, context], temperature in [0, 2], top_p in (0, 1], at most 4 stop
- *      strings of 1-256 bytes, stream as the body says);
+ *      strings of 1-256 bytes, stream as the body says, n in [1, 128], a
+ *      grammar compiled exactly when the body asks for one: `grammar`, or
+ *      response_format json_object / json_schema, whose refusals name the
+ *      keyword's path under response_format.json_schema.schema);
  *      1: the rest is a completion's text (maybe not UTF-8) rendered by
  *      openai_render as a response and as a stream chunk, and the error
  *      body with it as the message; oracles: each is JSON that jansson
@@ -62,11 +65,18 @@ static bool known_param(const char *p)
                                          "typical_p",
                                          "logit_bias",
                                          "top_logprobs",
-                                         "grammar"};
+                                         "grammar",
+                                         "speculative",
+                                         "response_format",
+                                         "response_format.type",
+                                         "response_format.json_schema",
+                                         "response_format.json_schema.name",
+                                         "response_format.json_schema.strict"};
     for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++)
         if (!strcmp(p, params[i]))
             return true;
-    return false;
+    /* a JSON Schema keyword's path (cut in the middle when long) */
+    return !strncmp(p, "response_format.json_schema.schema", 34);
 }
 
 static bool terminated(const char *s, size_t cap)
@@ -84,6 +94,9 @@ static void check_refusal(const struct kvd_error *e)
     FUZZ_ASSERT(st.type && st.type[0] && st.code && st.code[0]);
     if (st.status == 400) /* a bad field, or a feature kvd does not do (naming it) */
         FUZZ_ASSERT(e->code == KVD_EBADREQ || (e->code == KVD_EUNSUPPORTED && e->param[0]));
+    else if (st.status == 413) /* a grammar or schema past kvd's bounds, naming it */
+        FUZZ_ASSERT(e->code == KVD_ETOOLARGE &&
+                    (!strcmp(e->param, "grammar") || !strncmp(e->param, "response_format", 15)));
     else /* out of memory */
         FUZZ_ASSERT(st.status == 503 && e->code == KVD_ENOMEM);
     size_t len = 0;
@@ -119,6 +132,20 @@ static bool body_stream(const uint8_t *body, size_t len)
     return s;
 }
 
+/* Whether the body asks for a grammar: a `grammar` string, or
+ * response_format json_object / json_schema. */
+static bool body_grammar(const uint8_t *body, size_t len)
+{
+    json_error_t je;
+    json_t *j = json_loadb((const char *)body, len, JSON_REJECT_DUPLICATES, &je);
+    const char *t =
+        json_string_value(json_object_get(json_object_get(j, "response_format"), "type"));
+    bool g = j && (json_is_string(json_object_get(j, "grammar")) ||
+                   (t && (!strcmp(t, "json_object") || !strcmp(t, "json_schema"))));
+    json_decref(j);
+    return g;
+}
+
 /* An accepted body's typed arguments: the prompt the endpoint reads, and
  * every value within docs/http.md's bounds. */
 static void check_args(enum openai_kind kind, uint32_t n_ctx, const struct openai_req *r,
@@ -149,6 +176,10 @@ static void check_args(enum openai_kind kind, uint32_t n_ctx, const struct opena
         FUZZ_ASSERT(a->stop_lens[i] >= 1 && a->stop_lens[i] <= TEXT_OUT_MAX_STOP_LEN);
     FUZZ_ASSERT(a->stream == r->stream);
     FUZZ_ASSERT(r->stream == body_stream(body, len));
+    FUZZ_ASSERT(a->n >= 1 && a->n <= GEN_MAX_CHOICES);
+    /* a grammar is compiled while parsing (the sources are consumed) */
+    FUZZ_ASSERT((a->compiled != NULL) == body_grammar(body, len));
+    FUZZ_ASSERT(!a->grammar && !a->json_schema && !a->json_object);
 }
 
 static void as_body(enum openai_kind kind, uint32_t n_ctx, const uint8_t *body, size_t len)
@@ -214,6 +245,26 @@ static void as_text(enum openai_kind kind, const uint8_t *text, size_t len)
             continue; /* out of memory */
         check_render(json, n, chunk, kind, (const char *)text, len);
         free(json);
+    }
+    /* n > 1: every choice with its index */
+    struct openai_out ch[2] = {o, o};
+    ch[1].index = 1;
+    struct openai_out multi = o;
+    multi.choices = ch;
+    multi.n_choices = 2;
+    size_t mn = 0;
+    char *mj = openai_render(&multi, false, &mn);
+    if (mj) {
+        json_error_t je;
+        json_t *j = json_loadb(mj, mn, JSON_ALLOW_NUL, &je);
+        FUZZ_ASSERT(j);
+        json_t *cs = json_object_get(j, "choices");
+        FUZZ_ASSERT(json_array_size(cs) == 2);
+        for (size_t i = 0; i < 2; i++)
+            FUZZ_ASSERT(json_integer_value(json_object_get(json_array_get(cs, i), "index")) ==
+                        (json_int_t)i);
+        json_decref(j);
+        free(mj);
     }
     /* A message of the same bytes in an error body (kvd_error_set copies
      * at most its buffer). */

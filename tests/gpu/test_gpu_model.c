@@ -592,6 +592,48 @@ static void test_long_prompt_full_memory(void **state)
     }
 }
 
+/* Kernel launches per layer of a batch-1 decode step, as stats reports
+ * them (model_step_launches, requests.step_launches): at most 8, counted as
+ * the difference between a 3-layer and a 1-layer model of the same shape
+ * (the embedding, the final norm, the head and the sampler cancel out), in
+ * bf16 and Q4_K_M (q, k in Q4_K and v in Q6_K: two launches for them), at a
+ * context of 100 tokens, which the decode attention splits (its merge is a
+ * launch of its own). decode1 checks the count against the device's. */
+static void test_launches_per_layer(void **state)
+{
+    static const char *const types[] = {"bf16", "q4_k_m"};
+    gpu_emu_order_check(0); /* counts, not kernels */
+    for (int ti = 0; ti < 2; ti++) {
+        uint32_t n[2];
+        for (int k = 0; k < 2; k++) {
+            char args[256];
+            snprintf(args, sizeof args,
+                     "--arch llama --layers %d --embd 256 --heads 8 --kv-heads 2 --ff 512 "
+                     "--vocab 300 --type %s --seed 29",
+                     k ? 3 : 1, types[ti]);
+            char *path = ref_gen_model(args);
+            assert_non_null(path);
+            struct runner r;
+            runner_open(&r, cuda_be, path, KV_F16);
+            assert_int_equal(cudaMemset(r.arena, 0, r.arena_bytes), cudaSuccess);
+            uint32_t pos = 100; /* the zeroed rows before it: only the count matters here */
+            decode1(&r, 1, &pos);
+            n[k] = model_step_launches(r.m);
+            runner_close(&r);
+            unlink(path);
+            free(path);
+        }
+        assert_true(n[1] > n[0]);
+        uint32_t per_layer = (n[1] - n[0]) / 2;
+        printf("# %s decode: %u launches a layer, %u outside the layers\n", types[ti], per_layer,
+               n[0] - per_layer);
+        if ((n[1] - n[0]) % 2 || per_layer > 8)
+            fail_msg("%s decode: %u launches for 1 layer, %u for 3 (at most 8 a layer)", types[ti],
+                     n[0], n[1]);
+    }
+    gpu_emu_order_check(1);
+}
+
 int main(void)
 {
     struct kvd_error err = {0};
@@ -610,6 +652,7 @@ int main(void)
         GPU_TEST(test_graph_drop_on_free),
         GPU_TEST(test_failed_step_syncs),
         GPU_TEST(test_long_prompt_full_memory),
+        GPU_TEST(test_launches_per_layer),
     };
     if (getenv("KVD_TEST_FILTER")) /* e.g. KVD_TEST_FILTER='test_graph*' */
         cmocka_set_test_filter(getenv("KVD_TEST_FILTER"));

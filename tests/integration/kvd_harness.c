@@ -528,3 +528,49 @@ int kh_child_status(pid_t pid)
             return -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+
+/* The second field of a schedstat file: ns spent runnable, waiting for a
+ * CPU (0 when the kernel has no schedstats: then nothing is taken out). */
+static uint64_t runqueue_wait_ns(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    unsigned long long run = 0, wait = 0;
+    if (!f)
+        return 0;
+    if (fscanf(f, "%llu %llu", &run, &wait) != 2)
+        wait = 0;
+    fclose(f);
+    return wait;
+}
+
+static void rtt_waits(pid_t kvd, uint64_t w[2])
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/schedstat", (int)kvd, (int)kvd);
+    w[0] = runqueue_wait_ns(path);
+    w[1] = runqueue_wait_ns("/proc/thread-self/schedstat");
+}
+
+static double mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+void kh_rtt_begin(struct kh_rtt *r, pid_t kvd)
+{
+    r->kvd = kvd;
+    rtt_waits(kvd, r->wait0);
+    r->t0_ms = mono_ms();
+}
+
+double kh_rtt_end(const struct kh_rtt *r, double *stall_ms)
+{
+    double wall = mono_ms() - r->t0_ms;
+    uint64_t w[2];
+    rtt_waits(r->kvd, w);
+    double waited = (double)(w[0] - r->wait0[0] + w[1] - r->wait0[1]) / 1e6;
+    *stall_ms = wall > waited ? wall - waited : 0;
+    return wall;
+}

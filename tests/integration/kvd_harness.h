@@ -133,4 +133,21 @@ pid_t kh_run_as(uid_t uid, gid_t gid, int (*fn)(void *arg), void *arg);
 /* waitpid; the child's exit code or -1 if it did not exit normally. */
 int kh_child_status(pid_t pid);
 
+/* Round trips timed without the machine's load. A round trip to kvd is the
+ * client's send, kvd's event loop (its main thread) picking the request up
+ * and answering, and the client waking up; on a loaded machine both threads
+ * also wait in the run queue for a CPU, which says nothing about kvd. What
+ * is left after taking those waits out (Linux schedstat: time runnable but
+ * not running) is the time the loop was busy with other work or blocked:
+ * the stall another tenant sees, as an idle machine would show it. */
+struct kh_rtt {
+    pid_t kvd;         /* the daemon: its loop thread is its main thread */
+    double t0_ms;      /* CLOCK_MONOTONIC at kh_rtt_begin */
+    uint64_t wait0[2]; /* run-queue ns of the loop thread and of this thread */
+};
+void kh_rtt_begin(struct kh_rtt *r, pid_t kvd);
+/* The round trip's wall time in ms, and (*stall_ms) that time less both
+ * threads' run-queue waits since kh_rtt_begin (never below 0). */
+double kh_rtt_end(const struct kh_rtt *r, double *stall_ms);
+
 #endif

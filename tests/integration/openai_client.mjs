@@ -2,7 +2,8 @@
 // test_http_openai: node openai_client.mjs MODULE_DIR BASE_URL API_KEY
 // Runs a completion and a chat, each non-streamed and streamed, at
 // temperature 0, and prints their texts, token ids (kvd's "tokens" field)
-// and usage as one JSON object.
+// and usage as one JSON object; then n = 3 choices (non-streamed and
+// streamed) and response_format (json_schema, json_object) answers.
 const [module_dir, base_url, api_key] = process.argv.slice(2);
 const {default: OpenAI} = await import(module_dir + "/node_modules/openai/index.mjs");
 const client = new OpenAI({baseURL: base_url, apiKey: api_key, maxRetries: 0, timeout: 60000});
@@ -47,6 +48,31 @@ for await (const ch of ks) {
     }
 }
 out.chat_stream = {text, tokens, role, finish, usage};
+
+// n > 1: choices[i].index, non-streamed and streamed (chunks interleave)
+const cn = await client.completions.create({model: "kvd", prompt, max_tokens: 8, temperature: 1,
+                                            seed: 42, n: 3});
+out.completion_n = cn.choices.map((c) => ({index: c.index, tokens: c.tokens}));
+out.completion_n_usage = cn.usage;
+const sn = await client.completions.create({model: "kvd", prompt, max_tokens: 8, temperature: 1,
+                                            seed: 42, n: 3, stream: true});
+const per = [[], [], []];
+for await (const ch of sn)
+    for (const choice of ch.choices) per[choice.index].push(...(choice.tokens ?? []));
+out.completion_n_stream = per;
+
+// response_format: a JSON Schema, and any JSON object
+const person = {type: "object", properties: {name: {type: "string", maxLength: 8},
+                age: {type: "integer", minimum: 0, maximum: 99}},
+                required: ["name", "age"], additionalProperties: false};
+const js = await client.chat.completions.create({
+    model: "kvd", messages, max_tokens: 300, temperature: 1, seed: 7,
+    response_format: {type: "json_schema", json_schema: {name: "person", strict: true, schema: person}}});
+out.json_schema = JSON.parse(js.choices[0].message.content);
+const jo = await client.chat.completions.create({
+    model: "kvd", messages, max_tokens: 300, temperature: 1, seed: 8,
+    logit_bias: {"37": 4, "128": 4, "96": 4}, response_format: {type: "json_object"}});
+out.json_object = JSON.parse(jo.choices[0].message.content);
 
 const models = await client.models.list();
 out.models = models.data.map((m) => m.id);

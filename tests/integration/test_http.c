@@ -424,7 +424,8 @@ static void test_errors(void **state)
                  "bad_request");
     expect_error(false, "/v1/completions", "{\"prompt\":[1], \"temperature\": 0,", NULL, 400,
                  "bad_request");
-    expect_error(false, "/v1/completions", "{\"prompt\":[1],\"n\":2}", NULL, 400, "unsupported");
+    expect_error(false, "/v1/completions", "{\"prompt\":[1],\"echo\":true}", NULL, 400,
+                 "unsupported");
     expect_error(false, "/v1/completions", "{\"prompt\":[100000]}", NULL, 400, "bad_request");
     expect_error(false, "/v1/chat/completions", "{\"messages\":[]}", NULL, 400, "bad_request");
     expect_error(false, "/v1/nothing", "{}", NULL, 404, "not_found");

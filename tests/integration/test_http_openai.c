@@ -2,7 +2,10 @@
  * TCP with a bearer token): a completion and a chat, non-streamed and
  * streamed, must equal the msgpack generate's answers at temperature 0
  * (text and token ids), with usage and the role; /v1/models lists the
- * model; an error reaches the client as its APIError with status 400.
+ * model; an error reaches the client as its APIError with status 400; n = 3
+ * choices (streamed and not) equal single runs with seeds 42 + i; the
+ * client parses response_format answers (json_schema, json_object) as
+ * JSON of the schema.
  * Skipped (77) without node or the package ($KVD_OPENAI_NPM_DIR, default
  * ~/.cache/kvd/openai-npm, installed there by .ci/run). */
 #include <setjmp.h>
@@ -32,14 +35,24 @@ struct ref {
     char text[4096];
 };
 
-/* msgpack generate with `text` or one user message, greedy. */
+/* msgpack generate with `text` or one user message, greedy (temperature
+ * < 0) or sampled with seed. */
+static void reference_seeded(bool chat, const char *prompt, uint32_t max, double temperature,
+                             uint64_t seed, struct ref *out);
+
 static void reference(bool chat, const char *prompt, uint32_t max, struct ref *out)
+{
+    reference_seeded(chat, prompt, max, 0, 0, out);
+}
+
+static void reference_seeded(bool chat, const char *prompt, uint32_t max, double temperature,
+                             uint64_t seed, struct ref *out)
 {
     int fd = kh_connect(g_d->sock);
     assert_true(fd >= 0);
     struct kh_req q;
     struct kh_reply r;
-    kh_req_begin(&q, "generate", 1, 3);
+    kh_req_begin(&q, "generate", 1, 4);
     if (chat) {
         proto_pack_str(&q.pk, "messages");
         proto_pack_array(&q.pk, 1);
@@ -50,7 +63,8 @@ static void reference(bool chat, const char *prompt, uint32_t max, struct ref *o
         proto_pack_kv_str(&q.pk, "text", prompt);
     }
     proto_pack_kv_uint(&q.pk, "max_tokens", max);
-    proto_pack_kv_double(&q.pk, "temperature", 0);
+    proto_pack_kv_double(&q.pk, "temperature", temperature);
+    proto_pack_kv_uint(&q.pk, "seed", seed);
     assert_int_equal(kh_req_send(fd, &q), 0);
     assert_int_equal(kh_recv(fd, &r), 0);
     kh_expect(&r, 0);
@@ -162,6 +176,33 @@ static void test_openai_client_equals_generate(void **state)
         json_t *c = json_object_get(o, k ? "chat_stream" : "chat");
         assert_string_equal(json_string_value(json_object_get(c, "role")), "assistant");
     }
+    /* n = 3: choice i is the single run with seed 42 + i */
+    json_t *cn = json_object_get(o, "completion_n"),
+           *sn = json_object_get(o, "completion_n_stream");
+    assert_int_equal(json_array_size(cn), 3);
+    for (size_t i = 0; i < 3; i++) {
+        struct ref one;
+        reference_seeded(false, "Once upon a time", 8, 1.0, 42 + i, &one);
+        json_t *c = json_array_get(cn, i);
+        assert_int_equal(json_integer_value(json_object_get(c, "index")), i);
+        json_t *t = json_object_get(c, "tokens"), *ts = json_array_get(sn, i);
+        assert_int_equal(json_array_size(t), one.n);
+        assert_int_equal(json_array_size(ts), one.n);
+        for (size_t k = 0; k < one.n; k++) {
+            assert_int_equal(json_integer_value(json_array_get(t, k)), one.toks[k]);
+            assert_int_equal(json_integer_value(json_array_get(ts, k)), one.toks[k]);
+        }
+    }
+    json_t *u = json_object_get(o, "completion_n_usage");
+    assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), 24);
+    /* response_format: the client parsed the answers as JSON */
+    json_t *pj = json_object_get(o, "json_schema");
+    assert_true(json_is_object(pj));
+    assert_int_equal(json_object_size(pj), 2);
+    assert_true(json_string_length(json_object_get(pj, "name")) <= 8);
+    json_int_t age = json_integer_value(json_object_get(pj, "age"));
+    assert_true(json_is_integer(json_object_get(pj, "age")) && age >= 0 && age <= 99);
+    assert_true(json_is_object(json_object_get(o, "json_object")));
     assert_int_equal(json_array_size(json_object_get(o, "models")), 1);
     assert_int_equal(json_integer_value(json_object_get(o, "error_status")), 400);
     json_decref(o);

@@ -54,13 +54,35 @@ static const struct key K_MODEL[] = {{"name", T_STR, NULL},
                                      {"context", T_UINT, NULL},
                                      {"weight_bytes", T_UINT, NULL},
                                      {"weight_device_bytes", T_UINT, NULL},
-                                     {"fingerprint", T_STR, NULL},
+                                     {"fingerprint", T_STR_NIL, NULL},
                                      {"tokenizer", T_STR_NIL, NULL},
                                      {"bos", T_UINT_NIL, NULL},
                                      {"eos", T_UINT_NIL, NULL},
                                      {"eog", T_UARR, NULL},
                                      {"chat_template", T_BOOL, NULL},
                                      {NULL, 0, NULL}};
+/* hello's `models`: each model, loaded or not */
+static const struct key K_MODEL_ENTRY[] = {{"name", T_STR, NULL},
+                                           {"vocab", T_UINT, NULL},
+                                           {"context", T_UINT, NULL},
+                                           {"weight_bytes", T_UINT, NULL},
+                                           {"weight_device_bytes", T_UINT, NULL},
+                                           {"fingerprint", T_STR_NIL, NULL},
+                                           {"tokenizer", T_STR_NIL, NULL},
+                                           {"bos", T_UINT_NIL, NULL},
+                                           {"eos", T_UINT_NIL, NULL},
+                                           {"eog", T_UARR, NULL},
+                                           {"chat_template", T_BOOL, NULL},
+                                           {"state", T_STR, NULL},
+                                           {"arch", T_STR, NULL},
+                                           {"kv", T_MAP, K_KV},
+                                           {"kv_device_bytes", T_UINT, NULL},
+                                           {"kv_device_blocks", T_UINT, NULL},
+                                           {"keep_alive_s", T_UINT_NIL, NULL},
+                                           {"allowed", T_BOOL, NULL},
+                                           {"draft", T_STR_NIL, NULL},
+                                           {"speculative", T_STR, NULL},
+                                           {NULL, 0, NULL}};
 static const struct key K_HELLO[] = {{"server", T_STR, NULL},
                                      {"version", T_UINT, NULL},
                                      {"tenant", T_STR, NULL},
@@ -73,6 +95,7 @@ static const struct key K_HELLO[] = {{"server", T_STR, NULL},
                                      {"remote", T_BOOL, NULL},
                                      {"kv", T_MAP, K_KV},
                                      {"model", T_MAP_NIL, K_MODEL},
+                                     {"models", T_MAPS, K_MODEL_ENTRY},
                                      {NULL, 0, NULL}};
 
 static const struct key K_TIER[] = {{"total", T_UINT, NULL},
@@ -125,6 +148,19 @@ static const struct key K_TENANT[] = {{"name", T_STR, NULL},
                                       {"ttft_ms_mean", T_DBL, NULL},
                                       {"quota", T_MAP, K_QUOTA},
                                       {NULL, 0, NULL}};
+static const struct key K_SPEC[] = {{"mode", T_STR, NULL},
+                                    {"draft_model", T_BOOL, NULL},
+                                    {"max_batch", T_UINT, NULL},
+                                    {"verify_steps", T_UINT, NULL},
+                                    {"verifications", T_UINT, NULL},
+                                    {"drafted", T_UINT, NULL},
+                                    {"accepted", T_UINT, NULL},
+                                    {"acceptance", T_DBL, NULL},
+                                    {"tokens_per_verification", T_DBL, NULL},
+                                    {"verify_ms_per_step", T_DBL, NULL},
+                                    {"decode_ms_per_step", T_DBL, NULL},
+                                    {"speedup", T_DBL, NULL},
+                                    {NULL, 0, NULL}};
 static const struct key K_REQUESTS[] = {{"executor", T_BOOL, NULL},
                                         {"waiting", T_UINT, NULL},
                                         {"running", T_UINT, NULL},
@@ -142,6 +178,7 @@ static const struct key K_REQUESTS[] = {{"executor", T_BOOL, NULL},
                                         {"tokens_out", T_UINT, NULL},
                                         {"preempt_swap", T_UINT, NULL},
                                         {"preempt_recompute", T_UINT, NULL},
+                                        {"speculative", T_MAP, K_SPEC},
                                         {NULL, 0, NULL}};
 static const struct key K_PHASE[] = {
     {"steps", T_UINT, NULL},         {"window", T_UINT, NULL},
@@ -166,6 +203,47 @@ static const struct key K_EXPORTS[] = {{"exports", T_UINT, NULL},
                                        {"draining", T_UINT, NULL},
                                        {"withheld", T_UINT, NULL},
                                        {NULL, 0, NULL}};
+/* stats `models`: what anyone sees of each model, and what an admin sees */
+static const struct key K_MODEL_STATS_TENANT[] = {{"name", T_STR, NULL},
+                                                  {"state", T_STR, NULL},
+                                                  {"weight_device_bytes", T_UINT, NULL},
+                                                  {"kv_device_bytes", T_UINT, NULL},
+                                                  {"kv_device_blocks", T_UINT, NULL},
+                                                  {"block_bytes", T_UINT, NULL},
+                                                  {NULL, 0, NULL}};
+static const struct key K_MODEL_STATS_ALL[] = {{"name", T_STR, NULL},
+                                               {"state", T_STR, NULL},
+                                               {"weight_device_bytes", T_UINT, NULL},
+                                               {"kv_device_bytes", T_UINT, NULL},
+                                               {"kv_device_blocks", T_UINT, NULL},
+                                               {"block_bytes", T_UINT, NULL},
+                                               {"path", T_STR, NULL},
+                                               {"idle_s", T_DBL, NULL},
+                                               {"waiting", T_UINT, NULL},
+                                               {"loads", T_UINT, NULL},
+                                               {"unloads", T_UINT, NULL},
+                                               {"load_failures", T_UINT, NULL},
+                                               {"load_ms", T_DBL, NULL},
+                                               {"unload_ms", T_DBL, NULL},
+                                               {"moved_at_unload", T_UINT, NULL},
+                                               {"dropped_at_unload", T_UINT, NULL},
+                                               {"last_error", T_STR, NULL},
+                                               {"live", T_UINT, NULL},
+                                               {"waiting_requests", T_UINT, NULL},
+                                               {"running", T_UINT, NULL},
+                                               {"submitted", T_UINT, NULL},
+                                               {"generated", T_UINT, NULL},
+                                               {"steps", T_UINT, NULL},
+                                               {"prefill_tokens", T_UINT, NULL},
+                                               {"decode_tokens", T_UINT, NULL},
+                                               {"draft_kv_device_bytes", T_UINT, NULL},
+                                               {"speculative", T_MAP, K_SPEC},
+                                               {"device", T_MAP, K_TIER},
+                                               {"host", T_MAP, K_TIER},
+                                               {"seqs", T_UINT, NULL},
+                                               {NULL, 0, NULL}};
+static const struct key K_MODEL_MEMORY[] = {
+    {"device_used", T_UINT, NULL}, {"device_budget", T_UINT_NIL, NULL}, {NULL, 0, NULL}};
 static const struct key K_STATS_ALL[] = {{"scope", T_STR, NULL},
                                          {"backend", T_STR, NULL},
                                          {"block_tokens", T_UINT, NULL},
@@ -182,12 +260,18 @@ static const struct key K_STATS_ALL[] = {{"scope", T_STR, NULL},
                                          {"requests", T_MAP, K_REQUESTS},
                                          {"roofline", T_MAP, K_ROOFLINE},
                                          {"exports", T_MAP, K_EXPORTS},
+                                         {"model_memory", T_MAP, K_MODEL_MEMORY},
+                                         {"models", T_MAPS, K_MODEL_STATS_ALL},
                                          {NULL, 0, NULL}};
-static const struct key K_STATS_TENANT[] = {
-    {"scope", T_STR, NULL},          {"backend", T_STR, NULL},
-    {"block_tokens", T_UINT, NULL},  {"block_bytes", T_UINT, NULL},
-    {"device", T_MAP, K_TIER_TOTAL}, {"host", T_MAP, K_TIER_TOTAL},
-    {"tenants", T_MAPS, K_TENANT},   {NULL, 0, NULL}};
+static const struct key K_STATS_TENANT[] = {{"scope", T_STR, NULL},
+                                            {"backend", T_STR, NULL},
+                                            {"block_tokens", T_UINT, NULL},
+                                            {"block_bytes", T_UINT, NULL},
+                                            {"device", T_MAP, K_TIER_TOTAL},
+                                            {"host", T_MAP, K_TIER_TOTAL},
+                                            {"tenants", T_MAPS, K_TENANT},
+                                            {"models", T_MAPS, K_MODEL_STATS_TENANT},
+                                            {NULL, 0, NULL}};
 
 static const struct key K_SEQ[] = {{"seq", T_UINT, NULL}, {NULL, 0, NULL}};
 static const struct key K_EXTEND[] = {
@@ -225,6 +309,18 @@ static const struct key K_GEN_SEQ[] = {{"tokens", T_UARR, NULL},
                                        {NULL, 0, NULL}};
 static const struct key K_TOKENS_EVENT[] = {
     {"tokens", T_UARR, NULL}, {"text", T_STR, NULL}, {NULL, 0, NULL}};
+/* n > 1: one reply with every choice; events name their choice */
+static const struct key K_CHOICE[] = {{"index", T_UINT, NULL},
+                                      {"tokens", T_UARR, NULL},
+                                      {"text", T_STR, NULL},
+                                      {"finish_reason", T_STR, NULL},
+                                      {NULL, 0, NULL}};
+static const struct key K_GEN_N[] = {{"choices", T_MAPS, K_CHOICE},
+                                     {"usage", T_MAP, K_USAGE},
+                                     {"timing", T_MAP, K_TIMING},
+                                     {NULL, 0, NULL}};
+static const struct key K_TOKENS_EVENT_N[] = {
+    {"choice", T_UINT, NULL}, {"tokens", T_UARR, NULL}, {"text", T_STR, NULL}, {NULL, 0, NULL}};
 static const struct key K_TOKENIZE[] = {{"tokens", T_UARR, NULL}, {NULL, 0, NULL}};
 static const struct key K_DETOKENIZE[] = {{"text", T_STR, NULL}, {NULL, 0, NULL}};
 
@@ -659,6 +755,25 @@ static void test_serve_mode_replies(void **state)
     documented("generate", K_TOKENS_EVENT);
     documented("3.", K_EVENT_BASE);
 
+    kh_req_begin(&q, "generate", ++g_id, 3);
+    proto_pack_kv_u32_array(&q.pk, "tokens", prompt, 6);
+    proto_pack_kv_uint(&q.pk, "max_tokens", 3);
+    proto_pack_kv_uint(&q.pk, "n", 2);
+    call(fd, &q, 0, K_GEN_N, &r);
+    kh_reply_free(&r);
+    documented("generate", K_GEN_N);
+    events = 0;
+    kh_req_begin(&q, "generate", ++g_id, 4);
+    proto_pack_kv_u32_array(&q.pk, "tokens", prompt, 6);
+    proto_pack_kv_uint(&q.pk, "max_tokens", 3);
+    proto_pack_kv_uint(&q.pk, "n", 2);
+    proto_pack_kv_bool(&q.pk, "stream", true);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    expect(fd, g_id, 0, K_GEN_N, K_TOKENS_EVENT_N, &events, &r);
+    kh_reply_free(&r);
+    assert_true(events >= 2);
+    documented("generate", K_TOKENS_EVENT_N);
+
     uint64_t s = open_seq(fd);
     kh_req_begin(&q, "generate", ++g_id, 3);
     proto_pack_kv_u32_array(&q.pk, "tokens", prompt, 6);
@@ -703,6 +818,76 @@ static void test_serve_mode_replies(void **state)
     rmdir(dir);
 }
 
+/* Two models by name: hello naming one (the other not loaded yet: its
+ * fingerprint nil), its `models` list, a model's generate, stats with both
+ * models, and the errors of a model no one has. */
+static void test_models_replies(void **state)
+{
+    (void)state;
+    const char *tools = getenv("KVD_TOOLS_DIR");
+    char dir[] = "/tmp/kvd-keys.XXXXXX", ma[128], mb[128], cmd[512], conf[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(ma, sizeof(ma), "%s/a.gguf", dir);
+    snprintf(mb, sizeof(mb), "%s/b.gguf", dir);
+    snprintf(cmd, sizeof(cmd),
+             "%s/kvd-gguf-gen -o %s --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 "
+             "--vocab 256 --ctx 512 --seed 1 >/dev/null && %s/kvd-gguf-gen -o %s --arch qwen2 "
+             "--layers 1 --embd 64 --heads 2 --kv-heads 1 --ff 128 --vocab 300 --ctx 256 "
+             "--seed 2 >/dev/null",
+             tools, ma, tools, mb);
+    assert_int_equal(system(cmd), 0);
+    snprintf(conf, sizeof(conf),
+             "[model:alpha]\npath = %s\n[model:beta]\npath = %s\nkv-dtype = q8_0\n"
+             "keep-alive-s = forever\n",
+             ma, mb);
+    const char *const args[] = {"--backend", "cpu", "--threads", "1", NULL};
+    struct kh_proc p;
+    struct kh_req q;
+    struct kh_reply r;
+    assert_int_equal(kh_start(&p, conf, args), 0);
+    int fd = kh_connect(p.sock);
+    assert_true(fd >= 0);
+
+    kh_req_begin(&q, "hello", ++g_id, 1);
+    proto_pack_kv_str(&q.pk, "model", "beta");
+    call(fd, &q, 0, K_HELLO, &r);
+    assert_int_equal(kh_obj(kh_obj(r.root, "model"), "fingerprint")->type, MSGPACK_OBJECT_NIL);
+    assert_int_equal(kh_obj(r.root, "models")->via.array.size, 2);
+    kh_reply_free(&r);
+    documented("hello", K_MODEL_ENTRY);
+
+    uint32_t prompt[4] = {1, 2, 3, 4};
+    kh_req_begin(&q, "generate", ++g_id, 3);
+    proto_pack_kv_str(&q.pk, "model", "beta");
+    proto_pack_kv_u32_array(&q.pk, "tokens", prompt, 4);
+    proto_pack_kv_uint(&q.pk, "max_tokens", 2);
+    call(fd, &q, 0, K_GEN, &r);
+    kh_reply_free(&r);
+
+    kh_req_begin(&q, "stats", ++g_id, 0);
+    call(fd, &q, 0, K_STATS_ALL, &r);
+    assert_int_equal(kh_obj(r.root, "models")->via.array.size, 2);
+    kh_reply_free(&r);
+    documented("stats", K_MODEL_STATS_ALL);
+    documented("stats", K_MODEL_MEMORY);
+
+    kh_req_begin(&q, "generate", ++g_id, 2);
+    proto_pack_kv_str(&q.pk, "model", "gamma");
+    proto_pack_kv_u32_array(&q.pk, "tokens", prompt, 4);
+    call(fd, &q, KVD_ENOTFOUND, NULL, &r);
+    kh_reply_free(&r);
+    kh_req_begin(&q, "seq_open", ++g_id, 1);
+    proto_pack_kv_str(&q.pk, "model", "gamma");
+    call(fd, &q, KVD_ENOTFOUND, NULL, &r);
+    kh_reply_free(&r);
+
+    close(fd);
+    assert_int_equal(kh_stop(&p), 0);
+    unlink(ma);
+    unlink(mb);
+    rmdir(dir);
+}
+
 static int load_doc(void **state)
 {
     (void)state;
@@ -731,6 +916,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_mode_replies),
         cmocka_unit_test(test_serve_mode_replies),
+        cmocka_unit_test(test_models_replies),
     };
     return cmocka_run_group_tests(tests, load_doc, free_doc);
 }

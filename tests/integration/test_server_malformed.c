@@ -227,6 +227,78 @@ static void test_unknown_keys_ignored(void **state)
     close(fd);
 }
 
+/* A hello frame with id `id` padded to `pad` bytes of an unknown string key
+ * (ignored), written at out; returns the frame's length. */
+static size_t padded_hello(uint8_t *out, uint8_t id, uint32_t pad)
+{
+    const uint8_t head[] = {0x83, 0xa2, 'o', 'p', 0xa5, 'h', 'e', 'l', 'l', 'o',
+                            0xa2, 'i',  'd', id,  0xa3, 'p', 'a', 'd', 0xdb};
+    uint32_t len = (uint32_t)sizeof(head) + 4 + pad;
+    uint8_t *p = out + 4;
+    memcpy(p, head, sizeof head);
+    p += sizeof head;
+    for (int i = 0; i < 4; i++)
+        *p++ = (uint8_t)(pad >> (24 - 8 * i));
+    memset(p, 'x', pad);
+    for (int i = 0; i < 4; i++)
+        out[i] = (uint8_t)(len >> (24 - 8 * i));
+    return 4 + (size_t)len;
+}
+
+/* A frame larger than one read (256 KiB) is received into its own buffer
+ * as it arrives: pipelined between two small frames, in pieces that cut
+ * the headers and the payload anywhere, all three are answered in order. */
+static void test_big_frame_pipelined(void **state)
+{
+    const uint32_t pad = 3u << 20;
+    uint8_t *buf = malloc(3 * 64 + pad);
+    assert_non_null(buf);
+    size_t n = padded_hello(buf, 1, 0);
+    n += padded_hello(buf + n, 2, pad);
+    n += padded_hello(buf + n, 3, 0);
+    int fd = kh_connect(kvd.sock);
+    assert_true(fd >= 0);
+    for (size_t at = 0, piece = 7; at < n; at += piece, piece = piece * 3 % 300007 + 1)
+        assert_int_equal(kh_send_raw(fd, buf + at, at + piece > n ? n - at : piece), 0);
+    for (uint64_t id = 1; id <= 3; id++) {
+        struct kh_reply r;
+        assert_int_equal(kh_recv(fd, &r), 0);
+        kh_expect(&r, KVD_OK);
+        assert_int_equal(r.id, id);
+        kh_reply_free(&r);
+    }
+    close(fd);
+    free(buf);
+    bystander_ok();
+}
+
+/* A big frame cut short: the peer that shut down its write side is told
+ * how much of the frame came; one that closed is simply gone. */
+static void test_big_frame_truncated(void **state)
+{
+    const uint32_t pad = 1u << 20, sent = 600u << 10;
+    uint8_t *buf = malloc(64 + pad);
+    assert_non_null(buf);
+    padded_hello(buf, 4, pad);
+    int fd = kh_connect(kvd.sock);
+    assert_int_equal(kh_send_raw(fd, buf, sent), 0);
+    shutdown(fd, SHUT_WR);
+    struct kh_reply r;
+    assert_int_equal(kh_recv(fd, &r), 0);
+    kh_expect(&r, KVD_EBADREQ);
+    char want[96];
+    snprintf(want, sizeof want, "truncated frame: connection closed after %u bytes", sent);
+    assert_non_null(strstr(r.message, want));
+    kh_reply_free(&r);
+    assert_true(kh_peer_closed(fd));
+    close(fd);
+    fd = kh_connect(kvd.sock);
+    assert_int_equal(kh_send_raw(fd, buf, sent), 0);
+    close(fd);
+    free(buf);
+    bystander_ok();
+}
+
 /* Random bytes in random frames: every one is answered or closed; the
  * daemon survives and the bystander is served. Deterministic seed. */
 static void test_garbage(void **state)
@@ -256,12 +328,19 @@ static void test_garbage(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_zero_length),     cmocka_unit_test(test_oversized),
-        cmocka_unit_test(test_truncated_frame), cmocka_unit_test(test_not_a_map),
-        cmocka_unit_test(test_trailing_bytes),  cmocka_unit_test(test_invalid_msgpack),
-        cmocka_unit_test(test_huge_arrays),     cmocka_unit_test(test_wrong_types_keep_connection),
-        cmocka_unit_test(test_unknown_op),      cmocka_unit_test(test_unknown_keys_ignored),
+        cmocka_unit_test(test_zero_length),
+        cmocka_unit_test(test_oversized),
+        cmocka_unit_test(test_truncated_frame),
+        cmocka_unit_test(test_not_a_map),
+        cmocka_unit_test(test_trailing_bytes),
+        cmocka_unit_test(test_invalid_msgpack),
+        cmocka_unit_test(test_huge_arrays),
+        cmocka_unit_test(test_wrong_types_keep_connection),
+        cmocka_unit_test(test_unknown_op),
+        cmocka_unit_test(test_unknown_keys_ignored),
         cmocka_unit_test(test_garbage),
+        cmocka_unit_test(test_big_frame_pipelined),
+        cmocka_unit_test(test_big_frame_truncated),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

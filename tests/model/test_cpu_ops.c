@@ -239,6 +239,18 @@ static void matmul_one(void **tst, const struct compute_ops *o, struct compute_c
             for (size_t i = 0; i < (size_t)rows * out; i++)
                 y[i] = NAN; /* every output must be written */
             assert_int_equal(o->matmul(cx, &w, x, rows, y), 0);
+            /* a row's outputs do not depend on the batch it is in: the
+             * GEMV (1-3 rows) and the panel tiles (4 and more) compute the
+             * same bits, so a decode row equals the same row of a prefill
+             * chunk or of a speculative verification */
+            float *y1 = ts_malloc(tst, (size_t)out * 4);
+            for (uint32_t r = 0; r < rows; r++) {
+                assert_int_equal(o->matmul(cx, &w, x + (size_t)r * in, 1, y1), 0);
+                if (memcmp(y1, y + (size_t)r * out, (size_t)out * 4))
+                    fail_msg("%s %s in %u out %u: row %u of %u differs from the row alone",
+                             ctype_name(t), packed ? "packed" : "rows", in, out, r, rows);
+            }
+            ts_free(tst, y1);
             for (uint32_t r = 0; r < rows; r++)
                 for (uint32_t c = 0; c < out; c++) {
                     double want = 0, mag = 0;
@@ -279,7 +291,7 @@ static void matmul_all(void **tst)
     const struct compute_ops *o = ref_cpu_backend()->compute;
     struct compute_ctx *cx = ctx(tst, o);
     static const uint32_t shapes[][2] = {{64, 16}, {96, 17}, {256, 130}, {40, 3}, {800, 48}};
-    static const uint32_t rows_list[] = {1, 2, 3, 4, 7, 16, 29};
+    static const uint32_t rows_list[] = {1, 2, 3, 4, 5, 7, 16, 29};
     for (size_t ti = 0; ti < OP_CASES_N(op_float_types); ti++) {
         enum ctype t = op_float_types[ti];
         for (size_t ci = 0; ci < OP_CASES_N(op_matmul_cases); ci++) {
@@ -564,8 +576,11 @@ static double kv_value(const uint8_t *row, enum kv_dtype dt, uint32_t d)
     return NAN;
 }
 
+/* One attention batch against the double reference, within tol x (1 +
+ * |want|) (tol < 0: -tol x (n_kv + 4) x (1 + |want|), the bound of sums
+ * rounded to f16 at every position); the outputs to keep[] when given. */
 static void attn_case(void **tst, enum kv_dtype dt, uint32_t hd, uint32_t n_head, uint32_t kvh,
-                      uint32_t bt, const uint32_t (*seqs)[2], uint32_t S)
+                      uint32_t bt, const uint32_t (*seqs)[2], uint32_t S, double tol, float *keep)
 {
     const struct compute_ops *o = ref_cpu_backend()->compute;
     struct compute_ctx *cx = ctx(tst, o);
@@ -649,9 +664,10 @@ static void attn_case(void **tst, enum kv_dtype dt, uint32_t hd, uint32_t n_head
                         acc[e] += w * kv_value(vr, dt, e);
                 }
                 const float *got = out + ((size_t)t * n_head + h) * hd;
+                double tl = tol >= 0 ? tol : -tol * (n_kv + 4);
                 for (uint32_t e = 0; e < hd; e++) {
                     double want = acc[e] / sum;
-                    if (!(fabs(got[e] - want) <= 2e-5 * (1 + fabs(want))))
+                    if (!(fabs(got[e] - want) <= tl * (1 + fabs(want))))
                         fail_msg("attention %s hd %u heads %u/%u bt %u: seq %u row %u head %u "
                                  "[%u] = %.9g, want %.9g",
                                  kv_dtype_name(dt), hd, n_head, kvh, bt, s, r, h, e, (double)got[e],
@@ -659,6 +675,8 @@ static void attn_case(void **tst, enum kv_dtype dt, uint32_t hd, uint32_t n_head
                 }
             }
         }
+    if (keep)
+        memcpy(keep, out, QN * 4);
     ts_free(tst, sc), ts_free(tst, acc), ts_free(tst, q), ts_free(tst, out), ts_free(tst, arena),
         ts_free(tst, slots);
     ts_free(tst, cx);
@@ -675,7 +693,7 @@ static void attn_all(void **tst)
     for (int dt = KV_F16; dt <= KV_FP8; dt++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             attn_case(tst, (enum kv_dtype)dt, shapes[i][0], shapes[i][1], shapes[i][2],
-                      shapes[i][3], seqs, 3);
+                      shapes[i][3], seqs, 3, 2e-5, NULL);
 }
 
 static void t_attention_kv_dtypes(void **s)
@@ -684,6 +702,41 @@ static void t_attention_kv_dtypes(void **s)
     setenv("KVD_CPU_SCALAR", "1", 1);
     attn_all(s);
     unsetenv("KVD_CPU_SCALAR");
+}
+
+/* KVD_CPU_LLAMACPP=1: attention with llama.cpp's flash-attention
+ * arithmetic over an f16 cache (an f32 one rounded to f16 as llama.cpp
+ * does), q rounded to f16, sums kept in f16 (compute_cpu_ggml.c): within
+ * the f16 sums' bound of the double reference, and the AVX2 and portable
+ * paths the same bits, for head sizes under 64 (a dot in double), of 64
+ * and 128 (64 f32 lanes) and 96 (both). The bits themselves are checked
+ * against llama.cpp by test_llamacpp. */
+static void t_attention_llamacpp(void **tst)
+{
+    static const uint32_t shapes[][4] = {
+        {32, 4, 4, 16}, {64, 8, 2, 16}, {128, 4, 1, 5}, {96, 6, 3, 7}, {40, 2, 1, 16}};
+    static const uint32_t seqs[3][2] = {{0, 21}, {37, 9}, {70, 1}};
+    setenv("KVD_CPU_LLAMACPP", "1", 1);
+    for (int dt = KV_F16; dt <= KV_F32; dt += KV_F32 - KV_F16)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+            size_t qn = (size_t)(21 + 9 + 1) * shapes[i][1] * shapes[i][0];
+            float *a = ts_malloc(tst, qn * 4), *b = ts_malloc(tst, qn * 4);
+            uint64_t seed = qrng;
+            attn_case(tst, (enum kv_dtype)dt, shapes[i][0], shapes[i][1], shapes[i][2],
+                      shapes[i][3], seqs, 3, -0x1p-11, a);
+            qrng = seed;
+            setenv("KVD_CPU_SCALAR", "1", 1);
+            attn_case(tst, (enum kv_dtype)dt, shapes[i][0], shapes[i][1], shapes[i][2],
+                      shapes[i][3], seqs, 3, -0x1p-11, b);
+            unsetenv("KVD_CPU_SCALAR");
+            for (size_t k = 0; k < qn; k++)
+                if (memcmp(&a[k], &b[k], 4))
+                    fail_msg("llama.cpp attention %s hd %u: out[%zu] avx2 %a, portable %a",
+                             kv_dtype_name((enum kv_dtype)dt), shapes[i][0], k, (double)a[k],
+                             (double)b[k]);
+            ts_free(tst, a), ts_free(tst, b);
+        }
+    unsetenv("KVD_CPU_LLAMACPP");
 }
 
 /* The K-quant matmul's AVX2 and portable kernels give the same bits: the
@@ -759,6 +812,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(t_kquant_paths_bit_identical, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_quant_roundtrip, ts_setup, ts_teardown),
         cmocka_unit_test_setup_teardown(t_attention_kv_dtypes, ts_setup, ts_teardown),
+        cmocka_unit_test_setup_teardown(t_attention_llamacpp, ts_setup, ts_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

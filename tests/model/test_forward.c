@@ -337,6 +337,148 @@ static void t_scalar_kernels(void **s)
     unsetenv("KVD_CPU_SCALAR");
 }
 
+/* With KVD_CPU_LLAMACPP=1 (attention and RoPE with llama.cpp's cpu
+ * arithmetic, whose tokens test_llamacpp compares) every row is still
+ * computed alone: a sequence's logits are the same bits whether its prompt
+ * runs in one chunk, in chunks, token by token, or in a batch with other
+ * sequences, and the same on the AVX2 and the portable path; near the
+ * double reference (the f16 attention sums and the Q8_K activations of
+ * these K-quant models: printed, within 5e-2). Head sizes 64 (the f16 dot
+ * on 64 lanes) and 32 (in double), both RoPE modes. */
+static void t_llamacpp_rows_alone(void **state)
+{
+    static const char *models[] = {
+        "--arch qwen2 --embd 256 --heads 4 --kv-heads 2 --ff 256 --vocab 300 --layers 2 "
+        "--type q5_k_m --seed 12",
+        "--embd 256 --heads 8 --kv-heads 2 --ff 256 --vocab 300 --layers 2 --type q4_k_m --seed "
+        "13"};
+    enum { N = 29, NS = 3, V = 300 };
+    float *a = talloc(state, V * 4), *lg = talloc(state, V * 4), *avx2 = talloc(state, V * 4),
+          *blg = talloc(state, (size_t)NS * V * 4);
+    double *ref = talloc(state, V * 8);
+    setenv("KVD_CPU_LLAMACPP", "1", 1);
+    for (int mi = 0; mi < 2; mi++)
+        for (int sc = 0; sc < 2; sc++) {
+            if (sc)
+                setenv("KVD_CPU_SCALAR", "1", 1);
+            struct fx *f = t_fx(state);
+            fx_init(f, models[mi], KV_F16, 8, 2);
+            assert_int_equal(f->V, V);
+            uint32_t tok[N], other[11], slots[16], nb = (N + 7) / 8;
+            rs = 777 + (uint64_t)mi;
+            for (int i = 0; i < N; i++)
+                tok[i] = rnd(V);
+            for (int i = 0; i < 11; i++)
+                other[i] = rnd(V);
+            take_slots(f, slots, nb);
+            forward1(f, tok, N, 0, slots, nb, a);
+            take_slots(f, slots, nb);
+            forward1(f, tok, 5, 0, slots, nb, lg);
+            forward1(f, tok + 5, 12, 5, slots, nb, lg);
+            forward1(f, tok + 17, N - 17, 17, slots, nb, lg);
+            assert_memory_equal(lg, a, V * 4);
+            take_slots(f, slots, nb);
+            for (uint32_t p = 0; p < N; p++)
+                forward1(f, tok + p, 1, p, slots, p / 8 + 1, lg);
+            assert_memory_equal(lg, a, V * 4);
+            /* in a batch: the sequence, then two others of 11 and 3 tokens */
+            uint32_t st[NS][4], len[NS] = {N, 11, 3};
+            struct fwd_seq seqs[NS];
+            for (int q = 0; q < NS; q++) {
+                take_slots(f, st[q], (len[q] + 7) / 8);
+                seqs[q] = (struct fwd_seq){.tokens = q ? other : tok,
+                                           .n_tokens = len[q],
+                                           .slots = st[q],
+                                           .n_slots = (len[q] + 7) / 8};
+            }
+            struct fwd_batch b = {.seqs = seqs,
+                                  .n_seqs = NS,
+                                  .kv_arena = f->arena,
+                                  .geom = &f->geom,
+                                  .n_arena_slots = N_BLOCKS,
+                                  .logits = blg};
+            assert_int_equal(model_forward(f->m, f->fc, &b), 0);
+            assert_memory_equal(blg, a, V * 4);
+            ref_forward(f->ref, tok, N, KV_F16, ref);
+            double e = ref_rel_err(a, ref, V);
+            print_message("  %s%s: against the reference, rel err %.2e\n", models[mi],
+                          sc ? " (portable)" : "", e);
+            assert_true(e <= 5e-2);
+            if (sc)
+                assert_memory_equal(a, avx2, V * 4);
+            else
+                memcpy(avx2, a, V * 4);
+            fx_free(f);
+            unsetenv("KVD_CPU_SCALAR");
+        }
+    unsetenv("KVD_CPU_LLAMACPP");
+}
+
+/* fwd_ctx_set_trace: every op's output shown in order with its name, layer
+ * and shape, and the same values the step goes on with; a trace that
+ * changes the logits' op changes the logits returned; one that fails stops
+ * the step with KVD_EINTERNAL; removing it restores the untraced step. */
+struct trace_rec {
+    int calls, layers_seen, last_layer, fail_at;
+    float *logits;
+    uint32_t V;
+};
+
+static int trace_cb(void *ud, const char *name, int layer, float *v, uint32_t rows, uint32_t cols)
+{
+    struct trace_rec *r = ud;
+    if (r->fail_at && ++r->calls == r->fail_at)
+        return -1;
+    if (!r->fail_at)
+        r->calls++;
+    if (!strcmp(name, "Qcur") && layer != r->last_layer)
+        r->layers_seen++, r->last_layer = layer;
+    if (!strcmp(name, "result_output")) {
+        assert_int_equal(cols, r->V);
+        assert_int_equal(rows, 1);
+        memcpy(r->logits, v, r->V * 4); /* what the step computed */
+        v[7] = 1234.5f;                 /* and a change the caller must see */
+        return 1;
+    }
+    return 0;
+}
+
+static void t_trace(void **state)
+{
+    struct fx *f = t_fx(state);
+    fx_init(f, "--arch qwen2 " SHAPE " --kv-heads 2 --type f16 --seed 14", KV_F16, 16, 2);
+    uint32_t tok[5] = {1, 2, 3, 4, 5}, slots[1];
+    float *lg = talloc(state, f->V * 4), *plain = talloc(state, f->V * 4);
+    struct trace_rec r = {.last_layer = -1, .logits = talloc(state, f->V * 4), .V = f->V};
+    take_slots(f, slots, 1);
+    forward1(f, tok, 5, 0, slots, 1, plain);
+    assert_int_equal(fwd_ctx_set_trace(f->fc, trace_cb, &r), 0);
+    take_slots(f, slots, 1);
+    forward1(f, tok, 5, 0, slots, 1, lg);
+    assert_int_equal(r.layers_seen, 2);
+    /* per layer 3 projections, 3 biases, 2 ropes, attention, output, add+norm (2),
+     * gate, up, swiglu, down, the add (and the next layer's norm: not after the
+     * last); and embd, the first norm, the final norm, the logits */
+    assert_int_equal(r.calls, 18 + 17 + 4);
+    assert_memory_equal(r.logits, plain, f->V * 4);
+    assert_true(lg[7] == 1234.5f);
+    lg[7] = plain[7];
+    assert_memory_equal(lg, plain, f->V * 4);
+    r = (struct trace_rec){.fail_at = 3, .logits = r.logits, .V = f->V};
+    struct fwd_seq sq = {.tokens = tok, .n_tokens = 5, .slots = slots, .n_slots = 1};
+    struct fwd_batch b = {.seqs = &sq,
+                          .n_seqs = 1,
+                          .kv_arena = f->arena,
+                          .geom = &f->geom,
+                          .n_arena_slots = N_BLOCKS,
+                          .logits = lg};
+    assert_int_equal(model_forward(f->m, f->fc, &b), KVD_EINTERNAL);
+    assert_non_null(strstr(fwd_ctx_errmsg(f->fc), "trace"));
+    assert_int_equal(fwd_ctx_set_trace(f->fc, NULL, NULL), 0);
+    forward1(f, tok, 5, 0, slots, 1, lg);
+    assert_memory_equal(lg, plain, f->V * 4);
+}
+
 /* Thread count does not change results (each dot product has one order). */
 static void t_threads_agree(void **s)
 {
@@ -637,6 +779,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(t_llama_bf16_f32kv_mha, t_setup, t_teardown),
         cmocka_unit_test_setup_teardown(t_scalar_kernels, t_setup, t_teardown),
         cmocka_unit_test_setup_teardown(t_threads_agree, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_llamacpp_rows_alone, t_setup, t_teardown),
+        cmocka_unit_test_setup_teardown(t_trace, t_setup, t_teardown),
         cmocka_unit_test_setup_teardown(t_validation, t_setup, t_teardown),
         cmocka_unit_test_setup_teardown(t_greedy_varied, t_setup, t_teardown),
         cmocka_unit_test_setup_teardown(t_wide_heads, t_setup, t_teardown),

@@ -4,7 +4,9 @@
  * 32k-token text prompts), while a second connection times `hello`s. The
  * loop is shared by every tenant, so the second connection's round trips
  * are what any other tenant sees; each must stay under a generous bound
- * (VICTIM_MAX_MS: the failing case was seconds, 19 s for the tokenize).
+ * (VICTIM_MAX_MS: the failing case was seconds, 19 s for the tokenize),
+ * counted without the time the loop and the victim merely waited for a CPU
+ * (kh_rtt), so a machine loaded by others cannot fail it.
  * Each hostile request must also get its own clear refusal. */
 #include <poll.h>
 #include <pthread.h>
@@ -85,7 +87,8 @@ static void start(struct kh_proc *p, const char *const *extra)
 }
 
 /* The attacker: runs fn(arg) on its own thread while the caller times the
- * victim's hellos; returns the slowest hello (ms) and how many ran. */
+ * victim's hellos; returns the slowest hello (ms, less the time the loop
+ * and the victim only waited for a CPU: kh_rtt) and how many ran. */
 struct attack {
     void (*fn)(void *arg);
     void *arg;
@@ -100,30 +103,35 @@ static void *attack_main(void *p)
     return NULL;
 }
 
-static double victim_while(const char *sock, void (*fn)(void *), void *arg, unsigned *n_hellos)
+static double victim_while(const struct kh_proc *p, void (*fn)(void *), void *arg,
+                           unsigned *n_hellos)
 {
-    int fd = kh_connect(sock);
+    int fd = kh_connect(p->sock);
     assert_true(fd >= 0);
     struct attack a = {.fn = fn, .arg = arg};
     atomic_init(&a.done, false);
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, attack_main, &a), 0);
-    double worst = 0;
+    double worst = 0, worst_wall = 0;
     unsigned n = 0;
     uint64_t id = 1;
     /* At least a few hellos even when the attack is over at once. */
     while (!atomic_load(&a.done) || n < 5) {
         struct kh_reply r;
-        double t0 = now_ms();
+        struct kh_rtt rtt;
+        double stall;
+        kh_rtt_begin(&rtt, p->pid);
         assert_int_equal(kh_call0(fd, "hello", id++, &r), 0);
-        double dt = now_ms() - t0;
+        double wall = kh_rtt_end(&rtt, &stall);
         kh_reply_free(&r);
-        if (dt > worst)
-            worst = dt;
+        worst = stall > worst ? stall : worst;
+        worst_wall = wall > worst_wall ? wall : worst_wall;
         n++;
     }
     pthread_join(t, NULL);
     close(fd);
+    print_message("  (slowest hello %.1f ms of wall time; the machine's load taken out: %.1f ms)\n",
+                  worst_wall, worst);
     *n_hellos = n;
     return worst;
 }
@@ -176,7 +184,7 @@ static void test_tokenize_60mib(void **state)
     struct tok_attack a = {
         .sock = p.sock, .op = "tokenize", .bytes = (size_t)60 << 20, .rounds = 3};
     unsigned n = 0;
-    double worst = victim_while(p.sock, text_attack, &a, &n);
+    double worst = victim_while(&p, text_attack, &a, &n);
     for (int k = 0; k < a.rounds; k++)
         assert_int_equal(a.codes[k], KVD_ETOOLARGE);
     if (!strstr(a.message, "max-text-bytes"))
@@ -200,7 +208,7 @@ static void test_tokenize_token_bound(void **state)
      * 8 MiB is well over KVD_MAX_ARRAY tokens. */
     struct tok_attack a = {.sock = p.sock, .op = "tokenize", .bytes = (size_t)8 << 20, .rounds = 2};
     unsigned n = 0;
-    double worst = victim_while(p.sock, text_attack, &a, &n);
+    double worst = victim_while(&p, text_attack, &a, &n);
     for (int k = 0; k < a.rounds; k++)
         assert_int_equal(a.codes[k], KVD_ETOOLARGE);
     if (!strstr(a.message, "more than"))
@@ -295,7 +303,7 @@ static void test_detokenize_over_max_frame(void **state)
      * does not fit the reply. */
     struct detok_attack a = {.sock = p.sock, .n = 300000};
     unsigned n = 0;
-    double worst = victim_while(p.sock, detokenize_attack, &a, &n);
+    double worst = victim_while(&p, detokenize_attack, &a, &n);
     assert_int_equal(a.code, KVD_ETOOLARGE);
     if (!strstr(a.message, "max-frame"))
         fail_msg("the refusal does not name max-frame: %s", a.message);
@@ -330,7 +338,7 @@ static void test_generate_long_texts(void **state)
     struct tok_attack a = {
         .sock = p.sock, .op = "generate", .bytes = (size_t)256 << 10, .rounds = 4};
     unsigned n = 0;
-    double worst = victim_while(p.sock, text_attack, &a, &n);
+    double worst = victim_while(&p, text_attack, &a, &n);
     for (int k = 0; k < a.rounds; k++)
         assert_true(a.codes[k] == KVD_EBADREQ || a.codes[k] == KVD_ETOOLARGE);
     if (!strstr(a.message, "'text'"))
@@ -411,7 +419,7 @@ static void test_chat_bodies_7mib(void **state)
     struct http_attack a = {.rounds = 5};
     snprintf(a.path, sizeof(a.path), "%s", hs);
     unsigned n = 0;
-    double worst = victim_while(p.sock, chat_attack, &a, &n);
+    double worst = victim_while(&p, chat_attack, &a, &n);
     for (int k = 0; k < a.rounds; k++)
         if (a.status[k] != 413)
             fail_msg("body %d: status %d, expected 413: %s", k, a.status[k], a.body);
@@ -566,7 +574,7 @@ static void test_hostile_render_at_request_time(void **state)
     start(&p, extra);
     struct chat_attack a = {.sock = p.sock, .rounds = 2};
     unsigned n = 0;
-    double worst = victim_while(p.sock, trap_attack, &a, &n);
+    double worst = victim_while(&p, trap_attack, &a, &n);
     for (int k = 0; k < a.rounds; k++)
         assert_int_equal(a.codes[k], KVD_ETOOLARGE);
     /* the work budget, or on a loaded machine the time bound first */

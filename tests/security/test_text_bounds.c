@@ -22,7 +22,8 @@
 #include "kvd/protocol.h"
 #include "kvd_harness.h"
 
-/* The other tenant's slowest hello; a sanitizer build runs the daemon
+/* The other tenant's slowest hello, less the run-queue waits of its thread
+ * and of the loop (kh_rtt); a sanitizer build runs the daemon
  * several times slower (the failing case was seconds). */
 #if defined(__SANITIZE_ADDRESS__)
 #define VICTIM_MAX_MS 1000.0
@@ -287,6 +288,7 @@ static void test_detokenize_1m_long(void **state)
 struct victim {
     int go, stop, out;
     int stop_w; /* the parent's end of stop: closed here, so its close is EOF */
+    pid_t kvd;  /* whose loop's run-queue waits kh_rtt takes out */
 };
 
 static int victim_main(void *arg)
@@ -299,23 +301,26 @@ static int victim_main(void *arg)
     char c;
     if (read(v->go, &c, 1) != 1)
         return 11;
-    double worst = 0;
+    double worst = 0, worst_wall = 0;
     unsigned n = 0;
     for (;;) {
         struct pollfd p = {.fd = v->stop, .events = POLLIN};
         if (poll(&p, 1, 0) != 0)
             break;
         struct kh_reply r;
-        double t0 = now_s();
+        struct kh_rtt rtt;
+        double stall;
+        kh_rtt_begin(&rtt, v->kvd);
         int code = kh_call0(fd, "hello", 1 + (uint64_t)n, &r);
-        double ms = (now_s() - t0) * 1e3;
+        double wall = kh_rtt_end(&rtt, &stall);
         kh_reply_free(&r);
         if (code)
             return 12;
-        worst = ms > worst ? ms : worst;
+        worst = stall > worst ? stall : worst;
+        worst_wall = wall > worst_wall ? wall : worst_wall;
         n++;
     }
-    double res[2] = {(double)n, worst};
+    double res[3] = {(double)n, worst, worst_wall};
     if (write(v->out, res, sizeof res) != sizeof res)
         return 13;
     close(fd);
@@ -329,7 +334,7 @@ static void test_hello_while_hostile(void **state)
     assert_int_equal(pipe(go), 0);
     assert_int_equal(pipe(stop), 0);
     assert_int_equal(pipe(out), 0);
-    struct victim v = {go[0], stop[0], out[1], stop[1]};
+    struct victim v = {go[0], stop[0], out[1], stop[1], kvd.pid};
     pid_t pid = kh_run_as(60002, 65534, victim_main, &v);
     assert_true(pid > 0);
     int fd = kh_connect(kvd.sock);
@@ -354,12 +359,13 @@ static void test_hello_while_hostile(void **state)
     }
     double dt = now_s() - t0;
     close(stop[1]);
-    double res[2] = {0, 0};
+    double res[3] = {0, 0, 0};
     assert_int_equal(read(out[0], res, sizeof res), sizeof res);
     assert_int_equal(kh_child_status(pid), 0);
     printf("while %u hostile text requests were answered (%.2f s), the other tenant's %.0f "
-           "hellos: slowest %.1f ms\n",
-           answered, dt, res[0], res[1]);
+           "hellos: slowest %.1f ms (%.1f ms of wall time, the machine's load taken out: "
+           "kh_rtt)\n",
+           answered, dt, res[0], res[1], res[2]);
     assert_true(res[1] < VICTIM_MAX_MS);
     free(t);
     free(ids);

@@ -196,6 +196,47 @@ static void test_indented_continuation_refused(void **state)
 
 /* [tenant:NAME] events = on | hashes | off (off when unset; [limits]
  * gives the default of unlisted uids); anything else is refused. */
+/* [model:NAME] sections become the options' models; a reload (no
+ * options) checks them the same; a bad key names its section and line. */
+static void test_model_sections(void **state)
+{
+    struct cfx *f = *state;
+    struct kvd_error e = {0};
+    static struct options o;
+    char err[512];
+    write_file("[server]\nkeep-alive-s = 60\ndevice-bytes = 1G\n"
+               "[model:chat]\npath = /m/chat.gguf\npreload = yes\n"
+               "[model:coder:7b]\npath = /m/coder.gguf\nkv-dtype = q8_0\n"
+               "keep-alive-s = forever\ntenants = a, b\nmax-device-bytes = 512M\n");
+    options_defaults(&o);
+    assert_int_equal(config_defaults(&f->cfg), 0);
+    assert_int_equal(config_load(path, &f->cfg, &o, &e), 0);
+    assert_int_equal(o.keep_alive_s, 60);
+    assert_int_equal(o.device_bytes, 1ull << 30);
+    assert_int_equal(o.n_models, 2);
+    assert_string_equal(o.models[0].name, "chat");
+    assert_true(o.models[0].preload);
+    assert_string_equal(o.models[1].name, "coder:7b");
+    assert_int_equal(o.models[1].kv_dtype, KV_Q8_0);
+    assert_int_equal(o.models[1].keep_alive_s, OPTIONS_KEEP_FOREVER);
+    assert_string_equal(o.models[1].tenants, "a, b");
+    assert_int_equal(o.models[1].max_device_bytes, 512ull << 20);
+    /* a reload checks them too */
+    config_free(&f->cfg);
+    assert_int_equal(load("[model:x]\npath = /m/x.gguf\n", &f->cfg, err, sizeof err), 0);
+    config_free(&f->cfg);
+    assert_int_equal(load("[model:x]\npath = /m/x.gguf\ncolour = red\n", &f->cfg, err, sizeof err),
+                     KVD_EBADREQ);
+    assert_non_null(strstr(err, ":3:"));
+    assert_non_null(strstr(err, "colour"));
+    config_free(&f->cfg);
+    assert_int_equal(load("[model:b@d]\npath = /m/x.gguf\n", &f->cfg, err, sizeof err),
+                     KVD_EBADREQ);
+    config_free(&f->cfg);
+    assert_int_equal(load("[model:x]\nkv-dtype = q4\n", &f->cfg, err, sizeof err), KVD_EBADREQ);
+    assert_non_null(strstr(err, "kv-dtype"));
+}
+
 static void test_events_key(void **state)
 {
     struct cfx *f = *state;
@@ -233,6 +274,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_indented_continuation_refused, cfx_setup,
                                         cfx_teardown),
         cmocka_unit_test_setup_teardown(test_events_key, cfx_setup, cfx_teardown),
+        cmocka_unit_test_setup_teardown(test_model_sections, cfx_setup, cfx_teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     unlink(path);

@@ -553,6 +553,51 @@ static void test_status_of(void **state)
     }
 }
 
+/* response_format: compiled while parsing (on the text worker), errors
+ * name the keyword's path. */
+static void test_response_format(void **state)
+{
+    (void)state;
+    static const char msg[] = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]";
+    char b[512];
+    snprintf(b, sizeof b, "{%s,\"response_format\":{\"type\":\"text\"}}", msg);
+    assert_null(ok_chat(b)->compiled);
+    snprintf(b, sizeof b, "{%s,\"response_format\":{\"type\":\"json_object\"}}", msg);
+    assert_non_null(ok_chat(b)->compiled);
+    snprintf(b, sizeof b,
+             "{%s,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":"
+             "\"x\",\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":{\"a\":"
+             "{\"type\":\"integer\"}}}}}}",
+             msg);
+    assert_non_null(ok_chat(b)->compiled);
+    assert_non_null(ok_c("{\"prompt\":[1],\"response_format\":{\"type\":\"json_schema\","
+                         "\"json_schema\":{\"name\":\"x\"}}}")
+                        ->compiled);
+    snprintf(b, sizeof b,
+             "{%s,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":"
+             "\"x\",\"schema\":{\"properties\":{\"x\":{\"not\":{}}}}}}}",
+             msg);
+    BAD_CHAT(b, "response_format.json_schema.schema.properties.x.not");
+    snprintf(b, sizeof b, "{%s,\"response_format\":{\"type\":\"xml\"}}", msg);
+    BAD_CHAT(b, "response_format.type");
+    snprintf(b, sizeof b, "{%s,\"response_format\":{\"type\":\"json_schema\"}}", msg);
+    BAD_CHAT(b, "response_format.json_schema");
+    snprintf(b, sizeof b,
+             "{%s,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"strict\":"
+             "1}}}",
+             msg);
+    BAD_CHAT(b, "response_format.json_schema.strict");
+    snprintf(b, sizeof b, "{%s,\"response_format\":[]}", msg);
+    BAD_CHAT(b, "response_format");
+    snprintf(b, sizeof b,
+             "{%s,\"grammar\":\"root ::= \\\"a\\\"\",\"response_format\":{\"type\":"
+             "\"json_object\"}}",
+             msg);
+    BAD_CHAT(b, "response_format");
+    /* a GBNF grammar is compiled here too */
+    BAD_C("{\"prompt\":[1],\"grammar\":\"root ::= (\"}", "grammar");
+}
+
 static void test_unsupported(void **state)
 {
     (void)state;
@@ -560,14 +605,14 @@ static void test_unsupported(void **state)
     char b[256];
     ok_c("{\"prompt\":[1],\"n\":1,\"echo\":false,\"logprobs\":0,\"model\":\"gpt-x\"}");
     ok_c("{\"prompt\":[1],\"n\":null,\"echo\":null,\"logprobs\":null,\"model\":null}");
-    UNSUP_C("{\"prompt\":[1],\"n\":2}", "n");
+    assert_int_equal(ok_c("{\"prompt\":[1],\"n\":2}")->n, 2);
     BAD_C("{\"prompt\":[1],\"n\":0}", "n");
     BAD_C("{\"prompt\":[1],\"n\":129}", "n");
     BAD_C("{\"prompt\":[1],\"n\":\"1\"}", "n");
     UNSUP_C("{\"prompt\":[1],\"echo\":true}", "echo");
     BAD_C("{\"prompt\":[1],\"echo\":0}", "echo");
     snprintf(b, sizeof(b), "{%s,\"n\":3}", msg);
-    UNSUP_CHAT(b, "n");
+    assert_int_equal(ok_chat(b)->n, 3);
     /* model: a string of at most OPENAI_MAX_MODEL bytes, else 400 */
     BAD_C("{\"prompt\":[1],\"model\":5}", "model");
     char big[OPENAI_MAX_MODEL + 64];
@@ -589,6 +634,7 @@ int main(void)
         cmocka_unit_test_teardown(test_stop, teardown),
         cmocka_unit_test_teardown(test_stream, teardown),
         cmocka_unit_test_teardown(test_unsupported, teardown),
+        cmocka_unit_test_teardown(test_response_format, teardown),
         cmocka_unit_test_teardown(test_logprobs, teardown),
         cmocka_unit_test(test_logprobs_render),
         cmocka_unit_test(test_status_of),

@@ -117,7 +117,90 @@ static void samples(const struct options_def *d, char *ok, char *bad_v, size_t c
         snprintf(ok, cap, "127.0.0.1:8080");
         snprintf(bad_v, cap, "unix:/tmp/x.sock");
         break;
+    case OPTIONS_MODEL:
+        snprintf(ok, cap, "/tmp/x.gguf");
+        snprintf(bad_v, cap, "bad name=/tmp/x.gguf");
+        break;
+    case OPTIONS_SECONDS:
+        snprintf(ok, cap, "60");
+        snprintf(bad_v, cap, "soon");
+        break;
     }
+}
+
+/* --model NAME=PATH and [model:NAME] keys make models[] entries; a plain
+ * path is model_path, as it always was. */
+static void test_models(void **state)
+{
+    (void)state;
+    struct kvd_error err = {0};
+    struct options o;
+    options_defaults(&o);
+    assert_int_equal(o.keep_alive_s, 300);
+    assert_int_equal(options_set(&o, "model", "/m/plain.gguf", &err), 0);
+    assert_string_equal(o.model_path, "/m/plain.gguf");
+    assert_int_equal(o.n_models, 0);
+    assert_int_equal(options_set(&o, "model", "coder=/m/coder.gguf", &err), 0);
+    assert_int_equal(options_set(&o, "model", "chat:7b=/m/chat.gguf", &err), 0);
+    assert_int_equal(o.n_models, 2);
+    assert_string_equal(o.models[0].name, "coder");
+    assert_string_equal(o.models[0].path, "/m/coder.gguf");
+    assert_int_equal(o.models[0].kv_dtype, -1);
+    assert_int_equal(o.models[0].keep_alive_s, OPTIONS_KEEP_DEFAULT);
+    assert_string_equal(o.models[1].name, "chat:7b");
+    /* a path with '=' after a '/' is a path */
+    assert_int_equal(options_set(&o, "model", "/m/a=b.gguf", &err), 0);
+    assert_string_equal(o.model_path, "/m/a=b.gguf");
+    assert_int_equal(o.n_models, 2);
+    /* the same name again: its path changes, no new entry */
+    assert_int_equal(options_set(&o, "model", "coder=/m/coder2.gguf", &err), 0);
+    assert_int_equal(o.n_models, 2);
+    assert_string_equal(o.models[0].path, "/m/coder2.gguf");
+    assert_int_equal(options_set(&o, "model", "x=rel.gguf", &err), KVD_EBADREQ);
+    assert_int_equal(options_set(&o, "model", "sp ace=/m/x.gguf", &err), KVD_EBADREQ);
+
+    assert_int_equal(options_model_set(&o, "coder", "kv-dtype", "q8_0", &err), 0);
+    assert_int_equal(o.models[0].kv_dtype, KV_Q8_0);
+    assert_int_equal(options_model_set(&o, "coder", "keep-alive-s", "forever", &err), 0);
+    assert_int_equal(o.models[0].keep_alive_s, OPTIONS_KEEP_FOREVER);
+    assert_int_equal(options_model_set(&o, "coder", "keep-alive-s", "0", &err), 0);
+    assert_int_equal(o.models[0].keep_alive_s, 0);
+    assert_int_equal(options_model_set(&o, "coder", "preload", "yes", &err), 0);
+    assert_true(o.models[0].preload);
+    assert_int_equal(options_model_set(&o, "coder", "tenants", "alice, bob", &err), 0);
+    assert_string_equal(o.models[0].tenants, "alice, bob");
+    assert_int_equal(options_model_set(&o, "coder", "max-device-bytes", "2G", &err), 0);
+    assert_int_equal(o.models[0].max_device_bytes, 2ull << 30);
+    /* speculative decoding: its draft (another model, by name) and its kind */
+    assert_int_equal(o.models[0].draft[0], '\0');
+    assert_int_equal(o.models[0].speculative, -1);
+    assert_int_equal(options_model_set(&o, "coder", "draft", "coder-small", &err), 0);
+    assert_string_equal(o.models[0].draft, "coder-small");
+    assert_int_equal(options_model_set(&o, "coder", "speculative", "draft", &err), 0);
+    assert_int_equal(o.models[0].speculative, OPTIONS_SPEC_DRAFT);
+    assert_int_equal(options_model_set(&o, "coder", "draft", "coder", &err), KVD_EBADREQ);
+    assert_non_null(strstr(err.message, "its own draft"));
+    assert_int_equal(options_model_set(&o, "coder", "draft", "/m/x.gguf", &err), KVD_EBADREQ);
+    assert_non_null(strstr(err.message, "draft"));
+    assert_int_equal(options_model_set(&o, "coder", "speculative", "maybe", &err), KVD_EBADREQ);
+    assert_non_null(strstr(err.message, "speculative"));
+    assert_int_equal(options_model_set(&o, "new", "path", "/m/new.gguf", &err), 0);
+    assert_int_equal(o.n_models, 3);
+    /* each bad value names its key */
+    assert_int_equal(options_model_set(&o, "coder", "kv-dtype", "q4", &err), KVD_EBADREQ);
+    assert_non_null(strstr(err.message, "kv-dtype"));
+    assert_int_equal(options_model_set(&o, "coder", "keep-alive-s", "-1", &err), KVD_EBADREQ);
+    assert_int_equal(options_model_set(&o, "coder", "preload", "maybe", &err), KVD_EBADREQ);
+    assert_int_equal(options_model_set(&o, "coder", "path", "rel", &err), KVD_EBADREQ);
+    assert_int_equal(options_model_set(&o, "coder", "colour", "red", &err), KVD_EBADREQ);
+    assert_non_null(strstr(err.message, "unknown key"));
+    assert_int_equal(options_model_set(&o, "b@d", "path", "/m/x", &err), KVD_EBADREQ);
+    for (int i = (int)o.n_models; i < OPTIONS_MAX_MODELS; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "m%d", i);
+        assert_int_equal(options_model_set(&o, name, "path", "/m/x", &err), 0);
+    }
+    assert_int_equal(options_model_set(&o, "one-too-many", "path", "/m/x", &err), KVD_EBADREQ);
 }
 
 static int parse(struct options *o, const char *a0, const char *a1)
@@ -266,6 +349,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_kv_dtypes),
         cmocka_unit_test(test_every_entry_where_it_belongs),
+        cmocka_unit_test(test_models),
         cmocka_unit_test_setup_teardown(test_help_lists_every_option, help_setup, help_teardown),
         cmocka_unit_test(test_example_config_names_every_key),
     };

@@ -57,13 +57,17 @@ static void test_register_once_and_admit(void **state)
     assert_int_equal(got, a.tenant);
     assert_false(tenancy_lookup(t, "beta", NULL));
     /* max-queued-per-tenant = 2 */
-    assert_int_equal(tenancy_admit(t, a.tenant, &e), 0);
+    assert_int_equal(tenancy_admit(t, a.tenant, 1, &e), 0);
     tenancy_pending(t, a.tenant, 2);
     assert_int_equal(tenancy_in_flight(t, a.tenant), 2);
-    assert_int_equal(tenancy_admit(t, a.tenant, &e), KVD_EBUSY);
+    assert_int_equal(tenancy_admit(t, a.tenant, 1, &e), KVD_EBUSY);
     assert_non_null(strstr(e.message, "max-queued-per-tenant = 2"));
     tenancy_pending(t, a.tenant, -1);
-    assert_int_equal(tenancy_admit(t, a.tenant, &e), 0);
+    assert_int_equal(tenancy_admit(t, a.tenant, 1, &e), 0);
+    /* a generate of n choices counts n */
+    assert_int_equal(tenancy_admit(t, a.tenant, 2, &e), KVD_EBUSY);
+    tenancy_pending(t, a.tenant, -1);
+    assert_int_equal(tenancy_admit(t, a.tenant, 2, &e), 0);
     tenancy_free(t);
     fx_close(&f);
 }

@@ -1,10 +1,11 @@
 /* compute_cuda_fused: the fused ops of compute.h on the cuda backend: the
  * projections of one input (q, k, v), gate and up with SiLU, and a
  * projection with the residual add and RMSNorm after it, each one launch of
- * the fused GEMV (kernels/gemv_fused.cu) for up to 8 rows; RoPE of q and k
- * with the KV write in one launch (kernels/rope_kv.cu). Shapes the GEMV does
- * not take (more rows, weights of different types) run as the op chain each
- * replaces. */
+ * the fused GEMV (kernels/gemv_fused.cu) for up to 8 rows (up to 32 of a
+ * quantized weight: a launch per 8; batch-invariant rows: 8 a launch); RoPE
+ * of q and k with the KV write in one launch (kernels/rope_kv.cu). Shapes
+ * the GEMV does not take (more rows, weights of different types) run as the
+ * op chain each replaces. */
 #include "compute_cuda_impl.h"
 
 #include "kvd/status.h"
@@ -16,8 +17,8 @@ static bool gemv_takes(const struct ctensor *w, const float *x, uint32_t rows)
            kvd_k_gemv_ok((int)w->type, w->data, x, (int)rows, (int)w->ne0);
 }
 
-int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
-                     const float *const *bias, const float *x, uint32_t rows, float *const *y)
+static int matmul_n_rows(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
+                         const float *const *bias, const float *x, uint32_t rows, float *const *y)
 {
     uint32_t i = 0;
     int rc;
@@ -43,9 +44,8 @@ int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *c
     return 0;
 }
 
-int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
-                          const struct ctensor *up, const float *x, uint32_t rows, float *out,
-                          float *tmp)
+static int swiglu_rows(struct compute_ctx *cx, const struct ctensor *gate, const struct ctensor *up,
+                       const float *x, uint32_t rows, float *out, float *tmp)
 {
     int rc;
     if (gate->type == up->type && gate->ne0 == up->ne0 && gate->ne1 == up->ne1 &&
@@ -61,8 +61,8 @@ int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
     return cuda_op_silu_mul(cx, out, tmp, (size_t)rows * gate->ne1);
 }
 
-int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
-                               uint32_t rows, float *x, const float *norm, float eps, float *out)
+static int add_rmsnorm_rows(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
+                            uint32_t rows, float *x, const float *norm, float eps, float *out)
 {
     int rc;
     if (gemv_takes(w, xin, rows)) {
@@ -75,6 +75,83 @@ int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, 
     if (norm)
         return cuda_op_add_rmsnorm(cx, x, out, out, norm, rows, w->ne1, eps);
     return cuda_op_add(cx, x, out, (size_t)rows * w->ne1);
+}
+
+/* The batch-invariant rows [0, n_one): KVD_K_GEMV_MAX_TOKENS at a time,
+ * so that each takes the GEMV, whose sums for a row do not depend on the
+ * other rows (as cuda_op_matmul_inv); the rows after them in one call. All
+ * rows are taken so when matmul would chunk them (cuda_gemv_chunked). A
+ * call the GEMV takes whole is one launch whatever n_one is. The rows of
+ * the call starting at row *r, which advances. */
+static uint32_t next_rows(uint32_t *r, uint32_t rows, uint32_t n_one)
+{
+    uint32_t r0 = *r, k;
+    if (r0 < n_one)
+        k = n_one - r0 < KVD_K_GEMV_MAX_TOKENS ? n_one - r0 : KVD_K_GEMV_MAX_TOKENS;
+    else
+        k = rows - r0;
+    *r = r0 + k;
+    return k;
+}
+
+static bool one_call(uint32_t rows, uint32_t n_one)
+{
+    return n_one == 0 || rows <= KVD_K_GEMV_MAX_TOKENS;
+}
+
+int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
+                     const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
+                     float *const *y)
+{
+    if (cuda_gemv_chunked(w[0], x, rows))
+        n_one = rows;
+    if (one_call(rows, n_one))
+        return matmul_n_rows(cx, n, w, bias, x, rows, y);
+    float *yr[3];
+    int rc = 0;
+    if (n > 3)
+        return KVD_EINTERNAL;
+    for (uint32_t r = 0; r < rows && !rc;) {
+        uint32_t r0 = r, k = next_rows(&r, rows, n_one);
+        for (uint32_t i = 0; i < n; i++)
+            yr[i] = y[i] + (size_t)r0 * w[i]->ne1;
+        rc = matmul_n_rows(cx, n, w, bias, x + (size_t)r0 * w[0]->ne0, k, yr);
+    }
+    return rc;
+}
+
+int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
+                          const struct ctensor *up, const float *x, uint32_t rows, uint32_t n_one,
+                          float *out, float *tmp)
+{
+    if (cuda_gemv_chunked(gate, x, rows))
+        n_one = rows;
+    if (one_call(rows, n_one))
+        return swiglu_rows(cx, gate, up, x, rows, out, tmp);
+    int rc = 0;
+    for (uint32_t r = 0; r < rows && !rc;) {
+        uint32_t r0 = r, k = next_rows(&r, rows, n_one);
+        const size_t o = (size_t)r0 * gate->ne1;
+        rc = swiglu_rows(cx, gate, up, x + (size_t)r0 * gate->ne0, k, out + o, tmp + o);
+    }
+    return rc;
+}
+
+int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
+                               uint32_t rows, uint32_t n_one, float *x, const float *norm,
+                               float eps, float *out)
+{
+    if (cuda_gemv_chunked(w, xin, rows))
+        n_one = rows;
+    if (one_call(rows, n_one))
+        return add_rmsnorm_rows(cx, w, xin, rows, x, norm, eps, out);
+    int rc = 0;
+    for (uint32_t r = 0; r < rows && !rc;) {
+        uint32_t r0 = r, k = next_rows(&r, rows, n_one);
+        const size_t o = (size_t)r0 * w->ne1;
+        rc = add_rmsnorm_rows(cx, w, xin + (size_t)r0 * w->ne0, k, x + o, norm, eps, out + o);
+    }
+    return rc;
 }
 
 int cuda_op_rope_kv_write(struct compute_ctx *cx, float *q, float *k, const float *v, uint32_t rows,

@@ -104,6 +104,16 @@ int cuda_op_add_rmsnorm(struct compute_ctx *cx, float *x, const float *res, floa
                         const float *w, uint32_t rows, uint32_t n, float eps);
 int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
                    float *y);
+/* 9..CUDA_GEMV_CHUNKED_ROWS rows of a quantized weight with no bf16 copy
+ * (Q4_0 .. Q6_K) take the GEMV, KVD_K_GEMV_MAX_TOKENS rows a launch: the
+ * weights are read ceil(rows / 8) times, fewer bytes than dequantizing them
+ * into the bf16 tile for cuBLAS (a Q4_K matrix's bytes x 3.6 written, then
+ * read), with the cpu's integer arithmetic (every row as in a one-row
+ * call). Whether matmul takes that path for x and rows. */
+#define CUDA_GEMV_CHUNKED_ROWS 32
+bool cuda_gemv_chunked(const struct ctensor *w, const float *x, uint32_t rows);
+int cuda_op_matmul_inv(struct compute_ctx *cx, const struct ctensor *w, const float *x,
+                       uint32_t rows, uint32_t n_one, float *y);
 int cuda_op_add_bias(struct compute_ctx *cx, float *y, const float *b, uint32_t rows, uint32_t n);
 int cuda_op_rope(struct compute_ctx *cx, float *x, uint32_t rows, uint32_t n_heads,
                  uint32_t head_dim, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,
@@ -119,12 +129,14 @@ int cuda_op_gather_rows(struct compute_ctx *cx, float *out, const float *x, cons
 int cuda_op_sample(struct compute_ctx *cx, const float *logits, uint32_t rows, uint32_t vocab,
                    const struct sample_row *p, uint32_t *out);
 int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
-                     const float *const *bias, const float *x, uint32_t rows, float *const *y);
+                     const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
+                     float *const *y);
 int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
-                          const struct ctensor *up, const float *x, uint32_t rows, float *out,
-                          float *tmp);
+                          const struct ctensor *up, const float *x, uint32_t rows, uint32_t n_one,
+                          float *out, float *tmp);
 int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
-                               uint32_t rows, float *x, const float *norm, float eps, float *out);
+                               uint32_t rows, uint32_t n_one, float *x, const float *norm,
+                               float eps, float *out);
 int cuda_op_rope_kv_write(struct compute_ctx *cx, float *q, float *k, const float *v, uint32_t rows,
                           uint32_t n_head, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,
                           float base, const float *freq_factors, void *arena,

@@ -2,8 +2,9 @@
  * thin wrappers over kernels/ plus the projections, which run as a native-
  * type GEMV for up to 8 rows (decode: weights read once; the quantized
  * types other than Q8_0 with llama.cpp's int8-activation arithmetic, like
- * the cpu backend; kernels/gemv_fused.cu) and as cuBLAS GEMMs above that
- * (bf16 in, f32 accumulate; F32 weights as SGEMM). */
+ * the cpu backend; kernels/gemv_fused.cu), for 9-32 rows of Q4_0 .. Q6_K
+ * as that GEMV 8 rows a launch, and as cuBLAS GEMMs above that (bf16 in,
+ * f32 accumulate; F32 weights as SGEMM). */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,25 @@ int cuda_op_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geom *
         "kv_write");
 }
 
+/* The decode kernel over n one-row "sequences" (qstart, pos0, slot0 as the
+ * kernel takes them). alone: the split count of a one-sequence step, so a
+ * row's reduction order does not depend on how many rows the step has. */
+static int attn_decode_rows(struct compute_ctx *cx, const struct attn_desc *d,
+                            const struct kvd_k_kv *kv, uint32_t n, const uint32_t *qstart,
+                            const uint32_t *pos0, const uint32_t *slot0, bool alone)
+{
+    uint32_t splits = cuda_cx_splits(cx, alone ? 1 : n, d->geom->kv_heads, d->max_kv);
+    size_t need =
+        kvd_k_attn_decode_partial_floats((int)n, (int)d->n_head, kv->head_dim, (int)splits);
+    int rc;
+    if (need && (rc = cuda_cx_need_part(cx, need)))
+        return rc;
+    return cuda_kstatus(kvd_k_attn_decode(d->out, d->q, kv, (int)d->layer, d->slots, slot0, pos0,
+                                          qstart, (int)n, (int)d->n_head, d->scale, (int)splits,
+                                          cx->part, cx->stream),
+                        "attention (decode)");
+}
+
 int cuda_op_attention(struct compute_ctx *cx, const struct attn_desc *d)
 {
     struct kvd_k_kv kv;
@@ -85,21 +105,24 @@ int cuda_op_attention(struct compute_ctx *cx, const struct attn_desc *d)
                 kv.head_dim);
         return KVD_EUNSUPPORTED;
     }
-    if (d->max_q <= 1) {
-        uint32_t splits = cuda_cx_splits(cx, d->n_seqs, d->geom->kv_heads, d->max_kv);
-        size_t need = kvd_k_attn_decode_partial_floats((int)d->n_seqs, (int)d->n_head, kv.head_dim,
-                                                       (int)splits);
-        if (need && (rc = cuda_cx_need_part(cx, need)))
+    if (d->max_q <= 1)
+        return attn_decode_rows(cx, d, &kv, d->n_seqs, d->seq_qstart, d->seq_pos0, d->seq_slot0,
+                                d->alone);
+    /* Batch-invariant rows first: each a one-row decode of its own (the
+     * decode kernel), then the other sequences' rows (prefill kernel). */
+    uint32_t s0 = 0;
+    if (d->n_dec) {
+        if ((rc = attn_decode_rows(cx, d, &kv, d->n_dec, d->dec_qstart, d->dec_pos0, d->dec_slot0,
+                                   true)))
             return rc;
-        return cuda_kstatus(kvd_k_attn_decode(d->out, d->q, &kv, (int)d->layer, d->slots,
-                                              d->seq_slot0, d->seq_pos0, d->seq_qstart,
-                                              (int)d->n_seqs, (int)d->n_head, d->scale, (int)splits,
-                                              cx->part, cx->stream),
-                            "attention (decode)");
+        s0 = d->s_dec;
     }
-    return cuda_kstatus(kvd_k_attn_prefill(d->out, d->q, &kv, (int)d->layer, d->slots, d->seq_slot0,
-                                           d->seq_pos0, d->seq_qstart, (int)d->n_seqs,
-                                           (int)d->max_q, (int)d->n_head, d->scale, cx->stream),
+    if (s0 >= d->n_seqs)
+        return 0;
+    return cuda_kstatus(kvd_k_attn_prefill(d->out, d->q, &kv, (int)d->layer, d->slots,
+                                           d->seq_slot0 + s0, d->seq_pos0 + s0, d->seq_qstart + s0,
+                                           (int)(d->n_seqs - s0), (int)d->max_q, (int)d->n_head,
+                                           d->scale, cx->stream),
                         "attention (prefill)");
 }
 
@@ -334,6 +357,35 @@ static int gemm_bf16(struct compute_ctx *cx, const uint16_t *wb, int in, int nr,
     return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx");
 }
 
+/* Rows [0, n_one) take the GEMV (per row the arithmetic of a one-row
+ * call: each row's sums do not depend on the others), KVD_K_GEMV_MAX_TOKENS
+ * rows at a time; the rest go through cuda_op_matmul as one call. */
+int cuda_op_matmul_inv(struct compute_ctx *cx, const struct ctensor *w, const float *x,
+                       uint32_t rows, uint32_t n_one, float *y)
+{
+    const size_t in = w->ne0, out = w->ne1;
+    int rc;
+    if (n_one > rows)
+        n_one = rows;
+    if (n_one == rows && rows <= KVD_K_GEMV_MAX_TOKENS)
+        return cuda_op_matmul(cx, w, x, rows, y);
+    for (uint32_t r = 0; r < n_one; r += KVD_K_GEMV_MAX_TOKENS) {
+        uint32_t n = n_one - r < KVD_K_GEMV_MAX_TOKENS ? n_one - r : KVD_K_GEMV_MAX_TOKENS;
+        if ((rc = cuda_op_matmul(cx, w, x + r * in, n, y + r * out)))
+            return rc;
+    }
+    if (n_one < rows)
+        return cuda_op_matmul(cx, w, x + n_one * in, rows - n_one, y + n_one * out);
+    return 0;
+}
+
+bool cuda_gemv_chunked(const struct ctensor *w, const float *x, uint32_t rows)
+{
+    return rows > KVD_K_GEMV_MAX_TOKENS && rows <= CUDA_GEMV_CHUNKED_ROWS &&
+           ctype_is_quant(w->type) && w->layout == CL_PLANES && !weight_bf16(w) &&
+           kvd_k_gemv_ok((int)w->type, w->data, x, KVD_K_GEMV_MAX_TOKENS, (int)w->ne0);
+}
+
 int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
                    float *y)
 {
@@ -355,6 +407,18 @@ int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float 
         float *ys[1] = {y};
         const float *bs[1] = {NULL};
         return cuda_gemv(cx, 1, ws, bs, x, rows, ys, KVD_K_GEMV_STORE, NULL, 0, NULL);
+    }
+    if (cuda_gemv_chunked(w, x, rows)) {
+        const struct ctensor *ws[1] = {w};
+        const float *bs[1] = {NULL};
+        for (uint32_t r = 0; r < rows; r += KVD_K_GEMV_MAX_TOKENS) {
+            uint32_t k = rows - r < KVD_K_GEMV_MAX_TOKENS ? rows - r : KVD_K_GEMV_MAX_TOKENS;
+            float *ys[1] = {y + (size_t)r * out};
+            if ((rc = cuda_gemv(cx, 1, ws, bs, x + (size_t)r * in, k, ys, KVD_K_GEMV_STORE, NULL, 0,
+                                NULL)))
+                return rc;
+        }
+        return 0;
     }
     if (w->type == CT_F32) {
         /* f32 weights keep f32 math (no TF32): the reference's numbers. */

@@ -1,0 +1,140 @@
+/* models internals: the registry's structs, shared by models.c (the loop
+ * thread's side: decisions, waits, the keep-alive timer) and models_load.c
+ * (what runs off the loop: making each model's kvmm at start, loading and
+ * unloading on the loader thread). */
+#ifndef KVD_MODELS_IMPL_H
+#define KVD_MODELS_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include <event2/event.h>
+
+#include "kvd/protocol.h"
+#include "models.h"
+
+struct models_wait {
+    struct models_wait *next;
+    uint64_t owner;
+    uint64_t t0_ns; /* when it began (queue-timeout) */
+    models_ready_fn fn;
+    void *ud;
+};
+
+enum mjob_kind { MJOB_LOAD, MJOB_UNLOAD };
+
+/* One job of the loader thread, and its outcome. */
+struct mjob {
+    struct mjob *next;
+    enum mjob_kind kind;
+    struct models_entry *e;
+    int rc;
+    struct kvd_error err;
+    struct model *model; /* load: what it made */
+    struct exec *ex;
+    size_t moved, dropped; /* unload: device blocks */
+    double ms;             /* how long it took */
+};
+
+struct models_entry {
+    struct models *ms;
+    uint32_t idx;
+    struct options_model conf;         /* keep_alive_s resolved (never OPTIONS_KEEP_DEFAULT) */
+    char (*allowed)[KVD_MAX_NAME + 1]; /* (n_allowed) owned: conf.tenants parsed */
+    size_t n_allowed;
+    struct model_hparams probe; /* from the header (model_probe) */
+    struct model_hparams hp;    /* the loaded model's, once it has loaded */
+    bool loaded_once;
+    struct text *text;      /* owned */
+    struct kvmm *mm;        /* owned */
+    uint64_t weight_device; /* device bytes of its weights: the header's, then the load's */
+
+    /* Speculative decoding (fixed at start, models_new): its draft, another
+     * model of the daemon ([model:NAME] draft = OTHER; its weights shared
+     * with it) or a file of its own (--draft-model, the daemon's one
+     * model); the draft's KV arena, cut from this model's by mload_arenas;
+     * its requests' default kind (enum options_spec). */
+    struct models_entry *draft; /* NULL: none, or --draft-model */
+    const char *draft_path;     /* the draft's GGUF; NULL: no draft */
+    struct model_hparams draft_probe;
+    char draft_name[OPTIONS_MODEL_NAME + 1]; /* what hello shows: the model's name, or
+                                              * --draft-model's general.name / file name */
+    uint64_t draft_weight_device;            /* the draft's weights on the device (its header's) */
+    uint64_t draft_kv_bytes;                 /* its KV arena, part of this model's device share */
+    int draft_dtype;                         /* enum kv_dtype of the draft's KV */
+    int spec_kind;
+
+    /* The loader's (models_load.c; also models_start's preloads and
+     * models_stop, before and after the loader thread runs): its weights,
+     * loaded once for whoever needs them (its own executor, and those of
+     * the models it drafts for), with the count of those; whether its
+     * loaded executor holds a reference on its draft's weights. */
+    struct model *w;
+    uint32_t w_refs;
+    bool holds_draft;
+
+    /* the loop thread's (the loader's own while a job of it runs) */
+    enum models_state state;
+    struct model *model; /* owned while loaded */
+    struct exec *ex;     /* owned while loaded */
+    bool want_load;      /* requests wait for it: load it once memory allows */
+    bool retried;        /* its failed load (out of memory) was retried once */
+    uint64_t last_used_ns, idle_since_ns;
+    struct models_wait *waits, *waits_tail;
+    uint32_t n_waits;
+
+    /* counters (loop thread) */
+    uint64_t loads, unloads, load_failures, moved, dropped;
+    double load_ms, unload_ms;
+    char last_error[KVD_ERROR_MSG_MAX];
+};
+
+struct models {
+    struct models_conf conf;
+    struct options opts;    /* a copy: the settings every model's executor uses */
+    struct models_entry *v; /* (n) owned */
+    size_t n;
+    struct server *srv; /* not owned; from models_start */
+    struct exec_arbiter *arb;
+
+    /* the loader thread */
+    pthread_t th;
+    bool th_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct mjob *jobs, *jobs_tail; /* waiting for the loader (under mu) */
+    struct mjob *done;             /* finished, for the loop (under mu) */
+    bool stop;                     /* under mu */
+    bool draining;                 /* loop thread: no new loads */
+
+    struct event *ev_done, *ev_kick, *ev_tick;
+};
+
+/* models_load.c. At start: the kvmm, text and header of entry e (its conf
+ * set), with the disk and remote tiers of the options. */
+int mload_prepare(struct models *ms, struct models_entry *e, struct kvd_error *err);
+/* The loader's work, on whatever thread calls it (the loader thread; the
+ * caller's for the preloads): loads j->e into j->model and j->ex, or
+ * unloads it (its model and executor given in j). Fills j->rc, j->err,
+ * j->ms and the counts. */
+void mload_run(struct models *ms, struct mjob *j);
+/* The loader thread's body. */
+void *mload_main(void *arg);
+/* The executors' idle callback (exec_conf.on_idle): wakes the loop. */
+void mload_kick(void *ud);
+/* Device bytes the models of `set` (bit i: model i) take when loaded
+ * together: each one's KV arena (its draft's included) and every weights
+ * file once, its own and its draft's (a named draft's are that model's,
+ * counted once whether it is loaded itself, drafts for others, or both). */
+uint64_t mload_footprint(const struct models *ms, uint32_t set);
+/* A loaded model's executor (its draft state with it) and its references
+ * on weights: its own, its draft's (loader thread, or where mload_run
+ * runs). */
+void mload_discard(struct models *ms, struct models_entry *e, struct exec *ex);
+/* models_new: each model's draft (--draft-model, [model:NAME] draft) found
+ * and checked (the same vocabulary, from the files' headers), and each
+ * model's default kind of speculation. 0, or KVD_EBADREQ with the
+ * reason. */
+int mload_drafts(struct models *ms, struct kvd_error *err);
+
+#endif
