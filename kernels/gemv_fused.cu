@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(gf_params p)
                         }
                     }
                 }
-                __syncwarp();
+                __syncwarp(0xffffffffu);
                 if (lane < R * NT) {
                     const int r = lane / NT, t = lane % NT, nsb = p.in / 256;
                     float fa = 0.0f, fm = 0.0f;
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(gf_params p)
                             if (rr == r && tt == t)
                                 acc[rr][tt] = fa, accm[rr][tt] = fm;
                 }
-                __syncwarp();
+                __syncwarp(0xffffffffu);
             }
         }
 
