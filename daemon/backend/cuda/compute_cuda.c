@@ -289,14 +289,16 @@ static struct cuda_graph_entry *graph_slot(struct compute_ctx *cx, const struct 
     return lru;
 }
 
-/* Decode batches are padded to 1, 2, 4, 8, then powers of two and 1.5x
- * powers of two (12, 16, 24, 32, 48, 64, 96, 128, 192, 256, ...): at most
- * a third of a step's rows are padding, and a batch that grows or shrinks
+/* Decode batches up to KVD_K_GEMV_MAX_TOKENS keep their size (the GEMV
+ * has an instance for each token count: padding would only add work, and
+ * eight graphs are cheap); larger ones are padded to powers of two and
+ * 1.5x powers of two (12, 16, 24, 32, 48, 64, 96, 128, 192, 256, ...): at
+ * most a third of a step's rows are padding, and a batch that grows or shrinks
  * by a few sequences replays the graph it already has. No padding when
  * graphs are off: it would only cost. */
 static uint32_t cuda_step_bucket(struct compute_ctx *cx, uint32_t n)
 {
-    if (!cx->graphs || n <= 1)
+    if (!cx->graphs || n <= KVD_K_GEMV_MAX_TOKENS)
         return n;
     uint32_t p = 1;
     while (p < n && p < (1u << 30))
