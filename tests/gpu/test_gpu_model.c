@@ -596,40 +596,74 @@ static void test_long_prompt_full_memory(void **state)
  * them (model_step_launches, requests.step_launches): at most 8, counted as
  * the difference between a 3-layer and a 1-layer model of the same shape
  * (the embedding, the final norm, the head and the sampler cancel out), in
- * bf16 and Q4_K_M (q, k in Q4_K and v in Q6_K: two launches for them), at a
- * context of 100 tokens, which the decode attention splits (its merge is a
- * launch of its own). decode1 checks the count against the device's. */
+ * bf16 and Q4_K_M, at a context of 100 tokens (one attention launch) and
+ * of 300 (the decode attention splits it: its merge is a launch of its
+ * own). The count must be what the emulated device ran. */
+static uint32_t launches_at(struct runner *r, uint32_t pos)
+{
+    uint32_t slots[MAXS * BPS], tok = 1, pick = 0;
+    for (uint32_t i = 0; i < MAXS * BPS; i++)
+        slots[i] = i;
+    struct sample_row row = {.top_p = 1.0f};
+    struct fwd_seq seq = {
+        .tokens = &tok, .n_tokens = 1, .pos0 = pos, .slots = slots, .n_slots = MAXS * BPS};
+    struct fwd_batch fb = {.seqs = &seq,
+                           .n_seqs = 1,
+                           .kv_arena = r->arena,
+                           .geom = &r->g,
+                           .n_arena_slots = MAXS * BPS,
+                           .sample = &row,
+                           .tokens = &pick};
+    unsigned long long l0 = device_launches();
+    if (model_forward(r->m, r->fc, &fb))
+        fail_msg("decode at %u: %s", pos, fwd_ctx_errmsg(r->fc));
+    uint32_t n = model_step_launches(r->m);
+#ifdef KVD_CUDA_EMULATE
+    if (device_launches() - l0 != n)
+        fail_msg("decode at %u: the backend counted %u launches, the device ran %llu", pos, n,
+                 device_launches() - l0);
+#else
+    (void)l0;
+#endif
+    return n;
+}
+
 static void test_launches_per_layer(void **state)
 {
     static const char *const types[] = {"bf16", "q4_k_m"};
+    static const uint32_t ctx[] = {100, 300};
     gpu_emu_order_check(0); /* counts, not kernels */
     for (int ti = 0; ti < 2; ti++) {
-        uint32_t n[2];
+        uint32_t n[2][2];
         for (int k = 0; k < 2; k++) {
             char args[256];
             snprintf(args, sizeof args,
                      "--arch llama --layers %d --embd 256 --heads 8 --kv-heads 2 --ff 512 "
-                     "--vocab 300 --type %s --seed 29",
+                     "--vocab 300 --ctx 512 --type %s --seed 29",
                      k ? 3 : 1, types[ti]);
             char *path = ref_gen_model(args);
             assert_non_null(path);
             struct runner r;
             runner_open(&r, cuda_be, path, KV_F16);
+            /* zeroed rows before the position: only the count matters here */
             assert_int_equal(cudaMemset(r.arena, 0, r.arena_bytes), cudaSuccess);
-            uint32_t pos = 100; /* the zeroed rows before it: only the count matters here */
-            decode1(&r, 1, &pos);
-            n[k] = model_step_launches(r.m);
+            for (int c = 0; c < 2; c++)
+                n[c][k] = launches_at(&r, ctx[c]);
             runner_close(&r);
             unlink(path);
             free(path);
         }
-        assert_true(n[1] > n[0]);
-        uint32_t per_layer = (n[1] - n[0]) / 2;
-        printf("# %s decode: %u launches a layer, %u outside the layers\n", types[ti], per_layer,
-               n[0] - per_layer);
-        if ((n[1] - n[0]) % 2 || per_layer > 8)
-            fail_msg("%s decode: %u launches for 1 layer, %u for 3 (at most 8 a layer)", types[ti],
-                     n[0], n[1]);
+        for (int c = 0; c < 2; c++) {
+            assert_true(n[c][1] > n[c][0]);
+            uint32_t per_layer = (n[c][1] - n[c][0]) / 2;
+            printf("# %s decode at context %u: %u launches a layer, %u outside the layers\n",
+                   types[ti], ctx[c], per_layer, n[c][0] - per_layer);
+            if ((n[c][1] - n[c][0]) % 2 || per_layer > 8)
+                fail_msg("%s decode at %u: %u launches for 1 layer, %u for 3 (at most 8 a layer)",
+                         types[ti], ctx[c], n[c][0], n[c][1]);
+        }
+        /* the split's merge: one launch a layer more at 300 */
+        assert_int_equal(n[1][1] - n[1][0], n[0][1] - n[0][0] + 2);
     }
     gpu_emu_order_check(1);
 }
