@@ -97,9 +97,9 @@ __global__ void warp_war(const float *in, float *out, int sync)
     __syncthreads();
     float v = s[(t + 1) % 32];
     if (sync)
-        __syncwarp();
+        __syncwarp(0xffffffffu);
     s[t] = v * 2.0f;
-    __syncwarp();
+    __syncwarp(0xffffffffu);
     out[t] = s[t] + s[(t + 1) % 32];
 }
 
