@@ -19,18 +19,94 @@
 //   KVD_LAUNCH(grid, block, smem, stream, kernel<T...>)(args...);
 //   KVD_SHARED(float, name, [N][M]);   KVD_SHARED(int, flag, );
 //   KVD_DYN_SHARED(float, name);       (the launch's dynamic shared memory)
+// Every launch is counted (kvd_k_launches, kernels.h) on the issuing thread.
+// KVD_LAUNCH_PDL launches with programmatic dependent launch (below).
 #ifdef KVD_CUDA_EMULATE
 #define KVD_LAUNCH(grid, block, smem, stream, ...)                                                 \
-    kvd_emu_make_launcher(#__VA_ARGS__, __VA_ARGS__, grid, block, smem, stream)
+    (kvd_note_launch(), kvd_emu_make_launcher(#__VA_ARGS__, __VA_ARGS__, grid, block, smem, stream))
+#define KVD_LAUNCH_PDL(grid, block, smem, stream, ...)                                             \
+    (kvd_note_launch(), kvd_emu_make_launcher(#__VA_ARGS__, __VA_ARGS__, grid, block, smem,        \
+                                              stream, kvd_k_pdl_on() != 0))
 #define KVD_SHARED(type, name, dims)                                                               \
     static kvd_emu_shared_key name##_key_;                                                         \
     auto &name = *reinterpret_cast<type(*) dims>(                                                  \
         kvd_emu_shared(&name##_key_, sizeof(type dims), alignof(type)))
 #define KVD_DYN_SHARED(type, name) type *const name = static_cast<type *>(kvd_emu_dyn_shared())
 #else
-#define KVD_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#define KVD_LAUNCH(grid, block, smem, stream, ...)                                                 \
+    kvd_note_launch(), __VA_ARGS__<<<grid, block, smem, stream>>>
+#define KVD_LAUNCH_PDL(grid, block, smem, stream, ...)                                             \
+    kvd_note_launch(), kvd_make_pdl_launcher(__VA_ARGS__, grid, block, smem, stream)
 #define KVD_SHARED(type, name, dims) __shared__ type name dims
 #define KVD_DYN_SHARED(type, name) extern __shared__ type name[]
+#endif
+
+// Kernel launches issued by this thread (kvd_k_launches).
+extern thread_local unsigned long long kvd_launch_count;
+static inline void kvd_note_launch(void)
+{
+    kvd_launch_count++;
+}
+
+// Programmatic dependent launch (sm_90, kvd_k_pdl_on): a kernel launched
+// with KVD_LAUNCH_PDL may start while the kernel before it on the stream is
+// still running, once every block of that one called kvd_pdl_trigger() (or
+// exited). Everything it does before kvd_pdl_wait() (which returns when the
+// kernel before has completed and its writes are visible) must not read
+// what that kernel writes, nor write anything: it may load weights. Kernels
+// trigger after their own wait, so a prologue only ever overlaps the kernel
+// just before. Elsewhere (older devices, a plain launch) both return at
+// once. The emulator checks both rules (docs/emulation.md).
+#ifdef KVD_CUDA_EMULATE
+static inline void kvd_pdl_wait(void)
+{
+    kvd_emu_pdl_wait();
+}
+static inline void kvd_pdl_trigger(void)
+{
+    kvd_emu_pdl_trigger();
+}
+#else
+static __device__ __forceinline__ void kvd_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cudaGridDependencySynchronize();
+#endif
+}
+static __device__ __forceinline__ void kvd_pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+// cudaLaunchKernelEx with the programmatic stream serialization attribute
+// when kvd_k_pdl_on(); its error is the one kvd_launch_status returns.
+template <class... P> struct kvd_pdl_launcher {
+    void (*fn)(P...);
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t stream;
+    template <class... A> void operator()(A &&...a) const
+    {
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = stream;
+        cfg.attrs = &attr;
+        cfg.numAttrs = kvd_k_pdl_on() ? 1 : 0;
+        (void)cudaLaunchKernelEx(&cfg, fn, static_cast<A &&>(a)...);
+    }
+};
+template <class... P>
+static inline kvd_pdl_launcher<P...> kvd_make_pdl_launcher(void (*fn)(P...), dim3 grid, dim3 block,
+                                                           size_t smem, cudaStream_t stream)
+{
+    return kvd_pdl_launcher<P...>{fn, grid, block, smem, stream};
+}
 #endif
 
 // The status of the launch just made (and of nothing earlier that was
@@ -71,6 +147,50 @@ static __device__ __forceinline__ uint16_t kvd_f32_to_bf16(float f)
 static __device__ __forceinline__ float kvd_f16_to_f32(uint16_t h)
 {
     return __half2float(__ushort_as_half(h));
+}
+
+// e^x as the cpu backend computes it for SiLU (compute_cpu.c silu_exp:
+// ggml's vectorized expf as its AVX-512 builds compute it), operation for
+// operation with explicit fmaf, so the device gives the cpu's bits: n =
+// round(x log2 e) by the 1.5 * 2^23 shift, b = x - n ln2 (ln2 in two parts),
+// p = ((c5 b + c4) b^2 + (c3 b + c2)) b^2 + (c1 b + 1), then p * 2^n in two
+// exact power-of-two factors.
+static __device__ __forceinline__ float kvd_silu_exp(float x)
+{
+    float z = fmaf(x, 0x1.715476p+0f, 0x1.8p23f);
+    float n = z - 0x1.8p23f;
+    float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    float u = b * b;
+    float p = fmaf(
+        fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+        u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+    if (n != n)
+        return p;
+    if (fabsf(n) > 192.0f)
+        return n > 0 ? __int_as_float(0x7f800000) : 0.0f;
+    int ni = (int)n, n1 = ni / 2;
+    float s1 = __int_as_float((n1 + 127) << 23), s2 = __int_as_float((ni - n1 + 127) << 23);
+    return p * s1 * s2;
+}
+
+// RoPE's angle for pair i at position pos, computed in double as the cpu
+// backend does (so both round to the same f32 cos and sin), and the
+// rotation of one pair with its two products rounded apart (no fused
+// multiply-add, as the cpu's portable build).
+static __device__ __forceinline__ void kvd_rope_cs(uint32_t pos, int i, int n_rot, float base,
+                                                   const float *ff, float *c, float *s)
+{
+    double theta = (double)pos * pow((double)base, -2.0 * i / n_rot);
+    if (ff)
+        theta /= ff[i];
+    *c = (float)cos(theta);
+    *s = (float)sin(theta);
+}
+static __device__ __forceinline__ void kvd_rope_rot(float *a, float *b, float c, float s)
+{
+    const float x0 = *a, x1 = *b;
+    *a = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    *b = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
 // Eight consecutive KV elements of dtype DT at p (16-byte aligned for the

@@ -98,30 +98,62 @@ int kvd_k_to_bf16(uint16_t *dst, const void *src, int wtype, size_t n, kvd_strea
 /* n elements of GGUF type `wtype` → f32 (norm weights, freq factors). */
 int kvd_k_to_f32(float *dst, const void *src, int wtype, size_t n, kvd_stream stream);
 
-/* ---- projections (gemv.cu); larger batches go through cuBLAS ----------- */
+/* ---- projections of 1..8 tokens (gemv_fused.cu); more go through cuBLAS -- */
 /* y[t][j] = sum_i W[j][i] * x[t][i] for t < n_tokens <= KVD_K_GEMV_MAX_TOKENS,
- * W [out][in] of GGUF type wtype (F32, F16, BF16, Q8_0) read in place and
- * widened to f32, f32 accumulation. Needs in % 32 == 0 for Q8_0, in % 8 == 0
- * otherwise, and 16-byte aligned W (not Q8_0) and x; see kvd_k_gemv_ok. */
+ * for up to three weights W (segments) of one type sharing x (row-major
+ * f32 [n_tokens][in], 16-byte aligned): F32/F16/BF16 rows (16-byte aligned,
+ * in % 8 == 0) read in place with f32 activations; Q8_0 and the quantized
+ * types Q4_0 .. Q6_K in the plane layout (kvd_k_planes_pack; in a multiple
+ * of the block), Q8_0 with f32 activations, the others with the cpu
+ * backend's arithmetic: x quantized to int8 (per 32 values with an f16
+ * scale against the legacy types, per 256 with an f32 scale and the sums of
+ * each 16 against the K-quants), exact integer dots, and for the K-quants
+ * the float part per super-block in the cpu's order (so the cpu's bits).
+ * Epilogues: STORE y = x W^T (+ bias); SWIGLU (two segments with the same
+ * rows, gate then up): seg[0].y = silu(x Wg^T) * (x Wu^T); ADD_NORM (one
+ * segment): seg[0].y += x W^T (the residual), then, when norm_w is set,
+ * norm_out = rmsnorm(seg[0].y) * norm_w (eps) computed by the last block
+ * (counter: a device word that is 0, and is 0 again after the launch). act:
+ * device scratch of kvd_k_gemv_act_bytes bytes (16-byte aligned), used when
+ * the quantized activations do not fit in shared memory. max_blocks: at most
+ * this many blocks quantize the activations in their prologue (0: no cap). */
 #define KVD_K_GEMV_MAX_TOKENS 8
-int kvd_k_gemv(float *y, const void *w, int wtype, const float *x, int n_tokens, int out, int in,
-               kvd_stream stream);
-int kvd_k_gemv_ok(const void *w, int wtype, const float *x, int n_tokens, int in);
-/* The same for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (gemv_quant.cu),
- * with llama.cpp's arithmetic, which the cpu backend shares: x's rows are
- * first quantized into act (kvd_k_gemvq_act_bytes of device scratch, 256-byte
- * aligned), per 32 values to int8 with the f16 scale max|x|/127 (and the f16
- * of scale x sum) against the legacy types, per 256 values to int8 with an
- * f32 scale and the sums of each 16 against the K-quants; then each output is
- * a sum over blocks of (weight scale x activation scale) x an exact integer
- * dot product (dp4a), less the weights' offsets or mins through the
- * activation sums. Needs in a multiple of the block, x 16-byte aligned and W
- * aligned to 16 bytes (Q4_K, Q5_K), 8 (Q5_1), 4 (Q4_1) or 2; see
- * kvd_k_gemvq_ok. */
-size_t kvd_k_gemvq_act_bytes(int wtype, int n_tokens, int in);
-int kvd_k_gemvq_ok(const void *w, int wtype, const float *x, int n_tokens, int in);
-int kvd_k_gemvq(float *y, const void *w, int wtype, const float *x, void *act, int n_tokens,
-                int out, int in, kvd_stream stream);
+enum kvd_k_gemv_epi { KVD_K_GEMV_STORE = 0, KVD_K_GEMV_SWIGLU = 1, KVD_K_GEMV_ADD_NORM = 2 };
+struct kvd_k_gemv_seg {
+    const void *w;     /* device [rows][in] */
+    int rows;          /* out */
+    float *y;          /* device [n_tokens][rows] */
+    const float *bias; /* device f32 [rows], or NULL (STORE only) */
+};
+struct kvd_k_gemv {
+    int wtype, in, n_tokens;
+    struct kvd_k_gemv_seg seg[3];
+    int n_seg;
+    const float *x;
+    int epi;
+    const float *norm_w;
+    float eps;
+    float *norm_out; /* device [n_tokens][seg[0].rows] */
+    unsigned *counter;
+    void *act;
+    int max_blocks;
+};
+size_t kvd_k_gemv_act_bytes(int wtype, int n_tokens, int in);
+int kvd_k_gemv_ok(int wtype, const void *w, const float *x, int n_tokens, int in);
+int kvd_k_gemv_run(const struct kvd_k_gemv *g, kvd_stream stream);
+
+/* Quantized matrices (Q4_0 .. Q6_K and Q8_0) [rows][ne0] in the plane
+ * layout (planes.cuh: each field of every block in a run of its own, the
+ * same bytes as the file's rows; what the cuda backend keeps after load).
+ * pack: dst (rows * row bytes, 256-byte aligned, not src) from the file's
+ * rows at src. to_bf16: rows [r0, r0 + nr) dequantized to bf16 [nr][ne0].
+ * get_rows: as kvd_k_get_rows, reading the planes. */
+int kvd_k_planes_pack(void *dst, const void *src, int wtype, size_t rows, size_t ne0,
+                      kvd_stream stream);
+int kvd_k_planes_to_bf16(uint16_t *dst, const void *w, int wtype, size_t rows, size_t ne0,
+                         size_t r0, size_t nr, kvd_stream stream);
+int kvd_k_planes_get_rows(float *out, const void *w, int wtype, int ne0, int n_rows,
+                          const uint32_t *ids, int n, kvd_stream stream);
 /* dst[i] = bf16(src[i]) (activations before a bf16 cuBLAS GEMM). */
 int kvd_k_f32_to_bf16(uint16_t *dst, const float *src, size_t n, kvd_stream stream);
 
@@ -132,6 +164,13 @@ int kvd_k_f32_to_bf16(uint16_t *dst, const float *src, size_t n, kvd_stream stre
  * cpu backend does, compute_cpu_kv.h). */
 int kvd_k_kv_write(const struct kvd_k_kv *kv, int layer, const uint32_t *slots, const uint32_t *pos,
                    const float *k, const float *v, int n_tokens, kvd_stream stream);
+/* RoPE of q [n_tokens][n_heads][head_dim] and k [n_tokens][kv->kv_heads]
+ * [head_dim] in place (as kvd_k_rope), then k and v of each token written to
+ * block slots[t] at row pos[t] % block_tokens (as kvd_k_kv_write; a slot of
+ * UINT32_MAX writes nothing): the three ops in one launch (rope_kv.cu). */
+int kvd_k_rope_kv(float *q, float *k, const float *v, const uint32_t *pos, const uint32_t *slots,
+                  int n_tokens, int n_heads, int n_rot, float base, const float *freq_factors,
+                  int mode, const struct kvd_k_kv *kv, int layer, kvd_stream stream);
 /* Copies whole blocks inside the arena: block dst[i] = block src[i]. */
 int kvd_k_block_copy(const struct kvd_k_kv *kv, const int32_t *src, const int32_t *dst, int n,
                      kvd_stream stream);
@@ -185,11 +224,31 @@ struct kvd_k_sample_row {
 int kvd_k_sample(uint32_t *out, const float *logits, const struct kvd_k_sample_row *rows,
                  int n_rows, int vocab, kvd_stream stream);
 
+/* Kernel launches issued so far by the calling thread through these
+ * functions (each kernel launch counts one, whether or not it succeeded;
+ * cuBLAS's own launches are not counted). */
+unsigned long long kvd_k_launches(void);
+/* Whether the kernels of a step are launched with programmatic dependent
+ * launch (each may start while the one before finishes; sm_90 and later):
+ * on unless KVD_CUDA_PDL=0 or kvd_k_set_pdl(0), on devices of compute
+ * capability 9.0 and later (the current device's, asked once per device). */
+int kvd_k_pdl_on(void);
+void kvd_k_set_pdl(int on);
+
 /* ---- benchmarks and tests (fill_random.cu) ------------------------------ */
 /* dst[i] = uniform in [lo, hi) of element type dtype (enum kvd_k_dtype), a
  * pure function of (seed, i). */
 int kvd_k_fill_uniform(void *dst, int dtype, size_t n, uint64_t seed, float lo, float hi,
                        kvd_stream stream);
+/* n_blocks random blocks of the quantized weight type wtype (Q4_0 .. Q6_K,
+ * Q8_0): random quants and scale bytes, small positive f16 scales (every
+ * value finite); a pure function of (seed, byte). */
+int kvd_k_fill_qweight(void *dst, int wtype, size_t n_blocks, uint64_t seed, kvd_stream stream);
+/* One launch of a kernel that does nothing (one warp): launch cost. */
+int kvd_k_empty(kvd_stream stream);
+/* One warp busy for about ns nanoseconds of device time (no wait in the
+ * emulator). */
+int kvd_k_spin(long long ns, kvd_stream stream);
 
 #ifdef __cplusplus
 }

@@ -106,4 +106,53 @@ static __device__ __forceinline__ void kvd_q8_0_store_warp(char *dst, float x, i
     dst[2 + lane] = (char)q;
 }
 
+// One token's K and V rows of `layer` (f32 [kv_heads][head_dim] at kt, vt)
+// written by the whole block into block `slot`, row `row`, converted to the
+// dtype DT (q8_0: one warp per 32-value block; fp8: one warp per row; the
+// others one thread per element).
+template <int DT>
+static __device__ __forceinline__ void kvd_kv_write_token(const kvd_k_kv &kv, int layer,
+                                                          uint32_t slot, int row, const float *kt,
+                                                          const float *vt)
+{
+    char *blk = (char *)kv.arena + (size_t)slot * kv.block_bytes;
+    const int per = kv.kv_heads * kv.head_dim;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    if constexpr (DT == KVD_K_Q8_0) {
+        const int nb = kv.head_dim / 32;
+        // group g: K (g < kv_heads*nb) or V; head h; block b of the row
+        for (int g = warp; g < 2 * kv.kv_heads * nb; g += n_warps) {
+            const int sel = g / (kv.kv_heads * nb), h = g / nb % kv.kv_heads, b = g % nb;
+            const float *src = (sel ? vt : kt) + (size_t)h * kv.head_dim;
+            kvd_q8_0_store_warp(blk + kvd_kv_row_off(kv, layer, sel, h, row) + (size_t)b * 34,
+                                src[b * 32 + lane], lane);
+        }
+    } else if constexpr (DT == KVD_K_FP8) {
+        // the row's amax over its finite values gives the scale
+        for (int r = warp; r < 2 * kv.kv_heads; r += n_warps) {
+            const int sel = r / kv.kv_heads, h = r % kv.kv_heads;
+            const float *src = (sel ? vt : kt) + (size_t)h * kv.head_dim;
+            char *dst = blk + kvd_kv_row_off(kv, layer, sel, h, row);
+            float amax = 0.0f;
+            for (int d = lane; d < kv.head_dim; d += 32) {
+                const float a = fabsf(src[d]);
+                if (a <= KVD_F32_MAX)
+                    amax = fmaxf(amax, a);
+            }
+            amax = kvd_warp_max(amax);
+            const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+            if (lane == 0)
+                *(float *)dst = amax / 448.0f;
+            for (int d = lane; d < kv.head_dim; d += 32)
+                dst[4 + d] = (char)kvd_e4m3_from_f32(src[d] * inv);
+        }
+    } else {
+        for (int e = threadIdx.x; e < per; e += blockDim.x) {
+            const int h = e / kv.head_dim, d = e % kv.head_dim;
+            kvd_store1<DT>(blk, kvd_kv_off(kv, layer, 0, h, row) + d, kt[e]);
+            kvd_store1<DT>(blk, kvd_kv_off(kv, layer, 1, h, row) + d, vt[e]);
+        }
+    }
+}
+
 #endif

@@ -26,7 +26,7 @@
 #include "kernel_util.cuh"
 
 // Values per block (1 for the plain types) and bytes per block.
-static __host__ __device__ __forceinline__ int kvd_wt_qk(int wtype)
+static __host__ __device__ constexpr int kvd_wt_qk(int wtype)
 {
     switch (wtype) {
     case KVD_KW_Q4_0:
@@ -44,7 +44,7 @@ static __host__ __device__ __forceinline__ int kvd_wt_qk(int wtype)
     }
 }
 
-static __host__ __device__ __forceinline__ int kvd_wt_block_bytes(int wtype)
+static __host__ __device__ constexpr int kvd_wt_block_bytes(int wtype)
 {
     switch (wtype) {
     case KVD_KW_F32:

@@ -36,6 +36,8 @@ enum clayout {
     CL_ROWS = 0,  /* as in the GGUF file: row j at byte j * ctype_row_bytes(type, ne0) */
     CL_PACK16,    /* cpu backend: 16 rows interleaved value by value (compute_cpu_matmul.c) */
     CL_ROWS_BF16, /* cuda backend: CL_ROWS, then a bf16 copy for GEMMs (compute_cuda_ops.c) */
+    CL_PLANES,    /* cuda backend, quantized types: each field of every block in its own run
+                   * (kernels/planes.cuh), the same bytes; Q8_0 then a bf16 copy for GEMMs */
 };
 
 /* A 2-D weight on the device: ne0 = inner (contiguous) dimension = "in",
@@ -232,6 +234,46 @@ struct compute_ops {
     int (*sample)(struct compute_ctx *cx, const float *logits, uint32_t rows, uint32_t vocab,
                   const struct sample_row *p, uint32_t *out);
 
+    /* OPTIONAL fused ops (NULL on cpu): each computes what the chain of ops
+     * named in its comment computes, in one op, so a backend can run the
+     * chain as fewer kernels; NULL: model_forward issues the chain. A
+     * backend may run the chain itself for shapes it does not fuse. n_one:
+     * rows [0, n_one) each computed with the arithmetic of a one-row call,
+     * as matmul_inv computes them (batch-invariant rows), and the same in
+     * the fused op as in a one-row call of it.
+     *
+     * matmul_n: y[i] = x . w[i]^T (+ bias[i]) for i < n (n <= 3): one input,
+     *   several weights (q, k, v): matmul(w[i], x, rows, y[i]), then
+     *   add_bias(y[i], bias[i], rows, w[i]->ne1) where bias[i] is not NULL
+     *   (bias[i] device f32 [w[i]->ne1]).
+     * matmul_swiglu: out = silu(x . gate^T) * (x . up^T): matmul(gate, x,
+     *   rows, out); matmul(up, x, rows, tmp); silu_mul(out, tmp, rows *
+     *   gate->ne1). tmp: device [rows][up->ne1] scratch whose contents are
+     *   undefined afterwards. gate and up have the same shape.
+     * matmul_add_rmsnorm: the residual update of a block: x += xin . w^T,
+     *   then out = rmsnorm(x) * norm (eps): matmul(w, xin, rows, out);
+     *   add_rmsnorm(x, out, out, norm, rows, w->ne1, eps); with norm NULL
+     *   only the add (matmul, then add(x, out)), out's contents undefined
+     *   afterwards. x, out device [rows][w->ne1], xin [rows][w->ne0]; no
+     *   two of x, xin, out overlap.
+     * rope_kv_write: rope(q, rows, n_head, ...); rope(k, rows,
+     *   geom->kv_heads, ...); kv_write(arena, geom, layer, k, v, rows,
+     *   tok_slot, pos): both RoPEs at pos, then k (roped) and v to the
+     *   blocks (the row of position pos[r] in block tok_slot[r]). */
+    int (*matmul_n)(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
+                    const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
+                    float *const *y);
+    int (*matmul_swiglu)(struct compute_ctx *cx, const struct ctensor *gate,
+                         const struct ctensor *up, const float *x, uint32_t rows, uint32_t n_one,
+                         float *out, float *tmp);
+    int (*matmul_add_rmsnorm)(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
+                              uint32_t rows, uint32_t n_one, float *x, const float *norm, float eps,
+                              float *out);
+    int (*rope_kv_write)(struct compute_ctx *cx, float *q, float *k, const float *v, uint32_t rows,
+                         uint32_t n_head, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,
+                         float base, const float *freq_factors, void *arena,
+                         const struct kv_geom *geom, uint32_t layer, const uint32_t *tok_slot);
+
     /* OPTIONAL (NULL on cpu): the number of sequences a decode-only step of
      * n_seqs sequences is padded to (>= n_seqs), so that steps of nearby
      * sizes share one captured graph. model_forward adds the padding as
@@ -254,6 +296,10 @@ struct compute_ops {
      * allocate or synchronize. */
     int (*step_begin)(struct compute_ctx *cx, const struct compute_step *st, int *replayed);
     int (*step_end)(struct compute_ctx *cx, int rc);
+    /* OPTIONAL (NULL on cpu): the kernel launches of the last decode-only
+     * step (max_q 1) that completed between step_begin and step_end (a
+     * replayed graph counts the kernels it holds); 0 before the first. */
+    uint32_t (*step_launches)(struct compute_ctx *cx);
 };
 
 /* The cpu implementation (compute_cpu.c); the cpu backend sets

@@ -207,6 +207,8 @@ static void acct_report_counters(struct exec *ex)
         .decode_tokens = c->decode_tokens,
         .preempt_swap = c->preempt_swap,
         .preempt_recompute = c->preempt_recompute,
+        .step_launches = model_step_launches(ex->m),
+        .layers = ex->hp->n_layer,
     };
     const struct exec_spec_stats *p = &ex->st.spec;
     s.spec = (struct acct_spec){.draft_model = ex->conf.draft != NULL,

@@ -440,6 +440,11 @@ const struct model_hparams *model_hparams(const struct model *m)
     return &m->hp;
 }
 
+uint32_t model_step_launches(const struct model *m)
+{
+    return m->ops->step_launches ? m->ops->step_launches(m->cx) : 0;
+}
+
 void model_kv_geom(const struct model *m, uint32_t block_tokens, enum kv_dtype dt,
                    struct kv_geom *g)
 {

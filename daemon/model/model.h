@@ -128,6 +128,9 @@ const char *fwd_ctx_errmsg(const struct fwd_ctx *c);
  * does not match; KVD_ETOOLARGE for more tokens, sequences or output rows
  * than the fwd_ctx was sized for. */
 int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b);
+/* Kernel launches of the last decode-only step on this model's compute
+ * context (compute.h step_launches); 0 on a backend without kernels. */
+uint32_t model_step_launches(const struct model *m);
 
 /* A debugging aid (kvd-trace-cmp compares kvd's intermediates with
  * llama.cpp's): with a trace set, model_forward shows fn the output of every

@@ -416,6 +416,8 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
      * (n_one rows of the step, n_one_out of the output rows); a backend
      * without matmul_inv has none other. */
     bool inv = b->invariant && o->matmul_inv;
+    /* the fused ops' one-row arithmetic takes those rows */
+    uint32_t n_one = inv ? n_dec : 0;
     uint32_t n_out_dec = 0;
     for (uint32_t s = 0; s < s_dec; s++)
         n_out_dec += b->seqs[s].all_rows ? b->seqs[s].n_tokens : 1;
@@ -488,52 +490,83 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         int il = (int)l;
         /* attention block: x += Wo . attn(rope(Wq h), rope(Wk h), Wv h), h = norm(x)
          * (h is already normed: each residual add is fused with the norm after it) */
-        RUN(MATMUL(&L->wq, c->h, Tp, n_dec, c->q));
-        TRACE("Qcur", il, c->q, Tp, QD);
-        RUN(MATMUL(&L->wk, c->h, Tp, n_dec, c->k));
-        TRACE("Kcur", il, c->k, Tp, KD);
-        RUN(MATMUL(&L->wv, c->h, Tp, n_dec, c->v));
-        TRACE("Vcur", il, c->v, Tp, KD);
-        if (hp->has_qkv_bias) {
-            RUN(o->add_bias(cx, c->q, L->bq.data, Tp, QD));
-            TRACE("Qcur.bias", il, c->q, Tp, QD);
-            RUN(o->add_bias(cx, c->k, L->bk.data, Tp, KD));
-            TRACE("Kcur.bias", il, c->k, Tp, KD);
-            RUN(o->add_bias(cx, c->v, L->bv.data, Tp, KD));
-            TRACE("Vcur.bias", il, c->v, Tp, KD);
+        /* The fused ops (NULL on cpu) run a chain as fewer kernels; a trace
+         * wants every op's output, so it takes the chains. */
+        const bool fuse = !c->trace;
+        if (o->matmul_n && fuse) {
+            const struct ctensor *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+            const float *bqkv[3] = {hp->has_qkv_bias ? L->bq.data : NULL,
+                                    hp->has_qkv_bias ? L->bk.data : NULL,
+                                    hp->has_qkv_bias ? L->bv.data : NULL};
+            float *yqkv[3] = {c->q, c->k, c->v};
+            RUN(o->matmul_n(cx, 3, wqkv, bqkv, c->h, Tp, n_one, yqkv));
+        } else {
+            RUN(MATMUL(&L->wq, c->h, Tp, n_dec, c->q));
+            TRACE("Qcur", il, c->q, Tp, QD);
+            RUN(MATMUL(&L->wk, c->h, Tp, n_dec, c->k));
+            TRACE("Kcur", il, c->k, Tp, KD);
+            RUN(MATMUL(&L->wv, c->h, Tp, n_dec, c->v));
+            TRACE("Vcur", il, c->v, Tp, KD);
+            if (hp->has_qkv_bias) {
+                RUN(o->add_bias(cx, c->q, L->bq.data, Tp, QD));
+                TRACE("Qcur.bias", il, c->q, Tp, QD);
+                RUN(o->add_bias(cx, c->k, L->bk.data, Tp, KD));
+                TRACE("Kcur.bias", il, c->k, Tp, KD);
+                RUN(o->add_bias(cx, c->v, L->bv.data, Tp, KD));
+                TRACE("Vcur.bias", il, c->v, Tp, KD);
+            }
         }
-        RUN(o->rope(cx, c->q, Tp, hp->n_head, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
-                    hp->rope_base, ff));
-        TRACE("Qcur.rope", il, c->q, Tp, QD);
-        RUN(o->rope(cx, c->k, Tp, hp->n_head_kv, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
-                    hp->rope_base, ff));
-        TRACE("Kcur.rope", il, c->k, Tp, KD);
-        RUN(o->kv_write(cx, b->kv_arena, g, l, c->k, c->v, Tp, d_tok_slot, d_pos));
+        if (o->rope_kv_write && fuse) {
+            RUN(o->rope_kv_write(cx, c->q, c->k, c->v, Tp, hp->n_head, hp->n_rot, d_pos,
+                                 hp->rope_mode, hp->rope_base, ff, b->kv_arena, g, l, d_tok_slot));
+        } else {
+            RUN(o->rope(cx, c->q, Tp, hp->n_head, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
+                        hp->rope_base, ff));
+            TRACE("Qcur.rope", il, c->q, Tp, QD);
+            RUN(o->rope(cx, c->k, Tp, hp->n_head_kv, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
+                        hp->rope_base, ff));
+            TRACE("Kcur.rope", il, c->k, Tp, KD);
+            RUN(o->kv_write(cx, b->kv_arena, g, l, c->k, c->v, Tp, d_tok_slot, d_pos));
+        }
         ad.layer = l;
         RUN(o->attention(cx, &ad));
         TRACE("kqv_out", il, c->att, Tp, QD);
-        RUN(MATMUL(&L->wo, c->att, Tp, n_dec, c->h));
-        TRACE("attn_wo", il, c->h, Tp, E);
-        RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, L->ffn_norm.data, Tp, E, hp->rms_eps));
-        TRACE("ffn_inp", il, c->x, Tp, E);
-        TRACE("ffn_norm", il, c->h, Tp, E);
-        /* MLP block: x += down(silu(gate h) * up h), h = norm(x) */
-        RUN(MATMUL(&L->gate, c->h, Tp, n_dec, c->gate));
-        TRACE("ffn_gate", il, c->gate, Tp, hp->n_ff);
-        RUN(MATMUL(&L->up, c->h, Tp, n_dec, c->up));
-        TRACE("ffn_up", il, c->up, Tp, hp->n_ff);
-        RUN(o->silu_mul(cx, c->gate, c->up, (size_t)Tp * hp->n_ff));
-        TRACE("ffn_swiglu", il, c->gate, Tp, hp->n_ff);
-        RUN(MATMUL(&L->down, c->gate, Tp, n_dec, c->h));
-        TRACE("ffn_out", il, c->h, Tp, E);
-        if (l + 1 < hp->n_layer) {
-            RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, m->layers[l + 1].attn_norm.data, Tp, E,
-                               hp->rms_eps));
-            TRACE("l_out", il, c->x, Tp, E);
-            TRACE("attn_norm", il + 1, c->h, Tp, E);
+        if (o->matmul_add_rmsnorm && fuse) {
+            RUN(o->matmul_add_rmsnorm(cx, &L->wo, c->att, Tp, n_one, c->x, L->ffn_norm.data,
+                                      hp->rms_eps, c->h));
         } else {
-            RUN(o->add(cx, c->x, c->h, (size_t)Tp * E));
-            TRACE("l_out", il, c->x, Tp, E);
+            RUN(MATMUL(&L->wo, c->att, Tp, n_dec, c->h));
+            TRACE("attn_wo", il, c->h, Tp, E);
+            RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, L->ffn_norm.data, Tp, E, hp->rms_eps));
+            TRACE("ffn_inp", il, c->x, Tp, E);
+            TRACE("ffn_norm", il, c->h, Tp, E);
+        }
+        /* MLP block: x += down(silu(gate h) * up h), h = norm(x) */
+        if (o->matmul_swiglu && fuse) {
+            RUN(o->matmul_swiglu(cx, &L->gate, &L->up, c->h, Tp, n_one, c->gate, c->up));
+        } else {
+            RUN(MATMUL(&L->gate, c->h, Tp, n_dec, c->gate));
+            TRACE("ffn_gate", il, c->gate, Tp, hp->n_ff);
+            RUN(MATMUL(&L->up, c->h, Tp, n_dec, c->up));
+            TRACE("ffn_up", il, c->up, Tp, hp->n_ff);
+            RUN(o->silu_mul(cx, c->gate, c->up, (size_t)Tp * hp->n_ff));
+            TRACE("ffn_swiglu", il, c->gate, Tp, hp->n_ff);
+        }
+        const float *next_norm = l + 1 < hp->n_layer ? m->layers[l + 1].attn_norm.data : NULL;
+        if (o->matmul_add_rmsnorm && fuse) {
+            RUN(o->matmul_add_rmsnorm(cx, &L->down, c->gate, Tp, n_one, c->x, next_norm,
+                                      hp->rms_eps, c->h));
+        } else {
+            RUN(MATMUL(&L->down, c->gate, Tp, n_dec, c->h));
+            TRACE("ffn_out", il, c->h, Tp, E);
+            if (next_norm) {
+                RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, next_norm, Tp, E, hp->rms_eps));
+                TRACE("l_out", il, c->x, Tp, E);
+                TRACE("attn_norm", il + 1, c->h, Tp, E);
+            } else {
+                RUN(o->add(cx, c->x, c->h, (size_t)Tp * E));
+                TRACE("l_out", il, c->x, Tp, E);
+            }
         }
     }
     RUN(o->gather_rows(cx, c->last, c->x, d_last, Op, E));

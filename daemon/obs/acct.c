@@ -211,6 +211,11 @@ void acct_sched_get(struct acct *a, struct acct_sched *out)
         out->live += s->live;
         out->have_executor |= s->have_executor;
         out->spec.draft_model |= s->spec.draft_model;
+        /* not sums: the first executor's model that reports its layers */
+        if (!out->layers && s->layers) {
+            out->step_launches = s->step_launches;
+            out->layers = s->layers;
+        }
         if (!a->serving && s->have_executor && !out->spec.mode[0]) {
             memcpy(out->spec.mode, s->spec.mode, sizeof out->spec.mode);
             out->spec.max_batch = s->spec.max_batch;

@@ -71,7 +71,9 @@ struct acct_sched {
     uint64_t steps, prefill_tokens, decode_tokens;
     uint64_t preempt_swap, preempt_recompute;
     struct acct_spec spec;
-    bool have_executor; /* false in store mode: everything above is 0 */
+    uint32_t step_launches; /* kernel launches of the last decode step (0: none, or cpu) */
+    uint32_t layers;        /* the model's layers (step_launches / layers: per layer) */
+    bool have_executor;     /* false in store mode: everything above is 0 */
 };
 
 /* Executors reporting at once (one per model: OPTIONS_MAX_MODELS). */

@@ -92,6 +92,8 @@ static int pack_requests(msgpack_packer *pk, struct acct *a)
     PROTO_PK(proto_pack_kv_uint(pk, "tokens_out", s.generated));
     PROTO_PK(proto_pack_kv_uint(pk, "preempt_swap", s.preempt_swap));
     PROTO_PK(proto_pack_kv_uint(pk, "preempt_recompute", s.preempt_recompute));
+    PROTO_PK(proto_pack_kv_uint(pk, "step_launches", s.step_launches));
+    PROTO_PK(proto_pack_kv_uint(pk, "layers", s.layers));
     PROTO_PK(acct_stats_pack_spec(pk, &s.spec));
     return proto_map_end(pk, map);
 }

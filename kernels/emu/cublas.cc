@@ -101,6 +101,7 @@ cublasStatus_t gemm(cublasHandle_t h, const char *api, cublasOperation_t ta, cub
     size_t ws_bytes = h->ws_bytes;
     cudaError_t e = kvd_emu::submit(stream, [=]() {
         kvd_emu::count_launch(); // one GEMM, one launch (the real library may make more)
+        kvd_emu::note_device_op();
         if (!workspace_ok(ws, ws_bytes, api) || !matrix_ok(api, "A", A, at, ar, ac, lda) ||
             !matrix_ok(api, "B", B, bt, br, bc, ldb) || !matrix_ok(api, "C", C, ct, m, n, ldc))
             return cudaErrorIllegalAddress;

@@ -549,6 +549,54 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
     return cudaSuccess;
 }
 
+// Shared memory per multiprocessor by compute capability (the limits the
+// occupancy calculation works within).
+static size_t smem_per_sm()
+{
+    int major, minor;
+    device_cc(&major, &minor);
+    if (major >= 9)
+        return 228u << 10;
+    if (major == 8 && minor == 0)
+        return 164u << 10;
+    if (major == 8)
+        return 100u << 10;
+    return 64u << 10;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
+{
+    struct cudaDeviceProp p;
+    if (!value || cudaGetDeviceProperties(&p, device) != cudaSuccess)
+        return set_error(cudaErrorInvalidValue);
+    switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock:
+        *value = p.maxThreadsPerBlock;
+        break;
+    case cudaDevAttrMultiProcessorCount:
+        *value = p.multiProcessorCount;
+        break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor:
+        *value = p.major == 8 && p.minor != 0 ? 1536 : 2048;
+        break;
+    case cudaDevAttrComputeCapabilityMajor:
+        *value = p.major;
+        break;
+    case cudaDevAttrComputeCapabilityMinor:
+        *value = p.minor;
+        break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor:
+        *value = (int)smem_per_sm();
+        break;
+    case cudaDevAttrMaxRegistersPerMultiprocessor:
+        *value = 65536;
+        break;
+    default:
+        return set_error(cudaErrorInvalidValue);
+    }
+    return cudaSuccess;
+}
+
 cudaError_t cudaDeviceSynchronize(void)
 {
     cudaError_t e = unsafe_call("cudaDeviceSynchronize");
@@ -716,6 +764,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
     return set_error(submit(stream, [dst, src, bytes, kind]() {
         // Checked again when replayed: the buffers may be gone by then.
         cudaError_t r = copy_checks(dst, src, bytes, kind, "cudaMemcpyAsync (replay)");
+        note_device_op();
         if (r == cudaSuccess) {
             vmm_touch(dst, bytes);
             vmm_touch(src, bytes);
@@ -750,6 +799,7 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t strea
         return set_error(e);
     return set_error(submit(stream, [p, value, bytes]() {
         cudaError_t r = check_range(p, bytes, true, "cudaMemsetAsync (replay)", "destination");
+        note_device_op();
         if (r == cudaSuccess) {
             vmm_touch(p, bytes);
             memset(p, value, bytes);

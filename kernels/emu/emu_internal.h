@@ -79,9 +79,15 @@ int func_max_dyn_smem(const void *fn);
 // The counters kvd_emu_get_counts reports (cudart.cc), bumped as work executes.
 void count_launch();
 
-// Kernel launches (simt.cc).
+// Kernel launches (simt.cc). pdl: launched with programmatic stream
+// serialization (KVD_LAUNCH_PDL): until its threads pass
+// cudaGridDependencySynchronize they must not write global memory nor read
+// what the kernel before it wrote, which may still be running.
 cudaError_t run_launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem,
-                       const kvd_emu_call *call);
+                       const kvd_emu_call *call, bool pdl);
+// A device operation other than a kernel launch executed (a copy, a memset,
+// a GEMM): the next kernel cannot overlap the one before it.
+void note_device_op();
 
 } // namespace kvd_emu
 

@@ -213,6 +213,7 @@ struct sim_thread {
     unsigned wmask;
     uint64_t wval, wres;
     void *asan_fake;
+    bool pdl_waited; // passed cudaGridDependencySynchronize
 };
 
 // Shadow of one 4-byte word of shared memory for the racecheck (kernels
@@ -222,10 +223,13 @@ struct shadow_cell {
     uint32_t w_ep, r_ep; // barrier interval of the last write / reads
     uint16_t w_tid, r_tid;
     uint16_t w_wgen; // the writer's warp's __syncwarp count at the write
+    uint16_t r_warp; // the readers' warp in r_ep (WARP_MANY: more than one warp)
+    uint16_t r_wgen; // that warp's __syncwarp count at the latest read
     uint8_t r_multi; // read by more than one thread in r_ep
     uint8_t pad;
 };
 constexpr uint16_t TID_ATOMIC = 0xffff;
+constexpr uint16_t WARP_MANY = 0xffff;
 
 struct store_rec {
     uintptr_t addr;
@@ -254,6 +258,12 @@ struct launch_state {
     // shared memory: static [0, static_used) then dynamic [STATIC_SMEM_MAX, +dyn)
     char *smem;
     size_t static_used = 0, dyn_bytes = 0;
+    // programmatic dependent launch: this launch's global stores, and
+    // those of the kernel before it (sorted, merged) when this one is PDL
+    bool pdl = false;
+    std::vector<store_rec> writes;
+    bool writes_overflow = false; // too many to keep: the next launch is not checked
+    const std::vector<store_rec> *prev_writes = nullptr;
     // findings
     unsigned reports = 0;
     bool log_stores = false;
@@ -274,8 +284,39 @@ struct thread_state {
 };
 thread_local thread_state tls;
 uint64_t launch_counter;
+// The global stores of the last kernel launched, when nothing but kernels
+// ran since (a PDL launch's prologue may overlap it); under the device lock.
+std::vector<store_rec> g_prev_writes;
+bool g_prev_valid;
+
+// Sorted, with overlapping and adjacent ranges merged.
+void merge_ranges(std::vector<store_rec> &v)
+{
+    std::sort(v.begin(), v.end(),
+              [](const store_rec &a, const store_rec &b) { return a.addr < b.addr; });
+    size_t o = 0;
+    for (size_t i = 0; i < v.size(); i++) {
+        if (o && v[i].addr <= v[o - 1].addr + v[o - 1].bytes) {
+            uintptr_t end = std::max(v[o - 1].addr + v[o - 1].bytes, v[i].addr + v[i].bytes);
+            v[o - 1].bytes = end - v[o - 1].addr;
+        } else {
+            v[o++] = v[i];
+        }
+    }
+    v.resize(o);
+}
+
+bool overlaps(const std::vector<store_rec> &v, uintptr_t a, size_t n)
+{
+    auto it = std::upper_bound(v.begin(), v.end(), a,
+                               [](uintptr_t x, const store_rec &r) { return x < r.addr; });
+    if (it != v.begin() && std::prev(it)->addr + std::prev(it)->bytes > a)
+        return true;
+    return it != v.end() && it->addr < a + n;
+}
 
 constexpr unsigned MAX_REPORTS_PER_LAUNCH = 8;
+constexpr size_t MAX_WRITE_RECS = (size_t)1 << 22;
 constexpr size_t MAX_UNDO_BYTES = (size_t)1 << 30;
 
 #define KREPORT(L, ...)                                                                            \
@@ -545,6 +586,7 @@ void run_block(launch_state *L, uint3 bidx)
         t.warp = i / 32;
         t.lane = i % 32;
         t.asan_fake = nullptr;
+        t.pdl_waited = false;
         t.stack_lo = tls.stacks.get(i);
         ctx_init(&t.ctx, t.stack_lo, STACK_BYTES);
     }
@@ -759,14 +801,22 @@ void shared_access(launch_state *L, sim_thread *t, size_t off, size_t n, bool st
                 c.r_ep = ep;
                 c.r_tid = tid;
                 c.r_multi = 0;
-            } else if (c.r_tid != tid) {
-                c.r_multi = 1;
+                c.r_warp = (uint16_t)t->warp;
+            } else {
+                if (c.r_tid != tid)
+                    c.r_multi = 1;
+                if (c.r_warp != t->warp)
+                    c.r_warp = WARP_MANY;
             }
+            c.r_wgen = wgen;
             continue;
         }
         bool atomics_only = atomic && c.w_ep == ep && c.w_tid == TID_ATOMIC;
+        // Reads by lanes of this warp before a __syncwarp this lane has
+        // passed too are ordered before the write.
+        bool r_synced = c.r_warp == t->warp && c.r_wgen != wgen;
         if ((w_other && !atomics_only) ||
-            (c.r_ep == ep && (c.r_tid != tid || c.r_multi || atomic))) {
+            (c.r_ep == ep && !r_synced && (c.r_tid != tid || c.r_multi || atomic))) {
             KREPORT(L,
                     "%s: shared-memory race: %s %s offset %zu, %s by another thread since "
                     "the last barrier",
@@ -824,16 +874,40 @@ inline void access(const void *p, size_t n, bool store)
         tls.cached = ai;
         tls.cached_gen = gen;
     }
-    if (store && L->log_stores)
-        log_store(L, a, n);
+    if (L->pdl && !t->pdl_waited) {
+        if (store)
+            KREPORT(L,
+                    "%s: %s writes global memory at %p before cudaGridDependencySynchronize "
+                    "(launched with programmatic dependent launch, it may run while the kernel "
+                    "before it does)",
+                    L->kernel, where(t, buf, sizeof buf), p);
+        else if (L->prev_writes && overlaps(*L->prev_writes, a, n))
+            KREPORT(L,
+                    "%s: %s reads %zu bytes at %p, which the kernel before it writes, before "
+                    "cudaGridDependencySynchronize (a premature read)",
+                    L->kernel, where(t, buf, sizeof buf), n, p);
+    }
+    if (store) {
+        if (L->writes.size() < MAX_WRITE_RECS)
+            L->writes.push_back(store_rec{a, n, 0});
+        else
+            L->writes_overflow = true;
+        if (L->log_stores)
+            log_store(L, a, n);
+    }
 }
 
 } // namespace
 
 // ---- the launch ---------------------------------------------------------------
 
+void note_device_op()
+{
+    g_prev_valid = false;
+}
+
 cudaError_t run_launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem,
-                       const kvd_emu_call *call)
+                       const kvd_emu_call *call, bool pdl)
 {
     count_launch();
     unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
@@ -879,6 +953,10 @@ cudaError_t run_launch(const char *name, const void *fn, dim3 grid, dim3 block, 
     }
     L.smem = tls.smem.data();
     L.dyn_bytes = smem;
+    int cc_major, cc_minor;
+    device_cc(&cc_major, &cc_minor);
+    L.pdl = pdl && cc_major >= 9; // the attribute is only set on sm_90 and later
+    L.prev_writes = L.pdl && g_prev_valid ? &g_prev_writes : nullptr;
     unsigned before = 0;
     tls.run = &L;
     tls.cached_gen = 0; // look every allocation up again: VMM touches are per launch
@@ -903,6 +981,11 @@ cudaError_t run_launch(const char *name, const void *fn, dim3 grid, dim3 block, 
     }
     L.log_stores = false;
     tls.run = nullptr;
+    if (have_memcheck) { // what the next kernel's prologue must not read
+        merge_ranges(L.writes);
+        g_prev_writes.swap(L.writes);
+        g_prev_valid = !L.writes_overflow;
+    }
     return L.reports ? cudaErrorLaunchFailure : cudaSuccess;
 }
 
@@ -1006,15 +1089,34 @@ void kvd_emu_note_atomic(const void *p, size_t bytes)
 }
 
 cudaError_t kvd_emu_launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem,
-                           cudaStream_t stream, kvd_emu_call *call)
+                           cudaStream_t stream, kvd_emu_call *call, bool pdl)
 {
     if (!call)
         return set_error(cudaErrorMemoryAllocation);
     // Shared by the submitted work (and any graph that records it).
     std::shared_ptr<kvd_emu_call> owned(call, [](kvd_emu_call *c) { c->destroy(c); });
-    return set_error(submit(stream, [name, fn, grid, block, smem, owned]() {
-        return run_launch(name, fn, grid, block, smem, owned.get());
+    return set_error(submit(stream, [name, fn, grid, block, smem, owned, pdl]() {
+        return run_launch(name, fn, grid, block, smem, owned.get(), pdl);
     }));
+}
+
+void kvd_emu_pdl_wait()
+{
+    launch_state *L = tls.run;
+    if (L && L->cur)
+        L->cur->pdl_waited = true;
+}
+
+void kvd_emu_pdl_trigger()
+{
+    launch_state *L = tls.run;
+    if (!L || !L->cur || !L->pdl || L->cur->pdl_waited)
+        return;
+    char buf[96];
+    KREPORT(L,
+            "%s: %s triggers its dependents before cudaGridDependencySynchronize (their "
+            "prologues could then overlap the kernel before this one)",
+            L->kernel, where(L->cur, buf, sizeof buf));
 }
 
 // ---- the instrumentation hooks ---------------------------------------------------

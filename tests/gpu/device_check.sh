@@ -3,14 +3,16 @@
 # CMake; no libevent/msgpack-c/CMocka/inih/libsystemd/pkg-config,
 # no network): unpacks the .debs that fetch_debs.sh put in .carry/debs into
 # a private prefix (never into /), points CMake and pkg-config at it, builds
-# only the gpu targets with CUDA, runs the gpu tests, then bench_gpu, whose
-# table is printed last. Logs go to $OUT (or /tmp/kvd-device-out).
+# only the gpu targets with CUDA for sm_90, runs the gpu tests, bench_gpu and
+# one ncu pass, and prints their short tables, bench_gpu's last. Logs go to
+# $OUT (or /tmp/kvd-device-out). Under 10 minutes on an H200.
 #
 #   tests/gpu/device_check.sh               everything (on the GPU machine)
 #   KVD_DC_STAGE=configure tests/gpu/device_check.sh   unpack + configure only
 #   KVD_DC_STAGE=build     ...                          + build, no tests/bench
 # KVD_PREFIX: the private prefix (default: a fresh temp directory).
 # KVD_DC_SANITIZER=1: also run test_gpu_ops under compute-sanitizer memcheck.
+# KVD_DC_NCU=0: skip the ncu pass.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -114,20 +116,22 @@ say "configured against $P"
 # ---- 3. build only what the check runs -------------------------------------
 # The gpu label's tests: the same cases CI runs on the emulator (test_emu and
 # the sm_86 rerun exist only in emulation builds).
-targets=(test_gpu_backend test_gpu_ops test_gpu_model test_gpu_serve kvd bench_gpu kvd-gguf-gen)
+targets=(test_gpu_backend test_gpu_ops test_gpu_fused test_gpu_model test_gpu_serve kvd bench_gpu kvd-gguf-gen)
 say "build ${targets[*]} (-j$jobs)"
 cmake --build "$B" -j"$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1 ||
     { grep -E "error|Error" "$out/build.log" | head -40; exit 1; }
 say "built"
 [ "$stage" = build ] && exit 0
 
-# ---- 4. tests, then the benchmark (its table last) --------------------------
+# ---- 4. tests, the benchmark, one ncu pass; the tables last ----------------
+# Budget (< 10 min on an H200 in all): build ~3-5 min (sm_90 only, -j16),
+# tests <= 4 min, bench_gpu <= 5 min, ncu <= 3 min; each stage has its own
+# timeout, so a hang costs that stage, not the run.
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
     --format=csv >"$out/nvidia-smi.txt" 2>&1 || true
 say "gpu tests"
 test_rc=0
 ctest --test-dir "$B" -L gpu --output-on-failure --timeout 240 >"$out/ctest.log" 2>&1 || test_rc=$?
-grep -E "Test +#|tests passed|tests failed|Skipped|SKIP" "$out/ctest.log" || true
 [ $test_rc -eq 0 ] || grep -B2 -A30 -E "FAILED|Failed|failure" "$out/ctest.log" | head -80
 if [ "${KVD_DC_SANITIZER:-0}" = 1 ]; then # opt-in: out-of-bounds/race check of every op
     cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -138,9 +142,56 @@ if [ "${KVD_DC_SANITIZER:-0}" = 1 ]; then # opt-in: out-of-bounds/race check of 
 fi
 say "bench_gpu"
 bench_rc=0
-timeout 240 "$B/bin/bench_gpu" >"$out/bench.txt" 2>&1 || bench_rc=$?
-say "done: tests rc $test_rc, bench rc $bench_rc"
+timeout 300 "$B/bin/bench_gpu" >"$out/bench.txt" 2>&1 || bench_rc=$?
+# One ncu pass over one launch of each projection type (1 and 8 tokens),
+# decode attention and a prefill chunk (bench_gpu --only ncu): time, DRAM
+# bytes and throughput, occupancy, registers, load sectors per request. The
+# clocks are left as they are (--clock-control none).
+ncu_rc=0
+if [ "${KVD_DC_NCU:-1}" = 1 ]; then
+    ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
+    if [ -n "$ncu_bin" ]; then
+        say "ncu ($ncu_bin)"
+        metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,smsp__inst_executed.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active
+        timeout 180 "$ncu_bin" --clock-control none --csv --page raw --metrics "$metrics" \
+            -k 'regex:^(gemv|quant|attn|deq|to_bf16)' "$B/bin/bench_gpu" --only ncu \
+            >"$out/ncu.csv" 2>"$out/ncu.log" || ncu_rc=$?
+        python3 - "$out/ncu.csv" >"$out/ncu-summary.txt" 2>>"$out/ncu.log" <<'PY' || true
+import csv, sys
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+if len(rows) < 3:
+    sys.exit("no ncu rows")
+head, data = rows[0], rows[2:]  # row 1 holds the units
+col = {h: i for i, h in enumerate(head)}
+def g(r, k, f=float):
+    try:
+        return f(r[col[k]].replace(",", ""))
+    except (KeyError, ValueError):
+        return 0
+print("%-44s %9s %8s %6s %6s %5s %7s %6s" % ("kernel", "us", "DRAM MB", "DRAM%", "occ%", "regs", "sect/rq", "tc%"))
+for r in data:
+    name = r[col.get("Kernel Name", 4)][:44]
+    req = g(r, "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum")
+    sect = g(r, "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum")
+    print("%-44s %9.1f %8.1f %6.1f %6.1f %5d %7.1f %6.1f" % (
+        name, g(r, "gpu__time_duration.sum") / 1e3, g(r, "dram__bytes_read.sum") / 1e6,
+        g(r, "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+        g(r, "sm__warps_active.avg.pct_of_peak_sustained_active"),
+        int(g(r, "launch__registers_per_thread")), sect / req if req else 0,
+        g(r, "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active")))
+PY
+    else
+        echo "device_check: no ncu on this machine" | tee "$out/ncu.log"
+    fi
+fi
+say "done: tests rc $test_rc, bench rc $bench_rc, ncu rc $ncu_rc"
 echo
-cat "$out/bench.txt" | sed -n '/== bench_gpu summary/,$p'
+echo "== gpu tests"
+grep -E "tests passed|tests failed|\*\*\*Failed|Skipped|SKIP" "$out/ctest.log" || true
+if [ -s "$out/ncu-summary.txt" ]; then
+    echo "== ncu (one launch each; full CSV in ncu.csv)"
+    cat "$out/ncu-summary.txt"
+fi
 [ $bench_rc -eq 0 ] || tail -20 "$out/bench.txt"
+sed -n '/== bench_gpu summary/,$p' "$out/bench.txt"
 exit $(( test_rc != 0 || bench_rc != 0 ))

@@ -19,6 +19,7 @@
 #include "compute_cpu_impl.h"
 #include "faults.h"
 #include "gpu/gpu_fixture.h"
+#include "kernels.h"
 
 #define N 128
 
@@ -81,10 +82,36 @@ static void test_memory_faults(void **state)
     expect_report(KVD_FAULT_SHARED_RAW, N, "shared");
     expect_report(KVD_FAULT_SHARED_WAW, N, "shared-memory race");
     expect_report(KVD_FAULT_SHARED_WAR, N, "shared-memory race");
+    expect_report(KVD_FAULT_WARP_WAR, 32, "shared-memory race");
+    /* a __syncwarp orders a lane's write after its warp's earlier reads */
+    assert_int_equal(kvd_fault_run(KVD_FAULT_WARP_WAR_OK, d_in, d_out, 32, st), 0);
+    assert_int_equal(gpu_emu_reports(), 0);
     expect_report(KVD_FAULT_SHARED_UNINIT, N, "that no thread of its block wrote");
     expect_report(KVD_FAULT_GLOBAL_OOB, N, "invalid global write");
 #else
     skip(); /* needs the instrumented (clang, non-ASan) build; ASan checks bounds itself */
+#endif
+}
+
+/* Programmatic dependent launch: before its wait a kernel may read what
+ * the kernel before it does not write, and nothing more. */
+static void test_pdl(void **state)
+{
+#ifdef KVD_EMU_MEMCHECK
+    assert_true(kvd_k_pdl_on()); /* sm_90, the emulator's default */
+    expect_report(KVD_FAULT_PDL_EARLY_READ, N, "premature read");
+    expect_report(KVD_FAULT_PDL_EARLY_WRITE, N, "before cudaGridDependencySynchronize");
+    expect_report(KVD_FAULT_PDL_EARLY_TRIGGER, N, "triggers its dependents");
+    assert_int_equal(kvd_fault_run(KVD_FAULT_PDL_OK, d_in, d_out, N, st), 0);
+    assert_int_equal(gpu_emu_reports(), 0);
+    /* an sm_86 device launches without the attribute: nothing to check */
+    kvd_emu_set_cc(8, 6);
+    kvd_k_set_pdl(1);
+    assert_int_equal(kvd_fault_run(KVD_FAULT_PDL_EARLY_READ, d_in, d_out, N, st), 0);
+    assert_int_equal(gpu_emu_reports(), 0);
+    kvd_emu_set_cc(9, 0);
+#else
+    skip();
 #endif
 }
 
@@ -284,11 +311,12 @@ static void test_conversions(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_barrier_faults),   cmocka_unit_test(test_warp_faults),
-        cmocka_unit_test(test_memory_faults),    cmocka_unit_test(test_order_check),
-        cmocka_unit_test(test_correct_kernels),  cmocka_unit_test(test_launch_limits),
-        cmocka_unit_test(test_capture_rules),    cmocka_unit_test(test_memory_api),
-        cmocka_unit_test(test_cublas_reference), cmocka_unit_test(test_conversions),
+        cmocka_unit_test(test_barrier_faults), cmocka_unit_test(test_warp_faults),
+        cmocka_unit_test(test_memory_faults),  cmocka_unit_test(test_pdl),
+        cmocka_unit_test(test_order_check),    cmocka_unit_test(test_correct_kernels),
+        cmocka_unit_test(test_launch_limits),  cmocka_unit_test(test_capture_rules),
+        cmocka_unit_test(test_memory_api),     cmocka_unit_test(test_cublas_reference),
+        cmocka_unit_test(test_conversions),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

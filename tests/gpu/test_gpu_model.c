@@ -331,8 +331,23 @@ static void test_graph_replay(void **state)
     free(path);
 }
 
+/* The kernel launches the device ran so far (the emulator counts them; a
+ * real device reports nothing here). */
+static unsigned long long device_launches(void)
+{
+#ifdef KVD_CUDA_EMULATE
+    struct kvd_emu_counts c;
+    kvd_emu_get_counts(&c);
+    return c.launches;
+#else
+    return 0;
+#endif
+}
+
 /* One decode step of sequence 0 (token tok at position *pos, which
- * advances) on r's arena; returns whether it was replayed from a graph. */
+ * advances) on r's arena; returns whether it was replayed from a graph.
+ * The backend's count of the step's kernel launches (model_step_launches)
+ * must be what the emulated device ran, eager, captured or replayed. */
 static bool decode1(struct runner *r, uint32_t tok, uint32_t *pos)
 {
     static const uint32_t slots[BPS] = {5, 3, 7, 1, 0, 2, 4, 6};
@@ -349,9 +364,20 @@ static bool decode1(struct runner *r, uint32_t tok, uint32_t *pos)
                            .sample = &row,
                            .tokens = &pick};
     cuda_compute_stats(r->m->cx, &a);
+    unsigned long long l0 = device_launches();
     if (model_forward(r->m, r->fc, &fb))
         fail_msg("decode at %u: %s", *pos, fwd_ctx_errmsg(r->fc));
+    unsigned long long ran = device_launches() - l0;
     cuda_compute_stats(r->m->cx, &b);
+    uint32_t counted = model_step_launches(r->m);
+    assert_true(counted > 0);
+#ifdef KVD_CUDA_EMULATE
+    if (ran != counted)
+        fail_msg("decode at %u (%s): the backend counted %u launches, the device ran %llu", *pos,
+                 b.replays > a.replays ? "replayed" : "eager or captured", counted, ran);
+#else
+    (void)ran;
+#endif
     (*pos)++;
     return b.replays > a.replays;
 }
@@ -509,11 +535,12 @@ static void test_long_prompt_full_memory(void **state)
         assert_int_equal(fwd_ctx_new(m, 64, 1, &fc), 0);
         /* the projections carry their copy; the untied embedding, only
          * looked up by rows, does not (it would cost vocab x embd x 2 B) */
-        if (c < 2) {
-            assert_int_equal(m->layers[0].wq.layout, CL_ROWS_BF16);
+        if (c < 2) { /* q8_0: its blocks in planes, then the copy */
+            assert_int_equal(m->layers[0].wq.layout, c == 0 ? CL_ROWS_BF16 : CL_PLANES);
         } else {
-            /* no copy: the blocks alone, plus one tile for the whole model */
-            assert_int_equal(m->layers[0].wq.layout, CL_ROWS);
+            /* no copy: the blocks alone (in planes), plus one tile for the
+             * whole model */
+            assert_int_equal(m->layers[0].wq.layout, CL_PLANES);
             size_t tile = largest_matrix(m) * 2;
             assert_true(m->hp.weight_device_bytes >= m->hp.weight_bytes + tile);
             assert_true(m->hp.weight_device_bytes <= m->hp.weight_bytes + tile + (64u << 10));
@@ -565,6 +592,82 @@ static void test_long_prompt_full_memory(void **state)
     }
 }
 
+/* Kernel launches per layer of a batch-1 decode step, as stats reports
+ * them (model_step_launches, requests.step_launches): at most 8, counted as
+ * the difference between a 3-layer and a 1-layer model of the same shape
+ * (the embedding, the final norm, the head and the sampler cancel out), in
+ * bf16 and Q4_K_M, at a context of 100 tokens (one attention launch) and
+ * of 300 (the decode attention splits it: its merge is a launch of its
+ * own). The count must be what the emulated device ran. */
+static uint32_t launches_at(struct runner *r, uint32_t pos)
+{
+    uint32_t slots[MAXS * BPS], tok = 1, pick = 0;
+    for (uint32_t i = 0; i < MAXS * BPS; i++)
+        slots[i] = i;
+    struct sample_row row = {.top_p = 1.0f};
+    struct fwd_seq seq = {
+        .tokens = &tok, .n_tokens = 1, .pos0 = pos, .slots = slots, .n_slots = MAXS * BPS};
+    struct fwd_batch fb = {.seqs = &seq,
+                           .n_seqs = 1,
+                           .kv_arena = r->arena,
+                           .geom = &r->g,
+                           .n_arena_slots = MAXS * BPS,
+                           .sample = &row,
+                           .tokens = &pick};
+    unsigned long long l0 = device_launches();
+    if (model_forward(r->m, r->fc, &fb))
+        fail_msg("decode at %u: %s", pos, fwd_ctx_errmsg(r->fc));
+    uint32_t n = model_step_launches(r->m);
+#ifdef KVD_CUDA_EMULATE
+    if (device_launches() - l0 != n)
+        fail_msg("decode at %u: the backend counted %u launches, the device ran %llu", pos, n,
+                 device_launches() - l0);
+#else
+    (void)l0;
+#endif
+    return n;
+}
+
+static void test_launches_per_layer(void **state)
+{
+    static const char *const types[] = {"bf16", "q4_k_m"};
+    static const uint32_t ctx[] = {100, 300};
+    gpu_emu_order_check(0); /* counts, not kernels */
+    for (int ti = 0; ti < 2; ti++) {
+        uint32_t n[2][2];
+        for (int k = 0; k < 2; k++) {
+            char args[256];
+            snprintf(args, sizeof args,
+                     "--arch llama --layers %d --embd 256 --heads 8 --kv-heads 2 --ff 512 "
+                     "--vocab 300 --ctx 512 --type %s --seed 29",
+                     k ? 3 : 1, types[ti]);
+            char *path = ref_gen_model(args);
+            assert_non_null(path);
+            struct runner r;
+            runner_open(&r, cuda_be, path, KV_F16);
+            /* zeroed rows before the position: only the count matters here */
+            assert_int_equal(cudaMemset(r.arena, 0, r.arena_bytes), cudaSuccess);
+            for (int c = 0; c < 2; c++)
+                n[c][k] = launches_at(&r, ctx[c]);
+            runner_close(&r);
+            unlink(path);
+            free(path);
+        }
+        for (int c = 0; c < 2; c++) {
+            assert_true(n[c][1] > n[c][0]);
+            uint32_t per_layer = (n[c][1] - n[c][0]) / 2;
+            printf("# %s decode at context %u: %u launches a layer, %u outside the layers\n",
+                   types[ti], ctx[c], per_layer, n[c][0] - per_layer);
+            if ((n[c][1] - n[c][0]) % 2 || per_layer > 8)
+                fail_msg("%s decode at %u: %u launches for 1 layer, %u for 3 (at most 8 a layer)",
+                         types[ti], ctx[c], n[c][0], n[c][1]);
+        }
+        /* the split's merge: one launch a layer more at 300 */
+        assert_int_equal(n[1][1] - n[1][0], n[0][1] - n[0][0] + 2);
+    }
+    gpu_emu_order_check(1);
+}
+
 int main(void)
 {
     struct kvd_error err = {0};
@@ -583,6 +686,7 @@ int main(void)
         GPU_TEST(test_graph_drop_on_free),
         GPU_TEST(test_failed_step_syncs),
         GPU_TEST(test_long_prompt_full_memory),
+        GPU_TEST(test_launches_per_layer),
     };
     if (getenv("KVD_TEST_FILTER")) /* e.g. KVD_TEST_FILTER='test_graph*' */
         cmocka_set_test_filter(getenv("KVD_TEST_FILTER"));

@@ -185,6 +185,8 @@ static const struct key K_REQUESTS[] = {{"executor", T_BOOL, NULL},
                                         {"tokens_out", T_UINT, NULL},
                                         {"preempt_swap", T_UINT, NULL},
                                         {"preempt_recompute", T_UINT, NULL},
+                                        {"step_launches", T_UINT, NULL},
+                                        {"layers", T_UINT, NULL},
                                         {"speculative", T_MAP, K_SPEC},
                                         {NULL, 0, NULL}};
 static const struct key K_PHASE[] = {

@@ -86,6 +86,7 @@ static void cuda_ctx_free(struct compute_ctx *cx)
         cuda_cx_free(cx, cx->part);
         cuda_cx_free(cx, cx->wt);
         cuda_cx_free(cx, cx->act);
+        cuda_cx_free(cx, cx->counter);
         cudaFreeHost(cx->stg);
     }
     free(cx);
@@ -114,7 +115,9 @@ static int cuda_ctx_new(struct backend *be, const struct compute_conf *conf,
     const char *g = getenv("KVD_CUDA_GRAPHS");
     cx->graphs = !(g && strcmp(g, "0") == 0);
     cx->graph_frees = atomic_load(&dev->frees);
-    if ((e = cudaHostAlloc((void **)&cx->stg, STG_BYTES, cudaHostAllocPortable)) != cudaSuccess)
+    if ((e = cudaHostAlloc((void **)&cx->stg, STG_BYTES, cudaHostAllocPortable)) != cudaSuccess ||
+        (e = cudaMalloc((void **)&cx->counter, 256)) != cudaSuccess ||
+        (e = cudaMemset(cx->counter, 0, 256)) != cudaSuccess)
         goto fail;
     cx->stg_cap = STG_BYTES;
     *out = cx;
@@ -286,14 +289,16 @@ static struct cuda_graph_entry *graph_slot(struct compute_ctx *cx, const struct 
     return lru;
 }
 
-/* Decode batches are padded to 1, 2, 4, 8, then powers of two and 1.5x
- * powers of two (12, 16, 24, 32, 48, 64, 96, 128, 192, 256, ...): at most
- * a third of a step's rows are padding, and a batch that grows or shrinks
+/* Decode batches up to KVD_K_GEMV_MAX_TOKENS keep their size (the GEMV
+ * has an instance for each token count: padding would only add work, and
+ * eight graphs are cheap); larger ones are padded to powers of two and
+ * 1.5x powers of two (12, 16, 24, 32, 48, 64, 96, 128, 192, 256, ...): at
+ * most a third of a step's rows are padding, and a batch that grows or shrinks
  * by a few sequences replays the graph it already has. No padding when
  * graphs are off: it would only cost. */
 static uint32_t cuda_step_bucket(struct compute_ctx *cx, uint32_t n)
 {
-    if (!cx->graphs || n <= 1)
+    if (!cx->graphs || n <= KVD_K_GEMV_MAX_TOKENS)
         return n;
     uint32_t p = 1;
     while (p < n && p < (1u << 30))
@@ -303,10 +308,19 @@ static uint32_t cuda_step_bucket(struct compute_ctx *cx, uint32_t n)
     return p;
 }
 
+/* The kernel launches of the step issued since step_begin. */
+static uint32_t step_launches_now(const struct compute_ctx *cx)
+{
+    return (uint32_t)(kvd_k_launches() - cx->step_launch0) + cx->step_blas;
+}
+
 static int cuda_step_begin(struct compute_ctx *cx, const struct compute_step *st, int *replayed)
 {
     *replayed = 0;
     cx->cur = NULL;
+    cx->step_launch0 = kvd_k_launches();
+    cx->step_blas = 0;
+    cx->step_decode = st->max_q == 1;
     if (cuda_dev_enter(cx->dev))
         return KVD_EINTERNAL;
     /* Copies queued by other threads (swaps, copy-on-write) finish before
@@ -326,6 +340,7 @@ static int cuda_step_begin(struct compute_ctx *cx, const struct compute_step *st
         if (e != cudaSuccess)
             return cuda_fail(e, "graph replay");
         cx->n_replays++;
+        cx->last_decode_launches = g->launches;
         *replayed = 1;
         return 0;
     }
@@ -371,6 +386,8 @@ static int cuda_step_end(struct compute_ctx *cx, int rc)
     if (!cx->capturing) {
         if (rc)
             step_failed_sync(cx);
+        else if (cx->step_decode)
+            cx->last_decode_launches = step_launches_now(cx);
         return 0;
     }
     cx->capturing = false;
@@ -393,12 +410,19 @@ static int cuda_step_end(struct compute_ctx *cx, int rc)
         return cuda_fail(e, "graph instantiate");
     }
     cx->n_captures++;
+    g->launches = step_launches_now(cx);
+    cx->last_decode_launches = g->launches;
     /* Copies queued while the capture ran (from other threads: the copy
      * stream skipped its wait on compute then) finish before the graph. */
     if ((e = (cudaError_t)cuda_dev_wait_copies(cx->dev)) != cudaSuccess)
         return cuda_fail(e, "wait for copies");
     e = cudaGraphLaunch(g->exec, cx->stream);
     return e == cudaSuccess ? 0 : cuda_fail(e, "graph launch");
+}
+
+static uint32_t cuda_step_launches(struct compute_ctx *cx)
+{
+    return cx->last_decode_launches;
 }
 
 void cuda_compute_set_graphs(struct compute_ctx *cx, bool on)
@@ -446,9 +470,14 @@ static const struct compute_ops cuda_compute_table = {
     .add = cuda_op_add,
     .gather_rows = cuda_op_gather_rows,
     .sample = cuda_op_sample,
+    .matmul_n = cuda_op_matmul_n,
+    .matmul_swiglu = cuda_op_matmul_swiglu,
+    .matmul_add_rmsnorm = cuda_op_matmul_add_rmsnorm,
+    .rope_kv_write = cuda_op_rope_kv_write,
     .step_bucket = cuda_step_bucket,
     .step_begin = cuda_step_begin,
     .step_end = cuda_step_end,
+    .step_launches = cuda_step_launches,
 };
 
 const struct compute_ops *compute_cuda_ops(void)

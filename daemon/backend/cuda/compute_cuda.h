@@ -25,5 +25,9 @@ void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats 
  * spans several tiles; set before the weights are uploaded. */
 #define CUDA_TILE_ELEMS_DEFAULT ((size_t)16 << 20)
 void cuda_compute_set_tile_elems(struct compute_ctx *cx, size_t elems);
+/* For benchmarks that make weights on the device: t->data (weight_bytes(t)
+ * bytes) already holds the file's rows (t->nbytes, CL_ROWS); puts them in
+ * the backend's layout as weight_upload would after copying them. */
+int cuda_compute_weight_prepare(struct compute_ctx *cx, struct ctensor *t);
 
 #endif

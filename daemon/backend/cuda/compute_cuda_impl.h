@@ -19,6 +19,7 @@ struct cuda_graph_entry {
     uint32_t seen;     /* eager runs so far (capture on the second) */
     uint64_t last_use; /* LRU stamp */
     bool failed;       /* capture failed once: always eager */
+    uint32_t launches; /* kernels the captured step issued (each replay runs them) */
     cudaGraphExec_t exec;
 };
 
@@ -47,10 +48,13 @@ struct compute_ctx {
     uint16_t *wt;
     size_t wt_cap;
     size_t tile_elems; /* the most elements of one tile */
-    /* The quantized GEMV's int8 activations [act_cap] bytes (grown on
-     * demand like xb). */
+    /* The quantized GEMV's int8 activations [act_cap] bytes when they do
+     * not fit in its shared memory (grown on demand like xb), and the
+     * device word its fused residual norm counts finished blocks in (0
+     * between launches). */
     void *act;
     size_t act_cap;
+    unsigned *counter;
 
     /* CUDA graphs (decode steps). */
     bool graphs;                  /* enabled (KVD_CUDA_GRAPHS=0 turns them off) */
@@ -60,6 +64,15 @@ struct compute_ctx {
     uint64_t clock;
     uint64_t graph_frees; /* dev->frees when the graphs were last checked */
     uint64_t n_captures, n_replays, n_eager, n_dropped, n_failed_syncs;
+
+    /* Kernel launches: kvd_k_launches() at step_begin, cuBLAS calls issued
+     * since (each counted as one launch), the step's key (decode-only or
+     * not), and the count of the last decode-only step (compute.h
+     * step_launches). */
+    unsigned long long step_launch0;
+    uint32_t step_blas;
+    bool step_decode;
+    uint32_t last_decode_launches;
 };
 
 /* Grows the scratch buffers (not allowed while capturing). 0 or KVD_ENOMEM /
@@ -75,6 +88,10 @@ uint32_t cuda_cx_splits(const struct compute_ctx *cx, uint32_t n_seqs, uint32_t 
 /* Frees device memory of this context (waits for work still using it) and
  * counts the free, so every graph is dropped before the next step. */
 void cuda_cx_free(struct compute_ctx *cx, void *p);
+/* The fused GEMV over n (<= 3) weights of one type sharing x (compute_cuda_ops.c). */
+int cuda_gemv(struct compute_ctx *cx, int n, const struct ctensor *const *w,
+              const float *const *bias, const float *x, uint32_t rows, float *const *y, int epi,
+              const float *norm_w, float eps, float *norm_out);
 /* Maps a kernels/ status to kvd's: 0, or logs and returns KVD_EINTERNAL. */
 int cuda_kstatus(int kernel_rc, const char *what);
 
@@ -87,6 +104,14 @@ int cuda_op_add_rmsnorm(struct compute_ctx *cx, float *x, const float *res, floa
                         const float *w, uint32_t rows, uint32_t n, float eps);
 int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
                    float *y);
+/* 9..CUDA_GEMV_CHUNKED_ROWS rows of a quantized weight with no bf16 copy
+ * (Q4_0 .. Q6_K) take the GEMV, KVD_K_GEMV_MAX_TOKENS rows a launch: the
+ * weights are read ceil(rows / 8) times, fewer bytes than dequantizing them
+ * into the bf16 tile for cuBLAS (a Q4_K matrix's bytes x 3.6 written, then
+ * read), with the cpu's integer arithmetic (every row as in a one-row
+ * call). Whether matmul takes that path for x and rows. */
+#define CUDA_GEMV_CHUNKED_ROWS 32
+bool cuda_gemv_chunked(const struct ctensor *w, const float *x, uint32_t rows);
 int cuda_op_matmul_inv(struct compute_ctx *cx, const struct ctensor *w, const float *x,
                        uint32_t rows, uint32_t n_one, float *y);
 int cuda_op_add_bias(struct compute_ctx *cx, float *y, const float *b, uint32_t rows, uint32_t n);
@@ -103,6 +128,21 @@ int cuda_op_gather_rows(struct compute_ctx *cx, float *out, const float *x, cons
                         uint32_t n, uint32_t width);
 int cuda_op_sample(struct compute_ctx *cx, const float *logits, uint32_t rows, uint32_t vocab,
                    const struct sample_row *p, uint32_t *out);
+int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
+                     const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
+                     float *const *y);
+int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
+                          const struct ctensor *up, const float *x, uint32_t rows, uint32_t n_one,
+                          float *out, float *tmp);
+int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
+                               uint32_t rows, uint32_t n_one, float *x, const float *norm,
+                               float eps, float *out);
+int cuda_op_rope_kv_write(struct compute_ctx *cx, float *q, float *k, const float *v, uint32_t rows,
+                          uint32_t n_head, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,
+                          float base, const float *freq_factors, void *arena,
+                          const struct kv_geom *geom, uint32_t layer, const uint32_t *tok_slot);
+/* The kernels' view of a KV arena of geometry g. */
+void cuda_kv_of(struct kvd_k_kv *kv, const void *arena, const struct kv_geom *g);
 size_t cuda_weight_bytes(const struct ctensor *t);
 int cuda_weight_upload(struct compute_ctx *cx, struct ctensor *t, const void *src);
 bool cuda_weight_type_ok(enum ctype t);

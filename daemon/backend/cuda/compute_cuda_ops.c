@@ -1,8 +1,9 @@
 /* compute_cuda_ops: the model's operations (compute.h) on the cuda backend:
  * thin wrappers over kernels/ plus the projections, which run as a native-
- * type GEMV for up to 8 rows (decode: weights read once, in place; the
- * quantized types other than Q8_0 with llama.cpp's int8-activation
- * arithmetic, like the cpu backend) and as cuBLAS GEMMs above that (bf16 in,
+ * type GEMV for up to 8 rows (decode: weights read once; the quantized
+ * types other than Q8_0 with llama.cpp's int8-activation arithmetic, like
+ * the cpu backend; kernels/gemv_fused.cu), for 9-32 rows of Q4_0 .. Q6_K
+ * as that GEMV 8 rows a launch, and as cuBLAS GEMMs above that (bf16 in,
  * f32 accumulate; F32 weights as SGEMM). */
 #include <stddef.h>
 #include <stdlib.h>
@@ -15,6 +16,10 @@
 int cuda_op_get_rows(struct compute_ctx *cx, const struct ctensor *w, const uint32_t *ids,
                      uint32_t n, float *out)
 {
+    if (w->layout == CL_PLANES)
+        return cuda_kstatus(kvd_k_planes_get_rows(out, w->data, (int)w->type, (int)w->ne0,
+                                                  (int)w->ne1, ids, (int)n, cx->stream),
+                            "get_rows");
     return cuda_kstatus(kvd_k_get_rows(out, w->data, (int)w->type, (int)w->ne0, (int)w->ne1, ids,
                                        (int)n, cx->stream),
                         "get_rows");
@@ -47,7 +52,7 @@ int cuda_op_rope(struct compute_ctx *cx, float *x, uint32_t rows, uint32_t n_hea
                         "rope");
 }
 
-static void kv_of(struct kvd_k_kv *kv, const void *arena, const struct kv_geom *g)
+void cuda_kv_of(struct kvd_k_kv *kv, const void *arena, const struct kv_geom *g)
 {
     kv->arena = (void *)arena;
     kv->block_bytes = kv_block_bytes(g);
@@ -64,7 +69,7 @@ int cuda_op_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geom *
                      const uint32_t *tok_slot, const uint32_t *tok_pos)
 {
     struct kvd_k_kv kv;
-    kv_of(&kv, arena, geom);
+    cuda_kv_of(&kv, arena, geom);
     return cuda_kstatus(
         kvd_k_kv_write(&kv, (int)layer, tok_slot, tok_pos, k, v, (int)n_tokens, cx->stream),
         "kv_write");
@@ -94,7 +99,7 @@ int cuda_op_attention(struct compute_ctx *cx, const struct attn_desc *d)
     struct kvd_k_kv kv;
     int rc;
 
-    kv_of(&kv, d->arena, d->geom);
+    cuda_kv_of(&kv, d->arena, d->geom);
     if (!kvd_k_attn_supported(kv.head_dim)) {
         log_err("cuda: attention with head_dim %d is not supported (16, 32, 64, 128, 256)",
                 kv.head_dim);
@@ -157,13 +162,15 @@ int cuda_op_sample(struct compute_ctx *cx, const float *logits, uint32_t rows, u
 
 /* The cuBLAS path reads matrices as bf16. BF16 and F32 (SGEMM) weights are
  * read in place. F16 and Q8_0 matrices keep a bf16 copy after their rows
- * (CL_ROWS_BF16), made at load. The other quantized types (Q4_0 .. Q6_K)
- * keep only their blocks: before each GEMM they are dequantized, a tile of
- * rows at a time, into the context's bf16 tile (cx->wt), sized at load for
- * the largest tile any weight needs (so a bf16 copy of a Q4 model, 3.6x its
- * size, is never held). Either way the memory is allocated with the weights,
- * before the KV arena is sized from what is left, and never in the middle
- * of a step. The decode GEMV reads the rows. */
+ * (CL_ROWS_BF16, CL_PLANES for Q8_0), made at load. The other quantized
+ * types (Q4_0 .. Q6_K) keep only their blocks: before each GEMM they are
+ * dequantized, a tile of rows at a time, into the context's bf16 tile
+ * (cx->wt), sized at load for the largest tile any weight needs (so a bf16
+ * copy of a Q4 model, 3.6x its size, is never held). Either way the memory
+ * is allocated with the weights, before the KV arena is sized from what is
+ * left, and never in the middle of a step. Every quantized matrix is
+ * rewritten at load in the plane layout (kernels/planes.cuh), which the
+ * GEMV reads with 16-byte loads; the float types' GEMV reads their rows. */
 static bool is_matrix(const struct ctensor *t)
 {
     return t->ne1 > 1 && !t->rows_only;
@@ -177,6 +184,11 @@ static bool needs_bf16_copy(const struct ctensor *t)
 static bool needs_tile(const struct ctensor *t)
 {
     return is_matrix(t) && ctype_is_quant(t->type) && t->type != CT_Q8_0;
+}
+
+static bool needs_planes(const struct ctensor *t)
+{
+    return is_matrix(t) && ctype_is_quant(t->type);
 }
 
 /* A tile is at most 32 MiB of bf16 (cx->tile_elems, CUDA_TILE_ELEMS_DEFAULT:
@@ -244,15 +256,48 @@ int cuda_weight_upload(struct compute_ctx *cx, struct ctensor *t, const void *sr
     int rc = cx->be->compute->upload(cx, t->data, src, t->nbytes);
     if (rc)
         return rc;
-    if (needs_tile(t))
-        return need_tile(cx, (size_t)tile_rows(cx, t) * t->ne0);
-    if (!needs_bf16_copy(t))
-        return 0;
-    uint16_t *copy = (uint16_t *)((uint8_t *)t->data + bf16_copy_offset(t));
-    rc = cuda_kstatus(
-        kvd_k_to_bf16(copy, t->data, (int)t->type, (size_t)t->ne0 * t->ne1, cx->stream), "to_bf16");
+    return cuda_compute_weight_prepare(cx, t);
+}
+
+/* Rewrites t's file rows in the plane layout: through a temporary copy,
+ * allocated and freed here (at load, never in a step). */
+static int to_planes(struct compute_ctx *cx, struct ctensor *t)
+{
+    void *tmp = NULL;
+    cudaError_t e = cudaMalloc(&tmp, t->nbytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        log_warn("cuda: %zu bytes to repack a weight: %s", t->nbytes, cudaGetErrorString(e));
+        return KVD_ENOMEM;
+    }
+    int rc = 0;
+    e = cudaMemcpyAsync(tmp, t->data, t->nbytes, cudaMemcpyDeviceToDevice, cx->stream);
+    if (e != cudaSuccess)
+        rc = cuda_fail(e, "weight repack copy");
     if (!rc)
-        t->layout = CL_ROWS_BF16;
+        rc = cuda_kstatus(kvd_k_planes_pack(t->data, tmp, (int)t->type, t->ne1, t->ne0, cx->stream),
+                          "repack");
+    cuda_cx_free(cx, tmp); /* waits for the repack */
+    if (!rc)
+        t->layout = CL_PLANES;
+    return rc;
+}
+
+int cuda_compute_weight_prepare(struct compute_ctx *cx, struct ctensor *t)
+{
+    int rc = 0;
+    if (needs_bf16_copy(t)) { /* from the file's rows, before any repacking */
+        uint16_t *copy = (uint16_t *)((uint8_t *)t->data + bf16_copy_offset(t));
+        rc = cuda_kstatus(
+            kvd_k_to_bf16(copy, t->data, (int)t->type, (size_t)t->ne0 * t->ne1, cx->stream),
+            "to_bf16");
+        if (!rc)
+            t->layout = CL_ROWS_BF16;
+    }
+    if (!rc && needs_planes(t))
+        rc = to_planes(cx, t);
+    if (!rc && needs_tile(t))
+        rc = need_tile(cx, (size_t)tile_rows(cx, t) * t->ne0);
     return rc;
 }
 
@@ -261,9 +306,40 @@ static const uint16_t *weight_bf16(const struct ctensor *w)
 {
     if (w->type == CT_BF16)
         return w->data;
-    if (w->layout == CL_ROWS_BF16)
+    if (w->layout == CL_ROWS_BF16 || (w->layout == CL_PLANES && w->type == CT_Q8_0))
         return (const uint16_t *)((const uint8_t *)w->data + bf16_copy_offset(w));
     return NULL;
+}
+
+/* The fused GEMV (kernels/gemv_fused.cu) over n weights of one type
+ * sharing x, with epilogue epi (ADD_NORM: y[0] is the residual, norm_w and
+ * norm_out the RMSNorm after it, or NULL). The caller checked
+ * kvd_k_gemv_ok. */
+int cuda_gemv(struct compute_ctx *cx, int n, const struct ctensor *const *w,
+              const float *const *bias, const float *x, uint32_t rows, float *const *y, int epi,
+              const float *norm_w, float eps, float *norm_out)
+{
+    struct kvd_k_gemv g = {
+        .wtype = (int)w[0]->type,
+        .in = (int)w[0]->ne0,
+        .n_tokens = (int)rows,
+        .n_seg = n,
+        .x = x,
+        .epi = epi,
+        .norm_w = norm_w,
+        .eps = eps,
+        .norm_out = norm_out,
+        .counter = cx->counter,
+        .max_blocks = 4 * cx->dev->n_sms,
+    };
+    for (int i = 0; i < n; i++)
+        g.seg[i] = (struct kvd_k_gemv_seg){
+            .w = w[i]->data, .rows = (int)w[i]->ne1, .y = y[i], .bias = bias[i]};
+    int rc = cuda_cx_need_act(cx, kvd_k_gemv_act_bytes(g.wtype, g.n_tokens, g.in));
+    if (rc)
+        return rc;
+    g.act = cx->act;
+    return cuda_kstatus(kvd_k_gemv_run(&g, cx->stream), "gemv");
 }
 
 /* y [rows][out] = x [rows][in] . W^T. W is [out][in] row-major, i.e. an
@@ -274,6 +350,7 @@ static int gemm_bf16(struct compute_ctx *cx, const uint16_t *wb, int in, int nr,
                      int ldy)
 {
     const float one = 1.0f, zero = 0.0f;
+    cx->step_blas++;
     cublasStatus_t st = cublasGemmEx(cx->dev->blas, CUBLAS_OP_T, CUBLAS_OP_N, nr, n, in, &one, wb,
                                      CUDA_R_16BF, in, cx->xb, CUDA_R_16BF, in, &zero, y, CUDA_R_32F,
                                      ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
@@ -302,6 +379,13 @@ int cuda_op_matmul_inv(struct compute_ctx *cx, const struct ctensor *w, const fl
     return 0;
 }
 
+bool cuda_gemv_chunked(const struct ctensor *w, const float *x, uint32_t rows)
+{
+    return rows > KVD_K_GEMV_MAX_TOKENS && rows <= CUDA_GEMV_CHUNKED_ROWS &&
+           ctype_is_quant(w->type) && w->layout == CL_PLANES && !weight_bf16(w) &&
+           kvd_k_gemv_ok((int)w->type, w->data, x, KVD_K_GEMV_MAX_TOKENS, (int)w->ne0);
+}
+
 int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
                    float *y)
 {
@@ -312,17 +396,33 @@ int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float 
 
     if (rows == 0 || out == 0)
         return 0;
-    if (kvd_k_gemv_ok(w->data, (int)w->type, x, n, in))
-        return cuda_kstatus(kvd_k_gemv(y, w->data, (int)w->type, x, n, out, in, cx->stream),
-                            "gemv");
-    if (kvd_k_gemvq_ok(w->data, (int)w->type, x, n, in)) {
-        if ((rc = cuda_cx_need_act(cx, kvd_k_gemvq_act_bytes((int)w->type, n, in))))
-            return rc;
-        return cuda_kstatus(
-            kvd_k_gemvq(y, w->data, (int)w->type, x, cx->act, n, out, in, cx->stream), "gemv");
+    if (ctype_is_quant(w->type) && w->layout != CL_PLANES) {
+        log_err("cuda: a %s [%u x %u] weight reached matmul without its load-time repacking "
+                "(weights must be loaded with weight_upload)",
+                ctype_name(w->type), w->ne1, w->ne0);
+        return KVD_EINTERNAL;
+    }
+    if (kvd_k_gemv_ok((int)w->type, w->data, x, n, in)) {
+        const struct ctensor *ws[1] = {w};
+        float *ys[1] = {y};
+        const float *bs[1] = {NULL};
+        return cuda_gemv(cx, 1, ws, bs, x, rows, ys, KVD_K_GEMV_STORE, NULL, 0, NULL);
+    }
+    if (cuda_gemv_chunked(w, x, rows)) {
+        const struct ctensor *ws[1] = {w};
+        const float *bs[1] = {NULL};
+        for (uint32_t r = 0; r < rows; r += KVD_K_GEMV_MAX_TOKENS) {
+            uint32_t k = rows - r < KVD_K_GEMV_MAX_TOKENS ? rows - r : KVD_K_GEMV_MAX_TOKENS;
+            float *ys[1] = {y + (size_t)r * out};
+            if ((rc = cuda_gemv(cx, 1, ws, bs, x + (size_t)r * in, k, ys, KVD_K_GEMV_STORE, NULL, 0,
+                                NULL)))
+                return rc;
+        }
+        return 0;
     }
     if (w->type == CT_F32) {
         /* f32 weights keep f32 math (no TF32): the reference's numbers. */
+        cx->step_blas++;
         st = cublasSgemm(cx->dev->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w->data, in, x,
                          in, &zero, y, out);
         return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasSgemm");
@@ -341,11 +441,10 @@ int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float 
         return rc;
     if (wb)
         return gemm_bf16(cx, wb, in, out, n, y, out);
-    const size_t rb = ctype_row_bytes(w->type, w->ne0);
     for (uint32_t r0 = 0; r0 < (uint32_t)out; r0 += tr) {
         const uint32_t nr = (uint32_t)out - r0 < tr ? (uint32_t)out - r0 : tr;
-        if ((rc = cuda_kstatus(kvd_k_to_bf16(cx->wt, (const uint8_t *)w->data + (size_t)r0 * rb,
-                                             (int)w->type, (size_t)nr * in, cx->stream),
+        if ((rc = cuda_kstatus(kvd_k_planes_to_bf16(cx->wt, w->data, (int)w->type, w->ne1, w->ne0,
+                                                    r0, nr, cx->stream),
                                "dequant tile")) ||
             (rc = gemm_bf16(cx, cx->wt, in, (int)nr, n, y + r0, out)))
             return rc;

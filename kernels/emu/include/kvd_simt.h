@@ -279,6 +279,20 @@ static inline float __fdividef(float a, float b)
 {
     return a / b;
 }
+// The IEEE operations nvcc never contracts into a fused multiply-add (the
+// host compiler does not contract these calls either).
+static inline float __fmul_rn(float a, float b)
+{
+    return a * b;
+}
+static inline float __fadd_rn(float a, float b)
+{
+    return a + b;
+}
+static inline float __fsub_rn(float a, float b)
+{
+    return a - b;
+}
 static inline float rsqrtf(float x)
 {
     return 1.0f / sqrtf(x);
@@ -353,7 +367,11 @@ struct kvd_emu_call {
     size_t bytes; // of the object: the threads may read it
 };
 cudaError_t kvd_emu_launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem,
-                           cudaStream_t stream, kvd_emu_call *call);
+                           cudaStream_t stream, kvd_emu_call *call, bool pdl);
+// Programmatic dependent launch (KVD_LAUNCH_PDL): the calling thread passed
+// cudaGridDependencySynchronize / triggers its dependents.
+void kvd_emu_pdl_wait();
+void kvd_emu_pdl_trigger();
 
 template <class... P> struct kvd_emu_call_of : kvd_emu_call {
     void (*fn)(P...);
@@ -380,19 +398,20 @@ template <class... P> struct kvd_emu_launcher {
     dim3 grid, block;
     size_t smem;
     cudaStream_t stream;
+    bool pdl;
     template <class... A> void operator()(A &&...a) const
     {
         kvd_emu_call_of<P...> *c =
             new (std::nothrow) kvd_emu_call_of<P...>(fn, std::forward<A>(a)...);
-        kvd_emu_launch(name, (const void *)fn, grid, block, smem, stream, c);
+        kvd_emu_launch(name, (const void *)fn, grid, block, smem, stream, c, pdl);
     }
 };
 template <class... P>
 static inline kvd_emu_launcher<P...> kvd_emu_make_launcher(const char *name, void (*fn)(P...),
                                                            dim3 grid, dim3 block, size_t smem,
-                                                           cudaStream_t stream)
+                                                           cudaStream_t stream, bool pdl = false)
 {
-    return kvd_emu_launcher<P...>{name, fn, grid, block, smem, stream};
+    return kvd_emu_launcher<P...>{name, fn, grid, block, smem, stream, pdl};
 }
 
 #endif

@@ -87,6 +87,44 @@ __global__ void shared_war(const float *in, float *out, int n)
     out[t] = v;
 }
 
+// Lane t reads lane t+1's word, then writes its own: with `sync`, after a
+// __syncwarp (ordered), else racing with lane t-1's read.
+__global__ void warp_war(const float *in, float *out, int sync)
+{
+    KVD_SHARED(float, s, [32]);
+    int t = threadIdx.x;
+    s[t] = in[t];
+    __syncthreads();
+    float v = s[(t + 1) % 32];
+    if (sync)
+        __syncwarp(0xffffffffu);
+    s[t] = v * 2.0f;
+    __syncwarp(0xffffffffu);
+    out[t] = s[t] + s[(t + 1) % 32];
+}
+
+__global__ void pdl_first(const float *in, float *out, int n)
+{
+    out[threadIdx.x] = in[threadIdx.x] + 1.0f;
+}
+
+// The second kernel of a PDL pair: mode 0 correct, 1 reads out early, 2
+// writes early, 3 triggers early.
+__global__ void pdl_second(const float *in, float *out, int mode)
+{
+    const int t = threadIdx.x;
+    float w = in[t]; // not written by pdl_first: may be read early
+    if (mode == 1)
+        w += out[t];
+    if (mode == 2)
+        out[t + 1] = 0.0f;
+    if (mode == 3)
+        kvd_pdl_trigger();
+    kvd_pdl_wait();
+    kvd_pdl_trigger();
+    out[t] = out[t] * 2.0f + w;
+}
+
 __global__ void shared_uninit(const float *in, float *out, int n)
 {
     KVD_SHARED(float, s, [1024]);
@@ -166,6 +204,22 @@ extern "C" int kvd_fault_run(enum kvd_fault f, const float *in, float *out, int 
         break;
     case KVD_FAULT_ATOMIC_OK:
         KVD_LAUNCH(1, n, 0, st, atomic_ok)(in, out, n);
+        break;
+    case KVD_FAULT_WARP_WAR:
+    case KVD_FAULT_WARP_WAR_OK:
+        KVD_LAUNCH(1, 32, 0, st, warp_war)(in, out, f == KVD_FAULT_WARP_WAR_OK);
+        break;
+    case KVD_FAULT_PDL_EARLY_READ:
+    case KVD_FAULT_PDL_EARLY_WRITE:
+    case KVD_FAULT_PDL_EARLY_TRIGGER:
+    case KVD_FAULT_PDL_OK:
+        KVD_LAUNCH(1, n, 0, st, pdl_first)(in, out, n);
+        KVD_LAUNCH_PDL(1, n, 0, st, pdl_second)
+        (in, out,
+         f == KVD_FAULT_PDL_EARLY_READ      ? 1
+         : f == KVD_FAULT_PDL_EARLY_WRITE   ? 2
+         : f == KVD_FAULT_PDL_EARLY_TRIGGER ? 3
+                                            : 0);
         break;
     case KVD_FAULT_BIG_DYN_SMEM:
         KVD_LAUNCH(1, n, 64 << 10, st, big_dyn_smem)(in, out, n);

@@ -26,6 +26,14 @@ enum kvd_fault {
     KVD_FAULT_GLOBAL_RACE,   /* every thread of every block writes out[0] */
     KVD_FAULT_ATOMIC_OK,     /* shared atomics: no race, exact count */
     KVD_FAULT_BIG_DYN_SMEM,  /* 64 KiB of dynamic shared memory without the opt-in */
+    KVD_FAULT_WARP_WAR,      /* a lane writes a word its warp's neighbour read, no __syncwarp */
+    KVD_FAULT_WARP_WAR_OK,   /* the same with a __syncwarp between: no race */
+    /* Programmatic dependent launch: a kernel writes out, the next one (launched
+     * with KVD_LAUNCH_PDL) ... */
+    KVD_FAULT_PDL_EARLY_READ,    /* reads out before kvd_pdl_wait */
+    KVD_FAULT_PDL_EARLY_WRITE,   /* writes before kvd_pdl_wait */
+    KVD_FAULT_PDL_EARLY_TRIGGER, /* triggers its dependents before its wait */
+    KVD_FAULT_PDL_OK,            /* reads `in` before its wait, out after: correct */
 };
 
 /* One launch of the fault's kernel on `n` threads (one block unless noted)

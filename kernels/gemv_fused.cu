@@ -1,0 +1,535 @@
+// The projections of 1..8 tokens (decode, small batches): y = x W^T for up
+// to three weights of one type sharing the input (q, k, v), with the step's
+// elementwise work fused into the same launch: the bias, gate and up with
+// SiLU (SwiGLU), or the residual add with the RMSNorm after it.
+//
+// A warp computes R rows at once: lane j streams units j, j + 32, ... of
+// all R rows (gemv_units.cuh; one unit of each row in flight per lane,
+// loaded with 16-byte loads at addresses consecutive across lanes), so each
+// activation load serves R rows. Quantized weights take the cpu backend's
+// arithmetic: the block's activations are quantized to int8 once, inside
+// the kernel into shared memory (the prologue: no separate launch) or, when
+// they do not fit, by a separate kernel into device scratch; every integer
+// dot is exact, and for the K-quants the float part runs per super-block in
+// the cpu's order (fmaf(sumi, d_w * d_a, acc), fmaf(summ, dmin_w * d_a,
+// accm), super-block by super-block; out = acc - accm), so they give the
+// cpu's bits. The first step's weights are loaded before the kernel waits
+// for the previous one (kvd_pdl_wait: programmatic dependent launch).
+//
+// Epilogues: STORE (y = x W^T + b); SWIGLU (two weights of the same rows,
+// gate and up: y = silu(gate) * up, silu as silu_mul.cu); ADD_NORM (the
+// residual y += x W^T, then the last block to finish normalizes it: out =
+// rmsnorm(y) * w, as add_rmsnorm does).
+#include "gemv_units.cuh"
+
+#define GF_WARPS 4
+#define GF_THREADS (GF_WARPS * 32)
+#define GF_SMEM_MAX (48 << 10) // dynamic shared memory without an opt-in
+
+enum { GF_ASRC_F32 = 0, GF_ASRC_SMEM = 1, GF_ASRC_GLOBAL = 2 };
+
+struct gf_seg {
+    const uint8_t *w;
+    float *y;
+    const float *b;
+    int rows;
+    int g0; // first row group (groups never straddle two weights)
+};
+
+struct gf_params {
+    gf_seg seg[3];
+    int n_seg, n_groups, in, epi, asrc;
+    const float *x;
+    const void *act;
+    const float *norm_w;
+    float eps;
+    float *norm_out;
+    unsigned *counter;
+};
+
+// The K-quants' per-super-block float part: the quarter groups' leaders put
+// their integer sums and the weights' scales here, a lane per (row, token)
+// folds them in super-block order.
+template <int R, int NT> struct gf_chain {
+    int sumi[8][R][NT], summ[8][R][NT];
+    float d[8][R], dmin[8][R];
+};
+
+template <int WT, int NT, int R> static size_t gf_smem_bytes(int asrc, int in)
+{
+    using U = gunit<WT>;
+    size_t b = asrc == GF_ASRC_SMEM ? act_bytes(U::KIND == GU_K, NT, in) : 0;
+    if (U::KIND == GU_K)
+        b = ((b + 15) & ~(size_t)15) + GF_WARPS * sizeof(gf_chain<R, NT>);
+    return b;
+}
+
+// Weight s of the launch (kernel parameters indexed at run time would be
+// copied to local memory).
+static __device__ __forceinline__ gf_seg gf_seg_at(const gf_params &p, int s)
+{
+    return s == 2 ? p.seg[2] : s == 1 ? p.seg[1] : p.seg[0];
+}
+
+// grid: blocks of GF_WARPS warps, each warp a row group of R rows at a time.
+template <int WT, int NT, int R>
+__global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(gf_params p)
+{
+    using U = gunit<WT>;
+    KVD_DYN_SHARED(int4, gf_smem);
+    KVD_SHARED(int, gf_last, );
+    KVD_SHARED(double, gf_red, [GF_WARPS]);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n_units = p.in / U::N, steps = (n_units + 31) / 32;
+    const int gstride = gridDim.x * GF_WARPS;
+    const bool swiglu = p.epi == KVD_K_GEMV_SWIGLU;
+
+    // Row r of group g: which weight (sel[r]) and which of its rows (local[r]).
+    int sel[R], local[R];
+    gw mat[R];
+    auto locate = [&](int g) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (swiglu) {
+                sel[r] = r % 2;
+                local[r] = g * (R / 2) + r / 2;
+            } else {
+                int s = p.n_seg > 2 && g >= p.seg[2].g0   ? 2
+                        : p.n_seg > 1 && g >= p.seg[1].g0 ? 1
+                                                          : 0;
+                sel[r] = s;
+                local[r] = (g - p.seg[s].g0) * R + r;
+            }
+            const gf_seg sg = gf_seg_at(p, sel[r]);
+            mat[r].base = sg.w;
+            mat[r].rows = sg.rows;
+            mat[r].nbk = U::KIND == GU_K                             ? p.in / 256
+                         : U::KIND == GU_LEGACY || WT == KVD_KW_Q8_0 ? p.in / 32
+                                                                     : p.in / 8;
+        }
+    };
+    U w[R];
+    auto load = [&](int step) {
+        const int u = step * 32 + lane;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (u < n_units && local[r] < mat[r].rows)
+                w[r].load(mat[r], local[r], u);
+            else
+                w[r].zero();
+        }
+    };
+
+    int group = blockIdx.x * GF_WARPS + warp;
+    if (group < p.n_groups) { // the first step's weights before the wait
+        locate(group);
+        load(0);
+    }
+    kvd_pdl_wait();
+    kvd_pdl_trigger(); // the next kernel may start loading its weights
+
+    // The activations, quantized for the quantized types.
+    actq a = {nullptr, nullptr, nullptr, nullptr};
+    char *chain_mem = (char *)gf_smem;
+    if constexpr (U::KIND != GU_FLOAT) {
+        const bool kq = U::KIND == GU_K;
+        int8_t *qs;
+        float *d;
+        int *bs;
+        float4 *m;
+        if (p.asrc == GF_ASRC_SMEM) {
+            act_ptrs(gf_smem, kq, NT, p.in, &qs, &d, &bs, &m);
+            const int n = NT * p.in / (kq ? 256 : 32);
+            for (int g = warp; g < n; g += GF_WARPS) {
+                if (kq)
+                    act_quant256<WT == KVD_KW_Q6_K>(p.x, p.in, g, lane, qs, d, bs);
+                else
+                    act_quant32(p.x, p.in, g, lane, qs, m);
+            }
+            chain_mem += (act_bytes(kq, NT, p.in) + 15) & ~(size_t)15;
+            __syncthreads();
+        } else {
+            act_ptrs((void *)p.act, kq, NT, p.in, &qs, &d, &bs, &m);
+        }
+        a.qs = qs;
+        a.d = d;
+        a.bs = bs;
+        a.m = m;
+    }
+    gf_chain<R, NT> &ch = ((gf_chain<R, NT> *)chain_mem)[warp];
+
+    for (bool first = true; group < p.n_groups; group += gstride, first = false) {
+        if (!first) {
+            locate(group);
+            load(0);
+        }
+        float acc[R][NT], accm[R][NT];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                acc[r][t] = accm[r][t] = 0.0f;
+        for (int s = 0; s < steps; s++) {
+            if (s)
+                load(s);
+            const int u = s * 32 + lane;
+            if constexpr (U::KIND == GU_FLOAT) {
+                if (u < n_units) {
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        const float4 *xv =
+                            (const float4 *)(p.x + (size_t)t * p.in + (size_t)u * U::N);
+                        float xf[U::N];
+#pragma unroll
+                        for (int e = 0; e < U::N / 4; e++) {
+                            const float4 v = __ldg(xv + e);
+                            xf[4 * e] = v.x, xf[4 * e + 1] = v.y, xf[4 * e + 2] = v.z,
+                                   xf[4 * e + 3] = v.w;
+                        }
+#pragma unroll
+                        for (int r = 0; r < R; r++) {
+                            float wf[U::N];
+                            w[r].widen(wf);
+                            float sum = 0.0f;
+#pragma unroll
+                            for (int e = 0; e < U::N; e++)
+                                sum += wf[e] * xf[e];
+                            acc[r][t] += sum;
+                        }
+                    }
+                }
+            } else if constexpr (U::KIND == GU_LEGACY) {
+                if (u < n_units)
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+                        w[r].template dot<NT>(a, p.in, u, acc[r]);
+            } else {
+                // Exact integer sums of this lane's quarter, then of each
+                // super-block (its four quarters are four adjacent lanes).
+                int si[R][NT], sm[R][NT];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (u < n_units)
+                        w[r].template idot<NT>(a, p.in, u, si[r], sm[r]);
+                    else
+#pragma unroll
+                        for (int t = 0; t < NT; t++)
+                            si[r][t] = sm[r][t] = 0;
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+#pragma unroll
+                        for (int o = 1; o < 4; o <<= 1) {
+                            si[r][t] += __shfl_xor_sync(0xffffffffu, si[r][t], o);
+                            sm[r][t] += __shfl_xor_sync(0xffffffffu, sm[r][t], o);
+                        }
+                }
+                const int q = lane / 4; // super-block s * 8 + q of the row
+                if (lane % 4 == 0) {
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        ch.d[q][r] = w[r].d();
+                        ch.dmin[q][r] = w[r].dmin();
+#pragma unroll
+                        for (int t = 0; t < NT; t++) {
+                            ch.sumi[q][r][t] = si[r][t];
+                            ch.summ[q][r][t] = sm[r][t];
+                        }
+                    }
+                }
+                __syncwarp(0xffffffffu);
+                if (lane < R * NT) {
+                    const int r = lane / NT, t = lane % NT, nsb = p.in / 256;
+                    float fa = 0.0f, fm = 0.0f;
+#pragma unroll
+                    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+                        for (int tt = 0; tt < NT; tt++)
+                            if (rr == r && tt == t)
+                                fa = acc[rr][tt], fm = accm[rr][tt];
+                    for (int qq = 0; qq < 8 && s * 8 + qq < nsb; qq++) {
+                        const float da = a.d[(size_t)t * nsb + s * 8 + qq];
+                        fa = fmaf((float)ch.sumi[qq][r][t], __fmul_rn(ch.d[qq][r], da), fa);
+                        if (WT != KVD_KW_Q6_K)
+                            fm = fmaf((float)ch.summ[qq][r][t], __fmul_rn(ch.dmin[qq][r], da), fm);
+                    }
+#pragma unroll
+                    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+                        for (int tt = 0; tt < NT; tt++)
+                            if (rr == r && tt == t)
+                                acc[rr][tt] = fa, accm[rr][tt] = fm;
+                }
+                __syncwarp(0xffffffffu);
+            }
+        }
+
+        // This lane's (row, token): lane r * NT + t.
+        float v = 0.0f;
+        if constexpr (U::KIND == GU_K) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    if (lane == r * NT + t)
+                        v = WT == KVD_KW_Q6_K ? acc[r][t] : acc[r][t] - accm[r][t];
+        } else {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const float s = kvd_warp_sum(acc[r][t]);
+                    if (lane == r * NT + t)
+                        v = s;
+                }
+        }
+        const int r = lane / NT, t = lane % NT;
+        int my_sel = 0, my_local = 0;
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+            if (rr == r)
+                my_sel = sel[rr], my_local = local[rr];
+        const gf_seg sg = gf_seg_at(p, my_sel);
+        if (swiglu) {
+            const float up = __shfl_down_sync(0xffffffffu, v, NT); // row r + 1: up
+            if (lane < R * NT && r % 2 == 0 && my_local < sg.rows)
+                sg.y[(size_t)t * sg.rows + my_local] = v / (1.0f + kvd_silu_exp(0.0f - v)) * up;
+        } else if (lane < R * NT && my_local < sg.rows) {
+            float *yp = sg.y + (size_t)t * sg.rows + my_local;
+            if (p.epi == KVD_K_GEMV_ADD_NORM)
+                *yp = *yp + v;
+            else
+                *yp = sg.b ? v + sg.b[my_local] : v;
+        }
+    }
+
+    if (p.epi != KVD_K_GEMV_ADD_NORM || !p.norm_w)
+        return;
+    // The last block to finish normalizes the residual (n = its rows).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        gf_last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!gf_last)
+        return;
+    __threadfence();
+    const int n = p.seg[0].rows;
+    for (int t = 0; t < NT; t++) {
+        const float *xr = p.seg[0].y + (size_t)t * n;
+        double ss = 0.0;
+        for (int i = threadIdx.x; i < n; i += GF_THREADS) {
+            const float xv = __ldcg(xr + i);
+            const float sq = xv * xv; // each square rounded to f32, summed in double (ggml)
+            ss += (double)sq;
+        }
+        for (int o = 16; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        __syncthreads(); // gf_red free again
+        if (lane == 0)
+            gf_red[warp] = ss;
+        __syncthreads();
+        double tot = 0.0;
+        for (int k = 0; k < GF_WARPS; k++)
+            tot += gf_red[k];
+        const float scale = 1.0f / sqrtf((float)(tot / n) + p.eps);
+        float *o = p.norm_out + (size_t)t * n;
+        for (int i = threadIdx.x; i < n; i += GF_THREADS)
+            o[i] = __ldcg(xr + i) * scale * p.norm_w[i];
+    }
+    if (threadIdx.x == 0)
+        *p.counter = 0;
+}
+
+// Quantizes x [NT][in] into the layout act_quant.cuh describes at act (the
+// GEMV reads it there when it does not fit in shared memory).
+template <bool KQ, bool Q6>
+__global__ void act_quant_kernel(const float *__restrict__ x, void *act, int nt, int in)
+{
+    const int lane = threadIdx.x & 31;
+    const int g = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    const int n = nt * in / (KQ ? 256 : 32);
+    kvd_pdl_wait();
+    kvd_pdl_trigger();
+    if (g >= n)
+        return; // whole warp
+    int8_t *qs;
+    float *d;
+    int *bs;
+    float4 *m;
+    act_ptrs(act, KQ, nt, in, &qs, &d, &bs, &m);
+    if (KQ)
+        act_quant256<Q6>(x, in, g, lane, qs, d, bs);
+    else
+        act_quant32(x, in, g, lane, qs, m);
+}
+
+// ---- host side -------------------------------------------------------------------
+
+static int gf_kind(int wtype)
+{
+    switch (wtype) {
+    case KVD_KW_Q4_K:
+    case KVD_KW_Q5_K:
+    case KVD_KW_Q6_K:
+        return GU_K;
+    case KVD_KW_Q4_0:
+    case KVD_KW_Q4_1:
+    case KVD_KW_Q5_0:
+    case KVD_KW_Q5_1:
+        return GU_LEGACY;
+    case KVD_KW_F32:
+    case KVD_KW_F16:
+    case KVD_KW_BF16:
+    case KVD_KW_Q8_0:
+        return GU_FLOAT;
+    default:
+        return -1;
+    }
+}
+
+template <int WT, int NT, int R> static int gf_launch(const kvd_k_gemv *g, cudaStream_t st)
+{
+    gf_params p;
+    memset(&p, 0, sizeof p);
+    const bool swiglu = g->epi == KVD_K_GEMV_SWIGLU;
+    int groups = 0;
+    for (int i = 0; i < g->n_seg; i++) {
+        p.seg[i].w = (const uint8_t *)g->seg[i].w;
+        p.seg[i].y = g->seg[i].y;
+        p.seg[i].b = g->seg[i].bias;
+        p.seg[i].rows = g->seg[i].rows;
+        p.seg[i].g0 = groups;
+        if (!swiglu)
+            groups += (g->seg[i].rows + R - 1) / R;
+    }
+    if (swiglu) { // pairs of (gate, up) rows: R / 2 of them per group
+        p.seg[1].g0 = 0;
+        p.seg[1].y = g->seg[0].y;
+        groups = (g->seg[0].rows + R / 2 - 1) / (R / 2);
+    }
+    p.n_seg = g->n_seg;
+    p.n_groups = groups;
+    p.in = g->in;
+    p.epi = g->epi;
+    p.x = g->x;
+    p.act = g->act;
+    p.norm_w = g->norm_w;
+    p.eps = g->eps;
+    p.norm_out = g->norm_out;
+    p.counter = g->counter;
+    const int kind = gf_kind(WT);
+    p.asrc = kind == GU_FLOAT                                               ? GF_ASRC_F32
+             : gf_smem_bytes<WT, NT, R>(GF_ASRC_SMEM, g->in) <= GF_SMEM_MAX ? GF_ASRC_SMEM
+                                                                            : GF_ASRC_GLOBAL;
+    if (p.asrc == GF_ASRC_GLOBAL) {
+        const unsigned qb = (unsigned)((NT * g->in / (kind == GU_K ? 256 : 32) + 7) / 8);
+        if (kind == GU_K && WT == KVD_KW_Q6_K) {
+            KVD_LAUNCH_PDL(qb, 256, 0, st, act_quant_kernel<true, true>)(g->x, g->act, NT, g->in);
+        } else if (kind == GU_K) {
+            KVD_LAUNCH_PDL(qb, 256, 0, st, act_quant_kernel<true, false>)(g->x, g->act, NT, g->in);
+        } else {
+            KVD_LAUNCH_PDL(qb, 256, 0, st, act_quant_kernel<false, false>)
+            (g->x, g->act, NT, g->in);
+        }
+        int rc = kvd_launch_status();
+        if (rc)
+            return rc;
+    }
+    unsigned blocks = (unsigned)((groups + GF_WARPS - 1) / GF_WARPS);
+    // Blocks that quantize the activations in their prologue each do it
+    // once: a few per multiprocessor walk all the rows.
+    if (p.asrc == GF_ASRC_SMEM && g->max_blocks > 0 && blocks > (unsigned)g->max_blocks)
+        blocks = (unsigned)g->max_blocks;
+    const size_t smem = gf_smem_bytes<WT, NT, R>(p.asrc, g->in);
+    KVD_LAUNCH_PDL(blocks, GF_THREADS, smem, st, gemvf_kernel<WT, NT, R>)(p);
+    return kvd_launch_status();
+}
+
+template <int WT> static int gf_by_tokens(const kvd_k_gemv *g, cudaStream_t st)
+{
+    switch (g->n_tokens) {
+    case 1:
+        return gf_launch<WT, 1, 4>(g, st);
+    case 2:
+        return gf_launch<WT, 2, 4>(g, st);
+    case 3:
+        return gf_launch<WT, 3, 4>(g, st);
+    case 4:
+        return gf_launch<WT, 4, 4>(g, st);
+    case 5:
+        return gf_launch<WT, 5, 2>(g, st);
+    case 6:
+        return gf_launch<WT, 6, 2>(g, st);
+    case 7:
+        return gf_launch<WT, 7, 2>(g, st);
+    default:
+        return gf_launch<WT, 8, 2>(g, st);
+    }
+}
+
+extern "C" size_t kvd_k_gemv_act_bytes(int wtype, int n_tokens, int in)
+{
+    const int kind = gf_kind(wtype);
+    if (kind != GU_K && kind != GU_LEGACY)
+        return 0;
+    return act_bytes(kind == GU_K, n_tokens, in);
+}
+
+extern "C" int kvd_k_gemv_ok(int wtype, const void *w, const float *x, int n_tokens, int in)
+{
+    const int kind = gf_kind(wtype);
+    if (kind < 0 || n_tokens < 1 || n_tokens > KVD_K_GEMV_MAX_TOKENS || in <= 0 ||
+        ((uintptr_t)x & 15) || ((uintptr_t)w & 15))
+        return 0;
+    if (kind == GU_K)
+        return in % 256 == 0;
+    if (kind == GU_LEGACY || wtype == KVD_KW_Q8_0)
+        return in % 32 == 0;
+    return in % 8 == 0;
+}
+
+extern "C" int kvd_k_gemv_run(const struct kvd_k_gemv *g, kvd_stream stream)
+{
+    if (g->n_seg < 1 || g->n_seg > 3 || (g->epi == KVD_K_GEMV_SWIGLU && g->n_seg != 2) ||
+        (g->epi == KVD_K_GEMV_ADD_NORM && (g->n_seg != 1 || (g->norm_w && !g->counter))))
+        return (int)cudaErrorInvalidValue;
+    for (int i = 0; i < g->n_seg; i++) {
+        if (g->seg[i].rows < 0 || !kvd_k_gemv_ok(g->wtype, g->seg[i].w, g->x, g->n_tokens, g->in))
+            return (int)cudaErrorInvalidValue;
+        if (g->epi == KVD_K_GEMV_SWIGLU && g->seg[i].rows != g->seg[0].rows)
+            return (int)cudaErrorInvalidValue;
+    }
+    const int kind = gf_kind(g->wtype);
+    if ((kind == GU_K || kind == GU_LEGACY) && g->act && ((uintptr_t)g->act & 15))
+        return (int)cudaErrorInvalidValue;
+    int rows = 0;
+    for (int i = 0; i < g->n_seg; i++)
+        rows += g->seg[i].rows;
+    if (rows == 0)
+        return 0;
+    switch (g->wtype) {
+    case KVD_KW_F32:
+        return gf_by_tokens<KVD_KW_F32>(g, stream);
+    case KVD_KW_F16:
+        return gf_by_tokens<KVD_KW_F16>(g, stream);
+    case KVD_KW_BF16:
+        return gf_by_tokens<KVD_KW_BF16>(g, stream);
+    case KVD_KW_Q8_0:
+        return gf_by_tokens<KVD_KW_Q8_0>(g, stream);
+    case KVD_KW_Q4_0:
+        return gf_by_tokens<KVD_KW_Q4_0>(g, stream);
+    case KVD_KW_Q4_1:
+        return gf_by_tokens<KVD_KW_Q4_1>(g, stream);
+    case KVD_KW_Q5_0:
+        return gf_by_tokens<KVD_KW_Q5_0>(g, stream);
+    case KVD_KW_Q5_1:
+        return gf_by_tokens<KVD_KW_Q5_1>(g, stream);
+    case KVD_KW_Q4_K:
+        return gf_by_tokens<KVD_KW_Q4_K>(g, stream);
+    case KVD_KW_Q5_K:
+        return gf_by_tokens<KVD_KW_Q5_K>(g, stream);
+    default:
+        return gf_by_tokens<KVD_KW_Q6_K>(g, stream);
+    }
+}

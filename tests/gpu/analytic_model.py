@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""The cuda backend's analytic model: per-kernel bytes, FLOPs, launches and
+occupancy -> predicted time of a batch-1 decode step and of a 2k-token
+prefill of a Llama-3-8B-shaped model on an H200, for the kernels as they were
+before the GPU-speed work ("before") and as they are now ("after").
+
+No device is needed: the inputs are the device's published and once-measured
+ceilings (/work/.library/device/H200.md, KINDS.md), each kernel's launch
+geometry and registers (ptxas: tests/gpu/ptxas_report.sh), and the address
+pattern of each kernel's weight loads, whose L1 wavefronts are counted here
+by simulating one warp instruction. docs/performance.md ("GPU: analytic
+model") prints its tables; the first device run (tests/gpu/device_check.sh)
+replaces its assumptions (launch gap, latencies, GEMM efficiency) with
+measurements.
+
+    tests/gpu/analytic_model.py [--kernels]   (--kernels: every kernel's row)
+"""
+import math
+import sys
+
+# ---- the device: H200 SXM ----------------------------------------------------
+BW = 4.3e12          # B/s: device-to-device copy, read + written (KINDS.md, 2026-10-28/11-04)
+SMS = 132
+CLK = 1.98e9         # SM clock under load (KINDS.md: 1980 MHz right after a GEMM)
+REGS_PER_SM = 65536
+MAX_WARPS_PER_SM = 64
+MAX_BLOCKS_PER_SM = 32
+L1_BYTES_PER_WAVEFRONT = 128   # one L1 tag lookup (wavefront) per clock per SM
+LAT_HBM = 0.75e-6    # s: a load that misses L2, under load (assumption, to measure)
+LAT_L2 = 0.25e-6     # s: a dependent load that hits L2 (data a previous kernel just wrote)
+T_LAUNCH = 1.7e-6    # s per dependent kernel in a CUDA graph: the review's figure
+                     # (711 launches ~ 1.2 ms); bench_gpu's empty-kernel chain measures it
+T_LAUNCH_PDL = 0.7e-6  # s: the same with programmatic dependent launch (assumption)
+TC_PEAK = 989e12     # bf16 dense tensor-core FLOP/s (datasheet; 788 measured via cuBLAS)
+MMA_SYNC_FRAC = 0.66  # mma.sync (no wgmma) reaches about 2/3 of the peak on Hopper
+FA2_FRAC = 0.55      # of that, what a FlashAttention-2-style kernel keeps (FA2 on H100:
+                     # ~350-370 TFLOP/s at D 128, i.e. ~0.36 of 989)
+FP32_RATE = 67e12    # CUDA-core FMA FLOP/s
+LDS_PER_CLK = 1      # shared-memory warp instructions per clock per SM (32 x 4 B)
+
+# ---- the model: Llama-3-8B shape ----------------------------------------------
+L, E, H, HKV, D, F, V = 32, 4096, 32, 8, 128, 14336, 128256
+KD = HKV * D
+BYTES = {"bf16": 2.0, "q4_k": 144 / 256, "q6_k": 210 / 256, "q8_0": 34 / 32}
+
+
+def more_bits(l):
+    """llama.cpp's Q4_K_M: Q6_K attn_v and ffn_down in these layers."""
+    return l < L // 8 or l >= 7 * L // 8 or (l - L // 8) % 3 == 2
+
+
+# ---- L1 wavefronts of one warp load instruction ---------------------------------
+def wavefronts(addrs, size):
+    """Wavefronts of a warp instruction whose lanes load `size` bytes at
+    `addrs`: the distinct 128-byte lines it touches, and at least the bytes it
+    moves / 128."""
+    lines = set()
+    for a in addrs:
+        for b in range(a // 128, (a + size - 1) // 128 + 1):
+            lines.add(b)
+    return max(len(lines), math.ceil(len(set(addrs)) * size / 128))
+
+
+def l1_bytes_per_wavefront(loads, unit_bytes, lanes=32, start=0):
+    """loads: [(offset_of_lane(l) -> bytes offset, size)] of one unroll step
+    in which lane l handles unit start+l of a row of unit_bytes units; the
+    useful bytes (the units' bytes) per wavefront spent."""
+    wf = sum(wavefronts([off(start + l) for l in range(lanes)], size) for off, size in loads)
+    return lanes * unit_bytes / wf
+
+
+def l1_limit(bpw):
+    return SMS * CLK * bpw / BW
+
+
+# ---- occupancy and Little's law -------------------------------------------------
+def resident_warps(regs, warps_per_block, grid, smem=0):
+    by_regs = REGS_PER_SM // (regs * 32 * warps_per_block) * warps_per_block
+    by_smem = (228 * 1024 // smem) * warps_per_block if smem else 10**9
+    by_grid = math.ceil(grid / SMS) * warps_per_block
+    return min(MAX_WARPS_PER_SM, by_regs, by_smem, MAX_BLOCKS_PER_SM * warps_per_block, by_grid)
+
+
+def occupancy_limit(regs, warps_per_block, grid, inflight_per_warp):
+    w = resident_warps(regs, warps_per_block, grid)
+    return SMS * w * inflight_per_warp / LAT_HBM / BW
+
+
+class K:
+    """One kernel (or a fixed sequence of them) of a step."""
+
+    def __init__(self, name, launches=1, hbm=0.0, eff=1.0, chain_l2=0, chain_hbm=0, flops=0.0,
+                 rate=0.0, per_layer=True, note=""):
+        self.name, self.launches, self.hbm, self.eff = name, launches, hbm, eff
+        self.chain_l2, self.chain_hbm, self.flops, self.rate = chain_l2, chain_hbm, flops, rate
+        self.per_layer, self.note = per_layer, note
+
+    def time(self, t_launch):
+        t_mem = self.hbm / (BW * self.eff) if self.hbm else 0.0
+        t_lat = self.chain_l2 * LAT_L2 + self.chain_hbm * LAT_HBM
+        t_fl = self.flops / self.rate if self.flops else 0.0
+        if self.hbm:  # a streaming kernel's own latency chain (prologue, tail) adds to it
+            return self.launches * t_launch + t_mem + t_lat + t_fl
+        return self.launches * t_launch + max(t_mem, t_lat, t_fl)
+
+
+# ---- the GEMV kernels' efficiencies -------------------------------------------------
+def gemv_eff_before(wt, rows):
+    """kernels/gemv.cu and gemv_quant.cu before: one warp per output row, 8
+    warps per block, each lane a unit (16 B of bf16; a quarter super-block of
+    a K-quant), UNROLL units in flight, every lane's loads issued together."""
+    grid = math.ceil(rows / 8)
+    if wt == "bf16":
+        bpw = l1_bytes_per_wavefront([(lambda l: 16 * l, 16)], 16)
+        occ = occupancy_limit(40, 8, grid, 4 * 16 * 32)
+    elif wt == "q4_k":  # head 16 B + 2 x 16 B of qs per quarter; units of 36 B
+        loads = [(lambda l: 144 * (l // 4), 16), (lambda l: 144 * (l // 4) + 16 * (1 + 2 * (l % 4)), 16),
+                 (lambda l: 144 * (l // 4) + 16 * (2 + 2 * (l % 4)), 16)]
+        bpw = l1_bytes_per_wavefront(loads, 36)
+        occ = occupancy_limit(64, 8, grid, 2 * 48 * 32)
+    else:  # q6_k: 29 two-byte loads per quarter super-block (52.5 B)
+        def q6(i, kind):
+            def f(l):
+                v, sb = l % 4, l // 4
+                hf, l0 = v // 2, 16 * (v % 2)
+                base = 210 * sb
+                if kind == "a":
+                    return base + 2 * (32 * hf + l0 // 2 + i)
+                if kind == "b":
+                    return base + 2 * (32 * hf + l0 // 2 + 16 + i)
+                if kind == "h":
+                    return base + 2 * (64 + 16 * hf + l0 // 2 + i)
+                if kind == "s":
+                    return base + 2 * (96 + 4 * hf + i)
+                return base + 208
+            return f
+        loads = [(q6(i, k), 2) for k in "abh" for i in range(8)] + [(q6(i, "s"), 2) for i in range(4)]
+        loads.append((q6(0, "d"), 2))
+        bpw = l1_bytes_per_wavefront(loads, 52.5)
+        occ = occupancy_limit(76, 8, grid, 2 * 58 * 32)
+    return min(1.0, l1_limit(bpw), occ), bpw
+
+
+def decode_before(mix):
+    """Batch-1 decode step, context 1024, today's kernels (15 launches a
+    layer in bf16, 22 in Q4_K_M: every quantized matmul quantizes its input)."""
+    ks = []
+    q = mix == "q4_k_m"
+    for l in range(L):
+        wt = "q4_k" if q else "bf16"
+        vt = "q6_k" if q and more_bits(l) else wt
+        mats = [("q", wt, E, E), ("k", wt, E, KD), ("v", vt, E, KD), ("o", wt, E, E),
+                ("gate", wt, E, F), ("up", wt, E, F), ("down", vt, F, E)]
+        for name, t, i, o in mats:
+            if q:
+                ks.append(K("quantize activations", chain_l2=2, note="quant256, 2 blocks"))
+            eff, _ = gemv_eff_before(t, o)
+            ks.append(K("gemv %s" % t, hbm=i * o * BYTES[t], eff=eff))
+        ks.append(K("rope q, k", launches=2, chain_l2=32 + 8 + 4,
+                    note="1 block each; one dependent round trip per head"))
+        ks.append(K("kv_write", chain_l2=8, note="1 block; 8 dependent stores per thread"))
+        ctx_split = 256  # splits = min(66, 1024/256) = 4 blocks of 256 tokens per KV head
+        ks.append(K("attention decode + merge", launches=2, hbm=1024 * KD * 2 * 2,
+                    chain_hbm=ctx_split // 16 + 1, note="16 tokens per dependent step"))
+        ks.append(K("add_rmsnorm", launches=2, chain_l2=2 * 32, note="1 block, 2 passes of 16"))
+        ks.append(K("silu_mul", chain_l2=2))
+    return ks + decode_tail(q, before=True)
+
+
+def decode_tail(q, before):
+    """Embedding row, final norm, head, sampling (once per step)."""
+    ot = "q6_k" if q else "bf16"
+    eff = gemv_eff_before(ot, V)[0] if before else gemv_eff_after(ot, V)[0]
+    ks = [K("get_rows + first rmsnorm", launches=2, chain_l2=2 + (32 if before else 4), per_layer=False),
+          K("gather + final rmsnorm", launches=2, chain_l2=2 + (32 if before else 4), per_layer=False)]
+    if q and before:
+        ks.append(K("quantize activations", chain_l2=2, per_layer=False))
+    ks.append(K("gemv %s (head)" % ot, hbm=E * V * BYTES[ot], eff=eff, per_layer=False))
+    ks.append(K("sample (greedy)", chain_l2=8, per_layer=False))
+    return ks
+
+
+# ---- the kernels now (after) ------------------------------------------------------------
+L2_BW = 8e12  # B/s the L2 serves all SMs (assumption; about twice HBM)
+GF_MAX_BLOCKS = 4 * SMS  # blocks that stage the activations (gemv_fused.cu max_blocks)
+GF_REGS = {"bf16": 69, "q4_k": 149, "q6_k": 128}  # ptxas sm_90, gemvf_kernel<T, 1 token, R 4>
+
+
+def gemv_eff_after(wt, rows):
+    """kernels/gemv_fused.cu: a warp computes R = 4 rows, lane j streams
+    unit j (+32k) of all four: one unit per row in flight per lane, loaded
+    with 16-byte loads at addresses consecutive across lanes (weights in
+    the plane layout), 4 warps per block."""
+    warps = math.ceil(rows / 4)
+    grid = math.ceil(warps / 4)
+    if wt == "bf16":
+        bpw = l1_bytes_per_wavefront([(lambda l: 16 * l, 16)], 16)
+        inflight = 4 * 16 * 32
+    elif wt == "q4_k":  # planes: heads (16 B, shared by a super-block's 4 lanes), qs 32 B per lane
+        loads = [(lambda l: 16 * (l // 4), 16), (lambda l: 32 * l, 16), (lambda l: 32 * l + 16, 16)]
+        bpw = l1_bytes_per_wavefront(loads, 36)
+        inflight = 4 * 36 * 32
+    else:  # q6_k planes: ql 32 B, qh 16 B, scales 4 B per lane, d 2 B per super-block
+        loads = [(lambda l: 32 * l, 16), (lambda l: 32 * l + 16, 16), (lambda l: 16 * l, 16),
+                 (lambda l: 4 * l, 4), (lambda l: 2 * (l // 4), 2)]
+        bpw = l1_bytes_per_wavefront(loads, 52.5)
+        inflight = 4 * 52.5 * 32
+    occ = occupancy_limit(GF_REGS[wt], 4, grid, inflight)
+    return min(1.0, l1_limit(bpw), occ), bpw
+
+
+def stage_time(wt, rows, inp, swiglu=False):
+    """The quantized types' prologue: every block reads the f32 input from
+    L2 (at most GF_MAX_BLOCKS blocks)."""
+    if wt == "bf16":
+        return 0.0
+    groups = math.ceil(rows / (2 if swiglu else 4))
+    blocks = min(math.ceil(groups / 4), GF_MAX_BLOCKS)
+    return blocks * inp * 4 / L2_BW
+
+
+def decode_after(mix, pdl=False):
+    """Batch-1 decode step with the fused kernels: one launch for the
+    projections of one input (q, k, v when their types agree), gate and up
+    with SiLU, RoPE with the KV write, attention (+ merge when split), and
+    each residual add with the next RMSNorm folded into the projection before
+    it (its last block normalizes); quantized weights quantize their input
+    in the GEMV's prologue (no quantization launches)."""
+    ks = []
+    q = mix == "q4_k_m"
+    for l in range(L):
+        wt = "q4_k" if q else "bf16"
+        vt = "q6_k" if q and more_bits(l) else wt
+        if vt == wt:
+            r = E + 2 * KD
+            ks.append(K("gemv q,k,v %s" % wt, hbm=E * r * BYTES[wt], eff=gemv_eff_after(wt, r)[0],
+                        chain_l2=stage_time(wt, r, E) / LAT_L2))
+        else:
+            ks.append(K("gemv q,k %s" % wt, hbm=E * (E + KD) * BYTES[wt],
+                        eff=gemv_eff_after(wt, E + KD)[0], chain_l2=stage_time(wt, E + KD, E) / LAT_L2))
+            ks.append(K("gemv v %s" % vt, hbm=E * KD * BYTES[vt], eff=gemv_eff_after(vt, KD)[0],
+                        chain_l2=stage_time(vt, KD, E) / LAT_L2))
+        ks.append(K("rope + kv_write", chain_l2=3, note="one block per token, 8 heads' loads together"))
+        ctx_split = 256
+        ks.append(K("attention decode + merge", launches=2, hbm=1024 * KD * 2 * 2,
+                    chain_hbm=ctx_split // 16 + 1, note="(unchanged yet)"))
+        ks.append(K("gemv o + add + rmsnorm %s" % wt, hbm=E * E * BYTES[wt],
+                    eff=gemv_eff_after(wt, E)[0], chain_l2=4 + stage_time(wt, E, E) / LAT_L2,
+                    note="last block: 2 L2 round trips more"))
+        ks.append(K("gemv gate,up + silu %s" % wt, hbm=2 * E * F * BYTES[wt],
+                    eff=gemv_eff_after(wt, 2 * F)[0],
+                    chain_l2=stage_time(wt, 2 * F, E, swiglu=True) / LAT_L2))
+        ks.append(K("gemv down + add + rmsnorm %s" % vt, hbm=F * E * BYTES[vt],
+                    eff=gemv_eff_after(vt, E)[0], chain_l2=4 + stage_time(vt, E, F) / LAT_L2))
+    return ks + decode_tail(q, before=False)
+
+
+def step_bytes(mix):
+    q = mix == "q4_k_m"
+    b = 0.0
+    for l in range(L):
+        wt = "q4_k" if q else "bf16"
+        vt = "q6_k" if q and more_bits(l) else wt
+        b += (2 * E * E + E * KD + 2 * E * F) * BYTES[wt] + (E * KD + F * E) * BYTES[vt]
+    b += E * V * BYTES["q6_k" if q else "bf16"]
+    b += L * 1024 * KD * 2 * 2  # KV at context 1024, bf16
+    return b
+
+
+def report_decode(title, ks, mix, t_launch, show):
+    roof = step_bytes(mix) / BW
+    t = sum(k.time(t_launch) for k in ks)
+    launches = sum(k.launches for k in ks)
+    per_layer = sum(k.launches for k in ks if k.per_layer) / L
+    if show:
+        agg = {}
+        for k in ks:
+            a = agg.setdefault(k.name, [0, 0.0, 0.0, k.eff, k.note])
+            a[0] += k.launches
+            a[1] += k.time(t_launch)
+            a[2] += k.hbm
+        print("\n%s (%s): kernel, launches per step, time per step, GB, efficiency vs copy" % (title, mix))
+        for n, (c, tt, b, e, note) in agg.items():
+            print("  %-36s %4d %8.1f us %6.2f GB  eff %.2f  %s" % (n, c, tt * 1e6, b / 1e9, e, note))
+    return t, roof, launches, per_layer
+
+
+# ---- prefill --------------------------------------------------------------------------
+def prefill(title, chunk, attn_rate, dequant, total=2048, gemm_eff=None):
+    """A `total`-token prompt in chunks of `chunk` (the executor's step
+    budget, 512 by default): the projections' GEMMs (cuBLAS bf16 at an
+    efficiency that grows with the chunk), the dequantized-tile pass per
+    chunk for quantized weights (read Q, write and read bf16), and causal
+    attention at attn_rate FLOP/s. Returns (seconds, FLOPs)."""
+    params = L * (2 * E * E + 2 * E * KD + 3 * E * F)
+    if gemm_eff is None:
+        gemm_eff = {512: 0.62, 1024: 0.68, 2048: 0.72}.get(chunk, 0.72)
+    t = 0.0
+    fl_total = 0.0
+    for c0 in range(0, total, chunk):
+        fl_gemm = 2.0 * chunk * params
+        fl_attn = sum(4.0 * H * D * (p + 1) for p in range(c0, c0 + chunk)) * L
+        t += fl_gemm / (TC_PEAK * gemm_eff) + fl_attn / attn_rate
+        if dequant:
+            t += params * (BYTES["q4_k"] + 2.0) / BW  # tile written to L2/HBM once, read from L2
+        t += L * 6 * T_LAUNCH + L * 8 * (chunk * E * 4 * 2) / BW  # norms, rope, kv etc.
+        fl_total += fl_gemm + fl_attn
+    return t, fl_total
+
+
+def main():
+    show = "--kernels" in sys.argv
+    print("H200 analytic model: copy %.1f TB/s, %d SMs at %.2f GHz, launch gap %.1f us (PDL %.1f),"
+          " HBM latency %.2f us, L2 %.2f us" % (BW / 1e12, SMS, CLK / 1e9, T_LAUNCH * 1e6,
+                                                T_LAUNCH_PDL * 1e6, LAT_HBM * 1e6, LAT_L2 * 1e6))
+    print("\nGEMV weight loads: L1 bytes per wavefront and efficiency bound (1 = copy bandwidth)")
+    for wt in ("bf16", "q4_k", "q6_k"):
+        eb, bb = gemv_eff_before(wt, F)
+        ea, ba = gemv_eff_after(wt, F)
+        print("  %-5s before %5.1f B/wf eff %.2f   after %5.1f B/wf eff %.2f" % (wt, bb, eb, ba, ea))
+    print("\nbatch-1 decode, 8B shape, context 1024 (roofline: weights + KV bytes / copy bandwidth)")
+    print("  %-28s %9s %9s %8s %8s %9s %9s" % ("", "ms/step", "roofline", "% roof", "tok/s", "launches", "per layer"))
+    rows = [("before, bf16", decode_before("bf16"), "bf16", T_LAUNCH),
+            ("before, Q4_K_M", decode_before("q4_k_m"), "q4_k_m", T_LAUNCH),
+            ("after, bf16", decode_after("bf16"), "bf16", T_LAUNCH),
+            ("after, Q4_K_M", decode_after("q4_k_m"), "q4_k_m", T_LAUNCH),
+            ("after + PDL, bf16", decode_after("bf16"), "bf16", T_LAUNCH_PDL),
+            ("after + PDL, Q4_K_M", decode_after("q4_k_m"), "q4_k_m", T_LAUNCH_PDL)]
+    for title, ks, mix, tl in rows:
+        t, roof, n, pl = report_decode(title, ks, mix, tl, show)
+        print("  %-28s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f" % (title, t * 1e3, roof * 1e3, 100 * roof / t, 1 / t, n, pl))
+    print("\nprefill of a 2048-token prompt, 8B shape (%% of the %.0f TFLOP/s bf16 peak)" % (TC_PEAK / 1e12))
+    smem_rate = SMS * CLK * LDS_PER_CLK / 1.5 * 32 * 2  # fp32 FMAs fed by 1.5 LDS each
+    fa2_rate = TC_PEAK * MMA_SYNC_FRAC * FA2_FRAC
+    for title, chunk, rate, dq in (("before, bf16, 512-token chunks", 512, smem_rate, False),
+                                   ("before, Q4_K_M, 512-token chunks", 512, smem_rate, True),
+                                   ("after, bf16, 512-token chunks", 512, fa2_rate, False),
+                                   ("after, Q4_K_M, 512-token chunks", 512, fa2_rate, True),
+                                   ("after, bf16, one 2048 chunk", 2048, fa2_rate, False),
+                                   ("after, Q4_K_M, one 2048 chunk", 2048, fa2_rate, True)):
+        t, fl = prefill(title, chunk, rate, dq)
+        print("  %-36s %8.1f ms  %5.1f%% of peak  (attention at %.0f TFLOP/s)" % (
+            title, t * 1e3, 100 * fl / t / TC_PEAK, rate / 1e12))
+    t32, _ = prefill("32k", 512, smem_rate, False, total=32768)
+    t32a, _ = prefill("32k", 512, fa2_rate, False, total=32768)
+    print("  32k-token prompt, bf16, 512-token chunks: before %.1f s, after %.1f s to the first token" % (t32, t32a))
+
+
+if __name__ == "__main__":
+    main()
