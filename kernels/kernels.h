@@ -155,11 +155,15 @@ size_t kvd_k_attn_decode_partial_floats(int n_seqs, int n_heads, int head_dim, i
  * pairs at this context length. */
 int kvd_k_attn_decode_splits(int n_seqs, int kv_heads, int max_ctx, int n_sms);
 /* Prefill / mixed batches: any number of rows per sequence, max_q the
- * largest. Tiles of keys in shared memory with an online softmax. */
+ * largest. Tiles of keys in shared memory with an online softmax: on tensor
+ * cores for f16, bf16, q8_0 and fp8 KV at head_dim 64, 128 and 256 (Q and
+ * the softmax weights rounded to the KV's 16-bit type, f16 for q8_0/fp8,
+ * f32 accumulation), in f32 on CUDA cores otherwise. skip_single: sequences
+ * of exactly one row are left alone (computed by kvd_k_attn_decode). */
 int kvd_k_attn_prefill(float *out, const float *q, const struct kvd_k_kv *kv, int layer,
                        const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                        const uint32_t *qstart, int n_seqs, int max_q, int n_heads, float scale,
-                       kvd_stream stream);
+                       int skip_single, kvd_stream stream);
 /* Whether the attention kernels support this head_dim (16..256, power of 2). */
 int kvd_k_attn_supported(int head_dim);
 
@@ -186,6 +190,16 @@ int kvd_k_sample(uint32_t *out, const float *logits, const struct kvd_k_sample_r
  * pure function of (seed, i). */
 int kvd_k_fill_uniform(void *dst, int dtype, size_t n, uint64_t seed, float lo, float hi,
                        kvd_stream stream);
+/* One warp through mma.cuh's tensor-core instructions (mma_check.cu), for
+ * the fragment-layout tests. a [16][16], b [16][8] row-major 16-bit (bf16
+ * when bf16, else f16), c [16][8] f32; d [3][32][4]: each lane's D fragment
+ * of a * b + c with the A and B fragments built element by element from the
+ * PTX layout (0), A by ldmatrix.x4 and B by ldmatrix.x2 from b's transpose
+ * (1), B by ldmatrix.x2.trans from b (2). mats [4][8][8] 16-bit; ldsm
+ * [6][32][4]: each lane's registers from ldmatrix .x1, .x2, .x4, then the
+ * same .trans, lane 8 m + i giving row i of matrix m. All device memory. */
+int kvd_k_mma_check(float *d, uint32_t *ldsm, const uint16_t *a, const uint16_t *b, const float *c,
+                    const uint16_t *mats, int bf16, kvd_stream stream);
 
 #ifdef __cplusplus
 }

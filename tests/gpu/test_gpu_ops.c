@@ -652,25 +652,6 @@ static void test_attention_decode(void **state)
             }
 }
 
-static void test_attention_prefill(void **state)
-{
-    static const uint32_t heads[][2] = {{8, 8}, {8, 2}, {16, 1}, {12, 4}};
-    static const uint32_t hds[] = {64, 128, 16};
-    rnd_seed(8);
-    for (int dt = 0; dt < N_KV_DTYPES; dt++)
-        for (size_t h = 0; h < 4; h++)
-            for (size_t di = 0; di < 3; di++) {
-                if (kv_row_bytes((enum kv_dtype)dt, hds[di]) == 0 || !attn_case(dt, h, di))
-                    continue; /* q8_0/fp8 rows are whole 32-value blocks */
-                /* a fresh prompt, a chunk after a cached prefix, a decode row
-                 * in the same (mixed) batch */
-                uint32_t seqs[3][2] = {
-                    {0, 1 + rnd_u32(40)}, {rnd_u32(200), 33 + rnd_u32(70)}, {rnd_u32(500), 1}};
-                run_attention((enum kv_dtype)dt, hds[di], heads[h][0], heads[h][1],
-                              (const uint32_t(*)[2])seqs, 3);
-            }
-}
-
 /* The sample op: the same logits and rows on both backends give the same
  * tokens (greedy with ties and NaN, temperature alone, top-k, top-p, both,
  * skipped rows). Exact equality: the pick is integer arithmetic on both,
@@ -844,7 +825,6 @@ int main(void)
         GPU_TEST(test_rope),
         GPU_TEST(test_kv_write),
         GPU_TEST(test_attention_decode),
-        GPU_TEST(test_attention_prefill),
         GPU_TEST(test_sample),
         GPU_TEST(test_sample_degenerate_rows),
         GPU_TEST(test_add_rmsnorm_and_block_copy),

@@ -95,7 +95,7 @@ int cuda_op_attention(struct compute_ctx *cx, const struct attn_desc *d)
     }
     return cuda_kstatus(kvd_k_attn_prefill(d->out, d->q, &kv, (int)d->layer, d->slots, d->seq_slot0,
                                            d->seq_pos0, d->seq_qstart, (int)d->n_seqs,
-                                           (int)d->max_q, (int)d->n_head, d->scale, cx->stream),
+                                           (int)d->max_q, (int)d->n_head, d->scale, 0, cx->stream),
                         "attention (prefill)");
 }
 
