@@ -258,6 +258,11 @@ int main(int argc, char **argv)
     if (pick_backend(&opts, &be) != 0)
         goto out_cfg;
     bool serve = opts.model_path[0] || opts.n_models;
+    if (!serve && opts.draft_model_path[0]) {
+        log_err("--draft-model needs --model (the draft drafts for a served model)");
+        status = 2;
+        goto out_be;
+    }
     if (serve && opts.roofline_probe) {
         /* Before any arena takes the device's memory: the probe needs a
          * few hundred MiB for a moment on cuda. */

@@ -6,6 +6,20 @@
 #include "kv_row.cuh"
 
 #define AD_WARPS 4
+#define AD_SPLIT_TOKENS 256 // the fewest context tokens a split is given
+
+// The splits of one sequence whose context is len tokens, in a launch of
+// n_grid splits: n_grid, but never more than its own context has pieces of
+// AD_SPLIT_TOKENS. So a row's reduction order depends on its own context
+// and the step's split count (which kvd_k_attn_decode_splits makes no
+// larger than the longest context's pieces), not on the other rows' lengths:
+// the same row alone, or as a verification row beside longer ones, is
+// summed the same way.
+__device__ __forceinline__ int ad_seq_splits(int len, int n_grid)
+{
+    int by_len = (len + AD_SPLIT_TOKENS - 1) / AD_SPLIT_TOKENS;
+    return by_len < n_grid ? (by_len < 1 ? 1 : by_len) : n_grid;
+}
 
 // Partial results of split s for (seq, head): o [D] normalized, then (m, l)
 // = (running max in log2 units, sum of exp2(score - m)). Layout: all o
@@ -34,7 +48,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     KVD_SHARED(float, sm_m, [NSUB][GQ]);
     KVD_SHARED(float, sm_l, [NSUB][GQ]);
 
-    const int split = blockIdx.x, n_splits = gridDim.x, seq = blockIdx.z;
+    const int split = blockIdx.x, n_grid = gridDim.x, seq = blockIdx.z;
     const int kvh = blockIdx.y / q_groups, qg = blockIdx.y % q_groups;
     const int group = n_heads / kv.kv_heads;
     const int lane = threadIdx.x & 31;
@@ -49,6 +63,10 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     const uint32_t qrow = qstart[seq];
     if (qstart[seq + 1] == qrow)
         return; // uniform over the block, before any barrier
+    const int len = (int)pos0[seq] + 1;
+    const int n_splits = ad_seq_splits(len, n_grid);
+    if (split >= n_splits)
+        return; // a split this sequence does not have: uniform, before any barrier
     float qv[GQ][8];
 #pragma unroll
     for (int j = 0; j < GQ; j++) {
@@ -58,7 +76,6 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
                 j < nq ? q[((size_t)qrow * n_heads + h0 + j) * D + sl * 8 + e] * scale_log2 : 0.0f;
     }
 
-    const int len = (int)pos0[seq] + 1;
     const int chunk = (len + n_splits - 1) / n_splits;
     const int t_begin = split * chunk, t_end = min(len, t_begin + chunk);
     const uint32_t *table = slots + slot0[seq];
@@ -155,7 +172,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
         if (n_splits == 1) {
             out[((size_t)qrow * n_heads + h0 + j) * D + d] = o;
         } else {
-            size_t p = ((size_t)seq * n_heads + h0 + j) * n_splits + split;
+            size_t p = ((size_t)seq * n_heads + h0 + j) * n_grid + split;
             part.o[p * D + d] = o;
             if (d == 0) {
                 part.ml[2 * p] = M;
@@ -166,18 +183,22 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
 }
 
 // One block per (seq, head), D threads: out = sum_s w_s o_s / sum_s w_s with
-// w_s = l_s * exp2(m_s - max m).
+// w_s = l_s * exp2(m_s - max m), over the sequence's own splits (partials
+// n_grid apart); a sequence of one split was written by the first kernel.
 template <int D>
 __global__ void attn_decode_merge_kernel(float *out, ad_partial part,
-                                         const uint32_t *__restrict__ qstart, int n_heads,
-                                         int n_splits)
+                                         const uint32_t *__restrict__ qstart,
+                                         const uint32_t *__restrict__ pos0, int n_heads, int n_grid)
 {
     size_t hrow = blockIdx.x; // seq * n_heads + head
     int d = threadIdx.x;
     int seq = (int)(hrow / n_heads), h = (int)(hrow % n_heads);
     if (qstart[seq + 1] == qstart[seq])
         return;
-    const float *ml = part.ml + hrow * n_splits * 2;
+    const int n_splits = ad_seq_splits((int)pos0[seq] + 1, n_grid);
+    if (n_splits == 1)
+        return;
+    const float *ml = part.ml + hrow * n_grid * 2;
     float M = -INFINITY;
     for (int s = 0; s < n_splits; s++)
         M = fmaxf(M, ml[2 * s]);
@@ -186,7 +207,7 @@ __global__ void attn_decode_merge_kernel(float *out, ad_partial part,
         for (int s = 0; s < n_splits; s++) {
             float w = ml[2 * s + 1] * exp2f(ml[2 * s] - M);
             L += w;
-            O += w * part.o[(hrow * n_splits + s) * D + d];
+            O += w * part.o[(hrow * n_grid + s) * D + d];
         }
     }
     out[((size_t)qstart[seq] * n_heads + h) * D + d] = L > 0.0f ? O / L : 0.0f;
@@ -210,7 +231,7 @@ static int ad_launch(float *out, const float *q, const kvd_k_kv &kv, int layer,
     if (rc || n_splits == 1)
         return rc;
     KVD_LAUNCH((unsigned)(n_seqs * n_heads), D, 0, stream, attn_decode_merge_kernel<D>)
-    (out, part, qstart, n_heads, n_splits);
+    (out, part, qstart, pos0, n_heads, n_splits);
     return kvd_launch_status();
 }
 
@@ -274,11 +295,12 @@ extern "C" size_t kvd_k_attn_decode_partial_floats(int n_seqs, int n_heads, int 
 extern "C" int kvd_k_attn_decode_splits(int n_seqs, int kv_heads, int max_ctx, int n_sms)
 {
     // Aim for about 4 blocks per multiprocessor, but give every split at
-    // least 256 tokens so its fixed costs (loading q, merging) stay small.
+    // least AD_SPLIT_TOKENS tokens so its fixed costs (loading q, merging)
+    // stay small (each sequence then takes ad_seq_splits of them).
     long pairs = (long)(n_seqs > 0 ? n_seqs : 1) * (kv_heads > 0 ? kv_heads : 1);
     long target = 4L * (n_sms > 0 ? n_sms : 132);
     long s = (target + pairs - 1) / pairs;
-    long by_len = ((long)(max_ctx > 0 ? max_ctx : 1) + 255) / 256;
+    long by_len = ((long)(max_ctx > 0 ? max_ctx : 1) + AD_SPLIT_TOKENS - 1) / AD_SPLIT_TOKENS;
     if (s > by_len)
         s = by_len;
     if (s > 64)

@@ -144,8 +144,12 @@ int kvd_k_block_copy(const struct kvd_k_kv *kv, const int32_t *src, const int32_
  * new ones already written. Causal: a row sees keys at positions <= its own.
  *
  * Decode: every sequence has at most one row. The context is cut into
- * n_splits pieces (flash-decoding) merged by a second kernel; partial holds
- * kvd_k_attn_decode_partial_floats(...) floats (none for n_splits == 1). */
+ * pieces (flash-decoding) merged by a second kernel: n_splits of them, or
+ * fewer for a sequence whose own context has fewer 256-token pieces (so a
+ * row is summed the same way whatever the other rows' lengths); partial
+ * holds kvd_k_attn_decode_partial_floats(...) floats (none for
+ * n_splits == 1). Slot tables are read from slots + slot0[s] only (slot0
+ * need not grow: several one-row "sequences" may share one table). */
 int kvd_k_attn_decode(float *out, const float *q, const struct kvd_k_kv *kv, int layer,
                       const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                       const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,

@@ -102,6 +102,18 @@ struct attn_desc {
     /* Host copies of seq_qstart/seq_pos0 (same contents), so a backend can
      * plan work without reading device memory. */
     const uint32_t *h_seq_qstart, *h_seq_pos0;
+    /* Batch-invariant rows (model.h fwd_batch.invariant; all zero
+     * otherwise). `alone`: every row is computed as if its sequence were
+     * the only one in the step (no launch heuristic may depend on the
+     * other sequences). Rows [0, n_dec) are the rows of sequences
+     * [0, s_dec) (seq_qstart[s_dec] == n_dec) and each is computed as the
+     * one row of a one-token decode: row r at position dec_pos0[r] over the
+     * block table at slots + dec_slot0[r] (dec_qstart = 0, 1, .., n_dec);
+     * device arrays [n_dec (+1)]. A backend whose rows never depend on
+     * the others (cpu) may ignore all of this. */
+    bool alone;
+    uint32_t n_dec, s_dec;
+    const uint32_t *dec_qstart, *dec_pos0, *dec_slot0;
 };
 
 /* What identifies a step for step_begin: a graph captured for one step is
@@ -114,6 +126,7 @@ struct compute_step {
     uint32_t max_q;   /* 1: decode only (the only steps worth a graph) */
     uint32_t max_kv;  /* largest context: sizes attention's split count */
     uint32_t sampled; /* 1: the step ends with the sample op */
+    uint32_t alone;   /* 1: attn_desc.alone (a batch-invariant step) */
 };
 
 struct compute_conf {
@@ -173,6 +186,12 @@ struct compute_ops {
      * [rows][w->ne1]; y does not overlap x. */
     int (*matmul)(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
                   float *y);
+    /* OPTIONAL (NULL: matmul's rows never depend on how many rows the call
+     * has, as on cpu): matmul, with each of rows [0, n_one) computed with
+     * the arithmetic of a one-row call (a decode row), whatever `rows` is;
+     * rows [n_one, rows) as matmul computes them. */
+    int (*matmul_inv)(struct compute_ctx *cx, const struct ctensor *w, const float *x,
+                      uint32_t rows, uint32_t n_one, float *y);
     /* y[r][i] += b[i]; y device [rows][n], b device f32 [n]. */
     int (*add_bias)(struct compute_ctx *cx, float *y, const float *b, uint32_t rows, uint32_t n);
     /* In-place RoPE of x device [rows][n_heads][head_dim] (row stride

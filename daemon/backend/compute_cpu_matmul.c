@@ -13,9 +13,9 @@
  *
  * Kernels:
  * - rows < MM_PANEL_ROWS (decode: a memory-bound GEMV): the weights are
- *   widened in registers, 1-2 activation rows per pass, two accumulator sets
- *   (even and odd k) so enough FMA chains hide the latency, q8_0 scales
- *   applied once per block; the stream is prefetched MM_PFD bytes ahead.
+ *   widened in registers, 1-2 activation rows per pass over 1-4 groups at
+ *   once (their FMA chains side by side hide the latency); each group's
+ *   stream is prefetched MM_PFD bytes ahead.
  * - rows >= MM_PANEL_ROWS (batched decode, prefill: compute-bound): a
  *   thread takes a chunk of groups and runs tiles of up to 6 activation rows
  *   x 16 columns (12 accumulators, 2 panel loads and 6 broadcasts per 12
@@ -26,7 +26,13 @@
  * Matrices left in file rows (CL_ROWS: tensors built by hand) take a plain
  * row-major GEMV per activation row.
  * Threads take chunks of groups from an atomic counter. Every output is
- * computed the same way whatever the thread count or chunking. */
+ * computed the same way whatever the thread count, the chunking or the
+ * number of rows: one FMA chain over k in order from zero, of the weight
+ * widened to f32 (q8_0: quant x block scale, rounded to f32) and the
+ * activation. So a row's result does not depend on the batch it is in
+ * (a decode row equals the same row inside a prefill chunk or a
+ * speculative verification); the scalar path (no AVX2) is its own
+ * arithmetic, also the same for every row count. */
 #include <stdlib.h>
 
 #include "compute_cpu_impl.h"
@@ -221,113 +227,167 @@ MM_INLINE SIMD_TARGET float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* ---- packed GEMV: o[r][0..16) for r < NR (1 or 2), weights read once ---- */
-
-/* f32/f16/bf16 group g of `in` values; x rows ldx floats apart. */
-MM_INLINE SIMD_TARGET void pk_gemv_f(enum ctype t, const uint8_t *g, size_t in, const float *x,
-                                     size_t ldx, float *o, const int NR)
+/* ---- packed GEMV: o[r][gi][0..16) for r < NR (1 or 2), NG groups at once ----
+ *
+ * The panel kernel's arithmetic, so an output does not depend on how many
+ * rows the call has (a decode row, a verification row of speculative
+ * decoding and a prefill row of the same activations give the same bits):
+ * each output is one FMA chain over k in order from zero, the weight widened
+ * to f32 first (q8_0: the quant times its block scale, rounded to f32, as
+ * the panel stores it). The chains of NG groups run side by side so enough
+ * FMAs are in flight; each group is its own stream, prefetched MM_PFD bytes
+ * ahead. gb: bytes between the groups; o: [NR][NG][16]. */
+MM_INLINE SIMD_TARGET void pk_gemv_f(enum ctype t, const uint8_t *g, size_t gb, size_t in,
+                                     const float *x, size_t ldx, float *o, const int NR,
+                                     const int NG)
 {
-    __m256 a[2][2], b[2][2];
-    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) a[r][0] = a[r][1] = b[r][0] = b[r][1] =
-        _mm256_setzero_ps();
-    const size_t kb = PK * elem_bytes(t); /* bytes per k */
-    size_t k = 0;
-    for (; k + 2 <= in; k += 2) {
-        const char *pf = (const char *)g + k * kb + MM_PFD;
-        _mm_prefetch(pf, _MM_HINT_T0);
-        if (t == CT_F32)
-            _mm_prefetch(pf + 64, _MM_HINT_T0);
-        __m256 w0 = load8(t, g, k * PK), w1 = load8(t, g, k * PK + 8);
-        __m256 v0 = load8(t, g, k * PK + PK), v1 = load8(t, g, k * PK + PK + 8);
-        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
-        {
-            __m256 xa = _mm256_broadcast_ss(x + r * ldx + k);
-            __m256 xb = _mm256_broadcast_ss(x + r * ldx + k + 1);
-            a[r][0] = _mm256_fmadd_ps(w0, xa, a[r][0]);
-            a[r][1] = _mm256_fmadd_ps(w1, xa, a[r][1]);
-            b[r][0] = _mm256_fmadd_ps(v0, xb, b[r][0]);
-            b[r][1] = _mm256_fmadd_ps(v1, xb, b[r][1]);
-        }
-    }
-    if (k < in) {
-        __m256 w0 = load8(t, g, k * PK), w1 = load8(t, g, k * PK + 8);
-        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
-        {
-            __m256 xa = _mm256_broadcast_ss(x + r * ldx + k);
-            a[r][0] = _mm256_fmadd_ps(w0, xa, a[r][0]);
-            a[r][1] = _mm256_fmadd_ps(w1, xa, a[r][1]);
-        }
-    }
+    __m256 a[2][4][2];
     _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
-    {
-        _mm256_storeu_ps(o + r * PK, _mm256_add_ps(a[r][0], b[r][0]));
-        _mm256_storeu_ps(o + r * PK + 8, _mm256_add_ps(a[r][1], b[r][1]));
-    }
-}
-
-/* q8_0 group: per 32-value block the sums of q*x (even and odd k apart),
- * then one multiply-add by the 16 block scales. */
-MM_INLINE SIMD_TARGET void pk_gemv_q8(const uint8_t *g, size_t in, const float *x, size_t ldx,
-                                      float *o, const int NR)
-{
-    __m256 a[2][2];
-    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
-    for (size_t blk = 0; blk < in / CT_Q8_0_BLOCK; blk++) {
-        const uint8_t *bp = g + blk * PK_Q8_BLOCK, *q = bp + 2 * PK;
-        _Pragma("GCC unroll 9") for (int p = 0; p < (PK_Q8_BLOCK + 63) / 64; p++)
-            _mm_prefetch((const char *)bp + MM_PFD + 64 * p, _MM_HINT_T0);
-        const float *xb = x + blk * CT_Q8_0_BLOCK;
-        __m256 s[2][2], u[2][2];
-        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = u[r][0] = u[r][1] =
+        _Pragma("GCC unroll 4") for (int gi = 0; gi < NG; gi++) a[r][gi][0] = a[r][gi][1] =
             _mm256_setzero_ps();
-        _Pragma("GCC unroll 4") for (int kk = 0; kk < CT_Q8_0_BLOCK; kk += 2)
+    const size_t kb = PK * elem_bytes(t); /* bytes per k */
+    for (size_t k = 0; k < in; k++) {
+        if ((k & 1) == 0)
+            _Pragma("GCC unroll 4") for (int gi = 0; gi < NG; gi++)
+            {
+                const char *pf = (const char *)g + gi * gb + k * kb + MM_PFD;
+                _mm_prefetch(pf, _MM_HINT_T0);
+                if (t == CT_F32)
+                    _mm_prefetch(pf + 64, _MM_HINT_T0);
+            }
+        __m256 xv[2];
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) xv[r] =
+            _mm256_broadcast_ss(x + r * ldx + k);
+        _Pragma("GCC unroll 4") for (int gi = 0; gi < NG; gi++)
         {
-            __m256 w0 = q8x8(q + kk * PK), w1 = q8x8(q + kk * PK + 8);
-            __m256 v0 = q8x8(q + kk * PK + PK), v1 = q8x8(q + kk * PK + PK + 8);
+            __m256 w0 = load8(t, g + gi * gb, k * PK), w1 = load8(t, g + gi * gb, k * PK + 8);
             _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
             {
-                __m256 xa = _mm256_broadcast_ss(xb + r * ldx + kk);
-                __m256 xc = _mm256_broadcast_ss(xb + r * ldx + kk + 1);
-                s[r][0] = _mm256_fmadd_ps(w0, xa, s[r][0]);
-                s[r][1] = _mm256_fmadd_ps(w1, xa, s[r][1]);
-                u[r][0] = _mm256_fmadd_ps(v0, xc, u[r][0]);
-                u[r][1] = _mm256_fmadd_ps(v1, xc, u[r][1]);
+                a[r][gi][0] = _mm256_fmadd_ps(w0, xv[r], a[r][gi][0]);
+                a[r][gi][1] = _mm256_fmadd_ps(w1, xv[r], a[r][gi][1]);
             }
-        }
-        __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp));
-        __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp + 1));
-        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
-        {
-            a[r][0] = _mm256_fmadd_ps(_mm256_add_ps(s[r][0], u[r][0]), d0, a[r][0]);
-            a[r][1] = _mm256_fmadd_ps(_mm256_add_ps(s[r][1], u[r][1]), d1, a[r][1]);
         }
     }
     _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+        _Pragma("GCC unroll 4") for (int gi = 0; gi < NG; gi++)
     {
-        _mm256_storeu_ps(o + r * PK, a[r][0]);
-        _mm256_storeu_ps(o + r * PK + 8, a[r][1]);
+        _mm256_storeu_ps(o + (r * NG + gi) * PK, a[r][gi][0]);
+        _mm256_storeu_ps(o + (r * NG + gi) * PK + 8, a[r][gi][1]);
     }
 }
 
-static SIMD_TARGET void pk_gemv(enum ctype t, const uint8_t *g, size_t in, const float *x,
-                                size_t ldx, float *o, int nr)
+/* q8_0 groups: per 32-value block one FMA chain of quant x activation from
+ * zero (the quants are exact in f32), then that sum times the block scale
+ * FMA'd into the output's chain over blocks: the panel kernel's q8_0
+ * arithmetic (pk_tile_q8). */
+MM_INLINE SIMD_TARGET void pk_gemv_q8(const uint8_t *g, size_t gb, size_t in, const float *x,
+                                      size_t ldx, float *o, const int NR, const int NG)
 {
+    __m256 a[2][3][2];
+    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+        _Pragma("GCC unroll 3") for (int gi = 0; gi < NG; gi++) a[r][gi][0] = a[r][gi][1] =
+            _mm256_setzero_ps();
+    for (size_t blk = 0; blk < in / CT_Q8_0_BLOCK; blk++) {
+        __m256 sb[2][3][2];
+        _Pragma("GCC unroll 3") for (int gi = 0; gi < NG; gi++)
+        {
+            const uint8_t *bp = g + gi * gb + blk * PK_Q8_BLOCK;
+            _Pragma("GCC unroll 9") for (int p = 0; p < (PK_Q8_BLOCK + 63) / 64; p++)
+                _mm_prefetch((const char *)bp + MM_PFD + 64 * p, _MM_HINT_T0);
+            _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) sb[r][gi][0] = sb[r][gi][1] =
+                _mm256_setzero_ps();
+        }
+        const float *xb = x + blk * CT_Q8_0_BLOCK;
+        _Pragma("GCC unroll 4") for (int kk = 0; kk < CT_Q8_0_BLOCK; kk++)
+        {
+            __m256 xv[2];
+            _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) xv[r] =
+                _mm256_broadcast_ss(xb + r * ldx + kk);
+            _Pragma("GCC unroll 3") for (int gi = 0; gi < NG; gi++)
+            {
+                const uint8_t *q = g + gi * gb + blk * PK_Q8_BLOCK + 2 * PK + kk * PK;
+                __m256 w0 = q8x8(q), w1 = q8x8(q + 8);
+                _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+                {
+                    sb[r][gi][0] = _mm256_fmadd_ps(w0, xv[r], sb[r][gi][0]);
+                    sb[r][gi][1] = _mm256_fmadd_ps(w1, xv[r], sb[r][gi][1]);
+                }
+            }
+        }
+        _Pragma("GCC unroll 3") for (int gi = 0; gi < NG; gi++)
+        {
+            const uint8_t *bp = g + gi * gb + blk * PK_Q8_BLOCK;
+            __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp));
+            __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp + 1));
+            _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+            {
+                a[r][gi][0] = _mm256_fmadd_ps(sb[r][gi][0], d0, a[r][gi][0]);
+                a[r][gi][1] = _mm256_fmadd_ps(sb[r][gi][1], d1, a[r][gi][1]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+        _Pragma("GCC unroll 3") for (int gi = 0; gi < NG; gi++)
+    {
+        _mm256_storeu_ps(o + (r * NG + gi) * PK, a[r][gi][0]);
+        _mm256_storeu_ps(o + (r * NG + gi) * PK + 8, a[r][gi][1]);
+    }
+}
+
+/* The groups one pass of pk_gemv takes for nr rows and type t: 8
+ * accumulator chains (q8_0: 6 block-sum chains and 6 totals). */
+static int pk_gemv_groups(enum ctype t, int nr)
+{
+    if (t == CT_Q8_0)
+        return nr == 1 ? 3 : 1;
+    return nr == 1 ? 4 : 2;
+}
+
+/* ng (<= pk_gemv_groups(t, nr)) groups gb bytes apart against nr rows. */
+static SIMD_TARGET void pk_gemv(enum ctype t, const uint8_t *g, size_t gb, int ng, size_t in,
+                                const float *x, size_t ldx, float *o, int nr)
+{
+#define PK_GEMV_F(T)                                                                               \
+    do {                                                                                           \
+        if (nr == 1) {                                                                             \
+            if (ng == 4)                                                                           \
+                pk_gemv_f(T, g, gb, in, x, ldx, o, 1, 4);                                          \
+            else if (ng == 3)                                                                      \
+                pk_gemv_f(T, g, gb, in, x, ldx, o, 1, 3);                                          \
+            else if (ng == 2)                                                                      \
+                pk_gemv_f(T, g, gb, in, x, ldx, o, 1, 2);                                          \
+            else                                                                                   \
+                pk_gemv_f(T, g, gb, in, x, ldx, o, 1, 1);                                          \
+        } else if (ng == 2) {                                                                      \
+            pk_gemv_f(T, g, gb, in, x, ldx, o, 2, 2);                                              \
+        } else {                                                                                   \
+            pk_gemv_f(T, g, gb, in, x, ldx, o, 2, 1);                                              \
+        }                                                                                          \
+    } while (0)
     switch (t) {
     case CT_F32:
-        nr == 1 ? pk_gemv_f(CT_F32, g, in, x, ldx, o, 1) : pk_gemv_f(CT_F32, g, in, x, ldx, o, 2);
+        PK_GEMV_F(CT_F32);
         break;
     case CT_F16:
-        nr == 1 ? pk_gemv_f(CT_F16, g, in, x, ldx, o, 1) : pk_gemv_f(CT_F16, g, in, x, ldx, o, 2);
+        PK_GEMV_F(CT_F16);
         break;
     case CT_BF16:
-        nr == 1 ? pk_gemv_f(CT_BF16, g, in, x, ldx, o, 1) : pk_gemv_f(CT_BF16, g, in, x, ldx, o, 2);
+        PK_GEMV_F(CT_BF16);
         break;
     case CT_Q8_0:
-        nr == 1 ? pk_gemv_q8(g, in, x, ldx, o, 1) : pk_gemv_q8(g, in, x, ldx, o, 2);
+        if (nr == 1 && ng == 3)
+            pk_gemv_q8(g, gb, in, x, ldx, o, 1, 3);
+        else if (nr == 1 && ng == 2)
+            pk_gemv_q8(g, gb, in, x, ldx, o, 1, 2);
+        else if (nr == 1)
+            pk_gemv_q8(g, gb, in, x, ldx, o, 1, 1);
+        else
+            pk_gemv_q8(g, gb, in, x, ldx, o, 2, 1);
         break;
     default:
         break; /* not packed (pk_packable) */
     }
+#undef PK_GEMV_F
 }
 
 /* ---- panel kernel: partial sums o[r][0..16), r < NR (<= 6), over an f32 panel ---- */
@@ -367,10 +427,11 @@ MM_INLINE SIMD_TARGET void fma_rows(__m256 a[][2], __m256 w0, __m256 w1, const f
  * first when `first`. pn: the group's f32 panel ([in][16]).
  * - t == CT_F32: the values are read from pn (already f32, or the weights
  *   themselves for f32 weights); g is unused.
- * - otherwise the tile also widens: it reads the values in their file type
- *   from the packed group g, writes them to pn for the tiles after it and
- *   uses them right away, so widening costs no pass of its own and the
- *   panel block is in L1 for the next tiles (q8_0: k0, kn multiples of 32).
+ * - otherwise (f16, bf16) the tile also widens: it reads the values in
+ *   their file type from the packed group g, writes them to pn for the
+ *   tiles after it and uses them right away, so widening costs no pass of
+ *   its own and the panel block is in L1 for the next tiles. q8_0 has its
+ *   own tile (pk_tile_q8).
  * pf (may be NULL): raw bytes to prefetch meanwhile, pfk per k. Each output
  * is one FMA chain over k in order, so splitting k into blocks does not
  * change the result. */
@@ -380,25 +441,7 @@ MM_INLINE SIMD_TARGET void pk_tile(enum ctype t, const uint8_t *g, size_t k0, si
 {
     __m256 a[MM_TILE][2];
     acc_load(a, o, first, NR);
-    if (t == CT_Q8_0) {
-        for (size_t kb = 0; kb < kn; kb += CT_Q8_0_BLOCK) {
-            const uint8_t *bp = g + (k0 + kb) / CT_Q8_0_BLOCK * PK_Q8_BLOCK, *q = bp + 2 * PK;
-            if (pf)
-                _Pragma("GCC unroll 9") for (int p = 0; p < (PK_Q8_BLOCK + 63) / 64; p++)
-                    _mm_prefetch(pf + kb * pfk + 64 * p, _MM_HINT_T1);
-            __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp));
-            __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp + 1));
-            float *pb = pn + (k0 + kb) * PK;
-            _Pragma("GCC unroll 4") for (size_t kk = 0; kk < CT_Q8_0_BLOCK; kk++)
-            {
-                __m256 w0 = _mm256_mul_ps(q8x8(q + kk * PK), d0);
-                __m256 w1 = _mm256_mul_ps(q8x8(q + kk * PK + 8), d1);
-                _mm256_storeu_ps(pb + kk * PK, w0);
-                _mm256_storeu_ps(pb + kk * PK + 8, w1);
-                fma_rows(a, w0, w1, x + kb + kk, ldx, NR);
-            }
-        }
-    } else {
+    {
         /* unrolled: one k per iteration ran at ~75 % of FMA peak, four at ~90 % */
         _Pragma("GCC unroll 4") for (size_t k = 0; k < kn; k++)
         {
@@ -417,6 +460,76 @@ MM_INLINE SIMD_TARGET void pk_tile(enum ctype t, const uint8_t *g, size_t k0, si
         }
     }
     acc_store(a, o, NR);
+}
+
+/* The q8_0 tile: per 32-value block, one FMA chain of quant x activation
+ * from zero in registers (the quants, exact in f32, are what pn keeps),
+ * then o[r] = fma(block sum, the block's 16 scales, o[r]) in memory (once
+ * per 32 values). So each output is the sum over blocks of scale x (an FMA
+ * chain over the block), in block order: pk_gemv_q8's arithmetic. g: the
+ * packed group (the scales are read from it); widen: the tile also widens
+ * the quants into pn, as pk_tile does; k0, kn: multiples of 32. */
+MM_INLINE SIMD_TARGET void pk_tile_q8(const uint8_t *g, size_t k0, size_t kn, float *pn, bool widen,
+                                      const float *x, size_t ldx, float *o, bool first,
+                                      const char *pf, size_t pfk, const int NR)
+{
+    if (first)
+        _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++) memset(o + r * PK, 0, PK * 4);
+    for (size_t kb = 0; kb < kn; kb += CT_Q8_0_BLOCK) {
+        const uint8_t *bp = g + (k0 + kb) / CT_Q8_0_BLOCK * PK_Q8_BLOCK, *q = bp + 2 * PK;
+        if (pf)
+            _Pragma("GCC unroll 9") for (int p = 0; p < (PK_Q8_BLOCK + 63) / 64; p++)
+                _mm_prefetch(pf + kb * pfk + 64 * p, _MM_HINT_T1);
+        __m256 a[MM_TILE][2];
+        acc_load(a, o, true, NR);
+        float *pb = pn + (k0 + kb) * PK;
+        _Pragma("GCC unroll 4") for (size_t kk = 0; kk < CT_Q8_0_BLOCK; kk++)
+        {
+            __m256 w0, w1;
+            if (widen) {
+                w0 = q8x8(q + kk * PK), w1 = q8x8(q + kk * PK + 8);
+                _mm256_storeu_ps(pb + kk * PK, w0);
+                _mm256_storeu_ps(pb + kk * PK + 8, w1);
+            } else {
+                w0 = _mm256_loadu_ps(pb + kk * PK), w1 = _mm256_loadu_ps(pb + kk * PK + 8);
+            }
+            fma_rows(a, w0, w1, x + kb + kk, ldx, NR);
+        }
+        __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp));
+        __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)bp + 1));
+        _Pragma("GCC unroll 6") for (int r = 0; r < NR; r++)
+        {
+            _mm256_storeu_ps(o + r * PK, _mm256_fmadd_ps(a[r][0], d0, _mm256_loadu_ps(o + r * PK)));
+            _mm256_storeu_ps(o + r * PK + 8,
+                             _mm256_fmadd_ps(a[r][1], d1, _mm256_loadu_ps(o + r * PK + 8)));
+        }
+    }
+}
+
+static SIMD_TARGET void pk_tile_q8_n(const uint8_t *g, size_t k0, size_t kn, float *pn, bool widen,
+                                     const float *x, size_t ldx, float *o, bool first,
+                                     const char *pf, size_t pfk, int nr)
+{
+    switch (nr) {
+    case 1:
+        pk_tile_q8(g, k0, kn, pn, widen, x, ldx, o, first, pf, pfk, 1);
+        break;
+    case 2:
+        pk_tile_q8(g, k0, kn, pn, widen, x, ldx, o, first, pf, pfk, 2);
+        break;
+    case 3:
+        pk_tile_q8(g, k0, kn, pn, widen, x, ldx, o, first, pf, pfk, 3);
+        break;
+    case 4:
+        pk_tile_q8(g, k0, kn, pn, widen, x, ldx, o, first, pf, pfk, 4);
+        break;
+    case 5:
+        pk_tile_q8(g, k0, kn, pn, widen, x, ldx, o, first, pf, pfk, 5);
+        break;
+    default:
+        pk_tile_q8(g, k0, kn, pn, widen, x, ldx, o, first, pf, pfk, 6);
+        break;
+    }
 }
 
 /* A tile from the f32 panel (any row count 1..6). */
@@ -474,11 +587,8 @@ static SIMD_TARGET void pk_tile_w_n(enum ctype t, const uint8_t *g, size_t k0, s
     case CT_BF16:
         PK_TILE_W(CT_BF16);
         break;
-    case CT_Q8_0:
-        PK_TILE_W(CT_Q8_0);
-        break;
     default:
-        break; /* f32 is used in place: no widening */
+        break; /* f32 is used in place: no widening; q8_0 has pk_tile_q8 */
     }
 #undef PK_TILE_W
 }
@@ -676,7 +786,11 @@ static void mm_chunk_packed(struct mm_job *j, uint32_t ith, size_t g0, size_t g1
                         const char *tpf = r0 == 0 && ti == 0 && pf ? pf + g * gb + k0 * pfk : NULL;
                         const float *xr = j->x + (r0 + r) * in + k0;
                         float *ar = acc + (g * MM_RB + r) * PK;
-                        if (widen && r0 == 0 && ti == 0)
+                        if (t == CT_Q8_0)
+                            pk_tile_q8_n(base + (g0 + g) * gb, k0, kn, pn + g * in * PK,
+                                         r0 == 0 && ti == 0, xr, in, ar, k0 == 0, tpf, pfk,
+                                         (int)nr);
+                        else if (widen && r0 == 0 && ti == 0)
                             pk_tile_w_n(t, base + (g0 + g) * gb, k0, kn, pn + g * in * PK, xr, in,
                                         ar, k0 == 0, tpf, pfk, (int)nr);
                         else
@@ -693,16 +807,40 @@ static void mm_chunk_packed(struct mm_job *j, uint32_t ith, size_t g0, size_t g1
         return;
     }
 #endif
+#if defined(__x86_64__)
+    if (j->simd) {
+        /* a few groups per pass (their chains side by side), every row
+         * against them in pairs while they are in cache */
+        float og[8 * PK];
+        for (size_t g = g0; g < g1;) {
+            int ng_max = pk_gemv_groups(t, 1);
+            int ng = g1 - g < (size_t)ng_max ? (int)(g1 - g) : ng_max;
+            for (size_t r = 0; r < j->rows; r += 2) {
+                int nr = j->rows - r < 2 ? 1 : 2;
+                for (int gi = 0; gi < ng;) {
+                    int ngp = pk_gemv_groups(t, nr);
+                    ngp = ng - gi < ngp ? ng - gi : ngp;
+                    pk_gemv(t, base + (g + gi) * gb, gb, ngp, in, j->x + r * in, in, og, nr);
+                    for (int rr = 0; rr < nr; rr++)
+                        for (int q = 0; q < ngp; q++) {
+                            size_t gc = g + gi + q, ncol = out - gc * PK < PK ? out - gc * PK : PK;
+                            put_cols(og + (rr * ngp + q) * PK, 1, j->y + (r + rr) * out + gc * PK,
+                                     out, ncol);
+                        }
+                    gi += ngp;
+                }
+            }
+            g += (size_t)ng;
+        }
+        (void)ith;
+        return;
+    }
+#endif
     for (size_t g = g0; g < g1; g++) {
         size_t ncol = out - g * PK < PK ? out - g * PK : PK;
         for (size_t r = 0; r < j->rows; r += 2) {
             int nr = j->rows - r < 2 ? 1 : 2;
-#if defined(__x86_64__)
-            if (j->simd)
-                pk_gemv(t, base + g * gb, in, j->x + r * in, in, o, nr);
-            else
-#endif
-                pk_gemv_scalar(t, base + g * gb, in, j->x + r * in, in, o, nr);
+            pk_gemv_scalar(t, base + g * gb, in, j->x + r * in, in, o, nr);
             put_cols(o, nr, j->y + r * out + g * PK, out, ncol);
         }
     }

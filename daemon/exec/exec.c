@@ -1,7 +1,8 @@
 /* The executor thread (see exec.h): takes submitted requests from an inbox,
- * and loops plan (scheduler, kvmm lock held) → model_forward (no lock) →
- * commit (lock) → take the sampled tokens (no lock) → finish (lock) →
- * publish (no lock). The backend samples inside model_forward. */
+ * and loops draft (speculative decoding, no lock) → plan (scheduler, kvmm
+ * lock held) → model_forward (no lock) → take the sampled tokens, the
+ * verified drafts (no lock) → commit (lock) → finish (lock) → publish (no
+ * lock). The backend samples inside model_forward. */
 #include "exec.h"
 
 #include "acct.h"
@@ -30,9 +31,25 @@ struct exec {
     struct sched *sched;
     struct fwd_ctx *fc;
     struct sched_plan plan;
-    struct fwd_seq *fseqs;   /* [max_seqs] */
-    struct sample_row *rows; /* [max_seqs] this step's sampling, one per plan entry */
-    uint32_t *picks;         /* [max_seqs] the tokens the backend sampled */
+    struct fwd_seq *fseqs;   /* [max_seqs] in forward order (order) */
+    uint32_t *order;         /* [max_seqs] plan entry of each forward sequence */
+    uint32_t *out0;          /* [max_seqs] first output row of each plan entry */
+    uint32_t max_out;        /* output rows a step may have (verifications: several) */
+    struct sample_row *rows; /* [max_out] this step's sampling, one per output row */
+    uint32_t *picks;         /* [max_out] the tokens the backend sampled */
+    /* Speculative decoding: each plan entry's verification input (its
+     * last token, then its drafts) and its random stream before the
+     * step's rows were drawn (rewound to the tokens it keeps). */
+    uint32_t *vtoks;        /* [max_seqs][1 + SPEC_MAX_DRAFT] */
+    uint64_t (*saved)[4];   /* [max_seqs] */
+    struct draft_job *jobs; /* [spec.max_batch] */
+    struct sched_req **job_req;
+    bool spec_on; /* this step: speculation is on, its rows batch-invariant */
+    /* What a draft token costs, in plain decode steps (spec_draft_len):
+     * moving averages of a plain decode-only step's time, of a
+     * verification row's extra time over it, and of one proposing forward
+     * of the draft model. */
+    double t_plain_ns, c_verify, t_draft_ns;
     /* The host pick (a step where some request's sampling is on the host,
      * sampler_on_host): every row's logits come back and are picked here.
      * Grown on first need. */
@@ -52,9 +69,12 @@ struct exec {
     struct sched_req **forked;
     uint32_t n_forked, cap_forked;
     uint32_t n_arena_slots;
+    uint64_t gen_step;            /* tokens taken this step */
     struct roofline_shape shape;  /* the model's, for the roofline */
     struct arbiter_share *shares; /* [max_seqs] this step's tenants (with an arbiter) */
     size_t n_shares;
+    struct arbiter_share *dshares; /* [spec.max_batch] the draft model's turn's tenants */
+    char (*tnames)[64];            /* [spec.max_batch] their names */
 
     /* Shared with other threads, under mu. */
     pthread_mutex_t mu;
@@ -69,7 +89,8 @@ struct exec {
     uint32_t n_live; /* requests not yet answered */
     bool draining, stop;
     uint64_t serial;
-    struct exec_stats st; /* st.sched: copied from the scheduler after each step */
+    struct exec_stats st;       /* st.sched: copied from the scheduler after each step */
+    struct exec_spec_stats sst; /* the executor thread's; copied into st after each step */
 
     pthread_t thread;
     bool started;
@@ -187,6 +208,20 @@ static void acct_report_counters(struct exec *ex)
         .preempt_swap = c->preempt_swap,
         .preempt_recompute = c->preempt_recompute,
     };
+    const struct exec_spec_stats *p = &ex->st.spec;
+    s.spec = (struct acct_spec){.draft_model = ex->conf.draft != NULL,
+                                .max_batch = ex->conf.spec.max_batch,
+                                .verify_steps = p->verify_steps,
+                                .verifies = p->verifies,
+                                .drafted = p->drafted,
+                                .accepted = p->accepted,
+                                .spec_tokens = p->spec_tokens,
+                                .verify_step_tokens = p->verify_step_tokens,
+                                .verify_ns = p->verify_ns,
+                                .decode_steps = p->decode_steps,
+                                .decode_tokens = p->decode_tokens,
+                                .decode_ns = p->decode_ns};
+    snprintf(s.spec.mode, sizeof s.spec.mode, "%s", spec_kind_name(ex->conf.spec.kind));
     acct_sched_set_slot(ex->conf.acct, ex->conf.acct_slot, &s);
 }
 
@@ -351,6 +386,10 @@ static void publish_done(struct exec *ex, struct sched_req *done)
             kvd_error_set(&r->err, abort_code, "%s", r->abort_msg);
         }
         acct_report_done(ex->conf.acct, r);
+        if (r->draft_seq && ex->conf.draft) {
+            draft_release(ex->conf.draft, sched_req_owner(r));
+            r->draft_seq = false;
+        }
         /* Off the cancel list before the reply goes out (a cancel that
          * arrives after the reply finds nothing); still counted live until
          * answered, so a drain returns only after every reply is posted. */
@@ -373,8 +412,10 @@ static bool is_stop(const struct exec *ex, const struct sched_req *r, uint32_t t
     return !r->ignore_eos && text_is_eog(ex->conf.text, tok);
 }
 
-/* Takes tok (lp: its logprobs, when asked) as r's next token and decides
- * whether r is finished (r->finish set). Returns 1 when it is. */
+/* Takes tok (lp: its logprobs, when asked; NULL for a token a
+ * verification gave, never one of a request with logprobs) as r's next
+ * token and decides whether r is finished (r->finish set). Returns 1 when
+ * it is. */
 static uint32_t take_token(struct exec *ex, struct sched_req *r, uint32_t tok,
                            const struct sampler_logprob *lp)
 {
@@ -387,13 +428,14 @@ static uint32_t take_token(struct exec *ex, struct sched_req *r, uint32_t tok,
         r->finish = SCHED_FINISH_ERROR;
         return 1;
     }
-    if (!rc && r->lp_on)
+    if (!rc && r->lp_on && lp)
         rc = sched_req_push_lp(r, lp);
     if (rc) {
         kvd_error_set(&r->err, rc, "out of memory for the sampled token");
         r->finish = SCHED_FINISH_ERROR;
         return 1;
     }
+    ex->gen_step++;
     if (r->t_first == 0)
         r->t_first = sched_now_ns();
     size_t n_gen = r->n_toks - r->n_prompt;
@@ -418,8 +460,9 @@ static uint32_t take_token(struct exec *ex, struct sched_req *r, uint32_t tok,
 
 /* Takes the sampled token of every request whose chunk reached its last
  * known token, and of every choice forked this step, and decides whether
- * it is finished. Runs without the kvmm lock. Returns how many finished
- * (their r->finish is set). */
+ * it is finished (verifications were taken by spec_resolve: their chunk
+ * now ends before their last token). Runs without the kvmm lock. Returns
+ * how many finished (their r->finish is set). */
 static uint32_t sample_step(struct exec *ex)
 {
     uint32_t n_fin = 0;
@@ -437,9 +480,9 @@ static uint32_t sample_step(struct exec *ex)
             continue;
         }
         if (r->n_kv != r->n_toks)
-            continue; /* a prefill chunk short of the end */
-        n_fin +=
-            take_token(ex, r, ex->picks[i], r->lp_on ? ex->lpstep + (size_t)i * LP_STRIDE : NULL);
+            continue; /* a prefill chunk short of the end, or a verification */
+        n_fin += take_token(ex, r, ex->picks[ex->out0[i]],
+                            r->lp_on ? ex->lpstep + (size_t)i * LP_STRIDE : NULL);
     }
     for (uint32_t k = 0; k < ex->n_forked; k++) {
         struct sched_req *f = ex->forked[k];
@@ -510,24 +553,53 @@ static int fork_picks(struct exec *ex, struct sched_req *lead, uint32_t V)
 
 /* Runs the plan's step; the backend samples every request whose chunk
  * reaches its last known token (the request's uniform for the step is drawn
- * here, so the draw sequence is the request's own whatever the batch). */
+ * here, so the draw sequence is the request's own whatever the batch), and
+ * every row of a verification (one uniform per row, rewound by
+ * spec_resolve to the tokens it keeps). The sequences go to the model
+ * decodes and verifications first: with speculation on they are the
+ * batch-invariant prefix (model.h fwd_batch.invariant). */
 static int forward(struct exec *ex)
 {
     struct sched_plan *p = &ex->plan;
     bool host = false, lp = false;
-    for (uint32_t i = 0; i < p->n; i++) {
+    uint32_t nf = 0, nout = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t i = 0; i < p->n; i++) {
+            const struct sched_req *r = p->reqs[i];
+            if ((pass == 0) == (r->step_n == 1 || r->verify))
+                ex->order[nf++] = i;
+        }
+    for (uint32_t k = 0; k < p->n; k++) {
+        uint32_t i = ex->order[k];
         struct sched_req *r = p->reqs[i];
-        bool want = !r->restoring && r->n_kv + r->step_n == r->n_toks;
-        ex->rows[i] = (struct sample_row){.skip = !want};
-        host |= want && (sampler_on_host(&r->smp) || r->gm || leads_unforked(r));
-        lp |= want && r->lp_on;
-        ex->fseqs[i] = (struct fwd_seq){
-            .tokens = r->toks + r->n_kv,
+        bool want = !r->restoring && (r->verify || r->n_kv + r->step_n == r->n_toks);
+        uint32_t nrows = r->verify ? r->step_n : 1;
+        ex->out0[i] = nout;
+        for (uint32_t j = 0; j < nrows; j++)
+            ex->rows[nout + j] = (struct sample_row){.skip = !want};
+        host |= want && !r->verify && (sampler_on_host(&r->smp) || r->gm || leads_unforked(r));
+        lp |= want && !r->verify && r->lp_on;
+        const uint32_t *toks = r->toks + r->n_kv;
+        if (r->verify) {
+            uint32_t *v = ex->vtoks + (size_t)i * (1 + SPEC_MAX_DRAFT);
+            v[0] = r->toks[r->n_kv];
+            memcpy(v + 1, r->draft, (size_t)r->n_draft * sizeof *v);
+            toks = v;
+            /* every row draws its uniform now; the stream is rewound to
+             * the tokens kept (spec_resolve) */
+            memcpy(ex->saved[i], r->smp.s, sizeof ex->saved[i]);
+            for (uint32_t j = 0; j < nrows; j++)
+                sampler_next_row(&r->smp, &ex->rows[nout + j]);
+        }
+        ex->fseqs[k] = (struct fwd_seq){
+            .tokens = toks,
             .n_tokens = r->step_n,
             .pos0 = (uint32_t)r->n_kv,
             .slots = p->slots + p->slot0[i],
             .n_slots = p->slot0[i + 1] - p->slot0[i],
+            .all_rows = r->verify,
         };
+        nout += nrows;
     }
     struct fwd_batch b = {
         .seqs = ex->fseqs,
@@ -537,25 +609,26 @@ static int forward(struct exec *ex)
         .n_arena_slots = ex->n_arena_slots,
         .sample = ex->rows,
         .tokens = ex->picks,
+        .invariant = ex->spec_on,
     };
     if (!host && !lp) {
         for (uint32_t i = 0; i < p->n; i++)
-            if (!ex->rows[i].skip)
-                sampler_next_row(&p->reqs[i]->smp, &ex->rows[i]);
+            if (!p->reqs[i]->verify && !ex->rows[ex->out0[i]].skip)
+                sampler_next_row(&p->reqs[i]->smp, &ex->rows[ex->out0[i]]);
         return model_forward(ex->m, ex->fc, &b);
     }
     /* Some row needs a host-only stage, or logprobs: the whole step's
-     * logits come back (n_seqs * n_vocab * 4 bytes). With a host-only
+     * logits come back (n_out * n_vocab * 4 bytes). With a host-only
      * stage every row is picked here, with the same pick as the backends'
      * sample op for the rows that need nothing more; for logprobs alone
      * the backend still picks. */
     uint32_t V = ex->hp->n_vocab;
-    if (p->n > ex->cap_hlogits) {
-        float *h = realloc(ex->hlogits, (size_t)p->n * V * sizeof *h);
+    if (nout > ex->cap_hlogits) {
+        float *h = realloc(ex->hlogits, (size_t)nout * V * sizeof *h);
         if (!h)
             return KVD_ENOMEM;
         ex->hlogits = h;
-        ex->cap_hlogits = p->n;
+        ex->cap_hlogits = nout;
     }
     if (host && !ex->counts && !(ex->counts = malloc((size_t)ex->hp->n_ctx * sizeof *ex->counts)))
         return KVD_ENOMEM;
@@ -573,17 +646,27 @@ static int forward(struct exec *ex)
         b.sample = NULL;
     } else {
         for (uint32_t i = 0; i < p->n; i++)
-            if (!ex->rows[i].skip)
-                sampler_next_row(&p->reqs[i]->smp, &ex->rows[i]);
+            if (!p->reqs[i]->verify && !ex->rows[ex->out0[i]].skip)
+                sampler_next_row(&p->reqs[i]->smp, &ex->rows[ex->out0[i]]);
     }
     int rc = model_forward(ex->m, ex->fc, &b);
     if (rc)
         return rc;
     for (uint32_t i = 0; i < p->n; i++) {
         struct sched_req *r = p->reqs[i];
-        float *row = ex->hlogits + (size_t)i * V;
-        if (ex->rows[i].skip) {
-            ex->picks[i] = 0;
+        uint32_t o = ex->out0[i];
+        float *row = ex->hlogits + (size_t)o * V;
+        if (r->verify) {
+            /* its rows' uniforms were drawn before the step: the same pick
+             * as the backend's sample op */
+            for (uint32_t j = 0; host && j < r->step_n; j++)
+                if ((rc = sampler_pick(&ex->rows[o + j], &ex->hsc, row + (size_t)j * V, V,
+                                       &ex->picks[o + j])))
+                    return rc;
+            continue;
+        }
+        if (ex->rows[o].skip) {
+            ex->picks[o] = 0;
             continue;
         }
         /* the raw row, before the host pick adjusts it */
@@ -596,19 +679,174 @@ static int forward(struct exec *ex)
             raw = ex->lprow;
         }
         if (r->gm && grammar_mask(r, row, V)) {
-            ex->picks[i] = 0;
+            ex->picks[o] = 0;
         } else {
             if (host && (rc = sampler_sample_host(&r->smp, &ex->hsc, r->toks, r->n_toks, row, V,
-                                                  ex->counts, &ex->picks[i])))
+                                                  ex->counts, &ex->picks[o])))
                 return rc;
             if (r->lp_on)
-                sampler_logprobs(raw, V, ex->picks[i], r->lp_top,
+                sampler_logprobs(raw, V, ex->picks[o], r->lp_top,
                                  ex->lpstep + (size_t)i * LP_STRIDE);
         }
         if (lead && (rc = fork_picks(ex, r, V)))
             return rc;
     }
     return 0;
+}
+
+/* ---- speculative decoding ------------------------------------------------- */
+
+/* The kind r drafts with: its own choice or the daemon's; none for a
+ * request whose pick needs the host (a grammar, logprobs, a bias, a
+ * penalty, min_p, typical_p): those decode plainly. */
+static enum spec_kind spec_kind_of(const struct exec *ex, const struct sched_req *r)
+{
+    enum spec_kind k = r->spec_kind == SPEC_DEFAULT ? ex->conf.spec.kind : r->spec_kind;
+    if (k == SPEC_DRAFT && !ex->conf.draft)
+        return SPEC_OFF;
+    if (r->gm || r->lp_on || sampler_on_host(&r->smp))
+        return SPEC_OFF;
+    return k;
+}
+
+/* One draft token's price in plain decode steps for kind k: the
+ * verification's extra row, and for the draft model its forward. Until
+ * measured: 0.1 and 0.5. */
+static float spec_cost(const struct exec *ex, enum spec_kind k)
+{
+    double c = ex->c_verify;
+    if (k == SPEC_DRAFT)
+        c += ex->t_plain_ns > 0 && ex->t_draft_ns > 0 ? ex->t_draft_ns / ex->t_plain_ns : 0.5;
+    return (float)c;
+}
+
+static void ema(double *v, double x)
+{
+    *v = *v > 0 ? 0.9 * *v + 0.1 * x : x;
+}
+
+/* Before planning: drafts for every running request that decodes this
+ * step and speculates, while at most spec.max_batch requests run. The
+ * plan turns a decode with drafts into a verification (scheduler_plan.c). */
+static void spec_prepare(struct exec *ex)
+{
+    const struct spec_conf *sc = &ex->conf.spec;
+    struct sched_counters c;
+    sched_counters(ex->sched, &c);
+    bool allow = c.running > 0 && c.running <= sc->max_batch;
+    uint32_t n_jobs = 0;
+    ex->spec_on = false;
+    for (struct sched_req *r = sched_running(ex->sched); r; r = r->next) {
+        r->n_draft = 0;
+        enum spec_kind k = allow ? spec_kind_of(ex, r) : SPEC_OFF;
+        if (k == SPEC_OFF)
+            continue;
+        ex->spec_on = true;
+        /* a leader whose prompt ends this step draws its choices' first
+         * tokens from that row (fork_picks): it is never verified */
+        if (r->restoring || r->n_kv + 1 != r->n_toks || atomic_load(&r->cancel) ||
+            leads_unforked(r))
+            continue;
+        /* drafts never reach past max_tokens (the last token is the
+         * target's own pick) nor the context */
+        size_t n_gen = r->n_toks - r->n_prompt, lim = sc->max_draft;
+        size_t left = r->max_tokens > n_gen ? r->max_tokens - n_gen - 1 : 0;
+        size_t room = r->n_ctx > r->n_toks ? r->n_ctx - r->n_toks : 0;
+        lim = lim < left ? lim : left;
+        lim = lim < room ? lim : room;
+        uint32_t want = spec_draft_len(&r->spec, (uint32_t)lim, spec_cost(ex, k));
+        if (want == 0)
+            continue;
+        if (k == SPEC_NGRAM) {
+            r->n_draft =
+                spec_ngram(r->toks, r->n_toks, sc->ngram_min, sc->ngram_max, want, r->draft);
+        } else if (n_jobs < sc->max_batch) {
+            ex->jobs[n_jobs] = (struct draft_job){.owner = sched_req_owner(r),
+                                                  .tenant = ex->tnames[n_jobs],
+                                                  .toks = r->toks,
+                                                  .n_toks = r->n_toks,
+                                                  .k = want,
+                                                  .out = r->draft};
+            ex->job_req[n_jobs++] = r;
+        }
+    }
+    if (n_jobs == 0)
+        return;
+    /* The tenants' names (the draft's namespaces) and, for the arbiter,
+     * their weights: the draft model's forwards take a turn on the device
+     * of their own, charged to the drafting tenants by the tokens the draft
+     * computed for each. */
+    size_t n_sh = 0;
+    kvmm_lock(ex->mm);
+    for (uint32_t i = 0; i < n_jobs; i++) {
+        uint32_t t = ex->job_req[i]->tenant;
+        kvmm_tenant_name(ex->mm, t, ex->tnames[i]);
+        size_t k = 0;
+        while (k < n_sh && ex->dshares[k].tenant != t)
+            k++;
+        if (k == n_sh)
+            ex->dshares[n_sh++] =
+                (struct arbiter_share){.tenant = t, .weight = kvmm_tenant_weight(ex->mm, t)};
+    }
+    kvmm_unlock(ex->mm);
+    if (ex->conf.arbiter)
+        arbiter_acquire(ex->conf.arbiter, ex->dshares, n_sh);
+    uint64_t t0 = sched_now_ns();
+    uint32_t fwds = draft_propose(ex->conf.draft, ex->jobs, n_jobs);
+    uint64_t dt = sched_now_ns() - t0;
+    if (ex->conf.arbiter) {
+        for (uint32_t i = 0; i < n_jobs; i++)
+            for (size_t k = 0; k < n_sh; k++)
+                if (ex->dshares[k].tenant == ex->job_req[i]->tenant)
+                    ex->dshares[k].tokens += ex->jobs[i].n_fwd;
+        arbiter_release(ex->conf.arbiter, ex->dshares, n_sh, dt);
+    }
+    if (fwds)
+        ema(&ex->t_draft_ns, (double)dt / fwds);
+    for (uint32_t i = 0; i < n_jobs; i++) {
+        ex->job_req[i]->n_draft = ex->jobs[i].n_out;
+        ex->job_req[i]->draft_seq = true;
+    }
+}
+
+/* After the forward: each verification keeps the drafts its own picks
+ * reproduce and its pick after them (spec_accept), taken one by one as
+ * plain decoding would take them (a stop ends it there); the request's
+ * random stream is rewound to one draw per token kept, so its draws are
+ * those of plain decoding. step_n becomes the positions to commit (the
+ * last token and the kept drafts but the last token taken). Returns how
+ * many requests finished. */
+static uint32_t spec_resolve(struct exec *ex)
+{
+    uint32_t n_fin = 0;
+    for (uint32_t i = 0; i < ex->plan.n; i++) {
+        struct sched_req *r = ex->plan.reqs[i];
+        if (!r->verify || r->state == SCHED_DONE)
+            continue;
+        const uint32_t *picks = ex->picks + ex->out0[i];
+        uint32_t nd = r->n_draft, m = spec_accept(r->draft, nd, picks), g = 0;
+        memcpy(r->smp.s, ex->saved[i], sizeof ex->saved[i]);
+        bool fin = false;
+        while (g <= m && !fin) {
+            uint32_t tok = g < m ? r->draft[g] : picks[m];
+            struct sample_row dummy;
+            sampler_next_row(&r->smp, &dummy);
+            g++;
+            fin = take_token(ex, r, tok, NULL);
+        }
+        n_fin += fin;
+        r->step_n = g;
+        spec_update(&r->spec, nd, m, ex->conf.spec.max_draft, spec_cost(ex, spec_kind_of(ex, r)));
+        ex->sst.verifies++;
+        ex->sst.drafted += nd;
+        ex->sst.accepted += m;
+        ex->sst.spec_tokens += g;
+        if (spec_kind_of(ex, r) == SPEC_DRAFT)
+            ex->sst.model_drafts++;
+        else
+            ex->sst.ngram_drafts++;
+    }
+    return n_fin;
 }
 
 /* After the commit of a step that ended a leader's prompt: each other
@@ -696,6 +934,7 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
     struct sched_req *done = NULL;
     struct kvmm *mm = ex->mm;
 
+    spec_prepare(ex);
     kvmm_lock(mm);
     while (arrived) {
         struct sched_req *r = arrived;
@@ -738,12 +977,43 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
     if (ex->conf.arbiter)
         arbiter_acquire(ex->conf.arbiter, ex->shares, ex->n_shares);
     uint64_t t_fwd = sched_now_ns();
+    ex->gen_step = 0;
     rc = forward(ex);
     uint64_t fwd_ns = sched_now_ns() - t_fwd;
+    /* The arbiter charges the rows computed: a verification's 1 + k
+     * (plan_shares), whatever it keeps of them. */
     if (ex->conf.arbiter)
         arbiter_release(ex->conf.arbiter, ex->shares, ex->n_shares, fwd_ns);
-    if (rc == 0)
-        roofline_record_fwd_shape(ex->conf.roofline, &ex->shape, ex->fseqs, ex->plan.n, fwd_ns);
+    uint32_t n_fin = 0;
+    if (rc == 0) {
+        uint64_t dt = fwd_ns;
+        roofline_record_fwd_shape(ex->conf.roofline, &ex->shape, ex->fseqs, ex->plan.n, dt);
+        bool verify = false, plain = true;
+        for (uint32_t i = 0; i < ex->plan.n; i++) {
+            const struct sched_req *r = ex->plan.reqs[i];
+            verify |= r->verify;
+            plain &= r->step_n == 1 && !r->verify && !r->restoring && r->n_kv + 1 == r->n_toks;
+        }
+        if (verify) {
+            ex->sst.verify_steps++;
+            ex->sst.verify_ns += dt;
+            /* the drafts' rows' share of the step, per row, over a plain
+             * step (a rough price: the batches of the two may differ) */
+            uint32_t rows = 0;
+            for (uint32_t i = 0; i < ex->plan.n; i++)
+                rows += ex->plan.reqs[i]->verify ? ex->plan.reqs[i]->n_draft : 0;
+            if (ex->t_plain_ns > 0 && rows) {
+                double c = ((double)dt / ex->t_plain_ns - 1.0) / rows;
+                ema(&ex->c_verify, c < 0 ? 0 : c > 2 ? 2 : c);
+            }
+        } else if (plain) {
+            ex->sst.decode_steps++;
+            ex->sst.decode_tokens += ex->plan.n;
+            ex->sst.decode_ns += dt;
+            ema(&ex->t_plain_ns, (double)dt);
+        }
+        n_fin = spec_resolve(ex);
+    }
 
     kvmm_lock(mm);
     if (rc) {
@@ -759,19 +1029,44 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         ex->plan.n = 0;
     } else {
         sched_commit(ex->sched, mm, &ex->plan, &done);
+        /* A verification's rejected drafts: their slots (and K/V) go; none
+         * of them was committed, so no block they filled entered the tree. */
+        for (uint32_t i = 0; i < ex->plan.n; i++) {
+            struct sched_req *r = ex->plan.reqs[i];
+            size_t extra = r->verify ? 1 + (size_t)r->n_draft - r->step_n : 0;
+            if (r->state == SCHED_DONE || extra == 0)
+                continue;
+            if (kvmm_seq_truncate(mm, sched_req_owner(r), r->seq, extra) != 0) {
+                if (r->finish != SCHED_FINISH_NONE)
+                    n_fin--;
+                kvd_error_set(&r->err, KVD_EINTERNAL, "cannot drop rejected drafts: %s",
+                              kvmm_errmsg(mm));
+                r->finish = SCHED_FINISH_ERROR;
+                sched_finish(ex->sched, mm, r, SCHED_FINISH_ERROR);
+                r->next = done;
+                done = r;
+            }
+        }
         fork_groups(ex, &done);
     }
     kvmm_unlock(mm);
 
-    uint32_t n_fin = sample_step(ex);
-    uint64_t gen = 0;
+    n_fin += sample_step(ex);
+    /* every token taken this step: verifications' (spec_resolve), the
+     * step's picks and the first tokens of the choices forked in it */
+    uint64_t gen = ex->gen_step;
+    for (uint32_t i = 0; i < ex->plan.n; i++)
+        if (ex->plan.reqs[i]->verify) {
+            ex->sst.verify_step_tokens += gen;
+            break;
+        }
+    for (uint32_t i = 0; i < ex->plan.n; i++) {
+        ex->plan.reqs[i]->n_draft = 0;
+        ex->plan.reqs[i]->verify = false;
+    }
     /* this step's requests, then the choices forked in it */
     uint32_t n_all = ex->plan.n + ex->n_forked;
 #define STEP_REQ(i) ((i) < ex->plan.n ? ex->plan.reqs[i] : ex->forked[(i)-ex->plan.n])
-    for (uint32_t i = 0; i < n_all; i++) {
-        struct sched_req *r = STEP_REQ(i);
-        gen += r->state != SCHED_DONE && !r->restoring && r->n_kv + 1 == r->n_toks;
-    }
     if (n_fin) {
         kvmm_lock(mm);
         for (uint32_t i = 0; i < n_all; i++) {
@@ -793,6 +1088,7 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
     ex->n_forked = 0;
     pthread_mutex_lock(&ex->mu);
     ex->st.generated += gen;
+    ex->st.spec = ex->sst;
     sched_counters(ex->sched, &ex->st.sched);
     pthread_mutex_unlock(&ex->mu);
     publish_done(ex, done);
@@ -843,8 +1139,10 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
 {
     static const char nomem[] = "out of memory starting the executor";
     struct exec *ex = calloc(1, sizeof(*ex));
-    if (!ex)
+    if (!ex) {
+        draft_free(conf->draft); /* the executor's from here on */
         return kvd_error_set(err, KVD_ENOMEM, "%s", nomem);
+    }
     int rc;
     ex->mm = mm;
     ex->m = m;
@@ -857,6 +1155,24 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
         ex->conf.max_seqs = ex->conf.step_tokens;
     if (!ex->conf.queue_timeout_ms)
         ex->conf.queue_timeout_ms = 60000;
+    struct spec_conf *spc = &ex->conf.spec;
+    ex->c_verify = 0.1;
+    if (spc->kind == SPEC_DEFAULT)
+        spc->kind = SPEC_OFF;
+    if (!spc->max_batch)
+        spc->max_batch = 4;
+    if (spc->max_batch > ex->conf.max_seqs)
+        spc->max_batch = ex->conf.max_seqs;
+    if (!spc->max_draft)
+        spc->max_draft = 8;
+    if (spc->max_draft > SPEC_MAX_DRAFT)
+        spc->max_draft = SPEC_MAX_DRAFT;
+    if (!spc->ngram_min)
+        spc->ngram_min = 1;
+    if (!spc->ngram_max)
+        spc->ngram_max = 3;
+    if (spc->ngram_max < spc->ngram_min)
+        spc->ngram_max = spc->ngram_min;
     ex->hp = model_hparams(m);
     roofline_shape_from_model(ex->hp, kvmm_geom(mm), &ex->shape);
     if (ex->conf.roofline)
@@ -898,16 +1214,36 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
                           sc.step_tokens, sc.max_seqs);
         goto fail;
     }
-    if ((rc = fwd_ctx_new(m, sc.step_tokens, sc.max_seqs, &ex->fc))) {
+    if (spc->kind == SPEC_DRAFT && !ex->conf.draft) {
+        rc = kvd_error_set(err, KVD_EBADREQ,
+                           "speculative decoding with a draft model needs one "
+                           "(--draft-model, or [model:NAME] draft = OTHER)");
+        goto fail;
+    }
+    /* Output rows: one per sequence, plus the drafts of the requests that
+     * may verify at once. */
+    ex->max_out = sc.max_seqs + spc->max_batch * spc->max_draft;
+    if (ex->max_out > sc.step_tokens)
+        ex->max_out = sc.step_tokens;
+    if ((rc = fwd_ctx_new_out(m, sc.step_tokens, sc.max_seqs, ex->max_out, &ex->fc))) {
         kvd_error_set(err, rc, "cannot size the forward scratch for %u tokens / %u sequences",
                       sc.step_tokens, sc.max_seqs);
         goto fail;
     }
     ex->fseqs = calloc(sc.max_seqs, sizeof(*ex->fseqs));
-    ex->rows = calloc(sc.max_seqs, sizeof(*ex->rows));
-    ex->picks = calloc(sc.max_seqs, sizeof(*ex->picks));
+    ex->rows = calloc(ex->max_out, sizeof(*ex->rows));
+    ex->picks = calloc(ex->max_out, sizeof(*ex->picks));
+    ex->order = calloc(sc.max_seqs, sizeof(*ex->order));
+    ex->out0 = calloc(sc.max_seqs, sizeof(*ex->out0));
+    ex->vtoks = calloc((size_t)sc.max_seqs * (1 + SPEC_MAX_DRAFT), sizeof(*ex->vtoks));
+    ex->saved = calloc(sc.max_seqs, sizeof(*ex->saved));
+    ex->jobs = calloc(spc->max_batch, sizeof(*ex->jobs));
+    ex->job_req = calloc(spc->max_batch, sizeof(*ex->job_req));
     ex->shares = calloc(sc.max_seqs, sizeof(*ex->shares));
-    if (!ex->fseqs || !ex->rows || !ex->picks || !ex->shares) {
+    ex->dshares = calloc(spc->max_batch, sizeof(*ex->dshares));
+    ex->tnames = calloc(spc->max_batch, sizeof(*ex->tnames));
+    if (!ex->fseqs || !ex->rows || !ex->picks || !ex->order || !ex->out0 || !ex->vtoks ||
+        !ex->saved || !ex->jobs || !ex->job_req || !ex->shares || !ex->dshares || !ex->tnames) {
         rc = kvd_error_set(err, KVD_ENOMEM, "%s", nomem);
         goto fail;
     }
@@ -940,11 +1276,20 @@ void exec_free(struct exec *ex)
     sched_free(ex->sched);
     if (ex->fc)
         fwd_ctx_free(ex->fc);
+    draft_free(ex->conf.draft); /* its sequences, KV and scratch (and private weights) */
     sched_plan_free(&ex->plan);
     free(ex->fseqs);
     free(ex->rows);
     free(ex->picks);
+    free(ex->order);
+    free(ex->out0);
+    free(ex->vtoks);
+    free(ex->saved);
+    free(ex->jobs);
+    free(ex->job_req);
     free(ex->shares);
+    free(ex->dshares);
+    free(ex->tnames);
     free(ex->hlogits);
     free(ex->lpstep);
     free(ex->lprow);
@@ -968,6 +1313,16 @@ const struct text *exec_text(const struct exec *ex)
 const struct model_hparams *exec_hparams(const struct exec *ex)
 {
     return ex->hp;
+}
+
+const struct spec_conf *exec_spec_conf(const struct exec *ex)
+{
+    return &ex->conf.spec;
+}
+
+bool exec_has_draft(const struct exec *ex)
+{
+    return ex->conf.draft != NULL;
 }
 
 uint64_t exec_next_serial(struct exec *ex)

@@ -9,9 +9,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "draft.h"
 #include "kvmm.h"
 #include "model.h"
 #include "scheduler.h"
+#include "spec.h"
 #include "text.h"
 
 /* Where a request's results go (each request names its own: r->sink).
@@ -54,7 +56,8 @@ struct exec_conf {
      * inside a step (not owned, outlives the executor). NULL: none. */
     struct workpool *disk_pool;
     /* Several models on one device (not owned, outlives the executor; NULL:
-     * the device is this executor's alone): each forward takes a turn. */
+     * the device is this executor's alone): each forward takes a turn, the
+     * draft model's forwards too. */
     struct exec_arbiter *arbiter;
     /* The accounting slot its queues and counters go to (its model's). */
     uint32_t acct_slot;
@@ -62,6 +65,29 @@ struct exec_conf {
      * that answered it, no lock held): the daemon may unload the model. */
     void (*on_idle)(void *ud);
     void *on_idle_ud;
+    /* Speculative decoding (spec.h; kind OFF: none) and the draft model's
+     * executor side (draft.h: its KV, scratch and sequences; NULL: no draft
+     * model, so kind DRAFT is refused). The executor owns the draft from
+     * exec_new on, whether exec_new succeeds or not: exec_free frees it, so
+     * a model's draft state goes when its executor does. Zeroed: off,
+     * max_batch 4, max_draft 8, n-grams of 1 to 3 tokens. */
+    struct spec_conf spec;
+    struct draft *draft;
+};
+
+/* Speculative decoding's counters (stats `requests.speculative`). */
+struct exec_spec_stats {
+    uint64_t verify_steps;       /* steps that verified drafts of some request */
+    uint64_t verifies;           /* verifications (one request's drafts in one step) */
+    uint64_t drafted;            /* draft tokens verified */
+    uint64_t accepted;           /* of them, kept */
+    uint64_t spec_tokens;        /* tokens those verifications produced (kept drafts + one each) */
+    uint64_t verify_ns;          /* forward time of the verifying steps */
+    uint64_t verify_step_tokens; /* every token those steps gave (any request) */
+    uint64_t decode_steps;       /* decode-only steps without drafts (the plain rate) */
+    uint64_t decode_tokens;      /* their tokens */
+    uint64_t decode_ns;          /* their forward time */
+    uint64_t ngram_drafts, model_drafts; /* verifications by kind */
 };
 
 struct exec_stats {
@@ -69,6 +95,7 @@ struct exec_stats {
     uint64_t requests, completed, cancelled, failed;
     uint64_t generated; /* tokens sampled */
     uint32_t live;      /* submitted and not yet answered */
+    struct exec_spec_stats spec;
 };
 
 struct exec;
@@ -81,6 +108,10 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
 void exec_free(struct exec *ex);
 
 const struct model_hparams *exec_hparams(const struct exec *ex);
+/* The daemon's speculative decoding settings (defaults filled in), and
+ * whether a draft model is loaded (a request's "draft" needs one). */
+const struct spec_conf *exec_spec_conf(const struct exec *ex);
+bool exec_has_draft(const struct exec *ex);
 /* exec_conf's text (NULL when none was given). */
 const struct text *exec_text(const struct exec *ex);
 /* A fresh serial for a request about to be submitted (any thread); its kvmm

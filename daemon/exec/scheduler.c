@@ -302,6 +302,11 @@ void sched_counters(const struct sched *s, struct sched_counters *c)
     c->swapped = s->swapped.n;
 }
 
+struct sched_req *sched_running(const struct sched *s)
+{
+    return s->running.head;
+}
+
 bool sched_busy(const struct sched *s)
 {
     return s->waiting.n + s->waiting_pre.n + s->running.n + s->swapped.n > 0;
@@ -610,7 +615,7 @@ void sched_commit(struct sched *s, struct kvmm *mm, struct sched_plan *plan,
             sched_end_error(s, mm, r, rc, done, "cannot commit tokens: %s", kvmm_errmsg(mm));
             continue;
         }
-        if (r->n_kv + r->step_n == r->n_toks && r->n_toks > r->n_prompt)
+        if (r->verify || (r->n_kv + r->step_n == r->n_toks && r->n_toks > r->n_prompt))
             s->ctr.decode_tokens += r->step_n;
         else
             s->ctr.prefill_tokens += r->step_n;

@@ -14,6 +14,7 @@
 #include "kvmm.h"
 #include "grammar.h"
 #include "sampler.h"
+#include "spec.h"
 #include "text_out.h"
 
 struct exec_sink;
@@ -147,6 +148,20 @@ struct sched_req {
     /* generate with `session` (owned; NULL without): see struct sched_session */
     struct sched_session *session;
 
+    /* Speculative decoding (exec/spec.h): the kind it asked for
+     * (SPEC_DEFAULT: the daemon's), its adaptive state, and whether it has
+     * a draft-model sequence (closed when it is answered). */
+    enum spec_kind spec_kind;
+    struct spec_state spec;
+    bool draft_seq;
+    /* This step's drafts (set by the executor before sched_plan): a decode
+     * planned with n_draft > 0 computes 1 + n_draft rows, its last token
+     * and the drafts (verify), each row sampled; the plan may lower
+     * n_draft (budget, memory) or drop it. */
+    uint32_t n_draft;
+    uint32_t draft[SPEC_MAX_DRAFT];
+    bool verify; /* planned as a verification this step */
+
     /* this step */
     uint32_t step_n; /* tokens computed for it this step (0: not in the batch) */
 
@@ -232,6 +247,9 @@ const struct sched_conf *sched_conf(const struct sched *s);
 void sched_counters(const struct sched *s, struct sched_counters *c);
 /* Any request waiting, running or swapped. */
 bool sched_busy(const struct sched *s);
+/* The running queue's first request (then r->next), for the executor's
+ * drafting before a step. */
+struct sched_req *sched_running(const struct sched *s);
 /* Tells the next sched_plan that some request's cancel flag was set, so it
  * looks through the waiting queue (which it otherwise does not walk). Any
  * thread. */

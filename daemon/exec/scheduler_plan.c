@@ -119,6 +119,25 @@ static int plan_running(struct sched *s, struct kvmm *mm, struct sched_plan *pla
             size_t n = pass == 0 ? 1 : share_of(s, r, left, *budget);
             if (n == 0)
                 continue;
+            if (pass == 0 && r->n_draft) {
+                /* A verification: the drafts too, if the budget and free
+                 * memory take them now (drafts never preempt anyone). */
+                size_t nd = r->n_draft < *budget ? r->n_draft : *budget - 1;
+                bool dummy = false;
+                enum grow_result g = GROW_BLOCKED;
+                if (nd && !sched_never_fits(mm, r->tenant, sched_blocks_for(mm, r->n_kv + 1 + nd)))
+                    g = sched_grow(s, mm, r, 1 + nd, false, &dummy, done);
+                if (g == GROW_ENDED)
+                    continue;
+                if (g == GROW_OK) {
+                    r->n_draft = (uint32_t)nd;
+                    r->verify = true;
+                    plan_add(plan, r, (uint32_t)(1 + nd));
+                    *budget -= (uint32_t)(1 + nd);
+                    continue;
+                }
+                r->n_draft = 0;
+            }
             if (sched_grow(s, mm, r, n, true, preempted, done) == GROW_OK) {
                 plan_add(plan, r, (uint32_t)n);
                 *budget -= (uint32_t)n;
@@ -488,8 +507,10 @@ int sched_plan(struct sched *s, struct kvmm *mm, struct sched_plan *plan, struct
         return rc;
     plan->n = 0;
     plan->n_tokens = 0;
-    for (struct sched_req *r = s->running.head; r; r = r->next)
+    for (struct sched_req *r = s->running.head; r; r = r->next) {
         r->step_n = 0;
+        r->verify = false;
+    }
     for (size_t i = 0; i < s->n_tf; i++)
         s->tf[i].share = 0; /* set by plan_running once the decodes are planned */
     reap_cancelled(s, mm, done);

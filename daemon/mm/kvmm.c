@@ -347,6 +347,14 @@ uint32_t kvmm_tenant_weight(struct kvmm *mm, uint32_t tenant)
     return mm->tt.v[tenant].conf.weight;
 }
 
+void kvmm_tenant_name(struct kvmm *mm, uint32_t tenant, char out[64])
+{
+    MM_ASSERT_LOCKED(mm);
+    out[0] = '\0';
+    if (tenant_live(&mm->tt, tenant))
+        snprintf(out, 64, "%s", mm->tt.v[tenant].conf.name);
+}
+
 int kvmm_tenant_namespace(struct kvmm *mm, uint32_t tenant, uint32_t *ns_id)
 {
     MM_ASSERT_LOCKED(mm);

@@ -152,6 +152,9 @@ int kvmm_tenant_set_at(struct kvmm *mm, const struct kvmm_tenant_conf *conf, uin
 int kvmm_tenant_find(struct kvmm *mm, const char *name, uint32_t *tenant_id);
 /* The tenant's scheduling weight (1 for an id that is not a live tenant). */
 uint32_t kvmm_tenant_weight(struct kvmm *mm, uint32_t tenant);
+/* The tenant's name (the empty string for an id that is not a live
+ * tenant); out holds 64 bytes. */
+void kvmm_tenant_name(struct kvmm *mm, uint32_t tenant, char out[64]);
 /* Removes an idle tenant: KVD_EBUSY while it has open sequences, or owns
  * blocks outside its own namespace; what its own namespace ("tenant:<name>")
  * caches is dropped, and that namespace goes with it. Its id and its

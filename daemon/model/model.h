@@ -69,40 +69,60 @@ struct fwd_seq {
     uint32_t pos0;          /* position of tokens[0]; positions < pos0 are in the blocks */
     const uint32_t *slots;  /* host [n_slots]: device slots of the blocks covering */
     uint32_t n_slots;       /*   positions [0, pos0 + n_tokens), in order */
+    /* Every row's output, not only the last one's: a speculative
+     * verification (the last accepted token and the draft tokens after
+     * it), whose rows each give the logits/pick of the position after
+     * them. Such a sequence has n_tokens outputs, any other one 1. */
+    bool all_rows;
 };
 
+/* A step's outputs are its "output rows": for each sequence in order,
+ * every row (all_rows) or its last row; n_out of them in all. */
 struct fwd_batch {
     const struct fwd_seq *seqs; /* host [n_seqs] */
     uint32_t n_seqs;
     void *kv_arena;             /* device: slot s at kv_arena + s * kv_block_bytes(geom) */
     const struct kv_geom *geom; /* must match model_kv_geom (layers, kv_heads, head_dim) */
     uint32_t n_arena_slots;     /* slots in the arena, to bound-check the tables; 0 = unchecked */
-    float *logits; /* out, host [n_seqs][n_vocab]: each sequence's last position; may be NULL */
-    /* Sampling on the backend (the sample op): host [n_seqs] rows, or NULL;
-     * tokens: out, host [n_seqs], the picks (0 for a skipped row). At least
+    float *logits;              /* out, host [n_out][n_vocab], one per output row; may be NULL */
+    /* Sampling on the backend (the sample op): host [n_out] rows, or NULL;
+     * tokens: out, host [n_out], the picks (0 for a skipped row). At least
      * one of logits and sample is set. */
     const struct sample_row *sample;
     uint32_t *tokens;
+    /* Batch-invariant rows: the rows of the leading sequences that are
+     * decodes (1 token) or all_rows are each computed exactly as a one-token
+     * decode of that position alone in a step would be (the same matmul and
+     * attention arithmetic and reduction order), whatever else the step
+     * holds, so a speculative verification reproduces plain decoding bit
+     * for bit. The cpu backend's rows never depend on the batch, so this
+     * changes nothing there; on cuda those rows take the GEMV and the
+     * decode attention (compute.h matmul_inv, attn_desc.n_dec). */
+    bool invariant;
 };
 
-/* Scratch buffers on the device sized for max_batch_tokens tokens and
- * max_seqs sequences per step, reused step to step. Owned by the caller;
- * one fwd_ctx is used by one thread at a time. */
+/* Scratch buffers on the device sized for max_batch_tokens tokens,
+ * max_seqs sequences and max_out output rows per step (fwd_ctx_new:
+ * max_out = max_seqs), reused step to step. Owned by the caller; one
+ * fwd_ctx is used by one thread at a time. */
 struct fwd_ctx;
 int fwd_ctx_new(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs,
                 struct fwd_ctx **out);
+int fwd_ctx_new_out(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs, uint32_t max_out,
+                    struct fwd_ctx **out);
 void fwd_ctx_free(struct fwd_ctx *c);
 /* Message of the last model_forward failure on this context. */
 const char *fwd_ctx_errmsg(const struct fwd_ctx *c);
 
 /* Runs one step: writes the K/V of every new token into its block, and the
- * logits of each sequence's last new token into b->logits and/or the token
- * sampled from them into b->tokens. Validates the
+ * logits of each output row (each sequence's last new token, or every one
+ * of an all_rows sequence) into b->logits and/or the token sampled from
+ * them into b->tokens. Validates the
  * batch first (nothing is written on a validation error): KVD_EBADREQ for an
  * out-of-vocab token, n_tokens 0, pos0 + n_tokens > n_ctx, too few or
  * out-of-range slots, a slot repeated within a sequence or a geometry that
- * does not match; KVD_ETOOLARGE for more tokens or sequences than the
- * fwd_ctx was sized for. */
+ * does not match; KVD_ETOOLARGE for more tokens, sequences or output rows
+ * than the fwd_ctx was sized for. */
 int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b);
 
 /* A debugging aid (kvd-trace-cmp compares kvd's intermediates with

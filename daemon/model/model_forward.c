@@ -1,9 +1,10 @@
 /* The forward step over paged KV, written once against the compute-ops
  * table: validate the batch, upload its token/position/block-table metadata,
  * then embedding -> n_layer x (attention block, MLP block) -> final norm ->
- * logits of each sequence's last new token -> (optionally) the token sampled
- * from them. Shapes are in the comments of struct fwd_ctx; T = tokens in the
- * step, S = sequences. */
+ * logits of each output row (a sequence's last new token, or all of a
+ * verification's) -> (optionally) the token sampled from them. Shapes are
+ * in the comments of struct fwd_ctx; T = tokens in the step, S =
+ * sequences, O = output rows. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -16,9 +17,10 @@
 
 struct fwd_ctx {
     struct model *m;
-    uint32_t max_tokens, max_seqs;
+    uint32_t max_tokens, max_seqs, max_out;
     /* device activations, Tm = max_tokens, E = n_embd, QD = n_head*head_dim,
-     * KD = n_head_kv*head_dim, F = n_ff, V = n_vocab, Sm = max_seqs */
+     * KD = n_head_kv*head_dim, F = n_ff, V = n_vocab, Sm = max_seqs,
+     * Om = max_out */
     float *x;                            /* [Tm][E] residual stream */
     float *h;                            /* [Tm][E] normed input / projection output */
     float *q;                            /* [Tm][QD] */
@@ -26,12 +28,13 @@ struct fwd_ctx {
     float *att;                          /* [Tm][QD] attention output */
     float *gate;                         /* [Tm][F] */
     float *up;                           /* [Tm][F] */
-    float *last;                         /* [Sm][E] last rows */
-    float *logits;                       /* [Sm][V] */
-    struct sample_row *sample, *hsample; /* [Sm] the step's sampling rows, device and host */
-    uint32_t *ids;                       /* [Sm] sampled tokens */
+    float *last;                         /* [Om][E] output rows */
+    float *logits;                       /* [Om][V] */
+    struct sample_row *sample, *hsample; /* [Om] the step's sampling rows, device and host */
+    uint32_t *ids;                       /* [Om] sampled tokens */
     /* metadata, device and host mirror, u32: tokens[Tm] pos[Tm] tok_slot[Tm]
-     * qstart[Sm+1] pos0[Sm] slot0[Sm+1] last_rows[Sm] */
+     * qstart[Sm+1] pos0[Sm] slot0[Sm+1] out_rows[Om] dec_qstart[Tm+1]
+     * dec_pos0[Tm] dec_slot0[Tm] (the last three: attn_desc's decode rows) */
     uint32_t *meta, *hmeta;
     size_t meta_words;
     uint32_t *slots, *hslots; /* block tables, concatenated; grown on demand */
@@ -40,7 +43,7 @@ struct fwd_ctx {
     size_t conflict_cap;
     fwd_trace_fn trace; /* fwd_ctx_set_trace; NULL: none */
     void *trace_ud;
-    float *trace_buf; /* host [max(Tm * max(E, QD, F), Sm * V)] */
+    float *trace_buf; /* host [max(Tm * max(E, QD, F), Om * V)] */
     char err[256];
 };
 
@@ -86,7 +89,7 @@ int fwd_ctx_set_trace(struct fwd_ctx *c, fwd_trace_fn fn, void *ud)
     size_t w = hp->n_embd, qd = (size_t)hp->n_head * hp->head_dim;
     w = qd > w ? qd : w;
     w = hp->n_ff > w ? hp->n_ff : w;
-    size_t n = (size_t)c->max_tokens * w, nl = (size_t)c->max_seqs * hp->n_vocab;
+    size_t n = (size_t)c->max_tokens * w, nl = (size_t)c->max_out * hp->n_vocab;
     free(c->trace_buf);
     c->trace_buf = NULL;
     c->trace = NULL;
@@ -117,20 +120,27 @@ static int trace_out(struct fwd_ctx *c, const char *name, int layer, float *dev,
 
 int fwd_ctx_new(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs, struct fwd_ctx **out)
 {
+    return fwd_ctx_new_out(m, max_batch_tokens, max_seqs, max_seqs, out);
+}
+
+int fwd_ctx_new_out(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs, uint32_t max_out,
+                    struct fwd_ctx **out)
+{
     const struct model_hparams *hp = &m->hp;
     struct fwd_ctx *c = calloc(1, sizeof *c);
     *out = NULL;
     if (!c)
         return KVD_ENOMEM;
     if (max_batch_tokens == 0 || max_seqs == 0 || max_seqs > max_batch_tokens ||
-        max_batch_tokens > (1u << 20)) {
+        max_batch_tokens > (1u << 20) || max_out < max_seqs || max_out > max_batch_tokens) {
         free(c);
         return KVD_EBADREQ;
     }
     c->m = m;
     c->max_tokens = max_batch_tokens;
     c->max_seqs = max_seqs;
-    size_t T = max_batch_tokens, S = max_seqs, E = hp->n_embd,
+    c->max_out = max_out;
+    size_t T = max_batch_tokens, S = max_seqs, O = max_out, E = hp->n_embd,
            QD = (size_t)hp->n_head * hp->head_dim, KD = (size_t)hp->n_head_kv * hp->head_dim,
            F = hp->n_ff, V = hp->n_vocab;
     struct {
@@ -138,19 +148,19 @@ int fwd_ctx_new(struct model *m, uint32_t max_batch_tokens, uint32_t max_seqs, s
         size_t n;
     } want[] = {{&c->x, T * E},    {&c->h, T * E},     {&c->q, T * QD},   {&c->k, T * KD},
                 {&c->v, T * KD},   {&c->att, T * QD},  {&c->gate, T * F}, {&c->up, T * F},
-                {&c->last, S * E}, {&c->logits, S * V}};
+                {&c->last, O * E}, {&c->logits, O * V}};
     int rc = 0;
     for (size_t i = 0; i < sizeof want / sizeof want[0] && !rc; i++)
         rc = m->ops->buf_alloc(m->cx, want[i].n * sizeof(float), (void **)want[i].p);
-    c->meta_words = 3 * T + 4 * S + 2;
+    c->meta_words = 6 * T + 3 * S + O + 3;
     if (!rc)
         rc = m->ops->buf_alloc(m->cx, c->meta_words * 4, (void **)&c->meta);
     if (!rc)
-        rc = m->ops->buf_alloc(m->cx, S * sizeof(struct sample_row), (void **)&c->sample);
+        rc = m->ops->buf_alloc(m->cx, O * sizeof(struct sample_row), (void **)&c->sample);
     if (!rc)
-        rc = m->ops->buf_alloc(m->cx, S * sizeof(uint32_t), (void **)&c->ids);
+        rc = m->ops->buf_alloc(m->cx, O * sizeof(uint32_t), (void **)&c->ids);
     c->hmeta = malloc(c->meta_words * 4);
-    c->hsample = malloc(S * sizeof *c->hsample);
+    c->hsample = malloc(O * sizeof *c->hsample);
     if (rc || !c->hmeta || !c->hsample) {
         fwd_ctx_free(c);
         return KVD_ENOMEM;
@@ -193,11 +203,11 @@ static int cmp_u64(const void *a, const void *b)
 /* Checks everything model_forward reads before any write happens; fills
  * *n_tokens, *n_slots (block-table entries needed) and *max_kv. */
 static int validate(struct fwd_ctx *c, const struct fwd_batch *b, uint32_t *n_tokens,
-                    size_t *n_slots, uint32_t *max_kv, uint32_t *max_q)
+                    size_t *n_slots, uint32_t *max_kv, uint32_t *max_q, uint32_t *n_out)
 {
     const struct model_hparams *hp = &c->m->hp;
     const struct kv_geom *g = b->geom;
-    uint64_t T = 0, NS = 0;
+    uint64_t T = 0, NS = 0, O = 0;
     *max_kv = *max_q = 0;
     if (!b->seqs || b->n_seqs == 0 || !b->kv_arena || !g || (!b->logits && !b->sample) ||
         (b->sample && !b->tokens))
@@ -221,6 +231,10 @@ static int validate(struct fwd_ctx *c, const struct fwd_batch *b, uint32_t *n_to
         if (T > c->max_tokens)
             return ferr(c, KVD_ETOOLARGE, "forward: more than %u tokens in one step",
                         c->max_tokens);
+        O += q->all_rows ? q->n_tokens : 1;
+        if (O > c->max_out)
+            return ferr(c, KVD_ETOOLARGE, "forward: more than %u output rows in one step",
+                        c->max_out);
         uint64_t end = (uint64_t)q->pos0 + q->n_tokens;
         if (end > hp->n_ctx)
             return ferr(c, KVD_EBADREQ,
@@ -291,6 +305,7 @@ static int validate(struct fwd_ctx *c, const struct fwd_batch *b, uint32_t *n_to
     }
     *n_tokens = (uint32_t)T;
     *n_slots = NS;
+    *n_out = (uint32_t)O;
     return 0;
 }
 
@@ -300,12 +315,12 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
     const struct compute_ops *o = m->ops;
     struct compute_ctx *cx = m->cx;
     const struct kv_geom *g = b->geom;
-    uint32_t T = 0, max_kv = 0, max_q = 0, S = b->n_seqs;
+    uint32_t T = 0, max_kv = 0, max_q = 0, S = b->n_seqs, O = 0;
     size_t NS = 0;
     int rc;
     if (c->m != m)
         return ferr(c, KVD_EINTERNAL, "forward: fwd_ctx belongs to another model");
-    if ((rc = validate(c, b, &T, &NS, &max_kv, &max_q)))
+    if ((rc = validate(c, b, &T, &NS, &max_kv, &max_q, &O)))
         return rc;
 
     /* A decode-only step may be padded to the backend's bucket (compute.h
@@ -314,16 +329,26 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
     uint32_t Sp = S;
     if (max_q == 1 && o->step_bucket) {
         uint32_t cap = c->max_seqs < c->max_tokens ? c->max_seqs : c->max_tokens;
+        cap = cap < c->max_out ? cap : c->max_out;
         Sp = o->step_bucket(cx, S);
         Sp = Sp < S ? S : Sp > cap ? cap : Sp;
     }
-    uint32_t Tp = T + (Sp - S);
+    uint32_t Tp = T + (Sp - S), Op = O + (Sp - S);
 
     /* host metadata -> one upload */
-    uint32_t Tm = c->max_tokens, Sm = c->max_seqs;
+    uint32_t Tm = c->max_tokens, Sm = c->max_seqs, Om = c->max_out;
     uint32_t *tokens = c->hmeta, *pos = tokens + Tm, *tok_slot = pos + Tm, *qstart = tok_slot + Tm,
-             *pos0 = qstart + Sm + 1, *slot0 = pos0 + Sm, *last_rows = slot0 + Sm + 1;
-    uint32_t t = 0, ns = 0;
+             *pos0 = qstart + Sm + 1, *slot0 = pos0 + Sm, *last_rows = slot0 + Sm + 1,
+             *dec_qstart = last_rows + Om, *dec_pos0 = dec_qstart + Tm + 1,
+             *dec_slot0 = dec_pos0 + Tm;
+    /* The batch-invariant prefix: the leading sequences that decode or
+     * verify (s_dec of them, n_dec rows), each row its own one-token
+     * "sequence" for the attention. */
+    uint32_t s_dec = 0, n_dec = 0;
+    if (b->invariant)
+        while (s_dec < S && (b->seqs[s_dec].n_tokens == 1 || b->seqs[s_dec].all_rows))
+            n_dec += b->seqs[s_dec++].n_tokens;
+    uint32_t t = 0, ns = 0, nout = 0;
     for (uint32_t s = 0; s < S; s++) {
         const struct fwd_seq *q = &b->seqs[s];
         uint32_t need =
@@ -336,16 +361,25 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
             tokens[t] = q->tokens[i];
             pos[t] = q->pos0 + i;
             tok_slot[t] = q->slots[pos[t] / g->block_tokens];
+            if (q->all_rows)
+                last_rows[nout++] = t;
+            if (s < s_dec) {
+                dec_qstart[t] = t;
+                dec_pos0[t] = pos[t];
+                dec_slot0[t] = ns;
+            }
         }
-        last_rows[s] = t - 1;
+        if (!q->all_rows)
+            last_rows[nout++] = t - 1;
         ns += need;
     }
+    dec_qstart[n_dec] = n_dec;
     for (uint32_t s = S; s <= Sp; s++) {
         qstart[s] = T;
         slot0[s] = ns;
         if (s < Sp) {
             pos0[s] = 0;
-            last_rows[s] = 0;
+            last_rows[nout++] = 0;
         }
     }
     for (; t < Tp; t++) {
@@ -354,17 +388,25 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         tok_slot[t] = COMPUTE_PAD_SLOT;
     }
     if (b->sample) {
-        memcpy(c->hsample, b->sample, (size_t)S * sizeof *b->sample);
-        for (uint32_t s = S; s < Sp; s++)
-            c->hsample[s] = (struct sample_row){.skip = 1};
+        memcpy(c->hsample, b->sample, (size_t)O * sizeof *b->sample);
+        for (uint32_t r = O; r < Op; r++)
+            c->hsample[r] = (struct sample_row){.skip = 1};
     }
     if ((rc = o->upload(cx, c->meta, c->hmeta, c->meta_words * 4)) ||
         (rc = o->upload(cx, c->slots, c->hslots, NS * 4)) ||
-        (b->sample && (rc = o->upload(cx, c->sample, c->hsample, (size_t)Sp * sizeof *c->hsample))))
+        (b->sample && (rc = o->upload(cx, c->sample, c->hsample, (size_t)Op * sizeof *c->hsample))))
         return ferr(c, rc, "forward: metadata upload failed");
     const uint32_t *d_tokens = c->meta, *d_pos = d_tokens + Tm, *d_tok_slot = d_pos + Tm,
                    *d_qstart = d_tok_slot + Tm, *d_pos0 = d_qstart + Sm + 1, *d_slot0 = d_pos0 + Sm,
-                   *d_last = d_slot0 + Sm + 1;
+                   *d_last = d_slot0 + Sm + 1, *d_dec_qstart = d_last + Om,
+                   *d_dec_pos0 = d_dec_qstart + Tm + 1, *d_dec_slot0 = d_dec_pos0 + Tm;
+    /* The invariant prefix's rows take the one-row matmul arithmetic
+     * (n_one rows of the step, n_one_out of the output rows); a backend
+     * without matmul_inv has none other. */
+    bool inv = b->invariant && o->matmul_inv;
+    uint32_t n_out_dec = 0;
+    for (uint32_t s = 0; s < s_dec; s++)
+        n_out_dec += b->seqs[s].all_rows ? b->seqs[s].n_tokens : 1;
 
     uint32_t E = hp->n_embd, QD = hp->n_head * hp->head_dim, KD = hp->n_head_kv * hp->head_dim;
     const float *ff = hp->has_rope_freqs ? m->rope_freqs.data : NULL;
@@ -385,6 +427,13 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         .max_kv = max_kv,
         .h_seq_qstart = qstart,
         .h_seq_pos0 = pos0,
+        .alone = b->invariant,
+        /* a decode-only step's rows are decode rows already */
+        .n_dec = b->invariant && max_q > 1 ? n_dec : 0,
+        .s_dec = b->invariant && max_q > 1 ? s_dec : 0,
+        .dec_qstart = d_dec_qstart,
+        .dec_pos0 = d_dec_pos0,
+        .dec_slot0 = d_dec_slot0,
     };
     /* Optional whole-step capture/replay (CUDA graphs; NULL on cpu). */
     int replayed = 0;
@@ -396,9 +445,12 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
                                  .n_seqs = Sp,
                                  .max_q = max_q,
                                  .max_kv = max_kv,
-                                 .sampled = b->sample != NULL};
+                                 .sampled = b->sample != NULL,
+                                 .alone = b->invariant};
     if (o->step_begin && !c->trace && (rc = o->step_begin(cx, &cstep, &replayed)))
         return ferr(c, rc, "forward: step start failed on the %s backend", o->name);
+#define MATMUL(w, x, rows, inv_rows, y)                                                            \
+    (inv ? o->matmul_inv(cx, w, x, rows, inv_rows, y) : o->matmul(cx, w, x, rows, y))
 #define RUN(call)                                                                                  \
     do {                                                                                           \
         if ((rc = (call))) {                                                                       \
@@ -424,11 +476,11 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         int il = (int)l;
         /* attention block: x += Wo . attn(rope(Wq h), rope(Wk h), Wv h), h = norm(x)
          * (h is already normed: each residual add is fused with the norm after it) */
-        RUN(o->matmul(cx, &L->wq, c->h, Tp, c->q));
+        RUN(MATMUL(&L->wq, c->h, Tp, n_dec, c->q));
         TRACE("Qcur", il, c->q, Tp, QD);
-        RUN(o->matmul(cx, &L->wk, c->h, Tp, c->k));
+        RUN(MATMUL(&L->wk, c->h, Tp, n_dec, c->k));
         TRACE("Kcur", il, c->k, Tp, KD);
-        RUN(o->matmul(cx, &L->wv, c->h, Tp, c->v));
+        RUN(MATMUL(&L->wv, c->h, Tp, n_dec, c->v));
         TRACE("Vcur", il, c->v, Tp, KD);
         if (hp->has_qkv_bias) {
             RUN(o->add_bias(cx, c->q, L->bq.data, Tp, QD));
@@ -448,19 +500,19 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         ad.layer = l;
         RUN(o->attention(cx, &ad));
         TRACE("kqv_out", il, c->att, Tp, QD);
-        RUN(o->matmul(cx, &L->wo, c->att, Tp, c->h));
+        RUN(MATMUL(&L->wo, c->att, Tp, n_dec, c->h));
         TRACE("attn_wo", il, c->h, Tp, E);
         RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, L->ffn_norm.data, Tp, E, hp->rms_eps));
         TRACE("ffn_inp", il, c->x, Tp, E);
         TRACE("ffn_norm", il, c->h, Tp, E);
         /* MLP block: x += down(silu(gate h) * up h), h = norm(x) */
-        RUN(o->matmul(cx, &L->gate, c->h, Tp, c->gate));
+        RUN(MATMUL(&L->gate, c->h, Tp, n_dec, c->gate));
         TRACE("ffn_gate", il, c->gate, Tp, hp->n_ff);
-        RUN(o->matmul(cx, &L->up, c->h, Tp, c->up));
+        RUN(MATMUL(&L->up, c->h, Tp, n_dec, c->up));
         TRACE("ffn_up", il, c->up, Tp, hp->n_ff);
         RUN(o->silu_mul(cx, c->gate, c->up, (size_t)Tp * hp->n_ff));
         TRACE("ffn_swiglu", il, c->gate, Tp, hp->n_ff);
-        RUN(o->matmul(cx, &L->down, c->gate, Tp, c->h));
+        RUN(MATMUL(&L->down, c->gate, Tp, n_dec, c->h));
         TRACE("ffn_out", il, c->h, Tp, E);
         if (l + 1 < hp->n_layer) {
             RUN(o->add_rmsnorm(cx, c->x, c->h, c->h, m->layers[l + 1].attn_norm.data, Tp, E,
@@ -472,21 +524,22 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
             TRACE("l_out", il, c->x, Tp, E);
         }
     }
-    RUN(o->gather_rows(cx, c->last, c->x, d_last, Sp, E));
-    RUN(o->rmsnorm(cx, c->last, c->last, m->output_norm.data, Sp, E, hp->rms_eps));
-    TRACE("result_norm", -1, c->last, Sp, E);
-    RUN(o->matmul(cx, &m->output, c->last, Sp, c->logits));
-    TRACE("result_output", -1, c->logits, Sp, hp->n_vocab);
+    RUN(o->gather_rows(cx, c->last, c->x, d_last, Op, E));
+    RUN(o->rmsnorm(cx, c->last, c->last, m->output_norm.data, Op, E, hp->rms_eps));
+    TRACE("result_norm", -1, c->last, Op, E);
+    RUN(MATMUL(&m->output, c->last, Op, n_out_dec, c->logits));
+    TRACE("result_output", -1, c->logits, Op, hp->n_vocab);
     if (b->sample)
-        RUN(o->sample(cx, c->logits, Sp, hp->n_vocab, c->sample, c->ids));
+        RUN(o->sample(cx, c->logits, Op, hp->n_vocab, c->sample, c->ids));
     if (stepped && (rc = o->step_end(cx, 0)))
         return ferr(c, rc, "forward: step failed on the %s backend", o->name);
 download:
     if (b->sample)
-        RUN(o->download(cx, b->tokens, c->ids, (size_t)S * 4));
+        RUN(o->download(cx, b->tokens, c->ids, (size_t)O * 4));
     if (b->logits)
-        RUN(o->download(cx, b->logits, c->logits, (size_t)S * hp->n_vocab * 4));
+        RUN(o->download(cx, b->logits, c->logits, (size_t)O * hp->n_vocab * 4));
 #undef RUN
+#undef MATMUL
 #undef TRACE
     return 0;
 }

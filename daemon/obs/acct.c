@@ -3,6 +3,7 @@
  * once per gap, so the histogram's count is the number of token gaps. */
 #include "acct.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -177,6 +178,18 @@ static void sched_add_totals(struct acct_sched *a, const struct acct_sched *b)
     a->decode_tokens += b->decode_tokens;
     a->preempt_swap += b->preempt_swap;
     a->preempt_recompute += b->preempt_recompute;
+    struct acct_spec *x = &a->spec;
+    const struct acct_spec *y = &b->spec;
+    x->verify_steps += y->verify_steps;
+    x->verifies += y->verifies;
+    x->drafted += y->drafted;
+    x->accepted += y->accepted;
+    x->spec_tokens += y->spec_tokens;
+    x->verify_step_tokens += y->verify_step_tokens;
+    x->verify_ns += y->verify_ns;
+    x->decode_steps += y->decode_steps;
+    x->decode_tokens += y->decode_tokens;
+    x->decode_ns += y->decode_ns;
 }
 
 void acct_sched_get(struct acct *a, struct acct_sched *out)
@@ -184,6 +197,10 @@ void acct_sched_get(struct acct *a, struct acct_sched *out)
     memset(out, 0, sizeof(*out));
     pthread_mutex_lock(&a->mu);
     out->have_executor = a->serving;
+    /* speculation: the daemon's default kind and batch limit, whether a
+     * loaded model has a draft, every executor's counters summed */
+    snprintf(out->spec.mode, sizeof out->spec.mode, "%s", a->spec_mode);
+    out->spec.max_batch = a->spec_max_batch;
     for (uint32_t i = 0; i < ACCT_SCHED_SLOTS; i++) {
         const struct acct_sched *s = &a->slot[i];
         sched_add_totals(out, &a->slot_retired[i]);
@@ -193,6 +210,11 @@ void acct_sched_get(struct acct *a, struct acct_sched *out)
         out->swapped += s->swapped;
         out->live += s->live;
         out->have_executor |= s->have_executor;
+        out->spec.draft_model |= s->spec.draft_model;
+        if (!a->serving && s->have_executor && !out->spec.mode[0]) {
+            memcpy(out->spec.mode, s->spec.mode, sizeof out->spec.mode);
+            out->spec.max_batch = s->spec.max_batch;
+        }
     }
     pthread_mutex_unlock(&a->mu);
 }
@@ -233,11 +255,13 @@ void acct_sched_retire(struct acct *a, uint32_t slot)
     pthread_mutex_unlock(&a->mu);
 }
 
-void acct_sched_serving(struct acct *a)
+void acct_sched_serving(struct acct *a, const char *spec_mode, uint32_t spec_max_batch)
 {
     if (!a)
         return;
     pthread_mutex_lock(&a->mu);
     a->serving = true;
+    snprintf(a->spec_mode, sizeof a->spec_mode, "%s", spec_mode ? spec_mode : "off");
+    a->spec_max_batch = spec_max_batch;
     pthread_mutex_unlock(&a->mu);
 }

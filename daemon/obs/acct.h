@@ -48,6 +48,21 @@ struct acct_req {
     uint64_t t_arrive, t_sched, t_first, t_done;
 };
 
+/* Speculative decoding, as the executor counts it (exec.h exec_spec_stats). */
+struct acct_spec {
+    char mode[8];          /* the default: "off", "ngram", "draft" (the daemon's; a slot's: its
+                            * model's) */
+    bool draft_model;      /* a draft model is loaded (a slot's: its model has one) */
+    uint32_t max_batch;    /* speculation runs while at most this many requests run */
+    uint64_t verify_steps; /* steps that verified drafts */
+    uint64_t verifies;     /* verifications (one request's drafts in one step) */
+    uint64_t drafted;      /* draft tokens verified */
+    uint64_t accepted;     /* of them, kept */
+    uint64_t spec_tokens;  /* tokens the verifications produced */
+    uint64_t verify_step_tokens, verify_ns; /* tokens and forward time of the verifying steps */
+    uint64_t decode_steps, decode_tokens, decode_ns; /* plain decode-only steps */
+};
+
 /* The executor's queues and step counters, as of its last step. */
 struct acct_sched {
     uint32_t waiting, running, swapped; /* requests in each queue */
@@ -55,6 +70,7 @@ struct acct_sched {
     uint64_t submitted, generated;      /* requests taken, tokens sampled */
     uint64_t steps, prefill_tokens, decode_tokens;
     uint64_t preempt_swap, preempt_recompute;
+    struct acct_spec spec;
     bool have_executor; /* false in store mode: everything above is 0 */
 };
 
@@ -73,7 +89,9 @@ struct acct {
      * so the sums never go back. */
     struct acct_sched slot[ACCT_SCHED_SLOTS];
     struct acct_sched slot_retired[ACCT_SCHED_SLOTS];
-    bool serving; /* acct_sched_serving */
+    bool serving;            /* acct_sched_serving */
+    char spec_mode[8];       /* the daemon's --speculative (acct_sched_serving) */
+    uint32_t spec_max_batch; /* --spec-max-batch */
 };
 
 void acct_init(struct acct *a);
@@ -105,7 +123,8 @@ void acct_sched_set_slot(struct acct *a, uint32_t slot, const struct acct_sched 
 /* The slot's executor stopped: its cumulative counters stay counted, its
  * queues go to zero. */
 void acct_sched_retire(struct acct *a, uint32_t slot);
-/* The daemon serves models (have_executor even while none is loaded). */
-void acct_sched_serving(struct acct *a);
+/* The daemon serves models (have_executor even while none is loaded), its
+ * speculation default ("off", "ngram", "draft") and batch limit. */
+void acct_sched_serving(struct acct *a, const char *spec_mode, uint32_t spec_max_batch);
 
 #endif

@@ -34,6 +34,36 @@ int acct_stats_pack_tenant(msgpack_packer *pk, const struct acct_tenant *at,
     return 0;
 }
 
+/* "speculative": the counters, and what follows from them: the share of
+ * draft tokens kept, the tokens one verification gave a request, and the
+ * speed-up estimate: tokens per second of the verifying steps over those
+ * of plain decode-only steps (0 until both kinds of step were seen; the
+ * batches of the two may differ, so it is an estimate). */
+int acct_stats_pack_spec(msgpack_packer *pk, const struct acct_spec *s)
+{
+    PROTO_PK(proto_pack_str(pk, "speculative"));
+    size_t map = proto_map_begin(pk);
+    PROTO_PK(proto_pack_kv_str(pk, "mode", s->mode[0] ? s->mode : "off"));
+    PROTO_PK(proto_pack_kv_bool(pk, "draft_model", s->draft_model));
+    PROTO_PK(proto_pack_kv_uint(pk, "max_batch", s->max_batch));
+    PROTO_PK(proto_pack_kv_uint(pk, "verify_steps", s->verify_steps));
+    PROTO_PK(proto_pack_kv_uint(pk, "verifications", s->verifies));
+    PROTO_PK(proto_pack_kv_uint(pk, "drafted", s->drafted));
+    PROTO_PK(proto_pack_kv_uint(pk, "accepted", s->accepted));
+    PROTO_PK(
+        proto_pack_kv_double(pk, "acceptance", ratio((double)s->accepted, (double)s->drafted)));
+    PROTO_PK(proto_pack_kv_double(pk, "tokens_per_verification",
+                                  ratio((double)s->spec_tokens, (double)s->verifies)));
+    PROTO_PK(proto_pack_kv_double(pk, "verify_ms_per_step",
+                                  ratio((double)s->verify_ns / 1e6, (double)s->verify_steps)));
+    PROTO_PK(proto_pack_kv_double(pk, "decode_ms_per_step",
+                                  ratio((double)s->decode_ns / 1e6, (double)s->decode_steps)));
+    double spec_rate = ratio((double)s->verify_step_tokens, (double)s->verify_ns);
+    double plain_rate = ratio((double)s->decode_tokens, (double)s->decode_ns);
+    PROTO_PK(proto_pack_kv_double(pk, "speedup", spec_rate > 0 ? ratio(spec_rate, plain_rate) : 0));
+    return proto_map_end(pk, map);
+}
+
 static int pack_requests(msgpack_packer *pk, struct acct *a)
 {
     struct acct_sched s = {0};
@@ -62,6 +92,7 @@ static int pack_requests(msgpack_packer *pk, struct acct *a)
     PROTO_PK(proto_pack_kv_uint(pk, "tokens_out", s.generated));
     PROTO_PK(proto_pack_kv_uint(pk, "preempt_swap", s.preempt_swap));
     PROTO_PK(proto_pack_kv_uint(pk, "preempt_recompute", s.preempt_recompute));
+    PROTO_PK(acct_stats_pack_spec(pk, &s.spec));
     return proto_map_end(pk, map);
 }
 

@@ -21,5 +21,8 @@
 int acct_stats_pack_tenant(msgpack_packer *pk, const struct acct_tenant *at,
                            const struct kvmm_tenant_stats *ts);
 int acct_stats_pack_top(msgpack_packer *pk, struct acct *a, struct roofline *rl);
+/* The "speculative" key and its map (the reply's requests', or one
+ * model's in stats "models"). */
+int acct_stats_pack_spec(msgpack_packer *pk, const struct acct_spec *s);
 
 #endif

@@ -46,8 +46,9 @@ __attribute__((format(printf, 4, 5))) static int bad(struct kvd_error *e, int co
 }
 
 /* Sampling, stopping and scheduling arguments into r; seed: its stream's. */
-static int set_args(const struct text *tx, const struct model_hparams *hp, const struct gen_args *a,
-                    uint64_t seed, struct sched_req *r, struct kvd_error *e)
+static int set_args(const struct exec *ex, const struct text *tx, const struct model_hparams *hp,
+                    const struct gen_args *a, uint64_t seed, struct sched_req *r,
+                    struct kvd_error *e)
 {
     uint64_t u = a->max_tokens;
     if (!a->has_max_tokens)
@@ -156,6 +157,20 @@ static int set_args(const struct text *tx, const struct model_hparams *hp, const
         return bad(e, KVD_EBADREQ, "priority", "'priority' must be in [%d, %d]", -GEN_MAX_PRIORITY,
                    GEN_MAX_PRIORITY);
     r->priority = (int32_t)a->priority;
+    r->spec_kind = SPEC_DEFAULT;
+    if (a->speculative) {
+        char k[16];
+        size_t n = a->speculative_len < sizeof k - 1 ? a->speculative_len : sizeof k - 1;
+        memcpy(k, a->speculative, n);
+        k[n] = '\0';
+        if (n != a->speculative_len || memchr(k, '\0', n) || spec_kind_parse(k, &r->spec_kind))
+            return bad(e, KVD_EBADREQ, "speculative",
+                       "'speculative' must be \"ngram\", \"draft\" or \"off\"");
+        if (r->spec_kind == SPEC_DRAFT && !exec_has_draft(ex))
+            return bad(e, KVD_EUNSUPPORTED, "speculative",
+                       "'speculative': \"draft\" needs a draft model, and this model has "
+                       "none (--draft-model, or [model:NAME] draft = OTHER)");
+    }
     return 0;
 }
 
@@ -227,7 +242,7 @@ static int add_choices(struct exec *ex, const struct text *tx, const struct mode
         f->sink = r->sink;
         f->n_ctx = r->n_ctx;
         f->t_arrive = r->t_arrive;
-        int rc = set_args(tx, hp, a, seed + i, f, e);
+        int rc = set_args(ex, tx, hp, a, seed + i, f, e);
         if (rc)
             return rc;
         f->serial = exec_next_serial(ex);
@@ -349,8 +364,8 @@ static int build(struct exec *ex, struct kvmm *mm, const struct gen_args *a,
     r->sink = c->sink;
     r->n_ctx = hp->n_ctx;
     r->t_arrive = sched_now_ns();
-    if ((rc = set_args(tx, hp, a, seed, r, e)) || (rc = add_choices(ex, tx, hp, a, seed, r, e)) ||
-        (rc = set_constraint(tx, a, g, r, e))) {
+    if ((rc = set_args(ex, tx, hp, a, seed, r, e)) ||
+        (rc = add_choices(ex, tx, hp, a, seed, r, e)) || (rc = set_constraint(tx, a, g, r, e))) {
         if (r->group)
             sched_group_free(r->group);
         else

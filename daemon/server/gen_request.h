@@ -109,6 +109,10 @@ struct gen_args {
     /* delivery and scheduling */
     bool stream;
     int64_t priority;
+    /* speculative decoding: "ngram", "draft" or "off" as sent (NULL:
+     * absent, the daemon's choice) */
+    const char *speculative;
+    size_t speculative_len;
 
     /* seq mode (msgpack connections): the connection's sequence */
     bool has_seq;

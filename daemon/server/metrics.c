@@ -349,6 +349,18 @@ static void render_exec(struct out *o, struct acct *a)
         (unsigned long long)s.preempt_swap);
     put(o, "kvd_scheduler_preemptions_total{kind=\"recompute\"} %llu\n",
         (unsigned long long)s.preempt_recompute);
+    head(o, "kvd_speculative_draft_tokens_total", "counter",
+         "Draft tokens of speculative decoding, by outcome of their verification.");
+    put(o, "kvd_speculative_draft_tokens_total{outcome=\"accepted\"} %llu\n",
+        (unsigned long long)s.spec.accepted);
+    put(o, "kvd_speculative_draft_tokens_total{outcome=\"rejected\"} %llu\n",
+        (unsigned long long)(s.spec.drafted - s.spec.accepted));
+    head(o, "kvd_speculative_verifications_total", "counter",
+         "Verifications (one request's drafts checked in one step).");
+    put(o, "kvd_speculative_verifications_total %llu\n", (unsigned long long)s.spec.verifies);
+    head(o, "kvd_speculative_tokens_total", "counter",
+         "Tokens that speculative requests got from their verifications.");
+    put(o, "kvd_speculative_tokens_total %llu\n", (unsigned long long)s.spec.spec_tokens);
     render_hist(o, "kvd_time_to_first_token_seconds",
                 "Time from a request's arrival to its first generated token.", a, ACCT_TTFT);
     render_hist(

@@ -119,11 +119,19 @@ int models_new(const struct models_conf *c, struct models **out, struct kvd_erro
                                    e->conf.name);
                 goto fail;
             }
-        if ((rc = parse_allowed(e, err)) || (rc = mload_prepare(ms, e, err)))
-            goto fail;
     }
+    /* the drafts first: a model's arena gives its draft's KV a share */
+    if ((rc = mload_drafts(ms, err)))
+        goto fail;
+    for (size_t i = 0; i < n; i++)
+        if ((rc = parse_allowed(&ms->v[i], err)) || (rc = mload_prepare(ms, &ms->v[i], err)))
+            goto fail;
     if (c->acct && n)
-        acct_sched_serving(c->acct);
+        acct_sched_serving(c->acct,
+                           o->speculative == OPTIONS_SPEC_DRAFT   ? "draft"
+                           : o->speculative == OPTIONS_SPEC_NGRAM ? "ngram"
+                                                                  : "off",
+                           o->spec_max_batch);
     *out = ms;
     return 0;
 fail:
@@ -137,6 +145,8 @@ void models_free(struct models *ms)
         return;
     for (size_t i = 0; i < ms->n; i++) {
         struct models_entry *e = &ms->v[i];
+        if (e->w) /* models_stop was not called */
+            model_free(e->w);
         kvmm_free(e->mm);
         text_free(e->text);
         free(e->allowed);
@@ -365,7 +375,8 @@ static void start_loads(struct models *ms)
         struct models_entry *e = &ms->v[i];
         if (!e->want_load || e->state != MODELS_UNLOADED)
             continue;
-        uint64_t need = mload_need(e);
+        uint32_t me = 1u << e->idx;
+        uint64_t need = mload_footprint(ms, me);
         if (budget && need > budget) {
             struct kvd_error err;
             kvd_error_set(&err, KVD_ENOMEM,
@@ -379,22 +390,25 @@ static void start_loads(struct models *ms)
             continue;
         }
         if (budget) {
-            uint64_t used = 0, leaving = 0;
+            /* the models there now (loading and unloading ones too), and
+             * those that stay once the unloads finish; weights shared with
+             * a draft count once (mload_footprint) */
+            uint32_t cur = 0, keep = 0;
             for (size_t k = 0; k < ms->n; k++) {
                 const struct models_entry *o = &ms->v[k];
                 if (o->state != MODELS_UNLOADED)
-                    used += mload_need(o);
-                if (o->state == MODELS_UNLOADING)
-                    leaving += mload_need(o);
+                    cur |= 1u << k;
+                if (o->state != MODELS_UNLOADED && o->state != MODELS_UNLOADING)
+                    keep |= 1u << k;
             }
             struct models_entry *victim;
-            while (used - leaving + need > budget && (victim = lru_idle(ms, e))) {
+            while (mload_footprint(ms, keep | me) > budget && (victim = lru_idle(ms, e))) {
                 char why[160];
                 snprintf(why, sizeof why, "model %s needs its memory", e->conf.name);
                 unload(ms, victim, why);
-                leaving += mload_need(victim);
+                keep &= ~(1u << victim->idx);
             }
-            if (used + need > budget)
+            if (mload_footprint(ms, cur | me) > budget)
                 continue; /* after the unloads finish, or once a model is idle */
         }
         log_info("model %s: loading", e->conf.name);
@@ -625,17 +639,18 @@ int models_start(struct models *ms, struct server *srv, struct kvd_error *err)
     if (!ms->ev_done || !ms->ev_kick || !ms->ev_tick || event_add(ms->ev_tick, &tv) != 0)
         return kvd_error_set(err, KVD_ENOMEM, "out of memory starting the model loader");
     /* The preloads, here and now (before the daemon says it is ready). */
-    uint64_t used = 0;
+    uint32_t pre = 0;
     for (size_t i = 0; i < ms->n; i++) {
         struct models_entry *e = &ms->v[i];
         if (!e->conf.preload)
             continue;
-        if (ms->opts.device_bytes && used + mload_need(e) > ms->opts.device_bytes) {
+        uint64_t used = mload_footprint(ms, pre), with = mload_footprint(ms, pre | 1u << i);
+        if (ms->opts.device_bytes && with > ms->opts.device_bytes) {
             log_warn("model %s: not preloaded: the models preloaded before it leave %" PRIu64
                      " of device-bytes (%" PRIu64 "), it needs %" PRIu64
                      "; it loads at its first request",
                      e->conf.name, ms->opts.device_bytes - used, ms->opts.device_bytes,
-                     mload_need(e));
+                     with - used);
             continue;
         }
         struct mjob j = {.kind = MJOB_LOAD, .e = e};
@@ -645,13 +660,12 @@ int models_start(struct models *ms, struct server *srv, struct kvd_error *err)
             return kvd_error_set(err, j.rc, "%s", j.err.message);
         struct mjob *jp = malloc(sizeof *jp);
         if (!jp) {
-            exec_free(j.ex);
-            model_free(j.model);
+            mload_discard(ms, e, j.ex);
             return kvd_error_set(err, KVD_ENOMEM, "out of memory");
         }
         *jp = j;
         job_done(ms, jp);
-        used += mload_need(e);
+        pre |= 1u << i;
     }
     if (pthread_create(&ms->th, NULL, mload_main, ms) != 0)
         return kvd_error_set(err, KVD_EINTERNAL, "cannot start the model loader thread");
@@ -704,16 +718,17 @@ void models_stop(struct models *ms)
                 j->e->ex = j->ex;
                 j->e->state = MODELS_LOADED;
             } else if (j->kind == MJOB_UNLOAD && j->ex) {
-                exec_free(j->ex);
-                model_free(j->model);
+                mload_discard(ms, j->e, j->ex);
             }
             free(j);
         }
+    /* each executor, then its references on weights (a draft's weights go
+     * with the last executor that runs them) */
     for (size_t i = 0; i < ms->n; i++) {
         struct models_entry *e = &ms->v[i];
-        exec_free(e->ex);
+        if (e->ex || e->model)
+            mload_discard(ms, e, e->ex);
         e->ex = NULL;
-        model_free(e->model);
         e->model = NULL;
         e->state = MODELS_UNLOADED;
     }
@@ -744,14 +759,20 @@ void models_info(struct models_entry *e, struct models_info *out)
     out->moved_at_unload = e->moved;
     out->dropped_at_unload = e->dropped;
     out->waiting = e->n_waits;
+    static const char *const modes[] = {"off", "ngram", "draft"};
+    out->spec_mode = modes[e->spec_kind];
+    out->draft = e->draft_path ? e->draft_name : NULL;
+    out->draft_kv_bytes = e->draft_kv_bytes;
+    out->spec_max_batch = e->ms->opts.spec_max_batch;
     snprintf(out->last_error, sizeof out->last_error, "%s", e->last_error);
 }
 
 void models_device_use(struct models *ms, uint64_t *used, uint64_t *budget)
 {
-    *used = 0;
+    uint32_t set = 0;
     *budget = ms ? ms->opts.device_bytes : 0;
     for (size_t i = 0; ms && i < ms->n; i++)
         if (ms->v[i].state != MODELS_UNLOADED)
-            *used += mload_need(&ms->v[i]);
+            set |= 1u << i;
+    *used = ms ? mload_footprint(ms, set) : 0;
 }

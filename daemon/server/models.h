@@ -141,7 +141,15 @@ struct models_info {
     double load_ms_last, unload_ms_last;
     uint64_t moved_at_unload, dropped_at_unload; /* device blocks, all unloads */
     uint32_t waiting;                            /* requests waiting for it to load */
-    char last_error[KVD_ERROR_MSG_MAX];          /* the last load failure ("" none) */
+    /* speculative decoding: its requests' default ("off", "ngram",
+     * "draft"), its draft (another model's name, or --draft-model's
+     * general.name or file name; NULL: none) and the draft's KV arena
+     * (part of its device share) */
+    const char *spec_mode;
+    const char *draft;
+    uint64_t draft_kv_bytes;
+    uint32_t spec_max_batch;            /* --spec-max-batch */
+    char last_error[KVD_ERROR_MSG_MAX]; /* the last load failure ("" none) */
 };
 void models_info(struct models_entry *e, struct models_info *out);
 /* The device bytes the loaded models take now and the budget (0: none). */

@@ -49,6 +49,30 @@ struct models_entry {
     struct kvmm *mm;        /* owned */
     uint64_t weight_device; /* device bytes of its weights: the header's, then the load's */
 
+    /* Speculative decoding (fixed at start, models_new): its draft, another
+     * model of the daemon ([model:NAME] draft = OTHER; its weights shared
+     * with it) or a file of its own (--draft-model, the daemon's one
+     * model); the draft's KV arena, cut from this model's by mload_arenas;
+     * its requests' default kind (enum options_spec). */
+    struct models_entry *draft; /* NULL: none, or --draft-model */
+    const char *draft_path;     /* the draft's GGUF; NULL: no draft */
+    struct model_hparams draft_probe;
+    char draft_name[OPTIONS_MODEL_NAME + 1]; /* what hello shows: the model's name, or
+                                              * --draft-model's general.name / file name */
+    uint64_t draft_weight_device;            /* the draft's weights on the device (its header's) */
+    uint64_t draft_kv_bytes;                 /* its KV arena, part of this model's device share */
+    int draft_dtype;                         /* enum kv_dtype of the draft's KV */
+    int spec_kind;
+
+    /* The loader's (models_load.c; also models_start's preloads and
+     * models_stop, before and after the loader thread runs): its weights,
+     * loaded once for whoever needs them (its own executor, and those of
+     * the models it drafts for), with the count of those; whether its
+     * loaded executor holds a reference on its draft's weights. */
+    struct model *w;
+    uint32_t w_refs;
+    bool holds_draft;
+
     /* the loop thread's (the loader's own while a job of it runs) */
     enum models_state state;
     struct model *model; /* owned while loaded */
@@ -98,7 +122,19 @@ void mload_run(struct models *ms, struct mjob *j);
 void *mload_main(void *arg);
 /* The executors' idle callback (exec_conf.on_idle): wakes the loop. */
 void mload_kick(void *ud);
-/* Device bytes e takes while loaded: its weights and its KV arena. */
-uint64_t mload_need(const struct models_entry *e);
+/* Device bytes the models of `set` (bit i: model i) take when loaded
+ * together: each one's KV arena (its draft's included) and every weights
+ * file once, its own and its draft's (a named draft's are that model's,
+ * counted once whether it is loaded itself, drafts for others, or both). */
+uint64_t mload_footprint(const struct models *ms, uint32_t set);
+/* A loaded model's executor (its draft state with it) and its references
+ * on weights: its own, its draft's (loader thread, or where mload_run
+ * runs). */
+void mload_discard(struct models *ms, struct models_entry *e, struct exec *ex);
+/* models_new: each model's draft (--draft-model, [model:NAME] draft) found
+ * and checked (the same vocabulary, from the files' headers), and each
+ * model's default kind of speculation. 0, or KVD_EBADREQ with the
+ * reason. */
+int mload_drafts(struct models *ms, struct kvd_error *err);
 
 #endif

@@ -517,6 +517,17 @@ static int get_options(struct openai_req *out, json_t *o, uint32_t n_ctx, struct
         a->grammar = json_string_value(g);
         a->grammar_len = json_string_length(g);
     }
+    /* kvd's extension: speculative decoding for this request ("ngram",
+     * "draft", "off"; absent: the daemon's choice). */
+    json_t *sp = json_object_get(o, "speculative");
+    if (sp && !json_is_null(sp)) {
+        if (!json_is_string(sp))
+            return bad(e, "speculative",
+                       "'speculative' must be a string: \"ngram\", \"draft\" or "
+                       "\"off\"");
+        a->speculative = json_string_value(sp);
+        a->speculative_len = json_string_length(sp);
+    }
     if (get_response_format(out, o, e) < 0)
         return -1;
     return get_stop(a, json_object_get(o, "stop"), e);

@@ -306,6 +306,9 @@ static int decode(const msgpack_object *root, struct gen_args *a, struct mp_owne
                              err)) ||
         (rc = proto_opt_uint(root, "session_ttl_s", &a->session_ttl_s, NULL, err)))
         return rc;
+    if (proto_map_find(root, "speculative") &&
+        (rc = proto_get_str(root, "speculative", &a->speculative, &a->speculative_len, err)))
+        return rc;
     if (proto_map_find(root, "grammar") &&
         (rc = proto_get_str(root, "grammar", &a->grammar, &a->grammar_len, err)))
         return rc;

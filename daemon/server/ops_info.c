@@ -81,6 +81,11 @@ static int pack_model(msgpack_packer *pk, struct models_entry *e, const char *te
         else
             PROTO_PK(proto_pack_kv_uint(pk, "keep_alive_s", mi.keep_alive_s));
         PROTO_PK(proto_pack_kv_bool(pk, "allowed", models_allows(e, tenant)));
+        if (mi.draft)
+            PROTO_PK(proto_pack_kv_str(pk, "draft", mi.draft));
+        else
+            PROTO_PK(proto_pack_kv_nil(pk, "draft"));
+        PROTO_PK(proto_pack_kv_str(pk, "speculative", mi.spec_mode));
     }
     return proto_map_end(pk, map);
 }
@@ -201,6 +206,13 @@ static int pack_models_stats(struct ops_ctx *c)
             PROTO_PK(proto_pack_kv_uint(pk, "steps", as.steps));
             PROTO_PK(proto_pack_kv_uint(pk, "prefill_tokens", as.prefill_tokens));
             PROTO_PK(proto_pack_kv_uint(pk, "decode_tokens", as.decode_tokens));
+            PROTO_PK(proto_pack_kv_uint(pk, "draft_kv_device_bytes", mi.draft_kv_bytes));
+            /* its speculation: its own default and draft, its executors'
+             * counters (kept across unloads) */
+            snprintf(as.spec.mode, sizeof as.spec.mode, "%s", mi.spec_mode);
+            as.spec.draft_model = mi.draft != NULL;
+            as.spec.max_batch = mi.spec_max_batch;
+            PROTO_PK(acct_stats_pack_spec(pk, &as.spec));
             PROTO_PK(pack_tier(pk, "device", ks.device_total, ks.device_free, ks.device_cached,
                                ks.device_used));
             PROTO_PK(

@@ -23,9 +23,12 @@ _Static_assert(KV_F16 == 0 && KV_BF16 == 1 && KV_F32 == 2 && KV_Q8_0 == 3 && KV_
                "kv-dtype choices are in enum order");
 _Static_assert(OPTIONS_EVICT_HITS == 0 && OPTIONS_EVICT_LRU == 1,
                "evict-policy choices are in enum order");
+_Static_assert(OPTIONS_SPEC_OFF == 0 && OPTIONS_SPEC_NGRAM == 1 && OPTIONS_SPEC_DRAFT == 2,
+               "speculative choices are in enum order");
 _Static_assert(sizeof(enum options_backend) == sizeof(int) &&
                    sizeof(enum kv_dtype) == sizeof(int) &&
-                   sizeof(enum options_evict) == sizeof(int),
+                   sizeof(enum options_evict) == sizeof(int) &&
+                   sizeof(enum options_spec) == sizeof(int),
                "choices are stored as int");
 
 #define STR_(x) #x
@@ -154,6 +157,25 @@ const struct options_def options_defs[] = {
      "reuses a block needs before it is written to Redis"},
     {"remote-workers", "N", OPTIONS_U32, F(remote_workers), 1, 64, NULL, "2", NULL, 0,
      "workers that fetch cached blocks from Redis before\na request is scheduled"},
+    {"speculative", "off|ngram|draft", OPTIONS_CHOICE, F(speculative), 0, 0, "off|ngram|draft",
+     "off", NULL, 0,
+     "speculative decoding for requests that do not\nchoose: n-gram prompt lookup, or the draft\n"
+     "model (--draft-model; [model:NAME] draft), where\nthe model has one"},
+    {"spec-max-batch", "N", OPTIONS_U32, F(spec_max_batch), 1, 64, NULL, "4", NULL, 0,
+     "speculate only while at most this many requests\nrun (above it plain batches are faster)"},
+    {"spec-max-draft", "N", OPTIONS_U32, F(spec_max_draft), 1, 16, NULL, "8", NULL, 0,
+     "draft tokens one request verifies per step, at\nmost (fewer while drafts are rejected)"},
+    {"spec-ngram-min", "N", OPTIONS_U32, F(spec_ngram_min), 1, 16, NULL, "1", NULL, 0,
+     "n-gram lookup: the shortest suffix matched"},
+    {"spec-ngram-max", "N", OPTIONS_U32, F(spec_ngram_max), 1, 16, NULL, "3", NULL, 0,
+     "n-gram lookup: the longest suffix matched\n(tried first)"},
+    {"draft-model", "FILE", OPTIONS_STR, F(draft_model_path), 0, 0, NULL, NULL, NULL, 0,
+     "a small GGUF with the served model's vocabulary,\nthe draft of speculative decoding (a "
+     "daemon "
+     "of\none model; with several: [model:NAME] draft)"},
+    {"draft-kv-share", "FRACTION", OPTIONS_FRACTION, F(draft_kv_share), 0, 0, NULL, "0.1", NULL, 0,
+     "of a model's KV arena, the share its draft\nmodel's KV takes (the served model keeps the "
+     "rest)"},
     {"threads", "N", OPTIONS_U32, F(threads), 0, 256, NULL, "0", NULL, 0,
      "cpu backend: compute threads (0 = one per CPU)"},
     {"log-level", "LEVEL", OPTIONS_LOG_LEVEL, F(log_level), 0, 0, NULL, "info", NULL, 0,
@@ -317,6 +339,7 @@ static struct options_model *model_entry(struct options *o, const char *name)
     snprintf(m->name, sizeof(m->name), "%s", name);
     m->kv_dtype = -1;
     m->keep_alive_s = OPTIONS_KEEP_DEFAULT;
+    m->speculative = -1;
     return m;
 }
 
@@ -373,10 +396,33 @@ int options_model_set(struct options *o, const char *model, const char *key, con
                                  "[model:%s] max-device-bytes: '%s' is not a byte size (e.g. 8G)",
                                  model, v);
         m->max_device_bytes = x;
+    } else if (!strcmp(key, "draft")) {
+        if (v[0] == '/')
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "[model:%s] draft: '%.80s' is a path; a draft is another model "
+                                 "of the daemon, by name ([model:OTHER] path = ..., then draft = "
+                                 "OTHER)",
+                                 model, v);
+        if (!options_model_name_ok(v, strlen(v)))
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "[model:%s] draft: '%.80s' is not a model name (another model of "
+                                 "the daemon)",
+                                 model, v);
+        if (!strcmp(v, model))
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "[model:%s] draft: a model cannot be its own draft", model);
+        strcpy(m->draft, v);
+    } else if (!strcmp(key, "speculative")) {
+        int i = choice_index("off|ngram|draft", v);
+        if (i < 0)
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "[model:%s] speculative: '%s' is not one of off|ngram|draft",
+                                 model, v);
+        m->speculative = i;
     } else {
         return kvd_error_set(err, KVD_EBADREQ,
                              "[model:%s] %s: unknown key (path, kv-dtype, keep-alive-s, preload, "
-                             "tenants, max-device-bytes)",
+                             "tenants, max-device-bytes, draft, speculative)",
                              model, key);
     }
     return 0;

@@ -18,6 +18,9 @@ enum options_backend { OPTIONS_BACKEND_AUTO, OPTIONS_BACKEND_CPU, OPTIONS_BACKEN
  * enum kvmm_evict_policy): LRU plus hits and tenant weights (the default),
  * or plain LRU. */
 enum options_evict { OPTIONS_EVICT_HITS, OPTIONS_EVICT_LRU };
+/* --speculative: the daemon's speculative decoding (exec/spec.h) for
+ * requests that do not choose. */
+enum options_spec { OPTIONS_SPEC_OFF, OPTIONS_SPEC_NGRAM, OPTIONS_SPEC_DRAFT };
 
 /* A model of the daemon by name: `--model NAME=PATH` or a [model:NAME]
  * section of the config file (docs/operations.md "Several models"). */
@@ -34,6 +37,10 @@ struct options_model {
     char tenants[1024];        /* the tenants that may use it, comma or space separated;
                                   "": every tenant */
     uint64_t max_device_bytes; /* its weights + KV arena on the device; 0: no cap of its own */
+    /* Speculative decoding's draft: another model of the daemon by name
+     * (same vocabulary); "": none. */
+    char draft[OPTIONS_MODEL_NAME + 1];
+    int speculative; /* enum options_spec for its requests that do not choose; -1: the daemon's */
 };
 #define OPTIONS_KEEP_DEFAULT (UINT32_MAX - 1)
 
@@ -99,6 +106,15 @@ struct options {
     uint32_t remote_timeout_ms;
     uint64_t remote_value_bytes;
     uint32_t remote_ttl_s, remote_min_hits, remote_workers;
+    /* Speculative decoding (exec/spec.h): the daemon's kind, the largest
+     * batch it runs at, draft tokens per step, the n-gram lengths tried; the
+     * draft model of the daemon's one model (empty: none; [model:NAME]
+     * draft names one per model) and, for each model with a draft, the
+     * share of its KV arena the draft's KV takes. */
+    enum options_spec speculative;
+    uint32_t spec_max_batch, spec_max_draft, spec_ngram_min, spec_ngram_max;
+    char draft_model_path[4096];
+    double draft_kv_share;
     /* cpu backend: compute threads for the model (0 = one per online CPU). */
     uint32_t threads;
     int log_level;
@@ -177,7 +193,7 @@ int options_set(struct options *o, const char *name, const char *value, struct k
 int options_set_key(struct options *o, const char *name, const char *value, struct kvd_error *err);
 
 /* A [model:NAME] key (path, kv-dtype, keep-alive-s, preload, tenants,
- * max-device-bytes) of model `model`, added when new. 0, or KVD_EBADREQ
+ * max-device-bytes, draft, speculative) of model `model`, added when new. 0, or KVD_EBADREQ
  * naming the key (a bad name, value or key; more than OPTIONS_MAX_MODELS). */
 int options_model_set(struct options *o, const char *model, const char *key, const char *value,
                       struct kvd_error *err);

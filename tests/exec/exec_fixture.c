@@ -38,6 +38,21 @@ int fx_model_make(struct fx_model *fm, uint32_t layers, uint32_t embd, uint32_t 
     return system(cmd) == 0 ? 0 : -1;
 }
 
+int fx_model_make_args(struct fx_model *fm, uint32_t vocab, uint32_t ctx, const char *args)
+{
+    const char *tools = getenv("KVD_TOOLS_DIR");
+    char cmd[1024];
+    snprintf(fm->dir, sizeof(fm->dir), "/tmp/kvd-exec-XXXXXX");
+    if (!tools || !mkdtemp(fm->dir))
+        return -1;
+    snprintf(fm->path, sizeof(fm->path), "%s/model.gguf", fm->dir);
+    snprintf(cmd, sizeof(cmd), "'%s/kvd-gguf-gen' -o '%s' --vocab %u --ctx %u %s >/dev/null", tools,
+             fm->path, vocab, ctx, args);
+    fm->vocab = vocab;
+    fm->ctx = ctx;
+    return system(cmd) == 0 ? 0 : -1;
+}
+
 void fx_model_remove(struct fx_model *fm)
 {
     unlink(fm->path);
@@ -116,6 +131,9 @@ static void sink_done(void *ud, const struct sched_req *r)
 }
 
 uint32_t fx_queue_timeout_ms;
+struct spec_conf fx_spec;
+const char *fx_draft_path;
+uint32_t fx_draft_blocks = 256;
 
 int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t host_blocks,
             uint32_t step_tokens, uint32_t max_seqs)
@@ -149,8 +167,29 @@ int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t 
     kvmm_unlock(f->mm);
     if (rc)
         return -1;
-    struct exec_conf ec = {
-        .step_tokens = step_tokens, .max_seqs = max_seqs, .queue_timeout_ms = fx_queue_timeout_ms};
+    struct exec_conf ec = {.step_tokens = step_tokens,
+                           .max_seqs = max_seqs,
+                           .queue_timeout_ms = fx_queue_timeout_ms,
+                           .spec = fx_spec};
+    if (fx_draft_path) {
+        struct draft_conf dc = {.path = fx_draft_path,
+                                .target_path = fm->path,
+                                .target = model_hparams(f->m),
+                                .be = f->be,
+                                .n_threads = 2,
+                                .block_tokens = 16,
+                                .dtype = KV_F16,
+                                .max_seqs = fx_spec.max_batch ? fx_spec.max_batch : 4,
+                                .step_tokens = step_tokens};
+        if (draft_open(&dc, &f->draft, &err) ||
+            draft_kv_open(f->draft, (size_t)fx_draft_blocks * draft_block_bytes(f->draft), &err)) {
+            fprintf(stderr, "draft: %s\n", err.message);
+            draft_free(f->draft);
+            f->draft = NULL;
+            return -1;
+        }
+        ec.draft = f->draft; /* the executor's from here on (f->draft: borrowed) */
+    }
     if (exec_new(f->mm, f->m, &ec, &f->ex, &err)) {
         fprintf(stderr, "exec_new: %s\n", err.message);
         return -1;
@@ -161,7 +200,7 @@ int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t 
 
 void fx_close(struct fx *f)
 {
-    exec_free(f->ex);
+    exec_free(f->ex); /* and its draft */
     kvmm_free(f->mm);
     model_free(f->m);
     backend_free(f->be);
@@ -249,7 +288,7 @@ int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct kvd_erro
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     size_t n = 2 + !g->no_tokens + (g->max_tokens > 0) + (g->temperature >= 0) + (g->top_k > 0) +
                (g->top_p > 0) + g->has_seed + (g->n_stop > 0) + g->stream + (g->priority != 0) +
-               g->has_seq;
+               g->has_seq + (g->speculative != NULL);
     msgpack_pack_map(&pk, n);
     proto_pack_kv_str(&pk, "op", "generate");
     proto_pack_kv_uint(&pk, "id", id);
@@ -273,6 +312,8 @@ int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct kvd_erro
         proto_pack_kv_int(&pk, "priority", g->priority);
     if (g->has_seq)
         proto_pack_kv_uint(&pk, "seq", g->seq);
+    if (g->speculative)
+        proto_pack_kv_str(&pk, "speculative", g->speculative);
     struct sched_req *r = NULL;
     int rc = build(f, g, g->conn ? g->conn : 1, id, sb.data, sb.size, &r, err);
     msgpack_sbuffer_destroy(&sb);

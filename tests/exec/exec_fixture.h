@@ -44,6 +44,7 @@ struct fx {
     struct model *m;
     struct kvmm *mm;
     struct exec *ex;
+    struct draft *draft; /* fx_draft_path's model, or NULL (the executor owns it) */
     uint32_t tenant, ns;
 };
 
@@ -51,12 +52,20 @@ struct fx {
  * a fresh temporary directory. 0 on success. */
 int fx_model_make(struct fx_model *fm, uint32_t layers, uint32_t embd, uint32_t heads,
                   uint32_t kv_heads, uint32_t ff, uint32_t vocab, uint32_t ctx);
+/* The same with kvd-gguf-gen's arguments as given (shape, type, seed...);
+ * vocab and ctx are recorded for the tests. */
+int fx_model_make_args(struct fx_model *fm, uint32_t vocab, uint32_t ctx, const char *args);
 void fx_model_remove(struct fx_model *fm);
 
 /* Loads the model, makes a kvmm of the model's geometry (block_tokens 16)
  * with the given pools, one tenant (weight 1, unlimited) and the executor. */
 /* The executor's queue timeout for the next fx_open (0: its default). */
 extern uint32_t fx_queue_timeout_ms;
+/* Speculative decoding for the next fx_open (zero: off), and the draft
+ * model's file (NULL: none) with its KV arena's blocks. */
+extern struct spec_conf fx_spec;
+extern const char *fx_draft_path;
+extern uint32_t fx_draft_blocks;
 int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t host_blocks,
             uint32_t step_tokens, uint32_t max_seqs);
 void fx_close(struct fx *f);
@@ -90,6 +99,7 @@ struct fx_gen {
     uint64_t conn;   /* default 1 */
     bool has_tenant; /* else the fixture's tenant */
     uint32_t tenant, ns;
+    const char *speculative; /* the request's `speculative`, or NULL: absent */
 };
 /* Adds a tenant (unlimited quotas) with this weight; its id and namespace. */
 int fx_tenant(struct fx *f, const char *name, uint32_t weight, uint32_t *tenant, uint32_t *ns);

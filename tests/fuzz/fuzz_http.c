@@ -66,6 +66,7 @@ static bool known_param(const char *p)
                                          "logit_bias",
                                          "top_logprobs",
                                          "grammar",
+                                         "speculative",
                                          "response_format",
                                          "response_format.type",
                                          "response_format.json_schema",

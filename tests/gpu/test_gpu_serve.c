@@ -5,7 +5,14 @@
  * that hit the prefix cache, and prompts long enough for the cuBLAS path on
  * f32 weights; f16 weights with prompts of at most 8 tokens (both backends
  * then do f32 math); f32 weights over a q8_0 KV cache (both backends store
- * the same quantized rows). Skips (77) without a usable CUDA device. */
+ * the same quantized rows). And the sampler chain: seeded requests with
+ * every stage on (logit_bias, the penalties, min_p, typical_p, temperature,
+ * top_k, top_p; picked on the host from the downloaded logits) and with the
+ * sample op's stages only (temperature, top_k, top_p; kernels/sample.cu
+ * against the cpu's sampler_pick) pick the cpu's tokens on the f32 model,
+ * whose logits agree to rounding, and their logprobs agree within 1e-4.
+ * Skips (77) without a usable CUDA device. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -65,6 +72,117 @@ static void complete(const char *sock, const uint32_t *p, size_t n, uint32_t *ou
     close(fd);
 }
 
+/* A seeded sampled request: the sample op's stages, and with `chain`
+ * every host-only stage too. */
+struct chain_req {
+    double temperature, top_p, min_p, typical_p, repeat_penalty, presence, frequency;
+    uint32_t top_k, repeat_last_n;
+    bool chain;
+};
+
+#define N_LP 5
+
+/* Sampled completion of p with seed, its tokens and, per token, its
+ * logprob then the N_LP top logprobs (most likely first). */
+static void sample(const char *sock, const uint32_t *p, size_t n, const struct chain_req *c,
+                   uint64_t seed, uint32_t *out, double (*lp)[1 + N_LP])
+{
+    int fd = kh_connect(sock);
+    assert_true(fd >= 0);
+    struct kh_req r;
+    kh_req_begin(&r, "generate", 1, c->chain ? 15 : 8);
+    proto_pack_kv_u32_array(&r.pk, "tokens", p, n);
+    proto_pack_kv_uint(&r.pk, "max_tokens", NGEN);
+    proto_pack_kv_bool(&r.pk, "ignore_eos", true);
+    proto_pack_kv_uint(&r.pk, "logprobs", N_LP);
+    proto_pack_kv_uint(&r.pk, "seed", seed);
+    proto_pack_kv_double(&r.pk, "temperature", c->temperature);
+    proto_pack_kv_uint(&r.pk, "top_k", c->top_k);
+    proto_pack_kv_double(&r.pk, "top_p", c->top_p);
+    if (c->chain) {
+        proto_pack_kv_double(&r.pk, "min_p", c->min_p);
+        proto_pack_kv_double(&r.pk, "typical_p", c->typical_p);
+        proto_pack_kv_double(&r.pk, "repeat_penalty", c->repeat_penalty);
+        proto_pack_kv_uint(&r.pk, "repeat_last_n", c->repeat_last_n);
+        proto_pack_kv_double(&r.pk, "presence_penalty", c->presence);
+        proto_pack_kv_double(&r.pk, "frequency_penalty", c->frequency);
+        /* a bonus for one token, another banned */
+        proto_pack_str(&r.pk, "logit_bias");
+        proto_pack_map(&r.pk, 2);
+        msgpack_pack_uint32(&r.pk, 17);
+        msgpack_pack_double(&r.pk, 2.5);
+        msgpack_pack_uint32(&r.pk, p[n - 1]);
+        msgpack_pack_double(&r.pk, -100);
+    }
+    assert_int_equal(kh_req_send(fd, &r), 0);
+    struct kh_reply rep;
+    assert_int_equal(kh_recv(fd, &rep), 0);
+    if (rep.code != 0)
+        fail_msg("generate on %s: error %d: %s", sock, rep.code, rep.message);
+    const msgpack_object *a = kh_obj(rep.root, "tokens"), *l = kh_obj(rep.root, "logprobs");
+    assert_int_equal(a->via.array.size, NGEN);
+    assert_int_equal(l->via.array.size, NGEN);
+    for (uint32_t i = 0; i < NGEN; i++) {
+        out[i] = (uint32_t)a->via.array.ptr[i].via.u64;
+        const msgpack_object *e = &l->via.array.ptr[i], *top = kh_obj(e, "top");
+        lp[i][0] = kh_obj(e, "logprob")->via.f64;
+        assert_int_equal(top->via.array.size, N_LP);
+        for (uint32_t k = 0; k < N_LP; k++)
+            lp[i][1 + k] = top->via.array.ptr[k].via.array.ptr[1].via.f64;
+    }
+    kh_reply_free(&rep);
+    close(fd);
+}
+
+/* The same seeded requests on both daemons: the same tokens, and logprobs
+ * within 1e-4 (compared by rank, so a near-tie may order two ids either
+ * way). */
+static void same_choices(const char *cpu, const char *cuda, const uint32_t *base)
+{
+    static const struct chain_req reqs[] = {
+        {.temperature = 0.9,
+         .top_k = 40,
+         .top_p = 0.95,
+         .min_p = 0.05,
+         .typical_p = 0.9,
+         .repeat_penalty = 1.3,
+         .repeat_last_n = 16,
+         .presence = 0.4,
+         .frequency = 0.3,
+         .chain = true},
+        {.temperature = 1.5,
+         .top_k = 0,
+         .top_p = 0.8,
+         .min_p = 0.1,
+         .typical_p = 0.95,
+         .repeat_penalty = 0.9,
+         .repeat_last_n = 64,
+         .presence = -0.2,
+         .frequency = 0.5,
+         .chain = true},
+        {.temperature = 0.7, .top_k = 20, .top_p = 0.9},
+        {.temperature = 1.2, .top_k = 0, .top_p = 1.0},
+    };
+    for (size_t q = 0; q < sizeof reqs / sizeof reqs[0]; q++)
+        for (uint32_t len = 3; len <= 13; len += 10) {
+            uint64_t seed = 1000 + q * 10 + len;
+            uint32_t a[NGEN], b[NGEN];
+            double la[NGEN][1 + N_LP], lb[NGEN][1 + N_LP];
+            sample(cpu, base, len, &reqs[q], seed, a, la);
+            sample(cuda, base, len, &reqs[q], seed, b, lb);
+            for (int i = 0; i < NGEN; i++) {
+                if (a[i] != b[i])
+                    fail_msg("request %zu, prompt of %u, seed %llu: token %d: cuda %u, cpu %u", q,
+                             len, (unsigned long long)seed, i, b[i], a[i]);
+                for (int k = 0; k <= N_LP; k++)
+                    if (!(fabs(la[i][k] - lb[i][k]) <= 1e-4))
+                        fail_msg("request %zu, prompt of %u: token %d: logprob %d: cuda %.7f, cpu "
+                                 "%.7f",
+                                 q, len, i, k, lb[i][k], la[i][k]);
+            }
+        }
+}
+
 static void backend_name_is(const char *sock, const char *want)
 {
     int fd = kh_connect(sock);
@@ -77,7 +195,9 @@ static void backend_name_is(const char *sock, const char *want)
     close(fd);
 }
 
-static void same_tokens(const char *type, uint32_t max_prompt, const char *kv_dtype)
+/* Greedy tokens equal on both daemons; with `chain`, then the sampler's
+ * choices (same_choices). */
+static void same_tokens(const char *type, uint32_t max_prompt, const char *kv_dtype, bool chain)
 {
     char model[128];
     snprintf(model, sizeof model, "%s/%s.gguf", g_dir, type);
@@ -102,6 +222,8 @@ static void same_tokens(const char *type, uint32_t max_prompt, const char *kv_dt
                              kv_dtype, len, k ? "cached" : "cold", i, b[i], a[i]);
         }
     }
+    if (chain)
+        same_choices(cpu.sock, cuda.sock, base);
     assert_int_equal(kh_stop(&cuda), 0);
     assert_int_equal(kh_stop(&cpu), 0);
     unlink(model);
@@ -109,17 +231,17 @@ static void same_tokens(const char *type, uint32_t max_prompt, const char *kv_dt
 
 static void test_f32_model(void **state)
 {
-    same_tokens("f32", 21, "f16");
+    same_tokens("f32", 21, "f16", true);
 }
 
 static void test_f16_model(void **state)
 {
-    same_tokens("f16", 8, "f16");
+    same_tokens("f16", 8, "f16", false);
 }
 
 static void test_f32_model_q8_0_kv(void **state)
 {
-    same_tokens("f32", 21, "q8_0");
+    same_tokens("f32", 21, "q8_0", false);
 }
 
 int main(void)

@@ -6,7 +6,13 @@
  * the aggregate decode tokens/s of 16 concurrent sequences.
  * usage: bench_forward [--type f16|q8_0|bf16|f32] [--threads N] [--model FILE]
  *                      [--gen N] [--kv f16|bf16|f32] [--prefill 0|1] [--b1 0|1]
- *                      [--streams 0|1]
+ *                      [--streams 0|1] [--verify 0|1]
+ * --verify 1: the cost of speculative verification steps: cpu ms per step
+ * of B sequences (1, 2, 4, 8) each computing 1 + k rows (k drafts, 0..8,
+ * every row's logits), at a 256-token context; printed as the ratio to a
+ * plain decode step of B sequences (k = 0). With acceptance a, k drafts
+ * give (1 - a^(k+1)) / (1 - a) tokens per step, so speculation pays at
+ * batch B when that exceeds the ratio.
  * (--prefill 0 / --b1 0 / --streams 0 skip the prefill, the batch-1 or the
  * 16-stream part, e.g. to profile one of them). The
  * last line is machine-readable: "RESULT b1_tok_s= b1_cpu_ms= b16_tok_s= b16_cpu_ms_step=". */
@@ -50,7 +56,7 @@ static uint32_t argmax(const float *v, uint32_t n)
 int main(int argc, char **argv)
 {
     const char *type = "f16", *model_path = NULL;
-    uint32_t threads = 0, gen = 64, do_prefill = 1, do_b1 = 1, do_b16 = 1;
+    uint32_t threads = 0, gen = 64, do_prefill = 1, do_b1 = 1, do_b16 = 1, do_verify = 0;
     enum kv_dtype kvt = KV_F16;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--type"))
@@ -67,6 +73,8 @@ int main(int argc, char **argv)
             do_b16 = (uint32_t)atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--b1"))
             do_b1 = (uint32_t)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--verify"))
+            do_verify = (uint32_t)atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--kv"))
             kvt = !strcmp(argv[i + 1], "f32")    ? KV_F32
                   : !strcmp(argv[i + 1], "bf16") ? KV_BF16
@@ -115,9 +123,9 @@ int main(int argc, char **argv)
     uint32_t per_seq = (PROMPT + gen + BT) / BT + 1, n_blocks = per_seq * STREAMS;
     size_t bb = (size_t)g.layers * 2 * g.kv_heads * BT * g.head_dim * (kvt == KV_F32 ? 4 : 2);
     void *arena = calloc(n_blocks, bb);
-    float *logits = malloc((size_t)STREAMS * hp->n_vocab * 4);
+    float *logits = malloc((size_t)PROMPT * hp->n_vocab * 4);
     struct fwd_ctx *fc;
-    if (!arena || !logits || fwd_ctx_new(m, PROMPT, STREAMS, &fc)) {
+    if (!arena || !logits || fwd_ctx_new_out(m, PROMPT, STREAMS, PROMPT, &fc)) {
         fprintf(stderr, "out of memory\n");
         return 1;
     }
@@ -168,6 +176,44 @@ int main(int argc, char **argv)
     if (do_b1)
         printf("decode batch 1: %.1f tokens/s (%.2f ms/token, %.2f cpu ms/token)\n", gen / t1,
                t1 * 1e3 / gen, c1);
+    if (do_verify) {
+        /* B sequences with a 256-token context (16 prompt tokens each,
+         * re-run at positions 240..), each step 1 + k rows per sequence */
+        enum { CTX = 256, REPS = 12 };
+        struct fwd_seq vs[8];
+        uint32_t vt[8][9];
+        for (uint32_t q = 0; q < 8; q++)
+            for (uint32_t j = 0; j < 9; j++)
+                vt[q][j] = 1 + (q * 131 + j * 7919) % (hp->n_vocab - 1);
+        for (uint32_t B = 1; B <= 8; B *= 2) {
+            double base = 0;
+            for (uint32_t k = 0; k <= 8; k++) {
+                for (uint32_t q = 0; q < B; q++)
+                    vs[q] = (struct fwd_seq){.tokens = vt[q],
+                                             .n_tokens = 1 + k,
+                                             .pos0 = CTX - 16,
+                                             .slots = slots + q * per_seq,
+                                             .n_slots = per_seq,
+                                             .all_rows = k > 0};
+                struct fwd_batch vb = b;
+                vb.seqs = vs;
+                vb.n_seqs = B;
+                if (model_forward(m, fc, &vb)) {
+                    fprintf(stderr, "%s\n", fwd_ctx_errmsg(fc));
+                    return 1;
+                }
+                double cs = cpu_now();
+                for (uint32_t i = 0; i < REPS; i++)
+                    model_forward(m, fc, &vb);
+                double ms = (cpu_now() - cs) * 1e3 / REPS;
+                if (k == 0)
+                    base = ms;
+                printf("verify batch %u, 1 + %u rows each: %.2f cpu ms/step, %.2fx a decode "
+                       "step\n",
+                       B, k, ms, ms / base);
+            }
+        }
+    }
     double t16 = 0, c16 = 0;
     if (!do_b16)
         goto done;

@@ -22,12 +22,14 @@ struct tdesc {
     uint32_t ne0, ne1; /* ne1 = 0: 1-D */
     enum ctype type;
     enum init init;
+    bool skip; /* drawn from the generator (the stream stays aligned) but not written */
     uint64_t offset, nbytes;
 };
 
 struct opts {
     const char *arch, *out, *name, *tokenizer;
     uint32_t layers, embd, heads, kv_heads, ff, vocab, ctx;
+    uint32_t keep_layers; /* 0: all; else only the first K layers are written */
     enum ctype type;
     int mix; /* 0, or 4 / 5: the Q4_K_M / Q5_K_M mix (type is then Q4_K / Q5_K) */
     int tied, rope_freqs;
@@ -269,6 +271,8 @@ static void usage(void)
             "         [--eos ID] [--eot ID] [--chat-template FILE] [--type-of CLASS=TYPE]...\n"
             "         [--tokenizer GGUF]  (its tokenizer.* entries instead of the built-in\n"
             "                              vocabulary and --eos/--eot; --vocab is its size)\n"
+            "         [--keep-layers K]   (the same model's first K layers, embeddings and\n"
+            "                              output: a draft of the --layers model)\n"
             "  TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n");
     exit(2);
 }
@@ -318,17 +322,29 @@ int main(int argc, char **argv)
                      .rope_base = 0,
                      .eps = 1e-5f,
                      .seed = 1};
-    static const struct option lo[] = {{"arch", 1, 0, 'a'},          {"layers", 1, 0, 'l'},
-                                       {"embd", 1, 0, 'e'},          {"heads", 1, 0, 'h'},
-                                       {"kv-heads", 1, 0, 'k'},      {"ff", 1, 0, 'f'},
-                                       {"vocab", 1, 0, 'v'},         {"ctx", 1, 0, 'c'},
-                                       {"type", 1, 0, 't'},          {"tied", 0, 0, 'T'},
-                                       {"rope-base", 1, 0, 'r'},     {"rope-freqs", 0, 0, 'R'},
-                                       {"seed", 1, 0, 's'},          {"eps", 1, 0, 'E'},
-                                       {"name", 1, 0, 'n'},          {"help", 0, 0, '?'},
-                                       {"eos", 1, 0, 'S'},           {"eot", 1, 0, 'O'},
-                                       {"chat-template", 1, 0, 'C'}, {"tokenizer", 1, 0, 'K'},
-                                       {"type-of", 1, 0, 'Y'},       {0, 0, 0, 0}};
+    static const struct option lo[] = {{"arch", 1, 0, 'a'},
+                                       {"layers", 1, 0, 'l'},
+                                       {"embd", 1, 0, 'e'},
+                                       {"heads", 1, 0, 'h'},
+                                       {"kv-heads", 1, 0, 'k'},
+                                       {"ff", 1, 0, 'f'},
+                                       {"vocab", 1, 0, 'v'},
+                                       {"ctx", 1, 0, 'c'},
+                                       {"type", 1, 0, 't'},
+                                       {"tied", 0, 0, 'T'},
+                                       {"rope-base", 1, 0, 'r'},
+                                       {"rope-freqs", 0, 0, 'R'},
+                                       {"seed", 1, 0, 's'},
+                                       {"eps", 1, 0, 'E'},
+                                       {"name", 1, 0, 'n'},
+                                       {"help", 0, 0, '?'},
+                                       {"eos", 1, 0, 'S'},
+                                       {"eot", 1, 0, 'O'},
+                                       {"chat-template", 1, 0, 'C'},
+                                       {"tokenizer", 1, 0, 'K'},
+                                       {"type-of", 1, 0, 'Y'},
+                                       {"keep-layers", 1, 0, 'P'},
+                                       {0, 0, 0, 0}};
     struct {
         char cls[32];
         enum ctype type;
@@ -341,6 +357,9 @@ int main(int argc, char **argv)
         switch (ch) {
         case 'o':
             o.out = optarg;
+            break;
+        case 'P':
+            o.keep_layers = arg_u32(optarg);
             break;
         case 'a':
             o.arch = optarg;
@@ -526,8 +545,25 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (o.keep_layers > o.layers) {
+        fprintf(stderr, "kvd-gguf-gen: --keep-layers is more than --layers\n");
+        return 2;
+    }
+    uint32_t nt_out = nt, layers_out = o.layers;
+    if (o.keep_layers) {
+        layers_out = o.keep_layers;
+        for (uint32_t i = 0; i < nt; i++) {
+            unsigned l;
+            if (sscanf(td[i].name, "blk.%u.", &l) == 1 && l >= o.keep_layers) {
+                td[i].skip = true;
+                nt_out--;
+            }
+        }
+    }
     uint64_t off = 0;
     for (uint32_t i = 0; i < nt; i++) {
+        if (td[i].skip)
+            continue;
         td[i].offset = off;
         td[i].nbytes = row_bytes(td[i].type, td[i].ne0) * (td[i].ne1 ? td[i].ne1 : 1);
         off += (td[i].nbytes + 31) / 32 * 32;
@@ -541,7 +577,7 @@ int main(int argc, char **argv)
     char key[128];
     w_bytes(f, "GGUF", 4);
     w_u32(f, 3);
-    w_u64(f, nt);
+    w_u64(f, nt_out);
     /* metadata entries written below */
     w_u64(f, tg ? 13 + n_tok_kv + (chat_template != NULL)
                 : (uint64_t)(19 + (eot != 0) + (chat_template != NULL)));
@@ -552,7 +588,7 @@ int main(int argc, char **argv)
 #define AK(s) (snprintf(key, sizeof key, "%s.%s", o.arch, s), key)
     kv_u32(f, AK("context_length"), o.ctx);
     kv_u32(f, AK("embedding_length"), o.embd);
-    kv_u32(f, AK("block_count"), o.layers);
+    kv_u32(f, AK("block_count"), layers_out);
     kv_u32(f, AK("feed_forward_length"), o.ff);
     kv_u32(f, AK("attention.head_count"), o.heads);
     kv_u32(f, AK("attention.head_count_kv"), o.kv_heads);
@@ -602,6 +638,8 @@ int main(int argc, char **argv)
     if (chat_template)
         kv_str(f, "tokenizer.chat_template", chat_template);
     for (uint32_t i = 0; i < nt; i++) {
+        if (td[i].skip)
+            continue;
         w_str(f, td[i].name);
         w_u32(f, td[i].ne1 ? 2 : 1);
         w_u64(f, td[i].ne0);
@@ -627,10 +665,13 @@ int main(int argc, char **argv)
         size_t rb = row_bytes(td[i].type, td[i].ne0);
         for (uint32_t r = 0; r < rows; r++) {
             gen_row(&o, &td[i], r, v);
+            if (td[i].skip)
+                continue;
             encode_row(td[i].type, v, td[i].ne0, enc);
             w_bytes(f, enc, rb);
         }
-        w_bytes(f, zeros, (size_t)((32 - td[i].nbytes % 32) % 32));
+        if (!td[i].skip)
+            w_bytes(f, zeros, (size_t)((32 - td[i].nbytes % 32) % 32));
     }
     if (fclose(f)) {
         perror(o.out);

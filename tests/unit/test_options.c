@@ -171,6 +171,19 @@ static void test_models(void **state)
     assert_string_equal(o.models[0].tenants, "alice, bob");
     assert_int_equal(options_model_set(&o, "coder", "max-device-bytes", "2G", &err), 0);
     assert_int_equal(o.models[0].max_device_bytes, 2ull << 30);
+    /* speculative decoding: its draft (another model, by name) and its kind */
+    assert_int_equal(o.models[0].draft[0], '\0');
+    assert_int_equal(o.models[0].speculative, -1);
+    assert_int_equal(options_model_set(&o, "coder", "draft", "coder-small", &err), 0);
+    assert_string_equal(o.models[0].draft, "coder-small");
+    assert_int_equal(options_model_set(&o, "coder", "speculative", "draft", &err), 0);
+    assert_int_equal(o.models[0].speculative, OPTIONS_SPEC_DRAFT);
+    assert_int_equal(options_model_set(&o, "coder", "draft", "coder", &err), KVD_EBADREQ);
+    assert_non_null(strstr(err.message, "its own draft"));
+    assert_int_equal(options_model_set(&o, "coder", "draft", "/m/x.gguf", &err), KVD_EBADREQ);
+    assert_non_null(strstr(err.message, "draft"));
+    assert_int_equal(options_model_set(&o, "coder", "speculative", "maybe", &err), KVD_EBADREQ);
+    assert_non_null(strstr(err.message, "speculative"));
     assert_int_equal(options_model_set(&o, "new", "path", "/m/new.gguf", &err), 0);
     assert_int_equal(o.n_models, 3);
     /* each bad value names its key */

@@ -266,7 +266,8 @@ static bool key_eq(const struct compute_step *a, const struct compute_step *b)
 {
     return a->owner == b->owner && a->arena == b->arena && a->tables == b->tables &&
            a->n_tokens == b->n_tokens && a->n_seqs == b->n_seqs && a->max_q == b->max_q &&
-           a->sampled == b->sampled && kv_bucket(a->max_kv) == kv_bucket(b->max_kv);
+           a->sampled == b->sampled && a->alone == b->alone &&
+           kv_bucket(a->max_kv) == kv_bucket(b->max_kv);
 }
 
 /* The entry for this key (and split count), or a recycled LRU one. */
@@ -436,6 +437,7 @@ static const struct compute_ops cuda_compute_table = {
     .rmsnorm = cuda_op_rmsnorm,
     .add_rmsnorm = cuda_op_add_rmsnorm,
     .matmul = cuda_op_matmul,
+    .matmul_inv = cuda_op_matmul_inv,
     .add_bias = cuda_op_add_bias,
     .rope = cuda_op_rope,
     .kv_write = cuda_op_kv_write,

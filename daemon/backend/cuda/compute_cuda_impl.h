@@ -87,6 +87,8 @@ int cuda_op_add_rmsnorm(struct compute_ctx *cx, float *x, const float *res, floa
                         const float *w, uint32_t rows, uint32_t n, float eps);
 int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
                    float *y);
+int cuda_op_matmul_inv(struct compute_ctx *cx, const struct ctensor *w, const float *x,
+                       uint32_t rows, uint32_t n_one, float *y);
 int cuda_op_add_bias(struct compute_ctx *cx, float *y, const float *b, uint32_t rows, uint32_t n);
 int cuda_op_rope(struct compute_ctx *cx, float *x, uint32_t rows, uint32_t n_heads,
                  uint32_t head_dim, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,

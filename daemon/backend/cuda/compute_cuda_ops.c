@@ -70,6 +70,25 @@ int cuda_op_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geom *
         "kv_write");
 }
 
+/* The decode kernel over n one-row "sequences" (qstart, pos0, slot0 as the
+ * kernel takes them). alone: the split count of a one-sequence step, so a
+ * row's reduction order does not depend on how many rows the step has. */
+static int attn_decode_rows(struct compute_ctx *cx, const struct attn_desc *d,
+                            const struct kvd_k_kv *kv, uint32_t n, const uint32_t *qstart,
+                            const uint32_t *pos0, const uint32_t *slot0, bool alone)
+{
+    uint32_t splits = cuda_cx_splits(cx, alone ? 1 : n, d->geom->kv_heads, d->max_kv);
+    size_t need =
+        kvd_k_attn_decode_partial_floats((int)n, (int)d->n_head, kv->head_dim, (int)splits);
+    int rc;
+    if (need && (rc = cuda_cx_need_part(cx, need)))
+        return rc;
+    return cuda_kstatus(kvd_k_attn_decode(d->out, d->q, kv, (int)d->layer, d->slots, slot0, pos0,
+                                          qstart, (int)n, (int)d->n_head, d->scale, (int)splits,
+                                          cx->part, cx->stream),
+                        "attention (decode)");
+}
+
 int cuda_op_attention(struct compute_ctx *cx, const struct attn_desc *d)
 {
     struct kvd_k_kv kv;
@@ -81,21 +100,24 @@ int cuda_op_attention(struct compute_ctx *cx, const struct attn_desc *d)
                 kv.head_dim);
         return KVD_EUNSUPPORTED;
     }
-    if (d->max_q <= 1) {
-        uint32_t splits = cuda_cx_splits(cx, d->n_seqs, d->geom->kv_heads, d->max_kv);
-        size_t need = kvd_k_attn_decode_partial_floats((int)d->n_seqs, (int)d->n_head, kv.head_dim,
-                                                       (int)splits);
-        if (need && (rc = cuda_cx_need_part(cx, need)))
+    if (d->max_q <= 1)
+        return attn_decode_rows(cx, d, &kv, d->n_seqs, d->seq_qstart, d->seq_pos0, d->seq_slot0,
+                                d->alone);
+    /* Batch-invariant rows first: each a one-row decode of its own (the
+     * decode kernel), then the other sequences' rows (prefill kernel). */
+    uint32_t s0 = 0;
+    if (d->n_dec) {
+        if ((rc = attn_decode_rows(cx, d, &kv, d->n_dec, d->dec_qstart, d->dec_pos0, d->dec_slot0,
+                                   true)))
             return rc;
-        return cuda_kstatus(kvd_k_attn_decode(d->out, d->q, &kv, (int)d->layer, d->slots,
-                                              d->seq_slot0, d->seq_pos0, d->seq_qstart,
-                                              (int)d->n_seqs, (int)d->n_head, d->scale, (int)splits,
-                                              cx->part, cx->stream),
-                            "attention (decode)");
+        s0 = d->s_dec;
     }
-    return cuda_kstatus(kvd_k_attn_prefill(d->out, d->q, &kv, (int)d->layer, d->slots, d->seq_slot0,
-                                           d->seq_pos0, d->seq_qstart, (int)d->n_seqs,
-                                           (int)d->max_q, (int)d->n_head, d->scale, 0, cx->stream),
+    if (s0 >= d->n_seqs)
+        return 0;
+    return cuda_kstatus(kvd_k_attn_prefill(d->out, d->q, &kv, (int)d->layer, d->slots,
+                                           d->seq_slot0 + s0, d->seq_pos0 + s0, d->seq_qstart + s0,
+                                           (int)(d->n_seqs - s0), (int)d->max_q, (int)d->n_head,
+                                           d->scale, 0, cx->stream),
                         "attention (prefill)");
 }
 
@@ -256,6 +278,28 @@ static int gemm_bf16(struct compute_ctx *cx, const uint16_t *wb, int in, int nr,
                                      CUDA_R_16BF, in, cx->xb, CUDA_R_16BF, in, &zero, y, CUDA_R_32F,
                                      ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasGemmEx");
+}
+
+/* Rows [0, n_one) take the GEMV (per row the arithmetic of a one-row
+ * call: each row's sums do not depend on the others), KVD_K_GEMV_MAX_TOKENS
+ * rows at a time; the rest go through cuda_op_matmul as one call. */
+int cuda_op_matmul_inv(struct compute_ctx *cx, const struct ctensor *w, const float *x,
+                       uint32_t rows, uint32_t n_one, float *y)
+{
+    const size_t in = w->ne0, out = w->ne1;
+    int rc;
+    if (n_one > rows)
+        n_one = rows;
+    if (n_one == rows && rows <= KVD_K_GEMV_MAX_TOKENS)
+        return cuda_op_matmul(cx, w, x, rows, y);
+    for (uint32_t r = 0; r < n_one; r += KVD_K_GEMV_MAX_TOKENS) {
+        uint32_t n = n_one - r < KVD_K_GEMV_MAX_TOKENS ? n_one - r : KVD_K_GEMV_MAX_TOKENS;
+        if ((rc = cuda_op_matmul(cx, w, x + r * in, n, y + r * out)))
+            return rc;
+    }
+    if (n_one < rows)
+        return cuda_op_matmul(cx, w, x + n_one * in, rows - n_one, y + n_one * out);
+    return 0;
 }
 
 int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
