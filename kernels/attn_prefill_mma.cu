@@ -64,7 +64,7 @@ static __device__ __forceinline__ void apm_gather(uint16_t *sk, const kvd_k_kv &
     }
 }
 
-// grid (row tiles, kv_heads, n_seqs), APM_WARPS warps. Block rows enumerate
+// grid (row tiles, last first; kv_heads; n_seqs), APM_WARPS warps. Block rows enumerate
 // (query token, head of the KV head's group) with the group innermost, so
 // the rows of one token share every K/V tile. Lane (g, t) of a warp holds
 // its rows g and g + 8 (the C fragment's rows).
@@ -86,7 +86,10 @@ __global__ void __launch_bounds__(APM_WARPS * 32)
     const int group = n_heads / kv.kv_heads;
     const int q0 = (int)qstart[seq], n_new = (int)qstart[seq + 1] - q0;
     const int rows_total = n_new * group;
-    const int row0 = blockIdx.x * APM_BR;
+    // Row tiles in reverse: the causal mask makes a sequence's last tile the
+    // longest (it sees every key), and blocks start in index order, so the
+    // longest start first and the short ones fill the last wave.
+    const int row0 = (int)(gridDim.x - 1 - blockIdx.x) * APM_BR;
     if (row0 >= rows_total || (skip_single && n_new == 1))
         return; // whole block idle: uniform, before any barrier
     const int first_pos = (int)pos0[seq];

@@ -143,21 +143,30 @@ int kvd_k_block_copy(const struct kvd_k_kv *kv, const int32_t *src, const int32_
  * slots[slot0[s] .. slot0[s+1]) and its context is pos0[s] + rows tokens, the
  * new ones already written. Causal: a row sees keys at positions <= its own.
  *
- * Decode: every sequence has at most one row. The context is cut into
- * pieces (flash-decoding) merged by a second kernel: n_splits of them, or
- * fewer for a sequence whose own context has fewer 256-token pieces (so a
- * row is summed the same way whatever the other rows' lengths); partial
- * holds kvd_k_attn_decode_partial_floats(...) floats (none for
- * n_splits == 1). Slot tables are read from slots + slot0[s] only (slot0
- * need not grow: several one-row "sequences" may share one table). */
+ * Decode: the sequences of exactly one row (the others, in a mixed step, are
+ * the prefill kernel's; see skip_single). The context is cut into pieces
+ * (flash-decoding) merged by a second kernel: n_splits of them, or fewer for
+ * a sequence whose own context has fewer 64-token pieces (so a row is
+ * summed the same way whatever the other rows' lengths); partial holds
+ * kvd_k_attn_decode_partial_floats(...) floats (none for n_splits == 1).
+ * Slot tables are read from slots + slot0[s] only (slot0 need not grow:
+ * several one-row "sequences" may share one table). */
 int kvd_k_attn_decode(float *out, const float *q, const struct kvd_k_kv *kv, int layer,
                       const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                       const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
                       float *partial, kvd_stream stream);
 size_t kvd_k_attn_decode_partial_floats(int n_seqs, int n_heads, int head_dim, int n_splits);
-/* A split count that fills the device for this many (sequence, kv head)
- * pairs at this context length. */
-int kvd_k_attn_decode_splits(int n_seqs, int kv_heads, int max_ctx, int n_sms);
+/* The split count for n_seqs sequences of at most max_ctx tokens on a
+ * device of n_sms multiprocessors: one wave of the decode kernel's blocks
+ * (its occupancy for this head_dim, dtype and group, times n_sms), splits of
+ * at least 64 tokens, at most 128. */
+int kvd_k_attn_decode_splits(int n_seqs, int n_heads, const struct kvd_k_kv *kv, int max_ctx,
+                             int n_sms);
+/* Blocks of the decode kernel for (head_dim, dtype, n_heads / kv_heads)
+ * resident per multiprocessor of the current device
+ * (cudaOccupancyMaxActiveBlocksPerMultiprocessor; the emulator answers from
+ * ptxas's register counts); -1 for an unsupported shape or a failed query. */
+int kvd_k_attn_decode_blocks_per_sm(int head_dim, int dtype, int group);
 /* Prefill / mixed batches: any number of rows per sequence, max_q the
  * largest. Tiles of keys in shared memory with an online softmax: on tensor
  * cores for f16, bf16, q8_0 and fp8 KV at head_dim 64, 128 and 256 (Q and

@@ -258,7 +258,7 @@ static double attn_bw(int ctx, int batch, int n_sms, double *splits_out)
     void *arena;
     float *q, *out, *part;
     uint32_t *slots, *qs, *p0, *s0;
-    int splits = kvd_k_attn_decode_splits(batch, kv.kv_heads, ctx, n_sms);
+    int splits = kvd_k_attn_decode_splits(batch, n_heads, &kv, ctx, n_sms);
     size_t pf = kvd_k_attn_decode_partial_floats(batch, n_heads, kv.head_dim, splits);
     CK(cudaMalloc(&arena, kv.block_bytes * nblk));
     CK(cudaMalloc((void **)&q, (size_t)batch * n_heads * 64 * 4));
