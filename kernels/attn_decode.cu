@@ -486,11 +486,12 @@ extern "C" int kvd_k_attn_decode_blocks_per_sm(int head_dim, int dtype, int grou
 extern "C" int kvd_k_attn_decode_splits(int n_seqs, int n_heads, const struct kvd_k_kv *kv,
                                         int max_ctx, int n_sms)
 {
-    // One wave: as many blocks as the device holds at once (the kernel's
-    // occupancy times the multiprocessors) over the launch's (sequence, KV
-    // head, query-head group) items, but no split shorter than
-    // AD_SPLIT_TOKENS tokens of the longest context (each sequence then
-    // takes ad_seq_splits of them).
+    // One wave at most: as many blocks as the device holds at once (the
+    // kernel's occupancy times the multiprocessors) over the launch's
+    // (sequence, KV head, query-head group) items, rounded down (blocks of
+    // equal work: a few past the wave would double the time), but no split
+    // shorter than AD_SPLIT_TOKENS tokens of the longest context (each
+    // sequence then takes ad_seq_splits of them).
     const int group = kv->kv_heads > 0 && n_heads > 0 ? n_heads / kv->kv_heads : 1;
     const long q_groups = group > 8 ? (group + 7) / 8 : 1; // blocks per KV head
     int per_sm = kvd_k_attn_decode_blocks_per_sm(kv->head_dim, kv->dtype, group);
@@ -499,7 +500,7 @@ extern "C" int kvd_k_attn_decode_splits(int n_seqs, int n_heads, const struct kv
     const long items =
         (long)(n_seqs > 0 ? n_seqs : 1) * (kv->kv_heads > 0 ? kv->kv_heads : 1) * q_groups;
     const long resident = (long)per_sm * (n_sms > 0 ? n_sms : 1);
-    long s = (resident + items - 1) / items;
+    long s = resident / items;
     const long by_len = ((long)(max_ctx > 0 ? max_ctx : 1) + AD_SPLIT_TOKENS - 1) / AD_SPLIT_TOKENS;
     if (s > by_len)
         s = by_len;

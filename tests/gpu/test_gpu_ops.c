@@ -654,7 +654,7 @@ static void test_attention_decode(void **state)
 
 /* The decode split count: one wave of the kernel's resident blocks (its
  * occupancy on this device times the multiprocessors) over the launch's
- * (sequence, KV head, query group) items, no split under 64 tokens of the
+ * (sequence, KV head, query group) items, rounded down, no split under 64 tokens of the
  * longest context, at most 128. On the emulator the occupancy follows from
  * ptxas's sm_90 register counts (kernels/emu/ptxas_sm90.inc), so the
  * calculator's rules are checked on two known instances. */
@@ -676,7 +676,7 @@ static void test_attention_splits(void **state)
                     for (size_t e = 0; e < sizeof seqs / sizeof *seqs; e++) {
                         const long items = (long)seqs[e] * kv_heads * (g > 8 ? (g + 7) / 8 : 1);
                         const long wave = (long)per_sm * n_sms, by_len = (ctxs[d] + 63) / 64;
-                        long want = (wave + items - 1) / items;
+                        long want = wave / items;
                         want = want < by_len ? want : by_len;
                         want = want < 128 ? want : 128;
                         assert_int_equal(
@@ -690,12 +690,13 @@ static void test_attention_splits(void **state)
 #ifdef KVD_CUDA_EMULATE
     /* bf16, head_dim 128: GQ 4 has 150 registers (4 warps x 5120 of the
      * 64 K: 3 blocks), GQ 8 233 (7680 a warp: 2 blocks). At batch 1 of an
-     * 8-KV-head model that is 50 and 33 splits (the old fixed 4 blocks a
-     * multiprocessor gave 64 and 16 at 4k: two waves, or a third of one). */
+     * 8-KV-head model that is 49 and 33 splits (392 and 264 blocks: one
+     * wave each; the old fixed 4 blocks a multiprocessor and 256-token
+     * splits gave 16 at 4k, 128 blocks). */
     assert_int_equal(kvd_k_attn_decode_blocks_per_sm(128, KVD_K_BF16, 4), 3);
     assert_int_equal(kvd_k_attn_decode_blocks_per_sm(128, KVD_K_BF16, 8), 2);
     struct kvd_k_kv kv = {.kv_heads = 8, .head_dim = 128, .dtype = KVD_K_BF16};
-    assert_int_equal(kvd_k_attn_decode_splits(1, 32, &kv, 4096, 132), 50);
+    assert_int_equal(kvd_k_attn_decode_splits(1, 32, &kv, 4096, 132), 49);
     assert_int_equal(kvd_k_attn_decode_splits(1, 64, &kv, 4096, 132), 33);
     assert_int_equal(kvd_k_attn_decode_splits(1, 64, &kv, 1000, 132), 16);
 #endif
