@@ -33,7 +33,7 @@ __global__ void mma_check_kernel(float *d, uint32_t *ldsm, const uint16_t *__res
     }
     for (int i = 2 * lane; i < 4 * 8 * 8; i += 64)
         *(uint32_t *)(sm + (i / 8) * MC_LD + i % 8) = mats[i] | (uint32_t)mats[i + 1] << 16;
-    __syncwarp();
+    __syncwarp(0xffffffffu);
 
     // 0: fragments built from the matrices by the PTX layout, element by
     // element.
