@@ -43,7 +43,7 @@ template <> struct ad_raw<KVD_K_Q8_0> {
 };
 template <> struct ad_raw<KVD_K_FP8> {
     float s; // the row's scale
-    uint2 q; // 8 e4m3 bytes
+    uint2 q; // 8 e4m3 bytes (loaded as two words: 4-byte aligned)
 };
 
 template <int DT>
@@ -64,10 +64,12 @@ static __device__ __forceinline__ void ad_load(ad_raw<DT> &r, const char *row, i
         for (int i = 0; i < 4; i++)
             r.q[i] = q[i];
     } else if constexpr (DT == KVD_K_FP8) {
+        // Two 4-byte loads: the bytes follow the 4-byte scale, so they are
+        // only 4-byte aligned (an 8-byte load would fault on a device).
         r.s = *(const float *)row;
-        const uint2 q = *(const uint2 *)(row + 4 + sl * 8);
-        r.q.x = q.x;
-        r.q.y = q.y;
+        const uint32_t *q = (const uint32_t *)(row + 4 + sl * 8);
+        r.q.x = q[0];
+        r.q.y = q[1];
     } else {
         const uint4 w = *(const uint4 *)(row + (size_t)sl * 16);
         r.w = make_uint4(w.x, w.y, w.z, w.w);
