@@ -2,11 +2,18 @@
 // GQA-aware: a thread block serves up to 8 query heads that share one KV head,
 // so each K/V row is read once for the group. Long contexts are cut into
 // splits processed by separate blocks (flash-decoding), merged by a second
-// kernel. Scores and accumulators are f32 in the log2 domain (exp2f).
+// kernel; the split count fills the device as the kernel's measured
+// occupancy allows (kvd_k_attn_decode_splits). Scores and accumulators are
+// f32 in the log2 domain (exp2f).
+#include <atomic>
+#include <stdio.h>
+
 #include "kv_row.cuh"
+#include "occupancy.cuh"
 
 #define AD_WARPS 4
-#define AD_SPLIT_TOKENS 256 // the fewest context tokens a split is given
+#define AD_SPLIT_TOKENS 64 // the fewest context tokens a split is given
+#define AD_MAX_SPLITS 128  // splits per sequence at most (the partials' size)
 
 // The splits of one sequence whose context is len tokens, in a launch of
 // n_grid splits: n_grid, but never more than its own context has pieces of
@@ -19,6 +26,90 @@ __device__ __forceinline__ int ad_seq_splits(int len, int n_grid)
 {
     int by_len = (len + AD_SPLIT_TOKENS - 1) / AD_SPLIT_TOKENS;
     return by_len < n_grid ? (by_len < 1 ? 1 : by_len) : n_grid;
+}
+
+// One lane's share of a K or V row (values [8 sl, 8 sl + 8)) as loaded,
+// widened to f32 only when used, so the next step's rows are in flight while
+// this step's are used. The widening is kvd_row_load8's (the cpu's bits).
+template <int DT> struct ad_raw {
+    uint4 w; // f16, bf16: 16 bytes
+};
+template <> struct ad_raw<KVD_K_F32> {
+    float4 a, b;
+};
+template <> struct ad_raw<KVD_K_Q8_0> {
+    uint32_t d;    // the block's f16 scale
+    uint32_t q[4]; // 8 int8 values, 2-byte aligned: 4 two-byte loads
+};
+template <> struct ad_raw<KVD_K_FP8> {
+    float s; // the row's scale
+    uint2 q; // 8 e4m3 bytes (loaded as two words: 4-byte aligned)
+};
+
+template <int DT>
+static __device__ __forceinline__ void ad_load(ad_raw<DT> &r, const char *row, int sl)
+{
+    if constexpr (DT == KVD_K_F32) {
+        // (Fields copied one by one: a struct copy compiles to memmove in
+        // the emulation build, which its memory checks do not see.)
+        const float4 *f = (const float4 *)(row + (size_t)sl * 32);
+        const float4 a = f[0], b = f[1];
+        r.a = make_float4(a.x, a.y, a.z, a.w);
+        r.b = make_float4(b.x, b.y, b.z, b.w);
+    } else if constexpr (DT == KVD_K_Q8_0) {
+        const char *b = row + (size_t)(sl >> 2) * 34;
+        r.d = *(const uint16_t *)b;
+        const uint16_t *q = (const uint16_t *)(b + 2 + (sl & 3) * 8);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            r.q[i] = q[i];
+    } else if constexpr (DT == KVD_K_FP8) {
+        // Two 4-byte loads: the bytes follow the 4-byte scale, so they are
+        // only 4-byte aligned (an 8-byte load would fault on a device).
+        r.s = *(const float *)row;
+        const uint32_t *q = (const uint32_t *)(row + 4 + sl * 8);
+        r.q.x = q[0];
+        r.q.y = q[1];
+    } else {
+        const uint4 w = *(const uint4 *)(row + (size_t)sl * 16);
+        r.w = make_uint4(w.x, w.y, w.z, w.w);
+    }
+}
+
+template <int DT> static __device__ __forceinline__ void ad_widen(const ad_raw<DT> &r, float *o)
+{
+    if constexpr (DT == KVD_K_F32) {
+        o[0] = r.a.x;
+        o[1] = r.a.y;
+        o[2] = r.a.z;
+        o[3] = r.a.w;
+        o[4] = r.b.x;
+        o[5] = r.b.y;
+        o[6] = r.b.z;
+        o[7] = r.b.w;
+    } else if constexpr (DT == KVD_K_Q8_0) {
+        const float d = kvd_f16_to_f32((uint16_t)r.d);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            o[2 * i] = d * (float)(int8_t)(r.q[i] & 0xffu);
+            o[2 * i + 1] = d * (float)(int8_t)(r.q[i] >> 8);
+        }
+    } else if constexpr (DT == KVD_K_FP8) {
+        const uint32_t w[2] = {r.q.x, r.q.y};
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                o[4 * i + j] = r.s * kvd_e4m3_to_f32((w[i] >> (8 * j)) & 0xffu);
+    } else {
+        const uint32_t w[4] = {r.w.x, r.w.y, r.w.z, r.w.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint16_t lo = (uint16_t)(w[i] & 0xffffu), hi = (uint16_t)(w[i] >> 16);
+            o[2 * i] = DT == KVD_K_BF16 ? kvd_bf16_to_f32(lo) : kvd_f16_to_f32(lo);
+            o[2 * i + 1] = DT == KVD_K_BF16 ? kvd_bf16_to_f32(hi) : kvd_f16_to_f32(hi);
+        }
+    }
 }
 
 // Partial results of split s for (seq, head): o [D] normalized, then (m, l)
@@ -58,10 +149,11 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     // This block's query heads: h0 + j for j < nq.
     const int h0 = kvh * group + qg * GQ;
     const int nq = min(GQ, group - qg * GQ);
-    // A sequence without a row this step (never from model_forward) has
-    // nothing to attend and no output row; its partials stay unused.
+    // Only sequences of exactly one row: one without a row (never from
+    // model_forward) has nothing to attend; one of several rows in a mixed
+    // step is the prefill kernel's. Their partials stay unused.
     const uint32_t qrow = qstart[seq];
-    if (qstart[seq + 1] == qrow)
+    if (qstart[seq + 1] - qrow != 1)
         return; // uniform over the block, before any barrier
     const int len = (int)pos0[seq] + 1;
     const int n_splits = ad_seq_splits(len, n_grid);
@@ -92,54 +184,82 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
             acc[j][e] = 0.0f;
     }
 
-    // The loop bound is uniform per warp (tw), so every lane reaches the
-    // shuffles below; a subgroup past the end just has nothing to add.
+    // Two tokens per subgroup per step (one tile: the running max and the
+    // rescale of the accumulators once per tile), and the next step's four
+    // rows loaded before this step's are used. The loop bound is uniform per
+    // warp (tw), so every lane reaches the shuffles below; a subgroup past
+    // the end just has nothing to add.
     const int warp_first = (threadIdx.x >> 5) * TPW;
+    ad_raw<DT> kn[2], vn[2]; // the next step's rows
+    bool have_n[2];
+    auto load_step = [&](int tw) {
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int t = tw + (sub - warp_first) + u * NSUB;
+            have_n[u] = t < t_end;
+            if (have_n[u]) {
+                const char *blk =
+                    (const char *)kv.arena + (size_t)table[t / kv.block_tokens] * kv.block_bytes;
+                const size_t row = (size_t)(t % kv.block_tokens) * kv.row_bytes;
+                ad_load<DT>(kn[u], blk + k_off + row, sl);
+                ad_load<DT>(vn[u], blk + v_off + row, sl);
+            }
+        }
+    };
+    load_step(t_begin + warp_first);
     for (int tw = t_begin + warp_first; tw < t_end; tw += 2 * NSUB) {
-        // Two tokens per step, all four loads issued before any use.
-        float kf[2][8], vf[2][8];
+        ad_raw<DT> kc[2], vc[2];
         bool have[2];
 #pragma unroll
         for (int u = 0; u < 2; u++) {
-            int t = tw + (sub - warp_first) + u * NSUB;
-            have[u] = t < t_end;
-            if (have[u]) {
-                const char *blk =
-                    (const char *)kv.arena + (size_t)table[t / kv.block_tokens] * kv.block_bytes;
-                size_t row = (size_t)(t % kv.block_tokens) * kv.row_bytes;
-                kvd_row_load8<DT>(blk + k_off + row, sl, kf[u]);
-                kvd_row_load8<DT>(blk + v_off + row, sl, vf[u]);
-            }
+            kc[u] = kn[u];
+            vc[u] = vn[u];
+            have[u] = have_n[u];
         }
+        if (tw + 2 * NSUB < t_end)
+            load_step(tw + 2 * NSUB);
+        // Scores of the tile's two tokens. `have` is uniform within a
+        // subgroup (one token per subgroup); the xor shuffles stay inside
+        // the subgroup's LPT lanes.
+        float s[2][GQ];
 #pragma unroll
         for (int u = 0; u < 2; u++) {
-            // `have` is uniform within a subgroup (one token per subgroup);
-            // the xor shuffles stay inside the subgroup's LPT lanes.
-            float s[GQ];
+            float kf[8];
+            ad_widen<DT>(kc[u], kf);
 #pragma unroll
             for (int j = 0; j < GQ; j++) {
                 float d = 0.0f;
 #pragma unroll
                 for (int e = 0; e < 8; e++)
-                    d += qv[j][e] * (have[u] ? kf[u][e] : 0.0f);
+                    d += qv[j][e] * (have[u] ? kf[e] : 0.0f);
 #pragma unroll
                 for (int o = LPT / 2; o > 0; o >>= 1)
                     d += __shfl_xor_sync(0xffffffffu, d, o);
-                s[j] = d;
+                s[u][j] = d;
             }
-            if (!have[u])
-                continue;
+        }
+        if (!have[0])
+            continue; // (have[1] implies have[0])
+        // A second token past the end has no row loaded (its registers may
+        // hold anything, NaN included): zeros, so p1 * v stays 0.
+        float vf[2][8];
+        ad_widen<DT>(vc[0], vf[0]);
+        if (have[1])
+            ad_widen<DT>(vc[1], vf[1]);
+        else
 #pragma unroll
-            for (int j = 0; j < GQ; j++) {
-                float mn = fmaxf(m[j], s[j]);
-                float corr = exp2f(m[j] - mn); // 0 on the first token (m = -inf)
-                float p = exp2f(s[j] - mn);
-                l[j] = l[j] * corr + p;
+            for (int e = 0; e < 8; e++)
+                vf[1][e] = 0.0f;
 #pragma unroll
-                for (int e = 0; e < 8; e++)
-                    acc[j][e] = acc[j][e] * corr + p * vf[u][e];
-                m[j] = mn;
-            }
+        for (int j = 0; j < GQ; j++) {
+            const float mn = fmaxf(m[j], have[1] ? fmaxf(s[0][j], s[1][j]) : s[0][j]);
+            const float corr = exp2f(m[j] - mn); // 0 on the first tile (m = -inf)
+            const float p0 = exp2f(s[0][j] - mn), p1 = have[1] ? exp2f(s[1][j] - mn) : 0.0f;
+            l[j] = l[j] * corr + p0 + p1;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                acc[j][e] = acc[j][e] * corr + p0 * vf[0][e] + p1 * vf[1][e];
+            m[j] = mn;
         }
     }
 
@@ -193,7 +313,7 @@ __global__ void attn_decode_merge_kernel(float *out, ad_partial part,
     size_t hrow = blockIdx.x; // seq * n_heads + head
     int d = threadIdx.x;
     int seq = (int)(hrow / n_heads), h = (int)(hrow % n_heads);
-    if (qstart[seq + 1] == qstart[seq])
+    if (qstart[seq + 1] - qstart[seq] != 1)
         return;
     const int n_splits = ad_seq_splits((int)pos0[seq] + 1, n_grid);
     if (n_splits == 1)
@@ -292,19 +412,102 @@ extern "C" size_t kvd_k_attn_decode_partial_floats(int n_seqs, int n_heads, int 
     return (size_t)n_seqs * n_heads * n_splits * (size_t)(head_dim + 2);
 }
 
-extern "C" int kvd_k_attn_decode_splits(int n_seqs, int kv_heads, int max_ctx, int n_sms)
+// The blocks of attn_decode_kernel<D, DT, GQ> resident per multiprocessor
+// of the current device, asked once per device and instance.
+template <int D, int DT, int GQ> static int ad_blocks_per_sm(void)
 {
-    // Aim for about 4 blocks per multiprocessor, but give every split at
-    // least AD_SPLIT_TOKENS tokens so its fixed costs (loading q, merging)
-    // stay small (each sequence then takes ad_seq_splits of them).
-    long pairs = (long)(n_seqs > 0 ? n_seqs : 1) * (kv_heads > 0 ? kv_heads : 1);
-    long target = 4L * (n_sms > 0 ? n_sms : 132);
-    long s = (target + pairs - 1) / pairs;
-    long by_len = ((long)(max_ctx > 0 ? max_ctx : 1) + AD_SPLIT_TOKENS - 1) / AD_SPLIT_TOKENS;
+    static std::atomic<int> known[64]; // per device: blocks + 1, 0 = not asked yet
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        dev = 0;
+    if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed))
+        return known[dev].load(std::memory_order_relaxed) - 1;
+    char name[64];
+    snprintf(name, sizeof name, "attn_decode_kernel<%d, %d, %d>", D, DT, GQ);
+    int n = 0;
+    if (kvd_occupancy(&n, attn_decode_kernel<D, DT, GQ>, name, AD_WARPS * 32, 0)) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    if (dev >= 0 && dev < 64)
+        known[dev].store(n + 1, std::memory_order_relaxed);
+    return n;
+}
+
+template <int D, int DT> static int ad_occ_by_group(int group)
+{
+    if (group <= 1)
+        return ad_blocks_per_sm<D, DT, 1>();
+    if (group <= 2)
+        return ad_blocks_per_sm<D, DT, 2>();
+    if (group <= 4)
+        return ad_blocks_per_sm<D, DT, 4>();
+    return ad_blocks_per_sm<D, DT, 8>();
+}
+
+template <int D> static int ad_occ_by_dtype(int dtype, int group)
+{
+    switch (dtype) {
+    case KVD_K_F16:
+        return ad_occ_by_group<D, KVD_K_F16>(group);
+    case KVD_K_BF16:
+        return ad_occ_by_group<D, KVD_K_BF16>(group);
+    case KVD_K_F32:
+        return ad_occ_by_group<D, KVD_K_F32>(group);
+    case KVD_K_Q8_0:
+    case KVD_K_FP8:
+        if constexpr (D % 32 == 0) {
+            if (dtype == KVD_K_Q8_0)
+                return ad_occ_by_group<D, KVD_K_Q8_0>(group);
+            return ad_occ_by_group<D, KVD_K_FP8>(group);
+        }
+        return -1;
+    default:
+        return -1;
+    }
+}
+
+extern "C" int kvd_k_attn_decode_blocks_per_sm(int head_dim, int dtype, int group)
+{
+    switch (head_dim) {
+    case 16:
+        return ad_occ_by_dtype<16>(dtype, group);
+    case 32:
+        return ad_occ_by_dtype<32>(dtype, group);
+    case 64:
+        return ad_occ_by_dtype<64>(dtype, group);
+    case 128:
+        return ad_occ_by_dtype<128>(dtype, group);
+    case 256:
+        return ad_occ_by_dtype<256>(dtype, group);
+    default:
+        return -1;
+    }
+}
+
+extern "C" int kvd_k_attn_decode_splits(int n_seqs, int n_heads, const struct kvd_k_kv *kv,
+                                        int max_ctx, int n_sms)
+{
+    // One wave at most: as many blocks as the device holds at once (the
+    // kernel's occupancy times the multiprocessors) over the launch's
+    // (sequence, KV head, query-head group) items, rounded down (blocks of
+    // equal work: a few past the wave would double the time), but no split
+    // shorter than AD_SPLIT_TOKENS tokens of the longest context (each
+    // sequence then takes ad_seq_splits of them).
+    const int group = kv->kv_heads > 0 && n_heads > 0 ? n_heads / kv->kv_heads : 1;
+    const long q_groups = group > 8 ? (group + 7) / 8 : 1; // blocks per KV head
+    int per_sm = kvd_k_attn_decode_blocks_per_sm(kv->head_dim, kv->dtype, group);
+    if (per_sm < 1)
+        per_sm = 1; // unknown (an error already reported): still a valid count
+    const long items =
+        (long)(n_seqs > 0 ? n_seqs : 1) * (kv->kv_heads > 0 ? kv->kv_heads : 1) * q_groups;
+    const long resident = (long)per_sm * (n_sms > 0 ? n_sms : 1);
+    long s = resident / items;
+    const long by_len = ((long)(max_ctx > 0 ? max_ctx : 1) + AD_SPLIT_TOKENS - 1) / AD_SPLIT_TOKENS;
     if (s > by_len)
         s = by_len;
-    if (s > 64)
-        s = 64;
+    if (s > AD_MAX_SPLITS)
+        s = AD_MAX_SPLITS;
     return s < 1 ? 1 : (int)s;
 }
 

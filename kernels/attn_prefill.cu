@@ -1,10 +1,11 @@
 // Prefill (and mixed-batch) attention over paged KV: the new query rows of
 // each sequence attend to its cached prefix and causally to the new tokens,
-// whose K/V are already written to the blocks. FlashAttention-style: key
-// tiles of AP_BK tokens staged in shared memory as f32, online softmax per
-// query row, f32 accumulation.
-#include <atomic>
-
+// whose K/V are already written to the blocks. kvd_k_attn_prefill sends the
+// 16-bit and quantized KV dtypes at head_dim 64-256 to the tensor-core
+// kernel (attn_prefill_mma.cu); this file's kernel takes the rest (f32 KV,
+// head_dim 16 and 32) on CUDA cores: key tiles of AP_BK tokens staged in
+// shared memory as f32, online softmax per query row, f32 accumulation.
+#include "attn_prefill.cuh"
 #include "kv_row.cuh"
 
 #define AP_WARPS 4
@@ -27,7 +28,7 @@ __global__ void __launch_bounds__(AP_WARPS * 32)
     attn_prefill_kernel(float *out, const float *__restrict__ q, kvd_k_kv kv, int layer,
                         const uint32_t *__restrict__ slots, const uint32_t *__restrict__ slot0,
                         const uint32_t *__restrict__ pos0, const uint32_t *__restrict__ qstart,
-                        int n_heads, float scale_log2)
+                        int n_heads, float scale_log2, int skip_single)
 {
     KVD_DYN_SHARED(float, ap_smem);
     float *sq = ap_smem;
@@ -39,7 +40,7 @@ __global__ void __launch_bounds__(AP_WARPS * 32)
     const int q0 = (int)qstart[seq], n_new = (int)qstart[seq + 1] - q0;
     const int rows_total = n_new * group;
     const int row0 = blockIdx.x * AP_BR;
-    if (row0 >= rows_total || n_new <= 0)
+    if (row0 >= rows_total || n_new <= 0 || (skip_single && n_new == 1))
         return;                           // whole block idle: uniform, before any barrier
     const int first_pos = (int)pos0[seq]; // position of query token 0
     const uint32_t *table = slots + slot0[seq];
@@ -140,67 +141,64 @@ template <int D, int DT>
 static int ap_launch(float *out, const float *q, const kvd_k_kv &kv, int layer,
                      const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                      const uint32_t *qstart, int n_seqs, int max_q, int n_heads, float scale,
-                     cudaStream_t stream)
+                     int skip_single, cudaStream_t stream)
 {
-    // Over 48 KB of dynamic shared memory needs an opt-in, set once per
-    // instantiation and per device (a function attribute holds for the
-    // device current when it is set; not a stream operation, so it is also
-    // safe while a graph is being captured). Devices past 63 set it on
-    // every launch.
-    static std::atomic<unsigned long long> attr_done{0};
+    static std::atomic<unsigned long long> optin{0};
     const size_t smem = ap_smem_bytes<D>();
-    int dev = 0;
-    cudaError_t de = cudaGetDevice(&dev);
-    if (de != cudaSuccess)
-        return (int)de;
-    const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
-    if (!bit || !(attr_done.load(std::memory_order_acquire) & bit)) {
-        cudaError_t e = cudaFuncSetAttribute(
-            attn_prefill_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess)
-            return (int)e;
-        attr_done.fetch_or(bit, std::memory_order_release);
-    }
+    int rc = kvd_smem_optin(attn_prefill_kernel<D, DT>, smem, optin);
+    if (rc)
+        return rc;
     int group = n_heads / kv.kv_heads;
     long rows = (long)max_q * group;
     dim3 grid((unsigned)((rows + AP_BR - 1) / AP_BR), (unsigned)kv.kv_heads, (unsigned)n_seqs);
     KVD_LAUNCH(grid, AP_WARPS * 32, smem, stream, attn_prefill_kernel<D, DT>)
-    (out, q, kv, layer, slots, slot0, pos0, qstart, n_heads, scale * KVD_LOG2E);
+    (out, q, kv, layer, slots, slot0, pos0, qstart, n_heads, scale * KVD_LOG2E, skip_single);
     return kvd_launch_status();
 }
 
-#define AP_ARGS out, q, kv, layer, slots, slot0, pos0, qstart, n_seqs, max_q, n_heads, scale, stream
+#define AP_ARGS                                                                                    \
+    out, q, kv, layer, slots, slot0, pos0, qstart, n_seqs, max_q, n_heads, scale, skip_single,     \
+        stream
 
+// Only the instances the tensor-core kernel leaves to this one: f32 KV at
+// every head_dim, every dtype at 16 and 32.
 template <int D>
 static int ap_by_dtype(float *out, const float *q, const kvd_k_kv &kv, int layer,
                        const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                        const uint32_t *qstart, int n_seqs, int max_q, int n_heads, float scale,
-                       cudaStream_t stream)
+                       int skip_single, cudaStream_t stream)
 {
-    switch (kv.dtype) {
-    case KVD_K_F16:
-        return ap_launch<D, KVD_K_F16>(AP_ARGS);
-    case KVD_K_BF16:
-        return ap_launch<D, KVD_K_BF16>(AP_ARGS);
-    case KVD_K_F32:
-        return ap_launch<D, KVD_K_F32>(AP_ARGS);
-    case KVD_K_Q8_0:
-    case KVD_K_FP8:
-        if constexpr (D % 32 == 0) { // quantized rows are whole 32-value blocks
-            if (kv.dtype == KVD_K_Q8_0)
-                return ap_launch<D, KVD_K_Q8_0>(AP_ARGS);
-            return ap_launch<D, KVD_K_FP8>(AP_ARGS);
+    if constexpr (D >= 64) {
+        if (kv.dtype == KVD_K_F32)
+            return ap_launch<D, KVD_K_F32>(AP_ARGS);
+        return (int)cudaErrorInvalidValue;
+    } else {
+        switch (kv.dtype) {
+        case KVD_K_F16:
+            return ap_launch<D, KVD_K_F16>(AP_ARGS);
+        case KVD_K_BF16:
+            return ap_launch<D, KVD_K_BF16>(AP_ARGS);
+        case KVD_K_F32:
+            return ap_launch<D, KVD_K_F32>(AP_ARGS);
+        case KVD_K_Q8_0:
+        case KVD_K_FP8:
+            if constexpr (D % 32 == 0) { // quantized rows are whole 32-value blocks
+                if (kv.dtype == KVD_K_Q8_0)
+                    return ap_launch<D, KVD_K_Q8_0>(AP_ARGS);
+                return ap_launch<D, KVD_K_FP8>(AP_ARGS);
+            }
+            return (int)cudaErrorInvalidValue;
+        default:
+            return (int)cudaErrorInvalidValue;
         }
-        return (int)cudaErrorInvalidValue;
-    default:
-        return (int)cudaErrorInvalidValue;
     }
 }
 
 extern "C" int kvd_k_attn_prefill(float *out, const float *q, const struct kvd_k_kv *kvp, int layer,
                                   const uint32_t *slots, const uint32_t *slot0,
                                   const uint32_t *pos0, const uint32_t *qstart, int n_seqs,
-                                  int max_q, int n_heads, float scale, kvd_stream stream)
+                                  int max_q, int n_heads, float scale, int skip_single,
+                                  kvd_stream stream)
 {
     const kvd_k_kv &kv = *kvp;
     if (n_seqs < 0 || max_q < 0 || kv.kv_heads <= 0 || n_heads <= 0 || n_heads % kv.kv_heads ||
@@ -208,6 +206,9 @@ extern "C" int kvd_k_attn_prefill(float *out, const float *q, const struct kvd_k
         return (int)cudaErrorInvalidValue;
     if (n_seqs == 0 || max_q == 0)
         return 0;
+    if (kvd_attn_prefill_mma_ok(kv.head_dim, kv.dtype))
+        return kvd_attn_prefill_mma(out, q, kv, layer, slots, slot0, pos0, qstart, n_seqs, max_q,
+                                    n_heads, scale, skip_single, stream);
     switch (kv.head_dim) {
     case 16:
         return ap_by_dtype<16>(AP_ARGS);

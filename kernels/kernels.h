@@ -182,27 +182,40 @@ int kvd_k_block_copy(const struct kvd_k_kv *kv, const int32_t *src, const int32_
  * slots[slot0[s] .. slot0[s+1]) and its context is pos0[s] + rows tokens, the
  * new ones already written. Causal: a row sees keys at positions <= its own.
  *
- * Decode: every sequence has at most one row. The context is cut into
- * pieces (flash-decoding) merged by a second kernel: n_splits of them, or
- * fewer for a sequence whose own context has fewer 256-token pieces (so a
- * row is summed the same way whatever the other rows' lengths); partial
- * holds kvd_k_attn_decode_partial_floats(...) floats (none for
- * n_splits == 1). Slot tables are read from slots + slot0[s] only (slot0
- * need not grow: several one-row "sequences" may share one table). */
+ * Decode: the sequences of exactly one row (the others, in a mixed step, are
+ * the prefill kernel's; see skip_single). The context is cut into pieces
+ * (flash-decoding) merged by a second kernel: n_splits of them, or fewer for
+ * a sequence whose own context has fewer 64-token pieces (so a row is
+ * summed the same way whatever the other rows' lengths); partial holds
+ * kvd_k_attn_decode_partial_floats(...) floats (none for n_splits == 1).
+ * Slot tables are read from slots + slot0[s] only (slot0 need not grow:
+ * several one-row "sequences" may share one table). */
 int kvd_k_attn_decode(float *out, const float *q, const struct kvd_k_kv *kv, int layer,
                       const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                       const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
                       float *partial, kvd_stream stream);
 size_t kvd_k_attn_decode_partial_floats(int n_seqs, int n_heads, int head_dim, int n_splits);
-/* A split count that fills the device for this many (sequence, kv head)
- * pairs at this context length. */
-int kvd_k_attn_decode_splits(int n_seqs, int kv_heads, int max_ctx, int n_sms);
+/* The split count for n_seqs sequences of at most max_ctx tokens on a
+ * device of n_sms multiprocessors: one wave of the decode kernel's blocks
+ * (its occupancy for this head_dim, dtype and group, times n_sms), splits of
+ * at least 64 tokens, at most 128. */
+int kvd_k_attn_decode_splits(int n_seqs, int n_heads, const struct kvd_k_kv *kv, int max_ctx,
+                             int n_sms);
+/* Blocks of the decode kernel for (head_dim, dtype, n_heads / kv_heads)
+ * resident per multiprocessor of the current device
+ * (cudaOccupancyMaxActiveBlocksPerMultiprocessor; the emulator answers from
+ * ptxas's register counts); -1 for an unsupported shape or a failed query. */
+int kvd_k_attn_decode_blocks_per_sm(int head_dim, int dtype, int group);
 /* Prefill / mixed batches: any number of rows per sequence, max_q the
- * largest. Tiles of keys in shared memory with an online softmax. */
+ * largest. Tiles of keys in shared memory with an online softmax: on tensor
+ * cores for f16, bf16, q8_0 and fp8 KV at head_dim 64, 128 and 256 (Q and
+ * the softmax weights rounded to the KV's 16-bit type, f16 for q8_0/fp8,
+ * f32 accumulation), in f32 on CUDA cores otherwise. skip_single: sequences
+ * of exactly one row are left alone (computed by kvd_k_attn_decode). */
 int kvd_k_attn_prefill(float *out, const float *q, const struct kvd_k_kv *kv, int layer,
                        const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                        const uint32_t *qstart, int n_seqs, int max_q, int n_heads, float scale,
-                       kvd_stream stream);
+                       int skip_single, kvd_stream stream);
 /* Whether the attention kernels support this head_dim (16..256, power of 2). */
 int kvd_k_attn_supported(int head_dim);
 
@@ -249,6 +262,16 @@ int kvd_k_empty(kvd_stream stream);
 /* One warp busy for about ns nanoseconds of device time (no wait in the
  * emulator). */
 int kvd_k_spin(long long ns, kvd_stream stream);
+/* One warp through mma.cuh's tensor-core instructions (mma_check.cu), for
+ * the fragment-layout tests. a [16][16], b [16][8] row-major 16-bit (bf16
+ * when bf16, else f16), c [16][8] f32; d [3][32][4]: each lane's D fragment
+ * of a * b + c with the A and B fragments built element by element from the
+ * PTX layout (0), A by ldmatrix.x4 and B by ldmatrix.x2 from b's transpose
+ * (1), B by ldmatrix.x2.trans from b (2). mats [4][8][8] 16-bit; ldsm
+ * [6][32][4]: each lane's registers from ldmatrix .x1, .x2, .x4, then the
+ * same .trans, lane 8 m + i giving row i of matrix m. All device memory. */
+int kvd_k_mma_check(float *d, uint32_t *ldsm, const uint16_t *a, const uint16_t *b, const float *c,
+                    const uint16_t *mats, int bf16, kvd_stream stream);
 
 #ifdef __cplusplus
 }

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "emu_internal.h"
+#include "kvd_simt_mma.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define KVD_EMU_ASAN 1
@@ -446,9 +447,51 @@ const char *warp_op_name(int kind)
         return "__shfl_down_sync";
     case KVD_EMU_SYNCWARP:
         return "__syncwarp";
+    case KVD_EMU_COLLECTIVE:
+        return "a warp-wide matrix instruction (mma/ldmatrix)";
     default:
         return "__ballot_sync";
     }
+}
+
+// Completes a warp-wide instruction (kvd_simt_mma.h) once every lane of
+// warp w is at it: the 32 lanes must be at the same instruction (source
+// line and function), as PTX's .aligned requires.
+bool run_collective(launch_state *L, unsigned w, const sim_thread *lead)
+{
+    std::vector<sim_thread> &th = *L->threads;
+    const unsigned first = w * 32, n = std::min(32u, L->n_threads - first);
+    for (unsigned i = 0; i < n; i++)
+        if (th[first + i].state == T_RUN || th[first + i].state == T_BARRIER)
+            return false; // not there yet, or a deadlock the scheduler reports
+    const kvd_emu_collective *lc = (const kvd_emu_collective *)(uintptr_t)lead->wval;
+    kvd_emu_collective *lanes[32];
+    bool ok = n == 32;
+    char buf[96];
+    if (!ok)
+        KREPORT(L, "%s: the warp-wide instruction at %s:%d needs 32 lanes; warp %u has %u",
+                L->kernel, lead->file, lead->line, w, n);
+    for (unsigned i = 0; ok && i < 32; i++) {
+        sim_thread &o = th[first + i];
+        lanes[i] = (kvd_emu_collective *)(uintptr_t)o.wval;
+        if (o.state != T_WARP || o.wkind != KVD_EMU_COLLECTIVE || o.line != lead->line ||
+            strcmp(o.file, lead->file) || lanes[i]->fn != lc->fn) {
+            KREPORT(L,
+                    "%s: lane %u of warp %u is not at the warp-wide instruction at %s:%d (%s): "
+                    "every lane must execute the same one",
+                    L->kernel, i, w, lead->file, lead->line,
+                    o.state == T_DONE ? "it exited" : where(&o, buf, sizeof buf));
+            ok = false;
+        }
+    }
+    if (ok)
+        lc->fn(lanes);
+    for (unsigned i = 0; i < n; i++)
+        if (th[first + i].state == T_WARP) {
+            th[first + i].wres = 0;
+            th[first + i].state = T_RUN;
+        }
+    return true;
 }
 
 // Completes the warp operation lanes of warp w wait at, when every lane of
@@ -457,14 +500,16 @@ bool try_warp(launch_state *L, unsigned w)
 {
     std::vector<sim_thread> &th = *L->threads;
     unsigned first = w * 32, n = std::min(32u, L->n_threads - first);
-    sim_thread *lead = nullptr;
-    for (unsigned i = 0; i < n; i++)
+    sim_thread *lead = nullptr, *coll = nullptr;
+    for (unsigned i = 0; i < n && !lead; i++)
         if (th[first + i].state == T_WARP) {
-            lead = &th[first + i];
-            break;
+            if (th[first + i].wkind != KVD_EMU_COLLECTIVE)
+                lead = &th[first + i];
+            else if (!coll)
+                coll = &th[first + i];
         }
     if (!lead)
-        return false;
+        return coll && run_collective(L, w, coll);
     unsigned mask = lead->wmask;
     char buf[96];
     for (unsigned i = 0; i < 32; i++) {
@@ -491,6 +536,13 @@ bool try_warp(launch_state *L, unsigned w)
         }
         if (o.state == T_BARRIER)
             return false; // a deadlock, found by the scheduler
+        if (o.wkind == KVD_EMU_COLLECTIVE) {
+            KREPORT(
+                L, "%s: %s at %s:%d: lane %u of its mask waits at a warp-wide instruction (%s:%d)",
+                L->kernel, warp_op_name(lead->wkind), lead->file, lead->line, i, o.file, o.line);
+            mask &= ~(1u << i);
+            continue;
+        }
         if (o.wmask != lead->wmask) {
             KREPORT(L,
                     "%s: lanes of warp %u disagree on the mask: 0x%08x at %s:%d, 0x%08x at %s:%d",
@@ -1068,6 +1120,30 @@ void *kvd_emu_shared(kvd_emu_shared_key *key, size_t bytes, size_t align)
         key->offset = off;
     }
     return L->smem + key->offset;
+}
+
+void kvd_emu_device_fault(const char *what)
+{
+    launch_state *L = tls.run;
+    if (!L || !L->cur) {
+        report("%s (outside a kernel)", what);
+        return;
+    }
+    char buf[96];
+    KREPORT(L, "%s: %s: %s", L->kernel, where(L->cur, buf, sizeof buf), what);
+}
+
+bool kvd_emu_in_shared(const void *p, size_t n)
+{
+    launch_state *L = tls.run;
+    if (!L)
+        return false;
+    uintptr_t a = (uintptr_t)p, s = (uintptr_t)L->smem;
+    if (a - s >= STATIC_SMEM_MAX + L->dyn_bytes)
+        return false;
+    size_t off = a - s,
+           limit = off >= STATIC_SMEM_MAX ? STATIC_SMEM_MAX + L->dyn_bytes : L->static_used;
+    return off + n <= limit;
 }
 
 void *kvd_emu_dyn_shared()

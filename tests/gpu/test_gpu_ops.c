@@ -677,23 +677,54 @@ static void test_attention_decode(void **state)
             }
 }
 
-static void test_attention_prefill(void **state)
+/* The decode split count: one wave of the kernel's resident blocks (its
+ * occupancy on this device times the multiprocessors) over the launch's
+ * (sequence, KV head, query group) items, rounded down, no split under 64 tokens of the
+ * longest context, at most 128. On the emulator the occupancy follows from
+ * ptxas's sm_90 register counts (kernels/emu/ptxas_sm90.inc), so the
+ * calculator's rules are checked on two known instances. */
+static void test_attention_splits(void **state)
 {
-    static const uint32_t heads[][2] = {{8, 8}, {8, 2}, {16, 1}, {12, 4}};
-    static const uint32_t hds[] = {64, 128, 16};
-    rnd_seed(8);
-    for (int dt = 0; dt < N_KV_DTYPES; dt++)
-        for (size_t h = 0; h < 4; h++)
-            for (size_t di = 0; di < 3; di++) {
-                if (kv_row_bytes((enum kv_dtype)dt, hds[di]) == 0 || !attn_case(dt, h, di))
-                    continue; /* q8_0/fp8 rows are whole 32-value blocks */
-                /* a fresh prompt, a chunk after a cached prefix, a decode row
-                 * in the same (mixed) batch */
-                uint32_t seqs[3][2] = {
-                    {0, 1 + rnd_u32(40)}, {rnd_u32(200), 33 + rnd_u32(70)}, {rnd_u32(500), 1}};
-                run_attention((enum kv_dtype)dt, hds[di], heads[h][0], heads[h][1],
-                              (const uint32_t(*)[2])seqs, 3);
+    static const int dts[] = {KVD_K_F16, KVD_K_BF16, KVD_K_F32, KVD_K_Q8_0, KVD_K_FP8};
+    static const int hds[] = {64, 128, 256}, groups[] = {1, 4, 8, 16};
+    static const int ctxs[] = {1, 64, 65, 1000, 4096, 32768, 1 << 20};
+    static const int seqs[] = {1, 3, 16, 256};
+    const int n_sms = 132, kv_heads = 8;
+    for (size_t a = 0; a < sizeof dts / sizeof *dts; a++)
+        for (size_t b = 0; b < sizeof hds / sizeof *hds; b++)
+            for (size_t c = 0; c < sizeof groups / sizeof *groups; c++) {
+                const int g = groups[c],
+                          per_sm = kvd_k_attn_decode_blocks_per_sm(hds[b], dts[a], g);
+                assert_true(per_sm >= 1 && per_sm <= 32);
+                struct kvd_k_kv kv = {.kv_heads = kv_heads, .head_dim = hds[b], .dtype = dts[a]};
+                for (size_t d = 0; d < sizeof ctxs / sizeof *ctxs; d++)
+                    for (size_t e = 0; e < sizeof seqs / sizeof *seqs; e++) {
+                        const long items = (long)seqs[e] * kv_heads * (g > 8 ? (g + 7) / 8 : 1);
+                        const long wave = (long)per_sm * n_sms, by_len = (ctxs[d] + 63) / 64;
+                        long want = wave / items;
+                        want = want < by_len ? want : by_len;
+                        want = want < 128 ? want : 128;
+                        assert_int_equal(
+                            kvd_k_attn_decode_splits(seqs[e], kv_heads * g, &kv, ctxs[d], n_sms),
+                            want < 1 ? 1 : want);
+                    }
             }
+    /* Shapes the occupancy does not know: -1, and still a valid count. */
+    assert_int_equal(kvd_k_attn_decode_blocks_per_sm(96, KVD_K_F16, 1), -1);
+    assert_int_equal(kvd_k_attn_decode_blocks_per_sm(16, KVD_K_Q8_0, 1), -1);
+#ifdef KVD_CUDA_EMULATE
+    /* bf16, head_dim 128: GQ 4 has 150 registers (4 warps x 5120 of the
+     * 64 K: 3 blocks), GQ 8 233 (7680 a warp: 2 blocks). At batch 1 of an
+     * 8-KV-head model that is 49 and 33 splits (392 and 264 blocks: one
+     * wave each; the old fixed 4 blocks a multiprocessor and 256-token
+     * splits gave 16 at 4k, 128 blocks). */
+    assert_int_equal(kvd_k_attn_decode_blocks_per_sm(128, KVD_K_BF16, 4), 3);
+    assert_int_equal(kvd_k_attn_decode_blocks_per_sm(128, KVD_K_BF16, 8), 2);
+    struct kvd_k_kv kv = {.kv_heads = 8, .head_dim = 128, .dtype = KVD_K_BF16};
+    assert_int_equal(kvd_k_attn_decode_splits(1, 32, &kv, 4096, 132), 49);
+    assert_int_equal(kvd_k_attn_decode_splits(1, 64, &kv, 4096, 132), 33);
+    assert_int_equal(kvd_k_attn_decode_splits(1, 64, &kv, 1000, 132), 16);
+#endif
 }
 
 /* The sample op: the same logits and rows on both backends give the same
@@ -869,7 +900,7 @@ int main(void)
         GPU_TEST(test_rope),
         GPU_TEST(test_kv_write),
         GPU_TEST(test_attention_decode),
-        GPU_TEST(test_attention_prefill),
+        GPU_TEST(test_attention_splits),
         GPU_TEST(test_sample),
         GPU_TEST(test_sample_degenerate_rows),
         GPU_TEST(test_add_rmsnorm_and_block_copy),

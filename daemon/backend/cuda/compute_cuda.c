@@ -254,10 +254,10 @@ static uint32_t kv_bucket(uint32_t max_kv)
     return b;
 }
 
-uint32_t cuda_cx_splits(const struct compute_ctx *cx, uint32_t n_seqs, uint32_t kv_heads,
-                        uint32_t max_kv)
+uint32_t cuda_cx_splits(const struct compute_ctx *cx, uint32_t n_seqs, uint32_t n_head,
+                        const struct kvd_k_kv *kv, uint32_t max_kv)
 {
-    return (uint32_t)kvd_k_attn_decode_splits((int)n_seqs, (int)kv_heads, (int)kv_bucket(max_kv),
+    return (uint32_t)kvd_k_attn_decode_splits((int)n_seqs, (int)n_head, kv, (int)kv_bucket(max_kv),
                                               cx->dev->n_sms);
 }
 

@@ -80,11 +80,12 @@ struct compute_ctx {
 int cuda_cx_need_xb(struct compute_ctx *cx, size_t elems);
 int cuda_cx_need_part(struct compute_ctx *cx, size_t floats);
 int cuda_cx_need_act(struct compute_ctx *cx, size_t bytes);
-/* The attention split count for a step whose largest context is max_kv:
- * computed from a power-of-two bucket of max_kv so eager and graph runs of
- * one bucket agree. */
-uint32_t cuda_cx_splits(const struct compute_ctx *cx, uint32_t n_seqs, uint32_t kv_heads,
-                        uint32_t max_kv);
+/* The attention split count for n_seqs decode rows of n_head query heads
+ * over kv (its head_dim, dtype and kv_heads pick the kernel whose occupancy
+ * counts), the largest context max_kv: computed from a power-of-two bucket
+ * of max_kv so eager and graph runs of one bucket agree. */
+uint32_t cuda_cx_splits(const struct compute_ctx *cx, uint32_t n_seqs, uint32_t n_head,
+                        const struct kvd_k_kv *kv, uint32_t max_kv);
 /* Frees device memory of this context (waits for work still using it) and
  * counts the free, so every graph is dropped before the next step. */
 void cuda_cx_free(struct compute_ctx *cx, void *p);

@@ -75,14 +75,15 @@ int cuda_op_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geom *
         "kv_write");
 }
 
-/* The decode kernel over n one-row "sequences" (qstart, pos0, slot0 as the
- * kernel takes them). alone: the split count of a one-sequence step, so a
- * row's reduction order does not depend on how many rows the step has. */
+/* The decode kernel over the one-row sequences of n (qstart, pos0, slot0 as
+ * the kernel takes them; it leaves the others alone). The split count is
+ * that of a step of n_split sequences: 1 for a batch-invariant row, so its
+ * reduction order does not depend on how many rows the step has. */
 static int attn_decode_rows(struct compute_ctx *cx, const struct attn_desc *d,
                             const struct kvd_k_kv *kv, uint32_t n, const uint32_t *qstart,
-                            const uint32_t *pos0, const uint32_t *slot0, bool alone)
+                            const uint32_t *pos0, const uint32_t *slot0, uint32_t n_split)
 {
-    uint32_t splits = cuda_cx_splits(cx, alone ? 1 : n, d->geom->kv_heads, d->max_kv);
+    uint32_t splits = cuda_cx_splits(cx, n_split, d->n_head, kv, d->max_kv);
     size_t need =
         kvd_k_attn_decode_partial_floats((int)n, (int)d->n_head, kv->head_dim, (int)splits);
     int rc;
@@ -107,22 +108,31 @@ int cuda_op_attention(struct compute_ctx *cx, const struct attn_desc *d)
     }
     if (d->max_q <= 1)
         return attn_decode_rows(cx, d, &kv, d->n_seqs, d->seq_qstart, d->seq_pos0, d->seq_slot0,
-                                d->alone);
+                                d->alone ? 1 : d->n_seqs);
     /* Batch-invariant rows first: each a one-row decode of its own (the
      * decode kernel), then the other sequences' rows (prefill kernel). */
     uint32_t s0 = 0;
     if (d->n_dec) {
         if ((rc = attn_decode_rows(cx, d, &kv, d->n_dec, d->dec_qstart, d->dec_pos0, d->dec_slot0,
-                                   true)))
+                                   1)))
             return rc;
         s0 = d->s_dec;
     }
     if (s0 >= d->n_seqs)
         return 0;
+    /* Otherwise the mixed step's one-row sequences (its decodes) take the
+     * split decode kernel, and the prefill kernel skips them: a long
+     * context's decode row is split over the device instead of one block.
+     * Decided from the step's shape only (not from which sequences have
+     * one row), so a captured step replays right. */
+    int skip_single = !d->alone;
+    if (skip_single && (rc = attn_decode_rows(cx, d, &kv, d->n_seqs, d->seq_qstart, d->seq_pos0,
+                                              d->seq_slot0, d->n_seqs)))
+        return rc;
     return cuda_kstatus(kvd_k_attn_prefill(d->out, d->q, &kv, (int)d->layer, d->slots,
                                            d->seq_slot0 + s0, d->seq_pos0 + s0, d->seq_qstart + s0,
                                            (int)(d->n_seqs - s0), (int)d->max_q, (int)d->n_head,
-                                           d->scale, cx->stream),
+                                           d->scale, skip_single, cx->stream),
                         "attention (prefill)");
 }
 
