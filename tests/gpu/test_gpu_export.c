@@ -18,10 +18,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cuda_drv.h"
 #include "gpu/gpu_fixture.h"
 #include "kvd/client.h"
 #include "kvd/protocol.h"
 #include "kvd_harness.h"
+
+/* The driver API as a client engine would use it (resolved at run time, as
+ * kvd does: cuda_drv.h). */
+static const struct cuda_drv *drv;
 
 static struct kh_proc *d;
 
@@ -93,12 +98,13 @@ static void import_all(const struct kvd_export *ex, struct view *v)
             continue;
         }
         assert_null(m->addr);
-        assert_int_equal(cuMemImportFromShareableHandle(&v->h[i], (void *)(intptr_t)m->fd,
-                                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-                         CUDA_SUCCESS);
-        assert_int_equal(cuMemAddressReserve(&v->va[i], m->len, 0, 0, 0), CUDA_SUCCESS);
-        assert_int_equal(cuMemMap(v->va[i], m->len, 0, v->h[i], 0), CUDA_SUCCESS);
-        assert_int_equal(cuMemSetAccess(v->va[i], m->len, &rw, 1), CUDA_SUCCESS);
+        assert_int_equal(
+            drv->MemImportFromShareableHandle(&v->h[i], (void *)(intptr_t)m->fd,
+                                              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+            CUDA_SUCCESS);
+        assert_int_equal(drv->MemAddressReserve(&v->va[i], m->len, 0, 0, 0), CUDA_SUCCESS);
+        assert_int_equal(drv->MemMap(v->va[i], m->len, 0, v->h[i], 0), CUDA_SUCCESS);
+        assert_int_equal(drv->MemSetAccess(v->va[i], m->len, &rw, 1), CUDA_SUCCESS);
         v->len[i] = m->len;
     }
 }
@@ -107,9 +113,9 @@ static void release_all(struct view *v)
 {
     for (size_t i = 0; i < v->n; i++)
         if (v->h[i]) {
-            assert_int_equal(cuMemUnmap(v->va[i], v->len[i]), CUDA_SUCCESS);
-            assert_int_equal(cuMemRelease(v->h[i]), CUDA_SUCCESS);
-            assert_int_equal(cuMemAddressFree(v->va[i], v->len[i]), CUDA_SUCCESS);
+            assert_int_equal(drv->MemUnmap(v->va[i], v->len[i]), CUDA_SUCCESS);
+            assert_int_equal(drv->MemRelease(v->h[i]), CUDA_SUCCESS);
+            assert_int_equal(drv->MemAddressFree(v->va[i], v->len[i]), CUDA_SUCCESS);
         }
 }
 
@@ -223,7 +229,8 @@ static void test_shared_namespace_refused(void **state)
 int main(void)
 {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0 || cuInit(0) != CUDA_SUCCESS) {
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0 || cudaSetDevice(0) != cudaSuccess ||
+        !(drv = cuda_drv(NULL, 0))) {
         printf("SKIP: no usable CUDA device\n");
         return GPU_SKIP;
     }

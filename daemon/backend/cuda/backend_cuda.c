@@ -6,6 +6,7 @@
  * dedicated stream that overlaps the compute stream, and the cuBLAS handle
  * the compute ops use. */
 #include "backend_cuda.h"
+#include "cuda_drv.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -253,10 +254,13 @@ struct cuda_vrange {
     struct memfd_arena *host;        /* host tier */
 };
 
+/* The driver API, set once a backend opened a device (cuda_drv.h). */
+static const struct cuda_drv *cu_drv;
+
 static int cu_fail(CUresult r, const char *what)
 {
     const char *name = NULL;
-    if (cuGetErrorName(r, &name) != CUDA_SUCCESS || !name)
+    if (cu_drv->GetErrorName(r, &name) != CUDA_SUCCESS || !name)
         name = "?";
     log_err("cuda: %s failed: %s", what, name);
     return r == CUDA_ERROR_OUT_OF_MEMORY ? KVD_ENOMEM : KVD_EINTERNAL;
@@ -282,7 +286,8 @@ static size_t cuda_arena_granularity(struct backend *be, enum kvd_tier tier)
     if (!dev->vmm_gran && cuda_dev_enter(dev) == 0) {
         CUmemAllocationProp prop = vmm_prop(dev, true);
         size_t g = 0;
-        CUresult r = cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        CUresult r =
+            cu_drv->MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
         if (r != CUDA_SUCCESS)
             cu_fail(r, "cuMemGetAllocationGranularity");
         else
@@ -339,7 +344,7 @@ static int cuda_arena_reserve(struct backend *be, enum kvd_tier tier, size_t pag
         else if (!(v->h = calloc(n_pages, sizeof *v->h)) ||
                  !(v->exportable = calloc(n_pages, sizeof *v->exportable)))
             rc = KVD_ENOMEM;
-        else if ((r = cuMemAddressReserve(&p, page_bytes * n_pages, 0, 0, 0)) != CUDA_SUCCESS)
+        else if ((r = cu_drv->MemAddressReserve(&p, page_bytes * n_pages, 0, 0, 0)) != CUDA_SUCCESS)
             rc = cu_fail(r, "cuMemAddressReserve");
         if (rc) {
             free(v->h);
@@ -406,12 +411,12 @@ static int cuda_arena_map(struct backend *be, void *base, size_t page)
         return KVD_EBADREQ;
     CUmemGenericAllocationHandle h = 0;
     CUmemAllocationProp prop = vmm_prop(dev, true);
-    CUresult r = cuMemCreate(&h, v->page_bytes, &prop, 0);
+    CUresult r = cu_drv->MemCreate(&h, v->page_bytes, &prop, 0);
     bool exportable = r == CUDA_SUCCESS;
     if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE) {
         /* No POSIX descriptors here: the page works, kv_export refuses it. */
         prop = vmm_prop(dev, false);
-        r = cuMemCreate(&h, v->page_bytes, &prop, 0);
+        r = cu_drv->MemCreate(&h, v->page_bytes, &prop, 0);
     }
     if (r != CUDA_SUCCESS) {
         if (r != CUDA_ERROR_OUT_OF_MEMORY)
@@ -423,13 +428,13 @@ static int cuda_arena_map(struct backend *be, void *base, size_t page)
     memset(&ad, 0, sizeof ad);
     ad.location = prop.location;
     ad.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if ((r = cuMemMap(p, v->page_bytes, 0, h, 0)) != CUDA_SUCCESS) {
-        cuMemRelease(h);
+    if ((r = cu_drv->MemMap(p, v->page_bytes, 0, h, 0)) != CUDA_SUCCESS) {
+        cu_drv->MemRelease(h);
         return cu_fail(r, "cuMemMap");
     }
-    if ((r = cuMemSetAccess(p, v->page_bytes, &ad, 1)) != CUDA_SUCCESS) {
-        cuMemUnmap(p, v->page_bytes);
-        cuMemRelease(h);
+    if ((r = cu_drv->MemSetAccess(p, v->page_bytes, &ad, 1)) != CUDA_SUCCESS) {
+        cu_drv->MemUnmap(p, v->page_bytes);
+        cu_drv->MemRelease(h);
         return cu_fail(r, "cuMemSetAccess");
     }
     v->h[page] = h;
@@ -453,10 +458,10 @@ static int vrange_unmap(struct cuda_dev *dev, struct cuda_vrange *v, size_t page
     }
     if (!v->h[page])
         return KVD_EBADREQ;
-    CUresult r = cuMemUnmap((CUdeviceptr)(uintptr_t)at, v->page_bytes);
+    CUresult r = cu_drv->MemUnmap((CUdeviceptr)(uintptr_t)at, v->page_bytes);
     if (r != CUDA_SUCCESS)
         return cu_fail(r, "cuMemUnmap");
-    r = cuMemRelease(v->h[page]);
+    r = cu_drv->MemRelease(v->h[page]);
     v->h[page] = 0;
     return r == CUDA_SUCCESS ? 0 : cu_fail(r, "cuMemRelease");
 }
@@ -480,7 +485,8 @@ static void cuda_arena_release(struct backend *be, void *base)
     if (v->tier == KVD_TIER_HOST) {
         memfd_arena_release(v->host);
     } else {
-        CUresult r = cuMemAddressFree((CUdeviceptr)(uintptr_t)v->base, v->page_bytes * v->n_pages);
+        CUresult r =
+            cu_drv->MemAddressFree((CUdeviceptr)(uintptr_t)v->base, v->page_bytes * v->n_pages);
         if (r != CUDA_SUCCESS)
             cu_fail(r, "cuMemAddressFree");
     }
@@ -507,8 +513,8 @@ static int cuda_arena_page_fd(struct backend *be, void *base, size_t page, bool 
     int rc = cuda_dev_enter(dev);
     if (rc)
         return rc;
-    CUresult r =
-        cuMemExportToShareableHandle(fd, v->h[page], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    CUresult r = cu_drv->MemExportToShareableHandle(fd, v->h[page],
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (r != CUDA_SUCCESS) {
         *fd = -1;
         return cu_fail(r, "cuMemExportToShareableHandle");
@@ -609,9 +615,11 @@ int backend_cuda_new(int device, struct backend **out, struct kvd_error *err)
         (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess)
         goto out_cuda;
     cuda_cur_device = device;
-    /* The driver API (the VMM pool) next to the runtime: cuInit is cheap
-     * once the runtime has initialized the driver. */
-    if (cuInit(0) != CUDA_SUCCESS) {
+    /* The driver API (the VMM pool) next to the runtime, its entry points
+     * asked of the runtime (cuda_drv.h: kvd does not link libcuda). */
+    char drv_err[160];
+    if (!(cu_drv = cuda_drv(drv_err, sizeof drv_err))) {
+        log_err("cuda: the driver API: %s", drv_err);
         e = cudaErrorInitializationError;
         goto out_cuda;
     }
