@@ -512,8 +512,12 @@ void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st)
     }
     st->page_maps = p->maps;
     st->page_unmaps = p->unmaps;
-    st->device_used = st->device_total - st->device_free - st->device_cached;
-    st->host_used = st->host_total - st->host_free - st->host_cached;
+    /* used: blocks held by sequences (every used block but the cached
+     * ones), counted, not derived from total - free - cached: with a page
+     * budget shared by models' weights and other pools, some of total is
+     * neither free nor used. */
+    st->device_used = used[KVD_TIER_DEVICE] - st->device_cached;
+    st->host_used = used[KVD_TIER_HOST] - st->host_cached;
     st->n_seqs = mm->st.n_open;
     st->n_tenants = mm->tt.n;
     st->exports = mm->n_exports;
