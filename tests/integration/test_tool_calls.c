@@ -26,6 +26,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "json_pack.h"
 #include "kvd_harness.h"
 
 #define SEEDS 12
@@ -312,46 +313,6 @@ static void check_same(const struct reply *a, const struct reply *b, const char 
 }
 
 /* ---- msgpack ------------------------------------------------------------------ */
-
-static void pack_json(msgpack_packer *pk, const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: {
-        proto_pack_map(pk, json_object_size(v));
-        const char *k;
-        json_t *x;
-        json_object_foreach((json_t *)v, k, x)
-        {
-            proto_pack_str(pk, k);
-            pack_json(pk, x);
-        }
-        break;
-    }
-    case JSON_ARRAY:
-        proto_pack_array(pk, json_array_size(v));
-        for (size_t i = 0; i < json_array_size(v); i++)
-            pack_json(pk, json_array_get(v, i));
-        break;
-    case JSON_STRING:
-        msgpack_pack_str(pk, json_string_length(v));
-        msgpack_pack_str_body(pk, json_string_value(v), json_string_length(v));
-        break;
-    case JSON_INTEGER:
-        msgpack_pack_int64(pk, json_integer_value(v));
-        break;
-    case JSON_REAL:
-        msgpack_pack_double(pk, json_real_value(v));
-        break;
-    case JSON_TRUE:
-        msgpack_pack_true(pk);
-        break;
-    case JSON_FALSE:
-        msgpack_pack_false(pk);
-        break;
-    default:
-        msgpack_pack_nil(pk);
-    }
-}
 
 static char *mp_str(const msgpack_object *o)
 {
