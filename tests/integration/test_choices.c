@@ -18,6 +18,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "http_post.h"
 #include "kvd_harness.h"
 
 #define N 4
@@ -189,33 +190,6 @@ static void test_msgpack(void **state)
     close(fd);
 }
 
-static char *curl(const char *path, const char *body, int *status)
-{
-    char bodyfile[128], cmd[512];
-    snprintf(bodyfile, sizeof bodyfile, "%s/body.json", g_dir);
-    FILE *f = fopen(bodyfile, "w");
-    assert_non_null(f);
-    fputs(body, f);
-    fclose(f);
-    snprintf(cmd, sizeof cmd,
-             "curl -sSN -w '\\n%%{http_code}' -H 'Content-Type: application/json' --data-binary "
-             "@%s --unix-socket %s/http.sock http://localhost%s",
-             bodyfile, g_dir, path);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 20, n = 0, k;
-    char *buf = malloc(cap);
-    assert_non_null(buf);
-    while ((k = fread(buf + n, 1, cap - 1 - n, p)) > 0)
-        n += k;
-    buf[n] = 0;
-    assert_int_equal(pclose(p), 0);
-    char *nl = strrchr(buf, '\n');
-    *status = atoi(nl + 1);
-    *nl = 0;
-    return buf;
-}
-
 static void http_body(char *b, size_t cap, bool stream)
 {
     int n = snprintf(b, cap, "{\"prompt\":[");
@@ -242,7 +216,7 @@ static void test_http(void **state)
     char body[2048];
     int st;
     http_body(body, sizeof body, false);
-    char *out = curl("/v1/completions", body, &st);
+    char *out = http_post(g_dir, NULL, "/v1/completions", body, &st);
     assert_int_equal(st, 200);
     json_t *o = json_loads(out, 0, NULL);
     assert_non_null(o);
@@ -263,7 +237,7 @@ static void test_http(void **state)
     free(out);
     /* streamed: chunks of every index, one finish per choice, then usage */
     http_body(body, sizeof body, true);
-    out = curl("/v1/completions", body, &st);
+    out = http_post(g_dir, NULL, "/v1/completions", body, &st);
     assert_int_equal(st, 200);
     struct choice got[N];
     memset(got, 0, sizeof got);

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "http_post.h"
 #include "kvd_harness.h"
 
 #define N_GEN 24
@@ -338,35 +339,6 @@ static void test_bad_values(void **state)
 
 /* ---- HTTP ---------------------------------------------------------------- */
 
-static char *curl(const char *path, const char *body, int *status)
-{
-    char bodyfile[128], cmd[512];
-    snprintf(bodyfile, sizeof bodyfile, "%s/body.json", g_dir);
-    FILE *f = fopen(bodyfile, "w");
-    assert_non_null(f);
-    fputs(body, f);
-    fclose(f);
-    snprintf(cmd, sizeof cmd,
-             "curl -sS -w '\\n%%{http_code}' -H 'Content-Type: application/json' --data-binary "
-             "@%s --unix-socket %s/http.sock http://localhost%s",
-             bodyfile, g_dir, path);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 20, n = 0;
-    char *buf = malloc(cap);
-    assert_non_null(buf);
-    size_t k;
-    while ((k = fread(buf + n, 1, cap - 1 - n, p)) > 0)
-        n += k;
-    buf[n] = 0;
-    assert_int_equal(pclose(p), 0);
-    char *nl = strrchr(buf, '\n');
-    assert_non_null(nl);
-    *status = atoi(nl + 1);
-    *nl = 0;
-    return buf;
-}
-
 static json_t *completion(const char *extra, int want_status)
 {
     char body[1024];
@@ -375,7 +347,7 @@ static json_t *completion(const char *extra, int want_status)
              "\"ignore_eos\":true%s}",
              N_GEN, extra);
     int st;
-    char *out = curl("/v1/completions", body, &st);
+    char *out = http_post(g_dir, NULL, "/v1/completions", body, &st);
     json_error_t je;
     json_t *j = json_loads(out, JSON_ALLOW_NUL, &je);
     char head[512];
@@ -427,7 +399,7 @@ static void test_http_fields(void **state)
              "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":4,"
              "\"temperature\":0,\"ignore_eos\":true,\"logit_bias\":{\"7\":100}}");
     int st;
-    char *out = curl("/v1/chat/completions", body, &st);
+    char *out = http_post(g_dir, NULL, "/v1/chat/completions", body, &st);
     json_error_t je;
     j = json_loads(out, JSON_ALLOW_NUL, &je);
     free(out);
@@ -439,7 +411,7 @@ static void test_http_fields(void **state)
     snprintf(body, sizeof body,
              "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":4,"
              "\"presence_penalty\":-3}");
-    out = curl("/v1/chat/completions", body, &st);
+    out = http_post(g_dir, NULL, "/v1/chat/completions", body, &st);
     j = json_loads(out, JSON_ALLOW_NUL, &je);
     free(out);
     assert_int_equal(st, 400);
@@ -660,7 +632,8 @@ static void test_logprobs_http(void **state)
                      "\"seed\":3,\"ignore_eos\":true,\"stream\":%s,\"logprobs\":%zu}",
                      N_GEN, greedy ? "0" : "1", stream ? "true" : "false", top);
         int st;
-        char *out = curl(chat ? "/v1/chat/completions" : "/v1/completions", body, &st);
+        char *out =
+            http_post(g_dir, NULL, chat ? "/v1/chat/completions" : "/v1/completions", body, &st);
         if (st != 200)
             fail_msg("HTTP %d: %.300s", st, out);
         json_t *chunks[64];
@@ -836,8 +809,8 @@ static void test_grammar_errors(void **state)
     assert_non_null(strstr(o.message, "left recursion"));
 
     int st;
-    char *out = curl("/v1/completions",
-                     "{\"prompt\":[11,12],\"max_tokens\":4,\"grammar\":\"root ::= (\"}", &st);
+    char *out = http_post(g_dir, NULL, "/v1/completions",
+                          "{\"prompt\":[11,12],\"max_tokens\":4,\"grammar\":\"root ::= (\"}", &st);
     assert_int_equal(st, 400);
     json_t *j = json_loads(out, 0, NULL);
     free(out);
@@ -845,7 +818,8 @@ static void test_grammar_errors(void **state)
     assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "param")),
                         "grammar");
     json_decref(j);
-    out = curl("/v1/completions", "{\"prompt\":[11,12],\"max_tokens\":4,\"grammar\":7}", &st);
+    out = http_post(g_dir, NULL, "/v1/completions",
+                    "{\"prompt\":[11,12],\"max_tokens\":4,\"grammar\":7}", &st);
     assert_int_equal(st, 400);
     free(out);
 }

@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "json_pack.h"
+#include "http_post.h"
 #include "kvd_harness.h"
 
 #define N_SCHEMAS 200
@@ -65,34 +66,6 @@ static void send_schema(int fd, uint64_t id, const json_t *schema, bool as_text,
     assert_int_equal(kh_req_send(fd, &q), 0);
 }
 
-static char *curl(const char *path, const char *body, int *status)
-{
-    char bodyfile[128], cmd[512];
-    snprintf(bodyfile, sizeof bodyfile, "%s/body.json", g_dir);
-    FILE *f = fopen(bodyfile, "w");
-    assert_non_null(f);
-    fputs(body, f);
-    fclose(f);
-    snprintf(cmd, sizeof cmd,
-             "curl -sS -w '\\n%%{http_code}' -H 'Content-Type: application/json' --data-binary "
-             "@%s --unix-socket %s/http.sock http://localhost%s",
-             bodyfile, g_dir, path);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 20, n = 0, k;
-    char *buf = malloc(cap);
-    assert_non_null(buf);
-    while ((k = fread(buf + n, 1, cap - 1 - n, p)) > 0)
-        n += k;
-    buf[n] = 0;
-    assert_int_equal(pclose(p), 0);
-    char *nl = strrchr(buf, '\n');
-    assert_non_null(nl);
-    *status = atoi(nl + 1);
-    *nl = 0;
-    return buf;
-}
-
 /* A chat completion with response_format (rf, taken over); its JSON. */
 static json_t *chat_rf(json_t *rf, uint64_t seed, int *status)
 {
@@ -101,7 +74,7 @@ static json_t *chat_rf(json_t *rf, uint64_t seed, int *status)
                             1.0, "seed", (json_int_t)seed, "response_format", rf);
     char *body = json_dumps(req, JSON_COMPACT);
     json_decref(req);
-    char *out = curl("/v1/chat/completions", body, status);
+    char *out = http_post(g_dir, NULL, "/v1/chat/completions", body, status);
     free(body);
     json_error_t je;
     json_t *o = json_loads(out, 0, &je);
@@ -467,7 +440,8 @@ static void test_json_object(void **state)
                  k % 2 ? "\"prompt\":\"{\""
                        : "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]",
                  MAX_TOKENS, k, bias);
-        char *out = curl(k % 2 ? "/v1/completions" : "/v1/chat/completions", body, &st);
+        char *out =
+            http_post(g_dir, NULL, k % 2 ? "/v1/completions" : "/v1/chat/completions", body, &st);
         assert_int_equal(st, 200);
         json_t *o = json_loads(out, 0, NULL);
         assert_non_null(o);
