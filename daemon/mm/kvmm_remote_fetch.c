@@ -1,8 +1,10 @@
 /* kvmm_remote_fetch: the remote tier's lookups (kvmm_remote_prefetch), on a prefetch worker
  * before the request is scheduled. The values a prompt may find are asked for in chain order,
- * in pipelined GET rounds of at most ROUND_BYTES of values: a 4096-token prompt of a 1B-class
- * model is 128 MiB, which one round could not bring within remote-timeout-ms and Redis would
- * buffer whole. Each value is opened (authenticated, decrypted), checked against the prompt
+ * in GET rounds of at most ROUND_BYTES of values: a 4096-token prompt of a 1B-class model is
+ * 128 MiB, which one round could not bring within remote-timeout-ms and Redis would buffer
+ * whole, and several values of megabytes pipelined in one round cost redis-server ~10x the CPU
+ * per byte of one at a time (docs/performance.md "Restore GB/s against redis-benchmark"). Each
+ * value is opened (authenticated, decrypted), checked against the prompt
  * and restored, and the first missing or bad one ends the chain, so a round is only sent
  * while the chain goes on. */
 #include <stdlib.h>
