@@ -17,7 +17,8 @@
  *       and one core's XChaCha20-Poly1305 open rate; five rounds, each
  *       ratio taken within its round; medians and ranges printed, and the
  *       CPU seconds per GB each side spent (this process or redis-benchmark,
- *       and redis-server from /proc).
+ *       and redis-server from /proc). KVD_BENCH_GET_PER_ROUND=N sets the plain GET's
+ *       values per round (default: the restore's, 4 MiB of values).
  *   bench_remote policy [REQUESTS] [DAEMONS] [POOL]
  *       The write policy: bench_trace.h's trace (default 6000 requests)
  *       sent to DAEMONS kvmms (default 3; each request to one picked at

@@ -352,8 +352,13 @@ static void test_stream_per_model(void **state)
         skip();
     static char conf[4096];
     write_conf(f, conf, sizeof conf, false);
+    char msock[160], metrics_arg[200];
+    snprintf(msock, sizeof msock, "%s/metrics.sock", f->tmp);
+    snprintf(metrics_arg, sizeof metrics_arg, "unix:%s", msock);
     const char *const args[] = {"--backend",
                                 "cpu",
+                                "--metrics",
+                                metrics_arg,
                                 "--kv-events",
                                 f->ev[0],
                                 "--kv-events-replay",
@@ -412,9 +417,33 @@ static void test_stream_per_model(void **state)
     }
     assert_int_equal(s[1].v->n[0], 0); /* beta: nothing on the device now */
     assert_true(s[1].v->n[1] > 0);
-    /* the models' stats show each stream */
+    /* the models' stats show each stream, and so do the metrics */
     for (int i = 0; i < 2; i++)
         assert_int_equal(model_stat(d, names[i], "kv_events", "next_seq"), s[i].applied);
+    if (system("curl --version >/dev/null 2>&1") == 0) {
+        char cmd[512], want[128];
+        static char out[1 << 18];
+        snprintf(cmd, sizeof cmd, "curl -sS --unix-socket %s http://localhost/metrics", msock);
+        FILE *pp = popen(cmd, "r");
+        assert_non_null(pp);
+        size_t n = fread(out, 1, sizeof out - 1, pp);
+        pclose(pp);
+        out[n] = '\0';
+        for (int i = 0; i < 2; i++) {
+            snprintf(want, sizeof want, "kvd_kv_events_batches_total{model=\"%s\"} %llu\n",
+                     names[i], (unsigned long long)s[i].applied);
+            assert_non_null(strstr(out, want));
+            snprintf(want, sizeof want, "kvd_kv_events_subscribers{model=\"%s\"} 1\n", names[i]);
+            assert_non_null(strstr(out, want));
+            snprintf(want, sizeof want,
+                     "kvd_kv_events_dropped_total{model=\"%s\",reason=\"queue\"} 0\n", names[i]);
+            assert_non_null(strstr(out, want));
+        }
+        /* one HELP per series, before all its streams' lines */
+        const char *h = strstr(out, "# HELP kvd_kv_events_batches_total");
+        assert_non_null(h);
+        assert_null(strstr(h + 1, "# HELP kvd_kv_events_batches_total"));
+    }
 
     /* Per stream: a tenant with events = hashes is published without token
      * ids (its hashes still match a router's), events off not at all. */
