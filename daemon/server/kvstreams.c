@@ -175,10 +175,9 @@ int kvstreams_start(const struct options *o, struct models *ms, struct kvmm *sto
         kvmm_events_attach(s->mm[i], kvevents_sink(s->ev[i]),
                            blockkey_pub_root(o->kv_events_hash_seed));
         kvmm_unlock(s->mm[i]);
-        log_info("kv events%s%s%s %s %s%s%s, topic '%s' (replay buffer %u batches)",
-                 ms ? " of model " : "", sc[i].name, ms ? ":" : ":",
-                 o->kv_events_connect ? "connected to" : "on", sc[i].ep,
-                 sc[i].replay[0] ? ", replay on " : "", sc[i].replay, sc[i].topic,
+        log_info("kv events%s%s: %s %s%s%s, topic '%s' (replay buffer %u batches)",
+                 ms ? " of model " : "", sc[i].name, o->kv_events_connect ? "connected to" : "on",
+                 sc[i].ep, sc[i].replay[0] ? ", replay on " : "", sc[i].replay, sc[i].topic,
                  o->kv_events_buffer);
     }
     if (!rc && on && ms)
