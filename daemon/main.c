@@ -18,7 +18,7 @@
 #include "kvd/status.h"
 #include "kvd/version.h"
 #include "kvmm.h"
-#include "kvevents.h"
+#include "kvstreams.h"
 #include "pages.h"
 #include "acct.h"
 #include "log.h"
@@ -276,7 +276,7 @@ int main(int argc, char **argv)
     struct ops_generate *gen = NULL;   /* generate and cancel, serve mode */
     struct workpool *pool = NULL;      /* the text workers */
     struct workpool *disk_pool = NULL; /* the disk tier's prefetch workers */
-    struct kvevents *kvev = NULL;      /* the KV events publisher (--kv-events) */
+    struct kvstreams *kvev = NULL;     /* the KV events streams (--kv-events) */
     struct ops_text *text_ops = NULL;
     struct ops_session *session_ops = NULL;
     int status = 1;
@@ -382,34 +382,19 @@ int main(int argc, char **argv)
         goto out_mm;
     }
     status = 1;
-    if (opts.kv_events[0]) {
-        /* The first model's blocks (a router reads one model per stream). */
-        struct kvevents_conf ec = {.endpoint = opts.kv_events,
-                                   .replay = opts.kv_events_replay,
-                                   .topic = opts.kv_events_topic,
-                                   .block_tokens = kvmm_geom(mm)->block_tokens,
-                                   .buffer = opts.kv_events_buffer,
-                                   .hwm = opts.kv_events_hwm,
-                                   .sndbuf = opts.kv_events_sndbuf};
-        if (kvevents_start(&ec, &kvev, &kerr) != 0) {
-            log_err("%s", kerr.message);
-            status = 2;
-            goto out_mm;
-        }
-        kvmm_lock(mm);
-        kvmm_events_attach(mm, kvevents_sink(kvev), blockkey_pub_root(opts.kv_events_hash_seed));
-        kvmm_unlock(mm);
-        log_info("kv events on %s%s%s (replay buffer %u batches)", opts.kv_events,
-                 opts.kv_events_replay[0] ? ", replay on " : "", opts.kv_events_replay,
-                 opts.kv_events_buffer);
-    } else if (opts.kv_events_replay[0]) {
-        log_err("--kv-events-replay needs --kv-events");
+    /* One KV events stream per model that has one (kvstreams.h). */
+    if (kvstreams_start(&opts, models, models ? NULL : mm, &kvev, &kerr) != 0) {
+        log_err("%s", kerr.message);
         status = 2;
         goto out_mm;
     }
     if (server_new(&opts, &cfg, cfg_path, mm, be, &srv) != 0)
         goto out_mm;
-    server_attach_kvevents(srv, kvev);
+    {
+        size_t n_ev;
+        struct kvevents *const *ev = kvstreams_v(kvev, &n_ev);
+        server_attach_kvevents(srv, ev, n_ev);
+    }
     server_attach_obs(srv, &rl, &acct);
     if (models && server_set_models(srv, models) != 0) {
         log_err("out of memory");
@@ -477,13 +462,7 @@ out_mm:
     } else {
         disk_flush(&opts, mm, "");
     }
-    if (kvev) {
-        /* Nothing reports any more; what is queued still goes out. */
-        kvmm_lock(mm);
-        kvmm_events_attach(mm, NULL, 0);
-        kvmm_unlock(mm);
-        kvevents_stop(kvev);
-    }
+    kvstreams_stop(kvev); /* what is queued still goes out */
     if (models)
         models_free(models);
     else

@@ -1,8 +1,10 @@
 /* kvmm_remote_fetch: the remote tier's lookups (kvmm_remote_prefetch), on a prefetch worker
  * before the request is scheduled. The values a prompt may find are asked for in chain order,
- * in pipelined GET rounds of at most ROUND_BYTES of values: a 4096-token prompt of a 1B-class
- * model is 128 MiB, which one round could not bring within remote-timeout-ms and Redis would
- * buffer whole. Each value is opened (authenticated, decrypted), checked against the prompt
+ * in GET rounds of at most ROUND_BYTES of values: a 4096-token prompt of a 1B-class model is
+ * 128 MiB, which one round could not bring within remote-timeout-ms and Redis would buffer
+ * whole, and several values of megabytes pipelined in one round cost redis-server ~10x the CPU
+ * per byte of one at a time (docs/performance.md "Restore GB/s against redis-benchmark"). Each
+ * value is opened (authenticated, decrypted), checked against the prompt
  * and restored, and the first missing or bad one ends the chain, so a round is only sent
  * while the chain goes on. */
 #include <stdlib.h>
@@ -118,6 +120,17 @@ static size_t round_count(const struct pf *p, size_t round)
     return p->nk - s0 < p->r->round_keys ? p->nk - s0 : p->r->round_keys;
 }
 
+/* Whether the chain already reaches past every value of round `round` (a shorter tail after a
+ * longer one restored): then it is not asked for. */
+static bool round_needed(const struct pf *p, size_t round)
+{
+    size_t s0 = round * p->r->round_keys;
+    for (size_t i = s0; i < s0 + round_count(p, round); i++)
+        if (p->ends[i] >= p->at)
+            return true;
+    return false;
+}
+
 /* Round `round` on connection c: its values land in vals (and in c's buffer, until c's next
  * call). 0 or -1 (logged; giving the connection back makes the tier rest). */
 static int round_get(struct pf *p, struct rconn *c, size_t round)
@@ -217,6 +230,8 @@ size_t kvmm_remote_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const
     p.going = c != NULL;
     size_t n_rounds = (p.nk + r->round_keys - 1) / r->round_keys;
     for (size_t round = 0; c && p.going && round < n_rounds; round++) {
+        if (!round_needed(&p, round))
+            continue;
         if ((rc = round_get(&p, c, round)) != 0)
             break;
         pf_round(&p, round * r->round_keys, round_count(&p, round));

@@ -518,9 +518,9 @@ int kvevents_start(const struct kvevents_conf *c, struct kvevents **out, struct 
         zmq_setsockopt(ev->pub, ZMQ_XPUB_VERBOSER, &one, sizeof one) ||
         zmq_setsockopt(ev->pub, ZMQ_XPUB_NODROP, &one, sizeof one) ||
         (c->sndbuf && zmq_setsockopt(ev->pub, ZMQ_SNDBUF, &(int){(int)c->sndbuf}, sizeof(int))) ||
-        zmq_bind(ev->pub, c->endpoint) != 0) {
-        rc = kvd_error_set(e, KVD_EINTERNAL, "kv-events %s: cannot bind (%s)", c->endpoint,
-                           zmq_strerror(zmq_errno()));
+        (c->connect ? zmq_connect(ev->pub, c->endpoint) : zmq_bind(ev->pub, c->endpoint)) != 0) {
+        rc = kvd_error_set(e, KVD_EINTERNAL, "kv-events %s: cannot %s (%s)", c->endpoint,
+                           c->connect ? "connect" : "bind", zmq_strerror(zmq_errno()));
         free_all(ev);
         return rc;
     }

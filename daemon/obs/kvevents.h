@@ -25,9 +25,10 @@
 #include "kvmm.h"
 
 struct kvevents_conf {
-    const char *endpoint; /* tcp://HOST:PORT or ipc://PATH: the PUB side (bound) */
+    const char *endpoint; /* tcp://HOST:PORT or ipc://PATH: the PUB side (bound, or connect) */
     const char *replay;   /* the same forms, or NULL/"": no replay socket */
     const char *topic;    /* the first frame of every message; NULL: "" */
+    bool connect;         /* the PUB side connects to endpoint (a router's bound SUB) */
     uint32_t block_tokens;
     uint32_t buffer;    /* batches kept for replay; 0: 10000 */
     uint32_t hwm;       /* ZMQ send high-water mark per subscriber; 0: 100000 */
@@ -54,9 +55,10 @@ struct kvevents_stats {
 
 struct kvevents;
 
-/* Binds the sockets and starts the publisher thread; the first batch
- * (sequence 0) is AllBlocksCleared. KVD_EBADREQ for a bad endpoint (the
- * message says which and why), KVD_EINTERNAL when ZeroMQ cannot bind. */
+/* Binds (or connects) the PUB socket, binds the replay socket and starts
+ * the publisher thread; the first batch (sequence 0) is AllBlocksCleared.
+ * KVD_EBADREQ for a bad endpoint (the message says which and why),
+ * KVD_EINTERNAL when ZeroMQ cannot bind or connect. */
 int kvevents_start(const struct kvevents_conf *c, struct kvevents **out, struct kvd_error *e);
 /* Sends what is queued (waiting at most ~1 s for the thread), stops the
  * thread and closes the sockets. Detach the sink from kvmm first. */

@@ -240,30 +240,55 @@ static void render_disk(struct out *o, const struct kvmm_disk_stats *d)
     put(o, "kvd_disk_bytes{kind=\"file\"} %llu\n", (unsigned long long)t->file_bytes);
 }
 
-/* The KV events publisher's series (none when it is off). */
-static void render_kv_events(struct out *o, struct kvevents *ev)
+/* The KV events streams' series (none when they are off): one per stream,
+ * labelled with its model in serve mode. */
+static void render_kv_events(struct out *o, const struct metrics_src *src)
 {
-    struct kvevents_stats s;
-    if (!ev)
-        return;
-    kvevents_stats(ev, &s);
-    head(o, "kvd_kv_events_batches_total", "counter", "KV event batches published.");
-    put(o, "kvd_kv_events_batches_total %llu\n", (unsigned long long)s.batches);
-    head(o, "kvd_kv_events_total", "counter", "KV events published (runs of blocks merged).");
-    put(o, "kvd_kv_events_total %llu\n", (unsigned long long)s.events);
-    head(o, "kvd_kv_events_blocks_total", "counter", "Block reports in published KV events.");
-    put(o, "kvd_kv_events_blocks_total %llu\n", (unsigned long long)s.blocks);
-    head(o, "kvd_kv_events_dropped_total", "counter",
+    enum { BATCHES, EVENTS, BLOCKS, DROP_Q, DROP_HWM, SUBS, REPLAYS, QUEUED, N_SERIES };
+    static const struct {
+        const char *name, *type, *help, *extra;
+    } series[N_SERIES] = {
+        {"kvd_kv_events_batches_total", "counter", "KV event batches published.", NULL},
+        {"kvd_kv_events_total", "counter", "KV events published (runs of blocks merged).", NULL},
+        {"kvd_kv_events_blocks_total", "counter", "Block reports in published KV events.", NULL},
+        {"kvd_kv_events_dropped_total", "counter",
          "KV event losses: block reports to a full queue (queue), batches a subscriber missed at "
-         "its high-water mark (hwm).");
-    put(o, "kvd_kv_events_dropped_total{reason=\"queue\"} %llu\n", (unsigned long long)s.dropped);
-    put(o, "kvd_kv_events_dropped_total{reason=\"hwm\"} %llu\n", (unsigned long long)s.hwm_drops);
-    head(o, "kvd_kv_events_subscribers", "gauge", "Live subscriptions to the KV events socket.");
-    put(o, "kvd_kv_events_subscribers %llu\n", (unsigned long long)s.subscribers);
-    head(o, "kvd_kv_events_replay_requests_total", "counter", "KV event replay requests answered.");
-    put(o, "kvd_kv_events_replay_requests_total %llu\n", (unsigned long long)s.replay_requests);
-    head(o, "kvd_kv_events_queued", "gauge", "Block reports waiting for the publisher.");
-    put(o, "kvd_kv_events_queued %llu\n", (unsigned long long)s.queued);
+         "its high-water mark (hwm).",
+         "reason=\"queue\""},
+        {"kvd_kv_events_dropped_total", NULL, NULL, "reason=\"hwm\""},
+        {"kvd_kv_events_subscribers", "gauge", "Live subscriptions to the KV events socket.", NULL},
+        {"kvd_kv_events_replay_requests_total", "counter", "KV event replay requests answered.",
+         NULL},
+        {"kvd_kv_events_queued", "gauge", "Block reports waiting for the publisher.", NULL},
+    };
+    for (int k = 0; k < N_SERIES; k++) {
+        bool headed = false;
+        for (size_t i = 0; i < src->n_kvevents; i++) {
+            struct kvevents_stats s;
+            if (!src->kvevents[i])
+                continue;
+            kvevents_stats(src->kvevents[i], &s);
+            const uint64_t v[N_SERIES] = {s.batches,   s.events,      s.blocks,          s.dropped,
+                                          s.hwm_drops, s.subscribers, s.replay_requests, s.queued};
+            if (!headed && series[k].type)
+                head(o, series[k].name, series[k].type, series[k].help);
+            headed = true;
+            bool model = src->models && i < models_count(src->models);
+            put(o, "%s", series[k].name);
+            if (model || series[k].extra) {
+                put(o, "{");
+                if (model) {
+                    put(o, "model=\"");
+                    put_label(o, models_name(models_at(src->models, i)));
+                    put(o, "\"%s", series[k].extra ? "," : "");
+                }
+                if (series[k].extra)
+                    put(o, "%s", series[k].extra);
+                put(o, "}");
+            }
+            put(o, " %llu\n", (unsigned long long)v[k]);
+        }
+    }
 }
 
 /* Per-tenant series, from the snapshot. */
@@ -545,7 +570,7 @@ int metrics_render(const struct metrics_src *src, struct evbuffer *out)
     render_remote(&o, &sn.remote);
     render_tenants(&o, &sn);
     stats_snap_free(&sn);
-    render_kv_events(&o, src->kvevents);
+    render_kv_events(&o, src);
     if (src->acct)
         render_exec(&o, src->acct);
     if (src->rl)
@@ -585,6 +610,7 @@ static void on_metrics(struct evhttp_request *req, void *arg)
         .n_pending = o.n_pending,
         .n_http_auth_failed = o.n_http_auth_failed,
         .kvevents = o.kvevents,
+        .n_kvevents = o.n_kvevents,
         .models = o.models,
     };
     struct evbuffer *body = evbuffer_new();

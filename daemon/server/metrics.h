@@ -35,8 +35,9 @@ struct metrics_src {
     const size_t *n_conns;              /* live connections, or NULL */
     const size_t *n_pending;            /* requests in flight, or NULL */
     const uint64_t *n_http_auth_failed; /* or NULL */
-    struct kvevents *kvevents;          /* the KV events publisher, or NULL */
-    struct models *models;              /* the daemon's models, or NULL (store mode) */
+    struct kvevents *const *kvevents;   /* (n_kvevents) model i's stream, or NULL */
+    size_t n_kvevents;
+    struct models *models; /* the daemon's models, or NULL (store mode) */
 };
 
 /* Appends the whole exposition to out. 0 or KVD_ENOMEM. */

@@ -148,6 +148,8 @@ static int pack_tier(msgpack_packer *pk, const char *key, uint32_t total, uint32
 
 static int pack_disk(msgpack_packer *pk, const struct kvmm_disk_stats *d);
 static int pack_remote(msgpack_packer *pk, const struct kvmm_remote_stats *r);
+static int pack_kv_events(msgpack_packer *pk, struct kvevents *ev);
+static struct kvevents *stream_of(const struct ops_ctx *c, size_t i);
 
 /* stats "models": each model's map as hello lists it, and for an admin
  * what it does: load counts and times, its executor's queues and token
@@ -231,6 +233,8 @@ static int pack_models_stats(struct ops_ctx *c)
                 PROTO_PK(pack_disk(pk, &ds));
             if (rs.on)
                 PROTO_PK(pack_remote(pk, &rs));
+            if (stream_of(c, i))
+                PROTO_PK(pack_kv_events(pk, stream_of(c, i)));
         }
         PROTO_PK(proto_map_end(pk, map));
     }
@@ -339,7 +343,24 @@ static int pack_disk(msgpack_packer *pk, const struct kvmm_disk_stats *d)
     return proto_map_end(pk, map);
 }
 
-/* The KV events publisher's map (stats "kv_events"). */
+/* Model i's KV events stream (store mode: i = 0), or NULL. */
+static struct kvevents *stream_of(const struct ops_ctx *c, size_t i)
+{
+    const struct server_obs *obs = c->host->obs;
+    return i < obs->n_kvevents ? obs->kvevents[i] : NULL;
+}
+
+/* The index of the model whose pool c->mm is (0 in store mode). */
+static size_t model_index_of(const struct ops_ctx *c)
+{
+    struct models *ms = c->host->models;
+    for (size_t i = 0; ms && i < models_count(ms); i++)
+        if (models_kvmm(models_at(ms, i)) == c->mm)
+            return i;
+    return 0;
+}
+
+/* A KV events stream's map (stats "kv_events"). */
 static int pack_kv_events(msgpack_packer *pk, struct kvevents *ev)
 {
     struct kvevents_stats s;
@@ -455,8 +476,8 @@ static int stats_all_pack(struct ops_ctx *c, const struct stats_snap *sn)
     PROTO_PK(pack_tier(pk, "host", st->host_total, st->host_free, st->host_cached, st->host_used));
     if (sn->disk.on)
         PROTO_PK(pack_disk(pk, &sn->disk));
-    if (obs->kvevents)
-        PROTO_PK(pack_kv_events(pk, obs->kvevents));
+    if (stream_of(c, model_index_of(c)))
+        PROTO_PK(pack_kv_events(pk, stream_of(c, model_index_of(c))));
     if (sn->remote.on)
         PROTO_PK(pack_remote(pk, &sn->remote));
     PROTO_PK(proto_pack_str(pk, "counters"));
@@ -547,5 +568,11 @@ static int stats_all(struct ops_ctx *c)
 
 int ops_stats(struct ops_ctx *c)
 {
+    /* `model`: the model whose pool, tiers, tenants' blocks and KV events
+     * the top-level keys show (the first when none is named) */
+    struct models_entry *me = NULL;
+    PROTO_PK(ops_pick_model(c, &me));
+    if (me)
+        c->mm = models_kvmm(me);
     return c->admin ? stats_all(c) : stats_tenant(c);
 }

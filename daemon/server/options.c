@@ -130,13 +130,16 @@ const struct options_def options_defs[] = {
      "workers that read cached blocks back from disk\nbefore a request is scheduled"},
     {"kv-events", "ENDPOINT", OPTIONS_STR, F(kv_events), 0, 0, NULL, NULL, NULL, 0,
      "publish KV cache events (vLLM's format) on this\nZeroMQ endpoint, tcp://HOST:PORT or "
-     "ipc://PATH\n(bound; off by default)"},
+     "ipc://PATH\n(bound; off by default): the first model's stream"},
     {"kv-events-replay", "ENDPOINT", OPTIONS_STR, F(kv_events_replay), 0, 0, NULL, NULL, NULL, 0,
      "answer replay requests for missed event batches\non this ZeroMQ ROUTER endpoint"},
     {"kv-events-buffer", "N", OPTIONS_U32, F(kv_events_buffer), 1, 10000000, NULL, "10000", NULL, 0,
      "event batches kept for replay"},
     {"kv-events-topic", "TOPIC", OPTIONS_STR, F(kv_events_topic), 0, 0, NULL, NULL, NULL, 0,
-     "first frame of every event message (default empty)"},
+     "first frame of every event message; {model} is\nthe model's name (default empty)"},
+    {"kv-events-connect", NULL, OPTIONS_BOOL, F(kv_events_connect), 0, 0, NULL, NULL, NULL, 0,
+     "connect the events sockets to the router's bound\nSUB endpoint instead of binding them "
+     "(every\nmodel's stream to --kv-events unless it has its own)"},
     {"kv-events-hwm", "N", OPTIONS_U32, F(kv_events_hwm), 1, 100000000, NULL, "100000", NULL, 0,
      "event batches queued per subscriber before it\nmisses some (ZeroMQ high-water mark)"},
     {"kv-events-sndbuf", "BYTES", OPTIONS_SIZE32, F(kv_events_sndbuf), 0, 1u << 30, NULL, "0", NULL,
@@ -425,10 +428,23 @@ int options_model_set(struct options *o, const char *model, const char *key, con
                                  "[model:%s] speculative: '%s' is not one of off|ngram|draft",
                                  model, v);
         m->speculative = i;
+    } else if (!strcmp(key, "kv-events") || !strcmp(key, "kv-events-replay") ||
+               !strcmp(key, "kv-events-topic")) {
+        /* endpoints are checked when the stream starts (kvevents_start) */
+        char *f = key[9] == '\0'   ? m->kv_events
+                  : key[10] == 'r' ? m->kv_events_replay
+                                   : m->kv_events_topic;
+        if (strlen(v) >= sizeof(m->kv_events))
+            return kvd_error_set(err, KVD_EBADREQ, "[model:%s] %s: longer than %zu bytes", model,
+                                 key, sizeof(m->kv_events) - 1);
+        strcpy(f, v);
+        if (f == m->kv_events_topic)
+            m->kv_events_topic_set = true;
     } else {
         return kvd_error_set(err, KVD_EBADREQ,
                              "[model:%s] %s: unknown key (path, kv-dtype, keep-alive-s, preload, "
-                             "tenants, max-device-bytes, draft, speculative)",
+                             "tenants, max-device-bytes, draft, speculative, kv-events, "
+                             "kv-events-replay, kv-events-topic)",
                              model, key);
     }
     return 0;

@@ -41,6 +41,13 @@ struct options_model {
      * (same vocabulary); "": none. */
     char draft[OPTIONS_MODEL_NAME + 1];
     int speculative; /* enum options_spec for its requests that do not choose; -1: the daemon's */
+    /* Its own KV events stream (docs/operations.md "KV events for routers"):
+     * the PUB and replay endpoints ("": the [server] ones for the first
+     * model, none for the others) and the topic (kv_events_topic_set
+     * false: the [server] kv-events-topic, "{model}" in either replaced by
+     * its name). */
+    char kv_events[256], kv_events_replay[256], kv_events_topic[256];
+    bool kv_events_topic_set;
 };
 #define OPTIONS_KEEP_DEFAULT (UINT32_MAX - 1)
 
@@ -98,6 +105,7 @@ struct options {
     char kv_events[256], kv_events_replay[256];
     uint32_t kv_events_buffer, kv_events_hwm, kv_events_sndbuf;
     char kv_events_topic[256], kv_events_hash_seed[256];
+    bool kv_events_connect; /* the PUB sockets connect (to a router's bound SUB) */
     /* The remote tier on Redis (off while remote is empty): its URL, the
      * fleet key's file (or insecure: checksums only), the bound on one
      * round (ms), a value's size, its TTL (s; 0: none), the hits a block

@@ -51,9 +51,10 @@ void server_attach_obs(struct server *srv, struct roofline *rl, struct acct *acc
     tenancy_set_acct(srv->tenancy, acct);
 }
 
-void server_attach_kvevents(struct server *srv, struct kvevents *ev)
+void server_attach_kvevents(struct server *srv, struct kvevents *const *ev, size_t n)
 {
     srv->obs.kvevents = ev;
+    srv->obs.n_kvevents = ev ? n : 0;
 }
 
 void server_get_obs(struct server *srv, struct server_obs *out)

@@ -49,8 +49,9 @@ struct event_base;
  * NULL is fine). Not owned. Call before server_run. */
 void server_attach_obs(struct server *srv, struct roofline *rl, struct acct *acct);
 struct kvevents;
-/* The KV events publisher stats and metrics report (not owned). */
-void server_attach_kvevents(struct server *srv, struct kvevents *ev);
+/* The KV events publishers stats and metrics report (not owned): ev[i]
+ * is model i's stream (store mode: ev[0]), NULL where it has none. */
+void server_attach_kvevents(struct server *srv, struct kvevents *const *ev, size_t n);
 /* What an observer reads, on the loop thread: the memory manager (lock it
  * while reading), the sources above, the backend's name, the live
  * counters through pointers so one copy stays current, and the tenant
@@ -63,8 +64,9 @@ struct server_obs {
     const size_t *n_conns, *n_pending;
     const uint64_t *n_http_auth_failed; /* TCP HTTP requests refused for their token */
     const struct tenancy *tenancy;
-    struct kvevents *kvevents; /* the KV events publisher, NULL when off */
-    struct models *models;     /* NULL in store mode */
+    struct kvevents *const *kvevents; /* (n_kvevents) model i's stream, or NULL */
+    size_t n_kvevents;                /* 0: KV events are off */
+    struct models *models;            /* NULL in store mode */
 };
 void server_get_obs(struct server *srv, struct server_obs *out);
 /* The loop's event base (to add listeners to it) and the settings. */

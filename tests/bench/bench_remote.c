@@ -8,7 +8,7 @@
  *       tokens (MIB MiB of KV in all, default 512) with remote-min-hits 0
  *       and waits until its values are in Redis; a reader kvmm then restores
  *       every chain with kvmm_remote_prefetch (pipelined GET rounds of at
- *       most 16 MiB, every value opened, authenticated, checked against the
+ *       most 4 MiB, every value opened, authenticated, checked against the
  *       prompt and copied into the pool), from 1 and 2 threads, sealed (the
  *       fleet key) and insecure (checksums only). Side by side, round after
  *       round: the restore, a plain pipelined GET of the same keys in the
@@ -17,7 +17,8 @@
  *       and one core's XChaCha20-Poly1305 open rate; five rounds, each
  *       ratio taken within its round; medians and ranges printed, and the
  *       CPU seconds per GB each side spent (this process or redis-benchmark,
- *       and redis-server from /proc).
+ *       and redis-server from /proc). KVD_BENCH_GET_PER_ROUND=N sets the plain GET's
+ *       values per round (default: the restore's, 4 MiB of values).
  *   bench_remote policy [REQUESTS] [DAEMONS] [POOL]
  *       The write policy: bench_trace.h's trace (default 6000 requests)
  *       sent to DAEMONS kvmms (default 3; each request to one picked at
@@ -410,10 +411,12 @@ static void restore_geom(const struct redis_srv *srv, const char *key_file, cons
         printf("  %s: %" PRIu64 " values written (up to %u blocks each, mean %zu B), %.2f GB\n",
                secure ? "sealed (XChaCha20-Poly1305)" : "insecure (XXH3 checksums)", ws.writes,
                ws.blocks_per_value, mean, ws.bytes_out / 1e9);
-        /* Plain GETs of the same keys, in rounds as the restore's (at most 16 MiB of values). */
+        /* Plain GETs of the same keys, in rounds as the restore's (at most 4 MiB of values). */
         struct keyset ks;
         keys_load(srv, &ks);
-        size_t per = (size_t)(16u << 20) / (ws.blocks_per_value * (bb + 4 * BT));
+        size_t per = (size_t)(4u << 20) / (ws.blocks_per_value * (bb + 4 * BT));
+        if (getenv("KVD_BENCH_GET_PER_ROUND"))
+            per = (size_t)atoi(getenv("KVD_BENCH_GET_PER_ROUND"));
         struct get_run gr = {.ks = &ks, .per_round = per < 1 ? 1 : per};
         for (int t = 0; t < 2; t++) {
             struct redisconn_conf cf = {.url = srv->url, .timeout_ms = 60000};

@@ -26,14 +26,14 @@
 #include <zmq.h>
 
 #include "kvd/client.h"
+#include "kv_events_sub.h"
 #include "kvd_harness.h"
 
-#define BT 16
+#define BT KVS_BT
 #define UID_OFF 60051
 #define GID_ALL 65534
 #define TOPIC "kvd-test"
-#define MAX_SEQ 4096
-#define MAX_BLOCKS 8192
+#define MAX_SEQ KVS_MAX_SEQ
 
 struct fixture {
     char tmp[64];
@@ -126,12 +126,7 @@ static uint64_t now_ms(void)
 
 static uint64_t ev_stat(const struct kh_proc *d, const char *key)
 {
-    int fd = kh_connect(d->sock);
-    assert_true(fd >= 0);
-    uint64_t v = kh_stat(fd, "kv_events", key);
-    close(fd);
-    assert_true(v != UINT64_MAX);
-    return v;
+    return kvs_ev_stat(d, NULL, key);
 }
 
 /* A number of tenant name's entry in the admin's stats. */
@@ -210,278 +205,6 @@ static void admin_evict_all(const struct kh_proc *d)
     close(fd);
 }
 
-/* ---- the hash, computed here -------------------------------------------- */
-
-static size_t cbor_uint(unsigned char *p, unsigned major, uint64_t v)
-{
-    unsigned char m = (unsigned char)(major << 5);
-    if (v < 24) {
-        p[0] = m | (unsigned char)v;
-        return 1;
-    }
-    size_t n = v < 0x100 ? 1 : v < 0x10000 ? 2 : v < 0x100000000ull ? 4 : 8;
-    p[0] = m | (unsigned char)(n == 1 ? 24 : n == 2 ? 25 : n == 4 ? 26 : 27);
-    for (size_t i = 0; i < n; i++)
-        p[1 + i] = (unsigned char)(v >> (8 * (n - 1 - i)));
-    return 1 + n;
-}
-
-static uint64_t digest_low64(const unsigned char *b, size_t n)
-{
-    unsigned char d[32];
-    crypto_hash_sha256(d, b, n);
-    uint64_t v = 0;
-    for (int i = 24; i < 32; i++)
-        v = v << 8 | d[i];
-    return v;
-}
-
-static uint64_t root_hash(void)
-{
-    unsigned char b[1] = {0x60}; /* CBOR "" */
-    return digest_low64(b, 1);
-}
-
-static uint64_t block_hash(uint64_t parent, const uint32_t *t)
-{
-    unsigned char b[16 + 9 * BT];
-    size_t n = cbor_uint(b, 4, 3);
-    n += cbor_uint(b + n, 0, parent);
-    n += cbor_uint(b + n, 4, BT);
-    for (int i = 0; i < BT; i++)
-        n += cbor_uint(b + n, 0, t[i]);
-    b[n++] = 0xf6;
-    return digest_low64(b, n);
-}
-
-/* ---- the subscriber ------------------------------------------------------ */
-
-struct batch {
-    uint64_t seq;
-    unsigned char *buf;
-    size_t len;
-};
-
-/* What the events say is stored, per medium (GPU, CPU, DISK, REMOTE). */
-struct view {
-    uint64_t h[4][MAX_BLOCKS];
-    size_t n[4];
-    size_t cleared;                /* AllBlocksCleared seen */
-    uint64_t seen[MAX_BLOCKS * 4]; /* every hash ever stored */
-    size_t n_seen;
-};
-
-static int medium_of(const msgpack_object *o)
-{
-    static const char *const names[4] = {"GPU", "CPU", "DISK", "REMOTE"};
-    assert_int_equal(o->type, MSGPACK_OBJECT_STR);
-    for (int i = 0; i < 4; i++)
-        if (o->via.str.size == strlen(names[i]) &&
-            !memcmp(o->via.str.ptr, names[i], o->via.str.size))
-            return i;
-    fail_msg("unknown medium %.*s", (int)o->via.str.size, o->via.str.ptr);
-    return -1;
-}
-
-static bool tag_is(const msgpack_object *o, const char *s)
-{
-    return o->type == MSGPACK_OBJECT_STR && o->via.str.size == strlen(s) &&
-           !memcmp(o->via.str.ptr, s, o->via.str.size);
-}
-
-static void view_add(struct view *v, int m, uint64_t h)
-{
-    for (size_t i = 0; i < v->n[m]; i++)
-        if (v->h[m][i] == h)
-            return;
-    assert_true(v->n[m] < MAX_BLOCKS);
-    v->h[m][v->n[m]++] = h;
-    if (v->n_seen < sizeof v->seen / sizeof v->seen[0])
-        v->seen[v->n_seen++] = h;
-}
-
-static void view_del(struct view *v, int m, uint64_t h)
-{
-    for (size_t i = 0; i < v->n[m]; i++)
-        if (v->h[m][i] == h) {
-            v->h[m][i] = v->h[m][--v->n[m]];
-            return;
-        }
-    fail_msg("BlockRemoved of a block the events never stored in medium %d", m);
-}
-
-/* Decodes one payload, checking every field's type, and applies it. */
-static void apply(struct view *v, const unsigned char *buf, size_t len)
-{
-    msgpack_unpacked u;
-    size_t off = 0;
-    msgpack_unpacked_init(&u);
-    assert_int_equal(msgpack_unpack_next(&u, (const char *)buf, len, &off), MSGPACK_UNPACK_SUCCESS);
-    assert_int_equal(off, len);
-    const msgpack_object *b = &u.data;
-    assert_int_equal(b->type, MSGPACK_OBJECT_ARRAY);
-    assert_int_equal(b->via.array.size, 3);
-    assert_int_equal(b->via.array.ptr[0].type, MSGPACK_OBJECT_FLOAT64);
-    assert_true(b->via.array.ptr[0].via.f64 > 1.6e9); /* wall-clock seconds */
-    assert_true(b->via.array.ptr[2].type == MSGPACK_OBJECT_NIL ||
-                b->via.array.ptr[2].type == MSGPACK_OBJECT_POSITIVE_INTEGER);
-    const msgpack_object *evs = &b->via.array.ptr[1];
-    assert_int_equal(evs->type, MSGPACK_OBJECT_ARRAY);
-    assert_true(evs->via.array.size > 0);
-    for (uint32_t i = 0; i < evs->via.array.size; i++) {
-        const msgpack_object *e = &evs->via.array.ptr[i];
-        assert_int_equal(e->type, MSGPACK_OBJECT_ARRAY);
-        assert_true(e->via.array.size >= 1);
-        const msgpack_object *a = e->via.array.ptr;
-        if (tag_is(&a[0], "AllBlocksCleared")) {
-            assert_int_equal(e->via.array.size, 1);
-            memset(v->n, 0, sizeof v->n);
-            v->cleared++;
-        } else if (tag_is(&a[0], "BlockRemoved")) {
-            assert_int_equal(e->via.array.size, 3);
-            assert_int_equal(a[1].type, MSGPACK_OBJECT_ARRAY);
-            assert_true(a[1].via.array.size > 0);
-            int m = medium_of(&a[2]);
-            for (uint32_t k = 0; k < a[1].via.array.size; k++) {
-                assert_int_equal(a[1].via.array.ptr[k].type, MSGPACK_OBJECT_POSITIVE_INTEGER);
-                view_del(v, m, a[1].via.array.ptr[k].via.u64);
-            }
-        } else if (tag_is(&a[0], "BlockStored")) {
-            assert_int_equal(e->via.array.size, 7);
-            const msgpack_object *hs = &a[1], *par = &a[2], *tk = &a[3];
-            assert_int_equal(hs->type, MSGPACK_OBJECT_ARRAY);
-            assert_true(hs->via.array.size > 0);
-            assert_true(par->type == MSGPACK_OBJECT_NIL ||
-                        par->type == MSGPACK_OBJECT_POSITIVE_INTEGER);
-            assert_int_equal(tk->type, MSGPACK_OBJECT_ARRAY);
-            assert_int_equal(a[4].type, MSGPACK_OBJECT_POSITIVE_INTEGER);
-            assert_int_equal(a[4].via.u64, BT);
-            assert_int_equal(a[5].type, MSGPACK_OBJECT_NIL);
-            int m = medium_of(&a[6]);
-            /* The only tenant with events is on: token ids come with them. */
-            assert_int_equal(tk->via.array.size, (size_t)BT * hs->via.array.size);
-            uint64_t parent = par->type == MSGPACK_OBJECT_NIL ? root_hash() : par->via.u64;
-            for (uint32_t k = 0; k < hs->via.array.size; k++) {
-                uint32_t t[BT];
-                for (int j = 0; j < BT; j++) {
-                    const msgpack_object *x = &tk->via.array.ptr[k * BT + (uint32_t)j];
-                    assert_int_equal(x->type, MSGPACK_OBJECT_POSITIVE_INTEGER);
-                    t[j] = (uint32_t)x->via.u64;
-                }
-                assert_int_equal(hs->via.array.ptr[k].type, MSGPACK_OBJECT_POSITIVE_INTEGER);
-                uint64_t h = hs->via.array.ptr[k].via.u64;
-                if (h != block_hash(parent, t))
-                    fail_msg("block hash %016llx is not the hash of its parent and tokens",
-                             (unsigned long long)h);
-                view_add(v, m, h);
-                parent = h;
-            }
-        } else {
-            fail_msg("unknown event tag");
-        }
-    }
-    msgpack_unpacked_destroy(&u);
-}
-
-/* Receives one [topic, seq, payload] within ms; false on timeout. */
-static bool recv_batch(void *sub, int ms, struct batch *out)
-{
-    zmq_pollitem_t it = {sub, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, ms) <= 0)
-        return false;
-    zmq_msg_t m[3];
-    int n = 0, more = 1;
-    while (more) {
-        assert_true(n < 3);
-        zmq_msg_init(&m[n]);
-        assert_true(zmq_msg_recv(&m[n], sub, 0) >= 0);
-        more = zmq_msg_more(&m[n]);
-        n++;
-    }
-    assert_int_equal(n, 3);
-    assert_int_equal(zmq_msg_size(&m[0]), strlen(TOPIC));
-    assert_memory_equal(zmq_msg_data(&m[0]), TOPIC, strlen(TOPIC));
-    assert_int_equal(zmq_msg_size(&m[1]), 8);
-    const unsigned char *s = zmq_msg_data(&m[1]);
-    out->seq = 0;
-    for (int i = 0; i < 8; i++)
-        out->seq = out->seq << 8 | s[i];
-    out->len = zmq_msg_size(&m[2]);
-    out->buf = malloc(out->len);
-    assert_non_null(out->buf);
-    memcpy(out->buf, zmq_msg_data(&m[2]), out->len);
-    for (int i = 0; i < 3; i++)
-        zmq_msg_close(&m[i]);
-    return true;
-}
-
-/* A replay from start through a DEALER socket (REQ's envelope by hand):
- * the batches into out (indexed by seq), returns how many came before the
- * end marker. */
-static size_t replay(const struct fixture *f, uint64_t start, struct batch *out, uint64_t *first,
-                     uint64_t *last)
-{
-    void *dl = zmq_socket(f->zctx, ZMQ_DEALER);
-    int zero = 0;
-    zmq_setsockopt(dl, ZMQ_LINGER, &zero, sizeof zero);
-    assert_int_equal(zmq_connect(dl, f->replay_ep), 0);
-    unsigned char sb[8];
-    for (int i = 0; i < 8; i++)
-        sb[i] = (unsigned char)(start >> (56 - 8 * i));
-    assert_true(zmq_send(dl, "", 0, ZMQ_SNDMORE) == 0);
-    assert_true(zmq_send(dl, sb, 8, 0) == 8);
-    size_t got = 0;
-    *first = UINT64_MAX;
-    *last = 0;
-    for (;;) {
-        zmq_pollitem_t it = {dl, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, 10000) <= 0)
-            fail_msg("replay: no end marker within 10 s");
-        zmq_msg_t m[3];
-        int n = 0, more = 1;
-        while (more) {
-            assert_true(n < 3);
-            zmq_msg_init(&m[n]);
-            assert_true(zmq_msg_recv(&m[n], dl, 0) >= 0);
-            more = zmq_msg_more(&m[n]);
-            n++;
-        }
-        assert_int_equal(n, 3);
-        assert_int_equal(zmq_msg_size(&m[0]), 0);
-        assert_int_equal(zmq_msg_size(&m[1]), 8);
-        const unsigned char *s = zmq_msg_data(&m[1]);
-        uint64_t seq = 0;
-        for (int i = 0; i < 8; i++)
-            seq = seq << 8 | s[i];
-        bool end = seq == UINT64_MAX;
-        if (end) {
-            assert_int_equal(zmq_msg_size(&m[2]), 0);
-        } else {
-            assert_true(seq < MAX_SEQ);
-            assert_true(seq >= start);
-            if (got)
-                assert_true(seq == *last + 1); /* in order, no gap */
-            if (*first == UINT64_MAX)
-                *first = seq;
-            *last = seq;
-            if (out) {
-                free(out[seq].buf);
-                out[seq].seq = seq;
-                out[seq].len = zmq_msg_size(&m[2]);
-                out[seq].buf = malloc(out[seq].len);
-                memcpy(out[seq].buf, zmq_msg_data(&m[2]), out[seq].len);
-            }
-            got++;
-        }
-        for (int i = 0; i < 3; i++)
-            zmq_msg_close(&m[i]);
-        if (end)
-            break;
-    }
-    zmq_close(dl);
-    return got;
-}
-
 static void *subscribe(const struct fixture *f, const struct kh_proc *d, uint64_t want_subs)
 {
     void *sub = zmq_socket(f->zctx, ZMQ_SUB);
@@ -504,63 +227,6 @@ static void make_prompt(uint32_t *p, size_t n, uint32_t salt)
     for (size_t i = 0; i < n; i++)
         p[i] = (uint32_t)((i * 37 + salt * 101 + (i / 7) * salt) % 256);
 }
-
-/* Receives live batches until every sequence number below `until` is in
- * have[] (live or filled by a replay); fails after 20 s. */
-static void collect(void *sub, struct batch *have, uint64_t until)
-{
-    uint64_t t0 = now_ms();
-    for (;;) {
-        bool all = true;
-        for (uint64_t s = 0; s < until; s++)
-            if (!have[s].buf) {
-                all = false;
-                break;
-            }
-        if (all)
-            return;
-        if (now_ms() - t0 > 20000)
-            fail_msg("batches below %llu did not all arrive", (unsigned long long)until);
-        struct batch b;
-        if (recv_batch(sub, 200, &b)) {
-            assert_true(b.seq < MAX_SEQ);
-            if (have[b.seq].buf) { /* the same batch twice: the same bytes */
-                assert_int_equal(have[b.seq].len, b.len);
-                assert_memory_equal(have[b.seq].buf, b.buf, b.len);
-                free(b.buf);
-            } else {
-                have[b.seq] = b;
-            }
-        }
-    }
-}
-
-/* Waits until the daemon has sent everything queued; returns next_seq. */
-static uint64_t settle(const struct kh_proc *d)
-{
-    uint64_t t0 = now_ms();
-    while (ev_stat(d, "queued") != 0) {
-        if (now_ms() - t0 > 10000)
-            fail_msg("the publisher did not drain its queue");
-        usleep(2000);
-    }
-    /* The last flush may still be on its way to next_seq: read it twice. */
-    uint64_t a, b;
-    do {
-        a = ev_stat(d, "next_seq");
-        usleep(20000);
-        b = ev_stat(d, "next_seq");
-    } while (a != b && now_ms() - t0 < 10000);
-    return b;
-}
-
-static void free_batches(struct batch *b)
-{
-    for (size_t i = 0; i < MAX_SEQ; i++)
-        free(b[i].buf);
-    free(b);
-}
-
 static void test_events_follow_the_cache(void **state)
 {
     struct fixture *f = *state;
@@ -568,17 +234,17 @@ static void test_events_follow_the_cache(void **state)
         skip();
     struct kh_proc d;
     start(&d, f, "100000", "48", "24", "0");
-    struct batch *have = calloc(MAX_SEQ, sizeof *have);
-    struct view *v = calloc(1, sizeof *v);
+    struct kvs_batch *have = calloc(MAX_SEQ, sizeof *have);
+    struct kvs_view *v = calloc(1, sizeof *v);
     assert_non_null(have);
     assert_non_null(v);
     void *sub = subscribe(f, &d, 1);
 
     /* What was sent before we subscribed comes by replay: batch 0, the
      * AllBlocksCleared of the start. */
-    uint64_t first, last, n0 = settle(&d);
+    uint64_t first, last, n0 = kvs_settle(&d, NULL);
     assert_true(n0 >= 1);
-    assert_int_equal(replay(f, 0, have, &first, &last), n0);
+    assert_int_equal(kvs_replay(f->zctx, f->replay_ep, 0, have, &first, &last), n0);
     assert_int_equal(first, 0);
     assert_int_equal(last, n0 - 1);
 
@@ -596,26 +262,26 @@ static void test_events_follow_the_cache(void **state)
     /* The first prompt again: a hit, swapped in from the host if it can. */
     make_prompt(p, 320, 1);
     assert_int_equal(generate(d.sock, p, 320), 0);
-    uint64_t n1 = settle(&d);
-    collect(sub, have, n1);
+    uint64_t n1 = kvs_settle(&d, NULL);
+    kvs_collect(sub, TOPIC, have, n1);
 
     /* A replay from the middle: exactly the batches since then, the same
      * bytes as sent live. */
     uint64_t mid = n0 + (n1 - n0) / 2;
-    struct batch *again = calloc(MAX_SEQ, sizeof *again);
+    struct kvs_batch *again = calloc(MAX_SEQ, sizeof *again);
     assert_non_null(again);
-    assert_int_equal(replay(f, mid, again, &first, &last), n1 - mid);
+    assert_int_equal(kvs_replay(f->zctx, f->replay_ep, mid, again, &first, &last), n1 - mid);
     assert_int_equal(first, mid);
     assert_int_equal(last, n1 - 1);
     for (uint64_t s = mid; s < n1; s++) {
         assert_int_equal(again[s].len, have[s].len);
         assert_memory_equal(again[s].buf, have[s].buf, have[s].len);
     }
-    free_batches(again);
+    kvs_free_batches(again);
 
     /* Replayed in order from 0, the events give the daemon's own counts. */
     for (uint64_t s = 0; s < n1; s++)
-        apply(v, have[s].buf, have[s].len);
+        kvs_apply(v, have[s].buf, have[s].len);
     assert_int_equal(v->cleared, 1);
     uint64_t dev = tenant_stat(&d, "evon", "cached_device");
     uint64_t host = tenant_stat(&d, "evon", "cached_host");
@@ -627,9 +293,9 @@ static void test_events_follow_the_cache(void **state)
             (unsigned long long)n1, v->n[0], v->n[1]);
     assert_true(tenant_stat(&d, "evoff", "cached_blocks") > 0);
     /* A router finds the first prompt's blocks from its tokens alone. */
-    uint64_t h = root_hash();
+    uint64_t h = kvs_root_hash();
     for (int b = 0; b < 320 / BT - 1; b++) {
-        h = block_hash(h, p + b * BT);
+        h = kvs_block_hash(h, p + b * BT);
         bool found = false;
         for (int m = 0; m < 2; m++)
             for (size_t i = 0; i < v->n[m]; i++)
@@ -640,7 +306,7 @@ static void test_events_follow_the_cache(void **state)
     /* Nothing of the tenant with events off was ever reported. */
     for (uint32_t k = 0; k < 6; k++) {
         make_prompt(q, 400, 50 + k);
-        h = block_hash(root_hash(), q);
+        h = kvs_block_hash(kvs_root_hash(), q);
         for (size_t i = 0; i < v->n_seen; i++)
             assert_true(v->seen[i] != h);
     }
@@ -660,15 +326,15 @@ static void test_events_follow_the_cache(void **state)
         usleep(2000);
     }
     zmq_close(dl);
-    assert_int_equal(replay(f, n1 - 1, NULL, &first, &last), 1);
+    assert_int_equal(kvs_replay(f->zctx, f->replay_ep, n1 - 1, NULL, &first, &last), 1);
 
     /* admin_evict tier "all": AllBlocksCleared, and the daemon agrees. */
     admin_evict_all(&d);
-    uint64_t n2 = settle(&d);
+    uint64_t n2 = kvs_settle(&d, NULL);
     assert_true(n2 > n1);
-    collect(sub, have, n2);
+    kvs_collect(sub, TOPIC, have, n2);
     for (uint64_t s = n1; s < n2; s++)
-        apply(v, have[s].buf, have[s].len);
+        kvs_apply(v, have[s].buf, have[s].len);
     assert_int_equal(v->cleared, 2);
     assert_int_equal(v->n[0] + v->n[1], 0);
     assert_int_equal(tenant_stat(&d, "evon", "cached_blocks"), 0);
@@ -676,7 +342,7 @@ static void test_events_follow_the_cache(void **state)
     assert_int_equal(ev_stat(&d, "dropped"), 0);
 
     zmq_close(sub);
-    free_batches(have);
+    kvs_free_batches(have);
     free(v);
     assert_int_equal(kh_stop(&d), 0);
 }
@@ -708,10 +374,10 @@ static void test_stuck_subscriber(void **state)
     assert_int_equal(zmq_setsockopt(stuck, ZMQ_SUBSCRIBE, "", 0), 0);
     assert_int_equal(zmq_connect(stuck, f->ev_ep), 0);
     void *sub = subscribe(f, &d, 2);
-    struct batch *have = calloc(MAX_SEQ, sizeof *have);
+    struct kvs_batch *have = calloc(MAX_SEQ, sizeof *have);
     assert_non_null(have);
-    uint64_t first, last, n0 = settle(&d);
-    assert_int_equal(replay(f, 0, have, &first, &last), n0);
+    uint64_t first, last, n0 = kvs_settle(&d, NULL);
+    assert_int_equal(kvs_replay(f->zctx, f->replay_ep, 0, have, &first, &last), n0);
 
     uint32_t p[2000];
     uint64_t t0 = now_ms(), k = 0;
@@ -725,14 +391,14 @@ static void test_stuck_subscriber(void **state)
         assert_true(now_ms() - g0 < 30000);
         k++;
         /* The reading subscriber drains as it goes. */
-        struct batch b;
-        while (recv_batch(sub, 0, &b)) {
+        struct kvs_batch b;
+        while (kvs_recv(sub, TOPIC, 0, &b)) {
             assert_true(b.seq < MAX_SEQ);
             free(have[b.seq].buf);
             have[b.seq] = b;
         }
     }
-    uint64_t n1 = settle(&d);
+    uint64_t n1 = kvs_settle(&d, NULL);
     assert_true(n1 < MAX_SEQ);
     fprintf(stderr, "stuck subscriber: first miss after %llu prompts (%llu batches)\n",
             (unsigned long long)k, (unsigned long long)n1);
@@ -740,12 +406,12 @@ static void test_stuck_subscriber(void **state)
     while (gap < n1 && have[gap].buf)
         gap++;
     if (gap < n1)
-        assert_int_equal(replay(f, gap, have, &first, &last), n1 - gap);
-    collect(sub, have, n1);
+        assert_int_equal(kvs_replay(f->zctx, f->replay_ep, gap, have, &first, &last), n1 - gap);
+    kvs_collect(sub, TOPIC, have, n1);
     assert_int_equal(ev_stat(&d, "dropped"), 0);
     zmq_close(stuck);
     zmq_close(sub);
-    free_batches(have);
+    kvs_free_batches(have);
     assert_int_equal(kh_stop(&d), 0);
     memcpy(f->ev_ep, ev_ep, sizeof ev_ep);
     memcpy(f->replay_ep, replay_ep, sizeof replay_ep);
@@ -786,13 +452,13 @@ static void test_disk_medium(void **state)
     struct kh_proc d;
     memset(&d, 0, sizeof d);
     assert_int_equal(kh_spawn(&d, &o), 0);
-    struct batch *have = calloc(MAX_SEQ, sizeof *have);
-    struct view *v = calloc(1, sizeof *v);
+    struct kvs_batch *have = calloc(MAX_SEQ, sizeof *have);
+    struct kvs_view *v = calloc(1, sizeof *v);
     assert_non_null(have);
     assert_non_null(v);
     void *sub = subscribe(f, &d, 1);
-    uint64_t first, last, applied = 0, n = settle(&d);
-    assert_int_equal(replay(f, 0, have, &first, &last), n);
+    uint64_t first, last, applied = 0, n = kvs_settle(&d, NULL);
+    assert_int_equal(kvs_replay(f->zctx, f->replay_ep, 0, have, &first, &last), n);
 
     uint32_t p[1000];
     for (uint32_t k = 0; k < 8; k++) {
@@ -816,10 +482,10 @@ static void test_disk_medium(void **state)
             usleep(5000);
             continue;
         }
-        n = settle(&d);
-        collect(sub, have, n);
+        n = kvs_settle(&d, NULL);
+        kvs_collect(sub, TOPIC, have, n);
         for (; applied < n; applied++)
-            apply(v, have[applied].buf, have[applied].len);
+            kvs_apply(v, have[applied].buf, have[applied].len);
         cached = kh_stat(fd, "disk", "cached");
         if (v->n[2] == cached && cached > 0)
             break;
@@ -830,7 +496,7 @@ static void test_disk_medium(void **state)
             (unsigned long long)kh_stat(fd, "disk", "evictions"));
     close(fd);
     zmq_close(sub);
-    free_batches(have);
+    kvs_free_batches(have);
     free(v);
     assert_int_equal(kh_stop(&d), 0);
 }

@@ -1,9 +1,9 @@
 /* The remote tier's lookups in several rounds (kvmm_remote_fetch.c), in-process against a
  * real redis-server (tests/support's redis_harness; label redis): a 4096-token chain of
- * 64 KiB blocks is five values of at most 63 blocks (4 MiB each) and a tail, fetched in two
- * rounds of at most 16 MiB; a reader restores all 256 blocks byte for byte; a value tampered
- * in the first round or the second stops the restore right before it (and a chain stopped in
- * the first round asks for no second). */
+ * 64 KiB blocks is four values of 63 blocks (4 MiB each) and two tails, fetched in rounds of
+ * at most 4 MiB (one value each); a reader restores all 256 blocks byte for byte in five
+ * rounds (the shorter tail, within the longer one, is not asked for); a value tampered stops
+ * the restore right before it (and a chain stopped asks for no further round). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -191,13 +191,14 @@ static void test_rounds_restore_everything(void **state)
     (void)state;
     uint64_t rounds, auth;
     assert_int_equal(restore(&rounds, &auth), NB);
-    assert_int_equal(rounds, 2); /* 4 groups, then the two tails */
+    assert_int_equal(rounds, 5); /* 4 groups, the longer tail; the shorter one not asked for */
     assert_int_equal(auth, 0);
 }
 
-/* Group 2 (blocks 126..188, first round) tampered: groups 0 and 1 are restored, nothing
- * after, and the second round is not asked for; the tail (second round) tampered: every
- * group is restored, not the tail. */
+/* Group 2 (blocks 126..188, third round) tampered: groups 0 and 1 are restored, nothing
+ * after, and no round after it is asked for; the longer tail (fifth round) tampered: every
+ * group is restored, not the tail, and the shorter tail is asked for (sixth round: it is not
+ * in Redis). */
 static void test_tampered_value_stops_the_chain(void **state)
 {
     (void)state;
@@ -205,7 +206,7 @@ static void test_tampered_value_stops_the_chain(void **state)
         uint32_t end;
         size_t want;
         uint64_t rounds;
-    } cases[] = {{3 * K - 1, 2 * K, 1}, {NB - 1, 4 * K, 2}};
+    } cases[] = {{3 * K - 1, 2 * K, 3}, {NB - 1, 4 * K, 6}};
     for (size_t c = 0; c < 2; c++) {
         uint64_t rounds, auth;
         tamper(cases[c].end, 4000);

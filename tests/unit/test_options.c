@@ -16,6 +16,7 @@
 #include "kvd/protocol.h"
 #include "kvd/status.h"
 #include "log.h"
+#include "kvstreams.h"
 #include "options.h"
 
 static void test_defaults(void **state)
@@ -184,6 +185,36 @@ static void test_models(void **state)
     assert_non_null(strstr(err.message, "draft"));
     assert_int_equal(options_model_set(&o, "coder", "speculative", "maybe", &err), KVD_EBADREQ);
     assert_non_null(strstr(err.message, "speculative"));
+    /* its own KV events stream; an empty topic set is a topic of its own */
+    assert_false(o.models[0].kv_events_topic_set);
+    assert_int_equal(options_model_set(&o, "coder", "kv-events", "tcp://10.0.0.5:5559", &err), 0);
+    assert_string_equal(o.models[0].kv_events, "tcp://10.0.0.5:5559");
+    assert_int_equal(
+        options_model_set(&o, "coder", "kv-events-replay", "ipc:///run/kvd/r.sock", &err), 0);
+    assert_string_equal(o.models[0].kv_events_replay, "ipc:///run/kvd/r.sock");
+    assert_int_equal(options_model_set(&o, "coder", "kv-events-topic", "", &err), 0);
+    assert_true(o.models[0].kv_events_topic_set);
+    assert_string_equal(o.models[0].kv_events_topic, "");
+    char longv[300];
+    memset(longv, 'x', sizeof longv - 1);
+    longv[sizeof longv - 1] = '\0';
+    assert_int_equal(options_model_set(&o, "coder", "kv-events-topic", longv, &err), KVD_EBADREQ);
+    assert_non_null(strstr(err.message, "kv-events-topic"));
+    /* {model} in a topic: the model's name, every time; 255 bytes at most */
+    char t[256];
+    assert_int_equal(kvstreams_topic("kv@node-a@{model}", "coder", t, sizeof t), 0);
+    assert_string_equal(t, "kv@node-a@coder");
+    assert_int_equal(kvstreams_topic("{model}/{model}{mod", "m", t, sizeof t), 0);
+    assert_string_equal(t, "m/m{mod");
+    assert_int_equal(kvstreams_topic("", "m", t, sizeof t), 0);
+    assert_string_equal(t, "");
+    longv[250] = '\0';
+    assert_int_equal(kvstreams_topic(longv, "m", t, sizeof t), 0);
+    strcpy(longv + 250, "{model}"); /* 250 + 5 bytes fit, 252 + 5 do not */
+    assert_int_equal(kvstreams_topic(longv, "coder", t, sizeof t), 0);
+    assert_int_equal(strlen(t), 255);
+    strcpy(longv + 252, "{model}");
+    assert_int_equal(kvstreams_topic(longv, "coder", t, sizeof t), KVD_EBADREQ);
     assert_int_equal(options_model_set(&o, "new", "path", "/m/new.gguf", &err), 0);
     assert_int_equal(o.n_models, 3);
     /* each bad value names its key */
