@@ -609,7 +609,18 @@ uint32_t mm_reclaim_own(void *ctx, enum kvd_tier t, uint32_t bt, uint32_t n)
         struct radix_node *rep;
         allowed[u] = true;
         uint32_t pg = victim_page(mm, t, allowed, u, &rep);
-        if (pg == POOL_NONE || !evict_page(mm, t, pg))
+        if (pg == POOL_NONE) {
+            /* no unit page: its cached blocks in eviction order, until one
+             * of its pages empties (back to the budget, or a spare) */
+            uint32_t before = kvpages_tenant_pages(p->budget, t, bt);
+            while (kvpages_tenant_pages(p->budget, t, bt) == before && evict_any(mm, t, allowed))
+                ;
+            if (kvpages_tenant_pages(p->budget, t, bt) == before)
+                break;
+            freed += before - kvpages_tenant_pages(p->budget, t, bt);
+            continue;
+        }
+        if (!evict_page(mm, t, pg))
             break;
         freed += k;
     }
@@ -641,8 +652,15 @@ uint32_t mm_reclaim(void *ctx, enum kvd_tier t, uint32_t bt, uint32_t n)
         struct radix_node *rep;
         fill_allowed(mm, t, asker, 0, allowed);
         uint32_t pg = victim_page(mm, t, allowed, KVMM_NO_TENANT, &rep);
-        if (pg == POOL_NONE || !evict_page(mm, t, pg))
+        if (pg == POOL_NONE) {
+            /* No page is a unit (its blocks' children lie in other pages,
+             * as a prompt's path across two pages does): cached blocks in
+             * eviction order, which empties pages as they go. */
+            if (!evict_any(mm, t, allowed))
+                break;
+        } else if (!evict_page(mm, t, pg)) {
             break;
+        }
         freed += k * pool_release_spares(p, t, UINT32_MAX);
     }
     memcpy(mm->err, saved, sizeof saved);
