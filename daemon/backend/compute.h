@@ -150,6 +150,10 @@ struct compute_ops {
     int (*upload)(struct compute_ctx *cx, void *dst_dev, const void *src_host, size_t bytes);
     int (*download)(struct compute_ctx *cx, void *dst_host, const void *src_dev, size_t bytes);
     int (*sync)(struct compute_ctx *cx); /* waits for every op issued so far */
+    /* OPTIONAL: the device bytes the context holds now, as allocated: every
+     * live buffer buf_alloc gave (rounded as the allocator rounds it) and
+     * the scratch the context grows for itself. Callable from any thread. */
+    size_t (*dev_bytes)(struct compute_ctx *cx);
     /* OPTIONAL: device bytes the context holds for the weights' sake beyond
      * the bytes weight_bytes gave them (cuda: the bf16 tile quantized
      * weights are dequantized into before a GEMM), known once every weight

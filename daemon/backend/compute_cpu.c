@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 #include <math.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -89,15 +90,25 @@ static int cpu_buf_alloc(struct compute_ctx *cx, size_t bytes, void **out)
         if (*out)
             (void)madvise(*out, n, MADV_HUGEPAGE);
 #endif
-        return *out ? 0 : KVD_ENOMEM;
+    } else {
+        *out = aligned_alloc(64, n ? n : 64);
     }
-    *out = aligned_alloc(64, n ? n : 64);
-    return *out ? 0 : KVD_ENOMEM;
+    if (!*out)
+        return KVD_ENOMEM;
+    __atomic_add_fetch(&cx->dev_live, malloc_usable_size(*out), __ATOMIC_RELAXED);
+    return 0;
 }
 
 static void cpu_buf_free(struct compute_ctx *cx, void *p)
 {
+    if (p)
+        __atomic_sub_fetch(&cx->dev_live, malloc_usable_size(p), __ATOMIC_RELAXED);
     free(p);
+}
+
+static size_t cpu_dev_bytes(struct compute_ctx *cx)
+{
+    return __atomic_load_n(&cx->dev_live, __ATOMIC_RELAXED);
 }
 
 static int cpu_copy(struct compute_ctx *cx, void *dst, const void *src, size_t bytes)
@@ -401,6 +412,7 @@ static const struct compute_ops cpu_ops = {
     .ctx_free = cpu_ctx_free,
     .buf_alloc = cpu_buf_alloc,
     .buf_free = cpu_buf_free,
+    .dev_bytes = cpu_dev_bytes,
     .upload = cpu_copy,
     .download = cpu_copy,
     .sync = cpu_sync,

@@ -29,6 +29,7 @@ struct compute_ctx {
     /* quantized activation rows of the quantized-weight matmul (compute_cpu_quant.c) */
     void *qact;
     size_t qact_cap;
+    size_t dev_live; /* bytes of the live buf_alloc buffers (atomic: usable sizes) */
 };
 
 /* Element i of a KV row of dtype dt, as f32. */

@@ -238,6 +238,11 @@ const struct model_hparams *draft_hparams(const struct draft *d)
     return model_hparams(d->m);
 }
 
+size_t draft_scratch_bytes(const struct draft *d)
+{
+    return fwd_ctx_dev_bytes(d->fc);
+}
+
 uint32_t draft_kv_blocks(const struct draft *d)
 {
     return d->n_blocks;

@@ -63,6 +63,8 @@ size_t draft_block_bytes(const struct draft *d);
 /* Its sequences, KV, scratch, and the weights when they are its own. */
 void draft_free(struct draft *d);
 const struct model_hparams *draft_hparams(const struct draft *d);
+/* The device bytes of its forward scratch, as allocated. */
+size_t draft_scratch_bytes(const struct draft *d);
 /* Blocks of the draft's arena and tokens per block (for the log). */
 uint32_t draft_kv_blocks(const struct draft *d);
 

@@ -1327,6 +1327,11 @@ bool exec_has_draft(const struct exec *ex)
     return ex->conf.draft != NULL;
 }
 
+size_t exec_scratch_bytes(const struct exec *ex)
+{
+    return fwd_ctx_dev_bytes(ex->fc) + (ex->conf.draft ? draft_scratch_bytes(ex->conf.draft) : 0);
+}
+
 uint64_t exec_next_serial(struct exec *ex)
 {
     pthread_mutex_lock(&ex->mu);

@@ -112,6 +112,9 @@ const struct model_hparams *exec_hparams(const struct exec *ex);
  * whether a draft model is loaded (a request's "draft" needs one). */
 const struct spec_conf *exec_spec_conf(const struct exec *ex);
 bool exec_has_draft(const struct exec *ex);
+/* The device bytes its forward scratch holds, as allocated (and its
+ * draft's): fwd_ctx_dev_bytes. */
+size_t exec_scratch_bytes(const struct exec *ex);
 /* exec_conf's text (NULL when none was given). */
 const struct text *exec_text(const struct exec *ex);
 /* A fresh serial for a request about to be submitted (any thread); its kvmm

@@ -300,12 +300,21 @@ static void admit_failed(struct sched *s, struct kvmm *mm, struct sched_req *r,
     kvmm_stats(mm, &st);
     size_t avail = kvmm_device_available(mm, r->tenant);
     s->ctr.no_memory++;
-    if (kvmm_tenant_stats(mm, r->tenant, &ts) == 0 && ts.conf.max_device_blocks != KVMM_UNLIMITED &&
+    int ok = kvmm_tenant_stats(mm, r->tenant, &ts);
+    if (ok == 0 && ts.conf.max_device_blocks != KVMM_UNLIMITED &&
         avail < st.device_free + st.device_cached) {
         kvd_error_set(&r->err, KVD_EQUOTA,
                       "tenant device quota: %zu of %u blocks available, %u held by its open "
                       "sequences; need %zu",
                       avail, ts.conf.max_device_blocks, ts.device_blocks - ts.cached_blocks, need);
+    } else if (ok == 0 && ts.conf.max_device_bytes && avail < kvmm_device_room(mm, r->tenant)) {
+        kvd_error_set(&r->err, KVD_EQUOTA,
+                      "tenant '%s': device byte quota %llu reached (%llu bytes of pages held in "
+                      "every model's pool, %u blocks here by its open sequences); %zu blocks "
+                      "available, need %zu",
+                      ts.name, (unsigned long long)ts.conf.max_device_bytes,
+                      (unsigned long long)ts.device_bytes, ts.device_blocks - ts.cached_blocks,
+                      avail, need);
     } else {
         kvd_error_set(&r->err, KVD_ENOMEM,
                       "device pool: %zu of %u blocks free, %u held by open sequences; need %zu",
@@ -392,7 +401,10 @@ static void plan_waiting(struct sched *s, struct kvmm *mm, struct sched_plan *pl
             continue;
         }
         size_t need = info.n_host + (want > info.n_blocks ? want - info.n_blocks : 0);
-        if (kvmm_device_available(mm, r->tenant) < need ||
+        /* Short here: the other models' pools give the tenant's own cache
+         * (its byte quota spans them) and, when nothing runs here to give
+         * memory back, the cache others may lose. */
+        if (kvmm_device_ask(mm, r->tenant, need, s->running.n + s->swapped.n == 0) < need ||
             (info.n_host && kvmm_seq_restore(mm, sched_req_owner(r), r->seq) != 0)) {
             admit_failed(s, mm, r, t, need, done);
             continue;

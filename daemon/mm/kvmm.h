@@ -338,6 +338,15 @@ int kvmm_block_where(struct kvmm *mm, uint32_t id, enum kvd_tier *tier, uint32_t
  * not counting other tenants' cache inside their floors), capped by this
  * tenant's quota. */
 size_t kvmm_device_available(struct kvmm *mm, uint32_t tenant);
+/* The device blocks an allocation of n could get in this pool, as
+ * kvmm_device_available but without the tenant's quotas. */
+size_t kvmm_device_room(struct kvmm *mm, uint32_t tenant);
+/* kvmm_device_available after asking the budget's other pools (the other
+ * models') for what an allocation of n blocks lacks here: the tenant's own
+ * cache there when it has a byte quota (across every pool), and with
+ * `others` the cache the floor rule lets them give (moved to their host
+ * tiers). Returns the blocks available then. */
+size_t kvmm_device_ask(struct kvmm *mm, uint32_t tenant, size_t n, bool others);
 
 /* ---- the disk tier (kvmm_disk.c, disktier.h) ----------------------------
  * Below the host tier: every block that enters the tree is written behind

@@ -457,7 +457,8 @@ static int room_all(struct kvmm *mm, enum kvd_tier t, const struct mm_need *need
                     uint32_t asker, uint32_t dev_tenant, size_t dev_n, const uint32_t *per)
 {
     int rc;
-    bool quota = t == KVD_TIER_HOST || dev_tenant != KVMM_NO_TENANT;
+    /* byte quotas: new blocks, host moves, and swap-ins for an asker */
+    bool quota = t == KVD_TIER_HOST || dev_tenant != KVMM_NO_TENANT || asker != KVMM_NO_TENANT;
     if (t == KVD_TIER_DEVICE && dev_tenant != KVMM_NO_TENANT &&
         (rc = device_block_quota(mm, dev_tenant, dev_n, false)))
         return rc;
@@ -540,9 +541,11 @@ int mm_room_move(struct kvmm *mm, enum kvd_tier to, const uint32_t *ids, size_t 
         need[j].n++;
         per[b->tenant]++;
     }
-    /* Swap-ins of blocks that exist are not refused by quotas; copies to
-     * the host are (the host tier is the owners' to fill), and the host's
-     * blocks are dropped in eviction order, anyone's. */
+    /* Swap-ins of blocks that exist are not refused by the block quotas;
+     * the byte quotas hold (pages across the budget: the tenant's own cache
+     * gives way first, here and in the other models' pools). Copies to the
+     * host are refused by both (the host tier is the owners' to fill), and
+     * the host's blocks are dropped in eviction order, anyone's. */
     rc = room_all(mm, to, need, nn, to == KVD_TIER_HOST ? KVMM_NO_TENANT : asker, KVMM_NO_TENANT, 0,
                   per);
 out:
@@ -606,7 +609,18 @@ uint32_t mm_reclaim_own(void *ctx, enum kvd_tier t, uint32_t bt, uint32_t n)
         struct radix_node *rep;
         allowed[u] = true;
         uint32_t pg = victim_page(mm, t, allowed, u, &rep);
-        if (pg == POOL_NONE || !evict_page(mm, t, pg))
+        if (pg == POOL_NONE) {
+            /* no unit page: its cached blocks in eviction order, until one
+             * of its pages empties (back to the budget, or a spare) */
+            uint32_t before = kvpages_tenant_pages(p->budget, t, bt);
+            while (kvpages_tenant_pages(p->budget, t, bt) == before && evict_any(mm, t, allowed))
+                ;
+            if (kvpages_tenant_pages(p->budget, t, bt) == before)
+                break;
+            freed += before - kvpages_tenant_pages(p->budget, t, bt);
+            continue;
+        }
+        if (!evict_page(mm, t, pg))
             break;
         freed += k;
     }
@@ -638,12 +652,59 @@ uint32_t mm_reclaim(void *ctx, enum kvd_tier t, uint32_t bt, uint32_t n)
         struct radix_node *rep;
         fill_allowed(mm, t, asker, 0, allowed);
         uint32_t pg = victim_page(mm, t, allowed, KVMM_NO_TENANT, &rep);
-        if (pg == POOL_NONE || !evict_page(mm, t, pg))
+        if (pg == POOL_NONE) {
+            /* No page is a unit (its blocks' children lie in other pages,
+             * as a prompt's path across two pages does): cached blocks in
+             * eviction order, which empties pages as they go. */
+            if (!evict_any(mm, t, allowed))
+                break;
+        } else if (!evict_page(mm, t, pg)) {
             break;
+        }
         freed += k * pool_release_spares(p, t, UINT32_MAX);
     }
     memcpy(mm->err, saved, sizeof saved);
     free(allowed);
     kvmm_unlock(mm);
     return freed;
+}
+
+/* ---- asking the other pools before admission ------------------------------ */
+
+size_t kvmm_device_room(struct kvmm *mm, uint32_t tenant)
+{
+    MM_ASSERT_LOCKED(mm);
+    return mm_device_headroom(mm, tenant);
+}
+
+size_t kvmm_device_ask(struct kvmm *mm, uint32_t tenant, size_t n, bool others)
+{
+    MM_ASSERT_LOCKED(mm);
+    size_t have = kvmm_device_available(mm, tenant);
+    if (have >= n || !tenant_live(&mm->tt, tenant))
+        return have;
+    struct pool *p = &mm->pool;
+    const enum kvd_tier t = KVD_TIER_DEVICE;
+    uint32_t bt = mm->tt.v[tenant].bt, spp = p->slots_per_page[t], k = p->budget_pages[t];
+    if (!spp || !k)
+        return have;
+    char saved[sizeof mm->err];
+    memcpy(saved, mm->err, sizeof saved);
+    /* Budget pages for what is short: the tenant's own cache on the other
+     * models first when its byte quota is what bounds it... */
+    uint64_t ask = ((uint64_t)(n - have) + spp - 1) / spp * k;
+    if (kvpages_quota_left(p->budget, t, bt) != UINT32_MAX) {
+        (void)kvpages_reclaim_own(p->budget, &mm->member, t, bt,
+                                  ask > UINT32_MAX ? UINT32_MAX : (uint32_t)ask);
+        have = kvmm_device_available(mm, tenant);
+    }
+    /* ...then, with others, cache the floor rule lets go in their pools */
+    if (others && have < n) {
+        ask = ((uint64_t)(n - have) + spp - 1) / spp * k;
+        (void)kvpages_reclaim(p->budget, &mm->member, t, bt,
+                              ask > UINT32_MAX ? UINT32_MAX : (uint32_t)ask);
+        have = kvmm_device_available(mm, tenant);
+    }
+    memcpy(mm->err, saved, sizeof saved);
+    return have;
 }

@@ -308,7 +308,12 @@ static bool path_swap_in(struct kvmm *mm, uint32_t tenant, struct match_path *p,
         *usable = p->len;
         return true;
     }
-    size_t room = mm_device_headroom(mm, tenant);
+    size_t room = mm_device_headroom(mm, tenant), n_host = 0;
+    for (size_t i = 0; i < p->len; i++)
+        n_host += path_on_host(mm, p, i);
+    if (room < n_host) /* the other models' pools give (their cache to their host tiers) */
+        (void)kvmm_device_ask(mm, tenant, n_host, true);
+    room = mm_device_headroom(mm, tenant);
     for (end = 0; end < p->len; end++) {
         if (!path_on_host(mm, p, end))
             continue;

@@ -423,6 +423,11 @@ int model_load(const char *path, struct backend *be, struct model **out, struct 
     return model_load_opts(path, be, NULL, out, err);
 }
 
+size_t model_dev_bytes(const struct model *m)
+{
+    return m->ops->dev_bytes ? m->ops->dev_bytes(m->cx) : 0;
+}
+
 void model_free(struct model *m)
 {
     if (!m)

@@ -115,6 +115,14 @@ void fwd_ctx_free(struct fwd_ctx *c);
  * hp (its scratch), without making it: what a budget charges for it. */
 uint64_t fwd_ctx_bytes(const struct model_hparams *hp, uint32_t max_batch_tokens, uint32_t max_seqs,
                        uint32_t max_out);
+/* The device bytes c holds now as the backend allocated them (its
+ * buffers, rounded as the allocator rounds, and its block tables as they
+ * grew): what fwd_ctx_bytes estimates. 0 where the backend cannot tell
+ * (compute_ops.dev_bytes). Callable from any thread. */
+size_t fwd_ctx_dev_bytes(const struct fwd_ctx *c);
+/* The device bytes m's compute context holds now, as allocated: its
+ * weights and every forward context on it (0: the backend cannot tell). */
+size_t model_dev_bytes(const struct model *m);
 /* Message of the last model_forward failure on this context. */
 const char *fwd_ctx_errmsg(const struct fwd_ctx *c);
 

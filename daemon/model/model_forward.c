@@ -44,8 +44,30 @@ struct fwd_ctx {
     fwd_trace_fn trace; /* fwd_ctx_set_trace; NULL: none */
     void *trace_ud;
     float *trace_buf; /* host [max(Tm * max(E, QD, F), Om * V)] */
+    size_t dev_bytes; /* the backend's bytes for the buffers above (atomic) */
     char err[256];
 };
+
+/* The backend's device bytes of m's context now (0 without dev_bytes). */
+static size_t cx_bytes(const struct model *m)
+{
+    return m->ops->dev_bytes ? m->ops->dev_bytes(m->cx) : 0;
+}
+
+/* Adds what the context's bytes grew by since before to c's own. */
+static void count_bytes(struct fwd_ctx *c, size_t before)
+{
+    size_t now = cx_bytes(c->m);
+    if (now >= before)
+        __atomic_add_fetch(&c->dev_bytes, now - before, __ATOMIC_RELAXED);
+    else
+        __atomic_sub_fetch(&c->dev_bytes, before - now, __ATOMIC_RELAXED);
+}
+
+size_t fwd_ctx_dev_bytes(const struct fwd_ctx *c)
+{
+    return c ? __atomic_load_n(&c->dev_bytes, __ATOMIC_RELAXED) : 0;
+}
 
 __attribute__((format(printf, 3, 4))) static int ferr(struct fwd_ctx *c, int code, const char *fmt,
                                                       ...)
@@ -149,6 +171,7 @@ int fwd_ctx_new_out(struct model *m, uint32_t max_batch_tokens, uint32_t max_seq
         return KVD_EBADREQ;
     }
     c->m = m;
+    size_t before = cx_bytes(m);
     c->max_tokens = max_batch_tokens;
     c->max_seqs = max_seqs;
     c->max_out = max_out;
@@ -177,6 +200,7 @@ int fwd_ctx_new_out(struct model *m, uint32_t max_batch_tokens, uint32_t max_seq
         fwd_ctx_free(c);
         return KVD_ENOMEM;
     }
+    count_bytes(c, before);
     *out = c;
     return 0;
 }
@@ -186,11 +210,13 @@ static int grow(struct fwd_ctx *c, size_t n_slots, size_t n_conflict)
     if (n_slots > c->slots_cap) {
         size_t cap = n_slots * 2;
         uint32_t *d = NULL, *h = malloc(cap * 4);
+        size_t before = cx_bytes(c->m);
         if (!h || c->m->ops->buf_alloc(c->m->cx, cap * 4, (void **)&d)) {
             free(h);
             return ferr(c, KVD_ENOMEM, "forward: out of memory for block tables");
         }
         c->m->ops->buf_free(c->m->cx, c->slots);
+        count_bytes(c, before);
         free(c->hslots);
         c->slots = d;
         c->hslots = h;

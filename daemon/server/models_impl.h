@@ -78,7 +78,8 @@ struct models_entry {
      * scratch and its draft's KV arena and scratch (and the draft's
      * weights when they are a file of its own). */
     uint32_t w_pages, x_pages;
-    uint64_t scratch_bytes; /* its executor's forward scratch (and its draft's), estimated */
+    uint64_t scratch_bytes; /* its executor's forward scratch (and its draft's): estimated,
+                             * then as allocated once it loaded (loader thread) */
 
     /* the loop thread's (the loader's own while a job of it runs) */
     enum models_state state;

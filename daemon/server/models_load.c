@@ -336,6 +336,38 @@ static int open_draft(struct models *ms, struct models_entry *e, struct model *t
     return rc;
 }
 
+/* The estimate of e's scratch made exact: what its executor's (and its
+ * draft's) forward contexts took from the backend, now that they exist;
+ * the charge follows (as the weights' does), and the next load plans with
+ * it. Scratch a backend grows for itself later (cuda's activation and
+ * decode-partial buffers, shared by a context's users) is not in it. */
+static void scratch_measured(struct models *ms, struct models_entry *e, const struct exec *ex)
+{
+    uint64_t real = exec_scratch_bytes(ex);
+    if (real == 0)
+        return; /* the backend cannot tell: the estimate stays */
+    if (real != e->scratch_bytes)
+        log_info("model %s: forward scratch %.2f MiB as allocated (%.2f MiB estimated)",
+                 e->conf.name, (double)real / (1 << 20), (double)e->scratch_bytes / (1 << 20));
+    e->scratch_bytes = real;
+    uint32_t want = mload_pages_of(ms, mload_extra_bytes(e));
+    if (want < e->x_pages) {
+        kvpages_give(ms->pages, KVD_TIER_DEVICE, KVPAGES_NONE, e->x_pages - want);
+        e->x_pages = want;
+    } else if (want > e->x_pages) {
+        uint32_t more = want - e->x_pages;
+        uint32_t free_now = kvpages_free_pages(ms->pages, KVD_TIER_DEVICE);
+        if (free_now < more) /* the models' cached KV gives way (to the host tier) */
+            kvpages_reclaim(ms->pages, NULL, KVD_TIER_DEVICE, KVPAGES_NONE, more - free_now);
+        if (kvpages_take(ms->pages, KVD_TIER_DEVICE, KVPAGES_NONE, more, false) == 0)
+            e->x_pages = want;
+        else
+            log_warn("model %s: its scratch takes %u pages, %u more than estimated, and the "
+                     "budget has no more free",
+                     e->conf.name, want, more);
+    }
+}
+
 static void load(struct models *ms, struct mjob *j)
 {
     struct models_entry *e = j->e;
@@ -425,6 +457,7 @@ static void load(struct models *ms, struct mjob *j)
         kvmm_unlock(e->mm);
         goto fail;
     }
+    scratch_measured(ms, e, j->ex);
     return;
 fail:
     mload_discard(ms, e, NULL); /* the references taken: the draft's (exec_new freed its

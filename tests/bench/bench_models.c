@@ -18,7 +18,8 @@
  *                unload: its prefix comes back from the host tier;
  *   cold daemon  a second kvd started for one model (--model, no roofline
  *                probe, like the first), then the same generate: from the
- *                process's start to the reply.
+ *                process's start to the reply (in each round, beside the
+ *                first daemon, idle meanwhile).
  * Prints each kind's median, min and max wall time (the client's, request
  * to reply), and the daemon's last load_ms / unload_ms.
  *
@@ -109,6 +110,18 @@ static double model_stat(int fd, const char *model, const char *key)
     return v;
 }
 
+static double load_avg(void)
+{
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1)
+            l = -1;
+        fclose(f);
+    }
+    return l;
+}
+
 int main(int argc, char **argv)
 {
     int rounds = argc > 1 ? atoi(argv[1]) : 5;
@@ -158,6 +171,11 @@ int main(int argc, char **argv)
             return 1;
     }
     int ok = 1;
+    double load0 = load_avg();
+    /* a second daemon, cold, for one model: started in each round beside
+     * the first (idle meanwhile), so that the machine's load falls on
+     * every kind alike */
+    const char *cargs[] = {"--backend", "cpu", "--no-roofline-probe", "--model", b, NULL};
     for (int r = 0; r < rounds && ok; r++) {
         /* b is loaded (the last used): a request to it */
         for (int i = 0; i < N_PROMPT; i++)
@@ -168,14 +186,6 @@ int main(int argc, char **argv)
             p[i] = next_tok();
         ok &= (sw[r] = gen_ms(fd, "a", p)) >= 0;
         ok &= (warm[r] = gen_ms(fd, "b", seen[1])) >= 0;
-    }
-    double load_ms = model_stat(fd, "b", "load_ms"), unload_ms = model_stat(fd, "a", "unload_ms");
-    double moved = model_stat(fd, "b", "moved_at_unload");
-    close(fd);
-    kh_stop(&d);
-    /* a second daemon, cold, for one model */
-    const char *cargs[] = {"--backend", "cpu", "--no-roofline-probe", "--model", b, NULL};
-    for (int r = 0; r < rounds && ok; r++) {
         struct kh_proc c;
         double t0 = now_ms();
         if (kh_start(&c, NULL, cargs) != 0)
@@ -190,14 +200,19 @@ int main(int argc, char **argv)
             close(cf);
         kh_stop(&c);
     }
+    double load1 = load_avg();
+    double load_ms = model_stat(fd, "b", "load_ms"), unload_ms = model_stat(fd, "a", "unload_ms");
+    double moved = model_stat(fd, "b", "moved_at_unload");
+    close(fd);
+    kh_stop(&d);
     unlink(a);
     unlink(b);
     rmdir(dir);
     if (!ok)
         return 1;
     printf("bench_models: %d rounds, 2 models of ~80 MB f16 weights, %d-token prompts, "
-           "max_tokens 1, cpu backend\n",
-           rounds, N_PROMPT);
+           "max_tokens 1, cpu backend, load average %.1f -> %.1f\n",
+           rounds, N_PROMPT, load0, load1);
     report("loaded", loaded, rounds);
     report("switch", sw, rounds);
     report("switch-warm", warm, rounds);

@@ -59,7 +59,15 @@ static void runner_open(struct runner *r, struct backend *be, const char *path, 
 
 static void runner_close(struct runner *r)
 {
+    /* The forward context's device bytes as the backend allocated them
+     * (what the page budget charges a model's scratch): at least the
+     * estimate made before it existed, and exactly what freeing it gives
+     * back (on either backend). */
+    size_t held = fwd_ctx_dev_bytes(r->fc), with = model_dev_bytes(r->m);
+    assert_true(held >= fwd_ctx_bytes(model_hparams(r->m), 64, MAXS, MAXS));
+    assert_true(with >= held);
     fwd_ctx_free(r->fc);
+    assert_int_equal(with - model_dev_bytes(r->m), held);
     r->be->ops->arena_free(r->be, KVD_TIER_DEVICE, r->arena, r->arena_bytes);
     model_free(r->m);
 }

@@ -177,6 +177,29 @@ static void check_close(const float *got, const double *ref, size_t n, const cha
         fail_msg("%s: relative error %.3e > %.0e", what, e, TOL);
 }
 
+/* The forward context's device bytes as the backend allocated them (what
+ * the page budget charges a model's scratch): exactly what freeing it gives
+ * back, its block tables grown by the steps included, and at least
+ * fwd_ctx_bytes, the estimate made before it exists (the allocator rounds
+ * up: the estimate is not an upper bound). */
+static void check_scratch_bytes(struct fx *f)
+{
+    const struct model_hparams *hp = model_hparams(f->m);
+    size_t held = fwd_ctx_dev_bytes(f->fc), with = model_dev_bytes(f->m);
+    assert_true(held > 0);
+    assert_true(held >= fwd_ctx_bytes(hp, 128, 8, 8));
+    assert_true(with >= hp->weight_device_bytes + held);
+    fwd_ctx_free(f->fc);
+    f->fc = NULL;
+    assert_int_equal(with - model_dev_bytes(f->m), held);
+    /* a fresh one takes the same as its first allocation, block tables not
+     * grown yet */
+    assert_int_equal(fwd_ctx_new(f->m, 128, 8, &f->fc), 0);
+    assert_true(fwd_ctx_dev_bytes(f->fc) <= held);
+    assert_true(fwd_ctx_dev_bytes(f->fc) >= fwd_ctx_bytes(hp, 128, 8, 8));
+    assert_int_equal(model_dev_bytes(f->m), with - held + fwd_ctx_dev_bytes(f->fc));
+}
+
 static void check_model(void **state, const char *args, enum kv_dtype kvt, uint32_t bt)
 {
     struct fx *f = t_fx(state);
@@ -273,6 +296,7 @@ static void check_model(void **state, const char *args, enum kv_dtype kvt, uint3
                 fail_msg("seq %d logit %u: alone %.9g batched %.9g", s, i, (double)lg[i],
                          (double)blg[(size_t)s * f->V + i]);
     }
+    check_scratch_bytes(f);
     tfree(state);
     fx_free(f);
 }

@@ -89,6 +89,8 @@ static void cuda_ctx_free(struct compute_ctx *cx)
         cuda_cx_free(cx, cx->counter);
         cudaFreeHost(cx->stg);
     }
+    pthread_mutex_destroy(&cx->live_mu);
+    free(cx->live);
     free(cx);
 }
 
@@ -108,6 +110,7 @@ static int cuda_ctx_new(struct backend *be, const struct compute_conf *conf,
     cx = calloc(1, sizeof *cx);
     if (!cx)
         return KVD_ENOMEM;
+    pthread_mutex_init(&cx->live_mu, NULL);
     cx->be = be;
     cx->dev = dev;
     cx->stream = dev->compute;
@@ -120,6 +123,7 @@ static int cuda_ctx_new(struct backend *be, const struct compute_conf *conf,
         (e = cudaMemset(cx->counter, 0, 256)) != cudaSuccess)
         goto fail;
     cx->stg_cap = STG_BYTES;
+    cx->scratch_bytes = 256; /* the counter */
     *out = cx;
     return 0;
 fail:
@@ -135,13 +139,32 @@ static int cuda_buf_alloc(struct compute_ctx *cx, size_t bytes, void **out)
         return KVD_EINTERNAL;
     /* cudaMalloc returns 256-byte aligned memory; 0 bytes still gets a
      * distinct pointer so callers can tell "allocated" from "not". */
-    cudaError_t e = cudaMalloc(out, bytes ? bytes : 256);
+    size_t n = bytes ? bytes : 256;
+    cudaError_t e = cudaMalloc(out, n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         *out = NULL;
         log_warn("cuda: buffer of %zu bytes: %s", bytes, cudaGetErrorString(e));
         return KVD_ENOMEM;
     }
+    /* its size kept for dev_bytes (buffers are few: weights, a forward
+     * context's, block tables) */
+    pthread_mutex_lock(&cx->live_mu);
+    if (cx->n_live == cx->live_cap) {
+        size_t cap = cx->live_cap ? cx->live_cap * 2 : 32;
+        struct cuda_live_buf *v = realloc(cx->live, cap * sizeof *v);
+        if (!v) {
+            pthread_mutex_unlock(&cx->live_mu);
+            cuda_cx_free(cx, *out);
+            *out = NULL;
+            return KVD_ENOMEM;
+        }
+        cx->live = v;
+        cx->live_cap = cap;
+    }
+    cx->live[cx->n_live++] = (struct cuda_live_buf){.p = *out, .n = n};
+    __atomic_add_fetch(&cx->live_bytes, n, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&cx->live_mu);
     return 0;
 }
 
@@ -149,7 +172,21 @@ static void cuda_buf_free(struct compute_ctx *cx, void *p)
 {
     if (!p || cuda_dev_enter(cx->dev))
         return;
+    pthread_mutex_lock(&cx->live_mu);
+    for (size_t i = 0; i < cx->n_live; i++)
+        if (cx->live[i].p == p) {
+            __atomic_sub_fetch(&cx->live_bytes, cx->live[i].n, __ATOMIC_RELAXED);
+            cx->live[i] = cx->live[--cx->n_live];
+            break;
+        }
+    pthread_mutex_unlock(&cx->live_mu);
     cuda_cx_free(cx, p);
+}
+
+static size_t cuda_dev_bytes(struct compute_ctx *cx)
+{
+    return __atomic_load_n(&cx->live_bytes, __ATOMIC_RELAXED) +
+           __atomic_load_n(&cx->scratch_bytes, __ATOMIC_RELAXED);
 }
 
 /* Waits for the compute stream; every staged upload has then been read. */
@@ -225,6 +262,7 @@ static int grow_dev(struct compute_ctx *cx, void **buf, size_t *cap, size_t need
         return KVD_ENOMEM;
     }
     cuda_cx_free(cx, *buf); /* waits for kernels still reading the old one */
+    __atomic_add_fetch(&cx->scratch_bytes, (n - *cap) * esize, __ATOMIC_RELAXED);
     *buf = p;
     *cap = n;
     return 0;
@@ -450,6 +488,7 @@ static const struct compute_ops cuda_compute_table = {
     .ctx_free = cuda_ctx_free,
     .buf_alloc = cuda_buf_alloc,
     .buf_free = cuda_buf_free,
+    .dev_bytes = cuda_dev_bytes,
     .upload = cuda_upload,
     .download = cuda_download,
     .sync = cuda_sync,

@@ -4,6 +4,7 @@
 #ifndef KVD_CUDA_COMPUTE_IMPL_H
 #define KVD_CUDA_COMPUTE_IMPL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -55,6 +56,16 @@ struct compute_ctx {
     void *act;
     size_t act_cap;
     unsigned *counter;
+    /* What the context holds on the device (dev_bytes): buf_alloc's live
+     * buffers (their sizes in live[], under live_mu) and its own scratch
+     * above (xb, part, wt, act, counter); both counts atomic. */
+    pthread_mutex_t live_mu;
+    struct cuda_live_buf {
+        void *p;
+        size_t n;
+    } * live;
+    size_t n_live, live_cap;
+    size_t live_bytes, scratch_bytes;
 
     /* CUDA graphs (decode steps). */
     bool graphs;                  /* enabled (KVD_CUDA_GRAPHS=0 turns them off) */

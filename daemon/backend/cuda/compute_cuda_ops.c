@@ -256,6 +256,8 @@ static int need_tile(struct compute_ctx *cx, size_t elems)
         return KVD_ENOMEM;
     }
     cuda_cx_free(cx, cx->wt); /* waits for kernels still reading the old one */
+    __atomic_add_fetch(&cx->scratch_bytes, (elems - cx->wt_cap) * sizeof(uint16_t),
+                       __ATOMIC_RELAXED);
     cx->wt = p;
     cx->wt_cap = elems;
     return 0;
