@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,6 +43,17 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* CPU seconds (user + system) used so far by who (RUSAGE_SELF, RUSAGE_CHILDREN: waited-for
+ * children, here the dd runs). */
+static double cpu_s(int who)
+{
+    struct rusage ru;
+    if (getrusage(who, &ru) != 0)
+        return 0;
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -506,18 +518,22 @@ static int reads(const char *dir, uint64_t mib, int rounds)
         snprintf(rd_cmd, sizeof rd_cmd, "dd if='%s/dd.tmp' of=/dev/null bs=1M iflag=direct", dir);
         if (rc == 0) /* first uses (a ring, the buffers) before any clock */
             rc = read_back(dt, n < win ? n : win, salt, win, bufs, slot);
-        double tier_gbs[64], dd_gbs[64], ratio[64];
+        double tier_gbs[64], dd_gbs[64], ratio[64], tier_cpu = 0, dd_cpu = 0;
         struct disktier_stats st0, st;
         disktier_stats(dt, &st0);
         for (int r = 0; r < rounds && rc == 0; r++) {
             double t_dd = -1, t_tier = -1;
             for (int k = 0; k < 2 && rc == 0; k++) {
                 if ((k == 0) == (r % 2 == 0)) {
-                    double t0 = now_s();
+                    double t0 = now_s(), c0 = cpu_s(RUSAGE_SELF);
                     rc = read_back(dt, n, salt, win, bufs, slot);
                     t_tier = now_s() - t0;
-                } else if ((t_dd = run_dd(rd_cmd)) <= 0) {
-                    rc = -1;
+                    tier_cpu += cpu_s(RUSAGE_SELF) - c0;
+                } else {
+                    double c0 = cpu_s(RUSAGE_CHILDREN);
+                    if ((t_dd = run_dd(rd_cmd)) <= 0)
+                        rc = -1;
+                    dd_cpu += cpu_s(RUSAGE_CHILDREN) - c0;
                 }
             }
             if (rc)
@@ -545,11 +561,12 @@ static int reads(const char *dir, uint64_t mib, int rounds)
         uint64_t reqs = st.read_reqs - st0.read_reqs;
         double mt = median(tier_gbs, (size_t)rounds), md = median(dd_gbs, (size_t)rounds);
         double mr = median(ratio, (size_t)rounds); /* sorts ratio: [0] is the least */
+        double gb = (double)(n * slot) * rounds / 1e9;
         printf("block %zu B (slot %zu B, %" PRIu64 " blocks, %.1f per request): tier %.3f GB/s, "
-               "dd %.3f GB/s, ratio %.2fx (median of %d; least %.2fx, most %.2fx); load average "
-               "%.2f\n",
+               "dd %.3f GB/s, ratio %.2fx (median of %d; least %.2fx, most %.2fx); CPU s per GB "
+               "read: tier %.3f, dd %.3f; load average %.2f\n",
                block_bytes, slot, n, reqs ? (double)n * rounds / (double)reqs : 0.0, mt, md, mr,
-               rounds, ratio[0], ratio[rounds - 1], la[0]);
+               rounds, ratio[0], ratio[rounds - 1], tier_cpu / gb, dd_cpu / gb, la[0]);
     }
     return 0;
 }
