@@ -14,6 +14,13 @@
  *       disk: a 4 KiB header per slot included), GB/s of block data, and
  *       the tier/dd ratio; and dd with bs = the slot size (one request per
  *       block, as the tier does). Three rounds; the median is reported.
+ *   bench_disk reads [DIR] [MIB] [ROUNDS]
+ *       Reads only, for 64 KiB and 512 KiB blocks (KVD_BENCH_BLOCKS to
+ *       choose): MIB (default 256) of slots written once and a dd file of
+ *       the same size, then ROUNDS (default 9) rounds of a full read of each
+ *       in turn (the order flips each round): the tier's as in throughput,
+ *       dd bs=1M iflag=direct. Prints each round's ratio, their median, and
+ *       the CPU each used per GB (the tier's own, dd's as a child's).
  *   bench_disk startup [DIR] [SLOTS]
  *       A tier of SLOTS slots (default 1M; 4 KiB blocks of 16 tokens: 8 KiB
  *       slots, an 8 GiB block file), filled with SLOTS puts, synced and
