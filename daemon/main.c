@@ -356,7 +356,8 @@ int main(int argc, char **argv)
         /* One pool prefetches from both tiers: disk first, then Redis. */
         struct workpool_conf dwc = {.threads = (opts.disk_dir[0] ? opts.disk_workers : 0) +
                                                (opts.remote[0] ? opts.remote_workers : 0),
-                                    .max_per_tenant = opts.text_jobs_per_tenant};
+                                    .max_per_tenant = opts.text_jobs_per_tenant,
+                                    .nice = opts.prefetch_nice};
         if ((rc = workpool_new(&dwc, &disk_pool)) != 0) {
             log_err("cannot start the prefetch workers: %s", kvd_err_code(rc));
             goto out_be;

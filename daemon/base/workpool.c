@@ -5,9 +5,12 @@
  * the work in flight however many tenants come and go. */
 #include "workpool.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "fault.h"
 #include "kvd/status.h"
@@ -106,9 +109,25 @@ static void release(struct workpool *wp, struct wp_tenant *t)
     free(t);
 }
 
+/* Lowers the calling thread's priority by nice levels (on Linux a nice
+ * value is per thread: PRIO_PROCESS with the thread's id). Lowering needs
+ * no privilege; a failure leaves the thread as it was. */
+static void lower_priority(unsigned nice)
+{
+    if (nice == 0)
+        return;
+    errno = 0;
+    int cur = getpriority(PRIO_PROCESS, 0);
+    if (cur == -1 && errno)
+        return;
+    int want = cur + (int)nice > 19 ? 19 : cur + (int)nice;
+    (void)setpriority(PRIO_PROCESS, (id_t)gettid(), want);
+}
+
 static void *worker(void *arg)
 {
     struct workpool *wp = arg;
+    lower_priority(wp->conf.nice);
     pthread_mutex_lock(&wp->mu);
     for (;;) {
         struct wp_tenant *t = NULL;

@@ -26,6 +26,10 @@ typedef void (*workpool_fn)(void *ud, bool cancelled);
 struct workpool_conf {
     unsigned threads;        /* workers; 0: 2 */
     unsigned max_per_tenant; /* jobs a tenant may hold, queued or running; 0: 8 */
+    /* Each worker runs this many nice levels below the process (0..19; at
+     * most nice 19): background work that must leave the CPU to the
+     * executor's compute threads when both want it. */
+    unsigned nice;
 };
 
 /* 0, KVD_ENOMEM, or KVD_EINTERNAL (a thread could not be started). */

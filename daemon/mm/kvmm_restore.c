@@ -311,23 +311,30 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
         /* The window's blocks up to the first failed one get their final
          * blocks (the device's when it has room, so the request's match
          * has nothing to swap in) under the lock; their bytes are copied in
-         * with it released; then they enter the tree, in order. */
+         * with it released; then they enter the tree, in order. The lock is
+         * taken per block, not per window: a take can map a pool page, and
+         * the executor, waiting for the lock between its steps, then waits
+         * for one block's take or enter at most, never a window's. */
         size_t good = 0, got = 0, filled = 0;
         while (good < k && w->rd[good].rc == 0)
             good++;
         if (good < k)
             fails++;
-        kvmm_lock(mm);
-        if (tenant_live(&mm->tt, tenant))
-            while (got < good && mm_restore_take(mm, tenant, ns, true, &w->rs[got]))
-                got++;
-        kvmm_unlock(mm);
+        while (got < good) {
+            kvmm_lock(mm);
+            bool took =
+                tenant_live(&mm->tt, tenant) && mm_restore_take(mm, tenant, ns, true, &w->rs[got]);
+            kvmm_unlock(mm);
+            if (!took)
+                break;
+            got++;
+        }
         MM_ASSERT_UNLOCKED(mm);
         while (filled < got &&
                mm_restore_fill(mm, &w->rs[filled], disktier_data(d->dt, w->rd[filled].buf)))
             filled++;
-        kvmm_lock(mm);
         for (size_t i = 0; i < got; i++) {
+            kvmm_lock(mm);
             const uint32_t *toks = tokens + (b + i) * bt;
             /* The namespace may have been removed, and its id reused, meanwhile. */
             struct radix_node *parent =
@@ -345,8 +352,8 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
             } else {
                 mm_restore_drop(mm, &w->rs[i]); /* not wanted (any more), or already there */
             }
+            kvmm_unlock(mm);
         }
-        kvmm_unlock(mm);
         if (got < k)
             ok = false;
         b += k;

@@ -128,6 +128,9 @@ const struct options_def options_defs[] = {
      "at shutdown, time to write back what is not\non disk yet"},
     {"disk-workers", "N", OPTIONS_U32, F(disk_workers), 1, 64, NULL, "2", NULL, 0,
      "workers that read cached blocks back from disk\nbefore a request is scheduled"},
+    {"prefetch-nice", "N", OPTIONS_U32, F(prefetch_nice), 0, 19, NULL, "10", NULL, 0,
+     "the prefetch workers (disk and remote restores)\nrun N nice levels below kvd: a restore "
+     "takes\nthe CPU the decode leaves"},
     {"kv-events", "ENDPOINT", OPTIONS_STR, F(kv_events), 0, 0, NULL, NULL, NULL, 0,
      "publish KV cache events (vLLM's format) on this\nZeroMQ endpoint, tcp://HOST:PORT or "
      "ipc://PATH\n(bound; off by default): the first model's stream"},

@@ -14,6 +14,13 @@
  *       disk: a 4 KiB header per slot included), GB/s of block data, and
  *       the tier/dd ratio; and dd with bs = the slot size (one request per
  *       block, as the tier does). Three rounds; the median is reported.
+ *   bench_disk reads [DIR] [MIB] [ROUNDS]
+ *       Reads only, for 64 KiB and 512 KiB blocks (KVD_BENCH_BLOCKS to
+ *       choose): MIB (default 256) of slots written once and a dd file of
+ *       the same size, then ROUNDS (default 9) rounds of a full read of each
+ *       in turn (the order flips each round): the tier's as in throughput,
+ *       dd bs=1M iflag=direct. Prints each round's ratio, their median, and
+ *       the CPU each used per GB (the tier's own, dd's as a child's).
  *   bench_disk startup [DIR] [SLOTS]
  *       A tier of SLOTS slots (default 1M; 4 KiB blocks of 16 tokens: 8 KiB
  *       slots, an 8 GiB block file), filled with SLOTS puts, synced and
@@ -28,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,6 +50,17 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* CPU seconds (user + system) used so far by who (RUSAGE_SELF, RUSAGE_CHILDREN: waited-for
+ * children, here the dd runs). */
+static double cpu_s(int who)
+{
+    struct rusage ru;
+    if (getrusage(who, &ru) != 0)
+        return 0;
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -428,6 +447,137 @@ static int throughput(const char *dir, uint64_t mib)
     return 0;
 }
 
+/* Reads only, fairly: the tier's batched reads and dd iflag=direct bs=1M of a file of the
+ * same size on the same file system, in short passes taken in turn (tier, dd, dd, tier, ...:
+ * the order flips each round), so that both meet the same minute of a disk whose rate moves;
+ * the ratio is taken per round (each pass against its neighbour), then the median. */
+static int reads(const char *dir, uint64_t mib, int rounds)
+{
+    static size_t sizes[8] = {65536, 512 * 1024};
+    size_t n_sizes = 2;
+    const char *only = getenv("KVD_BENCH_BLOCKS");
+    if (only && only[0]) {
+        n_sizes = 0;
+        for (char *end = NULL; *only && n_sizes < 8; only = *end ? end + 1 : end) {
+            sizes[n_sizes++] = strtoul(only, &end, 10);
+            if (end == only)
+                break;
+        }
+    }
+    if (rounds < 1 || rounds > 64)
+        rounds = 9;
+    g_no_uring = getenv("KVD_BENCH_NO_URING") && atoi(getenv("KVD_BENCH_NO_URING"));
+    double la[3] = {0};
+    (void)!getloadavg(la, 3);
+    printf("disk tier reads vs dd in %s, %" PRIu64 " MiB per pass, %d rounds in turn (median); "
+           "reads %s; load average %.2f %.2f %.2f\n",
+           dir, mib, rounds, g_no_uring ? "preadv" : "io_uring where there", la[0], la[1], la[2]);
+    for (size_t z = 0; z < n_sizes; z++) {
+        size_t block_bytes = sizes[z], slot = 4096 + ((block_bytes + 4095) / 4096) * 4096;
+        uint64_t n = (mib << 20) / slot;
+        struct disktier_conf c = {.dir = dir,
+                                  .block_bytes = block_bytes,
+                                  .block_tokens = BT,
+                                  .max_bytes = 4096 + n * slot,
+                                  .no_uring = g_no_uring};
+        struct disktier *dt;
+        struct kvd_error e = {0};
+        rm_tier(dir);
+        if (disktier_open(&c, &dt, &e)) {
+            fprintf(stderr, "bench_disk: disktier_open: %s\n", e.message);
+            return 1;
+        }
+        size_t win = window_of(slot);
+        unsigned char *bufs = NULL;
+        uint32_t(*wtoks)[BT] = malloc(sizeof *wtoks * win);
+        struct disktier_wr *wr = calloc(win, sizeof *wr);
+        uint64_t ns = blockkey_ns("bench"), salt = 977 + z;
+        int rc = posix_memalign((void **)&bufs, 4096, 2 * win * slot) || !wtoks || !wr ? -1 : 0;
+        for (uint64_t i = 0; i < n && rc == 0; i += win) {
+            size_t k = 0;
+            for (; k < win && i + k < n; k++) {
+                unsigned char *bd = disktier_data(dt, bufs + k * slot);
+                for (size_t o = 0; o < block_bytes; o += 8) {
+                    uint64_t v = o ? mix(o ^ (i + k)) : i + k; /* the first 8 bytes: its id */
+                    memcpy(bd + o, &v, block_bytes - o < 8 ? block_bytes - o : 8);
+                }
+                tokens_of(i + k, wtoks[k]);
+                wr[k] = (struct disktier_wr){.ns_name = "bench",
+                                             .ns = ns,
+                                             .key = key_of(i + k, salt),
+                                             .tokens = wtoks[k],
+                                             .buf = bufs + k * slot};
+            }
+            if (disktier_put_many(dt, wr, k) != k)
+                rc = -1;
+        }
+        free(wtoks);
+        free(wr);
+        if (rc == 0)
+            rc = disktier_sync(dt);
+        char cmd[4400], rd_cmd[4400];
+        uint64_t dd_mib = n * slot >> 20;
+        snprintf(cmd, sizeof cmd,
+                 "dd if=/dev/urandom of='%s/dd.tmp' bs=1M count=%" PRIu64 " oflag=direct", dir,
+                 dd_mib);
+        if (rc == 0 && run_dd(cmd) <= 0)
+            rc = -1;
+        snprintf(rd_cmd, sizeof rd_cmd, "dd if='%s/dd.tmp' of=/dev/null bs=1M iflag=direct", dir);
+        if (rc == 0) /* first uses (a ring, the buffers) before any clock */
+            rc = read_back(dt, n < win ? n : win, salt, win, bufs, slot);
+        double tier_gbs[64], dd_gbs[64], ratio[64], tier_cpu = 0, dd_cpu = 0;
+        struct disktier_stats st0, st;
+        disktier_stats(dt, &st0);
+        for (int r = 0; r < rounds && rc == 0; r++) {
+            double t_dd = -1, t_tier = -1;
+            for (int k = 0; k < 2 && rc == 0; k++) {
+                if ((k == 0) == (r % 2 == 0)) {
+                    double t0 = now_s(), c0 = cpu_s(RUSAGE_SELF);
+                    rc = read_back(dt, n, salt, win, bufs, slot);
+                    t_tier = now_s() - t0;
+                    tier_cpu += cpu_s(RUSAGE_SELF) - c0;
+                } else {
+                    double c0 = cpu_s(RUSAGE_CHILDREN);
+                    if ((t_dd = run_dd(rd_cmd)) <= 0)
+                        rc = -1;
+                    dd_cpu += cpu_s(RUSAGE_CHILDREN) - c0;
+                }
+            }
+            if (rc)
+                break;
+            tier_gbs[r] = (double)(n * slot) / t_tier / 1e9;
+            dd_gbs[r] = (double)(dd_mib << 20) / t_dd / 1e9;
+            ratio[r] = tier_gbs[r] / dd_gbs[r];
+            printf("  block %zu B round %d: tier %.3f GB/s, dd %.3f GB/s, %.2fx\n", block_bytes, r,
+                   tier_gbs[r], dd_gbs[r], ratio[r]);
+        }
+        disktier_stats(dt, &st);
+        free(bufs);
+        disktier_close(dt);
+        rm_tier(dir);
+        snprintf(cmd, sizeof cmd, "%s/dd.tmp", dir);
+        unlink(cmd);
+        if (rc) {
+            fprintf(stderr,
+                    "bench_disk: reads failed (io_errors %" PRIu64 " checksum_failures %" PRIu64
+                    ")\n",
+                    st.io_errors, st.checksum_failures);
+            return 1;
+        }
+        (void)!getloadavg(la, 3);
+        uint64_t reqs = st.read_reqs - st0.read_reqs;
+        double mt = median(tier_gbs, (size_t)rounds), md = median(dd_gbs, (size_t)rounds);
+        double mr = median(ratio, (size_t)rounds); /* sorts ratio: [0] is the least */
+        double gb = (double)(n * slot) * rounds / 1e9;
+        printf("block %zu B (slot %zu B, %" PRIu64 " blocks, %.1f per request): tier %.3f GB/s, "
+               "dd %.3f GB/s, ratio %.2fx (median of %d; least %.2fx, most %.2fx); CPU s per GB "
+               "read: tier %.3f, dd %.3f; load average %.2f\n",
+               block_bytes, slot, n, reqs ? (double)n * rounds / (double)reqs : 0.0, mt, md, mr,
+               rounds, ratio[0], ratio[rounds - 1], tier_cpu / gb, dd_cpu / gb, la[0]);
+    }
+    return 0;
+}
+
 static int startup(const char *dir, uint64_t n)
 {
     struct disktier_conf c = {.dir = dir, .block_bytes = 4096, .block_tokens = BT};
@@ -491,8 +641,10 @@ static int startup(const char *dir, uint64_t n)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || (strcmp(argv[1], "throughput") && strcmp(argv[1], "startup"))) {
-        fprintf(stderr, "usage: bench_disk throughput [DIR] [MIB] | startup [DIR] [SLOTS]\n");
+    if (argc < 2 ||
+        (strcmp(argv[1], "throughput") && strcmp(argv[1], "startup") && strcmp(argv[1], "reads"))) {
+        fprintf(stderr, "usage: bench_disk throughput [DIR] [MIB] | reads [DIR] [MIB] [ROUNDS] | "
+                        "startup [DIR] [SLOTS]\n");
         return 2;
     }
     char tmp[] = "/var/tmp/kvd-bench-disk.XXXXXX";
@@ -509,6 +661,8 @@ int main(int argc, char **argv)
     int rc;
     if (strcmp(argv[1], "throughput") == 0)
         rc = throughput(dir, argc > 3 ? strtoull(argv[3], NULL, 10) : 1024);
+    else if (strcmp(argv[1], "reads") == 0)
+        rc = reads(dir, argc > 3 ? strtoull(argv[3], NULL, 10) : 256, argc > 4 ? atoi(argv[4]) : 9);
     else
         rc = startup(dir, argc > 3 ? strtoull(argv[3], NULL, 10) : (1u << 20));
     if (made && rmdir(dir) != 0)

@@ -2,7 +2,8 @@
  * tenants, a tenant's bound refuses busy, and freeing the pool still runs
  * every queued job (cancelled) so each requester hears back. One worker
  * and a gate make the order deterministic: the first job blocks until the
- * test has queued everything else. */
+ * test has queued everything else. Workers run conf.nice levels below. */
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -10,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -178,12 +181,53 @@ static void test_free_cancels_queued(void **state)
     assert_int_equal(n_cancelled, 3);
 }
 
+/* A job that records its thread's nice value (per thread on Linux). */
+static void note_nice(void *ud, bool cancelled)
+{
+    (void)cancelled;
+    errno = 0;
+    int v = getpriority(PRIO_PROCESS, (id_t)gettid());
+    pthread_mutex_lock(&mu);
+    *(int *)ud = errno ? -100 : v;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+static int nice_of_worker(unsigned nice)
+{
+    struct workpool *wp;
+    struct workpool_conf c = {.threads = 1, .nice = nice};
+    int got = -1000;
+    assert_int_equal(workpool_new(&c, &wp), 0);
+    assert_int_equal(workpool_submit(wp, 1, note_nice, &got), 0);
+    pthread_mutex_lock(&mu);
+    while (got == -1000)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    workpool_free(wp);
+    return got;
+}
+
+/* conf.nice: the workers run that many levels below the creating thread
+ * (at most 19), the creating thread itself is left as it was; 0 keeps the
+ * workers at its level. */
+static void test_nice(void **state)
+{
+    (void)state;
+    int base = getpriority(PRIO_PROCESS, 0);
+    assert_int_equal(nice_of_worker(0), base);
+    assert_int_equal(nice_of_worker(3), base + 3 > 19 ? 19 : base + 3);
+    assert_int_equal(nice_of_worker(19), 19);
+    assert_int_equal(getpriority(PRIO_PROCESS, 0), base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_turns_across_tenants),
         cmocka_unit_test(test_tenant_bound),
         cmocka_unit_test(test_free_cancels_queued),
+        cmocka_unit_test(test_nice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
