@@ -81,11 +81,16 @@ static bool pub_put(struct kvmm_disk *d, uint64_t ns, struct blockkey k, uint64_
     return true;
 }
 
-/* Lock held: block written to disk under (ns, key): a DISK BlockStored. */
+/* Lock held: block (ns, key) of a write that went well: a DISK BlockStored, unless the
+ * events already have it on disk (it was there, the write found it and wrote nothing) or
+ * the tier no longer holds it (the slot that such a write found was evicted by a later
+ * block of the same batch: its drop, taken before, said BlockRemoved, or nothing if it was
+ * never announced). So each block is announced once per stay on disk, by its first owner. */
 static void ev_disk_stored(struct kvmm *mm, uint64_t ns, struct blockkey key,
                            const struct ev_block *eb, const uint32_t *tokens)
 {
-    if (!eb->on || !mm->events.block || !pub_put(mm->disk, ns, key, eb->pub, eb->tenant))
+    if (!eb->on || !mm->events.block || pub_find(mm->disk, ns, key) ||
+        !disktier_has(mm->disk->dt, ns, key) || !pub_put(mm->disk, ns, key, eb->pub, eb->tenant))
         return;
     struct kvmm_block_event ev = {.stored = true,
                                   .medium = KVMM_MEDIUM_DISK,
@@ -320,6 +325,11 @@ static size_t write_batch(struct kvmm_disk *d)
     }
     MM_ASSERT_UNLOCKED(mm);
     disktier_put_many(d->dt, wr, n);
+    /* The slots the batch evicted are reported first: one of them may have held a block that
+     * the batch writes again (dropped from the tier while memory still had it, then queued
+     * anew). Its BlockRemoved after the new BlockStored would leave the events without a
+     * block that is on disk. */
+    ev_disk_drops(d);
     for (size_t i = 0; i < n; i++) {
         if (wr[i].rc == 0)
             atomic_fetch_add(&d->written, 1);
@@ -370,15 +380,17 @@ static void *writer_main(void *arg)
         size_t n = 0, k;
         while (!atomic_load(&d->stop) && (k = write_batch(d)) > 0)
             n += k;
-        if (n) {
+        if (n)
             disktier_sync(d->dt);
-            /* Queued until durable (or dropped by a failed sync): a
-             * drained queue means the counters are final. */
+        ev_disk_drops(d);
+        if (n) {
+            /* Queued until durable (or dropped by a failed sync) and its
+             * events sent: a drained queue means the counters and the
+             * DISK events are final. */
             kvmm_lock(d->mm);
             d->wb_inflight = 0;
             kvmm_unlock(d->mm);
         }
-        ev_disk_drops(d);
         pthread_mutex_lock(&d->mu);
         if (want > d->flush_done)
             d->flush_done = want;

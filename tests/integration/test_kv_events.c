@@ -360,7 +360,9 @@ static void test_stuck_subscriber(void **state)
     struct kh_proc d;
     /* Over TCP loopback, where the send buffer applies (not to ipc). */
     char ev_ep[160], replay_ep[160];
-    int port = 20000 + (int)(getpid() % 20000);
+    /* Two ports per pid, so that copies of this test started one after the other (pids n
+     * and n + 1) never ask for the same port. */
+    int port = 20000 + 2 * (int)(getpid() % 20000);
     memcpy(ev_ep, f->ev_ep, sizeof ev_ep);
     memcpy(replay_ep, f->replay_ep, sizeof replay_ep);
     snprintf(f->ev_ep, sizeof f->ev_ep, "tcp://127.0.0.1:%d", port);
@@ -474,9 +476,10 @@ static void test_disk_medium(void **state)
          * sharing two cores with several other tests. The daemon is
          * stopped first so that a failure cannot leave it running. */
         if (now_ms() - t0 > 120000) {
+            unsigned long long lost = ev_stat(&d, "dropped");
             kh_stop(&d);
-            fail_msg("DISK: the events hold %zu blocks, the tier %llu", v->n[2],
-                     (unsigned long long)cached);
+            fail_msg("DISK: the events hold %zu blocks, the tier %llu (%llu events dropped)",
+                     v->n[2], (unsigned long long)cached, lost);
         }
         if (kh_stat(fd, "disk", "queued") != 0) {
             usleep(5000);

@@ -2,12 +2,14 @@
  * disktier.c): a block that stays hot in memory while the disk turns over keeps a way back
  * to disk (its copy there, evicted meanwhile, is written again when memory drops it), and a
  * block dropped from memory counts as used on disk (touched to the front) so the disk evicts
- * colder ones first. Real kvmm, cpu backend, a real tier in a temporary directory. */
+ * colder ones first; the DISK events leave the set of blocks the tier holds. Real kvmm, cpu
+ * backend, a real tier in a temporary directory. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,36 @@ struct env {
     uint32_t tenant, ns;
 };
 
+/* The blocks the DISK events say are on disk (a set of published hashes). */
+#define EV_MAX 64
+struct disk_view {
+    uint64_t h[EV_MAX];
+    size_t n;
+};
+
+static void on_block(void *ctx, const struct kvmm_block_event *ev)
+{
+    struct disk_view *dv = ctx;
+    if (ev->medium != KVMM_MEDIUM_DISK)
+        return;
+    size_t i = 0;
+    while (i < dv->n && dv->h[i] != ev->hash)
+        i++;
+    if (ev->stored && i == dv->n) {
+        assert_true(dv->n < EV_MAX);
+        dv->h[dv->n++] = ev->hash;
+    } else if (!ev->stored) {
+        if (i == dv->n)
+            fail_msg("DISK BlockRemoved of a block never stored");
+        dv->h[i] = dv->h[--dv->n];
+    }
+}
+
+static void on_cleared(void *ctx)
+{
+    (void)ctx;
+}
+
 static int dir_new(void **state)
 {
     (void)state;
@@ -42,8 +74,9 @@ static int dir_rm(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-/* 64 device blocks of 512 bytes, no host tier; a disk tier of `slots` slots. */
-static void env_open(struct env *v, uint32_t slots)
+/* 64 device blocks of 512 bytes, no host tier; a disk tier of `slots` slots; with dv, KV
+ * events on and their DISK ones kept in dv. */
+static void env_open_ev(struct env *v, uint32_t slots, struct disk_view *dv)
 {
     struct kvmm_config cfg = {
         .geom = {.layers = 1, .kv_heads = 1, .head_dim = 8, .dtype = KV_F16, .block_tokens = BT},
@@ -54,9 +87,13 @@ static void env_open(struct env *v, uint32_t slots)
     struct kvmm_tenant_conf tc = {.max_device_blocks = KVMM_UNLIMITED,
                                   .max_host_blocks = KVMM_UNLIMITED,
                                   .max_seqs = KVMM_UNLIMITED,
-                                  .weight = 1};
+                                  .weight = 1,
+                                  .events = dv ? KVMM_EVENTS_ON : KVMM_EVENTS_OFF};
     snprintf(tc.name, sizeof tc.name, "t");
+    struct kvmm_events_sink sink = {.ctx = dv, .block = on_block, .cleared = on_cleared};
     kvmm_lock(v->mm);
+    if (dv)
+        kvmm_events_attach(v->mm, &sink, 1);
     assert_int_equal(kvmm_tenant_set(v->mm, &tc, &v->tenant), 0);
     assert_int_equal(kvmm_tenant_namespace(v->mm, v->tenant, &v->ns), 0);
     kvmm_unlock(v->mm);
@@ -65,6 +102,11 @@ static void env_open(struct env *v, uint32_t slots)
     struct kvd_error e = {0};
     if (kvmm_disk_open(v->mm, &dc, &e))
         fail_msg("kvmm_disk_open: %s", e.message);
+}
+
+static void env_open(struct env *v, uint32_t slots)
+{
+    env_open_ev(v, slots, NULL);
 }
 
 static void env_close(struct env *v)
@@ -171,11 +213,59 @@ static void test_drop_touches(void **state)
     env_close(&v);
 }
 
+/* Chain 0 is on disk (and announced) and memory drops it; 15 more chains fill the 32-slot
+ * disk behind it (so a writer batch is 4 blocks); then chain 0, computed again, and a new
+ * chain are written in one batch, in either order. New chain first: it takes chain 0's
+ * slots (the least recently used) and chain 0 goes to new ones; its old copy's BlockRemoved
+ * must come before its new BlockStored, never after. Chain 0 first: its write finds it on
+ * disk, then the new chain evicts it; no BlockStored may follow that BlockRemoved. Either
+ * way the DISK events end with the blocks the tier holds. */
+static void rewrite_in_one_batch(bool chain0_first)
+{
+    struct env v;
+    struct disk_view dv = {0};
+    env_open_ev(&v, 32, &dv);
+    assert_int_equal(request(&v, 0), 0);
+    flush(&v);
+    evict_all(&v);
+    for (uint32_t c = 1; c < 16; c++) {
+        assert_int_equal(request(&v, c), 0);
+        flush(&v);
+    }
+    assert_int_equal(dv.n, 32);
+    /* Not in memory: computed and queued again, chain 0 still on disk. */
+    assert_int_equal(request(&v, chain0_first ? 0 : 100), 0);
+    assert_int_equal(request(&v, chain0_first ? 100 : 0), 0);
+    flush(&v);
+    struct kvmm_disk_stats st;
+    kvmm_disk_stats(v.mm, &st);
+    assert_true(st.tier.evictions >= 2);
+    assert_int_equal(st.tier.cached_slots, 32);
+    assert_int_equal(dv.n, st.tier.cached_slots);
+    evict_all(&v);
+    assert_int_equal(restore(&v, 0), chain0_first ? 0 : 2); /* what the tier really holds */
+    env_close(&v);
+}
+
+static void test_events_rewrite_after_evict(void **state)
+{
+    (void)state;
+    rewrite_in_one_batch(false);
+}
+
+static void test_events_dup_then_evicted(void **state)
+{
+    (void)state;
+    rewrite_in_one_batch(true);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_hot_block_written_again, dir_new, dir_rm),
         cmocka_unit_test_setup_teardown(test_drop_touches, dir_new, dir_rm),
+        cmocka_unit_test_setup_teardown(test_events_rewrite_after_evict, dir_new, dir_rm),
+        cmocka_unit_test_setup_teardown(test_events_dup_then_evicted, dir_new, dir_rm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
