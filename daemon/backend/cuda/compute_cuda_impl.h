@@ -113,6 +113,12 @@ int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float 
  * call). Whether matmul takes that path for x and rows. */
 #define CUDA_GEMV_CHUNKED_ROWS 32
 bool cuda_gemv_chunked(const struct ctensor *w, const float *x, uint32_t rows);
+/* Whether matmul takes x . w^T for these rows (more than
+ * KVD_K_GEMV_MAX_TOKENS) through the K-quants' int8 tensor-core GEMM
+ * (kernels/gemm_qmma.cu), whose every row equals the GEMV's for that row
+ * alone: batch-invariant rows need no GEMV of their own. The GEMV chunks
+ * above are then for the legacy quantized types only. */
+bool cuda_qmma_takes(const struct ctensor *w, const float *x, uint32_t rows);
 int cuda_op_matmul_inv(struct compute_ctx *cx, const struct ctensor *w, const float *x,
                        uint32_t rows, uint32_t n_one, float *y);
 int cuda_op_add_bias(struct compute_ctx *cx, float *y, const float *b, uint32_t rows, uint32_t n);
