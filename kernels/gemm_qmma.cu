@@ -1,14 +1,16 @@
 // The projections of more than 8 tokens (batched decode, prefill chunks) of
 // the K-quants (Q4_K, Q5_K, Q6_K planes, planes.cuh) on the tensor cores'
-// int8 path: the activations are quantized once per call to Q8_K
-// (act_quant.cuh, the cpu backend's arithmetic), every sub-block's integer
-// dot product of weight quants and activation quants is one mma.sync s8
-// (m16n8k32 for Q4_K/Q5_K's sub-blocks of 32, m16n8k16 for Q6_K's of 16:
-// exact s32), the sub-block scales and mins are applied in integers, and
-// the float part runs per super-block in the fused GEMV's order
-// (gemv_fused.cu: fmaf(sumi, d_w * d_a, acc), fmaf(summ, dmin_w * d_a,
-// accm), super-block by super-block; out = acc - accm, Q6_K acc). So an
-// output is the GEMV's bits for the same row whatever the batch (and the
+// int8 path: the activations are quantized once per call to Q8_K (the cpu
+// backend's arithmetic), every sub-block's integer dot product of weight
+// quants and activation quants is one mma.sync s8 (m16n8k32 for
+// Q4_K/Q5_K's sub-blocks of 32, m16n8k16 for Q6_K's of 16: exact s32), the
+// sub-block scales are applied in integers, the mins' (Q4_K/Q5_K) and the
+// -32 offset's (Q6_K) terms are one more pair of int8 mma's per
+// super-block (against the activations' sub-block sums split in two int8
+// halves), and the float part runs per super-block in the fused GEMV's
+// order (gemv_fused.cu: fmaf(sumi, d_w * d_a, acc), fmaf(summ, dmin_w *
+// d_a, accm), super-block by super-block; out = acc - accm, Q6_K acc). So
+// an output is the GEMV's bits for the same row whatever the batch (and the
 // cpu backend's for Q4_K), with the weights read once per 32 tokens
 // instead of once per 8, and no dequantized bf16 tile.
 //
@@ -19,12 +21,51 @@
 // and 16+4t .. 16+4t+3), so its weight bytes are one 8-byte load per row
 // and its activations one 8-byte load per token; for Q6_K's 16 values,
 // values 4t .. 4t+3 (k 4t .. 4t+3).
-#include "act_quant.cuh"
 #include "mma.cuh"
 #include "planes.cuh"
 
 #define QM_WARPS 4
 #define QM_ROWS (QM_WARPS * 16) // weight rows per block
+
+// The activations, quantized per call (qmma_act_kernel), for n tokens of
+// `in` values: qs int8 [n][in] in the values' order; d f32 [n][in/256] (the
+// Q8_K scale); sp int8 [n][in/256][32]: each super-block's sums of its
+// sub-blocks (of 32 values against Q4_K/Q5_K, 8 of them; of 16 against
+// Q6_K, 16 of them, in the order of the Q6_K plane's scales) split as
+// S = 64 H + L, L in [0, 63]: L of each, then H of each, so the sums' terms
+// (mins . S, scales . S) are two int8 mma's.
+struct qm_act {
+    int8_t *qs;
+    float *d;
+    int8_t *sp;
+};
+
+static __host__ __device__ __forceinline__ size_t qm_act_bytes(int n, int in)
+{
+    const size_t q = ((size_t)n * in + 15) & ~(size_t)15,
+                 d = ((size_t)n * (in / 256) * 4 + 15) & ~(size_t)15;
+    return q + d + (size_t)n * (in / 256) * 32;
+}
+
+static __host__ __device__ __forceinline__ qm_act qm_act_at(void *base, int n, int in)
+{
+    const size_t q = ((size_t)n * in + 15) & ~(size_t)15,
+                 d = ((size_t)n * (in / 256) * 4 + 15) & ~(size_t)15;
+    qm_act a;
+    a.qs = (int8_t *)base;
+    a.d = (float *)((char *)base + q);
+    a.sp = (int8_t *)((char *)base + q + d);
+    return a;
+}
+
+struct qm_params {
+    const uint8_t *w;
+    float *y;
+    const int8_t *qs;
+    const float *d;
+    const int8_t *sp;
+    int rows, in, n;
+};
 
 // Entry of block blk in plane F (kvd_pl_entry with the offsets forced to
 // compile-time constants: a table lookup would read host memory in the
@@ -42,45 +83,24 @@ static __device__ __forceinline__ int qm_min(int a, int b)
     return a < b ? a : b;
 }
 
-struct qm_params {
-    const uint8_t *w;
-    float *y;
-    const int8_t *qs; // the quantized activations (act_quant.cuh layout)
-    const float *d;
-    const int *bs;
-    int rows, in, n;
-};
-
 // The low (HI: high) nibbles of the four bytes of w.
 template <bool HI> static __device__ __forceinline__ uint32_t qm_nib(uint32_t w)
 {
     return (HI ? w >> 4 : w) & 0x0F0F0F0Fu;
 }
 
-// Byte i (run time, < 12) of the three words of a super-block's packed
-// scales and its 6-bit scale and min of sub-block s (as gemv_units.cuh).
-static __device__ __forceinline__ int qm_sbyte(uint32_t w0, uint32_t w1, uint32_t w2, int i)
+// Byte i of w.
+static __device__ __forceinline__ int qm_byte(uint32_t w, int i)
 {
-    const uint32_t v = i < 4 ? w0 : i < 8 ? w1 : w2;
-    return (int)((v >> (8 * (i & 3))) & 0xffu);
-}
-static __device__ __forceinline__ void qm_scale_min(const uint4 &h, int s, int *sc, int *mn)
-{
-    const int a = qm_sbyte(h.y, h.z, h.w, s), b = qm_sbyte(h.y, h.z, h.w, s + 4);
-    if (s < 4) {
-        *sc = a & 63;
-        *mn = b & 63;
-    } else {
-        const int lo = qm_sbyte(h.y, h.z, h.w, s - 4);
-        *sc = (b & 15) | ((lo >> 6) << 4);
-        *mn = (b >> 4) | ((a >> 6) << 4);
-    }
+    return (int)((w >> (8 * i)) & 0xffu);
 }
 
 // Q4_K / Q5_K: per super-block, sub-block j (values 32j ..) is the low
 // (even j) or high (odd j) nibbles of qs[32 (j / 2) ..+32], the fifth bit
-// (Q5_K) bit j of qh[0 ..32]. sumi = sum_j sc_j (q . a)_j, summ = sum_j mn_j
-// (sums of 32 of a)_j, both exact.
+// (Q5_K) bit j of qh[0 ..32]; the packed 6-bit scales and mins unpacked as
+// four words of bytes (sc 0-3, sc 4-7, mn 0-3, mn 4-7). sumi = sum_j sc_j
+// (q . a)_j, summ = sum_j mn_j (sums of 32 of a)_j (the mins' mma), both
+// exact.
 template <bool FIVE, int NTI>
 static __device__ __forceinline__ void qm_k45(const qm_params &p, int sb, const int *row,
                                               const int *tok, const int *otok, float (*acc)[4],
@@ -88,10 +108,11 @@ static __device__ __forceinline__ void qm_k45(const qm_params &p, int sb, const 
 {
     constexpr int WT = FIVE ? KVD_KW_Q5_K : KVD_KW_Q4_K;
     const int lane = kvd_lane_id(), t = lane & 3;
-    const int nbk = p.in / 256, nsb = p.in / 256;
+    const int nbk = p.in / 256;
     uint4 h[2];
     uint2 qh[2] = {make_uint2(0, 0), make_uint2(0, 0)};
     const uint8_t *qs[2];
+    uint32_t scw[2][2], mnw[2][2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const size_t blk = (size_t)row[r] * nbk + sb;
@@ -99,25 +120,25 @@ static __device__ __forceinline__ void qm_k45(const qm_params &p, int sb, const 
         qs[r] = qm_pl < WT, FIVE ? 2 : 1 > (p.w, p.rows, nbk, blk);
         if (FIVE)
             qh[r] = __ldg((const uint2 *)(qm_pl<WT, 1>(p.w, p.rows, nbk, blk) + 8 * t));
+        scw[r][0] = h[r].y & 0x3f3f3f3fu;
+        mnw[r][0] = h[r].z & 0x3f3f3f3fu;
+        scw[r][1] = (h[r].w & 0x0f0f0f0fu) | ((h[r].y >> 2) & 0x30303030u);
+        mnw[r][1] = ((h[r].w >> 4) & 0x0f0f0f0fu) | ((h[r].z >> 2) & 0x30303030u);
     }
-    int sumi[NTI][4], summ[NTI][4];
+    int sumi[NTI][4];
 #pragma unroll
     for (int nt = 0; nt < NTI; nt++)
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            sumi[nt][i] = summ[nt][i] = 0;
+            sumi[nt][i] = 0;
     const uint4 z4 = kvd_zero_u4(); // not a constant array (the emulation build's memcheck)
     const int zero[4] = {(int)z4.x, (int)z4.y, (int)z4.z, (int)z4.w};
 #pragma unroll
     for (int q = 0; q < 4; q++) { // quarter q: sub-blocks 2q (low nibbles), 2q + 1 (high)
         uint2 w[2];
-        int sc[2][2], mn[2][2];
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
+        for (int r = 0; r < 2; r++)
             w[r] = __ldg((const uint2 *)(qs[r] + 32 * q + 8 * t));
-            qm_scale_min(h[r], 2 * q, &sc[r][0], &mn[r][0]);
-            qm_scale_min(h[r], 2 * q + 1, &sc[r][1], &mn[r][1]);
-        }
         uint32_t alo[4] = {qm_nib<false>(w[0].x), qm_nib<false>(w[1].x), qm_nib<false>(w[0].y),
                            qm_nib<false>(w[1].y)};
         uint32_t ahi[4] = {qm_nib<true>(w[0].x), qm_nib<true>(w[1].x), qm_nib<true>(w[0].y),
@@ -130,55 +151,61 @@ static __device__ __forceinline__ void qm_k45(const qm_params &p, int sb, const 
                 ahi[i] |= ((hw[i] >> (2 * q + 1)) & 0x01010101u) << 4;
             }
         }
+        const int s0[2] = {qm_byte(scw[0][q / 2], 2 * (q % 2)),
+                           qm_byte(scw[1][q / 2], 2 * (q % 2))};
+        const int s1[2] = {qm_byte(scw[0][q / 2], 2 * (q % 2) + 1),
+                           qm_byte(scw[1][q / 2], 2 * (q % 2) + 1)};
 #pragma unroll
         for (int nt = 0; nt < NTI; nt++) {
-            const int8_t *x = p.qs + (size_t)tok[nt] * p.in;
-            const uint2 blo = *(const uint2 *)(x + act_pos<64>(256 * sb + 64 * q + 8 * t));
-            const uint2 bhi = *(const uint2 *)(x + act_pos<64>(256 * sb + 64 * q + 32 + 8 * t));
+            const int8_t *x = p.qs + (size_t)tok[nt] * p.in + 256 * sb + 64 * q + 8 * t;
+            const uint2 blo = *(const uint2 *)x, bhi = *(const uint2 *)(x + 32);
             const uint32_t bl[2] = {blo.x, blo.y}, bh[2] = {bhi.x, bhi.y};
             int dl[4], dh[4];
             kvd_mma_s8<32>(dl, alo, bl, zero);
             kvd_mma_s8<32>(dh, ahi, bh, zero);
 #pragma unroll
             for (int i = 0; i < 4; i++)
-                sumi[nt][i] += sc[i >> 1][0] * dl[i] + sc[i >> 1][1] * dh[i];
+                sumi[nt][i] += s0[i >> 1] * dl[i] + s1[i >> 1] * dh[i];
         }
-#pragma unroll
-        for (int nt = 0; nt < NTI; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int4 b = *(const int4 *)(p.bs + (size_t)otok[2 * nt + (i & 1)] * (p.in / 16) +
-                                               16 * sb + 4 * q);
-                summ[nt][i] += mn[i >> 1][0] * (b.x + b.y) + mn[i >> 1][1] * (b.z + b.w);
-            }
     }
-    float dw[2], dmw[2];
+    // The mins' term: A = [mn 0-7, mn 0-7] (k 16), B = [L 0-7, 0] and
+    // [0, H 0-7]: summ = mn . L + 64 mn . H.
+    const uint32_t am[2] = {mnw[0][t & 1], mnw[1][t & 1]};
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        dw[r] = kvd_f16_to_f32((uint16_t)(h[r].x & 0xffffu));
-        dmw[r] = kvd_f16_to_f32((uint16_t)(h[r].x >> 16));
-    }
+    for (int nt = 0; nt < NTI; nt++) {
+        const uint32_t sw = *(const uint32_t *)(p.sp + ((size_t)tok[nt] * nbk + sb) * 32 + 4 * t);
+        const uint32_t bz = z4.x, b1 = t < 2 ? sw : bz, b2 = t < 2 ? bz : sw;
+        int m1[4], m2[4];
+        kvd_mma_s8<16>(m1, am, &b1, zero);
+        kvd_mma_s8<16>(m2, am, &b2, zero);
+        float dw[2], dmw[2];
 #pragma unroll
-    for (int nt = 0; nt < NTI; nt++)
+        for (int r = 0; r < 2; r++) {
+            dw[r] = kvd_f16_to_f32((uint16_t)(h[r].x & 0xffffu));
+            dmw[r] = kvd_f16_to_f32((uint16_t)(h[r].x >> 16));
+        }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const float da = p.d[(size_t)otok[2 * nt + (i & 1)] * nsb + sb];
+            const float da = p.d[(size_t)otok[2 * nt + (i & 1)] * nbk + sb];
+            const int summ = m1[i] + 64 * m2[i];
             acc[nt][i] = fmaf((float)sumi[nt][i], __fmul_rn(dw[i >> 1], da), acc[nt][i]);
-            accm[nt][i] = fmaf((float)summ[nt][i], __fmul_rn(dmw[i >> 1], da), accm[nt][i]);
+            accm[nt][i] = fmaf((float)summ, __fmul_rn(dmw[i >> 1], da), accm[nt][i]);
         }
+    }
 }
 
 // Q6_K: quarter v of a super-block (planes.cuh) holds the groups k < 4 of
 // 16 values 128h + 32k + l0 + l (h = v / 2, l0 = 16 (v % 2)), each with an
-// int8 scale; lane t takes l = 4t .. 4t+3 of each. sumi = sum over the 16
-// groups of sc ((q . a) - 32 (sum of a)), exact.
+// int8 scale (plane byte 4v + k); lane t takes l = 4t .. 4t+3 of each.
+// sumi = sum over the 16 groups of sc (q . a) - 32 sc . (sums of 16 of a),
+// the second term one mma pair (A = the 16 scales in plane order), exact.
 template <int NTI>
 static __device__ __forceinline__ void qm_k6(const qm_params &p, int sb, const int *row,
                                              const int *tok, const int *otok, float (*acc)[4])
 {
     constexpr int WT = KVD_KW_Q6_K;
     const int lane = kvd_lane_id(), t = lane & 3;
-    const int nbk = p.in / 256, nsb = p.in / 256;
+    const int nbk = p.in / 256;
     size_t blk[2];
 #pragma unroll
     for (int r = 0; r < 2; r++)
@@ -191,9 +218,15 @@ static __device__ __forceinline__ void qm_k6(const qm_params &p, int sb, const i
             sumi[nt][i] = 0;
     const uint4 z4 = kvd_zero_u4(); // not a constant array (the emulation build's memcheck)
     const int zero[4] = {(int)z4.x, (int)z4.y, (int)z4.z, (int)z4.w};
+    uint32_t scw[2][4];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const uint4 sv = __ldg((const uint4 *)qm_pl<WT, 2>(p.w, p.rows, nbk, blk[r]));
+        scw[r][0] = sv.x, scw[r][1] = sv.y, scw[r][2] = sv.z, scw[r][3] = sv.w;
+    }
 #pragma unroll
     for (int v = 0; v < 4; v++) {
-        uint32_t la[2], lb[2], qh[2], scw[2];
+        uint32_t la[2], lb[2], qh[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const uint8_t *ql = qm_pl<WT, 0>(p.w, p.rows, nbk, blk[r]) + 32 * v;
@@ -201,7 +234,6 @@ static __device__ __forceinline__ void qm_k6(const qm_params &p, int sb, const i
             lb[r] = __ldg((const uint32_t *)(ql + 16 + 4 * t));
             qh[r] =
                 __ldg((const uint32_t *)(qm_pl<WT, 1>(p.w, p.rows, nbk, blk[r]) + 16 * v + 4 * t));
-            scw[r] = __ldg((const uint32_t *)(qm_pl<WT, 2>(p.w, p.rows, nbk, blk[r]) + 4 * v));
         }
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -211,35 +243,43 @@ static __device__ __forceinline__ void qm_k6(const qm_params &p, int sb, const i
             for (int r = 0; r < 2; r++) {
                 a[r] = qm_nib<false>(((k & 1) ? lb[r] : la[r]) >> (4 * (k >> 1))) |
                        (((qh[r] >> (2 * k)) & 0x03030303u) << 4);
-                sc[r] = (int)(int8_t)((scw[r] >> (8 * k)) & 0xffu);
+                sc[r] = (int)(int8_t)qm_byte(scw[r][v], k);
             }
 #pragma unroll
             for (int nt = 0; nt < NTI; nt++) {
-                const int8_t *x = p.qs + (size_t)tok[nt] * p.in;
                 const uint32_t b =
-                    *(const uint32_t *)(x + act_pos<64>(256 * sb + 64 * v + 16 * k + 4 * t));
+                    *(const uint32_t *)(p.qs + (size_t)tok[nt] * p.in + 256 * sb + 128 * (v / 2) +
+                                        32 * k + 16 * (v % 2) + 4 * t);
                 int dd[4];
                 kvd_mma_s8<16>(dd, a, &b, zero);
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int s =
-                        p.bs[(size_t)otok[2 * nt + (i & 1)] * (p.in / 16) + 16 * sb + 4 * v + k];
-                    sumi[nt][i] += sc[i >> 1] * (dd[i] - 32 * s);
-                }
+                for (int i = 0; i < 4; i++)
+                    sumi[nt][i] += sc[i >> 1] * dd[i];
             }
         }
     }
+    // -32 sc . S16: A = the 16 scales (lane t: plane bytes 4t .. 4t+3), B =
+    // the sums' L and H parts in the same order.
+    const uint32_t as[2] = {scw[0][t], scw[1][t]};
     float dw[2];
 #pragma unroll
     for (int r = 0; r < 2; r++)
         dw[r] = kvd_f16_to_f32(__ldg((const uint16_t *)qm_pl<WT, 3>(p.w, p.rows, nbk, blk[r])));
 #pragma unroll
-    for (int nt = 0; nt < NTI; nt++)
+    for (int nt = 0; nt < NTI; nt++) {
+        const int8_t *sp = p.sp + ((size_t)tok[nt] * nbk + sb) * 32;
+        const uint32_t b1 = *(const uint32_t *)(sp + 4 * t),
+                       b2 = *(const uint32_t *)(sp + 16 + 4 * t);
+        int c1[4], c2[4];
+        kvd_mma_s8<16>(c1, as, &b1, zero);
+        kvd_mma_s8<16>(c2, as, &b2, zero);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const float da = p.d[(size_t)otok[2 * nt + (i & 1)] * nsb + sb];
-            acc[nt][i] = fmaf((float)sumi[nt][i], __fmul_rn(dw[i >> 1], da), acc[nt][i]);
+            const float da = p.d[(size_t)otok[2 * nt + (i & 1)] * nbk + sb];
+            const int s = sumi[nt][i] - 32 * (c1[i] + 64 * c2[i]);
+            acc[nt][i] = fmaf((float)s, __fmul_rn(dw[i >> 1], da), acc[nt][i]);
         }
+    }
 }
 
 // grid (row blocks of QM_ROWS, token blocks of 8 NTI).
@@ -281,17 +321,71 @@ template <int WT, int NTI> __global__ void __launch_bounds__(QM_WARPS * 32) qmma
         }
 }
 
-// x [n][in] to Q8_K into the act_quant.cuh layout (Q6: Q6_K's chunk order),
-// a warp per super-block.
+// x [n][in] to Q8_K (qm_act), a warp per super-block: lane i quantizes
+// values 8i .. 8i+7 with ggml's Q8_K arithmetic, as the cpu backend
+// (compute_cpu_quant.c) and the GEMV's act_quant256 do: mx the value of
+// largest magnitude (the first on ties), iscale = -127 / mx, q =
+// min(127, round-half-even(iscale x)), d = 1 / iscale (all zero for a zero
+// block); then the sums of 32 (Q6: of 16, in the Q6_K plane's scale order)
+// split into int8 L and H.
 template <bool Q6>
-__global__ void qmma_act_kernel(const float *__restrict__ x, int8_t *qs, float *d, int *bs, int n,
-                                int in)
+__global__ void qmma_act_kernel(const float *__restrict__ x, qm_act a, int n, int in)
 {
     const int lane = threadIdx.x & 31;
     const int g = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (g >= n * (in / 256))
         return; // whole warp
-    act_quant256<Q6>(x, in, g, lane, qs, d, bs);
+    const float4 *xv = (const float4 *)(x + (size_t)g * 256 + 8 * lane);
+    const float4 v0 = xv[0], v1 = xv[1];
+    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    float amax = 0.0f, mx = 0.0f;
+    int idx = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (fabsf(v[i]) > amax)
+            amax = fabsf(v[i]), mx = v[i], idx = 8 * lane + i;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float oa = __shfl_xor_sync(0xffffffffu, amax, o);
+        const float om = __shfl_xor_sync(0xffffffffu, mx, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (oa > amax || (oa == amax && oi < idx))
+            amax = oa, mx = om, idx = oi;
+    }
+    const float iscale = amax != 0.0f ? -127.0f / mx : 0.0f;
+    int sum = 0;
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int r = amax != 0.0f ? (int)rintf(iscale * v[i]) : 0;
+        r = r > 127 ? 127 : r;
+        sum += r;
+        if (i < 4)
+            lo |= (uint32_t)(uint8_t)(int8_t)r << (8 * i);
+        else
+            hi |= (uint32_t)(uint8_t)(int8_t)r << (8 * (i - 4));
+    }
+    *(uint2 *)(a.qs + (size_t)g * 256 + 8 * lane) = make_uint2(lo, hi);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1); // the sum of 16 (lanes 2s, 2s + 1)
+    int8_t *sp = a.sp + (size_t)g * 32;
+    if (Q6) {
+        // sub-block s = lane / 2 = 8h + l0/16 + 2k sits at plane position
+        // 4v + k, v = 2h + l0/16
+        const int s = lane / 2, h = s / 8, r = s % 8, c = 4 * (2 * h + r % 2) + r / 2;
+        if ((lane & 1) == 0) {
+            sp[c] = (int8_t)(sum & 63);
+            sp[16 + c] = (int8_t)(sum >> 6);
+        }
+    } else {
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2); // of 32 (lanes 4j .. 4j+3)
+        const int j = lane / 4;
+        if ((lane & 3) == 0) {
+            sp[j] = (int8_t)(sum & 63);
+            sp[8 + j] = (int8_t)(sum >> 6);
+        }
+    }
+    if (lane == 0)
+        a.d[g] = amax != 0.0f ? 1.0f / iscale : 0.0f;
 }
 
 template <int WT> static int qm_launch(const qm_params &p, int ntok, cudaStream_t st)
@@ -316,7 +410,7 @@ extern "C" int kvd_k_qmma_ok(int wtype, const void *w, const float *x, int n_tok
 extern "C" size_t kvd_k_qmma_act_bytes(int wtype, int n_tokens, int in)
 {
     (void)wtype;
-    return act_bytes(true, n_tokens, in);
+    return qm_act_bytes(n_tokens, in);
 }
 
 extern "C" int kvd_k_qmma(float *y, const void *w, int wtype, int rows, int in, const float *x,
@@ -327,25 +421,21 @@ extern "C" int kvd_k_qmma(float *y, const void *w, int wtype, int rows, int in, 
     if (rows == 0)
         return 0;
     cudaStream_t st = (cudaStream_t)stream;
-    qm_params p;
-    int8_t *qs;
-    float *d;
-    int *bs;
-    float4 *m;
-    act_ptrs(act, true, n_tokens, in, &qs, &d, &bs, &m);
+    const qm_act a = qm_act_at(act, n_tokens, in);
     const unsigned qb = (unsigned)((n_tokens * (in / 256) + 7) / 8);
     if (wtype == KVD_KW_Q6_K)
-        KVD_LAUNCH(qb, 256, 0, st, qmma_act_kernel<true>)(x, qs, d, bs, n_tokens, in);
+        KVD_LAUNCH(qb, 256, 0, st, qmma_act_kernel<true>)(x, a, n_tokens, in);
     else
-        KVD_LAUNCH(qb, 256, 0, st, qmma_act_kernel<false>)(x, qs, d, bs, n_tokens, in);
+        KVD_LAUNCH(qb, 256, 0, st, qmma_act_kernel<false>)(x, a, n_tokens, in);
     int rc = kvd_launch_status();
     if (rc)
         return rc;
+    qm_params p;
     p.w = (const uint8_t *)w;
     p.y = y;
-    p.qs = qs;
-    p.d = d;
-    p.bs = bs;
+    p.qs = a.qs;
+    p.d = a.d;
+    p.sp = a.sp;
     p.rows = rows;
     p.in = in;
     p.n = n_tokens;

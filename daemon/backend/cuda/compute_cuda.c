@@ -442,6 +442,7 @@ void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats 
     st->eager = cx->n_eager;
     st->dropped = cx->n_dropped;
     st->failed_syncs = cx->n_failed_syncs;
+    st->blas = cx->n_blas;
 }
 
 static const struct compute_ops cuda_compute_table = {

@@ -18,6 +18,7 @@
 void cuda_compute_set_graphs(struct compute_ctx *cx, bool on);
 struct cuda_compute_stats {
     uint64_t captures, replays, eager, dropped, failed_syncs;
+    uint64_t blas; /* cuBLAS GEMM calls, all steps */
 };
 void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats *st);
 /* For tests: the bf16 elements of one dequant tile of the quantized weights'

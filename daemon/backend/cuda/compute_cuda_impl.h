@@ -64,6 +64,7 @@ struct compute_ctx {
     uint64_t clock;
     uint64_t graph_frees; /* dev->frees when the graphs were last checked */
     uint64_t n_captures, n_replays, n_eager, n_dropped, n_failed_syncs;
+    uint64_t n_blas; /* cuBLAS GEMMs issued, all steps */
 
     /* Kernel launches: kvd_k_launches() at step_begin, cuBLAS calls issued
      * since (each counted as one launch), the step's key (decode-only or

@@ -361,6 +361,7 @@ static int gemm_bf16(struct compute_ctx *cx, const uint16_t *wb, int in, int nr,
 {
     const float one = 1.0f, zero = 0.0f;
     cx->step_blas++;
+    cx->n_blas++;
     cublasStatus_t st = cublasGemmEx(cx->dev->blas, CUBLAS_OP_T, CUBLAS_OP_N, nr, n, in, &one, wb,
                                      CUDA_R_16BF, in, cx->xb, CUDA_R_16BF, in, &zero, y, CUDA_R_32F,
                                      ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
@@ -457,6 +458,7 @@ int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float 
     if (w->type == CT_F32) {
         /* f32 weights keep f32 math (no TF32): the reference's numbers. */
         cx->step_blas++;
+        cx->n_blas++;
         st = cublasSgemm(cx->dev->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w->data, in, x,
                          in, &zero, y, out);
         return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasSgemm");
