@@ -14,8 +14,9 @@
 // cpu backend's for Q4_K), with the weights read once per 32 tokens
 // instead of once per 8, and no dequantized bf16 tile.
 //
-// A block is 4 warps over 64 weight rows (a warp 16: the mma's M) and
-// 8 * NTI tokens (NTI n-tiles of 8: the mma's N). Within a sub-block the
+// A block is 4 warps over 16 weight rows (the mma's M) and 8 * NTI tokens
+// (NTI n-tiles of 8: the mma's N), the warps splitting the super-blocks
+// (the float part stays in order: qmma_kernel). Within a sub-block the
 // mma's k order is a permutation of the values, the same for A and B:
 // lane (g, t) holds values 8t .. 8t+7 of a 32-value sub-block (k 4t .. 4t+3
 // and 16+4t .. 16+4t+3), so its weight bytes are one 8-byte load per row
@@ -24,8 +25,7 @@
 #include "mma.cuh"
 #include "planes.cuh"
 
-#define QM_WARPS 4
-#define QM_ROWS (QM_WARPS * 16) // weight rows per block
+#define QM_WARPS 4 // warps of a block, over the same 16 rows (super-blocks in turn)
 
 // The activations, quantized per call (qmma_act_kernel), for n tokens of
 // `in` values: qs int8 [n][in] in the values' order; d f32 [n][in/256] (the
@@ -103,8 +103,7 @@ static __device__ __forceinline__ int qm_byte(uint32_t w, int i)
 // exact.
 template <bool FIVE, int NTI>
 static __device__ __forceinline__ void qm_k45(const qm_params &p, int sb, const int *row,
-                                              const int *tok, const int *otok, float (*acc)[4],
-                                              float (*accm)[4])
+                                              const int *tok, int (*si)[4], int (*sm)[4])
 {
     constexpr int WT = FIVE ? KVD_KW_Q5_K : KVD_KW_Q4_K;
     const int lane = kvd_lane_id(), t = lane & 3;
@@ -170,7 +169,7 @@ static __device__ __forceinline__ void qm_k45(const qm_params &p, int sb, const 
     }
     // The mins' term: A = [mn 0-7, mn 0-7] (k 16), B = [L 0-7, 0] and
     // [0, H 0-7]: summ = mn . L + 64 mn . H.
-    const uint32_t am[2] = {mnw[0][t & 1], mnw[1][t & 1]};
+    const uint32_t am[2] = {(t & 1) ? mnw[0][1] : mnw[0][0], (t & 1) ? mnw[1][1] : mnw[1][0]};
 #pragma unroll
     for (int nt = 0; nt < NTI; nt++) {
         const uint32_t sw = *(const uint32_t *)(p.sp + ((size_t)tok[nt] * nbk + sb) * 32 + 4 * t);
@@ -178,18 +177,10 @@ static __device__ __forceinline__ void qm_k45(const qm_params &p, int sb, const 
         int m1[4], m2[4];
         kvd_mma_s8<16>(m1, am, &b1, zero);
         kvd_mma_s8<16>(m2, am, &b2, zero);
-        float dw[2], dmw[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            dw[r] = kvd_f16_to_f32((uint16_t)(h[r].x & 0xffffu));
-            dmw[r] = kvd_f16_to_f32((uint16_t)(h[r].x >> 16));
-        }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const float da = p.d[(size_t)otok[2 * nt + (i & 1)] * nbk + sb];
-            const int summ = m1[i] + 64 * m2[i];
-            acc[nt][i] = fmaf((float)sumi[nt][i], __fmul_rn(dw[i >> 1], da), acc[nt][i]);
-            accm[nt][i] = fmaf((float)summ, __fmul_rn(dmw[i >> 1], da), accm[nt][i]);
+            si[nt][i] = sumi[nt][i];
+            sm[nt][i] = m1[i] + 64 * m2[i];
         }
     }
 }
@@ -201,7 +192,7 @@ static __device__ __forceinline__ void qm_k45(const qm_params &p, int sb, const 
 // the second term one mma pair (A = the 16 scales in plane order), exact.
 template <int NTI>
 static __device__ __forceinline__ void qm_k6(const qm_params &p, int sb, const int *row,
-                                             const int *tok, const int *otok, float (*acc)[4])
+                                             const int *tok, int (*si)[4])
 {
     constexpr int WT = KVD_KW_Q6_K;
     const int lane = kvd_lane_id(), t = lane & 3;
@@ -260,11 +251,10 @@ static __device__ __forceinline__ void qm_k6(const qm_params &p, int sb, const i
     }
     // -32 sc . S16: A = the 16 scales (lane t: plane bytes 4t .. 4t+3), B =
     // the sums' L and H parts in the same order.
-    const uint32_t as[2] = {scw[0][t], scw[1][t]};
-    float dw[2];
+    uint32_t as[2]; // registers, not a run-time index into a local array
 #pragma unroll
     for (int r = 0; r < 2; r++)
-        dw[r] = kvd_f16_to_f32(__ldg((const uint16_t *)qm_pl<WT, 3>(p.w, p.rows, nbk, blk[r])));
+        as[r] = t == 0 ? scw[r][0] : t == 1 ? scw[r][1] : t == 2 ? scw[r][2] : scw[r][3];
 #pragma unroll
     for (int nt = 0; nt < NTI; nt++) {
         const int8_t *sp = p.sp + ((size_t)tok[nt] * nbk + sb) * 32;
@@ -274,19 +264,55 @@ static __device__ __forceinline__ void qm_k6(const qm_params &p, int sb, const i
         kvd_mma_s8<16>(c1, as, &b1, zero);
         kvd_mma_s8<16>(c2, as, &b2, zero);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float da = p.d[(size_t)otok[2 * nt + (i & 1)] * nbk + sb];
-            const int s = sumi[nt][i] - 32 * (c1[i] + 64 * c2[i]);
-            acc[nt][i] = fmaf((float)s, __fmul_rn(dw[i >> 1], da), acc[nt][i]);
-        }
+        for (int i = 0; i < 4; i++)
+            si[nt][i] = sumi[nt][i] - 32 * (c1[i] + 64 * c2[i]);
     }
 }
 
-// grid (row blocks of QM_ROWS, token blocks of 8 NTI).
+// The float part of super-block sb for this lane's C elements (rows row[0]
+// for i < 2, row[1] else; tokens otok), in the GEMV's order: acc =
+// fmaf(sumi, d_w * d_a, acc), accm = fmaf(summ, dmin_w * d_a, accm).
+template <int WT, int NTI>
+static __device__ __forceinline__ void qm_chain(const qm_params &p, int sb, const int *row,
+                                                const int *otok, int (*si)[4], int (*sm)[4],
+                                                float (*acc)[4], float (*accm)[4])
+{
+    const int nbk = p.in / 256;
+    float dw[2], dmw[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const size_t blk = (size_t)row[r] * nbk + sb;
+        if (WT == KVD_KW_Q6_K) {
+            dw[r] = kvd_f16_to_f32(__ldg((const uint16_t *)qm_pl<WT, 3>(p.w, p.rows, nbk, blk)));
+            dmw[r] = 0.0f;
+        } else {
+            const uint32_t h = __ldg((const uint32_t *)qm_pl<WT, 0>(p.w, p.rows, nbk, blk));
+            dw[r] = kvd_f16_to_f32((uint16_t)(h & 0xffffu));
+            dmw[r] = kvd_f16_to_f32((uint16_t)(h >> 16));
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NTI; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float da = p.d[(size_t)otok[2 * nt + (i & 1)] * nbk + sb];
+            acc[nt][i] = fmaf((float)si[nt][i], __fmul_rn(dw[i >> 1], da), acc[nt][i]);
+            if (WT != KVD_KW_Q6_K)
+                accm[nt][i] = fmaf((float)sm[nt][i], __fmul_rn(dmw[i >> 1], da), accm[nt][i]);
+        }
+}
+
+// grid (row blocks of 16, token blocks of 8 NTI); the block's QM_WARPS
+// warps take its super-blocks in turn (warp w: sb = w mod QM_WARPS), each
+// the exact integer sums of its super-block into shared memory, and warp 0
+// then runs the float part over them in super-block order: the sums of a
+// 16-row tile come from QM_WARPS warps at once (enough weight bytes in
+// flight at a few tokens) without changing the float order.
 template <int WT, int NTI> __global__ void __launch_bounds__(QM_WARPS * 32) qmma_kernel(qm_params p)
 {
+    KVD_SHARED(int, qm_part, [QM_WARPS][2][NTI * 4][32]);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int r0 = blockIdx.x * QM_ROWS + warp * 16, n0 = blockIdx.y * 8 * NTI;
+    const int r0 = blockIdx.x * 16, n0 = blockIdx.y * 8 * NTI, nsb = p.in / 256;
     // The rows this lane loads (A: g, g + 8) and the tokens (B: column g of
     // each n-tile; C: columns 2t, 2t + 1), clamped in bounds: a padding
     // row or token computes a value nobody stores.
@@ -304,12 +330,40 @@ template <int WT, int NTI> __global__ void __launch_bounds__(QM_WARPS * 32) qmma
 #pragma unroll
         for (int i = 0; i < 4; i++)
             acc[nt][i] = accm[nt][i] = 0.0f;
-    for (int sb = 0; sb < p.in / 256; sb++) {
-        if constexpr (WT == KVD_KW_Q6_K)
-            qm_k6<NTI>(p, sb, row, tok, otok, acc);
-        else
-            qm_k45<WT == KVD_KW_Q5_K, NTI>(p, sb, row, tok, otok, acc, accm);
+    for (int base = 0; base < nsb; base += QM_WARPS) {
+        const int sb = base + warp;
+        if (sb < nsb) { // whole warps
+            int si[NTI][4], sm[NTI][4];
+            if constexpr (WT == KVD_KW_Q6_K)
+                qm_k6<NTI>(p, sb, row, tok, si);
+            else
+                qm_k45<WT == KVD_KW_Q5_K, NTI>(p, sb, row, tok, si, sm);
+#pragma unroll
+            for (int nt = 0; nt < NTI; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    qm_part[warp][0][nt * 4 + i][lane] = si[nt][i];
+                    qm_part[warp][1][nt * 4 + i][lane] = WT == KVD_KW_Q6_K ? 0 : sm[nt][i];
+                }
+        }
+        __syncthreads();
+        if (warp == 0) {
+            for (int w = 0; w < QM_WARPS && base + w < nsb; w++) {
+                int si[NTI][4], sm[NTI][4];
+#pragma unroll
+                for (int nt = 0; nt < NTI; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        si[nt][i] = qm_part[w][0][nt * 4 + i][lane];
+                        sm[nt][i] = qm_part[w][1][nt * 4 + i][lane];
+                    }
+                qm_chain<WT, NTI>(p, base + w, row, otok, si, sm, acc, accm);
+            }
+        }
+        __syncthreads();
     }
+    if (warp != 0)
+        return;
 #pragma unroll
     for (int nt = 0; nt < NTI; nt++)
 #pragma unroll
@@ -390,7 +444,7 @@ __global__ void qmma_act_kernel(const float *__restrict__ x, qm_act a, int n, in
 
 template <int WT> static int qm_launch(const qm_params &p, int ntok, cudaStream_t st)
 {
-    const unsigned gx = (unsigned)((p.rows + QM_ROWS - 1) / QM_ROWS);
+    const unsigned gx = (unsigned)((p.rows + 15) / 16);
     if (ntok <= 16) {
         KVD_LAUNCH(dim3(gx, (unsigned)((ntok + 15) / 16)), QM_WARPS * 32, 0, st, qmma_kernel<WT, 2>)
         (p);

@@ -429,11 +429,13 @@ static void gemv(struct backend *be, double bw)
 
 /* The projections of a prefill chunk and of large batches through the
  * backend's matmul: the K-quants on the int8 tensor cores
- * (kernels/gemm_qmma.cu, activation quantization included), bf16 through
- * cuBLAS for comparison; TOPS against the dense int8 (bf16) peak. */
+ * (kernels/gemm_qmma.cu, activation quantization included) and, rows
+ * "-tile", as before it (8-row GEMVs up to 32 tokens, dequantized tiles +
+ * cuBLAS above), bf16 through cuBLAS; TOPS against the dense int8 (bf16)
+ * peak. */
 static void qgemm(struct backend *be)
 {
-    static const enum ctype types[] = {CT_BF16, CT_Q4_K, CT_Q6_K};
+    static const enum ctype types[] = {CT_BF16, CT_Q4_K, CT_Q6_K, CT_Q4_K, CT_Q6_K};
     static const uint32_t toks[] = {16, 64, 512};
     const uint32_t in = g_small ? 512 : 4096, out = g_small ? 256 : 14336;
     const double i8_peak = 1979e12, bf16_peak = 989e12; /* H100/H200 SXM datasheet, dense */
@@ -450,7 +452,7 @@ static void qgemm(struct backend *be)
     cudaEvent_t e0, e1;
     BCK(cudaEventCreate(&e0));
     BCK(cudaEventCreate(&e1));
-    printf("\nprojection GEMM [%u x %u], TOPS (%% of dense int8 peak; bf16: of bf16 peak):\n%-8s",
+    printf("\nprojection GEMM [%u x %u], TOPS (%% of dense int8 peak; bf16: of bf16 peak):\n%-10s",
            out, in, "type");
     for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++)
         printf(" %13u", toks[k] > nmax ? nmax : toks[k]);
@@ -468,8 +470,12 @@ static void qgemm(struct backend *be)
         BCK(cudaDeviceSynchronize());
         if (cuda_compute_weight_prepare(cx, &w))
             exit(1);
+        const bool tile = ti >= 3; /* the same types as before the int8 GEMM */
+        cuda_compute_set_qmma(cx, !tile);
         const double peak = ctype_is_quant(types[ti]) ? i8_peak : bf16_peak;
-        printf("%-8s", ctype_name(types[ti]));
+        char name[16];
+        snprintf(name, sizeof name, "%s%s", ctype_name(types[ti]), tile ? "-tile" : "");
+        printf("%-10s", name);
         for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
             const uint32_t n = toks[k] > nmax ? nmax : toks[k];
             const int iters = g_small ? 1 : 10;
@@ -488,8 +494,7 @@ static void qgemm(struct backend *be)
             const double ops = 2.0 * in * out * n / median(t, iters);
             printf(" %6.1f (%3.0f%%)", ops / 1e12, 100 * ops / peak);
             char what[72], v[24], c[24];
-            snprintf(what, sizeof what, "projection GEMM %s, %u tokens (TOPS)",
-                     ctype_name(types[ti]), n);
+            snprintf(what, sizeof what, "projection GEMM %s, %u tokens (TOPS)", name, n);
             row(what, fmt(v, "%.1f", ops / 1e12), fmt(c, "%.0f", peak / 1e12), 100 * ops / peak);
         }
         printf("\n");

@@ -430,6 +430,11 @@ void cuda_compute_set_graphs(struct compute_ctx *cx, bool on)
     cx->graphs = on;
 }
 
+void cuda_compute_set_qmma(struct compute_ctx *cx, bool on)
+{
+    cx->no_qmma = !on;
+}
+
 void cuda_compute_set_tile_elems(struct compute_ctx *cx, size_t elems)
 {
     cx->tile_elems = elems ? elems : 1;

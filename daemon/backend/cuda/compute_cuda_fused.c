@@ -105,11 +105,11 @@ int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *c
                      const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
                      float *const *y)
 {
-    if (cuda_gemv_chunked(w[0], x, rows))
+    if (cuda_gemv_chunked(cx, w[0], x, rows))
         n_one = rows;
     bool inv = true; /* every weight's rows batch-invariant through the qmma GEMM */
     for (uint32_t i = 0; i < n; i++)
-        inv = inv && cuda_qmma_takes(w[i], x, rows);
+        inv = inv && cuda_qmma_takes(cx, w[i], x, rows);
     if (inv)
         n_one = 0;
     if (one_call(rows, n_one))
@@ -131,9 +131,9 @@ int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
                           const struct ctensor *up, const float *x, uint32_t rows, uint32_t n_one,
                           float *out, float *tmp)
 {
-    if (cuda_gemv_chunked(gate, x, rows))
+    if (cuda_gemv_chunked(cx, gate, x, rows))
         n_one = rows;
-    if (cuda_qmma_takes(gate, x, rows) && cuda_qmma_takes(up, x, rows))
+    if (cuda_qmma_takes(cx, gate, x, rows) && cuda_qmma_takes(cx, up, x, rows))
         n_one = 0; /* batch-invariant rows (the GEMV's sums) */
     if (one_call(rows, n_one))
         return swiglu_rows(cx, gate, up, x, rows, out, tmp);
@@ -150,9 +150,9 @@ int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, 
                                uint32_t rows, uint32_t n_one, float *x, const float *norm,
                                float eps, float *out)
 {
-    if (cuda_gemv_chunked(w, xin, rows))
+    if (cuda_gemv_chunked(cx, w, xin, rows))
         n_one = rows;
-    if (cuda_qmma_takes(w, xin, rows))
+    if (cuda_qmma_takes(cx, w, xin, rows))
         n_one = 0; /* batch-invariant rows (the GEMV's sums) */
     if (one_call(rows, n_one))
         return add_rmsnorm_rows(cx, w, xin, rows, x, norm, eps, out);

@@ -378,7 +378,7 @@ int cuda_op_matmul_inv(struct compute_ctx *cx, const struct ctensor *w, const fl
     int rc;
     if (n_one > rows)
         n_one = rows;
-    if (cuda_qmma_takes(w, x, rows)) /* each row's sums are the GEMV's */
+    if (cuda_qmma_takes(cx, w, x, rows)) /* each row's sums are the GEMV's */
         n_one = 0;
     if (n_one == rows && rows <= KVD_K_GEMV_MAX_TOKENS)
         return cuda_op_matmul(cx, w, x, rows, y);
@@ -392,17 +392,19 @@ int cuda_op_matmul_inv(struct compute_ctx *cx, const struct ctensor *w, const fl
     return 0;
 }
 
-bool cuda_qmma_takes(const struct ctensor *w, const float *x, uint32_t rows)
+bool cuda_qmma_takes(const struct compute_ctx *cx, const struct ctensor *w, const float *x,
+                     uint32_t rows)
 {
-    return rows > KVD_K_GEMV_MAX_TOKENS && w->layout == CL_PLANES &&
+    return !cx->no_qmma && rows > KVD_K_GEMV_MAX_TOKENS && w->layout == CL_PLANES &&
            kvd_k_qmma_ok((int)w->type, w->data, x, (int)rows, (int)w->ne0);
 }
 
-bool cuda_gemv_chunked(const struct ctensor *w, const float *x, uint32_t rows)
+bool cuda_gemv_chunked(const struct compute_ctx *cx, const struct ctensor *w, const float *x,
+                       uint32_t rows)
 {
     return rows > KVD_K_GEMV_MAX_TOKENS && rows <= CUDA_GEMV_CHUNKED_ROWS &&
            ctype_is_quant(w->type) && w->layout == CL_PLANES && !weight_bf16(w) &&
-           !cuda_qmma_takes(w, x, rows) &&
+           !cuda_qmma_takes(cx, w, x, rows) &&
            kvd_k_gemv_ok((int)w->type, w->data, x, KVD_K_GEMV_MAX_TOKENS, (int)w->ne0);
 }
 
@@ -441,9 +443,9 @@ int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float 
         const float *bs[1] = {NULL};
         return cuda_gemv(cx, 1, ws, bs, x, rows, ys, KVD_K_GEMV_STORE, NULL, 0, NULL);
     }
-    if (cuda_qmma_takes(w, x, rows))
+    if (cuda_qmma_takes(cx, w, x, rows))
         return qmma(cx, w, x, rows, y);
-    if (cuda_gemv_chunked(w, x, rows)) {
+    if (cuda_gemv_chunked(cx, w, x, rows)) {
         const struct ctensor *ws[1] = {w};
         const float *bs[1] = {NULL};
         for (uint32_t r = 0; r < rows; r += KVD_K_GEMV_MAX_TOKENS) {
