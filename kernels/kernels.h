@@ -6,7 +6,8 @@
  * row-major [out][in] (GGUF ne = [in, out]) in their GGUF type (F32, F16,
  * BF16, Q8_0, and the quantized Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K:
  * quant.cuh), the GEMM path reading bf16 (a copy made at load for F16/Q8_0,
- * tiles dequantized before each GEMM for the others: compute_cuda_ops.c); KV
+ * tiles dequantized before each GEMM for Q4_0 .. Q5_1: compute_cuda_ops.c)
+ * except the K-quants', which is int8 (gemm_qmma.cu); KV
  * blocks are laid out as kv_types.h says. The same sources also build for
  * the CPU emulator (docs/emulation.md): launches and shared memory go
  * through kernel_util.cuh's macros. */
