@@ -470,6 +470,10 @@ static void qgemm(struct backend *be)
         BCK(cudaDeviceSynchronize());
         if (cuda_compute_weight_prepare(cx, &w))
             exit(1);
+        /* A stream operation between the repacking kernel and the first
+         * projection: the GEMV (8-row launches, the "-tile" rows) loads its
+         * first weights before its programmatic-dependent-launch wait. */
+        BCK(cudaMemsetAsync(y, 0, sizeof(float), st));
         const bool tile = ti >= 3; /* the same types as before the int8 GEMM */
         cuda_compute_set_qmma(cx, !tile);
         const double peak = ctype_is_quant(types[ti]) ? i8_peak : bf16_peak;
