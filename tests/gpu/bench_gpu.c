@@ -716,8 +716,11 @@ static void ncu_set(struct backend *be)
         else
             BKCK(kvd_k_fill_uniform(w.data, KVD_K_BF16, (size_t)in * out, 11, -0.03f, 0.03f, NULL));
         BCK(cudaDeviceSynchronize());
-        if (cuda_compute_weight_prepare(cx, &w) || o->matmul(cx, &w, x, 1, y) ||
-            o->matmul(cx, &w, x, 8, y) ||
+        if (cuda_compute_weight_prepare(cx, &w))
+            exit(1);
+        /* as in qgemm: the GEMV's prologue must not overlap the repacking */
+        BCK(cudaMemsetAsync(y, 0, sizeof(float), cuda_backend_dev(be)->compute));
+        if (o->matmul(cx, &w, x, 1, y) || o->matmul(cx, &w, x, 8, y) ||
             ((types[ti] == CT_BF16 || types[ti] == CT_Q4_K || types[ti] == CT_Q6_K) &&
              o->matmul(cx, &w, x, chunk, y)) ||
             o->sync(cx))
