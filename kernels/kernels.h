@@ -6,7 +6,8 @@
  * row-major [out][in] (GGUF ne = [in, out]) in their GGUF type (F32, F16,
  * BF16, Q8_0, and the quantized Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K:
  * quant.cuh), the GEMM path reading bf16 (a copy made at load for F16/Q8_0,
- * tiles dequantized before each GEMM for the others: compute_cuda_ops.c); KV
+ * tiles dequantized before each GEMM for Q4_0 .. Q5_1: compute_cuda_ops.c)
+ * except the K-quants', which is int8 (gemm_qmma.cu); KV
  * blocks are laid out as kv_types.h says. The same sources also build for
  * the CPU emulator (docs/emulation.md): launches and shared memory go
  * through kernel_util.cuh's macros. */
@@ -98,7 +99,7 @@ int kvd_k_to_bf16(uint16_t *dst, const void *src, int wtype, size_t n, kvd_strea
 /* n elements of GGUF type `wtype` → f32 (norm weights, freq factors). */
 int kvd_k_to_f32(float *dst, const void *src, int wtype, size_t n, kvd_stream stream);
 
-/* ---- projections of 1..8 tokens (gemv_fused.cu); more go through cuBLAS -- */
+/* ---- projections of 1..8 tokens (gemv_fused.cu); more: gemm_qmma.cu, cuBLAS */
 /* y[t][j] = sum_i W[j][i] * x[t][i] for t < n_tokens <= KVD_K_GEMV_MAX_TOKENS,
  * for up to three weights W (segments) of one type sharing x (row-major
  * f32 [n_tokens][in], 16-byte aligned): F32/F16/BF16 rows (16-byte aligned,
@@ -141,6 +142,19 @@ struct kvd_k_gemv {
 size_t kvd_k_gemv_act_bytes(int wtype, int n_tokens, int in);
 int kvd_k_gemv_ok(int wtype, const void *w, const float *x, int n_tokens, int in);
 int kvd_k_gemv_run(const struct kvd_k_gemv *g, kvd_stream stream);
+
+/* ---- projections of more than 8 tokens of the K-quants (gemm_qmma.cu) ---- */
+/* y [n_tokens][rows] = x [n_tokens][in] W^T for W [rows][in] of type Q4_K,
+ * Q5_K or Q6_K in the plane layout (in % 256 == 0; x and W 16-byte
+ * aligned): x quantized once to Q8_K into act (device scratch of
+ * kvd_k_qmma_act_bytes, 16-byte aligned), int8 mma.sync for the exact
+ * integer sub-block sums, the float part per super-block in the GEMV's
+ * order: every output equals the GEMV's (kvd_k_gemv_run) for the same row,
+ * bit for bit, whatever n_tokens (the cpu backend's too for Q4_K). */
+int kvd_k_qmma_ok(int wtype, const void *w, const float *x, int n_tokens, int in);
+size_t kvd_k_qmma_act_bytes(int wtype, int n_tokens, int in);
+int kvd_k_qmma(float *y, const void *w, int wtype, int rows, int in, const float *x, int n_tokens,
+               void *act, kvd_stream stream);
 
 /* Quantized matrices (Q4_0 .. Q6_K and Q8_0) [rows][ne0] in the plane
  * layout (planes.cuh: each field of every block in a run of its own, the
@@ -272,6 +286,11 @@ int kvd_k_spin(long long ns, kvd_stream stream);
  * same .trans, lane 8 m + i giving row i of matrix m. All device memory. */
 int kvd_k_mma_check(float *d, uint32_t *ldsm, const uint16_t *a, const uint16_t *b, const float *c,
                     const uint16_t *mats, int bf16, kvd_stream stream);
+/* The int8 mma (mma_check.cu): a [16][32], b [32][8] int8 row-major, c
+ * [16][8] int32; d [2][32][4]: each lane's D fragment of a * b + c by
+ * m16n8k32 (0) and by m16n8k16 on a's first 16 columns and b's first 16
+ * rows (1), the fragments built element by element from the PTX layout. */
+int kvd_k_mma_s8_check(int *d, const int8_t *a, const int8_t *b, const int *c, kvd_stream stream);
 
 #ifdef __cplusplus
 }

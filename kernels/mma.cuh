@@ -4,6 +4,8 @@
 // (kernels/emu/mma.cc, the same fragment layouts):
 //   kvd_mma16816<BF16>   mma.sync.aligned.m16n8k16.row.col, f16 or bf16 in,
 //                        f32 accumulators
+//   kvd_mma_s8<K>        mma.sync.aligned.m16n8k32 (K 32) or m16n8k16 (K 16)
+//                        .row.col.s32.s8.s8.s32: int8 in, exact s32 sums
 //   kvd_ldsm<N, TRANS>   ldmatrix.sync.aligned.m8n8.xN{.trans}.shared.b16
 //   kvd_cp_async<CAP>    cp.async.cg 16-byte global -> shared copies, grouped
 //   kvd_pack2<BF16>      two floats -> one register of 16-bit values
@@ -15,6 +17,14 @@
 //             a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]
 //   B 16x8:   b[0] = B[2t, 2t+1][g]     b[1] = B[2t+8, 2t+9][g]
 //   C/D 16x8: c[0], c[1] = C[g][2t, 2t+1]   c[2], c[3] = C[g+8][2t, 2t+1]
+// Fragments of mma.m16n8k32 / m16n8k16 with .s8 (PTX ISA, "Matrix
+// Fragments for mma.m16n8k32" and "... mma.m16n8k16 with integer type"),
+// each register four 8-bit elements, the lowest-numbered in the low byte:
+//   A 16x32:  a[0] = A[g][4t..4t+3]        a[1] = A[g+8][4t..4t+3]
+//             a[2] = A[g][16+4t..16+4t+3]  a[3] = A[g+8][16+4t..16+4t+3]
+//   B 32x8:   b[0] = B[4t..4t+3][g]        b[1] = B[16+4t..16+4t+3][g]
+//   k 16:     a[0], a[1] and b[0] only (A 16x16, B 16x8)
+//   C/D s32:  as the f32 C/D above.
 // ldmatrix: lane 8m + i gives the shared address of row i (16 bytes) of
 // matrix m; lane (g, t) receives in r[m] row g, columns 2t and 2t+1 of
 // matrix m, or with .trans column g, rows 2t and 2t+1.
@@ -125,6 +135,42 @@ static __device__ __forceinline__ void kvd_mma16816(float *d, const uint32_t *a,
                      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]),
                        "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#endif
+}
+
+// d = a * b + c for one m16n8k32 (K 32: a[0..3], b[0..1]) or m16n8k16
+// (K 16: a[0..1], b[0]) tile of int8 values with s32 accumulators, exact
+// (d may be c). Every lane of the warp must call it, at the same call site.
+template <int K>
+static __device__ __forceinline__ void kvd_mma_s8(int *d, const uint32_t *a, const uint32_t *b,
+                                                  const int *c KVD_MMA_SITE)
+{
+    static_assert(K == 32 || K == 16, "mma.sync with s8 inputs is m16n8k32 or m16n8k16");
+#ifdef KVD_CUDA_EMULATE
+    kvd_emu_mma_s8_lane l;
+    l.fn = K == 32 ? kvd_emu_mma_s8_k32 : kvd_emu_mma_s8_k16;
+    for (int i = 0; i < 4; i++) {
+        l.a[i] = i < K / 8 ? a[i] : 0u;
+        l.c[i] = c[i];
+        l.d[i] = 0;
+    }
+    l.b[0] = b[0];
+    l.b[1] = K == 32 ? b[1] : 0u;
+    kvd_emu_warp_collective(&l, site_file_, site_line_);
+    for (int i = 0; i < 4; i++)
+        d[i] = l.d[i];
+#else
+    if (K == 32)
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+                     : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(c[0]),
+                       "r"(c[1]), "r"(c[2]), "r"(c[3]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
+                     "{%4, %5}, {%6}, {%7, %8, %9, %10};\n"
+                     : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b[0]), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
 #endif
 }
 

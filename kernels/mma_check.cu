@@ -98,3 +98,39 @@ extern "C" int kvd_k_mma_check(float *d, uint32_t *ldsm, const uint16_t *a, cons
         KVD_LAUNCH(1, 32, 0, stream, mma_check_kernel<false>)(d, ldsm, a, b, c, mats);
     return kvd_launch_status();
 }
+
+// The int8 mma (m16n8k32, then m16n8k16 on the first 16 columns of A and
+// rows of B) with fragments built element by element from the PTX layout:
+// a [16][32], b [32][8] (int8), c [16][8]; d [2][32 lanes][4].
+__global__ void mma_s8_check_kernel(int *d, const int8_t *__restrict__ a,
+                                    const int8_t *__restrict__ b, const int *__restrict__ c)
+{
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    auto pack = [](const int8_t *p, int stride) {
+        uint32_t w = 0;
+        for (int i = 0; i < 4; i++)
+            w |= (uint32_t)(uint8_t)p[i * stride] << (8 * i);
+        return w;
+    };
+    uint32_t fa[4], fb[2];
+    int fc[4], fd[4];
+    for (int r = 0; r < 4; r++)
+        fa[r] = pack(a + (g + (r & 1) * 8) * 32 + 4 * t + (r >> 1) * 16, 1);
+    for (int r = 0; r < 2; r++)
+        fb[r] = pack(b + (4 * t + 16 * r) * 8 + g, 8);
+    for (int i = 0; i < 4; i++)
+        fc[i] = c[(g + (i >> 1) * 8) * 8 + 2 * t + (i & 1)];
+    kvd_mma_s8<32>(fd, fa, fb, fc);
+    for (int i = 0; i < 4; i++)
+        d[lane * 4 + i] = fd[i];
+    kvd_mma_s8<16>(fd, fa, fb, fc); // a[0], a[1]: columns 0..15; b[0]: rows 0..15
+    for (int i = 0; i < 4; i++)
+        d[128 + lane * 4 + i] = fd[i];
+}
+
+extern "C" int kvd_k_mma_s8_check(int *d, const int8_t *a, const int8_t *b, const int *c,
+                                  kvd_stream stream)
+{
+    KVD_LAUNCH(1, 32, 0, stream, mma_s8_check_kernel)(d, a, b, c);
+    return kvd_launch_status();
+}

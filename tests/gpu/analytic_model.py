@@ -285,13 +285,99 @@ def report_decode(title, ks, mix, t_launch, show):
     return t, roof, launches, per_layer
 
 
+# ---- the K-quants' int8 tensor-core GEMM (kernels/gemm_qmma.cu) -------------------------
+I8_PEAK = 2 * TC_PEAK  # int8 dense tensor-core OP/s (datasheet, 1979 TOPS); mma.sync
+                       # m16n8k32 .s8 is assumed to reach MMA_SYNC_FRAC of it, as bf16's does
+INT_LANES = 64       # 32-bit integer multiply-add / add lanes per clock per SM (sm_90)
+CVT_LANES = 16       # int32 -> f32 conversions per clock per SM (sm_90)
+FP_LANES = 128       # f32 FMA lanes per clock per SM
+ISSUE = 4            # warp instructions issued per clock per SM (4 schedulers)
+L1_BPC = 128         # bytes per clock per SM from L1 (the B fragments' loads)
+QMMA_LAT_FRAC = 0.85  # latency, tails and the activations' quantization launch (assumption)
+QMMA_REGS = {"q4_k": 140, "q6_k": 110}  # ptxas sm_90, qmma_kernel<T, 4 n-tiles>
+QMMA_WARPS = 4       # a block's warps over the same 16 rows, splitting the super-blocks
+
+
+def qmma_counts(wt, nti=4):
+    """Per warp, n-tile (8 tokens) and super-block (256 of k): int8 MACs and
+    warp instructions by pipe, counted from the kernel's code (the per
+    super-block work of the 16 weight rows shared by nti n-tiles)."""
+    if wt == "q6_k":
+        # 16 groups of 16: one m16n8k16 each, sc x d (an IMAD per C
+        # element), the -32 sc . S term: 2 m16n8k16 + 2 IMAD per element;
+        # per super-block: ql/qh nibble and bit assembly (3 LOP x 16 groups x
+        # 2 rows), scale bytes (2 x 16 x 2)
+        macs = 18 * 16 * 8 * 16
+        n_mma = 18
+        ints = 16 * 4 + 4 * 2 + (16 * 3 * 2 + 16 * 2 * 2) / nti + 4
+        cvt, fp = 4, 8
+        loads = 16 + 2 + 4 + (3 * 4 * 2 + 2) / nti
+        l1 = 16 * 128 + 2 * 128 + 4 * 128
+    else:
+        # 8 sub-blocks of 32: one m16n8k32 each, sc x d (IMAD per C element);
+        # mins . S: 2 m16n8k16 + an IMAD per element; per super-block: the
+        # nibbles (8 LOP per quarter), scale/min unpacking and bytes (~44)
+        macs = 8 * 16 * 8 * 32 + 2 * 16 * 8 * 16
+        n_mma = 10
+        ints = 8 * 4 + 4 + 2 + (4 * 8 + 44) / nti + 4
+        cvt, fp = 8, 16
+        loads = 8 + 1 + 4 + (2 + 8) / nti
+        l1 = 8 * 256 + 128 + 4 * 128
+    return macs, n_mma, ints, cvt, fp, loads, l1
+
+
+def qmma_eff(wt, nti=4):
+    """The GEMM's rate as a fraction of I8_PEAK: the slowest of its pipes
+    (tensor at mma.sync's rate, integer, conversion, f32, L1, issue) per
+    warp-tile, times QMMA_LAT_FRAC. Returns (eff, the bounding pipe)."""
+    macs, n_mma, ints, cvt, fp, loads, l1 = qmma_counts(wt, nti)
+    mac_clk = I8_PEAK / 2 / SMS / CLK  # int8 MACs per clock per SM at the dense peak
+    pipes = {"tensor": macs / (mac_clk * MMA_SYNC_FRAC), "int": ints / (INT_LANES / 32),
+             "cvt": cvt / (CVT_LANES / 32), "fp32": fp / (FP_LANES / 32), "L1": l1 / L1_BPC,
+             "issue": (n_mma + ints + cvt + fp + loads) / ISSUE}
+    bound = max(pipes, key=pipes.get)
+    return macs / mac_clk / pipes[bound] * QMMA_LAT_FRAC, bound
+
+
+def batch_projections(n, qmma):
+    """The projections of one decode step of n sequences (8 < n <= 32) of
+    the 8B shape in Q4_K_M, layers only. Before: 8-row GEMV launches, the
+    weights read ceil(n / 8) times (at the GEMV's efficiency, ~1). qmma: one
+    pass (a block covers 32 tokens), at the kernel's memory efficiency (L1
+    wavefronts of its 8-byte loads, Little's law at its registers with each
+    warp's super-block of 16 rows, 16 x 144 B, in flight) or its compute rate,
+    whichever is slower, plus a launch for each input's quantization."""
+    by = sum((2 * E * E + E * KD + 2 * E * F) * BYTES["q4_k"] +
+             (E * KD + F * E) * BYTES["q6_k" if more_bits(l) else "q4_k"] for l in range(L))
+    if not qmma:
+        return math.ceil(n / 8) * by / BW + L * 7 * math.ceil(n / 8) * T_LAUNCH
+    loads = [(lambda l: 128 * 16 * (l // 4) + 8 * (l % 4), 8)]  # 8 rows' qs, 32 B each
+    bpw = l1_bytes_per_wavefront(loads, 8)
+    grid = math.ceil(E / 16)  # blocks of 16 rows; the smallest matrix (q, o)
+    eff = min(1.0, l1_limit(bpw), occupancy_limit(QMMA_REGS["q4_k"], QMMA_WARPS, grid, 16 * 144))
+    flops = 2.0 * n * sum(2 * E * E + 2 * E * KD + 3 * E * F for _ in range(L))
+    t_fl = flops / (I8_PEAK * qmma_eff("q4_k")[0])
+    return max(by / (BW * eff), t_fl) + L * 7 * 2 * T_LAUNCH
+
+
+def q4km_share():
+    """The share of a Q4_K_M layer stack's projection FLOPs in Q6_K weights."""
+    q6 = tot = 0.0
+    for l in range(L):
+        q6 += (E * KD + F * E) if more_bits(l) else 0.0
+        tot += 2 * E * E + 2 * E * KD + 3 * E * F
+    return q6 / tot
+
+
 # ---- prefill --------------------------------------------------------------------------
-def prefill(title, chunk, attn_rate, dequant, total=2048, gemm_eff=None):
+def prefill(title, chunk, attn_rate, dequant, total=2048, gemm_eff=None, qmma=False):
     """A `total`-token prompt in chunks of `chunk` (the executor's step
     budget, 512 by default): the projections' GEMMs (cuBLAS bf16 at an
-    efficiency that grows with the chunk), the dequantized-tile pass per
-    chunk for quantized weights (read Q, write and read bf16), and causal
-    attention at attn_rate FLOP/s. Returns (seconds, FLOPs)."""
+    efficiency that grows with the chunk; qmma: Q4_K_M's K-quants on the
+    int8 tensor cores at qmma_eff, no tile), the dequantized-tile pass per
+    chunk for quantized weights through cuBLAS (read Q, write and read
+    bf16), and causal attention at attn_rate FLOP/s. Returns (seconds,
+    FLOPs)."""
     params = L * (2 * E * E + 2 * E * KD + 3 * E * F)
     if gemm_eff is None:
         gemm_eff = {512: 0.62, 1024: 0.68, 2048: 0.72}.get(chunk, 0.72)
@@ -300,7 +386,14 @@ def prefill(title, chunk, attn_rate, dequant, total=2048, gemm_eff=None):
     for c0 in range(0, total, chunk):
         fl_gemm = 2.0 * chunk * params
         fl_attn = sum(4.0 * H * D * (p + 1) for p in range(c0, c0 + chunk)) * L
-        t += fl_gemm / (TC_PEAK * gemm_eff) + fl_attn / attn_rate
+        if qmma:
+            s6 = q4km_share()
+            t += fl_gemm * ((1 - s6) / (I8_PEAK * qmma_eff("q4_k")[0]) +
+                            s6 / (I8_PEAK * qmma_eff("q6_k")[0]))
+            t += L * 7 * T_LAUNCH + L * 7 * chunk * E * 4 * 2 / BW  # quantize each input
+        else:
+            t += fl_gemm / (TC_PEAK * gemm_eff)
+        t += fl_attn / attn_rate
         if dequant:
             t += params * (BYTES["q4_k"] + 2.0) / BW  # tile written to L2/HBM once, read from L2
         t += L * 6 * T_LAUNCH + L * 8 * (chunk * E * 4 * 2) / BW  # norms, rope, kv etc.
@@ -332,15 +425,28 @@ def main():
     print("\nprefill of a 2048-token prompt, 8B shape (%% of the %.0f TFLOP/s bf16 peak)" % (TC_PEAK / 1e12))
     smem_rate = SMS * CLK * LDS_PER_CLK / 1.5 * 32 * 2  # fp32 FMAs fed by 1.5 LDS each
     fa2_rate = TC_PEAK * MMA_SYNC_FRAC * FA2_FRAC
-    for title, chunk, rate, dq in (("before, bf16, 512-token chunks", 512, smem_rate, False),
-                                   ("before, Q4_K_M, 512-token chunks", 512, smem_rate, True),
-                                   ("after, bf16, 512-token chunks", 512, fa2_rate, False),
-                                   ("after, Q4_K_M, 512-token chunks", 512, fa2_rate, True),
-                                   ("after, bf16, one 2048 chunk", 2048, fa2_rate, False),
-                                   ("after, Q4_K_M, one 2048 chunk", 2048, fa2_rate, True)):
-        t, fl = prefill(title, chunk, rate, dq)
+    for title, chunk, rate, dq, qm in (
+            ("before, bf16, 512-token chunks", 512, smem_rate, False, False),
+            ("before, Q4_K_M, 512-token chunks", 512, smem_rate, True, False),
+            ("after, bf16, 512-token chunks", 512, fa2_rate, False, False),
+            ("after, Q4_K_M (tile + cuBLAS), 512", 512, fa2_rate, True, False),
+            ("after, Q4_K_M (int8 mma), 512", 512, fa2_rate, False, True),
+            ("after, bf16, one 2048 chunk", 2048, fa2_rate, False, False),
+            ("after, Q4_K_M (tile + cuBLAS), 2048", 2048, fa2_rate, True, False),
+            ("after, Q4_K_M (int8 mma), 2048", 2048, fa2_rate, False, True)):
+        t, fl = prefill(title, chunk, rate, dq, qmma=qm)
         print("  %-36s %8.1f ms  %5.1f%% of peak  (attention at %.0f TFLOP/s)" % (
             title, t * 1e3, 100 * fl / t / TC_PEAK, rate / 1e12))
+    print("\nint8 tensor-core GEMM of the K-quants (gemm_qmma.cu), per warp, 8 tokens, super-block:")
+    for wt in ("q4_k", "q6_k"):
+        e, bound = qmma_eff(wt)
+        print("  %-5s %4.0f TOPS = %.2f of the int8 peak (%.2f of bf16's), bound by %s; %d registers"
+              % (wt, e * I8_PEAK / 1e12, e, 2 * e, bound, QMMA_REGS[wt]))
+    print("  Q6_K's share of Q4_K_M's projection FLOPs: %.2f" % q4km_share())
+    print("  projections of a Q4_K_M decode step of n sequences (layers): 8-row GEMVs -> int8 GEMM")
+    for n in (9, 16, 32):
+        print("    n %2d: %.2f ms -> %.2f ms" % (n, batch_projections(n, False) * 1e3,
+                                               batch_projections(n, True) * 1e3))
     t32, _ = prefill("32k", 512, smem_rate, False, total=32768)
     t32a, _ = prefill("32k", 512, fa2_rate, False, total=32768)
     print("  32k-token prompt, bf16, 512-token chunks: before %.1f s, after %.1f s to the first token" % (t32, t32a))

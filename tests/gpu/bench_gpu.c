@@ -3,14 +3,14 @@
  * launch cost of an empty kernel): decode steps of 8B- and 1B-shaped models
  * (random bf16 and Q4_K_M weights made on the device) against the HBM
  * roofline with each op's GPU time, the projections alone per weight type
- * and token count, paged decode and prefill attention, new KV blocks'
- * zero-fill, swaps, and CUDA graphs against eager steps. Prints a table last.
- *   bench_gpu [--only SECTION,...] [--small]
- * sections: copy launch decode8b decode1b gemv attn prefill zero swap
- * (copy always runs: it is every other section's ceiling); `--only ncu`
- * runs each kernel device_check.sh profiles once, and nothing else. --small shrinks
- * every shape so the whole program runs on the CPU emulator (a check that
- * the device run will run, not a measurement). Exits 77 without a GPU. */
+ * and token count (GB/s for 1-32 tokens; TOPS of a 16-512-token GEMM: the
+ * K-quants' int8 tensor-core kernel against bf16's cuBLAS), paged decode and prefill attention, new
+ * KV blocks' zero-fill, swaps, and CUDA graphs against eager steps. Prints a table last. bench_gpu
+ * [--only SECTION,...] [--small] sections: copy launch decode8b decode1b gemv attn prefill zero
+ * swap (copy always runs: it is every other section's ceiling); `--only ncu` runs each kernel
+ * device_check.sh profiles once, and nothing else. --small shrinks every shape so the whole program
+ * runs on the CPU emulator (a check that the device run will run, not a measurement). Exits 77
+ * without a GPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -427,6 +427,90 @@ static void gemv(struct backend *be, double bw)
     o->ctx_free(cx);
 }
 
+/* The projections of a prefill chunk and of large batches through the
+ * backend's matmul: the K-quants on the int8 tensor cores
+ * (kernels/gemm_qmma.cu, activation quantization included) and, rows
+ * "-tile", as before it (8-row GEMVs up to 32 tokens, dequantized tiles +
+ * cuBLAS above), bf16 through cuBLAS; TOPS against the dense int8 (bf16)
+ * peak. */
+static void qgemm(struct backend *be)
+{
+    static const enum ctype types[] = {CT_BF16, CT_Q4_K, CT_Q6_K, CT_Q4_K, CT_Q6_K};
+    static const uint32_t toks[] = {16, 64, 512};
+    const uint32_t in = g_small ? 512 : 4096, out = g_small ? 256 : 14336;
+    const double i8_peak = 1979e12, bf16_peak = 989e12; /* H100/H200 SXM datasheet, dense */
+    const struct compute_ops *o = be->compute;
+    struct compute_ctx *cx;
+    if (o->ctx_new(be, &(struct compute_conf){0}, &cx))
+        exit(1);
+    cudaStream_t st = cuda_backend_dev(be)->compute;
+    const uint32_t nmax = g_small ? 64 : 512;
+    float *x, *y;
+    BCK(cudaMalloc((void **)&x, (size_t)nmax * in * 4));
+    BCK(cudaMalloc((void **)&y, (size_t)nmax * out * 4));
+    BKCK(kvd_k_fill_uniform(x, KVD_K_F32, (size_t)nmax * in, 7, -1, 1, NULL));
+    cudaEvent_t e0, e1;
+    BCK(cudaEventCreate(&e0));
+    BCK(cudaEventCreate(&e1));
+    printf("\nprojection GEMM [%u x %u], TOPS (%% of dense int8 peak; bf16: of bf16 peak):\n%-10s",
+           out, in, "type");
+    for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++)
+        printf(" %13u", toks[k] > nmax ? nmax : toks[k]);
+    printf("\n");
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        struct ctensor w = {.type = types[ti], .ne0 = in, .ne1 = out};
+        w.nbytes = ctype_row_bytes(types[ti], in) * out;
+        if (o->buf_alloc(cx, o->weight_bytes(&w), &w.data))
+            exit(1);
+        if (ctype_is_quant(types[ti]))
+            BKCK(kvd_k_fill_qweight(w.data, (int)types[ti], w.nbytes / ctype_block_bytes(types[ti]),
+                                    11, NULL));
+        else
+            BKCK(kvd_k_fill_uniform(w.data, KVD_K_BF16, (size_t)in * out, 11, -0.03f, 0.03f, NULL));
+        BCK(cudaDeviceSynchronize());
+        if (cuda_compute_weight_prepare(cx, &w))
+            exit(1);
+        /* A stream operation between the repacking kernel and the first
+         * projection: the GEMV (8-row launches, the "-tile" rows) loads its
+         * first weights before its programmatic-dependent-launch wait. */
+        BCK(cudaMemsetAsync(y, 0, sizeof(float), st));
+        const bool tile = ti >= 3; /* the same types as before the int8 GEMM */
+        cuda_compute_set_qmma(cx, !tile);
+        const double peak = ctype_is_quant(types[ti]) ? i8_peak : bf16_peak;
+        char name[16];
+        snprintf(name, sizeof name, "%s%s", ctype_name(types[ti]), tile ? "-tile" : "");
+        printf("%-10s", name);
+        for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
+            const uint32_t n = toks[k] > nmax ? nmax : toks[k];
+            const int iters = g_small ? 1 : 10;
+            double t[16];
+            for (int i = 0; i < iters + 1; i++) {
+                float ms;
+                BCK(cudaEventRecord(e0, st));
+                if (o->matmul(cx, &w, x, n, y))
+                    exit(1);
+                BCK(cudaEventRecord(e1, st));
+                BCK(cudaEventSynchronize(e1));
+                BCK(cudaEventElapsedTime(&ms, e0, e1));
+                if (i >= 1)
+                    t[i - 1] = ms * 1e-3;
+            }
+            const double ops = 2.0 * in * out * n / median(t, iters);
+            printf(" %6.1f (%3.0f%%)", ops / 1e12, 100 * ops / peak);
+            char what[72], v[24], c[24];
+            snprintf(what, sizeof what, "projection GEMM %s, %u tokens (TOPS)", name, n);
+            row(what, fmt(v, "%.1f", ops / 1e12), fmt(c, "%.0f", peak / 1e12), 100 * ops / peak);
+        }
+        printf("\n");
+        o->buf_free(cx, w.data);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(x);
+    cudaFree(y);
+    o->ctx_free(cx);
+}
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
 static uint32_t gcd(uint32_t a, uint32_t b)
@@ -604,7 +688,8 @@ static void prefill(struct backend *be, double tc_peak)
 /* ---- one launch of each kernel of interest, for ncu ----------------------------------------- */
 
 /* What device_check.sh profiles with ncu (--only ncu, not in the default
- * run): each projection type at 1 and 8 tokens, decode attention at GQA 8
+ * run): each projection type at 1 and 8 tokens (and 512, the prefill
+ * chunk: the K-quants' int8 GEMM, bf16's cuBLAS), decode attention at GQA 8
  * batch 1 context 32k and GQA 4 batch 16 context 4k, one 512-row prefill
  * chunk at 31.5k: each op once, on the full shapes. */
 static void ncu_set(struct backend *be)
@@ -616,9 +701,10 @@ static void ncu_set(struct backend *be)
     if (o->ctx_new(be, &(struct compute_conf){0}, &cx))
         exit(1);
     float *x, *y;
-    BCK(cudaMalloc((void **)&x, (size_t)8 * in * 4));
-    BCK(cudaMalloc((void **)&y, (size_t)8 * out * 4));
-    BKCK(kvd_k_fill_uniform(x, KVD_K_F32, (size_t)8 * in, 7, -1, 1, NULL));
+    const uint32_t chunk = g_small ? 64 : 512;
+    BCK(cudaMalloc((void **)&x, (size_t)chunk * in * 4));
+    BCK(cudaMalloc((void **)&y, (size_t)chunk * out * 4));
+    BKCK(kvd_k_fill_uniform(x, KVD_K_F32, (size_t)chunk * in, 7, -1, 1, NULL));
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         struct ctensor w = {.type = types[ti], .ne0 = in, .ne1 = out};
         w.nbytes = ctype_row_bytes(types[ti], in) * out;
@@ -630,8 +716,14 @@ static void ncu_set(struct backend *be)
         else
             BKCK(kvd_k_fill_uniform(w.data, KVD_K_BF16, (size_t)in * out, 11, -0.03f, 0.03f, NULL));
         BCK(cudaDeviceSynchronize());
-        if (cuda_compute_weight_prepare(cx, &w) || o->matmul(cx, &w, x, 1, y) ||
-            o->matmul(cx, &w, x, 8, y) || o->sync(cx))
+        if (cuda_compute_weight_prepare(cx, &w))
+            exit(1);
+        /* as in qgemm: the GEMV's prologue must not overlap the repacking */
+        BCK(cudaMemsetAsync(y, 0, sizeof(float), cuda_backend_dev(be)->compute));
+        if (o->matmul(cx, &w, x, 1, y) || o->matmul(cx, &w, x, 8, y) ||
+            ((types[ti] == CT_BF16 || types[ti] == CT_Q4_K || types[ti] == CT_Q6_K) &&
+             o->matmul(cx, &w, x, chunk, y)) ||
+            o->sync(cx))
             exit(1);
         o->buf_free(cx, w.data);
     }
@@ -778,8 +870,10 @@ int main(int argc, char **argv)
     }
     if (want("decode1b"))
         decode1b(be, bw);
-    if (want("gemv"))
+    if (want("gemv")) {
         gemv(be, bw);
+        qgemm(be);
+    }
     if (want("attn"))
         attn(be, bw);
     if (want("prefill"))

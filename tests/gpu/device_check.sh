@@ -116,7 +116,7 @@ say "configured against $P"
 # ---- 3. build only what the check runs -------------------------------------
 # The gpu label's tests: the same cases CI runs on the emulator (test_emu and
 # the sm_86 rerun exist only in emulation builds).
-targets=(test_gpu_backend test_gpu_ops test_gpu_fused test_gpu_model test_gpu_serve kvd bench_gpu kvd-gguf-gen)
+targets=(test_gpu_backend test_gpu_ops test_gpu_fused test_gpu_qmma test_gpu_model test_gpu_serve kvd bench_gpu kvd-gguf-gen)
 say "build ${targets[*]} (-j$jobs)"
 cmake --build "$B" -j"$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1 ||
     { grep -E "error|Error" "$out/build.log" | head -40; exit 1; }
@@ -143,7 +143,8 @@ fi
 say "bench_gpu"
 bench_rc=0
 timeout 300 "$B/bin/bench_gpu" >"$out/bench.txt" 2>&1 || bench_rc=$?
-# One ncu pass over one launch of each projection type (1 and 8 tokens),
+# One ncu pass over one launch of each projection type (1 and 8 tokens; the
+# K-quants' int8 GEMM at 512),
 # decode attention and a prefill chunk (bench_gpu --only ncu): time, DRAM
 # bytes and throughput, occupancy, registers, load sectors per request. The
 # clocks are left as they are (--clock-control none).
@@ -154,7 +155,7 @@ if [ "${KVD_DC_NCU:-1}" = 1 ]; then
         say "ncu ($ncu_bin)"
         metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,smsp__inst_executed.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active
         timeout 180 "$ncu_bin" --clock-control none --csv --page raw --metrics "$metrics" \
-            -k 'regex:^(gemv|quant|attn|deq|to_bf16)' "$B/bin/bench_gpu" --only ncu \
+            -k 'regex:^(gemv|quant|qmma|attn|deq|to_bf16)' "$B/bin/bench_gpu" --only ncu \
             >"$out/ncu.csv" 2>"$out/ncu.log" || ncu_rc=$?
         python3 - "$out/ncu.csv" >"$out/ncu-summary.txt" 2>>"$out/ncu.log" <<'PY' || true
 import csv, sys

@@ -323,6 +323,77 @@ static void test_greedy_equal(void **state)
     }
 }
 
+/* A Q4_K_M model (Q4_K and Q6_K projections) prefilled from a 40-token
+ * prompt: the step's projections (40 rows) take the int8 tensor-core GEMM
+ * (kernels/gemm_qmma.cu) and no cuBLAS call; then NGEN decode steps fed
+ * the cpu's greedy tokens. Logits and tokens against the cpu backend's as
+ * compare_quant (Q6_K's float order is the GEMV's, not the cpu's). */
+#define LONG_P 40
+static void long_greedy(struct runner *r, const uint32_t *prompt, uint32_t (*out)[NGEN],
+                        uint32_t (*force)[NGEN], float *keep)
+{
+    uint32_t slots[BPS], pos = LONG_P, last = 0, pick = 0;
+    for (uint32_t i = 0; i < BPS; i++)
+        slots[i] = BPS - 1 - i;
+    float *logits = malloc((size_t)r->V * sizeof(float));
+    assert_non_null(logits);
+    for (uint32_t step = 0; step < NGEN; step++) {
+        struct sample_row row = {.top_p = 1.0f};
+        struct fwd_seq seq = {.tokens = step ? &last : prompt,
+                              .n_tokens = step ? 1 : LONG_P,
+                              .pos0 = step ? pos++ : 0,
+                              .slots = slots,
+                              .n_slots = BPS};
+        struct fwd_batch b = {.seqs = &seq,
+                              .n_seqs = 1,
+                              .kv_arena = r->arena,
+                              .geom = &r->g,
+                              .n_arena_slots = MAXS * BPS,
+                              .logits = logits,
+                              .sample = &row,
+                              .tokens = &pick};
+        if (model_forward(r->m, r->fc, &b))
+            fail_msg("model_forward on %s: %s", r->be->ops->name, fwd_ctx_errmsg(r->fc));
+        last = argmax(logits, r->V);
+        out[0][step] = last;
+        if (force)
+            last = force[0][step];
+        memcpy(keep + (size_t)step * MAXS * r->V, logits, r->V * sizeof(float));
+    }
+    free(logits);
+}
+
+static void test_long_prompt_qmma(void **state)
+{
+    const char *args = cases[6].args; /* q4_k_m */
+    char *path = ref_gen_model(args);
+    assert_non_null(path);
+    struct runner g, p;
+    runner_open(&g, cuda_be, path, cases[6].kvt);
+    runner_open(&p, cpu_be, path, cases[6].kvt);
+    uint32_t prompt[LONG_P], tg[MAXS][NGEN], tc[MAXS][NGEN];
+    rnd_seed(41);
+    for (uint32_t i = 0; i < LONG_P; i++)
+        prompt[i] = rnd_u32(g.V);
+    size_t nl = (size_t)NGEN * MAXS * g.V;
+    float *lg = calloc(nl, sizeof(float)), *lc = calloc(nl, sizeof(float));
+    assert_true(lg && lc);
+    gpu_emu_order_check(0); /* the kernel's order independence: test_gpu_qmma */
+    long_greedy(&p, prompt, tc, NULL, lc);
+    long_greedy(&g, prompt, tg, tc, lg);
+    gpu_emu_order_check(1);
+    struct cuda_compute_stats st;
+    cuda_compute_stats(g.m->cx, &st);
+    assert_int_equal(st.blas, 0);
+    compare_quant("40-token prompt", args, 1, g.V, tg, tc, lg, lc);
+    free(lg);
+    free(lc);
+    runner_close(&g);
+    runner_close(&p);
+    unlink(path);
+    free(path);
+}
+
 static void test_graph_replay(void **state)
 {
     char *path = ref_gen_model(cases[2].args);
@@ -708,11 +779,9 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        GPU_TEST(test_greedy_equal),
-        GPU_TEST(test_graph_replay),
-        GPU_TEST(test_graph_drop_on_free),
-        GPU_TEST(test_failed_step_syncs),
-        GPU_TEST(test_long_prompt_full_memory),
+        GPU_TEST(test_greedy_equal),       GPU_TEST(test_long_prompt_qmma),
+        GPU_TEST(test_graph_replay),       GPU_TEST(test_graph_drop_on_free),
+        GPU_TEST(test_failed_step_syncs),  GPU_TEST(test_long_prompt_full_memory),
         GPU_TEST(test_launches_per_layer),
     };
     if (getenv("KVD_TEST_FILTER")) /* e.g. KVD_TEST_FILTER='test_graph*' */

@@ -219,10 +219,12 @@ static void ref_double(enum ctype t, const void *w, const float *x, uint32_t in,
 }
 
 /* matmul of every type against the cpu backend's: up to 32 rows the
- * quantized GEMV (8 rows a launch; the cpu's arithmetic: only the float
- * additions' order differs, Q4_K not even that), above that the bf16 GEMM
- * over dequantized tiles (a small tile, so a matrix spans several), against
- * the exact product within bf16 rounding. */
+ * quantized GEMV (8 rows a launch; the K-quants past 8 rows the int8 GEMM,
+ * the GEMV's bits; the cpu's arithmetic: only the float additions' order
+ * differs, Q4_K not even that), above that the bf16 GEMM over dequantized
+ * tiles for the legacy types (a small tile, so a matrix spans several) and
+ * the int8 GEMM for the K-quants, against the exact product within bf16
+ * rounding. */
 static void test_quant_matmul(void **state)
 {
     rnd_seed(12);

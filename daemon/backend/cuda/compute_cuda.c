@@ -468,6 +468,11 @@ void cuda_compute_set_graphs(struct compute_ctx *cx, bool on)
     cx->graphs = on;
 }
 
+void cuda_compute_set_qmma(struct compute_ctx *cx, bool on)
+{
+    cx->no_qmma = !on;
+}
+
 void cuda_compute_set_tile_elems(struct compute_ctx *cx, size_t elems)
 {
     cx->tile_elems = elems ? elems : 1;
@@ -480,6 +485,7 @@ void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats 
     st->eager = cx->n_eager;
     st->dropped = cx->n_dropped;
     st->failed_syncs = cx->n_failed_syncs;
+    st->blas = cx->n_blas;
 }
 
 static const struct compute_ops cuda_compute_table = {

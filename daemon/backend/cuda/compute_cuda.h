@@ -16,8 +16,13 @@
  * were dropped because device memory was freed, and how many failed steps
  * ended with a wait for the compute stream. */
 void cuda_compute_set_graphs(struct compute_ctx *cx, bool on);
+/* For benchmarks: the K-quants' projections of more than 8 rows through the
+ * int8 tensor-core GEMM (on, the default) or, off, as before it: 8-row GEMV
+ * launches up to 32 rows, dequantized tiles + cuBLAS above. */
+void cuda_compute_set_qmma(struct compute_ctx *cx, bool on);
 struct cuda_compute_stats {
     uint64_t captures, replays, eager, dropped, failed_syncs;
+    uint64_t blas; /* cuBLAS GEMM calls, all steps */
 };
 void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats *st);
 /* For tests: the bf16 elements of one dequant tile of the quantized weights'

@@ -2,7 +2,9 @@
  * projections of one input (q, k, v), gate and up with SiLU, and a
  * projection with the residual add and RMSNorm after it, each one launch of
  * the fused GEMV (kernels/gemv_fused.cu) for up to 8 rows (up to 32 of a
- * quantized weight: a launch per 8; batch-invariant rows: 8 a launch); RoPE
+ * legacy quantized weight: a launch per 8; batch-invariant rows: 8 a launch;
+ * more rows of a K-quant: the int8 tensor-core GEMM, whose rows are the
+ * GEMV's, then the elementwise op); RoPE
  * of q and k with the KV write in one launch (kernels/rope_kv.cu). Shapes
  * the GEMV does not take (more rows, weights of different types) run as the
  * op chain each replaces. */
@@ -103,8 +105,13 @@ int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *c
                      const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
                      float *const *y)
 {
-    if (cuda_gemv_chunked(w[0], x, rows))
+    if (cuda_gemv_chunked(cx, w[0], x, rows))
         n_one = rows;
+    bool inv = true; /* every weight's rows batch-invariant through the qmma GEMM */
+    for (uint32_t i = 0; i < n; i++)
+        inv = inv && cuda_qmma_takes(cx, w[i], x, rows);
+    if (inv)
+        n_one = 0;
     if (one_call(rows, n_one))
         return matmul_n_rows(cx, n, w, bias, x, rows, y);
     float *yr[3];
@@ -124,8 +131,10 @@ int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
                           const struct ctensor *up, const float *x, uint32_t rows, uint32_t n_one,
                           float *out, float *tmp)
 {
-    if (cuda_gemv_chunked(gate, x, rows))
+    if (cuda_gemv_chunked(cx, gate, x, rows))
         n_one = rows;
+    if (cuda_qmma_takes(cx, gate, x, rows) && cuda_qmma_takes(cx, up, x, rows))
+        n_one = 0; /* batch-invariant rows (the GEMV's sums) */
     if (one_call(rows, n_one))
         return swiglu_rows(cx, gate, up, x, rows, out, tmp);
     int rc = 0;
@@ -141,8 +150,10 @@ int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, 
                                uint32_t rows, uint32_t n_one, float *x, const float *norm,
                                float eps, float *out)
 {
-    if (cuda_gemv_chunked(w, xin, rows))
+    if (cuda_gemv_chunked(cx, w, xin, rows))
         n_one = rows;
+    if (cuda_qmma_takes(cx, w, xin, rows))
+        n_one = 0; /* batch-invariant rows (the GEMV's sums) */
     if (one_call(rows, n_one))
         return add_rmsnorm_rows(cx, w, xin, rows, x, norm, eps, out);
     int rc = 0;

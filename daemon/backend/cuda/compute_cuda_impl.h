@@ -69,12 +69,14 @@ struct compute_ctx {
 
     /* CUDA graphs (decode steps). */
     bool graphs;                  /* enabled (KVD_CUDA_GRAPHS=0 turns them off) */
+    bool no_qmma;                 /* K-quants past 8 rows through the tile + cuBLAS (benchmarks) */
     bool capturing;               /* between step_begin and step_end of a capture */
     struct cuda_graph_entry *cur; /* the entry being captured */
     struct cuda_graph_entry graph[CUDA_GRAPH_SLOTS];
     uint64_t clock;
     uint64_t graph_frees; /* dev->frees when the graphs were last checked */
     uint64_t n_captures, n_replays, n_eager, n_dropped, n_failed_syncs;
+    uint64_t n_blas; /* cuBLAS GEMMs issued, all steps */
 
     /* Kernel launches: kvd_k_launches() at step_begin, cuBLAS calls issued
      * since (each counted as one launch), the step's key (decode-only or
@@ -123,7 +125,15 @@ int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float 
  * read), with the cpu's integer arithmetic (every row as in a one-row
  * call). Whether matmul takes that path for x and rows. */
 #define CUDA_GEMV_CHUNKED_ROWS 32
-bool cuda_gemv_chunked(const struct ctensor *w, const float *x, uint32_t rows);
+bool cuda_gemv_chunked(const struct compute_ctx *cx, const struct ctensor *w, const float *x,
+                       uint32_t rows);
+/* Whether matmul takes x . w^T for these rows (more than
+ * KVD_K_GEMV_MAX_TOKENS) through the K-quants' int8 tensor-core GEMM
+ * (kernels/gemm_qmma.cu), whose every row equals the GEMV's for that row
+ * alone: batch-invariant rows need no GEMV of their own. The GEMV chunks
+ * above are then for the legacy quantized types only. */
+bool cuda_qmma_takes(const struct compute_ctx *cx, const struct ctensor *w, const float *x,
+                     uint32_t rows);
 int cuda_op_matmul_inv(struct compute_ctx *cx, const struct ctensor *w, const float *x,
                        uint32_t rows, uint32_t n_one, float *y);
 int cuda_op_add_bias(struct compute_ctx *cx, float *y, const float *b, uint32_t rows, uint32_t n);

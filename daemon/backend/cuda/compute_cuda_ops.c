@@ -363,6 +363,7 @@ static int gemm_bf16(struct compute_ctx *cx, const uint16_t *wb, int in, int nr,
 {
     const float one = 1.0f, zero = 0.0f;
     cx->step_blas++;
+    cx->n_blas++;
     cublasStatus_t st = cublasGemmEx(cx->dev->blas, CUBLAS_OP_T, CUBLAS_OP_N, nr, n, in, &one, wb,
                                      CUDA_R_16BF, in, cx->xb, CUDA_R_16BF, in, &zero, y, CUDA_R_32F,
                                      ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
@@ -379,6 +380,8 @@ int cuda_op_matmul_inv(struct compute_ctx *cx, const struct ctensor *w, const fl
     int rc;
     if (n_one > rows)
         n_one = rows;
+    if (cuda_qmma_takes(cx, w, x, rows)) /* each row's sums are the GEMV's */
+        n_one = 0;
     if (n_one == rows && rows <= KVD_K_GEMV_MAX_TOKENS)
         return cuda_op_matmul(cx, w, x, rows, y);
     for (uint32_t r = 0; r < n_one; r += KVD_K_GEMV_MAX_TOKENS) {
@@ -391,11 +394,33 @@ int cuda_op_matmul_inv(struct compute_ctx *cx, const struct ctensor *w, const fl
     return 0;
 }
 
-bool cuda_gemv_chunked(const struct ctensor *w, const float *x, uint32_t rows)
+bool cuda_qmma_takes(const struct compute_ctx *cx, const struct ctensor *w, const float *x,
+                     uint32_t rows)
+{
+    return !cx->no_qmma && rows > KVD_K_GEMV_MAX_TOKENS && w->layout == CL_PLANES &&
+           kvd_k_qmma_ok((int)w->type, w->data, x, (int)rows, (int)w->ne0);
+}
+
+bool cuda_gemv_chunked(const struct compute_ctx *cx, const struct ctensor *w, const float *x,
+                       uint32_t rows)
 {
     return rows > KVD_K_GEMV_MAX_TOKENS && rows <= CUDA_GEMV_CHUNKED_ROWS &&
            ctype_is_quant(w->type) && w->layout == CL_PLANES && !weight_bf16(w) &&
+           !cuda_qmma_takes(cx, w, x, rows) &&
            kvd_k_gemv_ok((int)w->type, w->data, x, KVD_K_GEMV_MAX_TOKENS, (int)w->ne0);
+}
+
+/* The K-quants' int8 tensor-core GEMM (kernels/gemm_qmma.cu); the caller
+ * checked cuda_qmma_takes. */
+static int qmma(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
+                float *y)
+{
+    int rc = cuda_cx_need_act(cx, kvd_k_qmma_act_bytes((int)w->type, (int)rows, (int)w->ne0));
+    if (rc)
+        return rc;
+    return cuda_kstatus(kvd_k_qmma(y, w->data, (int)w->type, (int)w->ne1, (int)w->ne0, x, (int)rows,
+                                   cx->act, cx->stream),
+                        "qmma");
 }
 
 int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x, uint32_t rows,
@@ -420,7 +445,9 @@ int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float 
         const float *bs[1] = {NULL};
         return cuda_gemv(cx, 1, ws, bs, x, rows, ys, KVD_K_GEMV_STORE, NULL, 0, NULL);
     }
-    if (cuda_gemv_chunked(w, x, rows)) {
+    if (cuda_qmma_takes(cx, w, x, rows))
+        return qmma(cx, w, x, rows, y);
+    if (cuda_gemv_chunked(cx, w, x, rows)) {
         const struct ctensor *ws[1] = {w};
         const float *bs[1] = {NULL};
         for (uint32_t r = 0; r < rows; r += KVD_K_GEMV_MAX_TOKENS) {
@@ -435,6 +462,7 @@ int cuda_op_matmul(struct compute_ctx *cx, const struct ctensor *w, const float 
     if (w->type == CT_F32) {
         /* f32 weights keep f32 math (no TF32): the reference's numbers. */
         cx->step_blas++;
+        cx->n_blas++;
         st = cublasSgemm(cx->dev->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w->data, in, x,
                          in, &zero, y, out);
         return st == CUBLAS_STATUS_SUCCESS ? 0 : cublas_fail(st, "cublasSgemm");

@@ -62,6 +62,10 @@ static inline float4 make_float4(float x, float y, float z, float w)
 {
     return float4{x, y, z, w};
 }
+static inline uint2 make_uint2(unsigned x, unsigned y)
+{
+    return uint2{x, y};
+}
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
 {
     return uint4{x, y, z, w};

@@ -1,11 +1,13 @@
 // The warp-level matrix instructions of the emulation build (C++ only, used
 // through kernels/mma.cuh): mma.sync.aligned.m16n8k16 with f16 or bf16
-// inputs and f32 accumulators, and ldmatrix.sync.aligned.m8n8 (.x1, .x2,
+// inputs and f32 accumulators, mma.sync.aligned.m16n8k32 and m16n8k16 with
+// s8 inputs and s32 accumulators, and ldmatrix.sync.aligned.m8n8 (.x1, .x2,
 // .x4, with or without .trans). Each lane hands its registers to the
 // emulator in an argument block on its own stack; once all 32 lanes have
 // arrived at the same instruction, kernels/emu/mma.cc computes every lane's
 // result with PTX's fragment layouts (PTX ISA, "Matrix Fragments for
-// mma.m16n8k16 with floating point type" and "ldmatrix").
+// mma.m16n8k16 with floating point type", "... for mma.m16n8k32" and
+// "... for mma.m16n8k16 with integer type", and "ldmatrix").
 #ifndef KVD_EMU_SIMT_MMA_H
 #define KVD_EMU_SIMT_MMA_H
 
@@ -42,6 +44,17 @@ struct kvd_emu_mma_lane : kvd_emu_collective {
 };
 void kvd_emu_mma_f16(kvd_emu_collective *const *lanes);
 void kvd_emu_mma_bf16(kvd_emu_collective *const *lanes);
+
+// mma.m16n8k{32,16}.row.col.s32.s8.s8.s32: d = a * b + c, exact (the
+// products and sums of int8 values; s32 arithmetic wraps as the hardware's
+// does without .satfinite, which no kvd kernel comes near). k = 32: a[0..3],
+// b[0..1]; k = 16: a[0..1], b[0].
+struct kvd_emu_mma_s8_lane : kvd_emu_collective {
+    uint32_t a[4], b[2];
+    int32_t c[4], d[4];
+};
+void kvd_emu_mma_s8_k32(kvd_emu_collective *const *lanes);
+void kvd_emu_mma_s8_k16(kvd_emu_collective *const *lanes);
 
 // ldmatrix.m8n8.xN{.trans}.b16: lane 8 m + i supplies the address of row i
 // of matrix m (m < N) and has read its 16 bytes into `row` itself (so the
