@@ -255,6 +255,13 @@ uint32_t kvpages_free_pages(struct kvpages *pg, enum kvd_tier t)
     return n;
 }
 
+void kvpages_grow(struct kvpages *pg, enum kvd_tier t, uint32_t n)
+{
+    pthread_mutex_lock(&pg->mu);
+    pg->total[t] = n > UINT32_MAX - pg->total[t] ? UINT32_MAX : pg->total[t] + n;
+    pthread_mutex_unlock(&pg->mu);
+}
+
 int kvpages_take(struct kvpages *pg, enum kvd_tier t, uint32_t id, uint32_t n, bool quota)
 {
     int rc = 0;

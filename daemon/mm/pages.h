@@ -93,6 +93,9 @@ uint32_t kvpages_above_floor(struct kvpages *pg, uint32_t id);
 
 /* ---- pages --------------------------------------------------------------- */
 uint32_t kvpages_free_pages(struct kvpages *pg, enum kvd_tier t);
+/* Adds n pages to tier t's budget: for a budget sized from what the models
+ * need (no device-bytes), when a load finds it needs more than estimated. */
+void kvpages_grow(struct kvpages *pg, enum kvd_tier t, uint32_t n);
 /* A pool's even share of tier t: its pages over the pools attached. */
 uint32_t kvpages_share(struct kvpages *pg, enum kvd_tier t);
 /* Takes n pages of tier t for tenant id (KVPAGES_NONE: nobody's), checking

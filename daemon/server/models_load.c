@@ -356,6 +356,12 @@ static void scratch_measured(struct models *ms, struct models_entry *e, const st
         e->x_pages = want;
     } else if (want > e->x_pages) {
         uint32_t more = want - e->x_pages;
+        /* A budget sized from the models' needs (no device-bytes) grows by
+         * what the estimate missed: the KV keeps the blocks it was sized
+         * for (--device-blocks N holds N blocks). A budget given in bytes
+         * does not grow: the models' cached KV gives way instead. */
+        if (!ms->opts.device_bytes)
+            kvpages_grow(ms->pages, KVD_TIER_DEVICE, more);
         uint32_t free_now = kvpages_free_pages(ms->pages, KVD_TIER_DEVICE);
         if (free_now < more) /* the models' cached KV gives way (to the host tier) */
             kvpages_reclaim(ms->pages, NULL, KVD_TIER_DEVICE, KVPAGES_NONE, more - free_now);

@@ -166,6 +166,8 @@ static int generate(const char *sock, const uint32_t *p, size_t n)
     int rc = kvd_generate(c, p, n, &o, &r);
     if (rc == 0)
         kvd_gen_result_free(&r);
+    else
+        fprintf(stderr, "generate of %zu tokens: %s: %s\n", n, kvd_err_code(rc), c->errstr);
     kvd_close(c);
     return rc;
 }
