@@ -615,9 +615,14 @@ static int round_io(struct redisconn *rc, struct kvd_error *e)
         }
         if (k == 0)
             break;
+        /* Past the deadline, replies already in the socket are still read
+         * (a poll that does not wait): a thread kept from its core longer
+         * than the timeout (prefetch workers run niced) finds them there on
+         * waking. A server still sending then is read to the end of what is
+         * ready, up to a second timeout at most. */
         uint64_t t = now_ms();
         int wait = t >= deadline ? 0 : (int)(deadline - t);
-        int pr = wait ? poll(fds, (nfds_t)k, wait) : 0;
+        int pr = t < deadline + rc->timeout_ms ? poll(fds, (nfds_t)k, wait) : 0;
         if (pr < 0 && errno == EINTR)
             continue;
         if (pr < 0) {
