@@ -25,7 +25,7 @@ struct kvpages {
     struct kvpages_tenant *t; /* (n_t) */
     uint32_t n_t;
     struct kvpages_member *members;
-    uint32_t n_members;
+    uint32_t n_members, n_shared; /* all, and those in the even share */
     uint64_t stamp; /* of the latest kvpages_reclaim */
 };
 
@@ -322,6 +322,7 @@ void kvpages_attach(struct kvpages *pg, struct kvpages_member *m)
     m->next = pg->members;
     pg->members = m;
     pg->n_members++;
+    pg->n_shared += !m->unshared;
     pthread_mutex_unlock(&pg->mu);
 }
 
@@ -332,6 +333,7 @@ void kvpages_detach(struct kvpages *pg, struct kvpages_member *m)
         if (*pp == m) {
             *pp = m->next;
             pg->n_members--;
+            pg->n_shared -= !m->unshared;
             break;
         }
     while (m->busy) /* a reclaim in another thread is inside m */
@@ -401,7 +403,7 @@ uint32_t kvpages_reclaim_own(struct kvpages *pg, struct kvpages_member *self, en
 uint32_t kvpages_share(struct kvpages *pg, enum kvd_tier t)
 {
     pthread_mutex_lock(&pg->mu);
-    uint32_t n = pg->total[t] / (pg->n_members ? pg->n_members : 1);
+    uint32_t n = pg->total[t] / (pg->n_shared ? pg->n_shared : 1);
     pthread_mutex_unlock(&pg->mu);
     return n;
 }
