@@ -31,9 +31,9 @@ struct draft {
     struct draft_conf conf; /* its paths not kept */
     struct model *m;        /* owned when own_m; else another model's, borrowed */
     bool own_m;
-    struct kvmm *mm;    /* owned: the draft's KV */
-    struct fwd_ctx *fc; /* owned */
-    uint32_t tenant;    /* the draft kvmm's one tenant */
+    struct kvmm *mm;            /* owned: the draft's KV */
+    struct fwd_ctx *fc;         /* owned */
+    uint32_t tenant;            /* the draft kvmm's one tenant */
     uint32_t n_blocks, n_slots; /* the most blocks; the arena's slot indices */
     uint32_t step_tokens, max_seqs;
     struct draft_seq *seqs; /* [n_seqs], cap_seqs */
@@ -168,8 +168,7 @@ size_t draft_block_bytes(const struct draft *d)
     return kv_block_bytes(&g);
 }
 
-int draft_kv_open(struct draft *d, struct kvpages *pages, size_t kv_bytes,
-                  struct kvd_error *err)
+int draft_kv_open(struct draft *d, struct kvpages *pages, size_t kv_bytes, struct kvd_error *err)
 {
     static const char nomem[] = "out of memory for the draft model's KV";
     int rc;

@@ -4,15 +4,15 @@
  * of the daemon, [model:NAME] draft = OTHER), and everything its KV needs,
  * in this one module: its own kvmm (the draft's geometry, its pages taken
  * from the daemon's page budget up to a cap models_budget.c sets), its
- * forward scratch,
- * and one draft sequence per request that drafts. The target's executor
- * owns it (exec_conf.draft), so it goes when that executor does. Each step
- * the executor asks for drafts (draft_propose): every request's draft
- * sequence is brought up to the request's tokens (a catch-up chunk, cache
- * matches first), then the draft model decodes greedily, the requests
- * batched, up to k tokens each. Its KV is its own business: nothing the
- * target computes or caches depends on it. Executor thread only (the draft
- * kvmm's lock is taken inside). */
+ * forward scratch, and one draft sequence per request that drafts. The
+ * target's executor owns it (exec_conf.draft), so it goes when that
+ * executor does. Each step the executor asks for drafts (draft_propose):
+ * every request's draft sequence is brought up to the request's tokens (a
+ * catch-up chunk, cache matches first), then the draft model decodes
+ * greedily, the requests batched, up to k tokens each. Its KV is its own
+ * business: nothing the target computes or caches depends on it. Executor
+ * thread only, but for draft_kv_device_bytes (the draft kvmm's lock is
+ * taken inside). */
 #ifndef KVD_DRAFT_H
 #define KVD_DRAFT_H
 
@@ -70,8 +70,7 @@ int draft_open(const struct draft_conf *c, struct draft **out, struct kvd_error 
  * reservation), and give them back as they empty; no host tier, out of the
  * models' even share, its one tenant DRAFT_TENANT. Without: a budget of
  * its own of kv_bytes (at least one block of the draft's geometry). */
-int draft_kv_open(struct draft *d, struct kvpages *pages, size_t kv_bytes,
-                  struct kvd_error *err);
+int draft_kv_open(struct draft *d, struct kvpages *pages, size_t kv_bytes, struct kvd_error *err);
 /* Bytes of the device pages its KV holds now (any thread: taken under the
  * draft kvmm's lock). */
 uint64_t draft_kv_device_bytes(struct draft *d);

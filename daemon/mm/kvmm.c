@@ -78,11 +78,10 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
         err = KVD_EINTERNAL;
         goto out_radix;
     }
-    mm->member =
-        (struct kvpages_member){.reclaim = mm_reclaim,
-                                .reclaim_own = mm_reclaim_own,
-                                .ctx = mm,
-                                .unshared = cfg->pages && cfg->unshared};
+    mm->member = (struct kvpages_member){.reclaim = mm_reclaim,
+                                         .reclaim_own = mm_reclaim_own,
+                                         .ctx = mm,
+                                         .unshared = cfg->pages && cfg->unshared};
     kvpages_attach(mm->pool.budget, &mm->member);
     *out = mm;
     return 0;

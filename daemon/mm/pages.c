@@ -26,7 +26,7 @@ struct kvpages {
     uint32_t n_t;
     struct kvpages_member *members;
     uint32_t n_members, n_shared; /* all, and those in the even share */
-    uint64_t stamp; /* of the latest kvpages_reclaim */
+    uint64_t stamp;               /* of the latest kvpages_reclaim */
 };
 
 static uint64_t granularity(struct backend *be, enum kvd_tier t)

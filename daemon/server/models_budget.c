@@ -217,6 +217,12 @@ int mload_budget(struct models *ms, struct kvd_error *err)
              * same pages): at least one page that holds a block. */
             uint64_t least = round_up(kv_block_bytes(&dg), page);
             e->draft_kv_bytes = dbytes > least ? dbytes : least;
+            /* A budget sized here (no --device-bytes) holds the models'
+             * KV and, per draft, that first page more: where the model's
+             * KV is a page or two (a small budget cut into whole-block
+             * pages), its pool would otherwise leave the draft none. */
+            if (!o->device_bytes)
+                kv_sum += least;
         }
         /* weights counted once: a named draft's are its own model's */
         fixed += round_up(e->weight_device, page) + round_up(mload_extra_bytes(e), page);
