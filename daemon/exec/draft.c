@@ -6,6 +6,7 @@
  * drafts is dropped the same way the target drops its own (truncation). */
 #include "draft.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "kvd/protocol.h"
 #include "kvmm.h"
 #include "log.h"
+#include "pages.h"
 #include "spec.h"
 
 #define DRAFT_MAX_JOBS 64 /* requests drafting in one step, at most */
@@ -29,10 +31,11 @@ struct draft {
     struct draft_conf conf; /* its paths not kept */
     struct model *m;        /* owned when own_m; else another model's, borrowed */
     bool own_m;
-    struct kvmm *mm;    /* owned: the draft's KV */
-    struct fwd_ctx *fc; /* owned */
-    uint32_t tenant;    /* the draft kvmm's one tenant */
-    uint32_t n_blocks, step_tokens, max_seqs;
+    struct kvmm *mm;            /* owned: the draft's KV */
+    struct fwd_ctx *fc;         /* owned */
+    uint32_t tenant;            /* the draft kvmm's one tenant */
+    uint32_t n_blocks, n_slots; /* the most blocks; the arena's slot indices */
+    uint32_t step_tokens, max_seqs;
     struct draft_seq *seqs; /* [n_seqs], cap_seqs */
     uint32_t n_seqs, cap_seqs;
     /* one forward's scratch, [max_seqs] each */
@@ -165,31 +168,48 @@ size_t draft_block_bytes(const struct draft *d)
     return kv_block_bytes(&g);
 }
 
-int draft_kv_open(struct draft *d, size_t kv_bytes, struct kvd_error *err)
+int draft_kv_open(struct draft *d, struct kvpages *pages, size_t kv_bytes, struct kvd_error *err)
 {
     static const char nomem[] = "out of memory for the draft model's KV";
     int rc;
-    struct kvmm_config kc = {.be = d->conf.be};
+    struct kvmm_config kc = {.be = d->conf.be,
+                             .pages = pages,
+                             .max_device_bytes = kv_bytes,
+                             .no_host = true,
+                             .unshared = true};
     model_kv_geom(d->m, d->conf.block_tokens, d->conf.dtype, &kc.geom);
     size_t bb = kv_block_bytes(&kc.geom);
-    uint64_t nb = kv_bytes / bb;
-    if (nb < 1)
-        return kvd_error_set(err, KVD_EBADREQ,
-                             "the draft model: its KV share (%zu bytes) is less than one %zu-byte "
-                             "block",
-                             kv_bytes, bb);
-    kc.n_device_blocks = nb > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)nb;
+    if (!pages) {
+        uint64_t nb = kv_bytes / bb;
+        if (nb < 1)
+            return kvd_error_set(err, KVD_EBADREQ,
+                                 "the draft model: its KV share (%zu bytes) is less than one "
+                                 "%zu-byte block",
+                                 kv_bytes, bb);
+        kc.n_device_blocks = nb > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)nb;
+    }
     memcpy(kc.fingerprint, model_hparams(d->m)->fingerprint, sizeof kc.fingerprint);
-    if ((rc = kvmm_new(&kc, &d->mm)))
+    if ((rc = kvmm_new(&kc, &d->mm))) {
+        if (pages)
+            return kvd_error_set(err, rc,
+                                 "the draft model: cannot create its KV memory (%zu-byte blocks "
+                                 "in pages of %" PRIu64 " bytes, up to %zu bytes of them)",
+                                 bb, kvpages_page_bytes(pages, KVD_TIER_DEVICE), kv_bytes);
         return kvd_error_set(
             err, rc, "the draft model: cannot create its KV memory (%u blocks of %zu bytes)",
             kc.n_device_blocks, bb);
-    d->n_blocks = kc.n_device_blocks;
+    }
+    struct kvmm_stats ks;
+    kvmm_lock(d->mm);
+    kvmm_stats(d->mm, &ks);
+    kvmm_unlock(d->mm);
+    d->n_blocks = ks.device_total;
+    d->n_slots = kvmm_device_slots(d->mm);
     struct kvmm_tenant_conf tc = {.max_device_blocks = KVMM_UNLIMITED,
                                   .max_host_blocks = KVMM_UNLIMITED,
                                   .max_seqs = KVMM_UNLIMITED,
                                   .weight = 1};
-    snprintf(tc.name, sizeof tc.name, "draft");
+    snprintf(tc.name, sizeof tc.name, "%s", DRAFT_TENANT);
     kvmm_lock(d->mm);
     rc = kvmm_tenant_set(d->mm, &tc, &d->tenant);
     kvmm_unlock(d->mm);
@@ -246,6 +266,16 @@ size_t draft_scratch_bytes(const struct draft *d)
 uint32_t draft_kv_blocks(const struct draft *d)
 {
     return d->n_blocks;
+}
+
+uint64_t draft_kv_device_bytes(struct draft *d)
+{
+    if (!d->mm)
+        return 0;
+    kvmm_lock(d->mm);
+    uint64_t b = kvmm_device_bytes(d->mm);
+    kvmm_unlock(d->mm);
+    return b;
 }
 
 /* ---- sequences (draft kvmm lock held) --------------------------------------- */
@@ -392,7 +422,7 @@ static uint32_t run_step(struct draft *d, struct draft_job *jobs, uint32_t n, si
                           .n_seqs = ne,
                           .kv_arena = kvmm_device_arena(d->mm),
                           .geom = kvmm_geom(d->mm),
-                          .n_arena_slots = d->n_blocks,
+                          .n_arena_slots = d->n_slots,
                           .sample = d->rows,
                           .tokens = d->picks};
     int rc = model_forward(d->m, d->fc, &b);

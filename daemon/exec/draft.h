@@ -2,16 +2,17 @@
  * small GGUF with the served model's vocabulary on the same backend (its
  * weights loaded here from --draft-model, or borrowed from another model
  * of the daemon, [model:NAME] draft = OTHER), and everything its KV needs,
- * in this one module: its own kvmm (the draft's geometry, an arena whose
- * size models_load.c cuts from the target model's), its forward scratch,
- * and one draft sequence per request that drafts. The target's executor
- * owns it (exec_conf.draft), so it goes when that executor does. Each step
- * the executor asks for drafts (draft_propose): every request's draft
- * sequence is brought up to the request's tokens (a catch-up chunk, cache
- * matches first), then the draft model decodes greedily, the requests
- * batched, up to k tokens each. Its KV is its own business: nothing the
- * target computes or caches depends on it. Executor thread only (the draft
- * kvmm's lock is taken inside). */
+ * in this one module: its own kvmm (the draft's geometry, its pages taken
+ * from the daemon's page budget up to a cap models_budget.c sets), its
+ * forward scratch, and one draft sequence per request that drafts. The
+ * target's executor owns it (exec_conf.draft), so it goes when that
+ * executor does. Each step the executor asks for drafts (draft_propose):
+ * every request's draft sequence is brought up to the request's tokens (a
+ * catch-up chunk, cache matches first), then the draft model decodes
+ * greedily, the requests batched, up to k tokens each. Its KV is its own
+ * business: nothing the target computes or caches depends on it. Executor
+ * thread only, but for draft_kv_device_bytes (the draft kvmm's lock is
+ * taken inside). */
 #ifndef KVD_DRAFT_H
 #define KVD_DRAFT_H
 
@@ -22,6 +23,8 @@
 #include "kv_types.h"
 #include "kvd/status.h"
 #include "model.h"
+
+struct kvpages;
 
 struct draft_conf {
     const char *path;        /* the draft GGUF */
@@ -55,9 +58,22 @@ int draft_check_vocab(const char *target_path, uint32_t target_vocab, const char
  * vocabulary is the target's (draft_check_vocab). Errors as model_load,
  * KVD_EBADREQ and KVD_ENOMEM. Its KV comes next (draft_kv_open). */
 int draft_open(const struct draft_conf *c, struct draft **out, struct kvd_error *err);
-/* The draft's KV memory manager, kv_bytes of device arena (at least one
- * block of the draft's geometry), and its forward scratch. */
-int draft_kv_open(struct draft *d, size_t kv_bytes, struct kvd_error *err);
+/* The budget tenant the drafts' KV pages are counted under: '<' and '>'
+ * are in no tenant's name (a configured or sub-tenant name is letters,
+ * digits, '-', '_', '.' and '/'; a uid's is "uid:N"), so no tenant's quota,
+ * floor or use is ever mixed with the drafts'. */
+#define DRAFT_TENANT "<draft>"
+
+/* The draft's KV memory manager and its forward scratch. With pages (the
+ * daemon's page budget, pages.h): its blocks take pages of the budget as
+ * they need them, up to kv_bytes of them (0: no cap; a cap, not a
+ * reservation), and give them back as they empty; no host tier, out of the
+ * models' even share, its one tenant DRAFT_TENANT. Without: a budget of
+ * its own of kv_bytes (at least one block of the draft's geometry). */
+int draft_kv_open(struct draft *d, struct kvpages *pages, size_t kv_bytes, struct kvd_error *err);
+/* Bytes of the device pages its KV holds now (any thread: taken under the
+ * draft kvmm's lock). */
+uint64_t draft_kv_device_bytes(struct draft *d);
 /* Bytes of one KV block of the draft's geometry. */
 size_t draft_block_bytes(const struct draft *d);
 /* Its sequences, KV, scratch, and the weights when they are its own. */
@@ -65,7 +81,7 @@ void draft_free(struct draft *d);
 const struct model_hparams *draft_hparams(const struct draft *d);
 /* The device bytes of its forward scratch, as allocated. */
 size_t draft_scratch_bytes(const struct draft *d);
-/* Blocks of the draft's arena and tokens per block (for the log). */
+/* The most blocks its KV may hold (for the log). */
 uint32_t draft_kv_blocks(const struct draft *d);
 
 struct draft_job {

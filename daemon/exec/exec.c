@@ -1195,11 +1195,7 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
             want.head_dim);
         goto fail;
     }
-    struct kvmm_stats kst;
-    kvmm_lock(mm);
-    kvmm_stats(mm, &kst);
-    kvmm_unlock(mm);
-    ex->n_arena_slots = kst.device_total;
+    ex->n_arena_slots = kvmm_device_slots(mm);
 
     struct sched_conf sc = {
         .step_tokens = ex->conf.step_tokens,
@@ -1330,6 +1326,11 @@ bool exec_has_draft(const struct exec *ex)
 size_t exec_scratch_bytes(const struct exec *ex)
 {
     return fwd_ctx_dev_bytes(ex->fc) + (ex->conf.draft ? draft_scratch_bytes(ex->conf.draft) : 0);
+}
+
+uint64_t exec_draft_kv_bytes(const struct exec *ex)
+{
+    return ex->conf.draft ? draft_kv_device_bytes(ex->conf.draft) : 0;
 }
 
 uint64_t exec_next_serial(struct exec *ex)

@@ -115,6 +115,9 @@ bool exec_has_draft(const struct exec *ex);
 /* The device bytes its forward scratch holds, as allocated (and its
  * draft's): fwd_ctx_dev_bytes. */
 size_t exec_scratch_bytes(const struct exec *ex);
+/* Bytes of the device pages its draft's KV holds now (0: no draft). Any
+ * thread that keeps the executor alive. */
+uint64_t exec_draft_kv_bytes(const struct exec *ex);
 /* exec_conf's text (NULL when none was given). */
 const struct text *exec_text(const struct exec *ex);
 /* A fresh serial for a request about to be submitted (any thread); its kvmm

@@ -54,7 +54,8 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
         goto out_free;
     }
     if (cfg->pages) {
-        uint64_t cap[POOL_TIERS] = {cfg->max_device_bytes, cfg->max_host_bytes};
+        uint64_t cap[POOL_TIERS] = {cfg->max_device_bytes,
+                                    cfg->no_host ? POOL_TIER_OFF : cfg->max_host_bytes};
         err = pool_init_budget(&mm->pool, cfg->pages, mm->block_bytes, cap);
     } else {
         err = pool_init(&mm->pool, cfg->be, mm->block_bytes, cfg->n_device_blocks,
@@ -77,8 +78,10 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
         err = KVD_EINTERNAL;
         goto out_radix;
     }
-    mm->member =
-        (struct kvpages_member){.reclaim = mm_reclaim, .reclaim_own = mm_reclaim_own, .ctx = mm};
+    mm->member = (struct kvpages_member){.reclaim = mm_reclaim,
+                                         .reclaim_own = mm_reclaim_own,
+                                         .ctx = mm,
+                                         .unshared = cfg->pages && cfg->unshared};
     kvpages_attach(mm->pool.budget, &mm->member);
     *out = mm;
     return 0;

@@ -104,6 +104,15 @@ struct kvmm_config {
      * n_device_blocks and n_host_blocks blocks, one block per page. */
     struct kvpages *pages;
     uint64_t max_device_bytes, max_host_bytes;
+    /* With pages: the pool takes no host page at all (evicted blocks are
+     * dropped), where max_host_bytes 0 would let it take the whole host
+     * budget. */
+    bool no_host;
+    /* With pages: the pool stays out of the budget's even share
+     * (kvpages_share), so the pools of the models keep theirs, and it
+     * evicts its own cache before it asks the others for theirs (a
+     * model's draft). */
+    bool unshared;
     uint32_t n_device_blocks;
     uint32_t n_host_blocks; /* 0: no host tier (evicted blocks are dropped) */
     struct backend *be;     /* not owned */
@@ -148,6 +157,10 @@ int kvmm_device_attach(struct kvmm *mm);
 bool kvmm_device_attached(const struct kvmm *mm);
 /* Bytes of the device pages the pool holds now (its spares included). */
 uint64_t kvmm_device_bytes(const struct kvmm *mm);
+/* Slot indices of the device arena (kvmm_device_arena): every slot a block
+ * table holds is below it. More than kvmm_stats' device_total where blocks
+ * do not tile the pages (a slot across two pages is never used). */
+uint32_t kvmm_device_slots(const struct kvmm *mm);
 /* The model's fingerprint, known once it has loaded: the root of every
  * block key from now on. A fingerprint other than the one the blocks were
  * made under (the model's file changed while it was unloaded) first empties

@@ -76,6 +76,11 @@ uint64_t kvmm_device_bytes(const struct kvmm *mm)
     return (uint64_t)mm->pool.n_mapped[KVD_TIER_DEVICE] * mm->pool.page_bytes[KVD_TIER_DEVICE];
 }
 
+uint32_t kvmm_device_slots(const struct kvmm *mm)
+{
+    return mm->pool.n_slots[KVD_TIER_DEVICE];
+}
+
 bool kvmm_set_fingerprint(struct kvmm *mm, const uint8_t fingerprint[16], size_t *cleared)
 {
     MM_ASSERT_LOCKED(mm);

@@ -330,8 +330,10 @@ static int room(struct kvmm *mm, enum kvd_tier t, const struct mm_need *need, si
         uint64_t have = pages_obtainable(mm, t, asker, allowed);
         /* A pool holding less than its even share of the budget asks the
          * others for their cache before it evicts its own: the pools of
-         * several models share the budget, not only what is free. */
-        bool below = (uint64_t)p->n_mapped[t] * k < kvpages_share(p->budget, t);
+         * several models share the budget, not only what is free. A pool
+         * out of the share (a draft's) has none: its own cache goes first. */
+        bool below =
+            !mm->member.unshared && (uint64_t)p->n_mapped[t] * k < kvpages_share(p->budget, t);
         if (have < short_pages || (below && kvpages_free_pages(p->budget, t) < short_pages * k)) {
             uint32_t bt = asker < mm->tt.n ? mm->tt.v[asker].bt : KVPAGES_NONE;
             uint64_t ask = (have < short_pages ? short_pages - have : short_pages) * k;

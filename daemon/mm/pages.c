@@ -25,8 +25,8 @@ struct kvpages {
     struct kvpages_tenant *t; /* (n_t) */
     uint32_t n_t;
     struct kvpages_member *members;
-    uint32_t n_members;
-    uint64_t stamp; /* of the latest kvpages_reclaim */
+    uint32_t n_members, n_shared; /* all, and those in the even share */
+    uint64_t stamp;               /* of the latest kvpages_reclaim */
 };
 
 static uint64_t granularity(struct backend *be, enum kvd_tier t)
@@ -329,6 +329,7 @@ void kvpages_attach(struct kvpages *pg, struct kvpages_member *m)
     m->next = pg->members;
     pg->members = m;
     pg->n_members++;
+    pg->n_shared += !m->unshared;
     pthread_mutex_unlock(&pg->mu);
 }
 
@@ -339,6 +340,7 @@ void kvpages_detach(struct kvpages *pg, struct kvpages_member *m)
         if (*pp == m) {
             *pp = m->next;
             pg->n_members--;
+            pg->n_shared -= !m->unshared;
             break;
         }
     while (m->busy) /* a reclaim in another thread is inside m */
@@ -408,7 +410,7 @@ uint32_t kvpages_reclaim_own(struct kvpages *pg, struct kvpages_member *self, en
 uint32_t kvpages_share(struct kvpages *pg, enum kvd_tier t)
 {
     pthread_mutex_lock(&pg->mu);
-    uint32_t n = pg->total[t] / (pg->n_members ? pg->n_members : 1);
+    uint32_t n = pg->total[t] / (pg->n_shared ? pg->n_shared : 1);
     pthread_mutex_unlock(&pg->mu);
     return n;
 }

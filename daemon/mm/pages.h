@@ -96,7 +96,8 @@ uint32_t kvpages_free_pages(struct kvpages *pg, enum kvd_tier t);
 /* Adds n pages to tier t's budget: for a budget sized from what the models
  * need (no device-bytes), when a load finds it needs more than estimated. */
 void kvpages_grow(struct kvpages *pg, enum kvd_tier t, uint32_t n);
-/* A pool's even share of tier t: its pages over the pools attached. */
+/* A pool's even share of tier t: its pages over the pools attached (those
+ * attached unshared not counted). */
 uint32_t kvpages_share(struct kvpages *pg, enum kvd_tier t);
 /* Takes n pages of tier t for tenant id (KVPAGES_NONE: nobody's), checking
  * its byte quota when quota: 0, KVD_EQUOTA or KVD_ENOMEM (the budget has
@@ -122,6 +123,9 @@ struct kvpages_member {
      * never asked. */
     uint32_t (*reclaim_own)(void *ctx, enum kvd_tier t, uint32_t tenant, uint32_t n);
     void *ctx;
+    /* Left out of the even share (kvpages_share): a pool that serves
+     * another (a model's draft) and must not shrink the models' shares. */
+    bool unshared;
     /* the budget's */
     struct kvpages_member *next;
     uint32_t busy;  /* reclaims in progress (detach waits for 0) */

@@ -113,8 +113,8 @@ static int tier_init(struct pool *p, int t, uint64_t max_bytes)
     struct backend *be = p->be;
     uint64_t P = kvpages_page_bytes(p->budget, (enum kvd_tier)t), B = p->block_bytes;
     uint32_t total = kvpages_total(p->budget, (enum kvd_tier)t);
-    if (total == 0 || P == 0)
-        return 0;
+    if (total == 0 || P == 0 || max_bytes == POOL_TIER_OFF)
+        return 0; /* no slots on this tier */
     /* A pool page: the fewest k budget pages that hold within 1/32 of
      * the most blocks in all any k holds (blocks that would straddle two
      * pool pages are never used). Where blocks tile a page exactly

@@ -137,9 +137,10 @@ struct pool {
 };
 
 /* A pool on budget (shared, not owned) for blocks of block_bytes: it may
- * take every page of the budget, or max_bytes[t] of tier t (0: no cap).
- * A tier with no budget has no slots. 0, KVD_EBADREQ (a block larger than
- * the budget allows) or KVD_ENOMEM. */
+ * take every page of the budget, or max_bytes[t] of tier t (0: no cap;
+ * POOL_TIER_OFF: none of that tier). A tier with no budget has no slots.
+ * 0, KVD_EBADREQ (a block larger than the budget allows) or KVD_ENOMEM. */
+#define POOL_TIER_OFF UINT64_MAX
 int pool_init_budget(struct pool *p, struct kvpages *budget, size_t block_bytes,
                      const uint64_t max_bytes[POOL_TIERS]);
 /* A pool with a budget of its own: n_device and n_host slots, one block per

@@ -489,6 +489,10 @@ static void render_models(struct out *o, struct models *ms, struct acct *a)
     head(o, "kvd_model_kv_bytes", "gauge", "The device pages a model's KV pool holds now.");
     for (size_t i = 0; i < n; i++)
         model_line(o, "kvd_model_kv_bytes", NULL, mi[i].name, (double)mi[i].kv_device_bytes);
+    head(o, "kvd_model_draft_kv_bytes", "gauge",
+         "The device pages a model's draft's KV pool holds now.");
+    for (size_t i = 0; i < n; i++)
+        model_line(o, "kvd_model_draft_kv_bytes", NULL, mi[i].name, (double)mi[i].draft_kv_bytes);
     head(o, "kvd_model_waiting", "gauge", "Requests waiting for a model to load.");
     for (size_t i = 0; i < n; i++)
         model_line(o, "kvd_model_waiting", NULL, mi[i].name, mi[i].waiting);

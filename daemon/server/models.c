@@ -796,7 +796,8 @@ void models_info(struct models_entry *e, struct models_info *out)
     static const char *const modes[] = {"off", "ngram", "draft"};
     out->spec_mode = modes[e->spec_kind];
     out->draft = e->draft_path ? e->draft_name : NULL;
-    out->draft_kv_bytes = e->draft_kv_bytes;
+    out->draft_kv_bytes = e->state == MODELS_LOADED && e->ex ? exec_draft_kv_bytes(e->ex) : 0;
+    out->draft_kv_max_bytes = e->draft_path ? e->draft_kv_bytes : 0;
     out->spec_max_batch = e->ms->opts.spec_max_batch;
     snprintf(out->last_error, sizeof out->last_error, "%s", e->last_error);
 }

@@ -150,11 +150,12 @@ struct models_info {
     uint32_t waiting;                            /* requests waiting for it to load */
     /* speculative decoding: its requests' default ("off", "ngram",
      * "draft"), its draft (another model's name, or --draft-model's
-     * general.name or file name; NULL: none) and the draft's KV arena
-     * (part of its device share) */
+     * general.name or file name; NULL: none), the device pages the
+     * draft's KV holds now (pages of the budget; 0 while unloaded) and the
+     * most it may take (draft-kv-share) */
     const char *spec_mode;
     const char *draft;
-    uint64_t draft_kv_bytes;
+    uint64_t draft_kv_bytes, draft_kv_max_bytes;
     uint32_t spec_max_batch;            /* --spec-max-batch */
     char last_error[KVD_ERROR_MSG_MAX]; /* the last load failure ("" none) */
 };

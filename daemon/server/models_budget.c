@@ -1,9 +1,11 @@
 /* models_budget: the one device page budget (pages.h) the daemon's models
  * share. Every model's KV pool takes its pages from it as blocks need them
  * and gives them back as they empty; a model's weights, its executor's
- * forward scratch and its draft's KV, scratch and weights are charged to it
- * in whole pages while loaded (models_load.c). Here: the budget's size, each
- * model's cap and draft share, and the charges. */
+ * forward scratch and its draft's scratch and weights are charged to it
+ * in whole pages while loaded (models_load.c); a draft's KV is a pool of
+ * its own on the budget, its pages taken and given back as the models'
+ * are. Here: the budget's size, each model's cap and its draft's KV cap,
+ * and the charges. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -64,7 +66,7 @@ static uint64_t scratch_of(const struct models *ms, const struct models_entry *e
 
 uint64_t mload_extra_bytes(const struct models_entry *e)
 {
-    uint64_t b = e->scratch_bytes + e->draft_kv_bytes;
+    uint64_t b = e->scratch_bytes; /* its draft's KV takes pages as a pool does */
     if (e->draft_path && !e->draft)
         b += e->draft_weight_device; /* --draft-model's own file */
     return b;
@@ -169,13 +171,15 @@ int mload_budget(struct models *ms, struct kvd_error *err)
     else if (!pc.exact[KVD_TIER_DEVICE] && gran)
         page = (page + gran - 1) / gran * gran;
     pc.page_bytes[KVD_TIER_DEVICE] = page;
-    /* The drafts' KV: draft-kv-share of the KV the model could have (its
-     * cap, or its KV share of the budget, less its weights and scratch). */
+    /* The drafts' KV caps: draft-kv-share of the KV the model could have
+     * (its cap, or its KV share of the budget, less its weights and
+     * scratch). Nothing is set aside for them: a draft's pages come out
+     * of the budget's KV pages as its blocks need them. */
     for (size_t i = 0; i < ms->n; i++) {
         struct models_entry *e = &ms->v[i];
         if (!bb[i])
             continue;
-        uint64_t base = mload_fixed_bytes(ms, e); /* no draft KV yet */
+        uint64_t base = mload_fixed_bytes(ms, e);
         uint64_t cap = e->conf.max_device_bytes ? e->conf.max_device_bytes : o->device_bytes;
         uint64_t room = 0;
         if (cap) {
@@ -202,20 +206,23 @@ int mload_budget(struct models *ms, struct kvd_error *err)
             if (kv_geom_check(&dg, &le))
                 return kvd_error_set(err, KVD_EBADREQ, "%s's KV: %s", label, le.message);
             uint64_t dbytes = (uint64_t)((double)room * o->draft_kv_share);
-            if ((double)(room - dbytes) < (double)bb[i])
-                return kvd_error_set(err, KVD_EBADREQ,
-                                     "model %s: draft-kv-share %.3f leaves it less than one KV "
-                                     "block",
-                                     e->conf.name, o->draft_kv_share);
             if (dbytes < kv_block_bytes(&dg))
                 return kvd_error_set(err, KVD_EBADREQ,
-                                     "%s: its KV share (%" PRIu64 " bytes, draft-kv-share %.3f "
+                                     "%s: its KV cap (%" PRIu64 " bytes, draft-kv-share %.3f "
                                      "of model %s's KV) is less than one %zu-byte block",
                                      label, dbytes, o->draft_kv_share, e->conf.name,
                                      kv_block_bytes(&dg));
-            e->draft_kv_bytes = dbytes;
-            if (!cap)
-                kv_sum -= dbytes; /* the model's KV pages hold the rest of its share */
+            /* A cap on the pages the draft's pool takes from the budget
+             * as its blocks need them (the model's pool takes from the
+             * same pages): at least one page that holds a block. */
+            uint64_t least = round_up(kv_block_bytes(&dg), page);
+            e->draft_kv_bytes = dbytes > least ? dbytes : least;
+            /* A budget sized here (no --device-bytes) holds the models'
+             * KV and, per draft, that first page more: where the model's
+             * KV is a page or two (a small budget cut into whole-block
+             * pages), its pool would otherwise leave the draft none. */
+            if (!o->device_bytes)
+                kv_sum += least;
         }
         /* weights counted once: a named draft's are its own model's */
         fixed += round_up(e->weight_device, page) + round_up(mload_extra_bytes(e), page);

@@ -53,15 +53,16 @@ struct models_entry {
     /* Speculative decoding (fixed at start, models_new): its draft, another
      * model of the daemon ([model:NAME] draft = OTHER; its weights shared
      * with it) or a file of its own (--draft-model, the daemon's one
-     * model); the draft's KV arena, cut from this model's by mload_arenas;
-     * its requests' default kind (enum options_spec). */
+     * model); the cap on its draft's KV pool (pages of the budget, taken as
+     * needed: mload_budget); its requests' default kind (enum
+     * options_spec). */
     struct models_entry *draft; /* NULL: none, or --draft-model */
     const char *draft_path;     /* the draft's GGUF; NULL: no draft */
     struct model_hparams draft_probe;
     char draft_name[OPTIONS_MODEL_NAME + 1]; /* what hello shows: the model's name, or
                                               * --draft-model's general.name / file name */
     uint64_t draft_weight_device;            /* the draft's weights on the device (its header's) */
-    uint64_t draft_kv_bytes;                 /* its KV arena, part of this model's device share */
+    uint64_t draft_kv_bytes;                 /* the most device bytes of pages its KV takes */
     int draft_dtype;                         /* enum kv_dtype of the draft's KV */
     int spec_kind;
 
@@ -75,8 +76,9 @@ struct models_entry {
     bool holds_draft;
     /* Device pages of the budget charged for what is not KV: its weights
      * (while e->w is loaded), and while its executor lives its forward
-     * scratch and its draft's KV arena and scratch (and the draft's
-     * weights when they are a file of its own). */
+     * scratch and its draft's scratch (and the draft's weights when they
+     * are a file of its own). Its draft's KV is a pool on the budget, as
+     * its own KV is, so it is not charged here. */
     uint32_t w_pages, x_pages;
     uint64_t scratch_bytes; /* its executor's forward scratch (and its draft's): estimated,
                              * then as allocated once it loaded (loader thread) */
@@ -141,9 +143,9 @@ void mload_run(struct models *ms, struct mjob *j);
 void *mload_main(void *arg);
 /* The executors' idle callback (exec_conf.on_idle): wakes the loop. */
 void mload_kick(void *ud);
-/* Device bytes model e needs besides its KV pages: its weights, its
- * executor's scratch, its draft's KV, scratch and weights (a named draft's
- * weights too: they are loaded with it when not loaded yet). */
+/* Device bytes model e needs besides its KV pages (and its draft's): its
+ * weights, its executor's scratch, its draft's scratch and weights (a named
+ * draft's weights too: they are loaded with it when not loaded yet). */
 uint64_t mload_fixed_bytes(const struct models *ms, const struct models_entry *e);
 /* What of it is charged with its executor (mload_fixed_bytes less the
  * weights, its own and a named draft's). */

@@ -291,7 +291,8 @@ int mload_prepare(struct models *ms, struct models_entry *e, struct kvd_error *e
 
 /* e's draft state for its executor: the draft's weights (its own file,
  * or the draft model's, shared: a reference taken), checked against the
- * loaded target, its KV arena (e->draft_kv_bytes) and scratch. */
+ * loaded target, its KV pool on the page budget (up to e->draft_kv_bytes)
+ * and scratch. */
 static int open_draft(struct models *ms, struct models_entry *e, struct model *target,
                       struct draft **out, struct kvd_error *err)
 {
@@ -318,10 +319,10 @@ static int open_draft(struct models *ms, struct models_entry *e, struct model *t
                             .max_seqs = o->spec_max_batch,
                             .step_tokens = o->step_tokens};
     if ((rc = draft_open(&dc, out, err)) == 0 &&
-        (rc = draft_kv_open(*out, (size_t)e->draft_kv_bytes, err)) == 0) {
+        (rc = draft_kv_open(*out, ms->pages, (size_t)e->draft_kv_bytes, err)) == 0) {
         const struct model_hparams *dh = draft_hparams(*out);
-        log_info("%s: %u layers, embd %u, %.1fM parameters%s; KV %u blocks of %zu bytes "
-                 "(%.1f MiB, draft-kv-share %.3f)",
+        log_info("%s: %u layers, embd %u, %.1fM parameters%s; KV pages of the budget as "
+                 "needed, up to %u blocks of %zu bytes (%.1f MiB, draft-kv-share %.3f)",
                  label, dh->n_layer, dh->n_embd, (double)dh->n_params / 1e6,
                  e->draft ? ", its weights shared" : "", draft_kv_blocks(*out),
                  draft_block_bytes(*out), (double)e->draft_kv_bytes / (1 << 20), o->draft_kv_share);

@@ -214,6 +214,7 @@ static int pack_models_stats(struct ops_ctx *c)
             PROTO_PK(proto_pack_kv_uint(pk, "prefill_tokens", as.prefill_tokens));
             PROTO_PK(proto_pack_kv_uint(pk, "decode_tokens", as.decode_tokens));
             PROTO_PK(proto_pack_kv_uint(pk, "draft_kv_device_bytes", mi.draft_kv_bytes));
+            PROTO_PK(proto_pack_kv_uint(pk, "draft_kv_max_bytes", mi.draft_kv_max_bytes));
             /* its speculation: its own default and draft, its executors'
              * counters (kept across unloads) */
             snprintf(as.spec.mode, sizeof as.spec.mode, "%s", mi.spec_mode);

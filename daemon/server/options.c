@@ -186,8 +186,8 @@ const struct options_def options_defs[] = {
      "daemon "
      "of\none model; with several: [model:NAME] draft)"},
     {"draft-kv-share", "FRACTION", OPTIONS_FRACTION, F(draft_kv_share), 0, 0, NULL, "0.1", NULL, 0,
-     "of the KV a model may hold, the share its draft\nmodel's KV takes (the served model keeps "
-     "the rest)"},
+     "of the KV a model may hold, the most its draft\nmodel's KV may take (pages of the "
+     "budget, taken\nas needed and given back)"},
     {"threads", "N", OPTIONS_U32, F(threads), 0, 256, NULL, "0", NULL, 0,
      "cpu backend: compute threads (0 = one per CPU)"},
     {"log-level", "LEVEL", OPTIONS_LOG_LEVEL, F(log_level), 0, 0, NULL, "info", NULL, 0,

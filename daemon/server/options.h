@@ -121,7 +121,8 @@ struct options {
      * batch it runs at, draft tokens per step, the n-gram lengths tried; the
      * draft model of the daemon's one model (empty: none; [model:NAME]
      * draft names one per model) and, for each model with a draft, the
-     * share of its KV arena the draft's KV takes. */
+     * most of the KV it may hold that its draft's KV may take (a cap on
+     * pages of the budget, not a reservation). */
     enum options_spec speculative;
     uint32_t spec_max_batch, spec_max_draft, spec_ngram_min, spec_ngram_max;
     char draft_model_path[4096];

@@ -182,7 +182,8 @@ int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t 
                                 .max_seqs = fx_spec.max_batch ? fx_spec.max_batch : 4,
                                 .step_tokens = step_tokens};
         if (draft_open(&dc, &f->draft, &err) ||
-            draft_kv_open(f->draft, (size_t)fx_draft_blocks * draft_block_bytes(f->draft), &err)) {
+            draft_kv_open(f->draft, NULL, (size_t)fx_draft_blocks * draft_block_bytes(f->draft),
+                          &err)) {
             fprintf(stderr, "draft: %s\n", err.message);
             draft_free(f->draft);
             f->draft = NULL;

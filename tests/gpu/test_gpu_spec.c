@@ -4,8 +4,9 @@
  * other sequences, give bit for bit the logits and the K/V that one-token
  * decode steps of those positions give alone (batch-invariant rows: the
  * GEMV in chunks of 8, the decode attention per row); then the whole
- * daemon on cuda: greedy output with n-gram speculation equals plain
- * greedy output. Skips (77) without a usable CUDA device. */
+ * daemon on cuda: greedy output with n-gram speculation, and with a draft
+ * model whose KV takes pages of the device budget, equals plain greedy
+ * output. Skips (77) without a usable CUDA device. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -257,22 +258,44 @@ static void test_verify_rows_are_decode_rows(void **state)
     gpu_emu_order_check(1);
 }
 
-/* The daemon on cuda: n-gram speculation's greedy output is plain's. */
-static void test_daemon_ngram_equal(void **state)
+/* The daemon on cuda: speculation's greedy output (mode "ngram", or
+ * "draft" with a draft model made of the model's first layer) is plain's.
+ * With a draft, its KV is a pool on the device page budget (the backend's
+ * virtual-memory pages): its pages counted in the budget's use beside the
+ * model's pool and charges. */
+static void daemon_spec_equal(const char *mode)
 {
-    (void)state;
-    char dir[64], model[128], cmd[512];
+    bool draft = !strcmp(mode, "draft");
+    char dir[64], model[128], small[128], cmd[1024];
     snprintf(dir, sizeof dir, "/tmp/kvd-gpuspec-XXXXXX");
     assert_non_null(mkdtemp(dir));
     snprintf(model, sizeof model, "%s/m.gguf", dir);
+    snprintf(small, sizeof small, "%s/m-small.gguf", dir);
+    const char *shape = "--layers 2 --embd 128 --heads 4 --kv-heads 2 --ff 256 --vocab 256 "
+                        "--ctx 512 --type f16 --seed 44";
     snprintf(cmd, sizeof cmd,
-             "'%s/kvd-gguf-gen' -o '%s' --layers 2 --embd 128 --heads 4 --kv-heads 2 --ff 256 "
-             "--vocab 256 --ctx 512 --type f16 --seed 44 >/dev/null",
-             getenv("KVD_TOOLS_DIR"), model);
+             "'%s/kvd-gguf-gen' -o '%s' %s >/dev/null && '%s/kvd-gguf-gen' -o '%s' %s "
+             "--keep-layers 1 >/dev/null",
+             getenv("KVD_TOOLS_DIR"), model, shape, getenv("KVD_TOOLS_DIR"), small, shape);
     assert_int_equal(system(cmd), 0);
-    const char *args[] = {"--model",         model, "--backend",           "cuda",
-                          "--device-blocks", "64",  "--speculative",       "ngram",
-                          "--host-blocks",   "0",   "--no-roofline-probe", NULL};
+    const char *args[] = {"--model",
+                          model,
+                          "--backend",
+                          "cuda",
+                          "--device-blocks",
+                          "64",
+                          "--speculative",
+                          mode,
+                          "--host-blocks",
+                          "0",
+                          "--no-roofline-probe",
+                          NULL,
+                          NULL,
+                          NULL};
+    if (draft) {
+        args[11] = "--draft-model";
+        args[12] = small;
+    }
     struct kh_proc p;
     assert_int_equal(kh_start(&p, NULL, args), 0);
     enum { N = 3, GEN = 16 };
@@ -294,7 +317,7 @@ static void test_daemon_ngram_equal(void **state)
             proto_pack_kv_u32_array(&r.pk, "tokens", prompt, n);
             proto_pack_kv_bool(&r.pk, "ignore_eos", true);
             proto_pack_kv_uint(&r.pk, "max_tokens", GEN);
-            proto_pack_kv_str(&r.pk, "speculative", s ? "ngram" : "off");
+            proto_pack_kv_str(&r.pk, "speculative", s ? mode : "off");
             assert_int_equal(kh_req_send(fd, &r), 0);
             struct kh_reply rep;
             assert_int_equal(kh_recv(fd, &rep), 0);
@@ -323,13 +346,40 @@ static void test_daemon_ngram_equal(void **state)
     const msgpack_object *acc = kh_obj(sp, "accepted");
     assert_non_null(acc);
     accepted = acc->via.u64;
+    if (draft) {
+        /* the budget's pages in use: the model's pool, its charges, and
+         * its draft's pool, which holds pages now */
+        const msgpack_object *m = &kh_obj(st.root, "models")->via.array.ptr[0];
+        uint64_t used = kh_u64(kh_obj(st.root, "model_memory"), "device_used");
+        uint64_t kv = kh_u64(m, "kv_device_bytes"), ch = kh_u64(m, "charged_device_bytes");
+        uint64_t dk = kh_u64(m, "draft_kv_device_bytes");
+        printf("cuda daemon: draft KV %llu bytes of pages (cap %llu), model KV %llu, charged "
+               "%llu, used %llu\n",
+               (unsigned long long)dk, (unsigned long long)kh_u64(m, "draft_kv_max_bytes"),
+               (unsigned long long)kv, (unsigned long long)ch, (unsigned long long)used);
+        assert_true(dk > 0);
+        assert_int_equal(used, kv + ch + dk);
+    }
     kh_reply_free(&st);
     close(fd);
-    printf("cuda daemon: %llu drafts accepted\n", (unsigned long long)accepted);
+    printf("cuda daemon, %s: %llu drafts accepted\n", mode, (unsigned long long)accepted);
     assert_true(accepted > 0);
     assert_int_equal(kh_stop(&p), 0);
     unlink(model);
+    unlink(small);
     rmdir(dir);
+}
+
+static void test_daemon_ngram_equal(void **state)
+{
+    (void)state;
+    daemon_spec_equal("ngram");
+}
+
+static void test_daemon_draft_equal(void **state)
+{
+    (void)state;
+    daemon_spec_equal("draft");
 }
 
 int main(void)
@@ -351,6 +401,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         GPU_TEST(test_verify_rows_are_decode_rows),
         GPU_TEST(test_daemon_ngram_equal),
+        GPU_TEST(test_daemon_draft_equal),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     backend_free(cuda_be);

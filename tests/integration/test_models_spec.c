@@ -7,7 +7,8 @@
  * draft state with it) and reloaded; n > 1 choices speculating, each equal
  * to its single plain run; the refusals (a draft of another vocabulary, an
  * unknown draft, --draft-model with several models, a request's "draft"
- * where the model has none). */
+ * where the model has none); the draft's KV in pages of the daemon's
+ * budget, taken as it drafts and given back when the model needs them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -83,7 +84,8 @@ struct gen {
 
 struct ask {
     const char *model;       /* NULL: none named */
-    const uint32_t *prompt;  /* N_PROMPT tokens */
+    const uint32_t *prompt;  /* n_prompt tokens */
+    size_t n_prompt;         /* 0: N_PROMPT */
     const char *speculative; /* NULL: absent (the model's default) */
     double temperature;
     uint64_t seed;
@@ -97,7 +99,7 @@ static uint64_t send_ask(int fd, const struct ask *a)
     kh_req_begin(&q, "generate", ++g_id, n);
     if (a->model)
         proto_pack_kv_str(&q.pk, "model", a->model);
-    proto_pack_kv_u32_array(&q.pk, "tokens", a->prompt, N_PROMPT);
+    proto_pack_kv_u32_array(&q.pk, "tokens", a->prompt, a->n_prompt ? a->n_prompt : N_PROMPT);
     proto_pack_kv_uint(&q.pk, "max_tokens", N_GEN);
     proto_pack_kv_double(&q.pk, "temperature", a->temperature);
     proto_pack_kv_uint(&q.pk, "seed", a->seed);
@@ -407,6 +409,123 @@ static void t_draft_unload_reload(void **state)
     assert_int_equal(kh_free(p), 0);
 }
 
+/* ---- the draft's KV: pages of the budget ---------------------------------- */
+
+/* model_memory.device_used of the stats, and model alpha's pools and
+ * charges: the budget's pages in use are exactly its KV pool's, its
+ * charges' and its draft's KV pool's. */
+struct mem {
+    uint64_t used, kv, charged, draft, draft_max;
+};
+
+static void mem_get(int fd, const char *name, struct mem *m)
+{
+    struct kh_reply r;
+    const msgpack_object *e = model_stats(fd, name, &r);
+    m->kv = kh_u64(e, "kv_device_bytes");
+    m->charged = kh_u64(e, "charged_device_bytes");
+    m->draft = kh_u64(e, "draft_kv_device_bytes");
+    m->draft_max = kh_u64(e, "draft_kv_max_bytes");
+    m->used = kh_u64(kh_obj(r.root, "model_memory"), "device_used");
+    kh_reply_free(&r);
+    assert_int_equal(m->used, m->kv + m->charged + m->draft);
+}
+
+#define PAGE 65536
+#define N_LONG 400
+
+/* draft-kv-share 1 (the draft may take all of the model's KV: a share no
+ * arena set aside could be, as the model would have none left), and a
+ * budget of the model's weights and scratch and 6 KV pages: the draft's
+ * pages are taken as it drafts, counted in the budget, given back when the
+ * model's own request needs them, and taken again; every speculating
+ * request gives plain decoding's tokens. */
+static void t_draft_pages_of_budget(void **state)
+{
+    (void)state;
+    char conf[512], pb[32], db[32];
+    snprintf(conf, sizeof conf, "[model:a]\npath = %s\n", g_a);
+    snprintf(pb, sizeof pb, "%d", PAGE);
+    const char *args[] = {"--backend",
+                          "cpu",
+                          "--no-roofline-probe",
+                          "--draft-model",
+                          g_as,
+                          "--speculative",
+                          "draft",
+                          "--draft-kv-share",
+                          "1",
+                          "--page-bytes",
+                          pb,
+                          "--step-tokens",
+                          "64",
+                          NULL,
+                          NULL,
+                          NULL};
+    struct kh_proc *p = kh_new(conf, args);
+    assert_non_null(p);
+    int fd = kh_connect(p->sock);
+    assert_true(fd >= 0);
+    struct gen plain, g;
+    struct mem m0, m1;
+    ask(fd, &(struct ask){.prompt = g_pa, .speculative = "off"}, &plain);
+    assert_int_equal(plain.code, 0);
+    /* loaded, nothing drafted yet: the draft holds no page */
+    mem_get(fd, "a", &m0);
+    assert_int_equal(m0.draft, 0);
+    assert_true(m0.draft_max >= PAGE);
+    ask(fd, &(struct ask){.prompt = g_pa}, &g);
+    same_tokens(&plain, &g, "drafting, pages of a default budget");
+    assert_true(spec_stat(fd, "a", "drafted") > 0);
+    mem_get(fd, "a", &m1);
+    assert_true(m1.draft >= PAGE);
+    uint64_t charged = m1.charged;
+    close(fd);
+    assert_int_equal(kh_free(p), 0);
+
+    /* the same model in a budget of its charges and 6 KV pages */
+    snprintf(db, sizeof db, "%llu", (unsigned long long)(charged + 6 * PAGE));
+    args[13] = "--device-bytes";
+    args[14] = db;
+    p = kh_new(conf, args);
+    assert_non_null(p);
+    fd = kh_connect(p->sock);
+    assert_true(fd >= 0);
+    ask(fd, &(struct ask){.prompt = g_pa, .speculative = "off"}, &g);
+    same_tokens(&plain, &g, "plain, a tight budget");
+    uint64_t d0 = spec_stat(fd, "a", "drafted");
+    ask(fd, &(struct ask){.prompt = g_pa}, &g);
+    same_tokens(&plain, &g, "drafting, a tight budget");
+    assert_true(spec_stat(fd, "a", "drafted") > d0);
+    mem_get(fd, "a", &m0);
+    assert_true(m0.draft >= PAGE);
+    assert_int_equal(m0.charged, charged);
+    /* a long prompt of the model's own needs all 6 pages: the
+     * draft's cache gives its pages back to the budget */
+    uint32_t lp[N_LONG];
+    for (int i = 0; i < N_LONG; i++)
+        lp[i] = (uint32_t)(7 + i * 13) % 500;
+    ask(fd, &(struct ask){.prompt = lp, .n_prompt = N_LONG, .speculative = "off"}, &g);
+    if (g.code)
+        fail_msg("the long prompt: %s", g.message);
+    mem_get(fd, "a", &m1);
+    print_message("draft KV: %llu bytes, then %llu once the model's long prompt ran (its KV "
+                  "%llu, budget used %llu of %llu)\n",
+                  (unsigned long long)m0.draft, (unsigned long long)m1.draft,
+                  (unsigned long long)m1.kv, (unsigned long long)m1.used,
+                  (unsigned long long)(charged + 6 * PAGE));
+    assert_true(m1.draft < m0.draft);
+    /* and drafts again, its pages taken back */
+    d0 = spec_stat(fd, "a", "drafted");
+    ask(fd, &(struct ask){.prompt = g_pa}, &g);
+    same_tokens(&plain, &g, "drafting after giving its pages back");
+    assert_true(spec_stat(fd, "a", "drafted") > d0);
+    mem_get(fd, "a", &m1);
+    assert_true(m1.draft >= PAGE);
+    close(fd);
+    assert_int_equal(kh_free(p), 0);
+}
+
 /* ---- n > 1 -------------------------------------------------------------- */
 
 /* Each choice of an n = 3 request speculates on its own (its own draft
@@ -523,6 +642,7 @@ int main(void)
         cmocka_unit_test(t_two_models_own_drafts),
         cmocka_unit_test(t_draft_unload_reload),
         cmocka_unit_test(t_choices_speculate),
+        cmocka_unit_test(t_draft_pages_of_budget),
         cmocka_unit_test(t_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -5,8 +5,8 @@
  * own cache in another pool), eviction frees a whole page for another
  * tenant (in the same pool, or asked of another pool, first where the
  * asking pool holds less than its even share), the
- * checker catches a page holding two tenants' blocks, and the default
- * page sizes. kvmm_check runs after every step. */
+ * checker catches a page holding two tenants' blocks, the default page
+ * sizes, and a pool without a host tier out of the even share. kvmm_check runs after every step. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -478,6 +478,62 @@ static void test_default_pages(void **state)
     assert_int_equal(mstats(f->a).device_total, 128);
 }
 
+/* A pool that serves another (a model's draft): no host tier at all where
+ * the budget has one (max_host_bytes 0 would be the whole host budget),
+ * capped on the device, and out of the models' even share; freed, its
+ * pages are the budget's again. */
+static void test_unshared_pool_without_host(void **state)
+{
+    struct pfx *f = *state;
+    open_pools(f, N_PAGES, N_PAGES);
+    assert_int_equal(kvpages_share(f->pg, KVD_TIER_DEVICE), N_PAGES / 2);
+    struct kvmm_config c = {.geom = geom(4),
+                            .pages = f->pg,
+                            .be = f->be,
+                            .max_device_bytes = 2 * PAGE,
+                            .no_host = true,
+                            .unshared = true};
+    struct kvmm *d = NULL;
+    assert_int_equal(kvmm_new(&c, &d), 0);
+    struct kvpages_stats ps;
+    kvpages_stats(f->pg, &ps);
+    assert_int_equal(ps.pools, 3);
+    assert_int_equal(kvpages_share(f->pg, KVD_TIER_DEVICE), N_PAGES / 2);
+    struct kvmm_stats st, sa;
+    kvmm_lock(d);
+    kvmm_stats(d, &st);
+    kvmm_unlock(d);
+    kvmm_lock(f->a);
+    kvmm_stats(f->a, &sa);
+    kvmm_unlock(f->a);
+    assert_int_equal(st.host_total, 0);
+    assert_int_equal(st.device_total, 2 * 8); /* two pages of 8 blocks */
+    assert_int_equal(sa.host_total, N_PAGES * 8);
+    assert_true(kvmm_device_slots(d) >= st.device_total);
+    /* its blocks fill its two pages and no more; evicted, they are
+     * dropped (no host tier) and the pages go back */
+    uint32_t t = tenant(d, tconf("<draft>"));
+    kvmm_seq_t q;
+    assert_int_equal(seq_of(d, t, 16 * 4, &q), 0);
+    assert_int_not_equal(extend(d, q, 4), 0); /* a 17th block: past its cap */
+    assert_int_equal(kvmm_device_bytes(d), 2 * PAGE);
+    close_seq(d, q);
+    cache_of(d, t, 16 * 4, 100);
+    size_t n = 0;
+    kvmm_lock(d);
+    assert_int_equal(kvmm_evict(d, KVD_TIER_DEVICE, 16, &n), 0);
+    kvmm_stats(d, &st);
+    kvmm_unlock(d);
+    assert_int_equal(n, 16);
+    assert_int_equal(st.host_used + st.host_cached, 0);
+    check(d);
+    kvmm_free(d);
+    kvpages_stats(f->pg, &ps);
+    assert_int_equal(ps.pools, 2);
+    assert_int_equal(ps.used[KVD_TIER_DEVICE], 0);
+    assert_int_equal(ps.used[KVD_TIER_HOST], 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -491,6 +547,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_byte_floor, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checker_catches_a_shared_page, setup, teardown),
         cmocka_unit_test_setup_teardown(test_default_pages, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unshared_pool_without_host, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
