@@ -159,7 +159,7 @@ static void mark(const char *name, uint64_t bytes)
 {
     if (!P.on || P.n >= PROF_MAX)
         return;
-    snprintf(P.name[P.n], sizeof P.name[0], "%s", name);
+    snprintf(P.name[P.n], sizeof P.name[0], "%.31s", name); /* names are short */
     P.bytes[P.n] = bytes;
     BCK(cudaEventRecord(P.ev[2 * P.n], P.stream));
 }
