@@ -5,8 +5,8 @@
 // of them to finish; the split count fills the device as the kernel's measured
 // occupancy allows (kvd_k_attn_decode_splits). Scores and accumulators are
 // f32 in the log2 domain (exp2f). The kernel is launched with
-// programmatic dependent launch: it loads its first steps of K/V rows (all
-// but the new token's) before it waits for rope_kv.
+// programmatic dependent launch: it reads the step's metadata before it
+// waits for rope_kv, every K/V row after.
 #include <atomic>
 #include <stdio.h>
 
@@ -218,24 +218,17 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
                 load_row(b, u, t);
         }
     };
-    // The first PF steps' rows before the wait (programmatic dependent
-    // launch: this may run while rope_kv, the kernel before, still writes):
-    // every row but the new token's (len - 1), which earlier steps wrote.
-    // The step's metadata and block table were uploaded before the step.
+    // Programmatic dependent launch: the step's metadata (above) was
+    // uploaded before the step and may be read while rope_kv, the kernel
+    // before, still runs; no K/V row may: rope_kv writes the new token's,
+    // and a verification step's rows (one-row decodes over one table) read
+    // the rows of the tokens drafted before them, written in the same step.
+    kvd_pdl_wait();
+    kvd_pdl_trigger();
     const int t_first = t_begin + warp_first;
 #pragma unroll
     for (int i = 0; i < PF; i++)
-        load_step(ring[i], t_first + i * STEP, min(t_end, len - 1));
-    kvd_pdl_wait(); // q and the new token's K/V row: rope_kv's
-    kvd_pdl_trigger();
-#pragma unroll
-    for (int i = 0; i < PF; i++)
-#pragma unroll
-        for (int u = 0; u < 2; u++)
-            if (t_first + i * STEP + (sub - warp_first) + u * NSUB == len - 1 && len - 1 < t_end) {
-                ring[i].have[u] = true;
-                load_row(ring[i], u, len - 1);
-            }
+        load_step(ring[i], t_first + i * STEP, t_end);
     float qv[GQ][8];
 #pragma unroll
     for (int j = 0; j < GQ; j++) {

@@ -275,15 +275,15 @@ def attn_main(pdl, pf=1, fold=False):
     fold=False): the split kernel and the merge kernel launched plainly,
     the split kernel's loads all after its launch, one step of rows in
     flight. This branch: pdl (both launched with PDL, the split kernel's
-    metadata, block table and first pf steps of rows loaded before its
-    wait, behind rope_kv), pf steps of rows in flight ahead of the one in
+    metadata read before its wait, behind rope_kv; no K/V row: rope_kv
+    writes the new token's, and a verification step's one-row decodes read
+    rows drafted in the same step), pf steps of rows in flight ahead of the one in
     use (kernels/attn_decode.cu AD_PREFETCH), fold (the last split to
     finish merges: no merge launch).
 
     A block walks its split 2 x NSUB tokens a step (NSUB = 4 warps x 32 /
     (D / 8) lanes a row: 16 tokens at D 128). It waits on HBM once per pf
-    steps: steps / pf dependent round trips, the first pf hidden before the
-    wait under PDL. Without PDL, before the loop: the step's metadata
+    steps: steps / pf dependent round trips. Without PDL, before the loop: the step's metadata
     (qstart, pos0, slot0), then q and the block-table entry (two L2 round
     trips). After the loop, the partial's store (one L2 trip). The merge
     kernel: the metadata, the partials (m, l and o together), the store
@@ -296,10 +296,9 @@ def attn_main(pdl, pf=1, fold=False):
     kv_bytes = CTX * KD * 2 * 2
     what = "%d splits of %d tokens (%d-token steps, %d in flight), %d blocks/SM" % (
         splits, chunk, tok_step, pf, per_sm)
-    if pdl:
-        hbm = math.ceil(max(0, steps - pf) / pf)
-        split = K("attention decode (split)", hbm=kv_bytes, chain_l2=(0 if hbm else 1) + 1,
-                  chain_hbm=hbm, overlap=True, note=what + "; PDL")
+    if pdl:  # the metadata before the wait; the block table (with q), the rows after it
+        split = K("attention decode (split)", hbm=kv_bytes, chain_l2=1 + 1,
+                  chain_hbm=math.ceil(steps / pf), overlap=True, note=what + "; PDL")
     else:
         split = K("attention decode (split)", hbm=kv_bytes, chain_l2=2 + 1,
                   chain_hbm=math.ceil(steps / pf), overlap=True, plain=1, note=what)

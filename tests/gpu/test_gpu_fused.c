@@ -362,9 +362,8 @@ static void test_rope_kv_write(void **state)
 /* RoPE with the KV write, then the decode attention right after it on the
  * stream (as a decode step runs them), against rope, rope, kv_write and
  * attention on the cpu. The attention kernel is a programmatic dependent
- * launch that loads its first rows before it waits: on the emulated sm_90
- * any row rope_kv writes (the new token's) read before the wait is
- * reported. Contexts put the new token in a split's first step, in its
+ * launch: on the emulated sm_90 any row rope_kv writes (the new token's)
+ * read before its wait is reported. Contexts put the new token in a split's first step, in its
  * second and in a later one; split and unsplit. */
 static void test_rope_kv_attention(void **state)
 {
