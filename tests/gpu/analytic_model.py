@@ -237,7 +237,7 @@ CTX = 1024           # the decode step's context
 AD_WARPS, AD_SPLIT_TOKENS, AD_MAX_SPLITS = 4, 64, 128
 # ptxas sm_90 (kernels/emu/ptxas_sm90.inc): attn_decode_kernel<128, bf16, GQ 4>
 # on main (one step in flight) and on this branch (two, the merge folded in)
-AD_REGS, AD_REGS_NEW, AD_SMEM = 150, 167, 16640
+AD_REGS, AD_REGS_NEW, AD_SMEM = 150, 164, 16644
 
 
 def blocks_per_sm(regs, threads, smem):
