@@ -1,10 +1,12 @@
 // Paged decode attention (one new query token per sequence) over KV blocks.
 // GQA-aware: a thread block serves up to 8 query heads that share one KV head,
 // so each K/V row is read once for the group. Long contexts are cut into
-// splits processed by separate blocks (flash-decoding), merged by a second
-// kernel; the split count fills the device as the kernel's measured
+// splits processed by separate blocks (flash-decoding), merged by the last
+// of them to finish; the split count fills the device as the kernel's measured
 // occupancy allows (kvd_k_attn_decode_splits). Scores and accumulators are
-// f32 in the log2 domain (exp2f).
+// f32 in the log2 domain (exp2f). The kernel is launched with
+// programmatic dependent launch: it reads the step's metadata before it
+// waits for rope_kv, every K/V row after.
 #include <atomic>
 #include <stdio.h>
 
@@ -14,6 +16,11 @@
 #define AD_WARPS 4
 #define AD_SPLIT_TOKENS 64 // the fewest context tokens a split is given
 #define AD_MAX_SPLITS 128  // splits per sequence at most (the partials' size)
+// Steps of rows in flight ahead of the one being used: two where the
+// registers allow it (query groups of up to 4 heads, rows of at most 2
+// bytes a value), else one (8 heads' accumulators alone take ~200
+// registers; an f32 row's share is 8 registers, twice a 16-bit one's).
+#define AD_PREFETCH(GQ, DT) ((GQ) <= 4 && (DT) != KVD_K_F32 ? 2 : 1)
 
 // The splits of one sequence whose context is len tokens, in a launch of
 // n_grid splits: n_grid, but never more than its own context has pieces of
@@ -114,10 +121,12 @@ template <int DT> static __device__ __forceinline__ void ad_widen(const ad_raw<D
 
 // Partial results of split s for (seq, head): o [D] normalized, then (m, l)
 // = (running max in log2 units, sum of exp2(score - m)). Layout: all o
-// vectors [n_seqs][n_heads][n_splits][D], then all (m, l) pairs.
+// vectors [n_seqs][n_heads][n_splits][D], then all (m, l) pairs; done: a
+// counter per (seq, block row of the grid), 0 before a launch and after it.
 struct ad_partial {
     float *o;
     float *ml;
+    unsigned *done; // per (sequence, query-head group): splits finished
 };
 
 // grid (n_splits, kv_heads * q_groups, n_seqs), block AD_WARPS warps. A row
@@ -138,6 +147,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     KVD_SHARED(float, sm_o, [NSUB][GQ][D]);
     KVD_SHARED(float, sm_m, [NSUB][GQ]);
     KVD_SHARED(float, sm_l, [NSUB][GQ]);
+    KVD_SHARED(int, ad_last, );
 
     const int split = blockIdx.x, n_grid = gridDim.x, seq = blockIdx.z;
     const int kvh = blockIdx.y / q_groups, qg = blockIdx.y % q_groups;
@@ -159,15 +169,6 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     const int n_splits = ad_seq_splits(len, n_grid);
     if (split >= n_splits)
         return; // a split this sequence does not have: uniform, before any barrier
-    float qv[GQ][8];
-#pragma unroll
-    for (int j = 0; j < GQ; j++) {
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            qv[j][e] =
-                j < nq ? q[((size_t)qrow * n_heads + h0 + j) * D + sl * 8 + e] * scale_log2 : 0.0f;
-    }
-
     const int chunk = (len + n_splits - 1) / n_splits;
     const int t_begin = split * chunk, t_end = min(len, t_begin + chunk);
     const uint32_t *table = slots + slot0[seq];
@@ -185,39 +186,59 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     }
 
     // Two tokens per subgroup per step (one tile: the running max and the
-    // rescale of the accumulators once per tile), and the next step's four
-    // rows loaded before this step's are used. The loop bound is uniform per
-    // warp (tw), so every lane reaches the shuffles below; a subgroup past
-    // the end just has nothing to add.
+    // rescale of the accumulators once per tile), and the rows of the PF
+    // steps after it in flight while a step's are used: a block waits on
+    // HBM about once per PF steps, not once per step. The steps' rows go
+    // round a ring of PF + 1 register sets, the loop unrolled over the ring
+    // so that each set's index is known at compile time (registers, not
+    // local memory). The loop bound is uniform per warp (tw), so every lane
+    // reaches the shuffles below; a subgroup past the end just has nothing
+    // to add.
+    constexpr int PF = AD_PREFETCH(GQ, DT), NB = PF + 1;
+    constexpr int STEP = 2 * NSUB; // tokens of one step of the block
     const int warp_first = (threadIdx.x >> 5) * TPW;
-    ad_raw<DT> kn[2], vn[2]; // the next step's rows
-    bool have_n[2];
-    auto load_step = [&](int tw) {
+    struct ad_step {
+        ad_raw<DT> k[2], v[2];
+        bool have[2];
+    };
+    ad_step ring[NB];
+    auto load_row = [&](ad_step &b, int u, int t) {
+        const char *blk =
+            (const char *)kv.arena + (size_t)table[t / kv.block_tokens] * kv.block_bytes;
+        const size_t row = (size_t)(t % kv.block_tokens) * kv.row_bytes;
+        ad_load<DT>(b.k[u], blk + k_off + row, sl);
+        ad_load<DT>(b.v[u], blk + v_off + row, sl);
+    };
+    auto load_step = [&](ad_step &b, int tw, int lim) {
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             const int t = tw + (sub - warp_first) + u * NSUB;
-            have_n[u] = t < t_end;
-            if (have_n[u]) {
-                const char *blk =
-                    (const char *)kv.arena + (size_t)table[t / kv.block_tokens] * kv.block_bytes;
-                const size_t row = (size_t)(t % kv.block_tokens) * kv.row_bytes;
-                ad_load<DT>(kn[u], blk + k_off + row, sl);
-                ad_load<DT>(vn[u], blk + v_off + row, sl);
-            }
+            b.have[u] = t < lim;
+            if (b.have[u])
+                load_row(b, u, t);
         }
     };
-    load_step(t_begin + warp_first);
-    for (int tw = t_begin + warp_first; tw < t_end; tw += 2 * NSUB) {
-        ad_raw<DT> kc[2], vc[2];
-        bool have[2];
+    // Programmatic dependent launch: the step's metadata (above) was
+    // uploaded before the step and may be read while rope_kv, the kernel
+    // before, still runs; no K/V row may: rope_kv writes the new token's,
+    // and a verification step's rows (one-row decodes over one table) read
+    // the rows of the tokens drafted before them, written in the same step.
+    kvd_pdl_wait();
+    kvd_pdl_trigger();
+    const int t_first = t_begin + warp_first;
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            kc[u] = kn[u];
-            vc[u] = vn[u];
-            have[u] = have_n[u];
-        }
-        if (tw + 2 * NSUB < t_end)
-            load_step(tw + 2 * NSUB);
+    for (int i = 0; i < PF; i++)
+        load_step(ring[i], t_first + i * STEP, t_end);
+    float qv[GQ][8];
+#pragma unroll
+    for (int j = 0; j < GQ; j++) {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            qv[j][e] =
+                j < nq ? q[((size_t)qrow * n_heads + h0 + j) * D + sl * 8 + e] * scale_log2 : 0.0f;
+    }
+    // One step: the tile's two tokens from set c.
+    auto step = [&](const ad_step &c) {
         // Scores of the tile's two tokens. `have` is uniform within a
         // subgroup (one token per subgroup); the xor shuffles stay inside
         // the subgroup's LPT lanes.
@@ -225,41 +246,53 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             float kf[8];
-            ad_widen<DT>(kc[u], kf);
+            ad_widen<DT>(c.k[u], kf);
 #pragma unroll
             for (int j = 0; j < GQ; j++) {
                 float d = 0.0f;
 #pragma unroll
                 for (int e = 0; e < 8; e++)
-                    d += qv[j][e] * (have[u] ? kf[e] : 0.0f);
+                    d += qv[j][e] * (c.have[u] ? kf[e] : 0.0f);
 #pragma unroll
                 for (int o = LPT / 2; o > 0; o >>= 1)
                     d += __shfl_xor_sync(0xffffffffu, d, o);
                 s[u][j] = d;
             }
         }
-        if (!have[0])
-            continue; // (have[1] implies have[0])
+        if (!c.have[0])
+            return; // (have[1] implies have[0])
         // A second token past the end has no row loaded (its registers may
         // hold anything, NaN included): zeros, so p1 * v stays 0.
         float vf[2][8];
-        ad_widen<DT>(vc[0], vf[0]);
-        if (have[1])
-            ad_widen<DT>(vc[1], vf[1]);
+        ad_widen<DT>(c.v[0], vf[0]);
+        if (c.have[1])
+            ad_widen<DT>(c.v[1], vf[1]);
         else
 #pragma unroll
             for (int e = 0; e < 8; e++)
                 vf[1][e] = 0.0f;
 #pragma unroll
         for (int j = 0; j < GQ; j++) {
-            const float mn = fmaxf(m[j], have[1] ? fmaxf(s[0][j], s[1][j]) : s[0][j]);
+            const float mn = fmaxf(m[j], c.have[1] ? fmaxf(s[0][j], s[1][j]) : s[0][j]);
             const float corr = exp2f(m[j] - mn); // 0 on the first tile (m = -inf)
-            const float p0 = exp2f(s[0][j] - mn), p1 = have[1] ? exp2f(s[1][j] - mn) : 0.0f;
+            const float p0 = exp2f(s[0][j] - mn), p1 = c.have[1] ? exp2f(s[1][j] - mn) : 0.0f;
             l[j] = l[j] * corr + p0 + p1;
 #pragma unroll
             for (int e = 0; e < 8; e++)
                 acc[j][e] = acc[j][e] * corr + p0 * vf[0][e] + p1 * vf[1][e];
             m[j] = mn;
+        }
+    };
+    for (int tw = t_first; tw < t_end; tw += NB * STEP) {
+#pragma unroll
+        for (int i = 0; i < NB; i++) {
+            const int ts = tw + i * STEP;
+            if (ts >= t_end)
+                break;
+            // Set (i + PF) % NB held the step before this one: free again.
+            if (ts + PF * STEP < t_end)
+                load_step(ring[(i + PF) % NB], ts + PF * STEP, t_end);
+            step(ring[i]);
         }
     }
 
@@ -300,58 +333,58 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
             }
         }
     }
-}
-
-// One block per (seq, head), D threads: out = sum_s w_s o_s / sum_s w_s with
-// w_s = l_s * exp2(m_s - max m), over the sequence's own splits (partials
-// n_grid apart); a sequence of one split was written by the first kernel.
-template <int D>
-__global__ void attn_decode_merge_kernel(float *out, ad_partial part,
-                                         const uint32_t *__restrict__ qstart,
-                                         const uint32_t *__restrict__ pos0, int n_heads, int n_grid)
-{
-    size_t hrow = blockIdx.x; // seq * n_heads + head
-    int d = threadIdx.x;
-    int seq = (int)(hrow / n_heads), h = (int)(hrow % n_heads);
-    if (qstart[seq + 1] - qstart[seq] != 1)
-        return;
-    const int n_splits = ad_seq_splits((int)pos0[seq] + 1, n_grid);
     if (n_splits == 1)
         return;
-    const float *ml = part.ml + hrow * n_grid * 2;
-    float M = -INFINITY;
-    for (int s = 0; s < n_splits; s++)
-        M = fmaxf(M, ml[2 * s]);
-    float L = 0.0f, O = 0.0f;
-    if (M != -INFINITY) {
-        for (int s = 0; s < n_splits; s++) {
-            float w = ml[2 * s + 1] * exp2f(ml[2 * s] - M);
-            L += w;
-            O += w * part.o[(hrow * n_grid + s) * D + d];
+
+    // The last of the sequence's splits of these heads to finish merges
+    // them: out = sum_s w_s o_s / sum_s w_s with w_s = l_s * exp2(m_s - max
+    // m), over the sequence's own splits (partials n_grid apart), in split
+    // order whichever block is last (no merge launch).
+    __threadfence(); // this thread's partials, before the count says so
+    __syncthreads();
+    unsigned *done = part.done + (size_t)seq * gridDim.y + blockIdx.y;
+    if (threadIdx.x == 0)
+        ad_last = atomicAdd(done, 1u) == (unsigned)n_splits - 1;
+    __syncthreads();
+    if (!ad_last)
+        return;
+    __threadfence(); // the other splits' partials, after their count
+    for (int idx = threadIdx.x; idx < nq * D; idx += AD_WARPS * 32) {
+        const int j = idx / D, d = idx % D;
+        const size_t hrow = (size_t)seq * n_heads + h0 + j;
+        const float *ml = part.ml + hrow * n_grid * 2;
+        float M = -INFINITY;
+        for (int s = 0; s < n_splits; s++)
+            M = fmaxf(M, __ldcg(ml + 2 * s));
+        float L = 0.0f, O = 0.0f;
+        if (M != -INFINITY) {
+            for (int s = 0; s < n_splits; s++) {
+                const float w = __ldcg(ml + 2 * s + 1) * exp2f(__ldcg(ml + 2 * s) - M);
+                L += w;
+                O += w * __ldcg(part.o + (hrow * n_grid + s) * D + d);
+            }
         }
+        out[((size_t)qrow * n_heads + h0 + j) * D + d] = L > 0.0f ? O / L : 0.0f;
     }
-    out[((size_t)qstart[seq] * n_heads + h) * D + d] = L > 0.0f ? O / L : 0.0f;
+    if (threadIdx.x == 0)
+        *done = 0; // for the next launch
 }
 
 template <int D, int DT, int GQ>
 static int ad_launch(float *out, const float *q, const kvd_k_kv &kv, int layer,
                      const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                      const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
-                     float *partial, cudaStream_t stream)
+                     float *partial, unsigned *done, cudaStream_t stream)
 {
     int group = n_heads / kv.kv_heads;
     int q_groups = (group + GQ - 1) / GQ;
     ad_partial part;
     part.o = partial;
     part.ml = partial + (size_t)n_seqs * n_heads * n_splits * D;
+    part.done = done;
     dim3 grid((unsigned)n_splits, (unsigned)(kv.kv_heads * q_groups), (unsigned)n_seqs);
-    KVD_LAUNCH(grid, AD_WARPS * 32, 0, stream, attn_decode_kernel<D, DT, GQ>)
+    KVD_LAUNCH_PDL(grid, AD_WARPS * 32, 0, stream, attn_decode_kernel<D, DT, GQ>)
     (out, part, q, kv, layer, slots, slot0, pos0, qstart, n_heads, q_groups, scale * KVD_LOG2E);
-    int rc = kvd_launch_status();
-    if (rc || n_splits == 1)
-        return rc;
-    KVD_LAUNCH((unsigned)(n_seqs * n_heads), D, 0, stream, attn_decode_merge_kernel<D>)
-    (out, part, qstart, pos0, n_heads, n_splits);
     return kvd_launch_status();
 }
 
@@ -359,11 +392,12 @@ template <int D, int DT>
 static int ad_by_group(float *out, const float *q, const kvd_k_kv &kv, int layer,
                        const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                        const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
-                       float *partial, cudaStream_t stream)
+                       float *partial, unsigned *done, cudaStream_t stream)
 {
     int group = n_heads / kv.kv_heads;
 #define AD_ARGS                                                                                    \
-    out, q, kv, layer, slots, slot0, pos0, qstart, n_seqs, n_heads, scale, n_splits, partial, stream
+    out, q, kv, layer, slots, slot0, pos0, qstart, n_seqs, n_heads, scale, n_splits, partial,      \
+        done, stream
     if (group <= 1)
         return ad_launch<D, DT, 1>(AD_ARGS);
     if (group <= 2)
@@ -377,7 +411,7 @@ template <int D>
 static int ad_by_dtype(float *out, const float *q, const kvd_k_kv &kv, int layer,
                        const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                        const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
-                       float *partial, cudaStream_t stream)
+                       float *partial, unsigned *done, cudaStream_t stream)
 {
     switch (kv.dtype) {
     case KVD_K_F16:
@@ -514,12 +548,12 @@ extern "C" int kvd_k_attn_decode_splits(int n_seqs, int n_heads, const struct kv
 extern "C" int kvd_k_attn_decode(float *out, const float *q, const struct kvd_k_kv *kvp, int layer,
                                  const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                                  const uint32_t *qstart, int n_seqs, int n_heads, float scale,
-                                 int n_splits, float *partial, kvd_stream stream)
+                                 int n_splits, float *partial, unsigned *done, kvd_stream stream)
 {
     const kvd_k_kv &kv = *kvp;
     if (n_seqs < 0 || kv.kv_heads <= 0 || n_heads <= 0 || n_heads % kv.kv_heads || layer < 0 ||
         layer >= kv.layers || n_splits < 1 || n_splits > 65535 || kv.block_tokens <= 0 ||
-        (n_splits > 1 && !partial))
+        (n_splits > 1 && (!partial || !done)))
         return (int)cudaErrorInvalidValue;
     if (n_seqs == 0)
         return 0;

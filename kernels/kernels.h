@@ -198,16 +198,19 @@ int kvd_k_block_copy(const struct kvd_k_kv *kv, const int32_t *src, const int32_
  *
  * Decode: the sequences of exactly one row (the others, in a mixed step, are
  * the prefill kernel's; see skip_single). The context is cut into pieces
- * (flash-decoding) merged by a second kernel: n_splits of them, or fewer for
- * a sequence whose own context has fewer 64-token pieces (so a row is
- * summed the same way whatever the other rows' lengths); partial holds
- * kvd_k_attn_decode_partial_floats(...) floats (none for n_splits == 1).
+ * (flash-decoding) merged by the last of them to finish (one launch):
+ * n_splits of them, or fewer for a sequence whose own context has fewer
+ * 64-token pieces (so a row is summed the same way whatever the other rows'
+ * lengths); partial holds kvd_k_attn_decode_partial_floats(...) floats
+ * (none for n_splits == 1) and done n_seqs * n_heads counters, 0 before
+ * the launch and 0 again after it (a buffer of their own: partial's bytes
+ * of another launch shape would overlap them).
  * Slot tables are read from slots + slot0[s] only (slot0 need not grow:
  * several one-row "sequences" may share one table). */
 int kvd_k_attn_decode(float *out, const float *q, const struct kvd_k_kv *kv, int layer,
                       const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                       const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
-                      float *partial, kvd_stream stream);
+                      float *partial, unsigned *done, kvd_stream stream);
 size_t kvd_k_attn_decode_partial_floats(int n_seqs, int n_heads, int head_dim, int n_splits);
 /* The split count for n_seqs sequences of at most max_ctx tokens on a
  * device of n_sms multiprocessors: one wave of the decode kernel's blocks

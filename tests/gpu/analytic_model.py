@@ -90,18 +90,23 @@ class K:
     """One kernel (or a fixed sequence of them) of a step."""
 
     def __init__(self, name, launches=1, hbm=0.0, eff=1.0, chain_l2=0, chain_hbm=0, flops=0.0,
-                 rate=0.0, per_layer=True, note=""):
+                 rate=0.0, per_layer=True, note="", plain=0, overlap=False):
         self.name, self.launches, self.hbm, self.eff = name, launches, hbm, eff
         self.chain_l2, self.chain_hbm, self.flops, self.rate = chain_l2, chain_hbm, flops, rate
         self.per_layer, self.note = per_layer, note
+        # plain: launches that pay the whole gap even when the step uses PDL
+        # (launched without it, or after a kernel that never triggers early);
+        # overlap: the latency chain is the streaming itself (max, not sum)
+        self.plain, self.overlap = plain, overlap
 
     def time(self, t_launch):
         t_mem = self.hbm / (BW * self.eff) if self.hbm else 0.0
         t_lat = self.chain_l2 * LAT_L2 + self.chain_hbm * LAT_HBM
         t_fl = self.flops / self.rate if self.flops else 0.0
-        if self.hbm:  # a streaming kernel's own latency chain (prologue, tail) adds to it
-            return self.launches * t_launch + t_mem + t_lat + t_fl
-        return self.launches * t_launch + max(t_mem, t_lat, t_fl)
+        gaps = (self.launches - self.plain) * t_launch + self.plain * max(t_launch, T_LAUNCH)
+        if self.hbm and not self.overlap:  # a streaming kernel's own latency chain adds to it
+            return gaps + t_mem + t_lat + t_fl
+        return gaps + max(t_mem, t_lat, t_fl)
 
 
 # ---- the GEMV kernels' efficiencies -------------------------------------------------
@@ -209,17 +214,111 @@ def gemv_eff_after(wt, rows):
     return min(1.0, l1_limit(bpw), occ), bpw
 
 
-def stage_time(wt, rows, inp, swiglu=False):
+# What is not built yet, for the "next" rows: the activations quantized once
+# by the kernel that produces them (the residual norm's last block for the
+# QKV and gate/up inputs, a last block of gate/up for down's), so no GEMV
+# block re-quantizes its input in a prologue; RoPE + KV write in the QKV
+# projection's epilogue (no launch).
+NEXT = {"quant_once": False, "rope_in_qkv": False}
+
+
+def stage_time(wt, rows, inp, swiglu=False, producer_quantizes=True):
     """The quantized types' prologue: every block reads the f32 input from
     L2 (at most GF_MAX_BLOCKS blocks)."""
-    if wt == "bf16":
+    if wt == "bf16" or (NEXT["quant_once"] and producer_quantizes):
         return 0.0
     groups = math.ceil(rows / (2 if swiglu else 4))
     blocks = min(math.ceil(groups / 4), GF_MAX_BLOCKS)
     return blocks * inp * 4 / L2_BW
 
 
-def decode_after(mix, pdl=False):
+# ---- split-KV decode attention (kernels/attn_decode.cu) -------------------------------
+CTX = 1024           # the decode step's context
+AD_WARPS, AD_SPLIT_TOKENS, AD_MAX_SPLITS = 4, 64, 128
+# ptxas sm_90 (kernels/emu/ptxas_sm90.inc): attn_decode_kernel<128, bf16, GQ 4>
+# on main (one step in flight) and on this branch (two, the merge folded in)
+AD_REGS, AD_REGS_NEW, AD_SMEM = 150, 164, 16644
+
+
+def blocks_per_sm(regs, threads, smem):
+    """The occupancy calculator's rule (kernels/emu/occupancy.cc)."""
+    warps = (threads + 31) // 32
+    warp_regs = (regs * 32 + 255) // 256 * 256
+    n = min(MAX_BLOCKS_PER_SM, MAX_WARPS_PER_SM // warps, REGS_PER_SM // warp_regs // warps)
+    if smem:
+        n = min(n, 228 * 1024 // ((smem + 127) // 128 * 128 + 1024))
+    return n
+
+
+def kv_bucket(ctx):
+    """compute_cuda.c kv_bucket: the split count is chosen for the context
+    rounded up to a power of two (at least 256)."""
+    b = 256
+    while b < ctx:
+        b *= 2
+    return b
+
+
+def ad_splits(n_seqs=1, group=H // HKV, ctx=CTX, regs=AD_REGS):
+    """kvd_k_attn_decode_splits: one wave of resident blocks over the
+    (sequence, KV head, query group) items, no split under 64 tokens of the
+    bucket, at most 128; a sequence takes min(that, its own 64-token pieces)."""
+    per_sm = blocks_per_sm(regs, AD_WARPS * 32, AD_SMEM)
+    items = n_seqs * HKV * (1 if group <= 8 else (group + 7) // 8)
+    s = min(per_sm * SMS // items, math.ceil(kv_bucket(ctx) / AD_SPLIT_TOKENS), AD_MAX_SPLITS)
+    s = max(1, s)
+    return min(s, max(1, math.ceil(ctx / AD_SPLIT_TOKENS))), per_sm
+
+
+def attn_main(pdl, pf=1, fold=False):
+    """One layer's decode attention, batch 1. As on main (pdl=False, pf=1,
+    fold=False): the split kernel and the merge kernel launched plainly,
+    the split kernel's loads all after its launch, one step of rows in
+    flight. This branch: pdl (both launched with PDL, the split kernel's
+    metadata read before its wait, behind rope_kv; no K/V row: rope_kv
+    writes the new token's, and a verification step's one-row decodes read
+    rows drafted in the same step), pf steps of rows in flight ahead of the one in
+    use (kernels/attn_decode.cu AD_PREFETCH), fold (the last split to
+    finish merges: no merge launch).
+
+    A block walks its split 2 x NSUB tokens a step (NSUB = 4 warps x 32 /
+    (D / 8) lanes a row: 16 tokens at D 128). It waits on HBM once per pf
+    steps: steps / pf dependent round trips. Without PDL, before the loop: the step's metadata
+    (qstart, pos0, slot0), then q and the block-table entry (two L2 round
+    trips). After the loop, the partial's store (one L2 trip). The merge
+    kernel: the metadata, the partials (m, l and o together), the store
+    (three; two under PDL, whose metadata loads before the wait). Folded:
+    the counter's atomic, the partials, the store (three, no launch)."""
+    splits, per_sm = ad_splits(regs=AD_REGS_NEW if (pf > 1 or fold) else AD_REGS)
+    chunk = math.ceil(CTX / splits)
+    tok_step = 2 * AD_WARPS * (32 // (D // 8))
+    steps = math.ceil(chunk / tok_step)
+    kv_bytes = CTX * KD * 2 * 2
+    what = "%d splits of %d tokens (%d-token steps, %d in flight), %d blocks/SM" % (
+        splits, chunk, tok_step, pf, per_sm)
+    if pdl:  # the metadata before the wait; the block table (with q), the rows after it
+        split = K("attention decode (split)", hbm=kv_bytes, chain_l2=1 + 1,
+                  chain_hbm=math.ceil(steps / pf), overlap=True, note=what + "; PDL")
+    else:
+        split = K("attention decode (split)", hbm=kv_bytes, chain_l2=2 + 1,
+                  chain_hbm=math.ceil(steps / pf), overlap=True, plain=1, note=what)
+    if splits == 1:
+        return [split]
+    if fold:
+        split.chain_l2 += 3
+        split.note += "; merged by the last split"
+        return [split]
+    merge = K("attention merge", chain_l2=2 if pdl else 3, plain=0 if pdl else 1,
+              note="PDL" if pdl else "plain launch")
+    return [split, merge]
+
+
+# The decode attention's variants: as on main, and this branch's steps.
+ATTN = {"main": dict(pdl=False), "pdl": dict(pdl=True), "pf2": dict(pdl=True, pf=2),
+        "new": dict(pdl=True, pf=2, fold=True)}
+
+
+def decode_after(mix, attn="old"):
     """Batch-1 decode step with the fused kernels: one launch for the
     projections of one input (q, k, v when their types agree), gate and up
     with SiLU, RoPE with the KV write, attention (+ merge when split), and
@@ -239,17 +338,28 @@ def decode_after(mix, pdl=False):
             ks.append(K("gemv q,k %s" % wt, hbm=E * (E + KD) * BYTES[wt],
                         eff=gemv_eff_after(wt, E + KD)[0], chain_l2=stage_time(wt, E + KD, E) / LAT_L2))
             ks.append(K("gemv v %s" % vt, hbm=E * KD * BYTES[vt], eff=gemv_eff_after(vt, KD)[0],
-                        chain_l2=stage_time(vt, KD, E) / LAT_L2))
-        ks.append(K("rope + kv_write", chain_l2=3, note="one block per token, 8 heads' loads together"))
-        ctx_split = 256
-        ks.append(K("attention decode + merge", launches=2, hbm=1024 * KD * 2 * 2,
-                    chain_hbm=ctx_split // 16 + 1, note="(unchanged yet)"))
+                        chain_l2=stage_time(vt, KD, E, producer_quantizes=False) / LAT_L2))
+        if NEXT["rope_in_qkv"]:  # its last block: the heads' rotation and the KV rows
+            ks.append(K("rope + kv_write (in qkv)", launches=0, chain_l2=3))
+        else:
+            ks.append(K("rope + kv_write", chain_l2=3, note="one block per token, 8 heads' loads together"))
+        if attn == "old":  # the model of 2026-12-07 (256-token splits; stale)
+            ctx_split = 256
+            ks.append(K("attention decode + merge", launches=2, hbm=1024 * KD * 2 * 2,
+                        chain_hbm=ctx_split // 16 + 1, note="(old 256-token splits)"))
+        else:
+            ks += attn_main(**ATTN[attn])
+        # after a merge that never triggers early, the o projection's PDL
+        # launch waits for its end: the whole gap
         ks.append(K("gemv o + add + rmsnorm %s" % wt, hbm=E * E * BYTES[wt],
                     eff=gemv_eff_after(wt, E)[0], chain_l2=4 + stage_time(wt, E, E) / LAT_L2,
+                    plain=0 if attn == "old" or ATTN[attn]["pdl"] else 1,
                     note="last block: 2 L2 round trips more"))
         ks.append(K("gemv gate,up + silu %s" % wt, hbm=2 * E * F * BYTES[wt],
                     eff=gemv_eff_after(wt, 2 * F)[0],
-                    chain_l2=stage_time(wt, 2 * F, E, swiglu=True) / LAT_L2))
+                    chain_l2=stage_time(wt, 2 * F, E, swiglu=True) / LAT_L2 +
+                    (3 if NEXT["quant_once"] and wt != "bf16" else 0)))  # its last block
+                    # quantizing down's input: the counter, the rows, the store
         ks.append(K("gemv down + add + rmsnorm %s" % vt, hbm=F * E * BYTES[vt],
                     eff=gemv_eff_after(vt, E)[0], chain_l2=4 + stage_time(vt, E, F) / LAT_L2))
     return ks + decode_tail(q, before=False)
@@ -412,16 +522,38 @@ def main():
         ea, ba = gemv_eff_after(wt, F)
         print("  %-5s before %5.1f B/wf eff %.2f   after %5.1f B/wf eff %.2f" % (wt, bb, eb, ba, ea))
     print("\nbatch-1 decode, 8B shape, context 1024 (roofline: weights + KV bytes / copy bandwidth)")
-    print("  %-28s %9s %9s %8s %8s %9s %9s" % ("", "ms/step", "roofline", "% roof", "tok/s", "launches", "per layer"))
+    for regs in (AD_REGS, AD_REGS_NEW):
+        splits, per_sm = ad_splits(regs=regs)
+        print("decode attention at context %d: attn_decode_kernel<128, bf16, GQ 4> %d registers -> %d"
+              " blocks/SM, %d splits of %d tokens (bucket %d)" % (CTX, regs, per_sm, splits,
+                                                                  math.ceil(CTX / splits), kv_bucket(CTX)))
+    print("(rows after 'before': fused GEMVs and PDL; 'main attn' is main's decode attention)")
+    print("  %-32s %9s %9s %8s %8s %9s %9s" % ("", "ms/step", "roofline", "% roof", "tok/s", "launches", "per layer"))
     rows = [("before, bf16", decode_before("bf16"), "bf16", T_LAUNCH),
             ("before, Q4_K_M", decode_before("q4_k_m"), "q4_k_m", T_LAUNCH),
-            ("after, bf16", decode_after("bf16"), "bf16", T_LAUNCH),
-            ("after, Q4_K_M", decode_after("q4_k_m"), "q4_k_m", T_LAUNCH),
-            ("after + PDL, bf16", decode_after("bf16"), "bf16", T_LAUNCH_PDL),
-            ("after + PDL, Q4_K_M", decode_after("q4_k_m"), "q4_k_m", T_LAUNCH_PDL)]
+            ("fused + PDL, old attn, bf16", decode_after("bf16"), "bf16", T_LAUNCH_PDL),
+            ("fused + PDL, old attn, Q4_K_M", decode_after("q4_k_m"), "q4_k_m", T_LAUNCH_PDL)]
+    for attn, label in (("main", "main attn"), ("pdl", "+ attn PDL"), ("pf2", "+ 2 steps in flight"),
+                        ("new", "+ merge folded (now)")):
+        for mix in ("bf16", "q4_k_m"):
+            rows.append(("%s, %s" % (label, "bf16" if mix == "bf16" else "Q4_K_M"),
+                         decode_after(mix, attn=attn), mix, T_LAUNCH_PDL))
     for title, ks, mix, tl in rows:
         t, roof, n, pl = report_decode(title, ks, mix, tl, show)
-        print("  %-28s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f" % (title, t * 1e3, roof * 1e3, 100 * roof / t, 1 / t, n, pl))
+        if title.startswith("+ merge folded (now)") and mix == "q4_k_m":
+            now = t
+        print("  %-32s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f" % (title, t * 1e3, roof * 1e3, 100 * roof / t, 1 / t, n, pl))
+    print("  next (not built), Q4_K_M, from the now row:")
+    for knob, label in (("quant_once", "+ activations quantized once"),
+                        ("rope_in_qkv", "+ RoPE/KV write in the QKV epilogue")):
+        NEXT[knob] = True
+        t, roof, n, pl = report_decode(label, decode_after("q4_k_m", attn="new"), "q4_k_m",
+                                       T_LAUNCH_PDL, show)
+        print("  %-32s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f   (-%.0f us)" % (
+            label, t * 1e3, roof * 1e3, 100 * roof / t, 1 / t, n, pl, (now - t) * 1e6))
+        now = t
+    for knob in NEXT:
+        NEXT[knob] = False
     print("\nprefill of a 2048-token prompt, 8B shape (%% of the %.0f TFLOP/s bf16 peak)" % (TC_PEAK / 1e12))
     smem_rate = SMS * CLK * LDS_PER_CLK / 1.5 * 32 * 2  # fp32 FMAs fed by 1.5 LDS each
     fa2_rate = TC_PEAK * MMA_SYNC_FRAC * FA2_FRAC

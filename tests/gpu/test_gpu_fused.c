@@ -3,7 +3,9 @@
  * ops each replaces, on fresh random inputs: every weight type, 1..8 rows
  * (the fused GEMV, every token count, one launch) and more (the chain on the
  * GEMM path), mixed weight types, biases; RoPE with the KV write for every KV
- * dtype, head_dim 64/128/256, GQA 1/4/8, both pair conventions. The
+ * dtype, head_dim 64/128/256, GQA 1/4/8, both pair conventions, and
+ * followed by the decode attention (its early loads, programmatic
+ * dependent launch, against rope_kv's writes). The
  * K-quants' projections, RoPE and the KV bytes must equal the cpu's bit for
  * bit (Q4_K: the cpu's float order; Q5_K and Q6_K's cpu order, llama.cpp's
  * 8 lanes a super-block, is not the GEMV's); the other types' sums within
@@ -357,6 +359,134 @@ static void test_rope_kv_write(void **state)
             }
 }
 
+/* RoPE with the KV write, then the decode attention right after it on the
+ * stream (as a decode step runs them), against rope, rope, kv_write and
+ * attention on the cpu. The attention kernel is a programmatic dependent
+ * launch: on the emulated sm_90 any row rope_kv writes (the new token's)
+ * read before its wait is reported. Contexts put the new token in a split's first step, in its
+ * second and in a later one; split and unsplit. */
+static void test_rope_kv_attention(void **state)
+{
+    static const uint32_t pos0s[] = {3, 20, 701, 150};
+    static const struct {
+        int dt;
+        uint32_t hd, group;
+    } cases[] = {{KV_BF16, 128, 4}, {KV_F16, 64, 8}, {KV_Q8_0, 128, 1}, {KV_F32, 64, 4}};
+    const uint32_t S = 4, kvh = 2, bt = 16;
+    rnd_seed(45);
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const uint32_t hd = cases[c].hd, nh = kvh * cases[c].group;
+        struct kv_geom g = {.layers = 2,
+                            .kv_heads = kvh,
+                            .head_dim = hd,
+                            .dtype = (enum kv_dtype)cases[c].dt,
+                            .block_tokens = bt};
+        uint32_t qstart[5], pos0[4], slot0[5], NS = 0, max_kv = 0;
+        for (uint32_t i = 0; i < S; i++) {
+            qstart[i] = i;
+            pos0[i] = pos0s[i];
+            slot0[i] = NS;
+            NS += pos0s[i] / bt + 1;
+            max_kv = pos0s[i] + 1 > max_kv ? pos0s[i] + 1 : max_kv;
+        }
+        qstart[S] = S;
+        slot0[S] = NS;
+        const uint32_t nb = NS + 2;
+        uint32_t *slots = malloc(NS * 4), tok_slot[4];
+        for (uint32_t i = 0; i < NS; i++)
+            slots[i] = (i * 5 + 1) % nb == nb - 1 ? nb - 2 : (i * 5 + 1) % nb;
+        for (uint32_t i = 0; i < NS; i++) /* injective */
+            for (uint32_t j = 0; j < i; j++)
+                if (slots[j] == slots[i])
+                    slots[i] = (slots[i] + 1) % nb, j = (uint32_t)-1;
+        for (uint32_t i = 0; i < S; i++)
+            tok_slot[i] = slots[slot0[i] + pos0[i] / bt];
+        /* the context before each new token, written as the cpu writes KV */
+        size_t ab = kv_block_bytes(&g) * nb;
+        uint8_t *harena = calloc(1, ab), *garena = malloc(ab);
+        for (uint32_t i = 0; i < S; i++)
+            for (uint32_t p = 0; p < pos0[i]; p++) {
+                float *k = rnd_new(kvh * hd, -2, 2), *v = rnd_new(kvh * hd, -2, 2);
+                uint32_t sl = slots[slot0[i] + p / bt];
+                assert_int_equal(F.cops->kv_write(F.ccx, harena, &g, 1, k, v, 1, &sl, &p), 0);
+                free(k);
+                free(v);
+            }
+        size_t QN = (size_t)S * nh * hd, KN = (size_t)S * kvh * hd;
+        float *q = rnd_new(QN, -2, 2), *k = rnd_new(KN, -2, 2), *v = rnd_new(KN, -2, 2);
+        float *ref = malloc(QN * 4), *got = malloc(QN * 4);
+        void *da = gpu_dup(&F, harena, ab);
+        float *dq = gpu_dup(&F, q, QN * 4), *dk = gpu_dup(&F, k, KN * 4),
+              *dv = gpu_dup(&F, v, KN * 4), *dout = gpu_nan(&F, QN);
+        uint32_t *dpos = gpu_dup(&F, pos0, sizeof pos0),
+                 *dts = gpu_dup(&F, tok_slot, sizeof tok_slot),
+                 *dqs = gpu_dup(&F, qstart, sizeof qstart), *ds0 = gpu_dup(&F, slot0, sizeof slot0),
+                 *dslots = gpu_dup(&F, slots, NS * 4);
+        assert_int_equal(F.cops->rope(F.ccx, q, S, nh, hd, hd, pos0, ROPE_NORM, 1e4f, NULL), 0);
+        assert_int_equal(F.cops->rope(F.ccx, k, S, kvh, hd, hd, pos0, ROPE_NORM, 1e4f, NULL), 0);
+        assert_int_equal(F.cops->kv_write(F.ccx, harena, &g, 1, k, v, S, tok_slot, pos0), 0);
+        struct attn_desc d = {.q = q,
+                              .out = ref,
+                              .arena = harena,
+                              .geom = &g,
+                              .layer = 1,
+                              .n_head = nh,
+                              .scale = 1.0f / sqrtf((float)hd),
+                              .n_tokens = S,
+                              .n_seqs = S,
+                              .seq_qstart = qstart,
+                              .seq_pos0 = pos0,
+                              .seq_slot0 = slot0,
+                              .slots = slots,
+                              .max_q = 1,
+                              .max_kv = max_kv,
+                              .h_seq_qstart = qstart,
+                              .h_seq_pos0 = pos0};
+        assert_int_equal(F.cops->attention(F.ccx, &d), 0);
+        struct attn_desc gd = d;
+        gd.q = dq;
+        gd.out = dout;
+        gd.arena = da;
+        gd.seq_qstart = dqs;
+        gd.seq_pos0 = dpos;
+        gd.seq_slot0 = ds0;
+        gd.slots = dslots;
+        /* once to grow the backend's scratch (its first memset would end
+         * the record of rope_kv's stores), then the pair back to back */
+        assert_int_equal(F.gops->attention(F.gcx, &gd), 0);
+        assert_int_equal(F.gops->rope_kv_write(F.gcx, dq, dk, dv, S, nh, hd, dpos, ROPE_NORM, 1e4f,
+                                               NULL, da, &g, 1, dts),
+                         0);
+        assert_int_equal(F.gops->attention(F.gcx, &gd), 0);
+        gpu_get(&F, got, dout, QN * 4);
+        gpu_get(&F, garena, da, ab);
+        char what[96];
+        snprintf(what, sizeof what, "rope_kv_write + attention %s hd %u heads %u/%u",
+                 kv_dtype_name(g.dtype), hd, nh, kvh);
+        if (memcmp(garena, harena, ab))
+            fail_msg("%s: the KV arena differs from the cpu's", what);
+        same(what, got, ref, QN, false, 2e-5);
+        free(harena);
+        free(garena);
+        free(slots);
+        free(q);
+        free(k);
+        free(v);
+        free(ref);
+        free(got);
+        gpu_free(&F, da);
+        gpu_free(&F, dq);
+        gpu_free(&F, dk);
+        gpu_free(&F, dv);
+        gpu_free(&F, dout);
+        gpu_free(&F, dpos);
+        gpu_free(&F, dts);
+        gpu_free(&F, dqs);
+        gpu_free(&F, ds0);
+        gpu_free(&F, dslots);
+    }
+}
+
 /* Batch-invariant rows (n_one): of 12 rows, the first 10 must each equal,
  * bit for bit, the same op called on that row alone (the one-row GEMV, as a
  * plain decode computes it), whatever the other rows are; the 2 after them
@@ -430,7 +560,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         GPU_TEST(test_matmul_n),           GPU_TEST(test_matmul_swiglu),
         GPU_TEST(test_matmul_add_rmsnorm), GPU_TEST(test_rope_kv_write),
-        GPU_TEST(test_invariant_rows),
+        GPU_TEST(test_rope_kv_attention),  GPU_TEST(test_invariant_rows),
     };
     gpu_fx_open(&F);
     gpu_fx_close(&F);

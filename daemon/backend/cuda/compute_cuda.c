@@ -84,6 +84,7 @@ static void cuda_ctx_free(struct compute_ctx *cx)
         graphs_drop_all(cx);
         cuda_cx_free(cx, cx->xb);
         cuda_cx_free(cx, cx->part);
+        cuda_cx_free(cx, cx->done);
         cuda_cx_free(cx, cx->wt);
         cuda_cx_free(cx, cx->act);
         cuda_cx_free(cx, cx->counter);
@@ -273,9 +274,16 @@ int cuda_cx_need_xb(struct compute_ctx *cx, size_t elems)
     return grow_dev(cx, (void **)&cx->xb, &cx->xb_cap, elems, sizeof(uint16_t));
 }
 
-int cuda_cx_need_part(struct compute_ctx *cx, size_t floats)
+int cuda_cx_need_part(struct compute_ctx *cx, size_t floats, size_t counters)
 {
-    return grow_dev(cx, (void **)&cx->part, &cx->part_cap, floats, sizeof(float));
+    int rc = grow_dev(cx, (void **)&cx->part, &cx->part_cap, floats, sizeof(float));
+    if (rc || counters <= cx->done_cap)
+        return rc;
+    if ((rc = grow_dev(cx, (void **)&cx->done, &cx->done_cap, counters, sizeof(unsigned))))
+        return rc;
+    /* the kernel counts from 0 and leaves 0 behind */
+    cudaError_t e = cudaMemsetAsync(cx->done, 0, cx->done_cap * sizeof(unsigned), cx->stream);
+    return e == cudaSuccess ? 0 : cuda_fail(e, "memset");
 }
 
 int cuda_cx_need_act(struct compute_ctx *cx, size_t bytes)

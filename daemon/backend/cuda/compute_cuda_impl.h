@@ -37,12 +37,16 @@ struct compute_ctx {
     size_t stg_cap, stg_off;
 
     /* Scratch grown on demand, never during a capture: bf16 activations for
-     * cuBLAS [xb_cap] elements; decode-attention partials [part_cap] floats.
-     * (The cuBLAS workspace is the device's: backend_cuda.h.) */
+     * cuBLAS [xb_cap] elements; decode-attention partials [part_cap] floats
+     * and the counters of finished splits [done_cap] (zeroed when grown, 0
+     * between launches). (The cuBLAS workspace is the device's:
+     * backend_cuda.h.) */
     uint16_t *xb;
     size_t xb_cap;
     float *part;
     size_t part_cap;
+    unsigned *done;
+    size_t done_cap;
     /* The bf16 tile the quantized weights (not Q8_0) are dequantized into
      * before each GEMM, [wt_cap] elements: sized by weight_upload at model
      * load for the largest tile any weight needs (compute_cuda_ops.c). */
@@ -91,7 +95,7 @@ struct compute_ctx {
 /* Grows the scratch buffers (not allowed while capturing). 0 or KVD_ENOMEM /
  * KVD_EINTERNAL. */
 int cuda_cx_need_xb(struct compute_ctx *cx, size_t elems);
-int cuda_cx_need_part(struct compute_ctx *cx, size_t floats);
+int cuda_cx_need_part(struct compute_ctx *cx, size_t floats, size_t counters);
 int cuda_cx_need_act(struct compute_ctx *cx, size_t bytes);
 /* The attention split count for n_seqs decode rows of n_head query heads
  * over kv (its head_dim, dtype and kv_heads pick the kernel whose occupancy

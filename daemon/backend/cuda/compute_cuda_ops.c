@@ -87,11 +87,11 @@ static int attn_decode_rows(struct compute_ctx *cx, const struct attn_desc *d,
     size_t need =
         kvd_k_attn_decode_partial_floats((int)n, (int)d->n_head, kv->head_dim, (int)splits);
     int rc;
-    if (need && (rc = cuda_cx_need_part(cx, need)))
+    if (need && (rc = cuda_cx_need_part(cx, need, (size_t)n * d->n_head)))
         return rc;
     return cuda_kstatus(kvd_k_attn_decode(d->out, d->q, kv, (int)d->layer, d->slots, slot0, pos0,
                                           qstart, (int)n, (int)d->n_head, d->scale, (int)splits,
-                                          cx->part, cx->stream),
+                                          cx->part, cx->done, cx->stream),
                         "attention (decode)");
 }
 
