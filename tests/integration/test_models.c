@@ -22,6 +22,7 @@
 #include <jansson.h>
 
 #include "kvd_harness.h"
+#include "two_models.h"
 #include "model.h"
 #include "model/model_ref.h"
 
@@ -37,28 +38,13 @@ static const uint32_t prompt8[] = {5, 77, 123, 9, 300, 41, 7, 260};
 static int setup(void **state)
 {
     (void)state;
-    const char *tools = getenv("KVD_TOOLS_DIR");
-    char cmd[1024];
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvd-models.XXXXXX");
-    if (!tools || !mkdtemp(g_dir))
-        return -1;
-    snprintf(g_a, sizeof g_a, "%s/a.gguf", g_dir);
-    snprintf(g_b, sizeof g_b, "%s/b.gguf", g_dir);
-    snprintf(cmd, sizeof cmd,
-             "%s/kvd-gguf-gen -o %s --arch llama --layers 2 --embd 128 --heads 4 --kv-heads 2 "
-             "--ff 256 --vocab 500 --ctx 256 --type f32 --seed 3 >/dev/null && "
-             "%s/kvd-gguf-gen -o %s --arch qwen2 --layers 3 --embd 192 --heads 6 --kv-heads 3 "
-             "--ff 384 --vocab 700 --ctx 256 --type f16 --seed 4 >/dev/null",
-             tools, g_a, tools, g_b);
-    return system(cmd) == 0 ? 0 : -1;
+    return two_models_make("/tmp/kvd-models.XXXXXX", g_dir, g_a, g_b);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    unlink(g_a);
-    unlink(g_b);
-    rmdir(g_dir);
+    two_models_remove(g_dir, g_a, g_b);
     return 0;
 }
 

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "kvd_harness.h"
+#include "two_models.h"
 
 #define UID_A 60001
 #define UID_B 60002
@@ -34,28 +35,13 @@ static uint64_t g_id;
 static int setup(void **state)
 {
     (void)state;
-    const char *tools = getenv("KVD_TOOLS_DIR");
-    char cmd[1024];
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvd-mtenants.XXXXXX");
-    if (!tools || !mkdtemp(g_dir))
-        return -1;
-    snprintf(g_a, sizeof g_a, "%s/a.gguf", g_dir);
-    snprintf(g_b, sizeof g_b, "%s/b.gguf", g_dir);
-    snprintf(cmd, sizeof cmd,
-             "%s/kvd-gguf-gen -o %s --arch llama --layers 2 --embd 128 --heads 4 --kv-heads 2 "
-             "--ff 256 --vocab 500 --ctx 256 --type f32 --seed 3 >/dev/null && "
-             "%s/kvd-gguf-gen -o %s --arch qwen2 --layers 3 --embd 192 --heads 6 --kv-heads 3 "
-             "--ff 384 --vocab 700 --ctx 256 --type f16 --seed 4 >/dev/null",
-             tools, g_a, tools, g_b);
-    return system(cmd) == 0 ? 0 : -1;
+    return two_models_make("/tmp/kvd-mtenants.XXXXXX", g_dir, g_a, g_b);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    unlink(g_a);
-    unlink(g_b);
-    rmdir(g_dir);
+    two_models_remove(g_dir, g_a, g_b);
     return 0;
 }
 
