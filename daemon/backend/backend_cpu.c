@@ -163,6 +163,14 @@ static int cpu_zero(struct backend *be, void *dst, enum kvd_tier tier, size_t by
     return 0;
 }
 
+/* Both tiers are host memory (memfd pages, or one anonymous arena). */
+static void cpu_prefault(struct backend *be, void *p, enum kvd_tier tier, size_t bytes)
+{
+    (void)be;
+    (void)tier;
+    memfd_arena_prefault(p, bytes);
+}
+
 static int cpu_copy_wait(struct backend *be)
 {
     return 0;
@@ -207,6 +215,7 @@ static const struct backend_ops cpu_ops = {
     .arena_page_fd = cpu_arena_page_fd,
     .page_fd_read_only = 1u << KVD_TIER_DEVICE | 1u << KVD_TIER_HOST,
     .zero = cpu_zero,
+    .prefault = cpu_prefault,
     .destroy = cpu_destroy,
 };
 

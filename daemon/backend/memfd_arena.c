@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,6 +113,22 @@ int memfd_arena_map(struct memfd_arena *a, size_t page)
     a->fds[page] = fd;
     a->n_mapped++;
     return 0;
+}
+
+void memfd_arena_prefault(void *p, size_t bytes)
+{
+#ifdef MADV_POPULATE_WRITE
+    static atomic_bool unsupported;
+    if (bytes == 0 || atomic_load_explicit(&unsupported, memory_order_relaxed))
+        return;
+    if (madvise(p, bytes, MADV_POPULATE_WRITE) != 0 && errno == EINVAL &&
+        !atomic_exchange(&unsupported, true))
+        log_info("MADV_POPULATE_WRITE not supported (Linux < 5.14): fresh KV pages fault in on "
+                 "first touch");
+#else
+    (void)p;
+    (void)bytes;
+#endif
 }
 
 int memfd_arena_unmap(struct memfd_arena *a, size_t page)

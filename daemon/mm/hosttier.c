@@ -50,6 +50,11 @@ int hosttier_move(struct pool *p, const uint32_t *ids, size_t n, enum kvd_tier t
             err = KVD_ENOMEM;
             break;
         }
+        void *page;
+        size_t page_bytes;
+        /* A new page: faulted in by one call, not 4 KiB at a time in the copy. */
+        if (be->ops->prefault && pool_take_fresh(p, to, slots[taken], &page, &page_bytes))
+            be->ops->prefault(be, page, to, page_bytes);
         err = cp(be, pool_slot_ptr(p, to, slots[taken]), to, pool_slot_ptr(p, from, b->slot), from,
                  p->block_bytes);
         if (err) {

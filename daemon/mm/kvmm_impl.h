@@ -209,6 +209,8 @@ struct mm_restoring {
     enum kvd_tier tier;
     void *dst;         /* its bytes in the arena */
     uint64_t checksum; /* host tier: of the bytes filled in */
+    void *fresh;       /* the new page it lies in, prefaulted by the fill; NULL: none */
+    size_t fresh_bytes;
 };
 /* Device when prefer_device and the device pool has free slots beyond a
  * margin (a sixteenth of the pool, left for the running sequences' growth)

@@ -61,13 +61,23 @@ bool mm_restore_take(struct kvmm *mm, uint32_t tenant, uint32_t ns, bool prefer_
         t->host_blocks++;
     else
         t->dev_blocks++;
-    pool_block(&mm->pool, id)->restoring = 1;
+    struct pool_block *pb = pool_block(&mm->pool, id);
+    pb->restoring = 1;
     *r = (struct mm_restoring){.id = id, .tier = tier, .dst = pool_block_ptr(&mm->pool, id)};
+    if (mm->be->ops->prefault)
+        (void)pool_take_fresh(&mm->pool, tier, pb->slot, &r->fresh, &r->fresh_bytes);
     return true;
 }
 
 bool mm_restore_fill(struct kvmm *mm, struct mm_restoring *r, const void *data)
 {
+    /* The first block restored into a new page prefaults the whole page (the
+     * blocks after it in the window land in the same page): one call instead
+     * of a fault per 4 KiB page inside the copies, with the lock released. */
+    if (r->fresh) {
+        mm->be->ops->prefault(mm->be, r->fresh, r->tier, r->fresh_bytes);
+        r->fresh = NULL;
+    }
     if (mm->be->ops->copy(mm->be, r->dst, r->tier, data, KVD_TIER_HOST, mm->block_bytes) != 0)
         return false;
     if (r->tier == KVD_TIER_HOST) /* as hosttier_checksum, from the bytes just written */

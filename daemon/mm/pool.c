@@ -391,7 +391,20 @@ int pool_page_add(struct pool *p, enum kvd_tier t, uint32_t owner, bool quota)
     p->n_mapped[t]++;
     p->maps++;
     page_init(p, t, pg, owner);
+    p->pages[t][pg].fresh = p->elastic[t];
     return 0;
+}
+
+bool pool_take_fresh(struct pool *p, enum kvd_tier tier, uint32_t slot, void **start, size_t *bytes)
+{
+    uint32_t pg = pool_page_of(p, tier, slot);
+    struct pool_page *g = &p->pages[tier][pg];
+    if (!g->fresh)
+        return false;
+    g->fresh = 0;
+    *start = (char *)p->arena[tier] + (size_t)pg * p->page_bytes[tier];
+    *bytes = p->page_bytes[tier];
+    return true;
 }
 
 /* Spare page pg (or, from page_put, an empty one) loses its memory and

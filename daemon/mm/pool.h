@@ -79,6 +79,7 @@ struct pool_page {
     uint8_t listed;      /* on the owner's list */
     uint8_t exported;    /* pinned at least once since it was mapped */
     uint8_t spare;       /* mapped, nobody's, kept for the next page this pool takes */
+    uint8_t fresh;       /* mapped new memory that nobody has prefaulted yet (pool_take_fresh) */
 };
 
 /* Who a page is for, with the counts the kvmm's room-making reads (usable
@@ -234,6 +235,13 @@ uint64_t pool_free_slots(const struct pool *p, enum kvd_tier tier);
 uint32_t pool_slot_take(struct pool *p, enum kvd_tier tier, uint32_t owner);
 void pool_slot_give(struct pool *p, enum kvd_tier tier, uint32_t slot);
 void pool_retier(struct pool *p, uint32_t id, enum kvd_tier tier, uint32_t slot);
+/* Whether slot's page is new memory nobody has prefaulted yet: if so, the
+ * page is no longer counted fresh, and its bytes are [*start, *start +
+ * *bytes), for the caller to prefault (backend prefault) before it copies
+ * into the slot, outside the kvmm lock where it can: the page holds the
+ * caller's slot, so it stays mapped meanwhile. */
+bool pool_take_fresh(struct pool *p, enum kvd_tier tier, uint32_t slot, void **start,
+                     size_t *bytes);
 
 /* Exports (elastic arenas only). pool_pin: the page enters an export; its
  * free slots are zeroed (they may hold what its owner's freed blocks left)

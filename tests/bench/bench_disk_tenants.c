@@ -196,6 +196,33 @@ static int beta(void *arg)
 /* ---- the daemon --------------------------------------------------------- */
 
 static const char *g_args[64];
+static pid_t g_pid; /* the running kvd */
+
+/* The daemon's minor page faults and CPU seconds (user + system) so far,
+ * from /proc/PID/stat (fields 10, 14 and 15); 0 when it cannot be read. */
+static void kvd_usage(uint64_t *minflt, double *cpu_s)
+{
+    char path[64], buf[1024];
+    *minflt = 0;
+    *cpu_s = 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)g_pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *s = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long long v[16] = {0};
+    /* After ") ": state, then fields 4.. as numbers. */
+    if (!s || sscanf(s + 2, "%*c %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu",
+                     &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13],
+                     &v[14], &v[15]) != 12)
+        return;
+    long hz = sysconf(_SC_CLK_TCK);
+    *minflt = v[10];
+    *cpu_s = (double)(v[14] + v[15]) / (double)(hz > 0 ? hz : 100);
+}
 
 static int start(struct kh_proc *d, const char *model, const char *disk)
 {
@@ -230,6 +257,7 @@ static int start(struct kh_proc *d, const char *model, const char *disk)
     if (kh_start(d, conf_tenants, g_args) != 0)
         return -1;
     snprintf(sh->sock, sizeof sh->sock, "%s", d->sock);
+    g_pid = d->pid;
     return 0;
 }
 
@@ -255,6 +283,8 @@ struct phase {
     unsigned b_sent, b_cached;
     uint64_t restored, read_bytes, read_reqs, restores, restore_us_total;
     double b_wall;
+    uint64_t minflt; /* the daemon's minor page faults in the phase */
+    double cpu_s;    /* and its CPU seconds */
 };
 
 /* Alpha's inter-token gaps (ms) of the tokens that arrived within [t0, t1]
@@ -295,6 +325,9 @@ static int run_phase(struct phase *ph, bool with_alpha, bool with_beta, unsigned
     uint64_t r0 = disk_stat("restored"), rb0 = disk_stat("read_bytes");
     uint64_t rq0 = disk_stat("read_requests"), rs0 = disk_stat("restores");
     uint64_t rt0 = disk_stat("restores") * disk_stat("restore_mean_us");
+    uint64_t f0;
+    double c0;
+    kvd_usage(&f0, &c0);
     pid_t pb = with_beta ? kh_run_as(UID_B, GID_ALL, beta, with_alpha ? (void *)1 : NULL) : 0;
     pid_t pa = with_alpha ? kh_run_as(UID_A, GID_ALL, alpha, NULL) : 0;
     if (pa < 0 || pb < 0)
@@ -314,6 +347,11 @@ static int run_phase(struct phase *ph, bool with_alpha, bool with_beta, unsigned
     } else {
         gaps(ph, 1, 0);
     }
+    uint64_t f1;
+    double c1;
+    kvd_usage(&f1, &c1);
+    ph->minflt = f1 - f0;
+    ph->cpu_s = c1 - c0;
     ph->b_cached = atomic_load(&sh->b_cached_blocks);
     ph->restored = disk_stat("restored") - r0;
     ph->read_bytes = disk_stat("read_bytes") - rb0;
@@ -340,6 +378,11 @@ static void print_phase(const char *name, const struct phase *ph)
                ph->restored, ph->read_bytes / 1000000, ph->read_reqs, ph->restores,
                ph->restore_us_total ? (double)ph->read_bytes / (double)ph->restore_us_total / 1e3
                                     : 0.0);
+    printf("\n  %-34s kvd: %" PRIu64 " minor faults, %.2f s CPU", "", ph->minflt, ph->cpu_s);
+    if (ph->restored)
+        printf("; per block restored: %.0f faults, %.0f us in its prefetch",
+               (double)ph->minflt / (double)ph->restored,
+               (double)ph->restore_us_total / (double)ph->restored);
     printf("\n");
 }
 

@@ -6,7 +6,8 @@
  * tenant (in the same pool, or asked of another pool, first where the
  * asking pool holds less than its even share), the
  * checker catches a page holding two tenants' blocks, the default page
- * sizes, and a pool without a host tier out of the even share. kvmm_check runs after every step. */
+ * sizes, a pool without a host tier out of the even share, and a new page
+ * prefaulted once. kvmm_check runs after every step. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <cmocka.h>
 
@@ -534,6 +537,75 @@ static void test_unshared_pool_without_host(void **state)
     assert_int_equal(ps.used[KVD_TIER_HOST], 0);
 }
 
+/* This thread's minor page faults so far. */
+static long thread_minflt(void)
+{
+    struct rusage ru;
+    assert_int_equal(getrusage(RUSAGE_THREAD, &ru), 0);
+    return ru.ru_minflt;
+}
+
+/* A newly mapped page is fresh once: pool_take_fresh gives its range to the
+ * first caller and to nobody after, and a spare page used again is not
+ * fresh. The backend's prefault of it keeps the bytes already written, and
+ * (where the kernel has MADV_POPULATE_WRITE) leaves no page fault to the
+ * writes that follow. */
+static void test_fresh_page_prefaulted(void **state)
+{
+    struct pfx *f = *state;
+    open_pools(f, N_PAGES, 0);
+    uint32_t t = tenant(f->a, tconf("t"));
+    kvmm_seq_t s;
+    assert_int_equal(seq_of(f->a, t, 4, &s), 0); /* one block: one new page */
+    kvmm_lock(f->a);
+    struct pool *p = &f->a->pool;
+    uint32_t id;
+    size_t n;
+    assert_int_equal(kvmm_seq_blocks(f->a, OWNER, s, &id, NULL, 1, &n), 0);
+    assert_int_equal(n, 1);
+    const struct pool_block *b = pool_block(p, id);
+    unsigned char *blk = pool_block_ptr(p, id);
+    void *pg = NULL;
+    size_t bytes = 0;
+    assert_true(pool_take_fresh(p, KVD_TIER_DEVICE, b->slot, &pg, &bytes));
+    assert_int_equal(bytes, PAGE);
+    assert_true(blk >= (unsigned char *)pg && blk + p->block_bytes <= (unsigned char *)pg + bytes);
+    assert_false(pool_take_fresh(p, KVD_TIER_DEVICE, b->slot, &pg, &bytes));
+    memset(blk, 0x5a, p->block_bytes);
+    f->be->ops->prefault(f->be, pg, KVD_TIER_DEVICE, bytes);
+    for (size_t i = 0; i < p->block_bytes; i++)
+        assert_int_equal(blk[i], 0x5a);
+    /* The rest of the page (free slots: their bytes are nobody's). */
+    unsigned char *rest = blk == pg ? blk + p->block_bytes : pg;
+    size_t rest_bytes = bytes - p->block_bytes;
+    kvmm_unlock(f->a);
+    void *probe = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(probe != MAP_FAILED);
+#ifdef MADV_POPULATE_WRITE
+    bool populate = madvise(probe, 4096, MADV_POPULATE_WRITE) == 0;
+#else
+    bool populate = false;
+#endif
+    munmap(probe, 4096);
+    long f0 = thread_minflt();
+    for (size_t i = 0; i < rest_bytes; i += 4096)
+        rest[i] = 1;
+    long faults = thread_minflt() - f0;
+    if (populate)
+        assert_int_equal(faults, 0);
+    else
+        print_message("no MADV_POPULATE_WRITE here: %ld faults\n", faults);
+    /* Emptied, the page stays as the pool's spare; used again, it is not new. */
+    close_seq(f->a, s);
+    assert_int_equal(mstats(f->a).pages_spare[KVD_TIER_DEVICE], 1);
+    assert_int_equal(seq_of(f->a, t, 4, &s), 0);
+    kvmm_lock(f->a);
+    assert_int_equal(kvmm_seq_blocks(f->a, OWNER, s, &id, NULL, 1, &n), 0);
+    assert_false(pool_take_fresh(p, KVD_TIER_DEVICE, pool_block(p, id)->slot, &pg, &bytes));
+    kvmm_unlock(f->a);
+    close_seq(f->a, s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -548,6 +620,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_checker_catches_a_shared_page, setup, teardown),
         cmocka_unit_test_setup_teardown(test_default_pages, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unshared_pool_without_host, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fresh_page_prefaulted, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
