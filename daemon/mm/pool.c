@@ -374,8 +374,10 @@ int pool_page_add(struct pool *p, enum kvd_tier t, uint32_t owner, bool quota)
         if ((rc = kvpages_claim(p->budget, t, o->bt, p->budget_pages[t], quota)))
             return rc;
         uint32_t pg = p->spare[t][--p->n_spare[t]];
-        p->pages[t][pg].spare = 0;
+        /* Still fresh if nobody prefaulted it while it was used before. */
+        uint8_t fresh = p->pages[t][pg].fresh;
         page_init(p, t, pg, owner);
+        p->pages[t][pg].fresh = fresh;
         return 0;
     }
     if (p->n_free_pos[t] == 0)
@@ -439,10 +441,12 @@ static void page_put(struct pool *p, int t, uint32_t pg)
     o->n_pages[t]--;
     for (uint32_t s = pool_page_first(p, t, pg); s < pool_page_end(p, t, pg); s++)
         p->slot_next[t][s] = POOL_NONE;
+    uint8_t fresh = g->fresh;
     memset(g, 0, sizeof *g);
     g->owner = g->free_head = g->prev = g->next = POOL_NONE;
     if (keep) {
         g->spare = 1;
+        g->fresh = fresh; /* a spare keeps its memory: as prefaulted as it was */
         p->spare[t][p->n_spare[t]++] = pg;
     }
 }

@@ -387,10 +387,11 @@ static void print_phase(const char *name, const struct phase *ph)
 }
 
 /* KVD_BENCH_HOOK: a shell command run (with KVD_PID set) just before the
- * phase where beta restores while alpha decodes, e.g. a profiler. */
-static int hook(const struct kh_proc *d)
+ * phase where beta restores while alpha decodes, e.g. a profiler;
+ * KVD_BENCH_HOOK_SOLO: the same before the phase where beta restores alone. */
+static int hook(const struct kh_proc *d, const char *env)
 {
-    const char *h = getenv("KVD_BENCH_HOOK");
+    const char *h = getenv(env);
     char cmd[4200];
     if (!h || !h[0])
         return 0;
@@ -472,8 +473,8 @@ restart:
     /* A first stream warms the daemon (its first request pays start-up costs). */
     unsigned half = prompts / 2;
     if (run_phase(&alone, true, false, 0, 0) || run_phase(&alone, true, false, 0, 0) ||
-        run_phase(&solo, false, true, 0, half) || hook(&d) ||
-        run_phase(&rst, true, true, half, prompts)) {
+        hook(&d, "KVD_BENCH_HOOK_SOLO") || run_phase(&solo, false, true, 0, half) ||
+        hook(&d, "KVD_BENCH_HOOK") || run_phase(&rst, true, true, half, prompts)) {
         fprintf(stderr, "bench_disk_tenants: a phase failed\n");
         goto stop;
     }
