@@ -89,7 +89,8 @@ struct backend_ops {
      * touch of fresh host memory otherwise takes a page fault per 4 KiB page
      * inside the copy (cpu: madvise MADV_POPULATE_WRITE). The bytes do not
      * change; a hint: where the kernel cannot (before Linux 5.14) the copies
-     * take the faults as before. Optional (NULL: nothing to do). */
+     * take the faults as before. Optional (NULL: nothing to do; cuda, whose
+     * host pages are populated when it pins them at arena_map). */
     void (*prefault)(struct backend *be, void *p, enum kvd_tier tier, size_t bytes);
     void (*destroy)(struct backend *be);
 };
