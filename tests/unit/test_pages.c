@@ -546,10 +546,10 @@ static long thread_minflt(void)
 }
 
 /* A newly mapped page is fresh once: pool_take_fresh gives its range to the
- * first caller and to nobody after, and a spare page used again is not
- * fresh. The backend's prefault of it keeps the bytes already written, and
- * (where the kernel has MADV_POPULATE_WRITE) leaves no page fault to the
- * writes that follow. */
+ * first caller and to nobody after; a page that waited as a spare is as
+ * fresh as it was. The backend's prefault of it keeps the bytes already
+ * written, and (where the kernel has MADV_POPULATE_WRITE) leaves no page
+ * fault to the writes that follow. */
 static void test_fresh_page_prefaulted(void **state)
 {
     struct pfx *f = *state;
@@ -557,6 +557,13 @@ static void test_fresh_page_prefaulted(void **state)
     uint32_t t = tenant(f->a, tconf("t"));
     kvmm_seq_t s;
     assert_int_equal(seq_of(f->a, t, 4, &s), 0); /* one block: one new page */
+    /* Emptied before anyone prefaulted it, the page waits as the spare and
+     * comes back still fresh. */
+    close_seq(f->a, s);
+    assert_int_equal(mstats(f->a).pages_spare[KVD_TIER_DEVICE], 1);
+    uint64_t maps = mstats(f->a).page_maps;
+    assert_int_equal(seq_of(f->a, t, 4, &s), 0);
+    assert_int_equal(mstats(f->a).page_maps, maps);
     kvmm_lock(f->a);
     struct pool *p = &f->a->pool;
     uint32_t id;
@@ -595,7 +602,7 @@ static void test_fresh_page_prefaulted(void **state)
         assert_int_equal(faults, 0);
     else
         print_message("no MADV_POPULATE_WRITE here: %ld faults\n", faults);
-    /* Emptied, the page stays as the pool's spare; used again, it is not new. */
+    /* Prefaulted, emptied and used again, it is not fresh any more. */
     close_seq(f->a, s);
     assert_int_equal(mstats(f->a).pages_spare[KVD_TIER_DEVICE], 1);
     assert_int_equal(seq_of(f->a, t, 4, &s), 0);
