@@ -30,6 +30,8 @@ _Static_assert(crypto_aead_xchacha20poly1305_ietf_KEYBYTES == REMOTE_FLEET_KEY_B
 _Static_assert(crypto_core_hchacha20_KEYBYTES == REMOTE_FLEET_KEY_BYTES, "HChaCha20 key size");
 _Static_assert(crypto_core_hchacha20_INPUTBYTES == 16, "HChaCha20 input size");
 
+static EVP_CIPHER_CTX *aead_ctx(void);
+
 static void put32(unsigned char *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++)
@@ -96,6 +98,12 @@ int remote_fleet_key_load(const char *path, struct remote_fleet_key *k, struct k
 {
     if (sodium_init() < 0)
         return kvd_error_set(e, KVD_EINTERNAL, "remote key: libsodium failed to start");
+    /* Checked here, at start-up: without it every value would fail to seal and to open. */
+    if (!aead_ctx())
+        return kvd_error_set(e, KVD_EINTERNAL,
+                             "remote-key-file %s: OpenSSL libcrypto offers no ChaCha20-Poly1305 "
+                             "(a FIPS-only provider configuration?): values cannot be sealed",
+                             path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return kvd_error_set(e, KVD_EBADREQ, "remote-key-file %s: %s", path, strerror(errno));

@@ -496,8 +496,45 @@ static void test_key_file(void **state)
     assert_non_null(strstr(e.message, path));
 }
 
+/* Run alone (KVD_TEST_NO_CIPHER), with OPENSSL_CONF naming a configuration whose only provider
+ * is OpenSSL's null one: loading the fleet key fails at once with the reason, a value cannot
+ * be sealed, and a value libsodium sealed is refused (dropped and counted as a failed
+ * authentication), never served. */
+static void test_no_cipher(void **state)
+{
+    (void)state;
+    assert_true(sodium_init() >= 0);
+    char path[] = "/tmp/kvd-remote-key-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    write_file(path, "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n", 0600);
+    struct remote_fleet_key k;
+    struct kvd_error e = {0};
+    assert_int_equal(remote_fleet_key_load(path, &k, &e), KVD_EINTERNAL);
+    assert_non_null(strstr(e.message, "ChaCha20-Poly1305"));
+    unlink(path);
+
+    struct fix f;
+    fix_init(&f, 10);
+    size_t len;
+    unsigned char *buf = laid_out(100, 2, 1, &len);
+    uint8_t rkey[REMOTE_KEY_BYTES];
+    remote_value_key(1, (struct blockkey){1, 2}, rkey);
+    assert_int_equal(remote_value_seal(&f.k, rkey, buf, len), -1);
+    unsigned char nonce[24] = {3};
+    sodium_seal(&f.k, rkey, nonce, buf, len);
+    struct remote_value_view v;
+    assert_int_equal(remote_value_open(&f.k, rkey, buf, len, &v), REMOTE_VALUE_AUTH);
+    free(buf);
+}
+
 int main(void)
 {
+    if (getenv("KVD_TEST_NO_CIPHER")) {
+        const struct CMUnitTest alone[] = {cmocka_unit_test(test_no_cipher)};
+        return cmocka_run_group_tests(alone, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),       cmocka_unit_test(test_tamper_every_byte),
         cmocka_unit_test(test_other_fleet_key), cmocka_unit_test(test_truncated),
