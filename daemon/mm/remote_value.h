@@ -11,7 +11,8 @@
  *
  * (integers little-endian; first: the chain index of the first block; parent:
  * chain(first-1)). Mode 1 (a fleet key): body is encrypted with
- * XChaCha20-Poly1305 (libsodium, a random nonce per value); the associated
+ * XChaCha20-Poly1305-IETF (libsodium's crypto_aead_xchacha20poly1305_ietf,
+ * computed with OpenSSL's ChaCha20-Poly1305; a random nonce per value); the associated
  * data is the Redis key and the value's first 8 bytes, so a value copied
  * under another key, changed in any byte or sealed with another fleet key
  * fails to open. Mode 0 (remote-insecure): the body is plain and tag is

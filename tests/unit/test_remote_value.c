@@ -1,7 +1,10 @@
 /* remote_value: the remote tier's value format and its crypto. A sealed value
  * opens to exactly its blocks; flipping any byte, another fleet key, another
  * Redis key, a truncation, or a plain value where a key is set are refused;
- * an authentic value of other tokens, keys or geometry is a mismatch. */
+ * an authentic value of other tokens, keys or geometry is a mismatch. The
+ * seal is byte for byte libsodium's XChaCha20-Poly1305 (values in a fleet's
+ * Redis written by either open with the other), also from several threads. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +16,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sodium.h>
 
 #include "remote_value.h"
 
@@ -255,6 +259,186 @@ static void test_mismatch(void **state)
     free(buf);
 }
 
+/* A value of n blocks of bb bytes (tokens and K/V from seed), laid out and not sealed. */
+static unsigned char *laid_out(uint64_t bb, uint32_t n, uint32_t seed, size_t *len)
+{
+    struct remote_value_meta m = {.block_tokens = BT, .block_bytes = bb, .first = 0, .n = n};
+    m.parent = (struct blockkey){seed, 1};
+    m.last = (struct blockkey){seed, 2};
+    snprintf(m.ns_name, sizeof m.ns_name, "tenant:kat");
+    m.ns_hash = blockkey_ns(m.ns_name);
+    *len = remote_value_size(&m);
+    assert_true(*len > REMOTE_VALUE_HEAD);
+    unsigned char *buf = malloc(*len);
+    assert_non_null(buf);
+    uint32_t *toks;
+    void *data;
+    remote_value_layout(&m, buf, &toks, &data);
+    for (uint32_t i = 0; i < n * BT; i++)
+        toks[i] = seed + i;
+    unsigned char *d = data;
+    for (uint64_t i = 0; i < bb * n; i++)
+        d[i] = (unsigned char)((i * 2654435761u + seed) >> 7);
+    return buf;
+}
+
+static void ad_for(const uint8_t rkey[REMOTE_KEY_BYTES], const unsigned char *buf,
+                   unsigned char ad[REMOTE_KEY_BYTES + 8])
+{
+    memcpy(ad, rkey, REMOTE_KEY_BYTES);
+    memcpy(ad + REMOTE_KEY_BYTES, buf, 8);
+}
+
+/* Seals a laid-out value as the format defines it, with libsodium's own call (how every
+ * value was sealed before the cipher moved to libcrypto): mode 1, the nonce given. */
+static void sodium_seal(const struct remote_fleet_key *k, const uint8_t rkey[REMOTE_KEY_BYTES],
+                        const unsigned char nonce[24], unsigned char *buf, size_t len)
+{
+    buf[4] = 1;
+    memcpy(buf + 8, nonce, 24);
+    unsigned char ad[REMOTE_KEY_BYTES + 8];
+    ad_for(rkey, buf, ad);
+    unsigned long long maclen = 0;
+    assert_int_equal(crypto_aead_xchacha20poly1305_ietf_encrypt_detached(
+                         buf + REMOTE_VALUE_HEAD, buf + 32, &maclen, buf + REMOTE_VALUE_HEAD,
+                         len - REMOTE_VALUE_HEAD, ad, sizeof ad, NULL, buf + 8, k->k),
+                     0);
+    assert_int_equal(maclen, 16);
+}
+
+/* Opens with libsodium's own call: 0, or -1 refused. */
+static int sodium_open(const struct remote_fleet_key *k, const uint8_t rkey[REMOTE_KEY_BYTES],
+                       unsigned char *buf, size_t len)
+{
+    unsigned char ad[REMOTE_KEY_BYTES + 8];
+    ad_for(rkey, buf, ad);
+    return crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
+        buf + REMOTE_VALUE_HEAD, NULL, buf + REMOTE_VALUE_HEAD, len - REMOTE_VALUE_HEAD, buf + 32,
+        ad, sizeof ad, buf + 8, k->k);
+}
+
+/* remote_value_seal's bytes are libsodium's under the same nonce; each side opens the
+ * other's values to the same plaintext; a flipped tag, AD or body byte of a value libsodium
+ * sealed is refused. Block sizes around ChaCha20's 64-byte blocks and the ciphers' wide
+ * paths, up to a 3 MiB value. */
+static void test_libsodium_both_ways(void **state)
+{
+    (void)state;
+    assert_true(sodium_init() >= 0);
+    struct fix f;
+    fix_init(&f, 8);
+    const uint64_t sizes[] = {1, 15, 63, 64, 65, 255, 1000, 4109, 65536, (1u << 20) + 7};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        size_t len;
+        unsigned char *plain = laid_out(sizes[si], 3, (uint32_t)si, &len);
+        unsigned char *ours = malloc(len), *theirs = malloc(len);
+        assert_non_null(ours);
+        assert_non_null(theirs);
+        uint8_t rkey[REMOTE_KEY_BYTES];
+        remote_value_key(blockkey_ns("tenant:kat"), (struct blockkey){si, 2}, rkey);
+
+        /* Ours, then libsodium's with our nonce: the same bytes. */
+        memcpy(ours, plain, len);
+        assert_int_equal(remote_value_seal(&f.k, rkey, ours, len), 0);
+        memcpy(theirs, plain, len);
+        sodium_seal(&f.k, rkey, ours + 8, theirs, len);
+        if (memcmp(ours, theirs, len) != 0)
+            fail_msg("block bytes %llu: the seal differs from libsodium's",
+                     (unsigned long long)sizes[si]);
+        assert_memory_not_equal(ours + REMOTE_VALUE_HEAD, plain + REMOTE_VALUE_HEAD,
+                                len - REMOTE_VALUE_HEAD);
+
+        /* libsodium opens ours. */
+        assert_int_equal(sodium_open(&f.k, rkey, ours, len), 0);
+        assert_memory_equal(ours + REMOTE_VALUE_HEAD, plain + REMOTE_VALUE_HEAD,
+                            len - REMOTE_VALUE_HEAD);
+
+        /* We open libsodium's (a fresh random nonce). */
+        unsigned char nonce[24];
+        randombytes_buf(nonce, sizeof nonce);
+        memcpy(theirs, plain, len);
+        sodium_seal(&f.k, rkey, nonce, theirs, len);
+        unsigned char *sealed = malloc(len);
+        assert_non_null(sealed);
+        memcpy(sealed, theirs, len);
+        struct remote_value_view v;
+        assert_int_equal(remote_value_open(&f.k, rkey, theirs, len, &v), REMOTE_VALUE_OK);
+        assert_int_equal(v.m.n, 3);
+        assert_int_equal(v.m.block_bytes, sizes[si]);
+        assert_memory_equal(theirs + REMOTE_VALUE_HEAD, plain + REMOTE_VALUE_HEAD,
+                            len - REMOTE_VALUE_HEAD);
+
+        /* Tampered: a tag byte, the Redis key (AD), the value's head (AD), the body's first,
+         * middle and last bytes. */
+        const size_t flips[] = {32,     47, 0, 4, REMOTE_VALUE_HEAD, (REMOTE_VALUE_HEAD + len) / 2,
+                                len - 1};
+        for (size_t fi = 0; fi < sizeof flips / sizeof flips[0]; fi++) {
+            memcpy(theirs, sealed, len);
+            uint8_t rk[REMOTE_KEY_BYTES];
+            memcpy(rk, rkey, sizeof rk);
+            if (fi == 2)
+                rk[REMOTE_KEY_BYTES - 1] ^= 0x80;
+            else
+                theirs[flips[fi]] ^= 0x01;
+            enum remote_value_status st = remote_value_open(&f.k, rk, theirs, len, &v);
+            if (st == REMOTE_VALUE_OK)
+                fail_msg("block bytes %llu, flip %zu: opened", (unsigned long long)sizes[si], fi);
+        }
+        free(sealed);
+        free(plain);
+        free(ours);
+        free(theirs);
+    }
+}
+
+/* Several threads sealing and opening at once (each has its own cipher context). */
+struct thr_arg {
+    const struct fix *f;
+    int failures;
+};
+
+static void *thr_main(void *a)
+{
+    struct thr_arg *t = a;
+    for (uint32_t i = 0; i < 40; i++) {
+        size_t len;
+        unsigned char *buf = laid_out(4096 + i, 2, i, &len);
+        unsigned char *want = malloc(len);
+        uint8_t rkey[REMOTE_KEY_BYTES];
+        remote_value_key(i, (struct blockkey){i, 3}, rkey);
+        struct remote_value_view v;
+        if (!want || remote_value_seal(&t->f->k, rkey, buf, len) != 0) {
+            t->failures++;
+        } else {
+            memcpy(want, buf, len);
+            if (sodium_open(&t->f->k, rkey, want, len) != 0 ||
+                remote_value_open(&t->f->k, rkey, buf, len, &v) != REMOTE_VALUE_OK ||
+                memcmp(want, buf, len) != 0)
+                t->failures++;
+        }
+        free(want);
+        free(buf);
+    }
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    struct fix f;
+    fix_init(&f, 9);
+    pthread_t th[4];
+    struct thr_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (struct thr_arg){&f, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, thr_main, &args[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(args[i].failures, 0);
+    }
+}
+
 static void write_file(const char *path, const char *text, mode_t mode)
 {
     FILE *fp = fopen(path, "w");
@@ -312,13 +496,51 @@ static void test_key_file(void **state)
     assert_non_null(strstr(e.message, path));
 }
 
+/* Run alone (KVD_TEST_NO_CIPHER), with OPENSSL_CONF naming a configuration whose only provider
+ * is OpenSSL's null one: loading the fleet key fails at once with the reason, a value cannot
+ * be sealed, and a value libsodium sealed is refused (dropped and counted as a failed
+ * authentication), never served. */
+static void test_no_cipher(void **state)
+{
+    (void)state;
+    assert_true(sodium_init() >= 0);
+    char path[] = "/tmp/kvd-remote-key-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    write_file(path, "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n", 0600);
+    struct remote_fleet_key k;
+    struct kvd_error e = {0};
+    assert_int_equal(remote_fleet_key_load(path, &k, &e), KVD_EINTERNAL);
+    assert_non_null(strstr(e.message, "ChaCha20-Poly1305"));
+    unlink(path);
+
+    struct fix f;
+    fix_init(&f, 10);
+    size_t len;
+    unsigned char *buf = laid_out(100, 2, 1, &len);
+    uint8_t rkey[REMOTE_KEY_BYTES];
+    remote_value_key(1, (struct blockkey){1, 2}, rkey);
+    assert_int_equal(remote_value_seal(&f.k, rkey, buf, len), -1);
+    unsigned char nonce[24] = {3};
+    sodium_seal(&f.k, rkey, nonce, buf, len);
+    struct remote_value_view v;
+    assert_int_equal(remote_value_open(&f.k, rkey, buf, len, &v), REMOTE_VALUE_AUTH);
+    free(buf);
+}
+
 int main(void)
 {
+    if (getenv("KVD_TEST_NO_CIPHER")) {
+        const struct CMUnitTest alone[] = {cmocka_unit_test(test_no_cipher)};
+        return cmocka_run_group_tests(alone, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),       cmocka_unit_test(test_tamper_every_byte),
         cmocka_unit_test(test_other_fleet_key), cmocka_unit_test(test_truncated),
         cmocka_unit_test(test_swapped_keys),    cmocka_unit_test(test_mismatch),
-        cmocka_unit_test(test_key_file),
+        cmocka_unit_test(test_key_file),        cmocka_unit_test(test_libsodium_both_ways),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
