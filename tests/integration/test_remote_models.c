@@ -1,0 +1,581 @@
+/* The remote tier of a daemon serving two models, with a real redis-server
+ * and real ZeroMQ subscribers: each model's REMOTE values are announced on
+ * that model's KV events stream only (exactly the values that model wrote,
+ * as its stats and Redis count them); a second daemon on the same Redis
+ * restores each model's prompts for that model, and a model of the same
+ * shapes with other weights finds nothing; admin_evict tier "all" of one
+ * model clears that model's stream and announced values alone, and later
+ * removals and stores are still reported on the right stream. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <hiredis/hiredis.h>
+#include <msgpack.h>
+#include <sodium.h>
+#include <zmq.h>
+
+#include "kv_events_sub.h"
+#include "kvd_harness.h"
+#include "redis_harness.h"
+#include "two_models.h"
+
+#define N_P 193 /* 12 whole blocks and one token: one value per prompt */
+#define N_GEN 4 /* stays inside the 13th block: no block completed */
+#define NB ((N_P - 1) / KVS_BT)
+
+static const char *const names[2] = {"alpha", "beta"};
+
+struct fixture {
+    char dir[64];
+    char model[2][128]; /* two_models_make's a (llama, f32) and b (qwen2, f16) */
+    char other[128];    /* a's shapes, other weights */
+    char key[128];      /* the fleet key file */
+    char ev[2][160], replay[2][160], topic[2][64];
+    struct redis_srv redis;
+    void *zctx;
+    void *sub[2];
+    struct kh_proc a, b; /* pid 0: not running */
+};
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof *f);
+    const char *tools = getenv("KVD_TOOLS_DIR");
+    char cmd[1024];
+    if (!f || !tools)
+        return -1;
+    f->redis.pid = -1;
+    if (two_models_make("/tmp/kvd-rmodels.XXXXXX", f->dir, f->model[0], f->model[1]) != 0)
+        return -1;
+    snprintf(f->other, sizeof f->other, "%s/c.gguf", f->dir);
+    snprintf(cmd, sizeof cmd,
+             "%s/kvd-gguf-gen -o %s --arch llama --layers 2 --embd 128 --heads 4 --kv-heads 2 "
+             "--ff 256 --vocab 500 --ctx 256 --type f32 --seed 5 >/dev/null",
+             tools, f->other);
+    if (system(cmd) != 0)
+        return -1;
+    /* a fleet key: 32 random bytes as 64 hex characters, mode 0600 */
+    if (sodium_init() < 0)
+        return -1;
+    unsigned char raw[32];
+    char hex[65];
+    randombytes_buf(raw, sizeof raw);
+    sodium_bin2hex(hex, sizeof hex, raw, sizeof raw);
+    snprintf(f->key, sizeof f->key, "%s/fleet.key", f->dir);
+    FILE *k = fopen(f->key, "w");
+    if (!k || fprintf(k, "%s\n", hex) < 0 || fclose(k) != 0 || chmod(f->key, 0600) != 0)
+        return -1;
+    for (int i = 0; i < 2; i++) {
+        snprintf(f->ev[i], sizeof f->ev[i], "ipc://%s/ev-%s.sock", f->dir, names[i]);
+        snprintf(f->replay[i], sizeof f->replay[i], "ipc://%s/replay-%s.sock", f->dir, names[i]);
+        snprintf(f->topic[i], sizeof f->topic[i], "kv@node@%s", names[i]);
+    }
+    f->zctx = zmq_ctx_new();
+    if (!f->zctx)
+        return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    char cmd[256];
+    for (int i = 0; i < 2; i++)
+        if (f->sub[i])
+            zmq_close(f->sub[i]);
+    if (f->a.pid > 0) /* a test failed with its daemons running */
+        kh_stop(&f->a);
+    if (f->b.pid > 0)
+        kh_stop(&f->b);
+    redis_stop(&f->redis);
+    zmq_ctx_term(f->zctx);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
+    if (system(cmd) != 0)
+        return -1;
+    free(f);
+    return 0;
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- requests and stats -------------------------------------------------- */
+
+struct gen {
+    uint32_t toks[N_GEN];
+    size_t n;
+    uint64_t cached;
+};
+
+/* Greedy N_GEN tokens of an N_P prompt on model. */
+static void gen(const struct kh_proc *d, const char *model, const uint32_t *p, struct gen *g)
+{
+    int fd = kh_connect(d->sock);
+    assert_true(fd >= 0);
+    struct kh_req q;
+    struct kh_reply r;
+    kh_req_begin(&q, "generate", 1, 4);
+    proto_pack_kv_str(&q.pk, "model", model);
+    proto_pack_kv_u32_array(&q.pk, "tokens", p, N_P);
+    proto_pack_kv_uint(&q.pk, "max_tokens", N_GEN);
+    proto_pack_kv_double(&q.pk, "temperature", 0.0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
+    if (r.code != 0)
+        fail_msg("generate on %s: %d %s", model, r.code, r.message);
+    const msgpack_object *t = kh_obj(r.root, "tokens");
+    memset(g, 0, sizeof *g);
+    for (uint32_t i = 0; i < t->via.array.size && i < N_GEN; i++)
+        g->toks[g->n++] = (uint32_t)t->via.array.ptr[i].via.u64;
+    g->cached = kh_u64(kh_obj(r.root, "usage"), "cached");
+    kh_reply_free(&r);
+    close(fd);
+    assert_int_equal(g->n, N_GEN);
+}
+
+static void same_tokens(const struct gen *x, const struct gen *y)
+{
+    assert_int_equal(x->n, y->n);
+    assert_memory_equal(x->toks, y->toks, x->n * sizeof *x->toks);
+}
+
+/* models[name].tier.key of an admin's stats (fails when absent). */
+static uint64_t model_stat(const struct kh_proc *d, const char *name, const char *tier,
+                           const char *key)
+{
+    int fd = kh_connect(d->sock);
+    assert_true(fd >= 0);
+    struct kh_reply r;
+    uint64_t v = UINT64_MAX;
+    assert_int_equal(kh_call0(fd, "stats", 2, &r), 0);
+    const msgpack_object *ms = kh_obj(r.root, "models");
+    assert_non_null(ms);
+    for (uint32_t i = 0; i < ms->via.array.size; i++) {
+        const msgpack_object *m = &ms->via.array.ptr[i], *n = kh_obj(m, "name");
+        if (n && n->via.str.size == strlen(name) && !memcmp(n->via.str.ptr, name, strlen(name))) {
+            const msgpack_object *t = kh_obj(m, tier);
+            if (t)
+                v = kh_u64(t, key);
+        }
+    }
+    kh_reply_free(&r);
+    close(fd);
+    if (v == UINT64_MAX)
+        fail_msg("stats: no models[%s].%s.%s", name, tier, key);
+    return v;
+}
+
+static uint64_t rstat(const struct kh_proc *d, const char *model, const char *key)
+{
+    return model_stat(d, model, "remote", key);
+}
+
+/* admin_evict of model's blocks in tier ("device", "host", "all"). */
+static void admin_evict(const struct kh_proc *d, const char *model, const char *tier)
+{
+    int fd = kh_connect(d->sock);
+    assert_true(fd >= 0);
+    struct kh_req q;
+    struct kh_reply r;
+    kh_req_begin(&q, "admin_evict", 5, 2);
+    assert_int_equal(proto_pack_kv_str(&q.pk, "tier", tier), 0);
+    assert_int_equal(proto_pack_kv_str(&q.pk, "model", model), 0);
+    assert_int_equal(kh_req_send(fd, &q), 0);
+    assert_int_equal(kh_recv(fd, &r), 0);
+    kh_expect(&r, 0);
+    kh_reply_free(&r);
+    close(fd);
+}
+
+/* Waits until model's remote tier has written `writes` values and
+ * announced `stored` and removed `removed` blocks in all, nothing queued;
+ * then those counts must be exact. */
+static void wait_remote(const struct kh_proc *d, const char *model, uint64_t writes,
+                        uint64_t stored, uint64_t removed)
+{
+    uint64_t t0 = now_ms(), w, s, x, q;
+    for (;;) {
+        w = rstat(d, model, "writes");
+        s = rstat(d, model, "events_stored");
+        x = rstat(d, model, "events_removed");
+        q = rstat(d, model, "queued");
+        if (w >= writes && s >= stored && x >= removed && q == 0)
+            break;
+        if (now_ms() - t0 > 30000)
+            fail_msg("model %s: %llu writes, %llu blocks announced, %llu removed; wanted %llu, "
+                     "%llu, %llu",
+                     model, (unsigned long long)w, (unsigned long long)s, (unsigned long long)x,
+                     (unsigned long long)writes, (unsigned long long)stored,
+                     (unsigned long long)removed);
+        usleep(10000);
+    }
+    assert_int_equal(w, writes);
+    assert_int_equal(s, stored);
+    assert_int_equal(x, removed);
+    assert_int_equal(rstat(d, model, "write_skips"), 0);
+    assert_int_equal(rstat(d, model, "errors"), 0);
+}
+
+static long long dbsize(const struct fixture *f)
+{
+    redisReply *r = redis_srv_cmd(&f->redis, "DBSIZE");
+    assert_true(r && r->type == REDIS_REPLY_INTEGER);
+    long long n = r->integer;
+    freeReplyObject(r);
+    return n;
+}
+
+/* ---- prompts and their published hashes ---------------------------------- */
+
+static void make_prompt(uint32_t *p, uint32_t salt)
+{
+    uint64_t x = 0x9e3779b97f4a7c15ull * (salt + 1);
+    for (size_t i = 0; i < N_P; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[i] = 1 + (uint32_t)(x % 499); /* inside both vocabularies */
+    }
+}
+
+/* The published hashes of the prompt's NB whole blocks. */
+static void chain_hashes(const uint32_t *p, uint64_t *h)
+{
+    uint64_t parent = kvs_root_hash();
+    for (size_t i = 0; i < NB; i++)
+        h[i] = parent = kvs_block_hash(parent, p + i * KVS_BT);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The stream's REMOTE set is exactly the whole blocks of the n prompts. */
+static void expect_remote_set(const struct kvs_view *v, const char *model, uint32_t *const *ps,
+                              size_t n)
+{
+    uint64_t want[4 * NB], got[KVS_MAX_BLOCKS];
+    assert_true(n <= 4);
+    for (size_t i = 0; i < n; i++)
+        chain_hashes(ps[i], want + i * NB);
+    memcpy(got, v->h[3], v->n[3] * sizeof *got);
+    qsort(want, n * NB, sizeof *want, cmp_u64);
+    qsort(got, v->n[3], sizeof *got, cmp_u64);
+    if (v->n[3] != n * NB || memcmp(want, got, v->n[3] * sizeof *got))
+        fail_msg("model %s: the stream's REMOTE set has %zu blocks, not the %zu of its prompts",
+                 model, v->n[3], n * NB);
+}
+
+/* ---- one stream per model ------------------------------------------------ */
+
+struct stream {
+    struct kvs_batch *have;
+    struct kvs_view *v;
+    uint64_t applied;
+    uint64_t removed[KVS_MAX_BLOCKS]; /* REMOTE BlockRemoved hashes, in order */
+    size_t n_removed;
+};
+
+static void stream_open(struct fixture *f, const struct kh_proc *d, int i, struct stream *s)
+{
+    memset(s, 0, sizeof *s);
+    s->have = calloc(KVS_MAX_SEQ, sizeof *s->have);
+    s->v = calloc(1, sizeof *s->v);
+    assert_non_null(s->have);
+    assert_non_null(s->v);
+    f->sub[i] = zmq_socket(f->zctx, ZMQ_SUB);
+    assert_non_null(f->sub[i]);
+    int zero = 0;
+    zmq_setsockopt(f->sub[i], ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_setsockopt(f->sub[i], ZMQ_SUBSCRIBE, "kv@", 3), 0);
+    assert_int_equal(zmq_connect(f->sub[i], f->ev[i]), 0);
+    uint64_t t0 = now_ms();
+    while (kvs_ev_stat(d, names[i], "subscribers") < 1) {
+        if (now_ms() - t0 > 10000)
+            fail_msg("model %s's stream never saw the subscription", names[i]);
+        usleep(2000);
+    }
+}
+
+static void stream_close(struct fixture *f, int i, struct stream *s)
+{
+    zmq_close(f->sub[i]);
+    f->sub[i] = NULL;
+    kvs_free_batches(s->have);
+    free(s->v);
+}
+
+/* The REMOTE BlockRemoved hashes of one payload, appended to s->removed
+ * (kvs_apply checks every field; this only picks them out). */
+static void note_removed(struct stream *s, const unsigned char *buf, size_t len)
+{
+    msgpack_unpacked u;
+    size_t off = 0;
+    msgpack_unpacked_init(&u);
+    assert_int_equal(msgpack_unpack_next(&u, (const char *)buf, len, &off), MSGPACK_UNPACK_SUCCESS);
+    const msgpack_object *evs = &u.data.via.array.ptr[1];
+    for (uint32_t i = 0; i < evs->via.array.size; i++) {
+        const msgpack_object *e = &evs->via.array.ptr[i], *a = e->via.array.ptr;
+        if (e->via.array.size != 3 || a[0].via.str.size != 12 ||
+            memcmp(a[0].via.str.ptr, "BlockRemoved", 12) || a[2].via.str.size != 6 ||
+            memcmp(a[2].via.str.ptr, "REMOTE", 6))
+            continue;
+        for (uint32_t k = 0; k < a[1].via.array.size; k++) {
+            assert_true(s->n_removed < KVS_MAX_BLOCKS);
+            s->removed[s->n_removed++] = a[1].via.array.ptr[k].via.u64;
+        }
+    }
+    msgpack_unpacked_destroy(&u);
+}
+
+/* Everything model i's stream has sent until now, live or (what came before
+ * the subscription) by replay, applied in order. */
+static void stream_catch_up(const struct fixture *f, const struct kh_proc *d, int i,
+                            struct stream *s)
+{
+    uint64_t n = kvs_settle(d, names[i]), first, last;
+    if (!s->have[0].buf)
+        assert_true(kvs_replay(f->zctx, f->replay[i], 0, s->have, &first, &last) >= 1);
+    kvs_collect(f->sub[i], f->topic[i], s->have, n);
+    for (; s->applied < n; s->applied++) {
+        kvs_apply(s->v, s->have[s->applied].buf, s->have[s->applied].len);
+        note_removed(s, s->have[s->applied].buf, s->have[s->applied].len);
+    }
+    assert_int_equal(kvs_ev_stat(d, names[i], "dropped"), 0);
+}
+
+/* The removals since `from` are exactly the prompt's whole blocks. */
+static void expect_removed(const struct stream *s, size_t from, const char *model,
+                           const uint32_t *p)
+{
+    uint64_t want[NB], got[NB];
+    if (s->n_removed - from != NB)
+        fail_msg("model %s: %zu REMOTE blocks removed, wanted %d", model, s->n_removed - from, NB);
+    chain_hashes(p, want);
+    memcpy(got, s->removed + from, sizeof got);
+    qsort(want, NB, sizeof *want, cmp_u64);
+    qsort(got, NB, sizeof *got, cmp_u64);
+    assert_memory_equal(want, got, sizeof want);
+}
+
+/* ---- the daemons ---------------------------------------------------------- */
+
+static const char *const tenant = "[admin]\nuids = 0\n"
+                                  "[tenant:fleet]\nuids = 0\nremote = on\nevents = on\n";
+
+/* Daemon A: alpha and beta, each with its own stream (alpha's the
+ * [server] one). */
+static void start_a(struct fixture *f)
+{
+    static char conf[2048];
+    snprintf(conf, sizeof conf,
+             "%s[model:alpha]\npath = %s\npreload = yes\nkeep-alive-s = forever\n"
+             "[model:beta]\npath = %s\npreload = yes\nkeep-alive-s = forever\n"
+             "kv-events = %s\nkv-events-replay = %s\n",
+             tenant, f->model[0], f->model[1], f->ev[1], f->replay[1]);
+    const char *const args[] = {"--backend",
+                                "cpu",
+                                "--remote",
+                                f->redis.url,
+                                "--remote-key-file",
+                                f->key,
+                                "--remote-min-hits",
+                                "0",
+                                "--remote-timeout-ms",
+                                "5000",
+                                "--kv-events",
+                                f->ev[0],
+                                "--kv-events-replay",
+                                f->replay[0],
+                                "--kv-events-topic",
+                                "kv@node@{model}",
+                                NULL};
+    struct kh_opts o = {.conf_text = conf, .args = args};
+    memset(&f->a, 0, sizeof f->a);
+    assert_int_equal(kh_spawn(&f->a, &o), 0);
+}
+
+/* Daemon B: the same two model files under the same names and a third of
+ * alpha's shapes with other weights; no events. */
+static void start_b(struct fixture *f)
+{
+    static char conf[2048];
+    snprintf(conf, sizeof conf,
+             "%s[model:alpha]\npath = %s\npreload = yes\nkeep-alive-s = forever\n"
+             "[model:beta]\npath = %s\npreload = yes\nkeep-alive-s = forever\n"
+             "[model:gamma]\npath = %s\npreload = yes\nkeep-alive-s = forever\n",
+             tenant, f->model[0], f->model[1], f->other);
+    const char *const args[] = {"--backend",
+                                "cpu",
+                                "--remote",
+                                f->redis.url,
+                                "--remote-key-file",
+                                f->key,
+                                "--remote-min-hits",
+                                "0",
+                                "--remote-timeout-ms",
+                                "5000",
+                                NULL};
+    struct kh_opts o = {.conf_text = conf, .args = args};
+    memset(&f->b, 0, sizeof f->b);
+    assert_int_equal(kh_spawn(&f->b, &o), 0);
+}
+
+static void test_remote_per_model(void **state)
+{
+    struct fixture *f = *state;
+    assert_int_equal(redis_start(&f->redis, NULL), 0);
+    start_a(f);
+    struct stream *s = calloc(2, sizeof *s);
+    assert_non_null(s);
+    for (int i = 0; i < 2; i++)
+        stream_open(f, &f->a, i, &s[i]);
+
+    /* P[0] on alpha only, P[1] on beta only, P[2] on both: a value each. */
+    static uint32_t p[4][N_P];
+    for (uint32_t i = 0; i < 4; i++)
+        make_prompt(p[i], i);
+    struct gen g[2][4], x;
+    gen(&f->a, "alpha", p[0], &g[0][0]);
+    gen(&f->a, "alpha", p[2], &g[0][2]);
+    gen(&f->a, "beta", p[1], &g[1][1]);
+    gen(&f->a, "beta", p[2], &g[1][2]);
+    for (int i = 0; i < 2; i++) {
+        wait_remote(&f->a, names[i], 2, 2 * NB, 0);
+        assert_int_equal(rstat(&f->a, names[i], "announced"), 2);
+        stream_catch_up(f, &f->a, i, &s[i]);
+        assert_int_equal(s[i].v->cleared, 1); /* the start's */
+    }
+    /* Each stream's REMOTE set: its model's values, never the other's; the
+     * prompt both computed is two values in Redis, one per model. */
+    expect_remote_set(s[0].v, "alpha", (uint32_t *[]){p[0], p[2]}, 2);
+    expect_remote_set(s[1].v, "beta", (uint32_t *[]){p[1], p[2]}, 2);
+    assert_int_equal(dbsize(f), 4);
+    assert_memory_not_equal(g[0][2].toks, g[1][2].toks, sizeof g[0][2].toks);
+
+    /* Daemon B, same Redis, same files: its first request on each model
+     * restores the whole blocks and gives the same tokens; gamma (alpha's
+     * shapes, other weights) finds nothing of alpha's. */
+    start_b(f);
+    const int pm[4][2] = {{0, 0}, {0, 2}, {1, 1}, {1, 2}}; /* model, prompt */
+    for (int i = 0; i < 4; i++) {
+        gen(&f->b, names[pm[i][0]], p[pm[i][1]], &x);
+        assert_int_equal(x.cached, (uint64_t)NB * KVS_BT);
+        same_tokens(&x, &g[pm[i][0]][pm[i][1]]);
+    }
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(rstat(&f->b, names[i], "hits"), 2 * NB);
+        assert_int_equal(rstat(&f->b, names[i], "auth_failures"), 0);
+        assert_int_equal(rstat(&f->b, names[i], "mismatches"), 0);
+    }
+    long long before = dbsize(f);
+    gen(&f->b, "gamma", p[0], &x);
+    assert_int_equal(x.cached, 0);
+    assert_int_equal(rstat(&f->b, "gamma", "hits"), 0);
+    assert_int_equal(rstat(&f->b, "gamma", "auth_failures"), 0);
+    assert_int_equal(rstat(&f->b, "gamma", "mismatches"), 0);
+    wait_remote(&f->b, "gamma", 1, 0, 0); /* its own value, under its own key */
+    assert_int_equal(dbsize(f), before + 1);
+    assert_int_equal(kh_stop(&f->b), 0);
+    f->b.pid = 0;
+
+    /* admin_evict tier "all" of alpha: AllBlocksCleared on alpha's stream
+     * alone; beta's stream and announced values as they were. */
+    for (int i = 0; i < 2; i++)
+        stream_catch_up(f, &f->a, i, &s[i]);
+    uint64_t beta_seq = s[1].applied;
+    admin_evict(&f->a, "alpha", "all");
+    for (int i = 0; i < 2; i++)
+        stream_catch_up(f, &f->a, i, &s[i]);
+    assert_int_equal(s[0].v->cleared, 2);
+    assert_int_equal(s[0].v->n[0] + s[0].v->n[1] + s[0].v->n[3], 0);
+    assert_int_equal(rstat(&f->a, "alpha", "announced"), 0);
+    assert_int_equal(s[1].v->cleared, 1);
+    assert_int_equal(s[1].applied, beta_seq); /* not a batch on beta's */
+    assert_int_equal(rstat(&f->a, "beta", "announced"), 2);
+    expect_remote_set(s[1].v, "beta", (uint32_t *[]){p[1], p[2]}, 2);
+
+    /* A later store on alpha: a new prompt's value, on alpha's stream. */
+    gen(&f->a, "alpha", p[3], &x);
+    wait_remote(&f->a, "alpha", 3, 3 * NB, 0);
+    for (int i = 0; i < 2; i++)
+        stream_catch_up(f, &f->a, i, &s[i]);
+    expect_remote_set(s[0].v, "alpha", (uint32_t *[]){p[3]}, 1);
+    expect_remote_set(s[1].v, "beta", (uint32_t *[]){p[1], p[2]}, 2);
+
+    /* Later removals: Redis emptied, and each model's prompt asked again
+     * with its blocks gone locally: the lookup finds the value missing,
+     * BlockRemoved REMOTE on that model's stream only, and the recomputed
+     * value is written and announced again. Alpha's p[0] value was
+     * forgotten at the clear: its loss says nothing, its new value is
+     * announced. */
+    assert_true(redis_srv_cmd_ok(&f->redis, "FLUSHALL"));
+    size_t r0 = s[0].n_removed, r1 = s[1].n_removed;
+    admin_evict(&f->a, "beta", "device");
+    admin_evict(&f->a, "beta", "host");
+    gen(&f->a, "beta", p[1], &x);
+    assert_int_equal(x.cached, 0);
+    same_tokens(&x, &g[1][1]);
+    wait_remote(&f->a, "beta", 3, 3 * NB, NB);
+    for (int i = 0; i < 2; i++)
+        stream_catch_up(f, &f->a, i, &s[i]);
+    expect_removed(&s[1], r1, "beta", p[1]);
+    assert_int_equal(s[0].n_removed, r0);
+    expect_remote_set(s[1].v, "beta", (uint32_t *[]){p[1], p[2]}, 2);
+    expect_remote_set(s[0].v, "alpha", (uint32_t *[]){p[3]}, 1);
+
+    r1 = s[1].n_removed;
+    admin_evict(&f->a, "alpha", "device");
+    admin_evict(&f->a, "alpha", "host");
+    gen(&f->a, "alpha", p[3], &x);
+    assert_int_equal(x.cached, 0);
+    gen(&f->a, "alpha", p[0], &x);
+    assert_int_equal(x.cached, 0);
+    same_tokens(&x, &g[0][0]);
+    wait_remote(&f->a, "alpha", 5, 5 * NB, NB);
+    for (int i = 0; i < 2; i++)
+        stream_catch_up(f, &f->a, i, &s[i]);
+    expect_removed(&s[0], r0, "alpha", p[3]);
+    assert_int_equal(s[1].n_removed, r1);
+    expect_remote_set(s[0].v, "alpha", (uint32_t *[]){p[3], p[0]}, 2);
+    expect_remote_set(s[1].v, "beta", (uint32_t *[]){p[1], p[2]}, 2);
+    assert_int_equal(dbsize(f), 3); /* beta's p[1], alpha's p[3] and p[0] */
+    assert_int_equal(rstat(&f->a, "alpha", "announced"), 2);
+    assert_int_equal(rstat(&f->a, "beta", "announced"), 2);
+
+    for (int i = 0; i < 2; i++)
+        stream_close(f, i, &s[i]);
+    free(s);
+    assert_int_equal(kh_stop(&f->a), 0);
+    f->a.pid = 0;
+    redis_stop(&f->redis);
+}
+
+int main(void)
+{
+    if (!redis_available()) { /* ctest's SKIP_RETURN_CODE */
+        fprintf(stderr, "redis-server is not installed: skipped\n");
+        return REDIS_HARNESS_SKIP;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_remote_per_model),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
