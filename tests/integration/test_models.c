@@ -826,7 +826,8 @@ static void t_tenants_and_names(void **state)
              "[model:gamma]\npath = %s\ntenants = someone\nmax-device-bytes = 5M\n",
              g_a, g_b, g_a);
     snprintf(sock, sizeof sock, "%s/http2.sock", g_dir);
-    const char *args[] = {"--backend", "cpu", "--http-socket", sock, NULL};
+    /* info: the log a failure prints has every load's decision and time */
+    const char *args[] = {"--backend", "cpu", "--http-socket", sock, "--log-level", "info", NULL};
     struct kh_proc *p = kh_new(conf, args);
     assert_non_null(p);
     int fd = kh_connect(p->sock), f2 = kh_connect(p->sock);
