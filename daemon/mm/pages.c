@@ -26,7 +26,7 @@ struct kvpages {
     uint32_t n_t;
     struct kvpages_member *members;
     uint32_t n_members, n_shared; /* all, and those in the even share */
-    uint64_t stamp;               /* of the latest kvpages_reclaim */
+    uint64_t next_id;             /* the next attached member's */
 };
 
 static uint64_t granularity(struct backend *be, enum kvd_tier t)
@@ -326,6 +326,7 @@ void kvpages_attach(struct kvpages *pg, struct kvpages_member *m)
 {
     pthread_mutex_lock(&pg->mu);
     m->busy = 0;
+    m->id = ++pg->next_id; /* the list is in descending ids: attached at its head */
     m->next = pg->members;
     pg->members = m;
     pg->n_members++;
@@ -348,23 +349,37 @@ void kvpages_detach(struct kvpages *pg, struct kvpages_member *m)
     pthread_mutex_unlock(&pg->mu);
 }
 
+/* Lock held. The member a reclaim asks after the one of id last_id (the
+ * first: UINT64_MAX): the first in the list below it, not self, with the
+ * callback asked for (own: reclaim_own). NULL when none is left. */
+static struct kvpages_member *next_member(struct kvpages *pg, const struct kvpages_member *self,
+                                          uint64_t last_id, bool own)
+{
+    struct kvpages_member *m = pg->members;
+    while (m && (m->id >= last_id || m == self || !(own ? m->reclaim_own : m->reclaim)))
+        m = m->next;
+    return m;
+}
+
 uint32_t kvpages_reclaim(struct kvpages *pg, struct kvpages_member *self, enum kvd_tier t,
                          uint32_t tenant, uint32_t n)
 {
     pthread_mutex_lock(&pg->mu);
-    /* Each member asked once, found again from the head every time (the
-     * list may change while the lock is released); a member is busy while
-     * it is asked, so kvpages_detach (and its pool's free) waits for it. */
-    uint64_t stamp = ++pg->stamp;
+    /* Each member asked once, in the list's order: the next one is found
+     * again from the head every time (the list may change while the lock
+     * is released) as the first below the last one's id. What this call
+     * asked is its own (last_id), so a reclaim in another thread, or one
+     * nested in a member's callback, never makes it ask a member again. A
+     * member is busy while it is asked, so kvpages_detach (and its pool's
+     * free) waits for it. */
+    uint64_t last_id = UINT64_MAX;
     uint64_t goal = (uint64_t)pg->total[t] - pg->used[t] + n;
     while ((uint64_t)pg->total[t] - pg->used[t] < goal) {
-        struct kvpages_member *m = pg->members;
-        while (m && (m == self || !m->reclaim || m->asked == stamp))
-            m = m->next;
+        struct kvpages_member *m = next_member(pg, self, last_id, false);
         if (!m)
             break;
         uint32_t want = (uint32_t)(goal - (pg->total[t] - pg->used[t]));
-        m->asked = stamp;
+        last_id = m->id;
         m->busy++;
         pthread_mutex_unlock(&pg->mu);
         (void)m->reclaim(m->ctx, t, tenant, want);
@@ -385,16 +400,14 @@ uint32_t kvpages_reclaim_own(struct kvpages *pg, struct kvpages_member *self, en
         pthread_mutex_unlock(&pg->mu);
         return 0;
     }
-    uint64_t stamp = ++pg->stamp;
+    uint64_t last_id = UINT64_MAX; /* as kvpages_reclaim */
     uint32_t before = pg->t[tenant].pages[t];
     while (before - pg->t[tenant].pages[t] < n && pg->t[tenant].pages[t] > 0) {
-        struct kvpages_member *m = pg->members;
-        while (m && (m == self || !m->reclaim_own || m->asked == stamp))
-            m = m->next;
+        struct kvpages_member *m = next_member(pg, self, last_id, true);
         if (!m)
             break;
         uint32_t want = n - (before - pg->t[tenant].pages[t]);
-        m->asked = stamp;
+        last_id = m->id;
         m->busy++;
         pthread_mutex_unlock(&pg->mu);
         (void)m->reclaim_own(m->ctx, t, tenant, want);

@@ -128,8 +128,8 @@ struct kvpages_member {
     bool unshared;
     /* the budget's */
     struct kvpages_member *next;
-    uint32_t busy;  /* reclaims in progress (detach waits for 0) */
-    uint64_t asked; /* the reclaim that asked it last */
+    uint32_t busy; /* reclaims in progress (detach waits for 0) */
+    uint64_t id;   /* from kvpages_attach: the budget's members in order */
 };
 void kvpages_attach(struct kvpages *pg, struct kvpages_member *m);
 void kvpages_detach(struct kvpages *pg, struct kvpages_member *m);

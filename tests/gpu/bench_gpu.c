@@ -10,7 +10,8 @@
  * swap (copy always runs: it is every other section's ceiling); `--only ncu` runs each kernel
  * device_check.sh profiles once, and nothing else. --small shrinks every shape so the whole program
  * runs on the CPU emulator (a check that the device run will run, not a measurement). Exits 77
- * without a GPU. */
+ * without a GPU. The single-kernel sections (gemv, attn, prefill, ncu) are in
+ * bench_gpu_kernels.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@
 #include "kvd/status.h"
 #include "model_impl.h"
 
-static bool g_small, g_ncu;
+bool bench_small, bench_ncu;
 static const char *g_only;
 
 static bool want(const char *section)
@@ -51,7 +52,7 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n)
+double bench_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -66,7 +67,7 @@ struct srow {
 static struct srow g_rows[128];
 static int g_nrows;
 
-static void row(const char *what, const char *value, const char *ceiling, double pct)
+void bench_row(const char *what, const char *value, const char *ceiling, double pct)
 {
     if (g_nrows == 128)
         return;
@@ -80,7 +81,7 @@ static void row(const char *what, const char *value, const char *ceiling, double
         snprintf(r->pct, sizeof r->pct, "-");
 }
 
-static char *fmt(char *buf, const char *f, double v)
+char *bench_fmt(char *buf, const char *f, double v)
 {
     snprintf(buf, 24, f, v);
     return buf;
@@ -91,7 +92,7 @@ static char *fmt(char *buf, const char *f, double v)
 /* Device-to-device copy bandwidth, bytes read + written per second. */
 static double copy_bw(void)
 {
-    size_t bytes = g_small ? (size_t)8 << 20 : (size_t)2 << 30;
+    size_t bytes = bench_small ? (size_t)8 << 20 : (size_t)2 << 30;
     void *a, *b;
     cudaEvent_t e0, e1;
     double t[10];
@@ -114,7 +115,7 @@ static double copy_bw(void)
     BCK(cudaFree(b));
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    return 2.0 * bytes / median(t, 10);
+    return 2.0 * bytes / bench_median(t, 10);
 }
 
 /* Time per kernel of a chain of empty kernels: issued one by one (eager),
@@ -122,7 +123,7 @@ static double copy_bw(void)
  * kernel beyond its own work). */
 static void launch_cost(double *eager_us, double *graph_us)
 {
-    const int n = g_small ? 20 : 1000;
+    const int n = bench_small ? 20 : 1000;
     cudaStream_t s;
     cudaEvent_t e0, e1;
     BCK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -155,8 +156,8 @@ static void launch_cost(double *eager_us, double *graph_us)
         if (r)
             tg[r - 1] = ms * 1e3 / n;
     }
-    *eager_us = median(te, 5);
-    *graph_us = median(tg, 5);
+    *eager_us = bench_median(te, 5);
+    *graph_us = bench_median(tg, 5);
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
     cudaEventDestroy(e0);
@@ -249,7 +250,7 @@ static double decode_step(struct dec_fx *d, uint32_t batch, bool sampled, int it
             t[i - warm] = now_s() - t0;
     }
     free(tables);
-    return median(t, n);
+    return bench_median(t, n);
 }
 
 /* One batch-1 decode step of an 8B-shaped model: graph-replayed step time
@@ -259,17 +260,17 @@ static void decode8b(struct backend *be, double bw, bool q4km)
 {
     static const struct bench_shape s8b = {"Llama-3-8B shape", 32, 4096, 32, 8, 14336, 128256, 0};
     static const struct bench_shape s8b_small = {"8B-like small", 2, 512, 8, 2, 1024, 1024, 0};
-    const struct bench_shape *sh = g_small ? &s8b_small : &s8b;
+    const struct bench_shape *sh = bench_small ? &s8b_small : &s8b;
     const char *mix = q4km ? "Q4_K_M" : "bf16";
     struct dec_fx d;
-    dec_open(&d, be, sh, q4km, 1, g_small ? 256 : 1024);
+    dec_open(&d, be, sh, q4km, 1, bench_small ? 256 : 1024);
     double kv = (double)kv_token_bytes(&d.g) * d.ctx;
     double roof = ((double)d.wbytes + kv) / bw;
     cuda_compute_set_graphs(d.m->cx, true);
-    double tg = decode_step(&d, 1, false, g_small ? 3 : 30);
+    double tg = decode_step(&d, 1, false, bench_small ? 3 : 30);
     uint32_t launches = model_step_launches(d.m);
     cuda_compute_set_graphs(d.m->cx, false);
-    double te = decode_step(&d, 1, false, g_small ? 2 : 10);
+    double te = decode_step(&d, 1, false, bench_small ? 2 : 10);
     printf("\n%s, %s: weights %.2f GB read per step, KV %.1f MB at context %u\n", sh->name, mix,
            d.wbytes / 1e9, kv / 1e6, d.ctx);
     printf("  step (graph): %.3f ms, eager %.3f ms, roofline %.3f ms (%.1f%%), %.0f tok/s; "
@@ -280,7 +281,7 @@ static void decode8b(struct backend *be, double bw, bool q4km)
     bench_prof_install(d.m, be);
     struct bench_prof_row pr[64];
     bench_prof_begin();
-    BKCK(kvd_k_spin(g_small ? 0 : 200000000, (kvd_stream)cuda_backend_dev(be)->compute));
+    BKCK(kvd_k_spin(bench_small ? 0 : 200000000, (kvd_stream)cuda_backend_dev(be)->compute));
     decode_step(&d, 1, false, 0);
     int np = bench_prof_end(pr, 64);
     bench_prof_remove(d.m);
@@ -296,18 +297,20 @@ static void decode8b(struct backend *be, double bw, bool q4km)
            sum, tg * 1e6);
     char what[72], v[24], c[24];
     snprintf(what, sizeof what, "decode 8B %s batch 1 (ms vs roofline)", mix);
-    row(what, fmt(v, "%.3f", tg * 1e3), fmt(c, "%.3f", roof * 1e3), 100 * roof / tg);
+    bench_row(what, bench_fmt(v, "%.3f", tg * 1e3), bench_fmt(c, "%.3f", roof * 1e3),
+              100 * roof / tg);
     snprintf(what, sizeof what, "  kernels per step / per layer (%s)", mix);
     snprintf(v, sizeof v, "%u", launches);
-    row(what, v, fmt(c, "%.1f", (double)launches / sh->layers), -1);
+    bench_row(what, v, bench_fmt(c, "%.1f", (double)launches / sh->layers), -1);
     snprintf(what, sizeof what, "  eager step %s (ms, vs graph)", mix);
-    row(what, fmt(v, "%.3f", te * 1e3), fmt(c, "%.3f", tg * 1e3), 100 * tg / te);
+    bench_row(what, bench_fmt(v, "%.3f", te * 1e3), bench_fmt(c, "%.3f", tg * 1e3), 100 * tg / te);
     for (int i = 0; i < np; i++) {
         if (!pr[i].bytes)
             continue;
         double gbs = pr[i].bytes / (pr[i].us * 1e-6);
         snprintf(what, sizeof what, "  %.6s %.38s (GB/s, eager)", mix, pr[i].name);
-        row(what, fmt(v, "%.0f", gbs / 1e9), fmt(c, "%.0f", bw / 1e9), 100 * gbs / bw);
+        bench_row(what, bench_fmt(v, "%.0f", gbs / 1e9), bench_fmt(c, "%.0f", bw / 1e9),
+                  100 * gbs / bw);
     }
     dec_close(&d, be);
 }
@@ -320,429 +323,32 @@ static void decode1b(struct backend *be, double bw)
     static const struct bench_shape s1b_small = {"1B-like small", 2, 256, 4, 2, 512, 512, 1};
     static const uint32_t batches[] = {1, 8, 64, 256};
     struct dec_fx d;
-    dec_open(&d, be, g_small ? &s1b_small : &s1b, false, g_small ? 8 : DEC_MAXB,
-             g_small ? 64 : 512);
+    dec_open(&d, be, bench_small ? &s1b_small : &s1b, false, bench_small ? 8 : DEC_MAXB,
+             bench_small ? 64 : 512);
     double kvt = (double)kv_token_bytes(&d.g);
     char what[72], v[24], c[24];
     cuda_compute_set_graphs(d.m->cx, true);
     for (int i = 0; i < 4; i++) {
-        uint32_t B = g_small ? (batches[i] > 8 ? 8 : batches[i]) : batches[i];
-        double t = decode_step(&d, B, false, g_small ? 2 : 20);
+        uint32_t B = bench_small ? (batches[i] > 8 ? 8 : batches[i]) : batches[i];
+        double t = decode_step(&d, B, false, bench_small ? 2 : 20);
         double roof = ((double)d.wbytes + B * d.ctx * kvt) / bw;
         printf("decode 1B batch %3u: %.3f ms (roofline %.3f ms)\n", B, t * 1e3, roof * 1e3);
         snprintf(what, sizeof what, "decode 1B bf16 batch %u (ms vs roofline)", B);
-        row(what, fmt(v, "%.3f", t * 1e3), fmt(c, "%.3f", roof * 1e3), 100 * roof / t);
+        bench_row(what, bench_fmt(v, "%.3f", t * 1e3), bench_fmt(c, "%.3f", roof * 1e3),
+                  100 * roof / t);
     }
-    uint32_t B = g_small ? 8 : 64;
-    double ts = decode_step(&d, B, true, g_small ? 2 : 20);
+    uint32_t B = bench_small ? 8 : 64;
+    double ts = decode_step(&d, B, true, bench_small ? 2 : 20);
     double roof = ((double)d.wbytes + B * d.ctx * kvt) / bw;
-    row("  batch 64 sampled (T 0.8, top-k/p) (ms)", fmt(v, "%.3f", ts * 1e3),
-        fmt(c, "%.3f", roof * 1e3), 100 * roof / ts);
+    bench_row("  batch 64 sampled (T 0.8, top-k/p) (ms)", bench_fmt(v, "%.3f", ts * 1e3),
+              bench_fmt(c, "%.3f", roof * 1e3), 100 * roof / ts);
     cuda_compute_set_graphs(d.m->cx, false);
-    double eager1 = decode_step(&d, 1, false, g_small ? 2 : 30);
+    double eager1 = decode_step(&d, 1, false, bench_small ? 2 : 30);
     cuda_compute_set_graphs(d.m->cx, true);
-    double graph1 = decode_step(&d, 1, false, g_small ? 2 : 30);
-    row("decode 1B batch 1: graph vs eager (ms)", fmt(v, "%.3f", graph1 * 1e3),
-        fmt(c, "%.3f", eager1 * 1e3), 100 * graph1 / eager1);
+    double graph1 = decode_step(&d, 1, false, bench_small ? 2 : 30);
+    bench_row("decode 1B batch 1: graph vs eager (ms)", bench_fmt(v, "%.3f", graph1 * 1e3),
+              bench_fmt(c, "%.3f", eager1 * 1e3), 100 * graph1 / eager1);
     dec_close(&d, be);
-}
-
-/* ---- projections alone -------------------------------------------------------------- */
-
-/* y = x W^T through the backend's matmul op, W [out][in] of each type, for
- * 1..32 tokens: weight bytes per second. Four copies of W are rotated so no
- * run finds W in the L2. */
-static void gemv(struct backend *be, double bw)
-{
-    static const enum ctype types[] = {CT_BF16, CT_Q8_0, CT_Q4_0, CT_Q4_K, CT_Q5_K, CT_Q6_K};
-    static const uint32_t toks[] = {1, 2, 3, 4, 8, 16, 32};
-    const int nt = (int)(sizeof toks / sizeof toks[0]);
-    const uint32_t in = g_small ? 512 : 4096, out = g_small ? 256 : 14336;
-    const struct compute_ops *o = be->compute;
-    struct compute_ctx *cx;
-    if (o->ctx_new(be, &(struct compute_conf){0}, &cx))
-        exit(1);
-    cudaStream_t st = cuda_backend_dev(be)->compute;
-    float *x, *y;
-    BCK(cudaMalloc((void **)&x, (size_t)32 * in * 4));
-    BCK(cudaMalloc((void **)&y, (size_t)32 * out * 4));
-    BKCK(kvd_k_fill_uniform(x, KVD_K_F32, (size_t)32 * in, 7, -1, 1, NULL));
-    cudaEvent_t e0, e1;
-    BCK(cudaEventCreate(&e0));
-    BCK(cudaEventCreate(&e1));
-    printf("\nprojection [%u x %u] alone, weight GB/s (%% of copy bandwidth):\n%-8s", out, in,
-           "type");
-    for (int k = 0; k < nt; k++)
-        printf(" %11u", toks[k]);
-    printf("\n");
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        struct ctensor w[4];
-        for (int c = 0; c < 4; c++) {
-            w[c] = (struct ctensor){.type = types[ti], .ne0 = in, .ne1 = out};
-            w[c].nbytes = ctype_row_bytes(types[ti], in) * out;
-            if (o->buf_alloc(cx, o->weight_bytes(&w[c]), &w[c].data))
-                exit(1);
-            if (ctype_is_quant(types[ti]))
-                BKCK(kvd_k_fill_qweight(w[c].data, (int)types[ti],
-                                        w[c].nbytes / ctype_block_bytes(types[ti]), 11 + c, NULL));
-            else
-                BKCK(kvd_k_fill_uniform(w[c].data, KVD_K_BF16, (size_t)in * out, 11 + c, -0.03f,
-                                        0.03f, NULL));
-            BCK(cudaDeviceSynchronize());
-            if (cuda_compute_weight_prepare(cx, &w[c]))
-                exit(1);
-        }
-        printf("%-8s", ctype_name(types[ti]));
-        for (int k = 0; k < nt; k++) {
-            double t[16];
-            const int iters = g_small ? 2 : 16;
-            for (int i = 0; i < iters + 2; i++) {
-                float ms;
-                BCK(cudaEventRecord(e0, st));
-                if (o->matmul(cx, &w[i % 4], x, toks[k], y))
-                    exit(1);
-                BCK(cudaEventRecord(e1, st));
-                BCK(cudaEventSynchronize(e1));
-                BCK(cudaEventElapsedTime(&ms, e0, e1));
-                if (i >= 2)
-                    t[i - 2] = ms * 1e-3;
-            }
-            double gbs = w[0].nbytes / median(t, iters);
-            printf(" %5.0f (%3.0f%%)", gbs / 1e9, 100 * gbs / bw);
-            if (toks[k] == 1 || toks[k] == 8 || toks[k] == 32) {
-                char what[72], v[24], c[24];
-                snprintf(what, sizeof what, "projection %s, %u token%s (GB/s)",
-                         ctype_name(types[ti]), toks[k], toks[k] > 1 ? "s" : "");
-                row(what, fmt(v, "%.0f", gbs / 1e9), fmt(c, "%.0f", bw / 1e9), 100 * gbs / bw);
-            }
-        }
-        printf("\n");
-        for (int c = 0; c < 4; c++)
-            o->buf_free(cx, w[c].data);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaFree(x);
-    cudaFree(y);
-    o->ctx_free(cx);
-}
-
-/* The projections of a prefill chunk and of large batches through the
- * backend's matmul: the K-quants on the int8 tensor cores
- * (kernels/gemm_qmma.cu, activation quantization included) and, rows
- * "-tile", as before it (8-row GEMVs up to 32 tokens, dequantized tiles +
- * cuBLAS above), bf16 through cuBLAS; TOPS against the dense int8 (bf16)
- * peak. */
-static void qgemm(struct backend *be)
-{
-    static const enum ctype types[] = {CT_BF16, CT_Q4_K, CT_Q6_K, CT_Q4_K, CT_Q6_K};
-    static const uint32_t toks[] = {16, 64, 512};
-    const uint32_t in = g_small ? 512 : 4096, out = g_small ? 256 : 14336;
-    const double i8_peak = 1979e12, bf16_peak = 989e12; /* H100/H200 SXM datasheet, dense */
-    const struct compute_ops *o = be->compute;
-    struct compute_ctx *cx;
-    if (o->ctx_new(be, &(struct compute_conf){0}, &cx))
-        exit(1);
-    cudaStream_t st = cuda_backend_dev(be)->compute;
-    const uint32_t nmax = g_small ? 64 : 512;
-    float *x, *y;
-    BCK(cudaMalloc((void **)&x, (size_t)nmax * in * 4));
-    BCK(cudaMalloc((void **)&y, (size_t)nmax * out * 4));
-    BKCK(kvd_k_fill_uniform(x, KVD_K_F32, (size_t)nmax * in, 7, -1, 1, NULL));
-    cudaEvent_t e0, e1;
-    BCK(cudaEventCreate(&e0));
-    BCK(cudaEventCreate(&e1));
-    printf("\nprojection GEMM [%u x %u], TOPS (%% of dense int8 peak; bf16: of bf16 peak):\n%-10s",
-           out, in, "type");
-    for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++)
-        printf(" %13u", toks[k] > nmax ? nmax : toks[k]);
-    printf("\n");
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        struct ctensor w = {.type = types[ti], .ne0 = in, .ne1 = out};
-        w.nbytes = ctype_row_bytes(types[ti], in) * out;
-        if (o->buf_alloc(cx, o->weight_bytes(&w), &w.data))
-            exit(1);
-        if (ctype_is_quant(types[ti]))
-            BKCK(kvd_k_fill_qweight(w.data, (int)types[ti], w.nbytes / ctype_block_bytes(types[ti]),
-                                    11, NULL));
-        else
-            BKCK(kvd_k_fill_uniform(w.data, KVD_K_BF16, (size_t)in * out, 11, -0.03f, 0.03f, NULL));
-        BCK(cudaDeviceSynchronize());
-        if (cuda_compute_weight_prepare(cx, &w))
-            exit(1);
-        /* A stream operation between the repacking kernel and the first
-         * projection: the GEMV (8-row launches, the "-tile" rows) loads its
-         * first weights before its programmatic-dependent-launch wait. */
-        BCK(cudaMemsetAsync(y, 0, sizeof(float), st));
-        const bool tile = ti >= 3; /* the same types as before the int8 GEMM */
-        cuda_compute_set_qmma(cx, !tile);
-        const double peak = ctype_is_quant(types[ti]) ? i8_peak : bf16_peak;
-        char name[16];
-        snprintf(name, sizeof name, "%s%s", ctype_name(types[ti]), tile ? "-tile" : "");
-        printf("%-10s", name);
-        for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
-            const uint32_t n = toks[k] > nmax ? nmax : toks[k];
-            const int iters = g_small ? 1 : 10;
-            double t[16];
-            for (int i = 0; i < iters + 1; i++) {
-                float ms;
-                BCK(cudaEventRecord(e0, st));
-                if (o->matmul(cx, &w, x, n, y))
-                    exit(1);
-                BCK(cudaEventRecord(e1, st));
-                BCK(cudaEventSynchronize(e1));
-                BCK(cudaEventElapsedTime(&ms, e0, e1));
-                if (i >= 1)
-                    t[i - 1] = ms * 1e-3;
-            }
-            const double ops = 2.0 * in * out * n / median(t, iters);
-            printf(" %6.1f (%3.0f%%)", ops / 1e12, 100 * ops / peak);
-            char what[72], v[24], c[24];
-            snprintf(what, sizeof what, "projection GEMM %s, %u tokens (TOPS)", name, n);
-            row(what, fmt(v, "%.1f", ops / 1e12), fmt(c, "%.0f", peak / 1e12), 100 * ops / peak);
-        }
-        printf("\n");
-        o->buf_free(cx, w.data);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaFree(x);
-    cudaFree(y);
-    o->ctx_free(cx);
-}
-
-/* ---- attention ---------------------------------------------------------------------------- */
-
-static uint32_t gcd(uint32_t a, uint32_t b)
-{
-    while (b) {
-        uint32_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
-/* One attention op over n_seqs sequences (rows[s] new rows at pos0[s]),
- * D = 128, 8 KV heads, n_heads query heads, bf16 KV in 16-token blocks
- * scattered over the arena: median GPU time of the op. */
-static double attn_time(struct backend *be, uint32_t n_heads, uint32_t n_seqs, const uint32_t *pos0,
-                        const uint32_t *rows, double *kv_bytes)
-{
-    const struct compute_ops *o = be->compute;
-    struct compute_ctx *cx;
-    if (o->ctx_new(be, &(struct compute_conf){0}, &cx))
-        exit(1);
-    struct kv_geom g = {
-        .layers = 1, .kv_heads = 8, .head_dim = 128, .dtype = KV_BF16, .block_tokens = 16};
-    uint32_t *qstart = malloc((n_seqs + 1) * 4), *slot0 = malloc((n_seqs + 1) * 4);
-    uint32_t T = 0, NS = 0, max_q = 0, max_kv = 0;
-    *kv_bytes = 0;
-    for (uint32_t s = 0; s < n_seqs; s++) {
-        uint32_t end = pos0[s] + rows[s];
-        qstart[s] = T;
-        slot0[s] = NS;
-        T += rows[s];
-        NS += (end + 15) / 16;
-        max_q = rows[s] > max_q ? rows[s] : max_q;
-        max_kv = end > max_kv ? end : max_kv;
-        *kv_bytes += (double)end * kv_token_bytes(&g);
-    }
-    qstart[n_seqs] = T;
-    slot0[n_seqs] = NS;
-    uint32_t *slots = malloc((size_t)NS * 4), a = 7919;
-    while (gcd(a, NS) != 1) /* a stride prime to NS: a permutation scattering every sequence */
-        a += 2;
-    for (uint32_t b = 0; b < NS; b++)
-        slots[b] = (uint32_t)(((uint64_t)b * a + 3) % NS);
-    size_t ab = kv_block_bytes(&g) * NS;
-    void *arena;
-    float *q, *out;
-    BCK(cudaMalloc(&arena, ab));
-    BCK(cudaMalloc((void **)&q, (size_t)T * n_heads * 128 * 4));
-    BCK(cudaMalloc((void **)&out, (size_t)T * n_heads * 128 * 4));
-    BKCK(kvd_k_fill_uniform(arena, KVD_K_BF16, ab / 2, 3, -2, 2, NULL));
-    BKCK(kvd_k_fill_uniform(q, KVD_K_F32, (size_t)T * n_heads * 128, 4, -1, 1, NULL));
-    uint32_t *d_qs, *d_p0, *d_s0, *d_sl;
-    BCK(cudaMalloc((void **)&d_qs, (n_seqs + 1) * 4));
-    BCK(cudaMalloc((void **)&d_p0, n_seqs * 4));
-    BCK(cudaMalloc((void **)&d_s0, (n_seqs + 1) * 4));
-    BCK(cudaMalloc((void **)&d_sl, (size_t)NS * 4));
-    BCK(cudaMemcpy(d_qs, qstart, (n_seqs + 1) * 4, cudaMemcpyHostToDevice));
-    BCK(cudaMemcpy(d_p0, pos0, n_seqs * 4, cudaMemcpyHostToDevice));
-    BCK(cudaMemcpy(d_s0, slot0, (n_seqs + 1) * 4, cudaMemcpyHostToDevice));
-    BCK(cudaMemcpy(d_sl, slots, (size_t)NS * 4, cudaMemcpyHostToDevice));
-    BCK(cudaDeviceSynchronize());
-    struct attn_desc d = {.q = q,
-                          .out = out,
-                          .arena = arena,
-                          .geom = &g,
-                          .layer = 0,
-                          .n_head = n_heads,
-                          .scale = 1.0f / sqrtf(128.0f),
-                          .n_tokens = T,
-                          .n_seqs = n_seqs,
-                          .seq_qstart = d_qs,
-                          .seq_pos0 = d_p0,
-                          .seq_slot0 = d_s0,
-                          .slots = d_sl,
-                          .max_q = max_q,
-                          .max_kv = max_kv,
-                          .h_seq_qstart = qstart,
-                          .h_seq_pos0 = pos0};
-    cudaStream_t st = cuda_backend_dev(be)->compute;
-    cudaEvent_t e0, e1;
-    BCK(cudaEventCreate(&e0));
-    BCK(cudaEventCreate(&e1));
-    double t[12];
-    const int iters = g_small || g_ncu ? 1 : 10, warm = g_ncu ? 0 : 2;
-    for (int i = 0; i < iters + warm; i++) {
-        float ms;
-        BCK(cudaEventRecord(e0, st));
-        if (o->attention(cx, &d))
-            exit(1);
-        BCK(cudaEventRecord(e1, st));
-        BCK(cudaEventSynchronize(e1));
-        BCK(cudaEventElapsedTime(&ms, e0, e1));
-        if (i >= warm)
-            t[i - warm] = ms * 1e-3;
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaFree(arena);
-    cudaFree(q);
-    cudaFree(out);
-    cudaFree(d_qs);
-    cudaFree(d_p0);
-    cudaFree(d_s0);
-    cudaFree(d_sl);
-    free(qstart);
-    free(slot0);
-    free(slots);
-    o->ctx_free(cx);
-    return median(t, iters);
-}
-
-/* Paged decode attention: D 128, GQA 4 and 8, batch 1 and 16, context 4k
- * and 32k: KV bytes read per second against copy bandwidth. */
-static void attn(struct backend *be, double bw)
-{
-    static const uint32_t gqa[] = {4, 8}, batch[] = {1, 16}, ctx[] = {4096, 32768};
-    printf("\ndecode attention, D 128, 8 KV heads, bf16 KV:\n");
-    for (int gi = 0; gi < 2; gi++)
-        for (int bi = 0; bi < 2; bi++)
-            for (int ci = 0; ci < 2; ci++) {
-                uint32_t B = batch[bi], C = g_small ? ctx[ci] / 64 : ctx[ci], pos0[16], rows[16];
-                for (uint32_t s = 0; s < B; s++) {
-                    pos0[s] = C - 1;
-                    rows[s] = 1;
-                }
-                double kvb;
-                double t = attn_time(be, 8 * gqa[gi], B, pos0, rows, &kvb);
-                double gbs = kvb / t;
-                printf("  GQA %u batch %2u context %5u: %8.1f us, %6.0f GB/s (%.1f%%)\n", gqa[gi],
-                       B, C, t * 1e6, gbs / 1e9, 100 * gbs / bw);
-                char what[72], v[24], c[24];
-                snprintf(what, sizeof what, "decode attention GQA %u batch %u ctx %u (GB/s)",
-                         gqa[gi], B, C);
-                row(what, fmt(v, "%.0f", gbs / 1e9), fmt(c, "%.0f", bw / 1e9), 100 * gbs / bw);
-            }
-}
-
-/* Prefill attention: a 512-row chunk of one sequence at prefix 0 and
- * 31.5k (32 query heads, 8 KV heads, D 128), and a mixed step (that chunk at
- * prefix 4k with 15 decode rows at contexts 4k..32k): FLOP/s against the
- * bf16 dense tensor-core peak given (H200/H100 SXM datasheet: 989 TFLOP/s). */
-static void prefill(struct backend *be, double tc_peak)
-{
-    const uint32_t R = g_small ? 32 : 512, P1 = g_small ? 200 : 32256, PM = g_small ? 64 : 4096;
-    uint32_t pos0[16], rows[16];
-    char what[72], v[24], c[24];
-    printf("\nprefill attention, 32 heads / 8 KV heads, D 128, bf16 KV:\n");
-    for (int k = 0; k < 2; k++) {
-        pos0[0] = k ? P1 : 0;
-        rows[0] = R;
-        double kvb, flops = 0;
-        for (uint32_t r = 0; r < R; r++) /* causal: row r sees pos0 + r + 1 keys */
-            flops += 4.0 * 32 * 128 * (pos0[0] + r + 1);
-        double t = attn_time(be, 32, 1, pos0, rows, &kvb);
-        printf("  %u rows at prefix %5u: %8.1f us, %.1f TFLOP/s (%.1f%% of %.0f)\n", R, pos0[0],
-               t * 1e6, flops / t / 1e12, 100 * flops / t / tc_peak, tc_peak / 1e12);
-        snprintf(what, sizeof what, "prefill attention %u rows at %u (TFLOP/s)", R, pos0[0]);
-        row(what, fmt(v, "%.1f", flops / t / 1e12), fmt(c, "%.0f", tc_peak / 1e12),
-            100 * flops / t / tc_peak);
-    }
-    pos0[0] = PM;
-    rows[0] = R;
-    for (uint32_t s = 1; s < 16; s++) {
-        pos0[s] = (g_small ? 64 : 4096) + (s - 1) * (g_small ? 8 : 2048);
-        rows[s] = 1;
-    }
-    double kvb;
-    double t = attn_time(be, 32, 16, pos0, rows, &kvb);
-    printf("  mixed: %u rows at %u + 15 decode rows at %u..%u: %8.1f us (%.1f MB of KV)\n", R, PM,
-           pos0[1], pos0[15], t * 1e6, kvb / 1e6);
-    row("mixed step attention: chunk + 15 decode rows (us)", fmt(v, "%.1f", t * 1e6), "-", -1);
-}
-
-/* ---- one launch of each kernel of interest, for ncu ----------------------------------------- */
-
-/* What device_check.sh profiles with ncu (--only ncu, not in the default
- * run): each projection type at 1 and 8 tokens (and 512, the prefill
- * chunk: the K-quants' int8 GEMM, bf16's cuBLAS), decode attention at GQA 8
- * batch 1 context 32k and GQA 4 batch 16 context 4k, one 512-row prefill
- * chunk at 31.5k: each op once, on the full shapes. */
-static void ncu_set(struct backend *be)
-{
-    static const enum ctype types[] = {CT_BF16, CT_Q8_0, CT_Q4_0, CT_Q4_K, CT_Q5_K, CT_Q6_K};
-    const uint32_t in = g_small ? 512 : 4096, out = g_small ? 256 : 14336;
-    const struct compute_ops *o = be->compute;
-    struct compute_ctx *cx;
-    if (o->ctx_new(be, &(struct compute_conf){0}, &cx))
-        exit(1);
-    float *x, *y;
-    const uint32_t chunk = g_small ? 64 : 512;
-    BCK(cudaMalloc((void **)&x, (size_t)chunk * in * 4));
-    BCK(cudaMalloc((void **)&y, (size_t)chunk * out * 4));
-    BKCK(kvd_k_fill_uniform(x, KVD_K_F32, (size_t)chunk * in, 7, -1, 1, NULL));
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        struct ctensor w = {.type = types[ti], .ne0 = in, .ne1 = out};
-        w.nbytes = ctype_row_bytes(types[ti], in) * out;
-        if (o->buf_alloc(cx, o->weight_bytes(&w), &w.data))
-            exit(1);
-        if (ctype_is_quant(types[ti]))
-            BKCK(kvd_k_fill_qweight(w.data, (int)types[ti], w.nbytes / ctype_block_bytes(types[ti]),
-                                    11, NULL));
-        else
-            BKCK(kvd_k_fill_uniform(w.data, KVD_K_BF16, (size_t)in * out, 11, -0.03f, 0.03f, NULL));
-        BCK(cudaDeviceSynchronize());
-        if (cuda_compute_weight_prepare(cx, &w))
-            exit(1);
-        /* as in qgemm: the GEMV's prologue must not overlap the repacking */
-        BCK(cudaMemsetAsync(y, 0, sizeof(float), cuda_backend_dev(be)->compute));
-        if (o->matmul(cx, &w, x, 1, y) || o->matmul(cx, &w, x, 8, y) ||
-            ((types[ti] == CT_BF16 || types[ti] == CT_Q4_K || types[ti] == CT_Q6_K) &&
-             o->matmul(cx, &w, x, chunk, y)) ||
-            o->sync(cx))
-            exit(1);
-        o->buf_free(cx, w.data);
-    }
-    cudaFree(x);
-    cudaFree(y);
-    o->ctx_free(cx);
-    uint32_t pos0[16], rows[16];
-    double kvb;
-    pos0[0] = (g_small ? 512 : 32768) - 1;
-    rows[0] = 1;
-    attn_time(be, 64, 1, pos0, rows, &kvb);
-    for (int s = 0; s < 16; s++) {
-        pos0[s] = (g_small ? 128 : 4096) - 1;
-        rows[s] = 1;
-    }
-    attn_time(be, 32, 16, pos0, rows, &kvb);
-    pos0[0] = g_small ? 200 : 32256;
-    rows[0] = g_small ? 32 : 512;
-    attn_time(be, 32, 1, pos0, rows, &kvb);
 }
 
 /* ---- zero-fill and swaps ------------------------------------------------------------------ */
@@ -752,7 +358,7 @@ static void ncu_set(struct backend *be)
  * tokens), bytes written per second. */
 static void zero_fill(struct backend *be, double bw)
 {
-    const size_t blk = g_small ? 4096 : (size_t)2 << 20, n = g_small ? 16 : 512;
+    const size_t blk = bench_small ? 4096 : (size_t)2 << 20, n = bench_small ? 16 : 512;
     void *d;
     if (be->ops->arena_alloc(be, KVD_TIER_DEVICE, blk * n, &d))
         exit(1);
@@ -767,17 +373,17 @@ static void zero_fill(struct backend *be, double bw)
         if (r)
             t[r - 1] = now_s() - t0;
     }
-    double gbs = blk * n / median(t, 5);
+    double gbs = blk * n / bench_median(t, 5);
     char v[24], c[24];
     printf("\nzero-fill of %zu blocks of %zu KiB: %.0f GB/s written\n", n, blk >> 10, gbs / 1e9);
-    row("zero-fill of new KV blocks, 2 MiB each (GB/s)", fmt(v, "%.0f", gbs / 1e9),
-        fmt(c, "%.0f", bw / 2e9), 200 * gbs / bw);
+    bench_row("zero-fill of new KV blocks, 2 MiB each (GB/s)", bench_fmt(v, "%.0f", gbs / 1e9),
+              bench_fmt(c, "%.0f", bw / 2e9), 200 * gbs / bw);
     be->ops->arena_free(be, KVD_TIER_DEVICE, d, blk * n);
 }
 
 static void swap_bw(struct backend *be)
 {
-    const size_t blk = 512u << 10, n = g_small ? 8 : 2048, bytes = blk * n;
+    const size_t blk = 512u << 10, n = bench_small ? 8 : 2048, bytes = blk * n;
     void *d, *h;
     if (be->ops->arena_alloc(be, KVD_TIER_DEVICE, bytes, &d) ||
         be->ops->arena_alloc(be, KVD_TIER_HOST, bytes, &h)) {
@@ -814,13 +420,13 @@ static void swap_bw(struct backend *be)
             ph[r - 1] = t4 - t3;
         }
     }
-    double so = bytes / median(to, 5) / 1e9, si = bytes / median(ti, 5) / 1e9;
-    double sd = bytes / median(pd, 5) / 1e9, sh = bytes / median(ph, 5) / 1e9;
+    double so = bytes / bench_median(to, 5) / 1e9, si = bytes / bench_median(ti, 5) / 1e9;
+    double sd = bytes / bench_median(pd, 5) / 1e9, sh = bytes / bench_median(ph, 5) / 1e9;
     char v[24], c[24];
-    row("swap out D2H, 512 KiB blocks (GB/s)", fmt(v, "%.1f", so), fmt(c, "%.1f", sd),
-        100 * so / sd);
-    row("swap in H2D, 512 KiB blocks (GB/s)", fmt(v, "%.1f", si), fmt(c, "%.1f", sh),
-        100 * si / sh);
+    bench_row("swap out D2H, 512 KiB blocks (GB/s)", bench_fmt(v, "%.1f", so),
+              bench_fmt(c, "%.1f", sd), 100 * so / sd);
+    bench_row("swap in H2D, 512 KiB blocks (GB/s)", bench_fmt(v, "%.1f", si),
+              bench_fmt(c, "%.1f", sh), 100 * si / sh);
     be->ops->arena_free(be, KVD_TIER_DEVICE, d, bytes);
     be->ops->arena_free(be, KVD_TIER_HOST, h, bytes);
 }
@@ -829,7 +435,7 @@ int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--small"))
-            g_small = true;
+            bench_small = true;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             g_only = argv[++i];
         else {
@@ -844,25 +450,25 @@ int main(int argc, char **argv)
         return GPU_SKIP;
     }
     struct cuda_dev *dev = cuda_backend_dev(be);
-    printf("device: %s, %d SMs%s\n", dev->name, dev->n_sms, g_small ? " (--small shapes)" : "");
+    printf("device: %s, %d SMs%s\n", dev->name, dev->n_sms, bench_small ? " (--small shapes)" : "");
     const double tc_peak = 989e12; /* bf16 dense, H100/H200 SXM datasheet */
     char v[24], c[24];
 
     if (g_only && want("ncu")) { /* the kernels device_check.sh profiles, nothing else */
-        g_ncu = true;
-        ncu_set(be);
+        bench_ncu = true;
+        bench_ncu_set(be);
         backend_free(be);
         return 0;
     }
     double bw = copy_bw();
     printf("copy bandwidth (D2D, read+write): %.0f GB/s\n", bw / 1e9);
-    row("copy bandwidth D2D (read+write, GB/s)", fmt(v, "%.0f", bw / 1e9), "-", -1);
+    bench_row("copy bandwidth D2D (read+write, GB/s)", bench_fmt(v, "%.0f", bw / 1e9), "-", -1);
     if (want("launch")) {
         double le, lg;
         launch_cost(&le, &lg);
         printf("empty kernel: %.2f us per launch eager, %.2f us per kernel in a graph\n", le, lg);
-        row("empty kernel in a graph chain (us per kernel)", fmt(v, "%.2f", lg), fmt(c, "%.2f", le),
-            100 * lg / le);
+        bench_row("empty kernel in a graph chain (us per kernel)", bench_fmt(v, "%.2f", lg),
+                  bench_fmt(c, "%.2f", le), 100 * lg / le);
     }
     if (want("decode8b")) {
         decode8b(be, bw, false);
@@ -871,13 +477,13 @@ int main(int argc, char **argv)
     if (want("decode1b"))
         decode1b(be, bw);
     if (want("gemv")) {
-        gemv(be, bw);
-        qgemm(be);
+        bench_gemv(be, bw);
+        bench_qgemm(be);
     }
     if (want("attn"))
-        attn(be, bw);
+        bench_attn(be, bw);
     if (want("prefill"))
-        prefill(be, tc_peak);
+        bench_prefill(be, tc_peak);
     if (want("zero"))
         zero_fill(be, bw);
     if (want("swap"))

@@ -1,5 +1,7 @@
-/* bench_gpu's parts (bench_gpu.c: the sections and the table;
- * bench_gpu_model.c: the random models and the per-op profiler). */
+/* bench_gpu's parts (bench_gpu.c: the options, the ceilings, decode steps,
+ * zero-fill and swaps, and the table; bench_gpu_kernels.c: single kernels
+ * (projections, attention, the ncu set); bench_gpu_model.c: the random
+ * models and the per-op profiler). */
 #ifndef KVD_TESTS_BENCH_GPU_H
 #define KVD_TESTS_BENCH_GPU_H
 
@@ -31,6 +33,23 @@
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
+
+/* --small (every shape shrunk for the CPU emulator); --only ncu. */
+extern bool bench_small, bench_ncu;
+/* The median of v[0..n) (sorts v). */
+double bench_median(double *v, int n);
+/* A row of the summary table printed last (pct < 0: none). */
+void bench_row(const char *what, const char *value, const char *ceiling, double pct);
+/* v formatted by f into buf (24 bytes): buf. */
+char *bench_fmt(char *buf, const char *f, double v);
+
+/* The single-kernel sections (bench_gpu_kernels.c); bw: the copy
+ * bandwidth, tc_peak: the bf16 tensor-core peak (FLOP/s). */
+void bench_gemv(struct backend *be, double bw);
+void bench_qgemm(struct backend *be);
+void bench_attn(struct backend *be, double bw);
+void bench_prefill(struct backend *be, double tc_peak);
+void bench_ncu_set(struct backend *be);
 
 /* A Llama-family shape. */
 struct bench_shape {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compute_cpu_kv.h"
 #include "kvd/status.h"
 
 #ifdef KVD_CUDA_EMULATE
@@ -51,6 +52,22 @@ void gpu_fx_close(struct gpu_fx *f)
     backend_free(f->cuda);
     backend_free(f->cpu);
     memset(f, 0, sizeof *f);
+}
+
+struct gpu_fx gpu_F;
+
+int gpu_fx_setup(void **state)
+{
+    (void)state;
+    gpu_fx_open(&gpu_F);
+    return 0;
+}
+
+int gpu_fx_teardown(void **state)
+{
+    (void)state;
+    gpu_fx_close(&gpu_F);
+    return 0;
 }
 
 void *gpu_dup(struct gpu_fx *f, const void *host, size_t bytes)
@@ -176,4 +193,31 @@ void gpu_emu_order_check(int on)
 #else
     (void)on;
 #endif
+}
+
+void kvfx_init(struct kvfx *k, enum kv_dtype dt, uint32_t layers, uint32_t kv_heads, uint32_t hd,
+               uint32_t bt, size_t nb)
+{
+    k->g = (struct kv_geom){
+        .layers = layers, .kv_heads = kv_heads, .head_dim = hd, .dtype = dt, .block_tokens = bt};
+    k->bb = kv_block_bytes(&k->g);
+    k->nb = nb;
+    k->harena = malloc(k->bb * nb);
+    float *row = malloc(hd * sizeof(float));
+    if (!k->harena || !row)
+        die("malloc of a KV arena", KVD_ENOMEM);
+    size_t rb = kv_row_bytes(dt, hd), n = k->bb * nb / rb; /* rows of hd values */
+    for (size_t r = 0; r < n; r++) {
+        for (uint32_t i = 0; i < hd; i++)
+            row[i] = rnd_f(-2, 2);
+        cpu_kv_store_row(k->harena + r * rb, dt, row, hd, false);
+    }
+    free(row);
+    k->darena = gpu_dup(&gpu_F, k->harena, k->bb * nb);
+}
+
+void kvfx_free(struct kvfx *k)
+{
+    gpu_free(&gpu_F, k->darena);
+    free(k->harena);
 }

@@ -1,6 +1,8 @@
 /* Shared helpers of the gpu tests: open the cuda backend or skip (exit 77,
- * saying why), a cpu compute context as the reference, device buffers from
- * host data, NaN-poisoned outputs, random data, and error measures. */
+ * saying why), a cpu compute context as the reference, a test program's
+ * one fixture with its cmocka setup and teardown, device buffers from host
+ * data, KV arenas on both backends, NaN-poisoned outputs, random data, and
+ * error measures. */
 #ifndef KVD_TESTS_GPU_FIXTURE_H
 #define KVD_TESTS_GPU_FIXTURE_H
 
@@ -9,6 +11,7 @@
 
 #include "backend.h"
 #include "compute.h"
+#include "kv_types.h"
 
 #define GPU_SKIP 77 /* ctest SKIP_RETURN_CODE */
 
@@ -22,6 +25,12 @@ struct gpu_fx {
  * prints "SKIP: <reason>" and exits with GPU_SKIP. */
 void gpu_fx_open(struct gpu_fx *f);
 void gpu_fx_close(struct gpu_fx *f);
+/* A test program's one fixture, gpu_F (a test names it F: #define F
+ * gpu_F), opened by gpu_fx_setup and closed by gpu_fx_teardown, cmocka's
+ * group setup and teardown. */
+extern struct gpu_fx gpu_F;
+int gpu_fx_setup(void **state);
+int gpu_fx_teardown(void **state);
 
 /* Device copy of host bytes (freed with gpu_free). */
 void *gpu_dup(struct gpu_fx *f, const void *host, size_t bytes);
@@ -29,6 +38,19 @@ void *gpu_dup(struct gpu_fx *f, const void *host, size_t bytes);
 float *gpu_nan(struct gpu_fx *f, size_t n);
 void gpu_get(struct gpu_fx *f, void *host, const void *dev, size_t bytes);
 void gpu_free(struct gpu_fx *f, void *dev);
+
+/* A KV arena of nb blocks of the geometry, random rows written with the
+ * cpu codec (cpu_kv_store_row) in host memory and copied to gpu_F's
+ * device: the same bytes on both sides. */
+struct kvfx {
+    struct kv_geom g;
+    size_t bb, nb;   /* block bytes, blocks */
+    uint8_t *harena; /* cpu arena */
+    void *darena;    /* cuda arena, same initial bytes */
+};
+void kvfx_init(struct kvfx *k, enum kv_dtype dt, uint32_t layers, uint32_t kv_heads, uint32_t hd,
+               uint32_t bt, size_t nb);
+void kvfx_free(struct kvfx *k);
 
 /* Deterministic random numbers (seeded per test, fresh per call). */
 void rnd_seed(uint64_t s);

@@ -24,19 +24,7 @@
 #include "kernels.h"
 #include "quant.h"
 
-static struct gpu_fx F;
-
-static int setup(void **state)
-{
-    gpu_fx_open(&F);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    gpu_fx_close(&F);
-    return 0;
-}
+#define F gpu_F /* the program's fixture (gpu_fixture.h) */
 
 /* ---- the fragment layouts ------------------------------------------------- */
 
@@ -171,39 +159,6 @@ static void test_mma_rounding(void **state)
 }
 
 /* ---- attention against the cpu backend ------------------------------------ */
-
-struct kvfx {
-    struct kv_geom g;
-    size_t bb, nb;   /* block bytes, blocks */
-    uint8_t *harena; /* cpu arena */
-    void *darena;    /* cuda arena, same initial bytes */
-};
-
-static void kvfx_init(struct kvfx *k, enum kv_dtype dt, uint32_t layers, uint32_t kv_heads,
-                      uint32_t hd, uint32_t bt, size_t nb)
-{
-    k->g = (struct kv_geom){
-        .layers = layers, .kv_heads = kv_heads, .head_dim = hd, .dtype = dt, .block_tokens = bt};
-    k->bb = kv_block_bytes(&k->g);
-    k->nb = nb;
-    k->harena = malloc(k->bb * nb);
-    assert_non_null(k->harena);
-    size_t rb = kv_row_bytes(dt, hd), n = k->bb * nb / rb; /* rows of hd values */
-    float *row = malloc(hd * sizeof(float));
-    for (size_t r = 0; r < n; r++) {
-        for (uint32_t i = 0; i < hd; i++)
-            row[i] = rnd_f(-2, 2);
-        cpu_kv_store_row(k->harena + r * rb, dt, row, hd, false);
-    }
-    free(row);
-    k->darena = gpu_dup(&F, k->harena, k->bb * nb);
-}
-
-static void kvfx_free(struct kvfx *k)
-{
-    gpu_free(&F, k->darena);
-    free(k->harena);
-}
 
 /* What the prefill kernel's arithmetic allows (see the file's comment). */
 static double prefill_tol(enum kv_dtype dt, uint32_t hd)
@@ -352,5 +307,5 @@ int main(void)
     /* The skip decision happens before cmocka runs, so "no device" exits 77. */
     gpu_fx_open(&F);
     gpu_fx_close(&F);
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, gpu_fx_setup, gpu_fx_teardown);
 }

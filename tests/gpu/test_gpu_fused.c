@@ -26,19 +26,7 @@
 #include "kvd/status.h"
 #include "quant.h"
 
-static struct gpu_fx F;
-
-static int setup(void **state)
-{
-    gpu_fx_open(&F);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    gpu_fx_close(&F);
-    return 0;
-}
+#define F gpu_F /* the program's fixture (gpu_fixture.h) */
 
 static bool k_quant(enum ctype t)
 {
@@ -566,5 +554,5 @@ int main(void)
     gpu_fx_close(&F);
     if (getenv("KVD_TEST_FILTER")) /* e.g. KVD_TEST_FILTER='test_attention*' */
         cmocka_set_test_filter(getenv("KVD_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, gpu_fx_setup, gpu_fx_teardown);
 }

@@ -23,19 +23,7 @@
 #include "kvd/status.h"
 #include "quant.h"
 
-static struct gpu_fx F;
-
-static int setup(void **state)
-{
-    gpu_fx_open(&F);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    gpu_fx_close(&F);
-    return 0;
-}
+#define F gpu_F /* the program's fixture (gpu_fixture.h) */
 
 static void check(const char *what, const float *got, const float *ref, size_t n, double tol)
 {
@@ -512,39 +500,6 @@ static bool attn_case(int dt, size_t h, size_t di)
     return dt == KV_F16 || (h + di) % 3 == 0;
 }
 
-struct kvfx {
-    struct kv_geom g;
-    size_t bb, nb;   /* block bytes, blocks */
-    uint8_t *harena; /* cpu arena */
-    void *darena;    /* cuda arena, same initial bytes */
-};
-
-static void kvfx_init(struct kvfx *k, enum kv_dtype dt, uint32_t layers, uint32_t kv_heads,
-                      uint32_t hd, uint32_t bt, size_t nb)
-{
-    k->g = (struct kv_geom){
-        .layers = layers, .kv_heads = kv_heads, .head_dim = hd, .dtype = dt, .block_tokens = bt};
-    k->bb = kv_block_bytes(&k->g);
-    k->nb = nb;
-    k->harena = malloc(k->bb * nb);
-    assert_non_null(k->harena);
-    size_t rb = kv_row_bytes(dt, hd), n = k->bb * nb / rb; /* rows of hd values */
-    float *row = malloc(hd * sizeof(float));
-    for (size_t r = 0; r < n; r++) {
-        for (uint32_t i = 0; i < hd; i++)
-            row[i] = rnd_f(-2, 2);
-        cpu_kv_store_row(k->harena + r * rb, dt, row, hd, false);
-    }
-    free(row);
-    k->darena = gpu_dup(&F, k->harena, k->bb * nb);
-}
-
-static void kvfx_free(struct kvfx *k)
-{
-    gpu_free(&F, k->darena);
-    free(k->harena);
-}
-
 static void test_kv_write(void **state)
 {
     rnd_seed(6);
@@ -912,5 +867,5 @@ int main(void)
     gpu_fx_close(&F);
     if (getenv("KVD_TEST_FILTER")) /* e.g. KVD_TEST_FILTER='test_attention*' */
         cmocka_set_test_filter(getenv("KVD_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, gpu_fx_setup, gpu_fx_teardown);
 }

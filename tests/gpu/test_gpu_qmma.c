@@ -20,23 +20,11 @@
 #include "kvd/status.h"
 #include "quant.h"
 
-static struct gpu_fx F;
+#define F gpu_F /* the program's fixture (gpu_fixture.h) */
 
 static kvd_stream stream(void)
 {
     return (kvd_stream)cuda_backend_dev(F.cuda)->compute;
-}
-
-static int setup(void **state)
-{
-    gpu_fx_open(&F);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    gpu_fx_close(&F);
-    return 0;
 }
 
 /* ---- the s8 mma's fragments --------------------------------------------- */
@@ -264,5 +252,5 @@ int main(void)
         GPU_TEST(test_qmma_matmul),
         GPU_TEST(test_qmma_refusals),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, gpu_fx_setup, gpu_fx_teardown);
 }

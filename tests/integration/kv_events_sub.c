@@ -14,12 +14,7 @@
 #include <sodium.h>
 #include <zmq.h>
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+#include "kv_events_fixture.h"
 
 uint64_t kvs_ev_stat(const struct kh_proc *d, const char *model, const char *key)
 {
@@ -316,7 +311,7 @@ size_t kvs_replay(void *zctx, const char *ep, uint64_t start, struct kvs_batch *
  * have[] (live or filled by a replay); fails after 20 s. */
 void kvs_collect(void *sub, const char *topic, struct kvs_batch *have, uint64_t until)
 {
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kvf_now_ms();
     for (;;) {
         bool all = true;
         for (uint64_t s = 0; s < until; s++)
@@ -326,7 +321,7 @@ void kvs_collect(void *sub, const char *topic, struct kvs_batch *have, uint64_t 
             }
         if (all)
             return;
-        if (now_ms() - t0 > 20000)
+        if (kvf_now_ms() - t0 > 20000)
             fail_msg("batches below %llu did not all arrive", (unsigned long long)until);
         struct kvs_batch b;
         if (kvs_recv(sub, topic, 200, &b)) {
@@ -345,9 +340,9 @@ void kvs_collect(void *sub, const char *topic, struct kvs_batch *have, uint64_t 
 /* Waits until the daemon has sent everything queued; returns next_seq. */
 uint64_t kvs_settle(const struct kh_proc *d, const char *model)
 {
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kvf_now_ms();
     while (kvs_ev_stat(d, model, "queued") != 0) {
-        if (now_ms() - t0 > 10000)
+        if (kvf_now_ms() - t0 > 10000)
             fail_msg("the publisher did not drain its queue");
         usleep(2000);
     }
@@ -357,7 +352,7 @@ uint64_t kvs_settle(const struct kh_proc *d, const char *model)
         a = kvs_ev_stat(d, model, "next_seq");
         usleep(20000);
         b = kvs_ev_stat(d, model, "next_seq");
-    } while (a != b && now_ms() - t0 < 10000);
+    } while (a != b && kvf_now_ms() - t0 < 10000);
     return b;
 }
 

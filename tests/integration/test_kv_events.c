@@ -26,6 +26,7 @@
 #include <zmq.h>
 
 #include "kvd/client.h"
+#include "kv_events_fixture.h"
 #include "kv_events_sub.h"
 #include "kvd_harness.h"
 
@@ -47,19 +48,12 @@ static int setup(void **state)
     struct fixture *f = calloc(1, sizeof *f);
     if (!f)
         return -1;
-    snprintf(f->tmp, sizeof f->tmp, "/tmp/kvd-kvev.XXXXXX");
-    if (!mkdtemp(f->tmp))
+    if (kvf_dir(f->tmp, sizeof f->tmp, "kvd-kvev"))
         return -1;
     snprintf(f->model, sizeof f->model, "%s/m.gguf", f->tmp);
     snprintf(f->ev_ep, sizeof f->ev_ep, "ipc://%s/ev.sock", f->tmp);
     snprintf(f->replay_ep, sizeof f->replay_ep, "ipc://%s/replay.sock", f->tmp);
-    const char *tools = getenv("KVD_TOOLS_DIR");
-    char cmd[512];
-    snprintf(cmd, sizeof cmd,
-             "%s/kvd-gguf-gen -o %s --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 "
-             "--vocab 256 --ctx 4096 --seed 3 >/dev/null",
-             tools ? tools : ".", f->model);
-    if (system(cmd) != 0)
+    if (kvf_model(f->model, 3))
         return -1;
     f->zctx = zmq_ctx_new();
     if (!f->zctx || sodium_init() < 0)
@@ -71,11 +65,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     struct fixture *f = *state;
-    char cmd[128];
     zmq_ctx_term(f->zctx);
-    snprintf(cmd, sizeof cmd, "rm -rf %s", f->tmp);
-    if (system(cmd) != 0)
-        fprintf(stderr, "teardown: %s failed\n", cmd);
+    kvf_rmdir(f->tmp);
     free(f);
     return 0;
 }
@@ -115,41 +106,11 @@ static void start(struct kh_proc *d, const struct fixture *f, const char *hwm, c
     assert_int_equal(kh_spawn(d, &o), 0);
 }
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* ---- the daemon's side ------------------------------------------------- */
 
 static uint64_t ev_stat(const struct kh_proc *d, const char *key)
 {
     return kvs_ev_stat(d, NULL, key);
-}
-
-/* A number of tenant name's entry in the admin's stats. */
-static uint64_t tenant_stat(const struct kh_proc *d, const char *name, const char *key)
-{
-    int fd = kh_connect(d->sock);
-    assert_true(fd >= 0);
-    struct kh_reply r;
-    uint64_t v = UINT64_MAX;
-    assert_int_equal(kh_call0(fd, "stats", 1, &r), 0);
-    const msgpack_object *ts = kh_obj(r.root, "tenants");
-    assert_non_null(ts);
-    for (uint32_t i = 0; i < ts->via.array.size; i++) {
-        const msgpack_object *n = kh_obj(&ts->via.array.ptr[i], "name");
-        if (n && n->type == MSGPACK_OBJECT_STR && n->via.str.size == strlen(name) &&
-            !memcmp(n->via.str.ptr, name, n->via.str.size))
-            v = kh_u64(&ts->via.array.ptr[i], key);
-    }
-    kh_reply_free(&r);
-    close(fd);
-    if (v == UINT64_MAX)
-        fail_msg("no tenant %s with %s in stats", name, key);
-    return v;
 }
 
 static int generate(const char *sock, const uint32_t *p, size_t n)
@@ -192,21 +153,6 @@ static void gen_as_off(const struct kh_proc *d, const uint32_t *p, size_t n)
     assert_int_equal(kh_child_status(pid), 0);
 }
 
-static void admin_evict_all(const struct kh_proc *d)
-{
-    int fd = kh_connect(d->sock);
-    assert_true(fd >= 0);
-    struct kh_req q;
-    struct kh_reply r;
-    kh_req_begin(&q, "admin_evict", 7, 1);
-    assert_int_equal(proto_pack_kv_str(&q.pk, "tier", "all"), 0);
-    assert_int_equal(kh_req_send(fd, &q), 0);
-    assert_int_equal(kh_recv(fd, &r), 0);
-    kh_expect(&r, 0);
-    kh_reply_free(&r);
-    close(fd);
-}
-
 static void *subscribe(const struct fixture *f, const struct kh_proc *d, uint64_t want_subs)
 {
     void *sub = zmq_socket(f->zctx, ZMQ_SUB);
@@ -215,20 +161,15 @@ static void *subscribe(const struct fixture *f, const struct kh_proc *d, uint64_
     assert_int_equal(zmq_setsockopt(sub, ZMQ_SUBSCRIBE, TOPIC, strlen(TOPIC)), 0);
     assert_int_equal(zmq_connect(sub, f->ev_ep), 0);
     /* The daemon counts the subscription once it has it. */
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kvf_now_ms();
     while (ev_stat(d, "subscribers") < want_subs) {
-        if (now_ms() - t0 > 10000)
+        if (kvf_now_ms() - t0 > 10000)
             fail_msg("the daemon never saw the subscription");
         usleep(2000);
     }
     return sub;
 }
 
-static void make_prompt(uint32_t *p, size_t n, uint32_t salt)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = (uint32_t)((i * 37 + salt * 101 + (i / 7) * salt) % 256);
-}
 static void test_events_follow_the_cache(void **state)
 {
     struct fixture *f = *state;
@@ -256,13 +197,13 @@ static void test_events_follow_the_cache(void **state)
     uint32_t p[1000], q[1000];
     for (uint32_t k = 0; k < 6; k++) {
         size_t n = 320 + 160 * (k % 3);
-        make_prompt(p, n, 1 + k);
+        kvf_make_prompt(p, n, 1 + k);
         assert_int_equal(generate(d.sock, p, n), 0);
-        make_prompt(q, 400, 50 + k);
+        kvf_make_prompt(q, 400, 50 + k);
         gen_as_off(&d, q, 400);
     }
     /* The first prompt again: a hit, swapped in from the host if it can. */
-    make_prompt(p, 320, 1);
+    kvf_make_prompt(p, 320, 1);
     assert_int_equal(generate(d.sock, p, 320), 0);
     uint64_t n1 = kvs_settle(&d, NULL);
     kvs_collect(sub, TOPIC, have, n1);
@@ -285,15 +226,15 @@ static void test_events_follow_the_cache(void **state)
     for (uint64_t s = 0; s < n1; s++)
         kvs_apply(v, have[s].buf, have[s].len);
     assert_int_equal(v->cleared, 1);
-    uint64_t dev = tenant_stat(&d, "evon", "cached_device");
-    uint64_t host = tenant_stat(&d, "evon", "cached_host");
+    uint64_t dev = kvf_tenant_stat(&d, NULL, "evon", "cached_device");
+    uint64_t host = kvf_tenant_stat(&d, NULL, "evon", "cached_host");
     assert_true(dev > 0 && host > 0);
     assert_int_equal(v->n[0], dev);
     assert_int_equal(v->n[1], host);
     assert_int_equal(v->n[2] + v->n[3], 0);
     fprintf(stderr, "kv events: %llu batches; stored now: GPU %zu, CPU %zu\n",
             (unsigned long long)n1, v->n[0], v->n[1]);
-    assert_true(tenant_stat(&d, "evoff", "cached_blocks") > 0);
+    assert_true(kvf_tenant_stat(&d, NULL, "evoff", "cached_blocks") > 0);
     /* A router finds the first prompt's blocks from its tokens alone. */
     uint64_t h = kvs_root_hash();
     for (int b = 0; b < 320 / BT - 1; b++) {
@@ -307,7 +248,7 @@ static void test_events_follow_the_cache(void **state)
     }
     /* Nothing of the tenant with events off was ever reported. */
     for (uint32_t k = 0; k < 6; k++) {
-        make_prompt(q, 400, 50 + k);
+        kvf_make_prompt(q, 400, 50 + k);
         h = kvs_block_hash(kvs_root_hash(), q);
         for (size_t i = 0; i < v->n_seen; i++)
             assert_true(v->seen[i] != h);
@@ -321,9 +262,9 @@ static void test_events_follow_the_cache(void **state)
     assert_int_equal(zmq_connect(dl, f->replay_ep), 0);
     assert_true(zmq_send(dl, "", 0, ZMQ_SNDMORE) == 0);
     assert_true(zmq_send(dl, "abc", 3, 0) == 3);
-    uint64_t tb = now_ms();
+    uint64_t tb = kvf_now_ms();
     while (ev_stat(&d, "replay_bad") == 0) {
-        if (now_ms() - tb > 10000)
+        if (kvf_now_ms() - tb > 10000)
             fail_msg("the malformed replay request was not counted");
         usleep(2000);
     }
@@ -331,7 +272,7 @@ static void test_events_follow_the_cache(void **state)
     assert_int_equal(kvs_replay(f->zctx, f->replay_ep, n1 - 1, NULL, &first, &last), 1);
 
     /* admin_evict tier "all": AllBlocksCleared, and the daemon agrees. */
-    admin_evict_all(&d);
+    kvf_admin_evict_all(&d, NULL);
     uint64_t n2 = kvs_settle(&d, NULL);
     assert_true(n2 > n1);
     kvs_collect(sub, TOPIC, have, n2);
@@ -339,7 +280,7 @@ static void test_events_follow_the_cache(void **state)
         kvs_apply(v, have[s].buf, have[s].len);
     assert_int_equal(v->cleared, 2);
     assert_int_equal(v->n[0] + v->n[1], 0);
-    assert_int_equal(tenant_stat(&d, "evon", "cached_blocks"), 0);
+    assert_int_equal(kvf_tenant_stat(&d, NULL, "evon", "cached_blocks"), 0);
     assert_true(ev_stat(&d, "replay_requests") >= 2);
     assert_int_equal(ev_stat(&d, "dropped"), 0);
 
@@ -384,15 +325,15 @@ static void test_stuck_subscriber(void **state)
     assert_int_equal(kvs_replay(f->zctx, f->replay_ep, 0, have, &first, &last), n0);
 
     uint32_t p[2000];
-    uint64_t t0 = now_ms(), k = 0;
+    uint64_t t0 = kvf_now_ms(), k = 0;
     while (ev_stat(&d, "hwm_drops") == 0) {
-        if (now_ms() - t0 > 120000 || k > 300)
+        if (kvf_now_ms() - t0 > 120000 || k > 300)
             fail_msg("no batch was ever held back by the stuck subscriber (%llu prompts)",
                      (unsigned long long)k);
-        make_prompt(p, 2000, (uint32_t)(1000 + k));
-        uint64_t g0 = now_ms();
+        kvf_make_prompt(p, 2000, (uint32_t)(1000 + k));
+        uint64_t g0 = kvf_now_ms();
         assert_int_equal(generate(d.sock, p, 2000), 0);
-        assert_true(now_ms() - g0 < 30000);
+        assert_true(kvf_now_ms() - g0 < 30000);
         k++;
         /* The reading subscriber drains as it goes. */
         struct kvs_batch b;
@@ -466,18 +407,18 @@ static void test_disk_medium(void **state)
 
     uint32_t p[1000];
     for (uint32_t k = 0; k < 8; k++) {
-        make_prompt(p, 560, 200 + k);
+        kvf_make_prompt(p, 560, 200 + k);
         assert_int_equal(generate(d.sock, p, 560), 0);
     }
     int fd = kh_connect(d.sock);
     assert_true(fd >= 0);
-    uint64_t t0 = now_ms(), cached = 0;
+    uint64_t t0 = kvf_now_ms(), cached = 0;
     for (;;) {
         /* A guard against waiting forever, not a timing bound: generous,
          * since each round settles the events of a daemon that may be
          * sharing two cores with several other tests. The daemon is
          * stopped first so that a failure cannot leave it running. */
-        if (now_ms() - t0 > 120000) {
+        if (kvf_now_ms() - t0 > 120000) {
             unsigned long long lost = ev_stat(&d, "dropped");
             kh_stop(&d);
             fail_msg("DISK: the events hold %zu blocks, the tier %llu (%llu events dropped)",

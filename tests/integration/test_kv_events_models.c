@@ -26,6 +26,7 @@
 #include <sodium.h>
 #include <zmq.h>
 
+#include "kv_events_fixture.h"
 #include "kv_events_sub.h"
 #include "kvd_harness.h"
 
@@ -73,21 +74,14 @@ static int setup(void **state)
     struct fixture *f = calloc(1, sizeof *f);
     if (!f)
         return -1;
-    snprintf(f->tmp, sizeof f->tmp, "/tmp/kvd-kvevm.XXXXXX");
-    if (!mkdtemp(f->tmp))
+    if (kvf_dir(f->tmp, sizeof f->tmp, "kvd-kvevm"))
         return -1;
-    const char *tools = getenv("KVD_TOOLS_DIR");
     for (int i = 0; i < 2; i++) {
-        char cmd[512];
         snprintf(f->model[i], sizeof f->model[i], "%s/%s.gguf", f->tmp, names[i]);
         snprintf(f->ev[i], sizeof f->ev[i], "ipc://%s/ev-%s.sock", f->tmp, names[i]);
         snprintf(f->replay[i], sizeof f->replay[i], "ipc://%s/replay-%s.sock", f->tmp, names[i]);
         snprintf(f->topic[i], sizeof f->topic[i], "kv@pod1@%s", names[i]);
-        snprintf(cmd, sizeof cmd,
-                 "%s/kvd-gguf-gen -o %s --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 "
-                 "--vocab 256 --ctx 4096 --seed %d >/dev/null",
-                 tools ? tools : ".", f->model[i], 3 + i);
-        if (system(cmd) != 0)
+        if (kvf_model(f->model[i], 3 + i))
             return -1;
     }
     f->zctx = zmq_ctx_new();
@@ -100,25 +94,15 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     struct fixture *f = *state;
-    char cmd[128];
     for (int i = 0; i < 4; i++)
         if (f->socks[i])
             zmq_close(f->socks[i]);
     if (f->d.pid > 0) /* a test failed with its daemon running */
         kh_stop(&f->d);
     zmq_ctx_term(f->zctx);
-    snprintf(cmd, sizeof cmd, "rm -rf %s", f->tmp);
-    if (system(cmd) != 0)
-        fprintf(stderr, "teardown: %s failed\n", cmd);
+    kvf_rmdir(f->tmp);
     free(f);
     return 0;
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 /* The config: alpha preloaded, beta loaded at its first request and
@@ -183,34 +167,6 @@ static void gen_as(const struct kh_proc *d, uid_t uid, const char *model, const 
     assert_int_equal(kh_child_status(pid), 0);
 }
 
-/* stats (model) tenants[name][key]. */
-static uint64_t tenant_stat(const struct kh_proc *d, const char *model, const char *name,
-                            const char *key)
-{
-    int fd = kh_connect(d->sock);
-    assert_true(fd >= 0);
-    struct kh_req q;
-    struct kh_reply r;
-    uint64_t v = UINT64_MAX;
-    kh_req_begin(&q, "stats", 2, 1);
-    proto_pack_kv_str(&q.pk, "model", model);
-    assert_int_equal(kh_req_send(fd, &q), 0);
-    assert_int_equal(kh_recv(fd, &r), 0);
-    kh_expect(&r, 0);
-    const msgpack_object *ts = kh_obj(r.root, "tenants");
-    for (uint32_t i = 0; i < ts->via.array.size; i++) {
-        const msgpack_object *n = kh_obj(&ts->via.array.ptr[i], "name");
-        if (n && n->type == MSGPACK_OBJECT_STR && n->via.str.size == strlen(name) &&
-            !memcmp(n->via.str.ptr, name, n->via.str.size))
-            v = kh_u64(&ts->via.array.ptr[i], key);
-    }
-    kh_reply_free(&r);
-    close(fd);
-    if (v == UINT64_MAX)
-        fail_msg("no tenant %s with %s in model %s's stats", name, key, model);
-    return v;
-}
-
 /* stats models[model][key] (or [model].kv_events[key] when sub). */
 static uint64_t model_stat(const struct kh_proc *d, const char *model, const char *sub,
                            const char *key)
@@ -250,28 +206,6 @@ static void model_state(const struct kh_proc *d, const char *name, char *out, si
     close(fd);
 }
 
-static void admin_evict_all(const struct kh_proc *d, const char *model)
-{
-    int fd = kh_connect(d->sock);
-    assert_true(fd >= 0);
-    struct kh_req q;
-    struct kh_reply r;
-    kh_req_begin(&q, "admin_evict", 5, 2);
-    assert_int_equal(proto_pack_kv_str(&q.pk, "tier", "all"), 0);
-    assert_int_equal(proto_pack_kv_str(&q.pk, "model", model), 0);
-    assert_int_equal(kh_req_send(fd, &q), 0);
-    assert_int_equal(kh_recv(fd, &r), 0);
-    kh_expect(&r, 0);
-    kh_reply_free(&r);
-    close(fd);
-}
-
-static void make_prompt(uint32_t *p, size_t n, uint32_t salt)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = (uint32_t)((i * 37 + salt * 101 + (i / 7) * salt) % 256);
-}
-
 /* Whether h is among n hashes. */
 static bool has(const uint64_t *v, size_t n, uint64_t h)
 {
@@ -301,9 +235,9 @@ static void stream_open(const struct fixture *f, const struct kh_proc *d, int i,
     /* llm-d subscribes to "kv@": the topic says pod and model */
     assert_int_equal(zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, "kv@", 3), 0);
     assert_int_equal(zmq_connect(s->sub, f->ev[i]), 0);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kvf_now_ms();
     while (kvs_ev_stat(d, names[i], "subscribers") < 1) {
-        if (now_ms() - t0 > 10000)
+        if (kvf_now_ms() - t0 > 10000)
             fail_msg("model %s's stream never saw the subscription", names[i]);
         usleep(2000);
     }
@@ -334,10 +268,10 @@ static void stream_close(struct stream *s)
  * tenants with events for that model. */
 static void check_counts(const struct kh_proc *d, int i, const struct stream *s)
 {
-    uint64_t dev = tenant_stat(d, names[i], "evon", "cached_device") +
-                   tenant_stat(d, names[i], "evhash", "cached_device");
-    uint64_t host = tenant_stat(d, names[i], "evon", "cached_host") +
-                    tenant_stat(d, names[i], "evhash", "cached_host");
+    uint64_t dev = kvf_tenant_stat(d, names[i], "evon", "cached_device") +
+                   kvf_tenant_stat(d, names[i], "evhash", "cached_device");
+    uint64_t host = kvf_tenant_stat(d, names[i], "evon", "cached_host") +
+                    kvf_tenant_stat(d, names[i], "evhash", "cached_host");
     fprintf(stderr, "model %s: events GPU %zu CPU %zu, stats device %llu host %llu\n", names[i],
             s->v->n[0], s->v->n[1], (unsigned long long)dev, (unsigned long long)host);
     assert_int_equal(s->v->n[0], dev);
@@ -390,7 +324,7 @@ static void test_stream_per_model(void **state)
     uint32_t p[3][2][640];
     for (int m = 0; m < 2; m++)
         for (int t = 0; t < 3; t++) {
-            make_prompt(p[t][m], 320 + 160 * (size_t)t, (uint32_t)(10 * m + t + 1));
+            kvf_make_prompt(p[t][m], 320 + 160 * (size_t)t, (uint32_t)(10 * m + t + 1));
             size_t n = 320 + 160 * (size_t)t;
             if (t == 0)
                 assert_int_equal(gen_model(d->sock, names[m], p[t][m], n), 0);
@@ -403,9 +337,9 @@ static void test_stream_per_model(void **state)
     }
     /* beta idles past its keep-alive and unloads: its device blocks move to
      * its host tier, which its stream says and alpha's does not. */
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kvf_now_ms();
     do {
-        if (now_ms() - t0 > 30000)
+        if (kvf_now_ms() - t0 > 30000)
             fail_msg("beta did not unload after its keep-alive");
         usleep(20000);
         model_state(d, "beta", st, sizeof st);
@@ -484,7 +418,7 @@ static void test_stream_per_model(void **state)
     assert_int_equal(gen_model(d->sock, "beta", p[0][1], 320), 0);
     /* admin_evict tier "all" of alpha: AllBlocksCleared on alpha's stream
      * alone. */
-    admin_evict_all(d, "alpha");
+    kvf_admin_evict_all(d, "alpha");
     for (int i = 0; i < 2; i++)
         stream_catch_up(f, d, i, &s[i]);
     assert_int_equal(s[0].v->cleared, 2);
@@ -535,9 +469,9 @@ static void test_connect_mode(void **state)
     memset(d, 0, sizeof *d);
     assert_int_equal(kh_spawn(d, &o), 0);
     for (int i = 0; i < 2; i++) {
-        uint64_t t0 = now_ms();
+        uint64_t t0 = kvf_now_ms();
         while (kvs_ev_stat(d, names[i], "subscribers") < 1) {
-            if (now_ms() - t0 > 10000)
+            if (kvf_now_ms() - t0 > 10000)
                 fail_msg("model %s's stream never reached the router", names[i]);
             /* A bound socket takes its new peers (and sends them its
              * subscriptions) when its owner touches it, as a router polling
@@ -548,7 +482,7 @@ static void test_connect_mode(void **state)
     }
     uint32_t p[320];
     for (int i = 0; i < 2; i++) {
-        make_prompt(p, 320, (uint32_t)(40 + i));
+        kvf_make_prompt(p, 320, (uint32_t)(40 + i));
         assert_int_equal(gen_model(d->sock, names[i], p, 320), 0);
     }
     /* Batches of both streams on the one socket: by topic, each its own
@@ -565,7 +499,7 @@ static void test_connect_mode(void **state)
         uint64_t first, last;
         kvs_replay(f->zctx, f->replay[i], 0, have[i], &first, &last);
     }
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kvf_now_ms();
     for (;;) {
         bool all = true;
         for (int i = 0; i < 2; i++)
@@ -573,7 +507,7 @@ static void test_connect_mode(void **state)
                 all &= have[i][q].buf != NULL;
         if (all)
             break;
-        if (now_ms() - t0 > 20000)
+        if (kvf_now_ms() - t0 > 20000)
             fail_msg("the streams' batches did not all arrive");
         zmq_pollitem_t it = {sub, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&it, 1, 200) <= 0)
@@ -617,9 +551,9 @@ static void test_connect_mode(void **state)
         for (uint64_t q = 0; q < n[i]; q++)
             kvs_apply(v[i], have[i][q].buf, have[i][q].len);
         assert_int_equal(v[i]->cleared, 1);
-        make_prompt(p, 320, (uint32_t)(40 + i));
+        kvf_make_prompt(p, 320, (uint32_t)(40 + i));
         assert_true(has(v[i]->seen, v[i]->n_seen, kvs_block_hash(kvs_root_hash(), p)));
-        make_prompt(p, 320, (uint32_t)(40 + 1 - i));
+        kvf_make_prompt(p, 320, (uint32_t)(40 + 1 - i));
         assert_false(has(v[i]->seen, v[i]->n_seen, kvs_block_hash(kvs_root_hash(), p)));
         kvs_free_batches(have[i]);
         free(v[i]);
