@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -24,6 +23,7 @@
 #include <sodium.h>
 #include <zmq.h>
 
+#include "kv_events_fixture.h"
 #include "kv_events_sub.h"
 #include "kvd_harness.h"
 #include "redis_harness.h"
@@ -105,13 +105,6 @@ static int teardown(void **state)
         return -1;
     free(f);
     return 0;
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 /* ---- requests and stats -------------------------------------------------- */
@@ -208,7 +201,7 @@ static void admin_evict(const struct kh_proc *d, const char *model, const char *
 static void wait_remote(const struct kh_proc *d, const char *model, uint64_t writes,
                         uint64_t stored, uint64_t removed)
 {
-    uint64_t t0 = now_ms(), w, s, x, q;
+    uint64_t t0 = kvf_now_ms(), w, s, x, q;
     for (;;) {
         w = rstat(d, model, "writes");
         s = rstat(d, model, "events_stored");
@@ -216,7 +209,7 @@ static void wait_remote(const struct kh_proc *d, const char *model, uint64_t wri
         q = rstat(d, model, "queued");
         if (w >= writes && s >= stored && x >= removed && q == 0)
             break;
-        if (now_ms() - t0 > 30000)
+        if (kvf_now_ms() - t0 > 30000)
             fail_msg("model %s: %llu writes, %llu blocks announced, %llu removed; wanted %llu, "
                      "%llu, %llu",
                      model, (unsigned long long)w, (unsigned long long)s, (unsigned long long)x,
@@ -306,9 +299,9 @@ static void stream_open(struct fixture *f, const struct kh_proc *d, int i, struc
     zmq_setsockopt(f->sub[i], ZMQ_LINGER, &zero, sizeof zero);
     assert_int_equal(zmq_setsockopt(f->sub[i], ZMQ_SUBSCRIBE, "kv@", 3), 0);
     assert_int_equal(zmq_connect(f->sub[i], f->ev[i]), 0);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kvf_now_ms();
     while (kvs_ev_stat(d, names[i], "subscribers") < 1) {
-        if (now_ms() - t0 > 10000)
+        if (kvf_now_ms() - t0 > 10000)
             fail_msg("model %s's stream never saw the subscription", names[i]);
         usleep(2000);
     }
