@@ -52,9 +52,12 @@ static int setup(void **state)
     struct fixture *f = calloc(1, sizeof *f);
     const char *tools = getenv("KVD_TOOLS_DIR");
     char cmd[1024];
-    if (!f || !tools)
+    if (!f || !tools) {
+        free(f);
         return -1;
+    }
     f->redis.pid = -1;
+    *state = f; /* the teardown cleans up after a setup that fails past here */
     if (two_models_make("/tmp/kvd-rmodels.XXXXXX", f->dir, f->model[0], f->model[1]) != 0)
         return -1;
     snprintf(f->other, sizeof f->other, "%s/c.gguf", f->dir);
@@ -83,7 +86,6 @@ static int setup(void **state)
     f->zctx = zmq_ctx_new();
     if (!f->zctx)
         return -1;
-    *state = f;
     return 0;
 }
 
@@ -91,6 +93,8 @@ static int teardown(void **state)
 {
     struct fixture *f = *state;
     char cmd[256];
+    if (!f)
+        return 0;
     for (int i = 0; i < 2; i++)
         if (f->sub[i])
             zmq_close(f->sub[i]);
@@ -99,7 +103,8 @@ static int teardown(void **state)
     if (f->b.pid > 0)
         kh_stop(&f->b);
     redis_stop(&f->redis);
-    zmq_ctx_term(f->zctx);
+    if (f->zctx)
+        zmq_ctx_term(f->zctx);
     snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
     if (system(cmd) != 0)
         return -1;
