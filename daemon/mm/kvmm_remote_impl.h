@@ -50,6 +50,18 @@ struct ann_due {
     uint64_t expires;
 };
 #define ANN_MAX (1u << 20) /* values remembered at most; more are not announced */
+/* How many announced values hold a block, by (namespace hash, published
+ * hash): values overlap (a chain's tails grow turn by turn, and a group
+ * value holds its tails' blocks), and a router keeps REMOTE as a set, so
+ * BlockStored goes out when the first value holding a block is announced
+ * and BlockRemoved when the last one goes. tenant: the block's owner when
+ * it was first announced (its removal is filtered as its store was).
+ * Open addressing with tombstones, under the kvmm lock. */
+struct ann_cnt {
+    uint64_t ns, pub;
+    uint32_t n, tenant;
+    uint8_t state; /* 0 empty, 1 used, 2 deleted */
+};
 
 /* A connection and the stats of it already counted. */
 struct rconn {
@@ -78,6 +90,8 @@ struct kvmm_remote {
     size_t q_head, q_n, q_cap;
     struct ann *anns; /* (ann_cap, a power of two) */
     size_t ann_cap, ann_used, ann_live;
+    struct ann_cnt *cnts; /* (cnt_cap, a power of two) */
+    size_t cnt_cap, cnt_used, cnt_live;
     struct ann_due *due; /* FIFO: due[due_head, due_n) */
     size_t due_head, due_n, due_cap;
     /* The writer's: what the value being written will announce. */

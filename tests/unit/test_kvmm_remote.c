@@ -3,7 +3,9 @@
  * 64 KiB blocks is four values of 63 blocks (4 MiB each) and two tails, fetched in rounds of
  * at most 4 MiB (one value each); a reader restores all 256 blocks byte for byte in five
  * rounds (the shorter tail, within the longer one, is not asked for); a value tampered stops
- * the restore right before it (and a chain stopped asks for no further round). */
+ * the restore right before it (and a chain stopped asks for no further round). And the
+ * REMOTE KV events of overlapping values (a chain's tails written turn by turn): a block is
+ * stored once, and removed when the last value holding it is known gone. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +22,7 @@
 #include "backend.h"
 #include "blockkey.h"
 #include "kvmm.h"
+#include "kvmm_remote_impl.h"
 #include "redis_harness.h"
 #include "remote_value.h"
 
@@ -54,7 +57,8 @@ static void node_up(struct node *n)
                                   .max_host_blocks = KVMM_UNLIMITED,
                                   .max_seqs = KVMM_UNLIMITED,
                                   .weight = 1,
-                                  .remote = true};
+                                  .remote = true,
+                                  .events = KVMM_EVENTS_HASHES};
     snprintf(tc.name, sizeof tc.name, "t");
     kvmm_lock(n->mm);
     assert_int_equal(kvmm_tenant_set(n->mm, &tc, &n->tenant), 0);
@@ -219,11 +223,114 @@ static void test_tampered_value_stops_the_chain(void **state)
     assert_int_equal(restore(&rounds, &auth), NB);
 }
 
+/* ---- REMOTE events of overlapping values ------------------------------------------ */
+
+/* What the REMOTE events say Redis holds: a set, as a router keeps it (a store of a block
+ * already there, or a removal of one not there, is a failure). */
+struct remote_set {
+    uint64_t h[NB];
+    size_t n, stored, removed;
+};
+
+static void remote_ev(void *ctx, const struct kvmm_block_event *ev)
+{
+    struct remote_set *rs = ctx;
+    if (ev->medium != KVMM_MEDIUM_REMOTE)
+        return;
+    size_t i = 0;
+    while (i < rs->n && rs->h[i] != ev->hash)
+        i++;
+    if (ev->stored) {
+        if (i < rs->n)
+            fail_msg("REMOTE BlockStored of a block already stored");
+        assert_true(rs->n < NB);
+        rs->h[rs->n++] = ev->hash;
+        rs->stored++;
+    } else {
+        if (i == rs->n)
+            fail_msg("REMOTE BlockRemoved of a block not stored");
+        rs->h[i] = rs->h[--rs->n];
+        rs->removed++;
+    }
+}
+
+/* One turn: a sequence of the chain's first n blocks committed (the blocks already in the
+ * tree shared), its tail value written. */
+static void turn(struct node *w, uint32_t n)
+{
+    kvmm_seq_t s;
+    size_t shared;
+    kvmm_lock(w->mm);
+    assert_int_equal(kvmm_seq_open(w->mm, 1, w->tenant, w->ns, &s), 0);
+    assert_int_equal(kvmm_seq_extend(w->mm, 1, s, n * BT), 0);
+    assert_int_equal(kvmm_seq_write(w->mm, 1, s, 0, n * BT, kv, kv_token_bytes(&geom) * n * BT), 0);
+    assert_int_equal(kvmm_seq_commit(w->mm, 1, s, tokens, n * BT, &shared), 0);
+    assert_int_equal(kvmm_seq_close(w->mm, 1, s), 0);
+    kvmm_unlock(w->mm);
+    assert_int_equal(kvmm_remote_flush(w->mm, 60000), 0);
+}
+
+/* A lookup found the value ending at block end missing. */
+static void lost(struct node *w, uint32_t end)
+{
+    uint8_t fp[16] = {0};
+    struct blockkey c = blockkey_root(fp, &geom);
+    for (uint32_t b = 0; b <= end; b++)
+        c = blockkey_next(c, tokens + b * BT, BT);
+    kvmm_lock(w->mm);
+    mm_remote_ann_lost(w->mm, blockkey_ns("tenant:t"), c);
+    kvmm_unlock(w->mm);
+}
+
+/* Tails [0,1], [0,2], [0,4] written over three turns: 5 blocks stored, once each. [0,1]
+ * gone: nothing removed (the others hold its blocks); [0,4] gone: blocks 3 and 4; [0,2]
+ * gone: the rest. */
+static void test_overlapping_values_events(void **state)
+{
+    (void)state;
+    struct remote_set rs = {.n = 0};
+    struct node w;
+    node_up(&w);
+    struct kvmm_events_sink sink = {.ctx = &rs, .block = remote_ev};
+    kvmm_lock(w.mm);
+    kvmm_events_attach(w.mm, &sink, blockkey_pub_root(""));
+    kvmm_unlock(w.mm);
+    static const uint32_t turns[3] = {2, 3, 5};
+    for (int t = 0; t < 3; t++)
+        turn(&w, turns[t]);
+    struct kvmm_remote_stats st;
+    kvmm_remote_stats(w.mm, &st);
+    assert_int_equal(st.writes, 3);
+    assert_int_equal(st.announced, 3);
+    assert_int_equal(rs.n, 5);
+    assert_int_equal(rs.stored, 5);
+    assert_int_equal(st.events_stored, 5);
+
+    static const struct {
+        uint32_t end;
+        size_t left;
+    } gone[3] = {{1, 5}, {4, 3}, {2, 0}};
+    for (int i = 0; i < 3; i++) {
+        lost(&w, gone[i].end);
+        assert_int_equal(rs.n, gone[i].left);
+        kvmm_remote_stats(w.mm, &st);
+        assert_int_equal(st.announced, 2 - i);
+        assert_int_equal(st.events_removed, 5 - gone[i].left);
+    }
+    lost(&w, 2); /* not announced any more: nothing */
+    assert_int_equal(rs.removed, 5);
+    kvmm_lock(w.mm);
+    kvmm_events_attach(w.mm, NULL, 0);
+    kvmm_unlock(w.mm);
+    node_down(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rounds_restore_everything),
         cmocka_unit_test(test_tampered_value_stops_the_chain),
+        cmocka_unit_test(test_overlapping_values_events),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
