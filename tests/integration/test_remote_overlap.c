@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -20,6 +19,7 @@
 #include <msgpack.h>
 #include <zmq.h>
 
+#include "kv_events_fixture.h"
 #include "kv_events_sub.h"
 #include "remote_fixture.h"
 
@@ -34,13 +34,6 @@
  * D = [4] (a tail). */
 static const size_t turn_len[N_TURNS] = {2 * BT + 1, 3 * BT + 1, 5 * BT + 1};
 #define NB 5
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 /* ---- the stream ------------------------------------------------------------- */
 
@@ -68,9 +61,9 @@ static void stream_open(struct stream *s, const struct kh_proc *d)
     zmq_setsockopt(s->sub, ZMQ_LINGER, &zero, sizeof zero);
     assert_int_equal(zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, "kv@", 3), 0);
     assert_int_equal(zmq_connect(s->sub, s->ev), 0);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kvf_now_ms();
     while (kvs_ev_stat(d, NULL, "subscribers") < 1) {
-        if (now_ms() - t0 > 10000)
+        if (kvf_now_ms() - t0 > 10000)
             fail_msg("the stream never saw the subscription");
         usleep(2000);
     }
@@ -169,14 +162,14 @@ static void start_ov(struct kh_proc *d, const struct fixture *f, struct stream *
  * events of an announcement are queued under the same lock) and has nothing queued. */
 static void wait_announced(const struct kh_proc *d, uint64_t writes, uint64_t announced)
 {
-    uint64_t t0 = now_ms(), w, a, q;
+    uint64_t t0 = kvf_now_ms(), w, a, q;
     for (;;) {
         w = remote_stat(d, "writes");
         a = remote_stat(d, "announced");
         q = remote_stat(d, "queued");
         if (w >= writes && a == announced && q == 0)
             break;
-        if (now_ms() - t0 > 60000)
+        if (kvf_now_ms() - t0 > 60000)
             fail_msg("%llu values written, %llu announced, %llu queued; wanted %llu and %llu",
                      (unsigned long long)w, (unsigned long long)a, (unsigned long long)q,
                      (unsigned long long)writes, (unsigned long long)announced);
