@@ -117,7 +117,15 @@ int kvd_k_to_f32(float *dst, const void *src, int wtype, size_t n, kvd_stream st
  * (counter: a device word that is 0, and is 0 again after the launch). act:
  * device scratch of kvd_k_gemv_act_bytes bytes (16-byte aligned), used when
  * the quantized activations do not fit in shared memory. max_blocks: at most
- * this many blocks quantize the activations in their prologue (0: no cap). */
+ * this many blocks quantize the activations in their prologue (0: no cap).
+ * act_in: x already quantized in this weight type's layout (n_tokens rows of
+ * in; kvd_k_gemv_act_bytes bytes, 16-byte aligned) by the kernel that
+ * produced it, read instead of quantizing x again (x is then not read), or
+ * NULL. emit[i] (i < n_emit <= 2): the last block also quantizes the launch's
+ * output (norm_out for ADD_NORM with norm_w, seg[0].y for SWIGLU) into
+ * emit[i] in the layout of weight type emit_wtype[i] (a type with
+ * kvd_k_gemv_act_kind > 0), for the GEMVs that read it next (their act_in);
+ * uses counter like the norm. */
 #define KVD_K_GEMV_MAX_TOKENS 8
 enum kvd_k_gemv_epi { KVD_K_GEMV_STORE = 0, KVD_K_GEMV_SWIGLU = 1, KVD_K_GEMV_ADD_NORM = 2 };
 struct kvd_k_gemv_seg {
@@ -138,7 +146,15 @@ struct kvd_k_gemv {
     unsigned *counter;
     void *act;
     int max_blocks;
+    const void *act_in;
+    void *emit[2];
+    int emit_wtype[2];
+    int n_emit;
 };
+/* The layout of the int8 activations the GEMV reads for weight type wtype:
+ * 0 none (f32 activations), else an id; two types with the same id read the
+ * same bytes. */
+int kvd_k_gemv_act_kind(int wtype);
 size_t kvd_k_gemv_act_bytes(int wtype, int n_tokens, int in);
 int kvd_k_gemv_ok(int wtype, const void *w, const float *x, int n_tokens, int in);
 int kvd_k_gemv_run(const struct kvd_k_gemv *g, kvd_stream stream);

@@ -273,6 +273,15 @@ struct compute_ops {
     int (*matmul_add_rmsnorm)(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
                               uint32_t rows, uint32_t n_one, float *x, const float *norm, float eps,
                               float *out);
+    /* OPTIONAL (NULL on cpu), a hint that changes no result: the output y
+     * of the next fused op (matmul_swiglu's out, matmul_add_rmsnorm's out
+     * with a norm) is read next by the projections of w[0..n) (n <= 3, NULL
+     * entries skipped), each as its matmul_n / matmul_swiglu /
+     * matmul_add_rmsnorm input, so the backend may quantize y once where it
+     * is made instead of in each reader. The next fused op consumes the
+     * hint whether it uses it or not. */
+    void (*next_readers)(struct compute_ctx *cx, const float *y, uint32_t n,
+                         const struct ctensor *const *w);
     int (*rope_kv_write)(struct compute_ctx *cx, float *q, float *k, const float *v, uint32_t rows,
                          uint32_t n_head, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,
                          float base, const float *freq_factors, void *arena,

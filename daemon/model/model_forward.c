@@ -558,6 +558,10 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         RUN(o->attention(cx, &ad));
         TRACE("kqv_out", il, c->att, Tp, QD);
         if (o->matmul_add_rmsnorm && fuse) {
+            if (o->next_readers) { /* h is read by gate and up next */
+                const struct ctensor *rd[2] = {&L->gate, &L->up};
+                o->next_readers(cx, c->h, 2, rd);
+            }
             RUN(o->matmul_add_rmsnorm(cx, &L->wo, c->att, Tp, n_one, c->x, L->ffn_norm.data,
                                       hp->rms_eps, c->h));
         } else {
@@ -569,6 +573,10 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         }
         /* MLP block: x += down(silu(gate h) * up h), h = norm(x) */
         if (o->matmul_swiglu && fuse) {
+            if (o->next_readers) { /* the SwiGLU output is down's input */
+                const struct ctensor *rd[1] = {&L->down};
+                o->next_readers(cx, c->gate, 1, rd);
+            }
             RUN(o->matmul_swiglu(cx, &L->gate, &L->up, c->h, Tp, n_one, c->gate, c->up));
         } else {
             RUN(MATMUL(&L->gate, c->h, Tp, n_dec, c->gate));
@@ -580,6 +588,11 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         }
         const float *next_norm = l + 1 < hp->n_layer ? m->layers[l + 1].attn_norm.data : NULL;
         if (o->matmul_add_rmsnorm && fuse) {
+            if (o->next_readers && next_norm) { /* h: the next layer's q, k, v */
+                const struct model_layer *N = &m->layers[l + 1];
+                const struct ctensor *rd[3] = {&N->wq, &N->wk, &N->wv};
+                o->next_readers(cx, c->h, 3, rd);
+            }
             RUN(o->matmul_add_rmsnorm(cx, &L->down, c->gate, Tp, n_one, c->x, next_norm,
                                       hp->rms_eps, c->h));
         } else {

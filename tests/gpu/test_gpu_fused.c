@@ -5,7 +5,8 @@
  * GEMM path), mixed weight types, biases; RoPE with the KV write for every KV
  * dtype, head_dim 64/128/256, GQA 1/4/8, both pair conventions, and
  * followed by the decode attention (its early loads, programmatic
- * dependent launch, against rope_kv's writes). The
+ * dependent launch, against rope_kv's writes); a layer's chain with each
+ * activation quantized once, by the launch that makes it. The
  * K-quants' projections, RoPE and the KV bytes must equal the cpu's bit for
  * bit (Q4_K: the cpu's float order; Q5_K and Q6_K's cpu order, llama.cpp's
  * 8 lanes a super-block, is not the GEMV's); the other types' sums within
@@ -16,17 +17,33 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "compute_cpu_kv.h"
+#include "compute_cuda.h"
 #include "gpu/gpu_fixture.h"
+#include "kernels.h"
 #include "kvd/status.h"
 #include "quant.h"
 
 static struct gpu_fx F;
+
+/* The kernel launches the device ran so far (the emulator counts them; a
+ * real device reports nothing here). */
+static unsigned long long device_launches(void)
+{
+#ifdef KVD_CUDA_EMULATE
+    struct kvd_emu_counts c;
+    kvd_emu_get_counts(&c);
+    return c.launches;
+#else
+    return 0;
+#endif
+}
 
 static int setup(void **state)
 {
@@ -555,12 +572,144 @@ static void test_invariant_rows(void **state)
     }
 }
 
+/* The gpu chain of a layer's projections (o + residual + norm, gate/up +
+ * SiLU, down + residual + norm, the next q, k, v), with or without the
+ * next_readers hints; out: x, h, the SwiGLU output, q, k, v. */
+struct chain {
+    uint32_t rows, E, ff, A;
+    struct wt wo, gate, up, down, q, k, v;
+    float *x, *att, *nw1, *nw2; /* host inputs */
+};
+
+static void chain_gpu(struct chain *c, bool hints, float *out[6], unsigned long long *launches,
+                      struct cuda_compute_stats *d)
+{
+    const uint32_t R = c->rows, E = c->E, ff = c->ff;
+    float *dx = gpu_dup(&F, c->x, (size_t)R * E * 4),
+          *datt = gpu_dup(&F, c->att, (size_t)R * c->A * 4), *dn1 = gpu_dup(&F, c->nw1, E * 4),
+          *dn2 = gpu_dup(&F, c->nw2, E * 4), *dh = gpu_nan(&F, (size_t)R * E),
+          *dg = gpu_nan(&F, (size_t)R * ff), *dt = gpu_nan(&F, (size_t)R * ff),
+          *dq = gpu_nan(&F, (size_t)R * 128), *dk = gpu_nan(&F, (size_t)R * 64),
+          *dv = gpu_nan(&F, (size_t)R * 64);
+    struct cuda_compute_stats a, b;
+    cuda_compute_stats(F.gcx, &a);
+    unsigned long long l0 = device_launches();
+    const struct ctensor *r1[2] = {&c->gate.d, &c->up.d}, *r2[1] = {&c->down.d},
+                         *r3[3] = {&c->q.d, &c->k.d, &c->v.d};
+    if (hints)
+        F.gops->next_readers(F.gcx, dh, 2, r1);
+    assert_int_equal(F.gops->matmul_add_rmsnorm(F.gcx, &c->wo.d, datt, R, 0, dx, dn1, 1e-5f, dh),
+                     0);
+    if (hints)
+        F.gops->next_readers(F.gcx, dg, 1, r2);
+    assert_int_equal(F.gops->matmul_swiglu(F.gcx, &c->gate.d, &c->up.d, dh, R, 0, dg, dt), 0);
+    if (hints)
+        F.gops->next_readers(F.gcx, dh, 3, r3);
+    assert_int_equal(F.gops->matmul_add_rmsnorm(F.gcx, &c->down.d, dg, R, 0, dx, dn2, 1e-5f, dh),
+                     0);
+    const float *nb[3] = {NULL, NULL, NULL};
+    float *y[3] = {dq, dk, dv};
+    assert_int_equal(F.gops->matmul_n(F.gcx, 3, r3, nb, dh, R, 0, y), 0);
+    float *dev[6] = {dx, dh, dg, dq, dk, dv};
+    const size_t n[6] = {(size_t)R * E,   (size_t)R * E,  (size_t)R * ff,
+                         (size_t)R * 128, (size_t)R * 64, (size_t)R * 64};
+    for (int i = 0; i < 6; i++) {
+        out[i] = malloc(n[i] * 4);
+        gpu_get(&F, out[i], dev[i], n[i] * 4);
+    }
+    *launches = device_launches() - l0;
+    cuda_compute_stats(F.gcx, &b);
+    d->act_quants = b.act_quants - a.act_quants;
+    d->act_handed = b.act_handed - a.act_handed;
+    float *all[] = {dx, datt, dn1, dn2, dh, dg, dt, dq, dk, dv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        gpu_free(&F, all[i]);
+}
+
+/* Each activation quantized once, by the launch that makes it: with the
+ * next_readers hints, the o projection's norm quantizes h for gate/up,
+ * SwiGLU its output for down, down's norm h for q, k, v (two layouts when
+ * v is Q6_K), and the readers take those bytes instead of quantizing the
+ * f32 again: every output bit for bit what the same chain gives without
+ * the hints, and the quantizing launches counted. The case whose down
+ * input does not fit in shared memory (8 rows of 6144) also drops down's
+ * separate quantization launch. */
+static void test_quantized_once(void **state)
+{
+    static const struct {
+        enum ctype t, vt;
+        uint32_t rows, ff;
+    } cs[] = {{CT_Q4_K, CT_Q6_K, 1, 512},
+              {CT_Q4_0, CT_Q4_0, 3, 512},
+              {CT_Q6_K, CT_Q6_K, 2, 512},
+              {CT_Q5_1, CT_Q4_K, 4, 512},
+              {CT_Q4_K, CT_Q4_K, 8, 6144}};
+    rnd_seed(45);
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        struct chain c = {.rows = cs[ci].rows, .E = 256, .ff = cs[ci].ff, .A = 256};
+        const enum ctype t = cs[ci].t;
+        wt_make(&c.wo, t, c.A, c.E);
+        wt_make(&c.gate, t, c.E, c.ff);
+        wt_make(&c.up, t, c.E, c.ff);
+        wt_make(&c.down, t, c.ff, c.E);
+        wt_make(&c.q, t, c.E, 128);
+        wt_make(&c.k, t, c.E, 64);
+        wt_make(&c.v, cs[ci].vt, c.E, 64);
+        c.x = rnd_new((size_t)c.rows * c.E, -2, 2);
+        c.att = rnd_new((size_t)c.rows * c.A, -1, 1);
+        c.nw1 = rnd_new(c.E, 0.5f, 1.5f);
+        c.nw2 = rnd_new(c.E, 0.5f, 1.5f);
+        float *plain[6], *once[6];
+        unsigned long long lp, lo;
+        struct cuda_compute_stats sp, so;
+        chain_gpu(&c, false, plain, &lp, &sp);
+        chain_gpu(&c, true, once, &lo, &so);
+        static const char *names[6] = {"x", "h", "swiglu", "q", "k", "v"};
+        const size_t n[6] = {(size_t)c.rows * c.E, (size_t)c.rows * c.E, (size_t)c.rows * c.ff,
+                             (size_t)c.rows * 128, (size_t)c.rows * 64,  (size_t)c.rows * 64};
+        char what[96];
+        for (int i = 0; i < 6; i++) {
+            snprintf(what, sizeof what, "quantized once %s/%s rows %u: %s", ctype_name(t),
+                     ctype_name(cs[ci].vt), c.rows, names[i]);
+            same(what, once[i], plain[i], n[i], true, 0);
+            free(plain[i]);
+            free(once[i]);
+        }
+        /* wo, gate/up, down, and q/k (+ v when its layout differs) */
+        const uint64_t qkv =
+            kvd_k_gemv_act_kind((int)cs[ci].vt) == kvd_k_gemv_act_kind((int)t) ? 1 : 2;
+        if (sp.act_quants != 3 + qkv || sp.act_handed != 0)
+            fail_msg("%s rows %u without hints: %llu quantizing launches, %llu handed",
+                     ctype_name(t), c.rows, (unsigned long long)sp.act_quants,
+                     (unsigned long long)sp.act_handed);
+        if (so.act_quants != 1 || so.act_handed != 2 + qkv)
+            fail_msg("%s rows %u: %llu launches quantized their input (wo's alone should), "
+                     "%llu read it quantized (expected %llu)",
+                     ctype_name(t), c.rows, (unsigned long long)so.act_quants,
+                     (unsigned long long)so.act_handed, (unsigned long long)(2 + qkv));
+#ifdef KVD_CUDA_EMULATE
+        if (c.ff == 6144 && lo != lp - 1)
+            fail_msg("rows %u ff %u: %llu launches with the hints, %llu without (down's "
+                     "separate quantization should be gone)",
+                     c.rows, c.ff, lo, lp);
+#endif
+        struct wt *ws[] = {&c.wo, &c.gate, &c.up, &c.down, &c.q, &c.k, &c.v};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            wt_free(ws[i]);
+        free(c.x);
+        free(c.att);
+        free(c.nw1);
+        free(c.nw2);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         GPU_TEST(test_matmul_n),           GPU_TEST(test_matmul_swiglu),
         GPU_TEST(test_matmul_add_rmsnorm), GPU_TEST(test_rope_kv_write),
         GPU_TEST(test_rope_kv_attention),  GPU_TEST(test_invariant_rows),
+        GPU_TEST(test_quantized_once),
     };
     gpu_fx_open(&F);
     gpu_fx_close(&F);

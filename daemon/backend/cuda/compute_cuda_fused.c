@@ -4,7 +4,8 @@
  * the fused GEMV (kernels/gemv_fused.cu) for up to 8 rows (up to 32 of a
  * legacy quantized weight: a launch per 8; batch-invariant rows: 8 a launch;
  * more rows of a K-quant: the int8 tensor-core GEMM, whose rows are the
- * GEMV's, then the elementwise op); RoPE
+ * GEMV's, then the elementwise op), the int8 activations of one input
+ * quantized once, by the launch that produces it (next_readers); RoPE
  * of q and k with the KV write in one launch (kernels/rope_kv.cu). Shapes
  * the GEMV does not take (more rows, weights of different types) run as the
  * op chain each replaces. */
@@ -101,9 +102,9 @@ static bool one_call(uint32_t rows, uint32_t n_one)
     return n_one == 0 || rows <= KVD_K_GEMV_MAX_TOKENS;
 }
 
-int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
-                     const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
-                     float *const *y)
+static int matmul_n_op(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
+                       const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
+                       float *const *y)
 {
     if (cuda_gemv_chunked(cx, w[0], x, rows))
         n_one = rows;
@@ -127,9 +128,9 @@ int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *c
     return rc;
 }
 
-int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
-                          const struct ctensor *up, const float *x, uint32_t rows, uint32_t n_one,
-                          float *out, float *tmp)
+static int matmul_swiglu_op(struct compute_ctx *cx, const struct ctensor *gate,
+                            const struct ctensor *up, const float *x, uint32_t rows, uint32_t n_one,
+                            float *out, float *tmp)
 {
     if (cuda_gemv_chunked(cx, gate, x, rows))
         n_one = rows;
@@ -146,9 +147,9 @@ int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
     return rc;
 }
 
-int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
-                               uint32_t rows, uint32_t n_one, float *x, const float *norm,
-                               float eps, float *out)
+static int matmul_add_rmsnorm_op(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
+                                 uint32_t rows, uint32_t n_one, float *x, const float *norm,
+                                 float eps, float *out)
 {
     if (cuda_gemv_chunked(cx, w, xin, rows))
         n_one = rows;
@@ -163,6 +164,62 @@ int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, 
         rc = add_rmsnorm_rows(cx, w, xin + (size_t)r0 * w->ne0, k, x + o, norm, eps, out + o);
     }
     return rc;
+}
+
+/* The fused ops: each ends with the quantization its GEMV emitted (if
+ * any) the live one (cuda_pq_end_op). */
+int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
+                     const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
+                     float *const *y)
+{
+    int rc = matmul_n_op(cx, n, w, bias, x, rows, n_one, y);
+    cuda_pq_end_op(cx);
+    return rc;
+}
+
+int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
+                          const struct ctensor *up, const float *x, uint32_t rows, uint32_t n_one,
+                          float *out, float *tmp)
+{
+    int rc = matmul_swiglu_op(cx, gate, up, x, rows, n_one, out, tmp);
+    cuda_pq_end_op(cx);
+    return rc;
+}
+
+int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
+                               uint32_t rows, uint32_t n_one, float *x, const float *norm,
+                               float eps, float *out)
+{
+    int rc = matmul_add_rmsnorm_op(cx, w, xin, rows, n_one, x, norm, eps, out);
+    cuda_pq_end_op(cx);
+    return rc;
+}
+
+/* The readers' weight types, one per int8 layout (at most two), of those
+ * the fused GEMV would take with quantized activations. */
+void cuda_op_next_readers(struct compute_ctx *cx, const float *y, uint32_t n,
+                          const struct ctensor *const *w)
+{
+    cx->readers.y = NULL;
+    cx->readers.n = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!w[i] || !gemv_takes(w[i], y, 1))
+            continue;
+        const int kind = kvd_k_gemv_act_kind((int)w[i]->type);
+        bool have = kind == 0;
+        for (int j = 0; j < cx->readers.n && !have; j++)
+            have = kvd_k_gemv_act_kind(cx->readers.wtype[j]) == kind;
+        if (have)
+            continue;
+        if (cx->readers.n == 2)
+            break;
+        if (cx->readers.n && w[i]->ne0 != cx->readers.in)
+            continue;
+        cx->readers.in = (uint32_t)w[i]->ne0;
+        cx->readers.wtype[cx->readers.n++] = (int)w[i]->type;
+    }
+    if (cx->readers.n)
+        cx->readers.y = y;
 }
 
 int cuda_op_rope_kv_write(struct compute_ctx *cx, float *q, float *k, const float *v, uint32_t rows,
