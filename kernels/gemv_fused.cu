@@ -19,12 +19,15 @@
 // Epilogues: STORE (y = x W^T + b); SWIGLU (two weights of the same rows,
 // gate and up: y = silu(gate) * up, silu as silu_mul.cu); ADD_NORM (the
 // residual y += x W^T, then the last block to finish normalizes it: out =
-// rmsnorm(y) * w, as add_rmsnorm does). The quantized activations are made
+// rmsnorm(y) * w, as add_rmsnorm does); STORE may end with RoPE of q and
+// k and the KV write (the last block, rope_kv.cuh: the launch of the
+// projections that produce them, the last of q, k, v). The quantized activations are made
 // once per input: the last block of a SWIGLU or normed ADD_NORM launch may
 // also quantize its output for the GEMVs that read it next (emit), and
 // those read it (act_in) instead of quantizing the f32 again; the
 // quantization is the same function on the same f32, so the same bytes.
 #include "gemv_units.cuh"
+#include "rope_kv.cuh"
 
 #define GF_WARPS 4
 #define GF_THREADS (GF_WARPS * 32)
@@ -55,6 +58,8 @@ struct gf_params {
     void *emit[2];
     int emit_kind[2];
     int n_emit;
+    int rope;
+    rkv_args rkv;
 };
 
 // The K-quants' per-super-block float part: the quarter groups' leaders put
@@ -320,10 +325,11 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(gf_params p)
     }
 
     const bool norm = p.epi == KVD_K_GEMV_ADD_NORM && p.norm_w;
-    if (!norm && p.n_emit == 0)
+    if (!norm && p.n_emit == 0 && !p.rope)
         return;
-    // The last block to finish normalizes the residual (n = its rows) and
-    // quantizes the output for the next GEMVs.
+    // The last block to finish normalizes the residual (n = its rows),
+    // quantizes the output for the next GEMVs, or ropes q and k and writes
+    // the KV.
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -381,6 +387,9 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(gf_params p)
             }
         }
     }
+    if (p.rope)
+        for (int t = 0; t < NT; t++)
+            rope_kv_token_any(p.rkv, t);
     if (threadIdx.x == 0)
         *p.counter = 0;
 }
@@ -473,6 +482,16 @@ template <int WT, int NT, int R> static int gf_launch(const kvd_k_gemv *g, cudaS
     p.norm_out = g->norm_out;
     p.counter = g->counter;
     p.act_in = g->act_in;
+    if (g->rope) {
+        const kvd_k_rope_args &r = *g->rope;
+        p.rope = 1;
+        p.rkv = rkv_args{r.q,     r.k,
+                         r.v,     r.pos,
+                         r.slots, r.n_heads,
+                         r.n_rot, r.mode == KVD_K_ROPE_NEOX,
+                         r.base,  r.freq_factors,
+                         r.kv,    r.layer};
+    }
     p.n_emit = g->n_emit;
     for (int i = 0; i < g->n_emit; i++) {
         p.emit[i] = g->emit[i];
@@ -570,6 +589,10 @@ extern "C" int kvd_k_gemv_run(const struct kvd_k_gemv *g, kvd_stream stream)
     if (g->n_emit < 0 || g->n_emit > 2 ||
         (g->n_emit && (!g->counter || !(g->epi == KVD_K_GEMV_SWIGLU ||
                                         (g->epi == KVD_K_GEMV_ADD_NORM && g->norm_w)))))
+        return (int)cudaErrorInvalidValue;
+    if (g->rope && (g->epi != KVD_K_GEMV_STORE || !g->counter ||
+                    !rope_kv_args_ok(g->n_tokens, g->rope->n_heads, g->rope->n_rot, g->rope->mode,
+                                     g->rope->kv, g->rope->layer)))
         return (int)cudaErrorInvalidValue;
     for (int i = 0; i < g->n_emit; i++) {
         const int ek = kvd_k_gemv_act_kind(g->emit_wtype[i]);

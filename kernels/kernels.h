@@ -125,7 +125,9 @@ int kvd_k_to_f32(float *dst, const void *src, int wtype, size_t n, kvd_stream st
  * output (norm_out for ADD_NORM with norm_w, seg[0].y for SWIGLU) into
  * emit[i] in the layout of weight type emit_wtype[i] (a type with
  * kvd_k_gemv_act_kind > 0), for the GEMVs that read it next (their act_in);
- * uses counter like the norm. */
+ * uses counter like the norm. rope (STORE only; counter): the last block
+ * then runs kvd_k_rope_kv's chain on its n_tokens tokens (the q, k, v it
+ * names are this launch's or an earlier one's outputs). */
 #define KVD_K_GEMV_MAX_TOKENS 8
 enum kvd_k_gemv_epi { KVD_K_GEMV_STORE = 0, KVD_K_GEMV_SWIGLU = 1, KVD_K_GEMV_ADD_NORM = 2 };
 struct kvd_k_gemv_seg {
@@ -133,6 +135,16 @@ struct kvd_k_gemv_seg {
     int rows;          /* out */
     float *y;          /* device [n_tokens][rows] */
     const float *bias; /* device f32 [rows], or NULL (STORE only) */
+};
+struct kvd_k_rope_args {
+    float *q, *k;
+    const float *v;
+    const uint32_t *pos, *slots;
+    int n_heads, n_rot, mode;
+    float base;
+    const float *freq_factors;
+    struct kvd_k_kv kv;
+    int layer;
 };
 struct kvd_k_gemv {
     int wtype, in, n_tokens;
@@ -150,6 +162,7 @@ struct kvd_k_gemv {
     void *emit[2];
     int emit_wtype[2];
     int n_emit;
+    const struct kvd_k_rope_args *rope;
 };
 /* The layout of the int8 activations the GEMV reads for weight type wtype:
  * 0 none (f32 activations), else an id; two types with the same id read the

@@ -519,7 +519,26 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         /* The fused ops (NULL on cpu) run a chain as fewer kernels; a trace
          * wants every op's output, so it takes the chains. */
         const bool fuse = !c->trace;
-        if (o->matmul_n && fuse) {
+        bool roped = false; /* RoPE and the KV write done with the projections */
+        if (o->matmul_qkv_rope_kv && fuse) {
+            const struct ctensor *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+            const float *bqkv[3] = {hp->has_qkv_bias ? L->bq.data : NULL,
+                                    hp->has_qkv_bias ? L->bk.data : NULL,
+                                    hp->has_qkv_bias ? L->bv.data : NULL};
+            float *yqkv[3] = {c->q, c->k, c->v};
+            const struct rope_kv_args ra = {.n_head = hp->n_head,
+                                            .n_rot = hp->n_rot,
+                                            .pos = d_pos,
+                                            .mode = hp->rope_mode,
+                                            .base = hp->rope_base,
+                                            .freq_factors = ff,
+                                            .arena = b->kv_arena,
+                                            .geom = g,
+                                            .layer = l,
+                                            .tok_slot = d_tok_slot};
+            RUN(o->matmul_qkv_rope_kv(cx, wqkv, bqkv, c->h, Tp, n_one, yqkv, &ra));
+            roped = true;
+        } else if (o->matmul_n && fuse) {
             const struct ctensor *wqkv[3] = {&L->wq, &L->wk, &L->wv};
             const float *bqkv[3] = {hp->has_qkv_bias ? L->bq.data : NULL,
                                     hp->has_qkv_bias ? L->bk.data : NULL,
@@ -542,10 +561,10 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
                 TRACE("Vcur.bias", il, c->v, Tp, KD);
             }
         }
-        if (o->rope_kv_write && fuse) {
+        if (!roped && o->rope_kv_write && fuse) {
             RUN(o->rope_kv_write(cx, c->q, c->k, c->v, Tp, hp->n_head, hp->n_rot, d_pos,
                                  hp->rope_mode, hp->rope_base, ff, b->kv_arena, g, l, d_tok_slot));
-        } else {
+        } else if (!roped) {
             RUN(o->rope(cx, c->q, Tp, hp->n_head, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
                         hp->rope_base, ff));
             TRACE("Qcur.rope", il, c->q, Tp, QD);

@@ -1,5 +1,5 @@
 /* The cuda backend's fused ops (compute.h: matmul_n, matmul_swiglu,
- * matmul_add_rmsnorm, rope_kv_write) against the cpu backend's chain of the
+ * matmul_add_rmsnorm, rope_kv_write, matmul_qkv_rope_kv) against the cpu backend's chain of the
  * ops each replaces, on fresh random inputs: every weight type, 1..8 rows
  * (the fused GEMV, every token count, one launch) and more (the chain on the
  * GEMM path), mixed weight types, biases; RoPE with the KV write for every KV
@@ -703,13 +703,157 @@ static void test_quantized_once(void **state)
     }
 }
 
+/* One run of the q, k, v projections with RoPE and the KV write: fused
+ * (matmul_qkv_rope_kv) or as two ops (matmul_n, rope_kv_write); q, k, v
+ * and the arena downloaded into out[0..3). */
+static unsigned long long qkv_rope_gpu(bool fused, const struct ctensor *const *w,
+                                       const float *const *db, const float *dx, uint32_t rows,
+                                       const uint32_t *outs, const void *harena, size_t ab,
+                                       const struct rope_kv_args *ra, void *out[4])
+{
+    void *da = gpu_dup(&F, harena, ab);
+    float *y[3];
+    for (int i = 0; i < 3; i++)
+        y[i] = gpu_nan(&F, (size_t)rows * outs[i]);
+    struct rope_kv_args r = *ra;
+    r.arena = da;
+    unsigned long long l0 = device_launches();
+    if (fused) {
+        assert_int_equal(F.gops->matmul_qkv_rope_kv(F.gcx, w, db, dx, rows, 0, y, &r), 0);
+    } else {
+        assert_int_equal(F.gops->matmul_n(F.gcx, 3, w, db, dx, rows, 0, y), 0);
+        assert_int_equal(F.gops->rope_kv_write(F.gcx, y[0], y[1], y[2], rows, r.n_head, r.n_rot,
+                                               r.pos, r.mode, r.base, r.freq_factors, da, r.geom,
+                                               r.layer, r.tok_slot),
+                         0);
+    }
+    for (int i = 0; i < 3; i++) {
+        out[i] = malloc((size_t)rows * outs[i] * 4);
+        gpu_get(&F, out[i], y[i], (size_t)rows * outs[i] * 4);
+        gpu_free(&F, y[i]);
+    }
+    out[3] = malloc(ab);
+    gpu_get(&F, out[3], da, ab);
+    gpu_free(&F, da);
+    return device_launches() - l0;
+}
+
+/* q, k, v projections ending with RoPE and the KV write (the last
+ * projection launch's last block): q, k, v and the whole arena bit for bit
+ * what matmul_n then rope_kv_write give, one launch fewer up to 8 rows
+ * (12: the chain); a padding row (no KV) among them; q against the cpu's
+ * chain. Every KV dtype, both pair conventions, biases, v of another type. */
+static void test_qkv_rope_kv(void **state)
+{
+    static const struct {
+        enum ctype t, vt;
+        uint32_t rows, hd;
+        int dt;
+        enum rope_mode mode;
+        bool bias;
+    } cs[] = {{CT_Q4_K, CT_Q6_K, 1, 128, KV_F16, ROPE_NORM, false},
+              {CT_BF16, CT_BF16, 3, 64, KV_Q8_0, ROPE_NEOX, true},
+              {CT_Q4_0, CT_Q4_0, 8, 64, KV_FP8, ROPE_NORM, false},
+              {CT_F32, CT_F32, 2, 128, KV_BF16, ROPE_NEOX, false},
+              {CT_Q8_0, CT_Q8_0, 5, 64, KV_F32, ROPE_NORM, true},
+              {CT_Q4_K, CT_Q4_K, 12, 64, KV_F16, ROPE_NORM, false}};
+    const uint32_t in = 256, nh = 4, kvh = 2, bt = 16;
+    rnd_seed(46);
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const uint32_t rows = cs[ci].rows, hd = cs[ci].hd;
+        const uint32_t outs[3] = {nh * hd, kvh * hd, kvh * hd};
+        struct kv_geom g = {.layers = 2,
+                            .kv_heads = kvh,
+                            .head_dim = hd,
+                            .dtype = (enum kv_dtype)cs[ci].dt,
+                            .block_tokens = bt};
+        const size_t ab = kv_block_bytes(&g) * (rows + 1);
+        uint8_t *harena = malloc(ab);
+        for (size_t i = 0; i < ab; i++)
+            harena[i] = (uint8_t)(i * 7 + 3);
+        uint32_t pos[12], slot[12];
+        for (uint32_t t = 0; t < rows; t++) {
+            pos[t] = 5 + 9 * t;
+            slot[t] = t == 1 ? UINT32_MAX : rows - t; /* token 1: a padding row */
+        }
+        struct wt w[3];
+        const struct ctensor *dw[3], *hw[3];
+        float *hb[3], *db[3];
+        for (int i = 0; i < 3; i++) {
+            wt_make(&w[i], i == 2 ? cs[ci].vt : cs[ci].t, in, outs[i]);
+            dw[i] = &w[i].d;
+            hw[i] = &w[i].h;
+            hb[i] = cs[ci].bias ? rnd_new(outs[i], -1, 1) : NULL;
+            db[i] = cs[ci].bias ? gpu_dup(&F, hb[i], outs[i] * 4) : NULL;
+        }
+        float *x = rnd_new((size_t)rows * in, -1, 1), *dx = gpu_dup(&F, x, (size_t)rows * in * 4);
+        uint32_t *dpos = gpu_dup(&F, pos, rows * 4), *dslot = gpu_dup(&F, slot, rows * 4);
+        const struct rope_kv_args ra = {.n_head = nh,
+                                        .n_rot = hd,
+                                        .pos = dpos,
+                                        .mode = cs[ci].mode,
+                                        .base = 1e4f,
+                                        .geom = &g,
+                                        .layer = 1,
+                                        .tok_slot = dslot};
+        void *two[4], *one[4];
+        unsigned long long l2 =
+            qkv_rope_gpu(false, dw, (const float *const *)db, dx, rows, outs, harena, ab, &ra, two);
+        unsigned long long l1 =
+            qkv_rope_gpu(true, dw, (const float *const *)db, dx, rows, outs, harena, ab, &ra, one);
+        char what[128];
+        snprintf(what, sizeof what, "qkv + rope_kv %s/%s rows %u hd %u %s %s%s",
+                 ctype_name(cs[ci].t), ctype_name(cs[ci].vt), rows, hd, kv_dtype_name(g.dtype),
+                 cs[ci].mode == ROPE_NEOX ? "neox" : "norm", cs[ci].bias ? " + bias" : "");
+        static const char *names[3] = {"q", "k", "v"};
+        for (int i = 0; i < 3; i++)
+            if (memcmp(one[i], two[i], (size_t)rows * outs[i] * 4))
+                fail_msg("%s: %s differs from matmul_n + rope_kv_write", what, names[i]);
+        if (memcmp(one[3], two[3], ab))
+            fail_msg("%s: the KV arena differs from matmul_n + rope_kv_write", what);
+#ifdef KVD_CUDA_EMULATE
+        if (l1 != (rows <= 8 ? l2 - 1 : l2))
+            fail_msg("%s: %llu launches fused, %llu as two ops", what, l1, l2);
+#else
+        (void)l1;
+        (void)l2;
+#endif
+        /* q against the cpu's matmul (+ bias) and rope */
+        float *hq = malloc((size_t)rows * outs[0] * 4);
+        assert_int_equal(F.cops->matmul(F.ccx, hw[0], x, rows, hq), 0);
+        if (cs[ci].bias)
+            assert_int_equal(F.cops->add_bias(F.ccx, hq, hb[0], rows, outs[0]), 0);
+        assert_int_equal(F.cops->rope(F.ccx, hq, rows, nh, hd, hd, pos, cs[ci].mode, 1e4f, NULL),
+                         0);
+        const enum ctype t = cs[ci].t;
+        same(what, one[0], hq, (size_t)rows * outs[0], gemv_path(t, rows) && exact_type(t),
+             tol_for(t, rows));
+        free(hq);
+        for (int i = 0; i < 4; i++) {
+            free(one[i]);
+            free(two[i]);
+        }
+        for (int i = 0; i < 3; i++) {
+            wt_free(&w[i]);
+            free(hb[i]);
+            if (db[i])
+                gpu_free(&F, db[i]);
+        }
+        free(x);
+        free(harena);
+        gpu_free(&F, dx);
+        gpu_free(&F, dpos);
+        gpu_free(&F, dslot);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         GPU_TEST(test_matmul_n),           GPU_TEST(test_matmul_swiglu),
         GPU_TEST(test_matmul_add_rmsnorm), GPU_TEST(test_rope_kv_write),
         GPU_TEST(test_rope_kv_attention),  GPU_TEST(test_invariant_rows),
-        GPU_TEST(test_quantized_once),
+        GPU_TEST(test_quantized_once),     GPU_TEST(test_qkv_rope_kv),
     };
     gpu_fx_open(&F);
     gpu_fx_close(&F);

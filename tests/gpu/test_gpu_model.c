@@ -690,10 +690,10 @@ static void test_long_prompt_full_memory(void **state)
 }
 
 /* Kernel launches per layer of a batch-1 decode step, as stats reports
- * them (model_step_launches, requests.step_launches): 6 (the QKV
- * projection, RoPE with the KV write, the decode attention, the o
- * projection with the residual norm, gate and up with SiLU, down with the
- * residual norm), counted as the difference between a 3-layer and a
+ * them (model_step_launches, requests.step_launches): 5 (the QKV
+ * projection ending with RoPE and the KV write, the decode attention, the
+ * o projection with the residual norm, gate and up with SiLU, down with
+ * the residual norm), counted as the difference between a 3-layer and a
  * 1-layer model of the same shape (the embedding, the final norm, the head
  * and the sampler cancel out), in bf16 and Q4_K_M, at a context of 40
  * tokens and of 300. Both split the decode attention (the split count is
@@ -810,8 +810,8 @@ static void test_launches_per_layer(void **state)
             uint32_t per_layer = (n[c][1] - n[c][0]) / 2;
             printf("# %s decode at context %u: %u launches a layer, %u outside the layers\n",
                    types[ti], ctx[c], per_layer, n[c][0] - per_layer);
-            if ((n[c][1] - n[c][0]) % 2 || per_layer != 6)
-                fail_msg("%s decode at %u: %u launches for 1 layer, %u for 3 (6 a layer)",
+            if ((n[c][1] - n[c][0]) % 2 || per_layer != 5)
+                fail_msg("%s decode at %u: %u launches for 1 layer, %u for 3 (5 a layer)",
                          types[ti], ctx[c], n[c][0], n[c][1]);
         }
         /* the same kernels at both contexts: split attention and its merge */

@@ -548,6 +548,7 @@ static const struct compute_ops cuda_compute_table = {
     .matmul_add_rmsnorm = cuda_op_matmul_add_rmsnorm,
     .next_readers = cuda_op_next_readers,
     .rope_kv_write = cuda_op_rope_kv_write,
+    .matmul_qkv_rope_kv = cuda_op_matmul_qkv_rope_kv,
     .step_bucket = cuda_step_bucket,
     .step_begin = cuda_step_begin,
     .step_end = cuda_step_end,

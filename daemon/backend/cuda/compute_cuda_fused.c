@@ -20,8 +20,11 @@ static bool gemv_takes(const struct ctensor *w, const float *x, uint32_t rows)
            kvd_k_gemv_ok((int)w->type, w->data, x, (int)rows, (int)w->ne0);
 }
 
+/* rope, when not NULL: the last launch, when it is a GEMV, ends with it
+ * (*roped set). */
 static int matmul_n_rows(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
-                         const float *const *bias, const float *x, uint32_t rows, float *const *y)
+                         const float *const *bias, const float *x, uint32_t rows, float *const *y,
+                         const struct kvd_k_rope_args *rope, bool *roped)
 {
     uint32_t i = 0;
     int rc;
@@ -33,6 +36,10 @@ static int matmul_n_rows(struct compute_ctx *cx, uint32_t n, const struct ctenso
                    gemv_takes(w[j], x, rows))
                 j++;
         if (gemv_takes(w[i], x, rows)) {
+            if (rope && j == n) {
+                cx->gemv_rope = rope;
+                *roped = true;
+            }
             rc = cuda_gemv(cx, (int)(j - i), w + i, bias + i, x, rows, y + i, KVD_K_GEMV_STORE,
                            NULL, 0, NULL);
         } else {
@@ -114,7 +121,7 @@ static int matmul_n_op(struct compute_ctx *cx, uint32_t n, const struct ctensor 
     if (inv)
         n_one = 0;
     if (one_call(rows, n_one))
-        return matmul_n_rows(cx, n, w, bias, x, rows, y);
+        return matmul_n_rows(cx, n, w, bias, x, rows, y, NULL, NULL);
     float *yr[3];
     int rc = 0;
     if (n > 3)
@@ -123,7 +130,7 @@ static int matmul_n_op(struct compute_ctx *cx, uint32_t n, const struct ctensor 
         uint32_t r0 = r, k = next_rows(&r, rows, n_one);
         for (uint32_t i = 0; i < n; i++)
             yr[i] = y[i] + (size_t)r0 * w[i]->ne1;
-        rc = matmul_n_rows(cx, n, w, bias, x + (size_t)r0 * w[0]->ne0, k, yr);
+        rc = matmul_n_rows(cx, n, w, bias, x + (size_t)r0 * w[0]->ne0, k, yr, NULL, NULL);
     }
     return rc;
 }
@@ -193,6 +200,40 @@ int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, 
     int rc = matmul_add_rmsnorm_op(cx, w, xin, rows, n_one, x, norm, eps, out);
     cuda_pq_end_op(cx);
     return rc;
+}
+
+/* Up to 8 rows (one GEMV call per run of weights of one type): the last
+ * launch ends with RoPE and the KV write when it is the GEMV's; else they
+ * are their own launch (rope_kv_write). */
+int cuda_op_matmul_qkv_rope_kv(struct compute_ctx *cx, const struct ctensor *const *w,
+                               const float *const *bias, const float *x, uint32_t rows,
+                               uint32_t n_one, float *const *y, const struct rope_kv_args *r)
+{
+    struct kvd_k_rope_args rk = {.q = y[0],
+                                 .k = y[1],
+                                 .v = y[2],
+                                 .pos = r->pos,
+                                 .slots = r->tok_slot,
+                                 .n_heads = (int)r->n_head,
+                                 .n_rot = (int)r->n_rot,
+                                 .mode = (int)r->mode,
+                                 .base = r->base,
+                                 .freq_factors = r->freq_factors,
+                                 .layer = (int)r->layer};
+    cuda_kv_of(&rk.kv, r->arena, r->geom);
+    bool roped = false;
+    int rc;
+    if (rows <= KVD_K_GEMV_MAX_TOKENS)
+        rc = matmul_n_rows(cx, 3, w, bias, x, rows, y, &rk, &roped);
+    else
+        rc = matmul_n_op(cx, 3, w, bias, x, rows, n_one, y);
+    cx->gemv_rope = NULL;
+    cuda_pq_end_op(cx);
+    if (rc || roped)
+        return rc;
+    return cuda_op_rope_kv_write(cx, y[0], y[1], y[2], rows, r->n_head, r->n_rot, r->pos, r->mode,
+                                 r->base, r->freq_factors, r->arena, r->geom, r->layer,
+                                 r->tok_slot);
 }
 
 /* The readers' weight types, one per int8 layout (at most two), of those

@@ -85,6 +85,9 @@ struct compute_ctx {
         size_t cap[2];
     } pq[2];
     int pq_live, pq_next;
+    /* RoPE with the KV write for the next fused GEMV launch to end with
+     * (cuda_op_matmul_qkv_rope_kv; NULL: none). */
+    const struct kvd_k_rope_args *gemv_rope;
     uint64_t n_act_quant, n_act_handed;
     /* What the context holds on the device (dev_bytes): buf_alloc's live
      * buffers (their sizes in live[], under live_mu) and its own scratch
@@ -196,6 +199,9 @@ int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, 
                                float eps, float *out);
 void cuda_op_next_readers(struct compute_ctx *cx, const float *y, uint32_t n,
                           const struct ctensor *const *w);
+int cuda_op_matmul_qkv_rope_kv(struct compute_ctx *cx, const struct ctensor *const *w,
+                               const float *const *bias, const float *x, uint32_t rows,
+                               uint32_t n_one, float *const *y, const struct rope_kv_args *r);
 int cuda_op_rope_kv_write(struct compute_ctx *cx, float *q, float *k, const float *v, uint32_t rows,
                           uint32_t n_head, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,
                           float base, const float *freq_factors, void *arena,

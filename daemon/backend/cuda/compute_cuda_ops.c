@@ -407,6 +407,8 @@ int cuda_gemv(struct compute_ctx *cx, int n, const struct ctensor *const *w,
         return rc;
     g.act = cx->act;
     g.act_in = pq_find(cx, x, rows, w[0]->ne0, g.wtype);
+    g.rope = cx->gemv_rope;
+    cx->gemv_rope = NULL;
     const float *out = epi == KVD_K_GEMV_SWIGLU               ? y[0]
                        : epi == KVD_K_GEMV_ADD_NORM && norm_w ? norm_out
                                                               : NULL;
