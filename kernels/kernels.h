@@ -235,11 +235,16 @@ int kvd_k_block_copy(const struct kvd_k_kv *kv, const int32_t *src, const int32_
  * the launch and 0 again after it (a buffer of their own: partial's bytes
  * of another launch shape would overlap them).
  * Slot tables are read from slots + slot0[s] only (slot0 need not grow:
- * several one-row "sequences" may share one table). */
+ * several one-row "sequences" may share one table). early: a plain decode
+ * step (each sequence's rows before pos0 written by earlier steps, none
+ * by the kernels before this one): the first rows but the newest are
+ * loaded before the kernel's programmatic-dependent-launch wait; 0 (a
+ * verification step's one-row decodes read rows written in the same
+ * step): every K/V row after it. */
 int kvd_k_attn_decode(float *out, const float *q, const struct kvd_k_kv *kv, int layer,
                       const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                       const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
-                      float *partial, unsigned *done, kvd_stream stream);
+                      float *partial, unsigned *done, int early, kvd_stream stream);
 size_t kvd_k_attn_decode_partial_floats(int n_seqs, int n_heads, int head_dim, int n_splits);
 /* The split count for n_seqs sequences of at most max_ctx tokens on a
  * device of n_sms multiprocessors: one wave of the decode kernel's blocks

@@ -483,6 +483,46 @@ static void test_rope_kv_attention(void **state)
         if (memcmp(garena, harena, ab))
             fail_msg("%s: the KV arena differs from the cpu's", what);
         same(what, got, ref, QN, false, 2e-5);
+        /* A plain decode step's attention (early: every row but the newest
+         * written by earlier steps) loads its first rows before the PDL
+         * wait, a verification step's (early 0) none: the same bytes out,
+         * at least a K and a V row of each KV head more before the wait. */
+        struct kvd_k_kv kv = {.arena = da,
+                              .block_bytes = kv_block_bytes(&g),
+                              .layers = (int)g.layers,
+                              .kv_heads = (int)g.kv_heads,
+                              .head_dim = (int)g.head_dim,
+                              .block_tokens = (int)g.block_tokens,
+                              .dtype = (int)g.dtype,
+                              .row_bytes = kv_row_bytes(g.dtype, g.head_dim)};
+        unsigned long long pre[2];
+        float *outs[2];
+        for (int early = 0; early < 2; early++) {
+            float *o = gpu_nan(&F, QN);
+            struct kvd_emu_counts a, b;
+            kvd_emu_get_counts(&a);
+            assert_int_equal(kvd_k_attn_decode(o, dq, &kv, 1, dslots, ds0, dpos, dqs, (int)S,
+                                               (int)nh, gd.scale, 1, NULL, NULL, early, NULL),
+                             0);
+            assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+            kvd_emu_get_counts(&b);
+            pre[early] = b.prewait_load_bytes - a.prewait_load_bytes;
+            outs[early] = malloc(QN * 4);
+            gpu_get(&F, outs[early], o, QN * 4);
+            gpu_free(&F, o);
+        }
+        if (memcmp(outs[0], outs[1], QN * 4))
+            fail_msg("%s: the attention with its rows loaded early differs", what);
+#ifdef KVD_EMU_MEMCHECK
+        if (pre[1] < pre[0] + 2 * kvh * kv.row_bytes)
+            fail_msg("%s: %llu bytes loaded before the wait in a plain decode step, %llu in a "
+                     "verification step's order",
+                     what, pre[1], pre[0]);
+#else
+        (void)pre;
+#endif
+        free(outs[0]);
+        free(outs[1]);
         free(harena);
         free(garena);
         free(slots);

@@ -80,10 +80,12 @@ int cuda_op_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geom *
 /* The decode kernel over the one-row sequences of n (qstart, pos0, slot0 as
  * the kernel takes them; it leaves the others alone). The split count is
  * that of a step of n_split sequences: 1 for a batch-invariant row, so its
- * reduction order does not depend on how many rows the step has. */
+ * reduction order does not depend on how many rows the step has. early:
+ * a plain decode step (kvd_k_attn_decode). */
 static int attn_decode_rows(struct compute_ctx *cx, const struct attn_desc *d,
                             const struct kvd_k_kv *kv, uint32_t n, const uint32_t *qstart,
-                            const uint32_t *pos0, const uint32_t *slot0, uint32_t n_split)
+                            const uint32_t *pos0, const uint32_t *slot0, uint32_t n_split,
+                            int early)
 {
     uint32_t splits = cuda_cx_splits(cx, n_split, d->n_head, kv, d->max_kv);
     size_t need =
@@ -93,7 +95,7 @@ static int attn_decode_rows(struct compute_ctx *cx, const struct attn_desc *d,
         return rc;
     return cuda_kstatus(kvd_k_attn_decode(d->out, d->q, kv, (int)d->layer, d->slots, slot0, pos0,
                                           qstart, (int)n, (int)d->n_head, d->scale, (int)splits,
-                                          cx->part, cx->done, cx->stream),
+                                          cx->part, cx->done, early, cx->stream),
                         "attention (decode)");
 }
 
@@ -108,15 +110,18 @@ int cuda_op_attention(struct compute_ctx *cx, const struct attn_desc *d)
                 kv.head_dim);
         return KVD_EUNSUPPORTED;
     }
+    /* A step whose every sequence has one row is a plain decode: each
+     * writes only its newest row (a verification step's drafts make
+     * several rows of one sequence), so the others may be read early. */
     if (d->max_q <= 1)
         return attn_decode_rows(cx, d, &kv, d->n_seqs, d->seq_qstart, d->seq_pos0, d->seq_slot0,
-                                d->alone ? 1 : d->n_seqs);
+                                d->alone ? 1 : d->n_seqs, 1);
     /* Batch-invariant rows first: each a one-row decode of its own (the
      * decode kernel), then the other sequences' rows (prefill kernel). */
     uint32_t s0 = 0;
     if (d->n_dec) {
         if ((rc = attn_decode_rows(cx, d, &kv, d->n_dec, d->dec_qstart, d->dec_pos0, d->dec_slot0,
-                                   1)))
+                                   1, 0)))
             return rc;
         s0 = d->s_dec;
     }
@@ -129,7 +134,7 @@ int cuda_op_attention(struct compute_ctx *cx, const struct attn_desc *d)
      * one row), so a captured step replays right. */
     int skip_single = !d->alone;
     if (skip_single && (rc = attn_decode_rows(cx, d, &kv, d->n_seqs, d->seq_qstart, d->seq_pos0,
-                                              d->seq_slot0, d->n_seqs)))
+                                              d->seq_slot0, d->n_seqs, 0)))
         return rc;
     return cuda_kstatus(kvd_k_attn_prefill(d->out, d->q, &kv, (int)d->layer, d->slots,
                                            d->seq_slot0 + s0, d->seq_pos0 + s0, d->seq_qstart + s0,
