@@ -228,7 +228,12 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     // were written by earlier steps: the first steps' rows but the newest
     // are loaded before the wait, the newest (t = len - 1) after it.
     const int t_first = t_begin + warp_first;
-    if (early) {
+    // Not for head_dim 256 nor f32 rows: there the early loads' registers
+    // made ptxas spill (sm_90: <256, f16, GQ 2>, <256, f32, GQ 8>; sm_80
+    // also f32 GQ 8 at every head_dim); those instances keep the order of
+    // a verification step.
+    constexpr bool EARLY_OK = D <= 128 && DT != KVD_K_F32;
+    if (EARLY_OK && early) {
 #pragma unroll
         for (int i = 0; i < PF; i++)
             load_step(ring[i], t_first + i * STEP, min(t_end, len - 1));
@@ -237,7 +242,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     kvd_pdl_trigger();
 #pragma unroll
     for (int i = 0; i < PF; i++) {
-        if (!early) {
+        if (!EARLY_OK || !early) {
             load_step(ring[i], t_first + i * STEP, t_end);
             continue;
         }

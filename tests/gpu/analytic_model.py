@@ -188,7 +188,7 @@ def decode_tail(q, before):
 # ---- the kernels now (after) ------------------------------------------------------------
 L2_BW = 8e12  # B/s the L2 serves all SMs (assumption; about twice HBM)
 GF_MAX_BLOCKS = 4 * SMS  # blocks that stage the activations (gemv_fused.cu max_blocks)
-GF_REGS = {"bf16": 69, "q4_k": 149, "q6_k": 128}  # ptxas sm_90, gemvf_kernel<T, 1 token, R 4>
+GF_REGS = {"bf16": 72, "q4_k": 153, "q6_k": 128}  # ptxas sm_90, gemvf_kernel<T, 1 token, R 4> (wt-q1)
 
 
 def gemv_eff_after(wt, rows):

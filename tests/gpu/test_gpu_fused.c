@@ -433,7 +433,8 @@ static void test_rope_kv_attention(void **state)
         /* A plain decode step's attention (early: every row but the newest
          * written by earlier steps) loads its first rows before the PDL
          * wait, a verification step's (early 0) none: the same bytes out,
-         * at least a K and a V row of each KV head more before the wait. */
+         * at least a K and a V row of each KV head more before the wait
+         * (f16, bf16, q8_0, fp8 rows of head_dim up to 128). */
         struct kvd_k_kv kv = {.arena = da,
                               .block_bytes = kv_block_bytes(&g),
                               .layers = (int)g.layers,
@@ -461,7 +462,8 @@ static void test_rope_kv_attention(void **state)
         if (memcmp(outs[0], outs[1], QN * 4))
             fail_msg("%s: the attention with its rows loaded early differs", what);
 #ifdef KVD_EMU_MEMCHECK
-        if (pre[1] < pre[0] + 2 * kvh * kv.row_bytes)
+        /* (not f32 rows nor head_dim 256: the kernel keeps the late order) */
+        if (g.dtype != KV_F32 && hd <= 128 && pre[1] < pre[0] + 2 * kvh * kv.row_bytes)
             fail_msg("%s: %llu bytes loaded before the wait in a plain decode step, %llu in a "
                      "verification step's order",
                      what, pre[1], pre[0]);
