@@ -1,8 +1,10 @@
 // Activations quantized for the quantized weights' GEMV (internal, CUDA C++
 // only): llama.cpp's arithmetic, which the cpu backend shares
 // (compute_cpu_quant.c), computed by one warp per block of values, into
-// shared memory (the GEMV's prologue) or device memory (a separate launch
-// when they do not fit). Layout, for n_tokens rows of `in` values:
+// shared memory (the GEMV's prologue), or device memory (a separate launch
+// when they do not fit, or the last block of the GEMV that produced x).
+// x is read from L2 (it may have been written by other blocks of the same
+// launch). Layout, for n_tokens rows of `in` values:
 //   qs    int8 [NT][in], each row's 16-byte chunks swizzled (act_pos below)
 //   K-quants (Q8_K, super-blocks of 256): d f32 [NT][in/256] (1/iscale),
 //         bs int32 [NT][in/16] (the sum of each 16 quants); the chunks of
@@ -83,7 +85,7 @@ static __device__ __forceinline__ void act_quant32(const float *x, int in, int g
                                                    int8_t *qs, float4 *m)
 {
     const int per = in / 32, t = g / per, b = g % per;
-    const float v = x[(size_t)t * in + (size_t)b * 32 + lane];
+    const float v = __ldcg(x + (size_t)t * in + (size_t)b * 32 + lane);
     const float amax = kvd_warp_max(fabsf(v));
     const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int q = (int)rintf(v * id);
@@ -128,7 +130,7 @@ static __device__ __forceinline__ void act_quant256(const float *x, int in, int 
 {
     const int per = in / 256, t = g / per, s = g % per;
     const float4 *xv = (const float4 *)(x + (size_t)t * in + (size_t)s * 256 + 8 * lane);
-    const float4 v0 = xv[0], v1 = xv[1];
+    const float4 v0 = __ldcg(xv), v1 = __ldcg(xv + 1);
     const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
     float amax = 0.0f, mx = 0.0f;
     int idx = 0;

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
                        int layer, const uint32_t *__restrict__ slots,
                        const uint32_t *__restrict__ slot0, const uint32_t *__restrict__ pos0,
                        const uint32_t *__restrict__ qstart, int n_heads, int q_groups,
-                       float scale_log2)
+                       float scale_log2, int early)
 {
     constexpr int LPT = D / 8;
     constexpr int TPW = 32 / LPT;
@@ -220,15 +220,41 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     };
     // Programmatic dependent launch: the step's metadata (above) was
     // uploaded before the step and may be read while rope_kv, the kernel
-    // before, still runs; no K/V row may: rope_kv writes the new token's,
-    // and a verification step's rows (one-row decodes over one table) read
-    // the rows of the tokens drafted before them, written in the same step.
+    // before, still runs. rope_kv writes the new token's K/V row, and a
+    // verification step's rows (one-row decodes over one table) read the
+    // rows of the tokens drafted before them, written in the same step: so
+    // in general no K/V row is read before the wait. In a plain decode step
+    // (early: every sequence one row, its own) the rows before the newest
+    // were written by earlier steps: the first steps' rows but the newest
+    // are loaded before the wait, the newest (t = len - 1) after it.
+    const int t_first = t_begin + warp_first;
+    // Not for head_dim 256 nor f32 rows: there the early loads' registers
+    // made ptxas spill (sm_90: <256, f16, GQ 2>, <256, f32, GQ 8>; sm_80
+    // also f32 GQ 8 at every head_dim); those instances keep the order of
+    // a verification step.
+    constexpr bool EARLY_OK = D <= 128 && DT != KVD_K_F32;
+    if (EARLY_OK && early) {
+#pragma unroll
+        for (int i = 0; i < PF; i++)
+            load_step(ring[i], t_first + i * STEP, min(t_end, len - 1));
+    }
     kvd_pdl_wait();
     kvd_pdl_trigger();
-    const int t_first = t_begin + warp_first;
 #pragma unroll
-    for (int i = 0; i < PF; i++)
-        load_step(ring[i], t_first + i * STEP, t_end);
+    for (int i = 0; i < PF; i++) {
+        if (!EARLY_OK || !early) {
+            load_step(ring[i], t_first + i * STEP, t_end);
+            continue;
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int t = t_first + i * STEP + (sub - warp_first) + u * NSUB;
+            if (t == len - 1 && t < t_end) {
+                ring[i].have[u] = true;
+                load_row(ring[i], u, t);
+            }
+        }
+    }
     float qv[GQ][8];
 #pragma unroll
     for (int j = 0; j < GQ; j++) {
@@ -374,7 +400,7 @@ template <int D, int DT, int GQ>
 static int ad_launch(float *out, const float *q, const kvd_k_kv &kv, int layer,
                      const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                      const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
-                     float *partial, unsigned *done, cudaStream_t stream)
+                     float *partial, unsigned *done, int early, cudaStream_t stream)
 {
     int group = n_heads / kv.kv_heads;
     int q_groups = (group + GQ - 1) / GQ;
@@ -384,7 +410,8 @@ static int ad_launch(float *out, const float *q, const kvd_k_kv &kv, int layer,
     part.done = done;
     dim3 grid((unsigned)n_splits, (unsigned)(kv.kv_heads * q_groups), (unsigned)n_seqs);
     KVD_LAUNCH_PDL(grid, AD_WARPS * 32, 0, stream, attn_decode_kernel<D, DT, GQ>)
-    (out, part, q, kv, layer, slots, slot0, pos0, qstart, n_heads, q_groups, scale * KVD_LOG2E);
+    (out, part, q, kv, layer, slots, slot0, pos0, qstart, n_heads, q_groups, scale * KVD_LOG2E,
+     early);
     return kvd_launch_status();
 }
 
@@ -392,12 +419,12 @@ template <int D, int DT>
 static int ad_by_group(float *out, const float *q, const kvd_k_kv &kv, int layer,
                        const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                        const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
-                       float *partial, unsigned *done, cudaStream_t stream)
+                       float *partial, unsigned *done, int early, cudaStream_t stream)
 {
     int group = n_heads / kv.kv_heads;
 #define AD_ARGS                                                                                    \
     out, q, kv, layer, slots, slot0, pos0, qstart, n_seqs, n_heads, scale, n_splits, partial,      \
-        done, stream
+        done, early, stream
     if (group <= 1)
         return ad_launch<D, DT, 1>(AD_ARGS);
     if (group <= 2)
@@ -411,7 +438,7 @@ template <int D>
 static int ad_by_dtype(float *out, const float *q, const kvd_k_kv &kv, int layer,
                        const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                        const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
-                       float *partial, unsigned *done, cudaStream_t stream)
+                       float *partial, unsigned *done, int early, cudaStream_t stream)
 {
     switch (kv.dtype) {
     case KVD_K_F16:
@@ -548,7 +575,8 @@ extern "C" int kvd_k_attn_decode_splits(int n_seqs, int n_heads, const struct kv
 extern "C" int kvd_k_attn_decode(float *out, const float *q, const struct kvd_k_kv *kvp, int layer,
                                  const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                                  const uint32_t *qstart, int n_seqs, int n_heads, float scale,
-                                 int n_splits, float *partial, unsigned *done, kvd_stream stream)
+                                 int n_splits, float *partial, unsigned *done, int early,
+                                 kvd_stream stream)
 {
     const kvd_k_kv &kv = *kvp;
     if (n_seqs < 0 || kv.kv_heads <= 0 || n_heads <= 0 || n_heads % kv.kv_heads || layer < 0 ||

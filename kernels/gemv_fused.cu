@@ -19,14 +19,23 @@
 // Epilogues: STORE (y = x W^T + b); SWIGLU (two weights of the same rows,
 // gate and up: y = silu(gate) * up, silu as silu_mul.cu); ADD_NORM (the
 // residual y += x W^T, then the last block to finish normalizes it: out =
-// rmsnorm(y) * w, as add_rmsnorm does).
+// rmsnorm(y) * w, as add_rmsnorm does); STORE may end with RoPE of q and
+// k and the KV write (the last block, rope_kv.cuh: the launch of the
+// projections that produce them, the last of q, k, v). The quantized activations are made
+// once per input: the last block of a SWIGLU or normed ADD_NORM launch may
+// also quantize its output for the GEMVs that read it next (emit), and
+// those read it (act_in) instead of quantizing the f32 again; the
+// quantization is the same function on the same f32, so the same bytes.
 #include "gemv_units.cuh"
+#include "rope_kv.cuh"
 
 #define GF_WARPS 4
 #define GF_THREADS (GF_WARPS * 32)
 #define GF_SMEM_MAX (48 << 10) // dynamic shared memory without an opt-in
 
 enum { GF_ASRC_F32 = 0, GF_ASRC_SMEM = 1, GF_ASRC_GLOBAL = 2 };
+// The int8 activation layouts (kvd_k_gemv_act_kind).
+enum { GF_ACT_NONE = 0, GF_ACT_LEGACY = 1, GF_ACT_K = 2, GF_ACT_K6 = 3 };
 
 struct gf_seg {
     const uint8_t *w;
@@ -45,6 +54,12 @@ struct gf_params {
     float eps;
     float *norm_out;
     unsigned *counter;
+    const void *act_in;
+    void *emit[2];
+    int emit_kind[2];
+    int n_emit;
+    int rope;
+    rkv_args rkv;
 };
 
 // The K-quants' per-super-block float part: the quarter groups' leaders put
@@ -139,12 +154,19 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(gf_params p)
         float4 *m;
         if (p.asrc == GF_ASRC_SMEM) {
             act_ptrs(gf_smem, kq, NT, p.in, &qs, &d, &bs, &m);
-            const int n = NT * p.in / (kq ? 256 : 32);
-            for (int g = warp; g < n; g += GF_WARPS) {
-                if (kq)
-                    act_quant256<WT == KVD_KW_Q6_K>(p.x, p.in, g, lane, qs, d, bs);
-                else
-                    act_quant32(p.x, p.in, g, lane, qs, m);
+            if (p.act_in) { // quantized by the kernel that produced x: copied
+                const int4 *src = (const int4 *)p.act_in;
+                const int n16 = (int)(act_bytes(kq, NT, p.in) / 16);
+                for (int i = threadIdx.x; i < n16; i += GF_THREADS)
+                    gf_smem[i] = __ldcg(src + i);
+            } else {
+                const int n = NT * p.in / (kq ? 256 : 32);
+                for (int g = warp; g < n; g += GF_WARPS) {
+                    if (kq)
+                        act_quant256<WT == KVD_KW_Q6_K>(p.x, p.in, g, lane, qs, d, bs);
+                    else
+                        act_quant32(p.x, p.in, g, lane, qs, m);
+                }
             }
             chain_mem += (act_bytes(kq, NT, p.in) + 15) & ~(size_t)15;
             __syncthreads();
@@ -302,9 +324,12 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(gf_params p)
         }
     }
 
-    if (p.epi != KVD_K_GEMV_ADD_NORM || !p.norm_w)
+    const bool norm = p.epi == KVD_K_GEMV_ADD_NORM && p.norm_w;
+    if (!norm && p.n_emit == 0 && !p.rope)
         return;
-    // The last block to finish normalizes the residual (n = its rows).
+    // The last block to finish normalizes the residual (n = its rows),
+    // quantizes the output for the next GEMVs, or ropes q and k and writes
+    // the KV.
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -315,7 +340,7 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(gf_params p)
         return;
     __threadfence();
     const int n = p.seg[0].rows;
-    for (int t = 0; t < NT; t++) {
+    for (int t = 0; norm && t < NT; t++) {
         const float *xr = p.seg[0].y + (size_t)t * n;
         double ss = 0.0;
         for (int i = threadIdx.x; i < n; i += GF_THREADS) {
@@ -337,6 +362,34 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(gf_params p)
         for (int i = threadIdx.x; i < n; i += GF_THREADS)
             o[i] = __ldcg(xr + i) * scale * p.norm_w[i];
     }
+    if (p.n_emit) {
+        __syncthreads(); // the normed rows of every warp written
+        const float *src = norm ? p.norm_out : p.seg[0].y;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            if (e >= p.n_emit)
+                break;
+            const int kind = e ? p.emit_kind[1] : p.emit_kind[0];
+            const bool kq = kind != GF_ACT_LEGACY;
+            int8_t *qs;
+            float *d;
+            int *bs;
+            float4 *m;
+            act_ptrs(e ? p.emit[1] : p.emit[0], kq, NT, n, &qs, &d, &bs, &m);
+            const int ng = NT * n / (kq ? 256 : 32);
+            for (int g = warp; g < ng; g += GF_WARPS) {
+                if (kind == GF_ACT_K6)
+                    act_quant256<true>(src, n, g, lane, qs, d, bs);
+                else if (kind == GF_ACT_K)
+                    act_quant256<false>(src, n, g, lane, qs, d, bs);
+                else
+                    act_quant32(src, n, g, lane, qs, m);
+            }
+        }
+    }
+    if (p.rope)
+        for (int t = 0; t < NT; t++)
+            rope_kv_token_any(p.rkv, t);
     if (threadIdx.x == 0)
         *p.counter = 0;
 }
@@ -365,6 +418,16 @@ __global__ void act_quant_kernel(const float *__restrict__ x, void *act, int nt,
 }
 
 // ---- host side -------------------------------------------------------------------
+
+static int gf_kind(int wtype);
+
+extern "C" int kvd_k_gemv_act_kind(int wtype)
+{
+    const int kind = gf_kind(wtype);
+    return kind == GU_K        ? (wtype == KVD_KW_Q6_K ? GF_ACT_K6 : GF_ACT_K)
+           : kind == GU_LEGACY ? GF_ACT_LEGACY
+                               : GF_ACT_NONE;
+}
 
 static int gf_kind(int wtype)
 {
@@ -418,11 +481,29 @@ template <int WT, int NT, int R> static int gf_launch(const kvd_k_gemv *g, cudaS
     p.eps = g->eps;
     p.norm_out = g->norm_out;
     p.counter = g->counter;
+    p.act_in = g->act_in;
+    if (g->rope) {
+        const kvd_k_rope_args &r = *g->rope;
+        p.rope = 1;
+        p.rkv = rkv_args{r.q,     r.k,
+                         r.v,     r.pos,
+                         r.slots, r.n_heads,
+                         r.n_rot, r.mode == KVD_K_ROPE_NEOX,
+                         r.base,  r.freq_factors,
+                         r.kv,    r.layer};
+    }
+    p.n_emit = g->n_emit;
+    for (int i = 0; i < g->n_emit; i++) {
+        p.emit[i] = g->emit[i];
+        p.emit_kind[i] = kvd_k_gemv_act_kind(g->emit_wtype[i]);
+    }
     const int kind = gf_kind(WT);
     p.asrc = kind == GU_FLOAT                                               ? GF_ASRC_F32
              : gf_smem_bytes<WT, NT, R>(GF_ASRC_SMEM, g->in) <= GF_SMEM_MAX ? GF_ASRC_SMEM
                                                                             : GF_ASRC_GLOBAL;
-    if (p.asrc == GF_ASRC_GLOBAL) {
+    if (p.asrc == GF_ASRC_GLOBAL && g->act_in) {
+        p.act = g->act_in;
+    } else if (p.asrc == GF_ASRC_GLOBAL) {
         const unsigned qb = (unsigned)((NT * g->in / (kind == GU_K ? 256 : 32) + 7) / 8);
         if (kind == GU_K && WT == KVD_KW_Q6_K) {
             KVD_LAUNCH_PDL(qb, 256, 0, st, act_quant_kernel<true, true>)(g->x, g->act, NT, g->in);
@@ -503,6 +584,22 @@ extern "C" int kvd_k_gemv_run(const struct kvd_k_gemv *g, kvd_stream stream)
     const int kind = gf_kind(g->wtype);
     if ((kind == GU_K || kind == GU_LEGACY) && g->act && ((uintptr_t)g->act & 15))
         return (int)cudaErrorInvalidValue;
+    if (g->act_in && (((uintptr_t)g->act_in & 15) || kvd_k_gemv_act_kind(g->wtype) == GF_ACT_NONE))
+        return (int)cudaErrorInvalidValue;
+    if (g->n_emit < 0 || g->n_emit > 2 ||
+        (g->n_emit && (!g->counter || !(g->epi == KVD_K_GEMV_SWIGLU ||
+                                        (g->epi == KVD_K_GEMV_ADD_NORM && g->norm_w)))))
+        return (int)cudaErrorInvalidValue;
+    if (g->rope && (g->epi != KVD_K_GEMV_STORE || !g->counter ||
+                    !rope_kv_args_ok(g->n_tokens, g->rope->n_heads, g->rope->n_rot, g->rope->mode,
+                                     g->rope->kv, g->rope->layer)))
+        return (int)cudaErrorInvalidValue;
+    for (int i = 0; i < g->n_emit; i++) {
+        const int ek = kvd_k_gemv_act_kind(g->emit_wtype[i]);
+        if (ek == GF_ACT_NONE || !g->emit[i] || ((uintptr_t)g->emit[i] & 15) ||
+            g->seg[0].rows % (ek == GF_ACT_LEGACY ? 32 : 256))
+            return (int)cudaErrorInvalidValue;
+    }
     int rows = 0;
     for (int i = 0; i < g->n_seg; i++)
         rows += g->seg[i].rows;

@@ -117,7 +117,17 @@ int kvd_k_to_f32(float *dst, const void *src, int wtype, size_t n, kvd_stream st
  * (counter: a device word that is 0, and is 0 again after the launch). act:
  * device scratch of kvd_k_gemv_act_bytes bytes (16-byte aligned), used when
  * the quantized activations do not fit in shared memory. max_blocks: at most
- * this many blocks quantize the activations in their prologue (0: no cap). */
+ * this many blocks quantize the activations in their prologue (0: no cap).
+ * act_in: x already quantized in this weight type's layout (n_tokens rows of
+ * in; kvd_k_gemv_act_bytes bytes, 16-byte aligned) by the kernel that
+ * produced it, read instead of quantizing x again (x is then not read), or
+ * NULL. emit[i] (i < n_emit <= 2): the last block also quantizes the launch's
+ * output (norm_out for ADD_NORM with norm_w, seg[0].y for SWIGLU) into
+ * emit[i] in the layout of weight type emit_wtype[i] (a type with
+ * kvd_k_gemv_act_kind > 0), for the GEMVs that read it next (their act_in);
+ * uses counter like the norm. rope (STORE only; counter): the last block
+ * then runs kvd_k_rope_kv's chain on its n_tokens tokens (the q, k, v it
+ * names are this launch's or an earlier one's outputs). */
 #define KVD_K_GEMV_MAX_TOKENS 8
 enum kvd_k_gemv_epi { KVD_K_GEMV_STORE = 0, KVD_K_GEMV_SWIGLU = 1, KVD_K_GEMV_ADD_NORM = 2 };
 struct kvd_k_gemv_seg {
@@ -125,6 +135,16 @@ struct kvd_k_gemv_seg {
     int rows;          /* out */
     float *y;          /* device [n_tokens][rows] */
     const float *bias; /* device f32 [rows], or NULL (STORE only) */
+};
+struct kvd_k_rope_args {
+    float *q, *k;
+    const float *v;
+    const uint32_t *pos, *slots;
+    int n_heads, n_rot, mode;
+    float base;
+    const float *freq_factors;
+    struct kvd_k_kv kv;
+    int layer;
 };
 struct kvd_k_gemv {
     int wtype, in, n_tokens;
@@ -138,7 +158,16 @@ struct kvd_k_gemv {
     unsigned *counter;
     void *act;
     int max_blocks;
+    const void *act_in;
+    void *emit[2];
+    int emit_wtype[2];
+    int n_emit;
+    const struct kvd_k_rope_args *rope;
 };
+/* The layout of the int8 activations the GEMV reads for weight type wtype:
+ * 0 none (f32 activations), else an id; two types with the same id read the
+ * same bytes. */
+int kvd_k_gemv_act_kind(int wtype);
 size_t kvd_k_gemv_act_bytes(int wtype, int n_tokens, int in);
 int kvd_k_gemv_ok(int wtype, const void *w, const float *x, int n_tokens, int in);
 int kvd_k_gemv_run(const struct kvd_k_gemv *g, kvd_stream stream);
@@ -206,11 +235,16 @@ int kvd_k_block_copy(const struct kvd_k_kv *kv, const int32_t *src, const int32_
  * the launch and 0 again after it (a buffer of their own: partial's bytes
  * of another launch shape would overlap them).
  * Slot tables are read from slots + slot0[s] only (slot0 need not grow:
- * several one-row "sequences" may share one table). */
+ * several one-row "sequences" may share one table). early: a plain decode
+ * step (each sequence's rows before pos0 written by earlier steps, none
+ * by the kernels before this one): the first rows but the newest are
+ * loaded before the kernel's programmatic-dependent-launch wait; 0 (a
+ * verification step's one-row decodes read rows written in the same
+ * step): every K/V row after it. */
 int kvd_k_attn_decode(float *out, const float *q, const struct kvd_k_kv *kv, int layer,
                       const uint32_t *slots, const uint32_t *slot0, const uint32_t *pos0,
                       const uint32_t *qstart, int n_seqs, int n_heads, float scale, int n_splits,
-                      float *partial, unsigned *done, kvd_stream stream);
+                      float *partial, unsigned *done, int early, kvd_stream stream);
 size_t kvd_k_attn_decode_partial_floats(int n_seqs, int n_heads, int head_dim, int n_splits);
 /* The split count for n_seqs sequences of at most max_ctx tokens on a
  * device of n_sms multiprocessors: one wave of the decode kernel's blocks

@@ -109,7 +109,8 @@ static __device__ __forceinline__ void kvd_q8_0_store_warp(char *dst, float x, i
 // One token's K and V rows of `layer` (f32 [kv_heads][head_dim] at kt, vt)
 // written by the whole block into block `slot`, row `row`, converted to the
 // dtype DT (q8_0: one warp per 32-value block; fp8: one warp per row; the
-// others one thread per element).
+// others one thread per element); kt and vt read from L2 (other blocks of
+// the launch may have written them).
 template <int DT>
 static __device__ __forceinline__ void kvd_kv_write_token(const kvd_k_kv &kv, int layer,
                                                           uint32_t slot, int row, const float *kt,
@@ -125,7 +126,7 @@ static __device__ __forceinline__ void kvd_kv_write_token(const kvd_k_kv &kv, in
             const int sel = g / (kv.kv_heads * nb), h = g / nb % kv.kv_heads, b = g % nb;
             const float *src = (sel ? vt : kt) + (size_t)h * kv.head_dim;
             kvd_q8_0_store_warp(blk + kvd_kv_row_off(kv, layer, sel, h, row) + (size_t)b * 34,
-                                src[b * 32 + lane], lane);
+                                __ldcg(src + b * 32 + lane), lane);
         }
     } else if constexpr (DT == KVD_K_FP8) {
         // the row's amax over its finite values gives the scale
@@ -135,7 +136,7 @@ static __device__ __forceinline__ void kvd_kv_write_token(const kvd_k_kv &kv, in
             char *dst = blk + kvd_kv_row_off(kv, layer, sel, h, row);
             float amax = 0.0f;
             for (int d = lane; d < kv.head_dim; d += 32) {
-                const float a = fabsf(src[d]);
+                const float a = fabsf(__ldcg(src + d));
                 if (a <= KVD_F32_MAX)
                     amax = fmaxf(amax, a);
             }
@@ -144,13 +145,13 @@ static __device__ __forceinline__ void kvd_kv_write_token(const kvd_k_kv &kv, in
             if (lane == 0)
                 *(float *)dst = amax / 448.0f;
             for (int d = lane; d < kv.head_dim; d += 32)
-                dst[4 + d] = (char)kvd_e4m3_from_f32(src[d] * inv);
+                dst[4 + d] = (char)kvd_e4m3_from_f32(__ldcg(src + d) * inv);
         }
     } else {
         for (int e = threadIdx.x; e < per; e += blockDim.x) {
             const int h = e / kv.head_dim, d = e % kv.head_dim;
-            kvd_store1<DT>(blk, kvd_kv_off(kv, layer, 0, h, row) + d, kt[e]);
-            kvd_store1<DT>(blk, kvd_kv_off(kv, layer, 1, h, row) + d, vt[e]);
+            kvd_store1<DT>(blk, kvd_kv_off(kv, layer, 0, h, row) + d, __ldcg(kt + e));
+            kvd_store1<DT>(blk, kvd_kv_off(kv, layer, 1, h, row) + d, __ldcg(vt + e));
         }
     }
 }

@@ -85,6 +85,19 @@ enum rope_mode { ROPE_NORM = 0, ROPE_NEOX = 2 };
  * Padding (see step_bucket): a sequence may have no rows (seq_qstart[s] ==
  * seq_qstart[s+1]), and rows at or after seq_qstart[n_seqs] belong to no
  * sequence; neither gets any output (those out rows are left as they are). */
+/* The arguments of rope_kv_write after q, k, v (matmul_qkv_rope_kv). */
+struct rope_kv_args {
+    uint32_t n_head, n_rot;
+    const uint32_t *pos;
+    enum rope_mode mode;
+    float base;
+    const float *freq_factors;
+    void *arena;
+    const struct kv_geom *geom;
+    uint32_t layer;
+    const uint32_t *tok_slot;
+};
+
 struct attn_desc {
     const float *q;             /* device [n_tokens][n_head][head_dim], already roped */
     float *out;                 /* device [n_tokens][n_head][head_dim] */
@@ -263,7 +276,11 @@ struct compute_ops {
      * rope_kv_write: rope(q, rows, n_head, ...); rope(k, rows,
      *   geom->kv_heads, ...); kv_write(arena, geom, layer, k, v, rows,
      *   tok_slot, pos): both RoPEs at pos, then k (roped) and v to the
-     *   blocks (the row of position pos[r] in block tok_slot[r]). */
+     *   blocks (the row of position pos[r] in block tok_slot[r]).
+     * matmul_qkv_rope_kv: matmul_n(3, w, bias, x, rows, n_one, y), then
+     *   rope_kv_write(y[0], y[1], y[2], rows, r->...): a layer's q, k, v
+     *   projections with their RoPE and KV write, so that the projection's
+     *   launch may end with them. */
     int (*matmul_n)(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
                     const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
                     float *const *y);
@@ -273,10 +290,22 @@ struct compute_ops {
     int (*matmul_add_rmsnorm)(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
                               uint32_t rows, uint32_t n_one, float *x, const float *norm, float eps,
                               float *out);
+    /* OPTIONAL (NULL on cpu), a hint that changes no result: the output y
+     * of the next fused op (matmul_swiglu's out, matmul_add_rmsnorm's out
+     * with a norm) is read next by the projections of w[0..n) (n <= 3, NULL
+     * entries skipped), each as its matmul_n / matmul_swiglu /
+     * matmul_add_rmsnorm input, so the backend may quantize y once where it
+     * is made instead of in each reader. The next fused op consumes the
+     * hint whether it uses it or not. */
+    void (*next_readers)(struct compute_ctx *cx, const float *y, uint32_t n,
+                         const struct ctensor *const *w);
     int (*rope_kv_write)(struct compute_ctx *cx, float *q, float *k, const float *v, uint32_t rows,
                          uint32_t n_head, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,
                          float base, const float *freq_factors, void *arena,
                          const struct kv_geom *geom, uint32_t layer, const uint32_t *tok_slot);
+    int (*matmul_qkv_rope_kv)(struct compute_ctx *cx, const struct ctensor *const *w,
+                              const float *const *bias, const float *x, uint32_t rows,
+                              uint32_t n_one, float *const *y, const struct rope_kv_args *r);
 
     /* OPTIONAL (NULL on cpu): the number of sequences a decode-only step of
      * n_seqs sequences is padded to (>= n_seqs), so that steps of nearby

@@ -519,7 +519,26 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         /* The fused ops (NULL on cpu) run a chain as fewer kernels; a trace
          * wants every op's output, so it takes the chains. */
         const bool fuse = !c->trace;
-        if (o->matmul_n && fuse) {
+        bool roped = false; /* RoPE and the KV write done with the projections */
+        if (o->matmul_qkv_rope_kv && fuse) {
+            const struct ctensor *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+            const float *bqkv[3] = {hp->has_qkv_bias ? L->bq.data : NULL,
+                                    hp->has_qkv_bias ? L->bk.data : NULL,
+                                    hp->has_qkv_bias ? L->bv.data : NULL};
+            float *yqkv[3] = {c->q, c->k, c->v};
+            const struct rope_kv_args ra = {.n_head = hp->n_head,
+                                            .n_rot = hp->n_rot,
+                                            .pos = d_pos,
+                                            .mode = hp->rope_mode,
+                                            .base = hp->rope_base,
+                                            .freq_factors = ff,
+                                            .arena = b->kv_arena,
+                                            .geom = g,
+                                            .layer = l,
+                                            .tok_slot = d_tok_slot};
+            RUN(o->matmul_qkv_rope_kv(cx, wqkv, bqkv, c->h, Tp, n_one, yqkv, &ra));
+            roped = true;
+        } else if (o->matmul_n && fuse) {
             const struct ctensor *wqkv[3] = {&L->wq, &L->wk, &L->wv};
             const float *bqkv[3] = {hp->has_qkv_bias ? L->bq.data : NULL,
                                     hp->has_qkv_bias ? L->bk.data : NULL,
@@ -542,10 +561,10 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
                 TRACE("Vcur.bias", il, c->v, Tp, KD);
             }
         }
-        if (o->rope_kv_write && fuse) {
+        if (!roped && o->rope_kv_write && fuse) {
             RUN(o->rope_kv_write(cx, c->q, c->k, c->v, Tp, hp->n_head, hp->n_rot, d_pos,
                                  hp->rope_mode, hp->rope_base, ff, b->kv_arena, g, l, d_tok_slot));
-        } else {
+        } else if (!roped) {
             RUN(o->rope(cx, c->q, Tp, hp->n_head, hp->head_dim, hp->n_rot, d_pos, hp->rope_mode,
                         hp->rope_base, ff));
             TRACE("Qcur.rope", il, c->q, Tp, QD);
@@ -558,6 +577,10 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         RUN(o->attention(cx, &ad));
         TRACE("kqv_out", il, c->att, Tp, QD);
         if (o->matmul_add_rmsnorm && fuse) {
+            if (o->next_readers) { /* h is read by gate and up next */
+                const struct ctensor *rd[2] = {&L->gate, &L->up};
+                o->next_readers(cx, c->h, 2, rd);
+            }
             RUN(o->matmul_add_rmsnorm(cx, &L->wo, c->att, Tp, n_one, c->x, L->ffn_norm.data,
                                       hp->rms_eps, c->h));
         } else {
@@ -569,6 +592,10 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         }
         /* MLP block: x += down(silu(gate h) * up h), h = norm(x) */
         if (o->matmul_swiglu && fuse) {
+            if (o->next_readers) { /* the SwiGLU output is down's input */
+                const struct ctensor *rd[1] = {&L->down};
+                o->next_readers(cx, c->gate, 1, rd);
+            }
             RUN(o->matmul_swiglu(cx, &L->gate, &L->up, c->h, Tp, n_one, c->gate, c->up));
         } else {
             RUN(MATMUL(&L->gate, c->h, Tp, n_dec, c->gate));
@@ -580,6 +607,11 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         }
         const float *next_norm = l + 1 < hp->n_layer ? m->layers[l + 1].attn_norm.data : NULL;
         if (o->matmul_add_rmsnorm && fuse) {
+            if (o->next_readers && next_norm) { /* h: the next layer's q, k, v */
+                const struct model_layer *N = &m->layers[l + 1];
+                const struct ctensor *rd[3] = {&N->wq, &N->wk, &N->wv};
+                o->next_readers(cx, c->h, 3, rd);
+            }
             RUN(o->matmul_add_rmsnorm(cx, &L->down, c->gate, Tp, n_one, c->x, next_norm,
                                       hp->rms_eps, c->h));
         } else {

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <set>
@@ -47,6 +48,7 @@ thread_local work_mark tl_work = {nullptr, 0};
 
 kvd_emu_counts g_counts; // under g_count_mu
 std::mutex g_count_mu;
+std::atomic<unsigned long long> g_prewait_bytes{0}; // count_prewait_load, lock-free
 
 struct capture;
 
@@ -397,6 +399,11 @@ void count_launch()
     g_counts.launches++;
 }
 
+void count_prewait_load(size_t n)
+{
+    g_prewait_bytes.fetch_add(n, std::memory_order_relaxed);
+}
+
 int g_cc_major = -1, g_cc_minor;
 
 void device_cc(int *major, int *minor)
@@ -481,6 +488,7 @@ void kvd_emu_get_counts(struct kvd_emu_counts *out)
 {
     std::lock_guard<std::mutex> g(g_count_mu);
     *out = g_counts;
+    out->prewait_load_bytes = g_prewait_bytes.load(std::memory_order_relaxed);
 }
 
 size_t kvd_emu_live_allocs(void)

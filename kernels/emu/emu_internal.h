@@ -78,6 +78,9 @@ int func_max_dyn_smem(const void *fn);
 
 // The counters kvd_emu_get_counts reports (cudart.cc), bumped as work executes.
 void count_launch();
+// Bytes a PDL launch's threads loaded from global memory before their
+// cudaGridDependencySynchronize (instrumented builds).
+void count_prewait_load(size_t n);
 
 // Kernel launches (simt.cc). pdl: launched with programmatic stream
 // serialization (KVD_LAUNCH_PDL): until its threads pass

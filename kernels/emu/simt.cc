@@ -933,7 +933,9 @@ inline void access(const void *p, size_t n, bool store)
                     "(launched with programmatic dependent launch, it may run while the kernel "
                     "before it does)",
                     L->kernel, where(t, buf, sizeof buf), p);
-        else if (L->prev_writes && overlaps(*L->prev_writes, a, n))
+        else
+            count_prewait_load(n);
+        if (!store && L->prev_writes && overlaps(*L->prev_writes, a, n))
             KREPORT(L,
                     "%s: %s reads %zu bytes at %p, which the kernel before it writes, before "
                     "cudaGridDependencySynchronize (a premature read)",

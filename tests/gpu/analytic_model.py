@@ -188,7 +188,7 @@ def decode_tail(q, before):
 # ---- the kernels now (after) ------------------------------------------------------------
 L2_BW = 8e12  # B/s the L2 serves all SMs (assumption; about twice HBM)
 GF_MAX_BLOCKS = 4 * SMS  # blocks that stage the activations (gemv_fused.cu max_blocks)
-GF_REGS = {"bf16": 69, "q4_k": 149, "q6_k": 128}  # ptxas sm_90, gemvf_kernel<T, 1 token, R 4>
+GF_REGS = {"bf16": 72, "q4_k": 153, "q6_k": 128}  # ptxas sm_90, gemvf_kernel<T, 1 token, R 4> (wt-q1)
 
 
 def gemv_eff_after(wt, rows):
@@ -214,22 +214,33 @@ def gemv_eff_after(wt, rows):
     return min(1.0, l1_limit(bpw), occ), bpw
 
 
-# What is not built yet, for the "next" rows: the activations quantized once
-# by the kernel that produces them (the residual norm's last block for the
-# QKV and gate/up inputs, a last block of gate/up for down's), so no GEMV
-# block re-quantizes its input in a prologue; RoPE + KV write in the QKV
-# projection's epilogue (no launch).
-NEXT = {"quant_once": False, "rope_in_qkv": False}
+# The steps built on branch wt-q1 (2026-12-07), each a row after "now":
+# quant_once: the activations quantized once, by the kernel that produces
+# them (the residual norm's last block for the QKV and gate/up inputs, both
+# of QKV's int8 layouts when v is Q6_K; gate/up's last block for down's),
+# each GEMV block copying the int8 bytes from L2 into shared memory instead
+# of reading and quantizing the f32; rope_in_qkv: RoPE + KV write by the
+# last block of the QKV projection's last launch (no launch); early_kv: in a
+# plain decode step the attention loads its first steps of K/V rows but the
+# newest before its PDL wait.
+NEXT = {"quant_once": False, "rope_in_qkv": False, "early_kv": False}
 
 
-def stage_time(wt, rows, inp, swiglu=False, producer_quantizes=True):
+def act_bytes(inp):
+    """The int8 activations of one token (act_quant.cuh): the quants, an f32
+    scale per 256, the sums of each 16."""
+    return inp + inp // 256 * 4 + inp // 16 * 4
+
+
+def stage_time(wt, rows, inp, swiglu=False):
     """The quantized types' prologue: every block reads the f32 input from
-    L2 (at most GF_MAX_BLOCKS blocks)."""
-    if wt == "bf16" or (NEXT["quant_once"] and producer_quantizes):
+    L2 and quantizes it, or (quant_once) copies the int8 bytes its producer
+    made (at most GF_MAX_BLOCKS blocks)."""
+    if wt == "bf16":
         return 0.0
     groups = math.ceil(rows / (2 if swiglu else 4))
     blocks = min(math.ceil(groups / 4), GF_MAX_BLOCKS)
-    return blocks * inp * 4 / L2_BW
+    return blocks * (act_bytes(inp) if NEXT["quant_once"] else inp * 4) / L2_BW
 
 
 # ---- split-KV decode attention (kernels/attn_decode.cu) -------------------------------
@@ -297,8 +308,10 @@ def attn_main(pdl, pf=1, fold=False):
     what = "%d splits of %d tokens (%d-token steps, %d in flight), %d blocks/SM" % (
         splits, chunk, tok_step, pf, per_sm)
     if pdl:  # the metadata before the wait; the block table (with q), the rows after it
+        early = 1 if NEXT["early_kv"] else 0  # the first steps' rows load during the wait
         split = K("attention decode (split)", hbm=kv_bytes, chain_l2=1 + 1,
-                  chain_hbm=math.ceil(steps / pf), overlap=True, note=what + "; PDL")
+                  chain_hbm=math.ceil(steps / pf) - early, overlap=True,
+                  note=what + "; PDL" + ("; rows before the wait" if early else ""))
     else:
         split = K("attention decode (split)", hbm=kv_bytes, chain_l2=2 + 1,
                   chain_hbm=math.ceil(steps / pf), overlap=True, plain=1, note=what)
@@ -338,9 +351,9 @@ def decode_after(mix, attn="old"):
             ks.append(K("gemv q,k %s" % wt, hbm=E * (E + KD) * BYTES[wt],
                         eff=gemv_eff_after(wt, E + KD)[0], chain_l2=stage_time(wt, E + KD, E) / LAT_L2))
             ks.append(K("gemv v %s" % vt, hbm=E * KD * BYTES[vt], eff=gemv_eff_after(vt, KD)[0],
-                        chain_l2=stage_time(vt, KD, E, producer_quantizes=False) / LAT_L2))
-        if NEXT["rope_in_qkv"]:  # its last block: the heads' rotation and the KV rows
-            ks.append(K("rope + kv_write (in qkv)", launches=0, chain_l2=3))
+                        chain_l2=stage_time(vt, KD, E) / LAT_L2))
+        if NEXT["rope_in_qkv"]:  # the last launch's last block: the counter, then as rope_kv
+            ks.append(K("rope + kv_write (in qkv)", launches=0, chain_l2=1 + 3))
         else:
             ks.append(K("rope + kv_write", chain_l2=3, note="one block per token, 8 heads' loads together"))
         if attn == "old":  # the model of 2026-12-07 (256-token splits; stale)
@@ -351,8 +364,11 @@ def decode_after(mix, attn="old"):
             ks += attn_main(**ATTN[attn])
         # after a merge that never triggers early, the o projection's PDL
         # launch waits for its end: the whole gap
+        # quant_once: the norm's last block also reads the normed rows back
+        # and stores their int8 bytes (two L2 round trips)
+        qo = 2 if NEXT["quant_once"] and wt != "bf16" else 0
         ks.append(K("gemv o + add + rmsnorm %s" % wt, hbm=E * E * BYTES[wt],
-                    eff=gemv_eff_after(wt, E)[0], chain_l2=4 + stage_time(wt, E, E) / LAT_L2,
+                    eff=gemv_eff_after(wt, E)[0], chain_l2=4 + qo + stage_time(wt, E, E) / LAT_L2,
                     plain=0 if attn == "old" or ATTN[attn]["pdl"] else 1,
                     note="last block: 2 L2 round trips more"))
         ks.append(K("gemv gate,up + silu %s" % wt, hbm=2 * E * F * BYTES[wt],
@@ -361,7 +377,9 @@ def decode_after(mix, attn="old"):
                     (3 if NEXT["quant_once"] and wt != "bf16" else 0)))  # its last block
                     # quantizing down's input: the counter, the rows, the store
         ks.append(K("gemv down + add + rmsnorm %s" % vt, hbm=F * E * BYTES[vt],
-                    eff=gemv_eff_after(vt, E)[0], chain_l2=4 + stage_time(vt, E, F) / LAT_L2))
+                    eff=gemv_eff_after(vt, E)[0],
+                    chain_l2=4 + qo + (1 if qo and l + 1 < L and more_bits(l + 1) else 0) +
+                    stage_time(vt, E, F) / LAT_L2))  # the next q/k and v layouts: 2 passes
     return ks + decode_tail(q, before=False)
 
 
@@ -543,15 +561,20 @@ def main():
         if title.startswith("+ merge folded (now)") and mix == "q4_k_m":
             now = t
         print("  %-32s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f" % (title, t * 1e3, roof * 1e3, 100 * roof / t, 1 / t, n, pl))
-    print("  next (not built), Q4_K_M, from the now row:")
+    print("  built on wt-q1, Q4_K_M, from the now row:")
     for knob, label in (("quant_once", "+ activations quantized once"),
-                        ("rope_in_qkv", "+ RoPE/KV write in the QKV epilogue")):
+                        ("rope_in_qkv", "+ RoPE/KV write in the QKV epilogue"),
+                        ("early_kv", "+ K/V rows before the wait")):
         NEXT[knob] = True
         t, roof, n, pl = report_decode(label, decode_after("q4_k_m", attn="new"), "q4_k_m",
                                        T_LAUNCH_PDL, show)
         print("  %-32s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f   (-%.0f us)" % (
             label, t * 1e3, roof * 1e3, 100 * roof / t, 1 / t, n, pl, (now - t) * 1e6))
         now = t
+    t, roof, n, pl = report_decode("all built, bf16", decode_after("bf16", attn="new"), "bf16",
+                                   T_LAUNCH_PDL, show)
+    print("  %-32s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f" % ("all built, bf16", t * 1e3, roof * 1e3,
+                                                          100 * roof / t, 1 / t, n, pl))
     for knob in NEXT:
         NEXT[knob] = False
     print("\nprefill of a 2048-token prompt, 8B shape (%% of the %.0f TFLOP/s bf16 peak)" % (TC_PEAK / 1e12))

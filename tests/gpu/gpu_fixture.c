@@ -8,6 +8,7 @@
 
 #include "compute_cpu_kv.h"
 #include "kvd/status.h"
+#include "quant.h"
 
 #ifdef KVD_CUDA_EMULATE
 #include <cuda_runtime.h>
@@ -17,6 +18,63 @@ static void die(const char *what, int rc)
 {
     fprintf(stderr, "gpu fixture: %s failed (%d: %s)\n", what, rc, kvd_err_code(rc));
     exit(1);
+}
+
+void gpu_wt_make(struct gpu_fx *f, struct gpu_wt *w, enum ctype t, uint32_t in, uint32_t out)
+{
+    size_t rb = ctype_row_bytes(t, in);
+    int rc;
+    w->bytes = malloc(rb * out);
+    float *row = malloc(in * sizeof(float));
+    if (!w->bytes || !row)
+        die("gpu_wt_make malloc", KVD_ENOMEM);
+    for (uint32_t r = 0; r < out; r++) {
+        rnd_fill(row, in, -1, 1);
+        uint8_t *o = (uint8_t *)w->bytes + r * rb;
+        if (t == CT_F32)
+            memcpy(o, row, in * 4);
+        else if (t == CT_F16)
+            for (uint32_t i = 0; i < in; i++)
+                ((uint16_t *)o)[i] = float_to_half(row[i]);
+        else if (t == CT_BF16)
+            for (uint32_t i = 0; i < in; i++)
+                ((uint16_t *)o)[i] = float_to_bf16(row[i]);
+        else if ((rc = quant_quantize_row(t, row, o, in)))
+            die("quant_quantize_row", rc);
+    }
+    free(row);
+    w->h = (struct ctensor){.type = t, .ne0 = in, .ne1 = out, .nbytes = rb * out, .data = w->bytes};
+    /* the cpu backend's own layout */
+    struct ctensor c = w->h;
+    if (f->cops->weight_bytes) {
+        if ((rc = f->cops->buf_alloc(f->ccx, f->cops->weight_bytes(&c), &c.data)) ||
+            (rc = f->cops->weight_upload(f->ccx, &c, w->bytes)))
+            die("cpu weight upload", rc);
+        w->h = c;
+    }
+    w->d = (struct ctensor){.type = t, .ne0 = in, .ne1 = out, .nbytes = rb * out};
+    if ((rc = f->gops->buf_alloc(f->gcx, f->gops->weight_bytes(&w->d), &w->d.data)) ||
+        (rc = f->gops->weight_upload(f->gcx, &w->d, w->bytes)))
+        die("cuda weight upload", rc);
+}
+
+void gpu_wt_free(struct gpu_fx *f, struct gpu_wt *w)
+{
+    if (f->cops->weight_bytes)
+        f->cops->buf_free(f->ccx, w->h.data);
+    f->gops->buf_free(f->gcx, w->d.data);
+    free(w->bytes);
+}
+
+unsigned long long gpu_launches(void)
+{
+#ifdef KVD_CUDA_EMULATE
+    struct kvd_emu_counts c;
+    kvd_emu_get_counts(&c);
+    return c.launches;
+#else
+    return 0;
+#endif
 }
 
 void gpu_fx_open(struct gpu_fx *f)

@@ -52,6 +52,21 @@ void kvfx_init(struct kvfx *k, enum kv_dtype dt, uint32_t layers, uint32_t kv_he
                uint32_t bt, size_t nb);
 void kvfx_free(struct kvfx *k);
 
+/* A weight [out][in] of type t, values uniform in [-1, 1) (rnd_*): the
+ * file's bytes, the cpu backend's copy (h) and the cuda backend's (d),
+ * loaded as the model loads weights (weight_upload: planes, bf16 copies).
+ * Exits on failure. */
+struct gpu_wt {
+    struct ctensor h, d;
+    void *bytes;
+};
+void gpu_wt_make(struct gpu_fx *f, struct gpu_wt *w, enum ctype t, uint32_t in, uint32_t out);
+void gpu_wt_free(struct gpu_fx *f, struct gpu_wt *w);
+
+/* The kernel launches the device ran so far (the emulator counts them; a
+ * real device reports 0). */
+unsigned long long gpu_launches(void);
+
 /* Deterministic random numbers (seeded per test, fresh per call). */
 void rnd_seed(uint64_t s);
 uint32_t rnd_u32(uint32_t n);

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 
 #include "compute_cpu_kv.h"
 #include "gpu/gpu_fixture.h"
+#include "kernels.h"
 #include "kvd/status.h"
 #include "quant.h"
 
@@ -55,53 +57,15 @@ static void same(const char *what, const float *got, const float *ref, size_t n,
         fail_msg("%s: relative error %.3g over %.3g", what, e, tol);
 }
 
-/* A weight [out][in] of type t: host bytes (the file's), and a device copy
- * loaded as the model loads weights (weight_upload: planes, bf16 copies). */
-struct wt {
-    struct ctensor h, d;
-    void *bytes;
-};
-
-static void wt_make(struct wt *w, enum ctype t, uint32_t in, uint32_t out)
+/* A weight of type t, random (gpu_fixture.h). */
+static void wt_make(struct gpu_wt *w, enum ctype t, uint32_t in, uint32_t out)
 {
-    size_t rb = ctype_row_bytes(t, in);
-    w->bytes = malloc(rb * out);
-    assert_non_null(w->bytes);
-    float *row = malloc(in * sizeof(float));
-    for (uint32_t r = 0; r < out; r++) {
-        rnd_fill(row, in, -1, 1);
-        uint8_t *o = (uint8_t *)w->bytes + r * rb;
-        if (t == CT_F32)
-            memcpy(o, row, in * 4);
-        else if (t == CT_F16)
-            for (uint32_t i = 0; i < in; i++)
-                ((uint16_t *)o)[i] = float_to_half(row[i]);
-        else if (t == CT_BF16)
-            for (uint32_t i = 0; i < in; i++)
-                ((uint16_t *)o)[i] = float_to_bf16(row[i]);
-        else
-            assert_int_equal(quant_quantize_row(t, row, o, in), 0);
-    }
-    free(row);
-    w->h = (struct ctensor){.type = t, .ne0 = in, .ne1 = out, .nbytes = rb * out, .data = w->bytes};
-    /* the cpu backend's own layout */
-    struct ctensor c = w->h;
-    if (F.cops->weight_bytes) {
-        assert_int_equal(F.cops->buf_alloc(F.ccx, F.cops->weight_bytes(&c), &c.data), 0);
-        assert_int_equal(F.cops->weight_upload(F.ccx, &c, w->bytes), 0);
-        w->h = c;
-    }
-    w->d = (struct ctensor){.type = t, .ne0 = in, .ne1 = out, .nbytes = rb * out};
-    assert_int_equal(F.gops->buf_alloc(F.gcx, F.gops->weight_bytes(&w->d), &w->d.data), 0);
-    assert_int_equal(F.gops->weight_upload(F.gcx, &w->d, w->bytes), 0);
+    gpu_wt_make(&F, w, t, in, out);
 }
 
-static void wt_free(struct wt *w)
+static void wt_free(struct gpu_wt *w)
 {
-    if (F.cops->weight_bytes)
-        F.cops->buf_free(F.ccx, w->h.data);
-    F.gops->buf_free(F.gcx, w->d.data);
-    free(w->bytes);
+    gpu_wt_free(&F, w);
 }
 
 static const enum ctype types[] = {CT_F32,  CT_F16,  CT_BF16, CT_Q8_0, CT_Q4_0, CT_Q4_1,
@@ -140,7 +104,7 @@ static void test_matmul_n(void **state)
             enum ctype t = types[ti], vt = k == 1 && k_quant(t) ? CT_Q6_K : t;
             uint32_t in = 512, outs[3] = {96, 32, 32}, rows = rows_for(ti, k);
             bool bias = (ti + (size_t)k) % 2;
-            struct wt w[3];
+            struct gpu_wt w[3];
             float *hy[3], *gy[3], *hb[3], *db[3];
             wt_make(&w[0], t, in, outs[0]);
             wt_make(&w[1], t, in, outs[1]);
@@ -190,7 +154,7 @@ static void test_matmul_swiglu(void **state)
         for (int k = 0; k < 3; k++) {
             enum ctype t = types[ti];
             uint32_t in = 256, ff = 160, rows = rows_for(ti, k);
-            struct wt g, u;
+            struct gpu_wt g, u;
             wt_make(&g, t, in, ff);
             wt_make(&u, t, in, ff);
             size_t N = (size_t)rows * ff;
@@ -229,7 +193,7 @@ static void test_matmul_add_rmsnorm(void **state)
             enum ctype t = types[ti];
             uint32_t in = k == 1 ? 6144 : 768, E = 192, rows = rows_for(ti, k);
             bool norm = k != 2 || ti % 2;
-            struct wt w;
+            struct gpu_wt w;
             wt_make(&w, t, in, E);
             size_t N = (size_t)rows * E;
             float *xin = rnd_new((size_t)rows * in, -1, 1), *x = rnd_new(N, -3, 3),
@@ -454,6 +418,48 @@ static void test_rope_kv_attention(void **state)
         if (memcmp(garena, harena, ab))
             fail_msg("%s: the KV arena differs from the cpu's", what);
         same(what, got, ref, QN, false, 2e-5);
+        /* A plain decode step's attention (early: every row but the newest
+         * written by earlier steps) loads its first rows before the PDL
+         * wait, a verification step's (early 0) none: the same bytes out,
+         * at least a K and a V row of each KV head more before the wait
+         * (f16, bf16, q8_0, fp8 rows of head_dim up to 128). */
+        struct kvd_k_kv kv = {.arena = da,
+                              .block_bytes = kv_block_bytes(&g),
+                              .layers = (int)g.layers,
+                              .kv_heads = (int)g.kv_heads,
+                              .head_dim = (int)g.head_dim,
+                              .block_tokens = (int)g.block_tokens,
+                              .dtype = (int)g.dtype,
+                              .row_bytes = kv_row_bytes(g.dtype, g.head_dim)};
+        unsigned long long pre[2];
+        float *outs[2];
+        for (int early = 0; early < 2; early++) {
+            float *o = gpu_nan(&F, QN);
+            struct kvd_emu_counts a, b;
+            kvd_emu_get_counts(&a);
+            assert_int_equal(kvd_k_attn_decode(o, dq, &kv, 1, dslots, ds0, dpos, dqs, (int)S,
+                                               (int)nh, gd.scale, 1, NULL, NULL, early, NULL),
+                             0);
+            assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+            kvd_emu_get_counts(&b);
+            pre[early] = b.prewait_load_bytes - a.prewait_load_bytes;
+            outs[early] = malloc(QN * 4);
+            gpu_get(&F, outs[early], o, QN * 4);
+            gpu_free(&F, o);
+        }
+        if (memcmp(outs[0], outs[1], QN * 4))
+            fail_msg("%s: the attention with its rows loaded early differs", what);
+#ifdef KVD_EMU_MEMCHECK
+        /* (not f32 rows nor head_dim 256: the kernel keeps the late order) */
+        if (g.dtype != KV_F32 && hd <= 128 && pre[1] < pre[0] + 2 * kvh * kv.row_bytes)
+            fail_msg("%s: %llu bytes loaded before the wait in a plain decode step, %llu in a "
+                     "verification step's order",
+                     what, pre[1], pre[0]);
+#else
+        (void)pre;
+#endif
+        free(outs[0]);
+        free(outs[1]);
         free(harena);
         free(garena);
         free(slots);
@@ -487,7 +493,7 @@ static void test_invariant_rows(void **state)
     for (size_t ti = 0; ti < sizeof ts / sizeof ts[0]; ti++) {
         const enum ctype t = ts[ti];
         const uint32_t in = 256, out = 96, rows = 12, n_one = 10;
-        struct wt a, b;
+        struct gpu_wt a, b;
         wt_make(&a, t, in, out);
         wt_make(&b, t, in, out);
         const size_t N = (size_t)rows * out;

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "compute_cuda.h"
+#include "kernels.h"
 #include "gpu/gpu_fixture.h"
 #include "kvd/status.h"
 #include "kvmm.h"
@@ -689,10 +690,10 @@ static void test_long_prompt_full_memory(void **state)
 }
 
 /* Kernel launches per layer of a batch-1 decode step, as stats reports
- * them (model_step_launches, requests.step_launches): 6 (the QKV
- * projection, RoPE with the KV write, the decode attention, the o
- * projection with the residual norm, gate and up with SiLU, down with the
- * residual norm), counted as the difference between a 3-layer and a
+ * them (model_step_launches, requests.step_launches): 5 (the QKV
+ * projection ending with RoPE and the KV write, the decode attention, the
+ * o projection with the residual norm, gate and up with SiLU, down with
+ * the residual norm), counted as the difference between a 3-layer and a
  * 1-layer model of the same shape (the embedding, the final norm, the head
  * and the sampler cancel out), in bf16 and Q4_K_M, at a context of 40
  * tokens and of 300. Both split the decode attention (the split count is
@@ -700,7 +701,7 @@ static void test_long_prompt_full_memory(void **state)
  * least 64), and the last split to finish merges them (no launch of its
  * own), so both count the same launches. The count must be what the
  * emulated device ran. */
-static uint32_t launches_at(struct runner *r, uint32_t pos)
+static uint32_t launches_at(struct runner *r, uint32_t pos, struct cuda_compute_stats *act)
 {
     uint32_t slots[MAXS * BPS], tok = 1, pick = 0;
     for (uint32_t i = 0; i < MAXS * BPS; i++)
@@ -715,10 +716,15 @@ static uint32_t launches_at(struct runner *r, uint32_t pos)
                            .n_arena_slots = MAXS * BPS,
                            .sample = &row,
                            .tokens = &pick};
+    struct cuda_compute_stats a;
+    cuda_compute_stats(r->m->cx, &a);
     unsigned long long l0 = device_launches();
     if (model_forward(r->m, r->fc, &fb))
         fail_msg("decode at %u: %s", pos, fwd_ctx_errmsg(r->fc));
     uint32_t n = model_step_launches(r->m);
+    cuda_compute_stats(r->m->cx, act);
+    act->act_quants -= a.act_quants;
+    act->act_handed -= a.act_handed;
 #ifdef KVD_CUDA_EMULATE
     if (device_launches() - l0 != n)
         fail_msg("decode at %u: the backend counted %u launches, the device ran %llu", pos, n,
@@ -729,6 +735,48 @@ static uint32_t launches_at(struct runner *r, uint32_t pos)
     return n;
 }
 
+/* The launches of matmul_n over q, k, v that read int8 activations: one
+ * per run of weights of one type. */
+static uint64_t qkv_quant_launches(const struct model_layer *L)
+{
+    const struct ctensor *w[3] = {&L->wq, &L->wk, &L->wv};
+    uint64_t n = 0;
+    for (int i = 0; i < 3; i++)
+        if (kvd_k_gemv_act_kind((int)w[i]->type) && (i == 0 || w[i]->type != w[i - 1]->type))
+            n++;
+    return n;
+}
+
+/* Each activation quantized once in a decode step: only the first layer's
+ * q, k, v, each layer's wo (the attention's output) and the head quantize
+ * their input; gate/up, down and the next layer's q, k, v read theirs as
+ * the launch before made it. */
+static void check_act_quants(const struct model *m, const char *type,
+                             const struct cuda_compute_stats *act)
+{
+    const struct model_hparams *hp = &m->hp;
+    uint64_t quants = qkv_quant_launches(&m->layers[0]) +
+                      (kvd_k_gemv_act_kind((int)m->output.type) ? 1 : 0),
+             handed = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        quants += kvd_k_gemv_act_kind((int)L->wo.type) ? 1 : 0;
+        handed += (kvd_k_gemv_act_kind((int)L->gate.type) ? 1 : 0) +
+                  (kvd_k_gemv_act_kind((int)L->down.type) ? 1 : 0) +
+                  (l ? qkv_quant_launches(L) : 0);
+    }
+    printf("# %s, %u layers: %llu launches quantized their input (expected %llu), %llu read "
+           "it quantized by its producer (expected %llu)\n",
+           type, hp->n_layer, (unsigned long long)act->act_quants, (unsigned long long)quants,
+           (unsigned long long)act->act_handed, (unsigned long long)handed);
+    if (act->act_quants != quants || act->act_handed != handed)
+        fail_msg("%s, %u layers: %llu launches quantized their input, %llu read it quantized "
+                 "(expected %llu and %llu)",
+                 type, hp->n_layer, (unsigned long long)act->act_quants,
+                 (unsigned long long)act->act_handed, (unsigned long long)quants,
+                 (unsigned long long)handed);
+}
+
 static void test_launches_per_layer(void **state)
 {
     static const char *const types[] = {"bf16", "q4_k_m"};
@@ -736,6 +784,7 @@ static void test_launches_per_layer(void **state)
     gpu_emu_order_check(0); /* counts, not kernels */
     for (int ti = 0; ti < 2; ti++) {
         uint32_t n[2][2];
+        struct cuda_compute_stats act[2][2];
         for (int k = 0; k < 2; k++) {
             char args[256];
             snprintf(args, sizeof args,
@@ -748,8 +797,10 @@ static void test_launches_per_layer(void **state)
             runner_open(&r, cuda_be, path, KV_F16);
             /* zeroed rows before the position: only the count matters here */
             assert_int_equal(cudaMemset(r.arena, 0, r.arena_bytes), cudaSuccess);
-            for (int c = 0; c < 2; c++)
-                n[c][k] = launches_at(&r, ctx[c]);
+            for (int c = 0; c < 2; c++) {
+                n[c][k] = launches_at(&r, ctx[c], &act[c][k]);
+                check_act_quants(r.m, types[ti], &act[c][k]);
+            }
             runner_close(&r);
             unlink(path);
             free(path);
@@ -759,8 +810,8 @@ static void test_launches_per_layer(void **state)
             uint32_t per_layer = (n[c][1] - n[c][0]) / 2;
             printf("# %s decode at context %u: %u launches a layer, %u outside the layers\n",
                    types[ti], ctx[c], per_layer, n[c][0] - per_layer);
-            if ((n[c][1] - n[c][0]) % 2 || per_layer != 6)
-                fail_msg("%s decode at %u: %u launches for 1 layer, %u for 3 (6 a layer)",
+            if ((n[c][1] - n[c][0]) % 2 || per_layer != 5)
+                fail_msg("%s decode at %u: %u launches for 1 layer, %u for 3 (5 a layer)",
                          types[ti], ctx[c], n[c][0], n[c][1]);
         }
         /* the same kernels at both contexts: split attention and its merge */

@@ -670,7 +670,7 @@ static void test_attention_splits(void **state)
     assert_int_equal(kvd_k_attn_decode_blocks_per_sm(96, KVD_K_F16, 1), -1);
     assert_int_equal(kvd_k_attn_decode_blocks_per_sm(16, KVD_K_Q8_0, 1), -1);
 #ifdef KVD_CUDA_EMULATE
-    /* bf16, head_dim 128: GQ 4 has 164 registers (4 warps x 5376 of the
+    /* bf16, head_dim 128: GQ 4 has 165 registers (4 warps x 5376 of the
      * 64 K: 3 blocks), GQ 8 250 (8192 a warp: 2 blocks). At batch 1 of an
      * 8-KV-head model that is 49 and 33 splits (392 and 264 blocks: one
      * wave each; the old fixed 4 blocks a multiprocessor and 256-token

@@ -88,6 +88,9 @@ static void cuda_ctx_free(struct compute_ctx *cx)
         cuda_cx_free(cx, cx->wt);
         cuda_cx_free(cx, cx->act);
         cuda_cx_free(cx, cx->counter);
+        for (int s = 0; s < 2; s++)
+            for (int i = 0; i < 2; i++)
+                cuda_cx_free(cx, cx->pq[s].buf[i]);
         cudaFreeHost(cx->stg);
     }
     pthread_mutex_destroy(&cx->live_mu);
@@ -119,6 +122,7 @@ static int cuda_ctx_new(struct backend *be, const struct compute_conf *conf,
     const char *g = getenv("KVD_CUDA_GRAPHS");
     cx->graphs = !(g && strcmp(g, "0") == 0);
     cx->graph_frees = atomic_load(&dev->frees);
+    cx->pq_live = cx->pq_next = -1;
     if ((e = cudaHostAlloc((void **)&cx->stg, STG_BYTES, cudaHostAllocPortable)) != cudaSuccess ||
         (e = cudaMalloc((void **)&cx->counter, 256)) != cudaSuccess ||
         (e = cudaMemset(cx->counter, 0, 256)) != cudaSuccess)
@@ -291,6 +295,18 @@ int cuda_cx_need_act(struct compute_ctx *cx, size_t bytes)
     return grow_dev(cx, &cx->act, &cx->act_cap, bytes, 1);
 }
 
+int cuda_cx_need_pq(struct compute_ctx *cx, int s, int i, size_t bytes)
+{
+    return grow_dev(cx, &cx->pq[s].buf[i], &cx->pq[s].cap[i], bytes, 1);
+}
+
+void cuda_pq_end_op(struct compute_ctx *cx)
+{
+    cx->pq_live = cx->pq_next;
+    cx->pq_next = -1;
+    cx->readers.y = NULL;
+}
+
 /* max_kv rounded up to a power of two (at least 256). */
 static uint32_t kv_bucket(uint32_t max_kv)
 {
@@ -364,6 +380,8 @@ static int cuda_step_begin(struct compute_ctx *cx, const struct compute_step *st
 {
     *replayed = 0;
     cx->cur = NULL;
+    cx->pq_live = cx->pq_next = -1; /* nothing quantized is left from another step */
+    cx->readers.y = NULL;
     cx->step_launch0 = kvd_k_launches();
     cx->step_blas = 0;
     cx->step_decode = st->max_q == 1;
@@ -494,6 +512,8 @@ void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats 
     st->dropped = cx->n_dropped;
     st->failed_syncs = cx->n_failed_syncs;
     st->blas = cx->n_blas;
+    st->act_quants = cx->n_act_quant;
+    st->act_handed = cx->n_act_handed;
 }
 
 static const struct compute_ops cuda_compute_table = {
@@ -526,7 +546,9 @@ static const struct compute_ops cuda_compute_table = {
     .matmul_n = cuda_op_matmul_n,
     .matmul_swiglu = cuda_op_matmul_swiglu,
     .matmul_add_rmsnorm = cuda_op_matmul_add_rmsnorm,
+    .next_readers = cuda_op_next_readers,
     .rope_kv_write = cuda_op_rope_kv_write,
+    .matmul_qkv_rope_kv = cuda_op_matmul_qkv_rope_kv,
     .step_bucket = cuda_step_bucket,
     .step_begin = cuda_step_begin,
     .step_end = cuda_step_end,

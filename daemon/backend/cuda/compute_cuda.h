@@ -23,6 +23,10 @@ void cuda_compute_set_qmma(struct compute_ctx *cx, bool on);
 struct cuda_compute_stats {
     uint64_t captures, replays, eager, dropped, failed_syncs;
     uint64_t blas; /* cuBLAS GEMM calls, all steps */
+    /* Quantized GEMV launches issued (eager or captured, not replays) that
+     * quantized their f32 input themselves, and that read it quantized by
+     * the launch that produced it (compute.h next_readers). */
+    uint64_t act_quants, act_handed;
 };
 void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats *st);
 /* For tests: the bf16 elements of one dequant tile of the quantized weights'

@@ -4,7 +4,8 @@
  * the fused GEMV (kernels/gemv_fused.cu) for up to 8 rows (up to 32 of a
  * legacy quantized weight: a launch per 8; batch-invariant rows: 8 a launch;
  * more rows of a K-quant: the int8 tensor-core GEMM, whose rows are the
- * GEMV's, then the elementwise op); RoPE
+ * GEMV's, then the elementwise op), the int8 activations of one input
+ * quantized once, by the launch that produces it (next_readers); RoPE
  * of q and k with the KV write in one launch (kernels/rope_kv.cu). Shapes
  * the GEMV does not take (more rows, weights of different types) run as the
  * op chain each replaces. */
@@ -19,8 +20,11 @@ static bool gemv_takes(const struct ctensor *w, const float *x, uint32_t rows)
            kvd_k_gemv_ok((int)w->type, w->data, x, (int)rows, (int)w->ne0);
 }
 
+/* rope, when not NULL: the last launch, when it is a GEMV, ends with it
+ * (*roped set). */
 static int matmul_n_rows(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
-                         const float *const *bias, const float *x, uint32_t rows, float *const *y)
+                         const float *const *bias, const float *x, uint32_t rows, float *const *y,
+                         const struct kvd_k_rope_args *rope, bool *roped)
 {
     uint32_t i = 0;
     int rc;
@@ -32,6 +36,10 @@ static int matmul_n_rows(struct compute_ctx *cx, uint32_t n, const struct ctenso
                    gemv_takes(w[j], x, rows))
                 j++;
         if (gemv_takes(w[i], x, rows)) {
+            if (rope && j == n) {
+                cx->gemv_rope = rope;
+                *roped = true;
+            }
             rc = cuda_gemv(cx, (int)(j - i), w + i, bias + i, x, rows, y + i, KVD_K_GEMV_STORE,
                            NULL, 0, NULL);
         } else {
@@ -101,9 +109,9 @@ static bool one_call(uint32_t rows, uint32_t n_one)
     return n_one == 0 || rows <= KVD_K_GEMV_MAX_TOKENS;
 }
 
-int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
-                     const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
-                     float *const *y)
+static int matmul_n_op(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
+                       const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
+                       float *const *y)
 {
     if (cuda_gemv_chunked(cx, w[0], x, rows))
         n_one = rows;
@@ -113,7 +121,7 @@ int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *c
     if (inv)
         n_one = 0;
     if (one_call(rows, n_one))
-        return matmul_n_rows(cx, n, w, bias, x, rows, y);
+        return matmul_n_rows(cx, n, w, bias, x, rows, y, NULL, NULL);
     float *yr[3];
     int rc = 0;
     if (n > 3)
@@ -122,14 +130,14 @@ int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *c
         uint32_t r0 = r, k = next_rows(&r, rows, n_one);
         for (uint32_t i = 0; i < n; i++)
             yr[i] = y[i] + (size_t)r0 * w[i]->ne1;
-        rc = matmul_n_rows(cx, n, w, bias, x + (size_t)r0 * w[0]->ne0, k, yr);
+        rc = matmul_n_rows(cx, n, w, bias, x + (size_t)r0 * w[0]->ne0, k, yr, NULL, NULL);
     }
     return rc;
 }
 
-int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
-                          const struct ctensor *up, const float *x, uint32_t rows, uint32_t n_one,
-                          float *out, float *tmp)
+static int matmul_swiglu_op(struct compute_ctx *cx, const struct ctensor *gate,
+                            const struct ctensor *up, const float *x, uint32_t rows, uint32_t n_one,
+                            float *out, float *tmp)
 {
     if (cuda_gemv_chunked(cx, gate, x, rows))
         n_one = rows;
@@ -146,9 +154,9 @@ int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
     return rc;
 }
 
-int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
-                               uint32_t rows, uint32_t n_one, float *x, const float *norm,
-                               float eps, float *out)
+static int matmul_add_rmsnorm_op(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
+                                 uint32_t rows, uint32_t n_one, float *x, const float *norm,
+                                 float eps, float *out)
 {
     if (cuda_gemv_chunked(cx, w, xin, rows))
         n_one = rows;
@@ -163,6 +171,96 @@ int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, 
         rc = add_rmsnorm_rows(cx, w, xin + (size_t)r0 * w->ne0, k, x + o, norm, eps, out + o);
     }
     return rc;
+}
+
+/* The fused ops: each ends with the quantization its GEMV emitted (if
+ * any) the live one (cuda_pq_end_op). */
+int cuda_op_matmul_n(struct compute_ctx *cx, uint32_t n, const struct ctensor *const *w,
+                     const float *const *bias, const float *x, uint32_t rows, uint32_t n_one,
+                     float *const *y)
+{
+    int rc = matmul_n_op(cx, n, w, bias, x, rows, n_one, y);
+    cuda_pq_end_op(cx);
+    return rc;
+}
+
+int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
+                          const struct ctensor *up, const float *x, uint32_t rows, uint32_t n_one,
+                          float *out, float *tmp)
+{
+    int rc = matmul_swiglu_op(cx, gate, up, x, rows, n_one, out, tmp);
+    cuda_pq_end_op(cx);
+    return rc;
+}
+
+int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
+                               uint32_t rows, uint32_t n_one, float *x, const float *norm,
+                               float eps, float *out)
+{
+    int rc = matmul_add_rmsnorm_op(cx, w, xin, rows, n_one, x, norm, eps, out);
+    cuda_pq_end_op(cx);
+    return rc;
+}
+
+/* Up to 8 rows (one GEMV call per run of weights of one type): the last
+ * launch ends with RoPE and the KV write when it is the GEMV's; else they
+ * are their own launch (rope_kv_write). */
+int cuda_op_matmul_qkv_rope_kv(struct compute_ctx *cx, const struct ctensor *const *w,
+                               const float *const *bias, const float *x, uint32_t rows,
+                               uint32_t n_one, float *const *y, const struct rope_kv_args *r)
+{
+    struct kvd_k_rope_args rk = {.q = y[0],
+                                 .k = y[1],
+                                 .v = y[2],
+                                 .pos = r->pos,
+                                 .slots = r->tok_slot,
+                                 .n_heads = (int)r->n_head,
+                                 .n_rot = (int)r->n_rot,
+                                 .mode = (int)r->mode,
+                                 .base = r->base,
+                                 .freq_factors = r->freq_factors,
+                                 .layer = (int)r->layer};
+    cuda_kv_of(&rk.kv, r->arena, r->geom);
+    bool roped = false;
+    int rc;
+    if (rows <= KVD_K_GEMV_MAX_TOKENS)
+        rc = matmul_n_rows(cx, 3, w, bias, x, rows, y, &rk, &roped);
+    else
+        rc = matmul_n_op(cx, 3, w, bias, x, rows, n_one, y);
+    cx->gemv_rope = NULL;
+    cuda_pq_end_op(cx);
+    if (rc || roped)
+        return rc;
+    return cuda_op_rope_kv_write(cx, y[0], y[1], y[2], rows, r->n_head, r->n_rot, r->pos, r->mode,
+                                 r->base, r->freq_factors, r->arena, r->geom, r->layer,
+                                 r->tok_slot);
+}
+
+/* The readers' weight types, one per int8 layout (at most two), of those
+ * the fused GEMV would take with quantized activations. */
+void cuda_op_next_readers(struct compute_ctx *cx, const float *y, uint32_t n,
+                          const struct ctensor *const *w)
+{
+    cx->readers.y = NULL;
+    cx->readers.n = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!w[i] || !gemv_takes(w[i], y, 1))
+            continue;
+        const int kind = kvd_k_gemv_act_kind((int)w[i]->type);
+        bool have = kind == 0;
+        for (int j = 0; j < cx->readers.n && !have; j++)
+            have = kvd_k_gemv_act_kind(cx->readers.wtype[j]) == kind;
+        if (have)
+            continue;
+        if (cx->readers.n == 2)
+            break;
+        if (cx->readers.n && w[i]->ne0 != cx->readers.in)
+            continue;
+        cx->readers.in = (uint32_t)w[i]->ne0;
+        cx->readers.wtype[cx->readers.n++] = (int)w[i]->type;
+    }
+    if (cx->readers.n)
+        cx->readers.y = y;
 }
 
 int cuda_op_rope_kv_write(struct compute_ctx *cx, float *q, float *k, const float *v, uint32_t rows,

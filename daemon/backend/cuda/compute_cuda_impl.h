@@ -60,6 +60,35 @@ struct compute_ctx {
     void *act;
     size_t act_cap;
     unsigned *counter;
+    /* Activations quantized once (kernels/gemv_fused.cu: emit, act_in).
+     * readers: the weight types (their layouts, at most two) that read the
+     * output y [.][in] of the next fused op, from compute.h next_readers;
+     * pq: two sets of device buffers used in turn (a launch reads one, its
+     * last block writes the other), each x [rows][in] quantized in the
+     * layouts of wtype[0..n); pq_live: the set holding the current
+     * quantization of its x (-1: none), pq_next: the set this fused op's
+     * GEMV wrote (-1: none). Every fused op ends with pq_live = pq_next, so
+     * a quantization lives from its producer to the op after it; step_begin
+     * and the unfused norms drop it. */
+    struct {
+        const float *y;
+        uint32_t in;
+        int wtype[2];
+        int n;
+    } readers;
+    struct cuda_preq {
+        const float *x;
+        uint32_t rows, in;
+        int wtype[2];
+        int n;
+        void *buf[2];
+        size_t cap[2];
+    } pq[2];
+    int pq_live, pq_next;
+    /* RoPE with the KV write for the next fused GEMV launch to end with
+     * (cuda_op_matmul_qkv_rope_kv; NULL: none). */
+    const struct kvd_k_rope_args *gemv_rope;
+    uint64_t n_act_quant, n_act_handed;
     /* What the context holds on the device (dev_bytes): buf_alloc's live
      * buffers (their sizes in live[], under live_mu) and its own scratch
      * above (xb, part, wt, act, counter); both counts atomic. */
@@ -97,6 +126,11 @@ struct compute_ctx {
 int cuda_cx_need_xb(struct compute_ctx *cx, size_t elems);
 int cuda_cx_need_part(struct compute_ctx *cx, size_t floats, size_t counters);
 int cuda_cx_need_act(struct compute_ctx *cx, size_t bytes);
+/* Grows quantized-activation buffer i of set s (cx->pq). */
+int cuda_cx_need_pq(struct compute_ctx *cx, int s, int i, size_t bytes);
+/* Ends a fused op: the quantization its GEMV emitted is the live one, any
+ * other is dropped with the readers' hint. */
+void cuda_pq_end_op(struct compute_ctx *cx);
 /* The attention split count for n_seqs decode rows of n_head query heads
  * over kv (its head_dim, dtype and kv_heads pick the kernel whose occupancy
  * counts), the largest context max_kv: computed from a power-of-two bucket
@@ -163,6 +197,11 @@ int cuda_op_matmul_swiglu(struct compute_ctx *cx, const struct ctensor *gate,
 int cuda_op_matmul_add_rmsnorm(struct compute_ctx *cx, const struct ctensor *w, const float *xin,
                                uint32_t rows, uint32_t n_one, float *x, const float *norm,
                                float eps, float *out);
+void cuda_op_next_readers(struct compute_ctx *cx, const float *y, uint32_t n,
+                          const struct ctensor *const *w);
+int cuda_op_matmul_qkv_rope_kv(struct compute_ctx *cx, const struct ctensor *const *w,
+                               const float *const *bias, const float *x, uint32_t rows,
+                               uint32_t n_one, float *const *y, const struct rope_kv_args *r);
 int cuda_op_rope_kv_write(struct compute_ctx *cx, float *q, float *k, const float *v, uint32_t rows,
                           uint32_t n_head, uint32_t n_rot, const uint32_t *pos, enum rope_mode mode,
                           float base, const float *freq_factors, void *arena,

@@ -28,12 +28,14 @@ int cuda_op_get_rows(struct compute_ctx *cx, const struct ctensor *w, const uint
 int cuda_op_rmsnorm(struct compute_ctx *cx, float *out, const float *x, const float *w,
                     uint32_t rows, uint32_t n, float eps)
 {
+    cx->pq_live = -1; /* out rewritten: no quantization of it is current */
     return cuda_kstatus(kvd_k_rmsnorm(out, x, w, (int)rows, (int)n, eps, cx->stream), "rmsnorm");
 }
 
 int cuda_op_add_rmsnorm(struct compute_ctx *cx, float *x, const float *res, float *out,
                         const float *w, uint32_t rows, uint32_t n, float eps)
 {
+    cx->pq_live = -1;
     return cuda_kstatus(kvd_k_add_rmsnorm(x, res, out, w, (int)rows, (int)n, eps, cx->stream),
                         "add_rmsnorm");
 }
@@ -78,10 +80,12 @@ int cuda_op_kv_write(struct compute_ctx *cx, void *arena, const struct kv_geom *
 /* The decode kernel over the one-row sequences of n (qstart, pos0, slot0 as
  * the kernel takes them; it leaves the others alone). The split count is
  * that of a step of n_split sequences: 1 for a batch-invariant row, so its
- * reduction order does not depend on how many rows the step has. */
+ * reduction order does not depend on how many rows the step has. early:
+ * a plain decode step (kvd_k_attn_decode). */
 static int attn_decode_rows(struct compute_ctx *cx, const struct attn_desc *d,
                             const struct kvd_k_kv *kv, uint32_t n, const uint32_t *qstart,
-                            const uint32_t *pos0, const uint32_t *slot0, uint32_t n_split)
+                            const uint32_t *pos0, const uint32_t *slot0, uint32_t n_split,
+                            int early)
 {
     uint32_t splits = cuda_cx_splits(cx, n_split, d->n_head, kv, d->max_kv);
     size_t need =
@@ -91,7 +95,7 @@ static int attn_decode_rows(struct compute_ctx *cx, const struct attn_desc *d,
         return rc;
     return cuda_kstatus(kvd_k_attn_decode(d->out, d->q, kv, (int)d->layer, d->slots, slot0, pos0,
                                           qstart, (int)n, (int)d->n_head, d->scale, (int)splits,
-                                          cx->part, cx->done, cx->stream),
+                                          cx->part, cx->done, early, cx->stream),
                         "attention (decode)");
 }
 
@@ -106,15 +110,18 @@ int cuda_op_attention(struct compute_ctx *cx, const struct attn_desc *d)
                 kv.head_dim);
         return KVD_EUNSUPPORTED;
     }
+    /* A step whose every sequence has one row is a plain decode: each
+     * writes only its newest row (a verification step's drafts make
+     * several rows of one sequence), so the others may be read early. */
     if (d->max_q <= 1)
         return attn_decode_rows(cx, d, &kv, d->n_seqs, d->seq_qstart, d->seq_pos0, d->seq_slot0,
-                                d->alone ? 1 : d->n_seqs);
+                                d->alone ? 1 : d->n_seqs, 1);
     /* Batch-invariant rows first: each a one-row decode of its own (the
      * decode kernel), then the other sequences' rows (prefill kernel). */
     uint32_t s0 = 0;
     if (d->n_dec) {
         if ((rc = attn_decode_rows(cx, d, &kv, d->n_dec, d->dec_qstart, d->dec_pos0, d->dec_slot0,
-                                   1)))
+                                   1, 0)))
             return rc;
         s0 = d->s_dec;
     }
@@ -127,7 +134,7 @@ int cuda_op_attention(struct compute_ctx *cx, const struct attn_desc *d)
      * one row), so a captured step replays right. */
     int skip_single = !d->alone;
     if (skip_single && (rc = attn_decode_rows(cx, d, &kv, d->n_seqs, d->seq_qstart, d->seq_pos0,
-                                              d->seq_slot0, d->n_seqs)))
+                                              d->seq_slot0, d->n_seqs, 0)))
         return rc;
     return cuda_kstatus(kvd_k_attn_prefill(d->out, d->q, &kv, (int)d->layer, d->slots,
                                            d->seq_slot0 + s0, d->seq_pos0 + s0, d->seq_qstart + s0,
@@ -323,10 +330,63 @@ static const uint16_t *weight_bf16(const struct ctensor *w)
     return NULL;
 }
 
+/* x [rows][in] as the live quantization holds it for weight type wtype, or
+ * NULL. */
+static const void *pq_find(const struct compute_ctx *cx, const float *x, uint32_t rows, uint32_t in,
+                           int wtype)
+{
+    if (cx->pq_live < 0)
+        return NULL;
+    const struct cuda_preq *q = &cx->pq[cx->pq_live];
+    if (q->x != x || q->rows != rows || q->in != in)
+        return NULL;
+    for (int i = 0; i < q->n; i++)
+        if (kvd_k_gemv_act_kind(q->wtype[i]) == kvd_k_gemv_act_kind(wtype))
+            return q->buf[i];
+    return NULL;
+}
+
+/* Sets g to quantize its output out [rows][in] for the readers' hint when
+ * the hint names out: into the set the launch does not read (pq_next). No
+ * emission inside a capture that would need larger buffers. */
+static int pq_emit(struct compute_ctx *cx, struct kvd_k_gemv *g, const float *out, uint32_t rows,
+                   uint32_t in)
+{
+    if (!out || cx->readers.y != out || cx->readers.in != in || cx->readers.n == 0 ||
+        rows > KVD_K_GEMV_MAX_TOKENS)
+        return 0;
+    const int s = cx->pq_live == 0 ? 1 : 0;
+    struct cuda_preq *q = &cx->pq[s];
+    for (int i = 0; i < cx->readers.n; i++) {
+        size_t bytes = kvd_k_gemv_act_bytes(cx->readers.wtype[i], (int)rows, (int)in);
+        if (bytes <= q->cap[i])
+            continue;
+        if (cx->capturing)
+            return 0;
+        int rc = cuda_cx_need_pq(cx, s, i, bytes);
+        if (rc)
+            return rc;
+    }
+    q->x = out;
+    q->rows = rows;
+    q->in = in;
+    q->n = cx->readers.n;
+    for (int i = 0; i < q->n; i++) {
+        q->wtype[i] = cx->readers.wtype[i];
+        g->emit[i] = q->buf[i];
+        g->emit_wtype[i] = q->wtype[i];
+    }
+    g->n_emit = q->n;
+    cx->pq_next = s;
+    return 0;
+}
+
 /* The fused GEMV (kernels/gemv_fused.cu) over n weights of one type
  * sharing x, with epilogue epi (ADD_NORM: y[0] is the residual, norm_w and
  * norm_out the RMSNorm after it, or NULL). The caller checked
- * kvd_k_gemv_ok. */
+ * kvd_k_gemv_ok. x's quantization made by the launch that produced it is
+ * read when one is live; the output is quantized for its readers when the
+ * hint (cuda_op_next_readers) names it. */
 int cuda_gemv(struct compute_ctx *cx, int n, const struct ctensor *const *w,
               const float *const *bias, const float *x, uint32_t rows, float *const *y, int epi,
               const float *norm_w, float eps, float *norm_out)
@@ -351,6 +411,20 @@ int cuda_gemv(struct compute_ctx *cx, int n, const struct ctensor *const *w,
     if (rc)
         return rc;
     g.act = cx->act;
+    g.act_in = pq_find(cx, x, rows, w[0]->ne0, g.wtype);
+    g.rope = cx->gemv_rope;
+    cx->gemv_rope = NULL;
+    const float *out = epi == KVD_K_GEMV_SWIGLU               ? y[0]
+                       : epi == KVD_K_GEMV_ADD_NORM && norm_w ? norm_out
+                                                              : NULL;
+    if ((rc = pq_emit(cx, &g, out, rows, w[0]->ne1)))
+        return rc;
+    if (kvd_k_gemv_act_kind(g.wtype)) {
+        if (g.act_in)
+            cx->n_act_handed++;
+        else
+            cx->n_act_quant++;
+    }
     return cuda_kstatus(kvd_k_gemv_run(&g, cx->stream), "gemv");
 }
 

@@ -161,11 +161,15 @@ void kvd_emu_set_cc(int major, int minor);
 void kvd_emu_set_order_check(int on);
 /* What the device has executed so far (a graph's work counts each time it
  * is launched): kernel launches, copies from host memory to device memory
- * and their bytes, memsets and their bytes. */
+ * and their bytes, memsets and their bytes, and the bytes PDL launches
+ * loaded from global memory before their cudaGridDependencySynchronize
+ * (instrumented builds, KVD_EMU_MEMCHECK; each thread order of the order
+ * check counts). */
 struct kvd_emu_counts {
     unsigned long long launches;
     unsigned long long h2d_copies, h2d_bytes;
     unsigned long long memsets, memset_bytes;
+    unsigned long long prewait_load_bytes;
 };
 void kvd_emu_get_counts(struct kvd_emu_counts *out);
 
