@@ -20,6 +20,7 @@
 
 #include "kvd_harness.h"
 #include "redis_harness.h"
+#include "two_models.h"
 
 #define BT 16
 #define N_P 200
@@ -35,12 +36,6 @@ struct fixture {
     uint32_t prompt[N_P];
     struct redis_srv redis;
     bool have_redis;
-};
-
-struct gen {
-    uint32_t toks[N_GEN];
-    size_t n;
-    uint64_t cached;
 };
 
 static int setup(void **state)
@@ -86,64 +81,6 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Greedy N_GEN tokens of the prompt on `model`. */
-static void gen(const struct kh_proc *d, const char *model, const uint32_t *p, struct gen *g)
-{
-    int fd = kh_connect(d->sock);
-    assert_true(fd >= 0);
-    struct kh_req q;
-    struct kh_reply r;
-    kh_req_begin(&q, "generate", 1, 4);
-    proto_pack_kv_str(&q.pk, "model", model);
-    proto_pack_kv_u32_array(&q.pk, "tokens", p, N_P);
-    proto_pack_kv_uint(&q.pk, "max_tokens", N_GEN);
-    proto_pack_kv_double(&q.pk, "temperature", 0.0);
-    assert_int_equal(kh_req_send(fd, &q), 0);
-    assert_int_equal(kh_recv(fd, &r), 0);
-    if (r.code != 0)
-        fail_msg("generate on %s: %d %s", model, r.code, r.message);
-    const msgpack_object *t = kh_obj(r.root, "tokens");
-    memset(g, 0, sizeof *g);
-    for (uint32_t i = 0; i < t->via.array.size && i < N_GEN; i++)
-        g->toks[g->n++] = (uint32_t)t->via.array.ptr[i].via.u64;
-    g->cached = kh_u64(kh_obj(r.root, "usage"), "cached");
-    kh_reply_free(&r);
-    close(fd);
-    assert_int_equal(g->n, N_GEN);
-}
-
-static void same_tokens(const struct gen *x, const struct gen *y)
-{
-    assert_int_equal(x->n, y->n);
-    assert_memory_equal(x->toks, y->toks, x->n * sizeof *x->toks);
-}
-
-/* models[name].tier.key from an admin's stats (the test fails when absent). */
-static uint64_t model_stat(const struct kh_proc *d, const char *name, const char *tier,
-                           const char *key)
-{
-    int fd = kh_connect(d->sock);
-    assert_true(fd >= 0);
-    struct kh_reply r;
-    uint64_t v = UINT64_MAX;
-    assert_int_equal(kh_call0(fd, "stats", 2, &r), 0);
-    const msgpack_object *ms = kh_obj(r.root, "models");
-    assert_non_null(ms);
-    for (uint32_t i = 0; i < ms->via.array.size; i++) {
-        const msgpack_object *m = &ms->via.array.ptr[i], *n = kh_obj(m, "name");
-        if (n && n->via.str.size == strlen(name) && !memcmp(n->via.str.ptr, name, strlen(name))) {
-            const msgpack_object *t = kh_obj(m, tier);
-            if (t)
-                v = kh_u64(t, key);
-        }
-    }
-    kh_reply_free(&r);
-    close(fd);
-    if (v == UINT64_MAX)
-        fail_msg("stats: no models[%s].%s.%s", name, tier, key);
-    return v;
-}
-
 static void start(struct kh_proc *d, const char *one, const char *two, const char *const *extra)
 {
     char m1[160], m2[160];
@@ -167,44 +104,44 @@ static void t_disk_per_model(void **state)
     struct fixture *f = *state;
     const char *const disk[] = {"--disk-dir", f->disk, "--disk-max-bytes", "64M", NULL};
     struct kh_proc d;
-    struct gen a0, b0, a1, b1, x;
+    struct tm_gen a0, b0, a1, b1, x;
     assert_int_equal(mkdir(f->disk, 0700), 0);
     start(&d, f->a, f->b, disk);
-    gen(&d, "one", f->prompt, &a0);
-    gen(&d, "two", f->prompt, &b0);
+    tm_generate(&d, "one", f->prompt, N_P, N_GEN, &a0);
+    tm_generate(&d, "two", f->prompt, N_P, N_GEN, &b0);
     assert_int_equal(a0.cached, 0);
     assert_int_equal(b0.cached, 0);
     assert_int_equal(kh_stop(&d), 0); /* SIGTERM writes back both models' blocks */
 
     start(&d, f->a, f->b, disk);
-    assert_int_equal(model_stat(&d, "two", "disk", "cached") >= FULL_BLOCKS, true);
-    gen(&d, "two", f->prompt, &b1);
-    gen(&d, "one", f->prompt, &a1);
+    assert_int_equal(tm_model_stat(&d, "two", "disk", "cached") >= FULL_BLOCKS, true);
+    tm_generate(&d, "two", f->prompt, N_P, N_GEN, &b1);
+    tm_generate(&d, "one", f->prompt, N_P, N_GEN, &a1);
     assert_true(b1.cached >= FULL_BLOCKS * BT);
     assert_true(a1.cached >= FULL_BLOCKS * BT);
-    same_tokens(&a0, &a1);
-    same_tokens(&b0, &b1);
+    tm_same_tokens(&a0, &a1);
+    tm_same_tokens(&b0, &b1);
     /* the two models' tokens differ (else the swap below proves nothing) */
     assert_memory_not_equal(a0.toks, b0.toks, sizeof a0.toks);
     assert_int_equal(kh_stop(&d), 0);
 
     start(&d, f->b, f->a, disk); /* one=b in a's directory, two=a in b's */
-    gen(&d, "one", f->prompt, &x);
+    tm_generate(&d, "one", f->prompt, N_P, N_GEN, &x);
     assert_int_equal(x.cached, 0);
-    same_tokens(&x, &b0);
-    gen(&d, "two", f->prompt, &x);
+    tm_same_tokens(&x, &b0);
+    tm_generate(&d, "two", f->prompt, N_P, N_GEN, &x);
     assert_int_equal(x.cached, 0);
-    same_tokens(&x, &a0);
-    assert_int_equal(model_stat(&d, "one", "disk", "restored"), 0);
-    assert_int_equal(model_stat(&d, "two", "disk", "restored"), 0);
+    tm_same_tokens(&x, &a0);
+    assert_int_equal(tm_model_stat(&d, "one", "disk", "restored"), 0);
+    assert_int_equal(tm_model_stat(&d, "two", "disk", "restored"), 0);
     assert_int_equal(kh_stop(&d), 0);
 }
 
 static void wait_written(const struct kh_proc *d, const char *model)
 {
     for (int i = 0; i < 3000; i++) {
-        if (model_stat(d, model, "remote", "writes") >= 1 &&
-            model_stat(d, model, "remote", "queued") == 0)
+        if (tm_model_stat(d, model, "remote", "writes") >= 1 &&
+            tm_model_stat(d, model, "remote", "queued") == 0)
             return;
         usleep(10000);
     }
@@ -228,26 +165,26 @@ static void t_remote_per_model(void **state)
                                   "2000",
                                   NULL};
     struct kh_proc x, y, ref;
-    struct gen b0, a1, b1, a_ref;
+    struct tm_gen b0, a1, b1, a_ref;
     start(&x, f->a, f->b, remote);
-    gen(&x, "two", f->prompt, &b0);
+    tm_generate(&x, "two", f->prompt, N_P, N_GEN, &b0);
     wait_written(&x, "two");
-    assert_int_equal(model_stat(&x, "one", "remote", "writes"), 0);
+    assert_int_equal(tm_model_stat(&x, "one", "remote", "writes"), 0);
     assert_int_equal(kh_stop(&x), 0);
 
     start(&y, f->a, f->b, remote);
-    gen(&y, "one", f->prompt, &a1);
+    tm_generate(&y, "one", f->prompt, N_P, N_GEN, &a1);
     assert_int_equal(a1.cached, 0);
-    assert_int_equal(model_stat(&y, "one", "remote", "hits"), 0);
-    gen(&y, "two", f->prompt, &b1);
+    assert_int_equal(tm_model_stat(&y, "one", "remote", "hits"), 0);
+    tm_generate(&y, "two", f->prompt, N_P, N_GEN, &b1);
     assert_true(b1.cached >= FULL_BLOCKS * BT);
-    same_tokens(&b0, &b1);
-    assert_true(model_stat(&y, "two", "remote", "hits") >= FULL_BLOCKS);
+    tm_same_tokens(&b0, &b1);
+    assert_true(tm_model_stat(&y, "two", "remote", "hits") >= FULL_BLOCKS);
     assert_int_equal(kh_stop(&y), 0);
 
     start(&ref, f->a, f->b, NULL); /* model one's tokens without any tier */
-    gen(&ref, "one", f->prompt, &a_ref);
-    same_tokens(&a1, &a_ref);
+    tm_generate(&ref, "one", f->prompt, N_P, N_GEN, &a_ref);
+    tm_same_tokens(&a1, &a_ref);
     assert_int_equal(kh_stop(&ref), 0);
     redis_stop(&f->redis);
 }

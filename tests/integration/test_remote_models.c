@@ -114,73 +114,9 @@ static int teardown(void **state)
 
 /* ---- requests and stats -------------------------------------------------- */
 
-struct gen {
-    uint32_t toks[N_GEN];
-    size_t n;
-    uint64_t cached;
-};
-
-/* Greedy N_GEN tokens of an N_P prompt on model. */
-static void gen(const struct kh_proc *d, const char *model, const uint32_t *p, struct gen *g)
-{
-    int fd = kh_connect(d->sock);
-    assert_true(fd >= 0);
-    struct kh_req q;
-    struct kh_reply r;
-    kh_req_begin(&q, "generate", 1, 4);
-    proto_pack_kv_str(&q.pk, "model", model);
-    proto_pack_kv_u32_array(&q.pk, "tokens", p, N_P);
-    proto_pack_kv_uint(&q.pk, "max_tokens", N_GEN);
-    proto_pack_kv_double(&q.pk, "temperature", 0.0);
-    assert_int_equal(kh_req_send(fd, &q), 0);
-    assert_int_equal(kh_recv(fd, &r), 0);
-    if (r.code != 0)
-        fail_msg("generate on %s: %d %s", model, r.code, r.message);
-    const msgpack_object *t = kh_obj(r.root, "tokens");
-    memset(g, 0, sizeof *g);
-    for (uint32_t i = 0; i < t->via.array.size && i < N_GEN; i++)
-        g->toks[g->n++] = (uint32_t)t->via.array.ptr[i].via.u64;
-    g->cached = kh_u64(kh_obj(r.root, "usage"), "cached");
-    kh_reply_free(&r);
-    close(fd);
-    assert_int_equal(g->n, N_GEN);
-}
-
-static void same_tokens(const struct gen *x, const struct gen *y)
-{
-    assert_int_equal(x->n, y->n);
-    assert_memory_equal(x->toks, y->toks, x->n * sizeof *x->toks);
-}
-
-/* models[name].tier.key of an admin's stats (fails when absent). */
-static uint64_t model_stat(const struct kh_proc *d, const char *name, const char *tier,
-                           const char *key)
-{
-    int fd = kh_connect(d->sock);
-    assert_true(fd >= 0);
-    struct kh_reply r;
-    uint64_t v = UINT64_MAX;
-    assert_int_equal(kh_call0(fd, "stats", 2, &r), 0);
-    const msgpack_object *ms = kh_obj(r.root, "models");
-    assert_non_null(ms);
-    for (uint32_t i = 0; i < ms->via.array.size; i++) {
-        const msgpack_object *m = &ms->via.array.ptr[i], *n = kh_obj(m, "name");
-        if (n && n->via.str.size == strlen(name) && !memcmp(n->via.str.ptr, name, strlen(name))) {
-            const msgpack_object *t = kh_obj(m, tier);
-            if (t)
-                v = kh_u64(t, key);
-        }
-    }
-    kh_reply_free(&r);
-    close(fd);
-    if (v == UINT64_MAX)
-        fail_msg("stats: no models[%s].%s.%s", name, tier, key);
-    return v;
-}
-
 static uint64_t rstat(const struct kh_proc *d, const char *model, const char *key)
 {
-    return model_stat(d, model, "remote", key);
+    return tm_model_stat(d, model, "remote", key);
 }
 
 /* admin_evict of model's blocks in tier ("device", "host", "all"). */
@@ -450,11 +386,11 @@ static void test_remote_per_model(void **state)
     static uint32_t p[4][N_P];
     for (uint32_t i = 0; i < 4; i++)
         make_prompt(p[i], i);
-    struct gen g[2][4], x;
-    gen(&f->a, "alpha", p[0], &g[0][0]);
-    gen(&f->a, "alpha", p[2], &g[0][2]);
-    gen(&f->a, "beta", p[1], &g[1][1]);
-    gen(&f->a, "beta", p[2], &g[1][2]);
+    struct tm_gen g[2][4], x;
+    tm_generate(&f->a, "alpha", p[0], N_P, N_GEN, &g[0][0]);
+    tm_generate(&f->a, "alpha", p[2], N_P, N_GEN, &g[0][2]);
+    tm_generate(&f->a, "beta", p[1], N_P, N_GEN, &g[1][1]);
+    tm_generate(&f->a, "beta", p[2], N_P, N_GEN, &g[1][2]);
     for (int i = 0; i < 2; i++) {
         wait_remote(&f->a, names[i], 2, 2 * NB, 0);
         assert_int_equal(rstat(&f->a, names[i], "announced"), 2);
@@ -474,9 +410,9 @@ static void test_remote_per_model(void **state)
     start_b(f);
     const int pm[4][2] = {{0, 0}, {0, 2}, {1, 1}, {1, 2}}; /* model, prompt */
     for (int i = 0; i < 4; i++) {
-        gen(&f->b, names[pm[i][0]], p[pm[i][1]], &x);
+        tm_generate(&f->b, names[pm[i][0]], p[pm[i][1]], N_P, N_GEN, &x);
         assert_int_equal(x.cached, (uint64_t)NB * KVS_BT);
-        same_tokens(&x, &g[pm[i][0]][pm[i][1]]);
+        tm_same_tokens(&x, &g[pm[i][0]][pm[i][1]]);
     }
     for (int i = 0; i < 2; i++) {
         assert_int_equal(rstat(&f->b, names[i], "hits"), 2 * NB);
@@ -484,7 +420,7 @@ static void test_remote_per_model(void **state)
         assert_int_equal(rstat(&f->b, names[i], "mismatches"), 0);
     }
     long long before = dbsize(f);
-    gen(&f->b, "gamma", p[0], &x);
+    tm_generate(&f->b, "gamma", p[0], N_P, N_GEN, &x);
     assert_int_equal(x.cached, 0);
     assert_int_equal(rstat(&f->b, "gamma", "hits"), 0);
     assert_int_equal(rstat(&f->b, "gamma", "auth_failures"), 0);
@@ -511,7 +447,7 @@ static void test_remote_per_model(void **state)
     expect_remote_set(s[1].v, "beta", (uint32_t *[]){p[1], p[2]}, 2);
 
     /* A later store on alpha: a new prompt's value, on alpha's stream. */
-    gen(&f->a, "alpha", p[3], &x);
+    tm_generate(&f->a, "alpha", p[3], N_P, N_GEN, &x);
     wait_remote(&f->a, "alpha", 3, 3 * NB, 0);
     for (int i = 0; i < 2; i++)
         stream_catch_up(f, &f->a, i, &s[i]);
@@ -528,9 +464,9 @@ static void test_remote_per_model(void **state)
     size_t r0 = s[0].n_removed, r1 = s[1].n_removed;
     admin_evict(&f->a, "beta", "device");
     admin_evict(&f->a, "beta", "host");
-    gen(&f->a, "beta", p[1], &x);
+    tm_generate(&f->a, "beta", p[1], N_P, N_GEN, &x);
     assert_int_equal(x.cached, 0);
-    same_tokens(&x, &g[1][1]);
+    tm_same_tokens(&x, &g[1][1]);
     wait_remote(&f->a, "beta", 3, 3 * NB, NB);
     for (int i = 0; i < 2; i++)
         stream_catch_up(f, &f->a, i, &s[i]);
@@ -542,11 +478,11 @@ static void test_remote_per_model(void **state)
     r1 = s[1].n_removed;
     admin_evict(&f->a, "alpha", "device");
     admin_evict(&f->a, "alpha", "host");
-    gen(&f->a, "alpha", p[3], &x);
+    tm_generate(&f->a, "alpha", p[3], N_P, N_GEN, &x);
     assert_int_equal(x.cached, 0);
-    gen(&f->a, "alpha", p[0], &x);
+    tm_generate(&f->a, "alpha", p[0], N_P, N_GEN, &x);
     assert_int_equal(x.cached, 0);
-    same_tokens(&x, &g[0][0]);
+    tm_same_tokens(&x, &g[0][0]);
     wait_remote(&f->a, "alpha", 5, 5 * NB, NB);
     for (int i = 0; i < 2; i++)
         stream_catch_up(f, &f->a, i, &s[i]);
