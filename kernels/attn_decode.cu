@@ -242,18 +242,22 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     kvd_pdl_trigger();
 #pragma unroll
     for (int i = 0; i < PF; i++) {
-        if (!EARLY_OK || !early) {
-            load_step(ring[i], t_first + i * STEP, t_end);
-            continue;
-        }
+        // if constexpr: an instance without early loads compiles no dead
+        // loop (nvcc warns that it is unreachable).
+        if constexpr (EARLY_OK) {
+            if (early) {
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int t = t_first + i * STEP + (sub - warp_first) + u * NSUB;
-            if (t == len - 1 && t < t_end) {
-                ring[i].have[u] = true;
-                load_row(ring[i], u, t);
+                for (int u = 0; u < 2; u++) {
+                    const int t = t_first + i * STEP + (sub - warp_first) + u * NSUB;
+                    if (t == len - 1 && t < t_end) {
+                        ring[i].have[u] = true;
+                        load_row(ring[i], u, t);
+                    }
+                }
+                continue;
             }
         }
+        load_step(ring[i], t_first + i * STEP, t_end);
     }
     float qv[GQ][8];
 #pragma unroll
