@@ -66,6 +66,9 @@ void gpu_wt_free(struct gpu_fx *f, struct gpu_wt *w);
 /* The kernel launches the device ran so far (the emulator counts them; a
  * real device reports 0). */
 unsigned long long gpu_launches(void);
+/* The bytes kernels loaded before their programmatic-launch wait so far
+ * (the emulator counts them; a real device reports 0). */
+unsigned long long gpu_prewait_load_bytes(void);
 
 /* Deterministic random numbers (seeded per test, fresh per call). */
 void rnd_seed(uint64_t s);

@@ -435,14 +435,12 @@ static void test_rope_kv_attention(void **state)
         float *outs[2];
         for (int early = 0; early < 2; early++) {
             float *o = gpu_nan(&F, QN);
-            struct kvd_emu_counts a, b;
-            kvd_emu_get_counts(&a);
+            const unsigned long long a = gpu_prewait_load_bytes();
             assert_int_equal(kvd_k_attn_decode(o, dq, &kv, 1, dslots, ds0, dpos, dqs, (int)S,
                                                (int)nh, gd.scale, 1, NULL, NULL, early, NULL),
                              0);
             assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
-            kvd_emu_get_counts(&b);
-            pre[early] = b.prewait_load_bytes - a.prewait_load_bytes;
+            pre[early] = gpu_prewait_load_bytes() - a;
             outs[early] = malloc(QN * 4);
             gpu_get(&F, outs[early], o, QN * 4);
             gpu_free(&F, o);
