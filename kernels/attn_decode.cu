@@ -6,7 +6,9 @@
 // occupancy allows (kvd_k_attn_decode_splits). Scores and accumulators are
 // f32 in the log2 domain (exp2f). The kernel is launched with
 // programmatic dependent launch: it reads the step's metadata before it
-// waits for rope_kv, every K/V row after.
+// waits for rope_kv, every K/V row after. Query groups of 4 and 8 at
+// head_dim 64 and 128 with f16, bf16 or q8_0 rows run on tensor cores
+// (attn_decode_mma.cuh), with the same splits, loads order and merge.
 #include <atomic>
 #include <stdio.h>
 

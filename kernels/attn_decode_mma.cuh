@@ -19,12 +19,18 @@
 
 // The 16-key tile of one warp, as loaded (widened only when used): lane
 // (g, t) holds K rows g and g + 8, dims [32 c + 8 t, + 8) of every 32-dim
-// piece c, and V rows 4 t .. 4 t + 3, dims [64 b + 8 g, + 8) of every
-// 64-dim piece b.
+// piece c, and V rows t, t + 8, t + 4, t + 12 (adm_vkey), dims
+// [64 b + 8 g, + 8) of every 64-dim piece b.
 template <int D, int DT> struct adm_tile {
     ad_raw<DT> k[2][D / 32];
     ad_raw<DT> v[4][D / 64];
 };
+
+// The key (of the tile's 16) of lane t's V row j: t, t + 8, t + 4, t + 12.
+static __device__ __forceinline__ int adm_vkey(int t, int j)
+{
+    return t + 8 * (j & 1) + 4 * (j >> 1);
+}
 
 template <int DT> static __device__ __forceinline__ void adm_zero(ad_raw<DT> &r)
 {
@@ -68,9 +74,11 @@ template <int DT> static __device__ __forceinline__ void adm_frag(const ad_raw<D
 //     registers are its K words (row g, g + 8) 0, 1 then 2, 3; its B
 //     registers Q[head g] at the same dims. C: keys g, g + 8 x heads 2t, 2t+1.
 //   O^T (dims x heads), per output m-tile (b, i) of dims 64 b + 8 g + 2 i
-//     (row g) and + 1 (row g + 8): A = V^T, keys 4t, 4t+1 (k 2t, 2t+1) and
-//     4t+2, 4t+3 (k 2t+8, 2t+9), each register two keys' values of one dim;
-//     B = P^T through shared memory (P[head g][keys 4t .. 4t+3]).
+//     (row g) and + 1 (row g + 8): A = V^T, keys t, t+8 (k 2t, 2t+1) and
+//     t+4, t+12 (k 2t+8, 2t+9), each register two keys' values of one dim;
+//     B = P^T through shared memory: the C fragment's register pairs (keys
+//     g, g + 8 of head 2t + h) stored as words [head][g], so lane (g, t)
+//     reads its B registers as words [g][t] and [g][t + 4].
 template <int D, int DT, int GQ>
 __global__ void __launch_bounds__(AD_WARPS * 32)
     attn_decode_mma_kernel(float *out, ad_partial part, const float *__restrict__ q, kvd_k_kv kv,
@@ -85,7 +93,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     KVD_SHARED(float, sm_o, [NSUB][GQ][D]);
     KVD_SHARED(float, sm_m, [NSUB][GQ]);
     KVD_SHARED(float, sm_l, [NSUB][GQ]);
-    KVD_SHARED(uint16_t, sm_p, [NSUB][8][TILE]); // each warp's P, [head][key]
+    KVD_SHARED(uint32_t, sm_p, [NSUB][8][TILE / 2]); // each warp's P: [head][keys k, k + 8]
 
     const int split = blockIdx.x, n_grid = gridDim.x, seq = blockIdx.z;
     const int kvh = blockIdx.y / q_groups, qg = blockIdx.y % q_groups;
@@ -129,7 +137,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     auto load_v = [&](int key0, int lim) {
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int key = key0 + 4 * t + j;
+            const int key = key0 + adm_vkey(t, j);
 #pragma unroll
             for (int b = 0; b < D / 64; b++) {
                 if (key < lim)
@@ -152,7 +160,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
                     ad_load<DT>(tile.k[r][c], row_at(key, k_off), 4 * c + t);
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            if (key == key0 + 4 * t + j)
+            if (key == key0 + adm_vkey(t, j))
 #pragma unroll
                 for (int b = 0; b < D / 64; b++)
                     ad_load<DT>(tile.v[j][b], row_at(key, v_off), 8 * b + g);
@@ -247,8 +255,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const uint32_t w = kvd_pack2<BF>(exp2f(s[h] - ref[h]), exp2f(s[2 + h] - ref[h]));
-            sm_p[warp][2 * t + h][g] = (uint16_t)(w & 0xffffu);
-            sm_p[warp][2 * t + h][g + 8] = (uint16_t)(w >> 16);
+            sm_p[warp][2 * t + h][g] = w; // keys g, g + 8
             l[h] = l[h] * corr[h] + kvd_unpack_lo<BF>(w) + kvd_unpack_hi<BF>(w);
         }
 #pragma unroll
@@ -259,9 +266,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
             o[i][3] *= corr[1];
         }
         __syncwarp();
-        const uint32_t pb[2] = {
-            (uint32_t)sm_p[warp][g][4 * t] | (uint32_t)sm_p[warp][g][4 * t + 1] << 16,
-            (uint32_t)sm_p[warp][g][4 * t + 2] | (uint32_t)sm_p[warp][g][4 * t + 3] << 16};
+        const uint32_t pb[2] = {sm_p[warp][g][t], sm_p[warp][g][t + 4]};
         __syncwarp(); // read before the next tile's P is written
 #pragma unroll
         for (int b = 0; b < D / 64; b++) {
