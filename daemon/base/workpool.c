@@ -110,6 +110,18 @@ void workpool_hold_end(void)
     pthread_mutex_unlock(&w->wp->mu);
 }
 
+void workpool_mutex_lock(pthread_mutex_t *mu)
+{
+    workpool_hold_begin();
+    pthread_mutex_lock(mu);
+}
+
+void workpool_mutex_unlock(pthread_mutex_t *mu)
+{
+    pthread_mutex_unlock(mu);
+    workpool_hold_end();
+}
+
 /* The watcher: sleeps until the earliest running job reaches idle_after_ms,
  * then raises its worker (once per job; the worker drops back to SCHED_IDLE
  * when the job ends). */

@@ -13,6 +13,7 @@
 #ifndef KVD_WORKPOOL_H
 #define KVD_WORKPOOL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -61,6 +62,9 @@ int workpool_submit(struct workpool *wp, uint32_t tenant, workpool_fn fn, void *
  * on any other thread. */
 void workpool_hold_begin(void);
 void workpool_hold_end(void);
+/* pthread_mutex_lock and unlock of such a lock, inside a hold. */
+void workpool_mutex_lock(pthread_mutex_t *mu);
+void workpool_mutex_unlock(pthread_mutex_t *mu);
 
 struct workpool_stats {
     uint64_t submitted, refused_busy, done;

@@ -105,14 +105,12 @@ struct disktier {
  * it at its nice value (workpool_hold_begin). */
 static inline void dt_lock(struct disktier *dt)
 {
-    workpool_hold_begin();
-    pthread_mutex_lock(&dt->mu);
+    workpool_mutex_lock(&dt->mu);
 }
 
 static inline void dt_unlock(struct disktier *dt)
 {
-    pthread_mutex_unlock(&dt->mu);
-    workpool_hold_end();
+    workpool_mutex_unlock(&dt->mu);
 }
 
 static inline uint64_t dt_now_ns(void)
