@@ -212,13 +212,13 @@ static const struct key K_EXPORTS[] = {{"exports", T_UINT, NULL},
                                        {"draining", T_UINT, NULL},
                                        {"withheld", T_UINT, NULL},
                                        {NULL, 0, NULL}};
-static const struct key K_PAGE_TIER[] = {{"page_bytes", T_UINT, NULL},
-                                         {"blocks_per_page", T_UINT, NULL},
-                                         {"held", T_UINT, NULL},
-                                         {"spare", T_UINT, NULL},
-                                         {"free", T_UINT, NULL},
-                                         {"cached", T_UINT, NULL},
-                                         {NULL, 0, NULL}};
+static const struct key K_PAGE_TIER[] = {
+    {"page_bytes", T_UINT, NULL},  {"blocks_per_page", T_UINT, NULL},
+    {"held", T_UINT, NULL},        {"spare", T_UINT, NULL},
+    {"warm", T_UINT, NULL},        {"warm_blocks", T_UINT, NULL},
+    {"warm_max", T_UINT, NULL},    {"warm_hits", T_UINT, NULL},
+    {"warm_misses", T_UINT, NULL}, {"free", T_UINT, NULL},
+    {"cached", T_UINT, NULL},      {NULL, 0, NULL}};
 static const struct key K_PAGES[] = {{"device", T_MAP, K_PAGE_TIER},
                                      {"host", T_MAP, K_PAGE_TIER},
                                      {"maps", T_UINT, NULL},
