@@ -446,6 +446,10 @@ int pool_page_add(struct pool *p, enum kvd_tier t, uint32_t owner, bool quota)
 
 void pool_set_warm(struct pool *p, enum kvd_tier t, uint32_t pages)
 {
+    /* At most a 16th of the tier's page positions: a small pool keeps its
+     * pages for blocks (under 16 pages, no reserve). */
+    if (pages > p->n_pages[t] / 16)
+        pages = p->n_pages[t] / 16;
     p->warm_max[t] = p->n_slots[t] && p->elastic[t] ? pages : 0;
     if (p->n_warm[t] <= p->warm_max[t])
         return;
@@ -474,8 +478,12 @@ uint32_t pool_warm_begin(struct pool *p, enum kvd_tier t, void **start, size_t *
         pg = spare_remove(p, t, k); /* a cold spare: mapped, counted, nobody's */
         p->pages[t][pg].spare = 0;
     } else {
-        /* A free page of the budget, mapped for nobody, as a spare is. */
+        /* A free page of the budget, mapped for nobody, as a spare is;
+         * only while the budget has more free pages than the reserve's
+         * bound: near exhaustion the page in the warmer's hands would be
+         * one an allocation needs. */
         if (p->n_free_pos[t] == 0 ||
+            kvpages_free_pages(p->budget, t) / p->budget_pages[t] <= p->warm_max[t] ||
             kvpages_take(p->budget, t, KVPAGES_NONE, p->budget_pages[t], false) != 0)
             return POOL_NONE;
         pg = p->free_pos[t][--p->n_free_pos[t]];

@@ -191,14 +191,13 @@ uint32_t pool_release_spares(struct pool *p, enum kvd_tier tier, uint32_t n);
 
 /* The warm reserve: spare pages whose memory was written once already, so
  * that the first copy into them does not pay the first touch of fresh
- * memory. pool_set_warm sets its bound (pool pages of the tier; 0: off,
- * warm spares become plain ones). pool_warm_begin (lock held) picks a page
- * to warm while the tier has fewer than warm_max warm spares: a cold spare,
- * else a page mapped new from the budget's free pages (nobody's: no quota
- * is charged); it is then in no list (warming) and its bytes are [*start,
- * *start + *bytes) for the caller to write with the lock released.
- * POOL_NONE: nothing to warm (the reserve is full, a page is being warmed,
- * or no free page). pool_warm_end (lock held) makes it a warm spare, the
+ * memory. pool_set_warm sets its bound (pool pages of the tier, at most a
+ * 16th of its page positions; 0: off, warm spares become plain ones). pool_warm_begin (lock held)
+ * picks a page to warm while the tier has fewer than warm_max warm spares: a cold spare, else a
+ * page mapped new from the budget's free pages while it has more than warm_max of them (nobody's:
+ * no quota is charged); it is then in no list (warming) and its bytes are [*start, *start + *bytes)
+ * for the caller to write with the lock released. POOL_NONE: nothing to warm (the reserve is full,
+ * a page is being warmed, or no free page). pool_warm_end (lock held) makes it a warm spare, the
  * first spare pool_page_add takes. */
 void pool_set_warm(struct pool *p, enum kvd_tier tier, uint32_t pages);
 uint32_t pool_warm_begin(struct pool *p, enum kvd_tier tier, void **start, size_t *bytes);

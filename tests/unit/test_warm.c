@@ -54,7 +54,7 @@ static void check(struct kvmm *mm)
 
 /* A budget of n_dev and n_host pages of PAGE bytes, one kvmm on it with a
  * warm reserve of warm_pages pages per tier, a tenant and its namespace;
- * with disk, a disk tier of 64 slots. */
+ * with disk, a disk tier of 1024 slots. */
 static void open_fx(struct wfx *f, uint32_t n_dev, uint32_t n_host, uint32_t warm_pages, bool disk)
 {
     struct kvpages_conf pc = {.bytes = {(uint64_t)n_dev * PAGE, (uint64_t)n_host * PAGE},
@@ -81,7 +81,7 @@ static void open_fx(struct wfx *f, uint32_t n_dev, uint32_t n_host, uint32_t war
         snprintf(f->dir, sizeof f->dir, "/var/tmp/kvd-warm.XXXXXX");
         assert_non_null(mkdtemp(f->dir));
         struct kvmm_disk_conf dc = {
-            .dir = f->dir, .max_bytes = 4096 + 64 * 8192ull, .writeback_ms = 60000};
+            .dir = f->dir, .max_bytes = 4096 + 1024 * 8192ull, .writeback_ms = 60000};
         struct kvd_error e = {0};
         if (kvmm_disk_open(f->mm, &dc, &e))
             fail_msg("kvmm_disk_open: %s", e.message);
@@ -170,7 +170,7 @@ static uint64_t hits(const struct kvmm_stats *st)
 static void test_fills_to_bound(void **state)
 {
     struct wfx *f = *state;
-    open_fx(f, 16, 16, 3, false);
+    open_fx(f, 64, 64, 3, false);
     kvmm_warm_settle(f->mm);
     check(f->mm);
     struct kvmm_stats st = stats(f->mm);
@@ -230,7 +230,7 @@ static void test_fills_to_bound(void **state)
 static void test_restore_takes_warm(void **state)
 {
     struct wfx *f = *state;
-    open_fx(f, 16, 16, 2, true);
+    open_fx(f, 64, 64, 2, true);
     assert_int_equal(request(f, 1), 0);
     to_disk_only(f);
     kvmm_warm_settle(f->mm);
@@ -259,19 +259,19 @@ static void test_restore_takes_warm(void **state)
 static void test_exhaustion(void **state)
 {
     struct wfx *f = *state;
-    /* 4 device pages, no host pages: 32 blocks, two chains */
-    open_fx(f, 4, 0, 2, true);
+    /* 32 device pages, no host pages: 256 blocks, 16 chains */
+    open_fx(f, 32, 0, 2, true);
     kvmm_warm_settle(f->mm);
     assert_int_equal(stats(f->mm).pages_warm[KVD_TIER_DEVICE], 2);
     assert_int_equal(request(f, 1), 0);
     to_disk_only(f);
-    assert_int_equal(request(f, 2), 0);
-    assert_int_equal(request(f, 3), 0); /* every page holds cached blocks now */
+    for (uint32_t c = 2; c < 18; c++) /* every page holds cached blocks now */
+        assert_int_equal(request(f, c), 0);
     kvmm_warm_settle(f->mm);
     check(f->mm);
     struct kvmm_stats st = stats(f->mm);
     assert_int_equal(st.pages_warm[KVD_TIER_DEVICE], 0);
-    assert_int_equal(st.pages_held[KVD_TIER_DEVICE], 4);
+    assert_int_equal(st.pages_held[KVD_TIER_DEVICE], 32);
     assert_int_equal(st.pages_spare[KVD_TIER_DEVICE], 0);
     assert_int_equal(st.pages_free[KVD_TIER_DEVICE], 0);
 
@@ -279,7 +279,7 @@ static void test_exhaustion(void **state)
     kvmm_seq_t s;
     kvmm_lock(f->mm);
     assert_int_equal(kvmm_seq_open(f->mm, OWNER, f->tenant, f->ns, &s), 0);
-    assert_int_equal(kvmm_seq_extend(f->mm, OWNER, s, 32 * BT), 0);
+    assert_int_equal(kvmm_seq_extend(f->mm, OWNER, s, 256 * BT), 0);
     assert_int_not_equal(kvmm_seq_extend(f->mm, OWNER, s, BT), 0);
     assert_int_equal(kvmm_check(f->mm), 0);
     assert_int_equal(kvmm_seq_close(f->mm, OWNER, s), 0);
@@ -289,9 +289,10 @@ static void test_exhaustion(void **state)
 
     /* The pool is again full of cached blocks; chain 1 comes back from
      * disk by evicting them, the reserve empty or not. */
-    assert_int_equal(request(f, 2), 0);
-    assert_int_equal(request(f, 3), 0);
+    for (uint32_t c = 2; c < 18; c++)
+        assert_int_equal(request(f, c), 0);
     kvmm_warm_settle(f->mm);
+    assert_int_equal(stats(f->mm).pages_warm[KVD_TIER_DEVICE], 0);
     assert_int_equal(restore(f, 1), CHAIN / BT);
     kvmm_warm_settle(f->mm);
     check(f->mm);
@@ -301,7 +302,7 @@ static void test_exhaustion(void **state)
 static void test_off(void **state)
 {
     struct wfx *f = *state;
-    open_fx(f, 16, 16, 0, false);
+    open_fx(f, 64, 64, 0, false);
     kvmm_warm_settle(f->mm);
     assert_int_equal(request(f, 1), 0);
     kvmm_warm_settle(f->mm);
