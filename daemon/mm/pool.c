@@ -473,6 +473,11 @@ uint32_t pool_warm_begin(struct pool *p, enum kvd_tier t, void **start, size_t *
     if (!p->warm_max[t] || p->warming[t] != POOL_NONE || p->n_warm[t] >= p->warm_max[t] ||
         (t == KVD_TIER_DEVICE && p->device_off))
         return POOL_NONE;
+    /* Only while the pool could take more pages than the bound besides
+     * the one warmed: near exhaustion a page in the warmer's hands would be
+     * one an allocation needs (it would evict, or fail, instead). */
+    if (pool_pages_free(p, t) <= p->warm_max[t])
+        return POOL_NONE;
     uint32_t pg, k = spare_find(p, t, false);
     if (k != POOL_NONE) {
         pg = spare_remove(p, t, k); /* a cold spare: mapped, counted, nobody's */
