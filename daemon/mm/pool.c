@@ -463,7 +463,8 @@ void pool_set_warm(struct pool *p, enum kvd_tier t, uint32_t pages)
         }
     }
     /* ...and spares beyond the new bound go back to the budget */
-    while (p->n_spare[t] > (uint64_t)p->spare_max[t] + p->warm_max[t])
+    while (p->n_spare[t] + (p->warming[t] != POOL_NONE) >
+           (uint64_t)p->spare_max[t] + p->warm_max[t])
         if (!pool_release_spares(p, t, 1))
             break;
 }
@@ -562,7 +563,9 @@ static void page_put(struct pool *p, int t, uint32_t pg)
      * hold: the warmer finishes writing such a page rather than map a new
      * one (a page given back loses its memory; a new one costs its first
      * touch again). */
-    bool keep = !g->exported && p->n_spare[t] < (uint64_t)p->spare_max[t] + p->warm_max[t];
+    uint32_t warming = p->warming[t] != POOL_NONE; /* a spare again when warm */
+    bool keep =
+        !g->exported && p->n_spare[t] + warming < (uint64_t)p->spare_max[t] + p->warm_max[t];
     if (!keep && !page_unmap(p, t, pg, o->bt))
         return; /* stays mapped, its owner's empty page: retried when it empties again */
     page_count(p, t, g, -1);

@@ -130,9 +130,11 @@ static int check_tier(const struct pool *p, int t, struct pool_owner *recount, c
     }
     mapped += spares;
     if (warm != p->n_warm[t] || warm > p->warm_max[t] ||
-        p->n_spare[t] > (uint64_t)p->spare_max[t] + p->warm_max[t])
-        CHECK_FAIL("pool: tier %d: %u warm of %u spares, counted %u (bounds %u warm, %u spare)", t,
-                   warm, p->n_spare[t], p->n_warm[t], p->warm_max[t], p->spare_max[t]);
+        p->n_spare[t] + (p->warming[t] != POOL_NONE) > (uint64_t)p->spare_max[t] + p->warm_max[t])
+        CHECK_FAIL("pool: tier %d: %u warm of %u spares (+%d being warmed), counted %u (bounds "
+                   "%u warm, %u spare)",
+                   t, warm, p->n_spare[t], p->warming[t] != POOL_NONE, p->n_warm[t], p->warm_max[t],
+                   p->spare_max[t]);
     if (mapped != p->n_mapped[t] || mapped + p->n_free_pos[t] != p->n_pages[t] ||
         free_all != p->n_free_slots[t] || withheld != p->n_withheld[t] || fc != p->n_fc_pages[t])
         CHECK_FAIL("pool: tier %d: %u mapped (+%u free positions of %u), %u free %u withheld %u "
