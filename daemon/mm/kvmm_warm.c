@@ -67,17 +67,19 @@ static void warm_unlock(struct mm_warm *w)
 
 /* Writes one byte of every OS page of [p, p + bytes): the memory's first
  * touch from user space, which a prefault alone does not pay everywhere
- * (a virtual machine's shadow page tables fill on it). The bytes are
- * nobody's: a spare's content is whatever a new block finds. */
-static void warm_touch(struct kvmm *mm, enum kvd_tier t, void *p, size_t bytes)
+ * (a virtual machine's shadow page tables fill on it). A fault per page,
+ * not one MADV_POPULATE_WRITE: that holds the process's mmap lock for the
+ * whole page, and a SCHED_IDLE thread kept from a core while it holds it
+ * would stall every thread that maps a page (a restore, the executor)
+ * meanwhile; a fault holds only its own VMA's lock, for one page. The
+ * bytes are nobody's: a spare's content is whatever a new block finds. */
+static void warm_touch(void *p, size_t bytes)
 {
     static size_t os_page;
     if (!os_page) {
         long ps = sysconf(_SC_PAGESIZE);
         os_page = ps > 0 ? (size_t)ps : 4096;
     }
-    if (mm->be->ops->prefault)
-        mm->be->ops->prefault(mm->be, p, t, bytes);
     volatile unsigned char *c = p;
     for (size_t off = 0; off < bytes; off += os_page)
         c[off] = 0;
@@ -96,7 +98,7 @@ static void warm_fill(struct mm_warm *w)
             warm_unlock(w);
             if (pg == POOL_NONE)
                 break;
-            warm_touch(mm, (enum kvd_tier)t, start, bytes);
+            warm_touch(start, bytes);
             warm_lock(w);
             pool_warm_end(&mm->pool, (enum kvd_tier)t, pg);
             warm_unlock(w);
