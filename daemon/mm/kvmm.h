@@ -144,6 +144,9 @@ void kvmm_free(struct kvmm *mm);
 void kvmm_warm_settle(struct kvmm *mm);
 /* Pages the warm reserve's thread has written so far. */
 uint64_t kvmm_warm_pages_warmed(struct kvmm *mm);
+/* Whether the pool keeps a warm reserve (warm_bytes > 0 on a backend whose
+ * memory has a first-touch cost). Never changes after kvmm_new. */
+bool kvmm_warm_on(const struct kvmm *mm);
 void kvmm_lock(struct kvmm *mm);
 void kvmm_unlock(struct kvmm *mm);
 /* Whether this build checks the lock rule (KVD_LOCK_CHECKS). */

@@ -233,6 +233,11 @@ void kvmm_warm_settle(struct kvmm *mm)
     pthread_mutex_unlock(&w->mu);
 }
 
+bool kvmm_warm_on(const struct kvmm *mm)
+{
+    return mm->warm != NULL;
+}
+
 uint64_t kvmm_warm_pages_warmed(struct kvmm *mm)
 {
     return mm->warm ? atomic_load(&mm->warm->warmed) : 0;

@@ -120,6 +120,7 @@ int ops_hello(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_uint(pk, "conn", c->conn_id));
     PROTO_PK(proto_pack_kv_bool(pk, "disk", kvmm_disk_on(mm)));
     PROTO_PK(proto_pack_kv_bool(pk, "remote", kvmm_remote_on(mm)));
+    PROTO_PK(proto_pack_kv_bool(pk, "warm", kvmm_warm_on(mm)));
     PROTO_PK(proto_pack_str(pk, "kv"));
     size_t kv = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "layers", g->layers));

@@ -171,6 +171,7 @@ static void test_fills_to_bound(void **state)
 {
     struct wfx *f = *state;
     open_fx(f, 64, 64, 3, false);
+    assert_true(kvmm_warm_on(f->mm));
     kvmm_warm_settle(f->mm);
     check(f->mm);
     struct kvmm_stats st = stats(f->mm);
@@ -308,6 +309,7 @@ static void test_off(void **state)
 {
     struct wfx *f = *state;
     open_fx(f, 64, 64, 0, false);
+    assert_false(kvmm_warm_on(f->mm));
     kvmm_warm_settle(f->mm);
     assert_int_equal(request(f, 1), 0);
     kvmm_warm_settle(f->mm);
