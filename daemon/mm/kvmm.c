@@ -84,6 +84,10 @@ int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out)
                                          .ctx = mm,
                                          .unshared = cfg->pages && cfg->unshared};
     kvpages_attach(mm->pool.budget, &mm->member);
+    if ((err = mm_warm_start(mm, cfg->warm_bytes)) != 0) {
+        kvmm_free(mm);
+        return err;
+    }
     *out = mm;
     return 0;
 
@@ -106,6 +110,7 @@ void kvmm_free(struct kvmm *mm)
     if (atomic_load_explicit(&mm->holder, memory_order_relaxed) != 0)
         mm_lock_violation(__func__, "while kvmm_lock is held");
 #endif
+    mm_warm_stop(mm); /* it takes the lock */
     /* Out of the budget first: another pool's reclaim may be inside. */
     kvpages_detach(mm->pool.budget, &mm->member);
     mm_remote_free(mm); /* its writer stops first: it takes the lock */
@@ -511,6 +516,10 @@ void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st)
         st->blocks_per_page[t] = p->slots_per_page[t];
         st->pages_held[t] = p->n_mapped[t];
         st->pages_spare[t] = p->n_spare[t];
+        st->pages_warm[t] = p->n_warm[t];
+        st->warm_max[t] = p->warm_max[t];
+        st->warm_hits[t] = p->warm_hits[t];
+        st->warm_misses[t] = p->warm_misses[t];
         st->pages_free[t] = pool_pages_free(p, (enum kvd_tier)t);
         st->pages_cached[t] = p->n_fc_pages[t];
         if (t == KVD_TIER_DEVICE) {

@@ -127,12 +127,26 @@ struct kvmm_config {
      * models each have a kvmm, and a handle names its own. 0 leaves the
      * handles as they always were. */
     uint8_t handle_tag;
+    /* The warm reserve per tier (docs/persistence.md "Warm pages"): up to
+     * this many bytes (whole pages) of spare pages written once by a
+     * low-priority thread, so copies into new pages skip the first touch.
+     * 0: off. Only where the backend's memory has a first-touch cost (cpu). */
+    uint64_t warm_bytes;
 };
 
 struct kvmm;
 
 int kvmm_new(const struct kvmm_config *cfg, struct kvmm **out);
 void kvmm_free(struct kvmm *mm);
+/* Returns once the warm reserve's thread has nothing left to do (every
+ * tier's reserve full, or no page to take), lock released: for tests and
+ * benchmarks. At once when there is no reserve. */
+void kvmm_warm_settle(struct kvmm *mm);
+/* Pages the warm reserve's thread has written so far. */
+uint64_t kvmm_warm_pages_warmed(struct kvmm *mm);
+/* Whether the pool keeps a warm reserve (warm_bytes > 0 on a backend whose
+ * memory has a first-touch cost). Never changes after kvmm_new. */
+bool kvmm_warm_on(const struct kvmm *mm);
 void kvmm_lock(struct kvmm *mm);
 void kvmm_unlock(struct kvmm *mm);
 /* Whether this build checks the lock rule (KVD_LOCK_CHECKS). */
@@ -577,6 +591,11 @@ struct kvmm_stats {
     uint32_t blocks_per_page[2];
     uint32_t pages_held[2], pages_free[2], pages_cached[2];
     uint32_t pages_spare[2]; /* of pages_held, empty ones kept mapped (nobody's) */
+    /* The warm reserve: of pages_spare, those written once (warm), their
+     * bound, and pages the pool took warm (hits) or cold (new, or a spare
+     * not written yet: misses) while the reserve is on. */
+    uint32_t pages_warm[2], warm_max[2];
+    uint64_t warm_hits[2], warm_misses[2];
     uint64_t page_maps, page_unmaps;
 };
 void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st);

@@ -53,8 +53,17 @@ struct kvmm {
     struct mm_export *exports;      /* live exports (kvmm_export.c), newest first */
     uint64_t next_export;           /* export ids: +1 each */
     uint32_t n_exports;
+    struct mm_warm *warm; /* the warm reserve's thread (kvmm_warm.c); NULL: off */
     char err[320];
 };
+
+/* The warm reserve (kvmm_warm.c): mm_warm_start sets each tier's bound to
+ * `bytes` in whole pages and starts the thread (kvmm_new, lock released);
+ * nothing when bytes is 0 or the backend's memory has no first-touch cost
+ * (no prefault op). 0, KVD_ENOMEM or KVD_EINTERNAL. mm_warm_stop joins it
+ * (kvmm_free, first). */
+int mm_warm_start(struct kvmm *mm, uint64_t bytes);
+void mm_warm_stop(struct kvmm *mm);
 
 /* The kvmm lock without waiting (another pool's reclaim): true when taken. */
 bool mm_trylock(struct kvmm *mm);

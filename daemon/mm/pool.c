@@ -189,6 +189,7 @@ int pool_init_budget(struct pool *p, struct kvpages *budget, size_t block_bytes,
     int err;
 
     memset(p, 0, sizeof *p);
+    p->warming[0] = p->warming[1] = POOL_NONE;
     if (!budget || block_bytes == 0)
         return KVD_EBADREQ;
     p->budget = budget;
@@ -262,9 +263,10 @@ void pool_destroy(struct pool *p)
     for (int t = 0; t < POOL_TIERS; t++) {
         for (uint32_t i = 0; p->pages[t] && i < p->n_pages[t]; i++) {
             struct pool_page *g = &p->pages[t][i];
-            if (g->owner != POOL_NONE || g->spare)
+            if (g->owner != POOL_NONE || g->spare || g->warming)
                 kvpages_give(p->budget, (enum kvd_tier)t,
-                             g->spare ? KVPAGES_NONE : p->owners[g->owner].bt, p->budget_pages[t]);
+                             g->owner == POOL_NONE ? KVPAGES_NONE : p->owners[g->owner].bt,
+                             p->budget_pages[t]);
         }
         if (p->arena[t]) {
             if (p->elastic[t])
@@ -287,15 +289,21 @@ void pool_destroy(struct pool *p)
     memset(p, 0, sizeof *p);
 }
 
+static void warm_kick(struct pool *p, int t);
+static bool page_unmap(struct pool *p, int t, uint32_t pg, uint32_t bt);
+
 int pool_device_release(struct pool *p)
 {
     enum kvd_tier d = KVD_TIER_DEVICE;
+    /* A page being warmed goes back when the warmer is done with it
+     * (pool_warm_end): its memory is the warmer's until then. */
+    uint32_t warming = p->warming[d] != POOL_NONE;
     if (p->device_off)
         return 0;
-    if (p->n_mapped[d] != p->n_spare[d])
+    if (p->n_mapped[d] != p->n_spare[d] + warming)
         return KVD_EBUSY;
     pool_release_spares(p, d, p->n_spare[d]);
-    if (p->n_mapped[d])
+    if (p->n_mapped[d] != warming)
         return KVD_EBUSY; /* the backend could not unmap a spare */
     p->device_off = true;
     return 0;
@@ -304,6 +312,7 @@ int pool_device_release(struct pool *p)
 void pool_device_acquire(struct pool *p)
 {
     p->device_off = false;
+    warm_kick(p, KVD_TIER_DEVICE);
 }
 
 uint32_t pool_owner(struct pool *p, uint32_t tenant, uint32_t ns, uint32_t bt)
@@ -363,6 +372,33 @@ static void page_init(struct pool *p, int t, uint32_t pg, uint32_t owner)
     page_relist(p, t, pg);
 }
 
+/* The index in tier t's spare stack of the topmost spare that is warm
+ * (want) or cold (!want); POOL_NONE when none is. */
+static uint32_t spare_find(const struct pool *p, int t, bool want)
+{
+    for (uint32_t k = p->n_spare[t]; k-- > 0;)
+        if ((bool)p->pages[t][p->spare[t][k]].warm == want)
+            return k;
+    return POOL_NONE;
+}
+
+/* Takes entry k off tier t's spare stack (the top one moves into its place)
+ * and returns its page. */
+static uint32_t spare_remove(struct pool *p, int t, uint32_t k)
+{
+    uint32_t pg = p->spare[t][k];
+    p->spare[t][k] = p->spare[t][--p->n_spare[t]];
+    if (p->pages[t][pg].warm)
+        p->n_warm[t]--;
+    return pg;
+}
+
+static void warm_kick(struct pool *p, int t)
+{
+    if (p->warm_kick && p->n_warm[t] < p->warm_max[t])
+        p->warm_kick(p->warm_ctx);
+}
+
 int pool_page_add(struct pool *p, enum kvd_tier t, uint32_t owner, bool quota)
 {
     struct pool_owner *o = &p->owners[owner];
@@ -370,14 +406,22 @@ int pool_page_add(struct pool *p, enum kvd_tier t, uint32_t owner, bool quota)
     if (t == KVD_TIER_DEVICE && p->device_off)
         return KVD_ENOMEM;
     if (p->n_spare[t]) {
-        /* A page this pool kept mapped: the budget already counts it. */
+        /* A page this pool kept mapped: the budget already counts it. A
+         * warm one first (a restore's copy into it skips the first touch). */
         if ((rc = kvpages_claim(p->budget, t, o->bt, p->budget_pages[t], quota)))
             return rc;
-        uint32_t pg = p->spare[t][--p->n_spare[t]];
+        uint32_t k = spare_find(p, t, true);
+        bool warm = k != POOL_NONE;
+        uint32_t pg = spare_remove(p, t, warm ? k : p->n_spare[t] - 1);
         /* Still fresh if nobody prefaulted it while it was used before. */
         uint8_t fresh = p->pages[t][pg].fresh;
         page_init(p, t, pg, owner);
         p->pages[t][pg].fresh = fresh;
+        if (p->warm_max[t]) {
+            p->warm_hits[t] += warm;
+            p->warm_misses[t] += !warm;
+        }
+        warm_kick(p, t);
         return 0;
     }
     if (p->n_free_pos[t] == 0)
@@ -394,7 +438,93 @@ int pool_page_add(struct pool *p, enum kvd_tier t, uint32_t owner, bool quota)
     p->maps++;
     page_init(p, t, pg, owner);
     p->pages[t][pg].fresh = p->elastic[t];
+    if (p->warm_max[t])
+        p->warm_misses[t]++;
+    warm_kick(p, t);
     return 0;
+}
+
+void pool_set_warm(struct pool *p, enum kvd_tier t, uint32_t pages)
+{
+    /* At most a 16th of the tier's page positions: a small pool keeps its
+     * pages for blocks (under 16 pages, no reserve). */
+    if (pages > p->n_pages[t] / 16)
+        pages = p->n_pages[t] / 16;
+    p->warm_max[t] = p->n_slots[t] && p->elastic[t] ? pages : 0;
+    if (p->n_warm[t] <= p->warm_max[t])
+        return;
+    /* Fewer warm spares allowed: the oldest lose the mark (they stay
+     * spares, up to spare_max, as any other). */
+    for (uint32_t k = 0; k < p->n_spare[t] && p->n_warm[t] > p->warm_max[t]; k++) {
+        struct pool_page *g = &p->pages[t][p->spare[t][k]];
+        if (g->warm) {
+            g->warm = 0;
+            p->n_warm[t]--;
+        }
+    }
+    /* ...and spares beyond the new bound go back to the budget */
+    while (p->n_spare[t] + (p->warming[t] != POOL_NONE) >
+           (uint64_t)p->spare_max[t] + p->warm_max[t])
+        if (!pool_release_spares(p, t, 1))
+            break;
+}
+
+uint32_t pool_warm_begin(struct pool *p, enum kvd_tier t, void **start, size_t *bytes)
+{
+    if (!p->warm_max[t] || p->warming[t] != POOL_NONE || p->n_warm[t] >= p->warm_max[t] ||
+        (t == KVD_TIER_DEVICE && p->device_off))
+        return POOL_NONE;
+    /* Only while the pool could take more pages than the bound besides
+     * the one warmed: near exhaustion a page in the warmer's hands would be
+     * one an allocation needs (it would evict, or fail, instead). */
+    if (pool_pages_free(p, t) <= p->warm_max[t])
+        return POOL_NONE;
+    uint32_t pg, k = spare_find(p, t, false);
+    if (k != POOL_NONE) {
+        pg = spare_remove(p, t, k); /* a cold spare: mapped, counted, nobody's */
+        p->pages[t][pg].spare = 0;
+    } else {
+        /* A free page of the budget, mapped for nobody, as a spare is;
+         * only while the budget has more free pages than the reserve's
+         * bound: near exhaustion the page in the warmer's hands would be
+         * one an allocation needs. */
+        if (p->n_free_pos[t] == 0 ||
+            kvpages_free_pages(p->budget, t) / p->budget_pages[t] <= p->warm_max[t] ||
+            kvpages_take(p->budget, t, KVPAGES_NONE, p->budget_pages[t], false) != 0)
+            return POOL_NONE;
+        pg = p->free_pos[t][--p->n_free_pos[t]];
+        if (p->be->ops->arena_map(p->be, p->arena[t], pg) != 0) {
+            p->free_pos[t][p->n_free_pos[t]++] = pg;
+            kvpages_give(p->budget, t, KVPAGES_NONE, p->budget_pages[t]);
+            return POOL_NONE;
+        }
+        p->n_mapped[t]++;
+        p->maps++;
+        p->pages[t][pg].fresh = 1;
+    }
+    p->pages[t][pg].warming = 1;
+    p->warming[t] = pg;
+    *start = (char *)p->arena[t] + (size_t)pg * p->page_bytes[t];
+    *bytes = p->page_bytes[t];
+    return pg;
+}
+
+void pool_warm_end(struct pool *p, enum kvd_tier t, uint32_t pg)
+{
+    struct pool_page *g = &p->pages[t][pg];
+    p->warming[t] = POOL_NONE;
+    g->warming = 0;
+    if (t == KVD_TIER_DEVICE && p->device_off && page_unmap(p, t, pg, KVPAGES_NONE))
+        return; /* released meanwhile (pool_device_release) */
+    g->fresh = 0;
+    g->warm = 1;
+    g->spare = 1;
+    p->n_warm[t]++;
+    p->spare[t][p->n_spare[t]++] = pg;
+    /* The bound was lowered meanwhile: the mark goes, the spare follows
+     * the rule for spares. */
+    if (p->n_warm[t] > p->warm_max[t])
+        pool_set_warm(p, t, p->warm_max[t]);
 }
 
 bool pool_take_fresh(struct pool *p, enum kvd_tier tier, uint32_t slot, void **start, size_t *bytes)
@@ -429,7 +559,13 @@ static void page_put(struct pool *p, int t, uint32_t pg)
 {
     struct pool_page *g = &p->pages[t][pg];
     struct pool_owner *o = &p->owners[g->owner];
-    bool keep = !g->exported && p->n_spare[t] < p->spare_max[t];
+    /* Spares up to spare_max, and as many more as the warm reserve may
+     * hold: the warmer finishes writing such a page rather than map a new
+     * one (a page given back loses its memory; a new one costs its first
+     * touch again). */
+    uint32_t warming = p->warming[t] != POOL_NONE; /* a spare again when warm */
+    bool keep =
+        !g->exported && p->n_spare[t] + warming < (uint64_t)p->spare_max[t] + p->warm_max[t];
     if (!keep && !page_unmap(p, t, pg, o->bt))
         return; /* stays mapped, its owner's empty page: retried when it empties again */
     page_count(p, t, g, -1);
@@ -448,18 +584,24 @@ static void page_put(struct pool *p, int t, uint32_t pg)
         g->spare = 1;
         g->fresh = fresh; /* a spare keeps its memory: as prefaulted as it was */
         p->spare[t][p->n_spare[t]++] = pg;
+        warm_kick(p, t);
     }
 }
 
 uint32_t pool_release_spares(struct pool *p, enum kvd_tier t, uint32_t n)
 {
     uint32_t done = 0;
+    /* Cold spares first: the warm ones cost idle CPU to make. */
     while (done < n && p->n_spare[t]) {
-        uint32_t pg = p->spare[t][p->n_spare[t] - 1];
+        uint32_t k = spare_find(p, t, false);
+        if (k == POOL_NONE)
+            k = p->n_spare[t] - 1;
+        uint32_t pg = p->spare[t][k];
         if (!page_unmap(p, t, pg, KVPAGES_NONE))
             break;
-        p->n_spare[t]--;
+        (void)spare_remove(p, t, k);
         p->pages[t][pg].spare = 0;
+        p->pages[t][pg].warm = 0;
         done++;
     }
     return done;
@@ -632,181 +774,4 @@ void pool_unpin(struct pool *p, enum kvd_tier t, uint32_t pg)
     page_count(p, t, g, 1);
     if (!g->pins && g->n_used == 0)
         page_put(p, t, pg);
-}
-
-/* ---- check ---------------------------------------------------------------- */
-
-#define CHECK_FAIL(...)                                                                            \
-    do {                                                                                           \
-        snprintf(msg, msglen, __VA_ARGS__);                                                        \
-        goto out;                                                                                  \
-    } while (0)
-
-static int check_tier(const struct pool *p, int t, struct pool_owner *recount, char *msg,
-                      size_t msglen)
-{
-    uint32_t n = p->n_slots[t], mapped = 0, free_all = 0, withheld = 0, fc = 0;
-    int rc = KVD_EINTERNAL;
-    uint8_t *seen = calloc((size_t)n + p->n_pages[t] + 1, 1);
-    if (!seen) {
-        snprintf(msg, msglen, "pool check: out of memory");
-        return KVD_ENOMEM;
-    }
-    for (uint32_t pg = 0; pg < p->n_pages[t]; pg++) {
-        const struct pool_page *g = &p->pages[t][pg];
-        uint32_t s0 = pool_page_first(p, t, pg), s1 = pool_page_end(p, t, pg);
-        uint32_t spp = s1 - s0, used = 0, cached = 0, nf = 0;
-        if (g->owner == POOL_NONE) {
-            for (uint32_t s = s0; s < s1; s++)
-                if (p->slot_block[t][s] != POOL_NONE)
-                    CHECK_FAIL("pool: tier %d slot %u holds block %u in unmapped page %u", t, s,
-                               p->slot_block[t][s], pg);
-            continue;
-        }
-        if (g->owner >= p->n_owners)
-            CHECK_FAIL("pool: tier %d page %u has unknown owner %u", t, pg, g->owner);
-        mapped++;
-        for (uint32_t s = s0; s < s1; s++) {
-            uint32_t id = p->slot_block[t][s];
-            if (id == POOL_NONE)
-                continue;
-            const struct pool_block *b = &p->blocks[id];
-            used++;
-            cached += b->cached;
-            if (b->owner != g->owner || b->tenant != p->owners[g->owner].tenant)
-                CHECK_FAIL("pool: tier %d page %u of owner %u (tenant %u) holds block %u of "
-                           "owner %u (tenant %u)",
-                           t, pg, g->owner, p->owners[g->owner].tenant, id, b->owner, b->tenant);
-        }
-        for (uint32_t s = g->free_head; s != POOL_NONE && nf <= spp; s = p->slot_next[t][s], nf++)
-            if (s < s0 || s >= s1 || seen[s]++ || p->slot_block[t][s] != POOL_NONE)
-                CHECK_FAIL("pool: tier %d page %u: free slot %u is outside the page, listed "
-                           "twice or used",
-                           t, pg, s);
-        if (used != g->n_used || cached != g->n_cached || nf != g->n_free || used + nf != spp)
-            CHECK_FAIL("pool: tier %d page %u: %u blocks (%u cached) and %u free slots, counted "
-                       "%u (%u) and %u, of %u",
-                       t, pg, used, cached, nf, g->n_used, g->n_cached, g->n_free, spp);
-        bool usable = !g->pins && !g->draining;
-        if (used == 0 && usable)
-            CHECK_FAIL("pool: tier %d page %u of owner %u holds nothing and was not given back", t,
-                       pg, g->owner);
-        if ((bool)g->listed != (usable && nf > 0))
-            CHECK_FAIL("pool: tier %d page %u is %slisted with %u free slots (pins %u, "
-                       "draining %u)",
-                       t, pg, g->listed ? "" : "not ", nf, g->pins, g->draining);
-        struct pool_owner *o = &recount[g->owner];
-        o->n_pages[t]++;
-        if (!usable) {
-            withheld += nf;
-            continue;
-        }
-        free_all += nf;
-        o->n_free[t] += nf;
-        o->n_cached[t] += cached;
-        if (used > 0 && cached == used) {
-            o->n_fc_pages[t]++;
-            o->n_fc_blocks[t] += used;
-            fc++;
-        }
-    }
-    for (uint32_t i = 0; i < p->n_owners; i++) {
-        const struct pool_owner *a = &p->owners[i], *b = &recount[i];
-        uint32_t listed = 0;
-        for (uint32_t pg = a->partial[t]; pg != POOL_NONE && listed <= p->n_pages[t];
-             pg = p->pages[t][pg].next, listed++)
-            if (p->pages[t][pg].owner != i || !p->pages[t][pg].listed)
-                CHECK_FAIL("pool: tier %d: owner %u's list holds page %u of owner %u", t, i, pg,
-                           p->pages[t][pg].owner);
-        if (a->n_pages[t] != b->n_pages[t] || a->n_free[t] != b->n_free[t] ||
-            a->n_cached[t] != b->n_cached[t] || a->n_fc_pages[t] != b->n_fc_pages[t] ||
-            a->n_fc_blocks[t] != b->n_fc_blocks[t])
-            CHECK_FAIL("pool: tier %d owner %u counts %u pages %u free %u cached %u/%u full-cache, "
-                       "has %u %u %u %u/%u",
-                       t, i, a->n_pages[t], a->n_free[t], a->n_cached[t], a->n_fc_pages[t],
-                       a->n_fc_blocks[t], b->n_pages[t], b->n_free[t], b->n_cached[t],
-                       b->n_fc_pages[t], b->n_fc_blocks[t]);
-    }
-    /* A slot that straddles two pages never holds a block. */
-    for (uint32_t pg = 0; pg + 1 < p->n_pages[t]; pg++) {
-        uint32_t s = pool_page_end(p, t, pg);
-        if (s < pool_page_first(p, t, pg + 1) && p->slot_block[t][s] != POOL_NONE)
-            CHECK_FAIL("pool: tier %d slot %u straddles pages %u and %u and holds block %u", t, s,
-                       pg, pg + 1, p->slot_block[t][s]);
-    }
-    for (uint32_t k = 0; k < p->n_free_pos[t]; k++) {
-        uint32_t pg = p->free_pos[t][k];
-        if (pg >= p->n_pages[t] || seen[n + pg]++ || p->pages[t][pg].owner != POOL_NONE)
-            CHECK_FAIL("pool: tier %d free position %u is out of range, twice or mapped", t, pg);
-    }
-    uint32_t spares = 0;
-    for (uint32_t k = 0; k < p->n_spare[t]; k++) {
-        uint32_t pg = p->spare[t][k];
-        if (pg >= p->n_pages[t] || seen[n + pg]++ || p->pages[t][pg].owner != POOL_NONE ||
-            !p->pages[t][pg].spare)
-            CHECK_FAIL("pool: tier %d spare page %u is out of range, twice, owned or unmarked", t,
-                       pg);
-        spares++;
-    }
-    mapped += spares;
-    if (mapped != p->n_mapped[t] || mapped + p->n_free_pos[t] != p->n_pages[t] ||
-        free_all != p->n_free_slots[t] || withheld != p->n_withheld[t] || fc != p->n_fc_pages[t])
-        CHECK_FAIL("pool: tier %d: %u mapped (+%u free positions of %u), %u free %u withheld %u "
-                   "full-cache; counted %u, %u, %u, %u",
-                   t, mapped, p->n_free_pos[t], p->n_pages[t], free_all, withheld, fc,
-                   p->n_mapped[t], p->n_free_slots[t], p->n_withheld[t], p->n_fc_pages[t]);
-    rc = 0;
-out:
-    free(seen);
-    return rc;
-}
-
-int pool_check(const struct pool *p, char *msg, size_t msglen)
-{
-    uint32_t used = 0, pinned = 0, draining = 0;
-    int rc = KVD_EINTERNAL;
-    uint8_t *seen = calloc(p->n_ids + 1, 1);
-    struct pool_owner *recount = calloc(p->n_owners + 1, sizeof *recount);
-
-    if (!seen || !recount) {
-        snprintf(msg, msglen, "pool check: out of memory");
-        rc = KVD_ENOMEM;
-        goto out;
-    }
-    for (uint32_t k = 0; k < p->n_free_ids; k++) {
-        uint32_t i = p->free_ids[k];
-        if (i >= p->n_ids || seen[i] || p->blocks[i].used)
-            CHECK_FAIL("pool: free id %u is out of range, listed twice or in use", i);
-        seen[i] = 1;
-    }
-    for (uint32_t i = 0; i < p->n_ids; i++) {
-        const struct pool_block *b = &p->blocks[i];
-        if (!b->used)
-            continue;
-        used++;
-        if (b->refcount == 0 || b->tier >= POOL_TIERS || b->slot >= p->n_slots[b->tier] ||
-            p->slot_block[b->tier][b->slot] != i || b->owner >= p->n_owners)
-            CHECK_FAIL("pool: block %u (ref %u tier %u slot %u owner %u) disagrees with the slot "
-                       "map",
-                       i, b->refcount, b->tier, b->slot, b->owner);
-    }
-    if (used + p->n_free_ids != p->n_ids)
-        CHECK_FAIL("pool: %u used + %u free ids != %u total", used, p->n_free_ids, p->n_ids);
-    for (int t = 0; t < POOL_TIERS; t++) {
-        if (p->n_slots[t] && (rc = check_tier(p, t, recount, msg, msglen)) != 0)
-            goto out;
-        rc = KVD_EINTERNAL;
-        for (uint32_t pg = 0; pg < p->n_pages[t]; pg++) {
-            pinned += p->pages[t][pg].pins > 0;
-            draining += p->pages[t][pg].draining;
-        }
-    }
-    if (pinned != p->n_pinned || draining != p->n_draining)
-        CHECK_FAIL("pool: %u pinned and %u draining pages, counted %u and %u", pinned, draining,
-                   p->n_pinned, p->n_draining);
-    rc = 0;
-out:
-    free(seen);
-    free(recount);
-    return rc;
 }

@@ -80,6 +80,8 @@ struct pool_page {
     uint8_t exported;    /* pinned at least once since it was mapped */
     uint8_t spare;       /* mapped, nobody's, kept for the next page this pool takes */
     uint8_t fresh;       /* mapped new memory that nobody has prefaulted yet (pool_take_fresh) */
+    uint8_t warm;        /* a spare every OS page of which was written since it was mapped */
+    uint8_t warming;     /* mapped, nobody's and no spare: the warmer writes it (pool_warm_begin) */
 };
 
 /* Who a page is for, with the counts the kvmm's room-making reads (usable
@@ -125,6 +127,16 @@ struct pool {
     uint32_t n_mapped[POOL_TIERS]; /* pages taken from the budget */
     uint32_t *spare[POOL_TIERS];   /* (n_pages) stack of spare positions, mapped */
     uint32_t n_spare[POOL_TIERS], spare_max[POOL_TIERS];
+    /* The warm reserve (pool_warm_begin): up to warm_max spares besides
+     * spare_max, of which n_warm are warm; the page being warmed (one at a
+     * time, POOL_NONE: none); pages taken warm (hits) and cold, mapped new
+     * or from a cold spare (misses), while warm_max > 0. */
+    uint32_t warm_max[POOL_TIERS], n_warm[POOL_TIERS], warming[POOL_TIERS];
+    uint64_t warm_hits[POOL_TIERS], warm_misses[POOL_TIERS];
+    /* Called (lock held) when a page is taken or a spare kept while the
+     * reserve is short: the warmer's wake-up; NULL: none. */
+    void (*warm_kick)(void *ctx);
+    void *warm_ctx;
     uint32_t n_free_slots[POOL_TIERS]; /* free slots of usable pages, every owner */
     uint32_t n_withheld[POOL_TIERS];   /* free slots of exported/draining pages */
     uint32_t n_fc_pages[POOL_TIERS];   /* full-cache usable pages, every owner */
@@ -176,6 +188,20 @@ void pool_trim(struct pool *p);
  * touch). pool_release_spares gives up to n of them back (another pool
  * needs pages); returns how many. */
 uint32_t pool_release_spares(struct pool *p, enum kvd_tier tier, uint32_t n);
+
+/* The warm reserve: spare pages whose memory was written once already, so
+ * that the first copy into them does not pay the first touch of fresh
+ * memory. pool_set_warm sets its bound (pool pages of the tier, at most a
+ * 16th of its page positions; 0: off, warm spares become plain ones). pool_warm_begin (lock held)
+ * picks a page to warm while the tier has fewer than warm_max warm spares: a cold spare, else a
+ * page mapped new from the budget's free pages while it has more than warm_max of them (nobody's:
+ * no quota is charged); it is then in no list (warming) and its bytes are [*start, *start + *bytes)
+ * for the caller to write with the lock released. POOL_NONE: nothing to warm (the reserve is full,
+ * a page is being warmed, or no free page). pool_warm_end (lock held) makes it a warm spare, the
+ * first spare pool_page_add takes. */
+void pool_set_warm(struct pool *p, enum kvd_tier tier, uint32_t pages);
+uint32_t pool_warm_begin(struct pool *p, enum kvd_tier tier, void **start, size_t *bytes);
+void pool_warm_end(struct pool *p, enum kvd_tier tier, uint32_t pg);
 
 /* A new block of owner with refcount 1 on `tier`: in one of the owner's
  * pages, or in a new page (without quota check) when none has a free slot.

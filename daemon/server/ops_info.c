@@ -120,6 +120,7 @@ int ops_hello(struct ops_ctx *c)
     PROTO_PK(proto_pack_kv_uint(pk, "conn", c->conn_id));
     PROTO_PK(proto_pack_kv_bool(pk, "disk", kvmm_disk_on(mm)));
     PROTO_PK(proto_pack_kv_bool(pk, "remote", kvmm_remote_on(mm)));
+    PROTO_PK(proto_pack_kv_bool(pk, "warm", kvmm_warm_on(mm)));
     PROTO_PK(proto_pack_str(pk, "kv"));
     size_t kv = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "layers", g->layers));
@@ -539,6 +540,14 @@ static int stats_all_pack(struct ops_ctx *c, const struct stats_snap *sn)
         PROTO_PK(proto_pack_kv_uint(pk, "blocks_per_page", st->blocks_per_page[t]));
         PROTO_PK(proto_pack_kv_uint(pk, "held", st->pages_held[t]));
         PROTO_PK(proto_pack_kv_uint(pk, "spare", st->pages_spare[t]));
+        /* the warm reserve: warm spares (pages, and blocks of room), its
+         * bound, pages taken warm and cold while it is on */
+        PROTO_PK(proto_pack_kv_uint(pk, "warm", st->pages_warm[t]));
+        PROTO_PK(proto_pack_kv_uint(pk, "warm_blocks",
+                                    (uint64_t)st->pages_warm[t] * st->blocks_per_page[t]));
+        PROTO_PK(proto_pack_kv_uint(pk, "warm_max", st->warm_max[t]));
+        PROTO_PK(proto_pack_kv_uint(pk, "warm_hits", st->warm_hits[t]));
+        PROTO_PK(proto_pack_kv_uint(pk, "warm_misses", st->warm_misses[t]));
         PROTO_PK(proto_pack_kv_uint(pk, "free", st->pages_free[t]));
         PROTO_PK(proto_pack_kv_uint(pk, "cached", st->pages_cached[t]));
         PROTO_PK(proto_map_end(pk, tier));

@@ -271,6 +271,27 @@ static uint64_t disk_stat(const char *key)
     return v;
 }
 
+/* stats pages.device.KEY + pages.host.KEY (the warm reserve's counters; 0
+ * without them). */
+static uint64_t warm_stat(const char *key)
+{
+    int fd = kh_connect(sh->sock);
+    struct kh_reply r;
+    uint64_t v = 0;
+    if (fd < 0)
+        return 0;
+    if (kh_call0(fd, "stats", 999999, &r) == 0) {
+        const msgpack_object *pg = kh_obj(r.root, "pages");
+        for (int t = 0; pg && t < 2; t++) {
+            uint64_t x = kh_u64(kh_obj(pg, t ? "host" : "device"), key);
+            v += x == UINT64_MAX ? 0 : x;
+        }
+    }
+    kh_reply_free(&r);
+    close(fd);
+    return v;
+}
+
 /* The prefetch workers' escalations from SCHED_IDLE so far (stats
  * prefetch.escalations; 0 without the map). */
 static uint64_t escalations(void)
@@ -299,10 +320,11 @@ struct phase {
     unsigned b_sent, b_cached;
     uint64_t restored, read_bytes, read_reqs, restores, restore_us_total;
     double b_wall;
-    uint64_t cpu_us[5];   /* the restores' CPU by step (stats disk.restore_cpu_*_us) */
-    uint64_t escalations; /* prefetch jobs raised from SCHED_IDLE in the phase */
-    uint64_t minflt;      /* the daemon's minor page faults in the phase */
-    double cpu_s;         /* and its CPU seconds */
+    uint64_t cpu_us[5];              /* the restores' CPU by step (stats disk.restore_cpu_*_us) */
+    uint64_t escalations;            /* prefetch jobs raised from SCHED_IDLE in the phase */
+    uint64_t minflt;                 /* the daemon's minor page faults in the phase */
+    uint64_t warm_hits, warm_misses; /* pages the pools took warm and cold */
+    double cpu_s;                    /* and its CPU seconds */
 };
 
 /* Alpha's inter-token gaps (ms) of the tokens that arrived within [t0, t1]
@@ -348,6 +370,7 @@ static int run_phase(struct phase *ph, bool with_alpha, bool with_beta, unsigned
     for (size_t i = 0; i < 5; i++)
         cpu0[i] = disk_stat(cpu_keys[i]);
     uint64_t e0 = escalations();
+    uint64_t wh0 = warm_stat("warm_hits"), wm0 = warm_stat("warm_misses");
     kvd_usage(&f0, &c0);
     pid_t pb = with_beta ? kh_run_as(UID_B, GID_ALL, beta, with_alpha ? (void *)1 : NULL) : 0;
     pid_t pa = with_alpha ? kh_run_as(UID_A, GID_ALL, alpha, NULL) : 0;
@@ -376,6 +399,8 @@ static int run_phase(struct phase *ph, bool with_alpha, bool with_beta, unsigned
     for (size_t i = 0; i < 5; i++)
         ph->cpu_us[i] = disk_stat(cpu_keys[i]) - cpu0[i];
     ph->escalations = escalations() - e0;
+    ph->warm_hits = warm_stat("warm_hits") - wh0;
+    ph->warm_misses = warm_stat("warm_misses") - wm0;
     ph->b_cached = atomic_load(&sh->b_cached_blocks);
     ph->restored = disk_stat("restored") - r0;
     ph->read_bytes = disk_stat("read_bytes") - rb0;
@@ -402,7 +427,9 @@ static void print_phase(const char *name, const struct phase *ph)
                ph->restored, ph->read_bytes / 1000000, ph->read_reqs, ph->restores,
                ph->restore_us_total ? (double)ph->read_bytes / (double)ph->restore_us_total / 1e3
                                     : 0.0);
-    printf("\n  %-34s kvd: %" PRIu64 " minor faults, %.2f s CPU", "", ph->minflt, ph->cpu_s);
+    printf("\n  %-34s kvd: %" PRIu64 " minor faults, %.2f s CPU; pages taken warm %" PRIu64
+           ", cold %" PRIu64,
+           "", ph->minflt, ph->cpu_s, ph->warm_hits, ph->warm_misses);
     if (ph->restored)
         printf("; per block restored: %.0f faults, %.0f us in its prefetch",
                (double)ph->minflt / (double)ph->restored,
