@@ -641,8 +641,10 @@ static int conn_read_frame(struct kvd_ctx *ctx, struct kvd_reply_impl **out, boo
     int rc;
 
     for (;;) {
+        /* rbuf is NULL until the first read (NULL + 0 is undefined in C) */
+        const char *unread = c->rbuf ? c->rbuf + c->rpos : NULL;
         enum proto_frame_status st =
-            proto_frame_peek(c->rbuf + c->rpos, c->rlen - c->rpos, c->max_frame, &len);
+            proto_frame_peek(unread, c->rlen - c->rpos, c->max_frame, &len);
         if (st == PROTO_FRAME_READY)
             break;
         if (st == PROTO_FRAME_EMPTY)

@@ -21,7 +21,9 @@
 //    random order and must leave identical bytes.
 // The memory checks need the kernels compiled with the compiler's
 // kernel-address instrumentation (KVD_EMU_MEMCHECK), which calls the
-// __asan_*_noabort hooks at the end of this file on every load and store.
+// __kvd_emu_*_noabort hooks at the end of this file on every load and store
+// (the instrumentation's callback prefix is renamed from __asan_, so an
+// ASan+UBSan build links the sanitizer runtime beside them).
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1201,11 +1203,11 @@ void kvd_emu_pdl_trigger()
 #ifdef KVD_EMU_MEMCHECK
 extern "C" {
 #define KVD_EMU_HOOKS(n)                                                                           \
-    void __asan_load##n##_noabort(void *p)                                                         \
+    void __kvd_emu_load##n##_noabort(void *p)                                                      \
     {                                                                                              \
         access(p, n, false);                                                                       \
     }                                                                                              \
-    void __asan_store##n##_noabort(void *p)                                                        \
+    void __kvd_emu_store##n##_noabort(void *p)                                                     \
     {                                                                                              \
         access(p, n, true);                                                                        \
     }
@@ -1214,14 +1216,19 @@ KVD_EMU_HOOKS(2)
 KVD_EMU_HOOKS(4)
 KVD_EMU_HOOKS(8)
 KVD_EMU_HOOKS(16)
-void __asan_loadN_noabort(void *p, size_t n)
+void __kvd_emu_loadN_noabort(void *p, size_t n)
 {
     access(p, n, false);
 }
-void __asan_storeN_noabort(void *p, size_t n)
+void __kvd_emu_storeN_noabort(void *p, size_t n)
 {
     access(p, n, true);
 }
+// The instrumentation calls this before every noreturn call; in an ASan
+// build the sanitizer runtime has it (and must: it unpoisons the stack),
+// also where this file is built without ASan (KVD_EMU_ASAN_RUNTIME).
+#if !defined(KVD_EMU_ASAN) && !defined(KVD_EMU_ASAN_RUNTIME)
 void __asan_handle_no_return(void) {}
+#endif
 }
 #endif

@@ -89,7 +89,7 @@ static void test_memory_faults(void **state)
     expect_report(KVD_FAULT_SHARED_UNINIT, N, "that no thread of its block wrote");
     expect_report(KVD_FAULT_GLOBAL_OOB, N, "invalid global write");
 #else
-    skip(); /* needs the instrumented (clang, non-ASan) build; ASan checks bounds itself */
+    skip(); /* needs the instrumented (clang) build; a GCC ASan build checks bounds itself */
 #endif
 }
 

@@ -620,8 +620,7 @@ static size_t largest_matrix(const struct model *m)
  * use. */
 static void test_long_prompt_full_memory(void **state)
 {
-    static const char *args[] = {cases[1].args, cases[3].args, cases[6].args}; /* f16, q8_0,
-                                                                                q4_k_m */
+    const char *args[] = {cases[1].args, cases[3].args, cases[6].args}; /* f16, q8_0, q4_k_m */
     for (size_t c = 0; c < 3; c++) {
         char *path = ref_gen_model(args[c]);
         assert_non_null(path);
