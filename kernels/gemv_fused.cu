@@ -29,6 +29,10 @@
 #include "gemv_units.cuh"
 #include "rope_kv.cuh"
 
+#ifdef KVD_CUDA_EMULATE // the emulator's kernels take their parameters by value
+#define __grid_constant__
+#endif
+
 #define GF_WARPS 4
 #define GF_THREADS (GF_WARPS * 32)
 #define GF_SMEM_MAX (48 << 10) // dynamic shared memory without an opt-in
@@ -86,14 +90,86 @@ static __device__ __forceinline__ gf_seg gf_seg_at(const gf_params &p, int s)
     return s == 2 ? p.seg[2] : s == 1 ? p.seg[1] : p.seg[0];
 }
 
+// The launch's last block (found by the counter) normalizes the residual
+// (n = its rows), quantizes the output for the next GEMVs, or ropes q and
+// k and writes the KV. Its own function, not inlined: the GEMV's registers
+// are dead by then, and its code (f64 RoPE angles, the quantizations) in
+// the kernel's body made ptxas spill the many-token instances' sums. p
+// points at the kernel's parameters (__grid_constant__: not copied).
+template <int NT> static __device__ __noinline__ void gf_tail(const gf_params *pp)
+{
+    const gf_params &p = *pp;
+    KVD_SHARED(int, gf_last, );
+    KVD_SHARED(double, gf_red, [GF_WARPS]);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool norm = p.epi == KVD_K_GEMV_ADD_NORM && p.norm_w;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        gf_last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!gf_last)
+        return;
+    __threadfence();
+    const int n = p.seg[0].rows;
+    for (int t = 0; norm && t < NT; t++) {
+        const float *xr = p.seg[0].y + (size_t)t * n;
+        double ss = 0.0;
+        for (int i = threadIdx.x; i < n; i += GF_THREADS) {
+            const float xv = __ldcg(xr + i);
+            const float sq = xv * xv; // each square rounded to f32, summed in double (ggml)
+            ss += (double)sq;
+        }
+        for (int o = 16; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        __syncthreads(); // gf_red free again
+        if (lane == 0)
+            gf_red[warp] = ss;
+        __syncthreads();
+        double tot = 0.0;
+        for (int k = 0; k < GF_WARPS; k++)
+            tot += gf_red[k];
+        const float scale = 1.0f / sqrtf((float)(tot / n) + p.eps);
+        float *o = p.norm_out + (size_t)t * n;
+        for (int i = threadIdx.x; i < n; i += GF_THREADS)
+            o[i] = __ldcg(xr + i) * scale * p.norm_w[i];
+    }
+    if (p.n_emit) {
+        __syncthreads(); // the normed rows of every warp written
+        const float *src = norm ? p.norm_out : p.seg[0].y;
+        for (int e = 0; e < p.n_emit; e++) {
+            const int kind = p.emit_kind[e];
+            const bool kq = kind != GF_ACT_LEGACY;
+            int8_t *qs;
+            float *d;
+            int *bs;
+            float4 *m;
+            act_ptrs(p.emit[e], kq, NT, n, &qs, &d, &bs, &m);
+            const int ng = NT * n / (kq ? 256 : 32);
+            for (int g = warp; g < ng; g += GF_WARPS) {
+                if (kind == GF_ACT_K6)
+                    act_quant256<true>(src, n, g, lane, qs, d, bs);
+                else if (kind == GF_ACT_K)
+                    act_quant256<false>(src, n, g, lane, qs, d, bs);
+                else
+                    act_quant32(src, n, g, lane, qs, m);
+            }
+        }
+    }
+    if (p.rope)
+        for (int t = 0; t < NT; t++)
+            rope_kv_token_any(p.rkv, t);
+    if (threadIdx.x == 0)
+        *p.counter = 0;
+}
+
 // grid: blocks of GF_WARPS warps, each warp a row group of R rows at a time.
 template <int WT, int NT, int R>
-__global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(gf_params p)
+__global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(const __grid_constant__ gf_params p)
 {
     using U = gunit<WT>;
     KVD_DYN_SHARED(int4, gf_smem);
-    KVD_SHARED(int, gf_last, );
-    KVD_SHARED(double, gf_red, [GF_WARPS]);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_units = p.in / U::N, steps = (n_units + 31) / 32;
     const int gstride = gridDim.x * GF_WARPS;
@@ -324,74 +400,8 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(gf_params p)
         }
     }
 
-    const bool norm = p.epi == KVD_K_GEMV_ADD_NORM && p.norm_w;
-    if (!norm && p.n_emit == 0 && !p.rope)
-        return;
-    // The last block to finish normalizes the residual (n = its rows),
-    // quantizes the output for the next GEMVs, or ropes q and k and writes
-    // the KV.
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        gf_last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!gf_last)
-        return;
-    __threadfence();
-    const int n = p.seg[0].rows;
-    for (int t = 0; norm && t < NT; t++) {
-        const float *xr = p.seg[0].y + (size_t)t * n;
-        double ss = 0.0;
-        for (int i = threadIdx.x; i < n; i += GF_THREADS) {
-            const float xv = __ldcg(xr + i);
-            const float sq = xv * xv; // each square rounded to f32, summed in double (ggml)
-            ss += (double)sq;
-        }
-        for (int o = 16; o > 0; o >>= 1)
-            ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        __syncthreads(); // gf_red free again
-        if (lane == 0)
-            gf_red[warp] = ss;
-        __syncthreads();
-        double tot = 0.0;
-        for (int k = 0; k < GF_WARPS; k++)
-            tot += gf_red[k];
-        const float scale = 1.0f / sqrtf((float)(tot / n) + p.eps);
-        float *o = p.norm_out + (size_t)t * n;
-        for (int i = threadIdx.x; i < n; i += GF_THREADS)
-            o[i] = __ldcg(xr + i) * scale * p.norm_w[i];
-    }
-    if (p.n_emit) {
-        __syncthreads(); // the normed rows of every warp written
-        const float *src = norm ? p.norm_out : p.seg[0].y;
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            if (e >= p.n_emit)
-                break;
-            const int kind = e ? p.emit_kind[1] : p.emit_kind[0];
-            const bool kq = kind != GF_ACT_LEGACY;
-            int8_t *qs;
-            float *d;
-            int *bs;
-            float4 *m;
-            act_ptrs(e ? p.emit[1] : p.emit[0], kq, NT, n, &qs, &d, &bs, &m);
-            const int ng = NT * n / (kq ? 256 : 32);
-            for (int g = warp; g < ng; g += GF_WARPS) {
-                if (kind == GF_ACT_K6)
-                    act_quant256<true>(src, n, g, lane, qs, d, bs);
-                else if (kind == GF_ACT_K)
-                    act_quant256<false>(src, n, g, lane, qs, d, bs);
-                else
-                    act_quant32(src, n, g, lane, qs, m);
-            }
-        }
-    }
-    if (p.rope)
-        for (int t = 0; t < NT; t++)
-            rope_kv_token_any(p.rkv, t);
-    if (threadIdx.x == 0)
-        *p.counter = 0;
+    if ((p.epi == KVD_K_GEMV_ADD_NORM && p.norm_w) || p.n_emit || p.rope)
+        gf_tail<NT>(&p);
 }
 
 // Quantizes x [NT][in] into the layout act_quant.cuh describes at act (the
