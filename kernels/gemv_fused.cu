@@ -64,6 +64,8 @@ struct gf_params {
     int n_emit;
     int rope;
     rkv_args rkv;
+    int split, blocks1;  // two weight types (gemvf_kernel)
+    const void *act_in2; // the second type's act_in
 };
 
 // The K-quants' per-super-block float part: the quarter groups' leaders put
@@ -164,15 +166,18 @@ template <int NT> static __device__ __noinline__ void gf_tail(const gf_params *p
         *p.counter = 0;
 }
 
-// grid: blocks of GF_WARPS warps, each warp a row group of R rows at a time.
+// The row groups [g_lo, g_hi) of weights of type WT, by blocks blk of nblk
+// (blocks of GF_WARPS warps, each warp a row group of R rows at a time);
+// act_in: their int8 activations made by the launch before, or NULL.
 template <int WT, int NT, int R>
-__global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(const __grid_constant__ gf_params p)
+static __device__ __forceinline__ void gf_rows(const gf_params &p, int blk, int nblk, int g_lo,
+                                               int g_hi, const void *act_in)
 {
     using U = gunit<WT>;
     KVD_DYN_SHARED(int4, gf_smem);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_units = p.in / U::N, steps = (n_units + 31) / 32;
-    const int gstride = gridDim.x * GF_WARPS;
+    const int gstride = nblk * GF_WARPS;
     const bool swiglu = p.epi == KVD_K_GEMV_SWIGLU;
 
     // Row r of group g: which weight (sel[r]) and which of its rows (local[r]).
@@ -211,8 +216,8 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(const __grid_constant
         }
     };
 
-    int group = blockIdx.x * GF_WARPS + warp;
-    if (group < p.n_groups) { // the first step's weights before the wait
+    int group = g_lo + blk * GF_WARPS + warp;
+    if (group < g_hi) { // the first step's weights before the wait
         locate(group);
         load(0);
     }
@@ -230,8 +235,8 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(const __grid_constant
         float4 *m;
         if (p.asrc == GF_ASRC_SMEM) {
             act_ptrs(gf_smem, kq, NT, p.in, &qs, &d, &bs, &m);
-            if (p.act_in) { // quantized by the kernel that produced x: copied
-                const int4 *src = (const int4 *)p.act_in;
+            if (act_in) { // quantized by the kernel that produced x: copied
+                const int4 *src = (const int4 *)act_in;
                 const int n16 = (int)(act_bytes(kq, NT, p.in) / 16);
                 for (int i = threadIdx.x; i < n16; i += GF_THREADS)
                     gf_smem[i] = __ldcg(src + i);
@@ -256,7 +261,7 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(const __grid_constant
     }
     gf_chain<R, NT> &ch = ((gf_chain<R, NT> *)chain_mem)[warp];
 
-    for (bool first = true; group < p.n_groups; group += gstride, first = false) {
+    for (bool first = true; group < g_hi; group += gstride, first = false) {
         if (!first) {
             locate(group);
             load(0);
@@ -399,7 +404,26 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(const __grid_constant
                 *yp = sg.b ? v + sg.b[my_local] : v;
         }
     }
+}
 
+// grid: blocks of GF_WARPS warps. WT2 != WT: the weights from seg[split] on
+// are of type WT2 (a Q4_K_M layer's v in Q6_K after q and k in Q4_K): the
+// first blocks1 blocks take the row groups before seg[split].g0 as WT, the
+// others the rest as WT2, each quantizing (or copying) the activations in
+// its own type's layout; one launch, one last block for the epilogue.
+template <int WT, int NT, int R, int WT2>
+__global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(const __grid_constant__ gf_params p)
+{
+    if constexpr (WT2 == WT) {
+        gf_rows<WT, NT, R>(p, blockIdx.x, gridDim.x, 0, p.n_groups, p.act_in);
+    } else {
+        const int g_split = gf_seg_at(p, p.split).g0;
+        if ((int)blockIdx.x < p.blocks1)
+            gf_rows<WT, NT, R>(p, blockIdx.x, p.blocks1, 0, g_split, p.act_in);
+        else
+            gf_rows<WT2, NT, R>(p, blockIdx.x - p.blocks1, gridDim.x - p.blocks1, g_split,
+                                p.n_groups, p.act_in2);
+    }
     if ((p.epi == KVD_K_GEMV_ADD_NORM && p.norm_w) || p.n_emit || p.rope)
         gf_tail<NT>(&p);
 }
@@ -461,7 +485,7 @@ static int gf_kind(int wtype)
     }
 }
 
-template <int WT, int NT, int R> static int gf_launch(const kvd_k_gemv *g, cudaStream_t st)
+template <int WT, int NT, int R> static int gf_launch1(const kvd_k_gemv *g, cudaStream_t st)
 {
     gf_params p;
     memset(&p, 0, sizeof p);
@@ -533,30 +557,112 @@ template <int WT, int NT, int R> static int gf_launch(const kvd_k_gemv *g, cudaS
     if (p.asrc == GF_ASRC_SMEM && g->max_blocks > 0 && blocks > (unsigned)g->max_blocks)
         blocks = (unsigned)g->max_blocks;
     const size_t smem = gf_smem_bytes<WT, NT, R>(p.asrc, g->in);
-    KVD_LAUNCH_PDL(blocks, GF_THREADS, smem, st, gemvf_kernel<WT, NT, R>)(p);
+    KVD_LAUNCH_PDL(blocks, GF_THREADS, smem, st, gemvf_kernel<WT, NT, R, WT>)(p);
     return kvd_launch_status();
 }
 
-template <int WT> static int gf_by_tokens(const kvd_k_gemv *g, cudaStream_t st)
+// Weights of two types (seg[split] on of WT2): one launch whose blocks take
+// their type from their rows when both types' activations fit in shared
+// memory, else a launch per type (the epilogue in the second).
+template <int WT, int NT, int R, int WT2> static int gf_mixed(const kvd_k_gemv *g, cudaStream_t st)
+{
+    static_assert(gunit<WT>::KIND == GU_K && gunit<WT2>::KIND == GU_K, "K-quant pairs");
+    const size_t s1 = gf_smem_bytes<WT, NT, R>(GF_ASRC_SMEM, g->in),
+                 s2 = gf_smem_bytes<WT2, NT, R>(GF_ASRC_SMEM, g->in);
+    if (s1 > GF_SMEM_MAX || s2 > GF_SMEM_MAX) {
+        kvd_k_gemv a = *g, b = *g;
+        a.n_seg = g->split;
+        a.split = 0;
+        a.rope = NULL;
+        b.wtype = WT2;
+        b.n_seg = g->n_seg - g->split;
+        b.split = 0;
+        b.act_in = g->act_in2;
+        for (int i = 0; i < b.n_seg; i++)
+            b.seg[i] = g->seg[g->split + i];
+        const int rc = gf_launch1<WT, NT, R>(&a, st);
+        return rc ? rc : gf_launch1<WT2, NT, R>(&b, st);
+    }
+    gf_params p;
+    memset(&p, 0, sizeof p);
+    int groups = 0;
+    for (int i = 0; i < g->n_seg; i++) {
+        p.seg[i].w = (const uint8_t *)g->seg[i].w;
+        p.seg[i].y = g->seg[i].y;
+        p.seg[i].b = g->seg[i].bias;
+        p.seg[i].rows = g->seg[i].rows;
+        p.seg[i].g0 = groups;
+        groups += (g->seg[i].rows + R - 1) / R;
+    }
+    p.n_seg = g->n_seg;
+    p.n_groups = groups;
+    p.in = g->in;
+    p.epi = g->epi;
+    p.x = g->x;
+    p.counter = g->counter;
+    p.act_in = g->act_in;
+    p.act_in2 = g->act_in2;
+    p.asrc = GF_ASRC_SMEM;
+    p.split = g->split;
+    if (g->rope) {
+        const kvd_k_rope_args &r = *g->rope;
+        p.rope = 1;
+        p.rkv = rkv_args{r.q,     r.k,
+                         r.v,     r.pos,
+                         r.slots, r.n_heads,
+                         r.n_rot, r.mode == KVD_K_ROPE_NEOX,
+                         r.base,  r.freq_factors,
+                         r.kv,    r.layer};
+    }
+    // The blocks of each type (each quantizes its activations once): as
+    // many as its row groups need, the cap shared in proportion to them.
+    const int gs = p.seg[g->split].g0;
+    int b1 = (gs + GF_WARPS - 1) / GF_WARPS, b2 = (groups - gs + GF_WARPS - 1) / GF_WARPS;
+    if (g->max_blocks > 0 && b1 + b2 > g->max_blocks) {
+        const int c1 = (int)((long long)g->max_blocks * gs / groups);
+        b1 = c1 < 1 ? 1 : c1 < b1 ? c1 : b1;
+        b2 = g->max_blocks - b1 < 1 ? 1 : g->max_blocks - b1 < b2 ? g->max_blocks - b1 : b2;
+    }
+    p.blocks1 = b1;
+    KVD_LAUNCH_PDL((unsigned)(b1 + b2), GF_THREADS, s1 > s2 ? s1 : s2, st,
+                   gemvf_kernel<WT, NT, R, WT2>)
+    (p);
+    return kvd_launch_status();
+}
+
+template <int WT, int NT, int R, int WT2> static int gf_launch(const kvd_k_gemv *g, cudaStream_t st)
+{
+    if constexpr (WT2 != WT)
+        return gf_mixed<WT, NT, R, WT2>(g, st);
+    else
+        return gf_launch1<WT, NT, R>(g, st);
+}
+
+template <int WT, int WT2 = WT> static int gf_by_tokens(const kvd_k_gemv *g, cudaStream_t st)
 {
     switch (g->n_tokens) {
     case 1:
-        return gf_launch<WT, 1, 4>(g, st);
+        return gf_launch<WT, 1, 4, WT2>(g, st);
     case 2:
-        return gf_launch<WT, 2, 4>(g, st);
+        return gf_launch<WT, 2, 4, WT2>(g, st);
     case 3:
-        return gf_launch<WT, 3, 4>(g, st);
+        return gf_launch<WT, 3, 4, WT2>(g, st);
     case 4:
-        return gf_launch<WT, 4, 4>(g, st);
+        return gf_launch<WT, 4, 4, WT2>(g, st);
     case 5:
-        return gf_launch<WT, 5, 2>(g, st);
+        return gf_launch<WT, 5, 2, WT2>(g, st);
     case 6:
-        return gf_launch<WT, 6, 2>(g, st);
+        return gf_launch<WT, 6, 2, WT2>(g, st);
     case 7:
-        return gf_launch<WT, 7, 2>(g, st);
+        return gf_launch<WT, 7, 2, WT2>(g, st);
     default:
-        return gf_launch<WT, 8, 2>(g, st);
+        return gf_launch<WT, 8, 2, WT2>(g, st);
     }
+}
+
+extern "C" int kvd_k_gemv_pair_ok(int wtype, int wtype2)
+{
+    return (wtype == KVD_KW_Q4_K || wtype == KVD_KW_Q5_K) && wtype2 == KVD_KW_Q6_K;
 }
 
 extern "C" size_t kvd_k_gemv_act_bytes(int wtype, int n_tokens, int in)
@@ -585,8 +691,14 @@ extern "C" int kvd_k_gemv_run(const struct kvd_k_gemv *g, kvd_stream stream)
     if (g->n_seg < 1 || g->n_seg > 3 || (g->epi == KVD_K_GEMV_SWIGLU && g->n_seg != 2) ||
         (g->epi == KVD_K_GEMV_ADD_NORM && (g->n_seg != 1 || (g->norm_w && !g->counter))))
         return (int)cudaErrorInvalidValue;
+    if (g->split &&
+        (g->split < 0 || g->split >= g->n_seg || g->epi != KVD_K_GEMV_STORE || g->n_emit ||
+         !kvd_k_gemv_pair_ok(g->wtype, g->wtype2) || (g->act_in2 && ((uintptr_t)g->act_in2 & 15))))
+        return (int)cudaErrorInvalidValue;
     for (int i = 0; i < g->n_seg; i++) {
-        if (g->seg[i].rows < 0 || !kvd_k_gemv_ok(g->wtype, g->seg[i].w, g->x, g->n_tokens, g->in))
+        const int wt = g->split && i >= g->split ? g->wtype2 : g->wtype;
+        if (g->seg[i].rows < 0 || !kvd_k_gemv_ok(wt, g->seg[i].w, g->x, g->n_tokens, g->in) ||
+            (g->split && g->seg[i].rows == 0))
             return (int)cudaErrorInvalidValue;
         if (g->epi == KVD_K_GEMV_SWIGLU && g->seg[i].rows != g->seg[0].rows)
             return (int)cudaErrorInvalidValue;
@@ -615,6 +727,9 @@ extern "C" int kvd_k_gemv_run(const struct kvd_k_gemv *g, kvd_stream stream)
         rows += g->seg[i].rows;
     if (rows == 0)
         return 0;
+    if (g->split)
+        return g->wtype == KVD_KW_Q4_K ? gf_by_tokens<KVD_KW_Q4_K, KVD_KW_Q6_K>(g, stream)
+                                       : gf_by_tokens<KVD_KW_Q5_K, KVD_KW_Q6_K>(g, stream);
     switch (g->wtype) {
     case KVD_KW_F32:
         return gf_by_tokens<KVD_KW_F32>(g, stream);

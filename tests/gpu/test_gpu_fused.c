@@ -95,7 +95,8 @@ static double tol_for(enum ctype t, uint32_t rows)
 }
 
 /* q, k, v of one input: one type, or (K-quants) v in Q6_K as a Q4_K_M layer
- * has it, with qwen2's biases on every other case. */
+ * has it (one launch: its blocks take their type from their rows), with
+ * qwen2's biases on every other case. */
 static void test_matmul_n(void **state)
 {
     rnd_seed(41);
@@ -123,8 +124,13 @@ static void test_matmul_n(void **state)
                 if (bias)
                     assert_int_equal(F.cops->add_bias(F.ccx, hy[i], hb[i], rows, outs[i]), 0);
             }
+            const unsigned long long l0 = kvd_k_launches();
             assert_int_equal(
                 F.gops->matmul_n(F.gcx, 3, dw, (const float *const *)db, dx, rows, 0, gy), 0);
+            /* up to 8 rows: one launch, the Q6_K v too */
+            if (rows <= 8 && kvd_k_launches() - l0 != 1)
+                fail_msg("matmul_n %s/%s rows %u: %llu launches, not 1", ctype_name(t),
+                         ctype_name(vt), rows, kvd_k_launches() - l0);
             for (int i = 0; i < 3; i++) {
                 float *got = malloc((size_t)rows * outs[i] * 4);
                 gpu_get(&F, got, gy[i], (size_t)rows * outs[i] * 4);

@@ -135,9 +135,12 @@ static void test_quantized_once(void **state)
             free(plain[i]);
             free(once[i]);
         }
-        /* wo, gate/up, down, and q/k (+ v when its layout differs) */
-        const uint64_t qkv =
-            kvd_k_gemv_act_kind((int)cs[ci].vt) == kvd_k_gemv_act_kind((int)t) ? 1 : 2;
+        /* wo, gate/up, down, and q/k (+ v when its layout differs and the
+         * GEMV does not take both types in one launch) */
+        const uint64_t qkv = kvd_k_gemv_act_kind((int)cs[ci].vt) == kvd_k_gemv_act_kind((int)t) ||
+                                     kvd_k_gemv_pair_ok((int)t, (int)cs[ci].vt)
+                                 ? 1
+                                 : 2;
         if (sp.act_quants != 3 + qkv || sp.act_handed != 0)
             fail_msg("%s rows %u without hints: %llu quantizing launches, %llu handed",
                      ctype_name(t), c.rows, (unsigned long long)sp.act_quants,
