@@ -92,13 +92,53 @@ static __device__ __forceinline__ gf_seg gf_seg_at(const gf_params &p, int s)
     return s == 2 ? p.seg[2] : s == 1 ? p.seg[1] : p.seg[0];
 }
 
+// The output's int8 layouts (emit) from values in registers: the lane's 8
+// values 8 lane .. 8 lane + 7 of super-block b (256 values) of row t.
+static __device__ __forceinline__ void gf_emit_v(const gf_params &p, int nt, int n, int t, int b,
+                                                 int lane, const float v[8])
+{
+    for (int e = 0; e < p.n_emit; e++) {
+        const int kind = p.emit_kind[e];
+        int8_t *qs;
+        float *d;
+        int *bs;
+        float4 *m;
+        act_ptrs(p.emit[e], kind != GF_ACT_LEGACY, nt, n, &qs, &d, &bs, &m);
+        if (kind == GF_ACT_K6)
+            act_quant256_v<true>(v, n, t * (n / 256) + b, lane, qs, d, bs);
+        else if (kind == GF_ACT_K)
+            act_quant256_v<false>(v, n, t * (n / 256) + b, lane, qs, d, bs);
+        else
+            act_quant32_v8(v, n, t, b, lane, qs, m);
+    }
+}
+
+// The lane's 8 values of super-block b of row t of y [NT][n] (L2: other
+// blocks wrote them).
+static __device__ __forceinline__ void gf_load8(const float *y, int n, int t, int b, int lane,
+                                                float v[8])
+{
+    const float4 *xv = (const float4 *)(y + (size_t)t * n + 256 * b + 8 * lane);
+    const float4 a = __ldcg(xv), c = __ldcg(xv + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
+}
+
 // The launch's last block (found by the counter) normalizes the residual
 // (n = its rows), quantizes the output for the next GEMVs, or ropes q and
 // k and writes the KV. Its own function, not inlined: the GEMV's registers
 // are dead by then, and its code (f64 RoPE angles, the quantizations) in
 // the kernel's body made ptxas spill the many-token instances' sums. p
 // points at the kernel's parameters (__grid_constant__: not copied).
-template <int NT> static __device__ __noinline__ void gf_tail(const gf_params *pp)
+//
+// REGS (the quantized types' kernels) and rows of a multiple of 256: the
+// norm's scaling pass and the SwiGLU output's read run in the quantizers'
+// layout (a warp per super-block, 8 consecutive values a lane), and the
+// values are quantized for every reader from registers as they are stored:
+// no read back of the output per int8 layout. The float types' kernels
+// (whose readers are float in a model of one type) keep the read-back path
+// and its registers (bf16 one token: 72).
+template <int NT, bool REGS> static __device__ __noinline__ void gf_tail(const gf_params *pp)
 {
     const gf_params &p = *pp;
     KVD_SHARED(int, gf_last, );
@@ -114,7 +154,8 @@ template <int NT> static __device__ __noinline__ void gf_tail(const gf_params *p
     if (!gf_last)
         return;
     __threadfence();
-    const int n = p.seg[0].rows;
+    const int n = p.seg[0].rows, nb = n / 256;
+    const bool in_regs = REGS && n % 256 == 0;
     for (int t = 0; norm && t < NT; t++) {
         const float *xr = p.seg[0].y + (size_t)t * n;
         double ss = 0.0;
@@ -134,11 +175,32 @@ template <int NT> static __device__ __noinline__ void gf_tail(const gf_params *p
             tot += gf_red[k];
         const float scale = 1.0f / sqrtf((float)(tot / n) + p.eps);
         float *o = p.norm_out + (size_t)t * n;
-        for (int i = threadIdx.x; i < n; i += GF_THREADS)
-            o[i] = __ldcg(xr + i) * scale * p.norm_w[i];
+        if (in_regs) {
+            for (int b = warp; b < nb; b += GF_WARPS) {
+                float v[8];
+                gf_load8(p.seg[0].y, n, t, b, lane, v);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    v[i] = v[i] * scale * p.norm_w[256 * b + 8 * lane + i];
+                float4 *ov = (float4 *)(o + 256 * b + 8 * lane);
+                ov[0] = make_float4(v[0], v[1], v[2], v[3]);
+                ov[1] = make_float4(v[4], v[5], v[6], v[7]);
+                gf_emit_v(p, NT, n, t, b, lane, v);
+            }
+        } else {
+            for (int i = threadIdx.x; i < n; i += GF_THREADS)
+                o[i] = __ldcg(xr + i) * scale * p.norm_w[i];
+        }
     }
-    if (p.n_emit) {
-        __syncthreads(); // the normed rows of every warp written
+    if (in_regs && !norm && p.n_emit) { // SWIGLU: y read once for every layout
+        for (int g = warp; g < NT * nb; g += GF_WARPS) {
+            float v[8];
+            gf_load8(p.seg[0].y, n, g / nb, g % nb, lane, v);
+            gf_emit_v(p, NT, n, g / nb, g % nb, lane, v);
+        }
+    }
+    if (!in_regs && p.n_emit) { // rows of a multiple of 32: read back per layout
+        __syncthreads();        // the normed rows of every warp written
         const float *src = norm ? p.norm_out : p.seg[0].y;
         for (int e = 0; e < p.n_emit; e++) {
             const int kind = p.emit_kind[e];
@@ -425,7 +487,7 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(const __grid_constant
                                 p.n_groups, p.act_in2);
     }
     if ((p.epi == KVD_K_GEMV_ADD_NORM && p.norm_w) || p.n_emit || p.rope)
-        gf_tail<NT>(&p);
+        gf_tail<NT, gunit<WT>::KIND != GU_FLOAT>(&p);
 }
 
 // Quantizes x [NT][in] into the layout act_quant.cuh describes at act (the
@@ -561,28 +623,49 @@ template <int WT, int NT, int R> static int gf_launch1(const kvd_k_gemv *g, cuda
     return kvd_launch_status();
 }
 
-// Weights of two types (seg[split] on of WT2): one launch whose blocks take
-// their type from their rows when both types' activations fit in shared
-// memory, else a launch per type (the epilogue in the second).
+// Weights of two types (seg[split] on of WT2), a launch per type (the
+// epilogue in the second).
+template <int WT, int NT, int R, int WT2>
+static int gf_per_type(const kvd_k_gemv *g, cudaStream_t st)
+{
+    kvd_k_gemv a = *g, b = *g;
+    a.n_seg = g->split;
+    a.split = 0;
+    a.rope = NULL;
+    b.wtype = WT2;
+    b.n_seg = g->n_seg - g->split;
+    b.split = 0;
+    b.act_in = g->act_in2;
+    for (int i = 0; i < b.n_seg; i++)
+        b.seg[i] = g->seg[g->split + i];
+    const int rc = gf_launch1<WT, NT, R>(&a, st);
+    return rc ? rc : gf_launch1<WT2, NT, R>(&b, st);
+}
+
+// Weights of two types: one launch whose blocks take their type from their
+// rows, for one token (batch-1 decode) when both types' activations fit in
+// shared memory; else a launch per type. (With 2-8 tokens a kernel holding
+// both types' bodies spilled up to 116 B on sm_90, ptxas 13.)
+template <int WT, int NT, int R, int WT2>
+static int gf_mixed1(const kvd_k_gemv *g, cudaStream_t st, size_t smem);
 template <int WT, int NT, int R, int WT2> static int gf_mixed(const kvd_k_gemv *g, cudaStream_t st)
 {
     static_assert(gunit<WT>::KIND == GU_K && gunit<WT2>::KIND == GU_K, "K-quant pairs");
-    const size_t s1 = gf_smem_bytes<WT, NT, R>(GF_ASRC_SMEM, g->in),
-                 s2 = gf_smem_bytes<WT2, NT, R>(GF_ASRC_SMEM, g->in);
-    if (s1 > GF_SMEM_MAX || s2 > GF_SMEM_MAX) {
-        kvd_k_gemv a = *g, b = *g;
-        a.n_seg = g->split;
-        a.split = 0;
-        a.rope = NULL;
-        b.wtype = WT2;
-        b.n_seg = g->n_seg - g->split;
-        b.split = 0;
-        b.act_in = g->act_in2;
-        for (int i = 0; i < b.n_seg; i++)
-            b.seg[i] = g->seg[g->split + i];
-        const int rc = gf_launch1<WT, NT, R>(&a, st);
-        return rc ? rc : gf_launch1<WT2, NT, R>(&b, st);
+    if constexpr (NT > 1) {
+        return gf_per_type<WT, NT, R, WT2>(g, st);
+    } else {
+        const size_t s1 = gf_smem_bytes<WT, NT, R>(GF_ASRC_SMEM, g->in),
+                     s2 = gf_smem_bytes<WT2, NT, R>(GF_ASRC_SMEM, g->in);
+        if (s1 > GF_SMEM_MAX || s2 > GF_SMEM_MAX)
+            return gf_per_type<WT, NT, R, WT2>(g, st);
+        return gf_mixed1<WT, NT, R, WT2>(g, st, s1 > s2 ? s1 : s2);
     }
+}
+
+// One launch for both types (gf_mixed checked that they fit).
+template <int WT, int NT, int R, int WT2>
+static int gf_mixed1(const kvd_k_gemv *g, cudaStream_t st, size_t smem)
+{
     gf_params p;
     memset(&p, 0, sizeof p);
     int groups = 0;
@@ -624,8 +707,7 @@ template <int WT, int NT, int R, int WT2> static int gf_mixed(const kvd_k_gemv *
         b2 = g->max_blocks - b1 < 1 ? 1 : g->max_blocks - b1 < b2 ? g->max_blocks - b1 : b2;
     }
     p.blocks1 = b1;
-    KVD_LAUNCH_PDL((unsigned)(b1 + b2), GF_THREADS, s1 > s2 ? s1 : s2, st,
-                   gemvf_kernel<WT, NT, R, WT2>)
+    KVD_LAUNCH_PDL((unsigned)(b1 + b2), GF_THREADS, smem, st, gemvf_kernel<WT, NT, R, WT2>)
     (p);
     return kvd_launch_status();
 }

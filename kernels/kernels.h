@@ -164,10 +164,11 @@ struct kvd_k_gemv {
     int n_emit;
     const struct kvd_k_rope_args *rope;
     /* split (STORE, no emit): 0, or the segments from seg[split] on are of
-     * type wtype2 (kvd_k_gemv_pair_ok): one launch whose blocks take their
-     * type from their rows when both types' activations fit in shared
-     * memory, else a launch per type (rope in the second); act then holds
-     * the larger layout; act_in2: act_in in wtype2's layout, or NULL. */
+     * type wtype2 (kvd_k_gemv_pair_ok): for one token, when both types'
+     * activations fit in shared memory, one launch whose blocks take their
+     * type from their rows; else a launch per type (rope in the second);
+     * act then holds the larger layout; act_in2: act_in in wtype2's
+     * layout, or NULL. */
     int split, wtype2;
     const void *act_in2;
 };

@@ -223,7 +223,15 @@ def gemv_eff_after(wt, rows):
 # last block of the QKV projection's last launch (no launch); early_kv: in a
 # plain decode step the attention loads its first steps of K/V rows but the
 # newest before its PDL wait.
-NEXT = {"quant_once": False, "rope_in_qkv": False, "early_kv": False}
+# Built on wt-gemv (2026-12-07): qkv_one: q, k (Q4_K) and v (Q6_K) of a
+# Q4_K_M layer in one launch, its blocks taking their type from their rows
+# (each stages its own type's int8 layout); tail_regs: the residual norm's
+# last block scales the row in the quantizers' layout (a warp per
+# super-block, 8 values a lane) and quantizes the values for every reader
+# from registers as it stores them: no read back of the normed rows per
+# int8 layout.
+NEXT = {"quant_once": False, "rope_in_qkv": False, "early_kv": False, "qkv_one": False,
+        "tail_regs": False}
 
 
 def act_bytes(inp):
@@ -347,6 +355,11 @@ def decode_after(mix, attn="old"):
             r = E + 2 * KD
             ks.append(K("gemv q,k,v %s" % wt, hbm=E * r * BYTES[wt], eff=gemv_eff_after(wt, r)[0],
                         chain_l2=stage_time(wt, r, E) / LAT_L2))
+        elif NEXT["qkv_one"]:  # one launch; each type's bytes at its own efficiency
+            b1, b2 = E * (E + KD) * BYTES[wt], E * KD * BYTES[vt]
+            eff = (b1 + b2) / (b1 / gemv_eff_after(wt, E + KD)[0] + b2 / gemv_eff_after(vt, KD)[0])
+            ks.append(K("gemv q,k %s + v %s" % (wt, vt), hbm=b1 + b2, eff=eff,
+                        chain_l2=(stage_time(wt, E + KD, E) + stage_time(vt, KD, E)) / LAT_L2))
         else:
             ks.append(K("gemv q,k %s" % wt, hbm=E * (E + KD) * BYTES[wt],
                         eff=gemv_eff_after(wt, E + KD)[0], chain_l2=stage_time(wt, E + KD, E) / LAT_L2))
@@ -366,11 +379,15 @@ def decode_after(mix, attn="old"):
         # launch waits for its end: the whole gap
         # quant_once: the norm's last block also reads the normed rows back
         # and stores their int8 bytes (two L2 round trips)
-        qo = 2 if NEXT["quant_once"] and wt != "bf16" else 0
+        # (tail_regs: the scaling pass's registers serve the quantization:
+        # the counter, the squares' read, the scaling's read, the stores, as
+        # without it)
+        qo = 2 if NEXT["quant_once"] and wt != "bf16" and not NEXT["tail_regs"] else 0
         ks.append(K("gemv o + add + rmsnorm %s" % wt, hbm=E * E * BYTES[wt],
                     eff=gemv_eff_after(wt, E)[0], chain_l2=4 + qo + stage_time(wt, E, E) / LAT_L2,
                     plain=0 if attn == "old" or ATTN[attn]["pdl"] else 1,
-                    note="last block: 2 L2 round trips more"))
+                    note="last block: the counter, 2 reads of the rows, the stores"
+                    if NEXT["tail_regs"] else "last block: 2 L2 round trips more"))
         ks.append(K("gemv gate,up + silu %s" % wt, hbm=2 * E * F * BYTES[wt],
                     eff=gemv_eff_after(wt, 2 * F)[0],
                     chain_l2=stage_time(wt, 2 * F, E, swiglu=True) / LAT_L2 +
@@ -564,7 +581,9 @@ def main():
     print("  built on wt-q1, Q4_K_M, from the now row:")
     for knob, label in (("quant_once", "+ activations quantized once"),
                         ("rope_in_qkv", "+ RoPE/KV write in the QKV epilogue"),
-                        ("early_kv", "+ K/V rows before the wait")):
+                        ("early_kv", "+ K/V rows before the wait"),
+                        ("qkv_one", "+ q,k,v one launch every layer"),
+                        ("tail_regs", "+ quantized in the norm's pass")):
         NEXT[knob] = True
         t, roof, n, pl = report_decode(label, decode_after("q4_k_m", attn="new"), "q4_k_m",
                                        T_LAUNCH_PDL, show)
