@@ -357,11 +357,17 @@ int main(int argc, char **argv)
         struct workpool_conf dwc = {.threads = (opts.disk_dir[0] ? opts.disk_workers : 0) +
                                                (opts.remote[0] ? opts.remote_workers : 0),
                                     .max_per_tenant = opts.text_jobs_per_tenant,
-                                    .nice = opts.prefetch_nice};
+                                    .nice = opts.prefetch_nice,
+                                    .idle_after_ms = opts.prefetch_idle_ms};
         if ((rc = workpool_new(&dwc, &disk_pool)) != 0) {
             log_err("cannot start the prefetch workers: %s", kvd_err_code(rc));
             goto out_be;
         }
+        if (opts.prefetch_idle_ms && !workpool_conf(disk_pool)->idle_after_ms)
+            log_warn("prefetch-idle-ms: the prefetch workers may not return from SCHED_IDLE "
+                     "(RLIMIT_NICE below %u, no CAP_SYS_NICE: systemd LimitNICE=+0); they run "
+                     "at prefetch-nice %u",
+                     20 - opts.prefetch_nice, opts.prefetch_nice);
     }
     if (serve) {
         /* Every model's header, text and kvmm now; weights when it loads. */
@@ -397,6 +403,7 @@ int main(int argc, char **argv)
         server_attach_kvevents(srv, ev, n_ev);
     }
     server_attach_obs(srv, &rl, &acct);
+    server_attach_prefetch(srv, disk_pool);
     if (models && server_set_models(srv, models) != 0) {
         log_err("out of memory");
         goto out_srv;

@@ -6,7 +6,9 @@
 // occupancy allows (kvd_k_attn_decode_splits). Scores and accumulators are
 // f32 in the log2 domain (exp2f). The kernel is launched with
 // programmatic dependent launch: it reads the step's metadata before it
-// waits for rope_kv, every K/V row after.
+// waits for rope_kv, every K/V row after. Query groups of 4 and 8 at
+// head_dim 64 and 128 with f16, bf16 or q8_0 rows run on tensor cores
+// (attn_decode_mma.cuh), with the same splits, loads order and merge.
 #include <atomic>
 #include <stdio.h>
 
@@ -129,6 +131,84 @@ struct ad_partial {
     unsigned *done; // per (sequence, query-head group): splits finished
 };
 
+// The end of a block's work: the subgroups' (NSUB) partial results for its
+// nq query heads (unnormalized o, running max m and sum l, in shared memory
+// after a barrier) merged into the block's result for its split, written to
+// out (one split) or to the partials, and the last split of the sequence to
+// finish merges the splits' partials into out.
+template <int D, int GQ, int NSUB>
+static __device__ __forceinline__ void
+ad_finish(const float (&sm_o)[NSUB][GQ][D], const float (&sm_m)[NSUB][GQ],
+          const float (&sm_l)[NSUB][GQ], float *out, const ad_partial &part, int seq, int split,
+          int n_splits, uint32_t qrow, int n_heads, int h0, int nq)
+{
+    KVD_SHARED(int, ad_last, );
+    const int n_grid = gridDim.x;
+    for (int idx = threadIdx.x; idx < nq * D; idx += AD_WARPS * 32) {
+        int j = idx / D, d = idx % D;
+        float M = -INFINITY;
+        for (int s = 0; s < NSUB; s++)
+            M = fmaxf(M, sm_m[s][j]);
+        float L = 0.0f, O = 0.0f;
+        if (M != -INFINITY) {
+            for (int s = 0; s < NSUB; s++) {
+                float w = exp2f(sm_m[s][j] - M); // 0 for empty subgroups
+                L += sm_l[s][j] * w;
+                O += sm_o[s][j][d] * w;
+            }
+        }
+        float o = L > 0.0f ? O / L : 0.0f;
+        if (n_splits == 1) {
+            out[((size_t)qrow * n_heads + h0 + j) * D + d] = o;
+        } else {
+            size_t p = ((size_t)seq * n_heads + h0 + j) * n_grid + split;
+            part.o[p * D + d] = o;
+            if (d == 0) {
+                part.ml[2 * p] = M;
+                part.ml[2 * p + 1] = L;
+            }
+        }
+    }
+    if (n_splits == 1)
+        return;
+
+    // The last of the sequence's splits of these heads to finish merges
+    // them: out = sum_s w_s o_s / sum_s w_s with w_s = l_s * exp2(m_s - max
+    // m), over the sequence's own splits (partials n_grid apart), in split
+    // order whichever block is last (no merge launch).
+    __threadfence(); // this thread's partials, before the count says so
+    __syncthreads();
+    unsigned *done = part.done + (size_t)seq * gridDim.y + blockIdx.y;
+    if (threadIdx.x == 0)
+        ad_last = atomicAdd(done, 1u) == (unsigned)n_splits - 1;
+    __syncthreads();
+    if (!ad_last)
+        return;
+    __threadfence(); // the other splits' partials, after their count
+    for (int idx = threadIdx.x; idx < nq * D; idx += AD_WARPS * 32) {
+        const int j = idx / D, d = idx % D;
+        const size_t hrow = (size_t)seq * n_heads + h0 + j;
+        const float *ml = part.ml + hrow * n_grid * 2;
+        float M = -INFINITY;
+        for (int s = 0; s < n_splits; s++)
+            M = fmaxf(M, __ldcg(ml + 2 * s));
+        float L = 0.0f, O = 0.0f;
+        if (M != -INFINITY) {
+            for (int s = 0; s < n_splits; s++) {
+                const float w = __ldcg(ml + 2 * s + 1) * exp2f(__ldcg(ml + 2 * s) - M);
+                L += w;
+                O += w * __ldcg(part.o + (hrow * n_grid + s) * D + d);
+            }
+        }
+        out[((size_t)qrow * n_heads + h0 + j) * D + d] = L > 0.0f ? O / L : 0.0f;
+    }
+    if (threadIdx.x == 0)
+        *done = 0; // for the next launch
+}
+
+// The tensor-core kernel for query groups of 4 and 8 (its own file).
+#include "attn_decode_mma.cuh"
+
 // grid (n_splits, kv_heads * q_groups, n_seqs), block AD_WARPS warps. A row
 // of D elements is read by LPT = D/8 lanes, 8 elements each (16 bytes of
 // bf16/f16; q8_0 and fp8 widened in registers); a warp reads 32/LPT
@@ -147,7 +227,6 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
     KVD_SHARED(float, sm_o, [NSUB][GQ][D]);
     KVD_SHARED(float, sm_m, [NSUB][GQ]);
     KVD_SHARED(float, sm_l, [NSUB][GQ]);
-    KVD_SHARED(int, ad_last, );
 
     const int split = blockIdx.x, n_grid = gridDim.x, seq = blockIdx.z;
     const int kvh = blockIdx.y / q_groups, qg = blockIdx.y % q_groups;
@@ -338,66 +417,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32)
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < nq * D; idx += AD_WARPS * 32) {
-        int j = idx / D, d = idx % D;
-        float M = -INFINITY;
-        for (int s = 0; s < NSUB; s++)
-            M = fmaxf(M, sm_m[s][j]);
-        float L = 0.0f, O = 0.0f;
-        if (M != -INFINITY) {
-            for (int s = 0; s < NSUB; s++) {
-                float w = exp2f(sm_m[s][j] - M); // 0 for empty subgroups
-                L += sm_l[s][j] * w;
-                O += sm_o[s][j][d] * w;
-            }
-        }
-        float o = L > 0.0f ? O / L : 0.0f;
-        if (n_splits == 1) {
-            out[((size_t)qrow * n_heads + h0 + j) * D + d] = o;
-        } else {
-            size_t p = ((size_t)seq * n_heads + h0 + j) * n_grid + split;
-            part.o[p * D + d] = o;
-            if (d == 0) {
-                part.ml[2 * p] = M;
-                part.ml[2 * p + 1] = L;
-            }
-        }
-    }
-    if (n_splits == 1)
-        return;
-
-    // The last of the sequence's splits of these heads to finish merges
-    // them: out = sum_s w_s o_s / sum_s w_s with w_s = l_s * exp2(m_s - max
-    // m), over the sequence's own splits (partials n_grid apart), in split
-    // order whichever block is last (no merge launch).
-    __threadfence(); // this thread's partials, before the count says so
-    __syncthreads();
-    unsigned *done = part.done + (size_t)seq * gridDim.y + blockIdx.y;
-    if (threadIdx.x == 0)
-        ad_last = atomicAdd(done, 1u) == (unsigned)n_splits - 1;
-    __syncthreads();
-    if (!ad_last)
-        return;
-    __threadfence(); // the other splits' partials, after their count
-    for (int idx = threadIdx.x; idx < nq * D; idx += AD_WARPS * 32) {
-        const int j = idx / D, d = idx % D;
-        const size_t hrow = (size_t)seq * n_heads + h0 + j;
-        const float *ml = part.ml + hrow * n_grid * 2;
-        float M = -INFINITY;
-        for (int s = 0; s < n_splits; s++)
-            M = fmaxf(M, __ldcg(ml + 2 * s));
-        float L = 0.0f, O = 0.0f;
-        if (M != -INFINITY) {
-            for (int s = 0; s < n_splits; s++) {
-                const float w = __ldcg(ml + 2 * s + 1) * exp2f(__ldcg(ml + 2 * s) - M);
-                L += w;
-                O += w * __ldcg(part.o + (hrow * n_grid + s) * D + d);
-            }
-        }
-        out[((size_t)qrow * n_heads + h0 + j) * D + d] = L > 0.0f ? O / L : 0.0f;
-    }
-    if (threadIdx.x == 0)
-        *done = 0; // for the next launch
+    ad_finish<D, GQ, NSUB>(sm_o, sm_m, sm_l, out, part, seq, split, n_splits, qrow, n_heads, h0,
+                           nq);
 }
 
 template <int D, int DT, int GQ>
@@ -413,9 +434,15 @@ static int ad_launch(float *out, const float *q, const kvd_k_kv &kv, int layer,
     part.ml = partial + (size_t)n_seqs * n_heads * n_splits * D;
     part.done = done;
     dim3 grid((unsigned)n_splits, (unsigned)(kv.kv_heads * q_groups), (unsigned)n_seqs);
-    KVD_LAUNCH_PDL(grid, AD_WARPS * 32, 0, stream, attn_decode_kernel<D, DT, GQ>)
-    (out, part, q, kv, layer, slots, slot0, pos0, qstart, n_heads, q_groups, scale * KVD_LOG2E,
-     early);
+    if constexpr (AD_MMA(D, DT, GQ)) {
+        KVD_LAUNCH_PDL(grid, AD_WARPS * 32, 0, stream, attn_decode_mma_kernel<D, DT, GQ>)
+        (out, part, q, kv, layer, slots, slot0, pos0, qstart, n_heads, q_groups, scale * KVD_LOG2E,
+         early);
+    } else {
+        KVD_LAUNCH_PDL(grid, AD_WARPS * 32, 0, stream, attn_decode_kernel<D, DT, GQ>)
+        (out, part, q, kv, layer, slots, slot0, pos0, qstart, n_heads, q_groups, scale * KVD_LOG2E,
+         early);
+    }
     return kvd_launch_status();
 }
 
@@ -488,9 +515,15 @@ template <int D, int DT, int GQ> static int ad_blocks_per_sm(void)
     if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed))
         return known[dev].load(std::memory_order_relaxed) - 1;
     char name[64];
-    snprintf(name, sizeof name, "attn_decode_kernel<%d, %d, %d>", D, DT, GQ);
+    snprintf(name, sizeof name, "%s<%d, %d, %d>",
+             AD_MMA(D, DT, GQ) ? "attn_decode_mma_kernel" : "attn_decode_kernel", D, DT, GQ);
     int n = 0;
-    if (kvd_occupancy(&n, attn_decode_kernel<D, DT, GQ>, name, AD_WARPS * 32, 0)) {
+    int rc;
+    if constexpr (AD_MMA(D, DT, GQ))
+        rc = kvd_occupancy(&n, attn_decode_mma_kernel<D, DT, GQ>, name, AD_WARPS * 32, 0);
+    else
+        rc = kvd_occupancy(&n, attn_decode_kernel<D, DT, GQ>, name, AD_WARPS * 32, 0);
+    if (rc) {
         (void)cudaGetLastError();
         return -1;
     }

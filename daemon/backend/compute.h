@@ -138,10 +138,16 @@ struct compute_step {
     const void *arena;  /* the KV arena */
     const void *tables; /* the caller's block-table buffer (it may move) */
     uint32_t n_tokens, n_seqs;
-    uint32_t max_q;   /* 1: decode only (the only steps worth a graph) */
+    uint32_t n_out;   /* output rows (gather, head, sample) */
+    uint32_t max_q;   /* 1: decode only; more: a mixed step (attn_desc.max_q) */
     uint32_t max_kv;  /* largest context: sizes attention's split count */
     uint32_t sampled; /* 1: the step ends with the sample op */
     uint32_t alone;   /* 1: attn_desc.alone (a batch-invariant step) */
+    /* A batch-invariant step's one-row prefix (0 otherwise): the rows the
+     * projections take with the one-row arithmetic (n_one), attention's
+     * decode rows (attn_desc.n_dec, s_dec) and the output rows of the
+     * prefix (the head's n_one). */
+    uint32_t n_one, n_dec, s_dec, n_out_one;
 };
 
 struct compute_conf {
@@ -315,6 +321,15 @@ struct compute_ops {
      * attention gives them nothing, sample skips them, and their outputs are
      * not downloaded), up to what the fwd_ctx holds. */
     uint32_t (*step_bucket)(struct compute_ctx *cx, uint32_t n_seqs);
+    /* OPTIONAL (NULL on cpu): for a step with a sequence of several rows (a
+     * mixed step: prefill chunks, verifications, decode rows), the number
+     * n rows is padded to (>= n): model_forward pads the step's rows, its
+     * output rows and its largest row count of one sequence (max_q) each
+     * up to it, and its sequences to step_bucket's, so that steps of
+     * nearby shapes share one captured graph. The pad rows are rows of no
+     * sequence as above; the pad output rows read row 0 and are skipped by
+     * sample and not downloaded. */
+    uint32_t (*row_bucket)(struct compute_ctx *cx, uint32_t n);
     /* OPTIONAL (NULL on cpu): whole-step capture and replay (CUDA graphs on
      * cuda). model_forward calls step_begin after its metadata uploads and
      * before the first op. *replayed = 1: the backend already ran this

@@ -2,14 +2,18 @@
  * ring of the tenants that have queued jobs; a free worker serves the
  * tenant at the head of the ring and moves it to the tail. A tenant's
  * entry exists only while it holds a job, so the table stays as small as
- * the work in flight however many tenants come and go. */
+ * the work in flight however many tenants come and go. With idle_after_ms
+ * the workers run SCHED_IDLE, and a watcher thread raises the worker of a
+ * job that has run that long back to SCHED_OTHER (workpool.h). */
 #include "workpool.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fault.h"
@@ -32,17 +36,134 @@ struct wp_tenant {
     struct wp_job *head, *tail; /* queued */
 };
 
+struct workpool;
+
+/* A worker: its thread, and under the pool's mu its job's start and what
+ * raises it above SCHED_IDLE (idle_after_ms pools). */
+struct wp_worker {
+    struct workpool *wp;
+    pthread_t thread;
+    bool busy;      /* running a job since since_ns */
+    bool escalated; /* the job ran past idle_after_ms */
+    unsigned holds; /* workpool_hold_begin nesting */
+    int policy;     /* the policy last set */
+    uint64_t since_ns;
+};
+
 struct workpool {
     struct workpool_conf conf;
     pthread_mutex_t mu;
     pthread_cond_t wake;
+    pthread_cond_t watch; /* the watcher's (CLOCK_MONOTONIC) */
     struct wp_tenant *buckets[WP_BUCKETS];
     struct wp_tenant *ring; /* head: served next */
     bool stop;
     struct workpool_stats st;
-    pthread_t *threads;
+    struct wp_worker *workers;
     unsigned n_threads;
+    pthread_t watcher;
+    bool watcher_started;
 };
+
+static _Thread_local struct wp_worker *tl_self; /* the calling worker, or NULL */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Under mu (idle_after_ms pools): w's thread runs SCHED_OTHER while its
+ * job has run past the bound or it holds a lock, SCHED_IDLE otherwise. The
+ * nice value stays as it is across both. A failure leaves it as it was. */
+static void apply_policy(struct wp_worker *w)
+{
+    int want = w->escalated || w->holds ? SCHED_OTHER : SCHED_IDLE;
+    if (want == w->policy)
+        return;
+    struct sched_param sp = {.sched_priority = 0};
+    if (pthread_setschedparam(w->thread, want, &sp) == 0)
+        w->policy = want;
+}
+
+void workpool_hold_begin(void)
+{
+    struct wp_worker *w = tl_self;
+    if (!w || !w->wp->conf.idle_after_ms)
+        return;
+    pthread_mutex_lock(&w->wp->mu);
+    w->holds++;
+    apply_policy(w);
+    pthread_mutex_unlock(&w->wp->mu);
+}
+
+void workpool_hold_end(void)
+{
+    struct wp_worker *w = tl_self;
+    if (!w || !w->wp->conf.idle_after_ms)
+        return;
+    pthread_mutex_lock(&w->wp->mu);
+    if (w->holds)
+        w->holds--;
+    apply_policy(w);
+    pthread_mutex_unlock(&w->wp->mu);
+}
+
+void workpool_mutex_lock(pthread_mutex_t *mu)
+{
+    workpool_hold_begin();
+    pthread_mutex_lock(mu);
+}
+
+void workpool_mutex_unlock(pthread_mutex_t *mu)
+{
+    pthread_mutex_unlock(mu);
+    workpool_hold_end();
+}
+
+/* The watcher: sleeps until the earliest running job reaches idle_after_ms,
+ * then raises its worker (once per job; the worker drops back to SCHED_IDLE
+ * when the job ends). */
+static void *watcher(void *arg)
+{
+    struct workpool *wp = arg;
+    uint64_t bound = (uint64_t)wp->conf.idle_after_ms * 1000000ull;
+    pthread_mutex_lock(&wp->mu);
+    while (!wp->stop) {
+        uint64_t now = now_ns(), next = UINT64_MAX;
+        for (unsigned i = 0; i < wp->n_threads; i++) {
+            struct wp_worker *w = &wp->workers[i];
+            if (!w->busy || w->escalated)
+                continue;
+            if (now - w->since_ns >= bound) {
+                w->escalated = true;
+                apply_policy(w);
+                wp->st.escalations++;
+            } else if (w->since_ns + bound < next) {
+                next = w->since_ns + bound;
+            }
+        }
+        if (next == UINT64_MAX) {
+            pthread_cond_wait(&wp->watch, &wp->mu);
+        } else {
+            struct timespec ts = {.tv_sec = (time_t)(next / 1000000000ull),
+                                  .tv_nsec = (long)(next % 1000000000ull)};
+            pthread_cond_timedwait(&wp->watch, &wp->mu, &ts);
+        }
+    }
+    /* Stopping: the jobs still running finish at `nice`, with nobody left
+     * to watch them. */
+    for (unsigned i = 0; i < wp->n_threads; i++) {
+        struct wp_worker *w = &wp->workers[i];
+        if (w->busy && !w->escalated) {
+            w->escalated = true;
+            apply_policy(w);
+        }
+    }
+    pthread_mutex_unlock(&wp->mu);
+    return NULL;
+}
 
 static struct wp_tenant **tenant_slot(struct workpool *wp, uint32_t id)
 {
@@ -126,9 +247,13 @@ static void lower_priority(unsigned nice)
 
 static void *worker(void *arg)
 {
-    struct workpool *wp = arg;
+    struct wp_worker *self = arg;
+    struct workpool *wp = self->wp;
     lower_priority(wp->conf.nice);
+    tl_self = self;
     pthread_mutex_lock(&wp->mu);
+    if (wp->conf.idle_after_ms)
+        apply_policy(self); /* to SCHED_IDLE */
     for (;;) {
         struct wp_tenant *t = NULL;
         struct wp_job *j = take(wp, &t);
@@ -139,16 +264,53 @@ static void *worker(void *arg)
             continue;
         }
         bool cancelled = wp->stop;
+        if (wp->conf.idle_after_ms) {
+            self->busy = true;
+            self->since_ns = now_ns();
+            pthread_cond_signal(&wp->watch);
+        }
         pthread_mutex_unlock(&wp->mu);
         j->fn(j->ud, cancelled);
         free(j);
         pthread_mutex_lock(&wp->mu);
+        if (self->busy) {
+            self->busy = self->escalated = false;
+            apply_policy(self);
+        }
         wp->st.running--;
         wp->st.done++;
         release(wp, t);
     }
     pthread_mutex_unlock(&wp->mu);
     return NULL;
+}
+
+static void *probe(void *arg)
+{
+    struct workpool *wp = arg;
+    lower_priority(wp->conf.nice);
+    struct sched_param sp = {.sched_priority = 0};
+    bool ok = pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) == 0 &&
+              pthread_setschedparam(pthread_self(), SCHED_OTHER, &sp) == 0;
+    return ok ? wp : NULL;
+}
+
+/* Whether a worker at conf.nice may go to SCHED_IDLE and back: tried on a
+ * thread that ends right after (the soft RLIMIT_NICE raised to the hard
+ * one first, which needs no privilege). */
+static bool idle_allowed(struct workpool *wp)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NICE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NICE, &rl);
+    }
+    pthread_t t;
+    void *res = NULL;
+    if (pthread_create(&t, NULL, probe, wp) != 0)
+        return false;
+    pthread_join(t, &res);
+    return res != NULL;
 }
 
 int workpool_new(const struct workpool_conf *conf, struct workpool **out)
@@ -163,17 +325,37 @@ int workpool_new(const struct workpool_conf *conf, struct workpool **out)
         wp->conf.max_per_tenant = 8;
     pthread_mutex_init(&wp->mu, NULL);
     pthread_cond_init(&wp->wake, NULL);
-    wp->threads = calloc(wp->conf.threads, sizeof(*wp->threads));
-    if (!wp->threads) {
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&wp->watch, &ca);
+    pthread_condattr_destroy(&ca);
+    if (wp->conf.idle_after_ms && !idle_allowed(wp))
+        wp->conf.idle_after_ms = 0;
+    wp->workers = calloc(wp->conf.threads, sizeof(*wp->workers));
+    if (!wp->workers) {
         workpool_free(wp);
         return KVD_ENOMEM;
     }
+    /* Created under mu: a worker's first apply_policy reads its thread id. */
+    pthread_mutex_lock(&wp->mu);
     for (unsigned i = 0; i < wp->conf.threads; i++) {
-        if (pthread_create(&wp->threads[i], NULL, worker, wp) != 0) {
+        struct wp_worker *w = &wp->workers[i];
+        *w = (struct wp_worker){.wp = wp, .policy = SCHED_OTHER};
+        if (pthread_create(&w->thread, NULL, worker, w) != 0) {
+            pthread_mutex_unlock(&wp->mu);
             workpool_free(wp);
             return KVD_EINTERNAL;
         }
         wp->n_threads++;
+    }
+    pthread_mutex_unlock(&wp->mu);
+    if (wp->conf.idle_after_ms) {
+        if (pthread_create(&wp->watcher, NULL, watcher, wp) != 0) {
+            workpool_free(wp);
+            return KVD_EINTERNAL;
+        }
+        wp->watcher_started = true;
     }
     *out = wp;
     return 0;
@@ -186,9 +368,12 @@ void workpool_free(struct workpool *wp)
     pthread_mutex_lock(&wp->mu);
     wp->stop = true;
     pthread_cond_broadcast(&wp->wake);
+    pthread_cond_broadcast(&wp->watch);
     pthread_mutex_unlock(&wp->mu);
+    if (wp->watcher_started)
+        pthread_join(wp->watcher, NULL);
     for (unsigned i = 0; i < wp->n_threads; i++)
-        pthread_join(wp->threads[i], NULL);
+        pthread_join(wp->workers[i].thread, NULL);
     /* Without workers (none started) queued jobs still answer. */
     struct wp_tenant *t = NULL;
     struct wp_job *j;
@@ -198,8 +383,9 @@ void workpool_free(struct workpool *wp)
         wp->st.running--;
         release(wp, t);
     }
-    free(wp->threads);
+    free(wp->workers);
     pthread_cond_destroy(&wp->wake);
+    pthread_cond_destroy(&wp->watch);
     pthread_mutex_destroy(&wp->mu);
     free(wp);
 }

@@ -13,6 +13,7 @@
 #ifndef KVD_WORKPOOL_H
 #define KVD_WORKPOOL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,6 +31,17 @@ struct workpool_conf {
      * most nice 19): background work that must leave the CPU to the
      * executor's compute threads when both want it. */
     unsigned nice;
+    /* 0: off. Else the workers run SCHED_IDLE (they get a core only when no
+     * other thread wants it) and a job that has run idle_after_ms gets its
+     * worker raised back to SCHED_OTHER at `nice` until it ends, so a busy
+     * CPU delays a job by about that much at most, never starves it. A worker
+     * also runs at `nice` while it holds a lock other threads wait for
+     * (workpool_hold_begin). Raising a thread back from SCHED_IDLE needs
+     * RLIMIT_NICE >= 20 - its nice value, or CAP_SYS_NICE: workpool_new raises
+     * the soft limit to the hard one and tries it on a thread of its own
+     * first; without the right, the workers stay at `nice` and
+     * workpool_conf shows idle_after_ms 0. */
+    unsigned idle_after_ms;
 };
 
 /* 0, KVD_ENOMEM, or KVD_EINTERNAL (a thread could not be started). */
@@ -43,8 +55,20 @@ void workpool_free(struct workpool *wp);
  * KVD_ENOMEM. On failure fn is never called. Any thread. */
 int workpool_submit(struct workpool *wp, uint32_t tenant, workpool_fn fn, void *ud);
 
+/* The calling thread is about to take (begin) or has released (end) a lock
+ * that normal-priority threads wait for: a worker of a pool with
+ * idle_after_ms runs at `nice` (SCHED_OTHER) between the two, so that no
+ * thread waits for a lock held by a thread that gets no core. Nests; a no-op
+ * on any other thread. */
+void workpool_hold_begin(void);
+void workpool_hold_end(void);
+/* pthread_mutex_lock and unlock of such a lock, inside a hold. */
+void workpool_mutex_lock(pthread_mutex_t *mu);
+void workpool_mutex_unlock(pthread_mutex_t *mu);
+
 struct workpool_stats {
     uint64_t submitted, refused_busy, done;
+    uint64_t escalations; /* jobs whose worker was raised after idle_after_ms */
     uint32_t queued, running;
     bool stopping; /* workpool_free has begun */
 };

@@ -488,25 +488,25 @@ int disktier_watch_drops(struct disktier *dt, size_t cap)
     struct disktier_drop *d = calloc(cap ? cap : 1, sizeof *d);
     if (!d)
         return KVD_ENOMEM;
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     free(dt->drops);
     dt->drops = d;
     dt->drops_cap = cap;
     dt->drops_head = dt->drops_n = 0;
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
     return 0;
 }
 
 size_t disktier_take_drops(struct disktier *dt, struct disktier_drop *out, size_t max)
 {
     size_t n = 0;
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     while (n < max && dt->drops_n) {
         out[n++] = dt->drops[dt->drops_head];
         dt->drops_head = (dt->drops_head + 1) % dt->drops_cap;
         dt->drops_n--;
     }
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
     return n;
 }
 
@@ -528,29 +528,29 @@ void *disktier_data(const struct disktier *dt, void *buf)
 
 uint32_t disktier_lookup(struct disktier *dt, uint64_t ns, struct blockkey key)
 {
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     uint32_t e = dt->table[dt_table_find(dt, ns, key)];
     uint32_t s = e ? e - 1 : DISKTIER_NONE;
     if (e)
         dt->slots[s].readers++;
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
     return s;
 }
 
 bool disktier_has(struct disktier *dt, uint64_t ns, struct blockkey key)
 {
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     bool has = dt->table[dt_table_find(dt, ns, key)] != 0;
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
     return has;
 }
 
 void disktier_unpin(struct disktier *dt, uint32_t slot)
 {
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     if (slot < dt->n_slots && dt->slots[slot].readers)
         dt->slots[slot].readers--;
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
 }
 
 uint64_t dt_slot_hdr_sum(struct slot_hdr *h, uint32_t n_tokens)
@@ -564,10 +564,10 @@ uint64_t dt_slot_hdr_sum(struct slot_hdr *h, uint32_t n_tokens)
 
 int disktier_pin(struct disktier *dt, uint64_t ns, struct blockkey key, uint64_t expires)
 {
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     uint32_t e = dt->table[dt_table_find(dt, ns, key)];
     if (!e) {
-        pthread_mutex_unlock(&dt->mu);
+        dt_unlock(dt);
         return KVD_ENOTFOUND;
     }
     struct disk_rec *r = &dt->recs[e - 1];
@@ -578,15 +578,15 @@ int disktier_pin(struct disktier *dt, uint64_t ns, struct blockkey key, uint64_t
     r->expires = expires;
     r->sum = dt_rec_sum(r);
     dt_rec_write(dt, e - 1);
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
     return 0;
 }
 
 void disktier_stats(struct disktier *dt, struct disktier_stats *st)
 {
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     *st = dt->st;
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
 }
 
 size_t disktier_check_index(const void *bytes, size_t len, size_t block_bytes,

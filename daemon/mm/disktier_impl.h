@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "disktier.h"
+#include "workpool.h"
 
 #ifdef KVD_HAVE_URING
 #include <liburing.h>
@@ -98,6 +99,19 @@ struct disktier {
     size_t n_rings;
 #endif
 };
+
+/* The tier's mutex. The executor can wait for it (an eviction touches the
+ * tier under the kvmm lock), so a prefetch worker that runs SCHED_IDLE holds
+ * it at its nice value (workpool_hold_begin). */
+static inline void dt_lock(struct disktier *dt)
+{
+    workpool_mutex_lock(&dt->mu);
+}
+
+static inline void dt_unlock(struct disktier *dt)
+{
+    workpool_mutex_unlock(&dt->mu);
+}
 
 static inline uint64_t dt_now_ns(void)
 {

@@ -118,11 +118,11 @@ static void piece_preadv(struct disktier_batch *b, size_t i)
 static struct io_uring *ring_get(struct disktier *dt)
 {
     struct io_uring *r = NULL;
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     if (dt->n_rings)
         r = dt->rings[--dt->n_rings];
     bool ok = dt->uring_ok;
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
     if (r || !ok)
         return r;
     if (!(r = malloc(sizeof *r)))
@@ -136,12 +136,12 @@ static struct io_uring *ring_get(struct disktier *dt)
 
 static void ring_put(struct disktier *dt, struct io_uring *r)
 {
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     if (dt->n_rings < DISKTIER_RINGS) {
         dt->rings[dt->n_rings++] = r;
         r = NULL;
     }
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
     if (r) {
         io_uring_queue_exit(r);
         free(r);
@@ -252,14 +252,14 @@ static void batch_free(struct disktier_batch *b)
  * and left on disk: its bytes were never looked at). */
 static void fail_all(struct disktier *dt, struct disktier_rd *v, size_t n)
 {
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     for (size_t i = 0; i < n; i++) {
         v[i].rc = KVD_EINTERNAL;
         dt->st.io_errors++;
         if (v[i].slot < dt->n_slots && dt->slots[v[i].slot].readers)
             dt->slots[v[i].slot].readers--;
     }
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
     log_warn("disk tier: out of memory for a read of %zu blocks", n);
 }
 
@@ -293,10 +293,10 @@ struct disktier_batch *disktier_read_begin(struct disktier *dt, const char *ns_n
     if (per_req == 0)
         per_req = 1;
 
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     for (size_t i = 0; i < n; i++)
         b->recs[i] = v[i].slot < dt->n_slots ? dt->recs[v[i].slot] : (struct disk_rec){0};
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
 
     for (size_t i = 0; i < n; i++) {
         b->ord[i] = i;
@@ -356,7 +356,7 @@ size_t disktier_read_end(struct disktier_batch *b)
         piece_done(b, i);
     }
     uint64_t took = dt_now_ns() - b->t0;
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     for (size_t i = 0; i < n; i++) {
         uint32_t slot = v[i].slot;
         const char *w = b->why[i];
@@ -385,7 +385,7 @@ size_t disktier_read_end(struct disktier_batch *b)
     if (n_ok)
         dt->st.read_ns += took;
     dt->st.read_reqs += b->n_p + b->n_retry;
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
     for (size_t i = 0; i < n; i++)
         if (v[i].rc)
             log_warn("disk tier: slot %u (%016" PRIx64 "%016" PRIx64 ") dropped: %s", v[i].slot,

@@ -49,7 +49,7 @@ void dt_slot_read_hit(struct disktier *dt, uint32_t s)
 bool disktier_touch(struct disktier *dt, uint64_t ns, struct blockkey key, uint32_t hits,
                     uint32_t weight)
 {
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     uint32_t e = dt->table[dt_table_find(dt, ns, key)];
     bool found = e != 0 && dt->slots[e - 1].state == SLOT_VALID;
     if (found) {
@@ -61,7 +61,7 @@ bool disktier_touch(struct disktier *dt, uint64_t ns, struct blockkey key, uint3
         dt_lru_unlink(dt, e - 1);
         dt_lru_push_front(dt, e - 1);
     }
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
     return found;
 }
 
@@ -250,7 +250,7 @@ size_t disktier_put_many(struct disktier *dt, struct disktier_wr *v, size_t n)
         goto out;
     }
 
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     for (size_t i = 0; i < n; i++) {
         slot[i] = DISKTIER_NONE;
         v[i].rc = 0;
@@ -266,7 +266,7 @@ size_t disktier_put_many(struct disktier *dt, struct disktier_wr *v, size_t n)
             v[i].rc = KVD_ENOMEM;
         }
     }
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
 
     for (size_t i = 0; i < n; i++) {
         res[i] = -1;
@@ -315,7 +315,7 @@ size_t disktier_put_many(struct disktier *dt, struct disktier_wr *v, size_t n)
         k += run;
     }
 
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     dt->st.write_reqs += reqs;
     for (size_t i = 0; i < n; i++) {
         if (slot[i] == DISKTIER_NONE)
@@ -324,7 +324,7 @@ size_t disktier_put_many(struct disktier *dt, struct disktier_wr *v, size_t n)
         v[i].rc = put_finish(dt, slot[i], &v[i], ok, ok || res[i] >= 0 ? 0 : err[i]);
         n_ok += v[i].rc == 0;
     }
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
 out:
     free(slot);
     free(ord);
@@ -349,7 +349,7 @@ int disktier_sync(struct disktier *dt)
     bad |= fdatasync(dt->index_fd) != 0;
     if (fault_should_fail(FAULT_DISK_FSYNC))
         bad = 1;
-    pthread_mutex_lock(&dt->mu);
+    dt_lock(dt);
     size_t lost = 0;
     if (bad) {
         /* After a failed fsync the kernel may have dropped those pages:
@@ -364,7 +364,7 @@ int disktier_sync(struct disktier *dt)
         }
     }
     dt->n_unsynced = 0;
-    pthread_mutex_unlock(&dt->mu);
+    dt_unlock(dt);
     if (bad)
         log_warn("disk tier %s: fdatasync failed; the %zu blocks written since the last good "
                  "sync are dropped",

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kvmm_impl.h"
+#include "workpool.h"
 
 /* Geometry limits: generous for any real model, small enough that no
  * product below overflows. */
@@ -143,8 +144,12 @@ bool kvmm_lock_checked(void)
 #endif
 }
 
+/* A prefetch worker that runs SCHED_IDLE runs at its nice value while it
+ * holds (or waits for) the lock: the executor never waits for a thread that
+ * gets no core (workpool_hold_begin). */
 void kvmm_lock(struct kvmm *mm)
 {
+    workpool_hold_begin();
     pthread_mutex_lock(&mm->lock);
 #ifdef KVD_LOCK_CHECKS
     atomic_store_explicit(&mm->holder, mm_thread_self(), memory_order_relaxed);
@@ -153,8 +158,11 @@ void kvmm_lock(struct kvmm *mm)
 
 bool mm_trylock(struct kvmm *mm)
 {
-    if (pthread_mutex_trylock(&mm->lock) != 0)
+    workpool_hold_begin();
+    if (pthread_mutex_trylock(&mm->lock) != 0) {
+        workpool_hold_end();
         return false;
+    }
 #ifdef KVD_LOCK_CHECKS
     atomic_store_explicit(&mm->holder, mm_thread_self(), memory_order_relaxed);
 #endif
@@ -169,6 +177,7 @@ void kvmm_unlock(struct kvmm *mm)
     atomic_store_explicit(&mm->holder, 0, memory_order_relaxed);
 #endif
     pthread_mutex_unlock(&mm->lock);
+    workpool_hold_end();
 }
 
 const char *kvmm_errmsg(const struct kvmm *mm)

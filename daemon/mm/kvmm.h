@@ -499,6 +499,17 @@ int kvmm_sessions_reload(struct kvmm *mm, struct kvd_error *e);
  * and "-_.:@/"). */
 bool kvmm_session_name_ok(const char *name);
 
+/* Where a disk restore's CPU time goes (the prefetching thread's own CPU
+ * clock, summed over its restores): */
+enum kvmm_restore_cpu {
+    KVMM_RESTORE_CPU_READ,     /* key lookups, submitting and reaping reads, every check */
+    KVMM_RESTORE_CPU_TAKE,     /* final blocks taken, under the kvmm lock */
+    KVMM_RESTORE_CPU_PREFAULT, /* fresh pool pages populated before their first copy */
+    KVMM_RESTORE_CPU_COPY,     /* the bytes copied into the pool (and a host copy's checksum) */
+    KVMM_RESTORE_CPU_ENTER,    /* blocks entered into the tree, under the kvmm lock */
+    KVMM_RESTORE_CPU_N
+};
+
 struct kvmm_disk_stats {
     bool on;
     struct disktier_stats tier;
@@ -510,7 +521,8 @@ struct kvmm_disk_stats {
     uint64_t restores;        /* prefetches that restored at least one block */
     uint64_t restore_ns;      /* their total time (lookups, reads, checks, into the tree) */
     uint64_t restore_last_ns; /* the last one's */
-    uint64_t sessions;        /* live sessions, all tenants */
+    uint64_t restore_cpu_ns[KVMM_RESTORE_CPU_N]; /* their CPU time, by step */
+    uint64_t sessions;                           /* live sessions, all tenants */
 };
 void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st);
 

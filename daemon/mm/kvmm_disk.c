@@ -566,6 +566,7 @@ void kvmm_disk_stats(struct kvmm *mm, struct kvmm_disk_stats *st)
     st->restores = d->restores;
     st->restore_ns = d->restore_ns;
     st->restore_last_ns = d->restore_last_ns;
+    memcpy(st->restore_cpu_ns, d->restore_cpu_ns, sizeof st->restore_cpu_ns);
     kvmm_unlock(mm);
     st->sessions = mm_sessions_count(mm);
     disktier_stats(d->dt, &st->tier);

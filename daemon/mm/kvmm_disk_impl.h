@@ -77,6 +77,7 @@ struct kvmm_disk {
     uint64_t detached_bytes, detach_max;
     uint64_t detach_skips, restored, restore_fails;
     uint64_t restores, restore_ns, restore_last_ns; /* prefetches that restored blocks */
+    uint64_t restore_cpu_ns[KVMM_RESTORE_CPU_N];    /* the prefetching threads' CPU, by step */
     size_t wb_inflight;   /* taken by the writer, not yet synced (counted as queued) */
     struct rwin *wins;    /* under mu: idle restore windows */
     struct pub_ent *pubs; /* (pubs_cap, a power of two) */

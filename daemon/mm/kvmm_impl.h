@@ -220,6 +220,8 @@ struct mm_restoring {
 bool mm_restore_take(struct kvmm *mm, uint32_t tenant, uint32_t ns, bool prefer_device,
                      struct mm_restoring *r);
 bool mm_restore_fill(struct kvmm *mm, struct mm_restoring *r, const void *data);
+/* The fill's first part: populates r's fresh page, if any (lock released). */
+void mm_restore_prefault(struct kvmm *mm, struct mm_restoring *r);
 bool mm_restore_enter(struct kvmm *mm, struct mm_restoring *r, struct radix_node *parent,
                       const uint32_t *toks, struct blockkey key, bool from_disk);
 void mm_restore_drop(struct kvmm *mm, struct mm_restoring *r);

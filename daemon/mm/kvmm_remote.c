@@ -36,6 +36,7 @@
 #include "log.h"
 #include "redisconn.h"
 #include "remote_value.h"
+#include "workpool.h"
 
 uint64_t mm_remote_now_ns(void)
 {
@@ -82,9 +83,9 @@ static void conn_count(struct kvmm_remote *r, struct rconn *c)
  * when none can be opened. */
 struct rconn *mm_remote_conn_take(struct kvmm_remote *r)
 {
-    pthread_mutex_lock(&r->mu);
+    workpool_mutex_lock(&r->mu);
     struct rconn *c = r->n_conns ? r->conns[--r->n_conns] : NULL;
-    pthread_mutex_unlock(&r->mu);
+    workpool_mutex_unlock(&r->mu);
     if (c)
         return c;
     c = calloc(1, sizeof *c);
@@ -108,12 +109,12 @@ void mm_remote_conn_give(struct kvmm_remote *r, struct rconn *c, int rc)
     conn_count(r, c);
     if (rc != 0)
         back_off(r);
-    pthread_mutex_lock(&r->mu);
+    workpool_mutex_lock(&r->mu);
     if (r->n_conns < POOL_CONNS) {
         r->conns[r->n_conns++] = c;
         c = NULL;
     }
-    pthread_mutex_unlock(&r->mu);
+    workpool_mutex_unlock(&r->mu);
     if (c) {
         redisconn_free(c->rc);
         free(c);
@@ -298,17 +299,17 @@ static bool write_one(struct kvmm_remote *r)
 static void *writer_main(void *arg)
 {
     struct kvmm_remote *r = arg;
-    pthread_mutex_lock(&r->mu);
+    workpool_mutex_lock(&r->mu);
     while (!atomic_load(&r->stop)) {
         r->writing = true;
-        pthread_mutex_unlock(&r->mu);
+        workpool_mutex_unlock(&r->mu);
         kvmm_lock(r->mm);
         mm_remote_ann_expire(r->mm);
         kvmm_unlock(r->mm);
         size_t n = 0;
         while (!atomic_load(&r->stop) && write_one(r))
             n++;
-        pthread_mutex_lock(&r->mu);
+        workpool_mutex_lock(&r->mu);
         r->writing = false;
         pthread_cond_broadcast(&r->idle);
         if (n == 0 && !atomic_load(&r->stop)) {
@@ -322,7 +323,7 @@ static void *writer_main(void *arg)
             pthread_cond_timedwait(&r->wake, &r->mu, &ts);
         }
     }
-    pthread_mutex_unlock(&r->mu);
+    workpool_mutex_unlock(&r->mu);
     return NULL;
 }
 
@@ -336,11 +337,11 @@ int kvmm_remote_flush(struct kvmm *mm, uint32_t timeout_ms)
         kvmm_lock(mm);
         bool empty = r->q_head == r->q_n;
         kvmm_unlock(mm);
-        pthread_mutex_lock(&r->mu);
+        workpool_mutex_lock(&r->mu);
         bool busy = r->writing;
         if (!empty)
             pthread_cond_signal(&r->wake);
-        pthread_mutex_unlock(&r->mu);
+        workpool_mutex_unlock(&r->mu);
         if (empty && !busy)
             return 0;
         if (mm_remote_now_ns() >= until)
@@ -434,10 +435,10 @@ void mm_remote_free(struct kvmm *mm)
     struct kvmm_remote *r = mm->remote;
     if (!r)
         return;
-    pthread_mutex_lock(&r->mu);
+    workpool_mutex_lock(&r->mu);
     atomic_store(&r->stop, true);
     pthread_cond_broadcast(&r->wake);
-    pthread_mutex_unlock(&r->mu);
+    workpool_mutex_unlock(&r->mu);
     if (r->started)
         pthread_join(r->thread, NULL);
     mm->remote = NULL;

@@ -69,7 +69,7 @@ bool mm_restore_take(struct kvmm *mm, uint32_t tenant, uint32_t ns, bool prefer_
     return true;
 }
 
-bool mm_restore_fill(struct kvmm *mm, struct mm_restoring *r, const void *data)
+void mm_restore_prefault(struct kvmm *mm, struct mm_restoring *r)
 {
     /* The first block restored into a new page prefaults the whole page (the
      * blocks after it in the window land in the same page): one call instead
@@ -78,6 +78,11 @@ bool mm_restore_fill(struct kvmm *mm, struct mm_restoring *r, const void *data)
         mm->be->ops->prefault(mm->be, r->fresh, r->tier, r->fresh_bytes);
         r->fresh = NULL;
     }
+}
+
+bool mm_restore_fill(struct kvmm *mm, struct mm_restoring *r, const void *data)
+{
+    mm_restore_prefault(mm, r);
     if (mm->be->ops->copy(mm->be, r->dst, r->tier, data, KVD_TIER_HOST, mm->block_bytes) != 0)
         return false;
     if (r->tier == KVD_TIER_HOST) /* as hosttier_checksum, from the bytes just written */
@@ -242,11 +247,23 @@ void mm_disk_wins_free(struct kvmm_disk *d)
     }
 }
 
-static uint64_t mono_ns(void)
+static uint64_t clock_ns(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t mono_ns(void)
+{
+    return clock_ns(CLOCK_MONOTONIC);
+}
+
+/* The calling thread's CPU time: where a restore's CPU goes, by step
+ * (kvmm_disk_stats.restore_cpu_ns). */
+static uint64_t cpu_ns(void)
+{
+    return clock_ns(CLOCK_THREAD_CPUTIME_ID);
 }
 
 /* Looks up the slots of blocks [b, ...) of tokens into w (at most its size, up to nb), each
@@ -280,7 +297,7 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
     size_t nb = n / bt, restored = 0;
     if (!d || nb == 0)
         return 0;
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = mono_ns(), c0 = cpu_ns(), cpu[KVMM_RESTORE_CPU_N] = {0};
     struct radix_node **scratch = malloc(sizeof *scratch * nb);
     struct rwin *w = win_get(d);
     char ns_name[DISKTIER_NS_NAME];
@@ -330,6 +347,7 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
             good++;
         if (good < k)
             fails++;
+        uint64_t c = cpu_ns();
         while (got < good) {
             kvmm_lock(mm);
             bool took =
@@ -340,9 +358,20 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
             got++;
         }
         MM_ASSERT_UNLOCKED(mm);
-        while (filled < got &&
-               mm_restore_fill(mm, &w->rs[filled], disktier_data(d->dt, w->rd[filled].buf)))
+        cpu[KVMM_RESTORE_CPU_TAKE] += cpu_ns() - c;
+        while (filled < got) {
+            c = cpu_ns();
+            mm_restore_prefault(mm, &w->rs[filled]);
+            uint64_t c2 = cpu_ns();
+            cpu[KVMM_RESTORE_CPU_PREFAULT] += c2 - c;
+            bool filled_ok =
+                mm_restore_fill(mm, &w->rs[filled], disktier_data(d->dt, w->rd[filled].buf));
+            cpu[KVMM_RESTORE_CPU_COPY] += cpu_ns() - c2;
+            if (!filled_ok)
+                break;
             filled++;
+        }
+        c = cpu_ns();
         for (size_t i = 0; i < got; i++) {
             kvmm_lock(mm);
             const uint32_t *toks = tokens + (b + i) * bt;
@@ -364,6 +393,7 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
             }
             kvmm_unlock(mm);
         }
+        cpu[KVMM_RESTORE_CPU_ENTER] += cpu_ns() - c;
         if (got < k)
             ok = false;
         b += k;
@@ -385,8 +415,15 @@ size_t kvmm_disk_prefetch(struct kvmm *mm, uint32_t tenant, uint32_t ns, const u
         }
     }
     uint64_t took = mono_ns() - t0;
+    /* What is not in the other steps: the lookups, the reads and their checks. */
+    uint64_t rest = cpu_ns() - c0;
+    for (size_t i = 0; i < KVMM_RESTORE_CPU_N; i++)
+        rest -= i == KVMM_RESTORE_CPU_READ ? 0 : cpu[i];
+    cpu[KVMM_RESTORE_CPU_READ] = rest;
     kvmm_lock(mm);
     d->restore_fails += fails;
+    for (size_t i = 0; i < KVMM_RESTORE_CPU_N; i++)
+        d->restore_cpu_ns[i] += cpu[i];
     if (restored) {
         d->restores++;
         d->restore_ns += took;

@@ -28,6 +28,7 @@
 #include "disktier.h"
 #include "kvmm_impl.h"
 #include "log.h"
+#include "workpool.h"
 
 #define SESS_MAGIC "KVDSESS1"
 #define SESS_VERSION 1u
@@ -369,9 +370,9 @@ uint64_t mm_sessions_count(struct kvmm *mm)
     struct kvmm_sessions *ss = mm->sessions;
     if (!ss)
         return 0;
-    pthread_mutex_lock(&ss->mu);
+    workpool_mutex_lock(&ss->mu);
     uint64_t n = ss->n;
-    pthread_mutex_unlock(&ss->mu);
+    workpool_mutex_unlock(&ss->mu);
     return n;
 }
 
@@ -456,13 +457,13 @@ int kvmm_session_save(struct kvmm *mm, uint32_t tenant, uint32_t ns, const char 
     struct disktier_stats ts;
     disktier_stats(mm_disk_tier(mm), &ts);
     uint64_t bytes = nb * ts.slot_bytes + sizeof(struct sess_hdr) + 4 * n;
-    pthread_mutex_lock(&ss->mu);
+    workpool_mutex_lock(&ss->mu);
     sweep(ss);
     uint64_t used = 0;
     for (size_t i = 0; i < ss->n; i++)
         if (!strcmp(ss->v[i].ns, s.ns) && strcmp(ss->v[i].name, name))
             used += ss->v[i].bytes;
-    pthread_mutex_unlock(&ss->mu);
+    workpool_mutex_unlock(&ss->mu);
     if (quota && used + bytes > quota)
         return kvd_error_set(e, KVD_EQUOTA,
                              "the tenant's sessions would take %" PRIu64
@@ -492,9 +493,9 @@ int kvmm_session_save(struct kvmm *mm, uint32_t tenant, uint32_t ns, const char 
             .n_tokens = n, .bytes = bytes, .expires = s.expires, .blocks = s.blocks};
     if (info)
         snprintf(info->name, sizeof info->name, "%s", name);
-    pthread_mutex_lock(&ss->mu);
+    workpool_mutex_lock(&ss->mu);
     int rc = insert(ss, &s);
-    pthread_mutex_unlock(&ss->mu);
+    workpool_mutex_unlock(&ss->mu);
     if (rc) {
         free(s.tokens);
         return kvd_error_set(e, rc, "sessions: out of memory");
@@ -515,7 +516,7 @@ int kvmm_session_tokens(struct kvmm *mm, uint32_t ns, const char *name, uint32_t
     if (ns_name_of(mm, ns))
         snprintf(nsn, sizeof nsn, "%s", ns_name_of(mm, ns));
     kvmm_unlock(mm);
-    pthread_mutex_lock(&ss->mu);
+    workpool_mutex_lock(&ss->mu);
     const struct session *s = find(ss, nsn, name ? name : "");
     int rc = 0;
     if (!s || s->expires <= now_s()) {
@@ -526,7 +527,7 @@ int kvmm_session_tokens(struct kvmm *mm, uint32_t ns, const char *name, uint32_t
         memcpy(*tokens, s->tokens, sizeof(uint32_t) * s->n);
         *n = s->n;
     }
-    pthread_mutex_unlock(&ss->mu);
+    workpool_mutex_unlock(&ss->mu);
     return rc;
 }
 
@@ -540,10 +541,10 @@ int kvmm_session_delete(struct kvmm *mm, uint32_t ns, const char *name, struct k
     if (ns_name_of(mm, ns))
         snprintf(nsn, sizeof nsn, "%s", ns_name_of(mm, ns));
     kvmm_unlock(mm);
-    pthread_mutex_lock(&ss->mu);
+    workpool_mutex_lock(&ss->mu);
     struct session *s = find(ss, nsn, name ? name : "");
     if (!s) {
-        pthread_mutex_unlock(&ss->mu);
+        workpool_mutex_unlock(&ss->mu);
         return kvd_error_set(e, KVD_ENOTFOUND, "no session '%s'", name ? name : "");
     }
     char path[4300];
@@ -556,7 +557,7 @@ int kvmm_session_delete(struct kvmm *mm, uint32_t ns, const char *name, struct k
     for (size_t i = 0; i < ss->n; i++)
         if (!strcmp(ss->v[i].ns, nsn))
             pin(mm, &ss->v[i], ss->v[i].expires);
-    pthread_mutex_unlock(&ss->mu);
+    workpool_mutex_unlock(&ss->mu);
     return 0;
 }
 
@@ -578,11 +579,11 @@ int kvmm_session_list(struct kvmm *mm, uint32_t ns, struct kvmm_session_info **o
     if (ns_name_of(mm, ns))
         snprintf(nsn, sizeof nsn, "%s", ns_name_of(mm, ns));
     kvmm_unlock(mm);
-    pthread_mutex_lock(&ss->mu);
+    workpool_mutex_lock(&ss->mu);
     uint64_t now = now_s();
     struct kvmm_session_info *v = calloc(ss->n ? ss->n : 1, sizeof *v);
     if (!v) {
-        pthread_mutex_unlock(&ss->mu);
+        workpool_mutex_unlock(&ss->mu);
         return KVD_ENOMEM;
     }
     size_t k = 0;
@@ -597,7 +598,7 @@ int kvmm_session_list(struct kvmm *mm, uint32_t ns, struct kvmm_session_info **o
         v[k].blocks = s->blocks;
         k++;
     }
-    pthread_mutex_unlock(&ss->mu);
+    workpool_mutex_unlock(&ss->mu);
     qsort(v, k, sizeof *v, by_name);
     *out = v;
     *n = k;

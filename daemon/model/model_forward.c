@@ -347,6 +347,12 @@ static int validate(struct fwd_ctx *c, const struct fwd_batch *b, uint32_t *n_to
     return 0;
 }
 
+/* A bucket b for a count of n, where at most cap fit (n <= cap). */
+static uint32_t pad_to(uint32_t b, uint32_t n, uint32_t cap)
+{
+    return b < n ? n : b > cap ? cap : b;
+}
+
 int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
 {
     const struct model_hparams *hp = &m->hp;
@@ -371,7 +377,18 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         Sp = o->step_bucket(cx, S);
         Sp = Sp < S ? S : Sp > cap ? cap : Sp;
     }
-    uint32_t Tp = T + (Sp - S), Op = O + (Sp - S);
+    uint32_t Tp = T + (Sp - S), Op = O + (Sp - S), max_qp = max_q;
+    /* A mixed step (compute.h row_bucket): its sequences padded as a
+     * decode step's, its rows, output rows and max_q each to the backend's
+     * row bucket. The pad sequences have no rows here; each has an output
+     * row (row 0), as have the pad output rows past them. */
+    if (max_q > 1 && o->row_bucket && o->step_bucket && !c->trace) {
+        Sp = pad_to(o->step_bucket(cx, S), S, c->max_seqs);
+        Sp = pad_to(Sp, S, S + (c->max_out - O));
+        Tp = pad_to(o->row_bucket(cx, T), T, c->max_tokens);
+        Op = pad_to(o->row_bucket(cx, O + (Sp - S)), O + (Sp - S), c->max_out);
+        max_qp = pad_to(o->row_bucket(cx, max_q), max_q, Tp);
+    }
 
     /* host metadata -> one upload */
     uint32_t Tm = c->max_tokens, Sm = c->max_seqs, Om = c->max_out;
@@ -415,11 +432,11 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
     for (uint32_t s = S; s <= Sp; s++) {
         qstart[s] = T;
         slot0[s] = ns;
-        if (s < Sp) {
+        if (s < Sp)
             pos0[s] = 0;
-            last_rows[nout++] = 0;
-        }
     }
+    while (nout < Op)
+        last_rows[nout++] = 0;
     for (; t < Tp; t++) {
         tokens[t] = 0;
         pos[t] = 0;
@@ -463,7 +480,7 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
         .seq_pos0 = d_pos0,
         .seq_slot0 = d_slot0,
         .slots = c->slots,
-        .max_q = max_q,
+        .max_q = max_qp,
         .max_kv = max_kv,
         .h_seq_qstart = qstart,
         .h_seq_pos0 = pos0,
@@ -483,10 +500,15 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
                                  .tables = c->slots,
                                  .n_tokens = Tp,
                                  .n_seqs = Sp,
-                                 .max_q = max_q,
+                                 .n_out = Op,
+                                 .max_q = max_qp,
                                  .max_kv = max_kv,
                                  .sampled = b->sample != NULL,
-                                 .alone = b->invariant};
+                                 .alone = b->invariant,
+                                 .n_one = n_one,
+                                 .n_dec = ad.n_dec,
+                                 .s_dec = ad.s_dec,
+                                 .n_out_one = inv ? n_out_dec : 0};
     if (o->step_begin && !c->trace && (rc = o->step_begin(cx, &cstep, &replayed)))
         return ferr(c, rc, "forward: step start failed on the %s backend", o->name);
 #define MATMUL(w, x, rows, inv_rows, y)                                                            \

@@ -14,6 +14,7 @@
 #include "stats_snap.h"
 #include "tenancy.h"
 #include "text.h"
+#include "workpool.h"
 
 /* hello's model.{tokenizer, bos, eos, eog, chat_template} (docs/protocol.md). */
 static int pack_text(msgpack_packer *pk, const struct text *tx)
@@ -340,6 +341,11 @@ static int pack_disk(msgpack_packer *pk, const struct kvmm_disk_stats *d)
     PROTO_PK(proto_pack_kv_uint(pk, "restore_mean_us",
                                 d->restores ? d->restore_ns / d->restores / 1000 : 0));
     PROTO_PK(proto_pack_kv_uint(pk, "restore_last_us", d->restore_last_ns / 1000));
+    static const char *const cpu_names[KVMM_RESTORE_CPU_N] = {
+        "restore_cpu_read_us", "restore_cpu_take_us", "restore_cpu_prefault_us",
+        "restore_cpu_copy_us", "restore_cpu_enter_us"};
+    for (size_t i = 0; i < KVMM_RESTORE_CPU_N; i++)
+        PROTO_PK(proto_pack_kv_uint(pk, cpu_names[i], d->restore_cpu_ns[i] / 1000));
     PROTO_PK(proto_pack_kv_uint(pk, "sessions", d->sessions));
     return proto_map_end(pk, map);
 }
@@ -379,6 +385,25 @@ static int pack_kv_events(msgpack_packer *pk, struct kvevents *ev)
     PROTO_PK(proto_pack_kv_uint(pk, "replay_bad", s.replay_bad));
     PROTO_PK(proto_pack_kv_uint(pk, "queued", s.queued));
     PROTO_PK(proto_pack_kv_uint(pk, "next_seq", s.next_seq));
+    return proto_map_end(pk, map);
+}
+
+/* The prefetch workers' map (stats "prefetch"): their jobs, and how many
+ * were raised from SCHED_IDLE after prefetch-idle-ms. */
+static int pack_prefetch(msgpack_packer *pk, struct workpool *wp)
+{
+    struct workpool_stats ws;
+    workpool_stats(wp, &ws);
+    const struct workpool_conf *wc = workpool_conf(wp);
+    PROTO_PK(proto_pack_str(pk, "prefetch"));
+    size_t map = proto_map_begin(pk);
+    PROTO_PK(proto_pack_kv_uint(pk, "workers", wc->threads));
+    PROTO_PK(proto_pack_kv_uint(pk, "nice", wc->nice));
+    PROTO_PK(proto_pack_kv_uint(pk, "idle_after_ms", wc->idle_after_ms));
+    PROTO_PK(proto_pack_kv_uint(pk, "queued", ws.queued));
+    PROTO_PK(proto_pack_kv_uint(pk, "running", ws.running));
+    PROTO_PK(proto_pack_kv_uint(pk, "done", ws.done));
+    PROTO_PK(proto_pack_kv_uint(pk, "escalations", ws.escalations));
     return proto_map_end(pk, map);
 }
 
@@ -481,6 +506,8 @@ static int stats_all_pack(struct ops_ctx *c, const struct stats_snap *sn)
         PROTO_PK(pack_kv_events(pk, stream_of(c, model_index_of(c))));
     if (sn->remote.on)
         PROTO_PK(pack_remote(pk, &sn->remote));
+    if (obs->prefetch)
+        PROTO_PK(pack_prefetch(pk, obs->prefetch));
     PROTO_PK(proto_pack_str(pk, "counters"));
     size_t counters = proto_map_begin(pk);
     PROTO_PK(proto_pack_kv_uint(pk, "match_tokens_asked", st->match_tokens_asked));

@@ -99,7 +99,8 @@ struct options {
     char disk_dir[4096];
     uint64_t disk_max_bytes;
     uint32_t disk_writeback_ms, disk_flush_s, disk_workers;
-    uint32_t prefetch_nice; /* the prefetch workers' nice levels below kvd's */
+    uint32_t prefetch_nice;    /* the prefetch workers' nice levels below kvd's */
+    uint32_t prefetch_idle_ms; /* 0: off; else SCHED_IDLE, raised after this long */
     /* KV events (kvevents.h): the PUB and replay endpoints ("": off),
      * batches kept for replay, the topic, the per-subscriber high-water
      * mark and the seed of the published block hashes. */

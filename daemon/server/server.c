@@ -57,6 +57,11 @@ void server_attach_kvevents(struct server *srv, struct kvevents *const *ev, size
     srv->obs.n_kvevents = ev ? n : 0;
 }
 
+void server_attach_prefetch(struct server *srv, struct workpool *wp)
+{
+    srv->obs.prefetch = wp;
+}
+
 void server_get_obs(struct server *srv, struct server_obs *out)
 {
     *out = srv->obs;

@@ -52,6 +52,10 @@ struct kvevents;
 /* The KV events publishers stats and metrics report (not owned): ev[i]
  * is model i's stream (store mode: ev[0]), NULL where it has none. */
 void server_attach_kvevents(struct server *srv, struct kvevents *const *ev, size_t n);
+struct workpool;
+/* The prefetch workers (disk and remote restores) that stats reports as
+ * "prefetch" (not owned; NULL: none). */
+void server_attach_prefetch(struct server *srv, struct workpool *wp);
 /* What an observer reads, on the loop thread: the memory manager (lock it
  * while reading), the sources above, the backend's name, the live
  * counters through pointers so one copy stays current, and the tenant
@@ -67,6 +71,7 @@ struct server_obs {
     struct kvevents *const *kvevents; /* (n_kvevents) model i's stream, or NULL */
     size_t n_kvevents;                /* 0: KV events are off */
     struct models *models;            /* NULL in store mode */
+    struct workpool *prefetch;        /* the prefetch workers, or NULL */
 };
 void server_get_obs(struct server *srv, struct server_obs *out);
 /* The loop's event base (to add listeners to it) and the settings. */

@@ -49,6 +49,7 @@ thread_local work_mark tl_work = {nullptr, 0};
 kvd_emu_counts g_counts; // under g_count_mu
 std::mutex g_count_mu;
 std::atomic<unsigned long long> g_prewait_bytes{0}; // count_prewait_load, lock-free
+std::atomic<unsigned long long> g_mma_f16{0};       // count_mma_f16, lock-free
 
 struct capture;
 
@@ -404,6 +405,11 @@ void count_prewait_load(size_t n)
     g_prewait_bytes.fetch_add(n, std::memory_order_relaxed);
 }
 
+void count_mma_f16()
+{
+    g_mma_f16.fetch_add(1, std::memory_order_relaxed);
+}
+
 int g_cc_major = -1, g_cc_minor;
 
 void device_cc(int *major, int *minor)
@@ -489,6 +495,7 @@ void kvd_emu_get_counts(struct kvd_emu_counts *out)
     std::lock_guard<std::mutex> g(g_count_mu);
     *out = g_counts;
     out->prewait_load_bytes = g_prewait_bytes.load(std::memory_order_relaxed);
+    out->mma_f16 = g_mma_f16.load(std::memory_order_relaxed);
 }
 
 size_t kvd_emu_live_allocs(void)

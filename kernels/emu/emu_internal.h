@@ -81,6 +81,8 @@ void count_launch();
 // Bytes a PDL launch's threads loaded from global memory before their
 // cudaGridDependencySynchronize (instrumented builds).
 void count_prewait_load(size_t n);
+// One warp-wide f16/bf16 mma.sync executed (mma.cc), lock-free.
+void count_mma_f16();
 
 // Kernel launches (simt.cc). pdl: launched with programmatic stream
 // serialization (KVD_LAUNCH_PDL): until its threads pass

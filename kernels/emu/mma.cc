@@ -26,6 +26,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "emu_internal.h"
 #include "kvd_simt_mma.h"
 
 namespace
@@ -44,6 +45,7 @@ float half_hi(uint32_t w, bool bf16)
 
 void mma(kvd_emu_collective *const *lanes, bool bf16)
 {
+    kvd_emu::count_mma_f16();
     float A[16][16], B[16][8], C[16][8];
     for (int lane = 0; lane < 32; lane++) {
         const kvd_emu_mma_lane *l = static_cast<const kvd_emu_mma_lane *>(lanes[lane]);

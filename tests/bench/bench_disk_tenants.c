@@ -271,6 +271,22 @@ static uint64_t disk_stat(const char *key)
     return v;
 }
 
+/* The prefetch workers' escalations from SCHED_IDLE so far (stats
+ * prefetch.escalations; 0 without the map). */
+static uint64_t escalations(void)
+{
+    int fd = kh_connect(sh->sock);
+    if (fd < 0)
+        return 0;
+    uint64_t v = kh_stat(fd, "prefetch", "escalations");
+    close(fd);
+    return v == UINT64_MAX ? 0 : v;
+}
+
+static const char *const cpu_keys[5] = {"restore_cpu_read_us", "restore_cpu_take_us",
+                                        "restore_cpu_prefault_us", "restore_cpu_copy_us",
+                                        "restore_cpu_enter_us"};
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -283,8 +299,10 @@ struct phase {
     unsigned b_sent, b_cached;
     uint64_t restored, read_bytes, read_reqs, restores, restore_us_total;
     double b_wall;
-    uint64_t minflt; /* the daemon's minor page faults in the phase */
-    double cpu_s;    /* and its CPU seconds */
+    uint64_t cpu_us[5];   /* the restores' CPU by step (stats disk.restore_cpu_*_us) */
+    uint64_t escalations; /* prefetch jobs raised from SCHED_IDLE in the phase */
+    uint64_t minflt;      /* the daemon's minor page faults in the phase */
+    double cpu_s;         /* and its CPU seconds */
 };
 
 /* Alpha's inter-token gaps (ms) of the tokens that arrived within [t0, t1]
@@ -325,8 +343,11 @@ static int run_phase(struct phase *ph, bool with_alpha, bool with_beta, unsigned
     uint64_t r0 = disk_stat("restored"), rb0 = disk_stat("read_bytes");
     uint64_t rq0 = disk_stat("read_requests"), rs0 = disk_stat("restores");
     uint64_t rt0 = disk_stat("restores") * disk_stat("restore_mean_us");
-    uint64_t f0;
+    uint64_t f0, cpu0[5];
     double c0;
+    for (size_t i = 0; i < 5; i++)
+        cpu0[i] = disk_stat(cpu_keys[i]);
+    uint64_t e0 = escalations();
     kvd_usage(&f0, &c0);
     pid_t pb = with_beta ? kh_run_as(UID_B, GID_ALL, beta, with_alpha ? (void *)1 : NULL) : 0;
     pid_t pa = with_alpha ? kh_run_as(UID_A, GID_ALL, alpha, NULL) : 0;
@@ -352,6 +373,9 @@ static int run_phase(struct phase *ph, bool with_alpha, bool with_beta, unsigned
     kvd_usage(&f1, &c1);
     ph->minflt = f1 - f0;
     ph->cpu_s = c1 - c0;
+    for (size_t i = 0; i < 5; i++)
+        ph->cpu_us[i] = disk_stat(cpu_keys[i]) - cpu0[i];
+    ph->escalations = escalations() - e0;
     ph->b_cached = atomic_load(&sh->b_cached_blocks);
     ph->restored = disk_stat("restored") - r0;
     ph->read_bytes = disk_stat("read_bytes") - rb0;
@@ -383,6 +407,15 @@ static void print_phase(const char *name, const struct phase *ph)
         printf("; per block restored: %.0f faults, %.0f us in its prefetch",
                (double)ph->minflt / (double)ph->restored,
                (double)ph->restore_us_total / (double)ph->restored);
+    if (ph->restored) {
+        double per[5], sum = 0;
+        for (size_t i = 0; i < 5; i++)
+            sum += per[i] = (double)ph->cpu_us[i] / (double)ph->restored;
+        printf("\n  %-34s restore CPU per block %.0f us: read+checks %.0f, take %.0f, prefault "
+               "%.0f, copy %.0f, enter %.0f; %" PRIu64 " of %" PRIu64
+               " restores raised from SCHED_IDLE",
+               "", sum, per[0], per[1], per[2], per[3], per[4], ph->escalations, ph->restores);
+    }
     printf("\n");
 }
 

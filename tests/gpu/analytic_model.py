@@ -257,6 +257,9 @@ AD_WARPS, AD_SPLIT_TOKENS, AD_MAX_SPLITS = 4, 64, 128
 # ptxas sm_90 (kernels/emu/ptxas_sm90.inc): attn_decode_kernel<128, bf16, GQ 4>
 # on main (one step in flight) and on this branch (two, the merge folded in)
 AD_REGS, AD_REGS_NEW, AD_SMEM = 150, 164, 16644
+# attn_decode_mma_kernel<128, bf16, GQ 4> (query groups of 4 and 8 on tensor
+# cores): registers, static shared memory; a warp walks 16-key tiles
+AD_REGS_MMA, AD_SMEM_MMA, AD_MMA_TILE = 158, 9348, 16
 
 
 def blocks_per_sm(regs, threads, smem):
@@ -278,18 +281,18 @@ def kv_bucket(ctx):
     return b
 
 
-def ad_splits(n_seqs=1, group=H // HKV, ctx=CTX, regs=AD_REGS):
+def ad_splits(n_seqs=1, group=H // HKV, ctx=CTX, regs=AD_REGS, smem=AD_SMEM):
     """kvd_k_attn_decode_splits: one wave of resident blocks over the
     (sequence, KV head, query group) items, no split under 64 tokens of the
     bucket, at most 128; a sequence takes min(that, its own 64-token pieces)."""
-    per_sm = blocks_per_sm(regs, AD_WARPS * 32, AD_SMEM)
+    per_sm = blocks_per_sm(regs, AD_WARPS * 32, smem)
     items = n_seqs * HKV * (1 if group <= 8 else (group + 7) // 8)
     s = min(per_sm * SMS // items, math.ceil(kv_bucket(ctx) / AD_SPLIT_TOKENS), AD_MAX_SPLITS)
     s = max(1, s)
     return min(s, max(1, math.ceil(ctx / AD_SPLIT_TOKENS))), per_sm
 
 
-def attn_main(pdl, pf=1, fold=False):
+def attn_main(pdl, pf=1, fold=False, mma=False):
     """One layer's decode attention, batch 1. As on main (pdl=False, pf=1,
     fold=False): the split kernel and the merge kernel launched plainly,
     the split kernel's loads all after its launch, one step of rows in
@@ -307,10 +310,18 @@ def attn_main(pdl, pf=1, fold=False):
     trips). After the loop, the partial's store (one L2 trip). The merge
     kernel: the metadata, the partials (m, l and o together), the store
     (three; two under PDL, whose metadata loads before the wait). Folded:
-    the counter's atomic, the partials, the store (three, no launch)."""
-    splits, per_sm = ad_splits(regs=AD_REGS_NEW if (pf > 1 or fold) else AD_REGS)
+    the counter's atomic, the partials, the store (three, no launch).
+
+    mma (attn_decode_mma_kernel, query groups of 4 and 8): each warp walks
+    16-key tiles, the block 4 x 16 = 64 tokens a step; the next tile's K is
+    loaded during a tile's softmax and P V, its V during the next scores:
+    one step in flight (pf 1 of 64-token steps)."""
+    if mma:
+        splits, per_sm = ad_splits(regs=AD_REGS_MMA, smem=AD_SMEM_MMA)
+    else:
+        splits, per_sm = ad_splits(regs=AD_REGS_NEW if (pf > 1 or fold) else AD_REGS)
     chunk = math.ceil(CTX / splits)
-    tok_step = 2 * AD_WARPS * (32 // (D // 8))
+    tok_step = AD_WARPS * AD_MMA_TILE if mma else 2 * AD_WARPS * (32 // (D // 8))
     steps = math.ceil(chunk / tok_step)
     kv_bytes = CTX * KD * 2 * 2
     what = "%d splits of %d tokens (%d-token steps, %d in flight), %d blocks/SM" % (
@@ -336,7 +347,7 @@ def attn_main(pdl, pf=1, fold=False):
 
 # The decode attention's variants: as on main, and this branch's steps.
 ATTN = {"main": dict(pdl=False), "pdl": dict(pdl=True), "pf2": dict(pdl=True, pf=2),
-        "new": dict(pdl=True, pf=2, fold=True)}
+        "new": dict(pdl=True, pf=2, fold=True), "mma": dict(pdl=True, fold=True, mma=True)}
 
 
 def decode_after(mix, attn="old"):
@@ -557,11 +568,12 @@ def main():
         ea, ba = gemv_eff_after(wt, F)
         print("  %-5s before %5.1f B/wf eff %.2f   after %5.1f B/wf eff %.2f" % (wt, bb, eb, ba, ea))
     print("\nbatch-1 decode, 8B shape, context 1024 (roofline: weights + KV bytes / copy bandwidth)")
-    for regs in (AD_REGS, AD_REGS_NEW):
-        splits, per_sm = ad_splits(regs=regs)
-        print("decode attention at context %d: attn_decode_kernel<128, bf16, GQ 4> %d registers -> %d"
-              " blocks/SM, %d splits of %d tokens (bucket %d)" % (CTX, regs, per_sm, splits,
-                                                                  math.ceil(CTX / splits), kv_bucket(CTX)))
+    for name, regs, smem in (("", AD_REGS, AD_SMEM), ("", AD_REGS_NEW, AD_SMEM),
+                             ("_mma", AD_REGS_MMA, AD_SMEM_MMA)):
+        splits, per_sm = ad_splits(regs=regs, smem=smem)
+        print("decode attention at context %d: attn_decode%s_kernel<128, bf16, GQ 4> %d registers"
+              " -> %d blocks/SM, %d splits of %d tokens (bucket %d)" % (
+                  CTX, name, regs, per_sm, splits, math.ceil(CTX / splits), kv_bucket(CTX)))
     print("(rows after 'before': fused GEMVs and PDL; 'main attn' is main's decode attention)")
     print("  %-32s %9s %9s %8s %8s %9s %9s" % ("", "ms/step", "roofline", "% roof", "tok/s", "launches", "per layer"))
     rows = [("before, bf16", decode_before("bf16"), "bf16", T_LAUNCH),
@@ -590,7 +602,12 @@ def main():
         print("  %-32s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f   (-%.0f us)" % (
             label, t * 1e3, roof * 1e3, 100 * roof / t, 1 / t, n, pl, (now - t) * 1e6))
         now = t
-    t, roof, n, pl = report_decode("all built, bf16", decode_after("bf16", attn="new"), "bf16",
+    t, roof, n, pl = report_decode("+ decode attention on tensor cores",
+                                   decode_after("q4_k_m", attn="mma"), "q4_k_m", T_LAUNCH_PDL, show)
+    print("  %-32s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f   (-%.0f us)" % (
+        "+ decode attention, tensor cores", t * 1e3, roof * 1e3, 100 * roof / t, 1 / t, n, pl,
+        (now - t) * 1e6))
+    t, roof, n, pl = report_decode("all built, bf16", decode_after("bf16", attn="mma"), "bf16",
                                    T_LAUNCH_PDL, show)
     print("  %-32s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f" % ("all built, bf16", t * 1e3, roof * 1e3,
                                                           100 * roof / t, 1 / t, n, pl))

@@ -253,6 +253,49 @@ static double decode_step(struct dec_fx *d, uint32_t batch, bool sampled, int it
     return bench_median(t, n);
 }
 
+/* Median wall time of one mixed step: sequence 0 brings a prefill chunk
+ * of `chunk` tokens ending at context d->ctx, sequences 1..n_dec decode
+ * one token each at that context; greedy picks downloaded. The same step
+ * each time (a chunk rewrites its own KV rows). */
+static double mixed_step(struct dec_fx *d, uint32_t chunk, uint32_t n_dec, int iters)
+{
+    static uint32_t toks[DEC_MAXB], picks[DEC_MAXB];
+    static struct sample_row rows[DEC_MAXB];
+    uint32_t S = n_dec + 1, *tables = malloc((size_t)S * d->bps * 4);
+    struct fwd_seq seqs[DEC_MAXB];
+    double t[64];
+    for (uint32_t i = 0; i < chunk + n_dec && i < DEC_MAXB; i++)
+        toks[i] = (i * 7919u) % d->m->hp.n_vocab;
+    for (uint32_t s = 0; s < S; s++) {
+        for (uint32_t i = 0; i < d->bps; i++)
+            tables[s * d->bps + i] = i * S + s;
+        rows[s] = (struct sample_row){.top_p = 1.0f};
+        seqs[s] = (struct fwd_seq){.tokens = s ? &toks[chunk + s - 1] : toks,
+                                   .n_tokens = s ? 1 : chunk,
+                                   .pos0 = s ? d->ctx - 1 : d->ctx - chunk,
+                                   .slots = tables + s * d->bps,
+                                   .n_slots = d->bps};
+    }
+    struct fwd_batch b = {.seqs = seqs,
+                          .n_seqs = S,
+                          .kv_arena = d->arena,
+                          .geom = &d->g,
+                          .n_arena_slots = d->n_slots,
+                          .sample = rows,
+                          .tokens = picks};
+    for (int i = 0; i < 3 + iters; i++) {
+        double t0 = now_s();
+        if (model_forward(d->m, d->fc, &b)) {
+            fprintf(stderr, "bench_gpu: model_forward: %s\n", fwd_ctx_errmsg(d->fc));
+            exit(1);
+        }
+        if (i >= 3)
+            t[i - 3] = now_s() - t0;
+    }
+    free(tables);
+    return bench_median(t, iters);
+}
+
 /* One batch-1 decode step of an 8B-shaped model: graph-replayed step time
  * against the roofline (weights + KV bytes / copy bandwidth), the kernels
  * per step and per layer, and each op's GPU time in an eager step. */
@@ -316,7 +359,8 @@ static void decode8b(struct backend *be, double bw, bool q4km)
 }
 
 /* The Llama-3.2-1B-shaped bf16 model at batch 1, 8, 64, 256 (context 512),
- * a sampled batch of 64, and batch 1 eager against graphs. */
+ * a sampled batch of 64, batch 1 eager against graphs, and a mixed step
+ * (a prefill chunk with decode rows) eager against graphs. */
 static void decode1b(struct backend *be, double bw)
 {
     static const struct bench_shape s1b = {"Llama-3.2-1B shape", 16, 2048, 32, 8, 8192, 128256, 1};
@@ -348,6 +392,19 @@ static void decode1b(struct backend *be, double bw)
     double graph1 = decode_step(&d, 1, false, bench_small ? 2 : 30);
     bench_row("decode 1B batch 1: graph vs eager (ms)", bench_fmt(v, "%.3f", graph1 * 1e3),
               bench_fmt(c, "%.3f", eager1 * 1e3), 100 * graph1 / eager1);
+    /* a mixed step (a prefill chunk of 61 tokens and 7 decode rows: 68
+     * rows, padded to the row bucket of 80; --small: 5 and 2) from its
+     * graph against eager */
+    uint32_t chunk = bench_small ? 5 : 61, ndec = bench_small ? 2 : 7;
+    cuda_compute_set_graphs(d.m->cx, false);
+    double mixed_e = mixed_step(&d, chunk, ndec, bench_small ? 2 : 20);
+    cuda_compute_set_graphs(d.m->cx, true);
+    double mixed_g = mixed_step(&d, chunk, ndec, bench_small ? 2 : 20);
+    printf("mixed step 1B (%u-token chunk + %u decodes): graph %.3f ms, eager %.3f ms\n", chunk,
+           ndec, mixed_g * 1e3, mixed_e * 1e3);
+    snprintf(what, sizeof what, "mixed 1B %u+%u rows: graph vs eager (ms)", chunk, ndec);
+    bench_row(what, bench_fmt(v, "%.3f", mixed_g * 1e3), bench_fmt(c, "%.3f", mixed_e * 1e3),
+              100 * mixed_g / mixed_e);
     dec_close(&d, be);
 }
 

@@ -116,7 +116,7 @@ say "configured against $P"
 # ---- 3. build only what the check runs -------------------------------------
 # The gpu label's tests: the same cases CI runs on the emulator (test_emu and
 # the sm_86 rerun exist only in emulation builds).
-targets=(test_gpu_backend test_gpu_ops test_gpu_fused test_gpu_layer test_gpu_qmma test_gpu_attn test_gpu_model test_gpu_serve
+targets=(test_gpu_backend test_gpu_ops test_gpu_fused test_gpu_layer test_gpu_qmma test_gpu_attn test_gpu_model test_gpu_graph test_gpu_serve
          test_gpu_spec test_gpu_pages test_gpu_export kvd kvctl bench_gpu kvd-gguf-gen)
 say "build ${targets[*]} (-j$jobs)"
 cmake --build "$B" -j"$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1 ||

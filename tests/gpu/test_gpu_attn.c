@@ -7,7 +7,10 @@
  * max |reference|): the tensor-core kernel rounds Q and the softmax weights
  * to the KV's 16-bit type (f16 for q8_0 and fp8, whose values are
  * dequantized to f16): 2e-3 for f16-based math, 1e-2 for bf16; the f32
- * CUDA-core kernel 2e-5. Skips (77) without a CUDA device. */
+ * CUDA-core kernel 2e-5. The decode kernel's tensor-core path (query
+ * groups of 4 and 8, head_dim 64 and 128, f16/bf16/q8_0) rounds alike and
+ * is held to the same tolerances.
+ * Skips (77) without a CUDA device. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -297,12 +300,104 @@ static void test_prefill_cuda_cores(void **state)
     }
 }
 
+/* ---- decode on tensor cores ----------------------------------------------- */
+
+/* The f16/bf16 mma instructions the emulated device has executed (0 on a
+ * real device, which does not count them). */
+static unsigned long long mma_count(void)
+{
+#ifdef KVD_CUDA_EMULATE
+    struct kvd_emu_counts c;
+    kvd_emu_get_counts(&c);
+    return c.mma_f16;
+#else
+    return 0;
+#endif
+}
+
+/* One decode-only batch (every sequence one row: the decode kernel, early
+ * loads) of the given contexts; returns the mma instructions it executed. */
+static unsigned long long run_decode(enum kv_dtype dt, uint32_t hd, uint32_t n_head,
+                                     uint32_t kv_heads, const uint32_t *ctx, uint32_t S, double tol)
+{
+    uint32_t seqs[8][2];
+    assert_true(S <= 8);
+    for (uint32_t s = 0; s < S; s++) {
+        seqs[s][0] = ctx[s] - 1;
+        seqs[s][1] = 1;
+    }
+    const unsigned long long before = mma_count();
+    run_attention(dt, hd, n_head, kv_heads, 16, (const uint32_t(*)[2])seqs, S, tol);
+    return mma_count() - before;
+}
+
+/* Whether the decode kernel runs on tensor cores (attn_decode_mma.cuh
+ * AD_MMA): query groups of 3 to 8 heads (a block's 4 or 8), head_dim 64 and
+ * 128, f16, bf16 and q8_0 rows. */
+static int decode_mma(enum kv_dtype dt, uint32_t hd, uint32_t group)
+{
+    return group >= 3 && (hd == 64 || hd == 128) &&
+           (dt == KV_F16 || dt == KV_BF16 || dt == KV_Q8_0);
+}
+
+/* The decode kernel at query groups of 4 and 8 against the cpu backend:
+ * every head_dim x 16-bit/quantized dtype, groups alternating, one sequence
+ * (one split) and several of short and long contexts (split and unsplit in
+ * one launch, a tile's partial end). Then a group of 3 (padded to 8), a
+ * single long context (many splits), and a mixed step's decode rows beside
+ * a prefill chunk (loads after the wait only). On the emulator the
+ * tensor-core instances must have issued mma instructions, the others
+ * (head_dim 256, fp8 and f32 rows, groups of 1 and 2: the scalar kernel)
+ * none. */
+static void test_decode_tensor_cores(void **state)
+{
+    rnd_seed(46);
+    for (size_t di = 0; di < 3; di++)
+        for (size_t ti = 0; ti < 4; ti++) {
+            const int g8 = (int)((di + ti) % 2);
+            const uint32_t n_head = 8, kv_heads = g8 ? 1 : 2, hd = tc_hds[di];
+            const enum kv_dtype dt = tc_dtypes[ti];
+            const int mma = decode_mma(dt, hd, n_head / kv_heads);
+            const double tol = mma ? prefill_tol(dt, hd) : 2e-5;
+            const uint32_t one[1] = {1 + rnd_u32(60)};
+            const uint32_t several[3] = {17 + rnd_u32(40), 1, 1500 + rnd_u32(1500)};
+            unsigned long long n = run_decode(dt, hd, n_head, kv_heads, one, 1, tol);
+            n += run_decode(dt, hd, n_head, kv_heads, several, 3, tol);
+#ifdef KVD_CUDA_EMULATE
+            if ((n > 0) != mma)
+                fail_msg("decode %s hd %u group %u: %llu mma issued", kv_dtype_name(dt), hd,
+                         n_head / kv_heads, n);
+#else
+            (void)n;
+#endif
+        }
+    const uint32_t g3[2] = {200 + rnd_u32(100), 2500 + rnd_u32(500)};
+    const unsigned long long n3 = run_decode(KV_F16, 128, 12, 4, g3, 2, 2e-3);
+    const uint32_t longer[1] = {3000 + rnd_u32(1000)};
+    const unsigned long long n8 = run_decode(KV_BF16, 64, 16, 2, longer, 1, 1e-2);
+    uint32_t mixed[3][2] = {{rnd_u32(300), 1}, {40 + rnd_u32(40), 20}, {1200 + rnd_u32(800), 1}};
+    run_attention(KV_Q8_0, 128, 8, 1, 16, (const uint32_t(*)[2])mixed, 3, 2e-3);
+    /* The scalar kernel: groups 1 and 2, f32 rows at group 8. */
+    const uint32_t ctx[2] = {100, 700};
+    unsigned long long scalar = run_decode(KV_F16, 128, 4, 2, ctx, 2, 2e-5);
+    scalar += run_decode(KV_BF16, 64, 4, 4, ctx, 2, 2e-5);
+    scalar += run_decode(KV_F32, 128, 8, 1, ctx, 2, 2e-5);
+#ifdef KVD_CUDA_EMULATE
+    assert_true(n3 > 0 && n8 > 0);
+    assert_true(scalar == 0);
+#else
+    (void)n3;
+    (void)n8;
+    (void)scalar;
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         GPU_TEST(test_mma_fragments),        GPU_TEST(test_mma_rounding),
         GPU_TEST(test_prefill_tensor_cores), GPU_TEST(test_prefill_long_prefix),
-        GPU_TEST(test_prefill_cuda_cores),
+        GPU_TEST(test_prefill_cuda_cores),   GPU_TEST(test_decode_tensor_cores),
     };
     /* The skip decision happens before cmocka runs, so "no device" exits 77. */
     gpu_fx_open(&F);

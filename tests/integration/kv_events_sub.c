@@ -362,3 +362,80 @@ void kvs_free_batches(struct kvs_batch *b)
         free(b[i].buf);
     free(b);
 }
+
+/* ---- a stream followed -------------------------------------------------- */
+
+static const char *stream_model(const struct kvs_stream *s)
+{
+    return s->model[0] ? s->model : NULL;
+}
+
+void kvs_stream_open(struct kvs_stream *s, const struct kh_proc *d)
+{
+    s->have = calloc(KVS_MAX_SEQ, sizeof *s->have);
+    s->v = calloc(1, sizeof *s->v);
+    assert_non_null(s->have);
+    assert_non_null(s->v);
+    s->applied = 0;
+    s->n_removed = 0;
+    s->sub = zmq_socket(s->zctx, ZMQ_SUB);
+    assert_non_null(s->sub);
+    int zero = 0;
+    zmq_setsockopt(s->sub, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, "kv@", 3), 0);
+    assert_int_equal(zmq_connect(s->sub, s->ev), 0);
+    uint64_t t0 = kvf_now_ms();
+    while (kvs_ev_stat(d, stream_model(s), "subscribers") < 1) {
+        if (kvf_now_ms() - t0 > 10000)
+            fail_msg("the stream %s never saw the subscription", s->topic);
+        usleep(2000);
+    }
+}
+
+/* The REMOTE BlockRemoved hashes of one payload, appended to s->removed
+ * (kvs_apply checks every field; this only picks them out). */
+static void note_removed(struct kvs_stream *s, const unsigned char *buf, size_t len)
+{
+    msgpack_unpacked u;
+    size_t off = 0;
+    msgpack_unpacked_init(&u);
+    assert_int_equal(msgpack_unpack_next(&u, (const char *)buf, len, &off), MSGPACK_UNPACK_SUCCESS);
+    const msgpack_object *evs = &u.data.via.array.ptr[1];
+    for (uint32_t i = 0; i < evs->via.array.size; i++) {
+        const msgpack_object *e = &evs->via.array.ptr[i], *a = e->via.array.ptr;
+        if (e->via.array.size != 3 || a[0].via.str.size != 12 ||
+            memcmp(a[0].via.str.ptr, "BlockRemoved", 12) || a[2].via.str.size != 6 ||
+            memcmp(a[2].via.str.ptr, "REMOTE", 6))
+            continue;
+        for (uint32_t k = 0; k < a[1].via.array.size; k++) {
+            assert_true(s->n_removed < KVS_MAX_BLOCKS);
+            s->removed[s->n_removed++] = a[1].via.array.ptr[k].via.u64;
+        }
+    }
+    msgpack_unpacked_destroy(&u);
+}
+
+void kvs_stream_catch_up(struct kvs_stream *s, const struct kh_proc *d)
+{
+    uint64_t n = kvs_settle(d, stream_model(s)), first, last;
+    if (!s->have[0].buf)
+        assert_true(kvs_replay(s->zctx, s->replay, 0, s->have, &first, &last) >= 1);
+    kvs_collect(s->sub, s->topic, s->have, n);
+    for (; s->applied < n; s->applied++) {
+        kvs_apply(s->v, s->have[s->applied].buf, s->have[s->applied].len);
+        note_removed(s, s->have[s->applied].buf, s->have[s->applied].len);
+    }
+    assert_int_equal(kvs_ev_stat(d, stream_model(s), "dropped"), 0);
+}
+
+void kvs_stream_close(struct kvs_stream *s)
+{
+    if (s->sub)
+        zmq_close(s->sub);
+    s->sub = NULL;
+    if (s->have)
+        kvs_free_batches(s->have);
+    s->have = NULL;
+    free(s->v);
+    s->v = NULL;
+}

@@ -57,4 +57,26 @@ uint64_t kvs_ev_stat(const struct kh_proc *d, const char *model, const char *key
 uint64_t kvs_settle(const struct kh_proc *d, const char *model);
 void kvs_free_batches(struct kvs_batch *b); /* (KVS_MAX_SEQ) */
 
+/* A subscriber that follows one model's stream: the batches it has (live or
+ * by replay), what they leave stored, and the REMOTE BlockRemoved hashes in
+ * the order they came. */
+struct kvs_stream {
+    void *zctx, *sub;
+    char ev[160], replay[160], topic[64];
+    char model[64]; /* "": the daemon's first model */
+    struct kvs_batch *have;
+    struct kvs_view *v;
+    uint64_t applied;
+    uint64_t removed[KVS_MAX_BLOCKS];
+    size_t n_removed;
+};
+/* Subscribes to s->ev (s->zctx, ev, replay, topic and model set before) and
+ * waits until d's stream counts the subscriber. */
+void kvs_stream_open(struct kvs_stream *s, const struct kh_proc *d);
+/* Applies in order everything d's stream has sent until now, live or (what
+ * came before the subscription) by replay; fails on a dropped batch. */
+void kvs_stream_catch_up(struct kvs_stream *s, const struct kh_proc *d);
+/* Closes the socket and frees the batches (safe on a stream never opened). */
+void kvs_stream_close(struct kvs_stream *s);
+
 #endif

@@ -3,8 +3,10 @@
  * had, byte-identical; flipped bytes, a truncated or garbage directory and
  * another model's file never serve a wrong token (recomputed, counted);
  * a second daemon cannot take the directory; tenants never match each
- * other's disk blocks across a restart. */
+ * other's disk blocks across a restart; a restore on SCHED_IDLE prefetch
+ * workers completes while the executor is busy decoding. */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -487,6 +489,115 @@ static void test_tenants_isolated_across_restart(void **state)
     assert_int_equal(kh_stop(&d), 0);
 }
 
+/* A stream that keeps the executor busy: max_tokens greedy tokens of a
+ * prompt of its own; started says its first tokens arrived. */
+struct busy_stream {
+    const char *sock;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool started;
+    size_t n_tokens;
+    int rc;
+};
+
+static int busy_on_tokens(void *user, const uint32_t *tokens, size_t n)
+{
+    (void)tokens;
+    struct busy_stream *b = user;
+    pthread_mutex_lock(&b->mu);
+    b->n_tokens += n;
+    b->started = true;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+static void *busy_run(void *arg)
+{
+    struct busy_stream *b = arg;
+    uint32_t p[64];
+    for (int i = 0; i < 64; i++)
+        p[i] = (uint32_t)(i * 101 + 7) % 256;
+    struct kvd_ctx *c = kvd_connect(b->sock);
+    b->rc = -1;
+    if (c && !c->err) {
+        kvd_set_timeout(c, 120000);
+        struct kvd_gen_opts o;
+        kvd_gen_opts_init(&o);
+        o.max_tokens = 1500;
+        o.temperature = 0;
+        o.on_tokens = busy_on_tokens;
+        o.user = b;
+        struct kvd_gen_result r;
+        b->rc = kvd_generate(c, p, 64, &o, &r);
+        if (b->rc == 0)
+            kvd_gen_result_free(&r);
+    }
+    if (c)
+        kvd_close(c);
+    pthread_mutex_lock(&b->mu);
+    b->started = true; /* also when it failed: nobody waits forever */
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* The prefetch workers at SCHED_IDLE (prefetch-idle-ms 1: raised back to
+ * prefetch-nice after a millisecond of a restore) restore a whole prompt
+ * after a restart while another request keeps the executor decoding: the
+ * restore completes, every whole block from disk, the tokens the cold
+ * run's. Going back from SCHED_IDLE needs root or RLIMIT_NICE. */
+static void test_restore_while_executor_busy(void **state)
+{
+    struct fixture *f = *state;
+    struct kh_proc d;
+    struct kvd_gen_result cold, warm;
+    if (geteuid() != 0)
+        skip();
+    start(&d, f, f->model_a, NULL);
+    gen_ok(&d, f, &cold);
+    assert_int_equal(kh_stop(&d), 0);
+
+    const char *const args[] = {
+        "--backend",        "cpu",  "--model",   f->model_a, "--disk-dir",         f->disk,
+        "--disk-max-bytes", "64M",  "--threads", "2",        "--prefetch-idle-ms", "1",
+        "--step-tokens",    "2048", NULL};
+    struct kh_opts o = {.args = args};
+    memset(&d, 0, sizeof d);
+    assert_int_equal(kh_spawn(&d, &o), 0);
+    int fd = kh_connect(d.sock);
+    assert_true(fd >= 0);
+    assert_int_equal(kh_stat(fd, "prefetch", "idle_after_ms"), 1);
+    close(fd);
+
+    struct busy_stream b = {.sock = d.sock};
+    pthread_mutex_init(&b.mu, NULL);
+    pthread_cond_init(&b.cv, NULL);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, busy_run, &b), 0);
+    pthread_mutex_lock(&b.mu);
+    while (!b.started)
+        pthread_cond_wait(&b.cv, &b.mu);
+    pthread_mutex_unlock(&b.mu);
+
+    gen_ok(&d, f, &warm);
+    expect_same(&cold, &warm);
+    assert_int_equal(warm.cached_tokens, full_blocks * BT);
+    assert_true(disk_stat(&d, "restored") >= full_blocks);
+    pthread_join(t, NULL);
+    assert_int_equal(b.rc, 0);
+    assert_int_equal(b.n_tokens, 1500);
+    fd = kh_connect(d.sock);
+    assert_true(fd >= 0);
+    assert_true(kh_stat(fd, "prefetch", "done") >= 1);
+    close(fd);
+    assert_int_equal(kh_stop(&d), 0);
+    pthread_mutex_destroy(&b.mu);
+    pthread_cond_destroy(&b.cv);
+    kvd_gen_result_free(&cold);
+    kvd_gen_result_free(&warm);
+}
+
 /* ---- faults on the disk path (the fault-injection build: test_fault_disk) */
 
 #ifndef KVD_DISK_FAULTS
@@ -575,6 +686,7 @@ int main(void)
         cmocka_unit_test_setup(test_other_model_never_matches, per_test),
         cmocka_unit_test_setup(test_second_daemon_refused, per_test),
         cmocka_unit_test_setup(test_tenants_isolated_across_restart, per_test),
+        cmocka_unit_test_setup(test_restore_while_executor_busy, per_test),
         cmocka_unit_test_setup(test_fault_write_errors, per_test),
         cmocka_unit_test_setup(test_fault_torn_writes, per_test),
         cmocka_unit_test_setup(test_fault_fsync_failure, per_test),

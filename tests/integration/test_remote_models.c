@@ -19,7 +19,6 @@
 
 #include <cmocka.h>
 #include <hiredis/hiredis.h>
-#include <msgpack.h>
 #include <sodium.h>
 #include <zmq.h>
 
@@ -40,11 +39,10 @@ struct fixture {
     char model[2][128]; /* two_models_make's a (llama, f32) and b (qwen2, f16) */
     char other[128];    /* a's shapes, other weights */
     char key[128];      /* the fleet key file */
-    char ev[2][160], replay[2][160], topic[2][64];
     struct redis_srv redis;
     void *zctx;
-    void *sub[2];
-    struct kh_proc a, b; /* pid 0: not running */
+    struct kvs_stream s[2]; /* each model's stream on daemon A */
+    struct kh_proc a, b;    /* pid 0: not running */
 };
 
 static int setup(void **state)
@@ -78,14 +76,17 @@ static int setup(void **state)
     FILE *k = fopen(f->key, "w");
     if (!k || fprintf(k, "%s\n", hex) < 0 || fclose(k) != 0 || chmod(f->key, 0600) != 0)
         return -1;
-    for (int i = 0; i < 2; i++) {
-        snprintf(f->ev[i], sizeof f->ev[i], "ipc://%s/ev-%s.sock", f->dir, names[i]);
-        snprintf(f->replay[i], sizeof f->replay[i], "ipc://%s/replay-%s.sock", f->dir, names[i]);
-        snprintf(f->topic[i], sizeof f->topic[i], "kv@node@%s", names[i]);
-    }
     f->zctx = zmq_ctx_new();
     if (!f->zctx)
         return -1;
+    for (int i = 0; i < 2; i++) {
+        struct kvs_stream *s = &f->s[i];
+        s->zctx = f->zctx;
+        snprintf(s->ev, sizeof s->ev, "ipc://%s/ev-%s.sock", f->dir, names[i]);
+        snprintf(s->replay, sizeof s->replay, "ipc://%s/replay-%s.sock", f->dir, names[i]);
+        snprintf(s->topic, sizeof s->topic, "kv@node@%s", names[i]);
+        snprintf(s->model, sizeof s->model, "%s", names[i]);
+    }
     return 0;
 }
 
@@ -96,8 +97,7 @@ static int teardown(void **state)
     if (!f)
         return 0;
     for (int i = 0; i < 2; i++)
-        if (f->sub[i])
-            zmq_close(f->sub[i]);
+        kvs_stream_close(&f->s[i]);
     if (f->a.pid > 0) /* a test failed with its daemons running */
         kh_stop(&f->a);
     if (f->b.pid > 0)
@@ -219,84 +219,8 @@ static void expect_remote_set(const struct kvs_view *v, const char *model, uint3
 
 /* ---- one stream per model ------------------------------------------------ */
 
-struct stream {
-    struct kvs_batch *have;
-    struct kvs_view *v;
-    uint64_t applied;
-    uint64_t removed[KVS_MAX_BLOCKS]; /* REMOTE BlockRemoved hashes, in order */
-    size_t n_removed;
-};
-
-static void stream_open(struct fixture *f, const struct kh_proc *d, int i, struct stream *s)
-{
-    memset(s, 0, sizeof *s);
-    s->have = calloc(KVS_MAX_SEQ, sizeof *s->have);
-    s->v = calloc(1, sizeof *s->v);
-    assert_non_null(s->have);
-    assert_non_null(s->v);
-    f->sub[i] = zmq_socket(f->zctx, ZMQ_SUB);
-    assert_non_null(f->sub[i]);
-    int zero = 0;
-    zmq_setsockopt(f->sub[i], ZMQ_LINGER, &zero, sizeof zero);
-    assert_int_equal(zmq_setsockopt(f->sub[i], ZMQ_SUBSCRIBE, "kv@", 3), 0);
-    assert_int_equal(zmq_connect(f->sub[i], f->ev[i]), 0);
-    uint64_t t0 = kvf_now_ms();
-    while (kvs_ev_stat(d, names[i], "subscribers") < 1) {
-        if (kvf_now_ms() - t0 > 10000)
-            fail_msg("model %s's stream never saw the subscription", names[i]);
-        usleep(2000);
-    }
-}
-
-static void stream_close(struct fixture *f, int i, struct stream *s)
-{
-    zmq_close(f->sub[i]);
-    f->sub[i] = NULL;
-    kvs_free_batches(s->have);
-    free(s->v);
-}
-
-/* The REMOTE BlockRemoved hashes of one payload, appended to s->removed
- * (kvs_apply checks every field; this only picks them out). */
-static void note_removed(struct stream *s, const unsigned char *buf, size_t len)
-{
-    msgpack_unpacked u;
-    size_t off = 0;
-    msgpack_unpacked_init(&u);
-    assert_int_equal(msgpack_unpack_next(&u, (const char *)buf, len, &off), MSGPACK_UNPACK_SUCCESS);
-    const msgpack_object *evs = &u.data.via.array.ptr[1];
-    for (uint32_t i = 0; i < evs->via.array.size; i++) {
-        const msgpack_object *e = &evs->via.array.ptr[i], *a = e->via.array.ptr;
-        if (e->via.array.size != 3 || a[0].via.str.size != 12 ||
-            memcmp(a[0].via.str.ptr, "BlockRemoved", 12) || a[2].via.str.size != 6 ||
-            memcmp(a[2].via.str.ptr, "REMOTE", 6))
-            continue;
-        for (uint32_t k = 0; k < a[1].via.array.size; k++) {
-            assert_true(s->n_removed < KVS_MAX_BLOCKS);
-            s->removed[s->n_removed++] = a[1].via.array.ptr[k].via.u64;
-        }
-    }
-    msgpack_unpacked_destroy(&u);
-}
-
-/* Everything model i's stream has sent until now, live or (what came before
- * the subscription) by replay, applied in order. */
-static void stream_catch_up(const struct fixture *f, const struct kh_proc *d, int i,
-                            struct stream *s)
-{
-    uint64_t n = kvs_settle(d, names[i]), first, last;
-    if (!s->have[0].buf)
-        assert_true(kvs_replay(f->zctx, f->replay[i], 0, s->have, &first, &last) >= 1);
-    kvs_collect(f->sub[i], f->topic[i], s->have, n);
-    for (; s->applied < n; s->applied++) {
-        kvs_apply(s->v, s->have[s->applied].buf, s->have[s->applied].len);
-        note_removed(s, s->have[s->applied].buf, s->have[s->applied].len);
-    }
-    assert_int_equal(kvs_ev_stat(d, names[i], "dropped"), 0);
-}
-
 /* The removals since `from` are exactly the prompt's whole blocks. */
-static void expect_removed(const struct stream *s, size_t from, const char *model,
+static void expect_removed(const struct kvs_stream *s, size_t from, const char *model,
                            const uint32_t *p)
 {
     uint64_t want[NB], got[NB];
@@ -314,16 +238,10 @@ static void expect_removed(const struct stream *s, size_t from, const char *mode
 static const char *const tenant = "[admin]\nuids = 0\n"
                                   "[tenant:fleet]\nuids = 0\nremote = on\nevents = on\n";
 
-/* Daemon A: alpha and beta, each with its own stream (alpha's the
- * [server] one). */
-static void start_a(struct fixture *f)
+/* A daemon on the fixture's Redis and fleet key, with conf's models; with
+ * events, alpha's stream is the [server] one (kv@node@{model} topics). */
+static void spawn(struct fixture *f, struct kh_proc *d, const char *conf, bool events)
 {
-    static char conf[2048];
-    snprintf(conf, sizeof conf,
-             "%s[model:alpha]\npath = %s\npreload = yes\nkeep-alive-s = forever\n"
-             "[model:beta]\npath = %s\npreload = yes\nkeep-alive-s = forever\n"
-             "kv-events = %s\nkv-events-replay = %s\n",
-             tenant, f->model[0], f->model[1], f->ev[1], f->replay[1]);
     const char *const args[] = {"--backend",
                                 "cpu",
                                 "--remote",
@@ -334,16 +252,29 @@ static void start_a(struct fixture *f)
                                 "0",
                                 "--remote-timeout-ms",
                                 "5000",
-                                "--kv-events",
-                                f->ev[0],
+                                events ? "--kv-events" : NULL,
+                                f->s[0].ev,
                                 "--kv-events-replay",
-                                f->replay[0],
+                                f->s[0].replay,
                                 "--kv-events-topic",
                                 "kv@node@{model}",
                                 NULL};
     struct kh_opts o = {.conf_text = conf, .args = args};
-    memset(&f->a, 0, sizeof f->a);
-    assert_int_equal(kh_spawn(&f->a, &o), 0);
+    memset(d, 0, sizeof *d);
+    assert_int_equal(kh_spawn(d, &o), 0);
+}
+
+/* Daemon A: alpha and beta, each with its own stream (beta's in its
+ * [model:] section). */
+static void start_a(struct fixture *f)
+{
+    static char conf[2048];
+    snprintf(conf, sizeof conf,
+             "%s[model:alpha]\npath = %s\npreload = yes\nkeep-alive-s = forever\n"
+             "[model:beta]\npath = %s\npreload = yes\nkeep-alive-s = forever\n"
+             "kv-events = %s\nkv-events-replay = %s\n",
+             tenant, f->model[0], f->model[1], f->s[1].ev, f->s[1].replay);
+    spawn(f, &f->a, conf, true);
 }
 
 /* Daemon B: the same two model files under the same names and a third of
@@ -356,20 +287,7 @@ static void start_b(struct fixture *f)
              "[model:beta]\npath = %s\npreload = yes\nkeep-alive-s = forever\n"
              "[model:gamma]\npath = %s\npreload = yes\nkeep-alive-s = forever\n",
              tenant, f->model[0], f->model[1], f->other);
-    const char *const args[] = {"--backend",
-                                "cpu",
-                                "--remote",
-                                f->redis.url,
-                                "--remote-key-file",
-                                f->key,
-                                "--remote-min-hits",
-                                "0",
-                                "--remote-timeout-ms",
-                                "5000",
-                                NULL};
-    struct kh_opts o = {.conf_text = conf, .args = args};
-    memset(&f->b, 0, sizeof f->b);
-    assert_int_equal(kh_spawn(&f->b, &o), 0);
+    spawn(f, &f->b, conf, false);
 }
 
 static void test_remote_per_model(void **state)
@@ -377,10 +295,9 @@ static void test_remote_per_model(void **state)
     struct fixture *f = *state;
     assert_int_equal(redis_start(&f->redis, NULL), 0);
     start_a(f);
-    struct stream *s = calloc(2, sizeof *s);
-    assert_non_null(s);
+    struct kvs_stream *s = f->s;
     for (int i = 0; i < 2; i++)
-        stream_open(f, &f->a, i, &s[i]);
+        kvs_stream_open(&s[i], &f->a);
 
     /* P[0] on alpha only, P[1] on beta only, P[2] on both: a value each. */
     static uint32_t p[4][N_P];
@@ -394,7 +311,7 @@ static void test_remote_per_model(void **state)
     for (int i = 0; i < 2; i++) {
         wait_remote(&f->a, names[i], 2, 2 * NB, 0);
         assert_int_equal(rstat(&f->a, names[i], "announced"), 2);
-        stream_catch_up(f, &f->a, i, &s[i]);
+        kvs_stream_catch_up(&s[i], &f->a);
         assert_int_equal(s[i].v->cleared, 1); /* the start's */
     }
     /* Each stream's REMOTE set: its model's values, never the other's; the
@@ -433,11 +350,11 @@ static void test_remote_per_model(void **state)
     /* admin_evict tier "all" of alpha: AllBlocksCleared on alpha's stream
      * alone; beta's stream and announced values as they were. */
     for (int i = 0; i < 2; i++)
-        stream_catch_up(f, &f->a, i, &s[i]);
+        kvs_stream_catch_up(&s[i], &f->a);
     uint64_t beta_seq = s[1].applied;
     admin_evict(&f->a, "alpha", "all");
     for (int i = 0; i < 2; i++)
-        stream_catch_up(f, &f->a, i, &s[i]);
+        kvs_stream_catch_up(&s[i], &f->a);
     assert_int_equal(s[0].v->cleared, 2);
     assert_int_equal(s[0].v->n[0] + s[0].v->n[1] + s[0].v->n[3], 0);
     assert_int_equal(rstat(&f->a, "alpha", "announced"), 0);
@@ -450,7 +367,7 @@ static void test_remote_per_model(void **state)
     tm_generate(&f->a, "alpha", p[3], N_P, N_GEN, &x);
     wait_remote(&f->a, "alpha", 3, 3 * NB, 0);
     for (int i = 0; i < 2; i++)
-        stream_catch_up(f, &f->a, i, &s[i]);
+        kvs_stream_catch_up(&s[i], &f->a);
     expect_remote_set(s[0].v, "alpha", (uint32_t *[]){p[3]}, 1);
     expect_remote_set(s[1].v, "beta", (uint32_t *[]){p[1], p[2]}, 2);
 
@@ -469,7 +386,7 @@ static void test_remote_per_model(void **state)
     tm_same_tokens(&x, &g[1][1]);
     wait_remote(&f->a, "beta", 3, 3 * NB, NB);
     for (int i = 0; i < 2; i++)
-        stream_catch_up(f, &f->a, i, &s[i]);
+        kvs_stream_catch_up(&s[i], &f->a);
     expect_removed(&s[1], r1, "beta", p[1]);
     assert_int_equal(s[0].n_removed, r0);
     expect_remote_set(s[1].v, "beta", (uint32_t *[]){p[1], p[2]}, 2);
@@ -485,7 +402,7 @@ static void test_remote_per_model(void **state)
     tm_same_tokens(&x, &g[0][0]);
     wait_remote(&f->a, "alpha", 5, 5 * NB, NB);
     for (int i = 0; i < 2; i++)
-        stream_catch_up(f, &f->a, i, &s[i]);
+        kvs_stream_catch_up(&s[i], &f->a);
     expect_removed(&s[0], r0, "alpha", p[3]);
     assert_int_equal(s[1].n_removed, r1);
     expect_remote_set(s[0].v, "alpha", (uint32_t *[]){p[3], p[0]}, 2);
@@ -495,8 +412,7 @@ static void test_remote_per_model(void **state)
     assert_int_equal(rstat(&f->a, "beta", "announced"), 2);
 
     for (int i = 0; i < 2; i++)
-        stream_close(f, i, &s[i]);
-    free(s);
+        kvs_stream_close(&s[i]);
     assert_int_equal(kh_stop(&f->a), 0);
     f->a.pid = 0;
     redis_stop(&f->redis);

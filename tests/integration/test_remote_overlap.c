@@ -16,7 +16,6 @@
 
 #include <cmocka.h>
 #include <hiredis/hiredis.h>
-#include <msgpack.h>
 #include <zmq.h>
 
 #include "kv_events_fixture.h"
@@ -35,86 +34,6 @@
 static const size_t turn_len[N_TURNS] = {2 * BT + 1, 3 * BT + 1, 5 * BT + 1};
 #define NB 5
 
-/* ---- the stream ------------------------------------------------------------- */
-
-struct stream {
-    char ev[160], replay[160];
-    void *zctx, *sub;
-    struct kvs_batch *have;
-    struct kvs_view *v;
-    uint64_t applied;
-    uint64_t removed[KVS_MAX_BLOCKS]; /* REMOTE BlockRemoved hashes, in order */
-    size_t n_removed;
-};
-
-static void stream_open(struct stream *s, const struct kh_proc *d)
-{
-    s->have = calloc(KVS_MAX_SEQ, sizeof *s->have);
-    s->v = calloc(1, sizeof *s->v);
-    assert_non_null(s->have);
-    assert_non_null(s->v);
-    s->applied = 0;
-    s->n_removed = 0;
-    s->sub = zmq_socket(s->zctx, ZMQ_SUB);
-    assert_non_null(s->sub);
-    int zero = 0;
-    zmq_setsockopt(s->sub, ZMQ_LINGER, &zero, sizeof zero);
-    assert_int_equal(zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, "kv@", 3), 0);
-    assert_int_equal(zmq_connect(s->sub, s->ev), 0);
-    uint64_t t0 = kvf_now_ms();
-    while (kvs_ev_stat(d, NULL, "subscribers") < 1) {
-        if (kvf_now_ms() - t0 > 10000)
-            fail_msg("the stream never saw the subscription");
-        usleep(2000);
-    }
-}
-
-static void stream_close(struct stream *s)
-{
-    zmq_close(s->sub);
-    s->sub = NULL;
-    kvs_free_batches(s->have);
-    free(s->v);
-}
-
-/* The REMOTE BlockRemoved hashes of one payload, appended to s->removed (kvs_apply checks
- * every field and fails on a removal of a block not stored; this only picks them out). */
-static void note_removed(struct stream *s, const unsigned char *buf, size_t len)
-{
-    msgpack_unpacked u;
-    size_t off = 0;
-    msgpack_unpacked_init(&u);
-    assert_int_equal(msgpack_unpack_next(&u, (const char *)buf, len, &off), MSGPACK_UNPACK_SUCCESS);
-    const msgpack_object *evs = &u.data.via.array.ptr[1];
-    for (uint32_t i = 0; i < evs->via.array.size; i++) {
-        const msgpack_object *e = &evs->via.array.ptr[i], *a = e->via.array.ptr;
-        if (e->via.array.size != 3 || a[0].via.str.size != 12 ||
-            memcmp(a[0].via.str.ptr, "BlockRemoved", 12) || a[2].via.str.size != 6 ||
-            memcmp(a[2].via.str.ptr, "REMOTE", 6))
-            continue;
-        for (uint32_t k = 0; k < a[1].via.array.size; k++) {
-            assert_true(s->n_removed < KVS_MAX_BLOCKS);
-            s->removed[s->n_removed++] = a[1].via.array.ptr[k].via.u64;
-        }
-    }
-    msgpack_unpacked_destroy(&u);
-}
-
-/* Everything the stream has sent until now, live or (what came before the subscription) by
- * replay, applied in order. */
-static void stream_catch_up(struct stream *s, const struct kh_proc *d)
-{
-    uint64_t n = kvs_settle(d, NULL), first, last;
-    if (!s->have[0].buf)
-        assert_true(kvs_replay(s->zctx, s->replay, 0, s->have, &first, &last) >= 1);
-    kvs_collect(s->sub, TOPIC, s->have, n);
-    for (; s->applied < n; s->applied++) {
-        kvs_apply(s->v, s->have[s->applied].buf, s->have[s->applied].len);
-        note_removed(s, s->have[s->applied].buf, s->have[s->applied].len);
-    }
-    assert_int_equal(kvs_ev_stat(d, NULL, "dropped"), 0);
-}
-
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -122,7 +41,7 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 /* The stream's REMOTE set is exactly the n hashes of want. */
-static void expect_remote_set(const struct stream *s, const uint64_t *want, size_t n,
+static void expect_remote_set(const struct kvs_stream *s, const uint64_t *want, size_t n,
                               const char *when)
 {
     uint64_t w[NB], got[KVS_MAX_BLOCKS];
@@ -136,10 +55,21 @@ static void expect_remote_set(const struct stream *s, const uint64_t *want, size
                  s->v->n[3], n);
 }
 
+/* The stream of a test's daemon, on sockets in the fixture's directory. */
+static void stream_init(struct kvs_stream *s, const struct fixture *f)
+{
+    memset(s, 0, sizeof *s);
+    s->zctx = zmq_ctx_new();
+    assert_non_null(s->zctx);
+    snprintf(s->ev, sizeof s->ev, "ipc://%s/ev.sock", f->tmp);
+    snprintf(s->replay, sizeof s->replay, "ipc://%s/replay.sock", f->tmp);
+    snprintf(s->topic, sizeof s->topic, "%s", TOPIC);
+}
+
 /* ---- the daemon, Redis ---------------------------------------------------------- */
 
 /* A daemon with events on the stream s, values of K blocks and a TTL (NULL: none). */
-static void start_ov(struct kh_proc *d, const struct fixture *f, struct stream *s,
+static void start_ov(struct kh_proc *d, const struct fixture *f, struct kvs_stream *s,
                      const char *ttl_s)
 {
     const char *const conf = "[limits]\nremote = on\nevents = on\n";
@@ -259,13 +189,11 @@ static void grow(const struct kh_proc *d, const struct fixture *f, struct keys *
 static void test_lookup_finds_older_value_missing(void **state)
 {
     struct fixture *f = *state;
-    struct stream s = {.zctx = zmq_ctx_new()};
-    assert_non_null(s.zctx);
-    snprintf(s.ev, sizeof s.ev, "ipc://%s/ev.sock", f->tmp);
-    snprintf(s.replay, sizeof s.replay, "ipc://%s/replay.sock", f->tmp);
+    struct kvs_stream s;
+    stream_init(&s, f);
     struct kh_proc d;
     start_ov(&d, f, &s, NULL);
-    stream_open(&s, &d);
+    kvs_stream_open(&s, &d);
     uint64_t h[NB];
     chain_hashes(f->prompt, h);
 
@@ -273,7 +201,7 @@ static void test_lookup_finds_older_value_missing(void **state)
     char key[2][128];
     size_t key_len[2];
     grow(&d, f, &ks, key, key_len);
-    stream_catch_up(&s, &d);
+    kvs_stream_catch_up(&s, &d);
     expect_remote_set(&s, h, NB, "after the turns");
     assert_int_equal(s.n_removed, 0);
 
@@ -293,7 +221,7 @@ static void test_lookup_finds_older_value_missing(void **state)
     assert_true(key_exists(f, key[1], key_len[1])); /* B holds blocks 0-2 */
     /* A's loss, then A written again (the same key). */
     wait_announced(&d, 5, 4);
-    stream_catch_up(&s, &d);
+    kvs_stream_catch_up(&s, &d);
     for (size_t i = 0; i < s.n_removed; i++)
         for (size_t j = 0; j < NB; j++)
             if (s.removed[i] == h[j])
@@ -304,7 +232,7 @@ static void test_lookup_finds_older_value_missing(void **state)
     expect_remote_set(&s, h, NB, "after A's loss and rewrite");
     assert_int_equal(remote_stat(&d, "events_removed"), 0);
 
-    stream_close(&s);
+    kvs_stream_close(&s);
     assert_int_equal(kh_stop(&d), 0);
     zmq_ctx_term(s.zctx);
 }
@@ -314,13 +242,11 @@ static void test_lookup_finds_older_value_missing(void **state)
 static void test_ttl_expires_overlapping_values(void **state)
 {
     struct fixture *f = *state;
-    struct stream s = {.zctx = zmq_ctx_new()};
-    assert_non_null(s.zctx);
-    snprintf(s.ev, sizeof s.ev, "ipc://%s/ev.sock", f->tmp);
-    snprintf(s.replay, sizeof s.replay, "ipc://%s/replay.sock", f->tmp);
+    struct kvs_stream s;
+    stream_init(&s, f);
     struct kh_proc d;
     start_ov(&d, f, &s, "3");
-    stream_open(&s, &d);
+    kvs_stream_open(&s, &d);
     uint64_t h[NB];
     chain_hashes(f->prompt, h);
 
@@ -331,7 +257,7 @@ static void test_ttl_expires_overlapping_values(void **state)
     /* Every value's TTL passes: none announced (the events of their removals are queued
      * under the same lock), and Redis holds none. */
     wait_announced(&d, 4, 0);
-    stream_catch_up(&s, &d); /* fails on a BlockRemoved of a block not stored */
+    kvs_stream_catch_up(&s, &d); /* fails on a BlockRemoved of a block not stored */
     redis_keys(f, &ks);
     assert_int_equal(ks.n, 0);
     expect_remote_set(&s, h, 0, "after the TTL");
@@ -345,7 +271,7 @@ static void test_ttl_expires_overlapping_values(void **state)
     assert_memory_equal(got, want, sizeof got);
     assert_int_equal(remote_stat(&d, "events_removed"), NB);
 
-    stream_close(&s);
+    kvs_stream_close(&s);
     assert_int_equal(kh_stop(&d), 0);
     zmq_ctx_term(s.zctx);
 }

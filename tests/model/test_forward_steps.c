@@ -1,8 +1,8 @@
 /* The forward's steps beyond the logits (the logits against the reference:
  * test_forward.c): batch validation (nothing written on a bad batch),
- * greedy-decode sanity, the sample op inside the step, decode steps padded
- * to a bucket (what the cuda backend does for CUDA graphs) equal to
- * unpadded ones, and non-finite weights refused at load. */
+ * greedy-decode sanity, the sample op inside the step, decode and mixed
+ * steps padded to a bucket (what the cuda backend does for CUDA graphs)
+ * equal to unpadded ones, and non-finite weights refused at load. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -144,6 +144,14 @@ static uint32_t pad_to_8(struct compute_ctx *cx, uint32_t n)
     return 8;
 }
 
+/* A mixed step's rows, output rows and max_q: 13 more, at most what the
+ * fwd_ctx holds (model_forward clamps). */
+static uint32_t pad_rows_13(struct compute_ctx *cx, uint32_t n)
+{
+    (void)cx;
+    return n + 13;
+}
+
 static int pad_matmul(struct compute_ctx *cx, const struct ctensor *w, const float *x,
                       uint32_t rows, float *y)
 {
@@ -151,11 +159,14 @@ static int pad_matmul(struct compute_ctx *cx, const struct ctensor *w, const flo
     return pad_base->matmul(cx, w, x, rows, y);
 }
 
-/* Three sequences decode six steps twice, in separate blocks: once as is,
- * once with every step padded to 8 sequences through step_bucket. Logits
- * agree to rounding (3 rows and 8 rows take different matmul kernels), the
- * sampled tokens (greedy, top-k, top-p rows) are equal, the padded run
- * really ran 8 rows, and no block outside the sequences' was written. */
+/* Three sequences prefill together and decode six steps twice, in
+ * separate blocks: once as is, once with every step padded, to 8
+ * sequences through step_bucket, and the prefill (a mixed step) also to 13
+ * more rows, output rows and max_q through row_bucket. Logits agree to
+ * rounding (3 rows and 8 rows take different matmul kernels), the sampled
+ * tokens (greedy, top-k, top-p rows) are equal, the padded run really ran
+ * 8 rows (45 in the prefill), and no block outside the sequences' was
+ * written. */
 static void t_padded_decode(void **st)
 {
     struct fx *f = t_fx(st);
@@ -174,6 +185,7 @@ static void t_padded_decode(void **st)
             toks[s][i] = fx_rnd(f->V);
     struct compute_ops padded = *f->m->ops;
     padded.step_bucket = pad_to_8;
+    padded.row_bucket = pad_rows_13;
     padded.matmul = pad_matmul;
     pad_base = f->m->ops;
     float *lg[2];
@@ -212,8 +224,8 @@ static void t_padded_decode(void **st)
             f->m->ops = pad_base;
             if (rc)
                 fail_msg("model_forward (%s): %s", r ? "padded" : "as is", fwd_ctx_errmsg(f->fc));
-            if (r && step)
-                assert_int_equal(pad_max_rows, 8);
+            if (r)
+                assert_int_equal(pad_max_rows, step ? 8 : 11 + 4 + 17 + 13);
         }
         for (size_t i = 0; i < (size_t)NS * f->V; i++)
             if (!(fabsf(lg[0][i] - lg[1][i]) <= 1e-4f * (1 + fabsf(lg[0][i]))))
@@ -229,7 +241,7 @@ static void t_padded_decode(void **st)
             toks[s][plen[s] + step] = picks[0][s];
         }
     }
-    assert_int_equal(pad_calls, STEPS); /* decode steps only, not the prefill */
+    assert_int_equal(pad_calls, STEPS + 1);
     for (uint32_t blk = 0; blk < N_BLOCKS; blk++) {
         if (used[blk])
             continue;

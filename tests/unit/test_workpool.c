@@ -2,7 +2,10 @@
  * tenants, a tenant's bound refuses busy, and freeing the pool still runs
  * every queued job (cancelled) so each requester hears back. One worker
  * and a gate make the order deterministic: the first job blocks until the
- * test has queued everything else. Workers run conf.nice levels below. */
+ * test has queued everything else. Workers run conf.nice levels below;
+ * with conf.idle_after_ms they run SCHED_IDLE, a job running past the bound
+ * gets its worker raised back to SCHED_OTHER, and a worker holding a lock
+ * (workpool_hold_begin) runs SCHED_OTHER meanwhile. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -12,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -221,13 +225,123 @@ static void test_nice(void **state)
     assert_int_equal(getpriority(PRIO_PROCESS, 0), base);
 }
 
+/* What a job saw of its worker's scheduling policy. */
+struct policy_job {
+    int at_start, raised, after_hold; /* sched_getscheduler(0) at each point; -2: not yet */
+    bool hold;                        /* check hold_begin/end, not the escalation */
+    bool done;
+};
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void note_policy(void *ud, bool cancelled)
+{
+    (void)cancelled;
+    struct policy_job *j = ud;
+    j->at_start = sched_getscheduler(0);
+    if (j->hold) {
+        workpool_hold_begin();
+        j->raised = sched_getscheduler(0);
+        workpool_hold_end();
+        j->after_hold = sched_getscheduler(0);
+    } else {
+        /* The watcher raises this worker once the job has run the bound:
+         * looked at every millisecond, for a minute at most. */
+        for (int i = 0; i < 60000 && sched_getscheduler(0) == SCHED_IDLE; i++)
+            sleep_ms(1);
+        j->raised = sched_getscheduler(0);
+    }
+    pthread_mutex_lock(&mu);
+    j->done = true;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+static void run_policy_job(struct workpool *wp, struct policy_job *j)
+{
+    assert_int_equal(workpool_submit(wp, 1, note_policy, j), 0);
+    pthread_mutex_lock(&mu);
+    while (!j->done)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+/* idle_after_ms: a job starts on a SCHED_IDLE worker, which the pool raises
+ * to SCHED_OTHER once the job has run the bound (counted in escalations),
+ * and the next job starts at SCHED_IDLE again; the nice value holds
+ * throughout. As root the pool must keep the bound; unprivileged without
+ * RLIMIT_NICE it refuses it (workpool_conf shows 0) and the test skips. */
+static void test_idle_escalates(void **state)
+{
+    (void)state;
+    struct workpool *wp;
+    struct workpool_conf c = {.threads = 1, .nice = 3, .idle_after_ms = 20};
+    assert_int_equal(workpool_new(&c, &wp), 0);
+    if (geteuid() != 0 && workpool_conf(wp)->idle_after_ms == 0) {
+        workpool_free(wp); /* no right to leave SCHED_IDLE here: the pool refused it */
+        skip();
+    }
+    assert_int_equal(workpool_conf(wp)->idle_after_ms, 20);
+    struct policy_job a = {.at_start = -2, .raised = -2}, b = a;
+    run_policy_job(wp, &a);
+    assert_int_equal(a.at_start, SCHED_IDLE);
+    assert_int_equal(a.raised, SCHED_OTHER);
+    run_policy_job(wp, &b);
+    assert_int_equal(b.at_start, SCHED_IDLE);
+    assert_int_equal(b.raised, SCHED_OTHER);
+    struct workpool_stats st;
+    workpool_stats(wp, &st);
+    assert_int_equal(st.escalations, 2);
+    workpool_free(wp);
+    int base = getpriority(PRIO_PROCESS, 0);
+    assert_int_equal(nice_of_worker(3), base + 3 > 19 ? 19 : base + 3);
+    assert_int_equal(sched_getscheduler(0), SCHED_OTHER); /* the caller is left as it was */
+}
+
+/* A worker holding a lock runs SCHED_OTHER, and SCHED_IDLE again after;
+ * without idle_after_ms the workers are never SCHED_IDLE and holds change
+ * nothing; on a thread that is no worker they are no-ops. */
+static void test_hold_raises(void **state)
+{
+    (void)state;
+    struct workpool *wp;
+    struct workpool_conf c = {.threads = 1, .idle_after_ms = 60000};
+    assert_int_equal(workpool_new(&c, &wp), 0);
+    if (geteuid() != 0 && workpool_conf(wp)->idle_after_ms == 0) {
+        workpool_free(wp);
+        skip();
+    }
+    struct policy_job a = {.hold = true, .at_start = -2, .raised = -2, .after_hold = -2};
+    run_policy_job(wp, &a);
+    workpool_free(wp);
+    assert_int_equal(a.at_start, SCHED_IDLE);
+    assert_int_equal(a.raised, SCHED_OTHER);
+    assert_int_equal(a.after_hold, SCHED_IDLE);
+
+    struct workpool_conf off = {.threads = 1};
+    assert_int_equal(workpool_new(&off, &wp), 0);
+    struct policy_job b = {.hold = true, .at_start = -2, .raised = -2, .after_hold = -2};
+    run_policy_job(wp, &b);
+    workpool_free(wp);
+    assert_int_equal(b.at_start, SCHED_OTHER);
+    assert_int_equal(b.raised, SCHED_OTHER);
+    assert_int_equal(b.after_hold, SCHED_OTHER);
+
+    workpool_hold_begin();
+    assert_int_equal(sched_getscheduler(0), SCHED_OTHER);
+    workpool_hold_end();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_turns_across_tenants),
-        cmocka_unit_test(test_tenant_bound),
-        cmocka_unit_test(test_free_cancels_queued),
-        cmocka_unit_test(test_nice),
+        cmocka_unit_test(test_turns_across_tenants), cmocka_unit_test(test_tenant_bound),
+        cmocka_unit_test(test_free_cancels_queued),  cmocka_unit_test(test_nice),
+        cmocka_unit_test(test_idle_escalates),       cmocka_unit_test(test_hold_raises),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,6 @@
 /* compute_cuda: the cuda compute context (compute.h): device buffers,
  * uploads through pinned staging, downloads, scratch growth, and the CUDA
- * graphs that capture a decode step once and replay it. The operations
+ * graphs that capture a step (decode-only or mixed) once and replay it. The operations
  * themselves are in compute_cuda_ops.c. */
 #include "compute_cuda_impl.h"
 
@@ -326,13 +326,17 @@ uint32_t cuda_cx_splits(const struct compute_ctx *cx, uint32_t n_seqs, uint32_t 
 /* ---- CUDA graphs --------------------------------------------------------- */
 
 /* Same fixed buffers, shapes and context bucket (so the same split count
- * is baked into the attention launches). */
+ * is baked into the attention launches): every count a launch's geometry
+ * or an op's choice of kernels depends on. max_q (already bucketed by
+ * model_forward) sizes the prefill attention's grid; the one-row prefix of
+ * a batch-invariant step splits the projections and the attention. */
 static bool key_eq(const struct compute_step *a, const struct compute_step *b)
 {
     return a->owner == b->owner && a->arena == b->arena && a->tables == b->tables &&
-           a->n_tokens == b->n_tokens && a->n_seqs == b->n_seqs && a->max_q == b->max_q &&
-           a->sampled == b->sampled && a->alone == b->alone &&
-           kv_bucket(a->max_kv) == kv_bucket(b->max_kv);
+           a->n_tokens == b->n_tokens && a->n_seqs == b->n_seqs && a->n_out == b->n_out &&
+           a->max_q == b->max_q && a->sampled == b->sampled && a->alone == b->alone &&
+           a->n_one == b->n_one && a->n_dec == b->n_dec && a->s_dec == b->s_dec &&
+           a->n_out_one == b->n_out_one && kv_bucket(a->max_kv) == kv_bucket(b->max_kv);
 }
 
 /* The entry for this key (and split count), or a recycled LRU one. */
@@ -370,6 +374,24 @@ static uint32_t cuda_step_bucket(struct compute_ctx *cx, uint32_t n)
     return p;
 }
 
+/* A mixed step's rows, output rows and max_q: up to KVD_K_GEMV_MAX_TOKENS
+ * as they are (the GEMV has an instance per row count), then rounded up to
+ * a multiple of an eighth of the next power of two: four buckets per
+ * doubling (10, 12, 14, 16, 20, 24, 28, 32, 40, ..., 320, 384, 448, 512,
+ * 640, ...), so under a fifth of a step's rows are padding while a prefill
+ * chunk that varies by a few tokens replays the graph it already has.
+ * Nothing padded when graphs are off. */
+static uint32_t cuda_row_bucket(struct compute_ctx *cx, uint32_t n)
+{
+    if (!cx->graphs || n <= KVD_K_GEMV_MAX_TOKENS)
+        return n;
+    uint32_t p = 1;
+    while (p < n && p < (1u << 30))
+        p <<= 1;
+    uint32_t q = p / 8;
+    return (n + q - 1) / q * q;
+}
+
 /* The kernel launches of the step issued since step_begin. */
 static uint32_t step_launches_now(const struct compute_ctx *cx)
 {
@@ -393,7 +415,7 @@ static int cuda_step_begin(struct compute_ctx *cx, const struct compute_step *st
     if (we != cudaSuccess)
         return cuda_fail(we, "wait for copies");
     graphs_check_frees(cx);
-    if (!cx->graphs || st->max_q != 1) {
+    if (!cx->graphs) {
         cx->n_eager++;
         return 0;
     }
@@ -404,7 +426,10 @@ static int cuda_step_begin(struct compute_ctx *cx, const struct compute_step *st
         if (e != cudaSuccess)
             return cuda_fail(e, "graph replay");
         cx->n_replays++;
-        cx->last_decode_launches = g->launches;
+        if (cx->step_decode)
+            cx->last_decode_launches = g->launches;
+        else
+            cx->n_mixed_replays++;
         *replayed = 1;
         return 0;
     }
@@ -475,7 +500,10 @@ static int cuda_step_end(struct compute_ctx *cx, int rc)
     }
     cx->n_captures++;
     g->launches = step_launches_now(cx);
-    cx->last_decode_launches = g->launches;
+    if (cx->step_decode)
+        cx->last_decode_launches = g->launches;
+    else
+        cx->n_mixed_captures++;
     /* Copies queued while the capture ran (from other threads: the copy
      * stream skipped its wait on compute then) finish before the graph. */
     if ((e = (cudaError_t)cuda_dev_wait_copies(cx->dev)) != cudaSuccess)
@@ -508,6 +536,8 @@ void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats 
 {
     st->captures = cx->n_captures;
     st->replays = cx->n_replays;
+    st->mixed_captures = cx->n_mixed_captures;
+    st->mixed_replays = cx->n_mixed_replays;
     st->eager = cx->n_eager;
     st->dropped = cx->n_dropped;
     st->failed_syncs = cx->n_failed_syncs;
@@ -550,6 +580,7 @@ static const struct compute_ops cuda_compute_table = {
     .rope_kv_write = cuda_op_rope_kv_write,
     .matmul_qkv_rope_kv = cuda_op_matmul_qkv_rope_kv,
     .step_bucket = cuda_step_bucket,
+    .row_bucket = cuda_row_bucket,
     .step_begin = cuda_step_begin,
     .step_end = cuda_step_end,
     .step_launches = cuda_step_launches,

@@ -12,9 +12,11 @@
 #include "compute.h"
 
 /* For tests and benchmarks: turn graphs on/off for this context, and read
- * how many steps were captured, replayed and run eagerly, how many graphs
- * were dropped because device memory was freed, and how many failed steps
- * ended with a wait for the compute stream. */
+ * how many steps were captured, replayed and run eagerly (mixed_*: the
+ * captures and replays of mixed steps, those with a sequence of several
+ * rows, counted in captures and replays too), how many graphs were dropped
+ * because device memory was freed, and how many failed steps ended with a
+ * wait for the compute stream. */
 void cuda_compute_set_graphs(struct compute_ctx *cx, bool on);
 /* For benchmarks: the K-quants' projections of more than 8 rows through the
  * int8 tensor-core GEMM (on, the default) or, off, as before it: 8-row GEMV
@@ -22,6 +24,7 @@ void cuda_compute_set_graphs(struct compute_ctx *cx, bool on);
 void cuda_compute_set_qmma(struct compute_ctx *cx, bool on);
 struct cuda_compute_stats {
     uint64_t captures, replays, eager, dropped, failed_syncs;
+    uint64_t mixed_captures, mixed_replays;
     uint64_t blas; /* cuBLAS GEMM calls, all steps */
     /* Quantized GEMV launches issued (eager or captured, not replays) that
      * quantized their f32 input themselves, and that read it quantized by

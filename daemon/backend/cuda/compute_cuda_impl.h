@@ -14,7 +14,7 @@
 #include "compute_cuda.h"
 #include "kernels.h"
 
-/* One captured decode step. */
+/* One captured step (decode-only or mixed). */
 struct cuda_graph_entry {
     struct compute_step key;
     uint32_t seen;     /* eager runs so far (capture on the second) */
@@ -100,7 +100,7 @@ struct compute_ctx {
     size_t n_live, live_cap;
     size_t live_bytes, scratch_bytes;
 
-    /* CUDA graphs (decode steps). */
+    /* CUDA graphs (decode-only and mixed steps). */
     bool graphs;                  /* enabled (KVD_CUDA_GRAPHS=0 turns them off) */
     bool no_qmma;                 /* K-quants past 8 rows through the tile + cuBLAS (benchmarks) */
     bool capturing;               /* between step_begin and step_end of a capture */
@@ -109,7 +109,8 @@ struct compute_ctx {
     uint64_t clock;
     uint64_t graph_frees; /* dev->frees when the graphs were last checked */
     uint64_t n_captures, n_replays, n_eager, n_dropped, n_failed_syncs;
-    uint64_t n_blas; /* cuBLAS GEMMs issued, all steps */
+    uint64_t n_mixed_captures, n_mixed_replays; /* of those, mixed steps (max_q > 1) */
+    uint64_t n_blas;                            /* cuBLAS GEMMs issued, all steps */
 
     /* Kernel launches: kvd_k_launches() at step_begin, cuBLAS calls issued
      * since (each counted as one launch), the step's key (decode-only or

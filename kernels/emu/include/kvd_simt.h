@@ -111,11 +111,22 @@ enum kvd_emu_warp_kind {
 uint64_t kvd_emu_warp_op(int kind, unsigned mask, int arg, int width, uint64_t bits,
                          const char *file, int line);
 #define __syncthreads() kvd_emu_syncthreads(__FILE__, __LINE__)
-#define __syncwarp(...) kvd_emu_syncwarp_(__FILE__, __LINE__, ##__VA_ARGS__)
-static inline void kvd_emu_syncwarp_(const char *file, int line, unsigned mask = 0xffffffffu)
-{
-    kvd_emu_warp_op(KVD_EMU_SYNCWARP, mask, 0, 32, 0, file, line);
-}
+// __syncwarp() and __syncwarp(mask), with the caller's place: an object-like
+// macro naming a call site object, since a variadic macro's empty argument
+// list keeps its comma under g++'s strict -std=c++17 (the ASan build).
+struct kvd_emu_syncwarp_at {
+    const char *file;
+    int line;
+    void operator()(unsigned mask = 0xffffffffu) const
+    {
+        kvd_emu_warp_op(KVD_EMU_SYNCWARP, mask, 0, 32, 0, file, line);
+    }
+};
+#define __syncwarp                                                                                 \
+    kvd_emu_syncwarp_at                                                                            \
+    {                                                                                              \
+        __FILE__, __LINE__                                                                         \
+    }
 
 template <class T>
 static inline T kvd_emu_shfl_(int kind, unsigned mask, T v, int arg, int width, const char *file,
