@@ -126,20 +126,25 @@ static __device__ __forceinline__ void gf_load8(const float *y, int n, int t, in
 
 // The launch's last block (found by the counter) normalizes the residual
 // (n = its rows), quantizes the output for the next GEMVs, or ropes q and
-// k and writes the KV. Its own function, not inlined: the GEMV's registers
-// are dead by then, and its code (f64 RoPE angles, the quantizations) in
-// the kernel's body made ptxas spill the many-token instances' sums. p
-// points at the kernel's parameters (__grid_constant__: not copied).
+// k and writes the KV. p points at the kernel's parameters.
 //
-// REGS (the quantized types' kernels) and rows of a multiple of 256: the
-// norm's scaling pass and the SwiGLU output's read run in the quantizers'
-// layout (a warp per super-block, 8 consecutive values a lane), and the
-// values are quantized for every reader from registers as they are stored:
-// no read back of the output per int8 layout. The float types' kernels
-// (whose readers are float in a model of one type) keep the read-back path
-// and its registers (bf16 one token: 72).
-template <int NT, bool REGS> static __device__ __noinline__ void gf_tail(const gf_params *pp)
+// REGS and rows of a multiple of 256: the norm's scaling pass and the
+// SwiGLU output's read run in the quantizers' layout (a warp per
+// super-block, 8 consecutive values a lane), and the values are quantized
+// for every reader from registers as they are stored: no read back of the
+// output per int8 layout. Else the normed rows are stored, then read back
+// once per int8 layout.
+//
+// How an instance compiles it (gf_tail_mode): GF_TAIL_REGS inline, or
+// GF_TAIL_CALL in a function of its own (not inlined: its code does not
+// share the register allocation of the GEMV's sums), or without the
+// register path, reading back in a loop over the layouts (GF_TAIL_READ)
+// or with that loop unrolled for its two layouts (GF_TAIL_READ2). Same
+// bytes out either way; which one is a matter of registers and spills.
+enum { GF_TAIL_READ = 0, GF_TAIL_READ2 = 1, GF_TAIL_REGS = 2, GF_TAIL_CALL = 3 };
+template <int NT, int MODE> static __device__ __forceinline__ void gf_tail(const gf_params *pp)
 {
+    constexpr bool REGS = MODE == GF_TAIL_REGS || MODE == GF_TAIL_CALL;
     const gf_params &p = *pp;
     KVD_SHARED(int, gf_last, );
     KVD_SHARED(double, gf_red, [GF_WARPS]);
@@ -202,22 +207,46 @@ template <int NT, bool REGS> static __device__ __noinline__ void gf_tail(const g
     if (!in_regs && p.n_emit) { // rows of a multiple of 32: read back per layout
         __syncthreads();        // the normed rows of every warp written
         const float *src = norm ? p.norm_out : p.seg[0].y;
-        for (int e = 0; e < p.n_emit; e++) {
-            const int kind = p.emit_kind[e];
-            const bool kq = kind != GF_ACT_LEGACY;
-            int8_t *qs;
-            float *d;
-            int *bs;
-            float4 *m;
-            act_ptrs(p.emit[e], kq, NT, n, &qs, &d, &bs, &m);
-            const int ng = NT * n / (kq ? 256 : 32);
-            for (int g = warp; g < ng; g += GF_WARPS) {
-                if (kind == GF_ACT_K6)
-                    act_quant256<true>(src, n, g, lane, qs, d, bs);
-                else if (kind == GF_ACT_K)
-                    act_quant256<false>(src, n, g, lane, qs, d, bs);
-                else
-                    act_quant32(src, n, g, lane, qs, m);
+        if constexpr (MODE == GF_TAIL_READ2) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                if (e >= p.n_emit)
+                    break;
+                const int kind = e ? p.emit_kind[1] : p.emit_kind[0];
+                const bool kq = kind != GF_ACT_LEGACY;
+                int8_t *qs;
+                float *d;
+                int *bs;
+                float4 *m;
+                act_ptrs(e ? p.emit[1] : p.emit[0], kq, NT, n, &qs, &d, &bs, &m);
+                const int ng = NT * n / (kq ? 256 : 32);
+                for (int g = warp; g < ng; g += GF_WARPS) {
+                    if (kind == GF_ACT_K6)
+                        act_quant256<true>(src, n, g, lane, qs, d, bs);
+                    else if (kind == GF_ACT_K)
+                        act_quant256<false>(src, n, g, lane, qs, d, bs);
+                    else
+                        act_quant32(src, n, g, lane, qs, m);
+                }
+            }
+        } else {
+            for (int e = 0; e < p.n_emit; e++) {
+                const int kind = p.emit_kind[e];
+                const bool kq = kind != GF_ACT_LEGACY;
+                int8_t *qs;
+                float *d;
+                int *bs;
+                float4 *m;
+                act_ptrs(p.emit[e], kq, NT, n, &qs, &d, &bs, &m);
+                const int ng = NT * n / (kq ? 256 : 32);
+                for (int g = warp; g < ng; g += GF_WARPS) {
+                    if (kind == GF_ACT_K6)
+                        act_quant256<true>(src, n, g, lane, qs, d, bs);
+                    else if (kind == GF_ACT_K)
+                        act_quant256<false>(src, n, g, lane, qs, d, bs);
+                    else
+                        act_quant32(src, n, g, lane, qs, m);
+                }
             }
         }
     }
@@ -226,6 +255,74 @@ template <int NT, bool REGS> static __device__ __noinline__ void gf_tail(const g
             rope_kv_token_any(p.rkv, t);
     if (threadIdx.x == 0)
         *p.counter = 0;
+}
+
+template <int NT, bool REGS> static __device__ __noinline__ void gf_tail_call(const gf_params *pp)
+{
+    gf_tail<NT, REGS ? GF_TAIL_CALL : GF_TAIL_READ>(pp);
+}
+
+// The epilogue's form in the instance of weight type wt (wt2: the second
+// type of a two-type launch) for nt tokens: the one of the four that
+// spills least, then takes the fewest registers on sm_90 (ptxas 13.0,
+// tests/gpu/ptxas_report.sh; its allocation of the GEMV's sums moves with
+// any change to the epilogue's code). Float weights (fl) keep the
+// read-back path, also in their own function: their readers are float in
+// a model of one type.
+static __host__ __device__ constexpr int gf_tail_mode(int wt, int nt, int wt2, bool fl)
+{
+    if (wt != wt2)
+        return GF_TAIL_REGS;
+    switch (wt * 16 + nt) {
+    case KVD_KW_Q5_0 * 16 + 1:
+    case KVD_KW_Q5_1 * 16 + 1:
+    case KVD_KW_Q8_0 * 16 + 8:
+    case KVD_KW_Q4_K * 16 + 7:
+    case KVD_KW_Q5_K * 16 + 5:
+    case KVD_KW_Q6_K * 16 + 6:
+    case KVD_KW_Q6_K * 16 + 7:
+        return GF_TAIL_READ2;
+    case KVD_KW_Q8_0 * 16 + 4:
+    case KVD_KW_Q8_0 * 16 + 7:
+    case KVD_KW_Q5_K * 16 + 4:
+    case KVD_KW_Q5_K * 16 + 7:
+    case KVD_KW_Q6_K * 16 + 5:
+        return GF_TAIL_READ;
+    case KVD_KW_Q5_0 * 16 + 8:
+    case KVD_KW_Q8_0 * 16 + 5:
+    case KVD_KW_Q4_K * 16 + 1:
+    case KVD_KW_Q4_K * 16 + 6:
+    case KVD_KW_Q5_K * 16 + 8:
+    case KVD_KW_Q6_K * 16 + 3:
+        return GF_TAIL_CALL;
+    default:
+        return fl ? GF_TAIL_READ : GF_TAIL_REGS;
+    }
+}
+
+// Whether the instance takes its parameters __grid_constant__: those whose
+// epilogue is a function (it reads them through a pointer), and those
+// ptxas allocates with fewer spills or registers that way (sm_90, as
+// gf_tail_mode); the others by value.
+static __host__ __device__ constexpr bool gf_params_gc(int wt, int nt, int wt2, bool fl)
+{
+    if (wt != wt2 || gf_tail_mode(wt, nt, wt2, fl) == GF_TAIL_CALL)
+        return true;
+    switch (wt * 16 + nt) {
+    case KVD_KW_Q4_0 * 16 + 1:
+    case KVD_KW_Q4_1 * 16 + 1:
+    case KVD_KW_Q8_0 * 16 + 7:
+    case KVD_KW_Q4_K * 16 + 3:
+    case KVD_KW_Q4_K * 16 + 5:
+    case KVD_KW_Q4_K * 16 + 8:
+    case KVD_KW_Q5_K * 16 + 4:
+    case KVD_KW_Q5_K * 16 + 6:
+    case KVD_KW_Q5_K * 16 + 7:
+    case KVD_KW_Q6_K * 16 + 5:
+        return true;
+    default:
+        return false;
+    }
 }
 
 // The row groups [g_lo, g_hi) of weights of type WT, by blocks blk of nblk
@@ -474,7 +571,7 @@ static __device__ __forceinline__ void gf_rows(const gf_params &p, int blk, int 
 // others the rest as WT2, each quantizing (or copying) the activations in
 // its own type's layout; one launch, one last block for the epilogue.
 template <int WT, int NT, int R, int WT2>
-__global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(const __grid_constant__ gf_params p)
+static __device__ __forceinline__ void gf_kernel(const gf_params &p)
 {
     if constexpr (WT2 == WT) {
         gf_rows<WT, NT, R>(p, blockIdx.x, gridDim.x, 0, p.n_groups, p.act_in);
@@ -486,8 +583,39 @@ __global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(const __grid_constant
             gf_rows<WT2, NT, R>(p, blockIdx.x - p.blocks1, gridDim.x - p.blocks1, g_split,
                                 p.n_groups, p.act_in2);
     }
-    if ((p.epi == KVD_K_GEMV_ADD_NORM && p.norm_w) || p.n_emit || p.rope)
-        gf_tail<NT, gunit<WT>::KIND != GU_FLOAT>(&p);
+    constexpr bool fl = gunit<WT>::KIND == GU_FLOAT;
+    constexpr int tail = gf_tail_mode(WT, NT, WT2, fl);
+    if ((p.epi == KVD_K_GEMV_ADD_NORM && p.norm_w) || p.n_emit || p.rope) {
+        if constexpr (tail == GF_TAIL_CALL)
+            gf_tail_call<NT, !fl>(&p);
+        else
+            gf_tail<NT, tail>(&p);
+    }
+}
+
+// The kernel, its parameters by value or __grid_constant__ (gf_params_gc:
+// an epilogue that is a function of its own reads them through a pointer,
+// not from a copy in local memory).
+template <int WT, int NT, int R, int WT2>
+__global__ void __launch_bounds__(GF_THREADS) gemvf_kernel(const gf_params p)
+{
+    gf_kernel<WT, NT, R, WT2>(p);
+}
+template <int WT, int NT, int R, int WT2>
+__global__ void __launch_bounds__(GF_THREADS) gemvf_kernel_gc(const __grid_constant__ gf_params p)
+{
+    gf_kernel<WT, NT, R, WT2>(p);
+}
+
+template <int WT, int NT, int R, int WT2>
+static int gf_start(unsigned blocks, size_t smem, cudaStream_t st, const gf_params &p)
+{
+    if constexpr (gf_params_gc(WT, NT, WT2, gunit<WT>::KIND == GU_FLOAT)) {
+        KVD_LAUNCH_PDL(blocks, GF_THREADS, smem, st, gemvf_kernel_gc<WT, NT, R, WT2>)(p);
+    } else {
+        KVD_LAUNCH_PDL(blocks, GF_THREADS, smem, st, gemvf_kernel<WT, NT, R, WT2>)(p);
+    }
+    return kvd_launch_status();
 }
 
 // Quantizes x [NT][in] into the layout act_quant.cuh describes at act (the
@@ -619,8 +747,7 @@ template <int WT, int NT, int R> static int gf_launch1(const kvd_k_gemv *g, cuda
     if (p.asrc == GF_ASRC_SMEM && g->max_blocks > 0 && blocks > (unsigned)g->max_blocks)
         blocks = (unsigned)g->max_blocks;
     const size_t smem = gf_smem_bytes<WT, NT, R>(p.asrc, g->in);
-    KVD_LAUNCH_PDL(blocks, GF_THREADS, smem, st, gemvf_kernel<WT, NT, R, WT>)(p);
-    return kvd_launch_status();
+    return gf_start<WT, NT, R, WT>(blocks, smem, st, p);
 }
 
 // Weights of two types (seg[split] on of WT2), a launch per type (the
@@ -707,9 +834,7 @@ static int gf_mixed1(const kvd_k_gemv *g, cudaStream_t st, size_t smem)
         b2 = g->max_blocks - b1 < 1 ? 1 : g->max_blocks - b1 < b2 ? g->max_blocks - b1 : b2;
     }
     p.blocks1 = b1;
-    KVD_LAUNCH_PDL((unsigned)(b1 + b2), GF_THREADS, smem, st, gemvf_kernel<WT, NT, R, WT2>)
-    (p);
-    return kvd_launch_status();
+    return gf_start<WT, NT, R, WT2>((unsigned)(b1 + b2), smem, st, p);
 }
 
 template <int WT, int NT, int R, int WT2> static int gf_launch(const kvd_k_gemv *g, cudaStream_t st)

@@ -188,14 +188,16 @@ def decode_tail(q, before):
 # ---- the kernels now (after) ------------------------------------------------------------
 L2_BW = 8e12  # B/s the L2 serves all SMs (assumption; about twice HBM)
 GF_MAX_BLOCKS = 4 * SMS  # blocks that stage the activations (gemv_fused.cu max_blocks)
-GF_REGS = {"bf16": 72, "q4_k": 153, "q6_k": 128}  # ptxas sm_90, gemvf_kernel<T, 1 token, R 4> (wt-q1)
+GF_REGS = {"bf16": 72, "q4_k": 151, "q6_k": 128}  # ptxas sm_90, gemvf_kernel<T, 1 token, R 4>
+GF_REGS_QKV2 = 168  # gemvf_kernel<Q4_K, 1 token, R 4, Q6_K>: q, k and v of two types, one launch
 
 
-def gemv_eff_after(wt, rows):
+def gemv_eff_after(wt, rows, regs=None):
     """kernels/gemv_fused.cu: a warp computes R = 4 rows, lane j streams
     unit j (+32k) of all four: one unit per row in flight per lane, loaded
     with 16-byte loads at addresses consecutive across lanes (weights in
-    the plane layout), 4 warps per block."""
+    the plane layout), 4 warps per block; regs: the instance's registers
+    when not the type's own (the two-type QKV kernel)."""
     warps = math.ceil(rows / 4)
     grid = math.ceil(warps / 4)
     if wt == "bf16":
@@ -210,7 +212,7 @@ def gemv_eff_after(wt, rows):
                  (lambda l: 4 * l, 4), (lambda l: 2 * (l // 4), 2)]
         bpw = l1_bytes_per_wavefront(loads, 52.5)
         inflight = 4 * 52.5 * 32
-    occ = occupancy_limit(GF_REGS[wt], 4, grid, inflight)
+    occ = occupancy_limit(regs or GF_REGS[wt], 4, grid, inflight)
     return min(1.0, l1_limit(bpw), occ), bpw
 
 
@@ -368,7 +370,9 @@ def decode_after(mix, attn="old"):
                         chain_l2=stage_time(wt, r, E) / LAT_L2))
         elif NEXT["qkv_one"]:  # one launch; each type's bytes at its own efficiency
             b1, b2 = E * (E + KD) * BYTES[wt], E * KD * BYTES[vt]
-            eff = (b1 + b2) / (b1 / gemv_eff_after(wt, E + KD)[0] + b2 / gemv_eff_after(vt, KD)[0])
+            e1 = gemv_eff_after(wt, E + KD, GF_REGS_QKV2)[0]
+            e2 = gemv_eff_after(vt, KD, GF_REGS_QKV2)[0]
+            eff = (b1 + b2) / (b1 / e1 + b2 / e2)
             ks.append(K("gemv q,k %s + v %s" % (wt, vt), hbm=b1 + b2, eff=eff,
                         chain_l2=(stage_time(wt, E + KD, E) + stage_time(vt, KD, E)) / LAT_L2))
         else:
