@@ -124,14 +124,12 @@ template <bool Q6> static __device__ __forceinline__ void act_k_chunk(int ch, in
 // first on ties), iscale = -127 / mx, q = min(127, round-half-even(iscale *
 // x)), d = 1 / iscale, and the sums of each 16 q (all zero for a zero
 // block). Q6: the chunks in Q6_K's quarter order (act_k_chunk).
+// act_quant256_v: the same from the lane's 8 values in registers.
 template <bool Q6>
-static __device__ __forceinline__ void act_quant256(const float *x, int in, int g, int lane,
-                                                    int8_t *qs, float *d, int *bs)
+static __device__ __forceinline__ void act_quant256_v(const float v[8], int in, int g, int lane,
+                                                      int8_t *qs, float *d, int *bs)
 {
     const int per = in / 256, t = g / per, s = g % per;
-    const float4 *xv = (const float4 *)(x + (size_t)t * in + (size_t)s * 256 + 8 * lane);
-    const float4 v0 = __ldcg(xv), v1 = __ldcg(xv + 1);
-    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
     float amax = 0.0f, mx = 0.0f;
     int idx = 0;
 #pragma unroll
@@ -172,6 +170,53 @@ static __device__ __forceinline__ void act_quant256(const float *x, int in, int 
         bs[(size_t)t * (in / 16) + (size_t)s * 16 + 4 * q + c] = sum;
     if (lane == 0)
         d[g] = amax != 0.0f ? 1.0f / iscale : 0.0f;
+}
+template <bool Q6>
+static __device__ __forceinline__ void act_quant256(const float *x, int in, int g, int lane,
+                                                    int8_t *qs, float *d, int *bs)
+{
+    const int per = in / 256, t = g / per, s = g % per;
+    const float4 *xv = (const float4 *)(x + (size_t)t * in + (size_t)s * 256 + 8 * lane);
+    const float4 v0 = __ldcg(xv), v1 = __ldcg(xv + 1);
+    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    act_quant256_v<Q6>(v, in, g, lane, qs, d, bs);
+}
+
+// Blocks of 32 (act_quant32's arithmetic, so its bytes) from values in
+// registers: lane i holds values 8i .. 8i + 7 of super-block s (256 values)
+// of row t, so blocks 8s .. 8s + 7 of the row, four lanes each.
+static __device__ __forceinline__ void act_quant32_v8(const float v[8], int in, int t, int s,
+                                                      int lane, int8_t *qs, float4 *m)
+{
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        amax = fmaxf(amax, fabsf(v[i]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int q = (int)rintf(v[i] * id);
+        q = q > 127 ? 127 : q < -127 ? -127 : q;
+        sum += q;
+        if (i < 4)
+            lo |= (uint32_t)(uint8_t)(int8_t)q << (8 * i);
+        else
+            hi |= (uint32_t)(uint8_t)(int8_t)q << (8 * (i - 4));
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int b = 8 * s + lane / 4; // the block of 32 in the row
+    uint2 packed;
+    packed.x = lo;
+    packed.y = hi;
+    *(uint2 *)(qs + (size_t)t * in + act_pos<32>(32 * b + 8 * (lane % 4))) = packed;
+    if (lane % 4 == 0)
+        m[(size_t)t * (in / 32) + b] =
+            make_float4(act_f16_round(d), act_f16_round(d * (float)sum), __int_as_float(sum), 0.0f);
 }
 
 #endif

@@ -163,7 +163,18 @@ struct kvd_k_gemv {
     int emit_wtype[2];
     int n_emit;
     const struct kvd_k_rope_args *rope;
+    /* split (STORE, no emit): 0, or the segments from seg[split] on are of
+     * type wtype2 (kvd_k_gemv_pair_ok): for one token, when both types'
+     * activations fit in shared memory, one launch whose blocks take their
+     * type from their rows; else a launch per type (rope in the second);
+     * act then holds the larger layout; act_in2: act_in in wtype2's
+     * layout, or NULL. */
+    int split, wtype2;
+    const void *act_in2;
 };
+/* Whether one launch takes weights of wtype and then of wtype2 (a
+ * Q4_K_M / Q5_K_M layer's q, k and v: v in Q6_K). */
+int kvd_k_gemv_pair_ok(int wtype, int wtype2);
 /* The layout of the int8 activations the GEMV reads for weight type wtype:
  * 0 none (f32 activations), else an id; two types with the same id read the
  * same bytes. */

@@ -188,14 +188,16 @@ def decode_tail(q, before):
 # ---- the kernels now (after) ------------------------------------------------------------
 L2_BW = 8e12  # B/s the L2 serves all SMs (assumption; about twice HBM)
 GF_MAX_BLOCKS = 4 * SMS  # blocks that stage the activations (gemv_fused.cu max_blocks)
-GF_REGS = {"bf16": 72, "q4_k": 153, "q6_k": 128}  # ptxas sm_90, gemvf_kernel<T, 1 token, R 4> (wt-q1)
+GF_REGS = {"bf16": 72, "q4_k": 151, "q6_k": 128}  # ptxas sm_90, gemvf_kernel<T, 1 token, R 4>
+GF_REGS_QKV2 = 168  # gemvf_kernel<Q4_K, 1 token, R 4, Q6_K>: q, k and v of two types, one launch
 
 
-def gemv_eff_after(wt, rows):
+def gemv_eff_after(wt, rows, regs=None):
     """kernels/gemv_fused.cu: a warp computes R = 4 rows, lane j streams
     unit j (+32k) of all four: one unit per row in flight per lane, loaded
     with 16-byte loads at addresses consecutive across lanes (weights in
-    the plane layout), 4 warps per block."""
+    the plane layout), 4 warps per block; regs: the instance's registers
+    when not the type's own (the two-type QKV kernel)."""
     warps = math.ceil(rows / 4)
     grid = math.ceil(warps / 4)
     if wt == "bf16":
@@ -210,7 +212,7 @@ def gemv_eff_after(wt, rows):
                  (lambda l: 4 * l, 4), (lambda l: 2 * (l // 4), 2)]
         bpw = l1_bytes_per_wavefront(loads, 52.5)
         inflight = 4 * 52.5 * 32
-    occ = occupancy_limit(GF_REGS[wt], 4, grid, inflight)
+    occ = occupancy_limit(regs or GF_REGS[wt], 4, grid, inflight)
     return min(1.0, l1_limit(bpw), occ), bpw
 
 
@@ -223,7 +225,15 @@ def gemv_eff_after(wt, rows):
 # last block of the QKV projection's last launch (no launch); early_kv: in a
 # plain decode step the attention loads its first steps of K/V rows but the
 # newest before its PDL wait.
-NEXT = {"quant_once": False, "rope_in_qkv": False, "early_kv": False}
+# Built on wt-gemv (2026-12-07): qkv_one: q, k (Q4_K) and v (Q6_K) of a
+# Q4_K_M layer in one launch, its blocks taking their type from their rows
+# (each stages its own type's int8 layout); tail_regs: the residual norm's
+# last block scales the row in the quantizers' layout (a warp per
+# super-block, 8 values a lane) and quantizes the values for every reader
+# from registers as it stores them: no read back of the normed rows per
+# int8 layout.
+NEXT = {"quant_once": False, "rope_in_qkv": False, "early_kv": False, "qkv_one": False,
+        "tail_regs": False}
 
 
 def act_bytes(inp):
@@ -358,6 +368,13 @@ def decode_after(mix, attn="old"):
             r = E + 2 * KD
             ks.append(K("gemv q,k,v %s" % wt, hbm=E * r * BYTES[wt], eff=gemv_eff_after(wt, r)[0],
                         chain_l2=stage_time(wt, r, E) / LAT_L2))
+        elif NEXT["qkv_one"]:  # one launch; each type's bytes at its own efficiency
+            b1, b2 = E * (E + KD) * BYTES[wt], E * KD * BYTES[vt]
+            e1 = gemv_eff_after(wt, E + KD, GF_REGS_QKV2)[0]
+            e2 = gemv_eff_after(vt, KD, GF_REGS_QKV2)[0]
+            eff = (b1 + b2) / (b1 / e1 + b2 / e2)
+            ks.append(K("gemv q,k %s + v %s" % (wt, vt), hbm=b1 + b2, eff=eff,
+                        chain_l2=(stage_time(wt, E + KD, E) + stage_time(vt, KD, E)) / LAT_L2))
         else:
             ks.append(K("gemv q,k %s" % wt, hbm=E * (E + KD) * BYTES[wt],
                         eff=gemv_eff_after(wt, E + KD)[0], chain_l2=stage_time(wt, E + KD, E) / LAT_L2))
@@ -377,11 +394,15 @@ def decode_after(mix, attn="old"):
         # launch waits for its end: the whole gap
         # quant_once: the norm's last block also reads the normed rows back
         # and stores their int8 bytes (two L2 round trips)
-        qo = 2 if NEXT["quant_once"] and wt != "bf16" else 0
+        # (tail_regs: the scaling pass's registers serve the quantization:
+        # the counter, the squares' read, the scaling's read, the stores, as
+        # without it)
+        qo = 2 if NEXT["quant_once"] and wt != "bf16" and not NEXT["tail_regs"] else 0
         ks.append(K("gemv o + add + rmsnorm %s" % wt, hbm=E * E * BYTES[wt],
                     eff=gemv_eff_after(wt, E)[0], chain_l2=4 + qo + stage_time(wt, E, E) / LAT_L2,
                     plain=0 if attn == "old" or ATTN[attn]["pdl"] else 1,
-                    note="last block: 2 L2 round trips more"))
+                    note="last block: the counter, 2 reads of the rows, the stores"
+                    if NEXT["tail_regs"] else "last block: 2 L2 round trips more"))
         ks.append(K("gemv gate,up + silu %s" % wt, hbm=2 * E * F * BYTES[wt],
                     eff=gemv_eff_after(wt, 2 * F)[0],
                     chain_l2=stage_time(wt, 2 * F, E, swiglu=True) / LAT_L2 +
@@ -576,7 +597,9 @@ def main():
     print("  built on wt-q1, Q4_K_M, from the now row:")
     for knob, label in (("quant_once", "+ activations quantized once"),
                         ("rope_in_qkv", "+ RoPE/KV write in the QKV epilogue"),
-                        ("early_kv", "+ K/V rows before the wait")):
+                        ("early_kv", "+ K/V rows before the wait"),
+                        ("qkv_one", "+ q,k,v one launch every layer"),
+                        ("tail_regs", "+ quantized in the norm's pass")):
         NEXT[knob] = True
         t, roof, n, pl = report_decode(label, decode_after("q4_k_m", attn="new"), "q4_k_m",
                                        T_LAUNCH_PDL, show)

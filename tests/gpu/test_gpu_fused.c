@@ -95,14 +95,15 @@ static double tol_for(enum ctype t, uint32_t rows)
 }
 
 /* q, k, v of one input: one type, or (K-quants) v in Q6_K as a Q4_K_M layer
- * has it, with qwen2's biases on every other case. */
+ * has it (one row, batch-1 decode: one launch, its blocks take their type
+ * from their rows), with qwen2's biases on every other case. */
 static void test_matmul_n(void **state)
 {
     rnd_seed(41);
     for (size_t ti = 0; ti < N_TYPES; ti++)
         for (int k = 0; k < 3; k++) {
             enum ctype t = types[ti], vt = k == 1 && k_quant(t) ? CT_Q6_K : t;
-            uint32_t in = 512, outs[3] = {96, 32, 32}, rows = rows_for(ti, k);
+            uint32_t in = 512, outs[3] = {96, 32, 32}, rows = vt != t ? 1 : rows_for(ti, k);
             bool bias = (ti + (size_t)k) % 2;
             struct gpu_wt w[3];
             float *hy[3], *gy[3], *hb[3], *db[3];
@@ -123,8 +124,13 @@ static void test_matmul_n(void **state)
                 if (bias)
                     assert_int_equal(F.cops->add_bias(F.ccx, hy[i], hb[i], rows, outs[i]), 0);
             }
+            const unsigned long long l0 = kvd_k_launches();
             assert_int_equal(
                 F.gops->matmul_n(F.gcx, 3, dw, (const float *const *)db, dx, rows, 0, gy), 0);
+            /* up to 8 rows: one launch, a Q6_K v too (one row) */
+            if (rows <= 8 && kvd_k_launches() - l0 != 1)
+                fail_msg("matmul_n %s/%s rows %u: %llu launches, not 1", ctype_name(t),
+                         ctype_name(vt), rows, kvd_k_launches() - l0);
             for (int i = 0; i < 3; i++) {
                 float *got = malloc((size_t)rows * outs[i] * 4);
                 gpu_get(&F, got, gy[i], (size_t)rows * outs[i] * 4);

@@ -92,20 +92,22 @@ static void chain_gpu(struct chain *c, bool hints, float *out[6], unsigned long 
  * f32 again: every output bit for bit what the same chain gives without
  * the hints, and the quantizing launches counted. The case whose down
  * input does not fit in shared memory (8 rows of 6144) also drops down's
- * separate quantization launch. */
+ * separate quantization launch. Norms of rows that are not a multiple of
+ * 256 (288) read the normed rows back to quantize them, the others
+ * quantize from registers; 8 rows of 6144 do not fit in shared memory: q,
+ * k and v in Q4_K/Q6_K then take a launch per type. */
 static void test_quantized_once(void **state)
 {
     static const struct {
         enum ctype t, vt;
-        uint32_t rows, ff;
-    } cs[] = {{CT_Q4_K, CT_Q6_K, 1, 512},
-              {CT_Q4_0, CT_Q4_0, 3, 512},
-              {CT_Q6_K, CT_Q6_K, 2, 512},
-              {CT_Q5_1, CT_Q4_K, 4, 512},
-              {CT_Q4_K, CT_Q4_K, 8, 6144}};
+        uint32_t rows, ff, E;
+    } cs[] = {{CT_Q4_K, CT_Q6_K, 1, 512, 256},  {CT_Q4_0, CT_Q4_0, 3, 512, 256},
+              {CT_Q6_K, CT_Q6_K, 2, 512, 256},  {CT_Q5_1, CT_Q4_K, 4, 512, 256},
+              {CT_Q4_K, CT_Q4_K, 8, 6144, 256}, {CT_Q4_0, CT_Q4_0, 2, 256, 288},
+              {CT_Q4_K, CT_Q6_K, 8, 256, 6144}};
     rnd_seed(45);
     for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
-        struct chain c = {.rows = cs[ci].rows, .E = 256, .ff = cs[ci].ff, .A = 256};
+        struct chain c = {.rows = cs[ci].rows, .E = cs[ci].E, .ff = cs[ci].ff, .A = 256};
         const enum ctype t = cs[ci].t;
         wt_make(&c.wo, t, c.A, c.E);
         wt_make(&c.gate, t, c.E, c.ff);
@@ -135,9 +137,12 @@ static void test_quantized_once(void **state)
             free(plain[i]);
             free(once[i]);
         }
-        /* wo, gate/up, down, and q/k (+ v when its layout differs) */
-        const uint64_t qkv =
-            kvd_k_gemv_act_kind((int)cs[ci].vt) == kvd_k_gemv_act_kind((int)t) ? 1 : 2;
+        /* wo, gate/up, down, and q/k (+ v when its layout differs and the
+         * GEMV does not take both types in one launch) */
+        const uint64_t qkv = kvd_k_gemv_act_kind((int)cs[ci].vt) == kvd_k_gemv_act_kind((int)t) ||
+                                     kvd_k_gemv_pair_ok((int)t, (int)cs[ci].vt)
+                                 ? 1
+                                 : 2;
         if (sp.act_quants != 3 + qkv || sp.act_handed != 0)
             fail_msg("%s rows %u without hints: %llu quantizing launches, %llu handed",
                      ctype_name(t), c.rows, (unsigned long long)sp.act_quants,

@@ -735,13 +735,16 @@ static uint32_t launches_at(struct runner *r, uint32_t pos, struct cuda_compute_
 }
 
 /* The launches of matmul_n over q, k, v that read int8 activations: one
- * per run of weights of one type. */
+ * per run of weights of one type, a run of a type the GEMV pairs with the
+ * one before (v in Q6_K after q, k in Q4_K) in the same launch. */
 static uint64_t qkv_quant_launches(const struct model_layer *L)
 {
     const struct ctensor *w[3] = {&L->wq, &L->wk, &L->wv};
     uint64_t n = 0;
     for (int i = 0; i < 3; i++)
-        if (kvd_k_gemv_act_kind((int)w[i]->type) && (i == 0 || w[i]->type != w[i - 1]->type))
+        if (kvd_k_gemv_act_kind((int)w[i]->type) &&
+            (i == 0 || (w[i]->type != w[i - 1]->type &&
+                        !kvd_k_gemv_pair_ok((int)w[0]->type, (int)w[i]->type))))
             n++;
     return n;
 }
@@ -776,6 +779,9 @@ static void check_act_quants(const struct model *m, const char *type,
                  (unsigned long long)handed);
 }
 
+/* Launches of a decode step of 1 and of 4 layers: 5 in every layer, bf16
+ * and the Q4_K_M mix (v and down in Q6_K in layers 0 of 1, 2 and 3 of 4:
+ * a layer of each kind in the difference). */
 static void test_launches_per_layer(void **state)
 {
     static const char *const types[] = {"bf16", "q4_k_m"};
@@ -789,7 +795,7 @@ static void test_launches_per_layer(void **state)
             snprintf(args, sizeof args,
                      "--arch llama --layers %d --embd 256 --heads 8 --kv-heads 2 --ff 512 "
                      "--vocab 300 --ctx 512 --type %s --seed 29",
-                     k ? 3 : 1, types[ti]);
+                     k ? 4 : 1, types[ti]);
             char *path = ref_gen_model(args);
             assert_non_null(path);
             struct runner r;
@@ -806,11 +812,11 @@ static void test_launches_per_layer(void **state)
         }
         for (int c = 0; c < 2; c++) {
             assert_true(n[c][1] > n[c][0]);
-            uint32_t per_layer = (n[c][1] - n[c][0]) / 2;
+            uint32_t per_layer = (n[c][1] - n[c][0]) / 3;
             printf("# %s decode at context %u: %u launches a layer, %u outside the layers\n",
                    types[ti], ctx[c], per_layer, n[c][0] - per_layer);
-            if ((n[c][1] - n[c][0]) % 2 || per_layer != 5)
-                fail_msg("%s decode at %u: %u launches for 1 layer, %u for 3 (5 a layer)",
+            if ((n[c][1] - n[c][0]) % 3 || per_layer != 5)
+                fail_msg("%s decode at %u: %u launches for 1 layer, %u for 4 (5 a layer)",
                          types[ti], ctx[c], n[c][0], n[c][1]);
         }
         /* the same kernels at both contexts: split attention and its merge */

@@ -1,5 +1,6 @@
 /* compute_cuda_fused: the fused ops of compute.h on the cuda backend: the
- * projections of one input (q, k, v), gate and up with SiLU, and a
+ * projections of one input (q, k, v; one launch also when v is Q6_K after
+ * q and k in Q4_K or Q5_K), gate and up with SiLU, and a
  * projection with the residual add and RMSNorm after it, each one launch of
  * the fused GEMV (kernels/gemv_fused.cu) for up to 8 rows (up to 32 of a
  * legacy quantized weight: a launch per 8; batch-invariant rows: 8 a launch;
@@ -29,12 +30,21 @@ static int matmul_n_rows(struct compute_ctx *cx, uint32_t n, const struct ctenso
     uint32_t i = 0;
     int rc;
     while (i < n) {
-        /* a run of weights of one type and input size: one launch */
+        /* a run of weights of one type and input size, then maybe a run of
+         * a second type the GEMV pairs with it (q, k, v of a Q4_K_M layer
+         * whose v is Q6_K): one launch */
         uint32_t j = i + 1;
-        if (gemv_takes(w[i], x, rows))
+        if (gemv_takes(w[i], x, rows)) {
             while (j < n && w[j]->type == w[i]->type && w[j]->ne0 == w[i]->ne0 &&
                    gemv_takes(w[j], x, rows))
                 j++;
+            uint32_t k = j;
+            while (k < n && w[k]->type == w[j]->type && w[k]->ne0 == w[i]->ne0 &&
+                   kvd_k_gemv_pair_ok((int)w[i]->type, (int)w[k]->type) &&
+                   gemv_takes(w[k], x, rows))
+                k++;
+            j = k;
+        }
         if (gemv_takes(w[i], x, rows)) {
             if (rope && j == n) {
                 cx->gemv_rope = rope;

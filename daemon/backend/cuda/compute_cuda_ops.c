@@ -382,11 +382,11 @@ static int pq_emit(struct compute_ctx *cx, struct kvd_k_gemv *g, const float *ou
 }
 
 /* The fused GEMV (kernels/gemv_fused.cu) over n weights of one type
- * sharing x, with epilogue epi (ADD_NORM: y[0] is the residual, norm_w and
- * norm_out the RMSNorm after it, or NULL). The caller checked
- * kvd_k_gemv_ok. x's quantization made by the launch that produced it is
- * read when one is live; the output is quantized for its readers when the
- * hint (cuda_op_next_readers) names it. */
+ * sharing x (or, STORE, of one type then of a second one that
+ * kvd_k_gemv_pair_ok pairs with it: one launch), with epilogue epi (ADD_NORM: y[0] is the residual,
+ * norm_w and norm_out the RMSNorm after it, or NULL). The caller checked kvd_k_gemv_ok. x's
+ * quantization made by the launch that produced it is read when one is live; the output is
+ * quantized for its readers when the hint (cuda_op_next_readers) names it. */
 int cuda_gemv(struct compute_ctx *cx, int n, const struct ctensor *const *w,
               const float *const *bias, const float *x, uint32_t rows, float *const *y, int epi,
               const float *norm_w, float eps, float *norm_out)
@@ -404,14 +404,24 @@ int cuda_gemv(struct compute_ctx *cx, int n, const struct ctensor *const *w,
         .counter = cx->counter,
         .max_blocks = 4 * cx->dev->n_sms,
     };
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         g.seg[i] = (struct kvd_k_gemv_seg){
             .w = w[i]->data, .rows = (int)w[i]->ne1, .y = y[i], .bias = bias[i]};
-    int rc = cuda_cx_need_act(cx, kvd_k_gemv_act_bytes(g.wtype, g.n_tokens, g.in));
+        if (!g.split && w[i]->type != w[0]->type) {
+            g.split = i;
+            g.wtype2 = (int)w[i]->type;
+        }
+    }
+    size_t act = kvd_k_gemv_act_bytes(g.wtype, g.n_tokens, g.in);
+    if (g.split && kvd_k_gemv_act_bytes(g.wtype2, g.n_tokens, g.in) > act)
+        act = kvd_k_gemv_act_bytes(g.wtype2, g.n_tokens, g.in);
+    int rc = cuda_cx_need_act(cx, act);
     if (rc)
         return rc;
     g.act = cx->act;
     g.act_in = pq_find(cx, x, rows, w[0]->ne0, g.wtype);
+    if (g.split)
+        g.act_in2 = pq_find(cx, x, rows, w[0]->ne0, g.wtype2);
     g.rope = cx->gemv_rope;
     cx->gemv_rope = NULL;
     const float *out = epi == KVD_K_GEMV_SWIGLU               ? y[0]
@@ -419,8 +429,8 @@ int cuda_gemv(struct compute_ctx *cx, int n, const struct ctensor *const *w,
                                                               : NULL;
     if ((rc = pq_emit(cx, &g, out, rows, w[0]->ne1)))
         return rc;
-    if (kvd_k_gemv_act_kind(g.wtype)) {
-        if (g.act_in)
+    if (kvd_k_gemv_act_kind(g.wtype)) { /* two types: handed when both are */
+        if (g.act_in && (!g.split || g.act_in2))
             cx->n_act_handed++;
         else
             cx->n_act_quant++;
