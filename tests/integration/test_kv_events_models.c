@@ -74,12 +74,16 @@ static int setup(void **state)
     struct fixture *f = calloc(1, sizeof *f);
     if (!f)
         return -1;
-    if (kvf_dir(f->tmp, sizeof f->tmp, "kvd-kvevm"))
+    /* the paths are formatted from a local copy: GCC -O1 cannot tell that
+     * f->tmp does not overlap the fields written (-Wrestrict) */
+    char tmp[sizeof f->tmp];
+    if (kvf_dir(tmp, sizeof tmp, "kvd-kvevm"))
         return -1;
+    memcpy(f->tmp, tmp, sizeof tmp);
     for (int i = 0; i < 2; i++) {
-        snprintf(f->model[i], sizeof f->model[i], "%s/%s.gguf", f->tmp, names[i]);
-        snprintf(f->ev[i], sizeof f->ev[i], "ipc://%s/ev-%s.sock", f->tmp, names[i]);
-        snprintf(f->replay[i], sizeof f->replay[i], "ipc://%s/replay-%s.sock", f->tmp, names[i]);
+        snprintf(f->model[i], sizeof f->model[i], "%s/%s.gguf", tmp, names[i]);
+        snprintf(f->ev[i], sizeof f->ev[i], "ipc://%s/ev-%s.sock", tmp, names[i]);
+        snprintf(f->replay[i], sizeof f->replay[i], "ipc://%s/replay-%s.sock", tmp, names[i]);
         snprintf(f->topic[i], sizeof f->topic[i], "kv@pod1@%s", names[i]);
         if (kvf_model(f->model[i], 3 + i))
             return -1;
