@@ -641,9 +641,11 @@ static inline int gf_kind(int wtype)
     }
 }
 
-template <int WT, int NT, int R> static int gf_launch1(const kvd_k_gemv *g, cudaStream_t st)
+// The launch's parameters from the request: its weights in row groups of
+// R rows (R / 2 (gate, up) pairs for SWIGLU), the input and outputs, the
+// epilogue's arguments; asrc and the two-type fields are the caller's.
+template <int R> static void gf_params_fill(const kvd_k_gemv *g, gf_params &p)
 {
-    gf_params p;
     memset(&p, 0, sizeof p);
     const bool swiglu = g->epi == KVD_K_GEMV_SWIGLU;
     int groups = 0;
@@ -687,6 +689,13 @@ template <int WT, int NT, int R> static int gf_launch1(const kvd_k_gemv *g, cuda
         p.emit[i] = g->emit[i];
         p.emit_kind[i] = kvd_k_gemv_act_kind(g->emit_wtype[i]);
     }
+}
+
+template <int WT, int NT, int R> static int gf_launch1(const kvd_k_gemv *g, cudaStream_t st)
+{
+    gf_params p;
+    gf_params_fill<R>(g, p);
+    const int groups = p.n_groups;
     const int kind = gf_kind(WT);
     p.asrc = kind == GU_FLOAT                                               ? GF_ASRC_F32
              : gf_smem_bytes<WT, NT, R>(GF_ASRC_SMEM, g->in) <= GF_SMEM_MAX ? GF_ASRC_SMEM
@@ -762,36 +771,11 @@ template <int WT, int NT, int R, int WT2>
 static int gf_mixed1(const kvd_k_gemv *g, cudaStream_t st, size_t smem)
 {
     gf_params p;
-    memset(&p, 0, sizeof p);
-    int groups = 0;
-    for (int i = 0; i < g->n_seg; i++) {
-        p.seg[i].w = (const uint8_t *)g->seg[i].w;
-        p.seg[i].y = g->seg[i].y;
-        p.seg[i].b = g->seg[i].bias;
-        p.seg[i].rows = g->seg[i].rows;
-        p.seg[i].g0 = groups;
-        groups += (g->seg[i].rows + R - 1) / R;
-    }
-    p.n_seg = g->n_seg;
-    p.n_groups = groups;
-    p.in = g->in;
-    p.epi = g->epi;
-    p.x = g->x;
-    p.counter = g->counter;
-    p.act_in = g->act_in;
+    gf_params_fill<R>(g, p); // a STORE without emits (kvd_k_gemv_run checked)
+    const int groups = p.n_groups;
     p.act_in2 = g->act_in2;
     p.asrc = GF_ASRC_SMEM;
     p.split = g->split;
-    if (g->rope) {
-        const kvd_k_rope_args &r = *g->rope;
-        p.rope = 1;
-        p.rkv = rkv_args{r.q,     r.k,
-                         r.v,     r.pos,
-                         r.slots, r.n_heads,
-                         r.n_rot, r.mode == KVD_K_ROPE_NEOX,
-                         r.base,  r.freq_factors,
-                         r.kv,    r.layer};
-    }
     // The blocks of each type (each quantizes its activations once): as
     // many as its row groups need, the cap shared in proportion to them.
     const int gs = p.seg[g->split].g0;
