@@ -10,26 +10,21 @@
  *   fill     beta sends PROMPTS (default 48) prompts of TOKENS (default
  *            1024) random tokens each; SIGTERM writes them all to disk;
  *   restart  the page cache is dropped (when we may), kvd starts again;
- *   alone    alpha streams 256 tokens (greedy) from a 64-token prompt of
- *            its own; the inter-arrival times of its tokens are recorded;
- *   solo     beta sends the first half of its prompts again, alone (one
- *            connection): each restores TOKENS/16 blocks from disk through
- *            the disk workers, then computes one token (the prompt is
- *            TOKENS + 1 long);
- *   restore  alpha streams 256 tokens again while beta (2 connections)
- *            sends the second half of its prompts the same way;
- *   memory   the same again: beta's prompts are now in memory, so beta
- *            costs the executor the same and the disk nothing (the control).
- * Prints alpha's inter-token p50/p99/max in each phase (over the tokens
- * that arrived while beta was sending), beta's requests, blocks restored
- * and restore GB/s (bytes read / the restoring prefetches' time, from the
- * daemon's stats).
+ *   alone    alpha streams 256 tokens (or KVD_BENCH_ALPHA_TOKENS) (greedy) from a 64-token prompt
+ * of its own; the inter-arrival times of its tokens are recorded; solo     beta sends the first
+ * half of its prompts again, alone (one connection): each restores TOKENS/16 blocks from disk
+ * through the disk workers, then computes one token (the prompt is TOKENS + 1 long); restore  alpha
+ * streams as many again while beta (2 connections) sends the second half of its prompts the same
+ * way; memory   the same again: beta's prompts are now in memory, so beta costs the executor the
+ * same and the disk nothing (the control). Prints alpha's inter-token p50/p99/max in each phase
+ * (over the tokens that arrived while beta was sending), beta's requests, blocks restored and
+ * restore GB/s (bytes read / the restoring prefetches' time, from the daemon's stats).
  *
  * Environment: KVD_BIN, KVD_TOOLS_DIR (as in ctest), KVD_BENCH_ARGS (extra
- * kvd arguments, space-separated), KVD_BENCH_REUSE=1 with DIR: when DIR
- * holds a model and a disk tier from an earlier run of the same PROMPTS and
- * TOKENS, they are used as they are (no fill: repeated runs save its
- * minute). */
+ * kvd arguments, space-separated), KVD_BENCH_ALPHA_TOKENS (alpha's stream,
+ * default 256, at most 4096: a longer phase gives its p99 more gaps), KVD_BENCH_REUSE=1 with DIR:
+ * when DIR holds a model and a disk tier from an earlier run of the same PROMPTS and TOKENS, they
+ * are used as they are (no fill: repeated runs save its minute). */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -48,7 +43,7 @@
 #define UID_B 60012
 #define GID_ALL 65534 /* nogroup: the socket's group */
 #define A_PROMPT 64
-#define A_TOKENS 256
+#define A_TOKENS_MAX 4096
 #define MAX_PROMPTS 512
 #define BLOCK_BYTES (256u << 10)
 
@@ -60,7 +55,8 @@ static const char *const conf_tenants = "[admin]\nuids = 0\n"
 struct shared {
     char sock[128];
     unsigned prompts, tokens;
-    double a_t[A_TOKENS + 1]; /* alpha: arrival time of each token */
+    unsigned a_tokens;            /* alpha streams this many tokens */
+    double a_t[A_TOKENS_MAX + 1]; /* alpha: arrival time of each token */
     size_t a_n;
     atomic_int a_done;
     double b_start, b_end;     /* beta's first send, last reply */
@@ -104,14 +100,14 @@ static struct kvd_ctx *conn(void)
     return c;
 }
 
-/* ---- alpha: one stream of A_TOKENS tokens ------------------------------- */
+/* ---- alpha: one stream of a_tokens tokens ------------------------------- */
 
 static int on_tokens(void *user, const uint32_t *tokens, size_t n)
 {
     (void)user;
     (void)tokens;
     double t = now_s();
-    for (size_t i = 0; i < n && sh->a_n <= A_TOKENS; i++)
+    for (size_t i = 0; i < n && sh->a_n <= sh->a_tokens; i++)
         sh->a_t[sh->a_n++] = t;
     return 0;
 }
@@ -127,7 +123,7 @@ static int alpha(void *arg)
         p[i] = (uint32_t)(mix(0xa1fa0000ull + i) % VOCAB);
     struct kvd_gen_opts o;
     kvd_gen_opts_init(&o);
-    o.max_tokens = A_TOKENS;
+    o.max_tokens = sh->a_tokens;
     o.temperature = 0;
     o.on_tokens = on_tokens;
     struct kvd_gen_result r;
@@ -331,7 +327,7 @@ struct phase {
  * (the whole stream when t1 < t0). */
 static void gaps(struct phase *ph, double t0, double t1)
 {
-    double g[A_TOKENS];
+    double g[A_TOKENS_MAX];
     size_t n = 0;
     for (size_t i = 1; i < sh->a_n; i++)
         if (t1 < t0 || (sh->a_t[i] >= t0 && sh->a_t[i - 1] <= t1))
@@ -479,6 +475,12 @@ int main(int argc, char **argv)
         return 1;
     memset(sh, 0, sizeof *sh);
     sh->prompts = prompts;
+    const char *at = getenv("KVD_BENCH_ALPHA_TOKENS");
+    sh->a_tokens = at ? (unsigned)strtoul(at, NULL, 10) : 256;
+    if (sh->a_tokens < 2 || sh->a_tokens > A_TOKENS_MAX) {
+        fprintf(stderr, "bench_disk_tenants: KVD_BENCH_ALPHA_TOKENS must be 2..%d\n", A_TOKENS_MAX);
+        return 2;
+    }
     sh->tokens = tokens;
     char tmp[] = "/var/tmp/kvd-bench-tenants.XXXXXX", model[4200], disk[4200], cmd[9000];
     const char *dir = argc > 3 ? argv[3] : mkdtemp(tmp);
@@ -545,7 +547,7 @@ restart:
     }
     printf("alpha decodes %d tokens while beta's %u prompts of %u tokens (%u blocks of 256 KiB "
            "each) restore from disk; kvd args:",
-           A_TOKENS, prompts, tokens, tokens / 16);
+           sh->a_tokens, prompts, tokens, tokens / 16);
     for (size_t i = 0; g_args[i]; i++)
         printf(" %s", strcmp(g_args[i], model) == 0  ? "M.gguf"
                       : strcmp(g_args[i], disk) == 0 ? "DIR"
