@@ -131,12 +131,12 @@ const struct options_def options_defs[] = {
     {"prefetch-nice", "N", OPTIONS_U32, F(prefetch_nice), 0, 19, NULL, "10", NULL, 0,
      "the prefetch workers (disk and remote restores)\nrun N nice levels below kvd: a restore "
      "takes\nthe CPU the decode leaves"},
-    {"prefetch-idle-ms", "MS", OPTIONS_U32, F(prefetch_idle_ms), 0, 60000, NULL, "0", NULL, 0,
+    {"prefetch-idle-ms", "MS", OPTIONS_U32, F(prefetch_idle_ms), 0, 60000, NULL, "100", NULL, 0,
      "the prefetch workers run SCHED_IDLE (only on\ncores nothing else wants); a restore "
      "running\nthis long goes back to prefetch-nice (0: off)"},
-    {"warm-bytes", "BYTES", OPTIONS_SIZE, F(warm_bytes), 0, (uint64_t)1 << 40, NULL, "0", NULL, 0,
+    {"warm-bytes", "BYTES", OPTIONS_SIZE, F(warm_bytes), 0, (uint64_t)1 << 40, NULL, "16M", NULL, 0,
      "spare KV pages per tier written once ahead by an\nidle thread, so a restore's copy skips "
-     "the first\ntouch of fresh memory (cpu backend; 0 = off;\ne.g. 16M)"},
+     "the first\ntouch of fresh memory (cpu backend; 0 = off)"},
     {"kv-events", "ENDPOINT", OPTIONS_STR, F(kv_events), 0, 0, NULL, NULL, NULL, 0,
      "publish KV cache events (vLLM's format) on this\nZeroMQ endpoint, tcp://HOST:PORT or "
      "ipc://PATH\n(bound; off by default): the first model's stream"},
