@@ -191,7 +191,6 @@ static int beta(void *arg)
 
 /* ---- the daemon --------------------------------------------------------- */
 
-static const char *g_args[64];
 static pid_t g_pid; /* the running kvd */
 
 /* The daemon's minor page faults and CPU seconds (user + system) so far,
@@ -222,8 +221,6 @@ static void kvd_usage(uint64_t *minflt, double *cpu_s)
 
 static int start(struct kh_proc *d, const char *model, const char *disk)
 {
-    static char *extra;
-    size_t n = 0;
     const char *base[] = {"--backend",
                           "cpu",
                           "--model",
@@ -241,16 +238,7 @@ static int start(struct kh_proc *d, const char *model, const char *disk)
                           "--socket-group",
                           "nogroup",
                           NULL};
-    for (size_t i = 0; base[i]; i++)
-        g_args[n++] = base[i];
-    free(extra);
-    extra = getenv("KVD_BENCH_ARGS") ? strdup(getenv("KVD_BENCH_ARGS")) : NULL;
-    for (char *sv = NULL, *t = extra ? strtok_r(extra, " ", &sv) : NULL; t && n < 62;
-         t = strtok_r(NULL, " ", &sv))
-        g_args[n++] = t;
-    g_args[n] = NULL;
-    memset(d, 0, sizeof *d);
-    if (kh_start(d, conf_tenants, g_args) != 0)
+    if (kh_start_bench(d, conf_tenants, base) != 0)
         return -1;
     snprintf(sh->sock, sizeof sh->sock, "%s", d->sock);
     g_pid = d->pid;
@@ -548,10 +536,8 @@ restart:
     printf("alpha decodes %d tokens while beta's %u prompts of %u tokens (%u blocks of 256 KiB "
            "each) restore from disk; kvd args:",
            sh->a_tokens, prompts, tokens, tokens / 16);
-    for (size_t i = 0; g_args[i]; i++)
-        printf(" %s", strcmp(g_args[i], model) == 0  ? "M.gguf"
-                      : strcmp(g_args[i], disk) == 0 ? "DIR"
-                                                     : g_args[i]);
+    for (const char *const *a = kh_bench_args(); *a; a++)
+        printf(" %s", strcmp(*a, model) == 0 ? "M.gguf" : strcmp(*a, disk) == 0 ? "DIR" : *a);
     if (reuse)
         printf("\n  fill: reused DIR; restart: page cache %s, %" PRIu64 " blocks loaded\n",
                dropped ? "dropped" : "NOT dropped", loaded);

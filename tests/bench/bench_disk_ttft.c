@@ -109,12 +109,8 @@ static uint64_t disk_stat(const struct kh_proc *d, const char *key)
     return v;
 }
 
-static const char *g_args[64];
-
 static int start(struct kh_proc *d, const char *model, const char *disk)
 {
-    static char *extra;
-    size_t n = 0;
     const char *base[] = {"--backend",
                           "cpu",
                           "--model",
@@ -130,16 +126,7 @@ static int start(struct kh_proc *d, const char *model, const char *disk)
                           "--host-blocks",
                           "1024",
                           NULL};
-    for (size_t i = 0; base[i]; i++)
-        g_args[n++] = base[i];
-    free(extra);
-    extra = getenv("KVD_BENCH_ARGS") ? strdup(getenv("KVD_BENCH_ARGS")) : NULL;
-    for (char *sv = NULL, *t = extra ? strtok_r(extra, " ", &sv) : NULL; t && n < 62;
-         t = strtok_r(NULL, " ", &sv))
-        g_args[n++] = t;
-    g_args[n] = NULL;
-    memset(d, 0, sizeof *d);
-    return kh_start(d, NULL, g_args);
+    return kh_start_bench(d, NULL, base);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -238,10 +225,8 @@ int main(int argc, char **argv)
 
     printf("TTFT of %d-token prompts, %d shared (90 %%), %u groups; kvd args:", N_PROMPT, N_SHARED,
            groups);
-    for (size_t i = 0; g_args[i]; i++)
-        printf(" %s", strcmp(g_args[i], model) == 0  ? "M.gguf"
-                      : strcmp(g_args[i], disk) == 0 ? "DIR"
-                                                     : g_args[i]);
+    for (const char *const *a = kh_bench_args(); *a; a++)
+        printf(" %s", strcmp(*a, model) == 0 ? "M.gguf" : strcmp(*a, disk) == 0 ? "DIR" : *a);
     printf("\n  run 1: %" PRIu64 " blocks written before SIGTERM (%" PRIu64
            " queued), SIGTERM to exit %.2f s\n",
            writes, queued, t_stop);

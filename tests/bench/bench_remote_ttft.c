@@ -101,12 +101,8 @@ static int wait_written(const struct kh_proc *d, uint64_t n)
     return -1;
 }
 
-static const char *g_args[64];
-static char *g_extra;
-
 static int start(struct kh_proc *d, const char *model, const char *url, const char *key)
 {
-    size_t n = 0;
     const char *base[] = {"--backend",
                           "cpu",
                           "--model",
@@ -122,16 +118,7 @@ static int start(struct kh_proc *d, const char *model, const char *url, const ch
                           "--host-blocks",
                           "1024",
                           NULL};
-    for (size_t i = 0; base[i]; i++)
-        g_args[n++] = base[i];
-    free(g_extra);
-    g_extra = getenv("KVD_BENCH_ARGS") ? strdup(getenv("KVD_BENCH_ARGS")) : NULL;
-    for (char *sv = NULL, *t = g_extra ? strtok_r(g_extra, " ", &sv) : NULL; t && n < 62;
-         t = strtok_r(NULL, " ", &sv))
-        g_args[n++] = t;
-    g_args[n] = NULL;
-    memset(d, 0, sizeof *d);
-    return kh_start(d, "[limits]\nremote = on\n", g_args);
+    return kh_start_bench(d, "[limits]\nremote = on\n", base);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -216,11 +203,11 @@ int main(int argc, char **argv)
     }
     printf("TTFT of %d-token prompts, %u groups, redis-server %s; kvd args:", N_PROMPT, groups,
            srv.addr);
-    for (size_t i = 0; g_args[i]; i++)
-        printf(" %s", strcmp(g_args[i], model) == 0     ? "M.gguf"
-                      : strcmp(g_args[i], key) == 0     ? "KEY"
-                      : strcmp(g_args[i], srv.url) == 0 ? "redis://..."
-                                                        : g_args[i]);
+    for (const char *const *arg = kh_bench_args(); *arg; arg++)
+        printf(" %s", strcmp(*arg, model) == 0     ? "M.gguf"
+                      : strcmp(*arg, key) == 0     ? "KEY"
+                      : strcmp(*arg, srv.url) == 0 ? "redis://..."
+                                                   : *arg);
     printf("\n  A: %" PRIu64 " values written, %.1f MB; B: %" PRIu64 " blocks restored, %" PRIu64
            " rounds, %.1f MB in, lookup mean %" PRIu64 " us, %" PRIu64 " errors, %" PRIu64
            " timeouts, %" PRIu64 " auth failures\n",
@@ -242,6 +229,5 @@ out:
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "bench_remote_ttft: %s failed\n", cmd);
-    free(g_extra);
     return rc;
 }

@@ -260,6 +260,30 @@ int kh_start(struct kh_proc *p, const char *conf_text, const char *const *args)
     return kh_spawn(p, &o);
 }
 
+static const char *bench_args[64];
+static char *bench_extra;
+
+int kh_start_bench(struct kh_proc *p, const char *conf_text, const char *const *args)
+{
+    size_t n = 0, cap = sizeof bench_args / sizeof *bench_args - 1;
+    for (size_t i = 0; args[i] && n < cap; i++)
+        bench_args[n++] = args[i];
+    free(bench_extra);
+    const char *env = getenv("KVD_BENCH_ARGS");
+    bench_extra = env ? strdup(env) : NULL;
+    for (char *sv = NULL, *t = bench_extra ? strtok_r(bench_extra, " ", &sv) : NULL; t && n < cap;
+         t = strtok_r(NULL, " ", &sv))
+        bench_args[n++] = t;
+    bench_args[n] = NULL;
+    memset(p, 0, sizeof *p);
+    return kh_start(p, conf_text, bench_args);
+}
+
+const char *const *kh_bench_args(void)
+{
+    return bench_args;
+}
+
 int kh_run(const struct kh_opts *o)
 {
     struct kh_opts ro = *o;

@@ -51,6 +51,12 @@ struct kh_opts {
 int kh_spawn(struct kh_proc *p, const struct kh_opts *o);
 /* kh_spawn with just a config text (NULL: none) and args. */
 int kh_start(struct kh_proc *p, const char *conf_text, const char *const *args);
+/* kh_start for the benchmarks: args, then the space-separated words of the
+ * environment's KVD_BENCH_ARGS (kvd arguments the bench's user adds; at most
+ * 63 in all). kh_bench_args() is the argument list it started with, kept
+ * until the next call, for the bench to print. */
+int kh_start_bench(struct kh_proc *p, const char *conf_text, const char *const *args);
+const char *const *kh_bench_args(void);
 /* kh_start on the heap, for CMocka fixtures (state): NULL on failure.
  * kh_free stops it (kh_stop), frees it and returns kh_stop's status. */
 struct kh_proc *kh_new(const char *conf_text, const char *const *args);
