@@ -107,7 +107,9 @@ void kvmm_free(struct kvmm *mm)
     if (!mm)
         return;
 #ifdef KVD_LOCK_CHECKS
-    if (atomic_load_explicit(&mm->holder, memory_order_relaxed) != 0)
+    /* The caller must not hold it; the kvmm's own threads (the warmer, the
+     * tiers' writers) may, until they are stopped below. */
+    if (atomic_load_explicit(&mm->holder, memory_order_relaxed) == mm_thread_self())
         mm_lock_violation(__func__, "while kvmm_lock is held");
 #endif
     mm_warm_stop(mm); /* it takes the lock */
@@ -115,6 +117,10 @@ void kvmm_free(struct kvmm *mm)
     kvpages_detach(mm->pool.budget, &mm->member);
     mm_remote_free(mm); /* its writer stops first: it takes the lock */
     mm_disk_free(mm);   /* the same */
+#ifdef KVD_LOCK_CHECKS
+    if (atomic_load_explicit(&mm->holder, memory_order_relaxed) != 0)
+        mm_lock_violation(__func__, "with kvmm_lock held after its threads stopped");
+#endif
     mm_exports_free(mm);
     seq_table_free(&mm->st);
     radix_destroy(&mm->radix);
@@ -502,14 +508,18 @@ void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st)
     }
     /* total: what the pool may hold (its range, the budget); free: the
      * free slots of its pages and the whole pages it could still take
-     * (other pools on the budget share those). */
+     * (other pools on the budget share those), the page the warm reserve
+     * is writing among them (a spare again in a moment: without it free +
+     * cached + used would fall short of total while it writes). */
     uint32_t used[POOL_TIERS] = {0, 0};
     for (uint32_t i = 0; i < p->n_ids; i++)
         if (p->blocks[i].used)
             used[p->blocks[i].tier]++;
     for (int t = 0; t < POOL_TIERS; t++) {
         uint64_t spp = p->slots_per_page[t], total = p->n_usable[t];
-        uint64_t fr = p->n_free_slots[t] + spp * pool_pages_free(p, (enum kvd_tier)t);
+        bool warming = p->warming[t] != POOL_NONE && !(t == KVD_TIER_DEVICE && p->device_off);
+        uint32_t pages_free = pool_pages_free(p, (enum kvd_tier)t) + warming;
+        uint64_t fr = p->n_free_slots[t] + spp * pages_free;
         if (fr > total - used[t])
             fr = total > used[t] ? total - used[t] : 0;
         st->page_bytes[t] = p->page_bytes[t];
@@ -520,7 +530,7 @@ void kvmm_stats(struct kvmm *mm, struct kvmm_stats *st)
         st->warm_max[t] = p->warm_max[t];
         st->warm_hits[t] = p->warm_hits[t];
         st->warm_misses[t] = p->warm_misses[t];
-        st->pages_free[t] = pool_pages_free(p, (enum kvd_tier)t);
+        st->pages_free[t] = pages_free;
         st->pages_cached[t] = p->n_fc_pages[t];
         if (t == KVD_TIER_DEVICE) {
             /* detached (kvmm_device_detach): the pool takes no page */
