@@ -359,7 +359,8 @@ static void test_overlap_same_tokens(void **state)
             if (!(pass && q == 2))
                 assert_int_equal(na[q], 4 + 4 * q);
         }
-        assert_true(na[2] <= 7);
+        if (pass)
+            assert_true(na[2] <= 7);
     }
     int fd = kh_connect(on.sock);
     uint64_t ov = kh_stat(fd, "requests", "overlapped_steps");
