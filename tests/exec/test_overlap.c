@@ -5,7 +5,8 @@
  * same with the overlap on and off, requests that end at different steps
  * (max_tokens, a stop token, a cancel) giving back the position the next
  * step held for them (a lent sequence comes back without it), requests
- * arriving while an overlapped step runs, and the counters. */
+ * arriving while an overlapped step runs, memory too short for every
+ * request to grow (swaps, recomputes), and the counters. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -302,6 +303,50 @@ static void test_seq_mode_returned(void **state)
     fx_close(f);
 }
 
+/* 8 requests of 40-token prompts and 48 generated tokens in a pool of
+ * `dev` device blocks (and `host` for swaps), the overlap on or off. */
+static void run_pressure(struct fx *f, enum exec_overlap ov, uint32_t dev, uint32_t host,
+                         struct fx_result *out, struct exec_stats *st)
+{
+    static uint32_t p[8][40];
+    fx_overlap = ov;
+    assert_int_equal(fx_open(f, &g_model, dev, host, 256, 8), 0);
+    fx_overlap = EXEC_OVERLAP_AUTO;
+    for (uint32_t i = 0; i < 8; i++) {
+        fx_prompt(p[i], 40, 300 + i);
+        struct fx_gen g = {.toks = p[i], .n_toks = 40, .max_tokens = 48, .temperature = -1};
+        struct kvd_error err;
+        assert_int_equal(fx_submit(f, 1 + i, &g, &err), 0);
+    }
+    for (uint32_t i = 0; i < 8; i++)
+        out[i] = *fx_wait(1 + i);
+    assert_mm_clean(f);
+    exec_stats(f->ex, st);
+    fx_close(f);
+}
+
+/* Memory short: planning ahead never preempts, so a step whose requests
+ * cannot all grow is planned the usual way (which swaps or recomputes);
+ * the tokens are those of a pool large enough for all. */
+static void test_pressure_same(void **state)
+{
+    struct fx *f = *state;
+    static struct fx_result big[8], swap[8], recompute[8];
+    struct exec_stats st;
+    run_pressure(f, EXEC_OVERLAP_OFF, 512, 0, big, &st);
+    run_pressure(f, EXEC_OVERLAP_ON, 14, 64, swap, &st);
+    assert_true(st.sched.preempt_swap > 0);
+    assert_true(st.overlap.steps > 0);
+    run_pressure(f, EXEC_OVERLAP_ON, 14, 0, recompute, &st);
+    assert_true(st.sched.preempt_recompute > 0);
+    assert_true(st.overlap.steps > 0);
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(big[i].n, 48);
+        assert_same(&swap[i], &big[i]);
+        assert_same(&recompute[i], &big[i]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -310,6 +355,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stop_mid_batch, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_cancel_and_arrival, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_seq_mode_returned, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_pressure_same, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
