@@ -158,6 +158,10 @@ struct compute_ctx; /* implementation-defined */
 
 struct compute_ops {
     const char *name; /* "cpu", "cuda" */
+    /* The ops run asynchronously: a download (or sync) is the first call
+     * that waits for the device (cuda); false: each op is done when it
+     * returns (cpu). */
+    bool async;
 
     int (*ctx_new)(struct backend *be, const struct compute_conf *conf, struct compute_ctx **out);
     void (*ctx_free)(struct compute_ctx *cx);

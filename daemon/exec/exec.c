@@ -1,8 +1,11 @@
 /* The executor thread (see exec.h): takes submitted requests from an inbox,
  * and loops draft (speculative decoding, no lock) → plan (scheduler, kvmm
- * lock held) → model_forward (no lock) → take the sampled tokens, the
- * verified drafts (no lock) → commit (lock) → finish (lock) → publish (no
- * lock). The backend samples inside model_forward. */
+ * lock held) → submit the forward (no lock) → wait for it → take the sampled
+ * tokens, the verified drafts (no lock) → commit (lock) → finish (lock) →
+ * publish (no lock). The backend samples inside the forward. With overlap
+ * (a plain decode step on an asynchronous backend) the next step is planned
+ * while the forward runs and submitted before this step's results are
+ * published: see step(). */
 #include "exec.h"
 
 #include "acct.h"
@@ -75,6 +78,23 @@ struct exec {
     size_t n_shares;
     struct arbiter_share *dshares; /* [spec.max_batch] the draft model's turn's tenants */
     char (*tnames)[64];            /* [spec.max_batch] their names */
+    /* Overlap (exec_conf.overlap, resolved): `ahead` is the step after
+     * ex->plan, planned while ex->plan's forward ran (sched_plan_ahead).
+     * inflight: ex->plan's forward was submitted by the iteration before
+     * (fwd_rc: the submit's status, t_fwd: when). fwd_pending: a submit
+     * awaits model_forward_finish. */
+    bool overlap;
+    struct sched_plan ahead;
+    bool inflight, fwd_pending;
+    int fwd_rc;
+    uint64_t t_fwd;
+    /* Host time of plain decode steps (ost): when the last forward's
+     * finish returned, whether the step submitted last was a plain decode,
+     * and this iteration's time inside submit and finish. */
+    uint64_t t_fin;
+    bool prev_plain;
+    uint64_t dev_ns;
+    struct exec_overlap_stats ost; /* copied into st after each step */
 
     /* Shared with other threads, under mu. */
     pthread_mutex_t mu;
@@ -209,6 +229,11 @@ static void acct_report_counters(struct exec *ex)
         .preempt_recompute = c->preempt_recompute,
         .step_launches = model_step_launches(ex->m),
         .layers = ex->hp->n_layer,
+        .overlapped_steps = ex->st.overlap.steps,
+        .host_steps = ex->st.overlap.host_steps,
+        .host_ns = ex->st.overlap.host_ns,
+        .idle_steps = ex->st.overlap.idle_steps,
+        .idle_ns = ex->st.overlap.idle_ns,
     };
     const struct exec_spec_stats *p = &ex->st.spec;
     s.spec = (struct acct_spec){.draft_model = ex->conf.draft != NULL,
@@ -553,16 +578,20 @@ static int fork_picks(struct exec *ex, struct sched_req *lead, uint32_t V)
     return 0;
 }
 
-/* Runs the plan's step; the backend samples every request whose chunk
+/* Submits the plan's step; the backend samples every request whose chunk
  * reaches its last known token (the request's uniform for the step is drawn
  * here, so the draw sequence is the request's own whatever the batch), and
  * every row of a verification (one uniform per row, rewound by
  * spec_resolve to the tokens it keeps). The sequences go to the model
  * decodes and verifications first: with speculation on they are the
- * batch-invariant prefix (model.h fwd_batch.invariant). */
-static int forward(struct exec *ex)
+ * batch-invariant prefix (model.h fwd_batch.invariant). When every pick is
+ * the backend's (no logits come back) the step may still run on the device
+ * on return (ex->fwd_pending: forward_finish waits for it); otherwise it is
+ * done, picked here. */
+static int forward_submit(struct exec *ex)
 {
     struct sched_plan *p = &ex->plan;
+    ex->fwd_pending = false;
     bool host = false, lp = false;
     uint32_t nf = 0, nout = 0;
     for (int pass = 0; pass < 2; pass++)
@@ -617,7 +646,9 @@ static int forward(struct exec *ex)
         for (uint32_t i = 0; i < p->n; i++)
             if (!p->reqs[i]->verify && !ex->rows[ex->out0[i]].skip)
                 sampler_next_row(&p->reqs[i]->smp, &ex->rows[ex->out0[i]]);
-        return model_forward(ex->m, ex->fc, &b);
+        int rc = model_forward_submit(ex->m, ex->fc, &b);
+        ex->fwd_pending = rc == 0;
+        return rc;
     }
     /* Some row needs a host-only stage, or logprobs: the whole step's
      * logits come back (n_out * n_vocab * 4 bytes). With a host-only
@@ -694,6 +725,55 @@ static int forward(struct exec *ex)
             return rc;
     }
     return 0;
+}
+
+/* Waits for a step forward_submit left on the device (its picks in
+ * ex->picks); rc: the submit's status. */
+static int forward_finish(struct exec *ex, int rc)
+{
+    if (!ex->fwd_pending)
+        return rc;
+    ex->fwd_pending = false;
+    int frc = model_forward_finish(ex->m, ex->fc);
+    return rc ? rc : frc;
+}
+
+/* Whether every request of the plan decodes one token (no prefill, no
+ * verification, no restoring). */
+static bool plan_plain(const struct sched_plan *p)
+{
+    bool plain = p->n > 0;
+    for (uint32_t i = 0; i < p->n && plain; i++) {
+        const struct sched_req *r = p->reqs[i];
+        plain = r->step_n == 1 && !r->verify && !r->restoring && r->n_kv + 1 == r->n_toks;
+    }
+    return plain;
+}
+
+/* forward_submit, timed: the device's wait between two plain decode steps
+ * (from the first's finish to the second's submit), and the iteration's
+ * time inside the forward (dev_ns). */
+static int submit_step(struct exec *ex)
+{
+    uint64_t t0 = sched_now_ns();
+    bool plain = plan_plain(&ex->plan);
+    if (plain && ex->prev_plain && ex->t_fin) {
+        ex->ost.idle_steps++;
+        ex->ost.idle_ns += t0 - ex->t_fin;
+    }
+    ex->prev_plain = plain;
+    int rc = forward_submit(ex);
+    ex->dev_ns += sched_now_ns() - t0;
+    return rc;
+}
+
+static int finish_step(struct exec *ex, int rc)
+{
+    uint64_t t0 = sched_now_ns();
+    rc = forward_finish(ex, rc);
+    ex->t_fin = sched_now_ns();
+    ex->dev_ns += ex->t_fin - t0;
+    return rc;
 }
 
 /* ---- speculative decoding ------------------------------------------------- */
@@ -930,14 +1010,10 @@ static void plan_shares(struct exec *ex)
     }
 }
 
-/* One iteration. Returns false when there was nothing to compute. */
-static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
+/* The requests that arrived since the last iteration join the scheduler
+ * (kvmm lock held). */
+static void take_arrivals(struct exec *ex, struct sched_req *arrived, struct sched_req **done)
 {
-    struct sched_req *done = NULL;
-    struct kvmm *mm = ex->mm;
-
-    spec_prepare(ex);
-    kvmm_lock(mm);
     while (arrived) {
         struct sched_req *r = arrived;
         arrived = r->next;
@@ -945,43 +1021,121 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         /* A prompt that failed to prepare, or was never prepared (the
          * request was cancelled first), ends here. */
         if (r->finish != SCHED_FINISH_NONE || r->prompt || r->constraint) {
-            sched_reject(mm, r, &done);
+            sched_reject(ex->mm, r, done);
             continue;
         }
-        sched_add(ex->sched, mm, r);
+        sched_add(ex->sched, ex->mm, r);
         if (atomic_load(&r->cancel)) /* cancelled while it was prepared */
             sched_note_cancel(ex->sched);
     }
-    if (drain)
-        sched_drain(ex->sched, mm, &done);
-    int rc = sched_plan(ex->sched, mm, &ex->plan, &done);
-    if (rc == 0 && ex->conf.arbiter)
-        plan_shares(ex);
-    kvmm_unlock(mm);
-    if (rc) {
-        /* Out of memory for the plan itself: end everything rather than spin. */
-        kvmm_lock(mm);
-        sched_drain(ex->sched, mm, &done);
-        kvmm_unlock(mm);
-        for (struct sched_req *r = done; r; r = r->next)
-            if (r->finish == SCHED_FINISH_CANCELLED && !atomic_load(&r->cancel)) {
-                r->finish = SCHED_FINISH_ERROR;
-                kvd_error_set(&r->err, rc, "executor out of memory");
-            }
-        publish_done(ex, done);
-        return false;
-    }
-    if (ex->plan.n == 0) {
-        publish_done(ex, done);
-        return false;
-    }
+}
 
-    if (ex->conf.arbiter)
-        arbiter_acquire(ex->conf.arbiter, ex->shares, ex->n_shares);
-    uint64_t t_fwd = sched_now_ns();
+/* Whether no request of p would draft before its step: spec_prepare's
+ * test (more requests than spec.max_batch, or none that speculates). */
+static bool spec_quiet(const struct exec *ex, const struct sched_plan *p)
+{
+    if (p->n > ex->conf.spec.max_batch)
+        return true;
+    for (uint32_t i = 0; i < p->n; i++)
+        if (spec_kind_of(ex, p->reqs[i]) != SPEC_OFF)
+            return false;
+    return true;
+}
+
+/* Whether the step on the device (its forward submitted, its picks the
+ * backend's) may have its successor planned now, before its tokens are
+ * known: every request decodes one token with nothing the host must do
+ * between the steps (no drafts, no fork, no cancel seen yet), and nothing
+ * new waits (an arrival, a drain) that the next plan should see. The
+ * scheduler checks its own queues (sched_plan_ahead). */
+static bool can_ahead(struct exec *ex, bool drain)
+{
+    if (!ex->overlap || !ex->fwd_pending || drain || ex->n_forked)
+        return false;
+    if (!spec_quiet(ex, &ex->plan))
+        return false;
+    for (uint32_t i = 0; i < ex->plan.n; i++) {
+        struct sched_req *r = ex->plan.reqs[i];
+        if (r->step_n != 1 || r->verify || r->restoring || r->n_kv + 1 != r->n_toks ||
+            leads_unforked(r) || atomic_load(&r->cancel))
+            return false;
+    }
+    pthread_mutex_lock(&ex->mu);
+    bool quiet = !ex->inbox_head && !ex->draining && !ex->stop;
+    pthread_mutex_unlock(&ex->mu);
+    return quiet;
+}
+
+/* One iteration: one step's forward waited for, committed and published.
+ * Synchronous: plan → submit → wait → commit → take tokens → finish →
+ * publish, the device idle from the wait to the next submit. Overlapped
+ * (can_ahead): while the device runs step N the next one is planned (each
+ * request grown by the position N's token will take), and once N's tokens
+ * are taken and the requests they ended are finished (their position given
+ * back), step N+1 is submitted before N's results are published; the next
+ * iteration starts with N+1 in flight. The device then waits only for the
+ * commit, the tokens' taking and N+1's metadata. Returns false when there
+ * was nothing to compute. */
+static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
+{
+    struct sched_req *done = NULL;
+    struct kvmm *mm = ex->mm;
+    uint64_t t_iter = sched_now_ns(), t_fwd;
+    int rc;
+    ex->dev_ns = 0;
+
+    if (ex->inflight) {
+        /* ex->plan is on the device: the arrivals wait for the next plan,
+         * a drain for the step's end (can_ahead refuses another) */
+        ex->inflight = false;
+        rc = ex->fwd_rc;
+        t_fwd = ex->t_fwd;
+        kvmm_lock(mm);
+        take_arrivals(ex, arrived, &done);
+        kvmm_unlock(mm);
+    } else {
+        spec_prepare(ex);
+        kvmm_lock(mm);
+        take_arrivals(ex, arrived, &done);
+        if (drain)
+            sched_drain(ex->sched, mm, &done);
+        rc = sched_plan(ex->sched, mm, &ex->plan, &done);
+        if (rc == 0 && ex->conf.arbiter)
+            plan_shares(ex);
+        kvmm_unlock(mm);
+        if (rc) {
+            /* Out of memory for the plan itself: end everything rather than spin. */
+            kvmm_lock(mm);
+            sched_drain(ex->sched, mm, &done);
+            kvmm_unlock(mm);
+            for (struct sched_req *r = done; r; r = r->next)
+                if (r->finish == SCHED_FINISH_CANCELLED && !atomic_load(&r->cancel)) {
+                    r->finish = SCHED_FINISH_ERROR;
+                    kvd_error_set(&r->err, rc, "executor out of memory");
+                }
+            publish_done(ex, done);
+            return false;
+        }
+        if (ex->plan.n == 0) {
+            publish_done(ex, done);
+            return false;
+        }
+        if (ex->conf.arbiter)
+            arbiter_acquire(ex->conf.arbiter, ex->shares, ex->n_shares);
+        t_fwd = sched_now_ns();
+        rc = submit_step(ex);
+    }
     ex->gen_step = 0;
-    rc = forward(ex);
+    /* While the device computes: the next step's plan. */
+    bool ahead = false;
+    if (rc == 0 && can_ahead(ex, drain)) {
+        kvmm_lock(mm);
+        ahead = sched_plan_ahead(ex->sched, mm, &ex->plan, &ex->ahead);
+        kvmm_unlock(mm);
+    }
+    rc = finish_step(ex, rc);
     uint64_t fwd_ns = sched_now_ns() - t_fwd;
+    bool plain_step = rc == 0 && plan_plain(&ex->plan);
     /* The arbiter charges the rows computed: a verification's 1 + k
      * (plan_shares), whatever it keeps of them. */
     if (ex->conf.arbiter)
@@ -1067,8 +1221,9 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         ex->plan.reqs[i]->verify = false;
     }
     /* this step's requests, then the choices forked in it */
-    uint32_t n_all = ex->plan.n + ex->n_forked;
-#define STEP_REQ(i) ((i) < ex->plan.n ? ex->plan.reqs[i] : ex->forked[(i)-ex->plan.n])
+    struct sched_plan *cur = &ex->plan;
+    uint32_t n_all = cur->n + ex->n_forked;
+#define STEP_REQ(i) ((i) < cur->n ? cur->reqs[i] : ex->forked[(i)-cur->n])
     if (n_fin) {
         kvmm_lock(mm);
         for (uint32_t i = 0; i < n_all; i++) {
@@ -1081,6 +1236,43 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
         }
         kvmm_unlock(mm);
     }
+    if (ahead) {
+        /* The next step, planned while this one ran: the requests that
+         * ended gave their position back (sched_end_req); the others go
+         * to the device now, before this step's results are published.
+         * This step's requests stay in `cur` (ex->ahead after the swap). */
+        kvmm_lock(mm);
+        int arc = sched_plan_ahead_slots(ex->sched, mm, &ex->ahead, &done);
+        if (arc || !spec_quiet(ex, &ex->ahead)) {
+            /* out of memory for the tables, or fewer requests are left
+             * than speculation waits for: the positions go back, and the
+             * next step is planned as usual */
+            for (uint32_t i = 0; i < ex->ahead.n; i++) {
+                struct sched_req *r = ex->ahead.reqs[i];
+                r->step_n = 0;
+                kvmm_seq_truncate(mm, sched_req_owner(r), r->seq, 1);
+            }
+            ex->ahead.n = 0;
+        }
+        if (ex->ahead.n) {
+            struct sched_plan t = ex->plan;
+            ex->plan = ex->ahead;
+            ex->ahead = t;
+            cur = &ex->ahead;
+            if (ex->conf.arbiter)
+                plan_shares(ex);
+        }
+        kvmm_unlock(mm);
+        if (ex->plan.n && cur != &ex->plan) {
+            ex->spec_on = false; /* spec_quiet: spec_prepare would say the same */
+            if (ex->conf.arbiter)
+                arbiter_acquire(ex->conf.arbiter, ex->shares, ex->n_shares);
+            ex->t_fwd = sched_now_ns();
+            ex->fwd_rc = submit_step(ex);
+            ex->inflight = true;
+            ex->ost.steps++;
+        }
+    }
     for (uint32_t i = 0; i < n_all; i++) {
         struct sched_req *r = STEP_REQ(i);
         if (r->state != SCHED_DONE)
@@ -1088,9 +1280,14 @@ static bool step(struct exec *ex, struct sched_req *arrived, bool drain)
     }
 #undef STEP_REQ
     ex->n_forked = 0;
+    if (plain_step) {
+        ex->ost.host_steps++;
+        ex->ost.host_ns += sched_now_ns() - t_iter - ex->dev_ns;
+    }
     pthread_mutex_lock(&ex->mu);
     ex->st.generated += gen;
     ex->st.spec = ex->sst;
+    ex->st.overlap = ex->ost;
     sched_counters(ex->sched, &ex->st.sched);
     pthread_mutex_unlock(&ex->mu);
     publish_done(ex, done);
@@ -1176,6 +1373,8 @@ int exec_new(struct kvmm *mm, struct model *m, const struct exec_conf *conf, str
     if (spc->ngram_max < spc->ngram_min)
         spc->ngram_max = spc->ngram_min;
     ex->hp = model_hparams(m);
+    ex->overlap = ex->conf.overlap == EXEC_OVERLAP_ON ||
+                  (ex->conf.overlap == EXEC_OVERLAP_AUTO && model_async(m));
     roofline_shape_from_model(ex->hp, kvmm_geom(mm), &ex->shape);
     if (ex->conf.roofline)
         roofline_set_shape(ex->conf.roofline, &ex->shape);
@@ -1276,6 +1475,7 @@ void exec_free(struct exec *ex)
         fwd_ctx_free(ex->fc);
     draft_free(ex->conf.draft); /* its sequences, KV and scratch (and private weights) */
     sched_plan_free(&ex->plan);
+    sched_plan_free(&ex->ahead);
     free(ex->fseqs);
     free(ex->rows);
     free(ex->picks);

@@ -73,6 +73,12 @@ struct exec_conf {
      * max_batch 4, max_draft 8, n-grams of 1 to 3 tokens. */
     struct spec_conf spec;
     struct draft *draft;
+    /* Overlap: while the device runs a plain decode step (every request one
+     * row, its token picked on the device), the next step is planned, and
+     * it is submitted before the step's results are committed to the
+     * requests' streams (exec.c). AUTO: on where the backend runs steps
+     * asynchronously (cuda), off on the cpu backend. */
+    enum exec_overlap { EXEC_OVERLAP_AUTO = 0, EXEC_OVERLAP_ON, EXEC_OVERLAP_OFF } overlap;
 };
 
 /* Speculative decoding's counters (stats `requests.speculative`). */
@@ -90,12 +96,25 @@ struct exec_spec_stats {
     uint64_t ngram_drafts, model_drafts; /* verifications by kind */
 };
 
+/* Overlap and the host's time per plain decode step (stats `requests`). */
+struct exec_overlap_stats {
+    uint64_t steps;      /* steps planned while the one before ran, submitted before its
+                          * results were published */
+    uint64_t host_steps; /* plain decode steps timed for host_ns */
+    uint64_t host_ns;    /* the executor thread's own time in them: planning, commit,
+                          * taking the tokens, publishing; not the forward's */
+    uint64_t idle_steps; /* plain decode steps that followed one (idle_ns) */
+    uint64_t idle_ns;    /* from the step before's end on the device (its tokens back)
+                          * to their submission: the device's wait for the host */
+};
+
 struct exec_stats {
     struct sched_counters sched;
     uint64_t requests, completed, cancelled, failed;
     uint64_t generated; /* tokens sampled */
     uint32_t live;      /* submitted and not yet answered */
     struct exec_spec_stats spec;
+    struct exec_overlap_stats overlap;
 };
 
 struct exec;

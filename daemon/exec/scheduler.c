@@ -441,6 +441,12 @@ static void release_seq(struct kvmm *mm, struct sched_req *r)
 void sched_end_req(struct sched *s, struct kvmm *mm, struct sched_req *r, enum sched_finish f,
                    struct sched_req **done)
 {
+    if (r->ahead) {
+        /* the next step's position (sched_plan_ahead), never computed */
+        r->ahead = false;
+        if (r->have_seq)
+            kvmm_seq_truncate(mm, sched_req_owner(r), r->seq, 1);
+    }
     sched_leave(s, r);
     struct tenant_fair *t = sched_tenant_find(s, r->tenant);
     if (t && t->n_reqs > 0)

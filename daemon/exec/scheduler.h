@@ -164,6 +164,10 @@ struct sched_req {
 
     /* this step */
     uint32_t step_n; /* tokens computed for it this step (0: not in the batch) */
+    /* The next step was planned while this one ran (sched_plan_ahead): the
+     * sequence holds one more position, uncommitted, past this step's.
+     * Ending the request gives it back. */
+    bool ahead;
 
     /* waiting-queue bookkeeping (scheduler.c) */
     uint32_t hidx;               /* index in its tenant's admission heap */
@@ -270,6 +274,23 @@ uint64_t sched_now_ns(void); /* CLOCK_MONOTONIC */
  * (linked through next) with finish set and their sequence released.
  * Returns 0 or KVD_ENOMEM (plan buffers). */
 int sched_plan(struct sched *s, struct kvmm *mm, struct sched_plan *plan, struct sched_req **done);
+/* Overlap (exec.c): while the step of `cur` runs on the device, plans the
+ * next one as if every request of it continues with one more token: each
+ * grows by one position past its step's, without preempting anyone (its
+ * r->ahead set). Only when `cur` was the decode of every running request
+ * and no request waits or is swapped; returns false, holding nothing,
+ * otherwise or when some request cannot grow. `next` gets the requests; its
+ * slot tables come from sched_plan_ahead_slots once `cur` is committed and
+ * its tokens taken. Caller holds the kvmm lock. */
+bool sched_plan_ahead(struct sched *s, struct kvmm *mm, const struct sched_plan *cur,
+                      struct sched_plan *next);
+/* Makes `next` (sched_plan_ahead's) the step to run: the requests that
+ * ended meanwhile (which gave their position back) leave it, each other
+ * computes one token; then its slot tables, as sched_plan's. A request
+ * whose table cannot be read ends (`done`). Returns 0 or KVD_ENOMEM.
+ * Caller holds the lock. */
+int sched_plan_ahead_slots(struct sched *s, struct kvmm *mm, struct sched_plan *next,
+                           struct sched_req **done);
 /* After the forward: commits the computed tokens (caller holds the lock). A
  * commit failure ends that request with an error (moved to `done`). */
 void sched_commit(struct sched *s, struct kvmm *mm, struct sched_plan *plan,

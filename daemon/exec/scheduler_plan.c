@@ -512,6 +512,59 @@ static int plan_slots(struct kvmm *mm, struct sched_plan *plan, struct sched_req
     return 0;
 }
 
+bool sched_plan_ahead(struct sched *s, struct kvmm *mm, const struct sched_plan *cur,
+                      struct sched_plan *next)
+{
+    if (plan_reserve(s, next))
+        return false;
+    next->n = 0;
+    next->n_tokens = 0;
+    if (s->waiting.n || s->waiting_pre.n || s->swapped.n || s->running.n != cur->n)
+        return false;
+    for (uint32_t i = 0; i < cur->n; i++) {
+        struct sched_req *r = cur->reqs[i];
+        uint64_t owner = sched_req_owner(r);
+        if (r->state != SCHED_RUNNING || r->step_n != 1 || r->verify || r->restoring ||
+            r->n_kv + 1 != r->n_toks || r->ahead)
+            goto undo;
+        /* the position after this step's: the token this step samples */
+        if (kvmm_seq_extend(mm, owner, r->seq, 1) != 0)
+            goto undo;
+        if (kvmm_seq_prepare_write(mm, owner, r->seq, r->n_kv + 1, 1) != 0) {
+            kvmm_seq_truncate(mm, owner, r->seq, 1);
+            goto undo;
+        }
+        r->ahead = true;
+        next->reqs[next->n++] = r;
+    }
+    return true;
+undo:
+    for (uint32_t i = 0; i < next->n; i++) {
+        struct sched_req *r = next->reqs[i];
+        kvmm_seq_truncate(mm, sched_req_owner(r), r->seq, 1);
+        r->ahead = false;
+    }
+    next->n = 0;
+    return false;
+}
+
+int sched_plan_ahead_slots(struct sched *s, struct kvmm *mm, struct sched_plan *next,
+                           struct sched_req **done)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < next->n; i++) {
+        struct sched_req *r = next->reqs[i];
+        if (!r->ahead || r->state != SCHED_RUNNING)
+            continue; /* ended: its position went back with it */
+        r->ahead = false;
+        r->step_n = 1;
+        r->verify = false;
+        next->reqs[k++] = r;
+    }
+    next->n = k;
+    return plan_slots(mm, next, done, s);
+}
+
 int sched_plan(struct sched *s, struct kvmm *mm, struct sched_plan *plan, struct sched_req **done)
 {
     int rc = plan_reserve(s, plan);

@@ -136,6 +136,19 @@ const char *fwd_ctx_errmsg(const struct fwd_ctx *c);
  * does not match; KVD_ETOOLARGE for more tokens, sequences or output rows
  * than the fwd_ctx was sized for. */
 int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b);
+/* model_forward in two halves, for a caller that works on the host while the
+ * device runs the step: submit validates, uploads and issues every op (on
+ * an asynchronous backend it returns while the device still computes; on
+ * the cpu backend the step is done when it returns); finish waits for the
+ * step and copies b->tokens / b->logits back (the pointers given to submit,
+ * which must stay valid until then). After a submit that returned 0 exactly
+ * one finish must follow before the next submit on c; a failed submit needs
+ * none (finish then returns 0 and does nothing). */
+int model_forward_submit(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b);
+int model_forward_finish(struct model *m, struct fwd_ctx *c);
+/* Whether m's backend runs a submitted step asynchronously (cuda): the host
+ * time between model_forward_submit and model_forward_finish is then free. */
+bool model_async(const struct model *m);
 /* Kernel launches of the last decode-only step on this model's compute
  * context (compute.h step_launches); 0 on a backend without kernels. */
 uint32_t model_step_launches(const struct model *m);

@@ -45,6 +45,13 @@ struct fwd_ctx {
     void *trace_ud;
     float *trace_buf; /* host [max(Tm * max(E, QD, F), Om * V)] */
     size_t dev_bytes; /* the backend's bytes for the buffers above (atomic) */
+    /* A submitted step's outputs, for model_forward_finish: where its
+     * tokens [n_out] and logits [n_out][V] go (the caller's; NULL: not
+     * asked), and whether a submit awaits its finish. */
+    uint32_t *pend_tokens;
+    float *pend_logits;
+    uint32_t pend_out;
+    bool pending;
     char err[256];
 };
 
@@ -355,6 +362,35 @@ static uint32_t pad_to(uint32_t b, uint32_t n, uint32_t cap)
 
 int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
 {
+    int rc = model_forward_submit(m, c, b);
+    return rc ? rc : model_forward_finish(m, c);
+}
+
+bool model_async(const struct model *m)
+{
+    return m->ops->async;
+}
+
+int model_forward_finish(struct model *m, struct fwd_ctx *c)
+{
+    const struct compute_ops *o = m->ops;
+    int rc;
+    if (!c->pending)
+        return 0;
+    c->pending = false;
+    /* the first download waits for every op of the step */
+    if (c->pend_tokens &&
+        (rc = o->download(m->cx, c->pend_tokens, c->ids, (size_t)c->pend_out * 4)))
+        return ferr(c, rc, "forward: the sampled tokens' download failed on the %s backend",
+                    o->name);
+    if (c->pend_logits && (rc = o->download(m->cx, c->pend_logits, c->logits,
+                                            (size_t)c->pend_out * m->hp.n_vocab * 4)))
+        return ferr(c, rc, "forward: the logits' download failed on the %s backend", o->name);
+    return 0;
+}
+
+int model_forward_submit(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
+{
     const struct model_hparams *hp = &m->hp;
     const struct compute_ops *o = m->ops;
     struct compute_ctx *cx = m->cx;
@@ -364,6 +400,8 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
     int rc;
     if (c->m != m)
         return ferr(c, KVD_EINTERNAL, "forward: fwd_ctx belongs to another model");
+    if (c->pending)
+        return ferr(c, KVD_EINTERNAL, "forward: a submitted step was not finished");
     if ((rc = validate(c, b, &T, &NS, &max_kv, &max_q, &O)))
         return rc;
 
@@ -659,10 +697,11 @@ int model_forward(struct model *m, struct fwd_ctx *c, const struct fwd_batch *b)
     if (stepped && (rc = o->step_end(cx, 0)))
         return ferr(c, rc, "forward: step failed on the %s backend", o->name);
 download:
-    if (b->sample)
-        RUN(o->download(cx, b->tokens, c->ids, (size_t)O * 4));
-    if (b->logits)
-        RUN(o->download(cx, b->logits, c->logits, (size_t)O * hp->n_vocab * 4));
+    /* the downloads wait for the device: model_forward_finish */
+    c->pend_tokens = b->sample ? b->tokens : NULL;
+    c->pend_logits = b->logits;
+    c->pend_out = O;
+    c->pending = true;
 #undef RUN
 #undef MATMUL
 #undef TRACE

@@ -178,6 +178,11 @@ static void sched_add_totals(struct acct_sched *a, const struct acct_sched *b)
     a->decode_tokens += b->decode_tokens;
     a->preempt_swap += b->preempt_swap;
     a->preempt_recompute += b->preempt_recompute;
+    a->overlapped_steps += b->overlapped_steps;
+    a->host_steps += b->host_steps;
+    a->host_ns += b->host_ns;
+    a->idle_steps += b->idle_steps;
+    a->idle_ns += b->idle_ns;
     struct acct_spec *x = &a->spec;
     const struct acct_spec *y = &b->spec;
     x->verify_steps += y->verify_steps;

@@ -73,7 +73,11 @@ struct acct_sched {
     struct acct_spec spec;
     uint32_t step_launches; /* kernel launches of the last decode step (0: none, or cpu) */
     uint32_t layers;        /* the model's layers (step_launches / layers: per layer) */
-    bool have_executor;     /* false in store mode: everything above is 0 */
+    /* Overlap (exec.h exec_overlap_stats): steps planned while the one
+     * before ran; plain decode steps' host time and the device's wait. */
+    uint64_t overlapped_steps;
+    uint64_t host_steps, host_ns, idle_steps, idle_ns;
+    bool have_executor; /* false in store mode: everything above is 0 */
 };
 
 /* Executors reporting at once (one per model: OPTIONS_MAX_MODELS). */

@@ -94,6 +94,11 @@ static int pack_requests(msgpack_packer *pk, struct acct *a)
     PROTO_PK(proto_pack_kv_uint(pk, "preempt_recompute", s.preempt_recompute));
     PROTO_PK(proto_pack_kv_uint(pk, "step_launches", s.step_launches));
     PROTO_PK(proto_pack_kv_uint(pk, "layers", s.layers));
+    PROTO_PK(proto_pack_kv_uint(pk, "overlapped_steps", s.overlapped_steps));
+    PROTO_PK(proto_pack_kv_uint(pk, "decode_host_steps", s.host_steps));
+    PROTO_PK(proto_pack_kv_double(pk, "decode_host_ms", (double)s.host_ns / 1e6));
+    PROTO_PK(proto_pack_kv_uint(pk, "decode_idle_steps", s.idle_steps));
+    PROTO_PK(proto_pack_kv_double(pk, "decode_idle_ms", (double)s.idle_ns / 1e6));
     PROTO_PK(acct_stats_pack_spec(pk, &s.spec));
     return proto_map_end(pk, map);
 }

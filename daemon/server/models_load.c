@@ -455,7 +455,8 @@ static void load(struct models *ms, struct mjob *j)
                  .max_draft = o->spec_max_draft,
                  .ngram_min = o->spec_ngram_min,
                  .ngram_max = o->spec_ngram_max},
-        .draft = draft, /* the executor's from here on */
+        .draft = draft,                           /* the executor's from here on */
+        .overlap = (enum exec_overlap)o->overlap, /* the same order */
     };
     if ((rc = exec_new(e->mm, j->model, &ec, &j->ex, &le))) {
         j->rc = kvd_error_set(&j->err, rc, "model %s: cannot start its executor: %s", e->conf.name,

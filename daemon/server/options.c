@@ -25,10 +25,13 @@ _Static_assert(OPTIONS_EVICT_HITS == 0 && OPTIONS_EVICT_LRU == 1,
                "evict-policy choices are in enum order");
 _Static_assert(OPTIONS_SPEC_OFF == 0 && OPTIONS_SPEC_NGRAM == 1 && OPTIONS_SPEC_DRAFT == 2,
                "speculative choices are in enum order");
+_Static_assert(OPTIONS_OVERLAP_AUTO == 0 && OPTIONS_OVERLAP_ON == 1 && OPTIONS_OVERLAP_OFF == 2,
+               "overlap choices are in enum order");
 _Static_assert(sizeof(enum options_backend) == sizeof(int) &&
                    sizeof(enum kv_dtype) == sizeof(int) &&
                    sizeof(enum options_evict) == sizeof(int) &&
-                   sizeof(enum options_spec) == sizeof(int),
+                   sizeof(enum options_spec) == sizeof(int) &&
+                   sizeof(enum options_overlap) == sizeof(int),
                "choices are stored as int");
 
 #define STR_(x) #x
@@ -194,6 +197,8 @@ const struct options_def options_defs[] = {
     {"draft-kv-share", "FRACTION", OPTIONS_FRACTION, F(draft_kv_share), 0, 0, NULL, "0.1", NULL, 0,
      "of the KV a model may hold, the most its draft\nmodel's KV may take (pages of the "
      "budget, taken\nas needed and given back)"},
+    {"overlap", "auto|on|off", OPTIONS_CHOICE, F(overlap), 0, 0, "auto|on|off", "auto", NULL, 0,
+     "plan the next decode step while the device runs\nthis one (auto: on the cuda backend)"},
     {"threads", "N", OPTIONS_U32, F(threads), 0, 256, NULL, "0", NULL, 0,
      "cpu backend: compute threads (0 = one per CPU)"},
     {"log-level", "LEVEL", OPTIONS_LOG_LEVEL, F(log_level), 0, 0, NULL, "info", NULL, 0,

@@ -21,6 +21,8 @@ enum options_evict { OPTIONS_EVICT_HITS, OPTIONS_EVICT_LRU };
 /* --speculative: the daemon's speculative decoding (exec/spec.h) for
  * requests that do not choose. */
 enum options_spec { OPTIONS_SPEC_OFF, OPTIONS_SPEC_NGRAM, OPTIONS_SPEC_DRAFT };
+/* --overlap: exec_conf.overlap's choices, in its order. */
+enum options_overlap { OPTIONS_OVERLAP_AUTO, OPTIONS_OVERLAP_ON, OPTIONS_OVERLAP_OFF };
 
 /* A model of the daemon by name: `--model NAME=PATH` or a [model:NAME]
  * section of the config file (docs/operations.md "Several models"). */
@@ -126,6 +128,7 @@ struct options {
      * most of the KV it may hold that its draft's KV may take (a cap on
      * pages of the budget, not a reservation). */
     enum options_spec speculative;
+    enum options_overlap overlap;
     uint32_t spec_max_batch, spec_max_draft, spec_ngram_min, spec_ngram_max;
     char draft_model_path[4096];
     double draft_kv_share;

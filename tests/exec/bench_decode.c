@@ -3,6 +3,11 @@
  *   1. batch 1: one greedy request, decode tokens/s after the first token;
  *   2. N concurrent streams (default 16), each on its own connection:
  *      aggregate generated tokens/s over the wall time of the whole batch.
+ * Each also reports the executor's host time per plain decode step (stats
+ * `requests.decode_host_ms` / `decode_host_steps`: planning, commit,
+ * taking the tokens, publishing) and the device's wait for the host
+ * between two of them (`decode_idle_ms`), over the phase, and the steps
+ * planned ahead (`overlapped_steps`, kvd --overlap).
  * Prints one JSON line per measurement. A benchmark, not a test.
  * Usage: bench_decode MODEL [PROMPT_LEN=16] [GEN_LEN=64] [STREAMS=16] [kvd args...] */
 #include <stdio.h>
@@ -58,6 +63,38 @@ static double get_double(const msgpack_object *map, const char *key)
     return 0;
 }
 
+/* The executor's host-time counters (stats `requests`). */
+struct host_time {
+    double host_steps, host_ms, idle_steps, idle_ms, overlapped;
+};
+
+static int host_time_get(int fd, struct host_time *h)
+{
+    struct kh_reply r;
+    memset(h, 0, sizeof *h);
+    if (kh_call0(fd, "stats", 999999, &r) != 0) {
+        kh_reply_free(&r);
+        return -1;
+    }
+    const msgpack_object *q = kh_obj(r.root, "requests");
+    h->host_steps = get_double(q, "decode_host_steps");
+    h->host_ms = get_double(q, "decode_host_ms");
+    h->idle_steps = get_double(q, "decode_idle_steps");
+    h->idle_ms = get_double(q, "decode_idle_ms");
+    h->overlapped = get_double(q, "overlapped_steps");
+    kh_reply_free(&r);
+    return 0;
+}
+
+/* The phase's share (after - before) as JSON fields. */
+static void host_time_print(const struct host_time *a, const struct host_time *b)
+{
+    double hs = b->host_steps - a->host_steps, is = b->idle_steps - a->idle_steps;
+    printf(",\"host_ms_per_step\":%.4f,\"idle_ms_per_step\":%.4f,\"overlapped_steps\":%.0f",
+           hs > 0 ? (b->host_ms - a->host_ms) / hs : 0.0,
+           is > 0 ? (b->idle_ms - a->idle_ms) / is : 0.0, b->overlapped - a->overlapped);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -85,7 +122,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_decode: kvd did not start\n");
         return 1;
     }
-    int rc = 1;
+    int rc = 1, sfd = -1;
     uint32_t *prompt = malloc(plen * sizeof(uint32_t));
     int *fds = calloc(streams, sizeof(int));
     if (!prompt || !fds)
@@ -95,8 +132,14 @@ int main(int argc, char **argv)
 
     /* 1. batch 1 (a warm-up request first: page in the weights). */
     int fd = kh_connect(p.sock);
+    sfd = kh_connect(p.sock);
     struct kh_reply r;
+    struct host_time h0 = {0}, h1 = {0};
+    if (sfd < 0)
+        goto out;
     for (int round = 0; round < 2; round++) {
+        if (round && host_time_get(sfd, &h0))
+            goto out;
         prompt[0] = 1 + (uint32_t)round; /* a different first token: no cache hit */
         if (send_gen(fd, 1 + round, prompt, plen, round ? glen : 4) || recv_final(fd, &r) ||
             r.code) {
@@ -109,13 +152,17 @@ int main(int argc, char **argv)
             const msgpack_object *u = kh_obj(r.root, "usage");
             uint64_t n = kh_u64(u, "completion");
             printf("{\"bench\":\"decode_batch1\",\"prompt\":%u,\"gen\":%llu,\"prefill_tok_s\":%.1f,"
-                   "\"decode_tok_s\":%.2f,\"ttft_ms\":%.1f}\n",
+                   "\"decode_tok_s\":%.2f,\"ttft_ms\":%.1f",
                    plen, (unsigned long long)n, plen / (ttft / 1e3),
                    n > 1 ? (double)(n - 1) / ((total - ttft) / 1e3) : 0.0, ttft);
+            if (host_time_get(sfd, &h1) == 0)
+                host_time_print(&h0, &h1);
+            printf("}\n");
         }
         kh_reply_free(&r);
     }
     close(fd);
+    fd = -1;
 
     /* 2. concurrent streams, one connection each, different prompts. */
     for (uint32_t s = 0; s < streams; s++) {
@@ -123,6 +170,8 @@ int main(int argc, char **argv)
         if (fds[s] < 0)
             goto out;
     }
+    if (host_time_get(sfd, &h0))
+        goto out;
     double t0 = now_s();
     for (uint32_t s = 0; s < streams; s++) {
         prompt[0] = 100 + s;
@@ -142,9 +191,12 @@ int main(int argc, char **argv)
     }
     double wall = now_s() - t0;
     printf("{\"bench\":\"decode_concurrent\",\"streams\":%u,\"prompt\":%u,\"gen\":%u,"
-           "\"tokens\":%llu,\"wall_s\":%.2f,\"aggregate_tok_s\":%.2f,\"mean_ttft_ms\":%.1f}\n",
+           "\"tokens\":%llu,\"wall_s\":%.2f,\"aggregate_tok_s\":%.2f,\"mean_ttft_ms\":%.1f",
            streams, plen, glen, (unsigned long long)total_gen, wall, (double)total_gen / wall,
            sum_ttft / streams);
+    if (host_time_get(sfd, &h1) == 0)
+        host_time_print(&h0, &h1);
+    printf("}\n");
     rc = 0;
 out:
     for (uint32_t s = 0; fds && s < streams; s++)
@@ -152,6 +204,8 @@ out:
             close(fds[s]);
     free(fds);
     free(prompt);
+    if (sfd >= 0)
+        close(sfd);
     kh_stop(&p);
     return rc;
 }

@@ -134,6 +134,7 @@ uint32_t fx_queue_timeout_ms;
 struct spec_conf fx_spec;
 const char *fx_draft_path;
 uint32_t fx_draft_blocks = 256;
+enum exec_overlap fx_overlap;
 
 int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t host_blocks,
             uint32_t step_tokens, uint32_t max_seqs)
@@ -170,7 +171,8 @@ int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t 
     struct exec_conf ec = {.step_tokens = step_tokens,
                            .max_seqs = max_seqs,
                            .queue_timeout_ms = fx_queue_timeout_ms,
-                           .spec = fx_spec};
+                           .spec = fx_spec,
+                           .overlap = fx_overlap};
     if (fx_draft_path) {
         struct draft_conf dc = {.path = fx_draft_path,
                                 .target_path = fm->path,

@@ -66,6 +66,8 @@ extern uint32_t fx_queue_timeout_ms;
 extern struct spec_conf fx_spec;
 extern const char *fx_draft_path;
 extern uint32_t fx_draft_blocks;
+/* The executor's overlap for the next fx_open (zero: AUTO, off on cpu). */
+extern enum exec_overlap fx_overlap;
 int fx_open(struct fx *f, struct fx_model *fm, uint32_t device_blocks, uint32_t host_blocks,
             uint32_t step_tokens, uint32_t max_seqs);
 void fx_close(struct fx *f);

@@ -10,8 +10,10 @@
  * (logit_bias, the penalties, min_p, typical_p, temperature, top_k, top_p; picked on the host from
  * the downloaded logits) and with the sample op's stages only (temperature, top_k, top_p;
  * kernels/sample.cu against the cpu's sampler_pick) pick the cpu's tokens on the f32 model, whose
- * logits agree to rounding, and their logprobs agree within 1e-4. Skips (77) without a usable CUDA
- * device. */
+ * logits agree to rounding, and their logprobs agree within 1e-4. The overlap (the next decode
+ * step planned while the device runs one, on by default on cuda): a batch of greedy and seeded
+ * requests ending at different steps (max_tokens, a stop token) gives the same tokens with it on
+ * and off, and the steps planned ahead are counted. Skips (77) without a usable CUDA device. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,15 +43,27 @@ static void gen_model(const char *path, const char *type)
     assert_int_equal(system(cmd), 0);
 }
 
-static void start(struct kh_proc *p, const char *model, const char *backend, const char *kv_dtype)
+/* overlap: NULL (the default), or --overlap's value */
+static void start_ov(struct kh_proc *p, const char *model, const char *backend,
+                     const char *kv_dtype, const char *overlap)
 {
     /* the cuda daemon without the roofline probe: on the emulator it can
      * outlast the harness's 30 s wait for READY on a loaded machine */
-    const char *args[12] = {"--model",       model, "--backend",  backend, "--device-blocks", "128",
+    const char *args[14] = {"--model",       model, "--backend",  backend, "--device-blocks", "128",
                             "--host-blocks", "32",  "--kv-dtype", kv_dtype};
+    int n = 10;
     if (strcmp(backend, "cuda") == 0)
-        args[10] = "--no-roofline-probe";
+        args[n++] = "--no-roofline-probe";
+    if (overlap) {
+        args[n++] = "--overlap";
+        args[n++] = overlap;
+    }
     assert_int_equal(kh_start(p, NULL, args), 0);
+}
+
+static void start(struct kh_proc *p, const char *model, const char *backend, const char *kv_dtype)
+{
+    start_ov(p, model, backend, kv_dtype, NULL);
 }
 
 /* Greedy completion of prompt p (n tokens) on the daemon at sock. */
@@ -269,6 +283,98 @@ static void test_f32_model_q8_0_kv(void **state)
     same_tokens("f32", 21, "q8_0", false);
 }
 
+#define N_OV 6
+
+/* N_OV concurrent requests on their own connections (request q: prompt
+ * base[0..3+2q), max_tokens 4 + 4q; q odd: seeded sampling with the sample
+ * op's stages; request 2 stops at `stop` when not 0), their tokens. */
+static void ov_batch(const char *sock, const uint32_t *base, uint32_t stop,
+                     uint32_t out[N_OV][NGEN], uint32_t n_out[N_OV])
+{
+    int fds[N_OV];
+    for (uint32_t q = 0; q < N_OV; q++) {
+        fds[q] = kh_connect(sock);
+        assert_true(fds[q] >= 0);
+        struct kh_req r;
+        bool sampled = q % 2, stops = q == 2 && stop;
+        kh_req_begin(&r, "generate", 1 + q, 3 + (sampled ? 4 : 0) + (stops ? 1 : 0));
+        proto_pack_kv_u32_array(&r.pk, "tokens", base, 3 + 2 * q);
+        proto_pack_kv_uint(&r.pk, "max_tokens", 4 + 4 * q);
+        proto_pack_kv_bool(&r.pk, "ignore_eos", true);
+        if (sampled) {
+            proto_pack_kv_uint(&r.pk, "seed", 77 + q);
+            proto_pack_kv_double(&r.pk, "temperature", 1.1);
+            proto_pack_kv_uint(&r.pk, "top_k", 40);
+            proto_pack_kv_double(&r.pk, "top_p", 0.9);
+        }
+        if (stops) {
+            proto_pack_str(&r.pk, "stop");
+            msgpack_pack_array(&r.pk, 1);
+            msgpack_pack_uint32(&r.pk, stop);
+        }
+        assert_int_equal(kh_req_send(fds[q], &r), 0);
+    }
+    for (uint32_t q = 0; q < N_OV; q++) {
+        struct kh_reply rep;
+        assert_int_equal(kh_recv(fds[q], &rep), 0);
+        if (rep.code != 0)
+            fail_msg("generate %u on %s: error %d: %s", q, sock, rep.code, rep.message);
+        const msgpack_object *a = kh_obj(rep.root, "tokens");
+        n_out[q] = a->via.array.size;
+        assert_true(n_out[q] <= NGEN);
+        for (uint32_t i = 0; i < n_out[q]; i++)
+            out[q][i] = (uint32_t)a->via.array.ptr[i].via.u64;
+        kh_reply_free(&rep);
+        close(fds[q]);
+    }
+}
+
+/* The overlap on (the cuda default) and off: the same tokens for a batch
+ * whose requests end at different steps, one at a stop token mid-batch. */
+static void test_overlap_same_tokens(void **state)
+{
+    char model[128];
+    snprintf(model, sizeof model, "%s/ov.gguf", g_dir);
+    gen_model(model, "f32");
+    struct kh_proc on, off;
+    start_ov(&on, model, "cuda", "f16", NULL);
+    start_ov(&off, model, "cuda", "f16", "off");
+    rnd_seed(41);
+    uint32_t base[24];
+    for (int i = 0; i < 24; i++)
+        base[i] = rnd_u32(512);
+    static uint32_t a[N_OV][NGEN], b[N_OV][NGEN];
+    uint32_t na[N_OV], nb[N_OV];
+    for (int pass = 0; pass < 2; pass++) {
+        /* pass 1: request 2 (12 tokens) stops at its 7th token */
+        uint32_t stop = pass ? a[2][6] : 0;
+        ov_batch(off.sock, base, stop, a, na);
+        ov_batch(on.sock, base, stop, b, nb);
+        for (uint32_t q = 0; q < N_OV; q++) {
+            assert_int_equal(na[q], nb[q]);
+            for (uint32_t i = 0; i < na[q]; i++)
+                if (a[q][i] != b[q][i])
+                    fail_msg("pass %d, request %u: token %u: overlap %u, without %u", pass, q, i,
+                             b[q][i], a[q][i]);
+            if (!(pass && q == 2))
+                assert_int_equal(na[q], 4 + 4 * q);
+        }
+        if (pass)
+            assert_true(na[2] <= 7);
+    }
+    int fd = kh_connect(on.sock);
+    uint64_t ov = kh_stat(fd, "requests", "overlapped_steps");
+    close(fd);
+    fd = kh_connect(off.sock);
+    assert_int_equal(kh_stat(fd, "requests", "overlapped_steps"), 0);
+    close(fd);
+    printf("# cuda: %llu steps planned ahead\n", (unsigned long long)ov);
+    assert_true(ov > 0 && ov != UINT64_MAX);
+    assert_int_equal(kh_stop(&on), 0);
+    assert_int_equal(kh_stop(&off), 0);
+    unlink(model);
+}
+
 int main(void)
 {
     struct backend *be = NULL;
@@ -289,6 +395,7 @@ int main(void)
         cmocka_unit_test(test_f32_model),
         cmocka_unit_test(test_f16_model),
         cmocka_unit_test(test_f32_model_q8_0_kv),
+        cmocka_unit_test(test_overlap_same_tokens),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(g_dir);

@@ -188,6 +188,11 @@ static const struct key K_REQUESTS[] = {{"executor", T_BOOL, NULL},
                                         {"preempt_recompute", T_UINT, NULL},
                                         {"step_launches", T_UINT, NULL},
                                         {"layers", T_UINT, NULL},
+                                        {"overlapped_steps", T_UINT, NULL},
+                                        {"decode_host_steps", T_UINT, NULL},
+                                        {"decode_host_ms", T_DBL, NULL},
+                                        {"decode_idle_steps", T_UINT, NULL},
+                                        {"decode_idle_ms", T_DBL, NULL},
                                         {"speculative", T_MAP, K_SPEC},
                                         {NULL, 0, NULL}};
 static const struct key K_PHASE[] = {

@@ -548,6 +548,7 @@ void cuda_compute_stats(const struct compute_ctx *cx, struct cuda_compute_stats 
 
 static const struct compute_ops cuda_compute_table = {
     .name = "cuda",
+    .async = true,
     .ctx_new = cuda_ctx_new,
     .ctx_free = cuda_ctx_free,
     .buf_alloc = cuda_buf_alloc,
