@@ -164,23 +164,31 @@ static json_t *gen_object(int depth)
     return s;
 }
 
+/* The draws happen in one order whatever the compiler (a function's
+ * arguments are evaluated in an unspecified order): the order GCC gave
+ * before, last argument first, which is the sequence the test was sized
+ * with. */
 static json_t *gen(int depth)
 {
     unsigned r = depth >= 3 ? 0 : rnd(20);
     if (r < 8)
         return gen_scalar();
     if (r < 11) {
-        if (rnd(3) == 0)
-            return json_pack("{s:s, s:[o,o], s:b}", "type", "array", "prefixItems", gen(depth + 1),
-                             gen(depth + 1), "items", 0);
-        unsigned mx = 1 + rnd(3);
+        if (rnd(3) == 0) {
+            json_t *b = gen(depth + 1), *a = gen(depth + 1);
+            return json_pack("{s:s, s:[o,o], s:b}", "type", "array", "prefixItems", a, b, "items",
+                             0);
+        }
+        unsigned mx = 1 + rnd(3), mn = rnd(mx + 1);
         return json_pack("{s:s, s:o, s:i, s:i}", "type", "array", "items", gen(depth + 1),
-                         "minItems", rnd(mx + 1), "maxItems", mx);
+                         "minItems", mn, "maxItems", mx);
     }
     if (r < 15)
         return gen_object(depth);
-    if (r < 17)
-        return json_pack("{s:[o,o]}", "anyOf", gen(depth + 1), gen(depth + 1));
+    if (r < 17) {
+        json_t *b = gen(depth + 1), *a = gen(depth + 1);
+        return json_pack("{s:[o,o]}", "anyOf", a, b);
+    }
     if (r < 18) /* alternatives of different types, or tagged */
         return rnd(2) ? json_pack("{s:[{s:s,s:i},{s:s},{s:s}]}", "oneOf", "type", "string",
                                   "maxLength", 3, "type", "integer", "type", "null")
@@ -188,9 +196,11 @@ static json_t *gen(int depth)
                                   "oneOf", "type", "object", "properties", "kind", "const", "a",
                                   "v", gen(depth + 1), "required", "kind", "type", "object",
                                   "properties", "kind", "enum", "b", "c", "required", "kind");
-    if (r < 19)
-        return json_pack("{s:[{s:{s:o},s:[s]},{s:{s:o}}]}", "allOf", "properties", "a",
-                         gen(depth + 1), "required", "a", "properties", "b", gen(depth + 1));
+    if (r < 19) {
+        json_t *b = gen(depth + 1), *a = gen(depth + 1);
+        return json_pack("{s:[{s:{s:o},s:[s]},{s:{s:o}}]}", "allOf", "properties", "a", a,
+                         "required", "a", "properties", "b", b);
+    }
     return json_pack("{s:s}", "$ref", rnd(2) ? "#/$defs/item" : "#/$defs/node");
 }
 
@@ -199,8 +209,17 @@ static json_t *gen_root(void)
 {
     json_t *s = rnd(10) < 7 ? gen_object(0) : gen(0);
     { /* the references anywhere in it resolve here */
+        json_t *item = gen(2), *ref = json_object_get(item, "$ref");
+        /* "item" as a bare reference to itself would be a rule that reaches
+         * itself before any character, which kvd rightly refuses (left
+         * recursion): that draw (it depends on the compiler's order of
+         * evaluating json_pack's arguments) takes the other definition */
+        if (ref && strcmp(json_string_value(ref), "#/$defs/item") == 0) {
+            json_decref(item);
+            item = json_pack("{s:s}", "$ref", "#/$defs/node");
+        }
         json_t *defs = json_pack("{s:o, s:{s:s, s:{s:{s:s,s:i,s:i}, s:{s:s}}, s:[s], s:b}}", "item",
-                                 gen(2), "node", "type", "object", "properties", "v", "type",
+                                 item, "node", "type", "object", "properties", "v", "type",
                                  "integer", "minimum", 0, "maximum", 9, "next", "$ref",
                                  "#/$defs/node", "required", "v", "additionalProperties", 0);
         json_object_set_new(s, "$defs", defs);
