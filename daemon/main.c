@@ -174,7 +174,7 @@ static int store_kvmm(const struct options *opts, struct backend *be, struct kvm
         .geom = opts->geom,
         .be = be,
         .evict_policy = opts->evict_policy == OPTIONS_EVICT_LRU ? KVMM_EVICT_LRU : KVMM_EVICT_HITS,
-        .warm_bytes = opts->warm_bytes};
+        .warm_bytes = options_warm_bytes(opts)};
     if (kv_geom_check(&mc.geom, &kerr) != 0) {
         log_err("%s", kerr.message);
         return 2;

@@ -218,7 +218,7 @@ int mload_prepare(struct models *ms, struct models_entry *e, struct kvd_error *e
         .handle_tag = (uint8_t)e->idx,
         .pages = ms->pages,
         .max_device_bytes = mload_kv_cap(ms, e),
-        .warm_bytes = o->warm_bytes,
+        .warm_bytes = options_warm_bytes(o),
     };
     enum kv_dtype dt = e->conf.kv_dtype >= 0 ? (enum kv_dtype)e->conf.kv_dtype : o->geom.dtype;
     mc.geom = (struct kv_geom){.layers = e->probe.n_layer,

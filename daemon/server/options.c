@@ -139,7 +139,7 @@ const struct options_def options_defs[] = {
      "running\nthis long goes back to prefetch-nice (0: off)"},
     {"warm-bytes", "BYTES", OPTIONS_SIZE, F(warm_bytes), 0, (uint64_t)1 << 40, NULL, "16M", NULL, 0,
      "spare KV pages per tier written once ahead by an\nidle thread, so a restore's copy skips "
-     "the first\ntouch of fresh memory (cpu backend; 0 = off)"},
+     "the first\ntouch of fresh memory (cpu backend, with a\ndisk or remote tier; 0 = off)"},
     {"kv-events", "ENDPOINT", OPTIONS_STR, F(kv_events), 0, 0, NULL, NULL, NULL, 0,
      "publish KV cache events (vLLM's format) on this\nZeroMQ endpoint, tcp://HOST:PORT or "
      "ipc://PATH\n(bound; off by default): the first model's stream"},
@@ -319,6 +319,11 @@ static int choice_index(const char *choices, const char *v)
         c = bar + 1;
     }
     return -1;
+}
+
+uint64_t options_warm_bytes(const struct options *o)
+{
+    return o->disk_dir[0] || o->remote[0] ? o->warm_bytes : 0;
 }
 
 bool options_model_name_ok(const char *s, size_t len)

@@ -218,6 +218,12 @@ int options_model_set(struct options *o, const char *model, const char *key, con
  * "-_.:/". */
 bool options_model_name_ok(const char *s, size_t len);
 
+/* The warm reserve each model's pool keeps: warm-bytes where a lower tier
+ * (disk or remote) restores blocks into the pools, else none. The reserve
+ * serves restores; without them it would only hold memory and move the
+ * pools' pages while kvd is idle. */
+uint64_t options_warm_bytes(const struct options *o);
+
 /* Parses argv onto o. Returns 0, or KVD_EBADREQ with a message. */
 int options_parse(struct options *o, int argc, char **argv, struct kvd_error *err);
 /* The value of --config in argv (NULL if none), so the file can be read

@@ -192,6 +192,22 @@ static void wait_written(const struct kh_proc *d, uint64_t n)
              (unsigned long long)disk_stat(d, "writes"), (unsigned long long)n);
 }
 
+/* hello's "warm": whether the pools keep a warm reserve. */
+static bool hello_warm(const char *sock)
+{
+    int fd = kh_connect(sock);
+    assert_true(fd >= 0);
+    struct kh_reply r;
+    assert_int_equal(kh_call0(fd, "hello", 1, &r), 0);
+    const msgpack_object *w = kh_obj(r.root, "warm");
+    assert_non_null(w);
+    assert_int_equal(w->type, MSGPACK_OBJECT_BOOLEAN);
+    bool on = w->via.boolean;
+    kh_reply_free(&r);
+    close(fd);
+    return on;
+}
+
 /* The whole blocks a match can reuse: every prompt token but the last. */
 static const uint64_t full_blocks = (N_PROMPT - 1) / BT;
 
@@ -207,6 +223,14 @@ static void test_restart_after_sigterm(void **state)
     struct kh_proc d;
     struct kvd_gen_result cold, warm;
     start(&d, f, f->model_a, NULL);
+    /* with a disk tier the cpu pools keep a warm reserve by default (for
+     * the restores), without one none */
+    assert_true(hello_warm(d.sock));
+    struct kh_proc plain;
+    const char *const plain_args[] = {"--backend", "cpu", "--model", f->model_a, NULL};
+    assert_int_equal(kh_start(&plain, NULL, plain_args), 0);
+    assert_false(hello_warm(plain.sock));
+    assert_int_equal(kh_stop(&plain), 0);
     gen_ok(&d, f, &cold);
     assert_int_equal(cold.cached_tokens, 0);
     /* No waiting for the writer: SIGTERM writes back what is left. */

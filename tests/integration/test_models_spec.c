@@ -235,11 +235,7 @@ static void wait_state(int fd, const char *name, const char *state)
     fail_msg("model %s is %s, not %s, after 20 s", name, st, state);
 }
 
-/* The budget's used bytes are compared exactly across models' loads and
- * unloads, so no warm reserve maps pages on its own meanwhile (test_warm
- * covers the reserve). */
-static const char *const g_args[] = {"--backend",    "cpu", "--no-roofline-probe",
-                                     "--warm-bytes", "0",   NULL};
+static const char *const g_args[] = {"--backend", "cpu", "--no-roofline-probe", NULL};
 
 /* ---- two models, each with its own draft ------------------------------- */
 

@@ -26,20 +26,8 @@
 
 #include "kvd_harness.h"
 
-/* The pool's used bytes are compared exactly before and after a killed
- * client: no warm reserve maps pages on its own meanwhile (test_warm
- * covers the reserve). */
-static const char *const small_args[] = {"--backend",
-                                         "cpu",
-                                         "--block-tokens",
-                                         "4",
-                                         "--device-blocks",
-                                         "32",
-                                         "--host-blocks",
-                                         "8",
-                                         "--warm-bytes",
-                                         "0",
-                                         NULL};
+static const char *const small_args[] = {
+    "--backend", "cpu", "--block-tokens", "4", "--device-blocks", "32", "--host-blocks", "8", NULL};
 
 static void nap_ms(int ms)
 {
