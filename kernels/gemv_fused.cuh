@@ -304,6 +304,8 @@ static __host__ __device__ constexpr int gf_tail_mode(int wt, int nt, int wt2, b
     case KVD_KW_Q5_K * 16 + 7:
     case KVD_KW_Q6_K * 16 + 5:
         return GF_TAIL_READ;
+    case KVD_KW_F32 * 16 + 2:
+    case KVD_KW_F32 * 16 + 5:
     case KVD_KW_Q5_0 * 16 + 8:
     case KVD_KW_Q8_0 * 16 + 5:
     case KVD_KW_Q4_K * 16 + 1:
@@ -410,11 +412,14 @@ static __device__ __forceinline__ void gf_rows(const gf_params &p, int blk, int 
         float4 *m;
         if (p.asrc == GF_ASRC_SMEM) {
             act_ptrs(gf_smem, kq, NT, p.in, &qs, &d, &bs, &m);
-            if (act_in && kq) {
+            if (act_in && kq && NT == 1) {
                 // Quantized by the kernel that produced x: the quants and the
                 // scales copied, the sums of each 16 quants (a fifth of the
                 // bytes) made from the quants as they pass: the chunk in
-                // slot k of a row is chunk c of unit k / 4 (act_pos).
+                // slot k of a row is chunk c of unit k / 4 (act_pos). One
+                // token only (batch-1 decode): with 2-8, the loop's
+                // registers beside the first step's weights made ptxas
+                // spill (sm_90, ptxas 13).
                 const int4 *src = (const int4 *)act_in;
                 const int per = p.in / 16, nq = NT * per;
                 const int n16 = (int)(((const char *)bs - (const char *)qs) / 16);

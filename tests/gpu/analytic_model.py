@@ -240,7 +240,7 @@ def gemv_eff_after(wt, rows, regs=None):
 # counter's atomic is in flight (RoPE's first round trip overlaps it);
 # bs_made: the reading GEMV's blocks copy the int8 quants and scales of the
 # K-quants' activations and make the sums of each 16 from the quants as
-# they pass (4 bytes per 16 values fewer through L2).
+# they pass (4 bytes per 16 values fewer through L2; one token, as here).
 NEXT = {"quant_once": False, "rope_in_qkv": False, "early_kv": False, "qkv_one": False,
         "tail_regs": False, "norm_smem": False, "rope_meta": False, "bs_made": False}
 
