@@ -42,6 +42,7 @@ struct gf_params {
     rkv_args rkv;
     int split, blocks1;  // two weight types (gemvf_kernel)
     const void *act_in2; // the second type's act_in
+    int norm_smem;       // ADD_NORM: the launch's shared memory holds 2 x seg[0].rows floats
 };
 
 // The K-quants' per-super-block float part: the quarter groups' leaders put
@@ -111,6 +112,12 @@ static __device__ __forceinline__ void gf_load8(const float *y, int n, int t, in
 // output per int8 layout. Else the normed rows are stored, then read back
 // once per int8 layout.
 //
+// norm_smem: the squares' pass keeps the row and the norm's weights (both
+// loaded in that pass) in shared memory, which the GEMV's staging no longer
+// needs, and the scaling pass reads them there: one L2 round trip fewer.
+// RoPE's positions and KV slots are loaded while the counter's atomic is in
+// flight, by every block (the last one does not know it yet).
+//
 // How an instance compiles it (gf_tail_mode): GF_TAIL_REGS inline, or
 // GF_TAIL_CALL in a function of its own (not inlined: its code does not
 // share the register allocation of the GEMV's sums), or without the
@@ -124,26 +131,48 @@ template <int NT, int MODE> static __device__ __forceinline__ void gf_tail(const
     const gf_params &p = *pp;
     KVD_SHARED(int, gf_last, );
     KVD_SHARED(double, gf_red, [GF_WARPS]);
+    KVD_SHARED(uint32_t, gf_rpos, [2 * NT]); // RoPE: the tokens' positions, then KV slots
+    KVD_DYN_SHARED(float, gf_row);           // norm_smem: the row [n], the norm's weights [n]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool norm = p.epi == KVD_K_GEMV_ADD_NORM && p.norm_w;
+    // warp 1 (thread 0 fences and counts): the loads in flight with the atomic
+    const int ri = (int)threadIdx.x - 32;
+    uint32_t rmeta = 0;
+    if (p.rope && ri >= 0 && ri < 2 * NT)
+        rmeta = ri < NT ? __ldcg(p.rkv.pos + ri) : __ldcg(p.rkv.slots + ri - NT);
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
         gf_last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
     }
+    if (p.rope && ri >= 0 && ri < 2 * NT)
+        gf_rpos[ri] = rmeta;
     __syncthreads();
     if (!gf_last)
         return;
     __threadfence();
     const int n = p.seg[0].rows, nb = n / 256;
-    const bool in_regs = REGS && n % 256 == 0;
+    const bool in_regs = REGS && n % 256 == 0, keep = norm && p.norm_smem;
     for (int t = 0; norm && t < NT; t++) {
         const float *xr = p.seg[0].y + (size_t)t * n;
         double ss = 0.0;
-        for (int i = threadIdx.x; i < n; i += GF_THREADS) {
-            const float xv = __ldcg(xr + i);
-            const float sq = xv * xv; // each square rounded to f32, summed in double (ggml)
-            ss += (double)sq;
+        if (keep) {
+            if (t)
+                __syncthreads(); // the previous token's scaling pass done with gf_row
+            for (int i = threadIdx.x; i < n; i += GF_THREADS) {
+                const float xv = __ldcg(xr + i);
+                if (t == 0)
+                    gf_row[n + i] = p.norm_w[i];
+                gf_row[i] = xv;
+                const float sq = xv * xv;
+                ss += (double)sq;
+            }
+        } else {
+            for (int i = threadIdx.x; i < n; i += GF_THREADS) {
+                const float xv = __ldcg(xr + i);
+                const float sq = xv * xv; // each square rounded to f32, summed in double (ggml)
+                ss += (double)sq;
+            }
         }
         for (int o = 16; o > 0; o >>= 1)
             ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -159,18 +188,29 @@ template <int NT, int MODE> static __device__ __forceinline__ void gf_tail(const
         if (in_regs) {
             for (int b = warp; b < nb; b += GF_WARPS) {
                 float v[8];
-                gf_load8(p.seg[0].y, n, t, b, lane, v);
+                if (keep) { // gf_row: written by other warps before gf_red's barriers
+                    const float4 *xs = (const float4 *)(gf_row + 256 * b + 8 * lane),
+                                 *ws = (const float4 *)(gf_row + n + 256 * b + 8 * lane);
+                    const float4 x0 = xs[0], x1 = xs[1], w0 = ws[0], w1 = ws[1];
+                    v[0] = x0.x * scale * w0.x, v[1] = x0.y * scale * w0.y;
+                    v[2] = x0.z * scale * w0.z, v[3] = x0.w * scale * w0.w;
+                    v[4] = x1.x * scale * w1.x, v[5] = x1.y * scale * w1.y;
+                    v[6] = x1.z * scale * w1.z, v[7] = x1.w * scale * w1.w;
+                } else {
+                    gf_load8(p.seg[0].y, n, t, b, lane, v);
 #pragma unroll
-                for (int i = 0; i < 8; i++)
-                    v[i] = v[i] * scale * p.norm_w[256 * b + 8 * lane + i];
+                    for (int i = 0; i < 8; i++)
+                        v[i] = v[i] * scale * p.norm_w[256 * b + 8 * lane + i];
+                }
                 float4 *ov = (float4 *)(o + 256 * b + 8 * lane);
                 ov[0] = make_float4(v[0], v[1], v[2], v[3]);
                 ov[1] = make_float4(v[4], v[5], v[6], v[7]);
                 gf_emit_v(p, NT, n, t, b, lane, v);
             }
         } else {
-            for (int i = threadIdx.x; i < n; i += GF_THREADS)
-                o[i] = __ldcg(xr + i) * scale * p.norm_w[i];
+            for (int i = threadIdx.x; i < n; i += GF_THREADS) // keep: this thread's own
+                o[i] =
+                    keep ? gf_row[i] * scale * gf_row[n + i] : __ldcg(xr + i) * scale * p.norm_w[i];
         }
     }
     if (in_regs && !norm && p.n_emit) { // SWIGLU: y read once for every layout
@@ -228,7 +268,7 @@ template <int NT, int MODE> static __device__ __forceinline__ void gf_tail(const
     }
     if (p.rope)
         for (int t = 0; t < NT; t++)
-            rope_kv_token_any(p.rkv, t);
+            rope_kv_token_any(p.rkv, t, gf_rpos[t], gf_rpos[NT + t]);
     if (threadIdx.x == 0)
         *p.counter = 0;
 }
@@ -264,6 +304,8 @@ static __host__ __device__ constexpr int gf_tail_mode(int wt, int nt, int wt2, b
     case KVD_KW_Q5_K * 16 + 7:
     case KVD_KW_Q6_K * 16 + 5:
         return GF_TAIL_READ;
+    case KVD_KW_F32 * 16 + 2:
+    case KVD_KW_F32 * 16 + 5:
     case KVD_KW_Q5_0 * 16 + 8:
     case KVD_KW_Q8_0 * 16 + 5:
     case KVD_KW_Q4_K * 16 + 1:
@@ -370,7 +412,29 @@ static __device__ __forceinline__ void gf_rows(const gf_params &p, int blk, int 
         float4 *m;
         if (p.asrc == GF_ASRC_SMEM) {
             act_ptrs(gf_smem, kq, NT, p.in, &qs, &d, &bs, &m);
-            if (act_in) { // quantized by the kernel that produced x: copied
+            if (act_in && kq && NT == 1) {
+                // Quantized by the kernel that produced x: the quants and the
+                // scales copied, the sums of each 16 quants (a fifth of the
+                // bytes) made from the quants as they pass: the chunk in
+                // slot k of a row is chunk c of unit k / 4 (act_pos). One
+                // token only (batch-1 decode): with 2-8, the loop's
+                // registers beside the first step's weights made ptxas
+                // spill (sm_90, ptxas 13).
+                const int4 *src = (const int4 *)act_in;
+                const int per = p.in / 16, nq = NT * per;
+                const int n16 = (int)(((const char *)bs - (const char *)qs) / 16);
+                for (int i = threadIdx.x; i < n16; i += GF_THREADS) {
+                    const int4 c = __ldcg(src + i);
+                    gf_smem[i] = c;
+                    if (i < nq) {
+                        const int k = i % per, u = k / 4, cc = (k % 4) ^ ((u / 2) % 4);
+                        int sum = kvd_dp4a(c.x, 0x01010101, 0);
+                        sum = kvd_dp4a(c.y, 0x01010101, sum);
+                        sum = kvd_dp4a(c.z, 0x01010101, sum);
+                        bs[(i - k) + 4 * u + cc] = kvd_dp4a(c.w, 0x01010101, sum);
+                    }
+                }
+            } else if (act_in) { // quantized by the kernel that produced x: copied
                 const int4 *src = (const int4 *)act_in;
                 const int n16 = (int)(act_bytes(kq, NT, p.in) / 16);
                 for (int i = threadIdx.x; i < n16; i += GF_THREADS)
@@ -721,7 +785,14 @@ template <int WT, int NT, int R> static int gf_launch1(const kvd_k_gemv *g, cuda
     // once: a few per multiprocessor walk all the rows.
     if (p.asrc == GF_ASRC_SMEM && g->max_blocks > 0 && blocks > (unsigned)g->max_blocks)
         blocks = (unsigned)g->max_blocks;
-    const size_t smem = gf_smem_bytes<WT, NT, R>(p.asrc, g->in);
+    size_t smem = gf_smem_bytes<WT, NT, R>(p.asrc, g->in);
+    // The residual norm's last block keeps the row and the norm's weights in
+    // shared memory between its two passes (gf_tail) when they fit.
+    const size_t keep = 2 * (size_t)g->seg[0].rows * sizeof(float);
+    if (g->epi == KVD_K_GEMV_ADD_NORM && g->norm_w && keep <= GF_SMEM_MAX) {
+        p.norm_smem = 1;
+        smem = smem > keep ? smem : keep;
+    }
     return gf_start<WT, NT, R, WT>(blocks, smem, st, p);
 }
 

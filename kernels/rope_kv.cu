@@ -8,7 +8,7 @@ template <int DT> __global__ void rope_kv_kernel(rkv_args a)
 {
     kvd_pdl_wait(); // q, k, v: the projection's
     kvd_pdl_trigger();
-    rope_kv_token<DT>(a, blockIdx.x);
+    rope_kv_token<DT>(a, blockIdx.x, a.pos[blockIdx.x], a.slots[blockIdx.x]);
 }
 
 extern "C" int kvd_k_rope_kv(float *q, float *k, const float *v, const uint32_t *pos,

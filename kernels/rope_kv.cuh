@@ -20,17 +20,20 @@ struct rkv_args {
     int layer;
 };
 
-// Token t: every (pair, chunk of 8 heads) of its q and k heads rotated in
+// Token t at position p, its KV slot `slot` (a.pos[t], a.slots[t], loaded
+// by the caller: the fused GEMV's last block has them before it knows it is
+// the last): every (pair, chunk of 8 heads) of its q and k heads rotated in
 // place (the angle once per pair, the chunk's loads together), then, after
 // a barrier, its k and v rows written to the token's block. q, k and v are
 // read from L2 (other blocks of a GEMV launch wrote them). Every thread of
 // the block calls it.
-template <int DT> static __device__ __forceinline__ void rope_kv_token(const rkv_args &a, int t)
+template <int DT>
+static __device__ __forceinline__ void rope_kv_token(const rkv_args &a, int t, uint32_t p,
+                                                     uint32_t slot)
 {
     const kvd_k_kv &kv = a.kv;
     const int D = kv.head_dim, HK = kv.kv_heads, half = a.n_rot / 2, n_heads = a.n_heads;
     const int heads = n_heads + HK, chunks = (heads + 7) / 8;
-    const uint32_t p = a.pos[t];
     float *qt = a.q + (size_t)t * n_heads * D, *kt = a.k + (size_t)t * HK * D;
     for (int item = threadIdx.x; item < half * chunks; item += blockDim.x) {
         const int i = item % half, ck = item / half;
@@ -57,7 +60,6 @@ template <int DT> static __device__ __forceinline__ void rope_kv_token(const rkv
         }
     }
     __syncthreads(); // the roped k, written by other threads of the block
-    const uint32_t slot = a.slots[t];
     if (slot == UINT32_MAX)
         return; // padding row of a graph bucket: no KV
     kvd_kv_write_token<DT>(kv, a.layer, slot, (int)(p % (uint32_t)kv.block_tokens), kt,
@@ -65,23 +67,24 @@ template <int DT> static __device__ __forceinline__ void rope_kv_token(const rkv
 }
 
 // The same with the KV dtype known at run time.
-static __device__ __forceinline__ void rope_kv_token_any(const rkv_args &a, int t)
+static __device__ __forceinline__ void rope_kv_token_any(const rkv_args &a, int t, uint32_t p,
+                                                         uint32_t slot)
 {
     switch (a.kv.dtype) {
     case KVD_K_F16:
-        rope_kv_token<KVD_K_F16>(a, t);
+        rope_kv_token<KVD_K_F16>(a, t, p, slot);
         break;
     case KVD_K_BF16:
-        rope_kv_token<KVD_K_BF16>(a, t);
+        rope_kv_token<KVD_K_BF16>(a, t, p, slot);
         break;
     case KVD_K_F32:
-        rope_kv_token<KVD_K_F32>(a, t);
+        rope_kv_token<KVD_K_F32>(a, t, p, slot);
         break;
     case KVD_K_Q8_0:
-        rope_kv_token<KVD_K_Q8_0>(a, t);
+        rope_kv_token<KVD_K_Q8_0>(a, t, p, slot);
         break;
     default:
-        rope_kv_token<KVD_K_FP8>(a, t);
+        rope_kv_token<KVD_K_FP8>(a, t, p, slot);
         break;
     }
 }

@@ -50,6 +50,7 @@ kvd_emu_counts g_counts; // under g_count_mu
 std::mutex g_count_mu;
 std::atomic<unsigned long long> g_prewait_bytes{0}; // count_prewait_load, lock-free
 std::atomic<unsigned long long> g_mma_f16{0};       // count_mma_f16, lock-free
+std::atomic<unsigned long long> g_load_bytes{0};    // count_loads, lock-free
 
 struct capture;
 
@@ -405,6 +406,11 @@ void count_prewait_load(size_t n)
     g_prewait_bytes.fetch_add(n, std::memory_order_relaxed);
 }
 
+void count_loads(unsigned long long n)
+{
+    g_load_bytes.fetch_add(n, std::memory_order_relaxed);
+}
+
 void count_mma_f16()
 {
     g_mma_f16.fetch_add(1, std::memory_order_relaxed);
@@ -496,6 +502,7 @@ void kvd_emu_get_counts(struct kvd_emu_counts *out)
     *out = g_counts;
     out->prewait_load_bytes = g_prewait_bytes.load(std::memory_order_relaxed);
     out->mma_f16 = g_mma_f16.load(std::memory_order_relaxed);
+    out->load_bytes = g_load_bytes.load(std::memory_order_relaxed);
 }
 
 size_t kvd_emu_live_allocs(void)

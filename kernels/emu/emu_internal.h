@@ -83,6 +83,9 @@ void count_launch();
 void count_prewait_load(size_t n);
 // One warp-wide f16/bf16 mma.sync executed (mma.cc), lock-free.
 void count_mma_f16();
+// Bytes a launch's threads loaded from global memory (instrumented builds),
+// added once per launch.
+void count_loads(unsigned long long n);
 
 // Kernel launches (simt.cc). pdl: launched with programmatic stream
 // serialization (KVD_LAUNCH_PDL): until its threads pass

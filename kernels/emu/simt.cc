@@ -265,7 +265,8 @@ struct launch_state {
     // those of the kernel before it (sorted, merged) when this one is PDL
     bool pdl = false;
     std::vector<store_rec> writes;
-    bool writes_overflow = false; // too many to keep: the next launch is not checked
+    bool writes_overflow = false;      // too many to keep: the next launch is not checked
+    unsigned long long load_bytes = 0; // global loads of its threads (count_loads)
     const std::vector<store_rec> *prev_writes = nullptr;
     // findings
     unsigned reports = 0;
@@ -928,6 +929,8 @@ inline void access(const void *p, size_t n, bool store)
         tls.cached = ai;
         tls.cached_gen = gen;
     }
+    if (!store)
+        L->load_bytes += n;
     if (L->pdl && !t->pdl_waited) {
         if (store)
             KREPORT(L,
@@ -1037,6 +1040,7 @@ cudaError_t run_launch(const char *name, const void *fn, dim3 grid, dim3 block, 
     }
     L.log_stores = false;
     tls.run = nullptr;
+    count_loads(L.load_bytes);
     if (have_memcheck) { // what the next kernel's prologue must not read
         merge_ranges(L.writes);
         g_prev_writes.swap(L.writes);

@@ -232,8 +232,17 @@ def gemv_eff_after(wt, rows, regs=None):
 # super-block, 8 values a lane) and quantizes the values for every reader
 # from registers as it stores them: no read back of the normed rows per
 # int8 layout.
+# Built on wt-gemv80 (2026-12-07): norm_smem: the residual norm's last
+# block keeps the row and the norm's weights, both loaded in the squares'
+# pass, in shared memory for the scaling pass (the counter, one read, the
+# stores: 3 L2 round trips where there were 4); rope_meta: the QKV
+# launch's blocks load the tokens' positions and KV slots while the
+# counter's atomic is in flight (RoPE's first round trip overlaps it);
+# bs_made: the reading GEMV's blocks copy the int8 quants and scales of the
+# K-quants' activations and make the sums of each 16 from the quants as
+# they pass (4 bytes per 16 values fewer through L2; one token, as here).
 NEXT = {"quant_once": False, "rope_in_qkv": False, "early_kv": False, "qkv_one": False,
-        "tail_regs": False}
+        "tail_regs": False, "norm_smem": False, "rope_meta": False, "bs_made": False}
 
 
 def act_bytes(inp):
@@ -242,15 +251,20 @@ def act_bytes(inp):
     return inp + inp // 256 * 4 + inp // 16 * 4
 
 
-def stage_time(wt, rows, inp, swiglu=False):
+def stage_time(wt, rows, inp, swiglu=False, copied=True):
     """The quantized types' prologue: every block reads the f32 input from
     L2 and quantizes it, or (quant_once) copies the int8 bytes its producer
-    made (at most GF_MAX_BLOCKS blocks)."""
+    made (at most GF_MAX_BLOCKS blocks); bs_made: the sums of each 16 not
+    copied where the input is copied (not the o projection's: the attention
+    output is quantized by the o projection's own blocks)."""
     if wt == "bf16":
         return 0.0
     groups = math.ceil(rows / (2 if swiglu else 4))
     blocks = min(math.ceil(groups / 4), GF_MAX_BLOCKS)
-    return blocks * (act_bytes(inp) if NEXT["quant_once"] else inp * 4) / L2_BW
+    if not NEXT["quant_once"]:
+        return blocks * inp * 4 / L2_BW
+    made = inp // 16 * 4 if NEXT["bs_made"] and copied and wt in ("q4_k", "q6_k") else 0
+    return blocks * (act_bytes(inp) - made) / L2_BW
 
 
 # ---- split-KV decode attention (kernels/attn_decode.cu) -------------------------------
@@ -381,7 +395,8 @@ def decode_after(mix, attn="old"):
             ks.append(K("gemv v %s" % vt, hbm=E * KD * BYTES[vt], eff=gemv_eff_after(vt, KD)[0],
                         chain_l2=stage_time(vt, KD, E) / LAT_L2))
         if NEXT["rope_in_qkv"]:  # the last launch's last block: the counter, then as rope_kv
-            ks.append(K("rope + kv_write (in qkv)", launches=0, chain_l2=1 + 3))
+            ks.append(K("rope + kv_write (in qkv)", launches=0,
+                        chain_l2=1 + (2 if NEXT["rope_meta"] else 3)))
         else:
             ks.append(K("rope + kv_write", chain_l2=3, note="one block per token, 8 heads' loads together"))
         if attn == "old":  # the model of 2026-12-07 (256-token splits; stale)
@@ -398,10 +413,12 @@ def decode_after(mix, attn="old"):
         # the counter, the squares' read, the scaling's read, the stores, as
         # without it)
         qo = 2 if NEXT["quant_once"] and wt != "bf16" and not NEXT["tail_regs"] else 0
+        nr = 3 if NEXT["norm_smem"] else 4  # the norm's own round trips (the counter, reads, stores)
         ks.append(K("gemv o + add + rmsnorm %s" % wt, hbm=E * E * BYTES[wt],
-                    eff=gemv_eff_after(wt, E)[0], chain_l2=4 + qo + stage_time(wt, E, E) / LAT_L2,
+                    eff=gemv_eff_after(wt, E)[0], chain_l2=nr + qo + stage_time(wt, E, E, copied=False) / LAT_L2,
                     plain=0 if attn == "old" or ATTN[attn]["pdl"] else 1,
-                    note="last block: the counter, 2 reads of the rows, the stores"
+                    note="last block: the counter, one read of the rows (kept), the stores"
+                    if NEXT["norm_smem"] else "last block: the counter, 2 reads of the rows, the stores"
                     if NEXT["tail_regs"] else "last block: 2 L2 round trips more"))
         ks.append(K("gemv gate,up + silu %s" % wt, hbm=2 * E * F * BYTES[wt],
                     eff=gemv_eff_after(wt, 2 * F)[0],
@@ -410,7 +427,7 @@ def decode_after(mix, attn="old"):
                     # quantizing down's input: the counter, the rows, the store
         ks.append(K("gemv down + add + rmsnorm %s" % vt, hbm=F * E * BYTES[vt],
                     eff=gemv_eff_after(vt, E)[0],
-                    chain_l2=4 + qo + (1 if qo and l + 1 < L and more_bits(l + 1) else 0) +
+                    chain_l2=nr + qo + (1 if qo and l + 1 < L and more_bits(l + 1) else 0) +
                     stage_time(vt, E, F) / LAT_L2))  # the next q/k and v layouts: 2 passes
     return ks + decode_tail(q, before=False)
 
@@ -611,9 +628,25 @@ def main():
     print("  %-32s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f   (-%.0f us)" % (
         "+ decode attention, tensor cores", t * 1e3, roof * 1e3, 100 * roof / t, 1 / t, n, pl,
         (now - t) * 1e6))
+    tq = t
     t, roof, n, pl = report_decode("all built, bf16", decode_after("bf16", attn="mma"), "bf16",
                                    T_LAUNCH_PDL, show)
     print("  %-32s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f" % ("all built, bf16", t * 1e3, roof * 1e3,
+                                                          100 * roof / t, 1 / t, n, pl))
+    now = tq
+    print("  built on wt-gemv80, Q4_K_M, from the row above:")
+    for knob, label in (("norm_smem", "+ norm's row kept in shared mem"),
+                        ("rope_meta", "+ RoPE's pos/slot with the atomic"),
+                        ("bs_made", "+ act sums made in the copy")):
+        NEXT[knob] = True
+        t, roof, n, pl = report_decode(label, decode_after("q4_k_m", attn="mma"), "q4_k_m",
+                                       T_LAUNCH_PDL, show)
+        print("  %-32s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f   (-%.0f us)" % (
+            label, t * 1e3, roof * 1e3, 100 * roof / t, 1 / t, n, pl, (now - t) * 1e6))
+        now = t
+    t, roof, n, pl = report_decode("+ wt-gemv80, bf16", decode_after("bf16", attn="mma"), "bf16",
+                                   T_LAUNCH_PDL, show)
+    print("  %-32s %9.3f %9.3f %7.1f%% %8.0f %9d %9.1f" % ("+ wt-gemv80, bf16", t * 1e3, roof * 1e3,
                                                           100 * roof / t, 1 / t, n, pl))
     for knob in NEXT:
         NEXT[knob] = False

@@ -88,6 +88,17 @@ unsigned long long gpu_prewait_load_bytes(void)
 #endif
 }
 
+unsigned long long gpu_load_bytes(void)
+{
+#ifdef KVD_CUDA_EMULATE
+    struct kvd_emu_counts c;
+    kvd_emu_get_counts(&c);
+    return c.load_bytes;
+#else
+    return 0;
+#endif
+}
+
 void gpu_fx_open(struct gpu_fx *f)
 {
     struct kvd_error err = {0};

@@ -69,6 +69,9 @@ unsigned long long gpu_launches(void);
 /* The bytes kernels loaded before their programmatic-launch wait so far
  * (the emulator counts them; a real device reports 0). */
 unsigned long long gpu_prewait_load_bytes(void);
+/* The bytes kernels loaded from global memory so far (the instrumented
+ * emulator counts them; else 0). */
+unsigned long long gpu_load_bytes(void);
 
 /* Deterministic random numbers (seeded per test, fresh per call). */
 void rnd_seed(uint64_t s);

@@ -244,6 +244,70 @@ static void test_matmul_add_rmsnorm(void **state)
         }
 }
 
+/* The residual norm's last block loads the residual rows and the norm's
+ * weights once: its squares' pass keeps them in shared memory for the
+ * scaling pass. The instrumented emulator counts the global loads of the
+ * same launch with the norm and without it (the residual add alone): the
+ * norm adds (tokens + 1) x rows x 4 bytes (each token's row, the weights
+ * once) and each block's counter; reading the rows or the weights again
+ * would add at least rows x 4 more. Rows of a multiple of 256 (the scaling
+ * pass in the quantizers' layout) and not, 1-8 tokens; the norm against
+ * the cpu's. */
+static void test_norm_loads(void **state)
+{
+    (void)state;
+    static const enum ctype ts[] = {CT_Q4_K, CT_Q6_K, CT_BF16};
+    rnd_seed(47);
+    for (size_t ti = 0; ti < sizeof ts / sizeof ts[0]; ti++)
+        for (uint32_t rows = 1; rows <= 8; rows++)
+            for (int k = 0; k < 2; k++) {
+                enum ctype t = ts[ti];
+                uint32_t in = 256, E = k ? 192 : 512;
+                struct gpu_wt w;
+                wt_make(&w, t, in, E);
+                size_t N = (size_t)rows * E;
+                float *xin = rnd_new((size_t)rows * in, -1, 1), *x = rnd_new(N, -3, 3),
+                      *nw = rnd_new(E, 0.5f, 1.5f), *rout = malloc(N * 4), *got = malloc(N * 4);
+                assert_int_equal(F.cops->matmul(F.ccx, &w.h, xin, rows, rout), 0);
+                float *dxin = gpu_dup(&F, xin, (size_t)rows * in * 4), *dx0 = gpu_dup(&F, x, N * 4),
+                      *dx = gpu_dup(&F, x, N * 4), *dnw = gpu_dup(&F, nw, E * 4),
+                      *dout = gpu_nan(&F, N);
+                assert_int_equal(F.cops->add_rmsnorm(F.ccx, x, rout, rout, nw, rows, E, 1e-5f), 0);
+                unsigned long long b0 = gpu_load_bytes();
+                assert_int_equal(
+                    F.gops->matmul_add_rmsnorm(F.gcx, &w.d, dxin, rows, 0, dx0, NULL, 1e-5f, dout),
+                    0);
+                gpu_get(&F, got, dx0, 4);
+                unsigned long long b1 = gpu_load_bytes();
+                assert_int_equal(
+                    F.gops->matmul_add_rmsnorm(F.gcx, &w.d, dxin, rows, 0, dx, dnw, 1e-5f, dout),
+                    0);
+                gpu_get(&F, got, dout, N * 4);
+                unsigned long long b2 = gpu_load_bytes();
+                char what[96];
+                snprintf(what, sizeof what, "norm %s rows %u tokens %u", ctype_name(t), E, rows);
+                same(what, got, rout, N, false, exact_type(t) ? 2e-7 : tol_for(t, rows));
+                if (b1 > b0) { /* the instrumented emulator */
+                    long long norm = (long long)(b2 - b1) - (long long)(b1 - b0);
+                    long long once = (long long)(rows + 1) * E * 4;
+                    if (norm < once || norm >= once + (long long)E * 4)
+                        fail_msg("%s: the norm loads %lld bytes, %lld expected (and the counter)",
+                                 what, norm, once);
+                }
+                wt_free(&w);
+                free(xin);
+                free(x);
+                free(nw);
+                free(rout);
+                free(got);
+                gpu_free(&F, dxin);
+                gpu_free(&F, dx0);
+                gpu_free(&F, dx);
+                gpu_free(&F, dnw);
+                gpu_free(&F, dout);
+            }
+}
+
 /* RoPE of q and k with the write of k and v, against rope, rope, kv_write
  * on the cpu: q, k and the whole arena bit for bit. */
 static void test_rope_kv_write(void **state)
@@ -564,8 +628,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         GPU_TEST(test_matmul_n),           GPU_TEST(test_matmul_swiglu),
-        GPU_TEST(test_matmul_add_rmsnorm), GPU_TEST(test_rope_kv_write),
-        GPU_TEST(test_rope_kv_attention),  GPU_TEST(test_invariant_rows),
+        GPU_TEST(test_matmul_add_rmsnorm), GPU_TEST(test_norm_loads),
+        GPU_TEST(test_rope_kv_write),      GPU_TEST(test_rope_kv_attention),
+        GPU_TEST(test_invariant_rows),
     };
     gpu_fx_open(&F);
     gpu_fx_close(&F);

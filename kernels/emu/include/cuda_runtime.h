@@ -165,13 +165,15 @@ void kvd_emu_set_order_check(int on);
  * loaded from global memory before their cudaGridDependencySynchronize
  * (instrumented builds, KVD_EMU_MEMCHECK; each thread order of the order
  * check counts), and the warp-wide f16/bf16 mma.sync m16n8k16 instructions
- * executed (kvd_mma16816). */
+ * executed (kvd_mma16816), and the bytes kernels loaded from global memory
+ * (instrumented builds; each order of the order check counts). */
 struct kvd_emu_counts {
     unsigned long long launches;
     unsigned long long h2d_copies, h2d_bytes;
     unsigned long long memsets, memset_bytes;
     unsigned long long prewait_load_bytes;
     unsigned long long mma_f16;
+    unsigned long long load_bytes;
 };
 void kvd_emu_get_counts(struct kvd_emu_counts *out);
 
