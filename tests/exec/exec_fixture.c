@@ -2,10 +2,15 @@
 #include "exec_fixture.h"
 
 #include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <cmocka.h>
 
 #include "compute.h"
 #include "model.h"
@@ -19,6 +24,21 @@ static uint32_t fx_order;
 static uint64_t fx_pause_id;
 static size_t fx_pause_events;
 static bool fx_paused;
+
+struct fx_model fx_small;
+
+int fx_small_setup(void **state)
+{
+    (void)state;
+    return fx_model_make(&fx_small, 2, 64, 4, 2, 128, 256, 256);
+}
+
+int fx_small_teardown(void **state)
+{
+    (void)state;
+    fx_model_remove(&fx_small);
+    return 0;
+}
 
 int fx_model_make(struct fx_model *fm, uint32_t layers, uint32_t embd, uint32_t heads,
                   uint32_t kv_heads, uint32_t ff, uint32_t vocab, uint32_t ctx)
@@ -246,6 +266,14 @@ struct fx_result *fx_wait(uint64_t id)
         pthread_cond_wait(&fx_cv, &fx_mu);
     pthread_mutex_unlock(&fx_mu);
     return &fx_res[id];
+}
+
+struct fx_result fx_run1(struct fx *f, uint64_t id, const struct fx_gen *g)
+{
+    struct kvd_error err = {0};
+    if (fx_submit(f, id, g, &err))
+        fail_msg("submit %llu: %s", (unsigned long long)id, err.message);
+    return *fx_wait(id);
 }
 
 int fx_tenant(struct fx *f, const char *name, uint32_t weight, uint32_t *tenant, uint32_t *ns)

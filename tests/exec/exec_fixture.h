@@ -56,6 +56,12 @@ int fx_model_make(struct fx_model *fm, uint32_t layers, uint32_t embd, uint32_t 
  * vocab and ctx are recorded for the tests. */
 int fx_model_make_args(struct fx_model *fm, uint32_t vocab, uint32_t ctx, const char *args);
 void fx_model_remove(struct fx_model *fm);
+/* The small model several exec tests share (2 layers, embd 64, 4 heads, 2
+ * KV heads, ff 128, vocab 256, context 256), made by a CMocka group setup
+ * and removed by its teardown. */
+extern struct fx_model fx_small;
+int fx_small_setup(void **state);
+int fx_small_teardown(void **state);
 
 /* Loads the model, makes a kvmm of the model's geometry (block_tokens 16)
  * with the given pools, one tenant (weight 1, unlimited) and the executor. */
@@ -115,6 +121,9 @@ void fx_resume(void);
 
 /* Builds and submits; returns the build's status (err filled). */
 int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct kvd_error *err);
+/* fx_submit, then fx_wait for it: its result. A refused submit fails the
+ * test (CMocka). */
+struct fx_result fx_run1(struct fx *f, uint64_t id, const struct fx_gen *g);
 /* Builds from a raw msgpack map payload (for validation tests). */
 int fx_build_raw(struct fx *f, const void *map, size_t len, struct kvd_error *err);
 

@@ -15,30 +15,6 @@
 
 #include "exec_fixture.h"
 
-static struct fx_model g_model;
-
-static int group_setup(void **state)
-{
-    (void)state;
-    return fx_model_make(&g_model, 2, 64, 4, 2, 128, 256, 256);
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    fx_model_remove(&g_model);
-    return 0;
-}
-
-static struct fx_result run1(struct fx *f, uint64_t id, const struct fx_gen *g)
-{
-    struct kvd_error err = {0};
-    int rc = fx_submit(f, id, g, &err);
-    if (rc)
-        fail_msg("submit %llu: %s", (unsigned long long)id, err.message);
-    return *fx_wait(id);
-}
-
 static void assert_same(const struct fx_result *a, const struct fx_result *b)
 {
     assert_int_equal(a->n, b->n);
@@ -78,12 +54,12 @@ static void assert_mm_clean(struct fx *f, uint32_t seqs)
 static void test_cache_hit(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 256, 64, 512, 32), 0);
+    assert_int_equal(fx_open(f, &fx_small, 256, 64, 512, 32), 0);
     uint32_t p[40];
     fx_prompt(p, 40, 1);
     struct fx_gen g = greedy(p, 40, 12);
-    struct fx_result a = run1(f, 1, &g);
-    struct fx_result b = run1(f, 2, &g);
+    struct fx_result a = fx_run1(f, 1, &g);
+    struct fx_result b = fx_run1(f, 2, &g);
     assert_int_equal(a.finish, SCHED_FINISH_LENGTH);
     assert_int_equal(a.n, 12);
     assert_int_equal(a.cached, 0);
@@ -101,11 +77,11 @@ static void test_batch_equals_solo(void **state)
     struct fx *f = *state;
     static struct fx_result solo[32];
     static uint32_t p[32][48];
-    assert_int_equal(fx_open(f, &g_model, 512, 0, 512, 32), 0);
+    assert_int_equal(fx_open(f, &fx_small, 512, 0, 512, 32), 0);
     for (uint32_t i = 0; i < 32; i++) {
         fx_prompt(p[i], 5 + i, 100 + i);
         struct fx_gen g = greedy(p[i], 5 + i, 10);
-        solo[i] = run1(f, 1 + i, &g);
+        solo[i] = fx_run1(f, 1 + i, &g);
     }
     fx_reset_results();
     for (uint32_t i = 0; i < 32; i++) {
@@ -125,7 +101,7 @@ static void run_pressure(struct fx *f, uint32_t dev, uint32_t host, struct fx_re
                          struct exec_stats *st, struct kvmm_stats *ks)
 {
     static uint32_t p[8][40];
-    assert_int_equal(fx_open(f, &g_model, dev, host, 256, 8), 0);
+    assert_int_equal(fx_open(f, &fx_small, dev, host, 256, 8), 0);
     for (uint32_t i = 0; i < 8; i++) {
         fx_prompt(p[i], 40, 300 + i);
         struct fx_gen g = greedy(p[i], 40, 48);
@@ -173,7 +149,7 @@ static void test_preemption_same_output(void **state)
 static void test_fork_continue(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 256, 0, 512, 8), 0);
+    assert_int_equal(fx_open(f, &fx_small, 256, 0, 512, 8), 0);
     uint64_t conn = 5;
     kvmm_seq_t s = 0, c = 0;
     kvmm_lock(f->mm);
@@ -186,7 +162,7 @@ static void test_fork_continue(void **state)
     g.has_seq = true;
     g.seq = s;
     g.conn = conn;
-    struct fx_result first = run1(f, 1, &g);
+    struct fx_result first = fx_run1(f, 1, &g);
     assert_true(first.seq_returned);
     assert_int_equal(first.n, 6);
 
@@ -217,9 +193,9 @@ static void test_fork_continue(void **state)
     memcpy(cold + 20, first.toks, 6 * sizeof(uint32_t));
     cold[26] = 10;
     struct fx_gen gc = greedy(cold, 27, 8);
-    struct fx_result ca = run1(f, 4, &gc);
+    struct fx_result ca = fx_run1(f, 4, &gc);
     cold[26] = 20;
-    struct fx_result cb = run1(f, 5, &gc);
+    struct fx_result cb = fx_run1(f, 5, &gc);
     assert_same(&ra, &ca);
     assert_same(&rb, &cb);
 
@@ -234,7 +210,7 @@ static void test_fork_continue(void **state)
 static void test_seeded_sampling(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 512, 0, 512, 16), 0);
+    assert_int_equal(fx_open(f, &fx_small, 512, 0, 512, 16), 0);
     uint32_t p[12];
     fx_prompt(p, 12, 9);
     struct fx_gen g = {.toks = p,
@@ -245,7 +221,7 @@ static void test_seeded_sampling(void **state)
                        .top_p = 0.95,
                        .has_seed = true,
                        .seed = 42};
-    struct fx_result solo = run1(f, 1, &g);
+    struct fx_result solo = fx_run1(f, 1, &g);
     fx_reset_results();
     struct kvd_error err;
     static uint32_t others[8][16];
@@ -273,11 +249,11 @@ static void test_seeded_sampling(void **state)
 static void test_stop_length_context(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 256, 0, 512, 8), 0);
+    assert_int_equal(fx_open(f, &fx_small, 256, 0, 512, 8), 0);
     uint32_t p[10];
     fx_prompt(p, 10, 3);
     struct fx_gen g = greedy(p, 10, 20);
-    struct fx_result ref = run1(f, 1, &g);
+    struct fx_result ref = fx_run1(f, 1, &g);
     assert_int_equal(ref.finish, SCHED_FINISH_LENGTH);
     assert_int_equal(ref.n, 20);
 
@@ -288,7 +264,7 @@ static void test_stop_length_context(void **state)
         first++;
     g.stop = stop;
     g.n_stop = 2;
-    struct fx_result s = run1(f, 2, &g);
+    struct fx_result s = fx_run1(f, 2, &g);
     assert_int_equal(s.finish, SCHED_FINISH_STOP);
     assert_int_equal(s.n, first + 1);
     assert_memory_equal(s.toks, ref.toks, s.n * sizeof(uint32_t));
@@ -297,7 +273,7 @@ static void test_stop_length_context(void **state)
     static uint32_t lp[250];
     fx_prompt(lp, 250, 4);
     struct fx_gen gl = greedy(lp, 250, 100);
-    struct fx_result l = run1(f, 3, &gl);
+    struct fx_result l = fx_run1(f, 3, &gl);
     assert_int_equal(l.finish, SCHED_FINISH_LENGTH);
     assert_int_equal(l.n, 6);
     assert_mm_clean(f, 0);
@@ -307,12 +283,12 @@ static void test_stop_length_context(void **state)
 static void test_stream_and_cancel(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 256, 0, 512, 8), 0);
+    assert_int_equal(fx_open(f, &fx_small, 256, 0, 512, 8), 0);
     uint32_t p[8];
     fx_prompt(p, 8, 5);
     struct fx_gen g = greedy(p, 8, 30);
     g.stream = true;
-    struct fx_result r = run1(f, 1, &g);
+    struct fx_result r = fx_run1(f, 1, &g);
     assert_int_equal(r.n, 30);
     assert_int_equal(r.n_streamed, 30);
     assert_true(r.n_events >= 1);
@@ -348,7 +324,7 @@ static void test_stream_and_cancel(void **state)
 static void test_disconnect_frees(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 256, 0, 64, 8), 0);
+    assert_int_equal(fx_open(f, &fx_small, 256, 0, 64, 8), 0);
     uint64_t conn = 9;
     kvmm_seq_t s;
     kvmm_lock(f->mm);
@@ -388,7 +364,7 @@ static void test_disconnect_frees(void **state)
 static void test_drain(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 256, 0, 64, 8), 0);
+    assert_int_equal(fx_open(f, &fx_small, 256, 0, 64, 8), 0);
     static uint32_t p[10][30];
     struct kvd_error err;
     for (uint32_t i = 0; i < 10; i++) {
@@ -412,11 +388,11 @@ static void test_drain(void **state)
 static void test_quota_never_fits(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 8, 0, 512, 8), 0);
+    assert_int_equal(fx_open(f, &fx_small, 8, 0, 512, 8), 0);
     static uint32_t p[200];
     fx_prompt(p, 200, 1);
     struct fx_gen g = greedy(p, 200, 4);
-    struct fx_result r = run1(f, 1, &g);
+    struct fx_result r = fx_run1(f, 1, &g);
     assert_int_equal(r.finish, SCHED_FINISH_ERROR);
     assert_int_equal(r.err, KVD_ENOMEM);
 
@@ -430,19 +406,19 @@ static void test_quota_never_fits(void **state)
     assert_int_equal(kvmm_tenant_namespace(f->mm, f->tenant, &f->ns), 0);
     kvmm_unlock(f->mm);
     g = greedy(p, 40, 4);
-    r = run1(f, 2, &g);
+    r = fx_run1(f, 2, &g);
     assert_int_equal(r.finish, SCHED_FINISH_ERROR);
     assert_int_equal(r.err, KVD_EQUOTA);
     /* A prompt that fits, but prompt + max_tokens never can: refused at
      * once, not after generating up to the limit. */
     g = greedy(p, 20, 40);
-    r = run1(f, 3, &g);
+    r = fx_run1(f, 3, &g);
     assert_int_equal(r.finish, SCHED_FINISH_ERROR);
     assert_int_equal(r.err, KVD_EQUOTA);
     assert_non_null(strstr(r.msg, "max_tokens 40"));
     /* Exactly the quota (K/V for 20 + 13 - 1 = 32 positions) runs. */
     g = greedy(p, 20, 13);
-    r = run1(f, 4, &g);
+    r = fx_run1(f, 4, &g);
     assert_int_equal(r.finish, SCHED_FINISH_LENGTH);
     assert_int_equal(r.n, 13);
     assert_mm_clean(f, 0);
@@ -453,7 +429,7 @@ static void test_quota_never_fits(void **state)
 static void test_priority_order(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 256, 0, 64, 1), 0);
+    assert_int_equal(fx_open(f, &fx_small, 256, 0, 64, 1), 0);
     uint32_t p[4][8];
     for (int i = 0; i < 4; i++)
         fx_prompt(p[i], 8, 40 + (uint32_t)i);
@@ -486,7 +462,7 @@ static void test_priority_order(void **state)
 static void test_weighted_fairness(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 256, 0, 64, 1), 0);
+    assert_int_equal(fx_open(f, &fx_small, 256, 0, 64, 1), 0);
     uint32_t ta, na, tb, nb, tc, nc;
     assert_int_equal(fx_tenant(f, "a", 1, &ta, &na), 0);
     assert_int_equal(fx_tenant(f, "b", 3, &tb, &nb), 0);
@@ -548,5 +524,5 @@ int main(void)
         fprintf(stderr, "KVD_TOOLS_DIR is not set (run through ctest)\n");
         return 77;
     }
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, fx_small_setup, fx_small_teardown);
 }

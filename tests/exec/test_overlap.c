@@ -21,29 +21,6 @@
 
 #define N_REQ 12
 
-static struct fx_model g_model;
-
-static int group_setup(void **state)
-{
-    (void)state;
-    return fx_model_make(&g_model, 2, 64, 4, 2, 128, 256, 256);
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    fx_model_remove(&g_model);
-    return 0;
-}
-
-static struct fx_result run1(struct fx *f, uint64_t id, const struct fx_gen *g)
-{
-    struct kvd_error err = {0};
-    if (fx_submit(f, id, g, &err))
-        fail_msg("submit %llu: %s", (unsigned long long)id, err.message);
-    return *fx_wait(id);
-}
-
 static void assert_same(const struct fx_result *a, const struct fx_result *b)
 {
     assert_int_equal(a->finish, b->finish);
@@ -103,7 +80,7 @@ static void run_batch(struct fx *f, enum exec_overlap ov, bool sampled, uint32_t
                       struct fx_result *out, struct exec_stats *st)
 {
     fx_overlap = ov;
-    assert_int_equal(fx_open(f, &g_model, 256, 0, 512, 16), 0);
+    assert_int_equal(fx_open(f, &fx_small, 256, 0, 512, 16), 0);
     fx_overlap = EXEC_OVERLAP_AUTO;
     struct kvd_error err;
     for (uint32_t i = 0; i < N_REQ; i++) {
@@ -201,12 +178,12 @@ static void test_cancel_and_arrival(void **state)
     run_batch(f, EXEC_OVERLAP_OFF, false, 0, ref, &s);
 
     fx_overlap = EXEC_OVERLAP_ON;
-    assert_int_equal(fx_open(f, &g_model, 256, 0, 512, 16), 0);
+    assert_int_equal(fx_open(f, &fx_small, 256, 0, 512, 16), 0);
     fx_overlap = EXEC_OVERLAP_AUTO;
     uint32_t late[20];
     fx_prompt(late, 20, 999);
     struct fx_gen gl = {.toks = late, .n_toks = 20, .max_tokens = 16, .temperature = -1};
-    struct fx_result solo = run1(f, 100, &gl);
+    struct fx_result solo = fx_run1(f, 100, &gl);
     fx_reset_results();
 
     struct kvd_error err;
@@ -254,7 +231,7 @@ static void test_seq_mode_returned(void **state)
 {
     struct fx *f = *state;
     fx_overlap = EXEC_OVERLAP_ON;
-    assert_int_equal(fx_open(f, &g_model, 256, 0, 512, 16), 0);
+    assert_int_equal(fx_open(f, &fx_small, 256, 0, 512, 16), 0);
     fx_overlap = EXEC_OVERLAP_AUTO;
     uint64_t conn = 5;
     kvmm_seq_t s[4];
@@ -310,7 +287,7 @@ static void run_pressure(struct fx *f, enum exec_overlap ov, uint32_t dev, uint3
 {
     static uint32_t p[8][40];
     fx_overlap = ov;
-    assert_int_equal(fx_open(f, &g_model, dev, host, 256, 8), 0);
+    assert_int_equal(fx_open(f, &fx_small, dev, host, 256, 8), 0);
     fx_overlap = EXEC_OVERLAP_AUTO;
     for (uint32_t i = 0; i < 8; i++) {
         fx_prompt(p[i], 40, 300 + i);
@@ -357,5 +334,5 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_seq_mode_returned, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_pressure_same, fx_setup, fx_teardown),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, fx_small_setup, fx_small_teardown);
 }

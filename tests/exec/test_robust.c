@@ -16,32 +16,9 @@
 
 #include "exec_fixture.h"
 
-static struct fx_model g_model;
-
-static int group_setup(void **state)
-{
-    (void)state;
-    return fx_model_make(&g_model, 2, 64, 4, 2, 128, 256, 256);
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    fx_model_remove(&g_model);
-    return 0;
-}
-
 static struct fx_gen greedy(const uint32_t *p, size_t n, uint32_t max_tokens)
 {
     return (struct fx_gen){.toks = p, .n_toks = n, .max_tokens = max_tokens, .temperature = -1};
-}
-
-static struct fx_result run1(struct fx *f, uint64_t id, const struct fx_gen *g)
-{
-    struct kvd_error err = {0};
-    if (fx_submit(f, id, g, &err))
-        fail_msg("submit %llu: %s", (unsigned long long)id, err.message);
-    return *fx_wait(id);
 }
 
 static void seq_info(struct fx *f, uint64_t conn, uint64_t s, int want_rc,
@@ -61,7 +38,7 @@ static void seq_info(struct fx *f, uint64_t conn, uint64_t s, int want_rc,
 static void test_no_memory_idle_holders(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 16, 0, 64, 4), 0);
+    assert_int_equal(fx_open(f, &fx_small, 16, 0, 64, 4), 0);
     kvmm_seq_t hold = 0;
     kvmm_lock(f->mm);
     assert_int_equal(kvmm_seq_open(f->mm, 7, f->tenant, f->ns, &hold), 0);
@@ -71,7 +48,7 @@ static void test_no_memory_idle_holders(void **state)
     uint32_t p[20];
     fx_prompt(p, 20, 3);
     struct fx_gen g = greedy(p, 20, 4);
-    struct fx_result r = run1(f, 1, &g);
+    struct fx_result r = fx_run1(f, 1, &g);
     print_message("no_memory: %s\n", r.msg);
     assert_int_equal(r.finish, SCHED_FINISH_ERROR);
     assert_int_equal(r.err, KVD_ENOMEM);
@@ -86,14 +63,14 @@ static void test_no_memory_idle_holders(void **state)
     g.has_seq = true;
     g.seq = own;
     g.conn = 7;
-    r = run1(f, 2, &g);
+    r = fx_run1(f, 2, &g);
     assert_int_equal(r.err, KVD_ENOMEM);
     assert_true(r.seq_returned); /* the empty sequence is the connection's again */
 
     kvmm_lock(f->mm);
     assert_int_equal(kvmm_seq_close(f->mm, 7, hold), 0);
     kvmm_unlock(f->mm);
-    r = run1(f, 3, &g);
+    r = fx_run1(f, 3, &g);
     assert_int_equal(r.finish, SCHED_FINISH_LENGTH);
     assert_int_equal(r.n, 4);
     kvmm_lock(f->mm);
@@ -109,7 +86,7 @@ static void test_no_memory_idle_holders(void **state)
 static void test_wait_then_queue_timeout(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 16, 0, 256, 4), 0);
+    assert_int_equal(fx_open(f, &fx_small, 16, 0, 256, 4), 0);
     static uint32_t pa[200], pb[100], pc[8];
     fx_prompt(pa, 200, 60);
     fx_prompt(pb, 100, 61);
@@ -132,7 +109,7 @@ static void test_wait_then_queue_timeout(void **state)
     /* c is queued while the executor cannot plan for longer than the
      * timeout (20 ms): its first look at c finds it expired. */
     fx_queue_timeout_ms = 20;
-    int orc = fx_open(f, &g_model, 16, 0, 256, 4);
+    int orc = fx_open(f, &fx_small, 16, 0, 256, 4);
     fx_queue_timeout_ms = 0;
     assert_int_equal(orc, 0);
     struct fx_gen c = greedy(pc, 8, 4);
@@ -155,7 +132,7 @@ static void test_wait_then_queue_timeout(void **state)
 static void test_lent_seq_busy(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 64, 0, 64, 4), 0);
+    assert_int_equal(fx_open(f, &fx_small, 64, 0, 64, 4), 0);
     kvmm_seq_t s = 0;
     kvmm_lock(f->mm);
     assert_int_equal(kvmm_seq_open(f->mm, 5, f->tenant, f->ns, &s), 0);
@@ -212,7 +189,7 @@ static void test_lent_seq_busy(void **state)
 static void test_cancel_after_recompute_keeps_seq(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 8, 0, 64, 4), 0);
+    assert_int_equal(fx_open(f, &fx_small, 8, 0, 64, 4), 0);
     const uint64_t conn = 9;
     kvmm_seq_t s = 0;
     kvmm_lock(f->mm);
@@ -226,7 +203,7 @@ static void test_cancel_after_recompute_keeps_seq(void **state)
     g.has_seq = true;
     g.seq = s;
     g.conn = conn;
-    struct fx_result first = run1(f, 1, &g);
+    struct fx_result first = fx_run1(f, 1, &g);
     assert_int_equal(first.n, 1);
     struct kvmm_seq_info info;
     char msg[320];
@@ -287,10 +264,10 @@ static void test_cancel_after_recompute_keeps_seq(void **state)
     more.has_seq = true;
     more.seq = s;
     more.conn = conn;
-    struct fx_result warm = run1(f, 4, &more);
+    struct fx_result warm = fx_run1(f, 4, &more);
     assert_int_equal(warm.cached, 40);
     struct fx_gen cold = greedy(orig, 41, 6);
-    struct fx_result c = run1(f, 5, &cold);
+    struct fx_result c = fx_run1(f, 5, &cold);
     assert_int_equal(warm.n, 6);
     assert_int_equal(c.n, 6);
     assert_memory_equal(warm.toks, c.toks, 6 * sizeof(uint32_t));
@@ -306,7 +283,7 @@ static void test_cancel_after_recompute_keeps_seq(void **state)
 static void test_prefill_fair_share(void **state)
 {
     struct fx *f = *state;
-    assert_int_equal(fx_open(f, &g_model, 128, 0, 4, 4), 0);
+    assert_int_equal(fx_open(f, &fx_small, 128, 0, 4, 4), 0);
     uint32_t ta, na, tb, nb;
     assert_int_equal(fx_tenant(f, "a", 1, &ta, &na), 0);
     assert_int_equal(fx_tenant(f, "b", 1, &tb, &nb), 0);
@@ -355,5 +332,5 @@ int main(void)
         fprintf(stderr, "KVD_TOOLS_DIR is not set (run through ctest)\n");
         return 77;
     }
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, fx_small_setup, fx_small_teardown);
 }
