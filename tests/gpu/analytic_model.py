@@ -254,14 +254,16 @@ def act_bytes(inp):
 def stage_time(wt, rows, inp, swiglu=False, copied=True):
     """The quantized types' prologue: every block reads the f32 input from
     L2 and quantizes it, or (quant_once) copies the int8 bytes its producer
-    made (at most GF_MAX_BLOCKS blocks); bs_made: the sums of each 16 not
-    copied where the input is copied (not the o projection's: the attention
-    output is quantized by the o projection's own blocks)."""
+    made (at most GF_MAX_BLOCKS blocks); an input not copied (the o
+    projection's: the attention's f32 output, which every block of the o
+    projection reads and quantizes itself) is read as f32 with or without
+    quant_once; bs_made: the sums of each 16 not copied where the input is
+    copied."""
     if wt == "bf16":
         return 0.0
     groups = math.ceil(rows / (2 if swiglu else 4))
     blocks = min(math.ceil(groups / 4), GF_MAX_BLOCKS)
-    if not NEXT["quant_once"]:
+    if not NEXT["quant_once"] or not copied:
         return blocks * inp * 4 / L2_BW
     made = inp // 16 * 4 if NEXT["bs_made"] and copied and wt in ("q4_k", "q6_k") else 0
     return blocks * (act_bytes(inp) - made) / L2_BW
