@@ -276,6 +276,30 @@ struct fx_result fx_run1(struct fx *f, uint64_t id, const struct fx_gen *g)
     return *fx_wait(id);
 }
 
+void fx_wait_idle(struct fx *f)
+{
+    struct exec_stats st;
+    for (;;) {
+        exec_stats(f->ex, &st);
+        if (st.live == 0)
+            return;
+        usleep(1000);
+    }
+}
+
+void fx_assert_mm_clean(struct fx *f, uint32_t seqs)
+{
+    struct kvmm_stats st;
+    kvmm_lock(f->mm);
+    kvmm_stats(f->mm, &st);
+    int rc = kvmm_check(f->mm);
+    if (rc)
+        fail_msg("kvmm_check: %s", kvmm_errmsg(f->mm));
+    kvmm_unlock(f->mm);
+    assert_int_equal(st.n_seqs, seqs);
+    assert_int_equal(st.device_used, 0);
+}
+
 int fx_tenant(struct fx *f, const char *name, uint32_t weight, uint32_t *tenant, uint32_t *ns)
 {
     struct kvmm_tenant_conf tc = {.max_device_blocks = KVMM_UNLIMITED,

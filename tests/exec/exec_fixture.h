@@ -124,6 +124,11 @@ int fx_submit(struct fx *f, uint64_t id, const struct fx_gen *g, struct kvd_erro
 /* fx_submit, then fx_wait for it: its result. A refused submit fails the
  * test (CMocka). */
 struct fx_result fx_run1(struct fx *f, uint64_t id, const struct fx_gen *g);
+/* Waits until the executor holds no live request. */
+void fx_wait_idle(struct fx *f);
+/* kvmm_check passes, `seqs` sequences are open and no device block is in
+ * use (CMocka asserts). */
+void fx_assert_mm_clean(struct fx *f, uint32_t seqs);
 /* Builds from a raw msgpack map payload (for validation tests). */
 int fx_build_raw(struct fx *f, const void *map, size_t len, struct kvd_error *err);
 

@@ -26,30 +26,6 @@ static struct fx_gen greedy(const uint32_t *p, size_t n, uint32_t max_tokens)
     return (struct fx_gen){.toks = p, .n_toks = n, .max_tokens = max_tokens, .temperature = -1};
 }
 
-static void wait_idle(struct fx *f)
-{
-    struct exec_stats st;
-    for (;;) {
-        exec_stats(f->ex, &st);
-        if (st.live == 0)
-            return;
-        usleep(1000);
-    }
-}
-
-static void assert_mm_clean(struct fx *f, uint32_t seqs)
-{
-    struct kvmm_stats st;
-    kvmm_lock(f->mm);
-    kvmm_stats(f->mm, &st);
-    int rc = kvmm_check(f->mm);
-    if (rc)
-        fail_msg("kvmm_check: %s", kvmm_errmsg(f->mm));
-    kvmm_unlock(f->mm);
-    assert_int_equal(st.n_seqs, seqs);
-    assert_int_equal(st.device_used, 0);
-}
-
 /* Cold run vs prefix-cache hit: same tokens, and the second reuses blocks. */
 static void test_cache_hit(void **state)
 {
@@ -67,7 +43,7 @@ static void test_cache_hit(void **state)
     assert_int_equal(b.prompt, 40);
     assert_int_equal(b.completion, 12);
     assert_same(&a, &b);
-    assert_mm_clean(f, 0);
+    fx_assert_mm_clean(f, 0);
     fx_close(f);
 }
 
@@ -91,7 +67,7 @@ static void test_batch_equals_solo(void **state)
     }
     for (uint32_t i = 0; i < 32; i++)
         assert_same(fx_wait(100 + i), &solo[i]);
-    assert_mm_clean(f, 0);
+    fx_assert_mm_clean(f, 0);
     fx_close(f);
 }
 
@@ -114,7 +90,7 @@ static void run_pressure(struct fx *f, uint32_t dev, uint32_t host, struct fx_re
     kvmm_lock(f->mm);
     kvmm_stats(f->mm, ks);
     kvmm_unlock(f->mm);
-    assert_mm_clean(f, 0);
+    fx_assert_mm_clean(f, 0);
     fx_close(f);
 }
 
@@ -203,7 +179,7 @@ static void test_fork_continue(void **state)
     assert_int_equal(kvmm_seq_close(f->mm, conn, s), 0);
     assert_int_equal(kvmm_seq_close(f->mm, conn, c), 0);
     kvmm_unlock(f->mm);
-    assert_mm_clean(f, 0);
+    fx_assert_mm_clean(f, 0);
     fx_close(f);
 }
 
@@ -276,7 +252,7 @@ static void test_stop_length_context(void **state)
     struct fx_result l = fx_run1(f, 3, &gl);
     assert_int_equal(l.finish, SCHED_FINISH_LENGTH);
     assert_int_equal(l.n, 6);
-    assert_mm_clean(f, 0);
+    fx_assert_mm_clean(f, 0);
     fx_close(f);
 }
 
@@ -314,7 +290,7 @@ static void test_stream_and_cancel(void **state)
     assert_memory_equal(c->toks, r.toks, (c->n < 30 ? c->n : 30) * sizeof(uint32_t));
     exec_cancel(f->ex, 1, 2, &found);
     assert_false(found);
-    assert_mm_clean(f, 0);
+    fx_assert_mm_clean(f, 0);
     fx_close(f);
 }
 
@@ -353,10 +329,10 @@ static void test_disconnect_frees(void **state)
     kvmm_close_owner(f->mm, conn); /* what the server does after its close hooks */
     kvmm_unlock(f->mm);
     fx_resume();
-    wait_idle(f);
+    fx_wait_idle(f);
     for (uint32_t i = 0; i < 16; i++)
         assert_false(fx_result(1 + i)->done);
-    assert_mm_clean(f, 0);
+    fx_assert_mm_clean(f, 0);
     fx_close(f);
 }
 
@@ -379,7 +355,7 @@ static void test_drain(void **state)
     }
     struct fx_gen g = greedy(p[0], 30, 2);
     assert_int_equal(fx_submit(f, 20, &g, &err), KVD_ECANCELLED);
-    assert_mm_clean(f, 0);
+    fx_assert_mm_clean(f, 0);
     fx_close(f);
 }
 
@@ -421,7 +397,7 @@ static void test_quota_never_fits(void **state)
     r = fx_run1(f, 4, &g);
     assert_int_equal(r.finish, SCHED_FINISH_LENGTH);
     assert_int_equal(r.n, 13);
-    assert_mm_clean(f, 0);
+    fx_assert_mm_clean(f, 0);
     fx_close(f);
 }
 

@@ -32,22 +32,8 @@ static void assert_same(const struct fx_result *a, const struct fx_result *b)
  * planned ahead for requests that ended were given back). */
 static void assert_mm_clean(struct fx *f)
 {
-    struct exec_stats es;
-    for (;;) {
-        exec_stats(f->ex, &es);
-        if (es.live == 0)
-            break;
-        usleep(1000);
-    }
-    struct kvmm_stats st;
-    kvmm_lock(f->mm);
-    kvmm_stats(f->mm, &st);
-    int rc = kvmm_check(f->mm);
-    if (rc)
-        fail_msg("kvmm_check: %s", kvmm_errmsg(f->mm));
-    kvmm_unlock(f->mm);
-    assert_int_equal(st.n_seqs, 0);
-    assert_int_equal(st.device_used, 0);
+    fx_wait_idle(f);
+    fx_assert_mm_clean(f, 0);
 }
 
 static uint32_t g_prompts[N_REQ][32];
