@@ -101,6 +101,30 @@ static __device__ __forceinline__ void gf_load8(const float *y, int n, int t, in
     v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
 }
 
+// One int8 layout (kind) of NT rows of n floats read back from src, written
+// to emit: the block's warps take its groups (256 values for the K-quants'
+// layouts, 32 for the legacy one) in turn.
+template <int NT>
+static __device__ __forceinline__ void gf_requant(const float *src, int n, int kind, void *emit,
+                                                  int warp, int lane)
+{
+    const bool kq = kind != GF_ACT_LEGACY;
+    int8_t *qs;
+    float *d;
+    int *bs;
+    float4 *m;
+    act_ptrs(emit, kq, NT, n, &qs, &d, &bs, &m);
+    const int ng = NT * n / (kq ? 256 : 32);
+    for (int g = warp; g < ng; g += GF_WARPS) {
+        if (kind == GF_ACT_K6)
+            act_quant256<true>(src, n, g, lane, qs, d, bs);
+        else if (kind == GF_ACT_K)
+            act_quant256<false>(src, n, g, lane, qs, d, bs);
+        else
+            act_quant32(src, n, g, lane, qs, m);
+    }
+}
+
 // The launch's last block (found by the counter) normalizes the residual
 // (n = its rows), quantizes the output for the next GEMVs, or ropes q and
 // k and writes the KV. p points at the kernel's parameters.
@@ -228,42 +252,12 @@ template <int NT, int MODE> static __device__ __forceinline__ void gf_tail(const
             for (int e = 0; e < 2; e++) {
                 if (e >= p.n_emit)
                     break;
-                const int kind = e ? p.emit_kind[1] : p.emit_kind[0];
-                const bool kq = kind != GF_ACT_LEGACY;
-                int8_t *qs;
-                float *d;
-                int *bs;
-                float4 *m;
-                act_ptrs(e ? p.emit[1] : p.emit[0], kq, NT, n, &qs, &d, &bs, &m);
-                const int ng = NT * n / (kq ? 256 : 32);
-                for (int g = warp; g < ng; g += GF_WARPS) {
-                    if (kind == GF_ACT_K6)
-                        act_quant256<true>(src, n, g, lane, qs, d, bs);
-                    else if (kind == GF_ACT_K)
-                        act_quant256<false>(src, n, g, lane, qs, d, bs);
-                    else
-                        act_quant32(src, n, g, lane, qs, m);
-                }
+                gf_requant<NT>(src, n, e ? p.emit_kind[1] : p.emit_kind[0],
+                               e ? p.emit[1] : p.emit[0], warp, lane);
             }
         } else {
-            for (int e = 0; e < p.n_emit; e++) {
-                const int kind = p.emit_kind[e];
-                const bool kq = kind != GF_ACT_LEGACY;
-                int8_t *qs;
-                float *d;
-                int *bs;
-                float4 *m;
-                act_ptrs(p.emit[e], kq, NT, n, &qs, &d, &bs, &m);
-                const int ng = NT * n / (kq ? 256 : 32);
-                for (int g = warp; g < ng; g += GF_WARPS) {
-                    if (kind == GF_ACT_K6)
-                        act_quant256<true>(src, n, g, lane, qs, d, bs);
-                    else if (kind == GF_ACT_K)
-                        act_quant256<false>(src, n, g, lane, qs, d, bs);
-                    else
-                        act_quant32(src, n, g, lane, qs, m);
-                }
-            }
+            for (int e = 0; e < p.n_emit; e++)
+                gf_requant<NT>(src, n, p.emit_kind[e], p.emit[e], warp, lane);
         }
     }
     if (p.rope)
